@@ -1,0 +1,16 @@
+# The one place where third-party dependencies and their minimum versions are pinned.
+# All come from Debian bookworm packages (installed by .ci/run / scripts/setup-deps).
+#   nlohmann-json3-dev 3.11   JSON (config.json, safetensors headers, tokenizer_config.json)
+#   libcli11-dev       2.1    command line of the `k3` binary
+#   libpcre2-dev       10.42  Unicode regex for the tokenizer's pre-tokeniser (JIT)
+#   libgtest-dev       1.12   unit tests
+#   OpenMP (libgomp, gcc 12)  CPU thread parallelism
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 2.1 REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8>=10.40)
+find_package(OpenMP REQUIRED)
+find_package(Threads REQUIRED)
+if(K3_BUILD_TESTS)
+  find_package(GTest 1.11 REQUIRED)
+endif()

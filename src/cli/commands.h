@@ -1,0 +1,18 @@
+// Registration of CLI verbs. Each cmd_*.cpp defines one `void add_<verb>(CLI::App&, Registry&)`
+// that adds a subcommand and sets the callback the Registry runs after parsing.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <vector>
+
+namespace k3cli {
+
+struct Registry {
+  std::function<int()> action;
+  int run() { return action ? action() : 0; }
+};
+
+using AddCommand = void (*)(CLI::App&, Registry&);
+std::vector<AddCommand> all_commands();
+
+}  // namespace k3cli

@@ -1,0 +1,30 @@
+// KDA (Kimi Delta Attention) recurrence cores on the CPU: the token-by-token gated delta rule
+// (decode) and the chunked form (prefill). Both must give the same outputs and final state.
+// model-spec.md section 3.2. Everything fp32.
+//
+// Layouts (row-major, contiguous):
+//   q, k, v, g : [T][H][D]   q already L2-normalised and multiplied by 1/sqrt(D); k L2-normalised;
+//                           g = per-key-channel log-decay (<= 0) of each token.
+//   beta       : [T][H]      in (0, 1)
+//   state      : [H][D][D]   S[h][dk][dv]; read as the state before token 0, overwritten with the
+//                           state after token T-1.
+//   out        : [T][H][D]   o_t = S_t^T q_t
+#pragma once
+
+namespace k3::cpu {
+
+void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, float* state, float* out);
+
+// Chunked (WY / UT-transform) form with chunks of `chunk` tokens; the last chunk may be partial.
+void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
+                 const float* g, const float* beta, float* state, float* out);
+
+// Causal depthwise conv (kernel W, no bias) followed by SiLU, for one projection of C channels.
+//   x     : [T][C]  new inputs
+//   w     : [C][W]  weights as stored in HF (`*_conv1d.weight` [C,1,W] squeezed), tap W-1 = current token
+//   cstate: [C][W-1] the previous W-1 inputs (oldest first); read, then updated to the last W-1 inputs
+//   y     : [T][C]
+void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y);
+
+}  // namespace k3::cpu

@@ -1,0 +1,24 @@
+// MLA attention cores on the CPU (model-spec section 3.3), NoPE: no rotation anywhere.
+// The model does the projections; these functions do the softmax attention part.
+#pragma once
+
+namespace k3::cpu {
+
+// MHA (prefill) form. T new queries at absolute positions [P, P+T) attend causally to S = P+T keys.
+//   q      : [T][nh][dn+dr]    per head [q_nope | q_pe]
+//   k_nope : [S][nh][dn]
+//   k_pe   : [S][dr]           shared by all heads
+//   v      : [S][nh][dv]
+//   out    : [T][nh][dv]
+// scale = 1/sqrt(dn+dr).
+void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float* q, const float* k_nope,
+                       const float* k_pe, const float* v, float scale, float* out);
+
+// Absorbed (decode) form over the latent cache.
+//   q_lat  : [T][nh][kr+dr]    per head [W_UK_h^T q_nope_h (kr values) | q_pe_h]
+//   cache  : [S][kr+dr]        per token [c_kv (normed) | k_pe], S = P+T, token P+t is query t's own
+//   out    : [T][nh][kr]       sum_s softmax(q_lat . cache_s * scale) * c_kv_s
+void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,
+                          float scale, float* out);
+
+}  // namespace k3::cpu
