@@ -1,0 +1,15 @@
+// Helpers shared by the CLI verbs.
+#pragma once
+#include <string>
+
+namespace k3cli {
+
+// The model directory to use: -m if given, else $K3_MODEL, else the built-in default model
+// (models/k3-tiny beside the working directory or the binary). Throws k3::Error if none is found.
+std::string resolve_model_dir(const std::string& given);
+
+// "1.23 GB" style.
+std::string human_bytes(double bytes);
+std::string human_count(double n);
+
+}  // namespace k3cli

@@ -1,0 +1,190 @@
+#include "k3/backend/cpu/ops.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+namespace k3::cpu {
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+float dot_f32(const float* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += w[i] * x[i];
+  return s;
+}
+
+float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+  }
+  float s = hsum(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+float dot_f16(const uint16_t* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    a0 = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), a0);
+  }
+  float s = hsum(a0);
+  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+// E2M1 values doubled, as int8, indexed by nibble: pshufb maps 16 nibbles at once.
+const __m128i kE2M1x2 = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+
+// Decodes one MXFP4 group (16 packed bytes = 32 weights, in order) into 4 vectors of 8 floats,
+// without the scale and doubled (the caller multiplies by 0.5 * 2^(s-127)).
+inline void decode_mxfp4_group(const uint8_t* p, __m256 out[4]) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+  lo = _mm_shuffle_epi8(kE2M1x2, lo);
+  hi = _mm_shuffle_epi8(kE2M1x2, hi);
+  __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // weights 0..15 (element 2i = low nibble of byte i)
+  __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // weights 16..31
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8)));
+  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1));
+  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8)));
+}
+
+float dot_mxfp4(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  __m256 w[4];
+  for (int64_t g = 0; g < n / kMxfp4Group; ++g) {
+    decode_mxfp4_group(packed + g * 16, w);
+    const float* xg = x + g * kMxfp4Group;
+    __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+    s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s);
+    s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), s);
+    s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s);
+    acc = _mm256_fmadd_ps(s, _mm256_set1_ps(0.5f * e8m0_to_f32(scales[g])), acc);
+  }
+  return hsum(acc);
+}
+
+}  // namespace
+
+float row_dot(const WeightMatrix& W, int64_t r, const float* x) {
+  const int64_t c = W.cols;
+  if (W.mxfp4)
+    return dot_mxfp4(static_cast<const uint8_t*>(W.data) + r * (c / 2), W.scales + r * (c / kMxfp4Group), x, c);
+  switch (W.dtype) {
+    case DType::BF16: return dot_bf16(static_cast<const uint16_t*>(W.data) + r * c, x, c);
+    case DType::F16: return dot_f16(static_cast<const uint16_t*>(W.data) + r * c, x, c);
+    default: return dot_f32(static_cast<const float*>(W.data) + r * c, x, c);
+  }
+}
+
+void dequant_row(const WeightMatrix& W, int64_t r, float* out) {
+  const int64_t c = W.cols;
+  if (W.mxfp4) {
+    const uint8_t* p = static_cast<const uint8_t*>(W.data) + r * (c / 2);
+    const uint8_t* s = W.scales + r * (c / kMxfp4Group);
+    __m256 w[4];
+    for (int64_t g = 0; g < c / kMxfp4Group; ++g) {
+      decode_mxfp4_group(p + g * 16, w);
+      __m256 sc = _mm256_set1_ps(0.5f * e8m0_to_f32(s[g]));
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + g * 32 + k * 8, _mm256_mul_ps(w[k], sc));
+    }
+    return;
+  }
+  switch (W.dtype) {
+    case DType::BF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(W.data) + r * c;
+      for (int64_t i = 0; i < c; ++i) out[i] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::F16: {
+      const uint16_t* p = static_cast<const uint16_t*>(W.data) + r * c;
+      for (int64_t i = 0; i < c; ++i) out[i] = f16_to_f32(p[i]);
+      break;
+    }
+    default: {
+      const float* p = static_cast<const float*>(W.data) + r * c;
+      for (int64_t i = 0; i < c; ++i) out[i] = p[i];
+    }
+  }
+}
+
+void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
+  const int64_t rows = W.rows, cols = W.cols;
+  if (n == 1) {
+    // Matrix-vector: stream each row once, converting in registers.
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+    for (int64_t r = 0; r < rows; ++r) y[r] = row_dot(W, r, x);
+    return;
+  }
+  // Several tokens: dequantise a row once into fp32, then dot it with every token.
+#pragma omp parallel if (rows * cols * n > 65536)
+  {
+    std::vector<float> buf(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* wr;
+      if (!W.mxfp4 && W.dtype == DType::F32) {
+        wr = static_cast<const float*>(W.data) + r * cols;
+      } else {
+        dequant_row(W, r, buf.data());
+        wr = buf.data();
+      }
+      for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot_f32(wr, x + t * cols, cols);
+    }
+  }
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * dim;
+    float* o = out + t * dim;
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
+    for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+  }
+}
+
+void silu_glu(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    out[i] = beta * std::tanh(g / beta) * sigmoidf(g) * (linear_beta * std::tanh(up[i] / linear_beta));
+  }
+}
+
+}  // namespace k3::cpu

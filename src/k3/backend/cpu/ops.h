@@ -1,0 +1,26 @@
+// Dense CPU ops of the forward pass. fp32 activations and accumulation; weights in their stored dtype,
+// converted in registers (AVX2+FMA). Multi-threaded with OpenMP over output rows.
+#pragma once
+#include <cstdint>
+
+#include "k3/core/weight.h"
+
+namespace k3::cpu {
+
+// y[n][W.rows] = x[n][W.cols] . W^T   (x and y must not alias)
+void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y);
+// Dot product of one weight row with x (cols values); the building block of matmul.
+float row_dot(const WeightMatrix& W, int64_t row, const float* x);
+// Dequantise one row into fp32 (cols values).
+void dequant_row(const WeightMatrix& W, int64_t row, float* out);
+
+// out[i] = x[i] * rsqrt(mean(x^2) + eps) * (w ? w[i] : 1), for n rows of dim values. out may alias x.
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out);
+
+// GLUs over [n][d]: out = act(gate) * up. out may alias gate.
+void silu_glu(const float* gate, const float* up, int64_t count, float* out);
+void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out);
+
+inline float sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+
+}  // namespace k3::cpu

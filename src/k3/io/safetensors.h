@@ -1,0 +1,60 @@
+// Safetensors checkpoints: a single `model.safetensors` or shards listed by
+// `model.safetensors.index.json`, memory-mapped. Tensor data is never copied here.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "k3/core/dtype.h"
+#include "k3/io/mapped_file.h"
+
+namespace k3 {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // points into the mapped file
+  size_t nbytes = 0;
+  std::string file;  // which shard holds it (for error messages)
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  std::string shape_str() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Parses and validates the header (offsets in bounds, sizes consistent with dtype x shape,
+  // no overlaps). Throws k3::Error naming the file and tensor.
+  explicit SafetensorsFile(const std::string& path);
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::string& path() const { return file_.path(); }
+
+ private:
+  MappedFile file_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// All tensors of a checkpoint directory, across shards.
+class Checkpoint {
+ public:
+  // dir holds model.safetensors.index.json (sharded) or model.safetensors (or any *.safetensors).
+  explicit Checkpoint(const std::string& dir);
+  const TensorInfo* find(const std::string& name) const;
+  const std::map<std::string, const TensorInfo*>& all() const { return index_; }
+  const std::string& dir() const { return dir_; }
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> index_;
+};
+
+}  // namespace k3

@@ -1,0 +1,271 @@
+#include "k3/model/weights.h"
+
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "k3/backend/cpu/ops.h"
+#include "k3/core/error.h"
+
+namespace k3 {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// Looks tensors up, checks them, and collects every problem before failing once.
+class Binder {
+ public:
+  Binder(const Checkpoint& ck) : ck_(ck) {}
+
+  WeightMatrix mat(const std::string& name, int64_t rows, int64_t cols) {
+    const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str({rows, cols}));
+    if (!t) return {};
+    if (!is_float_dtype(t->dtype)) return bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
+    if (t->shape != std::vector<int64_t>{rows, cols}) return bad(name, t, "shape " + t->shape_str() + ", expected " + shape_str({rows, cols}));
+    WeightMatrix w;
+    w.dtype = t->dtype;
+    w.data = t->data;
+    w.rows = rows;
+    w.cols = cols;
+    bytes_ += static_cast<int64_t>(t->nbytes);
+    return w;
+  }
+
+  // MXFP4 compressed-tensors pair: <base>.weight_packed U8 [rows, cols/2] + <base>.weight_scale U8 [rows, cols/32].
+  WeightMatrix mxfp4(const std::string& base, int64_t rows, int64_t cols) {
+    const TensorInfo* p = get(base + ".weight_packed", "U8 " + shape_str({rows, cols / 2}));
+    const TensorInfo* s = get(base + ".weight_scale", "U8 " + shape_str({rows, cols / kMxfp4Group}));
+    if (!p || !s) return {};
+    bool ok = true;
+    if (p->dtype != DType::U8 || p->shape != std::vector<int64_t>{rows, cols / 2}) {
+      bad(base + ".weight_packed", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str({rows, cols / 2}));
+      ok = false;
+    }
+    if (s->dtype != DType::U8 || s->shape != std::vector<int64_t>{rows, cols / kMxfp4Group}) {
+      bad(base + ".weight_scale", s, std::string(dtype_name(s->dtype)) + " " + s->shape_str() + ", expected U8 " + shape_str({rows, cols / kMxfp4Group}));
+      ok = false;
+    }
+    if (!ok) return {};
+    WeightMatrix w;
+    w.dtype = DType::U8;
+    w.mxfp4 = true;
+    w.data = p->data;
+    w.scales = s->data;
+    w.rows = rows;
+    w.cols = cols;
+    bytes_ += static_cast<int64_t>(p->nbytes + s->nbytes);
+    return w;
+  }
+
+  // A small float tensor converted to fp32; `shapes` lists the accepted shapes (first is the usual one).
+  std::vector<float> vec(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
+    const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str(shapes[0]));
+    if (!t) return {};
+    if (!is_float_dtype(t->dtype)) {
+      bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
+      return {};
+    }
+    bool ok = false;
+    for (auto& s : shapes) ok |= (t->shape == s);
+    if (!ok) {
+      std::string exp;
+      for (auto& s : shapes) exp += (exp.empty() ? "" : " or ") + shape_str(s);
+      bad(name, t, "shape " + t->shape_str() + ", expected " + exp);
+      return {};
+    }
+    std::vector<float> out(static_cast<size_t>(t->numel()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      switch (t->dtype) {
+        case DType::F32: { float f; std::memcpy(&f, t->data + 4 * i, 4); out[i] = f; break; }
+        case DType::BF16: { uint16_t h; std::memcpy(&h, t->data + 2 * i, 2); out[i] = bf16_to_f32(h); break; }
+        default: { uint16_t h; std::memcpy(&h, t->data + 2 * i, 2); out[i] = f16_to_f32(h); }
+      }
+    }
+    bytes_ += static_cast<int64_t>(t->nbytes);
+    return out;
+  }
+  std::vector<float> vec(const std::string& name, int64_t n) { return vec(name, {{n}}); }
+
+  void finish(const std::string& prefix, const std::string& lm_head, ModelWeights& mw) {
+    if (!problems_.empty()) {
+      std::ostringstream os;
+      os << "checkpoint '" << ck_.dir() << "' does not match its config (" << problems_.size() << " problem"
+         << (problems_.size() > 1 ? "s" : "") << "):";
+      size_t shown = 0;
+      for (auto& p : problems_) {
+        if (++shown > 20) {
+          os << "\n  ... and " << problems_.size() - 20 << " more";
+          break;
+        }
+        os << "\n  " << p;
+      }
+      throw Error(os.str());
+    }
+    int64_t unused = 0;
+    for (auto& [name, t] : ck_.all())
+      if (!used_.count(name)) ++unused;
+    (void)prefix;
+    (void)lm_head;
+    mw.bound_bytes = bytes_;
+    mw.unused_tensors = unused;
+  }
+
+ private:
+  const TensorInfo* get(const std::string& name, const std::string& expect) {
+    const TensorInfo* t = ck_.find(name);
+    if (!t) {
+      problems_.push_back("missing tensor '" + name + "' (expected " + expect + ")");
+      return nullptr;
+    }
+    used_.insert(name);
+    return t;
+  }
+  WeightMatrix bad(const std::string& name, const TensorInfo* t, const std::string& what) {
+    problems_.push_back("tensor '" + name + "' in '" + t->file + "': " + what);
+    return {};
+  }
+
+  const Checkpoint& ck_;
+  std::vector<std::string> problems_;
+  std::set<std::string> used_;
+  int64_t bytes_ = 0;
+};
+
+AttnResWeights bind_attn_res(Binder& b, const std::string& p, const std::string& stem, int64_t H) {
+  AttnResWeights r;
+  auto norm = b.vec(p + stem + "_norm.weight", H);
+  auto proj = b.vec(p + stem + "_proj.weight", {{1, H}, {H}});
+  if (norm.size() == static_cast<size_t>(H) && proj.size() == static_cast<size_t>(H)) {
+    r.w.resize(static_cast<size_t>(H));
+    for (int64_t i = 0; i < H; ++i) r.w[static_cast<size_t>(i)] = norm[static_cast<size_t>(i)] * proj[static_cast<size_t>(i)];
+  }
+  return r;
+}
+
+GluMlp bind_glu(Binder& b, const std::string& p, int64_t in, int64_t inter) {
+  return {b.mat(p + "gate_proj.weight", inter, in), b.mat(p + "up_proj.weight", inter, in),
+          b.mat(p + "down_proj.weight", in, inter)};
+}
+
+void bind_kda(Binder& b, const ModelConfig& c, const std::string& p, KdaWeights& w) {
+  const int64_t H = c.hidden_size, Hk = c.kda_heads, D = c.kda_head_dim, C = Hk * D, W = c.conv_kernel;
+  const int64_t r = c.kda_gate_rank;
+  w.q = b.mat(p + "q_proj.weight", C, H);
+  w.k = b.mat(p + "k_proj.weight", C, H);
+  w.v = b.mat(p + "v_proj.weight", C, H);
+  w.q_conv = b.vec(p + "q_conv1d.weight", {{C, 1, W}, {C, W}});
+  w.k_conv = b.vec(p + "k_conv1d.weight", {{C, 1, W}, {C, W}});
+  w.v_conv = b.vec(p + "v_conv1d.weight", {{C, 1, W}, {C, W}});
+  w.f_a = b.mat(p + "f_a_proj.weight", r, H);
+  w.f_b = b.mat(p + "f_b_proj.weight", C, r);
+  w.dt_bias = b.vec(p + "dt_bias", {{C}});
+  // K3 stores A_log as a zero-padded [head_dim] (or longer) vector; Kimi-Linear as [1,1,Hk,1].
+  std::vector<std::vector<int64_t>> a_shapes = {{1, 1, Hk, 1}, {Hk}};
+  if (D > Hk) a_shapes.push_back({D});
+  if (Hk < 128 && D != 128) a_shapes.push_back({128});
+  auto a = b.vec(p + "A_log", a_shapes);
+  if (!a.empty()) w.A_log.assign(a.begin(), a.begin() + Hk);
+  w.b = b.mat(p + "b_proj.weight", Hk, H);
+  if (c.kda_full_rank_gate) {
+    w.g = b.mat(p + "g_proj.weight", C, H);
+  } else {
+    w.g_a = b.mat(p + "g_a_proj.weight", r, H);
+    w.g_b = b.mat(p + "g_b_proj.weight", C, r);
+  }
+  w.o_norm = b.vec(p + "o_norm.weight", D);
+  w.o = b.mat(p + "o_proj.weight", H, C);
+}
+
+void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights& w) {
+  const int64_t H = c.hidden_size, nh = c.mla_heads, qk = c.mla_qk_dim(), kr = c.kv_lora_rank;
+  const int64_t dn = c.qk_nope_dim, dv = c.v_head_dim;
+  if (c.q_lora_rank > 0) {
+    w.q_a = b.mat(p + "q_a_proj.weight", c.q_lora_rank, H);
+    w.q_a_norm = b.vec(p + "q_a_layernorm.weight", c.q_lora_rank);
+    w.q_b = b.mat(p + "q_b_proj.weight", nh * qk, c.q_lora_rank);
+  } else {
+    w.q = b.mat(p + "q_proj.weight", nh * qk, H);
+  }
+  w.kv_a = b.mat(p + "kv_a_proj_with_mqa.weight", kr + c.qk_rope_dim, H);
+  w.kv_a_norm = b.vec(p + "kv_a_layernorm.weight", kr);
+  WeightMatrix kvb = b.mat(p + "kv_b_proj.weight", nh * (dn + dv), kr);
+  if (!kvb.empty()) {
+    w.kv_b.resize(static_cast<size_t>(kvb.rows * kvb.cols));
+    for (int64_t r = 0; r < kvb.rows; ++r) cpu::dequant_row(kvb, r, w.kv_b.data() + r * kr);
+    w.kv_b_f32 = kvb;
+    w.kv_b_f32.dtype = DType::F32;
+    w.kv_b_f32.data = w.kv_b.data();
+  }
+  w.o = b.mat(p + "o_proj.weight", H, nh * dv);
+  if (c.mla_output_gate) w.g = b.mat(p + "g_proj.weight", nh * dv, H);
+}
+
+void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights& w) {
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, X = c.expert_in_dim();
+  w.router = b.mat(p + "gate.weight", E, H);
+  w.correction_bias = b.vec(p + "gate.e_score_correction_bias", E);
+  w.experts.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    GluMlp& x = w.experts[static_cast<size_t>(e)];
+    if (c.experts_mxfp4) {
+      x.gate = b.mxfp4(ep + "w1", I, X);
+      x.up = b.mxfp4(ep + "w3", I, X);
+      x.down = b.mxfp4(ep + "w2", X, I);
+    } else {
+      x.gate = b.mat(ep + "w1.weight", I, X);
+      x.up = b.mat(ep + "w3.weight", I, X);
+      x.down = b.mat(ep + "w2.weight", X, I);
+    }
+  }
+  if (c.num_shared_experts > 0) w.shared = bind_glu(b, p + "shared_experts.", H, I * c.num_shared_experts);
+  if (c.routed_hidden_size > 0) {
+    w.latent_down = b.mat(p + "routed_expert_down_proj.weight", X, H);
+    w.latent_up = b.mat(p + "routed_expert_up_proj.weight", H, X);
+    if (c.latent_moe_norm) w.latent_norm = b.vec(p + "routed_expert_norm.weight", X);
+  }
+}
+
+}  // namespace
+
+ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
+  Binder b(ckpt);
+  ModelWeights mw;
+  const std::string& P = c.tensor_prefix;
+  const int64_t H = c.hidden_size;
+  const bool attn_res = c.attn_res_block_size > 0;
+  mw.embed = b.mat(P + "embed_tokens.weight", c.vocab_size, H);
+  mw.lm_head = c.tie_word_embeddings ? mw.embed : b.mat(c.lm_head_name, c.vocab_size, H);
+  mw.final_norm = b.vec(P + "norm.weight", H);
+  if (attn_res) mw.out_res = bind_attn_res(b, P, "output_attn_res", H);
+  mw.layers.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    LayerWeights& L = mw.layers[static_cast<size_t>(l)];
+    const std::string lp = P + "layers." + std::to_string(l) + ".";
+    L.is_kda = c.is_kda[static_cast<size_t>(l)];
+    L.is_moe = c.is_moe_layer(l);
+    L.input_norm = b.vec(lp + "input_layernorm.weight", H);
+    L.post_attn_norm = b.vec(lp + "post_attention_layernorm.weight", H);
+    if (attn_res) {
+      L.attn_res = bind_attn_res(b, lp, "self_attention_res", H);
+      L.mlp_res = bind_attn_res(b, lp, "mlp_res", H);
+    }
+    if (L.is_kda)
+      bind_kda(b, c, lp + "self_attn.", L.kda);
+    else
+      bind_mla(b, c, lp + "self_attn.", L.mla);
+    if (L.is_moe)
+      bind_moe(b, c, lp + "block_sparse_moe.", L.moe);
+    else
+      L.mlp = bind_glu(b, lp + "mlp.", H, c.intermediate_size);
+  }
+  b.finish(P, c.lm_head_name, mw);
+  return mw;
+}
+
+}  // namespace k3

@@ -1,0 +1,71 @@
+// The weights of one model, bound by name from a checkpoint and validated against the config:
+// every tensor the config implies must exist with the right shape and dtype, or loading fails
+// with a list of what is wrong. Large matrices stay views into the mapped files; small vectors
+// (norms, biases, conv taps) are converted to fp32 once.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "k3/core/weight.h"
+#include "k3/io/safetensors.h"
+#include "k3/model/config.h"
+
+namespace k3 {
+
+struct KdaWeights {
+  WeightMatrix q, k, v, f_a, f_b, b, g, g_a, g_b, o;
+  std::vector<float> q_conv, k_conv, v_conv;  // [C][W]
+  std::vector<float> dt_bias;                 // [C]
+  std::vector<float> A_log;                   // [Hk]
+  std::vector<float> o_norm;                  // [head_dim]
+};
+
+struct MlaWeights {
+  WeightMatrix q_a, q_b, q, kv_a, o, g;
+  std::vector<float> q_a_norm, kv_a_norm;
+  std::vector<float> kv_b;  // fp32 copy [heads*(nope+v)][kv_lora_rank]: used by both attention forms
+  WeightMatrix kv_b_f32;    // view over kv_b
+};
+
+struct GluMlp {
+  WeightMatrix gate, up, down;
+};
+
+struct MoeWeights {
+  WeightMatrix router;
+  std::vector<float> correction_bias;  // [E]
+  std::vector<GluMlp> experts;         // w1 = gate, w3 = up, w2 = down
+  GluMlp shared;                       // empty when num_shared_experts == 0
+  WeightMatrix latent_down, latent_up;  // K3 LatentMoE
+  std::vector<float> latent_norm;
+};
+
+struct AttnResWeights {
+  std::vector<float> w;  // w_norm * w_proj, precombined (model-spec 3.1)
+  bool empty() const { return w.empty(); }
+};
+
+struct LayerWeights {
+  bool is_kda = false, is_moe = false;
+  std::vector<float> input_norm, post_attn_norm;
+  AttnResWeights attn_res, mlp_res;
+  KdaWeights kda;
+  MlaWeights mla;
+  GluMlp mlp;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  WeightMatrix embed;  // [V][H]
+  WeightMatrix lm_head;
+  std::vector<float> final_norm;
+  AttnResWeights out_res;
+  std::vector<LayerWeights> layers;
+  int64_t bound_bytes = 0;   // bytes of all bound tensors
+  int64_t unused_tensors = 0;  // tensors in the checkpoint the text model does not use (vision etc.)
+};
+
+// Throws k3::Error listing every missing / mis-shaped / mis-typed tensor (with file names).
+ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt);
+
+}  // namespace k3
