@@ -74,6 +74,51 @@ inline void mul_exp_diff(int n, const float* x, const float* a, const float* b, 
   for (; i < n; ++i) y[i] = x[i] * std::exp(b ? a[i] - b[i] : a[i]);
 }
 
+// C[m][n] += alpha * sum_k A(m,k) B[k][n];  A(m,k) = A[m*lda + k], or A[k*lda + m] when transA.
+// Register-blocked MR x 16 AVX2 micro-kernel with scalar column tail.
+template <int MR>
+inline void gemm_rows(int m0, int N, int K, float alpha, const float* A, int lda, bool transA, const float* B,
+                      int ldb, float* C, int ldc) {
+  auto a_at = [&](int r, int k) {
+    return transA ? A[static_cast<std::size_t>(k) * lda + m0 + r] : A[static_cast<std::size_t>(m0 + r) * lda + k];
+  };
+  int n = 0;
+#ifdef K3_KDA_AVX2
+  for (; n + 16 <= N; n += 16) {
+    __m256 c0[MR], c1[MR];
+    for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      const float* b = B + static_cast<std::size_t>(k) * ldb + n;
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 a = _mm256_set1_ps(a_at(r, k));
+        c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+        c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+      }
+    }
+    const __m256 al = _mm256_set1_ps(alpha);
+    for (int r = 0; r < MR; ++r) {
+      float* c = C + static_cast<std::size_t>(m0 + r) * ldc + n;
+      _mm256_storeu_ps(c, _mm256_fmadd_ps(al, c0[r], _mm256_loadu_ps(c)));
+      _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(al, c1[r], _mm256_loadu_ps(c + 8)));
+    }
+  }
+#endif
+  for (; n < N; ++n)
+    for (int r = 0; r < MR; ++r) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += a_at(r, k) * B[static_cast<std::size_t>(k) * ldb + n];
+      C[static_cast<std::size_t>(m0 + r) * ldc + n] += alpha * acc;
+    }
+}
+
+void gemm_acc(int M, int N, int K, float alpha, const float* A, int lda, bool transA, const float* B, int ldb,
+              float* C, int ldc) {
+  int m = 0;
+  for (; m + 4 <= M; m += 4) gemm_rows<4>(m, N, K, alpha, A, lda, transA, B, ldb, C, ldc);
+  for (; m < M; ++m) gemm_rows<1>(m, N, K, alpha, A, lda, transA, B, ldb, C, ldc);
+}
+
 // Both sums_d ki[d] kj[d] e[d] and qi[d] kj[d] e[d] with e = exp(Gi - Gj) (<= 1 for j <= i).
 inline void decayed_dots(int n, const float* Gi, const float* Gj, const float* ki, const float* qi,
                          const float* kj, float& akk, float& aqk) {
@@ -147,7 +192,8 @@ void kda_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, const float* q, 
     bt[i] = beta[static_cast<std::size_t>(t0 + i) * H + h];
   }
 
-  // A_kk (strictly lower, without the beta_i factor) and A_qk (lower incl. diagonal).
+  // A_kk (strictly lower, without the beta_i factor) and A_qk (lower incl. diagonal, zero above).
+  std::fill_n(Aqk, static_cast<std::size_t>(L) * L, 0.f);
   for (int i = 0; i < L; ++i) {
     const float* Gi = G + i * D;
     for (int j = 0; j < i; ++j)
@@ -174,31 +220,24 @@ void kda_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, const float* q, 
   }
 
   // V~ = U - W S_in
-  for (int i = 0; i < L; ++i) {
-    float* Vi = Vt + i * D;
-    std::copy_n(U + i * D, D, Vi);
-    const float* Wi = B + i * D;
-    for (int dk = 0; dk < D; ++dk) axpy(D, -Wi[dk], S + static_cast<std::size_t>(dk) * D, Vi);
-  }
+  std::copy_n(U, static_cast<std::size_t>(L) * D, Vt);
+  gemm_acc(L, D, D, -1.f, B, D, false, S, D, Vt, D);
 
-  // O = (Q * exp(G)) S_in + A_qk V~
-  for (int i = 0; i < L; ++i) {
-    float* oi = out + (static_cast<std::size_t>(t0 + i) * H + h) * D;
-    std::fill_n(oi, D, 0.f);
-    mul_exp_diff(D, Q + i * D, G + i * D, nullptr, e);
-    for (int dk = 0; dk < D; ++dk) axpy(D, e[dk], S + static_cast<std::size_t>(dk) * D, oi);
-    for (int j = 0; j <= i; ++j) axpy(D, Aqk[i * L + j], Vt + j * D, oi);
-  }
+  // O = (Q * exp(G)) S_in + A_qk V~   (A_qk's upper triangle is zero)
+  float* Qe = Kd;
+  for (int i = 0; i < L; ++i) mul_exp_diff(D, Q + i * D, G + i * D, nullptr, Qe + i * D);
+  float* O = out + (static_cast<std::size_t>(t0) * H + h) * D;
+  const int ldo = H * D;
+  for (int i = 0; i < L; ++i) std::fill_n(O + static_cast<std::size_t>(i) * ldo, D, 0.f);
+  gemm_acc(L, D, D, 1.f, Qe, D, false, S, D, O, ldo);
+  gemm_acc(L, D, L, 1.f, Aqk, L, false, Vt, D, O, ldo);
 
   // S_out = exp(G_last) * S_in + (exp(G_last - G) * K)^T V~
   const float* Gl = G + (L - 1) * D;
   for (int i = 0; i < L; ++i) mul_exp_diff(D, K + i * D, Gl, G + i * D, Kd + i * D);
   mul_exp_diff(D, ones, Gl, nullptr, e);  // e = exp(G_last)
-  for (int dk = 0; dk < D; ++dk) {
-    float* Sr = S + static_cast<std::size_t>(dk) * D;
-    scale(D, e[dk], Sr);
-    for (int i = 0; i < L; ++i) axpy(D, Kd[i * D + dk], Vt + i * D, Sr);
-  }
+  for (int dk = 0; dk < D; ++dk) scale(D, e[dk], S + static_cast<std::size_t>(dk) * D);
+  gemm_acc(D, D, L, 1.f, Kd, D, true, Vt, D, S, D);
 }
 
 }  // namespace
