@@ -160,6 +160,12 @@ class Model:
             arr = t.to_f32() if isinstance(t, BF16Array) else np.asarray(t)
             self.w[name] = torch.from_numpy(arr.astype(np.float64)).to(dtype)
         self.stats = {"min_route_margin": math.inf}
+        # eps of the MLA-internal norms (q_a_layernorm, kv_a_layernorm). Spec: rms_norm_eps. HF modeling code
+        # constructs them with its RMSNorm default eps 1e-6 (docs/reference.md); set to 1e-6 to follow HF.
+        self.mla_norm_eps = cfg.rms_norm_eps
+        # HF's released Kimi-Linear modeling_kimi.py adds the correction bias in place to a view of the scores,
+        # so its routing weights include the bias. Spec: the bias only selects (False).
+        self.router_bias_in_weights = False
 
     # -- weights
     def W(self, name: str) -> torch.Tensor:
@@ -227,13 +233,13 @@ class Model:
         nh, nope, rope, vd, r = (cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
                                  cfg.v_head_dim, cfg.kv_lora_rank)
         if cfg.q_lora_rank:
-            q = self.lin(rms_norm(self.lin(x, p + "q_a_proj"), self.W(p + "q_a_layernorm.weight"), cfg.rms_norm_eps),
+            q = self.lin(rms_norm(self.lin(x, p + "q_a_proj"), self.W(p + "q_a_layernorm.weight"), self.mla_norm_eps),
                          p + "q_b_proj")
         else:
             q = self.lin(x, p + "q_proj")
         q = q.view(T, nh, nope + rope)
         kv = self.lin(x, p + "kv_a_proj_with_mqa")
-        c = rms_norm(kv[:, :r], self.W(p + "kv_a_layernorm.weight"), cfg.rms_norm_eps)
+        c = rms_norm(kv[:, :r], self.W(p + "kv_a_layernorm.weight"), self.mla_norm_eps)
         P = st.mla[i].shape[0]
         st.mla[i] = torch.cat([st.mla[i], torch.cat([c, kv[:, r:]], 1)], 0)
         cache = st.mla[i]
@@ -264,7 +270,7 @@ class Model:
             margin = (top.values[:, kk - 1] - top.values[:, kk]).min().item()
             self.stats["min_route_margin"] = min(self.stats["min_route_margin"], margin)
         idx = top.indices[:, :kk]
-        sw = torch.gather(s, 1, idx)
+        sw = torch.gather(sel_score if self.router_bias_in_weights else s, 1, idx)
         if cfg.moe_renormalize:
             sw = sw / (sw.sum(-1, keepdim=True) + 1e-20)
         sw = sw * cfg.routed_scaling_factor

@@ -107,11 +107,15 @@ def write_sharded(dirpath: str, tensors: Dict[str, object], num_shards: int,
     sizes = [len(_raw(tensors[n])) for n in names]
     total = sum(sizes)
     shards: List[List[str]] = [[] for _ in range(num_shards)]
-    acc = 0
-    for n, s in zip(names, sizes):
-        idx = min(num_shards - 1, int(acc * num_shards // max(total, 1)))
+    if len(names) < num_shards:
+        raise ValueError(f"cannot split {len(names)} tensors into {num_shards} non-empty shards")
+    acc, prev = 0, 0
+    for k, (n, s) in enumerate(zip(names, sizes)):
+        idx = min(num_shards - 1, int((acc + s / 2) * num_shards / max(total, 1)))
+        idx = max(idx, prev, num_shards - (len(names) - k))   # contiguous; leave a tensor for every shard
+        idx = min(idx, prev + 1 if k else 0)                    # never skip a shard
         shards[idx].append(n)
-        acc += s
+        acc, prev = acc + s, idx
     files, weight_map = [], {}
     for i, sh in enumerate(shards):
         fn = f"{name}-{i + 1:05d}-of-{num_shards:05d}.safetensors"
