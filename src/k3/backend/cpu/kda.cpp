@@ -1,0 +1,317 @@
+// KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
+#include "k3/backend/cpu/kda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define K3_KDA_AVX2 1
+#endif
+
+namespace k3::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Small vector helpers (contiguous, n arbitrary). The compiler vectorises the simd loops.
+
+inline void axpy(int n, float a, const float* __restrict x, float* __restrict y) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+inline void scale(int n, float a, float* __restrict y) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] *= a;
+}
+
+#ifdef K3_KDA_AVX2
+// exp for 8 floats, Cephes-style range reduction + degree-6 polynomial (~2 ulp). Inputs below
+// -87.3 give exactly 0 (the caller only uses x <= 0, but large x are clamped for safety).
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  p = _mm256_fmadd_ps(p, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_cvttps_epi32(fx);
+  e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
+  p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, p);
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// y[i] = x[i] * exp(a[i] - b[i]);  b == nullptr means exp(a[i])
+inline void mul_exp_diff(int n, const float* x, const float* a, const float* b, float* y) {
+  int i = 0;
+#ifdef K3_KDA_AVX2
+  for (; i + 8 <= n; i += 8) {
+    __m256 d = _mm256_loadu_ps(a + i);
+    if (b) d = _mm256_sub_ps(d, _mm256_loadu_ps(b + i));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), exp8(d)));
+  }
+#endif
+  for (; i < n; ++i) y[i] = x[i] * std::exp(b ? a[i] - b[i] : a[i]);
+}
+
+// C[m][n] += alpha * sum_k A(m,k) B[k][n];  A(m,k) = A[m*lda + k], or A[k*lda + m] when transA.
+// Register-blocked MR x 16 AVX2 micro-kernel with scalar column tail.
+template <int MR>
+inline void gemm_rows(int m0, int N, int K, float alpha, const float* A, int lda, bool transA, const float* B,
+                      int ldb, float* C, int ldc) {
+  auto a_at = [&](int r, int k) {
+    return transA ? A[static_cast<std::size_t>(k) * lda + m0 + r] : A[static_cast<std::size_t>(m0 + r) * lda + k];
+  };
+  int n = 0;
+#ifdef K3_KDA_AVX2
+  for (; n + 16 <= N; n += 16) {
+    __m256 c0[MR], c1[MR];
+    for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      const float* b = B + static_cast<std::size_t>(k) * ldb + n;
+      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 a = _mm256_set1_ps(a_at(r, k));
+        c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+        c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
+      }
+    }
+    const __m256 al = _mm256_set1_ps(alpha);
+    for (int r = 0; r < MR; ++r) {
+      float* c = C + static_cast<std::size_t>(m0 + r) * ldc + n;
+      _mm256_storeu_ps(c, _mm256_fmadd_ps(al, c0[r], _mm256_loadu_ps(c)));
+      _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(al, c1[r], _mm256_loadu_ps(c + 8)));
+    }
+  }
+#endif
+  for (; n < N; ++n)
+    for (int r = 0; r < MR; ++r) {
+      float acc = 0.f;
+      for (int k = 0; k < K; ++k) acc += a_at(r, k) * B[static_cast<std::size_t>(k) * ldb + n];
+      C[static_cast<std::size_t>(m0 + r) * ldc + n] += alpha * acc;
+    }
+}
+
+void gemm_acc(int M, int N, int K, float alpha, const float* A, int lda, bool transA, const float* B, int ldb,
+              float* C, int ldc) {
+  int m = 0;
+  for (; m + 4 <= M; m += 4) gemm_rows<4>(m, N, K, alpha, A, lda, transA, B, ldb, C, ldc);
+  for (; m < M; ++m) gemm_rows<1>(m, N, K, alpha, A, lda, transA, B, ldb, C, ldc);
+}
+
+// Both sums_d ki[d] kj[d] e[d] and qi[d] kj[d] e[d] with e = exp(Gi - Gj) (<= 1 for j <= i).
+inline void decayed_dots(int n, const float* Gi, const float* Gj, const float* ki, const float* qi,
+                         const float* kj, float& akk, float& aqk) {
+  int d = 0;
+  float sk = 0.f, sq = 0.f;
+#ifdef K3_KDA_AVX2
+  __m256 vk = _mm256_setzero_ps(), vq = _mm256_setzero_ps();
+  for (; d + 8 <= n; d += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(Gi + d), _mm256_loadu_ps(Gj + d)));
+    const __m256 ke = _mm256_mul_ps(_mm256_loadu_ps(kj + d), e);
+    vk = _mm256_fmadd_ps(_mm256_loadu_ps(ki + d), ke, vk);
+    vq = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), ke, vq);
+  }
+  sk = hsum8(vk);
+  sq = hsum8(vq);
+#endif
+  for (; d < n; ++d) {
+    const float ke = kj[d] * std::exp(Gi[d] - Gj[d]);
+    sk += ki[d] * ke;
+    sq += qi[d] * ke;
+  }
+  akk = sk;
+  aqk = sq;
+}
+
+// Per-thread workspace of the chunked form; sized once per call.
+struct ChunkWs {
+  std::vector<float> Q, K, ones, G, B, U, Vt, Kd, Akk, Aqk, beta, e;
+  void init(int C, int D) {
+    const std::size_t cd = static_cast<std::size_t>(C) * D;
+    for (auto* v : {&Q, &K, &G, &B, &U, &Vt, &Kd}) v->assign(cd, 0.f);
+    ones.assign(D, 1.f);
+    Akk.assign(static_cast<std::size_t>(C) * C, 0.f);
+    Aqk.assign(static_cast<std::size_t>(C) * C, 0.f);
+    beta.assign(C, 0.f);
+    e.assign(D, 0.f);
+  }
+};
+
+// One chunk of L tokens starting at t0 for head h; S = that head's [D][D] state, updated in place.
+void kda_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, const float* q, const float* k,
+               const float* v, const float* g, const float* beta, float* S, float* out) {
+  float* Q = ws.Q.data();
+  float* K = ws.K.data();
+  const float* ones = ws.ones.data();
+  float* G = ws.G.data();
+  float* B = ws.B.data();    // exp(G) * K, then W in place
+  float* U = ws.U.data();    // V, then U = T V in place
+  float* Vt = ws.Vt.data();  // V~ = U - W S_in
+  float* Kd = ws.Kd.data();  // exp(G_last - G) * K
+  float* Akk = ws.Akk.data();
+  float* Aqk = ws.Aqk.data();
+  float* bt = ws.beta.data();
+  float* e = ws.e.data();
+
+  // Gather the chunk for this head into contiguous rows; cumulative log-decay.
+  for (int i = 0; i < L; ++i) {
+    const std::size_t src = (static_cast<std::size_t>(t0 + i) * H + h) * D;
+    std::copy_n(q + src, D, Q + i * D);
+    std::copy_n(k + src, D, K + i * D);
+    std::copy_n(v + src, D, U + i * D);
+    float* Gi = G + i * D;
+    const float* gi = g + src;
+    if (i == 0) {
+      std::copy_n(gi, D, Gi);
+    } else {
+      const float* Gp = Gi - D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) Gi[d] = Gp[d] + gi[d];
+    }
+    bt[i] = beta[static_cast<std::size_t>(t0 + i) * H + h];
+  }
+
+  // A_kk (strictly lower, without the beta_i factor) and A_qk (lower incl. diagonal, zero above).
+  std::fill_n(Aqk, static_cast<std::size_t>(L) * L, 0.f);
+  for (int i = 0; i < L; ++i) {
+    const float* Gi = G + i * D;
+    for (int j = 0; j < i; ++j)
+      decayed_dots(D, Gi, G + j * D, K + i * D, Q + i * D, K + j * D, Akk[i * L + j], Aqk[i * L + j]);
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < D; ++d) s += Q[i * D + d] * K[i * D + d];
+    Aqk[i * L + i] = s;
+  }
+
+  // B = exp(G) * K. Forward substitution of (I + diag(beta) A) X = diag(beta) [B | V] gives
+  // W = T B and U = T V with T = (I + A_kk)^-1 diag(beta), A_kk = diag(beta) A.
+  for (int i = 0; i < L; ++i) {
+    float* Wi = B + i * D;
+    float* Ui = U + i * D;
+    mul_exp_diff(D, K + i * D, G + i * D, nullptr, Wi);
+    for (int j = 0; j < i; ++j) {
+      const float a = -Akk[i * L + j];
+      axpy(D, a, B + j * D, Wi);
+      axpy(D, a, U + j * D, Ui);
+    }
+    scale(D, bt[i], Wi);
+    scale(D, bt[i], Ui);
+  }
+
+  // V~ = U - W S_in
+  std::copy_n(U, static_cast<std::size_t>(L) * D, Vt);
+  gemm_acc(L, D, D, -1.f, B, D, false, S, D, Vt, D);
+
+  // O = (Q * exp(G)) S_in + A_qk V~   (A_qk's upper triangle is zero)
+  float* Qe = Kd;
+  for (int i = 0; i < L; ++i) mul_exp_diff(D, Q + i * D, G + i * D, nullptr, Qe + i * D);
+  float* O = out + (static_cast<std::size_t>(t0) * H + h) * D;
+  const int ldo = H * D;
+  for (int i = 0; i < L; ++i) std::fill_n(O + static_cast<std::size_t>(i) * ldo, D, 0.f);
+  gemm_acc(L, D, D, 1.f, Qe, D, false, S, D, O, ldo);
+  gemm_acc(L, D, L, 1.f, Aqk, L, false, Vt, D, O, ldo);
+
+  // S_out = exp(G_last) * S_in + (exp(G_last - G) * K)^T V~
+  const float* Gl = G + (L - 1) * D;
+  for (int i = 0; i < L; ++i) mul_exp_diff(D, K + i * D, Gl, G + i * D, Kd + i * D);
+  mul_exp_diff(D, ones, Gl, nullptr, e);  // e = exp(G_last)
+  for (int dk = 0; dk < D; ++dk) scale(D, e[dk], S + static_cast<std::size_t>(dk) * D);
+  gemm_acc(D, D, L, 1.f, Kd, D, true, Vt, D, S, D);
+}
+
+}  // namespace
+
+void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, float* state, float* out) {
+#pragma omp parallel if (H > 1)
+  {
+    std::vector<float> u(D), dg(D);
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; ++h) {
+      float* S = state + static_cast<std::size_t>(h) * D * D;
+      for (int t = 0; t < T; ++t) {
+        const std::size_t off = (static_cast<std::size_t>(t) * H + h) * D;
+        const float* qt = q + off;
+        const float* kt = k + off;
+        const float* vt = v + off;
+        const float* gt = g + off;
+        const float b = beta[static_cast<std::size_t>(t) * H + h];
+        float* ot = out + off;
+        for (int d = 0; d < D; ++d) dg[d] = std::exp(gt[d]);
+        // pass 1: S' = diag(exp g) S;  u = S'^T k
+        std::fill(u.begin(), u.end(), 0.f);
+        for (int dk = 0; dk < D; ++dk) {
+          float* Sr = S + static_cast<std::size_t>(dk) * D;
+          scale(D, dg[dk], Sr);
+          axpy(D, kt[dk], Sr, u.data());
+        }
+        // delta = beta (v - u)
+        for (int d = 0; d < D; ++d) u[d] = b * (vt[d] - u[d]);
+        // pass 2: S = S' + k delta^T;  o = S^T q
+        std::fill_n(ot, D, 0.f);
+        for (int dk = 0; dk < D; ++dk) {
+          float* Sr = S + static_cast<std::size_t>(dk) * D;
+          axpy(D, kt[dk], u.data(), Sr);
+          axpy(D, qt[dk], Sr, ot);
+        }
+      }
+    }
+  }
+}
+
+void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
+                 const float* g, const float* beta, float* state, float* out) {
+  if (T <= 0) return;
+  const int C = std::max(1, std::min(chunk, T));
+#pragma omp parallel if (H > 1)
+  {
+    ChunkWs ws;
+    ws.init(C, D);
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; ++h) {
+      float* S = state + static_cast<std::size_t>(h) * D * D;
+      for (int t0 = 0; t0 < T; t0 += C) kda_chunk(ws, t0, std::min(C, T - t0), H, h, D, q, k, v, g, beta, S, out);
+    }
+  }
+}
+
+void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
+  const int P = W - 1;  // previous inputs kept
+#pragma omp parallel for schedule(static) if (static_cast<long>(T) * C * W > 65536)
+  for (int c = 0; c < C; ++c) {
+    const float* wc = w + static_cast<std::size_t>(c) * W;
+    float* st = cstate + static_cast<std::size_t>(c) * P;
+    // input at relative time tau in [-P, T): tau < 0 comes from the state
+    auto in = [&](int tau) { return tau < 0 ? st[P + tau] : x[static_cast<std::size_t>(tau) * C + c]; };
+    for (int t = 0; t < T; ++t) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc += wc[j] * in(t - P + j);
+      y[static_cast<std::size_t>(t) * C + c] = acc / (1.f + std::exp(-acc));
+    }
+    // new state = last P inputs of [state, x]; ascending j reads only not-yet-overwritten slots
+    for (int j = 0; j < P; ++j) st[j] = in(T - P + j);
+  }
+}
+
+}  // namespace k3::cpu

@@ -1,0 +1,89 @@
+// MLA attention cores (model-spec 3.3). See mla_attention.h for layouts.
+#include "k3/backend/cpu/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+namespace k3::cpu {
+namespace {
+
+inline float dot(int n, const float* __restrict a, const float* __restrict b) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(int n, float a, const float* __restrict x, float* __restrict y) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// In-place softmax of p[0..n) (already scaled); returns nothing, p holds probabilities.
+inline void softmax(int n, float* p) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) m = std::max(m, p[i]);
+  float sum = 0.f;
+  for (int i = 0; i < n; ++i) {
+    p[i] = std::exp(p[i] - m);
+    sum += p[i];
+  }
+  const float inv = 1.f / sum;
+  for (int i = 0; i < n; ++i) p[i] *= inv;
+}
+
+}  // namespace
+
+void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float* q, const float* k_nope,
+                       const float* k_pe, const float* v, float scale, float* out) {
+  const int S = P + T;
+  const int dq = dn + dr;
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < nh; ++h) {
+        const float* qn = q + (static_cast<std::size_t>(t) * nh + h) * dq;
+        const float* qp = qn + dn;
+        const int n = P + t + 1;  // causal: keys 0 .. P+t
+        for (int s = 0; s < n; ++s) {
+          const float* kn = k_nope + (static_cast<std::size_t>(s) * nh + h) * dn;
+          const float* kp = k_pe + static_cast<std::size_t>(s) * dr;
+          p[s] = (dot(dn, qn, kn) + dot(dr, qp, kp)) * scale;
+        }
+        softmax(n, p.data());
+        float* o = out + (static_cast<std::size_t>(t) * nh + h) * dv;
+        std::fill_n(o, dv, 0.f);
+        for (int s = 0; s < n; ++s) axpy(dv, p[s], v + (static_cast<std::size_t>(s) * nh + h) * dv, o);
+      }
+    }
+  }
+}
+
+void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,
+                          float scale, float* out) {
+  const int S = P + T;
+  const int dc = kr + dr;
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < nh; ++h) {
+        const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h) * dc;
+        const int n = P + t + 1;
+        for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, cache + static_cast<std::size_t>(s) * dc) * scale;
+        softmax(n, p.data());
+        float* o = out + (static_cast<std::size_t>(t) * nh + h) * kr;
+        std::fill_n(o, kr, 0.f);
+        for (int s = 0; s < n; ++s) axpy(kr, p[s], cache + static_cast<std::size_t>(s) * dc, o);
+      }
+    }
+  }
+}
+
+}  // namespace k3::cpu
