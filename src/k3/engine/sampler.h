@@ -1,0 +1,62 @@
+// Token sampler: penalties -> greedy | temperature -> top-k -> top-p -> min-p -> seeded draw.
+// Conventions follow vLLM / OpenAI; see docs/sampling.md for the exact rules and differences.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "k3/engine/sampling_params.h"
+
+namespace k3::engine {
+
+// One Sampler per request (it owns the request's PRNG stream). Not thread-safe; different
+// requests' samplers are independent, so the drawn tokens depend only on the seed and on the
+// sequence of logits passed to sample(), never on threads or timing.
+class Sampler {
+ public:
+  // Validates `params` (throws k3::Error). The PRNG is seeded with params.seed if set, else with
+  // default_seed_if_none.
+  Sampler(const SamplingParams& params, uint64_t default_seed_if_none);
+
+  // Picks the next token. `logits` (one per vocab id) is modified in place: on return it holds
+  // the penalised logits (greedy) or the processed ones, (l - max)/T with -inf for every token
+  // filtered out by top-k / top-p / min-p. Token ids in prompt/generated must be in [0, V).
+  // Throws k3::Error on an empty vocab, NaN or +inf logits, or all logits -inf.
+  int32_t sample(std::span<float> logits, std::span<const int32_t> prompt_tokens,
+                 std::span<const int32_t> generated_tokens);
+
+  // Applies only the penalties of `p` to `logits`, in place (no-op when all are neutral):
+  //   repetition (HF/CTRL): for every distinct id in prompt ∪ generated:
+  //                         l = l > 0 ? l / r : l * r
+  //   then OpenAI, over generated tokens only, with c = count of the id in generated:
+  //                         l -= frequency * c + presence * (c > 0)
+  static void apply_penalties(std::span<float> logits, std::span<const int32_t> prompt_tokens,
+                              std::span<const int32_t> generated_tokens, const SamplingParams& p);
+
+  // Log-softmax of the raw logits, the n most likely ids (ties: lower id first), descending.
+  static std::vector<std::pair<int32_t, float>> top_logprobs(std::span<const float> logits, int n);
+  // Log-softmax of the raw logits at `id`.
+  static float logprob_of(std::span<const float> logits, int32_t id);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  struct Scratch {
+    std::vector<uint32_t> counts;  // per-id counts, kept all-zero between calls
+    std::vector<uint8_t> seen;     // per-id marks, kept all-zero between calls
+  };
+  static void apply_penalties_impl(std::span<float> logits, std::span<const int32_t> prompt_tokens,
+                                   std::span<const int32_t> generated_tokens,
+                                   const SamplingParams& p, Scratch& s);
+  double uniform01();  // [0, 1) with 53 random bits
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  Scratch scratch_;
+  std::vector<int32_t> idx_;  // candidate ids
+  std::vector<float> w_;      // unnormalised probabilities
+};
+
+}  // namespace k3::engine
