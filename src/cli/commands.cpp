@@ -4,7 +4,9 @@ namespace k3cli {
 
 void add_info(CLI::App&, Registry&);
 void add_logits(CLI::App&, Registry&);
+void add_run(CLI::App&, Registry&);
+void add_tokenize(CLI::App&, Registry&);
 
-std::vector<AddCommand> all_commands() { return {add_info, add_logits}; }
+std::vector<AddCommand> all_commands() { return {add_run, add_logits, add_tokenize, add_info}; }
 
 }  // namespace k3cli
