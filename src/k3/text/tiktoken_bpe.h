@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "k3/core/error.h"
+
 namespace k3::text {
 
 enum class MergeAlgo { kAuto, kLinear, kHeap };

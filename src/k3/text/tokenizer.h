@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "k3/core/error.h"
 #include "k3/text/pretokenizer.h"
 #include "k3/text/tiktoken_bpe.h"
 
