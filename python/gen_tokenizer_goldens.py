@@ -4,7 +4,8 @@
 Deterministic (seeded). Writes, under tests/data/tokenizer/:
   kimi_goldens.json    {"texts", "ids" (encode_ordinary), "special_texts", "special_ids"
                         (allowed_special='all' with the K3 table of k3_tokenizer_config.json),
-                        "lossy": [[hex bytes, bytes.decode('utf-8', 'replace')], ...]}
+                        "lossy": [[hex bytes, bytes.decode('utf-8', 'replace')], ...],
+                        "corpora": {file: [n_tokens, checksum string]} for ../shared corpora}
   cl100k_goldens.json  {"texts", "ids"}   (OpenAI cl100k_base, a second vocab + pattern)
   kimi_classes.json    per regex atom, the code point ranges tiktoken's regex engine puts in it
 Usage: python3 python/gen_tokenizer_goldens.py   (from the project root; needs tiktoken)
@@ -179,6 +180,23 @@ def gen_texts(rng):
     return t
 
 
+def ids_checksum(ids):
+    """FNV-1a-style 64-bit fold of the ids (mirrored in test_tokenizer_goldens.cpp)."""
+    h = 1469598103934665603
+    for i in ids:
+        h = ((h ^ i) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def corpus_checksums(enc):
+    """Whole-corpus encodings, too big to store, as (token count, checksum) per file."""
+    out = {}
+    for f in sorted((SHARED / "corpora").glob("*.txt")):
+        ids = enc.encode_ordinary(f.read_text(encoding="utf-8"))
+        out[f.name] = [len(ids), str(ids_checksum(ids))]
+    return out
+
+
 def unicode14_assigned(c):
     return unicodedata.category(c) != "Cn"  # this Python's unicodedata is what PCRE2 10.42 uses
 
@@ -223,7 +241,7 @@ def main():
         json.dump({"texts": texts, "ids": [kimi.encode_ordinary(x) for x in texts],
                    "special_texts": special_texts,
                    "special_ids": [kimi.encode(x, allowed_special="all") for x in special_texts],
-                   "lossy": lossy}, f, ensure_ascii=True, separators=(",", ":"))
+                   "lossy": lossy, "corpora": corpus_checksums(kimi)}, f, ensure_ascii=True, separators=(",", ":"))
 
     cl_ranks = load_ranks(SHARED / "tokenizers" / "openai" / "cl100k_base.tiktoken")
     cl = tiktoken.Encoding(name="cl", pat_str=CL100K_PAT, mergeable_ranks=cl_ranks, special_tokens={})

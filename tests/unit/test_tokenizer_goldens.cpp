@@ -87,3 +87,19 @@ TEST(TokenizerGoldens, LossyUtf8MatchesPython) {
     EXPECT_EQ(is_valid_utf8(bytes), utf8_lossy(bytes) == bytes) << hex;
   }
 }
+
+// Whole corpora (8 MB of English, incl. the 4 MB KJV) against tiktoken, via count + checksum.
+TEST(TokenizerGoldens, CorporaMatchTiktoken) {
+  const auto& corpora = k3test::kimi_goldens()["corpora"];
+  ASSERT_GE(corpora.size(), 7u);
+  for (const auto& [name, expect] : corpora.items()) {
+    std::ifstream f(K3_SOURCE_DIR "/../shared/data/corpora/" + name, std::ios::binary);
+    ASSERT_TRUE(f) << name;
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const Ids ids = k3test::kimi().encode(text);
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t id : ids) h = (h ^ static_cast<uint64_t>(id)) * 1099511628211ull;
+    EXPECT_EQ(ids.size(), expect[0].get<size_t>()) << name;
+    EXPECT_EQ(std::to_string(h), expect[1].get<std::string>()) << name;
+  }
+}
