@@ -1,0 +1,148 @@
+#include "k3/text/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "k3/core/error.h"
+
+namespace k3::text {
+
+Tokenizer Tokenizer::load(const std::string& model_dir, const std::string& pattern) {
+  const std::filesystem::path dir(model_dir);
+  const auto cfg = dir / "tokenizer_config.json";
+  return load_files((dir / "tiktoken.model").string(),
+                    std::filesystem::exists(cfg) ? cfg.string() : std::string(), pattern);
+}
+
+Tokenizer Tokenizer::load_files(const std::string& model_path, const std::string& config_path,
+                                const std::string& pattern) {
+  Tokenizer t(TiktokenBpe::load(model_path), Pretokenizer(pattern));
+  // Like tokenization_kimi.py, special ids start at len(mergeable_ranks).
+  t.n_ranks_ = t.bpe_.size();
+  if (t.bpe_.max_rank() + 1 != t.n_ranks_)
+    throw Error(model_path + ": ranks are not contiguous 0.." + std::to_string(t.n_ranks_ - 1));
+  t.init_specials(config_path);
+  return t;
+}
+
+void Tokenizer::init_specials(const std::string& config_path) {
+  // tokenization_kimi.py: added_tokens_decoder.get(i, f"<|reserved_token_{i}|>") for every
+  // i in [n_ranks, n_ranks + 256) -- note N is the full id, not the offset.
+  special_names_.clear();
+  for (int32_t i = 0; i < kNumSpecialSlots; ++i)
+    special_names_.push_back("<|reserved_token_" + std::to_string(n_ranks_ + i) + "|>");
+
+  nlohmann::json cfg;
+  if (!config_path.empty()) {
+    std::ifstream f(config_path);
+    if (!f) throw Error("cannot open " + config_path);
+    try {
+      cfg = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(config_path + ": invalid JSON: " + e.what());
+    }
+    if (cfg.contains("added_tokens_decoder")) {
+      for (const auto& [key, entry] : cfg["added_tokens_decoder"].items()) {
+        int64_t id = -1;
+        try {
+          id = std::stoll(key);
+        } catch (...) {
+        }
+        if (id < n_ranks_ || id >= n_vocab())
+          throw Error(config_path + ": added token id '" + key + "' outside the special range " +
+                      std::to_string(n_ranks_) + ".." + std::to_string(n_vocab() - 1));
+        if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string())
+          throw Error(config_path + ": added token " + key + " has no string 'content'");
+        special_names_[id - n_ranks_] = entry["content"].get<std::string>();
+      }
+    }
+  }
+
+  special_ids_.clear();
+  max_special_len_ = 0;
+  std::fill(std::begin(special_first_byte_), std::end(special_first_byte_), false);
+  for (int32_t i = 0; i < kNumSpecialSlots; ++i) {
+    const std::string& name = special_names_[i];
+    if (name.empty()) throw Error(config_path + ": empty special token for id " + std::to_string(n_ranks_ + i));
+    if (!special_ids_.emplace(name, n_ranks_ + i).second)
+      throw Error(config_path + ": special token '" + name + "' appears twice");
+    max_special_len_ = std::max(max_special_len_, name.size());
+    special_first_byte_[static_cast<uint8_t>(name[0])] = true;
+  }
+
+  // bos_token / eos_token: a string or {"content": ...}; absent -> -1.
+  auto resolve = [&](const char* field) -> int32_t {
+    if (!cfg.is_object() || !cfg.contains(field) || cfg[field].is_null()) return -1;
+    const auto& v = cfg[field];
+    std::string name;
+    if (v.is_string())
+      name = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v["content"].is_string())
+      name = v["content"].get<std::string>();
+    else
+      throw Error(config_path + ": '" + field + "' is neither a string nor {\"content\": ...}");
+    const auto it = special_ids_.find(name);
+    if (it == special_ids_.end())
+      throw Error(config_path + ": " + field + " '" + name + "' is not a special token");
+    return it->second;
+  };
+  bos_id_ = resolve("bos_token");
+  eos_id_ = resolve("eos_token");
+}
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view special_text) const {
+  const auto it = special_ids_.find(std::string(special_text));
+  if (it == special_ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+const std::string& Tokenizer::token_bytes(int32_t id) const {
+  if (is_special(id)) return special_names_[id - n_ranks_];
+  if (const std::string* b = bpe_.bytes(id)) return *b;
+  throw Error("token id " + std::to_string(id) + " out of range [0, " + std::to_string(n_vocab()) +
+              ")");
+}
+
+void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  pre_.split(text, [&](std::string_view piece) { bpe_.encode_piece(piece, out); });
+}
+
+std::pair<size_t, int32_t> Tokenizer::find_special(std::string_view text, size_t from) const {
+  for (size_t i = from; i < text.size(); ++i) {
+    if (!special_first_byte_[static_cast<uint8_t>(text[i])]) continue;
+    const size_t max_len = std::min(max_special_len_, text.size() - i);
+    for (size_t len = max_len; len > 0; --len) {  // longest first
+      const auto it = special_ids_.find(std::string(text.substr(i, len)));
+      if (it != special_ids_.end()) return {i, it->second};
+    }
+  }
+  return {std::string_view::npos, -1};
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  if (!allow_special) {
+    encode_ordinary(text, out);
+    return out;
+  }
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const auto [at, id] = find_special(text, pos);
+    if (at == std::string_view::npos) break;
+    encode_ordinary(text.substr(pos, at - pos), out);
+    out.push_back(id);
+    pos = at + special_names_[id - n_ranks_].size();
+  }
+  encode_ordinary(text.substr(pos), out);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (const int32_t id : ids) s += token_bytes(id);
+  return s;
+}
+
+}  // namespace k3::text

@@ -1,0 +1,74 @@
+// Shared fixtures for the tokenizer tests: the Kimi vocab (loaded once) and golden files.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "k3/text/tokenizer.h"
+
+namespace k3test {
+
+inline const std::string kKimiModel = K3_SOURCE_DIR "/../shared/data/tokenizers/kimi/tiktoken.model";
+inline const std::string kCl100kModel =
+    K3_SOURCE_DIR "/../shared/data/tokenizers/openai/cl100k_base.tiktoken";
+inline const std::string kTokData = K3_SOURCE_DIR "/tests/data/tokenizer/";
+inline const std::string kK3Config = kTokData + "k3_tokenizer_config.json";
+
+inline nlohmann::json load_json(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot open " + path);
+  return nlohmann::json::parse(f);
+}
+
+// Kimi vocab + the K3 special-token table fixture; loaded once for all tests.
+inline const k3::text::Tokenizer& kimi() {
+  static const k3::text::Tokenizer t = k3::text::Tokenizer::load_files(kKimiModel, kK3Config);
+  return t;
+}
+
+inline const nlohmann::json& kimi_goldens() {
+  static const nlohmann::json j = load_json(kTokData + "kimi_goldens.json");
+  return j;
+}
+
+// Code points of valid UTF-8 (test inputs only).
+inline std::vector<uint32_t> code_points(const std::string& s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+    uint32_t cp = n == 1 ? b : b & (0x3F >> (n - 1));
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += n;
+  }
+  return out;
+}
+
+inline std::string utf8_of(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+// Code points whose regex class differs between tiktoken (Unicode 15.1+) and PCRE2 10.42
+// (Unicode 14): computed by test_tokenizer_regex.cpp's sweep. Defined there.
+const std::set<uint32_t>& diverging_code_points();
+
+}  // namespace k3test
