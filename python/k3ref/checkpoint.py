@@ -63,9 +63,6 @@ def tiny_kimi_linear_config() -> dict:
     V = 1024
     return OrderedDict(
         model_type="kimi_linear", architectures=["KimiLinearForCausalLM"],
-        auto_map={"AutoConfig": "configuration_kimi.KimiLinearConfig",
-                  "AutoModel": "modeling_kimi.KimiLinearModel",
-                  "AutoModelForCausalLM": "modeling_kimi.KimiLinearForCausalLM"},
         vocab_size=V, hidden_size=96, num_hidden_layers=6, num_attention_heads=3,
         num_key_value_heads=3,
         intermediate_size=160, rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=4096,
