@@ -98,6 +98,7 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   if (!f.opt<bool>("mla_use_nope", true))
     throw Error(f.where("mla_use_nope") + ": rotary MLA is not part of this model family (expected true)");
   c.mla_output_gate = f.opt<bool>("mla_use_output_gate", false);
+  c.mla_norm_eps = f.opt<float>("mla_norm_eps", c.rms_norm_eps);
 
   const json& la = f.obj("linear_attn_config");
   Fields lf(la, source, scope + "linear_attn_config.");

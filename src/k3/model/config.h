@@ -30,6 +30,9 @@ struct ModelConfig {
   int64_t mla_heads = 0, q_lora_rank = 0 /*0: no q-LoRA*/, kv_lora_rank = 0, qk_nope_dim = 0, qk_rope_dim = 0,
           v_head_dim = 0;
   bool mla_output_gate = false;
+  // eps of q_a_layernorm / kv_a_layernorm. model-spec: rms_norm_eps. HF's modeling code builds these two
+  // norms with 1e-6 (docs/reference.md, deviation 1); the optional config key `mla_norm_eps` selects it.
+  float mla_norm_eps = 0;
 
   // KDA
   std::vector<bool> is_kda;  // per layer (0-based)

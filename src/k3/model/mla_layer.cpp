@@ -19,7 +19,7 @@ void mla_layer(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
   if (!w.q_a.empty()) {
     std::vector<float> qa(static_cast<size_t>(n * c.q_lora_rank));
     cpu::matmul(w.q_a, x, n, qa.data());
-    cpu::rmsnorm(qa.data(), w.q_a_norm.data(), n, c.q_lora_rank, c.rms_norm_eps, qa.data());
+    cpu::rmsnorm(qa.data(), w.q_a_norm.data(), n, c.q_lora_rank, c.mla_norm_eps, qa.data());
     cpu::matmul(w.q_b, qa.data(), n, q.data());
   } else {
     cpu::matmul(w.q, x, n, q.data());
@@ -30,7 +30,7 @@ void mla_layer(const ModelConfig& c, const MlaWeights& w, const float* x, int64_
   st.cache.resize(static_cast<size_t>(S * cd));
   float* fresh = st.cache.data() + P * cd;
   cpu::matmul(w.kv_a, x, n, fresh);
-  for (int64_t t = 0; t < n; ++t) cpu::rmsnorm(fresh + t * cd, w.kv_a_norm.data(), 1, kr, c.rms_norm_eps, fresh + t * cd);
+  for (int64_t t = 0; t < n; ++t) cpu::rmsnorm(fresh + t * cd, w.kv_a_norm.data(), 1, kr, c.mla_norm_eps, fresh + t * cd);
 
   std::vector<float> o(static_cast<size_t>(n * nh * dv));
   const float* kvb = w.kv_b.data();  // [nh*(dn+dv)][kr]
