@@ -1,0 +1,118 @@
+// The `k3` binary's verbs as other tools call them: logits to .npy, tokenize round trips, info,
+// and clear errors with a non-zero exit status for bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "k3/core/npy.h"
+#include "test_util.h"
+
+namespace {
+
+struct Result {
+  int status;
+  std::string out;
+};
+
+// Runs a shell command line, capturing stdout (stderr goes to the file `err` if given).
+Result sh(const std::string& cmd) {
+  Result r{0, ""};
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string k3bin() { return std::string(K3_BINARY); }
+
+std::string read(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A model dir holding only the real Kimi tokenizer (for `k3 tokenize`).
+struct KimiTokenizerDir {
+  k3test::TempDir d;
+  KimiTokenizerDir() {
+    k3test::fs::copy_file(k3test::source_path("../shared/data/tokenizers/kimi/tiktoken.model"), d.path / "tiktoken.model");
+    k3test::fs::copy_file(k3test::source_path("tests/data/tokenizer/k3_tokenizer_config.json"), d.path / "tokenizer_config.json");
+  }
+};
+
+}  // namespace
+
+TEST(Cli, LogitsPrefillAndDecodeMatchGoldens) {
+  k3test::TempDir t;
+  const std::string g = k3test::source_path("tests/data/goldens/tiny-k3/");
+  auto toks = nlohmann::json::parse(read(g + "tokens.json")).get<std::vector<int>>();
+  std::string list;
+  for (size_t i = 0; i < toks.size(); ++i) list += (i ? "," : "") + std::to_string(toks[i]);
+  for (std::string mode : {"prefill", "decode"}) {
+    const std::string out = t.str() + "/" + mode + ".npy";
+    auto r = sh(k3bin() + " logits -m " + k3test::source_path("tests/data/tiny-k3") + " --tokens " + list +
+                (mode == "decode" ? " --decode" : "") + " --out " + out + " 2>/dev/null");
+    ASSERT_EQ(r.status, 0);
+    auto a = k3::read_npy_f32(out), b = k3::read_npy_f32(g + "logits_" + mode + ".npy");
+    ASSERT_EQ(a.shape, b.shape);
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < a.data.size(); ++i) {
+      md = std::max(md, static_cast<double>(std::fabs(a.data[i] - b.data[i])));
+      mr = std::max(mr, static_cast<double>(std::fabs(b.data[i])));
+    }
+    EXPECT_LT(md / mr, 1e-3) << mode;
+  }
+}
+
+TEST(Cli, TokenizeRoundTrip) {
+  KimiTokenizerDir m;
+  k3test::TempDir t;
+  const std::string text = "Hello, world! 你好世界 1234567890 <|end_of_msg|>\n  def f(x):\treturn x**2\n";
+  std::ofstream(t.str() + "/in.txt") << text;
+  auto r = sh(k3bin() + " tokenize -m " + m.d.str() + " < " + t.str() + "/in.txt");
+  ASSERT_EQ(r.status, 0);
+  auto ids = nlohmann::json::parse(r.out).get<std::vector<int>>();
+  EXPECT_EQ((std::vector<int>(ids.begin(), ids.begin() + 4)), (std::vector<int>{19180, 11, 2695, 0}));
+  for (int id : ids) EXPECT_LT(id, 163584);  // encode_ordinary: no special ids
+  std::ofstream(t.str() + "/ids.json") << r.out;
+  auto back = sh(k3bin() + " tokenize --decode -m " + m.d.str() + " < " + t.str() + "/ids.json");
+  ASSERT_EQ(back.status, 0);
+  EXPECT_EQ(back.out, text);
+  // --special maps the marker to its id.
+  auto sp = sh(k3bin() + " tokenize --special -m " + m.d.str() + " < " + t.str() + "/in.txt");
+  auto sids = nlohmann::json::parse(sp.out).get<std::vector<int>>();
+  EXPECT_NE(std::find(sids.begin(), sids.end(), 163586), sids.end());
+}
+
+TEST(Cli, InfoReportsSizes) {
+  auto r = sh(k3bin() + " info -m " + k3test::source_path("tests/data/tiny-k3"));
+  ASSERT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("kimi_k3"), std::string::npos);
+  EXPECT_NE(r.out.find("5 KDA + 3 MLA"), std::string::npos);
+  EXPECT_NE(r.out.find("MXFP4"), std::string::npos);
+}
+
+TEST(Cli, BadInputGivesClearErrors) {
+  k3test::TempDir t;
+  auto r = sh(k3bin() + " info -m /nonexistent 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("k3: error:"), std::string::npos) << r.out;
+  r = sh(k3bin() + " logits -m " + k3test::source_path("tests/data/tiny-k3") + " --tokens 1,99999 --out " + t.str() + "/x.npy 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("out of range"), std::string::npos) << r.out;
+  KimiTokenizerDir m;
+  std::ofstream(t.str() + "/bad.json") << "[1, 2, \"x\"";
+  r = sh(k3bin() + " tokenize --decode -m " + m.d.str() + " < " + t.str() + "/bad.json 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("JSON array"), std::string::npos) << r.out;
+  r = sh(k3bin() + " frobnicate 2>&1");
+  EXPECT_NE(r.status, 0);
+}
