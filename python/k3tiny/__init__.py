@@ -1,0 +1,1 @@
+"""k3-tiny data pipeline: corpus collection, BPE training, tokenisation, checks."""
