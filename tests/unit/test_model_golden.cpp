@@ -71,7 +71,7 @@ class Golden : public ::testing::TestWithParam<std::string> {
       model_->forward(std::span<const int32_t>(&t, 1), st, out);
       all.insert(all.end(), out.begin(), out.end());
     }
-    EXPECT_EQ(st.n_past, static_cast<int64_t>(tokens_.size()));
+    EXPECT_EQ(st.n_past(), static_cast<int64_t>(tokens_.size()));
     return all;
   }
   int64_t rows() const { return static_cast<int64_t>(tokens_.size()); }

@@ -1,5 +1,6 @@
 // KDA layer: projections, short convs, gates and the output gate around the recurrence cores of
-// backend/cpu/kda.h (model-spec section 3.2).
+// backend/cpu/kda.h (model-spec section 3.2). Projections run over the whole batch; convs and the
+// recurrence per sequence, on that sequence's state.
 #include <cmath>
 
 #include "k3/backend/cpu/kda.h"
@@ -23,31 +24,20 @@ void l2norm_heads(float* x, int64_t rows, int64_t D, float scale) {
 }
 }  // namespace
 
-void kda_layer(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t n, KdaLayerState& st, bool chunked,
-               int chunk, float* out) {
+void kda_layer(const ModelConfig& c, const KdaWeights& w, int64_t kda_index, const float* x, int64_t N,
+               const std::vector<SeqSpan>& seqs, int chunk, float* out) {
   const int64_t Hk = c.kda_heads, D = c.kda_head_dim, C = Hk * D, W = c.conv_kernel, r = c.kda_gate_rank;
-  const size_t nC = static_cast<size_t>(n * C);
-  if (st.S.empty()) {
-    st.S.assign(static_cast<size_t>(Hk * D * D), 0.f);
-    st.conv_q.assign(static_cast<size_t>(C * (W - 1)), 0.f);
-    st.conv_k = st.conv_q;
-    st.conv_v = st.conv_q;
-  }
-  std::vector<float> pre(nC), q(nC), k(nC), v(nC), g(nC), tmp(static_cast<size_t>(n * r)), beta(static_cast<size_t>(n * Hk));
+  const size_t NC = static_cast<size_t>(N * C);
+  std::vector<float> pq(NC), pk(NC), pv(NC), q(NC), k(NC), v(NC), g(NC), tmp(static_cast<size_t>(N * r)),
+      beta(static_cast<size_t>(N * Hk));
 
-  cpu::matmul(w.q, x, n, pre.data());
-  cpu::short_conv_silu(static_cast<int>(n), static_cast<int>(C), static_cast<int>(W), pre.data(), w.q_conv.data(), st.conv_q.data(), q.data());
-  cpu::matmul(w.k, x, n, pre.data());
-  cpu::short_conv_silu(static_cast<int>(n), static_cast<int>(C), static_cast<int>(W), pre.data(), w.k_conv.data(), st.conv_k.data(), k.data());
-  cpu::matmul(w.v, x, n, pre.data());
-  cpu::short_conv_silu(static_cast<int>(n), static_cast<int>(C), static_cast<int>(W), pre.data(), w.v_conv.data(), st.conv_v.data(), v.data());
-  l2norm_heads(q.data(), n * Hk, D, 1.0f / std::sqrt(static_cast<float>(D)));
-  l2norm_heads(k.data(), n * Hk, D, 1.0f);
-
-  // Decay gate (log space, per key channel).
-  cpu::matmul(w.f_a, x, n, tmp.data());
-  cpu::matmul(w.f_b, tmp.data(), n, g.data());
-  for (int64_t t = 0; t < n; ++t)
+  cpu::matmul(w.q, x, N, pq.data());
+  cpu::matmul(w.k, x, N, pk.data());
+  cpu::matmul(w.v, x, N, pv.data());
+  // Decay gate (log space, per key channel) and beta.
+  cpu::matmul(w.f_a, x, N, tmp.data());
+  cpu::matmul(w.f_b, tmp.data(), N, g.data());
+  for (int64_t t = 0; t < N; ++t)
     for (int64_t h = 0; h < Hk; ++h) {
       const float a = std::exp(w.A_log[static_cast<size_t>(h)]);
       float* gr = g.data() + t * C + h * D;
@@ -57,25 +47,36 @@ void kda_layer(const ModelConfig& c, const KdaWeights& w, const float* x, int64_
         gr[d] = c.gate_lower_bound ? *c.gate_lower_bound * cpu::sigmoidf(a * z) : -a * softplus(z);
       }
     }
-  cpu::matmul(w.b, x, n, beta.data());
+  cpu::matmul(w.b, x, N, beta.data());
   for (auto& b : beta) b = cpu::sigmoidf(b);
 
-  std::vector<float> o(nC);
-  if (chunked)
-    cpu::kda_chunked(static_cast<int>(n), static_cast<int>(Hk), static_cast<int>(D), chunk, q.data(), k.data(), v.data(), g.data(), beta.data(), st.S.data(), o.data());
-  else
-    cpu::kda_recurrent(static_cast<int>(n), static_cast<int>(Hk), static_cast<int>(D), q.data(), k.data(), v.data(), g.data(), beta.data(), st.S.data(), o.data());
+  std::vector<float> o(NC);
+  for (const SeqSpan& s : seqs) {
+    KdaStateView st = s.cache->kda_state(kda_index);
+    const size_t off = static_cast<size_t>(s.offset * C);
+    const int n = static_cast<int>(s.n);
+    cpu::short_conv_silu(n, static_cast<int>(C), static_cast<int>(W), pq.data() + off, w.q_conv.data(), st.conv_q, q.data() + off);
+    cpu::short_conv_silu(n, static_cast<int>(C), static_cast<int>(W), pk.data() + off, w.k_conv.data(), st.conv_k, k.data() + off);
+    cpu::short_conv_silu(n, static_cast<int>(C), static_cast<int>(W), pv.data() + off, w.v_conv.data(), st.conv_v, v.data() + off);
+    l2norm_heads(q.data() + off, s.n * Hk, D, 1.0f / std::sqrt(static_cast<float>(D)));
+    l2norm_heads(k.data() + off, s.n * Hk, D, 1.0f);
+    const float* bt = beta.data() + s.offset * Hk;
+    if (s.prefill_form)
+      cpu::kda_chunked(n, static_cast<int>(Hk), static_cast<int>(D), chunk, q.data() + off, k.data() + off, v.data() + off, g.data() + off, bt, st.S, o.data() + off);
+    else
+      cpu::kda_recurrent(n, static_cast<int>(Hk), static_cast<int>(D), q.data() + off, k.data() + off, v.data() + off, g.data() + off, bt, st.S, o.data() + off);
+  }
 
   // Output: per-head RMSNorm(o_norm) times sigmoid(output gate).
   if (c.kda_full_rank_gate) {
-    cpu::matmul(w.g, x, n, pre.data());
+    cpu::matmul(w.g, x, N, pq.data());
   } else {
-    cpu::matmul(w.g_a, x, n, tmp.data());
-    cpu::matmul(w.g_b, tmp.data(), n, pre.data());
+    cpu::matmul(w.g_a, x, N, tmp.data());
+    cpu::matmul(w.g_b, tmp.data(), N, pq.data());
   }
-  cpu::rmsnorm(o.data(), w.o_norm.data(), n * Hk, D, c.rms_norm_eps, o.data());
-  for (size_t i = 0; i < nC; ++i) o[i] *= cpu::sigmoidf(pre[i]);
-  cpu::matmul(w.o, o.data(), n, out);
+  cpu::rmsnorm(o.data(), w.o_norm.data(), N * Hk, D, c.rms_norm_eps, o.data());
+  for (size_t i = 0; i < NC; ++i) o[i] *= cpu::sigmoidf(pq[i]);
+  cpu::matmul(w.o, o.data(), N, out);
 }
 
 }  // namespace k3

@@ -15,14 +15,22 @@ namespace k3 {
 void attn_res_mix(const std::vector<const float*>& sources, const AttnResWeights& w, int64_t n, int64_t H, float eps,
                   float* out);
 
-// KDA layer. chunked: chunked (prefill) form with chunk size `chunk`; otherwise token-by-token recurrence.
-void kda_layer(const ModelConfig& c, const KdaWeights& w, const float* x, int64_t n, KdaLayerState& st, bool chunked,
-               int chunk, float* out);
+// One sequence's tokens inside a batch: rows [offset, offset+n) of the activations.
+struct SeqSpan {
+  int64_t offset = 0, n = 0;
+  SequenceCache* cache = nullptr;
+  bool prefill_form = false;  // chunked KDA + MHA MLA; else recurrent KDA + absorbed MLA
+};
 
-// MLA layer. Appends the n new tokens' latents to st.cache. absorbed: attention over the latent
-// cache (decode form); otherwise the MHA form with k/v expanded from the latents (prefill form).
-void mla_layer(const ModelConfig& c, const MlaWeights& w, const float* x, int64_t n, MlaLayerState& st, bool absorbed,
-               float* out);
+// KDA layer over a batch; `kda_index` picks the state in each sequence's cache. The chunked form
+// (chunk size `chunk`) is used for sequences with prefill_form, else the token-by-token recurrence.
+void kda_layer(const ModelConfig& c, const KdaWeights& w, int64_t kda_index, const float* x, int64_t N,
+               const std::vector<SeqSpan>& seqs, int chunk, float* out);
+
+// MLA layer over a batch. Writes the new tokens' latents to each cache (rows n_past .. n_past+n-1),
+// then attends: absorbed form over the latent rows, or the MHA form with k/v expanded from them.
+void mla_layer(const ModelConfig& c, const MlaWeights& w, int64_t mla_index, const float* x, int64_t N,
+               const std::vector<SeqSpan>& seqs, float* out);
 
 // Dense GLU MLP (first layers, shared experts).
 void glu_mlp(const ModelConfig& c, const GluMlp& w, const float* x, int64_t n, float* out);

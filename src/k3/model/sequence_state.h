@@ -1,25 +1,55 @@
-// Per-sequence memory of the forward pass: KDA recurrent + conv state (fixed size) and the MLA
-// latent cache (grows with the sequence). The serving cache manager will own these in pages and
-// slots later; the forward pass only needs this view.
+// What the forward pass needs from memory for one sequence: KDA recurrent + conv state per KDA layer
+// (fixed size) and one MLA latent row per token per MLA layer (grows with the sequence).
+// `SequenceCache` is the interface; `SequenceState` owns plain vectors (CLI, tests, single-sequence
+// generation) and the serving cache manager implements it over its page pool and state slots.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace k3 {
 
-struct KdaLayerState {
-  std::vector<float> S;                       // [Hk][D][D]
-  std::vector<float> conv_q, conv_k, conv_v;  // [C][W-1]
+struct ModelConfig;
+
+struct KdaStateView {
+  float* S = nullptr;                                     // [Hk][D][D]
+  float* conv_q = nullptr, *conv_k = nullptr, *conv_v = nullptr;  // [C][W-1] each
 };
 
-struct MlaLayerState {
-  std::vector<float> cache;  // [n_tokens][kv_lora_rank + qk_rope_dim]: [c_kv (normed) | k_pe]
+class SequenceCache {
+ public:
+  virtual ~SequenceCache() = default;
+  // Tokens already in the cache (the position of the next token).
+  virtual int64_t n_past() const = 0;
+  // State of the `kda_index`-th KDA layer (0-based among KDA layers).
+  virtual KdaStateView kda_state(int64_t kda_index) = 0;
+  // The latent row [c_kv | k_pe] of token `pos` in the `mla_index`-th MLA layer. The forward calls
+  // reserve(n) before writing rows n_past .. n_past+n-1.
+  virtual float* mla_row(int64_t mla_index, int64_t pos) = 0;
+  // Make room for n more tokens (throws k3::Error if the cache cannot).
+  virtual void reserve(int64_t n) = 0;
+  // Called after the forward: the n new tokens are now part of the sequence.
+  virtual void advance(int64_t n) = 0;
 };
 
-struct SequenceState {
-  int64_t n_past = 0;
-  std::vector<KdaLayerState> kda;  // indexed by layer; empty for MLA layers
-  std::vector<MlaLayerState> mla;  // indexed by layer; empty for KDA layers
+// Owning, growable per-sequence state (vectors).
+class SequenceState final : public SequenceCache {
+ public:
+  SequenceState() = default;
+  explicit SequenceState(const ModelConfig& c);
+
+  int64_t n_past() const override { return n_past_; }
+  KdaStateView kda_state(int64_t i) override;
+  float* mla_row(int64_t m, int64_t pos) override;
+  void reserve(int64_t n) override;
+  void advance(int64_t n) override { n_past_ += n; }
+
+  bool initialised() const { return row_dim_ > 0; }
+  int64_t bytes() const;
+
+ private:
+  int64_t n_past_ = 0, row_dim_ = 0, kda_state_size_ = 0, conv_size_ = 0;
+  std::vector<std::vector<float>> kda_;  // per KDA layer: S, conv_q, conv_k, conv_v back to back
+  std::vector<std::vector<float>> mla_;  // per MLA layer: [tokens][row_dim]
 };
 
 }  // namespace k3

@@ -64,8 +64,8 @@ void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float
   }
 }
 
-void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,
-                          float scale, float* out) {
+void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
+                               float scale, float* out) {
   const int S = P + T;
   const int dc = kr + dr;
 #pragma omp parallel
@@ -76,14 +76,22 @@ void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_l
       for (int h = 0; h < nh; ++h) {
         const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h) * dc;
         const int n = P + t + 1;
-        for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, cache + static_cast<std::size_t>(s) * dc) * scale;
+        for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, rows[s]) * scale;
         softmax(n, p.data());
         float* o = out + (static_cast<std::size_t>(t) * nh + h) * kr;
         std::fill_n(o, kr, 0.f);
-        for (int s = 0; s < n; ++s) axpy(kr, p[s], cache + static_cast<std::size_t>(s) * dc, o);
+        for (int s = 0; s < n; ++s) axpy(kr, p[s], rows[s], o);
       }
     }
   }
+}
+
+void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,
+                          float scale, float* out) {
+  const int S = P + T;
+  std::vector<const float*> rows(static_cast<std::size_t>(S));
+  for (int s = 0; s < S; ++s) rows[static_cast<std::size_t>(s)] = cache + static_cast<std::size_t>(s) * (kr + dr);
+  mla_attention_latent_rows(T, P, nh, kr, dr, q_lat, rows.data(), scale, out);
 }
 
 }  // namespace k3::cpu

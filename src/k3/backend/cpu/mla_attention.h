@@ -20,5 +20,9 @@ void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float
 //   out    : [T][nh][kr]       sum_s softmax(q_lat . cache_s * scale) * c_kv_s
 void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,
                           float scale, float* out);
+// The same over a paged cache: rows[s] points at token s's [c_kv | k_pe] row. Each (query, head) is
+// computed independently, so results do not depend on T, on batching or on how the cache is paged.
+void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
+                               float scale, float* out);
 
 }  // namespace k3::cpu

@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -46,14 +47,18 @@ float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
   return s;
 }
 
+// Same accumulation structure as dot_f32 (two 8-lane accumulators, 16 per step): a row converted to
+// fp32 and dotted with dot_f32 gives bit-identical results, which keeps matmul batch-invariant.
 float dot_f16(const uint16_t* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps();
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    a0 = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), a0);
+  for (; i + 16 <= n; i += 16) {
+    __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
+    __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
+    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
   }
-  float s = hsum(a0);
+  float s = hsum(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
   return s;
 }
@@ -90,6 +95,31 @@ float dot_mxfp4(const uint8_t* packed, const uint8_t* scales, const float* x, in
     acc = _mm256_fmadd_ps(s, _mm256_set1_ps(0.5f * e8m0_to_f32(scales[g])), acc);
   }
   return hsum(acc);
+}
+
+// Several tokens against one MXFP4 row, each token with exactly dot_mxfp4's arithmetic (so results do
+// not depend on how many tokens share the call); the row is decoded once per group for all of them.
+void dot_mxfp4_multi(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t nt,
+                     int64_t n, float* out, int64_t ldo) {
+  constexpr int kT = 4;
+  __m256 w[4];
+  for (int64_t t0 = 0; t0 < nt; t0 += kT) {
+    const int m = static_cast<int>(std::min<int64_t>(kT, nt - t0));
+    __m256 acc[kT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < n / kMxfp4Group; ++g) {
+      decode_mxfp4_group(packed + g * 16, w);
+      const __m256 sc = _mm256_set1_ps(0.5f * e8m0_to_f32(scales[g]));
+      for (int j = 0; j < m; ++j) {
+        const float* xg = x + (t0 + j) * ldx + g * kMxfp4Group;
+        __m256 s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+        s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xg + 8), s);
+        s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), s);
+        s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), s);
+        acc[j] = _mm256_fmadd_ps(s, sc, acc[j]);
+      }
+    }
+    for (int j = 0; j < m; ++j) out[(t0 + j) * ldo] = hsum(acc[j]);
+  }
 }
 
 }  // namespace
@@ -136,6 +166,9 @@ void dequant_row(const WeightMatrix& W, int64_t r, float* out) {
   }
 }
 
+// Batch-invariant: every output element is computed with the same arithmetic whatever n is (a token's
+// result does not depend on which other tokens share the call), so batching and chunked prefill never
+// change numerics.
 void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
   const int64_t rows = W.rows, cols = W.cols;
   if (n == 1) {
@@ -144,14 +177,21 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
     for (int64_t r = 0; r < rows; ++r) y[r] = row_dot(W, r, x);
     return;
   }
-  // Several tokens: dequantise a row once into fp32, then dot it with every token.
+  if (W.mxfp4) {
+#pragma omp parallel for schedule(static) if (rows * cols * n > 65536)
+    for (int64_t r = 0; r < rows; ++r)
+      dot_mxfp4_multi(static_cast<const uint8_t*>(W.data) + r * (cols / 2), W.scales + r * (cols / kMxfp4Group), x, cols,
+                      n, cols, y + r, rows);
+    return;
+  }
+  // Several tokens: convert a row once into fp32 (exact), then dot it with every token.
 #pragma omp parallel if (rows * cols * n > 65536)
   {
     std::vector<float> buf(static_cast<size_t>(cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const float* wr;
-      if (!W.mxfp4 && W.dtype == DType::F32) {
+      if (W.dtype == DType::F32) {
         wr = static_cast<const float*>(W.data) + r * cols;
       } else {
         dequant_row(W, r, buf.data());
@@ -163,9 +203,13 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
 }
 
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out) {
+  rmsnorm(x, w, n, dim, eps, dim, out);
+}
+
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, int64_t stride, float* out) {
   for (int64_t t = 0; t < n; ++t) {
-    const float* xr = x + t * dim;
-    float* o = out + t * dim;
+    const float* xr = x + t * stride;
+    float* o = out + t * stride;
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);

@@ -16,6 +16,8 @@ void dequant_row(const WeightMatrix& W, int64_t row, float* out);
 
 // out[i] = x[i] * rsqrt(mean(x^2) + eps) * (w ? w[i] : 1), for n rows of dim values. out may alias x.
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out);
+// The same over the first `dim` values of n rows that are `stride` floats apart (in place allowed).
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, int64_t stride, float* out);
 
 // GLUs over [n][d]: out = act(gate) * up. out may alias gate.
 void silu_glu(const float* gate, const float* up, int64_t count, float* out);
