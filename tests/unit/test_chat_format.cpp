@@ -6,6 +6,7 @@
 
 #include "k3/core/error.h"
 #include "k3/text/chat_format.h"
+#include "test_util.h"
 #include "tokenizer_test_util.h"
 
 using namespace k3::text;

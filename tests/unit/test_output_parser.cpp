@@ -133,7 +133,9 @@ void check_case(const Case& tc) {
     EXPECT_EQ(whole.result.tool_calls[i].complete, tc.calls[i].complete);
   }
   for (const char* bit : kMarkerBits)
-    if (tc.content.find(bit) == std::string::npos) EXPECT_EQ(whole.result.content.find(bit), std::string::npos) << bit;
+    if (tc.content.find(bit) == std::string::npos) {
+      EXPECT_EQ(whole.result.content.find(bit), std::string::npos) << bit;
+    }
   for (uint32_t seed = 1; seed <= 25; ++seed) {
     SCOPED_TRACE(seed);
     const Collected frag = run(fmt, opts, pieces, seed, true);
