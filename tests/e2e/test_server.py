@@ -101,6 +101,10 @@ class ServerProcess:
                 self.proc.wait()
         return self.proc.returncode
 
+    def cleanup(self):
+        self.log.close()
+        self.tmp.cleanup()
+
 
 def parse_metrics(text):
     """Prometheus text format -> {(name, frozenset(labels.items())): value}; checks HELP/TYPE lines."""
@@ -148,6 +152,7 @@ class ServerTest(unittest.TestCase):
     def tearDownClass(cls):
         rc = cls.srv.stop()
         logs = cls.srv.logs()
+        cls.srv.cleanup()
         if rc != 0 or "ThreadSanitizer" in logs or "AddressSanitizer" in logs:
             print(logs, file=sys.stderr)
         assert rc == 0, f"server exit code {rc}"
@@ -293,7 +298,9 @@ class ServerTest(unittest.TestCase):
         lp = r.choices[0].logprobs
         self.assertEqual(len(lp.tokens), 4)
         self.assertEqual(len(lp.token_logprobs), 4)
-        self.assertEqual(len(lp.top_logprobs[0]), 2)
+        # a dict keyed by token text: two alternatives with the same text (e.g. two lone bytes that
+        # both print as U+FFFD) share one key, as with OpenAI / vLLM
+        self.assertIn(len(lp.top_logprobs[0]), (1, 2))
         self.assertEqual(lp.text_offset[0], 0)
         chunks = list(self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}],
                                                      max_tokens=5, temperature=0, logprobs=True, stream=True,
@@ -386,6 +393,7 @@ class ServerTest(unittest.TestCase):
         self.assertIn("k3_time_to_first_token_seconds", names)
 
     def test_zz_disconnect_mid_stream(self):
+        gen0 = metric(self.metrics()[0], "k3_generation_tokens_total")
         body = json.dumps({"model": MODEL, "prompt": "long", "max_tokens": 1500, "ignore_eos": True,
                            "stream": True}).encode()
         s = socket.create_connection(("127.0.0.1", self.srv.port))
@@ -410,7 +418,7 @@ class ServerTest(unittest.TestCase):
         gen = metric(ms, "k3_generation_tokens_total")
         r = self.c.completions.create(model=MODEL, prompt="after", max_tokens=2, extra_body={"ignore_eos": True})
         self.assertEqual(r.usage.completion_tokens, 2)
-        self.assertLess(gen, 1500 + 200, "the aborted request generated to the end")
+        self.assertLess(gen - gen0, 1000, "the aborted request went on generating")
 
     def test_keep_alive_and_concurrency(self):
         c = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
@@ -456,11 +464,14 @@ class ShutdownTest(unittest.TestCase):
             time.sleep(0.5)
             rc = srv.stop(signal.SIGTERM)
             t.join(30)
-            self.assertEqual(rc, 0, srv.logs())
+            logs = srv.logs()
+            self.assertEqual(rc, 0, logs)
             self.assertIn(done.get("fin"), ("abort", "length"))
-            self.assertNotIn("ThreadSanitizer", srv.logs())
+            self.assertIn("grace period over", logs)
+            self.assertNotIn("ThreadSanitizer", logs)
         finally:
             srv.stop(signal.SIGKILL)
+            srv.cleanup()
 
 
 if __name__ == "__main__":
