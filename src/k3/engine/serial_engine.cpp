@@ -119,11 +119,7 @@ void SerialEngine::loop() {
       ++stats_.running;
       running_id_ = item.req.id;
     }
-    run_one(item);
-    std::lock_guard lk(mu_);
-    --stats_.running;
-    running_id_.clear();
-    cancelled_.erase(item.req.id);
+    run_one(item);  // updates stats_ before delivering the final output
   }
 }
 
@@ -132,7 +128,16 @@ void SerialEngine::run_one(Item& item) {
   RequestOutput out;
   out.request_id = req.id;
   out.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  bool reported = false;
   auto deliver_final = [&](const std::string& reason, const std::string& err = {}) {
+    if (reported) return;
+    reported = true;
+    {  // the request is gone from stats() before its final output is seen
+      std::lock_guard lk(mu_);
+      --stats_.running;
+      running_id_.clear();
+      cancelled_.erase(req.id);
+    }
     out.finished = true;
     out.finish_reason = reason;
     out.error = err;
