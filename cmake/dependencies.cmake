@@ -4,6 +4,7 @@
 #   libcli11-dev       2.1    command line of the `k3` binary
 #   libpcre2-dev       10.42  Unicode regex for the tokenizer's pre-tokeniser (JIT)
 #   libgtest-dev       1.12   unit tests
+#   libboost1.81-dev   1.81   Boost.Beast + Boost.Asio (header-only) for the HTTP server of `k3 serve`
 #   OpenMP (libgomp, gcc 12)  CPU thread parallelism
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
@@ -11,6 +12,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8>=10.40)
 find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
+find_package(Boost 1.81 REQUIRED CONFIG)  # headers only: Beast, Asio (Boost.System is header-only since 1.69)
 if(K3_BUILD_TESTS)
   find_package(GTest 1.11 REQUIRED)
 endif()

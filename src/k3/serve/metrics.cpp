@@ -1,0 +1,137 @@
+#include "k3/serve/metrics.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+namespace k3::serve {
+
+std::string prom_number(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  char buf[64];
+  if (std::floor(v) == v && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // shortest representation that round-trips
+  for (int prec = 1; prec <= 17; ++prec) {
+    char b2[64];
+    std::snprintf(b2, sizeof b2, "%.*g", prec, v);
+    if (std::strtod(b2, nullptr) == v) return b2;
+  }
+  return buf;
+}
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  std::lock_guard lk(mu_);
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, std::string& out) const {
+  std::lock_guard lk(mu_);
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    const std::string le = i < bounds_.size() ? prom_number(bounds_[i]) : "+Inf";
+    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+  }
+  out += name + "_sum " + prom_number(sum_) + "\n";
+  out += name + "_count " + std::to_string(count_) + "\n";
+}
+
+const std::vector<double>& Metrics::ttft_buckets() {
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                        0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+  return b;
+}
+const std::vector<double>& Metrics::tpot_buckets() {
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+                                        0.2,   0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
+  return b;
+}
+const std::vector<double>& Metrics::e2e_buckets() {
+  static const std::vector<double> b = {0.01, 0.05, 0.1, 0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,
+                                        10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+  return b;
+}
+
+Metrics::Metrics()
+    : start_time_(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()),
+      ttft_(ttft_buckets()),
+      tpot_(tpot_buckets()),
+      e2e_(e2e_buckets()) {}
+
+void Metrics::count_request(const std::string& endpoint, int status) {
+  std::lock_guard lk(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::add_tokens(int64_t prompt, int64_t generated) {
+  prompt_tokens_ += prompt;
+  generation_tokens_ += generated;
+}
+
+namespace {
+void head(std::string& out, const char* name, const char* type, const char* help) {
+  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+std::string escape_label(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+std::string Metrics::render(const engine::EngineStats& st) const {
+  std::string out;
+  head(out, "k3_requests_total", "counter", "HTTP requests by endpoint and status code.");
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [k, v] : requests_)
+      out += "k3_requests_total{endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) +
+             "\"} " + std::to_string(v) + "\n";
+  }
+  head(out, "k3_prompt_tokens_total", "counter", "Prompt tokens of finished generation requests.");
+  out += "k3_prompt_tokens_total " + std::to_string(prompt_tokens_.load()) + "\n";
+  head(out, "k3_generation_tokens_total", "counter", "Generated tokens of finished generation requests.");
+  out += "k3_generation_tokens_total " + std::to_string(generation_tokens_.load()) + "\n";
+  head(out, "k3_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
+  ttft_.render("k3_time_to_first_token_seconds", out);
+  head(out, "k3_time_per_output_token_seconds", "histogram", "Time between consecutive generated tokens.");
+  tpot_.render("k3_time_per_output_token_seconds", out);
+  head(out, "k3_e2e_request_latency_seconds", "histogram", "Time from request arrival to the last token.");
+  e2e_.render("k3_e2e_request_latency_seconds", out);
+  head(out, "k3_num_requests_running", "gauge", "Sequences the engine is running.");
+  out += "k3_num_requests_running " + std::to_string(st.running) + "\n";
+  head(out, "k3_num_requests_waiting", "gauge", "Sequences waiting in the engine's queue.");
+  out += "k3_num_requests_waiting " + std::to_string(st.waiting) + "\n";
+  head(out, "k3_cache_usage_ratio", "gauge", "Fraction of the engine's sequence cache in use (0..1).");
+  out += "k3_cache_usage_ratio " +
+         prom_number(st.cache_bytes_total > 0 ? double(st.cache_bytes_used) / double(st.cache_bytes_total) : 0.0) + "\n";
+  head(out, "k3_prefix_cache_queries_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  out += "k3_prefix_cache_queries_tokens_total " + std::to_string(st.prefix_queries_tokens) + "\n";
+  head(out, "k3_prefix_cache_hits_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
+  out += "k3_prefix_cache_hits_tokens_total " + std::to_string(st.prefix_hit_tokens) + "\n";
+  head(out, "k3_num_preemptions_total", "counter", "Sequences preempted by the engine.");
+  out += "k3_num_preemptions_total " + std::to_string(st.preemptions) + "\n";
+  head(out, "process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch in seconds.");
+  out += "process_start_time_seconds " + prom_number(start_time_) + "\n";
+  return out;
+}
+
+}  // namespace k3::serve

@@ -1,0 +1,109 @@
+// OpenAI-compatible request parsing / validation and response JSON building. No sockets here: the
+// HTTP layer (http_server.cpp) calls these, and the unit tests call them directly.
+#pragma once
+#include <cstdint>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "k3/engine/engine_api.h"
+#include "k3/serve/chat_adapter.h"
+#include "k3/text/tokenizer.h"
+
+namespace k3::serve {
+
+// An error answered as {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError : std::exception {
+  int status = 400;
+  std::string message, type = "invalid_request_error", param, code;
+  ApiError(int st, std::string msg, std::string param_ = {}, std::string type_ = "invalid_request_error",
+           std::string code_ = {})
+      : status(st), message(std::move(msg)), type(std::move(type_)), param(std::move(param_)), code(std::move(code_)) {}
+  const char* what() const noexcept override { return message.c_str(); }
+};
+nlohmann::json error_json(const ApiError& e);
+
+// Compact JSON; invalid UTF-8 in strings (e.g. a lone byte token's text) becomes U+FFFD.
+std::string dump(const nlohmann::json& j);
+
+// Body -> JSON object. 400 for invalid UTF-8, invalid JSON or a non-object.
+nlohmann::json parse_json_body(std::string_view body);
+
+enum class Endpoint { Chat, Completions };
+
+struct ApiContext {
+  std::string model_name;              // the served model name (requests naming another -> 404)
+  const text::Tokenizer* tok = nullptr;
+  const ChatAdapter* chat = nullptr;
+  int32_t bos = -1;                    // prepended to string prompts of /v1/completions
+  int64_t max_model_len = 4096;
+  int64_t vocab_size = 0;
+  int max_n = 16;
+};
+
+struct GenRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  nlohmann::json body;
+  std::string model;
+  std::vector<int32_t> prompt;
+  engine::SamplingParams params;       // seed: choice i uses seed + i
+  int n = 1;
+  int top_logprobs = -1;               // engine convention: -1 none, else alternatives per token
+  bool stream = false, include_usage = false;
+};
+
+// Validates everything and builds the prompt (chat: through ctx.chat->render). Throws ApiError.
+GenRequest parse_generation_request(Endpoint ep, const nlohmann::json& body, const ApiContext& ctx);
+
+// ---- responses --------------------------------------------------------------------------------
+
+// Accumulated result of one choice.
+struct ChoiceState {
+  std::string text;                     // completions: generated text
+  ChatDelta message;                    // chat: accumulated reasoning / content / tool call fragments
+  std::vector<engine::TokenLogprob> logprobs;
+  int64_t text_offset = 0;              // completions logprobs: offset of the next token
+  std::string finish_reason;            // empty while running
+  int64_t completion_tokens = 0;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+nlohmann::json usage_json(const Usage& u);
+
+// Request ids: "chatcmpl-<hex>" / "cmpl-<hex>".
+std::string new_response_id(Endpoint ep);
+
+// OpenAI's finish_reason for an engine one (+ "tool_calls" when the parser produced calls).
+std::string openai_finish_reason(const std::string& engine_reason, bool has_tool_calls);
+
+// chat logprobs.content entries / completions logprobs object for some tokens.
+nlohmann::json chat_logprobs(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok, int top_n);
+nlohmann::json completion_logprobs(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
+                                   int top_n, int64_t& text_offset);
+
+// Merges consecutive tool-call fragments of the same index into complete calls.
+nlohmann::json tool_calls_json(const std::vector<ToolCallDelta>& frags);
+
+// Non-streaming response body.
+nlohmann::json build_response(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
+                              const std::vector<ChoiceState>& choices, const Usage& usage,
+                              const text::Tokenizer& tok);
+
+// One streaming chunk for one choice. For chat, `delta` is what to send (role added by the caller
+// for the first chunk through `first`); for completions, `text`. logprobs may be empty.
+nlohmann::json build_chunk(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created, int index,
+                           bool first, const ChatDelta& delta, const std::string& text,
+                           const std::vector<engine::TokenLogprob>& lps, const std::string& finish_reason,
+                           const text::Tokenizer& tok, int64_t& text_offset);
+// Final usage-only chunk (stream_options.include_usage): "choices": [].
+nlohmann::json build_usage_chunk(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
+                                 const Usage& usage);
+
+// GET /v1/models body.
+nlohmann::json models_json(const std::string& model_name, int64_t created, int64_t max_model_len);
+
+}  // namespace k3::serve

@@ -1,0 +1,52 @@
+// `k3 serve`'s HTTP server: Boost.Beast/Asio, an io_context run by a small fixed thread pool, one
+// strand per connection, keep-alive, body limit, read/write timeouts, SSE streaming (chunked), client
+// disconnect detection -> Engine::cancel, graceful shutdown. See docs/serving.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "k3/engine/engine_api.h"
+#include "k3/serve/metrics.h"
+#include "k3/serve/openai_api.h"
+
+namespace k3::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;           // 0: any free port (see Server::port())
+  std::string api_key;            // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  int threads = 2;                // I/O threads running the io_context
+  size_t max_body_bytes = 8u << 20;
+  int64_t max_waiting = 64;       // engine requests beyond max_num_seqs that may wait; more -> 429
+  double read_timeout_s = 30;     // idle keep-alive + reading one request (headers and body)
+  double write_timeout_s = 60;    // one write to a client that does not read -> disconnect
+  double shutdown_grace_s = 30;   // in-flight requests may finish for this long after SIGTERM
+  bool log_requests = false;      // one line per request on stderr
+};
+
+class Server {
+ public:
+  // engine, ctx.tok, ctx.chat and metrics must outlive the server.
+  Server(ServerOptions opt, engine::Engine& engine, ApiContext ctx, Metrics& metrics);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds, listens and starts the I/O threads. Throws k3::Error (e.g. address in use).
+  void start();
+  uint16_t port() const;
+  // Blocks until SIGINT or SIGTERM, then runs shutdown(). A second signal exits at once (status 1).
+  void run_until_signal();
+  // Graceful: stop accepting, answer new requests 503, let in-flight requests finish within the
+  // grace period, then abort the rest (their streams end with a final chunk, finish_reason
+  // "abort"), stop the I/O threads. Calls engine.shutdown(). Idempotent.
+  void shutdown();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::serve

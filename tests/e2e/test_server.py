@@ -1,0 +1,478 @@
+"""End-to-end tests of `k3 serve` through the official openai client and raw HTTP.
+
+Starts the server on a free port with a temporary model directory: the tiny random K3 checkpoint
+(tests/data/tiny-k3, vocab 1024) plus the 768-rank test tokenizer (tests/data/tiny-tokenizer).
+Environment: K3_BIN (the k3 binary), K3_SOURCE_DIR (the project root).
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import openai
+
+ROOT = os.environ.get("K3_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+BIN = os.environ.get("K3_BIN", os.path.join(ROOT, "build", "release", "k3"))
+API_KEY = "test-key-123"
+MODEL = "tiny"
+MAX_BODY = 100_000
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model_dir(tmp):
+    d = os.path.join(tmp, "tiny-k3-tok")
+    os.makedirs(d)
+    for sub in ("tests/data/tiny-k3", "tests/data/tiny-tokenizer"):
+        src = os.path.join(ROOT, sub)
+        for f in os.listdir(src):
+            os.symlink(os.path.join(src, f), os.path.join(d, f))
+    return d
+
+
+class ServerProcess:
+    def __init__(self, extra=(), max_model_len=2048):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.model_dir = make_model_dir(self.tmp.name)
+        self.port = free_port()
+        self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
+        cmd = [BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
+               "--served-model-name", MODEL, "--max-body-bytes", str(MAX_BODY), "--max-model-len", str(max_model_len),
+               *extra]
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited early:\n" + self.logs())
+            try:
+                st, _, _ = self.request("GET", "/health")
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                self.proc.kill()
+                raise RuntimeError("server did not become healthy:\n" + self.logs())
+            time.sleep(0.05)
+        self.ready_s = time.time() - self.t0
+
+    def logs(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            h = {"Authorization": "Bearer " + API_KEY}
+            if body is not None and not isinstance(body, (bytes, str)):
+                body = json.dumps(body)
+                h["Content-Type"] = "application/json"
+            h.update(headers or {})
+            c.request(method, path, body=body, headers=h)
+            r = c.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def client(self, key=API_KEY):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def cleanup(self):
+        self.log.close()
+        self.tmp.cleanup()
+
+
+def parse_metrics(text):
+    """Prometheus text format -> {(name, frozenset(labels.items())): value}; checks HELP/TYPE lines."""
+    out, types = {}, {}
+    for line in text.splitlines():
+        if not line:
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(" ", 3)
+            types[name] = typ
+            continue
+        if line.startswith("#"):
+            continue
+        metric, value = line.rsplit(" ", 1)
+        labels = {}
+        if "{" in metric:
+            name, rest = metric.split("{", 1)
+            for part in rest.rstrip("}").split(","):
+                if part:
+                    k, v = part.split("=", 1)
+                    labels[k] = json.loads(v)
+        else:
+            name = metric
+        base = name
+        for suf in ("_bucket", "_sum", "_count"):
+            if name.endswith(suf) and name[: -len(suf)] in types:
+                base = name[: -len(suf)]
+        assert base in types, f"metric {name} has no TYPE line"
+        out[(name, frozenset(labels.items()))] = float(value)
+    return out, types
+
+
+def metric(ms, name, **labels):
+    return ms.get((name, frozenset(labels.items())))
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = ServerProcess()
+        print(f"\n[e2e] server ready in {cls.srv.ready_s:.3f} s (process start to /health 200)", file=sys.stderr)
+        cls.c = cls.srv.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.srv.stop()
+        logs = cls.srv.logs()
+        cls.srv.cleanup()
+        if rc != 0 or "ThreadSanitizer" in logs or "AddressSanitizer" in logs:
+            print(logs, file=sys.stderr)
+        assert rc == 0, f"server exit code {rc}"
+        assert "ThreadSanitizer" not in logs, "TSan reported a problem"
+
+    # ---- basics ------------------------------------------------------------------------------------
+    def test_models(self):
+        ms = self.c.models.list()
+        self.assertEqual([m.id for m in ms.data], [MODEL])
+        self.assertEqual(ms.data[0].object, "model")
+
+    def test_health(self):
+        st, _, _ = self.srv.request("GET", "/health", headers={"Authorization": ""})
+        self.assertEqual(st, 200)
+
+    def test_completion_length(self):
+        r = self.c.completions.create(model=MODEL, prompt="Hello world", max_tokens=7, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        self.assertTrue(r.id.startswith("cmpl-"))
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(r.model, MODEL)
+        self.assertEqual(len(r.choices), 1)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 7)
+        self.assertGreater(r.usage.prompt_tokens, 1)
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + 7)
+        self.assertEqual(r.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertIsInstance(r.choices[0].text, str)
+
+    def test_completion_token_prompt(self):
+        r = self.c.completions.create(model=MODEL, prompt=[768, 300, 301, 302], max_tokens=3, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.prompt_tokens, 4)
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_greedy_deterministic(self):
+        kw = dict(model=MODEL, prompt="The quick brown fox", max_tokens=12, temperature=0,
+                  extra_body={"ignore_eos": True})
+        a = self.c.completions.create(**kw).choices[0].text
+        b = self.c.completions.create(**kw).choices[0].text
+        self.assertEqual(a, b)
+
+    def test_seed(self):
+        kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=1234,
+                  extra_body={"ignore_eos": True})
+        a = self.c.completions.create(**kw).choices[0].text
+        b = self.c.completions.create(**kw).choices[0].text
+        self.assertEqual(a, b)
+        texts = {self.c.completions.create(**dict(kw, seed=s)).choices[0].text for s in range(1, 6)}
+        self.assertGreater(len(texts), 1, "different seeds should give different samples")
+
+    def test_completion_stream_matches(self):
+        kw = dict(model=MODEL, prompt="Streaming test", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+        full = self.c.completions.create(**kw)
+        chunks = list(self.c.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        self.assertEqual(text, full.choices[0].text)
+        fins = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+        self.assertEqual(fins, ["length"])
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 10)
+        self.assertTrue(all(ch.id == chunks[0].id for ch in chunks))
+
+    def test_stop_string(self):
+        kw = dict(model=MODEL, prompt="Stop strings", max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+        text = self.c.completions.create(**kw).choices[0].text
+        self.assertGreater(len(text), 6)
+        stop = text[3:5]
+        expect = text[: text.find(stop)]
+        r = self.c.completions.create(stop=[stop], **kw)
+        self.assertEqual(r.choices[0].text, expect)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        streamed = "".join(ch.choices[0].text for ch in self.c.completions.create(stop=stop, stream=True, **kw))
+        self.assertEqual(streamed, expect)
+
+    def test_n2(self):
+        r = self.c.completions.create(model=MODEL, prompt="Two choices", max_tokens=6, n=2, seed=7,
+                                      extra_body={"ignore_eos": True})
+        self.assertEqual(sorted(ch.index for ch in r.choices), [0, 1])
+        self.assertEqual(r.usage.completion_tokens, 12)
+        chunks = list(self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=5, n=2, seed=7, stream=True,
+                                                     extra_body={"ignore_eos": True}))
+        by = {}
+        for ch in chunks:
+            for c in ch.choices:
+                by.setdefault(c.index, []).append(c)
+        self.assertEqual(sorted(by), [0, 1])
+        for cs in by.values():
+            self.assertEqual(cs[0].delta.role, "assistant")
+            self.assertEqual(cs[-1].finish_reason, "length")
+        # the seed of choice i is seed + i: choice 1 of seed 7 == choice 0 of seed 8
+        a = self.c.completions.create(model=MODEL, prompt="Two choices", max_tokens=6, seed=8,
+                                      extra_body={"ignore_eos": True})
+        c1 = [ch for ch in r.choices if ch.index == 1][0]
+        self.assertEqual(a.choices[0].text, c1.text)
+
+    # ---- chat --------------------------------------------------------------------------------------
+    def test_chat(self):
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello!"}]
+        r = self.c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        self.assertTrue(r.id.startswith("chatcmpl-"))
+        self.assertEqual(r.object, "chat.completion")
+        m = r.choices[0].message
+        self.assertEqual(m.role, "assistant")
+        self.assertIsInstance(m.content, str)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 8)
+        chunks = list(self.c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True},
+                                                     extra_body={"ignore_eos": True}))
+        self.assertEqual(chunks[0].object, "chat.completion.chunk")
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        self.assertEqual(text, m.content)
+        self.assertEqual(chunks[-1].usage.total_tokens, r.usage.total_tokens)
+        self.assertEqual(chunks[-2].choices[0].finish_reason, "length")
+
+    def test_chat_max_completion_tokens_and_extras(self):
+        r = self.c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+            max_completion_tokens=3, temperature=0.7, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
+            reasoning_effort="low", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice="auto",
+            extra_body={"ignore_eos": True, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                        "chat_template_kwargs": {"thinking": False}})
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_logprobs(self):
+        r = self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}], max_tokens=5,
+                                           temperature=0, logprobs=True, top_logprobs=3,
+                                           extra_body={"ignore_eos": True})
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), 5)
+        for e in content:
+            self.assertLessEqual(e.logprob, 0.0)
+            self.assertEqual(len(e.top_logprobs), 3)
+            # greedy: the chosen token is the most likely one
+            self.assertAlmostEqual(e.logprob, e.top_logprobs[0].logprob, places=4)
+        r = self.c.completions.create(model=MODEL, prompt="lp", max_tokens=4, temperature=0, logprobs=2,
+                                      extra_body={"ignore_eos": True})
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), 4)
+        self.assertEqual(len(lp.token_logprobs), 4)
+        # a dict keyed by token text: two alternatives with the same text (e.g. two lone bytes that
+        # both print as U+FFFD) share one key, as with OpenAI / vLLM
+        self.assertIn(len(lp.top_logprobs[0]), (1, 2))
+        self.assertEqual(lp.text_offset[0], 0)
+        chunks = list(self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}],
+                                                     max_tokens=5, temperature=0, logprobs=True, stream=True,
+                                                     extra_body={"ignore_eos": True}))
+        n = sum(len(ch.choices[0].logprobs.content) for ch in chunks if ch.choices and ch.choices[0].logprobs)
+        self.assertEqual(n, 5)
+
+    # ---- errors ------------------------------------------------------------------------------------
+    def err(self, status, body, headers=None, path="/v1/completions", method="POST"):
+        st, h, data = self.srv.request(method, path, body, headers)
+        self.assertEqual(st, status, data)
+        e = json.loads(data)["error"]
+        for k in ("message", "type", "param", "code"):
+            self.assertIn(k, e)
+        return e, h
+
+    def test_error_bad_json(self):
+        self.err(400, b'{"model": "tiny", "prompt": ')
+
+    def test_error_invalid_utf8(self):
+        self.err(400, b'{"model": "tiny", "prompt": "\xff\xfe"}')
+
+    def test_error_unknown_model(self):
+        with self.assertRaises(openai.NotFoundError):
+            self.c.completions.create(model="nope", prompt="x", max_tokens=2)
+        e, _ = self.err(404, {"model": "nope", "prompt": "x"})
+        self.assertEqual(e["param"], "model")
+
+    def test_error_unknown_path_and_method(self):
+        self.err(404, None, path="/v1/nothing", method="GET")
+        _, h = self.err(405, None, path="/v1/completions", method="GET")
+        self.assertEqual(h.get("Allow"), "POST")
+
+    def test_error_body_too_large(self):
+        e, _ = self.err(413, {"model": MODEL, "prompt": "x" * (MAX_BODY + 10)})
+        # the server keeps serving
+        self.assertEqual(self.c.completions.create(model=MODEL, prompt="ok", max_tokens=1).object, "text_completion")
+
+    def test_error_bad_params(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.c.completions.create(model=MODEL, prompt="x", temperature=-1)
+        self.assertEqual(cm.exception.body["param"], "temperature")
+        for body, param in [({"top_p": 0}, "top_p"), ({"temperature": "hot"}, "temperature"),
+                            ({"max_tokens": 0}, "max_tokens"), ({"n": 0}, "n"), ({"stop": [""]}, "stop"),
+                            ({"presence_penalty": 3}, "presence_penalty"), ({"logprobs": 50}, "logprobs"),
+                            ({"prompt": [5000]}, "prompt"), ({"max_tokens": 100000}, "max_tokens"),
+                            ({"stream_options": {"include_usage": True}}, "stream_options")]:
+            e, _ = self.err(400, dict({"model": MODEL, "prompt": "x"}, **body))
+            self.assertEqual(e["param"], param, e)
+        e, _ = self.err(400, {"model": MODEL, "messages": [{"content": "x"}]}, path="/v1/chat/completions")
+        self.assertEqual(e["param"], "messages")
+        e, _ = self.err(400, {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2,
+                              "logprobs": False}, path="/v1/chat/completions")
+        self.assertEqual(e["param"], "top_logprobs")
+
+    def test_error_api_key(self):
+        with self.assertRaises(openai.AuthenticationError):
+            self.srv.client("wrong-key").models.list()
+        self.err(401, {"model": MODEL, "prompt": "x"}, headers={"Authorization": ""})
+
+    # ---- metrics and disconnects -------------------------------------------------------------------
+    def metrics(self):
+        st, h, data = self.srv.request("GET", "/metrics")
+        self.assertEqual(st, 200)
+        self.assertTrue(h["Content-Type"].startswith("text/plain; version=0.0.4"))
+        return parse_metrics(data.decode())
+
+    def test_metrics(self):
+        self.c.completions.create(model=MODEL, prompt="m", max_tokens=3, extra_body={"ignore_eos": True})
+        ms, types = self.metrics()
+        for name, typ in [("k3_requests_total", "counter"), ("k3_prompt_tokens_total", "counter"),
+                          ("k3_generation_tokens_total", "counter"), ("k3_time_to_first_token_seconds", "histogram"),
+                          ("k3_time_per_output_token_seconds", "histogram"),
+                          ("k3_e2e_request_latency_seconds", "histogram"), ("k3_num_requests_running", "gauge"),
+                          ("k3_num_requests_waiting", "gauge"), ("k3_cache_usage_ratio", "gauge"),
+                          ("k3_prefix_cache_queries_tokens_total", "counter"),
+                          ("k3_prefix_cache_hits_tokens_total", "counter"), ("process_start_time_seconds", "gauge")]:
+            self.assertEqual(types.get(name), typ, name)
+        self.assertGreaterEqual(metric(ms, "k3_requests_total", endpoint="/v1/completions", status="200"), 1)
+        self.assertGreaterEqual(metric(ms, "k3_generation_tokens_total"), 3)
+        n = metric(ms, "k3_e2e_request_latency_seconds_count")
+        self.assertGreaterEqual(n, 1)
+        self.assertEqual(metric(ms, "k3_e2e_request_latency_seconds_bucket", le="+Inf"), n)
+        try:
+            from prometheus_client.parser import text_string_to_metric_families
+        except ImportError:
+            return
+        st, _, data = self.srv.request("GET", "/metrics")
+        names = {f.name for f in text_string_to_metric_families(data.decode())}
+        self.assertIn("k3_time_to_first_token_seconds", names)
+
+    def test_zz_disconnect_mid_stream(self):
+        gen0 = metric(self.metrics()[0], "k3_generation_tokens_total")
+        body = json.dumps({"model": MODEL, "prompt": "long", "max_tokens": 1500, "ignore_eos": True,
+                           "stream": True}).encode()
+        s = socket.create_connection(("127.0.0.1", self.srv.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while got.count(b"data: ") < 3:
+            chunk = s.recv(4096)
+            self.assertTrue(chunk, "stream ended early")
+            got += chunk
+        self.assertIn(b"200 OK", got)
+        self.assertIn(b"text/event-stream", got)
+        s.close()  # the engine must free the request and the server keep serving
+        deadline = time.time() + 30
+        while True:
+            ms, _ = self.metrics()
+            if metric(ms, "k3_num_requests_running") == 0 and metric(ms, "k3_num_requests_waiting") == 0:
+                break
+            self.assertLess(time.time(), deadline, "request still running after the client left")
+            time.sleep(0.05)
+        gen = metric(ms, "k3_generation_tokens_total")
+        r = self.c.completions.create(model=MODEL, prompt="after", max_tokens=2, extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 2)
+        self.assertLess(gen - gen0, 1000, "the aborted request went on generating")
+
+    def test_keep_alive_and_concurrency(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.srv.port, timeout=60)
+        for _ in range(3):  # several requests on one connection
+            c.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "k", "max_tokens": 2}),
+                      headers={"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json"})
+            r = c.getresponse()
+            self.assertEqual(r.status, 200)
+            json.loads(r.read())
+        c.close()
+        errors = []
+
+        def worker(i):
+            try:
+                chunks = list(self.c.completions.create(model=MODEL, prompt=f"c{i}", max_tokens=4, stream=True,
+                                                        extra_body={"ignore_eos": True}))
+                assert chunks[-1].choices[0].finish_reason == "length"
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_ends_streams_cleanly(self):
+        srv = ServerProcess(extra=("--shutdown-grace", "1"), max_model_len=32768)
+        try:
+            c = srv.client()
+            done = {}
+
+            def stream():
+                chunks = list(c.completions.create(model=MODEL, prompt="long", max_tokens=32000, stream=True,
+                                                   extra_body={"ignore_eos": True}))
+                done["fin"] = [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]
+
+            t = threading.Thread(target=stream)
+            t.start()
+            time.sleep(0.5)
+            rc = srv.stop(signal.SIGTERM)
+            t.join(30)
+            logs = srv.logs()
+            self.assertEqual(rc, 0, logs)
+            self.assertEqual(done.get("fin"), "abort")
+            self.assertIn("grace period over", logs)
+            self.assertNotIn("ThreadSanitizer", logs)
+        finally:
+            srv.stop(signal.SIGKILL)
+            srv.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main()

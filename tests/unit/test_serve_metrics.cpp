@@ -1,0 +1,77 @@
+// Prometheus text formatting of the server metrics.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "k3/serve/metrics.h"
+
+TEST(ServeMetrics, Numbers) {
+  EXPECT_EQ(k3::serve::prom_number(0.1), "0.1");
+  EXPECT_EQ(k3::serve::prom_number(2.5), "2.5");
+  EXPECT_EQ(k3::serve::prom_number(10), "10");
+  EXPECT_EQ(k3::serve::prom_number(1.0 / 0.0), "+Inf");
+}
+
+TEST(ServeMetrics, HistogramIsCumulative) {
+  k3::serve::Histogram h({0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.1);  // le is inclusive
+  h.observe(0.5);
+  h.observe(7);
+  std::string out;
+  h.render("x", out);
+  EXPECT_EQ(out,
+            "x_bucket{le=\"0.1\"} 2\n"
+            "x_bucket{le=\"1\"} 3\n"
+            "x_bucket{le=\"+Inf\"} 4\n"
+            "x_sum 7.65\n"
+            "x_count 4\n");
+}
+
+TEST(ServeMetrics, Page) {
+  k3::serve::Metrics m;
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/completions", 200);
+  m.count_request("/v1/chat/completions", 400);
+  m.add_tokens(10, 5);
+  m.observe_ttft(0.2);
+  m.observe_tpot(0.01);
+  m.observe_e2e(1.0);
+  k3::engine::EngineStats st;
+  st.running = 2;
+  st.waiting = 3;
+  st.cache_bytes_total = 100;
+  st.cache_bytes_used = 25;
+  st.prefix_queries_tokens = 40;
+  st.prefix_hit_tokens = 8;
+  const std::string p = m.render(st);
+  auto has = [&](const std::string& line) { EXPECT_NE(p.find(line + "\n"), std::string::npos) << line << "\n" << p; };
+  has("# TYPE k3_requests_total counter");
+  has("k3_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2");
+  has("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1");
+  has("k3_prompt_tokens_total 10");
+  has("k3_generation_tokens_total 5");
+  has("# TYPE k3_time_to_first_token_seconds histogram");
+  has("k3_time_to_first_token_seconds_bucket{le=\"0.25\"} 1");
+  has("k3_time_to_first_token_seconds_bucket{le=\"0.1\"} 0");
+  has("k3_time_to_first_token_seconds_count 1");
+  has("k3_time_per_output_token_seconds_count 1");
+  has("k3_e2e_request_latency_seconds_bucket{le=\"+Inf\"} 1");
+  has("k3_num_requests_running 2");
+  has("k3_num_requests_waiting 3");
+  has("k3_cache_usage_ratio 0.25");
+  has("k3_prefix_cache_queries_tokens_total 40");
+  has("k3_prefix_cache_hits_tokens_total 8");
+  has("# TYPE process_start_time_seconds gauge");
+  // every sample line belongs to a declared family
+  std::istringstream is(p);
+  std::string line, family;
+  while (std::getline(is, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      family = line.substr(7, line.find(' ', 7) - 7);
+      continue;
+    }
+    if (line[0] == '#') continue;
+    EXPECT_EQ(line.rfind(family, 0), 0u) << line;
+  }
+}
