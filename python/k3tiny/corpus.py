@@ -6,7 +6,8 @@ Sources
   python   CPython standard library sources (PSF licence), one document per .py file,
            test suites, site-/dist-packages and generated files excluded, sorted path order
   chat     short XTML chat examples (Kimi-K3.jinja format) built from the book text: "continue
-           the story / passage"; each inherits the split of the chapter it was taken from
+           the story / passage"; each inherits the split of the chapter it was taken from; plus the
+           synthetic reasoning / tool-call / plain examples of synth_chat.py (rendered with jinja2)
 
 Writes <out>/corpus/{train,val}.jsonl ({"source","name","text"} or, for chat, {"source","name",
 "segments": [[is_special, text], ...]}), <out>/val_english.txt, <out>/val_python.txt and
@@ -211,8 +212,11 @@ def main():
     ap.add_argument("--stdlib", default="/usr/lib/python3.11")
     ap.add_argument("--out", default="data/k3tiny")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--chat-story", type=int, default=2000)
-    ap.add_argument("--chat-passage", type=int, default=1000)
+    ap.add_argument("--chat-story", type=int, default=300)
+    ap.add_argument("--chat-passage", type=int, default=100)
+    ap.add_argument("--synth-reason", type=int, default=1300)
+    ap.add_argument("--synth-tool", type=int, default=1100)
+    ap.add_argument("--synth-plain", type=int, default=800)
     args = ap.parse_args()
 
     corp_dir = os.path.join(args.shared, "data", "corpora")
@@ -243,6 +247,10 @@ def main():
     print(f"[corpus] {msg}")
     if args.chat_story + args.chat_passage > 0:
         records += chat_examples(book_for_chat, random.Random(args.seed), args.chat_story, args.chat_passage)
+    if args.synth_reason + args.synth_tool + args.synth_plain > 0:
+        from k3tiny.synth_chat import synth_records  # needs jinja2: rendered with the real template
+        records += synth_records(args.shared, args.seed + 1, n_reason=args.synth_reason,
+                                 n_tool=args.synth_tool, n_plain=args.synth_plain)
 
     stats = {}
     fh = {s: open(os.path.join(args.out, "corpus", f"{s}.jsonl"), "w", encoding="utf-8") for s in ("train", "val")}
