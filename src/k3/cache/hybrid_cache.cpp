@@ -1,0 +1,357 @@
+#include "k3/cache/hybrid_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "k3/core/error.h"
+
+namespace k3::cache {
+
+namespace {
+std::string mib(int64_t b) { return std::to_string(b / (1 << 20)) + " MiB"; }
+}  // namespace
+
+// ---- PagedSequence -------------------------------------------------------------------------------
+
+KdaStateView PagedSequence::kda_state(int64_t i) {
+  HybridCache& c = *cache_;
+  float* b = c.slot_ptr(slot_) + i * (c.kda_state_floats_ + 3 * c.conv_floats_);
+  return {b, b + c.kda_state_floats_, b + c.kda_state_floats_ + c.conv_floats_, b + c.kda_state_floats_ + 2 * c.conv_floats_};
+}
+
+float* PagedSequence::mla_row(int64_t m, int64_t pos) {
+  HybridCache& c = *cache_;
+  return c.page_ptr(pages_[static_cast<size_t>(pos / c.B_)]) + (m * c.B_ + pos % c.B_) * c.row_dim_;
+}
+
+int64_t PagedSequence::capacity_tokens() const { return static_cast<int64_t>(pages_.size()) * cache_->B_; }
+
+void PagedSequence::reserve(int64_t n) {
+  if (slot_ < 0 || n_past_ + n > capacity_tokens())
+    throw Error("internal error: the scheduler ran a sequence without cache pages or a state slot for it");
+}
+
+// ---- HybridCache ---------------------------------------------------------------------------------
+
+HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_(cfg), opt_(opt) {
+  if (opt.page_tokens < 1) throw Error("page size must be at least one token");
+  B_ = opt.page_tokens;
+  row_dim_ = cfg.mla_cache_dim();
+  n_mla_ = cfg.num_mla_layers();
+  page_floats_ = std::max<int64_t>(1, n_mla_ * B_ * row_dim_);
+  kda_state_floats_ = cfg.kda_heads * cfg.kda_head_dim * cfg.kda_head_dim;
+  conv_floats_ = cfg.kda_heads * cfg.kda_head_dim * (cfg.conv_kernel - 1);
+  slot_floats_ = std::max<int64_t>(1, cfg.num_kda_layers() * (kda_state_floats_ + 3 * conv_floats_));
+
+  const int64_t slot_b = slot_floats_ * 4, page_b = page_floats_ * 4;
+  if (opt.max_num_seqs * slot_b + page_b > opt.budget_bytes)
+    throw Error("cache memory " + mib(opt.budget_bytes) + " is too small: " + std::to_string(opt.max_num_seqs) +
+                " sequences need " + mib(opt.max_num_seqs * slot_b) + " of KDA state (" + std::to_string(slot_b) +
+                " bytes each) plus latent pages; raise --cache-memory or lower --max-num-seqs");
+  int64_t ckpt = opt.prefix_caching ? (opt.checkpoint_slots < 0 ? opt.max_num_seqs : opt.checkpoint_slots) : 0;
+  // Checkpoints may take at most half of what is left after the running sequences' slots.
+  ckpt = std::min(ckpt, (opt.budget_bytes - opt.max_num_seqs * slot_b) / 2 / slot_b);
+  n_slots_ = opt.max_num_seqs + ckpt;
+  n_pages_ = (opt.budget_bytes - n_slots_ * slot_b) / page_b;
+
+  // Allocated but not touched: memory is committed page by page as sequences use it.
+  pages_.reset(new float[static_cast<size_t>(n_pages_ * page_floats_)]);
+  slots_.reset(new float[static_cast<size_t>(n_slots_ * slot_floats_)]);
+  page_meta_.resize(static_cast<size_t>(n_pages_));
+  for (int64_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
+  for (int64_t s = n_slots_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
+}
+
+uint64_t HybridCache::block_key(int32_t parent, std::span<const int32_t> toks) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(static_cast<int64_t>(parent));
+  for (int32_t t : toks) {
+    h ^= static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+  }
+  return h;
+}
+
+int32_t HybridCache::find_child(int32_t parent, std::span<const int32_t> toks) const {
+  auto [b, e] = trie_.equal_range(block_key(parent, toks));
+  for (auto it = b; it != e; ++it) {
+    const Page& pg = page_meta_[static_cast<size_t>(it->second)];
+    if (pg.parent == parent && std::equal(pg.tokens.begin(), pg.tokens.end(), toks.begin(), toks.end())) return it->second;
+  }
+  return -1;
+}
+
+void HybridCache::ref_page(int32_t p, bool by_checkpoint) {
+  Page& pg = page_meta_[static_cast<size_t>(p)];
+  if (pg.in_lru) {
+    page_lru_.erase(pg.lru);
+    pg.in_lru = false;
+  }
+  ++pg.refs;
+  if (by_checkpoint) ++pg.ckpt_refs;
+}
+
+void HybridCache::unref_page(int32_t p, bool by_checkpoint) {
+  Page& pg = page_meta_[static_cast<size_t>(p)];
+  --pg.refs;
+  if (by_checkpoint) --pg.ckpt_refs;
+  if (pg.refs > 0) return;
+  if (pg.in_trie) {
+    pg.lru = page_lru_.insert(page_lru_.end(), p);
+    pg.in_lru = true;
+  } else {
+    free_pages_.push_back(p);
+  }
+}
+
+bool HybridCache::evict_one_page() {
+  for (auto it = page_lru_.begin(); it != page_lru_.end(); ++it) {
+    const int32_t p = *it;
+    Page& pg = page_meta_[static_cast<size_t>(p)];
+    if (pg.children > 0) continue;  // only leaves: a cached prefix stays a chain
+    auto [b, e] = trie_.equal_range(pg.key);
+    for (auto t = b; t != e; ++t)
+      if (t->second == p) {
+        trie_.erase(t);
+        break;
+      }
+    if (pg.parent >= 0) --page_meta_[static_cast<size_t>(pg.parent)].children;
+    page_lru_.erase(it);
+    pg = Page{};
+    free_pages_.push_back(p);
+    return true;
+  }
+  return false;
+}
+
+void HybridCache::drop_checkpoint(int32_t id) {
+  Checkpoint& c = ckpts_[static_cast<size_t>(id)];
+  free_slots_.push_back(c.slot);
+  auto [b, e] = ckpt_by_page_.equal_range(c.last_page);
+  for (auto it = b; it != e; ++it)
+    if (it->second == id) {
+      ckpt_by_page_.erase(it);
+      break;
+    }
+  ckpt_lru_.erase(c.lru);
+  if (c.last_page >= 0) unref_page(c.last_page, true);
+  if (c.snapshot_page >= 0) unref_page(c.snapshot_page, true);
+  c = Checkpoint{};
+  free_ckpt_ids_.push_back(id);
+  --n_ckpts_;
+}
+
+bool HybridCache::evict_one_checkpoint() {
+  if (ckpt_lru_.empty()) return false;
+  drop_checkpoint(ckpt_lru_.front());
+  return true;
+}
+
+int32_t HybridCache::alloc_page() {
+  while (free_pages_.empty())
+    if (!evict_one_page() && !evict_one_checkpoint()) return -1;
+  const int32_t p = free_pages_.back();
+  free_pages_.pop_back();
+  page_meta_[static_cast<size_t>(p)] = Page{};
+  page_meta_[static_cast<size_t>(p)].refs = 1;
+  return p;
+}
+
+int32_t HybridCache::alloc_slot() {
+  while (free_slots_.empty())
+    if (!evict_one_checkpoint()) return -1;
+  const int32_t s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+bool HybridCache::acquire_slot(PagedSequence& s) {
+  if (s.slot_ >= 0) return true;
+  const int32_t slot = alloc_slot();
+  if (slot < 0) return false;
+  std::memset(slot_ptr(slot), 0, static_cast<size_t>(slot_floats_) * 4);
+  s.slot_ = slot;
+  ++slots_used_;
+  return true;
+}
+
+int64_t HybridCache::pages_needed(const PagedSequence& s, int64_t tokens) const {
+  return std::max<int64_t>(0, (tokens + B_ - 1) / B_ - static_cast<int64_t>(s.pages_.size()));
+}
+
+bool HybridCache::ensure_capacity(PagedSequence& s, int64_t tokens) {
+  const int64_t need = pages_needed(s, tokens);
+  std::vector<int32_t> got;
+  for (int64_t i = 0; i < need; ++i) {
+    const int32_t p = alloc_page();
+    if (p < 0) {
+      for (int32_t q : got) unref_page(q, false);
+      return false;
+    }
+    got.push_back(p);
+  }
+  s.pages_.insert(s.pages_.end(), got.begin(), got.end());
+  return true;
+}
+
+void HybridCache::release(PagedSequence& s) {
+  for (int32_t p : s.pages_) unref_page(p, false);
+  s.pages_.clear();
+  if (s.slot_ >= 0) {
+    free_slots_.push_back(s.slot_);
+    --slots_used_;
+    s.slot_ = -1;
+  }
+  s.n_past_ = 0;
+  s.committed_pages_ = 0;
+}
+
+int64_t HybridCache::match_prefix(PagedSequence& s, std::span<const int32_t> tokens) {
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  query_tokens_ += L;
+  if (!opt_.prefix_caching || s.slot_ < 0 || s.n_past_ != 0 || !s.pages_.empty() || L < 2) return 0;
+  const int64_t max_hit = L - 1;
+  std::vector<int32_t> chain;
+  for (int32_t parent = -1; static_cast<int64_t>(chain.size() + 1) * B_ <= max_hit;) {
+    const int64_t j = static_cast<int64_t>(chain.size());
+    const int32_t p = find_child(parent, tokens.subspan(static_cast<size_t>(j * B_), static_cast<size_t>(B_)));
+    if (p < 0) break;
+    chain.push_back(p);
+    parent = p;
+  }
+  // The longest checkpoint along the chain: those after more full pages are always longer.
+  int32_t best = -1;
+  for (int64_t k = static_cast<int64_t>(chain.size()); k >= 0 && best < 0; --k) {
+    const int32_t last = k > 0 ? chain[static_cast<size_t>(k - 1)] : -1;
+    auto [b, e] = ckpt_by_page_.equal_range(last);
+    for (auto it = b; it != e; ++it) {
+      const Checkpoint& c = ckpts_[static_cast<size_t>(it->second)];
+      if (c.pos > max_hit) continue;
+      if (!std::equal(c.partial.begin(), c.partial.end(), tokens.begin() + k * B_)) continue;
+      if (best < 0 || c.pos > ckpts_[static_cast<size_t>(best)].pos) best = it->second;
+    }
+  }
+  if (best < 0) return 0;
+  // Copy what is needed out of the checkpoint and pin its pages first: taking a page below may evict
+  // cached pages and checkpoints, this one included.
+  ckpt_lru_.splice(ckpt_lru_.end(), ckpt_lru_, ckpts_[static_cast<size_t>(best)].lru);
+  const int64_t pos = ckpts_[static_cast<size_t>(best)].pos, k = pos / B_;
+  const int32_t snap = ckpts_[static_cast<size_t>(best)].snapshot_page;
+  std::memcpy(slot_ptr(s.slot_), slot_ptr(ckpts_[static_cast<size_t>(best)].slot), static_cast<size_t>(slot_floats_) * 4);
+  for (int64_t j = 0; j < k; ++j) ref_page(chain[static_cast<size_t>(j)], false);
+  s.pages_.assign(chain.begin(), chain.begin() + k);
+  if (snap >= 0) {
+    ref_page(snap, false);
+    const int32_t q = alloc_page();
+    if (q >= 0) std::memcpy(page_ptr(q), page_ptr(snap), static_cast<size_t>(page_floats_) * 4);
+    unref_page(snap, false);
+    if (q < 0) {
+      for (int32_t p : s.pages_) unref_page(p, false);
+      s.pages_.clear();
+      std::memset(slot_ptr(s.slot_), 0, static_cast<size_t>(slot_floats_) * 4);
+      return 0;
+    }
+    s.pages_.push_back(q);
+  }
+  s.n_past_ = pos;
+  s.committed_pages_ = k;
+  hit_tokens_ += pos;
+  return pos;
+}
+
+void HybridCache::commit_pages(PagedSequence& s, std::span<const int32_t> tokens) {
+  if (!opt_.prefix_caching) return;
+  for (int64_t j = s.committed_pages_; (j + 1) * B_ <= s.n_past_; ++j) {
+    const int32_t p = s.pages_[static_cast<size_t>(j)];
+    const int32_t parent = j > 0 ? s.pages_[static_cast<size_t>(j - 1)] : -1;
+    auto block = tokens.subspan(static_cast<size_t>(j * B_), static_cast<size_t>(B_));
+    const int32_t existing = find_child(parent, block);
+    if (existing >= 0 && existing != p) {
+      // Same prefix computed twice: the rows are bit-identical (the forward is batch-invariant), so
+      // the sequence switches to the cached page and its own copy goes back to the pool.
+      ref_page(existing, false);
+      s.pages_[static_cast<size_t>(j)] = existing;
+      unref_page(p, false);
+    } else if (existing < 0) {
+      Page& pg = page_meta_[static_cast<size_t>(p)];
+      pg.in_trie = true;
+      pg.parent = parent;
+      pg.tokens.assign(block.begin(), block.end());
+      pg.key = block_key(parent, block);
+      trie_.emplace(pg.key, p);
+      if (parent >= 0) ++page_meta_[static_cast<size_t>(parent)].children;
+    }
+    s.committed_pages_ = j + 1;
+  }
+}
+
+void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tokens) {
+  if (!opt_.prefix_caching || s.slot_ < 0 || s.n_past_ == 0) return;
+  const int64_t pos = s.n_past_, k = pos / B_, r = pos % B_;
+  if (s.committed_pages_ < k) return;
+  const int32_t last = k > 0 ? s.pages_[static_cast<size_t>(k - 1)] : -1;
+  auto partial = tokens.subspan(static_cast<size_t>(k * B_), static_cast<size_t>(r));
+  auto [b, e] = ckpt_by_page_.equal_range(last);
+  for (auto it = b; it != e; ++it) {
+    Checkpoint& c = ckpts_[static_cast<size_t>(it->second)];
+    if (std::equal(c.partial.begin(), c.partial.end(), partial.begin(), partial.end())) {
+      ckpt_lru_.splice(ckpt_lru_.end(), ckpt_lru_, c.lru);
+      return;
+    }
+  }
+  // Checkpoints only use free slots or replace older checkpoints; they never take a running
+  // sequence's capacity (at most n_slots - max_num_seqs of them exist).
+  if (n_ckpts_ >= n_slots_ - opt_.max_num_seqs) {
+    if (!evict_one_checkpoint()) return;
+  }
+  if (free_slots_.empty()) return;
+  const int32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  int32_t snap = -1;
+  if (r > 0) {
+    // Pin the sequence's pages while the snapshot page is taken (eviction never touches them).
+    snap = alloc_page();
+    if (snap < 0) {
+      free_slots_.push_back(slot);
+      return;
+    }
+    std::memcpy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_floats_) * 4);
+    ++page_meta_[static_cast<size_t>(snap)].ckpt_refs;
+  }
+  std::memcpy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_floats_) * 4);
+  if (last >= 0) ref_page(last, true);
+  int32_t id;
+  if (!free_ckpt_ids_.empty()) {
+    id = free_ckpt_ids_.back();
+    free_ckpt_ids_.pop_back();
+  } else {
+    id = static_cast<int32_t>(ckpts_.size());
+    ckpts_.emplace_back();
+  }
+  Checkpoint& c = ckpts_[static_cast<size_t>(id)];
+  c.slot = slot;
+  c.last_page = last;
+  c.partial.assign(partial.begin(), partial.end());
+  c.snapshot_page = snap;
+  c.pos = pos;
+  c.lru = ckpt_lru_.insert(ckpt_lru_.end(), id);
+  ckpt_by_page_.emplace(last, id);
+  ++n_ckpts_;
+}
+
+CacheStats HybridCache::stats() const {
+  CacheStats st;
+  st.pages_total = n_pages_;
+  for (const Page& p : page_meta_)
+    if (p.refs - p.ckpt_refs > 0) ++st.pages_used;
+  st.pages_cached = n_pages_ - static_cast<int64_t>(free_pages_.size()) - st.pages_used;
+  st.slots_total = n_slots_;
+  st.slots_used = slots_used_;
+  st.checkpoints = n_ckpts_;
+  st.bytes_total = n_pages_ * page_floats_ * 4 + n_slots_ * slot_floats_ * 4;
+  st.bytes_used = st.pages_used * page_floats_ * 4 + slots_used_ * slot_floats_ * 4;
+  st.prefix_query_tokens = query_tokens_;
+  st.prefix_hit_tokens = hit_tokens_;
+  return st;
+}
+
+}  // namespace k3::cache

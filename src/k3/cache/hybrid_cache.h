@@ -1,0 +1,148 @@
+// The hybrid cache of the serving engine: one memory budget split into
+//   - MLA latent pages: `page_tokens` tokens x all MLA layers x (kv_lora_rank + qk_rope_dim) floats, and
+//   - KDA state slots: recurrent state + conv state of all KDA layers for one sequence.
+// Sequences hold a block table of pages and one slot. Prefix caching keeps full pages in a trie keyed by
+// (parent page, exact block tokens) and KDA state checkpoints at exact positions; a prefix hit is the
+// longest prefix for which both the pages and a state checkpoint exist. Unreferenced cached pages and
+// checkpoints are evicted LRU under the same budget. The manager knows nothing about the device or
+// the scheduler's policy; it only answers "does it fit" and keeps the books.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "k3/model/config.h"
+#include "k3/model/sequence_state.h"
+
+namespace k3::cache {
+
+struct CacheOptions {
+  int64_t budget_bytes = 512ll << 20;
+  int64_t page_tokens = 16;
+  int64_t max_num_seqs = 64;       // slots reserved for running sequences
+  bool prefix_caching = true;
+  int64_t checkpoint_slots = -1;   // extra slots for prefix checkpoints; -1: max_num_seqs
+};
+
+class HybridCache;
+
+// One sequence's view of the cache: what Model::forward reads and writes.
+class PagedSequence final : public SequenceCache {
+ public:
+  explicit PagedSequence(HybridCache& c) : cache_(&c) {}
+  int64_t n_past() const override { return n_past_; }
+  KdaStateView kda_state(int64_t kda_index) override;
+  float* mla_row(int64_t mla_index, int64_t pos) override;
+  void reserve(int64_t n) override;  // checks capacity; allocation is the scheduler's job
+  void advance(int64_t n) override { n_past_ += n; }
+
+  int64_t capacity_tokens() const;
+  bool has_slot() const { return slot_ >= 0; }
+  const std::vector<int32_t>& block_table() const { return pages_; }
+
+ private:
+  friend class HybridCache;
+  HybridCache* cache_;
+  int64_t n_past_ = 0;
+  int32_t slot_ = -1;
+  std::vector<int32_t> pages_;
+  int64_t committed_pages_ = 0;  // leading pages registered in the prefix trie (or shared from it)
+};
+
+struct CacheStats {
+  int64_t pages_total = 0, pages_used = 0, pages_cached = 0;  // used: referenced; cached: evictable
+  int64_t slots_total = 0, slots_used = 0, checkpoints = 0;
+  int64_t bytes_total = 0, bytes_used = 0;
+  int64_t prefix_query_tokens = 0, prefix_hit_tokens = 0;
+};
+
+class HybridCache {
+ public:
+  HybridCache(const ModelConfig& cfg, const CacheOptions& opt);
+
+  int64_t page_tokens() const { return B_; }
+  int64_t page_bytes() const { return page_floats_ * 4; }
+  int64_t slot_bytes() const { return slot_floats_ * 4; }
+  int64_t num_pages() const { return n_pages_; }
+  int64_t num_slots() const { return n_slots_; }
+  bool prefix_caching() const { return opt_.prefix_caching; }
+  // The most tokens one sequence could ever hold (all pages).
+  int64_t max_tokens_per_sequence() const { return n_pages_ * B_; }
+
+  // A fresh, zeroed KDA slot (evicting a checkpoint if needed). False if none can be had.
+  bool acquire_slot(PagedSequence& s);
+  // Pages so that the sequence can hold `tokens` tokens. All or nothing; false if the pool is exhausted.
+  bool ensure_capacity(PagedSequence& s, int64_t tokens);
+  // Pages that ensure_capacity would need to take from the pool.
+  int64_t pages_needed(const PagedSequence& s, int64_t tokens) const;
+  // Pages obtainable now (free + evictable).
+  int64_t pages_available() const;
+  // Drops everything the sequence holds (pages to the free list or the cache, slot to the pool).
+  void release(PagedSequence& s);
+
+  // Prefix caching. match_prefix: for a sequence with a slot and no tokens, finds the longest cached
+  // prefix of `tokens` (at most tokens.size() - 1 long, so at least one token is computed), shares its
+  // pages, copies the checkpointed state and sets n_past. Returns the hit length.
+  int64_t match_prefix(PagedSequence& s, std::span<const int32_t> tokens);
+  // Registers the sequence's full pages (tokens = everything it has computed, n_past of them) in the trie.
+  void commit_pages(PagedSequence& s, std::span<const int32_t> tokens);
+  // Saves the sequence's KDA state at its current n_past as a checkpoint (after commit_pages).
+  void save_checkpoint(PagedSequence& s, std::span<const int32_t> tokens);
+
+  CacheStats stats() const;
+
+ private:
+  friend class PagedSequence;
+  struct Page {
+    int32_t refs = 0;       // sequences + checkpoints using the page
+    int32_t ckpt_refs = 0;  // of which checkpoints
+    bool in_trie = false;
+    int32_t parent = -1;
+    int32_t children = 0;
+    uint64_t key = 0;
+    std::vector<int32_t> tokens;  // the block's tokens (for exact matching)
+    std::list<int32_t>::iterator lru;
+    bool in_lru = false;
+  };
+  struct Checkpoint {
+    int32_t slot = -1;
+    int32_t last_page = -1;            // last full page of the prefix (-1: none)
+    std::vector<int32_t> partial;      // tokens after the last full page
+    int32_t snapshot_page = -1;        // copy of the partial page's rows (-1 if partial is empty)
+    int64_t pos = 0;
+    std::list<int32_t>::iterator lru;
+  };
+
+  float* page_ptr(int32_t p) { return pages_.get() + static_cast<size_t>(p) * static_cast<size_t>(page_floats_); }
+  float* slot_ptr(int32_t s) { return slots_.get() + static_cast<size_t>(s) * static_cast<size_t>(slot_floats_); }
+  int32_t alloc_page();  // -1 if none (after evicting)
+  void ref_page(int32_t p, bool by_checkpoint);
+  void unref_page(int32_t p, bool by_checkpoint);
+  bool evict_one_page();
+  bool evict_one_checkpoint();
+  void drop_checkpoint(int32_t id);
+  int32_t alloc_slot();  // -1 if none (after evicting checkpoints)
+  static uint64_t block_key(int32_t parent, std::span<const int32_t> toks);
+  int32_t find_child(int32_t parent, std::span<const int32_t> toks) const;
+
+  const ModelConfig& cfg_;
+  CacheOptions opt_;
+  int64_t B_, row_dim_, n_mla_, page_floats_, slot_floats_, kda_state_floats_, conv_floats_;
+  int64_t n_pages_ = 0, n_slots_ = 0;
+  std::unique_ptr<float[]> pages_, slots_;
+  std::vector<Page> page_meta_;
+  std::vector<int32_t> free_pages_, free_slots_;
+  std::list<int32_t> page_lru_;  // evictable cached pages, least recently used first
+  std::unordered_multimap<uint64_t, int32_t> trie_;  // block_key -> page
+  std::vector<Checkpoint> ckpts_;
+  std::vector<int32_t> free_ckpt_ids_;
+  std::list<int32_t> ckpt_lru_;
+  std::unordered_multimap<int32_t, int32_t> ckpt_by_page_;  // last_page -> checkpoint id
+  int64_t slots_used_ = 0, n_ckpts_ = 0;
+  int64_t query_tokens_ = 0, hit_tokens_ = 0;
+};
+
+}  // namespace k3::cache

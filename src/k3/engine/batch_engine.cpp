@@ -1,0 +1,188 @@
+#include "k3/engine/batch_engine.h"
+
+#include <random>
+
+#include "k3/core/error.h"
+
+namespace k3::engine {
+
+BatchEngine::BatchEngine(const Model& model, const text::Tokenizer& tok, BatchEngineOptions opt)
+    : model_(model), tok_(tok), opt_(opt) {
+  opt_.cache.max_num_seqs = opt_.sched.max_num_seqs;
+  cache_ = std::make_unique<cache::HybridCache>(model.config(), opt_.cache);
+  if (opt_.max_model_len <= 0 || opt_.max_model_len > cache_->max_tokens_per_sequence())
+    opt_.max_model_len = cache_->max_tokens_per_sequence();
+  if (opt_.sched.checkpoint_interval % cache_->page_tokens() != 0)
+    throw Error("the prefix checkpoint interval (" + std::to_string(opt_.sched.checkpoint_interval) +
+                ") must be a multiple of the page size (" + std::to_string(cache_->page_tokens()) + " tokens)");
+  sched_ = std::make_unique<Scheduler>(opt_.sched, *cache_);
+  cache_stats_ = cache_->stats();
+  seed_counter_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  thread_ = std::thread([this] { loop(); });
+}
+
+BatchEngine::~BatchEngine() { shutdown(false); }
+
+void BatchEngine::submit(Request req, OutputCallback on_output) {
+  req.params.validate();
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  if (n == 0) throw Error("empty prompt: at least one token is needed");
+  if (n >= opt_.max_model_len)
+    throw Error("the prompt has " + std::to_string(n) + " tokens, but this server holds at most " +
+                std::to_string(opt_.max_model_len) + " tokens per sequence (prompt + completion, max_model_len)");
+  const int64_t V = model_.config().vocab_size;
+  for (int32_t id : req.prompt)
+    if (id < 0 || id >= V)
+      throw Error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  if (req.top_logprobs > 20) throw Error("top_logprobs must be <= 20");
+  std::lock_guard lk(mu_);
+  if (!accepting_) throw Error("the engine is shutting down");
+  auto s = std::make_unique<Sequence>(std::move(req), std::move(on_output), tok_, model_.config(), *cache_,
+                                      opt_.max_model_len, seed_counter_++);
+  inbox_.push_back(std::move(s));
+  ++stats_.waiting;
+  cv_.notify_all();
+}
+
+void BatchEngine::cancel(const std::string& id) {
+  std::lock_guard lk(mu_);
+  cancels_.insert(id);
+  cv_.notify_all();
+}
+
+EngineStats BatchEngine::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+cache::CacheStats BatchEngine::cache_stats() const {
+  std::lock_guard lk(mu_);
+  return cache_stats_;
+}
+
+EngineLimits BatchEngine::limits() const {
+  EngineLimits l;
+  l.max_model_len = opt_.max_model_len;
+  l.max_num_seqs = opt_.sched.max_num_seqs;
+  l.vocab_size = model_.config().vocab_size;
+  return l;
+}
+
+void BatchEngine::shutdown(bool drain) {
+  {
+    std::lock_guard lk(mu_);
+    accepting_ = false;
+    stop_ = true;
+    drain_ = drain_ && drain;
+    cv_.notify_all();
+  }
+  if (thread_.joinable() && std::this_thread::get_id() != thread_.get_id()) thread_.join();
+}
+
+void BatchEngine::finish(Sequence* s, RequestOutput o) {
+  // Keep the state after the whole output as a checkpoint (a follow-up turn may start with it).
+  if (cache_->prefix_caching() && o.finish_reason != "error") {
+    cache_->commit_pages(s->cache(), s->tokens());
+    cache_->save_checkpoint(s->cache(), s->tokens());
+  }
+  std::unique_ptr<Sequence> owned = sched_->remove(s);
+  {
+    std::lock_guard lk(mu_);
+    stats_.running = sched_->num_running();
+    stats_.waiting = sched_->num_waiting() + static_cast<int64_t>(inbox_.size());
+    cache_stats_ = cache_->stats();
+  }
+  owned->deliver(o);  // after the books are updated: a client seeing its final output sees it gone
+}
+
+void BatchEngine::loop() {
+  for (;;) {
+    std::deque<std::unique_ptr<Sequence>> fresh;
+    std::set<std::string> cancels;
+    bool stop, drain;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || !sched_->idle(); });
+      fresh.swap(inbox_);
+      cancels.swap(cancels_);
+      stop = stop_;
+      drain = drain_;
+    }
+    for (auto& s : fresh) sched_->add(std::move(s));
+    for (const auto& id : cancels)
+      if (Sequence* s = sched_->find(id)) finish(s, s->finish_now("abort"));
+    if (stop && !drain)
+      for (Sequence* s : sched_->all()) finish(s, s->finish_now("abort"));
+    if (stop && sched_->idle()) {
+      std::lock_guard lk(mu_);
+      if (inbox_.empty()) return;
+      continue;
+    }
+    if (!sched_->idle()) step();
+  }
+}
+
+void BatchEngine::step() {
+  std::vector<ScheduledSeq> plan = sched_->schedule();
+  if (plan.empty()) {
+    // Nothing fits right now (e.g. every slot is taken by sequences waiting on memory): fail the
+    // oldest waiting request rather than spin. Cannot happen while anything runs.
+    if (sched_->num_running() == 0 && sched_->num_waiting() > 0) {
+      Sequence* s = sched_->all().front();
+      finish(s, s->finish_now("error", "the request does not fit in the cache"));
+    }
+    return;
+  }
+  std::vector<BatchItem> items;
+  for (const ScheduledSeq& p : plan) {
+    const auto& toks = p.seq->tokens();
+    const int64_t past = p.seq->cache().n_past();
+    items.push_back(BatchItem{std::span<const int32_t>(toks.data() + past, static_cast<size_t>(p.n_tokens)),
+                              &p.seq->cache(), p.sample});
+  }
+  std::vector<float> logits;
+  ForwardOptions fo;
+  fo.path = AttnPath::Decode;  // batch- and chunk-invariant numerics
+  try {
+    model_.forward_batch(items, logits, fo);
+  } catch (const std::exception& e) {
+    for (const ScheduledSeq& p : plan) finish(p.seq, p.seq->finish_now("error", e.what()));
+    return;
+  }
+  const int64_t V = model_.config().vocab_size;
+  int64_t row = 0, prompt_tokens = 0, gen_tokens = 0;
+  for (const ScheduledSeq& p : plan) {
+    Sequence* s = p.seq;
+    const int64_t past = s->cache().n_past();
+    const bool in_prompt = past <= s->prompt_len();
+    if (in_prompt) prompt_tokens += p.n_tokens;
+    if (cache_->prefix_caching()) {
+      cache_->commit_pages(s->cache(), s->tokens());
+      // Checkpoints inside the prompt: at every interval and at the prompt's end.
+      if (in_prompt && (past == s->prompt_len() || past % opt_.sched.checkpoint_interval == 0))
+        cache_->save_checkpoint(s->cache(), s->tokens());
+    }
+    if (!p.sample) continue;
+    std::span<float> lg(logits.data() + row * V, static_cast<size_t>(V));
+    ++row;
+    RequestOutput o = s->on_logits(lg);
+    ++gen_tokens;
+    if (o.finished)
+      finish(s, std::move(o));
+    else
+      s->deliver(o);
+  }
+  std::lock_guard lk(mu_);
+  stats_.running = sched_->num_running();
+  stats_.waiting = sched_->num_waiting() + static_cast<int64_t>(inbox_.size());
+  stats_.preemptions = sched_->preemptions();
+  stats_.prompt_tokens_total += prompt_tokens;
+  stats_.generation_tokens_total += gen_tokens;
+  cache_stats_ = cache_->stats();
+  stats_.cache_bytes_total = cache_stats_.bytes_total;
+  stats_.cache_bytes_used = cache_stats_.bytes_used;
+  stats_.prefix_queries_tokens = cache_stats_.prefix_query_tokens;
+  stats_.prefix_hit_tokens = cache_stats_.prefix_hit_tokens;
+}
+
+}  // namespace k3::engine

@@ -1,0 +1,65 @@
+// The serving engine: continuous batching over the hybrid cache. One engine thread loops
+// schedule -> one batched forward -> sample -> deliver deltas; front ends submit and cancel from any
+// thread. Every token's numerics are independent of batching and of prefix-cache hits (the model runs
+// its batch-invariant decode forms), so outputs are the same alone, batched, cached or not.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "k3/cache/hybrid_cache.h"
+#include "k3/engine/engine_api.h"
+#include "k3/engine/scheduler.h"
+#include "k3/model/model.h"
+#include "k3/text/tokenizer.h"
+
+namespace k3::engine {
+
+struct BatchEngineOptions {
+  cache::CacheOptions cache;
+  SchedulerOptions sched;
+  int64_t max_model_len = 0;  // 0: what the cache can hold for one sequence
+};
+
+class BatchEngine final : public Engine {
+ public:
+  // The model and tokenizer must outlive the engine. Throws k3::Error if the cache budget cannot hold
+  // max_num_seqs sequences. Starts the engine thread.
+  BatchEngine(const Model& model, const text::Tokenizer& tok, BatchEngineOptions opt);
+  ~BatchEngine() override;
+
+  void submit(Request req, OutputCallback on_output) override;
+  void cancel(const std::string& request_id) override;
+  EngineStats stats() const override;
+  EngineLimits limits() const override;
+  void shutdown(bool drain) override;
+
+  cache::CacheStats cache_stats() const;
+
+ private:
+  void loop();
+  void step();
+  void finish(Sequence* s, RequestOutput o);
+
+  const Model& model_;
+  const text::Tokenizer& tok_;
+  BatchEngineOptions opt_;
+  std::unique_ptr<cache::HybridCache> cache_;   // engine thread only
+  std::unique_ptr<Scheduler> sched_;            // engine thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> inbox_;
+  std::set<std::string> cancels_;
+  bool accepting_ = true, stop_ = false, drain_ = true;
+  EngineStats stats_;
+  cache::CacheStats cache_stats_;
+  uint64_t seed_counter_;
+  std::thread thread_;
+};
+
+}  // namespace k3::engine

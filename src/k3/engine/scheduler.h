@@ -1,0 +1,56 @@
+// Continuous batching policy: which sequences run this step and how many tokens each. Running
+// sequences go first (decodes keep their latency), then waiting ones are admitted FCFS while the token
+// budget, max_num_seqs and the cache allow. Prefill chunks end at prefix-checkpoint positions so the
+// KDA state can be saved exactly there. When the cache runs out, the most recently admitted sequence
+// is preempted (its cache freed, recomputed later). The scheduler never touches the model.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "k3/cache/hybrid_cache.h"
+#include "k3/engine/sequence.h"
+
+namespace k3::engine {
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  int64_t checkpoint_interval = 64;  // tokens between KDA state checkpoints in a prompt (prefix caching)
+};
+
+struct ScheduledSeq {
+  Sequence* seq;
+  int64_t n_tokens;
+  bool sample;  // this chunk completes the sequence's pending tokens: sample the next one
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& opt, cache::HybridCache& cache) : opt_(opt), cache_(cache) {}
+
+  void add(std::unique_ptr<Sequence> s) { waiting_.push_back(std::move(s)); }
+  std::vector<ScheduledSeq> schedule();
+  // Removes a sequence (finished or aborted) and frees its cache. Returns ownership.
+  std::unique_ptr<Sequence> remove(Sequence* s);
+  Sequence* find(const std::string& request_id);
+  std::vector<Sequence*> all();
+
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t preemptions() const { return preemptions_; }
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+ private:
+  int64_t chunk_for(Sequence& s, int64_t budget) const;
+  bool preempt_newest(const Sequence* keep);
+
+  SchedulerOptions opt_;
+  cache::HybridCache& cache_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  int64_t admitted_ = 0, preemptions_ = 0;
+};
+
+}  // namespace k3::engine

@@ -1,0 +1,117 @@
+#include "k3/engine/sequence.h"
+
+#include <algorithm>
+
+namespace k3::engine {
+
+Sequence::Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, const ModelConfig& cfg,
+                   cache::HybridCache& cache, int64_t max_model_len, uint64_t default_seed)
+    : req_(std::move(req)),
+      cb_(std::move(cb)),
+      tok_(tok),
+      cache_(std::make_unique<cache::PagedSequence>(cache)),
+      sampler_(req_.params, default_seed),
+      stops_(req_.params.stop),
+      detok_(tok) {
+  tokens_ = req_.prompt;
+  n_prompt_ = static_cast<int64_t>(tokens_.size());
+  budget_ = std::min<int64_t>(req_.params.max_tokens, max_model_len - n_prompt_);
+  stop_ids_ = req_.params.stop_token_ids;
+  if (!req_.params.ignore_eos) {
+    if (cfg.eos_token_id >= 0) stop_ids_.push_back(static_cast<int32_t>(cfg.eos_token_id));
+    if (tok.eos_id() >= 0) stop_ids_.push_back(tok.eos_id());
+  }
+  arrival = std::chrono::steady_clock::now();
+}
+
+RequestOutput Sequence::base() const {
+  RequestOutput o;
+  o.request_id = req_.id;
+  o.prompt_tokens = n_prompt_;
+  o.completion_tokens = static_cast<int64_t>(tokens_.size()) - n_prompt_;
+  o.cached_prompt_tokens = cached_prompt_;
+  return o;
+}
+
+void Sequence::emit_text(RequestOutput& o, const std::string& text) {
+  if (text.empty() || finished_) return;
+  auto r = stops_.push(text);
+  if (!r.emit.empty()) o.pieces.push_back({-1, r.emit});
+  if (r.stopped) {
+    finished_ = true;
+    o.finished = true;
+    o.finish_reason = "stop";
+  }
+}
+
+// Ends the current text run: bytes held by the detokeniser and the stop matcher are released (a stop
+// string cannot span a special token or the end of the output).
+void Sequence::flush_text(RequestOutput& o) {
+  emit_text(o, detok_.flush());
+  if (finished_) return;
+  std::string rest = stops_.flush();
+  if (!rest.empty()) o.pieces.push_back({-1, rest});
+}
+
+RequestOutput Sequence::on_logits(std::span<float> logits) {
+  RequestOutput o = base();
+  if (budget_ <= 0) {  // nothing may be generated (max_tokens 0 or the context is full)
+    finished_ = true;
+    o.finished = true;
+    o.finish_reason = "length";
+    return o;
+  }
+  const std::span<const int32_t> prompt(tokens_.data(), static_cast<size_t>(n_prompt_));
+  const std::span<const int32_t> gen(tokens_.data() + n_prompt_, tokens_.size() - static_cast<size_t>(n_prompt_));
+  TokenLogprob lp;
+  if (req_.top_logprobs >= 0) {
+    if (req_.top_logprobs > 0) lp.top = Sampler::top_logprobs(logits, req_.top_logprobs);
+  }
+  std::vector<float> raw;
+  if (req_.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
+  const int32_t id = sampler_.sample(logits, prompt, gen);
+  if (req_.top_logprobs >= 0) {
+    lp.id = id;
+    lp.logprob = Sampler::logprob_of(raw, id);
+  }
+  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
+    // The stop token is counted as generated, but neither emitted as text nor as an id.
+    tokens_.push_back(id);
+    o.completion_tokens += 1;
+    flush_text(o);
+    finished_ = true;
+    o.finished = true;
+    o.finish_reason = "stop";
+    return o;
+  }
+  tokens_.push_back(id);
+  o.completion_tokens += 1;
+  o.new_token_ids.push_back(id);
+  if (req_.top_logprobs >= 0) o.logprobs.push_back(std::move(lp));
+  if (req_.skip_special_text && tok_.is_special(id)) {
+    flush_text(o);
+    if (!finished_) o.pieces.push_back({id, {}});
+  } else {
+    emit_text(o, detok_.push(id));
+  }
+  if (!finished_ && o.completion_tokens >= budget_) {
+    flush_text(o);
+    if (!finished_) {
+      finished_ = true;
+      o.finished = true;
+      o.finish_reason = "length";
+    }
+  }
+  return o;
+}
+
+RequestOutput Sequence::finish_now(const std::string& reason, const std::string& error) {
+  RequestOutput o = base();
+  finished_ = true;
+  o.finished = true;
+  o.finish_reason = reason;
+  o.error = error;
+  return o;
+}
+
+}  // namespace k3::engine

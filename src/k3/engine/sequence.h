@@ -1,0 +1,64 @@
+// One request inside the batching engine: its tokens (prompt + generated), its place in the cache,
+// and the output side (sampler, streaming detokeniser, stop strings) that turns sampled ids into
+// RequestOutput deltas.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "k3/cache/hybrid_cache.h"
+#include "k3/engine/engine_api.h"
+#include "k3/engine/sampler.h"
+#include "k3/engine/stop_matcher.h"
+#include "k3/model/config.h"
+#include "k3/text/stream_decoder.h"
+#include "k3/text/tokenizer.h"
+
+namespace k3::engine {
+
+class Sequence {
+ public:
+  Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, const ModelConfig& cfg,
+           cache::HybridCache& cache, int64_t max_model_len, uint64_t default_seed);
+
+  const Request& request() const { return req_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int64_t prompt_len() const { return n_prompt_; }
+  // Tokens still to run through the model before the next token can be sampled.
+  int64_t remaining() const { return static_cast<int64_t>(tokens_.size()) - cache_->n_past(); }
+  cache::PagedSequence& cache() { return *cache_; }
+  bool finished() const { return finished_; }
+  int64_t cached_prompt_tokens() const { return cached_prompt_; }
+  void set_cached_prompt_tokens(int64_t n) { cached_prompt_ = std::max(cached_prompt_, n); }
+  int64_t admitted_order = 0;  // set by the scheduler; larger = admitted later
+
+  // Samples from `logits` (raw, [V]; modified), updates text state, returns the delta. Finishes the
+  // sequence on a stop token, stop string or the length budget.
+  RequestOutput on_logits(std::span<float> logits);
+  // A final delta for an aborted / failed sequence.
+  RequestOutput finish_now(const std::string& reason, const std::string& error = {});
+  void deliver(const RequestOutput& o) { cb_(o); }
+
+  std::chrono::steady_clock::time_point arrival;
+
+ private:
+  RequestOutput base() const;
+  void emit_text(RequestOutput& o, const std::string& text);
+  void flush_text(RequestOutput& o);
+
+  Request req_;
+  OutputCallback cb_;
+  const text::Tokenizer& tok_;
+  std::unique_ptr<cache::PagedSequence> cache_;
+  std::vector<int32_t> tokens_;
+  int64_t n_prompt_ = 0, budget_ = 0, cached_prompt_ = 0;
+  std::vector<int32_t> stop_ids_;
+  Sampler sampler_;
+  StopMatcher stops_;
+  text::StreamDecoder detok_;
+  bool finished_ = false;
+};
+
+}  // namespace k3::engine
