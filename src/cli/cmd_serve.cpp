@@ -8,7 +8,7 @@
 #include "k3/core/error.h"
 #include "k3/engine/serial_engine.h"
 #include "k3/model/model.h"
-#include "k3/serve/chat_adapter.h"
+#include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/server.h"
 #include "k3/text/tokenizer.h"
 
@@ -56,7 +56,10 @@ void add_serve(CLI::App& app, Registry& reg) {
       k3::engine::SerialEngine engine(*model, tok, eo);
 
       const int32_t bos = static_cast<int32_t>(cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id());
-      auto chat = k3::serve::make_default_chat_adapter(tok, bos);
+      k3::serve::ModelChatAdapterOptions co;
+      co.bos = bos;  // k3-tiny was trained on [BOS] + XTML documents
+      if (cfg.eos_token_id >= 0) co.extra_stop.push_back(static_cast<int32_t>(cfg.eos_token_id));
+      auto chat = k3::serve::make_model_chat_adapter(cfg.model_type, tok, co);
       k3::serve::ApiContext ctx;
       ctx.model_name = !o->served_name.empty()
                            ? o->served_name

@@ -1,7 +1,10 @@
 """End-to-end tests of `k3 serve` through the official openai client and raw HTTP.
 
-Starts the server on a free port with a temporary model directory: the tiny random K3 checkpoint
-(tests/data/tiny-k3, vocab 1024) plus the 768-rank test tokenizer (tests/data/tiny-tokenizer).
+ServerTest and ShutdownTest start the server on a free port with a temporary model directory: the
+tiny random K3 checkpoint (tests/data/tiny-k3, vocab 1024) plus the 768-rank test tokenizer
+(tests/data/tiny-tokenizer) -- fast, and its token ids are fixed. ChatTest serves the trained default
+model models/k3-tiny (real XTML chat format): reasoning / content / tool-call structure and stream vs
+non-stream equality. Assertions never depend on what exactly the model writes.
 Environment: K3_BIN (the k3 binary), K3_SOURCE_DIR (the project root).
 """
 import http.client
@@ -23,6 +26,9 @@ BIN = os.environ.get("K3_BIN", os.path.join(ROOT, "build", "release", "k3"))
 API_KEY = "test-key-123"
 MODEL = "tiny"
 MAX_BODY = 100_000
+K3_TINY = os.path.join(ROOT, "models", "k3-tiny")
+MARKERS = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "<think>", "</think>", "message role=",
+           "call tool=", "json type=", "argument key=")
 
 
 def free_port():
@@ -42,9 +48,9 @@ def make_model_dir(tmp):
 
 
 class ServerProcess:
-    def __init__(self, extra=(), max_model_len=2048):
+    def __init__(self, extra=(), max_model_len=2048, model_dir=None):
         self.tmp = tempfile.TemporaryDirectory()
-        self.model_dir = make_model_dir(self.tmp.name)
+        self.model_dir = model_dir or make_model_dir(self.tmp.name)
         self.port = free_port()
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
         cmd = [BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
@@ -250,38 +256,6 @@ class ServerTest(unittest.TestCase):
         c1 = [ch for ch in r.choices if ch.index == 1][0]
         self.assertEqual(a.choices[0].text, c1.text)
 
-    # ---- chat --------------------------------------------------------------------------------------
-    def test_chat(self):
-        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello!"}]
-        r = self.c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
-                                           extra_body={"ignore_eos": True})
-        self.assertTrue(r.id.startswith("chatcmpl-"))
-        self.assertEqual(r.object, "chat.completion")
-        m = r.choices[0].message
-        self.assertEqual(m.role, "assistant")
-        self.assertIsInstance(m.content, str)
-        self.assertEqual(r.choices[0].finish_reason, "length")
-        self.assertEqual(r.usage.completion_tokens, 8)
-        chunks = list(self.c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True},
-                                                     extra_body={"ignore_eos": True}))
-        self.assertEqual(chunks[0].object, "chat.completion.chunk")
-        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
-        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-        self.assertEqual(text, m.content)
-        self.assertEqual(chunks[-1].usage.total_tokens, r.usage.total_tokens)
-        self.assertEqual(chunks[-2].choices[0].finish_reason, "length")
-
-    def test_chat_max_completion_tokens_and_extras(self):
-        r = self.c.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "parts"}]}],
-            max_completion_tokens=3, temperature=0.7, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
-            reasoning_effort="low", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
-            tool_choice="auto",
-            extra_body={"ignore_eos": True, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
-                        "chat_template_kwargs": {"thinking": False}})
-        self.assertEqual(r.usage.completion_tokens, 3)
-
     def test_logprobs(self):
         r = self.c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "lp"}], max_tokens=5,
                                            temperature=0, logprobs=True, top_logprobs=3,
@@ -445,6 +419,189 @@ class ServerTest(unittest.TestCase):
         for t in ts:
             t.join()
         self.assertEqual(errors, [])
+
+def msg_fields(m):
+    """(content, reasoning_content, tool_calls) of a non-streamed message, tool calls as plain dicts."""
+    extra = m.model_extra or {}
+    calls = [{"id": t.id, "type": t.type, "name": t.function.name, "arguments": t.function.arguments}
+             for t in (m.tool_calls or [])]
+    return m.content or "", extra.get("reasoning_content") or "", calls
+
+
+def stream_fields(chunks):
+    """The same fields merged from streamed deltas (as a client does), plus the finish_reason."""
+    content, reasoning, calls, fins = "", "", {}, []
+    for ch in chunks:
+        for c in ch.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            for t in d.tool_calls or []:
+                e = calls.setdefault(t.index, {"id": "", "type": "function", "name": "", "arguments": ""})
+                if t.id:
+                    e["id"] = t.id
+                if t.type:
+                    e["type"] = t.type
+                if t.function and t.function.name:
+                    e["name"] = t.function.name
+                if t.function and t.function.arguments:
+                    e["arguments"] += t.function.arguments
+            if c.finish_reason:
+                fins.append(c.finish_reason)
+    return (content, reasoning, [calls[k] for k in sorted(calls)]), fins
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "the city"}},
+                   "required": ["city"]}}}]
+
+
+class ChatTest(unittest.TestCase):
+    """Chat through the real XTML format on the trained models/k3-tiny."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not os.path.exists(os.path.join(K3_TINY, "model.safetensors")):
+            raise unittest.SkipTest("models/k3-tiny is missing")
+        cls.srv = ServerProcess(model_dir=K3_TINY)
+        cls.c = cls.srv.client()
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.srv.stop()
+        logs = cls.srv.logs()
+        cls.srv.cleanup()
+        if rc != 0 or "ThreadSanitizer" in logs or "AddressSanitizer" in logs:
+            print(logs, file=sys.stderr)
+        assert rc == 0, f"server exit code {rc}"
+        assert "ThreadSanitizer" not in logs, "TSan reported a problem"
+
+    def assert_clean(self, *texts):
+        for t in texts:
+            for mk in MARKERS:
+                self.assertNotIn(mk, t)
+            for tag in ("think<|", "response<|", "think\n<|"):
+                self.assertNotIn(tag, t)
+
+    def both(self, **kw):
+        """The same request non-streamed and streamed: (message fields, finish_reason, response), equal both ways."""
+        kw = dict(model=MODEL, **kw)
+        r = self.c.chat.completions.create(**kw)
+        chunks = list(self.c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        full = msg_fields(r.choices[0].message)
+        streamed, fins = stream_fields(chunks)
+        self.assertEqual(streamed, full)
+        self.assertEqual(fins, [r.choices[0].finish_reason])
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, r.usage.completion_tokens)
+        self.assert_clean(full[0], full[1])
+        return full, r.choices[0].finish_reason, r
+
+    def test_chat(self):
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Hello!"}]
+        r = self.c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        self.assertTrue(r.id.startswith("chatcmpl-"))
+        self.assertEqual(r.object, "chat.completion")
+        m = r.choices[0].message
+        self.assertEqual(m.role, "assistant")
+        self.assertIsInstance(m.content, str)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 8)
+        (content, reasoning, calls), fin, _ = self.both(messages=msgs, max_tokens=8, temperature=0,
+                                                        extra_body={"ignore_eos": True})
+        self.assertEqual(fin, "length")
+
+    def test_thinking_separates_reasoning(self):
+        msgs = [{"role": "user", "content": "Tell me a short story about a cat."}]
+        (content, reasoning, calls), fin, r = self.both(messages=msgs, max_tokens=96, temperature=0)
+        self.assertIn(fin, ("stop", "length"))
+        self.assertEqual(calls, [])
+        rc = (r.choices[0].message.model_extra or {}).get("reasoning_content")
+        self.assertTrue(rc is None or isinstance(rc, str))
+        # thinking off: the prompt opens the response channel, nothing is reasoning
+        (content2, reasoning2, _), fin2, r2 = self.both(
+            messages=msgs, max_tokens=64, temperature=0, extra_body={"chat_template_kwargs": {"thinking": False}})
+        self.assertEqual(reasoning2, "")
+        self.assertIsNone((r2.choices[0].message.model_extra or {}).get("reasoning_content"))
+        self.assertIn(fin2, ("stop", "length"))
+
+    def test_reasoning_in_channel_when_cut_short(self):
+        # with thinking on, generation starts inside <|open|>think<|sep|>: whatever comes before the
+        # model closes the think block is reasoning_content, never content
+        msgs = [{"role": "user", "content": "What is two plus two?"}]
+        full, fin, r = self.both(messages=msgs, max_tokens=2, temperature=0,
+                                 extra_body={"chat_template_kwargs": {"thinking": True}})
+        self.assertEqual(fin, "length")
+
+    def test_stream_equals_nonstream_seeded(self):
+        msgs = [{"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": "Write two sentences about the sea."}]
+        for kw in (dict(temperature=0), dict(temperature=0.9, seed=42), dict(temperature=0.7, seed=7, top_p=0.9),
+                   dict(temperature=0, reasoning_effort="low")):
+            self.both(messages=msgs, max_tokens=64, **kw)
+
+    def test_tools_end_to_end(self):
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+        for kw in (dict(temperature=0), dict(temperature=1.0, seed=3), dict(temperature=1.0, seed=11)):
+            (content, reasoning, calls), fin, r = self.both(messages=msgs, tools=WEATHER_TOOLS, tool_choice="auto",
+                                                            max_tokens=128, **kw)
+            if calls:
+                if fin != "length":
+                    self.assertEqual(fin, "tool_calls")
+                ids = set()
+                for t in calls:
+                    self.assertEqual(t["type"], "function")
+                    self.assertIsInstance(t["name"], str)
+                    self.assertIsInstance(t["arguments"], str)
+                    self.assertTrue(t["id"])
+                    ids.add(t["id"])
+                self.assertEqual(len(ids), len(calls))
+            else:
+                self.assertIn(fin, ("stop", "length"))
+                self.assertIsInstance(content, str)
+        # a follow-up turn with a tool result renders and runs
+        follow = msgs + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+        self.both(messages=follow, tools=WEATHER_TOOLS, max_tokens=48, temperature=0)
+        # tool_choice none: tools stay declared, but no tool calls come back
+        (_, _, calls), fin, _ = self.both(messages=msgs, tools=WEATHER_TOOLS, tool_choice="none", max_tokens=64,
+                                          temperature=0)
+        self.assertEqual(calls, [])
+        self.assertIn(fin, ("stop", "length"))
+        # required / named: accepted (not enforced) when declared
+        self.both(messages=msgs, tools=WEATHER_TOOLS, tool_choice="required", max_tokens=32, temperature=0)
+        self.both(messages=msgs, tools=WEATHER_TOOLS, max_tokens=32, temperature=0,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+
+    def test_chat_max_completion_tokens_and_extras(self):
+        r = self.c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "parts"}]}],
+            max_completion_tokens=3, temperature=0.7, top_p=0.9, presence_penalty=0.5, frequency_penalty=0.5,
+            reasoning_effort="low", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice="auto",
+            extra_body={"ignore_eos": True, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                        "chat_template_kwargs": {"thinking": False}})
+        self.assertEqual(r.usage.completion_tokens, 3)
+
+    def test_chat_errors(self):
+        def err(body):
+            st, _, data = self.srv.request("POST", "/v1/chat/completions",
+                                           dict({"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+                                                **body))
+            self.assertEqual(st, 400, data)
+            return json.loads(data)["error"]["param"]
+        self.assertEqual(err({"tool_choice": "required"}), "tool_choice")  # no tools
+        self.assertEqual(err({"tools": WEATHER_TOOLS,
+                              "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice")
+        self.assertEqual(err({"tools": [{"type": "function"}]}), "tools")
+        self.assertEqual(err({"reasoning_effort": "extreme"}), "reasoning_effort")
+        self.assertEqual(err({"messages": [{"role": "tool", "content": "r"}]}), "messages")
 
 
 class ShutdownTest(unittest.TestCase):

@@ -3,6 +3,8 @@
 
 #include "k3/core/error.h"
 #include "k3/serve/chat_adapter.h"
+#include "k3/serve/model_chat_adapter.h"
+#include "k3/text/chat_format.h"
 #include "k3/serve/openai_api.h"
 #include "test_util.h"
 
@@ -14,14 +16,15 @@ namespace {
 
 struct Fixture {
   k3::text::Tokenizer tok = k3::text::Tokenizer::load(k3test::source_path("tests/data/tiny-tokenizer"));
-  std::unique_ptr<k3::serve::ChatAdapter> chat = k3::serve::make_default_chat_adapter(tok, 768);
+  std::unique_ptr<k3::serve::ChatAdapter> chat =
+      k3::serve::make_model_chat_adapter("kimi_k3", tok, k3::serve::ModelChatAdapterOptions{768, {770}});
   k3::serve::ApiContext ctx() {
     k3::serve::ApiContext c;
     c.model_name = "tiny";
     c.tok = &tok;
     c.chat = chat.get();
     c.bos = 768;
-    c.max_model_len = 64;
+    c.max_model_len = 512;
     c.vocab_size = 1024;
     return c;
   }
@@ -40,6 +43,12 @@ ApiError expect_error(Endpoint ep, const json& body) {
   }
   ADD_FAILURE() << "no error for " << body.dump();
   return ApiError(0, "");
+}
+
+std::string long_prompt() {  // > 512 tokens
+  std::string s;
+  for (int i = 0; i < 40; ++i) s += " b c d e f g h i j k l m n o p q r s t u v w x y z";
+  return s;
 }
 
 }  // namespace
@@ -117,13 +126,13 @@ TEST(ServeApi, ValidationErrorsNameTheParam) {
       {{{"min_p", 2}}, "min_p"},                    {{{"top_k", -5}}, "top_k"},
       {{{"top_k", 1.5}}, "top_k"},                  {{{"presence_penalty", 3}}, "presence_penalty"},
       {{{"frequency_penalty", -3}}, "frequency_penalty"}, {{{"repetition_penalty", 0}}, "repetition_penalty"},
-      {{{"max_tokens", 0}}, "max_tokens"},          {{{"max_tokens", 63}}, "max_tokens"},
+      {{{"max_tokens", 0}}, "max_tokens"},          {{{"max_tokens", 511}}, "max_tokens"},
       {{{"n", 0}}, "n"},                            {{{"n", 1000}}, "n"},
       {{{"stop", json::array({""})}}, "stop"},       {{{"stop", 5}}, "stop"},
       {{{"logprobs", 21}}, "logprobs"},             {{{"logprobs", true}}, "logprobs"},
       {{{"stream", "yes"}}, "stream"},              {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},
       {{{"prompt", json::array({2000})}}, "prompt"}, {{{"prompt", 5}}, "prompt"},
-      {{{"prompt", std::string(200, 'a') + " b c d e f g h i j k l m n o p q r s t u v w x y z"}}, "prompt"},
+      {{{"prompt", long_prompt()}}, "prompt"},
       {{{"seed", "s"}}, "seed"},                    {{{"ignore_eos", 1}}, "ignore_eos"},
       {{{"model", "other"}}, "model", 404},         {{{"model", 3}}, "model"},
   };
@@ -147,13 +156,18 @@ TEST(ServeApi, ChatParsing) {
   EXPECT_EQ(r.params.max_tokens, 5);
   EXPECT_EQ(r.top_logprobs, 4);
   std::vector<int32_t> expect{768};
-  fx().tok.encode_ordinary("system: sys\nuser: hi\nassistant:", expect);
+  {
+    const k3::text::ChatFormat fmt(k3::text::ChatFormatKind::K3Xtml, fx().tok);
+    const auto p = fmt.render(k3::text::ChatRequest::from_json(b), fx().tok, true);
+    expect.insert(expect.end(), p.begin(), p.end());
+  }
   EXPECT_EQ(r.prompt, expect);
+  EXPECT_EQ(r.params.stop_token_ids, std::vector<int32_t>{770});  // <|end_of_msg|> (= eos here, once)
   // chat default max_tokens: the rest of the context
   b.erase("max_completion_tokens");
   b.erase("max_tokens");
   r = k3::serve::parse_generation_request(Endpoint::Chat, b, fx().ctx());
-  EXPECT_EQ(r.params.max_tokens, 64 - static_cast<int>(expect.size()));
+  EXPECT_EQ(r.params.max_tokens, 512 - static_cast<int>(expect.size()));
 
   auto bad = [&](json patch, const std::string& param) {
     json x = b;
@@ -171,17 +185,6 @@ TEST(ServeApi, ChatParsing) {
   bad({{"tool_choice", 3}}, "tool_choice");
   bad({{"reasoning_effort", 1}}, "reasoning_effort");
   bad({{"chat_template_kwargs", "x"}}, "chat_template_kwargs");
-}
-
-TEST(ServeApi, DefaultChatParserDropsSpecials) {
-  auto p = fx().chat->make_parser(json::object());
-  p->feed({-1, "Hel"});
-  p->feed({771, ""});
-  p->feed({-1, "lo"});
-  EXPECT_EQ(p->take_delta().content, "Hello");
-  EXPECT_TRUE(p->take_delta().empty());
-  p->feed({-1, "!"});
-  EXPECT_EQ(p->finish().content, "!");
 }
 
 TEST(ServeApi, ErrorJsonShape) {

@@ -25,57 +25,11 @@ std::string message_text(const nlohmann::json& content) {
   throw Error("message content must be a string, null or a list of text parts");
 }
 
-namespace {
-
-class PassThroughParser final : public ChatOutputParser {
- public:
-  void feed(const engine::OutputPiece& piece) override {
-    if (piece.special_id < 0) pending_ += piece.text;
-  }
-  ChatDelta take_delta() override {
-    ChatDelta d;
-    d.content.swap(pending_);
-    return d;
-  }
-  ChatDelta finish() override { return take_delta(); }
-
- private:
-  std::string pending_;
-};
-
-class DefaultChatAdapter final : public ChatAdapter {
- public:
-  DefaultChatAdapter(const text::Tokenizer& tok, int32_t bos) : tok_(tok), bos_(bos) {}
-
-  std::vector<int32_t> render(const nlohmann::json& request) const override {
-    const auto& msgs = request.at("messages");
-    std::string text;
-    for (const auto& m : msgs) {
-      text += m.at("role").get<std::string>();
-      text += ": ";
-      text += message_text(m.contains("content") ? m["content"] : nlohmann::json());
-      text += "\n";
-    }
-    text += "assistant:";
-    std::vector<int32_t> ids;
-    if (bos_ >= 0) ids.push_back(bos_);
-    tok_.encode_ordinary(text, ids);
-    return ids;
-  }
-
-  std::unique_ptr<ChatOutputParser> make_parser(const nlohmann::json&) const override {
-    return std::make_unique<PassThroughParser>();
-  }
-
- private:
-  const text::Tokenizer& tok_;
-  int32_t bos_;
-};
-
-}  // namespace
-
-std::unique_ptr<ChatAdapter> make_default_chat_adapter(const text::Tokenizer& tok, int32_t bos) {
-  return std::make_unique<DefaultChatAdapter>(tok, bos);
+ChatDelta chat_step(ChatOutputParser& parser, const std::vector<engine::OutputPiece>& pieces, bool finished) {
+  for (const auto& p : pieces) parser.feed(p);
+  ChatDelta d = parser.take_delta();
+  if (finished) d.append(parser.finish());
+  return d;
 }
 
 }  // namespace k3::serve

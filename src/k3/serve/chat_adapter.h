@@ -6,14 +6,14 @@
 //                             tool_choice, reasoning_effort, chat_template_kwargs, ...) -> prompt
 //                             token ids, BOS and generation prompt included. Throws k3::Error for
 //                             requests it cannot format (the server answers 400, param "messages").
-//   * make_parser(request)  : one ChatOutputParser per choice; the server feeds it every
-//                             OutputPiece of that choice in order, takes the accumulated delta
+//   * make_parser(request, choice_id) : one ChatOutputParser per choice (choice_id is unique per
+//                             choice of a response, e.g. "chatcmpl-3f2a...-0"); the server feeds it
+//                             every OutputPiece of that choice in order, takes the accumulated delta
 //                             after each engine step (streamed as one chunk), and calls finish()
-//                             once at the end to flush anything held back.
-// The default adapter (make_default_chat_adapter) is deliberately trivial so the server works end to
-// end: "role: content\n" lines + "assistant:" encoded with the tokenizer, and a parser that drops
-// special tokens and passes text through as content. The integrator replaces it with an adapter
-// over k3::text::ChatFormat / k3::text::OutputParser (see docs/serving.md, "Plugging in").
+//                             once at the end to flush anything held back (chat_step below).
+// The implementation is model_chat_adapter.h (k3::text::ChatFormat + k3::text::OutputParser).
+// Streamed and non-streamed responses are both assembled from the same chat_step() deltas, so
+// they carry identical content / reasoning_content / tool_calls.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -55,13 +55,15 @@ class ChatAdapter {
   virtual ~ChatAdapter() = default;
   // Thread-safe (called concurrently from the server's I/O threads).
   virtual std::vector<int32_t> render(const nlohmann::json& request) const = 0;
-  virtual std::unique_ptr<ChatOutputParser> make_parser(const nlohmann::json& request) const = 0;
+  virtual std::unique_ptr<ChatOutputParser> make_parser(const nlohmann::json& request,
+                                                        const std::string& choice_id) const = 0;
   // Extra stop token ids for chat requests (e.g. end-of-turn markers); default none.
   virtual std::vector<int32_t> stop_token_ids() const { return {}; }
 };
 
-// The trivial default described above. `bos` < 0: no BOS. `tok` must outlive the adapter.
-std::unique_ptr<ChatAdapter> make_default_chat_adapter(const text::Tokenizer& tok, int32_t bos);
+// One engine step of one choice: feeds `pieces` in order and returns the delta to stream (with
+// finish()'s remainder appended when `finished`). Used by the server for both response modes.
+ChatDelta chat_step(ChatOutputParser& parser, const std::vector<engine::OutputPiece>& pieces, bool finished);
 
 // Text of an OpenAI message "content": a string, null, or a list of {"type":"text","text":...}
 // parts (concatenated). Throws k3::Error for other shapes.

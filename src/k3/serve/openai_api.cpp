@@ -1,5 +1,7 @@
 #include "k3/serve/openai_api.h"
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -132,6 +134,18 @@ void check_messages(const json& b) {
   }
 }
 
+// The top-level request field named by a chat-format error ("chat request: tools[0].function.name: ...");
+// "messages" when none can be read off.
+std::string chat_error_param(const std::string& msg) {
+  const std::string pre = "chat request: ";
+  if (msg.rfind(pre, 0) != 0) return "messages";
+  const size_t end = msg.find_first_of(".[: ", pre.size());
+  const std::string f = msg.substr(pre.size(), end == std::string::npos ? std::string::npos : end - pre.size());
+  for (const char* k : {"messages", "tools", "tool_choice", "reasoning_effort", "chat_template_kwargs"})
+    if (f == k) return f;
+  return "messages";
+}
+
 }  // namespace
 
 GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext& ctx) {
@@ -227,11 +241,16 @@ GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext
     try {
       r.prompt = ctx.chat->render(b);
     } catch (const Error& e) {
-      throw ApiError(400, std::string("cannot format the messages: ") + e.what(), "messages");
+      throw ApiError(400, std::string("cannot format the request: ") + e.what(), chat_error_param(e.what()));
     } catch (const json::exception& e) {
       throw ApiError(400, std::string("cannot format the messages: ") + e.what(), "messages");
     }
-    for (int32_t id : ctx.chat->stop_token_ids()) p.stop_token_ids.push_back(id);
+    // end-of-turn ids act like EOS: ignore_eos drops them too (as vLLM does with the model's
+    // generation_config eos ids); the client's own stop_token_ids always apply
+    if (!p.ignore_eos)
+      for (int32_t id : ctx.chat->stop_token_ids())
+        if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
+          p.stop_token_ids.push_back(id);
   } else {
     r.prompt = completion_prompt(b, ctx);
   }

@@ -353,7 +353,8 @@ class Session : public std::enable_shared_from_this<Session> {
     job->first_sent.assign(n, false);
     job->last_token.assign(n, arrival_);
     if (job->req.endpoint == Endpoint::Chat)
-      for (int i = 0; i < n; ++i) job->parsers.push_back(srv_.ctx.chat->make_parser(job->req.body));
+      for (int i = 0; i < n; ++i)
+        job->parsers.push_back(srv_.ctx.chat->make_parser(job->req.body, job->id + "-" + std::to_string(i)));
     job_ = job;
     ++srv_.active_jobs;
     start_monitor();
@@ -419,15 +420,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
     ChatDelta delta;
     std::string text;
-    for (const auto& p : o.pieces) {
-      if (chat)
-        job->parsers[i]->feed(p);
-      else if (p.special_id < 0)
-        text += p.text;
-    }
     if (chat) {
-      delta = job->parsers[i]->take_delta();
-      if (o.finished) delta.append(job->parsers[i]->finish());
+      delta = chat_step(*job->parsers[i], o.pieces, o.finished);
+    } else {
+      for (const auto& p : o.pieces)
+        if (p.special_id < 0) text += p.text;
     }
     for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
 
