@@ -6,7 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "k3/core/error.h"
-#include "k3/engine/serial_engine.h"
+#include "k3/engine/batch_engine.h"
 #include "k3/model/model.h"
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/server.h"
@@ -18,7 +18,9 @@ void add_serve(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, served_name;
     k3::serve::ServerOptions so;
-    int64_t max_num_seqs = 16, max_model_len = 0;
+    int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 64;
+    std::string cache_memory = "1GiB";
+    bool no_prefix = false;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
@@ -30,7 +32,16 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once")->capture_default_str();
   cmd->add_option("--max-waiting", o->so.max_waiting, "requests that may wait beyond --max-num-seqs; more get 429")
       ->capture_default_str();
-  cmd->add_option("--max-model-len", o->max_model_len, "prompt + completion tokens per sequence (default: 4096)");
+  cmd->add_option("--max-model-len", o->max_model_len, "prompt + completion tokens per sequence (default: what the cache holds)");
+  cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--cache-memory", o->cache_memory,
+                  "memory for the MLA latent pages + KDA state slots: bytes (e.g. 2GiB, 512MB) or a fraction of RAM (e.g. 0.25)")
+      ->capture_default_str();
+  cmd->add_option("--page-size", o->page_size, "tokens per latent-cache page")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--checkpoint-interval", o->ckpt_interval, "tokens between KDA state checkpoints inside prompts (prefix cache)")
+      ->capture_default_str();
+  cmd->add_flag("--no-enable-prefix-caching,--no-prefix-caching", o->no_prefix, "turn prefix caching off (on by default)");
   cmd->add_option("--max-body-bytes", o->so.max_body_bytes, "largest request body (413 beyond)")->capture_default_str();
   cmd->add_option("--threads", o->so.threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--timeout", o->so.read_timeout_s, "seconds to receive a request (and keep-alive idle time)")
@@ -50,10 +61,16 @@ void add_serve(CLI::App& app, Registry& reg) {
                         std::to_string(cfg.vocab_size));
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-      k3::engine::SerialEngineOptions eo;
-      eo.max_model_len = o->max_model_len > 0 ? o->max_model_len : 4096;
-      eo.max_num_seqs = o->max_num_seqs;
-      k3::engine::SerialEngine engine(*model, tok, eo);
+      k3::engine::BatchEngineOptions eo;
+      eo.cache.budget_bytes = parse_memory(o->cache_memory);
+      eo.cache.page_tokens = o->page_size;
+      eo.cache.prefix_caching = !o->no_prefix;
+      eo.sched.max_num_seqs = o->max_num_seqs;
+      eo.sched.max_num_batched_tokens = o->max_batched;
+      eo.sched.checkpoint_interval = o->ckpt_interval;
+      eo.max_model_len = o->max_model_len;
+      k3::engine::BatchEngine engine(*model, tok, eo);
+      const int64_t max_model_len = engine.limits().max_model_len;
 
       const int32_t bos = static_cast<int32_t>(cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id());
       k3::serve::ModelChatAdapterOptions co;
@@ -68,7 +85,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       ctx.tok = &tok;
       ctx.chat = chat.get();
       ctx.bos = bos;
-      ctx.max_model_len = eo.max_model_len;
+      ctx.max_model_len = max_model_len;
       ctx.vocab_size = cfg.vocab_size;
       if (o->so.api_key.empty())
         if (const char* k = std::getenv("K3_API_KEY")) o->so.api_key = k;
@@ -79,9 +96,12 @@ void add_serve(CLI::App& app, Registry& reg) {
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
-                   "(max_model_len %lld, %d I/O threads%s)\n",
+                   "(max_model_len %lld, max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
+                   "prefix caching %s, %d I/O threads%s)\n",
                    ctx.model_name.c_str(), dir.c_str(), load_s, ready_s, o->so.host.c_str(), server.port(),
-                   (long long)eo.max_model_len, o->so.threads, o->so.api_key.empty() ? "" : ", API key required");
+                   (long long)max_model_len, (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
+                   (long long)engine.cache_stats().pages_total, (long long)o->page_size, (long long)engine.cache_stats().slots_total,
+                   o->no_prefix ? "off" : "on", o->so.threads, o->so.api_key.empty() ? "" : ", API key required");
       std::fflush(stderr);
       server.run_until_signal();
       std::fprintf(stderr, "k3 serve: stopped\n");

@@ -32,6 +32,29 @@ std::string resolve_model_dir(const std::string& given) {
                   std::string(kDefaultModel) + "' was not found");
 }
 
+int64_t parse_memory(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw k3::Error("cannot read memory size '" + s + "' (examples: 2GiB, 512MB, 0.25)");
+  }
+  std::string unit = s.substr(used);
+  double mul = 1;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "K" || unit == "KB") mul = 1e3;
+  else if (unit == "M" || unit == "MB") mul = 1e6;
+  else if (unit == "G" || unit == "GB") mul = 1e9;
+  else if (unit == "KiB") mul = 1024.0;
+  else if (unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else throw k3::Error("unknown memory unit '" + unit + "' in '" + s + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
+  if (!(v > 0)) throw k3::Error("memory size must be positive: '" + s + "'");
+  if (unit.empty() && v < 1) return static_cast<int64_t>(v * static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)));
+  return static_cast<int64_t>(v * mul);
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
   int u = 0;

@@ -1,5 +1,6 @@
 // Helpers shared by the CLI verbs.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace k3cli {
@@ -7,6 +8,9 @@ namespace k3cli {
 // The model directory to use: -m if given, else $K3_MODEL, else the built-in default model
 // (models/k3-tiny beside the working directory or the binary). Throws k3::Error if none is found.
 std::string resolve_model_dir(const std::string& given);
+
+// "2GiB", "512MB", "1e9" -> bytes; a value below 1 (e.g. "0.25") is that fraction of physical RAM.
+int64_t parse_memory(const std::string& s);
 
 // "1.23 GB" style.
 std::string human_bytes(double bytes);

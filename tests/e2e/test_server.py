@@ -491,7 +491,12 @@ class ChatTest(unittest.TestCase):
         chunks = list(self.c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
         full = msg_fields(r.choices[0].message)
         streamed, fins = stream_fields(chunks)
-        self.assertEqual(streamed, full)
+        # Tool-call ids are unique per response (they embed the response id); everything else must match.
+        strip = lambda f: (f[0], f[1], [{k: v for k, v in c.items() if k != "id"} for c in (f[2] or [])])
+        for f in (full, streamed):
+            for c in f[2] or []:
+                self.assertTrue(c["id"].startswith("call_"), c)
+        self.assertEqual(strip(streamed), strip(full))
         self.assertEqual(fins, [r.choices[0].finish_reason])
         self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
         self.assertEqual(chunks[-1].choices, [])

@@ -112,7 +112,11 @@ class ModelChatAdapter final : public ChatAdapter {
     if (const auto dash = suffix.find('-'); dash != std::string::npos && suffix.rfind("chatcmpl-", 0) == 0)
       suffix = suffix.substr(dash + 1);
     o.call_id_prefix = "call_" + suffix + "_";
-    const bool none = req.tool_choice.specified && req.tool_choice.mode == ToolChoice::Mode::None;
+    // No tool calls are extracted when tool_choice is "none" or when the request declares no tools
+    // (OpenAI semantics: without tools there are no tool_calls); a call the model writes anyway is dropped.
+    bool any_tools = false;
+    declares_tool(req, "", &any_tools);
+    const bool none = !any_tools || (req.tool_choice.specified && req.tool_choice.mode == ToolChoice::Mode::None);
     return std::make_unique<ModelChatParser>(fmt_, std::move(o), none);
   }
 
