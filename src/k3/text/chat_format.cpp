@@ -1,4 +1,5 @@
 #include "k3/text/chat_format.h"
+#include "k3/text/json_escape.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,25 +17,7 @@ using ojson = nlohmann::ordered_json;
 
 void py_string(const std::string& s, std::string& out) {
   out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
+  json_escape_into(s, out);
   out += '"';
 }
 

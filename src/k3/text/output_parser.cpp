@@ -1,4 +1,5 @@
 #include "k3/text/output_parser.h"
+#include "k3/text/json_escape.h"
 
 #include <nlohmann/json.hpp>
 
@@ -35,29 +36,6 @@ size_t partial_suffix(std::string_view s, std::string_view tag) {
   for (size_t k = std::min(s.size(), tag.size() - 1); k > 0; --k)
     if (s.substr(s.size() - k) == tag.substr(0, k)) return k;
   return 0;
-}
-
-void json_escape_into(std::string_view s, std::string& out) {
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          static const char* hex = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
 }
 
 std::string unescape_attr(std::string_view v) {
