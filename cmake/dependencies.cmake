@@ -6,6 +6,7 @@
 #   libgtest-dev       1.12   unit tests
 #   libboost1.81-dev   1.81   Boost.Beast + Boost.Asio (header-only) for the HTTP server of `k3 serve`
 #   OpenMP (libgomp, gcc 12)  CPU thread parallelism
+# Python test packages: python/requirements-test.txt (openai, for tests/e2e).
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(PkgConfig REQUIRED)
