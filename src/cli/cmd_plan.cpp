@@ -1,0 +1,105 @@
+// `k3 plan`: will a model fit on N GPUs of a kind, how many sequences, how fast at best, at what
+// cost. Needs only a config (-m DIR or --preset); formulas in docs/planning.md.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "k3/core/error.h"
+#include "k3/plan/plan.h"
+
+namespace k3cli {
+
+namespace {
+
+struct PlanOpts {
+  std::string model, preset, gpu, kv_dtype = "bf16", state_dtype = "fp32", measured, hardware_file;
+  int count = 8, tp = 0, ep = 0;
+  int64_t context = 8192, chunk = 8192, batch = 0;
+  double price = -1, mem_util = 0.90, mem_gb = 0, mem_bw = 0, tflops = 0;
+  bool json = false, list = false;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw k3::Error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int run_plan(const PlanOpts& o) {
+  const std::vector<k3::plan::Hardware> table =
+      o.hardware_file.empty() ? k3::plan::builtin_hardware() : k3::plan::parse_hardware(read_text(o.hardware_file), o.hardware_file);
+  if (o.list) {
+    std::printf("%-10s %-50s %7s %7s %8s %8s %8s\n", "gpu", "name", "mem GB", "TB/s", "bf16 TF", "fp8 TF", "fp4 TF");
+    for (auto& h : table)
+      std::printf("%-10s %-50s %7.0f %7.2f %8.0f %8.0f %8.0f\n", h.key.c_str(), h.name.c_str(), h.memory_gb, h.hbm_tb_s,
+                  h.bf16_tflops, h.fp8_tflops.value_or(0), h.fp4_tflops.value_or(0));
+    std::printf("presets:");
+    for (auto& n : k3::plan::preset_names()) std::printf(" %s", n.c_str());
+    std::printf("\n");
+    return 0;
+  }
+  if (o.gpu.empty()) throw k3::Error("--gpu is required (k3 plan --list shows the known devices)");
+  if (!o.model.empty() && !o.preset.empty()) throw k3::Error("pass either -m DIR or --preset NAME, not both");
+
+  k3::plan::PlanInput in;
+  in.config = o.preset.empty() ? k3::load_model_config(resolve_model_dir(o.model)) : k3::plan::load_preset(o.preset);
+  in.hw = k3::plan::find_hardware(table, o.gpu);
+  if (o.mem_gb > 0) in.hw.memory_gb = o.mem_gb;
+  if (o.mem_bw > 0) in.hw.hbm_tb_s = o.mem_bw;
+  if (o.tflops > 0) in.hw.bf16_tflops = o.tflops, in.hw.fp8_tflops.reset(), in.hw.fp4_tflops.reset();
+  if (o.mem_gb > 0 || o.mem_bw > 0 || o.tflops > 0) in.hw.source += " [overridden on the command line]";
+  in.count = o.count;
+  in.tp = o.tp;
+  in.ep = o.ep;
+  in.context = o.context;
+  in.kv_dtype = o.kv_dtype == "fp8" ? k3::plan::KvDtype::FP8 : k3::plan::KvDtype::BF16;
+  in.state_dtype = o.state_dtype == "bf16" ? k3::plan::StateDtype::BF16 : k3::plan::StateDtype::FP32;
+  in.mem_util = o.mem_util;
+  in.prefill_chunk = o.chunk;
+  in.batch = o.batch;
+  if (o.price >= 0) in.price_per_gpu_hour = o.price;
+  if (!o.measured.empty()) {
+    in.measured_tokens_per_s = k3::plan::read_measured_throughput(read_text(o.measured), o.measured);
+    in.measured_source = o.measured;
+  }
+  const auto plan = k3::plan::make_plan(in);
+  if (o.json) std::printf("%s\n", k3::plan::to_json(plan).dump(2).c_str());
+  else std::fputs(k3::plan::format_table(plan).c_str(), stdout);
+  return 0;  // also when it does not fit: the verdict is in the output
+}
+
+}  // namespace
+
+void add_plan(CLI::App& app, Registry& reg) {
+  auto* cmd = app.add_subcommand("plan", "Plan a deployment: memory, capacity, speed bounds and cost per GPU kind and count");
+  auto o = std::make_shared<PlanOpts>();
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory (only config.json is read)");
+  cmd->add_option("--preset", o->preset, "built-in config: kimi-k3 | kimi-linear-48b");
+  cmd->add_option("--gpu", o->gpu, "device: h200 | h100 | b200 | b300 | gb300 | a100-80g | cpu (see --list)");
+  cmd->add_option("--count", o->count, "number of devices")->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", o->tp, "tensor-parallel size for attention/dense/shared/embeddings (default: --count)")->check(CLI::PositiveNumber);
+  cmd->add_option("--ep", o->ep, "expert-parallel size for routed experts (default: --count)")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", o->context, "tokens per sequence (prompt + output)")->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-dtype", o->kv_dtype, "MLA latent cache dtype")->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_option("--state-dtype", o->state_dtype, "KDA state dtype")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--price-per-gpu-hour", o->price, "USD per device-hour (default: the hardware table's illustrative rate)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--measured", o->measured, "a `k3 bench` result JSON: its aggregate output tok/s sets the cost");
+  cmd->add_option("--batch", o->batch, "concurrent sequences for the aggregate decode bound (default: the most that fit)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--mem-util", o->mem_util, "fraction of device memory the engine may use")->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--chunk", o->chunk, "prefill chunk tokens (sizes the activation workspace)")->check(CLI::PositiveNumber);
+  cmd->add_option("--mem-gb", o->mem_gb, "override device memory, GB (e.g. for --gpu cpu)")->check(CLI::PositiveNumber);
+  cmd->add_option("--mem-bw", o->mem_bw, "override memory bandwidth, TB/s")->check(CLI::PositiveNumber);
+  cmd->add_option("--tflops", o->tflops, "override dense compute, TFLOP/s (used for all dtypes)")->check(CLI::PositiveNumber);
+  cmd->add_option("--hardware", o->hardware_file, "hardware table JSON instead of the built-in resources/hardware.json");
+  cmd->add_flag("--json", o->json, "print JSON instead of the table");
+  cmd->add_flag("--list", o->list, "list the known devices and presets");
+  cmd->callback([&reg, o] { reg.action = [o] { return run_plan(*o); }; });
+}
+
+}  // namespace k3cli

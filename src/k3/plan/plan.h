@@ -1,0 +1,118 @@
+// Capacity planning for a Kimi K3 / Kimi-Linear deployment from a config alone: weight bytes per
+// GPU, MLA latent cache and KDA state sizes, whether it fits, how many sequences fit, roofline
+// upper bounds on decode and prefill speed, and cost per million output tokens.
+// Every formula is explained in docs/planning.md.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "k3/model/config.h"
+
+namespace k3::plan {
+
+// One device from resources/hardware.json. Units: GB = 1e9 B, TB/s = 1e12 B/s, TFLOP/s dense.
+struct Hardware {
+  std::string key, name, source;
+  double memory_gb = 0, hbm_tb_s = 0, bf16_tflops = 0;
+  std::optional<double> fp8_tflops, fp4_tflops, nvlink_gb_s, price_usd_per_hour;
+};
+
+// Parses a hardware file ({"devices": {key: {...}}}); throws k3::Error naming the entry and field.
+std::vector<Hardware> parse_hardware(const std::string& json_text, const std::string& source);
+// The built-in table (resources/hardware.json, compiled in).
+const std::vector<Hardware>& builtin_hardware();
+// Looks a key up ("h200", "b300", ...); throws k3::Error listing the known keys.
+Hardware find_hardware(const std::vector<Hardware>& table, const std::string& key);
+
+// Built-in model presets (resources/presets/*.json). Accepts the file stem ("kimi-linear-48b-a3b") or a
+// short alias ("kimi-linear-48b", "kimi-linear", "k3").
+std::vector<std::string> preset_names();
+ModelConfig load_preset(const std::string& name);
+
+enum class KvDtype { BF16, FP8 };
+enum class StateDtype { FP32, BF16 };
+
+struct PlanInput {
+  ModelConfig config;
+  Hardware hw;
+  int count = 8;             // GPUs (or CPU sockets-as-one-device: count 1)
+  int tp = 0;                // tensor parallel size for attention / dense / shared / embeddings; 0: count
+  int ep = 0;                // expert parallel size for routed experts; 0: count
+  int64_t context = 8192;    // tokens per sequence (prompt + output) the capacity is computed for
+  KvDtype kv_dtype = KvDtype::BF16;
+  StateDtype state_dtype = StateDtype::FP32;
+  double mem_util = 0.90;    // fraction of device memory the engine may use (rest: runtime, NCCL, fragmentation)
+  int64_t prefill_chunk = 8192;  // tokens per prefill chunk: sizes the activation workspace
+  int64_t batch = 0;         // concurrent decoding sequences for the aggregate bound; 0: max that fit
+  std::optional<double> price_per_gpu_hour;   // overrides the hardware table's illustrative price
+  std::optional<double> measured_tokens_per_s;  // aggregate output tok/s from `k3 bench`
+  std::string measured_source;
+};
+
+struct WeightBreakdown {  // whole model, bytes as stored
+  double embedding = 0, lm_head = 0, routed_experts = 0, other_bf16 = 0, other_f32 = 0;
+  double total() const { return embedding + lm_head + routed_experts + other_bf16 + other_f32; }
+  double non_expert() const { return embedding + lm_head + other_bf16 + other_f32; }
+};
+
+struct Plan {
+  PlanInput in;
+  int tp = 1, ep = 1, replicas = 1;  // replicas: count / tp attention groups (data parallel)
+  // model
+  int64_t params_total = 0, params_active = 0;
+  WeightBreakdown weights;
+  double expert_bytes_per_expert_layer = 0;  // one routed expert in one layer, as stored
+  double kv_bytes_per_token = 0;        // MLA latent, all MLA layers, one sequence (not split by TP)
+  double state_bytes_per_seq = 0;       // KDA recurrent state, all KDA layers (unsharded)
+  double conv_state_bytes_per_seq = 0;  // KDA short-conv state (unsharded, same dtype as state)
+  double crossover_context = 0;         // tokens where KV bytes = state bytes, per sequence, unsharded
+  double crossover_context_per_gpu = 0; // the same per GPU under this layout (state split by TP, latent not)
+  // memory per GPU
+  double usable_bytes = 0, runtime_reserve_bytes = 0, workspace_bytes = 0;
+  double weight_bytes_per_gpu = 0, weight_non_expert_per_gpu = 0, weight_experts_per_gpu = 0;
+  double free_for_cache_per_gpu = 0;    // usable - weights - workspace (may be negative)
+  double bytes_per_seq_per_gpu = 0;     // context * kv + (state + conv) / tp
+  bool fits = false;
+  std::string why_not;                  // empty when it fits
+  std::vector<std::string> notes;       // layout warnings (heads not divisible, ...)
+  // capacity
+  int64_t max_seqs_per_replica = 0, max_seqs = 0;
+  int64_t max_context_one_seq = 0;      // longest context one sequence per replica could have
+  // speed (upper bounds)
+  int64_t batch = 0;                    // B used for the aggregate bound
+  double decode_bytes_per_token_b1 = 0; // per GPU, batch 1
+  double decode_tok_s_user_b1 = 0;      // batch 1, bandwidth bound
+  double decode_step_s_batch = 0;       // one decode step at batch B (max of bandwidth and compute time)
+  double decode_tok_s_user_batch = 0, decode_tok_s_aggregate = 0;
+  bool decode_batch_compute_bound = false;
+  double prefill_flops_per_token = 0;   // at mean position context/2
+  double prefill_tok_s_aggregate = 0;   // all GPUs, compute bound
+  // cost
+  std::optional<double> price_per_gpu_hour;
+  std::string price_origin;             // "--price-per-gpu-hour", "hardware table (illustrative)"
+  double cost_throughput_tok_s = 0;
+  std::string cost_throughput_origin;   // "decode bound at batch B" or "measured (FILE)"
+  std::optional<double> usd_per_million_output_tokens;
+};
+
+// Whole-model stored weight bytes: routed experts MXFP4 (4.25 bits/param) when the config says so,
+// F32 for the KDA conv / dt_bias / A_log and router bias tensors, BF16 for everything else.
+WeightBreakdown weight_bytes(const ModelConfig& c);
+
+Plan make_plan(const PlanInput& in);
+
+// $ per million output tokens: price * gpus / (tok/s * 3600) * 1e6.
+double usd_per_million_tokens(double price_per_gpu_hour, int gpus, double tokens_per_s);
+
+// Reads an aggregate output throughput from a `k3 bench` result: the first of the keys
+// output_tokens_per_s, output_tok_s, output_throughput, decode_tokens_per_s, tokens_per_s found at any depth.
+double read_measured_throughput(const std::string& json_text, const std::string& source);
+
+std::string format_table(const Plan& p);
+nlohmann::json to_json(const Plan& p);
+
+}  // namespace k3::plan
