@@ -14,5 +14,7 @@ struct Registry {
 
 using AddCommand = void (*)(CLI::App&, Registry&);
 std::vector<AddCommand> all_commands();
+// The raw command line, stored in bench results.
+void set_bench_cmdline(int argc, char** argv);
 
 }  // namespace k3cli

@@ -1,0 +1,390 @@
+// `k3 bench serve|offline|plot`: serving load generator (vllm bench serve conventions) against any
+// OpenAI-compatible server, engine throughput without HTTP (llama-bench style), and the
+// latency-throughput plot (scripts/bench_plot.py). docs/bench.md.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "k3/bench/client.h"
+#include "k3/bench/dataset.h"
+#include "k3/bench/offline.h"
+#include "k3/bench/stats.h"
+#include "k3/core/error.h"
+#include "k3/model/model.h"
+#include "k3/text/tokenizer.h"
+
+namespace k3cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string now_string() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  return buf;
+}
+
+std::string join_args(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) s += (i ? " " : "") + std::string(argv[i]);
+  return s;
+}
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream f(path);
+  if (!f) throw k3::Error("cannot write '" + path + "'");
+  f << j.dump(2) << "\n";
+}
+
+struct ServeOpts {
+  std::string base_url = "http://127.0.0.1:8000", endpoint = "/v1/completions", model, api_key, tokenizer;
+  std::string dataset = "random", dataset_path;
+  k3::bench::RandomOptions rnd;
+  k3::bench::PrefixRepetitionOptions pr;
+  int64_t sharegpt_output_len = -1;
+  int64_t num_prompts = 1000, max_concurrency = 0, warmups = 0, sweep_per_conc = 0, seed = 0;
+  double request_rate = std::numeric_limits<double>::infinity(), burstiness = 1.0, temperature = 0.0, timeout = 6 * 3600;
+  bool ignore_eos = false, dry_run = false, text_prompts = false, quiet = false, save_detailed = false;
+  std::vector<std::string> goodput;
+  std::vector<int64_t> sweep;
+  std::string result_file, label;
+};
+
+std::string sharegpt_default() {
+  for (auto p : {"../shared/data/prompts/ShareGPT_V3_filtered_1000.json", "/work/shared/data/prompts/ShareGPT_V3_filtered_1000.json"})
+    if (fs::exists(p)) return p;
+  return "ShareGPT_V3_filtered_1000.json";
+}
+
+int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
+  namespace b = k3::bench;
+  const b::Slo slo = b::parse_goodput(o.goodput);
+  std::unique_ptr<b::MockServer> mock;
+  b::ClientOptions co;
+  if (o.dry_run) {
+    mock = std::make_unique<b::MockServer>(1);
+    o.base_url = "http://127.0.0.1:" + std::to_string(mock->port());
+    if (o.model.empty()) o.model = "mock";
+  }
+  co.url = b::parse_url(o.base_url);
+  co.endpoint = o.endpoint;
+  if (!co.endpoint.empty() && co.endpoint[0] != '/') co.endpoint = "/" + co.endpoint;
+  co.api_key = o.api_key;
+  if (co.api_key.empty())
+    if (const char* k = std::getenv("OPENAI_API_KEY")) co.api_key = k;
+  co.ignore_eos = o.ignore_eos;
+  co.temperature = o.temperature;
+  co.token_id_prompts = !o.text_prompts;
+  co.timeout_s = o.timeout;
+  if (o.model.empty()) {  // the server's first model, as vllm bench does
+    int st = 0;
+    auto body = b::http_get(co.url, "/v1/models", &st);
+    auto j = json::parse(body, nullptr, false);
+    if (st != 200 || !j.is_object() || !j.contains("data") || j["data"].empty())
+      throw k3::Error("--model not given and GET /v1/models failed (HTTP " + std::to_string(st) + ")");
+    o.model = j["data"][0].value("id", "");
+  }
+  co.model = o.model;
+
+  // Dataset.
+  const std::string tok_dir = resolve_model_dir(o.tokenizer);
+  auto tok = k3::text::Tokenizer::load(tok_dir);
+  const bool chat = b::is_chat_endpoint(co.endpoint);
+  // Every sweep point gets its own prompts (a server's prefix cache must not see repeats).
+  int64_t total_needed = o.sweep.empty() ? o.num_prompts : 0;
+  for (int64_t c : o.sweep) total_needed += std::max(o.num_prompts, o.sweep_per_conc * c);
+  total_needed += o.warmups;
+  std::vector<b::BenchRequest> reqs;
+  const uint64_t seed = static_cast<uint64_t>(o.seed);
+  if (o.dataset == "random") {
+    reqs = b::random_dataset(total_needed, o.rnd, b::sampleable_ids(tok), seed);
+  } else if (o.dataset == "prefix-repetition") {
+    reqs = b::prefix_repetition_dataset(total_needed, o.pr, b::sampleable_ids(tok), seed);
+  } else if (o.dataset == "sharegpt") {
+    b::ShareGptOptions so;
+    so.path = o.dataset_path.empty() ? sharegpt_default() : o.dataset_path;
+    so.output_len = o.sharegpt_output_len;
+    reqs = b::sharegpt_dataset(total_needed, so, tok, seed);
+  } else {
+    throw k3::Error("--dataset-name: unknown dataset '" + o.dataset + "' (random, sharegpt, prefix-repetition)");
+  }
+  if (chat || o.text_prompts) b::decode_prompts(reqs, tok);
+
+  std::vector<b::BenchRequest> warm(reqs.begin(), reqs.begin() + o.warmups);
+  reqs.erase(reqs.begin(), reqs.begin() + o.warmups);
+
+  auto server_tokens = [&]() -> std::optional<double> {
+    if (o.dry_run) return std::nullopt;
+    try {
+      int st = 0;
+      auto txt = b::http_get(co.url, "/metrics", &st);
+      if (st != 200) return std::nullopt;
+      return b::prometheus_value(txt, "k3_generation_tokens_total");
+    } catch (const k3::Error&) {
+      return std::nullopt;
+    }
+  };
+
+  if (!warm.empty()) {
+    std::fprintf(stderr, "k3 bench: %zu warm-up requests\n", warm.size());
+    auto wr = b::run_load(co, warm, std::vector<double>(warm.size(), 0.0), o.max_concurrency > 0 ? o.max_concurrency : 0);
+    int64_t bad = 0;
+    for (auto& r : wr.outcomes) bad += !r.success;
+    if (bad) std::fprintf(stderr, "k3 bench: %lld warm-up requests failed: %s\n", (long long)bad, wr.outcomes[0].error.c_str());
+  }
+
+  std::vector<int64_t> points = o.sweep;
+  if (points.empty()) points.push_back(o.max_concurrency);
+  json runs = json::array();
+  std::string tables;
+  size_t offset = 0;
+  for (int64_t conc : points) {
+    const int64_t n = o.sweep.empty() ? o.num_prompts : std::max(o.num_prompts, o.sweep_per_conc * conc);
+    std::vector<b::BenchRequest> sub(reqs.begin() + offset, reqs.begin() + offset + n);
+    offset += static_cast<size_t>(n);
+    auto arrivals = b::arrival_times(n, o.request_rate, o.burstiness, seed);
+    const auto before = server_tokens();
+    std::fprintf(stderr, "k3 bench: %lld requests, max concurrency %s, request rate %s -> %s%s\n", (long long)n,
+                 conc > 0 ? std::to_string(conc).c_str() : "unlimited",
+                 std::isfinite(o.request_rate) ? std::to_string(o.request_rate).c_str() : "inf", o.base_url.c_str(),
+                 co.endpoint.c_str());
+    const int64_t step = std::max<int64_t>(1, n / 10);
+    auto lr = b::run_load(co, sub, arrivals, conc, [&](size_t d) {
+      if (!o.quiet && (static_cast<int64_t>(d) % step == 0 || static_cast<int64_t>(d) == n))
+        std::fprintf(stderr, "  %zu/%lld done\n", d, (long long)n);
+    });
+    const auto after = server_tokens();
+    auto s = b::summarize(lr.outcomes, lr.duration_s, slo);
+    json j = b::summary_json(s);
+    j["max_concurrency"] = conc > 0 ? json(conc) : json(nullptr);
+    j["num_prompts"] = n;
+    j["request_rate"] = std::isfinite(o.request_rate) ? json(o.request_rate) : json("inf");
+    j["burstiness"] = o.burstiness;
+    j["client_connections_opened"] = lr.connections_opened;
+    j["usage_missing"] = lr.usage_missing;
+    j["chunk_throughput"] = s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0;
+    if (before && after) j["server_generation_tokens_delta"] = *after - *before;
+    if (!slo.empty()) {
+      json g;
+      if (slo.ttft_ms) g["ttft"] = *slo.ttft_ms;
+      if (slo.tpot_ms) g["tpot"] = *slo.tpot_ms;
+      if (slo.e2el_ms) g["e2el"] = *slo.e2el_ms;
+      j["goodput_slo_ms"] = g;
+    }
+    if (o.save_detailed) {
+      json per = json::array();
+      for (auto& r : lr.outcomes)
+        per.push_back({{"success", r.success}, {"error", r.error}, {"prompt_tokens", r.prompt_tokens},
+                       {"output_tokens", r.output_tokens}, {"ttft", r.ttft}, {"e2e", r.e2e}, {"itl", r.itl}});
+      j["requests"] = per;
+    }
+    std::string title = " Serving Benchmark Result ";
+    if (conc > 0) title = "Serving Benchmark Result (concurrency " + std::to_string(conc) + ")";
+    else title = "Serving Benchmark Result";
+    std::string t = b::summary_table(s, title);
+    if (before && after) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n", "Server-counted generated tokens:", *after - *before);
+      t.insert(t.size() - 51, buf);
+    }
+    if (o.dry_run) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n%-40s%-10.0f\n", "Client capacity (req/s, mock server):",
+                    s.request_throughput, "Client capacity (chunks/s, mock server):", s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0);
+      t.insert(t.size() - 51, buf);
+    }
+    if (!s.errors.empty()) t += "first errors: " + s.errors.front() + "\n";
+    std::printf("%s", t.c_str());
+    std::fflush(stdout);
+    tables += t;
+    runs.push_back(j);
+  }
+
+  json meta = {{"date", now_string()},
+               {"backend", o.dry_run ? "mock" : "openai"},
+               {"base_url", o.base_url},
+               {"endpoint", co.endpoint},
+               {"model_id", o.model},
+               {"tokenizer_id", tok_dir},
+               {"dataset_name", o.dataset},
+               {"seed", o.seed},
+               {"ignore_eos", o.ignore_eos},
+               {"temperature", o.temperature},
+               {"num_warmups", o.warmups},
+               {"label", o.label},
+               {"command", cmdline}};
+  if (o.dataset == "random")
+    meta["random"] = {{"input_len", o.rnd.input_len}, {"output_len", o.rnd.output_len},
+                      {"range_ratio", o.rnd.range_ratio}, {"prefix_len", o.rnd.prefix_len}};
+  if (o.dataset == "prefix-repetition")
+    meta["prefix_repetition"] = {{"prefix_len", o.pr.prefix_len}, {"suffix_len", o.pr.suffix_len},
+                                 {"num_prefixes", o.pr.num_prefixes}, {"output_len", o.pr.output_len}};
+  json result;
+  if (o.sweep.empty()) {
+    result = meta;
+    result.update(runs[0]);
+  } else {
+    result = meta;
+    result["sweep"] = runs;
+  }
+  if (!o.result_file.empty()) {
+    write_json(o.result_file, result);
+    std::fprintf(stderr, "k3 bench: results written to %s\n", o.result_file.c_str());
+  }
+  int64_t failed = 0;
+  for (auto& r : runs) failed += r["failed"].get<int64_t>();
+  return failed > 0 ? 3 : 0;
+}
+
+std::string find_plot_script() {
+  std::vector<fs::path> c = {fs::current_path() / "scripts/bench_plot.py"};
+  char exe[4096];
+  ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len > 0) {
+    exe[len] = '\0';
+    fs::path d = fs::path(exe).parent_path();
+    for (int up = 0; up < 4 && !d.empty(); ++up, d = d.parent_path()) c.push_back(d / "scripts/bench_plot.py");
+  }
+  for (auto& p : c)
+    if (fs::exists(p)) return p.string();
+  throw k3::Error("scripts/bench_plot.py not found (run from the source tree)");
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string o = "'";
+  for (char ch : s) o += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return o + "'";
+}
+
+}  // namespace
+
+// Set by main through the registry's argv (CLI11 does not keep the raw line); filled in add_bench.
+static std::string g_cmdline;
+
+void add_bench(CLI::App& app, Registry& reg) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks: serve (load generator), offline (engine throughput), plot");
+  bench->require_subcommand(1);
+
+  // ---- serve
+  auto o = std::make_shared<ServeOpts>();
+  auto* s = bench->add_subcommand("serve", "Load-test an OpenAI-compatible server (vllm bench serve conventions)");
+  s->add_option("--base-url", o->base_url, "server base URL")->capture_default_str();
+  s->add_option("--endpoint", o->endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
+  s->add_option("--model", o->model, "model name of the API (default: the first of GET /v1/models)");
+  s->add_option("--api-key", o->api_key, "bearer token (default: $OPENAI_API_KEY)");
+  s->add_option("--tokenizer", o->tokenizer, "model dir whose tokenizer builds the prompts (default: the built-in model)");
+  s->add_option("--dataset-name", o->dataset, "random, sharegpt, prefix-repetition")->capture_default_str();
+  s->add_option("--dataset-path", o->dataset_path, "ShareGPT JSON (default: ShareGPT_V3_filtered_1000.json in ../shared/data/prompts)");
+  s->add_option("--input-len,--random-input-len", o->rnd.input_len, "random: prompt tokens")->capture_default_str();
+  s->add_option("--output-len,--random-output-len", o->rnd.output_len, "random: max_tokens")->capture_default_str();
+  s->add_option("--range-ratio,--random-range-ratio", o->rnd.range_ratio, "random: lengths uniform in len*[1-r, 1+r]")
+      ->capture_default_str();
+  s->add_option("--prefix-len,--random-prefix-len", o->rnd.prefix_len, "random: shared prefix tokens before each prompt")
+      ->capture_default_str();
+  s->add_option("--sharegpt-output-len", o->sharegpt_output_len, "sharegpt: max_tokens (default: the dataset reply's length)");
+  s->add_option("--prefix-repetition-prefix-len", o->pr.prefix_len)->capture_default_str();
+  s->add_option("--prefix-repetition-suffix-len", o->pr.suffix_len)->capture_default_str();
+  s->add_option("--prefix-repetition-num-prefixes", o->pr.num_prefixes)->capture_default_str();
+  s->add_option("--prefix-repetition-output-len", o->pr.output_len)->capture_default_str();
+  s->add_option("--num-prompts", o->num_prompts, "requests to send (per sweep point)")->capture_default_str();
+  s->add_option("--request-rate", o->request_rate, "requests/s (Poisson / gamma arrivals); inf: all at once")
+      ->capture_default_str();
+  s->add_option("--burstiness", o->burstiness, "gamma shape of the inter-arrival times (1 = Poisson)")->capture_default_str();
+  s->add_option("--max-concurrency", o->max_concurrency, "requests in flight at most (0 = unlimited)");
+  s->add_option("--warmups,--num-warmups", o->warmups, "warm-up requests before measuring (not counted)")->capture_default_str();
+  s->add_flag("--ignore-eos", o->ignore_eos, "send ignore_eos: generate exactly max_tokens");
+  s->add_option("--seed", o->seed, "dataset and arrival seed")->capture_default_str();
+  s->add_option("--temperature", o->temperature, "sampling temperature sent")->capture_default_str();
+  s->add_option("--goodput", o->goodput, "SLOs: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
+  s->add_option("--sweep-concurrency", o->sweep, "run once per max concurrency, e.g. 1,32,128,512")->delimiter(',');
+  s->add_option("--sweep-prompts-per-concurrency", o->sweep_per_conc,
+                "sweep: send max(--num-prompts, K x concurrency) requests per point")
+      ->capture_default_str();
+  s->add_option("--result-file", o->result_file, "write the results as JSON");
+  s->add_option("--label", o->label, "free-form label stored in the result");
+  s->add_option("--timeout", o->timeout, "seconds without data before a request fails")->capture_default_str();
+  s->add_flag("--text-prompts", o->text_prompts, "completions: send random prompts as text instead of token-id lists");
+  s->add_flag("--save-detailed", o->save_detailed, "store per-request TTFT / ITL / lengths in the result");
+  s->add_flag("--dry-run-server", o->dry_run,
+              "run against a built-in mock SSE server (instant tokens) to measure what the client alone sustains");
+  s->add_flag("-q,--quiet", o->quiet, "no progress lines");
+  s->callback([&reg, o] { reg.action = [o] { return run_bench_serve(*o, g_cmdline); }; });
+
+  // ---- offline
+  struct OffOpts {
+    std::string model, json_out;
+    std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
+    int reps = 5;
+    int64_t seed = 0;
+  };
+  auto f = std::make_shared<OffOpts>();
+  auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
+  off->add_option("-m,--model", f->model, "HF checkpoint directory (default: the built-in model)");
+  off->add_option("-p,--n-prompt", f->pp, "prompt-processing sizes (pp N)")->delimiter(',')->capture_default_str();
+  off->add_option("-n,--n-gen", f->tg, "generation lengths (tg N)")->delimiter(',')->capture_default_str();
+  off->add_option("-d,--n-depth", f->depth, "tokens already in the cache")->delimiter(',')->capture_default_str();
+  off->add_option("-b,--batch", f->batch, "sequences per batched forward")->delimiter(',')->capture_default_str();
+  off->add_option("-r,--repetitions", f->reps, "timed repetitions (after one warm-up)")->capture_default_str();
+  off->add_option("--seed", f->seed, "token seed")->capture_default_str();
+  off->add_option("-o,--json", f->json_out, "write the results as JSON");
+  off->callback([&reg, f] {
+    reg.action = [f] {
+      const std::string dir = resolve_model_dir(f->model);
+      auto model = k3::Model::load(dir);
+      auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
+      std::vector<k3::bench::OfflineResult> rs;
+      json arr = json::array();
+      const std::string name = fs::path(dir).lexically_normal().filename().string();
+      for (auto& t : tests) {
+        std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld ...\n", t.name.c_str(), (long long)t.depth,
+                     (long long)t.batch);
+        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed)));
+        json j = rs.back().to_json();
+        j["model"] = dir;
+        arr.push_back(j);
+      }
+      std::printf("%s", k3::bench::offline_table(rs, name).c_str());
+      if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
+                                                         {"method", "Model::forward_batch, SequenceState per sequence"},
+                                                         {"results", arr}});
+      return 0;
+    };
+  });
+
+  // ---- plot
+  struct PlotOpts {
+    std::vector<std::string> files;
+    std::string out = "bench.png", title;
+  };
+  auto p = std::make_shared<PlotOpts>();
+  auto* pl = bench->add_subcommand("plot", "Latency-throughput curves of bench serve results (python3 + matplotlib)");
+  pl->add_option("results", p->files, "result JSON files (single runs or sweeps)")->required();
+  pl->add_option("-o,--output", p->out, "PNG to write")->capture_default_str();
+  pl->add_option("--title", p->title, "plot title");
+  pl->callback([&reg, p] {
+    reg.action = [p] {
+      std::string cmd = "python3 " + shell_quote(find_plot_script()) + " -o " + shell_quote(p->out);
+      if (!p->title.empty()) cmd += " --title " + shell_quote(p->title);
+      for (auto& f2 : p->files) cmd += " " + shell_quote(f2);
+      const int st = std::system(cmd.c_str());
+      if (st != 0) throw k3::Error("the plot script failed (needs python3 with matplotlib: pip install matplotlib)");
+      return 0;
+    };
+  });
+}
+
+void set_bench_cmdline(int argc, char** argv) { g_cmdline = join_args(argc, argv); }
+
+}  // namespace k3cli

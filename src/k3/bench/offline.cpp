@@ -1,0 +1,104 @@
+#include "k3/bench/offline.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "k3/bench/stats.h"
+#include "k3/core/error.h"
+#include "k3/model/model.h"
+
+namespace k3::bench {
+
+nlohmann::json OfflineResult::to_json() const {
+  std::vector<double> tps;
+  const double toks = static_cast<double>(test.n * test.batch);
+  for (double s : seconds) tps.push_back(s > 0 ? toks / s : 0);
+  return {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
+          {"n_depth", test.depth}, {"n_batch", test.batch},                 {"reps", seconds.size()},
+          {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
+          {"stddev_ts", tps_std},  {"avg_s", mean(seconds)}};
+}
+
+std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std::vector<int64_t>& tg,
+                                       const std::vector<int64_t>& depths, const std::vector<int64_t>& batches) {
+  std::vector<OfflineTest> out;
+  for (int64_t b : batches) {
+    if (b < 1) throw Error("-b: batch sizes must be >= 1");
+    for (int64_t d : depths) {
+      if (d < 0) throw Error("-d: depths must be >= 0");
+      for (int64_t n : pp)
+        if (n > 0) out.push_back({"pp" + std::to_string(n), true, n, d, b});
+      for (int64_t n : tg)
+        if (n > 0) out.push_back({"tg" + std::to_string(n), false, n, d, b});
+    }
+  }
+  return out;
+}
+
+OfflineResult run_offline_test(const Model& m, const OfflineTest& t, int reps, uint64_t seed) {
+  if (reps < 1) throw Error("-r must be >= 1");
+  std::mt19937_64 rng(seed);
+  const int32_t V = static_cast<int32_t>(m.config().vocab_size);
+  auto rand_tokens = [&](int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+    return v;
+  };
+  // The depth context, built once (untimed) and copied for each run.
+  std::vector<SequenceState> base;
+  std::vector<float> logits;
+  for (int64_t b = 0; b < t.batch; ++b) {
+    base.push_back(m.new_sequence());
+    if (t.depth > 0) {
+      auto ctx = rand_tokens(t.depth);
+      ForwardOptions fo;
+      fo.path = AttnPath::Prefill;
+      m.forward(ctx, base.back(), logits, fo);
+    }
+  }
+  std::vector<std::vector<int32_t>> inputs;
+  for (int64_t b = 0; b < t.batch; ++b) inputs.push_back(rand_tokens(t.prefill ? t.n : t.n));
+  OfflineResult r;
+  r.test = t;
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    std::vector<SequenceState> st = base;
+    std::vector<BatchItem> items(static_cast<size_t>(t.batch));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (t.prefill) {
+      ForwardOptions fo;
+      fo.path = AttnPath::Prefill;
+      for (int64_t b = 0; b < t.batch; ++b) items[b] = {inputs[b], &st[b], true};
+      m.forward_batch(items, logits, fo);
+    } else {
+      ForwardOptions fo;
+      fo.path = AttnPath::Decode;
+      for (int64_t i = 0; i < t.n; ++i) {
+        for (int64_t b = 0; b < t.batch; ++b)
+          items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), &st[b], true};
+        m.forward_batch(items, logits, fo);
+      }
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep >= 0) r.seconds.push_back(s);
+  }
+  std::vector<double> tps;
+  for (double s : r.seconds) tps.push_back(static_cast<double>(t.n * t.batch) / s);
+  r.tps_mean = mean(tps);
+  r.tps_std = tps.size() > 1 ? stddev(tps) * std::sqrt(tps.size() / (tps.size() - 1.0)) : 0.0;  // sample stddev
+  return r;
+}
+
+std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name) {
+  std::string o = "| model | test | depth | batch | t/s |\n| --- | --- | ---: | ---: | ---: |\n";
+  char buf[512];
+  for (const auto& r : rs) {
+    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f ± %.2f |\n", model_name.c_str(), r.test.name.c_str(),
+                  (long long)r.test.depth, (long long)r.test.batch, r.tps_mean, r.tps_std);
+    o += buf;
+  }
+  return o;
+}
+
+}  // namespace k3::bench
