@@ -148,7 +148,7 @@ TEST(Plan, LayoutChoices) {
 TEST(Plan, CliTableAndJson) {
   auto t = run_cli("plan --preset kimi-k3 --gpu h200 --count 8");
   EXPECT_NE(t.find("DOES NOT FIT"), std::string::npos) << t;
-  EXPECT_NE(t.find("upper bound"), std::string::npos);
+  EXPECT_NE(t.find("UPPER BOUNDS"), std::string::npos) << t;
   auto j = nlohmann::json::parse(run_cli("plan --preset kimi-k3 --gpu b300 --count 8 --json --kv-dtype fp8"));
   EXPECT_TRUE(j["memory"]["fits"].get<bool>());
   EXPECT_EQ(j["memory"]["kv_bytes_per_token"].get<double>(), 13824);

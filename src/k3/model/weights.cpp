@@ -20,7 +20,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Looks tensors up, checks them, and collects every problem before failing once.
 class Binder {
  public:
-  Binder(const Checkpoint& ck) : ck_(ck) {}
+  Binder(const Checkpoint& ck, std::vector<std::vector<uint8_t>>& copies) : ck_(ck), copies_(copies) {}
 
   WeightMatrix mat(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str({rows, cols}));
@@ -29,7 +29,7 @@ class Binder {
     if (t->shape != std::vector<int64_t>{rows, cols}) return bad(name, t, "shape " + t->shape_str() + ", expected " + shape_str({rows, cols}));
     WeightMatrix w;
     w.dtype = t->dtype;
-    w.data = t->data;
+    w.data = aligned(t);
     w.rows = rows;
     w.cols = cols;
     bytes_ += static_cast<int64_t>(t->nbytes);
@@ -130,7 +130,17 @@ class Binder {
     return {};
   }
 
+  // The tensor's data, or an aligned copy when the file places it at an address that is not a
+  // multiple of its element size (reading it in place would be undefined behaviour).
+  const void* aligned(const TensorInfo* t) {
+    const size_t a = dtype_size(t->dtype);
+    if (a <= 1 || reinterpret_cast<uintptr_t>(t->data) % a == 0) return t->data;
+    copies_.emplace_back(t->data, t->data + t->nbytes);
+    return copies_.back().data();
+  }
+
   const Checkpoint& ck_;
+  std::vector<std::vector<uint8_t>>& copies_;
   std::vector<std::string> problems_;
   std::set<std::string> used_;
   int64_t bytes_ = 0;
@@ -234,8 +244,8 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights&
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
-  Binder b(ckpt);
   ModelWeights mw;
+  Binder b(ckpt, mw.aligned_copies);
   const std::string& P = c.tensor_prefix;
   const int64_t H = c.hidden_size;
   const bool attn_res = c.attn_res_block_size > 0;

@@ -61,6 +61,9 @@ struct ModelWeights {
   std::vector<float> final_norm;
   AttnResWeights out_res;
   std::vector<LayerWeights> layers;
+  // Copies of float tensors whose data is not aligned to their element size in the file (safetensors
+  // does not require alignment); everything else stays a view into the mapping.
+  std::vector<std::vector<uint8_t>> aligned_copies;
   int64_t bound_bytes = 0;   // bytes of all bound tensors
   int64_t unused_tensors = 0;  // tensors in the checkpoint the text model does not use (vision etc.)
 };

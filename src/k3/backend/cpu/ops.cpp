@@ -184,20 +184,25 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
                       n, cols, y + r, rows);
     return;
   }
-  // Several tokens: convert a row once into fp32 (exact), then dot it with every token.
+  // Several tokens: convert a row into fp32 (exact) and dot it with a block of tokens; blocks keep the
+  // activations cache-resident (a row is converted once per block of kTokBlock tokens).
+  constexpr int64_t kTokBlock = 64;
 #pragma omp parallel if (rows * cols * n > 65536)
   {
     std::vector<float> buf(static_cast<size_t>(cols));
+    for (int64_t t0 = 0; t0 < n; t0 += kTokBlock) {
+      const int64_t t1 = std::min(n, t0 + kTokBlock);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* wr;
-      if (W.dtype == DType::F32) {
-        wr = static_cast<const float*>(W.data) + r * cols;
-      } else {
-        dequant_row(W, r, buf.data());
-        wr = buf.data();
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* wr;
+        if (W.dtype == DType::F32) {
+          wr = static_cast<const float*>(W.data) + r * cols;
+        } else {
+          dequant_row(W, r, buf.data());
+          wr = buf.data();
+        }
+        for (int64_t t = t0; t < t1; ++t) y[t * rows + r] = dot_f32(wr, x + t * cols, cols);
       }
-      for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot_f32(wr, x + t * cols, cols);
     }
   }
 }
