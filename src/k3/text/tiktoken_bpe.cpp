@@ -151,10 +151,9 @@ const std::string* TiktokenBpe::bytes(int32_t r) const {
   return &bytes_[r];
 }
 
-int32_t TiktokenBpe::byte_rank(uint8_t b, std::string_view piece) const {
+int32_t TiktokenBpe::byte_rank(uint8_t b) const {
   const int32_t r = byte_ranks_[b];
   if (r < 0) {
-    (void)piece;
     throw Error("tokenizer vocabulary has no token for byte " + std::to_string(b) +
                 ", cannot encode");
   }
@@ -165,7 +164,7 @@ void TiktokenBpe::encode_piece(std::string_view piece, std::vector<int32_t>& out
                                MergeAlgo algo) const {
   if (piece.empty()) return;
   if (piece.size() == 1) {
-    out.push_back(byte_rank(static_cast<uint8_t>(piece[0]), piece));
+    out.push_back(byte_rank(static_cast<uint8_t>(piece[0])));
     return;
   }
   if (const int32_t r = lookup(piece); r >= 0) {  // tiktoken: whole piece is a token
@@ -211,7 +210,7 @@ void TiktokenBpe::merge_linear(std::string_view piece, std::vector<int32_t>& out
   }
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     const std::string_view tok = piece.substr(parts[i].start, parts[i + 1].start - parts[i].start);
-    out.push_back(tok.size() == 1 ? byte_rank(static_cast<uint8_t>(tok[0]), piece) : lookup(tok));
+    out.push_back(tok.size() == 1 ? byte_rank(static_cast<uint8_t>(tok[0])) : lookup(tok));
   }
 }
 
@@ -257,7 +256,7 @@ void TiktokenBpe::merge_heap(std::string_view piece, std::vector<int32_t>& out) 
   }
   for (uint32_t i = 0; i < n; i = next[i]) {
     const std::string_view tok = piece.substr(i, next[i] - i);
-    out.push_back(tok.size() == 1 ? byte_rank(static_cast<uint8_t>(tok[0]), piece) : lookup(tok));
+    out.push_back(tok.size() == 1 ? byte_rank(static_cast<uint8_t>(tok[0])) : lookup(tok));
   }
 }
 

@@ -47,7 +47,7 @@ class TiktokenBpe {
   void merge_linear(std::string_view piece, std::vector<int32_t>& out) const;
   void merge_heap(std::string_view piece, std::vector<int32_t>& out) const;
   int32_t lookup(std::string_view bytes) const;  // -1 if absent
-  int32_t byte_rank(uint8_t b, std::string_view piece) const;
+  int32_t byte_rank(uint8_t b) const;  // throws if the vocab lacks the byte
 
   std::vector<std::string> bytes_;  // rank -> bytes
   std::vector<uint8_t> present_;    // rank -> 1 if bytes_[rank] is a token

@@ -92,7 +92,7 @@ void Tokenizer::init_specials(const std::string& config_path) {
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view special_text) const {
-  const auto it = special_ids_.find(std::string(special_text));
+  const auto it = special_ids_.find(special_text);
   if (it == special_ids_.end()) return std::nullopt;
   return it->second;
 }
@@ -113,7 +113,7 @@ std::pair<size_t, int32_t> Tokenizer::find_special(std::string_view text, size_t
     if (!special_first_byte_[static_cast<uint8_t>(text[i])]) continue;
     const size_t max_len = std::min(max_special_len_, text.size() - i);
     for (size_t len = max_len; len > 0; --len) {  // longest first
-      const auto it = special_ids_.find(std::string(text.substr(i, len)));
+      const auto it = special_ids_.find(text.substr(i, len));
       if (it != special_ids_.end()) return {i, it->second};
     }
   }

@@ -58,7 +58,11 @@ class Tokenizer {
   Pretokenizer pre_;
   int32_t n_ranks_ = 0;
   std::vector<std::string> special_names_;  // index = id - n_ranks_
-  std::unordered_map<std::string, int32_t> special_ids_;
+  struct SvHash {  // heterogeneous lookup: find(string_view) without allocating
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, int32_t, SvHash, std::equal_to<>> special_ids_;
   size_t max_special_len_ = 0;
   bool special_first_byte_[256] = {};
   int32_t bos_id_ = -1, eos_id_ = -1;
