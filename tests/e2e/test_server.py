@@ -313,6 +313,36 @@ class ServerTest(unittest.TestCase):
         # the server keeps serving
         self.assertEqual(self.c.completions.create(model=MODEL, prompt="ok", max_tokens=1).object, "text_completion")
 
+    def test_error_body_too_large_sent_in_full(self):
+        # A client that sends its whole oversized body before reading must still get the 413: the
+        # server drains the rest before closing (closing with unread bytes sends a RST that loses
+        # the response; regression of the load test).
+        body = b'{"model": "tiny", "prompt": "' + b"a" * (40 * MAX_BODY) + b'"}'
+        s = socket.create_connection(("127.0.0.1", self.srv.port), timeout=30)
+        try:
+            head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %d\r\n\r\n" % len(body)).encode()
+
+            def send():
+                try:
+                    s.sendall(head + body)
+                except OSError:
+                    pass
+            t = threading.Thread(target=send)
+            t.start()
+            t.join(30)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            self.assertTrue(data.startswith(b"HTTP/1.1 413"), data[:200])
+            self.assertIn(b"Connection: close", data)
+        finally:
+            s.close()
+        self.assertEqual(self.c.completions.create(model=MODEL, prompt="ok", max_tokens=1).object, "text_completion")
+
     def test_error_bad_params(self):
         with self.assertRaises(openai.BadRequestError) as cm:
             self.c.completions.create(model=MODEL, prompt="x", temperature=-1)
@@ -350,6 +380,8 @@ class ServerTest(unittest.TestCase):
                           ("k3_time_per_output_token_seconds", "histogram"),
                           ("k3_e2e_request_latency_seconds", "histogram"), ("k3_num_requests_running", "gauge"),
                           ("k3_num_requests_waiting", "gauge"), ("k3_cache_usage_ratio", "gauge"),
+                          ("k3_cache_pages_used", "gauge"), ("k3_cache_state_slots_used", "gauge"),
+                          ("k3_cache_pages_total", "gauge"), ("k3_cache_state_slots_total", "gauge"),
                           ("k3_prefix_cache_queries_tokens_total", "counter"),
                           ("k3_prefix_cache_hits_tokens_total", "counter"), ("process_start_time_seconds", "gauge")]:
             self.assertEqual(types.get(name), typ, name)

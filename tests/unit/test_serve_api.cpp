@@ -76,6 +76,31 @@ TEST(ServeApi, ParseJsonBody) {
   }
 }
 
+TEST(ServeApi, ParseJsonBodyDepthLimit) {
+  // Regression (load test): a body nested a million levels deep crashed the server (recursive
+  // nlohmann copy/destroy on the I/O thread's stack). Now 400 before parsing.
+  auto nested = [](int d, const char* open, const char* close, const char* mid) {
+    std::string s = "{\"a\":";
+    for (int i = 0; i < d; ++i) s += open;
+    s += mid;
+    for (int i = 0; i < d; ++i) s += close;
+    return s + "}";
+  };
+  for (const std::string& bad : {nested(1000000, "[", "]", "1"), nested(200000, "{\"k\":", "}", "1"),
+                                 nested(600, "[", "]", "")}) {
+    try {
+      k3::serve::parse_json_body(bad);
+      ADD_FAILURE() << "accepted depth " << bad.size();
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(e.message.find("deeper"), std::string::npos) << e.message;
+    }
+  }
+  // within the limit, and brackets inside strings do not count
+  EXPECT_EQ(k3::serve::parse_json_body(nested(k3::serve::kMaxJsonDepth - 2, "[", "]", "7")).size(), 1u);
+  EXPECT_EQ(k3::serve::parse_json_body("{\"s\": \"" + std::string(5000, '[') + "\\\"[\"}")["s"].get<std::string>().size(), 5002u);
+}
+
 TEST(ServeApi, CompletionDefaults) {
   auto r = k3::serve::parse_generation_request(Endpoint::Completions, {{"prompt", "Hello"}}, fx().ctx());
   EXPECT_EQ(r.model, "tiny");

@@ -44,6 +44,12 @@ TEST(ServeMetrics, Page) {
   st.cache_bytes_used = 25;
   st.prefix_queries_tokens = 40;
   st.prefix_hit_tokens = 8;
+  st.cache_pages_total = 64;
+  st.cache_pages_used = 5;
+  st.cache_pages_cached = 7;
+  st.cache_slots_total = 32;
+  st.cache_slots_used = 2;
+  st.cache_checkpoints = 4;
   const std::string p = m.render(st);
   auto has = [&](const std::string& line) { EXPECT_NE(p.find(line + "\n"), std::string::npos) << line << "\n" << p; };
   has("# TYPE k3_requests_total counter");
@@ -60,6 +66,12 @@ TEST(ServeMetrics, Page) {
   has("k3_num_requests_running 2");
   has("k3_num_requests_waiting 3");
   has("k3_cache_usage_ratio 0.25");
+  has("k3_cache_pages_total 64");
+  has("k3_cache_pages_used 5");
+  has("k3_cache_pages_cached 7");
+  has("k3_cache_state_slots_total 32");
+  has("k3_cache_state_slots_used 2");
+  has("k3_cache_checkpoints 4");
   has("k3_prefix_cache_queries_tokens_total 40");
   has("k3_prefix_cache_hits_tokens_total 8");
   has("# TYPE process_start_time_seconds gauge");

@@ -16,7 +16,7 @@ BatchEngine::BatchEngine(const Model& model, const text::Tokenizer& tok, BatchEn
     throw Error("the prefix checkpoint interval (" + std::to_string(opt_.sched.checkpoint_interval) +
                 ") must be a multiple of the page size (" + std::to_string(cache_->page_tokens()) + " tokens)");
   sched_ = std::make_unique<Scheduler>(opt_.sched, *cache_);
-  cache_stats_ = cache_->stats();
+  update_cache_stats_locked();  // no other thread yet
   seed_counter_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   thread_ = std::thread([this] { loop(); });
 }
@@ -90,7 +90,7 @@ void BatchEngine::finish(Sequence* s, RequestOutput o) {
     std::lock_guard lk(mu_);
     stats_.running = sched_->num_running();
     stats_.waiting = sched_->num_waiting() + static_cast<int64_t>(inbox_.size());
-    cache_stats_ = cache_->stats();
+    update_cache_stats_locked();
   }
   owned->deliver(o);  // after the books are updated: a client seeing its final output sees it gone
 }
@@ -178,9 +178,19 @@ void BatchEngine::step() {
   stats_.preemptions = sched_->preemptions();
   stats_.prompt_tokens_total += prompt_tokens;
   stats_.generation_tokens_total += gen_tokens;
+  update_cache_stats_locked();
+}
+
+void BatchEngine::update_cache_stats_locked() {
   cache_stats_ = cache_->stats();
   stats_.cache_bytes_total = cache_stats_.bytes_total;
   stats_.cache_bytes_used = cache_stats_.bytes_used;
+  stats_.cache_pages_total = cache_stats_.pages_total;
+  stats_.cache_pages_used = cache_stats_.pages_used;
+  stats_.cache_pages_cached = cache_stats_.pages_cached;
+  stats_.cache_slots_total = cache_stats_.slots_total;
+  stats_.cache_slots_used = cache_stats_.slots_used;
+  stats_.cache_checkpoints = cache_stats_.checkpoints;
   stats_.prefix_queries_tokens = cache_stats_.prefix_query_tokens;
   stats_.prefix_hit_tokens = cache_stats_.prefix_hit_tokens;
 }

@@ -44,6 +44,7 @@ class BatchEngine final : public Engine {
   void loop();
   void step();
   void finish(Sequence* s, RequestOutput o);
+  void update_cache_stats_locked();  // stats_ / cache_stats_ from the cache; engine thread, mu_ held
 
   const Model& model_;
   const text::Tokenizer& tok_;

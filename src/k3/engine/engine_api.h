@@ -51,6 +51,10 @@ using OutputCallback = std::function<void(const RequestOutput&)>;
 struct EngineStats {
   int64_t running = 0, waiting = 0;
   int64_t cache_bytes_total = 0, cache_bytes_used = 0;
+  // Cache books (0 when the engine has no paged cache): pages referenced by live sequences, pages
+  // held only by the prefix cache (evictable), KDA state slots of live sequences, prefix checkpoints.
+  int64_t cache_pages_total = 0, cache_pages_used = 0, cache_pages_cached = 0;
+  int64_t cache_slots_total = 0, cache_slots_used = 0, cache_checkpoints = 0;
   int64_t prefix_queries_tokens = 0, prefix_hit_tokens = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;

@@ -123,6 +123,18 @@ std::string Metrics::render(const engine::EngineStats& st) const {
   head(out, "k3_cache_usage_ratio", "gauge", "Fraction of the engine's sequence cache in use (0..1).");
   out += "k3_cache_usage_ratio " +
          prom_number(st.cache_bytes_total > 0 ? double(st.cache_bytes_used) / double(st.cache_bytes_total) : 0.0) + "\n";
+  head(out, "k3_cache_pages_total", "gauge", "MLA latent pages of the engine's cache.");
+  out += "k3_cache_pages_total " + std::to_string(st.cache_pages_total) + "\n";
+  head(out, "k3_cache_pages_used", "gauge", "Cache pages referenced by live sequences.");
+  out += "k3_cache_pages_used " + std::to_string(st.cache_pages_used) + "\n";
+  head(out, "k3_cache_pages_cached", "gauge", "Cache pages held only by the prefix cache (evictable).");
+  out += "k3_cache_pages_cached " + std::to_string(st.cache_pages_cached) + "\n";
+  head(out, "k3_cache_state_slots_total", "gauge", "KDA state slots of the engine's cache.");
+  out += "k3_cache_state_slots_total " + std::to_string(st.cache_slots_total) + "\n";
+  head(out, "k3_cache_state_slots_used", "gauge", "KDA state slots held by live sequences.");
+  out += "k3_cache_state_slots_used " + std::to_string(st.cache_slots_used) + "\n";
+  head(out, "k3_cache_checkpoints", "gauge", "Prefix-cache KDA state checkpoints held (evictable).");
+  out += "k3_cache_checkpoints " + std::to_string(st.cache_checkpoints) + "\n";
   head(out, "k3_prefix_cache_queries_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
   out += "k3_prefix_cache_queries_tokens_total " + std::to_string(st.prefix_queries_tokens) + "\n";
   head(out, "k3_prefix_cache_hits_tokens_total", "counter", "Prompt tokens found in the prefix cache.");

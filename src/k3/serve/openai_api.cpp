@@ -24,8 +24,33 @@ json error_json(const ApiError& e) {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+namespace {
+// Nesting depth of the JSON text's arrays/objects (brackets inside strings do not count); stops
+// counting once past `limit`. Invalid JSON is the parser's business.
+int json_depth(std::string_view s, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_str = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_str) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth && (max_depth = depth) > limit) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+}  // namespace
+
 json parse_json_body(std::string_view body) {
   if (!text::is_valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
+  if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
+    throw ApiError(400, "the request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   json j;
   try {
     j = json::parse(body.begin(), body.end());

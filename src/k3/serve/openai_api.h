@@ -28,7 +28,11 @@ nlohmann::json error_json(const ApiError& e);
 // Compact JSON; invalid UTF-8 in strings (e.g. a lone byte token's text) becomes U+FFFD.
 std::string dump(const nlohmann::json& j);
 
-// Body -> JSON object. 400 for invalid UTF-8, invalid JSON or a non-object.
+// Deepest array/object nesting a request body may have. nlohmann::json parses iteratively but copies,
+// compares and dumps recursively: an 8 MiB body of `[[[[...` nested a million deep overflowed the stack.
+inline constexpr int kMaxJsonDepth = 512;
+
+// Body -> JSON object. 400 for invalid UTF-8, invalid JSON, nesting deeper than kMaxJsonDepth or a non-object.
 nlohmann::json parse_json_body(std::string_view body);
 
 enum class Endpoint { Chat, Completions };

@@ -120,17 +120,17 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();
     }
     if (ec == http::error::body_limit) {
-      close_after_ = true;
+      close_after_ = linger_ = true;
       return send_error("other", ApiError(413, "the request body is larger than the limit of " +
                                                    std::to_string(srv_.opt.max_body_bytes) + " bytes",
                                           "", "invalid_request_error", "request_too_large"));
     }
     if (ec == http::error::header_limit) {
-      close_after_ = true;
+      close_after_ = linger_ = true;
       return send_error("other", ApiError(431, "the request headers are too large"));
     }
     if (ec) {
-      close_after_ = true;
+      close_after_ = linger_ = true;
       return send_error("other", ApiError(400, std::string("malformed HTTP request: ") + ec.message()));
     }
     stream_.expires_never();
@@ -240,12 +240,13 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string extra;
     if (e.status == 405 && !allow_.empty()) extra += "Allow: " + allow_ + "\r\n";
     if (e.status == 429 || e.status == 503) extra += "Retry-After: 1\r\n";
-    if (e.status == 413 || (e.status == 400 && parser_ && !parser_->is_done())) close_after_ = true;
+    if (e.status == 413 || (e.status == 400 && parser_ && !parser_->is_done())) close_after_ = linger_ = true;
     send_response(e.status, dump(error_json(e)), "application/json", extra);
   }
 
   // Response fully written: next request, or close.
   void finish_exchange() {
+    if (linger_ && !client_gone_ && !monitor_pending_) return linger();
     if (close_after_ || client_gone_ || srv_.draining) return close();
     if (monitor_pending_) {
       resume_after_monitor_ = true;
@@ -254,6 +255,30 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     do_read();
+  }
+
+  // The request was rejected before it was read to the end (413, 431, malformed HTTP): the client may
+  // still be sending. Closing now, with its bytes unread, makes the kernel send a RST that can destroy
+  // our error response in flight (the client sees "connection reset" / EPIPE instead of the 413).
+  // So: half-close, then read and discard until the client closes too, at most kLingerSeconds.
+  static constexpr double kLingerSeconds = 5.0;
+  void linger() {
+    linger_ = false;
+    beast::error_code ignore;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignore);
+    stream_.expires_after(dur(kLingerSeconds));
+    linger_buf_.resize(64 * 1024);
+    drain();
+  }
+  void drain() {
+    stream_.async_read_some(net::buffer(linger_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->linger_buf_.clear();
+        self->linger_buf_.shrink_to_fit();
+        return self->close();
+      }
+      self->drain();
+    });
   }
 
   void close() {
@@ -506,7 +531,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> req_;
   std::string endpoint_ = "other", allow_;
-  bool close_after_ = false, closed_ = false, writing_ = false;
+  bool close_after_ = false, closed_ = false, writing_ = false, linger_ = false;
+  std::vector<char> linger_buf_;
   bool monitor_pending_ = false, resume_after_monitor_ = false, client_gone_ = false;
   Clock::time_point arrival_;
   std::deque<std::string> outq_;
