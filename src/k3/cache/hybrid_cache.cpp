@@ -48,7 +48,12 @@ HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_
     throw Error("cache memory " + mib(opt.budget_bytes) + " is too small: " + std::to_string(opt.max_num_seqs) +
                 " sequences need " + mib(opt.max_num_seqs * slot_b) + " of KDA state (" + std::to_string(slot_b) +
                 " bytes each) plus latent pages; raise --cache-memory or lower --max-num-seqs");
-  int64_t ckpt = opt.prefix_caching ? (opt.checkpoint_slots < 0 ? opt.max_num_seqs : opt.checkpoint_slots) : 0;
+  // Default: a quarter of what is left after the running sequences' slots, at least max_num_seqs
+  // (a load test with 256 distinct prompts and only 64 checkpoints hit 35% of the reusable prefix).
+  const int64_t rest = opt.budget_bytes - opt.max_num_seqs * slot_b;
+  int64_t ckpt = opt.prefix_caching
+                     ? (opt.checkpoint_slots < 0 ? std::max(opt.max_num_seqs, rest / 4 / slot_b) : opt.checkpoint_slots)
+                     : 0;
   // Checkpoints may take at most half of what is left after the running sequences' slots.
   ckpt = std::min(ckpt, (opt.budget_bytes - opt.max_num_seqs * slot_b) / 2 / slot_b);
   n_slots_ = opt.max_num_seqs + ckpt;

@@ -24,7 +24,8 @@ struct CacheOptions {
   int64_t page_tokens = 16;
   int64_t max_num_seqs = 64;       // slots reserved for running sequences
   bool prefix_caching = true;
-  int64_t checkpoint_slots = -1;   // extra slots for prefix checkpoints; -1: max_num_seqs
+  int64_t checkpoint_slots = -1;   // extra slots for prefix checkpoints; -1: a quarter of the budget left
+                                   // after the running slots (at least max_num_seqs)
 };
 
 class HybridCache;
