@@ -61,27 +61,43 @@ void moe_layer(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
     cpu::matmul(w.latent_down, x, n, z.data());
     xin = z.data();
   }
-  std::vector<float> acc(static_cast<size_t>(n * X), 0.f);
+  // Experts run in parallel (each one's matmuls single-threaded, nested); their outputs are then
+  // added per token in expert-id order, so results do not depend on the thread count or on batching.
   const int64_t I = c.moe_intermediate_size;
-  std::vector<float> xe, ge, ue, ye;
-  for (int64_t e = 0; e < E; ++e) {
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
+  std::vector<std::vector<float>> ys(static_cast<size_t>(E));
+  const int64_t n_active = static_cast<int64_t>(active.size());
+  auto one = [&](int64_t ai) {
+    const int64_t e = active[static_cast<size_t>(ai)];
     const auto& toks = by_expert[static_cast<size_t>(e)];
-    if (toks.empty()) continue;
     const int64_t m = static_cast<int64_t>(toks.size());
-    xe.resize(static_cast<size_t>(m * X));
-    ge.resize(static_cast<size_t>(m * I));
-    ue.resize(static_cast<size_t>(m * I));
+    std::vector<float> xe(static_cast<size_t>(m * X)), ge(static_cast<size_t>(m * I)), ue(static_cast<size_t>(m * I));
+    std::vector<float>& ye = ys[static_cast<size_t>(e)];
     ye.resize(static_cast<size_t>(m * X));
-    for (int64_t j = 0; j < m; ++j) std::copy(xin + toks[static_cast<size_t>(j)].first * X, xin + (toks[static_cast<size_t>(j)].first + 1) * X, xe.data() + j * X);
+    for (int64_t j = 0; j < m; ++j)
+      std::copy(xin + toks[static_cast<size_t>(j)].first * X, xin + (toks[static_cast<size_t>(j)].first + 1) * X, xe.data() + j * X);
     const GluMlp& ex = w.experts[static_cast<size_t>(e)];
     cpu::matmul(ex.gate, xe.data(), m, ge.data());
     cpu::matmul(ex.up, xe.data(), m, ue.data());
     glu_act(c, ge.data(), ue.data(), m * I);
     cpu::matmul(ex.down, ge.data(), m, ye.data());
-    for (int64_t j = 0; j < m; ++j) {
-      const auto [t, p] = toks[static_cast<size_t>(j)];
+    };
+  if (n < 4) {  // a handful of tokens: the matmuls parallelise inside
+    for (int64_t ai = 0; ai < n_active; ++ai) one(ai);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t ai = 0; ai < n_active; ++ai) one(ai);
+  }
+  std::vector<float> acc(static_cast<size_t>(n * X), 0.f);
+  for (int64_t e : active) {
+    const auto& toks = by_expert[static_cast<size_t>(e)];
+    const std::vector<float>& ye = ys[static_cast<size_t>(e)];
+    for (size_t j = 0; j < toks.size(); ++j) {
+      const auto [t, p] = toks[j];
       float* a = acc.data() + t * X;
-      const float* y = ye.data() + j * X;
+      const float* y = ye.data() + static_cast<int64_t>(j) * X;
       for (int64_t d = 0; d < X; ++d) a[d] += p * y[d];
     }
   }

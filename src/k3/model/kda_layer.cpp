@@ -51,7 +51,10 @@ void kda_layer(const ModelConfig& c, const KdaWeights& w, int64_t kda_index, con
   for (auto& b : beta) b = cpu::sigmoidf(b);
 
   std::vector<float> o(NC);
-  for (const SeqSpan& s : seqs) {
+  // Sequences are independent here: with several, parallelise over them (the kernels' own parallel
+  // regions then run single-threaded, nested); results do not depend on the thread count.
+  const int64_t n_seqs = static_cast<int64_t>(seqs.size());
+  auto one = [&](const SeqSpan& s) {
     KdaStateView st = s.cache->kda_state(kda_index);
     const size_t off = static_cast<size_t>(s.offset * C);
     const int n = static_cast<int>(s.n);
@@ -65,6 +68,12 @@ void kda_layer(const ModelConfig& c, const KdaWeights& w, int64_t kda_index, con
       cpu::kda_chunked(n, static_cast<int>(Hk), static_cast<int>(D), chunk, q.data() + off, k.data() + off, v.data() + off, g.data() + off, bt, st.S, o.data() + off);
     else
       cpu::kda_recurrent(n, static_cast<int>(Hk), static_cast<int>(D), q.data() + off, k.data() + off, v.data() + off, g.data() + off, bt, st.S, o.data() + off);
+  };
+  if (n_seqs == 1) {
+    one(seqs[0]);  // the kernels parallelise inside
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t si = 0; si < n_seqs; ++si) one(seqs[static_cast<size_t>(si)]);
   }
 
   // Output: per-head RMSNorm(o_norm) times sigmoid(output gate).

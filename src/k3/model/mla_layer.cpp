@@ -91,8 +91,10 @@ void mla_layer(const ModelConfig& c, const MlaWeights& w, int64_t mla_index, con
   cpu::rmsnorm(lat.data(), w.kv_a_norm.data(), N, kr, c.mla_norm_eps, cd, lat.data());
 
   std::vector<float> o(static_cast<size_t>(N * nh * dv));
-  std::vector<const float*> rows;
-  for (const SeqSpan& s : seqs) {
+  // Sequences are independent: parallel over them when there are several (see kda_layer.cpp).
+  const int64_t n_seqs = static_cast<int64_t>(seqs.size());
+  auto one = [&](const SeqSpan& s) {
+    std::vector<const float*> rows;
     const int64_t P = s.cache->n_past();
     for (int64_t t = 0; t < s.n; ++t) {
       const float* src = lat.data() + (s.offset + t) * cd;
@@ -106,6 +108,12 @@ void mla_layer(const ModelConfig& c, const MlaWeights& w, int64_t mla_index, con
       attend_mha(c, w, qs, s.n, P, rows, scale, os);
     else
       attend_absorbed(c, w, qs, s.n, P, rows, scale, os);
+  };
+  if (n_seqs == 1) {
+    one(seqs[0]);  // the kernels parallelise inside
+  } else {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t si = 0; si < n_seqs; ++si) one(seqs[static_cast<size_t>(si)]);
   }
 
   if (c.mla_output_gate) {
