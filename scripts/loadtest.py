@@ -154,7 +154,7 @@ class ServerProc:
         return -1
 
     def cache_pool_rss_kib(self, min_size_kib=128 * 1024):
-        """Resident KiB of the anonymous mappings larger than 128 MiB: the engine's latent-page pool
+        """Resident KiB of the anonymous mappings larger than 128 MiB: the engine's cache arena (latent pages + state slots)
         (allocated once at --cache-memory, touched lazily as pages are first used; glibc arenas are
         at most 64 MiB). Its growth is the cache filling its budget, not a leak."""
         total = 0

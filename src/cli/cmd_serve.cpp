@@ -1,4 +1,6 @@
 // `k3 serve [-m DIR] [--host H] [--port P] ...`: the OpenAI-compatible HTTP server (docs/serving.md).
+#include <malloc.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -51,6 +53,10 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
   cmd->callback([&reg, o] {
     reg.action = [o] {
+      // Few malloc arenas: with one per thread (glibc's default), freed request memory stays spread over
+      // per-thread arenas and RSS crept up by ~15 MiB per load-test round (+6.6 MiB with two arenas, 0 with one)
+      // (docs/perf/serve-loadtest.md).
+      ::mallopt(M_ARENA_MAX, 1);
       const auto t0 = std::chrono::steady_clock::now();
       const std::string dir = resolve_model_dir(o->model);
       auto model = k3::Model::load(dir);

@@ -60,8 +60,11 @@ HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_
   n_pages_ = (opt.budget_bytes - n_slots_ * slot_b) / page_b;
 
   // Allocated but not touched: memory is committed page by page as sequences use it.
-  pages_.reset(new float[static_cast<size_t>(n_pages_ * page_floats_)]);
-  slots_.reset(new float[static_cast<size_t>(n_slots_ * slot_floats_)]);
+  // One allocation for the whole budget (pages, then slots): the cache is one region of the process's
+  // memory, sized once, that fills as it is used.
+  arena_.reset(new float[static_cast<size_t>(n_pages_ * page_floats_ + n_slots_ * slot_floats_)]);
+  pages_ = arena_.get();
+  slots_ = arena_.get() + n_pages_ * page_floats_;
   page_meta_.resize(static_cast<size_t>(n_pages_));
   for (int64_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   for (int64_t s = n_slots_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));

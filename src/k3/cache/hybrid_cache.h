@@ -117,8 +117,8 @@ class HybridCache {
     std::list<int32_t>::iterator lru;
   };
 
-  float* page_ptr(int32_t p) { return pages_.get() + static_cast<size_t>(p) * static_cast<size_t>(page_floats_); }
-  float* slot_ptr(int32_t s) { return slots_.get() + static_cast<size_t>(s) * static_cast<size_t>(slot_floats_); }
+  float* page_ptr(int32_t p) { return pages_ + static_cast<size_t>(p) * static_cast<size_t>(page_floats_); }
+  float* slot_ptr(int32_t s) { return slots_ + static_cast<size_t>(s) * static_cast<size_t>(slot_floats_); }
   int32_t alloc_page();  // -1 if none (after evicting)
   void ref_page(int32_t p, bool by_checkpoint);
   void unref_page(int32_t p, bool by_checkpoint);
@@ -133,7 +133,9 @@ class HybridCache {
   CacheOptions opt_;
   int64_t B_, row_dim_, n_mla_, page_floats_, slot_floats_, kda_state_floats_, conv_floats_;
   int64_t n_pages_ = 0, n_slots_ = 0;
-  std::unique_ptr<float[]> pages_, slots_;
+  std::unique_ptr<float[]> arena_;  // allocated, touched page by page as it is used
+  float* pages_ = nullptr;          // [n_pages][page_floats]
+  float* slots_ = nullptr;          // [n_slots][slot_floats]
   std::vector<Page> page_meta_;
   std::vector<int32_t> free_pages_, free_slots_;
   std::list<int32_t> page_lru_;  // evictable cached pages, least recently used first
