@@ -10,6 +10,7 @@ Deterministic (seeded). Writes, under tests/data/tokenizer/:
   kimi_classes.json    per regex atom, the code point ranges tiktoken's regex engine puts in it
 Usage: python3 python/gen_tokenizer_goldens.py   (from the project root; needs tiktoken)
 """
+import sys
 import base64
 import json
 import random
@@ -22,17 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 OUT = ROOT / "tests" / "data" / "tokenizer"
 
-# Exactly Kimi's pat_str (tokenization_kimi.py); tiktoken supports && natively.
-KIMI_PAT = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+# Exactly Kimi's pat_str (tokenization_kimi.py); tiktoken supports && natively. One copy, in k3tiny.common.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from k3tiny.common import KIMI_PAT_STR as KIMI_PAT  # noqa: E402
+
 # tiktoken_ext.openai_public cl100k_base pat_str.
 CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 

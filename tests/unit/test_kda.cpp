@@ -1,6 +1,8 @@
 // KDA kernels vs independent float64 references (model-spec 3.2).
 #include <gtest/gtest.h>
 
+#include "kernel_test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -92,25 +94,8 @@ void kda_ref(const KdaInputs& in, std::vector<double>& out, std::vector<double>&
     }
 }
 
-template <class A, class B>
-double rel_err(const A& got, const B& ref) {
-  EXPECT_EQ(got.size(), ref.size());
-  double md = 0, mr = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(double(got[i]))) return INFINITY;
-    md = std::max(md, std::fabs(double(got[i]) - double(ref[i])));
-    mr = std::max(mr, std::fabs(double(ref[i])));
-  }
-  return mr > 0 ? md / mr : md;
-}
-
-struct Worst {
-  double v = 0;
-  const char* what;
-  explicit Worst(const char* w) : what(w) {}
-  void add(double x) { v = std::max(v, x); }
-  ~Worst() { std::printf("[ max rel err ] %s: %.3g\n", what, v); }
-};
+using k3test::rel_err;
+using k3test::Worst;
 
 const int kDs[] = {16, 32, 128};
 const int kHs[] = {1, 3};

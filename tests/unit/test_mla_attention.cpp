@@ -1,6 +1,8 @@
 // MLA attention cores vs float64 references and the absorption identity (model-spec 3.3).
 #include <gtest/gtest.h>
 
+#include "kernel_test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,25 +22,8 @@ Vec randn(std::size_t n, std::mt19937& rng, float sd) {
   return x;
 }
 
-template <class A, class B>
-double rel_err(const A& got, const B& ref) {
-  EXPECT_EQ(got.size(), ref.size());
-  double md = 0, mr = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(double(got[i]))) return INFINITY;
-    md = std::max(md, std::fabs(double(got[i]) - double(ref[i])));
-    mr = std::max(mr, std::fabs(double(ref[i])));
-  }
-  return mr > 0 ? md / mr : md;
-}
-
-struct Worst {
-  double v = 0;
-  const char* what;
-  explicit Worst(const char* w) : what(w) {}
-  void add(double x) { v = std::max(v, x); }
-  ~Worst() { std::printf("[ max rel err ] %s: %.3g\n", what, v); }
-};
+using k3test::rel_err;
+using k3test::Worst;
 
 // float64 causal attention with explicit q.k over [q_nope | q_pe] . [k_nope_h | k_pe].
 std::vector<double> mha_ref(int T, int P, int nh, int dn, int dr, int dv, const Vec& q, const Vec& kn,
