@@ -1,0 +1,203 @@
+// MXFP4 / bf16 GEMV kernels (see mxfp4_gemv.h). W4A16-style: weights are dequantised in registers.
+//
+// MXFP4 layout per warp: each warp owns kRowsPerWarp rows; lane l handles groups g = l, l+32, ...
+// of every one of its rows. One group = 32 weights = 16 packed bytes = one 16-byte load, so a warp's
+// loads of a row are 512 contiguous bytes (coalesced) and each lane needs exactly one scale per load.
+// E2M1 -> fp16 by bit placement: sign to bit 15, (e1 e0 m) to bits 11..9 gives the E2M1 value times
+// 2^-14 exactly (e = 0 lands on fp16 subnormals, which is what E2M1 e = 0 means), two at a time as
+// half2; the 2^14 is folded into the group scale. x is staged once per block in shared memory as fp32,
+// padded by one float every 32 so that lanes reading different groups hit different banks.
+#include "k3/backend/cuda/mxfp4_gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace k3::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
+
+__device__ __forceinline__ float load_x(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float load_x(const uint16_t* x, int64_t i) {
+  return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 2^(s-127) * 2^14 (the fp16 decode's bias); s == 255 is NaN.
+__device__ __forceinline__ float e8m0_scale_x2p14(uint32_t s) {
+  if (s <= 240u) return __uint_as_float((s + 14u) << 23);
+  if (s == 255u) return __uint_as_float(0x7fc00000u);
+  return ldexpf(1.0f, static_cast<int>(s) - 113);
+}
+
+// Dot of 8 E2M1 values packed in w (element 2i = low nibble of byte i) with xs[0..7] (shared, fp32).
+__device__ __forceinline__ float dot8(uint32_t w, const float* xs) {
+  // Even elements (low nibbles) of bytes 0,2 and 1,3; odd elements (high nibbles) likewise.
+  const uint32_t e02 = ((w & 0x00080008u) << 12) | ((w & 0x00070007u) << 9);         // elems 0, 4
+  const uint32_t o02 = ((w & 0x00800080u) << 8) | ((w & 0x00700070u) << 5);          // elems 1, 5
+  const uint32_t e13 = ((w & 0x08000800u) << 4) | ((w & 0x07000700u) << 1);          // elems 2, 6
+  const uint32_t o13 = ((w & 0x80008000u)) | ((w & 0x70007000u) >> 3);               // elems 3, 7
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&e02));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&o02));
+  const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&e13));
+  const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&o13));
+  float s = a.x * xs[0];
+  s = fmaf(b.x, xs[1], s);
+  s = fmaf(c.x, xs[2], s);
+  s = fmaf(d.x, xs[3], s);
+  s = fmaf(a.y, xs[4], s);
+  s = fmaf(b.y, xs[5], s);
+  s = fmaf(c.y, xs[6], s);
+  s = fmaf(d.y, xs[7], s);
+  return s;
+}
+
+template <typename XT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    mxfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales, int64_t rows,
+                      int64_t cols, const XT* __restrict__ x, float* __restrict__ y) {
+  extern __shared__ float xs[];  // cols + cols/32 floats: element i at i + i/32
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) xs[i + (i >> 5)] = load_x(x, i);
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsPerWarp;
+  if (row0 >= rows) return;
+  const int64_t groups = cols >> 5;
+  const uint4* prow[kRowsPerWarp];
+  const uint8_t* srow[kRowsPerWarp];
+  bool valid[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    valid[r] = row0 + r < rows;
+    const int64_t rr = valid[r] ? row0 + r : row0;  // invalid rows re-read row0 (never stored)
+    prow[r] = reinterpret_cast<const uint4*>(packed + rr * (cols >> 1));
+    srow[r] = scales + rr * groups;
+  }
+  float acc[kRowsPerWarp] = {};
+#pragma unroll 2
+  for (int64_t g = lane; g < groups; g += 32) {
+    uint4 q[kRowsPerWarp];
+    uint32_t s[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      q[r] = __ldg(prow[r] + g);
+      s[r] = __ldg(srow[r] + g);
+    }
+    const float* xg = xs + g * 33;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      float gs = dot8(q[r].x, xg);
+      gs += dot8(q[r].y, xg + 8);
+      gs += dot8(q[r].z, xg + 16);
+      gs += dot8(q[r].w, xg + 24);
+      acc[r] = fmaf(gs, e8m0_scale_x2p14(s[r]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && valid[r]) y[row0 + r] = v;
+  }
+}
+
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+// Dense bf16: lane l handles 8-element chunks c = l, l+32, ...; x read straight from global (L1-resident,
+// coalesced: the warp's chunk reads are contiguous).
+template <typename XT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t rows, int64_t cols, const XT* __restrict__ x,
+                     float* __restrict__ y) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsPerWarp;
+  if (row0 >= rows) return;
+  const int64_t chunks = cols >> 3;
+  const uint4* prow[kRowsPerWarp];
+  bool valid[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    valid[r] = row0 + r < rows;
+    prow[r] = reinterpret_cast<const uint4*>(W + (valid[r] ? row0 + r : row0) * cols);
+  }
+  float acc[kRowsPerWarp] = {};
+#pragma unroll 2
+  for (int64_t c = lane; c < chunks; c += 32) {
+    uint4 q[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) q[r] = __ldg(prow[r] + c);
+    float xv[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) xv[k] = load_x(x, c * 8 + k);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const uint32_t w4[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 wf = bf16x2_to_float2(w4[k]);
+        acc[r] = fmaf(wf.x, xv[2 * k], acc[r]);
+        acc[r] = fmaf(wf.y, xv[2 * k + 1], acc[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && valid[r]) y[row0 + r] = v;
+  }
+}
+
+template <typename XT>
+cudaError_t launch_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, const XT* x,
+                         float* y, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || cols % 32 != 0 || (reinterpret_cast<uintptr_t>(packed) & 15u) != 0)
+    return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(cols + cols / 32) * sizeof(float);
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(mxfp4_gemv_kernel<XT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  mxfp4_gemv_kernel<XT><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, stream>>>(packed, scales, rows,
+                                                                                              cols, x, y);
+  return cudaGetLastError();
+}
+
+template <typename XT>
+cudaError_t launch_bf16(const uint16_t* W, int64_t rows, int64_t cols, const XT* x, float* y, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || cols % 8 != 0 || (reinterpret_cast<uintptr_t>(W) & 15u) != 0)
+    return cudaErrorInvalidValue;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  bf16_gemv_kernel<XT><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(W, rows, cols, x, y);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t mxfp4_gemv(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, const float* x,
+                       float* y, cudaStream_t stream) {
+  return launch_mxfp4(packed, scales, rows, cols, x, y, stream);
+}
+cudaError_t mxfp4_gemv(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols, const uint16_t* x,
+                       float* y, cudaStream_t stream) {
+  return launch_mxfp4(packed, scales, rows, cols, x, y, stream);
+}
+cudaError_t bf16_gemv(const uint16_t* W, int64_t rows, int64_t cols, const float* x, float* y, cudaStream_t stream) {
+  return launch_bf16(W, rows, cols, x, y, stream);
+}
+cudaError_t bf16_gemv(const uint16_t* W, int64_t rows, int64_t cols, const uint16_t* x, float* y,
+                      cudaStream_t stream) {
+  return launch_bf16(W, rows, cols, x, y, stream);
+}
+
+}  // namespace k3::cuda
