@@ -94,6 +94,7 @@ void HybridCache::ref_page(int32_t p, bool by_checkpoint) {
     page_lru_.erase(pg.lru);
     pg.in_lru = false;
   }
+  if (!by_checkpoint && pg.refs == pg.ckpt_refs) ++pages_used_;  // first sequence reference
   ++pg.refs;
   if (by_checkpoint) ++pg.ckpt_refs;
 }
@@ -102,6 +103,7 @@ void HybridCache::unref_page(int32_t p, bool by_checkpoint) {
   Page& pg = page_meta_[static_cast<size_t>(p)];
   --pg.refs;
   if (by_checkpoint) --pg.ckpt_refs;
+  if (!by_checkpoint && pg.refs == pg.ckpt_refs) --pages_used_;  // last sequence reference gone
   if (pg.refs > 0) return;
   if (pg.in_trie) {
     pg.lru = page_lru_.insert(page_lru_.end(), p);
@@ -160,7 +162,8 @@ int32_t HybridCache::alloc_page() {
   const int32_t p = free_pages_.back();
   free_pages_.pop_back();
   page_meta_[static_cast<size_t>(p)] = Page{};
-  page_meta_[static_cast<size_t>(p)].refs = 1;
+  page_meta_[static_cast<size_t>(p)].refs = 1;  // the caller's reference (a sequence's, or see save_checkpoint)
+  ++pages_used_;
   return p;
 }
 
@@ -323,7 +326,8 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
       return;
     }
     std::memcpy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_floats_) * 4);
-    ++page_meta_[static_cast<size_t>(snap)].ckpt_refs;
+    ++page_meta_[static_cast<size_t>(snap)].ckpt_refs;  // the reference is the checkpoint's
+    --pages_used_;
   }
   std::memcpy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_floats_) * 4);
   if (last >= 0) ref_page(last, true);
@@ -346,11 +350,16 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
   ++n_ckpts_;
 }
 
+int64_t HybridCache::count_used_pages_slow() const {
+  int64_t n = 0;
+  for (const Page& p : page_meta_) n += (p.refs - p.ckpt_refs > 0);
+  return n;
+}
+
 CacheStats HybridCache::stats() const {
   CacheStats st;
   st.pages_total = n_pages_;
-  for (const Page& p : page_meta_)
-    if (p.refs - p.ckpt_refs > 0) ++st.pages_used;
+  st.pages_used = pages_used_;  // kept incrementally: stats() runs every engine step
   st.pages_cached = n_pages_ - static_cast<int64_t>(free_pages_.size()) - st.pages_used;
   st.slots_total = n_slots_;
   st.slots_used = slots_used_;

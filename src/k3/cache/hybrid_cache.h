@@ -94,6 +94,9 @@ class HybridCache {
   void save_checkpoint(PagedSequence& s, std::span<const int32_t> tokens);
 
   CacheStats stats() const;
+  // Recounts the pages with a sequence reference by scanning every page (stats() keeps the count
+  // incrementally); for tests.
+  int64_t count_used_pages_slow() const;
 
  private:
   friend class PagedSequence;
@@ -145,6 +148,7 @@ class HybridCache {
   std::list<int32_t> ckpt_lru_;
   std::unordered_multimap<int32_t, int32_t> ckpt_by_page_;  // last_page -> checkpoint id
   int64_t slots_used_ = 0, n_ckpts_ = 0;
+  int64_t pages_used_ = 0;  // pages with at least one sequence reference
   int64_t query_tokens_ = 0, hit_tokens_ = 0;
 };
 

@@ -1,0 +1,65 @@
+// The hybrid cache's books under a random mix of operations: the incremental used-page count equals a
+// full recount, prefix hits return exactly the checkpointed length, and releasing everything leaves
+// nothing used.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "k3/cache/hybrid_cache.h"
+#include "k3/model/config.h"
+#include "test_util.h"
+
+TEST(HybridCache, BooksStayConsistentUnderRandomOperations) {
+  const k3::ModelConfig cfg = k3::load_model_config(k3test::source_path("tests/data/tiny-k3"));
+  k3::cache::CacheOptions opt;
+  opt.page_tokens = 4;
+  opt.max_num_seqs = 6;
+  opt.budget_bytes = 6 * 60000 + 40 * 4 * 3 * 40 * 4 + 200000;  // few slots, a few dozen pages
+  k3::cache::HybridCache cache(cfg, opt);
+  std::mt19937 rng(5);
+  std::vector<std::unique_ptr<k3::cache::PagedSequence>> live;
+  std::vector<std::vector<int32_t>> toks;
+  int hits = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const int op = static_cast<int>(rng() % 4);
+    if (op == 0 && static_cast<int64_t>(live.size()) < opt.max_num_seqs) {
+      // A new sequence sharing a random prefix with an old one.
+      auto s = std::make_unique<k3::cache::PagedSequence>(cache);
+      if (!cache.acquire_slot(*s)) continue;
+      std::vector<int32_t> t;
+      if (!toks.empty() && rng() % 2) {
+        const auto& o = toks[rng() % toks.size()];
+        t.assign(o.begin(), o.begin() + static_cast<std::ptrdiff_t>(rng() % (o.size() + 1)));
+      }
+      for (int i = static_cast<int>(rng() % 12); i >= 0; --i) t.push_back(static_cast<int32_t>(rng() % 5));
+      const int64_t hit = cache.match_prefix(*s, t);
+      EXPECT_LE(hit, static_cast<int64_t>(t.size()) - 1);
+      EXPECT_EQ(s->n_past(), hit);
+      hits += hit > 0;
+      live.push_back(std::move(s));
+      toks.push_back(t);
+    } else if (op == 1 && !live.empty()) {
+      // Run some tokens of a live sequence: allocate, advance, commit, checkpoint.
+      const size_t i = rng() % live.size();
+      auto& s = *live[i];
+      auto& t = toks[toks.size() - live.size() + i];
+      const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(t.size()) - s.n_past());
+      while (static_cast<int64_t>(t.size()) < s.n_past() + n) t.push_back(static_cast<int32_t>(rng() % 5));
+      if (!cache.ensure_capacity(s, s.n_past() + n)) continue;
+      s.advance(n);
+      cache.commit_pages(s, t);
+      if (rng() % 2) cache.save_checkpoint(s, t);
+    } else if (op == 2 && !live.empty()) {
+      const size_t i = rng() % live.size();
+      cache.release(*live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      toks.erase(toks.end() - static_cast<std::ptrdiff_t>(live.size() + 1) + static_cast<std::ptrdiff_t>(i));
+    }
+    ASSERT_EQ(cache.stats().pages_used, cache.count_used_pages_slow()) << "step " << step;
+  }
+  for (auto& s : live) cache.release(*s);
+  EXPECT_EQ(cache.stats().pages_used, 0);
+  EXPECT_EQ(cache.count_used_pages_slow(), 0);
+  EXPECT_EQ(cache.stats().slots_used, 0);
+  EXPECT_GT(hits, 0);
+}
