@@ -20,6 +20,31 @@ from .safetensors_io import BF16Array, write_sharded
 SPECIAL_BASE_OFFSET = 256   # specials occupy the last 256 ids, as in the real vocab (163584..163839)
 
 
+# compressed-tensors MXFP4 quantization_config of K3 (routed experts only), as the real checkpoint has it.
+QUANT_CONFIG = OrderedDict(
+    quant_method="compressed-tensors", format="mxfp4-pack-quantized", quantization_status="compressed",
+    config_groups={"group_0": OrderedDict(
+        targets=["Linear"], format="mxfp4-pack-quantized",
+        weights=OrderedDict(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32,
+                            scale_dtype="uint8", zp_dtype=None, dynamic=False, observer="minmax"),
+        input_activations=None, output_activations=None)},
+    ignore=["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*",
+            "re:.*routed_expert_(down|up)_proj.*", "re:.*block_sparse_moe\\.gate$", "lm_head",
+            "re:.*vision_tower.*", "re:.*mm_projector.*"])
+
+
+def save_hf_dir(dirpath: str, cfgd: dict, tensors: dict, num_shards: int, metadata=None) -> None:
+    """config.json + safetensors (one file or shards + index) into dirpath, replacing stale shards."""
+    os.makedirs(dirpath, exist_ok=True)
+    for f in os.listdir(dirpath):
+        if f.endswith(".safetensors") or f.endswith(".index.json"):
+            os.remove(os.path.join(dirpath, f))
+    with open(os.path.join(dirpath, "config.json"), "w") as f:
+        json.dump(cfgd, f, indent=2)
+        f.write("\n")
+    write_sharded(dirpath, tensors, num_shards, metadata=metadata)
+
+
 def tiny_k3_config() -> dict:
     V = 1024
     text = OrderedDict(
@@ -39,16 +64,7 @@ def tiny_k3_config() -> dict:
         num_expert_group=1, topk_group=1, topk_method="noaux_tc", first_k_dense_replace=1, moe_layer_freq=1,
         num_nextn_predict_layers=0, torch_dtype="bfloat16",
         bos_token_id=V - 256, eos_token_id=V - 254, pad_token_id=V - 1,
-        quantization_config=OrderedDict(
-            quant_method="compressed-tensors", format="mxfp4-pack-quantized", quantization_status="compressed",
-            config_groups={"group_0": OrderedDict(
-                targets=["Linear"], format="mxfp4-pack-quantized",
-                weights=OrderedDict(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32,
-                                    scale_dtype="uint8", zp_dtype=None, dynamic=False, observer="minmax"),
-                input_activations=None, output_activations=None)},
-            ignore=["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*",
-                    "re:.*routed_expert_(down|up)_proj.*", "re:.*block_sparse_moe\\.gate$", "lm_head",
-                    "re:.*vision_tower.*", "re:.*mm_projector.*"]),
+        quantization_config=QUANT_CONFIG,
     )
     return OrderedDict(
         model_type="kimi_k3", architectures=["KimiK3ForConditionalGeneration"],
@@ -191,12 +207,5 @@ def build_tensors(cfgd: dict, seed: int) -> "OrderedDict[str, object]":
 
 
 def write_checkpoint(dirpath: str, cfgd: dict, seed: int, num_shards: int) -> None:
-    os.makedirs(dirpath, exist_ok=True)
-    for f in os.listdir(dirpath):
-        if f.endswith(".safetensors") or f.endswith(".index.json"):
-            os.remove(os.path.join(dirpath, f))
     tensors = build_tensors(cfgd, seed)
-    with open(os.path.join(dirpath, "config.json"), "w") as f:
-        json.dump(cfgd, f, indent=2)
-        f.write("\n")
-    write_sharded(dirpath, tensors, num_shards, metadata={"format": "pt"} if num_shards <= 1 else None)
+    save_hf_dir(dirpath, cfgd, tensors, num_shards, metadata={"format": "pt"} if num_shards <= 1 else None)

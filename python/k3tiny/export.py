@@ -24,7 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from k3ref import mxfp4  # noqa: E402
-from k3ref.safetensors_io import BF16Array, write_sharded  # noqa: E402
+from k3ref.checkpoint import save_hf_dir  # noqa: E402
+from k3ref.safetensors_io import BF16Array  # noqa: E402
 
 TOKENIZER_FILES = ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
@@ -59,15 +60,8 @@ def export(tensors, cfgd: dict, outdir: str, mxfp4_experts: bool = True, tokeniz
     cfgd = cfgd if mxfp4_experts else without_quant(cfgd)
     if mxfp4_experts and "quantization_config" not in cfgd["text_config"]:
         raise ValueError("config has no quantization_config but MXFP4 export requested")
-    os.makedirs(outdir, exist_ok=True)
-    for f in os.listdir(outdir):
-        if f.endswith(".safetensors") or f.endswith(".index.json"):
-            os.remove(os.path.join(outdir, f))
     arrs = hf_arrays(tensors, mxfp4_experts)
-    with open(os.path.join(outdir, "config.json"), "w") as f:
-        json.dump(cfgd, f, indent=2)
-        f.write("\n")
-    write_sharded(outdir, arrs, 1, metadata={"format": "pt"})
+    save_hf_dir(outdir, cfgd, arrs, 1, metadata={"format": "pt"})
     copied = []
     if tokenizer_dir and os.path.isdir(tokenizer_dir):
         for fn in TOKENIZER_FILES:

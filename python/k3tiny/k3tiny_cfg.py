@@ -11,16 +11,7 @@ sys.path.insert(0, os.path.dirname(HERE))   # python/ (k3ref)
 
 from k3ref.config import parse_config  # noqa: E402
 
-QUANT_CONFIG = OrderedDict(
-    quant_method="compressed-tensors", format="mxfp4-pack-quantized", quantization_status="compressed",
-    config_groups={"group_0": OrderedDict(
-        targets=["Linear"], format="mxfp4-pack-quantized",
-        weights=OrderedDict(num_bits=4, type="float", symmetric=True, strategy="group", group_size=32,
-                            scale_dtype="uint8", zp_dtype=None, dynamic=False, observer="minmax"),
-        input_activations=None, output_activations=None)},
-    ignore=["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*",
-            "re:.*routed_expert_(down|up)_proj.*", "re:.*block_sparse_moe\\.gate$", "lm_head",
-            "re:.*vision_tower.*", "re:.*mm_projector.*"])
+from k3ref.checkpoint import QUANT_CONFIG  # noqa: E402,F401  (one copy, shared with the tiny checkpoints)
 
 
 def make_config(V=8192, H=256, L=12, full_attn_every=4, attn_res_block=4, kda_heads=2, kda_dim=64,
