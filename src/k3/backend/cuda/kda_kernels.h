@@ -1,0 +1,63 @@
+// KDA (Kimi Delta Attention) kernels for the CUDA backend (model-spec section 3.2). The CPU versions in
+// backend/cpu/kda.h and model/kda_layer.cpp are the reference each kernel is checked against.
+// Everything fp32; all pointers are device pointers; kernels are enqueued on `stream`, and every call
+// returns the launch status (cudaErrorInvalidValue for shapes the kernels do not support).
+// Supported head dims D: 32, 64, 128 (the real models use 128). C = H * D channels.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+
+// One sequence's part of a batch: rows [offset, offset + n) of the [N][...] activations, and its state.
+// A device array of these is passed to the kernels (built by the caller once per step).
+struct KdaSeq {
+  float* S;                         // [H][D][D]  S[h][dk][dv], read then overwritten with the new state
+  float* conv_q, *conv_k, *conv_v;  // [C][W-1]   previous W-1 inputs of each short conv, oldest first
+  int32_t offset, n;
+};
+
+// Short causal depthwise conv + SiLU on the q/k/v projections (cpu::short_conv_silu semantics, conv state
+// read and updated per sequence), then per-head L2 normalisation of q (times 1/sqrt(D)) and of k
+// (x / sqrt(sum x^2 + 1e-6), as model/kda_layer.cpp). v gets conv + SiLU only.
+//   xq, xk, xv: [N][C] projections;  wq, wk, wv: [C][W] conv taps (tap W-1 = current token)
+//   q, k, v:    [N][C] outputs (may not alias the inputs)
+cudaError_t kda_conv_l2norm(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
+                            const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                            float* q, float* k, float* v, cudaStream_t stream);
+
+// Gates, in place. g: [N][C] f_b_proj output -> per-channel log decay:
+//   z = g + dt_bias[c];  bounded: lower_bound * sigmoid(exp(A_log[h]) * z);  else -exp(A_log[h]) * softplus(z)
+//   (softplus(z) = z for z > 20, else log1p(exp(z)))
+// beta: [N][H] b_proj output -> sigmoid(beta).
+cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
+                      float lower_bound, float* beta, cudaStream_t stream);
+
+// The gated delta rule, token by token over each sequence's rows (cpu::kda_recurrent semantics):
+//   S = diag(exp(g_t)) S;  u = beta_t (v_t - S^T k_t);  S += k_t u^T;  o_t = S^T q_t
+// q, k, v, g: [N][C]; beta: [N][H]; o: [N][C].
+cudaError_t kda_recurrent(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
+                          const float* v, const float* g, const float* beta, float* o, cudaStream_t stream);
+
+// Chunked (WY / UT transform) form of the same recurrence for prefill: chunks of `chunk` tokens
+// (16, 32 or 64; the last may be partial); same inputs, outputs and final state as kda_recurrent.
+cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
+                        const float* v, const float* g, const float* beta, float* o, cudaStream_t stream);
+
+// Output: o = RMSNorm_D(o) * norm_w * sigmoid(gate), per head of D values (eps), in place.
+// o, gate: [N][C]; norm_w: [D].
+cudaError_t kda_output_gate(int N, int H, int D, float* o, const float* norm_w, float eps, const float* gate,
+                            cudaStream_t stream);
+
+// Fused decode step: every sequence has exactly one new token (seqs[i].n == 1, offset == i, N == n_seqs).
+// Conv update + SiLU + L2 norm, gates, recurrence and the gated output norm in one launch per layer.
+// Inputs are the raw projections (xq, xk, xv, graw = f_b_proj output, braw = b_proj output,
+// gate = output-gate projection); writes o [N][C] ready for o_proj. Same results as the unfused kernels.
+cudaError_t kda_decode_fused(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq, const float* xk,
+                             const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
+                             const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
+                             const float* braw, const float* gate, const float* norm_w, float eps, float* o,
+                             cudaStream_t stream);
+
+}  // namespace k3::cuda

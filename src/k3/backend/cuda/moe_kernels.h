@@ -1,0 +1,71 @@
+// MoE kernels for the CUDA backend (model-spec section 3.4): routing on the GPU and grouped expert
+// GLU FFNs over MXFP4 (W4A16: weights dequantised in registers) or bf16 experts. The CPU reference is
+// moe_layer() in model/ffn_layers.cpp. Activations fp32, accumulation fp32. All pointers are device
+// pointers; kernels are enqueued on `stream`; calls return the launch status.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+
+// All E routed experts of one layer, stacked in one allocation per projection.
+//   bf16:  gate, up [E][I][X]; down [E][X][I]   (uint16_t bf16 bits)
+//   mxfp4: gate, up packed [E][I][X/2] + scales [E][I][X/32]; down packed [E][X][I/2] + scales [E][X][I/32]
+//          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
+// X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0.
+struct ExpertBank {
+  bool mxfp4 = false;
+  const void* gate = nullptr;
+  const uint8_t* gate_scales = nullptr;
+  const void* up = nullptr;
+  const uint8_t* up_scales = nullptr;
+  const void* down = nullptr;
+  const uint8_t* down_scales = nullptr;
+  int E = 0, I = 0, X = 0;
+};
+
+enum class GluAct : int { SiLU = 0, SiTU = 1 };
+
+// Routing for n tokens: s = sigmoid(logits); the K experts with the highest s + bias (ties to the lower
+// expert id); weight = (renormalize ? s / (sum of the K chosen s + 1e-20) : s) * scale.
+// logits [n][E]; bias [E]; topk_idx [n][K] int32 (in rank order); topk_w [n][K]. K <= 32, E <= 4096.
+cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
+                      int32_t* topk_idx, float* topk_w, cudaStream_t stream);
+
+// Scratch for moe_experts, allocated once for at most `max_tokens` tokens (no allocation per step).
+class MoeWorkspace {
+ public:
+  MoeWorkspace() = default;
+  MoeWorkspace(int max_tokens, int K, int E, int I, int X);  // cudaMalloc; throws k3::Error on failure
+  ~MoeWorkspace();
+  MoeWorkspace(const MoeWorkspace&) = delete;
+  MoeWorkspace& operator=(const MoeWorkspace&) = delete;
+  int max_tokens() const { return max_tokens_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  friend cudaError_t moe_experts(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
+                                 float, float, float*, MoeWorkspace&, cudaStream_t);
+  int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
+  size_t bytes_ = 0;
+  void* base_ = nullptr;  // one allocation, carved into the buffers below
+  // Carved buffers (set in the constructor), e.g. per-expert counts/offsets, (token, k) pairs sorted by
+  // expert, the [n*K][I] hidden activations and the [n*K][X] expert outputs.
+  int32_t* counts_ = nullptr;
+  int32_t* offsets_ = nullptr;
+  int32_t* pairs_ = nullptr;
+  int32_t* tiles_ = nullptr;
+  float* hidden_ = nullptr;
+  float* y_ = nullptr;
+};
+
+// out[t] = sum_k topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k]; out [n][X]
+// (overwritten). act: SiLU(g) = g*sigmoid(g); SiTU(g, u) = beta*tanh(g/beta)*sigmoid(g) * lbeta*tanh(u/lbeta)
+// (cpu::situ_glu). The sum over k runs in rank order k = 0..K-1, so results do not depend on scheduling.
+// n <= ws.max_tokens().
+cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
+                        const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                        MoeWorkspace& ws, cudaStream_t stream);
+
+}  // namespace k3::cuda
