@@ -14,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/bench/client.h"
 #include "k3/bench/dataset.h"
 #include "k3/bench/offline.h"
@@ -325,6 +326,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   // ---- offline
   struct OffOpts {
     std::string model, json_out;
+    DeviceOptions dev;
     std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
     int reps = 5;
     int64_t seed = 0;
@@ -332,6 +334,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
   off->add_option("-m,--model", f->model, "HF checkpoint directory (default: the built-in model)");
+  add_device_options(off, f->dev);
   off->add_option("-p,--n-prompt", f->pp, "prompt-processing sizes (pp N)")->delimiter(',')->capture_default_str();
   off->add_option("-n,--n-gen", f->tg, "generation lengths (tg N)")->delimiter(',')->capture_default_str();
   off->add_option("-d,--n-depth", f->depth, "tokens already in the cache")->delimiter(',')->capture_default_str();
@@ -342,7 +345,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   off->callback([&reg, f] {
     reg.action = [f] {
       const std::string dir = resolve_model_dir(f->model);
-      auto model = k3::Model::load(dir);
+      auto model = load_model(dir, f->dev);
       auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
       std::vector<k3::bench::OfflineResult> rs;
       json arr = json::array();
@@ -357,7 +360,7 @@ void add_bench(CLI::App& app, Registry& reg) {
       }
       std::printf("%s", k3::bench::offline_table(rs, name).c_str());
       if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
-                                                         {"method", "Model::forward_batch, SequenceState per sequence"},
+                                                         {"method", "ModelRunner::forward_batch, one cache per sequence"}, {"device", model->device_name()},
                                                          {"results", arr}});
       return 0;
     };

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/core/npy.h"
 #include "k3/model/model.h"
@@ -16,6 +17,7 @@ void add_logits(CLI::App& app, Registry& reg) {
     std::vector<int32_t> tokens;
     bool decode = false;
     int chunk = 64;
+    DeviceOptions dev;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("logits", "Write float32 logits [n_tokens, vocab] for token ids to a .npy file");
@@ -24,13 +26,15 @@ void add_logits(CLI::App& app, Registry& reg) {
   cmd->add_flag("--decode", o->decode, "run token by token (recurrent KDA, absorbed MLA) instead of one prefill");
   cmd->add_option("--kda-chunk", o->chunk, "KDA chunk size of the prefill form")->check(CLI::Range(1, 4096));
   cmd->add_option("--out", o->out, "output .npy path")->required();
+  add_device_options(cmd, o->dev);
   cmd->callback([&reg, o] {
     reg.action = [o] {
-      auto m = k3::Model::load(resolve_model_dir(o->model));
+      auto m = load_model(resolve_model_dir(o->model), o->dev);
       const int64_t V = m->config().vocab_size, n = static_cast<int64_t>(o->tokens.size());
       if (n == 0) throw k3::Error("--tokens is empty");
       std::vector<float> all(static_cast<size_t>(n * V)), logits;
-      auto st = m->new_sequence();
+      auto st_owner = m->new_cache();
+      k3::SequenceCache& st = *st_owner;
       k3::ForwardOptions fo;
       fo.kda_chunk = o->chunk;
       if (o->decode) {

@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/model/model.h"
 #include "k3/text/tokenizer.h"
@@ -21,6 +22,7 @@ namespace k3cli {
 void add_perplexity(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, file, json_out;
+    DeviceOptions dev;
     int64_t ctx = 512, chunks = -1;
   };
   auto o = std::make_shared<Opts>();
@@ -30,10 +32,11 @@ void add_perplexity(CLI::App& app, Registry& reg) {
   cmd->add_option("--ctx", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");
   cmd->add_option("--json", o->json_out, "also write the result as JSON to this path");
+  add_device_options(cmd, o->dev);
   cmd->callback([&reg, o] {
     reg.action = [o] {
       const std::string dir = resolve_model_dir(o->model);
-      auto model = k3::Model::load(dir);
+      auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
       std::ifstream f(o->file, std::ios::binary);
       if (!f) throw k3::Error("cannot read '" + o->file + "'");
@@ -57,8 +60,8 @@ void add_perplexity(CLI::App& app, Registry& reg) {
         const int64_t b = w * o->ctx, e = std::min(N, b + o->ctx);
         win.assign(1, static_cast<int32_t>(bos));
         win.insert(win.end(), ids.begin() + b, ids.begin() + e);
-        auto st = model->new_sequence();
-        model->forward(win, st, logits, fo);
+        auto st = model->new_cache();
+        model->forward(win, *st, logits, fo);
         for (int64_t i = 0; i + 1 < static_cast<int64_t>(win.size()); ++i) {
           const float* l = logits.data() + i * V;
           float mx = l[0];

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/engine/generator.h"
 #include "k3/model/model.h"
@@ -17,6 +18,7 @@ void add_run(CLI::App& app, Registry& reg) {
     k3::engine::SamplingParams sp;
     std::optional<uint64_t> seed;
     bool special = false, no_bos = false, verbose = false;
+    DeviceOptions dev;
   };
   auto o = std::make_shared<Opts>();
   o->sp.temperature = 0.8f;
@@ -38,10 +40,11 @@ void add_run(CLI::App& app, Registry& reg) {
   cmd->add_flag("--special", o->special, "parse special-token text in the prompt (e.g. <|open|>)");
   cmd->add_flag("--no-bos", o->no_bos, "do not prepend the BOS token");
   cmd->add_flag("-v,--verbose", o->verbose, "print timing to stderr");
+  add_device_options(cmd, o->dev);
   cmd->callback([&reg, o] {
     reg.action = [o] {
       const std::string dir = resolve_model_dir(o->model);
-      auto model = k3::Model::load(dir);
+      auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
       std::vector<int32_t> prompt;
       const int64_t bos = model->config().bos_token_id >= 0 ? model->config().bos_token_id : tok.bos_id();

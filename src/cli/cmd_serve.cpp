@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/model/model.h"
@@ -19,6 +20,7 @@ namespace k3cli {
 void add_serve(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, served_name;
+    DeviceOptions dev;
     k3::serve::ServerOptions so;
     int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 64;
     std::string cache_memory = "1GiB";
@@ -27,6 +29,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
   cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
+  add_device_options(cmd, o->dev);
   cmd->add_option("--host", o->so.host, "address to bind")->capture_default_str();
   cmd->add_option("--port", o->so.port, "TCP port (0 = any free port)")->capture_default_str();
   cmd->add_option("--api-key", o->so.api_key, "require \"Authorization: Bearer KEY\" on /v1/* (default: $K3_API_KEY)");
@@ -59,7 +62,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       ::mallopt(M_ARENA_MAX, 1);
       const auto t0 = std::chrono::steady_clock::now();
       const std::string dir = resolve_model_dir(o->model);
-      auto model = k3::Model::load(dir);
+      auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
       const auto& cfg = model->config();
       if (tok.n_vocab() > cfg.vocab_size)

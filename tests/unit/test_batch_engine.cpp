@@ -9,6 +9,7 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
+#include "k3/model/model.h"
 #include "test_util.h"
 
 using namespace k3::engine;

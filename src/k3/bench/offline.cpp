@@ -37,7 +37,7 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
   return out;
 }
 
-OfflineResult run_offline_test(const Model& m, const OfflineTest& t, int reps, uint64_t seed) {
+OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed) {
   if (reps < 1) throw Error("-r must be >= 1");
   std::mt19937_64 rng(seed);
   const int32_t V = static_cast<int32_t>(m.config().vocab_size);
@@ -47,15 +47,15 @@ OfflineResult run_offline_test(const Model& m, const OfflineTest& t, int reps, u
     return v;
   };
   // The depth context, built once (untimed) and copied for each run.
-  std::vector<SequenceState> base;
+  std::vector<std::unique_ptr<SequenceCache>> base;
   std::vector<float> logits;
   for (int64_t b = 0; b < t.batch; ++b) {
-    base.push_back(m.new_sequence());
+    base.push_back(m.new_cache());
     if (t.depth > 0) {
       auto ctx = rand_tokens(t.depth);
       ForwardOptions fo;
       fo.path = AttnPath::Prefill;
-      m.forward(ctx, base.back(), logits, fo);
+      m.forward(ctx, *base.back(), logits, fo);
     }
   }
   std::vector<std::vector<int32_t>> inputs;
@@ -63,20 +63,21 @@ OfflineResult run_offline_test(const Model& m, const OfflineTest& t, int reps, u
   OfflineResult r;
   r.test = t;
   for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
-    std::vector<SequenceState> st = base;
+    std::vector<std::unique_ptr<SequenceCache>> st;
+    for (const auto& b : base) st.push_back(b->clone());
     std::vector<BatchItem> items(static_cast<size_t>(t.batch));
     const auto t0 = std::chrono::steady_clock::now();
     if (t.prefill) {
       ForwardOptions fo;
       fo.path = AttnPath::Prefill;
-      for (int64_t b = 0; b < t.batch; ++b) items[b] = {inputs[b], &st[b], true};
+      for (int64_t b = 0; b < t.batch; ++b) items[b] = {inputs[b], st[b].get(), true};
       m.forward_batch(items, logits, fo);
     } else {
       ForwardOptions fo;
       fo.path = AttnPath::Decode;
       for (int64_t i = 0; i < t.n; ++i) {
         for (int64_t b = 0; b < t.batch; ++b)
-          items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), &st[b], true};
+          items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), st[b].get(), true};
         m.forward_batch(items, logits, fo);
       }
     }

@@ -1,5 +1,5 @@
 // `k3 bench offline`: engine throughput without HTTP, llama-bench style. Drives
-// k3::Model::forward_batch directly (one SequenceState per sequence): "pp N" times one batched
+// k3::ModelRunner::forward_batch directly (one cache per sequence, any backend): "pp N" times one batched
 // prefill of N tokens per sequence (AttnPath::Prefill), "tg N" times N batched one-token decode
 // steps (AttnPath::Decode, the serving engine's path); both after `depth` tokens already in the cache.
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace k3 {
-class Model;
+class ModelRunner;
 }
 
 namespace k3::bench {
@@ -33,7 +33,7 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
                                        const std::vector<int64_t>& depths, const std::vector<int64_t>& batches);
 
 // One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded).
-OfflineResult run_offline_test(const Model& m, const OfflineTest& t, int reps, uint64_t seed);
+OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed);
 
 // llama-bench's markdown table.
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);

@@ -24,6 +24,8 @@ float* PagedSequence::mla_row(int64_t m, int64_t pos) {
   return c.page_ptr(pages_[static_cast<size_t>(pos / c.B_)]) + (m * c.B_ + pos % c.B_) * c.row_dim_;
 }
 
+int64_t PagedSequence::mla_page_tokens() const { return cache_->B_; }
+
 int64_t PagedSequence::capacity_tokens() const { return static_cast<int64_t>(pages_.size()) * cache_->B_; }
 
 void PagedSequence::reserve(int64_t n) {
@@ -62,12 +64,17 @@ HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_
   // Allocated but not touched: memory is committed page by page as sequences use it.
   // One allocation for the whole budget (pages, then slots): the cache is one region of the process's
   // memory, sized once, that fills as it is used.
-  arena_.reset(new float[static_cast<size_t>(n_pages_ * page_floats_ + n_slots_ * slot_floats_)]);
-  pages_ = arena_.get();
-  slots_ = arena_.get() + n_pages_ * page_floats_;
+  mem_ = opt.memory ? opt.memory : host_cache_memory();
+  arena_ = mem_->allocate(static_cast<size_t>(n_pages_ * page_floats_ + n_slots_ * slot_floats_));
+  pages_ = arena_;
+  slots_ = arena_ + n_pages_ * page_floats_;
   page_meta_.resize(static_cast<size_t>(n_pages_));
   for (int64_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   for (int64_t s = n_slots_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
+}
+
+HybridCache::~HybridCache() {
+  if (arena_) mem_->release(arena_);
 }
 
 uint64_t HybridCache::block_key(int32_t parent, std::span<const int32_t> toks) {
@@ -179,7 +186,7 @@ bool HybridCache::acquire_slot(PagedSequence& s) {
   if (s.slot_ >= 0) return true;
   const int32_t slot = alloc_slot();
   if (slot < 0) return false;
-  std::memset(slot_ptr(slot), 0, static_cast<size_t>(slot_floats_) * 4);
+  mem_->zero(slot_ptr(slot), static_cast<size_t>(slot_floats_));
   s.slot_ = slot;
   ++slots_used_;
   return true;
@@ -247,18 +254,18 @@ int64_t HybridCache::match_prefix(PagedSequence& s, std::span<const int32_t> tok
   ckpt_lru_.splice(ckpt_lru_.end(), ckpt_lru_, ckpts_[static_cast<size_t>(best)].lru);
   const int64_t pos = ckpts_[static_cast<size_t>(best)].pos, k = pos / B_;
   const int32_t snap = ckpts_[static_cast<size_t>(best)].snapshot_page;
-  std::memcpy(slot_ptr(s.slot_), slot_ptr(ckpts_[static_cast<size_t>(best)].slot), static_cast<size_t>(slot_floats_) * 4);
+  mem_->copy(slot_ptr(s.slot_), slot_ptr(ckpts_[static_cast<size_t>(best)].slot), static_cast<size_t>(slot_floats_));
   for (int64_t j = 0; j < k; ++j) ref_page(chain[static_cast<size_t>(j)], false);
   s.pages_.assign(chain.begin(), chain.begin() + k);
   if (snap >= 0) {
     ref_page(snap, false);
     const int32_t q = alloc_page();
-    if (q >= 0) std::memcpy(page_ptr(q), page_ptr(snap), static_cast<size_t>(page_floats_) * 4);
+    if (q >= 0) mem_->copy(page_ptr(q), page_ptr(snap), static_cast<size_t>(page_floats_));
     unref_page(snap, false);
     if (q < 0) {
       for (int32_t p : s.pages_) unref_page(p, false);
       s.pages_.clear();
-      std::memset(slot_ptr(s.slot_), 0, static_cast<size_t>(slot_floats_) * 4);
+      mem_->zero(slot_ptr(s.slot_), static_cast<size_t>(slot_floats_));
       return 0;
     }
     s.pages_.push_back(q);
@@ -325,11 +332,11 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
       free_slots_.push_back(slot);
       return;
     }
-    std::memcpy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_floats_) * 4);
+    mem_->copy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_floats_));
     ++page_meta_[static_cast<size_t>(snap)].ckpt_refs;  // the reference is the checkpoint's
     --pages_used_;
   }
-  std::memcpy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_floats_) * 4);
+  mem_->copy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_floats_));
   if (last >= 0) ref_page(last, true);
   int32_t id;
   if (!free_ckpt_ids_.empty()) {

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "k3/cache/cache_memory.h"
 #include "k3/model/config.h"
 #include "k3/model/sequence_state.h"
 
@@ -26,6 +27,7 @@ struct CacheOptions {
   bool prefix_caching = true;
   int64_t checkpoint_slots = -1;   // extra slots for prefix checkpoints; -1: a quarter of the budget left
                                    // after the running slots (at least max_num_seqs)
+  std::shared_ptr<CacheMemory> memory;  // where pages and slots live; null: host memory
 };
 
 class HybridCache;
@@ -39,6 +41,8 @@ class PagedSequence final : public SequenceCache {
   float* mla_row(int64_t mla_index, int64_t pos) override;
   void reserve(int64_t n) override;  // checks capacity; allocation is the scheduler's job
   void advance(int64_t n) override { n_past_ += n; }
+  int64_t mla_page_tokens() const override;
+  std::unique_ptr<SequenceCache> clone() const override { return nullptr; }  // pages are shared, not cloned
 
   int64_t capacity_tokens() const;
   bool has_slot() const { return slot_ >= 0; }
@@ -63,6 +67,9 @@ struct CacheStats {
 class HybridCache {
  public:
   HybridCache(const ModelConfig& cfg, const CacheOptions& opt);
+  ~HybridCache();
+  HybridCache(const HybridCache&) = delete;
+  HybridCache& operator=(const HybridCache&) = delete;
 
   int64_t page_tokens() const { return B_; }
   int64_t page_bytes() const { return page_floats_ * 4; }
@@ -136,7 +143,8 @@ class HybridCache {
   CacheOptions opt_;
   int64_t B_, row_dim_, n_mla_, page_floats_, slot_floats_, kda_state_floats_, conv_floats_;
   int64_t n_pages_ = 0, n_slots_ = 0;
-  std::unique_ptr<float[]> arena_;  // allocated, touched page by page as it is used
+  std::shared_ptr<CacheMemory> mem_;
+  float* arena_ = nullptr;          // one allocation: pages, then slots
   float* pages_ = nullptr;          // [n_pages][page_floats]
   float* slots_ = nullptr;          // [n_slots][slot_floats]
   std::vector<Page> page_meta_;

@@ -6,9 +6,10 @@
 
 namespace k3::engine {
 
-BatchEngine::BatchEngine(const Model& model, const text::Tokenizer& tok, BatchEngineOptions opt)
+BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, BatchEngineOptions opt)
     : model_(model), tok_(tok), opt_(opt) {
   opt_.cache.max_num_seqs = opt_.sched.max_num_seqs;
+  if (!opt_.cache.memory) opt_.cache.memory = model.cache_memory();
   cache_ = std::make_unique<cache::HybridCache>(model.config(), opt_.cache);
   if (opt_.max_model_len <= 0 || opt_.max_model_len > cache_->max_tokens_per_sequence())
     opt_.max_model_len = cache_->max_tokens_per_sequence();

@@ -14,7 +14,7 @@
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/engine_api.h"
 #include "k3/engine/scheduler.h"
-#include "k3/model/model.h"
+#include "k3/model/model_runner.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3::engine {
@@ -29,7 +29,7 @@ class BatchEngine final : public Engine {
  public:
   // The model and tokenizer must outlive the engine. Throws k3::Error if the cache budget cannot hold
   // max_num_seqs sequences. Starts the engine thread.
-  BatchEngine(const Model& model, const text::Tokenizer& tok, BatchEngineOptions opt);
+  BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, BatchEngineOptions opt);
   ~BatchEngine() override;
 
   void submit(Request req, OutputCallback on_output) override;
@@ -46,7 +46,7 @@ class BatchEngine final : public Engine {
   void finish(Sequence* s, RequestOutput o);
   void update_cache_stats_locked();  // stats_ / cache_stats_ from the cache; engine thread, mu_ held
 
-  const Model& model_;
+  const ModelRunner& model_;
   const text::Tokenizer& tok_;
   BatchEngineOptions opt_;
   std::unique_ptr<cache::HybridCache> cache_;   // engine thread only

@@ -16,7 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateResult generate(const Model& model, const text::Tokenizer& tok, std::span<const int32_t> prompt,
+GenerateResult generate(const ModelRunner& model, const text::Tokenizer& tok, std::span<const int32_t> prompt,
                         const SamplingParams& params, const std::function<void(std::string_view)>& on_text,
                         const GenerateOptions& opt) {
   params.validate();
@@ -39,7 +39,8 @@ GenerateResult generate(const Model& model, const text::Tokenizer& tok, std::spa
     if (on_text) on_text(s);
   };
 
-  auto st = model.new_sequence();
+  auto st_owner = model.new_cache();
+  SequenceCache& st = *st_owner;
   std::vector<float> logits;
   auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < prompt.size(); i += static_cast<size_t>(opt.prefill_chunk)) {

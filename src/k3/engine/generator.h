@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "k3/engine/sampling_params.h"
-#include "k3/model/model.h"
+#include "k3/model/model_runner.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3::engine {
@@ -28,7 +28,7 @@ struct GenerateOptions {
   uint64_t default_seed = 0;      // used when params.seed is unset
 };
 
-GenerateResult generate(const Model& model, const text::Tokenizer& tok, std::span<const int32_t> prompt,
+GenerateResult generate(const ModelRunner& model, const text::Tokenizer& tok, std::span<const int32_t> prompt,
                         const SamplingParams& params, const std::function<void(std::string_view)>& on_text,
                         const GenerateOptions& opt = {});
 

@@ -14,11 +14,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir) {
   return m;
 }
 
-void Model::forward(std::span<const int32_t> tokens, SequenceCache& st, std::vector<float>& logits,
-                    const ForwardOptions& opt) const {
-  forward_batch({BatchItem{tokens, &st, true}}, logits, opt);
-}
-
 void Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                           const ForwardOptions& opt) const {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;

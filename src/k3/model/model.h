@@ -8,47 +8,29 @@
 
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/model_runner.h"
 #include "k3/model/sequence_state.h"
 #include "k3/model/weights.h"
 
 namespace k3 {
 
-// Which form the attention layers use. Auto: prefill form for n > 1 tokens, decode form for n == 1.
-// Decode forms everywhere make every token's result independent of batching and of how a prompt is
-// split into chunks (the serving engine relies on it: batch-invariant, prefix-cache-invariant).
-enum class AttnPath { Auto, Prefill /*chunked KDA + MHA MLA*/, Decode /*KDA recurrence + absorbed MLA*/ };
-
-struct ForwardOptions {
-  AttnPath path = AttnPath::Auto;
-  int kda_chunk = 64;
-  bool all_logits = false;  // logits for every token ([n][V]) or only the last ([V])
-};
-
-// One sequence's part of a batched forward.
-struct BatchItem {
-  std::span<const int32_t> tokens;
-  SequenceCache* cache = nullptr;
-  bool want_logits = true;  // last-token logits (or all tokens' with ForwardOptions::all_logits)
-};
-
-class Model {
+class Model final : public ModelRunner {
  public:
   // Reads config.json, maps the safetensors, validates and binds every tensor. Throws k3::Error.
   static std::unique_ptr<Model> load(const std::string& dir);
 
-  const ModelConfig& config() const { return cfg_; }
+  const ModelConfig& config() const override { return cfg_; }
+  std::string device_name() const override { return "cpu"; }
+  std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(cfg_); }
+  std::shared_ptr<cache::CacheMemory> cache_memory() const override { return cache::host_cache_memory(); }
   const ModelWeights& weights() const { return w_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
   SequenceState new_sequence() const { return SequenceState(cfg_); }
 
-  // Runs `tokens` after the sequence's past; resizes `logits` to [n][V] or [V].
-  void forward(std::span<const int32_t> tokens, SequenceCache& st, std::vector<float>& logits,
-               const ForwardOptions& opt = {}) const;
-  // One forward over several sequences. `logits` receives, for each item with want_logits in order,
-  // its last-token row [V] (or all its rows with all_logits).
+  using ModelRunner::forward;
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
-                     const ForwardOptions& opt = {}) const;
+                     const ForwardOptions& opt = {}) const override;
 
  private:
   ModelConfig cfg_;

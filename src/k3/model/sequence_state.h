@@ -4,6 +4,7 @@
 // generation) and the serving cache manager implements it over its page pool and state slots.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace k3 {
@@ -29,6 +30,12 @@ class SequenceCache {
   virtual void reserve(int64_t n) = 0;
   // Called after the forward: the n new tokens are now part of the sequence.
   virtual void advance(int64_t n) = 0;
+  // MLA rows are stored in pages of this many tokens: the rows of positions j*P .. j*P+P-1 of one
+  // layer are contiguous, mla_cache_dim() floats apart, starting at mla_row(m, j*P). Backends that
+  // need the whole table (the CUDA attention kernels) gather one pointer per page, not per row.
+  virtual int64_t mla_page_tokens() const = 0;
+  // An independent copy (same memory kind), or null when the cache cannot be copied on its own.
+  virtual std::unique_ptr<SequenceCache> clone() const = 0;
 };
 
 // Owning, growable per-sequence state (vectors).
@@ -42,6 +49,8 @@ class SequenceState final : public SequenceCache {
   float* mla_row(int64_t m, int64_t pos) override;
   void reserve(int64_t n) override;
   void advance(int64_t n) override { n_past_ += n; }
+  int64_t mla_page_tokens() const override { return int64_t{1} << 40; }  // one contiguous vector per layer
+  std::unique_ptr<SequenceCache> clone() const override { return std::make_unique<SequenceState>(*this); }
 
   bool initialised() const { return row_dim_ > 0; }
   int64_t bytes() const;

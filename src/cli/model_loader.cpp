@@ -1,0 +1,65 @@
+#include "cli/model_loader.h"
+
+#include "k3/core/error.h"
+#include "k3/model/config.h"
+#include "k3/model/model.h"
+#include "k3/plan/plan.h"
+#ifdef K3_HAVE_CUDA
+#include "k3/backend/cuda/cuda_model.h"
+#endif
+
+namespace k3cli {
+
+void add_device_options(CLI::App* cmd, DeviceOptions& d) {
+  cmd->add_option("--device", d.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--load-format", d.load_format,
+                  "auto (the checkpoint's safetensors) or dummy (random weights from config.json alone, "
+                  "to benchmark real shapes without a checkpoint; CUDA only)")
+      ->check(CLI::IsMember({"auto", "dummy"}))
+      ->capture_default_str();
+  cmd->add_option("--preset", d.preset, "with --load-format dummy: a built-in config (kimi-k3, kimi-linear-48b-a3b)");
+  cmd->add_option("--num-layers", d.num_layers, "with --load-format dummy: keep only the first N layers")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+}
+
+std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
+  const bool dummy = d.load_format == "dummy";
+  if (!dummy && (!d.preset.empty() || d.num_layers > 0))
+    throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
+  if (d.device == "cpu") {
+    if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
+    return k3::Model::load(dir);
+  }
+  if (d.device == "cuda" || d.device.rfind("cuda:", 0) == 0) {
+    int ordinal = 0;
+    if (d.device.size() > 5) {
+      try {
+        size_t used = 0;
+        ordinal = std::stoi(d.device.substr(5), &used);
+        if (used != d.device.size() - 5 || ordinal < 0) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw k3::Error("--device '" + d.device + "': expected cuda:N with N a GPU index");
+      }
+    }
+#ifdef K3_HAVE_CUDA
+    k3::cuda::CudaLoadOptions lo;
+    lo.device = ordinal;
+    if (dummy) {
+      k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
+      if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {
+        cfg.num_layers = d.num_layers;
+        cfg.is_kda.resize(static_cast<size_t>(d.num_layers));
+      }
+      return k3::cuda::CudaModel::load_dummy(cfg, lo);
+    }
+    return k3::cuda::CudaModel::load(dir, lo);
+#else
+    (void)ordinal;
+    throw k3::Error("--device " + d.device + ": this k3 was built without the CUDA backend "
+                    "(configure with the `cuda` preset: cmake --preset cuda)");
+#endif
+  }
+  throw k3::Error("--device '" + d.device + "': expected cpu, cuda or cuda:N");
+}
+
+}  // namespace k3cli

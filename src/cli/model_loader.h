@@ -1,0 +1,25 @@
+// `--device` / `--load-format` for the verbs that run a model, and the one place that picks the
+// backend: the CPU `k3::Model`, or the CUDA backend when k3 is built with it (K3_CUDA=ON).
+#pragma once
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "k3/model/model_runner.h"
+
+namespace k3cli {
+
+struct DeviceOptions {
+  std::string device = "cpu";         // cpu | cuda | cuda:N
+  std::string load_format = "auto";   // auto (safetensors) | dummy (random weights, config.json only; CUDA)
+  std::string preset;                 // dummy: a built-in config (resources/presets) instead of -m's config.json
+  int64_t num_layers = 0;             // dummy: keep only the first N layers (0: all)
+};
+
+void add_device_options(CLI::App* cmd, DeviceOptions& d);
+
+// Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
+std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d);
+
+}  // namespace k3cli

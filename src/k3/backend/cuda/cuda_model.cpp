@@ -1,0 +1,479 @@
+// CudaModel (cuda_model.h): the forward graph of model/model.cpp on the GPU.
+//
+// Per step the host builds one staging block (token ids, token -> sequence/position maps, the MLA page
+// tables of every layer, the KDA state descriptors of every layer, the Attention-Residual source
+// lists), copies it to the device with one cudaMemcpyAsync, enqueues every kernel on one stream and
+// copies the wanted logits back: one synchronisation per step. Activation buffers are sized for the
+// largest batch seen and reused (no allocation per step once warm).
+#include "k3/backend/cuda/cuda_model.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "k3/backend/cuda/cuda_util.h"
+#include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/device_cache.h"
+#include "k3/backend/cuda/device_weights.h"
+#include "k3/backend/cuda/kda_kernels.h"
+#include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/mla_kernels.h"
+#include "k3/backend/cuda/moe_kernels.h"
+#include "k3/io/safetensors.h"
+#include "k3/model/weights.h"
+
+namespace k3::cuda {
+
+namespace {
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
+}
+
+// Pinned host memory that grows.
+class PinnedBuffer {
+ public:
+  ~PinnedBuffer() {
+    if (p_) cudaFreeHost(p_);
+  }
+  void* ensure(size_t bytes) {
+    if (bytes > cap_) {
+      if (p_) cudaFreeHost(p_);
+      p_ = nullptr;
+      cap_ = std::max(bytes, cap_ * 2);
+      K3_CUDA_CHECK(cudaMallocHost(&p_, cap_));
+    }
+    return p_;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+// Host-side builder of the staging block: items appended at 16-byte-aligned offsets.
+class Staging {
+ public:
+  template <typename T>
+  size_t put(const T* data, size_t count) {
+    const size_t off = (bytes_.size() + 15) / 16 * 16;
+    bytes_.resize(off + count * sizeof(T));
+    if (count) std::memcpy(bytes_.data() + off, data, count * sizeof(T));
+    return off;
+  }
+  template <typename T>
+  size_t put(const std::vector<T>& v) { return put(v.data(), v.size()); }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  void clear() { bytes_.clear(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+}  // namespace
+
+struct CudaModel::Impl {
+  ModelConfig cfg;
+  int device = 0;
+  std::string name;
+  DeviceWeights w;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<LinearRunner> lin;
+  std::shared_ptr<DeviceCacheMemory> mem;
+  std::mutex mu;  // one forward at a time (the scratch below is shared)
+
+  // Activations, sized for `cap` tokens.
+  int64_t cap = 0;
+  DeviceBuffer act;
+  float *P = nullptr, *h = nullptr, *xin = nullptr, *tmp = nullptr, *sh = nullptr, *blocks = nullptr;
+  float *pq = nullptr, *pk = nullptr, *pv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr,
+        *o = nullptr, *gate = nullptr, *fa = nullptr, *beta = nullptr;
+  float *qa = nullptr, *mq = nullptr, *lat = nullptr, *ql = nullptr, *ol = nullptr, *mo = nullptr, *mg = nullptr;
+  float *rl = nullptr, *wts = nullptr, *z = nullptr, *acc = nullptr, *ga = nullptr, *ua = nullptr, *hs = nullptr;
+  int32_t* idx = nullptr;
+  std::unique_ptr<MoeWorkspace> moe_ws;
+  int64_t n_blocks_max = 0;
+  DeviceBuffer logits_d;
+  PinnedBuffer staging_h, logits_h;
+  DeviceBuffer staging_d;
+  Staging st;
+
+  ~Impl() {
+    lin.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void init(int dev) {
+    device = dev;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) throw Error("--device cuda: no CUDA device is visible");
+    if (dev >= n) throw Error("--device cuda:" + std::to_string(dev) + ": only " + std::to_string(n) + " CUDA device(s)");
+    K3_CUDA_CHECK(cudaSetDevice(dev));
+    cudaDeviceProp prop{};
+    K3_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major < 9)
+      throw Error(std::string("--device cuda: ") + prop.name + " is sm_" + std::to_string(prop.major * 10 + prop.minor) +
+                  "; this build targets sm_90 (Hopper)");
+    name = "cuda:" + std::to_string(dev) + " (" + prop.name + ")";
+    K3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    lin = std::make_unique<LinearRunner>(stream);
+    mem = std::make_shared<DeviceCacheMemory>(dev, stream);
+    const ModelConfig& c = cfg;
+    if (c.kda_heads > 0 && c.kda_head_dim != 32 && c.kda_head_dim != 64 && c.kda_head_dim != 128)
+      throw Error("CUDA backend: KDA head_dim " + std::to_string(c.kda_head_dim) + " is not supported (32, 64, 128)");
+    if (c.kv_lora_rank > 512) throw Error("CUDA backend: kv_lora_rank > 512 is not supported");
+    n_blocks_max = c.attn_res_block_size > 0 ? (c.num_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
+    if (n_blocks_max + 1 > 32) throw Error("CUDA backend: more than 31 Attention-Residual blocks");
+  }
+
+  void ensure(int64_t N) {
+    if (N <= cap) return;
+    const ModelConfig& c = cfg;
+    const int64_t n = std::max<int64_t>((N + 63) / 64 * 64, cap * 2);
+    const int64_t H = c.hidden_size, C = c.kda_heads * c.kda_head_dim, r = c.kda_gate_rank, Hk = c.kda_heads;
+    const int64_t nh = c.mla_heads, qk = c.mla_qk_dim(), cd = c.mla_cache_dim(), kr = c.kv_lora_rank, dv = c.v_head_dim;
+    const int64_t E = c.num_experts, K = c.top_k, X = c.expert_in_dim();
+    const int64_t I = std::max<int64_t>(c.intermediate_size, c.moe_intermediate_size * std::max<int64_t>(c.num_shared_experts, 1));
+    std::vector<std::pair<float**, int64_t>> parts = {
+        {&P, n * H}, {&h, n * H}, {&xin, n * H}, {&tmp, n * H}, {&sh, n * H}, {&hs, n * H},
+        {&blocks, std::max<int64_t>(n_blocks_max, 1) * n * H},
+        {&pq, n * C}, {&pk, n * C}, {&pv, n * C}, {&q, n * C}, {&k, n * C}, {&v, n * C}, {&g, n * C}, {&o, n * C},
+        {&gate, n * C}, {&fa, n * std::max<int64_t>(r, 1)}, {&beta, n * std::max<int64_t>(Hk, 1)},
+        {&qa, n * std::max<int64_t>(c.q_lora_rank, 1)}, {&mq, n * nh * qk}, {&lat, n * cd}, {&ql, n * nh * cd},
+        {&ol, n * nh * kr}, {&mo, n * nh * dv}, {&mg, n * nh * dv},
+        {&rl, n * std::max<int64_t>(E, 1)}, {&wts, n * std::max<int64_t>(K, 1)}, {&z, n * X}, {&acc, n * X},
+        {&ga, n * I}, {&ua, n * I}};
+    size_t total = 0;
+    for (auto& p : parts) total += static_cast<size_t>((p.second + 63) / 64 * 64);
+    total += static_cast<size_t>(n * std::max<int64_t>(K, 1));  // idx (int32, same size as float)
+    act = DeviceBuffer();
+    act = DeviceBuffer(total * 4);
+    float* base = act.get<float>();
+    for (auto& p : parts) {
+      *p.first = base;
+      base += (p.second + 63) / 64 * 64;
+    }
+    idx = reinterpret_cast<int32_t*>(base);
+    if (E > 0) {
+      moe_ws.reset();
+      moe_ws = std::make_unique<MoeWorkspace>(static_cast<int>(n), static_cast<int>(K), static_cast<int>(E),
+                                              static_cast<int>(c.moe_intermediate_size), static_cast<int>(X));
+    }
+    cap = n;
+  }
+
+  template <typename T>
+  T* dptr(size_t off) const { return reinterpret_cast<T*>(staging_d.get<uint8_t>() + off); }
+
+  void linear(const DeviceLinear& W, const float* x, int64_t n, float* y) { lin->run(W, x, n, y); }
+
+  void glu_mlp(const DGlu& m, const float* x, int64_t n, float* out) {
+    const int64_t I = m.gate.rows;
+    linear(m.gate, x, n, ga);
+    linear(m.up, x, n, ua);
+    K3_CUDA_CHECK(cuda::glu(ga, ua, n * I, cfg.act == Activation::SiTU, cfg.situ_beta, cfg.situ_linear_beta, stream));
+    linear(m.down, ga, n, out);
+  }
+
+  void forward(const std::vector<BatchItem>& items, std::vector<float>& logits, const ForwardOptions& opt);
+};
+
+CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaModel::~CudaModel() = default;
+
+std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoadOptions& opt) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = load_model_config(dir);
+  impl->init(opt.device);
+  {
+    Checkpoint ckpt(dir);
+    ModelWeights hw = bind_weights(impl->cfg, ckpt);
+    upload_weights(impl->cfg, hw, impl->w);
+  }  // the host mapping is dropped: the device copy is all the forward needs
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const CudaLoadOptions& opt) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->init(opt.device);
+  dummy_weights(impl->cfg, opt.dummy_seed, impl->w);
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+const ModelConfig& CudaModel::config() const { return impl_->cfg; }
+std::string CudaModel::device_name() const { return impl_->name; }
+int64_t CudaModel::weight_bytes() const { return static_cast<int64_t>(impl_->w.arena.bytes()); }
+std::shared_ptr<cache::CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
+
+std::unique_ptr<SequenceCache> CudaModel::new_cache() const {
+  K3_CUDA_CHECK(cudaSetDevice(impl_->device));
+  return std::make_unique<DeviceSequence>(impl_->cfg, impl_->stream);
+}
+
+void CudaModel::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
+                              const ForwardOptions& opt) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->forward(items, logits, opt);
+}
+
+void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<float>& logits,
+                              const ForwardOptions& opt) {
+  const ModelConfig& c = cfg;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const float eps = c.rms_norm_eps;
+  K3_CUDA_CHECK(cudaSetDevice(device));
+
+  // ---- the batch on the host ----
+  struct Seq {
+    int64_t offset, n, past;
+    SequenceCache* cache;
+    bool prefill;
+  };
+  std::vector<Seq> seqs;
+  std::vector<int32_t> tokens, tok_seq, tok_pos;
+  for (const BatchItem& it : items) {
+    if (it.tokens.empty()) throw Error("forward: a sequence with no tokens");
+    for (int32_t t : it.tokens)
+      if (t < 0 || t >= V) throw Error("token id " + std::to_string(t) + " out of range [0, " + std::to_string(V) + ")");
+    const int64_t n = static_cast<int64_t>(it.tokens.size());
+    const bool prefill = opt.path == AttnPath::Prefill || (opt.path == AttnPath::Auto && n > 1);
+    seqs.push_back({static_cast<int64_t>(tokens.size()), n, it.cache->n_past(), it.cache, prefill});
+    for (int64_t t = 0; t < n; ++t) {
+      tok_seq.push_back(static_cast<int32_t>(seqs.size() - 1));
+      tok_pos.push_back(static_cast<int32_t>(seqs.back().past + t));
+    }
+    tokens.insert(tokens.end(), it.tokens.begin(), it.tokens.end());
+  }
+  if (seqs.empty()) throw Error("forward: empty batch");
+  for (const Seq& s : seqs) s.cache->reserve(s.n);
+  const int64_t N = static_cast<int64_t>(tokens.size());
+  const int64_t S = static_cast<int64_t>(seqs.size());
+  ensure(N);
+
+  // Rows whose logits are wanted.
+  std::vector<int32_t> rows;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].want_logits) continue;
+    for (int64_t t = opt.all_logits ? 0 : seqs[i].n - 1; t < seqs[i].n; ++t) rows.push_back(static_cast<int32_t>(seqs[i].offset + t));
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+
+  // ---- staging ----
+  st.clear();
+  const size_t o_tokens = st.put(tokens), o_tseq = st.put(tok_seq), o_tpos = st.put(tok_pos), o_rows = st.put(rows);
+  // MLA page tables (one pointer per page per layer; same page count for every layer).
+  const int64_t n_mla = c.num_mla_layers(), n_kda = c.num_kda_layers();
+  std::vector<int32_t> page_start(static_cast<size_t>(S)), page_tokens(static_cast<size_t>(S));
+  std::vector<size_t> o_pages(static_cast<size_t>(n_mla));
+  {
+    int32_t total = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t B = seqs[static_cast<size_t>(i)].cache->mla_page_tokens();
+      const int64_t len = seqs[static_cast<size_t>(i)].past + seqs[static_cast<size_t>(i)].n;
+      page_start[static_cast<size_t>(i)] = total;
+      page_tokens[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(B, int64_t{1} << 30));
+      total += static_cast<int32_t>((len + std::min<int64_t>(B, len) - 1) / std::min<int64_t>(B, len));
+    }
+    std::vector<const float*> ptrs(static_cast<size_t>(total));
+    for (int64_t m = 0; m < n_mla; ++m) {
+      for (int64_t i = 0; i < S; ++i) {
+        const Seq& s = seqs[static_cast<size_t>(i)];
+        const int64_t B = std::min<int64_t>(s.cache->mla_page_tokens(), s.past + s.n);
+        const int64_t np = (s.past + s.n + B - 1) / B;
+        for (int64_t j = 0; j < np; ++j) ptrs[static_cast<size_t>(page_start[static_cast<size_t>(i)] + j)] = s.cache->mla_row(m, j * B);
+      }
+      o_pages[static_cast<size_t>(m)] = st.put(ptrs);
+    }
+  }
+  const size_t o_pstart = st.put(page_start), o_ptok = st.put(page_tokens);
+  // KDA descriptors per layer: all sequences, then the split into recurrent / chunked sets.
+  const bool chunk_ok = opt.kda_chunk == 16 || opt.kda_chunk == 32 || opt.kda_chunk == 64;
+  bool all_decode = true;
+  for (const Seq& s : seqs) all_decode = all_decode && s.n == 1 && !s.prefill;
+  std::vector<size_t> o_kall(static_cast<size_t>(n_kda)), o_krec(static_cast<size_t>(n_kda)), o_kchk(static_cast<size_t>(n_kda));
+  int n_rec = 0, n_chk = 0;
+  for (int64_t li = 0; li < n_kda; ++li) {
+    std::vector<KdaSeq> all, rec, chk;
+    for (const Seq& s : seqs) {
+      const KdaStateView v = s.cache->kda_state(li);
+      const KdaSeq d{v.S, v.conv_q, v.conv_k, v.conv_v, static_cast<int32_t>(s.offset), static_cast<int32_t>(s.n)};
+      all.push_back(d);
+      (s.prefill && chunk_ok ? chk : rec).push_back(d);
+    }
+    n_rec = static_cast<int>(rec.size());
+    n_chk = static_cast<int>(chk.size());
+    o_kall[static_cast<size_t>(li)] = st.put(all);
+    o_krec[static_cast<size_t>(li)] = st.put(rec);
+    o_kchk[static_cast<size_t>(li)] = st.put(chk);
+  }
+  // Attention-Residual sources: for nb completed blocks, [B_0 .. B_{nb-1}, P].
+  std::vector<size_t> o_src(static_cast<size_t>(n_blocks_max + 1));
+  for (int64_t nb = 1; nb <= n_blocks_max; ++nb) {
+    std::vector<const float*> src;
+    for (int64_t b = 0; b < nb; ++b) src.push_back(blocks + b * N * H);
+    src.push_back(P);
+    o_src[static_cast<size_t>(nb)] = st.put(src);
+  }
+  const size_t sbytes = st.bytes().size();
+  if (staging_d.bytes() < sbytes) staging_d = DeviceBuffer(std::max(sbytes, staging_d.bytes() * 2));
+  std::memcpy(staging_h.ensure(sbytes), st.bytes().data(), sbytes);
+  K3_CUDA_CHECK(cudaMemcpyAsync(staging_d.get(), staging_h.ensure(sbytes), sbytes, cudaMemcpyHostToDevice, stream));
+
+  auto paging = [&](int64_t m) {
+    return MlaPaging{dptr<const float* const>(o_pages[static_cast<size_t>(m)]), dptr<const int32_t>(o_pstart),
+                     dptr<const int32_t>(o_ptok), dptr<const int32_t>(o_tseq), dptr<const int32_t>(o_tpos),
+                     static_cast<int>(c.mla_cache_dim())};
+  };
+
+  // ---- the graph ----
+  const size_t NH = static_cast<size_t>(N * H);
+  K3_CUDA_CHECK(embed_rows(w.embed, H, dptr<const int32_t>(o_tokens), static_cast<int>(N), P, stream));
+  const bool attn_res = c.attn_res_block_size > 0;
+  int64_t nb = 0, kda_i = 0, mla_i = 0;
+  auto mix = [&](const float* wres) -> const float* {
+    if (!attn_res || nb == 0) return P;
+    K3_CUDA_CHECK(attn_res_mix(dptr<const float* const>(o_src[static_cast<size_t>(nb)]), static_cast<int>(nb + 1), wres,
+                               static_cast<int>(N), static_cast<int>(H), eps, h, stream));
+    return h;
+  };
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const DLayer& L = w.layers[static_cast<size_t>(l)];
+    const float* hin = mix(L.attn_res);
+    bool p_empty = false;
+    if (attn_res && l % c.attn_res_block_size == 0) {
+      K3_CUDA_CHECK(cudaMemcpyAsync(blocks + nb * N * H, P, NH * 4, cudaMemcpyDeviceToDevice, stream));
+      ++nb;
+      p_empty = true;
+    }
+    K3_CUDA_CHECK(rmsnorm(hin, L.input_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
+
+    if (L.is_kda) {
+      const DKda& K = L.kda;
+      const int Hk = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim), W = static_cast<int>(c.conv_kernel);
+      const int64_t C = c.kda_heads * c.kda_head_dim;
+      linear(K.q, xin, N, pq);
+      linear(K.k, xin, N, pk);
+      linear(K.v, xin, N, pv);
+      linear(K.f_a, xin, N, fa);
+      linear(K.f_b, fa, N, g);
+      linear(K.b, xin, N, beta);
+      if (c.kda_full_rank_gate) {
+        linear(K.g, xin, N, gate);
+      } else {
+        linear(K.g_a, xin, N, fa);
+        linear(K.g_b, fa, N, gate);
+      }
+      const bool bounded = c.gate_lower_bound.has_value();
+      const float lb = bounded ? *c.gate_lower_bound : 0.f;
+      const size_t li = static_cast<size_t>(kda_i++);
+      if (all_decode) {
+        K3_CUDA_CHECK(kda_decode_fused(dptr<const KdaSeq>(o_kall[li]), static_cast<int>(S), Hk, D, W, pq, pk, pv, K.q_conv,
+                                       K.k_conv, K.v_conv, g, K.dt_bias, K.A_log, bounded, lb, beta, gate, K.o_norm, eps, o,
+                                       stream));
+      } else {
+        K3_CUDA_CHECK(kda_conv_l2norm(dptr<const KdaSeq>(o_kall[li]), static_cast<int>(S), static_cast<int>(N), Hk, D, W, pq, pk,
+                                      pv, K.q_conv, K.k_conv, K.v_conv, q, k, v, stream));
+        K3_CUDA_CHECK(kda_gates(static_cast<int>(N), Hk, D, g, K.dt_bias, K.A_log, bounded, lb, beta, stream));
+        if (n_rec > 0)
+          K3_CUDA_CHECK(kda_recurrent(dptr<const KdaSeq>(o_krec[li]), n_rec, Hk, D, q, k, v, g, beta, o, stream));
+        if (n_chk > 0)
+          K3_CUDA_CHECK(kda_chunked(dptr<const KdaSeq>(o_kchk[li]), n_chk, Hk, D, opt.kda_chunk, q, k, v, g, beta, o, stream));
+        K3_CUDA_CHECK(kda_output_gate(static_cast<int>(N), Hk, D, o, K.o_norm, eps, gate, stream));
+      }
+      (void)C;
+      linear(K.o, o, N, tmp);
+    } else {
+      const DMla& M = L.mla;
+      const int nh = static_cast<int>(c.mla_heads), dn = static_cast<int>(c.qk_nope_dim), dr = static_cast<int>(c.qk_rope_dim),
+                dv = static_cast<int>(c.v_head_dim), kr = static_cast<int>(c.kv_lora_rank);
+      const int qk = dn + dr, cd = kr + dr;
+      if (!M.q_a.empty()) {
+        linear(M.q_a, xin, N, qa);
+        K3_CUDA_CHECK(rmsnorm(qa, M.q_a_norm, static_cast<int>(N), static_cast<int>(c.q_lora_rank), static_cast<int>(c.q_lora_rank),
+                              c.mla_norm_eps, qa, stream));
+        linear(M.q_b, qa, N, mq);
+      } else {
+        linear(M.q, xin, N, mq);
+      }
+      linear(M.kv_a, xin, N, lat);
+      K3_CUDA_CHECK(rmsnorm(lat, M.kv_a_norm, static_cast<int>(N), kr, cd, c.mla_norm_eps, lat, stream));
+      const MlaPaging pg = paging(mla_i++);
+      K3_CUDA_CHECK(mla_write_rows(pg, static_cast<int>(N), lat, stream));
+      // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h] (see the column-major mapping in docs/kernels-cuda.md).
+      const float one = 1.f, zero = 0.f;
+      check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, kr, static_cast<int>(N), dn, &one,
+                                             M.kv_b, kr, static_cast<long long>(dn + dv) * kr, mq, nh * qk, qk, &zero, ql,
+                                             nh * cd, cd, nh),
+                   "q absorption");
+      K3_CUDA_CHECK(mla_copy_qpe(mq, static_cast<int>(N), nh, dn, dr, kr, ql, stream));
+      K3_CUDA_CHECK(mla_attend_latent(pg, static_cast<int>(N), nh, kr, dr, ql, 1.0f / std::sqrt(static_cast<float>(qk)), ol, stream));
+      // o[t][h] = W_UV_h o_lat[t][h]
+      check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, dv, static_cast<int>(N), kr, &one,
+                                             M.kv_b + static_cast<int64_t>(dn) * kr, kr, static_cast<long long>(dn + dv) * kr,
+                                             ol, nh * kr, kr, &zero, mo, nh * dv, dv, nh),
+                   "v up-projection");
+      if (!M.g.empty()) {
+        linear(M.g, xin, N, mg);
+        K3_CUDA_CHECK(sigmoid_mul(mo, mg, N * nh * dv, stream));
+      }
+      linear(M.o, mo, N, tmp);
+    }
+    if (p_empty)
+      K3_CUDA_CHECK(cudaMemcpyAsync(P, tmp, NH * 4, cudaMemcpyDeviceToDevice, stream));
+    else
+      K3_CUDA_CHECK(add_inplace(P, tmp, static_cast<int64_t>(NH), stream));
+
+    const float* hmlp = mix(L.mlp_res);
+    K3_CUDA_CHECK(rmsnorm(hmlp, L.post_attn_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
+    if (L.is_moe) {
+      const DMoe& M = L.moe;
+      const int E = static_cast<int>(c.num_experts), K = static_cast<int>(c.top_k);
+      const int X = static_cast<int>(c.expert_in_dim());
+      linear(M.router, xin, N, rl);
+      K3_CUDA_CHECK(moe_route(static_cast<int>(N), E, K, rl, M.bias, c.moe_renormalize, c.routed_scaling_factor, idx, wts, stream));
+      const float* ex = xin;
+      if (!M.latent_down.empty()) {
+        linear(M.latent_down, xin, N, z);
+        ex = z;
+      }
+      K3_CUDA_CHECK(moe_experts(M.experts, static_cast<int>(N), K, ex, idx, wts,
+                                c.act == Activation::SiTU ? GluAct::SiTU : GluAct::SiLU, c.situ_beta, c.situ_linear_beta, acc,
+                                *moe_ws, stream));
+      if (!M.latent_up.empty()) {
+        if (M.latent_norm)
+          K3_CUDA_CHECK(rmsnorm(acc, M.latent_norm, static_cast<int>(N), X, X, eps, acc, stream));
+        linear(M.latent_up, acc, N, tmp);
+      } else {
+        K3_CUDA_CHECK(cudaMemcpyAsync(tmp, acc, NH * 4, cudaMemcpyDeviceToDevice, stream));
+      }
+      if (!M.shared.gate.empty()) {
+        glu_mlp(M.shared, xin, N, sh);
+        K3_CUDA_CHECK(add_inplace(tmp, sh, static_cast<int64_t>(NH), stream));
+      }
+    } else {
+      glu_mlp(L.mlp, xin, N, tmp);
+    }
+    K3_CUDA_CHECK(add_inplace(P, tmp, static_cast<int64_t>(NH), stream));
+  }
+  const float* hout = mix(w.out_res);
+
+  // ---- logits ----
+  logits.resize(static_cast<size_t>(R * V));
+  if (R > 0) {
+    K3_CUDA_CHECK(gather_rows(hout, dptr<const int32_t>(o_rows), static_cast<int>(R), static_cast<int>(H), hs, stream));
+    K3_CUDA_CHECK(rmsnorm(hs, w.final_norm, static_cast<int>(R), static_cast<int>(H), static_cast<int>(H), eps, hs, stream));
+    const size_t lbytes = static_cast<size_t>(R * V) * 4;
+    if (logits_d.bytes() < lbytes) logits_d = DeviceBuffer(lbytes);
+    linear(w.lm_head, hs, R, logits_d.get<float>());
+    K3_CUDA_CHECK(cudaMemcpyAsync(logits_h.ensure(lbytes), logits_d.get(), lbytes, cudaMemcpyDeviceToHost, stream));
+  }
+  K3_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (R > 0) std::memcpy(logits.data(), logits_h.ensure(static_cast<size_t>(R * V) * 4), static_cast<size_t>(R * V) * 4);
+  for (const Seq& s : seqs) s.cache->advance(s.n);
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,45 @@
+// The Kimi K3 / Kimi-Linear forward pass on one CUDA GPU (sm_90): the same graph as the CPU Model
+// (model/model.cpp), over weights and caches in device memory. Activations are fp32; dense
+// projections run through linear.h (fp32 GEMV for decode-sized batches, cuBLAS bf16 tensor cores for
+// prefill), KDA/MLA/MoE through their kernel files. One stream; a forward ends with the logits copied
+// to the host (the step's only synchronisation).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "k3/model/config.h"
+#include "k3/model/model_runner.h"
+
+namespace k3::cuda {
+
+struct CudaLoadOptions {
+  int device = 0;
+  uint64_t dummy_seed = 0x5eed;  // --load-format dummy
+};
+
+class CudaModel final : public ModelRunner {
+ public:
+  // Loads the checkpoint with the CPU loader (validation included), then uploads it.
+  static std::unique_ptr<CudaModel> load(const std::string& dir, const CudaLoadOptions& opt = {});
+  // Random weights of `cfg`'s shapes generated on the device; no checkpoint needed.
+  static std::unique_ptr<CudaModel> load_dummy(const ModelConfig& cfg, const CudaLoadOptions& opt = {});
+  ~CudaModel() override;
+
+  const ModelConfig& config() const override;
+  std::string device_name() const override;
+  std::unique_ptr<SequenceCache> new_cache() const override;
+  std::shared_ptr<cache::CacheMemory> cache_memory() const override;
+  void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
+                     const ForwardOptions& opt = {}) const override;
+
+  int64_t weight_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit CudaModel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::cuda

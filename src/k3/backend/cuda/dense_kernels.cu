@@ -1,0 +1,206 @@
+// Elementwise / row kernels (dense_kernels.h). Row kernels use one block per row with a block-wide
+// reduction; sums are accumulated in fp32 (the CPU reference uses double for attn_res and the L2 norms,
+// float elsewhere: differences stay at fp32 rounding).
+#include "k3/backend/cuda/dense_kernels.h"
+
+#include <cuda_bf16.h>
+
+namespace k3::cuda {
+namespace {
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024). All threads get the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float x = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0.f;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    if (lane == 0) total = x;
+  }
+  __syncthreads();
+  return total;
+}
+
+int row_threads(int dim) { return dim >= 1024 ? 512 : dim >= 256 ? 256 : 128; }
+unsigned grid1d(int64_t count, int threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
+
+__global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
+                             float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = bf16_to_f32(row[i]);
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
+  float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
+  float ss = 0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+__global__ void sigmoid_mul_kernel(float* y, const float* g, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] *= sigmoid(g[i]);
+}
+__global__ void glu_kernel(float* gate, const float* up, int64_t n, bool situ, float beta, float lbeta) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i], u = up[i];
+  if (situ)
+    gate[i] = beta * tanhf(g / beta) * sigmoid(g) * (lbeta * tanhf(u / lbeta));
+  else
+    gate[i] = g * sigmoid(g) * u;
+}
+__global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+    out[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+
+// One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
+__global__ void attn_res_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+                                float eps, float* __restrict__ out) {
+  __shared__ float p[32];
+  const int64_t t = blockIdx.x;
+  for (int i = 0; i < m; ++i) {
+    const float* v = src[i] + t * H;
+    float ss = 0, dot = 0;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) {
+      ss += v[d] * v[d];
+      dot += v[d] * w[d];
+    }
+    ss = block_sum(ss);
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) p[i] = dot * rsqrtf(ss / static_cast<float>(H) + eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < m; ++i) mx = fmaxf(mx, p[i]);
+    for (int i = 0; i < m; ++i) sum += (p[i] = __expf(p[i] - mx));
+    for (int i = 0; i < m; ++i) p[i] /= sum;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float o = 0;
+    for (int i = 0; i < m; ++i) o += p[i] * src[i][t * H + d];
+    out[t * H + d] = o;
+  }
+}
+
+__global__ void gather_kernel(const float* x, const int32_t* rows, int H, float* out) {
+  const int64_t r = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(rows[r]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[r * H + i] = src[i];
+}
+
+// splitmix64 of (seed, index): independent of the launch shape.
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float unit(uint64_t seed, int64_t i) {
+  return static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+}
+__global__ void fill_bf16_kernel(uint16_t* p, int64_t n, float scale, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const __nv_bfloat16 b = __float2bfloat16_rn((2.0f * unit(seed, i) - 1.0f) * scale);
+    p[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+}
+__global__ void fill_f32_kernel(float* p, int64_t n, float lo, float hi, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = lo + (hi - lo) * unit(seed, i);
+}
+__global__ void fill_bytes_kernel(uint8_t* p, int64_t n, uint32_t lo, uint32_t span, uint64_t seed) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    p[i] = static_cast<uint8_t>(lo + mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) % span);
+}
+
+unsigned fill_grid(int64_t n) { return static_cast<unsigned>(n / 256 + 1 < 65536 ? n / 256 + 1 : 65536); }
+
+}  // namespace
+
+cudaError_t embed_rows(const uint16_t* table, int64_t H, const int32_t* tokens, int n, float* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  embed_kernel<<<n, 256, 0, s>>>(table, H, tokens, out);
+  return cudaGetLastError();
+}
+
+cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, float eps, float* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (dim <= 0 || stride < dim) return cudaErrorInvalidValue;
+  rmsnorm_kernel<<<n, row_threads(dim), 0, s>>>(x, w, dim, stride, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<grid1d(n, 256), 256, 0, s>>>(y, x, n);
+  return cudaGetLastError();
+}
+cudaError_t sigmoid_mul(float* y, const float* g, int64_t n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  sigmoid_mul_kernel<<<grid1d(n, 256), 256, 0, s>>>(y, g, n);
+  return cudaGetLastError();
+}
+cudaError_t glu(float* gate, const float* up, int64_t n, bool situ, float beta, float lbeta, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  glu_kernel<<<grid1d(n, 256), 256, 0, s>>>(gate, up, n, situ, beta, lbeta);
+  return cudaGetLastError();
+}
+cudaError_t to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  to_bf16_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, out);
+  return cudaGetLastError();
+}
+cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,
+                         cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (m < 1 || m > 32) return cudaErrorInvalidValue;
+  attn_res_kernel<<<n, row_threads(H), 0, s>>>(sources, m, w, H, eps, out);
+  return cudaGetLastError();
+}
+cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s) {
+  if (R <= 0) return cudaSuccess;
+  gather_kernel<<<R, 256, 0, s>>>(x, rows, H, out);
+  return cudaGetLastError();
+}
+cudaError_t fill_uniform_bf16(uint16_t* p, int64_t n, float scale, uint64_t seed, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  fill_bf16_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, scale, seed);
+  return cudaGetLastError();
+}
+cudaError_t fill_uniform_f32(float* p, int64_t n, float lo, float hi, uint64_t seed, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  fill_f32_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, lo, hi, seed);
+  return cudaGetLastError();
+}
+cudaError_t fill_random_bytes(uint8_t* p, int64_t n, uint8_t lo, uint8_t hi, uint64_t seed, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (hi < lo) return cudaErrorInvalidValue;
+  fill_bytes_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, lo, static_cast<uint32_t>(hi - lo) + 1u, seed);
+  return cudaGetLastError();
+}
+
+}  // namespace k3::cuda

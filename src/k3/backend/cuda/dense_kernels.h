@@ -1,0 +1,39 @@
+// Elementwise and row-wise kernels of the forward pass on the GPU (the CPU reference of each is named).
+// fp32 activations; device pointers; enqueued on `stream`; each returns the launch status.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+
+// out[t][:] = bf16 table row tokens[t] (cpu::dequant_row of a bf16 embedding).
+cudaError_t embed_rows(const uint16_t* table, int64_t H, const int32_t* tokens, int n, float* out, cudaStream_t s);
+
+// cpu::rmsnorm over the first `dim` values of n rows `stride` floats apart; w may be null; out may alias x.
+cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, float eps, float* out, cudaStream_t s);
+
+// y[i] += x[i]
+cudaError_t add_inplace(float* y, const float* x, int64_t count, cudaStream_t s);
+// y[i] *= sigmoid(g[i])
+cudaError_t sigmoid_mul(float* y, const float* g, int64_t count, cudaStream_t s);
+// gate[i] = act(gate[i]) * up[i]; SiLU (situ = false) or SiTU (cpu::situ_glu).
+cudaError_t glu(float* gate, const float* up, int64_t count, bool situ, float beta, float linear_beta, cudaStream_t s);
+// out[i] = bf16(x[i]) (round to nearest even), for cuBLAS inputs.
+cudaError_t to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t s);
+
+// Block Attention Residuals (attn_res_mix in model/attn_res.cpp): for each of n rows, softmax over the m
+// sources of (RMSNorm_noweight(v_i) . w), mixing the raw v_i. sources: device array of m pointers [n][H].
+cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,
+                         cudaStream_t s);
+
+// out[r][:] = x[rows[r]][:] for R rows of H floats.
+cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s);
+
+// Random weights for --load-format dummy: uniform in [-scale, scale) (bf16 bits / fp32), random bytes
+// (MXFP4 nibbles), or E8M0 scales in [lo, hi]. Deterministic in `seed`.
+cudaError_t fill_uniform_bf16(uint16_t* p, int64_t count, float scale, uint64_t seed, cudaStream_t s);
+cudaError_t fill_uniform_f32(float* p, int64_t count, float lo, float hi, uint64_t seed, cudaStream_t s);
+cudaError_t fill_random_bytes(uint8_t* p, int64_t count, uint8_t lo, uint8_t hi, uint64_t seed, cudaStream_t s);
+
+}  // namespace k3::cuda

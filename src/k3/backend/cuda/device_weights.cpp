@@ -1,0 +1,322 @@
+#include "k3/backend/cuda/device_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "k3/backend/cuda/dense_kernels.h"
+#include "k3/core/dtype.h"
+
+namespace k3::cuda {
+
+void* DeviceArena::alloc(size_t bytes) {
+  constexpr size_t kChunk = size_t{1} << 30, kAlign = 256;
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (bytes == 0) bytes = kAlign;
+  if (chunks_.empty() || off_ + bytes > chunks_.back().bytes()) {
+    chunks_.emplace_back(std::max(bytes, kChunk));
+    off_ = 0;
+  }
+  void* p = chunks_.back().get<uint8_t>() + off_;
+  off_ += bytes;
+  used_ += bytes;
+  return p;
+}
+
+namespace {
+
+// ---- upload from a bound checkpoint ----
+
+class Uploader {
+ public:
+  explicit Uploader(DeviceArena& a) : a_(a) {}
+
+  const float* vec(const std::vector<float>& v) {
+    if (v.empty()) return nullptr;
+    void* p = a_.alloc(v.size() * 4);
+    K3_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return static_cast<const float*>(p);
+  }
+
+  DeviceLinear lin(const WeightMatrix& w) {
+    DeviceLinear d;
+    if (w.empty()) return d;
+    if (w.mxfp4) throw Error("CUDA backend: MXFP4 is supported for routed experts only (a dense projection is MXFP4)");
+    d.rows = w.rows;
+    d.cols = w.cols;
+    const size_t n = static_cast<size_t>(w.rows * w.cols);
+    if (w.dtype == DType::BF16) {
+      d.type = WType::BF16;
+      void* p = a_.alloc(n * 2);
+      K3_CUDA_CHECK(cudaMemcpy(p, w.data, n * 2, cudaMemcpyHostToDevice));
+      d.w = p;
+    } else {  // F32 as is; F16 widened to F32 (exact)
+      d.type = WType::F32;
+      std::vector<float> f(n);
+      for (int64_t r = 0; r < w.rows; ++r) to_f32_row(w, r, f.data() + r * w.cols);
+      void* p = a_.alloc(n * 4);
+      K3_CUDA_CHECK(cudaMemcpy(p, f.data(), n * 4, cudaMemcpyHostToDevice));
+      d.w = p;
+    }
+    return d;
+  }
+
+  // A bf16 [V][H] table for the embedding gather (F32/F16 tables are rounded to bf16).
+  const uint16_t* bf16_table(const WeightMatrix& w) {
+    const size_t n = static_cast<size_t>(w.rows * w.cols);
+    void* p = a_.alloc(n * 2);
+    if (w.dtype == DType::BF16) {
+      K3_CUDA_CHECK(cudaMemcpy(p, w.data, n * 2, cudaMemcpyHostToDevice));
+    } else {
+      std::vector<float> f(static_cast<size_t>(w.cols));
+      std::vector<uint16_t> b(n);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        to_f32_row(w, r, f.data());
+        for (int64_t c = 0; c < w.cols; ++c) b[static_cast<size_t>(r * w.cols + c)] = f32_to_bf16(f[static_cast<size_t>(c)]);
+      }
+      K3_CUDA_CHECK(cudaMemcpy(p, b.data(), n * 2, cudaMemcpyHostToDevice));
+    }
+    return static_cast<const uint16_t*>(p);
+  }
+
+  // One layer's routed experts stacked: [E][rows][cols] per projection.
+  ExpertBank experts(const std::vector<GluMlp>& ex) {
+    ExpertBank b;
+    if (ex.empty()) return b;
+    const GluMlp& e0 = ex[0];
+    b.E = static_cast<int>(ex.size());
+    b.I = static_cast<int>(e0.gate.rows);
+    b.X = static_cast<int>(e0.gate.cols);
+    b.mxfp4 = e0.gate.mxfp4;
+    auto stack = [&](auto get, const void*& data, const uint8_t*& scales) {
+      const WeightMatrix& m0 = get(e0);
+      const size_t rc = static_cast<size_t>(m0.rows * m0.cols);
+      if (b.mxfp4) {
+        uint8_t* p = static_cast<uint8_t*>(a_.alloc(rc / 2 * ex.size()));
+        uint8_t* s = static_cast<uint8_t*>(a_.alloc(rc / 32 * ex.size()));
+        for (size_t e = 0; e < ex.size(); ++e) {
+          const WeightMatrix& m = get(ex[e]);
+          if (!m.mxfp4) throw Error("CUDA backend: a layer mixes MXFP4 and dense experts");
+          K3_CUDA_CHECK(cudaMemcpy(p + e * rc / 2, m.data, rc / 2, cudaMemcpyHostToDevice));
+          K3_CUDA_CHECK(cudaMemcpy(s + e * rc / 32, m.scales, rc / 32, cudaMemcpyHostToDevice));
+        }
+        data = p;
+        scales = s;
+      } else {
+        uint16_t* p = static_cast<uint16_t*>(a_.alloc(rc * 2 * ex.size()));
+        std::vector<float> f(static_cast<size_t>(m0.cols));
+        std::vector<uint16_t> row(rc);
+        for (size_t e = 0; e < ex.size(); ++e) {
+          const WeightMatrix& m = get(ex[e]);
+          if (m.mxfp4) throw Error("CUDA backend: a layer mixes MXFP4 and dense experts");
+          if (m.dtype == DType::BF16) {
+            K3_CUDA_CHECK(cudaMemcpy(p + e * rc, m.data, rc * 2, cudaMemcpyHostToDevice));
+          } else {  // grouped expert kernels take bf16; fp32 experts are rounded (noted in docs)
+            for (int64_t r = 0; r < m.rows; ++r) {
+              to_f32_row(m, r, f.data());
+              for (int64_t c = 0; c < m.cols; ++c) row[static_cast<size_t>(r * m.cols + c)] = f32_to_bf16(f[static_cast<size_t>(c)]);
+            }
+            K3_CUDA_CHECK(cudaMemcpy(p + e * rc, row.data(), rc * 2, cudaMemcpyHostToDevice));
+          }
+        }
+        data = p;
+        scales = nullptr;
+      }
+    };
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.gate; }, b.gate, b.gate_scales);
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.up; }, b.up, b.up_scales);
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.down; }, b.down, b.down_scales);
+    return b;
+  }
+
+ private:
+  static void to_f32_row(const WeightMatrix& w, int64_t r, float* out) {
+    const size_t c = static_cast<size_t>(w.cols);
+    if (w.dtype == DType::F32) {
+      std::memcpy(out, static_cast<const float*>(w.data) + r * w.cols, c * 4);
+    } else if (w.dtype == DType::BF16) {
+      const uint16_t* s = static_cast<const uint16_t*>(w.data) + r * w.cols;
+      for (size_t i = 0; i < c; ++i) out[i] = bf16_to_f32(s[i]);
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(w.data) + r * w.cols;
+      for (size_t i = 0; i < c; ++i) out[i] = f16_to_f32(s[i]);
+    }
+  }
+  DeviceArena& a_;
+};
+
+DGlu glu(Uploader& u, const GluMlp& g) { return {u.lin(g.gate), u.lin(g.up), u.lin(g.down)}; }
+
+// ---- dummy weights ----
+
+class Generator {
+ public:
+  Generator(DeviceArena& a, uint64_t seed) : a_(a), seed_(seed) {}
+
+  DeviceLinear lin(int64_t rows, int64_t cols) {
+    DeviceLinear d{WType::BF16, nullptr, rows, cols};
+    uint16_t* p = static_cast<uint16_t*>(a_.alloc(static_cast<size_t>(rows * cols) * 2));
+    K3_CUDA_CHECK(fill_uniform_bf16(p, rows * cols, std::sqrt(3.0f / static_cast<float>(cols)), ++seed_, nullptr));
+    d.w = p;
+    return d;
+  }
+  const float* vec(int64_t n, float lo, float hi) {
+    float* p = static_cast<float*>(a_.alloc(static_cast<size_t>(n) * 4));
+    K3_CUDA_CHECK(fill_uniform_f32(p, n, lo, hi, ++seed_, nullptr));
+    return p;
+  }
+  const void* bf16(int64_t n, int64_t cols) { return lin(n / cols, cols).w; }
+  // MXFP4 [count][cols]: random nibbles; E8M0 scales chosen so that weights have std ~ 1/sqrt(cols).
+  void mxfp4(int64_t count, int64_t cols, const void*& data, const uint8_t*& scales) {
+    uint8_t* p = static_cast<uint8_t*>(a_.alloc(static_cast<size_t>(count / 2)));
+    uint8_t* s = static_cast<uint8_t*>(a_.alloc(static_cast<size_t>(count / 32)));
+    K3_CUDA_CHECK(fill_random_bytes(p, count / 2, 0, 255, ++seed_, nullptr));
+    // E2M1 magnitudes average ~2.5 (rms ~3): scale 2^e with 3 * 2^e ~ 1/sqrt(cols).
+    const int e = static_cast<int>(std::floor(std::log2(1.0 / (3.0 * std::sqrt(static_cast<double>(cols))))));
+    K3_CUDA_CHECK(fill_random_bytes(s, count / 32, static_cast<uint8_t>(127 + e - 1), static_cast<uint8_t>(127 + e), ++seed_, nullptr));
+    data = p;
+    scales = s;
+  }
+  DGlu glu(int64_t H, int64_t I) { return {lin(I, H), lin(I, H), lin(H, I)}; }
+
+ private:
+  DeviceArena& a_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+void upload_weights(const ModelConfig& c, const ModelWeights& w, DeviceWeights& out) {
+  Uploader u(out.arena);
+  out.embed = u.bf16_table(w.embed);
+  out.lm_head = u.lin(w.lm_head);
+  out.final_norm = u.vec(w.final_norm);
+  out.out_res = u.vec(w.out_res.w);
+  out.layers.resize(w.layers.size());
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    DLayer& D = out.layers[l];
+    D.is_kda = L.is_kda;
+    D.is_moe = L.is_moe;
+    D.input_norm = u.vec(L.input_norm);
+    D.post_attn_norm = u.vec(L.post_attn_norm);
+    D.attn_res = u.vec(L.attn_res.w);
+    D.mlp_res = u.vec(L.mlp_res.w);
+    if (L.is_kda) {
+      const KdaWeights& k = L.kda;
+      D.kda = {u.lin(k.q), u.lin(k.k), u.lin(k.v), u.lin(k.f_a), u.lin(k.f_b), u.lin(k.b), u.lin(k.g), u.lin(k.g_a),
+               u.lin(k.g_b), u.lin(k.o), u.vec(k.q_conv), u.vec(k.k_conv), u.vec(k.v_conv), u.vec(k.dt_bias),
+               u.vec(k.A_log), u.vec(k.o_norm)};
+    } else {
+      const MlaWeights& m = L.mla;
+      D.mla = {u.lin(m.q_a), u.lin(m.q_b), u.lin(m.q), u.lin(m.kv_a), u.lin(m.o), u.lin(m.g),
+               u.vec(m.q_a_norm), u.vec(m.kv_a_norm), u.vec(m.kv_b)};
+    }
+    if (L.is_moe) {
+      const MoeWeights& m = L.moe;
+      D.moe.router = u.lin(m.router);
+      D.moe.bias = u.vec(m.correction_bias);
+      D.moe.experts = u.experts(m.experts);
+      D.moe.shared = glu(u, m.shared);
+      D.moe.latent_down = u.lin(m.latent_down);
+      D.moe.latent_up = u.lin(m.latent_up);
+      D.moe.latent_norm = u.vec(m.latent_norm);
+    } else {
+      D.mlp = glu(u, L.mlp);
+    }
+  }
+  (void)c;
+}
+
+void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
+  Generator g(out.arena, seed);
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  out.embed = static_cast<const uint16_t*>(g.lin(V, H).w);
+  out.lm_head = g.lin(V, H);
+  out.final_norm = g.vec(H, 0.9f, 1.1f);
+  const bool ar = c.attn_res_block_size > 0;
+  if (ar) out.out_res = g.vec(H, -0.05f, 0.05f);
+  out.layers.resize(static_cast<size_t>(c.num_layers));
+  const int64_t Hk = c.kda_heads, D = c.kda_head_dim, C = Hk * D, r = c.kda_gate_rank > 0 ? c.kda_gate_rank : D;
+  const int64_t nh = c.mla_heads, qk = c.mla_qk_dim(), kr = c.kv_lora_rank, dn = c.qk_nope_dim, dv = c.v_head_dim;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    DLayer& L = out.layers[static_cast<size_t>(l)];
+    L.is_kda = c.is_kda[static_cast<size_t>(l)];
+    L.is_moe = c.is_moe_layer(l);
+    L.input_norm = g.vec(H, 0.9f, 1.1f);
+    L.post_attn_norm = g.vec(H, 0.9f, 1.1f);
+    if (ar) {
+      L.attn_res = g.vec(H, -0.05f, 0.05f);
+      L.mlp_res = g.vec(H, -0.05f, 0.05f);
+    }
+    if (L.is_kda) {
+      DKda& k = L.kda;
+      k.q = g.lin(C, H);
+      k.k = g.lin(C, H);
+      k.v = g.lin(C, H);
+      k.f_a = g.lin(r, H);
+      k.f_b = g.lin(C, r);
+      k.b = g.lin(Hk, H);
+      if (c.kda_full_rank_gate) {
+        k.g = g.lin(C, H);
+      } else {
+        k.g_a = g.lin(r, H);
+        k.g_b = g.lin(C, r);
+      }
+      k.o = g.lin(H, C);
+      const int64_t W = c.conv_kernel;
+      k.q_conv = g.vec(C * W, -0.5f, 0.5f);
+      k.k_conv = g.vec(C * W, -0.5f, 0.5f);
+      k.v_conv = g.vec(C * W, -0.5f, 0.5f);
+      k.dt_bias = g.vec(C, -1.0f, 1.0f);
+      k.A_log = g.vec(Hk, -1.0f, 1.0f);
+      k.o_norm = g.vec(D, 0.9f, 1.1f);
+    } else {
+      DMla& m = L.mla;
+      if (c.q_lora_rank > 0) {
+        m.q_a = g.lin(c.q_lora_rank, H);
+        m.q_a_norm = g.vec(c.q_lora_rank, 0.9f, 1.1f);
+        m.q_b = g.lin(nh * qk, c.q_lora_rank);
+      } else {
+        m.q = g.lin(nh * qk, H);
+      }
+      m.kv_a = g.lin(c.mla_cache_dim(), H);
+      m.kv_a_norm = g.vec(kr, 0.9f, 1.1f);
+      const float s = std::sqrt(3.0f / static_cast<float>(kr));
+      m.kv_b = g.vec(nh * (dn + dv) * kr, -s, s);
+      m.o = g.lin(H, nh * dv);
+      if (c.mla_output_gate) m.g = g.lin(nh * dv, H);
+    }
+    if (L.is_moe) {
+      DMoe& m = L.moe;
+      const int64_t E = c.num_experts, X = c.expert_in_dim(), I = c.moe_intermediate_size;
+      m.router = g.lin(E, H);
+      m.bias = g.vec(E, -0.01f, 0.01f);
+      ExpertBank& b = m.experts;
+      b.E = static_cast<int>(E);
+      b.I = static_cast<int>(I);
+      b.X = static_cast<int>(X);
+      b.mxfp4 = c.experts_mxfp4;
+      if (b.mxfp4) {
+        g.mxfp4(E * I * X, X, b.gate, b.gate_scales);
+        g.mxfp4(E * I * X, X, b.up, b.up_scales);
+        g.mxfp4(E * X * I, I, b.down, b.down_scales);
+      } else {
+        b.gate = g.bf16(E * I * X, X);
+        b.up = g.bf16(E * I * X, X);
+        b.down = g.bf16(E * X * I, I);
+      }
+      if (c.num_shared_experts > 0) m.shared = g.glu(H, I * c.num_shared_experts);
+      if (c.routed_hidden_size > 0) {
+        m.latent_down = g.lin(X, H);
+        m.latent_up = g.lin(H, X);
+        if (c.latent_moe_norm) m.latent_norm = g.vec(X, 0.9f, 1.1f);
+      }
+    } else {
+      L.mlp = g.glu(H, c.intermediate_size);
+    }
+  }
+  K3_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,50 @@
+// Dense projections y[n][rows] = x[n][cols] . W^T on the GPU, W bf16 or fp32 (as stored in the
+// checkpoint), x and y fp32. Small n (decode) runs a GEMV-style kernel that reads W once for up to 8
+// tokens with fp32 activations; larger n goes to cuBLAS (bf16 tensor cores with x rounded to bf16, or
+// fp32 SGEMM for fp32 weights). The CPU reference is cpu::matmul.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/backend/cuda/cuda_util.h"
+
+namespace k3::cuda {
+
+enum class WType : int { BF16 = 0, F32 = 1 };
+
+struct DeviceLinear {
+  WType type = WType::BF16;
+  const void* w = nullptr;  // [rows][cols]
+  int64_t rows = 0, cols = 0;
+  bool empty() const { return w == nullptr; }
+  int64_t bytes() const { return rows * cols * (type == WType::BF16 ? 2 : 4); }
+};
+
+// Owns the cuBLAS handle and the bf16 staging buffer of the activations; one per stream.
+class LinearRunner {
+ public:
+  LinearRunner(cudaStream_t stream);
+  ~LinearRunner();
+  LinearRunner(const LinearRunner&) = delete;
+  LinearRunner& operator=(const LinearRunner&) = delete;
+
+  // Largest n that takes the GEMV path.
+  static constexpr int kGemvMaxTokens = 8;
+
+  void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
+  cublasHandle_t cublas() const { return handle_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer xb_;  // bf16 copy of x for cuBLAS
+  DeviceBuffer workspace_;
+};
+
+// The GEMV kernel alone (n <= 8), exposed for tests and benchmarks.
+cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s);
+
+}  // namespace k3::cuda

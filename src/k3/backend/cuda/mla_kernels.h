@@ -1,0 +1,35 @@
+// Gated MLA attention kernels over the paged latent cache (model-spec section 3.3; CPU reference:
+// model/mla_layer.cpp and backend/cpu/mla_attention.cpp). NoPE: no rotation anywhere.
+// Device pointers; enqueued on `stream`; each returns the launch status.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+
+// Where one layer's latent rows live for the sequences of a batch. Row `pos` of sequence s is
+//   pages[page_start[s] + pos / page_tokens[s]] + (pos % page_tokens[s]) * row_dim
+// Tokens of the batch are described by tok_seq (their sequence) and tok_pos (absolute position).
+struct MlaPaging {
+  const float* const* pages;    // page base pointers of this layer
+  const int32_t* page_start;    // [n_seqs]
+  const int32_t* page_tokens;   // [n_seqs]
+  const int32_t* tok_seq;       // [N]
+  const int32_t* tok_pos;       // [N]
+  int row_dim;                  // kv_lora_rank + qk_rope_dim
+};
+
+// Writes the new tokens' latent rows lat [N][row_dim] into the cache.
+cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStream_t s);
+
+// Copies q_pe (the last dr of each head's q [N][nh][dn+dr]) into q_lat [N][nh][kr+dr] at offset kr.
+cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, float* q_lat, cudaStream_t s);
+
+// Absorbed attention: for each token t and head h, softmax over the cached rows 0..tok_pos[t] of
+// (q_lat[t][h] . row) * scale, then o_lat[t][h] = sum softmax * c_kv (the first kr values of each row).
+// q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
+cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
+                              float* o_lat, cudaStream_t s);
+
+}  // namespace k3::cuda

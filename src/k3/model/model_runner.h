@@ -1,0 +1,58 @@
+// The interface every backend's model implements: what the engine, the CLI and the benchmarks need
+// from "a loaded model on some device". The CPU `Model` (model.h) and the CUDA `cuda::CudaModel`
+// (backend/cuda/cuda_model.h) are the two implementations; callers never see which one they hold.
+#pragma once
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "k3/cache/cache_memory.h"
+#include "k3/model/config.h"
+#include "k3/model/sequence_state.h"
+
+namespace k3 {
+
+// Which form the attention layers use. Auto: prefill form for n > 1 tokens, decode form for n == 1.
+// Decode forms everywhere make every token's result independent of batching and of how a prompt is
+// split into chunks (the CPU serving engine relies on it: batch-invariant, prefix-cache-invariant).
+enum class AttnPath { Auto, Prefill /*chunked KDA + MHA MLA*/, Decode /*KDA recurrence + absorbed MLA*/ };
+
+struct ForwardOptions {
+  AttnPath path = AttnPath::Auto;
+  int kda_chunk = 64;
+  bool all_logits = false;  // logits for every token ([n][V]) or only the last ([V])
+};
+
+// One sequence's part of a batched forward.
+struct BatchItem {
+  std::span<const int32_t> tokens;
+  SequenceCache* cache = nullptr;  // from this runner's new_cache() or a cache over its cache_memory()
+  bool want_logits = true;         // last-token logits (or all tokens' with ForwardOptions::all_logits)
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // "cpu", or e.g. "cuda:0 (NVIDIA H200)".
+  virtual std::string device_name() const = 0;
+  // A fresh, empty per-sequence cache in this runner's memory (CLI verbs, tests, offline benchmarks).
+  virtual std::unique_ptr<SequenceCache> new_cache() const = 0;
+  // Where the serving cache manager places its pages and state slots (host or device memory).
+  virtual std::shared_ptr<cache::CacheMemory> cache_memory() const = 0;
+
+  // One forward over several sequences, each appending its tokens. `logits` (host) receives, for each
+  // item with want_logits in order, its last-token row [V] (or all its rows with all_logits).
+  virtual void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
+                             const ForwardOptions& opt = {}) const = 0;
+
+  // Runs `tokens` after the sequence's past; resizes `logits` to [n][V] or [V].
+  void forward(std::span<const int32_t> tokens, SequenceCache& st, std::vector<float>& logits,
+               const ForwardOptions& opt = {}) const {
+    forward_batch({BatchItem{tokens, &st, true}}, logits, opt);
+  }
+};
+
+}  // namespace k3
