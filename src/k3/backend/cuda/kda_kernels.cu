@@ -9,10 +9,13 @@
 //   (loops over dk fully unrolled, so indices are compile-time and s never leaves registers), and
 //   k.S and q.S are thread-local dot products. q_t, k_t, exp(g_t) are shared by all columns and are
 //   staged in shared memory, read as broadcast float4 loads. State loads/stores S[dk][dv] over a
-//   warp's consecutive dv are coalesced.
-// - kda_recurrent: one warp per (seq, head, 32 dv columns), so even a decode batch of 1 spreads over
-//   H * D/32 blocks. Token data is double-buffered in shared memory (one __syncwarp per token) and the
-//   next token's inputs are prefetched into registers while the current one is computed.
+//   warp's consecutive dv are coalesced. For D = 128 the recurrent and decode kernels give each column
+//   to two adjacent lanes (64 state values each, one shuffle per dot product): a whole column per
+//   thread needed > 255 registers and spilled (kSplit below). The chunked kernel keeps one thread per
+//   column (207 registers, no spill).
+// - kda_recurrent: one warp per (seq, head, 32/kSplit dv columns), so even a decode batch of 1 spreads
+//   over H * D*kSplit/32 blocks. Token data is double-buffered in shared memory (one __syncwarp per
+//   token) and the next token's inputs are prefetched into registers while the current one is computed.
 // - kda_chunked: one block of D threads per (seq, head). Per chunk the block builds, in shared memory,
 //   the intra-chunk quantities that all columns share (cumulative log decay G relative to the chunk
 //   start, A_kk, A_qk, W = T exp(G) K, Q exp(G), exp(G_last - G) K, exp(G_last)); every exponent is a
@@ -24,8 +27,9 @@
 //   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
 //   writing the new state after it has read the old one into registers. The per-head L2 norm is a
 //   block reduction per token.
-// - kda_decode_fused: block of D threads per (seq, head): thread d is channel d for the conv, norms and
-//   gates, and value column d for the recurrence. It uses the same device helpers as the unfused kernels.
+// - kda_decode_fused: block of D*kSplit threads per (seq, head): thread d < D is channel d for the conv,
+//   norms and gates; for the recurrence the threads map to value columns as in kda_recurrent. It uses
+//   the same device helpers as the unfused kernels, so it matches them to rounding.
 #include "k3/backend/cuda/kda_kernels.h"
 
 #include <cstddef>
