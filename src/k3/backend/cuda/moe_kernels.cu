@@ -279,7 +279,9 @@ __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_k
   const int4 td = a.tiles[tile];
   const int e = td.x, start = td.y, cnt = td.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int rows = a.rows, cols = a.cols, groups = cols >> 5;
+  // bf16 widths need only be multiples of 8 (tiny Kimi-Linear: I = 48): the last group may be partial, its
+  // missing 8-column pieces are neither staged nor read. MXFP4 widths are multiples of 32.
+  const int rows = a.rows, cols = a.cols, groups = (cols + 31) >> 5, cols8 = cols >> 3;
   if (threadIdx.x < TOK)
     src_row[threadIdx.x] =
         threadIdx.x < cnt ? (GATHER ? a.sorted[start + threadIdx.x] / a.K : start + static_cast<int>(threadIdx.x)) : 0;
@@ -312,6 +314,7 @@ __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_k
     const int per_tok = cg * 8;  // float4s per pair in this chunk
     for (int i = threadIdx.x; i < cnt * per_tok; i += kTileThreads) {
       const int t = i / per_tok, rem = i - t * per_tok, g = rem >> 3, q = rem & 7;
+      if (!MX && (c0 + g) * 8 + q >= cols >> 2) continue;  // past the end of a partial group
       const float4* src = reinterpret_cast<const float4*>(a.in + static_cast<int64_t>(src_row[t]) * cols) +
                           static_cast<int64_t>(c0 + g) * 8 + q;
       xs4[(t * CG + g) * kGroupF4 + q] = __ldg(src);
@@ -338,6 +341,7 @@ __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_k
       } else {
 #pragma unroll
         for (int k8 = 0; k8 < 4; ++k8) {
+          if (gg * 4 + k8 >= cols8) break;  // partial last group (lane-divergent only there)
           float wf[NR][8];
 #pragma unroll
           for (int i = 0; i < NR; ++i) {
@@ -462,11 +466,11 @@ cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bia
 
 MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
     : max_tokens_(max_tokens), K_(K), E_(E), I_(I), X_(X) {
-  if (max_tokens <= 0 || K <= 0 || K > kMaxK || E <= 0 || E > kMaxE || K > E || I <= 0 || X <= 0 || I % 32 != 0 ||
-      X % 32 != 0)
+  if (max_tokens <= 0 || K <= 0 || K > kMaxK || E <= 0 || E > kMaxE || K > E || I <= 0 || X <= 0 || I % 8 != 0 ||
+      X % 8 != 0)
     throw Error("MoeWorkspace: unsupported shape (max_tokens " + std::to_string(max_tokens) + ", K " +
                 std::to_string(K) + ", E " + std::to_string(E) + ", I " + std::to_string(I) + ", X " +
-                std::to_string(X) + "): need K <= 32, K <= E <= 4096, I and X multiples of 32");
+                std::to_string(X) + "): need K <= 32, K <= E <= 4096, I and X multiples of 8 (of 32 for MXFP4 experts)");
   const int64_t P = static_cast<int64_t>(max_tokens) * K;
   if (P > (int64_t{1} << 30)) throw Error("MoeWorkspace: max_tokens * K too large");
   max_tiles_ = static_cast<int>(tile_bound(P, E, 4));  // the smallest tile size needs the most tiles
@@ -507,7 +511,8 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (n == 0) return cudaSuccess;
   if (K != ws.K_ || w.E != ws.E_ || w.I != ws.I_ || w.X != ws.X_) return cudaErrorInvalidValue;
   if (!x || !topk_idx || !topk_w || !out || !w.gate || !w.up || !w.down) return cudaErrorInvalidValue;
-  if (w.mxfp4 && (!w.gate_scales || !w.up_scales || !w.down_scales)) return cudaErrorInvalidValue;
+  if (w.mxfp4 && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
+    return cudaErrorInvalidValue;
   if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
     return cudaErrorInvalidValue;
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;

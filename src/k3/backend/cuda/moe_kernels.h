@@ -13,7 +13,8 @@ namespace k3::cuda {
 //   bf16:  gate, up [E][I][X]; down [E][X][I]   (uint16_t bf16 bits)
 //   mxfp4: gate, up packed [E][I][X/2] + scales [E][I][X/32]; down packed [E][X][I/2] + scales [E][X][I/32]
 //          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
-// X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0.
+// X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
+// for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
 struct ExpertBank {
   bool mxfp4 = false;
   const void* gate = nullptr;
