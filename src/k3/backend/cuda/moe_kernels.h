@@ -13,7 +13,8 @@ namespace k3::cuda {
 //   bf16:  gate, up [E][I][X]; down [E][X][I]   (uint16_t bf16 bits)
 //   mxfp4: gate, up packed [E][I][X/2] + scales [E][I][X/32]; down packed [E][X][I/2] + scales [E][X][I/32]
 //          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
-// X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0.
+// X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
+// for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
 struct ExpertBank {
   bool mxfp4 = false;
   const void* gate = nullptr;
@@ -50,14 +51,14 @@ class MoeWorkspace {
   int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
   size_t bytes_ = 0;
   void* base_ = nullptr;  // one allocation, carved into the buffers below
-  // Carved buffers (set in the constructor), e.g. per-expert counts/offsets, (token, k) pairs sorted by
-  // expert, the [n*K][I] hidden activations and the [n*K][X] expert outputs.
-  int32_t* counts_ = nullptr;
-  int32_t* offsets_ = nullptr;
-  int32_t* pairs_ = nullptr;
-  int32_t* tiles_ = nullptr;
-  float* hidden_ = nullptr;
-  float* y_ = nullptr;
+  // Carved buffers (set in the constructor); P = max_tokens * K (token, k) pairs, pair p = t * K + k.
+  int32_t* num_tiles_ = nullptr;  // [1] tiles written by the plan kernel
+  int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
+  int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
+  int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0)
+  float* hidden_ = nullptr;       // [P][I] act(gate) * up, by slot
+  float* y_ = nullptr;            // [P][X] expert outputs, by slot
+  int max_tiles_ = 0;
 };
 
 // out[t] = sum_k topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k]; out [n][X]

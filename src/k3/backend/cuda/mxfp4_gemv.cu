@@ -3,11 +3,12 @@
 // MXFP4 layout per warp: each warp owns kRowsPerWarp rows; lane l handles groups g = l, l+32, ...
 // of every one of its rows. One group = 32 weights = 16 packed bytes = one 16-byte load, so a warp's
 // loads of a row are 512 contiguous bytes (coalesced) and each lane needs exactly one scale per load.
-// E2M1 -> fp16 by bit placement: sign to bit 15, (e1 e0 m) to bits 11..9 gives the E2M1 value times
-// 2^-14 exactly (e = 0 lands on fp16 subnormals, which is what E2M1 e = 0 means), two at a time as
-// half2; the 2^14 is folded into the group scale. x is staged once per block in shared memory as fp32,
+// E2M1 -> fp16 by bit placement (mxfp4_decode.cuh), two at a time as half2; the 2^14 is folded into
+// the group scale. x is staged once per block in shared memory as fp32,
 // padded by one float every 32 so that lanes reading different groups hit different banks.
 #include "k3/backend/cuda/mxfp4_gemv.h"
+
+#include "k3/backend/cuda/mxfp4_decode.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -24,26 +25,11 @@ __device__ __forceinline__ float load_x(const uint16_t* x, int64_t i) {
   return __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// 2^(s-127) * 2^14 (the fp16 decode's bias); s == 255 is NaN.
-__device__ __forceinline__ float e8m0_scale_x2p14(uint32_t s) {
-  if (s <= 240u) return __uint_as_float((s + 14u) << 23);
-  if (s == 255u) return __uint_as_float(0x7fc00000u);
-  return ldexpf(1.0f, static_cast<int>(s) - 113);
-}
-
 // Dot of 8 E2M1 values packed in w (element 2i = low nibble of byte i) with xs[0..7] (shared, fp32).
 __device__ __forceinline__ float dot8(uint32_t w, const float* xs) {
-  // Even elements (low nibbles) of bytes 0,2 and 1,3; odd elements (high nibbles) likewise.
-  const uint32_t e02 = ((w & 0x00080008u) << 12) | ((w & 0x00070007u) << 9);         // elems 0, 4
-  const uint32_t o02 = ((w & 0x00800080u) << 8) | ((w & 0x00700070u) << 5);          // elems 1, 5
-  const uint32_t e13 = ((w & 0x08000800u) << 4) | ((w & 0x07000700u) << 1);          // elems 2, 6
-  const uint32_t o13 = ((w & 0x80008000u)) | ((w & 0x70007000u) >> 3);               // elems 3, 7
+  uint32_t h[4];  // (elems 0, 4), (1, 5), (2, 6), (3, 7)
+  e2m1x8_to_half2(w, h);
+  const uint32_t e02 = h[0], o02 = h[1], e13 = h[2], o13 = h[3];
   const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&e02));
   const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&o02));
   const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&e13));
@@ -106,10 +92,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const float v = warp_sum(acc[r]);
     if (lane == 0 && valid[r]) y[row0 + r] = v;
   }
-}
-
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 // Dense bf16: lane l handles 8-element chunks c = l, l+32, ...; x read straight from global (L1-resident,

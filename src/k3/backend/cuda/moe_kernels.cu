@@ -1,0 +1,543 @@
+// MoE kernels (see moe_kernels.h; CPU reference: moe_layer() in model/ffn_layers.cpp).
+//
+// Routing: one block per token; K rounds of a block-wide argmax over the biased scores with the total
+// order (score desc, id asc), so the pick is unique and independent of the reduction tree, and ties go
+// to the lower id like the CPU's partial_sort comparator. The weights use the same fp32 operations in
+// the same order as the CPU (denominator summed in rank order).
+//
+// Experts, four launches, no host synchronisation and no allocation (CUDA-graph capturable):
+//  1. plan (one block): count the (token, k) pairs per expert in shared memory, scan the counts, cut each
+//     expert's pairs into tiles of up to TOK pairs, and scatter the pair ids into expert order
+//     ("slots"); slot_of[pair] remembers where each pair landed.
+//  2. gate+up: block = (tile, 16 output rows). A warp owns R rows of gate and the same R rows of up;
+//     lane l takes 32-column groups l, l+32, ... (one group = one 16-byte load of MXFP4, or four of bf16,
+//     so a warp reads contiguous bytes). Each weight is decoded once in registers and applied to all
+//     pairs of the tile (W4A16: weight bytes are read once per tile, not once per token). The tile's
+//     activations are staged in shared memory in chunks of CG groups, 36 floats per group (4 pad floats
+//     make the lanes' 16-byte reads of different groups conflict-free). Writes act(g) * up by slot.
+//  3. down: the same kernel with one matrix, reading hidden by slot; writes y by slot.
+//  4. combine: out[t] = sum over k in rank order of w[t][k] * y[slot_of[t*K+k]]: deterministic, no atomics.
+// Every pair's arithmetic is the same whichever tile slot it lands in (the per-slot loops are unrolled
+// and uniform), so the results do not depend on the (atomic) order of the scatter or on batching.
+// The tile kernels' grids are sized from the host-known bound ceil(P/TOK) + min(E, P) tiles; blocks past
+// the real tile count (read on the device) exit at once.
+// TOK: 4 when there are at most as many pairs as experts (decode: tiles hold ~1 pair, fewer accumulator
+// registers, more blocks resident), else 8 (16 needed ~220 registers per thread or spilled at 128).
+#include "k3/backend/cuda/moe_kernels.h"
+
+#include <algorithm>
+#include <string>
+
+#include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/core/error.h"
+
+namespace k3::cuda {
+namespace {
+
+constexpr int kMaxE = 4096;
+constexpr int kMaxK = 32;
+constexpr int kRouteThreads = 256;
+constexpr int kPlanThreads = 1024;
+constexpr int kTileWarps = 8;
+constexpr int kTileThreads = kTileWarps * 32;
+constexpr int kGroupF4 = 9;  // float4s per 32-column group in shared memory (32 values + 4 pad floats)
+constexpr int kGateUpR = 2;  // rows per warp of each of gate and up: 4 weight rows per warp
+constexpr int kDownR = 4;    // rows per warp of down: 4 weight rows per warp
+constexpr int kGateUpRowsPerBlock = kTileWarps * kGateUpR;
+constexpr int kDownRowsPerBlock = kTileWarps * kDownR;
+// Shared-memory chunk (groups of 32 columns) per tile size: both stage 36 KiB of activations (under the
+// 48 KiB default, so no opt-in attribute is needed).
+template <int TOK>
+__host__ __device__ constexpr int chunk_groups() {
+  return TOK <= 4 ? 64 : 32;
+}
+// Resident blocks per SM asked of ptxas (caps registers at 65536 / (256 * this)): enough warps to keep
+// loads in flight (TOK 8: 128 registers, no spills; a 16-pair tile needed ~220 or spilled).
+template <int TOK>
+__host__ __device__ constexpr int min_blocks() {
+  return TOK <= 4 ? 3 : 2;
+}
+template <int TOK>
+constexpr size_t tile_smem() {
+  return static_cast<size_t>(TOK) * chunk_groups<TOK>() * kGroupF4 * sizeof(float4);
+}
+
+// ---------------------------------------------------------------------------------------------- routing
+
+// (v, i) beats (bv, bi): higher score, then lower id; i < 0 never wins, bi < 0 always loses.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
+}
+
+__global__ void __launch_bounds__(kRouteThreads)
+    route_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
+                 float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  __shared__ float s_sig[kMaxE];
+  __shared__ float s_biased[kMaxE];
+  __shared__ unsigned char s_taken[kMaxE];
+  __shared__ float s_wv[kRouteThreads / 32];
+  __shared__ int s_wi[kRouteThreads / 32];
+  __shared__ int s_pick[kMaxK];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* lt = logits + static_cast<int64_t>(t) * E;
+  for (int e = threadIdx.x; e < E; e += kRouteThreads) {
+    const float s = 1.0f / (1.0f + expf(-lt[e]));  // cpu::sigmoidf; expf, not __expf: keep ulp-close
+    s_sig[e] = s;
+    s_biased[e] = bias ? s + bias[e] : s;
+    s_taken[e] = 0;
+  }
+  __syncthreads();
+  for (int k = 0; k < K; ++k) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int e = threadIdx.x; e < E; e += kRouteThreads)
+      if (!s_taken[e] && better(s_biased[e], e, bv, bi)) {
+        bv = s_biased[e];
+        bi = e;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      s_wv[warp] = bv;
+      s_wi[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kRouteThreads / 32; ++w)
+        if (better(s_wv[w], s_wi[w], bv, bi)) {
+          bv = s_wv[w];
+          bi = s_wi[w];
+        }
+      // bi < 0 only if every score is NaN; pick the lowest free id so the ids stay valid.
+      if (bi < 0)
+        for (int e = 0; e < E; ++e)
+          if (!s_taken[e]) {
+            bi = e;
+            break;
+          }
+      s_pick[k] = bi;
+      s_taken[bi] = 1;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float denom = 0.f;
+    for (int k = 0; k < K; ++k) denom += s_sig[s_pick[k]];
+    for (int k = 0; k < K; ++k) {
+      const float s = s_sig[s_pick[k]];
+      topk_idx[static_cast<int64_t>(t) * K + k] = s_pick[k];
+      topk_w[static_cast<int64_t>(t) * K + k] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- plan
+
+// One block. Pairs with an expert id outside [0, E) are dropped (slot_of = -1: they add nothing).
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int tok, int32_t* __restrict__ sorted,
+                int32_t* __restrict__ slot_of, int4* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
+  __shared__ int cnt[kMaxE];  // counts, then per-expert scatter cursors
+  __shared__ int warp_p[32], warp_t[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e < E; e += kPlanThreads) cnt[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < P; p += kPlanThreads) {
+    const int e = topk_idx[p];
+    if (static_cast<unsigned>(e) < static_cast<unsigned>(E)) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  // Each thread owns a contiguous run of experts; block-wide exclusive scan of (pairs, tiles).
+  const int per = (E + kPlanThreads - 1) / kPlanThreads;
+  const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+  int my_p = 0, my_t = 0;
+  for (int e = e0; e < e1; ++e) {
+    my_p += cnt[e];
+    my_t += (cnt[e] + tok - 1) / tok;
+  }
+  int ip = my_p, it = my_t;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, ip, o), b = __shfl_up_sync(0xffffffffu, it, o);
+    if (lane >= o) {
+      ip += a;
+      it += b;
+    }
+  }
+  if (lane == 31) {
+    warp_p[warp] = ip;
+    warp_t[warp] = it;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int vp = warp_p[lane], vt = warp_t[lane];
+    int sp = vp, st = vt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, sp, o), b = __shfl_up_sync(0xffffffffu, st, o);
+      if (lane >= o) {
+        sp += a;
+        st += b;
+      }
+    }
+    warp_p[lane] = sp - vp;
+    warp_t[lane] = st - vt;
+  }
+  __syncthreads();
+  int off_p = warp_p[warp] + ip - my_p, off_t = warp_t[warp] + it - my_t;
+  for (int e = e0; e < e1; ++e) {
+    const int c = cnt[e];
+    cnt[e] = off_p;
+    for (int j = 0; j < c; j += tok) tiles[off_t++] = make_int4(e, off_p + j, min(tok, c - j), 0);
+    off_p += c;
+  }
+  if (tid == kPlanThreads - 1) *num_tiles = off_t;  // the last thread ends at the total
+  __syncthreads();
+  for (int p = tid; p < P; p += kPlanThreads) {
+    const int e = topk_idx[p];
+    if (static_cast<unsigned>(e) < static_cast<unsigned>(E)) {
+      const int s = atomicAdd(&cnt[e], 1);
+      sorted[s] = p;
+      slot_of[p] = s;
+    } else {
+      slot_of[p] = -1;
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------------- expert tiles
+
+struct TileArgs {
+  const void* w0 = nullptr;  // gate (NMAT 2) or down (NMAT 1): [E][rows][cols] bf16, or packed [E][rows][cols/2]
+  const uint8_t* s0 = nullptr;  // MXFP4 scales [E][rows][cols/32]
+  const void* w1 = nullptr;  // up (NMAT 2)
+  const uint8_t* s1 = nullptr;
+  int rows = 0, cols = 0;     // one expert matrix: output rows, input width
+  const float* in = nullptr;  // GATHER: x [n][cols], row = pair / K; else hidden [P][cols] by slot
+  const int32_t* sorted = nullptr;
+  int K = 1;
+  const int4* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  float* out = nullptr;  // [P][rows] by slot
+  GluAct act = GluAct::SiLU;
+  float beta = 1.f, lbeta = 1.f;
+};
+
+__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+// cpu::silu_glu / cpu::situ_glu.
+__device__ __forceinline__ float glu(float g, float u, GluAct act, float beta, float lbeta) {
+  if (act == GluAct::SiTU) return beta * tanhf(g / beta) * sigmoid_f(g) * (lbeta * tanhf(u / lbeta));
+  return g / (1.0f + expf(-g)) * u;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& q, int k) {
+  return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
+}
+
+// acc[i][t] += wf[i][0..7] . x_t[0..7] for the tile's pairs t < cnt (x_t: 2 float4 at xg + t*tstride).
+template <int NR, int TOK>
+__device__ __forceinline__ void fma_tokens(float (&acc)[NR][TOK], const float (&wf)[NR][8], const float4* xg,
+                                           int tstride, int cnt) {
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) {
+    if (t < cnt) {  // block-uniform
+      const float4 xa = xg[t * tstride], xb = xg[t * tstride + 1];
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        float a = acc[i][t];
+        a = fmaf(wf[i][0], xa.x, a);
+        a = fmaf(wf[i][1], xa.y, a);
+        a = fmaf(wf[i][2], xa.z, a);
+        a = fmaf(wf[i][3], xa.w, a);
+        a = fmaf(wf[i][4], xb.x, a);
+        a = fmaf(wf[i][5], xb.y, a);
+        a = fmaf(wf[i][6], xb.z, a);
+        a = fmaf(wf[i][7], xb.w, a);
+        acc[i][t] = a;
+      }
+    }
+  }
+}
+
+// NMAT 2: out = glu(gate . in, up . in); NMAT 1: out = w0 . in. R rows per warp of each matrix.
+template <bool MX, int NMAT, int R, int TOK, bool GATHER>
+__global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_kernel(const TileArgs a) {
+  constexpr int CG = chunk_groups<TOK>();
+  constexpr int NR = NMAT * R;
+  extern __shared__ float4 xs4[];  // [TOK][CG][kGroupF4]
+  __shared__ int src_row[TOK];
+  const int tile = blockIdx.x;
+  if (tile >= *a.num_tiles) return;  // whole block: grid sized from an upper bound
+  const int4 td = a.tiles[tile];
+  const int e = td.x, start = td.y, cnt = td.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // bf16 widths need only be multiples of 8 (tiny Kimi-Linear: I = 48): the last group may be partial, its
+  // missing 8-column pieces are neither staged nor read. MXFP4 widths are multiples of 32.
+  const int rows = a.rows, cols = a.cols, groups = (cols + 31) >> 5, cols8 = cols >> 3;
+  if (threadIdx.x < TOK)
+    src_row[threadIdx.x] =
+        threadIdx.x < cnt ? (GATHER ? a.sorted[start + threadIdx.x] / a.K : start + static_cast<int>(threadIdx.x)) : 0;
+
+  // Rows past the end re-read the last row (never stored): warps must stay for __syncthreads. The R rows
+  // sit at the same offsets in gate and up, so one offset per row (in 16-byte units; for MXFP4 also the
+  // scale index of group 0) serves both; fewer live pointers keep the kernel within its register budget.
+  const int row_base = (blockIdx.y * kTileWarps + warp) * R;
+  const int64_t mat_units = static_cast<int64_t>(rows) * (MX ? groups : cols / 8);  // uint4s per expert matrix
+  const uint4* wb[NMAT];
+  const uint8_t* sb[NMAT];
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m) {
+    wb[m] = static_cast<const uint4*>(m == 0 ? a.w0 : a.w1) + e * mat_units;
+    sb[m] = MX ? (m == 0 ? a.s0 : a.s1) + e * mat_units : nullptr;  // scales: one byte per group
+  }
+  int roff[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) roff[r] = min(row_base + r, rows - 1) * (MX ? groups : cols / 8);
+
+  float acc[NR][TOK];
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int t = 0; t < TOK; ++t) acc[i][t] = 0.f;
+
+  for (int c0 = 0; c0 < groups; c0 += CG) {
+    const int cg = min(CG, groups - c0);
+    __syncthreads();  // src_row ready; the previous chunk's readers are done
+    const int per_tok = cg * 8;  // float4s per pair in this chunk
+    for (int i = threadIdx.x; i < cnt * per_tok; i += kTileThreads) {
+      const int t = i / per_tok, rem = i - t * per_tok, g = rem >> 3, q = rem & 7;
+      if (!MX && (c0 + g) * 8 + q >= cols >> 2) continue;  // past the end of a partial group
+      const float4* src = reinterpret_cast<const float4*>(a.in + static_cast<int64_t>(src_row[t]) * cols) +
+                          static_cast<int64_t>(c0 + g) * 8 + q;
+      xs4[(t * CG + g) * kGroupF4 + q] = __ldg(src);
+    }
+    __syncthreads();
+    for (int g = lane; g < cg; g += 32) {
+      const int gg = c0 + g;
+      const float4* xg = xs4 + g * kGroupF4;
+      if constexpr (MX) {
+        uint4 q[NR];
+        float sc[NR];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+          q[i] = __ldg(wb[i / R] + roff[i % R] + gg);
+          sc[i] = e8m0_scale_x2p14(__ldg(sb[i / R] + roff[i % R] + gg));
+        }
+#pragma unroll
+        for (int k8 = 0; k8 < 4; ++k8) {
+          float wf[NR][8];
+#pragma unroll
+          for (int i = 0; i < NR; ++i) e2m1x8_to_float(word(q[i], k8), sc[i], wf[i]);
+          fma_tokens<NR, TOK>(acc, wf, xg + 2 * k8, CG * kGroupF4, cnt);
+        }
+      } else {
+#pragma unroll
+        for (int k8 = 0; k8 < 4; ++k8) {
+          if (gg * 4 + k8 >= cols8) break;  // partial last group (lane-divergent only there)
+          float wf[NR][8];
+#pragma unroll
+          for (int i = 0; i < NR; ++i) {
+            const uint4 v = __ldg(wb[i / R] + roff[i % R] + gg * 4 + k8);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const float2 f = bf16x2_to_float2(word(v, j));
+              wf[i][2 * j] = f.x;
+              wf[i][2 * j + 1] = f.y;
+            }
+          }
+          fma_tokens<NR, TOK>(acc, wf, xg + 2 * k8, CG * kGroupF4, cnt);
+        }
+      }
+    }
+  }
+
+  // After warp_sum every lane holds every row's sum; lane r stores row r.
+#pragma unroll
+  for (int t = 0; t < TOK; ++t) {
+    if (t < cnt) {
+      float v[NR];
+#pragma unroll
+      for (int i = 0; i < NR; ++i) v[i] = warp_sum(acc[i][t]);
+      float* orow = a.out + static_cast<int64_t>(start + t) * rows;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = row_base + r;
+        if (lane == r && row < rows) orow[row] = NMAT == 2 ? glu(v[r], v[NMAT == 2 ? R + r : r], a.act, a.beta, a.lbeta) : v[r];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- combine
+
+__global__ void __launch_bounds__(256)
+    combine_kernel(int X, int K, const float* __restrict__ y, const int32_t* __restrict__ slot_of,
+                   const float* __restrict__ topk_w, float* __restrict__ out) {
+  __shared__ int s_slot[kMaxK];
+  __shared__ float s_w[kMaxK];
+  const int t = blockIdx.x;
+  if (threadIdx.x < K) {
+    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
+    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
+  }
+  __syncthreads();
+  const int X4 = X >> 2;
+  float4* o = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X);
+  for (int c = threadIdx.x; c < X4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; ++k) {  // rank order
+      const int s = s_slot[k];
+      if (s < 0) continue;
+      const float w = s_w[k];
+      const float4 v = __ldg(reinterpret_cast<const float4*>(y + static_cast<int64_t>(s) * X) + c);
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+    o[c] = acc;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------- host
+
+template <bool MX, int TOK>
+cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
+                         float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
+                         float* y, cudaStream_t stream) {
+  TileArgs a;
+  a.w0 = w.gate;
+  a.s0 = w.gate_scales;
+  a.w1 = w.up;
+  a.s1 = w.up_scales;
+  a.rows = w.I;
+  a.cols = w.X;
+  a.in = x;
+  a.sorted = sorted;
+  a.K = K;
+  a.tiles = tiles;
+  a.num_tiles = num_tiles;
+  a.out = hidden;
+  a.act = act;
+  a.beta = beta;
+  a.lbeta = lbeta;
+  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kGateUpRowsPerBlock - 1) / kGateUpRowsPerBlock));
+  expert_tile_kernel<MX, 2, kGateUpR, TOK, true><<<g1, kTileThreads, tile_smem<TOK>(), stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  a.w0 = w.down;
+  a.s0 = w.down_scales;
+  a.w1 = nullptr;
+  a.s1 = nullptr;
+  a.rows = w.X;
+  a.cols = w.I;
+  a.in = hidden;
+  a.out = y;
+  const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kDownRowsPerBlock - 1) / kDownRowsPerBlock));
+  expert_tile_kernel<MX, 1, kDownR, TOK, false><<<g2, kTileThreads, tile_smem<TOK>(), stream>>>(a);
+  return cudaGetLastError();
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+size_t align256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
+
+int64_t tile_bound(int64_t P, int E, int tok) { return (P + tok - 1) / tok + std::min<int64_t>(E, P); }
+
+}  // namespace
+
+cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
+                      int32_t* topk_idx, float* topk_w, cudaStream_t stream) {
+  if (n < 0 || E <= 0 || E > kMaxE || K <= 0 || K > kMaxK || K > E) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!logits || !topk_idx || !topk_w) return cudaErrorInvalidValue;  // bias may be null: no bias
+  route_kernel<<<static_cast<unsigned>(n), kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale,
+                                                                        topk_idx, topk_w);
+  return cudaGetLastError();
+}
+
+MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
+    : max_tokens_(max_tokens), K_(K), E_(E), I_(I), X_(X) {
+  if (max_tokens <= 0 || K <= 0 || K > kMaxK || E <= 0 || E > kMaxE || K > E || I <= 0 || X <= 0 || I % 8 != 0 ||
+      X % 8 != 0)
+    throw Error("MoeWorkspace: unsupported shape (max_tokens " + std::to_string(max_tokens) + ", K " +
+                std::to_string(K) + ", E " + std::to_string(E) + ", I " + std::to_string(I) + ", X " +
+                std::to_string(X) + "): need K <= 32, K <= E <= 4096, I and X multiples of 8 (of 32 for MXFP4 experts)");
+  const int64_t P = static_cast<int64_t>(max_tokens) * K;
+  if (P > (int64_t{1} << 30)) throw Error("MoeWorkspace: max_tokens * K too large");
+  max_tiles_ = static_cast<int>(tile_bound(P, E, 4));  // the smallest tile size needs the most tiles
+  const size_t b_nt = align256(sizeof(int32_t));
+  const size_t b_sorted = align256(static_cast<size_t>(P) * sizeof(int32_t));
+  const size_t b_slot = b_sorted;
+  const size_t b_tiles = align256(static_cast<size_t>(max_tiles_) * sizeof(int4));
+  const size_t b_hidden = align256(static_cast<size_t>(P) * I * sizeof(float));
+  const size_t b_y = align256(static_cast<size_t>(P) * X * sizeof(float));
+  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y;
+  cudaError_t e = cudaMalloc(&base_, bytes_);
+  if (e != cudaSuccess) {
+    base_ = nullptr;
+    throw Error("MoeWorkspace: cudaMalloc of " + std::to_string(bytes_) + " bytes failed: " + cudaGetErrorString(e));
+  }
+  auto* p = static_cast<char*>(base_);
+  num_tiles_ = reinterpret_cast<int32_t*>(p);
+  p += b_nt;
+  sorted_ = reinterpret_cast<int32_t*>(p);
+  p += b_sorted;
+  slot_of_ = reinterpret_cast<int32_t*>(p);
+  p += b_slot;
+  tiles_ = reinterpret_cast<int32_t*>(p);
+  p += b_tiles;
+  hidden_ = reinterpret_cast<float*>(p);
+  p += b_hidden;
+  y_ = reinterpret_cast<float*>(p);
+}
+
+MoeWorkspace::~MoeWorkspace() {
+  if (base_) cudaFree(base_);
+}
+
+cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
+                        const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                        MoeWorkspace& ws, cudaStream_t stream) {
+  if (n < 0 || n > ws.max_tokens_) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (K != ws.K_ || w.E != ws.E_ || w.I != ws.I_ || w.X != ws.X_) return cudaErrorInvalidValue;
+  if (!x || !topk_idx || !topk_w || !out || !w.gate || !w.up || !w.down) return cudaErrorInvalidValue;
+  if (w.mxfp4 && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
+    return cudaErrorInvalidValue;
+  if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
+    return cudaErrorInvalidValue;
+  if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  const int P = n * K;
+  const int tok = P <= w.E ? 4 : 8;
+  const int64_t bound = tile_bound(P, w.E, tok);
+  if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
+  auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(topk_idx, P, w.E, tok, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const int nb = static_cast<int>(bound);
+  if (w.mxfp4)
+    e = tok == 4 ? launch_tiles<true, 4>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
+                                         ws.num_tiles_, ws.hidden_, ws.y_, stream)
+                 : launch_tiles<true, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
+                                          ws.num_tiles_, ws.hidden_, ws.y_, stream);
+  else
+    e = tok == 4 ? launch_tiles<false, 4>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
+                                          ws.num_tiles_, ws.hidden_, ws.y_, stream)
+                 : launch_tiles<false, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
+                                           ws.num_tiles_, ws.hidden_, ws.y_, stream);
+  if (e != cudaSuccess) return e;
+  combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(w.X, K, ws.y_, ws.slot_of_, topk_w, out);
+  return cudaGetLastError();
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,536 @@
+// CUDA MoE kernels (moe_route, moe_experts) against the CPU reference k3::moe_layer, plus timing lines.
+// The experts are random host arrays viewed as k3::WeightMatrix (bf16, or MXFP4 packed + E8M0 scales);
+// router logits are computed once on the host with k3::cpu::matmul (what moe_layer computes internally)
+// and uploaded, so both sides route from identical logits.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "k3/backend/cpu/ops.h"
+#include "k3/backend/cuda/moe_kernels.h"
+#include "k3/core/dtype.h"
+#include "k3/core/error.h"
+#include "k3/core/weight.h"
+#include "k3/model/config.h"
+#include "k3/model/layers.h"
+#include "k3/model/weights.h"
+
+namespace {
+
+using k3::cuda::GluAct;
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// splitmix64: fast, and chunks seeded independently fill big arrays in parallel reproducibly.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
+  float normal() {  // Box-Muller
+    const float u1 = std::max(uniform(), 1e-7f), u2 = uniform();
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+  }
+};
+
+// fill(i, rng) for i in [0, n), in parallel chunks with per-chunk seeds.
+template <typename F>
+void parallel_fill(size_t n, uint64_t seed, F fill) {
+  const size_t chunk = size_t{1} << 22;
+  const size_t nchunks = (n + chunk - 1) / chunk;
+  const unsigned nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (unsigned w = 0; w < nt; ++w)
+    th.emplace_back([&, w]() {
+      for (size_t c = w; c < nchunks; c += nt) {
+        Rng rng(seed * 1000003ull + c);
+        for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) fill(i, rng);
+      }
+    });
+  for (auto& t : th) t.join();
+}
+
+struct Shape {
+  int E, K, X, I;
+  bool mx;
+  const char* name;
+};
+
+// Device buffer freed on destruction.
+struct DevBuf {
+  void* p = nullptr;
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) { ck(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// One MoE layer's routed experts on host and device, plus a bf16 router and bias.
+struct Moe {
+  Shape sh;
+  float x_std = 1.f;
+  std::vector<uint8_t> pk[3], sc[3];  // gate, up, down (MXFP4)
+  std::vector<uint16_t> bf[3];        // gate, up, down (bf16)
+  std::vector<uint16_t> router;       // bf16 [E][X]
+  std::vector<float> bias;
+  std::unique_ptr<DevBuf> dw[3], ds[3];
+  k3::cuda::ExpertBank bank;
+  k3::MoeWeights w;
+
+  explicit Moe(const Shape& s, uint64_t seed = 7) : sh(s) {
+    const size_t E = s.E, X = s.X, I = s.I;
+    const size_t elems[3] = {E * I * X, E * I * X, E * X * I};
+    // Activations sized so that gate/up pre-activations are O(1..3): SiLU and SiTU are not saturated.
+    x_std = s.mx ? 1.5f / std::sqrt(static_cast<float>(X)) : 100.f / std::sqrt(static_cast<float>(X));
+    for (int m = 0; m < 3; ++m) {
+      if (s.mx) {
+        pk[m].resize(elems[m] / 2);
+        sc[m].resize(elems[m] / 32);
+        auto* P = pk[m].data();
+        auto* S = sc[m].data();
+        parallel_fill(pk[m].size(), seed * 10 + m, [P](size_t i, Rng& r) { P[i] = static_cast<uint8_t>(r.next()); });
+        // E8M0 scales 2^-4 .. 2^2.
+        parallel_fill(sc[m].size(), seed * 10 + m + 5,
+                      [S](size_t i, Rng& r) { S[i] = static_cast<uint8_t>(123 + r.next() % 7); });
+      } else {
+        bf[m].resize(elems[m]);
+        auto* B = bf[m].data();
+        // sign, exponent 2^-9 .. 2^-3, random mantissa: never zero.
+        parallel_fill(bf[m].size(), seed * 10 + m, [B](size_t i, Rng& r) {
+          const uint64_t v = r.next();
+          B[i] = static_cast<uint16_t>(((v & 1) << 15) | ((118 + (v >> 1) % 7) << 7) | ((v >> 8) & 0x7f));
+        });
+      }
+    }
+    Rng rng(seed * 31 + 3);
+    router.resize(E * X);
+    const float rstd = 1.5f / (std::sqrt(static_cast<float>(X)) * x_std);  // logits ~ N(0, 1.5)
+    for (auto& v : router) v = k3::f32_to_bf16(rstd * rng.normal());
+    bias.resize(E);
+    for (auto& b : bias) b = 0.1f * (rng.uniform() - 0.5f);  // small: changes some selections
+
+    // Host views (CPU reference).
+    w.router = k3::WeightMatrix{k3::DType::BF16, false, router.data(), nullptr, static_cast<int64_t>(E),
+                                static_cast<int64_t>(X)};
+    w.correction_bias = bias;
+    w.experts.resize(E);
+    for (size_t e = 0; e < E; ++e) {
+      k3::GluMlp& g = w.experts[e];
+      k3::WeightMatrix* mats[3] = {&g.gate, &g.up, &g.down};
+      for (int m = 0; m < 3; ++m) {
+        const int64_t rows = m < 2 ? I : X, cols = m < 2 ? X : I;
+        k3::WeightMatrix& W = *mats[m];
+        W.rows = rows;
+        W.cols = cols;
+        if (s.mx) {
+          W.dtype = k3::DType::U8;
+          W.mxfp4 = true;
+          W.data = pk[m].data() + e * rows * cols / 2;
+          W.scales = sc[m].data() + e * rows * cols / 32;
+        } else {
+          W.dtype = k3::DType::BF16;
+          W.data = bf[m].data() + e * rows * cols;
+        }
+      }
+    }
+    // Device bank.
+    bank.mxfp4 = s.mx;
+    bank.E = s.E;
+    bank.I = s.I;
+    bank.X = s.X;
+    const void* wptr[3];
+    const uint8_t* sptr[3] = {nullptr, nullptr, nullptr};
+    for (int m = 0; m < 3; ++m) {
+      const size_t bytes = s.mx ? pk[m].size() : bf[m].size() * 2;
+      dw[m] = std::make_unique<DevBuf>(bytes);
+      ck(cudaMemcpy(dw[m]->p, s.mx ? static_cast<const void*>(pk[m].data()) : bf[m].data(), bytes,
+                    cudaMemcpyHostToDevice),
+         "upload weights");
+      wptr[m] = dw[m]->p;
+      if (s.mx) {
+        ds[m] = std::make_unique<DevBuf>(sc[m].size());
+        ck(cudaMemcpy(ds[m]->p, sc[m].data(), sc[m].size(), cudaMemcpyHostToDevice), "upload scales");
+        sptr[m] = ds[m]->as<uint8_t>();
+      }
+    }
+    bank.gate = wptr[0];
+    bank.up = wptr[1];
+    bank.down = wptr[2];
+    bank.gate_scales = sptr[0];
+    bank.up_scales = sptr[1];
+    bank.down_scales = sptr[2];
+  }
+
+  // Bytes of one expert's three matrices (what a call streams per expert used).
+  double expert_bytes() const {
+    const double ix = static_cast<double>(sh.I) * sh.X;
+    return sh.mx ? 3 * (ix / 2 + ix / 32) : 3 * ix * 2;
+  }
+
+  k3::ModelConfig config(GluAct act, bool renorm, float scale) const {
+    k3::ModelConfig c;
+    c.hidden_size = sh.X;
+    c.num_experts = sh.E;
+    c.top_k = sh.K;
+    c.moe_intermediate_size = sh.I;
+    c.act = act == GluAct::SiTU ? k3::Activation::SiTU : k3::Activation::SiLU;
+    c.moe_renormalize = renorm;
+    c.routed_scaling_factor = scale;
+    c.experts_mxfp4 = sh.mx;
+    c.rms_norm_eps = 1e-6f;
+    return c;
+  }
+};
+
+// The big banks take seconds to generate; build each once per process.
+Moe& cached_moe(const Shape& s) {
+  static std::vector<std::unique_ptr<Moe>> cache;
+  for (auto& m : cache)
+    if (m->sh.E == s.E && m->sh.K == s.K && m->sh.X == s.X && m->sh.I == s.I && m->sh.mx == s.mx) return *m;
+  cache.push_back(std::make_unique<Moe>(s));
+  return *cache.back();
+}
+
+// moe_layer's routing, for comparing ids and weights.
+void cpu_route(const Moe& m, const k3::ModelConfig& c, const std::vector<float>& logits, int n,
+               std::vector<int>& ids, std::vector<float>& wts, std::vector<float>& biased) {
+  const int E = m.sh.E, K = m.sh.K;
+  ids.assign(static_cast<size_t>(n) * K, 0);
+  wts.assign(static_cast<size_t>(n) * K, 0);
+  biased.assign(static_cast<size_t>(n) * E, 0);
+  std::vector<float> s(E);
+  std::vector<int> idx(E);
+  for (int t = 0; t < n; ++t) {
+    for (int e = 0; e < E; ++e) {
+      s[e] = k3::cpu::sigmoidf(logits[static_cast<size_t>(t) * E + e]);
+      biased[static_cast<size_t>(t) * E + e] = s[e] + m.bias[e];
+    }
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int a, int b) {
+      const float sa = s[a] + m.bias[a], sb = s[b] + m.bias[b];
+      return sa > sb || (sa == sb && a < b);
+    });
+    float denom = 0;
+    for (int j = 0; j < K; ++j) denom += s[idx[j]];
+    for (int j = 0; j < K; ++j) {
+      ids[static_cast<size_t>(t) * K + j] = idx[j];
+      wts[static_cast<size_t>(t) * K + j] =
+          (c.moe_renormalize ? s[idx[j]] / (denom + 1e-20f) : s[idx[j]]) * c.routed_scaling_factor;
+    }
+  }
+}
+
+struct CheckResult {
+  double rel = 0;  // max|gpu - cpu| / max|cpu| over tokens routed identically
+  int tie_flips = 0;
+  bool nan = false;
+};
+
+CheckResult check_layer(Moe& m, int n, GluAct act, bool renorm, float scale, uint64_t seed) {
+  const int E = m.sh.E, K = m.sh.K, X = m.sh.X;
+  const k3::ModelConfig c = m.config(act, renorm, scale);
+  Rng rng(seed);
+  std::vector<float> x(static_cast<size_t>(n) * X);
+  for (auto& v : x) v = m.x_std * rng.normal();
+  std::vector<float> logits(static_cast<size_t>(n) * E);
+  k3::cpu::matmul(m.w.router, x.data(), n, logits.data());
+  std::vector<float> ref(static_cast<size_t>(n) * X);
+  k3::moe_layer(c, m.w, x.data(), n, ref.data());
+  std::vector<int> rid;
+  std::vector<float> rw, biased;
+  cpu_route(m, c, logits, n, rid, rw, biased);
+
+  DevBuf dx(x.size() * 4), dl(logits.size() * 4), db(E * 4), di(static_cast<size_t>(n) * K * 4),
+      dwt(static_cast<size_t>(n) * K * 4), dout(x.size() * 4);
+  ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+  ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+  ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+  k3::cuda::MoeWorkspace ws(n, K, E, m.sh.I, X);
+  ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), renorm, scale, di.as<int32_t>(), dwt.as<float>(),
+                         nullptr),
+     "moe_route");
+  ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
+                           c.situ_linear_beta, dout.as<float>(), ws, nullptr),
+     "moe_experts");
+  ck(cudaDeviceSynchronize(), "sync");
+  std::vector<int> gid(static_cast<size_t>(n) * K);
+  std::vector<float> gw(gid.size()), out(x.size());
+  ck(cudaMemcpy(gid.data(), di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
+  ck(cudaMemcpy(gw.data(), dwt.p, gw.size() * 4, cudaMemcpyDeviceToHost), "w");
+  ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+
+  CheckResult r;
+  double maxref = 0, maxdiff = 0;
+  for (int t = 0; t < n; ++t) {
+    bool same = true;
+    for (int j = 0; j < K; ++j) same = same && gid[static_cast<size_t>(t) * K + j] == rid[static_cast<size_t>(t) * K + j];
+    if (!same) {
+      // Allowed only as a near-tie: rank by rank, the biased scores of the two picks within 1e-6.
+      for (int j = 0; j < K; ++j) {
+        const int a = gid[static_cast<size_t>(t) * K + j], b = rid[static_cast<size_t>(t) * K + j];
+        if (a < 0 || a >= E) {
+          ADD_FAILURE() << m.sh.name << " n=" << n << " token " << t << " rank " << j << ": invalid id " << a;
+          break;
+        }
+        const float sa = biased[static_cast<size_t>(t) * E + a], sb = biased[static_cast<size_t>(t) * E + b];
+        EXPECT_LE(std::fabs(sa - sb), 1e-6f) << m.sh.name << " n=" << n << " token " << t << " rank " << j
+                                             << ": gpu expert " << a << " (" << sa << ") vs cpu " << b << " (" << sb << ")";
+      }
+      ++r.tie_flips;
+      continue;  // outputs differ legitimately
+    }
+    for (int j = 0; j < K; ++j) {
+      const float a = gw[static_cast<size_t>(t) * K + j], b = rw[static_cast<size_t>(t) * K + j];
+      EXPECT_LE(std::fabs(a - b), 1e-6f * std::fabs(b) + 1e-30f) << m.sh.name << " token " << t << " rank " << j;
+    }
+    for (int d = 0; d < X; ++d) {
+      const double g = out[static_cast<size_t>(t) * X + d], c0 = ref[static_cast<size_t>(t) * X + d];
+      if (std::isnan(g) || std::isinf(g)) r.nan = true;
+      maxref = std::max(maxref, std::fabs(c0));
+      maxdiff = std::max(maxdiff, std::fabs(g - c0));
+    }
+  }
+  r.rel = maxdiff / std::max(maxref, 1e-30);
+  return r;
+}
+
+void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool renorm, float scale) {
+  Moe& m = cached_moe(s);
+  for (int n : ns) {
+    const CheckResult r = check_layer(m, n, act, renorm, scale, 1000 + n);
+    std::printf("[ moe ] %-12s E=%d K=%d X=%d I=%d %s %s renorm=%d scale=%.2f n=%4d  max_rel %.2e  tie flips %d\n",
+                s.name, s.E, s.K, s.X, s.I, s.mx ? "mxfp4" : "bf16 ", act == GluAct::SiTU ? "SiTU" : "SiLU", renorm,
+                scale, n, r.rel, r.tie_flips);
+    EXPECT_FALSE(r.nan) << s.name << " n=" << n;
+    EXPECT_LT(r.rel, 1e-4) << s.name << " n=" << n;
+  }
+}
+
+const std::vector<Shape>& tiny_shapes() {
+  static const std::vector<Shape> v = {
+      {8, 2, 96, 48, false, "tiny-kl"},     // tests/data/tiny-kimi-linear (I = 48: bf16 needs only % 8)
+      {16, 4, 128, 64, true, "tiny-k3"},     // tests/data/tiny-k3
+      {32, 4, 96, 96, true, "tiny-mx-96"},   // X not a multiple of 64
+      {32, 3, 160, 32, false, "tiny-bf-160"},
+      {32, 4, 256, 96, true, "k3-tiny"},      // models/k3-tiny
+  };
+  return v;
+}
+const Shape kKimiLinear{256, 8, 2304, 1024, false, "kimi-linear"};
+const Shape kK3{896, 16, 3584, 3072, true, "k3"};
+
+TEST(CudaMoe, TinyShapes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const Shape& s : tiny_shapes()) {
+    run_checks(s, {1, 3, 8, 64, 257}, GluAct::SiLU, true, 1.0f);
+    run_checks(s, {1, 8, 257}, GluAct::SiTU, true, 2.5f);
+    run_checks(s, {3, 64}, GluAct::SiLU, false, 1.0f);
+  }
+}
+
+TEST(CudaMoe, KimiLinearShape) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  run_checks(kKimiLinear, {1, 3, 8, 64, 257}, GluAct::SiLU, true, 2.446f);
+}
+
+TEST(CudaMoe, K3Shape) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // n = 257 skipped: ~4k (token, expert) pairs of 3584x3072 MXFP4 GLUs is slow on the CPU reference.
+  run_checks(kK3, {1, 3, 8, 64}, GluAct::SiTU, true, 2.5f);
+}
+
+// Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
+TEST(CudaMoe, RouteTiesToLowerId) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int n = 5, E = 40, K = 6;
+  std::vector<float> logits(n * E, 0.3f);
+  DevBuf dl(logits.size() * 4), di(n * K * 4), dw(n * K * 4);
+  ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+  ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), nullptr, true, 1.0f, di.as<int32_t>(), dw.as<float>(), nullptr),
+     "route");
+  std::vector<int> ids(n * K);
+  std::vector<float> w(n * K);
+  ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+  ck(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost), "w");
+  for (int t = 0; t < n; ++t)
+    for (int k = 0; k < K; ++k) {
+      EXPECT_EQ(ids[t * K + k], k);
+      EXPECT_NEAR(w[t * K + k], 1.0f / K, 1e-6f);
+    }
+}
+
+TEST(CudaMoe, EdgeCases) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Moe& m = cached_moe(tiny_shapes()[1]);
+  const int E = m.sh.E, K = m.sh.K, X = m.sh.X, I = m.sh.I;
+  const int max_tokens = 4;
+  k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
+  DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4), dl(8 * E * 4);
+  auto experts = [&](int n, int k) {
+    return k3::cuda::moe_experts(m.bank, n, k, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
+                                 25.f, dout.as<float>(), ws, nullptr);
+  };
+  // No tokens: nothing to do, success.
+  EXPECT_EQ(experts(0, K), cudaSuccess);
+  EXPECT_EQ(k3::cuda::moe_route(0, E, K, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
+            cudaSuccess);
+  // More tokens than the workspace holds, or a different K: rejected.
+  EXPECT_EQ(experts(max_tokens + 1, K), cudaErrorInvalidValue);
+  EXPECT_EQ(experts(2, K + 1), cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::moe_route(1, E, E + 1, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
+            cudaErrorInvalidValue);
+  // Bad workspace shapes throw.
+  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 33, 64, 64, 64), k3::Error);
+  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 2, 8, 64, 60), k3::Error);
+  EXPECT_THROW(k3::cuda::MoeWorkspace(0, 2, 8, 64, 64), k3::Error);
+
+  // Invalid expert ids are dropped, not read out of bounds: token 0 routes everything to one expert
+  // (one tile with K pairs of the same expert), token 1 has only invalid ids (output exactly 0),
+  // token 2 mixes valid and invalid ids.
+  const int n = 3;
+  std::vector<float> x(static_cast<size_t>(n) * X);
+  Rng rng(5);
+  for (auto& v : x) v = m.x_std * rng.normal();
+  std::vector<int> ids(n * K);
+  std::vector<float> w(n * K, 0.25f);
+  for (int k = 0; k < K; ++k) {
+    ids[0 * K + k] = 3;
+    ids[1 * K + k] = k % 2 ? -1 : E;
+    ids[2 * K + k] = k % 2 ? 5 : -7;
+  }
+  ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+  ck(cudaMemcpy(di.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
+  ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "w");
+  ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison out");  // NaN: every element must be written
+  ASSERT_EQ(experts(n, K), cudaSuccess);
+  ck(cudaDeviceSynchronize(), "sync");
+  std::vector<float> out(static_cast<size_t>(n) * X);
+  ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+  // Reference: expert 3 on token 0 (K copies, weight 0.25 each) and expert 5 on token 2 (K/2 copies).
+  auto expert_out = [&](int e, const float* xt, std::vector<float>& y) {
+    const k3::GluMlp& g = m.w.experts[e];
+    std::vector<float> gg(I), uu(I);
+    k3::cpu::matmul(g.gate, xt, 1, gg.data());
+    k3::cpu::matmul(g.up, xt, 1, uu.data());
+    k3::cpu::silu_glu(gg.data(), uu.data(), I, gg.data());
+    y.resize(X);
+    k3::cpu::matmul(g.down, gg.data(), 1, y.data());
+  };
+  std::vector<float> y0, y2;
+  expert_out(3, x.data(), y0);
+  expert_out(5, x.data() + 2 * X, y2);
+  double maxref = 0, maxdiff = 0;
+  for (int d = 0; d < X; ++d) {
+    const double r0 = 0.25 * K * y0[d], r2 = 0.25 * (K / 2) * y2[d];
+    maxref = std::max({maxref, std::fabs(r0), std::fabs(r2)});
+    maxdiff = std::max({maxdiff, std::fabs(out[d] - r0), std::fabs(out[2 * X + d] - r2)});
+    EXPECT_EQ(out[X + d], 0.0f) << d;
+    EXPECT_FALSE(std::isnan(out[d]) || std::isnan(out[2 * X + d])) << d;
+  }
+  std::printf("[ moe ] invalid-id edge case max_rel %.2e\n", maxdiff / maxref);
+  EXPECT_LT(maxdiff / maxref, 1e-4);
+}
+
+// Timing (prints only): decode batches and a 2048-token prefill on the real shapes. Weight bytes are
+// those of the distinct experts the batch touches; the L2 (50 MB) is flushed before each timed call.
+TEST(CudaMoe, Timing) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  DevBuf flush(256u << 20);
+  for (const Shape& s : {kK3, kKimiLinear}) {
+    Moe& m = cached_moe(s);
+    const int E = s.E, K = s.K, X = s.X;
+    const int max_n = 2048;
+    k3::cuda::MoeWorkspace ws(max_n, K, E, s.I, X);
+    DevBuf dx(static_cast<size_t>(max_n) * X * 4), dl(static_cast<size_t>(max_n) * E * 4), db(E * 4),
+        di(static_cast<size_t>(max_n) * K * 4), dwt(static_cast<size_t>(max_n) * K * 4),
+        dout(static_cast<size_t>(max_n) * X * 4);
+    ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+    cudaStream_t st;
+    ck(cudaStreamCreate(&st), "stream");
+    cudaEvent_t e0, e1;
+    ck(cudaEventCreate(&e0), "ev");
+    ck(cudaEventCreate(&e1), "ev");
+    for (int n : {1, 8, 64, 256, 2048}) {
+      Rng rng(77 + n);
+      std::vector<float> x(static_cast<size_t>(n) * X), logits(static_cast<size_t>(n) * E);
+      for (auto& v : x) v = m.x_std * rng.normal();
+      for (auto& v : logits) v = 1.5f * rng.normal();
+      ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      auto route = [&]() {
+        return k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(),
+                                   dwt.as<float>(), st);
+      };
+      auto experts = [&]() {
+        return k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(),
+                                     s.mx ? GluAct::SiTU : GluAct::SiLU, 4.f, 25.f, dout.as<float>(), ws, st);
+      };
+      ck(route(), "route");
+      ck(experts(), "warm");
+      ck(cudaStreamSynchronize(st), "sync");
+      std::vector<int> ids(static_cast<size_t>(n) * K);
+      ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      const std::set<int> used(ids.begin(), ids.end());
+      const int reps = n >= 2048 ? 3 : 20;
+      float ms_total = 0, ms_route = 0;
+      for (int i = 0; i < reps; ++i) {
+        ck(cudaMemsetAsync(flush.p, i & 0xff, 256u << 20, st), "flush");
+        ck(cudaEventRecord(e0, st), "rec");
+        ck(experts(), "time");
+        ck(cudaEventRecord(e1, st), "rec");
+        ck(cudaEventSynchronize(e1), "evsync");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+        ms_total += ms;
+        ck(cudaEventRecord(e0, st), "rec");
+        ck(route(), "time route");
+        ck(cudaEventRecord(e1, st), "rec");
+        ck(cudaEventSynchronize(e1), "evsync");
+        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+        ms_route += ms;
+      }
+      const double us = 1000.0 * ms_total / reps, us_route = 1000.0 * ms_route / reps;
+      const double bytes = m.expert_bytes() * static_cast<double>(used.size());
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
+      std::printf("[ timing ] %-11s n=%5d  experts used %4zu  moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of 4.8 TB/s)  "
+                  "%6.2f TFLOP/s  moe_route %7.1f us\n",
+                  s.name, n, used.size(), us, gbps, gbps / 48.0, tflops, us_route);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(st);
+  }
+}
+
+}  // namespace
