@@ -18,6 +18,11 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
       ->check(CLI::IsMember({"auto", "dummy"}))
       ->capture_default_str();
   cmd->add_option("--preset", d.preset, "with --load-format dummy: a built-in config (kimi-k3, kimi-linear-48b-a3b)");
+  cmd->add_option("--gemm-precision", d.gemm,
+                  "cuda: prefill projections on the tensor cores with activations split into two bf16 parts "
+                  "(bf16x2, matches the fp32 CPU reference) or rounded to bf16 (bf16, faster)")
+      ->check(CLI::IsMember({"bf16x2", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--num-layers", d.num_layers, "with --load-format dummy: keep only the first N layers")
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
 }
@@ -44,6 +49,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
 #ifdef K3_HAVE_CUDA
     k3::cuda::CudaLoadOptions lo;
     lo.device = ordinal;
+    lo.gemm_bf16 = d.gemm == "bf16";
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
       if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {

@@ -1,8 +1,8 @@
 // End-to-end: the CUDA model's logits against the CPU model's on the tiny checkpoints (random weights
 // in the real schemas) and the trained k3-tiny: prefill (all positions), token-by-token decode, a mixed
 // batch, and the paged serving cache in device memory. Tolerances: decode runs fp32 GEMVs (1e-3 of
-// the logits' range); prefill rounds activations to bf16 for the tensor-core GEMMs (3e-2), and at
-// least 99% of positions must have the same argmax. Prints the measured numbers.
+// the logits' range) and so do the prefill GEMMs in their default bf16x2 mode; at least 99% of
+// positions must have the same argmax. Prints the measured numbers.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -85,9 +85,30 @@ TEST_P(CudaModelE2E, PrefillMatchesCpu) {
     const Cmp c = compare(got, ref, V);
     std::printf("[ e2e ] %-28s prefill n=%-4lld rel %.2e  argmax %.4f\n", GetParam().c_str(), (long long)n, c.rel, c.argmax);
     EXPECT_TRUE(c.finite);
-    EXPECT_LT(c.rel, n <= 8 ? 1e-3 : 3e-2);
+    EXPECT_LT(c.rel, 1e-3);
     EXPECT_GE(c.argmax, 0.99);
   }
+}
+
+// The faster bf16-activation GEMMs: measured, not held to the fp32 tolerance (random tiny models have
+// near-tied experts that bf16 rounding flips).
+TEST_P(CudaModelE2E, PrefillBf16GemmReport) {
+  k3::cuda::CudaLoadOptions lo;
+  lo.gemm_bf16 = true;
+  auto g = k3::cuda::CudaModel::load(k3test::source_path(GetParam()), lo);
+  const int64_t V = cpu_->config().vocab_size, n = 200;
+  const auto toks = random_tokens(n, V, 211);
+  k3::ForwardOptions fo;
+  fo.all_logits = true;
+  std::vector<float> ref, got;
+  auto sc = cpu_->new_cache();
+  cpu_->forward(toks, *sc, ref, fo);
+  auto sg = g->new_cache();
+  g->forward(toks, *sg, got, fo);
+  const Cmp c = compare(got, ref, V);
+  std::printf("[ e2e ] %-28s prefill n=%-4lld gemm bf16 rel %.2e  argmax %.4f\n", GetParam().c_str(), (long long)n, c.rel,
+              c.argmax);
+  EXPECT_TRUE(c.finite);
 }
 
 TEST_P(CudaModelE2E, DecodeMatchesCpu) {
@@ -131,8 +152,8 @@ TEST_P(CudaModelE2E, PrefillThenDecodeAgreesWithDecode) {
   }
   const Cmp c = compare(a, b, V);
   std::printf("[ e2e ] %-28s prefill->decode vs decode rel %.2e  argmax %.4f\n", GetParam().c_str(), c.rel, c.argmax);
-  EXPECT_LT(c.rel, 3e-2);
-  EXPECT_GE(c.argmax, 0.9);
+  EXPECT_LT(c.rel, 1e-3);
+  EXPECT_GE(c.argmax, 0.99);
 }
 
 // A mixed batch (two prefills of different lengths and a decode) through the serving cache in device
@@ -176,7 +197,7 @@ TEST_P(CudaModelE2E, PagedMixedBatchMatchesCpu) {
   const Cmp c = compare(got, ref, V);
   std::printf("[ e2e ] %-28s paged mixed batch rel %.2e  argmax %.4f\n", GetParam().c_str(), c.rel, c.argmax);
   EXPECT_TRUE(c.finite);
-  EXPECT_LT(c.rel, 3e-2);
+  EXPECT_LT(c.rel, 1e-3);
   EXPECT_EQ(c.argmax, 1.0);
   for (auto& s : seqs) cache.release(*s);
 }

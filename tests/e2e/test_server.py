@@ -5,7 +5,8 @@ tiny random K3 checkpoint (tests/data/tiny-k3, vocab 1024) plus the 768-rank tes
 (tests/data/tiny-tokenizer) -- fast, and its token ids are fixed. ChatTest serves the trained default
 model models/k3-tiny (real XTML chat format): reasoning / content / tool-call structure and stream vs
 non-stream equality. Assertions never depend on what exactly the model writes.
-Environment: K3_BIN (the k3 binary), K3_SOURCE_DIR (the project root).
+Environment: K3_BIN (the k3 binary), K3_SOURCE_DIR (the project root), K3_SERVE_ARGS (extra `k3 serve`
+arguments for every server, e.g. "--device cuda" on a GPU machine: scripts/gpu-check).
 """
 import http.client
 import json
@@ -55,7 +56,7 @@ class ServerProcess:
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
         cmd = [BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
                "--served-model-name", MODEL, "--max-body-bytes", str(MAX_BODY), "--max-model-len", str(max_model_len),
-               *extra]
+               *extra, *os.environ.get("K3_SERVE_ARGS", "").split()]
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         self.t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)

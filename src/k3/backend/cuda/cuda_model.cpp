@@ -106,7 +106,7 @@ struct CudaModel::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  void init(int dev) {
+  void init(int dev, bool gemm_bf16) {
     device = dev;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) throw Error("--device cuda: no CUDA device is visible");
@@ -119,7 +119,7 @@ struct CudaModel::Impl {
                   "; this build targets sm_90 (Hopper)");
     name = "cuda:" + std::to_string(dev) + " (" + prop.name + ")";
     K3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    lin = std::make_unique<LinearRunner>(stream);
+    lin = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
     mem = std::make_shared<DeviceCacheMemory>(dev, stream);
     const ModelConfig& c = cfg;
     if (c.kda_heads > 0 && c.kda_head_dim != 32 && c.kda_head_dim != 64 && c.kda_head_dim != 128)
@@ -187,7 +187,7 @@ CudaModel::~CudaModel() = default;
 std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoadOptions& opt) {
   auto impl = std::make_unique<Impl>();
   impl->cfg = load_model_config(dir);
-  impl->init(opt.device);
+  impl->init(opt.device, opt.gemm_bf16);
   {
     Checkpoint ckpt(dir);
     ModelWeights hw = bind_weights(impl->cfg, ckpt);
@@ -199,7 +199,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
 std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const CudaLoadOptions& opt) {
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
-  impl->init(opt.device);
+  impl->init(opt.device, opt.gemm_bf16);
   dummy_weights(impl->cfg, opt.dummy_seed, impl->w);
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }

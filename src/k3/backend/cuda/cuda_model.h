@@ -16,6 +16,7 @@ namespace k3::cuda {
 struct CudaLoadOptions {
   int device = 0;
   uint64_t dummy_seed = 0x5eed;  // --load-format dummy
+  bool gemm_bf16 = false;        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
 };
 
 class CudaModel final : public ModelRunner {

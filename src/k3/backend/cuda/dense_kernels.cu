@@ -73,6 +73,16 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
   }
 }
 
+__global__ void to_bf16_split_kernel(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+    const __nv_bfloat16 l = __float2bfloat16_rn(x[i] - __bfloat162float(h));
+    hi[i] = *reinterpret_cast<const uint16_t*>(&h);
+    lo[i] = *reinterpret_cast<const uint16_t*>(&l);
+  }
+}
+
 // One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
 __global__ void attn_res_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
                                 float eps, float* __restrict__ out) {
@@ -172,6 +182,11 @@ cudaError_t glu(float* gate, const float* up, int64_t n, bool situ, float beta, 
 cudaError_t to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   to_bf16_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, out);
+  return cudaGetLastError();
+}
+cudaError_t to_bf16_split(const float* x, int64_t n, uint16_t* hi, uint16_t* lo, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  to_bf16_split_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, hi, lo);
   return cudaGetLastError();
 }
 cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,

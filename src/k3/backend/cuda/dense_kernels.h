@@ -21,6 +21,8 @@ cudaError_t sigmoid_mul(float* y, const float* g, int64_t count, cudaStream_t s)
 cudaError_t glu(float* gate, const float* up, int64_t count, bool situ, float beta, float linear_beta, cudaStream_t s);
 // out[i] = bf16(x[i]) (round to nearest even), for cuBLAS inputs.
 cudaError_t to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t s);
+// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 GEMMs then carry ~16 mantissa bits of x.
+cudaError_t to_bf16_split(const float* x, int64_t count, uint16_t* hi, uint16_t* lo, cudaStream_t s);
 
 // Block Attention Residuals (attn_res_mix in model/attn_res.cpp): for each of n rows, softmax over the m
 // sources of (RMSNorm_noweight(v_i) . w), mixing the raw v_i. sources: device array of m pointers [n][H].

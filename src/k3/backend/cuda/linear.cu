@@ -102,7 +102,7 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
   return launch_gemv(static_cast<const float*>(W.w), W.rows, W.cols, x, n, y, s);
 }
 
-LinearRunner::LinearRunner(cudaStream_t stream) : stream_(stream) {
+LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
   check_cublas(cublasCreate(&handle_), "cublasCreate");
   check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
   // A fixed workspace so that cuBLAS never allocates during a step (and CUDA graph capture works).
@@ -129,12 +129,25 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
                  "cublasSgemm");
     return;
   }
-  const size_t need = static_cast<size_t>(n * W.cols) * 2;
-  if (xb_.bytes() < need) xb_ = DeviceBuffer(need * 2);  // grows with the largest batch seen
-  K3_CUDA_CHECK(to_bf16(x, n * W.cols, xb_.get<uint16_t>(), stream_));
-  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, W.w, CUDA_R_16BF, k, xb_.get(),
-                            CUDA_R_16BF, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  const size_t elems = static_cast<size_t>(n * W.cols), need = elems * 2 * 2;  // room for hi and lo
+  if (xb_.bytes() < need) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
+    xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
+  }
+  uint16_t* hi = xb_.get<uint16_t>();
+  uint16_t* lo = hi + elems;
+  const bool split = precision_ == GemmPrecision::Bf16x2;
+  if (split)
+    K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
+  else
+    K3_CUDA_CHECK(to_bf16(x, n * W.cols, hi, stream_));
+  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, W.w, CUDA_R_16BF, k, hi, CUDA_R_16BF, k,
+                            &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
+  if (split)
+    check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, W.w, CUDA_R_16BF, k, lo, CUDA_R_16BF, k,
+                              &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (lo)");
 }
 
 }  // namespace k3::cuda

@@ -22,10 +22,16 @@ struct DeviceLinear {
   int64_t bytes() const { return rows * cols * (type == WType::BF16 ? 2 : 4); }
 };
 
+// How prefill-sized projections treat the fp32 activations on the tensor cores.
+//   Bf16:   x rounded to bf16 (one GEMM; what vLLM/SGLang do; ~3e-3 relative per projection)
+//   Bf16x2: x split into bf16 hi + lo, two GEMMs accumulated in fp32 (~1e-5: matches the fp32 CPU
+//           reference and the decode path; twice the tensor-core work)
+enum class GemmPrecision : int { Bf16 = 0, Bf16x2 = 1 };
+
 // Owns the cuBLAS handle and the bf16 staging buffer of the activations; one per stream.
 class LinearRunner {
  public:
-  LinearRunner(cudaStream_t stream);
+  LinearRunner(cudaStream_t stream, GemmPrecision precision = GemmPrecision::Bf16x2);
   ~LinearRunner();
   LinearRunner(const LinearRunner&) = delete;
   LinearRunner& operator=(const LinearRunner&) = delete;
@@ -39,6 +45,7 @@ class LinearRunner {
 
  private:
   cudaStream_t stream_;
+  GemmPrecision precision_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer xb_;  // bf16 copy of x for cuBLAS
   DeviceBuffer workspace_;
