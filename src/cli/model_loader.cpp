@@ -23,6 +23,7 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "(bf16x2, matches the fp32 CPU reference) or rounded to bf16 (bf16, faster)")
       ->check(CLI::IsMember({"bf16x2", "bf16"}))
       ->capture_default_str();
+  cmd->add_flag("--enforce-eager", d.enforce_eager, "cuda: launch every kernel of a decode step (no CUDA graphs)");
   cmd->add_option("--num-layers", d.num_layers, "with --load-format dummy: keep only the first N layers")
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
 }
@@ -50,6 +51,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     k3::cuda::CudaLoadOptions lo;
     lo.device = ordinal;
     lo.gemm_bf16 = d.gemm == "bf16";
+    lo.enforce_eager = d.enforce_eager;
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
       if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {

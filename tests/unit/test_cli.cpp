@@ -116,3 +116,26 @@ TEST(Cli, BadInputGivesClearErrors) {
   r = sh(k3bin() + " frobnicate 2>&1");
   EXPECT_NE(r.status, 0);
 }
+
+// Device selection errors are clear in any build (a CPU-only build names the missing backend; a CUDA
+// build on a machine without a GPU says so) and never crash.
+TEST(Cli, DeviceOptionErrors) {
+  const std::string m = " -m " + k3test::source_path("tests/data/tiny-k3");
+  auto r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --device tpu 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("expected cpu, cuda or cuda:N"), std::string::npos) << r.out;
+  r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --device cuda:x 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("cuda:N"), std::string::npos) << r.out;
+  r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --load-format dummy 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--device cuda only"), std::string::npos) << r.out;
+  r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --num-layers 2 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("dummy only"), std::string::npos) << r.out;
+  r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --device cuda 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(r.out.find("built without the CUDA backend") != std::string::npos ||
+              r.out.find("no CUDA device") != std::string::npos)
+      << r.out;
+}

@@ -12,7 +12,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <mutex>
+#include <set>
 
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
@@ -73,6 +77,91 @@ class Staging {
   std::vector<uint8_t> bytes_;
 };
 
+// Per-category GPU time of the eager path (K3_CUDA_PROFILE=1): cudaEvent pairs around each region,
+// summed after the step's synchronisation and printed when the model is destroyed.
+class Profiler {
+ public:
+  explicit Profiler(bool on) : on_(on) {}
+  ~Profiler() {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
+  bool on() const { return on_; }
+  void begin(const char* cat, cudaStream_t s) {
+    if (!on_) return;
+    open_.push_back({cat, event(), nullptr});
+    cudaEventRecord(open_.back().a, s);
+  }
+  void end(cudaStream_t s) {
+    if (!on_) return;
+    open_.back().b = event();
+    cudaEventRecord(open_.back().b, s);
+    done_.push_back(open_.back());
+    open_.pop_back();
+  }
+  // After the stream is synchronised.
+  void collect() {
+    for (auto& r : done_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, r.a, r.b);
+      auto& t = totals_[r.cat];
+      t.first += ms;
+      t.second += 1;
+      free_.push_back(r.a);
+      free_.push_back(r.b);
+    }
+    done_.clear();
+  }
+  void print() const {
+    if (!on_ || totals_.empty()) return;
+    double all = 0;
+    for (auto& [k, v] : totals_) all += v.first;
+    std::fprintf(stderr, "k3 cuda profile (eager path; GPU time per region):\n");
+    for (auto& [k, v] : totals_)
+      std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  %8lld calls\n", k.c_str(), v.first, 100.0 * v.first / all,
+                   static_cast<long long>(v.second));
+  }
+
+ private:
+  struct Region {
+    const char* cat;
+    cudaEvent_t a, b;
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    pool_.push_back(e);
+    return e;
+  }
+  bool on_;
+  std::vector<Region> open_, done_;
+  std::vector<cudaEvent_t> pool_, free_;
+  std::map<std::string, std::pair<double, int64_t>> totals_;
+};
+
+// Decode steps replayed as CUDA graphs, keyed by (sequences, page-table stride). A key is captured the
+// second time it is seen (the first, eager run sizes every lazily grown buffer); any reallocation of a
+// buffer a graph refers to bumps `generation` and drops the graphs.
+struct GraphCache {
+  struct Entry {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0;
+  };
+  std::map<std::pair<int64_t, int64_t>, Entry> graphs;
+  std::set<std::pair<int64_t, int64_t>> seen;
+  uint64_t generation = 1;
+  ~GraphCache() { clear(); }
+  void clear() {
+    for (auto& [k, e] : graphs)
+      if (e.exec) cudaGraphExecDestroy(e.exec);
+    graphs.clear();
+  }
+};
+
 }  // namespace
 
 struct CudaModel::Impl {
@@ -100,8 +189,13 @@ struct CudaModel::Impl {
   PinnedBuffer staging_h, logits_h;
   DeviceBuffer staging_d;
   Staging st;
+  Profiler prof{std::getenv("K3_CUDA_PROFILE") != nullptr && std::string(std::getenv("K3_CUDA_PROFILE")) != "0"};
+  bool use_graphs = true;
+  GraphCache graphs;
 
   ~Impl() {
+    prof.print();
+    graphs.clear();
     lin.reset();
     if (stream) cudaStreamDestroy(stream);
   }
@@ -151,6 +245,7 @@ struct CudaModel::Impl {
     total += static_cast<size_t>(n * std::max<int64_t>(K, 1));  // idx (int32, same size as float)
     act = DeviceBuffer();
     act = DeviceBuffer(total * 4);
+    ++graphs.generation;
     float* base = act.get<float>();
     for (auto& p : parts) {
       *p.first = base;
@@ -188,6 +283,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   auto impl = std::make_unique<Impl>();
   impl->cfg = load_model_config(dir);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->use_graphs = !opt.enforce_eager;
   {
     Checkpoint ckpt(dir);
     ModelWeights hw = bind_weights(impl->cfg, ckpt);
@@ -200,6 +296,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
   impl->init(opt.device, opt.gemm_bf16);
+  impl->use_graphs = !opt.enforce_eager;
   dummy_weights(impl->cfg, opt.dummy_seed, impl->w);
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
@@ -269,16 +366,21 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
   const int64_t n_mla = c.num_mla_layers(), n_kda = c.num_kda_layers();
   std::vector<int32_t> page_start(static_cast<size_t>(S)), page_tokens(static_cast<size_t>(S));
   std::vector<size_t> o_pages(static_cast<size_t>(n_mla));
+  // Each sequence's pages start at a multiple of `stride` (the largest page count rounded up to a power
+  // of two), so that decode steps of one batch size keep one staging layout (CUDA graphs).
+  int64_t stride = 4;
   {
-    int32_t total = 0;
     for (int64_t i = 0; i < S; ++i) {
-      const int64_t B = seqs[static_cast<size_t>(i)].cache->mla_page_tokens();
-      const int64_t len = seqs[static_cast<size_t>(i)].past + seqs[static_cast<size_t>(i)].n;
-      page_start[static_cast<size_t>(i)] = total;
-      page_tokens[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(B, int64_t{1} << 30));
-      total += static_cast<int32_t>((len + std::min<int64_t>(B, len) - 1) / std::min<int64_t>(B, len));
+      const Seq& s = seqs[static_cast<size_t>(i)];
+      const int64_t B = std::min<int64_t>(s.cache->mla_page_tokens(), s.past + s.n);
+      while (stride < (s.past + s.n + B - 1) / B) stride *= 2;
     }
-    std::vector<const float*> ptrs(static_cast<size_t>(total));
+    for (int64_t i = 0; i < S; ++i) {
+      page_start[static_cast<size_t>(i)] = static_cast<int32_t>(i * stride);
+      page_tokens[static_cast<size_t>(i)] =
+          static_cast<int32_t>(std::min<int64_t>(seqs[static_cast<size_t>(i)].cache->mla_page_tokens(), int64_t{1} << 30));
+    }
+    std::vector<const float*> ptrs(static_cast<size_t>(S * stride), nullptr);
     for (int64_t m = 0; m < n_mla; ++m) {
       for (int64_t i = 0; i < S; ++i) {
         const Seq& s = seqs[static_cast<size_t>(i)];
@@ -319,9 +421,22 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     o_src[static_cast<size_t>(nb)] = st.put(src);
   }
   const size_t sbytes = st.bytes().size();
-  if (staging_d.bytes() < sbytes) staging_d = DeviceBuffer(std::max(sbytes, staging_d.bytes() * 2));
-  std::memcpy(staging_h.ensure(sbytes), st.bytes().data(), sbytes);
-  K3_CUDA_CHECK(cudaMemcpyAsync(staging_d.get(), staging_h.ensure(sbytes), sbytes, cudaMemcpyHostToDevice, stream));
+  if (staging_d.bytes() < sbytes) {
+    staging_d = DeviceBuffer(std::max(sbytes, staging_d.bytes() * 2));
+    ++graphs.generation;
+  }
+  void* const staging_before = staging_h.ensure(0);
+  void* const staging_host = staging_h.ensure(sbytes);
+  if (staging_host != staging_before) ++graphs.generation;
+  std::memcpy(staging_host, st.bytes().data(), sbytes);
+  const size_t lbytes = static_cast<size_t>(R * V) * 4;
+  if (logits_d.bytes() < lbytes) {
+    logits_d = DeviceBuffer(lbytes);
+    ++graphs.generation;
+  }
+  void* const logits_before = logits_h.ensure(0);
+  void* const logits_host = logits_h.ensure(lbytes);
+  if (logits_host != logits_before) ++graphs.generation;
 
   auto paging = [&](int64_t m) {
     return MlaPaging{dptr<const float* const>(o_pages[static_cast<size_t>(m)]), dptr<const int32_t>(o_pstart),
@@ -329,15 +444,19 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
                      static_cast<int>(c.mla_cache_dim())};
   };
 
-  // ---- the graph ----
+  // ---- the device work of the step (enqueued eagerly, or captured into a CUDA graph) ----
   const size_t NH = static_cast<size_t>(N * H);
+  auto enqueue = [&]() {
+  K3_CUDA_CHECK(cudaMemcpyAsync(staging_d.get(), staging_host, sbytes, cudaMemcpyHostToDevice, stream));
   K3_CUDA_CHECK(embed_rows(w.embed, H, dptr<const int32_t>(o_tokens), static_cast<int>(N), P, stream));
   const bool attn_res = c.attn_res_block_size > 0;
   int64_t nb = 0, kda_i = 0, mla_i = 0;
   auto mix = [&](const float* wres) -> const float* {
     if (!attn_res || nb == 0) return P;
+    prof.begin("attn_res", stream);
     K3_CUDA_CHECK(attn_res_mix(dptr<const float* const>(o_src[static_cast<size_t>(nb)]), static_cast<int>(nb + 1), wres,
                                static_cast<int>(N), static_cast<int>(H), eps, h, stream));
+    prof.end(stream);
     return h;
   };
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -349,10 +468,13 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       ++nb;
       p_empty = true;
     }
+    prof.begin("norms+residual", stream);
     K3_CUDA_CHECK(rmsnorm(hin, L.input_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
 
+    prof.end(stream);
     if (L.is_kda) {
       const DKda& K = L.kda;
+      prof.begin("kda proj", stream);
       const int Hk = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim), W = static_cast<int>(c.conv_kernel);
       const int64_t C = c.kda_heads * c.kda_head_dim;
       linear(K.q, xin, N, pq);
@@ -367,6 +489,8 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
         linear(K.g_a, xin, N, fa);
         linear(K.g_b, fa, N, gate);
       }
+      prof.end(stream);
+      prof.begin("kda core", stream);
       const bool bounded = c.gate_lower_bound.has_value();
       const float lb = bounded ? *c.gate_lower_bound : 0.f;
       const size_t li = static_cast<size_t>(kda_i++);
@@ -385,12 +509,16 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
         K3_CUDA_CHECK(kda_output_gate(static_cast<int>(N), Hk, D, o, K.o_norm, eps, gate, stream));
       }
       (void)C;
+      prof.end(stream);
+      prof.begin("kda proj", stream);
       linear(K.o, o, N, tmp);
+      prof.end(stream);
     } else {
       const DMla& M = L.mla;
       const int nh = static_cast<int>(c.mla_heads), dn = static_cast<int>(c.qk_nope_dim), dr = static_cast<int>(c.qk_rope_dim),
                 dv = static_cast<int>(c.v_head_dim), kr = static_cast<int>(c.kv_lora_rank);
       const int qk = dn + dr, cd = kr + dr;
+      prof.begin("mla proj", stream);
       if (!M.q_a.empty()) {
         linear(M.q_a, xin, N, qa);
         K3_CUDA_CHECK(rmsnorm(qa, M.q_a_norm, static_cast<int>(N), static_cast<int>(c.q_lora_rank), static_cast<int>(c.q_lora_rank),
@@ -401,6 +529,8 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       }
       linear(M.kv_a, xin, N, lat);
       K3_CUDA_CHECK(rmsnorm(lat, M.kv_a_norm, static_cast<int>(N), kr, cd, c.mla_norm_eps, lat, stream));
+      prof.end(stream);
+      prof.begin("mla attn", stream);
       const MlaPaging pg = paging(mla_i++);
       K3_CUDA_CHECK(mla_write_rows(pg, static_cast<int>(N), lat, stream));
       // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h] (see the column-major mapping in docs/kernels-cuda.md).
@@ -416,12 +546,16 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
                                              M.kv_b + static_cast<int64_t>(dn) * kr, kr, static_cast<long long>(dn + dv) * kr,
                                              ol, nh * kr, kr, &zero, mo, nh * dv, dv, nh),
                    "v up-projection");
+      prof.end(stream);
+      prof.begin("mla proj", stream);
       if (!M.g.empty()) {
         linear(M.g, xin, N, mg);
         K3_CUDA_CHECK(sigmoid_mul(mo, mg, N * nh * dv, stream));
       }
       linear(M.o, mo, N, tmp);
+      prof.end(stream);
     }
+    prof.begin("norms+residual", stream);
     if (p_empty)
       K3_CUDA_CHECK(cudaMemcpyAsync(P, tmp, NH * 4, cudaMemcpyDeviceToDevice, stream));
     else
@@ -429,20 +563,28 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
 
     const float* hmlp = mix(L.mlp_res);
     K3_CUDA_CHECK(rmsnorm(hmlp, L.post_attn_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
+    prof.end(stream);
     if (L.is_moe) {
       const DMoe& M = L.moe;
       const int E = static_cast<int>(c.num_experts), K = static_cast<int>(c.top_k);
       const int X = static_cast<int>(c.expert_in_dim());
+      prof.begin("moe route", stream);
       linear(M.router, xin, N, rl);
       K3_CUDA_CHECK(moe_route(static_cast<int>(N), E, K, rl, M.bias, c.moe_renormalize, c.routed_scaling_factor, idx, wts, stream));
+      prof.end(stream);
+      prof.begin("moe latent", stream);
       const float* ex = xin;
       if (!M.latent_down.empty()) {
         linear(M.latent_down, xin, N, z);
         ex = z;
       }
+      prof.end(stream);
+      prof.begin("moe experts", stream);
       K3_CUDA_CHECK(moe_experts(M.experts, static_cast<int>(N), K, ex, idx, wts,
                                 c.act == Activation::SiTU ? GluAct::SiTU : GluAct::SiLU, c.situ_beta, c.situ_linear_beta, acc,
                                 *moe_ws, stream));
+      prof.end(stream);
+      prof.begin("moe latent", stream);
       if (!M.latent_up.empty()) {
         if (M.latent_norm)
           K3_CUDA_CHECK(rmsnorm(acc, M.latent_norm, static_cast<int>(N), X, X, eps, acc, stream));
@@ -450,29 +592,67 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       } else {
         K3_CUDA_CHECK(cudaMemcpyAsync(tmp, acc, NH * 4, cudaMemcpyDeviceToDevice, stream));
       }
+      prof.end(stream);
       if (!M.shared.gate.empty()) {
+        prof.begin("shared/dense ffn", stream);
         glu_mlp(M.shared, xin, N, sh);
         K3_CUDA_CHECK(add_inplace(tmp, sh, static_cast<int64_t>(NH), stream));
+        prof.end(stream);
       }
     } else {
+      prof.begin("shared/dense ffn", stream);
       glu_mlp(L.mlp, xin, N, tmp);
+      prof.end(stream);
     }
     K3_CUDA_CHECK(add_inplace(P, tmp, static_cast<int64_t>(NH), stream));
   }
   const float* hout = mix(w.out_res);
 
   // ---- logits ----
-  logits.resize(static_cast<size_t>(R * V));
   if (R > 0) {
+    prof.begin("lm_head", stream);
     K3_CUDA_CHECK(gather_rows(hout, dptr<const int32_t>(o_rows), static_cast<int>(R), static_cast<int>(H), hs, stream));
     K3_CUDA_CHECK(rmsnorm(hs, w.final_norm, static_cast<int>(R), static_cast<int>(H), static_cast<int>(H), eps, hs, stream));
-    const size_t lbytes = static_cast<size_t>(R * V) * 4;
-    if (logits_d.bytes() < lbytes) logits_d = DeviceBuffer(lbytes);
     linear(w.lm_head, hs, R, logits_d.get<float>());
-    K3_CUDA_CHECK(cudaMemcpyAsync(logits_h.ensure(lbytes), logits_d.get(), lbytes, cudaMemcpyDeviceToHost, stream));
+    K3_CUDA_CHECK(cudaMemcpyAsync(logits_host, logits_d.get(), lbytes, cudaMemcpyDeviceToHost, stream));
+    prof.end(stream);
+  }
+  };  // enqueue
+
+  // Decode steps of a batch size seen before run as one CUDA graph launch.
+  const bool graphable = use_graphs && !prof.on() && all_decode && N == S && R == S;
+  const std::pair<int64_t, int64_t> key{S, stride};
+  if (graphable && graphs.graphs.count(key) && graphs.graphs[key].generation == graphs.generation) {
+    K3_CUDA_CHECK(cudaGraphLaunch(graphs.graphs[key].exec, stream));
+  } else if (graphable && graphs.seen.count(key)) {
+    if (graphs.graphs.count(key)) {  // stale: a buffer it refers to was reallocated
+      cudaGraphExecDestroy(graphs.graphs[key].exec);
+      graphs.graphs.erase(key);
+    }
+    cudaGraph_t g = nullptr;
+    K3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    K3_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    K3_CUDA_CHECK(e);
+    graphs.graphs[key] = {exec, graphs.generation};
+    K3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  } else {
+    if (graphable) graphs.seen.insert(key);
+    enqueue();
   }
   K3_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (R > 0) std::memcpy(logits.data(), logits_h.ensure(static_cast<size_t>(R * V) * 4), static_cast<size_t>(R * V) * 4);
+  prof.collect();
+  logits.resize(static_cast<size_t>(R * V));
+  if (R > 0) std::memcpy(logits.data(), logits_host, lbytes);
   for (const Seq& s : seqs) s.cache->advance(s.n);
 }
 

@@ -2,7 +2,8 @@
 // (model/model.cpp), over weights and caches in device memory. Activations are fp32; dense
 // projections run through linear.h (fp32 GEMV for decode-sized batches, cuBLAS bf16 tensor cores for
 // prefill), KDA/MLA/MoE through their kernel files. One stream; a forward ends with the logits copied
-// to the host (the step's only synchronisation).
+// to the host (the step's only synchronisation). Decode steps (one token per sequence) of a batch size
+// seen before replay a captured CUDA graph. K3_CUDA_PROFILE=1 prints GPU time per region (eager only).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,7 +17,8 @@ namespace k3::cuda {
 struct CudaLoadOptions {
   int device = 0;
   uint64_t dummy_seed = 0x5eed;  // --load-format dummy
-  bool gemm_bf16 = false;        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
+  bool gemm_bf16 = false;
+  bool enforce_eager = false;    // no CUDA graphs for decode steps        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
 };
 
 class CudaModel final : public ModelRunner {
