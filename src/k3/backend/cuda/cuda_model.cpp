@@ -274,6 +274,50 @@ struct CudaModel::Impl {
   }
 
   void forward(const std::vector<BatchItem>& items, std::vector<float>& logits, const ForwardOptions& opt);
+
+  // MHA (prefill) form for one sequence's n new tokens at positions past..past+n-1: k_nope / v for all
+  // S = past + n cached tokens are expanded from the latents (one SGEMM), then per query chunk the
+  // scores (two batched SGEMMs: nope part + the shared rope-slot part), a causal softmax, and P.V.
+  // fp32 throughout (the CPU reference uses the same form for prefill). Writes mo rows [offset, offset+n).
+  DeviceBuffer mha_ws;
+  void mla_prefill_mha(const DMla& M, const MlaPaging& pg, int seq, int64_t offset, int64_t n, int64_t past, float* out) {
+    const ModelConfig& c = cfg;
+    const int nh = static_cast<int>(c.mla_heads), dn = static_cast<int>(c.qk_nope_dim), dr = static_cast<int>(c.qk_rope_dim),
+              dv = static_cast<int>(c.v_head_dim), kr = static_cast<int>(c.kv_lora_rank);
+    const int qk = dn + dr, cd = kr + dr, Rw = nh * (dn + dv);
+    const int64_t S = past + n;
+    const int64_t budget = int64_t{64} << 20;  // floats of scores per chunk (256 MiB)
+    const int64_t Tq = std::max<int64_t>(1, std::min<int64_t>(n, budget / (int64_t{nh} * S)));
+    const size_t need = static_cast<size_t>(S * cd + S * Rw + int64_t{nh} * Tq * S) * 4;
+    if (mha_ws.bytes() < need) {
+      K3_CUDA_CHECK(cudaStreamSynchronize(stream));  // queued work may still use the old buffer
+      mha_ws = DeviceBuffer(need + need / 4);
+    }
+    float* Lc = mha_ws.get<float>();
+    float* KV = Lc + S * cd;
+    float* sc = KV + S * Rw;
+    K3_CUDA_CHECK(mla_gather_latents(pg, seq, static_cast<int>(S), Lc, stream));
+    const float one = 1.f, zero = 0.f, scale = 1.0f / std::sqrt(static_cast<float>(qk));
+    cublasHandle_t hb = lin->cublas();
+    check_cublas(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, M.kv_b, kr, Lc, cd, &zero, KV, Rw),
+                 "MLA k/v expansion");
+    for (int64_t t0 = 0; t0 < n; t0 += Tq) {
+      const int tq = static_cast<int>(std::min<int64_t>(Tq, n - t0));
+      const float* Q = mq + (offset + t0) * nh * qk;
+      const long long sstride = static_cast<long long>(tq) * S;
+      check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dn, &scale, KV, Rw, dn + dv, Q,
+                                             nh * qk, qk, &zero, sc, static_cast<int>(S), sstride, nh),
+                   "MLA scores (nope)");
+      check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dr, &scale, Lc + kr, cd, 0,
+                                             Q + dn, nh * qk, qk, &one, sc, static_cast<int>(S), sstride, nh),
+                   "MLA scores (rope slot)");
+      K3_CUDA_CHECK(mla_causal_softmax(sc, nh, tq, static_cast<int>(S), static_cast<int>(past + t0), stream));
+      check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_N, CUBLAS_OP_N, dv, tq, static_cast<int>(S), &one, KV + dn, Rw, dn + dv,
+                                             sc, static_cast<int>(S), sstride, &zero, out + (offset + t0) * nh * dv, nh * dv, dv,
+                                             nh),
+                   "MLA P.V");
+    }
+  }
 };
 
 CudaModel::CudaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -412,6 +456,17 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     o_krec[static_cast<size_t>(li)] = st.put(rec);
     o_kchk[static_cast<size_t>(li)] = st.put(chk);
   }
+  // Tokens of decode-form sequences (absorbed MLA); prefill-form sequences take the MHA form.
+  std::vector<int32_t> dec_tokens;
+  std::vector<size_t> prefill_seqs;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].prefill)
+      prefill_seqs.push_back(i);
+    else
+      for (int64_t t = 0; t < seqs[i].n; ++t) dec_tokens.push_back(static_cast<int32_t>(seqs[i].offset + t));
+  }
+  const size_t o_dectok = st.put(dec_tokens);
+  const int n_dec_tok = static_cast<int>(dec_tokens.size());
   // Attention-Residual sources: for nb completed blocks, [B_0 .. B_{nb-1}, P].
   std::vector<size_t> o_src(static_cast<size_t>(n_blocks_max + 1));
   for (int64_t nb = 1; nb <= n_blocks_max; ++nb) {
@@ -533,6 +588,7 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       prof.begin("mla attn", stream);
       const MlaPaging pg = paging(mla_i++);
       K3_CUDA_CHECK(mla_write_rows(pg, static_cast<int>(N), lat, stream));
+      if (n_dec_tok > 0) {
       // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h] (see the column-major mapping in docs/kernels-cuda.md).
       const float one = 1.f, zero = 0.f;
       check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, kr, static_cast<int>(N), dn, &one,
@@ -540,12 +596,16 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
                                              nh * cd, cd, nh),
                    "q absorption");
       K3_CUDA_CHECK(mla_copy_qpe(mq, static_cast<int>(N), nh, dn, dr, kr, ql, stream));
-      K3_CUDA_CHECK(mla_attend_latent(pg, static_cast<int>(N), nh, kr, dr, ql, 1.0f / std::sqrt(static_cast<float>(qk)), ol, stream));
+      MlaPaging pgd = pg;
+      pgd.tok_index = n_dec_tok == N ? nullptr : dptr<const int32_t>(o_dectok);
+      K3_CUDA_CHECK(mla_attend_latent(pgd, n_dec_tok, nh, kr, dr, ql, 1.0f / std::sqrt(static_cast<float>(qk)), ol, stream));
       // o[t][h] = W_UV_h o_lat[t][h]
       check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, dv, static_cast<int>(N), kr, &one,
                                              M.kv_b + static_cast<int64_t>(dn) * kr, kr, static_cast<long long>(dn + dv) * kr,
                                              ol, nh * kr, kr, &zero, mo, nh * dv, dv, nh),
                    "v up-projection");
+      }
+      for (size_t si : prefill_seqs) mla_prefill_mha(M, pg, static_cast<int>(si), seqs[si].offset, seqs[si].n, seqs[si].past, mo);
       prof.end(stream);
       prof.begin("mla proj", stream);
       if (!M.g.empty()) {

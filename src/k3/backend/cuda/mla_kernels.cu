@@ -37,7 +37,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     attend_kernel(MlaPaging pg, int nh, int kr, int dr, const float* __restrict__ q_lat, float scale,
                   float* __restrict__ o_lat) {
   extern __shared__ float sm[];  // q: cd floats; then the merge area
-  const int t = blockIdx.x / nh, h = blockIdx.x % nh;
+  const int t = pg.tok_index ? pg.tok_index[blockIdx.x / nh] : static_cast<int>(blockIdx.x / nh);
+  const int h = blockIdx.x % nh;
   const int cd = kr + dr;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* qs = sm;
@@ -99,7 +100,55 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+__global__ void gather_latents_kernel(MlaPaging pg, int seq, float* __restrict__ out) {
+  const int s = blockIdx.x;
+  const float* src = row_ptr(pg, seq, s);
+  for (int i = threadIdx.x; i < pg.row_dim; i += blockDim.x) out[static_cast<int64_t>(s) * pg.row_dim + i] = src[i];
+}
+
+// One block per (head, query) row.
+__global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S, int first_pos) {
+  __shared__ float red[32];
+  float* row = scores + static_cast<int64_t>(blockIdx.x) * S;
+  const int t = blockIdx.x % Tq;
+  const int valid = min(S, first_pos + t + 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < valid; s += blockDim.x) m = fmaxf(m, row[s]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int w = 0; w < nw; ++w) m = fmaxf(m, red[w]);
+  __syncthreads();
+  float sum = 0.f;
+  for (int s = threadIdx.x; s < valid; s += blockDim.x) {
+    const float e = __expf(row[s] - m);
+    row[s] = e;
+    sum += e;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+  for (int w = 0; w < nw; ++w) sum += red[w];
+  const float inv = 1.0f / sum;
+  for (int s = threadIdx.x; s < S; s += blockDim.x) row[s] = s < valid ? row[s] * inv : 0.f;
+}
+
 }  // namespace
+
+cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, cudaStream_t s) {
+  if (S <= 0) return cudaSuccess;
+  gather_latents_kernel<<<S, 128, 0, s>>>(pg, seq, out);
+  return cudaGetLastError();
+}
+
+cudaError_t mla_causal_softmax(float* scores, int nh, int Tq, int S, int first_pos, cudaStream_t s) {
+  if (nh <= 0 || Tq <= 0 || S <= 0) return cudaSuccess;
+  causal_softmax_kernel<<<static_cast<unsigned>(nh) * Tq, 256, 0, s>>>(scores, Tq, S, first_pos);
+  return cudaGetLastError();
+}
 
 cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStream_t s) {
   if (N <= 0) return cudaSuccess;

@@ -18,6 +18,7 @@ struct MlaPaging {
   const int32_t* tok_seq;       // [N]
   const int32_t* tok_pos;       // [N]
   int row_dim;                  // kv_lora_rank + qk_rope_dim
+  const int32_t* tok_index = nullptr;  // mla_attend_latent: the batch tokens to attend for (null: 0..N-1)
 };
 
 // Writes the new tokens' latent rows lat [N][row_dim] into the cache.
@@ -26,10 +27,17 @@ cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStr
 // Copies q_pe (the last dr of each head's q [N][nh][dn+dr]) into q_lat [N][nh][kr+dr] at offset kr.
 cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, float* q_lat, cudaStream_t s);
 
-// Absorbed attention: for each token t and head h, softmax over the cached rows 0..tok_pos[t] of
+// Absorbed attention: for each token t (tok_index[i] for i < N when given) and head h, softmax over the cached rows 0..tok_pos[t] of
 // (q_lat[t][h] . row) * scale, then o_lat[t][h] = sum softmax * c_kv (the first kr values of each row).
 // q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
                               float* o_lat, cudaStream_t s);
+
+// MHA (prefill) form helpers; the projections and the two attention products run on cuBLAS.
+// Copies rows 0..S-1 of sequence `seq` into out [S][row_dim].
+cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, cudaStream_t s);
+// In place over scores [nh][Tq][S]: row (h, t) is a causal softmax over s <= first_pos + t (later
+// columns become 0).
+cudaError_t mla_causal_softmax(float* scores, int nh, int Tq, int S, int first_pos, cudaStream_t s);
 
 }  // namespace k3::cuda
