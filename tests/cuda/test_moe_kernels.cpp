@@ -29,6 +29,23 @@
 namespace {
 
 using k3::cuda::GluAct;
+using k3::cuda::MoePath;
+using k3::cuda::MoePrecision;
+
+// The expert paths every correctness check runs, each against the same CPU reference, with its tolerance
+// (max |gpu - cpu| / max |cpu|): SIMT fp32; tensor cores with split bf16x2 activations; plain bf16.
+struct PathCfg {
+  MoePath path;
+  MoePrecision prec;
+  double tol;
+  const char* name;
+};
+const PathCfg kPaths[] = {
+    {MoePath::Simt, MoePrecision::Bf16x2, 1e-4, "simt"},
+    {MoePath::TensorCore, MoePrecision::Bf16x2, 1e-4, "tc-bf16x2"},
+    {MoePath::TensorCore, MoePrecision::Bf16, 2e-2, "tc-bf16"},
+    {MoePath::Auto, MoePrecision::Bf16x2, 1e-4, "auto"},
+};
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -256,7 +273,8 @@ struct CheckResult {
   bool nan = false;
 };
 
-CheckResult check_layer(Moe& m, int n, GluAct act, bool renorm, float scale, uint64_t seed) {
+// One CPU reference, then moe_experts once per entry of kPaths (results in that order).
+std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, float scale, uint64_t seed) {
   const int E = m.sh.E, K = m.sh.K, X = m.sh.X;
   const k3::ModelConfig c = m.config(act, renorm, scale);
   Rng rng(seed);
@@ -279,60 +297,76 @@ CheckResult check_layer(Moe& m, int n, GluAct act, bool renorm, float scale, uin
   ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), renorm, scale, di.as<int32_t>(), dwt.as<float>(),
                          nullptr),
      "moe_route");
-  ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
-                           c.situ_linear_beta, dout.as<float>(), ws, nullptr),
-     "moe_experts");
-  ck(cudaDeviceSynchronize(), "sync");
+  ck(cudaDeviceSynchronize(), "sync route");
   std::vector<int> gid(static_cast<size_t>(n) * K);
   std::vector<float> gw(gid.size()), out(x.size());
   ck(cudaMemcpy(gid.data(), di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
   ck(cudaMemcpy(gw.data(), dwt.p, gw.size() * 4, cudaMemcpyDeviceToHost), "w");
-  ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
 
-  CheckResult r;
-  double maxref = 0, maxdiff = 0;
-  for (int t = 0; t < n; ++t) {
-    bool same = true;
-    for (int j = 0; j < K; ++j) same = same && gid[static_cast<size_t>(t) * K + j] == rid[static_cast<size_t>(t) * K + j];
-    if (!same) {
-      // Allowed only as a near-tie: rank by rank, the biased scores of the two picks within 1e-6.
-      for (int j = 0; j < K; ++j) {
-        const int a = gid[static_cast<size_t>(t) * K + j], b = rid[static_cast<size_t>(t) * K + j];
-        if (a < 0 || a >= E) {
-          ADD_FAILURE() << m.sh.name << " n=" << n << " token " << t << " rank " << j << ": invalid id " << a;
-          break;
+  std::vector<CheckResult> results;
+  for (const PathCfg& pc : kPaths) {
+    ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");  // NaN: a missed write shows
+    ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
+                             c.situ_linear_beta, dout.as<float>(), ws, nullptr, pc.prec, pc.path),
+       "moe_experts");
+    ck(cudaDeviceSynchronize(), "sync");
+    ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+
+    const bool first = &pc == &kPaths[0];  // routing checks once
+    CheckResult r;
+    double maxref = 0, maxdiff = 0;
+    for (int t = 0; t < n; ++t) {
+      bool same = true;
+      for (int j = 0; j < K; ++j) same = same && gid[static_cast<size_t>(t) * K + j] == rid[static_cast<size_t>(t) * K + j];
+      if (!same) {
+        // Allowed only as a near-tie: rank by rank, the biased scores of the two picks within 1e-6.
+        for (int j = 0; j < K && first; ++j) {
+          const int a = gid[static_cast<size_t>(t) * K + j], b = rid[static_cast<size_t>(t) * K + j];
+          if (a < 0 || a >= E) {
+            ADD_FAILURE() << m.sh.name << " n=" << n << " token " << t << " rank " << j << ": invalid id " << a;
+            break;
+          }
+          const float sa = biased[static_cast<size_t>(t) * E + a], sb = biased[static_cast<size_t>(t) * E + b];
+          EXPECT_LE(std::fabs(sa - sb), 1e-6f) << m.sh.name << " n=" << n << " token " << t << " rank " << j
+                                               << ": gpu expert " << a << " (" << sa << ") vs cpu " << b << " (" << sb << ")";
         }
-        const float sa = biased[static_cast<size_t>(t) * E + a], sb = biased[static_cast<size_t>(t) * E + b];
-        EXPECT_LE(std::fabs(sa - sb), 1e-6f) << m.sh.name << " n=" << n << " token " << t << " rank " << j
-                                             << ": gpu expert " << a << " (" << sa << ") vs cpu " << b << " (" << sb << ")";
+        ++r.tie_flips;
+        continue;  // outputs differ legitimately
       }
-      ++r.tie_flips;
-      continue;  // outputs differ legitimately
+      for (int j = 0; j < K && first; ++j) {
+        const float a = gw[static_cast<size_t>(t) * K + j], b = rw[static_cast<size_t>(t) * K + j];
+        EXPECT_LE(std::fabs(a - b), 1e-6f * std::fabs(b) + 1e-30f) << m.sh.name << " token " << t << " rank " << j;
+      }
+      for (int d = 0; d < X; ++d) {
+        const double g = out[static_cast<size_t>(t) * X + d], c0 = ref[static_cast<size_t>(t) * X + d];
+        if (std::isnan(g) || std::isinf(g)) r.nan = true;
+        maxref = std::max(maxref, std::fabs(c0));
+        maxdiff = std::max(maxdiff, std::fabs(g - c0));
+      }
     }
-    for (int j = 0; j < K; ++j) {
-      const float a = gw[static_cast<size_t>(t) * K + j], b = rw[static_cast<size_t>(t) * K + j];
-      EXPECT_LE(std::fabs(a - b), 1e-6f * std::fabs(b) + 1e-30f) << m.sh.name << " token " << t << " rank " << j;
-    }
-    for (int d = 0; d < X; ++d) {
-      const double g = out[static_cast<size_t>(t) * X + d], c0 = ref[static_cast<size_t>(t) * X + d];
-      if (std::isnan(g) || std::isinf(g)) r.nan = true;
-      maxref = std::max(maxref, std::fabs(c0));
-      maxdiff = std::max(maxdiff, std::fabs(g - c0));
-    }
+    r.rel = maxdiff / std::max(maxref, 1e-30);
+    results.push_back(r);
   }
-  r.rel = maxdiff / std::max(maxref, 1e-30);
-  return r;
+  return results;
 }
 
 void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool renorm, float scale) {
   Moe& m = cached_moe(s);
   for (int n : ns) {
-    const CheckResult r = check_layer(m, n, act, renorm, scale, 1000 + n);
-    std::printf("[ moe ] %-12s E=%d K=%d X=%d I=%d %s %s renorm=%d scale=%.2f n=%4d  max_rel %.2e  tie flips %d\n",
-                s.name, s.E, s.K, s.X, s.I, s.mx ? "mxfp4" : "bf16 ", act == GluAct::SiTU ? "SiTU" : "SiLU", renorm,
-                scale, n, r.rel, r.tie_flips);
-    EXPECT_FALSE(r.nan) << s.name << " n=" << n;
-    EXPECT_LT(r.rel, 1e-4) << s.name << " n=" << n;
+    const std::vector<CheckResult> rs = check_layer(m, n, act, renorm, scale, 1000 + n);
+    const bool auto_tc = k3::cuda::moe_experts_use_tc(n, s.K, s.E);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      const CheckResult& r = rs[i];
+      const PathCfg& pc = kPaths[i];
+      // '*': the forced path Auto picks here.
+      const bool is_auto = pc.path != MoePath::Auto && (pc.path == MoePath::TensorCore) == auto_tc &&
+                           pc.prec == MoePrecision::Bf16x2;
+      std::printf("[ moe ] %-12s E=%d K=%d X=%d I=%d %s %s renorm=%d scale=%.2f n=%4d  %-9s%s max_rel %.2e  tie flips %d\n",
+                  s.name, s.E, s.K, s.X, s.I, s.mx ? "mxfp4" : "bf16 ", act == GluAct::SiTU ? "SiTU" : "SiLU", renorm,
+                  scale, n, pc.name, is_auto ? "*" : " ", r.rel, r.tie_flips);
+      EXPECT_FALSE(r.nan) << s.name << " n=" << n << " " << pc.name;
+      EXPECT_LT(r.rel, pc.tol) << s.name << " n=" << n << " " << pc.name;
+    }
   }
 }
 
@@ -343,6 +377,8 @@ const std::vector<Shape>& tiny_shapes() {
       {32, 4, 96, 96, true, "tiny-mx-96"},   // X not a multiple of 64
       {32, 3, 160, 32, false, "tiny-bf-160"},
       {32, 4, 256, 96, true, "k3-tiny"},      // models/k3-tiny
+      {128, 16, 1024, 512, true, "k3-like"},  // K3's routing (K = 16) at small widths: n = 257 -> 32 pairs/expert
+      {64, 8, 512, 200, false, "kl-like"},    // bf16, I = 200: N and K edge tiles (not multiples of 32 / 64)
   };
   return v;
 }
@@ -360,12 +396,13 @@ TEST(CudaMoe, TinyShapes) {
 
 TEST(CudaMoe, KimiLinearShape) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  run_checks(kKimiLinear, {1, 3, 8, 64, 257}, GluAct::SiLU, true, 2.446f);
+  run_checks(kKimiLinear, {1, 3, 8, 64, 257}, GluAct::SiLU, true, 2.446f);  // 64, 257: Auto = tensor cores
 }
 
 TEST(CudaMoe, K3Shape) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // n = 257 skipped: ~4k (token, expert) pairs of 3584x3072 MXFP4 GLUs is slow on the CPU reference.
+  // n = 257 skipped: ~4k (token, expert) pairs of 3584x3072 MXFP4 GLUs is slow on the CPU reference (the
+  // k3-like tiny shape covers K = 16 at n = 257). n = 64: Auto = SIMT (1024 pairs < 2 * 896); both forced.
   run_checks(kK3, {1, 3, 8, 64}, GluAct::SiTU, true, 2.5f);
 }
 
@@ -396,9 +433,9 @@ TEST(CudaMoe, EdgeCases) {
   const int max_tokens = 4;
   k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
   DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4), dl(8 * E * 4);
-  auto experts = [&](int n, int k) {
+  auto experts = [&](int n, int k, const PathCfg& pc = kPaths[3]) {
     return k3::cuda::moe_experts(m.bank, n, k, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
-                                 25.f, dout.as<float>(), ws, nullptr);
+                                 25.f, dout.as<float>(), ws, nullptr, pc.prec, pc.path);
   };
   // No tokens: nothing to do, success.
   EXPECT_EQ(experts(0, K), cudaSuccess);
@@ -431,11 +468,6 @@ TEST(CudaMoe, EdgeCases) {
   ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
   ck(cudaMemcpy(di.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
   ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "w");
-  ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison out");  // NaN: every element must be written
-  ASSERT_EQ(experts(n, K), cudaSuccess);
-  ck(cudaDeviceSynchronize(), "sync");
-  std::vector<float> out(static_cast<size_t>(n) * X);
-  ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
   // Reference: expert 3 on token 0 (K copies, weight 0.25 each) and expert 5 on token 2 (K/2 copies).
   auto expert_out = [&](int e, const float* xt, std::vector<float>& y) {
     const k3::GluMlp& g = m.w.experts[e];
@@ -449,20 +481,35 @@ TEST(CudaMoe, EdgeCases) {
   std::vector<float> y0, y2;
   expert_out(3, x.data(), y0);
   expert_out(5, x.data() + 2 * X, y2);
-  double maxref = 0, maxdiff = 0;
-  for (int d = 0; d < X; ++d) {
-    const double r0 = 0.25 * K * y0[d], r2 = 0.25 * (K / 2) * y2[d];
-    maxref = std::max({maxref, std::fabs(r0), std::fabs(r2)});
-    maxdiff = std::max({maxdiff, std::fabs(out[d] - r0), std::fabs(out[2 * X + d] - r2)});
-    EXPECT_EQ(out[X + d], 0.0f) << d;
-    EXPECT_FALSE(std::isnan(out[d]) || std::isnan(out[2 * X + d])) << d;
+  for (const PathCfg& pc : kPaths) {
+    ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison out");  // NaN: every element must be written
+    ASSERT_EQ(experts(n, K, pc), cudaSuccess) << pc.name;
+    ck(cudaDeviceSynchronize(), "sync");
+    std::vector<float> out(static_cast<size_t>(n) * X);
+    ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+    double maxref = 0, maxdiff = 0;
+    for (int d = 0; d < X; ++d) {
+      const double r0 = 0.25 * K * y0[d], r2 = 0.25 * (K / 2) * y2[d];
+      maxref = std::max({maxref, std::fabs(r0), std::fabs(r2)});
+      maxdiff = std::max({maxdiff, std::fabs(out[d] - r0), std::fabs(out[2 * X + d] - r2)});
+      EXPECT_EQ(out[X + d], 0.0f) << pc.name << " " << d;
+      EXPECT_FALSE(std::isnan(out[d]) || std::isnan(out[2 * X + d])) << pc.name << " " << d;
+    }
+    std::printf("[ moe ] invalid-id edge case %-9s max_rel %.2e\n", pc.name, maxdiff / maxref);
+    EXPECT_LT(maxdiff / maxref, pc.tol) << pc.name;
   }
-  std::printf("[ moe ] invalid-id edge case max_rel %.2e\n", maxdiff / maxref);
-  EXPECT_LT(maxdiff / maxref, 1e-4);
+  // Bad precision / path values are rejected.
+  EXPECT_EQ(k3::cuda::moe_experts(m.bank, 1, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
+                                  25.f, dout.as<float>(), ws, nullptr, static_cast<MoePrecision>(7)),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::moe_experts(m.bank, 1, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
+                                  25.f, dout.as<float>(), ws, nullptr, MoePrecision::Bf16x2, static_cast<MoePath>(7)),
+            cudaErrorInvalidValue);
 }
 
-// Timing (prints only): decode batches and a 2048-token prefill on the real shapes. Weight bytes are
-// those of the distinct experts the batch touches; the L2 (50 MB) is flushed before each timed call.
+// Timing (prints only): decode batches and a 2048-token prefill on the real shapes, Auto and (n >= 64) each
+// forced path. Weight bytes are those of the distinct experts the batch touches; the L2 (50 MB) is flushed
+// before each timed call. TFLOP/s counts 2 * 3 * n * K * I * X useful flops (not the split's second MMA).
 TEST(CudaMoe, Timing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   DevBuf flush(256u << 20);
@@ -491,41 +538,50 @@ TEST(CudaMoe, Timing) {
         return k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(),
                                    dwt.as<float>(), st);
       };
-      auto experts = [&]() {
+      auto experts = [&](const PathCfg& pc) {
         return k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(),
-                                     s.mx ? GluAct::SiTU : GluAct::SiLU, 4.f, 25.f, dout.as<float>(), ws, st);
+                                     s.mx ? GluAct::SiTU : GluAct::SiLU, 4.f, 25.f, dout.as<float>(), ws, st, pc.prec,
+                                     pc.path);
       };
       ck(route(), "route");
-      ck(experts(), "warm");
       ck(cudaStreamSynchronize(st), "sync");
       std::vector<int> ids(static_cast<size_t>(n) * K);
       ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
       const std::set<int> used(ids.begin(), ids.end());
-      const int reps = n >= 2048 ? 3 : 20;
-      float ms_total = 0, ms_route = 0;
-      for (int i = 0; i < reps; ++i) {
-        ck(cudaMemsetAsync(flush.p, i & 0xff, 256u << 20, st), "flush");
-        ck(cudaEventRecord(e0, st), "rec");
-        ck(experts(), "time");
-        ck(cudaEventRecord(e1, st), "rec");
-        ck(cudaEventSynchronize(e1), "evsync");
-        float ms = 0;
-        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-        ms_total += ms;
-        ck(cudaEventRecord(e0, st), "rec");
-        ck(route(), "time route");
-        ck(cudaEventRecord(e1, st), "rec");
-        ck(cudaEventSynchronize(e1), "evsync");
-        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-        ms_route += ms;
+      // Auto at every n; at n >= 64 also each forced path (SIMT, tensor cores split / plain bf16).
+      const bool all = n >= 64;
+      for (const PathCfg& pc : kPaths) {
+        if (!all && pc.path != MoePath::Auto) continue;
+        ck(experts(pc), "warm");
+        ck(cudaStreamSynchronize(st), "sync");
+        const int reps = n >= 2048 ? 3 : 20;
+        float ms_total = 0, ms_route = 0;
+        for (int i = 0; i < reps; ++i) {
+          ck(cudaMemsetAsync(flush.p, i & 0xff, 256u << 20, st), "flush");
+          ck(cudaEventRecord(e0, st), "rec");
+          ck(experts(pc), "time");
+          ck(cudaEventRecord(e1, st), "rec");
+          ck(cudaEventSynchronize(e1), "evsync");
+          float ms = 0;
+          ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+          ms_total += ms;
+          ck(cudaEventRecord(e0, st), "rec");
+          ck(route(), "time route");
+          ck(cudaEventRecord(e1, st), "rec");
+          ck(cudaEventSynchronize(e1), "evsync");
+          ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+          ms_route += ms;
+        }
+        const double us = 1000.0 * ms_total / reps, us_route = 1000.0 * ms_route / reps;
+        const double bytes = m.expert_bytes() * static_cast<double>(used.size());
+        const double gbps = bytes / (us * 1e-6) / 1e9;
+        const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
+        const char* auto_is = k3::cuda::moe_experts_use_tc(n, K, E) ? "tc" : "simt";
+        std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
+                    "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
+                    s.name, n, used.size(), pc.name, pc.path == MoePath::Auto ? auto_is : "", us, gbps, gbps / 48.0,
+                    tflops, us_route);
       }
-      const double us = 1000.0 * ms_total / reps, us_route = 1000.0 * ms_route / reps;
-      const double bytes = m.expert_bytes() * static_cast<double>(used.size());
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
-      std::printf("[ timing ] %-11s n=%5d  experts used %4zu  moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of 4.8 TB/s)  "
-                  "%6.2f TFLOP/s  moe_route %7.1f us\n",
-                  s.name, n, used.size(), us, gbps, gbps / 48.0, tflops, us_route);
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

@@ -28,6 +28,19 @@ struct ExpertBank {
 
 enum class GluAct : int { SiLU = 0, SiTU = 1 };
 
+// Activation precision of the tensor-core expert path (weights are exactly bf16 there: bf16 as stored, or
+// MXFP4 dequantised to bf16 exactly). Bf16x2: activations split x = hi + lo (both bf16), two MMAs
+// accumulated in fp32 (~1e-5 relative, matches the fp32 CPU reference); Bf16: x rounded to bf16 (~1e-3
+// relative, about half the tensor-core work). The SIMT path is fp32 throughout and ignores this.
+enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
+
+// Which expert kernels moe_experts runs. Auto: tensor cores when moe_experts_use_tc(n, K, E), else SIMT.
+enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2 };
+
+// Auto's rule: tensor-core tiles (up to 64 pairs of one expert) when the n * K (token, expert) pairs average
+// at least 2 per expert (n * K >= 2 * E); below that (decode) the SIMT tiles (up to 4 / 8 pairs).
+bool moe_experts_use_tc(int n, int K, int E);
+
 // Routing for n tokens: s = sigmoid(logits); the K experts with the highest s + bias (ties to the lower
 // expert id); weight = (renormalize ? s / (sum of the K chosen s + 1e-20) : s) * scale.
 // logits [n][E]; bias [E]; topk_idx [n][K] int32 (in rank order); topk_w [n][K]. K <= 32, E <= 4096.
@@ -47,7 +60,7 @@ class MoeWorkspace {
 
  private:
   friend cudaError_t moe_experts(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
-                                 float, float, float*, MoeWorkspace&, cudaStream_t);
+                                 float, float, float*, MoeWorkspace&, cudaStream_t, MoePrecision, MoePath);
   int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
   size_t bytes_ = 0;
   void* base_ = nullptr;  // one allocation, carved into the buffers below
@@ -55,7 +68,7 @@ class MoeWorkspace {
   int32_t* num_tiles_ = nullptr;  // [1] tiles written by the plan kernel
   int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
   int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
-  int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0)
+  int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 4, 8 or 64 pairs
   float* hidden_ = nullptr;       // [P][I] act(gate) * up, by slot
   float* y_ = nullptr;            // [P][X] expert outputs, by slot
   int max_tiles_ = 0;
@@ -64,9 +77,11 @@ class MoeWorkspace {
 // out[t] = sum_k topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k]; out [n][X]
 // (overwritten). act: SiLU(g) = g*sigmoid(g); SiTU(g, u) = beta*tanh(g/beta)*sigmoid(g) * lbeta*tanh(u/lbeta)
 // (cpu::situ_glu). The sum over k runs in rank order k = 0..K-1, so results do not depend on scheduling.
-// n <= ws.max_tokens().
+// n <= ws.max_tokens(). precision: the tensor-core path's activation rounding; path: force a path (tests,
+// benchmarks) or Auto (moe_experts_use_tc).
 cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
                         const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
-                        MoeWorkspace& ws, cudaStream_t stream);
+                        MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision = MoePrecision::Bf16x2,
+                        MoePath path = MoePath::Auto);
 
 }  // namespace k3::cuda
