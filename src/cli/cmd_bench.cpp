@@ -349,7 +349,10 @@ void add_bench(CLI::App& app, Registry& reg) {
       auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
       std::vector<k3::bench::OfflineResult> rs;
       json arr = json::array();
-      const std::string name = fs::path(dir).lexically_normal().filename().string();
+      std::string name = fs::path(dir).lexically_normal().filename().string();
+      if (f->dev.load_format == "dummy")
+        name = (f->dev.preset.empty() ? name : f->dev.preset) +
+               (f->dev.num_layers > 0 ? " " + std::to_string(f->dev.num_layers) + "L" : "") + " (dummy)";
       for (auto& t : tests) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch);

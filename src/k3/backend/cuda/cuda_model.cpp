@@ -191,6 +191,7 @@ struct CudaModel::Impl {
   Staging st;
   Profiler prof{std::getenv("K3_CUDA_PROFILE") != nullptr && std::string(std::getenv("K3_CUDA_PROFILE")) != "0"};
   bool use_graphs = true;
+  bool gemm_bf16 = false;
   GraphCache graphs;
 
   ~Impl() {
@@ -214,6 +215,7 @@ struct CudaModel::Impl {
     name = "cuda:" + std::to_string(dev) + " (" + prop.name + ")";
     K3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     lin = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
+    this->gemm_bf16 = gemm_bf16;
     mem = std::make_shared<DeviceCacheMemory>(dev, stream);
     const ModelConfig& c = cfg;
     if (c.kda_heads > 0 && c.kda_head_dim != 32 && c.kda_head_dim != 64 && c.kda_head_dim != 128)
@@ -642,7 +644,7 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       prof.begin("moe experts", stream);
       K3_CUDA_CHECK(moe_experts(M.experts, static_cast<int>(N), K, ex, idx, wts,
                                 c.act == Activation::SiTU ? GluAct::SiTU : GluAct::SiLU, c.situ_beta, c.situ_linear_beta, acc,
-                                *moe_ws, stream));
+                                *moe_ws, stream, gemm_bf16 ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
       prof.end(stream);
       prof.begin("moe latent", stream);
       if (!M.latent_up.empty()) {
