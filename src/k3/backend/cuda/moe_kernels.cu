@@ -404,7 +404,10 @@ constexpr int kTcBRows = 128;   // weight rows staged per block: 64 gate + 64 up
 constexpr int kTcK = 32;        // input columns per staged chunk (two k16 MMA steps)
 constexpr int kTcLd = 40;       // shared row stride in bf16 (80 bytes: an ldmatrix's 8 row reads hit all 32 banks once)
 constexpr int kTcThreads = 256; // 8 warps: 2 (M, 32 pairs each) x 4 (N)
-constexpr int kTcMinPairsPerExpert = 2;
+// Measured on the H200 (docs/perf/cuda-moe.md): at 2 pairs per expert (Kimi-Linear n=64) the SIMT tiles
+// are faster (0.98 vs 1.38 ms); at 8 (n=256) the tensor cores win (1.82 vs 2.66 ms); K3 at 4.6 pairs
+// (n=256): 15.5 vs 23.0 ms. Hence 4.
+constexpr int kTcMinPairsPerExpert = 4;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
