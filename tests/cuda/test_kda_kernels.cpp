@@ -193,7 +193,8 @@ void cpu_core(const Batch& b, const CoreIn& in, Vec& out, Vec& S) {
   }
 }
 
-enum class Core { Recurrent, Chunked };
+// Chunked: the workspace overload (parallel path); ChunkedNoWs: the overload without a workspace.
+enum class Core { Recurrent, Chunked, ChunkedNoWs };
 
 // GPU: one call per part. split_frac 0 = one call over the whole batch; otherwise each sequence is cut at
 // floor(n * split_frac) and the two halves go to two calls (state carried in device memory).
@@ -216,6 +217,15 @@ void gpu_core(const Batch& b, const CoreIn& in, Core kind, int chunk, double spl
   auto call = [&](const std::vector<KdaSeq>& seqs) {
     Dev<KdaSeq> ds(seqs);
     const int ns = static_cast<int>(seqs.size());
+    if (kind == Core::Chunked) {
+      const size_t wsb = k3::cuda::kda_chunked_workspace_bytes(b.N, ns, b.H, b.D, chunk);
+      Dev<char> ws(wsb);
+      ws.fill_nan();  // anything the kernels read without writing first shows up as NaN
+      ck(k3::cuda::kda_chunked(ds.p, ns, b.N, b.H, b.D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, ws.p, wsb, nullptr),
+         "launch");
+      ck(cudaDeviceSynchronize(), "sync");
+      return;
+    }
     ck(kind == Core::Recurrent
            ? k3::cuda::kda_recurrent(ds.p, ns, b.H, b.D, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr)
            : k3::cuda::kda_chunked(ds.p, ns, b.H, b.D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr),
@@ -230,6 +240,13 @@ void gpu_core(const Batch& b, const CoreIn& in, Core kind, int chunk, double spl
 
 const std::vector<std::vector<int>>& batches() {
   static const std::vector<std::vector<int>> b = {{1}, {2, 3}, {17}, {64, 1, 100}, {130, 3, 2, 17}};
+  return b;
+}
+
+// Longer sequences for the chunked path: many chunks, lengths not a multiple of any chunk size, a sequence
+// without tokens, and several sequences of different lengths in one call.
+const std::vector<std::vector<int>>& long_batches() {
+  static const std::vector<std::vector<int>> b = {{1000}, {257, 0, 64, 65, 1, 129, 511}};
   return b;
 }
 
@@ -274,11 +291,50 @@ TEST(CudaKda, ChunkedMatchesCpuRecurrence) {
         }
 }
 
+TEST(CudaKda, ChunkedLongSequencesMatchCpuRecurrence) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 250;
+  for (int D : {32, 64, 128})
+    for (int chunk : {16, 32, 64})
+      for (const auto& lens : long_batches()) {
+        const int H = D == 128 ? 3 : 2;
+        const Batch b = make_batch(H, D, lens);
+        const CoreIn in = make_core(b, ++seed);
+        Vec ro, rS, go, gS;
+        cpu_core(b, in, ro, rS);
+        gpu_core(b, in, Core::Chunked, chunk, 0, go, gS);
+        const double eo = rel_err(go, ro), es = rel_err(gS, rS);
+        std::printf("[ kda ] chunked%-2d long D=%3d H=%d lens=%-26s out %.2e  state %.2e\n", chunk, D, H,
+                    lens_str(lens).c_str(), eo, es);
+        EXPECT_LT(eo, 2e-4) << "chunk=" << chunk << " D=" << D << " lens=" << lens_str(lens);
+        EXPECT_LT(es, 2e-4) << "chunk=" << chunk << " D=" << D << " lens=" << lens_str(lens);
+      }
+}
+
+// The overload without a workspace (internal buffer, grown between the calls) gives the same results.
+TEST(CudaKda, ChunkedWithoutWorkspaceEqualsWorkspace) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 280;
+  for (int D : {32, 128})
+    for (const auto& lens : {std::vector<int>{17, 3}, std::vector<int>{130, 3, 2, 17}, std::vector<int>{1000}}) {
+      const Batch b = make_batch(3, D, lens);
+      const CoreIn in = make_core(b, ++seed);
+      Vec o1, S1, o2, S2;
+      gpu_core(b, in, Core::Chunked, 64, 0, o1, S1);
+      gpu_core(b, in, Core::ChunkedNoWs, 64, 0, o2, S2);
+      const double eo = rel_err(o2, o1), es = rel_err(S2, S1);
+      std::printf("[ kda ] chunked no-ws vs ws D=%3d lens=%-16s out %.2e  state %.2e\n", D, lens_str(lens).c_str(), eo,
+                  es);
+      EXPECT_LT(eo, 1e-6);
+      EXPECT_LT(es, 1e-6);
+    }
+}
+
 TEST(CudaKda, SplitCallsEqualOneCall) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 300;
   for (int D : {32, 128})
-    for (Core kind : {Core::Recurrent, Core::Chunked})
+    for (Core kind : {Core::Recurrent, Core::Chunked, Core::ChunkedNoWs})
       for (const auto& lens : {std::vector<int>{100}, std::vector<int>{130, 17, 3}}) {
         const Batch b = make_batch(3, D, lens);
         const CoreIn in = make_core(b, ++seed);
@@ -287,7 +343,7 @@ TEST(CudaKda, SplitCallsEqualOneCall) {
         gpu_core(b, in, kind, 32, 0.37, o2, S2);
         const double eo = rel_err(o2, o1), es = rel_err(S2, S1);
         std::printf("[ kda ] split %-9s D=%3d lens=%-12s out %.2e  state %.2e\n",
-                    kind == Core::Recurrent ? "recurrent" : "chunked", D, lens_str(lens).c_str(), eo, es);
+                    kind == Core::Recurrent ? "recurrent" : kind == Core::Chunked ? "chunked" : "chunk-nows", D, lens_str(lens).c_str(), eo, es);
         EXPECT_LT(eo, 1e-4);
         EXPECT_LT(es, 1e-4);
       }
@@ -556,11 +612,19 @@ TEST(CudaKda, Timing) {
         [&] { return k3::cuda::kda_recurrent(seqs.p, ns, H, D, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr); }, 3);
     std::printf("[ timing ] prefill %d x %4d tokens, H=%d D=%d: recurrent %8.3f ms", ns, T, H, D, ms_rec);
     for (int chunk : {16, 32, 64}) {
+      const size_t wsb = k3::cuda::kda_chunked_workspace_bytes(N, ns, H, D, chunk);
+      Dev<char> ws(wsb);
       const float ms = time_ms(
-          [&] { return k3::cuda::kda_chunked(seqs.p, ns, H, D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr); }, 3);
+          [&] {
+            return k3::cuda::kda_chunked(seqs.p, ns, N, H, D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, ws.p, wsb,
+                                         nullptr);
+          },
+          5);
       std::printf(" | chunked%d %8.3f ms", chunk, ms);
     }
-    std::printf("\n");
+    const float ms_nows = time_ms(
+        [&] { return k3::cuda::kda_chunked(seqs.p, ns, H, D, 64, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr); }, 3);
+    std::printf(" | chunked64 no-ws (syncs) %8.3f ms\n", ms_nows);
     EXPECT_TRUE(all_finite(o.get()));
   }
 

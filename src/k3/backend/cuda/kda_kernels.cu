@@ -16,12 +16,24 @@
 // - kda_recurrent: one warp per (seq, head, 32/kSplit dv columns), so even a decode batch of 1 spreads
 //   over H * D*kSplit/32 blocks. Token data is double-buffered in shared memory (one __syncwarp per
 //   token) and the next token's inputs are prefetched into registers while the current one is computed.
-// - kda_chunked: one block of D threads per (seq, head). Per chunk the block builds, in shared memory,
-//   the intra-chunk quantities that all columns share (cumulative log decay G relative to the chunk
-//   start, A_kk, A_qk, W = T exp(G) K, Q exp(G), exp(G_last - G) K, exp(G_last)); every exponent is a
-//   difference G_i - G_j with j <= i or G itself, i.e. <= 0, so nothing overflows (as on the CPU). Then
-//   thread dv does its column's U = T V, V~ = U - W S, O and the state update with s[] in registers.
-//   The block is ~164 KB of shared memory for D = 128, chunk 64 (one block per SM).
+// - kda_chunked (parallel over chunks, FLA chunk_kda's structure; fp32 FMA, no tensor cores). Three
+//   kernels and a workspace of per-row planes (so the workspace needs no per-chunk slot table):
+//   1. kda_chunk_table_kernel (1 block): exclusive prefix of the per-sequence chunk counts.
+//   2. kda_chunk_intra_kernel, grid (chunk-count bound, H), 256 threads per (chunk, head): stages q, k, g,
+//      scans G = cumulative log decay; A_kk / A_qk from one (i, j) pair per thread with exp(G_i - G_j)
+//      (every exponent <= 0, nothing overflows whatever the decays); forward substitution
+//      X_i = beta_i (B_i - sum_{j<i} A_kk[i][j] X_j) with one W or U column per thread held in registers
+//      (fully unrolled, L floats); writes W, U, Q exp(G), exp(G_last - G) k and A_qk rows. The decayed-k
+//      plane holds exp(G_last) in each chunk's last row (there the decayed k is k itself).
+//   3. kda_chunk_state_kernel, grid (seq, H, D/32), 256 threads per 32-column value tile: walks the chunks
+//      in order with the state tile in registers (+ a shared copy): V~ = U - W S, O = Q exp(G) S + A_qk V~
+//      (the output is fused here, so the per-chunk states are never stored), S = exp(G_last) S + Kd^T V~.
+//      Register tiles of 2 rows x 4 columns (outputs) and 4 rows x 4 columns (state); W / Q rows padded
+//      to D+4 floats so a warp's 8 rows hit distinct banks. The next chunk's operands stream in with
+//      cp.async into each shared buffer as soon as the step that reads it is done.
+//   For 1 x 4096 tokens, H = 32, D = 128 that is 2048 intra blocks and 128 state blocks of 64 chunks.
+//   The old one-block-per-(seq, head) kernel (kda_chunked_serial_kernel) stays as the fallback for graph
+//   capture without a workspace and for unaligned pointers.
 // - kda_conv_l2norm: block of D threads per (tile of 16 tokens, head, seq); each thread one channel.
 //   The conv of token t reads its W inputs directly (x rows, or the old conv state for t < W-1), so
 //   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
@@ -32,7 +44,11 @@
 //   the same device helpers as the unfused kernels, so it matches them to rounding.
 #include "k3/backend/cuda/kda_kernels.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace k3::cuda {
 namespace {
@@ -235,7 +251,7 @@ __global__ void __launch_bounds__(32)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_chunked: grid (n_seqs, H), D threads; thread = value column dv (and column d of the staging loads).
+// kda_chunked serial fallback: grid (n_seqs, H), D threads; thread = value column dv (and column d of the staging loads).
 // Shared memory (floats): Qs, Ks, Gs, Vs [L][D]; Akk, Aqk [L][L]; eL [D]; bs [L]  (L = chunk).
 
 inline size_t chunked_smem_bytes(int D, int L) {
@@ -244,7 +260,7 @@ inline size_t chunked_smem_bytes(int D, int L) {
 
 template <int D>
 __global__ void __launch_bounds__(D)
-    kda_chunked_kernel(const KdaSeq* __restrict__ seqs, int H, int L, const float* __restrict__ q,
+    kda_chunked_serial_kernel(const KdaSeq* __restrict__ seqs, int H, int L, const float* __restrict__ q,
                        const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
                        const float* __restrict__ beta, float* __restrict__ o) {
   extern __shared__ float4 smem4[];
@@ -389,6 +405,452 @@ __global__ void __launch_bounds__(D)
     }
   }
   store_column<D, 1>(s, S, tid, 0);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Parallel chunked path (see the design comment at the top): chunk table, intra-chunk kernel, and the
+// state + output kernel. Workspace planes, indexed by the token's row (so no per-chunk slot table):
+//   Wp, Up, Qp, Kp: [N][C]  W = T exp(G) k,  U = T v,  Q exp(G),  exp(G_last - G) k -- except that the
+//                           last row of each chunk holds exp(G_last) in Kp (its decayed k is k itself)
+//   Ap: [N][H][L]           A_qk row i of the chunk (zero for j > i)
+//   base: [n_seqs + 1]      exclusive prefix of the per-sequence chunk counts
+
+constexpr int kChunkThreads = 256;  // threads of the intra and state kernels
+constexpr int kStateBV = 32;        // value columns per state block
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;  // src-size 0: the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ int n_chunks(int n, int L) { return n > 0 ? (n + L - 1) / L : 0; }
+
+// One block of 1024 threads: base[s] = sum_{s' < s} ceil(n_s' / L), base[n_seqs] = total.
+__global__ void __launch_bounds__(1024)
+    kda_chunk_table_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, int L, int* __restrict__ base) {
+  __shared__ int part[1024];
+  const int tid = threadIdx.x, per = (n_seqs + 1023) / 1024;
+  const int s0 = min(n_seqs, tid * per), s1 = min(n_seqs, s0 + per);
+  int sum = 0;
+  for (int s = s0; s < s1; ++s) sum += n_chunks(seqs[s].n, L);
+  part[tid] = sum;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    const int add = tid >= off ? part[tid - off] : 0;
+    __syncthreads();
+    part[tid] += add;
+    __syncthreads();
+  }
+  int run = part[tid] - sum;
+  for (int s = s0; s < s1; ++s) {
+    base[s] = run;
+    run += n_chunks(seqs[s].n, L);
+  }
+  if (tid == 1023) base[n_seqs] = part[1023];
+}
+
+// Intra-chunk kernel: grid (chunk-count bound, H), kChunkThreads threads; block = one (chunk, head).
+// Shared memory (floats): Qs, Ks, Gs [L][D]; Akk [L][L]; bs [L].
+constexpr size_t intra_smem_bytes(int D, int L) {
+  return (3 * static_cast<size_t>(L) * D + static_cast<size_t>(L) * L + L) * sizeof(float);
+}
+
+template <int D, int L>
+__global__ void __launch_bounds__(kChunkThreads, 1)
+    kda_chunk_intra_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
+                           const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                           const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wp,
+                           float* __restrict__ Up, float* __restrict__ Qp, float* __restrict__ Kp,
+                           float* __restrict__ Ap) {
+  constexpr int NT = kChunkThreads, D4 = D / 4;
+  static_assert(2 * D <= NT, "forward substitution maps one thread per W / U column");
+  extern __shared__ float4 smem4[];
+  float* Qs = reinterpret_cast<float*>(smem4);
+  float* Ks = Qs + L * D;
+  float* Gs = Ks + L * D;
+  float* Akk = Gs + L * D;  // strictly lower, without beta; zero elsewhere
+  float* bs = Akk + L * L;  // beta, zero past the chunk's end
+
+  const int b = blockIdx.x;
+  if (b >= base[n_seqs]) return;  // the grid is an upper bound on the chunk count
+  int lo = 0, hi = n_seqs - 1;    // last s with base[s] <= b (sequences without chunks are skipped)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (base[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const KdaSeq sq = seqs[lo];
+  const int t0 = (b - base[lo]) * L, Lc = min(L, sq.n - t0);
+  const int h = blockIdx.y, tid = threadIdx.x, C = H * D;
+  const size_t hcol = static_cast<size_t>(h) * D, row0 = static_cast<size_t>(sq.offset + t0);
+
+  // Phase 1: stage q, k, g (zero past Lc), beta; clear Akk; cumulative log decay per column.
+  for (int e = tid; e < L * D4; e += NT) {
+    const int i = e / D4, d4 = e % D4;
+    float4 qq = make_float4(0.f, 0.f, 0.f, 0.f), kk = qq, gg = qq;
+    if (i < Lc) {
+      const size_t at = (row0 + i) * C + hcol + 4 * d4;
+      qq = *reinterpret_cast<const float4*>(q + at);
+      kk = *reinterpret_cast<const float4*>(k + at);
+      gg = *reinterpret_cast<const float4*>(g + at);
+    }
+    reinterpret_cast<float4*>(Qs)[e] = qq;
+    reinterpret_cast<float4*>(Ks)[e] = kk;
+    reinterpret_cast<float4*>(Gs)[e] = gg;
+  }
+  for (int e = tid; e < L * L; e += NT) Akk[e] = 0.f;
+  for (int i = tid; i < L; i += NT) bs[i] = i < Lc ? beta[(row0 + i) * H + h] : 0.f;
+  __syncthreads();
+  for (int d = tid; d < D; d += NT) {
+    float run = 0.f;
+    for (int i = 0; i < Lc; ++i) {
+      run += Gs[i * D + d];
+      Gs[i * D + d] = run;
+    }
+  }
+  __syncthreads();
+
+  // Phase 2: A_kk[i][j] = sum_d k_i k_j exp(G_i - G_j) (j < i, to shared), A_qk[i][j] = same with q_i
+  // (j <= i, straight to Ap). Every exponent is <= 0. One pair per thread; the float4 index is rotated by
+  // the thread id so that lanes reading different rows hit different banks.
+  {
+    const int npairs = Lc * (Lc + 1) / 2;
+    for (int p = tid; p < npairs; p += NT) {
+      int i = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
+      while (i * (i + 1) / 2 > p) --i;
+      while ((i + 1) * (i + 2) / 2 <= p) ++i;
+      const int j = p - i * (i + 1) / 2;
+      const float4* Ki = reinterpret_cast<const float4*>(Ks + i * D);
+      const float4* Qi = reinterpret_cast<const float4*>(Qs + i * D);
+      const float4* Gi = reinterpret_cast<const float4*>(Gs + i * D);
+      const float4* Kj = reinterpret_cast<const float4*>(Ks + j * D);
+      const float4* Gj = reinterpret_cast<const float4*>(Gs + j * D);
+      float akk = 0.f, aqk = 0.f;
+#pragma unroll 4
+      for (int d0 = 0; d0 < D4; ++d0) {
+        const int d4 = (d0 + tid) & (D4 - 1);
+        const float4 gi = Gi[d4], gj = Gj[d4], ki = Ki[d4], qi = Qi[d4], kj = Kj[d4];
+        const float ex = kj.x * __expf(gi.x - gj.x), ey = kj.y * __expf(gi.y - gj.y);
+        const float ez = kj.z * __expf(gi.z - gj.z), ew = kj.w * __expf(gi.w - gj.w);
+        akk = fmaf(ki.x, ex, fmaf(ki.y, ey, fmaf(ki.z, ez, fmaf(ki.w, ew, akk))));
+        aqk = fmaf(qi.x, ex, fmaf(qi.y, ey, fmaf(qi.z, ez, fmaf(qi.w, ew, aqk))));
+      }
+      if (j < i) Akk[i * L + j] = akk;
+      Ap[((row0 + i) * H + h) * L + j] = aqk;
+    }
+  }
+  __syncthreads();
+
+  // Phase 3: forward substitution, one column per thread with the column in registers (loops fully
+  // unrolled): X_i = beta_i (B_i - sum_{j<i} A_kk[i][j] X_j), B = exp(G) k for W (threads < D) and v for U.
+  if (tid < 2 * D) {
+    const bool isU = tid >= D;  // warp-uniform (D is a multiple of 32)
+    const int col = isU ? tid - D : tid;
+    float x[L];
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+      float xi = 0.f;
+      if (i < Lc) xi = isU ? v[(row0 + i) * C + hcol + col] : Ks[i * D + col] * expf(Gs[i * D + col]);
+      x[i] = xi;
+    }
+    const float4* A4 = reinterpret_cast<const float4*>(Akk);
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+      float a0 = x[i], a1 = 0.f;
+#pragma unroll
+      for (int j4 = 0; 4 * j4 < i; ++j4) {
+        const float4 a = A4[(i * L) / 4 + j4];
+        a0 = fmaf(-a.x, x[4 * j4], a0);
+        if (4 * j4 + 1 < i) a1 = fmaf(-a.y, x[4 * j4 + 1], a1);
+        if (4 * j4 + 2 < i) a0 = fmaf(-a.z, x[4 * j4 + 2], a0);
+        if (4 * j4 + 3 < i) a1 = fmaf(-a.w, x[4 * j4 + 3], a1);
+      }
+      x[i] = bs[i] * (a0 + a1);
+    }
+    float* dst = isU ? Up : Wp;
+#pragma unroll
+    for (int i = 0; i < L; ++i)
+      if (i < Lc) dst[(row0 + i) * C + hcol + col] = x[i];
+  }
+
+  // Phase 4 (no barrier needed: shared memory is only read): Q exp(G); exp(G_last - G) k, with exp(G_last)
+  // in the chunk's last row instead; the zero upper triangle of A_qk.
+  for (int e = tid; e < Lc * D; e += NT) {
+    const int i = e / D, d = e % D;
+    const float gi = Gs[e], gl = Gs[(Lc - 1) * D + d];
+    const size_t at = (row0 + i) * C + hcol + d;
+    Qp[at] = Qs[e] * expf(gi);
+    Kp[at] = i == Lc - 1 ? expf(gl) : Ks[e] * expf(gl - gi);
+  }
+  for (int e = tid; e < Lc * L; e += NT) {
+    const int i = e / L, j = e % L;
+    if (j > i) Ap[((row0 + i) * H + h) * L + j] = 0.f;
+  }
+}
+
+// State + output kernel: grid (n_seqs, H, D / kStateBV), kChunkThreads threads; walks the sequence's chunks
+// in order with the state tile S[:, v0 : v0 + BV] in registers (and a copy in shared memory).
+// Per chunk:  V~ = U - W S;  O = Q exp(G) S + A_qk V~;  S = exp(G_last) S + (exp(G_last - G) k)^T V~.
+// Shared memory (floats): Ws, Qs [L][D+4] (padded: a warp reads 8 rows at one column), Ks [L][D],
+// Us [L][BV], As [L][L+4], eL [D], Ss [D][BV], Vn [L][BV]. The next chunk's operands are fetched with
+// cp.async into each buffer as soon as the step that reads it is done (three commit groups per chunk).
+template <int D, int L>
+struct StateCfg {
+  static constexpr int BV = kStateBV, LDW = D + 4, LDA = L + 4;
+  static constexpr int RO = L >= 32 ? L / 32 : 1;  // output rows per thread (rows rg*RO + r)
+  static constexpr int RS = D / 32;                // state rows per thread (rows sg*RS + r)
+  static constexpr size_t floats = 2 * static_cast<size_t>(L) * LDW + static_cast<size_t>(L) * D +
+                                   static_cast<size_t>(L) * BV + static_cast<size_t>(L) * LDA + D +
+                                   static_cast<size_t>(D) * BV + static_cast<size_t>(L) * BV;
+  static constexpr size_t bytes = floats * sizeof(float);
+};
+
+template <int D, int L>
+__global__ void __launch_bounds__(kChunkThreads)
+    kda_chunk_state_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ k,
+                           float* __restrict__ o, const float* __restrict__ Wp, const float* __restrict__ Up,
+                           const float* __restrict__ Qp, const float* __restrict__ Kp,
+                           const float* __restrict__ Ap) {
+  using Cfg = StateCfg<D, L>;
+  constexpr int NT = kChunkThreads, BV = Cfg::BV, LDW = Cfg::LDW, LDA = Cfg::LDA, RO = Cfg::RO, RS = Cfg::RS;
+  constexpr int D4 = D / 4, BV4 = BV / 4, L4 = L / 4;
+  static_assert(BV4 * (D / RS) == NT, "state tile mapping");
+  static_assert(RS == 1 || RS == 2 || RS == 4, "state rows per thread");
+  extern __shared__ float4 smem4[];
+  float* Ws = reinterpret_cast<float*>(smem4);
+  float* Qs = Ws + L * LDW;
+  float* Ks = Qs + L * LDW;
+  float* Us = Ks + L * D;
+  float* As = Us + L * BV;
+  float* eL = As + L * LDA;
+  float* Ss = eL + D;
+  float* Vn = Ss + D * BV;
+
+  const KdaSeq sq = seqs[blockIdx.x];
+  if (sq.n <= 0) return;
+  const int h = blockIdx.y, v0 = blockIdx.z * BV, tid = threadIdx.x, C = H * D;
+  const size_t hcol = static_cast<size_t>(h) * D;
+  const int nch = n_chunks(sq.n, L);
+  const int c4 = tid % BV4;       // value columns v0 + 4 c4 .. + 3 (both mappings)
+  const int sg = tid / BV4;       // state rows sg*RS .. + RS-1
+  const int rg = tid / BV4;       // output rows rg*RO .. + RO-1
+  const bool out_active = rg * RO < L;
+
+  float* Sg = sq.S + hcol * D;
+  float s[RS][4];
+#pragma unroll
+  for (int r = 0; r < RS; ++r) {
+    const int dk = sg * RS + r;
+    const float4 x = *reinterpret_cast<const float4*>(Sg + static_cast<size_t>(dk) * D + v0 + 4 * c4);
+    s[r][0] = x.x;
+    s[r][1] = x.y;
+    s[r][2] = x.z;
+    s[r][3] = x.w;
+    *reinterpret_cast<float4*>(Ss + dk * BV + 4 * c4) = x;
+  }
+
+  auto rows = [&](int c, int& Lc) {
+    Lc = min(L, sq.n - c * L);
+    return static_cast<size_t>(sq.offset + c * L);
+  };
+  auto load_wqu = [&](int c) {
+    if (c < nch) {
+      int Lc;
+      const size_t r0 = rows(c, Lc);
+      for (int e = tid; e < L * D4; e += NT) {
+        const int i = e / D4, d4 = e % D4;
+        const size_t at = (r0 + min(i, Lc - 1)) * C + hcol + 4 * d4;
+        cp_async16(Ws + i * LDW + 4 * d4, Wp + at, i < Lc);
+        cp_async16(Qs + i * LDW + 4 * d4, Qp + at, i < Lc);
+      }
+      for (int e = tid; e < L * BV4; e += NT) {
+        const int i = e / BV4, j4 = e % BV4;
+        cp_async16(Us + i * BV + 4 * j4, Up + (r0 + min(i, Lc - 1)) * C + hcol + v0 + 4 * j4, i < Lc);
+      }
+    }
+    cp_async_commit();
+  };
+  auto load_a = [&](int c) {
+    if (c < nch) {
+      int Lc;
+      const size_t r0 = rows(c, Lc);
+      for (int e = tid; e < L * L4; e += NT) {
+        const int i = e / L4, j4 = e % L4;
+        cp_async16(As + i * LDA + 4 * j4, Ap + ((r0 + min(i, Lc - 1)) * H + h) * L + 4 * j4, i < Lc);
+      }
+    }
+    cp_async_commit();
+  };
+  auto load_k = [&](int c) {
+    if (c < nch) {
+      int Lc;
+      const size_t r0 = rows(c, Lc);
+      for (int e = tid; e < L * D4; e += NT) {
+        const int i = e / D4, d4 = e % D4;
+        const size_t at = (r0 + min(i, Lc - 1)) * C + hcol + 4 * d4;
+        cp_async16(Ks + i * D + 4 * d4, (i == Lc - 1 ? k : Kp) + at, i < Lc);  // last row: k itself
+      }
+      for (int e = tid; e < D4; e += NT) cp_async16(eL + 4 * e, Kp + (r0 + Lc - 1) * C + hcol + 4 * e, true);
+    }
+    cp_async_commit();
+  };
+
+  load_wqu(0);
+  load_a(0);
+  load_k(0);
+  for (int c = 0; c < nch; ++c) {
+    int Lc;
+    const size_t r0 = rows(c, Lc);
+    cp_async_wait<2>();  // this chunk's W, Q, U
+    __syncthreads();     // ... every thread's copies, and Ss from the previous chunk
+
+    // Step 1: V~ = U - W S and P = Q exp(G) S for rows rg*RO + r, columns 4 c4 .. + 3.
+    float aw[RO][4], aq[RO][4];
+#pragma unroll
+    for (int r = 0; r < RO; ++r)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) aw[r][m] = aq[r][m] = 0.f;
+    if (out_active) {
+#pragma unroll 2
+      for (int k4 = 0; k4 < D4; ++k4) {
+        float4 sv[4];
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) sv[kk] = *reinterpret_cast<const float4*>(Ss + (4 * k4 + kk) * BV + 4 * c4);
+#pragma unroll
+        for (int r = 0; r < RO; ++r) {
+          const int i = rg * RO + r;
+          const float4 w = *reinterpret_cast<const float4*>(Ws + i * LDW + 4 * k4);
+          const float4 qe = *reinterpret_cast<const float4*>(Qs + i * LDW + 4 * k4);
+          const float wa[4] = {w.x, w.y, w.z, w.w}, qa[4] = {qe.x, qe.y, qe.z, qe.w};
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            const float sa[4] = {sv[kk].x, sv[kk].y, sv[kk].z, sv[kk].w};
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+              aw[r][m] = fmaf(wa[kk], sa[m], aw[r][m]);
+              aq[r][m] = fmaf(qa[kk], sa[m], aq[r][m]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RO; ++r) {
+        const int i = rg * RO + r;
+        const float4 u = *reinterpret_cast<const float4*>(Us + i * BV + 4 * c4);
+        *reinterpret_cast<float4*>(Vn + i * BV + 4 * c4) =
+            make_float4(u.x - aw[r][0], u.y - aw[r][1], u.z - aw[r][2], u.w - aw[r][3]);
+      }
+    }
+    __syncthreads();  // Ws, Qs, Us consumed; Vn complete
+    load_wqu(c + 1);
+    cp_async_wait<2>();  // this chunk's A_qk
+    __syncthreads();
+
+    // Step 2: O = P + A_qk V~ (A_qk is zero above the diagonal: stop at the thread's last row).
+    if (out_active) {
+      const int jend = (rg * RO + RO - 1) / 4;
+      for (int j4 = 0; j4 <= jend; ++j4) {
+        float4 vv[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) vv[jj] = *reinterpret_cast<const float4*>(Vn + (4 * j4 + jj) * BV + 4 * c4);
+#pragma unroll
+        for (int r = 0; r < RO; ++r) {
+          const float4 a = *reinterpret_cast<const float4*>(As + (rg * RO + r) * LDA + 4 * j4);
+          const float aa[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            aq[r][0] = fmaf(aa[jj], vv[jj].x, aq[r][0]);
+            aq[r][1] = fmaf(aa[jj], vv[jj].y, aq[r][1]);
+            aq[r][2] = fmaf(aa[jj], vv[jj].z, aq[r][2]);
+            aq[r][3] = fmaf(aa[jj], vv[jj].w, aq[r][3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RO; ++r) {
+        const int i = rg * RO + r;
+        if (i < Lc)
+          *reinterpret_cast<float4*>(o + (r0 + i) * C + hcol + v0 + 4 * c4) =
+              make_float4(aq[r][0], aq[r][1], aq[r][2], aq[r][3]);
+      }
+    }
+    __syncthreads();  // As consumed
+    load_a(c + 1);
+    cp_async_wait<2>();  // this chunk's decayed k and exp(G_last)
+    __syncthreads();
+
+    // Step 3: S = exp(G_last) S + sum_i (exp(G_last - G_i) k_i) V~_i on the thread's RS x 4 tile.
+    {
+#pragma unroll
+      for (int r = 0; r < RS; ++r) {
+        const float e = eL[sg * RS + r];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) s[r][m] *= e;
+      }
+      for (int i = 0; i < Lc; ++i) {
+        const float4 vv = *reinterpret_cast<const float4*>(Vn + i * BV + 4 * c4);
+        float kd[RS];
+        if constexpr (RS == 4) {
+          const float4 x = *reinterpret_cast<const float4*>(Ks + i * D + 4 * sg);
+          kd[0] = x.x;
+          kd[1] = x.y;
+          kd[2] = x.z;
+          kd[3] = x.w;
+        } else if constexpr (RS == 2) {
+          const float2 x = *reinterpret_cast<const float2*>(Ks + i * D + 2 * sg);
+          kd[0] = x.x;
+          kd[1] = x.y;
+        } else {
+          kd[0] = Ks[i * D + sg];
+        }
+#pragma unroll
+        for (int r = 0; r < RS; ++r) {
+          s[r][0] = fmaf(kd[r], vv.x, s[r][0]);
+          s[r][1] = fmaf(kd[r], vv.y, s[r][1]);
+          s[r][2] = fmaf(kd[r], vv.z, s[r][2]);
+          s[r][3] = fmaf(kd[r], vv.w, s[r][3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RS; ++r)
+        *reinterpret_cast<float4*>(Ss + (sg * RS + r) * BV + 4 * c4) = make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
+    }
+    __syncthreads();  // Ks, eL, Vn consumed; Ss complete
+    load_k(c + 1);
+  }
+#pragma unroll
+  for (int r = 0; r < RS; ++r)
+    *reinterpret_cast<float4*>(Sg + static_cast<size_t>(sg * RS + r) * D + v0 + 4 * c4) =
+        make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
+}
+
+// Workspace layout (256-byte aligned planes).
+struct ChunkWs {
+  float *W, *U, *Q, *K, *A;
+  int* base;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+
+inline size_t chunk_ws_layout(size_t N, int n_seqs, int H, int D, int L, char* p, ChunkWs* ws) {
+  const size_t plane = align256(N * H * D * sizeof(float));
+  const size_t aplane = align256(N * H * L * sizeof(float));
+  const size_t tab = align256((static_cast<size_t>(n_seqs) + 1) * sizeof(int));
+  if (ws) {
+    ws->W = reinterpret_cast<float*>(p);
+    ws->U = reinterpret_cast<float*>(p + plane);
+    ws->Q = reinterpret_cast<float*>(p + 2 * plane);
+    ws->K = reinterpret_cast<float*>(p + 3 * plane);
+    ws->A = reinterpret_cast<float*>(p + 4 * plane);
+    ws->base = reinterpret_cast<int*>(p + 4 * plane + aplane);
+  }
+  return 4 * plane + aplane + tab;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -579,17 +1041,50 @@ cudaError_t launch_recurrent(const KdaSeq* seqs, int n_seqs, int H, const float*
 }
 
 template <int D>
-cudaError_t launch_chunked(const KdaSeq* seqs, int n_seqs, int H, int L, const float* q, const float* k,
+cudaError_t launch_chunked_serial(const KdaSeq* seqs, int n_seqs, int H, int L, const float* q, const float* k,
                            const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
   const size_t smem = chunked_smem_bytes(D, L);
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kda_chunked_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const cudaError_t e = cudaFuncSetAttribute(kda_chunked_serial_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  kda_chunked_kernel<D><<<dim3(n_seqs, H), D, smem, stream>>>(seqs, H, L, q, k, v, g, beta, o);
+  kda_chunked_serial_kernel<D><<<dim3(n_seqs, H), D, smem, stream>>>(seqs, H, L, q, k, v, g, beta, o);
   return cudaGetLastError();
 }
+
+template <int D, int L>
+cudaError_t launch_chunked_parallel_l(const KdaSeq* seqs, int n_seqs, int N, int H, const float* q, const float* k,
+                                      const float* v, const float* g, const float* beta, float* o, const ChunkWs& ws,
+                                      cudaStream_t stream) {
+  constexpr size_t intra = intra_smem_bytes(D, L), state = StateCfg<D, L>::bytes;
+  cudaError_t e = cudaFuncSetAttribute(kda_chunk_intra_kernel<D, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(intra));
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kda_chunk_state_kernel<D, L>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(state));
+  if (e != cudaSuccess) return e;
+  kda_chunk_table_kernel<<<1, 1024, 0, stream>>>(seqs, n_seqs, L, ws.base);
+  const long long bound = (static_cast<long long>(N) + L - 1) / L + n_seqs;  // >= the total chunk count
+  kda_chunk_intra_kernel<D, L><<<dim3(static_cast<unsigned>(bound), H), kChunkThreads, intra, stream>>>(
+      seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws.W, ws.U, ws.Q, ws.K, ws.A);
+  kda_chunk_state_kernel<D, L><<<dim3(n_seqs, H, D / kStateBV), kChunkThreads, state, stream>>>(
+      seqs, H, k, o, ws.W, ws.U, ws.Q, ws.K, ws.A);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_chunked_parallel(const KdaSeq* seqs, int n_seqs, int N, int H, int L, const float* q,
+                                    const float* k, const float* v, const float* g, const float* beta, float* o,
+                                    const ChunkWs& ws, cudaStream_t stream) {
+  switch (L) {
+    case 16: return launch_chunked_parallel_l<D, 16>(seqs, n_seqs, N, H, q, k, v, g, beta, o, ws, stream);
+    case 32: return launch_chunked_parallel_l<D, 32>(seqs, n_seqs, N, H, q, k, v, g, beta, o, ws, stream);
+    default: return launch_chunked_parallel_l<D, 64>(seqs, n_seqs, N, H, q, k, v, g, beta, o, ws, stream);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <int D, int W>
 cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const float* xq, const float* xk,
@@ -692,16 +1187,81 @@ cudaError_t kda_recurrent(const KdaSeq* seqs, int n_seqs, int H, int D, const fl
   }
 }
 
+namespace {
+
+bool chunk_args_ok(int n_seqs, int H, int D, int chunk) {
+  return supported_d(D) && H > 0 && H <= 65535 && n_seqs >= 0 && n_seqs <= 65535 &&
+         (chunk == 16 || chunk == 32 || chunk == 64);
+}
+
+cudaError_t chunked_serial(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
+                           const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_chunked_serial<32>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
+    case 64: return launch_chunked_serial<64>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
+    default: return launch_chunked_serial<128>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
+  }
+}
+
+}  // namespace
+
+size_t kda_chunked_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk) {
+  if (n_total_tokens < 0 || n_seqs < 0 || H <= 0 || D <= 0 || chunk <= 0) return 0;
+  return chunk_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, nullptr, nullptr);
+}
+
+cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk, const float* q,
+                        const float* k, const float* v, const float* g, const float* beta, float* o, void* workspace,
+                        size_t workspace_bytes, cudaStream_t stream) {
+  if (!chunk_args_ok(n_seqs, H, D, chunk) || n_total_tokens < 0) return cudaErrorInvalidValue;
+  if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
+  ChunkWs ws{};
+  const size_t need = chunk_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk,
+                                      static_cast<char*>(workspace), &ws);
+  if (workspace == nullptr || workspace_bytes < need || !aligned16(workspace)) return cudaErrorInvalidValue;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(g) || !aligned16(o))
+    return chunked_serial(seqs, n_seqs, H, D, chunk, q, k, v, g, beta, o, stream);  // float4 / cp.async need 16 B
+  switch (D) {
+    case 32: return launch_chunked_parallel<32>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
+    case 64: return launch_chunked_parallel<64>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
+    default: return launch_chunked_parallel<128>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
+  }
+}
+
 cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
                         const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || (chunk != 16 && chunk != 32 && chunk != 64))
-    return cudaErrorInvalidValue;
+  if (!chunk_args_ok(n_seqs, H, D, chunk)) return cudaErrorInvalidValue;
   if (n_seqs == 0) return cudaSuccess;
-  switch (D) {
-    case 32: return launch_chunked<32>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
-    case 64: return launch_chunked<64>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
-    default: return launch_chunked<128>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
+  // The workspace is sized by the row count, which only the device-side table knows: read it back
+  // (a stream synchronisation). Not possible while capturing a graph: use the serial kernel then.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &cs);
+  if (e != cudaSuccess) return e;
+  if (cs != cudaStreamCaptureStatusNone) return chunked_serial(seqs, n_seqs, H, D, chunk, q, k, v, g, beta, o, stream);
+  std::vector<KdaSeq> hs(static_cast<size_t>(n_seqs));
+  e = cudaMemcpyAsync(hs.data(), seqs, hs.size() * sizeof(KdaSeq), cudaMemcpyDefault, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) return e;
+  int N = 0;
+  for (const KdaSeq& s : hs)
+    if (s.n > 0) N = std::max(N, s.offset + s.n);
+  if (N == 0) return cudaSuccess;
+  // Grow-only internal workspace. The lock covers the allocation; concurrent calls on different streams
+  // would share the buffer, so such callers must use the workspace overload.
+  static std::mutex mu;
+  static void* buf = nullptr;
+  static size_t cap = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const size_t need = kda_chunked_workspace_bytes(N, n_seqs, H, D, chunk);
+  if (need > cap) {
+    if (buf) cudaFree(buf);  // synchronises the device: no earlier launch still reads it
+    buf = nullptr;
+    cap = 0;
+    e = cudaMalloc(&buf, need);
+    if (e != cudaSuccess) return e;
+    cap = need;
   }
+  return kda_chunked(seqs, n_seqs, N, H, D, chunk, q, k, v, g, beta, o, buf, cap, stream);
 }
 
 cudaError_t kda_output_gate(int N, int H, int D, float* o, const float* norm_w, float eps, const float* gate,
