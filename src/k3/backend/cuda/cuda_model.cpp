@@ -184,6 +184,7 @@ struct CudaModel::Impl {
   float *rl = nullptr, *wts = nullptr, *z = nullptr, *acc = nullptr, *ga = nullptr, *ua = nullptr, *hs = nullptr;
   int32_t* idx = nullptr;
   std::unique_ptr<MoeWorkspace> moe_ws;
+  DeviceBuffer kda_ws;  // kda_chunked's workspace for `cap` tokens
   int64_t n_blocks_max = 0;
   DeviceBuffer logits_d;
   PinnedBuffer staging_h, logits_h;
@@ -254,6 +255,14 @@ struct CudaModel::Impl {
       base += (p.second + 63) / 64 * 64;
     }
     idx = reinterpret_cast<int32_t*>(base);
+    if (c.kda_heads > 0) {
+      size_t kb = 0;
+      for (int ch : {16, 32, 64})
+        kb = std::max(kb, kda_chunked_workspace_bytes(static_cast<int>(n), static_cast<int>(n), static_cast<int>(Hk),
+                                                      static_cast<int>(c.kda_head_dim), ch));
+      kda_ws = DeviceBuffer();
+      kda_ws = DeviceBuffer(kb);
+    }
     if (E > 0) {
       moe_ws.reset();
       moe_ws = std::make_unique<MoeWorkspace>(static_cast<int>(n), static_cast<int>(K), static_cast<int>(E),
@@ -562,7 +571,8 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
         if (n_rec > 0)
           K3_CUDA_CHECK(kda_recurrent(dptr<const KdaSeq>(o_krec[li]), n_rec, Hk, D, q, k, v, g, beta, o, stream));
         if (n_chk > 0)
-          K3_CUDA_CHECK(kda_chunked(dptr<const KdaSeq>(o_kchk[li]), n_chk, Hk, D, opt.kda_chunk, q, k, v, g, beta, o, stream));
+          K3_CUDA_CHECK(kda_chunked(dptr<const KdaSeq>(o_kchk[li]), n_chk, static_cast<int>(N), Hk, D, opt.kda_chunk, q, k, v, g,
+                                    beta, o, kda_ws.get(), kda_ws.bytes(), stream));
         K3_CUDA_CHECK(kda_output_gate(static_cast<int>(N), Hk, D, o, K.o_norm, eps, gate, stream));
       }
       (void)C;
