@@ -157,3 +157,85 @@ TEST(CudaMla, LatentAttentionMatchesCpu) {
 }
 
 }  // namespace
+
+namespace {
+
+// Bandwidth of the decode-path GEMV (bf16 weights) and of the absorbed MLA decode attention. Prints only.
+// The GEMV cycles through enough copies of the weight that each call reads it from HBM, not L2.
+TEST(CudaDenseTiming, GemvAndLatentAttention) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape { int64_t rows, cols; const char* what; };
+  for (const Shape s : {Shape{4096, 2304, "Kimi-Linear KDA q/k/v"}, Shape{2304, 4096, "Kimi-Linear KDA o"},
+                        Shape{12288, 7168, "K3 KDA q/k/v"}, Shape{163840, 2304, "Kimi-Linear lm_head"}}) {
+    const int64_t bytes = s.rows * s.cols * 2;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (512ll << 20) / bytes));
+    DeviceBuffer w(static_cast<size_t>(bytes * copies));
+    K3_CUDA_CHECK(k3::cuda::fill_uniform_bf16(w.get<uint16_t>(), s.rows * s.cols * copies, 0.05f, 1, nullptr));
+    for (int n : {1, 8}) {
+      DeviceBuffer x(static_cast<size_t>(n * s.cols) * 4), y(static_cast<size_t>(n * s.rows) * 4);
+      K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(x.get<float>(), n * s.cols, -1.f, 1.f, 2, nullptr));
+      cudaEvent_t a, b;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      const int reps = 50;
+      for (int r = -5; r < reps; ++r) {
+        if (r == 0) cudaEventRecord(a);
+        k3::cuda::DeviceLinear D{k3::cuda::WType::BF16, w.get<uint16_t>() + (static_cast<int64_t>(r + 5) % copies) * s.rows * s.cols,
+                                 s.rows, s.cols};
+        K3_CUDA_CHECK(k3::cuda::linear_gemv(D, x.get<float>(), n, y.get<float>(), nullptr));
+      }
+      cudaEventRecord(b);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      const double us = ms * 1000.0 / reps;
+      std::printf("[ timing ] gemv bf16 %6lld x %5lld n=%d (%s): %8.2f us  %7.1f GB/s  %5.1f%% of 4.8 TB/s\n",
+                  (long long)s.rows, (long long)s.cols, n, s.what, us, bytes / us / 1e3, bytes / us / 48.0);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  }
+  // Absorbed MLA decode attention, one token per sequence, context L.
+  for (const int nh : {32, 96}) {
+    for (const int L : {1024, 8192}) {
+      const int kr = 512, dr = 64, cd = kr + dr, B = 8, page = 16;
+      const int pages_per_seq = (L + page - 1) / page;
+      DeviceBuffer cache(static_cast<size_t>(B) * pages_per_seq * page * cd * 4), q(static_cast<size_t>(B) * nh * cd * 4),
+          o(static_cast<size_t>(B) * nh * kr * 4);
+      K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(cache.get<float>(), static_cast<int64_t>(B) * pages_per_seq * page * cd, -1, 1, 3, nullptr));
+      K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(q.get<float>(), static_cast<int64_t>(B) * nh * cd, -0.1f, 0.1f, 4, nullptr));
+      std::vector<const float*> pages;
+      std::vector<int32_t> pstart, ptok, tseq, tpos;
+      for (int s = 0; s < B; ++s) {
+        pstart.push_back(s * pages_per_seq);
+        ptok.push_back(page);
+        tseq.push_back(s);
+        tpos.push_back(L - 1);
+        for (int p = 0; p < pages_per_seq; ++p)
+          pages.push_back(cache.get<float>() + (static_cast<size_t>(s) * pages_per_seq + p) * page * cd);
+      }
+      DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
+      k3::cuda::MlaPaging pg{dp.get<const float* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dts.get<int32_t>(),
+                             dtp.get<int32_t>(), cd};
+      cudaEvent_t a, b;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      for (int r = -2; r < 10; ++r) {
+        if (r == 0) cudaEventRecord(a);
+        K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, kr, dr, q.get<float>(), 0.07f, o.get<float>(), nullptr));
+      }
+      cudaEventRecord(b);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      const double us = ms * 100.0, cache_bytes = static_cast<double>(B) * L * cd * 4;
+      std::printf("[ timing ] mla decode attention nh=%2d L=%5d batch %d: %8.1f us  (latent rows %.1f MB: %6.1f GB/s once, "
+                  "%.0f%% of 4.8 TB/s)\n",
+                  nh, L, B, us, cache_bytes / 1e6, cache_bytes / us / 1e3, cache_bytes / us / 48.0);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+    }
+  }
+}
+
+}  // namespace
