@@ -149,10 +149,57 @@ TEST(CudaMla, LatentAttentionMatchesCpu) {
     DeviceBuffer dpages = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
     k3::cuda::MlaPaging pg{dpages.get<const float* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dts.get<int32_t>(),
                            dtp.get<int32_t>(), cd};
-    K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, c.kr, c.dr, dq.get<float>(), scale, dout.get<float>(), nullptr));
+    // Without a workspace: one key range per block; with one: the split-key path and its merge.
+    K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, c.kr, c.dr, dq.get<float>(), scale, dout.get<float>(), nullptr,
+                                              nullptr));
     const double e = rel_err(download(dout, ref.size()), ref);
-    std::printf("[ mla ] nh=%d kr=%d P=%d T=%d page=%d rel %.2e\n", c.nh, c.kr, c.P, c.T, c.page, e);
+    DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(c.T, c.nh, c.kr)) * 4);
+    K3_CUDA_CHECK(cudaMemset(dout.get(), 0xff, ref.size() * 4));
+    K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, c.kr, c.dr, dq.get<float>(), scale, dout.get<float>(),
+                                              ws.get<float>(), nullptr));
+    const double es = rel_err(download(dout, ref.size()), ref);
+    std::printf("[ mla ] nh=%d kr=%d P=%d T=%d page=%d rel %.2e (split x%d: %.2e)\n", c.nh, c.kr, c.P, c.T, c.page, e,
+                k3::cuda::mla_attend_splits(c.T, c.nh), es);
     EXPECT_LT(e, 1e-5);
+    EXPECT_LT(es, 1e-5);
+  }
+}
+
+// Decode-batch absorption kernels against host loops (real MLA head sizes).
+TEST(CudaMla, SmallBatchAbsorbAndUpProjectionMatchHost) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const int N : {1, 5, 11}) {
+    const int nh = 4, dn = 128, dr = 64, dv = 128, kr = 512, cd = kr + dr;
+    const auto q = randn(static_cast<size_t>(N * nh * (dn + dr)), 21 + N), kvb = randn(static_cast<size_t>(nh * (dn + dv) * kr), 22, 0.05f),
+               ol = randn(static_cast<size_t>(N * nh * kr), 23 + N);
+    std::vector<float> ql_ref(static_cast<size_t>(N * nh * cd), 0.f), o_ref(static_cast<size_t>(N * nh * dv), 0.f);
+    for (int t = 0; t < N; ++t)
+      for (int h = 0; h < nh; ++h) {
+        for (int j = 0; j < kr; ++j) {
+          double acc = 0;
+          for (int i = 0; i < dn; ++i)
+            acc += static_cast<double>(q[static_cast<size_t>((t * nh + h) * (dn + dr) + i)]) * kvb[static_cast<size_t>((h * (dn + dv) + i) * kr + j)];
+          ql_ref[static_cast<size_t>((t * nh + h) * cd + j)] = static_cast<float>(acc);
+        }
+        for (int i = 0; i < dv; ++i) {
+          double acc = 0;
+          for (int j = 0; j < kr; ++j)
+            acc += static_cast<double>(kvb[static_cast<size_t>((h * (dn + dv) + dn + i) * kr + j)]) * ol[static_cast<size_t>((t * nh + h) * kr + j)];
+          o_ref[static_cast<size_t>((t * nh + h) * dv + i)] = static_cast<float>(acc);
+        }
+      }
+    DeviceBuffer dq = upload(q), dk = upload(kvb), dol = upload(ol), dql(ql_ref.size() * 4), dout(o_ref.size() * 4);
+    K3_CUDA_CHECK(cudaMemset(dql.get(), 0, ql_ref.size() * 4));
+    K3_CUDA_CHECK(k3::cuda::mla_absorb_q(dq.get<float>(), dk.get<float>(), N, nh, dn, dr, dv, kr, dql.get<float>(), nullptr));
+    K3_CUDA_CHECK(k3::cuda::mla_up_v(dol.get<float>(), dk.get<float>(), N, nh, dn, dv, kr, dout.get<float>(), nullptr));
+    auto got_ql = download(dql, ql_ref.size());
+    for (int t = 0; t < N; ++t)  // only the first kr values of each head are the kernel's
+      for (int h = 0; h < nh; ++h)
+        for (int j = kr; j < cd; ++j) got_ql[static_cast<size_t>((t * nh + h) * cd + j)] = 0.f;
+    const double e1 = rel_err(got_ql, ql_ref), e2 = rel_err(download(dout, o_ref.size()), o_ref);
+    std::printf("[ mla ] small-batch absorb N=%d rel %.2e, up-projection rel %.2e\n", N, e1, e2);
+    EXPECT_LT(e1, 1e-5);
+    EXPECT_LT(e2, 1e-5);
   }
 }
 
@@ -190,7 +237,7 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
       cudaEventElapsedTime(&ms, a, b);
       const double us = ms * 1000.0 / reps;
       std::printf("[ timing ] gemv bf16 %6lld x %5lld n=%d (%s): %8.2f us  %7.1f GB/s  %5.1f%% of 4.8 TB/s\n",
-                  (long long)s.rows, (long long)s.cols, n, s.what, us, bytes / us / 1e3, bytes / us / 48.0);
+                  (long long)s.rows, (long long)s.cols, n, s.what, us, bytes / us / 1e3, bytes / us / 1e3 / 48.0);
       cudaEventDestroy(a);
       cudaEventDestroy(b);
     }
@@ -217,12 +264,13 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
       DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
       k3::cuda::MlaPaging pg{dp.get<const float* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dts.get<int32_t>(),
                              dtp.get<int32_t>(), cd};
+      DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(B, nh, kr)) * 4);
       cudaEvent_t a, b;
       cudaEventCreate(&a);
       cudaEventCreate(&b);
       for (int r = -2; r < 10; ++r) {
         if (r == 0) cudaEventRecord(a);
-        K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, kr, dr, q.get<float>(), 0.07f, o.get<float>(), nullptr));
+        K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, kr, dr, q.get<float>(), 0.07f, o.get<float>(), ws.get<float>(), nullptr));
       }
       cudaEventRecord(b);
       cudaEventSynchronize(b);
@@ -231,7 +279,7 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
       const double us = ms * 100.0, cache_bytes = static_cast<double>(B) * L * cd * 4;
       std::printf("[ timing ] mla decode attention nh=%2d L=%5d batch %d: %8.1f us  (latent rows %.1f MB: %6.1f GB/s once, "
                   "%.0f%% of 4.8 TB/s)\n",
-                  nh, L, B, us, cache_bytes / 1e6, cache_bytes / us / 1e3, cache_bytes / us / 48.0);
+                  nh, L, B, us, cache_bytes / 1e6, cache_bytes / us / 1e3, cache_bytes / us / 1e3 / 48.0);
       cudaEventDestroy(a);
       cudaEventDestroy(b);
     }

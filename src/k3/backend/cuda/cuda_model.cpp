@@ -181,6 +181,7 @@ struct CudaModel::Impl {
   float *pq = nullptr, *pk = nullptr, *pv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr,
         *o = nullptr, *gate = nullptr, *fa = nullptr, *beta = nullptr;
   float *qa = nullptr, *mq = nullptr, *lat = nullptr, *ql = nullptr, *ol = nullptr, *mo = nullptr, *mg = nullptr;
+  float* attn_ws = nullptr;  // split-key partials of the MLA decode attention (mla_attend_workspace_floats)
   float *rl = nullptr, *wts = nullptr, *z = nullptr, *acc = nullptr, *ga = nullptr, *ua = nullptr, *hs = nullptr;
   int32_t* idx = nullptr;
   std::unique_ptr<MoeWorkspace> moe_ws;
@@ -242,7 +243,7 @@ struct CudaModel::Impl {
         {&qa, n * std::max<int64_t>(c.q_lora_rank, 1)}, {&mq, n * nh * qk}, {&lat, n * cd}, {&ql, n * nh * cd},
         {&ol, n * nh * kr}, {&mo, n * nh * dv}, {&mg, n * nh * dv},
         {&rl, n * std::max<int64_t>(E, 1)}, {&wts, n * std::max<int64_t>(K, 1)}, {&z, n * X}, {&acc, n * X},
-        {&ga, n * I}, {&ua, n * I}};
+        {&ga, n * I}, {&ua, n * I}, {&attn_ws, 264 * 8 * (kr + 2)}};
     size_t total = 0;
     for (auto& p : parts) total += static_cast<size_t>((p.second + 63) / 64 * 64);
     total += static_cast<size_t>(n * std::max<int64_t>(K, 1));  // idx (int32, same size as float)
@@ -601,21 +602,28 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       const MlaPaging pg = paging(mla_i++);
       K3_CUDA_CHECK(mla_write_rows(pg, static_cast<int>(N), lat, stream));
       if (n_dec_tok > 0) {
-      // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h] (see the column-major mapping in docs/kernels-cuda.md).
+      // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h] (column-major mapping: docs/kernels-cuda.md).
       const float one = 1.f, zero = 0.f;
-      check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, kr, static_cast<int>(N), dn, &one,
-                                             M.kv_b, kr, static_cast<long long>(dn + dv) * kr, mq, nh * qk, qk, &zero, ql,
-                                             nh * cd, cd, nh),
-                   "q absorption");
+      if (N <= kMlaSmallBatch)
+        K3_CUDA_CHECK(mla_absorb_q(mq, M.kv_b, static_cast<int>(N), nh, dn, dr, dv, kr, ql, stream));
+      else
+        check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, kr, static_cast<int>(N), dn, &one,
+                                               M.kv_b, kr, static_cast<long long>(dn + dv) * kr, mq, nh * qk, qk, &zero, ql,
+                                               nh * cd, cd, nh),
+                     "q absorption");
       K3_CUDA_CHECK(mla_copy_qpe(mq, static_cast<int>(N), nh, dn, dr, kr, ql, stream));
       MlaPaging pgd = pg;
       pgd.tok_index = n_dec_tok == N ? nullptr : dptr<const int32_t>(o_dectok);
-      K3_CUDA_CHECK(mla_attend_latent(pgd, n_dec_tok, nh, kr, dr, ql, 1.0f / std::sqrt(static_cast<float>(qk)), ol, stream));
+      K3_CUDA_CHECK(mla_attend_latent(pgd, n_dec_tok, nh, kr, dr, ql, 1.0f / std::sqrt(static_cast<float>(qk)), ol, attn_ws,
+                                      stream));
       // o[t][h] = W_UV_h o_lat[t][h]
-      check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, dv, static_cast<int>(N), kr, &one,
-                                             M.kv_b + static_cast<int64_t>(dn) * kr, kr, static_cast<long long>(dn + dv) * kr,
-                                             ol, nh * kr, kr, &zero, mo, nh * dv, dv, nh),
-                   "v up-projection");
+      if (N <= kMlaSmallBatch)
+        K3_CUDA_CHECK(mla_up_v(ol, M.kv_b, static_cast<int>(N), nh, dn, dv, kr, mo, stream));
+      else
+        check_cublas(cublasSgemmStridedBatched(lin->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, dv, static_cast<int>(N), kr, &one,
+                                               M.kv_b + static_cast<int64_t>(dn) * kr, kr, static_cast<long long>(dn + dv) * kr,
+                                               ol, nh * kr, kr, &zero, mo, nh * dv, dv, nh),
+                     "v up-projection");
       }
       for (size_t si : prefill_seqs) mla_prefill_mha(M, pg, static_cast<int>(si), seqs[si].offset, seqs[si].n, seqs[si].past, mo);
       prof.end(stream);

@@ -1,17 +1,19 @@
 // MLA kernels (mla_kernels.h).
 //
-// mla_attend_latent: one block of 4 warps per (token, head). The query (kr+dr floats) sits in shared
-// memory; warp w takes keys w, w+4, ...; a key's score is a warp-wide dot product over the row; each
-// warp keeps an online softmax (max, sum) and an accumulator of kr values spread over its lanes
-// (lane l holds dims l, l+32, ...: at most 16 per lane for kr = 512); the four partial results are
-// merged at the end. Every (token, head) is computed on its own, so results do not depend on batching.
-// The latent row is shared by all heads (MQA-like); the heads of one token re-read it from L2.
+// mla_attend_latent: one block of 8 warps per (token, group of 8 heads, key split). The 8 queries
+// (kr+dr floats each) sit in shared memory; tiles of 8 latent rows are staged in shared memory by all
+// threads, so each row is read from memory once per 8 heads (the latent is shared by all heads, MQA-like).
+// Warp w owns head 8g+w: per key a warp-wide dot product, an online softmax (max, sum) and an accumulator
+// of kr values spread over the lanes (lane l holds dims l, l+32, ...: at most 16 for kr = 512). With several
+// key splits each block writes (max, sum, acc) to the workspace and a merge kernel combines them in split
+// order. Every (token, head) is computed on its own, so results do not depend on batching.
 #include "k3/backend/cuda/mla_kernels.h"
+
+#include <algorithm>
 
 namespace k3::cuda {
 namespace {
 
-constexpr int kAttnWarps = 4;
 constexpr int kMaxKrPerLane = 16;  // kr <= 512
 
 __device__ __forceinline__ const float* row_ptr(const MlaPaging& pg, int seq, int pos) {
@@ -33,70 +35,155 @@ __global__ void copy_qpe_kernel(const float* __restrict__ q, int nh, int dn, int
   }
 }
 
-__global__ void __launch_bounds__(kAttnWarps * 32)
-    attend_kernel(MlaPaging pg, int nh, int kr, int dr, const float* __restrict__ q_lat, float scale,
-                  float* __restrict__ o_lat) {
-  extern __shared__ float sm[];  // q: cd floats; then the merge area
-  const int t = pg.tok_index ? pg.tok_index[blockIdx.x / nh] : static_cast<int>(blockIdx.x / nh);
-  const int h = blockIdx.x % nh;
-  const int cd = kr + dr;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* qs = sm;
-  const float* qg = q_lat + (static_cast<int64_t>(t) * nh + h) * cd;
-  for (int i = threadIdx.x; i < cd; i += blockDim.x) qs[i] = qg[i];
-  __syncthreads();
+constexpr int kHeadsPerBlock = 8;
+constexpr int kKeyTile = 8;
 
-  const int seq = pg.tok_seq[t], last = pg.tok_pos[t];
+__global__ void __launch_bounds__(kHeadsPerBlock * 32)
+    attend_split_kernel(MlaPaging pg, int nh, int kr, int dr, const float* __restrict__ q_lat, float scale, int nsplit,
+                        float* __restrict__ o_lat, float* __restrict__ ws) {
+  extern __shared__ float sm[];
+  const int cd = kr + dr;
+  float* qs = sm;                              // [8][cd]
+  float* rows = sm + kHeadsPerBlock * cd;      // [kKeyTile][cd]
+  const int ti = blockIdx.x;
+  const int t = pg.tok_index ? pg.tok_index[ti] : ti;
+  const int h0 = blockIdx.y * kHeadsPerBlock, sp = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int h = h0 + warp;
+  for (int i = threadIdx.x; i < kHeadsPerBlock * cd; i += blockDim.x) {
+    const int hh = h0 + i / cd;
+    qs[i] = hh < nh ? q_lat[(static_cast<int64_t>(t) * nh + hh) * cd + i % cd] : 0.f;
+  }
+  const int seq = pg.tok_seq[t], len = pg.tok_pos[t] + 1;
+  const int chunk = (len + nsplit - 1) / nsplit;
+  const int k0 = sp * chunk, k1 = min(len, k0 + chunk);
   float m = -INFINITY, l = 0.f;
   float acc[kMaxKrPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxKrPerLane; ++i) acc[i] = 0.f;
-  for (int s = warp; s <= last; s += kAttnWarps) {
-    const float* row = row_ptr(pg, seq, s);
-    float d = 0.f;
-    for (int i = lane; i < cd; i += 32) d = fmaf(qs[i], row[i], d);
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    const float score = d * scale;
-    const float m_new = fmaxf(m, score);
-    const float corr = __expf(m - m_new);  // m = -inf the first time: exp(-inf) = 0
-    const float p = __expf(score - m_new);
-    l = l * corr + p;
+  const float* q = qs + warp * cd;
+  for (int base = k0; base < k1; base += kKeyTile) {
+    const int nk = min(kKeyTile, k1 - base);
+    __syncthreads();  // the previous tile (and, the first time, qs) is complete / no longer read
+    for (int i = threadIdx.x; i < nk * cd; i += blockDim.x) rows[i] = row_ptr(pg, seq, base + i / cd)[i % cd];
+    __syncthreads();
+    if (h < nh) {
+      for (int j = 0; j < nk; ++j) {
+        const float* row = rows + j * cd;
+        float d = 0.f;
+        for (int i = lane; i < cd; i += 32) d = fmaf(q[i], row[i], d);
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        const float score = d * scale;
+        const float m_new = fmaxf(m, score);
+        const float corr = __expf(m - m_new);  // m = -inf the first time: 0
+        const float p = __expf(score - m_new);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < kMaxKrPerLane; ++i) {
+          const int jj = lane + 32 * i;
+          if (jj < kr) acc[i] = acc[i] * corr + p * row[jj];
+        }
+        m = m_new;
+      }
+    }
+  }
+  if (h >= nh) return;
+  if (nsplit == 1) {
+    const float inv = 1.0f / l;
+    float* og = o_lat + (static_cast<int64_t>(t) * nh + h) * kr;
 #pragma unroll
     for (int i = 0; i < kMaxKrPerLane; ++i) {
-      const int j = lane + 32 * i;
-      if (j < kr) acc[i] = acc[i] * corr + p * row[j];
+      const int jj = lane + 32 * i;
+      if (jj < kr) og[jj] = acc[i] * inv;
     }
-    m = m_new;
+    return;
   }
-  // Merge the warps: sm after q holds per-warp (m, l) and accumulators [kAttnWarps][kr].
-  float* wm = sm + cd;
-  float* wl = wm + kAttnWarps;
-  float* wacc = wl + kAttnWarps;
+  float* w = ws + ((static_cast<int64_t>(ti) * nh + h) * nsplit + sp) * (kr + 2);
   if (lane == 0) {
-    wm[warp] = m;
-    wl[warp] = l;
+    w[0] = m;
+    w[1] = l;
   }
 #pragma unroll
   for (int i = 0; i < kMaxKrPerLane; ++i) {
-    const int j = lane + 32 * i;
-    if (j < kr) wacc[warp * kr + j] = acc[i];
+    const int jj = lane + 32 * i;
+    if (jj < kr) w[2 + jj] = acc[i];
   }
-  __syncthreads();
+}
+
+// One block per (token, head): merges the splits' (max, sum, acc) in split order.
+__global__ void attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nsplit, const float* __restrict__ ws,
+                                    float* __restrict__ o_lat) {
+  const int ti = blockIdx.x / nh, h = blockIdx.x % nh;
+  const int t = pg.tok_index ? pg.tok_index[ti] : ti;
+  const float* w = ws + (static_cast<int64_t>(ti) * nh + h) * nsplit * (kr + 2);
   float gm = -INFINITY;
-  for (int w = 0; w < kAttnWarps; ++w) gm = fmaxf(gm, wm[w]);
-  float scalew[kAttnWarps], gl = 0.f;
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) {
-    scalew[w] = wm[w] == -INFINITY ? 0.f : __expf(wm[w] - gm);  // a warp with no keys contributes nothing
-    gl += wl[w] * scalew[w];
+  for (int s = 0; s < nsplit; ++s) gm = fmaxf(gm, w[s * (kr + 2)]);
+  float gl = 0.f;
+  for (int s = 0; s < nsplit; ++s) {
+    const float ms = w[s * (kr + 2)];
+    if (ms != -INFINITY) gl += w[s * (kr + 2) + 1] * __expf(ms - gm);
   }
   const float inv = 1.0f / gl;
   float* og = o_lat + (static_cast<int64_t>(t) * nh + h) * kr;
   for (int j = threadIdx.x; j < kr; j += blockDim.x) {
     float o = 0.f;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) o += wacc[w * kr + j] * scalew[w];
+    for (int s = 0; s < nsplit; ++s) {
+      const float ms = w[s * (kr + 2)];
+      if (ms != -INFINITY) o += w[s * (kr + 2) + 2 + j] * __expf(ms - gm);
+    }
     og[j] = o * inv;
+  }
+}
+
+// q absorption for up to 8 tokens per block: kv_b rows are read once per block and applied to each token.
+constexpr int kAbsorbTok = 8;
+__global__ void absorb_q_kernel(const float* __restrict__ q, const float* __restrict__ kvb, int N, int nh, int dn,
+                                int dr, int dv, int kr, float* __restrict__ ql) {
+  extern __shared__ float qsm[];  // [kAbsorbTok][dn]
+  const int h = blockIdx.x, t0 = blockIdx.y * kAbsorbTok;
+  const int nt = min(kAbsorbTok, N - t0);
+  for (int i = threadIdx.x; i < nt * dn; i += blockDim.x)
+    qsm[i] = q[(static_cast<int64_t>(t0 + i / dn) * nh + h) * (dn + dr) + i % dn];
+  __syncthreads();
+  const float* w = kvb + static_cast<int64_t>(h) * (dn + dv) * kr;
+  for (int j = threadIdx.x; j < kr; j += blockDim.x) {
+    float acc[kAbsorbTok];
+#pragma unroll
+    for (int t = 0; t < kAbsorbTok; ++t) acc[t] = 0.f;
+    for (int i = 0; i < dn; ++i) {
+      const float wv = w[static_cast<int64_t>(i) * kr + j];
+#pragma unroll
+      for (int t = 0; t < kAbsorbTok; ++t) acc[t] = fmaf(qsm[min(t, nt - 1) * dn + i], wv, acc[t]);
+    }
+    for (int t = 0; t < nt; ++t) ql[(static_cast<int64_t>(t0 + t) * nh + h) * (kr + dr) + j] = acc[t];
+  }
+}
+
+// v up-projection for up to 8 tokens per block: warp per output value, lanes over kr.
+__global__ void up_v_kernel(const float* __restrict__ ol, const float* __restrict__ kvb, int N, int nh, int dn, int dv,
+                            int kr, float* __restrict__ o) {
+  extern __shared__ float osm[];  // [kAbsorbTok][kr]
+  const int h = blockIdx.x, t0 = blockIdx.y * kAbsorbTok;
+  const int nt = min(kAbsorbTok, N - t0);
+  for (int i = threadIdx.x; i < nt * kr; i += blockDim.x) osm[i] = ol[(static_cast<int64_t>(t0 + i / kr) * nh + h) * kr + i % kr];
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int i = warp; i < dv; i += nw) {
+    const float* w = kvb + (static_cast<int64_t>(h) * (dn + dv) + dn + i) * kr;
+    float acc[kAbsorbTok];
+#pragma unroll
+    for (int t = 0; t < kAbsorbTok; ++t) acc[t] = 0.f;
+    for (int j = lane; j < kr; j += 32) {
+      const float wv = w[j];
+#pragma unroll
+      for (int t = 0; t < kAbsorbTok; ++t) acc[t] = fmaf(wv, osm[min(t, nt - 1) * kr + j], acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < kAbsorbTok; ++t) {
+      float v = acc[t];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && t < nt) o[(static_cast<int64_t>(t0 + t) * nh + h) * dv + i] = v;
+    }
   }
 }
 
@@ -162,12 +249,45 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
   return cudaGetLastError();
 }
 
+int mla_attend_splits(int N, int nh) {
+  // Enough blocks for ~2 waves on 132 SMs; at most 32 splits.
+  const int blocks = N * ((nh + kHeadsPerBlock - 1) / kHeadsPerBlock);
+  return std::max(1, std::min(32, 264 / std::max(blocks, 1)));
+}
+
+size_t mla_attend_workspace_floats(int N, int nh, int kr) {
+  const int ns = mla_attend_splits(N, nh);
+  return ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
+}
+
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
-                              float* o_lat, cudaStream_t s) {
+                              float* o_lat, float* ws, cudaStream_t s) {
   if (N <= 0) return cudaSuccess;
   if (kr > 32 * kMaxKrPerLane || kr <= 0 || nh <= 0) return cudaErrorInvalidValue;
-  const size_t smem = static_cast<size_t>(kr + dr + 2 * kAttnWarps + kAttnWarps * kr) * sizeof(float);
-  attend_kernel<<<static_cast<unsigned>(N) * nh, kAttnWarps * 32, smem, s>>>(pg, nh, kr, dr, q_lat, scale, o_lat);
+  const int ns = ws ? mla_attend_splits(N, nh) : 1;
+  const size_t smem = static_cast<size_t>((kHeadsPerBlock + kKeyTile) * (kr + dr)) * sizeof(float);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock),
+                  static_cast<unsigned>(ns));
+  attend_split_kernel<<<grid, kHeadsPerBlock * 32, smem, s>>>(pg, nh, kr, dr, q_lat, scale, ns, o_lat, ws);
+  if (ns > 1) attend_merge_kernel<<<static_cast<unsigned>(N) * nh, 128, 0, s>>>(pg, nh, kr, ns, ws, o_lat);
+  return cudaGetLastError();
+}
+
+cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int dn, int dr, int dv, int kr, float* q_lat,
+                         cudaStream_t s) {
+  if (N <= 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(kAbsorbTok) * dn * sizeof(float);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  absorb_q_kernel<<<dim3(nh, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(q, kv_b, N, nh, dn, dr, dv, kr, q_lat);
+  return cudaGetLastError();
+}
+
+cudaError_t mla_up_v(const float* o_lat, const float* kv_b, int N, int nh, int dn, int dv, int kr, float* o, cudaStream_t s) {
+  if (N <= 0) return cudaSuccess;
+  const size_t smem = static_cast<size_t>(kAbsorbTok) * kr * sizeof(float);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  up_v_kernel<<<dim3(nh, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(o_lat, kv_b, N, nh, dn, dv, kr, o);
   return cudaGetLastError();
 }
 

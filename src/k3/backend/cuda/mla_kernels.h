@@ -30,8 +30,24 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // Absorbed attention: for each token t (tok_index[i] for i < N when given) and head h, softmax over the cached rows 0..tok_pos[t] of
 // (q_lat[t][h] . row) * scale, then o_lat[t][h] = sum softmax * c_kv (the first kr values of each row).
 // q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
+// Blocks take 8 heads of one token (the latent row is shared by all heads: loaded once into shared memory
+// for 8) and one of `mla_attend_splits(N, nh)` key ranges (flash-decoding split, so that batch-1 decode
+// fills the GPU); partial results are merged by a second kernel through `ws`
+// (mla_attend_workspace_floats(N, nh, kr) floats). The split count depends on N and nh only, never on the
+// context length, so a captured CUDA graph stays valid as sequences grow.
+int mla_attend_splits(int N, int nh);
+size_t mla_attend_workspace_floats(int N, int nh, int kr);
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
-                              float* o_lat, cudaStream_t s);
+                              float* o_lat, float* ws, cudaStream_t s);
+
+// Absorption for decode-sized batches (the model uses batched SGEMMs beyond kMlaSmallBatch tokens):
+//   q_lat[t][h][0:kr] = sum_i q[t][h][i] * kv_b[h*(dn+dv) + i][:]      (i < dn; q [N][nh][dn+dr])
+//   o[t][h][i]        = sum_j kv_b[h*(dn+dv) + dn + i][j] * o_lat[t][h][j]   (o [N][nh][dv])
+constexpr int kMlaSmallBatch = 64;
+cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int dn, int dr, int dv, int kr, float* q_lat,
+                         cudaStream_t s);
+cudaError_t mla_up_v(const float* o_lat, const float* kv_b, int N, int nh, int dn, int dv, int kr, float* o,
+                     cudaStream_t s);
 
 // MHA (prefill) form helpers; the projections and the two attention products run on cuBLAS.
 // Copies rows 0..S-1 of sequence `seq` into out [S][row_dim].
