@@ -135,40 +135,54 @@ __global__ void attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nspl
   }
 }
 
-// q absorption for up to 8 tokens per block: kv_b rows are read once per block and applied to each token.
+// q absorption for up to 8 tokens per block. Block (head, 32 output columns, token group): 8 row groups
+// of 32 threads each sum dn/8 rows (coalesced 128-byte loads of kv_b), then reduce through shared memory;
+// enough blocks to keep many loads in flight (a block per head alone was latency-bound).
 constexpr int kAbsorbTok = 8;
-__global__ void absorb_q_kernel(const float* __restrict__ q, const float* __restrict__ kvb, int N, int nh, int dn,
-                                int dr, int dv, int kr, float* __restrict__ ql) {
+__global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__ q, const float* __restrict__ kvb, int N,
+                                                       int nh, int dn, int dr, int dv, int kr, float* __restrict__ ql) {
   extern __shared__ float qsm[];  // [kAbsorbTok][dn]
-  const int h = blockIdx.x, t0 = blockIdx.y * kAbsorbTok;
+  __shared__ float red[8][kAbsorbTok][32];
+  const int h = blockIdx.x, j0 = blockIdx.y * 32, t0 = blockIdx.z * kAbsorbTok;
   const int nt = min(kAbsorbTok, N - t0);
   for (int i = threadIdx.x; i < nt * dn; i += blockDim.x)
     qsm[i] = q[(static_cast<int64_t>(t0 + i / dn) * nh + h) * (dn + dr) + i % dn];
   __syncthreads();
-  const float* w = kvb + static_cast<int64_t>(h) * (dn + dv) * kr;
-  for (int j = threadIdx.x; j < kr; j += blockDim.x) {
-    float acc[kAbsorbTok];
+  const int jj = threadIdx.x & 31, g = threadIdx.x >> 5, j = j0 + jj;
+  float acc[kAbsorbTok];
 #pragma unroll
-    for (int t = 0; t < kAbsorbTok; ++t) acc[t] = 0.f;
-    for (int i = 0; i < dn; ++i) {
-      const float wv = w[static_cast<int64_t>(i) * kr + j];
+  for (int t = 0; t < kAbsorbTok; ++t) acc[t] = 0.f;
+  if (j < kr) {
+    const float* w = kvb + static_cast<int64_t>(h) * (dn + dv) * kr + j;
+#pragma unroll 4
+    for (int i = g; i < dn; i += 8) {
+      const float wv = w[static_cast<int64_t>(i) * kr];
 #pragma unroll
       for (int t = 0; t < kAbsorbTok; ++t) acc[t] = fmaf(qsm[min(t, nt - 1) * dn + i], wv, acc[t]);
     }
-    for (int t = 0; t < nt; ++t) ql[(static_cast<int64_t>(t0 + t) * nh + h) * (kr + dr) + j] = acc[t];
   }
+#pragma unroll
+  for (int t = 0; t < kAbsorbTok; ++t) red[g][t][jj] = acc[t];
+  __syncthreads();
+  if (g == 0 && j < kr)
+    for (int t = 0; t < nt; ++t) {
+      float sum = 0.f;
+      for (int gg = 0; gg < 8; ++gg) sum += red[gg][t][jj];
+      ql[(static_cast<int64_t>(t0 + t) * nh + h) * (kr + dr) + j] = sum;
+    }
 }
 
 // v up-projection for up to 8 tokens per block: warp per output value, lanes over kr.
 __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restrict__ kvb, int N, int nh, int dn, int dv,
                             int kr, float* __restrict__ o) {
   extern __shared__ float osm[];  // [kAbsorbTok][kr]
-  const int h = blockIdx.x, t0 = blockIdx.y * kAbsorbTok;
+  const int h = blockIdx.x, t0 = blockIdx.z * kAbsorbTok;
   const int nt = min(kAbsorbTok, N - t0);
   for (int i = threadIdx.x; i < nt * kr; i += blockDim.x) osm[i] = ol[(static_cast<int64_t>(t0 + i / kr) * nh + h) * kr + i % kr];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int i = warp; i < dv; i += nw) {
+  // Block (head, 8 output values, token group): one warp per output value.
+  for (int i = blockIdx.y * nw + warp; i < min(dv, (blockIdx.y + 1) * nw); i += nw) {
     const float* w = kvb + (static_cast<int64_t>(h) * (dn + dv) + dn + i) * kr;
     float acc[kAbsorbTok];
 #pragma unroll
@@ -278,8 +292,9 @@ cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int d
                          cudaStream_t s) {
   if (N <= 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(kAbsorbTok) * dn * sizeof(float);
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  absorb_q_kernel<<<dim3(nh, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(q, kv_b, N, nh, dn, dr, dv, kr, q_lat);
+  if (smem + sizeof(float) * 8 * kAbsorbTok * 32 > 48 * 1024) return cudaErrorInvalidValue;
+  absorb_q_kernel<<<dim3(nh, (kr + 31) / 32, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(q, kv_b, N, nh, dn, dr, dv,
+                                                                                                 kr, q_lat);
   return cudaGetLastError();
 }
 
@@ -287,7 +302,7 @@ cudaError_t mla_up_v(const float* o_lat, const float* kv_b, int N, int nh, int d
   if (N <= 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(kAbsorbTok) * kr * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  up_v_kernel<<<dim3(nh, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(o_lat, kv_b, N, nh, dn, dv, kr, o);
+  up_v_kernel<<<dim3(nh, (dv + 7) / 8, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(o_lat, kv_b, N, nh, dn, dv, kr, o);
   return cudaGetLastError();
 }
 
