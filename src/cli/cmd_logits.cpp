@@ -16,7 +16,7 @@ void add_logits(CLI::App& app, Registry& reg) {
     std::string model, out;
     std::vector<int32_t> tokens;
     bool decode = false;
-    int chunk = 64;
+    int chunk = 0;
     DeviceOptions dev;
   };
   auto o = std::make_shared<Opts>();
@@ -24,7 +24,7 @@ void add_logits(CLI::App& app, Registry& reg) {
   cmd->add_option("-m,--model", o->model, "HF checkpoint directory");
   cmd->add_option("--tokens", o->tokens, "comma-separated token ids")->required()->delimiter(',');
   cmd->add_flag("--decode", o->decode, "run token by token (recurrent KDA, absorbed MLA) instead of one prefill");
-  cmd->add_option("--kda-chunk", o->chunk, "KDA chunk size of the prefill form")->check(CLI::Range(1, 4096));
+  cmd->add_option("--kda-chunk", o->chunk, "KDA chunk size of the prefill form (0: the backend's default, CPU 64, CUDA 32)")->check(CLI::Range(0, 4096));
   cmd->add_option("--out", o->out, "output .npy path")->required();
   add_device_options(cmd, o->dev);
   cmd->callback([&reg, o] {

@@ -118,8 +118,17 @@ TEST(CudaDense, RmsnormAndAttnResMatchCpu) {
     DeviceBuffer dptrs = upload(dp), daw = upload(aw.w), dout(r.size() * 4);
     K3_CUDA_CHECK(k3::cuda::attn_res_mix(dptrs.get<const float* const>(), m, daw.get<float>(), n, H, 1e-5f, dout.get<float>(), nullptr));
     const double e = rel_err(download(dout, r.size()), r);
-    std::printf("[ dense ] rmsnorm rel %.2e; attn_res m=%d rel %.2e\n", e1, m, e);
+    // Fused with the following RMSNorm (the model's use).
+    const auto nw = randn(static_cast<size_t>(H), 77);
+    std::vector<float> rn(r.size());
+    k3::cpu::rmsnorm(r.data(), nw.data(), n, H, 1e-5f, rn.data());
+    DeviceBuffer dnw = upload(nw);
+    K3_CUDA_CHECK(k3::cuda::attn_res_mix_rmsnorm(dptrs.get<const float* const>(), m, daw.get<float>(), n, H, 1e-5f,
+                                                 dnw.get<float>(), dout.get<float>(), nullptr));
+    const double ef = rel_err(download(dout, rn.size()), rn);
+    std::printf("[ dense ] rmsnorm rel %.2e; attn_res m=%d rel %.2e; fused with rmsnorm rel %.2e\n", e1, m, e, ef);
     EXPECT_LT(e, 1e-5);
+    EXPECT_LT(ef, 1e-5);
   }
 }
 

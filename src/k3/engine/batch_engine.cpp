@@ -143,7 +143,7 @@ void BatchEngine::step() {
   }
   std::vector<float> logits;
   ForwardOptions fo;
-  fo.path = AttnPath::Decode;  // batch- and chunk-invariant numerics
+  fo.path = model_.engine_path();  // CPU: the decode forms (batch- and chunk-invariant numerics)
   try {
     model_.forward_batch(items, logits, fo);
   } catch (const std::exception& e) {

@@ -66,7 +66,7 @@ void Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float
     }
     cpu::rmsnorm(h.data(), L.input_norm.data(), N, H, eps, xin.data());
     if (L.is_kda)
-      kda_layer(cfg_, L.kda, kda_index++, xin.data(), N, seqs, opt.kda_chunk, tmp.data());
+      kda_layer(cfg_, L.kda, kda_index++, xin.data(), N, seqs, opt.kda_chunk > 0 ? opt.kda_chunk : 64, tmp.data());
     else
       mla_layer(cfg_, L.mla, mla_index++, xin.data(), N, seqs, tmp.data());
     if (p_empty)

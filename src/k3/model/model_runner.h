@@ -20,7 +20,7 @@ enum class AttnPath { Auto, Prefill /*chunked KDA + MHA MLA*/, Decode /*KDA recu
 
 struct ForwardOptions {
   AttnPath path = AttnPath::Auto;
-  int kda_chunk = 64;
+  int kda_chunk = 0;  // KDA chunk of the prefill form; 0: the backend's choice (CPU 64, CUDA 32: fastest on an H200)
   bool all_logits = false;  // logits for every token ([n][V]) or only the last ([V])
 };
 
@@ -42,6 +42,10 @@ class ModelRunner {
   virtual std::unique_ptr<SequenceCache> new_cache() const = 0;
   // Where the serving cache manager places its pages and state slots (host or device memory).
   virtual std::shared_ptr<cache::CacheMemory> cache_memory() const = 0;
+  // The attention forms the serving engine asks for. The CPU backend is batch-invariant only in the
+  // decode forms, so its engine runs prompts through them too (Decode); a backend whose numerics depend
+  // on the batch anyway (the GPU: GEMV vs tensor-core GEMM) takes the faster prefill forms (Auto).
+  virtual AttnPath engine_path() const { return AttnPath::Decode; }
 
   // One forward over several sequences, each appending its tokens. `logits` (host) receives, for each
   // item with want_logits in order, its last-token row [V] (or all its rows with all_logits).

@@ -449,7 +449,10 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
   }
   const size_t o_pstart = st.put(page_start), o_ptok = st.put(page_tokens);
   // KDA descriptors per layer: all sequences, then the split into recurrent / chunked sets.
-  const bool chunk_ok = opt.kda_chunk == 16 || opt.kda_chunk == 32 || opt.kda_chunk == 64;
+  // Chunk 32 measured fastest on the H200 at 1 x 4096 tokens (1.17 ms vs 1.37 for 64; docs/perf/cuda.md);
+  // other sizes than 16/32/64 fall back to the recurrence.
+  const int kda_chunk = opt.kda_chunk > 0 ? opt.kda_chunk : 32;
+  const bool chunk_ok = kda_chunk == 16 || kda_chunk == 32 || kda_chunk == 64;
   bool all_decode = true;
   for (const Seq& s : seqs) all_decode = all_decode && s.n == 1 && !s.prefill;
   std::vector<size_t> o_kall(static_cast<size_t>(n_kda)), o_krec(static_cast<size_t>(n_kda)), o_kchk(static_cast<size_t>(n_kda));
@@ -526,19 +529,26 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     prof.end(stream);
     return h;
   };
+  // xin = RMSNorm(layer input) * norm_w; the input is P, or with AttnRes the mix over the blocks, fused
+  // with the norm into one kernel.
+  auto mix_norm = [&](const float* wres, const float* norm_w) {
+    prof.begin("norms+residual", stream);
+    if (!attn_res || nb == 0)
+      K3_CUDA_CHECK(rmsnorm(P, norm_w, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
+    else
+      K3_CUDA_CHECK(attn_res_mix_rmsnorm(dptr<const float* const>(o_src[static_cast<size_t>(nb)]), static_cast<int>(nb + 1),
+                                         wres, static_cast<int>(N), static_cast<int>(H), eps, norm_w, xin, stream));
+    prof.end(stream);
+  };
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const DLayer& L = w.layers[static_cast<size_t>(l)];
-    const float* hin = mix(L.attn_res);
+    mix_norm(L.attn_res, L.input_norm);  // before this layer may start a new block
     bool p_empty = false;
     if (attn_res && l % c.attn_res_block_size == 0) {
       K3_CUDA_CHECK(cudaMemcpyAsync(blocks + nb * N * H, P, NH * 4, cudaMemcpyDeviceToDevice, stream));
       ++nb;
       p_empty = true;
     }
-    prof.begin("norms+residual", stream);
-    K3_CUDA_CHECK(rmsnorm(hin, L.input_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
-
-    prof.end(stream);
     if (L.is_kda) {
       const DKda& K = L.kda;
       prof.begin("kda proj", stream);
@@ -572,7 +582,7 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
         if (n_rec > 0)
           K3_CUDA_CHECK(kda_recurrent(dptr<const KdaSeq>(o_krec[li]), n_rec, Hk, D, q, k, v, g, beta, o, stream));
         if (n_chk > 0)
-          K3_CUDA_CHECK(kda_chunked(dptr<const KdaSeq>(o_kchk[li]), n_chk, static_cast<int>(N), Hk, D, opt.kda_chunk, q, k, v, g,
+          K3_CUDA_CHECK(kda_chunked(dptr<const KdaSeq>(o_kchk[li]), n_chk, static_cast<int>(N), Hk, D, kda_chunk, q, k, v, g,
                                     beta, o, kda_ws.get(), kda_ws.bytes(), stream));
         K3_CUDA_CHECK(kda_output_gate(static_cast<int>(N), Hk, D, o, K.o_norm, eps, gate, stream));
       }
@@ -640,10 +650,8 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       K3_CUDA_CHECK(cudaMemcpyAsync(P, tmp, NH * 4, cudaMemcpyDeviceToDevice, stream));
     else
       K3_CUDA_CHECK(add_inplace(P, tmp, static_cast<int64_t>(NH), stream));
-
-    const float* hmlp = mix(L.mlp_res);
-    K3_CUDA_CHECK(rmsnorm(hmlp, L.post_attn_norm, static_cast<int>(N), static_cast<int>(H), static_cast<int>(H), eps, xin, stream));
     prof.end(stream);
+    mix_norm(L.mlp_res, L.post_attn_norm);
     if (L.is_moe) {
       const DMoe& M = L.moe;
       const int E = static_cast<int>(c.num_experts), K = static_cast<int>(c.top_k);

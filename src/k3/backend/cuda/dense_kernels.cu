@@ -114,6 +114,42 @@ __global__ void attn_res_kernel(const float* const* __restrict__ src, int m, con
   }
 }
 
+// attn_res_kernel followed by RMSNorm of the mixed row (kept in shared memory).
+__global__ void attn_res_norm_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+                                     float eps, const float* __restrict__ norm_w, float* __restrict__ out) {
+  extern __shared__ float row[];  // [H]
+  __shared__ float p[32];
+  const int64_t t = blockIdx.x;
+  for (int i = 0; i < m; ++i) {
+    const float* v = src[i] + t * H;
+    float ss = 0, dot = 0;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) {
+      ss += v[d] * v[d];
+      dot += v[d] * w[d];
+    }
+    ss = block_sum(ss);
+    dot = block_sum(dot);
+    if (threadIdx.x == 0) p[i] = dot * rsqrtf(ss / static_cast<float>(H) + eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float mx = -INFINITY, sum = 0;
+    for (int i = 0; i < m; ++i) mx = fmaxf(mx, p[i]);
+    for (int i = 0; i < m; ++i) sum += (p[i] = __expf(p[i] - mx));
+    for (int i = 0; i < m; ++i) p[i] /= sum;
+  }
+  __syncthreads();
+  float ss = 0;
+  for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    float o = 0;
+    for (int i = 0; i < m; ++i) o += p[i] * src[i][t * H + d];
+    row[d] = o;
+    ss += o * o;
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(H) + eps);
+  for (int d = threadIdx.x; d < H; d += blockDim.x) out[t * H + d] = row[d] * inv * norm_w[d];
+}
+
 __global__ void gather_kernel(const float* x, const int32_t* rows, int H, float* out) {
   const int64_t r = blockIdx.x;
   const float* src = x + static_cast<int64_t>(rows[r]) * H;
@@ -194,6 +230,13 @@ cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int
   if (n <= 0) return cudaSuccess;
   if (m < 1 || m > 32) return cudaErrorInvalidValue;
   attn_res_kernel<<<n, row_threads(H), 0, s>>>(sources, m, w, H, eps, out);
+  return cudaGetLastError();
+}
+cudaError_t attn_res_mix_rmsnorm(const float* const* sources, int m, const float* w, int n, int H, float eps,
+                                 const float* norm_w, float* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (m < 1 || m > 32 || H > 12288) return cudaErrorInvalidValue;
+  attn_res_norm_kernel<<<n, row_threads(H), static_cast<size_t>(H) * sizeof(float), s>>>(sources, m, w, H, eps, norm_w, out);
   return cudaGetLastError();
 }
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s) {

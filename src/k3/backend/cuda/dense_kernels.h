@@ -29,6 +29,11 @@ cudaError_t to_bf16_split(const float* x, int64_t count, uint16_t* hi, uint16_t*
 cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,
                          cudaStream_t s);
 
+// The same mix fused with the RMSNorm that always follows it (weight norm_w): out = rmsnorm(mix) * norm_w,
+// one pass, the mixed row kept in shared memory (H <= 12288).
+cudaError_t attn_res_mix_rmsnorm(const float* const* sources, int m, const float* w, int n, int H, float eps,
+                                 const float* norm_w, float* out, cudaStream_t s);
+
 // out[r][:] = x[rows[r]][:] for R rows of H floats.
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s);
 
