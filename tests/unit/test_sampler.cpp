@@ -121,6 +121,24 @@ TEST(Sampler, GreedyIsArgmax) {
   EXPECT_EQ(s.sample(tie, {}, {}), 1);  // ties -> lowest id
 }
 
+// A model vocabulary padded past the tokenizer's: ids the tokenizer cannot render are never drawn,
+// greedy or sampled (a dummy-weight K3 behind the k3-tiny tokenizer crashed the server before this).
+TEST(Sampler, UntokenizableIdsAreNeverSampled) {
+  for (float temp : {0.0f, 1.0f, 5.0f}) {
+    SamplingParams sp;
+    sp.temperature = temp;
+    sp.seed = 3;
+    Sampler s(sp, 1);
+    for (uint32_t seed = 1; seed <= 100; ++seed) {
+      auto l = random_logits(1000, seed);
+      for (size_t i = 900; i < l.size(); ++i) l[i] += 50.0f;  // the padded ids score highest
+      k3::engine::mask_untokenizable(l, 900);
+      const int32_t id = s.sample(l, {}, {});
+      EXPECT_LT(id, 900) << "temperature " << temp;
+    }
+  }
+}
+
 TEST(Sampler, TopK1IsGreedy) {
   SamplingParams sp;
   sp.top_k = 1;

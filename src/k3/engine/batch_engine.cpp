@@ -166,7 +166,13 @@ void BatchEngine::step() {
     if (!p.sample) continue;
     std::span<float> lg(logits.data() + row * V, static_cast<size_t>(V));
     ++row;
-    RequestOutput o = s->on_logits(lg);
+    RequestOutput o;
+    try {
+      o = s->on_logits(lg);
+    } catch (const std::exception& e) {  // one bad sequence must not take the engine (and server) down
+      finish(s, s->finish_now("error", e.what()));
+      continue;
+    }
     ++gen_tokens;
     if (o.finished)
       finish(s, std::move(o));

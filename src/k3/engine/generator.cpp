@@ -53,6 +53,7 @@ GenerateResult generate(const ModelRunner& model, const text::Tokenizer& tok, st
   res.finish_reason = "length";
   bool stopped = false;
   while (static_cast<int>(res.tokens.size()) < params.max_tokens) {
+    mask_untokenizable(logits, tok.n_vocab());
     const int32_t id = sampler.sample(logits, prompt, res.tokens);
     if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
       res.finish_reason = "stop";

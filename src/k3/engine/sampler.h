@@ -2,6 +2,7 @@
 // Conventions follow vLLM / OpenAI; see docs/sampling.md for the exact rules and differences.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <utility>
@@ -14,6 +15,13 @@ namespace k3::engine {
 // One Sampler per request (it owns the request's PRNG stream). Not thread-safe; different
 // requests' samplers are independent, so the drawn tokens depend only on the seed and on the
 // sequence of logits passed to sample(), never on threads or timing.
+// Sets logits[id] = -inf for every id >= n_tokenizable: ids of a model vocabulary padded past the
+// tokenizer's (the model can score them, nothing can render them) are never sampled.
+inline void mask_untokenizable(std::span<float> logits, int64_t n_tokenizable) {
+  for (size_t i = static_cast<size_t>(n_tokenizable > 0 ? n_tokenizable : 0); i < logits.size(); ++i)
+    logits[i] = -std::numeric_limits<float>::infinity();
+}
+
 class Sampler {
  public:
   // Validates `params` (throws k3::Error). The PRNG is seeded with params.seed if set, else with

@@ -67,6 +67,8 @@ RequestOutput Sequence::on_logits(std::span<float> logits) {
   if (req_.top_logprobs >= 0) {
     if (req_.top_logprobs > 0) lp.top = Sampler::top_logprobs(logits, req_.top_logprobs);
   }
+  // Ids the tokenizer cannot render (a model vocab padded past the tokenizer's) are never sampled.
+  mask_untokenizable(logits, tok_.n_vocab());
   std::vector<float> raw;
   if (req_.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
   const int32_t id = sampler_.sample(logits, prompt, gen);
