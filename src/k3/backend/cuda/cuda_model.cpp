@@ -33,10 +33,6 @@ namespace k3::cuda {
 
 namespace {
 
-void check_cublas(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
-}
-
 // Pinned host memory that grows.
 class PinnedBuffer {
  public:

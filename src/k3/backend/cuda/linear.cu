@@ -88,10 +88,6 @@ cudaError_t launch_gemv(const WT* W, int64_t rows, int64_t cols, const float* x,
   return cudaGetLastError();
 }
 
-void check_cublas(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
-}
-
 }  // namespace
 
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s) {

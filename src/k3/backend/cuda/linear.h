@@ -12,6 +12,11 @@
 
 namespace k3::cuda {
 
+inline void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
+}
+
 enum class WType : int { BF16 = 0, F32 = 1 };
 
 struct DeviceLinear {
