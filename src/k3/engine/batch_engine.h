@@ -1,7 +1,8 @@
 // The serving engine: continuous batching over the hybrid cache. One engine thread loops
 // schedule -> one batched forward -> sample -> deliver deltas; front ends submit and cancel from any
-// thread. Every token's numerics are independent of batching and of prefix-cache hits (the model runs
-// its batch-invariant decode forms), so outputs are the same alone, batched, cached or not.
+// thread. On the CPU every token's numerics are independent of batching and of prefix-cache hits (the
+// model runs its batch-invariant decode forms: ModelRunner::engine_path), so outputs are the same alone,
+// batched, cached or not; the GPU backend trades that for its faster prefill forms (docs/engine.md).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
