@@ -83,11 +83,9 @@ __global__ void to_bf16_split_kernel(const float* x, int64_t n, uint16_t* hi, ui
   }
 }
 
-// One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
-__global__ void attn_res_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
-                                float eps, float* __restrict__ out) {
-  __shared__ float p[32];
-  const int64_t t = blockIdx.x;
+// The softmax weights p[0..m) of row t over the sources (shared p, visible to the whole block on return).
+__device__ void attn_res_weights(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+                                 float eps, int64_t t, float* p) {
   for (int i = 0; i < m; ++i) {
     const float* v = src[i] + t * H;
     float ss = 0, dot = 0;
@@ -107,6 +105,14 @@ __global__ void attn_res_kernel(const float* const* __restrict__ src, int m, con
     for (int i = 0; i < m; ++i) p[i] /= sum;
   }
   __syncthreads();
+}
+
+// One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
+__global__ void attn_res_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+                                float eps, float* __restrict__ out) {
+  __shared__ float p[32];
+  const int64_t t = blockIdx.x;
+  attn_res_weights(src, m, w, H, eps, t, p);
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
     float o = 0;
     for (int i = 0; i < m; ++i) o += p[i] * src[i][t * H + d];
@@ -120,25 +126,7 @@ __global__ void attn_res_norm_kernel(const float* const* __restrict__ src, int m
   extern __shared__ float row[];  // [H]
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
-  for (int i = 0; i < m; ++i) {
-    const float* v = src[i] + t * H;
-    float ss = 0, dot = 0;
-    for (int d = threadIdx.x; d < H; d += blockDim.x) {
-      ss += v[d] * v[d];
-      dot += v[d] * w[d];
-    }
-    ss = block_sum(ss);
-    dot = block_sum(dot);
-    if (threadIdx.x == 0) p[i] = dot * rsqrtf(ss / static_cast<float>(H) + eps);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float mx = -INFINITY, sum = 0;
-    for (int i = 0; i < m; ++i) mx = fmaxf(mx, p[i]);
-    for (int i = 0; i < m; ++i) sum += (p[i] = __expf(p[i] - mx));
-    for (int i = 0; i < m; ++i) p[i] /= sum;
-  }
-  __syncthreads();
+  attn_res_weights(src, m, w, H, eps, t, p);
   float ss = 0;
   for (int d = threadIdx.x; d < H; d += blockDim.x) {
     float o = 0;

@@ -676,10 +676,9 @@ __global__ void __launch_bounds__(256)
 
 // ------------------------------------------------------------------------------------------------- host
 
-template <bool MX, int TOK>
-cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
-                         float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
-                         float* y, cudaStream_t stream) {
+// The gate+up launch's arguments, and the same turned into the down launch's (both paths share them).
+TileArgs gate_up_args(const ExpertBank& w, int K, const float* x, GluAct act, float beta, float lbeta,
+                      const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden) {
   TileArgs a;
   a.w0 = w.gate;
   a.s0 = w.gate_scales;
@@ -696,10 +695,9 @@ cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const fl
   a.act = act;
   a.beta = beta;
   a.lbeta = lbeta;
-  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kGateUpRowsPerBlock - 1) / kGateUpRowsPerBlock));
-  expert_tile_kernel<MX, 2, kGateUpR, TOK, true><<<g1, kTileThreads, tile_smem<TOK>(), stream>>>(a);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  return a;
+}
+void to_down_args(TileArgs& a, const ExpertBank& w, const float* hidden, float* y) {
   a.w0 = w.down;
   a.s0 = w.down_scales;
   a.w1 = nullptr;
@@ -708,6 +706,18 @@ cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const fl
   a.cols = w.I;
   a.in = hidden;
   a.out = y;
+}
+
+template <bool MX, int TOK>
+cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
+                         float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
+                         float* y, cudaStream_t stream) {
+  TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
+  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kGateUpRowsPerBlock - 1) / kGateUpRowsPerBlock));
+  expert_tile_kernel<MX, 2, kGateUpR, TOK, true><<<g1, kTileThreads, tile_smem<TOK>(), stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  to_down_args(a, w, hidden, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kDownRowsPerBlock - 1) / kDownRowsPerBlock));
   expert_tile_kernel<MX, 1, kDownR, TOK, false><<<g2, kTileThreads, tile_smem<TOK>(), stream>>>(a);
   return cudaGetLastError();
@@ -717,35 +727,13 @@ template <bool MX, bool SPLIT>
 cudaError_t launch_tc(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
                       float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
                       float* y, cudaStream_t stream) {
-  TileArgs a;
-  a.w0 = w.gate;
-  a.s0 = w.gate_scales;
-  a.w1 = w.up;
-  a.s1 = w.up_scales;
-  a.rows = w.I;
-  a.cols = w.X;
-  a.in = x;
-  a.sorted = sorted;
-  a.K = K;
-  a.tiles = tiles;
-  a.num_tiles = num_tiles;
-  a.out = hidden;
-  a.act = act;
-  a.beta = beta;
-  a.lbeta = lbeta;
+  TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
   constexpr int gu_rows = kTcBRows / 2, down_rows = kTcBRows;
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + gu_rows - 1) / gu_rows));
   expert_tc_kernel<MX, 2, true, SPLIT><<<g1, kTcThreads, 0, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  a.w0 = w.down;
-  a.s0 = w.down_scales;
-  a.w1 = nullptr;
-  a.s1 = nullptr;
-  a.rows = w.X;
-  a.cols = w.I;
-  a.in = hidden;
-  a.out = y;
+  to_down_args(a, w, hidden, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + down_rows - 1) / down_rows));
   expert_tc_kernel<MX, 1, false, SPLIT><<<g2, kTcThreads, 0, stream>>>(a);
   return cudaGetLastError();
