@@ -15,8 +15,8 @@ struct DeviceOptions {
   std::string load_format = "auto";   // auto (safetensors) | dummy (random weights, config.json only; CUDA)
   std::string preset;                 // dummy: a built-in config (resources/presets) instead of -m's config.json
   int64_t num_layers = 0;             // dummy: keep only the first N layers (0: all)
-  std::string gemm = "bf16x2";
-  bool enforce_eager = false;         // cuda: no CUDA graphs        // cuda: prefill GEMM precision (bf16x2 | bf16)
+  std::string gemm = "bf16x2";        // cuda: prefill GEMM precision (bf16x2 | bf16)
+  bool enforce_eager = false;         // cuda: no CUDA graphs
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
