@@ -62,8 +62,8 @@ const Sweep& sweep() {
         {"han", std::string(regex_atoms::kHan)},
         {"upper_not_han", std::string(regex_atoms::kUpperNotHan)},
         {"lower_not_han", std::string(regex_atoms::kLowerNotHan)},
-        {"letter", "\\p{L}"},
-        {"number", "\\p{N}"},
+        {"letter", "[" + std::string(regex_atoms::kLetterBody) + "]"},
+        {"number", "[" + std::string(regex_atoms::kNumberBody) + "]"},
         {"space", ws},
     };
     for (const auto& rg : classes["assigned_after_unicode14"])

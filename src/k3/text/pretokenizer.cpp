@@ -9,14 +9,14 @@ namespace k3::text {
 
 std::string kimi_pattern() {
   using namespace regex_atoms;
-  const std::string ws(kWs), up(kUpperNotHan), low(kLowerNotHan);
+  const std::string ws(kWs), up(kUpperNotHan), low(kLowerNotHan), L(kLetterBody), N(kNumberBody);
   const std::string contractions = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?";
-  const std::string not_crlf_letter_num = "[^\\r\\n\\p{L}\\p{N}]";
+  const std::string not_crlf_letter_num = "[^\\r\\n" + L + N + "]";
   return std::string(kHan) + "+" +                                             //
          "|" + not_crlf_letter_num + "?" + up + "*" + low + "+" + contractions +  //
          "|" + not_crlf_letter_num + "?" + up + "+" + low + "*" + contractions +  //
-         "|\\p{N}{1,3}" +                                                         //
-         "| ?[^" + ws + "\\p{L}\\p{N}]+[\\r\\n]*" +                               //
+         "|[" + N + "]{1,3}" +                                                    //
+         "| ?[^" + ws + L + N + "]+[\\r\\n]*" +                                   //
          "|[" + ws + "]*[\\r\\n]+" +                                              //
          "|[" + ws + "]+(?![^" + ws + "])" +                                      //
          "|[" + ws + "]+";
@@ -24,10 +24,9 @@ std::string kimi_pattern() {
 
 std::string cl100k_pattern() {
   // Rust's $ (no multiline) is end of text: \z in PCRE2 ($ would also match before a final \n).
-  const std::string ws(regex_atoms::kWs);
-  return "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^" + ws +
-         "\\p{L}\\p{N}]++[\\r\\n]*+|[" + ws + "]++\\z|[" + ws + "]*[\\r\\n]|[" + ws + "]+(?![^" +
-         ws + "])|[" + ws + "]";
+  const std::string ws(regex_atoms::kWs), L(regex_atoms::kLetterBody), N(regex_atoms::kNumberBody);
+  return "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n" + L + N + "]?+[" + L + "]++|[" + N + "]{1,3}+| ?[^" + ws + L + N +
+         "]++[\\r\\n]*+|[" + ws + "]++\\z|[" + ws + "]*[\\r\\n]|[" + ws + "]+(?![^" + ws + "])|[" + ws + "]";
 }
 
 struct Pretokenizer::Impl {

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "k3/text/unicode_post14.h"
+
 namespace k3::text {
 
 // The building blocks of the translated patterns, exposed so tests can check each one against
@@ -22,10 +24,18 @@ inline constexpr std::string_view kWs =
 // Single classes (no (?!..) groups) keep the JIT matcher fast and free of per-character
 // backtracking frames. \p{sc:Han} is Script=Han (PCRE2's bare \p{Han} would be
 // Script_Extensions; Rust's \p{Han} is Script).
-inline constexpr std::string_view kUpperNotHan = "[^\\p{C}\\p{N}\\p{P}\\p{S}\\p{Z}\\p{Ll}\\p{sc:Han}]";
+// PCRE2 10.42 has Unicode 14 tables; tiktoken's regex crate is newer. The code points assigned since
+// (unicode_post14.h, generated from tiktoken's classes) are added explicitly: inside the class where the
+// atom is a positive class, as a second alternative where it is negated (they sit in PCRE2's Cn, which the
+// negated class must exclude).
+inline constexpr std::string_view kUpperNotHan =
+    "(?:[^\\p{C}\\p{N}\\p{P}\\p{S}\\p{Z}\\p{Ll}\\p{sc:Han}]|[" K3_RE_UPPER_POST14 "])";
 inline constexpr std::string_view kLowerNotHan =
-    "[^\\p{C}\\p{N}\\p{P}\\p{S}\\p{Z}\\p{Lu}\\p{Lt}\\p{sc:Han}]";
-inline constexpr std::string_view kHan = "\\p{sc:Han}";
+    "(?:[^\\p{C}\\p{N}\\p{P}\\p{S}\\p{Z}\\p{Lu}\\p{Lt}\\p{sc:Han}]|[" K3_RE_LOWER_POST14 "])";
+inline constexpr std::string_view kHan = "[\\p{sc:Han}" K3_RE_HAN_POST14 "]";
+// The contents of \p{L} and \p{N} classes (to be wrapped in [...] or [^...]).
+inline constexpr std::string_view kLetterBody = "\\p{L}" K3_RE_LETTER_POST14;
+inline constexpr std::string_view kNumberBody = "\\p{N}" K3_RE_NUMBER_POST14;
 }  // namespace regex_atoms
 
 // Kimi's pat_str (tokenization_kimi.py) translated to PCRE2.
