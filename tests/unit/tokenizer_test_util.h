@@ -33,20 +33,6 @@ inline const nlohmann::json& kimi_goldens() {
   return j;
 }
 
-// Code points of valid UTF-8 (test inputs only).
-inline std::vector<uint32_t> code_points(const std::string& s) {
-  std::vector<uint32_t> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    const int n = b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-    uint32_t cp = n == 1 ? b : b & (0x3F >> (n - 1));
-    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    out.push_back(cp);
-    i += n;
-  }
-  return out;
-}
-
 inline std::string utf8_of(uint32_t cp) {
   std::string s;
   if (cp < 0x80) {
@@ -66,9 +52,5 @@ inline std::string utf8_of(uint32_t cp) {
   }
   return s;
 }
-
-// Code points whose regex class differs between tiktoken (Unicode 15.1+) and PCRE2 10.42
-// (Unicode 14): computed by test_tokenizer_regex.cpp's sweep. Defined there.
-const std::set<uint32_t>& diverging_code_points();
 
 }  // namespace k3test
