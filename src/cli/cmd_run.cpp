@@ -1,13 +1,16 @@
 // `k3 run [-m DIR] -p "text" [-n N] [--temp T] [--seed S] ...`: stream a continuation to stdout.
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <random>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/model_loader.h"
 #include "k3/core/error.h"
-#include "k3/engine/generator.h"
-#include "k3/model/model.h"
+#include "k3/cache/hybrid_cache.h"
+#include "k3/engine/batch_engine.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
@@ -46,26 +49,71 @@ void add_run(CLI::App& app, Registry& reg) {
       const std::string dir = resolve_model_dir(o->model);
       auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
+      const auto& cfg = model->config();
       std::vector<int32_t> prompt;
-      const int64_t bos = model->config().bos_token_id >= 0 ? model->config().bos_token_id : tok.bos_id();
+      const int64_t bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
       if (!o->no_bos && bos >= 0) prompt.push_back(static_cast<int32_t>(bos));
       auto ids = tok.encode(o->prompt, o->special);
       prompt.insert(prompt.end(), ids.begin(), ids.end());
-      o->sp.seed = o->seed;
-      k3::engine::GenerateOptions go;
-      go.default_seed = std::random_device{}();
+      // Unset seed: a random one, so that two runs differ (as before); --seed makes a run repeatable.
+      o->sp.seed = o->seed ? *o->seed : static_cast<uint64_t>(std::random_device{}());
+      o->sp.validate();
+
+      // One request through the serving engine (same sampler, stop handling and detokeniser as
+      // `k3 serve`), with a cache sized for exactly this prompt + completion.
+      k3::engine::BatchEngineOptions eo;
+      const int64_t len = static_cast<int64_t>(prompt.size()) + std::max(o->sp.max_tokens, 0) + 1;
+      eo.cache.page_tokens = 16;
+      eo.cache.prefix_caching = false;
+      eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(cfg, eo.cache.page_tokens, 1, len);
+      eo.sched.max_num_seqs = 1;
+      eo.sched.max_num_batched_tokens = 512;  // prompt chunks per step (bounds activation memory)
+      eo.max_model_len = len;
+      k3::engine::BatchEngine engine(*model, tok, eo);
+
       std::fputs(o->prompt.c_str(), stdout);
       std::fflush(stdout);
-      auto r = k3::engine::generate(*model, tok, prompt, o->sp, [](std::string_view s) {
-        std::fwrite(s.data(), 1, s.size(), stdout);
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      k3::engine::RequestOutput last;
+      int64_t generated = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      std::chrono::steady_clock::time_point t_first = t0;
+      k3::engine::Request req;
+      req.id = "run";
+      req.prompt = prompt;
+      req.params = o->sp;
+      req.skip_special_text = false;  // special tokens are printed as their text
+      engine.submit(std::move(req), [&](const k3::engine::RequestOutput& out) {
+        if (generated == 0 && !out.new_token_ids.empty()) t_first = std::chrono::steady_clock::now();
+        generated = out.completion_tokens;
+        for (const auto& p : out.pieces) std::fwrite(p.text.data(), 1, p.text.size(), stdout);
         std::fflush(stdout);
-      }, go);
+        if (out.finished) {
+          std::lock_guard lk(mu);
+          last = out;
+          done = true;
+          cv.notify_all();
+        }
+      });
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return done; });
+      }
+      const auto t_end = std::chrono::steady_clock::now();
+      engine.shutdown(false);
       std::fputc('\n', stdout);
+      if (last.finish_reason == "error") throw k3::Error(last.error);
       if (o->verbose) {
-        const double n = static_cast<double>(r.tokens.size());
-        std::fprintf(stderr, "prompt %lld tokens in %.3f s (%.1f tok/s); generated %lld tokens in %.3f s (%.1f tok/s); finish: %s\n",
-                     (long long)r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / std::max(r.prefill_seconds, 1e-9),
-                     (long long)r.tokens.size(), r.decode_seconds, n / std::max(r.decode_seconds, 1e-9), r.finish_reason.c_str());
+        const double pre = std::chrono::duration<double>(t_first - t0).count();
+        const double dec = std::chrono::duration<double>(t_end - t_first).count();
+        const double n = static_cast<double>(generated);
+        std::fprintf(stderr, "prompt %lld tokens in %.3f s (%.1f tok/s, incl. the first token); generated %lld tokens, "
+                     "%lld after the first in %.3f s (%.1f tok/s); finish: %s; device %s\n",
+                     (long long)prompt.size(), pre, prompt.size() / std::max(pre, 1e-9), (long long)generated,
+                     (long long)std::max<int64_t>(generated - 1, 0), dec, std::max(n - 1, 0.0) / std::max(dec, 1e-9),
+                     last.finish_reason.c_str(), model->device_name().c_str());
       }
       return 0;
     };

@@ -117,6 +117,26 @@ TEST(Cli, BadInputGivesClearErrors) {
   EXPECT_NE(r.status, 0);
 }
 
+// `k3 run` is a one-request client of the serving engine: seeded runs repeat, greedy runs are
+// deterministic and stop at -n, -n 0 prints only the prompt, bad sampling options are clear errors.
+TEST(Cli, RunIsRepeatableAndValidates) {
+  const std::string run = k3bin() + " run -p 'It is a truth universally'";
+  auto a = sh(run + " -n 24 --seed 5 2>/dev/null"), b = sh(run + " -n 24 --seed 5 2>/dev/null");
+  EXPECT_EQ(a.status, 0);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_GT(a.out.size(), std::string("It is a truth universally\n").size());
+  auto g1 = sh(run + " -n 16 --temp 0 2>/dev/null"), g2 = sh(run + " -n 16 --temp 0 --seed 9 2>/dev/null");
+  EXPECT_EQ(g1.out, g2.out);  // greedy ignores the seed
+  auto v = sh(run + " -n 16 --temp 0 -v 2>&1 >/dev/null");
+  EXPECT_NE(v.out.find("generated 16 tokens"), std::string::npos) << v.out;
+  auto z = sh(run + " -n 0 2>/dev/null");
+  EXPECT_EQ(z.status, 0);
+  EXPECT_EQ(z.out, "It is a truth universally\n");
+  auto bad = sh(run + " --top-p 2 2>&1");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.out.find("top_p"), std::string::npos) << bad.out;
+}
+
 // Device selection errors are clear in any build (a CPU-only build names the missing backend; a CUDA
 // build on a machine without a GPU says so) and never crash.
 TEST(Cli, DeviceOptionErrors) {

@@ -35,15 +35,36 @@ void PagedSequence::reserve(int64_t n) {
 
 // ---- HybridCache ---------------------------------------------------------------------------------
 
+namespace {
+struct BlockSizes {
+  int64_t page_floats, kda_state_floats, conv_floats, slot_floats;
+};
+BlockSizes block_sizes(const ModelConfig& cfg, int64_t page_tokens) {
+  BlockSizes b;
+  b.page_floats = std::max<int64_t>(1, cfg.num_mla_layers() * page_tokens * cfg.mla_cache_dim());
+  b.kda_state_floats = cfg.kda_heads * cfg.kda_head_dim * cfg.kda_head_dim;
+  b.conv_floats = cfg.kda_heads * cfg.kda_head_dim * (cfg.conv_kernel - 1);
+  b.slot_floats = std::max<int64_t>(1, cfg.num_kda_layers() * (b.kda_state_floats + 3 * b.conv_floats));
+  return b;
+}
+}  // namespace
+
+int64_t HybridCache::budget_for(const ModelConfig& cfg, int64_t page_tokens, int64_t seqs, int64_t tokens) {
+  const BlockSizes b = block_sizes(cfg, page_tokens);
+  const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
+  return seqs * (b.slot_floats + pages * b.page_floats) * 4;
+}
+
 HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_(cfg), opt_(opt) {
   if (opt.page_tokens < 1) throw Error("page size must be at least one token");
   B_ = opt.page_tokens;
   row_dim_ = cfg.mla_cache_dim();
   n_mla_ = cfg.num_mla_layers();
-  page_floats_ = std::max<int64_t>(1, n_mla_ * B_ * row_dim_);
-  kda_state_floats_ = cfg.kda_heads * cfg.kda_head_dim * cfg.kda_head_dim;
-  conv_floats_ = cfg.kda_heads * cfg.kda_head_dim * (cfg.conv_kernel - 1);
-  slot_floats_ = std::max<int64_t>(1, cfg.num_kda_layers() * (kda_state_floats_ + 3 * conv_floats_));
+  const BlockSizes bs = block_sizes(cfg, B_);
+  page_floats_ = bs.page_floats;
+  kda_state_floats_ = bs.kda_state_floats;
+  conv_floats_ = bs.conv_floats;
+  slot_floats_ = bs.slot_floats;
 
   const int64_t slot_b = slot_floats_ * 4, page_b = page_floats_ * 4;
   if (opt.max_num_seqs * slot_b + page_b > opt.budget_bytes)

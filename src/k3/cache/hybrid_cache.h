@@ -67,6 +67,8 @@ struct CacheStats {
 class HybridCache {
  public:
   HybridCache(const ModelConfig& cfg, const CacheOptions& opt);
+  // The smallest budget_bytes that holds `seqs` sequences of `tokens` tokens each (no prefix cache).
+  static int64_t budget_for(const ModelConfig& cfg, int64_t page_tokens, int64_t seqs, int64_t tokens);
   ~HybridCache();
   HybridCache(const HybridCache&) = delete;
   HybridCache& operator=(const HybridCache&) = delete;
