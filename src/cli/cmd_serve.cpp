@@ -41,7 +41,8 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--cache-memory", o->cache_memory,
-                  "memory for the MLA latent pages + KDA state slots: bytes (e.g. 2GiB, 512MB) or a fraction of RAM (e.g. 0.25)")
+                  "memory for the MLA latent pages + KDA state slots: bytes (e.g. 2GiB, 512MB) or a fraction of what is "
+                  "free for it (e.g. 0.25: of RAM on the CPU, of the GPU memory left after the weights with --device cuda)")
       ->capture_default_str();
   cmd->add_option("--page-size", o->page_size, "tokens per latent-cache page")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--checkpoint-interval", o->ckpt_interval, "tokens between KDA state checkpoints inside prompts (prefix cache)")
@@ -71,7 +72,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
       k3::engine::BatchEngineOptions eo;
-      eo.cache.budget_bytes = parse_memory(o->cache_memory);
+      eo.cache.budget_bytes = parse_memory(o->cache_memory, model->memory_available());
       eo.cache.page_tokens = o->page_size;
       eo.cache.prefix_caching = !o->no_prefix;
       eo.sched.max_num_seqs = o->max_num_seqs;

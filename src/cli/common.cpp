@@ -32,7 +32,7 @@ std::string resolve_model_dir(const std::string& given) {
                   std::string(kDefaultModel) + "' was not found");
 }
 
-int64_t parse_memory(const std::string& s) {
+int64_t parse_memory(const std::string& s, int64_t fraction_of) {
   size_t used = 0;
   double v = 0;
   try {
@@ -51,7 +51,11 @@ int64_t parse_memory(const std::string& s) {
   else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
   else throw k3::Error("unknown memory unit '" + unit + "' in '" + s + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
   if (!(v > 0)) throw k3::Error("memory size must be positive: '" + s + "'");
-  if (unit.empty() && v < 1) return static_cast<int64_t>(v * static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE)));
+  if (unit.empty() && v < 1) {
+    const double whole = fraction_of > 0 ? static_cast<double>(fraction_of)
+                                         : static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    return static_cast<int64_t>(v * whole);
+  }
   return static_cast<int64_t>(v * mul);
 }
 

@@ -9,8 +9,9 @@ namespace k3cli {
 // (models/k3-tiny beside the working directory or the binary). Throws k3::Error if none is found.
 std::string resolve_model_dir(const std::string& given);
 
-// "2GiB", "512MB", "1e9" -> bytes; a value below 1 (e.g. "0.25") is that fraction of physical RAM.
-int64_t parse_memory(const std::string& s);
+// "2GiB", "512MB", "1e9" -> bytes; a value below 1 (e.g. "0.25") is that fraction of `fraction_of`
+// (default: physical RAM).
+int64_t parse_memory(const std::string& s, int64_t fraction_of = 0);
 
 // "1.23 GB" style.
 std::string human_bytes(double bytes);

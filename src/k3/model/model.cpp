@@ -1,10 +1,16 @@
 #include "k3/model/model.h"
 
+#include <unistd.h>
+
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
 #include "k3/model/layers.h"
 
 namespace k3 {
+
+int64_t Model::memory_available() const {
+  return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+}
 
 std::unique_ptr<Model> Model::load(const std::string& dir) {
   auto m = std::unique_ptr<Model>(new Model());

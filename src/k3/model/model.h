@@ -23,6 +23,7 @@ class Model final : public ModelRunner {
   std::string device_name() const override { return "cpu"; }
   std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(cfg_); }
   std::shared_ptr<cache::CacheMemory> cache_memory() const override { return cache::host_cache_memory(); }
+  int64_t memory_available() const override;
   const ModelWeights& weights() const { return w_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 

@@ -42,6 +42,9 @@ class ModelRunner {
   virtual std::unique_ptr<SequenceCache> new_cache() const = 0;
   // Where the serving cache manager places its pages and state slots (host or device memory).
   virtual std::shared_ptr<cache::CacheMemory> cache_memory() const = 0;
+  // Bytes of memory the caches could still take: physical RAM on the CPU, free device memory on a GPU
+  // (after the weights); a fractional --cache-memory is a share of it.
+  virtual int64_t memory_available() const = 0;
   // The attention forms the serving engine asks for. The CPU backend is batch-invariant only in the
   // decode forms, so its engine runs prompts through them too (Decode); a backend whose numerics depend
   // on the batch anyway (the GPU: GEMV vs tensor-core GEMM) takes the faster prefill forms (Auto).

@@ -358,6 +358,13 @@ std::string CudaModel::device_name() const { return impl_->name; }
 int64_t CudaModel::weight_bytes() const { return static_cast<int64_t>(impl_->w.arena.bytes()); }
 std::shared_ptr<cache::CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
 
+int64_t CudaModel::memory_available() const {
+  K3_CUDA_CHECK(cudaSetDevice(impl_->device));
+  size_t free_b = 0, total_b = 0;
+  K3_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<int64_t>(free_b);
+}
+
 std::unique_ptr<SequenceCache> CudaModel::new_cache() const {
   K3_CUDA_CHECK(cudaSetDevice(impl_->device));
   return std::make_unique<DeviceSequence>(impl_->cfg, impl_->stream);

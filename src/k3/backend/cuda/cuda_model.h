@@ -34,6 +34,7 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<SequenceCache> new_cache() const override;
   std::shared_ptr<cache::CacheMemory> cache_memory() const override;
   AttnPath engine_path() const override { return AttnPath::Auto; }
+  int64_t memory_available() const override;  // free device memory (cudaMemGetInfo)
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                      const ForwardOptions& opt = {}) const override;
 
