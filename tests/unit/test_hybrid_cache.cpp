@@ -3,10 +3,12 @@
 // nothing used.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 #include "k3/cache/hybrid_cache.h"
 #include "k3/model/config.h"
+#include "k3/plan/plan.h"
 #include "test_util.h"
 
 TEST(HybridCache, BooksStayConsistentUnderRandomOperations) {
@@ -62,4 +64,30 @@ TEST(HybridCache, BooksStayConsistentUnderRandomOperations) {
   EXPECT_EQ(cache.count_used_pages_slow(), 0);
   EXPECT_EQ(cache.stats().slots_used, 0);
   EXPECT_GT(hits, 0);
+}
+
+// The automatic checkpoint interval: a state slot weighs about as much as the latent pages of the
+// interval; at least 64 tokens, a page multiple. Kimi K3: 434 MB state, 55 KB of latents per token.
+TEST(HybridCache, AutoCheckpointIntervalFollowsStateToLatentRatio) {
+  k3::cache::CacheOptions opt;
+  opt.page_tokens = 16;
+  opt.max_num_seqs = 1;
+  opt.budget_bytes = 64ll << 20;
+  const k3::ModelConfig tiny = k3::load_model_config(k3test::source_path("tests/data/tiny-k3"));
+  const k3::ModelConfig k3tiny = k3::load_model_config(k3test::source_path("models/k3-tiny"));
+  const int64_t a = k3::cache::HybridCache(tiny, opt).auto_checkpoint_interval();
+  const int64_t b = k3::cache::HybridCache(k3tiny, opt).auto_checkpoint_interval();
+  for (int64_t v : {a, b}) {
+    EXPECT_GE(v, 64);
+    EXPECT_EQ(v % 16, 0);
+  }
+  // k3-tiny: (9 KDA layers x (2x64x64 state + 3 x 128 x 3 conv)) floats per slot over (3 MLA x 80) per token.
+  const double slot = 9.0 * (2 * 64 * 64 + 3 * 128 * 3), per_token = 3.0 * 80;
+  EXPECT_EQ(b, static_cast<int64_t>(std::ceil(std::ceil(slot / per_token) / 16.0) * 16));
+  // Kimi K3 dimensions (slot 434 MB, 24 MLA layers x 576 latents): bounded by 65536, near 7.9k.
+  opt.budget_bytes = 1ll << 30;
+  const k3::ModelConfig big = k3::plan::load_preset("kimi-k3");
+  const int64_t c = k3::cache::HybridCache(big, opt).auto_checkpoint_interval();
+  EXPECT_GT(c, 7000);
+  EXPECT_LT(c, 9000);
 }

@@ -1,6 +1,7 @@
 #include "k3/cache/hybrid_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "k3/core/error.h"
@@ -53,6 +54,13 @@ int64_t HybridCache::budget_for(const ModelConfig& cfg, int64_t page_tokens, int
   const BlockSizes b = block_sizes(cfg, page_tokens);
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
   return seqs * (b.slot_floats + pages * b.page_floats) * 4;
+}
+
+int64_t HybridCache::auto_checkpoint_interval() const {
+  const double per_token = static_cast<double>(page_floats_) / static_cast<double>(B_);  // floats per token
+  const double tokens = static_cast<double>(slot_floats_) / std::max(per_token, 1.0);
+  const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(tokens)), 64, 65536);
+  return (n + B_ - 1) / B_ * B_;
 }
 
 HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_(cfg), opt_(opt) {

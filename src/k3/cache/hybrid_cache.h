@@ -67,6 +67,10 @@ struct CacheStats {
 class HybridCache {
  public:
   HybridCache(const ModelConfig& cfg, const CacheOptions& opt);
+  // Prompt tokens between KDA state checkpoints such that a checkpoint (a whole state slot) costs no
+  // more memory than the latent pages of the tokens it spans: K3's 434 MB state vs 55 KB of latents per
+  // token gives ~7.9k tokens; small models get 64. A multiple of the page size, at most 65536.
+  int64_t auto_checkpoint_interval() const;
   // The smallest budget_bytes that holds `seqs` sequences of `tokens` tokens each (no prefix cache).
   static int64_t budget_for(const ModelConfig& cfg, int64_t page_tokens, int64_t seqs, int64_t tokens);
   ~HybridCache();

@@ -13,6 +13,8 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
   cache_ = std::make_unique<cache::HybridCache>(model.config(), opt_.cache);
   if (opt_.max_model_len <= 0 || opt_.max_model_len > cache_->max_tokens_per_sequence())
     opt_.max_model_len = cache_->max_tokens_per_sequence();
+  if (opt_.sched.checkpoint_interval < 0) throw Error("the prefix checkpoint interval must be >= 0 (0: auto)");
+  if (opt_.sched.checkpoint_interval == 0) opt_.sched.checkpoint_interval = cache_->auto_checkpoint_interval();
   if (opt_.sched.checkpoint_interval % cache_->page_tokens() != 0)
     throw Error("the prefix checkpoint interval (" + std::to_string(opt_.sched.checkpoint_interval) +
                 ") must be a multiple of the page size (" + std::to_string(cache_->page_tokens()) + " tokens)");

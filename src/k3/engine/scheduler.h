@@ -17,7 +17,9 @@ namespace k3::engine {
 struct SchedulerOptions {
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
-  int64_t checkpoint_interval = 64;  // tokens between KDA state checkpoints in a prompt (prefix caching)
+  // Tokens between KDA state checkpoints inside a prompt (prefix caching); 0: HybridCache's
+  // auto_checkpoint_interval() (a checkpoint costs about what the latent pages it spans cost).
+  int64_t checkpoint_interval = 0;
 };
 
 struct ScheduledSeq {
