@@ -5,13 +5,12 @@
 #   libpcre2-dev       10.42  Unicode regex for the tokenizer's pre-tokeniser (JIT)
 #   libgtest-dev       1.12   unit tests
 #   libboost1.81-dev   1.81   Boost.Beast + Boost.Asio (header-only) for the HTTP server of `k3 serve`
-#   OpenMP (libgomp, gcc 12)  CPU thread parallelism
+#   (threads: the project's own pool, src/k3/core/thread_pool.h; `#pragma omp simd` needs only -fopenmp-simd)
 # Python test packages: python/requirements-test.txt (openai, for tests/e2e).
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8>=10.40)
-find_package(OpenMP REQUIRED)
 find_package(Threads REQUIRED)
 find_package(Boost 1.81 REQUIRED CONFIG)  # headers only: Beast, Asio (Boost.System is header-only since 1.69)
 if(K3_BUILD_TESTS)

@@ -1,5 +1,4 @@
 // The `k3` binary: a thin front end over libk3, one file per verb (cmd_*.cpp).
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -9,18 +8,7 @@
 #include "cli/commands.h"
 #include "k3/core/error.h"
 
-// OpenMP threads that spin while waiting starve each other (and the server's I/O threads) whenever
-// the machine has other work: decode ran 4-10x slower on a busy 2-core box. libgomp reads its wait
-// policy from the environment when it loads, before main, so the binary re-executes itself once with
-// OMP_WAIT_POLICY=PASSIVE unless the user chose a policy. (A purpose-built thread pool will replace this.)
-static void ensure_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  ::execv("/proc/self/exe", argv);  // returns only on failure; then carry on with the default policy
-}
-
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argv);
   CLI::App app{"k3.cpp: inference engine for the Kimi K3 model family"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "k3.cpp 0.1.0");

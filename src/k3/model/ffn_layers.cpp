@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/layers.h"
 
 namespace k3 {
@@ -87,8 +88,9 @@ void moe_layer(const ModelConfig& c, const MoeWeights& w, const float* x, int64_
   if (n < 4) {  // a handful of tokens: the matmuls parallelise inside
     for (int64_t ai = 0; ai < n_active; ++ai) one(ai);
   } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t ai = 0; ai < n_active; ++ai) one(ai);
+    ThreadPool::global().parallel_for(n_active, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t ai = b; ai < e; ++ai) one(ai);
+    });
   }
   std::vector<float> acc(static_cast<size_t>(n * X), 0.f);
   for (int64_t e : active) {

@@ -5,6 +5,7 @@
 
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/layers.h"
 
 namespace k3 {
@@ -72,8 +73,9 @@ void kda_layer(const ModelConfig& c, const KdaWeights& w, int64_t kda_index, con
   if (n_seqs == 1) {
     one(seqs[0]);  // the kernels parallelise inside
   } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t si = 0; si < n_seqs; ++si) one(seqs[static_cast<size_t>(si)]);
+    ThreadPool::global().parallel_for(n_seqs, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t si = b; si < e; ++si) one(seqs[static_cast<size_t>(si)]);
+    });
   }
 
   // Output: per-head RMSNorm(o_norm) times sigmoid(output gate).

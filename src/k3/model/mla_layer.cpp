@@ -5,6 +5,7 @@
 
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/layers.h"
 
 namespace k3 {
@@ -112,8 +113,9 @@ void mla_layer(const ModelConfig& c, const MlaWeights& w, int64_t mla_index, con
   if (n_seqs == 1) {
     one(seqs[0]);  // the kernels parallelise inside
   } else {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t si = 0; si < n_seqs; ++si) one(seqs[static_cast<size_t>(si)]);
+    ThreadPool::global().parallel_for(n_seqs, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t si = b; si < e; ++si) one(seqs[static_cast<size_t>(si)]);
+    });
   }
 
   if (c.mla_output_gate) {

@@ -1,6 +1,8 @@
 // KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
 #include "k3/backend/cpu/kda.h"
 
+#include "k3/core/thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -244,11 +246,9 @@ void kda_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, const float* q, 
 
 void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                    const float* beta, float* state, float* out) {
-#pragma omp parallel if (H > 1)
-  {
+  ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1, int) {
     std::vector<float> u(D), dg(D);
-#pragma omp for schedule(static)
-    for (int h = 0; h < H; ++h) {
+    for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h) {
       float* S = state + static_cast<std::size_t>(h) * D * D;
       for (int t = 0; t < T; ++t) {
         const std::size_t off = (static_cast<std::size_t>(t) * H + h) * D;
@@ -277,29 +277,27 @@ void kda_recurrent(int T, int H, int D, const float* q, const float* k, const fl
         }
       }
     }
-  }
+  });
 }
 
 void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
                  const float* g, const float* beta, float* state, float* out) {
   if (T <= 0) return;
   const int C = std::max(1, std::min(chunk, T));
-#pragma omp parallel if (H > 1)
-  {
+  ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1, int) {
     ChunkWs ws;
     ws.init(C, D);
-#pragma omp for schedule(static)
-    for (int h = 0; h < H; ++h) {
+    for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h) {
       float* S = state + static_cast<std::size_t>(h) * D * D;
       for (int t0 = 0; t0 < T; t0 += C) kda_chunk(ws, t0, std::min(C, T - t0), H, h, D, q, k, v, g, beta, S, out);
     }
-  }
+  });
 }
 
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
   const int P = W - 1;  // previous inputs kept
-#pragma omp parallel for schedule(static) if (static_cast<long>(T) * C * W > 65536)
-  for (int c = 0; c < C; ++c) {
+  parallel_for(C, static_cast<long>(T) * C * W > 65536, [&](int64_t ci) {
+    const int c = static_cast<int>(ci);
     const float* wc = w + static_cast<std::size_t>(c) * W;
     float* st = cstate + static_cast<std::size_t>(c) * P;
     // input at relative time tau in [-P, T): tau < 0 comes from the state
@@ -311,7 +309,7 @@ void short_conv_silu(int T, int C, int W, const float* x, const float* w, float*
     }
     // new state = last P inputs of [state, x]; ascending j reads only not-yet-overwritten slots
     for (int j = 0; j < P; ++j) st[j] = in(T - P + j);
-  }
+  });
 }
 
 }  // namespace k3::cpu

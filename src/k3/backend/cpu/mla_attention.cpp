@@ -1,6 +1,8 @@
 // MLA attention cores (model-spec 3.3). See mla_attention.h for layouts.
 #include "k3/backend/cpu/mla_attention.h"
 
+#include "k3/core/thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -41,12 +43,12 @@ void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float
                        const float* k_pe, const float* v, float scale, float* out) {
   const int S = P + T;
   const int dq = dn + dr;
-#pragma omp parallel
-  {
+  // One (query, head) pair per index, handed out dynamically (causal rows differ in length).
+  ThreadPool::global().parallel_for(static_cast<int64_t>(T) * nh, 1, [&](int64_t i0, int64_t i1, int) {
     std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int t = 0; t < T; ++t) {
-      for (int h = 0; h < nh; ++h) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int t = static_cast<int>(i / nh), h = static_cast<int>(i % nh);
+      {
         const float* qn = q + (static_cast<std::size_t>(t) * nh + h) * dq;
         const float* qp = qn + dn;
         const int n = P + t + 1;  // causal: keys 0 .. P+t
@@ -61,19 +63,19 @@ void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float
         for (int s = 0; s < n; ++s) axpy(dv, p[s], v + (static_cast<std::size_t>(s) * nh + h) * dv, o);
       }
     }
-  }
+  });
 }
 
 void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
                                float scale, float* out) {
   const int S = P + T;
   const int dc = kr + dr;
-#pragma omp parallel
-  {
+  // One (query, head) pair per index, handed out dynamically (causal rows differ in length).
+  ThreadPool::global().parallel_for(static_cast<int64_t>(T) * nh, 1, [&](int64_t i0, int64_t i1, int) {
     std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int t = 0; t < T; ++t) {
-      for (int h = 0; h < nh; ++h) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int t = static_cast<int>(i / nh), h = static_cast<int>(i % nh);
+      {
         const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h) * dc;
         const int n = P + t + 1;
         for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, rows[s]) * scale;
@@ -83,7 +85,7 @@ void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float
         for (int s = 0; s < n; ++s) axpy(kr, p[s], rows[s], o);
       }
     }
-  }
+  });
 }
 
 void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* cache,

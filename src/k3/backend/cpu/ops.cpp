@@ -1,5 +1,7 @@
 #include "k3/backend/cpu/ops.h"
 
+#include "k3/core/thread_pool.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -173,27 +175,25 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
   const int64_t rows = W.rows, cols = W.cols;
   if (n == 1) {
     // Matrix-vector: stream each row once, converting in registers.
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
-    for (int64_t r = 0; r < rows; ++r) y[r] = row_dot(W, r, x);
+    parallel_for(rows, rows * cols > 32768, [&](int64_t r) { y[r] = row_dot(W, r, x); });
     return;
   }
   if (W.mxfp4) {
-#pragma omp parallel for schedule(static) if (rows * cols * n > 65536)
-    for (int64_t r = 0; r < rows; ++r)
+    parallel_for(rows, rows * cols * n > 65536, [&](int64_t r) {
       dot_mxfp4_multi(static_cast<const uint8_t*>(W.data) + r * (cols / 2), W.scales + r * (cols / kMxfp4Group), x, cols,
                       n, cols, y + r, rows);
+    });
     return;
   }
   // Several tokens: convert a row into fp32 (exact) and dot it with a block of tokens; blocks keep the
-  // activations cache-resident (a row is converted once per block of kTokBlock tokens).
+  // activations cache-resident (a row is converted once per block of kTokBlock tokens). Each thread
+  // takes a range of rows and walks the token blocks over it.
   constexpr int64_t kTokBlock = 64;
-#pragma omp parallel if (rows * cols * n > 65536)
-  {
+  auto rows_range = [&](int64_t r0, int64_t r1, int) {
     std::vector<float> buf(static_cast<size_t>(cols));
     for (int64_t t0 = 0; t0 < n; t0 += kTokBlock) {
       const int64_t t1 = std::min(n, t0 + kTokBlock);
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = r0; r < r1; ++r) {
         const float* wr;
         if (W.dtype == DType::F32) {
           wr = static_cast<const float*>(W.data) + r * cols;
@@ -204,7 +204,11 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
         for (int64_t t = t0; t < t1; ++t) y[t * rows + r] = dot_f32(wr, x + t * cols, cols);
       }
     }
-  }
+  };
+  if (rows * cols * n > 65536)
+    ThreadPool::global().parallel_for(rows, 0, rows_range);
+  else
+    rows_range(0, rows, 0);
 }
 
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out) {
