@@ -57,7 +57,7 @@ class ServerProcess:
         cmd = [BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
                "--served-model-name", MODEL, "--max-body-bytes", str(MAX_BODY), "--max-model-len", str(max_model_len),
                *extra, *os.environ.get("K3_SERVE_ARGS", "").split()]
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        env = dict(os.environ, K3_NUM_THREADS=os.environ.get("K3_NUM_THREADS", "1"))
         self.t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
