@@ -1,4 +1,4 @@
-// Shared by test_mxfp4_gemv.cpp (GoogleTest) and mxfp4_gemv_check.cu (plain main for the GPU box):
+// Shared GEMV check helpers of test_mxfp4_gemv.cpp (GoogleTest, run by scripts/gpu-check):
 // random weights, the CUDA GEMV against k3::cpu::matmul, and cudaEvent timing.
 #pragma once
 #include <cuda_runtime_api.h>
