@@ -339,7 +339,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   {
     Checkpoint ckpt(dir);
     ModelWeights hw = bind_weights(impl->cfg, ckpt);
-    upload_weights(impl->cfg, hw, impl->w);
+    upload_weights(hw, impl->w);
   }  // the host mapping is dropped: the device copy is all the forward needs
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
@@ -556,7 +556,6 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
       const DKda& K = L.kda;
       prof.begin("kda proj", stream);
       const int Hk = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim), W = static_cast<int>(c.conv_kernel);
-      const int64_t C = c.kda_heads * c.kda_head_dim;
       linear(K.q, xin, N, pq);
       linear(K.k, xin, N, pk);
       linear(K.v, xin, N, pv);
@@ -589,7 +588,6 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
                                     beta, o, kda_ws.get(), kda_ws.bytes(), stream));
         K3_CUDA_CHECK(kda_output_gate(static_cast<int>(N), Hk, D, o, K.o_norm, eps, gate, stream));
       }
-      (void)C;
       prof.end(stream);
       prof.begin("kda proj", stream);
       linear(K.o, o, N, tmp);

@@ -186,7 +186,7 @@ class Generator {
 
 }  // namespace
 
-void upload_weights(const ModelConfig& c, const ModelWeights& w, DeviceWeights& out) {
+void upload_weights(const ModelWeights& w, DeviceWeights& out) {
   Uploader u(out.arena);
   out.embed = u.bf16_table(w.embed);
   out.lm_head = u.lin(w.lm_head);
@@ -225,7 +225,6 @@ void upload_weights(const ModelConfig& c, const ModelWeights& w, DeviceWeights& 
       D.mlp = glu(u, L.mlp);
     }
   }
-  (void)c;
 }
 
 void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {

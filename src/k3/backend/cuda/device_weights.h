@@ -66,7 +66,7 @@ struct DeviceWeights {
 };
 
 // Copies every bound tensor to the device (synchronous). Throws k3::Error on what the backend lacks.
-void upload_weights(const ModelConfig& cfg, const ModelWeights& w, DeviceWeights& out);
+void upload_weights(const ModelWeights& w, DeviceWeights& out);
 // Random weights of the config's shapes, generated on the device (deterministic in `seed`).
 void dummy_weights(const ModelConfig& cfg, uint64_t seed, DeviceWeights& out);
 
