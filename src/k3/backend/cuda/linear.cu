@@ -1,5 +1,13 @@
 // Dense projections (linear.h).
 //
+// GEMM path (n > 8): cublasLtMatmul in the column-major view y^T [rows x n] = op_T(W) . x^T, i.e.
+// A = W stored as a col-major [cols x rows] matrix (ld cols) with TRANSA = T, B = x^T [cols x n]
+// (ld cols), C = D = y^T [rows x n] (ld rows); fp32 compute and scale. bf16 weights multiply the bf16
+// copy of x (Bf16) or its hi and lo halves (Bf16x2: the lo GEMM accumulates into the same D with
+// beta = 1). The algorithm of each (shape, beta, weight type, pointer alignments) is chosen once by
+// cublasLtMatmulAlgoGetHeuristic and cached with its layouts; every matmul gets the runner's fixed
+// workspace, so nothing allocates during run() (CUDA graph capture).
+//
 // GEMV path: one warp per output row, 8 warps per block. Lane l reads 8 consecutive weights (one
 // 16-byte load for bf16, two for fp32) at columns 8l, 8l + 256, ... and applies them to all NT tokens,
 // so W is streamed once for the whole group of tokens; x is read through L1 (it is small and shared by
@@ -7,6 +15,7 @@
 // scalar loop over columns.
 #include "k3/backend/cuda/linear.h"
 
+#include <algorithm>
 #include <string>
 
 #include "k3/backend/cuda/dense_kernels.h"
@@ -98,52 +107,157 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
   return launch_gemv(static_cast<const float*>(W.w), W.rows, W.cols, x, n, y, s);
 }
 
-LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
-  check_cublas(cublasCreate(&handle_), "cublasCreate");
-  check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
-  // A fixed workspace so that cuBLAS never allocates during a step (and CUDA graph capture works).
-  workspace_ = DeviceBuffer(32u << 20);
-  check_cublas(cublasSetWorkspace(handle_, workspace_.get(), workspace_.bytes()), "cublasSetWorkspace");
+namespace {
+
+// Largest power of two (up to 256, cuBLASLt's default assumption) that divides the address.
+int64_t ptr_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  return std::min<int64_t>(static_cast<int64_t>(a & (~a + 1)), 256);
 }
 
-LinearRunner::~LinearRunner() {
+struct LtPreference {
+  cublasLtMatmulPreference_t p = nullptr;
+  LtPreference() { check_cublas(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate"); }
+  ~LtPreference() { cublasLtMatmulPreferenceDestroy(p); }
+  LtPreference(const LtPreference&) = delete;
+  LtPreference& operator=(const LtPreference&) = delete;
+  template <typename T>
+  void set(cublasLtMatmulPreferenceAttributes_t attr, T v) {
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)), "cublasLtMatmulPreferenceSetAttribute");
+  }
+};
+
+}  // namespace
+
+LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
+  try {
+    check_cublas(cublasCreate(&handle_), "cublasCreate");
+    check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
+    // A fixed workspace so that neither cuBLAS nor cuBLASLt allocates during a step (and CUDA graph
+    // capture works); 32 MiB is what cuBLAS recommends for Hopper. Shared by the two: all their work
+    // is ordered on stream_.
+    workspace_ = DeviceBuffer(32u << 20);
+    check_cublas(cublasSetWorkspace(handle_, workspace_.get(), workspace_.bytes()), "cublasSetWorkspace");
+    check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
+    check_cublas(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_cublas(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                 "cublasLtMatmulDescSetAttribute(TRANSA)");
+    check_cublas(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                 "cublasLtMatmulDescSetAttribute(TRANSB)");
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+LinearRunner::~LinearRunner() { release(); }
+
+void LinearRunner::release() noexcept {
+  for (auto& [key, p] : plans_) {
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+  }
+  plans_.clear();
+  if (op_) cublasLtMatmulDescDestroy(op_);
+  op_ = nullptr;
+  if (lt_) cublasLtDestroy(lt_);
+  lt_ = nullptr;
   if (handle_) cublasDestroy(handle_);
+  handle_ = nullptr;
+}
+
+const LinearRunner::LtPlan& LinearRunner::lt_plan(WType type, int64_t m, int64_t n, int64_t k, bool accumulate,
+                                                  const void* a, const void* b, const void* c) {
+  // The heuristic assumes 256-byte aligned buffers unless told otherwise, and the algorithm it picks
+  // may then fail (or worse) on less aligned ones: weights sub-allocated from a larger buffer, x or y at
+  // an offset into an activation buffer. So the actual alignments go into the preference and the key.
+  const int64_t al_a = ptr_alignment(a), al_b = ptr_alignment(b), al_c = ptr_alignment(c);
+  const LtKey key{m, n, k, accumulate ? 1 : 0, static_cast<int64_t>(type), al_a, al_b, al_c};
+  if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+
+  const cudaDataType_t dt = type == WType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  LtPlan p;
+  try {
+    // Column-major: A = W as [k x m] (ld k, transposed by the op), B = x^T [k x n] (ld k), C = D = y^T [m x n].
+    check_cublas(cublasLtMatrixLayoutCreate(&p.a, dt, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k),
+                 "cublasLtMatrixLayoutCreate(A)");
+    check_cublas(cublasLtMatrixLayoutCreate(&p.b, dt, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k),
+                 "cublasLtMatrixLayoutCreate(B)");
+    check_cublas(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, static_cast<uint64_t>(m), static_cast<uint64_t>(n), m),
+                 "cublasLtMatrixLayoutCreate(C/D)");
+    LtPreference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_.bytes()));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(al_a));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(al_b));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(al_c));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(al_c));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, op_, p.a, p.b, p.c, p.c, pref.p, 1, &res, &found);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && (found == 0 || res.state != CUBLAS_STATUS_SUCCESS)))
+      throw Error("cuBLASLt: no matmul algorithm for the projection y[" + std::to_string(n) + "][" + std::to_string(m) +
+                  "] = x[" + std::to_string(n) + "][" + std::to_string(k) + "] . W^T with " +
+                  (type == WType::BF16 ? "bf16" : "fp32") + " operands, beta " + (accumulate ? "1" : "0") +
+                  ", pointer alignments A/B/C " + std::to_string(al_a) + "/" + std::to_string(al_b) + "/" +
+                  std::to_string(al_c) + " bytes, workspace " + std::to_string(workspace_.bytes() >> 20) + " MiB");
+    check_cublas(st, "cublasLtMatmulAlgoGetHeuristic");
+    p.algo = res.algo;
+  } catch (...) {
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    throw;
+  }
+  return plans_.emplace(key, p).first->second;
+}
+
+void LinearRunner::lt_matmul(WType type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta,
+                             float* y) {
+  const LtPlan& p = lt_plan(type, m, n, k, beta != 0.0f, a, b, y);
+  const float alpha = 1.0f;
+  check_cublas(cublasLtMatmul(lt_, op_, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_.get(),
+                              workspace_.bytes(), stream_),
+               beta != 0.0f ? "cublasLtMatmul (accumulating)" : "cublasLtMatmul");
 }
 
 void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* y) {
-  if (n <= 0) return;
+  if (n <= 0 || W.rows <= 0) return;
   if (n <= kGemvMaxTokens) {
     K3_CUDA_CHECK(linear_gemv(W, x, static_cast<int>(n), y, stream_));
     return;
   }
-  const int m = static_cast<int>(W.rows), k = static_cast<int>(W.cols), nn = static_cast<int>(n);
-  const float one = 1.0f, zero = 0.0f;
-  if (W.type == WType::F32) {
-    // Column-major view: y^T [rows x n] = W^T(op T of the col-major [cols x rows]) . x^T [cols x n].
-    check_cublas(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, static_cast<const float*>(W.w), k, x, k,
-                             &zero, y, m),
-                 "cublasSgemm");
+  const int64_t m = W.rows, k = W.cols;
+  if (k <= 0) {  // an empty sum (Lt layouts need at least one row)
+    K3_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
     return;
   }
-  const size_t elems = static_cast<size_t>(n * W.cols), need = elems * 2 * 2;  // room for hi and lo
+  if (W.type == WType::F32) {
+    // fp32 weights take the same Lt path with fp32 operands. CUBLAS_COMPUTE_32F is true fp32 (no TF32),
+    // so the numerics are those of the cublasSgemm this replaces and Lt brings no speed of its own here
+    // (the same SIMT SGEMM kernels); it is used for one code path, the algorithm chosen once per shape,
+    // and the explicit handling of unaligned x / y pointers.
+    lt_matmul(WType::F32, m, n, k, W.w, x, 0.0f, y);
+    return;
+  }
+  const size_t elems = static_cast<size_t>(n * k);
+  const size_t lo_off = (elems * 2 + 255) & ~size_t{255};  // lo starts 256-byte aligned, like hi
+  const size_t need = lo_off + elems * 2;                   // room for hi and lo
   if (xb_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
     xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
   }
   uint16_t* hi = xb_.get<uint16_t>();
-  uint16_t* lo = hi + elems;
+  uint16_t* lo = reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off);
   const bool split = precision_ == GemmPrecision::Bf16x2;
   if (split)
-    K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
+    K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
-    K3_CUDA_CHECK(to_bf16(x, n * W.cols, hi, stream_));
-  check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, W.w, CUDA_R_16BF, k, hi, CUDA_R_16BF, k,
-                            &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx");
-  if (split)
-    check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, W.w, CUDA_R_16BF, k, lo, CUDA_R_16BF, k,
-                              &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx (lo)");
+    K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
+  lt_matmul(WType::BF16, m, n, k, W.w, hi, 0.0f, y);
+  if (split) lt_matmul(WType::BF16, m, n, k, W.w, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
 }
 
 }  // namespace k3::cuda

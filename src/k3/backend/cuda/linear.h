@@ -1,12 +1,16 @@
 // Dense projections y[n][rows] = x[n][cols] . W^T on the GPU, W bf16 or fp32 (as stored in the
 // checkpoint), x and y fp32. Small n (decode) runs a GEMV-style kernel that reads W once for up to 8
-// tokens with fp32 activations; larger n goes to cuBLAS (bf16 tensor cores with x rounded to bf16, or
-// fp32 SGEMM for fp32 weights). The CPU reference is cpu::matmul.
+// tokens with fp32 activations; larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
+// rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
+// shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 
 #include "k3/backend/cuda/cuda_util.h"
 
@@ -33,7 +37,8 @@ struct DeviceLinear {
 //           reference and the decode path; twice the tensor-core work)
 enum class GemmPrecision : int { Bf16 = 0, Bf16x2 = 1 };
 
-// Owns the cuBLAS handle and the bf16 staging buffer of the activations; one per stream.
+// Owns the cuBLAS and cuBLASLt handles, the GEMM workspace, the cached Lt plans and the bf16 staging
+// buffer of the activations; one per stream.
 class LinearRunner {
  public:
   LinearRunner(cudaStream_t stream, GemmPrecision precision = GemmPrecision::Bf16x2);
@@ -45,15 +50,32 @@ class LinearRunner {
   static constexpr int kGemvMaxTokens = 8;
 
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
+  // The plain cuBLAS handle (on stream()), for the SGEMMs of callers; run() itself uses cuBLASLt.
   cublasHandle_t cublas() const { return handle_; }
   cudaStream_t stream() const { return stream_; }
 
  private:
+  // One cublasLtMatmul configuration: layouts of A (W), B (x), C == D (y) and the heuristic's algorithm.
+  struct LtPlan {
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // (m, n, k, beta != 0, weight type, alignment in bytes of A, B, C/D (power of two <= 256))
+  using LtKey = std::array<int64_t, 8>;
+
+  const LtPlan& lt_plan(WType type, int64_t m, int64_t n, int64_t k, bool accumulate, const void* a, const void* b,
+                        const void* c);
+  void lt_matmul(WType type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
+  void release() noexcept;
+
   cudaStream_t stream_;
   GemmPrecision precision_;
   cublasHandle_t handle_ = nullptr;
-  DeviceBuffer xb_;  // bf16 copy of x for cuBLAS
-  DeviceBuffer workspace_;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasLtMatmulDesc_t op_ = nullptr;  // fp32 compute and scale, A transposed; the same for every plan
+  std::map<LtKey, LtPlan> plans_;
+  DeviceBuffer xb_;  // bf16 copy of x (hi, then lo at a 256-byte aligned offset)
+  DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
 };
 
 // The GEMV kernel alone (n <= 8), exposed for tests and benchmarks.
