@@ -1,7 +1,7 @@
 // CUDA dense / MLA kernels against the CPU backend on random inputs: projections (bf16 and fp32
-// weights, GEMV and cuBLAS paths), RMSNorm, Attention Residuals, and the absorbed MLA attention over a
-// paged latent cache. Tolerances: fp32 paths 1e-5 relative; the cuBLAS bf16 path (activations rounded
-// to bf16) 1e-2.
+// weights, GEMV and cuBLASLt paths, both GEMM precisions), RMSNorm, Attention Residuals, and the
+// absorbed MLA attention over a paged latent cache. Tolerances: fp32 paths 1e-5 relative; the GEMM path
+// with activations rounded to bf16 1e-2, split into bf16 hi + lo 1e-4.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,11 +56,24 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return md / std::max(mr, 1e-30);
 }
 
+// Tolerance of LinearRunner against cpu::matmul: fp32 weights and the GEMV path are fp32 throughout;
+// bf16 weights on the GEMM path round x to bf16 (GemmPrecision::Bf16, ~3e-3) or split it into bf16
+// hi + lo (Bf16x2, ~1e-5: the bound also catches a lo GEMM that does not accumulate).
+double linear_tol(bool bf16_weights, int64_t n, k3::cuda::GemmPrecision p) {
+  if (!bf16_weights || n <= k3::cuda::LinearRunner::kGemvMaxTokens) return 1e-5;
+  return p == k3::cuda::GemmPrecision::Bf16 ? 1e-2 : 1e-4;
+}
+const char* precision_name(k3::cuda::GemmPrecision p) {
+  return p == k3::cuda::GemmPrecision::Bf16 ? "bf16" : "bf16x2";
+}
+
 TEST(CudaLinear, MatchesCpuMatmul) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  k3::cuda::LinearRunner lin(nullptr);
+  using k3::cuda::GemmPrecision;
+  k3::cuda::LinearRunner lin_x2(nullptr, GemmPrecision::Bf16x2), lin_1(nullptr, GemmPrecision::Bf16);
   struct Shape { int64_t rows, cols; };
-  for (const Shape s : {Shape{33, 96}, Shape{128, 128}, Shape{1000, 2304}, Shape{4096, 512}, Shape{17, 40}}) {
+  for (const Shape s : {Shape{33, 96}, Shape{128, 128}, Shape{1000, 2304}, Shape{4096, 512}, Shape{17, 40},
+                        Shape{65, 37}, Shape{130, 1023}}) {
     for (int wt = 0; wt < 2; ++wt) {
       const auto wf = randn(static_cast<size_t>(s.rows * s.cols), 1 + s.rows, 0.05f);
       std::vector<uint16_t> wb(wf.size());
@@ -77,14 +90,67 @@ TEST(CudaLinear, MatchesCpuMatmul) {
         std::vector<float> ref(static_cast<size_t>(n * s.rows));
         k3::cpu::matmul(W, x.data(), n, ref.data());
         DeviceBuffer dx = upload(x), dy(ref.size() * 4);
-        lin.run(D, dx.get<float>(), n, dy.get<float>());
-        K3_CUDA_CHECK(cudaDeviceSynchronize());
-        const double e = rel_err(download(dy, ref.size()), ref);
-        const bool bf16_gemm = wt == 0 && n > k3::cuda::LinearRunner::kGemvMaxTokens;
-        EXPECT_LT(e, bf16_gemm ? 1e-2 : 1e-5) << s.rows << "x" << s.cols << " n=" << n << " w=" << (wt ? "f32" : "bf16");
-        if (n == 1 || n == 64)
-          std::printf("[ linear ] %5lld x %5lld %s n=%-3lld rel %.2e\n", (long long)s.rows, (long long)s.cols, wt ? "f32 " : "bf16",
-                      (long long)n, e);
+        for (k3::cuda::LinearRunner* lin : {&lin_x2, &lin_1}) {
+          const GemmPrecision p = lin == &lin_x2 ? GemmPrecision::Bf16x2 : GemmPrecision::Bf16;
+          K3_CUDA_CHECK(cudaMemset(dy.get(), 0xff, ref.size() * 4));  // NaN: every output must be written
+          lin->run(D, dx.get<float>(), n, dy.get<float>());
+          K3_CUDA_CHECK(cudaDeviceSynchronize());
+          const double e = rel_err(download(dy, ref.size()), ref);
+          EXPECT_LT(e, linear_tol(wt == 0, n, p))
+              << s.rows << "x" << s.cols << " n=" << n << " w=" << (wt ? "f32" : "bf16") << " " << precision_name(p);
+          if (n == 1 || n == 64)
+            std::printf("[ linear ] %5lld x %5lld %s n=%-3lld %-6s rel %.2e\n", (long long)s.rows, (long long)s.cols,
+                        wt ? "f32 " : "bf16", (long long)n, precision_name(p), e);
+        }
+      }
+    }
+  }
+}
+
+// The GEMM path with W, x and y one element past an aligned address (2-byte aligned bf16 weights, 4-byte
+// aligned fp32 x and y: what sub-allocated weights or offsets into activation buffers give), after the
+// same shapes ran on aligned buffers, so an algorithm chosen for aligned pointers must not be reused.
+TEST(CudaLinear, UnalignedPointers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using k3::cuda::GemmPrecision;
+  for (const GemmPrecision p : {GemmPrecision::Bf16x2, GemmPrecision::Bf16}) {
+    k3::cuda::LinearRunner lin(nullptr, p);
+    struct Shape { int64_t rows, cols; };
+    for (const Shape s : {Shape{256, 512}, Shape{77, 129}}) {
+      for (int wt = 0; wt < 2; ++wt) {
+        const size_t esz = wt == 0 ? 2 : 4;
+        const auto wf = randn(static_cast<size_t>(s.rows * s.cols), 11 + s.cols, 0.05f);
+        std::vector<uint16_t> wb(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i) wb[i] = k3::f32_to_bf16(wf[i]);
+        k3::WeightMatrix W;
+        W.rows = s.rows;
+        W.cols = s.cols;
+        W.dtype = wt == 0 ? k3::DType::BF16 : k3::DType::F32;
+        W.data = wt == 0 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
+        const void* wsrc = wt == 0 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
+        DeviceBuffer dw((wf.size() + 1) * esz);
+        for (int64_t n : {9, 33}) {
+          const auto x = randn(static_cast<size_t>(n * s.cols), 5 + n);
+          std::vector<float> ref(static_cast<size_t>(n * s.rows));
+          k3::cpu::matmul(W, x.data(), n, ref.data());
+          DeviceBuffer dx((x.size() + 1) * 4), dy((ref.size() + 1) * 4);
+          for (int off = 0; off < 2; ++off) {  // aligned first, then one element in
+            char* w = dw.get<char>() + off * esz;
+            float* xd = dx.get<float>() + off;
+            float* yd = dy.get<float>() + off;
+            K3_CUDA_CHECK(cudaMemcpy(w, wsrc, wf.size() * esz, cudaMemcpyHostToDevice));
+            K3_CUDA_CHECK(cudaMemcpy(xd, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+            K3_CUDA_CHECK(cudaMemset(yd, 0xff, ref.size() * 4));
+            k3::cuda::DeviceLinear D{wt == 0 ? k3::cuda::WType::BF16 : k3::cuda::WType::F32, w, s.rows, s.cols};
+            lin.run(D, xd, n, yd);
+            K3_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<float> got(ref.size());
+            K3_CUDA_CHECK(cudaMemcpy(got.data(), yd, got.size() * 4, cudaMemcpyDeviceToHost));
+            EXPECT_LT(rel_err(got, ref), linear_tol(wt == 0, n, p))
+                << s.rows << "x" << s.cols << " n=" << n << " w=" << (wt ? "f32" : "bf16") << " " << precision_name(p)
+                << (off ? " unaligned" : " aligned");
+          }
+        }
       }
     }
   }
