@@ -143,17 +143,22 @@ void BatchEngine::step() {
     items.push_back(BatchItem{std::span<const int32_t>(toks.data() + past, static_cast<size_t>(p.n_tokens)),
                               &p.seq->cache(), p.sample});
   }
-  std::vector<float> logits;
+  // How each sampled row picks its token; the runner samples (on the GPU: only ids come back).
+  std::vector<RowSample> samples;
+  for (const ScheduledSeq& p : plan)
+    if (p.sample) samples.push_back(p.seq->next_sample());
+  std::vector<sampling::SampleResult> picked;
+  std::vector<float> raw;
   ForwardOptions fo;
   fo.path = model_.engine_path();  // CPU: the decode forms (batch- and chunk-invariant numerics)
   try {
-    model_.forward_batch(items, logits, fo);
+    model_.forward_sample(items, samples, picked, raw, fo);
   } catch (const std::exception& e) {
     for (const ScheduledSeq& p : plan) finish(p.seq, p.seq->finish_now("error", e.what()));
     return;
   }
   const int64_t V = model_.config().vocab_size;
-  int64_t row = 0, prompt_tokens = 0, gen_tokens = 0;
+  int64_t row = 0, raw_row = 0, prompt_tokens = 0, gen_tokens = 0;
   for (const ScheduledSeq& p : plan) {
     Sequence* s = p.seq;
     const int64_t past = s->cache().n_past();
@@ -166,11 +171,13 @@ void BatchEngine::step() {
         cache_->save_checkpoint(s->cache(), s->tokens());
     }
     if (!p.sample) continue;
-    std::span<float> lg(logits.data() + row * V, static_cast<size_t>(V));
+    std::span<float> lg;
+    if (samples[static_cast<size_t>(row)].raw_logits) lg = std::span<float>(raw.data() + (raw_row++) * V, static_cast<size_t>(V));
+    const sampling::SampleResult& r = picked[static_cast<size_t>(row)];
     ++row;
     RequestOutput o;
     try {
-      o = s->on_logits(lg);
+      o = s->on_sampled(r, lg);
     } catch (const std::exception& e) {  // one bad sequence must not take the engine (and server) down
       finish(s, s->finish_now("error", e.what()));
       continue;

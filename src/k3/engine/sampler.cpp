@@ -50,184 +50,77 @@ double Sampler::uniform01() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
-void Sampler::apply_penalties(std::span<float> logits, std::span<const int32_t> prompt_tokens,
-                              std::span<const int32_t> generated_tokens, const SamplingParams& p) {
-  Scratch s;
-  apply_penalties_impl(logits, prompt_tokens, generated_tokens, p, s);
-}
-
-void Sampler::apply_penalties_impl(std::span<float> logits, std::span<const int32_t> prompt_tokens,
-                                   std::span<const int32_t> generated_tokens,
-                                   const SamplingParams& p, Scratch& s) {
-  const bool rep = p.repetition_penalty != 1.0f;
-  const bool openai = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+void Sampler::build_penalty_lists(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
+                                  size_t vocab) {
+  rep_ids_.clear();
+  cnt_ids_.clear();
+  cnt_.clear();
+  const bool rep = params_.repetition_penalty != 1.0f;
+  const bool openai = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
   if (!rep && !openai) return;
-  const size_t V = logits.size();
-  check_ids(generated_tokens, V, "generated");
+  check_ids(generated_tokens, vocab, "generated");
+  if (marks_.size() != vocab) marks_.assign(vocab, 0);
   if (rep) {
-    check_ids(prompt_tokens, V, "prompt");
-    if (s.seen.size() != V) s.seen.assign(V, 0);
-    const float r = p.repetition_penalty;
-    auto penalise = [&](int32_t t) {
-      if (s.seen[t]) return;
-      s.seen[t] = 1;
-      float& l = logits[t];
-      l = l > 0.0f ? l / r : l * r;
-    };
-    for (int32_t t : prompt_tokens) penalise(t);
-    for (int32_t t : generated_tokens) penalise(t);
-    for (int32_t t : prompt_tokens) s.seen[t] = 0;
-    for (int32_t t : generated_tokens) s.seen[t] = 0;
+    check_ids(prompt_tokens, vocab, "prompt");
+    for (auto span : {prompt_tokens, generated_tokens})
+      for (int32_t t : span)
+        if (!marks_[static_cast<size_t>(t)]) {
+          marks_[static_cast<size_t>(t)] = 1;
+          rep_ids_.push_back(t);
+        }
+    for (int32_t t : rep_ids_) marks_[static_cast<size_t>(t)] = 0;
   }
   if (openai) {
-    if (s.counts.size() != V) s.counts.assign(V, 0);
-    for (int32_t t : generated_tokens) ++s.counts[t];
-    for (int32_t t : generated_tokens) {
-      const uint32_t c = s.counts[t];
-      if (c == 0) continue;  // already applied for this id
-      logits[t] -= p.frequency_penalty * static_cast<float>(c) + p.presence_penalty;
-      s.counts[t] = 0;
+    for (int32_t t : generated_tokens)
+      if (marks_[static_cast<size_t>(t)]++ == 0) cnt_ids_.push_back(t);
+    for (int32_t t : cnt_ids_) {
+      cnt_.push_back(static_cast<int32_t>(marks_[static_cast<size_t>(t)]));
+      marks_[static_cast<size_t>(t)] = 0;
     }
   }
+}
+
+sampling::RowSampling Sampler::next_row(std::span<const int32_t> prompt_tokens,
+                                        std::span<const int32_t> generated_tokens, int64_t vocab,
+                                        int64_t n_tokenizable) {
+  build_penalty_lists(prompt_tokens, generated_tokens, static_cast<size_t>(vocab));
+  sampling::RowSampling r;
+  r.temperature = params_.temperature;
+  r.top_k = params_.top_k;
+  r.top_p = params_.top_p;
+  r.min_p = params_.min_p;
+  r.repetition_penalty = params_.repetition_penalty;
+  r.presence_penalty = params_.presence_penalty;
+  r.frequency_penalty = params_.frequency_penalty;
+  r.repetition_ids = rep_ids_;
+  r.counted_ids = cnt_ids_;
+  r.counts = cnt_;
+  r.n_tokenizable = n_tokenizable;
+  r.u = r.greedy() ? 0.0 : uniform01();
+  return r;
+}
+
+int32_t Sampler::token_or_throw(const sampling::SampleResult& r) {
+  if (r.status != sampling::SampleStatus::Ok) throw k3::Error("Sampler: " + sampling::describe(r));
+  return r.token;
 }
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> prompt_tokens,
                         std::span<const int32_t> generated_tokens) {
   const size_t V = logits.size();
   if (V == 0) throw k3::Error("Sampler: empty logits");
-  if (V > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    throw k3::Error("Sampler: vocab too large");
-  apply_penalties_impl(logits, prompt_tokens, generated_tokens, params_, scratch_);
+  if (V > static_cast<size_t>(std::numeric_limits<int32_t>::max())) throw k3::Error("Sampler: vocab too large");
+  const auto n = static_cast<int64_t>(V);
+  return token_or_throw(sampling::sample_row(logits, next_row(prompt_tokens, generated_tokens, n, n)));
+}
 
-  // Max / argmax (first maximum => ties go to the lowest id), rejecting NaN and +inf.
-  float lmax = kNegInf;
-  int32_t arg = -1;
-  for (size_t i = 0; i < V; ++i) {
-    const float l = logits[i];
-    if (std::isnan(l)) throw k3::Error("Sampler: NaN logit at id " + std::to_string(i));
-    if (l > lmax) {
-      lmax = l;
-      arg = static_cast<int32_t>(i);
-    }
-  }
-  if (arg < 0) throw k3::Error("Sampler: all logits are -inf");
-  if (std::isinf(lmax)) throw k3::Error("Sampler: +inf logit at id " + std::to_string(arg));
-  if (params_.temperature == 0.0f) return arg;
-
-  const float T = params_.temperature;
-  const float min_w = params_.min_p;  // weights are exp((l - max)/T), so the max weight is 1
-  const bool use_top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < V;
-  const bool use_top_p = params_.top_p < 1.0f;
-
-  // Fast path: no truncation by rank, one O(V) pass, draw scanning ids in order.
-  if (!use_top_k && !use_top_p) {
-    w_.resize(V);
-    double Z = 0.0;
-    for (size_t i = 0; i < V; ++i) {
-      float s = (logits[i] - lmax) / T;  // <= 0; stable for tiny T (underflows to -inf / weight 0)
-      float w = std::exp(s);
-      if (w < min_w) {
-        w = 0.0f;
-        s = kNegInf;
-      }
-      logits[i] = s;
-      w_[i] = w;
-      Z += w;
-    }
-    const double u = uniform01() * Z;
-    double cum = 0.0;
-    int32_t last = arg;
-    for (size_t i = 0; i < V; ++i) {
-      if (w_[i] == 0.0f) continue;
-      cum += w_[i];
-      last = static_cast<int32_t>(i);
-      if (cum > u) return last;
-    }
-    return last;  // rounding at the very top of [0, Z)
-  }
-
-  // General path: candidate list idx_, in id order after top-k.
-  idx_.clear();
-  if (use_top_k) {
-    const size_t k = static_cast<size_t>(params_.top_k);
-    idx_.resize(V);
-    std::iota(idx_.begin(), idx_.end(), 0);
-    std::nth_element(idx_.begin(), idx_.begin() + (k - 1), idx_.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    const float kth = logits[idx_[k - 1]];
-    idx_.clear();
-    for (size_t i = 0; i < V; ++i) {
-      if (logits[i] >= kth && logits[i] != kNegInf) {  // ties with the k-th are kept (HF/vLLM)
-        logits[i] = (logits[i] - lmax) / T;
-        idx_.push_back(static_cast<int32_t>(i));
-      } else {
-        logits[i] = kNegInf;
-      }
-    }
-  } else {
-    for (size_t i = 0; i < V; ++i) {
-      if (logits[i] != kNegInf) {
-        logits[i] = (logits[i] - lmax) / T;
-        idx_.push_back(static_cast<int32_t>(i));
-      }
-    }
-  }
-
-  if (use_top_p) {
-    double Z = 0.0;
-    for (int32_t t : idx_) Z += std::exp(logits[t]);
-    const double target = static_cast<double>(params_.top_p) * Z;
-    auto by_prob = [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    };
-    // Sort only as much of the head as needed: partial_sort a growing prefix (64, 256, ...);
-    // the elements past a sorted prefix are never larger than it, so prefixes extend cleanly.
-    const size_t n = idx_.size();
-    size_t sorted = 0, keep = n, end = std::min<size_t>(n, 64);
-    double cum = 0.0;
-    for (bool done = false; !done;) {
-      std::partial_sort(idx_.begin() + sorted, idx_.begin() + end, idx_.end(), by_prob);
-      for (size_t j = sorted; j < end; ++j) {
-        cum += std::exp(logits[idx_[j]]);
-        if (cum >= target) {  // smallest prefix with cumulative prob >= top_p (>= 1 token)
-          keep = j + 1;
-          done = true;
-          break;
-        }
-      }
-      sorted = end;
-      if (sorted == n) done = true;
-      end = std::min(n, end * 4);
-    }
-    for (size_t j = keep; j < n; ++j) logits[idx_[j]] = kNegInf;
-    idx_.resize(keep);
-  }
-
-  // min-p and the weights of the survivors. The most likely token (weight 1) always survives.
-  w_.resize(idx_.size());
-  size_t m = 0;
-  double Z = 0.0;
-  for (int32_t t : idx_) {
-    const float w = std::exp(logits[t]);
-    if (w < min_w || w == 0.0f) {
-      logits[t] = kNegInf;
-      continue;
-    }
-    idx_[m] = t;
-    w_[m] = w;
-    ++m;
-    Z += w;
-  }
-  idx_.resize(m);
-  if (m == 0) return arg;  // unreachable: the argmax has weight exactly 1
-  const double u = uniform01() * Z;
-  double cum = 0.0;
-  for (size_t j = 0; j < m; ++j) {
-    cum += w_[j];
-    if (cum > u) return idx_[j];
-  }
-  return idx_[m - 1];
+void Sampler::apply_penalties(std::span<float> logits, std::span<const int32_t> prompt_tokens,
+                              std::span<const int32_t> generated_tokens, const SamplingParams& p) {
+  SamplingParams q = p;
+  q.temperature = 0.0f;  // no draw consumed; only the penalty lists are wanted
+  Sampler s(q, 0);
+  const auto n = static_cast<int64_t>(logits.size());
+  token_or_throw(sampling::apply_penalties(logits, s.next_row(prompt_tokens, generated_tokens, n, n)));
 }
 
 std::vector<std::pair<int32_t, float>> Sampler::top_logprobs(std::span<const float> logits, int n) {

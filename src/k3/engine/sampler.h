@@ -1,4 +1,6 @@
-// Token sampler: penalties -> greedy | temperature -> top-k -> top-p -> min-p -> seeded draw.
+// Token sampler of one request: its parameters, its PRNG stream and its penalty bookkeeping; the
+// algorithm itself (penalties -> greedy | temperature -> top-k -> top-p -> min-p -> draw) is
+// sampling/token_sampling.h, shared with the GPU kernel.
 // Conventions follow vLLM / OpenAI; see docs/sampling.md for the exact rules and differences.
 #pragma once
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "k3/engine/sampling_params.h"
+#include "k3/sampling/token_sampling.h"
 
 namespace k3::engine {
 
@@ -28,12 +31,23 @@ class Sampler {
   // default_seed_if_none.
   Sampler(const SamplingParams& params, uint64_t default_seed_if_none);
 
-  // Picks the next token. `logits` (one per vocab id) is modified in place: on return it holds
-  // the penalised logits (greedy) or the processed ones, (l - max)/T with -inf for every token
-  // filtered out by top-k / top-p / min-p. Token ids in prompt/generated must be in [0, V).
-  // Throws k3::Error on an empty vocab, NaN or +inf logits, or all logits -inf.
+  // Describes the next token's sampling as a sampling::RowSampling (what the model runner's
+  // forward_sample takes): the parameters, the penalty lists of prompt/generated (held by this
+  // Sampler until the next call) and the uniform draw. Consumes one PRNG draw unless greedy.
+  // `vocab`: the model's vocabulary size (penalty ids are checked against it; throws k3::Error).
+  sampling::RowSampling next_row(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
+                                 int64_t vocab, int64_t n_tokenizable);
+
+  // Picks the next token on the host: next_row() + sampling::sample_row(). `logits` (one per vocab
+  // id) is modified in place: on return it holds the penalised logits (greedy) or the processed ones,
+  // (l - max)/T with -inf for every token filtered out by top-k / top-p / min-p. Token ids in
+  // prompt/generated must be in [0, V). Throws k3::Error on an empty vocab, NaN or +inf logits, or all
+  // logits -inf.
   int32_t sample(std::span<float> logits, std::span<const int32_t> prompt_tokens,
                  std::span<const int32_t> generated_tokens);
+
+  // Throws k3::Error("Sampler: ...") unless r is Ok; returns the token.
+  static int32_t token_or_throw(const sampling::SampleResult& r);
 
   // Applies only the penalties of `p` to `logits`, in place (no-op when all are neutral):
   //   repetition (HF/CTRL): for every distinct id in prompt ∪ generated:
@@ -51,20 +65,15 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  struct Scratch {
-    std::vector<uint32_t> counts;  // per-id counts, kept all-zero between calls
-    std::vector<uint8_t> seen;     // per-id marks, kept all-zero between calls
-  };
-  static void apply_penalties_impl(std::span<float> logits, std::span<const int32_t> prompt_tokens,
-                                   std::span<const int32_t> generated_tokens,
-                                   const SamplingParams& p, Scratch& s);
+  // The penalty lists of `params_` for prompt/generated, into rep_ids_ / cnt_ids_ / cnt_.
+  void build_penalty_lists(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
+                           size_t vocab);
   double uniform01();  // [0, 1) with 53 random bits
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  Scratch scratch_;
-  std::vector<int32_t> idx_;  // candidate ids
-  std::vector<float> w_;      // unnormalised probabilities
+  std::vector<int32_t> rep_ids_, cnt_ids_, cnt_;
+  std::vector<uint32_t> marks_;  // per-id scratch, kept all-zero between calls
 };
 
 }  // namespace k3::engine

@@ -14,6 +14,7 @@ Sequence::Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, c
       stops_(req_.params.stop),
       detok_(tok) {
   tokens_ = req_.prompt;
+  vocab_ = cfg.vocab_size;
   n_prompt_ = static_cast<int64_t>(tokens_.size());
   budget_ = std::min<int64_t>(req_.params.max_tokens, max_model_len - n_prompt_);
   stop_ids_ = req_.params.stop_token_ids;
@@ -53,7 +54,17 @@ void Sequence::flush_text(RequestOutput& o) {
   if (!rest.empty()) o.pieces.push_back({-1, rest});
 }
 
-RequestOutput Sequence::on_logits(std::span<float> logits) {
+RowSample Sequence::next_sample() {
+  const std::span<const int32_t> prompt(tokens_.data(), static_cast<size_t>(n_prompt_));
+  const std::span<const int32_t> gen(tokens_.data() + n_prompt_, tokens_.size() - static_cast<size_t>(n_prompt_));
+  RowSample rs;
+  // Ids the tokenizer cannot render (a model vocab padded past the tokenizer's) are never sampled.
+  rs.sampling = sampler_.next_row(prompt, gen, vocab_, tok_.n_vocab());
+  rs.raw_logits = req_.top_logprobs >= 0;
+  return rs;
+}
+
+RequestOutput Sequence::on_sampled(const sampling::SampleResult& r, std::span<float> raw) {
   RequestOutput o = base();
   if (budget_ <= 0) {  // nothing may be generated (max_tokens 0 or the context is full)
     finished_ = true;
@@ -61,18 +72,12 @@ RequestOutput Sequence::on_logits(std::span<float> logits) {
     o.finish_reason = "length";
     return o;
   }
-  const std::span<const int32_t> prompt(tokens_.data(), static_cast<size_t>(n_prompt_));
-  const std::span<const int32_t> gen(tokens_.data() + n_prompt_, tokens_.size() - static_cast<size_t>(n_prompt_));
+  const int32_t id = Sampler::token_or_throw(r);
   TokenLogprob lp;
   if (req_.top_logprobs >= 0) {
-    if (req_.top_logprobs > 0) lp.top = Sampler::top_logprobs(logits, req_.top_logprobs);
-  }
-  // Ids the tokenizer cannot render (a model vocab padded past the tokenizer's) are never sampled.
-  mask_untokenizable(logits, tok_.n_vocab());
-  std::vector<float> raw;
-  if (req_.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());
-  const int32_t id = sampler_.sample(logits, prompt, gen);
-  if (req_.top_logprobs >= 0) {
+    // Log-probabilities of the raw logits over the ids that can be sampled at all.
+    mask_untokenizable(raw, tok_.n_vocab());
+    if (req_.top_logprobs > 0) lp.top = Sampler::top_logprobs(raw, req_.top_logprobs);
     lp.id = id;
     lp.logprob = Sampler::logprob_of(raw, id);
   }

@@ -13,6 +13,7 @@
 #include "k3/engine/sampler.h"
 #include "k3/engine/stop_matcher.h"
 #include "k3/model/config.h"
+#include "k3/model/model_runner.h"
 #include "k3/text/stream_decoder.h"
 #include "k3/text/tokenizer.h"
 
@@ -34,9 +35,14 @@ class Sequence {
   void set_cached_prompt_tokens(int64_t n) { cached_prompt_ = std::max(cached_prompt_, n); }
   int64_t admitted_order = 0;  // set by the scheduler; larger = admitted later
 
-  // Samples from `logits` (raw, [V]; modified), updates text state, returns the delta. Finishes the
-  // sequence on a stop token, stop string or the length budget.
-  RequestOutput on_logits(std::span<float> logits);
+  // How the next token is to be sampled (the model runner samples it, on its device): parameters,
+  // penalty lists, this request's next uniform draw; raw logits are asked for when logprobs are.
+  // Valid until the next call.
+  RowSample next_sample();
+  // Takes the sampled token (raw: the row's raw logits when next_sample asked for them), updates the
+  // text state, returns the delta. Finishes the sequence on a stop token, stop string or the length
+  // budget. Throws k3::Error when sampling failed (NaN logits, ...).
+  RequestOutput on_sampled(const sampling::SampleResult& r, std::span<float> raw);
   // A final delta for an aborted / failed sequence.
   RequestOutput finish_now(const std::string& reason, const std::string& error = {});
   void deliver(const RequestOutput& o) { cb_(o); }
@@ -55,6 +61,7 @@ class Sequence {
   std::vector<int32_t> tokens_;
   int64_t n_prompt_ = 0, budget_ = 0, cached_prompt_ = 0;
   std::vector<int32_t> stop_ids_;
+  int64_t vocab_ = 0;
   Sampler sampler_;
   StopMatcher stops_;
   text::StreamDecoder detok_;

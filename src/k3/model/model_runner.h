@@ -10,6 +10,7 @@
 #include "k3/cache/cache_memory.h"
 #include "k3/model/config.h"
 #include "k3/model/sequence_state.h"
+#include "k3/sampling/token_sampling.h"
 
 namespace k3 {
 
@@ -29,6 +30,12 @@ struct BatchItem {
   std::span<const int32_t> tokens;
   SequenceCache* cache = nullptr;  // from this runner's new_cache() or a cache over its cache_memory()
   bool want_logits = true;         // last-token logits (or all tokens' with ForwardOptions::all_logits)
+};
+
+// How one logits row of forward_sample becomes a token.
+struct RowSample {
+  sampling::RowSampling sampling;
+  bool raw_logits = false;  // also return the row's raw logits (before penalties and masking): logprobs
 };
 
 class ModelRunner {
@@ -54,6 +61,15 @@ class ModelRunner {
   // item with want_logits in order, its last-token row [V] (or all its rows with all_logits).
   virtual void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                              const ForwardOptions& opt = {}) const = 0;
+
+  // The forward pass and the choice of each row's next token: rows[j] (one per want_logits item, in
+  // order; ForwardOptions::all_logits is not allowed) says how row j is sampled, results[j] gets its
+  // token or error status (sampling::sample_row semantics, bit for bit). Only rows with raw_logits
+  // copy their logits into `raw_logits` ([V] each, in order). The default samples on the host after
+  // forward_batch; a GPU backend samples on the device, so only the ids cross to the host.
+  virtual void forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                              std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                              const ForwardOptions& opt = {}) const;
 
   // Runs `tokens` after the sequence's past; resizes `logits` to [n][V] or [V].
   void forward(std::span<const int32_t> tokens, SequenceCache& st, std::vector<float>& logits,

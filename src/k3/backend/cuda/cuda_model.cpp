@@ -14,9 +14,11 @@
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
+#include <span>
 
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
@@ -26,6 +28,8 @@
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/mla_kernels.h"
 #include "k3/backend/cuda/moe_kernels.h"
+#include "k3/backend/cuda/sampling_kernels.h"
+#include "k3/backend/cuda/sampling_rows.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/weights.h"
 
@@ -281,7 +285,17 @@ struct CudaModel::Impl {
     linear(m.down, ga, n, out);
   }
 
-  void forward(const std::vector<BatchItem>& items, std::vector<float>& logits, const ForwardOptions& opt);
+  // One forward over `items`, leaving the R wanted logits rows in logits_d. `tail(R)` enqueues what
+  // the caller needs after the forward on the same stream (copies, sampling); `done(R)` runs after the
+  // step's one synchronisation, before the caches advance.
+  void forward(const std::vector<BatchItem>& items, const ForwardOptions& opt, const std::function<void(int64_t)>& tail,
+               const std::function<void(int64_t)>& done);
+  void sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+              std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits, const ForwardOptions& opt);
+
+  // GPU sampling's staging: row parameters + penalty ids up, results down.
+  PinnedBuffer samp_h;
+  DeviceBuffer samp_d;
 
   // MHA (prefill) form for one sequence's n new tokens at positions past..past+n-1: k_nope / v for all
   // S = past + n cached tokens are expanded from the latents (one SGEMM), then per query chunk the
@@ -373,11 +387,83 @@ std::unique_ptr<SequenceCache> CudaModel::new_cache() const {
 void CudaModel::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                               const ForwardOptions& opt) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->forward(items, logits, opt);
+  Impl& m = *impl_;
+  const int64_t V = m.cfg.vocab_size;
+  void* host = nullptr;
+  m.forward(
+      items, opt,
+      [&](int64_t R) {
+        const size_t bytes = static_cast<size_t>(R * V) * 4;
+        host = m.logits_h.ensure(bytes);
+        if (R > 0) K3_CUDA_CHECK(cudaMemcpyAsync(host, m.logits_d.get(), bytes, cudaMemcpyDeviceToHost, m.stream));
+      },
+      [&](int64_t R) {
+        logits.resize(static_cast<size_t>(R * V));
+        if (R > 0) std::memcpy(logits.data(), host, logits.size() * 4);
+      });
 }
 
-void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<float>& logits,
-                              const ForwardOptions& opt) {
+void CudaModel::forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                               std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                               const ForwardOptions& opt) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->sample(items, rows, results, raw_logits, opt);
+}
+
+void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                             std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                             const ForwardOptions& opt) {
+  if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");
+  size_t wanted = 0;
+  for (const BatchItem& it : items) wanted += it.want_logits ? 1 : 0;
+  if (wanted != rows.size())
+    throw Error("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " + std::to_string(wanted) +
+                " logits rows");
+  const int64_t V = cfg.vocab_size;
+  const int R = static_cast<int>(rows.size());
+  // Parameters and penalty ids, one upload: [rows][ids][results].
+  std::vector<sampling::RowSampling> rs;
+  for (const RowSample& r : rows) rs.push_back(r.sampling);
+  std::vector<DeviceRowSampling> drows;
+  std::vector<int32_t> ids;
+  flatten_rows(rs, drows, ids);
+  const size_t rows_b = drows.size() * sizeof(DeviceRowSampling), ids_b = (ids.size() * 4 + 15) / 16 * 16,
+               res_b = static_cast<size_t>(R) * sizeof(DeviceSampleResult);
+  int n_raw = 0;
+  for (const RowSample& r : rows) n_raw += r.raw_logits ? 1 : 0;
+  const size_t raw_b = static_cast<size_t>(n_raw) * static_cast<size_t>(V) * 4;
+  uint8_t* h = static_cast<uint8_t*>(samp_h.ensure(rows_b + ids_b + res_b + raw_b));
+  if (samp_d.bytes() < rows_b + ids_b + res_b) samp_d = DeviceBuffer(2 * (rows_b + ids_b + res_b) + 4096);
+  std::memcpy(h, drows.data(), rows_b);
+  if (!ids.empty()) std::memcpy(h + rows_b, ids.data(), ids.size() * 4);
+  uint8_t* d = samp_d.get<uint8_t>();
+  forward(
+      items, opt,
+      [&](int64_t) {
+        // The raw rows first: the kernel rewrites the logits in place.
+        int j_raw = 0;
+        for (int j = 0; j < R; ++j)
+          if (rows[static_cast<size_t>(j)].raw_logits)
+            K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b + res_b + static_cast<size_t>(j_raw++) * V * 4,
+                                          logits_d.get<float>() + static_cast<int64_t>(j) * V, static_cast<size_t>(V) * 4,
+                                          cudaMemcpyDeviceToHost, stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(d, h, rows_b + ids_b, cudaMemcpyHostToDevice, stream));
+        K3_CUDA_CHECK(sample_rows(logits_d.get<float>(), V, reinterpret_cast<const DeviceRowSampling*>(d),
+                                  reinterpret_cast<const int32_t*>(d + rows_b), R,
+                                  reinterpret_cast<DeviceSampleResult*>(d + rows_b + ids_b), stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b, d + rows_b + ids_b, res_b, cudaMemcpyDeviceToHost, stream));
+      },
+      [&](int64_t) {
+        results.resize(static_cast<size_t>(R));
+        const auto* out = reinterpret_cast<const DeviceSampleResult*>(h + rows_b + ids_b);
+        for (int j = 0; j < R; ++j) results[static_cast<size_t>(j)] = to_result(out[j]);
+        raw_logits.resize(static_cast<size_t>(n_raw) * static_cast<size_t>(V));
+        if (n_raw > 0) std::memcpy(raw_logits.data(), h + rows_b + ids_b + res_b, raw_b);
+      });
+}
+
+void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const ForwardOptions& opt,
+                              const std::function<void(int64_t)>& tail, const std::function<void(int64_t)>& done) {
   const ModelConfig& c = cfg;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   const float eps = c.rms_norm_eps;
@@ -507,9 +593,6 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     logits_d = DeviceBuffer(lbytes);
     ++graphs.generation;
   }
-  void* const logits_before = logits_h.ensure(0);
-  void* const logits_host = logits_h.ensure(lbytes);
-  if (logits_host != logits_before) ++graphs.generation;
 
   auto paging = [&](int64_t m) {
     return MlaPaging{dptr<const float* const>(o_pages[static_cast<size_t>(m)]), dptr<const int32_t>(o_pstart),
@@ -703,7 +786,6 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     K3_CUDA_CHECK(gather_rows(hout, dptr<const int32_t>(o_rows), static_cast<int>(R), static_cast<int>(H), hs, stream));
     K3_CUDA_CHECK(rmsnorm(hs, w.final_norm, static_cast<int>(R), static_cast<int>(H), static_cast<int>(H), eps, hs, stream));
     linear(w.lm_head, hs, R, logits_d.get<float>());
-    K3_CUDA_CHECK(cudaMemcpyAsync(logits_host, logits_d.get(), lbytes, cudaMemcpyDeviceToHost, stream));
     prof.end(stream);
   }
   };  // enqueue
@@ -738,10 +820,10 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, std::vector<f
     if (graphable) graphs.seen.insert(key);
     enqueue();
   }
+  tail(R);
   K3_CUDA_CHECK(cudaStreamSynchronize(stream));
   prof.collect();
-  logits.resize(static_cast<size_t>(R * V));
-  if (R > 0) std::memcpy(logits.data(), logits_host, lbytes);
+  done(R);
   for (const Seq& s : seqs) s.cache->advance(s.n);
 }
 

@@ -2,7 +2,7 @@
 // (model/model.cpp), over weights and caches in device memory. Activations are fp32; dense
 // projections run through linear.h (fp32 GEMV for decode-sized batches, cuBLAS bf16 tensor cores for
 // prefill), KDA/MLA/MoE through their kernel files. One stream; a forward ends with the logits copied
-// to the host (the step's only synchronisation). Decode steps (one token per sequence) of a batch size
+// to the host, or sampled on the GPU and only the ids copied (the step's only synchronisation). Decode steps (one token per sequence) of a batch size
 // seen before replay a captured CUDA graph. K3_CUDA_PROFILE=1 prints GPU time per region (eager only).
 #pragma once
 #include <cstdint>
@@ -17,8 +17,8 @@ namespace k3::cuda {
 struct CudaLoadOptions {
   int device = 0;
   uint64_t dummy_seed = 0x5eed;  // --load-format dummy
-  bool gemm_bf16 = false;
-  bool enforce_eager = false;    // no CUDA graphs for decode steps        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
+  bool gemm_bf16 = false;        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
+  bool enforce_eager = false;    // no CUDA graphs for decode steps
 };
 
 class CudaModel final : public ModelRunner {
@@ -37,6 +37,10 @@ class CudaModel final : public ModelRunner {
   int64_t memory_available() const override;  // free device memory (cudaMemGetInfo)
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                      const ForwardOptions& opt = {}) const override;
+  // Samples on the GPU (backend/cuda/sampling_kernels.h): only the ids (and raw rows asked for) come back.
+  void forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                      std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                      const ForwardOptions& opt = {}) const override;
 
   int64_t weight_bytes() const;
 

@@ -1,0 +1,28 @@
+#include "k3/model/model_runner.h"
+
+#include "k3/core/error.h"
+
+namespace k3 {
+
+void ModelRunner::forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                                 std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                                 const ForwardOptions& opt) const {
+  if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");
+  size_t wanted = 0;
+  for (const BatchItem& it : items) wanted += it.want_logits ? 1 : 0;
+  if (wanted != rows.size())
+    throw Error("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " + std::to_string(wanted) +
+                " logits rows");
+  std::vector<float> logits;
+  forward_batch(items, logits, opt);
+  const size_t V = static_cast<size_t>(config().vocab_size);
+  results.resize(rows.size());
+  raw_logits.clear();
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const std::span<float> row(logits.data() + j * V, V);
+    if (rows[j].raw_logits) raw_logits.insert(raw_logits.end(), row.begin(), row.end());
+    results[j] = sampling::sample_row(row, rows[j].sampling);
+  }
+}
+
+}  // namespace k3

@@ -1,0 +1,180 @@
+#include "k3/sampling/token_sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace k3::sampling {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}
+
+int fixed_point_bits(int64_t vocab) {
+  int lg = 0;  // ceil(log2(vocab))
+  while ((int64_t{1} << lg) < std::max<int64_t>(vocab, 1)) ++lg;
+  return std::min(52, 62 - lg);
+}
+
+float weight_of(float l, float lmax, float T) {
+  const float s = (l - lmax) / T;
+  return static_cast<float>(std::exp(static_cast<double>(s)));
+}
+
+uint64_t top_p_target(float top_p, uint64_t Z) {
+  const double t = std::ceil(static_cast<double>(top_p) * static_cast<double>(Z));
+  if (!(t >= 1.0)) return 1;
+  if (t >= static_cast<double>(Z)) return Z;
+  return static_cast<uint64_t>(t);
+}
+
+uint64_t draw_position(double u, uint64_t Z) {
+  if (Z == 0) return 0;
+  const double r = std::floor(u * static_cast<double>(Z));
+  if (!(r >= 0.0)) return 0;
+  if (r >= static_cast<double>(Z)) return Z - 1;
+  return std::min(static_cast<uint64_t>(r), Z - 1);
+}
+
+std::string describe(const SampleResult& r) {
+  switch (r.status) {
+    case SampleStatus::Ok: return "ok";
+    case SampleStatus::NaN: return "NaN logit at id " + std::to_string(r.at);
+    case SampleStatus::PosInf: return "+inf logit at id " + std::to_string(r.at);
+    case SampleStatus::AllMasked: return "all logits are -inf";
+    case SampleStatus::BadId: return "penalty token id " + std::to_string(r.at) + " is outside the vocab";
+  }
+  return "unknown sampling status";
+}
+
+// This file is compiled with -ffp-contract=off: `frequency * c + presence` must round twice, as the
+// kernel's __fmul_rn/__fadd_rn do, whatever -march the host build uses.
+SampleResult apply_penalties(std::span<float> logits, const RowSampling& r) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (r.repetition_penalty != 1.0f) {
+    const float p = r.repetition_penalty;
+    for (int32_t t : r.repetition_ids) {
+      if (t < 0 || t >= V) return {-1, SampleStatus::BadId, t};
+      float& l = logits[static_cast<size_t>(t)];
+      l = l > 0.0f ? l / p : l * p;
+    }
+  }
+  if (r.presence_penalty != 0.0f || r.frequency_penalty != 0.0f) {
+    for (size_t j = 0; j < r.counted_ids.size(); ++j) {
+      const int32_t t = r.counted_ids[j];
+      if (t < 0 || t >= V) return {-1, SampleStatus::BadId, t};
+      logits[static_cast<size_t>(t)] -= r.frequency_penalty * static_cast<float>(r.counts[j]) + r.presence_penalty;
+    }
+  }
+  return {};
+}
+
+SampleResult sample_row(std::span<float> logits, const RowSampling& r) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  SampleResult res;
+  if (V == 0) {
+    res.status = SampleStatus::AllMasked;
+    return res;
+  }
+  // 1. Penalties.
+  if (const SampleResult p = apply_penalties(logits, r); p.status != SampleStatus::Ok) return p;
+  // 2. Ids nothing can render.
+  for (int64_t i = std::max<int64_t>(r.n_tokenizable, 0); i < V; ++i) logits[static_cast<size_t>(i)] = kNegInf;
+  // 3. Max / argmax (first maximum), rejecting NaN and +inf.
+  float lmax = kNegInf;
+  int32_t arg = -1;
+  for (int64_t i = 0; i < V; ++i) {
+    const float l = logits[static_cast<size_t>(i)];
+    if (std::isnan(l)) return {-1, SampleStatus::NaN, static_cast<int32_t>(i)};
+    if (l > lmax) {
+      lmax = l;
+      arg = static_cast<int32_t>(i);
+    }
+  }
+  if (arg < 0) return {-1, SampleStatus::AllMasked, -1};
+  if (std::isinf(lmax)) return {-1, SampleStatus::PosInf, arg};
+  if (r.greedy()) return {arg, SampleStatus::Ok, -1};
+
+  // 4. Top-k: the k-th largest penalised logit over the whole row; ties with it are kept.
+  const bool top_k = r.top_k > 0 && r.top_k < V;
+  float kth = kNegInf;
+  if (top_k) {
+    std::vector<float> tmp(logits.begin(), logits.end());
+    std::nth_element(tmp.begin(), tmp.begin() + (r.top_k - 1), tmp.end(), std::greater<float>());
+    kth = tmp[static_cast<size_t>(r.top_k - 1)];
+  }
+  // 5. Weights. Filtered ids get w = 0 (and logit -inf on return).
+  const int B = fixed_point_bits(V);
+  const float T = r.temperature;
+  // Below this s, exp(s) < 2^-(B+1): the fixed-point weight is 0 and the id can never survive, so the
+  // exp is skipped (a shortcut only: the result is the same without it).
+  const float s_floor = -static_cast<float>(B + 1) * 0.6931472f;
+  std::vector<float> w(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) {
+    float& l = logits[static_cast<size_t>(i)];
+    if (l == kNegInf || (top_k && !(l >= kth)) || (l - lmax) / T < s_floor) {
+      w[static_cast<size_t>(i)] = 0.0f;
+      l = kNegInf;
+      continue;
+    }
+    w[static_cast<size_t>(i)] = weight_of(l, lmax, T);
+    l = (l - lmax) / T;
+  }
+  // 6. Top-p: keep the smallest prefix, in (w desc, id asc) order, whose mass reaches the target. The
+  //    sort is incremental (the first 64, 256, 1024, ... candidates): a peaked row costs O(V log 64).
+  if (r.top_p < 1.0f) {
+    std::vector<int32_t> idx;
+    uint64_t Z = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (w[static_cast<size_t>(i)] > 0.0f) idx.push_back(static_cast<int32_t>(i));
+      Z += fixed_weight(w[static_cast<size_t>(i)], B);
+    }
+    const uint64_t target = top_p_target(r.top_p, Z);
+    auto before = [&](int32_t a, int32_t b) {
+      return w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)] || (w[static_cast<size_t>(a)] == w[static_cast<size_t>(b)] && a < b);
+    };
+    const size_t n = idx.size();
+    size_t sorted = 0, keep = n, end = std::min<size_t>(n, 64);
+    uint64_t cum = 0;
+    for (bool done = false; !done;) {
+      std::partial_sort(idx.begin() + static_cast<std::ptrdiff_t>(sorted), idx.begin() + static_cast<std::ptrdiff_t>(end),
+                        idx.end(), before);
+      for (size_t j = sorted; j < end; ++j) {
+        if (cum >= target) {  // the prefix before j already reaches the target: j and later go
+          keep = j;
+          done = true;
+          break;
+        }
+        cum += fixed_weight(w[static_cast<size_t>(idx[j])], B);
+      }
+      sorted = end;
+      if (sorted == n) done = true;
+      end = std::min(n, end * 4);
+    }
+    for (size_t j = keep; j < n; ++j) {
+      w[static_cast<size_t>(idx[j])] = 0.0f;
+      logits[static_cast<size_t>(idx[j])] = kNegInf;
+    }
+  }
+  // 7. Min-p, then the draw in id order over the survivors' fixed-point weights.
+  uint64_t Z = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    float& wi = w[static_cast<size_t>(i)];
+    if (wi < r.min_p || fixed_weight(wi, B) == 0) {
+      wi = 0.0f;
+      logits[static_cast<size_t>(i)] = kNegInf;
+    }
+    Z += fixed_weight(wi, B);
+  }
+  if (Z == 0) return {arg, SampleStatus::Ok, -1};  // unreachable: the argmax has w = 1
+  const uint64_t pos = draw_position(r.u, Z);
+  uint64_t cum = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    cum += fixed_weight(w[static_cast<size_t>(i)], B);
+    if (cum > pos) return {static_cast<int32_t>(i), SampleStatus::Ok, -1};
+  }
+  return {arg, SampleStatus::Ok, -1};  // unreachable: pos < Z
+}
+
+}  // namespace k3::sampling
