@@ -76,6 +76,7 @@ void add_serve(CLI::App& app, Registry& reg) {
         throw k3::Error("the tokenizer has " + std::to_string(tok.n_vocab()) + " ids but the model's vocab_size is " +
                         std::to_string(cfg.vocab_size));
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      model->warm_up(o->max_batched);  // before the cache takes its share of the free memory
 
       k3::engine::BatchEngineOptions eo;
       eo.cache.budget_bytes = parse_memory(o->cache_memory, model->memory_available());

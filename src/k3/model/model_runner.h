@@ -52,6 +52,10 @@ class ModelRunner {
   // Bytes of memory the caches could still take: physical RAM on the CPU, free device memory on a GPU
   // (after the weights); a fractional --cache-memory is a share of it.
   virtual int64_t memory_available() const = 0;
+  // Sizes the runner's scratch for the largest step the engine will schedule (max_tokens tokens), the
+  // way vLLM's start-up profile run does, so that the first request pays no allocation or library
+  // warm-up and a fractional --cache-memory is taken from what is left. Default: nothing to size.
+  virtual void warm_up(int64_t max_tokens) const { (void)max_tokens; }
   // The attention forms the serving engine asks for. The CPU backend is batch-invariant only in the
   // decode forms, so its engine runs prompts through them too (Decode); a backend whose numerics depend
   // on the batch anyway (the GPU: GEMV vs tensor-core GEMM) takes the faster prefill forms (Auto).

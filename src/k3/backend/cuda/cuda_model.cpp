@@ -379,6 +379,23 @@ int64_t CudaModel::memory_available() const {
   return static_cast<int64_t>(free_b);
 }
 
+void CudaModel::warm_up(int64_t max_tokens) const {
+  if (max_tokens <= 0) return;
+  const int64_t V = impl_->cfg.vocab_size;
+  std::vector<int32_t> toks(static_cast<size_t>(max_tokens));
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((static_cast<int64_t>(i) * 7919 + 1) % V);
+  auto cache = new_cache();
+  std::vector<float> logits;
+  forward(toks, *cache, logits);
+  sampling::RowSampling greedy;
+  greedy.temperature = 0.0f;
+  const RowSample row{greedy, false};
+  std::vector<sampling::SampleResult> res;
+  std::vector<float> raw;
+  forward_sample({BatchItem{std::span<const int32_t>(toks.data(), 1), cache.get(), true}}, std::span<const RowSample>(&row, 1),
+                 res, raw);
+}
+
 std::unique_ptr<SequenceCache> CudaModel::new_cache() const {
   K3_CUDA_CHECK(cudaSetDevice(impl_->device));
   return std::make_unique<DeviceSequence>(impl_->cfg, impl_->stream);

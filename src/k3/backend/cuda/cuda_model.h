@@ -34,7 +34,9 @@ class CudaModel final : public ModelRunner {
   std::unique_ptr<SequenceCache> new_cache() const override;
   std::shared_ptr<cache::CacheMemory> cache_memory() const override;
   AttnPath engine_path() const override { return AttnPath::Auto; }
-  int64_t memory_available() const override;  // free device memory (cudaMemGetInfo)
+  int64_t memory_available() const override;
+  // One throw-away prefill of max_tokens tokens and one decode step.
+  void warm_up(int64_t max_tokens) const override;  // free device memory (cudaMemGetInfo)
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                      const ForwardOptions& opt = {}) const override;
   // Samples on the GPU (backend/cuda/sampling_kernels.h): only the ids (and raw rows asked for) come back.
