@@ -123,6 +123,17 @@ std::vector<Case> make_cases(int64_t V, uint64_t seed) {
     add(1.0f, 1, 1.0f, 0.0f);                  // top-k 1 == greedy
     add(1.0f, 0, 1e-6f, 0.0f);                 // top-p tiny == greedy
   }
+  {  // peaked rows (a language model's usual shape): top-k / top-p take the candidate path; k > 2048
+     // and flat rows take the radix-select path
+    auto peak = [&](Case& c) {
+      for (int j = 0; j < 32; ++j) c.logits[static_cast<size_t>(rng() % static_cast<uint64_t>(V))] += 14.0f;
+    };
+    peak(add(1.0f, 0, 0.9f, 0.0f));
+    peak(add(0.8f, 0, 0.95f, 0.0f, true));
+    peak(add(1.0f, 20, 0.9f, 0.02f));
+    peak(add(1.2f, 0, 0.5f, 0.0f));
+    if (V > 5000) add(1.0f, 5000, 1.0f, 0.0f);
+  }
   {  // masked ids (a vocab padded past the tokenizer's) and -inf entries
     Case& c = add(1.0f, 0, 0.9f, 0.0f);
     c.r.n_tokenizable = V - V / 3;
@@ -201,12 +212,16 @@ TEST(CudaSampling, ManyDrawsAgree) {
   EXPECT_EQ(compare(cs, V), 0);
 }
 
-// Prints only (scripts/gpu-bench runs it): time per launch at the K3 vocab.
+// Prints only (scripts/gpu-bench runs it): time per launch at the K3 vocab, on two row shapes:
+// "peaked" (Gaussian sd 2 plus 32 ids raised by 14: a language model's usual row, top-p sets of tens
+// of ids) and "flat" (Gaussian sd 3: top-p 0.9 keeps ~10k ids, the candidate path's worst case).
 TEST(CudaSamplingTiming, Rows) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int64_t V = 163840;
+  for (int flat = 0; flat < 2; ++flat)
   for (int R : {1, 64, 256}) {
     for (int mode = 0; mode < 4; ++mode) {
+      if (flat && mode == 0) continue;
       std::mt19937_64 rng(3);
       std::vector<RowSampling> rows(static_cast<size_t>(R));
       std::vector<float> all;
@@ -215,7 +230,9 @@ TEST(CudaSamplingTiming, Rows) {
         r.top_p = mode >= 2 ? 0.9f : 1.0f;
         r.top_k = mode == 3 ? 50 : 0;
         r.u = 0.5;
-        auto l = random_logits(V, rng, 3.0f, false);
+        auto l = random_logits(V, rng, flat ? 3.0f : 2.0f, false);
+        if (!flat)
+          for (int j = 0; j < 32; ++j) l[static_cast<size_t>(rng() % V)] += 14.0f;
         all.insert(all.end(), l.begin(), l.end());
       }
       std::vector<k3::cuda::DeviceRowSampling> drows;
@@ -244,7 +261,7 @@ TEST(CudaSamplingTiming, Rows) {
         if (it >= 2) total += ms;
       }
       static const char* names[] = {"greedy", "T=1", "T=1 top_p=0.9", "T=1 top_k=50 top_p=0.9"};
-      std::printf("sampling V=%lld rows=%3d %-24s %8.1f us/launch\n", static_cast<long long>(V), R, names[mode],
+      std::printf("sampling V=%lld %-6s rows=%3d %-24s %8.1f us/launch\n", static_cast<long long>(V), flat ? "flat" : "peaked", R, names[mode],
                   1000.0 * total / reps);
       cudaEventDestroy(a);
       cudaEventDestroy(b);
