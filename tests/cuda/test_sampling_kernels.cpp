@@ -132,6 +132,7 @@ std::vector<Case> make_cases(int64_t V, uint64_t seed) {
     peak(add(0.8f, 0, 0.95f, 0.0f, true));
     peak(add(1.0f, 20, 0.9f, 0.02f));
     peak(add(1.2f, 0, 0.5f, 0.0f));
+    peak(add(1.0f, 50, 0.9f, 0.0f));  // k beyond the raised ids: the refined pivots
     if (V > 5000) add(1.0f, 5000, 1.0f, 0.0f);
   }
   {  // masked ids (a vocab padded past the tokenizer's) and -inf entries

@@ -191,6 +191,60 @@ struct Shared {
   float lmax, kth, t_w;
 };
 
+// Searches a threshold thr with weight(score >= thr) >= need and count(score >= thr) <= kCandCap, as
+// tight as the pivots allow: pivots at distances d below `top` (thr = top - d for logits, exp(-d) for
+// weights), first the fixed ladder kPivotD, then up to two rounds of kPivots pivots evenly inside the
+// bracket (last pivot short of `need`, first one reaching it but holding too many). score_of(i, x)
+// gives an element's score (-inf: none); with kMass the weight is fixed_weight(score), else 1.
+// Returns false when no pivot works (the caller takes the radix path).
+template <bool kMass, typename ScoreOf>
+__device__ bool find_threshold(Shared& sh, const float* l, int64_t V, bool vec, float top, u64 need, double scale,
+                               ScoreOf score_of, float* thr_out) {
+  float d[kPivots], thr[kPivots];
+#pragma unroll
+  for (int j = 0; j < kPivots; ++j) d[j] = kPivotD[j];
+  float hi = 0.0f;  // the current bracket's upper end (a distance that reaches `need` with too many)
+  for (int round = 0; round < 3; ++round) {
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) thr[j] = kMass ? expf(-d[j]) : top - d[j];
+    PivotStats st{};
+    visit(l, V, vec, [&](int64_t i, float x) {
+      const float sc = score_of(i, x);
+      const u64 W = kMass ? fixed_weight(sc, scale) : 0;
+#pragma unroll
+      for (int j = 0; j < kPivots; ++j) {
+        const bool above = sc >= thr[j];
+        if (kMass) st.mass[j] += above ? W : 0;
+        st.count[j] += above;
+      }
+    });
+    st = ReducePivots(sh.tmp.piv).Reduce(st, PivotSum());
+    if (threadIdx.x == 0) sh.stats = st;
+    __syncthreads();
+    int jsel = -1;
+    for (int j = 0; j < kPivots && jsel < 0; ++j)
+      if ((kMass ? sh.stats.mass[j] : sh.stats.count[j]) >= need) jsel = j;
+    const uint32_t cnt = jsel >= 0 ? sh.stats.count[jsel] : 0;
+    __syncthreads();  // sh.stats is rewritten by the next round
+    if (jsel >= 0 && cnt <= kCandCap) {
+      *thr_out = thr[jsel];
+      return true;
+    }
+    // Bracket for the next round: (lo, hi) with lo short of `need`, hi reaching it with too many.
+    float lo;
+    if (jsel < 0) {
+      if (round == 0) return false;  // even the widest pivot is short: the radix path
+      lo = d[kPivots - 1];           // between this round's last pivot and the bracket's top
+    } else {
+      lo = jsel > 0 ? d[jsel - 1] : 0.0f;
+      hi = d[jsel];
+    }
+#pragma unroll
+    for (int j = 0; j < kPivots; ++j) d[j] = lo + (hi - lo) * static_cast<float>(j + 1) / static_cast<float>(kPivots + 1);
+  }
+  return false;
+}
+
 // Gathers the keys of the elements with pred(i, x) into sh.tmp.cand (the caller checked that they fit)
 // and sorts them ascending into this thread's keys[] (blocked: positions kCandPerThread * tid + u);
 // unused positions hold UINT64_MAX. Warp-aggregated slot allocation: one shared atomic per warp.
@@ -329,23 +383,9 @@ __global__ void __launch_bounds__(kThreads)
   float kth = kNegInf;
   if (top_k) {
     const u64 k = static_cast<u64>(P.top_k);
-    float lpiv[kPivots];
-#pragma unroll
-    for (int j = 0; j < kPivots; ++j) lpiv[j] = lmax - kPivotD[j];
-    PivotStats st{};
-    visit(l, V, vec, [&](int64_t i, float x) {
-      if (i >= ntok) return;
-#pragma unroll
-      for (int j = 0; j < kPivots; ++j) st.count[j] += x >= lpiv[j];
-    });
-    st = ReducePivots(sh.tmp.piv).Reduce(st, PivotSum());
-    if (tid == 0) sh.stats = st;
-    __syncthreads();
-    int jsel = -1;
-    for (int j = 0; j < kPivots && jsel < 0; ++j)
-      if (sh.stats.count[j] >= k) jsel = j;
-    if (jsel >= 0 && sh.stats.count[jsel] <= kCandCap) {
-      const float piv = lpiv[jsel];
+    float piv = 0.0f;
+    if (find_threshold<false>(sh, l, V, vec, lmax, k, 0.0, [ntok](int64_t i, float x) { return i >= ntok ? kNegInf : x; },
+                              &piv)) {
       u64 keys[kCandPerThread];
       gather_sorted(
           sh, l, V, vec, [&](int64_t i, float x) { return i < ntok && x >= piv; },
@@ -375,10 +415,6 @@ __global__ void __launch_bounds__(kThreads)
   const float T = P.temperature;
   const float s_floor = __fmul_rn(-static_cast<float>(B + 1), 0.6931472f);
   const bool top_p = P.top_p < 1.0f;
-  float cpiv[kPivots];
-#pragma unroll
-  for (int j = 0; j < kPivots; ++j) cpiv[j] = expf(-kPivotD[j]);
-  PivotStats st{};
   u64 z = 0;
   auto weigh = [&](int64_t i, float x) {
     float w = 0.0f;
@@ -386,16 +422,7 @@ __global__ void __launch_bounds__(kThreads)
       const float s = scaled(x, lmax, T);
       if (!(s < s_floor)) w = weight(s);
     }
-    const u64 W = fixed_weight(w, scale);
-    z += W;
-    if (top_p) {
-#pragma unroll
-      for (int j = 0; j < kPivots; ++j) {
-        const bool above = w >= cpiv[j];
-        st.mass[j] += above ? W : 0;
-        st.count[j] += above;
-      }
-    }
+    z += fixed_weight(w, scale);
     return w;
   };
   if (vec) {
@@ -411,10 +438,6 @@ __global__ void __launch_bounds__(kThreads)
   const u64 Z1 = ReduceU64(sh.tmp.u).Sum(z);
   if (tid == 0) sh.total = Z1;
   __syncthreads();
-  if (top_p) {
-    st = ReducePivots(sh.tmp.piv).Reduce(st, PivotSum());
-    if (tid == 0) sh.stats = st;
-  }
   if (tid == 0) sh.t_w = -1.0f;  // the top-p bound (w, id): every w passes until top-p sets it
   __syncthreads();
 
@@ -426,14 +449,12 @@ __global__ void __launch_bounds__(kThreads)
   //    while the mass before them stays below the target.
   if (top_p) {
     const u64 target = top_p_target(P.top_p, sh.total);
-    int jsel = -1;
-    for (int j = 0; j < kPivots && jsel < 0; ++j)
-      if (sh.stats.mass[j] >= target) jsel = j;
-    if (jsel >= 0 && sh.stats.count[jsel] <= kCandCap) {
+    float c = 0.0f;
+    if (find_threshold<true>(sh, l, V, vec, 1.0f, target, scale, [](int64_t, float w) { return w > 0.0f ? w : kNegInf; },
+                             &c)) {
       // Candidates w >= c: every kept id is one (an id below c has all of c's mass before it). In
       // (w desc, id asc) order the kept ids are the prefix whose exclusive mass is below the target;
       // the last one, (t_w, t_id), bounds the survivors of step 6.
-      const float c = cpiv[jsel];
       u64 keys[kCandPerThread], W[kCandPerThread], ex[kCandPerThread];
       gather_sorted(
           sh, l, V, vec, [&](int64_t, float w) { return w > 0.0f && w >= c; },
