@@ -451,3 +451,86 @@ TEST(SamplingParams, Validate) {
   expect_ok([](SamplingParams& s) { s.presence_penalty = -2.0f; s.frequency_penalty = 2.0f; });
   expect_ok([](SamplingParams& s) { s.repetition_penalty = 0.5f; s.max_tokens = 0; });
 }
+
+// ---- sampling::sample_row (the algorithm shared with the GPU kernel) ----
+
+namespace {
+k3::sampling::RowSampling row_params(float T, int k, float p, double u) {
+  k3::sampling::RowSampling r;
+  r.temperature = T;
+  r.top_k = k;
+  r.top_p = p;
+  r.u = u;
+  return r;
+}
+}  // namespace
+
+// The draw walks the survivors in id order: u's position in [0, 1) maps to the ids' probability
+// intervals laid end to end by id (also after top-p, which sorts by probability to choose the set).
+TEST(SampleRow, DrawWalksSurvivorsInIdOrder) {
+  const std::vector<float> l = {0.3f, 2.0f, -1.0f, 1.2f, 1.9f, 0.0f};
+  for (float top_p : {1.0f, 0.8f}) {
+    SamplingParams sp;
+    sp.top_p = top_p;
+    const auto kept = ref_kept(l, sp);  // float64 reference set
+    auto p = ref_restricted(l, kept, 1.0);
+    double lo = 0;
+    for (int32_t id = 0; id < 6; ++id) {
+      if (!kept.count(id)) continue;
+      const double mid = lo + p[static_cast<size_t>(id)] / 2;
+      auto x = l;
+      const auto r = k3::sampling::sample_row(x, row_params(1.0f, 0, top_p, mid));
+      EXPECT_EQ(r.status, k3::sampling::SampleStatus::Ok);
+      EXPECT_EQ(r.token, id) << "top_p=" << top_p << " u=" << mid;
+      lo += p[static_cast<size_t>(id)];
+    }
+    EXPECT_NEAR(lo, 1.0, 1e-12);
+  }
+}
+
+TEST(SampleRow, ErrorsAreStatusesWithTheOffendingId) {
+  using k3::sampling::SampleStatus;
+  std::vector<float> l = {0.5f, 1.0f, 0.2f, 0.1f};
+  auto x = l;
+  x[2] = std::nanf("");
+  x[3] = std::nanf("");
+  auto r = k3::sampling::sample_row(x, row_params(1.0f, 0, 1.0f, 0.5));
+  EXPECT_EQ(r.status, SampleStatus::NaN);
+  EXPECT_EQ(r.at, 2);
+  x = l;
+  x[1] = std::numeric_limits<float>::infinity();
+  r = k3::sampling::sample_row(x, row_params(0.0f, 0, 1.0f, 0.5));
+  EXPECT_EQ(r.status, SampleStatus::PosInf);
+  EXPECT_EQ(r.at, 1);
+  x = l;
+  auto masked = row_params(1.0f, 0, 1.0f, 0.5);
+  masked.n_tokenizable = 0;
+  EXPECT_EQ(k3::sampling::sample_row(x, masked).status, SampleStatus::AllMasked);
+  x = l;
+  auto bad = row_params(1.0f, 0, 1.0f, 0.5);
+  bad.repetition_penalty = 1.5f;
+  const std::vector<int32_t> ids = {1, 4};
+  bad.repetition_ids = ids;
+  r = k3::sampling::sample_row(x, bad);
+  EXPECT_EQ(r.status, SampleStatus::BadId);
+  EXPECT_EQ(r.at, 4);
+  // Masking alone: the greedy pick skips ids >= n_tokenizable.
+  x = l;
+  auto part = row_params(0.0f, 0, 1.0f, 0.0);
+  part.n_tokenizable = 1;
+  r = k3::sampling::sample_row(x, part);
+  EXPECT_EQ(r.status, SampleStatus::Ok);
+  EXPECT_EQ(r.token, 0);
+}
+
+TEST(SampleRow, FixedPointWeights) {
+  EXPECT_EQ(k3::sampling::fixed_point_bits(163840), 44);  // 2^18 ids x 2^44 < 2^62
+  EXPECT_EQ(k3::sampling::fixed_point_bits(8192), 49);
+  EXPECT_EQ(k3::sampling::fixed_point_bits(2), 52);
+  EXPECT_EQ(k3::sampling::fixed_weight(1.0f, 44), uint64_t{1} << 44);
+  EXPECT_EQ(k3::sampling::fixed_weight(0.5f, 44), uint64_t{1} << 43);
+  EXPECT_EQ(k3::sampling::top_p_target(0.5f, 10), 5u);
+  EXPECT_EQ(k3::sampling::top_p_target(0.51f, 10), 6u);  // ceil
+  EXPECT_EQ(k3::sampling::draw_position(std::nextafter(1.0, 0.0), 10), 9u);
+  EXPECT_EQ(k3::sampling::draw_position(0.0, 10), 0u);
+}
