@@ -193,8 +193,8 @@ void cpu_core(const Batch& b, const CoreIn& in, Vec& out, Vec& S) {
   }
 }
 
-// Chunked: the workspace overload (parallel path); ChunkedNoWs: the overload without a workspace.
-enum class Core { Recurrent, Chunked, ChunkedNoWs };
+// Chunked: kda_chunked with a workspace (the parallel path).
+enum class Core { Recurrent, Chunked };
 
 // GPU: one call per part. split_frac 0 = one call over the whole batch; otherwise each sequence is cut at
 // floor(n * split_frac) and the two halves go to two calls (state carried in device memory).
@@ -226,10 +226,7 @@ void gpu_core(const Batch& b, const CoreIn& in, Core kind, int chunk, double spl
       ck(cudaDeviceSynchronize(), "sync");
       return;
     }
-    ck(kind == Core::Recurrent
-           ? k3::cuda::kda_recurrent(ds.p, ns, b.H, b.D, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr)
-           : k3::cuda::kda_chunked(ds.p, ns, b.H, b.D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr),
-       "launch");
+    ck(k3::cuda::kda_recurrent(ds.p, ns, b.H, b.D, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr), "launch");
     ck(cudaDeviceSynchronize(), "sync");
   };
   call(first);
@@ -311,30 +308,11 @@ TEST(CudaKda, ChunkedLongSequencesMatchCpuRecurrence) {
       }
 }
 
-// The overload without a workspace (internal buffer, grown between the calls) gives the same results.
-TEST(CudaKda, ChunkedWithoutWorkspaceEqualsWorkspace) {
-  SKIP_WITHOUT_GPU();
-  uint32_t seed = 280;
-  for (int D : {32, 128})
-    for (const auto& lens : {std::vector<int>{17, 3}, std::vector<int>{130, 3, 2, 17}, std::vector<int>{1000}}) {
-      const Batch b = make_batch(3, D, lens);
-      const CoreIn in = make_core(b, ++seed);
-      Vec o1, S1, o2, S2;
-      gpu_core(b, in, Core::Chunked, 64, 0, o1, S1);
-      gpu_core(b, in, Core::ChunkedNoWs, 64, 0, o2, S2);
-      const double eo = rel_err(o2, o1), es = rel_err(S2, S1);
-      std::printf("[ kda ] chunked no-ws vs ws D=%3d lens=%-16s out %.2e  state %.2e\n", D, lens_str(lens).c_str(), eo,
-                  es);
-      EXPECT_LT(eo, 1e-6);
-      EXPECT_LT(es, 1e-6);
-    }
-}
-
 TEST(CudaKda, SplitCallsEqualOneCall) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 300;
   for (int D : {32, 128})
-    for (Core kind : {Core::Recurrent, Core::Chunked, Core::ChunkedNoWs})
+    for (Core kind : {Core::Recurrent, Core::Chunked})
       for (const auto& lens : {std::vector<int>{100}, std::vector<int>{130, 17, 3}}) {
         const Batch b = make_batch(3, D, lens);
         const CoreIn in = make_core(b, ++seed);
@@ -343,7 +321,7 @@ TEST(CudaKda, SplitCallsEqualOneCall) {
         gpu_core(b, in, kind, 32, 0.37, o2, S2);
         const double eo = rel_err(o2, o1), es = rel_err(S2, S1);
         std::printf("[ kda ] split %-9s D=%3d lens=%-12s out %.2e  state %.2e\n",
-                    kind == Core::Recurrent ? "recurrent" : kind == Core::Chunked ? "chunked" : "chunk-nows", D, lens_str(lens).c_str(), eo, es);
+                    kind == Core::Recurrent ? "recurrent" : "chunked", D, lens_str(lens).c_str(), eo, es);
         EXPECT_LT(eo, 1e-4);
         EXPECT_LT(es, 1e-4);
       }
@@ -555,10 +533,24 @@ TEST(CudaKda, RejectsBadShapes) {
   using namespace k3::cuda;
   EXPECT_EQ(kda_recurrent(nullptr, 1, 1, 48, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(kda_chunked(nullptr, 1, 1, 64, 48, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(kda_chunked(nullptr, 1, 1, 256, 64, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(kda_chunked(nullptr, 1, 16, 1, 64, 48, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0,
+                        nullptr),
+            cudaErrorInvalidValue);  // chunk 48
+  EXPECT_EQ(kda_chunked(nullptr, 1, 16, 1, 256, 64, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0,
+                        nullptr),
+            cudaErrorInvalidValue);  // D 256
+  {  // a workspace too small, and unaligned rows
+    const size_t need = kda_chunked_workspace_bytes(16, 1, 1, 64, 16);
+    void* ws = nullptr;
+    float* rows = nullptr;
+    ASSERT_EQ(cudaMalloc(&ws, need), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&rows), 6 * 16 * 64 * 4), cudaSuccess);
+    float *q = rows, *k = q + 16 * 64, *v = k + 16 * 64, *g = v + 16 * 64, *o = g + 16 * 64, *beta = o + 16 * 64;
+    EXPECT_EQ(kda_chunked(nullptr, 1, 16, 1, 64, 16, q, k, v, g, beta, o, ws, need - 16, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(kda_chunked(nullptr, 1, 16, 1, 64, 16, q + 1, k, v, g, beta, o, ws, need, nullptr), cudaErrorInvalidValue);
+    cudaFree(ws);
+    cudaFree(rows);
+  }
   EXPECT_EQ(kda_conv_l2norm(nullptr, 1, 1, 1, 64, 9, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                             nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
@@ -622,9 +614,7 @@ TEST(CudaKda, Timing) {
           5);
       std::printf(" | chunked%d %8.3f ms", chunk, ms);
     }
-    const float ms_nows = time_ms(
-        [&] { return k3::cuda::kda_chunked(seqs.p, ns, H, D, 64, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr); }, 3);
-    std::printf(" | chunked64 no-ws (syncs) %8.3f ms\n", ms_nows);
+    std::printf("\n");
     EXPECT_TRUE(all_finite(o.get()));
   }
 

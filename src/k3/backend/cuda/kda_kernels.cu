@@ -32,8 +32,8 @@
 //      to D+4 floats so a warp's 8 rows hit distinct banks. The next chunk's operands stream in with
 //      cp.async into each shared buffer as soon as the step that reads it is done.
 //   For 1 x 4096 tokens, H = 32, D = 128 that is 2048 intra blocks and 128 state blocks of 64 chunks.
-//   The old one-block-per-(seq, head) kernel (kda_chunked_serial_kernel) stays as the fallback for graph
-//   capture without a workspace and for unaligned pointers.
+//   (The first, serial one-block-per-(seq, head) kernel and the overload without a workspace are gone: the
+//   model always passes a workspace and 16-byte-aligned rows.)
 // - kda_conv_l2norm: block of D threads per (tile of 16 tokens, head, seq); each thread one channel.
 //   The conv of token t reads its W inputs directly (x rows, or the old conv state for t < W-1), so
 //   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
@@ -47,8 +47,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
-#include <vector>
 
 namespace k3::cuda {
 namespace {
@@ -248,163 +246,6 @@ __global__ void __launch_bounds__(32)
     if (p == 0) o[static_cast<size_t>(sq.offset + t) * C + static_cast<size_t>(h) * D + dv] = ot;
   }
   store_column<D, SPLIT>(s, S, dv, p);
-}
-
-// ---------------------------------------------------------------------------------------------------
-// kda_chunked serial fallback: grid (n_seqs, H), D threads; thread = value column dv (and column d of the staging loads).
-// Shared memory (floats): Qs, Ks, Gs, Vs [L][D]; Akk, Aqk [L][L]; eL [D]; bs [L]  (L = chunk).
-
-inline size_t chunked_smem_bytes(int D, int L) {
-  return (4 * static_cast<size_t>(L) * D + 2 * static_cast<size_t>(L) * L + D + L) * sizeof(float);
-}
-
-template <int D>
-__global__ void __launch_bounds__(D)
-    kda_chunked_serial_kernel(const KdaSeq* __restrict__ seqs, int H, int L, const float* __restrict__ q,
-                       const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
-                       const float* __restrict__ beta, float* __restrict__ o) {
-  extern __shared__ float4 smem4[];
-  float* Qs = reinterpret_cast<float*>(smem4);  // q, then Q exp(G)
-  float* Ks = Qs + L * D;                       // k, then exp(G_last - G) k
-  float* Gs = Ks + L * D;                       // G (cumulative log decay), then exp(G) k, then W
-  float* Vs = Gs + L * D;                       // v, then U, then V~ (column dv only touched by thread dv)
-  float* Akk = Vs + L * D;                      // [L][L], strictly lower, without beta
-  float* Aqk = Akk + L * L;                     // [L][L], lower incl. diagonal
-  float* eL = Aqk + L * L;                      // exp(G_last)
-  float* bs = eL + D;                           // beta of the chunk's tokens
-
-  const KdaSeq sq = seqs[blockIdx.x];
-  const int h = blockIdx.y, tid = threadIdx.x;
-  const int C = H * D;
-  const size_t hcol = static_cast<size_t>(h) * D;
-  float* S = sq.S + hcol * D;
-  float s[D];
-  load_column<D, 1>(s, S, tid, 0);
-
-  for (int t0 = 0; t0 < sq.n; t0 += L) {
-    const int Lc = min(L, sq.n - t0);
-    __syncthreads();  // the previous chunk's readers are done with every buffer
-
-    // Stage the chunk; thread tid owns column tid, so the cumulative decay is a thread-local scan.
-    {
-      float run = 0.f;
-      for (int i = 0; i < Lc; ++i) {
-        const size_t at = static_cast<size_t>(sq.offset + t0 + i) * C + hcol + tid;
-        Qs[i * D + tid] = q[at];
-        Ks[i * D + tid] = k[at];
-        Vs[i * D + tid] = v[at];
-        run += g[at];
-        Gs[i * D + tid] = run;
-      }
-      for (int i = tid; i < Lc; i += D) bs[i] = beta[static_cast<size_t>(sq.offset + t0 + i) * H + h];
-    }
-    __syncthreads();
-
-    // A_kk[i][j] = sum_d k_i k_j exp(G_i - G_j) (j < i), A_qk[i][j] = same with q_i (j <= i).
-    // One (i, j) pair per thread; the float4 index is rotated by the thread id so that a warp's lanes
-    // (which read different rows) hit different banks.
-    {
-      const int npairs = Lc * (Lc + 1) / 2;
-      for (int p = tid; p < npairs; p += D) {
-        int i = static_cast<int>((sqrtf(8.f * p + 1.f) - 1.f) * 0.5f);
-        while (i * (i + 1) / 2 > p) --i;
-        while ((i + 1) * (i + 2) / 2 <= p) ++i;
-        const int j = p - i * (i + 1) / 2;
-        const float4* Ki = reinterpret_cast<const float4*>(Ks + i * D);
-        const float4* Qi = reinterpret_cast<const float4*>(Qs + i * D);
-        const float4* Gi = reinterpret_cast<const float4*>(Gs + i * D);
-        const float4* Kj = reinterpret_cast<const float4*>(Ks + j * D);
-        const float4* Gj = reinterpret_cast<const float4*>(Gs + j * D);
-        float akk = 0.f, aqk = 0.f;
-#pragma unroll 4
-        for (int d0 = 0; d0 < D / 4; ++d0) {
-          const int d4 = (d0 + tid) & (D / 4 - 1);
-          const float4 gi = Gi[d4], gj = Gj[d4], ki = Ki[d4], qi = Qi[d4], kj = Kj[d4];
-          const float ex = kj.x * expf(gi.x - gj.x), ey = kj.y * expf(gi.y - gj.y);
-          const float ez = kj.z * expf(gi.z - gj.z), ew = kj.w * expf(gi.w - gj.w);
-          akk = fmaf(ki.x, ex, fmaf(ki.y, ey, fmaf(ki.z, ez, fmaf(ki.w, ew, akk))));
-          aqk = fmaf(qi.x, ex, fmaf(qi.y, ey, fmaf(qi.z, ez, fmaf(qi.w, ew, aqk))));
-        }
-        if (j < i) Akk[i * L + j] = akk;
-        Aqk[i * L + j] = aqk;
-      }
-    }
-    __syncthreads();
-
-    // Column-local (column tid): Q exp(G), exp(G_last - G) k, exp(G) k; then the forward substitutions
-    // W_i = beta_i (exp(G_i) k_i - sum_{j<i} A_kk[i][j] W_j) and the same for U from V.
-    {
-      const float gl = Gs[(Lc - 1) * D + tid];
-      eL[tid] = expf(gl);
-      for (int i = 0; i < Lc; ++i) {
-        const int at = i * D + tid;
-        const float gi = Gs[at], ki = Ks[at];
-        Qs[at] *= expf(gi);
-        Ks[at] = ki * expf(gl - gi);
-        Gs[at] = ki * expf(gi);
-      }
-      for (int i = 0; i < Lc; ++i) {
-        float w = Gs[i * D + tid], u = Vs[i * D + tid];
-        for (int j = 0; j < i; ++j) {
-          const float a = Akk[i * L + j];
-          w = fmaf(-a, Gs[j * D + tid], w);
-          u = fmaf(-a, Vs[j * D + tid], u);
-        }
-        Gs[i * D + tid] = bs[i] * w;
-        Vs[i * D + tid] = bs[i] * u;
-      }
-    }
-    __syncthreads();
-
-    // Value column dv = tid: V~_i = U_i - W_i . s;  O_i = Qe_i . s + sum_{j<=i} A_qk[i][j] V~_j.
-    for (int i = 0; i < Lc; ++i) {
-      const float4* W4 = reinterpret_cast<const float4*>(Gs + i * D);
-      const float4* Q4 = reinterpret_cast<const float4*>(Qs + i * D);
-      float w0 = 0.f, w1 = 0.f, q0 = 0.f, q1 = 0.f;
-#pragma unroll
-      for (int d4 = 0; d4 < D / 4; ++d4) {
-        const float4 w = W4[d4], qe = Q4[d4];
-        w0 = fmaf(w.x, s[4 * d4 + 0], w0);
-        w1 = fmaf(w.y, s[4 * d4 + 1], w1);
-        w0 = fmaf(w.z, s[4 * d4 + 2], w0);
-        w1 = fmaf(w.w, s[4 * d4 + 3], w1);
-        q0 = fmaf(qe.x, s[4 * d4 + 0], q0);
-        q1 = fmaf(qe.y, s[4 * d4 + 1], q1);
-        q0 = fmaf(qe.z, s[4 * d4 + 2], q0);
-        q1 = fmaf(qe.w, s[4 * d4 + 3], q1);
-      }
-      const float vt = Vs[i * D + tid] - (w0 + w1);
-      Vs[i * D + tid] = vt;
-      float acc = q0 + q1;
-      for (int j = 0; j <= i; ++j) acc = fmaf(Aqk[i * L + j], Vs[j * D + tid], acc);
-      o[static_cast<size_t>(sq.offset + t0 + i) * C + hcol + tid] = acc;
-    }
-    // s = exp(G_last) s + sum_i (exp(G_last - G_i) k_i) V~_i
-    {
-      const float4* e4 = reinterpret_cast<const float4*>(eL);
-#pragma unroll
-      for (int d4 = 0; d4 < D / 4; ++d4) {
-        const float4 e = e4[d4];
-        s[4 * d4 + 0] *= e.x;
-        s[4 * d4 + 1] *= e.y;
-        s[4 * d4 + 2] *= e.z;
-        s[4 * d4 + 3] *= e.w;
-      }
-      for (int i = 0; i < Lc; ++i) {
-        const float vt = Vs[i * D + tid];
-        const float4* K4 = reinterpret_cast<const float4*>(Ks + i * D);
-#pragma unroll
-        for (int d4 = 0; d4 < D / 4; ++d4) {
-          const float4 kd = K4[d4];
-          s[4 * d4 + 0] = fmaf(kd.x, vt, s[4 * d4 + 0]);
-          s[4 * d4 + 1] = fmaf(kd.y, vt, s[4 * d4 + 1]);
-          s[4 * d4 + 2] = fmaf(kd.z, vt, s[4 * d4 + 2]);
-          s[4 * d4 + 3] = fmaf(kd.w, vt, s[4 * d4 + 3]);
-        }
-      }
-    }
-  }
-  store_column<D, 1>(s, S, tid, 0);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1040,19 +881,6 @@ cudaError_t launch_recurrent(const KdaSeq* seqs, int n_seqs, int H, const float*
   return cudaGetLastError();
 }
 
-template <int D>
-cudaError_t launch_chunked_serial(const KdaSeq* seqs, int n_seqs, int H, int L, const float* q, const float* k,
-                           const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  const size_t smem = chunked_smem_bytes(D, L);
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kda_chunked_serial_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
-  kda_chunked_serial_kernel<D><<<dim3(n_seqs, H), D, smem, stream>>>(seqs, H, L, q, k, v, g, beta, o);
-  return cudaGetLastError();
-}
-
 template <int D, int L>
 cudaError_t launch_chunked_parallel_l(const KdaSeq* seqs, int n_seqs, int N, int H, const float* q, const float* k,
                                       const float* v, const float* g, const float* beta, float* o, const ChunkWs& ws,
@@ -1194,15 +1022,6 @@ bool chunk_args_ok(int n_seqs, int H, int D, int chunk) {
          (chunk == 16 || chunk == 32 || chunk == 64);
 }
 
-cudaError_t chunked_serial(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
-                           const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  switch (D) {
-    case 32: return launch_chunked_serial<32>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
-    case 64: return launch_chunked_serial<64>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
-    default: return launch_chunked_serial<128>(seqs, n_seqs, H, chunk, q, k, v, g, beta, o, stream);
-  }
-}
-
 }  // namespace
 
 size_t kda_chunked_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk) {
@@ -1220,48 +1039,12 @@ cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int 
                                       static_cast<char*>(workspace), &ws);
   if (workspace == nullptr || workspace_bytes < need || !aligned16(workspace)) return cudaErrorInvalidValue;
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(g) || !aligned16(o))
-    return chunked_serial(seqs, n_seqs, H, D, chunk, q, k, v, g, beta, o, stream);  // float4 / cp.async need 16 B
+    return cudaErrorInvalidValue;  // float4 / cp.async need 16-byte rows
   switch (D) {
     case 32: return launch_chunked_parallel<32>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
     case 64: return launch_chunked_parallel<64>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
     default: return launch_chunked_parallel<128>(seqs, n_seqs, n_total_tokens, H, chunk, q, k, v, g, beta, o, ws, stream);
   }
-}
-
-cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
-                        const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  if (!chunk_args_ok(n_seqs, H, D, chunk)) return cudaErrorInvalidValue;
-  if (n_seqs == 0) return cudaSuccess;
-  // The workspace is sized by the row count, which only the device-side table knows: read it back
-  // (a stream synchronisation). Not possible while capturing a graph: use the serial kernel then.
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaError_t e = cudaStreamIsCapturing(stream, &cs);
-  if (e != cudaSuccess) return e;
-  if (cs != cudaStreamCaptureStatusNone) return chunked_serial(seqs, n_seqs, H, D, chunk, q, k, v, g, beta, o, stream);
-  std::vector<KdaSeq> hs(static_cast<size_t>(n_seqs));
-  e = cudaMemcpyAsync(hs.data(), seqs, hs.size() * sizeof(KdaSeq), cudaMemcpyDefault, stream);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) return e;
-  int N = 0;
-  for (const KdaSeq& s : hs)
-    if (s.n > 0) N = std::max(N, s.offset + s.n);
-  if (N == 0) return cudaSuccess;
-  // Grow-only internal workspace. The lock covers the allocation; concurrent calls on different streams
-  // would share the buffer, so such callers must use the workspace overload.
-  static std::mutex mu;
-  static void* buf = nullptr;
-  static size_t cap = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  const size_t need = kda_chunked_workspace_bytes(N, n_seqs, H, D, chunk);
-  if (need > cap) {
-    if (buf) cudaFree(buf);  // synchronises the device: no earlier launch still reads it
-    buf = nullptr;
-    cap = 0;
-    e = cudaMalloc(&buf, need);
-    if (e != cudaSuccess) return e;
-    cap = need;
-  }
-  return kda_chunked(seqs, n_seqs, N, H, D, chunk, q, k, v, g, beta, o, buf, cap, stream);
 }
 
 cudaError_t kda_output_gate(int N, int H, int D, float* o, const float* norm_w, float eps, const float* gate,

@@ -46,16 +46,12 @@ cudaError_t kda_recurrent(const KdaSeq* seqs, int n_seqs, int H, int D, const fl
 // Parallel over chunks (three kernels) with a caller-provided device workspace of at least
 // kda_chunked_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk) bytes (16-byte aligned; about
 // (4 C + H chunk) floats per row). n_total_tokens = N, the rows of q/k/v/g/o; every sequence's rows lie in
-// [0, N) and sequences do not share rows. Asynchronous; graph-capturable.
+// [0, N) and sequences do not share rows; q, k, v, g, o 16-byte aligned (else cudaErrorInvalidValue).
+// Asynchronous; graph-capturable.
 size_t kda_chunked_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk);
 cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk, const float* q,
                         const float* k, const float* v, const float* g, const float* beta, float* o, void* workspace,
                         size_t workspace_bytes, cudaStream_t stream);
-// Same without a workspace: reads the sequence table back (synchronises `stream`) to size a grow-only
-// internal buffer shared by all callers (not for concurrent use on several streams). While `stream` is
-// being captured it falls back to the serial per-(sequence, head) kernel.
-cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int H, int D, int chunk, const float* q, const float* k,
-                        const float* v, const float* g, const float* beta, float* o, cudaStream_t stream);
 
 // Output: o = RMSNorm_D(o) * norm_w * sigmoid(gate), per head of D values (eps), in place.
 // o, gate: [N][C]; norm_w: [D].

@@ -33,6 +33,19 @@ __device__ __forceinline__ void e2m1x8_to_half2(uint32_t w, uint32_t h[4]) {
   h[3] = ((w & 0x80008000u)) | ((w & 0x70007000u) >> 3);        // high nibbles of bytes 1, 3
 }
 
+// The 8 values as fp32 in element order, times 2^-14 (unscaled: multiply a dot product of them by
+// e8m0_scale_x2p14(s) once instead of every value).
+__device__ __forceinline__ void e2m1x8_to_float_x2m14(uint32_t w, float out[8]) {
+  uint32_t h[4];
+  e2m1x8_to_half2(w, h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+    out[i] = f.x;
+    out[i + 4] = f.y;
+  }
+}
+
 // The same 8 values as fp32 in element order, each multiplied by `scale` (pass e8m0_scale_x2p14(s)).
 __device__ __forceinline__ void e2m1x8_to_float(uint32_t w, float scale, float out[8]) {
   uint32_t h[4];
