@@ -1,6 +1,7 @@
 #include "k3/model/model_runner.h"
 
 #include "k3/core/error.h"
+#include "k3/core/thread_pool.h"
 
 namespace k3 {
 
@@ -18,11 +19,13 @@ void ModelRunner::forward_sample(const std::vector<BatchItem>& items, std::span<
   const size_t V = static_cast<size_t>(config().vocab_size);
   results.resize(rows.size());
   raw_logits.clear();
-  for (size_t j = 0; j < rows.size(); ++j) {
+  for (size_t j = 0; j < rows.size(); ++j)  // before sampling rewrites the rows
+    if (rows[j].raw_logits) raw_logits.insert(raw_logits.end(), logits.begin() + j * V, logits.begin() + (j + 1) * V);
+  // Rows are independent: one per pool task (a row's result does not depend on the thread).
+  parallel_for(static_cast<int64_t>(rows.size()), rows.size() > 1, [&](int64_t j) {
     const std::span<float> row(logits.data() + j * V, V);
-    if (rows[j].raw_logits) raw_logits.insert(raw_logits.end(), row.begin(), row.end());
-    results[j] = sampling::sample_row(row, rows[j].sampling);
-  }
+    results[static_cast<size_t>(j)] = sampling::sample_row(row, rows[static_cast<size_t>(j)].sampling);
+  });
 }
 
 }  // namespace k3

@@ -1,9 +1,12 @@
 #include "k3/sampling/token_sampling.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
-#include <numeric>
 #include <vector>
+
+#include "k3/core/thread_pool.h"
 
 namespace k3::sampling {
 
@@ -111,50 +114,69 @@ SampleResult sample_row(std::span<float> logits, const RowSampling& r) {
   // exp is skipped (a shortcut only: the result is the same without it).
   const float s_floor = -static_cast<float>(B + 1) * 0.6931472f;
   std::vector<float> w(static_cast<size_t>(V));
-  for (int64_t i = 0; i < V; ++i) {
-    float& l = logits[static_cast<size_t>(i)];
-    if (l == kNegInf || (top_k && !(l >= kth)) || (l - lmax) / T < s_floor) {
-      w[static_cast<size_t>(i)] = 0.0f;
-      l = kNegInf;
-      continue;
+  auto weigh = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      float& l = logits[static_cast<size_t>(i)];
+      if (l == kNegInf || (top_k && !(l >= kth)) || (l - lmax) / T < s_floor) {
+        w[static_cast<size_t>(i)] = 0.0f;
+        l = kNegInf;
+        continue;
+      }
+      w[static_cast<size_t>(i)] = weight_of(l, lmax, T);
+      l = (l - lmax) / T;
     }
-    w[static_cast<size_t>(i)] = weight_of(l, lmax, T);
-    l = (l - lmax) / T;
-  }
+  };
+  // The exps dominate a sampled row (~1.4 ms at V = 163840 on one core): split large rows over the pool
+  // (inline when the caller already runs inside it, e.g. one row per task). Every id's work is independent.
+  if (V >= 32768)
+    ThreadPool::global().parallel_for(V, 16384, [&](int64_t b, int64_t e, int) { weigh(b, e); });
+  else
+    weigh(0, V);
   // 6. Top-p: keep the smallest prefix, in (w desc, id asc) order, whose mass reaches the target. The
-  //    sort is incremental (the first 64, 256, 1024, ... candidates): a peaked row costs O(V log 64).
+  //    mass per binade of w (exact fixed-point sums) locates the binade where the prefix ends: every id
+  //    above it is kept, every id below dropped, and only that binade's ids are sorted. O(V) plus one
+  //    binade's sort (the kernel finds the same set with a radix select).
   if (r.top_p < 1.0f) {
-    std::vector<int32_t> idx;
+    auto binade = [](float x) { return static_cast<int>(std::bit_cast<uint32_t>(x) >> 23); };  // x >= 0
+    std::array<uint64_t, 256> mass{};
     uint64_t Z = 0;
     for (int64_t i = 0; i < V; ++i) {
-      if (w[static_cast<size_t>(i)] > 0.0f) idx.push_back(static_cast<int32_t>(i));
-      Z += fixed_weight(w[static_cast<size_t>(i)], B);
+      const float wi = w[static_cast<size_t>(i)];
+      if (wi <= 0.0f) continue;
+      const uint64_t W = fixed_weight(wi, B);
+      mass[static_cast<size_t>(binade(wi))] += W;
+      Z += W;
     }
     const uint64_t target = top_p_target(r.top_p, Z);
-    auto before = [&](int32_t a, int32_t b) {
-      return w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)] || (w[static_cast<size_t>(a)] == w[static_cast<size_t>(b)] && a < b);
-    };
-    const size_t n = idx.size();
-    size_t sorted = 0, keep = n, end = std::min<size_t>(n, 64);
-    uint64_t cum = 0;
-    for (bool done = false; !done;) {
-      std::partial_sort(idx.begin() + static_cast<std::ptrdiff_t>(sorted), idx.begin() + static_cast<std::ptrdiff_t>(end),
-                        idx.end(), before);
-      for (size_t j = sorted; j < end; ++j) {
-        if (cum >= target) {  // the prefix before j already reaches the target: j and later go
-          keep = j;
-          done = true;
-          break;
-        }
-        cum += fixed_weight(w[static_cast<size_t>(idx[j])], B);
-      }
-      sorted = end;
-      if (sorted == n) done = true;
-      end = std::min(n, end * 4);
+    uint64_t above = 0;
+    int cut = 255;
+    for (; cut > 0; --cut) {
+      if (above + mass[static_cast<size_t>(cut)] >= target) break;
+      above += mass[static_cast<size_t>(cut)];
     }
-    for (size_t j = keep; j < n; ++j) {
-      w[static_cast<size_t>(idx[j])] = 0.0f;
-      logits[static_cast<size_t>(idx[j])] = kNegInf;
+    std::vector<int32_t> tie;  // the ids of the binade where the prefix ends
+    for (int64_t i = 0; i < V; ++i) {
+      const float wi = w[static_cast<size_t>(i)];
+      if (wi > 0.0f && binade(wi) == cut) tie.push_back(static_cast<int32_t>(i));
+    }
+    std::sort(tie.begin(), tie.end(), [&](int32_t a, int32_t b) {
+      return w[static_cast<size_t>(a)] > w[static_cast<size_t>(b)] || (w[static_cast<size_t>(a)] == w[static_cast<size_t>(b)] && a < b);
+    });
+    uint64_t cum = above;
+    for (int32_t t : tie) {
+      if (cum >= target) {  // the prefix before t already reaches the target: t goes
+        w[static_cast<size_t>(t)] = 0.0f;
+        logits[static_cast<size_t>(t)] = kNegInf;
+        continue;
+      }
+      cum += fixed_weight(w[static_cast<size_t>(t)], B);
+    }
+    for (int64_t i = 0; i < V; ++i) {
+      float& wi = w[static_cast<size_t>(i)];
+      if (wi > 0.0f && binade(wi) < cut) {
+        wi = 0.0f;
+        logits[static_cast<size_t>(i)] = kNegInf;
+      }
     }
   }
   // 7. Min-p, then the draw in id order over the survivors' fixed-point weights.
