@@ -8,6 +8,7 @@
 
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/mla_attention.h"
+#include "k3/sampling/token_sampling.h"
 
 namespace {
 
@@ -71,5 +72,35 @@ TEST(KernelBench, DISABLED_Timing) {
       k3::cpu::mla_attention_mha(T, 0, nh, dn, dr, dv, q.data(), kn.data(), kp.data(), v.data(), 0.072f, out.data());
     });
     std::printf("MLA mha prefill nh=%d T=%d: %.3f ms\n", nh, T, t);
+  }
+}
+
+// Host sampling of one row at the K3 vocabulary (sampling::sample_row), on a peaked row (32 ids raised by 14
+// over Gaussian sd 2) and a flat one (Gaussian sd 3: top-p 0.9 keeps ~10k ids). Run with
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_Sampling'`.
+TEST(KernelBench, DISABLED_Sampling) {
+  const std::size_t V = 163840;
+  for (int flat = 0; flat < 2; ++flat) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.f, flat ? 3.f : 2.f);
+    std::vector<float> base(V);
+    for (auto& x : base) x = nd(rng);
+    if (!flat)
+      for (int j = 0; j < 32; ++j) base[rng() % V] += 14.f;
+    struct Mode { const char* name; float T; int k; float p; };
+    for (const Mode m : {Mode{"greedy", 0.f, 0, 1.f}, Mode{"T=1", 1.f, 0, 1.f}, Mode{"T=1 top-p 0.9", 1.f, 0, 0.9f},
+                         Mode{"T=1 top-k 50 top-p 0.9", 1.f, 50, 0.9f}}) {
+      k3::sampling::RowSampling r;
+      r.temperature = m.T;
+      r.top_k = m.k;
+      r.top_p = m.p;
+      r.u = 0.5;
+      std::vector<float> x;
+      const double ms = best_ms(10, [&] {
+        x = base;
+        k3::sampling::sample_row(x, r);
+      });
+      std::printf("sample_row V=%zu %-6s %-24s %8.3f ms\n", V, flat ? "flat" : "peaked", m.name, ms);
+    }
   }
 }

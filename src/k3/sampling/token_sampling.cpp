@@ -103,9 +103,25 @@ SampleResult sample_row(std::span<float> logits, const RowSampling& r) {
   const bool top_k = r.top_k > 0 && r.top_k < V;
   float kth = kNegInf;
   if (top_k) {
-    std::vector<float> tmp(logits.begin(), logits.end());
-    std::nth_element(tmp.begin(), tmp.begin() + (r.top_k - 1), tmp.end(), std::greater<float>());
-    kth = tmp[static_cast<size_t>(r.top_k - 1)];
+    // Counts per bucket of an order-preserving key (sign, exponent, 3 mantissa bits) locate the bucket
+    // holding the k-th largest; nth_element runs over that bucket only. O(V).
+    auto bucket = [](float x) {
+      const uint32_t b = std::bit_cast<uint32_t>(x);
+      return ((b & 0x80000000u) ? ~b : (b | 0x80000000u)) >> 20;
+    };
+    std::vector<uint32_t> count(4096, 0);
+    for (int64_t i = 0; i < V; ++i) ++count[bucket(logits[static_cast<size_t>(i)])];
+    int64_t need = r.top_k;
+    uint32_t cut = 4095;
+    for (; cut > 0; --cut) {
+      if (count[cut] >= static_cast<uint64_t>(need)) break;
+      need -= count[cut];
+    }
+    std::vector<float> in_cut;
+    for (int64_t i = 0; i < V; ++i)
+      if (bucket(logits[static_cast<size_t>(i)]) == cut) in_cut.push_back(logits[static_cast<size_t>(i)]);
+    std::nth_element(in_cut.begin(), in_cut.begin() + (need - 1), in_cut.end(), std::greater<float>());
+    kth = in_cut[static_cast<size_t>(need - 1)];
   }
   // 5. Weights. Filtered ids get w = 0 (and logit -inf on return).
   const int B = fixed_point_bits(V);
