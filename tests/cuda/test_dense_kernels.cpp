@@ -67,6 +67,26 @@ const char* precision_name(k3::cuda::GemmPrecision p) {
   return p == k3::cuda::GemmPrecision::Bf16 ? "bf16" : "bf16x2";
 }
 
+// A random weight matrix on the host in both storages (fp32 values and their bf16 rounding) and the CPU
+// reference's view of one of them.
+struct HostWeight {
+  int64_t rows, cols;
+  std::vector<float> f;
+  std::vector<uint16_t> b;
+  HostWeight(int64_t r, int64_t c, uint64_t seed) : rows(r), cols(c), f(randn(static_cast<size_t>(r * c), seed, 0.05f)), b(f.size()) {
+    for (size_t i = 0; i < f.size(); ++i) b[i] = k3::f32_to_bf16(f[i]);
+  }
+  const void* data(bool bf16) const { return bf16 ? static_cast<const void*>(b.data()) : static_cast<const void*>(f.data()); }
+  k3::WeightMatrix view(bool bf16) const {
+    k3::WeightMatrix W;
+    W.rows = rows;
+    W.cols = cols;
+    W.dtype = bf16 ? k3::DType::BF16 : k3::DType::F32;
+    W.data = data(bf16);
+    return W;
+  }
+};
+
 TEST(CudaLinear, MatchesCpuMatmul) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using k3::cuda::GemmPrecision;
@@ -75,15 +95,9 @@ TEST(CudaLinear, MatchesCpuMatmul) {
   for (const Shape s : {Shape{33, 96}, Shape{128, 128}, Shape{1000, 2304}, Shape{4096, 512}, Shape{17, 40},
                         Shape{65, 37}, Shape{130, 1023}}) {
     for (int wt = 0; wt < 2; ++wt) {
-      const auto wf = randn(static_cast<size_t>(s.rows * s.cols), 1 + s.rows, 0.05f);
-      std::vector<uint16_t> wb(wf.size());
-      for (size_t i = 0; i < wf.size(); ++i) wb[i] = k3::f32_to_bf16(wf[i]);
-      k3::WeightMatrix W;
-      W.rows = s.rows;
-      W.cols = s.cols;
-      W.dtype = wt == 0 ? k3::DType::BF16 : k3::DType::F32;
-      W.data = wt == 0 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
-      DeviceBuffer dw = wt == 0 ? upload(wb) : upload(wf);
+      const HostWeight hw(s.rows, s.cols, 1 + s.rows);
+      const k3::WeightMatrix W = hw.view(wt == 0);
+      DeviceBuffer dw = wt == 0 ? upload(hw.b) : upload(hw.f);
       k3::cuda::DeviceLinear D{wt == 0 ? k3::cuda::WType::BF16 : k3::cuda::WType::F32, dw.get(), s.rows, s.cols};
       for (int64_t n : {1, 3, 8, 9, 64, 300}) {
         const auto x = randn(static_cast<size_t>(n * s.cols), 7 + n);
@@ -119,16 +133,10 @@ TEST(CudaLinear, UnalignedPointers) {
     for (const Shape s : {Shape{256, 512}, Shape{77, 129}}) {
       for (int wt = 0; wt < 2; ++wt) {
         const size_t esz = wt == 0 ? 2 : 4;
-        const auto wf = randn(static_cast<size_t>(s.rows * s.cols), 11 + s.cols, 0.05f);
-        std::vector<uint16_t> wb(wf.size());
-        for (size_t i = 0; i < wf.size(); ++i) wb[i] = k3::f32_to_bf16(wf[i]);
-        k3::WeightMatrix W;
-        W.rows = s.rows;
-        W.cols = s.cols;
-        W.dtype = wt == 0 ? k3::DType::BF16 : k3::DType::F32;
-        W.data = wt == 0 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
-        const void* wsrc = wt == 0 ? static_cast<const void*>(wb.data()) : static_cast<const void*>(wf.data());
-        DeviceBuffer dw((wf.size() + 1) * esz);
+        const HostWeight hw(s.rows, s.cols, 11 + s.cols);
+        const k3::WeightMatrix W = hw.view(wt == 0);
+        const void* wsrc = hw.data(wt == 0);
+        DeviceBuffer dw((hw.f.size() + 1) * esz);
         for (int64_t n : {9, 33}) {
           const auto x = randn(static_cast<size_t>(n * s.cols), 5 + n);
           std::vector<float> ref(static_cast<size_t>(n * s.rows));
@@ -138,7 +146,7 @@ TEST(CudaLinear, UnalignedPointers) {
             char* w = dw.get<char>() + off * esz;
             float* xd = dx.get<float>() + off;
             float* yd = dy.get<float>() + off;
-            K3_CUDA_CHECK(cudaMemcpy(w, wsrc, wf.size() * esz, cudaMemcpyHostToDevice));
+            K3_CUDA_CHECK(cudaMemcpy(w, wsrc, hw.f.size() * esz, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemcpy(xd, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemset(yd, 0xff, ref.size() * 4));
             k3::cuda::DeviceLinear D{wt == 0 ? k3::cuda::WType::BF16 : k3::cuda::WType::F32, w, s.rows, s.cols};

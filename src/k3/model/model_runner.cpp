@@ -5,15 +5,20 @@
 
 namespace k3 {
 
-void ModelRunner::forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
-                                 std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
-                                 const ForwardOptions& opt) const {
+void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                               const ForwardOptions& opt) {
   if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");
   size_t wanted = 0;
   for (const BatchItem& it : items) wanted += it.want_logits ? 1 : 0;
   if (wanted != rows.size())
     throw Error("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " + std::to_string(wanted) +
                 " logits rows");
+}
+
+void ModelRunner::forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                                 std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
+                                 const ForwardOptions& opt) const {
+  check_forward_sample_args(items, rows, opt);
   std::vector<float> logits;
   forward_batch(items, logits, opt);
   const size_t V = static_cast<size_t>(config().vocab_size);

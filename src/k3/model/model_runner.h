@@ -38,6 +38,10 @@ struct RowSample {
   bool raw_logits = false;  // also return the row's raw logits (before penalties and masking): logprobs
 };
 
+// Throws k3::Error unless forward_sample's arguments fit: one row per want_logits item, no all_logits.
+void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
+                               const ForwardOptions& opt);
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;

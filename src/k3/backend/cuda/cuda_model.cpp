@@ -430,12 +430,7 @@ void CudaModel::forward_sample(const std::vector<BatchItem>& items, std::span<co
 void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                              std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
                              const ForwardOptions& opt) {
-  if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");
-  size_t wanted = 0;
-  for (const BatchItem& it : items) wanted += it.want_logits ? 1 : 0;
-  if (wanted != rows.size())
-    throw Error("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " + std::to_string(wanted) +
-                " logits rows");
+  check_forward_sample_args(items, rows, opt);
   const int64_t V = cfg.vocab_size;
   const int R = static_cast<int>(rows.size());
   // Parameters and penalty ids, one upload: [rows][ids][results].
