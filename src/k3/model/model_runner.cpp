@@ -5,6 +5,13 @@
 
 namespace k3 {
 
+void check_batch_tokens(const BatchItem& item, int64_t vocab) {
+  if (item.tokens.empty()) throw Error("forward: a sequence with no tokens");
+  for (int32_t t : item.tokens)
+    if (t < 0 || t >= vocab)
+      throw Error("token id " + std::to_string(t) + " out of range [0, " + std::to_string(vocab) + ")");
+}
+
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                                const ForwardOptions& opt) {
   if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");

@@ -38,6 +38,13 @@ struct RowSample {
   bool raw_logits = false;  // also return the row's raw logits (before penalties and masking): logprobs
 };
 
+// Throws k3::Error unless the item has tokens, every id in [0, vocab) (what every runner's forward checks).
+void check_batch_tokens(const BatchItem& item, int64_t vocab);
+// Whether n new tokens of one sequence take the prefill forms (chunked KDA, MHA MLA) under `path`.
+inline bool takes_prefill_form(AttnPath path, int64_t n) {
+  return path == AttnPath::Prefill || (path == AttnPath::Auto && n > 1);
+}
+
 // Throws k3::Error unless forward_sample's arguments fit: one row per want_logits item, no all_logits.
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                                const ForwardOptions& opt);

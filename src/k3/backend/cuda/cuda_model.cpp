@@ -490,11 +490,9 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
   std::vector<Seq> seqs;
   std::vector<int32_t> tokens, tok_seq, tok_pos;
   for (const BatchItem& it : items) {
-    if (it.tokens.empty()) throw Error("forward: a sequence with no tokens");
-    for (int32_t t : it.tokens)
-      if (t < 0 || t >= V) throw Error("token id " + std::to_string(t) + " out of range [0, " + std::to_string(V) + ")");
+    check_batch_tokens(it, V);
     const int64_t n = static_cast<int64_t>(it.tokens.size());
-    const bool prefill = opt.path == AttnPath::Prefill || (opt.path == AttnPath::Auto && n > 1);
+    const bool prefill = takes_prefill_form(opt.path, n);
     seqs.push_back({static_cast<int64_t>(tokens.size()), n, it.cache->n_past(), it.cache, prefill});
     for (int64_t t = 0; t < n; ++t) {
       tok_seq.push_back(static_cast<int32_t>(seqs.size() - 1));
