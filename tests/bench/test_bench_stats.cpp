@@ -168,7 +168,7 @@ TEST(BenchDataset, PrefixRepetition) {
 }
 
 TEST(BenchDataset, ShareGptAndTokenizerPool) {
-  const std::string data = k3test::source_path("../shared/data/prompts/ShareGPT_V3_filtered_1000.json");
+  const std::string data = k3test::shared_path("data/prompts/ShareGPT_V3_filtered_1000.json");
   const std::string model = k3test::source_path("models/k3-tiny");
   if (!k3test::fs::exists(data) || !k3test::fs::exists(model + "/tiktoken.model")) GTEST_SKIP() << "data missing";
   auto tok = k3::text::Tokenizer::load(model);

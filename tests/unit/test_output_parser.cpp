@@ -242,12 +242,14 @@ std::vector<Case> cases() {
 }  // namespace
 
 TEST(OutputParser, ScriptedOutputs) {
+  K3_SKIP_WITHOUT_SHARED();
   const auto cs = cases();
   EXPECT_GE(cs.size(), 20u);
   for (const auto& tc : cs) check_case(tc);
 }
 
 TEST(OutputParser, FinishReasonAndValidity) {
+  K3_SKIP_WITHOUT_SHARED();
   OutputParser p(k3_fmt(), {});
   for (const auto& piece : pieces_of("<|close|>response<|sep|><|open|>tools<|sep|>" + kCallW, k3test::kimi())) p.feed(piece);
   const auto& r = p.finish();
@@ -261,6 +263,7 @@ TEST(OutputParser, FinishReasonAndValidity) {
 }
 
 TEST(OutputParser, CallStartStreamsBeforeArguments) {
+  K3_SKIP_WITHOUT_SHARED();
   OutputParser p(k3_fmt(), {});
   for (const auto& piece : pieces_of("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"
                                      "<|open|>json type=\"object\"<|sep|>{\"a\"",
@@ -279,6 +282,7 @@ TEST(OutputParser, CallStartStreamsBeforeArguments) {
 }
 
 TEST(OutputParser, DeltasHoldIncompleteUtf8AndPartialTags) {
+  K3_SKIP_WITHOUT_SHARED();
   OutputParser p(k2_fmt(), {});
   p.feed_text("<thi");
   EXPECT_TRUE(p.take_delta().empty());  // could still be <think>
@@ -295,6 +299,7 @@ TEST(OutputParser, DeltasHoldIncompleteUtf8AndPartialTags) {
 // Random well-formed K3 outputs (random texts, 0-3 calls in json or argument form) with random
 // fragmentation and delta timing: exact fields, and identical results for every feeding.
 TEST(OutputParser, PropertyRandomK3) {
+  K3_SKIP_WITHOUT_SHARED();
   std::mt19937 rng(1234);
   const std::vector<std::string> alphabet = {"a", "b", " ", "\n", "<", ">", "/", "think", "\"", "=", "&amp;", "é", "中", "😀", "{", "}", ":", "<|x|>"};
   auto rand_text = [&](int maxlen) {
@@ -376,6 +381,7 @@ TEST(OutputParser, PropertyRandomK3) {
 // Random garbage (random markers of both formats interleaved with random text): never crashes,
 // same result however it is fragmented, deltas add up.
 TEST(OutputParser, PropertyRandomGarbage) {
+  K3_SKIP_WITHOUT_SHARED();
   std::mt19937 rng(99);
   const std::vector<std::string> alphabet = {"a", " ", "<think>", "</think>", "</th", "<th", "call tool=\"x\"", "\"", "é", "😀", "{"};
   for (int fmt_i = 0; fmt_i < 2; ++fmt_i) {

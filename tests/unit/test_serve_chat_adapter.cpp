@@ -261,6 +261,7 @@ TEST(ServeChatAdapter, ToolChoice) {
 }
 
 TEST(ServeChatAdapter, K2Format) {
+  K3_SKIP_WITHOUT_SHARED();
   static const auto tok =
       k3::text::Tokenizer::load_files(k3test::kKimiModel, k3test::kTokData + "k2_tokenizer_config.json");
   auto a = k3::serve::make_model_chat_adapter("kimi_linear", tok, {-1, {}});

@@ -18,7 +18,7 @@ TEST(TokenizerBench, DISABLED_EncodeCorpora) {
   std::cout << "load tiktoken.model + config: " << load_s * 1e3 << " ms\n";
   size_t total_bytes = 0, total_tokens = 0;
   double total_s = 0;
-  for (const auto& e : std::filesystem::directory_iterator(K3_SOURCE_DIR "/../shared/data/corpora")) {
+  for (const auto& e : std::filesystem::directory_iterator(k3test::shared_path("data/corpora"))) {
     std::ifstream f(e.path(), std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();

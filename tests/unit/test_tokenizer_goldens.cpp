@@ -32,6 +32,7 @@ void check_goldens(const Tokenizer& tok, const nlohmann::json& g, size_t min_tex
 }  // namespace
 
 TEST(TokenizerGoldens, SpecGoldens) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   EXPECT_EQ(tok.encode("Hello, world!"), (Ids{19180, 11, 2695, 0}));
   EXPECT_EQ(tok.encode("你好世界"), (Ids{33845, 2243}));
@@ -41,10 +42,12 @@ TEST(TokenizerGoldens, SpecGoldens) {
 }
 
 TEST(TokenizerGoldens, KimiMatchesTiktoken) {
+  K3_SKIP_WITHOUT_SHARED();
   check_goldens(k3test::kimi(), k3test::kimi_goldens(), 400);
 }
 
 TEST(TokenizerGoldens, KimiAllowSpecialMatchesTiktoken) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   const auto& g = k3test::kimi_goldens();
   ASSERT_EQ(g["special_texts"].size(), g["special_ids"].size());
@@ -58,6 +61,7 @@ TEST(TokenizerGoldens, KimiAllowSpecialMatchesTiktoken) {
 }
 
 TEST(TokenizerGoldens, Cl100kMatchesTiktoken) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer tok = Tokenizer::load_files(k3test::kCl100kModel, "", cl100k_pattern());
   check_goldens(tok, k3test::load_json(k3test::kTokData + "cl100k_goldens.json"), 200);
 }
@@ -77,10 +81,11 @@ TEST(TokenizerGoldens, LossyUtf8MatchesPython) {
 
 // Whole corpora (8 MB of English, incl. the 4 MB KJV) against tiktoken, via count + checksum.
 TEST(TokenizerGoldens, CorporaMatchTiktoken) {
+  K3_SKIP_WITHOUT_SHARED();
   const auto& corpora = k3test::kimi_goldens()["corpora"];
   ASSERT_GE(corpora.size(), 7u);
   for (const auto& [name, expect] : corpora.items()) {
-    std::ifstream f(K3_SOURCE_DIR "/../shared/data/corpora/" + name, std::ios::binary);
+    std::ifstream f(k3test::shared_path("data/corpora/" + name), std::ios::binary);
     ASSERT_TRUE(f) << name;
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     const Ids ids = k3test::kimi().encode(text);

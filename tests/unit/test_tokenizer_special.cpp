@@ -10,6 +10,7 @@ using namespace k3::text;
 using Ids = std::vector<int32_t>;
 
 TEST(TokenizerSpecial, K3TableFromConfig) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   const std::pair<const char*, int32_t> table[] = {
       {"[BOS]", 163584}, {"[EOS]", 163585}, {"<|end_of_msg|>", 163586}, {"<|open|>", 163587},
@@ -30,6 +31,7 @@ TEST(TokenizerSpecial, K3TableFromConfig) {
 
 // tokenization_kimi.py names unlisted slots f"<|reserved_token_{i}|>" with i the full id.
 TEST(TokenizerSpecial, ReservedNames) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   EXPECT_EQ(tok.token_bytes(163592), "<|reserved_token_163592|>");
   EXPECT_EQ(tok.token_id("<|reserved_token_163837|>"), 163837);
@@ -42,6 +44,7 @@ TEST(TokenizerSpecial, ReservedNames) {
 }
 
 TEST(TokenizerSpecial, AllowSpecial) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   const std::string text = "[BOS]hi<|end_of_msg|>";
   const Ids with = tok.encode(text, true);
@@ -60,6 +63,7 @@ TEST(TokenizerSpecial, AllowSpecial) {
 }
 
 TEST(TokenizerSpecial, LoadFromModelDir) {
+  K3_SKIP_WITHOUT_SHARED();
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("k3_tok_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -82,6 +86,7 @@ TEST(TokenizerSpecial, LoadFromModelDir) {
 }
 
 TEST(TokenizerSpecial, InvalidIdsThrow) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   EXPECT_THROW(tok.token_bytes(-1), k3::Error);
   EXPECT_THROW(tok.token_bytes(163840), k3::Error);
@@ -92,6 +97,7 @@ TEST(TokenizerSpecial, InvalidIdsThrow) {
 // Policy: invalid UTF-8 never throws; ill-formed bytes encode as byte tokens (each maximal
 // unmatched run is its own BPE piece), so decode(encode(x)) == x for any byte string.
 TEST(TokenizerSpecial, InvalidUtf8Input) {
+  K3_SKIP_WITHOUT_SHARED();
   const Tokenizer& tok = k3test::kimi();
   const std::string cases[] = {"\xFF", "abc\xFE\xFF" "def", "\xE4\xBD", "\xED\xA0\x80 x",
                                "\xC0\xAF\x80\x80", std::string("a\0b", 3), "ok \xF4\x90\x80\x80!"};

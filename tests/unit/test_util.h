@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +17,22 @@ namespace k3test {
 namespace fs = std::filesystem;
 
 inline std::string source_path(const std::string& rel) { return std::string(K3_SOURCE_DIR) + "/" + rel; }
+
+// The project's read-only shared data (real tokenizers, corpora, prompts): $K3_SHARED_DIR, else ../shared
+// beside the checkout, where CI has it.
+inline std::string shared_path(const std::string& rel) {
+  const char* env = std::getenv("K3_SHARED_DIR");
+  return (env && *env ? std::string(env) : source_path("../shared")) + "/" + rel;
+}
+inline bool have_shared() { return fs::exists(shared_path("data/tokenizers/kimi/tiktoken.model")); }
+
+// First line of a test that reads the shared data: a checkout without it (a clone elsewhere) skips the
+// test and says why, instead of failing on a missing file.
+#define K3_SKIP_WITHOUT_SHARED()                                                                         \
+  do {                                                                                                   \
+    if (!::k3test::have_shared())                                                                        \
+      GTEST_SKIP() << "needs the shared data at " << ::k3test::shared_path("") << " (set K3_SHARED_DIR)"; \
+  } while (0)
 
 // A fresh directory under the system temp dir, removed when the object dies.
 struct TempDir {

@@ -7,12 +7,12 @@
 #include <string>
 
 #include "k3/text/tokenizer.h"
+#include "test_util.h"
 
 namespace k3test {
 
-inline const std::string kKimiModel = K3_SOURCE_DIR "/../shared/data/tokenizers/kimi/tiktoken.model";
-inline const std::string kCl100kModel =
-    K3_SOURCE_DIR "/../shared/data/tokenizers/openai/cl100k_base.tiktoken";
+inline const std::string kKimiModel = shared_path("data/tokenizers/kimi/tiktoken.model");
+inline const std::string kCl100kModel = shared_path("data/tokenizers/openai/cl100k_base.tiktoken");
 inline const std::string kTokData = K3_SOURCE_DIR "/tests/data/tokenizer/";
 inline const std::string kK3Config = kTokData + "k3_tokenizer_config.json";
 
