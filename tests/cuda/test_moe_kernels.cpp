@@ -44,8 +44,11 @@ const PathCfg kPaths[] = {
     {MoePath::Simt, MoePrecision::Bf16x2, 1e-4, "simt"},
     {MoePath::TensorCore, MoePrecision::Bf16x2, 1e-4, "tc-bf16x2"},
     {MoePath::TensorCore, MoePrecision::Bf16, 2e-2, "tc-bf16"},
+    {MoePath::TcDecode, MoePrecision::Bf16x2, 1e-4, "dec-bf16x2"},
+    {MoePath::TcDecode, MoePrecision::Bf16, 2e-2, "dec-bf16"},
     {MoePath::Auto, MoePrecision::Bf16x2, 1e-4, "auto"},
 };
+constexpr size_t kAutoPath = 5;  // index of Auto in kPaths
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -354,13 +357,12 @@ void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool ren
   Moe& m = cached_moe(s);
   for (int n : ns) {
     const std::vector<CheckResult> rs = check_layer(m, n, act, renorm, scale, 1000 + n);
-    const bool auto_tc = k3::cuda::moe_experts_use_tc(n, s.K, s.E);
+    const MoePath auto_path = k3::cuda::moe_experts_auto_path(n, s.K, s.E, s.mx);
     for (size_t i = 0; i < rs.size(); ++i) {
       const CheckResult& r = rs[i];
       const PathCfg& pc = kPaths[i];
       // '*': the forced path Auto picks here.
-      const bool is_auto = pc.path != MoePath::Auto && (pc.path == MoePath::TensorCore) == auto_tc &&
-                           pc.prec == MoePrecision::Bf16x2;
+      const bool is_auto = pc.path == auto_path && pc.prec == MoePrecision::Bf16x2;
       std::printf("[ moe ] %-12s E=%d K=%d X=%d I=%d %s %s renorm=%d scale=%.2f n=%4d  %-9s%s max_rel %.2e  tie flips %d\n",
                   s.name, s.E, s.K, s.X, s.I, s.mx ? "mxfp4" : "bf16 ", act == GluAct::SiTU ? "SiTU" : "SiLU", renorm,
                   scale, n, pc.name, is_auto ? "*" : " ", r.rel, r.tie_flips);
@@ -433,7 +435,7 @@ TEST(CudaMoe, EdgeCases) {
   const int max_tokens = 4;
   k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
   DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4), dl(8 * E * 4);
-  auto experts = [&](int n, int k, const PathCfg& pc = kPaths[3]) {
+  auto experts = [&](int n, int k, const PathCfg& pc = kPaths[kAutoPath]) {
     return k3::cuda::moe_experts(m.bank, n, k, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
                                  25.f, dout.as<float>(), ws, nullptr, pc.prec, pc.path);
   };
@@ -548,10 +550,11 @@ TEST(CudaMoe, Timing) {
       std::vector<int> ids(static_cast<size_t>(n) * K);
       ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
       const std::set<int> used(ids.begin(), ids.end());
-      // Auto at every n; at n >= 64 also each forced path (SIMT, tensor cores split / plain bf16).
-      const bool all = n >= 64;
+      // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
+      // up to n = 256, the 64-pair tensor-core tiles from n = 64.
       for (const PathCfg& pc : kPaths) {
-        if (!all && pc.path != MoePath::Auto) continue;
+        if (pc.path == MoePath::TensorCore && n < 64) continue;
+        if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
         ck(experts(pc), "warm");
         ck(cudaStreamSynchronize(st), "sync");
         const int reps = n >= 2048 ? 3 : 20;
@@ -576,7 +579,8 @@ TEST(CudaMoe, Timing) {
         const double bytes = m.expert_bytes() * static_cast<double>(used.size());
         const double gbps = bytes / (us * 1e-6) / 1e9;
         const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
-        const char* auto_is = k3::cuda::moe_experts_use_tc(n, K, E) ? "tc" : "simt";
+        const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx);
+        const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : "simt";
         std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
                     "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
                     s.name, n, used.size(), pc.name, pc.path == MoePath::Auto ? auto_is : "", us, gbps, gbps / 48.0,

@@ -47,8 +47,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
+#include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/core/error.h"
 
@@ -771,10 +774,30 @@ size_t align256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
 
 int64_t tile_bound(int64_t P, int E, int tok) { return (P + tok - 1) / tok + std::min<int64_t>(E, P); }
 
+// K3_MOE_DECODE=simt: Auto takes the SIMT tiles below the tensor-core threshold (the pre-session-4 rule),
+// for before/after comparisons in one binary.
+bool simt_forced_by_env() {
+  static const bool v = [] {
+    const char* s = std::getenv("K3_MOE_DECODE");
+    return s && std::strcmp(s, "simt") == 0;
+  }();
+  return v;
+}
+
 }  // namespace
 
-bool moe_experts_use_tc(int n, int K, int E) {
-  return static_cast<int64_t>(n) * K >= static_cast<int64_t>(kTcMinPairsPerExpert) * E;
+MoePath moe_experts_auto_path(int n, int K, int E, bool mxfp4) {
+  const int64_t P = static_cast<int64_t>(n) * K;
+  if (simt_forced_by_env()) return P >= static_cast<int64_t>(kTcMinPairsPerExpert) * E ? MoePath::TensorCore : MoePath::Simt;
+  if (P > 8 * static_cast<int64_t>(E)) return MoePath::TensorCore;
+  // Session 4 (CudaMoe.Timing): K3 MXFP4 n = 1 (P = E/56) SIMT 211 vs decode 281 us, n = 8 (P = E/7) 1354 vs
+  // 1200; Kimi-Linear bf16 n = 64 (P = 2 E) SIMT 982 vs decode 1173, n = 256 (8 E) decode 1562 vs 1803 (64-pair tiles).
+  if (mxfp4 ? P * 16 >= E : P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
+  return MoePath::Simt;
+}
+
+bool moe_experts_use_tc(int n, int K, int E, bool mxfp4) {
+  return moe_experts_auto_path(n, K, E, mxfp4) == MoePath::TensorCore;
 }
 
 cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
@@ -803,7 +826,8 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   const size_t b_tiles = align256(static_cast<size_t>(max_tiles_) * sizeof(int4));
   const size_t b_hidden = align256(static_cast<size_t>(P) * I * sizeof(float));
   const size_t b_y = align256(static_cast<size_t>(P) * X * sizeof(float));
-  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y;
+  const size_t b_dec = align256(decode_scratch_bytes(max_tokens, K, E, I, X, dec_pairs_, dec_tokens_));
+  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y + b_dec;
   cudaError_t e = cudaMalloc(&base_, bytes_);
   if (e != cudaSuccess) {
     base_ = nullptr;
@@ -821,6 +845,13 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   hidden_ = reinterpret_cast<float*>(p);
   p += b_hidden;
   y_ = reinterpret_cast<float*>(p);
+  p += b_y;
+  dec_xb_ = reinterpret_cast<uint16_t*>(p);
+  p += align256(2 * static_cast<size_t>(dec_tokens_) * X * 2);
+  dec_hb_ = reinterpret_cast<uint16_t*>(p);
+  p += align256(2 * static_cast<size_t>(dec_pairs_) * I * 2);
+  dec_part_ = reinterpret_cast<float*>(p);
+  dec_part_floats_ = static_cast<int64_t>(dec_pairs_) * std::max(2 * I, X);
 }
 
 MoeWorkspace::~MoeWorkspace() {
@@ -840,10 +871,18 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     return cudaErrorInvalidValue;
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
-  if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore) return cudaErrorInvalidValue;
+  if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode)
+    return cudaErrorInvalidValue;
   const int P = n * K;
-  const bool tc = path == MoePath::TensorCore || (path == MoePath::Auto && moe_experts_use_tc(n, K, w.E));
-  const int tok = tc ? kTcM : P <= w.E ? 4 : 8;
+  const MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.mxfp4) : path;
+  const bool tc = chosen == MoePath::TensorCore;
+  bool dec = chosen == MoePath::TcDecode;
+  if (dec && (P > ws.dec_pairs_ || n > ws.dec_tokens_)) {
+    if (path == MoePath::TcDecode) return cudaErrorInvalidValue;
+    dec = false;  // not reached: Auto decodes below 4 pairs per expert, within the capacity
+  }
+  // Decode tiles: 8 pairs (one n8 MMA column block) up to 2 pairs per expert on average, else 16.
+  const int tok = tc ? kTcM : dec ? (P <= 2 * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
@@ -852,6 +891,17 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);
   const bool split = precision == MoePrecision::Bf16x2;
+  if (dec) {
+    DecodeScratch ds;
+    ds.max_pairs = ws.dec_pairs_;
+    ds.max_tokens = ws.dec_tokens_;
+    ds.xb = ws.dec_xb_;
+    ds.hb = ws.dec_hb_;
+    ds.part = ws.dec_part_;
+    ds.part_floats = ws.dec_part_floats_;
+    return moe_decode_experts(w, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
+                              situ_beta, situ_linear_beta, split, out, ds, stream);
+  }
   if (tc) {
     if (w.mxfp4)
       e = split ? launch_tc<true, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_,

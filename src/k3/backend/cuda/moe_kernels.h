@@ -34,12 +34,19 @@ enum class GluAct : int { SiLU = 0, SiTU = 1 };
 // relative, about half the tensor-core work). The SIMT path is fp32 throughout and ignores this.
 enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
 
-// Which expert kernels moe_experts runs. Auto: tensor cores when moe_experts_use_tc(n, K, E), else SIMT.
-enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2 };
+// Which expert kernels moe_experts runs. Auto: the 64-pair tensor-core tiles when moe_experts_use_tc(n, K, E),
+// else the decode tensor-core kernels (moe_decode.cu; the SIMT tiles when K3_MOE_DECODE=simt is set in the
+// environment, for before/after comparisons). TcDecode: the decode kernels at any n (n * K <= the workspace's
+// decode capacity, else cudaErrorInvalidValue).
+enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3 };
 
-// Auto's rule: tensor-core tiles (up to 64 pairs of one expert) when the n * K (token, expert) pairs average
-// at least 2 per expert (n * K >= 2 * E); below that (decode) the SIMT tiles (up to 4 / 8 pairs).
-bool moe_experts_use_tc(int n, int K, int E);
+// Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4"): the 64-pair tensor-core tiles above 8
+// (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels from 1/16 pair per expert
+// (MXFP4) or above 2 pairs per expert (bf16); the SIMT tiles below. K3_MOE_DECODE=simt in the environment
+// restores the session-3 rule (SIMT below 4 pairs per expert, else the 64-pair tiles) for comparisons.
+MoePath moe_experts_auto_path(int n, int K, int E, bool mxfp4);
+// moe_experts_auto_path(...) == MoePath::TensorCore.
+bool moe_experts_use_tc(int n, int K, int E, bool mxfp4 = true);
 
 // Routing for n tokens: s = sigmoid(logits); the K experts with the highest s + bias (ties to the lower
 // expert id); weight = (renormalize ? s / (sum of the K chosen s + 1e-20) : s) * scale.
@@ -66,6 +73,12 @@ class MoeWorkspace {
   void* base_ = nullptr;  // one allocation, carved into the buffers below
   // Carved buffers (set in the constructor); P = max_tokens * K (token, k) pairs, pair p = t * K + k.
   int32_t* num_tiles_ = nullptr;  // [1] tiles written by the plan kernel
+  // Decode path scratch (moe_decode.h): bf16 activations, bf16 GLU outputs, split-K partial sums.
+  int dec_pairs_ = 0, dec_tokens_ = 0;
+  uint16_t* dec_xb_ = nullptr;
+  uint16_t* dec_hb_ = nullptr;
+  float* dec_part_ = nullptr;
+  int64_t dec_part_floats_ = 0;
   int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
   int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
   int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 4, 8 or 64 pairs

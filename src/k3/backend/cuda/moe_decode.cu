@@ -1,0 +1,518 @@
+// Tensor-core grouped expert GLU for decode-sized batches (moe_decode.h; CPU reference: moe_layer()).
+//
+// Why: at decode a (token, expert) pair has ~1-4 tokens per expert, so the layer is a grouped W4A16 GEMV
+// over the experts the batch touches (K3: 17.5 MB of MXFP4 per expert). The SIMT tiles spent their issue
+// slots on fp32 FMAs and activation re-reads (18-31% of HBM bandwidth); here the arithmetic goes to
+// mma.sync m16n8k16 (weights as A: 16 output rows; the tile's tokens as B: 8 columns, padded) and every
+// weight byte is loaded once, 16 bytes per lane, straight into A fragments.
+//
+// Fragment order without shuffles and without repacking the weights: the MMA sums over k, so any
+// permutation of k applied to both A and B gives the same sum. Lane (g, tq) of a warp holds A rows g and
+// g+8 and k-slots {2tq, 2tq+1, 2tq+8, 2tq+9} of each k16 step; we map those slots, for 8 consecutive steps
+// (MXFP4) or 2 (bf16), onto the 32 (8) consecutive columns that the lane's one 16-byte load of each row
+// holds in the stored row-major layout. One chunk = the 4 lanes of a row group side by side: 128 columns
+// (MXFP4) or 32 (bf16), and for MXFP4 one lane's 32 columns are exactly one E8M0 scale group.
+// MXFP4 word (8 nibbles = columns 0..7, low nibble = even column) -> 4 bf16 pairs (n0,n4) (n1,n5) (n2,n6)
+// (n3,n7) by shifts and masks (sign to bit 15, e1 e0 m to bits 8..6: the E2M1 value times 2^-126, e = 0
+// landing on bf16 subnormals as E2M1 subnormals should), times the group scale 2^(s-1) in bf16 (exact:
+// 2 significant bits); scales past 2^127 take a second multiply. Step 2h of the word uses pairs (n_2h,
+// n_2h+4) for slots (2tq, 2tq+1) and (n_2h+1, n_2h+5) for (2tq+8, 2tq+9), so the activations are stored
+// with each 8 columns permuted to x0 x4 x1 x5 x2 x6 x3 x7 (act_prep_kernel; the GLU finish writes the down
+// projection's input the same way); bf16 weights pair adjacent columns, activations in natural order.
+//
+// Activations: bf16 hi + lo (x = hi + lo, ~fp32, two MMAs into one fp32 accumulator; the same contract as
+// the prefill tensor-core path) or hi only (MoePrecision::Bf16). They are staged in shared memory per block
+// in segments of the block's K-range, laid out so that a warp's 16-byte B reads are 512 contiguous bytes.
+//
+// Grid: (tile, row block, K split). Block = 8 warps over distinct rows and the same K range (the staged
+// activations serve all 8); a warp owns 4 m16 tiles: gate rows r..r+31 and the same up rows (gate/up), or
+// 64 down rows. K is split across blocks when the batch touches few experts (n = 1: 16 experts would give
+// 192 blocks), into partial sums summed in a fixed order by the next kernel: results do not depend on the
+// schedule. Weights for chunk c+1 are loaded into registers while chunk c computes.
+// Launches: act_prep, gate/up, glu_finish (sum splits, GLU, bf16 hi/lo), down, combine (sum splits, rank order).
+#include "k3/backend/cuda/moe_decode.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "k3/backend/cuda/mxfp4_decode.cuh"
+
+namespace k3::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMT = 4;                 // m16 tiles per warp
+constexpr int kSmemBytes = 32768;      // staged activations per block
+constexpr int kGuRowsPerBlock = kWarps * 32;  // I rows (each of gate and up) per gate/up block
+constexpr int kDnRowsPerBlock = kWarps * 64;  // X rows per down block
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int k) {
+  return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
+}
+
+// bf16 pair (nibble P, nibble P+4) of q: each E2M1 value times 2^-126.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1_pair(uint32_t q) {
+  const uint32_t t = q << (12 - 4 * P);
+  return (t & 0x80008000u) | ((t >> 6) & 0x01C001C0u);
+}
+
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r =
+      __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// E8M0 scale s as bf16x2 factors for values placed at 2^-126: f1 = 2^(s-1) when s <= 128; else f1 = 2^126
+// and f2 = 2^(s-127) (NaN for s = 255, like the reference's NaN scale).
+__device__ __forceinline__ void scale_factors(uint32_t s, uint32_t& f1, uint32_t& f2, bool& big) {
+  uint32_t a, b;
+  if (s <= 128u) {
+    a = (s + 126u) << 7;
+    b = 0x3F80u;
+    big = false;
+  } else {
+    a = 0x7E80u;
+    b = s == 255u ? 0x7FC0u : s << 7;
+    big = true;
+  }
+  f1 = a | (a << 16);
+  f2 = b | (b << 16);
+}
+
+__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
+__device__ __forceinline__ float glu(float g, float u, GluAct act, float beta, float lbeta) {
+  if (act == GluAct::SiTU) return beta * tanhf(g / beta) * sigmoid_f(g) * (lbeta * tanhf(u / lbeta));
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// Packs 8 floats as bf16 hi and lo (x - hi), in the stored column order (PERM: x0 x4 x1 x5 x2 x6 x3 x7).
+template <bool PERM>
+__device__ __forceinline__ void pack8(const float (&v)[8], uint4& hi, uint4& lo) {
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float a = PERM ? v[i] : v[2 * i], b = PERM ? v[i + 4] : v[2 * i + 1];
+    const __nv_bfloat162 hh = __floats2bfloat162_rn(a, b);
+    const __nv_bfloat162 ll = __floats2bfloat162_rn(a - __low2float(hh), b - __high2float(hh));
+    h[i] = *reinterpret_cast<const uint32_t*>(&hh);
+    l[i] = *reinterpret_cast<const uint32_t*>(&ll);
+  }
+  hi = make_uint4(h[0], h[1], h[2], h[3]);
+  lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// x [n][X] fp32 -> hi, lo [n][X] bf16 (8-column groups permuted for MXFP4 weights).
+template <bool PERM>
+__global__ void __launch_bounds__(256) act_prep_kernel(const float* __restrict__ x, int64_t groups,
+                                                       uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= groups) return;
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * i), b = __ldg(reinterpret_cast<const float4*>(x) + 2 * i + 1);
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint4 h, l;
+  pack8<PERM>(v, h, l);
+  reinterpret_cast<uint4*>(hi)[i] = h;
+  reinterpret_cast<uint4*>(lo)[i] = l;
+}
+
+struct KArgs {
+  const void* w0 = nullptr;      // gate (GLU2) or down: [E][rows][cols] bf16, or MXFP4 packed [E][rows][cols/2]
+  const uint8_t* s0 = nullptr;   // MXFP4 scales [E][rows][cols/32]
+  const void* w1 = nullptr;      // up (GLU2)
+  const uint8_t* s1 = nullptr;
+  int rows = 0, cols = 0;        // one matrix
+  const uint16_t* act_hi = nullptr;  // [source rows][cols] bf16: x by token (GLU2) or hidden by slot
+  const uint16_t* act_lo = nullptr;
+  const int32_t* sorted = nullptr;
+  int K = 1;
+  const int4* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  float* part = nullptr;         // [split][slot][ldo]
+  int64_t split_stride = 0;
+  int ldo = 0;
+  int nch = 0, cps = 0;          // chunks of the K range, chunks per split
+};
+
+// GLU2: gate and up rows (out = part of gate at [0, rows), of up at [rows, 2 rows)); else one matrix.
+template <bool MX, int NT, int NS, bool GLU2>
+__global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KArgs a) {
+  constexpr int U = MX ? 32 : 8;   // columns per lane unit: one 16-byte weight load
+  constexpr int CH = 4 * U;        // columns per chunk
+  constexpr int WPU = U / 8;       // 16-byte activation words per unit
+  constexpr int TOK = 8 * NT;
+  constexpr int SEGC = kSmemBytes / (CH * TOK * 2 * NS);  // chunks per staged segment
+  static_assert(SEGC >= 1, "segment");
+  constexpr int SEG4 = SEGC * WPU * TOK * 4;                // uint4s per staged array
+  __shared__ uint4 sact[NS][SEG4];
+  __shared__ int src_row[TOK];
+  const int tile = blockIdx.x;
+  if (tile >= *a.num_tiles) return;  // whole block: grid sized from an upper bound
+  const int4 td = a.tiles[tile];
+  const int e = td.x, start = td.y, cnt = td.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int rows = a.rows, cols = a.cols;
+  const int c_begin = blockIdx.z * a.cps, c_end = min(a.nch, c_begin + a.cps);
+  if (threadIdx.x < TOK)
+    src_row[threadIdx.x] = static_cast<int>(threadIdx.x) < cnt
+                               ? (GLU2 ? a.sorted[start + threadIdx.x] / a.K : start + static_cast<int>(threadIdx.x))
+                               : -1;
+
+  // Row offsets in 16-byte units (rows past the matrix re-read its last row; never stored), the lane's tq
+  // folded in. For MXFP4 a 16-byte unit is one 32-column scale group, so the same offset indexes the scales.
+  // 32-bit: E * rows * cols / 32 (MXFP4) or / 8 (bf16) fits (checked by the caller).
+  int r0[kMT];
+  int off[kMT][2];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) {
+    r0[i] = GLU2 ? blockIdx.y * kGuRowsPerBlock + warp * 32 + (i % (kMT / 2)) * 16
+                 : blockIdx.y * kDnRowsPerBlock + warp * 64 + i * 16;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      off[i][h] = (e * rows + min(r0[i] + g + 8 * h, rows - 1)) * (cols / (MX ? 32 : 8)) + tq;
+  }
+  const uint4* w0 = static_cast<const uint4*>(a.w0);
+  const uint4* w1 = static_cast<const uint4*>(GLU2 ? a.w1 : a.w0);
+
+  auto load = [&](int c, uint4 (&q)[kMT][2], uint32_t (&s)[kMT][2]) {
+    const bool ok = c * CH + tq * U < cols;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool up = GLU2 && i >= kMT / 2;
+        q[i][h] = ok ? __ldg((up ? w1 : w0) + off[i][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (MX) s[i][h] = ok ? __ldg((up ? a.s1 : a.s0) + off[i][h] + 4 * c) : 127u;
+      }
+  };
+
+  float acc[kMT][NT][4];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][t][k] = 0.f;
+
+  uint4 qn[kMT][2];
+  uint32_t sn[kMT][2] = {};
+  if (c_begin < c_end) load(c_begin, qn, sn);
+  for (int seg0 = c_begin; seg0 < c_end; seg0 += SEGC) {
+    const int seg1 = min(c_end, seg0 + SEGC);
+    __syncthreads();  // src_row ready; the previous segment's readers are done
+    const int n4 = (seg1 - seg0) * WPU * TOK * 4;
+    for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
+      const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
+      const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
+      const int sr = src_row[j];
+      uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
+      if (sr >= 0 && col < cols) {
+        const int64_t off = static_cast<int64_t>(sr) * cols + col;
+        vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
+        if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
+      }
+      sact[0][idx] = vh;
+      if constexpr (NS == 2) sact[NS - 1][idx] = vl;
+    }
+    __syncthreads();
+    for (int c = seg0; c < seg1; ++c) {
+      uint4 q[kMT][2];
+      uint32_t s[kMT][2];
+#pragma unroll
+      for (int i = 0; i < kMT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          q[i][h] = qn[i][h];
+          s[i][h] = sn[i][h];
+        }
+      if (c + 1 < c_end) load(c + 1, qn, sn);
+      const int lc = c - seg0;
+      if constexpr (MX) {
+        uint32_t f1[kMT][2];
+        bool big = false;
+#pragma unroll
+        for (int i = 0; i < kMT; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t f2;
+            bool b;
+            scale_factors(s[i][h], f1[i][h], f2, b);
+            big |= b;
+          }
+        const bool any_big = __any_sync(0xffffffffu, big);
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) {
+          uint4 bh[NT], bl[NT];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const int si = ((lc * WPU + wd) * TOK + t * 8 + g) * 4 + tq;
+            bh[t] = sact[0][si];
+            if constexpr (NS == 2) bl[t] = sact[NS - 1][si];
+          }
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            uint32_t r[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t w = word_of(q[i][h], wd);
+              r[h][0] = bmul2(e2m1_pair<0>(w), f1[i][h]);
+              r[h][1] = bmul2(e2m1_pair<1>(w), f1[i][h]);
+              r[h][2] = bmul2(e2m1_pair<2>(w), f1[i][h]);
+              r[h][3] = bmul2(e2m1_pair<3>(w), f1[i][h]);
+              if (any_big) {  // rare: scales above 2^127 take a second factor
+                uint32_t f1b, f2;
+                bool b;
+                scale_factors(s[i][h], f1b, f2, b);
+#pragma unroll
+                for (int p = 0; p < 4; ++p) r[h][p] = bmul2(r[h][p], f2);
+              }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+              mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bh[t].x, bh[t].y);
+              mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bh[t].z, bh[t].w);
+              if constexpr (NS == 2) {
+                mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bl[t].x, bl[t].y);
+                mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bl[t].z, bl[t].w);
+              }
+            }
+          }
+        }
+      } else {
+        uint4 bh[NT], bl[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int si = (lc * TOK + t * 8 + g) * 4 + tq;
+          bh[t] = sact[0][si];
+          if constexpr (NS == 2) bl[t] = sact[NS - 1][si];
+        }
+#pragma unroll
+        for (int i = 0; i < kMT; ++i)
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            mma16816(acc[i][t], q[i][0].x, q[i][1].x, q[i][0].y, q[i][1].y, bh[t].x, bh[t].y);
+            mma16816(acc[i][t], q[i][0].z, q[i][1].z, q[i][0].w, q[i][1].w, bh[t].z, bh[t].w);
+            if constexpr (NS == 2) {
+              mma16816(acc[i][t], q[i][0].x, q[i][1].x, q[i][0].y, q[i][1].y, bl[t].x, bl[t].y);
+              mma16816(acc[i][t], q[i][0].z, q[i][1].z, q[i][0].w, q[i][1].w, bl[t].z, bl[t].w);
+            }
+          }
+      }
+    }
+  }
+
+  // acc[i][t][2h + c] = (row r0[i] + g + 8h, token t*8 + 2tq + c).
+  float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.split_stride;
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0[i] + g + 8 * h;
+      if (row >= rows) continue;
+      const int orow = GLU2 && i >= kMT / 2 ? rows + row : row;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = t * 8 + 2 * tq + c;
+          if (j < cnt) part[static_cast<int64_t>(start + j) * a.ldo + orow] = acc[i][t][2 * h + c];
+        }
+    }
+}
+
+// Per tile: hidden = glu(sum of gate splits, sum of up splits) -> bf16 hi/lo by slot (PERM for MXFP4 down).
+template <bool PERM>
+__global__ void __launch_bounds__(256)
+    glu_finish_kernel(const float* __restrict__ part, int64_t split_stride, int splits, int I,
+                      const int4* __restrict__ tiles, const int32_t* __restrict__ num_tiles, GluAct act, float beta,
+                      float lbeta, uint16_t* __restrict__ hb_hi, uint16_t* __restrict__ hb_lo) {
+  const int tile = blockIdx.x;
+  if (tile >= *num_tiles) return;
+  const int4 td = tiles[tile];
+  const int start = td.y, cnt = td.z, I8 = I >> 3;
+  for (int idx = threadIdx.x; idx < cnt * I8; idx += blockDim.x) {
+    const int slot = start + idx / I8, c8 = idx % I8;
+    float gs[8] = {}, us[8] = {};
+    for (int s = 0; s < splits; ++s) {  // fixed order
+      const float4* p = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + c8 * 8);
+      const float4* q = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + I + c8 * 8);
+      const float4 g0 = p[0], g1 = p[1], u0 = q[0], u1 = q[1];
+      gs[0] += g0.x; gs[1] += g0.y; gs[2] += g0.z; gs[3] += g0.w;
+      gs[4] += g1.x; gs[5] += g1.y; gs[6] += g1.z; gs[7] += g1.w;
+      us[0] += u0.x; us[1] += u0.y; us[2] += u0.z; us[3] += u0.w;
+      us[4] += u1.x; us[5] += u1.y; us[6] += u1.z; us[7] += u1.w;
+    }
+    float h[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = glu(gs[k], us[k], act, beta, lbeta);
+    uint4 hi, lo;
+    pack8<PERM>(h, hi, lo);
+    const int64_t o = (static_cast<int64_t>(slot) * I) / 8 + c8;
+    reinterpret_cast<uint4*>(hb_hi)[o] = hi;
+    reinterpret_cast<uint4*>(hb_lo)[o] = lo;
+  }
+}
+
+// out[t] = sum over k in rank order of w[t][k] * (sum over splits of y[split][slot]).
+__global__ void __launch_bounds__(256)
+    dec_combine_kernel(int X, int K, const float* __restrict__ part, int64_t split_stride, int splits,
+                       const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
+  __shared__ int s_slot[32];
+  __shared__ float s_w[32];
+  const int t = blockIdx.x;
+  if (threadIdx.x < K) {
+    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
+    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
+  }
+  __syncthreads();
+  const int X4 = X >> 2;
+  float4* o = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X);
+  for (int c = threadIdx.x; c < X4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; ++k) {
+      const int s = s_slot[k];
+      if (s < 0) continue;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int sp = 0; sp < splits; ++sp) {
+        const float4 y = __ldg(reinterpret_cast<const float4*>(part + sp * split_stride + static_cast<int64_t>(s) * X) + c);
+        v.x += y.x;
+        v.y += y.y;
+        v.z += y.z;
+        v.w += y.w;
+      }
+      const float w = s_w[k];
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+    o[c] = acc;
+  }
+}
+
+int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return 132;
+    return v;
+  }();
+  return n;
+}
+
+// K splits for one launch: enough blocks to fill the GPU when the batch touches few experts, within the
+// partial-sum buffer. Returns the split count; cps = chunks per split (every split non-empty).
+int choose_splits(int est_tiles, int row_blocks, int nch, int64_t floats_per_split, int64_t cap, int& cps) {
+  const int64_t blocks = static_cast<int64_t>(std::max(1, est_tiles)) * row_blocks;
+  const int64_t want = (4 * static_cast<int64_t>(num_sms()) + blocks - 1) / blocks;
+  int64_t wk = std::min<int64_t>({want, nch, std::max<int64_t>(1, cap / std::max<int64_t>(1, floats_per_split))});
+  wk = std::max<int64_t>(1, wk);
+  cps = static_cast<int>((nch + wk - 1) / wk);
+  return (nch + cps - 1) / cps;
+}
+
+template <bool MX, int NT, int NS>
+cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const int32_t* sorted, const int32_t* slot_of,
+                       const int4* tiles, const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act,
+                       float beta, float lbeta, float* out, const DecodeScratch& s, cudaStream_t stream) {
+  constexpr int CH = MX ? 128 : 32;
+  const int P = n * K, I = w.I, X = w.X;
+  const int est_tiles = std::min(P, w.E);
+  uint16_t* xhi = s.xb;
+  uint16_t* xlo = s.xb + static_cast<int64_t>(s.max_tokens) * X;
+  uint16_t* hhi = s.hb;
+  uint16_t* hlo = s.hb + static_cast<int64_t>(s.max_pairs) * I;
+  {
+    const int64_t groups = static_cast<int64_t>(n) * X / 8;
+    act_prep_kernel<MX><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(x, groups, xhi, xlo);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  KArgs a;
+  a.w0 = w.gate;
+  a.s0 = w.gate_scales;
+  a.w1 = w.up;
+  a.s1 = w.up_scales;
+  a.rows = I;
+  a.cols = X;
+  a.act_hi = xhi;
+  a.act_lo = xlo;
+  a.sorted = sorted;
+  a.K = K;
+  a.tiles = tiles;
+  a.num_tiles = num_tiles;
+  a.part = s.part;
+  a.ldo = 2 * I;
+  a.split_stride = static_cast<int64_t>(P) * a.ldo;
+  a.nch = (X + CH - 1) / CH;
+  const int rb_gu = (I + kGuRowsPerBlock - 1) / kGuRowsPerBlock;
+  const int sp_gu = choose_splits(est_tiles, rb_gu, a.nch, a.split_stride, s.part_floats, a.cps);
+  dec_kernel<MX, NT, NS, true><<<dim3(tiles_bound, rb_gu, sp_gu), kThreads, 0, stream>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  glu_finish_kernel<MX><<<tiles_bound, 256, 0, stream>>>(s.part, a.split_stride, sp_gu, I, tiles, num_tiles, act, beta,
+                                                        lbeta, hhi, hlo);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+
+  a.w0 = w.down;
+  a.s0 = w.down_scales;
+  a.w1 = nullptr;
+  a.s1 = nullptr;
+  a.rows = X;
+  a.cols = I;
+  a.act_hi = hhi;
+  a.act_lo = hlo;
+  a.ldo = X;
+  a.split_stride = static_cast<int64_t>(P) * X;
+  a.nch = (I + CH - 1) / CH;
+  const int rb_dn = (X + kDnRowsPerBlock - 1) / kDnRowsPerBlock;
+  const int sp_dn = choose_splits(est_tiles, rb_dn, a.nch, a.split_stride, s.part_floats, a.cps);
+  dec_kernel<MX, NT, NS, false><<<dim3(tiles_bound, rb_dn, sp_dn), kThreads, 0, stream>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  dec_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(X, K, s.part, a.split_stride, sp_dn, slot_of, topk_w,
+                                                                   out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens) {
+  const int64_t P = static_cast<int64_t>(max_tokens) * K;
+  max_pairs = static_cast<int>(std::min<int64_t>(P, std::max<int64_t>(8 * static_cast<int64_t>(E), 8192)));
+  dec_tokens = std::min(max_tokens, max_pairs / K);
+  const size_t xb = 2 * static_cast<size_t>(dec_tokens) * X * 2;
+  const size_t hb = 2 * static_cast<size_t>(max_pairs) * I * 2;
+  const size_t part = static_cast<size_t>(max_pairs) * std::max(2 * I, X) * 4;
+  return xb + 256 + hb + 256 + part + 256;
+}
+
+cudaError_t moe_decode_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
+                               const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
+                               const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
+                               const DecodeScratch& s, cudaStream_t stream) {
+  if (n > s.max_tokens || static_cast<int64_t>(n) * K > s.max_pairs) return cudaErrorInvalidValue;
+#define K3_DEC(MX, NT, NS) \
+  launch_dec<MX, NT, NS>(w, n, K, x, sorted, slot_of, tiles, num_tiles, tiles_bound, topk_w, act, beta, lbeta, out, s, stream)
+  if (w.mxfp4) {
+    if (tok <= 8) return split ? K3_DEC(true, 1, 2) : K3_DEC(true, 1, 1);
+    return split ? K3_DEC(true, 2, 2) : K3_DEC(true, 2, 1);
+  }
+  if (tok <= 8) return split ? K3_DEC(false, 1, 2) : K3_DEC(false, 1, 1);
+  return split ? K3_DEC(false, 2, 2) : K3_DEC(false, 2, 1);
+#undef K3_DEC
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,32 @@
+// Tensor-core expert kernels for decode-sized MoE batches (few pairs per expert), internal to
+// moe_kernels.cu: W4A16 (MXFP4) or W16A16 (bf16) grouped GLU on mma.sync m16n8k16, weights streamed from
+// HBM straight into A fragments (no shared memory), the tile's tokens as the n8 side. See moe_decode.cu.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/backend/cuda/moe_kernels.h"
+
+namespace k3::cuda {
+
+// Scratch the decode path needs, carved from MoeWorkspace's allocation.
+struct DecodeScratch {
+  int max_pairs = 0;          // (token, expert) pairs the buffers below hold (P <= this)
+  int max_tokens = 0;         // tokens xb holds
+  uint16_t* xb = nullptr;     // [2][max_tokens][X] bf16 activations (hi, lo), columns permuted for MXFP4
+  uint16_t* hb = nullptr;     // [2][max_pairs][I] bf16 GLU outputs by slot (hi, lo), same permutation
+  float* part = nullptr;      // split-K partial sums: [splits][P][2I] (gate | up), then [splits][P][X] (down)
+  int64_t part_floats = 0;
+};
+
+// Bytes DecodeScratch needs for a workspace of max_tokens tokens (0 when the decode path is off).
+size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens);
+
+// Runs the experts of n tokens after plan_kernel cut tiles of `tok` (8 or 16) pairs. out [n][X] overwritten.
+cudaError_t moe_decode_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
+                               const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
+                               const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
+                               const DecodeScratch& s, cudaStream_t stream);
+
+}  // namespace k3::cuda
