@@ -411,11 +411,21 @@ int num_sms() {
   return n;
 }
 
+// Blocks per SM the K split aims for (K3_MOE_DEC_BLOCKS_PER_SM overrides: a tuning knob for the timing runs).
+int target_blocks_per_sm() {
+  static const int v = [] {
+    const char* s = std::getenv("K3_MOE_DEC_BLOCKS_PER_SM");
+    const int n = s ? std::atoi(s) : 0;
+    return n > 0 && n <= 64 ? n : 2;  // 2: swept 2 / 4 / 8 / 16 (session 4): fewer, longer blocks win at n = 1
+  }();
+  return v;
+}
+
 // K splits for one launch: enough blocks to fill the GPU when the batch touches few experts, within the
 // partial-sum buffer. Returns the split count; cps = chunks per split (every split non-empty).
 int choose_splits(int est_tiles, int row_blocks, int nch, int64_t floats_per_split, int64_t cap, int& cps) {
   const int64_t blocks = static_cast<int64_t>(std::max(1, est_tiles)) * row_blocks;
-  const int64_t want = (4 * static_cast<int64_t>(num_sms()) + blocks - 1) / blocks;
+  const int64_t want = (target_blocks_per_sm() * static_cast<int64_t>(num_sms()) + blocks - 1) / blocks;
   int64_t wk = std::min<int64_t>({want, nch, std::max<int64_t>(1, cap / std::max<int64_t>(1, floats_per_split))});
   wk = std::max<int64_t>(1, wk);
   cps = static_cast<int>((nch + wk - 1) / wk);
