@@ -224,5 +224,7 @@ TEST(ServeLimits, PromptEdgeCases) {
   }
   EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})") / 1000, 400);
   EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":5}]})") / 1000, 400);
+  // Found by fuzz_request: a content part whose type is not a string threw json::type_error (500).
+  EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":[{"type":1.1,"text":"Hi"}]}]})") / 1000, 400);
   EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":"hi"}],"model":"other"})") / 1000, 404);
 }
