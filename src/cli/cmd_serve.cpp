@@ -24,7 +24,8 @@ void add_serve(CLI::App& app, Registry& reg) {
     k3::serve::ServerOptions so;
     int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
     std::string cache_memory = "1GiB";
-    bool no_prefix = false;
+    bool no_prefix = false, prompt_tokens_details = false;
+    int64_t max_response_bytes = int64_t{64} << 20;
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
@@ -32,12 +33,27 @@ void add_serve(CLI::App& app, Registry& reg) {
   add_device_options(cmd, o->dev);
   cmd->add_option("--host", o->so.host, "address to bind")->capture_default_str();
   cmd->add_option("--port", o->so.port, "TCP port (0 = any free port)")->capture_default_str();
-  cmd->add_option("--api-key", o->so.api_key, "require \"Authorization: Bearer KEY\" on /v1/* (default: $K3_API_KEY)");
+  cmd->add_option("--api-key", o->so.api_keys,
+                  "require \"Authorization: Bearer KEY\" on /v1/*; may be given several times, each key its own "
+                  "prefix-cache partition (default: $K3_API_KEY)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--served-model-name", o->served_name, "model name of the API (default: the model directory's name)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once")->capture_default_str();
   cmd->add_option("--max-waiting", o->so.max_waiting, "requests that may wait beyond --max-num-seqs; more get 429")
       ->capture_default_str();
-  cmd->add_option("--max-model-len", o->max_model_len, "prompt + completion tokens per sequence (default: what the cache holds)");
+  cmd->add_option("--max-model-len", o->max_model_len,
+                  "prompt + completion tokens per sequence (default: the model's max_position_embeddings, capped by "
+                  "what the cache holds for one sequence)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 31));
+  cmd->add_option("--max-response-bytes", o->max_response_bytes,
+                  "bound on what one non-streamed response may hold (n x max_tokens x per-token cost with logprobs); "
+                  "an explicit max_tokens beyond it -> 400, the default max_tokens is lowered to fit; 0: no bound")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_flag("--enable-prompt-tokens-details", o->prompt_tokens_details,
+                "report usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM: it tells a client "
+                "whether another sent the same prompt prefix)");
   cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
       ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--cache-memory", o->cache_memory,
@@ -104,8 +120,12 @@ void add_serve(CLI::App& app, Registry& reg) {
       ctx.bos = bos;
       ctx.max_model_len = max_model_len;
       ctx.vocab_size = cfg.vocab_size;
-      if (o->so.api_key.empty())
-        if (const char* k = std::getenv("K3_API_KEY")) o->so.api_key = k;
+      ctx.max_response_bytes = o->max_response_bytes;
+      ctx.prompt_tokens_details = o->prompt_tokens_details;
+      if (o->so.api_keys.empty())
+        if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
+      for (const auto& k : o->so.api_keys)
+        if (k.empty()) throw k3::Error("--api-key must not be empty");
 
       k3::serve::Metrics metrics;
       k3::serve::Server server(o->so, engine, ctx, metrics);
@@ -113,12 +133,12 @@ void add_serve(CLI::App& app, Registry& reg) {
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
-                   "(max_model_len %lld, max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
+                   "(max_model_len %lld: %s; max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
                    "prefix caching %s, %d I/O threads%s)\n",
                    ctx.model_name.c_str(), dir.c_str(), load_s, ready_s, o->so.host.c_str(), server.port(),
-                   (long long)max_model_len, (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
+                   (long long)max_model_len, engine.max_model_len_reason().c_str(), (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
                    (long long)engine.cache_stats().pages_total, (long long)o->page_size, (long long)engine.cache_stats().slots_total,
-                   o->no_prefix ? "off" : "on", o->so.threads, o->so.api_key.empty() ? "" : ", API key required");
+                   o->no_prefix ? "off" : "on", o->so.threads, o->so.api_keys.empty() ? "" : ", API key required");
       std::fflush(stderr);
       server.run_until_signal();
       std::fprintf(stderr, "k3 serve: stopped\n");

@@ -235,3 +235,50 @@ TEST(BatchEngine, SeededSamplingIsReproducible) {
   EXPECT_EQ(c.ids["a"], c.ids["b"]);
   EXPECT_NE(c.ids["a"], c.ids["c"]);
 }
+
+// Issue 11: max_model_len once defaulted to the whole cache (822,032 tokens for k3-tiny, trained for 4,096).
+TEST(BatchEngine, MaxModelLenDefaultsToTheModelsLimit) {
+  const int64_t model_max = env().model->config().max_position_embeddings;
+  ASSERT_EQ(model_max, 4096);
+  {
+    BatchEngine eng(*env().model, *env().tok, options(true));  // the cache holds far more
+    EXPECT_EQ(eng.limits().max_model_len, model_max);
+    EXPECT_NE(eng.max_model_len_reason().find("max_position_embeddings"), std::string::npos);
+  }
+  {
+    BatchEngine eng(*env().model, *env().tok, options(true, 8ll << 20, 4));  // the cache holds less
+    const auto cs = eng.cache_stats();
+    EXPECT_EQ(eng.limits().max_model_len, std::min(model_max, cs.pages_total * 16));
+  }
+  BatchEngineOptions o = options(true, 8ll << 20, 4);
+  o.max_model_len = 1 << 30;  // more than the cache can hold for one sequence: refused, not silently lowered
+  EXPECT_THROW(BatchEngine(*env().model, *env().tok, o), k3::Error);
+  o.max_model_len = 8192;  // beyond the model's limit, within the cache's: allowed with a warning
+  o.cache.budget_bytes = 256ll << 20;
+  BatchEngine eng(*env().model, *env().tok, o);
+  EXPECT_EQ(eng.limits().max_model_len, 8192);
+  EXPECT_NE(eng.max_model_len_reason().find("WARNING"), std::string::npos);
+}
+
+// Issue 11 (prefix-cache side channel): requests with different cache_salt never share a prefix.
+TEST(BatchEngine, CacheSaltIsolatesPrefixHits) {
+  BatchEngine eng(*env().model, *env().tok, options(true));
+  std::string text;
+  for (int i = 0; i < 6; ++i) text += std::string(kTexts[i]) + " ";
+  const std::vector<int32_t> prompt = encode(text);
+  std::vector<int32_t> follow_up = prompt;  // a longer prompt starting with it: can hit its checkpoint
+  follow_up.insert(follow_up.end(), prompt.begin() + 1, prompt.begin() + 9);
+  Collector c;
+  auto run = [&](const std::string& id, const std::string& salt) {
+    Request r = make(id, id.back() == '1' ? prompt : follow_up, 2);
+    r.cache_salt = salt;
+    eng.submit(r, c.cb());
+    c.wait(c.done + 1);
+    return c.cached[id];
+  };
+  EXPECT_EQ(run("a1", "alice"), 0);
+  EXPECT_EQ(run("b2", "bob"), 0);  // would hit alice's prompt-end checkpoint without the salt
+  EXPECT_EQ(run("n2", ""), 0);
+  EXPECT_GT(run("a2", "alice"), 0);
+  EXPECT_EQ(c.ids["a2"], c.ids["b2"]);  // the salt changes what is shared, never the output
+}

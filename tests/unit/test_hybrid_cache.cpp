@@ -91,3 +91,42 @@ TEST(HybridCache, AutoCheckpointIntervalFollowsStateToLatentRatio) {
   EXPECT_GT(c, 7000);
   EXPECT_LT(c, 9000);
 }
+
+// Issue 11 (prefix-cache side channel): a cached prefix is reused only by sequences with the same salt
+// (cache_salt / API key), for full pages and for checkpoints shorter than a page alike.
+TEST(HybridCache, SaltPartitionsPrefixHits) {
+  const k3::ModelConfig cfg = k3::load_model_config(k3test::source_path("tests/data/tiny-k3"));
+  k3::cache::CacheOptions opt;
+  opt.page_tokens = 4;
+  opt.max_num_seqs = 4;
+  opt.budget_bytes = 64ll << 20;
+  k3::cache::HybridCache cache(cfg, opt);
+  // Runs a sequence over `t` (as the engine would: match, compute, commit, checkpoint), returns its hit.
+  auto run = [&](const std::string& salt, const std::vector<int32_t>& t) {
+    k3::cache::PagedSequence s(cache);
+    s.set_salt(k3::cache::cache_salt_id(salt));
+    EXPECT_TRUE(cache.acquire_slot(s));
+    const int64_t hit = cache.match_prefix(s, t);
+    EXPECT_TRUE(cache.ensure_capacity(s, static_cast<int64_t>(t.size())));
+    s.advance(static_cast<int64_t>(t.size()) - s.n_past());
+    cache.commit_pages(s, t);
+    cache.save_checkpoint(s, t);
+    cache.release(s);
+    return hit;
+  };
+  for (size_t len : {size_t{3}, size_t{22}}) {  // inside the first page; several pages + a partial one
+    std::vector<int32_t> t(len);
+    for (size_t i = 0; i < len; ++i) t[i] = static_cast<int32_t>(len * 7 + i);
+    std::vector<int32_t> longer = t;
+    longer.push_back(9);
+    EXPECT_EQ(run("tenant-a", t), 0);
+    EXPECT_EQ(run("tenant-b", longer), 0) << len;  // another salt: no hit
+    EXPECT_EQ(run("", longer), 0) << len;          // nor the unsalted partition
+    EXPECT_EQ(run("tenant-a", longer), static_cast<int64_t>(len)) << len;  // the same salt: a hit
+    std::vector<int32_t> longest = longer;
+    longest.push_back(3);
+    EXPECT_EQ(run("", longest), static_cast<int64_t>(len) + 1) << len;  // each partition its own
+  }
+  EXPECT_EQ(k3::cache::cache_salt_id(""), 0u);
+  EXPECT_NE(k3::cache::cache_salt_id("a"), k3::cache::cache_salt_id("b"));
+}

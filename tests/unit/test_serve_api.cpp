@@ -234,6 +234,7 @@ TEST(ServeApi, ResponseShapes) {
   ch[1].message.tool_calls = {{0, "call_1", "f", "{\"a\":"}, {0, "", "", "1}"}};
   ch[1].finish_reason = "stop";
   k3::serve::Usage u{10, 6, 2};
+  r.show_cached_tokens = true;  // --enable-prompt-tokens-details
   auto j = k3::serve::build_response(Endpoint::Chat, r, "chatcmpl-x", 123, ch, u, fx().tok);
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["id"], "chatcmpl-x");

@@ -34,6 +34,16 @@ void PagedSequence::reserve(int64_t n) {
     throw Error("internal error: the scheduler ran a sequence without cache pages or a state slot for it");
 }
 
+uint64_t cache_salt_id(std::string_view salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, then a finaliser
+  for (unsigned char c : salt) h = (h ^ c) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h ? h : 1;
+}
+
 // ---- HybridCache ---------------------------------------------------------------------------------
 
 namespace {
@@ -106,8 +116,8 @@ HybridCache::~HybridCache() {
   if (arena_) mem_->release(arena_);
 }
 
-uint64_t HybridCache::block_key(int32_t parent, std::span<const int32_t> toks) {
-  uint64_t h = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(static_cast<int64_t>(parent));
+uint64_t HybridCache::block_key(int32_t parent, std::span<const int32_t> toks, uint64_t salt) {
+  uint64_t h = (0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(static_cast<int64_t>(parent))) + salt * 0xc2b2ae3d27d4eb4full;
   for (int32_t t : toks) {
     h ^= static_cast<uint64_t>(static_cast<uint32_t>(t)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h *= 0xff51afd7ed558ccdull;
@@ -115,11 +125,12 @@ uint64_t HybridCache::block_key(int32_t parent, std::span<const int32_t> toks) {
   return h;
 }
 
-int32_t HybridCache::find_child(int32_t parent, std::span<const int32_t> toks) const {
-  auto [b, e] = trie_.equal_range(block_key(parent, toks));
+int32_t HybridCache::find_child(int32_t parent, std::span<const int32_t> toks, uint64_t salt) const {
+  auto [b, e] = trie_.equal_range(block_key(parent, toks, salt));
   for (auto it = b; it != e; ++it) {
     const Page& pg = page_meta_[static_cast<size_t>(it->second)];
-    if (pg.parent == parent && std::equal(pg.tokens.begin(), pg.tokens.end(), toks.begin(), toks.end())) return it->second;
+    // The salt is compared, not only hashed: a chain's root is where partitions separate.
+    if (pg.parent == parent && pg.salt == salt && std::equal(pg.tokens.begin(), pg.tokens.end(), toks.begin(), toks.end())) return it->second;
   }
   return -1;
 }
@@ -260,7 +271,8 @@ int64_t HybridCache::match_prefix(PagedSequence& s, std::span<const int32_t> tok
   std::vector<int32_t> chain;
   for (int32_t parent = -1; static_cast<int64_t>(chain.size() + 1) * B_ <= max_hit;) {
     const int64_t j = static_cast<int64_t>(chain.size());
-    const int32_t p = find_child(parent, tokens.subspan(static_cast<size_t>(j * B_), static_cast<size_t>(B_)));
+    const int32_t p =
+        find_child(parent, tokens.subspan(static_cast<size_t>(j * B_), static_cast<size_t>(B_)), s.salt_);
     if (p < 0) break;
     chain.push_back(p);
     parent = p;
@@ -272,7 +284,7 @@ int64_t HybridCache::match_prefix(PagedSequence& s, std::span<const int32_t> tok
     auto [b, e] = ckpt_by_page_.equal_range(last);
     for (auto it = b; it != e; ++it) {
       const Checkpoint& c = ckpts_[static_cast<size_t>(it->second)];
-      if (c.pos > max_hit) continue;
+      if (c.pos > max_hit || c.salt != s.salt_) continue;
       if (!std::equal(c.partial.begin(), c.partial.end(), tokens.begin() + k * B_)) continue;
       if (best < 0 || c.pos > ckpts_[static_cast<size_t>(best)].pos) best = it->second;
     }
@@ -311,7 +323,7 @@ void HybridCache::commit_pages(PagedSequence& s, std::span<const int32_t> tokens
     const int32_t p = s.pages_[static_cast<size_t>(j)];
     const int32_t parent = j > 0 ? s.pages_[static_cast<size_t>(j - 1)] : -1;
     auto block = tokens.subspan(static_cast<size_t>(j * B_), static_cast<size_t>(B_));
-    const int32_t existing = find_child(parent, block);
+    const int32_t existing = find_child(parent, block, s.salt_);
     if (existing >= 0 && existing != p) {
       // Same prefix computed twice: the rows are bit-identical (the forward is batch-invariant), so
       // the sequence switches to the cached page and its own copy goes back to the pool.
@@ -323,7 +335,8 @@ void HybridCache::commit_pages(PagedSequence& s, std::span<const int32_t> tokens
       pg.in_trie = true;
       pg.parent = parent;
       pg.tokens.assign(block.begin(), block.end());
-      pg.key = block_key(parent, block);
+      pg.salt = s.salt_;
+      pg.key = block_key(parent, block, s.salt_);
       trie_.emplace(pg.key, p);
       if (parent >= 0) ++page_meta_[static_cast<size_t>(parent)].children;
     }
@@ -340,7 +353,7 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
   auto [b, e] = ckpt_by_page_.equal_range(last);
   for (auto it = b; it != e; ++it) {
     Checkpoint& c = ckpts_[static_cast<size_t>(it->second)];
-    if (std::equal(c.partial.begin(), c.partial.end(), partial.begin(), partial.end())) {
+    if (c.salt == s.salt_ && std::equal(c.partial.begin(), c.partial.end(), partial.begin(), partial.end())) {
       ckpt_lru_.splice(ckpt_lru_.end(), ckpt_lru_, c.lru);
       return;
     }
@@ -381,6 +394,7 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
   c.partial.assign(partial.begin(), partial.end());
   c.snapshot_page = snap;
   c.pos = pos;
+  c.salt = s.salt_;
   c.lru = ckpt_lru_.insert(ckpt_lru_.end(), id);
   ckpt_by_page_.emplace(last, id);
   ++n_ckpts_;

@@ -11,6 +11,7 @@
 #include <list>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct CacheOptions {
 
 class HybridCache;
 
+// A prefix-cache partition id for a salt string (PagedSequence::set_salt): 0 for "", else a 64-bit
+// hash that is never 0. Different salts share nothing unless their hashes collide (~2^-64).
+uint64_t cache_salt_id(std::string_view salt);
+
 // One sequence's view of the cache: what Model::forward reads and writes.
 class PagedSequence final : public SequenceCache {
  public:
@@ -47,6 +52,10 @@ class PagedSequence final : public SequenceCache {
   int64_t capacity_tokens() const;
   bool has_slot() const { return slot_ >= 0; }
   const std::vector<int32_t>& block_table() const { return pages_; }
+  // Prefix-cache partition: pages and checkpoints are shared only between sequences with the same salt
+  // (a request's cache_salt / API key; 0: none). Set before match_prefix.
+  void set_salt(uint64_t salt) { salt_ = salt; }
+  uint64_t salt() const { return salt_; }
 
  private:
   friend class HybridCache;
@@ -55,6 +64,7 @@ class PagedSequence final : public SequenceCache {
   int32_t slot_ = -1;
   std::vector<int32_t> pages_;
   int64_t committed_pages_ = 0;  // leading pages registered in the prefix trie (or shared from it)
+  uint64_t salt_ = 0;
 };
 
 struct CacheStats {
@@ -120,6 +130,7 @@ class HybridCache {
     int32_t parent = -1;
     int32_t children = 0;
     uint64_t key = 0;
+    uint64_t salt = 0;            // of the sequence that computed it (every page of a chain has the root's)
     std::vector<int32_t> tokens;  // the block's tokens (for exact matching)
     std::list<int32_t>::iterator lru;
     bool in_lru = false;
@@ -130,6 +141,7 @@ class HybridCache {
     std::vector<int32_t> partial;      // tokens after the last full page
     int32_t snapshot_page = -1;        // copy of the partial page's rows (-1 if partial is empty)
     int64_t pos = 0;
+    uint64_t salt = 0;
     std::list<int32_t>::iterator lru;
   };
 
@@ -142,8 +154,8 @@ class HybridCache {
   bool evict_one_checkpoint();
   void drop_checkpoint(int32_t id);
   int32_t alloc_slot();  // -1 if none (after evicting checkpoints)
-  static uint64_t block_key(int32_t parent, std::span<const int32_t> toks);
-  int32_t find_child(int32_t parent, std::span<const int32_t> toks) const;
+  static uint64_t block_key(int32_t parent, std::span<const int32_t> toks, uint64_t salt);
+  int32_t find_child(int32_t parent, std::span<const int32_t> toks, uint64_t salt) const;
 
   const ModelConfig& cfg_;
   CacheOptions opt_;

@@ -11,8 +11,7 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
   opt_.cache.max_num_seqs = opt_.sched.max_num_seqs;
   if (!opt_.cache.memory) opt_.cache.memory = model.cache_memory();
   cache_ = std::make_unique<cache::HybridCache>(model.config(), opt_.cache);
-  if (opt_.max_model_len <= 0 || opt_.max_model_len > cache_->max_tokens_per_sequence())
-    opt_.max_model_len = cache_->max_tokens_per_sequence();
+  choose_max_model_len(model.config().max_position_embeddings);
   if (opt_.sched.checkpoint_interval < 0) throw Error("the prefix checkpoint interval must be >= 0 (0: auto)");
   if (opt_.sched.checkpoint_interval == 0) opt_.sched.checkpoint_interval = cache_->auto_checkpoint_interval();
   if (opt_.sched.checkpoint_interval % cache_->page_tokens() != 0)
@@ -25,6 +24,29 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
 }
 
 BatchEngine::~BatchEngine() { shutdown(false); }
+
+// The default was once the whole cache (822,032 tokens for k3-tiny, trained for 4,096): requests far
+// past the model's trained positions were accepted and one sequence could take every page.
+void BatchEngine::choose_max_model_len(int64_t model_max) {
+  const int64_t cache_max = cache_->max_tokens_per_sequence();
+  const std::string cache_note = "what the cache holds for one sequence (" + std::to_string(cache_max) + " tokens)";
+  const std::string model_note = "the model's max_position_embeddings (" + std::to_string(model_max) + ")";
+  if (opt_.max_model_len > 0) {
+    if (opt_.max_model_len > cache_max)
+      throw Error("max_model_len " + std::to_string(opt_.max_model_len) + " does not fit: " + cache_note +
+                  "; raise the cache memory or lower max_model_len");
+    max_model_len_reason_ = "as configured";
+    if (model_max > 0 && opt_.max_model_len > model_max)
+      max_model_len_reason_ += "; WARNING: beyond " + model_note + ", output past it is unreliable";
+  } else if (model_max > 0 && model_max <= cache_max) {
+    opt_.max_model_len = model_max;
+    max_model_len_reason_ = model_note;
+  } else {
+    opt_.max_model_len = cache_max;
+    max_model_len_reason_ = cache_note + (model_max > 0 ? ", less than " + model_note + "; more cache memory allows more"
+                                                        : "; config.json states no max_position_embeddings");
+  }
+}
 
 void BatchEngine::submit(Request req, OutputCallback on_output) {
   req.params.validate();

@@ -23,7 +23,10 @@ namespace k3::engine {
 struct BatchEngineOptions {
   cache::CacheOptions cache;
   SchedulerOptions sched;
-  int64_t max_model_len = 0;  // 0: what the cache can hold for one sequence
+  // Prompt + completion tokens per sequence. 0: the model's max_position_embeddings, capped by what the
+  // cache can hold for one sequence. An explicit value may exceed the model's limit (a warning in
+  // max_model_len_reason()), not the cache's (k3::Error).
+  int64_t max_model_len = 0;
 };
 
 class BatchEngine final : public Engine {
@@ -40,8 +43,11 @@ class BatchEngine final : public Engine {
   void shutdown(bool drain) override;
 
   cache::CacheStats cache_stats() const;
+  // How max_model_len was chosen, for the start-up line ("the model's max_position_embeddings", ...).
+  const std::string& max_model_len_reason() const { return max_model_len_reason_; }
 
  private:
+  void choose_max_model_len(int64_t model_max);
   void loop();
   void step();
   void finish(Sequence* s, RequestOutput o);
@@ -50,6 +56,7 @@ class BatchEngine final : public Engine {
   const ModelRunner& model_;
   const text::Tokenizer& tok_;
   BatchEngineOptions opt_;
+  std::string max_model_len_reason_;
   std::unique_ptr<cache::HybridCache> cache_;   // engine thread only
   std::unique_ptr<Scheduler> sched_;            // engine thread only
 

@@ -19,6 +19,9 @@ struct Request {
   SamplingParams params;
   int top_logprobs = -1;         // -1: no logprobs; 0..20: logprob of the chosen token + this many alternatives
   bool skip_special_text = true;  // special tokens come as OutputPiece::special_id, never as text
+  // Prefix-cache partition: cached prefixes are reused only between requests with the same salt
+  // (vLLM's cache_salt; the server also folds the API key in). Empty: the shared partition.
+  std::string cache_salt;
 };
 
 // One unit of output in order: either text (valid UTF-8, stop strings already removed) or a special

@@ -1,6 +1,7 @@
 #include "k3/engine/scheduler.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace k3::engine {
 
@@ -15,56 +16,111 @@ int64_t Scheduler::chunk_for(Sequence& s, int64_t budget) const {
   return n;
 }
 
-bool Scheduler::preempt_newest(const Sequence* keep) {
+bool Scheduler::is_running(const Sequence* s) const {
+  return std::any_of(running_.begin(), running_.end(), [s](const auto& r) { return r.get() == s; });
+}
+
+void Scheduler::requeue(Sequence* s, bool count) {
+  auto it = std::find_if(running_.begin(), running_.end(), [s](const auto& r) { return r.get() == s; });
+  std::unique_ptr<Sequence> owned = std::move(*it);
+  running_.erase(it);
+  cache_.release(owned->cache());
+  waiting_.push_front(std::move(owned));
+  if (count) ++preemptions_;
+}
+
+bool Scheduler::preempt_newest(const Sequence* keep, const std::vector<ScheduledSeq>& planned, int64_t first_fresh) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-    if (it->get() == keep) continue;
-    std::unique_ptr<Sequence> s = std::move(*it);
-    running_.erase(std::next(it).base());
-    cache_.release(s->cache());
-    waiting_.push_front(std::move(s));
-    ++preemptions_;
+    Sequence* c = it->get();
+    if (c == keep || std::any_of(planned.begin(), planned.end(), [c](const ScheduledSeq& p) { return p.seq == c; }))
+      continue;
+    requeue(c, c->admitted_order < first_fresh);
     return true;
   }
   return false;
 }
 
-std::vector<ScheduledSeq> Scheduler::schedule() {
-  std::vector<ScheduledSeq> out;
-  int64_t budget = opt_.max_num_batched_tokens;
-  // 1. Running sequences, oldest first. Index loop: preemption removes from the back.
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Sequence& s = *running_[i];
-    const int64_t n = chunk_for(s, budget);
-    bool ok = cache_.ensure_capacity(s.cache(), s.cache().n_past() + n);
-    while (!ok && preempt_newest(&s)) ok = cache_.ensure_capacity(s.cache(), s.cache().n_past() + n);
-    if (!ok) {  // even alone it does not fit now: recompute it later
-      std::unique_ptr<Sequence> self = std::move(running_[i]);
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-      cache_.release(self->cache());
-      waiting_.push_front(std::move(self));
-      ++preemptions_;
-      --i;
+bool Scheduler::reserve(Sequence& s, int64_t n, const std::vector<ScheduledSeq>& planned, int64_t first_fresh) {
+  const int64_t need = s.cache().n_past() + n;
+  while (!cache_.ensure_capacity(s.cache(), need))
+    if (!preempt_newest(&s, planned, first_fresh)) return false;
+  return true;
+}
+
+// 1. One token for every running sequence that is decoding, oldest first.
+void Scheduler::schedule_decodes(std::vector<ScheduledSeq>& out, int64_t& budget) {
+  std::vector<Sequence*> order;
+  for (auto& r : running_) order.push_back(r.get());
+  for (Sequence* s : order) {
+    if (budget == 0) break;
+    if (!is_running(s) || s->remaining() != 1) continue;  // preempted meanwhile, or prefilling
+    if (!reserve(*s, 1, out, admitted_ + 1)) {
+      requeue(s, true);  // even alone it does not fit now: recompute it later
       continue;
     }
-    out.push_back({&s, n, n == s.remaining()});
-    budget -= n;
+    out.push_back({s, 1, true});
+    --budget;
   }
-  // 2. Admissions, first come first served.
-  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
+}
+
+// 2. The sequences that share the rest of the budget: running prefills oldest first, then waiting ones
+// admitted FCFS (slot + prefix match) while each participant can still get a token.
+std::vector<Sequence*> Scheduler::admit_prefills(int64_t budget) {
+  std::vector<Sequence*> prefills;
+  for (auto& r : running_)
+    if (r->remaining() > 1 && static_cast<int64_t>(prefills.size()) < budget) prefills.push_back(r.get());
+  while (!waiting_.empty() && static_cast<int64_t>(prefills.size()) < budget &&
+         static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = *waiting_.front();
     if (!cache_.acquire_slot(s.cache())) break;
     const int64_t hit = cache_.match_prefix(s.cache(), s.tokens());
     if (hit > 0) s.set_cached_prompt_tokens(std::min(hit, s.prompt_len()));
-    const int64_t n = chunk_for(s, budget);
-    if (!cache_.ensure_capacity(s.cache(), s.cache().n_past() + n)) {
-      cache_.release(s.cache());
-      break;  // wait until memory frees up
-    }
     s.admitted_order = ++admitted_;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    out.push_back({&s, n, n == s.remaining()});
-    budget -= n;
+    prefills.push_back(&s);
+  }
+  return prefills;
+}
+
+std::vector<ScheduledSeq> Scheduler::schedule() {
+  std::vector<ScheduledSeq> out;
+  int64_t budget = opt_.max_num_batched_tokens;
+  schedule_decodes(out, budget);
+  if (budget == 0) return out;
+  const int64_t first_fresh = admitted_ + 1;  // admissions of this step have admitted_order >= this
+  std::vector<Sequence*> prefills = admit_prefills(budget);
+
+  // 3. Water-filling: in order of growing demand, each takes min(demand, an equal share of what is left).
+  const size_t m = prefills.size();
+  std::vector<int64_t> demand(m), share(m);
+  for (size_t i = 0; i < m; ++i) demand[i] = chunk_for(*prefills[i], budget);
+  std::vector<size_t> by_demand(m);
+  std::iota(by_demand.begin(), by_demand.end(), size_t{0});
+  std::stable_sort(by_demand.begin(), by_demand.end(), [&](size_t a, size_t b) { return demand[a] < demand[b]; });
+  int64_t left = budget;
+  for (size_t k = 0; k < m; ++k) {
+    const size_t i = by_demand[k];
+    share[i] = std::min(demand[i], left / static_cast<int64_t>(m - k));  // >= 1: m <= budget
+    left -= share[i];
+  }
+
+  // 4. Pages, in admission order. A new admission that does not fit goes back to the queue with every
+  // admission after it (FCFS order kept); a running one that does not fit even alone is requeued.
+  for (size_t i = 0; i < m; ++i) {
+    Sequence* s = prefills[i];
+    if (!is_running(s)) continue;  // preempted for an older one
+    if (reserve(*s, share[i], out, first_fresh)) {
+      out.push_back({s, share[i], share[i] == s->remaining()});
+      continue;
+    }
+    if (s->admitted_order < first_fresh) {
+      requeue(s, true);
+      continue;
+    }
+    for (size_t j = m; j-- > i;)
+      if (is_running(prefills[j])) requeue(prefills[j], false);
+    break;
   }
   return out;
 }

@@ -1,8 +1,12 @@
-// Continuous batching policy: which sequences run this step and how many tokens each. Running
-// sequences go first (decodes keep their latency), then waiting ones are admitted FCFS while the token
-// budget, max_num_seqs and the cache allow. Prefill chunks end at prefix-checkpoint positions so the
-// KDA state can be saved exactly there. When the cache runs out, the most recently admitted sequence
-// is preempted (its cache freed, recomputed later). The scheduler never touches the model.
+// Continuous batching policy: which sequences run this step and how many tokens each. Each step's token
+// budget (max_num_batched_tokens) goes first to the running decodes, one token each (oldest first), so a
+// long prefill never stalls them; the rest is shared between the prefilling sequences -- running ones
+// and newly admitted ones (FCFS, while max_num_seqs and the cache allow) -- by water-filling: short
+// prompts take what they need, the others equal shares. A 16-token request arriving behind a 20k-token
+// prefill thus runs its prompt in the next step instead of after the whole prefill. Prefill chunks end
+// at prefix-checkpoint positions so the KDA state can be saved exactly there. When the cache runs out,
+// the most recently admitted sequence without a chunk this step is preempted (its cache freed,
+// recomputed later). The scheduler never touches the model.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -46,7 +50,16 @@ class Scheduler {
 
  private:
   int64_t chunk_for(Sequence& s, int64_t budget) const;
-  bool preempt_newest(const Sequence* keep);
+  bool is_running(const Sequence* s) const;
+  // Frees the sequence's cache and puts it at the front of the queue; `count`: a preemption (not an
+  // admission taken back in the step that made it).
+  void requeue(Sequence* s, bool count);
+  // Preempts the newest running sequence other than `keep` that has no chunk in `planned` yet.
+  bool preempt_newest(const Sequence* keep, const std::vector<ScheduledSeq>& planned, int64_t first_fresh);
+  // Pages for n more tokens of s, preempting as needed. False: even alone it does not fit now.
+  bool reserve(Sequence& s, int64_t n, const std::vector<ScheduledSeq>& planned, int64_t first_fresh);
+  void schedule_decodes(std::vector<ScheduledSeq>& out, int64_t& budget);
+  std::vector<Sequence*> admit_prefills(int64_t budget);
 
   SchedulerOptions opt_;
   cache::HybridCache& cache_;

@@ -13,6 +13,7 @@ Sequence::Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, c
       sampler_(req_.params, default_seed),
       stops_(req_.params.stop),
       detok_(tok) {
+  cache_->set_salt(cache::cache_salt_id(req_.cache_salt));
   tokens_ = req_.prompt;
   vocab_ = cfg.vocab_size;
   n_prompt_ = static_cast<int64_t>(tokens_.size());

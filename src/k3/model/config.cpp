@@ -154,6 +154,8 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   c.bos_token_id = f.opt<int64_t>("bos_token_id", -1);
   c.eos_token_id = f.opt<int64_t>("eos_token_id", -1);
   c.pad_token_id = f.opt<int64_t>("pad_token_id", -1);
+  c.max_position_embeddings = f.opt<int64_t>("max_position_embeddings", 0);
+  if (c.max_position_embeddings < 0) throw Error(f.where("max_position_embeddings") + ": must be >= 0");
 
   // Shape constraints the kernels rely on.
   if (c.experts_mxfp4 && (c.expert_in_dim() % 32 || c.moe_intermediate_size % 32))

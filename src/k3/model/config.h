@@ -56,6 +56,7 @@ struct ModelConfig {
   bool experts_mxfp4 = false;
 
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
+  int64_t max_position_embeddings = 0;  // the context the model was trained for; 0: not stated
 
   int64_t num_kda_layers() const;
   int64_t num_mla_layers() const;

@@ -16,7 +16,9 @@ std::string message_text(const nlohmann::json& content) {
   if (content.is_array()) {
     std::string out;
     for (const auto& part : content) {
-      if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      // Compared as JSON, not through value("type", ""): a non-string type threw json::type_error (a 500).
+      if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+          !part["text"].is_string())
         throw Error("only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
       out += part["text"].get<std::string>();
     }

@@ -1,12 +1,14 @@
 #include "k3/serve/openai_api.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "k3/core/error.h"
 #include "k3/text/utf8.h"
@@ -47,6 +49,26 @@ int json_depth(std::string_view s, int limit) {
 }
 }  // namespace
 
+namespace {
+// The key whose value is the number literal `lit` (for nlohmann's "number overflow parsing '1e400'",
+// which names no field): the last `"key" :` before the literal's first occurrence; "" if none.
+std::string overflow_param(std::string_view body, const std::string& msg) {
+  const size_t a = msg.find('\''), b = msg.rfind('\'');
+  if (a == std::string::npos || b <= a + 1) return {};
+  const size_t at = body.find(msg.substr(a + 1, b - a - 1));
+  if (at == std::string::npos) return {};
+  size_t i = at;
+  while (i > 0 && std::isspace(static_cast<unsigned char>(body[i - 1]))) --i;
+  if (i == 0 || body[i - 1] != ':') return {};
+  --i;
+  while (i > 0 && std::isspace(static_cast<unsigned char>(body[i - 1]))) --i;
+  if (i == 0 || body[i - 1] != '"') return {};
+  const size_t end = i - 1, start = body.rfind('"', end - 1);
+  if (start == std::string::npos || end - start - 1 > 64) return {};
+  return std::string(body.substr(start + 1, end - start - 1));
+}
+}  // namespace
+
 json parse_json_body(std::string_view body) {
   if (!text::is_valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
   if (json_depth(body, kMaxJsonDepth) > kMaxJsonDepth)
@@ -54,7 +76,12 @@ json parse_json_body(std::string_view body) {
   json j;
   try {
     j = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::out_of_range& e) {
+    // A number beyond double range (1e400): not a parse_error, it escaped as a 500.
+    const std::string param = text::utf8_lossy(overflow_param(body, e.what()));
+    throw ApiError(400, (param.empty() ? std::string("a number") : "'" + param + "'") +
+                            " in the request body is beyond the range of a double: " + e.what(), param);
+  } catch (const json::exception& e) {
     throw ApiError(400, std::string("invalid JSON in the request body: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
@@ -65,32 +92,63 @@ namespace {
 
 bool present(const json& b, const char* k) { return b.contains(k) && !b[k].is_null(); }
 
-double get_number(const json& b, const char* k) {
-  const auto& v = b[k];
-  if (!v.is_number()) throw ApiError(400, std::string("'") + k + "' must be a number", k);
-  return v.get<double>();
+[[noreturn]] void bad_field(const char* k, const std::string& what) {
+  throw ApiError(400, std::string("'") + k + "' " + what, k);
 }
 
-int64_t get_int(const json& b, const char* k) {
+std::string num_str(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// A finite number in [lo, hi]. Checked on the double, before any narrowing to float: 1e300 -> float is
+// undefined behaviour, and nlohmann parses 1e400 as inf.
+double get_number(const json& b, const char* k, double lo, double hi) {
   const auto& v = b[k];
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float()) {
+  if (!v.is_number()) bad_field(k, "must be a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) bad_field(k, "must be a finite number");
+  if (d < lo || d > hi) bad_field(k, "must be in [" + num_str(lo) + ", " + num_str(hi) + "], got " + num_str(d));
+  return d;
+}
+
+// An integer in [lo, hi]. Integers beyond int64 (nlohmann: unsigned, or a float past 2^64) and floats
+// with a fraction are rejected here, before any caller does arithmetic with the value.
+int64_t get_int(const json& b, const char* k, int64_t lo, int64_t hi) {
+  const auto& v = b[k];
+  const auto range = [&](const std::string& got) {
+    bad_field(k, "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + got);
+  };
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {  // nlohmann: every integer >= 0 (0 included), up to 2^64-1
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) range(std::to_string(u));
+    x = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (std::floor(d) == d && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
+    if (!std::isfinite(d) || std::floor(d) != d) bad_field(k, "must be an integer");
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) range(num_str(d));
+    x = static_cast<int64_t>(d);
+  } else {
+    bad_field(k, "must be an integer");
   }
-  throw ApiError(400, std::string("'") + k + "' must be an integer", k);
+  if (x < lo || x > hi) range(std::to_string(x));
+  return x;
 }
 
 bool get_bool(const json& b, const char* k) {
-  if (!b[k].is_boolean()) throw ApiError(400, std::string("'") + k + "' must be a boolean", k);
+  if (!b[k].is_boolean()) bad_field(k, "must be a boolean");
   return b[k].get<bool>();
 }
 
-int clamp_int(int64_t v, const char* k, int64_t lo, int64_t hi) {
-  if (v < lo || v > hi)
-    throw ApiError(400, std::string("'") + k + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                            "], got " + std::to_string(v), k);
-  return static_cast<int>(v);
+std::string get_string(const json& b, const char* k, size_t max_bytes) {
+  if (!b[k].is_string()) bad_field(k, "must be a string");
+  std::string s = b[k].get<std::string>();
+  if (s.size() > max_bytes) bad_field(k, "must be at most " + std::to_string(max_bytes) + " bytes long");
+  return s;
 }
 
 // The field named in a SamplingParams::validate() message ("SamplingParams: top_p must be ...").
@@ -103,13 +161,16 @@ std::string param_of(const std::string& msg) {
 
 std::vector<int32_t> token_list(const json& arr, const ApiContext& ctx, const char* param) {
   std::vector<int32_t> ids;
+  ids.reserve(arr.size());
   for (const auto& v : arr) {
     if (!v.is_number_integer()) throw ApiError(400, std::string("'") + param + "' token ids must be integers", param);
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= ctx.vocab_size)
-      throw ApiError(400, "token id " + std::to_string(id) + " in '" + param + "' is outside the vocabulary [0, " +
+    // Unsigned first: get<int64_t>() of 2^64-1 would wrap to -1.
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(ctx.vocab_size)
+                                                 : v.get<int64_t>() >= 0 && v.get<int64_t>() < ctx.vocab_size;
+    if (!in_range)
+      throw ApiError(400, "token id " + v.dump() + " in '" + param + "' is outside the vocabulary [0, " +
                               std::to_string(ctx.vocab_size) + ")", param);
-    ids.push_back(static_cast<int32_t>(id));
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
   return ids;
 }
@@ -147,8 +208,8 @@ void check_messages(const json& b) {
       throw ApiError(400, at + ".role must be a string", "messages");
     const auto role = m[i]["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
-      throw ApiError(400, at + ".role must be one of system, developer, user, assistant, tool; got '" + role + "'",
-                     "messages");
+      throw ApiError(400, at + ".role must be one of system, developer, user, assistant, tool; got '" +
+                              text::utf8_lossy(role.substr(0, 64)) + "'", "messages");
     if (m[i].contains("content")) {
       try {
         (void)message_text(m[i]["content"]);
@@ -171,96 +232,189 @@ std::string chat_error_param(const std::string& msg) {
   return "messages";
 }
 
+// Sampling fields. Ranges are checked on the JSON value, before any narrowing or arithmetic; they
+// keep every logit the sampler computes finite (repetition_penalty 1e-45 divided logits to inf: 500).
+void parse_sampling(const json& b, const ApiContext& ctx, engine::SamplingParams& p) {
+  if (present(b, "temperature")) {
+    p.temperature = static_cast<float>(get_number(b, "temperature", 0, kMaxTemperature));
+    // vLLM's rule: below 1e-5 is greedy (logits / 1e-30 overflow float).
+    if (p.temperature < kGreedyTemperature) p.temperature = 0;
+  }
+  if (present(b, "top_p")) {
+    p.top_p = static_cast<float>(get_number(b, "top_p", 0, 1));
+    if (!(p.top_p > 0)) bad_field("top_p", "must be in (0, 1]");  // also a positive value that rounds to 0 as float
+  }
+  if (present(b, "min_p")) p.min_p = static_cast<float>(get_number(b, "min_p", 0, 1));
+  if (present(b, "top_k")) p.top_k = static_cast<int>(get_int(b, "top_k", -1, std::numeric_limits<int32_t>::max()));
+  if (present(b, "presence_penalty")) p.presence_penalty = static_cast<float>(get_number(b, "presence_penalty", -2, 2));
+  if (present(b, "frequency_penalty"))
+    p.frequency_penalty = static_cast<float>(get_number(b, "frequency_penalty", -2, 2));
+  if (present(b, "repetition_penalty"))
+    p.repetition_penalty =
+        static_cast<float>(get_number(b, "repetition_penalty", kMinRepetitionPenalty, kMaxRepetitionPenalty));
+  if (present(b, "seed")) {
+    // Any 64-bit integer, signed or not (negative seeds wrap to their two's complement).
+    const auto& v = b["seed"];
+    if (v.is_number_unsigned()) p.seed = v.get<uint64_t>();
+    else p.seed = static_cast<uint64_t>(get_int(b, "seed", std::numeric_limits<int64_t>::min(),
+                                                 std::numeric_limits<int64_t>::max()));
+  }
+  if (present(b, "ignore_eos")) p.ignore_eos = get_bool(b, "ignore_eos");
+  if (present(b, "stop")) {
+    const auto& s = b["stop"];
+    if (!s.is_string() && !s.is_array()) bad_field("stop", "must be a string or a list of strings");
+    const json list = s.is_string() ? json::array({s}) : s;
+    if (list.size() > kMaxStopStrings) bad_field("stop", "may hold at most " + std::to_string(kMaxStopStrings) + " strings");
+    for (const auto& x : list) {
+      if (!x.is_string()) bad_field("stop", "must be a string or a list of strings");
+      if (x.get_ref<const std::string&>().size() > kMaxStopBytes)
+        bad_field("stop", "strings must be at most " + std::to_string(kMaxStopBytes) + " bytes long");
+      p.stop.push_back(x.get<std::string>());
+    }
+  }
+  if (present(b, "stop_token_ids")) {
+    const auto& s = b["stop_token_ids"];
+    if (!s.is_array()) bad_field("stop_token_ids", "must be a list of integers");
+    if (s.size() > kMaxStopTokenIds)
+      bad_field("stop_token_ids", "may hold at most " + std::to_string(kMaxStopTokenIds) + " ids");
+    p.stop_token_ids = token_list(s, ctx, "stop_token_ids");
+  }
+}
+
+// Fields this server does not implement: rejected when they would change the output, so that a client
+// never silently gets something other than what it asked for.
+void reject_unsupported(const json& b, bool chat, int n) {
+  if (present(b, "echo") && get_bool(b, "echo")) bad_field("echo", "is not supported");
+  if (present(b, "best_of") && get_int(b, "best_of", 1, kMaxN) != n)
+    bad_field("best_of", "is not supported (only best_of == n)");
+  if (present(b, "logit_bias")) {
+    if (!b["logit_bias"].is_object()) bad_field("logit_bias", "must be an object");
+    if (!b["logit_bias"].empty()) bad_field("logit_bias", "is not supported");
+  }
+  if (present(b, "response_format")) {
+    const auto& f = b["response_format"];
+    if (!f.is_object()) bad_field("response_format", "must be an object");
+    if (!f.contains("type") || f["type"] != "text") bad_field("response_format", "is not supported (only {\"type\": \"text\"})");
+  }
+  if (!chat && present(b, "suffix") && !(b["suffix"].is_string() && b["suffix"].get_ref<const std::string&>().empty()))
+    bad_field("suffix", "is not supported");
+  if (present(b, "user")) (void)get_string(b, "user", kMaxUserBytes);
+  if (chat && present(b, "parallel_tool_calls")) (void)get_bool(b, "parallel_tool_calls");
+}
+
+// logprobs / top_logprobs -> the engine convention (-1: none, else alternatives per token).
+int parse_logprobs(const json& b, bool chat) {
+  if (chat) {
+    const bool lp = present(b, "logprobs") && get_bool(b, "logprobs");
+    int top = 0;
+    if (present(b, "top_logprobs")) {
+      top = static_cast<int>(get_int(b, "top_logprobs", 0, kMaxTopLogprobs));
+      if (!lp) bad_field("top_logprobs", "requires 'logprobs': true");
+    }
+    return lp ? top : -1;
+  }
+  if (!present(b, "logprobs")) return -1;
+  if (b["logprobs"].is_boolean()) bad_field("logprobs", "must be an integer for completions");
+  return static_cast<int>(get_int(b, "logprobs", 0, kMaxTopLogprobs));
+}
+
+void check_context(int64_t np, int64_t max_model_len, const char* prompt_param) {
+  if (np >= max_model_len)
+    throw ApiError(400, "This model's maximum context length is " + std::to_string(max_model_len) +
+                            " tokens. However, your prompt has " + std::to_string(np) + " tokens.", prompt_param);
+}
+
+// max_tokens / max_completion_tokens. Explicit values must fit the context (checked without forming
+// np + mt: a value near 2^63 overflowed) and, for a non-streamed request, the response budget. The
+// default is vLLM's: 16 for completions, the rest of the context for chat -- lowered for a
+// non-streamed request to what the response budget allows.
+void parse_max_tokens(const json& b, const ApiContext& ctx, GenRequest& r, int64_t np) {
+  const bool chat = r.endpoint == Endpoint::Chat;
+  const int64_t room = ctx.max_model_len - np;  // >= 1 (check_context)
+  int64_t explicit_mt = -1;
+  const char* key = nullptr;
+  for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+    if (!present(b, k) || (!chat && std::string_view(k) == "max_completion_tokens")) continue;
+    const int64_t mt = get_int(b, k, 1, std::numeric_limits<int64_t>::max());
+    if (mt > room)
+      throw ApiError(400, "This model's maximum context length is " + std::to_string(ctx.max_model_len) +
+                              " tokens. However, you requested " + std::to_string(mt) + " completion tokens and the "
+                              "prompt has " + std::to_string(np) + " tokens ('" + k + "' may be at most " +
+                              std::to_string(room) + ").", k);
+    if (explicit_mt < 0 || std::string_view(k) == "max_completion_tokens") explicit_mt = mt, key = k;  // it wins
+  }
+  const int64_t per_token = response_bytes_per_token(r.top_logprobs);
+  const bool bounded = !r.stream && ctx.max_response_bytes > 0;  // a stream holds no logprobs, only its text
+  const int64_t fits = bounded ? std::max<int64_t>(1, ctx.max_response_bytes / (per_token * r.n)) : room;
+  if (explicit_mt >= 0) {
+    if (bounded && explicit_mt > fits)
+      throw ApiError(400, "a non-streamed response this large would hold about " +
+                              std::to_string(r.n * explicit_mt * per_token >> 20) + " MiB (n " + std::to_string(r.n) +
+                              " x '" + key + "' " + std::to_string(explicit_mt) + " x " + std::to_string(per_token) +
+                              " bytes per token with these logprobs); the limit is " +
+                              std::to_string(ctx.max_response_bytes >> 20) +
+                              " MiB: lower 'n', '" + key + "' or 'top_logprobs'/'logprobs', or set 'stream': true",
+                     key);
+    r.params.max_tokens = static_cast<int>(explicit_mt);
+  } else {
+    r.params.max_tokens = static_cast<int>(std::min({chat ? room : int64_t{16}, room, fits}));
+  }
+}
+
 }  // namespace
+
+int64_t response_bytes_per_token(int top_logprobs) {
+  return kResponseBytesPerToken + (top_logprobs >= 0 ? (1 + top_logprobs) * kResponseBytesPerLogprob : 0);
+}
 
 GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext& ctx) {
   GenRequest r;
   r.endpoint = ep;
   r.body = b;
   const bool chat = ep == Endpoint::Chat;
+  r.show_cached_tokens = ctx.prompt_tokens_details;
 
   r.model = ctx.model_name;
   if (present(b, "model")) {
-    if (!b["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
-    r.model = b["model"].get<std::string>();
+    r.model = get_string(b, "model", kMaxModelNameBytes);
     if (r.model != ctx.model_name)
-      throw ApiError(404, "The model '" + r.model + "' does not exist; this server serves '" + ctx.model_name + "'",
-                     "model", "invalid_request_error", "model_not_found");
+      throw ApiError(404, "The model '" + text::utf8_lossy(r.model) + "' does not exist; this server serves '" +
+                              ctx.model_name + "'", "model", "invalid_request_error", "model_not_found");
   }
 
-  auto& p = r.params;
-  p.max_tokens = 16;
-  if (present(b, "temperature")) p.temperature = static_cast<float>(get_number(b, "temperature"));
-  if (present(b, "top_p")) p.top_p = static_cast<float>(get_number(b, "top_p"));
-  if (present(b, "min_p")) p.min_p = static_cast<float>(get_number(b, "min_p"));
-  if (present(b, "top_k")) p.top_k = clamp_int(get_int(b, "top_k"), "top_k", -1, std::numeric_limits<int>::max());
-  if (present(b, "presence_penalty")) p.presence_penalty = static_cast<float>(get_number(b, "presence_penalty"));
-  if (present(b, "frequency_penalty")) p.frequency_penalty = static_cast<float>(get_number(b, "frequency_penalty"));
-  if (present(b, "repetition_penalty")) p.repetition_penalty = static_cast<float>(get_number(b, "repetition_penalty"));
-  if (present(b, "seed")) p.seed = static_cast<uint64_t>(get_int(b, "seed"));
-  if (present(b, "ignore_eos")) p.ignore_eos = get_bool(b, "ignore_eos");
-  if (present(b, "stop")) {
-    const auto& s = b["stop"];
-    if (s.is_string()) {
-      p.stop.push_back(s.get<std::string>());
-    } else if (s.is_array()) {
-      for (const auto& x : s) {
-        if (!x.is_string()) throw ApiError(400, "'stop' must be a string or a list of strings", "stop");
-        p.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      throw ApiError(400, "'stop' must be a string or a list of strings", "stop");
-    }
-  }
-  if (present(b, "stop_token_ids")) {
-    if (!b["stop_token_ids"].is_array()) throw ApiError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids");
-    p.stop_token_ids = token_list(b["stop_token_ids"], ctx, "stop_token_ids");
-  }
-  if (present(b, "n")) r.n = clamp_int(get_int(b, "n"), "n", 1, ctx.max_n);
+  parse_sampling(b, ctx, r.params);
+  if (present(b, "n")) r.n = static_cast<int>(get_int(b, "n", 1, std::min(ctx.max_n, kMaxN)));
   if (present(b, "stream")) r.stream = get_bool(b, "stream");
   if (present(b, "stream_options")) {
     const auto& so = b["stream_options"];
-    if (!so.is_object()) throw ApiError(400, "'stream_options' must be an object", "stream_options");
-    if (!r.stream) throw ApiError(400, "'stream_options' is only allowed when 'stream' is true", "stream_options");
+    if (!so.is_object()) bad_field("stream_options", "must be an object");
+    if (!r.stream) bad_field("stream_options", "is only allowed when 'stream' is true");
     if (present(so, "include_usage")) {
       if (!so["include_usage"].is_boolean())
         throw ApiError(400, "'stream_options.include_usage' must be a boolean", "stream_options");
       r.include_usage = so["include_usage"].get<bool>();
     }
   }
-  if (present(b, "echo") && b["echo"].is_boolean() && b["echo"].get<bool>())
-    throw ApiError(400, "'echo' is not supported", "echo");
-  if (present(b, "best_of") && !(b["best_of"].is_number_integer() && b["best_of"].get<int64_t>() == r.n))
-    throw ApiError(400, "'best_of' is not supported (only best_of == n)", "best_of");
-
-  // logprobs
-  if (chat) {
-    bool lp = false;
-    if (present(b, "logprobs")) lp = get_bool(b, "logprobs");
-    int top = 0;
-    if (present(b, "top_logprobs")) {
-      top = clamp_int(get_int(b, "top_logprobs"), "top_logprobs", 0, 20);
-      if (!lp) throw ApiError(400, "'top_logprobs' requires 'logprobs': true", "top_logprobs");
-    }
-    r.top_logprobs = lp ? top : -1;
-  } else if (present(b, "logprobs")) {
-    if (b["logprobs"].is_boolean()) throw ApiError(400, "'logprobs' must be an integer for completions", "logprobs");
-    r.top_logprobs = clamp_int(get_int(b, "logprobs"), "logprobs", 0, 20);
+  if (present(b, "cache_salt")) {
+    r.cache_salt = get_string(b, "cache_salt", kMaxCacheSaltBytes);
+    if (r.cache_salt.empty()) bad_field("cache_salt", "must be a non-empty string");
   }
+  reject_unsupported(b, chat, r.n);
+  r.top_logprobs = parse_logprobs(b, chat);
 
   // chat-only fields: type checks; their meaning belongs to the chat adapter
   if (chat) {
-    if (present(b, "tools") && !b["tools"].is_array()) throw ApiError(400, "'tools' must be a list", "tools");
+    if (present(b, "tools") && !b["tools"].is_array()) bad_field("tools", "must be a list");
     if (present(b, "tool_choice") && !b["tool_choice"].is_string() && !b["tool_choice"].is_object())
-      throw ApiError(400, "'tool_choice' must be a string or an object", "tool_choice");
-    if (present(b, "reasoning_effort") && !b["reasoning_effort"].is_string())
-      throw ApiError(400, "'reasoning_effort' must be a string", "reasoning_effort");
+      bad_field("tool_choice", "must be a string or an object");
+    if (present(b, "reasoning_effort")) (void)get_string(b, "reasoning_effort", 64);
     if (present(b, "chat_template_kwargs") && !b["chat_template_kwargs"].is_object())
-      throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      bad_field("chat_template_kwargs", "must be an object");
   }
 
   // prompt
   const char* prompt_param = chat ? "messages" : "prompt";
+  auto& p = r.params;
   if (chat) {
     check_messages(b);
     try {
@@ -281,24 +435,8 @@ GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext
   }
   if (r.prompt.empty()) throw ApiError(400, "the prompt is empty", prompt_param);
   const int64_t np = static_cast<int64_t>(r.prompt.size());
-  if (np >= ctx.max_model_len)
-    throw ApiError(400, "This model's maximum context length is " + std::to_string(ctx.max_model_len) +
-                            " tokens. However, your prompt has " + std::to_string(np) + " tokens.", prompt_param);
-
-  // max tokens: max_completion_tokens (chat) wins over max_tokens; chat defaults to the rest of the context
-  const char* mt_key = chat && present(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (present(b, mt_key)) {
-    const int64_t mt = get_int(b, mt_key);
-    if (mt < 1) throw ApiError(400, std::string("'") + mt_key + "' must be >= 1, got " + std::to_string(mt), mt_key);
-    if (np + mt > ctx.max_model_len)
-      throw ApiError(400, "This model's maximum context length is " + std::to_string(ctx.max_model_len) +
-                              " tokens. However, you requested " + std::to_string(np + mt) + " tokens (" +
-                              std::to_string(np) + " in the prompt, " + std::to_string(mt) + " for the completion).",
-                     mt_key);
-    p.max_tokens = static_cast<int>(mt);
-  } else {
-    p.max_tokens = static_cast<int>(chat ? ctx.max_model_len - np : std::min<int64_t>(16, ctx.max_model_len - np));
-  }
+  check_context(np, ctx.max_model_len, prompt_param);
+  parse_max_tokens(b, ctx, r, np);
 
   try {
     p.validate();
@@ -313,11 +451,14 @@ GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext
 
 // ---- responses --------------------------------------------------------------------------------
 
-json usage_json(const Usage& u) {
-  return json{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+json usage_json(const Usage& u, bool show_cached_tokens) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  // Off by default (vLLM's --enable-prompt-tokens-details): the count tells a client whether someone
+  // else sent the same prompt prefix recently.
+  if (show_cached_tokens) j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
 }
 
 std::string new_response_id(Endpoint ep) {
@@ -410,12 +551,106 @@ json tool_calls_json(const std::vector<ToolCallDelta>& frags) {
   return calls;
 }
 
-json build_response(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
-                    const std::vector<ChoiceState>& choices, const Usage& usage, const text::Tokenizer& tok) {
+namespace {
+
+// ---- logprobs written as JSON text ------------------------------------------------------------
+// A non-streamed response once built its logprobs as an nlohmann DOM (an object node per entry, a
+// json value per byte): ~16 KB per token with 20 alternatives, +789 MB for n=16 x 3,000 tokens. The
+// text itself is ~1.3 KB per such token, so it is written directly.
+
+void put_string(std::string& out, const std::string& s) { out += dump(json(s)); }
+void put_number(std::string& out, double v) { out += json(v).dump(); }
+void put_bytes(std::string& out, const std::string& raw) {
+  out += '[';
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(static_cast<unsigned char>(raw[i]));
+  }
+  out += ']';
+}
+void put_chat_entry(std::string& out, const text::Tokenizer& tok, int32_t id, float logprob) {
+  out += "{\"token\":";
+  put_string(out, token_text(tok, id));
+  out += ",\"logprob\":";
+  put_number(out, logprob);
+  out += ",\"bytes\":";
+  put_bytes(out, token_raw(tok, id));
+}
+
+void put_chat_logprobs(std::string& out, const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
+                       int top_n) {
+  out += "{\"content\":[";
+  for (size_t t = 0; t < lps.size(); ++t) {
+    if (t) out += ',';
+    put_chat_entry(out, tok, lps[t].id, lps[t].logprob);
+    out += ",\"top_logprobs\":[";
+    for (int i = 0; i < top_n && i < static_cast<int>(lps[t].top.size()); ++i) {
+      if (i) out += ',';
+      put_chat_entry(out, tok, lps[t].top[i].first, lps[t].top[i].second);
+      out += '}';
+    }
+    out += "]}";
+  }
+  out += "]}";
+}
+
+void put_completion_logprobs(std::string& out, const std::vector<engine::TokenLogprob>& lps,
+                             const text::Tokenizer& tok, int top_n) {
+  std::vector<std::string> texts;
+  texts.reserve(lps.size());
+  for (const auto& lp : lps) texts.push_back(token_text(tok, lp.id));
+  out += "{\"tokens\":[";
+  for (size_t t = 0; t < lps.size(); ++t) {
+    if (t) out += ',';
+    put_string(out, texts[t]);
+  }
+  out += "],\"token_logprobs\":[";
+  for (size_t t = 0; t < lps.size(); ++t) {
+    if (t) out += ',';
+    put_number(out, lps[t].logprob);
+  }
+  out += "],\"top_logprobs\":[";
+  for (size_t t = 0; t < lps.size(); ++t) {
+    if (t) out += ',';
+    if (top_n <= 0) {
+      out += "null";
+      continue;
+    }
+    // Keyed by text: two ids with the same text keep the first (more likely) one.
+    std::vector<std::string> seen;
+    out += '{';
+    for (int i = 0; i < top_n && i < static_cast<int>(lps[t].top.size()); ++i) {
+      std::string key = token_text(tok, lps[t].top[i].first);
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+      if (!seen.empty()) out += ',';
+      put_string(out, key);
+      out += ':';
+      put_number(out, lps[t].top[i].second);
+      seen.push_back(std::move(key));
+    }
+    out += '}';
+  }
+  out += "],\"text_offset\":[";
+  int64_t off = 0;
+  for (size_t t = 0; t < lps.size(); ++t) {
+    if (t) out += ',';
+    out += std::to_string(off);
+    off += static_cast<int64_t>(texts[t].size());
+  }
+  out += "]}";
+}
+
+}  // namespace
+
+std::string build_response_body(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
+                                 const std::vector<ChoiceState>& choices, const Usage& usage,
+                                 const text::Tokenizer& tok) {
   const bool chat = ep == Endpoint::Chat;
-  json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-              {"model", req.model}};
-  json arr = json::array();
+  json head = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+               {"model", req.model}, {"usage", usage_json(usage, req.show_cached_tokens)}};
+  std::string out = dump(head);
+  out.pop_back();  // '}'
+  out += ",\"choices\":[";
   for (size_t i = 0; i < choices.size(); ++i) {
     const auto& c = choices[i];
     json ch = {{"index", static_cast<int>(i)}};
@@ -424,20 +659,31 @@ json build_response(Endpoint ep, const GenRequest& req, const std::string& id, i
       if (!c.message.reasoning_content.empty()) msg["reasoning_content"] = c.message.reasoning_content;
       if (!c.message.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.message.tool_calls);
       ch["message"] = msg;
-      ch["logprobs"] = req.top_logprobs >= 0 ? json{{"content", chat_logprobs(c.logprobs, tok, req.top_logprobs)}}
-                                             : json(nullptr);
     } else {
       ch["text"] = c.text;
-      int64_t off = 0;
-      ch["logprobs"] = req.top_logprobs >= 0 ? completion_logprobs(c.logprobs, tok, req.top_logprobs, off)
-                                             : json(nullptr);
     }
     ch["finish_reason"] = openai_finish_reason(c.finish_reason, !c.message.tool_calls.empty());
-    arr.push_back(std::move(ch));
+    if (req.top_logprobs < 0) ch["logprobs"] = nullptr;
+    std::string cs = dump(ch);
+    if (req.top_logprobs >= 0) {
+      cs.pop_back();  // '}'
+      cs += ",\"logprobs\":";
+      if (chat)
+        put_chat_logprobs(cs, c.logprobs, tok, req.top_logprobs);
+      else
+        put_completion_logprobs(cs, c.logprobs, tok, req.top_logprobs);
+      cs += '}';
+    }
+    if (i) out += ',';
+    out += cs;
   }
-  out["choices"] = arr;
-  out["usage"] = usage_json(usage);
+  out += "]}";
   return out;
+}
+
+json build_response(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
+                    const std::vector<ChoiceState>& choices, const Usage& usage, const text::Tokenizer& tok) {
+  return json::parse(build_response_body(ep, req, id, created, choices, usage, tok));
 }
 
 json build_chunk(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created, int index, bool first,
@@ -488,7 +734,7 @@ json build_usage_chunk(Endpoint ep, const GenRequest& req, const std::string& id
               {"created", created},
               {"model", req.model},
               {"choices", json::array()},
-              {"usage", usage_json(usage)}};
+              {"usage", usage_json(usage, req.show_cached_tokens)}};
 }
 
 json models_json(const std::string& model_name, int64_t created, int64_t max_model_len) {

@@ -37,6 +37,26 @@ nlohmann::json parse_json_body(std::string_view body);
 
 enum class Endpoint { Chat, Completions };
 
+// Per-request bounds (docs/serving.md "Request limits"). OpenAI's caps where it has one.
+inline constexpr int kMaxN = 128;                      // OpenAI: n <= 128 (ApiContext::max_n may be lower)
+inline constexpr int kMaxTopLogprobs = 20;             // OpenAI: top_logprobs <= 20; completions logprobs too
+inline constexpr size_t kMaxStopStrings = 64;          // OpenAI allows 4; vLLM any number
+inline constexpr size_t kMaxStopBytes = 1024;          // per stop string: the matcher holds back this much text
+inline constexpr size_t kMaxStopTokenIds = 1024;
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
+inline constexpr size_t kMaxUserBytes = 1024;
+inline constexpr size_t kMaxModelNameBytes = 1024;
+inline constexpr double kMaxTemperature = 1e6;
+inline constexpr double kGreedyTemperature = 1e-5;     // below: greedy (vLLM's _SAMPLING_EPS)
+// Keeps penalised logits finite: |logit| / 0.01 and * 100 stay far inside float range.
+inline constexpr double kMinRepetitionPenalty = 0.01, kMaxRepetitionPenalty = 100;
+// What a non-streamed response holds per generated token and choice until it is sent: its text and
+// books, plus per logprob entry (the chosen token and each alternative) the stored (id, logprob) and
+// its JSON text ({"token":...,"logprob":...,"bytes":[...]}: ~48 + 5 x the token's bytes), for tokens of
+// up to 16 bytes (test ServeLimits.ResponseBodyFitsThePerTokenEstimate).
+inline constexpr int64_t kResponseBytesPerToken = 64, kResponseBytesPerLogprob = 144;
+int64_t response_bytes_per_token(int top_logprobs);
+
 struct ApiContext {
   std::string model_name;              // the served model name (requests naming another -> 404)
   const text::Tokenizer* tok = nullptr;
@@ -44,7 +64,11 @@ struct ApiContext {
   int32_t bos = -1;                    // prepended to string prompts of /v1/completions
   int64_t max_model_len = 4096;
   int64_t vocab_size = 0;
-  int max_n = 16;
+  int max_n = 16;                      // cap on n (at most kMaxN)
+  // Non-streamed requests: n * max_tokens * response_bytes_per_token(top_logprobs) must fit; explicit
+  // max_tokens beyond it -> 400, the default max_tokens is lowered to fit. 0: no bound.
+  int64_t max_response_bytes = int64_t{64} << 20;
+  bool prompt_tokens_details = false;  // usage.prompt_tokens_details.cached_tokens shown (a side channel)
 };
 
 struct GenRequest {
@@ -56,6 +80,8 @@ struct GenRequest {
   int n = 1;
   int top_logprobs = -1;               // engine convention: -1 none, else alternatives per token
   bool stream = false, include_usage = false;
+  std::string cache_salt;              // prefix-cache hits only between requests with the same salt
+  bool show_cached_tokens = false;     // ApiContext::prompt_tokens_details
 };
 
 // Validates everything and builds the prompt (chat: through ctx.chat->render). Throws ApiError.
@@ -76,7 +102,8 @@ struct ChoiceState {
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
-nlohmann::json usage_json(const Usage& u);
+// prompt_tokens_details (cached_tokens) only when show_cached_tokens.
+nlohmann::json usage_json(const Usage& u, bool show_cached_tokens = true);
 
 // Request ids: "chatcmpl-<hex>" / "cmpl-<hex>".
 std::string new_response_id(Endpoint ep);
@@ -92,7 +119,11 @@ nlohmann::json completion_logprobs(const std::vector<engine::TokenLogprob>& lps,
 // Merges consecutive tool-call fragments of the same index into complete calls.
 nlohmann::json tool_calls_json(const std::vector<ToolCallDelta>& frags);
 
-// Non-streaming response body.
+// Non-streaming response body as JSON text (logprobs written directly: no per-entry DOM nodes).
+std::string build_response_body(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
+                                const std::vector<ChoiceState>& choices, const Usage& usage,
+                                const text::Tokenizer& tok);
+// The same, parsed (for tests).
 nlohmann::json build_response(Endpoint ep, const GenRequest& req, const std::string& id, int64_t created,
                               const std::vector<ChoiceState>& choices, const Usage& usage,
                               const text::Tokenizer& tok);

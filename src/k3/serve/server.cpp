@@ -179,7 +179,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path == "/v1/chat/completions" || path == "/v1/completions") {
       endpoint_ = path;
       only(http::verb::post, "POST");
-      check_auth();
+      const int key = check_auth();
       if (srv_.draining) {
         close_after_ = true;
         throw ApiError(503, "the server is shutting down", "", "server_error");
@@ -187,6 +187,7 @@ class Session : public std::enable_shared_from_this<Session> {
       const json body = parse_json_body(req_.body());
       const Endpoint ep = path == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completions;
       GenRequest gr = parse_generation_request(ep, body, srv_.ctx);
+      if (key >= 0) gr.cache_salt = "api-key-" + std::to_string(key) + '\x1f' + gr.cache_salt;
       const int64_t cap = srv_.engine.limits().max_num_seqs + srv_.opt.max_waiting;
       if (srv_.inflight.load() + gr.n > cap) {
         throw ApiError(429, "the server is saturated (" + std::to_string(srv_.inflight.load()) +
@@ -199,13 +200,18 @@ class Session : public std::enable_shared_from_this<Session> {
                    "invalid_request_error", "not_found");
   }
 
-  void check_auth() {
-    if (srv_.opt.api_key.empty()) return;
+  // The index of the matching API key; -1 when none are configured.
+  int check_auth() {
+    if (srv_.opt.api_keys.empty()) return -1;
     auto it = req_.find(http::field::authorization);
     std::string_view v = it == req_.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
     const std::string_view pre = "Bearer ";
-    if (v.size() < pre.size() || v.substr(0, pre.size()) != pre || !const_time_eq(v.substr(pre.size()), srv_.opt.api_key))
-      throw ApiError(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")", "",
+    int match = -1;
+    if (v.size() >= pre.size() && v.substr(0, pre.size()) == pre)
+      for (size_t i = 0; i < srv_.opt.api_keys.size(); ++i)  // every key compared: no early exit to time
+        if (const_time_eq(v.substr(pre.size()), srv_.opt.api_keys[i]) && match < 0) match = static_cast<int>(i);
+    if (match >= 0) return match;
+    throw ApiError(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")", "",
                      "invalid_request_error", "invalid_api_key");
   }
 
@@ -392,6 +398,7 @@ class Session : public std::enable_shared_from_this<Session> {
       r.params = job->req.params;
       if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(i);
       r.top_logprobs = job->req.top_logprobs;
+      r.cache_salt = job->req.cache_salt;
       job->engine_ids.push_back(r.id);
       ++job->remaining;
       ++srv_.inflight;
@@ -451,7 +458,8 @@ class Session : public std::enable_shared_from_this<Session> {
       for (const auto& p : o.pieces)
         if (p.special_id < 0) text += p.text;
     }
-    for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
+    if (!job->req.stream)  // a stream sends them at once; only a non-streamed response collects them
+      for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
 
     if (o.finished) {
       c.finish_reason = o.finish_reason.empty() ? "stop" : o.finish_reason;
@@ -507,8 +515,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_error(endpoint_, ApiError(st, st == 400 ? job->error : "generation failed: " + job->error, "",
                                             st == 400 ? "invalid_request_error" : "server_error"));
     }
-    std::string body = dump(build_response(job->req.endpoint, job->req, job->id, job->created, job->choices,
-                                           job->usage, *srv_.ctx.tok));
+    std::string body = build_response_body(job->req.endpoint, job->req, job->id, job->created, job->choices,
+                                            job->usage, *srv_.ctx.tok);
     job_.reset();
     --srv_.active_jobs;
     send_response(200, std::move(body), "application/json");

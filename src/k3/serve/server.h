@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "k3/engine/engine_api.h"
 #include "k3/serve/metrics.h"
@@ -15,7 +16,9 @@ namespace k3::serve {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;           // 0: any free port (see Server::port())
-  std::string api_key;            // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  // Non-empty: /v1/* needs "Authorization: Bearer <one of them>"; each key is its own prefix-cache
+  // partition (cache_salt), so a client cannot probe what another key's clients sent.
+  std::vector<std::string> api_keys;
   int threads = 2;                // I/O threads running the io_context
   size_t max_body_bytes = 8u << 20;
   int64_t max_waiting = 64;       // engine requests beyond max_num_seqs that may wait; more -> 429
