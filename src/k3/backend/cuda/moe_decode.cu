@@ -74,21 +74,12 @@ __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// E8M0 scale s as bf16x2 factors for values placed at 2^-126: f1 = 2^(s-1) when s <= 128; else f1 = 2^126
-// and f2 = 2^(s-127) (NaN for s = 255, like the reference's NaN scale).
-__device__ __forceinline__ void scale_factors(uint32_t s, uint32_t& f1, uint32_t& f2, bool& big) {
-  uint32_t a, b;
-  if (s <= 128u) {
-    a = (s + 126u) << 7;
-    b = 0x3F80u;
-    big = false;
-  } else {
-    a = 0x7E80u;
-    b = s == 255u ? 0x7FC0u : s << 7;
-    big = true;
-  }
-  f1 = a | (a << 16);
-  f2 = b | (b << 16);
+// E8M0 scale s as a bf16x2 factor for values placed at 2^-126: 2^(s-1), both halves, one IMAD (s <= 128).
+__device__ __forceinline__ uint32_t scale_x2(uint32_t s) { return s * 0x00800080u + 126u * 0x00800080u; }
+// Scales above 2^127 (s > 128) take two factors: 2^126 then 2^(s-127) (NaN for s = 255, like the reference).
+__device__ __forceinline__ uint32_t big_scale_x2_a(uint32_t s) { return s <= 128u ? scale_x2(s) : 0x7E807E80u; }
+__device__ __forceinline__ uint32_t big_scale_x2_b(uint32_t s) {
+  return s <= 128u ? 0x3F803F80u : s == 255u ? 0x7FC07FC0u : s * 0x00800080u;
 }
 
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
@@ -144,6 +135,56 @@ struct KArgs {
   int ldo = 0;
   int nch = 0, cps = 0;          // chunks of the K range, chunks per split
 };
+
+// One MXFP4 chunk of a warp: 4 words x kMT m16 tiles; sact holds the staged activations (see dec_kernel).
+template <bool BIG, int NT, int NS, int SEG4>
+__device__ __forceinline__ void mx_chunk(float (&acc)[kMT][NT][4], const uint4 (&q)[kMT][2], const uint32_t (&s)[kMT][2],
+                                         const uint4 (&sact)[NS][SEG4], int lc, int g, int tq) {
+  constexpr int TOK = 8 * NT;
+  uint32_t f1[kMT][2], f2[kMT][2];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f1[i][h] = BIG ? big_scale_x2_a(s[i][h]) : scale_x2(s[i][h]);
+      f2[i][h] = BIG ? big_scale_x2_b(s[i][h]) : 0u;
+    }
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    uint4 bh[NT], bl[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int si = ((lc * 4 + wd) * TOK + t * 8 + g) * 4 + tq;
+      bh[t] = sact[0][si];
+      if constexpr (NS == 2) bl[t] = sact[NS - 1][si];
+    }
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+      uint32_t r[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t w = word_of(q[i][h], wd);
+        r[h][0] = bmul2(e2m1_pair<0>(w), f1[i][h]);
+        r[h][1] = bmul2(e2m1_pair<1>(w), f1[i][h]);
+        r[h][2] = bmul2(e2m1_pair<2>(w), f1[i][h]);
+        r[h][3] = bmul2(e2m1_pair<3>(w), f1[i][h]);
+        if constexpr (BIG) {
+#pragma unroll
+          for (int p = 0; p < 4; ++p) r[h][p] = bmul2(r[h][p], f2[i][h]);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bh[t].x, bh[t].y);
+        mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bh[t].z, bh[t].w);
+        if constexpr (NS == 2) {
+          mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bl[t].x, bl[t].y);
+          mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bl[t].z, bl[t].w);
+        }
+      }
+    }
+  }
+}
 
 // GLU2: gate and up rows (out = part of gate at [0, rows), of up at [rows, 2 rows)); else one matrix.
 template <bool MX, int NT, int NS, bool GLU2>
@@ -239,56 +280,16 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KA
       if (c + 1 < c_end) load(c + 1, qn, sn);
       const int lc = c - seg0;
       if constexpr (MX) {
-        uint32_t f1[kMT][2];
         bool big = false;
 #pragma unroll
         for (int i = 0; i < kMT; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t f2;
-            bool b;
-            scale_factors(s[i][h], f1[i][h], f2, b);
-            big |= b;
-          }
-        const bool any_big = __any_sync(0xffffffffu, big);
-#pragma unroll
-        for (int wd = 0; wd < 4; ++wd) {
-          uint4 bh[NT], bl[NT];
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const int si = ((lc * WPU + wd) * TOK + t * 8 + g) * 4 + tq;
-            bh[t] = sact[0][si];
-            if constexpr (NS == 2) bl[t] = sact[NS - 1][si];
-          }
-#pragma unroll
-          for (int i = 0; i < kMT; ++i) {
-            uint32_t r[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t w = word_of(q[i][h], wd);
-              r[h][0] = bmul2(e2m1_pair<0>(w), f1[i][h]);
-              r[h][1] = bmul2(e2m1_pair<1>(w), f1[i][h]);
-              r[h][2] = bmul2(e2m1_pair<2>(w), f1[i][h]);
-              r[h][3] = bmul2(e2m1_pair<3>(w), f1[i][h]);
-              if (any_big) {  // rare: scales above 2^127 take a second factor
-                uint32_t f1b, f2;
-                bool b;
-                scale_factors(s[i][h], f1b, f2, b);
-#pragma unroll
-                for (int p = 0; p < 4; ++p) r[h][p] = bmul2(r[h][p], f2);
-              }
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-              mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bh[t].x, bh[t].y);
-              mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bh[t].z, bh[t].w);
-              if constexpr (NS == 2) {
-                mma16816(acc[i][t], r[0][0], r[1][0], r[0][1], r[1][1], bl[t].x, bl[t].y);
-                mma16816(acc[i][t], r[0][2], r[1][2], r[0][3], r[1][3], bl[t].z, bl[t].w);
-              }
-            }
-          }
-        }
+          for (int h = 0; h < 2; ++h) big |= s[i][h] > 128u;
+        // Two straight-line versions of the chunk (no per-tile branches): scales up to 2^127, or any.
+        if (__any_sync(0xffffffffu, big))
+          mx_chunk<true>(acc, q, s, sact, lc, g, tq);
+        else
+          mx_chunk<false>(acc, q, s, sact, lc, g, tq);
       } else {
         uint4 bh[NT], bl[NT];
 #pragma unroll
