@@ -15,8 +15,9 @@ namespace k3test {
 struct EditableCheckpoint {
   TempDir dir;
 
+  // tests/data/<name>, or the trained default model for "k3-tiny" (models/k3-tiny).
   explicit EditableCheckpoint(const std::string& name) {
-    for (auto& e : fs::directory_iterator(source_path("tests/data/" + name)))
+    for (auto& e : fs::directory_iterator(source_path(name == "k3-tiny" ? "models/k3-tiny" : "tests/data/" + name)))
       fs::copy_file(e.path(), dir.path / e.path().filename());
   }
   std::string str() const { return dir.str(); }

@@ -48,9 +48,12 @@ inline LogitsDiff compare_logits(const std::vector<float>& a, const std::vector<
 //   tiny-kimi-linear: prefill 8.3e-7,  decode 8.4e-7, split 8.5e-7   -> 4e-6   (3.3x over the 1.2e-6
 //                     that README reported for an earlier build)
 //   <name>-mlanorm (derived, prefill only): 1.15e-5 / 8.1e-7          -> the base's tolerance
+//   k3-tiny (trained default model, 32 tokens): prefill 2.3e-7, decode 2.6e-7 -> 1e-6 (3.8x); trained
+//     weights amplify fp32 rounding far less than the random tiny checkpoints do
 inline double golden_tolerance(const std::string& checkpoint) {
   if (checkpoint.starts_with("tiny-kimi-linear")) return 4e-6;
   if (checkpoint.starts_with("tiny-k3")) return 4e-5;
+  if (checkpoint == "k3-tiny") return 1e-6;
   throw std::invalid_argument("golden_tolerance: no measured tolerance for " + checkpoint);
 }
 

@@ -156,6 +156,17 @@ const std::vector<Mutation>& mutations() {
       {"NoRoutingBias_KL", "tiny-kimi-linear", "e_score_correction_bias ignored in expert selection", zero_routing_bias},
       {"Mxfp4NibbleOrder", "tiny-k3", "MXFP4 element 2i read from the high nibble", swap_mxfp4_nibbles},
       {"E8m0Bias126", "tiny-k3", "E8M0 scale 2^(s-126) instead of 2^(s-127)", e8m0_off_by_one},
+      // the trained default model (its golden's tolerance is 1e-6): real activation statistics
+      // (eps 1e-6 in the MLA norms moves k3-tiny's logits by 1.2e-6 = 1.2x its tolerance: too close to call
+      // either way, so the eps rows use the derived *-mlanorm checkpoints above)
+      {"SituLinearBeta_K3Tiny", "k3-tiny", "SiTU linear beta 20 instead of 25", set_cfg("activation_situ_linear_beta", 20.0)},
+      {"AttnResBlock_K3Tiny", "k3-tiny", "AttnRes block size one less than configured", [](EditableCheckpoint& ck) {
+         const int64_t b = cfg_int(ck, "attn_res_block_size");
+         ck.edit_config([&](json& c) { c["attn_res_block_size"] = b - 1; });
+       }},
+      {"RopeSliceFirst_K3Tiny", "k3-tiny", "q head split [rope|nope] instead of [nope|rope]", mla_rope_slice_first},
+      {"NoRoutingBias_K3Tiny", "k3-tiny", "e_score_correction_bias ignored in expert selection", zero_routing_bias},
+      {"Mxfp4NibbleOrder_K3Tiny", "k3-tiny", "MXFP4 element 2i read from the high nibble", swap_mxfp4_nibbles},
   };
   return kMutations;
 }

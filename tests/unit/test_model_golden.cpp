@@ -141,3 +141,35 @@ TEST_P(Golden, RejectsOutOfRangeTokens) {
 INSTANTIATE_TEST_SUITE_P(Tiny, Golden, ::testing::Values("tiny-k3", "tiny-kimi-linear"));
 
 }  // namespace
+
+namespace {
+
+// The trained default model models/k3-tiny (trained weights and activation statistics, trained MXFP4
+// experts, 8192 vocab) against k3ref's float64 prefill logits (python/make_goldens.py --trained):
+// prefill, and decode token by token against the same file (they agree to 1.4e-15 in float64).
+TEST(K3TinyGolden, PrefillAndDecodeMatchReference) {
+  auto model = k3::Model::load(k3test::source_path("models/k3-tiny"));
+  const auto tokens = k3test::golden_tokens("k3-tiny");
+  const auto golden = k3test::golden_logits("k3-tiny", "logits_prefill.npy");
+  const int64_t V = model->config().vocab_size, rows = static_cast<int64_t>(tokens.size());
+  ASSERT_EQ(static_cast<int64_t>(golden.size()), rows * V);
+  auto st = model->new_sequence();
+  std::vector<float> prefill, one, decode;
+  k3::ForwardOptions o;
+  o.all_logits = true;
+  o.path = k3::AttnPath::Prefill;
+  model->forward(tokens, st, prefill, o);
+  auto sd = model->new_sequence();
+  for (int32_t t : tokens) {
+    model->forward(std::span<const int32_t>(&t, 1), sd, one);
+    decode.insert(decode.end(), one.begin(), one.end());
+  }
+  for (const auto& [name, got] : {std::pair{"prefill", &prefill}, std::pair{"decode", &decode}}) {
+    const auto c = k3test::compare_logits(*got, golden, rows, V);
+    std::printf("  [k3-tiny] %s vs reference: rel %.3e\n", name, c.rel);
+    EXPECT_LT(c.rel, k3test::golden_tolerance("k3-tiny")) << name;
+    EXPECT_EQ(c.argmax_mismatch, 0) << name;
+  }
+}
+
+}  // namespace
