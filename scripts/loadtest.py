@@ -31,7 +31,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_PROMPTS = "/work/shared/data/prompts/ShareGPT_V3_filtered_1000.json"
+# The shared data beside the checkout (or $K3_SHARED_DIR), never a machine path.
+SHARED_DIR = os.environ.get("K3_SHARED_DIR") or os.path.join(ROOT, "..", "shared")
+DEFAULT_PROMPTS = os.path.join(SHARED_DIR, "data", "prompts", "ShareGPT_V3_filtered_1000.json")
 FALLBACK_PROMPTS = [
     "Explain how a hash map works and when it is a bad choice.",
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -209,8 +211,12 @@ def load_prompts(path, max_chars):
                     break
         if out:
             return out, path
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError) as e:
+        # The built-in prompts only when the default file is absent outside CI; a named file that cannot
+        # be read, or a missing one under K3_REQUIRE_SHARED=1 (.ci/run), is an error, not a silent fallback.
+        if path != DEFAULT_PROMPTS or os.environ.get("K3_REQUIRE_SHARED", "0") not in ("", "0"):
+            sys.exit(f"loadtest: error: cannot read prompts from {path}: {e}")
+        print(f"loadtest: note: {path} not found, using the built-in prompts", file=sys.stderr)
     return FALLBACK_PROMPTS, "built-in"
 
 

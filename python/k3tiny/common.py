@@ -40,6 +40,12 @@ SPECIAL_OFFSETS = {
 }
 
 
+def shared_dir():
+    """The project's shared data: $K3_SHARED, $K3_SHARED_DIR, else ../shared beside the checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get("K3_SHARED") or os.environ.get("K3_SHARED_DIR") or os.path.join(root, "..", "shared")
+
+
 def special_tokens(n_ranks=N_RANKS):
     """All 256 special slots: name -> id (unnamed ones are <|reserved_token_ID|>, ID the full id)."""
     out = {}

@@ -22,7 +22,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from k3tiny.common import split_of  # noqa: E402
+from k3tiny.common import shared_dir, split_of  # noqa: E402
 
 GUTENBERG_START = re.compile(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
 GUTENBERG_END = re.compile(r"^\*\*\* ?END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
@@ -208,7 +208,7 @@ def chat_examples(book_docs_by_split, rng, n_story, n_passage):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shared", default=os.environ.get("K3_SHARED", "/work/shared"))
+    ap.add_argument("--shared", default=shared_dir())
     ap.add_argument("--stdlib", default="/usr/lib/python3.11")
     ap.add_argument("--out", default="data/k3tiny")
     ap.add_argument("--seed", type=int, default=1234)

@@ -25,7 +25,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from k3tiny.common import split_of  # noqa: E402
+from k3tiny.common import shared_dir, split_of  # noqa: E402
 
 MARKER_RE = re.compile(r"(<\|open\|>|<\|close\|>|<\|sep\|>|<\|end_of_msg\|>)")
 
@@ -422,7 +422,7 @@ def prompts(shared, seed, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shared", default=os.environ.get("K3_SHARED", "/work/shared"))
+    ap.add_argument("--shared", default=shared_dir())
     ap.add_argument("--seed", type=int, default=1235)
     ap.add_argument("--prompts", default="tests/data/chat/k3tiny_chat_prompts.json")
     ap.add_argument("--show", type=int, default=0, help="print N rendered examples of each kind")

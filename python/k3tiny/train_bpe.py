@@ -24,7 +24,7 @@ import time
 import regex
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from k3tiny.common import (KIMI_PAT_STR, N_RANKS, SPECIAL_OFFSETS, read_jsonl,  # noqa: E402
+from k3tiny.common import (KIMI_PAT_STR, shared_dir, N_RANKS, SPECIAL_OFFSETS, read_jsonl,  # noqa: E402
                            special_tokens)
 
 PAT = regex.compile(KIMI_PAT_STR, regex.V1)
@@ -137,7 +137,7 @@ def verify_split(texts, n_chars=300_000):
     use the Kimi vocab (many long tokens) when available: encoding each of our pieces separately
     must give exactly tiktoken's ids for the whole text (a wrong boundary changes the ids)."""
     import tiktoken
-    kimi = os.path.join(os.environ.get("K3_SHARED", "/work/shared"), "data/tokenizers/kimi/tiktoken.model")
+    kimi = os.path.join(shared_dir(), "data/tokenizers/kimi/tiktoken.model")
     from k3tiny.common import load_ranks
     ranks = load_ranks(kimi)
     enc = tiktoken.Encoding("kimi-check", pat_str=KIMI_PAT_STR, mergeable_ranks=ranks, special_tokens={})
@@ -196,7 +196,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="data/k3tiny")
     ap.add_argument("--model", default="models/k3-tiny")
-    ap.add_argument("--shared", default=os.environ.get("K3_SHARED", "/work/shared"))
+    ap.add_argument("--shared", default=shared_dir())
     ap.add_argument("--n-ranks", type=int, default=N_RANKS)
     ap.add_argument("--sources", default="english,python")
     ap.add_argument("--workers", type=int, default=2)

@@ -64,7 +64,7 @@ double gen_tokens(const k3::bench::Url& u) {
 }  // namespace
 
 TEST(BenchServeE2E, CompletedAndTokensMatchServerMetrics) {
-  if (!k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) GTEST_SKIP() << "no models/k3-tiny";
+  ASSERT_TRUE(k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) << "no models/k3-tiny (committed)";
   k3test::TempDir t;
   ServeProcess srv(t.str() + "/serve.log", {});
   ASSERT_GT(srv.port, 0) << slurp(t.str() + "/serve.log");
@@ -93,7 +93,7 @@ TEST(BenchServeE2E, CompletedAndTokensMatchServerMetrics) {
 }
 
 TEST(BenchServeE2E, ChatEndpointAndSweep) {
-  if (!k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) GTEST_SKIP() << "no models/k3-tiny";
+  ASSERT_TRUE(k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) << "no models/k3-tiny (committed)";
   k3test::TempDir t;
   ServeProcess srv(t.str() + "/serve.log", {});
   ASSERT_GT(srv.port, 0) << slurp(t.str() + "/serve.log");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "k3/core/npy.h"
+#include "golden_util.h"
 #include "test_util.h"
 
 namespace {
@@ -63,12 +64,11 @@ TEST(Cli, LogitsPrefillAndDecodeMatchGoldens) {
     ASSERT_EQ(r.status, 0);
     auto a = k3::read_npy_f32(out), b = k3::read_npy_f32(g + "logits_" + mode + ".npy");
     ASSERT_EQ(a.shape, b.shape);
-    double md = 0, mr = 0;
-    for (size_t i = 0; i < a.data.size(); ++i) {
-      md = std::max(md, static_cast<double>(std::fabs(a.data[i] - b.data[i])));
-      mr = std::max(mr, static_cast<double>(std::fabs(b.data[i])));
-    }
-    EXPECT_LT(md / mr, 1e-3) << mode;
+    ASSERT_EQ(a.shape.size(), 2u);
+    // The same metric and tolerance as the in-process golden tests, argmax at every position included.
+    auto c = k3test::compare_logits(a.data, b.data, a.shape[0], a.shape[1]);
+    EXPECT_LT(c.rel, k3test::golden_tolerance("tiny-k3")) << mode;
+    EXPECT_EQ(c.argmax_mismatch, 0) << mode;
   }
 }
 

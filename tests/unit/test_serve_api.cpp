@@ -1,6 +1,9 @@
 // Request parsing / validation and response JSON of the OpenAI API layer (no sockets).
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
+
 #include "k3/core/error.h"
 #include "k3/serve/chat_adapter.h"
 #include "k3/serve/model_chat_adapter.h"
@@ -71,7 +74,9 @@ TEST(ServeApi, ParseJsonBody) {
   }
   try {
     k3::serve::parse_json_body("{\"p\": \"\xc3\"}");
+    ADD_FAILURE() << "truncated UTF-8 accepted";
   } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
     EXPECT_NE(e.message.find("UTF-8"), std::string::npos);
   }
 }
@@ -180,10 +185,21 @@ TEST(ServeApi, ChatParsing) {
   auto r = k3::serve::parse_generation_request(Endpoint::Chat, b, fx().ctx());
   EXPECT_EQ(r.params.max_tokens, 5);
   EXPECT_EQ(r.top_logprobs, 4);
+  // Independent expectation: the official Jinja template's text for a system + user request
+  // (tests/data/chat/k3_goldens.json "system_user") with this request's contents, after [BOS].
   std::vector<int32_t> expect{768};
   {
-    const k3::text::ChatFormat fmt(k3::text::ChatFormatKind::K3Xtml, fx().tok);
-    const auto p = fmt.render(k3::text::ChatRequest::from_json(b), fx().tok, true);
+    std::ifstream gf(k3test::source_path("tests/data/chat/k3_goldens.json"));
+    const json goldens = json::parse(gf);
+    std::string text;
+    for (const auto& c : goldens["cases"])
+      if (c["name"] == "system_user") text = c["text"].get<std::string>();
+    for (auto [from, to] : {std::pair{"You are a terse assistant.", "sys"}, std::pair{"What is 2+2?", "hi"}}) {
+      const size_t at = text.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      text.replace(at, std::strlen(from), to);
+    }
+    const auto p = fx().tok.encode(text, /*allow_special=*/true);
     expect.insert(expect.end(), p.begin(), p.end());
   }
   EXPECT_EQ(r.prompt, expect);

@@ -162,11 +162,22 @@ const std::string kPlain =
 }  // namespace
 
 TEST(ServeChatAdapter, RenderIsBosPlusFormat) {
-  const json b = body({{"reasoning_effort", "low"}, {"tools", tools()}});
-  const k3::text::ChatFormat fmt(k3::text::ChatFormatKind::K3Xtml, tiny());
-  auto expect = fmt.render(k3::text::ChatRequest::from_json(b), tiny(), true);
-  expect.insert(expect.begin(), 768);
-  EXPECT_EQ(adapter().render(b), expect);
+  // Independent expectation: the text the official Jinja template renders for the same request
+  // (tests/data/chat/k3_goldens.json, python/gen_chat_goldens.py), encoded with the markers as specials,
+  // after [BOS]; not the ChatFormat under test.
+  const json goldens = k3test::load_json(k3test::source_path("tests/data/chat/k3_goldens.json"));
+  int checked = 0;
+  for (const auto& c : goldens["cases"]) {
+    // user_typed_markers: re-encoding the text would turn the user's typed markers into control tokens
+    if (!c["add_generation_prompt"].get<bool>() || c["name"] == "user_typed_markers") continue;
+    json b = c["request"];
+    b["model"] = "tiny";
+    std::vector<int32_t> expect = tiny().encode(c["text"].get<std::string>(), /*allow_special=*/true);
+    expect.insert(expect.begin(), 768);
+    EXPECT_EQ(adapter().render(b), expect) << c["name"];
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
   EXPECT_EQ(adapter().stop_token_ids(), (std::vector<int32_t>{770, 769}));  // format's first, eos deduped
 }
 

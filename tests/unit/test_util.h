@@ -26,12 +26,23 @@ inline std::string shared_path(const std::string& rel) {
 }
 inline bool have_shared() { return fs::exists(shared_path("data/tokenizers/kimi/tiktoken.model")); }
 
+// CI sets K3_REQUIRE_SHARED=1 (.ci/run): a test that needs the shared data then FAILS when it is missing
+// instead of skipping (CTest counts a gtest skip as a pass, so a CI machine without ../shared would
+// silently run 30 fewer tests).
+inline bool require_shared() {
+  const char* env = std::getenv("K3_REQUIRE_SHARED");
+  return env && *env && std::string(env) != "0";
+}
+
 // First line of a test that reads the shared data: a checkout without it (a clone elsewhere) skips the
-// test and says why, instead of failing on a missing file.
-#define K3_SKIP_WITHOUT_SHARED()                                                                         \
-  do {                                                                                                   \
-    if (!::k3test::have_shared())                                                                        \
-      GTEST_SKIP() << "needs the shared data at " << ::k3test::shared_path("") << " (set K3_SHARED_DIR)"; \
+// test and says why, instead of failing on a missing file; under K3_REQUIRE_SHARED=1 it fails.
+#define K3_SKIP_WITHOUT_SHARED()                                                                           \
+  do {                                                                                                     \
+    if (!::k3test::have_shared()) {                                                                        \
+      if (::k3test::require_shared())                                                                      \
+        FAIL() << "K3_REQUIRE_SHARED is set but the shared data is missing at " << ::k3test::shared_path(""); \
+      GTEST_SKIP() << "needs the shared data at " << ::k3test::shared_path("") << " (set K3_SHARED_DIR)";  \
+    }                                                                                                      \
   } while (0)
 
 // A fresh directory under the system temp dir, removed when the object dies.

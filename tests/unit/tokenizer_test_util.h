@@ -28,6 +28,15 @@ inline const k3::text::Tokenizer& kimi() {
   return t;
 }
 
+// tests/data/tiny-tokenizer (scripts/make-tiny-tokenizer): 768 BPE ranks (Kimi's first 768: the 256 bytes
+// and merges) with the K3 special tokens at 768.. ([BOS] 768, [EOS] 769, <|end_of_msg|> 770, <|open|> 771,
+// <|close|> 772, <|sep|> 773). For tests that need the markers and byte tokens but not the real
+// vocabulary: they run without ../shared.
+inline const k3::text::Tokenizer& tiny_markers() {
+  static const k3::text::Tokenizer t = k3::text::Tokenizer::load(K3_SOURCE_DIR "/tests/data/tiny-tokenizer");
+  return t;
+}
+
 inline const nlohmann::json& kimi_goldens() {
   static const nlohmann::json j = load_json(kTokData + "kimi_goldens.json");
   return j;

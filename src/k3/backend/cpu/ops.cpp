@@ -25,6 +25,10 @@ inline __m256 load_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// The scalar tails use explicit fma: left to the compiler, `s += a * b` was contracted in some of the
+// three dot functions and not in others, so a bf16/f16 row with cols % 16 != 0 gave different bits
+// through row_dot (n == 1) and through dequant_row + dot_f32 (n > 1): batch variance
+// (CpuKernels.Matmul*, issue 12).
 float dot_f32(const float* w, const float* x, int64_t n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -33,7 +37,7 @@ float dot_f32(const float* w, const float* x, int64_t n) {
     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
   }
   float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s += w[i] * x[i];
+  for (; i < n; ++i) s = std::fma(w[i], x[i], s);
   return s;
 }
 
@@ -45,7 +49,7 @@ float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
     a1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
   }
   float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  for (; i < n; ++i) s = std::fma(bf16_to_f32(w[i]), x[i], s);
   return s;
 }
 
@@ -61,7 +65,7 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
     a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
   }
   float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s += f16_to_f32(w[i]) * x[i];
+  for (; i < n; ++i) s = std::fma(f16_to_f32(w[i]), x[i], s);
   return s;
 }
 

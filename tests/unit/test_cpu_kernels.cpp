@@ -1,0 +1,338 @@
+// Direct tests of the CPU reference kernels (src/k3/backend/cpu/ops.h, attn_res_mix) against float64
+// references written here from model-spec's formulas, with weight decoders of their own (not the
+// project's bf16_to_f32 / kE2M1Values), on random inputs that are never zero, at odd sizes with
+// unaligned tails. These kernels are the reference every CUDA kernel is checked against, so the loose
+// end-to-end goldens are not enough (issue 12).
+//
+// ISA: ops.cpp has one implementation, AVX2 + FMA (built with K3_ARCH_FLAGS); there is no scalar
+// fallback to test. Every code path inside it is covered: matrix-vector (row_dot), the MXFP4 multi-token
+// path (4-token blocks and their tails), the dequantise-then-dot_f32 path (64-token blocks), single- and
+// multi-threaded (the parallel_for thresholds), and the scalar tails of the 16-wide loops.
+//
+// Tolerances (stated per test) are rigorous error bounds of fp32 arithmetic, not measured fits:
+// a dot product of n terms accumulated in fp32 is within n * 2^-24 * sum |w_i x_i| of the exact value
+// (recursive-summation bound, gamma_n; the 2x8-lane split only lowers it), so a missing or doubled term, a
+// wrong nibble or scale, gives an error far above it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "k3/backend/cpu/ops.h"
+#include "k3/core/weight.h"
+#include "k3/model/layers.h"
+#include "kernel_test_util.h"
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff (2^-24)
+
+// Nonzero values: magnitudes log-uniform in [2^-6, 2^3], random sign.
+std::vector<float> nonzero(size_t n, std::mt19937& rng, double scale = 1.0) {
+  std::uniform_real_distribution<double> e(-6, 3);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>((rng() & 1 ? 1 : -1) * std::exp2(e(rng)) * scale);
+  return v;
+}
+
+// --- independent weight decoders (float64) ---
+double ref_bf16(uint16_t h) {
+  const int s = h >> 15, e = (h >> 7) & 0xff, m = h & 0x7f;
+  const double v = e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
+  return s ? -v : v;
+}
+double ref_f16(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return s ? -v : v;
+}
+// FP4 E2M1 (model-spec 4): bit 3 sign, bits 0-2: exponent (2 bits, bias 1) and mantissa (1 bit).
+double ref_e2m1(int nib) {
+  const int e = (nib >> 1) & 3, m = nib & 1;
+  const double v = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return nib & 8 ? -v : v;
+}
+double ref_e8m0(uint8_t s) { return std::ldexp(1.0, s - 127); }
+
+// A stored weight matrix with its float64 values.
+struct TestWeight {
+  k3::WeightMatrix W;
+  std::vector<uint8_t> bytes, scales;
+  std::vector<double> ref;  // [rows][cols]
+};
+
+TestWeight make_weight(k3::DType dt, bool mxfp4, int64_t rows, int64_t cols, std::mt19937& rng) {
+  TestWeight t;
+  t.W.dtype = mxfp4 ? k3::DType::U8 : dt;
+  t.W.mxfp4 = mxfp4;
+  t.W.rows = rows;
+  t.W.cols = cols;
+  t.ref.resize(static_cast<size_t>(rows * cols));
+  if (mxfp4) {
+    t.bytes.resize(static_cast<size_t>(rows * cols / 2));
+    t.scales.resize(static_cast<size_t>(rows * cols / 32));
+    for (size_t i = 0; i < t.bytes.size(); ++i) t.bytes[i] = static_cast<uint8_t>(i < 256 ? i : rng());  // every byte
+    std::uniform_int_distribution<int> sd(117, 137);
+    for (auto& s : t.scales) s = static_cast<uint8_t>(sd(rng));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t b = t.bytes[static_cast<size_t>((r * cols + c) / 2)];
+        const int nib = c % 2 == 0 ? b & 0xf : b >> 4;  // element 2i in the low nibble
+        t.ref[static_cast<size_t>(r * cols + c)] = ref_e2m1(nib) * ref_e8m0(t.scales[static_cast<size_t>((r * cols + c) / 32)]);
+      }
+    t.W.scales = t.scales.data();
+  } else {
+    const auto vals = nonzero(static_cast<size_t>(rows * cols), rng);
+    t.bytes.resize(vals.size() * k3::dtype_size(dt));
+    for (size_t i = 0; i < vals.size(); ++i) {
+      if (dt == k3::DType::F32) {
+        std::memcpy(t.bytes.data() + 4 * i, &vals[i], 4);
+        t.ref[i] = vals[i];
+      } else {
+        // random bit patterns of normal, finite values (exponent field away from 0 and max)
+        uint16_t h;
+        if (dt == k3::DType::BF16) {
+          h = static_cast<uint16_t>((rng() & 0x807f) | ((120 + rng() % 10) << 7));
+          t.ref[i] = ref_bf16(h);
+        } else {
+          h = static_cast<uint16_t>((rng() & 0x83ff) | ((8 + rng() % 10) << 10));
+          t.ref[i] = ref_f16(h);
+        }
+        std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+      }
+    }
+  }
+  t.W.data = t.bytes.data();
+  return t;
+}
+
+// y = x W^T against float64; error of each output within the fp32 dot bound (see the file comment).
+void check_matmul(const TestWeight& t, int64_t n, std::mt19937& rng, k3test::Worst& worst) {
+  const int64_t R = t.W.rows, C = t.W.cols;
+  const auto x = nonzero(static_cast<size_t>(n * C), rng);
+  std::vector<float> y(static_cast<size_t>(n * R), NAN);
+  k3::cpu::matmul(t.W, x.data(), n, y.data());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < R; ++r) {
+      double s = 0, sa = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double p = t.ref[static_cast<size_t>(r * C + c)] * x[static_cast<size_t>(i * C + c)];
+        s += p;
+        sa += std::fabs(p);
+      }
+      const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s), bound = (C + 2) * kU * sa;
+      ASSERT_LE(err, bound) << "rows " << R << " cols " << C << " n " << n << " token " << i << " row " << r;
+      worst.add(err / (kU * sa));
+    }
+  // Batch invariance: token i alone gives the same bits as inside the batch.
+  for (int64_t i : {int64_t{0}, n - 1}) {
+    std::vector<float> y1(static_cast<size_t>(R));
+    k3::cpu::matmul(t.W, x.data() + i * C, 1, y1.data());
+    for (int64_t r = 0; r < R; ++r) ASSERT_EQ(y1[static_cast<size_t>(r)], y[static_cast<size_t>(i * R + r)]) << "token " << i << " of " << n << " rows " << R << " cols " << C << " dtype " << k3::dtype_name(t.W.dtype);
+  }
+}
+
+void run_matmul_sweep(k3::DType dt, bool mxfp4, const std::vector<int64_t>& cols_list, const char* what) {
+  std::mt19937 rng(17);
+  k3test::Worst worst(what);  // printed: max err / (2^-24 sum|wx|), to compare with the bound C+2
+  for (int64_t cols : cols_list)
+    for (int64_t rows : {1, 7, 33})
+      for (int64_t n : {1, 2, 3, 5, 9}) check_matmul(make_weight(dt, mxfp4, rows, cols, rng), n, rng, worst);
+  // Large enough for the threaded paths (rows*cols > 32768, rows*cols*n > 65536) and for more than one
+  // 64-token block.
+  check_matmul(make_weight(dt, mxfp4, 301, mxfp4 ? 224 : 131, rng), 1, rng, worst);
+  check_matmul(make_weight(dt, mxfp4, 301, mxfp4 ? 224 : 131, rng), 70, rng, worst);
+}
+
+TEST(CpuKernels, MatmulF32) { run_matmul_sweep(k3::DType::F32, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
+TEST(CpuKernels, MatmulBf16) { run_matmul_sweep(k3::DType::BF16, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
+TEST(CpuKernels, MatmulF16) { run_matmul_sweep(k3::DType::F16, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
+TEST(CpuKernels, MatmulMxfp4) { run_matmul_sweep(k3::DType::U8, true, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
+
+// Every E2M1 code (incl. 0 and negative zero) at every position of a group, under the E8M0 edge scales:
+// 0 (2^-127, an fp32 denormal), 1, 126, 127 (1.0), 128, 200, 254 (2^127). The activations are scaled so
+// that the exact result stays finite in fp32; the kernel's doubled-value + 0.5*scale scheme must not
+// overflow or flush where the exact result does not.
+TEST(CpuKernels, Mxfp4AllCodesAndEdgeScales) {
+  std::mt19937 rng(5);
+  for (int scale : {0, 1, 126, 127, 128, 200, 254}) {
+    for (int code = 0; code < 16; ++code) {
+      TestWeight t;
+      t.W.dtype = k3::DType::U8;
+      t.W.mxfp4 = true;
+      t.W.rows = 1;
+      t.W.cols = 32;
+      t.bytes.assign(16, 0);
+      // position p holds `code`; the others hold codes p+code mod 16, so every code meets every lane
+      for (int p = 0; p < 32; ++p) {
+        const int nib = (code + p) & 15;
+        t.bytes[static_cast<size_t>(p / 2)] |= static_cast<uint8_t>(p % 2 ? nib << 4 : nib);
+      }
+      t.scales.assign(1, static_cast<uint8_t>(scale));
+      t.W.data = t.bytes.data();
+      t.W.scales = t.scales.data();
+      // dequant_row: exact (every value is a small power-of-two multiple, representable in fp32)
+      std::vector<float> row(32);
+      k3::cpu::dequant_row(t.W, 0, row.data());
+      for (int p = 0; p < 32; ++p) {
+        const double want = ref_e2m1((code + p) & 15) * ref_e8m0(static_cast<uint8_t>(scale));
+        if (std::fabs(want) > 3.4028234663852886e38)  // 2^127 x {2,3,4,6}: not an fp32 value, overflows
+          ASSERT_EQ(static_cast<double>(row[static_cast<size_t>(p)]), want > 0 ? INFINITY : -INFINITY);
+        else
+          ASSERT_EQ(static_cast<double>(row[static_cast<size_t>(p)]), want) << "scale " << scale << " code " << ((code + p) & 15);
+      }
+      // the dot product, with x scaled so the sum stays in fp32 range: exact powers of two keep it exact
+      const int xe = scale > 127 ? 127 - scale - 8 : 0;
+      std::vector<float> x = nonzero(32, rng, std::ldexp(1.0, xe));
+      double s = 0, sa = 0;
+      for (int p = 0; p < 32; ++p) {
+        const double w = ref_e2m1((code + p) & 15) * ref_e8m0(static_cast<uint8_t>(scale));
+        s += w * x[static_cast<size_t>(p)];
+        sa += std::fabs(w * x[static_cast<size_t>(p)]);
+      }
+      float y = NAN;
+      k3::cpu::matmul(t.W, x.data(), 1, &y);
+      // With scale 0 the products are fp32 denormals: allow their absolute granularity 2^-149 per term.
+      EXPECT_LE(std::fabs(y - s), 34 * kU * sa + 32 * std::ldexp(1.0, -149)) << "scale " << scale << " code " << code;
+    }
+  }
+}
+
+TEST(CpuKernels, DequantRowExact) {
+  std::mt19937 rng(9);
+  for (auto [dt, mx] : {std::pair{k3::DType::F32, false}, std::pair{k3::DType::BF16, false},
+                        std::pair{k3::DType::F16, false}, std::pair{k3::DType::U8, true}})
+    for (int64_t cols : {32, 96, 352}) {
+      const int64_t c = mx ? cols : cols + 5;  // odd lengths where the layout allows
+      auto t = make_weight(dt, mx, 3, c, rng);
+      std::vector<float> row(static_cast<size_t>(c));
+      for (int64_t r = 0; r < 3; ++r) {
+        k3::cpu::dequant_row(t.W, r, row.data());
+        for (int64_t i = 0; i < c; ++i)
+          ASSERT_EQ(static_cast<double>(row[static_cast<size_t>(i)]), t.ref[static_cast<size_t>(r * c + i)])
+              << k3::dtype_name(dt) << " row " << r << " col " << i;
+      }
+    }
+}
+
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * w. Per element: the sum of squares is in double; then one
+// float sqrt, one division and two products, each within 2^-24 relative: |err| <= 8 * 2^-24 |ref|.
+TEST(CpuKernels, RmsNorm) {
+  std::mt19937 rng(3);
+  k3test::Worst worst("rmsnorm (in units of 2^-24 |ref|)");
+  for (int64_t dim : {1, 7, 33, 130, 257})
+    for (float eps : {1e-5f, 1e-6f, 0.5f})
+      for (int64_t n : {1, 3})
+        for (int mode = 0; mode < 4; ++mode) {  // 0: weights; 1: none; 2: strided; 3: in place
+          const int64_t stride = mode == 2 ? dim + 3 : dim;
+          // small rows (mean x^2 ~ 1e-5) make eps matter, as in the model's MLA norms
+          auto x = nonzero(static_cast<size_t>(n * stride), rng, n == 3 ? 1.0 / 512 : 1.0);
+          auto w = nonzero(static_cast<size_t>(dim), rng);
+          std::vector<float> out(x.size(), NAN);
+          const float* wp = mode == 1 ? nullptr : w.data();
+          std::vector<float> x0 = x;
+          if (mode == 3) {
+            k3::cpu::rmsnorm(x.data(), wp, n, dim, eps, x.data());
+            out = x;
+          } else {
+            k3::cpu::rmsnorm(x.data(), wp, n, dim, eps, stride, out.data());
+          }
+          for (int64_t t = 0; t < n; ++t) {
+            double ss = 0;
+            for (int64_t i = 0; i < dim; ++i) ss += double(x0[static_cast<size_t>(t * stride + i)]) * x0[static_cast<size_t>(t * stride + i)];
+            const double inv = 1.0 / std::sqrt(ss / dim + double(eps));
+            for (int64_t i = 0; i < dim; ++i) {
+              const double want = x0[static_cast<size_t>(t * stride + i)] * inv * (wp ? w[static_cast<size_t>(i)] : 1.0);
+              const double err = std::fabs(out[static_cast<size_t>(t * stride + i)] - want);
+              ASSERT_LE(err, 8 * kU * std::fabs(want)) << "dim " << dim << " eps " << eps << " mode " << mode;
+              worst.add(err / (kU * std::fabs(want)));
+            }
+            if (mode == 2)  // the gap between strided rows is untouched
+              for (int64_t i = dim; i < stride && t + 1 < n; ++i) ASSERT_TRUE(std::isnan(out[static_cast<size_t>(t * stride + i)]));
+          }
+        }
+}
+
+// GLUs. silu(g) u = g / (1 + e^-g) u: expf, one add, one division, one product: within 8 * 2^-24 of the
+// exact value relative, plus the fp32 denormal floor where e^-g overflows (g < -88: exact ~1e-38).
+// SiTU: beta tanh(g/beta) sigmoid(g) lb tanh(u/lb): two tanhf (glibc: <= 2 ulp), expf, 7 roundings:
+// within 24 * 2^-24 relative.
+TEST(CpuKernels, Glus) {
+  std::mt19937 rng(4);
+  auto g = nonzero(1001, rng, 8.0), u = nonzero(1001, rng, 8.0);
+  g[0] = -95.f;  // e^-g overflows in fp32
+  g[1] = 95.f;
+  u[2] = 300.f;  // saturates the linear tanh
+  auto ref_silu = [](double a, double b) { return a / (1 + std::exp(-a)) * b; };
+  auto ref_situ = [](double a, double b, double be, double lb) {
+    return be * std::tanh(a / be) / (1 + std::exp(-a)) * lb * std::tanh(b / lb);
+  };
+  std::vector<float> out(g.size());
+  k3::cpu::silu_glu(g.data(), u.data(), static_cast<int64_t>(g.size()), out.data());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double want = ref_silu(g[i], u[i]);
+    ASSERT_LE(std::fabs(out[i] - want), 8 * kU * std::fabs(want) + 1e-37) << "g " << g[i] << " u " << u[i];
+  }
+  for (auto [be, lb] : {std::pair{4.0f, 25.0f}, std::pair{1.0f, 3.0f}}) {
+    k3::cpu::situ_glu(g.data(), u.data(), static_cast<int64_t>(g.size()), be, lb, out.data());
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double want = ref_situ(g[i], u[i], be, lb);
+      ASSERT_LE(std::fabs(out[i] - want), 24 * kU * std::fabs(want) + 1e-37) << "g " << g[i] << " u " << u[i] << " beta " << be;
+    }
+  }
+  // out may alias gate (how the model calls them)
+  auto g2 = g;
+  k3::cpu::situ_glu(g2.data(), u.data(), static_cast<int64_t>(g2.size()), 4.f, 25.f, g2.data());
+  k3::cpu::situ_glu(g.data(), u.data(), static_cast<int64_t>(g.size()), 4.f, 25.f, out.data());
+  EXPECT_EQ(g2, out);
+}
+
+// Block Attention Residuals (model-spec 3.1): p = softmax_i(RMSNorm_noweight(v_i) . w), out = sum p_i v_i.
+// Each score is O(sqrt(H)) and carries a relative error of a few 2^-24 (float rsqrt), which the softmax
+// turns into a relative error of |score| * that in p: for H <= 257 and |score| <= ~16, below 4e-6 of
+// max |out|; a wrong source, eps or missing normalisation is off by O(1).
+TEST(CpuKernels, AttnResMix) {
+  std::mt19937 rng(6);
+  k3test::Worst worst("attn_res_mix");
+  for (int64_t H : {1, 9, 37, 257})
+    for (size_t m : {1u, 2u, 5u})
+      for (int64_t n : {1, 3}) {
+        std::vector<std::vector<float>> srcs;
+        std::vector<const float*> ptrs;
+        for (size_t i = 0; i < m; ++i) srcs.push_back(nonzero(static_cast<size_t>(n * H), rng, 1.0 + static_cast<double>(i)));
+        for (auto& s : srcs) ptrs.push_back(s.data());
+        k3::AttnResWeights w;
+        w.w = nonzero(static_cast<size_t>(H), rng, 1.0 / std::sqrt(static_cast<double>(H)));
+        const float eps = 1e-5f;
+        std::vector<float> out(static_cast<size_t>(n * H), NAN);
+        k3::attn_res_mix(ptrs, w, n, H, eps, out.data());
+        std::vector<double> want(out.size());
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<double> sc(m);
+          double mx = -INFINITY;
+          for (size_t i = 0; i < m; ++i) {
+            const float* v = srcs[i].data() + t * H;
+            double ss = 0, dot = 0;
+            for (int64_t d = 0; d < H; ++d) ss += double(v[d]) * v[d];
+            const double inv = 1.0 / std::sqrt(ss / H + eps);
+            for (int64_t d = 0; d < H; ++d) dot += v[d] * inv * w.w[static_cast<size_t>(d)];
+            sc[i] = dot;
+            mx = std::max(mx, dot);
+          }
+          double sum = 0;
+          for (auto& s : sc) sum += (s = std::exp(s - mx));
+          for (int64_t d = 0; d < H; ++d) {
+            double o = 0;
+            for (size_t i = 0; i < m; ++i) o += sc[i] / sum * srcs[i][static_cast<size_t>(t * H + d)];
+            want[static_cast<size_t>(t * H + d)] = o;
+          }
+        }
+        const double e = k3test::rel_err(out, want);
+        worst.add(e);
+        ASSERT_LT(e, 4e-6) << "H " << H << " sources " << m << " n " << n;
+      }
+}
+
+}  // namespace
