@@ -339,7 +339,7 @@ def run_parallel(fn, items, n):
         t.join()
 
 
-LONG = dict(max_tokens=3000, ignore_eos=True)  # runs for many seconds unless cancelled
+LONG = dict(max_tokens=3900, ignore_eos=True)  # runs for many seconds unless cancelled
 
 
 def states(port, args):
@@ -348,16 +348,23 @@ def states(port, args):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
 
+    def extra_byte_close(s):  # issue 11: the byte arrives after the request was read (a "pipelined" request)
+        s.sendall(b"X")
+        time.sleep(0.1)
+        s.close()
+
     scenarios = [
-        ("extra_byte_close", post(gen_body(**LONG)) + b"X", lambda s: s.close()),
+        ("extra_byte_close", post(gen_body(**LONG)), extra_byte_close),
         ("close", post(gen_body(**LONG)), lambda s: s.close()),
         ("pipelined_close", post(gen_body(**LONG)) + build_request("GET", "/health"), lambda s: s.close()),
         ("rst", post(gen_body(**LONG)), rst),
         ("http10_close", post(gen_body(**LONG), version="1.0", conn="close"), lambda s: s.close()),
         ("stream_close", post(gen_body(stream=True, **LONG)), lambda s: s.close()),
-        ("stream_extra_byte_close", post(gen_body(stream=True, **LONG)) + b"X", lambda s: s.close()),
-        ("chat_extra_byte_close", post(gen_body(endpoint="chat", **LONG), path="/v1/chat/completions") + b"X",
-         lambda s: s.close()),
+        ("stream_extra_byte_close", post(gen_body(stream=True, **LONG)), extra_byte_close),
+        ("chat_extra_byte_close", post(gen_body(endpoint="chat", **LONG), path="/v1/chat/completions"),
+         extra_byte_close),
+        ("half_close_then_close", post(gen_body(**LONG)), lambda s: (s.shutdown(socket.SHUT_WR), time.sleep(0.2),
+                                                                     s.close())),
     ]
     for name, raw, leave in scenarios:
         s = connect(port)
@@ -365,15 +372,18 @@ def states(port, args):
         time.sleep(0.3)
         busy = engine_busy(port)
         leave(s)
-        t = wait_idle(port, 3.0)
+        t = wait_idle(port, 1.5)
         check(busy > 0 and t is not None, "state %s: engine busy %s before, idle after close: %s" % (name, busy, t))
     # issue 11: a handful of orphans filled max_num_seqs + max_waiting and every real client got 429
     socks = []
     for _ in range(args.cap):
         s = connect(port)
-        s.sendall(post(gen_body(**LONG)) + b"X")
+        s.sendall(post(gen_body(**LONG)))
         socks.append(s)
     time.sleep(0.3)
+    for s in socks:
+        s.sendall(b"X")
+    time.sleep(0.1)
     for s in socks:
         s.close()
     time.sleep(0.5)
