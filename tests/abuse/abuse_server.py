@@ -13,6 +13,7 @@ Groups (each a function below; a failing check is reported with its name):
   admission    many concurrent clients never get more than max_num_seqs + max_waiting admitted
   slow         slowloris headers, header flood, long URL, tiny chunks, keep-alive with many requests
   memory       100 connections sending partial 8 MB bodies: the server's RSS stays bounded
+  flags        every nonsensical numeric flag of `k3 serve` -> `k3: error:`, status 1
   fds          a server under `ulimit -n 128` with 300 connections held open, once capped by
                --max-connections (default) and once past the descriptor limit (EMFILE): no spinning,
                /health answered
@@ -568,6 +569,26 @@ def fds(args):
             srv.stop()
 
 
+BAD_FLAGS = [["--max-num-seqs", "0"], ["--max-num-seqs", "-3"], ["--timeout", "0"], ["--timeout", "nan"],
+             ["--timeout", "-1"], ["--timeout", "inf"], ["--write-timeout", "0"], ["--shutdown-grace", "nan"],
+             ["--shutdown-grace", "-1"], ["--threads", "0"], ["--threads", "1000"], ["--max-waiting", "-1"],
+             ["--max-connections", "-1"], ["--max-body-bytes", "0"], ["--max-inflight-body-bytes", "10"],
+             ["--max-num-batched-tokens", "0"], ["--page-size", "0"], ["--checkpoint-interval", "-1"],
+             ["--max-model-len", "-1"]]
+
+
+def flags(port, args):
+    """issue 11: nonsensical numeric flags fail at start-up with `k3: error:` and status 1 (before the model loads)."""
+    for f in BAD_FLAGS:
+        try:
+            p = subprocess.run([args.bin, "serve", "--port", "0", *f], capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:  # it started serving
+            check(False, "flags %s: accepted (the server ran)" % " ".join(f))
+            continue
+        check(p.returncode == 1 and p.stderr.startswith("k3: error: " + f[0]),
+              "flags %s: status %s, %r" % (" ".join(f), p.returncode, p.stderr[-200:]))
+
+
 def cpu_s(pid):
     with open("/proc/%d/stat" % pid) as f:
         parts = f.read().rsplit(")", 1)[1].split()
@@ -616,7 +637,7 @@ def main():
     import tempfile
     tmpd = tempfile.TemporaryDirectory()
     args.tmp = tmpd.name
-    groups = [g for g in args.only.split(",") if g] or ["framing", "states", "admission", "slow", "memory", "fds"]
+    groups = [g for g in args.only.split(",") if g] or ["flags", "framing", "states", "admission", "slow", "memory", "fds"]
     t_start = time.monotonic()
     srv = start_server(args, [], "main")
     try:
