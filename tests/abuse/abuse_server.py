@@ -470,6 +470,20 @@ def slow(port, args):
            + b"".join(b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))) + b"0\r\n\r\n")
     st, _, _, _ = exchange(port, raw)
     check(st == 200, "slow tiny_chunks: %s" % st)
+    # a chunk extension without end: the server's read buffer must stay bounded (it grew by 64 MiB)
+    base = server_rss(args)
+    s = connect(port)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;")
+    try:
+        for _ in range(32):
+            s.sendall(b"a" * (1 << 20))
+    except OSError:
+        pass
+    time.sleep(0.3)
+    grow = (server_rss(args) - base) / 1024
+    st, _, _, _ = read_response(s, 5)
+    s.close()
+    check(grow < 16 and st in (431, 400, None), "slow endless_chunk_extension: RSS +%.0f MiB, status %s" % (grow, st))
     # keep-alive with many requests on one connection
     s = connect(port)
     n = 2000 if args.long else 500
@@ -489,6 +503,10 @@ def slow(port, args):
         s.close()
         check(m.get("k3_client_disconnects_total", 0) > 0 and wait_idle(port, 3) is not None,
               "slow never_reading_stream: not cancelled")
+
+
+def server_rss(args):
+    return args.server.rss_kib()
 
 
 def memory(port, args, server):
@@ -640,6 +658,7 @@ def main():
     groups = [g for g in args.only.split(",") if g] or ["flags", "framing", "states", "admission", "slow", "memory", "fds"]
     t_start = time.monotonic()
     srv = start_server(args, [], "main")
+    args.server = srv
     try:
         before = greedy(srv.port)
         poller = HealthPoller(srv.port)

@@ -47,6 +47,9 @@ std::string_view trim(std::string_view s) {
 }
 
 constexpr size_t kHeaderLimit = 64 * 1024;
+// Bytes read but not yet consumed by the parser: a header, a chunk-size line, pipelined requests.
+// Unbounded, a chunk extension ("1;aaaa..." without end) grew it by the megabyte (+64 MiB for 64 MiB sent).
+constexpr size_t kMaxBuffered = kHeaderLimit + 64 * 1024;
 // How often a connection whose request is being parsed or generated checks that its client is still there.
 constexpr auto kWatchEvery = std::chrono::milliseconds(50);
 
@@ -214,9 +217,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
                                                    std::to_string(srv_.opt.max_body_bytes) + " bytes",
                                           "", "invalid_request_error", "request_too_large"));
     }
-    if (ec == http::error::header_limit) {
+    if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
       srv_.metrics.count_rejection("headers_too_large");
-      return send_error("other", ApiError(431, "the request headers are too large"));
+      return send_error("other", ApiError(431, "the request headers (or a chunk-size line) are too large"));
     }
     srv_.metrics.count_rejection("bad_framing");
     return send_error("other", ApiError(400, std::string("malformed HTTP request: ") + ec.message()));
@@ -675,7 +678,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   Server::Impl& srv_;
   ConnRegistry::Handle reg_;
   net::steady_timer write_timer_, watch_timer_;
-  beast::flat_buffer buf_;
+  beast::flat_buffer buf_{kMaxBuffered};
   std::optional<http::request_parser<http::string_body>> parser_;
   std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_cb_;
   BodyReservation body_res_;
