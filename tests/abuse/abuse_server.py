@@ -12,6 +12,7 @@ Groups (each a function below; a failing check is reported with its name):
                close; half-closed clients (shutdown(SHUT_WR)) still get their answers
   admission    many concurrent clients never get more than max_num_seqs + max_waiting admitted
   slow         slowloris headers, header flood, long URL, tiny chunks, keep-alive with many requests
+  bigprompt    4 clients tokenising ~6 MB prompts at once (the /health poller must not notice)
   memory       100 connections sending partial 8 MB bodies: the server's RSS stays bounded
   flags        every nonsensical numeric flag of `k3 serve` -> `k3: error:`, status 1
   fds          a server under `ulimit -n 128` with 300 connections held open, once capped by
@@ -505,6 +506,23 @@ def slow(port, args):
               "slow never_reading_stream: not cancelled")
 
 
+def bigprompt(port, args):
+    """issue 11 (5b): tokenising multi-megabyte prompts ran on the HTTP threads and stalled /health. 4 clients
+    send ~6 MB prompts (too long for the model: 400 after tokenisation) while the /health poller runs."""
+    words = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor " * 80000)[:6 << 20]
+    body = json.dumps({"model": "k3-tiny", "prompt": words, "max_tokens": 1}).encode()
+    lat = []
+
+    def one(i):
+        t0 = time.monotonic()
+        st, _, _, _ = exchange(port, post(body, conn="close"), timeout=120)
+        lat.append(time.monotonic() - t0)
+        check(st in (400, 503), "bigprompt %d: status %s" % (i, st))
+
+    run_parallel(one, range(4), 4)
+    print("  bigprompt: 4 x %.1f MB prompts answered in %.2f s max" % (len(body) / 1e6, max(lat)), flush=True)
+
+
 def server_rss(args):
     return args.server.rss_kib()
 
@@ -655,7 +673,7 @@ def main():
     import tempfile
     tmpd = tempfile.TemporaryDirectory()
     args.tmp = tmpd.name
-    groups = [g for g in args.only.split(",") if g] or ["flags", "framing", "states", "admission", "slow", "memory", "fds"]
+    groups = [g for g in args.only.split(",") if g] or ["flags", "framing", "states", "admission", "slow", "bigprompt", "memory", "fds"]
     t_start = time.monotonic()
     srv = start_server(args, [], "main")
     args.server = srv
