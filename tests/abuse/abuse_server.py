@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from loadtest import ServerProc, build_request, parse_metrics  # noqa: E402  (shared helpers)
 
 FAILS = []
+PHASE = ["start"]  # the group running now, to say where a slow /health answer happened
 PROMPT = "The quick brown fox"
 
 
@@ -193,7 +194,7 @@ def greedy(port):
 class HealthPoller(threading.Thread):
     def __init__(self, port):
         super().__init__(daemon=True)
-        self.port, self.lat, self.errors, self.stop = port, [], [], threading.Event()
+        self.port, self.lat, self.errors, self.stop, self.where = port, [], [], threading.Event(), []
 
     def run(self):
         while not self.stop.is_set():
@@ -205,6 +206,7 @@ class HealthPoller(threading.Thread):
             except OSError as e:
                 self.errors.append(repr(e))
             self.lat.append(time.monotonic() - t0)
+            self.where.append(PHASE[0])
             self.stop.wait(0.05)
 
     def report(self, name, p99_ms, max_ms):
@@ -213,8 +215,9 @@ class HealthPoller(threading.Thread):
         lat = sorted(self.lat) or [0]
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
         mx = lat[-1] * 1000
-        print("  /health (%s): %d polls, p50 %.1f ms, p99 %.1f ms, max %.1f ms, %d errors"
-              % (name, len(lat), lat[len(lat) // 2] * 1000, p99, mx, len(self.errors)), flush=True)
+        worst = self.where[self.lat.index(max(self.lat))] if self.lat else "-"
+        print("  /health (%s): %d polls, p50 %.1f ms, p99 %.1f ms, max %.1f ms (during %s), %d errors"
+              % (name, len(lat), lat[len(lat) // 2] * 1000, p99, mx, worst, len(self.errors)), flush=True)
         check(not self.errors, "%s: /health failed %d times: %s" % (name, len(self.errors), self.errors[:3]))
         check(p99 <= p99_ms, "%s: /health p99 %.1f ms > %.0f ms" % (name, p99, p99_ms))
         check(mx <= max_ms, "%s: /health max %.1f ms > %.0f ms" % (name, mx, max_ms))
@@ -685,6 +688,7 @@ def main():
             if g == "fds":
                 continue
             t0 = time.monotonic()
+            PHASE[0] = g
             print("== %s" % g, flush=True)
             if g == "memory":
                 memory(srv.port, args, srv)

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/beast/core.hpp>
 #include <chrono>
 #include <cmath>
@@ -76,15 +77,17 @@ int64_t ConnRegistry::size() const {
 
 bool ConnRegistry::shed_oldest_idle() {
   // Linear: at most --max-connections entries, and only when the cap or the descriptor limit is hit.
-  std::vector<std::shared_ptr<Connection>> idle;
+  // (idle-since snapshot, connection): the live values change under our feet, which std::sort must not see.
+  std::vector<std::pair<int64_t, std::shared_ptr<Connection>>> idle;
   {
     std::lock_guard lk(mu_);
     for (auto& w : conns_)
-      if (auto c = w.lock(); c && c->idle_since() >= 0) idle.push_back(std::move(c));
+      if (auto c = w.lock())
+        if (const int64_t t = c->idle_since(); t >= 0) idle.emplace_back(t, std::move(c));
   }
-  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a->idle_since() < b->idle_since(); });
-  for (auto& c : idle)
-    if (c->shed()) return true;  // it may have turned busy since
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [t, c] : idle)
+    if (c->shed()) return true;  // false: it turned busy since
   return false;
 }
 
