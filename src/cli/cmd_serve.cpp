@@ -69,7 +69,8 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_flag("--no-enable-prefix-caching,--no-prefix-caching", o->no_prefix, "turn prefix caching off (on by default)");
   cmd->add_option("--max-body-bytes", o->so.max_body_bytes, "largest request body (413 beyond)")->capture_default_str();
   cmd->add_option("--max-inflight-body-bytes", o->so.max_inflight_body_bytes,
-                  "request-body bytes all connections together may be receiving; beyond: 503 + Retry-After")
+                  "request-body bytes all connections together may be receiving; beyond: 503 + Retry-After (0: the larger "
+                  "of 128 MiB and 2 x --max-body-bytes)")
       ->capture_default_str();
   cmd->add_option("--max-connections", o->so.max_connections,
                   "open client connections (beyond: the oldest idle one is closed, else 503); 0: the descriptor "

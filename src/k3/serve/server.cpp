@@ -117,7 +117,7 @@ void validate(const ServerOptions& o) {
   if (o.max_connections < 0 || o.max_connections > (int64_t{1} << 20))
     throw Error("--max-connections: expected 1..1048576 (0: from the descriptor limit), got " +
                 std::to_string(o.max_connections));
-  if (o.max_inflight_body_bytes < static_cast<int64_t>(o.max_body_bytes))
+  if (o.max_inflight_body_bytes != 0 && o.max_inflight_body_bytes < static_cast<int64_t>(o.max_body_bytes))
     throw Error("--max-inflight-body-bytes: must be at least --max-body-bytes (" + std::to_string(o.max_body_bytes) +
                 "), got " + std::to_string(o.max_inflight_body_bytes));
 }
@@ -128,7 +128,10 @@ Server::Impl::Impl(ServerOptions o, engine::Engine& e, ApiContext c, Metrics& m)
       engine(e),
       ctx(std::move(c)),
       metrics(m),
-      body_budget(opt.max_inflight_body_bytes, m),
+      body_budget(opt.max_inflight_body_bytes != 0
+                      ? opt.max_inflight_body_bytes
+                      : std::max<int64_t>(int64_t{128} << 20, 2 * static_cast<int64_t>(opt.max_body_bytes)),
+                  m),
       conns(m),
       parse_pool(opt.parse_threads, opt.parse_queue),
       created(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())

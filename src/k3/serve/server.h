@@ -25,7 +25,8 @@ struct ServerOptions {
   double shutdown_grace_s = 30;   // in-flight requests may finish for this long after SIGTERM
   bool log_requests = false;      // one line per request on stderr
   int64_t max_connections = 0;    // open client connections; 0: from RLIMIT_NOFILE (soft limit - 64, at least 8)
-  int64_t max_inflight_body_bytes = int64_t{128} << 20;  // request-body bytes being received/parsed, all connections
+  // Request-body bytes being received/parsed, all connections; 0: max(128 MiB, 2 x max_body_bytes).
+  int64_t max_inflight_body_bytes = 0;
   int parse_threads = 2;          // workers that parse JSON and tokenise prompts (off the I/O threads)
   size_t parse_queue = 128;       // requests that may wait for a parse worker; more get 503
 };
