@@ -502,7 +502,7 @@ def slow(port, args):
     check(statuses == {200}, "slow keepalive_%d: %s" % (n, statuses))
     if args.long:  # an SSE client that never reads: the write timeout (2 s) frees it
         s = connect(port, rcvbuf=4096)
-        s.sendall(post(gen_body(stream=True, logprobs=5, **LONG)))
+        s.sendall(post(gen_body(stream=True, logprobs=5, n=4, **LONG)))  # ~9 MB: more than the socket buffers hold
         time.sleep(12)
         m = metrics(port)
         s.close()
