@@ -112,7 +112,7 @@ async def simple_request(host, port, method, path, body=b"", headers=None, timeo
 # server process
 # ---------------------------------------------------------------------------------------------------
 class ServerProc:
-    def __init__(self, binary, model, extra, log_path, env_extra=None, start_timeout=120.0):
+    def __init__(self, binary, model, extra, log_path, env_extra=None, start_timeout=120.0, preexec_fn=None):
         self.log_path = log_path
         self.log = open(log_path, "wb")
         env = dict(os.environ)
@@ -120,7 +120,7 @@ class ServerProc:
             env.update(env_extra)
         cmd = [binary, "serve", "-m", model, "--port", "0"] + extra
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn)
         self.host, self.port = "127.0.0.1", None
         t0 = time.time()
         while time.time() - t0 < start_timeout:

@@ -17,16 +17,36 @@
 
 namespace k3cli {
 
-void add_serve(CLI::App& app, Registry& reg) {
-  struct Opts {
-    std::string model, served_name;
-    DeviceOptions dev;
-    k3::serve::ServerOptions so;
-    int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
-    std::string cache_memory = "1GiB";
-    bool no_prefix = false, prompt_tokens_details = false;
-    int64_t max_response_bytes = int64_t{64} << 20;
+namespace {
+struct Opts {
+  std::string model, served_name;
+  DeviceOptions dev;
+  k3::serve::ServerOptions so;
+  int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
+  std::string cache_memory = "1GiB";
+  bool no_prefix = false, prompt_tokens_details = false;
+  int64_t max_response_bytes = int64_t{64} << 20;
+};
+
+// Every numeric flag of `k3 serve`, range-checked (issue 11: --max-num-seqs 0, --timeout 0|nan were accepted).
+void validate_serve_flags(const Opts& o) {
+  auto in = [](int64_t v, int64_t lo, int64_t hi, const char* flag) {
+    if (v < lo || v > hi)
+      throw k3::Error(std::string(flag) + ": expected " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
+                      std::to_string(v));
   };
+  in(o.max_num_seqs, 1, 1 << 16, "--max-num-seqs");
+  in(o.max_model_len, 0, int64_t{1} << 31, "--max-model-len");
+  if (o.max_model_len == 1) throw k3::Error("--max-model-len: expected 0 (the model's limit) or at least 2, got 1");
+  in(o.max_response_bytes, 0, int64_t{1} << 40, "--max-response-bytes");
+  in(o.max_batched, 1, 1 << 20, "--max-num-batched-tokens");
+  in(o.page_size, 1, 1024, "--page-size");
+  in(o.ckpt_interval, 0, int64_t{1} << 31, "--checkpoint-interval");
+  k3::serve::validate(o.so);
+}
+}  // namespace
+
+void add_serve(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
   cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
@@ -44,36 +64,46 @@ void add_serve(CLI::App& app, Registry& reg) {
       ->capture_default_str();
   cmd->add_option("--max-model-len", o->max_model_len,
                   "prompt + completion tokens per sequence (default: the model's max_position_embeddings, capped by "
-                  "what the cache holds for one sequence)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 31));
+                  "what the cache holds for one sequence)");
   cmd->add_option("--max-response-bytes", o->max_response_bytes,
                   "bound on what one non-streamed response may hold (n x max_tokens x per-token cost with logprobs); "
                   "an explicit max_tokens beyond it -> 400, the default max_tokens is lowered to fit; 0: no bound")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+      ->capture_default_str();
   cmd->add_flag("--enable-prompt-tokens-details", o->prompt_tokens_details,
                 "report usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM: it tells a client "
                 "whether another sent the same prompt prefix)");
   cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
-      ->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->capture_default_str();
   cmd->add_option("--cache-memory", o->cache_memory,
                   "memory for the MLA latent pages + KDA state slots: bytes (e.g. 2GiB, 512MB) or a fraction of what is "
                   "free for it (e.g. 0.25: of RAM on the CPU, of the GPU memory left after the weights with --device cuda)")
       ->capture_default_str();
-  cmd->add_option("--page-size", o->page_size, "tokens per latent-cache page")->capture_default_str()->check(CLI::Range(1, 1024));
+  cmd->add_option("--page-size", o->page_size, "tokens per latent-cache page")->capture_default_str();
   cmd->add_option("--checkpoint-interval", o->ckpt_interval, "tokens between KDA state checkpoints inside prompts (prefix cache); 0: auto, a checkpoint "
                   "costs about what the latent pages it spans cost (64 for small models, ~7.9k for Kimi K3)")
       ->capture_default_str();
   cmd->add_flag("--no-enable-prefix-caching,--no-prefix-caching", o->no_prefix, "turn prefix caching off (on by default)");
   cmd->add_option("--max-body-bytes", o->so.max_body_bytes, "largest request body (413 beyond)")->capture_default_str();
-  cmd->add_option("--threads", o->so.threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--max-inflight-body-bytes", o->so.max_inflight_body_bytes,
+                  "request-body bytes all connections together may be receiving; beyond: 503 + Retry-After (0: the larger "
+                  "of 128 MiB and 2 x --max-body-bytes)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->so.max_connections,
+                  "open client connections (beyond: the oldest idle one is closed, else 503); 0: the descriptor "
+                  "limit (ulimit -n) - 64")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->so.threads, "HTTP I/O threads")->capture_default_str();
   cmd->add_option("--timeout", o->so.read_timeout_s, "seconds to receive a request (and keep-alive idle time)")
+      ->capture_default_str();
+  cmd->add_option("--write-timeout", o->so.write_timeout_s,
+                  "seconds one write to a client may take (a client that stops reading is disconnected)")
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", o->so.shutdown_grace_s, "seconds in-flight requests may finish after SIGTERM")
       ->capture_default_str();
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
   cmd->callback([&reg, o] {
     reg.action = [o] {
+      validate_serve_flags(*o);  // before the model loads: a bad flag fails at once
       // Few malloc arenas: with one per thread (glibc's default), freed request memory stays spread over
       // per-thread arenas and RSS crept up by ~15 MiB per load-test round (+6.6 MiB with two arenas, 0 with one)
       // (docs/perf/serve-loadtest.md).
@@ -134,11 +164,12 @@ void add_serve(CLI::App& app, Registry& reg) {
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
                    "(max_model_len %lld: %s; max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
-                   "prefix caching %s, %d I/O threads%s)\n",
+                   "prefix caching %s, %d I/O threads, max_connections %lld%s)\n",
                    ctx.model_name.c_str(), dir.c_str(), load_s, ready_s, o->so.host.c_str(), server.port(),
                    (long long)max_model_len, engine.max_model_len_reason().c_str(), (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
                    (long long)engine.cache_stats().pages_total, (long long)o->page_size, (long long)engine.cache_stats().slots_total,
-                   o->no_prefix ? "off" : "on", o->so.threads, o->so.api_keys.empty() ? "" : ", API key required");
+                   o->no_prefix ? "off" : "on", o->so.threads,
+                   (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required");
       std::fflush(stderr);
       server.run_until_signal();
       std::fprintf(stderr, "k3 serve: stopped\n");

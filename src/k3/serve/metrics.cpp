@@ -74,6 +74,11 @@ void Metrics::count_request(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
+void Metrics::count_rejection(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  ++rejections_[reason];
+}
+
 void Metrics::add_tokens(int64_t prompt, int64_t generated) {
   prompt_tokens_ += prompt;
   generation_tokens_ += generated;
@@ -106,6 +111,19 @@ std::string Metrics::render(const engine::EngineStats& st) const {
       out += "k3_requests_total{endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) +
              "\"} " + std::to_string(v) + "\n";
   }
+  head(out, "k3_http_rejections_total", "counter",
+       "Requests or connections the HTTP layer refused, by reason (limits; see docs/serving.md).");
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [k, v] : rejections_)
+      out += "k3_http_rejections_total{reason=\"" + escape_label(k) + "\"} " + std::to_string(v) + "\n";
+  }
+  head(out, "k3_http_connections_open", "gauge", "Client connections open.");
+  out += "k3_http_connections_open " + std::to_string(open_connections_.load()) + "\n";
+  head(out, "k3_http_inflight_body_bytes", "gauge", "Bytes reserved for request bodies being received or parsed.");
+  out += "k3_http_inflight_body_bytes " + std::to_string(inflight_body_bytes_.load()) + "\n";
+  head(out, "k3_client_disconnects_total", "counter", "Generation requests cancelled because their client went away.");
+  out += "k3_client_disconnects_total " + std::to_string(client_disconnects_.load()) + "\n";
   head(out, "k3_prompt_tokens_total", "counter", "Prompt tokens of finished generation requests.");
   out += "k3_prompt_tokens_total " + std::to_string(prompt_tokens_.load()) + "\n";
   head(out, "k3_generation_tokens_total", "counter", "Generated tokens of finished generation requests.");

@@ -36,6 +36,12 @@ class Metrics {
   void observe_ttft(double s) { ttft_.observe(s); }
   void observe_tpot(double s) { tpot_.observe(s); }
   void observe_e2e(double s) { e2e_.observe(s); }
+  // HTTP layer: gauges the server keeps current, and requests/connections refused by reason
+  // (body_budget, connection_limit, fd_exhausted, worker_queue_full, saturated, body_too_large, ...).
+  void set_open_connections(int64_t n) { open_connections_ = n; }
+  void set_inflight_body_bytes(int64_t n) { inflight_body_bytes_ = n; }
+  void count_rejection(const std::string& reason);
+  void count_disconnect() { ++client_disconnects_; }
   // The full /metrics page; engine gauges come from `st`.
   std::string render(const engine::EngineStats& st) const;
 
@@ -48,6 +54,8 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::atomic<int64_t> prompt_tokens_{0}, generation_tokens_{0};
+  std::atomic<int64_t> open_connections_{0}, inflight_body_bytes_{0}, client_disconnects_{0};
+  std::map<std::string, uint64_t> rejections_;
   Histogram ttft_, tpot_, e2e_;
 };
 

@@ -1,6 +1,7 @@
 // `k3 serve`'s HTTP server: Boost.Beast/Asio, an io_context run by a small fixed thread pool, one
 // strand per connection, keep-alive, body limit, read/write timeouts, SSE streaming (chunked), client
-// disconnect detection -> Engine::cancel, graceful shutdown. See docs/serving.md.
+// disconnect detection -> Engine::cancel, graceful shutdown; limits on connections, descriptors and
+// in-flight body bytes; parsing/tokenisation on a worker pool. See docs/serving.md.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,7 +27,16 @@ struct ServerOptions {
   double write_timeout_s = 60;    // one write to a client that does not read -> disconnect
   double shutdown_grace_s = 30;   // in-flight requests may finish for this long after SIGTERM
   bool log_requests = false;      // one line per request on stderr
+  int64_t max_connections = 0;    // open client connections; 0: from RLIMIT_NOFILE (soft limit - 64, at least 8)
+  // Request-body bytes being received/parsed, all connections; 0: max(128 MiB, 2 x max_body_bytes).
+  int64_t max_inflight_body_bytes = 0;
+  int parse_threads = 2;          // workers that parse JSON and tokenise prompts (off the I/O threads)
+  size_t parse_queue = 128;       // requests that may wait for a parse worker; more get 503
 };
+
+// The limits of ServerOptions, checked: throws k3::Error naming the flag (`--timeout`, ...) for a value that
+// makes no sense (0, negative, NaN, infinite...).
+void validate(const ServerOptions& opt);
 
 class Server {
  public:
@@ -39,6 +49,7 @@ class Server {
   // Binds, listens and starts the I/O threads. Throws k3::Error (e.g. address in use).
   void start();
   uint16_t port() const;
+  int64_t max_connections() const;  // as resolved by start()
   // Blocks until SIGINT or SIGTERM, then runs shutdown(). A second signal exits at once (status 1).
   void run_until_signal();
   // Graceful: stop accepting, answer new requests 503, let in-flight requests finish within the

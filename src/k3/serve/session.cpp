@@ -1,0 +1,716 @@
+// One client connection of `k3 serve`: reads requests, routes them, runs generation jobs, writes
+// responses and SSE streams, and watches for the client going away in every state. See docs/serving.md
+// ("Connections and limits") for the rules this file implements.
+#include <poll.h>
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <functional>
+
+#include "k3/serve/server_impl.h"
+
+namespace k3::serve {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+std::chrono::steady_clock::duration dur(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+bool const_time_eq(std::string_view a, std::string_view b) {
+  unsigned char d = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return d == 0 && !b.empty();
+}
+std::string hex(size_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%zx", n);
+  return buf;
+}
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+constexpr size_t kHeaderLimit = 64 * 1024;
+// Bytes read but not yet consumed by the parser: a header, a chunk-size line, pipelined requests.
+// Unbounded, a chunk extension ("1;aaaa..." without end) grew it by the megabyte (+64 MiB for 64 MiB sent).
+constexpr size_t kMaxBuffered = kHeaderLimit + 64 * 1024;
+// How often a connection whose request is being parsed or generated checks that its client is still there.
+constexpr auto kWatchEvery = std::chrono::milliseconds(50);
+
+// One generation request (n engine requests).
+struct Job {
+  GenRequest req;
+  std::string id;
+  int64_t created = 0;
+  std::vector<std::string> engine_ids;
+  std::vector<ChoiceState> choices;
+  std::vector<std::unique_ptr<ChatOutputParser>> parsers;
+  std::vector<bool> first_sent;
+  std::vector<Clock::time_point> last_token;
+  int remaining = 0;
+  Usage usage;
+  Clock::time_point arrival;
+  bool any_token = false;
+  std::string error;      // engine error or submit failure (non-stream: answered as an error)
+  int error_status = 500;
+  bool complete = false;  // all choices finished and the final bytes queued
+  bool stream_started = false;  // SSE headers sent
+};
+
+// What a parse worker hands back to the connection.
+struct Parsed {
+  std::optional<GenRequest> req;
+  std::optional<ApiError> error;
+};
+
+class Session final : public Connection, public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& s, Server::Impl& srv)
+      : stream_(std::move(s)), srv_(srv), write_timer_(stream_.get_executor()), watch_timer_(stream_.get_executor()) {
+    chunk_cb_ = [this](std::uint64_t size, beast::string_view, beast::error_code& ec) {
+      if (size > 0 && !body_res_.grow(size)) {
+        budget_refused_ = true;
+        ec = http::error::body_limit;
+      }
+    };
+  }
+  ~Session() override { srv_.conns.remove(reg_); }
+
+  void start(ConnRegistry::Handle h) {
+    reg_ = h;
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->do_read(); });
+  }
+
+  int64_t idle_since() const override { return idle_since_.load(); }
+  bool shed() override {
+    int64_t t = idle_since_.load();
+    if (t < 0 || !idle_since_.compare_exchange_strong(t, -1)) return false;
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (!self->awaiting_header_ || self->closed_) return;
+      self->srv_.metrics.count_rejection("shed_idle");
+      self->close();
+    });
+    return true;
+  }
+
+  // Engine thread -> strand.
+  void post_output(int index, const engine::RequestOutput& o) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), index, o] { self->on_output(index, o); });
+  }
+
+ private:
+  // ---- reading requests --------------------------------------------------------------------------
+  void do_read() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(srv_.opt.max_body_bytes);
+    parser_->header_limit(kHeaderLimit);
+    parser_->on_chunk_header(chunk_cb_);
+    body_res_ = BodyReservation(srv_.body_budget);
+    budget_refused_ = false;
+    awaiting_header_ = true;
+    header_bytes_ = 0;
+    idle_since_ = buf_.size() == 0 ? steady_ns() : -1;  // pipelined bytes waiting: not idle
+    stream_.expires_after(dur(srv_.opt.read_timeout_s));
+    read_header();
+  }
+
+  // http::async_read_header would do, but Beast's header_limit holds per parser.put() call, not per
+  // header: a client sending fields without end (a header flood) grew the field list without bound
+  // until the read timeout. So the header is fed to the parser here, and its bytes counted.
+  void read_header() {
+    beast::error_code ec;
+    while (buf_.size() > 0 && !parser_->is_header_done()) {
+      const size_t used = parser_->put(buf_.data(), ec);
+      buf_.consume(used);
+      header_bytes_ += used;
+      if (ec == http::error::need_more) {
+        ec = {};
+        break;
+      }
+      if (ec) return on_header(ec);
+    }
+    if (parser_->is_header_done()) return on_header({});
+    if (header_bytes_ + buf_.size() >= kHeaderLimit) return on_header(http::error::header_limit);
+    stream_.async_read_some(buf_.prepare(16 * 1024), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (ec == net::error::eof)  // before any byte: the client is done; inside a header: truncated
+        return self->on_header(self->parser_->got_some() || self->buf_.size() ? http::error::partial_message
+                                                                              : http::error::end_of_stream);
+      if (ec) return self->on_header(ec);
+      self->buf_.commit(n);
+      self->read_header();
+    });
+  }
+
+  void on_header(beast::error_code ec) {
+    awaiting_header_ = false;
+    idle_since_ = -1;
+    if (ec) return on_read_error(ec);
+    const auto& h = parser_->get();
+    http10_ = h.version() < 11;
+    if (const char* why = framing_error(h)) {
+      close_after_ = linger_ = true;
+      srv_.metrics.count_rejection("bad_framing");
+      return send_error("other", ApiError(400, std::string("malformed HTTP request: ") + why));
+    }
+    if (auto len = parser_->content_length(); len && *len > 0 && !body_res_.grow(*len)) {
+      budget_refused_ = true;
+      return on_read_error(http::error::body_limit);
+    }
+    if (!http10_ && beast::iequals(trim(h[http::field::expect]), "100-continue") && !parser_->is_done())
+      queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+    http::async_read(stream_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  // RFC 9112: 6.1 (Transfer-Encoding: only "chunked", which we decode; never with HTTP/1.0), 6.3 (never
+  // together with Content-Length: request smuggling), 3.2 (exactly one Host in HTTP/1.1).
+  static const char* framing_error(const http::request_parser<http::string_body>::value_type& h) {
+    int te = 0, host = 0;
+    bool te_chunked = true;
+    for (const auto& f : h) {
+      if (f.name() == http::field::transfer_encoding) {
+        ++te;
+        te_chunked = te_chunked && beast::iequals(trim(f.value()), "chunked");
+      } else if (f.name() == http::field::host) {
+        ++host;
+      }
+    }
+    if (te > 1 || (te == 1 && !te_chunked)) return "Transfer-Encoding must be exactly \"chunked\"";
+    if (te && h.count(http::field::content_length)) return "Transfer-Encoding together with Content-Length";
+    if (te && h.version() < 11) return "Transfer-Encoding in an HTTP/1.0 request";
+    if (h.version() >= 11 && host != 1) return "an HTTP/1.1 request needs exactly one Host header";
+    return nullptr;
+  }
+
+  void on_read_error(beast::error_code ec) {
+    body_res_.reset();
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
+        ec == net::error::connection_reset || ec == net::error::eof) {
+      return close();
+    }
+    close_after_ = linger_ = true;
+    if (budget_refused_) {
+      srv_.metrics.count_rejection("body_budget");
+      return send_error("other", ApiError(503, "the server is receiving too many request bodies at once; retry later",
+                                          "", "server_error"));
+    }
+    if (ec == http::error::body_limit) {
+      srv_.metrics.count_rejection("body_too_large");
+      return send_error("other", ApiError(413, "the request body is larger than the limit of " +
+                                                   std::to_string(srv_.opt.max_body_bytes) + " bytes",
+                                          "", "invalid_request_error", "request_too_large"));
+    }
+    if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+      srv_.metrics.count_rejection("headers_too_large");
+      return send_error("other", ApiError(431, "the request headers (or a chunk-size line) are too large"));
+    }
+    srv_.metrics.count_rejection("bad_framing");
+    return send_error("other", ApiError(400, std::string("malformed HTTP request: ") + ec.message()));
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    stream_.expires_never();
+    req_ = parser_->release();
+    close_after_ = !req_.keep_alive();
+    arrival_ = Clock::now();
+    try {
+      handle();
+    } catch (const ApiError& e) {
+      send_error(endpoint_, e);
+    } catch (const std::exception& e) {
+      send_error(endpoint_, ApiError(500, std::string("internal error: ") + e.what(), "", "server_error"));
+    }
+    if (!parsing_) body_res_.reset();  // else the parse worker holds it
+  }
+
+  // ---- routing -----------------------------------------------------------------------------------
+  void handle() {
+    std::string path(req_.target());
+    if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
+    const auto method = req_.method();
+    auto only = [&](http::verb v, const char* allow) {
+      if (method != v) {
+        allow_ = allow;
+        throw ApiError(405, "method " + std::string(req_.method_string()) + " is not allowed for " + path, "",
+                       "invalid_request_error", "method_not_allowed");
+      }
+    };
+    if (path == "/health") {
+      endpoint_ = "/health";
+      only(http::verb::get, "GET");
+      if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error");
+      return send_response(200, "{\"status\":\"ok\"}", "application/json");
+    }
+    if (path == "/metrics") {
+      endpoint_ = "/metrics";
+      only(http::verb::get, "GET");
+      return send_response(200, srv_.metrics.render(srv_.engine.stats()), "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (path == "/v1/models") {
+      endpoint_ = "/v1/models";
+      only(http::verb::get, "GET");
+      check_auth();
+      return send_response(200, dump(models_json(srv_.ctx.model_name, srv_.created, srv_.ctx.max_model_len)),
+                           "application/json");
+    }
+    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      endpoint_ = path;
+      only(http::verb::post, "POST");
+      const int key = check_auth();
+      if (srv_.draining) {
+        close_after_ = true;
+        throw ApiError(503, "the server is shutting down", "", "server_error");
+      }
+      return start_parse(path == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completions, key);
+    }
+    endpoint_ = "other";
+    throw ApiError(404, "no such endpoint: " + std::string(req_.method_string()) + " " + path, "",
+                   "invalid_request_error", "not_found");
+  }
+
+  // The index of the matching API key; -1 when none are configured.
+  int check_auth() {
+    if (srv_.opt.api_keys.empty()) return -1;
+    auto it = req_.find(http::field::authorization);
+    std::string_view v = it == req_.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
+    const std::string_view pre = "Bearer ";
+    int match = -1;
+    if (v.size() >= pre.size() && v.substr(0, pre.size()) == pre)
+      for (size_t i = 0; i < srv_.opt.api_keys.size(); ++i)  // every key compared: no early exit to time
+        if (const_time_eq(v.substr(pre.size()), srv_.opt.api_keys[i]) && match < 0) match = static_cast<int>(i);
+    if (match >= 0) return match;
+    throw ApiError(401, "invalid or missing API key (send \"Authorization: Bearer <key>\")", "",
+                   "invalid_request_error", "invalid_api_key");
+  }
+
+  // JSON parsing and tokenisation of a generation request run on the parse pool: a prompt of megabytes
+  // takes long enough to stall every connection of an I/O thread (issue 11, /health). The body and its
+  // share of the body budget go with the task; the result comes back on this connection's strand.
+  // key: the index of the API key that authorised it (-1: none configured); each key is its own
+  // prefix-cache partition, so a client cannot probe what another key's clients sent.
+  void start_parse(Endpoint ep, int key) {
+    struct Task {
+      std::string body;
+      BodyReservation res;
+    };
+    auto task = std::make_shared<Task>();
+    task->body = std::move(req_.body());
+    task->res = std::move(body_res_);
+    std::function<void()> fn = [self = shared_from_this(), ep, key, task] {
+      Parsed p;
+      try {
+        p.req = parse_generation_request(ep, parse_json_body(task->body), self->srv_.ctx);
+        if (key >= 0) p.req->cache_salt = "api-key-" + std::to_string(key) + '\x1f' + p.req->cache_salt;
+      } catch (const ApiError& e) {
+        p.error = e;
+      } catch (const std::exception& e) {
+        p.error = ApiError(500, std::string("internal error: ") + e.what(), "", "server_error");
+      }
+      task->body = std::string();
+      task->res.reset();
+      net::post(self->stream_.get_executor(),
+                [self, p = std::make_shared<Parsed>(std::move(p))]() mutable { self->on_parsed(std::move(*p)); });
+    };
+    if (!srv_.parse_pool.try_submit(fn)) {
+      srv_.metrics.count_rejection("parse_queue_full");
+      throw ApiError(503, "too many requests are waiting to be parsed; retry later", "", "server_error");
+    }
+    parsing_ = true;
+    start_watch();
+  }
+
+  void on_parsed(Parsed p) {
+    parsing_ = false;
+    if (closed_ || client_gone_) return close();
+    if (p.error) return send_error(endpoint_, *p.error);
+    const int n = p.req->n;
+    if (!srv_.reserve_inflight(n)) {
+      srv_.metrics.count_rejection("saturated");
+      return send_error(endpoint_, ApiError(429, "the server is saturated (" + std::to_string(srv_.inflight.load()) +
+                                                     " requests in flight); retry later",
+                                            "", "rate_limit_error"));
+    }
+    try {
+      start_job(std::move(*p.req));
+    } catch (const std::exception& e) {
+      send_error(endpoint_, ApiError(500, std::string("internal error: ") + e.what(), "", "server_error"));
+    }
+  }
+
+  // ---- plain responses ---------------------------------------------------------------------------
+  std::string head(int status, const std::string& ctype, const std::string& extra, bool stream, size_t len) {
+    std::string h = "HTTP/1.1 " + std::to_string(status) + " " +
+                    std::string(http::obsolete_reason(static_cast<http::status>(status))) + "\r\n";
+    h += "Server: k3.cpp\r\nContent-Type: " + ctype + "\r\n";
+    if (stream)  // HTTP/1.0 has no chunked coding: the stream ends when the connection closes
+      h += http10_ ? "Cache-Control: no-cache\r\n" : "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+    else
+      h += "Content-Length: " + std::to_string(len) + "\r\n";
+    h += extra;
+    h += close_after_ ? "Connection: close\r\n\r\n" : "Connection: keep-alive\r\n\r\n";
+    return h;
+  }
+
+  void send_response(int status, std::string body, const std::string& ctype, std::string extra = {}) {
+    srv_.metrics.count_request(endpoint_, status);
+    if (srv_.opt.log_requests)
+      std::fprintf(stderr, "k3 serve: %s %s %d\n", std::string(req_.method_string()).c_str(),
+                   std::string(req_.target()).c_str(), status);
+    if (srv_.draining) close_after_ = true;
+    std::string msg = head(status, ctype, extra, false, body.size());
+    msg += body;
+    after_flush_ = [this] { finish_exchange(); };
+    queue_write(std::move(msg));
+  }
+
+  void send_error(const std::string& endpoint, const ApiError& e) {
+    endpoint_ = endpoint.empty() ? "other" : endpoint;
+    std::string extra;
+    if (e.status == 405 && !allow_.empty()) extra += "Allow: " + allow_ + "\r\n";
+    if (e.status == 429 || e.status == 503) extra += "Retry-After: 1\r\n";
+    if (e.status == 413 || (e.status == 400 && parser_ && !parser_->is_done())) close_after_ = linger_ = true;
+    send_response(e.status, dump(error_json(e)), "application/json", extra);
+  }
+
+  // Response fully written: next request, or close.
+  void finish_exchange() {
+    if (linger_ && !client_gone_) return linger();
+    if (close_after_ || client_gone_ || srv_.draining) return close();
+    do_read();
+  }
+
+  // The request was rejected before it was read to the end (413, 431, malformed HTTP): the client may
+  // still be sending. Closing now, with its bytes unread, makes the kernel send a RST that can destroy
+  // our error response in flight (the client sees "connection reset" / EPIPE instead of the 413).
+  // So: half-close, then read and discard until the client closes too, at most kLingerSeconds.
+  static constexpr double kLingerSeconds = 5.0;
+  void linger() {
+    linger_ = false;
+    beast::error_code ignore;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignore);
+    stream_.expires_after(dur(kLingerSeconds));
+    linger_buf_.resize(64 * 1024);
+    drain();
+  }
+  void drain() {
+    stream_.async_read_some(net::buffer(linger_buf_), [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) {
+        self->linger_buf_.clear();
+        self->linger_buf_.shrink_to_fit();
+        return self->close();
+      }
+      self->drain();
+    });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    idle_since_ = -1;
+    write_timer_.cancel();
+    watch_timer_.cancel();
+    body_res_.reset();
+    beast::error_code ignore;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignore);
+    stream_.socket().close(ignore);
+  }
+
+  // ---- writes ------------------------------------------------------------------------------------
+  void queue_write(std::string bytes) {
+    if (client_gone_ || closed_) {
+      outq_.clear();
+      return;
+    }
+    outq_.push_back(std::move(bytes));
+    do_write();
+  }
+
+  void do_write() {
+    if (writing_ || outq_.empty()) return;
+    writing_ = true;
+    write_timer_.expires_after(dur(srv_.opt.write_timeout_s));
+    write_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (!ec && self->writing_) {  // the client stopped reading
+        beast::error_code ignore;
+        self->stream_.socket().close(ignore);
+      }
+    });
+    net::async_write(stream_, net::buffer(outq_.front()),
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_write(ec); });
+  }
+
+  void on_write(beast::error_code ec) {
+    writing_ = false;
+    write_timer_.cancel();
+    if (ec) {
+      outq_.clear();
+      on_client_gone();
+      return;
+    }
+    outq_.pop_front();
+    if (!outq_.empty()) return do_write();
+    if (after_flush_) {
+      auto f = std::move(after_flush_);
+      after_flush_ = nullptr;
+      f();
+    }
+  }
+
+  // ---- disconnect detection while a request is parsed or generated --------------------------------
+  // No read is kept pending meanwhile: bytes the client pipelines stay in the kernel's socket buffer
+  // (bounded, TCP backpressure) for the next do_read. Instead the socket is polled every kWatchEvery:
+  // POLLHUP/POLLERR (a reset) means gone. POLLRDHUP (the client's FIN) is ambiguous: it half-closed
+  // (shutdown(SHUT_WR)) and waits for the answer, or it closed. A byte it must accept tells them apart:
+  // a closed socket answers it with a reset, which the next poll sees. The byte is an SSE comment in
+  // a stream, else an interim "100 Continue" (RFC 9110 15.2: HTTP/1.1 clients must accept 1xx).
+  // HTTP/1.0 has no 1xx: its FIN counts as gone.
+  bool busy() const { return parsing_ || (job_ && !job_->complete); }
+
+  void start_watch() {
+    if (watching_ || closed_) return;
+    watching_ = true;
+    watch_timer_.expires_after(kWatchEvery);
+    watch_timer_.async_wait([self = shared_from_this()](beast::error_code ec) { self->on_watch(ec); });
+  }
+
+  void on_watch(beast::error_code ec) {
+    watching_ = false;
+    if (ec || closed_ || client_gone_ || !busy()) return;
+    pollfd p{stream_.socket().native_handle(), POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return on_client_gone();
+      if ((p.revents & POLLRDHUP) && !peer_fin_) {
+        peer_fin_ = true;
+        if (http10_) return on_client_gone();
+        if (job_ && job_->stream_started)
+          send_event_raw(": probe\n\n");
+        else
+          queue_write("HTTP/1.1 100 Continue\r\n\r\n");
+      }
+    }
+    start_watch();
+  }
+
+  void on_client_gone() {
+    if (client_gone_) return;
+    client_gone_ = true;
+    if (busy()) srv_.metrics.count_disconnect();
+    if (job_ && !job_->complete) {
+      for (const auto& id : job_->engine_ids) srv_.engine.cancel(id);
+    } else if (job_ && job_->complete) {
+      end_job();
+    } else {
+      close();
+    }
+  }
+
+  // ---- generation --------------------------------------------------------------------------------
+  // `srv_.inflight` already holds n for this job (reserve_inflight); unsubmitted ones are given back.
+  void start_job(GenRequest gr) {
+    auto job = std::make_shared<Job>();
+    job->req = std::move(gr);
+    job->id = new_response_id(job->req.endpoint);
+    job->created = unix_now();
+    job->arrival = arrival_;
+    const int n = job->req.n;
+    job->choices.resize(n);
+    job->first_sent.assign(n, false);
+    job->last_token.assign(n, arrival_);
+    if (job->req.endpoint == Endpoint::Chat)
+      for (int i = 0; i < n; ++i)
+        job->parsers.push_back(srv_.ctx.chat->make_parser(job->req.body, job->id + "-" + std::to_string(i)));
+    job_ = job;
+    ++srv_.active_jobs;
+    start_watch();
+
+    int submitted = 0;
+    for (int i = 0; i < n; ++i) {
+      engine::Request r;
+      r.id = job->id + "-" + std::to_string(i);
+      r.prompt = job->req.prompt;
+      r.params = job->req.params;
+      if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(i);
+      r.top_logprobs = job->req.top_logprobs;
+      r.cache_salt = job->req.cache_salt;
+      job->engine_ids.push_back(r.id);
+      ++job->remaining;
+      try {
+        srv_.engine.submit(std::move(r), [self = shared_from_this(), i](const engine::RequestOutput& o) {
+          self->post_output(i, o);
+        });
+        ++submitted;
+      } catch (const std::exception& e) {
+        --job->remaining;
+        job->engine_ids.pop_back();
+        job->error = e.what();
+        job->error_status = srv_.draining ? 503 : 400;
+        for (const auto& id : job->engine_ids) srv_.engine.cancel(id);
+        break;
+      }
+    }
+    srv_.inflight -= n - submitted;
+    if (!job->error.empty()) {
+      if (job->remaining == 0) complete_job();
+      return;  // the rest completes when the cancelled ones report back
+    }
+    if (job->req.stream) {
+      job->stream_started = true;
+      srv_.metrics.count_request(endpoint_, 200);
+      if (srv_.draining || http10_) close_after_ = true;
+      queue_write(head(200, "text/event-stream", "", true, 0));
+    }
+  }
+
+  void send_event(const json& j) { send_event_raw("data: " + dump(j) + "\n\n"); }
+  void send_event_raw(const std::string& data) {
+    queue_write(http10_ ? data : hex(data.size()) + "\r\n" + data + "\r\n");
+  }
+
+  void on_output(int i, const engine::RequestOutput& o) {
+    auto job = job_;
+    if (!job || job->complete) return;
+    auto& c = job->choices[i];
+    const auto now = Clock::now();
+    const bool chat = job->req.endpoint == Endpoint::Chat;
+
+    if (!o.new_token_ids.empty()) {
+      if (!job->any_token) {
+        job->any_token = true;
+        srv_.metrics.observe_ttft(secs(job->arrival, now));
+      } else if (c.completion_tokens > 0) {
+        srv_.metrics.observe_tpot(secs(job->last_token[i], now) / double(o.new_token_ids.size()));
+      }
+      job->last_token[i] = now;
+    }
+    c.completion_tokens = o.completion_tokens;
+
+    ChatDelta delta;
+    std::string text;
+    if (chat) {
+      delta = chat_step(*job->parsers[i], o.pieces, o.finished);
+    } else {
+      for (const auto& p : o.pieces)
+        if (p.special_id < 0) text += p.text;
+    }
+    if (!job->req.stream)  // a stream sends them at once; only a non-streamed response collects them
+      for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
+
+    if (o.finished) {
+      c.finish_reason = o.finish_reason.empty() ? "stop" : o.finish_reason;
+      if (!o.error.empty()) job->error = o.error;
+      job->usage.prompt_tokens = o.prompt_tokens;  // same prompt for every choice
+      job->usage.completion_tokens += o.completion_tokens;
+      job->usage.cached_tokens = std::max(job->usage.cached_tokens, o.cached_prompt_tokens);
+      --job->remaining;
+      --srv_.inflight;
+    }
+
+    if (job->stream_started && !client_gone_) {
+      std::string fr = o.finished ? openai_finish_reason(c.finish_reason, !c.message.tool_calls.empty() ||
+                                                                              !delta.tool_calls.empty())
+                                  : std::string();
+      const bool first = chat && !job->first_sent[i];
+      if (first || !delta.empty() || !text.empty() || !o.logprobs.empty() || o.finished) {
+        send_event(build_chunk(job->req.endpoint, job->req, job->id, job->created, i, first, delta, text, o.logprobs,
+                               fr, *srv_.ctx.tok, c.text_offset));
+        job->first_sent[i] = true;
+      }
+    }
+    if (chat)
+      c.message.append(std::move(delta));
+    else
+      c.text += text;
+
+    if (job->remaining == 0) complete_job();
+  }
+
+  void complete_job() {
+    auto job = job_;
+    job->complete = true;
+    const auto now = Clock::now();
+    srv_.metrics.observe_e2e(secs(job->arrival, now));
+    srv_.metrics.add_tokens(job->usage.prompt_tokens, job->usage.completion_tokens);
+    if (client_gone_) return end_job();
+    if (job->stream_started) {
+      if (!job->error.empty())
+        send_event(error_json(ApiError(500, "generation failed: " + job->error, "", "server_error")));
+      if (job->req.include_usage)
+        send_event(build_usage_chunk(job->req.endpoint, job->req, job->id, job->created, job->usage));
+      after_flush_ = [this] { end_job(); };
+      send_event_raw("data: [DONE]\n\n");
+      if (!http10_) queue_write("0\r\n\r\n");
+      return;
+    }
+    if (!job->error.empty()) {
+      const int st = job->error_status;
+      after_flush_ = nullptr;
+      job_.reset();
+      --srv_.active_jobs;
+      return send_error(endpoint_, ApiError(st, st == 400 ? job->error : "generation failed: " + job->error, "",
+                                            st == 400 ? "invalid_request_error" : "server_error"));
+    }
+    std::string body = build_response_body(job->req.endpoint, job->req, job->id, job->created, job->choices,
+                                            job->usage, *srv_.ctx.tok);
+    job_.reset();
+    --srv_.active_jobs;
+    send_response(200, std::move(body), "application/json");
+  }
+
+  // Streaming finished (or the client left): release the job and go on.
+  void end_job() {
+    if (job_) {
+      job_.reset();
+      --srv_.active_jobs;
+    }
+    if (client_gone_) return close();
+    finish_exchange();
+  }
+
+  beast::tcp_stream stream_;
+  Server::Impl& srv_;
+  ConnRegistry::Handle reg_;
+  net::steady_timer write_timer_, watch_timer_;
+  beast::flat_buffer buf_{kMaxBuffered};
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_cb_;
+  BodyReservation body_res_;
+  bool budget_refused_ = false;
+  size_t header_bytes_ = 0;
+  http::request<http::string_body> req_;
+  std::string endpoint_ = "other", allow_;
+  bool close_after_ = false, closed_ = false, writing_ = false, linger_ = false, http10_ = false;
+  std::vector<char> linger_buf_;
+  bool parsing_ = false, watching_ = false, peer_fin_ = false, client_gone_ = false, awaiting_header_ = false;
+  std::atomic<int64_t> idle_since_{-1};
+  Clock::time_point arrival_;
+  std::deque<std::string> outq_;
+  std::function<void()> after_flush_;
+  std::shared_ptr<Job> job_;
+};
+
+}  // namespace
+
+void start_session(tcp::socket s, Server::Impl& srv) {
+  auto session = std::make_shared<Session>(std::move(s), srv);
+  session->start(srv.conns.add(session));
+}
+
+}  // namespace k3::serve
