@@ -153,6 +153,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
   for (const auto& [t, s] : weight_map) {
     auto it = index_.find(t);
+    if (it != index_.end() && fs::path(it->second->file).filename() != s)
+      throw Error("tensor '" + t + "' is listed in the index under '" + s + "' but is in '" + it->second->file + "'");
     if (it == index_.end())
       throw Error("tensor '" + t + "' is listed in the index under '" + s + "' but that shard does not hold it");
   }

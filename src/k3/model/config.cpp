@@ -76,7 +76,8 @@ class Fields {
     // nlohmann converts 1.5 or 1e9 to an integer silently; a size must be written as an integer.
     if constexpr (std::is_same_v<T, int64_t>)
       if (!j_.at(key).is_number_integer())
-        throw Error(where(key) + ": must be an integer, got " + j_.at(key).dump().substr(0, 40));
+        throw Error(where(key) + ": has the wrong type (" + std::string(j_.at(key).type_name()) +
+                    "), must be an integer: " + j_.at(key).dump().substr(0, 40));
     try {
       return j_.at(key).get<T>();
     } catch (const json::exception&) {
@@ -151,8 +152,9 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   // Every layer is in exactly one list, so the lists (bounded by the file's size) must have
   // num_hidden_layers entries in all: checked before allocating anything per layer.
   if (kda.size() + full.size() != static_cast<uint64_t>(c.num_layers))
-    throw Error(f.where("num_hidden_layers") + ": is " + std::to_string(c.num_layers) + " but kda_layers and " +
-                "full_attn_layers list " + std::to_string(kda.size() + full.size()) + " layers");
+    throw Error(lf.where("kda_layers") + ": every layer must be in exactly one of kda_layers / full_attn_layers, "
+                "but num_hidden_layers is " + std::to_string(c.num_layers) + " and the lists hold " +
+                std::to_string(kda.size() + full.size()) + " entries");
   c.is_kda.assign(static_cast<size_t>(c.num_layers), false);
   std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
   for (auto l : kda) {
@@ -285,7 +287,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   KeyLog log;
   Fields f(j, source, "", log);
   c.model_type = f.req<std::string>("model_type");
-  const json* text = &j;
+  const json* text_json = &j;
   std::string text_scope;
   if (c.model_type == "kimi_linear") {
     c.arch = Arch::KimiLinear;
@@ -297,7 +299,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
     c.tensor_prefix = "language_model.model.";
     c.lm_head_name = "language_model.lm_head.weight";
     const json& t = f.obj("text_config");
-    text = &t;
+    text_json = &t;
     text_scope = "text_config.";
     Fields(t, source, text_scope, log).has("model_type");  // text_config.model_type: informative only
     parse_text_config(t, source, text_scope, c, log);
@@ -311,11 +313,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   }
   check_token_ids(c);
   warn_unknown_keys(j, "", source, log);
-  if (text != &j) warn_unknown_keys(*text, text_scope, source, log);
-  if (text->contains("linear_attn_config"))
-    warn_unknown_keys((*text)["linear_attn_config"], text_scope + "linear_attn_config.", source, log);
-  if (text->contains("quantization_config"))
-    warn_unknown_keys((*text)["quantization_config"], text_scope + "quantization_config.", source, log);
+  if (text_json != &j) warn_unknown_keys(*text_json, text_scope, source, log);
+  if (text_json->contains("linear_attn_config"))
+    warn_unknown_keys((*text_json)["linear_attn_config"], text_scope + "linear_attn_config.", source, log);
+  if (text_json->contains("quantization_config"))
+    warn_unknown_keys((*text_json)["quantization_config"], text_scope + "quantization_config.", source, log);
   return c;
 }
 

@@ -253,9 +253,11 @@ int64_t min_tensor_count(const ModelConfig& c) {
 
 ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
   // The config's sizes against the files before anything proportional to them is allocated: a
-  // config claiming 10^6 layers or experts for a small checkpoint fails here, in microseconds.
+  // config claiming 4096 layers of 65536 experts for a small checkpoint fails here, in microseconds,
+  // instead of allocating per-expert slots and a problem line per missing tensor. Small mismatches
+  // (within 2x) go on to the binder, whose report lists the missing tensors by name.
   const int64_t implied = min_tensor_count(c);
-  if (implied > static_cast<int64_t>(ckpt.all().size()))
+  if (implied > 2 * static_cast<int64_t>(ckpt.all().size()) + 64)
     throw Error("checkpoint '" + ckpt.dir() + "' does not match its config: " + c.source + " (num_hidden_layers " +
                 std::to_string(c.num_layers) + ", num_experts " + std::to_string(c.num_experts) +
                 ") implies at least " + std::to_string(implied) + " tensors but the checkpoint holds " +
