@@ -6,7 +6,7 @@ Texts are stored as recipes, concatenated parts [unit, repeat] or [alphabet, len
 characters drawn from alphabet by the LCG below, mirrored in the test), so the file stays small; the ids
 as a list when short, else as [count, checksum] (the FNV-1a fold of gen_tokenizer_goldens.py).
 Lengths stop at 100,000 characters: tiktoken 0.14 itself overflows its regex stack on 1,000,000 spaces
-(RuntimeError(StackOverflow)), and its merge is quadratic (1,000,000 'a' takes ~4 s).
+(RuntimeError(StackOverflow)).
 Usage: python3 python/gen_tokenizer_edge_goldens.py   (from the project root; needs tiktoken)"""
 import json
 import os
