@@ -222,6 +222,8 @@ TEST(CheckpointMutation, EveryMutationEndsInAClearError) {
     const std::string err = error_of([&] { load_checkpoint(c.dir.str()); });
     testing::internal::GetCapturedStderr();
     EXPECT_NE(err, "") << "case " << i << " (" << label << ") loaded without an error";
+    if (std::getenv("K3_MUTATION_VERBOSE"))  // by hand: every case's label and message
+      std::cout << label << "\n    -> " << err.substr(0, err.find('\n', 200)) << "\n";
   }
   EXPECT_GE(cases, 300);
 }

@@ -1,5 +1,5 @@
-// Pre-tokenisation: splits text into the pieces that BPE then encodes independently, with a
-// PCRE2 (UTF + UCP, JIT) translation of tiktoken's fancy-regex patterns. See docs/tokenizer.md.
+// Pre-tokenisation: splits text into the pieces that BPE then encodes independently: the hand-written
+// Kimi scanner (kimi_scanner.h) or a PCRE2 (UTF + UCP, JIT) translation of tiktoken's fancy-regex patterns. See docs/tokenizer.md.
 #pragma once
 #include <functional>
 #include <memory>
