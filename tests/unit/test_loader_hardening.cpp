@@ -204,3 +204,15 @@ TEST(LoaderHardening, SpecialTokenSearchIsLinear) {
   EXPECT_EQ(tok.decode(ids), text);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
+
+// A vocabulary without byte 255 loaded, then threw on the first text containing that byte.
+TEST(LoaderHardening, VocabularyMissingASingleByteIsRejectedAtLoad) {
+  k3test::TempDir d;
+  static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::ofstream f(d.path / "tiktoken.model");
+  for (int b = 0; b < 255; ++b)  // base64 of one byte: two characters and "=="
+    f << b64[b >> 2] << b64[(b & 3) << 4] << "== " << b << "\n";
+  f.close();
+  const std::string err = error_of([&] { k3::text::Tokenizer::load_files((d.path / "tiktoken.model").string(), ""); });
+  EXPECT_NE(err.find("no token for byte 255"), std::string::npos) << err;
+}

@@ -24,6 +24,11 @@ Tokenizer Tokenizer::load_files(const std::string& model_path, const std::string
   t.n_ranks_ = t.bpe_.size();
   if (t.bpe_.max_rank() + 1 != t.n_ranks_)
     throw Error(model_path + ": ranks are not contiguous 0.." + std::to_string(t.n_ranks_ - 1));
+  // Byte-level BPE encodes any text only if every single byte is a token; checked here so that a
+  // vocabulary lacking one fails at load instead of on the first request containing that byte.
+  for (int b = 0; b < 256; ++b)
+    if (!t.bpe_.rank(std::string(1, static_cast<char>(b))))
+      throw Error(model_path + ": no token for byte " + std::to_string(b) + " (a byte-level BPE needs all 256)");
   t.init_specials(config_path);
   return t;
 }
