@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "k3/core/error.h"
+#include "k3/io/json_depth.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
@@ -15,6 +16,7 @@ namespace k3cli {
 // The ids of `--decode`: a JSON array of integers in 0..n_vocab-1. nlohmann's get<int32_t> would
 // silently wrap 4294967361 to 65, truncate 1.5 to 1 and accept -1, so each element is checked.
 std::vector<int32_t> parse_decode_ids(const std::string& in, int32_t n_vocab) {
+  k3::check_json_depth(in, "--decode input");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);

@@ -216,3 +216,25 @@ TEST(LoaderHardening, VocabularyMissingASingleByteIsRejectedAtLoad) {
   const std::string err = error_of([&] { k3::text::Tokenizer::load_files((d.path / "tiktoken.model").string(), ""); });
   EXPECT_NE(err.find("no token for byte 255"), std::string::npos) << err;
 }
+
+// "[[[[...]]]]" a million levels deep: nlohmann parses it, but destroying or dumping the value
+// recurses per level and overflowed the stack (segfault) in the config, header and tokenizer loaders.
+TEST(LoaderHardening, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  json j = tiny_k3_config();
+  std::string text = j.dump();
+  text.replace(text.find("\"num_hidden_layers\":8"), 21, "\"num_hidden_layers\":" + deep);
+  EXPECT_NE(error_of([&] { k3::parse_model_config(text, "config.json"); }).find("nested"), std::string::npos);
+
+  k3test::TempDir d;
+  const std::string header = R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  std::ofstream(d.path / "x.safetensors", std::ios::binary) << bytes << header;
+  EXPECT_NE(error_of([&] { k3::SafetensorsFile f((d.path / "x.safetensors").string()); }).find("nested"),
+            std::string::npos);
+
+  fs::copy_file(k3test::source_path("tests/data/tiny-tokenizer/tiktoken.model"), d.path / "tiktoken.model");
+  std::ofstream(d.path / "tokenizer_config.json") << R"({"added_tokens_decoder": )" << deep << "}";
+  EXPECT_NE(error_of([&] { k3::text::Tokenizer::load(d.str()); }).find("nested"), std::string::npos);
+}

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "k3/core/error.h"
+#include "k3/io/json_depth.h"
 #include "k3/io/regular_file.h"
 
 namespace k3 {
@@ -51,6 +52,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                 std::to_string(size) + " bytes");
   json h;
   std::vector<std::string> keys;
+  check_json_depth(std::string_view(reinterpret_cast<const char*>(file_.data()) + 8, hlen), "'" + path + "': header");
   try {
     h = parse_header(file_.data() + 8, file_.data() + 8 + hlen, keys);
   } catch (const json::exception& e) {
@@ -120,7 +122,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (fs::exists(fs::symlink_status(index_path, ec))) {
     json j;
     try {
-      j = json::parse(read_regular_file(index_path.string(), 64u << 20, "checkpoint index"));
+      const std::string text = read_regular_file(index_path.string(), 64u << 20, "checkpoint index");
+      check_json_depth(text, "'" + index_path.string() + "'");
+      j = json::parse(text);
       for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it)
         weight_map[it.key()] = it.value().get<std::string>();
     } catch (const json::exception& e) {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "k3/core/error.h"
+#include "k3/io/json_depth.h"
 #include "k3/io/regular_file.h"
 
 namespace k3 {
@@ -275,6 +276,7 @@ int64_t ModelConfig::num_kda_layers() const {
 int64_t ModelConfig::num_mla_layers() const { return num_layers - num_kda_layers(); }
 
 ModelConfig parse_model_config(const std::string& text, const std::string& source) {
+  check_json_depth(text, "'" + source + "'");
   json j;
   try {
     j = json::parse(text);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3/core/error.h"
+#include "k3/io/json_depth.h"
 #include "k3/io/regular_file.h"
 
 namespace k3::text {
@@ -43,6 +44,7 @@ void Tokenizer::init_specials(const std::string& config_path) {
   nlohmann::json cfg;
   if (!config_path.empty()) {
     const std::string text = read_regular_file(config_path, 16u << 20, "tokenizer config");
+    check_json_depth(text, config_path);
     try {
       cfg = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
