@@ -1,6 +1,5 @@
 #include "k3/io/json_depth.h"
 
-
 #include "k3/core/error.h"
 
 namespace k3 {
