@@ -238,3 +238,16 @@ TEST(LoaderHardening, DeeplyNestedJsonIsAnErrorNotAStackOverflow) {
   std::ofstream(d.path / "tokenizer_config.json") << R"({"added_tokens_decoder": )" << deep << "}";
   EXPECT_NE(error_of([&] { k3::text::Tokenizer::load(d.str()); }).find("nested"), std::string::npos);
 }
+
+// 1e39 is a finite double but infinity as a float: an infinite eps or scale loaded and produced NaN
+// logits. (1e400 is already a JSON parse error in nlohmann.)
+TEST(LoaderHardening, NonFiniteFloatsAreRejected) {
+  for (const std::string key : {"rms_norm_eps", "routed_scaling_factor", "activation_situ_beta"}) {
+    json j = tiny_k3_config();
+    std::string text = j.dump();
+    const std::string field = "\"" + key + "\":";
+    const size_t at = text.find(field) + field.size();
+    text.replace(at, text.find_first_of(",}", at) - at, "1e39");
+    EXPECT_NE(error_of([&] { k3::parse_model_config(text, "config.json"); }).find(key), std::string::npos) << key;
+  }
+}

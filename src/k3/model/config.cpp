@@ -1,6 +1,7 @@
 #include "k3/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -79,6 +80,10 @@ class Fields {
       if (!j_.at(key).is_number_integer())
         throw Error(where(key) + ": has the wrong type (" + std::string(j_.at(key).type_name()) +
                     "), must be an integer: " + j_.at(key).dump().substr(0, 40));
+    if constexpr (std::is_same_v<T, float>)
+      if (!j_.at(key).is_number() || !std::isfinite(j_.at(key).get<double>()) ||
+          std::abs(j_.at(key).get<double>()) > 3.0e38)
+        throw Error(where(key) + ": must be a finite number, got " + j_.at(key).dump().substr(0, 40));
     try {
       return j_.at(key).get<T>();
     } catch (const json::exception&) {
