@@ -142,14 +142,16 @@ TEST(KimiScanner, LongRunsEncodeLikeTiktoken) {
 // tokenizer: BPE of a 10 MB single piece is O(n log n) (merge_heap), not minutes.
 TEST(KimiScanner, TenMegabytePiecesEncodeAndRoundTrip) {
   K3_SKIP_WITHOUT_SHARED();
-  for (const std::string unit : {"a", " ", "ACGT", "\xe4\xbd\xa0"}) {
+  // 10 MB for the two shapes that failed (letters, spaces); 1 MB for the others (CI time).
+  for (const auto& [unit, mb] : std::vector<std::pair<std::string, size_t>>{
+           {"a", 10}, {" ", 10}, {"ACGT", 1}, {"\xe4\xbd\xa0", 1}}) {
     std::string text;
-    while (text.size() < (10u << 20)) text += unit;
+    while (text.size() < (mb << 20)) text += unit;
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> ids = k3test::kimi().encode(text);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(k3test::kimi().decode(ids), text);
     EXPECT_LT(s, 20.0) << unit;
-    std::cout << "[info] 10 MB of '" << unit << "': " << ids.size() << " ids in " << s << " s\n";
+    std::cout << "[info] " << mb << " MB of '" << unit << "': " << ids.size() << " ids in " << s << " s\n";
   }
 }
