@@ -18,6 +18,8 @@ using nlohmann::json;
 
 namespace {
 
+size_t edit_distance(const std::string& a, const std::string& b);
+
 // Keys the parser looked up, per scope ("", "text_config.", ...): what is not among them (or among the
 // known-but-ignored keys) is unknown, and the closest looked-up key is the likely intended spelling.
 using KeyLog = std::map<std::string, std::set<std::string>>;
@@ -35,7 +37,7 @@ class Fields {
 
   template <typename T>
   T req(const char* key) const {
-    if (!has(key)) throw Error(where(key) + ": required field is missing");
+    if (!has(key)) throw Error(where(key) + ": required field is missing" + near_miss(key));
     return get<T>(key);
   }
   template <typename T>
@@ -71,6 +73,13 @@ class Fields {
     return j_.at(key);
   }
   std::string where(const char* key) const { return "'" + source_ + "': " + scope_ + key; }
+  // " (found 'latent_moe_use_noro': misspelled?)" when the object holds a key one or two edits away.
+  std::string near_miss(const std::string& key) const {
+    if (!j_.is_object()) return "";
+    for (const auto& [k, v] : j_.items())
+      if (k != key && edit_distance(k, key) <= 2) return " (found '" + scope_ + k + "': misspelled?)";
+    return "";
+  }
 
  private:
   template <typename T>
