@@ -38,6 +38,7 @@ void add_perplexity(CLI::App& app, Registry& reg) {
       const std::string dir = resolve_model_dir(o->model);
       auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
+      check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
       std::ifstream f(o->file, std::ios::binary);
       if (!f) throw k3::Error("cannot read '" + o->file + "'");
       std::stringstream ss;

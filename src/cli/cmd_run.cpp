@@ -50,6 +50,7 @@ void add_run(CLI::App& app, Registry& reg) {
       auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
       const auto& cfg = model->config();
+      check_tokenizer_fits(tok.n_vocab(), cfg.vocab_size);
       std::vector<int32_t> prompt;
       const int64_t bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
       if (!o->no_bos && bos >= 0) prompt.push_back(static_cast<int32_t>(bos));

@@ -27,9 +27,15 @@ std::string resolve_model_dir(const std::string& given) {
     for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) candidates.push_back(dir / kDefaultModel);
   }
   for (auto& c : candidates)
-    if (fs::exists(c / "config.json")) return c.string();
+    if (std::error_code ec; fs::exists(c / "config.json", ec)) return c.string();  // no throw on loops
   throw k3::Error("no model given: pass -m DIR (an HF checkpoint directory) or set K3_MODEL; the default model '" +
                   std::string(kDefaultModel) + "' was not found");
+}
+
+void check_tokenizer_fits(int64_t tokenizer_n_vocab, int64_t model_vocab_size) {
+  if (tokenizer_n_vocab > model_vocab_size)
+    throw k3::Error("the tokenizer has " + std::to_string(tokenizer_n_vocab) + " ids but the model's vocab_size is " +
+                    std::to_string(model_vocab_size) + " (tokenizer files from another model?)");
 }
 
 int64_t parse_memory(const std::string& s, int64_t fraction_of) {

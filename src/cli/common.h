@@ -9,6 +9,10 @@ namespace k3cli {
 // (models/k3-tiny beside the working directory or the binary). Throws k3::Error if none is found.
 std::string resolve_model_dir(const std::string& given);
 
+// Throws k3::Error unless every id the tokenizer can produce is a row of the model's embedding
+// (a tokenizer from another model would otherwise index past it); `k3 serve` checks the same.
+void check_tokenizer_fits(int64_t tokenizer_n_vocab, int64_t model_vocab_size);
+
 // "2GiB", "512MB", "1e9" -> bytes; a value below 1 (e.g. "0.25") is that fraction of `fraction_of`
 // (default: physical RAM).
 int64_t parse_memory(const std::string& s, int64_t fraction_of = 0);

@@ -119,6 +119,21 @@ TEST(Cli, BadInputGivesClearErrors) {
   EXPECT_NE(r.status, 0);
 }
 
+// Issue 11 item 9: ids that nlohmann would wrap (4294967361 -> 65), truncate (1.5 -> 1) or pass
+// through (negative, past the vocabulary) are rejected with the element named.
+TEST(Cli, TokenizeDecodeRejectsIdsThatAreNotTokenIds) {
+  k3test::TempDir t;
+  const std::string model = k3test::source_path("tests/data/tiny-tokenizer");
+  for (const std::string ids : {"[4294967361]", "[1.5]", "[-1]", "[1e30]", "[1024]", "[1, true]", "{\"a\": 1}"}) {
+    std::ofstream(t.str() + "/ids.json") << ids;
+    auto r = sh(k3bin() + " tokenize --decode -m " + model + " < " + t.str() + "/ids.json 2>&1");
+    EXPECT_EQ(r.status, 1) << ids << ": " << r.out;
+    EXPECT_NE(r.out.find("k3: error: --decode"), std::string::npos) << ids << ": " << r.out;
+  }
+  std::ofstream(t.str() + "/ids.json") << "[72, 1023]";
+  EXPECT_EQ(sh(k3bin() + " tokenize --decode -m " + model + " < " + t.str() + "/ids.json").status, 0);
+}
+
 // `k3 run` is a one-request client of the serving engine: seeded runs repeat, greedy runs are
 // deterministic and stop at -n, -n 0 prints only the prompt, bad sampling options are clear errors.
 TEST(Cli, RunIsRepeatableAndValidates) {

@@ -9,22 +9,14 @@
 #include <cstring>
 
 #include "k3/core/error.h"
+#include "k3/io/regular_file.h"
 
 namespace k3 {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open '" + path + "': " + std::strerror(errno));
+  const int fd = open_regular_file(path, "file");  // never blocks on a FIFO or device
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw Error("cannot stat '" + path + "': " + std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error("'" + path + "' is not a regular file");
-  }
+  ::fstat(fd, &st);
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);

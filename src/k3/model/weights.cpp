@@ -92,18 +92,12 @@ class Binder {
   std::vector<float> vec(const std::string& name, int64_t n) { return vec(name, {{n}}); }
 
   void finish(const std::string& prefix, const std::string& lm_head, ModelWeights& mw) {
-    if (!problems_.empty()) {
+    if (n_problems_ > 0) {
       std::ostringstream os;
-      os << "checkpoint '" << ck_.dir() << "' does not match its config (" << problems_.size() << " problem"
-         << (problems_.size() > 1 ? "s" : "") << "):";
-      size_t shown = 0;
-      for (auto& p : problems_) {
-        if (++shown > 20) {
-          os << "\n  ... and " << problems_.size() - 20 << " more";
-          break;
-        }
-        os << "\n  " << p;
-      }
+      os << "checkpoint '" << ck_.dir() << "' does not match its config (" << n_problems_ << " problem"
+         << (n_problems_ > 1 ? "s" : "") << "):";
+      for (auto& p : problems_) os << "\n  " << p;
+      if (n_problems_ > problems_.size()) os << "\n  ... and " << n_problems_ - problems_.size() << " more";
       throw Error(os.str());
     }
     int64_t unused = 0;
@@ -119,15 +113,20 @@ class Binder {
   const TensorInfo* get(const std::string& name, const std::string& expect) {
     const TensorInfo* t = ck_.find(name);
     if (!t) {
-      problems_.push_back("missing tensor '" + name + "' (expected " + expect + ")");
+      note("missing tensor '" + name + "' (expected " + expect + ")");
       return nullptr;
     }
     used_.insert(name);
     return t;
   }
   WeightMatrix bad(const std::string& name, const TensorInfo* t, const std::string& what) {
-    problems_.push_back("tensor '" + name + "' in '" + t->file + "': " + what);
+    note("tensor '" + name + "' in '" + t->file + "': " + what);
     return {};
+  }
+  // Keeps the first 20 problems for the message and counts the rest.
+  void note(std::string problem) {
+    if (problems_.size() < 20) problems_.push_back(std::move(problem));
+    ++n_problems_;
   }
 
   // The tensor's data, or an aligned copy when the file places it at an address that is not a
@@ -142,6 +141,7 @@ class Binder {
   const Checkpoint& ck_;
   std::vector<std::vector<uint8_t>>& copies_;
   std::vector<std::string> problems_;
+  size_t n_problems_ = 0;
   std::set<std::string> used_;
   int64_t bytes_ = 0;
 };
@@ -241,9 +241,27 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights&
   }
 }
 
+// A lower bound on the number of tensors the config implies (per layer: two norms, at least five
+// attention tensors, and three per expert or dense MLP).
+int64_t min_tensor_count(const ModelConfig& c) {
+  int64_t n = 2;  // embeddings, final norm
+  for (int64_t l = 0; l < c.num_layers; ++l) n += 2 + 5 + (c.is_moe_layer(l) ? 2 + 3 * c.num_experts : 3);
+  return n;
+}
+
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
+  // The config's sizes against the files before anything proportional to them is allocated: a
+  // config claiming 4096 layers of 65536 experts for a small checkpoint fails here, in microseconds,
+  // instead of allocating per-expert slots and a problem line per missing tensor. Small mismatches
+  // (within 2x) go on to the binder, whose report lists the missing tensors by name.
+  const int64_t implied = min_tensor_count(c);
+  if (implied > 2 * static_cast<int64_t>(ckpt.all().size()) + 64)
+    throw Error("checkpoint '" + ckpt.dir() + "' does not match its config: " + c.source + " (num_hidden_layers " +
+                std::to_string(c.num_layers) + ", num_experts " + std::to_string(c.num_experts) +
+                ") implies at least " + std::to_string(implied) + " tensors but the checkpoint holds " +
+                std::to_string(ckpt.all().size()));
   ModelWeights mw;
   Binder b(ckpt, mw.aligned_copies);
   const std::string& P = c.tensor_prefix;

@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include "k3/core/error.h"
+#include "k3/text/kimi_scanner.h"
 
 namespace k3::text {
 
@@ -34,8 +35,10 @@ struct Pretokenizer::Impl {
   ~Impl() { pcre2_code_free(code); }
 };
 
-Pretokenizer::Pretokenizer(const std::string& pcre2_pattern)
-    : pattern_(pcre2_pattern), impl_(std::make_unique<Impl>()) {
+Pretokenizer::Pretokenizer(const std::string& pcre2_pattern, Engine engine)
+    : pattern_(pcre2_pattern),
+      use_scanner_(engine == Engine::kAuto && pcre2_pattern == kimi_pattern()),
+      impl_(std::make_unique<Impl>()) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
@@ -57,6 +60,10 @@ Pretokenizer::~Pretokenizer() = default;
 
 void Pretokenizer::split(std::string_view text,
                          const std::function<void(std::string_view)>& fn) const {
+  if (use_scanner_) {
+    kimi_scan(text, fn);
+    return;
+  }
   struct MatchData {  // RAII for the per-call match block (a pcre2_code may be shared by threads)
     pcre2_match_data* md;
     ~MatchData() { pcre2_match_data_free(md); }

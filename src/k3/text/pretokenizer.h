@@ -1,5 +1,5 @@
-// Pre-tokenisation: splits text into the pieces that BPE then encodes independently, with a
-// PCRE2 (UTF + UCP, JIT) translation of tiktoken's fancy-regex patterns. See docs/tokenizer.md.
+// Pre-tokenisation: splits text into the pieces that BPE then encodes independently: the hand-written
+// Kimi scanner (kimi_scanner.h) or a PCRE2 (UTF + UCP, JIT) translation of tiktoken's fancy-regex patterns. See docs/tokenizer.md.
 #pragma once
 #include <functional>
 #include <memory>
@@ -45,7 +45,10 @@ std::string cl100k_pattern();
 
 class Pretokenizer {
  public:
-  explicit Pretokenizer(const std::string& pcre2_pattern = kimi_pattern());
+  // kAuto runs kimi_pattern() with the hand-written scanner (kimi_scanner.h: linear time, any
+  // length) and other patterns with PCRE2; kRegex forces PCRE2 (tests compare the two).
+  enum class Engine { kAuto, kRegex };
+  explicit Pretokenizer(const std::string& pcre2_pattern = kimi_pattern(), Engine engine = Engine::kAuto);
   Pretokenizer(Pretokenizer&&) noexcept;
   Pretokenizer& operator=(Pretokenizer&&) noexcept;
   ~Pretokenizer();
@@ -54,6 +57,8 @@ class Pretokenizer {
   // dropped): bytes the regex does not match -- only invalid UTF-8 for the Kimi/cl100k patterns,
   // because PCRE2_MATCH_INVALID_UTF lets no character match an ill-formed sequence -- become
   // pieces of their own. For valid UTF-8 the pieces equal tiktoken's regex matches.
+  // PCRE2 (patterns other than Kimi's, or kRegex) has finite backtracking limits: a very long run
+  // of one class can fail with k3::Error there; the Kimi scanner has no such limit.
   void split(std::string_view text, const std::function<void(std::string_view)>& fn) const;
   std::vector<std::string_view> split(std::string_view text) const;
 
@@ -62,6 +67,7 @@ class Pretokenizer {
  private:
   struct Impl;
   std::string pattern_;
+  bool use_scanner_ = false;
   std::unique_ptr<Impl> impl_;
 };
 

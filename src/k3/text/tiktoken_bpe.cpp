@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "k3/core/error.h"
+#include "k3/io/regular_file.h"
 
 namespace k3::text {
 namespace {
@@ -65,11 +66,7 @@ constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 }  // namespace
 
 TiktokenBpe TiktokenBpe::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot open tokenizer file " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse(ss.str(), path);
+  return parse(read_regular_file(path, 256u << 20, "tokenizer file"), path);
 }
 
 TiktokenBpe TiktokenBpe::parse(std::string_view contents, const std::string& origin) {
@@ -101,6 +98,11 @@ TiktokenBpe TiktokenBpe::parse(std::string_view contents, const std::string& ori
     if (rank_s.empty() || ec != std::errc() || ptr != rank_s.data() + rank_s.size() || rank < 0 ||
         rank >= kMaxRank)
       fail(origin, line_no, "invalid rank '" + std::string(rank_s) + "'");
+    // Ranks index a table: one far beyond the number of lines would make a tiny file allocate
+    // gigabytes (and leave mostly holes), so ranks must stay below the line count.
+    if (static_cast<size_t>(rank) >= n_lines)
+      fail(origin, line_no, "rank " + std::string(rank_s) + " is not below the number of lines (" +
+                                std::to_string(n_lines) + ")");
     bpe.insert(origin, line_no, tok, rank);
   }
   if (bpe.count_ == 0) throw Error(origin + ": no tokens");

@@ -1,18 +1,21 @@
 #include "k3/text/tokenizer.h"
 
+#include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "k3/core/error.h"
+#include "k3/io/json_depth.h"
+#include "k3/io/regular_file.h"
 
 namespace k3::text {
 
 Tokenizer Tokenizer::load(const std::string& model_dir, const std::string& pattern) {
   const std::filesystem::path dir(model_dir);
   const auto cfg = dir / "tokenizer_config.json";
-  return load_files((dir / "tiktoken.model").string(),
-                    std::filesystem::exists(cfg) ? cfg.string() : std::string(), pattern);
+  std::error_code ec;  // a dangling link or a symlink loop is "present" and then fails to open, clearly
+  const bool has_cfg = std::filesystem::exists(std::filesystem::symlink_status(cfg, ec));
+  return load_files((dir / "tiktoken.model").string(), has_cfg ? cfg.string() : std::string(), pattern);
 }
 
 Tokenizer Tokenizer::load_files(const std::string& model_path, const std::string& config_path,
@@ -22,6 +25,11 @@ Tokenizer Tokenizer::load_files(const std::string& model_path, const std::string
   t.n_ranks_ = t.bpe_.size();
   if (t.bpe_.max_rank() + 1 != t.n_ranks_)
     throw Error(model_path + ": ranks are not contiguous 0.." + std::to_string(t.n_ranks_ - 1));
+  // Byte-level BPE encodes any text only if every single byte is a token; checked here so that a
+  // vocabulary lacking one fails at load instead of on the first request containing that byte.
+  for (int b = 0; b < 256; ++b)
+    if (!t.bpe_.rank(std::string(1, static_cast<char>(b))))
+      throw Error(model_path + ": no token for byte " + std::to_string(b) + " (a byte-level BPE needs all 256)");
   t.init_specials(config_path);
   return t;
 }
@@ -35,31 +43,36 @@ void Tokenizer::init_specials(const std::string& config_path) {
 
   nlohmann::json cfg;
   if (!config_path.empty()) {
-    std::ifstream f(config_path);
-    if (!f) throw Error("cannot open " + config_path);
+    const std::string text = read_regular_file(config_path, 16u << 20, "tokenizer config");
+    check_json_depth(text, config_path);
     try {
-      cfg = nlohmann::json::parse(f);
+      cfg = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       throw Error(config_path + ": invalid JSON: " + e.what());
     }
+    if (!cfg.is_object()) throw Error(config_path + ": must be a JSON object");
     if (cfg.contains("added_tokens_decoder")) {
+      if (!cfg["added_tokens_decoder"].is_object())
+        throw Error(config_path + ": added_tokens_decoder must be an object of id -> token");
       for (const auto& [key, entry] : cfg["added_tokens_decoder"].items()) {
-        int64_t id = -1;
-        try {
-          id = std::stoll(key);
-        } catch (...) {
-        }
+        int64_t id = -1;  // the whole key must be a decimal id ("163584x" is not 163584)
+        const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+        if (ec != std::errc() || end != key.data() + key.size()) id = -1;
         if (id < n_ranks_ || id >= n_vocab())
           throw Error(config_path + ": added token id '" + key + "' outside the special range " +
                       std::to_string(n_ranks_) + ".." + std::to_string(n_vocab() - 1));
         if (!entry.is_object() || !entry.contains("content") || !entry["content"].is_string())
           throw Error(config_path + ": added token " + key + " has no string 'content'");
+        if (entry["content"].get_ref<const std::string&>().size() > kMaxSpecialBytes)
+          throw Error(config_path + ": added token " + key + " is longer than " + std::to_string(kMaxSpecialBytes) +
+                      " bytes");
         special_names_[id - n_ranks_] = entry["content"].get<std::string>();
       }
     }
   }
 
   special_ids_.clear();
+  trie_.clear();
   max_special_len_ = 0;
   std::fill(std::begin(special_first_byte_), std::end(special_first_byte_), false);
   for (int32_t i = 0; i < kNumSpecialSlots; ++i) {
@@ -69,6 +82,7 @@ void Tokenizer::init_specials(const std::string& config_path) {
       throw Error(config_path + ": special token '" + name + "' appears twice");
     max_special_len_ = std::max(max_special_len_, name.size());
     special_first_byte_[static_cast<uint8_t>(name[0])] = true;
+    add_to_trie(name, n_ranks_ + i);
   }
 
   // bos_token / eos_token: a string or {"content": ...}; absent -> -1.
@@ -108,14 +122,41 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out
   pre_.split(text, [&](std::string_view piece) { bpe_.encode_piece(piece, out); });
 }
 
+void Tokenizer::add_to_trie(const std::string& name, int32_t id) {
+  if (trie_.empty()) trie_.emplace_back();
+  size_t node = 0;
+  for (const char ch : name) {
+    const auto b = static_cast<uint8_t>(ch);
+    int32_t next = -1;
+    for (const auto& [c, child] : trie_[node].next)
+      if (c == b) next = child;
+    if (next < 0) {
+      next = static_cast<int32_t>(trie_.size());
+      trie_[node].next.emplace_back(b, next);
+      trie_.emplace_back();
+    }
+    node = static_cast<size_t>(next);
+  }
+  trie_[node].id = id;
+}
+
+// Walks the trie of special tokens from each candidate position: the cost per position is the
+// length of the longest special-token prefix found there, not max_special_len x hash lookups
+// (which made 8 MB of '<' take minutes).
 std::pair<size_t, int32_t> Tokenizer::find_special(std::string_view text, size_t from) const {
   for (size_t i = from; i < text.size(); ++i) {
     if (!special_first_byte_[static_cast<uint8_t>(text[i])]) continue;
-    const size_t max_len = std::min(max_special_len_, text.size() - i);
-    for (size_t len = max_len; len > 0; --len) {  // longest first
-      const auto it = special_ids_.find(text.substr(i, len));
-      if (it != special_ids_.end()) return {i, it->second};
+    int32_t best = -1;  // longest match wins
+    size_t node = 0;
+    for (size_t k = i; k < text.size(); ++k) {
+      int32_t next = -1;
+      for (const auto& [c, child] : trie_[node].next)
+        if (c == static_cast<uint8_t>(text[k])) next = child;
+      if (next < 0) break;
+      node = static_cast<size_t>(next);
+      if (trie_[node].id >= 0) best = trie_[node].id;
     }
+    if (best >= 0) return {i, best};
   }
   return {std::string_view::npos, -1};
 }

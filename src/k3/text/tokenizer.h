@@ -19,6 +19,8 @@ class Tokenizer {
  public:
   // Kimi reserves this many ids after the BPE ranks for special tokens (163584..163839).
   static constexpr int32_t kNumSpecialSlots = 256;
+  // Longest special-token text accepted from tokenizer_config.json (real ones are < 40 bytes).
+  static constexpr size_t kMaxSpecialBytes = 1024;
 
   // Reads model_dir/tiktoken.model and, if present, model_dir/tokenizer_config.json.
   static Tokenizer load(const std::string& model_dir, const std::string& pattern = kimi_pattern());
@@ -53,6 +55,7 @@ class Tokenizer {
   void init_specials(const std::string& config_path);
   // Leftmost, longest special token at or after `from`: returns (position, id) or npos.
   std::pair<size_t, int32_t> find_special(std::string_view text, size_t from) const;
+  void add_to_trie(const std::string& name, int32_t id);
 
   TiktokenBpe bpe_;
   Pretokenizer pre_;
@@ -65,6 +68,11 @@ class Tokenizer {
   std::unordered_map<std::string, int32_t, SvHash, std::equal_to<>> special_ids_;
   size_t max_special_len_ = 0;
   bool special_first_byte_[256] = {};
+  struct TrieNode {  // byte trie of the special-token texts, for leftmost-longest matching
+    std::vector<std::pair<uint8_t, int32_t>> next;
+    int32_t id = -1;
+  };
+  std::vector<TrieNode> trie_;
   int32_t bos_id_ = -1, eos_id_ = -1;
 };
 
