@@ -9,6 +9,7 @@
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/text/chat_format.h"
 #include "k3/serve/openai_api.h"
+#include "serve_api_fixture.h"
 #include "test_util.h"
 
 using k3::serve::ApiError;
@@ -17,26 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-struct Fixture {
-  k3::text::Tokenizer tok = k3::text::Tokenizer::load(k3test::source_path("tests/data/tiny-tokenizer"));
-  std::unique_ptr<k3::serve::ChatAdapter> chat =
-      k3::serve::make_model_chat_adapter("kimi_k3", tok, k3::serve::ModelChatAdapterOptions{768, {770}});
-  k3::serve::ApiContext ctx() {
-    k3::serve::ApiContext c;
-    c.model_name = "tiny";
-    c.tok = &tok;
-    c.chat = chat.get();
-    c.bos = 768;
-    c.max_model_len = 512;
-    c.vocab_size = 1024;
-    return c;
-  }
-};
-
-Fixture& fx() {
-  static Fixture f;
-  return f;
-}
+k3test::ApiFixture& fx() { return k3test::api_fixture(); }
 
 ApiError expect_error(Endpoint ep, const json& body) {
   try {
