@@ -90,9 +90,12 @@ TEST_P(CudaModelE2E, PrefillMatchesCpu) {
   }
 }
 
-// The faster bf16-activation GEMMs: measured, not held to the fp32 tolerance (random tiny models have
-// near-tied experts that bf16 rounding flips).
-TEST_P(CudaModelE2E, PrefillBf16GemmReport) {
+// The faster bf16-activation GEMMs (--gemm-precision bf16) against the fp32 CPU reference. The bar is set
+// on the trained model (models/k3-tiny: measured rel 0.19, argmax 0.98 at 200 random tokens, gpu-check run 9):
+// argmax >= 0.95, rel <= 0.4. The random tiny checkpoints have near-tied experts and logits that bf16
+// rounding flips (measured rel 0.87 / 0.98, argmax 0.76 / 0.90): there the bar only catches a broken path
+// (argmax >= 0.5: a wrong layout or scale gives ~1/V agreement).
+TEST_P(CudaModelE2E, PrefillBf16GemmAgrees) {
   k3::cuda::CudaLoadOptions lo;
   lo.gemm_bf16 = true;
   auto g = k3::cuda::CudaModel::load(k3test::source_path(GetParam()), lo);
@@ -109,6 +112,9 @@ TEST_P(CudaModelE2E, PrefillBf16GemmReport) {
   std::printf("[ e2e ] %-28s prefill n=%-4lld gemm bf16 rel %.2e  argmax %.4f\n", GetParam().c_str(), (long long)n, c.rel,
               c.argmax);
   EXPECT_TRUE(c.finite);
+  const bool trained = GetParam().find("models/k3-tiny") != std::string::npos;
+  EXPECT_GE(c.argmax, trained ? 0.95 : 0.5);
+  if (trained) EXPECT_LE(c.rel, 0.4);
 }
 
 TEST_P(CudaModelE2E, DecodeMatchesCpu) {
