@@ -160,7 +160,7 @@ struct Moe {
     for (auto& b : bias) b = 0.1f * (rng.uniform() - 0.5f);  // small: changes some selections
 
     // Host views (CPU reference).
-    w.router = k3::WeightMatrix{k3::DType::BF16, false, router.data(), nullptr, static_cast<int64_t>(E),
+    w.router = k3::WeightMatrix{k3::WeightFormat::BF16, router.data(), nullptr, static_cast<int64_t>(E),
                                 static_cast<int64_t>(X)};
     w.correction_bias = bias;
     w.experts.resize(E);
