@@ -6,7 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "k3/model/model_runner.h"
+#include "k3/runtime/model_runner.h"
 
 namespace k3cli {
 

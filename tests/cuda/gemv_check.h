@@ -58,15 +58,14 @@ inline GemvResult run_gemv(Kind kind, int64_t rows, int64_t cols, int reps = 100
       b = static_cast<uint8_t>(lo | (hi << 4));
     }
     for (auto& s : scales) s = static_cast<uint8_t>(sc(rng));
-    W.dtype = DType::U8;
-    W.mxfp4 = true;
+    W.format = WeightFormat::MXFP4;
     W.data = packed.data();
     W.scales = scales.data();
   } else {
     wbf.resize(static_cast<size_t>(rows * cols));
     std::normal_distribution<float> nd(0.f, 0.05f);
     for (auto& w : wbf) w = f32_to_bf16(nd(rng));
-    W.dtype = DType::BF16;
+    W.format = WeightFormat::BF16;
     W.data = wbf.data();
   }
   std::vector<float> x(static_cast<size_t>(cols));

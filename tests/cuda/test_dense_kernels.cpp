@@ -81,7 +81,7 @@ struct HostWeight {
     k3::WeightMatrix W;
     W.rows = rows;
     W.cols = cols;
-    W.dtype = bf16 ? k3::DType::BF16 : k3::DType::F32;
+    W.format = bf16 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32;
     W.data = data(bf16);
     return W;
   }
@@ -98,7 +98,7 @@ TEST(CudaLinear, MatchesCpuMatmul) {
       const HostWeight hw(s.rows, s.cols, 1 + s.rows);
       const k3::WeightMatrix W = hw.view(wt == 0);
       DeviceBuffer dw = wt == 0 ? upload(hw.b) : upload(hw.f);
-      k3::cuda::DeviceLinear D{wt == 0 ? k3::cuda::WType::BF16 : k3::cuda::WType::F32, dw.get(), s.rows, s.cols};
+      k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, dw.get(), s.rows, s.cols};
       for (int64_t n : {1, 3, 8, 9, 64, 300}) {
         const auto x = randn(static_cast<size_t>(n * s.cols), 7 + n);
         std::vector<float> ref(static_cast<size_t>(n * s.rows));
@@ -149,7 +149,7 @@ TEST(CudaLinear, UnalignedPointers) {
             K3_CUDA_CHECK(cudaMemcpy(w, wsrc, hw.f.size() * esz, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemcpy(xd, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemset(yd, 0xff, ref.size() * 4));
-            k3::cuda::DeviceLinear D{wt == 0 ? k3::cuda::WType::BF16 : k3::cuda::WType::F32, w, s.rows, s.cols};
+            k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, w, s.rows, s.cols};
             lin.run(D, xd, n, yd);
             K3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<float> got(ref.size());
@@ -310,7 +310,7 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
       const int reps = 50;
       for (int r = -5; r < reps; ++r) {
         if (r == 0) cudaEventRecord(a);
-        k3::cuda::DeviceLinear D{k3::cuda::WType::BF16, w.get<uint16_t>() + (static_cast<int64_t>(r + 5) % copies) * s.rows * s.cols,
+        k3::cuda::DeviceLinear D{k3::WeightFormat::BF16, w.get<uint16_t>() + (static_cast<int64_t>(r + 5) % copies) * s.rows * s.cols,
                                  s.rows, s.cols};
         K3_CUDA_CHECK(k3::cuda::linear_gemv(D, x.get<float>(), n, y.get<float>(), nullptr));
       }

@@ -160,7 +160,7 @@ struct Moe {
     for (auto& b : bias) b = 0.1f * (rng.uniform() - 0.5f);  // small: changes some selections
 
     // Host views (CPU reference).
-    w.router = k3::WeightMatrix{k3::DType::BF16, false, router.data(), nullptr, static_cast<int64_t>(E),
+    w.router = k3::WeightMatrix{k3::WeightFormat::BF16, router.data(), nullptr, static_cast<int64_t>(E),
                                 static_cast<int64_t>(X)};
     w.correction_bias = bias;
     w.experts.resize(E);
@@ -173,18 +173,17 @@ struct Moe {
         W.rows = rows;
         W.cols = cols;
         if (s.mx) {
-          W.dtype = k3::DType::U8;
-          W.mxfp4 = true;
+          W.format = k3::WeightFormat::MXFP4;
           W.data = pk[m].data() + e * rows * cols / 2;
           W.scales = sc[m].data() + e * rows * cols / 32;
         } else {
-          W.dtype = k3::DType::BF16;
+          W.format = k3::WeightFormat::BF16;
           W.data = bf[m].data() + e * rows * cols;
         }
       }
     }
     // Device bank.
-    bank.mxfp4 = s.mx;
+    bank.format = s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16;
     bank.E = s.E;
     bank.I = s.I;
     bank.X = s.X;
@@ -226,7 +225,7 @@ struct Moe {
     c.act = act == GluAct::SiTU ? k3::Activation::SiTU : k3::Activation::SiLU;
     c.moe_renormalize = renorm;
     c.routed_scaling_factor = scale;
-    c.experts_mxfp4 = sh.mx;
+    if (sh.mx) c.expert_quant_format = k3::WeightFormat::MXFP4;
     c.rms_norm_eps = 1e-6f;
     return c;
   }
@@ -357,7 +356,7 @@ void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool ren
   Moe& m = cached_moe(s);
   for (int n : ns) {
     const std::vector<CheckResult> rs = check_layer(m, n, act, renorm, scale, 1000 + n);
-    const MoePath auto_path = k3::cuda::moe_experts_auto_path(n, s.K, s.E, s.mx);
+    const MoePath auto_path = k3::cuda::moe_experts_auto_path(n, s.K, s.E, s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16);
     for (size_t i = 0; i < rs.size(); ++i) {
       const CheckResult& r = rs[i];
       const PathCfg& pc = kPaths[i];
@@ -579,7 +578,7 @@ TEST(CudaMoe, Timing) {
         const double bytes = m.expert_bytes() * static_cast<double>(used.size());
         const double gbps = bytes / (us * 1e-6) / 1e9;
         const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
-        const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx);
+        const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16);
         const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : "simt";
         std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
                     "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",

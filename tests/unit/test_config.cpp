@@ -41,7 +41,7 @@ TEST(Config, KimiK3Published) {
   EXPECT_FALSE(c.is_kda[3]);   // 1-based layer 4 is full attention
   EXPECT_FALSE(c.is_kda[92]);  // and the last
   EXPECT_TRUE(c.is_kda[0]);
-  EXPECT_TRUE(c.experts_mxfp4);
+  EXPECT_EQ(c.expert_quant_format, k3::WeightFormat::MXFP4);
   EXPECT_EQ(c.act, k3::Activation::SiTU);
   ASSERT_TRUE(c.gate_lower_bound.has_value());
   EXPECT_EQ(*c.gate_lower_bound, -5.0f);
@@ -65,7 +65,7 @@ TEST(Config, KimiLinearPublished) {
   EXPECT_EQ(c.num_kda_layers(), 20);
   EXPECT_EQ(c.num_mla_layers(), 7);
   EXPECT_EQ(c.q_lora_rank, 0);
-  EXPECT_FALSE(c.experts_mxfp4);
+  EXPECT_FALSE(c.expert_quant_format.has_value());
   EXPECT_FALSE(c.gate_lower_bound.has_value());
   EXPECT_FLOAT_EQ(c.routed_scaling_factor, 2.446f);
   auto s = k3::compute_stats(c);

@@ -63,10 +63,10 @@ struct TestWeight {
   std::vector<double> ref;  // [rows][cols]
 };
 
-TestWeight make_weight(k3::DType dt, bool mxfp4, int64_t rows, int64_t cols, std::mt19937& rng) {
+TestWeight make_weight(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
   TestWeight t;
-  t.W.dtype = mxfp4 ? k3::DType::U8 : dt;
-  t.W.mxfp4 = mxfp4;
+  const bool mxfp4 = f == k3::WeightFormat::MXFP4;
+  t.W.format = f;
   t.W.rows = rows;
   t.W.cols = cols;
   t.ref.resize(static_cast<size_t>(rows * cols));
@@ -85,15 +85,15 @@ TestWeight make_weight(k3::DType dt, bool mxfp4, int64_t rows, int64_t cols, std
     t.W.scales = t.scales.data();
   } else {
     const auto vals = nonzero(static_cast<size_t>(rows * cols), rng);
-    t.bytes.resize(vals.size() * k3::dtype_size(dt));
+    t.bytes.resize(vals.size() * static_cast<size_t>(k3::row_data_bytes(f, 1)));
     for (size_t i = 0; i < vals.size(); ++i) {
-      if (dt == k3::DType::F32) {
+      if (f == k3::WeightFormat::F32) {
         std::memcpy(t.bytes.data() + 4 * i, &vals[i], 4);
         t.ref[i] = vals[i];
       } else {
         // random bit patterns of normal, finite values (exponent field away from 0 and max)
         uint16_t h;
-        if (dt == k3::DType::BF16) {
+        if (f == k3::WeightFormat::BF16) {
           h = static_cast<uint16_t>((rng() & 0x807f) | ((120 + rng() % 10) << 7));
           t.ref[i] = ref_bf16(h);
         } else {
@@ -130,26 +130,27 @@ void check_matmul(const TestWeight& t, int64_t n, std::mt19937& rng, k3test::Wor
   for (int64_t i : {int64_t{0}, n - 1}) {
     std::vector<float> y1(static_cast<size_t>(R));
     k3::cpu::matmul(t.W, x.data() + i * C, 1, y1.data());
-    for (int64_t r = 0; r < R; ++r) ASSERT_EQ(y1[static_cast<size_t>(r)], y[static_cast<size_t>(i * R + r)]) << "token " << i << " of " << n << " rows " << R << " cols " << C << " dtype " << k3::dtype_name(t.W.dtype);
+    for (int64_t r = 0; r < R; ++r) ASSERT_EQ(y1[static_cast<size_t>(r)], y[static_cast<size_t>(i * R + r)]) << "token " << i << " of " << n << " rows " << R << " cols " << C << " format " << k3::weight_format_name(t.W.format);
   }
 }
 
-void run_matmul_sweep(k3::DType dt, bool mxfp4, const std::vector<int64_t>& cols_list, const char* what) {
+void run_matmul_sweep(k3::WeightFormat f, const std::vector<int64_t>& cols_list, const char* what) {
   std::mt19937 rng(17);
   k3test::Worst worst(what);  // printed: max err / (2^-24 sum|wx|), to compare with the bound C+2
   for (int64_t cols : cols_list)
     for (int64_t rows : {1, 7, 33})
-      for (int64_t n : {1, 2, 3, 5, 9}) check_matmul(make_weight(dt, mxfp4, rows, cols, rng), n, rng, worst);
+      for (int64_t n : {1, 2, 3, 5, 9}) check_matmul(make_weight(f, rows, cols, rng), n, rng, worst);
   // Large enough for the threaded paths (rows*cols > 32768, rows*cols*n > 65536) and for more than one
   // 64-token block.
-  check_matmul(make_weight(dt, mxfp4, 301, mxfp4 ? 224 : 131, rng), 1, rng, worst);
-  check_matmul(make_weight(dt, mxfp4, 301, mxfp4 ? 224 : 131, rng), 70, rng, worst);
+  const int64_t wide = k3::is_block_format(f) ? 224 : 131;
+  check_matmul(make_weight(f, 301, wide, rng), 1, rng, worst);
+  check_matmul(make_weight(f, 301, wide, rng), 70, rng, worst);
 }
 
-TEST(CpuKernels, MatmulF32) { run_matmul_sweep(k3::DType::F32, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
-TEST(CpuKernels, MatmulBf16) { run_matmul_sweep(k3::DType::BF16, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
-TEST(CpuKernels, MatmulF16) { run_matmul_sweep(k3::DType::F16, false, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
-TEST(CpuKernels, MatmulMxfp4) { run_matmul_sweep(k3::DType::U8, true, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
+TEST(CpuKernels, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
+TEST(CpuKernels, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
+TEST(CpuKernels, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
+TEST(CpuKernels, MatmulMxfp4) { run_matmul_sweep(k3::WeightFormat::MXFP4, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
 
 // Every E2M1 code (incl. 0 and negative zero) at every position of a group, under the E8M0 edge scales:
 // 0 (2^-127, an fp32 denormal), 1, 126, 127 (1.0), 128, 200, 254 (2^127). The activations are scaled so
@@ -160,8 +161,7 @@ TEST(CpuKernels, Mxfp4AllCodesAndEdgeScales) {
   for (int scale : {0, 1, 126, 127, 128, 200, 254}) {
     for (int code = 0; code < 16; ++code) {
       TestWeight t;
-      t.W.dtype = k3::DType::U8;
-      t.W.mxfp4 = true;
+      t.W.format = k3::WeightFormat::MXFP4;
       t.W.rows = 1;
       t.W.cols = 32;
       t.bytes.assign(16, 0);
@@ -202,17 +202,16 @@ TEST(CpuKernels, Mxfp4AllCodesAndEdgeScales) {
 
 TEST(CpuKernels, DequantRowExact) {
   std::mt19937 rng(9);
-  for (auto [dt, mx] : {std::pair{k3::DType::F32, false}, std::pair{k3::DType::BF16, false},
-                        std::pair{k3::DType::F16, false}, std::pair{k3::DType::U8, true}})
+  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
     for (int64_t cols : {32, 96, 352}) {
-      const int64_t c = mx ? cols : cols + 5;  // odd lengths where the layout allows
-      auto t = make_weight(dt, mx, 3, c, rng);
+      const int64_t c = k3::is_block_format(f) ? cols : cols + 5;  // odd lengths where the layout allows
+      auto t = make_weight(f, 3, c, rng);
       std::vector<float> row(static_cast<size_t>(c));
       for (int64_t r = 0; r < 3; ++r) {
         k3::cpu::dequant_row(t.W, r, row.data());
         for (int64_t i = 0; i < c; ++i)
           ASSERT_EQ(static_cast<double>(row[static_cast<size_t>(i)]), t.ref[static_cast<size_t>(r * c + i)])
-              << k3::dtype_name(dt) << " row " << r << " col " << i;
+              << k3::weight_format_name(f) << " row " << r << " col " << i;
       }
     }
 }

@@ -8,7 +8,7 @@
 #include "tokenizer_test_util.h"
 
 using namespace k3::text;
-using k3::engine::OutputPiece;
+using k3::text::OutputPiece;
 
 namespace {
 

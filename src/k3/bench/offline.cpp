@@ -7,7 +7,7 @@
 
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
-#include "k3/model/model.h"
+#include "k3/runtime/model_runner.h"
 
 namespace k3::bench {
 

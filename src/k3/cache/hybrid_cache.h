@@ -15,9 +15,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "k3/cache/cache_memory.h"
 #include "k3/model/config.h"
-#include "k3/model/sequence_state.h"
+#include "k3/runtime/cache_memory.h"
+#include "k3/runtime/sequence_cache.h"
 
 namespace k3::cache {
 

@@ -15,7 +15,7 @@
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/engine_api.h"
 #include "k3/engine/scheduler.h"
-#include "k3/model/model_runner.h"
+#include "k3/runtime/model_runner.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3::engine {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3/engine/sampling_params.h"
+#include "k3/text/output_piece.h"
 
 namespace k3::engine {
 
@@ -24,12 +25,8 @@ struct Request {
   std::string cache_salt;
 };
 
-// One unit of output in order: either text (valid UTF-8, stop strings already removed) or a special
-// token (a control marker such as <|open|>), which output parsers act on.
-struct OutputPiece {
-  int32_t special_id = -1;
-  std::string text;
-};
+// One unit of output in order (text/output_piece.h): text, or a special token output parsers act on.
+using text::OutputPiece;
 
 struct TokenLogprob {
   int32_t id = 0;

@@ -13,7 +13,7 @@
 #include "k3/engine/sampler.h"
 #include "k3/engine/stop_matcher.h"
 #include "k3/model/config.h"
-#include "k3/model/model_runner.h"
+#include "k3/runtime/model_runner.h"
 #include "k3/text/stream_decoder.h"
 #include "k3/text/tokenizer.h"
 

@@ -116,7 +116,7 @@ void parse_quantization(const json& q, const std::string& source, const std::str
       if (g.is_object() && g.contains("format") && g["format"].is_string()) format = g["format"].get<std::string>();
   if (format != "mxfp4-pack-quantized")
     throw Error(f.where("format") + ": unsupported '" + format + "' (supported: mxfp4-pack-quantized)");
-  c.experts_mxfp4 = true;
+  c.expert_quant_format = WeightFormat::MXFP4;
 }
 
 void parse_text_config(const json& t, const std::string& source, const std::string& scope, ModelConfig& c,
@@ -222,8 +222,12 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   if (c.max_position_embeddings < 0) throw Error(f.where("max_position_embeddings") + ": must be >= 0");
 
   // Shape constraints the kernels rely on.
-  if (c.experts_mxfp4 && (c.expert_in_dim() % 32 || c.moe_intermediate_size % 32))
-    throw Error("'" + source + "': MXFP4 experts need expert input and intermediate sizes divisible by 32");
+  if (c.expert_quant_format) {
+    const WeightLayout l = weight_layout(*c.expert_quant_format);
+    if (c.expert_in_dim() % l.block_elems || c.moe_intermediate_size % l.block_elems)
+      throw Error("'" + source + "': " + l.name + " experts need expert input and intermediate sizes divisible by " +
+                  std::to_string(l.block_elems));
+  }
 }
 
 // Keys of HF configs that the engine knowingly does not use (not warned about).

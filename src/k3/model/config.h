@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "k3/core/weight_format.h"
+
 namespace k3 {
 
 enum class Arch { KimiLinear, KimiK3 };
@@ -52,8 +54,9 @@ struct ModelConfig {
   float routed_scaling_factor = 1.0f;
   int64_t first_k_dense = 0, moe_layer_freq = 1;
 
-  // Quantisation of routed experts (compressed-tensors mxfp4-pack-quantized)
-  bool experts_mxfp4 = false;
+  // Format of the routed experts when the checkpoint quantises them (compressed-tensors
+  // mxfp4-pack-quantized: MXFP4); nullopt: dense floats, each tensor in its stored dtype.
+  std::optional<WeightFormat> expert_quant_format;
 
   int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1;
   int64_t max_position_embeddings = 0;  // the context the model was trained for; 0: not stated

@@ -8,9 +8,9 @@
 
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
-#include "k3/model/model_runner.h"
 #include "k3/model/sequence_state.h"
 #include "k3/model/weights.h"
+#include "k3/runtime/model_runner.h"
 
 namespace k3 {
 
@@ -22,7 +22,7 @@ class Model final : public ModelRunner {
   const ModelConfig& config() const override { return cfg_; }
   std::string device_name() const override { return "cpu"; }
   std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(cfg_); }
-  std::shared_ptr<cache::CacheMemory> cache_memory() const override { return cache::host_cache_memory(); }
+  std::shared_ptr<CacheMemory> cache_memory() const override { return host_cache_memory(); }
   int64_t memory_available() const override;
   const ModelWeights& weights() const { return w_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }

@@ -28,7 +28,7 @@ class Binder {
     if (!is_float_dtype(t->dtype)) return bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
     if (t->shape != std::vector<int64_t>{rows, cols}) return bad(name, t, "shape " + t->shape_str() + ", expected " + shape_str({rows, cols}));
     WeightMatrix w;
-    w.dtype = t->dtype;
+    float_weight_format(t->dtype, &w.format);
     w.data = aligned(t);
     w.rows = rows;
     w.cols = cols;
@@ -36,24 +36,25 @@ class Binder {
     return w;
   }
 
-  // MXFP4 compressed-tensors pair: <base>.weight_packed U8 [rows, cols/2] + <base>.weight_scale U8 [rows, cols/32].
-  WeightMatrix mxfp4(const std::string& base, int64_t rows, int64_t cols) {
-    const TensorInfo* p = get(base + ".weight_packed", "U8 " + shape_str({rows, cols / 2}));
-    const TensorInfo* s = get(base + ".weight_scale", "U8 " + shape_str({rows, cols / kMxfp4Group}));
+  // A block format as a compressed-tensors pair (MXFP4: mxfp4-pack-quantized): <base>.weight_packed U8
+  // [rows, row_data_bytes] + <base>.weight_scale U8 [rows, row_scale_bytes] (core/weight_format.h).
+  WeightMatrix packed(const std::string& base, WeightFormat format, int64_t rows, int64_t cols) {
+    const std::vector<int64_t> pshape{rows, row_data_bytes(format, cols)}, sshape{rows, row_scale_bytes(format, cols)};
+    const TensorInfo* p = get(base + ".weight_packed", "U8 " + shape_str(pshape));
+    const TensorInfo* s = get(base + ".weight_scale", "U8 " + shape_str(sshape));
     if (!p || !s) return {};
     bool ok = true;
-    if (p->dtype != DType::U8 || p->shape != std::vector<int64_t>{rows, cols / 2}) {
-      bad(base + ".weight_packed", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str({rows, cols / 2}));
+    if (p->dtype != DType::U8 || p->shape != pshape) {
+      bad(base + ".weight_packed", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str(pshape));
       ok = false;
     }
-    if (s->dtype != DType::U8 || s->shape != std::vector<int64_t>{rows, cols / kMxfp4Group}) {
-      bad(base + ".weight_scale", s, std::string(dtype_name(s->dtype)) + " " + s->shape_str() + ", expected U8 " + shape_str({rows, cols / kMxfp4Group}));
+    if (s->dtype != DType::U8 || s->shape != sshape) {
+      bad(base + ".weight_scale", s, std::string(dtype_name(s->dtype)) + " " + s->shape_str() + ", expected U8 " + shape_str(sshape));
       ok = false;
     }
     if (!ok) return {};
     WeightMatrix w;
-    w.dtype = DType::U8;
-    w.mxfp4 = true;
+    w.format = format;
     w.data = p->data;
     w.scales = s->data;
     w.rows = rows;
@@ -208,7 +209,7 @@ void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights&
     w.kv_b.resize(static_cast<size_t>(kvb.rows * kvb.cols));
     for (int64_t r = 0; r < kvb.rows; ++r) cpu::dequant_row(kvb, r, w.kv_b.data() + r * kr);
     w.kv_b_f32 = kvb;
-    w.kv_b_f32.dtype = DType::F32;
+    w.kv_b_f32.format = WeightFormat::F32;
     w.kv_b_f32.data = w.kv_b.data();
   }
   w.o = b.mat(p + "o_proj.weight", H, nh * dv);
@@ -223,10 +224,10 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights&
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
     GluMlp& x = w.experts[static_cast<size_t>(e)];
-    if (c.experts_mxfp4) {
-      x.gate = b.mxfp4(ep + "w1", I, X);
-      x.up = b.mxfp4(ep + "w3", I, X);
-      x.down = b.mxfp4(ep + "w2", X, I);
+    if (c.expert_quant_format) {
+      x.gate = b.packed(ep + "w1", *c.expert_quant_format, I, X);
+      x.up = b.packed(ep + "w3", *c.expert_quant_format, I, X);
+      x.down = b.packed(ep + "w2", *c.expert_quant_format, X, I);
     } else {
       x.gate = b.mat(ep + "w1.weight", I, X);
       x.up = b.mat(ep + "w3.weight", I, X);

@@ -97,8 +97,7 @@ ModelConfig load_preset(const std::string& name) {
 
 namespace {
 
-constexpr double kMxfp4BytesPerParam = 4.25 / 8;  // 4-bit E2M1 + one E8M0 byte per 32 values
-constexpr int64_t kKdaChunk = 64;                 // chunk length of the chunked KDA prefill
+constexpr int64_t kKdaChunk = 64;  // chunk length of the chunked KDA prefill
 
 int64_t num_moe_layers(const ModelConfig& c) {
   int64_t n = 0;
@@ -106,7 +105,10 @@ int64_t num_moe_layers(const ModelConfig& c) {
   return n;
 }
 
-double expert_bytes_per_param(const ModelConfig& c) { return c.experts_mxfp4 ? kMxfp4BytesPerParam : 2.0; }
+// Quantised experts as their format stores them (MXFP4: 4.25 bits, scales included), else BF16.
+double expert_bytes_per_param(const ModelConfig& c) {
+  return c.expert_quant_format ? bits_per_weight(*c.expert_quant_format) / 8 : 2.0;
+}
 
 // Attention FLOPs for one token at position t (causal, so it attends to t cached positions).
 // MLA decode uses the absorbed form (scores and output in the 512-dim latent); prefill the
@@ -268,7 +270,7 @@ Plan make_plan(const PlanInput& in) {
   // BF16 rate.
   const double bw = hw.hbm_tb_s * 1e12;
   const double bf16_rate = hw.bf16_tflops * 1e12;
-  const double expert_rate = (c.experts_mxfp4 && hw.fp8_tflops) ? *hw.fp8_tflops * 1e12 : bf16_rate;
+  const double expert_rate = (c.expert_quant_format == WeightFormat::MXFP4 && hw.fp8_tflops) ? *hw.fp8_tflops * 1e12 : bf16_rate;
   const double expert_flops_per_token = 2.0 * K * 3 * X * Im * n_moe;
   const double lm_head_params = (double)c.vocab_size * (double)c.hidden_size;
   // params_active counts the top-k routed experts; split it into the expert part and the rest.
@@ -374,7 +376,7 @@ std::string format_table(const Plan& p) {
   o += "\nMODEL\n";
   row("params total / active per token", count_h((double)p.params_total) + " / " + count_h((double)p.params_active));
   row("weights as stored (all GPUs)", bytes_h(p.weights.total()) + fmt("  (routed experts %s %s, other %s)",
-      c.experts_mxfp4 ? "MXFP4" : "BF16", bytes_h(p.weights.routed_experts).c_str(),
+      c.expert_quant_format ? weight_format_name(*c.expert_quant_format) : "BF16", bytes_h(p.weights.routed_experts).c_str(),
       bytes_h(p.weights.non_expert()).c_str()));
   row(fmt("KV per token (MLA latent, %s)", kv_name(p.in.kv_dtype)),
       fmt("%.2f KiB (%.0f B; %lld MLA layers x %lld values)", p.kv_bytes_per_token / 1024, p.kv_bytes_per_token,

@@ -99,7 +99,7 @@ struct Plan {
   std::optional<double> usd_per_million_output_tokens;
 };
 
-// Whole-model stored weight bytes: routed experts MXFP4 (4.25 bits/param) when the config says so,
+// Whole-model stored weight bytes: routed experts in their quantised format (MXFP4: 4.25 bits/param) when the config says so,
 // F32 for the KDA conv / dt_bias / A_log and router bias tensors, BF16 for everything else.
 WeightBreakdown weight_bytes(const ModelConfig& c);
 

@@ -96,7 +96,7 @@ OutputParser::OutputParser(const ChatFormat& fmt, OutputParserOptions opts)
   }
 }
 
-void OutputParser::feed(const k3::engine::OutputPiece& piece) {
+void OutputParser::feed(const OutputPiece& piece) {
   if (piece.special_id >= 0) feed_special(piece.special_id);
   else feed_text(piece.text);
 }

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "k3/engine/engine_api.h"
 #include "k3/text/chat_format.h"
+#include "k3/text/output_piece.h"
 
 namespace k3::text {
 
@@ -65,7 +65,7 @@ class OutputParser {
  public:
   explicit OutputParser(const ChatFormat& fmt, OutputParserOptions opts = {});
 
-  void feed(const k3::engine::OutputPiece& piece);
+  void feed(const OutputPiece& piece);
   void feed_text(std::string_view text);
   void feed_special(int32_t id);
   // What became final since the last call (see the streaming guarantee above).

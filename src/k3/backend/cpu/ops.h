@@ -1,5 +1,6 @@
-// Dense CPU ops of the forward pass. fp32 activations and accumulation; weights in their stored dtype,
-// converted in registers (AVX2+FMA). Multi-threaded with OpenMP over output rows.
+// Dense CPU ops of the forward pass. fp32 activations and accumulation; weights in their stored format,
+// converted in registers (AVX2+FMA) by the row kernels of weight_kernels.h. Multi-threaded with the
+// thread pool over output rows.
 #pragma once
 #include <cstdint>
 

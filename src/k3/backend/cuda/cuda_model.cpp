@@ -370,7 +370,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }
 std::string CudaModel::device_name() const { return impl_->name; }
 int64_t CudaModel::weight_bytes() const { return static_cast<int64_t>(impl_->w.arena.bytes()); }
-std::shared_ptr<cache::CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
+std::shared_ptr<CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
 
 int64_t CudaModel::memory_available() const {
   K3_CUDA_CHECK(cudaSetDevice(impl_->device));

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "k3/model/config.h"
-#include "k3/model/model_runner.h"
+#include "k3/runtime/model_runner.h"
 
 namespace k3::cuda {
 
@@ -32,7 +32,7 @@ class CudaModel final : public ModelRunner {
   const ModelConfig& config() const override;
   std::string device_name() const override;
   std::unique_ptr<SequenceCache> new_cache() const override;
-  std::shared_ptr<cache::CacheMemory> cache_memory() const override;
+  std::shared_ptr<CacheMemory> cache_memory() const override;
   AttnPath engine_path() const override { return AttnPath::Auto; }
   int64_t memory_available() const override;
   // One throw-away prefill of max_tokens tokens and one decode step.

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "k3/backend/cuda/cuda_util.h"
-#include "k3/cache/cache_memory.h"
 #include "k3/model/config.h"
-#include "k3/model/sequence_state.h"
+#include "k3/runtime/cache_memory.h"
+#include "k3/runtime/sequence_cache.h"
 
 namespace k3::cuda {
 
-class DeviceCacheMemory final : public cache::CacheMemory {
+class DeviceCacheMemory final : public CacheMemory {
  public:
   DeviceCacheMemory(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
   float* allocate(size_t floats) override;

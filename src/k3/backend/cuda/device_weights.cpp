@@ -41,17 +41,19 @@ class Uploader {
   DeviceLinear lin(const WeightMatrix& w) {
     DeviceLinear d;
     if (w.empty()) return d;
-    if (w.mxfp4) throw Error("CUDA backend: MXFP4 is supported for routed experts only (a dense projection is MXFP4)");
+    if (is_block_format(w.format))
+      throw Error(std::string("CUDA backend: ") + weight_format_name(w.format) + " is supported for routed experts only (a dense projection is " +
+                  weight_format_name(w.format) + ")");
     d.rows = w.rows;
     d.cols = w.cols;
     const size_t n = static_cast<size_t>(w.rows * w.cols);
-    if (w.dtype == DType::BF16) {
-      d.type = WType::BF16;
+    if (w.format == WeightFormat::BF16) {
+      d.format = WeightFormat::BF16;
       void* p = a_.alloc(n * 2);
       K3_CUDA_CHECK(cudaMemcpy(p, w.data, n * 2, cudaMemcpyHostToDevice));
       d.w = p;
     } else {  // F32 as is; F16 widened to F32 (exact)
-      d.type = WType::F32;
+      d.format = WeightFormat::F32;
       std::vector<float> f(n);
       for (int64_t r = 0; r < w.rows; ++r) to_f32_row(w, r, f.data() + r * w.cols);
       void* p = a_.alloc(n * 4);
@@ -65,7 +67,7 @@ class Uploader {
   const uint16_t* bf16_table(const WeightMatrix& w) {
     const size_t n = static_cast<size_t>(w.rows * w.cols);
     void* p = a_.alloc(n * 2);
-    if (w.dtype == DType::BF16) {
+    if (w.format == WeightFormat::BF16) {
       K3_CUDA_CHECK(cudaMemcpy(p, w.data, n * 2, cudaMemcpyHostToDevice));
     } else {
       std::vector<float> f(static_cast<size_t>(w.cols));
@@ -79,7 +81,8 @@ class Uploader {
     return static_cast<const uint16_t*>(p);
   }
 
-  // One layer's routed experts stacked: [E][rows][cols] per projection.
+  // One layer's routed experts stacked: [E][rows][cols] per projection. A block format goes up as stored
+  // (packed blocks and scales, core/weight_format.h), dense floats as bf16: the expert kernels' formats.
   ExpertBank experts(const std::vector<GluMlp>& ex) {
     ExpertBank b;
     if (ex.empty()) return b;
@@ -87,18 +90,24 @@ class Uploader {
     b.E = static_cast<int>(ex.size());
     b.I = static_cast<int>(e0.gate.rows);
     b.X = static_cast<int>(e0.gate.cols);
-    b.mxfp4 = e0.gate.mxfp4;
+    const WeightFormat f = e0.gate.format;
+    const bool packed = is_block_format(f);
+    if (packed && f != WeightFormat::MXFP4)
+      throw Error(std::string("CUDA backend: no routed-expert kernels for ") + weight_format_name(f) + " weights");
+    b.format = packed ? f : WeightFormat::BF16;
     auto stack = [&](auto get, const void*& data, const uint8_t*& scales) {
       const WeightMatrix& m0 = get(e0);
       const size_t rc = static_cast<size_t>(m0.rows * m0.cols);
-      if (b.mxfp4) {
-        uint8_t* p = static_cast<uint8_t*>(a_.alloc(rc / 2 * ex.size()));
-        uint8_t* s = static_cast<uint8_t*>(a_.alloc(rc / 32 * ex.size()));
+      if (packed) {
+        const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(f, m0.cols));
+        const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(f, m0.cols));
+        uint8_t* p = static_cast<uint8_t*>(a_.alloc(db * ex.size()));
+        uint8_t* s = static_cast<uint8_t*>(a_.alloc(sb * ex.size()));
         for (size_t e = 0; e < ex.size(); ++e) {
           const WeightMatrix& m = get(ex[e]);
-          if (!m.mxfp4) throw Error("CUDA backend: a layer mixes MXFP4 and dense experts");
-          K3_CUDA_CHECK(cudaMemcpy(p + e * rc / 2, m.data, rc / 2, cudaMemcpyHostToDevice));
-          K3_CUDA_CHECK(cudaMemcpy(s + e * rc / 32, m.scales, rc / 32, cudaMemcpyHostToDevice));
+          if (m.format != f) throw Error(std::string("CUDA backend: a layer mixes ") + weight_format_name(f) + " and other experts");
+          K3_CUDA_CHECK(cudaMemcpy(p + e * db, m.data, db, cudaMemcpyHostToDevice));
+          K3_CUDA_CHECK(cudaMemcpy(s + e * sb, m.scales, sb, cudaMemcpyHostToDevice));
         }
         data = p;
         scales = s;
@@ -108,8 +117,9 @@ class Uploader {
         std::vector<uint16_t> row(rc);
         for (size_t e = 0; e < ex.size(); ++e) {
           const WeightMatrix& m = get(ex[e]);
-          if (m.mxfp4) throw Error("CUDA backend: a layer mixes MXFP4 and dense experts");
-          if (m.dtype == DType::BF16) {
+          if (is_block_format(m.format))
+            throw Error(std::string("CUDA backend: a layer mixes ") + weight_format_name(m.format) + " and dense experts");
+          if (m.format == WeightFormat::BF16) {
             K3_CUDA_CHECK(cudaMemcpy(p + e * rc, m.data, rc * 2, cudaMemcpyHostToDevice));
           } else {  // grouped expert kernels take bf16; fp32 experts are rounded (noted in docs)
             for (int64_t r = 0; r < m.rows; ++r) {
@@ -132,9 +142,9 @@ class Uploader {
  private:
   static void to_f32_row(const WeightMatrix& w, int64_t r, float* out) {
     const size_t c = static_cast<size_t>(w.cols);
-    if (w.dtype == DType::F32) {
+    if (w.format == WeightFormat::F32) {
       std::memcpy(out, static_cast<const float*>(w.data) + r * w.cols, c * 4);
-    } else if (w.dtype == DType::BF16) {
+    } else if (w.format == WeightFormat::BF16) {
       const uint16_t* s = static_cast<const uint16_t*>(w.data) + r * w.cols;
       for (size_t i = 0; i < c; ++i) out[i] = bf16_to_f32(s[i]);
     } else {
@@ -154,7 +164,7 @@ class Generator {
   Generator(DeviceArena& a, uint64_t seed) : a_(a), seed_(seed) {}
 
   DeviceLinear lin(int64_t rows, int64_t cols) {
-    DeviceLinear d{WType::BF16, nullptr, rows, cols};
+    DeviceLinear d{WeightFormat::BF16, nullptr, rows, cols};
     uint16_t* p = static_cast<uint16_t*>(a_.alloc(static_cast<size_t>(rows * cols) * 2));
     K3_CUDA_CHECK(fill_uniform_bf16(p, rows * cols, std::sqrt(3.0f / static_cast<float>(cols)), ++seed_, nullptr));
     d.w = p;
@@ -295,15 +305,17 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
       b.E = static_cast<int>(E);
       b.I = static_cast<int>(I);
       b.X = static_cast<int>(X);
-      b.mxfp4 = c.experts_mxfp4;
-      if (b.mxfp4) {
+      b.format = c.expert_quant_format.value_or(WeightFormat::BF16);
+      if (b.format == WeightFormat::MXFP4) {
         g.mxfp4(E * I * X, X, b.gate, b.gate_scales);
         g.mxfp4(E * I * X, X, b.up, b.up_scales);
         g.mxfp4(E * X * I, I, b.down, b.down_scales);
-      } else {
+      } else if (b.format == WeightFormat::BF16) {
         b.gate = g.bf16(E * I * X, X);
         b.up = g.bf16(E * I * X, X);
         b.down = g.bf16(E * X * I, I);
+      } else {
+        throw Error(std::string("CUDA backend: no dummy weights for ") + weight_format_name(b.format) + " experts");
       }
       if (c.num_shared_experts > 0) m.shared = g.glu(H, I * c.num_shared_experts);
       if (c.routed_hidden_size > 0) {

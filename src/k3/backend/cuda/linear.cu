@@ -102,9 +102,11 @@ cudaError_t launch_gemv(const WT* W, int64_t rows, int64_t cols, const float* x,
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (n > LinearRunner::kGemvMaxTokens) return cudaErrorInvalidValue;
-  if (W.type == WType::BF16)
-    return launch_gemv(static_cast<const uint16_t*>(W.w), W.rows, W.cols, x, n, y, s);
-  return launch_gemv(static_cast<const float*>(W.w), W.rows, W.cols, x, n, y, s);
+  switch (W.format) {
+    case WeightFormat::BF16: return launch_gemv(static_cast<const uint16_t*>(W.w), W.rows, W.cols, x, n, y, s);
+    case WeightFormat::F32: return launch_gemv(static_cast<const float*>(W.w), W.rows, W.cols, x, n, y, s);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 namespace {
@@ -169,7 +171,7 @@ void LinearRunner::release() noexcept {
   handle_ = nullptr;
 }
 
-const LinearRunner::LtPlan& LinearRunner::lt_plan(WType type, int64_t m, int64_t n, int64_t k, bool accumulate,
+const LinearRunner::LtPlan& LinearRunner::lt_plan(WeightFormat type, int64_t m, int64_t n, int64_t k, bool accumulate,
                                                   const void* a, const void* b, const void* c) {
   // The heuristic assumes 256-byte aligned buffers unless told otherwise, and the algorithm it picks
   // may then fail (or worse) on less aligned ones: weights sub-allocated from a larger buffer, x or y at
@@ -178,7 +180,7 @@ const LinearRunner::LtPlan& LinearRunner::lt_plan(WType type, int64_t m, int64_t
   const LtKey key{m, n, k, accumulate ? 1 : 0, static_cast<int64_t>(type), al_a, al_b, al_c};
   if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
 
-  const cudaDataType_t dt = type == WType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t dt = type == WeightFormat::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   LtPlan p;
   try {
     // Column-major: A = W as [k x m] (ld k, transposed by the op), B = x^T [k x n] (ld k), C = D = y^T [m x n].
@@ -200,7 +202,7 @@ const LinearRunner::LtPlan& LinearRunner::lt_plan(WType type, int64_t m, int64_t
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && (found == 0 || res.state != CUBLAS_STATUS_SUCCESS)))
       throw Error("cuBLASLt: no matmul algorithm for the projection y[" + std::to_string(n) + "][" + std::to_string(m) +
                   "] = x[" + std::to_string(n) + "][" + std::to_string(k) + "] . W^T with " +
-                  (type == WType::BF16 ? "bf16" : "fp32") + " operands, beta " + (accumulate ? "1" : "0") +
+                  (type == WeightFormat::BF16 ? "bf16" : "fp32") + " operands, beta " + (accumulate ? "1" : "0") +
                   ", pointer alignments A/B/C " + std::to_string(al_a) + "/" + std::to_string(al_b) + "/" +
                   std::to_string(al_c) + " bytes, workspace " + std::to_string(workspace_.bytes() >> 20) + " MiB");
     check_cublas(st, "cublasLtMatmulAlgoGetHeuristic");
@@ -214,7 +216,7 @@ const LinearRunner::LtPlan& LinearRunner::lt_plan(WType type, int64_t m, int64_t
   return plans_.emplace(key, p).first->second;
 }
 
-void LinearRunner::lt_matmul(WType type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta,
+void LinearRunner::lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta,
                              float* y) {
   const LtPlan& p = lt_plan(type, m, n, k, beta != 0.0f, a, b, y);
   const float alpha = 1.0f;
@@ -223,7 +225,10 @@ void LinearRunner::lt_matmul(WType type, int64_t m, int64_t n, int64_t k, const 
                beta != 0.0f ? "cublasLtMatmul (accumulating)" : "cublasLtMatmul");
 }
 
+// The dense projections' one dispatch point on the weight format (the GEMV and the Lt GEMMs below).
 void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* y) {
+  if (W.format != WeightFormat::BF16 && W.format != WeightFormat::F32)
+    throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
   if (n <= kGemvMaxTokens) {
     K3_CUDA_CHECK(linear_gemv(W, x, static_cast<int>(n), y, stream_));
@@ -234,12 +239,12 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     K3_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<size_t>(n * m) * sizeof(float), stream_));
     return;
   }
-  if (W.type == WType::F32) {
+  if (W.format == WeightFormat::F32) {
     // fp32 weights take the same Lt path with fp32 operands. CUBLAS_COMPUTE_32F is true fp32 (no TF32),
     // so the numerics are those of the cublasSgemm this replaces and Lt brings no speed of its own here
     // (the same SIMT SGEMM kernels); it is used for one code path, the algorithm chosen once per shape,
     // and the explicit handling of unaligned x / y pointers.
-    lt_matmul(WType::F32, m, n, k, W.w, x, 0.0f, y);
+    lt_matmul(WeightFormat::F32, m, n, k, W.w, x, 0.0f, y);
     return;
   }
   const size_t elems = static_cast<size_t>(n * k);
@@ -256,8 +261,8 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
     K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
-  lt_matmul(WType::BF16, m, n, k, W.w, hi, 0.0f, y);
-  if (split) lt_matmul(WType::BF16, m, n, k, W.w, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
+  lt_matmul(WeightFormat::BF16, m, n, k, W.w, hi, 0.0f, y);
+  if (split) lt_matmul(WeightFormat::BF16, m, n, k, W.w, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
 }
 
 }  // namespace k3::cuda

@@ -1,5 +1,5 @@
 // Dense projections y[n][rows] = x[n][cols] . W^T on the GPU, W bf16 or fp32 (as stored in the
-// checkpoint), x and y fp32. Small n (decode) runs a GEMV-style kernel that reads W once for up to 8
+// checkpoint; WeightFormat BF16 or F32, the formats linear.cu dispatches on), x and y fp32. Small n (decode) runs a GEMV-style kernel that reads W once for up to 8
 // tokens with fp32 activations; larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
 // rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
 // shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
@@ -13,6 +13,7 @@
 #include <map>
 
 #include "k3/backend/cuda/cuda_util.h"
+#include "k3/core/weight_format.h"
 
 namespace k3::cuda {
 
@@ -21,14 +22,12 @@ inline void check_cublas(cublasStatus_t st, const char* what) {
     throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
 }
 
-enum class WType : int { BF16 = 0, F32 = 1 };
-
 struct DeviceLinear {
-  WType type = WType::BF16;
+  WeightFormat format = WeightFormat::BF16;  // BF16 or F32 (upload_weights widens F16 to F32)
   const void* w = nullptr;  // [rows][cols]
   int64_t rows = 0, cols = 0;
   bool empty() const { return w == nullptr; }
-  int64_t bytes() const { return rows * cols * (type == WType::BF16 ? 2 : 4); }
+  int64_t bytes() const { return rows * row_data_bytes(format, cols); }
 };
 
 // How prefill-sized projections treat the fp32 activations on the tensor cores.
@@ -49,6 +48,7 @@ class LinearRunner {
   // Largest n that takes the GEMV path.
   static constexpr int kGemvMaxTokens = 8;
 
+  // Throws k3::Error for a weight format without a kernel here.
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
   // The plain cuBLAS handle (on stream()), for the SGEMMs of callers; run() itself uses cuBLASLt.
   cublasHandle_t cublas() const { return handle_; }
@@ -63,9 +63,9 @@ class LinearRunner {
   // (m, n, k, beta != 0, weight type, alignment in bytes of A, B, C/D (power of two <= 256))
   using LtKey = std::array<int64_t, 8>;
 
-  const LtPlan& lt_plan(WType type, int64_t m, int64_t n, int64_t k, bool accumulate, const void* a, const void* b,
+  const LtPlan& lt_plan(WeightFormat type, int64_t m, int64_t n, int64_t k, bool accumulate, const void* a, const void* b,
                         const void* c);
-  void lt_matmul(WType type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
+  void lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
   void release() noexcept;
 
   cudaStream_t stream_;
@@ -78,7 +78,8 @@ class LinearRunner {
   DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
 };
 
-// The GEMV kernel alone (n <= 8), exposed for tests and benchmarks.
+// The GEMV kernel alone (n <= 8), exposed for tests and benchmarks; cudaErrorInvalidValue for a format
+// without a kernel.
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s);
 
 }  // namespace k3::cuda

@@ -510,14 +510,14 @@ size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max
   return xb + 256 + hb + 256 + part + 256;
 }
 
-cudaError_t moe_decode_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
+cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int tok, const float* x, const int32_t* sorted,
                                const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
                                const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
                                const DecodeScratch& s, cudaStream_t stream) {
   if (n > s.max_tokens || static_cast<int64_t>(n) * K > s.max_pairs) return cudaErrorInvalidValue;
 #define K3_DEC(MX, NT, NS) \
   launch_dec<MX, NT, NS>(w, n, K, x, sorted, slot_of, tiles, num_tiles, tiles_bound, topk_w, act, beta, lbeta, out, s, stream)
-  if (w.mxfp4) {
+  if (mx) {
     if (tok <= 8) return split ? K3_DEC(true, 1, 2) : K3_DEC(true, 1, 1);
     return split ? K3_DEC(true, 2, 2) : K3_DEC(true, 2, 1);
   }

@@ -24,7 +24,8 @@ struct DecodeScratch {
 size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens);
 
 // Runs the experts of n tokens after plan_kernel cut tiles of `tok` (8 or 16) pairs. out [n][X] overwritten.
-cudaError_t moe_decode_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
+// mx: w holds MXFP4 experts (else bf16), as moe_experts decided from w.format.
+cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int tok, const float* x, const int32_t* sorted,
                                const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
                                const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
                                const DecodeScratch& s, cudaStream_t stream);

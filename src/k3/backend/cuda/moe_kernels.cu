@@ -786,18 +786,18 @@ bool simt_forced_by_env() {
 
 }  // namespace
 
-MoePath moe_experts_auto_path(int n, int K, int E, bool mxfp4) {
+MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format) {
   const int64_t P = static_cast<int64_t>(n) * K;
   if (simt_forced_by_env()) return P >= static_cast<int64_t>(kTcMinPairsPerExpert) * E ? MoePath::TensorCore : MoePath::Simt;
   if (P > 8 * static_cast<int64_t>(E)) return MoePath::TensorCore;
   // Session 4 (CudaMoe.Timing): K3 MXFP4 n = 1 (P = E/56) SIMT 211 vs decode 281 us, n = 8 (P = E/7) 1354 vs
   // 1200; Kimi-Linear bf16 n = 64 (P = 2 E) SIMT 982 vs decode 1173, n = 256 (8 E) decode 1562 vs 1803 (64-pair tiles).
-  if (mxfp4 ? P * 16 >= E : P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
+  if (format == WeightFormat::MXFP4 ? P * 16 >= E : P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
   return MoePath::Simt;
 }
 
-bool moe_experts_use_tc(int n, int K, int E, bool mxfp4) {
-  return moe_experts_auto_path(n, K, E, mxfp4) == MoePath::TensorCore;
+bool moe_experts_use_tc(int n, int K, int E, WeightFormat format) {
+  return moe_experts_auto_path(n, K, E, format) == MoePath::TensorCore;
 }
 
 cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
@@ -865,7 +865,14 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (n == 0) return cudaSuccess;
   if (K != ws.K_ || w.E != ws.E_ || w.I != ws.I_ || w.X != ws.X_) return cudaErrorInvalidValue;
   if (!x || !topk_idx || !topk_w || !out || !w.gate || !w.up || !w.down) return cudaErrorInvalidValue;
-  if (w.mxfp4 && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
+  // The experts' one dispatch point on the weight format: mx selects the kernels' MXFP4 instantiations.
+  bool mx = false;
+  switch (w.format) {
+    case WeightFormat::MXFP4: mx = true; break;
+    case WeightFormat::BF16: mx = false; break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
     return cudaErrorInvalidValue;
   if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
     return cudaErrorInvalidValue;
@@ -874,7 +881,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode)
     return cudaErrorInvalidValue;
   const int P = n * K;
-  const MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.mxfp4) : path;
+  const MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   const bool tc = chosen == MoePath::TensorCore;
   bool dec = chosen == MoePath::TcDecode;
   if (dec && (P > ws.dec_pairs_ || n > ws.dec_tokens_)) {
@@ -899,11 +906,11 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     ds.hb = ws.dec_hb_;
     ds.part = ws.dec_part_;
     ds.part_floats = ws.dec_part_floats_;
-    return moe_decode_experts(w, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
+    return moe_decode_experts(w, mx, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
                               situ_beta, situ_linear_beta, split, out, ds, stream);
   }
   if (tc) {
-    if (w.mxfp4)
+    if (mx)
       e = split ? launch_tc<true, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_,
                                         ws.hidden_, ws.y_, stream)
                 : launch_tc<true, false>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
@@ -913,7 +920,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
                                          ws.num_tiles_, ws.hidden_, ws.y_, stream)
                 : launch_tc<false, false>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
                                           ws.num_tiles_, ws.hidden_, ws.y_, stream);
-  } else if (w.mxfp4)
+  } else if (mx)
     e = tok == 4 ? launch_tiles<true, 4>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
                                          ws.num_tiles_, ws.hidden_, ws.y_, stream)
                  : launch_tiles<true, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "k3/core/weight_format.h"
+
 namespace k3::cuda {
 
 // All E routed experts of one layer, stacked in one allocation per projection.
@@ -15,8 +17,9 @@ namespace k3::cuda {
 //          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
 // X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
 // for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
+// format: MXFP4 or BF16 (moe_experts returns cudaErrorInvalidValue for any other).
 struct ExpertBank {
-  bool mxfp4 = false;
+  WeightFormat format = WeightFormat::BF16;
   const void* gate = nullptr;
   const uint8_t* gate_scales = nullptr;
   const void* up = nullptr;
@@ -44,9 +47,9 @@ enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3 };
 // (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels from 1/16 pair per expert
 // (MXFP4) or above 2 pairs per expert (bf16); the SIMT tiles below. K3_MOE_DECODE=simt in the environment
 // restores the session-3 rule (SIMT below 4 pairs per expert, else the 64-pair tiles) for comparisons.
-MoePath moe_experts_auto_path(int n, int K, int E, bool mxfp4);
+MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format);
 // moe_experts_auto_path(...) == MoePath::TensorCore.
-bool moe_experts_use_tc(int n, int K, int E, bool mxfp4 = true);
+bool moe_experts_use_tc(int n, int K, int E, WeightFormat format = WeightFormat::MXFP4);
 
 // Routing for n tokens: s = sigmoid(logits); the K experts with the highest s + bias (ties to the lower
 // expert id); weight = (renormalize ? s / (sum of the K chosen s + 1e-20) : s) * scale.

@@ -1,11 +1,11 @@
-#include "k3/cache/cache_memory.h"
+#include "k3/runtime/cache_memory.h"
 
 #include <cstring>
 #include <new>
 
 #include "k3/core/error.h"
 
-namespace k3::cache {
+namespace k3 {
 
 namespace {
 class HostCacheMemory final : public CacheMemory {
@@ -27,4 +27,4 @@ std::shared_ptr<CacheMemory> host_cache_memory() {
   return m;
 }
 
-}  // namespace k3::cache
+}  // namespace k3

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <memory>
 
-namespace k3::cache {
+namespace k3 {
 
 class CacheMemory {
  public:
@@ -20,4 +20,4 @@ class CacheMemory {
 // Plain host memory (the CPU backend).
 std::shared_ptr<CacheMemory> host_cache_memory();
 
-}  // namespace k3::cache
+}  // namespace k3

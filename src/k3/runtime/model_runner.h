@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "k3/cache/cache_memory.h"
 #include "k3/model/config.h"
-#include "k3/model/sequence_state.h"
+#include "k3/runtime/cache_memory.h"
+#include "k3/runtime/sequence_cache.h"
 #include "k3/sampling/token_sampling.h"
 
 namespace k3 {
@@ -59,7 +59,7 @@ class ModelRunner {
   // A fresh, empty per-sequence cache in this runner's memory (CLI verbs, tests, offline benchmarks).
   virtual std::unique_ptr<SequenceCache> new_cache() const = 0;
   // Where the serving cache manager places its pages and state slots (host or device memory).
-  virtual std::shared_ptr<cache::CacheMemory> cache_memory() const = 0;
+  virtual std::shared_ptr<CacheMemory> cache_memory() const = 0;
   // Bytes of memory the caches could still take: physical RAM on the CPU, free device memory on a GPU
   // (after the weights); a fractional --cache-memory is a share of it.
   virtual int64_t memory_available() const = 0;

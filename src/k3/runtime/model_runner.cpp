@@ -1,4 +1,4 @@
-#include "k3/model/model_runner.h"
+#include "k3/runtime/model_runner.h"
 
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"

@@ -1,0 +1,54 @@
+// Weight storage formats: the one enum every loader and backend dispatches on, and the layout that says
+// how a format stores a matrix. Adding a format (GGUF's Q8_0, Q4_K, IQ2_XXS, ...) is one enum case here,
+// one layout row below, one kernel per backend and its tests (docs/architecture.md, "How to add a weight
+// format"). Plain C++17 (no <string>): the CUDA sources include it.
+#pragma once
+#include <cstdint>
+
+namespace k3 {
+
+enum class WeightFormat : uint8_t {
+  F32,
+  F16,
+  BF16,
+  MXFP4,  // OCP MX FP4: E2M1 nibbles (element 2i = low nibble of byte i) + one E8M0 scale per 32 (model-spec 4)
+};
+
+// How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
+// `data` holds block_bytes per block (for formats with in-block scales, as GGUF's, the scales are part of
+// those bytes); `scales` holds scale_bytes per block in a separate array (compressed-tensors keeps them
+// in a second tensor), rows one after another. Plain floats are blocks of one element without scales.
+struct WeightLayout {
+  const char* name;  // as users see it ("BF16", "MXFP4")
+  int block_elems;   // elements per block along a row; cols must be a multiple
+  int block_bytes;   // bytes of a block in `data`
+  int scale_bytes;   // bytes of a block in `scales` (0: no separate scale array)
+};
+
+constexpr WeightLayout weight_layout(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32: return {"F32", 1, 4, 0};
+    case WeightFormat::F16: return {"F16", 1, 2, 0};
+    case WeightFormat::BF16: return {"BF16", 1, 2, 0};
+    case WeightFormat::MXFP4: return {"MXFP4", 32, 16, 1};
+  }
+  return {"?", 1, 0, 0};
+}
+
+constexpr const char* weight_format_name(WeightFormat f) { return weight_layout(f).name; }
+// Bytes of one row of `cols` elements in `data` and in `scales` (cols a multiple of block_elems).
+constexpr int64_t row_data_bytes(WeightFormat f, int64_t cols) {
+  return cols / weight_layout(f).block_elems * weight_layout(f).block_bytes;
+}
+constexpr int64_t row_scale_bytes(WeightFormat f, int64_t cols) {
+  return cols / weight_layout(f).block_elems * weight_layout(f).scale_bytes;
+}
+// Block-quantised (more than one element per block): stored as raw bytes, never as a float dtype.
+constexpr bool is_block_format(WeightFormat f) { return weight_layout(f).block_elems > 1; }
+// Stored bits per weight, scales included (what capacity planning multiplies by).
+constexpr double bits_per_weight(WeightFormat f) {
+  const WeightLayout l = weight_layout(f);
+  return 8.0 * (l.block_bytes + l.scale_bytes) / l.block_elems;
+}
+
+}  // namespace k3
