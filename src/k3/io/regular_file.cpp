@@ -1,5 +1,6 @@
 #include "k3/io/regular_file.h"
 
+#include <cstdint>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
