@@ -9,8 +9,10 @@
 #include "k3/core/error.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/weights.h"
 #include "k3/text/tiktoken_bpe.h"
 #include "k3/text/tokenizer.h"
+#include "checkpoint_edit.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -253,4 +255,34 @@ TEST(LoaderHardening, NonFiniteFloatsAreRejected) {
     text.replace(at, text.find_first_of(",}", at) - at, "1e39");
     EXPECT_NE(error_of([&] { k3::parse_model_config(text, "config.json"); }).find(key), std::string::npos) << key;
   }
+}
+
+// E8M0 0xFF is NaN (OCP MX v1.0): one such scale in one expert loaded, and every logit came out NaN.
+// Now the loader names the tensor, row and block; the CLI says `k3: error:` and exits 1.
+TEST(LoaderHardening, Mxfp4ScaleNaNIsRejectedAtLoadNamingTheTensor) {
+  k3test::EditableCheckpoint ck("k3-tiny");
+  const std::string target = "layers.5.block_sparse_moe.experts.17.w2.weight_scale";
+  int edited = 0;
+  ck.edit_tensors_ending(target, [&](const std::string&, const json&, uint8_t* p, size_t size) {
+    ASSERT_GT(size, 7u);
+    p[size - 3] = 0xFF;  // [128, 3] scales: row 127, block 0
+    ++edited;
+  });
+  ASSERT_EQ(edited, 1);
+  const std::string err = error_of([&] {
+    const k3::ModelConfig cfg = k3::load_model_config(ck.str());
+    const k3::Checkpoint c(ck.str());
+    (void)k3::bind_weights(cfg, c);
+  });
+  EXPECT_NE(err.find(target), std::string::npos) << err;
+  EXPECT_NE(err.find("E8M0 scale 255 (NaN in OCP MX) at row 127, block 0"), std::string::npos) << err;
+
+  FILE* p = ::popen((std::string(K3_BINARY) + " logits -m " + ck.str() + " --tokens 1,2 --out " + ck.str() + "/x.npy 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int st = ::pclose(p);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+  EXPECT_EQ(out.rfind("k3: error:", 0), 0u) << out;
+  EXPECT_NE(out.find(target), std::string::npos) << out;
 }

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "k3/core/error.h"
@@ -33,6 +36,28 @@ std::string run_cli(const std::string& args) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int st = ::pclose(p);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << args << "\n" << out;
+  return out;
+}
+
+// Bytes of each safetensors tensor as stored, by dtype class, read straight from the file header:
+// a measurement of the checkpoint that shares nothing with the planner's parameter counting.
+std::map<std::string, double> stored_bytes_by_class(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), (std::streamsize)n);
+  std::map<std::string, double> out;
+  const auto tensors = nlohmann::json::parse(header);
+  for (auto& [name, t] : tensors.items()) {
+    if (name == "__metadata__") continue;
+    const double bytes = t["data_offsets"][1].get<double>() - t["data_offsets"][0].get<double>();
+    std::string cls = t["dtype"].get<std::string>();
+    if (name.find("embed_tokens") != std::string::npos) cls = "embedding";
+    else if (name.find(".experts.") != std::string::npos) cls = "routed_experts";
+    else if (name.find("A_log") != std::string::npos) cls = "A_log";
+    out[cls] += bytes;
+  }
   return out;
 }
 
@@ -112,8 +137,81 @@ TEST(Plan, Invariants) {
   EXPECT_GT(plan_for("kimi-k3", "b300", 8, 4096).max_seqs, plan_for("kimi-k3", "b300", 8, 65536).max_seqs);
 }
 
+// The batch-1 decode bound and the cost, recomputed here from the config's sizes and the checkpoint's
+// bytes (not from the planner), on the committed models/k3-tiny: 12 layers, 9 KDA (2 heads x 64) and
+// 3 MLA (kv_lora 64 + rope 16), 11 MoE layers (first_k_dense 1) of 32 MXFP4 experts, top 4, latent
+// width 128, moe_intermediate 96, short conv 4, vocab 8192 x hidden 256, untied lm_head.
+TEST(Plan, DecodeBoundAndCostFromFirstPrinciples) {
+  const std::string dir = std::string(K3_SOURCE_DIR) + "/models/k3-tiny";
+  PlanInput in;
+  in.config = k3::load_model_config(dir);
+  in.hw = find_hardware(builtin_hardware(), "h200");  // 4.8 TB/s
+  in.count = 1;
+  in.context = 1000;
+  in.batch = 1;
+  in.price_per_gpu_hour = 3.0;
+  const auto p = make_plan(in);
+
+  // MLA latent per token: 3 layers x (64 + 16) values x 2 B (bf16) = 480 B.
+  EXPECT_DOUBLE_EQ(p.kv_bytes_per_token, 480);
+  // KDA state per sequence: 9 layers x 2 heads x 64 x 64 x 4 B (fp32) = 294912 B.
+  EXPECT_DOUBLE_EQ(p.state_bytes_per_seq, 294912);
+  // short-conv state: the last (4 - 1) inputs of q, k, v: 9 x 3 x (2 x 64) x 3 x 4 B = 41472 B.
+  EXPECT_DOUBLE_EQ(p.conv_state_bytes_per_seq, 41472);
+  // one routed expert in one layer: gate, up, down = 3 x 128 x 96 params x 4.25 bits / 8 = 19584 B
+  // (MXFP4: 4-bit codes + one 8-bit scale per 32); 11 layers x 32 experts x 19584 = 6893568 B,
+  // which is exactly what the checkpoint stores for them.
+  const auto stored = stored_bytes_by_class(dir + "/model.safetensors");
+  EXPECT_DOUBLE_EQ(p.expert_bytes_per_expert_layer, 19584);
+  EXPECT_DOUBLE_EQ(stored.at("routed_experts"), 11 * 32 * 19584.0);
+  // Weights a decode step reads: everything but the embedding table (one row is gathered) and the
+  // routed experts that are not selected = the checkpoint's bf16 + f32 bytes (lm_head included), with
+  // A_log counted as its 2 live heads per KDA layer (the file pads it to 128 values), plus top-4 x 11
+  // layers x 19584 B of experts.
+  const double a_log_live = 9 * 2 * 4.0;
+  const double non_expert_read = stored.at("BF16") + stored.at("F32") + a_log_live;
+  const double experts_read = 4 * 11 * 19584.0;
+  // KV cache read for 1000 tokens + the KDA and conv states read and written once each.
+  const double cache_read = 1000 * 480.0 + 2 * (294912.0 + 41472.0);
+  const double bytes = non_expert_read + experts_read + cache_read;
+  EXPECT_NEAR(p.decode_bytes_per_token_b1, bytes, 0.5);
+  EXPECT_NEAR(p.decode_tok_s_user_b1, 4.8e12 / bytes, 4.8e12 / bytes * 1e-12);
+  // At batch 1 this tiny model is far from compute bound, so one step = bytes / bandwidth, and the
+  // cost is $3 per GPU-hour / (tok/s x 3600 s) per token, x 1e6 per million.
+  ASSERT_FALSE(p.decode_batch_compute_bound);
+  ASSERT_TRUE(p.usd_per_million_output_tokens);
+  const double usd_per_mtok = 3.0 / (4.8e12 / bytes * 3600) * 1e6;
+  EXPECT_NEAR(*p.usd_per_million_output_tokens, usd_per_mtok, usd_per_mtok * 1e-12);
+}
+
+// The K3 preset's per-token decode terms from its published sizes (b300 x 8, tp 8, ep 8).
+TEST(Plan, K3DecodeTermsFromFirstPrinciples) {
+  auto at = [](int64_t context) {
+    PlanInput in;
+    in.config = load_preset("kimi-k3");
+    in.hw = find_hardware(builtin_hardware(), "b300");
+    in.count = 8;
+    in.context = context;
+    return make_plan(in);
+  };
+  const auto a = at(8192), b = at(16384);
+  // one routed expert-layer: 3 x 3584 (latent width) x 3072 params x 4.25 bits / 8 = 17547264 B.
+  EXPECT_DOUBLE_EQ(a.expert_bytes_per_expert_layer, 17547264);
+  // 8192 more tokens of context add 8192 x 24 MLA layers x 576 x 2 B = 226492416 B to a batch-1 step
+  // (the latent is not split by TP: every GPU of the group reads all of it).
+  EXPECT_DOUBLE_EQ(b.decode_bytes_per_token_b1 - a.decode_bytes_per_token_b1, 8192 * 24 * 576 * 2.0);
+  // the rest of a step at context 8192: non-expert weights / 8 + 16 experts x 92 MoE layers x
+  // 17547264 B / 8 GPUs (= 3228696576 B) + the latent + the KDA state (69 x 96 x 128 x 128 x 4 B) and
+  // conv state (69 x 3 x 96 x 128 x 3 x 4 B), read and written, split over 8
+  const double experts = 16 * 92 * 17547264.0 / 8;
+  const double cache = 8192 * 24 * 576 * 2.0 + 2 * (69 * 96 * 128 * 128 * 4.0 + 69 * 3 * 96 * 128 * 3 * 4.0) / 8;
+  const double non_expert = (a.weights.non_expert() - a.weights.embedding) / 8;
+  EXPECT_DOUBLE_EQ(a.decode_bytes_per_token_b1, non_expert + experts + cache);
+}
+
 TEST(Plan, CostFormula) {
-  EXPECT_DOUBLE_EQ(usd_per_million_tokens(3.0, 8, 1000), 3.0 * 8 / (1000 * 3600.0) * 1e6);
+  // $3/GPU-hour on 8 GPUs = $24/hour; 1000 tok/s = 3.6e6 tokens/hour -> 24 / 3.6 = $6.667 per million.
+  EXPECT_NEAR(usd_per_million_tokens(3.0, 8, 1000), 24.0 / 3.6, 1e-12);
   PlanInput in;
   in.config = load_preset("kimi-k3");
   in.hw = find_hardware(builtin_hardware(), "b300");
@@ -121,11 +219,13 @@ TEST(Plan, CostFormula) {
   in.price_per_gpu_hour = 6.0;
   auto p = make_plan(in);
   ASSERT_TRUE(p.usd_per_million_output_tokens);
+  // without a measurement the planner prices its aggregate decode bound (checked above).
   EXPECT_NEAR(*p.usd_per_million_output_tokens, 6.0 * 8 / (p.decode_tok_s_aggregate * 3600) * 1e6, 1e-9);
   in.measured_tokens_per_s = read_measured_throughput(R"({"results": {"output_tokens_per_s": 2500.0}})", "bench.json");
   in.measured_source = "bench.json";
   p = make_plan(in);
-  EXPECT_NEAR(*p.usd_per_million_output_tokens, 6.0 * 8 / (2500.0 * 3600) * 1e6, 1e-9);
+  // $6 x 8 = $48/hour; 2500 tok/s = 9e6 tokens/hour -> 48 / 9 = $5.333 per million.
+  EXPECT_NEAR(*p.usd_per_million_output_tokens, 48.0 / 9.0, 1e-12);
   EXPECT_THROW(read_measured_throughput(R"({"x": 1})", "b.json"), k3::Error);
 }
 

@@ -53,6 +53,7 @@ class Binder {
       ok = false;
     }
     if (!ok) return {};
+    if (format == WeightFormat::MXFP4 && !scales_are_finite(base + ".weight_scale", s, sshape[1])) return {};
     WeightMatrix w;
     w.format = format;
     w.data = p->data;
@@ -128,6 +129,18 @@ class Binder {
   void note(std::string problem) {
     if (problems_.size() < 20) problems_.push_back(std::move(problem));
     ++n_problems_;
+  }
+
+  // E8M0 0xFF is NaN in the OCP MX spec (v1.0, 5.4): every element of its block would decode to NaN
+  // and turn the whole forward pass into NaN logits, silently. One memchr over the scale bytes
+  // (1/17 of an MXFP4 matrix; measured in docs/testing.md) rejects it at load, naming the block.
+  bool scales_are_finite(const std::string& name, const TensorInfo* s, int64_t row_scale_bytes) {
+    const void* hit = std::memchr(s->data, 0xFF, s->nbytes);
+    if (!hit) return true;
+    const auto at = static_cast<int64_t>(static_cast<const uint8_t*>(hit) - s->data);
+    bad(name, s, "E8M0 scale 255 (NaN in OCP MX) at row " + std::to_string(at / row_scale_bytes) + ", block " +
+                     std::to_string(at % row_scale_bytes));
+    return false;
   }
 
   // The tensor's data, or an aligned copy when the file places it at an address that is not a
