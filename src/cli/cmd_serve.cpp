@@ -40,6 +40,11 @@ void validate_serve_flags(const Opts& o) {
   if (o.max_model_len == 1) throw k3::Error("--max-model-len: expected 0 (the model's limit) or at least 2, got 1");
   in(o.max_response_bytes, 0, int64_t{1} << 40, "--max-response-bytes");
   in(o.max_batched, 1, 1 << 20, "--max-num-batched-tokens");
+  // Every running sequence decodes one token per step: a smaller step budget would leave the newest
+  // decodes waiting behind the older ones (vLLM refuses this configuration too).
+  if (o.max_batched < o.max_num_seqs)
+    throw k3::Error("--max-num-batched-tokens: " + std::to_string(o.max_batched) + " is below --max-num-seqs (" +
+                    std::to_string(o.max_num_seqs) + "); each running sequence needs a token per step");
   in(o.page_size, 1, 1024, "--page-size");
   in(o.ckpt_interval, 0, int64_t{1} << 31, "--checkpoint-interval");
   k3::serve::validate(o.so);

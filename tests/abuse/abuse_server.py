@@ -614,7 +614,8 @@ BAD_FLAGS = [["--max-num-seqs", "0"], ["--max-num-seqs", "-3"], ["--timeout", "0
              ["--shutdown-grace", "-1"], ["--threads", "0"], ["--threads", "1000"], ["--max-waiting", "-1"],
              ["--max-connections", "-1"], ["--max-body-bytes", "0"], ["--max-inflight-body-bytes", "10"],
              ["--max-num-batched-tokens", "0"], ["--page-size", "0"], ["--checkpoint-interval", "-1"],
-             ["--max-model-len", "-1"]]
+             ["--max-model-len", "-1"], ["--max-model-len", "1"], ["--max-response-bytes", "-1"],
+             ["--max-num-batched-tokens", "8"]]
 
 
 def flags(port, args):
