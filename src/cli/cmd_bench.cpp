@@ -63,22 +63,21 @@ struct ServeOpts {
   std::string result_file, label;
 };
 
+// The ShareGPT file of the project's shared data: $K3_SHARED_DIR, else ../shared; else the bare file name
+// (then the dataset loader says it is missing).
 std::string sharegpt_default() {
-  for (auto p : {"../shared/data/prompts/ShareGPT_V3_filtered_1000.json", "/work/shared/data/prompts/ShareGPT_V3_filtered_1000.json"})
-    if (fs::exists(p)) return p;
-  return "ShareGPT_V3_filtered_1000.json";
+  const char* env = std::getenv("K3_SHARED_DIR");
+  const std::string base = env && *env ? env : "../shared";
+  const std::string p = base + "/data/prompts/ShareGPT_V3_filtered_1000.json";
+  return fs::exists(p) ? p : "ShareGPT_V3_filtered_1000.json";
 }
 
-int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
-  namespace b = k3::bench;
-  const b::Slo slo = b::parse_goodput(o.goodput);
-  std::unique_ptr<b::MockServer> mock;
+namespace b = k3::bench;
+
+// Client options from the flags; the model is the server's first one when --model is not given (as vllm
+// bench does).
+b::ClientOptions client_options(ServeOpts& o) {
   b::ClientOptions co;
-  if (o.dry_run) {
-    mock = std::make_unique<b::MockServer>(1);
-    o.base_url = "http://127.0.0.1:" + std::to_string(mock->port());
-    if (o.model.empty()) o.model = "mock";
-  }
   co.url = b::parse_url(o.base_url);
   co.endpoint = o.endpoint;
   if (!co.endpoint.empty() && co.endpoint[0] != '/') co.endpoint = "/" + co.endpoint;
@@ -89,7 +88,7 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
   co.temperature = o.temperature;
   co.token_id_prompts = !o.text_prompts;
   co.timeout_s = o.timeout;
-  if (o.model.empty()) {  // the server's first model, as vllm bench does
+  if (o.model.empty()) {
     int st = 0;
     auto body = b::http_get(co.url, "/v1/models", &st);
     auto j = json::parse(body, nullptr, false);
@@ -98,121 +97,99 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
     o.model = j["data"][0].value("id", "");
   }
   co.model = o.model;
+  return co;
+}
 
-  // Dataset.
-  const std::string tok_dir = resolve_model_dir(o.tokenizer);
-  auto tok = k3::text::Tokenizer::load(tok_dir);
-  const bool chat = b::is_chat_endpoint(co.endpoint);
-  // Every sweep point gets its own prompts (a server's prefix cache must not see repeats).
-  int64_t total_needed = o.sweep.empty() ? o.num_prompts : 0;
-  for (int64_t c : o.sweep) total_needed += std::max(o.num_prompts, o.sweep_per_conc * c);
-  total_needed += o.warmups;
+// Requests for the warm-up and every sweep point: each point gets its own prompts (a server's prefix cache
+// must not see repeats).
+std::vector<b::BenchRequest> build_requests(const ServeOpts& o, const k3::text::Tokenizer& tok, bool decode_text) {
+  int64_t total = o.sweep.empty() ? o.num_prompts : 0;
+  for (int64_t c : o.sweep) total += std::max(o.num_prompts, o.sweep_per_conc * c);
+  total += o.warmups;
   std::vector<b::BenchRequest> reqs;
   const uint64_t seed = static_cast<uint64_t>(o.seed);
   if (o.dataset == "random") {
-    reqs = b::random_dataset(total_needed, o.rnd, b::sampleable_ids(tok), seed);
+    reqs = b::random_dataset(total, o.rnd, b::sampleable_ids(tok), seed);
   } else if (o.dataset == "prefix-repetition") {
-    reqs = b::prefix_repetition_dataset(total_needed, o.pr, b::sampleable_ids(tok), seed);
+    reqs = b::prefix_repetition_dataset(total, o.pr, b::sampleable_ids(tok), seed);
   } else if (o.dataset == "sharegpt") {
     b::ShareGptOptions so;
     so.path = o.dataset_path.empty() ? sharegpt_default() : o.dataset_path;
     so.output_len = o.sharegpt_output_len;
-    reqs = b::sharegpt_dataset(total_needed, so, tok, seed);
+    reqs = b::sharegpt_dataset(total, so, tok, seed);
   } else {
     throw k3::Error("--dataset-name: unknown dataset '" + o.dataset + "' (random, sharegpt, prefix-repetition)");
   }
-  if (chat || o.text_prompts) b::decode_prompts(reqs, tok);
+  if (decode_text) b::decode_prompts(reqs, tok);
+  return reqs;
+}
 
-  std::vector<b::BenchRequest> warm(reqs.begin(), reqs.begin() + o.warmups);
-  reqs.erase(reqs.begin(), reqs.begin() + o.warmups);
-
-  auto server_tokens = [&]() -> std::optional<double> {
-    if (o.dry_run) return std::nullopt;
-    try {
-      int st = 0;
-      auto txt = b::http_get(co.url, "/metrics", &st);
-      if (st != 200) return std::nullopt;
-      return b::prometheus_value(txt, "k3_generation_tokens_total");
-    } catch (const k3::Error&) {
-      return std::nullopt;
-    }
-  };
-
-  if (!warm.empty()) {
-    std::fprintf(stderr, "k3 bench: %zu warm-up requests\n", warm.size());
-    auto wr = b::run_load(co, warm, std::vector<double>(warm.size(), 0.0), o.max_concurrency > 0 ? o.max_concurrency : 0);
-    int64_t bad = 0;
-    for (auto& r : wr.outcomes) bad += !r.success;
-    if (bad) std::fprintf(stderr, "k3 bench: %lld warm-up requests failed: %s\n", (long long)bad, wr.outcomes[0].error.c_str());
+// The server's own count of generated tokens (k3 serve's /metrics), to check the client's count.
+std::optional<double> server_tokens(const ServeOpts& o, const b::ClientOptions& co) {
+  if (o.dry_run) return std::nullopt;
+  try {
+    int st = 0;
+    auto txt = b::http_get(co.url, "/metrics", &st);
+    if (st != 200) return std::nullopt;
+    return b::prometheus_value(txt, "k3_generation_tokens_total");
+  } catch (const k3::Error&) {
+    return std::nullopt;
   }
+}
 
-  std::vector<int64_t> points = o.sweep;
-  if (points.empty()) points.push_back(o.max_concurrency);
-  json runs = json::array();
-  std::string tables;
-  size_t offset = 0;
-  for (int64_t conc : points) {
-    const int64_t n = o.sweep.empty() ? o.num_prompts : std::max(o.num_prompts, o.sweep_per_conc * conc);
-    std::vector<b::BenchRequest> sub(reqs.begin() + offset, reqs.begin() + offset + n);
-    offset += static_cast<size_t>(n);
-    auto arrivals = b::arrival_times(n, o.request_rate, o.burstiness, seed);
-    const auto before = server_tokens();
-    std::fprintf(stderr, "k3 bench: %lld requests, max concurrency %s, request rate %s -> %s%s\n", (long long)n,
-                 conc > 0 ? std::to_string(conc).c_str() : "unlimited",
-                 std::isfinite(o.request_rate) ? std::to_string(o.request_rate).c_str() : "inf", o.base_url.c_str(),
-                 co.endpoint.c_str());
-    const int64_t step = std::max<int64_t>(1, n / 10);
-    auto lr = b::run_load(co, sub, arrivals, conc, [&](size_t d) {
-      if (!o.quiet && (static_cast<int64_t>(d) % step == 0 || static_cast<int64_t>(d) == n))
-        std::fprintf(stderr, "  %zu/%lld done\n", d, (long long)n);
-    });
-    const auto after = server_tokens();
-    auto s = b::summarize(lr.outcomes, lr.duration_s, slo);
-    json j = b::summary_json(s);
-    j["max_concurrency"] = conc > 0 ? json(conc) : json(nullptr);
-    j["num_prompts"] = n;
-    j["request_rate"] = std::isfinite(o.request_rate) ? json(o.request_rate) : json("inf");
-    j["burstiness"] = o.burstiness;
-    j["client_connections_opened"] = lr.connections_opened;
-    j["usage_missing"] = lr.usage_missing;
-    j["chunk_throughput"] = s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0;
-    if (before && after) j["server_generation_tokens_delta"] = *after - *before;
-    if (!slo.empty()) {
-      json g;
-      if (slo.ttft_ms) g["ttft"] = *slo.ttft_ms;
-      if (slo.tpot_ms) g["tpot"] = *slo.tpot_ms;
-      if (slo.e2el_ms) g["e2el"] = *slo.e2el_ms;
-      j["goodput_slo_ms"] = g;
-    }
-    if (o.save_detailed) {
-      json per = json::array();
-      for (auto& r : lr.outcomes)
-        per.push_back({{"success", r.success}, {"error", r.error}, {"prompt_tokens", r.prompt_tokens},
-                       {"output_tokens", r.output_tokens}, {"ttft", r.ttft}, {"e2e", r.e2e}, {"itl", r.itl}});
-      j["requests"] = per;
-    }
-    std::string title = " Serving Benchmark Result ";
-    if (conc > 0) title = "Serving Benchmark Result (concurrency " + std::to_string(conc) + ")";
-    else title = "Serving Benchmark Result";
-    std::string t = b::summary_table(s, title);
-    if (before && after) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n", "Server-counted generated tokens:", *after - *before);
-      t.insert(t.size() - 51, buf);
-    }
-    if (o.dry_run) {
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n%-40s%-10.0f\n", "Client capacity (req/s, mock server):",
-                    s.request_throughput, "Client capacity (chunks/s, mock server):", s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0);
-      t.insert(t.size() - 51, buf);
-    }
-    if (!s.errors.empty()) t += "first errors: " + s.errors.front() + "\n";
-    std::printf("%s", t.c_str());
-    std::fflush(stdout);
-    tables += t;
-    runs.push_back(j);
+// The JSON of one sweep point (vllm bench's result keys plus ours).
+json point_json(const ServeOpts& o, const b::Summary& s, const b::LoadResult& lr, const b::Slo& slo, int64_t conc,
+                int64_t n, double served) {
+  json j = b::summary_json(s);
+  j["max_concurrency"] = conc > 0 ? json(conc) : json(nullptr);
+  j["num_prompts"] = n;
+  j["request_rate"] = std::isfinite(o.request_rate) ? json(o.request_rate) : json("inf");
+  j["burstiness"] = o.burstiness;
+  j["client_connections_opened"] = lr.connections_opened;
+  j["usage_missing"] = lr.usage_missing;
+  j["chunk_throughput"] = s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0;
+  if (served >= 0) j["server_generation_tokens_delta"] = served;
+  if (!slo.empty()) {
+    json g;
+    if (slo.ttft_ms) g["ttft"] = *slo.ttft_ms;
+    if (slo.tpot_ms) g["tpot"] = *slo.tpot_ms;
+    if (slo.e2el_ms) g["e2el"] = *slo.e2el_ms;
+    j["goodput_slo_ms"] = g;
   }
+  if (o.save_detailed) {
+    json per = json::array();
+    for (auto& r : lr.outcomes)
+      per.push_back({{"success", r.success}, {"error", r.error}, {"prompt_tokens", r.prompt_tokens},
+                     {"output_tokens", r.output_tokens}, {"ttft", r.ttft}, {"e2e", r.e2e}, {"itl", r.itl}});
+    j["requests"] = per;
+  }
+  return j;
+}
 
+// The printed table of one sweep point.
+// served: the server's count of generated tokens in this point (< 0: unknown).
+std::string point_table(const ServeOpts& o, const b::Summary& s, int64_t conc, double served) {
+  const std::string title =
+      conc > 0 ? "Serving Benchmark Result (concurrency " + std::to_string(conc) + ")" : "Serving Benchmark Result";
+  std::string t = b::summary_table(s, title);
+  if (served >= 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n", "Server-counted generated tokens:", served);
+    t.insert(t.size() - 51, buf);
+  }
+  if (o.dry_run) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n%-40s%-10.0f\n", "Client capacity (req/s, mock server):",
+                  s.request_throughput, "Client capacity (chunks/s, mock server):",
+                  s.duration_s > 0 ? s.total_chunks / s.duration_s : 0.0);
+    t.insert(t.size() - 51, buf);
+  }
+  if (!s.errors.empty()) t += "first errors: " + s.errors.front() + "\n";
+  return t;
+}
+
+// The result file's run description (vllm bench's keys).
+json result_meta(const ServeOpts& o, const b::ClientOptions& co, const std::string& tok_dir, const std::string& cmdline) {
   json meta = {{"date", now_string()},
                {"backend", o.dry_run ? "mock" : "openai"},
                {"base_url", o.base_url},
@@ -232,14 +209,64 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
   if (o.dataset == "prefix-repetition")
     meta["prefix_repetition"] = {{"prefix_len", o.pr.prefix_len}, {"suffix_len", o.pr.suffix_len},
                                  {"num_prefixes", o.pr.num_prefixes}, {"output_len", o.pr.output_len}};
-  json result;
-  if (o.sweep.empty()) {
-    result = meta;
-    result.update(runs[0]);
-  } else {
-    result = meta;
-    result["sweep"] = runs;
+  return meta;
+}
+
+int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
+  const b::Slo slo = b::parse_goodput(o.goodput);
+  std::unique_ptr<b::MockServer> mock;
+  if (o.dry_run) {
+    mock = std::make_unique<b::MockServer>(1);
+    o.base_url = "http://127.0.0.1:" + std::to_string(mock->port());
+    if (o.model.empty()) o.model = "mock";
   }
+  const b::ClientOptions co = client_options(o);
+  const std::string tok_dir = resolve_model_dir(o.tokenizer);
+  auto tok = k3::text::Tokenizer::load(tok_dir);
+  std::vector<b::BenchRequest> reqs = build_requests(o, tok, b::is_chat_endpoint(co.endpoint) || o.text_prompts);
+  std::vector<b::BenchRequest> warm(reqs.begin(), reqs.begin() + o.warmups);
+  reqs.erase(reqs.begin(), reqs.begin() + o.warmups);
+
+  if (!warm.empty()) {
+    std::fprintf(stderr, "k3 bench: %zu warm-up requests\n", warm.size());
+    auto wr = b::run_load(co, warm, std::vector<double>(warm.size(), 0.0), o.max_concurrency > 0 ? o.max_concurrency : 0);
+    int64_t bad = 0;
+    for (auto& r : wr.outcomes) bad += !r.success;
+    if (bad) std::fprintf(stderr, "k3 bench: %lld warm-up requests failed: %s\n", (long long)bad, wr.outcomes[0].error.c_str());
+  }
+
+  std::vector<int64_t> points = o.sweep;
+  if (points.empty()) points.push_back(o.max_concurrency);
+  json runs = json::array();
+  size_t offset = 0;
+  for (int64_t conc : points) {
+    const int64_t n = o.sweep.empty() ? o.num_prompts : std::max(o.num_prompts, o.sweep_per_conc * conc);
+    std::vector<b::BenchRequest> sub(reqs.begin() + offset, reqs.begin() + offset + n);
+    offset += static_cast<size_t>(n);
+    auto arrivals = b::arrival_times(n, o.request_rate, o.burstiness, static_cast<uint64_t>(o.seed));
+    const auto before = server_tokens(o, co);
+    std::fprintf(stderr, "k3 bench: %lld requests, max concurrency %s, request rate %s -> %s%s\n", (long long)n,
+                 conc > 0 ? std::to_string(conc).c_str() : "unlimited",
+                 std::isfinite(o.request_rate) ? std::to_string(o.request_rate).c_str() : "inf", o.base_url.c_str(),
+                 co.endpoint.c_str());
+    const int64_t step = std::max<int64_t>(1, n / 10);
+    auto lr = b::run_load(co, sub, arrivals, conc, [&](size_t d) {
+      if (!o.quiet && (static_cast<int64_t>(d) % step == 0 || static_cast<int64_t>(d) == n))
+        std::fprintf(stderr, "  %zu/%lld done\n", d, (long long)n);
+    });
+    const auto after = server_tokens(o, co);
+    const double served = before && after ? *after - *before : -1;  // < 0: the server did not say
+    const auto s = b::summarize(lr.outcomes, lr.duration_s, slo);
+    std::printf("%s", point_table(o, s, conc, served).c_str());
+    std::fflush(stdout);
+    runs.push_back(point_json(o, s, lr, slo, conc, n, served));
+  }
+
+  json result = result_meta(o, co, tok_dir, cmdline);
+  if (o.sweep.empty())
+    result.update(runs[0]);
+  else
+    result["sweep"] = runs;
   if (!o.result_file.empty()) {
     write_json(o.result_file, result);
     std::fprintf(stderr, "k3 bench: results written to %s\n", o.result_file.c_str());
