@@ -1,5 +1,6 @@
 #include "k3/model/weights.h"
 
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -134,7 +135,13 @@ class Binder {
   // E8M0 0xFF is NaN in the OCP MX spec (v1.0, 5.4): every element of its block would decode to NaN
   // and turn the whole forward pass into NaN logits, silently. One memchr over the scale bytes
   // (1/17 of an MXFP4 matrix; measured in docs/testing.md) rejects it at load, naming the block.
+  // On a full K3 (~85 GB of scales, read from disk the first time) this takes a while: a progress line
+  // every 8 GB, so a long load does not look hung.
   bool scales_are_finite(const std::string& name, const TensorInfo* s, int64_t row_scale_bytes) {
+    constexpr uint64_t kProgressBytes = uint64_t{8} << 30;
+    if ((scanned_ + s->nbytes) / kProgressBytes > scanned_ / kProgressBytes)
+      std::fprintf(stderr, "k3: checking MXFP4 scales: %.0f GB so far\n", double(scanned_ + s->nbytes) / 1e9);
+    scanned_ += s->nbytes;
     const void* hit = std::memchr(s->data, 0xFF, s->nbytes);
     if (!hit) return true;
     const auto at = static_cast<int64_t>(static_cast<const uint8_t*>(hit) - s->data);
@@ -156,6 +163,7 @@ class Binder {
   std::vector<std::vector<uint8_t>>& copies_;
   std::vector<std::string> problems_;
   size_t n_problems_ = 0;
+  uint64_t scanned_ = 0;  // MXFP4 scale bytes checked so far (progress line)
   std::set<std::string> used_;
   int64_t bytes_ = 0;
 };
