@@ -25,7 +25,8 @@ GenerationJob::GenerationJob(GenRequest req, Clock::time_point arrival, JobEnv e
   first_sent_.assign(n, false);
   last_token_.assign(n, arrival_);
   if (req_.endpoint == Endpoint::Chat)
-    for (int i = 0; i < n; ++i) parsers_.push_back(env_.ctx.chat->make_parser(req_.body, id_ + "-" + std::to_string(i)));
+    for (int i = 0; i < n; ++i)
+      parsers_.push_back(env_.ctx.chat->make_parser(req_.body, id_ + "-" + std::to_string(i)));
 }
 
 int GenerationJob::submit(const OutputPoster& post, bool draining) {
@@ -123,7 +124,8 @@ void GenerationJob::mark_complete() {
 
 std::vector<std::string> GenerationJob::stream_tail() const {
   std::vector<std::string> events;
-  if (!error_.empty()) events.push_back(event(error_json(ApiError(500, "generation failed: " + error_, "", "server_error"))));
+  if (!error_.empty())
+    events.push_back(event(error_json(ApiError(500, "generation failed: " + error_, "", "server_error"))));
   if (req_.include_usage) events.push_back(event(build_usage_chunk(req_.endpoint, req_, id_, created_, usage_)));
   events.push_back("data: [DONE]\n\n");
   return events;
