@@ -1,6 +1,7 @@
-// One client connection of `k3 serve`: reads requests, routes them, runs generation jobs, writes
-// responses and SSE streams, and watches for the client going away in every state. See docs/serving.md
-// ("Connections and limits") for the rules this file implements.
+// One client connection of `k3 serve`: reads requests, routes them (and checks API keys), writes
+// responses and SSE streams, and watches for the client going away in every state. What a generation
+// request sends is built by its GenerationJob (generation_job.h); this file only frames and writes it.
+// See docs/serving.md ("Connections and limits") for the rules this file implements.
 #include <poll.h>
 
 #include <boost/beast/core.hpp>
@@ -10,20 +11,16 @@
 #include <deque>
 #include <functional>
 
+#include "k3/serve/generation_job.h"
 #include "k3/serve/server_impl.h"
 
 namespace k3::serve {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
-using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
@@ -52,26 +49,6 @@ constexpr size_t kHeaderLimit = 64 * 1024;
 constexpr size_t kMaxBuffered = kHeaderLimit + 64 * 1024;
 // How often a connection whose request is being parsed or generated checks that its client is still there.
 constexpr auto kWatchEvery = std::chrono::milliseconds(50);
-
-// One generation request (n engine requests).
-struct Job {
-  GenRequest req;
-  std::string id;
-  int64_t created = 0;
-  std::vector<std::string> engine_ids;
-  std::vector<ChoiceState> choices;
-  std::vector<std::unique_ptr<ChatOutputParser>> parsers;
-  std::vector<bool> first_sent;
-  std::vector<Clock::time_point> last_token;
-  int remaining = 0;
-  Usage usage;
-  Clock::time_point arrival;
-  bool any_token = false;
-  std::string error;      // engine error or submit failure (non-stream: answered as an error)
-  int error_status = 500;
-  bool complete = false;  // all choices finished and the final bytes queued
-  bool stream_started = false;  // SSE headers sent
-};
 
 // What a parse worker hands back to the connection.
 struct Parsed {
@@ -482,7 +459,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   // a closed socket answers it with a reset, which the next poll sees. The byte is an SSE comment in
   // a stream, else an interim "100 Continue" (RFC 9110 15.2: HTTP/1.1 clients must accept 1xx).
   // HTTP/1.0 has no 1xx: its FIN counts as gone.
-  bool busy() const { return parsing_ || (job_ && !job_->complete); }
+  bool busy() const { return parsing_ || (job_ && !job_->complete()); }
 
   void start_watch() {
     if (watching_ || closed_) return;
@@ -500,7 +477,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       if ((p.revents & POLLRDHUP) && !peer_fin_) {
         peer_fin_ = true;
         if (http10_) return on_client_gone();
-        if (job_ && job_->stream_started)
+        if (job_ && job_->stream_started())
           send_event_raw(": probe\n\n");
         else
           queue_write("HTTP/1.1 100 Continue\r\n\r\n");
@@ -513,9 +490,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     if (client_gone_) return;
     client_gone_ = true;
     if (busy()) srv_.metrics.count_disconnect();
-    if (job_ && !job_->complete) {
-      for (const auto& id : job_->engine_ids) srv_.engine.cancel(id);
-    } else if (job_ && job_->complete) {
+    if (job_ && !job_->complete()) {
+      job_->cancel_all();
+    } else if (job_ && job_->complete()) {
       end_job();
     } else {
       close();
@@ -525,150 +502,59 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   // ---- generation --------------------------------------------------------------------------------
   // `srv_.inflight` already holds n for this job (reserve_inflight); unsubmitted ones are given back.
   void start_job(GenRequest gr) {
-    auto job = std::make_shared<Job>();
-    job->req = std::move(gr);
-    job->id = new_response_id(job->req.endpoint);
-    job->created = unix_now();
-    job->arrival = arrival_;
-    const int n = job->req.n;
-    job->choices.resize(n);
-    job->first_sent.assign(n, false);
-    job->last_token.assign(n, arrival_);
-    if (job->req.endpoint == Endpoint::Chat)
-      for (int i = 0; i < n; ++i)
-        job->parsers.push_back(srv_.ctx.chat->make_parser(job->req.body, job->id + "-" + std::to_string(i)));
+    const int n = gr.n;
+    auto job = std::make_shared<GenerationJob>(std::move(gr), arrival_,
+                                               JobEnv{srv_.engine, srv_.ctx, srv_.metrics, srv_.inflight});
     job_ = job;
     ++srv_.active_jobs;
     start_watch();
-
-    int submitted = 0;
-    for (int i = 0; i < n; ++i) {
-      engine::Request r;
-      r.id = job->id + "-" + std::to_string(i);
-      r.prompt = job->req.prompt;
-      r.params = job->req.params;
-      if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(i);
-      r.top_logprobs = job->req.top_logprobs;
-      r.cache_salt = job->req.cache_salt;
-      job->engine_ids.push_back(r.id);
-      ++job->remaining;
-      try {
-        srv_.engine.submit(std::move(r), [self = shared_from_this(), i](const engine::RequestOutput& o) {
-          self->post_output(i, o);
-        });
-        ++submitted;
-      } catch (const std::exception& e) {
-        --job->remaining;
-        job->engine_ids.pop_back();
-        job->error = e.what();
-        job->error_status = srv_.draining ? 503 : 400;
-        for (const auto& id : job->engine_ids) srv_.engine.cancel(id);
-        break;
-      }
-    }
+    // The engine thread only posts the output to this connection's strand (never blocks on it).
+    const int submitted = job->submit(
+        [self = shared_from_this()](int i, const engine::RequestOutput& o) { self->post_output(i, o); },
+        srv_.draining);
     srv_.inflight -= n - submitted;
-    if (!job->error.empty()) {
-      if (job->remaining == 0) complete_job();
+    if (job->failed()) {
+      if (job->remaining() == 0) complete_job();
       return;  // the rest completes when the cancelled ones report back
     }
-    if (job->req.stream) {
-      job->stream_started = true;
+    if (job->req().stream) {
+      job->set_stream_started();
       srv_.metrics.count_request(endpoint_, 200);
       if (srv_.draining || http10_) close_after_ = true;
       queue_write(head(200, "text/event-stream", "", true, 0));
     }
   }
 
-  void send_event(const json& j) { send_event_raw("data: " + dump(j) + "\n\n"); }
+  // One SSE event, framed as a chunk (HTTP/1.1) or raw (HTTP/1.0: the stream ends with the connection).
   void send_event_raw(const std::string& data) {
     queue_write(http10_ ? data : hex(data.size()) + "\r\n" + data + "\r\n");
   }
 
   void on_output(int i, const engine::RequestOutput& o) {
     auto job = job_;
-    if (!job || job->complete) return;
-    auto& c = job->choices[i];
-    const auto now = Clock::now();
-    const bool chat = job->req.endpoint == Endpoint::Chat;
-
-    if (!o.new_token_ids.empty()) {
-      if (!job->any_token) {
-        job->any_token = true;
-        srv_.metrics.observe_ttft(secs(job->arrival, now));
-      } else if (c.completion_tokens > 0) {
-        srv_.metrics.observe_tpot(secs(job->last_token[i], now) / double(o.new_token_ids.size()));
-      }
-      job->last_token[i] = now;
-    }
-    c.completion_tokens = o.completion_tokens;
-
-    ChatDelta delta;
-    std::string text;
-    if (chat) {
-      delta = chat_step(*job->parsers[i], o.pieces, o.finished);
-    } else {
-      for (const auto& p : o.pieces)
-        if (p.special_id < 0) text += p.text;
-    }
-    if (!job->req.stream)  // a stream sends them at once; only a non-streamed response collects them
-      for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
-
-    if (o.finished) {
-      c.finish_reason = o.finish_reason.empty() ? "stop" : o.finish_reason;
-      if (!o.error.empty()) job->error = o.error;
-      job->usage.prompt_tokens = o.prompt_tokens;  // same prompt for every choice
-      job->usage.completion_tokens += o.completion_tokens;
-      job->usage.cached_tokens = std::max(job->usage.cached_tokens, o.cached_prompt_tokens);
-      --job->remaining;
-      --srv_.inflight;
-    }
-
-    if (job->stream_started && !client_gone_) {
-      std::string fr = o.finished ? openai_finish_reason(c.finish_reason, !c.message.tool_calls.empty() ||
-                                                                              !delta.tool_calls.empty())
-                                  : std::string();
-      const bool first = chat && !job->first_sent[i];
-      if (first || !delta.empty() || !text.empty() || !o.logprobs.empty() || o.finished) {
-        send_event(build_chunk(job->req.endpoint, job->req, job->id, job->created, i, first, delta, text, o.logprobs,
-                               fr, *srv_.ctx.tok, c.text_offset));
-        job->first_sent[i] = true;
-      }
-    }
-    if (chat)
-      c.message.append(std::move(delta));
-    else
-      c.text += text;
-
-    if (job->remaining == 0) complete_job();
+    if (!job || job->complete()) return;
+    if (auto ev = job->on_output(i, o, !client_gone_)) send_event_raw(*ev);
+    if (job->remaining() == 0) complete_job();
   }
 
   void complete_job() {
     auto job = job_;
-    job->complete = true;
-    const auto now = Clock::now();
-    srv_.metrics.observe_e2e(secs(job->arrival, now));
-    srv_.metrics.add_tokens(job->usage.prompt_tokens, job->usage.completion_tokens);
+    job->mark_complete();
     if (client_gone_) return end_job();
-    if (job->stream_started) {
-      if (!job->error.empty())
-        send_event(error_json(ApiError(500, "generation failed: " + job->error, "", "server_error")));
-      if (job->req.include_usage)
-        send_event(build_usage_chunk(job->req.endpoint, job->req, job->id, job->created, job->usage));
+    if (job->stream_started()) {
+      // Set before the last bytes are queued; it runs only once the queue has drained (writes are async).
       after_flush_ = [this] { end_job(); };
-      send_event_raw("data: [DONE]\n\n");
+      for (const auto& ev : job->stream_tail()) send_event_raw(ev);
       if (!http10_) queue_write("0\r\n\r\n");
       return;
     }
-    if (!job->error.empty()) {
-      const int st = job->error_status;
+    if (job->failed()) {
       after_flush_ = nullptr;
       job_.reset();
       --srv_.active_jobs;
-      return send_error(endpoint_, ApiError(st, st == 400 ? job->error : "generation failed: " + job->error, "",
-                                            st == 400 ? "invalid_request_error" : "server_error"));
+      return send_error(endpoint_, job->error_response());
     }
-    std::string body = build_response_body(job->req.endpoint, job->req, job->id, job->created, job->choices,
-                                            job->usage, *srv_.ctx.tok);
+    std::string body = job->response_body();
     job_.reset();
     --srv_.active_jobs;
     send_response(200, std::move(body), "application/json");
@@ -703,7 +589,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   Clock::time_point arrival_;
   std::deque<std::string> outq_;
   std::function<void()> after_flush_;
-  std::shared_ptr<Job> job_;
+  std::shared_ptr<GenerationJob> job_;
 };
 
 }  // namespace
