@@ -402,6 +402,17 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+}  // namespace
+
+cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
+                        const float* topk_w, float* out, cudaStream_t stream) {
+  if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
+  dec_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(X, K, part, split_stride, splits, slot_of, topk_w, out);
+  return cudaGetLastError();
+}
+
+namespace {
+
 int num_sms() {
   static const int n = [] {
     int dev = 0, v = 0;
@@ -493,9 +504,7 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   dec_kernel<MX, NT, NS, false><<<dim3(tiles_bound, rb_dn, sp_dn), kThreads, 0, stream>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  dec_combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(X, K, s.part, a.split_stride, sp_dn, slot_of, topk_w,
-                                                                   out);
-  return cudaGetLastError();
+  return moe_combine(n, X, K, s.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
 }
 
 }  // namespace

@@ -30,4 +30,10 @@ cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int t
                                const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
                                const DecodeScratch& s, cudaStream_t stream);
 
+// out[t] = sum over k in rank order of topk_w[t][k] * (sum over `splits` partials of y[slot_of[t][k]]), each
+// partial [P][X] at part + split * split_stride; slot < 0 skipped. The one combine of both MoE paths (the
+// tiled path passes splits = 1). X % 4 == 0, K <= 32.
+cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
+                        const float* topk_w, float* out, cudaStream_t stream);
+
 }  // namespace k3::cuda

@@ -672,37 +672,6 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
   }
 }
 
-// ---------------------------------------------------------------------------------------------- combine
-
-__global__ void __launch_bounds__(256)
-    combine_kernel(int X, int K, const float* __restrict__ y, const int32_t* __restrict__ slot_of,
-                   const float* __restrict__ topk_w, float* __restrict__ out) {
-  __shared__ int s_slot[kMaxK];
-  __shared__ float s_w[kMaxK];
-  const int t = blockIdx.x;
-  if (threadIdx.x < K) {
-    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
-    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
-  }
-  __syncthreads();
-  const int X4 = X >> 2;
-  float4* o = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X);
-  for (int c = threadIdx.x; c < X4; c += blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < K; ++k) {  // rank order
-      const int s = s_slot[k];
-      if (s < 0) continue;
-      const float w = s_w[k];
-      const float4 v = __ldg(reinterpret_cast<const float4*>(y + static_cast<int64_t>(s) * X) + c);
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
-    }
-    o[c] = acc;
-  }
-}
-
 // ------------------------------------------------------------------------------------------------- host
 
 // The gate+up launch's arguments, and the same turned into the down launch's (both paths share them).
@@ -931,8 +900,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
                  : launch_tiles<false, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
                                            ws.num_tiles_, ws.hidden_, ws.y_, stream);
   if (e != cudaSuccess) return e;
-  combine_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(w.X, K, ws.y_, ws.slot_of_, topk_w, out);
-  return cudaGetLastError();
+  return moe_combine(n, w.X, K, ws.y_, 0, 1, ws.slot_of_, topk_w, out, stream);
 }
 
 }  // namespace k3::cuda
