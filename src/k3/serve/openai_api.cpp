@@ -526,8 +526,8 @@ json completion_logprobs(const std::vector<engine::TokenLogprob>& lps, const tex
     tokens.push_back(t);
     token_lps.push_back(lp.logprob);
     json top = json::object();
-    for (int i = 0; i < top_n && i < static_cast<int>(lp.top.size()); ++i)
-      top[token_text(tok, lp.top[i].first)] = lp.top[i].second;
+    for (int i = 0; i < top_n && i < static_cast<int>(lp.top.size()); ++i)  // equal texts: the first (likelier) wins
+      top.emplace(token_text(tok, lp.top[i].first), lp.top[i].second);
     tops.push_back(top_n > 0 ? top : json(nullptr));
     offsets.push_back(text_offset);
     text_offset += static_cast<int64_t>(t.size());
