@@ -412,10 +412,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   // ---- writes ------------------------------------------------------------------------------------
   void queue_write(std::string bytes) {
-    if (client_gone_ || closed_) {
-      outq_.clear();
-      return;
-    }
+    // Not cleared here: a non-empty queue means a write is in flight, and its buffer is outq_.front().
+    // on_write clears the queue when that write fails.
+    if (client_gone_ || closed_) return;
     outq_.push_back(std::move(bytes));
     do_write();
   }
