@@ -47,6 +47,8 @@ void validate_serve_flags(const Opts& o) {
                     std::to_string(o.max_num_seqs) + "); each running sequence needs a token per step");
   in(o.page_size, 1, 1024, "--page-size");
   in(o.ckpt_interval, 0, int64_t{1} << 31, "--checkpoint-interval");
+  for (const auto& k : o.so.api_keys)  // $K3_API_KEY is read later, and an empty one skipped
+    if (k.empty()) throw k3::Error("--api-key must not be empty");
   k3::serve::validate(o.so);
 }
 }  // namespace
@@ -159,8 +161,6 @@ void add_serve(CLI::App& app, Registry& reg) {
       ctx.prompt_tokens_details = o->prompt_tokens_details;
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
-      for (const auto& k : o->so.api_keys)
-        if (k.empty()) throw k3::Error("--api-key must not be empty");
 
       k3::serve::Metrics metrics;
       k3::serve::Server server(o->so, engine, ctx, metrics);

@@ -615,14 +615,17 @@ BAD_FLAGS = [["--max-num-seqs", "0"], ["--max-num-seqs", "-3"], ["--timeout", "0
              ["--max-connections", "-1"], ["--max-body-bytes", "0"], ["--max-inflight-body-bytes", "10"],
              ["--max-num-batched-tokens", "0"], ["--page-size", "0"], ["--checkpoint-interval", "-1"],
              ["--max-model-len", "-1"], ["--max-model-len", "1"], ["--max-response-bytes", "-1"],
-             ["--max-num-batched-tokens", "8"]]
+             ["--max-num-batched-tokens", "8"], ["--api-key", ""]]
 
 
 def flags(port, args):
-    """issue 11: nonsensical numeric flags fail at start-up with `k3: error:` and status 1 (before the model loads)."""
+    """issue 11: nonsensical flags fail at start-up with `k3: error:` and status 1 (before the model loads:
+    the model given does not exist, so a flag checked after loading would report the model instead)."""
+    missing_model = os.path.join(ROOT, "no-such-model-dir")
     for f in BAD_FLAGS:
         try:
-            p = subprocess.run([args.bin, "serve", "--port", "0", *f], capture_output=True, text=True, timeout=10)
+            p = subprocess.run([args.bin, "serve", "--port", "0", "-m", missing_model, *f], capture_output=True,
+                               text=True, timeout=10)
         except subprocess.TimeoutExpired:  # it started serving
             check(False, "flags %s: accepted (the server ran)" % " ".join(f))
             continue

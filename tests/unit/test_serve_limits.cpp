@@ -2,8 +2,11 @@
 // never UB or a 500), what one request may hold is bounded, and cached-token counts are hidden by default.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/openai_api.h"
+#include "k3/text/utf8.h"
 #include "serve_api_fixture.h"
 #include "test_util.h"
 
@@ -210,4 +213,45 @@ TEST(ServeLimits, PromptEdgeCases) {
   // Found by fuzz_request: a content part whose type is not a string threw json::type_error (500).
   EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":[{"type":1.1,"text":"Hi"}]}]})") / 1000, 400);
   EXPECT_EQ(err(Endpoint::Chat, R"({"messages":[{"role":"user","content":"hi"}],"model":"other"})") / 1000, 404);
+}
+
+// The non-streamed response writes logprobs as text (openai_api.cpp put_*_logprobs); a stream builds
+// them as JSON (chat_logprobs / completion_logprobs). Both must say the same thing, including for two
+// alternatives whose texts coincide (completions key top_logprobs by text: the first, likelier, wins).
+TEST(ServeLimits, TextLogprobsEqualTheStreamedForm) {
+  auto ctx = fx().ctx();
+  const auto& tok = fx().tok;
+  int32_t dup_a = -1, dup_b = -1;  // two ids with the same rendered text (e.g. lone UTF-8 bytes -> U+FFFD)
+  std::map<std::string, int32_t> by_text;
+  for (int32_t id = 0; id < tok.n_vocab() && dup_b < 0; ++id) {
+    if (tok.is_special(id)) continue;
+    const std::string t = k3::text::utf8_lossy(tok.token_bytes(id));  // as the response renders it
+    if (auto [it, fresh] = by_text.emplace(t, id); !fresh) dup_a = it->second, dup_b = id;
+  }
+  ASSERT_GE(dup_b, 0) << "no two tokens share a text: the duplicate-key case is not exercised";
+  const int32_t ia = tok.encode("a")[0], ib = tok.encode("b")[0];
+  std::vector<k3::engine::TokenLogprob> lps = {
+      {ia, -0.5f, {{ia, -0.5f}, {dup_a, -1.25f}, {dup_b, -2.5f}, {ib, -3.0f}}},
+      {dup_b, -0.1234567f, {{dup_b, -0.1234567f}, {ia, -7.75f}}},
+      {ib, -1e-8f, {}},
+  };
+  for (Endpoint ep : {Endpoint::Chat, Endpoint::Completions}) {
+    for (int top : {0, 1, 3, 20}) {
+      const std::string body = ep == Endpoint::Chat
+          ? R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":)" + std::to_string(top) + "}"
+          : R"({"prompt":"hi","logprobs":)" + std::to_string(top) + "}";
+      auto r = parse_text(ep, body, ctx);
+      std::vector<k3::serve::ChoiceState> ch(2);
+      ch[0].logprobs = lps;
+      ch[1].logprobs = {lps[1]};
+      const json j = json::parse(k3::serve::build_response_body(ep, r, "id", 1, ch, {}, tok));
+      for (size_t c = 0; c < ch.size(); ++c) {
+        int64_t off = 0;
+        const json want = ep == Endpoint::Chat
+                              ? json{{"content", k3::serve::chat_logprobs(ch[c].logprobs, tok, r.top_logprobs)}}
+                              : k3::serve::completion_logprobs(ch[c].logprobs, tok, r.top_logprobs, off);
+        EXPECT_EQ(j["choices"][c]["logprobs"], want) << (ep == Endpoint::Chat ? "chat" : "completions") << " top " << top;
+      }
+    }
+  }
 }

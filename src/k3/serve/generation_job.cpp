@@ -3,6 +3,7 @@
 #include "k3/serve/generation_job.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace k3::serve {
 
@@ -60,7 +61,7 @@ void GenerationJob::cancel_all() {
   for (const auto& id : engine_ids_) env_.engine.cancel(id);
 }
 
-std::optional<std::string> GenerationJob::on_output(int i, const engine::RequestOutput& o, bool stream_to_client) {
+std::optional<std::string> GenerationJob::on_output(int i, engine::RequestOutput&& o, bool stream_to_client) {
   auto& c = choices_[i];
   const auto now = Clock::now();
   const bool chat = req_.endpoint == Endpoint::Chat;
@@ -84,9 +85,6 @@ std::optional<std::string> GenerationJob::on_output(int i, const engine::Request
     for (const auto& p : o.pieces)
       if (p.special_id < 0) text += p.text;
   }
-  if (!req_.stream)  // a stream sends them at once; only a non-streamed response collects them
-    for (const auto& lp : o.logprobs) c.logprobs.push_back(lp);
-
   if (o.finished) {
     c.finish_reason = o.finish_reason.empty() ? "stop" : o.finish_reason;
     if (!o.error.empty()) error_ = o.error;
@@ -113,6 +111,9 @@ std::optional<std::string> GenerationJob::on_output(int i, const engine::Request
     c.message.append(std::move(delta));
   else
     c.text += text;
+  if (!req_.stream)  // a stream sent them above; only a non-streamed response collects them
+    c.logprobs.insert(c.logprobs.end(), std::make_move_iterator(o.logprobs.begin()),
+                      std::make_move_iterator(o.logprobs.end()));
   return out;
 }
 

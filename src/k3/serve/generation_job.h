@@ -43,8 +43,9 @@ class GenerationJob {
   void cancel_all();
 
   // One engine output for choice i. Returns the SSE event ("data: ...\n\n") to send when the stream
-  // has started and `stream_to_client`; updates the collected choices and usage either way.
-  std::optional<std::string> on_output(int i, const engine::RequestOutput& o, bool stream_to_client);
+  // has started and `stream_to_client`; updates the collected choices and usage either way (a
+  // non-streamed job takes o's logprobs over rather than copying them).
+  std::optional<std::string> on_output(int i, engine::RequestOutput&& o, bool stream_to_client);
 
   // All choices finished: records the job's e2e latency and token counts; complete() turns true.
   void mark_complete();

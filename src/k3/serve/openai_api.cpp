@@ -367,10 +367,11 @@ int64_t response_bytes_per_token(int top_logprobs) {
   return kResponseBytesPerToken + (top_logprobs >= 0 ? (1 + top_logprobs) * kResponseBytesPerLogprob : 0);
 }
 
-GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext& ctx) {
+namespace {
+// Everything but GenRequest::body, which the two overloads below copy or move in.
+GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   GenRequest r;
   r.endpoint = ep;
-  r.body = b;
   const bool chat = ep == Endpoint::Chat;
   r.show_cached_tokens = ctx.prompt_tokens_details;
 
@@ -446,6 +447,19 @@ GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext
     if (msg.rfind("SamplingParams: ", 0) == 0) msg = msg.substr(16);
     throw ApiError(400, msg, param);
   }
+  return r;
+}
+}  // namespace
+
+GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext& ctx) {
+  GenRequest r = parse_fields(ep, b, ctx);
+  if (ep == Endpoint::Chat) r.body = b;
+  return r;
+}
+
+GenRequest parse_generation_request(Endpoint ep, json&& b, const ApiContext& ctx) {
+  GenRequest r = parse_fields(ep, b, ctx);
+  if (ep == Endpoint::Chat) r.body = std::move(b);
   return r;
 }
 
@@ -526,8 +540,8 @@ json completion_logprobs(const std::vector<engine::TokenLogprob>& lps, const tex
     tokens.push_back(t);
     token_lps.push_back(lp.logprob);
     json top = json::object();
-    for (int i = 0; i < top_n && i < static_cast<int>(lp.top.size()); ++i)
-      top[token_text(tok, lp.top[i].first)] = lp.top[i].second;
+    for (int i = 0; i < top_n && i < static_cast<int>(lp.top.size()); ++i)  // equal texts: the first (likelier) wins
+      top.emplace(token_text(tok, lp.top[i].first), lp.top[i].second);
     tops.push_back(top_n > 0 ? top : json(nullptr));
     offsets.push_back(text_offset);
     text_offset += static_cast<int64_t>(t.size());

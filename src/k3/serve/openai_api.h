@@ -73,7 +73,7 @@ struct ApiContext {
 
 struct GenRequest {
   Endpoint endpoint = Endpoint::Completions;
-  nlohmann::json body;
+  nlohmann::json body;                 // the request, kept for chat only (its output parser reads tools)
   std::string model;
   std::vector<int32_t> prompt;
   engine::SamplingParams params;       // seed: choice i uses seed + i
@@ -86,6 +86,8 @@ struct GenRequest {
 
 // Validates everything and builds the prompt (chat: through ctx.chat->render). Throws ApiError.
 GenRequest parse_generation_request(Endpoint ep, const nlohmann::json& body, const ApiContext& ctx);
+// The same, taking the body over: the server's path, which so avoids a copy of a body of megabytes.
+GenRequest parse_generation_request(Endpoint ep, nlohmann::json&& body, const ApiContext& ctx);
 
 // ---- responses --------------------------------------------------------------------------------
 

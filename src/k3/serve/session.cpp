@@ -86,9 +86,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     return true;
   }
 
-  // Engine thread -> strand.
+  // Engine thread -> strand. The copy made here is the only one: it is moved on into the job.
   void post_output(int index, const engine::RequestOutput& o) {
-    net::post(stream_.get_executor(), [self = shared_from_this(), index, o] { self->on_output(index, o); });
+    net::post(stream_.get_executor(),
+              [self = shared_from_this(), index, out = o]() mutable { self->on_output(index, std::move(out)); });
   }
 
  private:
@@ -412,10 +413,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   // ---- writes ------------------------------------------------------------------------------------
   void queue_write(std::string bytes) {
-    if (client_gone_ || closed_) {
-      outq_.clear();
-      return;
-    }
+    // Not cleared here: a non-empty queue means a write is in flight, and its buffer is outq_.front().
+    // on_write clears the queue when that write fails.
+    if (client_gone_ || closed_) return;
     outq_.push_back(std::move(bytes));
     do_write();
   }
@@ -530,10 +530,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     queue_write(http10_ ? data : hex(data.size()) + "\r\n" + data + "\r\n");
   }
 
-  void on_output(int i, const engine::RequestOutput& o) {
+  void on_output(int i, engine::RequestOutput&& o) {
     auto job = job_;
     if (!job || job->complete()) return;
-    if (auto ev = job->on_output(i, o, !client_gone_)) send_event_raw(*ev);
+    if (auto ev = job->on_output(i, std::move(o), !client_gone_)) send_event_raw(*ev);
     if (job->remaining() == 0) complete_job();
   }
 
