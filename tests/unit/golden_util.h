@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "k3/core/npy.h"
+#include "k3/model/model.h"
 #include "test_util.h"
 
 namespace k3test {
@@ -64,6 +66,37 @@ inline std::vector<int32_t> golden_tokens(const std::string& checkpoint) {
 
 inline std::vector<float> golden_logits(const std::string& checkpoint, const std::string& file) {
   return k3::read_npy_f32(source_path("tests/data/goldens/" + checkpoint + "/" + file)).data;
+}
+
+// Logits of every token of `tokens` on a fresh sequence, by one prefill-form pass (kda_chunk 0: the
+// backend's default chunk).
+inline std::vector<float> prefill_all_logits(k3::Model& m, std::span<const int32_t> tokens,
+                                             k3::AttnPath path = k3::AttnPath::Prefill, int kda_chunk = 0) {
+  auto st = m.new_sequence();
+  std::vector<float> out;
+  k3::ForwardOptions o;
+  o.all_logits = true;
+  o.path = path;
+  o.kda_chunk = kda_chunk;
+  m.forward(tokens, st, out, o);
+  return out;
+}
+
+// Logits of every token of `tokens` on a fresh sequence, fed one token per forward (the decode path).
+struct DecodeRun {
+  std::vector<float> logits;
+  int64_t n_past = 0;  // the sequence's length afterwards: must equal tokens.size()
+};
+inline DecodeRun decode_all_logits(k3::Model& m, std::span<const int32_t> tokens) {
+  auto st = m.new_sequence();
+  DecodeRun r;
+  std::vector<float> one;
+  for (int32_t t : tokens) {
+    m.forward(std::span<const int32_t>(&t, 1), st, one);
+    r.logits.insert(r.logits.end(), one.begin(), one.end());
+  }
+  r.n_past = st.n_past();
+  return r;
 }
 
 }  // namespace k3test

@@ -1,5 +1,6 @@
 // The OpenAI API layer's test context: the tiny K3-marker vocabulary (tests/data/tiny-tokenizer), the
-// kimi_k3 chat adapter over it, and an ApiContext with a small max_model_len. Shared by the API tests.
+// kimi_k3 chat adapter over it, and an ApiContext with a small max_model_len. Shared by the API tests and
+// fuzz/fuzz_request.cpp, so it must stay free of gtest (test_util.h only names gtest inside a macro).
 #pragma once
 #include <memory>
 

@@ -19,14 +19,7 @@ using k3test::EditableCheckpoint;
 using nlohmann::json;
 
 std::vector<float> prefill_logits(const std::string& dir, const std::vector<int32_t>& tokens) {
-  auto m = k3::Model::load(dir);
-  auto st = m->new_sequence();
-  std::vector<float> out;
-  k3::ForwardOptions o;
-  o.all_logits = true;
-  o.path = k3::AttnPath::Prefill;
-  m->forward(tokens, st, out, o);
-  return out;
+  return k3test::prefill_all_logits(*k3::Model::load(dir), tokens);
 }
 
 int64_t cfg_int(EditableCheckpoint& ck, const char* key) {

@@ -35,24 +35,12 @@ class Golden : public ::testing::TestWithParam<std::string> {
     return a.data;
   }
   std::vector<float> prefill(k3::AttnPath path, int chunk = 64) {
-    auto st = model_->new_sequence();
-    std::vector<float> out;
-    k3::ForwardOptions o;
-    o.all_logits = true;
-    o.path = path;
-    o.kda_chunk = chunk;
-    model_->forward(tokens_, st, out, o);
-    return out;
+    return k3test::prefill_all_logits(*model_, tokens_, path, chunk);
   }
   std::vector<float> decode() {
-    auto st = model_->new_sequence();
-    std::vector<float> all, out;
-    for (int32_t t : tokens_) {
-      model_->forward(std::span<const int32_t>(&t, 1), st, out);
-      all.insert(all.end(), out.begin(), out.end());
-    }
-    EXPECT_EQ(st.n_past(), static_cast<int64_t>(tokens_.size()));
-    return all;
+    auto d = k3test::decode_all_logits(*model_, tokens_);
+    EXPECT_EQ(d.n_past, static_cast<int64_t>(tokens_.size()));
+    return d.logits;
   }
   int64_t rows() const { return static_cast<int64_t>(tokens_.size()); }
   // max |diff| / max |ref|, fp32 vs the float64 reference: measured error x margin (golden_util.h).

@@ -44,23 +44,11 @@ struct KimiLinearRun {
     if (hf_mla_eps) ck.edit_config([](nlohmann::json& c) { c["mla_norm_eps"] = 1e-6; });
     model = k3::Model::load(ck.str());
   }
-  std::vector<float> prefill() {
-    auto st = model->new_sequence();
-    std::vector<float> out;
-    k3::ForwardOptions o;
-    o.all_logits = true;
-    o.path = k3::AttnPath::Prefill;
-    model->forward(tokens, st, out, o);
-    return out;
-  }
+  std::vector<float> prefill() { return k3test::prefill_all_logits(*model, tokens); }
   std::vector<float> decode() {
-    auto st = model->new_sequence();
-    std::vector<float> all, one;
-    for (int32_t t : tokens) {
-      model->forward(std::span<const int32_t>(&t, 1), st, one);
-      all.insert(all.end(), one.begin(), one.end());
-    }
-    return all;
+    auto d = k3test::decode_all_logits(*model, tokens);
+    EXPECT_EQ(d.n_past, std::ssize(tokens));
+    return d.logits;
   }
 };
 

@@ -89,8 +89,11 @@ TEST(Scheduler, ConcurrentPrefillsShareEachStepEqually) {
   sim.add("b", 1000, 2);
   sim.add("c", 1000, 2);
   for (int i = 0; i < 5; ++i) sim.step();
-  for (const char* id : {"a", "b", "c"})
+  for (const char* id : {"a", "b", "c"}) {
+    // One entry per step (a request never scheduled has none: the loop below would check nothing).
+    ASSERT_EQ(sim.chunks[id].size(), 5u) << id;
     for (int64_t n : sim.chunks[id]) EXPECT_TRUE(n == 21 || n == 22) << id << " ran " << n;
+  }
 }
 
 TEST(Scheduler, DecodesAlwaysProgressAndTheBudgetHolds) {
