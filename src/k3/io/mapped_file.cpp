@@ -14,10 +14,9 @@
 namespace k3 {
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = open_regular_file(path, "file");  // never blocks on a FIFO or device
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_ = static_cast<size_t>(st.st_size);
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, "file", &size);  // never blocks on a FIFO or device
+  size_ = static_cast<size_t>(size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {

@@ -73,14 +73,12 @@ void Tokenizer::init_specials(const std::string& config_path) {
 
   special_ids_.clear();
   trie_.clear();
-  max_special_len_ = 0;
   std::fill(std::begin(special_first_byte_), std::end(special_first_byte_), false);
   for (int32_t i = 0; i < kNumSpecialSlots; ++i) {
     const std::string& name = special_names_[i];
     if (name.empty()) throw Error(config_path + ": empty special token for id " + std::to_string(n_ranks_ + i));
     if (!special_ids_.emplace(name, n_ranks_ + i).second)
       throw Error(config_path + ": special token '" + name + "' appears twice");
-    max_special_len_ = std::max(max_special_len_, name.size());
     special_first_byte_[static_cast<uint8_t>(name[0])] = true;
     add_to_trie(name, n_ranks_ + i);
   }

@@ -66,7 +66,6 @@ class Tokenizer {
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, int32_t, SvHash, std::equal_to<>> special_ids_;
-  size_t max_special_len_ = 0;
   bool special_first_byte_[256] = {};
   struct TrieNode {  // byte trie of the special-token texts, for leftmost-longest matching
     std::vector<std::pair<uint8_t, int32_t>> next;

@@ -24,52 +24,45 @@ inline __m256 load_bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-}  // namespace
-
-// The scalar tails use explicit fma: left to the compiler, `s += a * b` was contracted in some of the
-// three dot functions and not in others, so a bf16/f16 row with cols % 16 != 0 gave different bits
-// through row_dot (n == 1) and through dequant_row + dot_f32 (n > 1): batch variance
-// (CpuKernels.Matmul*, issue 12).
-float dot_f32(const float* w, const float* x, int64_t n) {
+// One dot-product loop for every float format, templated over how 8 weights are loaded (`Load`, an
+// AVX2 conversion) and how one is converted in the tail (`Scalar`): two 8-lane accumulators, 16 per
+// step, then the same hsum and fma tail. Sharing the loop is what keeps the formats batch-invariant:
+// a bf16/f16 row converted to fp32 and dotted with dot_f32 (matmul, n > 1) gives the same bits as
+// its own dot (n == 1), because the operations and their order are the same.
+// The scalar tail uses explicit fma: left to the compiler, `s += a * b` was contracted in some of the
+// formerly separate functions and not in others, so a bf16/f16 row with cols % 16 != 0 gave different
+// bits through the two paths (CpuKernels.Matmul*, issue 12).
+template <class T, class Load, class Scalar>
+inline float dot_loop(const T* w, const float* x, int64_t n, Load load8, Scalar to_f32) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
   }
   float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s = std::fma(w[i], x[i], s);
+  for (; i < n; ++i) s = std::fma(to_f32(w[i]), x[i], s);
   return s;
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+}  // namespace
+
+float dot_f32(const float* w, const float* x, int64_t n) {
+  return dot_loop(w, x, n, [](const float* p) { return _mm256_loadu_ps(p); }, [](float v) { return v; });
 }
 
 namespace {
 
+// Lambdas, not function pointers, so that the loads are inlined into the loop.
 float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s = std::fma(bf16_to_f32(w[i]), x[i], s);
-  return s;
+  return dot_loop(w, x, n, [](const uint16_t* p) { return load_bf16x8(p); }, [](uint16_t v) { return bf16_to_f32(v); });
 }
-
-// Same accumulation structure as dot_f32 (two 8-lane accumulators, 16 per step): a row converted to
-// fp32 and dotted with dot_f32 gives bit-identical results, which keeps matmul batch-invariant.
 float dot_f16(const uint16_t* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i)));
-    __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i + 8)));
-    a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
-  }
-  float s = hsum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s = std::fma(f16_to_f32(w[i]), x[i], s);
-  return s;
+  return dot_loop(w, x, n, [](const uint16_t* p) { return load_f16x8(p); }, [](uint16_t v) { return f16_to_f32(v); });
 }
 
 // E2M1 values doubled, as int8, indexed by nibble: pshufb maps 16 nibbles at once.
