@@ -23,7 +23,7 @@
 #include "k3/core/error.h"
 #include "k3/core/weight.h"
 #include "k3/model/config.h"
-#include "k3/model/layers.h"
+#include "cpu_graph_ref.h"
 #include "k3/model/weights.h"
 
 namespace {
@@ -285,7 +285,7 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
   std::vector<float> logits(static_cast<size_t>(n) * E);
   k3::cpu::matmul(m.w.router, x.data(), n, logits.data());
   std::vector<float> ref(static_cast<size_t>(n) * X);
-  k3::moe_layer(c, m.w, x.data(), n, ref.data());
+  k3test::cpu_moe_layer(c, m.w, x.data(), n, ref.data());
   std::vector<int> rid;
   std::vector<float> rw, biased;
   cpu_route(m, c, logits, n, rid, rw, biased);

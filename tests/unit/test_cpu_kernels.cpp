@@ -22,7 +22,7 @@
 
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/weight.h"
-#include "k3/model/layers.h"
+#include "cpu_graph_ref.h"
 #include "kernel_test_util.h"
 
 namespace {
@@ -306,7 +306,7 @@ TEST(CpuKernels, AttnResMix) {
         w.w = nonzero(static_cast<size_t>(H), rng, 1.0 / std::sqrt(static_cast<double>(H)));
         const float eps = 1e-5f;
         std::vector<float> out(static_cast<size_t>(n * H), NAN);
-        k3::attn_res_mix(ptrs, w, n, H, eps, out.data());
+        k3test::cpu_attn_res_mix(ptrs, w.w, n, H, eps, out.data());
         std::vector<double> want(out.size());
         for (int64_t t = 0; t < n; ++t) {
           std::vector<double> sc(m);

@@ -1,11 +1,14 @@
-// A loaded Kimi K3 / Kimi-Linear model on the CPU: config + mapped checkpoint + bound weights, and the
-// forward graph (model-spec section 3). One call runs a batch of sequences, each appending its tokens.
+// A loaded Kimi K3 / Kimi-Linear model on the CPU: config + mapped checkpoint + bound weights, run by the
+// one forward graph (model/graph/forward.h) over the CPU backend. One call runs a batch of sequences,
+// each appending its tokens.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "k3/backend/cpu/cpu_backend.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 #include "k3/model/sequence_state.h"
@@ -37,6 +40,9 @@ class Model final : public ModelRunner {
   ModelConfig cfg_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
+  // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).
+  mutable std::mutex mu_;
+  mutable cpu::CpuBackend backend_;
 };
 
 }  // namespace k3

@@ -1,0 +1,114 @@
+// CpuBackend: step, scratch, dense ops and the Attention-Residual mix (KDA, MLA and MoE ops are in
+// cpu_backend_{kda,mla,moe}.cpp).
+#include "k3/backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "k3/backend/cpu/ops.h"
+#include "k3/core/error.h"
+
+namespace k3::cpu {
+
+using graph::Tensor;
+
+namespace {
+void need_contiguous(const Tensor& t, const char* op) {
+  if (!t.contiguous()) throw Error(std::string("cpu backend: ") + op + " needs contiguous rows");
+}
+}  // namespace
+
+void CpuBackend::begin_step(const graph::StepPlan& plan) {
+  plan_ = &plan;
+  arena_.reset();
+}
+
+Tensor CpuBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
+  void* p = arena_.take(static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * 4);
+  return Tensor{p, rows, cols, cols, type};
+}
+
+void CpuBackend::embed(const WeightMatrix& table, Tensor out) {
+  for (int64_t t = 0; t < out.rows; ++t) dequant_row(table, plan_->tokens[static_cast<size_t>(t)], out.row(t));
+}
+
+void CpuBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
+  need_contiguous(x, "linear");
+  need_contiguous(y, "linear");
+  if (x.cols != W.cols || y.cols != W.rows || x.rows != y.rows) throw Error("cpu backend: linear shape mismatch");
+  matmul(W, x.f(), x.rows, y.f());
+}
+
+void CpuBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) {
+  if (x.stride != y.stride || x.rows != y.rows) throw Error("cpu backend: rmsnorm layouts differ");
+  if (dim == x.stride)
+    cpu::rmsnorm(x.f(), w, x.rows, dim, eps, y.f());
+  else
+    cpu::rmsnorm(x.f(), w, x.rows, dim, eps, x.stride, y.f());
+}
+
+void CpuBackend::glu(Tensor gate, Tensor up, const graph::GluParams& p) {
+  need_contiguous(gate, "glu");
+  need_contiguous(up, "glu");
+  if (p.situ)
+    situ_glu(gate.f(), up.f(), gate.count(), p.beta, p.linear_beta, gate.f());
+  else
+    silu_glu(gate.f(), up.f(), gate.count(), gate.f());
+}
+
+void CpuBackend::add(Tensor y, Tensor x) {
+  float* a = y.f();
+  const float* b = x.f();
+  const int64_t n = y.count();
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void CpuBackend::copy(Tensor dst, Tensor src) { std::copy(src.f(), src.f() + src.count(), dst.f()); }
+
+void CpuBackend::sigmoid_mul(Tensor y, Tensor g) {
+  float* a = y.f();
+  const float* b = g.f();
+  const int64_t n = y.count();
+  for (int64_t i = 0; i < n; ++i) a[i] *= sigmoidf(b[i]);
+}
+
+void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
+  for (int64_t r = 0; r < out.rows; ++r) {
+    const float* src = h.row(plan_->logit_rows[static_cast<size_t>(r)]);
+    std::copy(src, src + h.cols, out.row(r));
+  }
+}
+
+void CpuBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps, Tensor out) {
+  const int64_t n = partial.rows, H = partial.cols;
+  std::vector<const float*> src;
+  for (int64_t b = 0; b < nb; ++b) src.push_back(blocks.row(b * n));
+  src.push_back(partial.f());
+  const size_t m = src.size();
+  std::vector<float> score(m);
+  for (int64_t t = 0; t < n; ++t) {
+    float mx = -INFINITY;
+    for (size_t i = 0; i < m; ++i) {
+      const float* v = src[i] + t * H;
+      double ss = 0, dot = 0;
+      for (int64_t d = 0; d < H; ++d) {
+        ss += static_cast<double>(v[d]) * v[d];
+        dot += static_cast<double>(v[d]) * w[d];
+      }
+      const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(H)) + eps);
+      score[i] = static_cast<float>(dot) * inv;
+      mx = std::max(mx, score[i]);
+    }
+    float sum = 0;
+    for (size_t i = 0; i < m; ++i) sum += (score[i] = std::exp(score[i] - mx));
+    float* o = out.row(t);
+    for (int64_t d = 0; d < H; ++d) o[d] = 0;
+    for (size_t i = 0; i < m; ++i) {
+      const float p = score[i] / sum;
+      const float* v = src[i] + t * H;
+      for (int64_t d = 0; d < H; ++d) o[d] += p * v[d];
+    }
+  }
+}
+
+}  // namespace k3::cpu

@@ -1,0 +1,82 @@
+// The CPU backend: the graph's ops (model/graph/backend.h) over host memory with the fp32 kernels of
+// ops.h, kda.h and mla_attention.h. Every op is batch-invariant: a token's result does not depend on
+// which other sequences share the step (the serving engine relies on it).
+#pragma once
+#include <vector>
+
+#include "k3/backend/cpu/host_arena.h"
+#include "k3/core/thread_pool.h"
+#include "k3/model/graph/backend.h"
+
+namespace k3::cpu {
+
+class CpuBackend final : public graph::Backend {
+ public:
+  // KDA chunk of the prefill form when the step does not set one.
+  static constexpr int kDefaultKdaChunk = 64;
+
+  void begin_step(const graph::StepPlan& plan) override;
+  graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
+  size_t scratch_mark() const override { return arena_.mark(); }
+  void scratch_release(size_t mark) override { arena_.release(mark); }
+
+  void embed(const WeightMatrix& table, graph::Tensor out) override;
+  void linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y) override;
+  void rmsnorm(graph::Tensor x, const float* w, int64_t dim, float eps, graph::Tensor y) override;
+  void glu(graph::Tensor gate, graph::Tensor up, const graph::GluParams& p) override;
+  void add(graph::Tensor y, graph::Tensor x) override;
+  void copy(graph::Tensor dst, graph::Tensor src) override;
+  void sigmoid_mul(graph::Tensor y, graph::Tensor g) override;
+  void gather_logit_rows(graph::Tensor h, graph::Tensor out) override;
+  void attn_res_mix(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
+                    graph::Tensor out) override;
+
+  void kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, graph::Tensor pq, graph::Tensor pk,
+                       graph::Tensor pv, graph::Tensor q, graph::Tensor k, graph::Tensor v) override;
+  void kda_gates(const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, graph::Tensor g,
+                 graph::Tensor beta) override;
+  void kda_recurrence(int64_t layer, const graph::KdaDims& d, graph::Tensor q, graph::Tensor k, graph::Tensor v,
+                      graph::Tensor g, graph::Tensor beta, graph::Tensor o) override;
+  void kda_output_gate(const KdaWeights& w, const graph::KdaDims& d, float eps, graph::Tensor o,
+                       graph::Tensor gate) override;
+
+  void mla_write_latents(int64_t layer, const graph::MlaDims& d, graph::Tensor lat) override;
+  void mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, graph::Tensor ql) override;
+  void mla_attend_latent(int64_t layer, const graph::MlaDims& d, graph::Tensor ql, float scale,
+                         graph::Tensor ol) override;
+  void mla_up_v(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor ol, graph::Tensor o) override;
+  void mla_attend_mha(int64_t layer, const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, float scale,
+                      graph::Tensor o) override;
+
+  void moe_route(graph::Tensor logits, const float* bias, const graph::RouteParams& p, graph::Tensor idx,
+                 graph::Tensor wts) override;
+  void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                   const graph::GluParams& p, graph::Tensor out) override;
+
+ private:
+  // fn(seq) for the step's sequences that match `want` (null: all), in parallel over sequences when there
+  // are several (the kernels inside then run single-threaded, nested); results never depend on it.
+  template <typename F>
+  void for_seqs(bool (*want)(const graph::StepSeq&), F&& fn);
+  // The cached latent rows 0 .. past + n - 1 of one sequence in MLA layer `layer`.
+  static std::vector<const float*> latent_rows(const graph::StepSeq& s, int64_t layer);
+
+  const graph::StepPlan* plan_ = nullptr;
+  HostArena arena_;
+};
+
+template <typename F>
+void CpuBackend::for_seqs(bool (*want)(const graph::StepSeq&), F&& fn) {
+  std::vector<const graph::StepSeq*> seqs;
+  for (const graph::StepSeq& s : plan_->seqs)
+    if (!want || want(s)) seqs.push_back(&s);
+  if (seqs.size() == 1) {
+    fn(*seqs[0]);  // the kernels parallelise inside
+    return;
+  }
+  ThreadPool::global().parallel_for(static_cast<int64_t>(seqs.size()), 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) fn(*seqs[static_cast<size_t>(i)]);
+  });
+}
+
+}  // namespace k3::cpu

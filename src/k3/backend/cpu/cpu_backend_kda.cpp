@@ -1,0 +1,85 @@
+// CpuBackend's KDA ops (model-spec 3.2) over the recurrence cores of kda.h: conv + L2 norms and the
+// recurrence run per sequence on that sequence's state; gates and the output gate per element.
+#include <cmath>
+
+#include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/kda.h"
+#include "k3/backend/cpu/ops.h"
+
+namespace k3::cpu {
+
+using graph::Tensor;
+
+namespace {
+inline float softplus(float z) { return z > 20.f ? z : std::log1p(std::exp(z)); }
+
+// x / sqrt(sum x^2 + 1e-6) * scale, per head of D values.
+void l2norm_heads(float* x, int64_t rows, int64_t D, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * D;
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(v[d]) * v[d];
+    const float inv = scale / std::sqrt(static_cast<float>(ss) + 1e-6f);
+    for (int64_t d = 0; d < D; ++d) v[d] *= inv;
+  }
+}
+}  // namespace
+
+void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& dm, Tensor pq, Tensor pk,
+                                 Tensor pv, Tensor q, Tensor k, Tensor v) {
+  const int64_t Hk = dm.heads, D = dm.head_dim;
+  const int C = static_cast<int>(dm.channels()), W = static_cast<int>(dm.conv);
+  for_seqs(nullptr, [&](const graph::StepSeq& s) {
+    KdaStateView st = s.cache->kda_state(layer);
+    const int64_t off = s.offset * C;
+    const int n = static_cast<int>(s.n);
+    short_conv_silu(n, C, W, pq.f() + off, w.q_conv.data(), st.conv_q, q.f() + off);
+    short_conv_silu(n, C, W, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off);
+    short_conv_silu(n, C, W, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off);
+    l2norm_heads(q.f() + off, s.n * Hk, D, 1.0f / std::sqrt(static_cast<float>(D)));
+    l2norm_heads(k.f() + off, s.n * Hk, D, 1.0f);
+  });
+}
+
+void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const graph::KdaGate& gate, Tensor g,
+                           Tensor beta) {
+  const int64_t Hk = dm.heads, D = dm.head_dim, C = dm.channels();
+  for (int64_t t = 0; t < g.rows; ++t)
+    for (int64_t h = 0; h < Hk; ++h) {
+      const float a = std::exp(w.A_log[static_cast<size_t>(h)]);
+      float* gr = g.f() + t * C + h * D;
+      const float* bias = w.dt_bias.data() + h * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float z = gr[d] + bias[d];
+        gr[d] = gate.bounded ? gate.lower_bound * sigmoidf(a * z) : -a * softplus(z);
+      }
+    }
+  float* b = beta.f();
+  for (int64_t i = 0; i < beta.count(); ++i) b[i] = sigmoidf(b[i]);
+}
+
+void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor q, Tensor k, Tensor v, Tensor g,
+                                Tensor beta, Tensor o) {
+  const int Hk = static_cast<int>(dm.heads), D = static_cast<int>(dm.head_dim);
+  const int64_t C = dm.channels();
+  const int chunk = plan_->kda_chunk > 0 ? plan_->kda_chunk : kDefaultKdaChunk;
+  for_seqs(nullptr, [&](const graph::StepSeq& s) {
+    float* S = s.cache->kda_state(layer).S;
+    const int64_t off = s.offset * C;
+    const int n = static_cast<int>(s.n);
+    const float* bt = beta.f() + s.offset * Hk;
+    if (s.prefill_form)
+      kda_chunked(n, Hk, D, chunk, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, o.f() + off);
+    else
+      kda_recurrent(n, Hk, D, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, o.f() + off);
+  });
+}
+
+void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, float eps, Tensor o, Tensor gate) {
+  cpu::rmsnorm(o.f(), w.o_norm.data(), o.rows * dm.heads, dm.head_dim, eps, o.f());
+  float* a = o.f();
+  const float* b = gate.f();
+  for (int64_t i = 0; i < o.count(); ++i) a[i] *= sigmoidf(b[i]);
+}
+
+}  // namespace k3::cpu

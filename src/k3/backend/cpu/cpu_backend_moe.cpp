@@ -1,0 +1,91 @@
+// CpuBackend's MoE ops (model-spec 3.4): routing, and the routed experts grouped by expert, run in
+// parallel, their outputs added per token in expert-id order (so results do not depend on the thread
+// count or on batching).
+#include <algorithm>
+#include <numeric>
+
+#include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/ops.h"
+
+namespace k3::cpu {
+
+using graph::Tensor;
+
+void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteParams& p, Tensor idx, Tensor wts) {
+  const int64_t n = logits.rows, E = logits.cols, K = p.top_k;
+  float* s = logits.f();  // the router output becomes the scores, in place
+  for (int64_t i = 0; i < n * E; ++i) s[i] = sigmoidf(s[i]);
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* st = s + t * E;
+    std::iota(order.begin(), order.end(), 0);
+    // Highest biased score first; ties to the lower expert id (stable, deterministic).
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
+      const float sa = st[a] + bias[a];
+      const float sb = st[b] + bias[b];
+      return sa > sb || (sa == sb && a < b);
+    });
+    float denom = 0;
+    for (int64_t j = 0; j < K; ++j) denom += st[order[static_cast<size_t>(j)]];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = order[static_cast<size_t>(j)];
+      idx.i()[t * K + j] = static_cast<int32_t>(e);
+      wts.f()[t * K + j] = (p.renormalize ? st[e] / (denom + 1e-20f) : st[e]) * p.scale;
+    }
+  }
+}
+
+void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
+                             Tensor out) {
+  const int64_t n = x.rows, X = x.cols, K = idx.cols, E = static_cast<int64_t>(w.experts.size());
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < K; ++j)
+      by_expert[static_cast<size_t>(idx.i()[t * K + j])].emplace_back(t, wts.f()[t * K + j]);
+
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
+  std::vector<std::vector<float>> ys(static_cast<size_t>(E));
+  auto one = [&](int64_t ai) {
+    const int64_t e = active[static_cast<size_t>(ai)];
+    const auto& toks = by_expert[static_cast<size_t>(e)];
+    const GluMlp& ex = w.experts[static_cast<size_t>(e)];
+    const int64_t m = static_cast<int64_t>(toks.size()), I = ex.gate.rows;
+    std::vector<float> xe(static_cast<size_t>(m * X)), ge(static_cast<size_t>(m * I)), ue(static_cast<size_t>(m * I));
+    std::vector<float>& ye = ys[static_cast<size_t>(e)];
+    ye.resize(static_cast<size_t>(m * X));
+    for (int64_t j = 0; j < m; ++j) {
+      const float* src = x.row(toks[static_cast<size_t>(j)].first);
+      std::copy(src, src + X, xe.data() + j * X);
+    }
+    matmul(ex.gate, xe.data(), m, ge.data());
+    matmul(ex.up, xe.data(), m, ue.data());
+    if (gp.situ)
+      situ_glu(ge.data(), ue.data(), m * I, gp.beta, gp.linear_beta, ge.data());
+    else
+      silu_glu(ge.data(), ue.data(), m * I, ge.data());
+    matmul(ex.down, ge.data(), m, ye.data());
+  };
+  const int64_t n_active = static_cast<int64_t>(active.size());
+  if (n < 4) {  // a handful of tokens: the matmuls parallelise inside
+    for (int64_t ai = 0; ai < n_active; ++ai) one(ai);
+  } else {
+    ThreadPool::global().parallel_for(n_active, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t ai = b; ai < e; ++ai) one(ai);
+    });
+  }
+  std::fill(out.f(), out.f() + n * X, 0.f);
+  for (int64_t e : active) {
+    const auto& toks = by_expert[static_cast<size_t>(e)];
+    const std::vector<float>& ye = ys[static_cast<size_t>(e)];
+    for (size_t j = 0; j < toks.size(); ++j) {
+      const auto [t, p] = toks[j];
+      float* a = out.row(t);
+      const float* y = ye.data() + static_cast<int64_t>(j) * X;
+      for (int64_t d = 0; d < X; ++d) a[d] += p * y[d];
+    }
+  }
+}
+
+}  // namespace k3::cpu

@@ -1,0 +1,25 @@
+// The composed defaults of the fused ops (backend.h).
+#include "k3/model/graph/backend.h"
+
+namespace k3::graph {
+
+void Backend::attn_res_mix_rmsnorm(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps,
+                                   const float* norm_w, Tensor out) {
+  ScratchScope scope(*this);
+  Tensor mixed = scratch(out.rows, out.cols);
+  attn_res_mix(blocks, nb, partial, w, eps, mixed);
+  rmsnorm(mixed, norm_w, out.cols, eps, out);
+}
+
+void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, const KdaGate& gate, float eps, Tensor pq,
+                      Tensor pk, Tensor pv, Tensor graw, Tensor braw, Tensor gate_proj, Tensor o) {
+  ScratchScope scope(*this);
+  const int64_t N = pq.rows, C = d.channels();
+  Tensor q = scratch(N, C), k = scratch(N, C), v = scratch(N, C);
+  kda_conv_l2norm(layer, w, d, pq, pk, pv, q, k, v);
+  kda_gates(w, d, gate, graw, braw);
+  kda_recurrence(layer, d, q, k, v, graw, braw, o);
+  kda_output_gate(w, d, eps, o, gate_proj);
+}
+
+}  // namespace k3::graph

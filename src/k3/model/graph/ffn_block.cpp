@@ -1,0 +1,51 @@
+// FFNs (model-spec 3.4): the dense GLU MLP, and the MoE: sigmoid routing with correction bias, routed
+// experts (in K3's down-projected latent space when configured, RMS-normed before the up-projection)
+// plus shared experts.
+#include "k3/model/graph/blocks.h"
+
+namespace k3::graph {
+
+GluParams glu_params(const ModelConfig& c) {
+  return {c.act == Activation::SiTU, c.situ_beta, c.situ_linear_beta};
+}
+
+void glu_mlp_block(const Ctx& g, const GluMlp& w, Tensor x, Tensor out) {
+  Backend& b = g.b;
+  ScratchScope scope(b);
+  const int64_t I = w.gate.rows;
+  Tensor gate = b.scratch(x.rows, I), up = b.scratch(x.rows, I);
+  b.linear(w.gate, x, gate);
+  b.linear(w.up, x, up);
+  b.glu(gate, up, glu_params(g.c));
+  b.linear(w.down, gate, out);
+}
+
+void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
+  Backend& b = g.b;
+  const ModelConfig& c = g.c;
+  ScratchScope scope(b);
+  const int64_t N = x.rows, E = c.num_experts, K = c.top_k, X = c.expert_in_dim();
+  // Routing reads x (not the latent); the bias only selects.
+  Tensor logits = b.scratch(N, E), idx = b.scratch(N, K, ElemType::I32), wts = b.scratch(N, K);
+  b.linear(w.router, x, logits);
+  b.moe_route(logits, w.correction_bias.data(), RouteParams{K, c.moe_renormalize, c.routed_scaling_factor}, idx, wts);
+
+  Tensor ex = x;  // expert inputs: x itself, or K3's latent z
+  if (!w.latent_down.empty()) {
+    ex = b.scratch(N, X);
+    b.linear(w.latent_down, x, ex);
+  }
+  Tensor acc = w.latent_up.empty() ? out : b.scratch(N, X);
+  b.moe_experts(w, ex, idx, wts, glu_params(c), acc);
+  if (!w.latent_up.empty()) {
+    if (!w.latent_norm.empty()) b.rmsnorm(acc, w.latent_norm.data(), X, c.rms_norm_eps, acc);
+    b.linear(w.latent_up, acc, out);
+  }
+  if (!w.shared.gate.empty()) {
+    Tensor sh = b.scratch(N, c.hidden_size);
+    glu_mlp_block(g, w.shared, x, sh);
+    b.add(out, sh);
+  }
+}
+
+}  // namespace k3::graph

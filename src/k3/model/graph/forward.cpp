@@ -1,0 +1,96 @@
+// The layer loop (model-spec 3): embedding, per layer the token mixer (KDA or MLA) and the FFN (dense or
+// MoE), each reading an RMS-normed input, with Block Attention Residuals (3.1) or plain residuals, then
+// the final norm and the head on the rows whose logits are wanted.
+#include "k3/model/graph/forward.h"
+
+#include "k3/model/graph/blocks.h"
+
+namespace k3::graph {
+
+namespace {
+
+// The residual stream. With AttnRes, P is the running partial sum of the current block and `blocks`
+// holds the completed block summaries; a sublayer's input is the softmax mix over [blocks.., P]. Without
+// it, P is the whole residual.
+class Residual {
+ public:
+  Residual(Backend& b, const ModelConfig& c, int64_t N) : b_(b), attn_res_(c.attn_res_block_size > 0), N_(N) {
+    const int64_t H = c.hidden_size;
+    const int64_t max_blocks = attn_res_ ? (c.num_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
+    P_ = b.scratch(N, H);
+    if (max_blocks > 0) blocks_ = b.scratch(max_blocks * N, H);
+  }
+  Tensor partial() const { return P_; }
+  // out = rmsnorm(sublayer input) * norm_w.
+  void normed_input(const float* res_w, const float* norm_w, float eps, Tensor out) {
+    if (n_blocks_ == 0)
+      b_.rmsnorm(P_, norm_w, P_.cols, eps, out);
+    else
+      b_.attn_res_mix_rmsnorm(blocks_.slice_rows(0, n_blocks_ * N_), n_blocks_, P_, res_w, eps, norm_w, out);
+  }
+  // The un-normed mix (the head's input); P itself without AttnRes.
+  Tensor final_mix(const float* res_w, float eps, Tensor scratch) {
+    if (n_blocks_ == 0) return P_;
+    b_.attn_res_mix(blocks_.slice_rows(0, n_blocks_ * N_), n_blocks_, P_, res_w, eps, scratch);
+    return scratch;
+  }
+  // Layer l's attention output `y`: a new block starts at every block_size-th layer (P saved as a
+  // block summary, then restarted from y); else P += y.
+  void add_mixer(Tensor y, bool starts_block) {
+    if (starts_block) {
+      b_.copy(blocks_.slice_rows(n_blocks_ * N_, N_), P_);
+      ++n_blocks_;
+      b_.copy(P_, y);
+    } else {
+      b_.add(P_, y);
+    }
+  }
+  void add_ffn(Tensor y) { b_.add(P_, y); }
+
+ private:
+  Backend& b_;
+  bool attn_res_;
+  int64_t N_, n_blocks_ = 0;
+  Tensor P_, blocks_;
+};
+
+}  // namespace
+
+void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const StepPlan& plan, Tensor logits) {
+  b.begin_step(plan);
+  ScratchScope scope(b);
+  const Ctx g{b, c, plan};
+  const int64_t N = plan.n_tokens(), H = c.hidden_size;
+  const float eps = c.rms_norm_eps;
+  const bool attn_res = c.attn_res_block_size > 0;
+  Residual res(b, c, N);
+  b.embed(w.embed, res.partial());
+  Tensor xin = b.scratch(N, H), y = b.scratch(N, H);
+  int64_t kda_index = 0, mla_index = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[static_cast<size_t>(l)];
+    res.normed_input(L.attn_res.w.data(), L.input_norm.data(), eps, xin);
+    if (L.is_kda)
+      kda_block(g, L.kda, kda_index++, xin, y);
+    else
+      mla_block(g, L.mla, mla_index++, xin, y);
+    res.add_mixer(y, attn_res && l % c.attn_res_block_size == 0);
+
+    res.normed_input(L.mlp_res.w.data(), L.post_attn_norm.data(), eps, xin);
+    if (L.is_moe)
+      moe_block(g, L.moe, xin, y);
+    else
+      glu_mlp_block(g, L.mlp, xin, y);
+    res.add_ffn(y);
+  }
+  const Tensor h = res.final_mix(w.out_res.w.data(), eps, xin);
+  // Final norm + lm_head only on the rows whose logits are wanted.
+  if (plan.n_logits() > 0) {
+    Tensor hs = b.scratch(plan.n_logits(), H);
+    b.gather_logit_rows(h, hs);
+    b.rmsnorm(hs, w.final_norm.data(), H, eps, hs);
+    b.linear(w.lm_head, hs, logits);
+  }
+}
+
+}  // namespace k3::graph

@@ -1,0 +1,53 @@
+// Gated MLA layer (model-spec 3.3): latent projections over the batch, the new latents into the cache,
+// then the absorbed form (decode-form sequences: attention directly over the 576-value latent rows) and
+// the MHA form (prefill-form sequences: k/v expanded from the cached latents), output gate, o_proj.
+#include <cmath>
+
+#include "k3/model/graph/blocks.h"
+
+namespace k3::graph {
+
+MlaDims mla_dims(const ModelConfig& c) {
+  return {c.mla_heads, c.qk_nope_dim, c.qk_rope_dim, c.v_head_dim, c.kv_lora_rank};
+}
+
+void mla_block(const Ctx& g, const MlaWeights& w, int64_t mla_index, Tensor x, Tensor out) {
+  Backend& b = g.b;
+  const ModelConfig& c = g.c;
+  ScratchScope scope(b);
+  const MlaDims d = mla_dims(c);
+  const int64_t N = x.rows, nh = d.heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.qk()));
+  Tensor q = b.scratch(N, nh * d.qk());
+  if (!w.q_a.empty()) {
+    Tensor qa = b.scratch(N, c.q_lora_rank);
+    b.linear(w.q_a, x, qa);
+    b.rmsnorm(qa, w.q_a_norm.data(), c.q_lora_rank, c.mla_norm_eps, qa);
+    b.linear(w.q_b, qa, q);
+  } else {
+    b.linear(w.q, x, q);
+  }
+  Tensor lat = b.scratch(N, d.row());  // [c_kv (normed) | k_pe]
+  b.linear(w.kv_a, x, lat);
+  b.rmsnorm(lat, w.kv_a_norm.data(), d.rank, c.mla_norm_eps, lat);
+  b.mla_write_latents(mla_index, d, lat);
+
+  Tensor o = b.scratch(N, nh * d.value);
+  if (g.plan.any_decode_form()) {
+    ScratchScope absorbed(b);
+    Tensor ql = b.scratch(N, nh * d.row()), ol = b.scratch(N, nh * d.rank);
+    b.mla_absorb_q(w, d, q, ql);
+    b.mla_attend_latent(mla_index, d, ql, scale, ol);
+    b.mla_up_v(w, d, ol, o);
+  }
+  if (g.plan.any_prefill_form()) b.mla_attend_mha(mla_index, w, d, q, scale, o);
+  if (c.mla_output_gate) {
+    ScratchScope gated(b);
+    Tensor gt = b.scratch(N, nh * d.value);
+    b.linear(w.g, x, gt);
+    b.sigmoid_mul(o, gt);
+  }
+  b.linear(w.o, o, out);
+}
+
+}  // namespace k3::graph

@@ -1,0 +1,48 @@
+#include "k3/model/graph/step.h"
+
+#include "k3/core/error.h"
+
+namespace k3::graph {
+
+bool StepPlan::all_decode() const {
+  for (const StepSeq& s : seqs)
+    if (s.n != 1 || s.prefill_form) return false;
+  return true;
+}
+
+bool StepPlan::any_prefill_form() const {
+  for (const StepSeq& s : seqs)
+    if (s.prefill_form) return true;
+  return false;
+}
+
+bool StepPlan::any_decode_form() const {
+  for (const StepSeq& s : seqs)
+    if (!s.prefill_form) return true;
+  return false;
+}
+
+StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab) {
+  StepPlan p;
+  p.kda_chunk = opt.kda_chunk;
+  for (const BatchItem& it : items) {
+    check_batch_tokens(it, vocab);
+    const int64_t n = static_cast<int64_t>(it.tokens.size());
+    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n)});
+    p.tokens.insert(p.tokens.end(), it.tokens.begin(), it.tokens.end());
+  }
+  if (p.seqs.empty()) throw Error("forward: empty batch");
+  for (const StepSeq& s : p.seqs) s.cache->reserve(s.n);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].want_logits) continue;
+    const StepSeq& s = p.seqs[i];
+    for (int64_t t = opt.all_logits ? 0 : s.n - 1; t < s.n; ++t) p.logit_rows.push_back(static_cast<int32_t>(s.offset + t));
+  }
+  return p;
+}
+
+void finish_step(const StepPlan& plan) {
+  for (const StepSeq& s : plan.seqs) s.cache->advance(s.n);
+}
+
+}  // namespace k3::graph

@@ -1,0 +1,40 @@
+// StepPlan: one forward step's batch as every backend sees it, built once on the host from the engine's
+// BatchItems (what vLLM calls the forward context / attention metadata): each sequence's rows in the
+// activations, its cache and past length, which attention forms it takes, the token ids, and the rows
+// whose logits are wanted. Backends prepare their own step data from it in Backend::begin_step.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "k3/runtime/model_runner.h"
+
+namespace k3::graph {
+
+struct StepSeq {
+  int64_t offset = 0, n = 0;  // rows [offset, offset + n) of the step's activations
+  int64_t past = 0;           // tokens already in the cache (positions of the new tokens: past ..)
+  SequenceCache* cache = nullptr;
+  bool prefill_form = false;  // chunked KDA + MHA MLA; else the KDA recurrence + absorbed MLA
+};
+
+struct StepPlan {
+  std::vector<StepSeq> seqs;
+  std::vector<int32_t> tokens;      // [N] token ids, sequences one after another
+  std::vector<int32_t> logit_rows;  // activation rows whose logits are wanted, in output order
+  int kda_chunk = 0;                // KDA chunk of the prefill form; 0: the backend's default
+
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t n_logits() const { return static_cast<int64_t>(logit_rows.size()); }
+  // Every sequence appends exactly one token in the decode forms (a decode step; fused kernels apply).
+  bool all_decode() const;
+  bool any_prefill_form() const;
+  bool any_decode_form() const;
+};
+
+// Validates the items (tokens in [0, vocab), at least one item), reserves room in every cache and
+// lays the batch out. Throws k3::Error.
+StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab);
+// After the forward: each sequence's new tokens become part of its cache.
+void finish_step(const StepPlan& plan);
+
+}  // namespace k3::graph
