@@ -4,6 +4,7 @@
 // with activations rounded to bf16 1e-2, split into bf16 hi + lo 1e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -98,7 +99,7 @@ TEST(CudaLinear, MatchesCpuMatmul) {
       const HostWeight hw(s.rows, s.cols, 1 + s.rows);
       const k3::WeightMatrix W = hw.view(wt == 0);
       DeviceBuffer dw = wt == 0 ? upload(hw.b) : upload(hw.f);
-      k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, dw.get(), s.rows, s.cols};
+      k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, dw.get(), nullptr, s.rows, s.cols};
       for (int64_t n : {1, 3, 8, 9, 64, 300}) {
         const auto x = randn(static_cast<size_t>(n * s.cols), 7 + n);
         std::vector<float> ref(static_cast<size_t>(n * s.rows));
@@ -149,7 +150,7 @@ TEST(CudaLinear, UnalignedPointers) {
             K3_CUDA_CHECK(cudaMemcpy(w, wsrc, hw.f.size() * esz, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemcpy(xd, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
             K3_CUDA_CHECK(cudaMemset(yd, 0xff, ref.size() * 4));
-            k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, w, s.rows, s.cols};
+            k3::cuda::DeviceLinear D{wt == 0 ? k3::WeightFormat::BF16 : k3::WeightFormat::F32, w, nullptr, s.rows, s.cols};
             lin.run(D, xd, n, yd);
             K3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<float> got(ref.size());
@@ -174,30 +175,29 @@ TEST(CudaDense, RmsnormAndAttnResMatchCpu) {
   K3_CUDA_CHECK(k3::cuda::rmsnorm(dx.get<float>(), dw.get<float>(), n, H, H, 1e-5f, dy.get<float>(), nullptr));
   const double e1 = rel_err(download(dy, x.size()), ref);
   EXPECT_LT(e1, 1e-5);
-  // Attention Residuals over m = 1..9 sources.
+  // Attention Residuals over m = 1..9 sources: m - 1 blocks (one buffer, as the graph keeps them) + the partial sum.
   for (int m : {1, 2, 9}) {
     std::vector<std::vector<float>> src;
-    std::vector<DeviceBuffer> dsrc;
-    std::vector<const float*> hp, dp;
+    std::vector<const float*> hp;
+    std::vector<float> blocks(static_cast<size_t>(std::max(m - 1, 1) * n * H));
     for (int i = 0; i < m; ++i) {
       src.push_back(randn(static_cast<size_t>(n * H), 100 + i, 1.0f + i));
-      dsrc.push_back(upload(src.back()));
       hp.push_back(src.back().data());
-      dp.push_back(dsrc.back().get<float>());
+      if (i < m - 1) std::copy(src.back().begin(), src.back().end(), blocks.begin() + static_cast<int64_t>(i) * n * H);
     }
-    k3::AttnResWeights aw;
-    aw.w = randn(static_cast<size_t>(H), 9, 0.05f);
+    const std::vector<float> aww = randn(static_cast<size_t>(H), 9, 0.05f);
     std::vector<float> r(static_cast<size_t>(n * H));
-    k3test::cpu_attn_res_mix(hp, aw.w, n, H, 1e-5f, r.data());
-    DeviceBuffer dptrs = upload(dp), daw = upload(aw.w), dout(r.size() * 4);
-    K3_CUDA_CHECK(k3::cuda::attn_res_mix(dptrs.get<const float* const>(), m, daw.get<float>(), n, H, 1e-5f, dout.get<float>(), nullptr));
+    k3test::cpu_attn_res_mix(hp, aww, n, H, 1e-5f, r.data());
+    DeviceBuffer dblocks = upload(blocks), dpart = upload(src.back()), daw = upload(aww), dout(r.size() * 4);
+    K3_CUDA_CHECK(k3::cuda::attn_res_mix(dblocks.get<float>(), int64_t{n} * H, m - 1, dpart.get<float>(), daw.get<float>(), n, H,
+                                         1e-5f, dout.get<float>(), nullptr));
     const double e = rel_err(download(dout, r.size()), r);
     // Fused with the following RMSNorm (the model's use).
     const auto nw = randn(static_cast<size_t>(H), 77);
     std::vector<float> rn(r.size());
     k3::cpu::rmsnorm(r.data(), nw.data(), n, H, 1e-5f, rn.data());
     DeviceBuffer dnw = upload(nw);
-    K3_CUDA_CHECK(k3::cuda::attn_res_mix_rmsnorm(dptrs.get<const float* const>(), m, daw.get<float>(), n, H, 1e-5f,
+    K3_CUDA_CHECK(k3::cuda::attn_res_mix_rmsnorm(dblocks.get<float>(), int64_t{n} * H, m - 1, dpart.get<float>(), daw.get<float>(), n, H, 1e-5f,
                                                  dnw.get<float>(), dout.get<float>(), nullptr));
     const double ef = rel_err(download(dout, rn.size()), rn);
     std::printf("[ dense ] rmsnorm rel %.2e; attn_res m=%d rel %.2e; fused with rmsnorm rel %.2e\n", e1, m, e, ef);
@@ -311,7 +311,7 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
       for (int r = -5; r < reps; ++r) {
         if (r == 0) cudaEventRecord(a);
         k3::cuda::DeviceLinear D{k3::WeightFormat::BF16, w.get<uint16_t>() + (static_cast<int64_t>(r + 5) % copies) * s.rows * s.cols,
-                                 s.rows, s.cols};
+                                 nullptr, s.rows, s.cols};
         K3_CUDA_CHECK(k3::cuda::linear_gemv(D, x.get<float>(), n, y.get<float>(), nullptr));
       }
       cudaEventRecord(b);

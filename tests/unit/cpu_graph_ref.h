@@ -10,7 +10,7 @@
 namespace k3test {
 
 // Block Attention Residuals over m sources [n][H] (the last is the partial sum).
-inline void cpu_attn_res_mix(const std::vector<const float*>& sources, const std::vector<float>& w, int64_t n, int64_t H,
+inline void cpu_attn_res_mix(const std::vector<const float*>& sources, const k3::WeightVector& w, int64_t n, int64_t H,
                              float eps, float* out) {
   const int64_t nb = static_cast<int64_t>(sources.size()) - 1;
   std::vector<float> blocks(static_cast<size_t>(std::max<int64_t>(nb, 1) * n * H));

@@ -173,8 +173,9 @@ AttnResWeights bind_attn_res(Binder& b, const std::string& p, const std::string&
   auto norm = b.vec(p + stem + "_norm.weight", H);
   auto proj = b.vec(p + stem + "_proj.weight", {{1, H}, {H}});
   if (norm.size() == static_cast<size_t>(H) && proj.size() == static_cast<size_t>(H)) {
-    r.w.resize(static_cast<size_t>(H));
-    for (int64_t i = 0; i < H; ++i) r.w[static_cast<size_t>(i)] = norm[static_cast<size_t>(i)] * proj[static_cast<size_t>(i)];
+    std::vector<float> w(static_cast<size_t>(H));
+    for (int64_t i = 0; i < H; ++i) w[static_cast<size_t>(i)] = norm[static_cast<size_t>(i)] * proj[static_cast<size_t>(i)];
+    r.w = std::move(w);
   }
   return r;
 }
@@ -201,7 +202,7 @@ void bind_kda(Binder& b, const ModelConfig& c, const std::string& p, KdaWeights&
   if (D > Hk) a_shapes.push_back({D});
   if (Hk < 128 && D != 128) a_shapes.push_back({128});
   auto a = b.vec(p + "A_log", a_shapes);
-  if (!a.empty()) w.A_log.assign(a.begin(), a.begin() + Hk);
+  if (!a.empty()) w.A_log = std::vector<float>(a.begin(), a.begin() + Hk);
   w.b = b.mat(p + "b_proj.weight", Hk, H);
   if (c.kda_full_rank_gate) {
     w.g = b.mat(p + "g_proj.weight", C, H);
@@ -227,8 +228,9 @@ void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights&
   w.kv_a_norm = b.vec(p + "kv_a_layernorm.weight", kr);
   WeightMatrix kvb = b.mat(p + "kv_b_proj.weight", nh * (dn + dv), kr);
   if (!kvb.empty()) {
-    w.kv_b.resize(static_cast<size_t>(kvb.rows * kvb.cols));
-    for (int64_t r = 0; r < kvb.rows; ++r) cpu::dequant_row(kvb, r, w.kv_b.data() + r * kr);
+    std::vector<float> kv_b(static_cast<size_t>(kvb.rows * kvb.cols));
+    for (int64_t r = 0; r < kvb.rows; ++r) cpu::dequant_row(kvb, r, kv_b.data() + r * kr);
+    w.kv_b = std::move(kv_b);
     w.kv_b_f32 = kvb;
     w.kv_b_f32.format = WeightFormat::F32;
     w.kv_b_f32.data = w.kv_b.data();

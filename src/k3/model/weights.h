@@ -14,17 +14,17 @@ namespace k3 {
 
 struct KdaWeights {
   WeightMatrix q, k, v, f_a, f_b, b, g, g_a, g_b, o;
-  std::vector<float> q_conv, k_conv, v_conv;  // [C][W]
-  std::vector<float> dt_bias;                 // [C]
-  std::vector<float> A_log;                   // [Hk]
-  std::vector<float> o_norm;                  // [head_dim]
+  WeightVector q_conv, k_conv, v_conv;  // [C][W]
+  WeightVector dt_bias;                 // [C]
+  WeightVector A_log;                   // [Hk]
+  WeightVector o_norm;                  // [head_dim]
 };
 
 struct MlaWeights {
   WeightMatrix q_a, q_b, q, kv_a, o, g;
-  std::vector<float> q_a_norm, kv_a_norm;
-  std::vector<float> kv_b;  // fp32 copy [heads*(nope+v)][kv_lora_rank]: used by both attention forms
-  WeightMatrix kv_b_f32;    // view over kv_b
+  WeightVector q_a_norm, kv_a_norm;
+  WeightVector kv_b;      // fp32 copy [heads*(nope+v)][kv_lora_rank]: used by both attention forms
+  WeightMatrix kv_b_f32;  // view over kv_b
 };
 
 struct GluMlp {
@@ -33,21 +33,22 @@ struct GluMlp {
 
 struct MoeWeights {
   WeightMatrix router;
-  std::vector<float> correction_bias;  // [E]
-  std::vector<GluMlp> experts;         // w1 = gate, w3 = up, w2 = down
+  WeightVector correction_bias;  // [E]
+  std::vector<GluMlp> experts;   // w1 = gate, w3 = up, w2 = down (may be empty where `stacked` is set)
+  ExpertStack stacked;           // the same experts stacked, where a backend prepared them (CUDA)
   GluMlp shared;                       // empty when num_shared_experts == 0
   WeightMatrix latent_down, latent_up;  // K3 LatentMoE
-  std::vector<float> latent_norm;
+  WeightVector latent_norm;
 };
 
 struct AttnResWeights {
-  std::vector<float> w;  // w_norm * w_proj, precombined (model-spec 3.1)
+  WeightVector w;  // w_norm * w_proj, precombined (model-spec 3.1)
   bool empty() const { return w.empty(); }
 };
 
 struct LayerWeights {
   bool is_kda = false, is_moe = false;
-  std::vector<float> input_norm, post_attn_norm;
+  WeightVector input_norm, post_attn_norm;
   AttnResWeights attn_res, mlp_res;
   KdaWeights kda;
   MlaWeights mla;
@@ -58,7 +59,7 @@ struct LayerWeights {
 struct ModelWeights {
   WeightMatrix embed;  // [V][H]
   WeightMatrix lm_head;
-  std::vector<float> final_norm;
+  WeightVector final_norm;
   AttnResWeights out_res;
   std::vector<LayerWeights> layers;
   // Copies of float tensors whose data is not aligned to their element size in the file (safetensors

@@ -83,8 +83,17 @@ __global__ void to_bf16_split_kernel(const float* x, int64_t n, uint16_t* hi, ui
   }
 }
 
+// The m = nb + 1 sources of the mix: the completed blocks, block_stride floats apart, then the partial sum.
+struct ResSources {
+  const float* blocks;
+  int64_t block_stride;
+  const float* partial;
+  int nb;
+  __device__ const float* operator[](int i) const { return i < nb ? blocks + i * block_stride : partial; }
+};
+
 // The softmax weights p[0..m) of row t over the sources (shared p, visible to the whole block on return).
-__device__ void attn_res_weights(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+__device__ void attn_res_weights(const ResSources src, int m, const float* __restrict__ w, int H,
                                  float eps, int64_t t, float* p) {
   for (int i = 0; i < m; ++i) {
     const float* v = src[i] + t * H;
@@ -108,7 +117,7 @@ __device__ void attn_res_weights(const float* const* __restrict__ src, int m, co
 }
 
 // One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
-__global__ void attn_res_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+__global__ void attn_res_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                 float eps, float* __restrict__ out) {
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
@@ -121,7 +130,7 @@ __global__ void attn_res_kernel(const float* const* __restrict__ src, int m, con
 }
 
 // attn_res_kernel followed by RMSNorm of the mixed row (kept in shared memory).
-__global__ void attn_res_norm_kernel(const float* const* __restrict__ src, int m, const float* __restrict__ w, int H,
+__global__ void attn_res_norm_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                      float eps, const float* __restrict__ norm_w, float* __restrict__ out) {
   extern __shared__ float row[];  // [H]
   __shared__ float p[32];
@@ -213,18 +222,21 @@ cudaError_t to_bf16_split(const float* x, int64_t n, uint16_t* hi, uint16_t* lo,
   to_bf16_split_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, hi, lo);
   return cudaGetLastError();
 }
-cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,
+cudaError_t attn_res_mix(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w, int n,
+                         int H, float eps, float* out,
                          cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  if (m < 1 || m > 32) return cudaErrorInvalidValue;
-  attn_res_kernel<<<n, row_threads(H), 0, s>>>(sources, m, w, H, eps, out);
+  if (nb < 0 || nb > 31) return cudaErrorInvalidValue;
+  attn_res_kernel<<<n, row_threads(H), 0, s>>>(ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps, out);
   return cudaGetLastError();
 }
-cudaError_t attn_res_mix_rmsnorm(const float* const* sources, int m, const float* w, int n, int H, float eps,
+cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w,
+                                 int n, int H, float eps,
                                  const float* norm_w, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  if (m < 1 || m > 32 || H > 12288) return cudaErrorInvalidValue;
-  attn_res_norm_kernel<<<n, row_threads(H), static_cast<size_t>(H) * sizeof(float), s>>>(sources, m, w, H, eps, norm_w, out);
+  if (nb < 0 || nb > 31 || H > 12288) return cudaErrorInvalidValue;
+  attn_res_norm_kernel<<<n, row_threads(H), static_cast<size_t>(H) * sizeof(float), s>>>(ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps,
+                                                                                      norm_w, out);
   return cudaGetLastError();
 }
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s) {

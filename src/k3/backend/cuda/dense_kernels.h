@@ -24,15 +24,16 @@ cudaError_t to_bf16(const float* x, int64_t count, uint16_t* out, cudaStream_t s
 // x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 GEMMs then carry ~16 mantissa bits of x.
 cudaError_t to_bf16_split(const float* x, int64_t count, uint16_t* hi, uint16_t* lo, cudaStream_t s);
 
-// Block Attention Residuals (attn_res_mix in model/attn_res.cpp): for each of n rows, softmax over the m
-// sources of (RMSNorm_noweight(v_i) . w), mixing the raw v_i. sources: device array of m pointers [n][H].
-cudaError_t attn_res_mix(const float* const* sources, int m, const float* w, int n, int H, float eps, float* out,
-                         cudaStream_t s);
+// Block Attention Residuals (graph::Backend::attn_res_mix; CPU reference cpu_backend.cpp): for each of n
+// rows, softmax over the m = nb + 1 sources of (RMSNorm_noweight(v_i) . w), mixing the raw v_i. Sources:
+// nb completed blocks [n][H] at blocks + b * block_stride, then the partial sum [n][H]. nb <= 31.
+cudaError_t attn_res_mix(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w, int n,
+                         int H, float eps, float* out, cudaStream_t s);
 
 // The same mix fused with the RMSNorm that always follows it (weight norm_w): out = rmsnorm(mix) * norm_w,
 // one pass, the mixed row kept in shared memory (H <= 12288).
-cudaError_t attn_res_mix_rmsnorm(const float* const* sources, int m, const float* w, int n, int H, float eps,
-                                 const float* norm_w, float* out, cudaStream_t s);
+cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w,
+                                 int n, int H, float eps, const float* norm_w, float* out, cudaStream_t s);
 
 // out[r][:] = x[rows[r]][:] for R rows of H floats.
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s);

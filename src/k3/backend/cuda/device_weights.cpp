@@ -31,11 +31,11 @@ class Uploader {
  public:
   explicit Uploader(DeviceArena& a) : a_(a) {}
 
-  const float* vec(const std::vector<float>& v) {
-    if (v.empty()) return nullptr;
+  WeightVector vec(const WeightVector& v) {
+    if (v.empty()) return {};
     void* p = a_.alloc(v.size() * 4);
     K3_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    return static_cast<const float*>(p);
+    return WeightVector::view(static_cast<const float*>(p), v.size());
   }
 
   DeviceLinear lin(const WeightMatrix& w) {
@@ -51,20 +51,20 @@ class Uploader {
       d.format = WeightFormat::BF16;
       void* p = a_.alloc(n * 2);
       K3_CUDA_CHECK(cudaMemcpy(p, w.data, n * 2, cudaMemcpyHostToDevice));
-      d.w = p;
+      d.data = p;
     } else {  // F32 as is; F16 widened to F32 (exact)
       d.format = WeightFormat::F32;
       std::vector<float> f(n);
       for (int64_t r = 0; r < w.rows; ++r) to_f32_row(w, r, f.data() + r * w.cols);
       void* p = a_.alloc(n * 4);
       K3_CUDA_CHECK(cudaMemcpy(p, f.data(), n * 4, cudaMemcpyHostToDevice));
-      d.w = p;
+      d.data = p;
     }
     return d;
   }
 
   // A bf16 [V][H] table for the embedding gather (F32/F16 tables are rounded to bf16).
-  const uint16_t* bf16_table(const WeightMatrix& w) {
+  WeightMatrix bf16_table(const WeightMatrix& w) {
     const size_t n = static_cast<size_t>(w.rows * w.cols);
     void* p = a_.alloc(n * 2);
     if (w.format == WeightFormat::BF16) {
@@ -78,7 +78,7 @@ class Uploader {
       }
       K3_CUDA_CHECK(cudaMemcpy(p, b.data(), n * 2, cudaMemcpyHostToDevice));
     }
-    return static_cast<const uint16_t*>(p);
+    return WeightMatrix{WeightFormat::BF16, p, nullptr, w.rows, w.cols};
   }
 
   // One layer's routed experts stacked: [E][rows][cols] per projection. A block format goes up as stored
@@ -155,7 +155,7 @@ class Uploader {
   DeviceArena& a_;
 };
 
-DGlu glu(Uploader& u, const GluMlp& g) { return {u.lin(g.gate), u.lin(g.up), u.lin(g.down)}; }
+GluMlp glu(Uploader& u, const GluMlp& g) { return {u.lin(g.gate), u.lin(g.up), u.lin(g.down)}; }
 
 // ---- dummy weights ----
 
@@ -164,18 +164,16 @@ class Generator {
   Generator(DeviceArena& a, uint64_t seed) : a_(a), seed_(seed) {}
 
   DeviceLinear lin(int64_t rows, int64_t cols) {
-    DeviceLinear d{WeightFormat::BF16, nullptr, rows, cols};
     uint16_t* p = static_cast<uint16_t*>(a_.alloc(static_cast<size_t>(rows * cols) * 2));
     K3_CUDA_CHECK(fill_uniform_bf16(p, rows * cols, std::sqrt(3.0f / static_cast<float>(cols)), ++seed_, nullptr));
-    d.w = p;
-    return d;
+    return WeightMatrix{WeightFormat::BF16, p, nullptr, rows, cols};
   }
-  const float* vec(int64_t n, float lo, float hi) {
+  WeightVector vec(int64_t n, float lo, float hi) {
     float* p = static_cast<float*>(a_.alloc(static_cast<size_t>(n) * 4));
     K3_CUDA_CHECK(fill_uniform_f32(p, n, lo, hi, ++seed_, nullptr));
-    return p;
+    return WeightVector::view(p, static_cast<size_t>(n));
   }
-  const void* bf16(int64_t n, int64_t cols) { return lin(n / cols, cols).w; }
+  const void* bf16(int64_t n, int64_t cols) { return lin(n / cols, cols).data; }
   // MXFP4 [count][cols]: random nibbles; E8M0 scales chosen so that weights have std ~ 1/sqrt(cols).
   void mxfp4(int64_t count, int64_t cols, const void*& data, const uint8_t*& scales) {
     uint8_t* p = static_cast<uint8_t*>(a_.alloc(static_cast<size_t>(count / 2)));
@@ -187,79 +185,100 @@ class Generator {
     data = p;
     scales = s;
   }
-  DGlu glu(int64_t H, int64_t I) { return {lin(I, H), lin(I, H), lin(H, I)}; }
+  GluMlp glu(int64_t H, int64_t I) { return {lin(I, H), lin(I, H), lin(H, I)}; }
 
  private:
   DeviceArena& a_;
   uint64_t seed_;
 };
 
+
+// The device copy of one layer's KDA / MLA / MoE weights.
+KdaWeights upload_kda(Uploader& u, const KdaWeights& k) {
+  KdaWeights d;
+  d.q = u.lin(k.q), d.k = u.lin(k.k), d.v = u.lin(k.v), d.f_a = u.lin(k.f_a), d.f_b = u.lin(k.f_b), d.b = u.lin(k.b);
+  d.g = u.lin(k.g), d.g_a = u.lin(k.g_a), d.g_b = u.lin(k.g_b), d.o = u.lin(k.o);
+  d.q_conv = u.vec(k.q_conv), d.k_conv = u.vec(k.k_conv), d.v_conv = u.vec(k.v_conv);
+  d.dt_bias = u.vec(k.dt_bias), d.A_log = u.vec(k.A_log), d.o_norm = u.vec(k.o_norm);
+  return d;
+}
+
+MlaWeights upload_mla(Uploader& u, const MlaWeights& m) {
+  MlaWeights d;
+  d.q_a = u.lin(m.q_a), d.q_b = u.lin(m.q_b), d.q = u.lin(m.q), d.kv_a = u.lin(m.kv_a), d.o = u.lin(m.o), d.g = u.lin(m.g);
+  d.q_a_norm = u.vec(m.q_a_norm), d.kv_a_norm = u.vec(m.kv_a_norm), d.kv_b = u.vec(m.kv_b);
+  d.kv_b_f32 = m.kv_b_f32;
+  d.kv_b_f32.data = d.kv_b.data();
+  return d;
+}
+
+MoeWeights upload_moe(Uploader& u, const MoeWeights& m) {
+  MoeWeights d;
+  d.router = u.lin(m.router);
+  d.correction_bias = u.vec(m.correction_bias);
+  d.stacked = u.experts(m.experts);
+  d.shared = glu(u, m.shared);
+  d.latent_down = u.lin(m.latent_down);
+  d.latent_up = u.lin(m.latent_up);
+  d.latent_norm = u.vec(m.latent_norm);
+  return d;
+}
+
 }  // namespace
 
 void upload_weights(const ModelWeights& w, DeviceWeights& out) {
   Uploader u(out.arena);
-  out.embed = u.bf16_table(w.embed);
-  out.lm_head = u.lin(w.lm_head);
-  out.final_norm = u.vec(w.final_norm);
-  out.out_res = u.vec(w.out_res.w);
-  out.layers.resize(w.layers.size());
+  ModelWeights& d = out.w;
+  d.embed = u.bf16_table(w.embed);
+  d.lm_head = u.lin(w.lm_head);
+  d.final_norm = u.vec(w.final_norm);
+  d.out_res.w = u.vec(w.out_res.w);
+  d.layers.resize(w.layers.size());
   for (size_t l = 0; l < w.layers.size(); ++l) {
     const LayerWeights& L = w.layers[l];
-    DLayer& D = out.layers[l];
+    LayerWeights& D = d.layers[l];
     D.is_kda = L.is_kda;
     D.is_moe = L.is_moe;
     D.input_norm = u.vec(L.input_norm);
     D.post_attn_norm = u.vec(L.post_attn_norm);
-    D.attn_res = u.vec(L.attn_res.w);
-    D.mlp_res = u.vec(L.mlp_res.w);
-    if (L.is_kda) {
-      const KdaWeights& k = L.kda;
-      D.kda = {u.lin(k.q), u.lin(k.k), u.lin(k.v), u.lin(k.f_a), u.lin(k.f_b), u.lin(k.b), u.lin(k.g), u.lin(k.g_a),
-               u.lin(k.g_b), u.lin(k.o), u.vec(k.q_conv), u.vec(k.k_conv), u.vec(k.v_conv), u.vec(k.dt_bias),
-               u.vec(k.A_log), u.vec(k.o_norm)};
-    } else {
-      const MlaWeights& m = L.mla;
-      D.mla = {u.lin(m.q_a), u.lin(m.q_b), u.lin(m.q), u.lin(m.kv_a), u.lin(m.o), u.lin(m.g),
-               u.vec(m.q_a_norm), u.vec(m.kv_a_norm), u.vec(m.kv_b)};
-    }
-    if (L.is_moe) {
-      const MoeWeights& m = L.moe;
-      D.moe.router = u.lin(m.router);
-      D.moe.bias = u.vec(m.correction_bias);
-      D.moe.experts = u.experts(m.experts);
-      D.moe.shared = glu(u, m.shared);
-      D.moe.latent_down = u.lin(m.latent_down);
-      D.moe.latent_up = u.lin(m.latent_up);
-      D.moe.latent_norm = u.vec(m.latent_norm);
-    } else {
+    D.attn_res.w = u.vec(L.attn_res.w);
+    D.mlp_res.w = u.vec(L.mlp_res.w);
+    if (L.is_kda)
+      D.kda = upload_kda(u, L.kda);
+    else
+      D.mla = upload_mla(u, L.mla);
+    if (L.is_moe)
+      D.moe = upload_moe(u, L.moe);
+    else
       D.mlp = glu(u, L.mlp);
-    }
   }
+  d.bound_bytes = static_cast<int64_t>(out.arena.bytes());
 }
 
 void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
   Generator g(out.arena, seed);
+  ModelWeights& w = out.w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  out.embed = static_cast<const uint16_t*>(g.lin(V, H).w);
-  out.lm_head = g.lin(V, H);
-  out.final_norm = g.vec(H, 0.9f, 1.1f);
+  w.embed = g.lin(V, H);
+  w.lm_head = g.lin(V, H);
+  w.final_norm = g.vec(H, 0.9f, 1.1f);
   const bool ar = c.attn_res_block_size > 0;
-  if (ar) out.out_res = g.vec(H, -0.05f, 0.05f);
-  out.layers.resize(static_cast<size_t>(c.num_layers));
+  if (ar) w.out_res.w = g.vec(H, -0.05f, 0.05f);
+  w.layers.resize(static_cast<size_t>(c.num_layers));
   const int64_t Hk = c.kda_heads, D = c.kda_head_dim, C = Hk * D, r = c.kda_gate_rank > 0 ? c.kda_gate_rank : D;
   const int64_t nh = c.mla_heads, qk = c.mla_qk_dim(), kr = c.kv_lora_rank, dn = c.qk_nope_dim, dv = c.v_head_dim;
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    DLayer& L = out.layers[static_cast<size_t>(l)];
+    LayerWeights& L = w.layers[static_cast<size_t>(l)];
     L.is_kda = c.is_kda[static_cast<size_t>(l)];
     L.is_moe = c.is_moe_layer(l);
     L.input_norm = g.vec(H, 0.9f, 1.1f);
     L.post_attn_norm = g.vec(H, 0.9f, 1.1f);
     if (ar) {
-      L.attn_res = g.vec(H, -0.05f, 0.05f);
-      L.mlp_res = g.vec(H, -0.05f, 0.05f);
+      L.attn_res.w = g.vec(H, -0.05f, 0.05f);
+      L.mlp_res.w = g.vec(H, -0.05f, 0.05f);
     }
     if (L.is_kda) {
-      DKda& k = L.kda;
+      KdaWeights& k = L.kda;
       k.q = g.lin(C, H);
       k.k = g.lin(C, H);
       k.v = g.lin(C, H);
@@ -281,7 +300,7 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
       k.A_log = g.vec(Hk, -1.0f, 1.0f);
       k.o_norm = g.vec(D, 0.9f, 1.1f);
     } else {
-      DMla& m = L.mla;
+      MlaWeights& m = L.mla;
       if (c.q_lora_rank > 0) {
         m.q_a = g.lin(c.q_lora_rank, H);
         m.q_a_norm = g.vec(c.q_lora_rank, 0.9f, 1.1f);
@@ -293,15 +312,16 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
       m.kv_a_norm = g.vec(kr, 0.9f, 1.1f);
       const float s = std::sqrt(3.0f / static_cast<float>(kr));
       m.kv_b = g.vec(nh * (dn + dv) * kr, -s, s);
+      m.kv_b_f32 = WeightMatrix{WeightFormat::F32, m.kv_b.data(), nullptr, nh * (dn + dv), kr};
       m.o = g.lin(H, nh * dv);
       if (c.mla_output_gate) m.g = g.lin(nh * dv, H);
     }
     if (L.is_moe) {
-      DMoe& m = L.moe;
+      MoeWeights& m = L.moe;
       const int64_t E = c.num_experts, X = c.expert_in_dim(), I = c.moe_intermediate_size;
       m.router = g.lin(E, H);
-      m.bias = g.vec(E, -0.01f, 0.01f);
-      ExpertBank& b = m.experts;
+      m.correction_bias = g.vec(E, -0.01f, 0.01f);
+      ExpertStack& b = m.stacked;
       b.E = static_cast<int>(E);
       b.I = static_cast<int>(I);
       b.X = static_cast<int>(X);
@@ -327,6 +347,7 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
       L.mlp = g.glu(H, c.intermediate_size);
     }
   }
+  w.bound_bytes = static_cast<int64_t>(out.arena.bytes());
   K3_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

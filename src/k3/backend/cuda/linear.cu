@@ -103,8 +103,8 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
   if (n <= 0) return cudaSuccess;
   if (n > LinearRunner::kGemvMaxTokens) return cudaErrorInvalidValue;
   switch (W.format) {
-    case WeightFormat::BF16: return launch_gemv(static_cast<const uint16_t*>(W.w), W.rows, W.cols, x, n, y, s);
-    case WeightFormat::F32: return launch_gemv(static_cast<const float*>(W.w), W.rows, W.cols, x, n, y, s);
+    case WeightFormat::BF16: return launch_gemv(static_cast<const uint16_t*>(W.data), W.rows, W.cols, x, n, y, s);
+    case WeightFormat::F32: return launch_gemv(static_cast<const float*>(W.data), W.rows, W.cols, x, n, y, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -244,7 +244,7 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     // so the numerics are those of the cublasSgemm this replaces and Lt brings no speed of its own here
     // (the same SIMT SGEMM kernels); it is used for one code path, the algorithm chosen once per shape,
     // and the explicit handling of unaligned x / y pointers.
-    lt_matmul(WeightFormat::F32, m, n, k, W.w, x, 0.0f, y);
+    lt_matmul(WeightFormat::F32, m, n, k, W.data, x, 0.0f, y);
     return;
   }
   const size_t elems = static_cast<size_t>(n * k);
@@ -253,6 +253,7 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
   if (xb_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
     xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
+    ++generation_;                                  // captured CUDA graphs that read the old one are stale
   }
   uint16_t* hi = xb_.get<uint16_t>();
   uint16_t* lo = reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off);
@@ -261,8 +262,8 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
     K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
-  lt_matmul(WeightFormat::BF16, m, n, k, W.w, hi, 0.0f, y);
-  if (split) lt_matmul(WeightFormat::BF16, m, n, k, W.w, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
+  lt_matmul(WeightFormat::BF16, m, n, k, W.data, hi, 0.0f, y);
+  if (split) lt_matmul(WeightFormat::BF16, m, n, k, W.data, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
 }
 
 }  // namespace k3::cuda

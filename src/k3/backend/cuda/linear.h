@@ -13,7 +13,7 @@
 #include <map>
 
 #include "k3/backend/cuda/cuda_util.h"
-#include "k3/core/weight_format.h"
+#include "k3/core/weight.h"
 
 namespace k3::cuda {
 
@@ -22,13 +22,8 @@ inline void check_cublas(cublasStatus_t st, const char* what) {
     throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(static_cast<int>(st)));
 }
 
-struct DeviceLinear {
-  WeightFormat format = WeightFormat::BF16;  // BF16 or F32 (upload_weights widens F16 to F32)
-  const void* w = nullptr;  // [rows][cols]
-  int64_t rows = 0, cols = 0;
-  bool empty() const { return w == nullptr; }
-  int64_t bytes() const { return rows * row_data_bytes(format, cols); }
-};
+// A dense weight in device memory: the graph's WeightMatrix (BF16 or F32 here; upload_weights widens F16).
+using DeviceLinear = WeightMatrix;
 
 // How prefill-sized projections treat the fp32 activations on the tensor cores.
 //   Bf16:   x rounded to bf16 (one GEMM; what vLLM/SGLang do; ~3e-3 relative per projection)
@@ -53,6 +48,8 @@ class LinearRunner {
   // The plain cuBLAS handle (on stream()), for the SGEMMs of callers; run() itself uses cuBLASLt.
   cublasHandle_t cublas() const { return handle_; }
   cudaStream_t stream() const { return stream_; }
+  // Changes whenever a buffer that enqueued work refers to is reallocated (captured graphs go stale).
+  uint64_t generation() const { return generation_; }
 
  private:
   // One cublasLtMatmul configuration: layouts of A (W), B (x), C == D (y) and the heuristic's algorithm.
@@ -76,6 +73,7 @@ class LinearRunner {
   std::map<LtKey, LtPlan> plans_;
   DeviceBuffer xb_;  // bf16 copy of x (hi, then lo at a 256-byte aligned offset)
   DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
+  uint64_t generation_ = 0;
 };
 
 // The GEMV kernel alone (n <= 8), exposed for tests and benchmarks; cudaErrorInvalidValue for a format

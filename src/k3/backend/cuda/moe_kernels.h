@@ -7,27 +7,18 @@
 
 #include <cstdint>
 
-#include "k3/core/weight_format.h"
+#include "k3/core/weight.h"
 
 namespace k3::cuda {
 
-// All E routed experts of one layer, stacked in one allocation per projection.
+// All E routed experts of one layer, stacked (core/weight.h ExpertStack):
 //   bf16:  gate, up [E][I][X]; down [E][X][I]   (uint16_t bf16 bits)
 //   mxfp4: gate, up packed [E][I][X/2] + scales [E][I][X/32]; down packed [E][X][I/2] + scales [E][X][I/32]
 //          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
 // X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
 // for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
 // format: MXFP4 or BF16 (moe_experts returns cudaErrorInvalidValue for any other).
-struct ExpertBank {
-  WeightFormat format = WeightFormat::BF16;
-  const void* gate = nullptr;
-  const uint8_t* gate_scales = nullptr;
-  const void* up = nullptr;
-  const uint8_t* up_scales = nullptr;
-  const void* down = nullptr;
-  const uint8_t* down_scales = nullptr;
-  int E = 0, I = 0, X = 0;
-};
+using ExpertBank = ExpertStack;
 
 enum class GluAct : int { SiLU = 0, SiTU = 1 };
 

@@ -1,5 +1,7 @@
 // KDA layer (model-spec 3.2): the projections run over the whole batch; the per-sequence parts (conv,
 // recurrence) are the backend's kda_mix over each sequence's state.
+#include <algorithm>
+
 #include "k3/model/graph/blocks.h"
 
 namespace k3::graph {
@@ -13,7 +15,7 @@ void kda_block(const Ctx& g, const KdaWeights& w, int64_t kda_index, Tensor x, T
   const KdaDims d = kda_dims(c);
   const int64_t N = x.rows, C = d.channels();
   Tensor pq = b.scratch(N, C), pk = b.scratch(N, C), pv = b.scratch(N, C), decay = b.scratch(N, C), gate = b.scratch(N, C);
-  Tensor low = b.scratch(N, c.kda_gate_rank), beta = b.scratch(N, d.heads), o = b.scratch(N, C);
+  Tensor low = b.scratch(N, std::max(w.f_a.rows, w.g_a.rows)), beta = b.scratch(N, d.heads), o = b.scratch(N, C);
   b.linear(w.q, x, pq);
   b.linear(w.k, x, pk);
   b.linear(w.v, x, pv);

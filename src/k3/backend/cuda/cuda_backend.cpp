@@ -1,0 +1,233 @@
+// CudaBackend: the step's staging and sizing, scratch, dense ops and the Attention-Residual mix (the KDA,
+// MLA and MoE ops are in cuda_backend_{kda,mla,moe}.cpp).
+#include "k3/backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/kda_kernels.h"
+#include "k3/core/error.h"
+
+namespace k3::cuda {
+
+using graph::Tensor;
+
+CudaBackend::CudaBackend(const ModelConfig& c, cudaStream_t stream, bool gemm_bf16, Profiler& prof)
+    : cfg_(c), stream_(stream), gemm_bf16_(gemm_bf16), prof_(prof) {
+  lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
+}
+
+CudaBackend::~CudaBackend() = default;
+
+Tensor CudaBackend::logits() const {
+  return Tensor::f32(logits_d_.get<float>(), n_logits_, cfg_.vocab_size);
+}
+
+MlaPaging CudaBackend::paging(int64_t layer) const {
+  return MlaPaging{staged<const float* const>(sd_.pages[static_cast<size_t>(layer)]), staged<const int32_t>(sd_.page_start),
+                   staged<const int32_t>(sd_.page_tokens), staged<const int32_t>(sd_.tok_seq),
+                   staged<const int32_t>(sd_.tok_pos), static_cast<int>(cfg_.mla_cache_dim())};
+}
+
+// MLA page tables (one pointer per page per layer; the same page count for every layer). Each sequence's
+// pages start at a multiple of the page stride (the largest page count rounded up to a power of two), so
+// decode steps of one batch size keep one staging layout (CUDA graphs).
+void CudaBackend::stage_mla(const graph::StepPlan& plan) {
+  const int64_t S = static_cast<int64_t>(plan.seqs.size()), n_mla = cfg_.num_mla_layers();
+  std::vector<int32_t> page_start(static_cast<size_t>(S)), page_tokens(static_cast<size_t>(S));
+  int64_t stride = 4;
+  for (const graph::StepSeq& s : plan.seqs) {
+    const int64_t B = std::min<int64_t>(s.cache->mla_page_tokens(), s.past + s.n);
+    while (stride < (s.past + s.n + B - 1) / B) stride *= 2;
+  }
+  for (int64_t i = 0; i < S; ++i) {
+    page_start[static_cast<size_t>(i)] = static_cast<int32_t>(i * stride);
+    page_tokens[static_cast<size_t>(i)] =
+        static_cast<int32_t>(std::min<int64_t>(plan.seqs[static_cast<size_t>(i)].cache->mla_page_tokens(), int64_t{1} << 30));
+  }
+  std::vector<const float*> ptrs(static_cast<size_t>(S * stride), nullptr);
+  sd_.pages.assign(static_cast<size_t>(n_mla), 0);
+  for (int64_t m = 0; m < n_mla; ++m) {
+    for (int64_t i = 0; i < S; ++i) {
+      const graph::StepSeq& s = plan.seqs[static_cast<size_t>(i)];
+      const int64_t B = std::min<int64_t>(s.cache->mla_page_tokens(), s.past + s.n);
+      const int64_t np = (s.past + s.n + B - 1) / B;
+      for (int64_t j = 0; j < np; ++j) ptrs[static_cast<size_t>(page_start[static_cast<size_t>(i)] + j)] = s.cache->mla_row(m, j * B);
+    }
+    sd_.pages[static_cast<size_t>(m)] = st_.put(ptrs);
+  }
+  sd_.page_start = st_.put(page_start);
+  sd_.page_tokens = st_.put(page_tokens);
+  page_stride_ = stride;
+  // Tokens of decode-form sequences (absorbed MLA); prefill-form sequences take the MHA form.
+  std::vector<int32_t> dec_tokens;
+  for (const graph::StepSeq& s : plan.seqs)
+    if (!s.prefill_form)
+      for (int64_t t = 0; t < s.n; ++t) dec_tokens.push_back(static_cast<int32_t>(s.offset + t));
+  sd_.dec_tokens = st_.put(dec_tokens);
+  sd_.n_dec_tokens = static_cast<int>(dec_tokens.size());
+}
+
+// KDA descriptors per layer: all sequences, then the split into recurrent / chunked sets.
+void CudaBackend::stage_kda(const graph::StepPlan& plan) {
+  const int64_t n_kda = cfg_.num_kda_layers();
+  sd_.kda_chunk = plan.kda_chunk > 0 ? plan.kda_chunk : kDefaultKdaChunk;
+  const bool chunk_ok = sd_.kda_chunk == 16 || sd_.kda_chunk == 32 || sd_.kda_chunk == 64;
+  sd_.kda_all.assign(static_cast<size_t>(n_kda), 0);
+  sd_.kda_rec.assign(static_cast<size_t>(n_kda), 0);
+  sd_.kda_chk.assign(static_cast<size_t>(n_kda), 0);
+  for (int64_t li = 0; li < n_kda; ++li) {
+    std::vector<KdaSeq> all, rec, chk;
+    for (const graph::StepSeq& s : plan.seqs) {
+      const KdaStateView v = s.cache->kda_state(li);
+      const KdaSeq d{v.S, v.conv_q, v.conv_k, v.conv_v, static_cast<int32_t>(s.offset), static_cast<int32_t>(s.n)};
+      all.push_back(d);
+      (s.prefill_form && chunk_ok ? chk : rec).push_back(d);
+    }
+    sd_.n_rec = static_cast<int>(rec.size());
+    sd_.n_chk = static_cast<int>(chk.size());
+    sd_.kda_all[static_cast<size_t>(li)] = st_.put(all);
+    sd_.kda_rec[static_cast<size_t>(li)] = st_.put(rec);
+    sd_.kda_chk[static_cast<size_t>(li)] = st_.put(chk);
+  }
+}
+
+// Scratch and workspaces for N tokens, rounded up (multiples of 64, at least doubling) so that a growing
+// batch re-sizes (and drops captured graphs) only a few times.
+void CudaBackend::size_workspaces(int64_t N, int64_t R) {
+  const ModelConfig& c = cfg_;
+  if (N > token_cap_) {
+    token_cap_ = std::max<int64_t>((N + 63) / 64 * 64, token_cap_ * 2);
+    const int n = static_cast<int>(token_cap_);
+    if (c.kda_heads > 0) {
+      size_t kb = 0;
+      for (int ch : {16, 32, 64})
+        kb = std::max(kb, kda_chunked_workspace_bytes(n, n, static_cast<int>(c.kda_heads), static_cast<int>(c.kda_head_dim), ch));
+      kda_ws_ = DeviceBuffer();
+      kda_ws_ = DeviceBuffer(kb);
+    }
+    if (c.num_experts > 0) {
+      moe_ws_.reset();
+      moe_ws_ = std::make_unique<MoeWorkspace>(n, static_cast<int>(c.top_k), static_cast<int>(c.num_experts),
+                                               static_cast<int>(c.moe_intermediate_size), static_cast<int>(c.expert_in_dim()));
+    }
+    if (c.num_mla_layers() > 0) {
+      size_t wf = 0;  // the split-key partials of the absorbed attention, at the most demanding batch size
+      for (int t = 1; t <= n; ++t)
+        wf = std::max(wf, mla_attend_workspace_floats(t, static_cast<int>(c.mla_heads), static_cast<int>(c.kv_lora_rank)));
+      mla_ws_ = DeviceBuffer();
+      mla_ws_ = DeviceBuffer(std::max<size_t>(wf, 1) * 4);
+    }
+    ++generation_;
+  }
+  if (bytes_per_token_ > 0) scratch_.reserve(bytes_per_token_ * static_cast<size_t>(token_cap_));
+  else scratch_.reserve(0);
+  const size_t lbytes = static_cast<size_t>((R + 63) / 64 * 64 * c.vocab_size) * 4;
+  if (logits_d_.bytes() < lbytes) {
+    logits_d_ = DeviceBuffer(lbytes);
+    ++generation_;
+  }
+}
+
+void CudaBackend::prepare(const graph::StepPlan& plan) {
+  const int64_t N = plan.n_tokens();
+  st_.clear();
+  std::vector<int32_t> tok_seq, tok_pos;
+  for (size_t i = 0; i < plan.seqs.size(); ++i)
+    for (int64_t t = 0; t < plan.seqs[i].n; ++t) {
+      tok_seq.push_back(static_cast<int32_t>(i));
+      tok_pos.push_back(static_cast<int32_t>(plan.seqs[i].past + t));
+    }
+  sd_.tokens = st_.put(plan.tokens);
+  sd_.tok_seq = st_.put(tok_seq);
+  sd_.tok_pos = st_.put(tok_pos);
+  sd_.logit_rows = st_.put(plan.logit_rows);
+  stage_mla(plan);
+  stage_kda(plan);
+  staging_bytes_ = st_.bytes().size();
+  if (staging_d_.bytes() < staging_bytes_) {
+    staging_d_ = DeviceBuffer(std::max(staging_bytes_, staging_d_.bytes() * 2));
+    ++generation_;
+  }
+  void* const before = staging_h_.ensure(0);
+  void* const host = staging_h_.ensure(staging_bytes_);
+  if (host != before) ++generation_;
+  std::memcpy(host, st_.bytes().data(), staging_bytes_);
+  n_seqs_ = static_cast<int64_t>(plan.seqs.size());
+  n_tokens_ = N;
+  n_logits_ = plan.n_logits();
+  size_workspaces(N, n_logits_);
+}
+
+void CudaBackend::begin_step(const graph::StepPlan& plan) {
+  plan_ = &plan;
+  K3_CUDA_CHECK(cudaMemcpyAsync(staging_d_.get(), staging_h_.ensure(0), staging_bytes_, cudaMemcpyHostToDevice, stream_));
+}
+
+Tensor CudaBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
+  void* p = scratch_.take(static_cast<size_t>(std::max<int64_t>(rows * cols, 1)) * 4);
+  // Learn the scratch a token needs (everything the graph takes is per token), for the next prepare().
+  const size_t n = static_cast<size_t>(std::max<int64_t>(n_tokens_, 1));
+  bytes_per_token_ = std::max(bytes_per_token_, (scratch_.step_peak() + n - 1) / n);
+  return Tensor{p, rows, cols, cols, type};
+}
+
+void CudaBackend::embed(const WeightMatrix& table, Tensor out) {
+  if (table.format != WeightFormat::BF16) throw Error("CUDA backend: the embedding table must be bf16");
+  K3_CUDA_CHECK(embed_rows(static_cast<const uint16_t*>(table.data), table.cols, staged<const int32_t>(sd_.tokens),
+                           static_cast<int>(out.rows), out.f(), stream_));
+}
+
+void CudaBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
+  prof_.begin("linear", stream_);
+  lin_->run(W, x.f(), x.rows, y.f());
+  prof_.end(stream_);
+}
+
+void CudaBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) {
+  if (x.stride != y.stride) throw Error("CUDA backend: rmsnorm layouts differ");
+  prof_.begin("norms+residual", stream_);
+  K3_CUDA_CHECK(cuda::rmsnorm(x.f(), w, static_cast<int>(x.rows), static_cast<int>(dim), static_cast<int>(x.stride), eps, y.f(),
+                              stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::glu(Tensor gate, Tensor up, const graph::GluParams& p) {
+  K3_CUDA_CHECK(cuda::glu(gate.f(), up.f(), gate.count(), p.situ, p.beta, p.linear_beta, stream_));
+}
+
+void CudaBackend::add(Tensor y, Tensor x) {
+  prof_.begin("norms+residual", stream_);
+  K3_CUDA_CHECK(add_inplace(y.f(), x.f(), y.count(), stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::copy(Tensor dst, Tensor src) {
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.count()) * 4, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::sigmoid_mul(Tensor y, Tensor g) { K3_CUDA_CHECK(cuda::sigmoid_mul(y.f(), g.f(), y.count(), stream_)); }
+
+void CudaBackend::gather_logit_rows(Tensor h, Tensor out) {
+  K3_CUDA_CHECK(gather_rows(h.f(), staged<const int32_t>(sd_.logit_rows), static_cast<int>(out.rows), static_cast<int>(h.cols),
+                            out.f(), stream_));
+}
+
+void CudaBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps, Tensor out) {
+  prof_.begin("attn_res", stream_);
+  K3_CUDA_CHECK(cuda::attn_res_mix(blocks.f(), partial.count(), static_cast<int>(nb), partial.f(), w, static_cast<int>(partial.rows),
+                                   static_cast<int>(partial.cols), eps, out.f(), stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::attn_res_mix_rmsnorm(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps,
+                                       const float* norm_w, Tensor out) {
+  prof_.begin("norms+residual", stream_);
+  K3_CUDA_CHECK(cuda::attn_res_mix_rmsnorm(blocks.f(), partial.count(), static_cast<int>(nb), partial.f(), w,
+                                           static_cast<int>(partial.rows), static_cast<int>(partial.cols), eps, norm_w, out.f(),
+                                           stream_));
+  prof_.end(stream_);
+}
+
+}  // namespace k3::cuda

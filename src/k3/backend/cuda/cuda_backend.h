@@ -1,0 +1,128 @@
+// The CUDA backend: the graph's ops (model/graph/backend.h) on one GPU, every kernel enqueued on one
+// stream. Per step, prepare() builds on the host the one staging block the kernels read (token maps,
+// the MLA page tables and KDA state descriptors of every layer, the logits rows) and sizes scratch and
+// workspaces; begin_step() (run by the graph, so inside a captured CUDA graph too) enqueues its upload.
+// Nothing in a step allocates or synchronises once the backend is warm for that step's shape, so a
+// decode step can be captured and replayed (cuda_model.cpp); generation() changes whenever a buffer the
+// ops refer to moves, which invalidates captured graphs.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "k3/backend/cuda/cuda_profiler.h"
+#include "k3/backend/cuda/device_scratch.h"
+#include "k3/backend/cuda/host_staging.h"
+#include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/mla_kernels.h"
+#include "k3/backend/cuda/moe_kernels.h"
+#include "k3/model/config.h"
+#include "k3/model/graph/backend.h"
+
+namespace k3::cuda {
+
+class CudaBackend final : public graph::Backend {
+ public:
+  // KDA chunk of the prefill form when the step does not set one (fastest on an H200 at 1 x 4096
+  // tokens: docs/perf/cuda.md); other sizes than 16/32/64 run the recurrence.
+  static constexpr int kDefaultKdaChunk = 32;
+
+  CudaBackend(const ModelConfig& c, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
+  ~CudaBackend() override;
+
+  // Host side of a step (before the graph runs or a captured graph is replayed).
+  void prepare(const graph::StepPlan& plan);
+  // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
+  std::pair<int64_t, int64_t> graph_key() const { return {n_seqs_, page_stride_}; }
+  uint64_t generation() const { return generation_ + scratch_.generation() + lin_->generation(); }
+  // [n_logits][V] on the device, filled by the step's head.
+  graph::Tensor logits() const;
+  LinearRunner& linear_runner() { return *lin_; }
+
+  void begin_step(const graph::StepPlan& plan) override;
+  graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
+  size_t scratch_mark() const override { return scratch_.mark(); }
+  void scratch_release(size_t mark) override { scratch_.release(mark); }
+
+  void embed(const WeightMatrix& table, graph::Tensor out) override;
+  void linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y) override;
+  void rmsnorm(graph::Tensor x, const float* w, int64_t dim, float eps, graph::Tensor y) override;
+  void glu(graph::Tensor gate, graph::Tensor up, const graph::GluParams& p) override;
+  void add(graph::Tensor y, graph::Tensor x) override;
+  void copy(graph::Tensor dst, graph::Tensor src) override;
+  void sigmoid_mul(graph::Tensor y, graph::Tensor g) override;
+  void gather_logit_rows(graph::Tensor h, graph::Tensor out) override;
+  void attn_res_mix(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
+                    graph::Tensor out) override;
+  void attn_res_mix_rmsnorm(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
+                            const float* norm_w, graph::Tensor out) override;
+
+  void kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, graph::Tensor pq, graph::Tensor pk,
+                       graph::Tensor pv, graph::Tensor q, graph::Tensor k, graph::Tensor v) override;
+  void kda_gates(const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, graph::Tensor g,
+                 graph::Tensor beta) override;
+  void kda_recurrence(int64_t layer, const graph::KdaDims& d, graph::Tensor q, graph::Tensor k, graph::Tensor v,
+                      graph::Tensor g, graph::Tensor beta, graph::Tensor o) override;
+  void kda_output_gate(const KdaWeights& w, const graph::KdaDims& d, float eps, graph::Tensor o,
+                       graph::Tensor gate) override;
+  void kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, float eps,
+               graph::Tensor pq, graph::Tensor pk, graph::Tensor pv, graph::Tensor graw, graph::Tensor braw,
+               graph::Tensor gate_proj, graph::Tensor o) override;
+
+  void mla_write_latents(int64_t layer, const graph::MlaDims& d, graph::Tensor lat) override;
+  void mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, graph::Tensor ql) override;
+  void mla_attend_latent(int64_t layer, const graph::MlaDims& d, graph::Tensor ql, float scale,
+                         graph::Tensor ol) override;
+  void mla_up_v(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor ol, graph::Tensor o) override;
+  void mla_attend_mha(int64_t layer, const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, float scale,
+                      graph::Tensor o) override;
+
+  void moe_route(graph::Tensor logits, const float* bias, const graph::RouteParams& p, graph::Tensor idx,
+                 graph::Tensor wts) override;
+  void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                   const graph::GluParams& p, graph::Tensor out) override;
+
+ private:
+  // Offsets in the staging block of the step data the kernels read.
+  struct StepData {
+    size_t tokens = 0, tok_seq = 0, tok_pos = 0, logit_rows = 0, page_start = 0, page_tokens = 0, dec_tokens = 0;
+    std::vector<size_t> pages;                 // per MLA layer: page pointers
+    std::vector<size_t> kda_all, kda_rec, kda_chk;  // per KDA layer: KdaSeq arrays
+    int n_rec = 0, n_chk = 0, n_dec_tokens = 0, kda_chunk = 0;
+  };
+  template <typename T>
+  T* staged(size_t off) const { return reinterpret_cast<T*>(staging_d_.get<uint8_t>() + off); }
+  MlaPaging paging(int64_t layer) const;
+  void stage_mla(const graph::StepPlan& plan);
+  void stage_kda(const graph::StepPlan& plan);
+  void size_workspaces(int64_t N, int64_t R);
+  // MHA form of one prefill-form sequence (cuda_backend_mla.cpp).
+  void mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq, int64_t offset,
+                       int64_t n, int64_t past, const float* q, float scale, float* out);
+
+  const ModelConfig& cfg_;
+  cudaStream_t stream_;
+  std::unique_ptr<LinearRunner> lin_;
+  bool gemm_bf16_;
+  Profiler& prof_;
+  const graph::StepPlan* plan_ = nullptr;
+
+  DeviceScratch scratch_;
+  int64_t token_cap_ = 0;       // tokens the scratch and workspaces are sized for
+  size_t bytes_per_token_ = 0;  // scratch high-water per token of the largest step so far
+  uint64_t generation_ = 1;     // bumped when a workspace or the staging moves
+  std::unique_ptr<MoeWorkspace> moe_ws_;
+  DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_;
+
+  Staging st_;
+  StepData sd_;
+  PinnedBuffer staging_h_;
+  DeviceBuffer staging_d_;
+  size_t staging_bytes_ = 0;
+  int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
+};
+
+}  // namespace k3::cuda

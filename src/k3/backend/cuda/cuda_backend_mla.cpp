@@ -1,0 +1,118 @@
+// CudaBackend's MLA ops (model-spec 3.3) over the paged latent cache (mla_kernels.h): the absorbed form
+// for decode-form tokens (small batches on custom kernels, larger ones on batched SGEMMs; the column-major
+// mapping is in docs/kernels-cuda.md), the MHA form per prefill-form sequence on cuBLAS.
+#include <algorithm>
+#include <cmath>
+
+#include "k3/backend/cuda/cuda_backend.h"
+
+namespace k3::cuda {
+
+using graph::Tensor;
+
+void CudaBackend::mla_write_latents(int64_t layer, const graph::MlaDims&, Tensor lat) {
+  prof_.begin("mla attn", stream_);
+  K3_CUDA_CHECK(mla_write_rows(paging(layer), static_cast<int>(lat.rows), lat.f(), stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, Tensor q, Tensor ql) {
+  const int N = static_cast<int>(q.rows), nh = static_cast<int>(d.heads), dn = static_cast<int>(d.nope),
+            dr = static_cast<int>(d.rope), dv = static_cast<int>(d.value), kr = static_cast<int>(d.rank);
+  const int qk = dn + dr, cd = kr + dr;
+  prof_.begin("mla attn", stream_);
+  // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h]
+  if (N <= kMlaSmallBatch) {
+    K3_CUDA_CHECK(cuda::mla_absorb_q(q.f(), w.kv_b.data(), N, nh, dn, dr, dv, kr, ql.f(), stream_));
+  } else {
+    const float one = 1.f, zero = 0.f;
+    check_cublas(cublasSgemmStridedBatched(lin_->cublas(), CUBLAS_OP_N, CUBLAS_OP_N, kr, N, dn, &one, w.kv_b.data(), kr,
+                                           static_cast<long long>(dn + dv) * kr, q.f(), nh * qk, qk, &zero, ql.f(), nh * cd, cd,
+                                           nh),
+                 "q absorption");
+  }
+  K3_CUDA_CHECK(mla_copy_qpe(q.f(), N, nh, dn, dr, kr, ql.f(), stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& d, Tensor ql, float scale, Tensor ol) {
+  prof_.begin("mla attn", stream_);
+  MlaPaging pg = paging(layer);
+  pg.tok_index = sd_.n_dec_tokens == ql.rows ? nullptr : staged<const int32_t>(sd_.dec_tokens);
+  K3_CUDA_CHECK(cuda::mla_attend_latent(pg, sd_.n_dec_tokens, static_cast<int>(d.heads), static_cast<int>(d.rank),
+                                        static_cast<int>(d.rope), ql.f(), scale, ol.f(), mla_ws_.get<float>(), stream_));
+  prof_.end(stream_);
+}
+
+void CudaBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& d, Tensor ol, Tensor o) {
+  const int N = static_cast<int>(ol.rows), nh = static_cast<int>(d.heads), dn = static_cast<int>(d.nope),
+            dv = static_cast<int>(d.value), kr = static_cast<int>(d.rank);
+  prof_.begin("mla attn", stream_);
+  // o[t][h] = W_UV_h o_lat[t][h]
+  if (N <= kMlaSmallBatch) {
+    K3_CUDA_CHECK(cuda::mla_up_v(ol.f(), w.kv_b.data(), N, nh, dn, dv, kr, o.f(), stream_));
+  } else {
+    const float one = 1.f, zero = 0.f;
+    check_cublas(cublasSgemmStridedBatched(lin_->cublas(), CUBLAS_OP_T, CUBLAS_OP_N, dv, N, kr, &one,
+                                           w.kv_b.data() + static_cast<int64_t>(dn) * kr, kr,
+                                           static_cast<long long>(dn + dv) * kr, ol.f(), nh * kr, kr, &zero, o.f(), nh * dv, dv,
+                                           nh),
+                 "v up-projection");
+  }
+  prof_.end(stream_);
+}
+
+void CudaBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph::MlaDims& d, Tensor q, float scale,
+                                 Tensor o) {
+  prof_.begin("mla attn", stream_);
+  const MlaPaging pg = paging(layer);
+  for (size_t i = 0; i < plan_->seqs.size(); ++i) {
+    const graph::StepSeq& s = plan_->seqs[i];
+    if (s.prefill_form) mla_prefill_mha(w, d, pg, static_cast<int>(i), s.offset, s.n, s.past, q.f(), scale, o.f());
+  }
+  prof_.end(stream_);
+}
+
+// One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
+// are expanded from the latents (one SGEMM), then per query chunk the scores (two batched SGEMMs: the nope
+// part + the shared rope-slot part), a causal softmax, and P.V. fp32 throughout (the CPU reference uses
+// the same form for prefill). Writes rows [offset, offset + n) of out.
+void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq,
+                                  int64_t offset, int64_t n, int64_t past, const float* q, float scale, float* out) {
+  const int nh = static_cast<int>(d.heads), dn = static_cast<int>(d.nope), dr = static_cast<int>(d.rope),
+            dv = static_cast<int>(d.value), kr = static_cast<int>(d.rank);
+  const int qk = dn + dr, cd = kr + dr, Rw = nh * (dn + dv);
+  const int64_t S = past + n;
+  const int64_t budget = int64_t{64} << 20;  // floats of scores per chunk (256 MiB)
+  const int64_t Tq = std::max<int64_t>(1, std::min<int64_t>(n, budget / (int64_t{nh} * S)));
+  const size_t need = static_cast<size_t>(S * cd + S * Rw + int64_t{nh} * Tq * S) * 4;
+  if (mha_ws_.bytes() < need) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use the old buffer
+    mha_ws_ = DeviceBuffer(need + need / 4);
+  }
+  float* Lc = mha_ws_.get<float>();
+  float* KV = Lc + S * cd;
+  float* sc = KV + S * Rw;
+  K3_CUDA_CHECK(mla_gather_latents(pg, seq, static_cast<int>(S), Lc, stream_));
+  const float one = 1.f, zero = 0.f;
+  cublasHandle_t hb = lin_->cublas();
+  check_cublas(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, w.kv_b.data(), kr, Lc, cd, &zero, KV, Rw),
+               "MLA k/v expansion");
+  for (int64_t t0 = 0; t0 < n; t0 += Tq) {
+    const int tq = static_cast<int>(std::min<int64_t>(Tq, n - t0));
+    const float* Q = q + (offset + t0) * nh * qk;
+    const long long sstride = static_cast<long long>(tq) * S;
+    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dn, &scale, KV, Rw, dn + dv, Q,
+                                           nh * qk, qk, &zero, sc, static_cast<int>(S), sstride, nh),
+                 "MLA scores (nope)");
+    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dr, &scale, Lc + kr, cd, 0, Q + dn,
+                                           nh * qk, qk, &one, sc, static_cast<int>(S), sstride, nh),
+                 "MLA scores (rope slot)");
+    K3_CUDA_CHECK(mla_causal_softmax(sc, nh, tq, static_cast<int>(S), static_cast<int>(past + t0), stream_));
+    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_N, CUBLAS_OP_N, dv, tq, static_cast<int>(S), &one, KV + dn, Rw, dn + dv, sc,
+                                           static_cast<int>(S), sstride, &zero, out + (offset + t0) * nh * dv, nh * dv, dv, nh),
+                 "MLA P.V");
+  }
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,79 @@
+// K3_CUDA_PROFILE=1: GPU time per op category of the eager path, printed when the model is destroyed.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace k3::cuda {
+
+// Per-category GPU time of the eager path (K3_CUDA_PROFILE=1): cudaEvent pairs around each region,
+// summed after the step's synchronisation and printed when the model is destroyed.
+class Profiler {
+ public:
+  explicit Profiler(bool on) : on_(on) {}
+  ~Profiler() {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+  }
+  bool on() const { return on_; }
+  void begin(const char* cat, cudaStream_t s) {
+    if (!on_) return;
+    open_.push_back({cat, event(), nullptr});
+    cudaEventRecord(open_.back().a, s);
+  }
+  void end(cudaStream_t s) {
+    if (!on_) return;
+    open_.back().b = event();
+    cudaEventRecord(open_.back().b, s);
+    done_.push_back(open_.back());
+    open_.pop_back();
+  }
+  // After the stream is synchronised.
+  void collect() {
+    for (auto& r : done_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, r.a, r.b);
+      auto& t = totals_[r.cat];
+      t.first += ms;
+      t.second += 1;
+      free_.push_back(r.a);
+      free_.push_back(r.b);
+    }
+    done_.clear();
+  }
+  void print() const {
+    if (!on_ || totals_.empty()) return;
+    double all = 0;
+    for (auto& [k, v] : totals_) all += v.first;
+    std::fprintf(stderr, "k3 cuda profile (eager path; GPU time per region):\n");
+    for (auto& [k, v] : totals_)
+      std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  %8lld calls\n", k.c_str(), v.first, 100.0 * v.first / all,
+                   static_cast<long long>(v.second));
+  }
+
+ private:
+  struct Region {
+    const char* cat;
+    cudaEvent_t a, b;
+  };
+  cudaEvent_t event() {
+    if (!free_.empty()) {
+      cudaEvent_t e = free_.back();
+      free_.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    pool_.push_back(e);
+    return e;
+  }
+  bool on_;
+  std::vector<Region> open_, done_;
+  std::vector<cudaEvent_t> pool_, free_;
+  std::map<std::string, std::pair<double, int64_t>> totals_;
+};
+
+}  // namespace k3::cuda
