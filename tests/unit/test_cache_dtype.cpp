@@ -144,11 +144,15 @@ TEST(CacheDType, FlagValues) {
 }
 
 TEST(CacheDType, MlaRowLayouts) {
-  EXPECT_EQ(k3::mla_row_bytes(CacheDType::F32, 576), 2304);
-  EXPECT_EQ(k3::mla_row_bytes(CacheDType::BF16, 576), 1152);
-  EXPECT_EQ(k3::mla_row_bytes(CacheDType::FP8_E4M3, 576), 580);  // 576 codes + the fp32 scale
-  EXPECT_EQ(k3::mla_row_scale_offset(576), 576);
-  EXPECT_EQ(k3::mla_row_bytes(CacheDType::FP8_E4M3, 5), 12);  // codes padded to 4 bytes: the scale is aligned
+  EXPECT_EQ(k3::mla_row_bytes(CacheDType::F32, 512, 64), 2304);
+  EXPECT_EQ(k3::mla_row_bytes(CacheDType::BF16, 512, 64), 1152);
+  EXPECT_EQ(k3::mla_row_bytes(CacheDType::FP8_E4M3, 512, 64), 644);  // 512 codes | 64 bf16 | fp32 scale
+  EXPECT_EQ(k3::mla_fp8_pe_offset(512), 512);
+  EXPECT_EQ(k3::mla_fp8_scale_offset(512, 64), 640);
+  // Parts start 4-byte aligned: 5 codes + 3 padding | 1 bf16 + 2 padding | scale.
+  EXPECT_EQ(k3::mla_fp8_pe_offset(5), 8);
+  EXPECT_EQ(k3::mla_fp8_scale_offset(5, 1), 12);
+  EXPECT_EQ(k3::mla_row_bytes(CacheDType::FP8_E4M3, 5, 1), 16);
   EXPECT_EQ(k3::cache_dtype_bytes(CacheDType::FP8_E4M3), 1);
   EXPECT_STREQ(k3::cache_dtype_name(CacheDType::BF16), "bfloat16");
 }

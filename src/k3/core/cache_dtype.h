@@ -94,21 +94,27 @@ inline uint8_t f32_to_fp8_e4m3(float x) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// MLA latent rows: one token's [c_kv (kv_lora_rank) | k_pe (qk_rope_dim)] of one layer, row_dim values.
-//   F32:      row_dim fp32                          (row_dim * 4 bytes)
-//   BF16:     row_dim bf16                          (row_dim * 2 bytes)
-//   FP8_E4M3: row_dim e4m3 codes, padded to 4 bytes, then one fp32 scale  (K3: 576 + 4 = 580 bytes)
-//             value[i] = fp8_e4m3_to_f32(code[i]) * scale,  scale = max_i |x_i| / 448 (1 when all are 0)
-// Rows of a page follow each other at mla_row_bytes strides (so a row and its scale are 4-byte aligned
-// when the page is). Why one scale per row and not per tensor or per part: docs/cache-dtypes.md.
+// MLA latent rows: one token's [c_kv (kr = kv_lora_rank values) | k_pe (dr = qk_rope_dim values)] of one
+// layer.
+//   F32:      kr + dr fp32                                   (K3: 576 * 4 = 2304 bytes)
+//   BF16:     kr + dr bf16                                   (K3: 576 * 2 = 1152 bytes)
+//   FP8_E4M3: kr e4m3 codes of c_kv | dr bf16 of k_pe | one fp32 scale of c_kv   (K3: 512 + 128 + 4 = 644)
+//             c_kv[i] = fp8_e4m3_to_f32(code[i]) * scale,  scale = max_i |c_kv_i| / 448 (1 when all are 0)
+//             Each part starts 4-byte aligned (padding bytes are zero).
+// k_pe stays bf16 in fp8 rows because the attention logits are far more sensitive to it than the output is
+// to c_kv (the same choice as FlashMLA's fp8 MLA cache); measurements in docs/cache-dtypes.md.
+// Rows of a page follow each other at mla_row_bytes strides (4-byte aligned when the page is).
 
-constexpr int64_t mla_row_scale_offset(int64_t row_dim) { return (row_dim + 3) / 4 * 4; }
+constexpr int64_t mla_align4(int64_t n) { return (n + 3) / 4 * 4; }
+// Byte offsets inside an FP8_E4M3 row.
+constexpr int64_t mla_fp8_pe_offset(int64_t kr) { return mla_align4(kr); }
+constexpr int64_t mla_fp8_scale_offset(int64_t kr, int64_t dr) { return mla_align4(mla_fp8_pe_offset(kr) + 2 * dr); }
 
-constexpr int64_t mla_row_bytes(CacheDType t, int64_t row_dim) {
+constexpr int64_t mla_row_bytes(CacheDType t, int64_t kr, int64_t dr) {
   switch (t) {
-    case CacheDType::F32: return row_dim * 4;
-    case CacheDType::BF16: return row_dim * 2;
-    case CacheDType::FP8_E4M3: return mla_row_scale_offset(row_dim) + 4;
+    case CacheDType::F32: return (kr + dr) * 4;
+    case CacheDType::BF16: return (kr + dr) * 2;
+    case CacheDType::FP8_E4M3: return mla_fp8_scale_offset(kr, dr) + 4;
   }
   return 0;
 }
