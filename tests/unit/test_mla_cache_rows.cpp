@@ -150,6 +150,24 @@ TEST(MlaCacheRows, TypedAttentionEqualsFp32AttentionOverDecodedRows) {
   }
 }
 
+// Batch invariance for a given dtype: T queries at once == each query alone (as decode steps), bit for bit,
+// with a head count that is not a multiple of the kernel's head block.
+TEST(MlaCacheRows, TypedAttentionDoesNotDependOnT) {
+  std::mt19937 rng(17);
+  const int T = 5, P = 30, S = P + T, nh = 13;
+  const Vec lat = realistic_latents(S, rng), q = randn(std::size_t(T) * nh * kDc, rng, 1.f);
+  for (CacheDType dt : {CacheDType::BF16, CacheDType::FP8_E4M3}) {
+    const StoredRows stored(dt, S, kKr, kDr, lat);
+    const Vec all = attend_typed(dt, T, P, nh, q, stored);
+    for (int t = 0; t < T; ++t) {
+      const Vec qt(q.begin() + std::ptrdiff_t(t) * nh * kDc, q.begin() + std::ptrdiff_t(t + 1) * nh * kDc);
+      const Vec one = attend_typed(dt, 1, P + t, nh, qt, stored);
+      EXPECT_EQ(std::memcmp(one.data(), all.data() + std::size_t(t) * nh * kKr, one.size() * 4), 0)
+          << k3::cache_dtype_name(dt) << " t " << t;
+    }
+  }
+}
+
 double max_abs(const Vec& a) {
   double m = 0;
   for (float x : a) m = std::max(m, double(std::fabs(x)));
