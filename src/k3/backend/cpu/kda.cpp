@@ -1,11 +1,13 @@
 // KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
 #include "k3/backend/cpu/kda.h"
 
+#include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -292,6 +294,35 @@ void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k,
       for (int t0 = 0; t0 < T; t0 += C) kda_chunk(ws, t0, std::min(C, T - t0), H, h, D, q, k, v, g, beta, S, out);
     }
   });
+}
+
+namespace {
+
+// Runs `step(float* state)` on an fp32 copy of a state stored as `dtype`, then stores it back rounded.
+template <class Step>
+void with_fp32_state(int H, int D, void* state, CacheDType dtype, const Step& step) {
+  if (dtype == CacheDType::F32) return step(static_cast<float*>(state));
+  if (dtype != CacheDType::BF16)
+    throw Error(std::string("KDA state: cache dtype ") + cache_dtype_name(dtype) + " is not supported (float32, bfloat16)");
+  const std::size_t n = static_cast<std::size_t>(H) * D * D;
+  auto* stored = static_cast<uint16_t*>(state);
+  std::vector<float> s(n);
+  for (std::size_t i = 0; i < n; ++i) s[i] = bf16_to_f32(stored[i]);
+  step(s.data());
+  for (std::size_t i = 0; i < n; ++i) stored[i] = f32_to_bf16(s[i]);
+}
+
+}  // namespace
+
+void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
+                         const float* beta, void* state, CacheDType state_dtype, float* out) {
+  with_fp32_state(H, D, state, state_dtype, [&](float* s) { kda_recurrent(T, H, D, q, k, v, g, beta, s, out); });
+}
+
+void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
+                       const float* g, const float* beta, void* state, CacheDType state_dtype, float* out) {
+  with_fp32_state(H, D, state, state_dtype,
+                  [&](float* s) { kda_chunked(T, H, D, chunk, q, k, v, g, beta, s, out); });
 }
 
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {

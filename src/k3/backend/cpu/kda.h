@@ -10,6 +10,7 @@
 //                           state after token T-1.
 //   out        : [T][H][D]   o_t = S_t^T q_t
 #pragma once
+#include "k3/core/cache_dtype.h"
 
 namespace k3::cpu {
 
@@ -19,6 +20,16 @@ void kda_recurrent(int T, int H, int D, const float* q, const float* k, const fl
 // Chunked (WY / UT-transform) form with chunks of `chunk` tokens; the last chunk may be partial.
 void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
                  const float* g, const float* beta, float* state, float* out);
+
+// The same two with the state stored as `state_dtype` (--mamba-ssm-cache-dtype: F32 or BF16; FP8 throws
+// k3::Error): the state [H][D][D] is loaded to fp32 at the start of the call, the recurrence runs in fp32,
+// and the state is rounded (to nearest even) once at the end. So rounding happens once per forward call per
+// sequence, whether that call is a chunked prefill of many tokens or one decode token (vLLM's
+// mamba_ssm_cache_dtype does the same); F32 is the fp32 function itself (bit-identical).
+void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
+                         const float* beta, void* state, CacheDType state_dtype, float* out);
+void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
+                       const float* g, const float* beta, void* state, CacheDType state_dtype, float* out);
 
 // Causal depthwise conv (kernel W, no bias) followed by SiLU, for one projection of C channels.
 //   x     : [T][C]  new inputs

@@ -1,6 +1,7 @@
 // MLA attention cores on the CPU (model-spec section 3.3), NoPE: no rotation anywhere.
 // The model does the projections; these functions do the softmax attention part.
 #pragma once
+#include "k3/core/cache_dtype.h"
 
 namespace k3::cpu {
 
@@ -24,5 +25,10 @@ void mla_attention_latent(int T, int P, int nh, int kr, int dr, const float* q_l
 // computed independently, so results do not depend on T, on batching or on how the cache is paged.
 void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
                                float scale, float* out);
+// The same over rows stored as `dtype` (layouts: core/cache_dtype.h, written by cpu::mla_write_rows): each
+// row element is converted in the inner loops, accumulation in fp32; an FP8 row's scale is applied once per
+// dot product and once per weight. F32 is mla_attention_latent_rows itself (bit-identical).
+void mla_attention_latent_rows_typed(int T, int P, int nh, int kr, int dr, const float* q_lat,
+                                     const void* const* rows, CacheDType dtype, float scale, float* out);
 
 }  // namespace k3::cpu

@@ -44,6 +44,8 @@
 //   the same device helpers as the unfused kernels, so it matches them to rounding.
 #include "k3/backend/cuda/kda_kernels.h"
 
+#include "k3/backend/cuda/cache_dtype.cuh"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -131,20 +133,28 @@ __device__ __forceinline__ float conv_silu_at(const float* __restrict__ x, int C
 template <int D>
 constexpr int kSplit = D == 128 ? 2 : 1;
 
+// How the recurrent / decode kernels keep the state (--mamba-ssm-cache-dtype): StateT = float, or
+// uint16_t holding bf16 bits (widened on load, rounded to nearest even on store, once per kernel call; the
+// arithmetic in between is fp32 and identical for both).
+__device__ __forceinline__ float state_load(const float* p) { return *p; }
+__device__ __forceinline__ void state_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ float state_load(const uint16_t* p) { return bf16_bits_to_f32(*p); }
+__device__ __forceinline__ void state_store(uint16_t* p, float v) { *p = f32_to_bf16_bits(v); }
+
 // Register slot 4m + r of part p holds key index dk = 4 (SPLIT m + p) + r.
-template <int D, int SPLIT>
-__device__ __forceinline__ void load_column(float (&s)[D / SPLIT], const float* S, int dv, int p) {
+template <int D, int SPLIT, class StateT>
+__device__ __forceinline__ void load_column(float (&s)[D / SPLIT], const StateT* S, int dv, int p) {
 #pragma unroll
   for (int m = 0; m < D / (4 * SPLIT); ++m)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) s[4 * m + r] = S[(4 * (SPLIT * m + p) + r) * D + dv];
+    for (int r = 0; r < 4; ++r) s[4 * m + r] = state_load(S + (4 * (SPLIT * m + p) + r) * D + dv);
 }
-template <int D, int SPLIT>
-__device__ __forceinline__ void store_column(const float (&s)[D / SPLIT], float* S, int dv, int p) {
+template <int D, int SPLIT, class StateT>
+__device__ __forceinline__ void store_column(const float (&s)[D / SPLIT], StateT* S, int dv, int p) {
 #pragma unroll
   for (int m = 0; m < D / (4 * SPLIT); ++m)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) S[(4 * (SPLIT * m + p) + r) * D + dv] = s[4 * m + r];
+    for (int r = 0; r < 4; ++r) state_store(S + (4 * (SPLIT * m + p) + r) * D + dv, s[4 * m + r]);
 }
 
 // Sum over the SPLIT lanes that share a column (adjacent lanes; all 32 lanes of the warp must call).
@@ -200,7 +210,7 @@ __device__ __forceinline__ float delta_step(float (&s)[D / SPLIT], const float* 
 // kda_recurrent: grid (n_seqs, H, D*SPLIT/32), one warp per block; the warp covers 32/SPLIT value columns,
 // lane = SPLIT * column + part.
 
-template <int D>
+template <int D, class StateT>
 __global__ void __launch_bounds__(32)
     kda_recurrent_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ q,
                          const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
@@ -212,7 +222,7 @@ __global__ void __launch_bounds__(32)
   const int h = blockIdx.y, lane = threadIdx.x, p = lane % SPLIT;
   const int dv = blockIdx.z * (32 / SPLIT) + lane / SPLIT;
   const int C = H * D;
-  float* S = sq.S + static_cast<size_t>(h) * D * D;
+  StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
   float s[D / SPLIT];
   load_column<D, SPLIT>(s, S, dv, p);
 
@@ -795,7 +805,7 @@ __global__ void __launch_bounds__(D)
 // kda_decode_fused: grid (n_seqs, H), D*SPLIT threads. Threads tid < D do channel h*D + tid (conv, norms,
 // gates); for the recurrence and the output norm thread tid is part tid % SPLIT of value column tid / SPLIT.
 
-template <int D, int W>
+template <int D, int W, class StateT>
 __global__ void __launch_bounds__(D * kSplit<D>)
     kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                             const float* __restrict__ xk, const float* __restrict__ xv,
@@ -857,7 +867,7 @@ __global__ void __launch_bounds__(D * kSplit<D>)
   __syncthreads();
 
   const int dv = tid / SPLIT, p = tid % SPLIT;
-  float* S = sq.S + static_cast<size_t>(h) * D * D;
+  StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
   float s[D / SPLIT];
   load_column<D, SPLIT>(s, S, dv, p);
   const float ot = delta_step<D, SPLIT>(s, ks, qs, es, vs[dv], bt, p);
@@ -874,10 +884,10 @@ __global__ void __launch_bounds__(D * kSplit<D>)
 
 bool supported_d(int D) { return D == 32 || D == 64 || D == 128; }
 
-template <int D>
+template <int D, class StateT>
 cudaError_t launch_recurrent(const KdaSeq* seqs, int n_seqs, int H, const float* q, const float* k,
                              const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  kda_recurrent_kernel<D><<<dim3(n_seqs, H, D * kSplit<D> / 32), 32, 0, stream>>>(seqs, H, q, k, v, g, beta, o);
+  kda_recurrent_kernel<D, StateT><<<dim3(n_seqs, H, D * kSplit<D> / 32), 32, 0, stream>>>(seqs, H, q, k, v, g, beta, o);
   return cudaGetLastError();
 }
 
@@ -944,18 +954,18 @@ cudaError_t launch_output_gate(int N, int H, float* o, const float* norm_w, floa
   return cudaGetLastError();
 }
 
-template <int D, int W>
+template <int D, int W, class StateT>
 cudaError_t launch_fused(const KdaSeq* seqs, int n_seqs, int H, const float* xq, const float* xk, const float* xv,
                          const float* wq, const float* wk, const float* wv, const float* graw, const float* dt_bias,
                          const float* A_log, bool bounded, float lower_bound, const float* braw, const float* gate,
                          const float* norm_w, float eps, float* o, cudaStream_t stream) {
-  kda_decode_fused_kernel<D, W><<<dim3(n_seqs, H), D * kSplit<D>, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias,
+  kda_decode_fused_kernel<D, W, StateT><<<dim3(n_seqs, H), D * kSplit<D>, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias,
                                                                     A_log, bounded, lower_bound, braw, gate, norm_w,
                                                                     eps, o);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, class StateT>
 cudaError_t launch_fused_d(int W, const KdaSeq* seqs, int n_seqs, int H, const float* xq, const float* xk,
                            const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
                            const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
@@ -964,7 +974,7 @@ cudaError_t launch_fused_d(int W, const KdaSeq* seqs, int n_seqs, int H, const f
   switch (W) {
 #define K3_FUSED_CASE(WW)                                                                                        \
   case WW:                                                                                                       \
-    return launch_fused<D, WW>(seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,         \
+    return launch_fused<D, WW, StateT>(seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,         \
                                lower_bound, braw, gate, norm_w, eps, o, stream);
     K3_FUSED_CASE(1)
     K3_FUSED_CASE(2)
@@ -1004,15 +1014,33 @@ cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const
   return cudaGetLastError();
 }
 
+namespace {
+
+template <class StateT>
+cudaError_t recurrent_state_t(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
+                              const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_recurrent<32, StateT>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
+    case 64: return launch_recurrent<64, StateT>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
+    default: return launch_recurrent<128, StateT>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t kda_recurrent_typed(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
+                                const float* v, const float* g, const float* beta, float* o, CacheDType state_dtype,
+                                cudaStream_t stream) {
+  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0) return cudaErrorInvalidValue;
+  if (state_dtype != CacheDType::F32 && state_dtype != CacheDType::BF16) return cudaErrorInvalidValue;
+  if (n_seqs == 0) return cudaSuccess;
+  if (state_dtype == CacheDType::BF16) return recurrent_state_t<uint16_t>(seqs, n_seqs, H, D, q, k, v, g, beta, o, stream);
+  return recurrent_state_t<float>(seqs, n_seqs, H, D, q, k, v, g, beta, o, stream);
+}
+
 cudaError_t kda_recurrent(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
                           const float* v, const float* g, const float* beta, float* o, cudaStream_t stream) {
-  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0) return cudaErrorInvalidValue;
-  if (n_seqs == 0) return cudaSuccess;
-  switch (D) {
-    case 32: return launch_recurrent<32>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
-    case 64: return launch_recurrent<64>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
-    default: return launch_recurrent<128>(seqs, n_seqs, H, q, k, v, g, beta, o, stream);
-  }
+  return kda_recurrent_typed(seqs, n_seqs, H, D, q, k, v, g, beta, o, CacheDType::F32, stream);
 }
 
 namespace {
@@ -1058,24 +1086,51 @@ cudaError_t kda_output_gate(int N, int H, int D, float* o, const float* norm_w, 
   }
 }
 
+namespace {
+
+template <class StateT>
+cudaError_t fused_state_t(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq, const float* xk,
+                          const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
+                          const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
+                          const float* braw, const float* gate, const float* norm_w, float eps, float* o,
+                          cudaStream_t stream) {
+  switch (D) {
+    case 32:
+      return launch_fused_d<32, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                                        lower_bound, braw, gate, norm_w, eps, o, stream);
+    case 64:
+      return launch_fused_d<64, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                                        lower_bound, braw, gate, norm_w, eps, o, stream);
+    default:
+      return launch_fused_d<128, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                                         lower_bound, braw, gate, norm_w, eps, o, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t kda_decode_fused_typed(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq,
+                                   const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                                   const float* graw, const float* dt_bias, const float* A_log, bool bounded,
+                                   float lower_bound, const float* braw, const float* gate, const float* norm_w,
+                                   float eps, float* o, CacheDType state_dtype, cudaStream_t stream) {
+  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || W < 1 || W > kMaxConvW) return cudaErrorInvalidValue;
+  if (state_dtype != CacheDType::F32 && state_dtype != CacheDType::BF16) return cudaErrorInvalidValue;
+  if (n_seqs == 0) return cudaSuccess;
+  if (state_dtype == CacheDType::BF16)
+    return fused_state_t<uint16_t>(seqs, n_seqs, H, D, W, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                                   lower_bound, braw, gate, norm_w, eps, o, stream);
+  return fused_state_t<float>(seqs, n_seqs, H, D, W, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                              lower_bound, braw, gate, norm_w, eps, o, stream);
+}
+
 cudaError_t kda_decode_fused(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq, const float* xk,
                              const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
                              const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
                              const float* braw, const float* gate, const float* norm_w, float eps, float* o,
                              cudaStream_t stream) {
-  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || W < 1 || W > kMaxConvW) return cudaErrorInvalidValue;
-  if (n_seqs == 0) return cudaSuccess;
-  switch (D) {
-    case 32:
-      return launch_fused_d<32>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                lower_bound, braw, gate, norm_w, eps, o, stream);
-    case 64:
-      return launch_fused_d<64>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                lower_bound, braw, gate, norm_w, eps, o, stream);
-    default:
-      return launch_fused_d<128>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                 lower_bound, braw, gate, norm_w, eps, o, stream);
-  }
+  return kda_decode_fused_typed(seqs, n_seqs, H, D, W, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
+                                lower_bound, braw, gate, norm_w, eps, o, CacheDType::F32, stream);
 }
 
 }  // namespace k3::cuda

@@ -9,12 +9,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "k3/core/cache_dtype.h"
+
 namespace k3::cuda {
 
 // One sequence's part of a batch: rows [offset, offset + n) of the [N][...] activations, and its state.
 // A device array of these is passed to the kernels (built by the caller once per step).
 struct KdaSeq {
   float* S;                         // [H][D][D]  S[h][dk][dv], read then overwritten with the new state
+                                    // (the *_typed calls with a BF16 state: bf16 bits, cast to float*)
   float* conv_q, *conv_k, *conv_v;  // [C][W-1]   previous W-1 inputs of each short conv, oldest first
   int32_t offset, n;
 };
@@ -40,6 +43,15 @@ cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const
 // q, k, v, g: [N][C]; beta: [N][H]; o: [N][C].
 cudaError_t kda_recurrent(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
                           const float* v, const float* g, const float* beta, float* o, cudaStream_t stream);
+
+// The same with the state stored as `state_dtype` (--mamba-ssm-cache-dtype: F32 or BF16, else
+// cudaErrorInvalidValue): each seqs[i].S then points at bf16 bits. The state is widened to fp32 when the
+// kernel loads it, the recurrence runs in fp32 exactly as with an fp32 state, and it is rounded to nearest
+// even once when stored at the end of the call (cpu::kda_recurrent_typed semantics). F32 = kda_recurrent.
+// (kda_chunked has no bf16 variant yet: a prefill with a bf16 state runs kda_recurrent_typed.)
+cudaError_t kda_recurrent_typed(const KdaSeq* seqs, int n_seqs, int H, int D, const float* q, const float* k,
+                                const float* v, const float* g, const float* beta, float* o, CacheDType state_dtype,
+                                cudaStream_t stream);
 
 // Chunked (WY / UT transform) form of the same recurrence for prefill: chunks of `chunk` tokens
 // (16, 32 or 64; the last may be partial); same inputs, outputs and final state as kda_recurrent.
@@ -67,5 +79,12 @@ cudaError_t kda_decode_fused(const KdaSeq* seqs, int n_seqs, int H, int D, int W
                              const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
                              const float* braw, const float* gate, const float* norm_w, float eps, float* o,
                              cudaStream_t stream);
+
+// kda_decode_fused with the state stored as `state_dtype` (as kda_recurrent_typed).
+cudaError_t kda_decode_fused_typed(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq,
+                                   const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                                   const float* graw, const float* dt_bias, const float* A_log, bool bounded,
+                                   float lower_bound, const float* braw, const float* gate, const float* norm_w,
+                                   float eps, float* o, CacheDType state_dtype, cudaStream_t stream);
 
 }  // namespace k3::cuda
