@@ -4,8 +4,10 @@
 // several page sizes (pages stored in reverse order), two tokens of one sequence, a tok_index subset in a
 // scrambled order, with and without the split-key workspace. Error = max |gpu - cpu| / max |cpu| over the
 // selected tokens; rows the subset leaves out must keep their poison.
-// Tolerances: tensor cores 1e-2 (bf16 q, rows and P: ~2^-9 relative per operand; measured on the H200 in
-// docs/perf/cuda.md, session 6), SIMT 1e-5.
+// Tolerances (measured on the H200, docs/perf/cuda.md session 6, in brackets): tensor cores (bf16 q,
+// rows and P: ~2^-9 relative per operand) 1e-2 with a flat softmax (q * 0.2: <= 3.2e-3) and 2.5e-2 with a
+// peaked one (q * 2.0, logits std ~3.5: <= 1.2e-2; a score error d moves p by a factor e^d, and the peaked
+// case has scores ~10x larger); the fp32 SIMT path 1e-5 flat (<= 1.9e-7) and 1e-4 peaked (<= 2.8e-5).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -186,10 +188,12 @@ TEST(CudaMlaDecode, TensorCoreAndSimtMatchCpu) {
                     "simt %.2e; default (%s) %.2e\n",
                     nh, n_sel, subset ? " (tok_index subset)" : "", qscale, e_tc, k3::cuda::mla_tc::splits(n_sel, nh), e_tc1,
                     e_simt, uses_tc ? "tc" : "simt", e_default);
-        EXPECT_LT(e_tc, 1e-2);
-        EXPECT_LT(e_tc1, 1e-2);
-        EXPECT_LT(e_simt, 1e-5);
-        EXPECT_LT(e_default, uses_tc ? 1e-2 : 1e-5);
+        const bool peaked = qscale > 1.f;
+        const double tol_tc = peaked ? 2.5e-2 : 1e-2, tol_simt = peaked ? 1e-4 : 1e-5;
+        EXPECT_LT(e_tc, tol_tc);
+        EXPECT_LT(e_tc1, tol_tc);
+        EXPECT_LT(e_simt, tol_simt);
+        EXPECT_LT(e_default, uses_tc ? tol_tc : tol_simt);
       }
 }
 

@@ -8,8 +8,10 @@
 // 32 keys: the four quarters' partial scores meet in shared memory and every warp of the head tile sums
 // them into the same full scores (same order: identical softmax in the four warps). For O the warp owns
 // dims [128 qq, 128 qq + 128) of its 16 heads (64 fp32 accumulators per thread). Online softmax in
-// base 2 in fp32. Tiles are double-buffered in shared memory as bf16 (RowLoader converts): the loads of
-// tile k+1 are in flight while tile k is multiplied. Key splits as in the SIMT kernel (flash-decoding),
+// base 2 in fp32. Rows arrive by cp.async in a 2-stage ring of staging tiles in the stored type
+// (RowLoader), so tiles k+1 and k+2 are in flight while tile k, converted to bf16, is multiplied: with
+// one block per SM (205 KB of shared memory) that is what keeps enough bytes in flight (v1 held one tile
+// in registers and was latency-bound: docs/perf/cuda.md, session 6). Key splits as in the SIMT kernel (flash-decoding),
 // merged by mla_detail::merge_splits.
 #include "k3/backend/cuda/mla_decode_tc.h"
 
@@ -28,7 +30,12 @@ constexpr int kSliceV = kKr / kQuarters;  // 128 output dims per warp
 constexpr int kVTiles = kSliceV / 8;      // 16 n-tiles
 constexpr int kSPad = kKeys + 8;          // fp32 score row stride: float2 reads of 4 rows per half-warp hit 32 banks
 constexpr int kTileBytes = kKeys * kRowPad * 2;
-constexpr size_t kSmemBytes = 2 * static_cast<size_t>(kTileBytes) + sizeof(float) * kQuarters * kHeadsPerBlock * kSPad;
+constexpr int kSPartBytes = sizeof(float) * kQuarters * kHeadsPerBlock * kSPad;
+// Shared memory: 2 staging stages of the stored rows, one bf16 tile, the partial scores.
+template <class Row>
+constexpr size_t smem_bytes() {
+  return 2 * static_cast<size_t>(RowLoader<Row>::kStageBytes) + kTileBytes + kSPartBytes;
+}
 static_assert(kKeys == 32, "RowLoader resolves one key per lane");
 static_assert(kThreads == 2 * kQuarters * 32, "8 warps: 2 head tiles x 4 quarters");
 
@@ -71,8 +78,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     attend_tc_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                      float* __restrict__ o_lat, float* __restrict__ ws) {
   extern __shared__ __align__(16) unsigned char smem[];
-  auto* kv = reinterpret_cast<__nv_bfloat16*>(smem);                // [2][kKeys][kRowPad]
-  auto* spart = reinterpret_cast<float*>(smem + 2 * kTileBytes);    // [kQuarters][32 heads][kSPad]
+  using Loader = RowLoader<Row>;
+  auto* kv = reinterpret_cast<__nv_bfloat16*>(smem + 2 * Loader::kStageBytes);        // [kKeys][kRowPad]
+  auto* spart = reinterpret_cast<float*>(smem + 2 * Loader::kStageBytes + kTileBytes);  // [kQuarters][32 heads][kSPad]
+  auto stage_of = [&](int i) { return reinterpret_cast<Row*>(smem + (i & 1) * Loader::kStageBytes); };  // [2] stages
   const int ti = blockIdx.y, sp = blockIdx.z;
   const int t = pg.tok_index ? pg.tok_index[ti] : ti;
   const int seq = pg.tok_seq[t], len = pg.tok_pos[t] + 1;
@@ -85,13 +94,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int gr = lane >> 2, gc = lane & 3;
   const int head0 = blockIdx.x * kHeadsPerBlock + mt * 16 + gr;  // the thread's rows: head0, head0 + 8
 
-  RowLoader<Row> loader;
-  loader.load(pg, seq, k0, k1);
+  // Two tiles in flight from the start; one cp.async group per tile (empty past the end) keeps the
+  // group count uniform for wait_group.
+  Loader::issue(stage_of(0), pg, seq, k0, k1);
+  cp_async_commit();
+  if (k0 + kKeys < k1) Loader::issue(stage_of(1), pg, seq, k0 + kKeys, k1);
+  cp_async_commit();
   uint32_t qa[kSteps][4];
   load_q(head0 < nh ? q_lat + (static_cast<int64_t>(t) * nh + head0) * kCd : nullptr,
          head0 + 8 < nh ? q_lat + (static_cast<int64_t>(t) * nh + head0 + 8) * kCd : nullptr, qq, gc, qa);
-  loader.store(kv);
-  __syncthreads();
 
   float o[kVTiles][4];
 #pragma unroll
@@ -109,9 +120,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int it = 0;
   for (int base = k0; base < k1; base += kKeys, ++it) {
-    const uint32_t tile = kv_addr + (it & 1) * kTileBytes;
-    const bool more = base + kKeys < k1;
-    if (more) loader.load(pg, seq, base + kKeys, k1);
+    // Tile `it` sits in stage it & 1: convert this thread's chunks, then refill the stage with tile it + 2.
+    cp_async_wait<1>();
+    Loader::convert(stage_of(it), kv);
+    if (base + 2 * kKeys < k1) Loader::issue(stage_of(it), pg, seq, base + 2 * kKeys, k1);
+    cp_async_commit();
+    __syncthreads();  // the bf16 tile is complete
+    const uint32_t tile = kv_addr;
     // Partial scores of this quarter: 16 heads x 32 keys.
     float sc[4][4];
 #pragma unroll
@@ -192,8 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma_bf16(o[2 * j], pa[kk], b0, b1);
         mma_bf16(o[2 * j + 1], pa[kk], b2, b3);
       }
-    if (more) loader.store(kv + ((it + 1) & 1) * (kKeys * kRowPad));
-    __syncthreads();
+    __syncthreads();  // the bf16 tile and the partial scores are free again
   }
 
 #pragma unroll
@@ -240,9 +254,10 @@ const Occupancy& occupancy() {
     if (r.err == cudaSuccess) r.err = cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
     if (r.err == cudaSuccess)
       r.err = cudaFuncSetAttribute(attend_tc_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(kSmemBytes));
+                                   static_cast<int>(smem_bytes<float>()));
     if (r.err == cudaSuccess)
-      r.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, attend_tc_kernel<float>, kThreads, kSmemBytes);
+      r.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, attend_tc_kernel<float>, kThreads,
+                                                             smem_bytes<float>());
     r.blocks_per_sm = std::max(1, r.blocks_per_sm);
     return r;
   }();
@@ -285,7 +300,7 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
   const int ns = ws ? splits(N, nh) : 1;
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
-  attend_tc_kernel<float><<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
+  attend_tc_kernel<float><<<grid, kThreads, smem_bytes<float>(), s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kKr, ns, kMinSplitKeys, kKeys, ws, o_lat, s);
   return cudaGetLastError();
 }
