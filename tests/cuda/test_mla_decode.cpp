@@ -224,9 +224,13 @@ TEST(CudaMlaDecode, TensorCoreLargeBatchShortContexts) {
 TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int page = 64;
+  // K3_MLA_TIMING_ONLY="nh,L,B" times one shape (for a profiler run).
+  int only[3] = {0, 0, 0};
+  if (const char* e = std::getenv("K3_MLA_TIMING_ONLY")) std::sscanf(e, "%d,%d,%d", &only[0], &only[1], &only[2]);
   for (const int nh : {32, 96})
     for (const int L : {1024, 8192, 32768})
       for (const int B : {1, 8, 64, 256}) {
+        if (only[0] && (nh != only[0] || L != only[1] || B != only[2])) continue;
         const int pps = L / page;
         const size_t rows_bytes = static_cast<size_t>(B) * L * kCd * 4;
         const int copies = static_cast<int>(std::max<size_t>(1, (size_t{512} << 20) / rows_bytes + 1));

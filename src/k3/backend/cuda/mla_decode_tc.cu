@@ -39,8 +39,11 @@ constexpr size_t smem_bytes() {
 static_assert(kKeys == 32, "RowLoader resolves one key per lane");
 static_assert(kThreads == 2 * kQuarters * 32, "8 warps: 2 head tiles x 4 quarters");
 
+// Not volatile: a pure function of its registers, so the compiler may interleave MMAs with other work.
+// The ldmatrix loads stay volatile (they read shared memory other threads write between barriers);
+// their order is the source order, so the loops below issue each fragment one step ahead of its use.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -131,15 +134,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sc[4][4];
 #pragma unroll
     for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    {
+      uint32_t kb[2][2][4];  // [step & 1][key half][fragment]: step s + 1 loads while step s multiplies
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s)
+      for (int p = 0; p < 2; ++p)
+        ldsm_x4(tile + s_off + p * 16 * kRowPad * 2, kb[0][p][0], kb[0][p][1], kb[0][p][2], kb[0][p][3]);
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(tile + s_off + (p * 16 * kRowPad + s * 16) * 2, b0, b1, b2, b3);
-        mma_bf16(sc[2 * p], qa[s], b0, b1);
-        mma_bf16(sc[2 * p + 1], qa[s], b2, b3);
+      for (int s = 0; s < kSteps; ++s) {
+        if (s + 1 < kSteps)
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            uint32_t(&b)[4] = kb[(s + 1) & 1][p];
+            ldsm_x4(tile + s_off + (p * 16 * kRowPad + (s + 1) * 16) * 2, b[0], b[1], b[2], b[3]);
+          }
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          mma_bf16(sc[2 * p], qa[s], kb[s & 1][p][0], kb[s & 1][p][1]);
+          mma_bf16(sc[2 * p + 1], qa[s], kb[s & 1][p][2], kb[s & 1][p][3]);
+        }
       }
+    }
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       *reinterpret_cast<float2*>(s_mine + 8 * n) = make_float2(sc[n][0], sc[n][1]);
@@ -198,15 +212,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[n][2] *= c1;
       o[n][3] *= c1;
     }
+    {
+      constexpr int kLoads = 2 * kVTiles / 2;  // (kk, j) pairs: 16 x4 loads, each one ahead of its MMAs
+      uint32_t vb[2][4];
+      ldsm_x4_t(tile + v_off, vb[0][0], vb[0][1], vb[0][2], vb[0][3]);
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-      for (int j = 0; j < kVTiles / 2; ++j) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(tile + v_off + (kk * 16 * kRowPad + j * 16) * 2, b0, b1, b2, b3);
-        mma_bf16(o[2 * j], pa[kk], b0, b1);
-        mma_bf16(o[2 * j + 1], pa[kk], b2, b3);
+      for (int i = 0; i < kLoads; ++i) {
+        if (i + 1 < kLoads) {
+          const int kk = (i + 1) / (kVTiles / 2), j = (i + 1) % (kVTiles / 2);
+          uint32_t(&b)[4] = vb[(i + 1) & 1];
+          ldsm_x4_t(tile + v_off + (kk * 16 * kRowPad + j * 16) * 2, b[0], b[1], b[2], b[3]);
+        }
+        const int kk = i / (kVTiles / 2), j = i % (kVTiles / 2);
+        mma_bf16(o[2 * j], pa[kk], vb[i & 1][0], vb[i & 1][1]);
+        mma_bf16(o[2 * j + 1], pa[kk], vb[i & 1][2], vb[i & 1][3]);
       }
+    }
     __syncthreads();  // the bf16 tile and the partial scores are free again
   }
 
