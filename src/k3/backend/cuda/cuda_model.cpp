@@ -243,7 +243,9 @@ struct CudaModel::Impl {
         {&qa, n * std::max<int64_t>(c.q_lora_rank, 1)}, {&mq, n * nh * qk}, {&lat, n * cd}, {&ql, n * nh * cd},
         {&ol, n * nh * kr}, {&mo, n * nh * dv}, {&mg, n * nh * dv},
         {&rl, n * std::max<int64_t>(E, 1)}, {&wts, n * std::max<int64_t>(K, 1)}, {&z, n * X}, {&acc, n * X},
-        {&ga, n * I}, {&ua, n * I}, {&attn_ws, static_cast<int64_t>(mla_attend_workspace_floats_max(static_cast<int>(n), static_cast<int>(std::max<int64_t>(nh, 1)), static_cast<int>(kr)))}};
+        {&ga, n * I}, {&ua, n * I}, {&attn_ws, static_cast<int64_t>(mla_attend_workspace_floats_max(static_cast<int>(n),
+                                                                          static_cast<int>(std::max<int64_t>(nh, 1)),
+                                                                          static_cast<int>(kr)))}};
     size_t total = 0;
     for (auto& p : parts) total += static_cast<size_t>((p.second + 63) / 64 * 64);
     total += static_cast<size_t>(n * std::max<int64_t>(K, 1));  // idx (int32, same size as float)
