@@ -113,9 +113,8 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R) {
                                                static_cast<int>(c.moe_intermediate_size), static_cast<int>(c.expert_in_dim()));
     }
     if (c.num_mla_layers() > 0) {
-      size_t wf = 0;  // the split-key partials of the absorbed attention, at the most demanding batch size
-      for (int t = 1; t <= n; ++t)
-        wf = std::max(wf, mla_attend_workspace_floats(t, static_cast<int>(c.mla_heads), static_cast<int>(c.kv_lora_rank)));
+      // the split-key partials of the absorbed attention, at the most demanding batch size
+      const size_t wf = mla_attend_workspace_floats_max(n, static_cast<int>(c.mla_heads), static_cast<int>(c.kv_lora_rank));
       mla_ws_ = DeviceBuffer();
       mla_ws_ = DeviceBuffer(std::max<size_t>(wf, 1) * 4);
     }

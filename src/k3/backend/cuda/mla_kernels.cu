@@ -10,6 +10,10 @@
 #include "k3/backend/cuda/mla_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "k3/backend/cuda/mla_decode_tc.h"
 
 namespace k3::cuda {
 namespace {
@@ -110,16 +114,20 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32)
   }
 }
 
-// One block per (token, head): merges the splits' (max, sum, acc) in split order.
-__global__ void attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nsplit, const float* __restrict__ ws,
-                                    float* __restrict__ o_lat) {
+// One block per (token, head): merges the splits' (max, sum, acc) in split order. Only the splits that
+// hold keys are read (mla_detail::split_chunk; the SIMT kernel's min_keys = gran = 1 keeps its old cut).
+__global__ void attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nsplit, int min_keys, int gran,
+                                    const float* __restrict__ ws, float* __restrict__ o_lat) {
   const int ti = blockIdx.x / nh, h = blockIdx.x % nh;
   const int t = pg.tok_index ? pg.tok_index[ti] : ti;
+  const int len = pg.tok_pos[t] + 1;
+  const int chunk = mla_detail::split_chunk(len, nsplit, min_keys, gran);
+  const int used = min(nsplit, (len + chunk - 1) / chunk);
   const float* w = ws + (static_cast<int64_t>(ti) * nh + h) * nsplit * (kr + 2);
   float gm = -INFINITY;
-  for (int s = 0; s < nsplit; ++s) gm = fmaxf(gm, w[s * (kr + 2)]);
+  for (int s = 0; s < used; ++s) gm = fmaxf(gm, w[s * (kr + 2)]);
   float gl = 0.f;
-  for (int s = 0; s < nsplit; ++s) {
+  for (int s = 0; s < used; ++s) {
     const float ms = w[s * (kr + 2)];
     if (ms != -INFINITY) gl += w[s * (kr + 2) + 1] * __expf(ms - gm);
   }
@@ -127,7 +135,7 @@ __global__ void attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nspl
   float* og = o_lat + (static_cast<int64_t>(t) * nh + h) * kr;
   for (int j = threadIdx.x; j < kr; j += blockDim.x) {
     float o = 0.f;
-    for (int s = 0; s < nsplit; ++s) {
+    for (int s = 0; s < used; ++s) {
       const float ms = w[s * (kr + 2)];
       if (ms != -INFINITY) o += w[s * (kr + 2) + 2 + j] * __expf(ms - gm);
     }
@@ -263,6 +271,35 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
   return cudaGetLastError();
 }
 
+namespace mla_detail {
+cudaError_t merge_splits(const MlaPaging& pg, int N, int nh, int kr, int ns, int min_keys, int gran, const float* ws,
+                         float* o_lat, cudaStream_t s) {
+  attend_merge_kernel<<<static_cast<unsigned>(N) * nh, 128, 0, s>>>(pg, nh, kr, ns, min_keys, gran, ws, o_lat);
+  return cudaGetLastError();
+}
+}  // namespace mla_detail
+
+namespace {
+enum class DecodePath { Auto, Simt, Tc };
+// K3_MLA_DECODE=simt|tc forces a path (A/B timing, tolerance checks). Read per call (a getenv per
+// layer is negligible next to a launch), so a test can switch paths in one process.
+DecodePath forced_path() {
+  const char* e = std::getenv("K3_MLA_DECODE");
+  if (e && std::strcmp(e, "simt") == 0) return DecodePath::Simt;
+  if (e && std::strcmp(e, "tc") == 0) return DecodePath::Tc;
+  return DecodePath::Auto;
+}
+}  // namespace
+
+bool mla_attend_uses_tensor_cores(int nh, int kr, int dr, int row_dim) {
+  if (!mla_tc::supports(kr, dr, row_dim)) return false;
+  switch (forced_path()) {
+    case DecodePath::Simt: return false;
+    case DecodePath::Tc: return true;
+    default: return nh >= kMlaTensorCoreMinHeads;
+  }
+}
+
 int mla_attend_splits(int N, int nh) {
   // Enough blocks for ~2 waves on 132 SMs; at most 32 splits.
   const int blocks = N * ((nh + kHeadsPerBlock - 1) / kHeadsPerBlock);
@@ -271,20 +308,29 @@ int mla_attend_splits(int N, int nh) {
 
 size_t mla_attend_workspace_floats(int N, int nh, int kr) {
   const int ns = mla_attend_splits(N, nh);
-  return ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
+  const size_t simt = ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
+  // Either path may run (K3_MLA_DECODE), so the workspace fits both.
+  return std::max(simt, kr == mla_tc::kKr ? mla_tc::workspace_floats(N, nh, kr) : size_t{0});
+}
+
+size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr) {
+  size_t m = 0;
+  for (int n = 1; n <= max_n; ++n) m = std::max(m, mla_attend_workspace_floats(n, nh, kr));
+  return m;
 }
 
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
                               float* o_lat, float* ws, cudaStream_t s) {
   if (N <= 0) return cudaSuccess;
   if (kr > 32 * kMaxKrPerLane || kr <= 0 || nh <= 0) return cudaErrorInvalidValue;
+  if (mla_attend_uses_tensor_cores(nh, kr, dr, pg.row_dim)) return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
   const int ns = ws ? mla_attend_splits(N, nh) : 1;
   const size_t smem = static_cast<size_t>((kHeadsPerBlock + kKeyTile) * (kr + dr)) * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock),
                   static_cast<unsigned>(ns));
   attend_split_kernel<<<grid, kHeadsPerBlock * 32, smem, s>>>(pg, nh, kr, dr, q_lat, scale, ns, o_lat, ws);
-  if (ns > 1) attend_merge_kernel<<<static_cast<unsigned>(N) * nh, 128, 0, s>>>(pg, nh, kr, ns, ws, o_lat);
+  if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kr, ns, 1, 1, ws, o_lat, s);
   return cudaGetLastError();
 }
 

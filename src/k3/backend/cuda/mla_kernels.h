@@ -30,13 +30,21 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // Absorbed attention: for each token t (tok_index[i] for i < N when given) and head h, softmax over the cached rows 0..tok_pos[t] of
 // (q_lat[t][h] . row) * scale, then o_lat[t][h] = sum softmax * c_kv (the first kr values of each row).
 // q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
-// Blocks take 8 heads of one token (the latent row is shared by all heads: loaded once into shared memory
-// for 8) and one of `mla_attend_splits(N, nh)` key ranges (flash-decoding split, so that batch-1 decode
-// fills the GPU); partial results are merged by a second kernel through `ws`
-// (mla_attend_workspace_floats(N, nh, kr) floats). The split count depends on N and nh only, never on the
-// context length, so a captured CUDA graph stays valid as sequences grow.
-int mla_attend_splits(int N, int nh);
+// Two kernels behind one entry point:
+//  - tensor cores (mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads: blocks of
+//    32 heads, rows read once per block into shared memory as bf16, S = QK^T and O = PV as mma.sync with
+//    fp32 accumulation and softmax (relative error ~3e-3 against fp32; tests/cuda/test_mla_decode.cpp);
+//  - SIMT fp32 (the reference path, <= 1.5e-6): 8 heads of one token per block.
+// K3_MLA_DECODE=simt|tc forces one (tc only where the shape allows). Both split the keys of a token over
+// several blocks (flash-decoding, so that batch-1 decode fills the GPU) and merge the partial results
+// through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split). Split counts depend on N
+// and nh only, never on the context length, so a captured CUDA graph stays valid as sequences grow.
+constexpr int kMlaTensorCoreMinHeads = 16;
+bool mla_attend_uses_tensor_cores(int nh, int kr, int dr, int row_dim);
+int mla_attend_splits(int N, int nh);  // the SIMT kernel's
 size_t mla_attend_workspace_floats(int N, int nh, int kr);
+// The largest workspace any N' in 1..max_n needs (what a model sizes once).
+size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr);
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
                               float* o_lat, float* ws, cudaStream_t s);
 
