@@ -3,7 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "k3/core/error.h"
@@ -15,8 +18,13 @@ int main(int argc, char** argv) {
   k3cli::set_bench_cmdline(argc, argv);
   k3cli::Registry reg;
   for (auto& add : k3cli::all_commands()) add(app, reg);
+  // llama.cpp's two-letter short flag, which CLI11 cannot declare: -ot X is --override-tensor X.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::string& a : args)
+    if (a == "-ot") a = "--override-tensor";
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -31,8 +31,16 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "MLA latent cache: auto (float32), float32, bf16, fp8 (e4m3 with a per-token scale; docs/cache-dtypes.md)")
       ->capture_default_str();
   cmd->add_option("--mamba-ssm-cache-dtype", d.mamba_ssm_cache_dtype,
-                  "KDA recurrent state: auto (float32), float32, bfloat16 (rounded once per forward call)")
+                  "KDA recurrent state: auto (float32), float32, bfloat16 (rounded after every token; once per chunk in "
+                  "the chunked prefill form)")
       ->capture_default_str();
+  cmd->add_option("--override-tensor", d.override_tensor,
+                  "PATTERN=DEVICE: matrices whose checkpoint name matches the PCRE2 pattern live on DEVICE (CPU, CUDA0); "
+                  "repeatable (-ot for short), first match wins (e.g. -ot 'experts\\.=CPU')")
+      ->each([](const std::string&) {});
+  cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
+  cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
+      ->check(CLI::Range(0, 100000));
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
@@ -41,8 +49,11 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
+  auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   if (d.device == "cpu") {
-    if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
+    if (dummy) throw k3::Error("--load-format dummy is supported on --device cpu only with a checkpoint");
+    if (!placement->only_host())
+      throw k3::Error("--override-tensor: a rule places weights on a GPU, but --device cpu runs everything on the CPU");
     return k3::Model::load(dir, kv, ssm);
   }
   if (d.device == "cuda" || d.device.rfind("cuda:", 0) == 0) {
@@ -63,6 +74,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     lo.enforce_eager = d.enforce_eager;
     lo.kv_cache_dtype = kv;
     lo.ssm_cache_dtype = ssm;
+    if (!placement->empty()) lo.placement = placement;
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
       if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +20,9 @@ struct DeviceOptions {
   bool enforce_eager = false;         // cuda: no CUDA graphs
   std::string kv_cache_dtype = "auto";         // MLA latent rows: auto|float32|bf16|fp8 (vLLM's flag)
   std::string mamba_ssm_cache_dtype = "auto";  // KDA state: auto|float32|bfloat16 (vLLM's flag)
+  std::vector<std::string> override_tensor;    // -ot PATTERN=DEVICE (llama.cpp's flag)
+  bool cpu_moe = false;                        // --cpu-moe: routed experts on the CPU
+  int n_cpu_moe = 0;                           // --n-cpu-moe N: the routed experts of the first N layers
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);

@@ -12,11 +12,15 @@
 
 namespace k3 {
 
+// Where a weight lives: host memory (kHostDevice) or the CUDA device of that ordinal.
+inline constexpr int kHostDevice = -1;
+
 struct WeightMatrix {
   WeightFormat format = WeightFormat::F32;
   const void* data = nullptr;       // [rows][row_data_bytes(format, cols)]: floats, or packed blocks
   const uint8_t* scales = nullptr;  // [rows][row_scale_bytes(format, cols)]; null for formats without
   int64_t rows = 0, cols = 0;
+  int device = kHostDevice;         // its home (model/placement.h): where `data` is, and where ops on it run
 
   bool empty() const { return data == nullptr; }
   WeightLayout layout() const { return weight_layout(format); }

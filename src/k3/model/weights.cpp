@@ -21,7 +21,13 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Looks tensors up, checks them, and collects every problem before failing once.
 class Binder {
  public:
-  Binder(const Checkpoint& ck, std::vector<std::vector<uint8_t>>& copies) : ck_(ck), copies_(copies) {}
+  Binder(const Checkpoint& ck, std::vector<std::vector<uint8_t>>& copies, const Placement* placement, int model_device)
+      : ck_(ck), copies_(copies), placement_(placement), model_device_(model_device) {}
+
+  // The home of matrix `name` (model/placement.h).
+  int device_for(const std::string& name) const {
+    return placement_ ? placement_->device_of(name, model_device_) : model_device_;
+  }
 
   WeightMatrix mat(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str({rows, cols}));
@@ -33,6 +39,7 @@ class Binder {
     w.data = aligned(t);
     w.rows = rows;
     w.cols = cols;
+    w.device = device_for(name);
     bytes_ += static_cast<int64_t>(t->nbytes);
     return w;
   }
@@ -57,6 +64,7 @@ class Binder {
     if (format == WeightFormat::MXFP4 && !scales_are_finite(base + ".weight_scale", s, sshape[1])) return {};
     WeightMatrix w;
     w.format = format;
+    w.device = device_for(base + ".weight");
     w.data = p->data;
     w.scales = s->data;
     w.rows = rows;
@@ -161,6 +169,8 @@ class Binder {
 
   const Checkpoint& ck_;
   std::vector<std::vector<uint8_t>>& copies_;
+  const Placement* placement_;
+  int model_device_;
   std::vector<std::string> problems_;
   size_t n_problems_ = 0;
   uint64_t scanned_ = 0;  // MXFP4 scale bytes checked so far (progress line)
@@ -275,7 +285,7 @@ int64_t min_tensor_count(const ModelConfig& c) {
 
 }  // namespace
 
-ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
+ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, const Placement* placement, int model_device) {
   // The config's sizes against the files before anything proportional to them is allocated: a
   // config claiming 4096 layers of 65536 experts for a small checkpoint fails here, in microseconds,
   // instead of allocating per-expert slots and a problem line per missing tensor. Small mismatches
@@ -287,7 +297,7 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
                 ") implies at least " + std::to_string(implied) + " tensors but the checkpoint holds " +
                 std::to_string(ckpt.all().size()));
   ModelWeights mw;
-  Binder b(ckpt, mw.aligned_copies);
+  Binder b(ckpt, mw.aligned_copies, placement, model_device);
   const std::string& P = c.tensor_prefix;
   const int64_t H = c.hidden_size;
   const bool attn_res = c.attn_res_block_size > 0;
@@ -318,6 +328,42 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt) {
   }
   b.finish(P, c.lm_head_name, mw);
   return mw;
+}
+
+void for_each_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn) {
+  auto glu = [&](const GluMlp& g) {
+    fn(g.gate);
+    fn(g.up);
+    fn(g.down);
+  };
+  fn(w.embed);
+  if (w.lm_head.data != w.embed.data) fn(w.lm_head);
+  for (const LayerWeights& L : w.layers) {
+    if (L.is_kda) {
+      for (const WeightMatrix* m : {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.f_a, &L.kda.f_b, &L.kda.b, &L.kda.g, &L.kda.g_a,
+                                    &L.kda.g_b, &L.kda.o})
+        fn(*m);
+    } else {
+      for (const WeightMatrix* m : {&L.mla.q_a, &L.mla.q_b, &L.mla.q, &L.mla.kv_a, &L.mla.o, &L.mla.g}) fn(*m);
+    }
+    if (L.is_moe) {
+      fn(L.moe.router);
+      for (const GluMlp& e : L.moe.experts) glu(e);
+      glu(L.moe.shared);
+      fn(L.moe.latent_down);
+      fn(L.moe.latent_up);
+    } else {
+      glu(L.mlp);
+    }
+  }
+}
+
+int64_t matrix_bytes_on(const ModelWeights& w, int device) {
+  int64_t b = 0;
+  for_each_matrix(w, [&](const WeightMatrix& m) {
+    if (!m.empty() && m.device == device) b += m.bytes();
+  });
+  return b;
 }
 
 }  // namespace k3

@@ -3,12 +3,14 @@
 // with a list of what is wrong. Large matrices stay views into the mapped files; small vectors
 // (norms, biases, conv taps) are converted to fp32 once.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "k3/core/weight.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/placement.h"
 
 namespace k3 {
 
@@ -69,7 +71,15 @@ struct ModelWeights {
   int64_t unused_tensors = 0;  // tensors in the checkpoint the text model does not use (vision etc.)
 };
 
-// Throws k3::Error listing every missing / mis-shaped / mis-typed tensor (with file names).
-ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt);
+// Calls fn(matrix) for every matrix of the model (embeddings, head, projections, experts).
+void for_each_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn);
+// Bytes of the matrices whose home is `device` (kHostDevice: the host).
+int64_t matrix_bytes_on(const ModelWeights& w, int device);
+
+// Throws k3::Error listing every missing / mis-shaped / mis-typed tensor (with file names). Every matrix's
+// `device` is its home: `placement`'s answer for its name (model/placement.h), else `model_device`; the
+// views still point into the host mapping (a backend's upload moves what it owns).
+ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt, const Placement* placement = nullptr,
+                          int model_device = kHostDevice);
 
 }  // namespace k3

@@ -100,6 +100,13 @@ class CudaBackend final : public graph::Backend {
   void stage_mla(const graph::StepPlan& plan);
   void stage_kda(const graph::StepPlan& plan);
   void size_workspaces(int64_t N, int64_t R);
+  // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,
+  // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). They synchronise the
+  // stream, so a model with host weights runs without CUDA graphs.
+  void host_linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y);
+  void host_embed(const WeightMatrix& table, graph::Tensor out);
+  void host_moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                        const graph::GluParams& p, graph::Tensor out);
   // MHA form of one prefill-form sequence (cuda_backend_mla.cpp).
   void mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq, int64_t offset,
                        int64_t n, int64_t past, const float* q, float scale, float* out);
@@ -118,6 +125,9 @@ class CudaBackend final : public graph::Backend {
   uint64_t generation_ = 1;     // bumped when a workspace or the staging moves
   std::unique_ptr<MoeWorkspace> moe_ws_;
   DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_;
+
+  PinnedBuffer host_in_, host_out_;  // the host ops' activations
+  std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
 
   Staging st_;
   StepData sd_;

@@ -52,11 +52,19 @@ struct GraphCache {
   }
 };
 
+std::string join_rules(const Placement& p) {
+  std::string s;
+  for (const std::string& r : p.describe()) s += (s.empty() ? "" : ", ") + r;
+  return s;
+}
+
 }  // namespace
 
 struct CudaModel::Impl {
   ModelConfig cfg;
   CacheSpec spec;
+  std::unique_ptr<Checkpoint> host_ckpt;  // kept when weights are placed on the host (their views point into it)
+  ModelWeights host_weights;              // (and into its aligned copies)
   int device = 0;
   std::string name;
   DeviceWeights w;
@@ -125,11 +133,20 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
   impl->use_graphs = !opt.enforce_eager;
-  {
-    Checkpoint ckpt(dir);
-    ModelWeights hw = bind_weights(impl->cfg, ckpt);
-    upload_weights(hw, impl->w);
-  }  // the host mapping is dropped: the device copy is all the forward needs
+  auto ckpt = std::make_unique<Checkpoint>(dir);
+  ModelWeights hw = bind_weights(impl->cfg, *ckpt, opt.placement.get(), opt.device);
+  upload_weights(hw, opt.device, impl->w);
+  const int64_t host_bytes = matrix_bytes_on(hw, kHostDevice);
+  if (host_bytes > 0) {
+    // Weights placed on the host stay in the mapping: keep it. Their ops run on the CPU between the GPU's
+    // (moving activations), which a captured CUDA graph cannot hold.
+    impl->host_ckpt = std::move(ckpt);
+    impl->host_weights = std::move(hw);
+    impl->use_graphs = false;
+    std::fprintf(stderr, "k3: placement: %.2f GiB of weights on the CPU (%s), %.2f GiB on %s; CUDA graphs off\n",
+                 static_cast<double>(host_bytes) / (1 << 30), join_rules(*opt.placement).c_str(),
+                 static_cast<double>(impl->w.arena.bytes()) / (1 << 30), impl->name.c_str());
+  }  // else the host mapping is dropped: the device copy is all the forward needs
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
@@ -139,7 +156,9 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
   impl->use_graphs = !opt.enforce_eager;
-  dummy_weights(impl->cfg, opt.dummy_seed, impl->w);
+  if (opt.placement && !opt.placement->empty())
+    throw Error("--override-tensor / --cpu-moe need a checkpoint (--load-format dummy generates weights on the GPU)");
+  dummy_weights(impl->cfg, opt.dummy_seed, opt.device, impl->w);
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "k3/model/config.h"
+#include "k3/model/placement.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3::cuda {
@@ -21,6 +22,7 @@ struct CudaLoadOptions {
   bool enforce_eager = false;    // no CUDA graphs for decode steps
   CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
   CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
+  std::shared_ptr<const Placement> placement;    // -ot / --cpu-moe: weights kept on the host (null: none)
 };
 
 class CudaModel final : public ModelRunner {

@@ -29,7 +29,7 @@ namespace {
 
 class Uploader {
  public:
-  explicit Uploader(DeviceArena& a) : a_(a) {}
+  Uploader(DeviceArena& a, int device) : a_(a), device_(device) {}
 
   WeightVector vec(const WeightVector& v) {
     if (v.empty()) return {};
@@ -38,9 +38,13 @@ class Uploader {
     return WeightVector::view(static_cast<const float*>(p), v.size());
   }
 
+  // A matrix whose home is the host stays a view of the host mapping (the CUDA backend runs its ops
+  // there and moves the activations).
   DeviceLinear lin(const WeightMatrix& w) {
     DeviceLinear d;
     if (w.empty()) return d;
+    if (w.device == kHostDevice) return w;
+    d.device = device_;
     if (is_block_format(w.format))
       throw Error(std::string("CUDA backend: ") + weight_format_name(w.format) + " is supported for routed experts only (a dense projection is " +
                   weight_format_name(w.format) + ")");
@@ -65,6 +69,7 @@ class Uploader {
 
   // A bf16 [V][H] table for the embedding gather (F32/F16 tables are rounded to bf16).
   WeightMatrix bf16_table(const WeightMatrix& w) {
+    if (w.device == kHostDevice) return w;
     const size_t n = static_cast<size_t>(w.rows * w.cols);
     void* p = a_.alloc(n * 2);
     if (w.format == WeightFormat::BF16) {
@@ -78,14 +83,22 @@ class Uploader {
       }
       K3_CUDA_CHECK(cudaMemcpy(p, b.data(), n * 2, cudaMemcpyHostToDevice));
     }
-    return WeightMatrix{WeightFormat::BF16, p, nullptr, w.rows, w.cols};
+    return WeightMatrix{WeightFormat::BF16, p, nullptr, w.rows, w.cols, device_};
   }
 
   // One layer's routed experts stacked: [E][rows][cols] per projection. A block format goes up as stored
   // (packed blocks and scales, core/weight_format.h), dense floats as bf16: the expert kernels' formats.
+  // Routed experts on the device are stacked; a layer with any expert placed on the host keeps them all
+  // there (MoeWeights::experts, host views) and leaves the stack empty.
+  static bool on_host(const std::vector<GluMlp>& ex) {
+    for (const GluMlp& g : ex)
+      if (g.gate.device == kHostDevice || g.up.device == kHostDevice || g.down.device == kHostDevice) return true;
+    return false;
+  }
+
   ExpertBank experts(const std::vector<GluMlp>& ex) {
     ExpertBank b;
-    if (ex.empty()) return b;
+    if (ex.empty() || on_host(ex)) return b;
     const GluMlp& e0 = ex[0];
     b.E = static_cast<int>(ex.size());
     b.I = static_cast<int>(e0.gate.rows);
@@ -153,6 +166,10 @@ class Uploader {
     }
   }
   DeviceArena& a_;
+  int device_;
+
+ public:
+  int device() const { return device_; }
 };
 
 GluMlp glu(Uploader& u, const GluMlp& g) { return {u.lin(g.gate), u.lin(g.up), u.lin(g.down)}; }
@@ -161,12 +178,12 @@ GluMlp glu(Uploader& u, const GluMlp& g) { return {u.lin(g.gate), u.lin(g.up), u
 
 class Generator {
  public:
-  Generator(DeviceArena& a, uint64_t seed) : a_(a), seed_(seed) {}
+  Generator(DeviceArena& a, uint64_t seed, int device) : a_(a), seed_(seed), device_(device) {}
 
   DeviceLinear lin(int64_t rows, int64_t cols) {
     uint16_t* p = static_cast<uint16_t*>(a_.alloc(static_cast<size_t>(rows * cols) * 2));
     K3_CUDA_CHECK(fill_uniform_bf16(p, rows * cols, std::sqrt(3.0f / static_cast<float>(cols)), ++seed_, nullptr));
-    return WeightMatrix{WeightFormat::BF16, p, nullptr, rows, cols};
+    return WeightMatrix{WeightFormat::BF16, p, nullptr, rows, cols, device_};
   }
   WeightVector vec(int64_t n, float lo, float hi) {
     float* p = static_cast<float*>(a_.alloc(static_cast<size_t>(n) * 4));
@@ -190,6 +207,7 @@ class Generator {
  private:
   DeviceArena& a_;
   uint64_t seed_;
+  int device_;
 };
 
 
@@ -209,6 +227,7 @@ MlaWeights upload_mla(Uploader& u, const MlaWeights& m) {
   d.q_a_norm = u.vec(m.q_a_norm), d.kv_a_norm = u.vec(m.kv_a_norm), d.kv_b = u.vec(m.kv_b);
   d.kv_b_f32 = m.kv_b_f32;
   d.kv_b_f32.data = d.kv_b.data();
+  d.kv_b_f32.device = u.device();
   return d;
 }
 
@@ -217,6 +236,7 @@ MoeWeights upload_moe(Uploader& u, const MoeWeights& m) {
   d.router = u.lin(m.router);
   d.correction_bias = u.vec(m.correction_bias);
   d.stacked = u.experts(m.experts);
+  if (d.stacked.empty()) d.experts = m.experts;  // placed on the host
   d.shared = glu(u, m.shared);
   d.latent_down = u.lin(m.latent_down);
   d.latent_up = u.lin(m.latent_up);
@@ -226,8 +246,8 @@ MoeWeights upload_moe(Uploader& u, const MoeWeights& m) {
 
 }  // namespace
 
-void upload_weights(const ModelWeights& w, DeviceWeights& out) {
-  Uploader u(out.arena);
+void upload_weights(const ModelWeights& w, int device, DeviceWeights& out) {
+  Uploader u(out.arena, device);
   ModelWeights& d = out.w;
   d.embed = u.bf16_table(w.embed);
   d.lm_head = u.lin(w.lm_head);
@@ -255,8 +275,8 @@ void upload_weights(const ModelWeights& w, DeviceWeights& out) {
   d.bound_bytes = static_cast<int64_t>(out.arena.bytes());
 }
 
-void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
-  Generator g(out.arena, seed);
+void dummy_weights(const ModelConfig& c, uint64_t seed, int device, DeviceWeights& out) {
+  Generator g(out.arena, seed, device);
   ModelWeights& w = out.w;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   w.embed = g.lin(V, H);
@@ -312,7 +332,7 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, DeviceWeights& out) {
       m.kv_a_norm = g.vec(kr, 0.9f, 1.1f);
       const float s = std::sqrt(3.0f / static_cast<float>(kr));
       m.kv_b = g.vec(nh * (dn + dv) * kr, -s, s);
-      m.kv_b_f32 = WeightMatrix{WeightFormat::F32, m.kv_b.data(), nullptr, nh * (dn + dv), kr};
+      m.kv_b_f32 = WeightMatrix{WeightFormat::F32, m.kv_b.data(), nullptr, nh * (dn + dv), kr, device};
       m.o = g.lin(H, nh * dv);
       if (c.mla_output_gate) m.g = g.lin(nh * dv, H);
     }

@@ -33,9 +33,11 @@ struct DeviceWeights {
   ModelWeights w;
 };
 
-// Copies every bound tensor to the device (synchronous). Throws k3::Error on what the backend lacks.
-void upload_weights(const ModelWeights& w, DeviceWeights& out);
+// Copies every bound tensor whose home is not the host to CUDA device `device` (synchronous); matrices
+// placed on the host (model/placement.h) stay views of `w`'s host memory, which must then outlive `out`.
+// Throws k3::Error on what the backend lacks.
+void upload_weights(const ModelWeights& w, int device, DeviceWeights& out);
 // Random weights of the config's shapes, generated on the device (deterministic in `seed`).
-void dummy_weights(const ModelConfig& cfg, uint64_t seed, DeviceWeights& out);
+void dummy_weights(const ModelConfig& cfg, uint64_t seed, int device, DeviceWeights& out);
 
 }  // namespace k3::cuda
