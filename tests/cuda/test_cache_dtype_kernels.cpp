@@ -1,8 +1,9 @@
-// Cache dtypes on the GPU (core/cache_dtype.h, docs/cache-dtypes.md): MLA latent rows written /
-// gathered by backend/cuda/mla_cache_rows.h (through MlaPaging, pages of several layers) must be the very
-// bytes / values of the CPU's cpu::mla_write_rows / mla_gather_rows (fp8 codes through the SATFINITE cvt,
-// bf16 rounding, the scale), and the KDA recurrent / fused decode kernels with a bf16 state must equal the fp32-state kernels run on the
-// widened state and rounded once at the end, bit for bit. Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
+// Cache dtypes on the GPU (core/cache_dtype.h, docs/cache-dtypes.md): MLA latent rows written / gathered
+// by backend/cuda/mla_cache_rows.h (through MlaPaging, pages of several layers) must be the very bytes /
+// values of the CPU's cpu::mla_write_rows / mla_gather_rows (fp8 codes through the SATFINITE cvt, bf16
+// rounding, the scale), and the KDA recurrent / fused decode kernels with a bf16 state must equal the
+// fp32-state kernels run on the widened state and rounded once at the end, bit for bit.
+// Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
