@@ -66,7 +66,7 @@ void add_run(CLI::App& app, Registry& reg) {
       const int64_t len = static_cast<int64_t>(prompt.size()) + std::max(o->sp.max_tokens, 0) + 1;
       eo.cache.page_tokens = 16;
       eo.cache.prefix_caching = false;
-      eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(cfg, eo.cache.page_tokens, 1, len);
+      eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model->cache_spec(), eo.cache.page_tokens, 1, len);
       eo.sched.max_num_seqs = 1;
       eo.sched.max_num_batched_tokens = 512;  // prompt chunks per step (bounds activation memory)
       eo.max_model_len = len;

@@ -1,5 +1,6 @@
 #include "cli/model_loader.h"
 
+#include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
 #include "k3/model/config.h"
 #include "k3/model/model.h"
@@ -26,15 +27,23 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_flag("--enforce-eager", d.enforce_eager, "cuda: launch every kernel of a decode step (no CUDA graphs)");
   cmd->add_option("--num-layers", d.num_layers, "with --load-format dummy: keep only the first N layers")
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
+  cmd->add_option("--kv-cache-dtype", d.kv_cache_dtype,
+                  "MLA latent cache: auto (float32), float32, bf16, fp8 (e4m3 with a per-token scale; docs/cache-dtypes.md)")
+      ->capture_default_str();
+  cmd->add_option("--mamba-ssm-cache-dtype", d.mamba_ssm_cache_dtype,
+                  "KDA recurrent state: auto (float32), float32, bfloat16 (rounded once per forward call)")
+      ->capture_default_str();
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
   const bool dummy = d.load_format == "dummy";
+  const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
+  const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   if (d.device == "cpu") {
     if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
-    return k3::Model::load(dir);
+    return k3::Model::load(dir, kv, ssm);
   }
   if (d.device == "cuda" || d.device.rfind("cuda:", 0) == 0) {
     int ordinal = 0;
@@ -52,6 +61,8 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     lo.device = ordinal;
     lo.gemm_bf16 = d.gemm == "bf16";
     lo.enforce_eager = d.enforce_eager;
+    lo.kv_cache_dtype = kv;
+    lo.ssm_cache_dtype = ssm;
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
       if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {

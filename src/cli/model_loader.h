@@ -1,4 +1,4 @@
-// `--device` / `--load-format` for the verbs that run a model, and the one place that picks the
+// `--device` / `--load-format` / the cache dtypes for the verbs that run a model, and the one place that picks the
 // backend: the CPU `k3::Model`, or the CUDA backend when k3 is built with it (K3_CUDA=ON).
 #pragma once
 #include <memory>
@@ -17,6 +17,8 @@ struct DeviceOptions {
   int64_t num_layers = 0;             // dummy: keep only the first N layers (0: all)
   std::string gemm = "bf16x2";        // cuda: prefill GEMM precision (bf16x2 | bf16)
   bool enforce_eager = false;         // cuda: no CUDA graphs
+  std::string kv_cache_dtype = "auto";         // MLA latent rows: auto|float32|bf16|fp8 (vLLM's flag)
+  std::string mamba_ssm_cache_dtype = "auto";  // KDA state: auto|float32|bfloat16 (vLLM's flag)
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);

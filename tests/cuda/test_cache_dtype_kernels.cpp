@@ -2,7 +2,7 @@
 // by backend/cuda/mla_cache_rows.h (through MlaPaging, pages of several layers) must be the very bytes /
 // values of the CPU's cpu::mla_write_rows / mla_gather_rows (fp8 codes through the SATFINITE cvt, bf16
 // rounding, the scale), and the KDA recurrent / fused decode kernels with a bf16 state must equal the
-// fp32-state kernels run on the widened state and rounded once at the end, bit for bit.
+// fp32-state kernels run on the widened state, rounded after every token, bit for bit.
 // Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
 #include <gtest/gtest.h>
 
@@ -189,7 +189,9 @@ void normalise_rows(Vec& x, int D, float extra) {
   }
 }
 
-TEST(CudaCacheDTypeKda, Bf16RecurrentEqualsFp32KernelOnWidenedStateRoundedOnce) {
+// The token-by-token kernel with a bf16 state rounds after every token: the reference runs the fp32 kernel
+// one token at a time and rounds the state to bf16 in between.
+TEST(CudaCacheDTypeKda, Bf16RecurrentEqualsFp32KernelRoundedAfterEveryToken) {
   SKIP_WITHOUT_GPU();
   for (int D : {64, 128}) {
     const int H = 3, C = H * D, lens[2] = {7, 1}, N = 8;
@@ -210,8 +212,18 @@ TEST(CudaCacheDTypeKda, Bf16RecurrentEqualsFp32KernelOnWidenedStateRoundedOnce) 
                                         nullptr, nullptr, nullptr, i == 0 ? 0 : lens[0], lens[i]};
       return t;
     };
-    Dev<k3::cuda::KdaSeq> seq32(table(S32.p, 4)), seq16(table(reinterpret_cast<float*>(S16.p), 2));
-    ck(k3::cuda::kda_recurrent(seq32.p, 2, H, D, dq.p, dk.p, dv.p, dg.p, db.p, o32.p, nullptr), "fp32");
+    Dev<k3::cuda::KdaSeq> seq16(table(reinterpret_cast<float*>(S16.p), 2));
+    for (int t = 0; t < lens[0]; ++t) {
+      std::vector<k3::cuda::KdaSeq> one;
+      for (int i = 0; i < 2; ++i)
+        if (t < lens[i])
+          one.push_back(k3::cuda::KdaSeq{S32.p + i * SS, nullptr, nullptr, nullptr, (i == 0 ? 0 : lens[0]) + t, 1});
+      Dev<k3::cuda::KdaSeq> seq32(one);
+      ck(k3::cuda::kda_recurrent(seq32.p, static_cast<int>(one.size()), H, D, dq.p, dk.p, dv.p, dg.p, db.p, o32.p, nullptr),
+         "fp32");
+      const Vec rounded = widen(to_bf16(S32.get()));
+      ck(cudaMemcpy(S32.p, rounded.data(), rounded.size() * 4, cudaMemcpyHostToDevice), "H2D");
+    }
     ck(k3::cuda::kda_recurrent_typed(seq16.p, 2, H, D, dq.p, dk.p, dv.p, dg.p, db.p, o16.p, CacheDType::BF16, nullptr),
        "bf16");
     const Vec a = o32.get(), b = o16.get();

@@ -171,6 +171,43 @@ TEST(BatchEngine, PrefixCachingOnAndOffGiveIdenticalOutputs) {
   EXPECT_GT(hits, 0);
 }
 
+// With fp8 latent rows and a bf16 KDA state (--kv-cache-dtype fp8 --mamba-ssm-cache-dtype bfloat16) the
+// engine stays exact for that dtype: alone = batched with 15 others, prefix caching on = off (the bf16
+// state is rounded after every token, so prompt chunking and checkpoint restarts change nothing).
+TEST(BatchEngine, LowPrecisionCacheStaysExact) {
+  static auto lowp = k3::Model::load(k3test::source_path("models/k3-tiny"), k3::CacheDType::FP8_E4M3, k3::CacheDType::BF16);
+  const std::vector<int32_t> target = encode("It is a truth universally acknowledged, that a single man");
+  auto run = [&](bool prefix, bool others) {
+    BatchEngine eng(*lowp, *env().tok, options(prefix));
+    Collector c;
+    int n = 1;
+    if (others)
+      for (int i = 0; i < 15; ++i, ++n) {
+        std::string p = kTexts[i % 6];
+        for (int r = 0; r < i % 3; ++r) p += " " + std::string(kTexts[(i + r) % 6]);
+        eng.submit(make("o" + std::to_string(i), encode(p), 6 + i, 0.f), c.cb());
+      }
+    eng.submit(make("t", target, 24), c.cb());
+    // A second request sharing the target's prompt: a prefix hit when caching is on.
+    auto longer = target;
+    longer.push_back(42);
+    eng.submit(make("u", longer, 12), c.cb());
+    c.wait(n + 1);
+    return std::pair{c.ids["t"], c.ids["u"]};
+  };
+  const auto alone = run(false, false);
+  ASSERT_EQ(alone.first.size(), 24u);
+  EXPECT_EQ(run(false, true), alone);
+  EXPECT_EQ(run(true, true), alone);
+  // The dtype matters (the test would pass trivially if the flags were ignored).
+  BatchEngine eng32(*env().model, *env().tok, options(false));
+  Collector c32;
+  eng32.submit(make("t", target, 24), c32.cb());
+  c32.wait(1);
+  EXPECT_EQ(c32.ids["t"].size(), 24u);
+  EXPECT_EQ(lowp->cache_spec().mla_dtype, k3::CacheDType::FP8_E4M3);
+}
+
 TEST(BatchEngine, PreemptionKeepsOutputsIdentical) {
   // A cache so small that 12 sequences of ~100 tokens cannot all run at once.
   auto run = [](int64_t budget) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -92,24 +93,49 @@ TEST(KdaStateDType, F32TypedIsTheFp32KernelBitForBit) {
 
 // bf16: load once, fp32 inside the call, round once at the end -- for both forms, so a chunked prefill
 // and the same tokens in one recurrent call give the same state to the fp32 kernels' agreement.
-TEST(KdaStateDType, Bf16RoundsTheStateOncePerCall) {
+// The token-by-token form with a bf16 state rounds after every token (what a bf16 cache holds between
+// decode steps), so one call over T tokens equals any split of them into calls (batch invariance and
+// prefix caching rely on it); the chunked form rounds once per call and stays within a few bf16 ulps.
+TEST(KdaStateDType, Bf16RoundsTheStateAfterEveryToken) {
   const Inputs in = make_inputs(40, 2, 64, 2);
   const std::vector<uint16_t> s0 = to_bf16(in.state);
-  // Reference: fp32 recurrence from the widened bf16 state, rounded once.
-  Vec s_ref = from_bf16(s0), o_ref(in.q.size());
-  k3::cpu::kda_recurrent(in.T, in.H, in.D, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
-                         s_ref.data(), o_ref.data());
-  std::vector<uint16_t> s_rec = s0, s_chk = s0;
-  Vec o_rec(in.q.size()), o_chk(in.q.size());
+  const std::size_t row = std::size_t(in.H) * in.D;
+  // Reference: per token, the fp32 recurrence from the widened state, then rounded.
+  std::vector<uint16_t> s_ref = s0;
+  Vec o_ref(in.q.size());
+  for (int t = 0; t < in.T; ++t) {
+    Vec s = from_bf16(s_ref);
+    const std::size_t off = std::size_t(t) * row;
+    k3::cpu::kda_recurrent(1, in.H, in.D, in.q.data() + off, in.k.data() + off, in.v.data() + off, in.g.data() + off,
+                           in.beta.data() + std::size_t(t) * in.H, s.data(), o_ref.data() + off);
+    s_ref = to_bf16(s);
+  }
+  std::vector<uint16_t> s_rec = s0, s_split = s0, s_chk = s0;
+  Vec o_rec(in.q.size()), o_split(in.q.size()), o_chk(in.q.size());
   k3::cpu::kda_recurrent_typed(in.T, in.H, in.D, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                                s_rec.data(), CacheDType::BF16, o_rec.data());
-  EXPECT_EQ(s_rec, to_bf16(s_ref));
+  EXPECT_EQ(s_rec, s_ref);
   EXPECT_EQ(std::memcmp(o_rec.data(), o_ref.data(), o_ref.size() * 4), 0);
+  // The same tokens in calls of 7, 26 and 7.
+  for (auto [t0, n] : {std::pair{0, 7}, std::pair{7, 26}, std::pair{33, 7}}) {
+    const std::size_t off = std::size_t(t0) * row;
+    k3::cpu::kda_recurrent_typed(n, in.H, in.D, in.q.data() + off, in.k.data() + off, in.v.data() + off, in.g.data() + off,
+                                 in.beta.data() + std::size_t(t0) * in.H, s_split.data(), CacheDType::BF16,
+                                 o_split.data() + off);
+  }
+  EXPECT_EQ(s_split, s_rec);
+  EXPECT_EQ(std::memcmp(o_split.data(), o_rec.data(), o_rec.size() * 4), 0);
   k3::cpu::kda_chunked_typed(in.T, in.H, in.D, 16, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(),
                              s_chk.data(), CacheDType::BF16, o_chk.data());
-  int differ_by_more_than_one_ulp = 0;
-  for (std::size_t i = 0; i < s_rec.size(); ++i) differ_by_more_than_one_ulp += std::abs(int(s_rec[i]) - int(s_chk[i])) > 1;
-  EXPECT_EQ(differ_by_more_than_one_ulp, 0);
+  const Vec a = from_bf16(s_rec), b = from_bf16(s_chk);
+  double d2 = 0, n2 = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d2 += std::pow(double(a[i]) - b[i], 2);
+    n2 += double(a[i]) * a[i];
+  }
+  const double rel = std::sqrt(d2 / n2);
+  std::printf("[ kda state ] bf16 over 40 tokens: chunked (rounded once) vs token by token (rounded per token): %.2e\n", rel);
+  EXPECT_LT(rel, 1e-2);  // 40 roundings of 2^-9 relative, mostly decayed
   EXPECT_THROW(k3::cpu::kda_recurrent_typed(in.T, in.H, in.D, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                                             in.beta.data(), s_rec.data(), CacheDType::FP8_E4M3, o_rec.data()),
                k3::Error);

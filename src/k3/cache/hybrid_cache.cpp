@@ -14,18 +14,22 @@ std::string mib(int64_t b) { return std::to_string(b / (1 << 20)) + " MiB"; }
 
 // ---- PagedSequence -------------------------------------------------------------------------------
 
+const CacheSpec& PagedSequence::spec() const { return cache_->spec_; }
+
 KdaStateView PagedSequence::kda_state(int64_t i) {
   HybridCache& c = *cache_;
-  float* b = c.slot_ptr(slot_) + i * (c.kda_state_floats_ + 3 * c.conv_floats_);
-  return {b, b + c.kda_state_floats_, b + c.kda_state_floats_ + c.conv_floats_, b + c.kda_state_floats_ + 2 * c.conv_floats_};
+  uint8_t* b = c.slot_ptr(slot_) + i * c.spec_.kda_layer_bytes();
+  float* conv = reinterpret_cast<float*>(b + c.spec_.kda_state_bytes());
+  const int64_t cf = c.spec_.kda_conv_floats;
+  return {b, conv, conv + cf, conv + 2 * cf};
 }
 
-float* PagedSequence::mla_row(int64_t m, int64_t pos) {
+MlaPageTable PagedSequence::mla_pages() {
   HybridCache& c = *cache_;
-  return c.page_ptr(pages_[static_cast<size_t>(pos / c.B_)]) + (m * c.B_ + pos % c.B_) * c.row_dim_;
+  page_ptrs_.resize(pages_.size());
+  for (size_t j = 0; j < pages_.size(); ++j) page_ptrs_[j] = c.page_ptr(pages_[j]);
+  return MlaPageTable{page_ptrs_, c.B_, c.B_ * c.spec_.mla_row_bytes(), c.spec_.mla_row_bytes()};
 }
-
-int64_t PagedSequence::mla_page_tokens() const { return cache_->B_; }
 
 int64_t PagedSequence::capacity_tokens() const { return static_cast<int64_t>(pages_.size()) * cache_->B_; }
 
@@ -46,45 +50,28 @@ uint64_t cache_salt_id(std::string_view salt) {
 
 // ---- HybridCache ---------------------------------------------------------------------------------
 
-namespace {
-struct BlockSizes {
-  int64_t page_floats, kda_state_floats, conv_floats, slot_floats;
-};
-BlockSizes block_sizes(const ModelConfig& cfg, int64_t page_tokens) {
-  BlockSizes b;
-  b.page_floats = std::max<int64_t>(1, cfg.num_mla_layers() * page_tokens * cfg.mla_cache_dim());
-  b.kda_state_floats = cfg.kda_heads * cfg.kda_head_dim * cfg.kda_head_dim;
-  b.conv_floats = cfg.kda_heads * cfg.kda_head_dim * (cfg.conv_kernel - 1);
-  b.slot_floats = std::max<int64_t>(1, cfg.num_kda_layers() * (b.kda_state_floats + 3 * b.conv_floats));
-  return b;
-}
-}  // namespace
-
-int64_t HybridCache::budget_for(const ModelConfig& cfg, int64_t page_tokens, int64_t seqs, int64_t tokens) {
-  const BlockSizes b = block_sizes(cfg, page_tokens);
+int64_t HybridCache::budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens) {
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
-  return seqs * (b.slot_floats + pages * b.page_floats) * 4;
+  return seqs * (std::max<int64_t>(spec.slot_bytes(), 256) + pages * std::max<int64_t>(spec.page_bytes(page_tokens), 256));
 }
 
 int64_t HybridCache::auto_checkpoint_interval() const {
-  const double per_token = static_cast<double>(page_floats_) / static_cast<double>(B_);  // floats per token
-  const double tokens = static_cast<double>(slot_floats_) / std::max(per_token, 1.0);
+  const double per_token = static_cast<double>(page_bytes_) / static_cast<double>(B_);  // bytes per token
+  const double tokens = static_cast<double>(slot_bytes_) / std::max(per_token, 4.0);
   const int64_t n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(tokens)), 64, 65536);
   return (n + B_ - 1) / B_ * B_;
 }
 
-HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_(cfg), opt_(opt) {
+HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : HybridCache(make_cache_spec(cfg), opt) {}
+
+HybridCache::HybridCache(const CacheSpec& spec, const CacheOptions& opt) : spec_(spec), opt_(opt) {
   if (opt.page_tokens < 1) throw Error("page size must be at least one token");
   B_ = opt.page_tokens;
-  row_dim_ = cfg.mla_cache_dim();
-  n_mla_ = cfg.num_mla_layers();
-  const BlockSizes bs = block_sizes(cfg, B_);
-  page_floats_ = bs.page_floats;
-  kda_state_floats_ = bs.kda_state_floats;
-  conv_floats_ = bs.conv_floats;
-  slot_floats_ = bs.slot_floats;
+  // 256-byte units keep every page and slot aligned for the kernels' vector loads.
+  page_bytes_ = (std::max<int64_t>(spec.page_bytes(B_), 1) + 255) / 256 * 256;
+  slot_bytes_ = (std::max<int64_t>(spec.slot_bytes(), 1) + 255) / 256 * 256;
 
-  const int64_t slot_b = slot_floats_ * 4, page_b = page_floats_ * 4;
+  const int64_t slot_b = slot_bytes_, page_b = page_bytes_;
   if (opt.max_num_seqs * slot_b + page_b > opt.budget_bytes)
     throw Error("cache memory " + mib(opt.budget_bytes) + " is too small: " + std::to_string(opt.max_num_seqs) +
                 " sequences need " + mib(opt.max_num_seqs * slot_b) + " of KDA state (" + std::to_string(slot_b) +
@@ -104,9 +91,9 @@ HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : cfg_
   // One allocation for the whole budget (pages, then slots): the cache is one region of the process's
   // memory, sized once, that fills as it is used.
   mem_ = opt.memory ? opt.memory : host_cache_memory();
-  arena_ = mem_->allocate(static_cast<size_t>(n_pages_ * page_floats_ + n_slots_ * slot_floats_));
+  arena_ = mem_->allocate(static_cast<size_t>(n_pages_ * page_bytes_ + n_slots_ * slot_bytes_));
   pages_ = arena_;
-  slots_ = arena_ + n_pages_ * page_floats_;
+  slots_ = arena_ + n_pages_ * page_bytes_;
   page_meta_.resize(static_cast<size_t>(n_pages_));
   for (int64_t p = n_pages_ - 1; p >= 0; --p) free_pages_.push_back(static_cast<int32_t>(p));
   for (int64_t s = n_slots_ - 1; s >= 0; --s) free_slots_.push_back(static_cast<int32_t>(s));
@@ -226,7 +213,7 @@ bool HybridCache::acquire_slot(PagedSequence& s) {
   if (s.slot_ >= 0) return true;
   const int32_t slot = alloc_slot();
   if (slot < 0) return false;
-  mem_->zero(slot_ptr(slot), static_cast<size_t>(slot_floats_));
+  mem_->zero(slot_ptr(slot), static_cast<size_t>(slot_bytes_));
   s.slot_ = slot;
   ++slots_used_;
   return true;
@@ -295,18 +282,18 @@ int64_t HybridCache::match_prefix(PagedSequence& s, std::span<const int32_t> tok
   ckpt_lru_.splice(ckpt_lru_.end(), ckpt_lru_, ckpts_[static_cast<size_t>(best)].lru);
   const int64_t pos = ckpts_[static_cast<size_t>(best)].pos, k = pos / B_;
   const int32_t snap = ckpts_[static_cast<size_t>(best)].snapshot_page;
-  mem_->copy(slot_ptr(s.slot_), slot_ptr(ckpts_[static_cast<size_t>(best)].slot), static_cast<size_t>(slot_floats_));
+  mem_->copy(slot_ptr(s.slot_), slot_ptr(ckpts_[static_cast<size_t>(best)].slot), static_cast<size_t>(slot_bytes_));
   for (int64_t j = 0; j < k; ++j) ref_page(chain[static_cast<size_t>(j)], false);
   s.pages_.assign(chain.begin(), chain.begin() + k);
   if (snap >= 0) {
     ref_page(snap, false);
     const int32_t q = alloc_page();
-    if (q >= 0) mem_->copy(page_ptr(q), page_ptr(snap), static_cast<size_t>(page_floats_));
+    if (q >= 0) mem_->copy(page_ptr(q), page_ptr(snap), static_cast<size_t>(page_bytes_));
     unref_page(snap, false);
     if (q < 0) {
       for (int32_t p : s.pages_) unref_page(p, false);
       s.pages_.clear();
-      mem_->zero(slot_ptr(s.slot_), static_cast<size_t>(slot_floats_));
+      mem_->zero(slot_ptr(s.slot_), static_cast<size_t>(slot_bytes_));
       return 0;
     }
     s.pages_.push_back(q);
@@ -374,11 +361,11 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
       free_slots_.push_back(slot);
       return;
     }
-    mem_->copy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_floats_));
+    mem_->copy(page_ptr(snap), page_ptr(s.pages_[static_cast<size_t>(k)]), static_cast<size_t>(page_bytes_));
     ++page_meta_[static_cast<size_t>(snap)].ckpt_refs;  // the reference is the checkpoint's
     --pages_used_;
   }
-  mem_->copy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_floats_));
+  mem_->copy(slot_ptr(slot), slot_ptr(s.slot_), static_cast<size_t>(slot_bytes_));
   if (last >= 0) ref_page(last, true);
   int32_t id;
   if (!free_ckpt_ids_.empty()) {
@@ -414,8 +401,8 @@ CacheStats HybridCache::stats() const {
   st.slots_total = n_slots_;
   st.slots_used = slots_used_;
   st.checkpoints = n_ckpts_;
-  st.bytes_total = n_pages_ * page_floats_ * 4 + n_slots_ * slot_floats_ * 4;
-  st.bytes_used = st.pages_used * page_floats_ * 4 + slots_used_ * slot_floats_ * 4;
+  st.bytes_total = n_pages_ * page_bytes_ + n_slots_ * slot_bytes_;
+  st.bytes_used = st.pages_used * page_bytes_ + slots_used_ * slot_bytes_;
   st.prefix_query_tokens = query_tokens_;
   st.prefix_hit_tokens = hit_tokens_;
   return st;

@@ -1,5 +1,6 @@
-// The hybrid cache of the serving engine: one memory budget split into
-//   - MLA latent pages: `page_tokens` tokens x all MLA layers x (kv_lora_rank + qk_rope_dim) floats, and
+// The hybrid cache of the serving engine: one memory budget, sized and laid out from the runner's
+// CacheSpec (runtime/cache_spec.h: dtypes, bytes), split into
+//   - MLA latent pages: `page_tokens` tokens x all MLA layers x one stored latent row, and
 //   - KDA state slots: recurrent state + conv state of all KDA layers for one sequence.
 // Sequences hold a block table of pages and one slot. Prefix caching keeps full pages in a trie keyed by
 // (parent page, exact block tokens) and KDA state checkpoints at exact positions; a prefix hit is the
@@ -17,6 +18,7 @@
 
 #include "k3/model/config.h"
 #include "k3/runtime/cache_memory.h"
+#include "k3/runtime/cache_spec.h"
 #include "k3/runtime/sequence_cache.h"
 
 namespace k3::cache {
@@ -41,12 +43,12 @@ uint64_t cache_salt_id(std::string_view salt);
 class PagedSequence final : public SequenceCache {
  public:
   explicit PagedSequence(HybridCache& c) : cache_(&c) {}
+  const CacheSpec& spec() const override;
   int64_t n_past() const override { return n_past_; }
   KdaStateView kda_state(int64_t kda_index) override;
-  float* mla_row(int64_t mla_index, int64_t pos) override;
+  MlaPageTable mla_pages() override;
   void reserve(int64_t n) override;  // checks capacity; allocation is the scheduler's job
   void advance(int64_t n) override { n_past_ += n; }
-  int64_t mla_page_tokens() const override;
   std::unique_ptr<SequenceCache> clone() const override { return nullptr; }  // pages are shared, not cloned
 
   int64_t capacity_tokens() const;
@@ -63,6 +65,7 @@ class PagedSequence final : public SequenceCache {
   int64_t n_past_ = 0;
   int32_t slot_ = -1;
   std::vector<int32_t> pages_;
+  std::vector<uint8_t*> page_ptrs_;  // mla_pages(): the addresses of pages_
   int64_t committed_pages_ = 0;  // leading pages registered in the prefix trie (or shared from it)
   uint64_t salt_ = 0;
 };
@@ -76,20 +79,23 @@ struct CacheStats {
 
 class HybridCache {
  public:
+  HybridCache(const CacheSpec& spec, const CacheOptions& opt);
+  // The fp32 cache of a model (tests, tools).
   HybridCache(const ModelConfig& cfg, const CacheOptions& opt);
   // Prompt tokens between KDA state checkpoints such that a checkpoint (a whole state slot) costs no
   // more memory than the latent pages of the tokens it spans: K3's 434 MB state vs 55 KB of latents per
   // token gives ~7.9k tokens; small models get 64. A multiple of the page size, at most 65536.
   int64_t auto_checkpoint_interval() const;
   // The smallest budget_bytes that holds `seqs` sequences of `tokens` tokens each (no prefix cache).
-  static int64_t budget_for(const ModelConfig& cfg, int64_t page_tokens, int64_t seqs, int64_t tokens);
+  static int64_t budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens);
   ~HybridCache();
   HybridCache(const HybridCache&) = delete;
   HybridCache& operator=(const HybridCache&) = delete;
 
   int64_t page_tokens() const { return B_; }
-  int64_t page_bytes() const { return page_floats_ * 4; }
-  int64_t slot_bytes() const { return slot_floats_ * 4; }
+  const CacheSpec& spec() const { return spec_; }
+  int64_t page_bytes() const { return page_bytes_; }
+  int64_t slot_bytes() const { return slot_bytes_; }
   int64_t num_pages() const { return n_pages_; }
   int64_t num_slots() const { return n_slots_; }
   bool prefix_caching() const { return opt_.prefix_caching; }
@@ -145,8 +151,8 @@ class HybridCache {
     std::list<int32_t>::iterator lru;
   };
 
-  float* page_ptr(int32_t p) { return pages_ + static_cast<size_t>(p) * static_cast<size_t>(page_floats_); }
-  float* slot_ptr(int32_t s) { return slots_ + static_cast<size_t>(s) * static_cast<size_t>(slot_floats_); }
+  uint8_t* page_ptr(int32_t p) { return pages_ + static_cast<size_t>(p) * static_cast<size_t>(page_bytes_); }
+  uint8_t* slot_ptr(int32_t s) { return slots_ + static_cast<size_t>(s) * static_cast<size_t>(slot_bytes_); }
   int32_t alloc_page();  // -1 if none (after evicting)
   void ref_page(int32_t p, bool by_checkpoint);
   void unref_page(int32_t p, bool by_checkpoint);
@@ -157,14 +163,14 @@ class HybridCache {
   static uint64_t block_key(int32_t parent, std::span<const int32_t> toks, uint64_t salt);
   int32_t find_child(int32_t parent, std::span<const int32_t> toks, uint64_t salt) const;
 
-  const ModelConfig& cfg_;
+  CacheSpec spec_;
   CacheOptions opt_;
-  int64_t B_, row_dim_, n_mla_, page_floats_, slot_floats_, kda_state_floats_, conv_floats_;
+  int64_t B_, page_bytes_, slot_bytes_;
   int64_t n_pages_ = 0, n_slots_ = 0;
   std::shared_ptr<CacheMemory> mem_;
-  float* arena_ = nullptr;          // one allocation: pages, then slots
-  float* pages_ = nullptr;          // [n_pages][page_floats]
-  float* slots_ = nullptr;          // [n_slots][slot_floats]
+  uint8_t* arena_ = nullptr;  // one allocation: pages, then slots
+  uint8_t* pages_ = nullptr;  // [n_pages][page_bytes]
+  uint8_t* slots_ = nullptr;  // [n_slots][slot_bytes]
   std::vector<Page> page_meta_;
   std::vector<int32_t> free_pages_, free_slots_;
   std::list<int32_t> page_lru_;  // evictable cached pages, least recently used first

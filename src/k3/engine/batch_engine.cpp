@@ -10,7 +10,7 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
     : model_(model), tok_(tok), opt_(opt) {
   opt_.cache.max_num_seqs = opt_.sched.max_num_seqs;
   if (!opt_.cache.memory) opt_.cache.memory = model.cache_memory();
-  cache_ = std::make_unique<cache::HybridCache>(model.config(), opt_.cache);
+  cache_ = std::make_unique<cache::HybridCache>(model.cache_spec(), opt_.cache);
   choose_max_model_len(model.config().max_position_embeddings);
   if (opt_.sched.checkpoint_interval < 0) throw Error("the prefix checkpoint interval must be >= 0 (0: auto)");
   if (opt_.sched.checkpoint_interval == 0) opt_.sched.checkpoint_interval = cache_->auto_checkpoint_interval();

@@ -19,18 +19,21 @@ namespace k3 {
 
 class Model final : public ModelRunner {
  public:
-  // Reads config.json, maps the safetensors, validates and binds every tensor. Throws k3::Error.
-  static std::unique_ptr<Model> load(const std::string& dir);
+  // Reads config.json, maps the safetensors, validates and binds every tensor; the cache holds MLA rows
+  // as `kv` and the KDA state as `ssm` (runtime/cache_spec.h). Throws k3::Error.
+  static std::unique_ptr<Model> load(const std::string& dir, CacheDType kv = CacheDType::F32,
+                                     CacheDType ssm = CacheDType::F32);
 
   const ModelConfig& config() const override { return cfg_; }
+  const CacheSpec& cache_spec() const override { return spec_; }
   std::string device_name() const override { return "cpu"; }
-  std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(cfg_); }
+  std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(spec_); }
   std::shared_ptr<CacheMemory> cache_memory() const override { return host_cache_memory(); }
   int64_t memory_available() const override;
   const ModelWeights& weights() const { return w_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  SequenceState new_sequence() const { return SequenceState(cfg_); }
+  SequenceState new_sequence() const { return SequenceState(spec_); }
 
   using ModelRunner::forward;
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
@@ -38,6 +41,7 @@ class Model final : public ModelRunner {
 
  private:
   ModelConfig cfg_;
+  CacheSpec spec_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).

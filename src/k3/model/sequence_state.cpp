@@ -4,30 +4,40 @@
 
 namespace k3 {
 
-SequenceState::SequenceState(const ModelConfig& c) {
-  const int64_t C = c.kda_heads * c.kda_head_dim;
-  kda_state_size_ = c.kda_heads * c.kda_head_dim * c.kda_head_dim;
-  conv_size_ = C * (c.conv_kernel - 1);
-  row_dim_ = c.mla_cache_dim();
-  kda_.assign(static_cast<size_t>(c.num_kda_layers()), std::vector<float>(static_cast<size_t>(kda_state_size_ + 3 * conv_size_), 0.f));
-  mla_.resize(static_cast<size_t>(c.num_mla_layers()));
+namespace {
+size_t blocks_for(int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256); }
+}  // namespace
+
+SequenceState::SequenceState(const ModelConfig& c) : SequenceState(make_cache_spec(c)) {}
+
+SequenceState::SequenceState(const CacheSpec& spec) : spec_(spec), initialised_(true) {
+  kda_.assign(blocks_for(spec_.slot_bytes()), Block{});  // zero state
 }
 
 KdaStateView SequenceState::kda_state(int64_t i) {
-  float* b = kda_[static_cast<size_t>(i)].data();
-  return {b, b + kda_state_size_, b + kda_state_size_ + conv_size_, b + kda_state_size_ + 2 * conv_size_};
+  uint8_t* b = kda_.data()->b + i * spec_.kda_layer_bytes();
+  float* conv = reinterpret_cast<float*>(b + spec_.kda_state_bytes());
+  const int64_t cf = spec_.kda_conv_floats;
+  return {b, conv, conv + cf, conv + 2 * cf};
 }
 
-float* SequenceState::mla_row(int64_t m, int64_t pos) { return mla_[static_cast<size_t>(m)].data() + pos * row_dim_; }
+MlaPageTable SequenceState::mla_pages() {
+  page_ptrs_.resize(pages_.size());
+  for (size_t j = 0; j < pages_.size(); ++j) page_ptrs_[j] = pages_[j].data()->b;
+  return MlaPageTable{page_ptrs_, kPageTokens, kPageTokens * spec_.mla_row_bytes(), spec_.mla_row_bytes()};
+}
 
 void SequenceState::reserve(int64_t n) {
-  for (auto& v : mla_) v.resize(static_cast<size_t>((n_past_ + n) * row_dim_));
+  if (spec_.mla_layers == 0) return;
+  while (static_cast<int64_t>(pages_.size()) * kPageTokens < n_past_ + n)
+    pages_.emplace_back(blocks_for(spec_.page_bytes(kPageTokens)));
 }
 
+std::unique_ptr<SequenceCache> SequenceState::clone() const { return std::make_unique<SequenceState>(*this); }
+
 int64_t SequenceState::bytes() const {
-  int64_t b = 0;
-  for (auto& v : kda_) b += static_cast<int64_t>(v.size() * sizeof(float));
-  for (auto& v : mla_) b += static_cast<int64_t>(v.size() * sizeof(float));
+  int64_t b = static_cast<int64_t>(kda_.size() * sizeof(Block));
+  for (auto& p : pages_) b += static_cast<int64_t>(p.size() * sizeof(Block));
   return b;
 }
 

@@ -1,6 +1,7 @@
-// `SequenceState`: the owning, growable SequenceCache (runtime/sequence_cache.h) over plain vectors, for the
-// CLI, tests and single-sequence generation; the serving cache manager implements the interface over its
-// page pool and state slots.
+// `SequenceState`: the owning, growable SequenceCache (runtime/sequence_cache.h) in host memory, for the
+// CLI, tests and single-sequence generation: MLA rows in pages of kPageTokens tokens x all MLA layers
+// (the serving cache's layout), KDA state of all layers in one block; dtypes as its CacheSpec says. The
+// serving cache manager implements the same interface over its page pool and state slots.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -12,27 +13,35 @@ namespace k3 {
 
 struct ModelConfig;
 
-// Owning, growable per-sequence state (vectors).
 class SequenceState final : public SequenceCache {
  public:
+  static constexpr int64_t kPageTokens = 256;
   SequenceState() = default;
-  explicit SequenceState(const ModelConfig& c);
+  explicit SequenceState(const ModelConfig& c);  // fp32 cache
+  explicit SequenceState(const CacheSpec& spec);
 
+  const CacheSpec& spec() const override { return spec_; }
   int64_t n_past() const override { return n_past_; }
   KdaStateView kda_state(int64_t i) override;
-  float* mla_row(int64_t m, int64_t pos) override;
+  MlaPageTable mla_pages() override;
   void reserve(int64_t n) override;
   void advance(int64_t n) override { n_past_ += n; }
-  int64_t mla_page_tokens() const override { return int64_t{1} << 40; }  // one contiguous vector per layer
-  std::unique_ptr<SequenceCache> clone() const override { return std::make_unique<SequenceState>(*this); }
+  std::unique_ptr<SequenceCache> clone() const override;
 
-  bool initialised() const { return row_dim_ > 0; }
+  bool initialised() const { return initialised_; }
   int64_t bytes() const;
 
  private:
-  int64_t n_past_ = 0, row_dim_ = 0, kda_state_size_ = 0, conv_size_ = 0;
-  std::vector<std::vector<float>> kda_;  // per KDA layer: S, conv_q, conv_k, conv_v back to back
-  std::vector<std::vector<float>> mla_;  // per MLA layer: [tokens][row_dim]
+  // 256-byte aligned host bytes (vectors of this type keep the alignment through copies).
+  struct alignas(256) Block {
+    uint8_t b[256];
+  };
+  CacheSpec spec_;
+  bool initialised_ = false;
+  int64_t n_past_ = 0;
+  std::vector<Block> kda_;                  // slot_bytes of KDA state
+  std::vector<std::vector<Block>> pages_;   // page_bytes(kPageTokens) each
+  std::vector<uint8_t*> page_ptrs_;
 };
 
 }  // namespace k3

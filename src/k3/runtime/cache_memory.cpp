@@ -10,15 +10,15 @@ namespace k3 {
 namespace {
 class HostCacheMemory final : public CacheMemory {
  public:
-  float* allocate(size_t floats) override {
+  uint8_t* allocate(size_t bytes) override {
     // Not touched here: the OS commits the memory page by page as the cache fills.
-    float* p = new (std::nothrow) float[floats];
-    if (!p) throw Error("cannot allocate " + std::to_string(floats * 4 >> 20) + " MiB of host memory for the cache");
-    return p;
+    void* p = ::operator new(bytes ? bytes : 1, std::align_val_t{256}, std::nothrow);
+    if (!p) throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB of host memory for the cache");
+    return static_cast<uint8_t*>(p);
   }
-  void release(float* p) override { delete[] p; }
-  void copy(float* dst, const float* src, size_t floats) override { std::memcpy(dst, src, floats * 4); }
-  void zero(float* dst, size_t floats) override { std::memset(dst, 0, floats * 4); }
+  void release(uint8_t* p) override { ::operator delete(p, std::align_val_t{256}); }
+  void copy(uint8_t* dst, const uint8_t* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void zero(uint8_t* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
 };
 }  // namespace
 

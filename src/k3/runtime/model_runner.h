@@ -9,6 +9,7 @@
 
 #include "k3/model/config.h"
 #include "k3/runtime/cache_memory.h"
+#include "k3/runtime/cache_spec.h"
 #include "k3/runtime/sequence_cache.h"
 #include "k3/sampling/token_sampling.h"
 
@@ -54,6 +55,9 @@ class ModelRunner {
   virtual ~ModelRunner() = default;
 
   virtual const ModelConfig& config() const = 0;
+  // The cache this runner reads and writes (dtypes chosen at load: --kv-cache-dtype,
+  // --mamba-ssm-cache-dtype). Caches handed to forward_batch must have this spec.
+  virtual const CacheSpec& cache_spec() const = 0;
   // "cpu", or e.g. "cuda:0 (NVIDIA H200)".
   virtual std::string device_name() const = 0;
   // A fresh, empty per-sequence cache in this runner's memory (CLI verbs, tests, offline benchmarks).

@@ -59,7 +59,7 @@ class CpuBackend final : public graph::Backend {
   template <typename F>
   void for_seqs(bool (*want)(const graph::StepSeq&), F&& fn);
   // The cached latent rows 0 .. past + n - 1 of one sequence in MLA layer `layer`.
-  static std::vector<const float*> latent_rows(const graph::StepSeq& s, int64_t layer);
+  static std::vector<const void*> latent_rows(const graph::StepSeq& s, int64_t layer);
 
   const graph::StepPlan* plan_ = nullptr;
   HostArena arena_;

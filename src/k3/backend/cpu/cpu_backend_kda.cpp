@@ -64,14 +64,15 @@ void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor 
   const int64_t C = dm.channels();
   const int chunk = plan_->kda_chunk > 0 ? plan_->kda_chunk : kDefaultKdaChunk;
   for_seqs(nullptr, [&](const graph::StepSeq& s) {
-    float* S = s.cache->kda_state(layer).S;
+    void* S = s.cache->kda_state(layer).S;
+    const CacheDType dt = s.cache->spec().kda_state_dtype;
     const int64_t off = s.offset * C;
     const int n = static_cast<int>(s.n);
     const float* bt = beta.f() + s.offset * Hk;
     if (s.prefill_form)
-      kda_chunked(n, Hk, D, chunk, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, o.f() + off);
+      kda_chunked_typed(n, Hk, D, chunk, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, dt, o.f() + off);
     else
-      kda_recurrent(n, Hk, D, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, o.f() + off);
+      kda_recurrent_typed(n, Hk, D, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, dt, o.f() + off);
   });
 }
 

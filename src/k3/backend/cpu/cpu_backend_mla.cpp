@@ -4,6 +4,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/mla_attention.h"
+#include "k3/backend/cpu/mla_cache_rows.h"
 #include "k3/backend/cpu/ops.h"
 
 namespace k3::cpu {
@@ -15,19 +16,22 @@ bool decode_form(const graph::StepSeq& s) { return !s.prefill_form; }
 bool prefill_form(const graph::StepSeq& s) { return s.prefill_form; }
 }  // namespace
 
-std::vector<const float*> CpuBackend::latent_rows(const graph::StepSeq& s, int64_t layer) {
-  std::vector<const float*> rows(static_cast<size_t>(s.past + s.n));
-  for (int64_t p = 0; p < s.past + s.n; ++p) rows[static_cast<size_t>(p)] = s.cache->mla_row(layer, p);
+std::vector<const void*> CpuBackend::latent_rows(const graph::StepSeq& s, int64_t layer) {
+  const MlaPageTable pt = s.cache->mla_pages();
+  std::vector<const void*> rows(static_cast<size_t>(s.past + s.n));
+  for (int64_t p = 0; p < s.past + s.n; ++p) rows[static_cast<size_t>(p)] = pt.row(layer, p);
   return rows;
 }
 
 void CpuBackend::mla_write_latents(int64_t layer, const graph::MlaDims& d, Tensor lat) {
-  const int64_t cd = d.row();
-  for (const graph::StepSeq& s : plan_->seqs)
-    for (int64_t t = 0; t < s.n; ++t) {
-      const float* src = lat.row(s.offset + t);
-      std::copy(src, src + cd, s.cache->mla_row(layer, s.past + t));
-    }
+  std::vector<void*> rows;
+  for (const graph::StepSeq& s : plan_->seqs) {
+    const MlaPageTable pt = s.cache->mla_pages();
+    rows.clear();
+    for (int64_t t = 0; t < s.n; ++t) rows.push_back(pt.row(layer, s.past + t));
+    mla_write_rows(s.cache->spec().mla_dtype, static_cast<int>(s.n), static_cast<int>(d.rank), static_cast<int>(d.rope),
+                   lat.row(s.offset), rows.data());
+  }
 }
 
 void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Tensor q, Tensor ql) {
@@ -52,10 +56,10 @@ void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Ten
 void CpuBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& dm, Tensor ql, float scale, Tensor ol) {
   const int64_t nh = dm.heads, kr = dm.rank, cd = dm.row();
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
-    const std::vector<const float*> rows = latent_rows(s, layer);
-    mla_attention_latent_rows(static_cast<int>(s.n), static_cast<int>(s.past), static_cast<int>(nh), static_cast<int>(kr),
-                              static_cast<int>(dm.rope), ql.f() + s.offset * nh * cd, rows.data(), scale,
-                              ol.f() + s.offset * nh * kr);
+    const std::vector<const void*> rows = latent_rows(s, layer);
+    mla_attention_latent_rows_typed(static_cast<int>(s.n), static_cast<int>(s.past), static_cast<int>(nh),
+                                    static_cast<int>(kr), static_cast<int>(dm.rope), ql.f() + s.offset * nh * cd, rows.data(),
+                                    s.cache->spec().mla_dtype, scale, ol.f() + s.offset * nh * kr);
   });
 }
 
@@ -83,13 +87,17 @@ void CpuBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph:
   const int64_t nh = dm.heads, dn = dm.nope, dr = dm.rope, dv = dm.value, kr = dm.rank, qk = dm.qk();
   for_seqs(prefill_form, [&](const graph::StepSeq& s) {
     const int64_t S = s.past + s.n;
-    const std::vector<const float*> rows = latent_rows(s, layer);
+    const std::vector<const void*> rows = latent_rows(s, layer);
+    std::vector<float> lat(static_cast<size_t>(S * (kr + dr)));
+    mla_gather_rows(s.cache->spec().mla_dtype, static_cast<int>(S), static_cast<int>(kr), static_cast<int>(dr), rows.data(),
+                    lat.data());
     std::vector<float> clat(static_cast<size_t>(S * kr)), kv(static_cast<size_t>(S * nh * (dn + dv)));
     std::vector<float> kn(static_cast<size_t>(S * nh * dn)), vv(static_cast<size_t>(S * nh * dv)),
         kpe(static_cast<size_t>(S * dr));
     for (int64_t p = 0; p < S; ++p) {
-      std::copy(rows[static_cast<size_t>(p)], rows[static_cast<size_t>(p)] + kr, clat.data() + p * kr);
-      std::copy(rows[static_cast<size_t>(p)] + kr, rows[static_cast<size_t>(p)] + kr + dr, kpe.data() + p * dr);
+      const float* r = lat.data() + p * (kr + dr);
+      std::copy(r, r + kr, clat.data() + p * kr);
+      std::copy(r + kr, r + kr + dr, kpe.data() + p * dr);
     }
     matmul(w.kv_b_f32, clat.data(), S, kv.data());
     for (int64_t p = 0; p < S; ++p)

@@ -316,7 +316,17 @@ void with_fp32_state(int H, int D, void* state, CacheDType dtype, const Step& st
 
 void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                          const float* beta, void* state, CacheDType state_dtype, float* out) {
-  with_fp32_state(H, D, state, state_dtype, [&](float* s) { kda_recurrent(T, H, D, q, k, v, g, beta, s, out); });
+  if (state_dtype == CacheDType::F32) {
+    kda_recurrent(T, H, D, q, k, v, g, beta, static_cast<float*>(state), out);
+    return;
+  }
+  // Rounded after every token: the state is then the same however the tokens are split into calls
+  // (batching, prompt chunks, prefix-cache restarts), so the decode form stays exactly batch-invariant.
+  const size_t C = static_cast<size_t>(H) * D;
+  for (int t = 0; t < T; ++t)
+    with_fp32_state(H, D, state, state_dtype, [&](float* s) {
+      kda_recurrent(1, H, D, q + t * C, k + t * C, v + t * C, g + t * C, beta + static_cast<size_t>(t) * H, s, out + t * C);
+    });
 }
 
 void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,

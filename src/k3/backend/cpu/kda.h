@@ -22,10 +22,10 @@ void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k,
                  const float* g, const float* beta, float* state, float* out);
 
 // The same two with the state stored as `state_dtype` (--mamba-ssm-cache-dtype: F32 or BF16; FP8 throws
-// k3::Error): the state [H][D][D] is loaded to fp32 at the start of the call, the recurrence runs in fp32,
-// and the state is rounded (to nearest even) once at the end. So rounding happens once per forward call per
-// sequence, whether that call is a chunked prefill of many tokens or one decode token (vLLM's
-// mamba_ssm_cache_dtype does the same); F32 is the fp32 function itself (bit-identical).
+// k3::Error); the recurrence runs in fp32. The token-by-token form rounds the state (to nearest even) after
+// every token, as a bf16 cache holds it, so its results do not depend on how tokens are split into calls
+// (batch invariance, prefix caching); the chunked form loads the state once and rounds it once at the end
+// of the call (the prefill form is not split-invariant anyway). F32 is the fp32 function (bit-identical).
 void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                          const float* beta, void* state, CacheDType state_dtype, float* out);
 void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,

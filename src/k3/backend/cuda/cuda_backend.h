@@ -21,6 +21,7 @@
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/model/config.h"
 #include "k3/model/graph/backend.h"
+#include "k3/runtime/cache_spec.h"
 
 namespace k3::cuda {
 
@@ -30,7 +31,7 @@ class CudaBackend final : public graph::Backend {
   // tokens: docs/perf/cuda.md); other sizes than 16/32/64 run the recurrence.
   static constexpr int kDefaultKdaChunk = 32;
 
-  CudaBackend(const ModelConfig& c, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
+  CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
   ~CudaBackend() override;
 
   // Host side of a step (before the graph runs or a captured graph is replayed).
@@ -105,6 +106,7 @@ class CudaBackend final : public graph::Backend {
                        int64_t n, int64_t past, const float* q, float scale, float* out);
 
   const ModelConfig& cfg_;
+  const CacheSpec& spec_;
   cudaStream_t stream_;
   std::unique_ptr<LinearRunner> lin_;
   bool gemm_bf16_;

@@ -25,8 +25,8 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
   const size_t li = static_cast<size_t>(layer);
   const int Hk = static_cast<int>(d.heads), D = static_cast<int>(d.head_dim);
   if (sd_.n_rec > 0)
-    K3_CUDA_CHECK(cuda::kda_recurrent(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(), g.f(),
-                                      beta.f(), o.f(), stream_));
+    K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(),
+                                            g.f(), beta.f(), o.f(), spec_.kda_state_dtype, stream_));
   if (sd_.n_chk > 0)
     K3_CUDA_CHECK(cuda::kda_chunked(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
                                     sd_.kda_chunk, q.f(), k.f(), v.f(), g.f(), beta.f(), o.f(), kda_ws_.get(),
@@ -43,11 +43,11 @@ void CudaBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDi
                           Tensor o) {
   prof_.begin("kda core", stream_);
   if (plan_->all_decode()) {
-    K3_CUDA_CHECK(kda_decode_fused(staged<const KdaSeq>(sd_.kda_all[static_cast<size_t>(layer)]), static_cast<int>(n_seqs_),
+    K3_CUDA_CHECK(kda_decode_fused_typed(staged<const KdaSeq>(sd_.kda_all[static_cast<size_t>(layer)]), static_cast<int>(n_seqs_),
                                    static_cast<int>(d.heads), static_cast<int>(d.head_dim), static_cast<int>(d.conv), pq.f(),
                                    pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), graw.f(),
                                    w.dt_bias.data(), w.A_log.data(), gate.bounded, gate.lower_bound, braw.f(), gate_proj.f(),
-                                   w.o_norm.data(), eps, o.f(), stream_));
+                                   w.o_norm.data(), eps, o.f(), spec_.kda_state_dtype, stream_));
   } else {
     Backend::kda_mix(layer, w, d, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
   }

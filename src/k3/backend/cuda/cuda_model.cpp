@@ -56,6 +56,7 @@ struct GraphCache {
 
 struct CudaModel::Impl {
   ModelConfig cfg;
+  CacheSpec spec;
   int device = 0;
   std::string name;
   DeviceWeights w;
@@ -88,12 +89,15 @@ struct CudaModel::Impl {
                   "; this build targets sm_90 (Hopper)");
     name = "cuda:" + std::to_string(dev) + " (" + prop.name + ")";
     K3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    backend = std::make_unique<CudaBackend>(cfg, stream, gemm_bf16, prof);
+    backend = std::make_unique<CudaBackend>(cfg, spec, stream, gemm_bf16, prof);
     mem = std::make_shared<DeviceCacheMemory>(dev, stream);
     const ModelConfig& c = cfg;
     if (c.kda_heads > 0 && c.kda_head_dim != 32 && c.kda_head_dim != 64 && c.kda_head_dim != 128)
       throw Error("CUDA backend: KDA head_dim " + std::to_string(c.kda_head_dim) + " is not supported (32, 64, 128)");
     if (c.kv_lora_rank > 512) throw Error("CUDA backend: kv_lora_rank > 512 is not supported");
+    if (spec.mla_dtype != CacheDType::F32 && spec.mla_layers > 0)
+      throw Error(std::string("--kv-cache-dtype ") + cache_dtype_name(spec.mla_dtype) +
+                  ": the CUDA backend reads float32 latent rows only so far (bf16 / fp8 rows run on --device cpu)");
     const int64_t n_blocks = c.attn_res_block_size > 0 ? (c.num_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
     if (n_blocks + 1 > 32) throw Error("CUDA backend: more than 31 Attention-Residual blocks");
   }
@@ -118,6 +122,7 @@ CudaModel::~CudaModel() = default;
 std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoadOptions& opt) {
   auto impl = std::make_unique<Impl>();
   impl->cfg = load_model_config(dir);
+  impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
   impl->use_graphs = !opt.enforce_eager;
   {
@@ -131,6 +136,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
 std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const CudaLoadOptions& opt) {
   auto impl = std::make_unique<Impl>();
   impl->cfg = cfg;
+  impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
   impl->use_graphs = !opt.enforce_eager;
   dummy_weights(impl->cfg, opt.dummy_seed, impl->w);
@@ -166,9 +172,11 @@ void CudaModel::warm_up(int64_t max_tokens) const {
                  res, raw);
 }
 
+const CacheSpec& CudaModel::cache_spec() const { return impl_->spec; }
+
 std::unique_ptr<SequenceCache> CudaModel::new_cache() const {
   K3_CUDA_CHECK(cudaSetDevice(impl_->device));
-  return std::make_unique<DeviceSequence>(impl_->cfg, impl_->stream);
+  return std::make_unique<DeviceSequence>(impl_->spec, impl_->stream);
 }
 
 void CudaModel::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
@@ -247,7 +255,7 @@ void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<cons
 void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const ForwardOptions& opt,
                               const std::function<void(int64_t)>& tail, const std::function<void(int64_t)>& done) {
   K3_CUDA_CHECK(cudaSetDevice(device));
-  const graph::StepPlan plan = graph::plan_step(items, opt, cfg.vocab_size);
+  const graph::StepPlan plan = graph::plan_step(items, opt, cfg.vocab_size, spec);
   backend->prepare(plan);
   run_graph(plan);
   const int64_t R = plan.n_logits();

@@ -19,6 +19,8 @@ struct CudaLoadOptions {
   uint64_t dummy_seed = 0x5eed;  // --load-format dummy
   bool gemm_bf16 = false;        // prefill GEMMs with x rounded to bf16 (faster) instead of split bf16x2
   bool enforce_eager = false;    // no CUDA graphs for decode steps
+  CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
+  CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
 };
 
 class CudaModel final : public ModelRunner {
@@ -32,6 +34,7 @@ class CudaModel final : public ModelRunner {
   const ModelConfig& config() const override;
   std::string device_name() const override;
   std::unique_ptr<SequenceCache> new_cache() const override;
+  const CacheSpec& cache_spec() const override;
   std::shared_ptr<CacheMemory> cache_memory() const override;
   AttnPath engine_path() const override { return AttnPath::Auto; }
   int64_t memory_available() const override;

@@ -2,62 +2,54 @@
 
 namespace k3::cuda {
 
-float* DeviceCacheMemory::allocate(size_t floats) {
+uint8_t* DeviceCacheMemory::allocate(size_t bytes) {
   K3_CUDA_CHECK(cudaSetDevice(device_));
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(floats, 1) * 4);
+  const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 1));
   if (e != cudaSuccess)
-    throw Error("cannot allocate " + std::to_string(floats * 4 >> 20) + " MiB of GPU memory for the cache (" +
+    throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB of GPU memory for the cache (" +
                 cudaGetErrorString(e) + "); lower --cache-memory");
-  return static_cast<float*>(p);
+  return static_cast<uint8_t*>(p);
 }
 
-void DeviceCacheMemory::release(float* p) { cudaFree(p); }
+void DeviceCacheMemory::release(uint8_t* p) { cudaFree(p); }
 
-void DeviceCacheMemory::copy(float* dst, const float* src, size_t floats) {
-  K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, floats * 4, cudaMemcpyDeviceToDevice, stream_));
+void DeviceCacheMemory::copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
-void DeviceCacheMemory::zero(float* dst, size_t floats) {
-  K3_CUDA_CHECK(cudaMemsetAsync(dst, 0, floats * 4, stream_));
-}
+void DeviceCacheMemory::zero(uint8_t* dst, size_t bytes) { K3_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
 
-DeviceSequence::DeviceSequence(const ModelConfig& c, cudaStream_t stream) : stream_(stream) {
-  const int64_t C = c.kda_heads * c.kda_head_dim;
-  state_floats_ = c.kda_heads * c.kda_head_dim * c.kda_head_dim;
-  conv_floats_ = C * (c.conv_kernel - 1);
-  n_kda_ = c.num_kda_layers();
-  n_mla_ = c.num_mla_layers();
-  row_dim_ = c.mla_cache_dim();
-  const size_t bytes = static_cast<size_t>(n_kda_ * (state_floats_ + 3 * conv_floats_)) * 4;
+DeviceSequence::DeviceSequence(const CacheSpec& spec, cudaStream_t stream) : spec_(spec), stream_(stream) {
+  const size_t bytes = static_cast<size_t>(spec_.slot_bytes());
   kda_ = DeviceBuffer(bytes);
   if (bytes) K3_CUDA_CHECK(cudaMemsetAsync(kda_.get(), 0, bytes, stream_));
 }
 
 KdaStateView DeviceSequence::kda_state(int64_t i) {
-  float* b = kda_.get<float>() + i * (state_floats_ + 3 * conv_floats_);
-  return {b, b + state_floats_, b + state_floats_ + conv_floats_, b + state_floats_ + 2 * conv_floats_};
+  uint8_t* b = kda_.get<uint8_t>() + i * spec_.kda_layer_bytes();
+  float* conv = reinterpret_cast<float*>(b + spec_.kda_state_bytes());
+  const int64_t cf = spec_.kda_conv_floats;
+  return {b, conv, conv + cf, conv + 2 * cf};
 }
 
-float* DeviceSequence::mla_row(int64_t m, int64_t pos) {
-  return pages_[static_cast<size_t>(pos / kPageTokens)].get<float>() + (m * kPageTokens + pos % kPageTokens) * row_dim_;
+MlaPageTable DeviceSequence::mla_pages() {
+  page_ptrs_.resize(pages_.size());
+  for (size_t j = 0; j < pages_.size(); ++j) page_ptrs_[j] = pages_[j].get<uint8_t>();
+  return MlaPageTable{page_ptrs_, kPageTokens, kPageTokens * spec_.mla_row_bytes(), spec_.mla_row_bytes()};
 }
 
 void DeviceSequence::reserve(int64_t n) {
-  if (n_mla_ == 0) return;
+  if (spec_.mla_layers == 0) return;
   while (static_cast<int64_t>(pages_.size()) * kPageTokens < n_past_ + n)
-    pages_.emplace_back(static_cast<size_t>(kPageTokens * n_mla_ * row_dim_) * 4);
+    pages_.emplace_back(static_cast<size_t>(spec_.page_bytes(kPageTokens)));
 }
 
 std::unique_ptr<SequenceCache> DeviceSequence::clone() const {
   auto c = std::unique_ptr<DeviceSequence>(new DeviceSequence());
+  c->spec_ = spec_;
   c->stream_ = stream_;
   c->n_past_ = n_past_;
-  c->state_floats_ = state_floats_;
-  c->conv_floats_ = conv_floats_;
-  c->n_kda_ = n_kda_;
-  c->n_mla_ = n_mla_;
-  c->row_dim_ = row_dim_;
   c->kda_ = DeviceBuffer(kda_.bytes());
   if (kda_.bytes()) K3_CUDA_CHECK(cudaMemcpyAsync(c->kda_.get(), kda_.get(), kda_.bytes(), cudaMemcpyDeviceToDevice, stream_));
   for (const DeviceBuffer& p : pages_) {

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "k3/backend/cuda/cuda_util.h"
-#include "k3/model/config.h"
 #include "k3/runtime/cache_memory.h"
 #include "k3/runtime/sequence_cache.h"
 
@@ -21,10 +20,10 @@ namespace k3::cuda {
 class DeviceCacheMemory final : public CacheMemory {
  public:
   DeviceCacheMemory(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
-  float* allocate(size_t floats) override;
-  void release(float* p) override;
-  void copy(float* dst, const float* src, size_t floats) override;
-  void zero(float* dst, size_t floats) override;
+  uint8_t* allocate(size_t bytes) override;
+  void release(uint8_t* p) override;
+  void copy(uint8_t* dst, const uint8_t* src, size_t bytes) override;
+  void zero(uint8_t* dst, size_t bytes) override;
 
  private:
   int device_;
@@ -34,22 +33,24 @@ class DeviceCacheMemory final : public CacheMemory {
 class DeviceSequence final : public SequenceCache {
  public:
   static constexpr int64_t kPageTokens = 256;
-  DeviceSequence(const ModelConfig& c, cudaStream_t stream);
+  DeviceSequence(const CacheSpec& spec, cudaStream_t stream);
 
+  const CacheSpec& spec() const override { return spec_; }
   int64_t n_past() const override { return n_past_; }
   KdaStateView kda_state(int64_t i) override;
-  float* mla_row(int64_t m, int64_t pos) override;
+  MlaPageTable mla_pages() override;
   void reserve(int64_t n) override;
   void advance(int64_t n) override { n_past_ += n; }
-  int64_t mla_page_tokens() const override { return kPageTokens; }
   std::unique_ptr<SequenceCache> clone() const override;
 
  private:
   DeviceSequence() = default;
+  CacheSpec spec_;
   cudaStream_t stream_ = nullptr;
-  int64_t n_past_ = 0, state_floats_ = 0, conv_floats_ = 0, n_kda_ = 0, n_mla_ = 0, row_dim_ = 0;
+  int64_t n_past_ = 0;
   DeviceBuffer kda_;
   std::vector<DeviceBuffer> pages_;
+  std::vector<uint8_t*> page_ptrs_;
 };
 
 }  // namespace k3::cuda

@@ -49,6 +49,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace k3::cuda {
 namespace {
@@ -134,12 +135,22 @@ template <int D>
 constexpr int kSplit = D == 128 ? 2 : 1;
 
 // How the recurrent / decode kernels keep the state (--mamba-ssm-cache-dtype): StateT = float, or
-// uint16_t holding bf16 bits (widened on load, rounded to nearest even on store, once per kernel call; the
-// arithmetic in between is fp32 and identical for both).
+// uint16_t holding bf16 bits (widened on load, rounded to nearest even after every token, as stored: the
+// token-by-token form then gives the same state however a sequence's tokens are split into calls, which
+// keeps batching and prefix caching exact; the arithmetic in between is fp32 and identical for both).
 __device__ __forceinline__ float state_load(const float* p) { return *p; }
 __device__ __forceinline__ void state_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ float state_load(const uint16_t* p) { return bf16_bits_to_f32(*p); }
 __device__ __forceinline__ void state_store(uint16_t* p, float v) { *p = f32_to_bf16_bits(v); }
+
+// The state after a token, as a StateT cache would hold it.
+template <class StateT, int N>
+__device__ __forceinline__ void round_state(float (&s)[N]) {
+  if constexpr (!std::is_same_v<StateT, float>) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = bf16_bits_to_f32(f32_to_bf16_bits(s[i]));
+  }
+}
 
 // Register slot 4m + r of part p holds key index dk = 4 (SPLIT m + p) + r.
 template <int D, int SPLIT, class StateT>
@@ -253,6 +264,7 @@ __global__ void __launch_bounds__(32)
     __syncwarp();
     prefetch(t + 1);
     const float ot = delta_step<D, SPLIT>(s, ks[b], qs[b], es[b], vt, bt, p);
+    round_state<StateT>(s);
     if (p == 0) o[static_cast<size_t>(sq.offset + t) * C + static_cast<size_t>(h) * D + dv] = ot;
   }
   store_column<D, SPLIT>(s, S, dv, p);

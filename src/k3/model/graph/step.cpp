@@ -1,5 +1,7 @@
 #include "k3/model/graph/step.h"
 
+#include <string>
+
 #include "k3/core/error.h"
 
 namespace k3::graph {
@@ -22,11 +24,23 @@ bool StepPlan::any_decode_form() const {
   return false;
 }
 
-StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab) {
+namespace {
+void check_cache_spec(const CacheSpec& have, const CacheSpec& want) {
+  if (have.mla_dtype != want.mla_dtype || have.kda_state_dtype != want.kda_state_dtype ||
+      have.mla_layers != want.mla_layers || have.kda_layers != want.kda_layers || have.mla_row_bytes() != want.mla_row_bytes() ||
+      have.kda_layer_bytes() != want.kda_layer_bytes())
+    throw Error(std::string("forward: a cache with MLA rows in ") + cache_dtype_name(have.mla_dtype) + " and KDA state in " +
+                cache_dtype_name(have.kda_state_dtype) + " was handed to a model whose cache is " +
+                cache_dtype_name(want.mla_dtype) + " / " + cache_dtype_name(want.kda_state_dtype) + " (or of another shape)");
+}
+}  // namespace
+
+StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab, const CacheSpec& spec) {
   StepPlan p;
   p.kda_chunk = opt.kda_chunk;
   for (const BatchItem& it : items) {
     check_batch_tokens(it, vocab);
+    check_cache_spec(it.cache->spec(), spec);
     const int64_t n = static_cast<int64_t>(it.tokens.size());
     p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n)});
     p.tokens.insert(p.tokens.end(), it.tokens.begin(), it.tokens.end());

@@ -31,9 +31,9 @@ struct StepPlan {
   bool any_decode_form() const;
 };
 
-// Validates the items (tokens in [0, vocab), at least one item), reserves room in every cache and
-// lays the batch out. Throws k3::Error.
-StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab);
+// Validates the items (tokens in [0, vocab), at least one item, every cache of the runner's spec),
+// reserves room in every cache and lays the batch out. Throws k3::Error.
+StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab, const CacheSpec& spec);
 // After the forward: each sequence's new tokens become part of its cache.
 void finish_step(const StepPlan& plan);
 
