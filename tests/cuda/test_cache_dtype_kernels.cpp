@@ -1,8 +1,9 @@
-// Cache dtypes on the GPU (core/cache_dtype.h, docs/cache-dtypes.md): MLA latent rows written /
-// gathered by backend/cuda/mla_cache_rows.h must be the very bytes / values of the CPU's
-// cpu::mla_write_rows / mla_gather_rows (fp8 codes through the SATFINITE cvt, bf16 rounding, the scale), and
-// the KDA recurrent / fused decode kernels with a bf16 state must equal the fp32-state kernels run on the
-// widened state, rounded after every token, bit for bit. Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
+// Cache dtypes on the GPU (core/cache_dtype.h, docs/cache-dtypes.md): MLA latent rows written / gathered
+// by backend/cuda/mla_cache_rows.h (through MlaPaging, pages of several layers) must be the very bytes /
+// values of the CPU's cpu::mla_write_rows / mla_gather_rows (fp8 codes through the SATFINITE cvt, bf16
+// rounding, the scale), and the KDA recurrent / fused decode kernels with a bf16 state must equal the
+// fp32-state kernels run on the widened state, rounded after every token, bit for bit.
+// Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,7 @@
 #include "k3/backend/cuda/kda_kernels.h"
 #include "k3/backend/cuda/mla_cache_rows.h"
 #include "k3/core/cache_dtype.h"
+#include "mla_paged_cache.h"
 
 namespace {
 
@@ -83,63 +85,50 @@ Vec test_latents(int N) {
   return lat;
 }
 
-// Two sequences over pages of 16 rows, pages scattered in one buffer (sequence 1's pages interleaved).
-struct PagedRows {
-  CacheDType dt;
-  size_t row_bytes;
-  Dev<uint8_t> buf;
-  std::vector<uint8_t*> page_ptrs;
-  std::vector<int32_t> page_start{0, 0}, page_tokens{16, 16}, tok_seq, tok_pos;
-  PagedRows(CacheDType d, int n0, int n1)
-      : dt(d), row_bytes(size_t(k3::mla_row_bytes(d, kKr, kDr))), buf(row_bytes * 16 * (2 * ((n0 + n1) / 16 + 2))) {
-    const int p0 = (n0 + 15) / 16, p1 = (n1 + 15) / 16;
-    for (int i = 0; i < p0; ++i) page_ptrs.push_back(buf.p + row_bytes * 16 * (2 * i + 1));
-    page_start[1] = p0;
-    for (int i = 0; i < p1; ++i) page_ptrs.push_back(buf.p + row_bytes * 16 * (2 * i));
-    for (int t = 0; t < n0; ++t) tok_seq.push_back(0), tok_pos.push_back(t);
-    for (int t = 0; t < n1; ++t) tok_seq.push_back(1), tok_pos.push_back(t);
-  }
-};
-
+// Written rows must be the CPU's bytes, in layer 1 of pages of 3 layers (two sequences, pages of 16 and 5
+// tokens stored in reverse order): every other byte of the image keeps its 0xFF poison (no write lands in
+// another layer, sequence or page). Then each sequence is gathered back as the CPU gathers the same rows.
 TEST(CudaCacheDType, WriteRowsAndGatherMatchCpuBitForBit) {
   SKIP_WITHOUT_GPU();
-  const int n0 = 70, n1 = 33, N = n0 + n1;
+  const int n0 = 70, n1 = 33, N = n0 + n1, layer = 1;
   const Vec lat = test_latents(N);
   for (CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3}) {
-    PagedRows pr(dt, n0, n1);
-    Dev<uint8_t*> pages(pr.page_ptrs);
-    Dev<int32_t> ps(pr.page_start), pt(pr.page_tokens), ts(pr.tok_seq), tp(pr.tok_pos);
+    k3_test::MlaPagedCache cache(dt, kKr, kDr, 3, {{n0, 16}, {n1, 5}});
+    cache.upload_image();  // all 0xFF
+    std::vector<int32_t> tok_seq, tok_pos;
+    for (int t = 0; t < N; ++t) {
+      tok_seq.push_back(t < n0 ? 0 : 1);
+      tok_pos.push_back(t < n0 ? t : t - n0);
+    }
+    Dev<int32_t> ts(tok_seq), tp(tok_pos);
     Dev<float> dlat(lat);
-    const k3::cuda::MlaRowPaging pg{pages.p, ps.p, pt.p, ts.p, tp.p, kKr, kDr, dt};
-    ck(k3::cuda::mla_write_rows_typed(pg, N, dlat.p, nullptr), "write");
-    const std::vector<uint8_t> all = pr.buf.get();
-    std::vector<uint8_t> want(pr.row_bytes);
+    const k3::cuda::MlaPaging pg = cache.paging(layer, ts.p, tp.p);
+    ck(k3::cuda::mla_write_rows(pg, N, dlat.p, nullptr), "write");
+    std::vector<uint8_t> img = cache.download_image();
+    const size_t rb = size_t(cache.row_bytes());
+    std::vector<uint8_t> want(rb);
     int bad_rows = 0;
     for (int t = 0; t < N; ++t) {
-      const int seq = pr.tok_seq[size_t(t)], pos = pr.tok_pos[size_t(t)];
-      const uint8_t* dev_row = pr.page_ptrs[size_t(pr.page_start[size_t(seq)] + pos / 16)] + (pos % 16) * pr.row_bytes;
-      const uint8_t* got = all.data() + (dev_row - pr.buf.p);
+      uint8_t* got = img.data() + cache.row_offset(layer, tok_seq[size_t(t)], tok_pos[size_t(t)]);
       k3::cpu::mla_encode_row(dt, kKr, kDr, lat.data() + size_t(t) * kDc, want.data());
-      if (std::memcmp(got, want.data(), pr.row_bytes) != 0 && ++bad_rows < 4) {
+      if (std::memcmp(got, want.data(), rb) != 0 && ++bad_rows < 4) {
         size_t i = 0;
         while (got[i] == want[i]) ++i;
         ADD_FAILURE() << k3::cache_dtype_name(dt) << " row " << t << " first differing byte " << i << ": gpu "
                       << int(got[i]) << " cpu " << int(want[i]);
       }
+      std::memcpy(cache.host().data() + (got - img.data()), got, rb);  // the rows the CPU gathers below
+      std::memset(got, 0xFF, rb);
     }
     EXPECT_EQ(bad_rows, 0) << k3::cache_dtype_name(dt);
+    EXPECT_EQ(std::count(img.begin(), img.end(), uint8_t{0xFF}), std::ptrdiff_t(img.size()))
+        << k3::cache_dtype_name(dt) << ": bytes outside the written rows changed";
     // Gather each sequence back; the CPU decodes the same rows.
     for (int seq = 0; seq < 2; ++seq) {
       const int S = seq == 0 ? n0 : n1;
       Dev<float> out(static_cast<size_t>(S) * kDc);
-      ck(k3::cuda::mla_gather_latents_typed(pg, seq, S, out.p, nullptr), "gather");
-      std::vector<const void*> rows(static_cast<size_t>(S));
-      std::vector<std::vector<uint8_t>> host_rows(static_cast<size_t>(S), std::vector<uint8_t>(pr.row_bytes));
-      for (int s = 0; s < S; ++s) {
-        const int t = (seq == 0 ? 0 : n0) + s;
-        k3::cpu::mla_encode_row(dt, kKr, kDr, lat.data() + size_t(t) * kDc, host_rows[size_t(s)].data());
-        rows[size_t(s)] = host_rows[size_t(s)].data();
-      }
+      ck(k3::cuda::mla_gather_latents(pg, seq, S, out.p, nullptr), "gather");
+      const std::vector<const void*> rows = cache.host_rows(layer, seq);
       Vec ref(static_cast<size_t>(S) * kDc);
       k3::cpu::mla_gather_rows(dt, S, kKr, kDr, rows.data(), ref.data());
       const Vec got = out.get();
@@ -150,10 +139,12 @@ TEST(CudaCacheDType, WriteRowsAndGatherMatchCpuBitForBit) {
 
 TEST(CudaCacheDType, RejectsBadShapes) {
   SKIP_WITHOUT_GPU();
-  k3::cuda::MlaRowPaging pg{nullptr, nullptr, nullptr, nullptr, nullptr, 510, 64, CacheDType::FP8_E4M3};
-  EXPECT_EQ(k3::cuda::mla_write_rows_typed(pg, 1, nullptr, nullptr), cudaErrorInvalidValue);  // kr % 4
+  k3::cuda::MlaPaging pg{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 510, 64, CacheDType::FP8_E4M3};
+  EXPECT_EQ(k3::cuda::mla_write_rows(pg, 1, nullptr, nullptr), cudaErrorInvalidValue);  // kr % 4
   pg.kr = 512;
-  EXPECT_EQ(k3::cuda::mla_gather_latents_typed(pg, 0, -1, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::mla_gather_latents(pg, 0, -1, nullptr, nullptr), cudaErrorInvalidValue);
+  pg.layer = -1;
+  EXPECT_EQ(k3::cuda::mla_write_rows(pg, 1, nullptr, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(k3::cuda::kda_recurrent_typed(nullptr, 1, 1, 128, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                           CacheDType::FP8_E4M3, nullptr),
             cudaErrorInvalidValue);

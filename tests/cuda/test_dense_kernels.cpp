@@ -19,6 +19,7 @@
 #include "k3/backend/cuda/mla_kernels.h"
 #include "k3/core/dtype.h"
 #include "cpu_graph_ref.h"
+#include "mla_paged_cache.h"
 
 namespace {
 
@@ -207,8 +208,10 @@ TEST(CudaDense, RmsnormAndAttnResMatchCpu) {
   }
 }
 
-// Absorbed MLA attention over a paged cache against cpu::mla_attention_latent_rows: the fp32 SIMT path
-// (forced; the tensor-core path, default from 16 heads, is held to its bf16 bar in test_mla_decode.cpp).
+// Absorbed MLA attention over a paged cache (pages of 2 MLA layers, layer 1 read; mla_paged_cache.h)
+// against cpu::mla_attention_latent_rows_typed over the same stored rows, every cache dtype: the fp32
+// SIMT path (forced; the tensor-core path, default from 16 heads, is held to its bf16 bar in
+// test_mla_decode.cpp), small shapes (kr 32 / 64) included.
 TEST(CudaMla, LatentAttentionMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   setenv("K3_MLA_DECODE", "simt", 1);
@@ -216,42 +219,38 @@ TEST(CudaMla, LatentAttentionMatchesCpu) {
     ~Unset() { unsetenv("K3_MLA_DECODE"); }
   } unset;
   struct Case { int nh, kr, dr, P, T, page; };
-  for (const Case c : {Case{4, 32, 8, 0, 13, 16}, Case{3, 64, 16, 40, 1, 16}, Case{32, 512, 64, 300, 4, 256},
-                       Case{96, 512, 64, 1000, 1, 16}}) {
-    const int cd = c.kr + c.dr, S = c.P + c.T;
-    const int n_pages = (S + c.page - 1) / c.page;
-    const auto cache = randn(static_cast<size_t>(n_pages * c.page * cd), 5, 1.0f);
-    const auto q = randn(static_cast<size_t>(c.T * c.nh * cd), 6, 0.2f);
-    std::vector<const float*> rows(static_cast<size_t>(S));
-    for (int s = 0; s < S; ++s) rows[static_cast<size_t>(s)] = cache.data() + static_cast<size_t>(s) * cd;
-    const float scale = 1.0f / std::sqrt(192.0f);
-    std::vector<float> ref(static_cast<size_t>(c.T * c.nh * c.kr));
-    k3::cpu::mla_attention_latent_rows(c.T, c.P, c.nh, c.kr, c.dr, q.data(), rows.data(), scale, ref.data());
-    DeviceBuffer dcache = upload(cache), dq = upload(q), dout(ref.size() * 4);
-    std::vector<const float*> pages;
-    for (int p = 0; p < n_pages; ++p) pages.push_back(dcache.get<float>() + static_cast<size_t>(p) * c.page * cd);
-    std::vector<int32_t> pstart = {0}, ptok = {c.page}, tseq, tpos;
-    for (int t = 0; t < c.T; ++t) {
-      tseq.push_back(0);
-      tpos.push_back(c.P + t);
+  for (const k3::CacheDType dt : {k3::CacheDType::F32, k3::CacheDType::BF16, k3::CacheDType::FP8_E4M3})
+    for (const Case c : {Case{4, 32, 8, 0, 13, 16}, Case{3, 64, 16, 40, 1, 16}, Case{32, 512, 64, 300, 4, 256},
+                         Case{96, 512, 64, 1000, 1, 16}}) {
+      const int cd = c.kr + c.dr, S = c.P + c.T;
+      k3_test::MlaPagedCache cache(dt, c.kr, c.dr, 2, {{S, c.page}});
+      cache.fill_layer_random(1, 5);
+      const auto q = randn(static_cast<size_t>(c.T * c.nh * cd), 6, 0.2f);
+      const std::vector<const void*> rows = cache.host_rows(1, 0);
+      const float scale = 1.0f / std::sqrt(192.0f);
+      std::vector<float> ref(static_cast<size_t>(c.T * c.nh * c.kr));
+      k3::cpu::mla_attention_latent_rows_typed(c.T, c.P, c.nh, c.kr, c.dr, q.data(), rows.data(), dt, scale, ref.data());
+      DeviceBuffer dq = upload(q), dout(ref.size() * 4);
+      std::vector<int32_t> tseq, tpos;
+      for (int t = 0; t < c.T; ++t) {
+        tseq.push_back(0);
+        tpos.push_back(c.P + t);
+      }
+      DeviceBuffer dts = upload(tseq), dtp = upload(tpos);
+      const k3::cuda::MlaPaging pg = cache.paging(1, dts.get<int32_t>(), dtp.get<int32_t>());
+      // Without a workspace: one key range per block; with one: the split-key path and its merge.
+      K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, dq.get<float>(), scale, dout.get<float>(), nullptr, nullptr));
+      const double e = rel_err(download(dout, ref.size()), ref);
+      DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(c.T, c.nh, c.kr)) * 4);
+      K3_CUDA_CHECK(cudaMemset(dout.get(), 0xff, ref.size() * 4));
+      K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, dq.get<float>(), scale, dout.get<float>(), ws.get<float>(),
+                                                nullptr));
+      const double es = rel_err(download(dout, ref.size()), ref);
+      std::printf("[ mla ] %-8s nh=%d kr=%d P=%d T=%d page=%d rel %.2e (split x%d: %.2e)\n", k3::cache_dtype_name(dt), c.nh,
+                  c.kr, c.P, c.T, c.page, e, k3::cuda::mla_attend_splits(c.T, c.nh), es);
+      EXPECT_LT(e, 1e-5) << k3::cache_dtype_name(dt);
+      EXPECT_LT(es, 1e-5) << k3::cache_dtype_name(dt);
     }
-    DeviceBuffer dpages = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
-    k3::cuda::MlaPaging pg{dpages.get<const float* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dts.get<int32_t>(),
-                           dtp.get<int32_t>(), cd};
-    // Without a workspace: one key range per block; with one: the split-key path and its merge.
-    K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, c.kr, c.dr, dq.get<float>(), scale, dout.get<float>(), nullptr,
-                                              nullptr));
-    const double e = rel_err(download(dout, ref.size()), ref);
-    DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(c.T, c.nh, c.kr)) * 4);
-    K3_CUDA_CHECK(cudaMemset(dout.get(), 0xff, ref.size() * 4));
-    K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, c.T, c.nh, c.kr, c.dr, dq.get<float>(), scale, dout.get<float>(),
-                                              ws.get<float>(), nullptr));
-    const double es = rel_err(download(dout, ref.size()), ref);
-    std::printf("[ mla ] nh=%d kr=%d P=%d T=%d page=%d rel %.2e (split x%d: %.2e)\n", c.nh, c.kr, c.P, c.T, c.page, e,
-                k3::cuda::mla_attend_splits(c.T, c.nh), es);
-    EXPECT_LT(e, 1e-5);
-    EXPECT_LT(es, 1e-5);
-  }
 }
 
 // Decode-batch absorption kernels against host loops (real MLA head sizes).
@@ -340,26 +339,28 @@ TEST(CudaDenseTiming, GemvAndLatentAttention) {
           o(static_cast<size_t>(B) * nh * kr * 4);
       K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(cache.get<float>(), static_cast<int64_t>(B) * pages_per_seq * page * cd, -1, 1, 3, nullptr));
       K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(q.get<float>(), static_cast<int64_t>(B) * nh * cd, -0.1f, 0.1f, 4, nullptr));
-      std::vector<const float*> pages;
+      std::vector<uint8_t*> pages;
       std::vector<int32_t> pstart, ptok, tseq, tpos;
+      const std::vector<int64_t> lstride(static_cast<size_t>(B), 0);
       for (int s = 0; s < B; ++s) {
         pstart.push_back(s * pages_per_seq);
         ptok.push_back(page);
         tseq.push_back(s);
         tpos.push_back(L - 1);
         for (int p = 0; p < pages_per_seq; ++p)
-          pages.push_back(cache.get<float>() + (static_cast<size_t>(s) * pages_per_seq + p) * page * cd);
+          pages.push_back(reinterpret_cast<uint8_t*>(cache.get<float>() + (static_cast<size_t>(s) * pages_per_seq + p) * page * cd));
       }
-      DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
-      k3::cuda::MlaPaging pg{dp.get<const float* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dts.get<int32_t>(),
-                             dtp.get<int32_t>(), cd};
+      DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dls = upload(lstride), dts = upload(tseq),
+                   dtp = upload(tpos);
+      const k3::cuda::MlaPaging pg{dp.get<uint8_t* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dls.get<int64_t>(),
+                                   dts.get<int32_t>(), dtp.get<int32_t>(), 0, kr, dr, k3::CacheDType::F32};
       DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(B, nh, kr)) * 4);
       cudaEvent_t a, b;
       cudaEventCreate(&a);
       cudaEventCreate(&b);
       for (int r = -2; r < 10; ++r) {
         if (r == 0) cudaEventRecord(a);
-        K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, kr, dr, q.get<float>(), 0.07f, o.get<float>(), ws.get<float>(), nullptr));
+        K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, q.get<float>(), 0.07f, o.get<float>(), ws.get<float>(), nullptr));
       }
       cudaEventRecord(b);
       cudaEventSynchronize(b);

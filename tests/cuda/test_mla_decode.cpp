@@ -1,13 +1,17 @@
 // Absorbed MLA decode attention (mla_attend_latent): the tensor-core kernel (mla_decode_tc.cu, bf16
-// operands, fp32 softmax / accumulators) and the fp32 SIMT kernel against cpu::mla_attention_latent_rows,
-// on random paged caches: a batch of sequences of mixed lengths (1 .. 9000 keys, tile multiples and not),
-// several page sizes (pages stored in reverse order), two tokens of one sequence, a tok_index subset in a
-// scrambled order, with and without the split-key workspace. Error = max |gpu - cpu| / max |cpu| over the
-// selected tokens; rows the subset leaves out must keep their poison.
-// Tolerances (measured on the H200, docs/perf/cuda.md session 6, in brackets): tensor cores (bf16 q,
-// rows and P: ~2^-9 relative per operand) 1e-2 with a flat softmax (q * 0.2: <= 3.2e-3) and 2.5e-2 with a
-// peaked one (q * 2.0, logits std ~3.5: <= 1.2e-2; a score error d moves p by a factor e^d, and the peaked
-// case has scores ~10x larger); the fp32 SIMT path 1e-5 flat (<= 1.9e-7) and 1e-4 peaked (<= 2.8e-5).
+// operands, fp32 softmax / accumulators) and the fp32 SIMT kernel against cpu::mla_attention_latent_rows_typed
+// over the very stored bytes, for every cache dtype (F32, BF16, FP8_E4M3), on random paged caches in
+// MlaPaging's layout (mla_paged_cache.h: pages of 3 MLA layers, the tested layer 1 between poisoned
+// ones, a page size per sequence): a batch of sequences of mixed lengths (1 .. 9000 keys, tile multiples
+// and not), pages stored in reverse order, two tokens of one sequence, a tok_index subset in a scrambled
+// order, with and without the split-key workspace. Error = max |gpu - cpu| / max |cpu| over the selected
+// tokens; rows the subset leaves out must keep their poison.
+// Tolerances (fp32 rows measured on the H200, docs/perf/cuda.md session 6, in brackets): tensor cores
+// (bf16 q, rows and P: ~2^-9 relative per operand) 1e-2 with a flat softmax (q * 0.2: <= 3.2e-3) and
+// 2.5e-2 with a peaked one (q * 2.0, logits std ~3.5: <= 1.2e-2; a score error d moves p by a factor e^d,
+// and the peaked case has scores ~10x larger); the fp32 SIMT path 1e-5 flat (<= 1.9e-7) and 1e-4 peaked
+// (<= 2.8e-5). The same bars hold for BF16 / FP8 rows: the reference reads the same stored values, so only
+// the kernels' own rounding differs (FP8 on tensor cores: code * scale rounded to bf16 once).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_kernels.h"
+#include "mla_paged_cache.h"
 
 namespace {
 
@@ -43,48 +48,32 @@ std::vector<float> randn(size_t n, uint64_t seed, float scale) {
   return v;
 }
 
+using k3::CacheDType;
+using k3_test::MlaPagedCache;
+using Seq = k3_test::MlaSeqShape;
+constexpr int kLayers = 3, kLayer = 1;  // the tested layer sits between two poisoned ones
+
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& v) {
-  DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T));
-  K3_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return b;
+  return k3_test::mla_upload(v);
 }
 
-struct Seq {
-  int len, page;  // keys in the cache (the decode token's row included), tokens per page
-};
+const char* dtype_name(CacheDType dt) { return k3::cache_dtype_name(dt); }
 
-// A paged cache on the device (and its host copy), the batch tokens and their CPU reference outputs.
+// The batch tokens over a paged cache (layer kLayer filled), their queries and CPU reference outputs.
 struct Batch {
   int nh = 0, N = 0;
-  std::vector<float> host_cache, q, ref;
-  std::vector<int32_t> pstart, ptok, tseq, tpos, index;
-  DeviceBuffer cache, pages, dps, dpt, dts, dtp, didx, dq;
+  std::vector<float> q, ref;
+  std::vector<int32_t> tseq, tpos, index;
+  DeviceBuffer dts, dtp, didx, dq;
   k3::cuda::MlaPaging pg{};
 };
 
 // Tokens: one per sequence at its last position, plus one more of sequence 0 one position earlier.
-void make_batch(Batch& b, int nh, const std::vector<Seq>& seqs, bool subset, float qscale, uint64_t seed) {
+void make_batch(Batch& b, const MlaPagedCache& cache, int nh, const std::vector<Seq>& seqs, bool subset, float qscale,
+                uint64_t seed) {
   b.nh = nh;
-  size_t floats = 0;
-  for (const Seq& s : seqs) floats += static_cast<size_t>((s.len + s.page - 1) / s.page) * s.page * kCd;
-  b.host_cache = randn(floats, seed, 1.0f);
-  b.cache = upload(b.host_cache);
-  std::vector<const float*> dpages;
-  std::vector<std::vector<const float*>> host_rows(seqs.size());
-  size_t off = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
-    const int np = (seqs[s].len + seqs[s].page - 1) / seqs[s].page;
-    b.pstart.push_back(static_cast<int32_t>(dpages.size()));
-    b.ptok.push_back(seqs[s].page);
-    const size_t page_floats = static_cast<size_t>(seqs[s].page) * kCd;
-    for (int p = 0; p < np; ++p) {  // page p lives in slot np - 1 - p: the page table matters
-      const size_t slot = off + static_cast<size_t>(np - 1 - p) * page_floats;
-      dpages.push_back(b.cache.get<float>() + slot);
-      for (int r = 0; r < seqs[s].page && p * seqs[s].page + r < seqs[s].len; ++r)
-        host_rows[s].push_back(b.host_cache.data() + slot + static_cast<size_t>(r) * kCd);
-    }
-    off += np * page_floats;
     b.tseq.push_back(static_cast<int32_t>(s));
     b.tpos.push_back(seqs[s].len - 1);
   }
@@ -96,24 +85,21 @@ void make_batch(Batch& b, int nh, const std::vector<Seq>& seqs, bool subset, flo
   b.q = randn(static_cast<size_t>(b.N) * nh * kCd, seed + 1, qscale);
   b.ref.assign(static_cast<size_t>(b.N) * nh * kKr, 0.f);
   const float scale = 1.0f / std::sqrt(192.0f);
-  for (int t = 0; t < b.N; ++t)
-    k3::cpu::mla_attention_latent_rows(1, b.tpos[t], nh, kKr, kDr, b.q.data() + static_cast<size_t>(t) * nh * kCd,
-                                       host_rows[static_cast<size_t>(b.tseq[t])].data(), scale,
-                                       b.ref.data() + static_cast<size_t>(t) * nh * kKr);
+  for (int t = 0; t < b.N; ++t) {
+    const std::vector<const void*> rows = cache.host_rows(kLayer, b.tseq[static_cast<size_t>(t)]);
+    k3::cpu::mla_attention_latent_rows_typed(1, b.tpos[static_cast<size_t>(t)], nh, kKr, kDr,
+                                             b.q.data() + static_cast<size_t>(t) * nh * kCd, rows.data(), cache.dtype(),
+                                             scale, b.ref.data() + static_cast<size_t>(t) * nh * kKr);
+  }
   if (subset) {  // every other token, last first; token 1 left out
     for (int t = b.N - 1; t >= 0; --t)
       if (t != 1 && (t % 2 == 0 || t == b.N - 1)) b.index.push_back(t);
   }
-  b.pages = upload(dpages);
-  b.dps = upload(b.pstart);
-  b.dpt = upload(b.ptok);
   b.dts = upload(b.tseq);
   b.dtp = upload(b.tpos);
   b.didx = upload(b.index);
   b.dq = upload(b.q);
-  b.pg = k3::cuda::MlaPaging{b.pages.get<const float* const>(), b.dps.get<int32_t>(), b.dpt.get<int32_t>(),
-                             b.dts.get<int32_t>(), b.dtp.get<int32_t>(), kCd,
-                             b.index.empty() ? nullptr : b.didx.get<int32_t>()};
+  b.pg = cache.paging(kLayer, b.dts.get<int32_t>(), b.dtp.get<int32_t>(), b.index.empty() ? nullptr : b.didx.get<int32_t>());
 }
 
 // Runs `attend` over the batch into a NaN-poisoned output; returns the error over the selected tokens,
@@ -158,103 +144,152 @@ TEST(CudaMlaDecode, TensorCoreAndSimtMatchCpu) {
   const std::vector<Seq> seqs = {{9000, 16}, {1, 16}, {33, 64}, {4100, 256}, {32, 5}, {129, 1}, {1000, 64}, {31, 16}, {2, 7}};
   const float scale = 1.0f / std::sqrt(192.0f);
   uint64_t seed = 100;
-  for (const int nh : {8, 16, 32, 96})
-    for (const bool subset : {false, true})
-      for (const float qscale : {0.2f, 2.0f}) {  // flat and peaked softmax
-        Batch b;
-        make_batch(b, nh, seqs, subset, qscale, seed += 7);
-        const int n_sel = b.index.empty() ? b.N : static_cast<int>(b.index.size());
-        DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(n_sel, nh, kKr)) * 4);
-        auto tc = [&](float* ws_or_null) {
-          return [&, ws_or_null](int n, float* out) {
-            return k3::cuda::mla_tc::attend(b.pg, n, nh, b.dq.get<float>(), scale, out, ws_or_null, nullptr);
+  for (const CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3}) {
+    MlaPagedCache cache(dt, kKr, kDr, kLayers, seqs);
+    cache.fill_layer_random(kLayer, seed += 13);
+    const std::vector<int> heads = dt == CacheDType::F32 ? std::vector<int>{8, 16, 32, 96} : std::vector<int>{8, 96};
+    for (const int nh : heads)
+      for (const bool subset : {false, true})
+        for (const float qscale : {0.2f, 2.0f}) {  // flat and peaked softmax
+          Batch b;
+          make_batch(b, cache, nh, seqs, subset, qscale, seed += 7);
+          const int n_sel = b.index.empty() ? b.N : static_cast<int>(b.index.size());
+          DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(n_sel, nh, kKr)) * 4);
+          auto tc = [&](float* ws_or_null) {
+            return [&, ws_or_null](int n, float* out) {
+              return k3::cuda::mla_tc::attend(b.pg, n, nh, b.dq.get<float>(), scale, out, ws_or_null, nullptr);
+            };
           };
-        };
-        const double e_tc = check_run(b, tc(ws.get<float>())), e_tc1 = check_run(b, tc(nullptr));
-        double e_simt = 0;
-        {
-          ForceSimt force;
-          e_simt = check_run(b, [&](int n, float* out) {
-            return k3::cuda::mla_attend_latent(b.pg, n, nh, kKr, kDr, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+          const double e_tc = check_run(b, tc(ws.get<float>())), e_tc1 = check_run(b, tc(nullptr));
+          double e_simt = 0;
+          {
+            ForceSimt force;
+            e_simt = check_run(b, [&](int n, float* out) {
+              return k3::cuda::mla_attend_latent(b.pg, n, nh, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+            });
+          }
+          // The default path: tensor cores from 16 heads.
+          const bool uses_tc = k3::cuda::mla_attend_uses_tensor_cores(nh, kKr, kDr);
+          EXPECT_EQ(uses_tc, nh >= 16);
+          const double e_default = check_run(b, [&](int n, float* out) {
+            return k3::cuda::mla_attend_latent(b.pg, n, nh, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
           });
+          std::printf("[ mla ] decode %-8s nh=%2d tokens %d%s q*%.1f: tensor cores rel %.2e (split x%d) / %.2e (no split); "
+                      "simt %.2e; default (%s) %.2e\n",
+                      dtype_name(dt), nh, n_sel, subset ? " (tok_index subset)" : "", qscale, e_tc,
+                      k3::cuda::mla_tc::splits(n_sel, nh, dt), e_tc1, e_simt, uses_tc ? "tc" : "simt", e_default);
+          const bool peaked = qscale > 1.f;
+          const double tol_tc = peaked ? 2.5e-2 : 1e-2, tol_simt = peaked ? 1e-4 : 1e-5;
+          EXPECT_LT(e_tc, tol_tc) << dtype_name(dt);
+          EXPECT_LT(e_tc1, tol_tc) << dtype_name(dt);
+          EXPECT_LT(e_simt, tol_simt) << dtype_name(dt);
+          EXPECT_LT(e_default, uses_tc ? tol_tc : tol_simt) << dtype_name(dt);
         }
-        // The default path: tensor cores from 16 heads.
-        const bool uses_tc = k3::cuda::mla_attend_uses_tensor_cores(nh, kKr, kDr, kCd);
-        EXPECT_EQ(uses_tc, nh >= 16);
-        const double e_default = check_run(b, [&](int n, float* out) {
-          return k3::cuda::mla_attend_latent(b.pg, n, nh, kKr, kDr, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
-        });
-        std::printf("[ mla ] decode nh=%2d tokens %d%s q*%.1f: tensor cores rel %.2e (split x%d) / %.2e (no split); "
-                    "simt %.2e; default (%s) %.2e\n",
-                    nh, n_sel, subset ? " (tok_index subset)" : "", qscale, e_tc, k3::cuda::mla_tc::splits(n_sel, nh), e_tc1,
-                    e_simt, uses_tc ? "tc" : "simt", e_default);
-        const bool peaked = qscale > 1.f;
-        const double tol_tc = peaked ? 2.5e-2 : 1e-2, tol_simt = peaked ? 1e-4 : 1e-5;
-        EXPECT_LT(e_tc, tol_tc);
-        EXPECT_LT(e_tc1, tol_tc);
-        EXPECT_LT(e_simt, tol_simt);
-        EXPECT_LT(e_default, uses_tc ? tol_tc : tol_simt);
-      }
+  }
 }
 
 // The tensor-core path must also be right at batch sizes where the split rule picks few or no splits,
-// and for a context of exactly one tile and one row.
+// and for a context of exactly one tile and one row, for every dtype.
 TEST(CudaMlaDecode, TensorCoreLargeBatchShortContexts) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::vector<Seq> seqs;
   std::mt19937 rng(3);
-  for (int i = 0; i < 300; ++i) seqs.push_back({1 + static_cast<int>(rng() % 200), 16 << (i % 3)});
+  for (int i = 0; i < 300; ++i) seqs.push_back({1 + static_cast<int>(rng() % 200), (16 << (i % 3)) + (i % 2)});
   seqs[1] = {32, 16};
   seqs[2] = {1, 16};
-  Batch b;
-  make_batch(b, 32, seqs, false, 1.0f, 77);
   const float scale = 1.0f / std::sqrt(192.0f);
-  DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 32, kKr)) * 4);
-  const double e = check_run(b, [&](int n, float* out) {
-    return k3::cuda::mla_tc::attend(b.pg, n, 32, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
-  });
-  std::printf("[ mla ] decode nh=32 tokens %d (contexts 1..200): tensor cores rel %.2e (split x%d)\n", b.N, e,
-              k3::cuda::mla_tc::splits(b.N, 32));
-  EXPECT_LT(e, 1e-2);
+  for (const CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3}) {
+    MlaPagedCache cache(dt, kKr, kDr, kLayers, seqs);
+    cache.fill_layer_random(kLayer, 70);
+    Batch b;
+    make_batch(b, cache, 32, seqs, false, 1.0f, 77);
+    DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 32, kKr)) * 4);
+    const double e = check_run(b, [&](int n, float* out) {
+      return k3::cuda::mla_tc::attend(b.pg, n, 32, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+    });
+    std::printf("[ mla ] decode %-8s nh=32 tokens %d (contexts 1..200): tensor cores rel %.2e (split x%d)\n",
+                dtype_name(dt), b.N, e, k3::cuda::mla_tc::splits(b.N, 32, dt));
+    EXPECT_LT(e, 1e-2) << dtype_name(dt);
+  }
 }
 
-// Kernel time of both paths at batch 1/8/64/256 x context 1k/8k/32k, nh 32 and 96 (prints only).
-// Bytes = the latent rows each sequence reads once (fp32, 2304 B per key); enough page-table copies
-// rotate that each call reads its rows from HBM, not L2.
+// Bad shapes are refused before any launch.
+TEST(CudaMlaDecode, RejectsBadShapes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  k3::cuda::MlaPaging pg{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 510, 64, CacheDType::BF16};
+  EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 1, 8, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  pg.kr = 1024;  // more than the SIMT kernel's 512
+  EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 1, 8, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  pg.kr = 512;
+  pg.layer = -1;
+  EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 1, 8, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  pg.layer = 0;
+  pg.dtype = static_cast<CacheDType>(7);
+  EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 1, 32, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 0, 32, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// Kernel time of both paths at batch 1/8/64/256 x context 1k/8k/32k, nh 32 and 96, per cache dtype
+// (prints only). Bytes = the latent rows each sequence reads once (row_bytes per key: 2304 / 1152 / 644);
+// enough page-table copies rotate that each call reads its rows from HBM, not L2. Pages of one layer.
+// K3_MLA_TIMING_ONLY="nh,L,B" times one shape (for a profiler run), K3_MLA_TIMING_DTYPE=float32|bfloat16|
+// fp8_e4m3 one dtype.
 TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int page = 64;
-  // K3_MLA_TIMING_ONLY="nh,L,B" times one shape (for a profiler run).
   int only[3] = {0, 0, 0};
   if (const char* e = std::getenv("K3_MLA_TIMING_ONLY")) std::sscanf(e, "%d,%d,%d", &only[0], &only[1], &only[2]);
+  const char* only_dt = std::getenv("K3_MLA_TIMING_DTYPE");
+  for (const CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3})
   for (const int nh : {32, 96})
     for (const int L : {1024, 8192, 32768})
       for (const int B : {1, 8, 64, 256}) {
+        if (only_dt && std::strcmp(only_dt, dtype_name(dt)) != 0) continue;
         if (only[0] && (nh != only[0] || L != only[1] || B != only[2])) continue;
         const int pps = L / page;
-        const size_t rows_bytes = static_cast<size_t>(B) * L * kCd * 4;
+        const int64_t rb = k3::mla_row_bytes(dt, kKr, kDr), page_bytes = (page * rb + 15) / 16 * 16;
+        const size_t rows_bytes = static_cast<size_t>(B) * L * rb;
         const int copies = static_cast<int>(std::max<size_t>(1, (size_t{512} << 20) / rows_bytes + 1));
         const size_t set_pages = static_cast<size_t>(B) * pps, region_pages = set_pages * copies;
-        DeviceBuffer cache(region_pages * page * kCd * 4), q(static_cast<size_t>(B) * nh * kCd * 4),
+        DeviceBuffer cache(region_pages * page_bytes), q(static_cast<size_t>(B) * nh * kCd * 4),
             o(static_cast<size_t>(B) * nh * kKr * 4);
-        K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(cache.get<float>(), static_cast<int64_t>(region_pages) * page * kCd, -1, 1, 3,
-                                                 nullptr));
         K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(q.get<float>(), static_cast<int64_t>(B) * nh * kCd, -0.1f, 0.1f, 4, nullptr));
-        // Disjoint copies of the rows (>= 512 MB in all): consecutive calls never find theirs in L2.
-        std::vector<const float*> pages;
-        for (size_t p = 0; p < region_pages; ++p) pages.push_back(cache.get<float>() + p * page * kCd);
-        std::vector<int32_t> pstart, ptok(static_cast<size_t>(B), page), tseq, tpos(static_cast<size_t>(B), L - 1);
-        for (int s = 0; s < B; ++s) {
-          pstart.push_back(s * pps);
-          tseq.push_back(s);
+        // Disjoint copies of the rows (>= 512 MB in all): consecutive calls never find theirs in L2. Each
+        // copy of each sequence is a sequence of its own for the writer.
+        std::vector<uint8_t*> pages;
+        for (size_t p = 0; p < region_pages; ++p) pages.push_back(cache.get<uint8_t>() + p * page_bytes);
+        const int n_all = B * copies;
+        std::vector<int32_t> pstart, ptok(static_cast<size_t>(n_all), page), tseq, tpos(static_cast<size_t>(B), L - 1);
+        std::vector<int64_t> lstride(static_cast<size_t>(n_all), 0);
+        for (int s = 0; s < n_all; ++s) pstart.push_back(s * pps);
+        for (int s = 0; s < B; ++s) tseq.push_back(s);
+        DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dls = upload(lstride),
+                     dts = upload(tseq), dtp = upload(tpos);
+        {  // Rows from uniform latents, written by mla_write_rows in chunks of 64k tokens.
+          const int chunk = 65536;
+          DeviceBuffer lat(static_cast<size_t>(chunk) * kCd * 4);
+          K3_CUDA_CHECK(k3::cuda::fill_uniform_f32(lat.get<float>(), int64_t{chunk} * kCd, -1, 1, 3, nullptr));
+          std::vector<int32_t> wseq, wpos;
+          for (int s = 0; s < n_all; ++s)
+            for (int p = 0; p < L; ++p) {
+              wseq.push_back(s);
+              wpos.push_back(p);
+            }
+          DeviceBuffer dws = upload(wseq), dwp = upload(wpos);
+          for (size_t t0 = 0; t0 < wseq.size(); t0 += chunk) {
+            const k3::cuda::MlaPaging wpg{dp.get<uint8_t* const>(), dps.get<int32_t>(), dpt.get<int32_t>(), dls.get<int64_t>(),
+                                          dws.get<int32_t>() + t0, dwp.get<int32_t>() + t0, 0, kKr, kDr, dt};
+            K3_CUDA_CHECK(k3::cuda::mla_write_rows(wpg, static_cast<int>(std::min<size_t>(chunk, wseq.size() - t0)),
+                                                   lat.get<float>(), nullptr));
+          }
+          K3_CUDA_CHECK(cudaDeviceSynchronize());
         }
-        DeviceBuffer dp = upload(pages), dps = upload(pstart), dpt = upload(ptok), dts = upload(tseq), dtp = upload(tpos);
         DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(B, nh, kKr)) * 4);
         auto launch = [&](int r) {
-          k3::cuda::MlaPaging pg{dp.get<const float* const>() + static_cast<size_t>(r % copies) * set_pages, dps.get<int32_t>(),
-                                 dpt.get<int32_t>(), dts.get<int32_t>(), dtp.get<int32_t>(), kCd};
-          K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, kKr, kDr, q.get<float>(), 0.07f, o.get<float>(), ws.get<float>(),
-                                                    nullptr));
+          const k3::cuda::MlaPaging pg{dp.get<uint8_t* const>(), dps.get<int32_t>() + static_cast<size_t>(r % copies) * B,
+                                       dpt.get<int32_t>(), dls.get<int64_t>(), dts.get<int32_t>(), dtp.get<int32_t>(),
+                                       0, kKr, kDr, dt};
+          K3_CUDA_CHECK(k3::cuda::mla_attend_latent(pg, B, nh, q.get<float>(), 0.07f, o.get<float>(), ws.get<float>(), nullptr));
         };
         // Two warm-up calls, one to size the run (~100 ms), then back-to-back calls between two events.
         auto time_path = [&](const char* path) {
@@ -284,10 +319,10 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
         };
         const double us_simt = time_path("simt"), us_tc = time_path("tc");
         const double flop = 2.0 * B * L * nh * (kCd + kKr);
-        std::printf("[ timing ] mla decode nh=%2d L=%5d batch %3d: simt %9.1f us %6.0f GB/s | tc %8.1f us %6.0f GB/s "
+        std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us %6.0f GB/s | tc %8.1f us %6.0f GB/s "
                     "%5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) | %.1fx\n",
-                    nh, L, B, us_simt, rows_bytes / us_simt / 1e3, us_tc, rows_bytes / us_tc / 1e3, flop / us_tc / 1e6,
-                    rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh), us_simt / us_tc);
+                    dtype_name(dt), nh, L, B, us_simt, rows_bytes / us_simt / 1e3, us_tc, rows_bytes / us_tc / 1e3,
+                    flop / us_tc / 1e6, rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh, dt), us_simt / us_tc);
       }
 }
 

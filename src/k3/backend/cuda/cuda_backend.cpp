@@ -24,10 +24,13 @@ Tensor CudaBackend::logits() const {
   return Tensor::f32(logits_d_.get<float>(), n_logits_, cfg_.vocab_size);
 }
 
+// Interim (until the cache hands out one layer-major page table): a page table per layer and
+// layer_stride 0, fp32 rows.
 MlaPaging CudaBackend::paging(int64_t layer) const {
-  return MlaPaging{staged<const float* const>(sd_.pages[static_cast<size_t>(layer)]), staged<const int32_t>(sd_.page_start),
-                   staged<const int32_t>(sd_.page_tokens), staged<const int32_t>(sd_.tok_seq),
-                   staged<const int32_t>(sd_.tok_pos), static_cast<int>(cfg_.mla_cache_dim())};
+  return MlaPaging{staged<uint8_t* const>(sd_.pages[static_cast<size_t>(layer)]), staged<const int32_t>(sd_.page_start),
+                   staged<const int32_t>(sd_.page_tokens), staged<const int64_t>(sd_.layer_stride),
+                   staged<const int32_t>(sd_.tok_seq), staged<const int32_t>(sd_.tok_pos), static_cast<int>(layer),
+                   static_cast<int>(cfg_.kv_lora_rank), static_cast<int>(cfg_.qk_rope_dim), CacheDType::F32};
 }
 
 // MLA page tables (one pointer per page per layer; the same page count for every layer). Each sequence's
@@ -63,6 +66,7 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
   }
   sd_.page_start = st_.put(page_start);
   sd_.page_tokens = st_.put(page_tokens);
+  sd_.layer_stride = st_.put(std::vector<int64_t>(static_cast<size_t>(S), 0));
   page_stride_ = stride;
   // Tokens of decode-form sequences (absorbed MLA); prefill-form sequences take the MHA form.
   std::vector<int32_t> dec_tokens;

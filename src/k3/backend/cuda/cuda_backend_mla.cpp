@@ -39,8 +39,8 @@ void CudaBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& d, Tens
   prof_.begin("mla attn", stream_);
   MlaPaging pg = paging(layer);
   pg.tok_index = sd_.n_dec_tokens == ql.rows ? nullptr : staged<const int32_t>(sd_.dec_tokens);
-  K3_CUDA_CHECK(cuda::mla_attend_latent(pg, sd_.n_dec_tokens, static_cast<int>(d.heads), static_cast<int>(d.rank),
-                                        static_cast<int>(d.rope), ql.f(), scale, ol.f(), mla_ws_.get<float>(), stream_));
+  K3_CUDA_CHECK(cuda::mla_attend_latent(pg, sd_.n_dec_tokens, static_cast<int>(d.heads), ql.f(), scale, ol.f(),
+                                        mla_ws_.get<float>(), stream_));
   prof_.end(stream_);
 }
 

@@ -3,17 +3,12 @@
 #include "k3/backend/cuda/mla_cache_rows.h"
 
 #include "k3/backend/cuda/cache_dtype.cuh"
+#include "k3/backend/cuda/mla_paging.cuh"
 
 namespace k3::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-
-__device__ __forceinline__ uint8_t* row_at(const MlaRowPaging& pg, int seq, int pos) {
-  const int pt = pg.page_tokens[seq];
-  return pg.pages[pg.page_start[seq] + pos / pt] +
-         static_cast<int64_t>(pos % pt) * mla_row_bytes(pg.dtype, pg.kr, pg.dr);
-}
 
 __device__ float block_max(float v) {
   __shared__ float red[kThreads / 32];
@@ -26,10 +21,10 @@ __device__ float block_max(float v) {
 }
 
 template <CacheDType DT>
-__global__ void __launch_bounds__(kThreads) write_rows_kernel(MlaRowPaging pg, const float* __restrict__ lat) {
+__global__ void __launch_bounds__(kThreads) write_rows_kernel(MlaPaging pg, const float* __restrict__ lat) {
   const int t = blockIdx.x, kr = pg.kr, dr = pg.dr, dc = kr + dr;
   const float* x = lat + static_cast<int64_t>(t) * dc;
-  uint8_t* row = row_at(pg, pg.tok_seq[t], pg.tok_pos[t]);
+  uint8_t* row = mla_seq_rows(pg, pg.tok_seq[t]).row(pg.tok_pos[t]);
   if constexpr (DT == CacheDType::F32) {
     for (int i = threadIdx.x; i < dc; i += kThreads) reinterpret_cast<float*>(row)[i] = x[i];
   } else if constexpr (DT == CacheDType::BF16) {
@@ -47,13 +42,13 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(MlaRowPaging pg, c
   }
 }
 
-// Four values per thread through cache_dtype.cuh's row loader (what the attention kernels will use), so
+// Four values per thread through cache_dtype.cuh's row loader (what the SIMT attention kernel uses), so
 // the gather test checks the loader too. The fp8 scale multiplies the c_kv values (1 for the other dtypes:
 // exact).
 template <CacheDType DT>
-__global__ void __launch_bounds__(kThreads) gather_kernel(MlaRowPaging pg, int seq, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads) gather_kernel(MlaPaging pg, int seq, float* __restrict__ out) {
   const int s = blockIdx.x, kr = pg.kr, dr = pg.dr, dc = kr + dr;
-  const uint8_t* row = row_at(pg, seq, s);
+  const uint8_t* row = mla_seq_rows(pg, seq).row(s);
   const float scale = mla_row_ckv_scale<DT>(row, kr, dr);
   float* o = out + static_cast<int64_t>(s) * dc;
   for (int i = 4 * threadIdx.x; i < dc; i += 4 * kThreads) {
@@ -71,15 +66,10 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(MlaRowPaging pg, int s
   }
 }
 
-bool shape_ok(const MlaRowPaging& pg) {
-  return pg.kr > 0 && pg.dr >= 0 && pg.kr % 4 == 0 && pg.dr % 4 == 0 &&
-         (pg.dtype == CacheDType::F32 || pg.dtype == CacheDType::BF16 || pg.dtype == CacheDType::FP8_E4M3);
-}
-
 }  // namespace
 
-cudaError_t mla_write_rows_typed(const MlaRowPaging& pg, int N, const float* lat, cudaStream_t s) {
-  if (!shape_ok(pg) || N < 0) return cudaErrorInvalidValue;
+cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStream_t s) {
+  if (!mla_paging_shape_ok(pg) || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   switch (pg.dtype) {
     case CacheDType::F32: write_rows_kernel<CacheDType::F32><<<N, kThreads, 0, s>>>(pg, lat); break;
@@ -89,8 +79,8 @@ cudaError_t mla_write_rows_typed(const MlaRowPaging& pg, int N, const float* lat
   return cudaGetLastError();
 }
 
-cudaError_t mla_gather_latents_typed(const MlaRowPaging& pg, int seq, int S, float* out, cudaStream_t s) {
-  if (!shape_ok(pg) || S < 0 || seq < 0) return cudaErrorInvalidValue;
+cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, cudaStream_t s) {
+  if (!mla_paging_shape_ok(pg) || S < 0 || seq < 0) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
   switch (pg.dtype) {
     case CacheDType::F32: gather_kernel<CacheDType::F32><<<S, kThreads, 0, s>>>(pg, seq, out); break;

@@ -8,8 +8,8 @@
 // 32 keys: the four quarters' partial scores meet in shared memory and every warp of the head tile sums
 // them into the same full scores (same order: identical softmax in the four warps). For O the warp owns
 // dims [128 qq, 128 qq + 128) of its 16 heads (64 fp32 accumulators per thread). Online softmax in
-// base 2 in fp32. Rows arrive by cp.async in a 2-stage ring of staging tiles in the stored type
-// (RowLoader), so tiles k+1 and k+2 are in flight while tile k, converted to bf16, is multiplied: with
+// base 2 in fp32. Rows arrive by cp.async in a 2-stage ring of staging tiles in the stored cache dtype
+// (RowLoader<DT>: F32, BF16, FP8_E4M3 rows, converted to bf16 per tile), so tiles k+1 and k+2 are in flight while tile k, converted to bf16, is multiplied: with
 // one block per SM (205 KB of shared memory) that is what keeps enough bytes in flight (v1 held one tile
 // in registers and was latency-bound: docs/perf/cuda.md, session 6). Key splits as in the SIMT kernel (flash-decoding),
 // merged by mla_detail::merge_splits.
@@ -32,9 +32,9 @@ constexpr int kSPad = kKeys + 8;          // fp32 score row stride: float2 reads
 constexpr int kTileBytes = kKeys * kRowPad * 2;
 constexpr int kSPartBytes = sizeof(float) * kQuarters * kHeadsPerBlock * kSPad;
 // Shared memory: 2 staging stages of the stored rows, one bf16 tile, the partial scores.
-template <class Row>
+template <CacheDType DT>
 constexpr size_t smem_bytes() {
-  return 2 * static_cast<size_t>(RowLoader<Row>::kStageBytes) + kTileBytes + kSPartBytes;
+  return 2 * static_cast<size_t>(RowLoader<DT>::kStageBytes) + kTileBytes + kSPartBytes;
 }
 static_assert(kKeys == 32, "RowLoader resolves one key per lane");
 static_assert(kThreads == 2 * kQuarters * 32, "8 warps: 2 head tiles x 4 quarters");
@@ -76,18 +76,19 @@ __device__ __forceinline__ void load_q(const float* q0, const float* q1, int qq,
   }
 }
 
-template <class Row>
+template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_tc_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                      float* __restrict__ o_lat, float* __restrict__ ws) {
   extern __shared__ __align__(16) unsigned char smem[];
-  using Loader = RowLoader<Row>;
+  using Loader = RowLoader<DT>;
   auto* kv = reinterpret_cast<__nv_bfloat16*>(smem + 2 * Loader::kStageBytes);        // [kKeys][kRowPad]
   auto* spart = reinterpret_cast<float*>(smem + 2 * Loader::kStageBytes + kTileBytes);  // [kQuarters][32 heads][kSPad]
-  auto stage_of = [&](int i) { return reinterpret_cast<Row*>(smem + (i & 1) * Loader::kStageBytes); };  // [2] stages
+  auto stage_of = [&](int i) { return smem + (i & 1) * Loader::kStageBytes; };  // [2] stages
   const int ti = blockIdx.y, sp = blockIdx.z;
   const int t = pg.tok_index ? pg.tok_index[ti] : ti;
   const int seq = pg.tok_seq[t], len = pg.tok_pos[t] + 1;
+  const MlaSeqRows rows_of = mla_seq_rows(pg, seq);
   const int chunk = mla_detail::split_chunk(len, ns, kMinSplitKeys, kKeys);
   const int k0 = sp * chunk;
   if (k0 >= len) return;  // an unused split: the merge does not read it
@@ -99,9 +100,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Two tiles in flight from the start; one cp.async group per tile (empty past the end) keeps the
   // group count uniform for wait_group.
-  Loader::issue(stage_of(0), pg, seq, k0, k1);
+  Loader::issue(stage_of(0), rows_of, k0, k1);
   cp_async_commit();
-  if (k0 + kKeys < k1) Loader::issue(stage_of(1), pg, seq, k0 + kKeys, k1);
+  if (k0 + kKeys < k1) Loader::issue(stage_of(1), rows_of, k0 + kKeys, k1);
   cp_async_commit();
   uint32_t qa[kSteps][4];
   load_q(head0 < nh ? q_lat + (static_cast<int64_t>(t) * nh + head0) * kCd : nullptr,
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Tile `it` sits in stage it & 1: convert this thread's chunks, then refill the stage with tile it + 2.
     cp_async_wait<1>();
     Loader::convert(stage_of(it), kv);
-    if (base + 2 * kKeys < k1) Loader::issue(stage_of(it), pg, seq, base + 2 * kKeys, k1);
+    if (base + 2 * kKeys < k1) Loader::issue(stage_of(it), rows_of, base + 2 * kKeys, k1);
     cp_async_commit();
     __syncthreads();  // the bf16 tile is complete
     const uint32_t tile = kv_addr;
@@ -266,7 +267,8 @@ struct Occupancy {
   cudaError_t err = cudaSuccess;
 };
 
-// Raises the kernel's shared-memory limit and reads the resident blocks per SM, once per process.
+// Raises the kernel's shared-memory limit and reads the resident blocks per SM, once per process and dtype.
+template <CacheDType DT>
 const Occupancy& occupancy() {
   static const Occupancy occ = [] {
     Occupancy r;
@@ -274,23 +276,39 @@ const Occupancy& occupancy() {
     r.err = cudaGetDevice(&dev);
     if (r.err == cudaSuccess) r.err = cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
     if (r.err == cudaSuccess)
-      r.err = cudaFuncSetAttribute(attend_tc_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem_bytes<float>()));
+      r.err = cudaFuncSetAttribute(attend_tc_kernel<DT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem_bytes<DT>()));
     if (r.err == cudaSuccess)
-      r.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, attend_tc_kernel<float>, kThreads,
-                                                             smem_bytes<float>());
+      r.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks_per_sm, attend_tc_kernel<DT>, kThreads,
+                                                             smem_bytes<DT>());
     r.blocks_per_sm = std::max(1, r.blocks_per_sm);
     return r;
   }();
   return occ;
 }
 
+const Occupancy& occupancy_of(CacheDType dtype) {
+  switch (dtype) {
+    case CacheDType::BF16: return occupancy<CacheDType::BF16>();
+    case CacheDType::FP8_E4M3: return occupancy<CacheDType::FP8_E4M3>();
+    default: return occupancy<CacheDType::F32>();
+  }
+}
+
+template <CacheDType DT>
+void launch(const MlaPaging& pg, int N, int nh, int ns, const float* q_lat, float scale, float* o_lat, float* ws,
+            cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
+                  static_cast<unsigned>(ns));
+  attend_tc_kernel<DT><<<grid, kThreads, smem_bytes<DT>(), s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
+}
+
 }  // namespace
 
-bool supports(int kr, int dr, int row_dim) { return kr == kKr && kr + dr == kCd && row_dim == kCd; }
+bool supports(int kr, int dr) { return kr == kKr && kr + dr == kCd; }
 
-int splits(int N, int nh) {
-  const Occupancy& occ = occupancy();
+int splits(int N, int nh, CacheDType dtype) {
+  const Occupancy& occ = occupancy_of(dtype);
   const int slots = occ.sms * occ.blocks_per_sm;
   const int64_t per = static_cast<int64_t>(N) * ((nh + kHeadsPerBlock - 1) / kHeadsPerBlock);
   // Time in units of one whole-range block: waves(ns) / ns. Take the fewest splits within 5% of the
@@ -310,18 +328,23 @@ int splits(int N, int nh) {
 }
 
 size_t workspace_floats(int N, int nh, int kr) {
-  const int ns = splits(N, nh);
+  int ns = 1;
+  for (CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3}) ns = std::max(ns, splits(N, nh, dt));
   return ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
 }
 
 cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat, float* ws,
                    cudaStream_t s) {
-  const Occupancy& occ = occupancy();
+  if (!supports(pg.kr, pg.dr)) return cudaErrorInvalidValue;
+  const Occupancy& occ = occupancy_of(pg.dtype);
   if (occ.err != cudaSuccess) return occ.err;
-  const int ns = ws ? splits(N, nh) : 1;
-  const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
-                  static_cast<unsigned>(ns));
-  attend_tc_kernel<float><<<grid, kThreads, smem_bytes<float>(), s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
+  const int ns = ws ? splits(N, nh, pg.dtype) : 1;
+  switch (pg.dtype) {
+    case CacheDType::F32: launch<CacheDType::F32>(pg, N, nh, ns, q_lat, scale, o_lat, ws, s); break;
+    case CacheDType::BF16: launch<CacheDType::BF16>(pg, N, nh, ns, q_lat, scale, o_lat, ws, s); break;
+    case CacheDType::FP8_E4M3: launch<CacheDType::FP8_E4M3>(pg, N, nh, ns, q_lat, scale, o_lat, ws, s); break;
+    default: return cudaErrorInvalidValue;
+  }
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kKr, ns, kMinSplitKeys, kKeys, ws, o_lat, s);
   return cudaGetLastError();
 }

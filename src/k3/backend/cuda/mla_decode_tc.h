@@ -1,5 +1,6 @@
 // Tensor-core absorbed MLA decode (used by mla_attend_latent in mla_kernels.cu; not a public entry point).
-// Shapes: kv_lora_rank 512, rope 64 (row 576 values) only; bf16 operands, fp32 softmax and accumulators.
+// Shapes: kv_lora_rank 512, rope 64 (row 576 values) only; rows of every cache dtype (mla_row_loader.cuh);
+// bf16 operands, fp32 softmax and accumulators.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,10 +17,12 @@ constexpr int kHeadsPerBlock = 32;
 // nh x splits x 2 KB; below ~nh keys per split that would outweigh the rows themselves).
 constexpr int kMinSplitKeys = 128;
 
-bool supports(int kr, int dr, int row_dim);
-// Key splits for N tokens of nh heads: the fewest that keep the 132 SMs' waves within 5% of even,
-// at most 132 and at most 528 blocks in all. Depends on N and nh only (CUDA graphs).
-int splits(int N, int nh);
+bool supports(int kr, int dr);
+// Key splits for N tokens of nh heads over rows of `dtype`: the fewest that keep the SMs' waves (at the
+// kernel's resident blocks per SM for that dtype) within 5% of even, at most one per SM and at most 4
+// blocks per resident slot in all. Depends on N, nh and dtype only (CUDA graphs).
+int splits(int N, int nh, CacheDType dtype);
+// The largest split workspace over the dtypes.
 size_t workspace_floats(int N, int nh, int kr);
 cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat, float* ws,
                    cudaStream_t s);

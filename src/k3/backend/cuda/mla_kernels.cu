@@ -2,7 +2,8 @@
 //
 // mla_attend_latent: one block of 8 warps per (token, group of 8 heads, key split). The 8 queries
 // (kr+dr floats each) sit in shared memory; tiles of 8 latent rows are staged in shared memory by all
-// threads, so each row is read from memory once per 8 heads (the latent is shared by all heads, MQA-like).
+// threads as fp32 (each stored row decoded by cache_dtype.cuh's loader, FP8 c_kv times the row's scale),
+// so each row is read from memory once per 8 heads (the latent is shared by all heads, MQA-like).
 // Warp w owns head 8g+w: per key a warp-wide dot product, an online softmax (max, sum) and an accumulator
 // of kr values spread over the lanes (lane l holds dims l, l+32, ...: at most 16 for kr = 512). With several
 // key splits each block writes (max, sum, acc) to the workspace and a merge kernel combines them in split
@@ -13,23 +14,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/mla_decode_tc.h"
+#include "k3/backend/cuda/mla_paging.cuh"
 
 namespace k3::cuda {
 namespace {
 
 constexpr int kMaxKrPerLane = 16;  // kr <= 512
-
-__device__ __forceinline__ const float* row_ptr(const MlaPaging& pg, int seq, int pos) {
-  const int pt = pg.page_tokens[seq];
-  return pg.pages[pg.page_start[seq] + pos / pt] + static_cast<int64_t>(pos % pt) * pg.row_dim;
-}
-
-__global__ void write_rows_kernel(MlaPaging pg, const float* __restrict__ lat) {
-  const int t = blockIdx.x;
-  float* dst = const_cast<float*>(row_ptr(pg, pg.tok_seq[t], pg.tok_pos[t]));
-  for (int i = threadIdx.x; i < pg.row_dim; i += blockDim.x) dst[i] = lat[static_cast<int64_t>(t) * pg.row_dim + i];
-}
 
 __global__ void copy_qpe_kernel(const float* __restrict__ q, int nh, int dn, int dr, int kr, float* __restrict__ ql) {
   const int t = blockIdx.x;
@@ -42,11 +34,32 @@ __global__ void copy_qpe_kernel(const float* __restrict__ q, int nh, int dn, int
 constexpr int kHeadsPerBlock = 8;
 constexpr int kKeyTile = 8;
 
+// Rows base .. base + nk - 1 of `rows_of` -> rows [nk][cd] fp32, four values per thread and step.
+template <CacheDType DT>
+__device__ __forceinline__ void stage_rows(const MlaSeqRows& rows_of, int base, int nk, int kr, int dr,
+                                           float* __restrict__ rows) {
+  const int cd = kr + dr, cd4 = cd / 4;
+  for (int i = threadIdx.x; i < nk * cd4; i += blockDim.x) {
+    const int r = i / cd4, c = 4 * (i % cd4);
+    const uint8_t* row = rows_of.row(base + r);
+    float4 v = mla_row_load4<DT>(row, kr, c);
+    if (DT == CacheDType::FP8_E4M3 && c < kr) {
+      const float sc = mla_row_ckv_scale<DT>(row, kr, dr);
+      v.x *= sc;
+      v.y *= sc;
+      v.z *= sc;
+      v.w *= sc;
+    }
+    *reinterpret_cast<float4*>(rows + r * cd + c) = v;
+  }
+}
+
+template <CacheDType DT>
 __global__ void __launch_bounds__(kHeadsPerBlock * 32)
-    attend_split_kernel(MlaPaging pg, int nh, int kr, int dr, const float* __restrict__ q_lat, float scale, int nsplit,
+    attend_split_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale, int nsplit,
                         float* __restrict__ o_lat, float* __restrict__ ws) {
   extern __shared__ float sm[];
-  const int cd = kr + dr;
+  const int kr = pg.kr, dr = pg.dr, cd = kr + dr;
   float* qs = sm;                              // [8][cd]
   float* rows = sm + kHeadsPerBlock * cd;      // [kKeyTile][cd]
   const int ti = blockIdx.x;
@@ -59,6 +72,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32)
     qs[i] = hh < nh ? q_lat[(static_cast<int64_t>(t) * nh + hh) * cd + i % cd] : 0.f;
   }
   const int seq = pg.tok_seq[t], len = pg.tok_pos[t] + 1;
+  const MlaSeqRows rows_of = mla_seq_rows(pg, seq);
   const int chunk = (len + nsplit - 1) / nsplit;
   const int k0 = sp * chunk, k1 = min(len, k0 + chunk);
   float m = -INFINITY, l = 0.f;
@@ -69,7 +83,7 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32)
   for (int base = k0; base < k1; base += kKeyTile) {
     const int nk = min(kKeyTile, k1 - base);
     __syncthreads();  // the previous tile (and, the first time, qs) is complete / no longer read
-    for (int i = threadIdx.x; i < nk * cd; i += blockDim.x) rows[i] = row_ptr(pg, seq, base + i / cd)[i % cd];
+    stage_rows<DT>(rows_of, base, nk, kr, dr, rows);
     __syncthreads();
     if (h < nh) {
       for (int j = 0; j < nk; ++j) {
@@ -209,12 +223,6 @@ __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restric
   }
 }
 
-__global__ void gather_latents_kernel(MlaPaging pg, int seq, float* __restrict__ out) {
-  const int s = blockIdx.x;
-  const float* src = row_ptr(pg, seq, s);
-  for (int i = threadIdx.x; i < pg.row_dim; i += blockDim.x) out[static_cast<int64_t>(s) * pg.row_dim + i] = src[i];
-}
-
 // One block per (head, query) row.
 __global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S, int first_pos) {
   __shared__ float red[32];
@@ -247,21 +255,9 @@ __global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S,
 
 }  // namespace
 
-cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, cudaStream_t s) {
-  if (S <= 0) return cudaSuccess;
-  gather_latents_kernel<<<S, 128, 0, s>>>(pg, seq, out);
-  return cudaGetLastError();
-}
-
 cudaError_t mla_causal_softmax(float* scores, int nh, int Tq, int S, int first_pos, cudaStream_t s) {
   if (nh <= 0 || Tq <= 0 || S <= 0) return cudaSuccess;
   causal_softmax_kernel<<<static_cast<unsigned>(nh) * Tq, 256, 0, s>>>(scores, Tq, S, first_pos);
-  return cudaGetLastError();
-}
-
-cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStream_t s) {
-  if (N <= 0) return cudaSuccess;
-  write_rows_kernel<<<N, 128, 0, s>>>(pg, lat);
   return cudaGetLastError();
 }
 
@@ -291,8 +287,8 @@ DecodePath forced_path() {
 }
 }  // namespace
 
-bool mla_attend_uses_tensor_cores(int nh, int kr, int dr, int row_dim) {
-  if (!mla_tc::supports(kr, dr, row_dim)) return false;
+bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {
+  if (!mla_tc::supports(kr, dr)) return false;
   switch (forced_path()) {
     case DecodePath::Simt: return false;
     case DecodePath::Tc: return true;
@@ -309,7 +305,7 @@ int mla_attend_splits(int N, int nh) {
 size_t mla_attend_workspace_floats(int N, int nh, int kr) {
   const int ns = mla_attend_splits(N, nh);
   const size_t simt = ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
-  // Either path may run (K3_MLA_DECODE), so the workspace fits both.
+  // Either path may run (K3_MLA_DECODE), so the workspace fits both (the tensor-core one for every dtype).
   return std::max(simt, kr == mla_tc::kKr ? mla_tc::workspace_floats(N, nh, kr) : size_t{0});
 }
 
@@ -319,17 +315,29 @@ size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr) {
   return m;
 }
 
-cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
-                              float* o_lat, float* ws, cudaStream_t s) {
-  if (N <= 0) return cudaSuccess;
-  if (kr > 32 * kMaxKrPerLane || kr <= 0 || nh <= 0) return cudaErrorInvalidValue;
-  if (mla_attend_uses_tensor_cores(nh, kr, dr, pg.row_dim)) return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
+cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
+                              float* ws, cudaStream_t s) {
+  const int kr = pg.kr, dr = pg.dr;
+  if (!mla_paging_shape_ok(pg) || kr > 32 * kMaxKrPerLane || nh <= 0 || N < 0) return cudaErrorInvalidValue;
+  if (N == 0) return cudaSuccess;
+  if (mla_attend_uses_tensor_cores(nh, kr, dr)) return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
   const int ns = ws ? mla_attend_splits(N, nh) : 1;
   const size_t smem = static_cast<size_t>((kHeadsPerBlock + kKeyTile) * (kr + dr)) * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock),
                   static_cast<unsigned>(ns));
-  attend_split_kernel<<<grid, kHeadsPerBlock * 32, smem, s>>>(pg, nh, kr, dr, q_lat, scale, ns, o_lat, ws);
+  const unsigned threads = kHeadsPerBlock * 32;
+  switch (pg.dtype) {
+    case CacheDType::F32:
+      attend_split_kernel<CacheDType::F32><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      break;
+    case CacheDType::BF16:
+      attend_split_kernel<CacheDType::BF16><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      break;
+    case CacheDType::FP8_E4M3:
+      attend_split_kernel<CacheDType::FP8_E4M3><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      break;
+  }
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kr, ns, 1, 1, ws, o_lat, s);
   return cudaGetLastError();
 }

@@ -4,32 +4,25 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "k3/backend/cuda/mla_cache_rows.h"
+#include "k3/backend/cuda/mla_paging.h"
 
 namespace k3::cuda {
 
-// Where one layer's latent rows live for the sequences of a batch. Row `pos` of sequence s is
-//   pages[page_start[s] + pos / page_tokens[s]] + (pos % page_tokens[s]) * row_dim
-// Tokens of the batch are described by tok_seq (their sequence) and tok_pos (absolute position).
-struct MlaPaging {
-  const float* const* pages;    // page base pointers of this layer
-  const int32_t* page_start;    // [n_seqs]
-  const int32_t* page_tokens;   // [n_seqs]
-  const int32_t* tok_seq;       // [N]
-  const int32_t* tok_pos;       // [N]
-  int row_dim;                  // kv_lora_rank + qk_rope_dim
-  const int32_t* tok_index = nullptr;  // mla_attend_latent: the batch tokens to attend for (null: 0..N-1)
-};
-
-// Writes the new tokens' latent rows lat [N][row_dim] into the cache.
-cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStream_t s);
+// The paging (MlaPaging, one description for every MLA kernel) is in mla_paging.h; writing rows and the
+// MHA form's gather are in mla_cache_rows.h.
 
 // Copies q_pe (the last dr of each head's q [N][nh][dn+dr]) into q_lat [N][nh][kr+dr] at offset kr.
 cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, float* q_lat, cudaStream_t s);
 
-// Absorbed attention: for each token t (tok_index[i] for i < N when given) and head h, softmax over the cached rows 0..tok_pos[t] of
-// (q_lat[t][h] . row) * scale, then o_lat[t][h] = sum softmax * c_kv (the first kr values of each row).
-// q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
+// Absorbed attention over the rows of layer pg.layer: for each token t (tok_index[i] for i < N when given)
+// and head h, softmax over the cached rows 0..tok_pos[t] of (q_lat[t][h] . row) * scale, then
+// o_lat[t][h] = sum softmax * c_kv (the first kr values of each row). Rows of any pg.dtype are read as
+// stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
+// cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 // Two kernels behind one entry point:
 //  - tensor cores (mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads: blocks of
 //    32 heads, rows read once per block into shared memory as bf16, S = QK^T and O = PV as mma.sync with
@@ -37,16 +30,19 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 //  - SIMT fp32 (the reference path, <= 1.5e-6): 8 heads of one token per block.
 // K3_MLA_DECODE=simt|tc forces one (tc only where the shape allows). Both split the keys of a token over
 // several blocks (flash-decoding, so that batch-1 decode fills the GPU) and merge the partial results
-// through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split). Split counts depend on N
-// and nh only, never on the context length, so a captured CUDA graph stays valid as sequences grow.
+// through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split). Split counts depend on N,
+// nh and the cache dtype only, never on the context length, so a captured CUDA graph stays valid as
+// sequences grow.
 constexpr int kMlaTensorCoreMinHeads = 16;
-bool mla_attend_uses_tensor_cores(int nh, int kr, int dr, int row_dim);
+bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);
 int mla_attend_splits(int N, int nh);  // the SIMT kernel's
+// Fits either path and every cache dtype (the tensor-core split count follows that kernel's occupancy,
+// which differs per dtype), so a model sizes it without knowing the dtype.
 size_t mla_attend_workspace_floats(int N, int nh, int kr);
 // The largest workspace any N' in 1..max_n needs (what a model sizes once).
 size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr);
-cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, int kr, int dr, const float* q_lat, float scale,
-                              float* o_lat, float* ws, cudaStream_t s);
+cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
+                              float* ws, cudaStream_t s);
 
 // Absorption for decode-sized batches (the model uses batched SGEMMs beyond kMlaSmallBatch tokens):
 //   q_lat[t][h][0:kr] = sum_i q[t][h][i] * kv_b[h*(dn+dv) + i][:]      (i < dn; q [N][nh][dn+dr])
@@ -57,9 +53,7 @@ cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int d
 cudaError_t mla_up_v(const float* o_lat, const float* kv_b, int N, int nh, int dn, int dv, int kr, float* o,
                      cudaStream_t s);
 
-// MHA (prefill) form helpers; the projections and the two attention products run on cuBLAS.
-// Copies rows 0..S-1 of sequence `seq` into out [S][row_dim].
-cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, cudaStream_t s);
+// MHA (prefill) form helpers (with mla_gather_latents); the projections and the attention products run on cuBLAS.
 // In place over scores [nh][Tq][S]: row (h, t) is a causal softmax over s <= first_pos + t (later
 // columns become 0).
 cudaError_t mla_causal_softmax(float* scores, int nh, int Tq, int S, int first_pos, cudaStream_t s);
