@@ -51,7 +51,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   if (d.device == "cpu") {
-    if (dummy) throw k3::Error("--load-format dummy is supported on --device cpu only with a checkpoint");
+    if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())
       throw k3::Error("--override-tensor: a rule places weights on a GPU, but --device cpu runs everything on the CPU");
     return k3::Model::load(dir, kv, ssm);

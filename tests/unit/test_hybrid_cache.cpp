@@ -130,3 +130,24 @@ TEST(HybridCache, SaltPartitionsPrefixHits) {
   EXPECT_EQ(k3::cache::cache_salt_id(""), 0u);
   EXPECT_NE(k3::cache::cache_salt_id("a"), k3::cache::cache_salt_id("b"));
 }
+
+// budget_for sizes exactly what the constructor lays out, for every cache dtype (pages and slots are
+// rounded to 256-byte units: an fp8 page of the default model is not a multiple of 256 bytes, and `k3 run
+// --kv-cache-dtype fp8` once got a cache one page short).
+TEST(HybridCache, BudgetForHoldsTheTokensForEveryDtype) {
+  const k3::ModelConfig cfg = k3::load_model_config(k3test::source_path("models/k3-tiny"));
+  for (k3::CacheDType kv : {k3::CacheDType::F32, k3::CacheDType::BF16, k3::CacheDType::FP8_E4M3})
+    for (k3::CacheDType ssm : {k3::CacheDType::F32, k3::CacheDType::BF16})
+      for (int64_t tokens : {1, 16, 33, 1000}) {
+        const k3::CacheSpec spec = k3::make_cache_spec(cfg, kv, ssm);
+        k3::cache::CacheOptions opt;
+        opt.page_tokens = 16;
+        opt.max_num_seqs = 1;
+        opt.prefix_caching = false;
+        opt.budget_bytes = k3::cache::HybridCache::budget_for(spec, opt.page_tokens, 1, tokens);
+        const k3::cache::HybridCache cache(spec, opt);
+        EXPECT_GE(cache.max_tokens_per_sequence(), tokens)
+            << k3::cache_dtype_name(kv) << " / " << k3::cache_dtype_name(ssm) << " " << tokens;
+        EXPECT_EQ(cache.spec().mla_dtype, kv);
+      }
+}

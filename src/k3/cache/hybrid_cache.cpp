@@ -50,9 +50,14 @@ uint64_t cache_salt_id(std::string_view salt) {
 
 // ---- HybridCache ---------------------------------------------------------------------------------
 
+namespace {
+// Pages and slots in whole 256-byte units: every page and slot stays aligned for the kernels' vector loads.
+int64_t units256(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 256 * 256; }
+}  // namespace
+
 int64_t HybridCache::budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens) {
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
-  return seqs * (std::max<int64_t>(spec.slot_bytes(), 256) + pages * std::max<int64_t>(spec.page_bytes(page_tokens), 256));
+  return seqs * (units256(spec.slot_bytes()) + pages * units256(spec.page_bytes(page_tokens)));
 }
 
 int64_t HybridCache::auto_checkpoint_interval() const {
@@ -67,9 +72,8 @@ HybridCache::HybridCache(const ModelConfig& cfg, const CacheOptions& opt) : Hybr
 HybridCache::HybridCache(const CacheSpec& spec, const CacheOptions& opt) : spec_(spec), opt_(opt) {
   if (opt.page_tokens < 1) throw Error("page size must be at least one token");
   B_ = opt.page_tokens;
-  // 256-byte units keep every page and slot aligned for the kernels' vector loads.
-  page_bytes_ = (std::max<int64_t>(spec.page_bytes(B_), 1) + 255) / 256 * 256;
-  slot_bytes_ = (std::max<int64_t>(spec.slot_bytes(), 1) + 255) / 256 * 256;
+  page_bytes_ = units256(spec.page_bytes(B_));
+  slot_bytes_ = units256(spec.slot_bytes());
 
   const int64_t slot_b = slot_bytes_, page_b = page_bytes_;
   if (opt.max_num_seqs * slot_b + page_b > opt.budget_bytes)

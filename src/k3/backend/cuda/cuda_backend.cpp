@@ -24,21 +24,21 @@ Tensor CudaBackend::logits() const {
   return Tensor::f32(logits_d_.get<float>(), n_logits_, cfg_.vocab_size);
 }
 
-// Interim (until the cache hands out one layer-major page table): a page table per layer and
-// layer_stride 0, fp32 rows.
 MlaPaging CudaBackend::paging(int64_t layer) const {
-  return MlaPaging{staged<uint8_t* const>(sd_.pages[static_cast<size_t>(layer)]), staged<const int32_t>(sd_.page_start),
+  return MlaPaging{staged<uint8_t* const>(sd_.pages), staged<const int32_t>(sd_.page_start),
                    staged<const int32_t>(sd_.page_tokens), staged<const int64_t>(sd_.layer_stride),
                    staged<const int32_t>(sd_.tok_seq), staged<const int32_t>(sd_.tok_pos), static_cast<int>(layer),
-                   static_cast<int>(cfg_.kv_lora_rank), static_cast<int>(cfg_.qk_rope_dim), CacheDType::F32};
+                   static_cast<int>(spec_.mla_rank), static_cast<int>(spec_.mla_rope), spec_.mla_dtype};
 }
 
-// MLA page tables (one pointer per page per layer; the same page count for every layer). Each sequence's
-// pages start at a multiple of the page stride (the largest page count rounded up to a power of two), so
-// decode steps of one batch size keep one staging layout (CUDA graphs).
+// The MLA page table of the step: one pointer per page, shared by every layer (a page holds all MLA
+// layers; each sequence's layer stride says where a layer's rows start in it). Each sequence's pages
+// start at a multiple of the page stride (the largest page count rounded up to a power of two), so decode
+// steps of one batch size keep one staging layout (CUDA graphs).
 void CudaBackend::stage_mla(const graph::StepPlan& plan) {
-  const int64_t S = static_cast<int64_t>(plan.seqs.size()), n_mla = cfg_.num_mla_layers();
+  const int64_t S = static_cast<int64_t>(plan.seqs.size());
   std::vector<int32_t> page_start(static_cast<size_t>(S)), page_tokens(static_cast<size_t>(S));
+  std::vector<int64_t> layer_stride(static_cast<size_t>(S));
   std::vector<MlaPageTable> tables;
   int64_t stride = 4;
   for (const graph::StepSeq& s : plan.seqs) {
@@ -46,27 +46,20 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
     const int64_t B = tables.back().page_tokens;
     while (stride < (s.past + s.n + B - 1) / B) stride *= 2;
   }
+  std::vector<uint8_t*> ptrs(static_cast<size_t>(S * stride), nullptr);
   for (int64_t i = 0; i < S; ++i) {
+    const graph::StepSeq& s = plan.seqs[static_cast<size_t>(i)];
+    const MlaPageTable& t = tables[static_cast<size_t>(i)];
     page_start[static_cast<size_t>(i)] = static_cast<int32_t>(i * stride);
-    page_tokens[static_cast<size_t>(i)] = static_cast<int32_t>(tables[static_cast<size_t>(i)].page_tokens);
+    page_tokens[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(t.page_tokens, int64_t{1} << 30));
+    layer_stride[static_cast<size_t>(i)] = t.layer_stride;
+    const int64_t np = (s.past + s.n + t.page_tokens - 1) / t.page_tokens;
+    for (int64_t j = 0; j < np; ++j) ptrs[static_cast<size_t>(i * stride + j)] = t.pages[static_cast<size_t>(j)];
   }
-  // (The kernels take one page table per layer for now: pointer = page + m * layer_stride.)
-  std::vector<const float*> ptrs(static_cast<size_t>(S * stride), nullptr);
-  sd_.pages.assign(static_cast<size_t>(n_mla), 0);
-  for (int64_t m = 0; m < n_mla; ++m) {
-    for (int64_t i = 0; i < S; ++i) {
-      const graph::StepSeq& s = plan.seqs[static_cast<size_t>(i)];
-      const MlaPageTable& t = tables[static_cast<size_t>(i)];
-      const int64_t np = (s.past + s.n + t.page_tokens - 1) / t.page_tokens;
-      for (int64_t j = 0; j < np; ++j)
-        ptrs[static_cast<size_t>(page_start[static_cast<size_t>(i)] + j)] =
-            reinterpret_cast<const float*>(t.pages[static_cast<size_t>(j)] + m * t.layer_stride);
-    }
-    sd_.pages[static_cast<size_t>(m)] = st_.put(ptrs);
-  }
+  sd_.pages = st_.put(ptrs);
+  sd_.layer_stride = st_.put(layer_stride);
   sd_.page_start = st_.put(page_start);
   sd_.page_tokens = st_.put(page_tokens);
-  sd_.layer_stride = st_.put(std::vector<int64_t>(static_cast<size_t>(S), 0));
   page_stride_ = stride;
   // Tokens of decode-form sequences (absorbed MLA); prefill-form sequences take the MHA form.
   std::vector<int32_t> dec_tokens;

@@ -90,8 +90,7 @@ class CudaBackend final : public graph::Backend {
   // Offsets in the staging block of the step data the kernels read.
   struct StepData {
     size_t tokens = 0, tok_seq = 0, tok_pos = 0, logit_rows = 0, page_start = 0, page_tokens = 0, dec_tokens = 0,
-           layer_stride = 0;
-    std::vector<size_t> pages;                 // per MLA layer: page pointers
+           layer_stride = 0, pages = 0;  // pages: one pointer per page, every layer
     std::vector<size_t> kda_all, kda_rec, kda_chk;  // per KDA layer: KdaSeq arrays
     int n_rec = 0, n_chk = 0, n_dec_tokens = 0, kda_chunk = 0;
   };

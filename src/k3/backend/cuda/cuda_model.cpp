@@ -103,9 +103,8 @@ struct CudaModel::Impl {
     if (c.kda_heads > 0 && c.kda_head_dim != 32 && c.kda_head_dim != 64 && c.kda_head_dim != 128)
       throw Error("CUDA backend: KDA head_dim " + std::to_string(c.kda_head_dim) + " is not supported (32, 64, 128)");
     if (c.kv_lora_rank > 512) throw Error("CUDA backend: kv_lora_rank > 512 is not supported");
-    if (spec.mla_dtype != CacheDType::F32 && spec.mla_layers > 0)
-      throw Error(std::string("--kv-cache-dtype ") + cache_dtype_name(spec.mla_dtype) +
-                  ": the CUDA backend reads float32 latent rows only so far (bf16 / fp8 rows run on --device cpu)");
+    if (spec.mla_layers > 0 && (c.kv_lora_rank % 4 != 0 || c.qk_rope_dim % 4 != 0))
+      throw Error("CUDA backend: kv_lora_rank and qk_rope_dim must be multiples of 4");
     const int64_t n_blocks = c.attn_res_block_size > 0 ? (c.num_layers + c.attn_res_block_size - 1) / c.attn_res_block_size : 0;
     if (n_blocks + 1 > 32) throw Error("CUDA backend: more than 31 Attention-Residual blocks");
   }
