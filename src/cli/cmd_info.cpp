@@ -5,6 +5,7 @@
 #include "cli/common.h"
 #include "k3/model/model.h"
 #include "k3/model/model_stats.h"
+#include "k3/runtime/cache_spec.h"
 
 namespace k3cli {
 
@@ -31,10 +32,16 @@ void add_info(CLI::App& app, Registry& reg) {
       std::printf("weight bytes     %s (%lld tensors bound, %lld unused in checkpoint)\n",
                   human_bytes((double)m->weights().bound_bytes).c_str(), (long long)m->checkpoint().all().size() - (long long)m->weights().unused_tensors,
                   (long long)m->weights().unused_tensors);
-      std::printf("cache per token  %s bf16 / %s fp8 (%lld MLA latent values)\n", human_bytes(2.0 * s.mla_cache_values_per_token).c_str(),
-                  human_bytes(1.0 * s.mla_cache_values_per_token).c_str(), (long long)s.mla_cache_values_per_token);
-      std::printf("state per seq    %s fp32 KDA state + %s conv state\n", human_bytes((double)s.kda_state_bytes_f32).c_str(),
-                  human_bytes(4.0 * s.kda_conv_state_values).c_str());
+      // What the cache allocates (runtime/cache_spec.h), per --kv-cache-dtype / --mamba-ssm-cache-dtype.
+      const k3::CacheSpec f32 = k3::make_cache_spec(c), bf16 = k3::make_cache_spec(c, k3::CacheDType::BF16, k3::CacheDType::BF16),
+                          fp8 = k3::make_cache_spec(c, k3::CacheDType::FP8_E4M3);
+      std::printf("cache per token  %s float32 / %s bf16 / %s fp8 (%lld MLA layers x %lld latent values)\n",
+                  human_bytes((double)f32.bytes_per_token()).c_str(), human_bytes((double)bf16.bytes_per_token()).c_str(),
+                  human_bytes((double)fp8.bytes_per_token()).c_str(), (long long)c.num_mla_layers(), (long long)c.mla_cache_dim());
+      std::printf("state per seq    %s float32 / %s bfloat16 KDA state + %s fp32 conv state\n",
+                  human_bytes((double)(f32.kda_layers * f32.kda_state_bytes())).c_str(),
+                  human_bytes((double)(bf16.kda_layers * bf16.kda_state_bytes())).c_str(),
+                  human_bytes((double)(f32.kda_layers * 3 * f32.kda_conv_floats * 4)).c_str());
       return 0;
     };
   });

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "k3/core/cache_dtype.h"
 #include "cli/common.h"
 #include "k3/core/error.h"
 #include "k3/plan/plan.h"
@@ -56,8 +57,8 @@ int run_plan(const PlanOpts& o) {
   in.tp = o.tp;
   in.ep = o.ep;
   in.context = o.context;
-  in.kv_dtype = o.kv_dtype == "fp8" ? k3::plan::KvDtype::FP8 : k3::plan::KvDtype::BF16;
-  in.state_dtype = o.state_dtype == "bf16" ? k3::plan::StateDtype::BF16 : k3::plan::StateDtype::FP32;
+  in.kv_dtype = k3::parse_kv_cache_dtype(o.kv_dtype);
+  in.state_dtype = k3::parse_mamba_ssm_cache_dtype(o.state_dtype);
   in.mem_util = o.mem_util;
   in.prefill_chunk = o.chunk;
   in.batch = o.batch;
@@ -84,8 +85,11 @@ void add_plan(CLI::App& app, Registry& reg) {
   cmd->add_option("--tp", o->tp, "tensor-parallel size for attention/dense/shared/embeddings (default: --count)")->check(CLI::PositiveNumber);
   cmd->add_option("--ep", o->ep, "expert-parallel size for routed experts (default: --count)")->check(CLI::PositiveNumber);
   cmd->add_option("--context", o->context, "tokens per sequence (prompt + output)")->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-dtype", o->kv_dtype, "MLA latent cache dtype")->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--state-dtype", o->state_dtype, "KDA state dtype")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--kv-cache-dtype,--kv-dtype", o->kv_dtype,
+                  "MLA latent cache dtype: bf16, fp8 (e4m3 + per-token scale), float32 (`auto` = float32, as k3 serve)")
+      ->capture_default_str();
+  cmd->add_option("--mamba-ssm-cache-dtype,--state-dtype", o->state_dtype, "KDA state dtype: float32, bfloat16")
+      ->capture_default_str();
   cmd->add_option("--price-per-gpu-hour", o->price, "USD per device-hour (default: the hardware table's illustrative rate)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--measured", o->measured, "a `k3 bench` result JSON: its aggregate output tok/s sets the cost");

@@ -10,6 +10,7 @@
 
 #include "k3/core/error.h"
 #include "k3/model/model_stats.h"
+#include "k3/cache/hybrid_cache.h"
 #include "k3/plan/plan.h"
 
 using namespace k3::plan;
@@ -17,7 +18,7 @@ using namespace k3::plan;
 namespace {
 
 Plan plan_for(const std::string& preset, const std::string& gpu, int count, int64_t context = 8192,
-              KvDtype kv = KvDtype::BF16, StateDtype st = StateDtype::FP32) {
+              k3::CacheDType kv = k3::CacheDType::BF16, k3::CacheDType st = k3::CacheDType::F32) {
   PlanInput in;
   in.config = load_preset(preset);
   in.hw = find_hardware(builtin_hardware(), gpu);
@@ -79,12 +80,41 @@ TEST(Plan, HardwareTableHasEveryDeviceWithASource) {
 
 TEST(Plan, K3CacheAndStateSizes) {
   auto bf = plan_for("kimi-k3", "b300", 8);
-  auto f8 = plan_for("kimi-k3", "b300", 8, 8192, KvDtype::FP8);
-  EXPECT_DOUBLE_EQ(f8.kv_bytes_per_token, 13.5 * 1024);  // 24 x 576 x 1 B
+  auto f8 = plan_for("kimi-k3", "b300", 8, 8192, k3::CacheDType::FP8_E4M3);
+  EXPECT_DOUBLE_EQ(f8.kv_bytes_per_token, 24.0 * 644);  // 24 x (512 e4m3 + 64 bf16 k_pe + 4 B scale)
   EXPECT_DOUBLE_EQ(bf.kv_bytes_per_token, 27.0 * 1024);
   EXPECT_NEAR(bf.state_bytes_per_seq / 1e6, 434, 0.5);  // 69 x 96 x 128 x 128 x 4 B
   EXPECT_EQ(bf.state_bytes_per_seq, 69.0 * 96 * 128 * 128 * 4);
   EXPECT_NEAR(bf.crossover_context, 434110464.0 / 27648, 1);
+}
+
+// What `k3 plan` predicts per token and per sequence is what the serving cache allocates for the same
+// dtypes (HybridCache, laid out from the runner's CacheSpec), for K3 and Kimi-Linear.
+TEST(Plan, PredictsWhatTheCacheAllocates) {
+  for (const char* preset : {"kimi-k3", "kimi-linear-48b"})
+    for (k3::CacheDType kv : {k3::CacheDType::F32, k3::CacheDType::BF16, k3::CacheDType::FP8_E4M3})
+      for (k3::CacheDType st : {k3::CacheDType::F32, k3::CacheDType::BF16}) {
+        const Plan p = plan_for(preset, "b300", 8, 8192, kv, st);
+        k3::cache::CacheOptions opt;
+        opt.page_tokens = 16;
+        opt.max_num_seqs = 1;
+        opt.prefix_caching = false;
+        opt.budget_bytes = 1;  // sizes only: the constructor throws before allocating
+        const k3::CacheSpec spec = k3::make_cache_spec(p.in.config, kv, st);
+        EXPECT_EQ(p.kv_bytes_per_token, static_cast<double>(spec.page_bytes(16)) / 16) << preset;
+        EXPECT_EQ(p.state_bytes_per_seq + p.conv_state_bytes_per_seq,
+                  static_cast<double>(spec.kda_layers) * static_cast<double>(spec.kda_state_bytes() + 3 * spec.kda_conv_floats * 4))
+            << preset;
+        EXPECT_LE(static_cast<double>(spec.slot_bytes()) - (p.state_bytes_per_seq + p.conv_state_bytes_per_seq),
+                  256.0 * static_cast<double>(spec.kda_layers));  // per-layer 256-byte alignment only
+        try {
+          k3::cache::HybridCache too_small(spec, opt);
+          ADD_FAILURE() << "a 1-byte budget was accepted";
+        } catch (const k3::Error& e) {
+          // The error names the per-sequence state bytes the cache needs.
+          EXPECT_NE(std::string(e.what()).find(std::to_string(spec.slot_bytes()).substr(0, 3)), std::string::npos) << e.what();
+        }
+      }
 }
 
 TEST(Plan, K3WeightsAndActiveParams) {
@@ -119,12 +149,15 @@ TEST(Plan, Invariants) {
   // more GPUs, more capacity
   EXPECT_GT(plan_for("kimi-k3", "h200", 32).max_seqs, plan_for("kimi-k3", "h200", 16).max_seqs);
   EXPECT_GT(plan_for("kimi-linear-48b", "h100", 4).max_seqs, plan_for("kimi-linear-48b", "h100", 2).max_seqs);
-  // fp8 KV halves KV bytes; bf16 state halves state bytes
+  // fp8 KV: 512 e4m3 c_kv + 64 bf16 k_pe + a 4-byte scale = 644 B per row (vs 1152 bf16); a bf16 state
+  // halves the state bytes (the conv tails stay fp32)
   auto base = plan_for("kimi-k3", "b300", 8);
-  EXPECT_DOUBLE_EQ(plan_for("kimi-k3", "b300", 8, 8192, KvDtype::FP8).kv_bytes_per_token * 2, base.kv_bytes_per_token);
-  auto st = plan_for("kimi-k3", "b300", 8, 8192, KvDtype::BF16, StateDtype::BF16);
+  const int64_t mla = base.in.config.num_mla_layers();
+  EXPECT_DOUBLE_EQ(base.kv_bytes_per_token, 1152.0 * static_cast<double>(mla));
+  EXPECT_DOUBLE_EQ(plan_for("kimi-k3", "b300", 8, 8192, k3::CacheDType::FP8_E4M3).kv_bytes_per_token, 644.0 * static_cast<double>(mla));
+  auto st = plan_for("kimi-k3", "b300", 8, 8192, k3::CacheDType::BF16, k3::CacheDType::BF16);
   EXPECT_DOUBLE_EQ(st.state_bytes_per_seq * 2, base.state_bytes_per_seq);
-  EXPECT_DOUBLE_EQ(st.conv_state_bytes_per_seq * 2, base.conv_state_bytes_per_seq);
+  EXPECT_DOUBLE_EQ(st.conv_state_bytes_per_seq, base.conv_state_bytes_per_seq);
   EXPECT_GE(st.max_seqs, base.max_seqs);
   // decode bound decreases with context
   double prev = 1e30;
@@ -251,7 +284,7 @@ TEST(Plan, CliTableAndJson) {
   EXPECT_NE(t.find("UPPER BOUNDS"), std::string::npos) << t;
   auto j = nlohmann::json::parse(run_cli("plan --preset kimi-k3 --gpu b300 --count 8 --json --kv-dtype fp8"));
   EXPECT_TRUE(j["memory"]["fits"].get<bool>());
-  EXPECT_EQ(j["memory"]["kv_bytes_per_token"].get<double>(), 13824);
+  EXPECT_EQ(j["memory"]["kv_bytes_per_token"].get<double>(), 24 * 644);
   EXPECT_GT(j["capacity"]["max_seqs"].get<int64_t>(), 0);
   EXPECT_GT(j["speed_upper_bounds"]["decode_tok_s_per_user_batch1"].get<double>(), 0);
 }

@@ -1,5 +1,7 @@
 #include "k3/plan/plan.h"
 
+#include "k3/runtime/cache_spec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -211,10 +213,10 @@ Plan make_plan(const PlanInput& in) {
                K = (double)c.top_k;
   const double n_moe = (double)num_moe_layers(c);
   p.expert_bytes_per_expert_layer = 3 * X * Im * expert_bytes_per_param(c);
-  const double kv_b = in.kv_dtype == KvDtype::FP8 ? 1 : 2, st_b = in.state_dtype == StateDtype::FP32 ? 4 : 2;
-  p.kv_bytes_per_token = (double)s.mla_cache_values_per_token * kv_b;
-  p.state_bytes_per_seq = (double)s.kda_state_bytes_f32 / 4 * st_b;
-  p.conv_state_bytes_per_seq = (double)s.kda_conv_state_values * st_b;
+  const CacheSpec spec = make_cache_spec(c, in.kv_dtype, in.state_dtype);
+  p.kv_bytes_per_token = (double)spec.bytes_per_token();
+  p.state_bytes_per_seq = (double)(spec.kda_layers * spec.kda_state_bytes());
+  p.conv_state_bytes_per_seq = (double)(spec.kda_layers * 3 * spec.kda_conv_floats * 4);
   const double seq_state = p.state_bytes_per_seq + p.conv_state_bytes_per_seq;
   if (p.kv_bytes_per_token > 0) {
     p.crossover_context = p.state_bytes_per_seq / p.kv_bytes_per_token;
@@ -356,8 +358,8 @@ std::string count_h(double n) {
   return u ? fmt("%.2f%s", n, units[u]) : fmt("%.0f", n);
 }
 
-const char* kv_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : "bf16"; }
-const char* st_name(StateDtype d) { return d == StateDtype::FP32 ? "fp32" : "bf16"; }
+const char* kv_name(CacheDType d) { return cache_dtype_name(d); }
+const char* st_name(CacheDType d) { return cache_dtype_name(d); }
 
 }  // namespace
 
@@ -379,8 +381,9 @@ std::string format_table(const Plan& p) {
       c.expert_quant_format ? weight_format_name(*c.expert_quant_format) : "BF16", bytes_h(p.weights.routed_experts).c_str(),
       bytes_h(p.weights.non_expert()).c_str()));
   row(fmt("KV per token (MLA latent, %s)", kv_name(p.in.kv_dtype)),
-      fmt("%.2f KiB (%.0f B; %lld MLA layers x %lld values)", p.kv_bytes_per_token / 1024, p.kv_bytes_per_token,
-          (long long)c.num_mla_layers(), (long long)c.mla_cache_dim()));
+      fmt("%.2f KiB (%.0f B; %lld MLA layers x %lld values = %lld B per row)", p.kv_bytes_per_token / 1024,
+          p.kv_bytes_per_token, (long long)c.num_mla_layers(), (long long)c.mla_cache_dim(),
+          (long long)mla_row_bytes(p.in.kv_dtype, c.kv_lora_rank, c.qk_rope_dim)));
   row(fmt("KDA state per sequence (%s)", st_name(p.in.state_dtype)),
       bytes_h(p.state_bytes_per_seq) + " + conv state " + bytes_h(p.conv_state_bytes_per_seq) +
           fmt(" (%lld KDA layers x %lld heads x %lld^2)", (long long)c.num_kda_layers(), (long long)c.kda_heads, (long long)c.kda_head_dim));

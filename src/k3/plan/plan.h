@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3/core/cache_dtype.h"
 #include "k3/model/config.h"
 
 namespace k3::plan {
@@ -33,8 +34,8 @@ Hardware find_hardware(const std::vector<Hardware>& table, const std::string& ke
 std::vector<std::string> preset_names();
 ModelConfig load_preset(const std::string& name);
 
-enum class KvDtype { BF16, FP8 };
-enum class StateDtype { FP32, BF16 };
+// Cache dtypes are the runtime's (core/cache_dtype.h): the plan's per-token and per-sequence bytes are
+// the CacheSpec's (runtime/cache_spec.h), i.e. what `k3 run/serve --kv-cache-dtype ...` allocates.
 
 struct PlanInput {
   ModelConfig config;
@@ -43,8 +44,8 @@ struct PlanInput {
   int tp = 0;                // tensor parallel size for attention / dense / shared / embeddings; 0: count
   int ep = 0;                // expert parallel size for routed experts; 0: count
   int64_t context = 8192;    // tokens per sequence (prompt + output) the capacity is computed for
-  KvDtype kv_dtype = KvDtype::BF16;
-  StateDtype state_dtype = StateDtype::FP32;
+  CacheDType kv_dtype = CacheDType::BF16;         // --kv-cache-dtype
+  CacheDType state_dtype = CacheDType::F32;       // --mamba-ssm-cache-dtype
   double mem_util = 0.90;    // fraction of device memory the engine may use (rest: runtime, NCCL, fragmentation)
   int64_t prefill_chunk = 8192;  // tokens per prefill chunk: sizes the activation workspace
   int64_t batch = 0;         // concurrent decoding sequences for the aggregate bound; 0: max that fit
@@ -68,7 +69,7 @@ struct Plan {
   double expert_bytes_per_expert_layer = 0;  // one routed expert in one layer, as stored
   double kv_bytes_per_token = 0;        // MLA latent, all MLA layers, one sequence (not split by TP)
   double state_bytes_per_seq = 0;       // KDA recurrent state, all KDA layers (unsharded)
-  double conv_state_bytes_per_seq = 0;  // KDA short-conv state (unsharded, same dtype as state)
+  double conv_state_bytes_per_seq = 0;  // KDA short-conv state (unsharded, fp32 whatever the state dtype)
   double crossover_context = 0;         // tokens where KV bytes = state bytes, per sequence, unsharded
   double crossover_context_per_gpu = 0; // the same per GPU under this layout (state split by TP, latent not)
   // memory per GPU
