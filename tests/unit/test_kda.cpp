@@ -1,6 +1,8 @@
 // KDA kernels vs independent float64 references (model-spec 3.2).
 #include <gtest/gtest.h>
 
+#include "kda_test_inputs.h"
+
 #include "kernel_test_util.h"
 
 #include <algorithm>
@@ -17,22 +19,10 @@ using Vec = std::vector<float>;
 
 enum class Gate { K3, KimiLinear, Strong };
 
-struct KdaInputs {
-  int T, H, D;
-  Vec q, k, v, g, beta, state;
-};
-
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-
-void l2norm_rows(Vec& x, int D, float extra) {
-  for (std::size_t r = 0; r < x.size() / D; ++r) {
-    double s = 0;
-    for (int d = 0; d < D; ++d) s += double(x[r * D + d]) * x[r * D + d];
-    const float inv = float(1.0 / std::sqrt(s + 1e-6)) * extra;
-    for (int d = 0; d < D; ++d) x[r * D + d] *= inv;
-  }
-}
+using k3test::KdaInputs;
+using k3test::l2norm_rows;
+using k3test::sigmoid;
+using k3test::softplus;
 
 KdaInputs make_inputs(int T, int H, int D, Gate gate, unsigned seed) {
   std::mt19937 rng(seed);

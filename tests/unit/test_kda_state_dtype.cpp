@@ -3,6 +3,8 @@
 // and 1024 decode steps (docs/cache-dtypes.md).
 #include <gtest/gtest.h>
 
+#include "kda_test_inputs.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cstdio>
@@ -18,22 +20,10 @@ namespace {
 using k3::CacheDType;
 using Vec = std::vector<float>;
 
-struct Inputs {
-  int T, H, D;
-  Vec q, k, v, g, beta, state;
-};
-
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
-
-void l2norm_rows(Vec& x, int D, float extra) {
-  for (std::size_t r = 0; r < x.size() / D; ++r) {
-    double s = 0;
-    for (int d = 0; d < D; ++d) s += double(x[r * D + d]) * x[r * D + d];
-    const float inv = float(1.0 / std::sqrt(s + 1e-6)) * extra;
-    for (int d = 0; d < D; ++d) x[r * D + d] *= inv;
-  }
-}
+using Inputs = k3test::KdaInputs;
+using k3test::l2norm_rows;
+using k3test::sigmoid;
+using k3test::softplus;
 
 // Realistic inputs: L2-normed q (times 1/sqrt(D)) and k, unit v, Kimi-Linear gates
 // g = -exp(A_log[h]) softplus(z) with A_log spread over heads (some slow-decaying, long-memory channels),
