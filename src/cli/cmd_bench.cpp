@@ -20,6 +20,7 @@
 #include "k3/bench/offline.h"
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/model.h"
 #include "k3/text/tokenizer.h"
 
@@ -381,8 +382,8 @@ void add_bench(CLI::App& app, Registry& reg) {
         name = (f->dev.preset.empty() ? name : f->dev.preset) +
                (f->dev.num_layers > 0 ? " " + std::to_string(f->dev.num_layers) + "L" : "") + " (dummy)";
       for (auto& t : tests) {
-        std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld ...\n", t.name.c_str(), (long long)t.depth,
-                     (long long)t.batch);
+        std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
+                     (long long)t.batch, k3::ThreadPool::global().size());
         rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed)));
         json j = rs.back().to_json();
         j["model"] = dir;
@@ -391,6 +392,7 @@ void add_bench(CLI::App& app, Registry& reg) {
       std::printf("%s", k3::bench::offline_table(rs, name).c_str());
       if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
                                                          {"method", "ModelRunner::forward_batch, one cache per sequence"}, {"device", model->device_name()},
+                                                         {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
                                                          {"results", arr}});
       return 0;
     };

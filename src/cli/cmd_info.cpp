@@ -3,18 +3,34 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/compute_options.h"
+#include "k3/backend/cpu/cpu_isa.h"
 #include "k3/model/model.h"
 #include "k3/model/model_stats.h"
 #include "k3/runtime/cache_spec.h"
 
 namespace k3cli {
 
+namespace {
+// The CPU, its features, the kernel tier chosen (cpu_isa.h) and the compute threads.
+void print_cpu_lines() {
+  const k3::cpu::CpuState& cpu = k3::cpu::cpu_state();
+  std::printf("cpu              %s\n", cpu.features.model_name[0] ? cpu.features.model_name : "(no brand string)");
+  std::printf("cpu features     %s (AMX tile data: %s)\n", k3::cpu::feature_names(cpu.features).c_str(), cpu.amx_status.c_str());
+  std::printf("cpu kernels      %s: %s\n", k3::cpu::isa_name(cpu.choice.isa), cpu.choice.reason.c_str());
+  std::printf("threads          %s\n", compute_threads_summary().c_str());
+}
+}  // namespace
+
 void add_info(CLI::App& app, Registry& reg) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture and sizes");
   auto model = std::make_shared<std::string>();
+  auto compute = std::make_shared<ComputeOptions>();
   cmd->add_option("-m,--model", *model, "HF checkpoint directory");
-  cmd->callback([&reg, model] {
-    reg.action = [model] {
+  add_compute_options(cmd, *compute);
+  cmd->callback([&reg, model, compute] {
+    reg.action = [model, compute] {
+      apply_compute_options(*compute);
       auto m = k3::Model::load(resolve_model_dir(*model));
       const auto& c = m->config();
       const auto s = k3::compute_stats(c);
@@ -42,6 +58,7 @@ void add_info(CLI::App& app, Registry& reg) {
                   human_bytes((double)(f32.kda_layers * f32.kda_state_bytes())).c_str(),
                   human_bytes((double)(bf16.kda_layers * bf16.kda_state_bytes())).c_str(),
                   human_bytes((double)(f32.kda_layers * 3 * f32.kda_conv_floats * 4)).c_str());
+      print_cpu_lines();
       return 0;
     };
   });

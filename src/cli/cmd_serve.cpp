@@ -99,7 +99,8 @@ void add_serve(CLI::App& app, Registry& reg) {
                   "open client connections (beyond: the oldest idle one is closed, else 503); 0: the descriptor "
                   "limit (ulimit -n) - 64")
       ->capture_default_str();
-  cmd->add_option("--threads", o->so.threads, "HTTP I/O threads")->capture_default_str();
+  // llama-server's name: -t/--threads are the compute threads (add_device_options), as in every verb.
+  cmd->add_option("--threads-http", o->so.threads, "HTTP I/O threads")->capture_default_str();
   cmd->add_option("--timeout", o->so.read_timeout_s, "seconds to receive a request (and keep-alive idle time)")
       ->capture_default_str();
   cmd->add_option("--write-timeout", o->so.write_timeout_s,

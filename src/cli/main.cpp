@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "k3/backend/cpu/cpu_isa.h"
 #include "k3/core/error.h"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    // The CPU kernel tier, chosen once at start-up (the baseline was checked before main:
+    // cpu_baseline_check.cpp); a bad $K3_CPU_ISA is an error here, whatever the verb.
+    k3::cpu::cpu_state();
     return reg.run();
   } catch (const k3::Error& e) {
     std::fprintf(stderr, "k3: error: %s\n", e.what());

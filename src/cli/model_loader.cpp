@@ -38,12 +38,14 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "PATTERN=DEVICE: matrices whose checkpoint name matches the PCRE2 pattern live on DEVICE (CPU, CUDA0); "
                   "repeatable (-ot for short), first match wins (e.g. -ot 'experts\\.=CPU')")
       ->each([](const std::string&) {});
+  add_compute_options(cmd, d.compute);
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
+  apply_compute_options(d.compute);
   const bool dummy = d.load_format == "dummy";
   const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/compute_options.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3cli {
@@ -23,11 +24,12 @@ struct DeviceOptions {
   std::vector<std::string> override_tensor;    // -ot PATTERN=DEVICE (llama.cpp's flag)
   bool cpu_moe = false;                        // --cpu-moe: routed experts on the CPU
   int n_cpu_moe = 0;                           // --n-cpu-moe N: the routed experts of the first N layers
+  ComputeOptions compute;                      // -t/--threads, --numa (applied by load_model, before any kernel)
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
 
-// Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
+// Applies d.compute first. Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d);
 
 }  // namespace k3cli

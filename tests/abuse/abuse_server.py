@@ -611,7 +611,8 @@ def fds(args):
 
 BAD_FLAGS = [["--max-num-seqs", "0"], ["--max-num-seqs", "-3"], ["--timeout", "0"], ["--timeout", "nan"],
              ["--timeout", "-1"], ["--timeout", "inf"], ["--write-timeout", "0"], ["--shutdown-grace", "nan"],
-             ["--shutdown-grace", "-1"], ["--threads", "0"], ["--threads", "1000"], ["--max-waiting", "-1"],
+             ["--shutdown-grace", "-1"], ["--threads-http", "0"], ["--threads-http", "1000"], ["--threads", "0"], ["--threads", "2000"],
+             ["--numa", "everywhere"], ["--max-waiting", "-1"],
              ["--max-connections", "-1"], ["--max-body-bytes", "0"], ["--max-inflight-body-bytes", "10"],
              ["--max-num-batched-tokens", "0"], ["--page-size", "0"], ["--checkpoint-interval", "-1"],
              ["--max-model-len", "-1"], ["--max-model-len", "1"], ["--max-response-bytes", "-1"],

@@ -176,3 +176,81 @@ TEST(Cli, DeviceOptionErrors) {
               r.out.find("no CUDA device") != std::string::npos)
       << r.out;
 }
+
+// Issue 14: `k3 info` prints the CPU, its features, the kernel tier and why, and the compute threads;
+// -t sets them (and wins over $K3_NUM_THREADS, which applies without -t).
+TEST(Cli, InfoReportsCpuKernelTierAndThreads) {
+  const std::string info = k3bin() + " info -m " + k3test::source_path("tests/data/tiny-k3");
+  auto r = sh(info + " -t 3 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("\ncpu features     avx avx2 fma f16c"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\ncpu kernels      avx2: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nthreads          3 compute threads (-t), threads not pinned"), std::string::npos) << r.out;
+  r = sh("K3_NUM_THREADS=1 " + info + " 2>&1");
+  EXPECT_NE(r.out.find("\nthreads          1 compute threads (K3_NUM_THREADS)"), std::string::npos) << r.out;
+  r = sh("K3_NUM_THREADS=1 " + info + " --threads 2 2>&1");
+  EXPECT_NE(r.out.find("\nthreads          2 compute threads (-t)"), std::string::npos) << r.out;
+}
+
+// $K3_CPU_ISA forces a tier: a tier with kernels runs, anything else is a one-line error at start-up
+// whatever the verb (tokenize runs no kernel at all).
+TEST(Cli, CpuIsaOverride) {
+  const std::string info = k3bin() + " info -m " + k3test::source_path("tests/data/tiny-k3") + " 2>&1";
+  auto r = sh("K3_CPU_ISA=avx2 " + info);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("cpu kernels      avx2: forced by K3_CPU_ISA"), std::string::npos) << r.out;
+  r = sh("K3_CPU_ISA=garbage " + k3bin() + " tokenize -m " + k3test::source_path("tests/data/tiny-tokenizer") +
+         " </dev/null 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "k3: error: K3_CPU_ISA=garbage: unknown kernel tier (expected avx2, avx512, avx512bf16 or amx)\n");
+  for (const char* tier : {"avx512", "avx512bf16", "amx"}) {  // no kernels yet, or a CPU without them
+    r = sh(std::string("K3_CPU_ISA=") + tier + " " + info);
+    EXPECT_EQ(r.status, 1) << tier << ": " << r.out;
+    EXPECT_EQ(r.out.rfind(std::string("k3: error: K3_CPU_ISA=") + tier + ": ", 0), 0u) << r.out;
+    EXPECT_TRUE(r.out.find("cannot run it (missing: ") != std::string::npos ||
+                r.out.find("kernels yet (tiers with kernels: avx2)") != std::string::npos)
+        << r.out;
+  }
+}
+
+// -t/--threads and --numa on every verb that runs a model: range-checked, a clear error; on a one-node
+// machine --numa is a no-op that says so; the thread count does not change the logits (bit for bit).
+TEST(Cli, ThreadsAndNumaFlags) {
+  k3test::TempDir t;
+  const std::string logits = k3bin() + " logits -m " + k3test::source_path("tests/data/tiny-k3") + " --tokens 1,2,3,4,5";
+  for (const char* bad : {"-t 0", "--threads 1025", "-t -2"}) {
+    auto r = sh(logits + " --out /dev/null " + bad + " 2>&1");
+    EXPECT_EQ(r.status, 1) << bad;
+    EXPECT_NE(r.out.find("k3: error: --threads/-t: expected 1..1024"), std::string::npos) << bad << ": " << r.out;
+  }
+  auto r = sh(logits + " --out /dev/null --numa interleave 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("k3: error: --numa: expected distribute, isolate or numactl, got 'interleave'"), std::string::npos)
+      << r.out;
+  for (const char* verb : {"run -p x -n 1", "perplexity --file /dev/null", "bench offline -p 8 -n 0 -r 1", "serve"}) {
+    r = sh(k3bin() + " " + verb + " -m " + k3test::source_path("tests/data/tiny-k3") + " -t 0 2>&1");
+    EXPECT_EQ(r.status, 1) << verb;
+    EXPECT_NE(r.out.find("--threads/-t: expected 1..1024"), std::string::npos) << verb << ": " << r.out;
+  }
+  const bool one_node = k3test::fs::exists("/sys/devices/system/node/node0") && !k3test::fs::exists("/sys/devices/system/node/node1");
+  for (const char* mode : {"distribute", "isolate"}) {
+    r = sh(logits + " --out " + t.str() + "/" + mode + ".npy -t 2 --numa " + mode + " 2>&1");
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find(std::string("k3: --numa ") + mode + ": "), std::string::npos) << r.out;
+    if (one_node) EXPECT_NE(r.out.find("one NUMA node (CPUs "), std::string::npos) << r.out;
+  }
+  ASSERT_EQ(sh(logits + " --out " + t.str() + "/t1.npy -t 1 2>/dev/null").status, 0);
+  EXPECT_EQ(read(t.str() + "/t1.npy"), read(t.str() + "/distribute.npy"));
+}
+
+// `k3 bench offline` records the compute threads it ran with.
+TEST(Cli, BenchOfflineRecordsThreads) {
+  k3test::TempDir t;
+  auto r = sh(k3bin() + " bench offline -m " + k3test::source_path("tests/data/tiny-k3") + " -p 8 -n 2 -r 1 -t 1 -o " +
+              t.str() + "/b.json 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(", 1 threads ..."), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(read(t.str() + "/b.json"));
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_NE(j["placement"].get<std::string>().find("1 compute threads (-t)"), std::string::npos);
+}

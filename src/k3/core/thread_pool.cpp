@@ -1,6 +1,8 @@
 #include "k3/core/thread_pool.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,11 +14,36 @@
 #include <thread>
 #include <vector>
 
+#include "k3/core/error.h"
+
 namespace k3 {
 
 namespace {
 thread_local bool t_in_task = false;
 constexpr int kSpin = 20000;  // pause iterations (~100 us) before a worker or the caller sleeps
+constexpr int kMaxThreads = 1024;
+
+// Binds the calling thread to `cpus` (empty: left as it is). A failure (a CPU outside the cgroup's set)
+// leaves the thread unpinned: placement is a performance hint, never a reason to fail a run.
+void pin_current_thread(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+struct GlobalConfig {
+  std::mutex mu;
+  bool created = false;
+  int threads = 0;  // 0: default_threads()
+  std::vector<std::vector<int>> pin;
+};
+GlobalConfig& global_config() {
+  static GlobalConfig c;
+  return c;
+}
 }  // namespace
 
 struct ThreadPool::Impl {
@@ -78,9 +105,15 @@ struct ThreadPool::Impl {
   }
 };
 
-ThreadPool::ThreadPool(int threads) : impl_(std::make_unique<Impl>()) {
+ThreadPool::ThreadPool(int threads, std::vector<std::vector<int>> pin) : impl_(std::make_unique<Impl>()) {
   impl_->size = std::max(1, threads);
-  for (int t = 1; t < impl_->size; ++t) impl_->workers.emplace_back([this, t] { impl_->worker(t); });
+  for (int t = 1; t < impl_->size; ++t) {
+    std::vector<int> cpus = t < static_cast<int>(pin.size()) ? pin[t] : std::vector<int>{};
+    impl_->workers.emplace_back([this, t, cpus = std::move(cpus)] {
+      pin_current_thread(cpus);
+      impl_->worker(t);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -92,15 +125,38 @@ ThreadPool::~ThreadPool() {
   for (auto& w : impl_->workers) w.join();
 }
 
-ThreadPool& ThreadPool::global() {
-  static ThreadPool pool([] {
-    for (const char* var : {"K3_NUM_THREADS", "OMP_NUM_THREADS"})
-      if (const char* v = std::getenv(var)) {
-        const int n = std::atoi(v);
-        if (n > 0) return n;
+int ThreadPool::default_threads(std::string* source) {
+  for (const char* var : {"K3_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) {
+        if (source) *source = var;
+        return std::min(n, kMaxThreads);
       }
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }());
+    }
+  if (source) *source = "the CPUs this process may use";
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return std::min(CPU_COUNT(&set), kMaxThreads);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void ThreadPool::configure_global(int threads, std::vector<std::vector<int>> pin) {
+  if (threads < 1 || threads > kMaxThreads)
+    throw Error("compute threads: expected 1.." + std::to_string(kMaxThreads) + ", got " + std::to_string(threads));
+  GlobalConfig& c = global_config();
+  std::lock_guard lk(c.mu);
+  if (c.created) throw Error("the compute thread pool is already running; its size must be set before the first kernel");
+  c.threads = threads;
+  c.pin = std::move(pin);
+}
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool = [] {
+    GlobalConfig& c = global_config();
+    std::lock_guard lk(c.mu);
+    c.created = true;
+    return ThreadPool(c.threads > 0 ? c.threads : default_threads(), c.pin);
+  }();
   return pool;
 }
 

@@ -9,19 +9,32 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace k3 {
 
 class ThreadPool {
  public:
-  // `threads` in total, the caller included (1: everything runs inline).
-  explicit ThreadPool(int threads);
+  // `threads` in total, the caller included (1: everything runs inline). `pin[t]`: the CPUs worker t
+  // (1 <= t < threads) is bound to when it starts (missing or empty: not pinned; pin[0], the caller's, is
+  // not applied here: the caller is not the pool's thread).
+  explicit ThreadPool(int threads, std::vector<std::vector<int>> pin = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  // The process-wide pool: K3_NUM_THREADS, else OMP_NUM_THREADS, else the hardware's thread count.
+  // The process-wide pool, created on first use: the size and pinning from configure_global() if it was
+  // called, else default_threads() workers, not pinned.
   static ThreadPool& global();
+
+  // Sets the global pool's size (1..1024) and placement (see the constructor) before its first use
+  // (`-t/--threads`, `--numa`). Throws k3::Error for a size out of range or once the pool exists.
+  static void configure_global(int threads, std::vector<std::vector<int>> pin = {});
+
+  // K3_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process may run on (sched_getaffinity, so
+  // taskset / cgroup limits count); `source` (optional) says which.
+  static int default_threads(std::string* source = nullptr);
 
   int size() const;
 

@@ -109,7 +109,7 @@ void validate(const ServerOptions& o) {
   positive(o.write_timeout_s, "--write-timeout");
   if (!std::isfinite(o.shutdown_grace_s) || o.shutdown_grace_s < 0 || o.shutdown_grace_s > 86400.0 * 365)
     throw Error("--shutdown-grace: expected a number of seconds >= 0, got " + std::to_string(o.shutdown_grace_s));
-  if (o.threads < 1 || o.threads > 64) throw Error("--threads: expected 1..64, got " + std::to_string(o.threads));
+  if (o.threads < 1 || o.threads > 64) throw Error("--threads-http: expected 1..64, got " + std::to_string(o.threads));
   if (o.max_body_bytes < 1 || o.max_body_bytes > (size_t{1} << 32))
     throw Error("--max-body-bytes: expected 1..4GiB, got " + std::to_string(o.max_body_bytes));
   if (o.max_waiting < 0 || o.max_waiting > (int64_t{1} << 20))

@@ -2,9 +2,12 @@
 // AVX2+FMA, weights converted in registers; see weight_kernels.h for the contracts.
 #include "k3/backend/cpu/weight_kernels.h"
 
+#include "k3/backend/cpu/cpu_isa.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace k3::cpu {
@@ -172,15 +175,21 @@ constexpr RowKernels kF16{f16_dot, f16_dequant, nullptr, false};
 constexpr RowKernels kBF16{bf16_dot, bf16_dequant, nullptr, false};
 constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_dot_multi, false};
 
+// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat; only the AVX2 table exists so far.
+using FormatTable = std::array<const RowKernels*, 4>;
+constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4};
+
+const FormatTable* tier_table(CpuIsa isa) { return isa == CpuIsa::Avx2 ? &kAvx2Table : nullptr; }
+
 }  // namespace
 
+bool isa_has_kernels(CpuIsa isa) { return tier_table(isa) != nullptr; }
+
 const RowKernels& row_kernels(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::F32: return kF32;
-    case WeightFormat::F16: return kF16;
-    case WeightFormat::BF16: return kBF16;
-    case WeightFormat::MXFP4: return kMXFP4;
-  }
+  // The tier is chosen once per process (cpu_state: the CPU's best tier with kernels, or $K3_CPU_ISA).
+  static const FormatTable& table = *tier_table(active_cpu_isa());
+  const auto i = static_cast<size_t>(f);
+  if (i < table.size() && table[i]) return *table[i];
   throw Error("CPU backend: weight format " + std::to_string(static_cast<int>(f)) + " has no kernels");
 }
 

@@ -22,6 +22,10 @@ struct RowKernels {
   bool fp32_rows;
 };
 
+enum class CpuIsa;
+// Whether this build has kernels for a CPU tier (cpu_isa.h); row_kernels() uses the tier chosen at start-up.
+bool isa_has_kernels(CpuIsa isa);
+
 // The kernels of format f; throws k3::Error for a format this backend has none for.
 const RowKernels& row_kernels(WeightFormat f);
 
