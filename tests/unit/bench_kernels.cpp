@@ -8,6 +8,8 @@
 
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/mla_attention.h"
+#include "k3/backend/cpu/ops.h"
+#include "k3/core/weight.h"
 #include "k3/sampling/token_sampling.h"
 
 namespace {
@@ -72,6 +74,48 @@ TEST(KernelBench, DISABLED_Timing) {
       k3::cpu::mla_attention_mha(T, 0, nh, dn, dr, dv, q.data(), kn.data(), kp.data(), v.data(), 0.072f, out.data());
     });
     std::printf("MLA mha prefill nh=%d T=%d: %.3f ms\n", nh, T, t);
+  }
+}
+
+// The CPU matmul at the k3-1b prefill shapes (docs/perf/cpu/prefill-gemm.md): BF16 dense projections and
+// MXFP4 routed experts (gate/up 768x1024, down 1024x768; ~16 tokens per expert at pp128, ~64 at pp512),
+// n tokens in one call vs the same n tokens one at a time (the GEMV path). Weights are random bytes of
+// the right format (timing only). Run with
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_Matmul'` (K3_NUM_THREADS).
+TEST(KernelBench, DISABLED_Matmul) {
+  struct Shape {
+    const char* what;
+    k3::WeightFormat f;
+    int64_t rows, cols, n;
+  };
+  const Shape shapes[] = {{"bf16 q/o-like 2048x2048", k3::WeightFormat::BF16, 2048, 2048, 128},
+                          {"bf16 mlp up 5632x2048", k3::WeightFormat::BF16, 5632, 2048, 128},
+                          {"bf16 mlp down 2048x5632", k3::WeightFormat::BF16, 2048, 5632, 128},
+                          {"mxfp4 expert up 768x1024", k3::WeightFormat::MXFP4, 768, 1024, 16},
+                          {"mxfp4 expert up 768x1024", k3::WeightFormat::MXFP4, 768, 1024, 64},
+                          {"mxfp4 expert down 1024x768", k3::WeightFormat::MXFP4, 1024, 768, 64}};
+  std::mt19937 rng(3);
+  for (const Shape& s : shapes) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(s.rows * k3::row_data_bytes(s.f, s.cols)));
+    std::vector<uint8_t> scales(static_cast<size_t>(s.rows * k3::row_scale_bytes(s.f, s.cols)));
+    // bf16 bit patterns of moderate normal values; any byte is a valid E2M1 pair, scales near 2^0
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(s.f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
+    for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
+    k3::WeightMatrix W;
+    W.format = s.f;
+    W.rows = s.rows;
+    W.cols = s.cols;
+    W.data = bytes.data();
+    W.scales = scales.data();
+    const auto x = rnd(static_cast<size_t>(s.n * s.cols), -1, 1, 4);
+    std::vector<float> y(static_cast<size_t>(s.n * s.rows));
+    const double tb = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), s.n, y.data()); });
+    const double t1 = best_ms(2, [&] {
+      for (int64_t t = 0; t < s.n; ++t) k3::cpu::matmul(W, x.data() + t * s.cols, 1, y.data() + t * s.rows);
+    });
+    const double gflop = 2e-9 * static_cast<double>(s.rows * s.cols * s.n);
+    std::printf("matmul %-28s n=%3lld: batched %8.3f ms (%6.1f GFLOP/s)  one token at a time %8.3f ms (%6.1f GFLOP/s)\n",
+                s.what, static_cast<long long>(s.n), tb, gflop / tb * 1e3, t1, gflop / t1 * 1e3);
   }
 }
 

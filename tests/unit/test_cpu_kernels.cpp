@@ -5,9 +5,10 @@
 // end-to-end goldens are not enough (issue 12).
 //
 // ISA: ops.cpp has one implementation, AVX2 + FMA (built with K3_ARCH_FLAGS); there is no scalar
-// fallback to test. Every code path inside it is covered: matrix-vector (row_dot), the MXFP4 multi-token
-// path (4-token blocks and their tails), the dequantise-then-dot_f32 path (64-token blocks), single- and
-// multi-threaded (the parallel_for thresholds), and the scalar tails of the 16-wide loops.
+// fallback to test. Every code path inside it is covered: matrix-vector (row_dot), the register-blocked
+// multi-token kernels (weight_gemm.cpp: 2x3 float tiles, 1x8 MXFP4 tiles, and their row and token
+// tails), single- and multi-threaded (the parallel_for thresholds), and the scalar tails of the 16-wide
+// loops.
 //
 // Tolerances (stated per test) are rigorous error bounds of fp32 arithmetic, not measured fits:
 // a dot product of n terms accumulated in fp32 is within n * 2^-24 * sum |w_i x_i| of the exact value
@@ -151,6 +152,34 @@ TEST(CpuKernels, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 7, 15,
 TEST(CpuKernels, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
 TEST(CpuKernels, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
 TEST(CpuKernels, MatmulMxfp4) { run_matmul_sweep(k3::WeightFormat::MXFP4, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
+
+// Batch invariance of the register-blocked multi-token kernels (weight_gemm.cpp): every token's row of
+// matmul(W, x, n) has the bytes of matmul(W, x_t, 1), for token counts that fill the tiles (3 tokens for
+// float formats, 8 for MXFP4) exactly, partly and several times over, row counts that are not multiples
+// of the 2-row tile nor of a cache block, and the threaded path (the 301-row, 100-token cases). Compared
+// with memcmp, not ==, so a -0 / +0 or NaN-payload difference fails too.
+void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols_list) {
+  std::mt19937 rng(23);
+  for (int64_t cols : cols_list)
+    for (int64_t rows : {1, 5, 37, 301})
+      for (int64_t n : {1, 2, 3, 5, 8, 17, 64, 100}) {
+        if (rows == 301 && n < 64) continue;  // keeps the test fast; small n is covered by the other rows
+        const TestWeight t = make_weight(f, rows, cols, rng);
+        const auto x = nonzero(static_cast<size_t>(n * cols), rng);
+        std::vector<float> y(static_cast<size_t>(n * rows), NAN), y1(static_cast<size_t>(rows), NAN);
+        k3::cpu::matmul(t.W, x.data(), n, y.data());
+        for (int64_t i = 0; i < n; ++i) {
+          k3::cpu::matmul(t.W, x.data() + i * cols, 1, y1.data());
+          ASSERT_EQ(std::memcmp(y1.data(), y.data() + i * rows, static_cast<size_t>(rows) * sizeof(float)), 0)
+              << k3::weight_format_name(f) << " rows " << rows << " cols " << cols << " token " << i << " of " << n;
+        }
+      }
+}
+
+TEST(CpuKernels, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 200}); }
+TEST(CpuKernels, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 200}); }
+TEST(CpuKernels, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 200}); }
+TEST(CpuKernels, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
 
 // Every E2M1 code (incl. 0 and negative zero) at every position of a group, under the E8M0 edge scales:
 // 0 (2^-127, an fp32 denormal), 1, 126, 127 (1.0), 128, 200, 254 (2^127). The activations are scaled so

@@ -24,30 +24,9 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
     parallel_for(rows, rows * cols > 32768, [&](int64_t r) { y[r] = k.dot(W, r, x); });
     return;
   }
-  if (k.dot_multi) {
-    parallel_for(rows, rows * cols * n > 65536, [&](int64_t r) { k.dot_multi(W, r, x, cols, n, y + r, rows); });
-    return;
-  }
-  // Several tokens: convert a row into fp32 (exact) and dot it with a block of tokens; blocks keep the
-  // activations cache-resident (a row is converted once per block of kTokBlock tokens). Each thread
-  // takes a range of rows and walks the token blocks over it.
-  constexpr int64_t kTokBlock = 64;
-  auto rows_range = [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> buf(static_cast<size_t>(cols));
-    for (int64_t t0 = 0; t0 < n; t0 += kTokBlock) {
-      const int64_t t1 = std::min(n, t0 + kTokBlock);
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* wr;
-        if (k.fp32_rows) {
-          wr = static_cast<const float*>(W.data) + r * cols;
-        } else {
-          k.dequant(W, r, buf.data());
-          wr = buf.data();
-        }
-        for (int64_t t = t0; t < t1; ++t) y[t * rows + r] = dot_f32(wr, x + t * cols, cols);
-      }
-    }
-  };
+  // Several tokens: each thread takes ranges of rows and runs the format's register-blocked gemm over all
+  // tokens (every output still bit-identical to the single-token dot above, weight_kernels.h).
+  auto rows_range = [&](int64_t r0, int64_t r1, int) { k.gemm(W, r0, r1, x, n, y); };
   if (rows * cols * n > 65536)
     ThreadPool::global().parallel_for(rows, 0, rows_range);
   else

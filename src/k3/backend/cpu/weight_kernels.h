@@ -1,6 +1,7 @@
 // The CPU backend's kernels per weight format, and its one dispatch point on WeightFormat: matmul,
 // row_dot and dequant_row (ops.h) look up a format's RowKernels here once per call. Adding a format =
-// its three row functions in weight_kernels.cpp + one case in row_kernels() + tests in test_cpu_kernels.
+// its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, one case in row_kernels() and
+// tests in test_cpu_kernels.
 #pragma once
 #include <cstdint>
 
@@ -9,17 +10,19 @@
 
 namespace k3::cpu {
 
+// THE CONTRACT (batch invariance; CpuKernels.Matmul*): every output element is computed with exactly the
+// same arithmetic whatever the number of tokens n, i.e. gemm's y[t][r] has the bits of dot(W, r, x_t).
+// The serving engine, prefix caching and the goldens (prefill vs --decode logits) rely on it. So gemm may
+// only change the loop nest around dot's per-(row, token) accumulation -- same lanes, same number of
+// accumulators, same reduction and scalar tail -- never the arithmetic itself (weight_gemm.cpp).
 struct RowKernels {
   // Dot product of row r with x (W.cols values), fp32 accumulation.
   float (*dot)(const WeightMatrix& W, int64_t r, const float* x);
-  // Row r converted to fp32 (W.cols values). For batch invariance, dot_f32(dequantised row, x) must give
-  // the same bits as dot(W, r, x) (CpuKernels.Matmul*) unless the format has dot_multi.
+  // Row r converted to fp32 (W.cols values), exactly (for ops that need a row's values, dequant_row).
   void (*dequant)(const WeightMatrix& W, int64_t r, float* out);
-  // Optional: row r against nt tokens (x rows ldx apart), out[t * ldo] for t < nt, each token with exactly
-  // dot's arithmetic. Null: matmul dequantises the row once per token block and uses dot_f32.
-  void (*dot_multi)(const WeightMatrix& W, int64_t r, const float* x, int64_t ldx, int64_t nt, float* out, int64_t ldo);
-  // Rows are fp32 in memory already: matmul reads them in place instead of dequantising.
-  bool fp32_rows;
+  // Rows [r0, r1) against n tokens (x: [n][W.cols]): y[t * W.rows + r] = dot(W, r, x + t * W.cols), bit
+  // for bit. Register-blocked tiles of rows x tokens, weights converted once per tile (weight_gemm.cpp).
+  void (*gemm)(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
 };
 
 enum class CpuIsa;
@@ -29,7 +32,8 @@ bool isa_has_kernels(CpuIsa isa);
 // The kernels of format f; throws k3::Error for a format this backend has none for.
 const RowKernels& row_kernels(WeightFormat f);
 
-// fp32 dot product (two 8-lane accumulators, fma scalar tail): what every format's dequantised rows use.
+// fp32 dot product (two 8-lane accumulators, fma scalar tail): the f32 format's dot, also used by other
+// CPU ops on rows they hold in fp32.
 float dot_f32(const float* w, const float* x, int64_t n);
 
 }  // namespace k3::cpu
