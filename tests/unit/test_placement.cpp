@@ -46,6 +46,23 @@ TEST(Placement, NCpuMoeTakesTheFirstNLayers) {
   EXPECT_EQ(p.device_of(expert(11), 0), 0);
 }
 
+// A huge N is a number comparison, not a pattern of N alternatives (that once made a 600 KB error line).
+TEST(Placement, NCpuMoeIsANumberComparison) {
+  const Placement p = Placement::parse({}, false, 100000);
+  EXPECT_EQ(p.device_of("m.layers.99999.block_sparse_moe.experts.0.w1.weight", 0), kHostDevice);
+  EXPECT_EQ(p.device_of("m.layers.100000.block_sparse_moe.experts.0.w1.weight", 0), 0);
+  EXPECT_EQ(p.device_of("m.layers.12345678901234.block_sparse_moe.experts.0.w1.weight", 0), 0);
+  ASSERT_EQ(p.describe().size(), 1u);
+  EXPECT_LT(p.describe()[0].size(), 80u);
+  // A long bad pattern is cut in the message.
+  try {
+    Placement::parse({std::string(5000, '(') + "=CPU"}, false, 0);
+    ADD_FAILURE();
+  } catch (const k3::Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+  }
+}
+
 TEST(Placement, BadRulesAreClearErrors) {
   for (const char* bad : {"experts", "=CPU", "experts=", "exp(erts=CPU", "experts=TPU", "experts=cuda:x"}) {
     try {
