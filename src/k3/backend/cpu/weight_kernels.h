@@ -1,6 +1,7 @@
 // The CPU backend's kernels per weight format, and its one dispatch point on WeightFormat: matmul,
 // row_dot and dequant_row (ops.h) look up a format's RowKernels here once per call. Adding a format =
-// its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, one case in row_kernels() and
+// its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, the same in each other tier
+// (weight_kernels_avx512.cpp), one case in the tier tables of weight_kernels.cpp and
 // tests in test_cpu_kernels.
 #pragma once
 #include <cstdint>
