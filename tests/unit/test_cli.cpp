@@ -184,7 +184,9 @@ TEST(Cli, InfoReportsCpuKernelTierAndThreads) {
   auto r = sh(info + " -t 3 2>&1");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("\ncpu features     avx avx2 fma f16c"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\ncpu kernels      avx2: "), std::string::npos) << r.out;
+  EXPECT_TRUE(r.out.find("\ncpu kernels      avx2: ") != std::string::npos ||
+              r.out.find("\ncpu kernels      avx512: ") != std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("\nthreads          3 compute threads (-t), threads not pinned"), std::string::npos) << r.out;
   r = sh("K3_NUM_THREADS=1 " + info + " 2>&1");
   EXPECT_NE(r.out.find("\nthreads          1 compute threads (K3_NUM_THREADS)"), std::string::npos) << r.out;
@@ -203,12 +205,18 @@ TEST(Cli, CpuIsaOverride) {
          " </dev/null 2>&1");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.out, "k3: error: K3_CPU_ISA=garbage: unknown kernel tier (expected avx2, avx512, avx512bf16 or amx)\n");
-  for (const char* tier : {"avx512", "avx512bf16", "amx"}) {  // no kernels yet, or a CPU without them
+  // avx512 has kernels: it runs where the CPU has AVX-512, else the error names what is missing.
+  r = sh("K3_CPU_ISA=avx512 " + info);
+  if (r.status == 0)
+    EXPECT_NE(r.out.find("cpu kernels      avx512: forced by K3_CPU_ISA"), std::string::npos) << r.out;
+  else
+    EXPECT_EQ(r.out.rfind("k3: error: K3_CPU_ISA=avx512: this CPU cannot run it (missing: ", 0), 0u) << r.out;
+  for (const char* tier : {"avx512bf16", "amx"}) {  // no kernels yet, or a CPU without them
     r = sh(std::string("K3_CPU_ISA=") + tier + " " + info);
     EXPECT_EQ(r.status, 1) << tier << ": " << r.out;
     EXPECT_EQ(r.out.rfind(std::string("k3: error: K3_CPU_ISA=") + tier + ": ", 0), 0u) << r.out;
     EXPECT_TRUE(r.out.find("cannot run it (missing: ") != std::string::npos ||
-                r.out.find("kernels yet (tiers with kernels: avx2)") != std::string::npos)
+                r.out.find("kernels yet (tiers with kernels: avx2, avx512)") != std::string::npos)
         << r.out;
   }
 }

@@ -4,11 +4,12 @@
 // unaligned tails. These kernels are the reference every CUDA kernel is checked against, so the loose
 // end-to-end goldens are not enough (issue 12).
 //
-// ISA: ops.cpp has one implementation, AVX2 + FMA (built with K3_ARCH_FLAGS); there is no scalar
-// fallback to test. Every code path inside it is covered: matrix-vector (row_dot), the register-blocked
-// multi-token kernels (weight_gemm.cpp: 2x3 float tiles, 1x8 MXFP4 tiles, and their row and token
-// tails), single- and multi-threaded (the parallel_for thresholds), and the scalar tails of the 16-wide
-// loops.
+// ISA: the kernel tests run once per CPU tier with kernels (avx2: weight_kernels.cpp + weight_gemm.cpp;
+// avx512: weight_kernels_avx512.cpp), forced in-process (force_cpu_isa_for_testing); a tier the CPU
+// lacks is skipped. Every code path is covered: matrix-vector (row_dot), the register-blocked
+// multi-token kernels (avx2: 2x3 float tiles, 1x8 MXFP4 tiles; avx512: 2x6 and 1x12; and their row and
+// token tails), single- and multi-threaded (the parallel_for thresholds), and the loop tails (avx2:
+// scalar after 16-wide steps; avx512: one 16-step and a masked step after 32-wide steps).
 //
 // Tolerances (stated per test) are rigorous error bounds of fp32 arithmetic, not measured fits:
 // a dot product of n terms accumulated in fp32 is within n * 2^-24 * sum |w_i x_i| of the exact value
@@ -18,10 +19,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/weight.h"
 #include "cpu_graph_ref.h"
 #include "kernel_test_util.h"
@@ -109,6 +114,21 @@ TestWeight make_weight(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19
   return t;
 }
 
+// The kernel tests below run once per CPU tier with kernels (cpu_isa.h), the tier forced in-process;
+// a tier the CPU cannot run is skipped with the reason.
+class CpuKernelsTier : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
+ protected:
+  void SetUp() override {
+    const auto& cpu = k3::cpu::cpu_state();
+    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, GetParam(), false); !m.empty())
+      GTEST_SKIP() << "this CPU cannot run the " << k3::cpu::isa_name(GetParam()) << " tier (missing: " << m << ")";
+    k3::cpu::force_cpu_isa_for_testing(GetParam());
+  }
+  void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+};
+INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier, ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512),
+                         [](const auto& info) { return std::string(k3::cpu::isa_name(info.param)); });
+
 // y = x W^T against float64; error of each output within the fp32 dot bound (see the file comment).
 void check_matmul(const TestWeight& t, int64_t n, std::mt19937& rng, k3test::Worst& worst) {
   const int64_t R = t.W.rows, C = t.W.cols;
@@ -148,10 +168,10 @@ void run_matmul_sweep(k3::WeightFormat f, const std::vector<int64_t>& cols_list,
   check_matmul(make_weight(f, 301, wide, rng), 70, rng, worst);
 }
 
-TEST(CpuKernels, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
-TEST(CpuKernels, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
-TEST(CpuKernels, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
-TEST(CpuKernels, MatmulMxfp4) { run_matmul_sweep(k3::WeightFormat::MXFP4, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
+TEST_P(CpuKernelsTier, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
+TEST_P(CpuKernelsTier, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
+TEST_P(CpuKernelsTier, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
+TEST_P(CpuKernelsTier, MatmulMxfp4) { run_matmul_sweep(k3::WeightFormat::MXFP4, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
 
 // Batch invariance of the register-blocked multi-token kernels (weight_gemm.cpp): every token's row of
 // matmul(W, x, n) has the bytes of matmul(W, x_t, 1), for token counts that fill the tiles (3 tokens for
@@ -176,16 +196,16 @@ void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols
       }
 }
 
-TEST(CpuKernels, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 200}); }
-TEST(CpuKernels, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 200}); }
-TEST(CpuKernels, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 200}); }
-TEST(CpuKernels, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 50, 200}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
 
 // Every E2M1 code (incl. 0 and negative zero) at every position of a group, under the E8M0 edge scales:
 // 0 (2^-127, an fp32 denormal), 1, 126, 127 (1.0), 128, 200, 254 (2^127). The activations are scaled so
 // that the exact result stays finite in fp32; the kernel's doubled-value + 0.5*scale scheme must not
 // overflow or flush where the exact result does not.
-TEST(CpuKernels, Mxfp4AllCodesAndEdgeScales) {
+TEST_P(CpuKernelsTier, Mxfp4AllCodesAndEdgeScales) {
   std::mt19937 rng(5);
   for (int scale : {0, 1, 126, 127, 128, 200, 254}) {
     for (int code = 0; code < 16; ++code) {
@@ -229,7 +249,7 @@ TEST(CpuKernels, Mxfp4AllCodesAndEdgeScales) {
   }
 }
 
-TEST(CpuKernels, DequantRowExact) {
+TEST_P(CpuKernelsTier, DequantRowExact) {
   std::mt19937 rng(9);
   for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
     for (int64_t cols : {32, 96, 352}) {
@@ -361,6 +381,42 @@ TEST(CpuKernels, AttnResMix) {
         worst.add(e);
         ASSERT_LT(e, 4e-6) << "H " << H << " sources " << m << " n " << n;
       }
+}
+
+// The avx512 tier against the avx2 tier, same inputs: different lane counts sum in a different order,
+// so the results are not bit-equal (at least one output must differ, else the forced tier did not run),
+// but both are within the fp32 dot bound (C+2) u sum|wx| of the exact value, so within twice that of
+// each other.
+TEST(CpuKernels, Avx512CloseToAvx2) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512 tier (missing: " << m << ")";
+  std::mt19937 rng(31);
+  k3test::Worst worst("avx512 vs avx2 (in units of 2^-24 sum|wx|)");
+  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4}) {
+    const int64_t rows = 33, cols = k3::is_block_format(f) ? 544 : 257;
+    const TestWeight t = make_weight(f, rows, cols, rng);
+    for (int64_t n : {1, 9}) {
+      const auto x = nonzero(static_cast<size_t>(n * cols), rng);
+      std::vector<float> y2(static_cast<size_t>(n * rows)), y5(y2.size());
+      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2);
+      k3::cpu::matmul(t.W, x.data(), n, y2.data());
+      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+      k3::cpu::matmul(t.W, x.data(), n, y5.data());
+      k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+      EXPECT_NE(std::memcmp(y2.data(), y5.data(), y2.size() * sizeof(float)), 0) << k3::weight_format_name(f) << " n " << n;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+          double sa = 0;
+          for (int64_t c = 0; c < cols; ++c)
+            sa += std::fabs(t.ref[static_cast<size_t>(r * cols + c)] * x[static_cast<size_t>(i * cols + c)]);
+          const size_t k = static_cast<size_t>(i * rows + r);
+          const double diff = std::fabs(double(y5[k]) - double(y2[k]));
+          ASSERT_LE(diff, 2 * (cols + 2) * kU * sa) << k3::weight_format_name(f) << " token " << i << " row " << r;
+          worst.add(diff / (kU * sa));
+        }
+    }
+  }
 }
 
 }  // namespace

@@ -10,8 +10,9 @@
 
 namespace k3::cpu {
 
-// Tiers from the baseline up. Only Avx2 has kernels today; the others are reserved for the AVX-512
-// (+BF16/VNNI) and AMX kernels of issue 14, so that adding one is a kernel table, not new plumbing.
+// Tiers from the baseline up. Avx2 and Avx512 have kernels (weight_kernels.cpp, weight_kernels_avx512.cpp);
+// the others are reserved for the AVX-512 BF16/VNNI and AMX kernels of issue 14, so that adding one is a
+// kernel table, not new plumbing.
 enum class CpuIsa { Avx2, Avx512, Avx512Bf16, Amx };
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx};
 

@@ -2,6 +2,7 @@
 // AVX2+FMA, weights converted in registers; see weight_kernels.h for the contracts.
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/backend/cpu/weight_gemm.h"
+#include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_simd.h"
 
 #include "k3/backend/cpu/cpu_isa.h"
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 
 namespace k3::cpu {
@@ -83,11 +85,23 @@ constexpr RowKernels kF16{f16_dot, f16_dequant, gemm_f16};
 constexpr RowKernels kBF16{bf16_dot, bf16_dequant, gemm_bf16};
 constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, gemm_mxfp4};
 
-// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat; only the AVX2 table exists so far.
+// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above) and avx512
+// (weight_kernels_avx512.cpp).
 using FormatTable = std::array<const RowKernels*, 4>;
 constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4};
+const FormatTable kAvx512Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
+                               avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4)};
 
-const FormatTable* tier_table(CpuIsa isa) { return isa == CpuIsa::Avx2 ? &kAvx2Table : nullptr; }
+const FormatTable* tier_table(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::Avx2: return &kAvx2Table;
+    case CpuIsa::Avx512: return &kAvx512Table;
+    default: return nullptr;
+  }
+}
+
+// The tier a test forced (force_cpu_isa_for_testing); null: the one chosen at start-up.
+std::atomic<const FormatTable*> g_forced_table{nullptr};
 
 }  // namespace
 
@@ -95,10 +109,24 @@ bool isa_has_kernels(CpuIsa isa) { return tier_table(isa) != nullptr; }
 
 const RowKernels& row_kernels(WeightFormat f) {
   // The tier is chosen once per process (cpu_state: the CPU's best tier with kernels, or $K3_CPU_ISA).
-  static const FormatTable& table = *tier_table(active_cpu_isa());
+  static const FormatTable& chosen = *tier_table(active_cpu_isa());
+  const FormatTable* forced = g_forced_table.load(std::memory_order_relaxed);
+  const FormatTable& table = forced ? *forced : chosen;
   const auto i = static_cast<size_t>(f);
   if (i < table.size() && table[i]) return *table[i];
   throw Error("CPU backend: weight format " + std::to_string(static_cast<int>(f)) + " has no kernels");
+}
+
+void force_cpu_isa_for_testing(std::optional<CpuIsa> isa) {
+  if (!isa) {
+    g_forced_table.store(nullptr);
+    return;
+  }
+  const CpuState& cpu = cpu_state();
+  if (const std::string m = isa_missing_features(cpu.features, *isa, cpu.amx_status == "granted"); !m.empty())
+    throw Error(std::string("force_cpu_isa_for_testing: this CPU cannot run ") + isa_name(*isa) + " (missing: " + m + ")");
+  if (!tier_table(*isa)) throw Error(std::string("force_cpu_isa_for_testing: no ") + isa_name(*isa) + " kernels");
+  g_forced_table.store(tier_table(*isa));
 }
 
 }  // namespace k3::cpu

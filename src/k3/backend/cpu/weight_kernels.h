@@ -1,9 +1,11 @@
 // The CPU backend's kernels per weight format, and its one dispatch point on WeightFormat: matmul,
 // row_dot and dequant_row (ops.h) look up a format's RowKernels here once per call. Adding a format =
-// its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, one case in row_kernels() and
+// its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, the same in each other tier
+// (weight_kernels_avx512.cpp), one case in the tier tables of weight_kernels.cpp and
 // tests in test_cpu_kernels.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "k3/core/error.h"
 #include "k3/core/weight.h"
@@ -31,6 +33,11 @@ bool isa_has_kernels(CpuIsa isa);
 
 // The kernels of format f; throws k3::Error for a format this backend has none for.
 const RowKernels& row_kernels(WeightFormat f);
+
+// Tests only: row_kernels() serves tier `isa` from now on, for every thread (nullopt: back to the tier
+// chosen at start-up), so that one process can check each tier and compare them. Throws k3::Error when
+// the CPU cannot run the tier or this build has no kernels for it. Not for use while matmuls run.
+void force_cpu_isa_for_testing(std::optional<CpuIsa> isa);
 
 // fp32 dot product (two 8-lane accumulators, fma scalar tail): the f32 format's dot, also used by other
 // CPU ops on rows they hold in fp32.

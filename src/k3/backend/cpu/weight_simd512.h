@@ -1,0 +1,81 @@
+// AVX-512 (F/BW/VL/DQ) building blocks of the avx512 kernel tier (weight_kernels_avx512.cpp), the
+// counterpart of weight_simd.h: 16-lane fp32 FMA, weights widened exactly to fp32 in registers (no bf16
+// dot instructions, so every product is the exact fp32 product, as in the avx2 tier).
+//
+// Only the functions defined between the push/pop pragmas below are compiled for AVX-512, so the rest
+// of the binary (and every inline function of the headers included first) still runs on an AVX2-only
+// CPU; row_kernels() reaches these only when the CPU has AVX-512 (cpu_isa.h). Include this header only
+// from files of the avx512 tier.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "k3/core/weight.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+namespace k3::cpu::simd512 {
+
+// Lanes [0, k) of a 16-lane vector (k in 1..16).
+inline __mmask16 first_lanes(int64_t k) { return static_cast<__mmask16>((1u << k) - 1u); }
+
+inline __m512 widen_bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+
+// Weight loaders: 16 values, or the first k under `m` (masked lanes read nothing and give 0).
+struct LoadF32 {
+  __m512 operator()(const float* p) const { return _mm512_loadu_ps(p); }
+  __m512 operator()(const float* p, __mmask16 m) const { return _mm512_maskz_loadu_ps(m, p); }
+};
+struct LoadBf16 {
+  __m512 operator()(const uint16_t* p) const {
+    return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  __m512 operator()(const uint16_t* p, __mmask16 m) const { return widen_bf16(_mm256_maskz_loadu_epi16(m, p)); }
+};
+struct LoadF16 {
+  __m512 operator()(const uint16_t* p) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  __m512 operator()(const uint16_t* p, __mmask16 m) const { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+// The end of every float dot of this tier, after the 32-wide main loop stopped at i: one more full 16
+// step into a0 if there is one, then the last cols % 16 values masked into a1, then one reduction. No
+// scalar tail, so no fma-contraction question; the zeroed lanes add exact zeros.
+template <class Wt, class Load>
+inline float finish_dot(__m512 a0, __m512 a1, const Wt* w, const float* x, int64_t i, int64_t n, Load load) {
+  if (i + 16 <= n) {
+    a0 = _mm512_fmadd_ps(load(w + i), _mm512_loadu_ps(x + i), a0);
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 m = first_lanes(n - i);
+    a1 = _mm512_fmadd_ps(load(w + i, m), _mm512_maskz_loadu_ps(m, x + i), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+// E2M1 values doubled, as int8, indexed by nibble (as weight_simd.h).
+inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+
+// One MXFP4 group (16 bytes = 32 weights, in order) as 2 vectors of 16 floats, doubled, unscaled.
+inline void decode_mxfp4_group(const uint8_t* p, __m512 out[2]) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i lo = _mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(b, _mm_set1_epi8(0x0f)));
+  const __m128i hi = _mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f)));
+  out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(lo, hi)));  // weights 0..15
+  out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(lo, hi)));  // weights 16..31
+}
+
+// One group's contribution before scaling, in the one order every MXFP4 path of this tier uses.
+inline __m512 mxfp4_group_dot(const __m512 w[2], const float* xg) {
+  return _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w[0], _mm512_loadu_ps(xg)));
+}
+
+inline __m512 mxfp4_scale(uint8_t s) { return _mm512_set1_ps(0.5f * e8m0_to_f32(s)); }
+
+}  // namespace k3::cpu::simd512
+
+#pragma GCC pop_options
