@@ -10,8 +10,10 @@
 // GCC 12 warns "'__Y' (may be) used uninitialized" inside its own AVX-512 headers (the undefined-vector
 // operand of masked intrinsics, a false positive); the warning's location is the intrinsic header, so it
 // is silenced for this file before anything is included.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 
 #include <algorithm>
@@ -20,8 +22,12 @@
 
 #include "k3/backend/cpu/weight_simd512.h"
 
+#if defined(__clang__)  // clang ignores GCC's target pragma: its own form applies the attribute per function
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
 
 namespace k3::cpu {
 
@@ -187,7 +193,11 @@ constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_gemm};
 
 }  // namespace k3::cpu
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace k3::cpu {
 

@@ -13,8 +13,12 @@
 
 #include "k3/core/weight.h"
 
+#if defined(__clang__)  // clang ignores GCC's target pragma: its own form applies the attribute per function
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
 
 namespace k3::cpu::simd512 {
 
@@ -78,4 +82,8 @@ inline __m512 mxfp4_scale(uint8_t s) { return _mm512_set1_ps(0.5f * e8m0_to_f32(
 
 }  // namespace k3::cpu::simd512
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
