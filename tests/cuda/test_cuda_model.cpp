@@ -11,6 +11,7 @@
 #include <random>
 
 #include "k3/backend/cuda/cuda_model.h"
+#include "k3/core/error.h"
 #include "k3/cache/hybrid_cache.h"
 #include "k3/model/model.h"
 #include "k3/model/placement.h"
@@ -145,6 +146,13 @@ TEST_P(CudaModelE2E, CpuMoeMatchesAllCuda) {
     EXPECT_LT(r.rel, 1e-3);
     EXPECT_GE(c.argmax, 0.99);
   }
+}
+
+// A rule naming a GPU the model does not run on is an error, not a silent move to this one.
+TEST_P(CudaModelE2E, PlacementOnAnotherGpuIsRejected) {
+  k3::cuda::CudaLoadOptions lo;
+  lo.placement = std::make_shared<k3::Placement>(k3::Placement::parse({"q_proj=CUDA7"}, false, 0));
+  EXPECT_THROW(k3::cuda::CudaModel::load(k3test::source_path(GetParam()), lo), k3::Error);
 }
 
 TEST_P(CudaModelE2E, Bf16StateMatchesCpuBf16State) {

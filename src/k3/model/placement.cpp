@@ -15,7 +15,11 @@ struct Placement::Rule {
   int device = kHostDevice;
   int below_layer = -1;  // --n-cpu-moe: the pattern's group 1 is a layer index that must be < this
   pcre2_code* code = nullptr;
-  ~Rule() { pcre2_code_free(code); }
+  pcre2_match_data* md = nullptr;  // reused: binding asks once per tensor (~250k for K3), one thread
+  ~Rule() {
+    pcre2_match_data_free(md);
+    pcre2_code_free(code);
+  }
 };
 
 namespace {
@@ -72,6 +76,7 @@ Placement Placement::parse(const std::vector<std::string>& override_tensor, bool
                   ": " + reinterpret_cast<const char*>(msg));
     }
     pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE);
+    r->md = pcre2_match_data_create_from_pattern(r->code, nullptr);
     p.rules_.push_back(std::move(r));
   }
   return p;
@@ -79,7 +84,7 @@ Placement Placement::parse(const std::vector<std::string>& override_tensor, bool
 
 int Placement::device_of(const std::string& name, int model_device) const {
   for (const auto& r : rules_) {
-    pcre2_match_data* md = pcre2_match_data_create_from_pattern(r->code, nullptr);
+    pcre2_match_data* md = r->md;
     const int rc = pcre2_match(r->code, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, md, nullptr);
     bool hit = rc >= 0;
     if (hit && r->below_layer >= 0) {  // the layer index (group 1), compared as a number (at most 9 digits)
@@ -87,7 +92,6 @@ int Placement::device_of(const std::string& name, int model_device) const {
       const std::string digits = name.substr(ov[2], ov[3] - ov[2]);
       hit = digits.size() <= 9 && std::stol(digits) < r->below_layer;
     }
-    pcre2_match_data_free(md);
     if (hit) return r->device;
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
       throw Error("--override-tensor '" + shown(r->pattern) + "': matching failed on " + name);

@@ -20,7 +20,7 @@ class Placement {
 
   // Throws k3::Error naming the flag and the bad value (pattern that does not compile, unknown device).
   static Placement parse(const std::vector<std::string>& override_tensor, bool cpu_moe, int n_cpu_moe);
-  // The home of tensor `name`: kHostDevice (core/weight.h), a CUDA ordinal, or `model_device` when no
+  // The home of tensor `name` (not thread-safe: one binder asks): kHostDevice (core/weight.h), a CUDA ordinal, or `model_device` when no
   // rule matches.
   int device_of(const std::string& name, int model_device) const;
   bool empty() const;

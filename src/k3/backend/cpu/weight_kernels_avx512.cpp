@@ -22,12 +22,7 @@
 
 #include "k3/backend/cpu/weight_simd512.h"
 
-#if defined(__clang__)  // clang ignores GCC's target pragma: its own form applies the attribute per function
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+K3_AVX512_BEGIN
 
 namespace k3::cpu {
 
@@ -193,11 +188,7 @@ constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_gemm};
 
 }  // namespace k3::cpu
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+K3_AVX512_END
 
 namespace k3::cpu {
 

@@ -13,12 +13,18 @@
 
 #include "k3/core/weight.h"
 
-#if defined(__clang__)  // clang ignores GCC's target pragma: its own form applies the attribute per function
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
+// K3_AVX512_BEGIN ... K3_AVX512_END: the functions defined in between are compiled for AVX-512 (GCC's target
+// pragma; clang ignores it, so there its attribute pragma applies the same target per function).
+#if defined(__clang__)
+#define K3_AVX512_BEGIN \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq\"))), apply_to = function)")
+#define K3_AVX512_END _Pragma("clang attribute pop")
 #else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#define K3_AVX512_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq\")")
+#define K3_AVX512_END _Pragma("GCC pop_options")
 #endif
+
+K3_AVX512_BEGIN
 
 namespace k3::cpu::simd512 {
 
@@ -82,8 +88,4 @@ inline __m512 mxfp4_scale(uint8_t s) { return _mm512_set1_ps(0.5f * e8m0_to_f32(
 
 }  // namespace k3::cpu::simd512
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+K3_AVX512_END

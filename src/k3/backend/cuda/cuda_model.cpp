@@ -134,6 +134,12 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   impl->use_graphs = !opt.enforce_eager;
   auto ckpt = std::make_unique<Checkpoint>(dir);
   ModelWeights hw = bind_weights(impl->cfg, *ckpt, opt.placement.get(), opt.device);
+  // One GPU per model so far: a rule naming another device would silently land on this one.
+  for_each_matrix(hw, [&](const WeightMatrix& m) {
+    if (!m.empty() && m.device != kHostDevice && m.device != opt.device)
+      throw Error("--override-tensor: a rule places weights on CUDA" + std::to_string(m.device) + ", but this model runs on " +
+                  impl->name + " only (placement across several GPUs is not supported yet)");
+  });
   upload_weights(hw, opt.device, impl->w);
   const int64_t host_bytes = matrix_bytes_on(hw, kHostDevice);
   if (host_bytes > 0) {
