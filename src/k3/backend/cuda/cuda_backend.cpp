@@ -2,6 +2,9 @@
 // MLA and MoE ops are in cuda_backend_{kda,mla,moe}.cpp).
 #include "k3/backend/cuda/cuda_backend.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <algorithm>
 #include <string>
 
@@ -16,6 +19,8 @@ using graph::Tensor;
 CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof)
     : cfg_(c), spec_(spec), stream_(stream), gemm_bf16_(gemm_bf16), prof_(prof) {
   lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
+  const char* overlap = std::getenv("K3_HYBRID_OVERLAP");
+  overlap_host_moe_ = !(overlap && std::string(overlap) == "0");
 }
 
 CudaBackend::~CudaBackend() = default;

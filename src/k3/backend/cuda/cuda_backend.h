@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -85,6 +86,9 @@ class CudaBackend final : public graph::Backend {
                  graph::Tensor wts) override;
   void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                    const graph::GluParams& p, graph::Tensor out) override;
+  void moe_experts_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                         const graph::GluParams& p, graph::Tensor out) override;
+  void moe_experts_wait() override;
 
  private:
   // Offsets in the staging block of the step data the kernels read.
@@ -105,8 +109,9 @@ class CudaBackend final : public graph::Backend {
   // stream, so a model with host weights runs without CUDA graphs.
   void host_linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y);
   void host_embed(const WeightMatrix& table, graph::Tensor out);
-  void host_moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
-                        const graph::GluParams& p, graph::Tensor out);
+  void host_moe_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                      const graph::GluParams& p, graph::Tensor out);
+  void host_moe_finish();
   // MHA form of one prefill-form sequence (cuda_backend_mla.cpp).
   void mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq, int64_t offset,
                        int64_t n, int64_t past, const float* q, float scale, float* out);
@@ -127,6 +132,18 @@ class CudaBackend final : public graph::Backend {
   DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_;
 
   PinnedBuffer host_in_, host_out_;  // the host ops' activations
+  // Routed experts on the host between moe_experts_start and _wait (cuda_backend_host.cpp).
+  struct PendingHostMoe {
+    const MoeWeights* w;
+    graph::Tensor x, idx, wts;  // in moe_in_
+    graph::GluParams p;
+    graph::Tensor out;          // on the device
+  };
+  std::optional<PendingHostMoe> pending_moe_;
+  PinnedBuffer moe_in_, moe_out_;
+  CudaEvent moe_inputs_ready_;
+  // K3_HYBRID_OVERLAP=0 runs the shared experts after the host experts (to measure the overlap's gain).
+  bool overlap_host_moe_ = true;
   std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
 
   Staging st_;
