@@ -21,6 +21,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream
   lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
   const char* overlap = std::getenv("K3_HYBRID_OVERLAP");
   overlap_host_moe_ = !(overlap && std::string(overlap) == "0");
+  if (const char* m = std::getenv("K3_MOE_STREAM_MIN_TOKENS")) moe_stream_min_tokens_ = std::max(0L, std::atol(m));
 }
 
 CudaBackend::~CudaBackend() = default;

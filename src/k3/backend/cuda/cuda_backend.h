@@ -16,6 +16,7 @@
 
 #include "k3/backend/cuda/cuda_profiler.h"
 #include "k3/backend/cuda/device_scratch.h"
+#include "k3/backend/cuda/expert_streamer.h"
 #include "k3/backend/cuda/host_staging.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/mla_kernels.h"
@@ -112,6 +113,10 @@ class CudaBackend final : public graph::Backend {
   void host_moe_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                       const graph::GluParams& p, graph::Tensor out);
   void host_moe_finish();
+  // A batch of at least moe_stream_min_tokens_ tokens: the layer's host experts go to the GPU and are
+  // computed there (expert_streamer.h); false when not streamed.
+  bool stream_host_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                           const graph::GluParams& p, graph::Tensor out);
   // MHA form of one prefill-form sequence (cuda_backend_mla.cpp).
   void mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq, int64_t offset,
                        int64_t n, int64_t past, const float* q, float scale, float* out);
@@ -144,6 +149,9 @@ class CudaBackend final : public graph::Backend {
   CudaEvent moe_inputs_ready_;
   // K3_HYBRID_OVERLAP=0 runs the shared experts after the host experts (to measure the overlap's gain).
   bool overlap_host_moe_ = true;
+  // K3_MOE_STREAM_MIN_TOKENS=N: stream host experts to the GPU for batches of >= N tokens (0: never).
+  int64_t moe_stream_min_tokens_ = 0;
+  ExpertStreamer streamer_;
   std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
 
   Staging st_;

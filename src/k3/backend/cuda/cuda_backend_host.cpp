@@ -74,8 +74,21 @@ void CudaBackend::host_moe_finish() {
 
 void CudaBackend::moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
                                     Tensor out) {
-  if (!w.stacked.empty() || !overlap_host_moe_) return moe_experts(w, x, idx, wts, p, out);
+  if (!w.stacked.empty() || !overlap_host_moe_ || stream_host_experts(w, x, idx, wts, p, out))
+    return moe_experts(w, x, idx, wts, p, out);
   host_moe_start(w, x, idx, wts, p, out);
+}
+
+bool CudaBackend::stream_host_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
+                                      Tensor out) {
+  if (moe_stream_min_tokens_ <= 0 || x.rows < moe_stream_min_tokens_ || !ExpertStreamer::can_stream(w.experts)) return false;
+  prof_.begin("stream experts", stream_);
+  const ExpertBank bank = streamer_.upload(w.experts, stream_);
+  K3_CUDA_CHECK(cuda::moe_experts(bank, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
+                                  p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
+                                  gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
+  prof_.end(stream_);
+  return true;
 }
 
 void CudaBackend::moe_experts_wait() { host_moe_finish(); }

@@ -16,8 +16,9 @@ void CudaBackend::moe_route(Tensor logits, const float* bias, const graph::Route
 
 void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
                               Tensor out) {
-  if (w.stacked.empty()) {
-    host_moe_start(w, x, idx, wts, p, out);  // placed on the host (--cpu-moe): all at once here
+  if (w.stacked.empty()) {  // placed on the host (--cpu-moe): streamed to the GPU, or computed there
+    if (stream_host_experts(w, x, idx, wts, p, out)) return;
+    host_moe_start(w, x, idx, wts, p, out);
     return host_moe_finish();
   }
   prof_.begin("moe experts", stream_);
