@@ -13,6 +13,7 @@ import torch
 
 LIB = ctypes.CDLL(sys.argv[1])
 QUICK = "--quick" in sys.argv
+PROFILE = "--profile" in sys.argv  # per-kernel times (torch.profiler / CUPTI) of a few variants at 1 x 8192
 D = 128
 try:
     from fla.ops.kda import chunk_kda
@@ -82,11 +83,31 @@ def seq_table(S, ns, T):
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).cuda()
 
 
+def profile(variants, shape):
+    from torch.profiler import ProfilerActivity, profile as tprof
+    for name, fn in variants:
+        if not any(x in name for x in ("tc32 bv32 bf16", "tc64 bv64 bf16", "tc32 bv64 bf16", "safe_gate", "chunked32")):
+            continue
+        call = fn[0] if isinstance(fn, tuple) else fn
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with tprof(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+        print(f"== profile {shape} {name} (5 calls) ==")
+        for ev in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:8]:
+            print(f"   {ev.device_time_total / 5 / 1000:8.3f} ms/call  x{ev.count // 5:<3d} {ev.key[:110]}")
+
+
 def main():
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  fla {FLA}")
     shapes = [(1, 8192, 32), (8, 1024, 32), (1, 8192, 96), (8, 1024, 96)]
     if QUICK:
         shapes = shapes[:1]
+    if PROFILE:
+        shapes = [(1, 8192, 32), (1, 8192, 96)]
     rows = []
     for ns, T, H in shapes:
         N = ns * T
@@ -140,6 +161,9 @@ def main():
             for name, gg, safe in [("fla chunk_kda bf16 (g fp32)", fg32, False), ("fla chunk_kda bf16 (g bf16)", fg16, False),
                                    ("fla chunk_kda bf16 safe_gate lb=-5", fg32, True)]:
                 variants.append((name, fla_fn(gg, safe)))
+        if PROFILE:
+            profile(variants, f"{ns} x {T} H={H}")
+            continue
         for name, fn in variants:
             fla_run = isinstance(fn, tuple)
             call = fn[0] if fla_run else fn
