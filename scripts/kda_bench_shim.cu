@@ -29,9 +29,9 @@ size_t k3_kda_tc_ws(int N, int n_seqs, int H, int D, int chunk) {
 // bf16_in: q, k, v, g are bf16 (else fp32)
 int k3_kda_tc(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int bf16_in, const void* q,
               const void* k, const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
-              void* ws, size_t wsb) {
+              int nbuf, void* ws, size_t wsb) {
   return k3::cuda::kda_chunked_tc(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk,
                                   bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
-                                  chunk_states, bv, ws, wsb, nullptr);
+                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf}, ws, wsb, nullptr);
 }
 }

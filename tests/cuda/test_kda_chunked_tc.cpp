@@ -155,7 +155,7 @@ std::vector<uint16_t> to_bf16(const Vec& x) {
 }
 
 struct TcRun {
-  int chunk = 64, value_tile = 0;
+  int chunk = 64, value_tile = 0, buffers = 0;
   KdaInType in = KdaInType::F32;
   bool want_chunk_states = false;
 };
@@ -179,13 +179,13 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   if (r.in == KdaInType::BF16) {
     Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                r.value_tile, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                r.value_tile, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   }
@@ -204,11 +204,12 @@ TEST(CudaKdaTc, MatchesCpuRecurrence) {
     cpu_ref(p, ro, rS, 0, nullptr);
     for (int chunk : {32, 64})
       for (int bv : {32, 64})
+        for (int nb : {1, 2})
         for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
           Vec go, gS;
-          gpu_tc(p, TcRun{chunk, bv, in, false}, go, gS, nullptr);
+          gpu_tc(p, TcRun{chunk, bv, nb, in, false}, go, gS, nullptr);
           const double eo = rel_err(go, ro), es = rel_err(gS, rS);
-          std::printf("[ kda-tc ] chunk%d bv%d %s-in H=%d lens=%-26s out %.2e  state %.2e\n", chunk, bv,
+          std::printf("[ kda-tc ] chunk%d bv%d buf%d %s-in H=%d lens=%-26s out %.2e  state %.2e\n", chunk, bv, nb,
                       in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), eo, es);
           EXPECT_LT(eo, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
           EXPECT_LT(es, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
@@ -224,7 +225,7 @@ TEST(CudaKdaTc, ChunkStatesMatchRecurrenceAtChunkEnds) {
   for (int chunk : {32, 64}) {
     Vec ro, rS, rC, go, gS, gC;
     cpu_ref(p, ro, rS, chunk, &rC);
-    gpu_tc(p, TcRun{chunk, 0, KdaInType::F32, true}, go, gS, &gC);
+    gpu_tc(p, TcRun{chunk, 0, 0, KdaInType::F32, true}, go, gS, &gC);
     const double ec = rel_err(gC, rC), es = rel_err(gS, rS);
     std::printf("[ kda-tc ] chunk states chunk%d lens=%s: %zu states, err %.2e  final %.2e\n", chunk,
                 lens_str(lens).c_str(), rC.size() / p.SS(), ec, es);
@@ -252,7 +253,7 @@ TEST(CudaKdaTc, PrefillThenDecodeMatchesRecurrence) {
   const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(p.N, 2, p.H, kD, 64);
   Dev<char> ws(wsb);
   ck(k3::cuda::kda_chunked_tc(dpre.p, 2, p.N, p.H, kD, 64, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr,
-                              0, ws.p, wsb, nullptr),
+                              k3::cuda::KdaTcTuning{}, ws.p, wsb, nullptr),
      "prefill");
   for (int t = 0; t < n_decode; ++t) {
     std::vector<KdaSeq> dec;
@@ -289,8 +290,8 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   Dev<KdaSeq> ds(std::vector<KdaSeq>{s});
   float* x = buf.p;
   auto call = [&](int D, int chunk, int bv, float* q, size_t bytes) {
-    return kda_chunked_tc(ds.p, 1, 64, 1, D, chunk, KdaInType::F32, q, x, x, x, beta.p, x, nullptr, bv, ws.p, bytes,
-                          nullptr);
+    return kda_chunked_tc(ds.p, 1, 64, 1, D, chunk, KdaInType::F32, q, x, x, x, beta.p, x, nullptr,
+                          k3::cuda::KdaTcTuning{bv, 0}, ws.p, bytes, nullptr);
   };
   EXPECT_EQ(call(64, 64, 0, x, wsb), cudaErrorInvalidValue);          // D 64
   EXPECT_EQ(call(kD, 16, 0, x, wsb), cudaErrorInvalidValue);          // chunk 16

@@ -68,7 +68,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
                "r"(valid ? 16 : 0));  // src-size 0: zero-filled
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load4(const bf16* p) {
@@ -360,31 +363,49 @@ __global__ void __launch_bounds__(IntraCfg<L>::NT)
 // ---------------------------------------------------------------------------------------------------
 // State + output kernel: grid (n_seqs, H, kD / BV), 4 warps. Steps A/B: warp = (row tile rt of 16 chunk
 // rows, value half nh); step C: warp w = key rows [32w, 32w + 32), all BV columns.
-template <int L, int BV>
+template <int L, int BV, int NBUF>
 struct StateTcCfg {
   static constexpr int NT = 128, RT = L / 16, NSPLIT = 4 / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8, MT = 2;
   static constexpr int LDB = kD + 8, LDA = L + 8, LDV = BV + 8;
   static_assert(RT * NSPLIT == 4 && NTW >= 2 && NTW % 2 == 0, "warp mapping");
-  static constexpr size_t elems = 3 * static_cast<size_t>(L) * LDB + static_cast<size_t>(L) * LDA +
-                                  2 * static_cast<size_t>(L) * LDV + static_cast<size_t>(kD) * LDV;
-  static constexpr size_t bytes = elems * sizeof(bf16) + kD * sizeof(float);
+  // one buffer of chunk operands: W, Q, Kd [L][LDB], A_qk [L][LDA], U [L][LDV] (bf16), exp(G_last) [kD] fp32
+  static constexpr size_t buf_bytes =
+      (3 * static_cast<size_t>(L) * LDB + static_cast<size_t>(L) * LDA + static_cast<size_t>(L) * LDV) * sizeof(bf16) +
+      kD * sizeof(float);
+  static constexpr size_t bytes =
+      NBUF * buf_bytes + (static_cast<size_t>(L) * LDV + static_cast<size_t>(kD) * LDV) * sizeof(bf16);
 };
 
-template <int L, int BV>
+// Shared-memory views of one operand buffer.
+struct StateOps {
+  bf16 *W, *Q, *K, *A, *U;
+  float* eL;
+};
+
+// NBUF = 1: one operand buffer, refilled piecewise as soon as each piece is consumed (two commit groups per
+// chunk). NBUF = 2: two buffers, chunk c + 1's operands requested when chunk c starts (a whole chunk of time
+// to arrive, at the cost of shared memory / resident blocks).
+template <int L, int BV, int NBUF>
 __global__ void __launch_bounds__(128)
     kda_tc_state_kernel(const KdaSeq* __restrict__ seqs, int H, const int* __restrict__ base, TcWs ws,
                         float* __restrict__ o, float* __restrict__ chunk_states) {
-  using Cfg = StateTcCfg<L, BV>;
+  using Cfg = StateTcCfg<L, BV, NBUF>;
   constexpr int LDB = Cfg::LDB, LDA = Cfg::LDA, LDV = Cfg::LDV, NTW = Cfg::NTW, NTC = Cfg::NTC, MT = Cfg::MT;
   extern __shared__ float4 smem4[];
-  bf16* Wsm = reinterpret_cast<bf16*>(smem4);
-  bf16* Qsm = Wsm + L * LDB;
-  bf16* Ksm = Qsm + L * LDB;
-  bf16* Asm = Ksm + L * LDB;
-  bf16* Usm = Asm + L * LDA;
-  bf16* Vn = Usm + L * LDV;
+  char* sp = reinterpret_cast<char*>(smem4);
+  auto ops = [&](int c) {
+    char* b = sp + (NBUF == 2 ? (c & 1) : 0) * Cfg::buf_bytes;
+    StateOps r;
+    r.W = reinterpret_cast<bf16*>(b);
+    r.Q = r.W + L * LDB;
+    r.K = r.Q + L * LDB;
+    r.A = r.K + L * LDB;
+    r.U = r.A + L * LDA;
+    r.eL = reinterpret_cast<float*>(r.U + L * LDV);
+    return r;
+  };
+  bf16* Vn = reinterpret_cast<bf16*>(sp + NBUF * Cfg::buf_bytes);
   bf16* Ss = Vn + L * LDV;
-  float* eLs = reinterpret_cast<float*>(Ss + kD * LDV);
 
   const KdaSeq sq = seqs[blockIdx.x];
   if (sq.n <= 0) return;
@@ -415,35 +436,37 @@ __global__ void __launch_bounds__(128)
   };
   auto load_wqu = [&](int c) {
     if (c < nch) {
+      const StateOps b = ops(c);
       int Lc;
       const size_t r0 = rows(c, Lc);
       for (int e = tid; e < L * (kD / 8); e += Cfg::NT) {
         const int i = e / (kD / 8), d = 8 * (e % (kD / 8));
         const size_t at = (r0 + min(i, Lc - 1)) * C + hcol + d;
-        cp_async16(Wsm + i * LDB + d, ws.W + at, i < Lc);
-        cp_async16(Qsm + i * LDB + d, ws.Q + at, i < Lc);
+        cp_async16(b.W + i * LDB + d, ws.W + at, i < Lc);
+        cp_async16(b.Q + i * LDB + d, ws.Q + at, i < Lc);
       }
       for (int e = tid; e < L * (BV / 8); e += Cfg::NT) {
         const int i = e / (BV / 8), j = 8 * (e % (BV / 8));
-        cp_async16(Usm + i * LDV + j, ws.U + (r0 + min(i, Lc - 1)) * C + hcol + v0 + j, i < Lc);
+        cp_async16(b.U + i * LDV + j, ws.U + (r0 + min(i, Lc - 1)) * C + hcol + v0 + j, i < Lc);
       }
     }
     cp_async_commit();
   };
   auto load_ak = [&](int c) {
     if (c < nch) {
+      const StateOps b = ops(c);
       int Lc;
       const size_t r0 = rows(c, Lc);
       for (int e = tid; e < L * (kD / 8); e += Cfg::NT) {
         const int i = e / (kD / 8), d = 8 * (e % (kD / 8));
-        cp_async16(Ksm + i * LDB + d, ws.K + (r0 + min(i, Lc - 1)) * C + hcol + d, i < Lc);
+        cp_async16(b.K + i * LDB + d, ws.K + (r0 + min(i, Lc - 1)) * C + hcol + d, i < Lc);
       }
       for (int e = tid; e < L * (L / 8); e += Cfg::NT) {
         const int i = e / (L / 8), j = 8 * (e % (L / 8));
-        cp_async16(Asm + i * LDA + j, ws.A + ((r0 + min(i, Lc - 1)) * H + h) * L + j, i < Lc);
+        cp_async16(b.A + i * LDA + j, ws.A + ((r0 + min(i, Lc - 1)) * H + h) * L + j, i < Lc);
       }
       for (int e = tid; e < kD / 4; e += Cfg::NT)
-        cp_async16(eLs + 4 * e, ws.eL + (static_cast<size_t>(cb + c) * H + h) * kD + 4 * e, true);
+        cp_async16(b.eL + 4 * e, ws.eL + (static_cast<size_t>(cb + c) * H + h) * kD + 4 * e, true);
     }
     cp_async_commit();
   };
@@ -453,8 +476,15 @@ __global__ void __launch_bounds__(128)
   for (int c = 0; c < nch; ++c) {
     int Lc;
     const size_t r0 = rows(c, Lc);
-    cp_async_wait1();  // this chunk's W, Q, U
-    __syncthreads();   // ... every thread's copies, and Ss of the previous chunk
+    const StateOps b = ops(c);
+    if constexpr (NBUF == 2) {  // the other buffer was last read in chunk c - 1, before its closing barrier
+      load_wqu(c + 1);
+      load_ak(c + 1);
+      cp_async_wait<2>();  // this chunk's two groups
+    } else {
+      cp_async_wait<1>();  // this chunk's W, Q, U
+    }
+    __syncthreads();  // ... every thread's copies, and Ss of the previous chunk
 
     // Step A: W S and Q S for rows [16 rt, 16 rt + 16), n-tiles [nt0, nt0 + NTW); V~ = U - W S.
     float aw[NTW][4], aq[NTW][4];
@@ -465,16 +495,16 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       uint32_t wa[4], qa[4];
-      ldsm_x4(wa, Wsm + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
-      ldsm_x4(qa, Qsm + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+      ldsm_x4(wa, b.W + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+      ldsm_x4(qa, b.Q + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
 #pragma unroll
       for (int p = 0; p < NTW / 2; ++p) {
-        uint32_t b[4];
-        ldsm_x4_t(b, Ss + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
-        mma(aw[2 * p], wa, b[0], b[1]);
-        mma(aw[2 * p + 1], wa, b[2], b[3]);
-        mma(aq[2 * p], qa, b[0], b[1]);
-        mma(aq[2 * p + 1], qa, b[2], b[3]);
+        uint32_t f[4];
+        ldsm_x4_t(f, Ss + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+        mma(aw[2 * p], wa, f[0], f[1]);
+        mma(aw[2 * p + 1], wa, f[2], f[3]);
+        mma(aq[2 * p], qa, f[0], f[1]);
+        mma(aq[2 * p + 1], qa, f[2], f[3]);
       }
     }
 #pragma unroll
@@ -482,26 +512,28 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = 16 * rt + gq + 8 * half, col = 8 * (nt0 + nt) + 2 * tq;
-        const float2 u = unpack2(lds32(Usm + row * LDV + col));
+        const float2 u = unpack2(lds32(b.U + row * LDV + col));
         sts32(Vn + row * LDV + col, pack2(u.x - aw[nt][2 * half], u.y - aw[nt][2 * half + 1]));
       }
-    __syncthreads();  // Vn complete; Wsm, Qsm, Usm, Ss consumed
-    load_wqu(c + 1);
-    cp_async_wait1();  // this chunk's exp(G_last - G) k, A_qk, exp(G_last)
-    __syncthreads();
+    __syncthreads();  // Vn complete; W, Q, U and Ss consumed
+    if constexpr (NBUF == 1) {
+      load_wqu(c + 1);
+      cp_async_wait<1>();  // this chunk's exp(G_last - G) k, A_qk, exp(G_last)
+      __syncthreads();
+    }
 
     // Step B: O = Q S + A_qk V~ (A_qk is zero above the diagonal: k-steps kk <= rt).
 #pragma unroll
     for (int kk = 0; kk < Cfg::RT; ++kk) {
       if (kk <= rt) {
         uint32_t a[4];
-        ldsm_x4(a, Asm + (16 * rt + (lane & 15)) * LDA + 16 * kk + 8 * (lane >> 4));
+        ldsm_x4(a, b.A + (16 * rt + (lane & 15)) * LDA + 16 * kk + 8 * (lane >> 4));
 #pragma unroll
         for (int p = 0; p < NTW / 2; ++p) {
-          uint32_t b[4];
-          ldsm_x4_t(b, Vn + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
-          mma(aq[2 * p], a, b[0], b[1]);
-          mma(aq[2 * p + 1], a, b[2], b[3]);
+          uint32_t f[4];
+          ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+          mma(aq[2 * p], a, f[0], f[1]);
+          mma(aq[2 * p + 1], a, f[2], f[3]);
         }
       }
     }
@@ -521,7 +553,7 @@ __global__ void __launch_bounds__(128)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float e = eLs[mrow0 + 16 * mt + gq + 8 * half];
+        const float e = b.eL[mrow0 + 16 * mt + gq + 8 * half];
 #pragma unroll
         for (int nt = 0; nt < NTC; ++nt) {
           s[mt][nt][2 * half] *= e;
@@ -533,15 +565,15 @@ __global__ void __launch_bounds__(128)
       uint32_t a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4_t(a[mt], Ksm + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * LDB + mrow0 + 16 * mt + 8 * ((lane >> 3) & 1));
+        ldsm_x4_t(a[mt], b.K + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * LDB + mrow0 + 16 * mt + 8 * ((lane >> 3) & 1));
 #pragma unroll
       for (int p = 0; p < NTC / 2; ++p) {
-        uint32_t b[4];
-        ldsm_x4_t(b, Vn + (16 * kk + (lane & 15)) * LDV + 16 * p + 8 * (lane >> 4));
+        uint32_t f[4];
+        ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 16 * p + 8 * (lane >> 4));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma(s[mt][2 * p], a[mt], b[0], b[1]);
-          mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
+          mma(s[mt][2 * p], a[mt], f[0], f[1]);
+          mma(s[mt][2 * p + 1], a[mt], f[2], f[3]);
         }
       }
     }
@@ -558,8 +590,8 @@ __global__ void __launch_bounds__(128)
             *reinterpret_cast<float2*>(cs + static_cast<size_t>(dk) * kD + v0 + col) =
                 make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
         }
-    __syncthreads();  // Ksm, Asm, eLs, Vn consumed; Ss complete
-    load_ak(c + 1);
+    __syncthreads();  // Kd, A_qk, exp(G_last), Vn consumed; Ss complete
+    if constexpr (NBUF == 1) load_ak(c + 1);
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -587,22 +619,22 @@ cudaError_t launch_intra(const KdaSeq* seqs, int n_seqs, int N, int H, const T* 
   return cudaGetLastError();
 }
 
-template <int L, int BV>
+template <int L, int BV, int NBUF>
 cudaError_t launch_state(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o, float* chunk_states,
                          cudaStream_t stream) {
-  constexpr size_t smem = StateTcCfg<L, BV>::bytes;
+  constexpr size_t smem = StateTcCfg<L, BV, NBUF>::bytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      kda_tc_state_kernel<L, BV>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      kda_tc_state_kernel<L, BV, NBUF>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), kD / BV);
-  kda_tc_state_kernel<L, BV><<<grid, 128, smem, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
+  kda_tc_state_kernel<L, BV, NBUF><<<grid, 128, smem, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
   return cudaGetLastError();
 }
 
 template <int L>
 cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_type, const void* q, const void* k,
                    const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
-                   const TcWs& ws, cudaStream_t stream) {
+                   int nbuf, const TcWs& ws, cudaStream_t stream) {
   kda_tc_table_kernel<<<1, 32, 0, stream>>>(seqs, n_seqs, L, ws.base);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -613,8 +645,11 @@ cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_ty
     e = launch_intra<L, float>(seqs, n_seqs, N, H, static_cast<const float*>(q), static_cast<const float*>(k),
                                static_cast<const float*>(v), static_cast<const float*>(g), beta, ws, stream);
   if (e != cudaSuccess) return e;
-  return bv == 64 ? launch_state<L, 64>(seqs, n_seqs, H, ws, o, chunk_states, stream)
-                  : launch_state<L, 32>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  if (nbuf == 2)
+    return bv == 64 ? launch_state<L, 64, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                    : launch_state<L, 32, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  return bv == 64 ? launch_state<L, 64, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                  : launch_state<L, 32, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream);
 }
 
 }  // namespace
@@ -626,10 +661,11 @@ size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int
 
 cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
                            KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
-                           const float* beta, float* o, float* chunk_states, int value_tile, void* workspace,
+                           const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream) {
   if (D != kD || (chunk != 32 && chunk != 64) || H <= 0 || n_seqs < 0 || n_total_tokens < 0 ||
-      (value_tile != 0 && value_tile != 32 && value_tile != 64))
+      (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64) || tuning.buffers < 0 ||
+      tuning.buffers > 2)
     return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
   if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
@@ -639,11 +675,12 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
     return cudaErrorInvalidValue;
   // Value tile: 64 halves the re-reads of the chunk operands, 32 doubles the blocks; take 32 while 64
   // would leave fewer than two blocks per multiprocessor (132 on an H200).
-  const int bv = value_tile != 0 ? value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
+  const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
+  const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
-  return chunk == 64 ? run_tc<64>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, ws, stream)
-                     : run_tc<32>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, ws, stream);
+  return chunk == 64 ? run_tc<64>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream)
+                     : run_tc<32>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream);
 }
 
 }  // namespace k3::cuda

@@ -32,14 +32,20 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
   return total;
 }
 
-// q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. value_tile: value columns per state
-// block (32 or 64; 0 = chosen from the shape). chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving
+// Launch shape of the state kernel (0 = chosen from the shape): value columns per block (32 or 64) and
+// operand buffers (1: refilled piecewise; 2: the next chunk prefetched while this one runs).
+struct KdaTcTuning {
+  int value_tile = 0;
+  int buffers = 0;
+};
+
+// q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving
 // each sequence's state after each of its chunks, chunks numbered in sequence order (sequence s's chunk c
 // is row sum_{s' < s} ceil(n_s' / chunk) + c); the last chunk's entry equals the final state.
 // Pointers 16-byte aligned. Asynchronous; graph-capturable.
 cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
                            KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
-                           const float* beta, float* o, float* chunk_states, int value_tile, void* workspace,
+                           const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace k3::cuda
