@@ -113,7 +113,7 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R) {
       size_t kb = 0;
       const int H = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim);
       for (int ch : {16, 32, 64})
-        kb = std::max(kb, kda_tc_ ? kda_chunked_tc_workspace_bytes(n, n, H, D, ch == 32 ? 32 : 64)
+        kb = std::max(kb, kda_tc_ ? kda_chunked_tc_workspace_bytes(n, n, H, D, ch == 64 ? 64 : 32)
                                   : kda_chunked_workspace_bytes(n, n, H, D, ch));
       kda_ws_ = DeviceBuffer();
       kda_ws_ = DeviceBuffer(kb);

@@ -30,7 +30,7 @@ class CudaBackend final : public graph::Backend {
   // KDA chunk of the prefill form when the step does not set one (fastest on an H200 at 1 x 4096
   // tokens: docs/perf/cuda.md); other sizes than 16/32/64 run the recurrence.
   static constexpr int kDefaultKdaChunk = 32;
-  static constexpr int kDefaultKdaTcChunk = 64;  // kda_chunked_tc's (docs/perf/cuda.md)
+  static constexpr int kDefaultKdaTcChunk = 32;  // kda_chunked_tc's: 32 beat 64 at every measured shape (docs/perf/cuda.md)
 
   CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
   ~CudaBackend() override;

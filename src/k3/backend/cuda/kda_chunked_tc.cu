@@ -674,7 +674,9 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
       !aligned16(chunk_states))
     return cudaErrorInvalidValue;
   // Value tile: 64 halves the re-reads of the chunk operands, 32 doubles the blocks; take 32 while 64
-  // would leave fewer than two blocks per multiprocessor (132 on an H200).
+  // would leave fewer than two blocks per multiprocessor (132 on an H200). This picked the faster tile at
+  // each of 1 x 8192 / 8 x 1024 tokens x 32 / 96 heads (docs/perf/cuda.md, run kda-tc-2). One operand buffer:
+  // two measured 1-10% slower everywhere (fewer resident blocks).
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
   TcWs ws;
