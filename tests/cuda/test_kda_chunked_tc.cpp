@@ -205,15 +205,15 @@ TEST(CudaKdaTc, MatchesCpuRecurrence) {
     for (int chunk : {32, 64})
       for (int bv : {32, 64})
         for (int nb : {1, 2})
-        for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
-          Vec go, gS;
-          gpu_tc(p, TcRun{chunk, bv, nb, in, false}, go, gS, nullptr);
-          const double eo = rel_err(go, ro), es = rel_err(gS, rS);
-          std::printf("[ kda-tc ] chunk%d bv%d buf%d %s-in H=%d lens=%-26s out %.2e  state %.2e\n", chunk, bv, nb,
-                      in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), eo, es);
-          EXPECT_LT(eo, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
-          EXPECT_LT(es, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
-        }
+          for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+            Vec go, gS;
+            gpu_tc(p, TcRun{chunk, bv, nb, in, false}, go, gS, nullptr);
+            const double eo = rel_err(go, ro), es = rel_err(gS, rS);
+            std::printf("[ kda-tc ] chunk%d bv%d buf%d %s-in H=%d lens=%-26s out %.2e  state %.2e\n", chunk, bv, nb,
+                        in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), eo, es);
+            EXPECT_LT(eo, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
+            EXPECT_LT(es, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
+          }
   }
 }
 
