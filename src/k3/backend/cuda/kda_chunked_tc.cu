@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(IntraCfg<L>::NT)
 // rows, value half nh); step C: warp w = key rows [32w, 32w + 32), all BV columns.
 template <int L, int BV, int NBUF>
 struct StateTcCfg {
-  static constexpr int NT = 128, RT = L / 16, NSPLIT = 4 / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8, MT = 2;
+  static constexpr int CHUNK = L, NT = 128, RT = L / 16, NSPLIT = 4 / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8, MT = 2;
   static constexpr int LDB = kD + 8, LDA = L + 8, LDV = BV + 8;
   static_assert(RT * NSPLIT == 4 && NTW >= 2 && NTW % 2 == 0, "warp mapping");
   // one buffer of chunk operands: W, Q, Kd [L][LDB], A_qk [L][LDA], U [L][LDV] (bf16), exp(G_last) [kD] fp32
@@ -381,6 +381,130 @@ struct StateOps {
   bf16 *W, *Q, *K, *A, *U;
   float* eL;
 };
+
+// Lane roles in the state kernel: rows [16 rt, 16 rt + 16) and n-tiles [nt0, nt0 + NTW) in steps A / B, key
+// rows [mrow0, mrow0 + 32) in step C.
+struct StateLane {
+  int lane, gq, tq, rt, nt0, mrow0;
+};
+
+// Step A: W S and Q S (Q S into aq); V~ = U - W S to Vn as bf16.
+template <class Cfg>
+__device__ __forceinline__ void state_step_a(const StateOps& b, const bf16* Ss, bf16* Vn, const StateLane& ln,
+                                             float (&aq)[Cfg::NTW][4]) {
+  constexpr int LDB = Cfg::LDB, LDV = Cfg::LDV, NTW = Cfg::NTW;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, rt = ln.rt, nt0 = ln.nt0;
+  float aw[NTW][4];
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) aw[nt][m] = aq[nt][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t wa[4], qa[4];
+    ldsm_x4(wa, b.W + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+    ldsm_x4(qa, b.Q + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+    for (int p = 0; p < NTW / 2; ++p) {
+      uint32_t f[4];
+      ldsm_x4_t(f, Ss + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+      mma(aw[2 * p], wa, f[0], f[1]);
+      mma(aw[2 * p + 1], wa, f[2], f[3]);
+      mma(aq[2 * p], qa, f[0], f[1]);
+      mma(aq[2 * p + 1], qa, f[2], f[3]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * rt + gq + 8 * half, col = 8 * (nt0 + nt) + 2 * tq;
+      const float2 u = unpack2(lds32(b.U + row * LDV + col));
+      sts32(Vn + row * LDV + col, pack2(u.x - aw[nt][2 * half], u.y - aw[nt][2 * half + 1]));
+    }
+}
+
+// Step B: O = Q S + A_qk V~ (A_qk is zero above the diagonal: k-steps kk <= rt); rows < Lc to o_tile
+// (= o at the chunk's first row, the head's and the block's first value column).
+template <class Cfg>
+__device__ __forceinline__ void state_step_b(const StateOps& b, const bf16* Vn, const StateLane& ln, int Lc,
+                                             float* __restrict__ o_tile, int C, float (&aq)[Cfg::NTW][4]) {
+  constexpr int LDA = Cfg::LDA, LDV = Cfg::LDV, NTW = Cfg::NTW;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, rt = ln.rt, nt0 = ln.nt0;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::RT; ++kk) {
+    if (kk <= rt) {
+      uint32_t a[4];
+      ldsm_x4(a, b.A + (16 * rt + (lane & 15)) * LDA + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+      for (int p = 0; p < NTW / 2; ++p) {
+        uint32_t f[4];
+        ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+        mma(aq[2 * p], a, f[0], f[1]);
+        mma(aq[2 * p + 1], a, f[2], f[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * rt + gq + 8 * half;
+    if (row < Lc) {
+      float* orow = o_tile + static_cast<size_t>(row) * C + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < NTW; ++nt)
+        *reinterpret_cast<float2*>(orow + 8 * (nt0 + nt)) = make_float2(aq[nt][2 * half], aq[nt][2 * half + 1]);
+    }
+  }
+}
+
+// Step C: S = exp(G_last) S + Kd^T V~ on key rows [mrow0, mrow0 + 32); the bf16 copy to Ss and, if cs_tile
+// (the chunk's state at the block's first value column), the fp32 state.
+template <class Cfg>
+__device__ __forceinline__ void state_step_c(const StateOps& b, const bf16* Vn, bf16* Ss, const StateLane& ln,
+                                             float (&s)[Cfg::MT][Cfg::NTC][4], float* __restrict__ cs_tile) {
+  constexpr int L = Cfg::CHUNK, LDB = Cfg::LDB, LDV = Cfg::LDV, NTC = Cfg::NTC, MT = Cfg::MT;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, mrow0 = ln.mrow0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float e = b.eL[mrow0 + 16 * mt + gq + 8 * half];
+#pragma unroll
+      for (int nt = 0; nt < NTC; ++nt) {
+        s[mt][nt][2 * half] *= e;
+        s[mt][nt][2 * half + 1] *= e;
+      }
+    }
+#pragma unroll
+  for (int kk = 0; kk < L / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4_t(a[mt], b.K + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * LDB + mrow0 + 16 * mt + 8 * ((lane >> 3) & 1));
+#pragma unroll
+    for (int p = 0; p < NTC / 2; ++p) {
+      uint32_t f[4];
+      ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 16 * p + 8 * (lane >> 4));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma(s[mt][2 * p], a[mt], f[0], f[1]);
+        mma(s[mt][2 * p + 1], a[mt], f[2], f[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTC; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dk = mrow0 + 16 * mt + gq + 8 * half, col = 8 * nt + 2 * tq;
+        sts32(Ss + dk * LDV + col, pack2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        if (cs_tile)
+          *reinterpret_cast<float2*>(cs_tile + static_cast<size_t>(dk) * kD + col) =
+              make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+      }
+}
 
 // NBUF = 1: one operand buffer, refilled piecewise as soon as each piece is consumed (two commit groups per
 // chunk). NBUF = 2: two buffers, chunk c + 1's operands requested when chunk c starts (a whole chunk of time
@@ -411,7 +535,8 @@ __global__ void __launch_bounds__(128)
   if (sq.n <= 0) return;
   const int h = blockIdx.y, v0 = blockIdx.z * BV, tid = threadIdx.x, C = H * kD, cb = base[blockIdx.x];
   const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-  const int rt = warp % Cfg::RT, nt0 = (warp / Cfg::RT) * NTW, mrow0 = 32 * warp;
+  const StateLane ln{lane, gq, tq, warp % Cfg::RT, (warp / Cfg::RT) * NTW, 32 * warp};
+  const int mrow0 = ln.mrow0;
   const size_t hcol = static_cast<size_t>(h) * kD;
   const int nch = n_chunks(sq.n, L);
 
@@ -486,35 +611,8 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads();  // ... every thread's copies, and Ss of the previous chunk
 
-    // Step A: W S and Q S for rows [16 rt, 16 rt + 16), n-tiles [nt0, nt0 + NTW); V~ = U - W S.
-    float aw[NTW][4], aq[NTW][4];
-#pragma unroll
-    for (int nt = 0; nt < NTW; ++nt)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) aw[nt][m] = aq[nt][m] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      uint32_t wa[4], qa[4];
-      ldsm_x4(wa, b.W + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
-      ldsm_x4(qa, b.Q + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
-#pragma unroll
-      for (int p = 0; p < NTW / 2; ++p) {
-        uint32_t f[4];
-        ldsm_x4_t(f, Ss + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
-        mma(aw[2 * p], wa, f[0], f[1]);
-        mma(aw[2 * p + 1], wa, f[2], f[3]);
-        mma(aq[2 * p], qa, f[0], f[1]);
-        mma(aq[2 * p + 1], qa, f[2], f[3]);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NTW; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = 16 * rt + gq + 8 * half, col = 8 * (nt0 + nt) + 2 * tq;
-        const float2 u = unpack2(lds32(b.U + row * LDV + col));
-        sts32(Vn + row * LDV + col, pack2(u.x - aw[nt][2 * half], u.y - aw[nt][2 * half + 1]));
-      }
+    float aq[NTW][4];
+    state_step_a<Cfg>(b, Ss, Vn, ln, aq);
     __syncthreads();  // Vn complete; W, Q, U and Ss consumed
     if constexpr (NBUF == 1) {
       load_wqu(c + 1);
@@ -522,74 +620,9 @@ __global__ void __launch_bounds__(128)
       __syncthreads();
     }
 
-    // Step B: O = Q S + A_qk V~ (A_qk is zero above the diagonal: k-steps kk <= rt).
-#pragma unroll
-    for (int kk = 0; kk < Cfg::RT; ++kk) {
-      if (kk <= rt) {
-        uint32_t a[4];
-        ldsm_x4(a, b.A + (16 * rt + (lane & 15)) * LDA + 16 * kk + 8 * (lane >> 4));
-#pragma unroll
-        for (int p = 0; p < NTW / 2; ++p) {
-          uint32_t f[4];
-          ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
-          mma(aq[2 * p], a, f[0], f[1]);
-          mma(aq[2 * p + 1], a, f[2], f[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = 16 * rt + gq + 8 * half;
-      if (row < Lc) {
-        float* orow = o + (r0 + row) * C + hcol + v0 + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < NTW; ++nt)
-          *reinterpret_cast<float2*>(orow + 8 * (nt0 + nt)) = make_float2(aq[nt][2 * half], aq[nt][2 * half + 1]);
-      }
-    }
-
-    // Step C: S = exp(G_last) S + Kd^T V~ on key rows [mrow0, mrow0 + 32).
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float e = b.eL[mrow0 + 16 * mt + gq + 8 * half];
-#pragma unroll
-        for (int nt = 0; nt < NTC; ++nt) {
-          s[mt][nt][2 * half] *= e;
-          s[mt][nt][2 * half + 1] *= e;
-        }
-      }
-#pragma unroll
-    for (int kk = 0; kk < L / 16; ++kk) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4_t(a[mt], b.K + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * LDB + mrow0 + 16 * mt + 8 * ((lane >> 3) & 1));
-#pragma unroll
-      for (int p = 0; p < NTC / 2; ++p) {
-        uint32_t f[4];
-        ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 16 * p + 8 * (lane >> 4));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma(s[mt][2 * p], a[mt], f[0], f[1]);
-          mma(s[mt][2 * p + 1], a[mt], f[2], f[3]);
-        }
-      }
-    }
-    float* cs = chunk_states ? chunk_states + (static_cast<size_t>(cb + c) * H + h) * kD * kD : nullptr;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NTC; ++nt)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int dk = mrow0 + 16 * mt + gq + 8 * half, col = 8 * nt + 2 * tq;
-          sts32(Ss + dk * LDV + col, pack2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
-          if (cs)
-            *reinterpret_cast<float2*>(cs + static_cast<size_t>(dk) * kD + v0 + col) =
-                make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
-        }
+    state_step_b<Cfg>(b, Vn, ln, Lc, o + r0 * C + hcol + v0, C, aq);
+    float* cs = chunk_states ? chunk_states + (static_cast<size_t>(cb + c) * H + h) * kD * kD + v0 : nullptr;
+    state_step_c<Cfg>(b, Vn, Ss, ln, s, cs);
     __syncthreads();  // Kd, A_qk, exp(G_last), Vn consumed; Ss complete
     if constexpr (NBUF == 1) load_ak(c + 1);
   }
