@@ -1,8 +1,6 @@
 // C entry points over the KDA prefill kernels, for scripts/bench_kda_tc.py: it times k3's kernels and
 // flash-linear-attention's chunk_kda in one Python process on the same tensors (ctypes; pointers come
-// from torch). Built on the GPU machine by scripts/gpu-bench-kda:
-//   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Isrc scripts/kda_bench_shim.cu
-//        src/k3/backend/cuda/kda_kernels.cu src/k3/backend/cuda/kda_chunked_tc.cu -o libkdashim.so
+// from torch). Built and run on the GPU machine by scripts/gpu-bench-kda.
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
 
