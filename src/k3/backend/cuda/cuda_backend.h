@@ -32,6 +32,7 @@ class CudaBackend final : public graph::Backend {
   // KDA chunk of the prefill form when the step does not set one (fastest on an H200 at 1 x 4096
   // tokens: docs/perf/cuda.md); other sizes than 16/32/64 run the recurrence.
   static constexpr int kDefaultKdaChunk = 32;
+  static constexpr int kDefaultKdaTcChunk = 32;  // kda_chunked_tc's: 32 beat 64 at every measured shape (docs/perf/cuda.md)
 
   CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
   ~CudaBackend() override;
@@ -126,6 +127,10 @@ class CudaBackend final : public graph::Backend {
   cudaStream_t stream_;
   std::unique_ptr<LinearRunner> lin_;
   bool gemm_bf16_;
+  // KDA prefill on tensor cores (kda_chunked_tc): only when the model runs with plain bf16 GEMMs (the user
+  // already accepted bf16 rounding; the default bf16x2 keeps the exact fp32 kda_chunked), the gate is bounded
+  // with lower_bound >= -5.5 (the kernel's range precondition) and D = 128.
+  bool kda_tc_;
   Profiler& prof_;
   const graph::StepPlan* plan_ = nullptr;
 
