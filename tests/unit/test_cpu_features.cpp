@@ -136,15 +136,21 @@ TEST(CpuIsa, ForcedTierIsCheckedAgainstCpuAndBuild) {
   for (CpuIsa t : k3::cpu::kAllCpuIsas) EXPECT_EQ(k3::cpu::parse_isa(k3::cpu::isa_name(t)), t);
 }
 
-// Today's build: the avx2 and avx512 tiers have kernels, and the best the CPU runs is what runs
+// Today's build: the avx2, avx512 and avx512bf16 tiers have kernels, and the best the CPU runs is what runs
 // (K3_CPU_ISA is unset in the tests).
 TEST(CpuIsa, ActiveTierHasKernels) {
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512));
+  EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512Bf16));
   EXPECT_FALSE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
-  const bool avx512 = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, CpuIsa::Avx512, false).empty();
+  const auto& f = k3::cpu::cpu_state().features;
+  const bool avx512 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512, false).empty();
+  const bool bf16 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512Bf16, false).empty();
   const char* forced = std::getenv("K3_CPU_ISA");
-  const CpuIsa expected = forced && *forced ? *k3::cpu::parse_isa(forced) : avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
+  const CpuIsa expected = forced && *forced ? *k3::cpu::parse_isa(forced)
+                          : bf16            ? CpuIsa::Avx512Bf16
+                          : avx512          ? CpuIsa::Avx512
+                                            : CpuIsa::Avx2;
   EXPECT_EQ(k3::cpu::active_cpu_isa(), expected);
   const auto& s = k3::cpu::cpu_state();
   EXPECT_EQ(s.amx_status == "absent", !s.features.amx_tile) << s.amx_status;
