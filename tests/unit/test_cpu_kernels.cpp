@@ -140,7 +140,8 @@ bool rounds_activations(k3::WeightFormat f) {
 
 // Bound on |sum w (x' - x)| where x' are the activations as the active tier rounds them (0 when exact):
 // - bf16 (round to nearest even, 8 significant bits, unit roundoff 2^-8): |x' - x| <= 2^-8 |x|;
-// - int8 per 32-block (MXFP4): d = max|x| / 127 rounded up, so d <= max|x| / 127 (1 + 2^-23) + 2^-149
+// - int8 per quad (MXFP4; a quad: the 4 activations one vpdpbusd lane sums, elements 8j + {0,2,4,6} or
+//   8j + {1,3,5,7}): d = max|x| / 127 over the quad rounded up, so d <= max|x| / 127 (1 + 2^-23) + 2^-149
 //   (the last for denormal d), and |x' - x| = |q d - x| <= d/2 (1 + 2^-16) (x / d itself rounds once).
 // w: the row's float64 weights, x: the token's activations, C values each.
 double activation_rounding_bound(k3::WeightFormat f, const double* w, const float* x, int64_t C) {
@@ -150,9 +151,9 @@ double activation_rounding_bound(k3::WeightFormat f, const double* w, const floa
     for (int64_t c = 0; c < C; ++c) b += std::ldexp(std::fabs(w[c] * x[c]), -8);
     return b;
   }
-  for (int64_t g = 0; g < C; g += 32) {
+  for (int64_t q = 0; q < C / 4; ++q) {  // quad q: window q / 2 of 8, parity q % 2
     double amax = 0, sw = 0;
-    for (int64_t c = g; c < g + 32; ++c) {
+    for (int64_t c = q / 2 * 8 + q % 2; c < q / 2 * 8 + 8; c += 2) {
       amax = std::max(amax, std::fabs(double(x[c])));
       sw += std::fabs(w[c]);
     }
@@ -502,7 +503,7 @@ TEST(CpuKernels, Avx512CloseToAvx2) {
 }
 
 // The avx512bf16 tier's rounding is the only error it adds: on activations it represents exactly (bf16
-// values; per 32-block, integers -127..127 times a power of two with 127 present) its BF16 and MXFP4
+// values; per quad of 4, integers -127..127 times a power of two with +-127 present) its BF16 and MXFP4
 // matmuls are within the plain fp32 dot bound (C+2) u sum|wx| of float64, while on random activations they
 // differ from the exact avx512 tier (else the tier would not be running).
 TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
@@ -529,10 +530,12 @@ TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
         std::memcpy(&v, &u, 4);
       }
     } else {
+      // every quad (elements 8j + {0,2,4,6}, 8j + {1,3,5,7}) holds a -127 or 127, so its scale is 2^ex
       std::uniform_int_distribution<int> k(-127, 127), e(-12, 4);
       for (int64_t b = 0; b < n * cols; b += 32) {
         const int ex = e(rng);
-        for (int64_t j = 0; j < 32; ++j) x[static_cast<size_t>(b + j)] = static_cast<float>(std::ldexp(j == 5 ? -127 : k(rng), ex));
+        for (int64_t j = 0; j < 32; ++j)
+          x[static_cast<size_t>(b + j)] = static_cast<float>(std::ldexp(j % 8 < 2 ? (rng() & 1 ? 127 : -127) : k(rng), ex));
       }
     }
     k3::cpu::matmul(t.W, x.data(), n, yb.data());

@@ -5,11 +5,11 @@
 // - BF16: x rounded to bf16 (round to nearest even, vcvtne2ps2bf16; 8 significant bits): relative error
 //   <= 2^-8 per activation; the bf16 x bf16 products are exact in fp32 and accumulate in fp32 (vdpbf16ps: two products
 //   per lane and step; it treats denormal inputs as zero and flushes denormal results).
-// - MXFP4: x quantised per 32-block (the weights' group) to int8: d = max|x| / 127 rounded up, q =
-//   round(x / d) in [-127, 127], error <= d/2 per activation (llama.cpp's Q8_0 for MXFP4 dots). A block's
-//   sum of q x (2 x E2M1) is an exact int32 (vpdpbusd), then scaled by d (fp32) and by 0.5 x 2^(e8m0 - 127)
-//   into one fp32 accumulator per (row, token). A block holding a NaN or an infinity gets d = NaN, so the
-//   output is NaN (an exact tier gives inf or NaN there).
+// - MXFP4: x quantised to int8 with one scale per 4 activations (a "quad": the 4 bytes vpdpbusd sums into
+//   one int32 lane; llama.cpp's Q8_0 has one per 32): d = max|x| / 127 rounded up, q = round(x / d) in
+//   [-127, 127], error <= d/2 per activation. A quad's sum of q x (2 x E2M1) is an exact int32, then scaled
+//   by d (fp32) and by 0.5 x 2^(e8m0 - 127) into one fp32 accumulator per (row, token). A quad holding a
+//   NaN or an infinity gets d = NaN, so the output is NaN (an exact tier gives inf or NaN there).
 //
 // Batch invariance holds as in the other tiers (weight_kernels.h): a token's activations are converted by
 // the same code whatever n is, and the single-token dot IS the 1x1 (BF16) or 1-token (MXFP4) tile. F32 and
@@ -42,7 +42,7 @@ namespace {
 // Per-token strides of the converted activations (plain constexpr code, used on both sides).
 // BF16: cols rounded up to 32 values, zero-padded, so every step loads a full vector.
 constexpr int64_t bf16_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
-// MXFP4: per pair of 32-blocks, 64 int8 (offset by 128, see q8_tokens) then 16 fp32 block scales.
+// MXFP4: per pair of 32-blocks, 64 int8 (offset by 128, see q8_tokens) then 16 fp32 scales (one per quad).
 constexpr int64_t kQ8PairBytes = 128;
 constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 * kQ8PairBytes; }
 
@@ -171,37 +171,54 @@ void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb
 // Layout of one pair of 32-blocks (g0 = 2p, g1 = 2p + 1) of a token, kQ8PairBytes: bytes 0-15 the even
 // elements of g0, 16-31 the even elements of g1, 32-47 the odd of g0, 48-63 the odd of g1 (the order in
 // which decode_pair finds the nibbles: low nibble = even element), each q + 128 as an unsigned byte;
-// then 16 floats: d0 in int32 lanes 0-3 and 8-11 (the lanes vpdpbusd sums g0's bytes into), d1 in 4-7
-// and 12-15. A missing g1 (cols % 64 == 32) has q = 0 and d = 0.
+// then 16 floats, the scale d of each int32 lane, i.e. of each 4 consecutive bytes ("quad": elements
+// 8j, 8j+2, 8j+4, 8j+6 or 8j+1, ..., 8j+7 of a block). vpdpbusd sums exactly a quad per int32 lane, so a
+// scale per quad costs the kernel nothing over a scale per block and bounds each activation's error by
+// max|quad| / 254 instead of max|block| / 254 (an outlier spoils 3 neighbours, not 31). A missing g1
+// (cols % 64 == 32) has q = 0 and d = 0.
+
+// 16 activations (4 quads of 4) to q + 128 bytes (16) and the quads' scales (4 floats): d = max|x| / 127
+// rounded up (so no q saturates), q = round(x / d). A quad holding a NaN or an infinity gets d = NaN
+// (x * 0 summed over the quad is NaN exactly then, else +0), so its outputs are NaN.
+inline void quantise_quads(__m512 v, uint8_t* q_out, float* d_out) {
+  __m512 a = _mm512_abs_ps(v);
+  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0xB1));  // max within pairs, then within the quad (128-bit lane)
+  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0x4E));
+  __m512 poison = _mm512_mul_ps(v, _mm512_setzero_ps());
+  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0xB1));
+  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0x4E));
+  const __m512 d = _mm512_add_ps(
+      _mm512_div_round_ps(a, _mm512_set1_ps(127.f), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC), poison);
+  // d > 0 divides; an all-zero quad (q = 0) and a NaN one (its outputs are NaN through d) divide by 1.
+  const __m512 div = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), d);
+  const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(v, div)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q_out), _mm_xor_si128(q, _mm_set1_epi8(static_cast<char>(0x80))));
+  const __m512i first_of_quad = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm_storeu_ps(d_out, _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_quad, d)));
+}
+
 void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t groups = cols / kMxfp4Group, ldq = q8_stride(cols);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m128i offset = _mm_set1_epi8(static_cast<char>(0x80));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t p = 0; p * 2 < groups; ++p) {
       uint8_t* o = out + t * ldq + p * kQ8PairBytes;
-      float d[2] = {0.f, 0.f};
+      float* d = reinterpret_cast<float*>(o + 64);
       for (int b = 0; b < 2; ++b) {
-        __m128i qe = offset, qo = offset;
         if (2 * p + b < groups) {
           const float* xg = x + t * cols + (2 * p + b) * kMxfp4Group;
           const __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
-          const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-          // Rounded up, so that |x| / d <= 127 and no q saturates.
-          float dq = _mm_cvtss_f32(_mm_div_round_ss(_mm_set_ss(amax), _mm_set_ss(127.f), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
-          constexpr int kNotFinite = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +inf, -inf, SNaN
-          if (_mm512_fpclass_ps_mask(v0, kNotFinite) | _mm512_fpclass_ps_mask(v1, kNotFinite)) dq = __builtin_nanf("");
-          const __m512 div = _mm512_set1_ps(dq > 0 ? dq : 1.f);  // all-zero block: q = 0
-          const __m512i q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, div)), q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, div));
-          qe = _mm_xor_si128(_mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, even, q1)), offset);
-          qo = _mm_xor_si128(_mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, odd, q1)), offset);
-          d[b] = dq;
+          quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
+          quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
+        } else {
+          const __m128i zero_q = _mm_set1_epi8(static_cast<char>(0x80));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), zero_q);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 16 * b), zero_q);
+          _mm_storeu_ps(d + 4 * b, _mm_setzero_ps());
+          _mm_storeu_ps(d + 8 + 4 * b, _mm_setzero_ps());
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), qe);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 16 * b), qo);
       }
-      _mm512_storeu_ps(o + 64, _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(d[0]), _mm512_set1_ps(d[1])));
     }
 }
 
@@ -222,7 +239,7 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                              _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
 }
 
-// One row x T tokens: per pair of groups and token, the exact int32 block sums (vpdpbusd), times the
+// One row x T tokens: per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the
 // activation scales (fp32 product), then one fma by the weight scales into the token's accumulator. The
 // activation scale comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once.
 template <int T>
