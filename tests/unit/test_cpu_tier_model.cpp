@@ -52,11 +52,12 @@ Cmp compare(const std::vector<float>& base, const std::vector<float>& x, int64_t
 }
 
 // Measured on this box (AMD EPYC, AVX512_BF16 + VNNI), 120 tokens of the synthetic stream of
-// test_cache_dtype_model.cpp (harder than prose): prefill rel 0.106 / mean KL 8.4e-3 / top-1 91.7%, decode
-// 0.128 / 9.2e-3 / 91.7%; of which the MXFP4 int8 activations alone 6.0e-3 / 91.7%, the BF16 bf16
-// activations alone 1.5e-3 / 98.3% (prefill). Like an fp8 KV cache or a bf16 KDA state
-// (test_cache_dtype_model.cpp: KL 5.3e-3 / 6.0e-3), which is why this tier is opt-in (K3_CPU_ISA). Bounds:
-// about 3x the measured KL and error; a broken kernel gives KL > 0.1.
+// test_cache_dtype_model.cpp (harder than prose): prefill rel 0.131 / mean KL 5.4e-3 / top-1 97.5%, decode
+// 0.119 / 2.3e-3 / 97.5% (docs/perf/cpu.md has the parts: MXFP4 int8 alone KL 8.4e-4, BF16 bf16 alone
+// 1.5e-3 / 6.7e-3). Like an fp8 KV cache or a bf16 KDA state (test_cache_dtype_model.cpp: KL 5.3e-3 /
+// 6.0e-3), which is why this tier is opt-in (K3_CPU_ISA). Bounds: about 5x the measured KL, 3x the error;
+// a broken kernel gives KL > 0.1 (one int8 scale per 32-block instead of per quad: KL 8.4e-3 / 9.2e-3,
+// top-1 91.7% = 110 of 120, which the top-1 bound below catches).
 TEST(CpuTierModel, TrainedModelAvx512Bf16CloseToExact) {
   const auto& cpu = k3::cpu::cpu_state();
   if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
@@ -78,7 +79,7 @@ TEST(CpuTierModel, TrainedModelAvx512Bf16CloseToExact) {
     EXPECT_GT(c.rel, 0) << "the avx512bf16 tier did not run (bit-identical to avx512)";
     EXPECT_LT(c.rel, 0.4);
     EXPECT_LT(c.mean_kl, 3e-2);
-    EXPECT_GE(c.top1, 0.85);
+    EXPECT_GE(c.top1, 0.93);  // 112 of 120 tokens: measured 117, the per-block version 110
   }
 }
 
