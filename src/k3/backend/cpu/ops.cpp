@@ -33,6 +33,41 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
     rows_range(0, rows, 0);
 }
 
+void matmul_batch(std::span<const MatmulJob> jobs) {
+  struct Block {
+    const MatmulJob* job;
+    int64_t r0, r1;
+  };
+  int64_t total_bytes = 0;
+  for (const MatmulJob& j : jobs) total_bytes += j.W->bytes() * std::max<int64_t>(j.n, 1);
+  ThreadPool& pool = ThreadPool::global();
+  // ~8 blocks per thread: enough for the dynamic hand-out to even out a slow thread, few enough that a
+  // block (>= 16 rows) amortises its hand-out (one atomic add).
+  const int64_t target = std::max<int64_t>(total_bytes / (8 * static_cast<int64_t>(pool.size())), 1);
+  std::vector<Block> blocks;
+  for (const MatmulJob& j : jobs) {
+    if (j.n <= 0 || j.W->rows <= 0) continue;
+    const int64_t row_bytes = std::max<int64_t>(j.W->bytes() / j.W->rows * j.n, 1);
+    const int64_t rows_per = std::clamp<int64_t>(target / row_bytes, 16, j.W->rows);
+    for (int64_t r = 0; r < j.W->rows; r += rows_per) blocks.push_back({&j, r, std::min(j.W->rows, r + rows_per)});
+  }
+  auto run = [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const Block& bl = blocks[static_cast<size_t>(b)];
+      const MatmulJob& j = *bl.job;
+      const RowKernels& k = row_kernels(j.W->format);
+      if (j.n == 1)
+        for (int64_t r = bl.r0; r < bl.r1; ++r) j.y[r] = k.dot(*j.W, r, j.x);
+      else
+        k.gemm(*j.W, bl.r0, bl.r1, j.x, j.n, j.y);
+    }
+  };
+  if (total_bytes > 32768 * 2)
+    pool.parallel_for(static_cast<int64_t>(blocks.size()), 1, run);
+  else
+    run(0, static_cast<int64_t>(blocks.size()), 0);
+}
+
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out) {
   rmsnorm(x, w, n, dim, eps, dim, out);
 }
