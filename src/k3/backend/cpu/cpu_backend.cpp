@@ -65,12 +65,7 @@ void CpuBackend::add(Tensor y, Tensor x) {
 
 void CpuBackend::copy(Tensor dst, Tensor src) { std::copy(src.f(), src.f() + src.count(), dst.f()); }
 
-void CpuBackend::sigmoid_mul(Tensor y, Tensor g) {
-  float* a = y.f();
-  const float* b = g.f();
-  const int64_t n = y.count();
-  for (int64_t i = 0; i < n; ++i) a[i] *= sigmoidf(b[i]);
-}
+void CpuBackend::sigmoid_mul(Tensor y, Tensor g) { cpu::sigmoid_mul(y.f(), g.f(), y.count()); }
 
 void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
   for (int64_t r = 0; r < out.rows; ++r) {

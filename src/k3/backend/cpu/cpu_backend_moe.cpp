@@ -14,7 +14,7 @@ using graph::Tensor;
 void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteParams& p, Tensor idx, Tensor wts) {
   const int64_t n = logits.rows, E = logits.cols, K = p.top_k;
   float* s = logits.f();  // the router output becomes the scores, in place
-  for (int64_t i = 0; i < n * E; ++i) s[i] = sigmoidf(s[i]);
+  sigmoid_inplace(s, n * E);
   std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < n; ++t) {
     const float* st = s + t * E;

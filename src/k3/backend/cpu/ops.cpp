@@ -1,5 +1,6 @@
 #include "k3/backend/cpu/ops.h"
 
+#include "k3/backend/cpu/vec_math.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/thread_pool.h"
 
@@ -84,17 +85,23 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, 
 }
 
 void silu_glu(const float* gate, const float* up, int64_t count, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  zip8(gate, up, out, count, [](__m256 g, __m256 u) { return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), u); });
 }
 
 void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = beta * std::tanh(g / beta) * sigmoidf(g) * (linear_beta * std::tanh(up[i] / linear_beta));
-  }
+  const __m256 b = _mm256_set1_ps(beta), lb = _mm256_set1_ps(linear_beta);
+  zip8(gate, up, out, count, [&](__m256 g, __m256 u) {
+    const __m256 act = _mm256_mul_ps(_mm256_mul_ps(b, tanh8(_mm256_div_ps(g, b))), sigmoid8(g));
+    return _mm256_mul_ps(act, _mm256_mul_ps(lb, tanh8(_mm256_div_ps(u, lb))));
+  });
+}
+
+void sigmoid_inplace(float* x, int64_t count) {
+  zip8(x, x, x, count, [](__m256 a, __m256) { return sigmoid8(a); });
+}
+
+void sigmoid_mul(float* y, const float* g, int64_t count) {
+  zip8(y, g, y, count, [](__m256 a, __m256 s) { return _mm256_mul_ps(a, sigmoid8(s)); });
 }
 
 }  // namespace k3::cpu

@@ -36,6 +36,11 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, 
 void silu_glu(const float* gate, const float* up, int64_t count, float* out);
 void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out);
 
+// x[i] = sigmoid(x[i]) (router scores, KDA beta).
+void sigmoid_inplace(float* x, int64_t count);
+// y[i] *= sigmoid(g[i]) (output gates).
+void sigmoid_mul(float* y, const float* g, int64_t count);
+
 inline float sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 
 }  // namespace k3::cpu
