@@ -3,10 +3,10 @@
 #include <algorithm>
 
 #include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/mla_absorb.h"
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/mla_cache_rows.h"
 #include "k3/backend/cpu/ops.h"
-#include "k3/backend/cpu/weight_kernels.h"
 
 namespace k3::cpu {
 
@@ -35,23 +35,28 @@ void CpuBackend::mla_write_latents(int64_t layer, const graph::MlaDims& d, Tenso
   }
 }
 
-// Both absorbed-form projections read kv_b (fp32, 4 MB per layer on k3-1b): parallel over (token, head)
-// so a batch-1 step streams it with every thread; each (token, head) is computed the same way on any thread.
+// Both absorbed-form projections stream kv_b (mla_absorb.h: as stored, bf16 on K3 checkpoints): in
+// parallel over (token, head) so a batch-1 step reads it with every thread; each (token, head) is
+// computed the same way on any thread.
+namespace {
+KvB kv_b_of(const MlaWeights& w, const graph::MlaDims& dm) {
+  KvB k;
+  k.nope = dm.nope, k.value = dm.value, k.rank = dm.rank;
+  if (w.kv_b_stored.format == WeightFormat::BF16 && w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice)
+    k.bf16 = static_cast<const uint16_t*>(w.kv_b_stored.data);
+  else
+    k.f32 = w.kv_b.data();
+  return k;
+}
+}  // namespace
+
 void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Tensor q, Tensor ql) {
-  const int64_t nh = dm.heads, dn = dm.nope, dr = dm.rope, dv = dm.value, kr = dm.rank, qk = dm.qk(), cd = dm.row();
-  const float* kvb = w.kv_b.data();  // [nh*(dn+dv)][kr]
+  const int64_t nh = dm.heads, qk = dm.qk(), cd = dm.row();
+  const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
     parallel_for(s.n * nh, s.n * nh > 1, [&](int64_t i) {
       const int64_t t = s.offset + i / nh, h = i % nh;
-      const float* qn = q.f() + (t * nh + h) * qk;
-      float* dst = ql.f() + (t * nh + h) * cd;
-      for (int64_t j = 0; j < kr; ++j) dst[j] = 0;
-      for (int64_t d = 0; d < dn; ++d) {
-        const float* row = kvb + (h * (dn + dv) + d) * kr;
-        const float qd = qn[d];
-        for (int64_t j = 0; j < kr; ++j) dst[j] += qd * row[j];
-      }
-      for (int64_t j = 0; j < dr; ++j) dst[kr + j] = qn[dn + j];
+      mla_absorb_q_head(kvb, h, dm.rope, q.f() + (t * nh + h) * qk, ql.f() + (t * nh + h) * cd);
     });
   });
 }
@@ -66,17 +71,13 @@ void CpuBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& dm, Tens
   });
 }
 
-// Each output is the f32 format's dot (8-lane FMA, as the prefill form's matmul over kv_b), not a scalar
-// chain: 128 x 512 dependent adds per head were the op's whole cost.
 void CpuBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& dm, Tensor ol, Tensor o) {
-  const int64_t nh = dm.heads, dn = dm.nope, dv = dm.value, kr = dm.rank;
-  const float* kvb = w.kv_b.data();
+  const int64_t nh = dm.heads, dv = dm.value, kr = dm.rank;
+  const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
     parallel_for(s.n * nh, s.n * nh > 1, [&](int64_t i) {
       const int64_t t = s.offset + i / nh, h = i % nh;
-      const float* ohl = ol.f() + (t * nh + h) * kr;
-      float* oh = o.f() + (t * nh + h) * dv;
-      for (int64_t d = 0; d < dv; ++d) oh[d] = dot_f32(kvb + (h * (dn + dv) + dn + d) * kr, ohl, kr);
+      mla_up_v_head(kvb, h, ol.f() + (t * nh + h) * kr, o.f() + (t * nh + h) * dv);
     });
   });
 }
