@@ -311,27 +311,42 @@ void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const flo
                   [&](float* s) { kda_chunked(T, H, D, chunk, q, k, v, g, beta, s, out); });
 }
 
+// Token-major: for each token, 8 channels at a time (weights transposed to [W][C] once per call), so the
+// inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
+// (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
+// scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
   const int P = W - 1;  // previous inputs kept
-  parallel_for(C, static_cast<long>(T) * C * W > 65536, [&](int64_t ci) {
-    const int c = static_cast<int>(ci);
-    const float* wc = w + static_cast<std::size_t>(c) * W;
-    float* st = cstate + static_cast<std::size_t>(c) * P;
-    // input at relative time tau in [-P, T): tau < 0 comes from the state
-    auto in = [&](int tau) { return tau < 0 ? st[P + tau] : x[static_cast<std::size_t>(tau) * C + c]; };
-    for (int t = 0; t < T; ++t) {
-      float acc = 0.f;
-      for (int j = 0; j < W; ++j) acc += wc[j] * in(t - P + j);
-      y[static_cast<std::size_t>(t) * C + c] = acc;
+  std::vector<float> wt(static_cast<std::size_t>(W) * C), past(static_cast<std::size_t>(P) * C);
+  for (int c = 0; c < C; ++c) {
+    for (int j = 0; j < W; ++j) wt[static_cast<std::size_t>(j) * C + c] = w[static_cast<std::size_t>(c) * W + j];
+    for (int j = 0; j < P; ++j) past[static_cast<std::size_t>(j) * C + c] = cstate[static_cast<std::size_t>(c) * P + j];
+  }
+  // input row at relative time tau in [-P, T): tau < 0 comes from the state
+  auto row = [&](int tau) { return tau < 0 ? past.data() + static_cast<std::size_t>(P + tau) * C : x + static_cast<std::size_t>(tau) * C; };
+  parallel_for(T, static_cast<long>(T) * C * W > 65536, [&](int64_t ti) {
+    const int t = static_cast<int>(ti);
+    float* yt = y + static_cast<std::size_t>(t) * C;
+    int c = 0;
+    for (; c + 8 <= C; c += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int j = 0; j < W; ++j)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt.data() + static_cast<std::size_t>(j) * C + c), _mm256_loadu_ps(row(t - P + j) + c), acc);
+      _mm256_storeu_ps(yt + c, _mm256_mul_ps(acc, sigmoid8(acc)));
     }
-    // new state = last P inputs of [state, x]; ascending j reads only not-yet-overwritten slots
-    for (int j = 0; j < P; ++j) st[j] = in(T - P + j);
+    for (; c < C; ++c) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc = std::fma(wt[static_cast<std::size_t>(j) * C + c], row(t - P + j)[c], acc);
+      alignas(32) float b[8] = {acc};
+      _mm256_store_ps(b, _mm256_mul_ps(_mm256_load_ps(b), sigmoid8(_mm256_load_ps(b))));
+      yt[c] = b[0];
+    }
   });
-  // SiLU over the whole [T][C] block, 8 lanes at a time (the same arithmetic for every element).
-  parallel_for(T, static_cast<long>(T) * C > 65536, [&](int64_t t) {
-    float* yt = y + t * C;
-    zip8(yt, yt, yt, C, [](__m256 a, __m256) { return _mm256_mul_ps(a, sigmoid8(a)); });
-  });
+  // new state = the last P inputs of [state, x]
+  for (int j = 0; j < P; ++j) {
+    const float* r = row(T - P + j);
+    for (int c = 0; c < C; ++c) cstate[static_cast<std::size_t>(c) * P + j] = r[c];
+  }
 }
 
 }  // namespace k3::cpu
