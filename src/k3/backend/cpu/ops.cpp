@@ -73,15 +73,16 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, 
   rmsnorm(x, w, n, dim, eps, dim, out);
 }
 
+// Rows in parallel when there are many (prefill); a row's arithmetic is the same on any thread.
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, int64_t stride, float* out) {
-  for (int64_t t = 0; t < n; ++t) {
+  parallel_for(n, n * dim > 65536, [&](int64_t t) {
     const float* xr = x + t * stride;
     float* o = out + t * stride;
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
     for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * (w ? w[i] : 1.0f);
-  }
+  });
 }
 
 void silu_glu(const float* gate, const float* up, int64_t count, float* out) {
