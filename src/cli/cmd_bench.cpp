@@ -3,6 +3,7 @@
 // latency-throughput plot (scripts/bench_plot.py). docs/bench.md.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "cli/model_loader.h"
 #include "k3/bench/client.h"
 #include "k3/bench/dataset.h"
+#include "k3/bench/memory_bandwidth.h"
 #include "k3/bench/offline.h"
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
@@ -358,6 +360,7 @@ void add_bench(CLI::App& app, Registry& reg) {
     std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
     int reps = 5;
     int64_t seed = 0;
+    double mem_bw = 0;
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
@@ -370,6 +373,10 @@ void add_bench(CLI::App& app, Registry& reg) {
   off->add_option("-r,--repetitions", f->reps, "timed repetitions (after one warm-up)")->capture_default_str();
   off->add_option("--seed", f->seed, "token seed")->capture_default_str();
   off->add_option("-o,--json", f->json_out, "write the results as JSON");
+  off->add_option("--mem-bw", f->mem_bw,
+                  "memory read bandwidth in GB/s for the tg roofline columns (0: measure it as `k3 bench memory` does, "
+                  "CPU device only; -1: no roofline)")
+      ->capture_default_str();
   off->callback([&reg, f] {
     reg.action = [f] {
       const std::string dir = resolve_model_dir(f->model);
@@ -381,10 +388,19 @@ void add_bench(CLI::App& app, Registry& reg) {
       if (f->dev.load_format == "dummy")
         name = (f->dev.preset.empty() ? name : f->dev.preset) +
                (f->dev.num_layers > 0 ? " " + std::to_string(f->dev.num_layers) + "L" : "") + " (dummy)";
+      double bw = f->mem_bw;
+      const bool any_tg = std::any_of(tests.begin(), tests.end(), [](const auto& t) { return !t.prefill; });
+      if (bw == 0 && any_tg && f->dev.device == "cpu") {
+        const k3::bench::BandwidthResult m = k3::bench::measure_read_bandwidth(size_t{512} << 20, 5);
+        bw = m.best_gb_s;
+        std::fprintf(stderr, "k3 bench offline: memory read bandwidth %.1f GB/s (best of %d passes over %zu MiB, %d threads)\n",
+                     bw, m.passes, m.bytes >> 20, m.threads);
+      }
       for (auto& t : tests) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch, k3::ThreadPool::global().size());
         rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed)));
+        k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw);
         json j = rs.back().to_json();
         j["model"] = dir;
         arr.push_back(j);
@@ -394,6 +410,28 @@ void add_bench(CLI::App& app, Registry& reg) {
                                                          {"method", "ModelRunner::forward_batch, one cache per sequence"}, {"device", model->device_name()},
                                                          {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
                                                          {"results", arr}});
+      return 0;
+    };
+  });
+
+  // ---- memory
+  struct MemOpts {
+    int64_t mib = 1024;
+    int passes = 10;
+    ComputeOptions compute;
+  };
+  auto mo = std::make_shared<MemOpts>();
+  auto* mem = bench->add_subcommand("memory", "DRAM read bandwidth of the compute threads (the decode roofline's denominator)");
+  mem->add_option("--size-mib", mo->mib, "buffer to read, MiB (64..65536)")->capture_default_str();
+  mem->add_option("--passes", mo->passes, "timed full reads (after one warm-up)")->capture_default_str();
+  add_compute_options(mem, mo->compute);
+  mem->callback([&reg, mo] {
+    reg.action = [mo] {
+      if (mo->mib < 64 || mo->mib > 65536) throw k3::Error("--size-mib: expected 64..65536, got " + std::to_string(mo->mib));
+      apply_compute_options(mo->compute);
+      const k3::bench::BandwidthResult r = k3::bench::measure_read_bandwidth(static_cast<size_t>(mo->mib) << 20, mo->passes);
+      std::printf("memory read bandwidth: best %.1f GB/s, median %.1f GB/s (%d passes over %zu MiB, %d threads)\n",
+                  r.best_gb_s, r.median_gb_s, r.passes, r.bytes >> 20, r.threads);
       return 0;
     };
   });

@@ -233,6 +233,40 @@ void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols
       }
 }
 
+// matmul_batch (the MoE experts' one fork-join): every job's output has the bytes matmul gives it alone,
+// for a mix of formats, token counts (1: the dot path, 3 and 9: gemm tiles) and row counts that do not
+// divide into the blocks, with enough bytes that the pool runs it threaded.
+TEST_P(CpuKernelsTier, MatmulBatchEqualsOneByOne) {
+  std::mt19937 rng(29);
+  std::vector<TestWeight> ws;
+  std::vector<std::vector<float>> xs, ys, want;
+  std::vector<k3::cpu::MatmulJob> jobs;
+  const struct {
+    k3::WeightFormat f;
+    int64_t rows, cols, n;
+  } shapes[] = {{k3::WeightFormat::MXFP4, 301, 256, 1}, {k3::WeightFormat::MXFP4, 77, 128, 3},
+                {k3::WeightFormat::BF16, 203, 100, 1},  {k3::WeightFormat::BF16, 17, 64, 9},
+                {k3::WeightFormat::F32, 130, 33, 1},    {k3::WeightFormat::F16, 40, 50, 3}};
+  for (const auto& sh : shapes) {
+    ws.push_back(make_weight(sh.f, sh.rows, sh.cols, rng));
+    xs.push_back(nonzero(static_cast<size_t>(sh.n * sh.cols), rng));
+    ys.emplace_back(static_cast<size_t>(sh.n * sh.rows), NAN);
+    want.emplace_back(static_cast<size_t>(sh.n * sh.rows), NAN);
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    jobs.push_back({&ws[i].W, xs[i].data(), shapes[i].n, ys[i].data()});
+    k3::cpu::matmul(ws[i].W, xs[i].data(), shapes[i].n, want[i].data());
+  }
+  for (int rep = 0; rep < 20; ++rep) {  // different thread interleavings
+    for (auto& y : ys) std::fill(y.begin(), y.end(), NAN);
+    k3::cpu::matmul_batch(jobs);
+    for (size_t i = 0; i < ws.size(); ++i)
+      ASSERT_EQ(std::memcmp(ys[i].data(), want[i].data(), ys[i].size() * sizeof(float)), 0)
+          << "job " << i << " (" << k3::weight_format_name(shapes[i].f) << ") rep " << rep;
+  }
+  k3::cpu::matmul_batch({});  // nothing to do
+}
+
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }

@@ -5,8 +5,10 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 #include "k3/core/error.h"
 #include "k3/core/numa.h"
@@ -101,7 +103,9 @@ TEST(Numa, PoolPinsItsWorkers) {
   bool worker_ran = false;
   for (int attempt = 0; attempt < 200 && !worker_ran; ++attempt)
     pool.parallel_for(64, 1, [&](int64_t, int64_t, int t) {
-      if (t != 1) return;
+      // chunks long enough that the worker joins the job (a job whose chunks the caller finishes before
+      // the worker wakes is closed to it: thread_pool.cpp)
+      if (t != 1) return std::this_thread::sleep_for(std::chrono::microseconds(20));
       cpu_set_t set;
       CPU_ZERO(&set);
       pthread_getaffinity_np(pthread_self(), sizeof set, &set);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -59,4 +60,66 @@ TEST(ThreadPool, ExceptionReachesTheCallerAndThePoolStaysUsable) {
   std::atomic<int64_t> n{0};
   pool.parallel_for(1000, 0, [&](int64_t b, int64_t e, int) { n += e - b; });
   EXPECT_EQ(n.load(), 1000);
+}
+
+// Thousands of back-to-back tiny jobs (the decode step's pattern: hundreds of kernels of microseconds),
+// with the workers racing the caller, sleeping between bursts and waking late: every index of every job
+// runs exactly once, and never after its parallel_for returned (a late worker must not run a finished
+// job's chunks, nor a new job's chunks under the old job's bounds).
+TEST(ThreadPool, ShortJobsBackToBackRunEachIndexOnceAndNeverLate) {
+  k3::ThreadPool pool(3);
+  constexpr int kJobs = 4000;
+  std::vector<std::atomic<int>> live(kJobs);
+  std::atomic<int> stale{0}, wrong_count{0};
+  for (int j = 0; j < kJobs; ++j) {
+    const int64_t n = 1 + j % 7;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    live[static_cast<size_t>(j)] = 1;
+    pool.parallel_for(n, 1, [&, j](int64_t b, int64_t e, int t) {
+      if (live[static_cast<size_t>(j)].load() != 1) stale++;
+      if (t != 0 && j % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // a slow worker
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+      if (live[static_cast<size_t>(j)].load() != 1) stale++;
+    });
+    live[static_cast<size_t>(j)] = 0;
+    for (auto& h : hits)
+      if (h.load() != 1) wrong_count++;
+    if (j % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(3));  // let the workers fall asleep
+  }
+  EXPECT_EQ(stale.load(), 0);
+  EXPECT_EQ(wrong_count.load(), 0);
+}
+
+// An exception thrown on a worker thread (not the caller) reaches the caller, and the job still waits
+// for the workers inside it.
+TEST(ThreadPool, ExceptionFromAWorkerReachesTheCaller) {
+  k3::ThreadPool pool(2);
+  int worker_threw = 0;
+  for (int attempt = 0; attempt < 50 && worker_threw < 3; ++attempt) {
+    std::atomic<bool> threw{false};
+    std::atomic<int> running{0}, after_return{0};
+    std::atomic<bool> returned{false};
+    try {
+      pool.parallel_for(64, 1, [&](int64_t, int64_t, int t) {
+        running++;
+        if (returned.load()) after_return++;
+        // the worker's chunk outlasts all of the caller's: the caller must wait for it, then rethrow
+        std::this_thread::sleep_for(std::chrono::microseconds(t == 1 ? 3000 : 20));
+        running--;
+        if (t == 1) {
+          threw = true;
+          throw std::runtime_error("worker");
+        }
+      });
+      EXPECT_FALSE(threw.load());
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(threw.load());
+      EXPECT_STREQ(e.what(), "worker");
+      ++worker_threw;
+    }
+    returned = true;
+    EXPECT_EQ(running.load(), 0);  // nobody is still inside a chunk once parallel_for returned
+    EXPECT_EQ(after_return.load(), 0);
+  }
+  EXPECT_GT(worker_threw, 0) << "the worker never took a chunk";
 }

@@ -1,5 +1,6 @@
 #include "k3/bench/offline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,7 @@
 
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
+#include "k3/plan/plan.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3::bench {
@@ -15,10 +17,25 @@ nlohmann::json OfflineResult::to_json() const {
   std::vector<double> tps;
   const double toks = static_cast<double>(test.n * test.batch);
   for (double s : seconds) tps.push_back(s > 0 ? toks / s : 0);
-  return {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
+  nlohmann::json j = {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
           {"n_depth", test.depth}, {"n_batch", test.batch},                 {"reps", seconds.size()},
           {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
           {"stddev_ts", tps_std},  {"avg_s", mean(seconds)}};
+  if (step_bytes > 0) {
+    j["step_bytes"] = step_bytes;
+    j["read_gb_s"] = read_gb_s;
+    j["bandwidth_gb_s"] = bandwidth_gb_s;
+    j["of_bandwidth"] = read_gb_s / bandwidth_gb_s;
+  }
+  return j;
+}
+
+void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s) {
+  if (r.test.prefill || bandwidth_gb_s <= 0 || r.seconds.empty()) return;
+  const double context = static_cast<double>(r.test.depth) + (static_cast<double>(r.test.n) + 1) / 2;
+  r.step_bytes = plan::decode_step_bytes(c, spec, r.test.batch, context).total();
+  r.read_gb_s = r.step_bytes * static_cast<double>(r.test.n) / mean(r.seconds) / 1e9;
+  r.bandwidth_gb_s = bandwidth_gb_s;
 }
 
 std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std::vector<int64_t>& tg,
@@ -92,12 +109,24 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
 }
 
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name) {
-  std::string o = "| model | test | depth | batch | t/s |\n| --- | --- | ---: | ---: | ---: |\n";
-  char buf[512];
+  const bool roofline = std::any_of(rs.begin(), rs.end(), [](const OfflineResult& r) { return r.step_bytes > 0; });
+  std::string o = roofline ? "| model | test | depth | batch | t/s | GB/step | GB/s | % of BW |\n"
+                             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+                           : "| model | test | depth | batch | t/s |\n| --- | --- | ---: | ---: | ---: |\n";
+  char buf[640];
   for (const auto& r : rs) {
-    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f ± %.2f |\n", model_name.c_str(), r.test.name.c_str(),
+    std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f ± %.2f |", model_name.c_str(), r.test.name.c_str(),
                   (long long)r.test.depth, (long long)r.test.batch, r.tps_mean, r.tps_std);
     o += buf;
+    if (roofline) {
+      if (r.step_bytes > 0)
+        std::snprintf(buf, sizeof buf, " %.3f | %.1f | %.0f%% |", r.step_bytes / 1e9, r.read_gb_s,
+                      100 * r.read_gb_s / r.bandwidth_gb_s);
+      else
+        std::snprintf(buf, sizeof buf, " | | |");
+      o += buf;
+    }
+    o += "\n";
   }
   return o;
 }

@@ -11,6 +11,8 @@
 
 namespace k3 {
 class ModelRunner;
+struct ModelConfig;
+struct CacheSpec;
 }
 
 namespace k3::bench {
@@ -25,6 +27,9 @@ struct OfflineResult {
   OfflineTest test;
   std::vector<double> seconds;  // per repetition
   double tps_mean = 0, tps_std = 0;
+  // tg tests with a known memory bandwidth (add_decode_roofline): the bytes one step must read, the rate
+  // the measured steps read them at (step_bytes x steps / s), and that rate over `bandwidth_gb_s`.
+  double step_bytes = 0, read_gb_s = 0, bandwidth_gb_s = 0;
   nlohmann::json to_json() const;
 };
 
@@ -35,7 +40,12 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
 // One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded).
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed);
 
-// llama-bench's markdown table.
+// Fills r's roofline fields for a tg test (pp tests are left alone): step_bytes from
+// plan::decode_step_bytes at the mean context of the run (depth + (n + 1) / 2 rows per MLA layer) with the
+// expected distinct experts of r.test.batch uniform picks; bandwidth_gb_s: measured read bandwidth (> 0).
+void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s);
+
+// llama-bench's markdown table (plus GB/step, GB/s and % of the bandwidth where a roofline was added).
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);
 
 }  // namespace k3::bench

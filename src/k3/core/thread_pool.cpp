@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -20,7 +21,24 @@ namespace k3 {
 
 namespace {
 thread_local bool t_in_task = false;
-constexpr int kSpin = 20000;  // pause iterations (~100 us) before a worker or the caller sleeps
+// How long a worker (or the caller) spins before it sleeps: longer than the gaps between the kernels of a
+// forward pass (a few us of serial work: norms, routing), short enough that an idle pool stops taking
+// CPU from the rest of a busy machine at once. Timed, not counted: a pause is ~50 ns on this EPYC (20000
+// of them, the old count, were ~1 ms, not the ~100 us intended).
+constexpr auto kSpinTime = std::chrono::microseconds(100);
+
+// Spins until done() or kSpinTime has passed; returns done().
+template <typename Done>
+bool spin_until(Done&& done) {
+  const auto end = std::chrono::steady_clock::now() + kSpinTime;
+  for (;;) {
+    for (int i = 0; i < 32; ++i) {
+      if (done()) return true;
+      _mm_pause();
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
 constexpr int kMaxThreads = 1024;
 
 // Binds the calling thread to `cpus` (empty: left as it is). A failure (a CPU outside the cgroup's set)
@@ -46,20 +64,30 @@ GlobalConfig& global_config() {
 }
 }  // namespace
 
+// A job's life: the caller publishes it (a new generation in `state`, open, no one joined), workers that
+// see it in time JOIN it (a CAS adding one to the joined count, only while it is open and current), all
+// take chunks, and when the caller runs out of chunks it CLOSES the job and waits only for the workers
+// that joined. A worker that wakes late (asleep on the condition variable, or descheduled on a busy
+// machine) finds the job closed and goes back to waiting: the caller never waits for a thread that does
+// no work (it used to wait for every worker to pass by each job, i.e. a futex wake-up per kernel).
 struct ThreadPool::Impl {
+  static constexpr uint64_t kClosed = uint64_t{1} << 31, kJoinedMask = kClosed - 1;
+  static uint32_t gen_of(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
+
   int size = 1;
   std::vector<std::thread> workers;
   std::mutex job_mu;  // one job at a time (others run inline)
 
-  // The current job.
+  // The current job: written by the caller before it publishes the generation, read by the workers that
+  // joined it (the job stays alive until they have left).
   const std::function<void(int64_t, int64_t, int)>* fn = nullptr;
   int64_t n = 0, grain = 1;
   std::atomic<int64_t> next{0};
-  std::atomic<int> pending{0};  // workers still in the job
   std::exception_ptr error;
   std::mutex error_mu;
 
-  std::atomic<uint64_t> generation{0};
+  std::atomic<uint64_t> state{0};  // generation << 32 | closed bit | workers joined
+  std::atomic<int> left{0};        // joined workers that have finished their chunks
   std::mutex mu;
   std::condition_variable cv_work, cv_done;
   bool stop = false;
@@ -81,26 +109,30 @@ struct ThreadPool::Impl {
     t_in_task = false;
   }
 
+  // Joins job `gen` if it is still open; false when it closed or a newer one replaced it.
+  bool join(uint32_t gen) {
+    uint64_t s = state.load(std::memory_order_acquire);
+    while (gen_of(s) == gen && !(s & kClosed))
+      if (state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    return false;
+  }
+
   void worker(int thread) {
-    uint64_t seen = 0;
+    uint32_t seen = 0;
+    auto fresh = [&] { return gen_of(state.load(std::memory_order_acquire)) != seen; };
     for (;;) {
-      // Spin for a new job, then sleep.
-      int spins = 0;
-      while (generation.load(std::memory_order_acquire) == seen && spins < kSpin) {
-        _mm_pause();
-        ++spins;
-      }
-      if (generation.load(std::memory_order_acquire) == seen) {
+      // Spin for a new job (back-to-back kernels), then sleep.
+      if (!spin_until(fresh)) {
         std::unique_lock lk(mu);
-        cv_work.wait(lk, [&] { return stop || generation.load(std::memory_order_acquire) != seen; });
+        cv_work.wait(lk, [&] { return stop || fresh(); });
         if (stop) return;
       }
-      seen = generation.load(std::memory_order_acquire);
+      seen = gen_of(state.load(std::memory_order_acquire));
+      if (!join(seen)) continue;
       run_chunks(thread);
-      if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard lk(mu);
-        cv_done.notify_all();
-      }
+      left.fetch_add(1, std::memory_order_acq_rel);
+      { std::lock_guard lk(mu); }  // a caller between its check and its wait holds mu: no lost wake-up
+      cv_done.notify_one();
     }
   }
 };
@@ -179,21 +211,21 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   m.grain = grain > 0 ? grain : std::max<int64_t>(1, n / (4 * static_cast<int64_t>(m.size)));
   m.next.store(0, std::memory_order_relaxed);
   m.error = nullptr;
-  m.pending.store(m.size - 1, std::memory_order_relaxed);
+  m.left.store(0, std::memory_order_relaxed);
   {
-    std::lock_guard lk(m.mu);
-    m.generation.fetch_add(1, std::memory_order_release);
+    std::lock_guard lk(m.mu);  // orders the publish with a worker's check before it sleeps
+    const uint32_t gen = Impl::gen_of(m.state.load(std::memory_order_relaxed)) + 1;
+    m.state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   }
   m.cv_work.notify_all();
   m.run_chunks(0);
-  int spins = 0;
-  while (m.pending.load(std::memory_order_acquire) != 0 && spins < kSpin) {
-    _mm_pause();
-    ++spins;
-  }
-  if (m.pending.load(std::memory_order_acquire) != 0) {
+  // Every chunk is taken: close the job to latecomers, then wait for the workers inside it.
+  const uint64_t closed = m.state.fetch_or(Impl::kClosed, std::memory_order_acq_rel);
+  const int joined = static_cast<int>(closed & Impl::kJoinedMask);
+  auto all_left = [&] { return m.left.load(std::memory_order_acquire) == joined; };
+  if (!spin_until(all_left)) {
     std::unique_lock lk(m.mu);
-    m.cv_done.wait(lk, [&] { return m.pending.load(std::memory_order_acquire) == 0; });
+    m.cv_done.wait(lk, all_left);
   }
   m.fn = nullptr;
   if (m.error) std::rethrow_exception(m.error);

@@ -1,5 +1,5 @@
 // The CPU kernels' thread pool (replaces OpenMP): one fork-join `parallel_for` at a time, the caller
-// taking part. Workers spin briefly after a job (back-to-back kernels of a forward pass reuse them at
+// taking part. Workers spin ~100 us after a job (back-to-back kernels of a forward pass reuse them at
 // once) and then sleep on a condition variable, so idle threads cost nothing on a busy machine (OpenMP's
 // default spinning made decode 4-10x slower on a loaded 2-core box). Work is split into chunks of
 // indices; which thread runs a chunk never changes a result (every index's work is independent), so

@@ -241,6 +241,7 @@ void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights&
     std::vector<float> kv_b(static_cast<size_t>(kvb.rows * kvb.cols));
     for (int64_t r = 0; r < kvb.rows; ++r) cpu::dequant_row(kvb, r, kv_b.data() + r * kr);
     w.kv_b = std::move(kv_b);
+    w.kv_b_stored = kvb;
     w.kv_b_f32 = kvb;
     w.kv_b_f32.format = WeightFormat::F32;
     w.kv_b_f32.data = w.kv_b.data();

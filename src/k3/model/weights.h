@@ -27,6 +27,7 @@ struct MlaWeights {
   WeightVector q_a_norm, kv_a_norm;
   WeightVector kv_b;      // fp32 copy [heads*(nope+v)][kv_lora_rank]: used by both attention forms
   WeightMatrix kv_b_f32;  // view over kv_b
+  WeightMatrix kv_b_stored;  // the checkpoint's kv_b (bf16 on K3): what the CPU's absorbed decode form reads
 };
 
 struct GluMlp {

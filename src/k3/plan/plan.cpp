@@ -127,9 +127,7 @@ double attention_flops(const ModelConfig& c, double t, bool prefill) {
 }
 
 double distinct_experts(const ModelConfig& c, double tokens) {
-  if (c.num_experts <= 0) return 0;
-  const double E = (double)c.num_experts, K = (double)c.top_k;
-  return E * (1 - std::pow(1 - K / E, tokens));
+  return c.num_experts > 0 ? expected_distinct_experts((double)c.num_experts, (double)c.top_k, tokens) : 0;
 }
 
 double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp) {
@@ -196,6 +194,30 @@ double read_measured_throughput(const std::string& text, const std::string& sour
   }
   throw Error(source + ": no throughput found (expected a number under output_tokens_per_s, output_tok_s, "
               "output_throughput, decode_tokens_per_s or tokens_per_s)");
+}
+
+double expected_distinct_experts(double E, double K, double tokens) {
+  if (E <= 0 || K <= 0 || tokens <= 0) return 0;
+  if (tokens == 1) return K;
+  return E * (1 - std::pow(1 - K / E, tokens));
+}
+
+DecodeStepBytes decode_step_bytes(const ModelConfig& c, const CacheSpec& spec, int64_t batch, double context,
+                                  double distinct_experts) {
+  const WeightBreakdown w = weight_bytes(c);
+  const double B = (double)batch;
+  DecodeStepBytes d;
+  d.non_routed = w.non_expert() - w.embedding;
+  if (c.num_experts > 0 && c.top_k > 0) {
+    d.distinct_experts =
+        distinct_experts >= 0 ? distinct_experts : expected_distinct_experts((double)c.num_experts, (double)c.top_k, B);
+    const double per_expert_layer = 3 * (double)c.expert_in_dim() * (double)c.moe_intermediate_size * expert_bytes_per_param(c);
+    d.routed = d.distinct_experts * (double)num_moe_layers(c) * per_expert_layer;
+  }
+  const double seq_state = (double)(spec.kda_layers * (spec.kda_state_bytes() + 3 * spec.kda_conv_floats * 4));
+  d.kda_state = B * 2.0 * seq_state;
+  d.mla_rows = B * context * (double)spec.bytes_per_token();
+  return d;
 }
 
 // ---------------------------------------------------------------- the plan
@@ -292,9 +314,10 @@ Plan make_plan(const PlanInput& in) {
   // Batch 1: one GPU reads its non-expert shard (not the embedding table: one row), its share of
   // the top-k experts of every MoE layer, the whole latent cache of the sequence and (read+write)
   // its KDA state shard.
-  const double non_expert_read = (p.weights.non_expert() - p.weights.embedding) / p.tp;
-  const double cache_read_per_seq = (double)in.context * p.kv_bytes_per_token + 2.0 * seq_state / p.tp;
-  p.decode_bytes_per_token_b1 = non_expert_read + K * n_moe * p.expert_bytes_per_expert_layer / p.ep + cache_read_per_seq;
+  const DecodeStepBytes one = decode_step_bytes(c, spec, 1, (double)in.context);
+  const double non_expert_read = one.non_routed / p.tp;
+  const double cache_read_per_seq = one.mla_rows + one.kda_state / p.tp;
+  p.decode_bytes_per_token_b1 = non_expert_read + one.routed / p.ep + cache_read_per_seq;
   p.decode_tok_s_user_b1 = bw / p.decode_bytes_per_token_b1;
 
   p.batch = in.batch > 0 ? in.batch : p.max_seqs;

@@ -12,6 +12,7 @@
 
 #include "k3/core/cache_dtype.h"
 #include "k3/model/config.h"
+#include "k3/runtime/cache_spec.h"
 
 namespace k3::plan {
 
@@ -116,6 +117,23 @@ double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp);
 // Whole-model stored weight bytes: routed experts in their quantised format (MXFP4: 4.25 bits/param) when the config says so,
 // F32 for the KDA conv / dt_bias / A_log and router bias tensors, BF16 for everything else.
 WeightBreakdown weight_bytes(const ModelConfig& c);
+
+// What one decode step must read from memory on one device holding the whole model (the roofline's
+// numerator; docs/planning.md, docs/perf/cpu.md): every non-routed weight once (not the embedding table:
+// one row per token), the routed experts the batch's picks touch, each sequence's KDA state (S and conv
+// tails, read + written back) and its MLA latent rows (`context` cached tokens, read once per layer).
+struct DecodeStepBytes {
+  double non_routed = 0, routed = 0, kda_state = 0, mla_rows = 0;
+  double distinct_experts = 0;  // per MoE layer, as counted in `routed`
+  double total() const { return non_routed + routed + kda_state + mla_rows; }
+};
+// Distinct experts per layer that `tokens` top-K picks over E experts touch, picks uniform and
+// independent: E (1 - (1 - K/E)^tokens); exactly K for one token.
+double expected_distinct_experts(double E, double K, double tokens);
+// A step of `batch` sequences with `context` cached tokens each (the cache dtypes from `spec`);
+// `distinct_experts` < 0: expected_distinct_experts(E, K, batch).
+DecodeStepBytes decode_step_bytes(const ModelConfig& c, const CacheSpec& spec, int64_t batch, double context,
+                                  double distinct_experts = -1);
 
 Plan make_plan(const PlanInput& in);
 

@@ -65,12 +65,7 @@ void CpuBackend::add(Tensor y, Tensor x) {
 
 void CpuBackend::copy(Tensor dst, Tensor src) { std::copy(src.f(), src.f() + src.count(), dst.f()); }
 
-void CpuBackend::sigmoid_mul(Tensor y, Tensor g) {
-  float* a = y.f();
-  const float* b = g.f();
-  const int64_t n = y.count();
-  for (int64_t i = 0; i < n; ++i) a[i] *= sigmoidf(b[i]);
-}
+void CpuBackend::sigmoid_mul(Tensor y, Tensor g) { cpu::sigmoid_mul(y.f(), g.f(), y.count()); }
 
 void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
   for (int64_t r = 0; r < out.rows; ++r) {
@@ -79,14 +74,22 @@ void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
   }
 }
 
+// Tokens are independent: in parallel over them when there is enough work (prefill), each token computed
+// the same way on any thread.
 void CpuBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps, Tensor out) {
   const int64_t n = partial.rows, H = partial.cols;
   std::vector<const float*> src;
   for (int64_t b = 0; b < nb; ++b) src.push_back(blocks.row(b * n));
   src.push_back(partial.f());
   const size_t m = src.size();
-  std::vector<float> score(m);
-  for (int64_t t = 0; t < n; ++t) {
+  parallel_for(n, n * static_cast<int64_t>(m) * H > 65536, [&](int64_t t) {
+    float score[64];
+    std::vector<float> big;
+    float* sc = score;
+    if (m > 64) {
+      big.resize(m);
+      sc = big.data();
+    }
     float mx = -INFINITY;
     for (size_t i = 0; i < m; ++i) {
       const float* v = src[i] + t * H;
@@ -96,19 +99,19 @@ void CpuBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const f
         dot += static_cast<double>(v[d]) * w[d];
       }
       const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(H)) + eps);
-      score[i] = static_cast<float>(dot) * inv;
-      mx = std::max(mx, score[i]);
+      sc[i] = static_cast<float>(dot) * inv;
+      mx = std::max(mx, sc[i]);
     }
     float sum = 0;
-    for (size_t i = 0; i < m; ++i) sum += (score[i] = std::exp(score[i] - mx));
+    for (size_t i = 0; i < m; ++i) sum += (sc[i] = std::exp(sc[i] - mx));
     float* o = out.row(t);
     for (int64_t d = 0; d < H; ++d) o[d] = 0;
     for (size_t i = 0; i < m; ++i) {
-      const float p = score[i] / sum;
+      const float p = sc[i] / sum;
       const float* v = src[i] + t * H;
       for (int64_t d = 0; d < H; ++d) o[d] += p * v[d];
     }
-  }
+  });
 }
 
 }  // namespace k3::cpu

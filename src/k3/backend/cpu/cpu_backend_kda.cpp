@@ -5,6 +5,7 @@
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/backend/cpu/vec_math.h"
 
 namespace k3::cpu {
 
@@ -49,13 +50,14 @@ void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const 
       const float a = std::exp(w.A_log[static_cast<size_t>(h)]);
       float* gr = g.f() + t * C + h * D;
       const float* bias = w.dt_bias.data() + h * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const float z = gr[d] + bias[d];
-        gr[d] = gate.bounded ? gate.lower_bound * sigmoidf(a * z) : -a * softplus(z);
+      if (gate.bounded) {
+        const __m256 va = _mm256_set1_ps(a), lb = _mm256_set1_ps(gate.lower_bound);
+        zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(lb, sigmoid8(_mm256_mul_ps(va, _mm256_add_ps(x, bi)))); });
+      } else {
+        for (int64_t d = 0; d < D; ++d) gr[d] = -a * softplus(gr[d] + bias[d]);
       }
     }
-  float* b = beta.f();
-  for (int64_t i = 0; i < beta.count(); ++i) b[i] = sigmoidf(b[i]);
+  sigmoid_inplace(beta.f(), beta.count());
 }
 
 void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor q, Tensor k, Tensor v, Tensor g,
@@ -78,9 +80,7 @@ void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor 
 
 void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, float eps, Tensor o, Tensor gate) {
   cpu::rmsnorm(o.f(), w.o_norm.data(), o.rows * dm.heads, dm.head_dim, eps, o.f());
-  float* a = o.f();
-  const float* b = gate.f();
-  for (int64_t i = 0; i < o.count(); ++i) a[i] *= sigmoidf(b[i]);
+  cpu::sigmoid_mul(o.f(), gate.f(), o.count());
 }
 
 }  // namespace k3::cpu

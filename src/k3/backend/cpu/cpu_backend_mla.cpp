@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/mla_absorb.h"
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/mla_cache_rows.h"
 #include "k3/backend/cpu/ops.h"
@@ -34,22 +35,29 @@ void CpuBackend::mla_write_latents(int64_t layer, const graph::MlaDims& d, Tenso
   }
 }
 
+// Both absorbed-form projections stream kv_b (mla_absorb.h: as stored, bf16 on K3 checkpoints): in
+// parallel over (token, head) so a batch-1 step reads it with every thread; each (token, head) is
+// computed the same way on any thread.
+namespace {
+KvB kv_b_of(const MlaWeights& w, const graph::MlaDims& dm) {
+  KvB k;
+  k.nope = dm.nope, k.value = dm.value, k.rank = dm.rank;
+  if (w.kv_b_stored.format == WeightFormat::BF16 && w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice)
+    k.bf16 = static_cast<const uint16_t*>(w.kv_b_stored.data);
+  else
+    k.f32 = w.kv_b.data();
+  return k;
+}
+}  // namespace
+
 void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Tensor q, Tensor ql) {
-  const int64_t nh = dm.heads, dn = dm.nope, dr = dm.rope, dv = dm.value, kr = dm.rank, qk = dm.qk(), cd = dm.row();
-  const float* kvb = w.kv_b.data();  // [nh*(dn+dv)][kr]
+  const int64_t nh = dm.heads, qk = dm.qk(), cd = dm.row();
+  const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
-    for (int64_t t = s.offset; t < s.offset + s.n; ++t)
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* qn = q.f() + (t * nh + h) * qk;
-        float* dst = ql.f() + (t * nh + h) * cd;
-        for (int64_t j = 0; j < kr; ++j) dst[j] = 0;
-        for (int64_t i = 0; i < dn; ++i) {
-          const float* row = kvb + (h * (dn + dv) + i) * kr;
-          const float qi = qn[i];
-          for (int64_t j = 0; j < kr; ++j) dst[j] += qi * row[j];
-        }
-        for (int64_t j = 0; j < dr; ++j) dst[kr + j] = qn[dn + j];
-      }
+    parallel_for(s.n * nh, s.n * nh > 1, [&](int64_t i) {
+      const int64_t t = s.offset + i / nh, h = i % nh;
+      mla_absorb_q_head(kvb, h, dm.rope, q.f() + (t * nh + h) * qk, ql.f() + (t * nh + h) * cd);
+    });
   });
 }
 
@@ -64,20 +72,13 @@ void CpuBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& dm, Tens
 }
 
 void CpuBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& dm, Tensor ol, Tensor o) {
-  const int64_t nh = dm.heads, dn = dm.nope, dv = dm.value, kr = dm.rank;
-  const float* kvb = w.kv_b.data();
+  const int64_t nh = dm.heads, dv = dm.value, kr = dm.rank;
+  const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
-    for (int64_t t = s.offset; t < s.offset + s.n; ++t)
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* ohl = ol.f() + (t * nh + h) * kr;
-        float* oh = o.f() + (t * nh + h) * dv;
-        for (int64_t i = 0; i < dv; ++i) {
-          const float* row = kvb + (h * (dn + dv) + dn + i) * kr;
-          float acc = 0;
-          for (int64_t j = 0; j < kr; ++j) acc += row[j] * ohl[j];
-          oh[i] = acc;
-        }
-      }
+    parallel_for(s.n * nh, s.n * nh > 1, [&](int64_t i) {
+      const int64_t t = s.offset + i / nh, h = i % nh;
+      mla_up_v_head(kvb, h, ol.f() + (t * nh + h) * kr, o.f() + (t * nh + h) * dv);
+    });
   });
 }
 

@@ -1,5 +1,6 @@
 // KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
 #include "k3/backend/cpu/kda.h"
+#include "k3/backend/cpu/vec_math.h"
 
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
@@ -32,31 +33,6 @@ inline void scale(int n, float a, float* __restrict y) {
 }
 
 #ifdef K3_KDA_AVX2
-// exp for 8 floats, Cephes-style range reduction + degree-6 polynomial (~2 ulp). Inputs below
-// -87.3 give exactly 0 (the caller only uses x <= 0, but large x are clamped for safety).
-inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-  const __m256 lo = _mm256_set1_ps(-87.3365447504f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  p = _mm256_fmadd_ps(p, x2, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i e = _mm256_cvttps_epi32(fx);
-  e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23);
-  p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-  return _mm256_andnot_ps(underflow, p);
-}
-
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -249,7 +225,7 @@ void kda_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, const float* q, 
 void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                    const float* beta, float* state, float* out) {
   ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> u(D), dg(D);
+    std::vector<float> u(D), dg(D), ones(D, 1.0f);
     for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h) {
       float* S = state + static_cast<std::size_t>(h) * D * D;
       for (int t = 0; t < T; ++t) {
@@ -260,7 +236,7 @@ void kda_recurrent(int T, int H, int D, const float* q, const float* k, const fl
         const float* gt = g + off;
         const float b = beta[static_cast<std::size_t>(t) * H + h];
         float* ot = out + off;
-        for (int d = 0; d < D; ++d) dg[d] = std::exp(gt[d]);
+        mul_exp_diff(D, ones.data(), gt, nullptr, dg.data());  // exp(g), 8 lanes at a time
         // pass 1: S' = diag(exp g) S;  u = S'^T k
         std::fill(u.begin(), u.end(), 0.f);
         for (int dk = 0; dk < D; ++dk) {
@@ -335,22 +311,42 @@ void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const flo
                   [&](float* s) { kda_chunked(T, H, D, chunk, q, k, v, g, beta, s, out); });
 }
 
+// Token-major: for each token, 8 channels at a time (weights transposed to [W][C] once per call), so the
+// inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
+// (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
+// scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
   const int P = W - 1;  // previous inputs kept
-  parallel_for(C, static_cast<long>(T) * C * W > 65536, [&](int64_t ci) {
-    const int c = static_cast<int>(ci);
-    const float* wc = w + static_cast<std::size_t>(c) * W;
-    float* st = cstate + static_cast<std::size_t>(c) * P;
-    // input at relative time tau in [-P, T): tau < 0 comes from the state
-    auto in = [&](int tau) { return tau < 0 ? st[P + tau] : x[static_cast<std::size_t>(tau) * C + c]; };
-    for (int t = 0; t < T; ++t) {
-      float acc = 0.f;
-      for (int j = 0; j < W; ++j) acc += wc[j] * in(t - P + j);
-      y[static_cast<std::size_t>(t) * C + c] = acc / (1.f + std::exp(-acc));
+  std::vector<float> wt(static_cast<std::size_t>(W) * C), past(static_cast<std::size_t>(P) * C);
+  for (int c = 0; c < C; ++c) {
+    for (int j = 0; j < W; ++j) wt[static_cast<std::size_t>(j) * C + c] = w[static_cast<std::size_t>(c) * W + j];
+    for (int j = 0; j < P; ++j) past[static_cast<std::size_t>(j) * C + c] = cstate[static_cast<std::size_t>(c) * P + j];
+  }
+  // input row at relative time tau in [-P, T): tau < 0 comes from the state
+  auto row = [&](int tau) { return tau < 0 ? past.data() + static_cast<std::size_t>(P + tau) * C : x + static_cast<std::size_t>(tau) * C; };
+  parallel_for(T, static_cast<long>(T) * C * W > 65536, [&](int64_t ti) {
+    const int t = static_cast<int>(ti);
+    float* yt = y + static_cast<std::size_t>(t) * C;
+    int c = 0;
+    for (; c + 8 <= C; c += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int j = 0; j < W; ++j)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wt.data() + static_cast<std::size_t>(j) * C + c), _mm256_loadu_ps(row(t - P + j) + c), acc);
+      _mm256_storeu_ps(yt + c, _mm256_mul_ps(acc, sigmoid8(acc)));
     }
-    // new state = last P inputs of [state, x]; ascending j reads only not-yet-overwritten slots
-    for (int j = 0; j < P; ++j) st[j] = in(T - P + j);
+    for (; c < C; ++c) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc = std::fma(wt[static_cast<std::size_t>(j) * C + c], row(t - P + j)[c], acc);
+      alignas(32) float b[8] = {acc};
+      _mm256_store_ps(b, _mm256_mul_ps(_mm256_load_ps(b), sigmoid8(_mm256_load_ps(b))));
+      yt[c] = b[0];
+    }
   });
+  // new state = the last P inputs of [state, x]
+  for (int j = 0; j < P; ++j) {
+    const float* r = row(T - P + j);
+    for (int c = 0; c < C; ++c) cstate[static_cast<std::size_t>(c) * P + j] = r[c];
+  }
 }
 
 }  // namespace k3::cpu

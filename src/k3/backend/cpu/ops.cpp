@@ -1,5 +1,6 @@
 #include "k3/backend/cpu/ops.h"
 
+#include "k3/backend/cpu/vec_math.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/thread_pool.h"
 
@@ -34,33 +35,75 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
     rows_range(0, rows, 0);
 }
 
+void matmul_batch(std::span<const MatmulJob> jobs) {
+  struct Block {
+    const MatmulJob* job;
+    int64_t r0, r1;
+  };
+  int64_t total_bytes = 0;
+  for (const MatmulJob& j : jobs) total_bytes += j.W->bytes() * std::max<int64_t>(j.n, 1);
+  ThreadPool& pool = ThreadPool::global();
+  // ~8 blocks per thread: enough for the dynamic hand-out to even out a slow thread, few enough that a
+  // block (>= 16 rows) amortises its hand-out (one atomic add).
+  const int64_t target = std::max<int64_t>(total_bytes / (8 * static_cast<int64_t>(pool.size())), 1);
+  std::vector<Block> blocks;
+  for (const MatmulJob& j : jobs) {
+    if (j.n <= 0 || j.W->rows <= 0) continue;
+    const int64_t row_bytes = std::max<int64_t>(j.W->bytes() / j.W->rows * j.n, 1);
+    const int64_t rows_per = std::clamp<int64_t>(target / row_bytes, 16, j.W->rows);
+    for (int64_t r = 0; r < j.W->rows; r += rows_per) blocks.push_back({&j, r, std::min(j.W->rows, r + rows_per)});
+  }
+  auto run = [&](int64_t b0, int64_t b1, int) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const Block& bl = blocks[static_cast<size_t>(b)];
+      const MatmulJob& j = *bl.job;
+      const RowKernels& k = row_kernels(j.W->format);
+      if (j.n == 1)
+        for (int64_t r = bl.r0; r < bl.r1; ++r) j.y[r] = k.dot(*j.W, r, j.x);
+      else
+        k.gemm(*j.W, bl.r0, bl.r1, j.x, j.n, j.y);
+    }
+  };
+  if (total_bytes > 32768 * 2)
+    pool.parallel_for(static_cast<int64_t>(blocks.size()), 1, run);
+  else
+    run(0, static_cast<int64_t>(blocks.size()), 0);
+}
+
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, float* out) {
   rmsnorm(x, w, n, dim, eps, dim, out);
 }
 
+// Rows in parallel when there are many (prefill); a row's arithmetic is the same on any thread.
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, int64_t stride, float* out) {
-  for (int64_t t = 0; t < n; ++t) {
+  parallel_for(n, n * dim > 65536, [&](int64_t t) {
     const float* xr = x + t * stride;
     float* o = out + t * stride;
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
     for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * inv * (w ? w[i] : 1.0f);
-  }
+  });
 }
 
 void silu_glu(const float* gate, const float* up, int64_t count, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  zip8(gate, up, out, count, [](__m256 g, __m256 u) { return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), u); });
 }
 
 void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    out[i] = beta * std::tanh(g / beta) * sigmoidf(g) * (linear_beta * std::tanh(up[i] / linear_beta));
-  }
+  const __m256 b = _mm256_set1_ps(beta), lb = _mm256_set1_ps(linear_beta);
+  zip8(gate, up, out, count, [&](__m256 g, __m256 u) {
+    const __m256 act = _mm256_mul_ps(_mm256_mul_ps(b, tanh8(_mm256_div_ps(g, b))), sigmoid8(g));
+    return _mm256_mul_ps(act, _mm256_mul_ps(lb, tanh8(_mm256_div_ps(u, lb))));
+  });
+}
+
+void sigmoid_inplace(float* x, int64_t count) {
+  zip8(x, x, x, count, [](__m256 a, __m256) { return sigmoid8(a); });
+}
+
+void sigmoid_mul(float* y, const float* g, int64_t count) {
+  zip8(y, g, y, count, [](__m256 a, __m256 s) { return _mm256_mul_ps(a, sigmoid8(s)); });
 }
 
 }  // namespace k3::cpu

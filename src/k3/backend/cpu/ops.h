@@ -3,6 +3,7 @@
 // thread pool over output rows.
 #pragma once
 #include <cstdint>
+#include <span>
 
 #include "k3/core/weight.h"
 
@@ -10,6 +11,17 @@ namespace k3::cpu {
 
 // y[n][W.rows] = x[n][W.cols] . W^T   (x and y must not alias)
 void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y);
+// Several independent matmuls (a token's routed experts: each a few hundred KB, i.e. microseconds of
+// memory traffic) in ONE fork-join: the rows of all jobs are cut into blocks of about equal weight bytes
+// that the threads take in turn. Every output has the bits matmul(job) gives it (a row's result is the
+// format's gemm / dot whatever block or thread computes it). Jobs must not write to each other's inputs.
+struct MatmulJob {
+  const WeightMatrix* W;
+  const float* x;  // [n][W->cols]
+  int64_t n;
+  float* y;  // [n][W->rows]
+};
+void matmul_batch(std::span<const MatmulJob> jobs);
 // Dot product of one weight row with x (cols values); the building block of matmul.
 float row_dot(const WeightMatrix& W, int64_t row, const float* x);
 // Dequantise one row into fp32 (cols values).
@@ -23,6 +35,11 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t dim, float eps, 
 // GLUs over [n][d]: out = act(gate) * up. out may alias gate.
 void silu_glu(const float* gate, const float* up, int64_t count, float* out);
 void situ_glu(const float* gate, const float* up, int64_t count, float beta, float linear_beta, float* out);
+
+// x[i] = sigmoid(x[i]) (router scores, KDA beta).
+void sigmoid_inplace(float* x, int64_t count);
+// y[i] *= sigmoid(g[i]) (output gates).
+void sigmoid_mul(float* y, const float* g, int64_t count);
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 

@@ -1,0 +1,21 @@
+// The absorbed MLA form's two projections through kv_b (model-spec 3.3), one (token, head) at a time:
+//   absorb_q: q_lat[0:kr] = sum_{d < dn} q[d] kv_b[h (dn + dv) + d][:],   q_lat[kr:kr+dr] = q[dn:dn+dr]
+//   up_v:     o[d] = kv_b[h (dn + dv) + dn + d][:] . o_lat,              d < dv
+// kv_b [nh (dn + dv)][kr] is read as stored: the checkpoint's bf16 (half the bytes of the fp32 copy; at
+// batch 1 each MLA layer streams all of it) or fp32. bf16 widens exactly, and both storages run the same
+// 8-lane FMA sequence, so they give the same bits (MlaAbsorb.Bf16AndF32StorageAgreeBitForBit).
+#pragma once
+#include <cstdint>
+
+namespace k3::cpu {
+
+struct KvB {
+  const float* f32 = nullptr;     // one of the two is set
+  const uint16_t* bf16 = nullptr;
+  int64_t nope = 0, value = 0, rank = 0;
+};
+
+void mla_absorb_q_head(const KvB& kvb, int64_t h, int64_t rope, const float* q, float* q_lat);
+void mla_up_v_head(const KvB& kvb, int64_t h, const float* o_lat, float* o);
+
+}  // namespace k3::cpu

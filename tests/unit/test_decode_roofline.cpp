@@ -1,0 +1,88 @@
+// The decode roofline of `k3 bench offline` (plan::decode_step_bytes, bench::add_decode_roofline) and the
+// read-bandwidth measurement of `k3 bench memory`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "k3/bench/memory_bandwidth.h"
+#include "k3/bench/offline.h"
+#include "k3/core/error.h"
+#include "k3/model/config.h"
+#include "k3/plan/plan.h"
+#include "k3/runtime/cache_spec.h"
+
+namespace {
+
+k3::ModelConfig tiny_config() { return k3::load_model_config(std::string(K3_SOURCE_DIR) + "/models/k3-tiny"); }
+
+// k3-tiny: 32 MXFP4 experts top-4 in 11 MoE layers, 19584 B per expert-layer; bf16 latent rows of
+// 3 x 80 x 2 = 480 B per token; KDA state 294912 B + conv tails 41472 B per sequence (test_plan.cpp).
+TEST(DecodeRoofline, StepBytesFromFirstPrinciples) {
+  const k3::ModelConfig c = tiny_config();
+  const k3::CacheSpec spec = k3::make_cache_spec(c, k3::CacheDType::BF16, k3::CacheDType::F32);
+  const auto w = k3::plan::weight_bytes(c);
+  const auto one = k3::plan::decode_step_bytes(c, spec, 1, 1000);
+  EXPECT_DOUBLE_EQ(one.non_routed, w.non_expert() - w.embedding);
+  EXPECT_DOUBLE_EQ(one.distinct_experts, 4);
+  EXPECT_DOUBLE_EQ(one.routed, 4 * 11 * 19584.0);
+  EXPECT_DOUBLE_EQ(one.mla_rows, 1000 * 480.0);
+  EXPECT_DOUBLE_EQ(one.kda_state, 2 * (294912.0 + 41472.0));
+  // Batch 8: the weights once, the expected distinct experts of 32 picks, 8 sequences' state and rows.
+  const auto eight = k3::plan::decode_step_bytes(c, spec, 8, 10);
+  const double distinct = 32 * (1 - std::pow(1 - 4.0 / 32, 8));
+  EXPECT_NEAR(eight.distinct_experts, distinct, 1e-12);
+  EXPECT_NEAR(eight.routed, distinct * 11 * 19584.0, 1e-6);
+  EXPECT_DOUBLE_EQ(eight.non_routed, one.non_routed);
+  EXPECT_DOUBLE_EQ(eight.mla_rows, 8 * 10 * 480.0);
+  EXPECT_DOUBLE_EQ(eight.kda_state, 8 * one.kda_state);
+  // A measured distinct count replaces the expectation.
+  EXPECT_DOUBLE_EQ(k3::plan::decode_step_bytes(c, spec, 8, 10, 17).routed, 17 * 11 * 19584.0);
+  // The planner's batch-1 bound is the same model (one GPU: no TP/EP split).
+  k3::plan::PlanInput in;
+  in.config = c;
+  in.hw = k3::plan::find_hardware(k3::plan::builtin_hardware(), "h200");
+  in.count = 1;
+  in.context = 1000;
+  EXPECT_DOUBLE_EQ(k3::plan::make_plan(in).decode_bytes_per_token_b1, one.total());
+}
+
+TEST(DecodeRoofline, OfflineRowsCarryBytesAndShareOfBandwidth) {
+  const k3::ModelConfig c = tiny_config();
+  const k3::CacheSpec spec = k3::make_cache_spec(c);
+  k3::bench::OfflineResult tg;
+  tg.test = {"tg16", false, 16, 4, 2};
+  tg.seconds = {0.5, 1.5};  // mean 1 s for 16 steps
+  tg.tps_mean = 32;
+  k3::bench::add_decode_roofline(tg, c, spec, 40);
+  // mean context: depth 4 + (16 + 1) / 2 rows
+  const double bytes = k3::plan::decode_step_bytes(c, spec, 2, 4 + 8.5).total();
+  EXPECT_DOUBLE_EQ(tg.step_bytes, bytes);
+  EXPECT_DOUBLE_EQ(tg.read_gb_s, bytes * 16 / 1.0 / 1e9);
+  EXPECT_EQ(tg.to_json().at("of_bandwidth").get<double>(), tg.read_gb_s / 40);
+  k3::bench::OfflineResult pp;
+  pp.test = {"pp8", true, 8, 0, 1};
+  pp.seconds = {1};
+  k3::bench::add_decode_roofline(pp, c, spec, 40);
+  EXPECT_EQ(pp.step_bytes, 0);  // prefill is not bandwidth-bound: no roofline
+  EXPECT_FALSE(pp.to_json().contains("step_bytes"));
+  const std::string table = k3::bench::offline_table({pp, tg}, "tiny");
+  EXPECT_NE(table.find("% of BW"), std::string::npos) << table;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.0f%%", 100 * tg.read_gb_s / 40);
+  EXPECT_NE(table.find(pct), std::string::npos) << table;
+  // No bandwidth: the llama-bench table unchanged.
+  EXPECT_EQ(k3::bench::offline_table({pp}, "tiny").find("GB/s"), std::string::npos);
+}
+
+TEST(MemoryBandwidth, MeasuresAPositiveRateAndRejectsBadSizes) {
+  const auto r = k3::bench::measure_read_bandwidth(size_t{64} << 20, 1);
+  EXPECT_GT(r.best_gb_s, 0.1);
+  EXPECT_GE(r.best_gb_s, r.median_gb_s);
+  EXPECT_EQ(r.bytes, size_t{64} << 20);
+  EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{1} << 20, 1), k3::Error);
+  EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{65} << 30, 1), k3::Error);
+  EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{64} << 20, 0), k3::Error);
+}
+
+}  // namespace
