@@ -6,6 +6,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
 
@@ -46,6 +47,9 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
     if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
+  // Routing is known: prefetch what is not resident and compute the resident experts first (the sum
+  // below stays in expert-id order, so the order of computing changes nothing).
+  if (residency_ && E > 0) residency_->on_routed(w.experts[0].gate.data, active);
   std::vector<std::vector<float>> ys(static_cast<size_t>(E));
   auto one = [&](int64_t ai) {
     const int64_t e = active[static_cast<size_t>(ai)];
@@ -76,7 +80,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     });
   }
   std::fill(out.f(), out.f() + n * X, 0.f);
-  for (int64_t e : active) {
+  for (int64_t e = 0; e < E; ++e) {
     const auto& toks = by_expert[static_cast<size_t>(e)];
     const std::vector<float>& ye = ys[static_cast<size_t>(e)];
     for (size_t j = 0; j < toks.size(); ++j) {
