@@ -359,7 +359,7 @@ void add_bench(CLI::App& app, Registry& reg) {
     std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
     int reps = 5;
     int64_t seed = 0;
-    bool drop_page_cache = false, fresh_tokens = false;
+    bool drop_page_cache = false, fresh_tokens = false, no_warmup = false;
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
@@ -374,6 +374,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   off->add_option("-o,--json", f->json_out, "write the results as JSON");
   off->add_flag("--fresh-tokens", f->fresh_tokens,
                 "new random tokens for every repetition (the warm-up does not preload the experts the timed runs use)");
+  off->add_flag("--no-warmup", f->no_warmup, "no untimed warm-up run (with --drop-page-cache: a cold start is timed)");
   off->add_flag("--drop-page-cache", f->drop_page_cache,
                 "evict the checkpoint's files from the page cache before loading (a cold start without root)");
   off->callback([&reg, f] {
@@ -395,7 +396,8 @@ void add_bench(CLI::App& app, Registry& reg) {
       for (auto& t : tests) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch, k3::ThreadPool::global().size());
-        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens));
+        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
+                                                 !f->no_warmup));
         json j = rs.back().to_json();
         j["model"] = dir;
         arr.push_back(j);

@@ -247,3 +247,24 @@ TEST(PageCache, EvictsAndMeasuresAFile) {
 }
 
 }  // namespace
+
+#include "k3/bench/offline.h"
+
+namespace {
+
+// bench offline's I/O columns: the timed repetitions' expert uses are counted (and only theirs).
+TEST(ExpertResidency, OfflineBenchCountsTheTimedRunsUses) {
+  auto m = k3::Model::load(k3test::source_path("models/k3-tiny"));
+  k3::bench::OfflineTest t{"tg4", false, 4, 0, 1};
+  const auto r = k3::bench::run_offline_test(*m, t, 2, 1, /*fresh_tokens=*/true, /*warmup=*/false);
+  ASSERT_EQ(r.seconds.size(), 2u);
+  ASSERT_TRUE(r.io.have_experts);
+  const auto& c = m->config();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) moe_layers += c.is_moe_layer(l) ? 1 : 0;
+  EXPECT_EQ(r.io.expert_lookups, 2 * 4 * moe_layers * c.top_k);  // 2 runs x 4 steps, top_k distinct per step
+  EXPECT_EQ(m->expert_cache_stats()->lookups, r.io.expert_lookups);  // no warm-up counted
+  EXPECT_GT(r.io.seconds, 0);
+}
+
+}  // namespace

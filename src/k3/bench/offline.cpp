@@ -42,7 +42,8 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
   return out;
 }
 
-OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed, bool fresh_tokens) {
+OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed, bool fresh_tokens,
+                               bool warmup) {
   if (reps < 1) throw Error("-r must be >= 1");
   std::mt19937_64 rng(seed);
   const int32_t V = static_cast<int32_t>(m.config().vocab_size);
@@ -69,12 +70,12 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
   r.test = t;
   DiskCounters disk0;
   std::optional<ExpertCacheStats> ex0;
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+  for (int rep = warmup ? -1 : 0; rep < reps; ++rep) {  // rep -1: warm-up
     if (rep == 0) {
       disk0 = read_disk_counters();
       ex0 = m.expert_cache_stats();
     }
-    if (fresh_tokens && rep >= 0)
+    if (fresh_tokens && rep > (warmup ? -1 : 0))
       for (auto& in : inputs) in = rand_tokens(static_cast<int64_t>(in.size()));
     std::vector<std::unique_ptr<SequenceCache>> st;
     for (const auto& b : base) st.push_back(b->clone());

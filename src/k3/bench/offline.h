@@ -46,8 +46,9 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
 // One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded). `fresh_tokens`: every
 // run draws new tokens (so the warm-up does not load the routed experts the timed runs use: what a
 // model bigger than RAM sees on new requests).
+// `warmup` false: no warm-up run (with a cold page cache, the first timed run is the cold start).
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed,
-                               bool fresh_tokens = false);
+                               bool fresh_tokens = false, bool warmup = true);
 
 // llama-bench's markdown table.
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);
