@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/expert_report.h"
 #include "cli/model_loader.h"
 #include "k3/bench/client.h"
 #include "k3/bench/dataset.h"
@@ -361,6 +362,7 @@ void add_bench(CLI::App& app, Registry& reg) {
     int reps = 5;
     int64_t seed = 0;
     double mem_bw = 0;
+    bool drop_page_cache = false, fresh_tokens = false, no_warmup = false;
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
@@ -377,10 +379,20 @@ void add_bench(CLI::App& app, Registry& reg) {
                   "memory read bandwidth in GB/s for the tg roofline columns (0: measure it as `k3 bench memory` does, "
                   "CPU device only; -1: no roofline)")
       ->capture_default_str();
+  off->add_flag("--fresh-tokens", f->fresh_tokens,
+                "new random tokens for every repetition (the warm-up does not preload the experts the timed runs use)");
+  off->add_flag("--no-warmup", f->no_warmup, "no untimed warm-up run (with --drop-page-cache: a cold start is timed)");
+  off->add_flag("--drop-page-cache", f->drop_page_cache,
+                "evict the checkpoint's files from the page cache before loading (a cold start without root)");
   off->callback([&reg, f] {
     reg.action = [f] {
       const std::string dir = resolve_model_dir(f->model);
+      if (f->drop_page_cache) drop_checkpoint_pages(dir);
+      const k3::DiskCounters disk0 = k3::read_disk_counters();
+      const auto t_load = std::chrono::steady_clock::now();
       auto model = load_model(dir, f->dev);
+      std::fprintf(stderr, "k3 bench offline: loaded in %.1f s; %s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
+                   expert_cache_report(std::nullopt, disk0, 0).c_str());
       auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
       std::vector<k3::bench::OfflineResult> rs;
       json arr = json::array();
@@ -399,13 +411,17 @@ void add_bench(CLI::App& app, Registry& reg) {
       for (auto& t : tests) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch, k3::ThreadPool::global().size());
-        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed)));
+        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
+                                                 !f->no_warmup));
         k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw);
         json j = rs.back().to_json();
         j["model"] = dir;
         arr.push_back(j);
       }
       std::printf("%s", k3::bench::offline_table(rs, name).c_str());
+      if (!rs.empty() && (rs[0].io.have_disk || rs[0].io.have_experts))  // the timed repetitions' reads
+        std::printf("\n%s", k3::bench::offline_io_table(rs).c_str());
+      std::printf("\n%s", expert_cache_report(model->expert_cache_stats(), disk0, 0).c_str());  // since load
       if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
                                                          {"method", "ModelRunner::forward_batch, one cache per sequence"}, {"device", model->device_name()},
                                                          {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
@@ -435,6 +451,8 @@ void add_bench(CLI::App& app, Registry& reg) {
       return 0;
     };
   });
+
+  add_bench_disk(bench, reg);
 
   // ---- plot
   struct PlotOpts {

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/expert_report.h"
 #include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/cache/hybrid_cache.h"
@@ -47,6 +48,7 @@ void add_run(CLI::App& app, Registry& reg) {
   cmd->callback([&reg, o] {
     reg.action = [o] {
       const std::string dir = resolve_model_dir(o->model);
+      const k3::DiskCounters disk_start = k3::read_disk_counters();
       auto model = load_model(dir, o->dev);
       auto tok = k3::text::Tokenizer::load(dir);
       const auto& cfg = model->config();
@@ -115,6 +117,7 @@ void add_run(CLI::App& app, Registry& reg) {
                      (long long)prompt.size(), pre, prompt.size() / std::max(pre, 1e-9), (long long)generated,
                      (long long)std::max<int64_t>(generated - 1, 0), dec, std::max(n - 1, 0.0) / std::max(dec, 1e-9),
                      last.finish_reason.c_str(), model->device_name().c_str());
+        std::fprintf(stderr, "%s", expert_cache_report(model->expert_cache_stats(), disk_start, 0).c_str());
       }
       return 0;
     };

@@ -39,6 +39,19 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "repeatable (-ot for short), first match wins (e.g. -ot 'experts\\.=CPU')")
       ->each([](const std::string&) {});
   add_compute_options(cmd, d.compute);
+  cmd->add_option("--expert-cache-gb", d.expert_cache_gb,
+                  "cpu: GB of the most used routed experts kept resident (mlock) when the checkpoint is bigger than "
+                  "RAM; -1: automatic (half the available memory less the other weights, 0 when the model fits), 0: "
+                  "none pinned")
+      ->check(CLI::Range(-1.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--expert-prefetch", d.expert_prefetch,
+                  "cpu: read the routed experts a step needs as soon as routing is known: threads (reader threads "
+                  "fault them in), madvise (MADV_WILLNEED), none")
+      ->check(CLI::IsMember({"none", "madvise", "threads"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-expert-residency", d.no_expert_residency,
+                "cpu: no expert hit counting, prefetch or pinning (the page cache alone)");
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
@@ -56,7 +69,12 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())
       throw k3::Error("--override-tensor: a rule places weights on a GPU, but --device cpu runs everything on the CPU");
-    return k3::Model::load(dir, kv, ssm);
+    k3::ExpertResidencyOptions ex;
+    ex.enabled = !d.no_expert_residency;
+    ex.prefetch = k3::parse_expert_prefetch(d.expert_prefetch);
+    ex.hot_budget_bytes = d.expert_cache_gb < 0 ? k3::ExpertResidencyOptions::kAutoBudget
+                                                : static_cast<int64_t>(d.expert_cache_gb * 1e9);
+    return k3::Model::load(dir, kv, ssm, ex);
   }
   if (d.device == "cuda" || d.device.rfind("cuda:", 0) == 0) {
     int ordinal = 0;

@@ -25,6 +25,10 @@ struct DeviceOptions {
   bool cpu_moe = false;                        // --cpu-moe: routed experts on the CPU
   int n_cpu_moe = 0;                           // --n-cpu-moe N: the routed experts of the first N layers
   ComputeOptions compute;                      // -t/--threads, --numa (applied by load_model, before any kernel)
+  // Routed-expert residency (CPU; runtime/expert_residency.h, docs/bigger-than-ram.md).
+  double expert_cache_gb = -1;                 // --expert-cache-gb: pinned hot-set budget (-1 auto, 0 none)
+  std::string expert_prefetch = "threads";     // --expert-prefetch none|madvise|threads
+  bool no_expert_residency = false;            // --no-expert-residency: no counting, prefetch or pinning
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "k3/bench/stats.h"
@@ -27,6 +28,9 @@ nlohmann::json OfflineResult::to_json() const {
     j["bandwidth_gb_s"] = bandwidth_gb_s;
     j["of_bandwidth"] = read_gb_s / bandwidth_gb_s;
   }
+  if (io.have_disk) j["disk"] = {{"read_bytes", io.read_bytes}, {"gbps", io.disk_gbps()}, {"major_faults", io.major_faults}};
+  if (io.have_experts)
+    j["expert_cache"] = {{"lookups", io.expert_lookups}, {"hits", io.expert_hits}, {"missing_bytes", io.expert_missing_bytes}};
   return j;
 }
 
@@ -54,7 +58,8 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
   return out;
 }
 
-OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed) {
+OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed, bool fresh_tokens,
+                               bool warmup) {
   if (reps < 1) throw Error("-r must be >= 1");
   std::mt19937_64 rng(seed);
   const int32_t V = static_cast<int32_t>(m.config().vocab_size);
@@ -79,7 +84,15 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
   for (int64_t b = 0; b < t.batch; ++b) inputs.push_back(rand_tokens(t.prefill ? t.n : t.n));
   OfflineResult r;
   r.test = t;
-  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+  DiskCounters disk0;
+  std::optional<ExpertCacheStats> ex0;
+  for (int rep = warmup ? -1 : 0; rep < reps; ++rep) {  // rep -1: warm-up
+    if (rep == 0) {
+      disk0 = read_disk_counters();
+      ex0 = m.expert_cache_stats();
+    }
+    if (fresh_tokens && rep > (warmup ? -1 : 0))
+      for (auto& in : inputs) in = rand_tokens(static_cast<int64_t>(in.size()));
     std::vector<std::unique_ptr<SequenceCache>> st;
     for (const auto& b : base) st.push_back(b->clone());
     std::vector<BatchItem> items(static_cast<size_t>(t.batch));
@@ -101,11 +114,47 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep >= 0) r.seconds.push_back(s);
   }
+  const DiskCounters disk1 = read_disk_counters();
+  const std::optional<ExpertCacheStats> ex1 = m.expert_cache_stats();
+  for (double s : r.seconds) r.io.seconds += s;
+  r.io.have_disk = disk0.read_bytes >= 0 && disk1.read_bytes >= 0;
+  r.io.read_bytes = r.io.have_disk ? disk1.read_bytes - disk0.read_bytes : 0;
+  r.io.major_faults = disk1.major_faults - disk0.major_faults;
+  if (ex0 && ex1 && ex1->enabled) {
+    r.io.have_experts = true;
+    r.io.expert_lookups = ex1->lookups - ex0->lookups;
+    r.io.expert_hits = ex1->hits - ex0->hits;
+    r.io.expert_missing_bytes = ex1->missing_bytes - ex0->missing_bytes;
+  }
   std::vector<double> tps;
   for (double s : r.seconds) tps.push_back(static_cast<double>(t.n * t.batch) / s);
   r.tps_mean = mean(tps);
   r.tps_std = tps.size() > 1 ? stddev(tps) * std::sqrt(tps.size() / (tps.size() - 1.0)) : 0.0;  // sample stddev
   return r;
+}
+
+std::string offline_io_table(const std::vector<OfflineResult>& rs) {
+  std::string o =
+      "| test | expert hit ratio | experts missing GB | read from disk GB | disk GB/s | major faults |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+  char buf[512];
+  for (const auto& r : rs) {
+    const OfflineIo& io = r.io;
+    char hit[64] = "-", miss[64] = "-", rd[64] = "-", bw[64] = "-";
+    if (io.have_experts) {
+      std::snprintf(hit, sizeof hit, "%.3f (%lld/%lld)", io.expert_lookups ? double(io.expert_hits) / double(io.expert_lookups) : 0.0,
+                    (long long)io.expert_hits, (long long)io.expert_lookups);
+      std::snprintf(miss, sizeof miss, "%.2f", double(io.expert_missing_bytes) / 1e9);
+    }
+    if (io.have_disk) {
+      std::snprintf(rd, sizeof rd, "%.2f", double(io.read_bytes) / 1e9);
+      std::snprintf(bw, sizeof bw, "%.3f", io.disk_gbps());
+    }
+    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %s | %s | %lld |\n", r.test.name.c_str(), hit, miss, rd, bw,
+                  (long long)io.major_faults);
+    o += buf;
+  }
+  return o;
 }
 
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name) {

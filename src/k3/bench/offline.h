@@ -23,6 +23,16 @@ struct OfflineTest {
   int64_t n = 0, depth = 0, batch = 1;
 };
 
+// What the timed repetitions read: the process's storage reads and major faults (/proc/self/io,
+// getrusage), and where the runner reports it, the routed-expert hit counts (runtime/expert_residency.h).
+struct OfflineIo {
+  bool have_disk = false, have_experts = false;
+  int64_t read_bytes = 0, major_faults = 0;
+  int64_t expert_lookups = 0, expert_hits = 0, expert_missing_bytes = 0;
+  double seconds = 0;  // the timed repetitions together
+  double disk_gbps() const { return seconds > 0 ? double(read_bytes) / seconds / 1e9 : 0.0; }
+};
+
 struct OfflineResult {
   OfflineTest test;
   std::vector<double> seconds;  // per repetition
@@ -30,6 +40,7 @@ struct OfflineResult {
   // tg tests with a known memory bandwidth (add_decode_roofline): the bytes one step must read, the rate
   // the measured steps read them at (step_bytes x steps / s), and that rate over `bandwidth_gb_s`.
   double step_bytes = 0, read_gb_s = 0, bandwidth_gb_s = 0;
+  OfflineIo io;
   nlohmann::json to_json() const;
 };
 
@@ -37,8 +48,12 @@ struct OfflineResult {
 std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std::vector<int64_t>& tg,
                                        const std::vector<int64_t>& depths, const std::vector<int64_t>& batches);
 
-// One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded).
-OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed);
+// One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded). `fresh_tokens`: every
+// run draws new tokens (so the warm-up does not load the routed experts the timed runs use: what a
+// model bigger than RAM sees on new requests).
+// `warmup` false: no warm-up run (with a cold page cache, the first timed run is the cold start).
+OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed,
+                               bool fresh_tokens = false, bool warmup = true);
 
 // Fills r's roofline fields for a tg test (pp tests are left alone): step_bytes from
 // plan::decode_step_bytes at the mean context of the run (depth + (n + 1) / 2 rows per MLA layer) with the
@@ -47,5 +62,7 @@ void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec
 
 // llama-bench's markdown table (plus GB/step, GB/s and % of the bandwidth where a roofline was added).
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);
+// The I/O table of the same tests: expert hit ratio, bytes read from storage, disk GB/s, major faults.
+std::string offline_io_table(const std::vector<OfflineResult>& rs);
 
 }  // namespace k3::bench

@@ -76,8 +76,13 @@ void BatchEngine::cancel(const std::string& id) {
 }
 
 EngineStats BatchEngine::stats() const {
-  std::lock_guard lk(mu_);
-  return stats_;
+  EngineStats s;
+  {
+    std::lock_guard lk(mu_);
+    s = stats_;
+  }
+  s.expert_cache = model_.expert_cache_stats();  // the residency's own lock; outside the engine's
+  return s;
 }
 
 cache::CacheStats BatchEngine::cache_stats() const {

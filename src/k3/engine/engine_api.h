@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "k3/engine/sampling_params.h"
+#include "k3/runtime/expert_residency.h"
 #include "k3/text/output_piece.h"
 
 namespace k3::engine {
@@ -58,6 +60,8 @@ struct EngineStats {
   int64_t prefix_queries_tokens = 0, prefix_hit_tokens = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  // Routed experts read from a file-backed mapping (runtime/expert_residency.h); nullopt otherwise.
+  std::optional<ExpertCacheStats> expert_cache;
 };
 
 struct EngineLimits {

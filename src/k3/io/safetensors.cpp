@@ -169,6 +169,12 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
   return it == index_.end() ? nullptr : it->second;
 }
 
+std::vector<const MappedFile*> Checkpoint::mappings() const {
+  std::vector<const MappedFile*> m;
+  for (const auto& f : files_) m.push_back(&f->mapping());
+  return m;
+}
+
 size_t Checkpoint::total_bytes() const {
   size_t n = 0;
   for (auto& [k, v] : index_) n += v->nbytes;

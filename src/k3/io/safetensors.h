@@ -35,6 +35,7 @@ class SafetensorsFile {
   explicit SafetensorsFile(const std::string& path);
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::string& path() const { return file_.path(); }
+  const MappedFile& mapping() const { return file_; }
 
  private:
   MappedFile file_;
@@ -50,6 +51,8 @@ class Checkpoint {
   const std::map<std::string, const TensorInfo*>& all() const { return index_; }
   const std::string& dir() const { return dir_; }
   size_t total_bytes() const;
+  // The shards' mappings (for residency hints over byte ranges: runtime/expert_residency.h).
+  std::vector<const MappedFile*> mappings() const;
 
  private:
   std::string dir_;

@@ -13,6 +13,7 @@
 #include "k3/model/config.h"
 #include "k3/model/sequence_state.h"
 #include "k3/model/weights.h"
+#include "k3/runtime/expert_residency.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3 {
@@ -20,9 +21,10 @@ namespace k3 {
 class Model final : public ModelRunner {
  public:
   // Reads config.json, maps the safetensors, validates and binds every tensor; the cache holds MLA rows
-  // as `kv` and the KDA state as `ssm` (runtime/cache_spec.h). Throws k3::Error.
+  // as `kv` and the KDA state as `ssm` (runtime/cache_spec.h); routed experts stay file-backed, their
+  // residency managed as `experts` says (runtime/expert_residency.h). Throws k3::Error.
   static std::unique_ptr<Model> load(const std::string& dir, CacheDType kv = CacheDType::F32,
-                                     CacheDType ssm = CacheDType::F32);
+                                     CacheDType ssm = CacheDType::F32, ExpertResidencyOptions experts = {});
 
   const ModelConfig& config() const override { return cfg_; }
   const CacheSpec& cache_spec() const override { return spec_; }
@@ -30,6 +32,7 @@ class Model final : public ModelRunner {
   std::unique_ptr<SequenceCache> new_cache() const override { return std::make_unique<SequenceState>(spec_); }
   std::shared_ptr<CacheMemory> cache_memory() const override { return host_cache_memory(); }
   int64_t memory_available() const override;
+  std::optional<ExpertCacheStats> expert_cache_stats() const override;
   const ModelWeights& weights() const { return w_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
@@ -44,6 +47,7 @@ class Model final : public ModelRunner {
   CacheSpec spec_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
+  std::unique_ptr<ExpertResidency> residency_;  // null without MoE layers or when turned off
   // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).
   mutable std::mutex mu_;
   mutable cpu::CpuBackend backend_;

@@ -7,6 +7,7 @@
 
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
+#include "k3/io/page_cache.h"
 
 namespace k3 {
 
@@ -71,6 +72,13 @@ class Binder {
     w.cols = cols;
     bytes_ += static_cast<int64_t>(p->nbytes + s->nbytes);
     return w;
+  }
+
+  // Starts reading tensor `name` (if present) into the page cache: the scale checks of a layer's experts
+  // then wait for exactly their bytes, issued together, instead of faulting one at a time with the
+  // kernel's read-around, which on a large read_ahead_kb reads the whole checkpoint (docs/bigger-than-ram.md).
+  void prefetch(const std::string& name) {
+    if (const TensorInfo* t = ck_.find(name)) prefetch_mapped(t->data, t->nbytes);
   }
 
   // A small float tensor converted to fp32; `shapes` lists the accepted shapes (first is the usual one).
@@ -255,6 +263,9 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights&
   w.router = b.mat(p + "gate.weight", E, H);
   w.correction_bias = b.vec(p + "gate.e_score_correction_bias", E);
   w.experts.resize(static_cast<size_t>(E));
+  if (c.expert_quant_format)
+    for (int64_t e = 0; e < E; ++e)
+      for (const char* wn : {"w1", "w3", "w2"}) b.prefetch(p + "experts." + std::to_string(e) + "." + wn + ".weight_scale");
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + "experts." + std::to_string(e) + ".";
     GluMlp& x = w.experts[static_cast<size_t>(e)];

@@ -3,6 +3,7 @@
 // (backend/cuda/cuda_model.h) are the two implementations; callers never see which one they hold.
 #pragma once
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "k3/model/config.h"
 #include "k3/runtime/cache_memory.h"
 #include "k3/runtime/cache_spec.h"
+#include "k3/runtime/expert_residency.h"
 #include "k3/runtime/sequence_cache.h"
 #include "k3/sampling/token_sampling.h"
 
@@ -67,6 +69,9 @@ class ModelRunner {
   // Bytes of memory the caches could still take: physical RAM on the CPU, free device memory on a GPU
   // (after the weights); a fractional --cache-memory is a share of it.
   virtual int64_t memory_available() const = 0;
+  // Routed-expert residency counters (hit rate, prefetch, pinned set, process disk reads) where the runner
+  // reads experts from a file-backed mapping (runtime/expert_residency.h); nullopt otherwise.
+  virtual std::optional<ExpertCacheStats> expert_cache_stats() const { return std::nullopt; }
   // Sizes the runner's scratch for the largest step the engine will schedule (max_tokens tokens), the
   // way vLLM's start-up profile run does, so that the first request pays no allocation or library
   // warm-up and a fractional --cache-memory is taken from what is left. Default: nothing to size.

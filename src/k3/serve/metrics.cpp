@@ -100,6 +100,30 @@ std::string escape_label(const std::string& s) {
   }
   return o;
 }
+// Routed experts of a model read from a file-backed mapping (docs/bigger-than-ram.md).
+void render_expert_cache(const ExpertCacheStats& e, std::string& out) {
+  head(out, "k3_expert_cache_hit_ratio", "gauge", "Fraction of routed-expert uses whose weights were resident when needed.");
+  out += "k3_expert_cache_hit_ratio " + prom_number(e.hit_ratio()) + "\n";
+  head(out, "k3_expert_cache_lookups_total", "counter", "Routed-expert uses (one per layer, step and expert).");
+  out += "k3_expert_cache_lookups_total " + std::to_string(e.lookups) + "\n";
+  head(out, "k3_expert_cache_hits_total", "counter", "Routed-expert uses whose weights were resident.");
+  out += "k3_expert_cache_hits_total " + std::to_string(e.hits) + "\n";
+  head(out, "k3_expert_cache_missing_bytes_total", "counter", "Bytes of used experts that were not resident.");
+  out += "k3_expert_cache_missing_bytes_total " + std::to_string(e.missing_bytes) + "\n";
+  head(out, "k3_expert_cache_prefetched_total", "counter", "Experts prefetched once routing was known.");
+  out += "k3_expert_cache_prefetched_total " + std::to_string(e.prefetched_experts) + "\n";
+  head(out, "k3_expert_cache_pinned_bytes", "gauge", "Bytes of the hot experts kept resident (mlock).");
+  out += "k3_expert_cache_pinned_bytes " + std::to_string(e.hot_bytes) + "\n";
+  head(out, "k3_expert_cache_budget_bytes", "gauge", "Budget of the pinned hot set (--expert-cache-gb).");
+  out += "k3_expert_cache_budget_bytes " + std::to_string(e.hot_budget_bytes) + "\n";
+  if (e.disk.read_bytes >= 0) {
+    head(out, "k3_process_disk_read_bytes_total", "counter", "Bytes this process read from storage (/proc/self/io).");
+    out += "k3_process_disk_read_bytes_total " + std::to_string(e.disk.read_bytes) + "\n";
+  }
+  head(out, "k3_process_major_faults_total", "counter", "Major page faults of this process (pages read from storage).");
+  out += "k3_process_major_faults_total " + std::to_string(e.disk.major_faults) + "\n";
+}
+
 }  // namespace
 
 std::string Metrics::render(const engine::EngineStats& st) const {
@@ -159,6 +183,7 @@ std::string Metrics::render(const engine::EngineStats& st) const {
   out += "k3_prefix_cache_hits_tokens_total " + std::to_string(st.prefix_hit_tokens) + "\n";
   head(out, "k3_num_preemptions_total", "counter", "Sequences preempted by the engine.");
   out += "k3_num_preemptions_total " + std::to_string(st.preemptions) + "\n";
+  if (st.expert_cache && st.expert_cache->enabled) render_expert_cache(*st.expert_cache, out);
   head(out, "process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch in seconds.");
   out += "process_start_time_seconds " + prom_number(start_time_) + "\n";
   return out;

@@ -8,12 +8,19 @@
 #include "k3/core/thread_pool.h"
 #include "k3/model/graph/backend.h"
 
+namespace k3 {
+class ExpertResidency;
+}
+
 namespace k3::cpu {
 
 class CpuBackend final : public graph::Backend {
  public:
   // KDA chunk of the prefill form when the step does not set one.
   static constexpr int kDefaultKdaChunk = 64;
+
+  // Told which experts each MoE step uses, before they are computed (prefetch, hit counting); may be null.
+  void set_expert_residency(ExpertResidency* r) { residency_ = r; }
 
   void begin_step(const graph::StepPlan& plan) override;
   graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
@@ -63,6 +70,7 @@ class CpuBackend final : public graph::Backend {
 
   const graph::StepPlan* plan_ = nullptr;
   HostArena arena_;
+  ExpertResidency* residency_ = nullptr;
 };
 
 template <typename F>

@@ -6,6 +6,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
 
@@ -46,13 +47,18 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)
     if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
+  // Routing is known: prefetch what is not resident and compute the resident experts first (the sum
+  // below stays in expert-id order, so the order of computing changes nothing).
+  if (residency_ && E > 0) residency_->on_routed(w.experts[0].gate.data, active);
   // Every active expert's gate and up in one fork-join, the GLUs, then every down in one more: at batch 1
   // that is 2 sync points per layer instead of 3 per expert (24), with the rows of all experts shared out.
   const size_t A = active.size();
   std::vector<std::vector<float>> xs(A), gs(A), us(A), ys(A);
+  std::vector<size_t> slot_of(static_cast<size_t>(E), A);  // expert id -> its slot in `active`
   std::vector<MatmulJob> gate_up, down;
   for (size_t ai = 0; ai < A; ++ai) {
     const int64_t e = active[ai];
+    slot_of[static_cast<size_t>(e)] = ai;
     const auto& toks = by_expert[static_cast<size_t>(e)];
     const GluMlp& ex = w.experts[static_cast<size_t>(e)];
     const int64_t m = static_cast<int64_t>(toks.size()), I = ex.gate.rows;
@@ -82,8 +88,10 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   });
   matmul_batch(down);
   std::fill(out.f(), out.f() + n * X, 0.f);
-  for (size_t ai = 0; ai < A; ++ai) {
-    const auto& toks = by_expert[static_cast<size_t>(active[ai])];
+  for (int64_t e = 0; e < E; ++e) {
+    const size_t ai = slot_of[static_cast<size_t>(e)];
+    if (ai == A) continue;
+    const auto& toks = by_expert[static_cast<size_t>(e)];
     const std::vector<float>& ye = ys[ai];
     for (size_t j = 0; j < toks.size(); ++j) {
       const auto [t, p] = toks[j];
