@@ -2,6 +2,7 @@
 // MLA and MoE ops are in cuda_backend_{kda,mla,moe}.cpp).
 #include "k3/backend/cuda/cuda_backend.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -17,6 +18,19 @@ namespace k3::cuda {
 
 using graph::Tensor;
 
+// Streaming a layer's host experts costs their bytes over PCIe whatever the batch; computing them on the
+// CPU costs per (token, expert) pair. So the switch point is a number of pairs per expert, scaled by the
+// bytes an expert parameter takes: measured on the H200 host (16 cores, PCIe; docs/perf/hybrid.md) with
+// MXFP4 experts, E 64, top-8: the CPU won at 32 tokens (4 pairs per expert), streaming at 128 (16), the
+// linear interpolation crosses at ~46 tokens = 6 pairs per expert. BF16 experts carry 3.8x the bytes.
+int64_t CudaBackend::default_moe_stream_min_tokens(const ModelConfig& c) {
+  if (c.num_experts <= 0 || c.top_k <= 0) return 0;
+  constexpr double kPairsPerExpertMxfp4 = 6.0;
+  const double bytes_ratio = c.expert_quant_format ? 1.0 : 2.0 / (4.25 / 8);
+  return static_cast<int64_t>(std::ceil(kPairsPerExpertMxfp4 * bytes_ratio * static_cast<double>(c.num_experts) /
+                                        static_cast<double>(c.top_k)));
+}
+
 CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof)
     : cfg_(c),
       spec_(spec),
@@ -27,6 +41,7 @@ CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream
   lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
   const char* overlap = std::getenv("K3_HYBRID_OVERLAP");
   overlap_host_moe_ = !(overlap && std::string(overlap) == "0");
+  moe_stream_min_tokens_ = default_moe_stream_min_tokens(c);
   if (const char* m = std::getenv("K3_MOE_STREAM_MIN_TOKENS")) moe_stream_min_tokens_ = std::max(0L, std::atol(m));
 }
 

@@ -35,6 +35,9 @@ class CudaBackend final : public graph::Backend {
   static constexpr int kDefaultKdaTcChunk = 32;  // kda_chunked_tc's: 32 beat 64 at every measured shape (docs/perf/cuda.md)
 
   CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
+  // The batch size (tokens) from which a layer's host-placed experts are streamed to the GPU (--cpu-moe
+  // prefill): 6 (token, expert) pairs per expert for MXFP4 experts, scaled by bytes per parameter.
+  static int64_t default_moe_stream_min_tokens(const ModelConfig& c);
   ~CudaBackend() override;
 
   // Host side of a step (before the graph runs or a captured graph is replayed).
@@ -154,7 +157,8 @@ class CudaBackend final : public graph::Backend {
   CudaEvent moe_inputs_ready_;
   // K3_HYBRID_OVERLAP=0 runs the shared experts after the host experts (to measure the overlap's gain).
   bool overlap_host_moe_ = true;
-  // K3_MOE_STREAM_MIN_TOKENS=N: stream host experts to the GPU for batches of >= N tokens (0: never).
+  // Batches of >= this many tokens stream their host experts to the GPU: default_moe_stream_min_tokens,
+  // or K3_MOE_STREAM_MIN_TOKENS=N (0: never).
   int64_t moe_stream_min_tokens_ = 0;
   ExpertStreamer streamer_;
   std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
