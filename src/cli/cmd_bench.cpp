@@ -305,55 +305,8 @@ std::string shell_quote(const std::string& s) {
 // Set by main through the registry's argv (CLI11 does not keep the raw line); filled in add_bench.
 static std::string g_cmdline;
 
-void add_bench(CLI::App& app, Registry& reg) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks: serve (load generator), offline (engine throughput), plot");
-  bench->require_subcommand(1);
-
-  // ---- serve
-  auto o = std::make_shared<ServeOpts>();
-  auto* s = bench->add_subcommand("serve", "Load-test an OpenAI-compatible server (vllm bench serve conventions)");
-  s->add_option("--base-url", o->base_url, "server base URL")->capture_default_str();
-  s->add_option("--endpoint", o->endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
-  s->add_option("--model", o->model, "model name of the API (default: the first of GET /v1/models)");
-  s->add_option("--api-key", o->api_key, "bearer token (default: $OPENAI_API_KEY)");
-  s->add_option("--tokenizer", o->tokenizer, "model dir whose tokenizer builds the prompts (default: the built-in model)");
-  s->add_option("--dataset-name", o->dataset, "random, sharegpt, prefix-repetition")->capture_default_str();
-  s->add_option("--dataset-path", o->dataset_path, "ShareGPT JSON (default: ShareGPT_V3_filtered_1000.json in ../shared/data/prompts)");
-  s->add_option("--input-len,--random-input-len", o->rnd.input_len, "random: prompt tokens")->capture_default_str();
-  s->add_option("--output-len,--random-output-len", o->rnd.output_len, "random: max_tokens")->capture_default_str();
-  s->add_option("--range-ratio,--random-range-ratio", o->rnd.range_ratio, "random: lengths uniform in len*[1-r, 1+r]")
-      ->capture_default_str();
-  s->add_option("--prefix-len,--random-prefix-len", o->rnd.prefix_len, "random: shared prefix tokens before each prompt")
-      ->capture_default_str();
-  s->add_option("--sharegpt-output-len", o->sharegpt_output_len, "sharegpt: max_tokens (default: the dataset reply's length)");
-  s->add_option("--prefix-repetition-prefix-len", o->pr.prefix_len)->capture_default_str();
-  s->add_option("--prefix-repetition-suffix-len", o->pr.suffix_len)->capture_default_str();
-  s->add_option("--prefix-repetition-num-prefixes", o->pr.num_prefixes)->capture_default_str();
-  s->add_option("--prefix-repetition-output-len", o->pr.output_len)->capture_default_str();
-  s->add_option("--num-prompts", o->num_prompts, "requests to send (per sweep point)")->capture_default_str();
-  s->add_option("--request-rate", o->request_rate, "requests/s (Poisson / gamma arrivals); inf: all at once")
-      ->capture_default_str();
-  s->add_option("--burstiness", o->burstiness, "gamma shape of the inter-arrival times (1 = Poisson)")->capture_default_str();
-  s->add_option("--max-concurrency", o->max_concurrency, "requests in flight at most (0 = unlimited)");
-  s->add_option("--warmups,--num-warmups", o->warmups, "warm-up requests before measuring (not counted)")->capture_default_str();
-  s->add_flag("--ignore-eos", o->ignore_eos, "send ignore_eos: generate exactly max_tokens");
-  s->add_option("--seed", o->seed, "dataset and arrival seed")->capture_default_str();
-  s->add_option("--temperature", o->temperature, "sampling temperature sent")->capture_default_str();
-  s->add_option("--goodput", o->goodput, "SLOs: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
-  s->add_option("--sweep-concurrency", o->sweep, "run once per max concurrency, e.g. 1,32,128,512")->delimiter(',');
-  s->add_option("--sweep-prompts-per-concurrency", o->sweep_per_conc,
-                "sweep: send max(--num-prompts, K x concurrency) requests per point")
-      ->capture_default_str();
-  s->add_option("--result-file", o->result_file, "write the results as JSON");
-  s->add_option("--label", o->label, "free-form label stored in the result");
-  s->add_option("--timeout", o->timeout, "seconds without data before a request fails")->capture_default_str();
-  s->add_flag("--text-prompts", o->text_prompts, "completions: send random prompts as text instead of token-id lists");
-  s->add_flag("--save-detailed", o->save_detailed, "store per-request TTFT / ITL / lengths in the result");
-  s->add_flag("--dry-run-server", o->dry_run,
-              "run against a built-in mock SSE server (instant tokens) to measure what the client alone sustains");
-  s->add_flag("-q,--quiet", o->quiet, "no progress lines");
-  s->callback([&reg, o] { reg.action = [o] { return run_bench_serve(*o, g_cmdline); }; });
-
+// `k3 bench offline`: llama-bench-style pp/tg throughput of the forward pass (no HTTP, no scheduler).
+static void add_bench_offline(CLI::App* bench, Registry& reg) {
   // ---- offline
   struct OffOpts {
     std::string model, json_out;
@@ -430,6 +383,10 @@ void add_bench(CLI::App& app, Registry& reg) {
     };
   });
 
+}
+
+// `k3 bench memory`: the compute threads' DRAM read bandwidth (the decode roofline's denominator).
+static void add_bench_memory(CLI::App* bench, Registry& reg) {
   // ---- memory
   struct MemOpts {
     int64_t mib = 1024;
@@ -452,6 +409,59 @@ void add_bench(CLI::App& app, Registry& reg) {
     };
   });
 
+}
+
+void add_bench(CLI::App& app, Registry& reg) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks: serve (load generator), offline (engine throughput), plot");
+  bench->require_subcommand(1);
+
+  // ---- serve
+  auto o = std::make_shared<ServeOpts>();
+  auto* s = bench->add_subcommand("serve", "Load-test an OpenAI-compatible server (vllm bench serve conventions)");
+  s->add_option("--base-url", o->base_url, "server base URL")->capture_default_str();
+  s->add_option("--endpoint", o->endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
+  s->add_option("--model", o->model, "model name of the API (default: the first of GET /v1/models)");
+  s->add_option("--api-key", o->api_key, "bearer token (default: $OPENAI_API_KEY)");
+  s->add_option("--tokenizer", o->tokenizer, "model dir whose tokenizer builds the prompts (default: the built-in model)");
+  s->add_option("--dataset-name", o->dataset, "random, sharegpt, prefix-repetition")->capture_default_str();
+  s->add_option("--dataset-path", o->dataset_path, "ShareGPT JSON (default: ShareGPT_V3_filtered_1000.json in ../shared/data/prompts)");
+  s->add_option("--input-len,--random-input-len", o->rnd.input_len, "random: prompt tokens")->capture_default_str();
+  s->add_option("--output-len,--random-output-len", o->rnd.output_len, "random: max_tokens")->capture_default_str();
+  s->add_option("--range-ratio,--random-range-ratio", o->rnd.range_ratio, "random: lengths uniform in len*[1-r, 1+r]")
+      ->capture_default_str();
+  s->add_option("--prefix-len,--random-prefix-len", o->rnd.prefix_len, "random: shared prefix tokens before each prompt")
+      ->capture_default_str();
+  s->add_option("--sharegpt-output-len", o->sharegpt_output_len, "sharegpt: max_tokens (default: the dataset reply's length)");
+  s->add_option("--prefix-repetition-prefix-len", o->pr.prefix_len)->capture_default_str();
+  s->add_option("--prefix-repetition-suffix-len", o->pr.suffix_len)->capture_default_str();
+  s->add_option("--prefix-repetition-num-prefixes", o->pr.num_prefixes)->capture_default_str();
+  s->add_option("--prefix-repetition-output-len", o->pr.output_len)->capture_default_str();
+  s->add_option("--num-prompts", o->num_prompts, "requests to send (per sweep point)")->capture_default_str();
+  s->add_option("--request-rate", o->request_rate, "requests/s (Poisson / gamma arrivals); inf: all at once")
+      ->capture_default_str();
+  s->add_option("--burstiness", o->burstiness, "gamma shape of the inter-arrival times (1 = Poisson)")->capture_default_str();
+  s->add_option("--max-concurrency", o->max_concurrency, "requests in flight at most (0 = unlimited)");
+  s->add_option("--warmups,--num-warmups", o->warmups, "warm-up requests before measuring (not counted)")->capture_default_str();
+  s->add_flag("--ignore-eos", o->ignore_eos, "send ignore_eos: generate exactly max_tokens");
+  s->add_option("--seed", o->seed, "dataset and arrival seed")->capture_default_str();
+  s->add_option("--temperature", o->temperature, "sampling temperature sent")->capture_default_str();
+  s->add_option("--goodput", o->goodput, "SLOs: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
+  s->add_option("--sweep-concurrency", o->sweep, "run once per max concurrency, e.g. 1,32,128,512")->delimiter(',');
+  s->add_option("--sweep-prompts-per-concurrency", o->sweep_per_conc,
+                "sweep: send max(--num-prompts, K x concurrency) requests per point")
+      ->capture_default_str();
+  s->add_option("--result-file", o->result_file, "write the results as JSON");
+  s->add_option("--label", o->label, "free-form label stored in the result");
+  s->add_option("--timeout", o->timeout, "seconds without data before a request fails")->capture_default_str();
+  s->add_flag("--text-prompts", o->text_prompts, "completions: send random prompts as text instead of token-id lists");
+  s->add_flag("--save-detailed", o->save_detailed, "store per-request TTFT / ITL / lengths in the result");
+  s->add_flag("--dry-run-server", o->dry_run,
+              "run against a built-in mock SSE server (instant tokens) to measure what the client alone sustains");
+  s->add_flag("-q,--quiet", o->quiet, "no progress lines");
+  s->callback([&reg, o] { reg.action = [o] { return run_bench_serve(*o, g_cmdline); }; });
+
+  add_bench_offline(bench, reg);
+  add_bench_memory(bench, reg);
   add_bench_disk(bench, reg);
 
   // ---- plot
