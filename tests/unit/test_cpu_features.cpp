@@ -107,9 +107,18 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   auto c = k3::cpu::choose_isa(f, nullptr, true, avx2_only);
   EXPECT_EQ(c.isa, CpuIsa::Avx2);
   EXPECT_NE(c.reason.find("the CPU offers amx"), std::string::npos) << c.reason;
-  EXPECT_EQ(k3::cpu::choose_isa(f, "", true, every_tier).isa, CpuIsa::Amx);
-  // AMX refused by the kernel: the next tier down.
-  EXPECT_EQ(k3::cpu::choose_isa(f, nullptr, false, every_tier).isa, CpuIsa::Avx512Bf16);
+  // The automatic choice is the best EXACT tier (avx512bf16 and amx round activations: opt-in), and its
+  // reason names the faster one.
+  c = k3::cpu::choose_isa(f, "", true, every_tier);
+  EXPECT_EQ(c.isa, CpuIsa::Avx512);
+  EXPECT_EQ(c.reason, "the best exact tier this CPU offers; amx (faster, activations rounded) with K3_CPU_ISA=amx");
+  // AMX refused by the kernel: avx512bf16 is the best the CPU runs, still opt-in.
+  c = k3::cpu::choose_isa(f, nullptr, false, every_tier);
+  EXPECT_EQ(c.isa, CpuIsa::Avx512);
+  EXPECT_EQ(c.reason, "the best exact tier this CPU offers; avx512bf16 (faster, activations rounded) with K3_CPU_ISA=avx512bf16");
+  EXPECT_EQ(k3::cpu::choose_isa(f, "avx512bf16", false, every_tier).isa, CpuIsa::Avx512Bf16);
+  EXPECT_TRUE(k3::cpu::isa_is_exact(CpuIsa::Avx2) && k3::cpu::isa_is_exact(CpuIsa::Avx512));
+  EXPECT_FALSE(k3::cpu::isa_is_exact(CpuIsa::Avx512Bf16) || k3::cpu::isa_is_exact(CpuIsa::Amx));
   CpuFeatures no_bf16 = f;
   no_bf16.avx512_bf16 = false;  // AMX needs the tiers below it too
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).isa, CpuIsa::Avx512);
@@ -136,14 +145,17 @@ TEST(CpuIsa, ForcedTierIsCheckedAgainstCpuAndBuild) {
   for (CpuIsa t : k3::cpu::kAllCpuIsas) EXPECT_EQ(k3::cpu::parse_isa(k3::cpu::isa_name(t)), t);
 }
 
-// Today's build: the avx2 and avx512 tiers have kernels, and the best the CPU runs is what runs
+// Today's build: the avx2, avx512 and avx512bf16 tiers have kernels, and the best exact tier the CPU runs is what runs
 // (K3_CPU_ISA is unset in the tests).
 TEST(CpuIsa, ActiveTierHasKernels) {
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512));
+  EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512Bf16));
   EXPECT_FALSE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
-  const bool avx512 = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, CpuIsa::Avx512, false).empty();
+  const auto& f = k3::cpu::cpu_state().features;
+  const bool avx512 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512, false).empty();
   const char* forced = std::getenv("K3_CPU_ISA");
+  // avx512bf16 is never the automatic choice (it rounds activations): the best exact tier is.
   const CpuIsa expected = forced && *forced ? *k3::cpu::parse_isa(forced) : avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
   EXPECT_EQ(k3::cpu::active_cpu_isa(), expected);
   const auto& s = k3::cpu::cpu_state();

@@ -5,7 +5,8 @@
 // end-to-end goldens are not enough (issue 12).
 //
 // ISA: the kernel tests run once per CPU tier with kernels (avx2: weight_kernels.cpp + weight_gemm.cpp;
-// avx512: weight_kernels_avx512.cpp), forced in-process (force_cpu_isa_for_testing); a tier the CPU
+// avx512: weight_kernels_avx512.cpp; avx512bf16: weight_kernels_avx512bf16.cpp, whose BF16 and MXFP4
+// matmuls round the activations, so their bound adds activation_rounding_bound), forced in-process (force_cpu_isa_for_testing); a tier the CPU
 // lacks is skipped. Every code path is covered: matrix-vector (row_dot), the register-blocked
 // multi-token kernels (avx2: 2x3 float tiles, 1x8 MXFP4 tiles; avx512: 2x6 and 1x12; and their row and
 // token tails), single- and multi-threaded (the parallel_for thresholds), and the loop tails (avx2:
@@ -126,10 +127,45 @@ class CpuKernelsTier : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
   }
   void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
 };
-INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier, ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512),
+INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier,
+                         ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16),
                          [](const auto& info) { return std::string(k3::cpu::isa_name(info.param)); });
 
-// y = x W^T against float64; error of each output within the fp32 dot bound (see the file comment).
+// The avx512bf16 tier rounds the activations of BF16 and MXFP4 matmuls (weight_kernels_avx512bf16.cpp);
+// every other (tier, format) pair computes exact fp32 products.
+bool rounds_activations(k3::WeightFormat f) {
+  return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16 &&
+         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4);
+}
+
+// Bound on |sum w (x' - x)| where x' are the activations as the active tier rounds them (0 when exact):
+// - bf16 (round to nearest even, 8 significant bits, unit roundoff 2^-8): |x' - x| <= 2^-8 |x|;
+// - int8 per quad (MXFP4; a quad: the 4 activations one vpdpbusd lane sums, elements 8j + {0,2,4,6} or
+//   8j + {1,3,5,7}): d = max|x| / 127 over the quad rounded up, so d <= max|x| / 127 (1 + 2^-23) + 2^-149
+//   (the last for denormal d), and |x' - x| = |q d - x| <= d/2 (1 + 2^-16) (x / d itself rounds once).
+// w: the row's float64 weights, x: the token's activations, C values each.
+double activation_rounding_bound(k3::WeightFormat f, const double* w, const float* x, int64_t C) {
+  if (!rounds_activations(f)) return 0;
+  double b = 0;
+  if (f == k3::WeightFormat::BF16) {
+    for (int64_t c = 0; c < C; ++c) b += std::ldexp(std::fabs(w[c] * x[c]), -8);
+    return b;
+  }
+  for (int64_t q = 0; q < C / 4; ++q) {  // quad q: window q / 2 of 8, parity q % 2
+    double amax = 0, sw = 0;
+    for (int64_t c = q / 2 * 8 + q % 2; c < q / 2 * 8 + 8; c += 2) {
+      amax = std::max(amax, std::fabs(double(x[c])));
+      sw += std::fabs(w[c]);
+    }
+    const double d = amax / 127 * (1 + std::ldexp(1.0, -23)) + std::ldexp(1.0, -149);
+    b += d / 2 * (1 + std::ldexp(1.0, -16)) * sw;
+  }
+  return b;
+}
+
+// y = x W^T against float64; error of each output within the fp32 dot bound (see the file comment) plus,
+// in a tier that rounds activations, the rounding bound above (the fp32 bound then applies to the rounded
+// products, whose magnitudes sum to at most sum|wx| + that bound).
 void check_matmul(const TestWeight& t, int64_t n, std::mt19937& rng, k3test::Worst& worst) {
   const int64_t R = t.W.rows, C = t.W.cols;
   const auto x = nonzero(static_cast<size_t>(n * C), rng);
@@ -143,7 +179,8 @@ void check_matmul(const TestWeight& t, int64_t n, std::mt19937& rng, k3test::Wor
         s += p;
         sa += std::fabs(p);
       }
-      const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s), bound = (C + 2) * kU * sa;
+      const double q = activation_rounding_bound(t.W.format, &t.ref[static_cast<size_t>(r * C)], &x[static_cast<size_t>(i * C)], C);
+      const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s), bound = (C + 2) * kU * (sa + q) + q;
       ASSERT_LE(err, bound) << "rows " << R << " cols " << C << " n " << n << " token " << i << " row " << r;
       worst.add(err / (kU * sa));
     }
@@ -201,6 +238,48 @@ TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::We
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
 
+// The three ways into a tier's kernels give the same bits: matmul (which a tier may run itself, converting
+// the activations once: RowKernels::matmul), the per-row dot (row_dot) and the gemm over a row range.
+TEST_P(CpuKernelsTier, DotGemmAndMatmulAgree) {
+  std::mt19937 rng(41);
+  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
+    for (int64_t cols : {32, 96, 544}) {
+      const int64_t c = k3::is_block_format(f) ? cols : cols + 3, rows = 9, n = 14;
+      const TestWeight t = make_weight(f, rows, c, rng);
+      const auto x = nonzero(static_cast<size_t>(n * c), rng);
+      std::vector<float> y(static_cast<size_t>(n * rows), NAN), yg(y.size(), NAN);
+      k3::cpu::matmul(t.W, x.data(), n, y.data());
+      const k3::cpu::RowKernels& k = k3::cpu::row_kernels(f);
+      k.gemm(t.W, 2, 7, x.data(), n, yg.data());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t at = static_cast<size_t>(i * rows + r);
+          const float d = k3::cpu::row_dot(t.W, r, x.data() + i * c);
+          ASSERT_EQ(std::memcmp(&d, &y[at], sizeof(float)), 0) << k3::weight_format_name(f) << " dot, token " << i << " row " << r;
+          if (r >= 2 && r < 7) {
+            ASSERT_EQ(std::memcmp(&yg[at], &y[at], sizeof(float)), 0) << k3::weight_format_name(f) << " gemm, token " << i << " row " << r;
+          }
+        }
+    }
+}
+
+// A NaN activation makes every output of its token NaN and leaves the other tokens finite, in every tier
+// (the avx512bf16 tier must not quantise it into a finite int8 value).
+TEST_P(CpuKernelsTier, NanActivationGivesNan) {
+  std::mt19937 rng(43);
+  for (auto f : {k3::WeightFormat::BF16, k3::WeightFormat::MXFP4}) {
+    const int64_t rows = 5, cols = 96, n = 3;
+    const TestWeight t = make_weight(f, rows, cols, rng);
+    auto x = nonzero(static_cast<size_t>(n * cols), rng);
+    x[static_cast<size_t>(cols + 40)] = NAN;  // token 1, second block
+    std::vector<float> y(static_cast<size_t>(n * rows));
+    k3::cpu::matmul(t.W, x.data(), n, y.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(std::isnan(y[static_cast<size_t>(i * rows + r)]), i == 1) << k3::weight_format_name(f) << " token " << i << " row " << r;
+  }
+}
+
 // Every E2M1 code (incl. 0 and negative zero) at every position of a group, under the E8M0 edge scales:
 // 0 (2^-127, an fp32 denormal), 1, 126, 127 (1.0), 128, 200, 254 (2^127). The activations are scaled so
 // that the exact result stays finite in fp32; the kernel's doubled-value + 0.5*scale scheme must not
@@ -243,8 +322,12 @@ TEST_P(CpuKernelsTier, Mxfp4AllCodesAndEdgeScales) {
       }
       float y = NAN;
       k3::cpu::matmul(t.W, x.data(), 1, &y);
-      // With scale 0 the products are fp32 denormals: allow their absolute granularity 2^-149 per term.
-      EXPECT_LE(std::fabs(y - s), 34 * kU * sa + 32 * std::ldexp(1.0, -149)) << "scale " << scale << " code " << code;
+      // With scale 0 the products are fp32 denormals: allow their absolute granularity 2^-149 per term. The
+      // avx512bf16 tier quantises x to int8 (here denormal x for the large scales): plus its rounding bound.
+      std::vector<double> wref(32);
+      for (int p = 0; p < 32; ++p) wref[static_cast<size_t>(p)] = ref_e2m1((code + p) & 15) * ref_e8m0(static_cast<uint8_t>(scale));
+      const double q = activation_rounding_bound(k3::WeightFormat::MXFP4, wref.data(), x.data(), 32);
+      EXPECT_LE(std::fabs(y - s), 34 * kU * (sa + q) + q + 32 * std::ldexp(1.0, -149)) << "scale " << scale << " code " << code;
     }
   }
 }
@@ -416,6 +499,58 @@ TEST(CpuKernels, Avx512CloseToAvx2) {
           worst.add(diff / (kU * sa));
         }
     }
+  }
+}
+
+// The avx512bf16 tier's rounding is the only error it adds: on activations it represents exactly (bf16
+// values; per quad of 4, integers -127..127 times a power of two with +-127 present) its BF16 and MXFP4
+// matmuls are within the plain fp32 dot bound (C+2) u sum|wx| of float64, while on random activations they
+// differ from the exact avx512 tier (else the tier would not be running).
+TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  std::mt19937 rng(47);
+  for (auto f : {k3::WeightFormat::BF16, k3::WeightFormat::MXFP4}) {
+    const int64_t rows = 33, cols = f == k3::WeightFormat::BF16 ? 257 : 544, n = 9;
+    const TestWeight t = make_weight(f, rows, cols, rng);
+    auto x = nonzero(static_cast<size_t>(n * cols), rng);
+    std::vector<float> y5(static_cast<size_t>(n * rows)), yb(y5.size());
+    k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+    k3::cpu::matmul(t.W, x.data(), n, y5.data());
+    k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+    k3::cpu::matmul(t.W, x.data(), n, yb.data());
+    EXPECT_NE(std::memcmp(y5.data(), yb.data(), y5.size() * sizeof(float)), 0) << k3::weight_format_name(f);
+    // Representable activations.
+    if (f == k3::WeightFormat::BF16) {
+      for (auto& v : x) {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        u &= 0xffff0000u;
+        std::memcpy(&v, &u, 4);
+      }
+    } else {
+      // every quad (elements 8j + {0,2,4,6}, 8j + {1,3,5,7}) holds a -127 or 127, so its scale is 2^ex
+      std::uniform_int_distribution<int> k(-127, 127), e(-12, 4);
+      for (int64_t b = 0; b < n * cols; b += 32) {
+        const int ex = e(rng);
+        for (int64_t j = 0; j < 32; ++j)
+          x[static_cast<size_t>(b + j)] = static_cast<float>(std::ldexp(j % 8 < 2 ? (rng() & 1 ? 127 : -127) : k(rng), ex));
+      }
+    }
+    k3::cpu::matmul(t.W, x.data(), n, yb.data());
+    k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < rows; ++r) {
+        double s = 0, sa = 0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double p = t.ref[static_cast<size_t>(r * cols + c)] * x[static_cast<size_t>(i * cols + c)];
+          s += p;
+          sa += std::fabs(p);
+        }
+        ASSERT_LE(std::fabs(yb[static_cast<size_t>(i * rows + r)] - s), (cols + 2) * kU * sa)
+            << k3::weight_format_name(f) << " token " << i << " row " << r;
+      }
   }
 }
 

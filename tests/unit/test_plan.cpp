@@ -11,6 +11,9 @@
 #include "k3/core/error.h"
 #include "k3/model/model_stats.h"
 #include "k3/cache/hybrid_cache.h"
+#include "k3/core/weight.h"
+#include "k3/model/placement.h"
+#include "k3/plan/offload_plan.h"
 #include "k3/plan/plan.h"
 
 using namespace k3::plan;
@@ -283,4 +286,134 @@ TEST(Plan, CliTableAndJson) {
   EXPECT_EQ(j["memory"]["kv_bytes_per_token"].get<double>(), 24 * 644);
   EXPECT_GT(j["capacity"]["max_seqs"].get<int64_t>(), 0);
   EXPECT_GT(j["speed_upper_bounds"]["decode_tok_s_per_user_batch1"].get<double>(), 0);
+}
+
+// ---------------------------------------------------------------- one GPU + host RAM + disk (--host)
+
+namespace {
+
+OffloadPlan offload_for(const std::string& preset, const std::string& gpu, const std::string& host, double ram_gb = 0) {
+  OffloadInput in;
+  in.config = load_preset(preset);
+  if (!gpu.empty()) in.gpu = find_hardware(builtin_hardware(), gpu);
+  in.host = find_host(builtin_hosts(), host);
+  if (ram_gb > 0) in.host.ram_gb = ram_gb;
+  return make_offload_plan(in);
+}
+
+int flag_value(const OffloadPlan& p, const std::string& flag) {
+  for (auto& f : p.flags)
+    if (f.rfind(flag + " ", 0) == 0) return std::stoi(f.substr(flag.size() + 1));
+  return -1;
+}
+
+}  // namespace
+
+TEST(OffloadPlan, EveryExpertIsPlacedExactlyOnce) {
+  for (const char* preset : {"kimi-linear-48b", "kimi-k3"})
+    for (const char* gpu : {"rtx4090", "h200", ""})
+      for (double ram : {64.0, 192.0, 2048.0}) {
+        const OffloadPlan p = offload_for(preset, gpu, "epyc-9654-2s", ram);
+        SCOPED_TRACE(std::string(preset) + " on '" + gpu + "' + " + std::to_string(ram) + " GB");
+        if (!p.fits) continue;
+        EXPECT_NEAR(p.vram.experts + p.ram.experts + p.disk_expert_bytes, p.weights.routed_experts, 1.0);
+        EXPECT_NEAR(p.vram.non_expert + p.ram.non_expert, p.weights.non_expert(), 1.0);
+        EXPECT_EQ(p.gpu_expert_layers + p.cpu_expert_layers, p.moe_layers);
+        EXPECT_LE(p.ram.total(), ram * 1e9 * p.in.ram_util + 1);
+        if (p.in.gpu) EXPECT_LE(p.vram.total(), p.in.gpu->memory_gb * 1e9 * p.in.mem_util + 1);
+        EXPECT_GT(p.decode_tok_s_overlapped, 0);
+        EXPECT_GE(p.decode_tok_s_overlapped, p.decode_tok_s_serial);
+      }
+}
+
+// The --n-cpu-moe N the plan prints, given to the real placement rules, puts exactly the plan's host
+// layers' experts on the CPU.
+TEST(OffloadPlan, NCpuMoeFlagRealisesThePlacement) {
+  const OffloadPlan p = offload_for("kimi-linear-48b", "rtx4090", "ryzen-7950x");
+  ASSERT_TRUE(p.fits) << p.why_not;
+  ASSERT_GT(p.gpu_expert_layers, 0);
+  ASSERT_GT(p.cpu_expert_layers, 0);
+  const int n = flag_value(p, "--n-cpu-moe");
+  ASSERT_GT(n, 0);
+  const k3::Placement rules = k3::Placement::parse({}, false, n);
+  int64_t on_host = 0, on_gpu = 0;
+  for (int64_t l = 0; l < p.in.config.num_layers; ++l) {
+    if (!p.in.config.is_moe_layer(l)) continue;
+    const std::string name = "model.layers." + std::to_string(l) + ".block_sparse_moe.experts.0.w1.weight";
+    (rules.device_of(name, 0) == k3::kHostDevice ? on_host : on_gpu) += 1;
+  }
+  EXPECT_EQ(on_host, p.cpu_expert_layers);
+  EXPECT_EQ(on_gpu, p.gpu_expert_layers);
+}
+
+// CPU only, everything in RAM: a decode step reads the non-expert weights (not the embedding table),
+// top-k experts of every MoE layer and the sequence's cache -- computed here from the config by hand.
+TEST(OffloadPlan, CpuOnlyDecodeIsBytesOverBandwidth) {
+  const OffloadPlan p = offload_for("kimi-linear-48b", "", "ryzen-7950x");
+  ASSERT_TRUE(p.fits) << p.why_not;
+  const auto& c = p.in.config;
+  EXPECT_EQ(p.disk_expert_bytes, 0);
+  const double eb = 3.0 * c.expert_in_dim() * c.moe_intermediate_size * 2.0;  // BF16 experts
+  const double seq = 8192 * p.kv_bytes_per_token + 2 * p.state_bytes_per_seq;
+  const double bytes = p.weights.non_expert() - p.weights.embedding + c.top_k * eb * p.moe_layers + seq;
+  EXPECT_NEAR(p.decode.cpu, bytes / 96e9, 1e-9);
+  EXPECT_EQ(p.decode.gpu, 0);
+  EXPECT_EQ(p.decode.pcie, 0);
+}
+
+// Less RAM: experts spill to disk, the uniform-routing hit rate is the RAM share, and the decode bound falls.
+TEST(OffloadPlan, SpillingToDiskLowersHitRateAndSpeed) {
+  const OffloadPlan big = offload_for("kimi-linear-48b", "", "ryzen-7950x", 192);
+  const OffloadPlan small = offload_for("kimi-linear-48b", "", "ryzen-7950x", 48);
+  ASSERT_TRUE(big.fits && small.fits) << small.why_not;
+  EXPECT_EQ(big.expert_hit_rate, 1);
+  EXPECT_GT(small.disk_expert_bytes, 0);
+  EXPECT_NEAR(small.expert_hit_rate, small.ram.experts / small.weights.routed_experts, 1e-12);
+  EXPECT_GT(small.decode.disk, 0);
+  EXPECT_LT(small.decode_tok_s_serial, big.decode_tok_s_serial);
+  EXPECT_NE(std::string(format_offload_table(small)).find("bigger than RAM"), std::string::npos);
+}
+
+// Streaming the host's experts to the GPU pays for large prefill chunks only, and earlier on a faster link.
+TEST(OffloadPlan, StreamingSwitchPointMovesWithPcie) {
+  OffloadInput in;
+  in.config = load_preset("kimi-linear-48b");
+  in.gpu = find_hardware(builtin_hardware(), "h200");
+  in.host = find_host(builtin_hosts(), "ryzen-7950x");
+  in.gpu->memory_gb = 24;  // most experts on the host
+  in.host.pcie_gb_s = 8;
+  const OffloadPlan slow = make_offload_plan(in);
+  in.host.pcie_gb_s = 63;
+  const OffloadPlan fast = make_offload_plan(in);
+  ASSERT_TRUE(slow.fits && fast.fits);
+  ASSERT_GT(fast.stream_from_tokens, 1);
+  EXPECT_TRUE(slow.stream_from_tokens == 0 || slow.stream_from_tokens > fast.stream_from_tokens);
+}
+
+TEST(OffloadPlan, BadInputsAreClearErrors) {
+  EXPECT_THROW(find_host(builtin_hosts(), "nope"), k3::Error);
+  EXPECT_THROW(parse_hosts(R"({"hosts": {"x": {"ram_gb": 1, "source": "s"}}})", "t.json"), k3::Error);
+  EXPECT_THROW(parse_hosts(R"({"hosts": {"x": {"ram_gb": 1, "dram_gb_s": 1, "cpu_tflops": 1, "pcie_gb_s": 1, "disk_gb_s": -1, "source": "s"}}})", "t.json"),
+               k3::Error);
+  EXPECT_TRUE(parse_hosts(R"({"devices": {}})", "t.json").empty());
+  OffloadInput in;
+  in.config = load_preset("kimi-k3");
+  in.host = find_host(builtin_hosts(), "ryzen-7950x");
+  in.expert_hit_rate = 1.5;
+  EXPECT_THROW(make_offload_plan(in), k3::Error);
+  in.expert_hit_rate.reset();
+  in.gpu = find_hardware(builtin_hardware(), "rtx4090");  // K3's 113 GB of non-expert weights
+  const OffloadPlan p = make_offload_plan(in);
+  EXPECT_FALSE(p.fits);
+  EXPECT_NE(p.why_not.find("non-expert"), std::string::npos);
+  for (const auto& h : builtin_hosts()) EXPECT_FALSE(h.source.empty()) << h.key;
+}
+
+TEST(OffloadPlan, CliPrintsPlacementAndFlags) {
+  const std::string out = run_cli("plan --preset kimi-linear-48b --host ryzen-7950x --gpu rtx4090");
+  EXPECT_NE(out.find("--n-cpu-moe"), std::string::npos) << out;
+  EXPECT_NE(out.find("RAM (192 GB)"), std::string::npos) << out;
+  const auto j = nlohmann::json::parse(run_cli("plan --preset kimi-linear-48b --host ryzen-7950x --json"));
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_GT(j["speed"]["decode_tok_s_serial"].get<double>(), 0);
 }

@@ -11,6 +11,7 @@
 #include "k3/core/error.h"
 #include "k3/model/model_stats.h"
 #include "k3/plan/embedded_data.h"
+#include "k3/plan/text_format.h"
 
 namespace k3::plan {
 
@@ -58,6 +59,7 @@ std::vector<Hardware> parse_hardware(const std::string& text, const std::string&
     h.fp8_tflops = opt_number(e, "fp8_tflops", where);
     h.fp4_tflops = opt_number(e, "fp4_tflops", where);
     h.nvlink_gb_s = opt_number(e, "nvlink_gb_s", where);
+    h.pcie_gb_s = opt_number(e, "pcie_gb_s", where);
     h.price_usd_per_hour = opt_number(e, "price_usd_per_hour", where);
     out.push_back(std::move(h));
   }
@@ -98,8 +100,8 @@ ModelConfig load_preset(const std::string& name) {
 // ---------------------------------------------------------------- model sizes
 
 namespace {
-
 constexpr int64_t kKdaChunk = 64;  // chunk length of the chunked KDA prefill
+}  // namespace
 
 int64_t num_moe_layers(const ModelConfig& c) {
   int64_t n = 0;
@@ -107,7 +109,6 @@ int64_t num_moe_layers(const ModelConfig& c) {
   return n;
 }
 
-// Quantised experts as their format stores them (MXFP4: 4.25 bits, scales included), else BF16.
 double expert_bytes_per_param(const ModelConfig& c) {
   return c.expert_quant_format ? bits_per_weight(*c.expert_quant_format) / 8 : 2.0;
 }
@@ -125,7 +126,22 @@ double attention_flops(const ModelConfig& c, double t, bool prefill) {
   return (double)c.num_mla_layers() * mla + (double)c.num_kda_layers() * kda;
 }
 
-}  // namespace
+double distinct_experts(const ModelConfig& c, double tokens) {
+  if (c.num_experts <= 0) return 0;
+  const double E = (double)c.num_experts, K = (double)c.top_k;
+  return E * (1 - std::pow(1 - K / E, tokens));
+}
+
+double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp) {
+  // The residual stream and its block summaries (attention residuals), plus the widest per-token
+  // intermediate on this GPU, in BF16.
+  const double H = (double)c.hidden_size, C = (double)c.kda_heads * (double)c.kda_head_dim;
+  const double Im = (double)c.moe_intermediate_size, K = (double)c.top_k;
+  const double sources = c.attn_res_block_size > 0 ? std::ceil((double)c.num_layers / (double)c.attn_res_block_size) + 1 : 0;
+  const double widest = std::max({2.0 * (double)c.intermediate_size, 4.0 * C, K * 2.0 * Im,
+                                  (double)c.mla_heads * (double)(c.mla_qk_dim() + c.v_head_dim)}) / tp;
+  return (double)chunk * 2.0 * (H * (sources + 4) + widest);
+}
 
 WeightBreakdown weight_bytes(const ModelConfig& c) {
   const auto s = compute_stats(c);
@@ -227,15 +243,7 @@ Plan make_plan(const PlanInput& in) {
   const double mem = hw.memory_gb * 1e9;
   p.usable_bytes = mem * in.mem_util;
   p.runtime_reserve_bytes = mem - p.usable_bytes;
-  {
-    // Activation workspace of one prefill chunk: the residual stream and its block summaries
-    // (attention residuals), plus the widest per-token intermediate on this GPU, in BF16.
-    const double H = (double)c.hidden_size, C = (double)c.kda_heads * (double)c.kda_head_dim;
-    const double sources = c.attn_res_block_size > 0 ? std::ceil((double)c.num_layers / (double)c.attn_res_block_size) + 1 : 0;
-    const double widest = std::max({2.0 * (double)c.intermediate_size, 4.0 * C, K * 2.0 * Im,
-                                    (double)c.mla_heads * (double)(c.mla_qk_dim() + c.v_head_dim)}) / p.tp;
-    p.workspace_bytes = (double)in.prefill_chunk * 2.0 * (H * (sources + 4) + widest);
-  }
+  p.workspace_bytes = workspace_bytes(c, in.prefill_chunk, p.tp);
   p.weight_non_expert_per_gpu = p.weights.non_expert() / p.tp;
   const double experts_per_gpu_per_layer = std::ceil(E / p.ep);
   p.weight_experts_per_gpu = c.num_experts > 0 ? experts_per_gpu_per_layer * n_moe * p.expert_bytes_per_expert_layer : 0;
@@ -294,7 +302,7 @@ Plan make_plan(const PlanInput& in) {
     const double B = (double)p.batch;
     const double seqs_per_replica = std::ceil(B / p.replicas);
     const double tokens_per_ep_group = B * p.ep / in.count;
-    const double distinct = c.num_experts > 0 ? E * (1 - std::pow(1 - K / E, tokens_per_ep_group)) : 0;
+    const double distinct = distinct_experts(c, tokens_per_ep_group);
     const double experts_read = std::min(distinct / p.ep, experts_per_gpu_per_layer) * n_moe * p.expert_bytes_per_expert_layer;
     const double bytes = non_expert_read + experts_read + seqs_per_replica * cache_read_per_seq;
     const double t_mem = bytes / bw;
@@ -333,30 +341,6 @@ Plan make_plan(const PlanInput& in) {
 // ---------------------------------------------------------------- output
 
 namespace {
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
-std::string bytes_h(double b) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (std::fabs(b) >= 1000 && u < 4) b /= 1000, ++u;
-  return u ? fmt("%.2f %s", b, units[u]) : fmt("%.0f B", b);
-}
-
-std::string count_h(double n) {
-  const char* units[] = {"", "K", "M", "B", "T"};
-  int u = 0;
-  while (n >= 1000 && u < 4) n /= 1000, ++u;
-  return u ? fmt("%.2f%s", n, units[u]) : fmt("%.0f", n);
-}
 
 const char* kv_name(CacheDType d) { return cache_dtype_name(d); }
 const char* st_name(CacheDType d) { return cache_dtype_name(d); }

@@ -19,7 +19,7 @@ namespace k3::plan {
 struct Hardware {
   std::string key, name, source;
   double memory_gb = 0, hbm_tb_s = 0, bf16_tflops = 0;
-  std::optional<double> fp8_tflops, fp4_tflops, nvlink_gb_s, price_usd_per_hour;
+  std::optional<double> fp8_tflops, fp4_tflops, nvlink_gb_s, pcie_gb_s, price_usd_per_hour;
 };
 
 // Parses a hardware file ({"devices": {key: {...}}}); throws k3::Error naming the entry and field.
@@ -99,6 +99,19 @@ struct Plan {
   std::string cost_throughput_origin;   // "decode bound at batch B" or "measured (FILE)"
   std::optional<double> usd_per_million_output_tokens;
 };
+
+// Routed-expert arithmetic shared with the offload planner (offload_plan.h).
+int64_t num_moe_layers(const ModelConfig& c);
+// Quantised experts as their format stores them (MXFP4: 4.25 bits, scales included), else BF16.
+double expert_bytes_per_param(const ModelConfig& c);
+// Attention FLOPs for one token at position t (decode: absorbed MLA; prefill: materialised MLA, chunked KDA).
+double attention_flops(const ModelConfig& c, double t, bool prefill);
+// Expected distinct experts of one layer that `tokens` tokens pick (uniform routing, top-k without replacement
+// approximated per pick): E (1 - (1 - k/E)^tokens).
+double distinct_experts(const ModelConfig& c, double tokens);
+
+// Activation workspace of one prefill chunk of `chunk` tokens on one of `tp` GPUs.
+double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp);
 
 // Whole-model stored weight bytes: routed experts in their quantised format (MXFP4: 4.25 bits/param) when the config says so,
 // F32 for the KDA conv / dt_bias / A_log and router bias tensors, BF16 for everything else.

@@ -44,6 +44,8 @@ std::string tiers_with_kernels(bool (*has_kernels)(CpuIsa)) {
 
 }  // namespace
 
+bool isa_is_exact(CpuIsa isa) { return isa == CpuIsa::Avx2 || isa == CpuIsa::Avx512; }
+
 const char* isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return "avx2";
@@ -84,17 +86,22 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
       throw Error(what + ": this build has no " + isa_name(*isa) + " kernels yet (tiers with kernels: " + with_kernels + ")");
     return {*isa, "forced by K3_CPU_ISA"};
   }
-  // The best tier the CPU can run, then the best of those the build has kernels for.
-  std::optional<CpuIsa> best_cpu, chosen;
+  // The best exact tier the CPU can run and the build has kernels for; the best tier the CPU can run, and
+  // the best inexact one with kernels, for the reason.
+  std::optional<CpuIsa> best_cpu, chosen, inexact;
   for (CpuIsa t : kAllCpuIsas)
     if (isa_missing_features(f, t, amx_granted).empty()) {
       best_cpu = t;
-      if (has_kernels(t)) chosen = t;
+      if (has_kernels(t)) (isa_is_exact(t) ? chosen : inexact) = t;
     }
   if (!chosen) throw Error("no CPU kernel tier fits this CPU (tiers with kernels: " + with_kernels + ")");
+  const std::string opt_in = inexact ? std::string("; ") + isa_name(*inexact) + " (faster, activations rounded) with K3_CPU_ISA=" +
+                                           isa_name(*inexact)
+                                     : "";
   if (*best_cpu == *chosen) return {*chosen, "the best tier this CPU offers"};
+  if (inexact && *best_cpu == *inexact) return {*chosen, "the best exact tier this CPU offers" + opt_in};
   return {*chosen, std::string("the CPU offers ") + isa_name(*best_cpu) + ", but this build has kernels for " + with_kernels +
-                       " only"};
+                       " only" + opt_in};
 }
 
 const CpuState& cpu_state() {

@@ -10,11 +10,16 @@
 
 namespace k3::cpu {
 
-// Tiers from the baseline up. Avx2 and Avx512 have kernels (weight_kernels.cpp, weight_kernels_avx512.cpp);
-// the others are reserved for the AVX-512 BF16/VNNI and AMX kernels of issue 14, so that adding one is a
-// kernel table, not new plumbing.
+// Tiers from the baseline up. Avx2, Avx512 and Avx512Bf16 have kernels (weight_kernels.cpp,
+// weight_kernels_avx512.cpp, weight_kernels_avx512bf16.cpp); Amx is reserved for the AMX kernels of issue
+// 14, so that adding one is a kernel table, not new plumbing.
 enum class CpuIsa { Avx2, Avx512, Avx512Bf16, Amx };
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx};
+
+// Whether a tier's matmuls use the exact fp32 products of the weights and activations (avx2, avx512).
+// avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md), so the automatic
+// choice never picks them: they are opt-in with $K3_CPU_ISA.
+bool isa_is_exact(CpuIsa isa);
 
 const char* isa_name(CpuIsa isa);  // "avx2", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values)
 std::optional<CpuIsa> parse_isa(std::string_view name);
@@ -28,7 +33,8 @@ struct IsaChoice {
   std::string reason;  // for `k3 info`: forced by K3_CPU_ISA, or which better tier is missing what
 };
 
-// The tier to run. `forced`: $K3_CPU_ISA (null or empty: choose). Throws k3::Error for an unknown name,
+// The tier to run. `forced`: $K3_CPU_ISA (null or empty: the best exact tier the CPU can run and the build
+// has kernels for; the reason names a faster inexact tier the CPU offers). Throws k3::Error for an unknown name,
 // a tier the CPU cannot run, or one this build has no kernels for.
 IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted, bool (*has_kernels)(CpuIsa));
 

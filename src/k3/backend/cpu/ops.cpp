@@ -19,6 +19,7 @@ void dequant_row(const WeightMatrix& W, int64_t r, float* out) { row_kernels(W.f
 void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
   const int64_t rows = W.rows, cols = W.cols;
   const RowKernels& k = row_kernels(W.format);
+  if (k.matmul) return k.matmul(W, x, n, y);  // the tier converts x once and threads itself (weight_kernels.h)
   if (n == 1) {
     // Matrix-vector: stream each row once, converting in registers.
     parallel_for(rows, rows * cols > 32768, [&](int64_t r) { y[r] = k.dot(W, r, x); });

@@ -3,6 +3,7 @@
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/backend/cpu/weight_gemm.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
+#include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_simd.h"
 
 #include "k3/backend/cpu/cpu_isa.h"
@@ -80,28 +81,36 @@ void mxfp4_dequant(const WeightMatrix& W, int64_t r, float* out) {
   }
 }
 
-constexpr RowKernels kF32{f32_dot, f32_dequant, gemm_f32};
-constexpr RowKernels kF16{f16_dot, f16_dequant, gemm_f16};
-constexpr RowKernels kBF16{bf16_dot, bf16_dequant, gemm_bf16};
-constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, gemm_mxfp4};
+constexpr RowKernels kF32{f32_dot, f32_dequant, gemm_f32, nullptr};
+constexpr RowKernels kF16{f16_dot, f16_dequant, gemm_f16, nullptr};
+constexpr RowKernels kBF16{bf16_dot, bf16_dequant, gemm_bf16, nullptr};
+constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, gemm_mxfp4, nullptr};
 
-// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above) and avx512
-// (weight_kernels_avx512.cpp).
+// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above), avx512
+// (weight_kernels_avx512.cpp) and avx512bf16.
 using FormatTable = std::array<const RowKernels*, 4>;
 constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4};
 const FormatTable kAvx512Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
                                avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4)};
 
+// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 kernels and runs avx512's for
+// F32 and F16 (no cheaper exact path for them, and no reason to round their activations).
+const FormatTable kAvx512Bf16Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
+                                   avx512bf16_row_kernels(WeightFormat::BF16),
+                                   avx512bf16_row_kernels(WeightFormat::MXFP4)};
+
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return &kAvx2Table;
     case CpuIsa::Avx512: return &kAvx512Table;
+    case CpuIsa::Avx512Bf16: return &kAvx512Bf16Table;
     default: return nullptr;
   }
 }
 
 // The tier a test forced (force_cpu_isa_for_testing); null: the one chosen at start-up.
 std::atomic<const FormatTable*> g_forced_table{nullptr};
+std::atomic<CpuIsa> g_forced_isa{CpuIsa::Avx2};  // meaningful while g_forced_table is set
 
 }  // namespace
 
@@ -126,7 +135,10 @@ void force_cpu_isa_for_testing(std::optional<CpuIsa> isa) {
   if (const std::string m = isa_missing_features(cpu.features, *isa, cpu.amx_status == "granted"); !m.empty())
     throw Error(std::string("force_cpu_isa_for_testing: this CPU cannot run ") + isa_name(*isa) + " (missing: " + m + ")");
   if (!tier_table(*isa)) throw Error(std::string("force_cpu_isa_for_testing: no ") + isa_name(*isa) + " kernels");
+  g_forced_isa.store(*isa);
   g_forced_table.store(tier_table(*isa));
 }
+
+CpuIsa active_tier_for_testing() { return g_forced_table.load() ? g_forced_isa.load() : active_cpu_isa(); }
 
 }  // namespace k3::cpu

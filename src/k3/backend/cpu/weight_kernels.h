@@ -1,7 +1,7 @@
 // The CPU backend's kernels per weight format, and its one dispatch point on WeightFormat: matmul,
 // row_dot and dequant_row (ops.h) look up a format's RowKernels here once per call. Adding a format =
 // its dot and dequant in weight_kernels.cpp, its gemm in weight_gemm.cpp, the same in each other tier
-// (weight_kernels_avx512.cpp), one case in the tier tables of weight_kernels.cpp and
+// (weight_kernels_avx512.cpp, weight_kernels_avx512bf16.cpp), one case in the tier tables of weight_kernels.cpp and
 // tests in test_cpu_kernels.
 #pragma once
 #include <cstdint>
@@ -25,6 +25,10 @@ struct RowKernels {
   // Rows [r0, r1) against n tokens (x: [n][W.cols]): y[t * W.rows + r] = dot(W, r, x + t * W.cols), bit
   // for bit. Register-blocked tiles of rows x tokens, weights converted once per tile (weight_gemm.cpp).
   void (*gemm)(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
+  // Optional (null: matmul() runs dot / gemm itself): the whole y = x W^T over n tokens, threads included,
+  // for a tier that converts the activations once per call (avx512bf16: bf16 pairs, int8 blocks) instead
+  // of once per row. Same contract: a token's outputs have the bits of dot(W, r, x_t).
+  void (*matmul)(const WeightMatrix& W, const float* x, int64_t n, float* y);
 };
 
 enum class CpuIsa;
@@ -38,6 +42,8 @@ const RowKernels& row_kernels(WeightFormat f);
 // chosen at start-up), so that one process can check each tier and compare them. Throws k3::Error when
 // the CPU cannot run the tier or this build has no kernels for it. Not for use while matmuls run.
 void force_cpu_isa_for_testing(std::optional<CpuIsa> isa);
+// The tier row_kernels() serves now: the forced one, else the one chosen at start-up.
+CpuIsa active_tier_for_testing();
 
 // fp32 dot product (two 8-lane accumulators, fma scalar tail): the f32 format's dot, also used by other
 // CPU ops on rows they hold in fp32.

@@ -177,12 +177,12 @@ void mxfp4_dequant(const WeightMatrix& W, int64_t r, float* out) {
   }
 }
 
-constexpr RowKernels kF32{float_dot<float, LoadF32>, float_dequant<float, LoadF32>, float_gemm_of<float, LoadF32>};
+constexpr RowKernels kF32{float_dot<float, LoadF32>, float_dequant<float, LoadF32>, float_gemm_of<float, LoadF32>, nullptr};
 constexpr RowKernels kF16{float_dot<uint16_t, LoadF16>, float_dequant<uint16_t, LoadF16>,
-                          float_gemm_of<uint16_t, LoadF16>};
+                          float_gemm_of<uint16_t, LoadF16>, nullptr};
 constexpr RowKernels kBF16{float_dot<uint16_t, LoadBf16>, float_dequant<uint16_t, LoadBf16>,
-                           float_gemm_of<uint16_t, LoadBf16>};
-constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_gemm};
+                           float_gemm_of<uint16_t, LoadBf16>, nullptr};
+constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_gemm, nullptr};
 
 }  // namespace
 

@@ -24,6 +24,19 @@
 #define K3_AVX512_END _Pragma("GCC pop_options")
 #endif
 
+// K3_AVX512BF16_BEGIN ... K3_AVX512BF16_END: the same for the avx512bf16 tier (weight_kernels_avx512bf16.cpp),
+// which adds AVX512_BF16 (vcvtne2ps2bf16, vdpbf16ps) and AVX512_VNNI (vpdpbusd).
+#if defined(__clang__)
+#define K3_AVX512BF16_BEGIN                                                                                      \
+  _Pragma(                                                                                                       \
+      "clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni\"))), apply_to = function)")
+#define K3_AVX512BF16_END _Pragma("clang attribute pop")
+#else
+#define K3_AVX512BF16_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni\")")
+#define K3_AVX512BF16_END _Pragma("GCC pop_options")
+#endif
+
 K3_AVX512_BEGIN
 
 namespace k3::cpu::simd512 {

@@ -2,10 +2,14 @@
 // MLA and MoE ops are in cuda_backend_{kda,mla,moe}.cpp).
 #include "k3/backend/cuda/cuda_backend.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <algorithm>
 #include <string>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
 #include "k3/core/error.h"
 
@@ -14,8 +18,16 @@ namespace k3::cuda {
 using graph::Tensor;
 
 CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof)
-    : cfg_(c), spec_(spec), stream_(stream), gemm_bf16_(gemm_bf16), prof_(prof) {
+    : cfg_(c),
+      spec_(spec),
+      stream_(stream),
+      gemm_bf16_(gemm_bf16),
+      kda_tc_(gemm_bf16 && c.gate_lower_bound && *c.gate_lower_bound >= -5.5f && c.kda_head_dim == 128),
+      prof_(prof) {
   lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
+  const char* overlap = std::getenv("K3_HYBRID_OVERLAP");
+  overlap_host_moe_ = !(overlap && std::string(overlap) == "0");
+  if (const char* m = std::getenv("K3_MOE_STREAM_MIN_TOKENS")) moe_stream_min_tokens_ = std::max(0L, std::atol(m));
 }
 
 CudaBackend::~CudaBackend() = default;
@@ -73,7 +85,7 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
 // KDA descriptors per layer: all sequences, then the split into recurrent / chunked sets.
 void CudaBackend::stage_kda(const graph::StepPlan& plan) {
   const int64_t n_kda = cfg_.num_kda_layers();
-  sd_.kda_chunk = plan.kda_chunk > 0 ? plan.kda_chunk : kDefaultKdaChunk;
+  sd_.kda_chunk = plan.kda_chunk > 0 ? plan.kda_chunk : kda_tc_ ? kDefaultKdaTcChunk : kDefaultKdaChunk;
   // (No bf16-state chunked kernel yet: a bf16 state takes the recurrence for prefill too.)
   const bool chunk_ok = (sd_.kda_chunk == 16 || sd_.kda_chunk == 32 || sd_.kda_chunk == 64) &&
                         spec_.kda_state_dtype == CacheDType::F32;
@@ -105,8 +117,10 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R) {
     const int n = static_cast<int>(token_cap_);
     if (c.kda_heads > 0) {
       size_t kb = 0;
+      const int H = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim);
       for (int ch : {16, 32, 64})
-        kb = std::max(kb, kda_chunked_workspace_bytes(n, n, static_cast<int>(c.kda_heads), static_cast<int>(c.kda_head_dim), ch));
+        kb = std::max(kb, kda_tc_ ? kda_chunked_tc_workspace_bytes(n, n, H, D, ch == 64 ? 64 : 32)
+                                  : kda_chunked_workspace_bytes(n, n, H, D, ch));
       kda_ws_ = DeviceBuffer();
       kda_ws_ = DeviceBuffer(kb);
     }

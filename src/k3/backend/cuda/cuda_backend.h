@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "k3/backend/cuda/cuda_profiler.h"
 #include "k3/backend/cuda/device_scratch.h"
+#include "k3/backend/cuda/expert_streamer.h"
 #include "k3/backend/cuda/host_staging.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/mla_kernels.h"
@@ -30,6 +32,7 @@ class CudaBackend final : public graph::Backend {
   // KDA chunk of the prefill form when the step does not set one (fastest on an H200 at 1 x 4096
   // tokens: docs/perf/cuda.md); other sizes than 16/32/64 run the recurrence.
   static constexpr int kDefaultKdaChunk = 32;
+  static constexpr int kDefaultKdaTcChunk = 32;  // kda_chunked_tc's: 32 beat 64 at every measured shape (docs/perf/cuda.md)
 
   CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream_t stream, bool gemm_bf16, Profiler& prof);
   ~CudaBackend() override;
@@ -85,6 +88,9 @@ class CudaBackend final : public graph::Backend {
                  graph::Tensor wts) override;
   void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                    const graph::GluParams& p, graph::Tensor out) override;
+  void moe_experts_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                         const graph::GluParams& p, graph::Tensor out) override;
+  void moe_experts_wait() override;
 
  private:
   // Offsets in the staging block of the step data the kernels read.
@@ -105,8 +111,13 @@ class CudaBackend final : public graph::Backend {
   // stream, so a model with host weights runs without CUDA graphs.
   void host_linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y);
   void host_embed(const WeightMatrix& table, graph::Tensor out);
-  void host_moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
-                        const graph::GluParams& p, graph::Tensor out);
+  void host_moe_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                      const graph::GluParams& p, graph::Tensor out);
+  void host_moe_finish();
+  // A batch of at least moe_stream_min_tokens_ tokens: the layer's host experts go to the GPU and are
+  // computed there (expert_streamer.h); false when not streamed.
+  bool stream_host_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                           const graph::GluParams& p, graph::Tensor out);
   // MHA form of one prefill-form sequence (cuda_backend_mla.cpp).
   void mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq, int64_t offset,
                        int64_t n, int64_t past, const float* q, float scale, float* out);
@@ -116,6 +127,10 @@ class CudaBackend final : public graph::Backend {
   cudaStream_t stream_;
   std::unique_ptr<LinearRunner> lin_;
   bool gemm_bf16_;
+  // KDA prefill on tensor cores (kda_chunked_tc): only when the model runs with plain bf16 GEMMs (the user
+  // already accepted bf16 rounding; the default bf16x2 keeps the exact fp32 kda_chunked), the gate is bounded
+  // with lower_bound >= -5.5 (the kernel's range precondition) and D = 128.
+  bool kda_tc_;
   Profiler& prof_;
   const graph::StepPlan* plan_ = nullptr;
 
@@ -127,6 +142,21 @@ class CudaBackend final : public graph::Backend {
   DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_;
 
   PinnedBuffer host_in_, host_out_;  // the host ops' activations
+  // Routed experts on the host between moe_experts_start and _wait (cuda_backend_host.cpp).
+  struct PendingHostMoe {
+    const MoeWeights* w;
+    graph::Tensor x, idx, wts;  // in moe_in_
+    graph::GluParams p;
+    graph::Tensor out;          // on the device
+  };
+  std::optional<PendingHostMoe> pending_moe_;
+  PinnedBuffer moe_in_, moe_out_;
+  CudaEvent moe_inputs_ready_;
+  // K3_HYBRID_OVERLAP=0 runs the shared experts after the host experts (to measure the overlap's gain).
+  bool overlap_host_moe_ = true;
+  // K3_MOE_STREAM_MIN_TOKENS=N: stream host experts to the GPU for batches of >= N tokens (0: never).
+  int64_t moe_stream_min_tokens_ = 0;
+  ExpertStreamer streamer_;
   std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
 
   Staging st_;

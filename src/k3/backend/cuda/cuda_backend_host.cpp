@@ -4,6 +4,8 @@
 // and correct; overlapping the CPU work with the GPU's is the hybrid-offload issue's job.
 #include <cstring>
 
+#include "k3/core/error.h"
+
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/cuda_backend.h"
@@ -34,24 +36,61 @@ void CudaBackend::host_embed(const WeightMatrix& table, Tensor out) {
   K3_CUDA_CHECK(cudaMemcpyAsync(out.data, h, bytes_of(out), cudaMemcpyHostToDevice, stream_));
 }
 
-void CudaBackend::host_moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
-                                   Tensor out) {
-  prof_.begin("host experts", stream_);
+// The routed experts of a host-placed layer, in two halves so that the GPU runs the shared experts while
+// the CPU computes (moe_experts_start / moe_experts_wait, graph/backend.h): the start queues the inputs'
+// download and an event behind them; the finish waits for that event only (not the shared experts
+// queued since), runs the CPU kernels and queues the upload. Own pinned buffers: a host-placed shared
+// expert in between uses host_in_/host_out_.
+void CudaBackend::host_moe_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
+                                 Tensor out) {
+  if (w.experts.empty()) throw Error("CUDA backend: the layer has no routed experts");
   const size_t bx = bytes_of(x), bi = bytes_of(idx), bw = bytes_of(wts);
-  uint8_t* in = static_cast<uint8_t*>(host_in_.ensure(bx + bi + bw));
+  uint8_t* in = static_cast<uint8_t*>(moe_in_.ensure(bx + bi + bw));
   K3_CUDA_CHECK(cudaMemcpyAsync(in, x.data, bx, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_CHECK(cudaMemcpyAsync(in + bx, idx.data, bi, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_CHECK(cudaMemcpyAsync(in + bx + bi, wts.data, bw, cudaMemcpyDeviceToHost, stream_));
-  K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (!host_cpu_) host_cpu_ = std::make_unique<cpu::CpuBackend>();
-  Tensor hx = x, hi = idx, hw = wts, ho = out;
+  K3_CUDA_CHECK(cudaEventRecord(moe_inputs_ready_.get(), stream_));
+  Tensor hx = x, hi = idx, hw = wts;
   hx.data = in;
   hi.data = in + bx;
   hw.data = in + bx + bi;
-  ho.data = host_out_.ensure(bytes_of(out));
-  host_cpu_->moe_experts(w, hx, hi, hw, p, ho);
-  K3_CUDA_CHECK(cudaMemcpyAsync(out.data, ho.data, bytes_of(out), cudaMemcpyHostToDevice, stream_));
+  pending_moe_ = PendingHostMoe{&w, hx, hi, hw, p, out};
+}
+
+void CudaBackend::host_moe_finish() {
+  if (!pending_moe_) return;
+  const PendingHostMoe m = *pending_moe_;
+  pending_moe_.reset();
+  prof_.begin("host experts", stream_);  // GPU-side: from the shared experts' end to the upload's end
+  // Also orders the previous layer's upload from moe_out_ before this layer overwrites it.
+  K3_CUDA_CHECK(cudaEventSynchronize(moe_inputs_ready_.get()));
+  if (!host_cpu_) host_cpu_ = std::make_unique<cpu::CpuBackend>();
+  Tensor ho = m.out;
+  ho.data = moe_out_.ensure(bytes_of(m.out));
+  host_cpu_->moe_experts(*m.w, m.x, m.idx, m.wts, m.p, ho);
+  K3_CUDA_CHECK(cudaMemcpyAsync(m.out.data, ho.data, bytes_of(m.out), cudaMemcpyHostToDevice, stream_));
   prof_.end(stream_);
 }
+
+void CudaBackend::moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
+                                    Tensor out) {
+  if (!w.stacked.empty() || !overlap_host_moe_ || stream_host_experts(w, x, idx, wts, p, out))
+    return moe_experts(w, x, idx, wts, p, out);
+  host_moe_start(w, x, idx, wts, p, out);
+}
+
+bool CudaBackend::stream_host_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
+                                      Tensor out) {
+  if (moe_stream_min_tokens_ <= 0 || x.rows < moe_stream_min_tokens_ || !ExpertStreamer::can_stream(w.experts)) return false;
+  prof_.begin("stream experts", stream_);
+  const ExpertBank bank = streamer_.upload(w.experts, stream_);
+  K3_CUDA_CHECK(cuda::moe_experts(bank, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
+                                  p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
+                                  gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
+  prof_.end(stream_);
+  return true;
+}
+
+void CudaBackend::moe_experts_wait() { host_moe_finish(); }
 
 }  // namespace k3::cuda

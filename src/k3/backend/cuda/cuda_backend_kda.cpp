@@ -1,5 +1,6 @@
 // CudaBackend's KDA ops (model-spec 3.2) over kda_kernels.h; a decode step takes the fused kernel.
 #include "k3/backend/cuda/cuda_backend.h"
+#include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
 
 namespace k3::cuda {
@@ -27,7 +28,11 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
   if (sd_.n_rec > 0)
     K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(),
                                             g.f(), beta.f(), o.f(), spec_.kda_state_dtype, stream_));
-  if (sd_.n_chk > 0)
+  if (sd_.n_chk > 0 && kda_tc_)  // bf16 GEMM mode: tensor cores (chunk 32 or 64)
+    K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
+                                       sd_.kda_chunk == 64 ? 64 : 32, KdaInType::F32, q.f(), k.f(), v.f(), g.f(), beta.f(),
+                                       o.f(), nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+  else if (sd_.n_chk > 0)
     K3_CUDA_CHECK(cuda::kda_chunked(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
                                     sd_.kda_chunk, q.f(), k.f(), v.f(), g.f(), beta.f(), o.f(), kda_ws_.get(),
                                     kda_ws_.bytes(), stream_));

@@ -16,9 +16,10 @@ void CudaBackend::moe_route(Tensor logits, const float* bias, const graph::Route
 
 void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
                               Tensor out) {
-  if (w.stacked.empty()) {
-    if (w.experts.empty()) throw Error("CUDA backend: the layer has no routed experts");
-    return host_moe_experts(w, x, idx, wts, p, out);  // placed on the host (--cpu-moe)
+  if (w.stacked.empty()) {  // placed on the host (--cpu-moe): streamed to the GPU, or computed there
+    if (stream_host_experts(w, x, idx, wts, p, out)) return;
+    host_moe_start(w, x, idx, wts, p, out);
+    return host_moe_finish();
   }
   prof_.begin("moe experts", stream_);
   K3_CUDA_CHECK(cuda::moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),

@@ -33,6 +33,24 @@ class PinnedBuffer {
   size_t cap_ = 0;
 };
 
+// A timing-free CUDA event, created on first use.
+class CudaEvent {
+ public:
+  CudaEvent() = default;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() {
+    if (e_) cudaEventDestroy(e_);
+  }
+  cudaEvent_t get() {
+    if (!e_) K3_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+    return e_;
+  }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 // Host-side builder of the staging block: items appended at 16-byte-aligned offsets.
 class Staging {
  public:

@@ -59,7 +59,8 @@ cudaError_t kda_recurrent_typed(const KdaSeq* seqs, int n_seqs, int H, int D, co
 // kda_chunked_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk) bytes (16-byte aligned; about
 // (4 C + H chunk) floats per row). n_total_tokens = N, the rows of q/k/v/g/o; every sequence's rows lie in
 // [0, N) and sequences do not share rows; q, k, v, g, o 16-byte aligned (else cudaErrorInvalidValue).
-// Asynchronous; graph-capturable.
+// Asynchronous; graph-capturable. (kda_chunked_tc.h: the same on tensor cores with bf16-rounded operands,
+// taken in --gemm-precision bf16 mode.)
 size_t kda_chunked_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk);
 cudaError_t kda_chunked(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk, const float* q,
                         const float* k, const float* v, const float* g, const float* beta, float* o, void* workspace,

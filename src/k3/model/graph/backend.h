@@ -129,6 +129,14 @@ class Backend {
   virtual void moe_route(Tensor logits, const float* bias, const RouteParams& p, Tensor idx, Tensor wts) = 0;
   // out[t] = sum_k wts[t][k] * expert_idx[t][k](x[t]) over the layer's routed experts (GLU FFNs).
   virtual void moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p, Tensor out) = 0;
+  // moe_experts in two halves: `out` is defined once moe_experts_wait() returns, and the graph issues
+  // independent work (the shared experts) in between. A backend whose routed experts live elsewhere
+  // (CUDA with --cpu-moe: experts on the CPU) runs that work on the device while the CPU computes the
+  // experts. The inputs must stay untouched until the wait. Default: all of it at the start.
+  virtual void moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p, Tensor out) {
+    moe_experts(w, x, idx, wts, p, out);
+  }
+  virtual void moe_experts_wait() {}
 };
 
 // Scratch taken inside a scope is given back when the scope ends.

@@ -36,16 +36,20 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
     b.linear(w.latent_down, x, ex);
   }
   Tensor acc = w.latent_up.empty() ? out : b.scratch(N, X);
-  b.moe_experts(w, ex, idx, wts, glu_params(c), acc);
+  // The shared experts run between start and wait (they only read x), so that a backend with the
+  // routed experts on another processor overlaps the two; the sums are the same in either order.
+  b.moe_experts_start(w, ex, idx, wts, glu_params(c), acc);
+  Tensor sh;
+  if (!w.shared.gate.empty()) {
+    sh = b.scratch(N, c.hidden_size);
+    glu_mlp_block(g, w.shared, x, sh);
+  }
+  b.moe_experts_wait();
   if (!w.latent_up.empty()) {
     if (!w.latent_norm.empty()) b.rmsnorm(acc, w.latent_norm.data(), X, c.rms_norm_eps, acc);
     b.linear(w.latent_up, acc, out);
   }
-  if (!w.shared.gate.empty()) {
-    Tensor sh = b.scratch(N, c.hidden_size);
-    glu_mlp_block(g, w.shared, x, sh);
-    b.add(out, sh);
-  }
+  if (!w.shared.gate.empty()) b.add(out, sh);
 }
 
 }  // namespace k3::graph

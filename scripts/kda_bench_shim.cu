@@ -1,0 +1,35 @@
+// C entry points over the KDA prefill kernels, for scripts/bench_kda_tc.py: it times k3's kernels and
+// flash-linear-attention's chunk_kda in one Python process on the same tensors (ctypes; pointers come
+// from torch). Built and run on the GPU machine by scripts/gpu-bench-kda.
+#include "k3/backend/cuda/kda_chunked_tc.h"
+#include "k3/backend/cuda/kda_kernels.h"
+
+using k3::cuda::KdaSeq;
+
+extern "C" {
+int k3_kda_seq_size() { return static_cast<int>(sizeof(KdaSeq)); }
+
+size_t k3_kda_old_ws(int N, int n_seqs, int H, int D, int chunk) {
+  return k3::cuda::kda_chunked_workspace_bytes(N, n_seqs, H, D, chunk);
+}
+int k3_kda_old(const void* seqs, int n_seqs, int N, int H, int D, int chunk, const float* q, const float* k,
+               const float* v, const float* g, const float* beta, float* o, void* ws, size_t wsb) {
+  return k3::cuda::kda_chunked(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk, q, k, v, g, beta, o, ws, wsb,
+                               nullptr);
+}
+int k3_kda_recurrent(const void* seqs, int n_seqs, int H, int D, const float* q, const float* k, const float* v,
+                     const float* g, const float* beta, float* o) {
+  return k3::cuda::kda_recurrent(static_cast<const KdaSeq*>(seqs), n_seqs, H, D, q, k, v, g, beta, o, nullptr);
+}
+size_t k3_kda_tc_ws(int N, int n_seqs, int H, int D, int chunk) {
+  return k3::cuda::kda_chunked_tc_workspace_bytes(N, n_seqs, H, D, chunk);
+}
+// bf16_in: q, k, v, g are bf16 (else fp32)
+int k3_kda_tc(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int bf16_in, const void* q,
+              const void* k, const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
+              int nbuf, void* ws, size_t wsb) {
+  return k3::cuda::kda_chunked_tc(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk,
+                                  bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
+                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf}, ws, wsb, nullptr);
+}
+}

@@ -1,0 +1,382 @@
+// The avx512bf16 kernel tier: BF16 weights with vdpbf16ps and MXFP4 weights with int8 VNNI (vpdpbusd).
+// Unlike the avx2 and avx512 tiers, products are NOT the exact fp32 products: the activations are rounded
+// once per token and matmul call (docs/perf/cpu.md, "The avx512bf16 tier"):
+//
+// - BF16: x rounded to bf16 (round to nearest even, vcvtne2ps2bf16; 8 significant bits): relative error
+//   <= 2^-8 per activation; the bf16 x bf16 products are exact in fp32 and accumulate in fp32 (vdpbf16ps: two products
+//   per lane and step; it treats denormal inputs as zero and flushes denormal results).
+// - MXFP4: x quantised to int8 with one scale per 4 activations (a "quad": the 4 bytes vpdpbusd sums into
+//   one int32 lane; llama.cpp's Q8_0 has one per 32): d = max|x| / 127 rounded up, q = round(x / d) in
+//   [-127, 127], error <= d/2 per activation. A quad's sum of q x (2 x E2M1) is an exact int32, then scaled
+//   by d (fp32) and by 0.5 x 2^(e8m0 - 127) into one fp32 accumulator per (row, token). A quad holding a
+//   NaN or an infinity gets d = NaN, so the output is NaN (an exact tier gives inf or NaN there).
+//
+// Batch invariance holds as in the other tiers (weight_kernels.h): a token's activations are converted by
+// the same code whatever n is, and the single-token dot IS the 1x1 (BF16) or 1-token (MXFP4) tile. F32 and
+// F16 weights use the avx512 tier's exact kernels (weight_kernels.cpp's table).
+//
+// Only the functions between K3_AVX512BF16_BEGIN/END are compiled for AVX-512 + BF16 + VNNI; the drivers
+// at the end (scratch buffers, threads) are plain code, so no inline function of a standard header is
+// instantiated with that target (an AVX2-only CPU never runs EVEX code).
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include "k3/backend/cpu/weight_kernels_avx512bf16.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "k3/backend/cpu/weight_kernels_avx512.h"
+#include "k3/backend/cpu/weight_simd512.h"
+#include "k3/core/thread_pool.h"
+
+namespace k3::cpu {
+
+namespace {
+
+// Per-token strides of the converted activations (plain constexpr code, used on both sides).
+// BF16: cols rounded up to 32 values, zero-padded, so every step loads a full vector.
+constexpr int64_t bf16_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
+// MXFP4: per pair of 32-blocks, 64 int8 (offset by 128, see q8_tokens) then 16 fp32 scales (one per quad).
+constexpr int64_t kQ8PairBytes = 128;
+constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 * kQ8PairBytes; }
+
+// 0.5 x 2^(s - 127) = 2^(s - 128) per E8M0 byte (the 0.5: decoded E2M1 values are doubled); s = 255 is NaN.
+constexpr std::array<float, 256> make_half_e8m0() {
+  std::array<float, 256> t{};
+  for (int s = 0; s < 256; ++s) {
+    const uint32_t u = s == 255 ? 0x7fc00000u : s == 0 ? 0x00200000u : s == 1 ? 0x00400000u : uint32_t(s - 1) << 23;
+    t[static_cast<size_t>(s)] = std::bit_cast<float>(u);
+  }
+  return t;
+}
+constexpr std::array<float, 256> kHalfE8m0 = make_half_e8m0();
+
+}  // namespace
+
+}  // namespace k3::cpu
+
+K3_AVX512BF16_BEGIN
+
+namespace k3::cpu {
+
+using namespace simd512;
+
+namespace {
+
+// ---- BF16: vdpbf16ps ----
+
+// n tokens of x (rows of cols floats) to bf16, out[t * bf16_stride(cols) + i], zero-padded.
+void bf16_round_tokens(const float* x, int64_t n, int64_t cols, uint16_t* out) {
+  const int64_t ld = bf16_stride(cols);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * cols;
+    uint16_t* o = out + t * ld;
+    int64_t i = 0;
+    // vcvtne2ps2bf16 puts its second operand in the low half: values i..i+31 in order.
+    for (; i + 32 <= cols; i += 32)
+      _mm512_storeu_si512(o + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xt + i + 16), _mm512_loadu_ps(xt + i)));
+    if (i < cols) {
+      const int64_t k = cols - i;
+      const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(std::min<int64_t>(k, 16)), xt + i);
+      const __m512 hi = k > 16 ? _mm512_maskz_loadu_ps(first_lanes(k - 16), xt + i + 16) : _mm512_setzero_ps();
+      _mm512_storeu_si512(o + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
+inline __m512 dpbf16(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+
+// R rows x T tokens; two accumulators per (row, token): a0 takes columns i..i+31 of each 64-step, a1
+// i+32..i+63; then one more 32-step into a0 if there is one, the last cols % 32 (weights masked, the
+// activations are zero-padded) into a1, one reduction. R = 2, T = 6: 24 accumulators of 32 zmm.
+template <int R, int T>
+inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_t ldx, int64_t cols, float* y,
+                      int64_t ldy) {
+  __m512 acc[R][T][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= cols; i += 64) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512i wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + i + 32 * h);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512i xv = _mm512_loadu_si512(xb + t * ldx + i + 32 * h);
+        asm("" : "+v"(xv));  // one load per activation vector, not one folded into each instruction
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][t][h] = dpbf16(acc[r][t][h], wv[r], xv);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      __m512 a0 = acc[r][t][0], a1 = acc[r][t][1];
+      const uint16_t* wr = w + r * ldw;
+      const uint16_t* xt = xb + t * ldx;
+      int64_t j = i;
+      if (j + 32 <= cols) {
+        a0 = dpbf16(a0, _mm512_loadu_si512(wr + j), _mm512_loadu_si512(xt + j));
+        j += 32;
+      }
+      if (j < cols) {
+        const __mmask32 m = static_cast<__mmask32>((1u << (cols - j)) - 1u);
+        a1 = dpbf16(a1, _mm512_maskz_loadu_epi16(m, wr + j), _mm512_loadu_si512(xt + j));
+      }
+      y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+}
+
+template <int R, size_t... T>
+constexpr auto bf16_tiles(std::index_sequence<T...>) {
+  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
+  return std::array<Tile, sizeof...(T)>{bf16_tile<R, static_cast<int>(T) + 1>...};
+}
+
+constexpr int64_t kBf16T = 6;
+
+// Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~512 KiB of weights) stay in
+// L2 while every token tile passes over them.
+void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb, int64_t n, float* y, int64_t ldy) {
+  static constexpr auto tiles2 = bf16_tiles<2>(std::make_index_sequence<kBf16T>());
+  static constexpr auto tiles1 = bf16_tiles<1>(std::make_index_sequence<kBf16T>());
+  const int64_t cols = W.cols, ldx = bf16_stride(cols);
+  const auto* base = static_cast<const uint16_t*>(W.data);
+  const int64_t block = std::max<int64_t>(2, (512 << 10) / (cols * 2) / 2 * 2);
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += kBf16T) {
+      const int64_t m = std::min(kBf16T, n - t0);
+      const uint16_t* xt = xb + t0 * ldx;
+      float* yt = y + t0 * ldy - r0;
+      int64_t r = b0;
+      for (; r + 2 <= b1; r += 2) tiles2[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
+      if (r < b1) tiles1[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
+    }
+  }
+}
+
+// ---- MXFP4: int8 activations, vpdpbusd ----
+
+// Layout of one pair of 32-blocks (g0 = 2p, g1 = 2p + 1) of a token, kQ8PairBytes: bytes 0-15 the even
+// elements of g0, 16-31 the even elements of g1, 32-47 the odd of g0, 48-63 the odd of g1 (the order in
+// which decode_pair finds the nibbles: low nibble = even element), each q + 128 as an unsigned byte;
+// then 16 floats, the scale d of each int32 lane, i.e. of each 4 consecutive bytes ("quad": elements
+// 8j, 8j+2, 8j+4, 8j+6 or 8j+1, ..., 8j+7 of a block). vpdpbusd sums exactly a quad per int32 lane, so a
+// scale per quad costs the kernel nothing over a scale per block and bounds each activation's error by
+// max|quad| / 254 instead of max|block| / 254 (an outlier spoils 3 neighbours, not 31). A missing g1
+// (cols % 64 == 32) has q = 0 and d = 0.
+
+// 16 activations (4 quads of 4) to q + 128 bytes (16) and the quads' scales (4 floats): d = max|x| / 127
+// rounded up (so no q saturates), q = round(x / d). A quad holding a NaN or an infinity gets d = NaN
+// (x * 0 summed over the quad is NaN exactly then, else +0), so its outputs are NaN.
+inline void quantise_quads(__m512 v, uint8_t* q_out, float* d_out) {
+  __m512 a = _mm512_abs_ps(v);
+  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0xB1));  // max within pairs, then within the quad (128-bit lane)
+  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0x4E));
+  __m512 poison = _mm512_mul_ps(v, _mm512_setzero_ps());
+  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0xB1));
+  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0x4E));
+  const __m512 d = _mm512_add_ps(
+      _mm512_div_round_ps(a, _mm512_set1_ps(127.f), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC), poison);
+  // d > 0 divides; an all-zero quad (q = 0) and a NaN one (its outputs are NaN through d) divide by 1.
+  const __m512 div = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), d);
+  const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(v, div)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q_out), _mm_xor_si128(q, _mm_set1_epi8(static_cast<char>(0x80))));
+  const __m512i first_of_quad = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm_storeu_ps(d_out, _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_quad, d)));
+}
+
+void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  const int64_t groups = cols / kMxfp4Group, ldq = q8_stride(cols);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t p = 0; p * 2 < groups; ++p) {
+      uint8_t* o = out + t * ldq + p * kQ8PairBytes;
+      float* d = reinterpret_cast<float*>(o + 64);
+      for (int b = 0; b < 2; ++b) {
+        if (2 * p + b < groups) {
+          const float* xg = x + t * cols + (2 * p + b) * kMxfp4Group;
+          const __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+          quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
+          quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
+        } else {
+          const __m128i zero_q = _mm_set1_epi8(static_cast<char>(0x80));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), zero_q);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 + 16 * b), zero_q);
+          _mm_storeu_ps(d + 4 * b, _mm_setzero_ps());
+          _mm_storeu_ps(d + 8 + 4 * b, _mm_setzero_ps());
+        }
+      }
+    }
+}
+
+// One pair of groups of a row: w = the 64 weights doubled (int8, -12..12) in q8_tokens' byte order;
+// corr = -128 x (sum of each int32 lane's 4 weights), which cancels the +128 of the activation bytes;
+// wsc = 0.5 x 2^(e8m0 - 127) per lane's group. `two`: g1 exists (else only g0's 16 bytes are read).
+inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, __m512i& w, __m512i& corr,
+                        __m512& wsc) {
+  const __m256i b = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed))
+                        : _mm256_maskz_loadu_epi8(0xFFFFu, packed);
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  const __m256i lo = _mm256_and_si256(b, m), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+  w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()),
+                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  corr = _mm512_sub_epi32(_mm512_setzero_si512(),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(kHalfE8m0[scales[0]]),
+                             _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
+}
+
+// One row x T tokens: per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the
+// activation scales (fp32 product), then one fma by the weight scales into the token's accumulator. The
+// activation scale comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once.
+template <int T>
+inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t cols, const uint8_t* xq, int64_t ldq,
+                          float* y, int64_t ldy) {
+  __m512 acc[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  const int64_t groups = cols / kMxfp4Group;
+  for (int64_t p = 0; 2 * p < groups; ++p) {
+    __m512i w, corr;
+    __m512 wsc;
+    decode_pair(packed + 32 * p, scales + 2 * p, 2 * p + 1 < groups, w, corr, wsc);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* q = xq + t * ldq + p * kQ8PairBytes;
+      const __m512i dp = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(q), w);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + 64)));
+      acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
+}
+
+template <size_t... T>
+constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
+  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
+  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<static_cast<int>(T) + 1>...};
+}
+
+constexpr int64_t kMxfp4T = 12;  // 12 accumulators + weights, correction, scales, temporaries
+
+void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  static constexpr auto tiles = mxfp4_q8_tiles(std::make_index_sequence<kMxfp4T>());
+  const int64_t cols = W.cols, ldq = q8_stride(cols);
+  const int64_t block = std::max<int64_t>(1, (512 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
+      const auto tile = tiles[std::min(kMxfp4T, n - t0) - 1];
+      for (int64_t r = b0; r < b1; ++r)
+        tile(W.row_data(r), W.row_scales(r), cols, xq + t0 * ldq, ldq, y + t0 * ldy + (r - r0), ldy);
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace k3::cpu
+
+K3_AVX512BF16_END
+
+// ---- plain code: scratch, threads, the RowKernels entries ----
+
+namespace k3::cpu {
+
+namespace {
+
+// The converted activations of the current call, one buffer per thread (a matmul converts on the calling
+// thread; pool workers only read it while the caller waits). Grows to the largest call, never shrinks:
+// at most half the size of the fp32 activations it was made from.
+uint8_t* scratch(size_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
+// One tier format: how a token is converted (Prep, stride in bytes) and how rows run on converted tokens.
+struct Bf16Path {
+  static int64_t stride_bytes(int64_t cols) { return bf16_stride(cols) * 2; }
+  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+    bf16_round_tokens(x, n, cols, reinterpret_cast<uint16_t*>(out));
+  }
+  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
+    bf16_rows(W, r0, r1, reinterpret_cast<const uint16_t*>(act), n, y, ldy);
+  }
+};
+struct Mxfp4Path {
+  static int64_t stride_bytes(int64_t cols) { return q8_stride(cols); }
+  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8_tokens(x, n, cols, out); }
+  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
+    mxfp4_rows(W, r0, r1, act, n, y, ldy);
+  }
+};
+
+template <class Path>
+float path_dot(const WeightMatrix& W, int64_t r, const float* x) {
+  uint8_t* act = scratch(static_cast<size_t>(Path::stride_bytes(W.cols)));
+  Path::prepare(x, 1, W.cols, act);
+  float y = 0;
+  Path::rows(W, r, r + 1, act, 1, &y, 1);
+  return y;
+}
+
+template <class Path>
+void path_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
+  uint8_t* act = scratch(static_cast<size_t>(n * Path::stride_bytes(W.cols)));
+  Path::prepare(x, n, W.cols, act);
+  Path::rows(W, r0, r1, act, n, y + r0, W.rows);
+}
+
+// The whole matmul: activations converted once (split over tokens when there are many), then the rows split
+// over the pool with the thresholds of ops.cpp's matmul.
+template <class Path>
+void path_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
+  const int64_t rows = W.rows, cols = W.cols, stride = Path::stride_bytes(cols);
+  uint8_t* act = scratch(static_cast<size_t>(n * stride));
+  if (n > 1 && n * cols > 65536)
+    ThreadPool::global().parallel_for(n, 0, [&](int64_t t0, int64_t t1, int) {
+      Path::prepare(x + t0 * cols, t1 - t0, cols, act + t0 * stride);
+    });
+  else
+    Path::prepare(x, n, cols, act);
+  auto rows_range = [&](int64_t r0, int64_t r1, int) { Path::rows(W, r0, r1, act, n, y + r0, rows); };
+  const bool parallel = rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536);
+  if (parallel)
+    ThreadPool::global().parallel_for(rows, 0, rows_range);
+  else
+    rows_range(0, rows, 0);
+}
+
+template <class Path>
+constexpr RowKernels path_kernels(const RowKernels& avx512) {
+  return {path_dot<Path>, avx512.dequant, path_gemm<Path>, path_matmul<Path>};
+}
+
+}  // namespace
+
+const RowKernels* avx512bf16_row_kernels(WeightFormat f) {
+  // Dequant stays avx512's (exact widening; nothing to gain from the new instructions).
+  static const RowKernels bf16 = path_kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
+  static const RowKernels mxfp4 = path_kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
+  switch (f) {
+    case WeightFormat::BF16: return &bf16;
+    case WeightFormat::MXFP4: return &mxfp4;
+    default: return nullptr;
+  }
+}
+
+}  // namespace k3::cpu

@@ -1,0 +1,721 @@
+// Chunked KDA prefill on tensor cores (see kda_chunked_tc.h). The algorithm is kda_chunked's (WY / UT
+// transform of the gated delta rule per chunk of L tokens, FLA chunk_kda's structure); what changes is
+// where the arithmetic runs:
+//
+// 1. kda_tc_intra_kernel, one block of L/16 warps per (chunk, head), warp w = sub-chunk rows [16w, 16w+16):
+//    - G = cumulative log decay (fp32, shared), q / k / v staged as bf16.
+//    - A_kk and A_qk on tensor cores: exp(G_i - G_j) is split around the first row r of the row's
+//      sub-chunk, (k_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)). For j in an earlier sub-chunk both
+//      factors are <= 1; inside the sub-chunk the right factor is at most exp(15 * max|g|), in range
+//      for g >= -5.5 (the header's precondition; the exponent is clamped at 88 so nothing overflows).
+//    - T = (I + diag(beta) A_kk)^-1 diag(beta) by forward substitution on the small L x L matrix (fp32,
+//      one column per thread), then W = T (exp(G) k) and U = T v on tensor cores (rows of T past the
+//      warp's sub-chunk are zero: only the k-steps kk <= w run).
+//    - writes W, U, Q exp(G), exp(G_last - G) k (bf16 planes [N][C]), A_qk (bf16 [N][H][L]) and
+//      exp(G_last) (fp32, per chunk and head).
+// 2. kda_tc_state_kernel, one block of 4 warps per (sequence, head, BV value columns), walking the chunks:
+//      V~ = U - W S;  O = (Q exp(G)) S + A_qk V~;  S = exp(G_last) S + (exp(G_last - G) k)^T V~
+//    S lives in fp32 mma accumulators (warp w owns key rows [32w, 32w+32)); a bf16 copy in shared memory
+//    is the B operand of the next chunk's W S and Q S. The output is fused (no per-chunk state is stored
+//    unless asked for). Operands of the next chunk stream in with cp.async into each buffer as soon as
+//    the step that reads it is done (two commit groups per chunk).
+// Fragment layouts are PTX's m16n8k16 ones; ldmatrix (.trans for operands stored k-major) loads them.
+#include "k3/backend/cuda/kda_chunked_tc.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace k3::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kD = 128;  // the only head dim of this path (the real models)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// c += a b (m16n8k16, bf16 in, fp32 accumulate)
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack2(uint32_t u) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+__device__ __forceinline__ uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ void sts32(bf16* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));  // src-size 0: zero-filled
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = unpack2(u.x), b = unpack2(u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+__device__ __forceinline__ int n_chunks(int n, int L) { return n > 0 ? (n + L - 1) / L : 0; }
+
+// base[s] = chunks of the sequences before s; base[n_seqs] = all. Serial: n_seqs is small next to the
+// work of one chunk.
+__global__ void kda_tc_table_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, int L, int* __restrict__ base) {
+  if (threadIdx.x != 0) return;
+  int run = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    base[s] = run;
+    run += n_chunks(seqs[s].n, L);
+  }
+  base[n_seqs] = run;
+}
+
+// Which sequence chunk b belongs to: the last s with base[s] <= b (sequences without chunks skipped).
+__device__ __forceinline__ int seq_of_chunk(const int* base, int n_seqs, int b) {
+  int lo = 0, hi = n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (base[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct TcWs {
+  bf16 *W, *U, *Q, *K, *A;
+  float* eL;
+  int* base;
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+
+inline size_t tc_ws_layout(size_t N, int n_seqs, int H, int D, int L, char* p, TcWs* ws) {
+  const size_t plane = align256(N * H * D * sizeof(bf16));
+  const size_t aplane = align256(N * H * L * sizeof(bf16));
+  const size_t max_chunks = N / L + static_cast<size_t>(n_seqs);
+  const size_t eplane = align256(max_chunks * H * D * sizeof(float));
+  const size_t tab = align256((static_cast<size_t>(n_seqs) + 1) * sizeof(int));
+  if (ws) {
+    ws->W = reinterpret_cast<bf16*>(p);
+    ws->U = reinterpret_cast<bf16*>(p + plane);
+    ws->Q = reinterpret_cast<bf16*>(p + 2 * plane);
+    ws->K = reinterpret_cast<bf16*>(p + 3 * plane);
+    ws->A = reinterpret_cast<bf16*>(p + 4 * plane);
+    ws->eL = reinterpret_cast<float*>(p + 4 * plane + aplane);
+    ws->base = reinterpret_cast<int*>(p + 4 * plane + aplane + eplane);
+  }
+  return 4 * plane + aplane + eplane + tab;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Intra-chunk kernel. Shared memory: Gs float [L][LDG] (later A_kk, float [L][LDK]), Qs bf16 [L][LDB]
+// (later T, bf16 [L][LDT]), Ks, Vs, KE (= exp(G) k) bf16 [L][LDB], bs float [L]. Row pads keep ldmatrix
+// and the fragment loads free of bank conflicts.
+template <int L>
+struct IntraCfg {
+  static constexpr int NW = L / 16, NT = 32 * NW;
+  static constexpr int LDG = kD + 8, LDB = kD + 8, LDT = L + 8, LDK = L + 4;
+  static constexpr size_t g_bytes = static_cast<size_t>(L) * LDG * sizeof(float);
+  static constexpr size_t b_bytes = static_cast<size_t>(L) * LDB * sizeof(bf16);
+  static constexpr size_t bytes = g_bytes + 4 * b_bytes + L * sizeof(float);
+  static_assert(static_cast<size_t>(L) * LDK * sizeof(float) <= g_bytes, "A_kk fits in G's space");
+  static_assert(static_cast<size_t>(L) * LDT * sizeof(bf16) <= b_bytes, "T fits in q's space");
+};
+
+// Stage q, k, v (bf16) and g (fp32) of rows [0, Lc), zeros past them, and beta.
+template <int L, class T>
+__device__ __forceinline__ void intra_stage(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                            const T* __restrict__ g, const float* __restrict__ beta, size_t row0,
+                                            int Lc, int C, int H, int h, float* Gs, bf16* Qs, bf16* Ks, bf16* Vs,
+                                            float* bs) {
+  using Cfg = IntraCfg<L>;
+  constexpr int D4 = kD / 4;
+  for (int e = threadIdx.x; e < L * D4; e += Cfg::NT) {
+    const int i = e / D4, d = 4 * (e % D4);
+    float4 qq = make_float4(0.f, 0.f, 0.f, 0.f), kk = qq, vv = qq, gg = qq;
+    if (i < Lc) {
+      const size_t at = (row0 + i) * C + static_cast<size_t>(h) * kD + d;
+      qq = load4(q + at);
+      kk = load4(k + at);
+      vv = load4(v + at);
+      gg = load4(g + at);
+    }
+    *reinterpret_cast<uint2*>(Qs + i * Cfg::LDB + d) = make_uint2(pack2(qq.x, qq.y), pack2(qq.z, qq.w));
+    *reinterpret_cast<uint2*>(Ks + i * Cfg::LDB + d) = make_uint2(pack2(kk.x, kk.y), pack2(kk.z, kk.w));
+    *reinterpret_cast<uint2*>(Vs + i * Cfg::LDB + d) = make_uint2(pack2(vv.x, vv.y), pack2(vv.z, vv.w));
+    *reinterpret_cast<float4*>(Gs + i * Cfg::LDG + d) = gg;
+  }
+  for (int i = threadIdx.x; i < L; i += Cfg::NT) bs[i] = i < Lc ? beta[(row0 + i) * H + h] : 0.f;
+}
+
+// A_kk (strictly lower, times beta_i, fp32 into Ak after a barrier) and A_qk (lower with the diagonal,
+// bf16 to Ap) for the warp's 16 rows [r, r + 16).
+template <int L>
+__device__ __forceinline__ void intra_products(const float* Gs, const bf16* Qs, const bf16* Ks, const float* bs,
+                                               float* Ak, bf16* __restrict__ Ap, size_t row0, int Lc, int H,
+                                               int h) {
+  using Cfg = IntraCfg<L>;
+  constexpr int NJ = L / 8;  // n-tiles of 8 key rows
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4, r = 16 * w;
+  float accK[NJ][4], accQ[NJ][4];
+#pragma unroll
+  for (int jt = 0; jt < NJ; ++jt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) accK[jt][m] = accQ[jt][m] = 0.f;
+
+#pragma unroll 2
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const int d0 = 16 * kk + 2 * tq;
+    float2 gref[2];
+    gref[0] = *reinterpret_cast<const float2*>(Gs + r * Cfg::LDG + d0);
+    gref[1] = *reinterpret_cast<const float2*>(Gs + r * Cfg::LDG + d0 + 8);
+    uint32_t ak[4], aq[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {  // a[f]: row gq + 8 (f & 1), column d0 + 8 (f >> 1)
+      const int row = r + gq + 8 * (f & 1), col = d0 + 8 * (f >> 1);
+      const float2 G = *reinterpret_cast<const float2*>(Gs + row * Cfg::LDG + col);
+      const float ex = __expf(G.x - gref[f >> 1].x), ey = __expf(G.y - gref[f >> 1].y);
+      const float2 kv = unpack2(lds32(Ks + row * Cfg::LDB + col)), qv = unpack2(lds32(Qs + row * Cfg::LDB + col));
+      ak[f] = pack2(kv.x * ex, kv.y * ey);
+      aq[f] = pack2(qv.x * ex, qv.y * ey);
+    }
+#pragma unroll
+    for (int jt = 0; jt < NJ; ++jt) {
+      if (jt < 2 * w + 2) {  // key rows j < r + 16 (warp-uniform)
+        const int j = 8 * jt + gq;
+        uint32_t b[2];
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {  // b[f]: column d0 + 8 f
+          const float2 G = *reinterpret_cast<const float2*>(Gs + j * Cfg::LDG + d0 + 8 * f);
+          const float ex = __expf(fminf(gref[f].x - G.x, 88.f)), ey = __expf(fminf(gref[f].y - G.y, 88.f));
+          const float2 kv = unpack2(lds32(Ks + j * Cfg::LDB + d0 + 8 * f));
+          b[f] = pack2(kv.x * ex, kv.y * ey);
+        }
+        mma(accK[jt], ak, b[0], b[1]);
+        mma(accQ[jt], aq, b[0], b[1]);
+      }
+    }
+  }
+  __syncthreads();  // Gs is read by every warp above; Ak overwrites it
+#pragma unroll
+  for (int jt = 0; jt < NJ; ++jt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = r + gq + 8 * half, j = 8 * jt + 2 * tq;
+      const float bi = bs[i];
+      const float k0 = j < i ? bi * accK[jt][2 * half] : 0.f, k1 = j + 1 < i ? bi * accK[jt][2 * half + 1] : 0.f;
+      *reinterpret_cast<float2*>(Ak + i * Cfg::LDK + j) = make_float2(k0, k1);
+      if (i < Lc) {
+        const float q0 = j <= i ? accQ[jt][2 * half] : 0.f, q1 = j + 1 <= i ? accQ[jt][2 * half + 1] : 0.f;
+        *reinterpret_cast<uint32_t*>(Ap + ((row0 + i) * H + h) * L + j) = pack2(q0, q1);
+      }
+    }
+}
+
+// T = (I + N)^-1 diag(beta), N = Ak (= diag(beta) A_kk, strictly lower): thread c < L solves column c
+// by forward substitution in registers, fp32; T to Ts as bf16.
+template <int L>
+__device__ __forceinline__ void intra_inverse(const float* Ak, const float* bs, bf16* Ts) {
+  using Cfg = IntraCfg<L>;
+  const int c = threadIdx.x;
+  if (c >= L) return;
+  float m[L];
+#pragma unroll
+  for (int i = 0; i < L; ++i) {
+    float a0 = i == c ? 1.f : 0.f, a1 = 0.f;
+#pragma unroll
+    for (int j4 = 0; 4 * j4 < i; ++j4) {
+      const float4 a = *reinterpret_cast<const float4*>(Ak + i * Cfg::LDK + 4 * j4);
+      a0 = fmaf(-a.x, m[4 * j4], a0);
+      if (4 * j4 + 1 < i) a1 = fmaf(-a.y, m[4 * j4 + 1], a1);
+      if (4 * j4 + 2 < i) a0 = fmaf(-a.z, m[4 * j4 + 2], a0);
+      if (4 * j4 + 3 < i) a1 = fmaf(-a.w, m[4 * j4 + 3], a1);
+    }
+    m[i] = a0 + a1;
+  }
+  const float bc = bs[c];
+#pragma unroll
+  for (int i = 0; i < L; ++i) Ts[i * Cfg::LDT + c] = __float2bfloat16_rn(m[i] * bc);
+}
+
+// dst rows [r, r + 16) of T B (B = KE or Vs, [L][kD]), bf16 to the [N][C] plane.
+template <int L>
+__device__ __forceinline__ void intra_apply_t(const bf16* Ts, const bf16* B, bf16* __restrict__ dst, size_t row0,
+                                              int Lc, int C, int h) {
+  using Cfg = IntraCfg<L>;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4, r = 16 * w;
+  float acc[kD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < L / 16; ++kk) {
+    if (kk <= w) {
+      uint32_t a[4];
+      ldsm_x4(a, Ts + (r + (lane & 15)) * Cfg::LDT + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+      for (int p = 0; p < kD / 16; ++p) {
+        uint32_t b[4];
+        ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * Cfg::LDB + 16 * p + 8 * (lane >> 4));
+        mma(acc[2 * p], a, b[0], b[1]);
+        mma(acc[2 * p + 1], a, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = r + gq + 8 * half;
+    if (i < Lc) {
+      bf16* row = dst + (row0 + i) * C + static_cast<size_t>(h) * kD + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < kD / 8; ++nt)
+        *reinterpret_cast<uint32_t*>(row + 8 * nt) = pack2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+    }
+  }
+}
+
+template <int L, class T>
+__global__ void __launch_bounds__(IntraCfg<L>::NT)
+    kda_tc_intra_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
+                        const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const T* __restrict__ g, const float* __restrict__ beta, TcWs ws) {
+  using Cfg = IntraCfg<L>;
+  extern __shared__ float4 smem4[];
+  char* sp = reinterpret_cast<char*>(smem4);
+  float* Gs = reinterpret_cast<float*>(sp);
+  bf16* Qs = reinterpret_cast<bf16*>(sp + Cfg::g_bytes);
+  bf16* Ks = Qs + L * Cfg::LDB;
+  bf16* Vs = Ks + L * Cfg::LDB;
+  bf16* KE = Vs + L * Cfg::LDB;
+  float* bs = reinterpret_cast<float*>(KE + L * Cfg::LDB);
+  float* Ak = Gs;  // after intra_products' barrier
+  bf16* Ts = Qs;   // after the barrier that follows A_kk
+
+  const int b = blockIdx.x;
+  if (b >= base[n_seqs]) return;  // the grid is an upper bound on the chunk count
+  const int s = seq_of_chunk(base, n_seqs, b);
+  const KdaSeq sq = seqs[s];
+  const int t0 = (b - base[s]) * L, Lc = min(L, sq.n - t0);
+  const int h = blockIdx.y, C = H * kD, tid = threadIdx.x;
+  const size_t row0 = static_cast<size_t>(sq.offset + t0), hcol = static_cast<size_t>(h) * kD;
+
+  intra_stage<L>(q, k, v, g, beta, row0, Lc, C, H, h, Gs, Qs, Ks, Vs, bs);
+  __syncthreads();
+  for (int d = tid; d < kD; d += Cfg::NT) {  // cumulative log decay (padded rows add 0)
+    float run = 0.f;
+    for (int i = 0; i < L; ++i) {
+      run += Gs[i * Cfg::LDG + d];
+      Gs[i * Cfg::LDG + d] = run;
+    }
+  }
+  __syncthreads();
+
+  // Elementwise operands: Q exp(G), exp(G_last - G) k (to the workspace), exp(G) k (shared), exp(G_last).
+  for (int e = tid; e < L * (kD / 2); e += Cfg::NT) {
+    const int i = e / (kD / 2), d = 2 * (e % (kD / 2));
+    const float2 G = *reinterpret_cast<const float2*>(Gs + i * Cfg::LDG + d);
+    const float2 Gl = *reinterpret_cast<const float2*>(Gs + (Lc - 1) * Cfg::LDG + d);
+    const float2 kv = unpack2(lds32(Ks + i * Cfg::LDB + d));
+    const float ex = __expf(G.x), ey = __expf(G.y);
+    sts32(KE + i * Cfg::LDB + d, pack2(kv.x * ex, kv.y * ey));
+    if (i < Lc) {
+      const float2 qv = unpack2(lds32(Qs + i * Cfg::LDB + d));
+      const size_t at = (row0 + i) * C + hcol + d;
+      *reinterpret_cast<uint32_t*>(ws.Q + at) = pack2(qv.x * ex, qv.y * ey);
+      *reinterpret_cast<uint32_t*>(ws.K + at) = pack2(kv.x * __expf(Gl.x - G.x), kv.y * __expf(Gl.y - G.y));
+    }
+  }
+  for (int d = tid; d < kD; d += Cfg::NT) ws.eL[(static_cast<size_t>(b) * H + h) * kD + d] = __expf(Gs[(Lc - 1) * Cfg::LDG + d]);
+
+  intra_products<L>(Gs, Qs, Ks, bs, Ak, ws.A, row0, Lc, H, h);
+  __syncthreads();  // Ak complete; Qs free for T
+  intra_inverse<L>(Ak, bs, Ts);
+  __syncthreads();
+  intra_apply_t<L>(Ts, KE, ws.W, row0, Lc, C, h);
+  intra_apply_t<L>(Ts, Vs, ws.U, row0, Lc, C, h);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State + output kernel: grid (n_seqs, H, kD / BV), 4 warps. Steps A/B: warp = (row tile rt of 16 chunk
+// rows, value half nh); step C: warp w = key rows [32w, 32w + 32), all BV columns.
+template <int L, int BV, int NBUF>
+struct StateTcCfg {
+  static constexpr int CHUNK = L, NT = 128, RT = L / 16, NSPLIT = 4 / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8, MT = 2;
+  static constexpr int LDB = kD + 8, LDA = L + 8, LDV = BV + 8;
+  static_assert(RT * NSPLIT == 4 && NTW >= 2 && NTW % 2 == 0, "warp mapping");
+  // one buffer of chunk operands: W, Q, Kd [L][LDB], A_qk [L][LDA], U [L][LDV] (bf16), exp(G_last) [kD] fp32
+  static constexpr size_t buf_bytes =
+      (3 * static_cast<size_t>(L) * LDB + static_cast<size_t>(L) * LDA + static_cast<size_t>(L) * LDV) * sizeof(bf16) +
+      kD * sizeof(float);
+  static constexpr size_t bytes =
+      NBUF * buf_bytes + (static_cast<size_t>(L) * LDV + static_cast<size_t>(kD) * LDV) * sizeof(bf16);
+};
+
+// Shared-memory views of one operand buffer.
+struct StateOps {
+  bf16 *W, *Q, *K, *A, *U;
+  float* eL;
+};
+
+// Lane roles in the state kernel: rows [16 rt, 16 rt + 16) and n-tiles [nt0, nt0 + NTW) in steps A / B, key
+// rows [mrow0, mrow0 + 32) in step C.
+struct StateLane {
+  int lane, gq, tq, rt, nt0, mrow0;
+};
+
+// Step A: W S and Q S (Q S into aq); V~ = U - W S to Vn as bf16.
+template <class Cfg>
+__device__ __forceinline__ void state_step_a(const StateOps& b, const bf16* Ss, bf16* Vn, const StateLane& ln,
+                                             float (&aq)[Cfg::NTW][4]) {
+  constexpr int LDB = Cfg::LDB, LDV = Cfg::LDV, NTW = Cfg::NTW;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, rt = ln.rt, nt0 = ln.nt0;
+  float aw[NTW][4];
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) aw[nt][m] = aq[nt][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t wa[4], qa[4];
+    ldsm_x4(wa, b.W + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+    ldsm_x4(qa, b.Q + (16 * rt + (lane & 15)) * LDB + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+    for (int p = 0; p < NTW / 2; ++p) {
+      uint32_t f[4];
+      ldsm_x4_t(f, Ss + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+      mma(aw[2 * p], wa, f[0], f[1]);
+      mma(aw[2 * p + 1], wa, f[2], f[3]);
+      mma(aq[2 * p], qa, f[0], f[1]);
+      mma(aq[2 * p + 1], qa, f[2], f[3]);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NTW; ++nt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * rt + gq + 8 * half, col = 8 * (nt0 + nt) + 2 * tq;
+      const float2 u = unpack2(lds32(b.U + row * LDV + col));
+      sts32(Vn + row * LDV + col, pack2(u.x - aw[nt][2 * half], u.y - aw[nt][2 * half + 1]));
+    }
+}
+
+// Step B: O = Q S + A_qk V~ (A_qk is zero above the diagonal: k-steps kk <= rt); rows < Lc to o_tile
+// (= o at the chunk's first row, the head's and the block's first value column).
+template <class Cfg>
+__device__ __forceinline__ void state_step_b(const StateOps& b, const bf16* Vn, const StateLane& ln, int Lc,
+                                             float* __restrict__ o_tile, int C, float (&aq)[Cfg::NTW][4]) {
+  constexpr int LDA = Cfg::LDA, LDV = Cfg::LDV, NTW = Cfg::NTW;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, rt = ln.rt, nt0 = ln.nt0;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::RT; ++kk) {
+    if (kk <= rt) {
+      uint32_t a[4];
+      ldsm_x4(a, b.A + (16 * rt + (lane & 15)) * LDA + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+      for (int p = 0; p < NTW / 2; ++p) {
+        uint32_t f[4];
+        ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 8 * (nt0 + 2 * p) + 8 * (lane >> 4));
+        mma(aq[2 * p], a, f[0], f[1]);
+        mma(aq[2 * p + 1], a, f[2], f[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * rt + gq + 8 * half;
+    if (row < Lc) {
+      float* orow = o_tile + static_cast<size_t>(row) * C + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < NTW; ++nt)
+        *reinterpret_cast<float2*>(orow + 8 * (nt0 + nt)) = make_float2(aq[nt][2 * half], aq[nt][2 * half + 1]);
+    }
+  }
+}
+
+// Step C: S = exp(G_last) S + Kd^T V~ on key rows [mrow0, mrow0 + 32); the bf16 copy to Ss and, if cs_tile
+// (the chunk's state at the block's first value column), the fp32 state.
+template <class Cfg>
+__device__ __forceinline__ void state_step_c(const StateOps& b, const bf16* Vn, bf16* Ss, const StateLane& ln,
+                                             float (&s)[Cfg::MT][Cfg::NTC][4], float* __restrict__ cs_tile) {
+  constexpr int L = Cfg::CHUNK, LDB = Cfg::LDB, LDV = Cfg::LDV, NTC = Cfg::NTC, MT = Cfg::MT;
+  const int lane = ln.lane, gq = ln.gq, tq = ln.tq, mrow0 = ln.mrow0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float e = b.eL[mrow0 + 16 * mt + gq + 8 * half];
+#pragma unroll
+      for (int nt = 0; nt < NTC; ++nt) {
+        s[mt][nt][2 * half] *= e;
+        s[mt][nt][2 * half + 1] *= e;
+      }
+    }
+#pragma unroll
+  for (int kk = 0; kk < L / 16; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      ldsm_x4_t(a[mt], b.K + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * LDB + mrow0 + 16 * mt + 8 * ((lane >> 3) & 1));
+#pragma unroll
+    for (int p = 0; p < NTC / 2; ++p) {
+      uint32_t f[4];
+      ldsm_x4_t(f, Vn + (16 * kk + (lane & 15)) * LDV + 16 * p + 8 * (lane >> 4));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma(s[mt][2 * p], a[mt], f[0], f[1]);
+        mma(s[mt][2 * p + 1], a[mt], f[2], f[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTC; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dk = mrow0 + 16 * mt + gq + 8 * half, col = 8 * nt + 2 * tq;
+        sts32(Ss + dk * LDV + col, pack2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
+        if (cs_tile)
+          *reinterpret_cast<float2*>(cs_tile + static_cast<size_t>(dk) * kD + col) =
+              make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+      }
+}
+
+// NBUF = 1: one operand buffer, refilled piecewise as soon as each piece is consumed (two commit groups per
+// chunk). NBUF = 2: two buffers, chunk c + 1's operands requested when chunk c starts (a whole chunk of time
+// to arrive, at the cost of shared memory / resident blocks).
+template <int L, int BV, int NBUF>
+__global__ void __launch_bounds__(128)
+    kda_tc_state_kernel(const KdaSeq* __restrict__ seqs, int H, const int* __restrict__ base, TcWs ws,
+                        float* __restrict__ o, float* __restrict__ chunk_states) {
+  using Cfg = StateTcCfg<L, BV, NBUF>;
+  constexpr int LDB = Cfg::LDB, LDA = Cfg::LDA, LDV = Cfg::LDV, NTW = Cfg::NTW, NTC = Cfg::NTC, MT = Cfg::MT;
+  extern __shared__ float4 smem4[];
+  char* sp = reinterpret_cast<char*>(smem4);
+  auto ops = [&](int c) {
+    char* b = sp + (NBUF == 2 ? (c & 1) : 0) * Cfg::buf_bytes;
+    StateOps r;
+    r.W = reinterpret_cast<bf16*>(b);
+    r.Q = r.W + L * LDB;
+    r.K = r.Q + L * LDB;
+    r.A = r.K + L * LDB;
+    r.U = r.A + L * LDA;
+    r.eL = reinterpret_cast<float*>(r.U + L * LDV);
+    return r;
+  };
+  bf16* Vn = reinterpret_cast<bf16*>(sp + NBUF * Cfg::buf_bytes);
+  bf16* Ss = Vn + L * LDV;
+
+  const KdaSeq sq = seqs[blockIdx.x];
+  if (sq.n <= 0) return;
+  const int h = blockIdx.y, v0 = blockIdx.z * BV, tid = threadIdx.x, C = H * kD, cb = base[blockIdx.x];
+  const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const StateLane ln{lane, gq, tq, warp % Cfg::RT, (warp / Cfg::RT) * NTW, 32 * warp};
+  const int mrow0 = ln.mrow0;
+  const size_t hcol = static_cast<size_t>(h) * kD;
+  const int nch = n_chunks(sq.n, L);
+
+  float* Sg = sq.S + hcol * kD;
+  float s[MT][NTC][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTC; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dk = mrow0 + 16 * mt + gq + 8 * half, col = 8 * nt + 2 * tq;
+        const float2 x = *reinterpret_cast<const float2*>(Sg + static_cast<size_t>(dk) * kD + v0 + col);
+        s[mt][nt][2 * half] = x.x;
+        s[mt][nt][2 * half + 1] = x.y;
+        sts32(Ss + dk * LDV + col, pack2(x.x, x.y));
+      }
+
+  auto rows = [&](int c, int& Lc) {
+    Lc = min(L, sq.n - c * L);
+    return static_cast<size_t>(sq.offset + c * L);
+  };
+  auto load_wqu = [&](int c) {
+    if (c < nch) {
+      const StateOps b = ops(c);
+      int Lc;
+      const size_t r0 = rows(c, Lc);
+      for (int e = tid; e < L * (kD / 8); e += Cfg::NT) {
+        const int i = e / (kD / 8), d = 8 * (e % (kD / 8));
+        const size_t at = (r0 + min(i, Lc - 1)) * C + hcol + d;
+        cp_async16(b.W + i * LDB + d, ws.W + at, i < Lc);
+        cp_async16(b.Q + i * LDB + d, ws.Q + at, i < Lc);
+      }
+      for (int e = tid; e < L * (BV / 8); e += Cfg::NT) {
+        const int i = e / (BV / 8), j = 8 * (e % (BV / 8));
+        cp_async16(b.U + i * LDV + j, ws.U + (r0 + min(i, Lc - 1)) * C + hcol + v0 + j, i < Lc);
+      }
+    }
+    cp_async_commit();
+  };
+  auto load_ak = [&](int c) {
+    if (c < nch) {
+      const StateOps b = ops(c);
+      int Lc;
+      const size_t r0 = rows(c, Lc);
+      for (int e = tid; e < L * (kD / 8); e += Cfg::NT) {
+        const int i = e / (kD / 8), d = 8 * (e % (kD / 8));
+        cp_async16(b.K + i * LDB + d, ws.K + (r0 + min(i, Lc - 1)) * C + hcol + d, i < Lc);
+      }
+      for (int e = tid; e < L * (L / 8); e += Cfg::NT) {
+        const int i = e / (L / 8), j = 8 * (e % (L / 8));
+        cp_async16(b.A + i * LDA + j, ws.A + ((r0 + min(i, Lc - 1)) * H + h) * L + j, i < Lc);
+      }
+      for (int e = tid; e < kD / 4; e += Cfg::NT)
+        cp_async16(b.eL + 4 * e, ws.eL + (static_cast<size_t>(cb + c) * H + h) * kD + 4 * e, true);
+    }
+    cp_async_commit();
+  };
+
+  load_wqu(0);
+  load_ak(0);
+  for (int c = 0; c < nch; ++c) {
+    int Lc;
+    const size_t r0 = rows(c, Lc);
+    const StateOps b = ops(c);
+    if constexpr (NBUF == 2) {  // the other buffer was last read in chunk c - 1, before its closing barrier
+      load_wqu(c + 1);
+      load_ak(c + 1);
+      cp_async_wait<2>();  // this chunk's two groups
+    } else {
+      cp_async_wait<1>();  // this chunk's W, Q, U
+    }
+    __syncthreads();  // ... every thread's copies, and Ss of the previous chunk
+
+    float aq[NTW][4];
+    state_step_a<Cfg>(b, Ss, Vn, ln, aq);
+    __syncthreads();  // Vn complete; W, Q, U and Ss consumed
+    if constexpr (NBUF == 1) {
+      load_wqu(c + 1);
+      cp_async_wait<1>();  // this chunk's exp(G_last - G) k, A_qk, exp(G_last)
+      __syncthreads();
+    }
+
+    state_step_b<Cfg>(b, Vn, ln, Lc, o + r0 * C + hcol + v0, C, aq);
+    float* cs = chunk_states ? chunk_states + (static_cast<size_t>(cb + c) * H + h) * kD * kD + v0 : nullptr;
+    state_step_c<Cfg>(b, Vn, Ss, ln, s, cs);
+    __syncthreads();  // Kd, A_qk, exp(G_last), Vn consumed; Ss complete
+    if constexpr (NBUF == 1) load_ak(c + 1);
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NTC; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int dk = mrow0 + 16 * mt + gq + 8 * half, col = 8 * nt + 2 * tq;
+        *reinterpret_cast<float2*>(Sg + static_cast<size_t>(dk) * kD + v0 + col) =
+            make_float2(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]);
+      }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <int L, class T>
+cudaError_t launch_intra(const KdaSeq* seqs, int n_seqs, int N, int H, const T* q, const T* k, const T* v,
+                         const T* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
+  constexpr size_t smem = IntraCfg<L>::bytes;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kda_tc_intra_kernel<L, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(N / L + n_seqs), static_cast<unsigned>(H));
+  kda_tc_intra_kernel<L, T><<<grid, IntraCfg<L>::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
+  return cudaGetLastError();
+}
+
+template <int L, int BV, int NBUF>
+cudaError_t launch_state(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o, float* chunk_states,
+                         cudaStream_t stream) {
+  constexpr size_t smem = StateTcCfg<L, BV, NBUF>::bytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kda_tc_state_kernel<L, BV, NBUF>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), kD / BV);
+  kda_tc_state_kernel<L, BV, NBUF><<<grid, 128, smem, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
+  return cudaGetLastError();
+}
+
+template <int L>
+cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_type, const void* q, const void* k,
+                   const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
+                   int nbuf, const TcWs& ws, cudaStream_t stream) {
+  kda_tc_table_kernel<<<1, 32, 0, stream>>>(seqs, n_seqs, L, ws.base);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (in_type == KdaInType::BF16)
+    e = launch_intra<L, bf16>(seqs, n_seqs, N, H, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                              static_cast<const bf16*>(v), static_cast<const bf16*>(g), beta, ws, stream);
+  else
+    e = launch_intra<L, float>(seqs, n_seqs, N, H, static_cast<const float*>(q), static_cast<const float*>(k),
+                               static_cast<const float*>(v), static_cast<const float*>(g), beta, ws, stream);
+  if (e != cudaSuccess) return e;
+  if (nbuf == 2)
+    return bv == 64 ? launch_state<L, 64, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                    : launch_state<L, 32, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  return bv == 64 ? launch_state<L, 64, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                  : launch_state<L, 32, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+}
+
+}  // namespace
+
+size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk) {
+  if (n_total_tokens < 0 || n_seqs < 0 || H <= 0 || D <= 0 || chunk <= 0) return 0;
+  return tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, nullptr, nullptr);
+}
+
+cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
+                           KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
+                           const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream) {
+  if (D != kD || (chunk != 32 && chunk != 64) || H <= 0 || n_seqs < 0 || n_total_tokens < 0 ||
+      (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64) || tuning.buffers < 0 ||
+      tuning.buffers > 2)
+    return cudaErrorInvalidValue;
+  if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
+  if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
+    return cudaErrorInvalidValue;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(g) || !aligned16(o) || !aligned16(workspace) ||
+      !aligned16(chunk_states))
+    return cudaErrorInvalidValue;
+  // Value tile: 64 halves the re-reads of the chunk operands, 32 doubles the blocks; take 32 while 64
+  // would leave fewer than two blocks per multiprocessor (132 on an H200). This picked the faster tile at
+  // each of 1 x 8192 / 8 x 1024 tokens x 32 / 96 heads (docs/perf/cuda.md, run kda-tc-2). One operand buffer:
+  // two measured 1-10% slower everywhere (fewer resident blocks).
+  const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
+  const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
+  TcWs ws;
+  tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
+  return chunk == 64 ? run_tc<64>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream)
+                     : run_tc<32>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream);
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,51 @@
+// Chunked KDA prefill on tensor cores (sm_90 mma.sync m16n8k16, bf16 operands, fp32 accumulation and
+// state). Same recurrence, sequences, states and output as kda_chunked (kda_kernels.h), but the
+// activations are rounded to bf16 once (q, k, v as read, and the derived operands W, U, Q exp(G),
+// exp(G_last - G) k, A_qk, the inverse T, the state copy used in products, the corrected values V~),
+// so results match the fp32 path to bf16 accuracy (~1e-2 relative), not to fp32 rounding. The fp32
+// recurrent state itself is carried in registers across chunks and stored in fp32.
+//
+// Preconditions beyond kda_chunked's: D = 128; chunk 32 or 64; every per-token log decay g >= -5.5 (the
+// bounded gate with lower_bound >= -5.5): the intra-chunk products factor exp(G_i - G_j) per 16-token
+// sub-chunk around its first row, which needs exp(15 * 5.5) to stay in float range. Decays below that are
+// clamped (finite but wrong results), so callers with an unbounded gate take kda_chunked.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "k3/backend/cuda/kda_kernels.h"
+
+namespace k3::cuda {
+
+enum class KdaInType { F32, BF16 };  // element type of q, k, v, g (beta is always fp32)
+
+// Workspace for kda_chunked_tc (16-byte aligned): about (4 C + H chunk) bf16 per row plus D floats per
+// (chunk, head).
+size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk);
+
+// Number of chunks of a call (sum over sequences of ceil(n / chunk)): the row count of chunk_states.
+// Host-side helper for callers that know the lengths.
+inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
+  int total = 0;
+  for (int i = 0; i < n_seqs; ++i) total += lens[i] > 0 ? (lens[i] + chunk - 1) / chunk : 0;
+  return total;
+}
+
+// Launch shape of the state kernel (0 = chosen from the shape): value columns per block (32 or 64) and
+// operand buffers (1: refilled piecewise; 2: the next chunk prefetched while this one runs).
+struct KdaTcTuning {
+  int value_tile = 0;
+  int buffers = 0;
+};
+
+// q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving
+// each sequence's state after each of its chunks, chunks numbered in sequence order (sequence s's chunk c
+// is row sum_{s' < s} ceil(n_s' / chunk) + c); the last chunk's entry equals the final state.
+// Pointers 16-byte aligned. Asynchronous; graph-capturable.
+cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
+                           KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
+                           const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace k3::cuda

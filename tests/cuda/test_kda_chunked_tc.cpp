@@ -1,0 +1,303 @@
+// kda_chunked_tc (tensor-core chunked KDA prefill, backend/cuda/kda_chunked_tc.h) against the CPU fp32
+// recurrence (cpu::kda_recurrent): random inputs shaped as the model makes them (q, k L2-normalised, q times
+// 1/sqrt(D); log decays in [-5, 0) including the bound -5; beta in (0.05, 0.95); non-zero initial states),
+// lengths that are not multiples of the chunk, several sequences per call, fp32 and bf16 inputs, both value
+// tiles. Error = max|gpu - ref| / max|ref|; the bound 2e-2 is bf16 rounding of the operands (2^-9 each,
+// accumulated over a 1000-token recurrence), about 10x what is seen, and 100x what an indexing bug gives.
+// Outputs and workspaces are NaN-poisoned so unwritten rows fail.
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "k3/backend/cpu/kda.h"
+#include "k3/backend/cuda/kda_chunked_tc.h"
+#include "k3/backend/cuda/kda_kernels.h"
+
+namespace {
+
+using k3::cuda::KdaInType;
+using k3::cuda::KdaSeq;
+using Vec = std::vector<float>;
+constexpr int kD = 128;
+constexpr double kTol = 2e-2;
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t n_) : n(n_) { ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)), "malloc"); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    ck(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return h;
+  }
+  void poison() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
+};
+
+double rel_err(const Vec& got, const Vec& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double maxref = 0, maxdiff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  }
+  return maxdiff / std::max(maxref, 1e-30);
+}
+
+std::string lens_str(const std::vector<int>& lens) {
+  std::string s = "{";
+  for (size_t i = 0; i < lens.size(); ++i) s += (i ? "," : "") + std::to_string(lens[i]);
+  return s + "}";
+}
+
+struct Problem {
+  int H = 2, N = 0;
+  std::vector<int> lens, offs;
+  Vec q, k, v, g, beta, S0;
+  size_t C() const { return static_cast<size_t>(H) * kD; }
+  size_t SS() const { return static_cast<size_t>(H) * kD * kD; }
+};
+
+void l2norm_rows(Vec& x, size_t rows, float scale) {
+  for (size_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int d = 0; d < kD; ++d) ss += static_cast<double>(x[r * kD + d]) * x[r * kD + d];
+    const float inv = scale / std::sqrt(static_cast<float>(ss) + 1e-6f);
+    for (int d = 0; d < kD; ++d) x[r * kD + d] *= inv;
+  }
+}
+
+Problem make_problem(int H, const std::vector<int>& lens, uint32_t seed) {
+  Problem p;
+  p.H = H;
+  p.lens = lens;
+  for (int n : lens) {
+    p.offs.push_back(p.N);
+    p.N += n;
+  }
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.f, 1.f);
+  const size_t NC = static_cast<size_t>(p.N) * p.C();
+  auto normals = [&](size_t n, float sd) {
+    Vec x(n);
+    for (auto& e : x) e = sd * nd(rng);
+    return x;
+  };
+  p.q = normals(NC, 1.f);
+  p.k = normals(NC, 1.f);
+  l2norm_rows(p.q, static_cast<size_t>(p.N) * H, 1.0f / std::sqrt(static_cast<float>(kD)));
+  l2norm_rows(p.k, static_cast<size_t>(p.N) * H, 1.0f);
+  p.v = normals(NC, 1.f);
+  p.g.resize(NC);
+  for (auto& x : p.g) {  // the bounded gate's range (-5, 0): slow, medium, strong decays and the bound itself
+    const float r = ud(rng);
+    x = r < 0.2f ? -1e-3f * ud(rng) : r < 0.3f ? -5.0f : r < 0.45f ? -3.f - 2.f * ud(rng) : -2.f * ud(rng);
+  }
+  p.beta.resize(static_cast<size_t>(p.N) * H);
+  for (auto& x : p.beta) x = 0.05f + 0.9f * ud(rng);
+  p.S0 = normals(lens.size() * p.SS(), 0.3f);
+  return p;
+}
+
+// CPU fp32 recurrence, each sequence on its own state; also the state after every `chunk` tokens
+// (chunk > 0), in kda_chunked_tc's chunk_states order.
+void cpu_ref(const Problem& p, Vec& out, Vec& S, int chunk, Vec* chunk_states) {
+  const size_t C = p.C();
+  out.assign(static_cast<size_t>(p.N) * C, 0.f);
+  S = p.S0;
+  if (chunk_states) chunk_states->clear();
+  for (size_t i = 0; i < p.lens.size(); ++i) {
+    float* s = S.data() + i * p.SS();
+    for (int t0 = 0; t0 < p.lens[i]; t0 += chunk > 0 ? chunk : p.lens[i]) {
+      const int n = chunk > 0 ? std::min(chunk, p.lens[i] - t0) : p.lens[i];
+      const size_t off = static_cast<size_t>(p.offs[i] + t0);
+      k3::cpu::kda_recurrent(n, p.H, kD, p.q.data() + off * C, p.k.data() + off * C, p.v.data() + off * C,
+                             p.g.data() + off * C, p.beta.data() + off * p.H, s, out.data() + off * C);
+      if (chunk_states) chunk_states->insert(chunk_states->end(), s, s + p.SS());
+    }
+  }
+}
+
+std::vector<uint16_t> to_bf16(const Vec& x) {
+  std::vector<uint16_t> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+    r[i] = *reinterpret_cast<const uint16_t*>(&b);
+  }
+  return r;
+}
+
+struct TcRun {
+  int chunk = 64, value_tile = 0, buffers = 0;
+  KdaInType in = KdaInType::F32;
+  bool want_chunk_states = false;
+};
+
+// One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
+void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_states) {
+  Dev<float> beta(p.beta), dS(p.S0), o(static_cast<size_t>(p.N) * p.C());
+  o.poison();
+  std::vector<KdaSeq> seqs;
+  for (size_t i = 0; i < p.lens.size(); ++i)
+    seqs.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i], p.lens[i]});
+  Dev<KdaSeq> ds(seqs);
+  const int ns = static_cast<int>(seqs.size());
+  const int n_chunks = k3::cuda::kda_chunk_count(p.lens.data(), ns, r.chunk);
+  Dev<float> cs(r.want_chunk_states ? static_cast<size_t>(n_chunks) * p.SS() : 0);
+  cs.poison();
+  const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(p.N, ns, p.H, kD, r.chunk);
+  Dev<char> ws(wsb);
+  ws.poison();
+  float* csp = r.want_chunk_states ? cs.p : nullptr;
+  if (r.in == KdaInType::BF16) {
+    Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
+    ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
+       "launch");
+    ck(cudaDeviceSynchronize(), "sync");
+  } else {
+    Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
+    ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
+       "launch");
+    ck(cudaDeviceSynchronize(), "sync");
+  }
+  out = o.get();
+  S = dS.get();
+  if (chunk_states) *chunk_states = cs.get();
+}
+
+TEST(CudaKdaTc, MatchesCpuRecurrence) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int>> batches = {{1}, {17}, {64, 1, 100}, {1000}, {257, 0, 64, 65, 1, 129, 511}};
+  uint32_t seed = 700;
+  for (const auto& lens : batches) {
+    const Problem p = make_problem(lens.size() > 3 ? 2 : 3, lens, ++seed);
+    Vec ro, rS;
+    cpu_ref(p, ro, rS, 0, nullptr);
+    for (int chunk : {32, 64})
+      for (int bv : {32, 64})
+        for (int nb : {1, 2})
+          for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+            Vec go, gS;
+            gpu_tc(p, TcRun{chunk, bv, nb, in, false}, go, gS, nullptr);
+            const double eo = rel_err(go, ro), es = rel_err(gS, rS);
+            std::printf("[ kda-tc ] chunk%d bv%d buf%d %s-in H=%d lens=%-26s out %.2e  state %.2e\n", chunk, bv, nb,
+                        in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), eo, es);
+            EXPECT_LT(eo, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
+            EXPECT_LT(es, kTol) << "chunk " << chunk << " bv " << bv << " lens " << lens_str(lens);
+          }
+  }
+}
+
+// The per-chunk states (prefix caching, speculative decoding) equal the recurrence's state after each chunk.
+TEST(CudaKdaTc, ChunkStatesMatchRecurrenceAtChunkEnds) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> lens = {130, 3, 0, 64, 70};
+  const Problem p = make_problem(2, lens, 811);
+  for (int chunk : {32, 64}) {
+    Vec ro, rS, rC, go, gS, gC;
+    cpu_ref(p, ro, rS, chunk, &rC);
+    gpu_tc(p, TcRun{chunk, 0, 0, KdaInType::F32, true}, go, gS, &gC);
+    const double ec = rel_err(gC, rC), es = rel_err(gS, rS);
+    std::printf("[ kda-tc ] chunk states chunk%d lens=%s: %zu states, err %.2e  final %.2e\n", chunk,
+                lens_str(lens).c_str(), rC.size() / p.SS(), ec, es);
+    EXPECT_EQ(gC.size(), rC.size());
+    EXPECT_LT(ec, kTol);
+    EXPECT_LT(es, kTol);
+  }
+}
+
+// Prefill with the tensor-core kernel, then decode the rest token by token with kda_recurrent: equals the
+// recurrence over the whole sequence (the state handed from prefill to decode is the fp32 state).
+TEST(CudaKdaTc, PrefillThenDecodeMatchesRecurrence) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int> full = {300, 77};
+  const int n_decode = 5;
+  const Problem p = make_problem(2, full, 901);
+  Vec ro, rS;
+  cpu_ref(p, ro, rS, 0, nullptr);
+  Dev<float> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), dS(p.S0), o(static_cast<size_t>(p.N) * p.C());
+  o.poison();
+  std::vector<KdaSeq> pre;
+  for (size_t i = 0; i < full.size(); ++i)
+    pre.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i], full[i] - n_decode});
+  Dev<KdaSeq> dpre(pre);
+  const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(p.N, 2, p.H, kD, 64);
+  Dev<char> ws(wsb);
+  ck(k3::cuda::kda_chunked_tc(dpre.p, 2, p.N, p.H, kD, 64, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr,
+                              k3::cuda::KdaTcTuning{}, ws.p, wsb, nullptr),
+     "prefill");
+  for (int t = 0; t < n_decode; ++t) {
+    std::vector<KdaSeq> dec;
+    for (size_t i = 0; i < full.size(); ++i)
+      dec.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i] + full[i] - n_decode + t, 1});
+    Dev<KdaSeq> ddec(dec);
+    ck(k3::cuda::kda_recurrent(ddec.p, 2, p.H, kD, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr), "decode");
+    ck(cudaDeviceSynchronize(), "sync");
+  }
+  const Vec go = o.get(), gS = dS.get();
+  // the decoded tokens' outputs alone, and everything
+  Vec go_dec, ro_dec;
+  for (size_t i = 0; i < full.size(); ++i)
+    for (int t = full[i] - n_decode; t < full[i]; ++t)
+      for (size_t c = 0; c < p.C(); ++c) {
+        go_dec.push_back(go[(p.offs[i] + t) * p.C() + c]);
+        ro_dec.push_back(ro[(p.offs[i] + t) * p.C() + c]);
+      }
+  const double ed = rel_err(go_dec, ro_dec), eo = rel_err(go, ro), es = rel_err(gS, rS);
+  std::printf("[ kda-tc ] prefill then %d decode steps: decoded out %.2e  all out %.2e  state %.2e\n", n_decode, ed,
+              eo, es);
+  EXPECT_LT(ed, kTol);
+  EXPECT_LT(eo, kTol);
+  EXPECT_LT(es, kTol);
+}
+
+TEST(CudaKdaTc, RejectsBadShapes) {
+  SKIP_WITHOUT_GPU();
+  using k3::cuda::kda_chunked_tc;
+  const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(64, 1, 1, kD, 64);
+  Dev<float> buf(64 * kD * 4), beta(64);
+  Dev<char> ws(wsb);
+  KdaSeq s{nullptr, nullptr, nullptr, nullptr, 0, 64};
+  Dev<KdaSeq> ds(std::vector<KdaSeq>{s});
+  float* x = buf.p;
+  auto call = [&](int D, int chunk, int bv, float* q, size_t bytes) {
+    return kda_chunked_tc(ds.p, 1, 64, 1, D, chunk, KdaInType::F32, q, x, x, x, beta.p, x, nullptr,
+                          k3::cuda::KdaTcTuning{bv, 0}, ws.p, bytes, nullptr);
+  };
+  EXPECT_EQ(call(64, 64, 0, x, wsb), cudaErrorInvalidValue);          // D 64
+  EXPECT_EQ(call(kD, 16, 0, x, wsb), cudaErrorInvalidValue);          // chunk 16
+  EXPECT_EQ(call(kD, 64, 48, x, wsb), cudaErrorInvalidValue);         // value tile 48
+  EXPECT_EQ(call(kD, 64, 0, x, wsb - 16), cudaErrorInvalidValue);     // workspace too small
+  EXPECT_EQ(call(kD, 64, 0, x + 1, wsb), cudaErrorInvalidValue);      // misaligned q
+}
+
+}  // namespace
