@@ -1,6 +1,7 @@
 #!/bin/bash
 # k3 vs the llama.cpp peer on the same weights (CPU, 2 threads), alternating, with uptime before each run.
-# usage: peer-bench.sh MODEL_DIR GGUF [ROUNDS=2]   (env: K3=k3 binary, LLAMA_BIN=peer bin dir, BATCHED=0 to skip b=8)
+# usage (from the repo root): scripts/peer/peer-bench.sh MODEL_DIR GGUF [ROUNDS=2]
+#   env: K3=k3 binary (build/release/k3), LLAMA_BIN=peer bin dir (/work/llama-native/bin), BATCHED=0 skips b=8
 # Prints every run's rows and a summary: best (max) of the rounds per engine and the ratios k3/llama.
 set -u
 DIR=$1; GGUF=$2; ROUNDS=${3:-2}
@@ -11,12 +12,12 @@ T=2
 tmp=$(mktemp -d); trap 'rm -rf $tmp' EXIT
 for r in $(seq 1 $ROUNDS); do
   echo "== round $r k3   $(uptime)"
-  $K3 bench offline -m "$DIR" -p 512 -n 128 -b 1 -r 3 -t $T 2>/dev/null | grep '^| [^m-]' | tee -a $tmp/k3
+  $K3 bench offline -m "$DIR" -p 512 -n 128 -b 1 -r 3 -t $T 2>/dev/null | grep -E '^\| [^|]+ \| (pp|tg)[0-9]+ \|' | tee -a $tmp/k3
   echo "== round $r llama $(uptime)"
   $LB/llama-bench -m "$GGUF" -p 512 -n 128 -t $T -r 3 -o md 2>/dev/null | grep -E 'pp512|tg128' | tee -a $tmp/ll
   if [ "$BATCHED" = 1 ]; then
     echo "== round $r k3 b=8   $(uptime)"
-    $K3 bench offline -m "$DIR" -p 128 -n 128 -b 8 -r 1 -t $T 2>/dev/null | grep '^| [^m-]' | tee -a $tmp/k3b
+    $K3 bench offline -m "$DIR" -p 128 -n 128 -b 8 -r 1 -t $T 2>/dev/null | grep -E '^\| [^|]+ \| (pp|tg)[0-9]+ \|' | tee -a $tmp/k3b
     echo "== round $r llama-batched-bench npl=8   $(uptime)"
     $LB/llama-batched-bench -m "$GGUF" -c 2304 -b 1024 -ub 512 -npp 128 -ntg 128 -npl 8 -t $T -tb $T 2>/dev/null \
       | grep -E '^\|\s+128' | tee -a $tmp/llb
