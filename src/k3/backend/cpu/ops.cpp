@@ -36,6 +36,14 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
 }
 
 void matmul_batch(std::span<const MatmulJob> jobs) {
+  // A tier that converts the activations once per call (RowKernels::matmul: avx512bf16's bf16 pairs and
+  // int8 quads) must not be driven row by row below, which would convert them again for every row (a third
+  // of decode time): one matmul per job, each threaded inside, same bits per token.
+  if (std::any_of(jobs.begin(), jobs.end(), [](const MatmulJob& j) { return row_kernels(j.W->format).matmul != nullptr; })) {
+    for (const MatmulJob& j : jobs)
+      if (j.n > 0) matmul(*j.W, j.x, j.n, j.y);
+    return;
+  }
   struct Block {
     const MatmulJob* job;
     int64_t r0, r1;
