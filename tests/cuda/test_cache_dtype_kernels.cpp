@@ -6,6 +6,8 @@
 // Run: k3_cuda_tests --gtest_filter='CudaCacheDType*'
 #include <gtest/gtest.h>
 
+#include "cuda_test_util.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,33 +30,9 @@ namespace {
 using k3::CacheDType;
 using Vec = std::vector<float>;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t n_) : n(n_) { ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    ck(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return h;
-  }
-};
+using k3cudatest::ck;
+using k3cudatest::Dev;
+using k3cudatest::have_gpu;
 
 constexpr int kKr = 512, kDr = 64, kDc = kKr + kDr;
 

@@ -7,6 +7,8 @@
 // Outputs and workspaces are NaN-poisoned so unwritten rows fail.
 #include <gtest/gtest.h>
 
+#include "cuda_test_util.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -30,34 +32,9 @@ using Vec = std::vector<float>;
 constexpr int kD = 128;
 constexpr double kTol = 2e-2;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t n_) : n(n_) { ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)), "malloc"); }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    ck(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return h;
-  }
-  void poison() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
-};
+using k3cudatest::ck;
+using k3cudatest::Dev;
+using k3cudatest::have_gpu;
 
 double rel_err(const Vec& got, const Vec& ref) {
   if (got.size() != ref.size()) return INFINITY;

@@ -5,6 +5,8 @@
 // forgets to write fails the comparison. The last test only prints timings.
 #include <gtest/gtest.h>
 
+#include "cuda_test_util.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -25,39 +27,9 @@ namespace {
 using k3::cuda::KdaSeq;
 using Vec = std::vector<float>;
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t n_) : n(n_) {
-    ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { put(h); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void put(const std::vector<T>& h) {
-    ck(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  }
-  std::vector<T> get() const {
-    std::vector<T> h(n);
-    ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return h;
-  }
-  void fill_nan() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
-};
+using k3cudatest::ck;
+using k3cudatest::Dev;
+using k3cudatest::have_gpu;
 
 double rel_err(const Vec& got, const Vec& ref) {
   if (got.size() != ref.size()) return INFINITY;
@@ -201,7 +173,7 @@ enum class Core { Recurrent, Chunked };
 void gpu_core(const Batch& b, const CoreIn& in, Core kind, int chunk, double split_frac, Vec& out, Vec& S) {
   Dev<float> q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta), dS(in.S0);
   Dev<float> o(static_cast<size_t>(b.N) * b.C());
-  o.fill_nan();
+  o.poison();
   std::vector<KdaSeq> first, second;
   for (size_t i = 0; i < b.lens.size(); ++i) {
     KdaSeq s{};
@@ -220,7 +192,7 @@ void gpu_core(const Batch& b, const CoreIn& in, Core kind, int chunk, double spl
     if (kind == Core::Chunked) {
       const size_t wsb = k3::cuda::kda_chunked_workspace_bytes(b.N, ns, b.H, b.D, chunk);
       Dev<char> ws(wsb);
-      ws.fill_nan();  // anything the kernels read without writing first shows up as NaN
+      ws.poison();  // anything the kernels read without writing first shows up as NaN
       ck(k3::cuda::kda_chunked(ds.p, ns, b.N, b.H, b.D, chunk, q.p, k.p, v.p, g.p, beta.p, o.p, ws.p, wsb, nullptr),
          "launch");
       ck(cudaDeviceSynchronize(), "sync");
@@ -360,9 +332,9 @@ TEST(CudaKda, ConvL2NormMatchesCpu) {
           // GPU
           Dev<float> dx0(x[0]), dx1(x[1]), dx2(x[2]), dw0(w[0]), dw1(w[1]), dw2(w[2]);
           Dev<float> ds0(st[0]), ds1(st[1]), ds2(st[2]), dq(NC), dk(NC), dv(NC);
-          dq.fill_nan();
-          dk.fill_nan();
-          dv.fill_nan();
+          dq.poison();
+          dk.poison();
+          dv.poison();
           std::vector<KdaSeq> seqs(ns);
           for (size_t i = 0; i < ns; ++i) {
             seqs[i].S = nullptr;
@@ -476,13 +448,13 @@ TEST(CudaKda, FusedDecodeEqualsUnfusedChain) {
             Dev<float> dx0(x[0]), dx1(x[1]), dx2(x[2]), dgr(graw), dbr(braw), dgate(gate);
             // fused
             Dev<float> fo(NC);
-            fo.fill_nan();
+            fo.poison();
             ck(k3::cuda::kda_decode_fused(fseqs.p, B, H, D, W, dx0.p, dx1.p, dx2.p, dw0.p, dw1.p, dw2.p, dgr.p, ddt.p,
                                           dA.p, bounded, -5.f, dbr.p, dgate.p, dnw.p, eps, fo.p, nullptr),
                "fused");
             // unfused
             Dev<float> q(NC), k(NC), v(NC), g(graw), beta(braw), uo(NC);
-            uo.fill_nan();
+            uo.poison();
             ck(k3::cuda::kda_conv_l2norm(useqs.p, B, N, H, D, W, dx0.p, dx1.p, dx2.p, dw0.p, dw1.p, dw2.p, q.p, k.p,
                                          v.p, nullptr),
                "conv");

@@ -1,0 +1,44 @@
+// Small helpers the CUDA kernel tests share: error check, GPU presence, a typed device buffer.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace k3cudatest {
+
+inline void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+inline bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// n elements of T in device memory (at least one allocated), freed on destruction.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t n_) : n(n_) { ck(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { put(h); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void put(const std::vector<T>& h) { ck(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D"); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return h;
+  }
+  // All bytes 0xff: NaN for floats, so an output a kernel forgot to write shows.
+  void poison() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
+};
+
+}  // namespace k3cudatest
+
+#define SKIP_WITHOUT_GPU() \
+  if (!k3cudatest::have_gpu()) GTEST_SKIP() << "no CUDA device"
