@@ -36,13 +36,16 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
 }
 
 void matmul_batch(std::span<const MatmulJob> jobs) {
-  // A tier that converts the activations once per call (RowKernels::matmul: avx512bf16's bf16 pairs and
-  // int8 quads) must not be driven row by row below, which would convert them again for every row (a third
-  // of decode time): one matmul per job, each threaded inside, same bits per token.
-  if (std::any_of(jobs.begin(), jobs.end(), [](const MatmulJob& j) { return row_kernels(j.W->format).matmul != nullptr; })) {
-    for (const MatmulJob& j : jobs)
-      if (j.n > 0) matmul(*j.W, j.x, j.n, j.y);
-    return;
+  // A tier that converts the activations once per call (RowKernels::prepare / rows: avx512bf16's bf16
+  // pairs and int8 quads) gets each job's tokens converted once here, and its blocks run on them; driven
+  // through dot / gemm it would convert them again for every row (a third of its decode time).
+  std::vector<std::vector<uint8_t>> acts(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const MatmulJob& j = jobs[i];
+    const RowKernels& k = row_kernels(j.W->format);
+    if (!k.prepare || j.n <= 0) continue;
+    acts[i].resize(static_cast<size_t>(k.act_bytes(j.W->cols, j.n)));
+    k.prepare(j.x, j.n, j.W->cols, acts[i].data());
   }
   struct Block {
     const MatmulJob* job;
@@ -66,7 +69,10 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
       const Block& bl = blocks[static_cast<size_t>(b)];
       const MatmulJob& j = *bl.job;
       const RowKernels& k = row_kernels(j.W->format);
-      if (j.n == 1)
+      const std::vector<uint8_t>& act = acts[static_cast<size_t>(bl.job - jobs.data())];
+      if (!act.empty())
+        k.rows(*j.W, bl.r0, bl.r1, act.data(), j.n, j.y + bl.r0, j.W->rows);
+      else if (j.n == 1)
         for (int64_t r = bl.r0; r < bl.r1; ++r) j.y[r] = k.dot(*j.W, r, j.x);
       else
         k.gemm(*j.W, bl.r0, bl.r1, j.x, j.n, j.y);

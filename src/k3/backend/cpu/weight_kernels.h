@@ -29,6 +29,12 @@ struct RowKernels {
   // for a tier that converts the activations once per call (avx512bf16: bf16 pairs, int8 blocks) instead
   // of once per row. Same contract: a token's outputs have the bits of dot(W, r, x_t).
   void (*matmul)(const WeightMatrix& W, const float* x, int64_t n, float* y);
+  // Optional, with matmul: its two halves, for callers that run many matmuls in one fork-join
+  // (ops.cpp matmul_batch): the bytes n converted tokens take, the conversion, and rows [r0, r1) over
+  // converted tokens (y[t * ldy + r - r0]). prepare + rows give matmul's bits.
+  int64_t (*act_bytes)(int64_t cols, int64_t n) = nullptr;
+  void (*prepare)(const float* x, int64_t n, int64_t cols, uint8_t* out) = nullptr;
+  void (*rows)(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) = nullptr;
 };
 
 enum class CpuIsa;

@@ -362,8 +362,11 @@ void path_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
 }
 
 template <class Path>
+int64_t path_act_bytes(int64_t cols, int64_t n) { return n * Path::stride_bytes(cols); }
+
+template <class Path>
 constexpr RowKernels path_kernels(const RowKernels& avx512) {
-  return {path_dot<Path>, avx512.dequant, path_gemm<Path>, path_matmul<Path>};
+  return {path_dot<Path>, avx512.dequant, path_gemm<Path>, path_matmul<Path>, path_act_bytes<Path>, Path::prepare, Path::rows};
 }
 
 }  // namespace
