@@ -25,7 +25,9 @@ std::vector<HostSpec> parse_hosts(const std::string& text, const std::string& so
   std::vector<HostSpec> out;
   if (!j.is_object() || !j.contains("hosts")) return out;
   if (!j["hosts"].is_object()) throw Error(source + ": 'hosts' must be an object");
-  for (auto& [key, e] : j["hosts"].items()) {
+  for (auto& item : j["hosts"].items()) {  // not a structured binding: clang < 16 cannot capture one
+    const std::string& key = item.key();
+    const json& e = item.value();
     const std::string where = source + ": host '" + key + "'";
     if (!e.is_object()) throw Error(where + ": must be an object");
     auto num = [&](const char* f) {
