@@ -178,7 +178,14 @@ TEST_P(CudaModelE2E, CpuMoeStreamedMatchesAllCuda) {
   const Cmp c = compare(got, all_gpu, V), c1 = compare(one, one_ref, V);
   std::printf("[ e2e ] %-28s --cpu-moe streamed prefill vs all-cuda rel %.2e argmax %.4f (%.1f MB streamed); "
               "next token on the CPU rel %.2e\n", GetParam().c_str(), c.rel, c.argmax, streamed / 1e6, c1.rel);
-  EXPECT_GT(streamed, 0);
+  // Exactly one upload of every MoE layer's experts, as stored (MXFP4: 17 bytes per 32 weights; BF16: 2 per
+  // weight): a layer streamed twice, or not at all, shows here.
+  const k3::ModelConfig& cfg = cpu_->config();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+  const double bytes_per_weight = cfg.expert_quant_format ? 17.0 / 32 : 2.0;
+  EXPECT_DOUBLE_EQ(streamed, static_cast<double>(moe_layers * cfg.num_experts) * 3.0 *
+                                 static_cast<double>(cfg.moe_intermediate_size * cfg.expert_in_dim()) * bytes_per_weight);
   EXPECT_TRUE(c.finite && c1.finite);
   EXPECT_LT(c.rel, 1e-5);  // same kernels, same weights: only the stack's address differs
   EXPECT_LT(c1.rel, 1e-3);

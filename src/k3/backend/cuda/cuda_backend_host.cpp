@@ -74,8 +74,8 @@ void CudaBackend::host_moe_finish() {
 
 void CudaBackend::moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
                                     Tensor out) {
-  if (!w.stacked.empty() || !overlap_host_moe_ || stream_host_experts(w, x, idx, wts, p, out))
-    return moe_experts(w, x, idx, wts, p, out);
+  if (!w.stacked.empty() || !overlap_host_moe_) return moe_experts(w, x, idx, wts, p, out);
+  if (stream_host_experts(w, x, idx, wts, p, out)) return;  // computed on the GPU: nothing to wait for
   host_moe_start(w, x, idx, wts, p, out);
 }
 
