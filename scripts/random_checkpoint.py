@@ -5,7 +5,7 @@
 #                                                          # their std, MXFP4 blocks random, scales constant
 #   scripts/random_checkpoint.py write OUT.json DST_DIR       # the checkpoint (1.5 GB k3-1b: ~20 s here)
 # Values are random but well-scaled (no NaN/inf): routing is near-uniform, text is gibberish; speeds are real.
-import base64, json, os, shutil, struct, sys
+import base64, json, os, struct, sys
 import numpy as np
 
 def header(path):

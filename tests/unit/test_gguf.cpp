@@ -166,6 +166,12 @@ TEST(Gguf, MalformedFieldsAreNamedErrors) {
   w.put<uint32_t>(0x46554747u).put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1);
   w.str("k").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(1ull << 60);
   expect_error(w.b, "past the end");
+  // A file that holds that many u8s, but more array elements than the reader keeps as JSON values.
+  Writer big;
+  big.put<uint32_t>(0x46554747u).put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(1);
+  big.str("k").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>((1ull << 24) + 1);
+  big.b.resize(big.b.size() + (1u << 24) + 1, 1);
+  expect_error(big.b, "array elements");
   Writer v;
   v.put<uint32_t>(0x46554747u).put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(2);
   v.str("k").put<uint32_t>(7).put<uint8_t>(0).str("k").put<uint32_t>(7).put<uint8_t>(1);

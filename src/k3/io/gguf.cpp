@@ -16,6 +16,9 @@ constexpr uint64_t kMaxTensors = 1u << 20;
 constexpr uint64_t kMaxKeys = 1u << 16;
 constexpr uint64_t kMaxStringBytes = 1u << 26;
 constexpr int kMaxArrayDepth = 2;
+// Array elements over the whole file: each becomes a JSON value (~16+ bytes for a 1-byte u8), so a
+// 64 MB array of u8 would cost ~1 GB; real files hold < 1 M (K3's vocabulary, merges and token types).
+constexpr uint64_t kMaxArrayElements = 1u << 24;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
 
 enum ValueType : uint32_t {
@@ -50,12 +53,19 @@ class Reader {
   }
   [[noreturn]] void fail(const std::string& why) const { throw Error(source_ + ": not a valid GGUF file: " + why); }
   uint64_t pos() const { return pos_; }
+  // Counts array elements against kMaxArrayElements.
+  void take_elements(uint64_t n, const std::string& key) {
+    if (n > kMaxArrayElements - elements_)
+      fail("key '" + key + "': more than " + std::to_string(kMaxArrayElements) + " array elements in the file");
+    elements_ += n;
+  }
   uint64_t size() const { return b_.size(); }
 
  private:
   std::span<const uint8_t> b_;
   const std::string& source_;
   uint64_t pos_ = 0;
+  uint64_t elements_ = 0;
 };
 
 uint64_t scalar_bytes(uint32_t t) {
@@ -96,6 +106,7 @@ nlohmann::json read_value(Reader& r, uint32_t type, int depth, const std::string
       const uint64_t min_each = et == kString ? 8 : et == kArray ? 12 : scalar_bytes(et);
       if (min_each == 0) r.fail("key '" + key + "': unknown array element type " + std::to_string(et));
       if (n > (r.size() - r.pos()) / min_each) r.fail("key '" + key + "': array of " + std::to_string(n) + " elements past the end of the file");
+      r.take_elements(n, key);
       nlohmann::json a = nlohmann::json::array();
       for (uint64_t i = 0; i < n; ++i) a.push_back(read_value(r, et, depth + 1, key));
       return a;
