@@ -140,27 +140,27 @@ void add_plan(CLI::App& app, Registry& reg) {
       ->capture_default_str();
   cmd->add_option("--mamba-ssm-cache-dtype,--state-dtype", o->state_dtype, "KDA state dtype: float32, bfloat16")
       ->capture_default_str();
-  cmd->add_option("--price-per-gpu-hour", o->price, "USD per device-hour (default: the hardware table's illustrative rate)")
+  cmd->add_option("--price-per-gpu-hour", o->price, "USD per device-hour (default: the hardware table's illustrative rate)")->check(finite_number())
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--measured", o->measured, "a `k3 bench` result JSON: its aggregate output tok/s sets the cost");
   auto* batch = cmd->add_option("--batch", o->batch, "concurrent sequences for the aggregate decode bound (default: the most that fit)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--mem-util", o->mem_util, "fraction of device memory the engine may use")->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--mem-util", o->mem_util, "fraction of device memory the engine may use")->check(finite_number())->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--chunk", o->chunk, "prefill chunk tokens (sizes the activation workspace)")->check(CLI::PositiveNumber);
-  cmd->add_option("--mem-gb", o->mem_gb, "override device memory, GB (e.g. for --gpu cpu)")->check(CLI::PositiveNumber);
-  cmd->add_option("--mem-bw", o->mem_bw, "override memory bandwidth, TB/s")->check(CLI::PositiveNumber);
-  cmd->add_option("--tflops", o->tflops, "override dense compute, TFLOP/s (used for all dtypes)")->check(CLI::PositiveNumber);
+  cmd->add_option("--mem-gb", o->mem_gb, "override device memory, GB (e.g. for --gpu cpu)")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--mem-bw", o->mem_bw, "override memory bandwidth, TB/s")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--tflops", o->tflops, "override dense compute, TFLOP/s (used for all dtypes)")->check(finite_number())->check(CLI::PositiveNumber);
   cmd->add_option("--hardware", o->hardware_file, "hardware table JSON instead of the built-in resources/hardware.json");
   cmd->add_flag("--json", o->json, "print JSON instead of the table");
   cmd->add_flag("--list", o->list, "list the known devices, hosts and presets");
   cmd->add_option("--host", o->host, "plan one GPU (--gpu, or none for CPU only) + this host's RAM + disk: epyc-9654-2s | xeon-8480-2s | ryzen-7950x (see --list)");
-  cmd->add_option("--ram-gb", o->ram_gb, "with --host: override installed RAM, GB")->check(CLI::PositiveNumber);
-  cmd->add_option("--ram-bw", o->ram_bw, "with --host: override DRAM read bandwidth, GB/s")->check(CLI::PositiveNumber);
-  cmd->add_option("--cpu-tflops", o->cpu_tflops, "with --host: override the CPU's matmul rate, TFLOP/s")->check(CLI::PositiveNumber);
-  cmd->add_option("--pcie-gb-s", o->pcie_gb_s, "with --host: override host-GPU PCIe bandwidth per direction, GB/s")->check(CLI::PositiveNumber);
-  cmd->add_option("--disk-gb-s", o->disk_gb_s, "with --host: override the checkpoint drive's read bandwidth, GB/s")->check(CLI::PositiveNumber);
-  cmd->add_option("--ram-util", o->ram_util, "with --host: fraction of RAM for weights and caches")->check(CLI::Range(0.01, 1.0));
-  cmd->add_option("--expert-hit-rate", o->hit_rate, "with --host: measured share of host expert reads served from RAM (default: uniform routing)")
+  cmd->add_option("--ram-gb", o->ram_gb, "with --host: override installed RAM, GB")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--ram-bw", o->ram_bw, "with --host: override DRAM read bandwidth, GB/s")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--cpu-tflops", o->cpu_tflops, "with --host: override the CPU's matmul rate, TFLOP/s")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--pcie-gb-s", o->pcie_gb_s, "with --host: override host-GPU PCIe bandwidth per direction, GB/s")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--disk-gb-s", o->disk_gb_s, "with --host: override the checkpoint drive's read bandwidth, GB/s")->check(finite_number())->check(CLI::PositiveNumber);
+  cmd->add_option("--ram-util", o->ram_util, "with --host: fraction of RAM for weights and caches")->check(finite_number())->check(CLI::Range(0.01, 1.0));
+  cmd->add_option("--expert-hit-rate", o->hit_rate, "with --host: measured share of host expert reads served from RAM (default: uniform routing)")->check(finite_number())
       ->check(CLI::Range(0.0, 1.0));
   cmd->callback([&reg, o, count, batch] {
     o->count_given = count->count() > 0;

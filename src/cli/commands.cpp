@@ -1,4 +1,7 @@
 #include "cli/commands.h"
+#include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace k3cli {
 
@@ -15,4 +18,21 @@ std::vector<AddCommand> all_commands() {
   return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_logits, add_tokenize, add_info};
 }
 
+}  // namespace k3cli
+
+namespace k3cli {
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = std::stod(s, &used);
+          if (used != s.size()) return "not a number: " + s;
+          return std::isfinite(v) ? std::string() : "must be a finite number, got " + s;
+        } catch (const std::exception&) {
+          return "not a number: " + s;
+        }
+      },
+      "FINITE");
+}
 }  // namespace k3cli

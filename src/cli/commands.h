@@ -18,3 +18,9 @@ std::vector<AddCommand> all_commands();
 void set_bench_cmdline(int argc, char** argv);
 
 }  // namespace k3cli
+
+namespace k3cli {
+// A check for floating-point options: CLI11's numeric checks (PositiveNumber, Range) pass NaN (every
+// comparison with it is false), and "nan" / "inf" parse as doubles. Chain it before them.
+CLI::Validator finite_number();
+}  // namespace k3cli

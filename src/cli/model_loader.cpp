@@ -1,4 +1,5 @@
 #include "cli/model_loader.h"
+#include "cli/commands.h"
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
@@ -43,6 +44,7 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "cpu: GB of the most used routed experts kept resident (mlock) when the checkpoint is bigger than "
                   "RAM; -1: automatic (half the available memory less the other weights, 0 when the model fits), 0: "
                   "none pinned")
+      ->check(finite_number())
       ->check(CLI::Range(-1.0, 1e6))
       ->capture_default_str();
   cmd->add_option("--expert-prefetch", d.expert_prefetch,

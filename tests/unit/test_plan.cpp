@@ -417,3 +417,19 @@ TEST(OffloadPlan, CliPrintsPlacementAndFlags) {
   EXPECT_TRUE(j["fits"].get<bool>());
   EXPECT_GT(j["speed"]["decode_tok_s_serial"].get<double>(), 0);
 }
+
+// NaN and infinities pass CLI11's numeric range checks; the floating-point flags reject them (before, a
+// `--ram-gb nan` was silently ignored and `--mem-util nan` reached the planner).
+TEST(OffloadPlan, CliRejectsNonFiniteNumbers) {
+  for (const char* args : {"--host ryzen-7950x --ram-gb nan", "--host ryzen-7950x --expert-hit-rate nan",
+                           "--host ryzen-7950x --disk-gb-s inf", "--gpu h200 --count 8 --price-per-gpu-hour nan"}) {
+    std::string out;
+    FILE* p = ::popen((std::string(K3_BINARY) + " plan --preset kimi-linear-48b " + args + " 2>&1").c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = ::pclose(p);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 0) << args << "\n" << out;
+    EXPECT_NE(out.find("finite"), std::string::npos) << args << "\n" << out;
+  }
+}
