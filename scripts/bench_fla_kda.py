@@ -2,8 +2,12 @@
 """Times flash-linear-attention's chunk_kda (the reference GPU implementation of KDA prefill) on the shapes
 that `k3_cuda_tests --gtest_filter='*Kda*Timing*'` times for k3's kernels, on the same GPU. Prints one line per
 shape and dtype. Needs torch + triton + fla-core (carried as a wheel: see scripts/gpu-bench)."""
+import os
 import sys
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_event_timing import bench  # noqa: E402
 
 try:
     from fla.ops.kda import chunk_kda
@@ -12,20 +16,6 @@ except Exception as e:  # noqa: BLE001
     sys.exit(0)
 
 
-def bench(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def main():

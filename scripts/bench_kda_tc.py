@@ -7,9 +7,13 @@ median times (CUDA events). Needs libkdashim.so (scripts/kda_bench_shim.cu) and 
 Usage: bench_kda_tc.py LIB [--quick]"""
 import ctypes
 import struct
+import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_event_timing import bench  # noqa: E402
 
 LIB = ctypes.CDLL(sys.argv[1])
 QUICK = "--quick" in sys.argv
@@ -41,20 +45,6 @@ def ck(rc, what):
         raise RuntimeError(f"{what}: cuda error {rc}")
 
 
-def bench(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def rel(x, ref):

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,19 @@ struct Dev {
   // All bytes 0xff: NaN for floats, so an output a kernel forgot to write shows.
   void poison() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
 };
+
+// max |got - ref| / max |ref| (at least 1e-30); infinity for a size mismatch or any non-finite output.
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double maxref = 0, maxdiff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!std::isfinite(got[i]) || !std::isfinite(d)) return INFINITY;
+    maxdiff = std::max(maxdiff, d);
+  }
+  return maxdiff / std::max(maxref, 1e-30);
+}
 
 }  // namespace k3cudatest
 

@@ -35,17 +35,7 @@ constexpr double kTol = 2e-2;
 using k3cudatest::ck;
 using k3cudatest::Dev;
 using k3cudatest::have_gpu;
-
-double rel_err(const Vec& got, const Vec& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double maxref = 0, maxdiff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
-    maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(got[i]) - ref[i]));
-  }
-  return maxdiff / std::max(maxref, 1e-30);
-}
+using k3cudatest::rel_err;
 
 std::string lens_str(const std::vector<int>& lens) {
   std::string s = "{";

@@ -30,18 +30,7 @@ using Vec = std::vector<float>;
 using k3cudatest::ck;
 using k3cudatest::Dev;
 using k3cudatest::have_gpu;
-
-double rel_err(const Vec& got, const Vec& ref) {
-  if (got.size() != ref.size()) return INFINITY;
-  double maxref = 0, maxdiff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
-    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
-    if (!std::isfinite(got[i]) || !std::isfinite(d)) return INFINITY;
-    maxdiff = std::max(maxdiff, d);
-  }
-  return maxdiff / std::max(maxref, 1e-30);
-}
+using k3cudatest::rel_err;
 
 bool all_finite(const Vec& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
