@@ -14,6 +14,7 @@
 #include "k3/backend/cuda/cuda_backend.h"
 #include "k3/backend/cuda/cuda_model.h"
 #include "k3/backend/cuda/expert_streamer.h"
+#include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/core/error.h"
 #include "k3/cache/hybrid_cache.h"
 #include "k3/model/model.h"
@@ -398,10 +399,14 @@ TEST(CudaModelDummy, Bf16GemmBoundedGateTakesTensorCoreKda) {
   k3::ForwardOptions fo;
   fo.all_logits = true;
   std::vector<float> lf, le;
+  const unsigned long long tc0 = k3::cuda::kda_chunked_tc_calls();
   auto sf = fast->new_cache();
   fast->forward(toks, *sf, lf, fo);
+  const unsigned long long tc1 = k3::cuda::kda_chunked_tc_calls();
   auto se = exact->new_cache();
   exact->forward(toks, *se, le, fo);
+  EXPECT_GT(tc1, tc0);                                 // the bf16 model's prefill took the tensor-core kernel
+  EXPECT_EQ(k3::cuda::kda_chunked_tc_calls(), tc1);   // the exact (bf16x2) one did not
   const Cmp c = compare(lf, le, cfg.vocab_size);
   std::printf("[ e2e ] dummy kimi-linear, bounded gate, gemm bf16 (tensor-core KDA) vs exact: rel %.2e argmax %.4f\n",
               c.rel, c.argmax);

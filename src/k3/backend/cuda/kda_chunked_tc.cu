@@ -24,6 +24,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace k3::cuda {
@@ -692,6 +693,12 @@ size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int
   return tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, nullptr, nullptr);
 }
 
+namespace {
+std::atomic<unsigned long long> g_tc_calls{0};
+}  // namespace
+
+unsigned long long kda_chunked_tc_calls() { return g_tc_calls.load(); }
+
 cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
                            KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
                            const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
@@ -714,6 +721,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
+  g_tc_calls.fetch_add(1);
   return chunk == 64 ? run_tc<64>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream)
                      : run_tc<32>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream);
 }

@@ -48,4 +48,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
                            const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream);
 
+// Calls of kda_chunked_tc in this process that launched kernels (tests: which prefill path a model took).
+unsigned long long kda_chunked_tc_calls();
+
 }  // namespace k3::cuda
