@@ -71,29 +71,6 @@ double PhaseTimes::overlapped() const { return std::max(gpu, cpu + disk) + pcie;
 
 namespace {
 
-// What one token costs, split the way the tiers need it.
-struct TokenCosts {
-  double other_flops_decode = 0;   // everything but the routed experts (incl. the LM head)
-  double other_flops_prefill = 0;  // the same for a prefill token (LM head only for the last token)
-  double attn_decode = 0, attn_prefill = 0;
-  double expert_flops = 0;         // one token through one routed expert of one layer
-  double expert_in = 0;            // expert input width (the latent dim on K3)
-};
-
-TokenCosts token_costs(const ModelConfig& c, int64_t context) {
-  const auto s = compute_stats(c);
-  const double X = (double)c.expert_in_dim(), Im = (double)c.moe_intermediate_size, K = (double)c.top_k;
-  const double n_moe = (double)num_moe_layers(c);
-  TokenCosts t;
-  t.expert_flops = 2.0 * 3 * X * Im;
-  t.expert_in = X;
-  t.other_flops_decode = 2.0 * ((double)s.params_active - K * 3 * X * Im * n_moe);
-  t.other_flops_prefill = t.other_flops_decode - 2.0 * (double)c.vocab_size * (double)c.hidden_size;
-  t.attn_decode = attention_flops(c, (double)context, false);
-  t.attn_prefill = attention_flops(c, (double)context / 2, true);
-  return t;
-}
-
 // --n-cpu-moe N keeps the experts of the layers with index < N on the CPU: the smallest N that covers
 // the first `cpu_layers` MoE layers.
 int64_t n_cpu_moe_flag(const ModelConfig& c, int64_t cpu_layers) {

@@ -220,6 +220,20 @@ DecodeStepBytes decode_step_bytes(const ModelConfig& c, const CacheSpec& spec, i
   return d;
 }
 
+TokenCosts token_costs(const ModelConfig& c, int64_t context) {
+  const auto s = compute_stats(c);
+  const double X = (double)c.expert_in_dim(), Im = (double)c.moe_intermediate_size, K = (double)c.top_k;
+  TokenCosts t;
+  t.expert_flops = 2.0 * 3 * X * Im;
+  t.expert_in = X;
+  // params_active counts the top-k routed experts; split it into the expert part and the rest.
+  t.other_flops_decode = 2.0 * ((double)s.params_active - K * 3 * X * Im * (double)num_moe_layers(c));
+  t.other_flops_prefill = t.other_flops_decode - 2.0 * (double)c.vocab_size * (double)c.hidden_size;
+  t.attn_decode = attention_flops(c, (double)context, false);
+  t.attn_prefill = attention_flops(c, (double)context / 2, true);
+  return t;
+}
+
 // ---------------------------------------------------------------- the plan
 
 Plan make_plan(const PlanInput& in) {
@@ -303,13 +317,9 @@ Plan make_plan(const PlanInput& in) {
   const double bw = hw.hbm_tb_s * 1e12;
   const double bf16_rate = hw.bf16_tflops * 1e12;
   const double expert_rate = (c.expert_quant_format == WeightFormat::MXFP4 && hw.fp8_tflops) ? *hw.fp8_tflops * 1e12 : bf16_rate;
-  const double expert_flops_per_token = 2.0 * K * 3 * X * Im * n_moe;
-  const double lm_head_params = (double)c.vocab_size * (double)c.hidden_size;
-  // params_active counts the top-k routed experts; split it into the expert part and the rest.
-  const double active_routed_params = K * 3 * X * Im * n_moe;
-  const double other_flops_decode = 2.0 * ((double)s.params_active - active_routed_params);
-  const double attn_decode = attention_flops(c, (double)in.context, false);
-  const double attn_prefill = attention_flops(c, (double)in.context / 2, true);
+  const TokenCosts tc = token_costs(c, in.context);
+  const double expert_flops_per_token = K * tc.expert_flops * n_moe;
+  const double other_flops_decode = tc.other_flops_decode, attn_decode = tc.attn_decode;
 
   // Batch 1: one GPU reads its non-expert shard (not the embedding table: one row), its share of
   // the top-k experts of every MoE layer, the whole latent cache of the sequence and (read+write)
@@ -337,7 +347,7 @@ Plan make_plan(const PlanInput& in) {
   }
 
   // Prefill: compute bound over all GPUs; the LM head runs for the last token only.
-  const double other_flops_prefill = other_flops_decode - 2.0 * lm_head_params + attn_prefill;
+  const double other_flops_prefill = tc.other_flops_prefill + tc.attn_prefill;
   p.prefill_flops_per_token = expert_flops_per_token + other_flops_prefill;
   p.prefill_tok_s_aggregate = in.count / (expert_flops_per_token / expert_rate + other_flops_prefill / bf16_rate);
 

@@ -111,6 +111,17 @@ double attention_flops(const ModelConfig& c, double t, bool prefill);
 // approximated per pick): E (1 - (1 - k/E)^tokens).
 double distinct_experts(const ModelConfig& c, double tokens);
 
+// What one token costs in FLOPs, split the way the planners need it.
+struct TokenCosts {
+  double other_flops_decode = 0;   // everything but the routed experts and attention (incl. the LM head)
+  double other_flops_prefill = 0;  // the same for a prefill token (the LM head runs for the last token only)
+  double attn_decode = 0;          // attention of a token at position `context` (absorbed MLA, KDA recurrence)
+  double attn_prefill = 0;         // of a prefill token at the mean position context / 2
+  double expert_flops = 0;         // one token through one routed expert of one layer
+  double expert_in = 0;            // expert input width (the latent dim on K3)
+};
+TokenCosts token_costs(const ModelConfig& c, int64_t context);
+
 // Activation workspace of one prefill chunk of `chunk` tokens on one of `tp` GPUs.
 double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp);
 
