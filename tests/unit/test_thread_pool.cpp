@@ -123,3 +123,26 @@ TEST(ThreadPool, ExceptionFromAWorkerReachesTheCaller) {
   }
   EXPECT_GT(worker_threw, 0) << "the worker never took a chunk";
 }
+
+// The spin time is clamped to 0..1 s, and with no spinning at all (every worker sleeps between jobs, the
+// path the hybrid runner's longer spin avoids) jobs still run each index exactly once.
+TEST(ThreadPool, SpinTimeIsClampedAndZeroSpinStaysCorrect) {
+  const auto saved = k3::ThreadPool::spin_time();
+  k3::ThreadPool::set_spin_time(std::chrono::microseconds(-5));
+  EXPECT_EQ(k3::ThreadPool::spin_time().count(), 0);
+  k3::ThreadPool::set_spin_time(std::chrono::seconds(7));
+  EXPECT_EQ(k3::ThreadPool::spin_time().count(), 1000000);
+  k3::ThreadPool::set_spin_time(std::chrono::microseconds(0));
+  k3::ThreadPool pool(3);
+  int wrong = 0;
+  for (int j = 0; j < 300; ++j) {
+    std::vector<std::atomic<int>> hits(37);
+    pool.parallel_for(37, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+    });
+    for (auto& h : hits) wrong += h.load() != 1;
+    if (j % 50 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+  }
+  k3::ThreadPool::set_spin_time(saved);
+  EXPECT_EQ(wrong, 0);
+}

@@ -25,12 +25,13 @@ thread_local bool t_in_task = false;
 // forward pass (a few us of serial work: norms, routing), short enough that an idle pool stops taking
 // CPU from the rest of a busy machine at once. Timed, not counted: a pause is ~50 ns on this EPYC (20000
 // of them, the old count, were ~1 ms, not the ~100 us intended).
-constexpr auto kSpinTime = std::chrono::microseconds(100);
+// ThreadPool::set_spin_time changes it (the hybrid CUDA runner: its CPU jobs are a GPU layer apart).
+std::atomic<int64_t> g_spin_us{100};
 
-// Spins until done() or kSpinTime has passed; returns done().
+// Spins until done() or the spin time has passed; returns done().
 template <typename Done>
 bool spin_until(Done&& done) {
-  const auto end = std::chrono::steady_clock::now() + kSpinTime;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed));
   for (;;) {
     for (int i = 0; i < 32; ++i) {
       if (done()) return true;
@@ -193,6 +194,12 @@ ThreadPool& ThreadPool::global() {
 }
 
 int ThreadPool::size() const { return impl_->size; }
+
+void ThreadPool::set_spin_time(std::chrono::microseconds t) {
+  g_spin_us.store(std::clamp<int64_t>(t.count(), 0, 1000000), std::memory_order_relaxed);
+}
+
+std::chrono::microseconds ThreadPool::spin_time() { return std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed)); }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
   if (n <= 0) return;

@@ -6,6 +6,7 @@
 // outputs do not depend on the thread count. Nested calls (from inside a task) and calls while another
 // thread's job runs execute inline on the calling thread.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +38,13 @@ class ThreadPool {
   static int default_threads(std::string* source = nullptr);
 
   int size() const;
+
+  // How long idle workers (and a caller waiting for them) spin before they sleep, for every pool
+  // (default 100 us, clamped to 0..1 s). A sleeping worker wakes tens of microseconds late and then finds
+  // its job done by the others, so jobs further apart than the spin time run on fewer threads: the hybrid
+  // CUDA runner, whose CPU expert jobs are one GPU layer (~100-300 us) apart, raises it.
+  static void set_spin_time(std::chrono::microseconds t);
+  static std::chrono::microseconds spin_time();
 
   // fn(begin, end, thread) over [0, n) in chunks of about `grain` indices (0: n / (4 x size)), thread in
   // [0, size()) (for per-thread scratch). Returns when every chunk is done; rethrows the first exception.

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "k3/backend/cuda/device_weights.h"
 #include "k3/backend/cuda/sampling_kernels.h"
 #include "k3/backend/cuda/sampling_rows.h"
+#include "k3/core/thread_pool.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/graph/forward.h"
 #include "k3/model/weights.h"
@@ -148,6 +150,9 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
     impl->host_ckpt = std::move(ckpt);
     impl->host_weights = std::move(hw);
     impl->use_graphs = false;
+    // The CPU's expert jobs come one GPU layer apart: keep its workers spinning across that gap (a worker
+    // woken from sleep arrives after the others have done its share: docs/perf/hybrid.md).
+    ThreadPool::set_spin_time(std::chrono::microseconds(1000));
     std::fprintf(stderr, "k3: placement: %.2f GiB of weights on the CPU (%s), %.2f GiB on %s; CUDA graphs off\n",
                  static_cast<double>(host_bytes) / (1 << 30), join_rules(*opt.placement).c_str(),
                  static_cast<double>(impl->w.arena.bytes()) / (1 << 30), impl->name.c_str());
