@@ -34,6 +34,11 @@ class Model final : public ModelRunner {
   int64_t memory_available() const override;
   std::optional<ExpertCacheStats> expert_cache_stats() const override;
   const ModelWeights& weights() const { return w_; }
+  // Observes the routed experts' outputs of later forwards (null: stop); see cpu::MoeObserver.
+  void set_moe_observer(cpu::MoeObserver* o) {
+    std::lock_guard lk(mu_);
+    backend_.set_moe_observer(o);
+  }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
   SequenceState new_sequence() const { return SequenceState(spec_); }

@@ -2,6 +2,8 @@
 // ops.h, kda.h and mla_attention.h. Every op is batch-invariant: a token's result does not depend on
 // which other sequences share the step (the serving engine relies on it).
 #pragma once
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "k3/backend/cpu/host_arena.h"
@@ -14,6 +16,17 @@ class ExpertResidency;
 
 namespace k3::cpu {
 
+// Sees every routed expert's output as the MoE op computes it (expert pruning statistics: model/expert_prune.h).
+// Called on the thread that runs the op, once per active expert and layer step; `w` identifies the layer.
+class MoeObserver {
+ public:
+  virtual ~MoeObserver() = default;
+  // toks: (token row, routing weight) of the expert's tokens; y: their outputs [toks.size()][cols], before
+  // the routing weight is applied.
+  virtual void on_expert_outputs(const MoeWeights& w, int64_t expert, std::span<const std::pair<int64_t, float>> toks,
+                                 const float* y, int64_t cols) = 0;
+};
+
 class CpuBackend final : public graph::Backend {
  public:
   // KDA chunk of the prefill form when the step does not set one.
@@ -21,6 +34,8 @@ class CpuBackend final : public graph::Backend {
 
   // Told which experts each MoE step uses, before they are computed (prefetch, hit counting); may be null.
   void set_expert_residency(ExpertResidency* r) { residency_ = r; }
+  // Observes the routed experts' outputs (null: none, the default; costs nothing then).
+  void set_moe_observer(MoeObserver* o) { moe_observer_ = o; }
 
   void begin_step(const graph::StepPlan& plan) override;
   graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
@@ -71,6 +86,7 @@ class CpuBackend final : public graph::Backend {
   const graph::StepPlan* plan_ = nullptr;
   HostArena arena_;
   ExpertResidency* residency_ = nullptr;
+  MoeObserver* moe_observer_ = nullptr;
 };
 
 template <typename F>

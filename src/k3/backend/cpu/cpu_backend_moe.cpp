@@ -87,6 +87,9 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
       silu_glu(g.data(), u.data(), cnt, g.data());
   });
   matmul_batch(down);
+  if (moe_observer_)
+    for (size_t ai = 0; ai < A; ++ai)
+      moe_observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], ys[ai].data(), X);
   std::fill(out.f(), out.f() + n * X, 0.f);
   for (int64_t e = 0; e < E; ++e) {
     const size_t ai = slot_of[static_cast<size_t>(e)];
