@@ -1,6 +1,9 @@
 // Dense projections (linear.h).
 //
-// GEMM path (n > 8): cublasLtMatmul in the column-major view y^T [rows x n] = op_T(W) . x^T, i.e.
+// Skinny path (2..32 tokens, bf16 weights with cols % 32 == 0): linear_skinny.cu, tensor cores with x split
+// into bf16 hi + lo in either GemmPrecision (decode keeps ~fp32 accuracy), W read once.
+//
+// GEMM path (the rest of n > 8): cublasLtMatmul in the column-major view y^T [rows x n] = op_T(W) . x^T, i.e.
 // A = W stored as a col-major [cols x rows] matrix (ld cols) with TRANSA = T, B = x^T [cols x n]
 // (ld cols), C = D = y^T [rows x n] (ld rows); fp32 compute and scale. bf16 weights multiply the bf16
 // copy of x (Bf16) or its hi and lo halves (Bf16x2: the lo GEMM accumulates into the same D with
@@ -16,9 +19,12 @@
 #include "k3/backend/cuda/linear.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/linear_skinny.h"
 
 namespace k3::cuda {
 namespace {
@@ -133,6 +139,9 @@ struct LtPreference {
 }  // namespace
 
 LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
+  // K3_CUDA_SKINNY=0: 2..32-token batches take the old GEMV / cuBLASLt paths (same-binary A/B).
+  const char* sk = std::getenv("K3_CUDA_SKINNY");
+  skinny_ = sk == nullptr || std::string(sk) != "0";
   try {
     check_cublas(cublasCreate(&handle_), "cublasCreate");
     check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
@@ -225,11 +234,29 @@ void LinearRunner::lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k,
                beta != 0.0f ? "cublasLtMatmul (accumulating)" : "cublasLtMatmul");
 }
 
+std::pair<uint16_t*, uint16_t*> LinearRunner::bf16_halves(const float*, int64_t count) {
+  const size_t elems = static_cast<size_t>(count);
+  const size_t lo_off = (elems * 2 + 255) & ~size_t{255};  // lo starts 256-byte aligned, like hi
+  const size_t need = lo_off + elems * 2;                   // room for hi and lo
+  if (xb_.bytes() < need) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
+    xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
+    ++generation_;                                  // captured CUDA graphs that read the old one are stale
+  }
+  return {xb_.get<uint16_t>(), reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off)};
+}
+
 // The dense projections' one dispatch point on the weight format (the GEMV and the Lt GEMMs below).
 void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* y) {
   if (W.format != WeightFormat::BF16 && W.format != WeightFormat::F32)
     throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
+  if (skinny_ && linear_skinny_supported(W, n)) {  // 2..32 tokens, bf16: tensor cores, W read once
+    const auto [hi, lo] = bf16_halves(x, n * W.cols);
+    K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
+    K3_CUDA_CHECK(linear_skinny(W, hi, lo, static_cast<int>(n), y, stream_));
+    return;
+  }
   if (n <= kGemvMaxTokens) {
     K3_CUDA_CHECK(linear_gemv(W, x, static_cast<int>(n), y, stream_));
     return;
@@ -247,16 +274,7 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     lt_matmul(WeightFormat::F32, m, n, k, W.data, x, 0.0f, y);
     return;
   }
-  const size_t elems = static_cast<size_t>(n * k);
-  const size_t lo_off = (elems * 2 + 255) & ~size_t{255};  // lo starts 256-byte aligned, like hi
-  const size_t need = lo_off + elems * 2;                   // room for hi and lo
-  if (xb_.bytes() < need) {
-    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
-    xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
-    ++generation_;                                  // captured CUDA graphs that read the old one are stale
-  }
-  uint16_t* hi = xb_.get<uint16_t>();
-  uint16_t* lo = reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off);
+  const auto [hi, lo] = bf16_halves(x, n * k);
   const bool split = precision_ == GemmPrecision::Bf16x2;
   if (split)
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
