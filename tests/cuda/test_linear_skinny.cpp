@@ -168,13 +168,16 @@ TEST(CudaLogitsDownload, CopiesExactly) {
 }
 
 // Time per projection, weights rotated through >= 512 MB so every call reads HBM: the skinny path (incl.
-// its hi/lo split) vs the old path (fp32 GEMV up to 8 tokens, cuBLASLt bf16x2 above: K3_CUDA_SKINNY=0).
+// its hi/lo split) and, above 32 tokens, the merged bf16x2 GEMM vs the old paths (fp32 GEMV up to 8 tokens,
+// two cuBLASLt GEMMs above: K3_CUDA_SKINNY=0 K3_CUDA_MERGED_X2=0).
 TEST(CudaSkinnyTiming, SkinnyVsOld) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct Shape { int64_t rows, cols; const char* what; };
   setenv("K3_CUDA_SKINNY", "0", 1);
+  setenv("K3_CUDA_MERGED_X2", "0", 1);
   k3::cuda::LinearRunner old_lin(nullptr);
   unsetenv("K3_CUDA_SKINNY");
+  unsetenv("K3_CUDA_MERGED_X2");
   k3::cuda::LinearRunner new_lin(nullptr);
   for (const Shape s : {Shape{4096, 2304, "Kimi-Linear KDA q/k/v"}, Shape{2304, 4096, "Kimi-Linear KDA o"},
                         Shape{163840, 2304, "lm_head"}}) {
@@ -182,7 +185,7 @@ TEST(CudaSkinnyTiming, SkinnyVsOld) {
     const int copies = static_cast<int>(std::max<int64_t>(2, (512ll << 20) / bytes));
     Dev<uint16_t> w(static_cast<size_t>(s.rows * s.cols * copies));
     ck(k3::cuda::fill_uniform_bf16(w.p, s.rows * s.cols * copies, 0.05f, 1, nullptr), "fill");
-    for (int n : {2, 4, 8, 16, 32}) {
+    for (int n : {2, 4, 8, 16, 32, 64, 128}) {
       Dev<float> x(static_cast<size_t>(n * s.cols)), y(static_cast<size_t>(n * s.rows));
       ck(k3::cuda::fill_uniform_f32(x.p, n * s.cols, -1.f, 1.f, 2, nullptr), "fill");
       double us[2];
@@ -209,7 +212,7 @@ TEST(CudaSkinnyTiming, SkinnyVsOld) {
         cudaEventDestroy(a);
         cudaEventDestroy(b);
       }
-      std::printf("[ timing ] linear bf16 %6lld x %5lld n=%2d (%s): old %8.2f us  skinny %8.2f us (%6.1f GB/s, %5.1f%% "
+      std::printf("[ timing ] linear bf16 %6lld x %5lld n=%2d (%s): old %8.2f us  new %8.2f us (%6.1f GB/s, %5.1f%% "
                   "of 4.8 TB/s)  %.2fx\n",
                   (long long)s.rows, (long long)s.cols, n, s.what, us[0], us[1], bytes / us[1] / 1e3,
                   bytes / us[1] / 1e3 / 48.0, us[0] / us[1]);
