@@ -849,7 +849,12 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode)
     return cudaErrorInvalidValue;
   const int P = n * K;
-  const MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  // The session-8 bf16 rule assumes the skinny kernels; shapes they do not take (I or X not a multiple of
+  // 32) keep the session-4 rule: SIMT up to 2 pairs per expert.
+  if (path == MoePath::Auto && chosen == MoePath::TcDecode && !mx && !moe_skinny_supported(w, 8) &&
+      P <= 2 * static_cast<int64_t>(w.E))
+    chosen = MoePath::Simt;
   const bool tc = chosen == MoePath::TensorCore;
   bool dec = chosen == MoePath::TcDecode;
   if (dec && (P > ws.dec_pairs_ || n > ws.dec_tokens_)) {
