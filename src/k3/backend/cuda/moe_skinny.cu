@@ -20,6 +20,7 @@
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/mma_bf16.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -28,26 +29,8 @@ constexpr int kWarps = 8;
 constexpr int kUnroll = 4;  // chunks per warp whose weights are in flight together
 constexpr int kMT = 2;      // m16 tiles per block
 
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint4& w0, const uint4& w1, const uint4& b) {
-  mma16816(acc, w0.x, w1.x, w0.y, w1.y, b.x, b.y);
-  mma16816(acc, w0.z, w1.z, w0.w, w1.w, b.z, b.w);
-}
+using mma_bf16::load_stream;
+using mma_bf16::mma_chunk;
 
 struct SkArgs {
   const uint16_t* w0 = nullptr;  // gate (GLU) or down: [E][rows][cols] bf16
