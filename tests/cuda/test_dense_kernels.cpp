@@ -16,6 +16,7 @@
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/mla_kernels.h"
 #include "k3/core/dtype.h"
 #include "cpu_graph_ref.h"
@@ -62,7 +63,12 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 // Tolerance of LinearRunner against cpu::matmul: fp32 weights and the GEMV path are fp32 throughout;
 // bf16 weights on the GEMM path round x to bf16 (GemmPrecision::Bf16, ~3e-3) or split it into bf16
 // hi + lo (Bf16x2, ~1e-5: the bound also catches a lo GEMM that does not accumulate).
-double linear_tol(bool bf16_weights, int64_t n, k3::cuda::GemmPrecision p) {
+// 2..32 tokens on bf16 weights with cols % 32 == 0 take the tensor-core skinny path in either precision
+// (hi + lo halves, ~fp32: 2e-5).
+// (16-byte aligned weights only; an unaligned one takes the GEMV / cuBLASLt path.)
+double linear_tol(bool bf16_weights, int64_t n, k3::cuda::GemmPrecision p, int64_t cols, bool w_aligned = true) {
+  if (bf16_weights && w_aligned && n >= k3::cuda::kSkinnyMinTokens && n <= k3::cuda::kSkinnyMaxTokens && cols % 32 == 0)
+    return 2e-5;
   if (!bf16_weights || n <= k3::cuda::LinearRunner::kGemvMaxTokens) return 1e-5;
   return p == k3::cuda::GemmPrecision::Bf16 ? 1e-2 : 1e-4;
 }
@@ -113,9 +119,9 @@ TEST(CudaLinear, MatchesCpuMatmul) {
           lin->run(D, dx.get<float>(), n, dy.get<float>());
           K3_CUDA_CHECK(cudaDeviceSynchronize());
           const double e = rel_err(download(dy, ref.size()), ref);
-          EXPECT_LT(e, linear_tol(wt == 0, n, p))
+          EXPECT_LT(e, linear_tol(wt == 0, n, p, s.cols))
               << s.rows << "x" << s.cols << " n=" << n << " w=" << (wt ? "f32" : "bf16") << " " << precision_name(p);
-          if (n == 1 || n == 64)
+          if (n == 1 || n == 3 || n == 64)
             std::printf("[ linear ] %5lld x %5lld %s n=%-3lld %-6s rel %.2e\n", (long long)s.rows, (long long)s.cols,
                         wt ? "f32 " : "bf16", (long long)n, precision_name(p), e);
         }
@@ -157,7 +163,7 @@ TEST(CudaLinear, UnalignedPointers) {
             K3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<float> got(ref.size());
             K3_CUDA_CHECK(cudaMemcpy(got.data(), yd, got.size() * 4, cudaMemcpyDeviceToHost));
-            EXPECT_LT(rel_err(got, ref), linear_tol(wt == 0, n, p))
+            EXPECT_LT(rel_err(got, ref), linear_tol(wt == 0, n, p, s.cols, off == 0))
                 << s.rows << "x" << s.cols << " n=" << n << " w=" << (wt ? "f32" : "bf16") << " " << precision_name(p)
                 << (off ? " unaligned" : " aligned");
           }

@@ -25,6 +25,7 @@
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/device_cache.h"
 #include "k3/backend/cuda/device_weights.h"
+#include "k3/backend/cuda/logits_download.h"
 #include "k3/backend/cuda/sampling_kernels.h"
 #include "k3/backend/cuda/sampling_rows.h"
 #include "k3/core/thread_pool.h"
@@ -75,7 +76,7 @@ struct CudaModel::Impl {
   std::mutex mu;  // one forward at a time (the backend's scratch is shared)
   Profiler prof{std::getenv("K3_CUDA_PROFILE") != nullptr && std::string(std::getenv("K3_CUDA_PROFILE")) != "0"};
   std::unique_ptr<CudaBackend> backend;  // the graph's ops on this device
-  PinnedBuffer logits_h;
+  LogitsDownload logits_down;
   bool use_graphs = true;
   GraphCache graphs;
 
@@ -213,18 +214,17 @@ void CudaModel::forward_batch(const std::vector<BatchItem>& items, std::vector<f
   std::lock_guard<std::mutex> lock(impl_->mu);
   Impl& m = *impl_;
   const int64_t V = m.cfg.vocab_size;
-  void* host = nullptr;
   m.forward(
       items, opt,
       [&](int64_t R) {
-        const size_t bytes = static_cast<size_t>(R * V) * 4;
-        host = m.logits_h.ensure(bytes);
-        if (R > 0) K3_CUDA_CHECK(cudaMemcpyAsync(host, m.backend->logits().data, bytes, cudaMemcpyDeviceToHost, m.stream));
-      },
-      [&](int64_t R) {
+        // The rows are copied out while the step's stream drains (LogitsDownload: pieces, host copy on
+        // the CPU pool overlapping the PCIe copy of the next piece).
         logits.resize(static_cast<size_t>(R * V));
-        if (R > 0) std::memcpy(logits.data(), host, logits.size() * 4);
-      });
+        if (R > 0)
+          m.logits_down.copy(m.backend->logits().data, logits.size() * 4, static_cast<size_t>(V) * 4, logits.data(),
+                             m.stream);
+      },
+      [](int64_t) {});
 }
 
 void CudaModel::forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,

@@ -1,10 +1,14 @@
 // Dense projections (linear.h).
 //
-// GEMM path (n > 8): cublasLtMatmul in the column-major view y^T [rows x n] = op_T(W) . x^T, i.e.
+// Skinny path (2..32 tokens, bf16 weights with cols % 32 == 0): linear_skinny.cu, tensor cores with x split
+// into bf16 hi + lo in either GemmPrecision (decode keeps ~fp32 accuracy), W read once.
+//
+// GEMM path (the rest of n > 8): cublasLtMatmul in the column-major view y^T [rows x n] = op_T(W) . x^T, i.e.
 // A = W stored as a col-major [cols x rows] matrix (ld cols) with TRANSA = T, B = x^T [cols x n]
 // (ld cols), C = D = y^T [rows x n] (ld rows); fp32 compute and scale. bf16 weights multiply the bf16
 // copy of x (Bf16) or its hi and lo halves (Bf16x2: the lo GEMM accumulates into the same D with
-// beta = 1). The algorithm of each (shape, beta, weight type, pointer alignments) is chosen once by
+// beta = 1; up to 256 tokens the two halves go back to back through ONE GEMM of 2n columns instead, so W
+// is read once, and a small kernel adds the two products). The algorithm of each (shape, beta, weight type, pointer alignments) is chosen once by
 // cublasLtMatmulAlgoGetHeuristic and cached with its layouts; every matmul gets the runner's fixed
 // workspace, so nothing allocates during run() (CUDA graph capture).
 //
@@ -16,9 +20,12 @@
 #include "k3/backend/cuda/linear.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/linear_skinny.h"
 
 namespace k3::cuda {
 namespace {
@@ -97,6 +104,20 @@ cudaError_t launch_gemv(const WT* W, int64_t rows, int64_t cols, const float* x,
   return cudaGetLastError();
 }
 
+// y[i] = d[i] + d[count + i]: the hi and lo products of the merged bf16x2 GEMM.
+__global__ void add_halves_kernel(const float* __restrict__ d, int64_t count, float* __restrict__ y) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = d[i] + d[count + i];
+}
+
+cudaError_t add_halves(const float* d, int64_t count, float* y, cudaStream_t s) {
+  if (count <= 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((count + 255) / 256, 132 * 16);
+  add_halves_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(d, count, y);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s) {
@@ -133,6 +154,12 @@ struct LtPreference {
 }  // namespace
 
 LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : stream_(stream), precision_(precision) {
+  // K3_CUDA_SKINNY=0: 2..32-token batches take the old GEMV / cuBLASLt paths (same-binary A/B).
+  const char* sk = std::getenv("K3_CUDA_SKINNY");
+  skinny_ = sk == nullptr || std::string(sk) != "0";
+  // K3_CUDA_MERGED_X2=0: bf16x2 batches above 32 tokens take two accumulating GEMMs again (A/B).
+  const char* mg = std::getenv("K3_CUDA_MERGED_X2");
+  merged_ = mg == nullptr || std::string(mg) != "0";
   try {
     check_cublas(cublasCreate(&handle_), "cublasCreate");
     check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
@@ -225,11 +252,30 @@ void LinearRunner::lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k,
                beta != 0.0f ? "cublasLtMatmul (accumulating)" : "cublasLtMatmul");
 }
 
+std::pair<uint16_t*, uint16_t*> LinearRunner::bf16_halves(const float*, int64_t count, bool back_to_back) {
+  const size_t elems = static_cast<size_t>(count);
+  // lo starts 256-byte aligned, like hi, unless one GEMM reads both as one matrix
+  const size_t lo_off = back_to_back ? elems * 2 : (elems * 2 + 255) & ~size_t{255};
+  const size_t need = lo_off + elems * 2;                   // room for hi and lo
+  if (xb_.bytes() < need) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
+    xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
+    ++generation_;                                  // captured CUDA graphs that read the old one are stale
+  }
+  return {xb_.get<uint16_t>(), reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off)};
+}
+
 // The dense projections' one dispatch point on the weight format (the GEMV and the Lt GEMMs below).
 void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* y) {
   if (W.format != WeightFormat::BF16 && W.format != WeightFormat::F32)
     throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
+  if (skinny_ && linear_skinny_supported(W, n)) {  // 2..32 tokens, bf16: tensor cores, W read once
+    const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
+    K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
+    K3_CUDA_CHECK(linear_skinny(W, hi, lo, static_cast<int>(n), y, stream_));
+    return;
+  }
   if (n <= kGemvMaxTokens) {
     K3_CUDA_CHECK(linear_gemv(W, x, static_cast<int>(n), y, stream_));
     return;
@@ -247,21 +293,27 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     lt_matmul(WeightFormat::F32, m, n, k, W.data, x, 0.0f, y);
     return;
   }
-  const size_t elems = static_cast<size_t>(n * k);
-  const size_t lo_off = (elems * 2 + 255) & ~size_t{255};  // lo starts 256-byte aligned, like hi
-  const size_t need = lo_off + elems * 2;                   // room for hi and lo
-  if (xb_.bytes() < need) {
-    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old buffer
-    xb_ = DeviceBuffer(need * 2);                   // grows with the largest batch seen
-    ++generation_;                                  // captured CUDA graphs that read the old one are stale
-  }
-  uint16_t* hi = xb_.get<uint16_t>();
-  uint16_t* lo = reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off);
   const bool split = precision_ == GemmPrecision::Bf16x2;
+  // Decode-sized batches in bf16x2: one GEMM over the 2n columns [hi | lo] (x's halves stored back to
+  // back) reads W once instead of twice; the two products are added after (the same fp32 sum the
+  // accumulating second GEMM formed). Bounded so that the [2n][m] scratch stays small.
+  const bool merged = split && merged_ && n <= kMergedMaxTokens && 2 * n * m <= kMergedMaxFloats;
+  const auto [hi, lo] = bf16_halves(x, n * k, merged);
   if (split)
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
     K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
+  if (merged) {
+    const size_t need = static_cast<size_t>(2 * n * m) * sizeof(float);
+    if (ys_.bytes() < need) {
+      K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still write the old buffer
+      ys_ = DeviceBuffer(need);
+      ++generation_;
+    }
+    lt_matmul(WeightFormat::BF16, m, 2 * n, k, W.data, hi, 0.0f, ys_.get<float>());
+    K3_CUDA_CHECK(add_halves(ys_.get<float>(), n * m, y, stream_));
+    return;
+  }
   lt_matmul(WeightFormat::BF16, m, n, k, W.data, hi, 0.0f, y);
   if (split) lt_matmul(WeightFormat::BF16, m, n, k, W.data, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
 }

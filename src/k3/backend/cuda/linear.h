@@ -1,6 +1,7 @@
 // Dense projections y[n][rows] = x[n][cols] . W^T on the GPU, W bf16 or fp32 (as stored in the
-// checkpoint; WeightFormat BF16 or F32, the formats linear.cu dispatches on), x and y fp32. Small n (decode) runs a GEMV-style kernel that reads W once for up to 8
-// tokens with fp32 activations; larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
+// checkpoint; WeightFormat BF16 or F32, the formats linear.cu dispatches on), x and y fp32. One token runs a
+// GEMV-style kernel (fp32 activations); 2..32 tokens with bf16 weights a tensor-core skinny GEMM that reads W
+// once with x split into bf16 hi + lo (linear_skinny.h; the GEMV up to 8 tokens for other weights); larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
 // rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
 // shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
 #pragma once
@@ -11,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <utility>
 
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/core/weight.h"
@@ -42,6 +44,10 @@ class LinearRunner {
 
   // Largest n that takes the GEMV path.
   static constexpr int kGemvMaxTokens = 8;
+  // bf16x2 batches up to this many tokens (and a [2n][rows] fp32 scratch up to kMergedMaxFloats) run one
+  // GEMM over x's hi and lo halves side by side: W is read once.
+  static constexpr int kMergedMaxTokens = 256;
+  static constexpr int64_t kMergedMaxFloats = int64_t{64} << 20;  // 256 MB
 
   // Throws k3::Error for a weight format without a kernel here.
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
@@ -64,6 +70,9 @@ class LinearRunner {
                         const void* c);
   void lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
   void release() noexcept;
+  // x's bf16 hi and lo staging for `count` values (xb_, grown on demand: bumps generation_); lo right after
+  // hi when back_to_back (one [2n][k] matrix), else at the next 256-byte boundary.
+  std::pair<uint16_t*, uint16_t*> bf16_halves(const float* x, int64_t count, bool back_to_back);
 
   cudaStream_t stream_;
   GemmPrecision precision_;
@@ -74,6 +83,9 @@ class LinearRunner {
   DeviceBuffer xb_;  // bf16 copy of x (hi, then lo at a 256-byte aligned offset)
   DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
   uint64_t generation_ = 0;
+  bool skinny_ = true;  // the tensor-core skinny path for 2..32 tokens (K3_CUDA_SKINNY=0: off)
+  bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
+  DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
 };
 
 // The GEMV kernel alone (n <= 8), exposed for tests and benchmarks; cudaErrorInvalidValue for a format

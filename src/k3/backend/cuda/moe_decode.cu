@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 
 namespace k3::cuda {
@@ -82,11 +83,7 @@ __device__ __forceinline__ uint32_t big_scale_x2_b(uint32_t s) {
   return s <= 128u ? 0x3F803F80u : s == 255u ? 0x7FC07FC0u : s * 0x00800080u;
 }
 
-__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
-__device__ __forceinline__ float glu(float g, float u, GluAct act, float beta, float lbeta) {
-  if (act == GluAct::SiTU) return beta * tanhf(g / beta) * sigmoid_f(g) * (lbeta * tanhf(u / lbeta));
-  return g / (1.0f + expf(-g)) * u;
-}
+using moe_dev::glu;  // cpu::silu_glu / cpu::situ_glu (moe_glu.cuh)
 
 // Packs 8 floats as bf16 hi and lo (x - hi), in the stored column order (PERM: x0 x4 x1 x5 x2 x6 x3 x7).
 template <bool PERM>

@@ -30,6 +30,17 @@ cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int t
                                const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
                                const DecodeScratch& s, cudaStream_t stream);
 
+// The bf16 experts' decode path since session 8 (moe_skinny.cu): per tile of `tok` (8 or 16) pairs of one
+// expert, the 8 warps of a block split K and finish their rows (GLU fused into gate/up), no split-K
+// partials; same arguments and scratch as moe_decode_experts. K3_MOE_SKINNY=0 in the environment keeps the
+// session-4 kernels and Auto rule for bf16 (A/B in one binary).
+bool moe_skinny_supported(const ExpertBank& w, int tok);
+bool moe_skinny_enabled();
+cudaError_t moe_skinny_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
+                               const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
+                               const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
+                               const DecodeScratch& s, cudaStream_t stream);
+
 // out[t] = sum over k in rank order of topk_w[t][k] * (sum over `splits` partials of y[slot_of[t][k]]), each
 // partial [P][X] at part + split * split_stride; slot < 0 skipped. The one combine of both MoE paths (the
 // tiled path passes splits = 1). X % 4 == 0, K <= 32.

@@ -52,6 +52,7 @@
 #include <string>
 
 #include "k3/backend/cuda/moe_decode.h"
+#include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/core/error.h"
 
@@ -254,13 +255,7 @@ struct TileArgs {
   float beta = 1.f, lbeta = 1.f;
 };
 
-__device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
-
-// cpu::silu_glu / cpu::situ_glu.
-__device__ __forceinline__ float glu(float g, float u, GluAct act, float beta, float lbeta) {
-  if (act == GluAct::SiTU) return beta * tanhf(g / beta) * sigmoid_f(g) * (lbeta * tanhf(u / lbeta));
-  return g / (1.0f + expf(-g)) * u;
-}
+using moe_dev::glu;  // cpu::silu_glu / cpu::situ_glu (moe_glu.cuh)
 
 __device__ __forceinline__ uint32_t word(const uint4& q, int k) {
   return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
@@ -759,6 +754,10 @@ MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format) {
   const int64_t P = static_cast<int64_t>(n) * K;
   if (simt_forced_by_env()) return P >= static_cast<int64_t>(kTcMinPairsPerExpert) * E ? MoePath::TensorCore : MoePath::Simt;
   if (P > 8 * static_cast<int64_t>(E)) return MoePath::TensorCore;
+  // bf16 experts, session 8 (moe_skinny.cu; K3_MOE_SKINNY=0 restores the rule below): the decode path from a
+  // quarter pair per expert (Kimi-Linear: batch 8 and up).
+  if (format == WeightFormat::BF16 && moe_skinny_enabled())
+    return P * 4 >= static_cast<int64_t>(E) ? MoePath::TcDecode : MoePath::Simt;
   // Session 4 (CudaMoe.Timing): K3 MXFP4 n = 1 (P = E/56) SIMT 211 vs decode 281 us, n = 8 (P = E/7) 1354 vs
   // 1200; Kimi-Linear bf16 n = 64 (P = 2 E) SIMT 982 vs decode 1173, n = 256 (8 E) decode 1562 vs 1803 (64-pair tiles).
   if (format == WeightFormat::MXFP4 ? P * 16 >= E : P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
@@ -850,7 +849,12 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode)
     return cudaErrorInvalidValue;
   const int P = n * K;
-  const MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  // The session-8 bf16 rule assumes the skinny kernels; shapes they do not take (I or X not a multiple of
+  // 32) keep the session-4 rule: SIMT up to 2 pairs per expert.
+  if (path == MoePath::Auto && chosen == MoePath::TcDecode && !mx && !moe_skinny_supported(w, 8) &&
+      P <= 2 * static_cast<int64_t>(w.E))
+    chosen = MoePath::Simt;
   const bool tc = chosen == MoePath::TensorCore;
   bool dec = chosen == MoePath::TcDecode;
   if (dec && (P > ws.dec_pairs_ || n > ws.dec_tokens_)) {
@@ -858,7 +862,10 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     dec = false;  // not reached: Auto decodes below 4 pairs per expert, within the capacity
   }
   // Decode tiles: 8 pairs (one n8 MMA column block) up to 2 pairs per expert on average, else 16.
-  const int tok = tc ? kTcM : dec ? (P <= 2 * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
+  // (bf16 on the skinny decode kernels: 8 up to 4 pairs per expert; a 16-pair tile doubles the activation
+  // reads and MMAs of every block, a second 8-pair tile re-reads one expert's weights.)
+  const bool skinny = dec && !mx && moe_skinny_enabled();
+  const int tok = tc ? kTcM : dec ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
@@ -875,6 +882,9 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     ds.hb = ws.dec_hb_;
     ds.part = ws.dec_part_;
     ds.part_floats = ws.dec_part_floats_;
+    if (skinny && moe_skinny_supported(w, tok))
+      return moe_skinny_experts(w, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
+                                situ_beta, situ_linear_beta, split, out, ds, stream);
     return moe_decode_experts(w, mx, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
                               situ_beta, situ_linear_beta, split, out, ds, stream);
   }

@@ -36,7 +36,9 @@ enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3 };
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4"): the 64-pair tensor-core tiles above 8
 // (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels from 1/16 pair per expert
-// (MXFP4) or above 2 pairs per expert (bf16); the SIMT tiles below. K3_MOE_DECODE=simt in the environment
+// (MXFP4) or, for bf16, from 1/4 pair per expert on the skinny kernels (moe_skinny.cu, session 8; moe_experts
+// keeps the session-4 bf16 threshold, above 2 pairs per expert, for I or X not multiples of 32, and
+// K3_MOE_SKINNY=0 restores it everywhere); the SIMT tiles below. K3_MOE_DECODE=simt in the environment
 // restores the session-3 rule (SIMT below 4 pairs per expert, else the 64-pair tiles) for comparisons.
 MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format);
 // moe_experts_auto_path(...) == MoePath::TensorCore.

@@ -1,0 +1,140 @@
+// Tensor-core skinny GEMM for decode batches (linear_skinny.h).
+//
+// mma.sync m16n8k16 bf16 -> fp32 with the weights as A (16 output rows) and the batch's tokens as B (8 per
+// n8 tile, up to 4 tiles), x split into bf16 hi + lo (two MMAs into one accumulator: ~fp32 accuracy).
+// No weight repack: lane (g, tq) loads 16 bytes (8 consecutive columns) of rows g and g + 8 of a 32-column
+// chunk straight into A fragments, using the freedom to permute k (applied to A and B alike): k-slots
+// {2tq, 2tq+1} / {2tq+8, 2tq+9} of step s are stored columns 8tq + 4s + {0,1} / {2,3}. So the B fragment
+// of step s is the 8 bytes x[token][8tq + 4s .. +3]: one 16-byte load of the natural-order activation row
+// serves both steps (the same mapping as moe_decode.cu's bf16 experts).
+//
+// Block: 8 warps on the same 16 * MT rows, each over every 8th chunk of K (the weight rows are read as
+// 512 contiguous bytes per row by the 8 warps together); U chunks' weights are loaded before any is used,
+// so each lane has U * MT * 2 16-byte loads in flight. The 8 warps' partial sums meet in shared memory and
+// are added in warp order: the result does not depend on timing (graph replay == eager, bit for bit).
+// x (<= 32 x cols bf16 pairs, L2-resident) is read through L1 by every warp; weights bypass L1.
+#include "k3/backend/cuda/linear_skinny.h"
+
+#include "k3/backend/cuda/mma_bf16.cuh"
+
+namespace k3::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kUnroll = 4;  // chunks per warp whose weights are in flight together
+
+using mma_bf16::load_stream;
+using mma_bf16::mma_chunk;
+
+template <int MT, int NT>
+__global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __restrict__ W, int rows, int cols,
+                                                             const uint16_t* __restrict__ xh,
+                                                             const uint16_t* __restrict__ xl, int n,
+                                                             float* __restrict__ y) {
+  __shared__ float red[kWarps][MT * NT * 4][32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int row0 = blockIdx.x * 16 * MT;
+  const int chunks = cols / 32;
+  // Rows past the end and tokens past n are clamped to valid ones: their loads are harmless and their
+  // results (separate accumulator rows / columns) are never stored.
+  const uint4* wp[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
+      wp[i][h] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(r) * cols) + tq;
+    }
+  const uint4* xp[NT][2];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int tok = min(8 * t + g, n - 1);
+    xp[t][0] = reinterpret_cast<const uint4*>(xh + static_cast<int64_t>(tok) * cols) + tq;
+    xp[t][1] = reinterpret_cast<const uint4*>(xl + static_cast<int64_t>(tok) * cols) + tq;
+  }
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][t][j] = 0.f;
+
+  for (int c0 = warp; c0 < chunks; c0 += kWarps * kUnroll) {
+    uint4 wv[kUnroll][MT][2];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * kWarps;
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wv[u][i][h] = c < chunks ? load_stream(wp[i][h] + 4 * c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * kWarps;
+      if (c >= chunks) break;  // warp-uniform
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const uint4 bh = __ldg(xp[t][0] + 4 * c), bl = __ldg(xp[t][1] + 4 * c);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          mma_chunk(acc[i][t], wv[u][i][0], wv[u][i][1], bh);
+          mma_chunk(acc[i][t], wv[u][i][0], wv[u][i][1], bl);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) red[warp][(i * NT + t) * 4 + j][lane] = acc[i][t][j];
+  __syncthreads();
+  // Sum the warps' partials in warp order; accumulator j of lane (g, tq) in tile (i, t) is row
+  // 16 i + g + 8 (j >> 1), token 8 t + 2 tq + (j & 1).
+  for (int idx = threadIdx.x; idx < MT * NT * 4 * 32; idx += kWarps * 32) {
+    const int l = idx & 31, f = idx >> 5, j = f & 3, t = (f >> 2) % NT, i = (f >> 2) / NT;
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w][f][l];
+    const int row = row0 + 16 * i + (l >> 2) + 8 * (j >> 1), tok = 8 * t + 2 * (l & 3) + (j & 1);
+    if (row < rows && tok < n) y[static_cast<int64_t>(tok) * rows + row] = s;
+  }
+}
+
+template <int MT>
+cudaError_t launch(const uint16_t* W, int rows, int cols, const uint16_t* xh, const uint16_t* xl, int n, float* y,
+                   cudaStream_t s) {
+  const unsigned grid = static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT));
+  switch ((n + 7) / 8) {
+    case 1: skinny_kernel<MT, 1><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
+    case 2: skinny_kernel<MT, 2><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
+    case 3: skinny_kernel<MT, 3><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
+    case 4: skinny_kernel<MT, 4><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool linear_skinny_supported(const WeightMatrix& W, int64_t n) {
+  return W.format == WeightFormat::BF16 && n >= kSkinnyMinTokens && n <= kSkinnyMaxTokens && W.rows >= 1 &&
+         W.rows <= (int64_t{1} << 30) && W.cols >= 32 && W.cols % 32 == 0 && W.cols <= (int64_t{1} << 30) &&
+         reinterpret_cast<uintptr_t>(W.data) % 16 == 0;
+}
+
+cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
+                          cudaStream_t s) {
+  if (!linear_skinny_supported(W, n)) return cudaErrorInvalidValue;
+  const auto* w = static_cast<const uint16_t*>(W.data);
+  const int rows = static_cast<int>(W.rows), cols = static_cast<int>(W.cols);
+  // Two m16 tiles per block once that still gives >= 2 blocks per SM on a 132-SM part (lm_head, MLP
+  // up-projections): half the activation reads per weight byte; smaller matrices keep one for more blocks.
+  if (rows >= 2 * 132 * 32) return launch<2>(w, rows, cols, x_hi, x_lo, n, y, s);
+  return launch<1>(w, rows, cols, x_hi, x_lo, n, y, s);
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,30 @@
+// Dense projections for small batches on tensor cores: y[n][rows] = x[n][cols] . W^T for bf16 W and
+// 2 <= n <= 32 tokens, W streamed from HBM once for all tokens (linear_skinny.cu says how).
+//
+// Why: the fp32 GEMV (linear.cu) reads W once but reloads x from L1 for every token and every 8 weights,
+// so at n = 8 it is L1-bound at ~20% of HBM bandwidth (lm_head 163840 x 2304: 790 us vs 172 us at n = 1);
+// above 8 tokens cuBLASLt in the bf16x2 mode reads W twice (one GEMM per half). Decode batches of 2..32
+// sequences spend most of their dense time there.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/core/weight.h"
+
+namespace k3::cuda {
+
+constexpr int kSkinnyMinTokens = 2;
+constexpr int kSkinnyMaxTokens = 32;
+
+// Whether linear_skinny handles this weight and batch: bf16, cols a multiple of 32, rows >= 1, 16-byte
+// aligned data, kSkinnyMinTokens <= n <= kSkinnyMaxTokens.
+bool linear_skinny_supported(const WeightMatrix& W, int64_t n);
+
+// x given as bf16 hi and lo halves [n][cols] (x = hi + lo, from to_bf16_split; 16-byte aligned rows), so
+// the result matches fp32 arithmetic to ~1e-6 relative; fp32 accumulation. cudaErrorInvalidValue when not
+// linear_skinny_supported.
+cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
+                          cudaStream_t s);
+
+}  // namespace k3::cuda
