@@ -26,7 +26,7 @@ void add_info(CLI::App& app, Registry& reg) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture and sizes");
   auto model = std::make_shared<std::string>();
   auto compute = std::make_shared<ComputeOptions>();
-  cmd->add_option("-m,--model", *model, "HF checkpoint directory");
+  cmd->add_option("-m,--model", *model, "HF checkpoint directory or GGUF file");
   add_compute_options(cmd, *compute);
   cmd->callback([&reg, model, compute] {
     reg.action = [model, compute] {

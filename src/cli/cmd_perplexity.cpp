@@ -27,7 +27,7 @@ void add_perplexity(CLI::App& app, Registry& reg) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("perplexity", "Perplexity (mean NLL) of a model over a text file");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   cmd->add_option("-f,--file", o->file, "UTF-8 text file")->required();
   cmd->add_option("--ctx", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");
@@ -37,7 +37,7 @@ void add_perplexity(CLI::App& app, Registry& reg) {
     reg.action = [o] {
       const std::string dir = resolve_model_dir(o->model);
       auto model = load_model(dir, o->dev);
-      auto tok = k3::text::Tokenizer::load(dir);
+      auto tok = load_tokenizer(dir, o->dev);
       check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
       std::ifstream f(o->file, std::ios::binary);
       if (!f) throw k3::Error("cannot read '" + o->file + "'");
