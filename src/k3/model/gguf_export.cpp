@@ -140,6 +140,10 @@ class TensorExport {
     int64_t non_unit = 0;
     for (int64_t d : t.shape) non_unit += d != 1;
     if (non_unit <= 1) return add_f32(w_, g, {t.numel()}, to_f32(t));
+    // The router is written F32 as the converter does (its "always F32" list; llama.cpp's graph reads it so).
+    // Exact widening; on the CPU the F32 and BF16 kernels give the same bits for the same values
+    // (one loop, weight_simd.h), outside the opt-in avx512bf16 tier.
+    if (g.size() >= 19 && g.compare(g.size() - 19, 19, "ffn_gate_inp.weight") == 0) return add_f32(w_, g, ne, to_f32(t));
     const TensorInfo* tp = &t;
     w_.add_tensor(g, ne, ggml_type_of(t.dtype), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
   }
