@@ -208,14 +208,18 @@ ModelConfig gguf_model_config(const Gguf& g, const std::string& source) {
 
 namespace {
 
-// What the adapted checkpoint owns: the mapped file and the small tensors rebuilt from it.
+// What the adapted checkpoint owns: the small tensors rebuilt from the file (and, through open_gguf_model,
+// the mapped file itself).
 struct Owner {
-  std::unique_ptr<GgufFile> file;
-  std::vector<std::vector<uint8_t>> buffers;
+  std::vector<std::vector<uint8_t>>& buffers;
   const uint8_t* keep(std::vector<uint8_t> b) {
     buffers.push_back(std::move(b));
     return buffers.back().data();
   }
+};
+struct FileOwner {
+  std::unique_ptr<GgufFile> file;
+  std::vector<std::vector<uint8_t>> buffers;
 };
 
 std::optional<DType> float_dtype(uint32_t ggml_type) {
@@ -400,13 +404,19 @@ class Adapter {
 
 }  // namespace
 
+std::vector<TensorInfo> gguf_tensors_as_hf(const ModelConfig& c, const Gguf& g, const std::string& source,
+                                           std::vector<std::vector<uint8_t>>& keep) {
+  Owner own{keep};
+  return Adapter(c, g, source, own).run();
+}
+
 GgufModel open_gguf_model(const std::string& path) {
-  auto own = std::make_shared<Owner>();
+  auto own = std::make_shared<FileOwner>();
   own->file = std::make_unique<GgufFile>(path);
   const Gguf& g = own->file->gguf();
   GgufModel m;
   m.config = gguf_model_config(g, path);
-  std::vector<TensorInfo> tensors = Adapter(m.config, g, path, *own).run();
+  std::vector<TensorInfo> tensors = gguf_tensors_as_hf(m.config, g, path, own->buffers);
   const ModelConfig cfg = m.config;
   m.checkpoint = std::make_unique<Checkpoint>(
       path, std::move(tensors), std::vector<const MappedFile*>{&own->file->mapping()}, own,

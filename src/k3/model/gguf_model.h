@@ -28,6 +28,11 @@ GgufModel open_gguf_model(const std::string& path);
 // The config alone, from a parsed GGUF (tests, `k3 info`); `source` names the file in messages.
 ModelConfig gguf_model_config(const Gguf& g, const std::string& source);
 
+// The adapter alone, over a parsed GGUF (the fuzzer): its tensors under the HF names the binder looks up;
+// rebuilt small tensors (kv_b, AttnRes ones) go to `keep`, which must outlive the result. Throws k3::Error.
+std::vector<TensorInfo> gguf_tensors_as_hf(const ModelConfig& c, const Gguf& g, const std::string& source,
+                                           std::vector<std::vector<uint8_t>>& keep);
+
 // Whether `path` names a GGUF file (a regular file starting with the "GGUF" magic) rather than a directory.
 bool is_gguf_path(const std::string& path);
 
