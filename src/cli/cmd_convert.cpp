@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "cli/gguf_vocab.h"
+#include "k3/text/gguf_vocab.h"
 #include "k3/core/error.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
@@ -39,7 +39,7 @@ void add_convert(CLI::App& app, Registry& reg) {
         if (!fs::exists(fs::path(tok_dir) / "tiktoken.model", ec))
           throw k3::Error("'" + tok_dir + "' has no tiktoken.model: pass --tokenizer DIR, or --no-vocab to write "
                           "no tokenizer metadata");
-        add_tokenizer_to_gguf(w, k3::text::Tokenizer::load(tok_dir), cfg.vocab_size, cfg.bos_token_id >= 0);
+        k3::text::add_tokenizer_to_gguf(w, k3::text::Tokenizer::load(tok_dir), cfg.vocab_size, cfg.bos_token_id >= 0);
       }
       const auto t0 = std::chrono::steady_clock::now();
       int last_pct = -1;

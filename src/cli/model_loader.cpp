@@ -1,5 +1,6 @@
 #include "cli/model_loader.h"
 #include "cli/commands.h"
+#include "k3/text/gguf_vocab.h"
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
@@ -71,9 +72,11 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
   const std::filesystem::path beside = std::filesystem::absolute(model_path).parent_path();
   std::error_code ec;
   if (std::filesystem::exists(beside / "tiktoken.model", ec)) return k3::text::Tokenizer::load(beside.string());
-  throw k3::Error("'" + model_path + "': k3 reads a GGUF's tokenizer from an HF directory (tiktoken.model + "
-                  "tokenizer_config.json) and there is none beside it: pass --tokenizer DIR (the GGUF's own "
-                  "tokenizer.ggml.* vocabulary is not read yet; docs/gguf.md)");
+  const k3::GgufFile f(model_path);
+  if (!f.gguf().metadata.contains("tokenizer.ggml.tokens"))
+    throw k3::Error("'" + model_path + "' has no tokenizer (no tokenizer.ggml.tokens) and no tiktoken.model beside it: "
+                    "pass --tokenizer DIR (a directory with tiktoken.model and tokenizer_config.json)");
+  return k3::text::tokenizer_from_gguf(f.gguf(), model_path);
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {

@@ -36,8 +36,8 @@ struct DeviceOptions {
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
 
 // The tokenizer of the model at `model_path`: --tokenizer DIR if given, else the HF directory itself, else
-// (a GGUF file) the directory holding it when that has a tiktoken.model. k3 does not build its tokenizer from
-// a GGUF's tokenizer.ggml.* arrays yet (docs/gguf.md); without a directory the error says so.
+// (a GGUF file) the directory holding it when that has a tiktoken.model, else the GGUF's own tokenizer.ggml.*
+// arrays when they are a Kimi vocabulary (cli/gguf_vocab.h; docs/gguf.md).
 k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOptions& d);
 
 // Applies d.compute first. Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
