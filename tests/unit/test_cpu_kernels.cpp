@@ -152,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier,
 // every other (tier, format) pair computes exact fp32 products.
 bool rounds_activations(k3::WeightFormat f) {
   return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16 &&
-         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4);
+         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4 || f == k3::WeightFormat::MXFP4_GGML);
 }
 
 // Bound on |sum w (x' - x)| where x' are the activations as the active tier rounds them (0 when exact):
@@ -231,10 +231,9 @@ TEST_P(CpuKernelsTier, MatmulMxfp4Ggml) {
 }
 
 // ggml's MXFP4 block and the HF layout holding the same values give the same bits through every path
-// (dot, gemm tiles, dequant): what makes a GGUF's MXFP4 experts reproduce the HF checkpoint's logits.
-// Not in avx512bf16, whose HF-layout kernel rounds the activations to int8 (ggml's runs exact there).
+// (dot, gemm tiles, dequant; in avx512bf16 the int8-activation path, pairs of blocks and a lone last one):
+// what makes a GGUF's MXFP4 experts reproduce the HF checkpoint's logits.
 TEST_P(CpuKernelsTier, Mxfp4GgmlSameBitsAsMxfp4) {
-  if (GetParam() == k3::cpu::CpuIsa::Avx512Bf16) GTEST_SKIP() << "avx512bf16 has an int8 MXFP4 path only for the HF layout";
   std::mt19937 rng(53);
   for (int64_t cols : {32, 96, 544})
     for (int64_t n : {1, 3, 8, 13}) {

@@ -98,14 +98,12 @@ const FormatTable kAvx512Table{avx512_row_kernels(WeightFormat::F32), avx512_row
                                avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4),
                                avx512_row_kernels(WeightFormat::MXFP4_GGML)};
 
-// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 kernels and runs avx512's for
-// F32 and F16 (no cheaper exact path for them, and no reason to round their activations) and, so far, for
-// MXFP4_GGML (exact fp32 activations there: a GGUF's MXFP4 experts do not match the HF dir's bits in this
-// opt-in tier; docs/gguf.md).
+// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 (both layouts) kernels and runs
+// avx512's for F32 and F16 (no cheaper exact path for them, and no reason to round their activations).
 const FormatTable kAvx512Bf16Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
                                    avx512bf16_row_kernels(WeightFormat::BF16),
                                    avx512bf16_row_kernels(WeightFormat::MXFP4),
-                                   avx512_row_kernels(WeightFormat::MXFP4_GGML)};
+                                   avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)};
 
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {
