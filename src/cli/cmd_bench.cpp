@@ -319,7 +319,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
-  off->add_option("-m,--model", f->model, "HF checkpoint directory (default: the built-in model)");
+  off->add_option("-m,--model", f->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   add_device_options(off, f->dev);
   off->add_option("-p,--n-prompt", f->pp, "prompt-processing sizes (pp N)")->delimiter(',')->capture_default_str();
   off->add_option("-n,--n-gen", f->tg, "generation lengths (tg N)")->delimiter(',')->capture_default_str();

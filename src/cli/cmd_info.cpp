@@ -26,7 +26,7 @@ void add_info(CLI::App& app, Registry& reg) {
   auto* cmd = app.add_subcommand("info", "Print a model's architecture and sizes");
   auto model = std::make_shared<std::string>();
   auto compute = std::make_shared<ComputeOptions>();
-  cmd->add_option("-m,--model", *model, "HF checkpoint directory");
+  cmd->add_option("-m,--model", *model, "HF checkpoint directory or GGUF file");
   add_compute_options(cmd, *compute);
   cmd->callback([&reg, model, compute] {
     reg.action = [model, compute] {
@@ -42,7 +42,7 @@ void add_info(CLI::App& app, Registry& reg) {
                   (long long)c.top_k, (long long)c.num_shared_experts, (long long)c.moe_intermediate_size,
                   c.routed_hidden_size ? (", latent " + std::to_string(c.routed_hidden_size)).c_str() : "");
       std::printf("residual         %s\n", c.attn_res_block_size ? ("block attention residuals, block " + std::to_string(c.attn_res_block_size)).c_str() : "pre-norm residual");
-      std::printf("routed experts   %s\n", (c.expert_quant_format ? std::string(weight_format_name(*c.expert_quant_format)) + " (compressed-tensors)" : std::string("dense floats")).c_str());
+      std::printf("routed experts   %s\n", (c.expert_quant_format ? std::string(weight_format_name(*c.expert_quant_format)) + (*c.expert_quant_format == k3::WeightFormat::MXFP4_GGML ? " (GGUF ggml blocks)" : " (compressed-tensors)") : std::string("dense floats")).c_str());
       std::printf("params total     %s (%lld)\n", human_count((double)s.params_total).c_str(), (long long)s.params_total);
       std::printf("params active    %s per token (%lld)\n", human_count((double)s.params_active).c_str(), (long long)s.params_active);
       std::printf("weight bytes     %s (%lld tensors bound, %lld unused in checkpoint)\n",

@@ -21,7 +21,7 @@ void add_logits(CLI::App& app, Registry& reg) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("logits", "Write float32 logits [n_tokens, vocab] for token ids to a .npy file");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory");
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file");
   cmd->add_option("--tokens", o->tokens, "comma-separated token ids")->required()->delimiter(',');
   cmd->add_flag("--decode", o->decode, "run token by token (recurrent KDA, absorbed MLA) instead of one prefill");
   cmd->add_option("--kda-chunk", o->chunk, "KDA chunk size of the prefill form (0: the backend's default, CPU 64, CUDA 32)")->check(CLI::Range(0, 4096));

@@ -70,7 +70,7 @@ int run_perplexity(const PerplexityOpts& o) {
   // The tokenizer only for text: a comparison with a base file takes the base's tokens.
   std::optional<k3::text::Tokenizer> tok;
   if (!o.file.empty() || model->config().bos_token_id < 0) {
-    tok.emplace(k3::text::Tokenizer::load(dir));
+    tok.emplace(load_tokenizer(dir, o.dev));
     check_tokenizer_fits(tok->n_vocab(), V);
   }
   KlMode kl;
@@ -150,7 +150,7 @@ int run_perplexity(const PerplexityOpts& o) {
 void add_perplexity(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<PerplexityOpts>();
   auto* cmd = app.add_subcommand("perplexity", "Perplexity (mean NLL) of a model over a text file; KL divergence against a base");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   cmd->add_option("-f,--file", o->file, "UTF-8 text file (with --kl-divergence: optional, checked against the base's tokens)");
   cmd->add_option("--ctx", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");

@@ -28,7 +28,7 @@ void add_run(CLI::App& app, Registry& reg) {
   o->sp.temperature = 0.8f;
   o->sp.max_tokens = 128;
   auto* cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streamed to stdout");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
   cmd->add_option("-n,--max-tokens", o->sp.max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temp,--temperature", o->sp.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
@@ -50,7 +50,7 @@ void add_run(CLI::App& app, Registry& reg) {
       const std::string dir = resolve_model_dir(o->model);
       const k3::DiskCounters disk_start = k3::read_disk_counters();
       auto model = load_model(dir, o->dev);
-      auto tok = k3::text::Tokenizer::load(dir);
+      auto tok = load_tokenizer(dir, o->dev);
       const auto& cfg = model->config();
       check_tokenizer_fits(tok.n_vocab(), cfg.vocab_size);
       std::vector<int32_t> prompt;

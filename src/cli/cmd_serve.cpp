@@ -56,7 +56,7 @@ void validate_serve_flags(const Opts& o) {
 void add_serve(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, ...)");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory (default: the built-in model)");
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   add_device_options(cmd, o->dev);
   cmd->add_option("--host", o->so.host, "address to bind")->capture_default_str();
   cmd->add_option("--port", o->so.port, "TCP port (0 = any free port)")->capture_default_str();
@@ -124,7 +124,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string dir = resolve_model_dir(o->model);
       auto model = load_model(dir, o->dev);
-      auto tok = k3::text::Tokenizer::load(dir);
+      auto tok = load_tokenizer(dir, o->dev);
       const auto& cfg = model->config();
       if (tok.n_vocab() > cfg.vocab_size)
         throw k3::Error("the tokenizer has " + std::to_string(tok.n_vocab()) + " ids but the model's vocab_size is " +

@@ -7,6 +7,7 @@ namespace k3cli {
 
 void add_info(CLI::App&, Registry&);
 void add_logits(CLI::App&, Registry&);
+void add_convert(CLI::App&, Registry&);
 void add_run(CLI::App&, Registry&);
 void add_tokenize(CLI::App&, Registry&);
 void add_perplexity(CLI::App&, Registry&);
@@ -16,7 +17,7 @@ void add_plan(CLI::App&, Registry&);
 void add_prune(CLI::App&, Registry&);
 
 std::vector<AddCommand> all_commands() {
-  return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_logits, add_tokenize, add_info};
+  return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_logits, add_tokenize, add_info, add_convert};
 }
 
 }  // namespace k3cli

@@ -1,9 +1,13 @@
 #include "cli/model_loader.h"
 #include "cli/commands.h"
+#include "k3/text/gguf_vocab.h"
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
 #include "k3/model/config.h"
+#include "k3/model/gguf_model.h"
+
+#include <filesystem>
 #include "k3/model/model.h"
 #include "k3/plan/plan.h"
 #ifdef K3_HAVE_CUDA
@@ -54,9 +58,25 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
       ->capture_default_str();
   cmd->add_flag("--no-expert-residency", d.no_expert_residency,
                 "cpu: no expert hit counting, prefetch or pinning (the page cache alone)");
+  cmd->add_option("--tokenizer", d.tokenizer,
+                  "directory with tiktoken.model and tokenizer_config.json (default: the model's; for a GGUF file, "
+                  "the directory it is in)");
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
+}
+
+k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOptions& d) {
+  if (!d.tokenizer.empty()) return k3::text::Tokenizer::load(d.tokenizer);
+  if (!k3::is_gguf_path(model_path)) return k3::text::Tokenizer::load(model_path);
+  const std::filesystem::path beside = std::filesystem::absolute(model_path).parent_path();
+  std::error_code ec;
+  if (std::filesystem::exists(beside / "tiktoken.model", ec)) return k3::text::Tokenizer::load(beside.string());
+  const k3::GgufFile f(model_path);
+  if (!f.gguf().metadata.contains("tokenizer.ggml.tokens"))
+    throw k3::Error("'" + model_path + "' has no tokenizer (no tokenizer.ggml.tokens) and no tiktoken.model beside it: "
+                    "pass --tokenizer DIR (a directory with tiktoken.model and tokenizer_config.json)");
+  return k3::text::tokenizer_from_gguf(f.gguf(), model_path);
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {

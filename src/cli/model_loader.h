@@ -9,6 +9,7 @@
 
 #include "cli/compute_options.h"
 #include "k3/runtime/model_runner.h"
+#include "k3/text/tokenizer.h"
 
 namespace k3cli {
 
@@ -29,9 +30,15 @@ struct DeviceOptions {
   double expert_cache_gb = -1;                 // --expert-cache-gb: pinned hot-set budget (-1 auto, 0 none)
   std::string expert_prefetch = "threads";     // --expert-prefetch none|madvise|threads
   bool no_expert_residency = false;            // --no-expert-residency: no counting, prefetch or pinning
+  std::string tokenizer;                       // --tokenizer DIR: tiktoken.model + tokenizer_config.json (a GGUF's)
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
+
+// The tokenizer of the model at `model_path`: --tokenizer DIR if given, else the HF directory itself, else
+// (a GGUF file) the directory holding it when that has a tiktoken.model, else the GGUF's own tokenizer.ggml.*
+// arrays when they are a Kimi vocabulary (cli/gguf_vocab.h; docs/gguf.md).
+k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOptions& d);
 
 // Applies d.compute first. Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d);

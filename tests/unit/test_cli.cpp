@@ -264,3 +264,27 @@ TEST(Cli, BenchOfflineRecordsThreads) {
   EXPECT_EQ(j["threads"], 1);
   EXPECT_NE(j["placement"].get<std::string>().find("1 compute threads (-t)"), std::string::npos);
 }
+
+// `k3 convert` writes a GGUF that `k3 logits` / `k3 run` read as they read the HF dir: the same logits file,
+// byte for byte; the same greedy text with the tokenizer taken from the GGUF's own metadata; and a clear
+// error where the GGUF has no tokenizer.
+TEST(Cli, ConvertToGgufAndRunIt) {
+  k3test::TempDir t;
+  const std::string hf = k3test::source_path("models/k3-tiny"), gguf = (t.path / "k3-tiny.gguf").string();
+  ASSERT_EQ(sh(k3bin() + " convert -m " + hf + " -o " + gguf + " 2>/dev/null").status, 0);
+  const std::string toks = "1,2,3,300,400,500,17";
+  ASSERT_EQ(sh(k3bin() + " logits -m " + hf + " --tokens " + toks + " --out " + (t.path / "h.npy").string() + " 2>/dev/null").status, 0);
+  ASSERT_EQ(sh(k3bin() + " logits -m " + gguf + " --tokens " + toks + " --out " + (t.path / "g.npy").string() + " 2>/dev/null").status, 0);
+  EXPECT_EQ(read((t.path / "h.npy").string()), read((t.path / "g.npy").string()));
+  const std::string run = " -p 'It is a truth universally' -n 12 --temp 0 2>/dev/null";
+  const Result a = sh(k3bin() + " run -m " + hf + run), b = sh(k3bin() + " run -m " + gguf + run);
+  EXPECT_EQ(a.status, 0);
+  EXPECT_EQ(b.status, 0);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_FALSE(a.out.empty());
+  const std::string bare = (t.path / "bare.gguf").string();
+  ASSERT_EQ(sh(k3bin() + " convert --no-vocab -m " + hf + " -o " + bare + " 2>/dev/null").status, 0);
+  const Result c = sh(k3bin() + " run -m " + bare + " -p hi -n 2 2>&1");
+  EXPECT_EQ(c.status, 1);
+  EXPECT_NE(c.out.find("k3: error: '" + bare + "' has no tokenizer"), std::string::npos) << c.out;
+}

@@ -28,6 +28,7 @@
 #include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cpu/weight_kernels.h"
+#include "k3/core/mxfp4_ggml.h"
 #include "k3/core/weight.h"
 #include "cpu_graph_ref.h"
 #include "kernel_test_util.h"
@@ -70,7 +71,23 @@ struct TestWeight {
   std::vector<double> ref;  // [rows][cols]
 };
 
+TestWeight make_weight(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng);
+
+// ggml's MXFP4 block layout of an MXFP4 test weight: the same values (and float64 reference), the scale
+// moved into 17-byte blocks and the nibbles reordered (core/mxfp4_ggml.h).
+TestWeight to_ggml(const TestWeight& m) {
+  TestWeight t = m;
+  t.W.format = k3::WeightFormat::MXFP4_GGML;
+  t.bytes.assign(static_cast<size_t>(m.W.rows * m.W.cols / 32 * 17), 0);
+  k3::mxfp4_to_ggml_blocks(m.bytes.data(), m.scales.data(), m.W.rows * m.W.cols / 32, t.bytes.data());
+  t.scales.clear();
+  t.W.scales = nullptr;
+  t.W.data = t.bytes.data();
+  return t;
+}
+
 TestWeight make_weight(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
+  if (f == k3::WeightFormat::MXFP4_GGML) return to_ggml(make_weight(k3::WeightFormat::MXFP4, rows, cols, rng));
   TestWeight t;
   const bool mxfp4 = f == k3::WeightFormat::MXFP4;
   t.W.format = f;
@@ -135,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier,
 // every other (tier, format) pair computes exact fp32 products.
 bool rounds_activations(k3::WeightFormat f) {
   return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16 &&
-         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4);
+         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4 || f == k3::WeightFormat::MXFP4_GGML);
 }
 
 // Bound on |sum w (x' - x)| where x' are the activations as the active tier rounds them (0 when exact):
@@ -209,6 +226,32 @@ TEST_P(CpuKernelsTier, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 
 TEST_P(CpuKernelsTier, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
 TEST_P(CpuKernelsTier, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
 TEST_P(CpuKernelsTier, MatmulMxfp4) { run_matmul_sweep(k3::WeightFormat::MXFP4, {32, 64, 96, 160, 544}, "matmul mxfp4"); }
+TEST_P(CpuKernelsTier, MatmulMxfp4Ggml) {
+  run_matmul_sweep(k3::WeightFormat::MXFP4_GGML, {32, 64, 96, 160, 544}, "matmul mxfp4_ggml");
+}
+
+// ggml's MXFP4 block and the HF layout holding the same values give the same bits through every path
+// (dot, gemm tiles, dequant; in avx512bf16 the int8-activation path, pairs of blocks and a lone last one):
+// what makes a GGUF's MXFP4 experts reproduce the HF checkpoint's logits.
+TEST_P(CpuKernelsTier, Mxfp4GgmlSameBitsAsMxfp4) {
+  std::mt19937 rng(53);
+  for (int64_t cols : {32, 96, 544})
+    for (int64_t n : {1, 3, 8, 13}) {
+      const TestWeight hf = make_weight(k3::WeightFormat::MXFP4, 37, cols, rng);
+      const TestWeight gg = to_ggml(hf);
+      const auto x = nonzero(static_cast<size_t>(n * cols), rng);
+      std::vector<float> a(static_cast<size_t>(n * 37), NAN), b(a.size(), NAN);
+      k3::cpu::matmul(hf.W, x.data(), n, a.data());
+      k3::cpu::matmul(gg.W, x.data(), n, b.data());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "cols " << cols << " n " << n;
+      std::vector<float> da(static_cast<size_t>(cols)), db(da.size());
+      for (int64_t r = 0; r < 37; ++r) {
+        k3::cpu::dequant_row(hf.W, r, da.data());
+        k3::cpu::dequant_row(gg.W, r, db.data());
+        ASSERT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0) << "dequant row " << r;
+      }
+    }
+}
 
 // Batch invariance of the register-blocked multi-token kernels (weight_gemm.cpp): every token's row of
 // matmul(W, x, n) has the bytes of matmul(W, x_t, 1), for token counts that fill the tiles (3 tokens for
@@ -271,12 +314,14 @@ TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::Wei
 TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4Ggml) { check_batch_invariance(k3::WeightFormat::MXFP4_GGML, {32, 160}); }
 
 // The three ways into a tier's kernels give the same bits: matmul (which a tier may run itself, converting
 // the activations once: RowKernels::matmul), the per-row dot (row_dot) and the gemm over a row range.
 TEST_P(CpuKernelsTier, DotGemmAndMatmulAgree) {
   std::mt19937 rng(41);
-  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
+  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4,
+                 k3::WeightFormat::MXFP4_GGML})
     for (int64_t cols : {32, 96, 544}) {
       const int64_t c = k3::is_block_format(f) ? cols : cols + 3, rows = 9, n = 14;
       const TestWeight t = make_weight(f, rows, c, rng);

@@ -12,6 +12,9 @@ enum class WeightFormat : uint8_t {
   F16,
   BF16,
   MXFP4,  // OCP MX FP4: E2M1 nibbles (element 2i = low nibble of byte i) + one E8M0 scale per 32 (model-spec 4)
+  // ggml's MXFP4 block (GGUF type 39): {uint8 e8m0; uint8 qs[16]}, element j = low nibble of qs[j], element
+  // j + 16 = high nibble: the same values as MXFP4, the scale inside the block (docs/gguf.md).
+  MXFP4_GGML,
 };
 
 // How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
@@ -31,6 +34,7 @@ constexpr WeightLayout weight_layout(WeightFormat f) {
     case WeightFormat::F16: return {"F16", 1, 2, 0};
     case WeightFormat::BF16: return {"BF16", 1, 2, 0};
     case WeightFormat::MXFP4: return {"MXFP4", 32, 16, 1};
+    case WeightFormat::MXFP4_GGML: return {"MXFP4_GGML", 32, 17, 0};
   }
   return {"?", 1, 0, 0};
 }

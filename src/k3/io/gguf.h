@@ -63,6 +63,7 @@ class GgufFile {
   explicit GgufFile(const std::string& path);  // throws k3::Error
   const Gguf& gguf() const { return g_; }
   const std::string& path() const { return file_->path(); }
+  const MappedFile& mapping() const { return *file_; }
 
  private:
   std::unique_ptr<MappedFile> file_;

@@ -164,6 +164,14 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
 }
 
+Checkpoint::Checkpoint(std::string label, std::vector<TensorInfo> tensors, std::vector<const MappedFile*> maps,
+                       std::shared_ptr<const void> owner, std::function<std::string(const std::string&)> note)
+    : dir_(std::move(label)), adapted_(std::move(tensors)), adapted_maps_(std::move(maps)), owner_(std::move(owner)),
+      note_(std::move(note)) {
+  for (const TensorInfo& t : adapted_)
+    if (!index_.emplace(t.name, &t).second) throw Error("'" + dir_ + "': tensor '" + t.name + "' appears twice");
+}
+
 const TensorInfo* Checkpoint::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : it->second;
@@ -172,6 +180,7 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
 std::vector<const MappedFile*> Checkpoint::mappings() const {
   std::vector<const MappedFile*> m;
   for (const auto& f : files_) m.push_back(&f->mapping());
+  m.insert(m.end(), adapted_maps_.begin(), adapted_maps_.end());
   return m;
 }
 

@@ -2,6 +2,7 @@
 // `model.safetensors.index.json`, memory-mapped. Tensor data is never copied here.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,13 @@ class Checkpoint {
  public:
   // dir holds model.safetensors.index.json (sharded) or model.safetensors (or any *.safetensors).
   explicit Checkpoint(const std::string& dir);
+  // Tensors another reader found, under the names the model binder looks up (a GGUF seen under its HF names:
+  // model/gguf_model.h). Their data lives in `maps` or in `owner` (converted copies), both kept alive here;
+  // `note` adds to a tensor name in messages what it is in the file (" (GGUF 'blk.0.attn_q.weight')").
+  Checkpoint(std::string label, std::vector<TensorInfo> tensors, std::vector<const MappedFile*> maps,
+             std::shared_ptr<const void> owner, std::function<std::string(const std::string&)> note);
+  // " (what `name` is in the file)" for adapted checkpoints, else "".
+  std::string name_note(const std::string& name) const { return note_ ? note_(name) : std::string(); }
   const TensorInfo* find(const std::string& name) const;
   const std::map<std::string, const TensorInfo*>& all() const { return index_; }
   const std::string& dir() const { return dir_; }
@@ -58,6 +66,10 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> index_;
+  std::vector<TensorInfo> adapted_;      // the tensors of an adapted checkpoint (index_ points here)
+  std::vector<const MappedFile*> adapted_maps_;
+  std::shared_ptr<const void> owner_;
+  std::function<std::string(const std::string&)> note_;
 };
 
 }  // namespace k3

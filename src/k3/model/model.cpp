@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "k3/model/graph/forward.h"
+#include "k3/model/model_files.h"
 
 namespace k3 {
 
@@ -60,9 +61,10 @@ std::unique_ptr<ExpertResidency> make_residency(const ModelWeights& w, const Che
 
 std::unique_ptr<Model> Model::load(const std::string& dir, CacheDType kv, CacheDType ssm, ExpertResidencyOptions experts) {
   auto m = std::unique_ptr<Model>(new Model());
-  m->cfg_ = load_model_config(dir);
+  ModelFiles files = open_model_files(dir);  // an HF directory or a GGUF file
+  m->cfg_ = std::move(files.config);
   m->spec_ = make_cache_spec(m->cfg_, kv, ssm);
-  m->ckpt_ = std::make_unique<Checkpoint>(dir);
+  m->ckpt_ = std::move(files.checkpoint);
   m->w_ = bind_weights(m->cfg_, *m->ckpt_);
   m->residency_ = make_residency(m->w_, *m->ckpt_, experts);
   m->backend_.set_expert_residency(m->residency_.get());

@@ -1,5 +1,6 @@
 #include "k3/model/weights.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -47,8 +48,24 @@ class Binder {
 
   // A block format as a compressed-tensors pair (MXFP4: mxfp4-pack-quantized): <base>.weight_packed U8
   // [rows, row_data_bytes] + <base>.weight_scale U8 [rows, row_scale_bytes] (core/weight_format.h).
+  // A format with its scales inside the blocks (MXFP4_GGML from a GGUF) is one tensor: <base>.weight U8
+  // [rows, row_data_bytes].
   WeightMatrix packed(const std::string& base, WeightFormat format, int64_t rows, int64_t cols) {
     const std::vector<int64_t> pshape{rows, row_data_bytes(format, cols)}, sshape{rows, row_scale_bytes(format, cols)};
+    if (weight_layout(format).scale_bytes == 0) {
+      const TensorInfo* p = get(base + ".weight", std::string(weight_format_name(format)) + " blocks, U8 " + shape_str(pshape));
+      if (!p) return {};
+      if (p->dtype != DType::U8 || p->shape != pshape)
+        return bad(base + ".weight", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str(pshape));
+      WeightMatrix w;
+      w.format = format;
+      w.device = device_for(base + ".weight");
+      w.data = p->data;
+      w.rows = rows;
+      w.cols = cols;
+      bytes_ += static_cast<int64_t>(p->nbytes);
+      return w;
+    }
     const TensorInfo* p = get(base + ".weight_packed", "U8 " + shape_str(pshape));
     const TensorInfo* s = get(base + ".weight_scale", "U8 " + shape_str(sshape));
     if (!p || !s) return {};
@@ -77,6 +94,8 @@ class Binder {
   // Starts reading tensor `name` (if present) into the page cache: the scale checks of a layer's experts
   // then wait for exactly their bytes, issued together, instead of faulting one at a time with the
   // kernel's read-around, which on a large read_ahead_kb reads the whole checkpoint (docs/bigger-than-ram.md).
+  bool has(const std::string& name) const { return ck_.find(name) != nullptr; }
+
   void prefetch(const std::string& name) {
     if (const TensorInfo* t = ck_.find(name)) prefetch_mapped(t->data, t->nbytes);
   }
@@ -132,14 +151,14 @@ class Binder {
   const TensorInfo* get(const std::string& name, const std::string& expect) {
     const TensorInfo* t = ck_.find(name);
     if (!t) {
-      note("missing tensor '" + name + "' (expected " + expect + ")");
+      note("missing tensor '" + name + "'" + ck_.name_note(name) + " (expected " + expect + ")");
       return nullptr;
     }
     used_.insert(name);
     return t;
   }
   WeightMatrix bad(const std::string& name, const TensorInfo* t, const std::string& what) {
-    note("tensor '" + name + "' in '" + t->file + "': " + what);
+    note("tensor '" + name + "'" + ck_.name_note(name) + " in '" + t->file + "': " + what);
     return {};
   }
   // Keeps the first 20 problems for the message and counts the rest.
@@ -219,8 +238,24 @@ void bind_kda(Binder& b, const ModelConfig& c, const std::string& p, KdaWeights&
   std::vector<std::vector<int64_t>> a_shapes = {{1, 1, Hk, 1}, {Hk}};
   if (D > Hk) a_shapes.push_back({D});
   if (Hk < 128 && D != 128) a_shapes.push_back({128});
-  auto a = b.vec(p + "A_log", a_shapes);
-  if (!a.empty()) w.A_log = std::vector<float>(a.begin(), a.begin() + Hk);
+  if (b.has(p + kNegExpALogName)) {
+    // -exp(A_log) as stored (a GGUF): exp(A_log) exactly by negation; the logarithm only for backends that take it.
+    auto na = b.vec(p + kNegExpALogName, {{Hk}});
+    if (!na.empty()) {
+      std::vector<float> ae(static_cast<size_t>(Hk)), al(static_cast<size_t>(Hk));
+      for (size_t h = 0; h < ae.size(); ++h) ae[h] = -na[h], al[h] = std::log(ae[h]);
+      w.A_exp = std::move(ae);
+      w.A_log = std::move(al);
+    }
+  } else {
+    auto a = b.vec(p + "A_log", a_shapes);
+    if (!a.empty()) {
+      w.A_log = std::vector<float>(a.begin(), a.begin() + Hk);
+      std::vector<float> ae(static_cast<size_t>(Hk));
+      for (size_t h = 0; h < ae.size(); ++h) ae[h] = std::exp(w.A_log[h]);  // the CPU gate's exp (cpu_backend_kda.cpp)
+      w.A_exp = std::move(ae);
+    }
+  }
   w.b = b.mat(p + "b_proj.weight", Hk, H);
   if (c.kda_full_rank_gate) {
     w.g = b.mat(p + "g_proj.weight", C, H);
@@ -263,7 +298,7 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights&
   w.router = b.mat(p + "gate.weight", E, H);
   w.correction_bias = b.vec(p + "gate.e_score_correction_bias", E);
   w.experts.resize(static_cast<size_t>(E));
-  if (c.expert_quant_format)
+  if (c.expert_quant_format && weight_layout(*c.expert_quant_format).scale_bytes > 0)
     for (int64_t e = 0; e < E; ++e)
       for (const char* wn : {"w1", "w3", "w2"}) b.prefetch(p + "experts." + std::to_string(e) + "." + wn + ".weight_scale");
   for (int64_t e = 0; e < E; ++e) {

@@ -19,8 +19,14 @@ struct KdaWeights {
   WeightVector q_conv, k_conv, v_conv;  // [C][W]
   WeightVector dt_bias;                 // [C]
   WeightVector A_log;                   // [Hk]
+  WeightVector A_exp;                   // [Hk] exp(A_log): what the CPU's gate reads (a GGUF stores -exp(A_log))
   WeightVector o_norm;                  // [head_dim]
 };
+
+// The name under which a checkpoint adapter offers a KDA layer's -exp(A_log) when that is what it holds
+// (GGUF's ssm_a): <layer prefix>self_attn.A_log.neg_exp, [Hk] fp32; the binder then takes exp(A_log) from it
+// exactly and A_log = log(-value) for backends that want the logarithm.
+inline constexpr const char* kNegExpALogName = "A_log.neg_exp";
 
 struct MlaWeights {
   WeightMatrix q_a, q_b, q, kv_a, o, g;

@@ -316,7 +316,7 @@ Plan make_plan(const PlanInput& in) {
   // BF16 rate.
   const double bw = hw.hbm_tb_s * 1e12;
   const double bf16_rate = hw.bf16_tflops * 1e12;
-  const double expert_rate = (c.expert_quant_format == WeightFormat::MXFP4 && hw.fp8_tflops) ? *hw.fp8_tflops * 1e12 : bf16_rate;
+  const double expert_rate = ((c.expert_quant_format == WeightFormat::MXFP4 || c.expert_quant_format == WeightFormat::MXFP4_GGML) && hw.fp8_tflops) ? *hw.fp8_tflops * 1e12 : bf16_rate;
   const TokenCosts tc = token_costs(c, in.context);
   const double expert_flops_per_token = K * tc.expert_flops * n_moe;
   const double other_flops_decode = tc.other_flops_decode, attn_decode = tc.attn_decode;

@@ -21,26 +21,32 @@ Tokenizer Tokenizer::load(const std::string& model_dir, const std::string& patte
 Tokenizer Tokenizer::load_files(const std::string& model_path, const std::string& config_path,
                                 const std::string& pattern) {
   Tokenizer t(TiktokenBpe::load(model_path), Pretokenizer(pattern));
-  // Like tokenization_kimi.py, special ids start at len(mergeable_ranks).
-  t.n_ranks_ = t.bpe_.size();
-  if (t.bpe_.max_rank() + 1 != t.n_ranks_)
-    throw Error(model_path + ": ranks are not contiguous 0.." + std::to_string(t.n_ranks_ - 1));
-  // Byte-level BPE encodes any text only if every single byte is a token; checked here so that a
-  // vocabulary lacking one fails at load instead of on the first request containing that byte.
-  for (int b = 0; b < 256; ++b)
-    if (!t.bpe_.rank(std::string(1, static_cast<char>(b))))
-      throw Error(model_path + ": no token for byte " + std::to_string(b) + " (a byte-level BPE needs all 256)");
+  t.check_ranks(model_path);
   t.init_specials(config_path);
   return t;
 }
 
-void Tokenizer::init_specials(const std::string& config_path) {
-  // tokenization_kimi.py: added_tokens_decoder.get(i, f"<|reserved_token_{i}|>") for every
-  // i in [n_ranks, n_ranks + 256) -- note N is the full id, not the offset.
-  special_names_.clear();
-  for (int32_t i = 0; i < kNumSpecialSlots; ++i)
-    special_names_.push_back("<|reserved_token_" + std::to_string(n_ranks_ + i) + "|>");
+Tokenizer Tokenizer::from_contents(std::string_view tiktoken_contents, const nlohmann::json& config,
+                                   const std::string& origin, const std::string& pattern) {
+  Tokenizer t(TiktokenBpe::parse(tiktoken_contents, origin), Pretokenizer(pattern));
+  t.check_ranks(origin);
+  t.init_specials_json(config, origin);
+  return t;
+}
 
+void Tokenizer::check_ranks(const std::string& origin) {
+  // Like tokenization_kimi.py, special ids start at len(mergeable_ranks).
+  n_ranks_ = bpe_.size();
+  if (bpe_.max_rank() + 1 != n_ranks_)
+    throw Error(origin + ": ranks are not contiguous 0.." + std::to_string(n_ranks_ - 1));
+  // Byte-level BPE encodes any text only if every single byte is a token; checked here so that a
+  // vocabulary lacking one fails at load instead of on the first request containing that byte.
+  for (int b = 0; b < 256; ++b)
+    if (!bpe_.rank(std::string(1, static_cast<char>(b))))
+      throw Error(origin + ": no token for byte " + std::to_string(b) + " (a byte-level BPE needs all 256)");
+}
+
+void Tokenizer::init_specials(const std::string& config_path) {
   nlohmann::json cfg;
   if (!config_path.empty()) {
     const std::string text = read_regular_file(config_path, 16u << 20, "tokenizer config");
@@ -51,6 +57,17 @@ void Tokenizer::init_specials(const std::string& config_path) {
       throw Error(config_path + ": invalid JSON: " + e.what());
     }
     if (!cfg.is_object()) throw Error(config_path + ": must be a JSON object");
+  }
+  init_specials_json(cfg, config_path);
+}
+
+void Tokenizer::init_specials_json(const nlohmann::json& cfg, const std::string& config_path) {
+  // tokenization_kimi.py: added_tokens_decoder.get(i, f"<|reserved_token_{i}|>") for every
+  // i in [n_ranks, n_ranks + 256) -- note N is the full id, not the offset.
+  special_names_.clear();
+  for (int32_t i = 0; i < kNumSpecialSlots; ++i)
+    special_names_.push_back("<|reserved_token_" + std::to_string(n_ranks_ + i) + "|>");
+  {
     if (cfg.contains("added_tokens_decoder")) {
       if (!cfg["added_tokens_decoder"].is_object())
         throw Error(config_path + ": added_tokens_decoder must be an object of id -> token");

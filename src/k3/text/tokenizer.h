@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "k3/core/error.h"
 #include "k3/text/pretokenizer.h"
 #include "k3/text/tiktoken_bpe.h"
@@ -27,6 +29,12 @@ class Tokenizer {
   // Explicit files; config_path may be empty (then every special slot gets its reserved name).
   static Tokenizer load_files(const std::string& model_path, const std::string& config_path,
                               const std::string& pattern = kimi_pattern());
+
+  // From contents already in memory (a GGUF's vocabulary: cli/gguf_vocab.h): `tiktoken_contents` as in a
+  // tiktoken.model, `config` as tokenizer_config.json (added_tokens_decoder, bos_token, eos_token; may be
+  // null); `origin` names the source in messages.
+  static Tokenizer from_contents(std::string_view tiktoken_contents, const nlohmann::json& config,
+                                 const std::string& origin, const std::string& pattern = kimi_pattern());
 
   // allow_special=false is tiktoken's encode_ordinary (special-token text is plain text).
   // allow_special=true maps special-token strings in the text (leftmost, then longest) to their
@@ -53,6 +61,8 @@ class Tokenizer {
  private:
   Tokenizer(TiktokenBpe bpe, Pretokenizer pre) : bpe_(std::move(bpe)), pre_(std::move(pre)) {}
   void init_specials(const std::string& config_path);
+  void init_specials_json(const nlohmann::json& cfg, const std::string& config_path);
+  void check_ranks(const std::string& origin);
   // Leftmost, longest special token at or after `from`: returns (position, id) or npos.
   std::pair<size_t, int32_t> find_special(std::string_view text, size_t from) const;
   void add_to_trie(const std::string& name, int32_t id);

@@ -47,7 +47,9 @@ void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const 
   const int64_t Hk = dm.heads, D = dm.head_dim, C = dm.channels();
   for (int64_t t = 0; t < g.rows; ++t)
     for (int64_t h = 0; h < Hk; ++h) {
-      const float a = std::exp(w.A_log[static_cast<size_t>(h)]);
+      // exp(A_log) as the binder computed it (a GGUF stores -exp(A_log): model/gguf_model.cpp); weights built
+      // without it (tests, dummy weights) compute it here, the same std::exp.
+      const float a = w.A_exp.empty() ? std::exp(w.A_log[static_cast<size_t>(h)]) : w.A_exp[static_cast<size_t>(h)];
       float* gr = g.f() + t * C + h * D;
       const float* bias = w.dt_bias.data() + h * D;
       if (gate.bounded) {

@@ -94,7 +94,7 @@ void float_gemm(const Wt* base, int64_t rows, int64_t cols, int64_t r0, int64_t 
 
 // One accumulator per token, as dot_mxfp4; the row's group is decoded and its scale broadcast once for
 // all T tokens. T = 8: 4 decoded vectors + 8 accumulators + the scale + a product = 14 ymm registers.
-template <int T>
+template <WeightFormat F, int T>
 inline void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t cols,
                        float* y, int64_t ldy) {
   __m256 acc[T];
@@ -102,8 +102,7 @@ inline void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   __m256 w[4];
   for (int64_t g = 0; g < cols / kMxfp4Group; ++g) {
-    decode_mxfp4_group(packed + g * 16, w);
-    const __m256 sc = mxfp4_scale(scales[g]);
+    const __m256 sc = mxfp4_scale(load_mxfp4_group<F>(packed, scales, g, w));
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t)
       acc[t] = _mm256_fmadd_ps(mxfp4_group_dot(w, x + t * ldx + g * kMxfp4Group), sc, acc[t]);
@@ -112,8 +111,25 @@ inline void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float
 }
 
 using Mxfp4Tile = void (*)(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, int64_t);
-constexpr Mxfp4Tile kMxfp4Tiles[9] = {nullptr,        mxfp4_tile<1>, mxfp4_tile<2>, mxfp4_tile<3>, mxfp4_tile<4>,
-                                      mxfp4_tile<5>, mxfp4_tile<6>, mxfp4_tile<7>, mxfp4_tile<8>};
+template <WeightFormat F>
+constexpr Mxfp4Tile kMxfp4Tiles[9] = {nullptr,          mxfp4_tile<F, 1>, mxfp4_tile<F, 2>, mxfp4_tile<F, 3>, mxfp4_tile<F, 4>,
+                                      mxfp4_tile<F, 5>, mxfp4_tile<F, 6>, mxfp4_tile<F, 7>, mxfp4_tile<F, 8>};
+
+// Same blocking as float_gemm: a block of rows stays in cache while 8-token tiles pass over it.
+template <WeightFormat F>
+void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
+  constexpr int64_t kBlockBytes = 256 << 10, kT = 8;
+  const int64_t cols = W.cols, rows = W.rows;
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += kT) {
+      const Mxfp4Tile tile = kMxfp4Tiles<F>[std::min(kT, n - t0)];
+      for (int64_t r = b0; r < b1; ++r)
+        tile(W.row_data(r), W.row_scales(r), x + t0 * cols, cols, cols, y + t0 * rows + r, rows);
+    }
+  }
+}
 
 }  // namespace
 
@@ -130,19 +146,11 @@ void gemm_f16(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int
              [](const uint16_t* p) { return load_f16x8(p); }, [](uint16_t v) { return f16_to_f32(v); });
 }
 
-// Same blocking as float_gemm: a block of rows stays in cache while 8-token tiles pass over it.
 void gemm_mxfp4(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
-  constexpr int64_t kBlockBytes = 256 << 10, kT = 8;
-  const int64_t cols = W.cols, rows = W.rows;
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
-  for (int64_t b0 = r0; b0 < r1; b0 += block) {
-    const int64_t b1 = std::min(r1, b0 + block);
-    for (int64_t t0 = 0; t0 < n; t0 += kT) {
-      const Mxfp4Tile tile = kMxfp4Tiles[std::min(kT, n - t0)];
-      for (int64_t r = b0; r < b1; ++r)
-        tile(W.row_data(r), W.row_scales(r), x + t0 * cols, cols, cols, y + t0 * rows + r, rows);
-    }
-  }
+  mxfp4_gemm<WeightFormat::MXFP4>(W, r0, r1, x, n, y);
+}
+void gemm_mxfp4_ggml(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
+  mxfp4_gemm<WeightFormat::MXFP4_GGML>(W, r0, r1, x, n, y);
 }
 
 }  // namespace k3::cpu

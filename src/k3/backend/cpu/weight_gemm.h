@@ -12,5 +12,6 @@ void gemm_f32(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int
 void gemm_bf16(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
 void gemm_f16(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
 void gemm_mxfp4(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
+void gemm_mxfp4_ggml(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y);
 
 }  // namespace k3::cpu

@@ -33,12 +33,13 @@ float dot_f16(const uint16_t* w, const float* x, int64_t n) {
   return dot_loop(w, x, n, [](const uint16_t* p) { return load_f16x8(p); }, [](uint16_t v) { return f16_to_f32(v); });
 }
 
+template <WeightFormat F>
 float dot_mxfp4(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   __m256 w[4];
   for (int64_t g = 0; g < n / kMxfp4Group; ++g) {
-    decode_mxfp4_group(packed + g * 16, w);
-    acc = _mm256_fmadd_ps(mxfp4_group_dot(w, x + g * kMxfp4Group), mxfp4_scale(scales[g]), acc);
+    const uint8_t s = load_mxfp4_group<F>(packed, scales, g, w);
+    acc = _mm256_fmadd_ps(mxfp4_group_dot(w, x + g * kMxfp4Group), mxfp4_scale(s), acc);
   }
   return hsum(acc);
 }
@@ -54,8 +55,9 @@ float bf16_dot(const WeightMatrix& W, int64_t r, const float* x) {
 float f16_dot(const WeightMatrix& W, int64_t r, const float* x) {
   return dot_f16(static_cast<const uint16_t*>(W.data) + r * W.cols, x, W.cols);
 }
+template <WeightFormat F>
 float mxfp4_dot(const WeightMatrix& W, int64_t r, const float* x) {
-  return dot_mxfp4(W.row_data(r), W.row_scales(r), x, W.cols);
+  return dot_mxfp4<F>(W.row_data(r), W.row_scales(r), x, W.cols);
 }
 
 void f32_dequant(const WeightMatrix& W, int64_t r, float* out) {
@@ -70,13 +72,13 @@ void f16_dequant(const WeightMatrix& W, int64_t r, float* out) {
   const uint16_t* p = static_cast<const uint16_t*>(W.data) + r * W.cols;
   for (int64_t i = 0; i < W.cols; ++i) out[i] = f16_to_f32(p[i]);
 }
+template <WeightFormat F>
 void mxfp4_dequant(const WeightMatrix& W, int64_t r, float* out) {
   const uint8_t* p = W.row_data(r);
   const uint8_t* s = W.row_scales(r);
   __m256 w[4];
   for (int64_t g = 0; g < W.cols / kMxfp4Group; ++g) {
-    decode_mxfp4_group(p + g * 16, w);
-    const __m256 sc = mxfp4_scale(s[g]);
+    const __m256 sc = mxfp4_scale(load_mxfp4_group<F>(p, s, g, w));
     for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + g * 32 + k * 8, _mm256_mul_ps(w[k], sc));
   }
 }
@@ -84,20 +86,24 @@ void mxfp4_dequant(const WeightMatrix& W, int64_t r, float* out) {
 constexpr RowKernels kF32{f32_dot, f32_dequant, gemm_f32, nullptr};
 constexpr RowKernels kF16{f16_dot, f16_dequant, gemm_f16, nullptr};
 constexpr RowKernels kBF16{bf16_dot, bf16_dequant, gemm_bf16, nullptr};
-constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, gemm_mxfp4, nullptr};
+constexpr RowKernels kMXFP4{mxfp4_dot<WeightFormat::MXFP4>, mxfp4_dequant<WeightFormat::MXFP4>, gemm_mxfp4, nullptr};
+constexpr RowKernels kMXFP4Ggml{mxfp4_dot<WeightFormat::MXFP4_GGML>, mxfp4_dequant<WeightFormat::MXFP4_GGML>,
+                                gemm_mxfp4_ggml, nullptr};
 
 // Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above), avx512
 // (weight_kernels_avx512.cpp) and avx512bf16.
-using FormatTable = std::array<const RowKernels*, 4>;
-constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4};
+using FormatTable = std::array<const RowKernels*, 5>;
+constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4, &kMXFP4Ggml};
 const FormatTable kAvx512Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
-                               avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4)};
+                               avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4),
+                               avx512_row_kernels(WeightFormat::MXFP4_GGML)};
 
-// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 kernels and runs avx512's for
-// F32 and F16 (no cheaper exact path for them, and no reason to round their activations).
+// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 (both layouts) kernels and runs
+// avx512's for F32 and F16 (no cheaper exact path for them, and no reason to round their activations).
 const FormatTable kAvx512Bf16Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
                                    avx512bf16_row_kernels(WeightFormat::BF16),
-                                   avx512bf16_row_kernels(WeightFormat::MXFP4)};
+                                   avx512bf16_row_kernels(WeightFormat::MXFP4),
+                                   avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)};
 
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {

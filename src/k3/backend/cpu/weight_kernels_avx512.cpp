@@ -119,7 +119,7 @@ void float_dequant(const WeightMatrix& W, int64_t r, float* out) {
 
 // ---- MXFP4: one 16-lane accumulator per (row, token); a group decoded once for T tokens ----
 
-template <int T>
+template <WeightFormat F, int T>
 void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t cols, float* y,
                 int64_t ldy) {
   __m512 acc[T];
@@ -127,8 +127,7 @@ void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, in
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   __m512 w[2];
   for (int64_t g = 0; g < cols / kMxfp4Group; ++g) {
-    decode_mxfp4_group(packed + g * 16, w);
-    const __m512 sc = mxfp4_scale(scales[g]);
+    const __m512 sc = mxfp4_scale(load_mxfp4_group<F>(packed, scales, g, w));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(mxfp4_group_dot(w, x + t * ldx + g * kMxfp4Group), sc, acc[t]);
@@ -136,22 +135,24 @@ void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, in
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
-template <size_t... T>
+template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, int64_t);
-  return std::array<Tile, sizeof...(T)>{mxfp4_tile<static_cast<int>(T) + 1>...};
+  return std::array<Tile, sizeof...(T)>{mxfp4_tile<F, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + 2 weights + scale + product: 16 of 32 registers
 
+template <WeightFormat F>
 float mxfp4_dot(const WeightMatrix& W, int64_t r, const float* x) {
   float y;
-  mxfp4_tile<1>(W.row_data(r), W.row_scales(r), x, W.cols, W.cols, &y, 1);
+  mxfp4_tile<F, 1>(W.row_data(r), W.row_scales(r), x, W.cols, W.cols, &y, 1);
   return y;
 }
 
+template <WeightFormat F>
 void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
-  static constexpr auto tiles = mxfp4_tiles(std::make_index_sequence<kMxfp4T>());
+  static constexpr auto tiles = mxfp4_tiles<F>(std::make_index_sequence<kMxfp4T>());
   constexpr int64_t kBlockBytes = 512 << 10;
   const int64_t cols = W.cols, rows = W.rows;
   const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
@@ -165,13 +166,13 @@ void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, i
   }
 }
 
+template <WeightFormat F>
 void mxfp4_dequant(const WeightMatrix& W, int64_t r, float* out) {
   const uint8_t* p = W.row_data(r);
   const uint8_t* s = W.row_scales(r);
   __m512 w[2];
   for (int64_t g = 0; g < W.cols / kMxfp4Group; ++g) {
-    decode_mxfp4_group(p + g * 16, w);
-    const __m512 sc = mxfp4_scale(s[g]);
+    const __m512 sc = mxfp4_scale(load_mxfp4_group<F>(p, s, g, w));
     _mm512_storeu_ps(out + g * 32, _mm512_mul_ps(w[0], sc));
     _mm512_storeu_ps(out + g * 32 + 16, _mm512_mul_ps(w[1], sc));
   }
@@ -182,7 +183,10 @@ constexpr RowKernels kF16{float_dot<uint16_t, LoadF16>, float_dequant<uint16_t, 
                           float_gemm_of<uint16_t, LoadF16>, nullptr};
 constexpr RowKernels kBF16{float_dot<uint16_t, LoadBf16>, float_dequant<uint16_t, LoadBf16>,
                            float_gemm_of<uint16_t, LoadBf16>, nullptr};
-constexpr RowKernels kMXFP4{mxfp4_dot, mxfp4_dequant, mxfp4_gemm, nullptr};
+constexpr RowKernels kMXFP4{mxfp4_dot<WeightFormat::MXFP4>, mxfp4_dequant<WeightFormat::MXFP4>,
+                            mxfp4_gemm<WeightFormat::MXFP4>, nullptr};
+constexpr RowKernels kMXFP4Ggml{mxfp4_dot<WeightFormat::MXFP4_GGML>, mxfp4_dequant<WeightFormat::MXFP4_GGML>,
+                                mxfp4_gemm<WeightFormat::MXFP4_GGML>, nullptr};
 
 }  // namespace
 
@@ -198,6 +202,7 @@ const RowKernels* avx512_row_kernels(WeightFormat f) {
     case WeightFormat::F16: return &kF16;
     case WeightFormat::BF16: return &kBF16;
     case WeightFormat::MXFP4: return &kMXFP4;
+    case WeightFormat::MXFP4_GGML: return &kMXFP4Ggml;
   }
   return nullptr;
 }

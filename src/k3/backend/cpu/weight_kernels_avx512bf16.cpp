@@ -239,10 +239,37 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                              _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
 }
 
+// decode_pair for ggml's MXFP4 blocks (MXFP4_GGML: {e8m0, qs[16]}, element j = low nibble of qs[j], j + 16 =
+// its high nibble): the same w, corr and wsc as decode_pair gives for the same values, so the two layouts
+// run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too).
+inline __m256i ggml_group_even_odd(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  // lane 0: elements 0..15 (low nibbles), lane 1: elements 16..31 (high nibbles)
+  const __m256i e = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(b, m)), _mm_and_si128(_mm_srli_epi16(b, 4), m), 1);
+  // per lane: its 8 even elements, then its 8 odd ones; then [even lane0, even lane1, odd lane0, odd lane1]
+  const __m256i split = _mm256_shuffle_epi8(
+      e, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+  return _mm256_permute4x64_epi64(split, _MM_SHUFFLE(3, 1, 2, 0));  // [16 even, 16 odd] of the group
+}
+
+inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512i& corr, __m512& wsc) {
+  const __m256i g0 = ggml_group_even_odd(blocks + 1);
+  const __m256i g1 = two ? ggml_group_even_odd(blocks + 18) : _mm256_setzero_si256();
+  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
+  // 128-bit pieces [g0 even, g0 odd, g1 even, g1 odd] -> [g0 even, g1 even, g0 odd, g1 odd]: decode_pair's order
+  const __m512i nib = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()), nib);
+  corr = _mm512_sub_epi32(_mm512_setzero_si512(),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(kHalfE8m0[blocks[0]]),
+                             _mm512_set1_ps(two ? kHalfE8m0[blocks[17]] : 0.f));
+}
+
 // One row x T tokens: per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the
 // activation scales (fp32 product), then one fma by the weight scales into the token's accumulator. The
 // activation scale comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once.
-template <int T>
+template <WeightFormat F, int T>
 inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t cols, const uint8_t* xq, int64_t ldq,
                           float* y, int64_t ldy) {
   __m512 acc[T];
@@ -252,7 +279,10 @@ inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t 
   for (int64_t p = 0; 2 * p < groups; ++p) {
     __m512i w, corr;
     __m512 wsc;
-    decode_pair(packed + 32 * p, scales + 2 * p, 2 * p + 1 < groups, w, corr, wsc);
+    if constexpr (F == WeightFormat::MXFP4_GGML)
+      decode_pair_ggml(packed + 34 * p, 2 * p + 1 < groups, w, corr, wsc);
+    else
+      decode_pair(packed + 32 * p, scales + 2 * p, 2 * p + 1 < groups, w, corr, wsc);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const uint8_t* q = xq + t * ldq + p * kQ8PairBytes;
@@ -264,16 +294,17 @@ inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t 
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
-template <size_t... T>
+template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
-  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<static_cast<int>(T) + 1>...};
+  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<F, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + weights, correction, scales, temporaries
 
-void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
-  static constexpr auto tiles = mxfp4_q8_tiles(std::make_index_sequence<kMxfp4T>());
+template <WeightFormat F>
+void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
   const int64_t cols = W.cols, ldq = q8_stride(cols);
   const int64_t block = std::max<int64_t>(1, (512 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
@@ -284,6 +315,13 @@ void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq
         tile(W.row_data(r), W.row_scales(r), cols, xq + t0 * ldq, ldq, y + t0 * ldy + (r - r0), ldy);
     }
   }
+}
+
+void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  mxfp4_rows_of<WeightFormat::MXFP4>(W, r0, r1, xq, n, y, ldy);
+}
+void mxfp4_ggml_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  mxfp4_rows_of<WeightFormat::MXFP4_GGML>(W, r0, r1, xq, n, y, ldy);
 }
 
 }  // namespace
@@ -322,6 +360,11 @@ struct Mxfp4Path {
   static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8_tokens(x, n, cols, out); }
   static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
     mxfp4_rows(W, r0, r1, act, n, y, ldy);
+  }
+};
+struct Mxfp4GgmlPath : Mxfp4Path {
+  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
+    mxfp4_ggml_rows(W, r0, r1, act, n, y, ldy);
   }
 };
 
@@ -375,9 +418,11 @@ const RowKernels* avx512bf16_row_kernels(WeightFormat f) {
   // Dequant stays avx512's (exact widening; nothing to gain from the new instructions).
   static const RowKernels bf16 = path_kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
   static const RowKernels mxfp4 = path_kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
+  static const RowKernels mxfp4_ggml = path_kernels<Mxfp4GgmlPath>(*avx512_row_kernels(WeightFormat::MXFP4_GGML));
   switch (f) {
     case WeightFormat::BF16: return &bf16;
     case WeightFormat::MXFP4: return &mxfp4;
+    case WeightFormat::MXFP4_GGML: return &mxfp4_ggml;
     default: return nullptr;
   }
 }

@@ -69,6 +69,32 @@ inline void decode_mxfp4_group(const uint8_t* p, __m256 out[4]) {
   out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8)));
 }
 
+// ggml's MXFP4 block (MXFP4_GGML): the 16 bytes after its scale byte, element j = low nibble of byte j,
+// element j + 16 = its high nibble. Decoded into the vectors decode_mxfp4_group gives for the same
+// values, so that both layouts run the very same arithmetic (a GGUF gives the HF checkpoint's bits).
+inline void decode_mxfp4_ggml_group(const uint8_t* qs, __m256 out[4]) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  __m128i lo = _mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(b, _mm_set1_epi8(0x0f)));                  // 0..15
+  __m128i hi = _mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f)));  // 16..31
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  out[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  out[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// Group g of a row in either MXFP4 layout (F = MXFP4: nibbles + a separate scale array; MXFP4_GGML: 17-byte
+// blocks, scale first): decodes its weights into w and returns its E8M0 scale byte.
+template <WeightFormat F>
+inline uint8_t load_mxfp4_group(const uint8_t* row, const uint8_t* scales, int64_t g, __m256 w[4]) {
+  if constexpr (F == WeightFormat::MXFP4_GGML) {
+    decode_mxfp4_ggml_group(row + g * 17 + 1, w);
+    return row[g * 17];
+  } else {
+    decode_mxfp4_group(row + g * 16, w);
+    return scales[g];
+  }
+}
+
 // One group's contribution before scaling: w[0..3] (decoded) against the 32 activations at xg, in the
 // one order every MXFP4 path uses (a product, then three fmas).
 inline __m256 mxfp4_group_dot(const __m256 w[4], const float* xg) {

@@ -92,6 +92,27 @@ inline void decode_mxfp4_group(const uint8_t* p, __m512 out[2]) {
   out[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(lo, hi)));  // weights 16..31
 }
 
+// ggml's MXFP4 block (MXFP4_GGML): the 16 bytes after the scale, element j = low nibble of byte j, j + 16 =
+// its high nibble; decoded into the vectors decode_mxfp4_group gives for the same values.
+inline void decode_mxfp4_ggml_group(const uint8_t* qs, __m512 out[2]) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(b, _mm_set1_epi8(0x0f)))));
+  out[1] = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_shuffle_epi8(e2m1x2_table(), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f)))));
+}
+
+// Group g of a row in either MXFP4 layout (as weight_simd.h): weights into w, returns the E8M0 scale byte.
+template <WeightFormat F>
+inline uint8_t load_mxfp4_group(const uint8_t* row, const uint8_t* scales, int64_t g, __m512 w[2]) {
+  if constexpr (F == WeightFormat::MXFP4_GGML) {
+    decode_mxfp4_ggml_group(row + g * 17 + 1, w);
+    return row[g * 17];
+  } else {
+    decode_mxfp4_group(row + g * 16, w);
+    return scales[g];
+  }
+}
+
 // One group's contribution before scaling, in the one order every MXFP4 path of this tier uses.
 inline __m512 mxfp4_group_dot(const __m512 w[2], const float* xg) {
   return _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w[0], _mm512_loadu_ps(xg)));

@@ -6,6 +6,7 @@
 // come back: one synchronisation per step. Scratch and workspaces are sized for the largest batch seen
 // and reused (no allocation per step once warm).
 #include "k3/backend/cuda/cuda_model.h"
+#include "k3/model/model_files.h"
 
 #include <cuda_runtime_api.h>
 
@@ -131,11 +132,12 @@ CudaModel::~CudaModel() = default;
 
 std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoadOptions& opt) {
   auto impl = std::make_unique<Impl>();
-  impl->cfg = load_model_config(dir);
+  ModelFiles files = open_model_files(dir);  // an HF directory or a GGUF file
+  impl->cfg = std::move(files.config);
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
   impl->use_graphs = !opt.enforce_eager;
-  auto ckpt = std::make_unique<Checkpoint>(dir);
+  std::unique_ptr<Checkpoint> ckpt = std::move(files.checkpoint);
   ModelWeights hw = bind_weights(impl->cfg, *ckpt, opt.placement.get(), opt.device);
   // One GPU per model so far: a rule naming another device would silently land on this one.
   for_each_matrix(hw, [&](const WeightMatrix& m) {

@@ -6,6 +6,7 @@
 
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/core/dtype.h"
+#include "k3/core/mxfp4_ggml.h"
 
 namespace k3::cuda {
 
@@ -104,23 +105,35 @@ class Uploader {
     b.I = static_cast<int>(e0.gate.rows);
     b.X = static_cast<int>(e0.gate.cols);
     const WeightFormat f = e0.gate.format;
+    // ggml's MXFP4 blocks (a GGUF) go up repacked to the layout the MXFP4 kernels read: the same values, so
+    // the same results as from the HF checkpoint (core/mxfp4_ggml.h; a host-side copy per expert).
+    const bool ggml = f == WeightFormat::MXFP4_GGML;
+    const WeightFormat dev_f = ggml ? WeightFormat::MXFP4 : f;
     const bool packed = is_block_format(f);
-    if (packed && f != WeightFormat::MXFP4)
+    if (packed && dev_f != WeightFormat::MXFP4)
       throw Error(std::string("CUDA backend: no routed-expert kernels for ") + weight_format_name(f) + " weights");
-    b.format = packed ? f : WeightFormat::BF16;
+    b.format = packed ? dev_f : WeightFormat::BF16;
     auto stack = [&](auto get, const void*& data, const uint8_t*& scales) {
       const WeightMatrix& m0 = get(e0);
       const size_t rc = static_cast<size_t>(m0.rows * m0.cols);
       if (packed) {
-        const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(f, m0.cols));
-        const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(f, m0.cols));
+        const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(dev_f, m0.cols));
+        const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(dev_f, m0.cols));
         uint8_t* p = static_cast<uint8_t*>(a_.alloc(db * ex.size()));
         uint8_t* s = static_cast<uint8_t*>(a_.alloc(sb * ex.size()));
+        std::vector<uint8_t> hp(ggml ? db : 0), hs(ggml ? sb : 0);
         for (size_t e = 0; e < ex.size(); ++e) {
           const WeightMatrix& m = get(ex[e]);
           if (m.format != f) throw Error(std::string("CUDA backend: a layer mixes ") + weight_format_name(f) + " and other experts");
-          K3_CUDA_CHECK(cudaMemcpy(p + e * db, m.data, db, cudaMemcpyHostToDevice));
-          K3_CUDA_CHECK(cudaMemcpy(s + e * sb, m.scales, sb, cudaMemcpyHostToDevice));
+          const void* md = m.data;
+          const uint8_t* ms = m.scales;
+          if (ggml) {
+            ggml_blocks_to_mxfp4(static_cast<const uint8_t*>(m.data), m.rows * m.cols / kMxfp4Group, hp.data(), hs.data());
+            md = hp.data();
+            ms = hs.data();
+          }
+          K3_CUDA_CHECK(cudaMemcpy(p + e * db, md, db, cudaMemcpyHostToDevice));
+          K3_CUDA_CHECK(cudaMemcpy(s + e * sb, ms, sb, cudaMemcpyHostToDevice));
         }
         data = p;
         scales = s;

@@ -1,0 +1,261 @@
+#include "k3/model/gguf_export.h"
+
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "k3/core/error.h"
+#include "k3/core/mxfp4_ggml.h"
+#include "k3/model/gguf_names.h"
+#include "k3/model/weights.h"
+
+namespace k3 {
+
+namespace {
+
+constexpr uint32_t kF32 = 0, kF16 = 1, kBf16 = 30, kMxfp4 = 39;
+
+uint32_t ggml_type_of(DType t) {
+  switch (t) {
+    case DType::F32: return kF32;
+    case DType::F16: return kF16;
+    case DType::BF16: return kBf16;
+    default: throw Error(std::string("k3 convert: no GGUF type for a ") + std::string(dtype_name(t)) + " tensor");
+  }
+}
+
+// A float tensor's values as fp32 (the binder's conversion: exact widening).
+std::vector<float> to_f32(const TensorInfo& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    switch (t.dtype) {
+      case DType::F32: std::memcpy(&out[i], t.data + 4 * i, 4); break;
+      case DType::BF16: { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); out[i] = bf16_to_f32(h); break; }
+      case DType::F16: { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); out[i] = f16_to_f32(h); break; }
+      default: throw Error("k3 convert: tensor '" + t.name + "' is not a float tensor");
+    }
+  }
+  return out;
+}
+
+void add_f32(GgufWriter& w, const std::string& name, std::vector<int64_t> ne, std::vector<float> v) {
+  auto data = std::make_shared<std::vector<float>>(std::move(v));
+  w.add_tensor(name, std::move(ne), kF32, [data](GgufSink& s) { s.write(data->data(), data->size() * 4); });
+}
+
+void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) {
+  const bool k3 = c.arch == Arch::KimiK3;
+  const std::string A = gguf_arch_name(c.arch) + ".";
+  w.set_string("general.architecture", gguf_arch_name(c.arch));
+  w.set_string("general.type", "model");
+  w.set_string("general.name", name);
+  w.set_u32(A + "block_count", static_cast<uint32_t>(c.num_layers));
+  if (c.max_position_embeddings > 0) w.set_u32(A + "context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  w.set_u32(A + "embedding_length", static_cast<uint32_t>(c.hidden_size));
+  w.set_u32(A + "feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  w.set_u32(A + "attention.head_count", static_cast<uint32_t>(c.mla_heads));
+  std::vector<int64_t> kv;
+  for (bool kda : c.is_kda) kv.push_back(kda ? 0 : 1);  // MLA served as MQA (one KV head); 0 marks KDA
+  w.set_array_i64(A + "attention.head_count_kv", GgufType::I32, kv);
+  w.set_f32(A + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  w.set_u32(A + "expert_count", static_cast<uint32_t>(c.num_experts));
+  w.set_u32(A + "expert_used_count", static_cast<uint32_t>(c.top_k));
+  w.set_u32(A + "expert_group_used_count", 1);
+  w.set_u32(A + "expert_gating_func", 2);  // sigmoid
+  const bool mxfp4 = c.expert_quant_format.has_value();
+  w.set_u32("general.file_type", mxfp4 ? 38 : 32);  // MOSTLY_MXFP4_MOE / MOSTLY_BF16 (a label)
+  w.set_u32(A + "vocab_size", static_cast<uint32_t>(c.vocab_size));
+  w.set_u32(A + "ssm.conv_kernel", static_cast<uint32_t>(c.conv_kernel));
+  w.set_u32(A + "kda.head_dim", static_cast<uint32_t>(c.kda_head_dim));
+  if (c.gate_lower_bound) w.set_f32(A + "kda.gate_lower_bound", *c.gate_lower_bound);
+  if (c.q_lora_rank > 0) w.set_u32(A + "attention.q_lora_rank", static_cast<uint32_t>(c.q_lora_rank));
+  w.set_u32(A + "attention.kv_lora_rank", static_cast<uint32_t>(c.kv_lora_rank));
+  w.set_u32(A + "rope.dimension_count", static_cast<uint32_t>(c.qk_rope_dim));
+  w.set_u32(A + "attention.key_length", static_cast<uint32_t>(c.kv_lora_rank + c.qk_rope_dim));
+  if (k3) w.set_u32(A + "attention.value_length", static_cast<uint32_t>(c.kv_lora_rank));
+  w.set_u32(A + "attention.key_length_mla", static_cast<uint32_t>(c.mla_qk_dim()));
+  w.set_u32(A + "attention.value_length_mla", static_cast<uint32_t>(c.v_head_dim));
+  w.set_u32(A + "expert_feed_forward_length", static_cast<uint32_t>(c.moe_intermediate_size));
+  w.set_u32(A + "expert_shared_count", static_cast<uint32_t>(c.num_shared_experts));
+  w.set_u32(A + "leading_dense_block_count", static_cast<uint32_t>(c.first_k_dense));
+  w.set_f32(A + "expert_weights_scale", c.routed_scaling_factor);
+  if (k3 || !c.moe_renormalize) w.set_bool(A + "expert_weights_norm", c.moe_renormalize);
+  if (k3) {
+    if (c.routed_hidden_size > 0) w.set_u32(A + "expert_latent_length", static_cast<uint32_t>(c.routed_hidden_size));
+    w.set_f32(A + "activation.situ_beta", c.situ_beta);
+    w.set_f32(A + "activation.situ_linear_beta", c.situ_linear_beta);
+    w.set_u32(A + "attn_res.block_size", static_cast<uint32_t>(c.attn_res_block_size));
+  }
+  // k3's own keys, only where the model differs from what llama.cpp assumes (docs/gguf.md).
+  if (c.kda_heads != c.mla_heads) w.set_u32(A + "kda.head_count", static_cast<uint32_t>(c.kda_heads));
+  if (c.mla_norm_eps != c.rms_norm_eps) w.set_f32(A + "attention.mla_norm_epsilon", c.mla_norm_eps);
+  if (c.moe_layer_freq != 1) w.set_u32(A + "moe_layer_freq", static_cast<uint32_t>(c.moe_layer_freq));
+  w.set_u32("general.quantization_version", 2);
+  for (const auto& [key, id] : {std::pair{"tokenizer.ggml.bos_token_id", c.bos_token_id},
+                                std::pair{"tokenizer.ggml.eos_token_id", c.eos_token_id},
+                                std::pair{"tokenizer.ggml.padding_token_id", c.pad_token_id}})
+    if (id >= 0) w.set_u32(key, static_cast<uint32_t>(id));
+}
+
+// Writes the tensors; `used` collects the HF names consumed.
+class TensorExport {
+ public:
+  TensorExport(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck) : w_(w), c_(c), ck_(ck) {}
+
+  void run() {
+    const auto ends = [](const std::string& s, const std::string& e) {
+      return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+    };
+    for (const auto& [name, t] : ck_.all()) {
+      if (used_.count(name)) continue;
+      // MXFP4 experts are <base>.weight_packed + .weight_scale; their GGUF name is that of <base>.weight.
+      std::string canonical = name;
+      for (const char* sfx : {".weight_packed", ".weight_scale"})
+        if (ends(name, sfx)) canonical = name.substr(0, name.size() - std::string(sfx).size()) + ".weight";
+      const auto g = hf_to_gguf(c_, canonical);
+      if (!g) continue;
+      if (name.find(".experts.") != std::string::npos) experts_of(*g, name);
+      else if (ends(name, "conv1d.weight")) conv(*g, *t);
+      else if (ends(name, ".A_log")) a_log(*g, *t);
+      else if (name.find("_res_norm.") != std::string::npos || name.find("_res_proj.") != std::string::npos) res(*g, name);
+      else if (ends(name, "kv_b_proj.weight")) kv_b(*g, *t);
+      else plain(*g, *t);
+    }
+  }
+  const std::set<std::string>& used() const { return used_; }
+  int64_t tensors() const { return tensors_; }
+
+ private:
+  const TensorInfo& need(const std::string& name) {
+    const TensorInfo* t = ck_.find(name);
+    if (!t) throw Error("k3 convert: '" + ck_.dir() + "' has no tensor '" + name + "'");
+    used_.insert(name);
+    return *t;
+  }
+  // A rename: ne = the HF shape reversed; vectors (one non-unit dimension) as F32, as the converter writes them.
+  void plain(const std::string& g, const TensorInfo& t) {
+    used_.insert(t.name);
+    ++tensors_;
+    std::vector<int64_t> ne(t.shape.rbegin(), t.shape.rend());
+    int64_t non_unit = 0;
+    for (int64_t d : t.shape) non_unit += d != 1;
+    if (non_unit <= 1) return add_f32(w_, g, {t.numel()}, to_f32(t));
+    // The router is written F32 as the converter does (its "always F32" list; llama.cpp's graph reads it so).
+    // Exact widening; on the CPU the F32 and BF16 kernels give the same bits for the same values
+    // (one loop, weight_simd.h), outside the opt-in avx512bf16 tier.
+    if (g.size() >= 19 && g.compare(g.size() - 19, 19, "ffn_gate_inp.weight") == 0) return add_f32(w_, g, ne, to_f32(t));
+    const TensorInfo* tp = &t;
+    w_.add_tensor(g, ne, ggml_type_of(t.dtype), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
+  }
+  void conv(const std::string& g, const TensorInfo& t) {  // [C][1][W] -> ne [W, 1, C, 1]
+    used_.insert(t.name);
+    ++tensors_;
+    const int64_t W = t.shape.back(), C = t.numel() / W;
+    add_f32(w_, g, {W, 1, C, 1}, to_f32(t));
+  }
+  void a_log(const std::string& g, const TensorInfo& t) {  // ssm_a = -exp(A_log[:heads]), the binder's exp
+    used_.insert(t.name);
+    ++tensors_;
+    std::vector<float> a = to_f32(t);
+    a.resize(static_cast<size_t>(c_.kda_heads));
+    for (float& x : a) x = -std::exp(x);
+    const int64_t H = c_.kda_heads;
+    add_f32(w_, g, c_.arch == Arch::KimiK3 ? std::vector<int64_t>{H} : std::vector<int64_t>{1, H, 1, 1}, std::move(a));
+  }
+  void res(const std::string& g, const std::string& name) {  // norm * proj in fp32, as the binder multiplies
+    const bool is_norm = name.find("_res_norm.") != std::string::npos;
+    std::string norm = name, proj = name;
+    const std::string a = is_norm ? "_res_norm." : "_res_proj.";
+    norm.replace(name.find(a), a.size(), "_res_norm.");
+    proj.replace(name.find(a), a.size(), "_res_proj.");
+    const std::vector<float> n = to_f32(need(norm)), p = to_f32(need(proj));
+    if (n.size() != p.size()) throw Error("k3 convert: '" + norm + "' and '" + proj + "' differ in size");
+    std::vector<float> f(n.size());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = n[i] * p[i];
+    ++tensors_;
+    const auto n_f = static_cast<int64_t>(f.size());  // before the move (argument order is unspecified)
+    add_f32(w_, g, {n_f}, std::move(f));
+  }
+  // kv_b [heads*(nope+v)][kv_lora] -> attn_k_b ne [nope, kv_lora, heads] (per head transposed) + attn_v_b ne
+  // [kv_lora, v, heads], in the stored type, streamed a head at a time.
+  void kv_b(const std::string& g, const TensorInfo& t) {
+    used_.insert(t.name);
+    tensors_ += 2;
+    const int64_t nh = c_.mla_heads, kr = c_.kv_lora_rank, dn = c_.qk_nope_dim, dv = c_.v_head_dim;
+    if (t.shape != std::vector<int64_t>{nh * (dn + dv), kr}) throw Error("k3 convert: '" + t.name + "' has shape " + t.shape_str());
+    const size_t es = dtype_size(t.dtype);
+    const TensorInfo* tp = &t;
+    const std::string vb = g.substr(0, g.size() - std::string("attn_k_b.weight").size()) + "attn_v_b.weight";
+    w_.add_tensor(g, {dn, kr, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
+      std::vector<uint8_t> head(static_cast<size_t>(kr * dn) * es);
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t col = 0; col < kr; ++col)
+          for (int64_t i = 0; i < dn; ++i)
+            std::memcpy(&head[static_cast<size_t>(col * dn + i) * es], tp->data + static_cast<size_t>((h * (dn + dv) + i) * kr + col) * es, es);
+        s.write(head.data(), head.size());
+      }
+    });
+    w_.add_tensor(vb, {kr, dv, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
+      for (int64_t h = 0; h < nh; ++h) s.write(tp->data + static_cast<size_t>((h * (dn + dv) + dn) * kr) * es, static_cast<size_t>(dv * kr) * es);
+    });
+  }
+  // One stacked tensor per (layer, w1/w2/w3): ne [cols, rows, E]; MXFP4 pairs repacked into ggml blocks.
+  void experts_of(const std::string& g, const std::string& name) {
+    const size_t at = name.find(".experts.") + 9;
+    const std::string base = name.substr(0, at);
+    const size_t dot = name.find('.', at);
+    const std::string wid = name.substr(dot + 1, 2);  // w1 / w2 / w3
+    const int64_t E = c_.num_experts, I = c_.moe_intermediate_size, X = c_.expert_in_dim();
+    const int64_t rows = wid == "w2" ? X : I, cols = wid == "w2" ? I : X;
+    std::vector<const TensorInfo*> data, scales;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string p = base + std::to_string(e) + "." + wid;
+      if (c_.expert_quant_format) {
+        data.push_back(&need(p + ".weight_packed"));
+        scales.push_back(&need(p + ".weight_scale"));
+      } else {
+        data.push_back(&need(p + ".weight"));
+      }
+    }
+    ++tensors_;
+    if (c_.expert_quant_format) {
+      w_.add_tensor(g, {cols, rows, E}, kMxfp4, [data, scales, rows, cols](GgufSink& s) {
+        const int64_t blocks = rows * cols / 32;
+        std::vector<uint8_t> out(static_cast<size_t>(blocks * 17));
+        for (size_t e = 0; e < data.size(); ++e) {
+          mxfp4_to_ggml_blocks(data[e]->data, scales[e]->data, blocks, out.data());
+          s.write(out.data(), out.size());
+        }
+      });
+    } else {
+      w_.add_tensor(g, {cols, rows, E}, ggml_type_of(data[0]->dtype), [data](GgufSink& s) {
+        for (const TensorInfo* t : data) s.write(t->data, t->nbytes);
+      });
+    }
+  }
+
+  GgufWriter& w_;
+  const ModelConfig& c_;
+  const Checkpoint& ck_;
+  std::set<std::string> used_;
+  int64_t tensors_ = 0;
+};
+
+}  // namespace
+
+GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name) {
+  if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4)
+    throw Error("k3 convert: experts in " + std::string(weight_format_name(*c.expert_quant_format)) + " cannot be written yet");
+  // All checks of loading (shapes, dtypes, finite MXFP4 scales) before writing anything.
+  const ModelWeights mw = bind_weights(c, ck);
+  // Expert dtypes must agree within a layer (one stacked tensor).
+  add_metadata(w, c, name);
+  TensorExport ex(w, c, ck);
+  ex.run();
+  GgufExportStats st;
+  st.tensors = ex.tensors();
+  for (const auto& [n, t] : ck.all()) st.hf_skipped += !ex.used().count(n);
+  return st;
+}
+
+}  // namespace k3

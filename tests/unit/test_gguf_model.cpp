@@ -1,0 +1,361 @@
+// GGUF models (model/gguf_model.h, model/gguf_export.h, io/gguf_writer.h): a tiny K3 and a tiny Kimi-Linear
+// written as llama.cpp's converter would (k3 convert's code) load back with logits bit-identical to their HF
+// directories (prefill and decode); the writer round-trips every metadata type and aligns tensors; each
+// malformed model GGUF (missing / mistyped / out-of-range key, unknown architecture, wrong shape, unknown or
+// misplaced type, lying metadata, missing half of kv_b) is one clear k3::Error naming the key or tensor.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/weight_kernels.h"
+#include "k3/core/error.h"
+#include "k3/io/gguf.h"
+#include "k3/io/gguf_writer.h"
+#include "k3/io/safetensors.h"
+#include "k3/model/config.h"
+#include "k3/model/gguf_export.h"
+#include "k3/model/gguf_model.h"
+#include "k3/model/model.h"
+#include "test_util.h"
+
+namespace {
+
+using k3test::TempDir;
+
+std::string write_tiny_gguf(const std::string& tiny, const std::string& out) {
+  const std::string dir = k3test::source_path("tests/data/" + tiny);
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  const k3::Checkpoint ck(dir);
+  k3::GgufWriter w;
+  k3::add_model_to_gguf(w, c, ck, tiny);
+  w.write(out);
+  return out;
+}
+
+std::vector<float> run(const k3::Model& m, const std::vector<int32_t>& toks, bool decode) {
+  auto st = m.new_sequence();
+  std::vector<float> all, one;
+  k3::ForwardOptions o;
+  if (!decode) {
+    o.all_logits = true;
+    o.path = k3::AttnPath::Prefill;
+    m.forward(toks, st, all, o);
+    return all;
+  }
+  o.path = k3::AttnPath::Decode;
+  for (int32_t t : toks) {
+    m.forward(std::span<const int32_t>(&t, 1), st, one, o);
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  return all;
+}
+
+class GgufTiny : public ::testing::TestWithParam<std::string> {};
+
+// The transforms the converter applies (experts stacked + MXFP4 repacked, kv_b split and transposed,
+// -exp(A_log), AttnRes fused, conv reshaped, vectors and router widened to F32) are all undone exactly.
+TEST_P(GgufTiny, LogitsBitIdenticalToHfDir) {
+  // The router is written F32 as llama.cpp's converter does; the opt-in avx512bf16 tier rounds the activations
+  // of the HF dir's BF16 router but not of an F32 one (its MXFP4_GGML experts do match: CpuKernelsTier).
+  if (k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16)
+    GTEST_SKIP() << "avx512bf16: the F32 router of a GGUF runs exact where the HF dir's BF16 one is rounded";
+  TempDir tmp;
+  const std::string path = write_tiny_gguf(GetParam(), (tmp.path / "m.gguf").string());
+  auto hf = k3::Model::load(k3test::source_path("tests/data/" + GetParam()));
+  auto gg = k3::Model::load(path);
+  EXPECT_EQ(gg->config().num_layers, hf->config().num_layers);
+  EXPECT_EQ(gg->config().expert_quant_format.has_value(), hf->config().expert_quant_format.has_value());
+  if (hf->config().expert_quant_format) EXPECT_EQ(*gg->config().expert_quant_format, k3::WeightFormat::MXFP4_GGML);
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 70; ++i) toks.push_back((i * 37 + 11) % static_cast<int>(hf->config().vocab_size));  // > one KDA chunk
+  for (bool decode : {false, true}) {
+    const auto a = run(*hf, toks, decode), b = run(*gg, toks, decode);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << (decode ? "decode" : "prefill");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Tiny, GgufTiny, ::testing::Values("tiny-k3", "tiny-kimi-linear"));
+
+// The GGUF names of the converter (a few of each kind) and the k3-only keys where the tiny K3 needs them.
+TEST(GgufExport, NamesShapesAndKeysAsLlamaCpp) {
+  TempDir tmp;
+  const std::string path = write_tiny_gguf("tiny-k3", (tmp.path / "m.gguf").string());
+  const k3::GgufFile f(path);
+  const k3::Gguf& g = f.gguf();
+  EXPECT_EQ(g.metadata["general.architecture"], "kimi-k3");
+  EXPECT_EQ(g.metadata["kimi-k3.attention.head_count_kv"], nlohmann::json::array({0, 0, 0, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(g.metadata["kimi-k3.kda.head_count"], 2);  // KDA heads (2) differ from MLA heads (4)
+  const auto dims = [&](const char* n) { return g.find(n) ? g.find(n)->dims : std::vector<int64_t>{}; };
+  EXPECT_EQ(dims("blk.1.ffn_gate_exps.weight"), (std::vector<int64_t>{64, 64, 16}));
+  EXPECT_EQ(g.find("blk.1.ffn_gate_exps.weight")->type, 39u);  // MXFP4
+  EXPECT_EQ(dims("blk.3.attn_k_b.weight"), (std::vector<int64_t>{16, 32, 4}));
+  EXPECT_EQ(dims("blk.3.attn_v_b.weight"), (std::vector<int64_t>{32, 16, 4}));
+  EXPECT_EQ(dims("blk.0.ssm_conv1d_q.weight"), (std::vector<int64_t>{4, 1, 64, 1}));
+  EXPECT_EQ(dims("blk.0.ssm_a"), (std::vector<int64_t>{2}));
+  EXPECT_EQ(g.find("blk.1.ffn_gate_inp.weight")->type, 0u);  // F32, as the converter writes the router
+  EXPECT_NE(g.find("output_res_score.weight"), nullptr);
+  EXPECT_NE(g.find("blk.3.attn_gate.weight"), nullptr);
+  EXPECT_NE(g.find("blk.0.ssm_g.weight"), nullptr);
+}
+
+// Every metadata type, arrays of several element types, and tensors at multiples of a custom alignment.
+TEST(GgufWriter, RoundTripsEveryMetadataTypeAndAligns) {
+  TempDir tmp;
+  k3::GgufWriter w(64);
+  w.set_u8("u8", 200);
+  w.set_i8("i8", -100);
+  w.set_u16("u16", 60000);
+  w.set_i16("i16", -30000);
+  w.set_u32("u32", 4000000000u);
+  w.set_i32("i32", -2000000000);
+  w.set_f32("f32", 1.5f);
+  w.set_bool("bool", true);
+  w.set_string("str", "héllo");
+  w.set_u64("u64", uint64_t{1} << 62);
+  w.set_i64("i64", -(int64_t{1} << 62));
+  w.set_f64("f64", 0.1);
+  w.set_array("af32", k3::GgufType::F32, {0.5, -2.0});
+  w.set_array_i64("ai32", k3::GgufType::I32, {0, 1, -7});
+  w.set_array_i64("au8", k3::GgufType::U8, {255, 3});
+  w.set_array_strings("astr", {"a", "", "bc"});
+  EXPECT_THROW(w.set_u8("u8", 1), k3::Error);
+  const std::vector<float> t1{1, 2, 3};
+  const std::vector<uint16_t> t2(40, 0x3f80);
+  w.add_tensor("t1", {3}, 0, [&](k3::GgufSink& s) { s.write(t1.data(), 12); });
+  w.add_tensor("t2", {8, 5}, 30, [&](k3::GgufSink& s) { s.write(t2.data(), 80); });
+  EXPECT_THROW(w.add_tensor("t1", {3}, 0, [](k3::GgufSink&) {}), k3::Error);
+  EXPECT_THROW(w.add_tensor("q", {33}, 8, [](k3::GgufSink&) {}), k3::Error);  // not whole Q8_0 blocks
+  const std::string path = (tmp.path / "w.gguf").string();
+  w.write(path);
+  const k3::GgufFile f(path);
+  const k3::Gguf& g = f.gguf();
+  EXPECT_EQ(g.alignment, 64u);
+  EXPECT_EQ(g.metadata["u8"], 200);
+  EXPECT_EQ(g.metadata["i8"], -100);
+  EXPECT_EQ(g.metadata["u16"], 60000);
+  EXPECT_EQ(g.metadata["i16"], -30000);
+  EXPECT_EQ(g.metadata["u32"], 4000000000u);
+  EXPECT_EQ(g.metadata["i32"], -2000000000);
+  EXPECT_EQ(g.metadata["f32"], 1.5);
+  EXPECT_EQ(g.metadata["bool"], true);
+  EXPECT_EQ(g.metadata["str"], "héllo");
+  EXPECT_EQ(g.metadata["u64"], uint64_t{1} << 62);
+  EXPECT_EQ(g.metadata["i64"], -(int64_t{1} << 62));
+  EXPECT_EQ(g.metadata["f64"], 0.1);
+  EXPECT_EQ(g.metadata["af32"], nlohmann::json::array({0.5, -2.0}));
+  EXPECT_EQ(g.metadata["ai32"], nlohmann::json::array({0, 1, -7}));
+  EXPECT_EQ(g.metadata["au8"], nlohmann::json::array({255, 3}));
+  EXPECT_EQ(g.metadata["astr"], nlohmann::json::array({"a", "", "bc"}));
+  const int types[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12};
+  const char* keys[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "u64", "i64", "f64"};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(g.metadata_types[keys[i]], types[i]) << keys[i];
+  ASSERT_EQ(g.tensors.size(), 2u);
+  for (const k3::GgufTensor& t : g.tensors) EXPECT_EQ(t.offset % 64, 0u) << t.name;
+  EXPECT_EQ(std::memcmp(g.find("t1")->data, t1.data(), 12), 0);
+  EXPECT_EQ(std::memcmp(g.find("t2")->data, t2.data(), 80), 0);
+  EXPECT_EQ(g.find("t2")->dims, (std::vector<int64_t>{8, 5}));
+}
+
+TEST(GgufWriter, CallbackWritingTheWrongSizeFails) {
+  TempDir tmp;
+  k3::GgufWriter w;
+  const float x[4] = {};
+  w.add_tensor("t", {4}, 0, [&](k3::GgufSink& s) { s.write(x, 12); });
+  EXPECT_THROW(w.write((tmp.path / "w.gguf").string()), k3::Error);
+}
+
+// ---- malformed model GGUFs: the tiny K3 re-emitted with one edit ----
+
+struct Edit {
+  std::function<bool(const std::string& key)> drop_key = [](const std::string&) { return false; };
+  std::function<bool(k3::GgufWriter&, const std::string& key)> replace_key = [](k3::GgufWriter&, const std::string&) { return false; };
+  std::function<bool(const std::string& name)> drop_tensor = [](const std::string&) { return false; };
+  std::function<void(const std::string& name, std::vector<int64_t>& dims, uint32_t& type, std::vector<uint8_t>& data)>
+      tensor = [](const std::string&, std::vector<int64_t>&, uint32_t&, std::vector<uint8_t>&) {};
+};
+
+// Re-emits a parsed GGUF through the writer with `e` applied (arrays as I32 / F32 / strings).
+std::string rewrite(const k3::Gguf& g, const Edit& e, const std::string& out) {
+  k3::GgufWriter w;
+  for (const auto& [k, v] : g.metadata.items()) {
+    if (e.drop_key(k) || e.replace_key(w, k)) continue;
+    switch (g.metadata_types[k].get<int>()) {
+      case 4: w.set_u32(k, v.get<uint32_t>()); break;
+      case 5: w.set_i32(k, v.get<int32_t>()); break;
+      case 6: w.set_f32(k, v.get<float>()); break;
+      case 7: w.set_bool(k, v.get<bool>()); break;
+      case 8: w.set_string(k, v.get<std::string>()); break;
+      case 9:
+        if (!v.empty() && v[0].is_string()) w.set_array_strings(k, v.get<std::vector<std::string>>());
+        else if (!v.empty() && v[0].is_number_float()) w.set_array(k, k3::GgufType::F32, v.get<std::vector<double>>());
+        else w.set_array_i64(k, k3::GgufType::I32, v.get<std::vector<int64_t>>());
+        break;
+      default: ADD_FAILURE() << "unexpected type for " << k;
+    }
+  }
+  for (const k3::GgufTensor& t : g.tensors) {
+    if (e.drop_tensor(t.name)) continue;
+    auto dims = t.dims;
+    uint32_t type = t.type;
+    auto data = std::make_shared<std::vector<uint8_t>>(t.data, t.data + t.bytes);
+    e.tensor(t.name, dims, type, *data);
+    w.add_tensor(t.name, dims, type, [data](k3::GgufSink& s) { s.write(data->data(), data->size()); });
+  }
+  w.write(out);
+  return out;
+}
+
+class GgufMalformed : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = write_tiny_gguf("tiny-k3", (tmp_.path / "good.gguf").string());
+    file_ = std::make_unique<k3::GgufFile>(path_);
+  }
+  // The error loading the edited file gives (empty if it loads).
+  std::string error_of(const Edit& e) {
+    const std::string p = rewrite(file_->gguf(), e, (tmp_.path / "bad.gguf").string());
+    try {
+      k3::Model::load(p);
+    } catch (const k3::Error& ex) {
+      return ex.what();
+    }
+    return "";
+  }
+  TempDir tmp_;
+  std::string path_;
+  std::unique_ptr<k3::GgufFile> file_;
+};
+
+TEST_F(GgufMalformed, UneditedLoads) { EXPECT_EQ(error_of({}), ""); }
+
+TEST_F(GgufMalformed, MissingKey) {
+  Edit e;
+  e.drop_key = [](const std::string& k) { return k == "kimi-k3.expert_count"; };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("'kimi-k3.expert_count': required key is missing"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, WrongTypedKey) {
+  Edit e;
+  e.replace_key = [](k3::GgufWriter& w, const std::string& k) {
+    if (k != "kimi-k3.embedding_length") return false;
+    w.set_string(k, "128");
+    return true;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("'kimi-k3.embedding_length': must be an integer, got STRING"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, OutOfRangeKey) {
+  Edit e;
+  e.replace_key = [](k3::GgufWriter& w, const std::string& k) {
+    if (k != "kimi-k3.block_count") return false;
+    w.set_u32(k, 100000);
+    return true;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("'kimi-k3.block_count': must be in 1..4096, got 100000"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, UnknownArchitecture) {
+  Edit e;
+  e.replace_key = [](k3::GgufWriter& w, const std::string& k) {
+    if (k != "general.architecture") return false;
+    w.set_string(k, "llama");
+    return true;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("unknown architecture 'llama' (supported: kimi-k3, kimi-linear)"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, WrongShape) {
+  Edit e;
+  e.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t&, std::vector<uint8_t>& d) {
+    if (n != "blk.0.attn_q.weight") return;
+    dims = {dims[0] / 2, dims[1] * 2};  // same bytes, another shape
+    (void)d;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("(GGUF 'blk.0.attn_q.weight')"), std::string::npos) << m;
+  EXPECT_NE(m.find("expected [64, 128]"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, TypeWithoutWeightFormat) {
+  Edit e;
+  e.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t& type, std::vector<uint8_t>& d) {
+    if (n != "blk.0.attn_q.weight") return;
+    type = 8;  // Q8_0: 34 bytes per 32
+    d.assign(static_cast<size_t>(dims[0] * dims[1] / 32 * 34), 0);
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("tensor 'blk.0.attn_q.weight' is Q8_0, which k3 cannot load there yet"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, Mxfp4OutsideExperts) {
+  Edit e;
+  e.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t& type, std::vector<uint8_t>& d) {
+    if (n != "blk.0.attn_q.weight") return;
+    type = 39;
+    d.assign(static_cast<size_t>(dims[0] * dims[1] / 32 * 17), 0);
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("tensor 'blk.0.attn_q.weight' is MXFP4"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, LyingExpertCount) {
+  Edit e;
+  e.replace_key = [](k3::GgufWriter& w, const std::string& k) {
+    if (k != "kimi-k3.expert_count") return false;
+    w.set_u32(k, 8);  // the stacked tensors hold 16
+    return true;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("tensor 'blk.1.ffn_gate_exps.weight': ne [64, 64, 16], expected 3 dimensions with 8 experts"),
+            std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, LyingLayerKinds) {
+  Edit e;
+  e.replace_key = [](k3::GgufWriter& w, const std::string& k) {
+    if (k != "kimi-k3.attention.head_count_kv") return false;
+    w.set_array_i64(k, k3::GgufType::I32, {0, 0, 0});  // 8 layers
+    return true;
+  };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("'kimi-k3.attention.head_count_kv': has 3 entries, block_count is 8"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, MissingHalfOfKvB) {
+  Edit e;
+  e.drop_tensor = [](const std::string& n) { return n == "blk.3.attn_v_b.weight"; };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("tensor 'blk.3.attn_v_b.weight' is missing"), std::string::npos) << m;
+}
+
+TEST_F(GgufMalformed, MissingTensorNamedInGgufTerms) {
+  Edit e;
+  e.drop_tensor = [](const std::string& n) { return n == "blk.2.ssm_beta.weight"; };
+  const std::string m = error_of(e);
+  EXPECT_NE(m.find("missing tensor 'language_model.model.layers.2.self_attn.b_proj.weight' (GGUF 'blk.2.ssm_beta.weight')"),
+            std::string::npos) << m;
+}
+
+TEST(GgufModelPath, NonGgufFileIsAClearError) {
+  TempDir tmp;
+  const std::string p = (tmp.path / "x.gguf").string();
+  FILE* f = std::fopen(p.c_str(), "wb");
+  std::fputs("not a gguf", f);
+  std::fclose(f);
+  try {
+    k3::Model::load(p);
+    FAIL() << "loaded";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("neither an HF checkpoint directory nor a GGUF file"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
