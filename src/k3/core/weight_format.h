@@ -12,6 +12,14 @@ enum class WeightFormat : uint8_t {
   F16,
   BF16,
   MXFP4,  // OCP MX FP4: E2M1 nibbles (element 2i = low nibble of byte i) + one E8M0 scale per 32 (model-spec 4)
+  // GGUF's block formats (ggml's byte layouts, scales inside each block; docs/quantization.md):
+  Q8_0,    // 32 int8 + one f16 scale
+  Q4_K,    // 256: f16 d, dmin, 8 x (6-bit scale, 6-bit min) in 12 bytes, 4-bit quants
+  Q5_K,    // Q4_K + a fifth bit per weight
+  Q6_K,    // 256: 16 int8 scales, 6-bit quants (4 low + 2 high bits), f16 d
+  Q3_K,    // 256: 16 6-bit scales, 3-bit quants (2 low bits + a high-bit mask), f16 d
+  Q2_K,    // 256: 16 x (4-bit scale, 4-bit min), 2-bit quants, f16 d, dmin
+  IQ4_XS,  // 256: f16 d, 8 6-bit scales, 4-bit indices into the non-linear IQ4_NL codebook
 };
 
 // How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
@@ -31,6 +39,13 @@ constexpr WeightLayout weight_layout(WeightFormat f) {
     case WeightFormat::F16: return {"F16", 1, 2, 0};
     case WeightFormat::BF16: return {"BF16", 1, 2, 0};
     case WeightFormat::MXFP4: return {"MXFP4", 32, 16, 1};
+    case WeightFormat::Q8_0: return {"Q8_0", 32, 34, 0};
+    case WeightFormat::Q4_K: return {"Q4_K", 256, 144, 0};
+    case WeightFormat::Q5_K: return {"Q5_K", 256, 176, 0};
+    case WeightFormat::Q6_K: return {"Q6_K", 256, 210, 0};
+    case WeightFormat::Q3_K: return {"Q3_K", 256, 110, 0};
+    case WeightFormat::Q2_K: return {"Q2_K", 256, 84, 0};
+    case WeightFormat::IQ4_XS: return {"IQ4_XS", 256, 136, 0};
   }
   return {"?", 1, 0, 0};
 }

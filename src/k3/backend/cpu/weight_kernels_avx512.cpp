@@ -198,8 +198,8 @@ const RowKernels* avx512_row_kernels(WeightFormat f) {
     case WeightFormat::F16: return &kF16;
     case WeightFormat::BF16: return &kBF16;
     case WeightFormat::MXFP4: return &kMXFP4;
+    default: return nullptr;  // GGUF's block formats: weight_kernels_quant_avx512.cpp
   }
-  return nullptr;
 }
 
 }  // namespace k3::cpu

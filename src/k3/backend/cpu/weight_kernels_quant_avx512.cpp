@@ -1,0 +1,114 @@
+// The avx512 tier's kernels of GGUF's block formats (weight_kernels_quant.h): a block decoded into an L1
+// buffer (quant/block_decode.h, compiled here for AVX-512), then the avx512 float dot's arithmetic: two
+// 16-lane accumulators per token (a0 lanes i..i+15 of each 32-step, a1 i+16..i+31), one reduction.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "k3/backend/cpu/weight_kernels_quant.h"
+#include "k3/backend/cpu/weight_simd512.h"
+#include "k3/core/dtype.h"
+#include "k3/core/weight_format.h"
+#include "k3/quant/iq_tables.h"
+
+K3_AVX512_BEGIN
+
+// Inside the target region: its static inline decoders are compiled for AVX-512 in this file only.
+#include "k3/quant/block_decode.h"
+
+namespace k3::cpu {
+
+namespace {
+
+// One row x T tokens. T = 12: 24 accumulators + 2 weight vectors + 1 activation vector of 32 registers.
+template <WeightFormat F, int T>
+void quant_tile(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
+  alignas(64) float w[E];
+  __m512 acc[T][2];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < cols / E; ++b) {
+    quant::decode_block<F>(row + b * B, w);
+    const float* xb = x + b * E;
+    for (int i = 0; i < E; i += 32) {
+      const __m512 w0 = _mm512_load_ps(w + i), w1 = _mm512_load_ps(w + i + 16);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + t * ldx + i), acc[t][0]);
+        acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + t * ldx + i + 16), acc[t][1]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+constexpr int64_t kT = 12;
+
+template <WeightFormat F, size_t... T>
+constexpr auto quant_tiles(std::index_sequence<T...>) {
+  using Tile = void (*)(const uint8_t*, int64_t, const float*, int64_t, float*, int64_t);
+  return std::array<Tile, sizeof...(T)>{quant_tile<F, static_cast<int>(T) + 1>...};
+}
+
+template <WeightFormat F>
+float quant_dot(const WeightMatrix& W, int64_t r, const float* x) {
+  float y;
+  quant_tile<F, 1>(W.row_data(r), W.cols, x, W.cols, &y, 1);
+  return y;
+}
+
+// Blocks of rows (~512 KiB of blocks) stay in L2 while every token tile passes over them.
+template <WeightFormat F>
+void quant_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
+  static constexpr auto tiles = quant_tiles<F>(std::make_index_sequence<kT>());
+  constexpr int64_t kBlockBytes = 512 << 10;
+  const int64_t cols = W.cols, rows = W.rows;
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, row_data_bytes(F, cols)));
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += kT) {
+      const auto tile = tiles[std::min(kT, n - t0) - 1];
+      for (int64_t r = b0; r < b1; ++r) tile(W.row_data(r), cols, x + t0 * cols, cols, y + t0 * rows + r, rows);
+    }
+  }
+}
+
+template <WeightFormat F>
+void quant_dequant(const WeightMatrix& W, int64_t r, float* out) {
+  constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
+  const uint8_t* p = W.row_data(r);
+  for (int64_t b = 0; b < W.cols / E; ++b) quant::decode_block<F>(p + b * B, out + b * E);
+}
+
+template <WeightFormat F>
+constexpr RowKernels kKernels{quant_dot<F>, quant_dequant<F>, quant_gemm<F>, nullptr};
+
+}  // namespace
+
+}  // namespace k3::cpu
+
+K3_AVX512_END
+
+namespace k3::cpu {
+
+const RowKernels* avx512_quant_row_kernels(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q8_0: return &kKernels<WeightFormat::Q8_0>;
+    case WeightFormat::Q4_K: return &kKernels<WeightFormat::Q4_K>;
+    case WeightFormat::Q5_K: return &kKernels<WeightFormat::Q5_K>;
+    case WeightFormat::Q6_K: return &kKernels<WeightFormat::Q6_K>;
+    case WeightFormat::Q3_K: return &kKernels<WeightFormat::Q3_K>;
+    case WeightFormat::Q2_K: return &kKernels<WeightFormat::Q2_K>;
+    case WeightFormat::IQ4_XS: return &kKernels<WeightFormat::IQ4_XS>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace k3::cpu

@@ -1,0 +1,191 @@
+#include "k3/quant/gguf_pack.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "k3/core/error.h"
+#include "k3/quant/block_decode.h"
+#include "k3/quant/scale_search.h"
+
+namespace k3::quant {
+
+namespace {
+
+// f32 -> f16 bits, round to nearest even (F16C); a scale beyond f16's range is an error, not an inf.
+uint16_t f16_bits(float v) {
+  const uint16_t h = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+  if ((h & 0x7c00) == 0x7c00) throw Error("quantize_row: values too large for a GGUF block's f16 scale");
+  return h;
+}
+// Stores v as f16 at p and returns the value it decodes to.
+float put_f16(uint8_t* p, float v) {
+  const uint16_t h = f16_bits(v);
+  std::memcpy(p, &h, 2);
+  return f16_to_f32(h);
+}
+int round_clamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi); }
+const float* sub(const float* w, int off) { return w ? w + off : nullptr; }
+
+void pack_q8_0(const float* x, const float* w, uint8_t* out) {
+  int q[32];
+  const float d = put_f16(out, fit_scale(x, w, 32, -127, 127, q));
+  for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(d > 0 ? round_clamp(x[i] / d, -127, 127) : 0));
+}
+
+// Q4_K / Q5_K / Q2_K share the scale-and-min scheme: per sub-block (32 or 16 values) d_j and m_j fitted,
+// then d_j ~ d * sc_j, m_j ~ dmin * mn_j with sc_j, mn_j integers in [0, smax], then the quants again.
+struct ScaleMin {
+  int sc[16], mn[16];
+  float dl[16], ml[16];  // the decoded sub-scale and sub-min (d * sc_j, dmin * mn_j), as block_decode.h
+};
+ScaleMin fit_scale_min_block(const float* x, const float* w, int nsub, int sub_n, int qmax, int smax, uint8_t* d_at,
+                             uint8_t* dmin_at) {
+  float ds[16], ms[16], dmax = 0, mmax = 0;
+  int q[32];
+  for (int j = 0; j < nsub; ++j) {
+    ds[j] = fit_scale_min(x + j * sub_n, sub(w, j * sub_n), sub_n, qmax, q, &ms[j]);
+    dmax = std::max(dmax, ds[j]), mmax = std::max(mmax, ms[j]);
+  }
+  const float d = put_f16(d_at, dmax / smax), dmin = put_f16(dmin_at, mmax / smax);
+  ScaleMin s;
+  for (int j = 0; j < nsub; ++j) {
+    s.sc[j] = d > 0 ? round_clamp(ds[j] / d, 0, smax) : 0;
+    s.mn[j] = dmin > 0 ? round_clamp(ms[j] / dmin, 0, smax) : 0;
+    s.dl[j] = d * static_cast<float>(s.sc[j]);
+    s.ml[j] = dmin * static_cast<float>(s.mn[j]);
+  }
+  return s;
+}
+int requant_min(float x, float dl, float ml, int qmax) { return dl > 0 ? round_clamp((x + ml) / dl, 0, qmax) : 0; }
+
+// Q4_K / Q5_K (bits = 4 or 5): 8 sub-blocks of 32.
+void pack_k45(const float* x, const float* w, uint8_t* out, int bits) {
+  const int qmax = (1 << bits) - 1;
+  const ScaleMin s = fit_scale_min_block(x, w, 8, 32, qmax, 63, out, out + 2);
+  uint8_t* sc = out + 4;
+  for (int j = 0; j < 4; ++j) {  // inverse of block_decode.h's k4_scale_min
+    sc[j] = static_cast<uint8_t>(s.sc[j] | ((s.sc[j + 4] >> 4) << 6));
+    sc[j + 4] = static_cast<uint8_t>(s.mn[j] | ((s.mn[j + 4] >> 4) << 6));
+    sc[j + 8] = static_cast<uint8_t>((s.sc[j + 4] & 0xF) | ((s.mn[j + 4] & 0xF) << 4));
+  }
+  uint8_t* qh = out + 16;
+  uint8_t* qs = bits == 4 ? out + 16 : out + 48;
+  if (bits == 5) std::memset(qh, 0, 32);
+  for (int c = 0; c < 4; ++c)  // chunk c: sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = requant_min(x[64 * c + l], s.dl[2 * c], s.ml[2 * c], qmax);
+      const int hi = requant_min(x[64 * c + 32 + l], s.dl[2 * c + 1], s.ml[2 * c + 1], qmax);
+      qs[32 * c + l] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+      if (bits == 5) qh[l] = static_cast<uint8_t>(qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+    }
+}
+void pack_q4_k(const float* x, const float* w, uint8_t* out) { pack_k45(x, w, out, 4); }
+void pack_q5_k(const float* x, const float* w, uint8_t* out) { pack_k45(x, w, out, 5); }
+
+// Element e of a 256-block whose quants are 2-bit fields: byte 32 (e / 128) + e % 32, bit pair (e % 128) / 32.
+int two_bit_byte(int e) { return 32 * (e / 128) + e % 32; }
+int two_bit_shift(int e) { return 2 * ((e % 128) / 32); }
+
+void pack_q2_k(const float* x, const float* w, uint8_t* out) {
+  const ScaleMin s = fit_scale_min_block(x, w, 16, 16, 3, 15, out + 80, out + 82);
+  for (int j = 0; j < 16; ++j) out[j] = static_cast<uint8_t>(s.sc[j] | (s.mn[j] << 4));
+  uint8_t* qs = out + 16;
+  std::memset(qs, 0, 64);
+  for (int e = 0; e < 256; ++e)
+    qs[two_bit_byte(e)] |= static_cast<uint8_t>(requant_min(x[e], s.dl[e / 16], s.ml[e / 16], 3) << two_bit_shift(e));
+}
+
+// Symmetric sub-scales (Q6_K: int8; Q3_K: 6-bit signed): d_j ~ d * s_j, s_j in [-smax - 1, smax].
+void fit_signed_subscales(const float* x, const float* w, int qmin, int qmax, int smax, uint8_t* d_at, int* s_out,
+                          float* dl) {
+  float ds[16], dabs = 0;
+  int q[16];
+  for (int j = 0; j < 16; ++j) {
+    ds[j] = fit_scale(x + 16 * j, sub(w, 16 * j), 16, qmin, qmax, q);
+    dabs = std::max(dabs, std::fabs(ds[j]));
+  }
+  const float d = put_f16(d_at, dabs / smax);
+  for (int j = 0; j < 16; ++j) {
+    s_out[j] = d > 0 ? round_clamp(ds[j] / d, -smax - 1, smax) : 0;
+    dl[j] = d * static_cast<float>(s_out[j]);
+  }
+}
+
+void pack_q6_k(const float* x, const float* w, uint8_t* out) {
+  int s[16];
+  float dl[16];
+  fit_signed_subscales(x, w, -32, 31, 127, out + 208, s, dl);
+  for (int j = 0; j < 16; ++j) out[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(s[j]));
+  uint8_t* ql = out;
+  uint8_t* qh = out + 128;
+  std::memset(out, 0, 192);
+  for (int e = 0; e < 256; ++e) {
+    // Q6_K's value d * s_j * q is (d * s_j) * q: the nearest q to x / (d * s_j).
+    const int q = (dl[e / 16] != 0 ? round_clamp(x[e] / dl[e / 16], -32, 31) : 0) + 32;
+    const int h = e / 128, r = e % 128, k = r / 32, l = r % 32;  // k: which of the 4 quants of byte l
+    ql[64 * h + l + 32 * (k & 1)] |= static_cast<uint8_t>((q & 0xF) << (4 * (k >> 1)));
+    qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * k));
+  }
+}
+
+void pack_q3_k(const float* x, const float* w, uint8_t* out) {
+  int s[16];
+  float dl[16];
+  fit_signed_subscales(x, w, -4, 3, 31, out + 108, s, dl);
+  uint8_t* sc = out + 96;
+  std::memset(out, 0, 108);
+  for (int i = 0; i < 16; ++i) {  // inverse of block_decode.h's q3_k_scale
+    const int u = s[i] + 32;
+    sc[i < 8 ? i : i - 8] |= static_cast<uint8_t>((u & 0xF) << (i < 8 ? 0 : 4));
+    sc[8 + i % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (i / 4)));
+  }
+  for (int e = 0; e < 256; ++e) {
+    const int q = (dl[e / 16] != 0 ? round_clamp(x[e] / dl[e / 16], -4, 3) : 0) + 4;  // 0..7
+    out[32 + two_bit_byte(e)] |= static_cast<uint8_t>((q & 3) << two_bit_shift(e));
+    out[e % 32] |= static_cast<uint8_t>((q >> 2) << (4 * (e / 128) + (e % 128) / 32));
+  }
+}
+
+void pack_iq4_xs(const float* x, const float* w, uint8_t* out) {
+  float ds[8], dabs = 0;
+  int q[32];
+  for (int j = 0; j < 8; ++j) {
+    ds[j] = fit_scale_levels(x + 32 * j, sub(w, 32 * j), 32, kIq4nlValues, 16, q);
+    dabs = std::max(dabs, std::fabs(ds[j]));
+  }
+  const float d = put_f16(out, dabs / 31);
+  unsigned scales_h = 0;
+  std::memset(out + 4, 0, 132);
+  for (int j = 0; j < 8; ++j) {
+    const int ls = (d > 0 ? round_clamp(ds[j] / d, -32, 31) : 0) + 32;
+    out[4 + j / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (j % 2)));
+    scales_h |= static_cast<unsigned>(ls >> 4) << (2 * j);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int i = 0; i < 32; ++i) {
+      const int k = dl != 0 ? nearest_level(x[32 * j + i] / dl, kIq4nlValues, 16) : nearest_level(0, kIq4nlValues, 16);
+      out[8 + 16 * j + i % 16] |= static_cast<uint8_t>(k << (i < 16 ? 0 : 4));
+    }
+  }
+  out[2] = static_cast<uint8_t>(scales_h & 0xFF);
+  out[3] = static_cast<uint8_t>(scales_h >> 8);
+}
+
+}  // namespace
+
+PackBlock block_packer(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q8_0: return pack_q8_0;
+    case WeightFormat::Q4_K: return pack_q4_k;
+    case WeightFormat::Q5_K: return pack_q5_k;
+    case WeightFormat::Q6_K: return pack_q6_k;
+    case WeightFormat::Q3_K: return pack_q3_k;
+    case WeightFormat::Q2_K: return pack_q2_k;
+    case WeightFormat::IQ4_XS: return pack_iq4_xs;
+    default: return nullptr;
+  }
+}
+
+}  // namespace k3::quant
