@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "k3/backend/cpu/weight_simd.h"
-#include "k3/quant/block_decode.h"
+#include "k3/backend/cpu/quant_decode_simd.h"
 
 namespace k3::cpu {
 
@@ -27,7 +27,7 @@ void quant_tile(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, f
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < cols / E; ++b) {
-    quant::decode_block<F>(row + b * B, w);
+    qsimd::decode_block<F>(row + b * B, w);
     const float* xb = x + b * E;
     for (int i = 0; i < E; i += 16) {
       const __m256 w0 = _mm256_load_ps(w + i), w1 = _mm256_load_ps(w + i + 8);
@@ -49,11 +49,27 @@ constexpr auto quant_tiles(std::index_sequence<T...>) {
   return std::array<Tile, sizeof...(T)>{quant_tile<F, static_cast<int>(T) + 1>...};
 }
 
+// The 1-token tile without the buffer: each 32 decoded weights go straight into the two accumulators,
+// the same products in the same order as quant_tile<F, 1> (so gemm keeps dot's bits): a0 takes elements
+// i..i+7 and i+16..i+23, a1 i+8..i+15 and i+24..i+31, as dot_loop's 16-wide steps.
+struct DotSink {
+  const float* x;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  void put32(int i, const __m256 w[4]) {
+    a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + i + 8), a1);
+    a0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + i + 16), a0);
+    a1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + i + 24), a1);
+  }
+};
+
 template <WeightFormat F>
 float quant_dot(const WeightMatrix& W, int64_t r, const float* x) {
-  float y;
-  quant_tile<F, 1>(W.row_data(r), W.cols, x, W.cols, &y, 1);
-  return y;
+  constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
+  const uint8_t* row = W.row_data(r);
+  DotSink s{x};
+  for (int64_t b = 0; b < W.cols / E; ++b, s.x += E) qsimd::decode_into<F>(row + b * B, s);
+  return hsum(_mm256_add_ps(s.a0, s.a1));
 }
 
 // Blocks of rows (~256 KiB of blocks) stay in L2 while every token tile passes over them.
@@ -76,7 +92,7 @@ template <WeightFormat F>
 void quant_dequant(const WeightMatrix& W, int64_t r, float* out) {
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
   const uint8_t* p = W.row_data(r);
-  for (int64_t b = 0; b < W.cols / E; ++b) quant::decode_block<F>(p + b * B, out + b * E);
+  for (int64_t b = 0; b < W.cols / E; ++b) qsimd::decode_block<F>(p + b * B, out + b * E);
 }
 
 template <WeightFormat F>

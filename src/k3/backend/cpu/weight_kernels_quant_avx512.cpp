@@ -19,12 +19,35 @@
 
 K3_AVX512_BEGIN
 
-// Inside the target region: its static inline decoders are compiled for AVX-512 in this file only.
-#include "k3/quant/block_decode.h"
+// Inside the target region: the static inline decoders (quant_decode_simd.h, quant/block_decode.h) are
+// compiled for AVX-512 in this file only.
+#include "k3/backend/cpu/quant_decode_simd.h"
 
 namespace k3::cpu {
 
 namespace {
+
+// 16-lane vectors of decoded weights: two 8-lane halves joined (one 64-byte store, so that the tile's
+// 16-lane loads are forwarded from it).
+inline __m512 join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+struct StoreSink16 {
+  float* y;
+  void put32(int i, const __m256 w[4]) const {
+    _mm512_storeu_ps(y + i, join(w[0], w[1]));
+    _mm512_storeu_ps(y + i + 16, join(w[2], w[3]));
+  }
+};
+
+// The 1-token tile without the buffer: a0 takes elements i..i+15 of each 32, a1 i+16..i+31, as quant_tile.
+struct DotSink {
+  const float* x;
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  void put32(int i, const __m256 w[4]) {
+    a0 = _mm512_fmadd_ps(join(w[0], w[1]), _mm512_loadu_ps(x + i), a0);
+    a1 = _mm512_fmadd_ps(join(w[2], w[3]), _mm512_loadu_ps(x + i + 16), a1);
+  }
+};
 
 // One row x T tokens. T = 12: 24 accumulators + 2 weight vectors + 1 activation vector of 32 registers.
 template <WeightFormat F, int T>
@@ -34,8 +57,9 @@ void quant_tile(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, f
   __m512 acc[T][2];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  StoreSink16 sink{w};
   for (int64_t b = 0; b < cols / E; ++b) {
-    quant::decode_block<F>(row + b * B, w);
+    qsimd::decode_into<F>(row + b * B, sink);
     const float* xb = x + b * E;
     for (int i = 0; i < E; i += 32) {
       const __m512 w0 = _mm512_load_ps(w + i), w1 = _mm512_load_ps(w + i + 16);
@@ -59,9 +83,11 @@ constexpr auto quant_tiles(std::index_sequence<T...>) {
 
 template <WeightFormat F>
 float quant_dot(const WeightMatrix& W, int64_t r, const float* x) {
-  float y;
-  quant_tile<F, 1>(W.row_data(r), W.cols, x, W.cols, &y, 1);
-  return y;
+  constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
+  const uint8_t* row = W.row_data(r);
+  DotSink s{x};
+  for (int64_t b = 0; b < W.cols / E; ++b, s.x += E) qsimd::decode_into<F>(row + b * B, s);
+  return _mm512_reduce_add_ps(_mm512_add_ps(s.a0, s.a1));
 }
 
 // Blocks of rows (~512 KiB of blocks) stay in L2 while every token tile passes over them.
@@ -84,7 +110,7 @@ template <WeightFormat F>
 void quant_dequant(const WeightMatrix& W, int64_t r, float* out) {
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes;
   const uint8_t* p = W.row_data(r);
-  for (int64_t b = 0; b < W.cols / E; ++b) quant::decode_block<F>(p + b * B, out + b * E);
+  for (int64_t b = 0; b < W.cols / E; ++b) qsimd::decode_block<F>(p + b * B, out + b * E);
 }
 
 template <WeightFormat F>

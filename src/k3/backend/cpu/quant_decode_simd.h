@@ -1,0 +1,191 @@
+// AVX2 decoders of GGUF's block formats into fp32 for the CPU kernels (weight_kernels_quant*.cpp): the
+// same values as quant/block_decode.h's scalar decoders, bit for bit, because each value is the same fp32
+// expression -- an exact int -> float conversion, then (sub-scale) * q, then "- sub-min" where the format
+// has one, with the sub-scale and sub-min computed by the same scalar code -- only 8 lanes at a time.
+// (QuantGolden and QuantKernelsTier check the kernels' dequant against ggml and the float64 reference.)
+//
+// `static inline` as block_decode.h: the avx512 tier includes this inside its target region and gets its
+// own copy; the code itself only needs AVX2.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "k3/quant/block_decode.h"
+
+namespace k3::cpu::qsimd {
+
+// 8 int8 lanes (the low 8 bytes of v) -> fp32.
+static inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+
+// Where decoded weights go: `Sink::put32(i, w)` receives elements i..i+31 of the block as w[0..3] (8
+// each), i a multiple of 32, in increasing order. StoreSink writes them to a buffer; a dot kernel's sink
+// multiplies them into its accumulators at once (weight_kernels_quant*.cpp): the very products, in the
+// very order, that it would apply to them after a store and a reload.
+struct StoreSink {
+  float* y;
+  void put32(int i, const __m256 w[4]) const {
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, w[k]);
+  }
+};
+
+// 32 int8 quants (v) -> elements i..i+31: lanes 0-15 are d0 * q - m0, lanes 16-31 d1 * q - m1 (kMin: with
+// the subtraction; without it the value is d * q alone, as the formats without mins compute it).
+template <bool kMin, class Sink>
+static inline void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1, float m1) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  __m256 r[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_mul_ps(_mm256_set1_ps(k < 2 ? d0 : d1), i8x8_to_f32(parts[k]));
+    if constexpr (kMin) r[k] = _mm256_sub_ps(r[k], _mm256_set1_ps(k < 2 ? m0 : m1));
+  }
+  s.put32(i, r);
+}
+
+// The f16 scale at p: F16C's conversion is exact (subnormals included), as f16_to_f32.
+static inline float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+static inline __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+// Bits [s, s + w) of every byte (s + w <= 8): 16-bit shifts move bits across bytes only above the mask.
+static inline __m256i bit_field(__m256i v, int s, int mask) { return _mm256_and_si256(_mm256_srli_epi16(v, s), bytes(mask)); }
+
+template <class Sink>
+static inline void decode_q8_0(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  put32<false>(out, 0, load32(b + 2), d, 0, d, 0);
+}
+
+template <class Sink>
+static inline void decode_q4_k(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b), dmin = f16_at(b + 2);
+  for (int j = 0; j < 8; j += 2) {
+    int sc, m;
+    quant::k4_scale_min(j, b + 4, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    quant::k4_scale_min(j + 1, b + 4, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    const __m256i q = load32(b + 16 + 16 * j);
+    put32<true>(out, 32 * j, bit_field(q, 0, 0xF), d1, m1, d1, m1);
+    put32<true>(out, 32 * j + 32, bit_field(q, 4, 0xF), d2, m2, d2, m2);
+  }
+}
+
+template <class Sink>
+static inline void decode_q5_k(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b), dmin = f16_at(b + 2);
+  const __m256i qh = load32(b + 16);
+  for (int j = 0; j < 8; j += 2) {
+    int sc, m;
+    quant::k4_scale_min(j, b + 4, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    quant::k4_scale_min(j + 1, b + 4, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    const __m256i q = load32(b + 48 + 16 * j);
+    const __m256i lo = _mm256_or_si256(bit_field(q, 0, 0xF), _mm256_slli_epi16(bit_field(qh, j, 1), 4));
+    const __m256i hi = _mm256_or_si256(bit_field(q, 4, 0xF), _mm256_slli_epi16(bit_field(qh, j + 1, 1), 4));
+    put32<true>(out, 32 * j, lo, d1, m1, d1, m1);
+    put32<true>(out, 32 * j + 32, hi, d2, m2, d2, m2);
+  }
+}
+
+template <class Sink>
+static inline void decode_q6_k(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b + 208);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  for (int h = 0; h < 2; ++h, sc += 8) {
+    const __m256i ql0 = load32(b + 64 * h), ql1 = load32(b + 64 * h + 32), qh = load32(b + 128 + 32 * h);
+    const __m256i q[4] = {
+        _mm256_or_si256(bit_field(ql0, 0, 0xF), _mm256_slli_epi16(bit_field(qh, 0, 3), 4)),
+        _mm256_or_si256(bit_field(ql1, 0, 0xF), _mm256_slli_epi16(bit_field(qh, 2, 3), 4)),
+        _mm256_or_si256(bit_field(ql0, 4, 0xF), _mm256_slli_epi16(bit_field(qh, 4, 3), 4)),
+        _mm256_or_si256(bit_field(ql1, 4, 0xF), _mm256_slli_epi16(bit_field(qh, 6, 3), 4)),
+    };
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k)  // quants k * 32 + l: sub-blocks 2k (l < 16) and 2k + 1; the value is (d * s) * q
+      put32<false>(out, 128 * h + 32 * k, _mm256_sub_epi8(q[k], bytes(32)), d * static_cast<float>(sc[2 * k]), 0,
+                   d * static_cast<float>(sc[2 * k + 1]), 0);
+  }
+}
+
+template <class Sink>
+static inline void decode_q3_k(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b + 108);
+  const __m256i hm = load32(b);
+  int is = 0;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i q = load32(b + 32 + 32 * h);
+    for (int k = 0; k < 4; ++k, is += 2) {
+      // q - 4 where the high bit (bit 4h + k of hmask) is clear: low2 + 4 * hbit - 4.
+      const __m256i hb = _mm256_slli_epi16(bit_field(hm, 4 * h + k, 1), 2);
+      const __m256i v = _mm256_sub_epi8(_mm256_or_si256(bit_field(q, 2 * k, 3), hb), bytes(4));
+      put32<false>(out, 128 * h + 32 * k, v, d * static_cast<float>(quant::q3_k_scale(b + 96, is)), 0,
+                   d * static_cast<float>(quant::q3_k_scale(b + 96, is + 1)), 0);
+    }
+  }
+}
+
+template <class Sink>
+static inline void decode_q2_k(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+  const uint8_t* s = b;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i q = load32(b + 16 + 32 * h);
+    for (int k = 0; k < 4; ++k, s += 2) {
+      const float dl0 = d * static_cast<float>(s[0] & 0xF), ml0 = dmin * static_cast<float>(s[0] >> 4);
+      const float dl1 = d * static_cast<float>(s[1] & 0xF), ml1 = dmin * static_cast<float>(s[1] >> 4);
+      put32<true>(out, 128 * h + 32 * k, bit_field(q, 2 * k, 3), dl0, ml0, dl1, ml1);
+    }
+  }
+}
+
+template <class Sink>
+static inline void decode_iq4_xs(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  const unsigned scales_h = b[2] | (b[3] << 8);
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues));
+  const __m256i table = _mm256_broadcastsi128_si256(levels);
+  for (int ib = 0; ib < 8; ib += 2) {
+    // Two sub-blocks (16 bytes each): low nibbles are elements 0-15, high nibbles 16-31 of each.
+    const __m256i q = load32(b + 8 + 16 * ib);
+    const __m256i lo = _mm256_shuffle_epi8(table, bit_field(q, 0, 0xF));
+    const __m256i hi = _mm256_shuffle_epi8(table, bit_field(q, 4, 0xF));
+    float dl[2];
+    for (int k = 0; k < 2; ++k) {
+      const int i = ib + k;
+      const int ls = ((b[4 + i / 2] >> (4 * (i % 2))) & 0xF) | (((scales_h >> (2 * i)) & 3) << 4);
+      dl[k] = d * static_cast<float>(ls - 32);
+    }
+    // Sub-block ib: its low nibbles (lane 0-15 of lo) then high nibbles (lanes 0-15 of hi).
+    put32<false>(out, 32 * ib, _mm256_permute2x128_si256(lo, hi, 0x20), dl[0], 0, dl[0], 0);
+    put32<false>(out, 32 * ib + 32, _mm256_permute2x128_si256(lo, hi, 0x31), dl[1], 0, dl[1], 0);
+  }
+}
+
+template <WeightFormat F, class Sink>
+static inline void decode_into(const uint8_t* b, Sink& y) {
+  if constexpr (F == WeightFormat::Q8_0) decode_q8_0(b, y);
+  else if constexpr (F == WeightFormat::Q4_K) decode_q4_k(b, y);
+  else if constexpr (F == WeightFormat::Q5_K) decode_q5_k(b, y);
+  else if constexpr (F == WeightFormat::Q6_K) decode_q6_k(b, y);
+  else if constexpr (F == WeightFormat::Q3_K) decode_q3_k(b, y);
+  else if constexpr (F == WeightFormat::Q2_K) decode_q2_k(b, y);
+  else if constexpr (F == WeightFormat::IQ4_XS) decode_iq4_xs(b, y);
+  else static_assert(F == WeightFormat::Q8_0, "not a GGUF block format");
+}
+
+// The block into y[0 .. block_elems).
+template <WeightFormat F>
+static inline void decode_block(const uint8_t* b, float* y) {
+  StoreSink s{y};
+  decode_into<F>(b, s);
+}
+
+}  // namespace k3::cpu::qsimd
