@@ -7,8 +7,10 @@
 //       then the blocks, then nblocks * block_elems float32 (little-endian). k3's test
 //       (QuantGolden.*, tests/unit/test_quant_formats.cpp) checks k3's dequantisation bit for bit on the
 //       committed tests/data/quant-golden/ and, with K3_QUANT_GOLDEN_DIR=DIR, on a larger set made here.
-//   rms ROWS COLS [SEED]: ggml_quantize_chunk on Gaussian rows (no imatrix), then to_float; prints the RMS
-//       error relative to the rows' RMS per type, for docs/quantization.md (k3's side: QuantRms test).
+//   rms ROWS COLS [SEED] [ROWS_FILE]: ggml_quantize_chunk on Gaussian rows (no imatrix), then to_float;
+//       prints the RMS error relative to the rows' RMS per type, for docs/quantization.md. ROWS_FILE: the
+//       rows as raw float32, for k3's side on the same rows (K3_QUANT_RMS_ROWS=ROWS_FILE, COLS 4096:
+//       QuantRms.GaussianRowsWithinBounds).
 //
 // Build (llama.cpp built at /work/llama-native, sources at $LLAMA):
 //   g++ -O2 -std=c++17 -I$LLAMA/ggml/include scripts/peer/ggml_quant_oracle.cpp \
@@ -77,11 +79,17 @@ int golden(const char* dir, int blocks, unsigned seed) {
   return 0;
 }
 
-int rms(int rows, int cols, unsigned seed) {
+int rms(int rows, int cols, unsigned seed, const char* rows_file) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0, 1);
   std::vector<float> x(static_cast<size_t>(rows) * cols);
   for (auto& v : x) v = nd(rng);
+  if (rows_file) {
+    FILE* f = std::fopen(rows_file, "wb");
+    if (!f) return std::perror(rows_file), 1;
+    std::fwrite(x.data(), 4, x.size(), f);
+    std::fclose(f);
+  }
   double sx = 0;
   for (float v : x) sx += double(v) * v;
   for (const Type& t : kTypes) {
@@ -104,7 +112,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "golden")
     return golden(argv[2], argc > 3 ? std::atoi(argv[3]) : 4, argc > 4 ? std::atoi(argv[4]) : 1);
   if (argc >= 4 && std::string(argv[1]) == "rms")
-    return rms(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? std::atoi(argv[4]) : 1);
-  std::fprintf(stderr, "usage: %s golden DIR [BLOCKS] [SEED] | rms ROWS COLS [SEED]\n", argv[0]);
+    return rms(std::atoi(argv[2]), std::atoi(argv[3]), argc > 4 ? std::atoi(argv[4]) : 1, argc > 5 ? argv[5] : nullptr);
+  std::fprintf(stderr, "usage: %s golden DIR [BLOCKS] [SEED] | rms ROWS COLS [SEED] [ROWS_FILE]\n", argv[0]);
   return 2;
 }

@@ -136,18 +136,30 @@ std::vector<float> gaussian(size_t n, std::mt19937& rng) {
 }
 
 // Relative RMS error of quantise -> dequantise on 16 Gaussian rows of 4096: below the bound stated per
-// type (about 1.25x what this quantiser measured, docs/quantization.md, beside llama.cpp's).
+// type (about 1.2x what this quantiser measured, docs/quantization.md, beside llama.cpp's).
 TEST(QuantRms, GaussianRowsWithinBounds) {
   struct Bound {
     WeightFormat f;
     double max_rel_rms;
   };
   std::mt19937 rng(3);
-  const int64_t rows = 16, cols = 4096;
-  const auto x = gaussian(static_cast<size_t>(rows * cols), rng);
-  for (const Bound& b : {Bound{WeightFormat::Q8_0, 0.0065}, Bound{WeightFormat::Q6_K, 0.02}, Bound{WeightFormat::Q5_K, 0.04},
-                         Bound{WeightFormat::Q4_K, 0.08}, Bound{WeightFormat::IQ4_XS, 0.085}, Bound{WeightFormat::Q3_K, 0.17},
-                         Bound{WeightFormat::Q2_K, 0.33}}) {
+  int64_t rows = 16;
+  const int64_t cols = 4096;
+  auto x = gaussian(static_cast<size_t>(rows * cols), rng);
+  // By hand: the rows llama.cpp quantised (scripts/peer/ggml_quant_oracle.cpp rms ... ROWS_FILE), to
+  // compare the two quantisers on the same values.
+  if (const char* file = std::getenv("K3_QUANT_RMS_ROWS"); file && *file) {
+    std::ifstream in(file, std::ios::binary | std::ios::ate);
+    ASSERT_TRUE(in) << file;
+    rows = static_cast<int64_t>(in.tellg()) / (4 * cols);
+    ASSERT_GT(rows, 0);
+    x.resize(static_cast<size_t>(rows * cols));
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
+  }
+  for (const Bound& b : {Bound{WeightFormat::Q8_0, 0.006}, Bound{WeightFormat::Q6_K, 0.02}, Bound{WeightFormat::Q5_K, 0.043},
+                         Bound{WeightFormat::Q4_K, 0.085}, Bound{WeightFormat::IQ4_XS, 0.089}, Bound{WeightFormat::Q3_K, 0.172},
+                         Bound{WeightFormat::Q2_K, 0.325}}) {
     std::vector<uint8_t> q(static_cast<size_t>(rows * k3::row_data_bytes(b.f, cols)));
     std::vector<float> y(x.size());
     for (int64_t r = 0; r < rows; ++r) {

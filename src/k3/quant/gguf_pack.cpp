@@ -32,7 +32,7 @@ const float* sub(const float* w, int off) { return w ? w + off : nullptr; }
 void pack_q8_0(const float* x, const float* w, uint8_t* out) {
   int q[32];
   const float d = put_f16(out, fit_scale(x, w, 32, -127, 127, q));
-  for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(d > 0 ? round_clamp(x[i] / d, -127, 127) : 0));
+  for (int i = 0; i < 32; ++i) out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(d != 0 ? round_clamp(x[i] / d, -127, 127) : 0));
 }
 
 // Q4_K / Q5_K / Q2_K share the scale-and-min scheme: per sub-block (32 or 16 values) d_j and m_j fitted,
@@ -98,33 +98,89 @@ void pack_q2_k(const float* x, const float* w, uint8_t* out) {
     qs[two_bit_byte(e)] |= static_cast<uint8_t>(requant_min(x[e], s.dl[e / 16], s.ml[e / 16], 3) << two_bit_shift(e));
 }
 
-// Symmetric sub-scales (Q6_K: int8; Q3_K: 6-bit signed): d_j ~ d * s_j, s_j in [-smax - 1, smax].
-void fit_signed_subscales(const float* x, const float* w, int qmin, int qmax, int smax, uint8_t* d_at, int* s_out,
-                          float* dl) {
-  float ds[16], dabs = 0;
-  int q[16];
-  for (int j = 0; j < 16; ++j) {
-    ds[j] = fit_scale(x + 16 * j, sub(w, 16 * j), 16, qmin, qmax, q);
-    dabs = std::max(dabs, std::fabs(ds[j]));
+// Symmetric sub-scales (Q6_K, Q3_K, IQ4_XS): value = (d * s_j) * level(q), s_j integer in [smin, smax],
+// level(q) = q (integer grids) or a codebook entry (IQ4_XS). Grid: nearest(v) -> index, level(index).
+struct IntGrid {
+  int lo, hi;
+  int nearest(float v) const { return round_clamp(v, lo, hi); }
+  float level(int q) const { return static_cast<float>(q); }
+};
+struct CodebookGrid {
+  int nearest(float v) const { return nearest_level(v, kIq4nlValues, 16); }
+  float level(int q) const { return static_cast<float>(kIq4nlValues[q]); }
+};
+
+struct SymBlock {
+  float d = 0;   // the super-block scale as stored (f16-rounded)
+  int s[16]{};   // sub-scales
+  int q[256]{};  // grid indices
+};
+
+// The quants under (d, s) as decoded, and their weighted squared error.
+template <class Grid>
+double requant_sym(const float* x, const float* w, int nsub, int sub_n, const Grid& g, SymBlock& b) {
+  double err = 0;
+  for (int j = 0; j < nsub; ++j) {
+    const float dl = b.d * static_cast<float>(b.s[j]);
+    for (int i = j * sub_n; i < (j + 1) * sub_n; ++i) {
+      b.q[i] = g.nearest(dl != 0 ? x[i] / dl : 0.0f);
+      const double e = x[i] - double(dl * g.level(b.q[i]));
+      err += (w ? w[i] : 1.0f) * e * e;
+    }
   }
-  const float d = put_f16(d_at, dabs / smax);
-  for (int j = 0; j < 16; ++j) {
-    s_out[j] = d > 0 ? round_clamp(ds[j] / d, -smax - 1, smax) : 0;
-    dl[j] = d * static_cast<float>(s_out[j]);
-  }
+  return err;
 }
 
+// Fits d_j per sub-block (scale_search.h), d = max |d_j| / smax, s_j = round(d_j / d); then alternates
+// least squares -- each s_j for the quants, then d for all of them -- and re-rounds the quants, keeping the
+// best block by weighted error (the f16 rounding of d and the integer s_j make the first guess improvable).
+template <class Grid>
+SymBlock fit_sym_block(const float* x, const float* w, int nsub, int sub_n, int smin, int smax, const Grid& g,
+                       float (*sub_fit)(const float*, const float*, int, int*)) {
+  float ds[16], dabs = 0;
+  int tq[32];
+  for (int j = 0; j < nsub; ++j) {
+    ds[j] = sub_fit(x + j * sub_n, sub(w, j * sub_n), sub_n, tq);
+    dabs = std::max(dabs, std::fabs(ds[j]));
+  }
+  SymBlock best;
+  best.d = f16_to_f32(f16_bits(dabs / smax));
+  for (int j = 0; j < nsub; ++j) best.s[j] = best.d > 0 ? round_clamp(ds[j] / best.d, smin, smax) : 0;
+  double best_err = requant_sym(x, w, nsub, sub_n, g, best);
+  SymBlock b = best;
+  for (int iter = 0; iter < 4 && best.d > 0; ++iter) {
+    double sxy = 0, syy = 0;  // d for the current s_j and quants
+    for (int j = 0; j < nsub; ++j) {
+      double jxy = 0, jyy = 0;
+      for (int i = j * sub_n; i < (j + 1) * sub_n; ++i) {
+        const double l = g.level(b.q[i]), wi = w ? w[i] : 1.0f;
+        jxy += wi * x[i] * l, jyy += wi * l * l;
+      }
+      if (jyy > 0) b.s[j] = round_clamp(static_cast<float>(jxy / jyy / b.d), smin, smax);
+      sxy += double(b.s[j]) * jxy, syy += double(b.s[j]) * b.s[j] * jyy;
+    }
+    if (syy <= 0) break;
+    b.d = f16_to_f32(f16_bits(static_cast<float>(sxy / syy)));
+    if (b.d <= 0) break;
+    const double err = requant_sym(x, w, nsub, sub_n, g, b);
+    if (err < best_err) best_err = err, best = b;
+  }
+  return best;
+}
+
+float fit_q6(const float* x, const float* w, int n, int* q) { return fit_scale(x, w, n, -32, 31, q); }
+float fit_q3(const float* x, const float* w, int n, int* q) { return fit_scale(x, w, n, -4, 3, q); }
+float fit_iq4(const float* x, const float* w, int n, int* q) { return fit_scale_levels(x, w, n, kIq4nlValues, 16, q); }
+
 void pack_q6_k(const float* x, const float* w, uint8_t* out) {
-  int s[16];
-  float dl[16];
-  fit_signed_subscales(x, w, -32, 31, 127, out + 208, s, dl);
-  for (int j = 0; j < 16; ++j) out[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(s[j]));
+  const SymBlock b = fit_sym_block(x, w, 16, 16, -128, 127, IntGrid{-32, 31}, fit_q6);
+  put_f16(out + 208, b.d);
+  for (int j = 0; j < 16; ++j) out[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(b.s[j]));
   uint8_t* ql = out;
   uint8_t* qh = out + 128;
   std::memset(out, 0, 192);
   for (int e = 0; e < 256; ++e) {
-    // Q6_K's value d * s_j * q is (d * s_j) * q: the nearest q to x / (d * s_j).
-    const int q = (dl[e / 16] != 0 ? round_clamp(x[e] / dl[e / 16], -32, 31) : 0) + 32;
+    const int q = b.q[e] + 32;
     const int h = e / 128, r = e % 128, k = r / 32, l = r % 32;  // k: which of the 4 quants of byte l
     ql[64 * h + l + 32 * (k & 1)] |= static_cast<uint8_t>((q & 0xF) << (4 * (k >> 1)));
     qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * k));
@@ -132,42 +188,32 @@ void pack_q6_k(const float* x, const float* w, uint8_t* out) {
 }
 
 void pack_q3_k(const float* x, const float* w, uint8_t* out) {
-  int s[16];
-  float dl[16];
-  fit_signed_subscales(x, w, -4, 3, 31, out + 108, s, dl);
+  const SymBlock b = fit_sym_block(x, w, 16, 16, -32, 31, IntGrid{-4, 3}, fit_q3);
+  put_f16(out + 108, b.d);
   uint8_t* sc = out + 96;
   std::memset(out, 0, 108);
   for (int i = 0; i < 16; ++i) {  // inverse of block_decode.h's q3_k_scale
-    const int u = s[i] + 32;
+    const int u = b.s[i] + 32;
     sc[i < 8 ? i : i - 8] |= static_cast<uint8_t>((u & 0xF) << (i < 8 ? 0 : 4));
     sc[8 + i % 4] |= static_cast<uint8_t>((u >> 4) << (2 * (i / 4)));
   }
   for (int e = 0; e < 256; ++e) {
-    const int q = (dl[e / 16] != 0 ? round_clamp(x[e] / dl[e / 16], -4, 3) : 0) + 4;  // 0..7
+    const int q = b.q[e] + 4;  // 0..7
     out[32 + two_bit_byte(e)] |= static_cast<uint8_t>((q & 3) << two_bit_shift(e));
     out[e % 32] |= static_cast<uint8_t>((q >> 2) << (4 * (e / 128) + (e % 128) / 32));
   }
 }
 
 void pack_iq4_xs(const float* x, const float* w, uint8_t* out) {
-  float ds[8], dabs = 0;
-  int q[32];
-  for (int j = 0; j < 8; ++j) {
-    ds[j] = fit_scale_levels(x + 32 * j, sub(w, 32 * j), 32, kIq4nlValues, 16, q);
-    dabs = std::max(dabs, std::fabs(ds[j]));
-  }
-  const float d = put_f16(out, dabs / 31);
+  const SymBlock b = fit_sym_block(x, w, 8, 32, -32, 31, CodebookGrid{}, fit_iq4);
+  put_f16(out, b.d);
   unsigned scales_h = 0;
   std::memset(out + 4, 0, 132);
   for (int j = 0; j < 8; ++j) {
-    const int ls = (d > 0 ? round_clamp(ds[j] / d, -32, 31) : 0) + 32;
+    const int ls = b.s[j] + 32;
     out[4 + j / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (j % 2)));
     scales_h |= static_cast<unsigned>(ls >> 4) << (2 * j);
-    const float dl = d * static_cast<float>(ls - 32);
-    for (int i = 0; i < 32; ++i) {
-      const int k = dl != 0 ? nearest_level(x[32 * j + i] / dl, kIq4nlValues, 16) : nearest_level(0, kIq4nlValues, 16);
-      out[8 + 16 * j + i % 16] |= static_cast<uint8_t>(k << (i < 16 ? 0 : 4));
-    }
+    for (int i = 0; i < 32; ++i) out[8 + 16 * j + i % 16] |= static_cast<uint8_t>(b.q[32 * j + i] << (i < 16 ? 0 : 4));
   }
   out[2] = static_cast<uint8_t>(scales_h & 0xFF);
   out[3] = static_cast<uint8_t>(scales_h >> 8);

@@ -11,6 +11,30 @@ inline float wt(const float* w, int i) { return w ? w[i] : 1.0f; }
 
 inline int round_clamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi); }
 
+// Coordinate descent on the quants for a fixed grid (level(k): the value of index k): with the scale
+// refitted in closed form, the weighted error is sum w x^2 - sxl^2 / sll, so a change of one quant to
+// the nearest grid point of x_i / d is kept when it raises sxl^2 / sll. A few passes; returns d.
+template <class Level, class Nearest>
+float refine_quants(const float* x, const float* w, int n, int* q, Level level, Nearest nearest) {
+  double sxl = 0, sll = 0;
+  for (int i = 0; i < n; ++i) {
+    const double l = level(q[i]);
+    sxl += double(wt(w, i)) * x[i] * l, sll += double(wt(w, i)) * l * l;
+  }
+  for (int pass = 0; pass < 5 && sll > 0; ++pass) {
+    bool changed = false;
+    for (int i = 0; i < n; ++i) {
+      const int k = nearest(static_cast<float>(x[i] * sll / sxl));
+      if (k == q[i]) continue;
+      const double wi = wt(w, i), lo = level(q[i]), ln = level(k);
+      const double nxl = sxl + wi * x[i] * (ln - lo), nll = sll + wi * (ln * ln - lo * lo);
+      if (nll > 0 && nxl * nxl * sll > sxl * sxl * nll) sxl = nxl, sll = nll, q[i] = k, changed = true;
+    }
+    if (!changed) break;
+  }
+  return sll > 0 ? static_cast<float>(sxl / sll) : 0.0f;
+}
+
 // Candidate inverse scales: nmax / amax times 1 + step * k, k in [-kSteps, kSteps].
 constexpr int kSteps = 12;
 constexpr float kStep = 0.02f;
@@ -25,13 +49,14 @@ float fit_scale(const float* x, const float* w, int n, int qmin, int qmax, int* 
     for (int i = 0; i < n; ++i) q[i] = 0;
     return 0;
   }
-  // The largest value maps to the end of the range that has room for it (qmin may be -qmax - 1).
-  const float nmax = vmax < 0 ? static_cast<float>(-qmin) : static_cast<float>(qmax);
+  // The largest |x| maps near either end of the grid: a negative scale lets a positive maximum use the
+  // longer side of an asymmetric grid (Q3_K's [-4, 3]), as llama.cpp's Q3_K does.
   double best_err = INFINITY;
   float best_d = 0;
   int tq[256];
-  for (int k = -kSteps; k <= kSteps; ++k) {
-    const float iscale = nmax * (1 + kStep * k) / amax;  // the largest |x| maps to about nmax
+  for (int c = 0; c < 2 * (2 * kSteps + 1); ++c) {
+    const int k = c % (2 * kSteps + 1) - kSteps, end = c < 2 * kSteps + 1 ? qmax : qmin;
+    const float iscale = static_cast<float>(end) * (1 + kStep * k) / vmax;  // vmax * iscale ~ end
     double sxq = 0, sqq = 0;
     for (int i = 0; i < n; ++i) {
       tq[i] = round_clamp(x[i] * iscale, qmin, qmax);
@@ -51,7 +76,9 @@ float fit_scale(const float* x, const float* w, int n, int qmin, int qmax, int* 
       std::copy(tq, tq + n, q);
     }
   }
-  return best_d;
+  if (best_d == 0) return 0;
+  return refine_quants(
+      x, w, n, q, [](int k) { return double(k); }, [&](float v) { return round_clamp(v, qmin, qmax); });
 }
 
 float fit_scale_min(const float* x, const float* w, int n, int qmax, int* q, float* min_out) {
@@ -119,12 +146,13 @@ float fit_scale_levels(const float* x, const float* w, int n, const int8_t* leve
     for (int i = 0; i < n; ++i) q[i] = nearest_level(0, levels, nlevels);
     return 0;
   }
-  // The largest value maps near the codebook's end of its sign (levels[0] < 0 < levels[nlevels - 1]).
-  const float end = vmax < 0 ? levels[0] : levels[nlevels - 1];
+  // The largest |x| maps near either end of the codebook (a negative scale: the other end).
   double best_err = INFINITY;
   float best_d = 0;
   int tq[256];
-  for (int k = -kSteps; k <= kSteps; ++k) {
+  for (int c = 0; c < 2 * (2 * kSteps + 1); ++c) {
+    const int k = c % (2 * kSteps + 1) - kSteps;
+    const float end = c < 2 * kSteps + 1 ? levels[nlevels - 1] : levels[0];
     const float d0 = vmax / (end * (1 + kStep * k));
     double sxq = 0, sqq = 0;
     for (int i = 0; i < n; ++i) {
@@ -145,7 +173,9 @@ float fit_scale_levels(const float* x, const float* w, int n, const int8_t* leve
       std::copy(tq, tq + n, q);
     }
   }
-  return best_d;
+  if (best_d == 0) return 0;
+  return refine_quants(
+      x, w, n, q, [&](int k) { return double(levels[k]); }, [&](float v) { return nearest_level(v, levels, nlevels); });
 }
 
 }  // namespace k3::quant
