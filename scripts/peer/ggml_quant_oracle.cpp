@@ -37,8 +37,12 @@ struct Type {
 const std::vector<Type> kTypes = {
     {GGML_TYPE_Q8_0, "Q8_0", {0}},     {GGML_TYPE_Q4_K, "Q4_K", {0, 2}},  {GGML_TYPE_Q5_K, "Q5_K", {0, 2}},
     {GGML_TYPE_Q6_K, "Q6_K", {208}},   {GGML_TYPE_Q3_K, "Q3_K", {108}},   {GGML_TYPE_Q2_K, "Q2_K", {80, 82}},
-    {GGML_TYPE_IQ4_XS, "IQ4_XS", {0}},
+    {GGML_TYPE_IQ4_XS, "IQ4_XS", {0}},  {GGML_TYPE_IQ3_XXS, "IQ3_XXS", {0}}, {GGML_TYPE_IQ3_S, "IQ3_S", {0}},
+    {GGML_TYPE_IQ2_XXS, "IQ2_XXS", {0}}, {GGML_TYPE_IQ2_XS, "IQ2_XS", {0}}, {GGML_TYPE_IQ2_S, "IQ2_S", {0}},
+    {GGML_TYPE_IQ1_S, "IQ1_S", {0}},     {GGML_TYPE_IQ1_M, "IQ1_M", {}},  // IQ1_M: d in 4 nibbles, below
 };
+// The formats whose quantiser needs no importance matrix (ggml_quantize_chunk; the rms mode).
+bool quantises_without_imatrix(ggml_type t) { return !ggml_quantize_requires_imatrix(t) && t != GGML_TYPE_IQ3_XXS && t != GGML_TYPE_IQ3_S && t != GGML_TYPE_IQ2_S; }
 
 // A random finite f16: mostly normal with exponents across the range, sometimes subnormal.
 uint16_t random_f16(std::mt19937& rng) {
@@ -60,6 +64,14 @@ int golden(const char* dir, int blocks, unsigned seed) {
       for (int off : t.f16_offsets) {
         const uint16_t h = random_f16(rng);
         std::memcpy(&bytes[i * bb + off], &h, 2);
+      }
+    if (t.type == GGML_TYPE_IQ1_M)  // d: the top nibbles of the 4 u16 at byte 48
+      for (int i = 0; i < blocks; ++i) {
+        const uint16_t h = random_f16(rng);
+        for (int k = 0; k < 4; ++k) {
+          uint8_t& hb = bytes[i * bb + 49 + 2 * k];
+          hb = static_cast<uint8_t>((hb & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+        }
       }
     std::vector<float> vals(be * blocks);
     tr->to_float(bytes.data(), vals.data(), static_cast<int64_t>(vals.size()));
@@ -93,6 +105,7 @@ int rms(int rows, int cols, unsigned seed, const char* rows_file) {
   double sx = 0;
   for (float v : x) sx += double(v) * v;
   for (const Type& t : kTypes) {
+    if (!quantises_without_imatrix(t.type)) continue;
     const ggml_type_traits* tr = ggml_get_type_traits(t.type);
     std::vector<uint8_t> q(ggml_row_size(t.type, cols) * rows);
     ggml_quantize_chunk(t.type, x.data(), q.data(), 0, rows, cols, nullptr);

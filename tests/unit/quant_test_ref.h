@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "k3/core/weight_format.h"
+#include "k3/quant/iq_tables.h"
 
 namespace k3test {
 
@@ -29,6 +30,69 @@ inline int k_scale6(const uint8_t* s, int j, int which) {
   if (j < 4) return s[j + 4 * which] & 63;
   const int low4 = which == 0 ? s[j + 4] & 15 : s[j + 4] >> 4;
   return low4 | ((s[j - 4 + 4 * which] >> 6) << 4);
+}
+
+inline uint32_t u32le(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t(p[3]) << 24); }
+inline unsigned u16le(const uint8_t* p) { return p[0] | (p[1] << 8); }
+// The sign byte of a 7-bit sign index: its 8th bit makes the number of negated weights even.
+inline int sign8(int idx) { return idx | ((__builtin_popcount(idx) & 1) << 7); }
+inline int grid_byte(uint64_t entry, int j) { return static_cast<int>((entry >> (8 * j)) & 0xFF); }
+inline double iq_f16(unsigned h) {
+  const uint8_t p[2] = {static_cast<uint8_t>(h), static_cast<uint8_t>(h >> 8)};
+  return f16_value(p);
+}
+
+// The codebook i-quants, element e = 32 ib + 8 l + j (sub-block ib, group l of 8, weight j); the
+// codebooks themselves are format data (k3::quant's generated tables), the sign bytes computed here.
+inline double ref_iq_value(k3::WeightFormat f, const uint8_t* b, int e) {
+  using F = k3::WeightFormat;
+  namespace q = k3::quant;
+  const int ib = e / 32, r = e % 32, l = r / 8, j = r % 8;
+  auto sgn = [](int signs, int bit) { return (signs >> bit) & 1 ? -1.0 : 1.0; };
+  switch (f) {
+    case F::IQ2_XXS: {
+      const uint32_t aux = u32le(b + 6 + 8 * ib);
+      return iq_f16(u16le(b)) * (0.5 + (aux >> 28)) / 4 * grid_byte(q::kIq2xxsGrid[b[2 + 8 * ib + l]], j) * sgn(sign8((aux >> (7 * l)) & 127), j);
+    }
+    case F::IQ2_XS: {
+      const unsigned v = u16le(b + 2 + 2 * (4 * ib + l));
+      const int s = (b[66 + ib] >> (4 * (l / 2))) & 15;
+      return iq_f16(u16le(b)) * (0.5 + s) / 4 * grid_byte(q::kIq2xsGrid[v & 511], j) * sgn(sign8(static_cast<int>(v >> 9)), j);
+    }
+    case F::IQ2_S: {
+      const int idx = b[2 + 4 * ib + l] | (((b[66 + ib] >> (2 * l)) & 3) << 8);
+      const int s = (b[74 + ib] >> (4 * (l / 2))) & 15;
+      return iq_f16(u16le(b)) * (0.5 + s) / 4 * grid_byte(q::kIq2sGrid[idx], j) * sgn(b[34 + 4 * ib + l], j);
+    }
+    case F::IQ3_XXS: {
+      const uint32_t aux = u32le(b + 66 + 4 * ib);
+      const int k = r / 4;  // groups of 4 weights
+      return iq_f16(u16le(b)) * (0.5 + (aux >> 28)) / 2 * grid_byte(q::kIq3xxsGrid[b[2 + 8 * ib + k]], r % 4) *
+             sgn(sign8((aux >> (7 * l)) & 127), j);
+    }
+    case F::IQ3_S: {
+      const int k = r / 4;
+      const int idx = b[2 + 8 * ib + k] | (((b[66 + ib] >> k) & 1) << 8);
+      const int s = (b[106 + ib / 2] >> (4 * (ib % 2))) & 15;
+      return iq_f16(u16le(b)) * (1 + 2 * s) * grid_byte(q::kIq3sGrid[idx], r % 4) * sgn(b[74 + 4 * ib + l], j);
+    }
+    case F::IQ1_S: {
+      const unsigned qh = u16le(b + 34 + 2 * ib);
+      const int idx = b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8);
+      const double g = static_cast<int8_t>(grid_byte(q::kIq1sGrid[idx], j)), delta = qh & 0x8000 ? -0.125 : 0.125;
+      return iq_f16(u16le(b)) * (2 * ((qh >> 12) & 7) + 1) * (g + delta);
+    }
+    case F::IQ1_M: {
+      unsigned sc[4], h = 0;
+      for (int i = 0; i < 4; ++i) sc[i] = u16le(b + 48 + 2 * i), h |= (sc[i] >> 12) << (4 * i);
+      const int qh = b[32 + 2 * ib + l / 2] >> (4 * (l % 2));
+      const int idx = b[4 * ib + l] | ((qh & 7) << 8);
+      const int s = (sc[ib / 2] >> (6 * (ib % 2) + 3 * (l / 2))) & 7;
+      const double g = static_cast<int8_t>(grid_byte(q::kIq1sGrid[idx], j)), delta = qh & 8 ? -0.125 : 0.125;
+      return iq_f16(h) * (2 * s + 1) * (g + delta);
+    }
+    default: return NAN;
+  }
 }
 
 // The value of element e of block b in format f.
@@ -70,7 +134,7 @@ inline double ref_value(k3::WeightFormat f, const uint8_t* b, int e) {
       const int idx = (b[8 + 16 * ib + j % 16] >> (j < 16 ? 0 : 4)) & 15;
       return f16_value(b) * (ls - 32) * kIq4Levels[idx];
     }
-    default: return NAN;
+    default: return ref_iq_value(f, b, e);
   }
 }
 
@@ -83,7 +147,8 @@ inline std::vector<int> f16_offsets(k3::WeightFormat f) {
     case F::Q6_K: return {208};
     case F::Q3_K: return {108};
     case F::Q2_K: return {80, 82};
-    default: return {0};  // Q8_0, IQ4_XS
+    case F::IQ1_M: return {};  // its d is spread over 4 nibbles: random_blocks sets it
+    default: return {0};       // Q8_0, IQ4_XS, the other i-quants
   }
 }
 
@@ -100,11 +165,25 @@ inline std::vector<uint8_t> random_blocks(k3::WeightFormat f, int64_t blocks, st
       v[static_cast<size_t>(i * bb + off)] = static_cast<uint8_t>(h);
       v[static_cast<size_t>(i * bb + off + 1)] = static_cast<uint8_t>(h >> 8);
     }
+  if (f == k3::WeightFormat::IQ1_M)  // d: the top nibbles of the 4 u16 at 48 (bytes 49, 51, 53, 55)
+    for (int64_t i = 0; i < blocks; ++i) {
+      const unsigned h = ((rng() & 1) << 15) | (static_cast<unsigned>(ed(rng)) << 10) | (1 + rng() % 1023);
+      for (int k = 0; k < 4; ++k) {
+        uint8_t& hb = v[static_cast<size_t>(i * bb + 49 + 2 * k)];
+        hb = static_cast<uint8_t>((hb & 0x0F) | (((h >> (4 * k)) & 0xF) << 4));
+      }
+    }
   return v;
 }
 
-inline constexpr k3::WeightFormat kGgufFormats[] = {k3::WeightFormat::Q8_0, k3::WeightFormat::Q4_K, k3::WeightFormat::Q5_K,
-                                                    k3::WeightFormat::Q6_K, k3::WeightFormat::Q3_K, k3::WeightFormat::Q2_K,
-                                                    k3::WeightFormat::IQ4_XS};
+// The formats k3 writes (quant::quantize_row) and all it reads.
+inline constexpr k3::WeightFormat kQuantisableFormats[] = {k3::WeightFormat::Q8_0, k3::WeightFormat::Q4_K, k3::WeightFormat::Q5_K,
+                                                           k3::WeightFormat::Q6_K, k3::WeightFormat::Q3_K, k3::WeightFormat::Q2_K,
+                                                           k3::WeightFormat::IQ4_XS};
+inline constexpr k3::WeightFormat kGgufFormats[] = {
+    k3::WeightFormat::Q8_0,    k3::WeightFormat::Q4_K,  k3::WeightFormat::Q5_K,    k3::WeightFormat::Q6_K,
+    k3::WeightFormat::Q3_K,    k3::WeightFormat::Q2_K,  k3::WeightFormat::IQ4_XS,  k3::WeightFormat::IQ3_XXS,
+    k3::WeightFormat::IQ3_S,   k3::WeightFormat::IQ2_XXS, k3::WeightFormat::IQ2_XS, k3::WeightFormat::IQ2_S,
+    k3::WeightFormat::IQ1_S,   k3::WeightFormat::IQ1_M};
 
 }  // namespace k3test

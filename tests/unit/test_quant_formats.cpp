@@ -35,7 +35,10 @@ TEST(QuantFormats, LayoutsAndBitsPerWeight) {
   for (const Row& r : {Row{WeightFormat::Q8_0, 32, 34, 8.5}, Row{WeightFormat::Q4_K, 256, 144, 4.5},
                        Row{WeightFormat::Q5_K, 256, 176, 5.5}, Row{WeightFormat::Q6_K, 256, 210, 6.5625},
                        Row{WeightFormat::Q3_K, 256, 110, 3.4375}, Row{WeightFormat::Q2_K, 256, 84, 2.625},
-                       Row{WeightFormat::IQ4_XS, 256, 136, 4.25}}) {
+                       Row{WeightFormat::IQ4_XS, 256, 136, 4.25}, Row{WeightFormat::IQ3_XXS, 256, 98, 3.0625},
+                       Row{WeightFormat::IQ3_S, 256, 110, 3.4375}, Row{WeightFormat::IQ2_XXS, 256, 66, 2.0625},
+                       Row{WeightFormat::IQ2_XS, 256, 74, 2.3125}, Row{WeightFormat::IQ2_S, 256, 82, 2.5625},
+                       Row{WeightFormat::IQ1_S, 256, 50, 1.5625}, Row{WeightFormat::IQ1_M, 256, 56, 1.75}}) {
     const k3::WeightLayout l = k3::weight_layout(r.f);
     EXPECT_EQ(l.block_elems, r.elems) << l.name;
     EXPECT_EQ(l.block_bytes, r.bytes) << l.name;
@@ -183,7 +186,7 @@ TEST(QuantRms, ImportanceLowersWeightedError) {
   const auto x = gaussian(static_cast<size_t>(cols), rng);
   std::vector<float> imp(static_cast<size_t>(cols));
   for (int64_t i = 0; i < cols; ++i) imp[static_cast<size_t>(i)] = i % 4 == 1 ? 100.0f : 1.0f;
-  for (WeightFormat f : kGgufFormats) {
+  for (WeightFormat f : k3test::kQuantisableFormats) {
     std::vector<uint8_t> q(static_cast<size_t>(k3::row_data_bytes(f, cols)));
     std::vector<float> y(x.size());
     double err[2];
@@ -207,7 +210,9 @@ TEST(QuantRms, BadInputsAreClearErrors) {
   x[17] = NAN;
   EXPECT_THROW(k3::quant::quantize_row(WeightFormat::Q8_0, x.data(), 256, nullptr, q.data()), k3::Error);
   x[17] = 1e30f;  // its f16 scale would overflow
-  for (WeightFormat f : kGgufFormats) EXPECT_THROW(k3::quant::quantize_row(f, x.data(), 256, nullptr, q.data()), k3::Error);
+  for (WeightFormat f : k3test::kQuantisableFormats) EXPECT_THROW(k3::quant::quantize_row(f, x.data(), 256, nullptr, q.data()), k3::Error);
+  x[17] = 0.5f;
+  EXPECT_THROW(k3::quant::quantize_row(WeightFormat::IQ2_XXS, x.data(), 256, nullptr, q.data()), k3::Error);  // read-only
   x[17] = 0.5f;
   std::vector<float> imp(256, 1.0f);
   imp[3] = 0;
@@ -216,7 +221,7 @@ TEST(QuantRms, BadInputsAreClearErrors) {
   std::vector<float> y(256);
   for (float c : {0.0f, 0.75f, -2.0f}) {
     std::fill(x.begin(), x.end(), c);
-    for (WeightFormat f : kGgufFormats) {
+    for (WeightFormat f : k3test::kQuantisableFormats) {
       k3::quant::quantize_row(f, x.data(), 256, nullptr, q.data());
       k3::quant::dequantize_row(f, q.data(), 256, y.data());
       for (float v : y) ASSERT_NEAR(v, c, 0.02 * std::fabs(c) + 1e-6) << k3::weight_format_name(f) << " constant " << c;

@@ -20,6 +20,14 @@ enum class WeightFormat : uint8_t {
   Q3_K,    // 256: 16 6-bit scales, 3-bit quants (2 low bits + a high-bit mask), f16 d
   Q2_K,    // 256: 16 x (4-bit scale, 4-bit min), 2-bit quants, f16 d, dmin
   IQ4_XS,  // 256: f16 d, 8 6-bit scales, 4-bit indices into the non-linear IQ4_NL codebook
+  // GGUF's codebook i-quants (256: groups of 8 or 4 weights as indices into lattice codebooks + signs):
+  IQ3_XXS,
+  IQ3_S,
+  IQ2_XXS,
+  IQ2_XS,
+  IQ2_S,
+  IQ1_S,
+  IQ1_M,
 };
 
 // How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
@@ -46,6 +54,13 @@ constexpr WeightLayout weight_layout(WeightFormat f) {
     case WeightFormat::Q3_K: return {"Q3_K", 256, 110, 0};
     case WeightFormat::Q2_K: return {"Q2_K", 256, 84, 0};
     case WeightFormat::IQ4_XS: return {"IQ4_XS", 256, 136, 0};
+    case WeightFormat::IQ3_XXS: return {"IQ3_XXS", 256, 98, 0};
+    case WeightFormat::IQ3_S: return {"IQ3_S", 256, 110, 0};
+    case WeightFormat::IQ2_XXS: return {"IQ2_XXS", 256, 66, 0};
+    case WeightFormat::IQ2_XS: return {"IQ2_XS", 256, 74, 0};
+    case WeightFormat::IQ2_S: return {"IQ2_S", 256, 82, 0};
+    case WeightFormat::IQ1_S: return {"IQ1_S", 256, 50, 0};
+    case WeightFormat::IQ1_M: return {"IQ1_M", 256, 56, 0};
   }
   return {"?", 1, 0, 0};
 }

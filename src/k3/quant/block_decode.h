@@ -1,4 +1,5 @@
-// Decoding of one block of a GGUF block format (core/weight_format.h: Q8_0, Q4_K, ..., IQ4_XS) into the
+// Decoding of one block of a GGUF block format (core/weight_format.h: Q8_0, Q4_K, ..., IQ4_XS, and the
+// codebook i-quants of block_decode_iq.h) into the
 // floats its bytes mean: THE dequantisation every CPU path uses (dequant, dot, gemm of each kernel tier,
 // the quantisers' error measurement), so that they all agree bit for bit.
 //
@@ -31,6 +32,7 @@
 #include "k3/core/dtype.h"
 #include "k3/core/weight_format.h"
 #include "k3/quant/iq_tables.h"
+#include "k3/quant/block_decode_iq.h"
 
 namespace k3::quant {
 
@@ -177,6 +179,13 @@ static inline void decode_block(const uint8_t* b, float* y) {
   else if constexpr (F == WeightFormat::Q3_K) decode_q3_k(b, y);
   else if constexpr (F == WeightFormat::Q2_K) decode_q2_k(b, y);
   else if constexpr (F == WeightFormat::IQ4_XS) decode_iq4_xs(b, y);
+  else if constexpr (F == WeightFormat::IQ3_XXS) decode_iq3_xxs(b, y);
+  else if constexpr (F == WeightFormat::IQ3_S) decode_iq3_s(b, y);
+  else if constexpr (F == WeightFormat::IQ2_XXS) decode_iq2_xxs(b, y);
+  else if constexpr (F == WeightFormat::IQ2_XS) decode_iq2_xs(b, y);
+  else if constexpr (F == WeightFormat::IQ2_S) decode_iq2_s(b, y);
+  else if constexpr (F == WeightFormat::IQ1_S) decode_iq1_s(b, y);
+  else if constexpr (F == WeightFormat::IQ1_M) decode_iq1_m(b, y);
   else static_assert(F == WeightFormat::Q8_0, "not a GGUF block format");
 }
 

@@ -18,7 +18,14 @@ bool is_gguf_block_format(WeightFormat f) {
     case WeightFormat::Q6_K:
     case WeightFormat::Q3_K:
     case WeightFormat::Q2_K:
-    case WeightFormat::IQ4_XS: return true;
+    case WeightFormat::IQ4_XS:
+    case WeightFormat::IQ3_XXS:
+    case WeightFormat::IQ3_S:
+    case WeightFormat::IQ2_XXS:
+    case WeightFormat::IQ2_XS:
+    case WeightFormat::IQ2_S:
+    case WeightFormat::IQ1_S:
+    case WeightFormat::IQ1_M: return true;
     default: return false;
   }
 }
@@ -51,12 +58,20 @@ void dequantize_row(WeightFormat f, const uint8_t* src, int64_t n, float* dst) {
     case WeightFormat::Q3_K: return dequant_blocks<WeightFormat::Q3_K>(src, n, dst);
     case WeightFormat::Q2_K: return dequant_blocks<WeightFormat::Q2_K>(src, n, dst);
     case WeightFormat::IQ4_XS: return dequant_blocks<WeightFormat::IQ4_XS>(src, n, dst);
+    case WeightFormat::IQ3_XXS: return dequant_blocks<WeightFormat::IQ3_XXS>(src, n, dst);
+    case WeightFormat::IQ3_S: return dequant_blocks<WeightFormat::IQ3_S>(src, n, dst);
+    case WeightFormat::IQ2_XXS: return dequant_blocks<WeightFormat::IQ2_XXS>(src, n, dst);
+    case WeightFormat::IQ2_XS: return dequant_blocks<WeightFormat::IQ2_XS>(src, n, dst);
+    case WeightFormat::IQ2_S: return dequant_blocks<WeightFormat::IQ2_S>(src, n, dst);
+    case WeightFormat::IQ1_S: return dequant_blocks<WeightFormat::IQ1_S>(src, n, dst);
+    case WeightFormat::IQ1_M: return dequant_blocks<WeightFormat::IQ1_M>(src, n, dst);
     default: return;
   }
 }
 
 void quantize_row(WeightFormat f, const float* x, int64_t n, const float* importance, uint8_t* dst) {
   check_row("quantize_row", f, n);
+  if (!block_packer(f)) throw Error(std::string("quantize_row: k3 cannot write ") + weight_format_name(f) + " yet (it reads it)");
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(x[i])) throw Error("quantize_row: value " + std::to_string(i) + " is not finite");
     if (importance && !(std::isfinite(importance[i]) && importance[i] > 0))

@@ -14,26 +14,35 @@
 
 #include "k3/quant/block_decode.h"
 
+// Always inlined into the kernels: besides speed, GCC 12 at -O3 (IPA pure-const + modref) treated the
+// out-of-line Q2_K decoder writing through StoreSink as free of side effects and deleted the calls
+// (QuantGolden / QuantKernelsTier caught it: the avx2 dequant returned without writing).
+#define K3_QDECODE static inline __attribute__((always_inline))
+
 namespace k3::cpu::qsimd {
 
 // 8 int8 lanes (the low 8 bytes of v) -> fp32.
-static inline __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+K3_QDECODE __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 // Where decoded weights go: `Sink::put32(i, w)` receives elements i..i+31 of the block as w[0..3] (8
 // each), i a multiple of 32, in increasing order. StoreSink writes them to a buffer; a dot kernel's sink
 // multiplies them into its accumulators at once (weight_kernels_quant*.cpp): the very products, in the
 // very order, that it would apply to them after a store and a reload.
+// In an unnamed namespace: each tier's file gets its own (differently compiled) copy, not one shared
+// inline definition the linker would pick for both.
+namespace {
 struct StoreSink {
   float* y;
-  void put32(int i, const __m256 w[4]) const {
+  __attribute__((always_inline)) void put32(int i, const __m256 w[4]) const {
     for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, w[k]);
   }
 };
+}  // namespace
 
 // 32 int8 quants (v) -> elements i..i+31: lanes 0-15 are d0 * q - m0, lanes 16-31 d1 * q - m1 (kMin: with
 // the subtraction; without it the value is d * q alone, as the formats without mins compute it).
 template <bool kMin, class Sink>
-static inline void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1, float m1) {
+K3_QDECODE void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1, float m1) {
   const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
   const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
   __m256 r[4];
@@ -46,25 +55,25 @@ static inline void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1
 }
 
 // The f16 scale at p: F16C's conversion is exact (subnormals included), as f16_to_f32.
-static inline float f16_at(const uint8_t* p) {
+K3_QDECODE float f16_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
 
-static inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-static inline __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+K3_QDECODE __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+K3_QDECODE __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
 // Bits [s, s + w) of every byte (s + w <= 8): 16-bit shifts move bits across bytes only above the mask.
-static inline __m256i bit_field(__m256i v, int s, int mask) { return _mm256_and_si256(_mm256_srli_epi16(v, s), bytes(mask)); }
+K3_QDECODE __m256i bit_field(__m256i v, int s, int mask) { return _mm256_and_si256(_mm256_srli_epi16(v, s), bytes(mask)); }
 
 template <class Sink>
-static inline void decode_q8_0(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q8_0(const uint8_t* b, Sink& out) {
   const float d = f16_at(b);
   put32<false>(out, 0, load32(b + 2), d, 0, d, 0);
 }
 
 template <class Sink>
-static inline void decode_q4_k(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q4_k(const uint8_t* b, Sink& out) {
   const float d = f16_at(b), dmin = f16_at(b + 2);
   for (int j = 0; j < 8; j += 2) {
     int sc, m;
@@ -79,7 +88,7 @@ static inline void decode_q4_k(const uint8_t* b, Sink& out) {
 }
 
 template <class Sink>
-static inline void decode_q5_k(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q5_k(const uint8_t* b, Sink& out) {
   const float d = f16_at(b), dmin = f16_at(b + 2);
   const __m256i qh = load32(b + 16);
   for (int j = 0; j < 8; j += 2) {
@@ -97,7 +106,7 @@ static inline void decode_q5_k(const uint8_t* b, Sink& out) {
 }
 
 template <class Sink>
-static inline void decode_q6_k(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q6_k(const uint8_t* b, Sink& out) {
   const float d = f16_at(b + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   for (int h = 0; h < 2; ++h, sc += 8) {
@@ -116,7 +125,7 @@ static inline void decode_q6_k(const uint8_t* b, Sink& out) {
 }
 
 template <class Sink>
-static inline void decode_q3_k(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q3_k(const uint8_t* b, Sink& out) {
   const float d = f16_at(b + 108);
   const __m256i hm = load32(b);
   int is = 0;
@@ -133,21 +142,21 @@ static inline void decode_q3_k(const uint8_t* b, Sink& out) {
 }
 
 template <class Sink>
-static inline void decode_q2_k(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_q2_k(const uint8_t* b, Sink& out) {
   const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-  const uint8_t* s = b;
   for (int h = 0; h < 2; ++h) {
     const __m256i q = load32(b + 16 + 32 * h);
-    for (int k = 0; k < 4; ++k, s += 2) {
-      const float dl0 = d * static_cast<float>(s[0] & 0xF), ml0 = dmin * static_cast<float>(s[0] >> 4);
-      const float dl1 = d * static_cast<float>(s[1] & 0xF), ml1 = dmin * static_cast<float>(s[1] >> 4);
+    for (int k = 0; k < 4; ++k) {
+      const int s0 = b[8 * h + 2 * k], s1 = b[8 * h + 2 * k + 1];  // the sub-blocks' (scale, min) bytes
+      const float dl0 = d * static_cast<float>(s0 & 0xF), ml0 = dmin * static_cast<float>(s0 >> 4);
+      const float dl1 = d * static_cast<float>(s1 & 0xF), ml1 = dmin * static_cast<float>(s1 >> 4);
       put32<true>(out, 128 * h + 32 * k, bit_field(q, 2 * k, 3), dl0, ml0, dl1, ml1);
     }
   }
 }
 
 template <class Sink>
-static inline void decode_iq4_xs(const uint8_t* b, Sink& out) {
+K3_QDECODE void decode_iq4_xs(const uint8_t* b, Sink& out) {
   const float d = f16_at(b);
   const unsigned scales_h = b[2] | (b[3] << 8);
   const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues));
@@ -169,8 +178,20 @@ static inline void decode_iq4_xs(const uint8_t* b, Sink& out) {
   }
 }
 
+// The codebook i-quants: the scalar decoder (block_decode_iq.h; table lookups per group of 8) into a
+// buffer, handed on 32 at a time.
 template <WeightFormat F, class Sink>
-static inline void decode_into(const uint8_t* b, Sink& y) {
+K3_QDECODE void decode_scalar_into(const uint8_t* b, Sink& s) {
+  alignas(32) float w[quant::kQK];
+  quant::decode_block<F>(b, w);
+  for (int i = 0; i < quant::kQK; i += 32) {
+    const __m256 v[4] = {_mm256_load_ps(w + i), _mm256_load_ps(w + i + 8), _mm256_load_ps(w + i + 16), _mm256_load_ps(w + i + 24)};
+    s.put32(i, v);
+  }
+}
+
+template <WeightFormat F, class Sink>
+K3_QDECODE void decode_into(const uint8_t* b, Sink& y) {
   if constexpr (F == WeightFormat::Q8_0) decode_q8_0(b, y);
   else if constexpr (F == WeightFormat::Q4_K) decode_q4_k(b, y);
   else if constexpr (F == WeightFormat::Q5_K) decode_q5_k(b, y);
@@ -178,14 +199,16 @@ static inline void decode_into(const uint8_t* b, Sink& y) {
   else if constexpr (F == WeightFormat::Q3_K) decode_q3_k(b, y);
   else if constexpr (F == WeightFormat::Q2_K) decode_q2_k(b, y);
   else if constexpr (F == WeightFormat::IQ4_XS) decode_iq4_xs(b, y);
-  else static_assert(F == WeightFormat::Q8_0, "not a GGUF block format");
+  else decode_scalar_into<F>(b, y);
 }
 
 // The block into y[0 .. block_elems).
 template <WeightFormat F>
-static inline void decode_block(const uint8_t* b, float* y) {
+K3_QDECODE void decode_block(const uint8_t* b, float* y) {
   StoreSink s{y};
   decode_into<F>(b, s);
 }
 
 }  // namespace k3::cpu::qsimd
+
+#undef K3_QDECODE

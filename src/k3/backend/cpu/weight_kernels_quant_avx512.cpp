@@ -133,6 +133,13 @@ const RowKernels* avx512_quant_row_kernels(WeightFormat f) {
     case WeightFormat::Q3_K: return &kKernels<WeightFormat::Q3_K>;
     case WeightFormat::Q2_K: return &kKernels<WeightFormat::Q2_K>;
     case WeightFormat::IQ4_XS: return &kKernels<WeightFormat::IQ4_XS>;
+    case WeightFormat::IQ3_XXS: return &kKernels<WeightFormat::IQ3_XXS>;
+    case WeightFormat::IQ3_S: return &kKernels<WeightFormat::IQ3_S>;
+    case WeightFormat::IQ2_XXS: return &kKernels<WeightFormat::IQ2_XXS>;
+    case WeightFormat::IQ2_XS: return &kKernels<WeightFormat::IQ2_XS>;
+    case WeightFormat::IQ2_S: return &kKernels<WeightFormat::IQ2_S>;
+    case WeightFormat::IQ1_S: return &kKernels<WeightFormat::IQ1_S>;
+    case WeightFormat::IQ1_M: return &kKernels<WeightFormat::IQ1_M>;
     default: return nullptr;
   }
 }
