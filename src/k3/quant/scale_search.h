@@ -8,15 +8,17 @@
 
 namespace k3::quant {
 
-// x ~ d * q, q integer in [qmin, qmax] (qmin < 0 < qmax). Writes q (as int) and returns d (0 for an
-// all-zero group). w: per-value weights (> 0), or null for 1.
+// x ~ d * q, q integer in [qmin, qmax] (qmin < 0 < qmax). Writes q (as int) and returns d, which may be
+// negative (the largest |x| then uses the other end of an asymmetric grid); 0 for an all-zero group.
+// w: per-value weights (> 0), or null for 1.
 float fit_scale(const float* x, const float* w, int n, int qmin, int qmax, int* q);
 
 // x ~ d * q - m, q integer in [0, qmax], d >= 0, m >= 0 (the group's minimum maps to a non-positive
 // offset, as the K formats store it). Writes q, *min_out = m, returns d.
 float fit_scale_min(const float* x, const float* w, int n, int qmax, int* q, float* min_out);
 
-// x ~ d * levels[q], q in [0, nlevels) over a sorted non-uniform codebook (IQ4_NL's 16 values); returns d.
+// x ~ d * levels[q], q in [0, nlevels) over a sorted non-uniform codebook (IQ4_NL's 16 values); returns d
+// (of either sign, as fit_scale).
 float fit_scale_levels(const float* x, const float* w, int n, const int8_t* levels, int nlevels, int* q);
 
 // The index of the level nearest v (levels sorted ascending).

@@ -1,6 +1,7 @@
-// The avx2 tier's kernels of GGUF's block formats (weight_kernels_quant.h): a block decoded into an L1
-// buffer, then dot_loop's arithmetic against the activations (two 8-lane accumulators per token, one
-// 16-wide step at a time, one hsum at the end of the row).
+// The avx2 tier's kernels of GGUF's block formats (weight_kernels_quant.h): dot_loop's arithmetic against
+// the activations (two 8-lane accumulators per token, one 16-wide step at a time, one hsum at the end of
+// the row) over decoded blocks: straight from the decoder's registers for one token (DotSink), through an
+// L1 buffer decoded once per tile of tokens in the gemm.
 #include "k3/backend/cpu/weight_kernels_quant.h"
 
 #include <immintrin.h>
