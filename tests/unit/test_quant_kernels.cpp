@@ -116,6 +116,28 @@ TEST_P(QuantKernelsTier, MatmulThreadedLargeMatrix) {
   }
 }
 
+// matmul_batch (a token's routed experts in one fork-join) over quantised matrices of different formats
+// gives each job the bits of its own matmul.
+TEST_P(QuantKernelsTier, MatmulBatchEqualsMatmul) {
+  std::mt19937 rng(23);
+  std::vector<QuantWeight> ws;
+  for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::IQ2_XXS, WeightFormat::Q8_0, WeightFormat::Q6_K})
+    ws.push_back(make_quant_weight(f, 70, 512, rng));
+  for (int64_t n : {1, 3}) {
+    std::vector<std::vector<float>> xs, ys, refs;
+    std::vector<k3::cpu::MatmulJob> jobs;
+    for (const QuantWeight& w : ws) {
+      xs.push_back(activations(static_cast<size_t>(n * 512), rng));
+      ys.emplace_back(static_cast<size_t>(n * 70), NAN);
+      refs.emplace_back(static_cast<size_t>(n * 70));
+      k3::cpu::matmul(w.W, xs.back().data(), n, refs.back().data());
+    }
+    for (size_t i = 0; i < ws.size(); ++i) jobs.push_back({&ws[i].W, xs[i].data(), n, ys[i].data()});
+    k3::cpu::matmul_batch(jobs);
+    for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(ys[i], refs[i]) << k3::weight_format_name(ws[i].W.format) << " n " << n;
+  }
+}
+
 // NaN activations propagate (no kernel skips a product).
 TEST_P(QuantKernelsTier, NanActivationGivesNan) {
   std::mt19937 rng(19);
