@@ -24,34 +24,47 @@ namespace k3::cpu::qsimd {
 // 8 int8 lanes (the low 8 bytes of v) -> fp32.
 K3_QDECODE __m256 i8x8_to_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-// Where decoded weights go: `Sink::put32(i, w)` receives elements i..i+31 of the block as w[0..3] (8
-// each), i a multiple of 32, in increasing order. StoreSink writes them to a buffer; a dot kernel's sink
-// multiplies them into its accumulators at once (weight_kernels_quant*.cpp): the very products, in the
-// very order, that it would apply to them after a store and a reload.
-// In an unnamed namespace: each tier's file gets its own (differently compiled) copy, not one shared
-// inline definition the linker would pick for both.
-namespace {
-struct StoreSink {
-  float* y;
-  __attribute__((always_inline)) void put32(int i, const __m256 w[4]) const {
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, w[k]);
-  }
-};
-}  // namespace
-
-// 32 int8 quants (v) -> elements i..i+31: lanes 0-15 are d0 * q - m0, lanes 16-31 d1 * q - m1 (kMin: with
-// the subtraction; without it the value is d * q alone, as the formats without mins compute it).
-template <bool kMin, class Sink>
-K3_QDECODE void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1, float m1) {
+// 32 int8 quants (v) -> fp32 r[0..3] (8 lanes each): lanes 0-15 are d0 * q - m0, lanes 16-31 d1 * q - m1
+// (kMin: with the subtraction; without it the value is d * q alone, as the formats without mins compute
+// it).
+template <bool kMin>
+K3_QDECODE void to_f32x32(__m256i v, float d0, float m0, float d1, float m1, __m256 r[4]) {
   const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
   const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-  __m256 r[4];
 #pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     r[k] = _mm256_mul_ps(_mm256_set1_ps(k < 2 ? d0 : d1), i8x8_to_f32(parts[k]));
     if constexpr (kMin) r[k] = _mm256_sub_ps(r[k], _mm256_set1_ps(k < 2 ? m0 : m1));
   }
-  s.put32(i, r);
+}
+
+// Where decoded weights go. A decoder hands a Sink elements i..i+31 of the block (i a multiple of 32, in
+// increasing order) either as 32 int8 quants with their sub-scales, `put32q<kMin>(i, v, d0, m0, d1, m1)`
+// (the values of to_f32x32), or as 32 floats, `put32f(i, w)` (the i-quants' scalar decoders). A sink
+// converts them with its tier's lanes (avx512: 16 at a time, weight_kernels_quant_avx512.cpp) -- the same
+// per-element operations, so the same values -- and stores them (StoreSink) or multiplies them into a
+// dot's accumulators at once (the kernels' DotSinks): the very products, in the very order, that the dot
+// would apply to them after a store and a reload.
+// In an unnamed namespace: each tier's file gets its own (differently compiled) copy, not one shared
+// inline definition the linker would pick for both.
+namespace {
+struct StoreSink {
+  float* y;
+  template <bool kMin>
+  __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float m0, float d1, float m1) const {
+    __m256 r[4];
+    to_f32x32<kMin>(v, d0, m0, d1, m1, r);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, r[k]);
+  }
+  __attribute__((always_inline)) void put32f(int i, const float* w) const {
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, _mm256_loadu_ps(w + 8 * k));
+  }
+};
+}  // namespace
+
+template <bool kMin, class Sink>
+K3_QDECODE void put32(Sink& s, int i, __m256i v, float d0, float m0, float d1, float m1) {
+  s.template put32q<kMin>(i, v, d0, m0, d1, m1);
 }
 
 // The f16 scale at p: F16C's conversion is exact (subnormals included), as f16_to_f32.
@@ -182,12 +195,9 @@ K3_QDECODE void decode_iq4_xs(const uint8_t* b, Sink& out) {
 // buffer, handed on 32 at a time.
 template <WeightFormat F, class Sink>
 K3_QDECODE void decode_scalar_into(const uint8_t* b, Sink& s) {
-  alignas(32) float w[quant::kQK];
+  alignas(64) float w[quant::kQK];
   quant::decode_block<F>(b, w);
-  for (int i = 0; i < quant::kQK; i += 32) {
-    const __m256 v[4] = {_mm256_load_ps(w + i), _mm256_load_ps(w + i + 8), _mm256_load_ps(w + i + 16), _mm256_load_ps(w + i + 24)};
-    s.put32(i, v);
-  }
+  for (int i = 0; i < quant::kQK; i += 32) s.put32f(i, w + i);
 }
 
 template <WeightFormat F, class Sink>

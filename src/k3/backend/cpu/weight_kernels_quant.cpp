@@ -56,11 +56,21 @@ constexpr auto quant_tiles(std::index_sequence<T...>) {
 struct DotSink {
   const float* x;
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  void put32(int i, const __m256 w[4]) {
+  void add(int i, const __m256 w[4]) {
     a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + i), a0);
     a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + i + 8), a1);
     a0 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + i + 16), a0);
     a1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + i + 24), a1);
+  }
+  template <bool kMin>
+  __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float m0, float d1, float m1) {
+    __m256 w[4];
+    qsimd::to_f32x32<kMin>(v, d0, m0, d1, m1, w);
+    add(i, w);
+  }
+  __attribute__((always_inline)) void put32f(int i, const float* p) {
+    const __m256 w[4] = {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), _mm256_loadu_ps(p + 16), _mm256_loadu_ps(p + 24)};
+    add(i, w);
   }
 };
 
