@@ -191,7 +191,140 @@ K3_QDECODE void decode_iq4_xs(const uint8_t* b, Sink& out) {
   }
 }
 
-// The codebook i-quants: the scalar decoder (block_decode_iq.h; table lookups per group of 8) into a
+// ---- codebook i-quants (block_decode_iq.h's layouts): the grid entries' magnitudes as 32 int8, negated
+// under their sign bytes, then the sub-scale as for the K formats. db * (-g) = -(db * g): the products are
+// exact and no grid value is 0 (so no -0 question), the same values as the scalar db * g * (+-1).
+
+// Sign bytes s[0..3] (bit j negates weight j of group k) -> 0xFF per negated byte of a 32-byte vector.
+K3_QDECODE __m256i sign_mask(uint32_t s4) {
+  const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(s4)),
+                                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                                           2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit);
+}
+K3_QDECODE __m256i apply_signs(__m256i mag, uint32_t s4) {
+  const __m256i m = sign_mask(s4);
+  return _mm256_sub_epi8(_mm256_xor_si256(mag, m), m);
+}
+K3_QDECODE uint32_t signs4(const uint8_t* t, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
+  return t[i0] | (uint32_t(t[i1]) << 8) | (uint32_t(t[i2]) << 16) | (uint32_t(t[i3]) << 24);
+}
+K3_QDECODE __m256i grid8x4(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3) {
+  return _mm256_setr_epi64x(static_cast<long long>(g0), static_cast<long long>(g1), static_cast<long long>(g2),
+                            static_cast<long long>(g3));
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq2_xxs(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t* g = b + 2 + 8 * ib;
+    const uint32_t aux = quant::u32_at(g + 4);
+    const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f;
+    const uint8_t* t = quant::kIq2Signs;
+    const uint32_t s4 = signs4(t, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
+    const __m256i mag = grid8x4(quant::kIq2xxsGrid[g[0]], quant::kIq2xxsGrid[g[1]], quant::kIq2xxsGrid[g[2]], quant::kIq2xxsGrid[g[3]]);
+    put32<false>(out, 32 * ib, apply_signs(mag, s4), db, 0, db, 0);
+  }
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq2_xs(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t sc = b[66 + ib];
+    const float db0 = d * (0.5f + static_cast<float>(sc & 0xF)) * 0.25f, db1 = d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f;
+    unsigned q[4];
+    for (int l = 0; l < 4; ++l) q[l] = quant::u16_at(b + 2 + 2 * (4 * ib + l));
+    const uint32_t s4 = signs4(quant::kIq2Signs, q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9);
+    const __m256i mag = grid8x4(quant::kIq2xsGrid[q[0] & 511], quant::kIq2xsGrid[q[1] & 511], quant::kIq2xsGrid[q[2] & 511],
+                                quant::kIq2xsGrid[q[3] & 511]);
+    put32<false>(out, 32 * ib, apply_signs(mag, s4), db0, 0, db1, 0);
+  }
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq2_s(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t sc = b[74 + ib], qh = b[66 + ib];
+    const float db0 = d * (0.5f + static_cast<float>(sc & 0xF)) * 0.25f, db1 = d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f;
+    const uint8_t* q = b + 2 + 4 * ib;
+    auto idx = [&](int l) { return q[l] | (((qh >> (2 * l)) & 3) << 8); };
+    const __m256i mag = grid8x4(quant::kIq2sGrid[idx(0)], quant::kIq2sGrid[idx(1)], quant::kIq2sGrid[idx(2)], quant::kIq2sGrid[idx(3)]);
+    put32<false>(out, 32 * ib, apply_signs(mag, quant::u32_at(b + 34 + 4 * ib)), db0, 0, db1, 0);
+  }
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq3_xxs(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t* q = b + 2 + 8 * ib;
+    const uint32_t aux = quant::u32_at(b + 66 + 4 * ib);
+    const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
+    const uint32_t s4 = signs4(quant::kIq2Signs, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
+    const uint32_t* G = quant::kIq3xxsGrid;
+    const __m256i mag = _mm256_setr_epi32(static_cast<int>(G[q[0]]), static_cast<int>(G[q[1]]), static_cast<int>(G[q[2]]),
+                                          static_cast<int>(G[q[3]]), static_cast<int>(G[q[4]]), static_cast<int>(G[q[5]]),
+                                          static_cast<int>(G[q[6]]), static_cast<int>(G[q[7]]));
+    put32<false>(out, 32 * ib, apply_signs(mag, s4), db, 0, db, 0);
+  }
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq3_s(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t* q = b + 2 + 8 * ib;
+    const unsigned qh = b[66 + ib];
+    const float db = d * static_cast<float>(1 + 2 * ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xF));
+    const uint32_t* G = quant::kIq3sGrid;
+    int g[8];
+    for (int k = 0; k < 8; ++k) g[k] = static_cast<int>(G[q[k] | (((qh >> k) & 1) << 8)]);
+    const __m256i mag = _mm256_setr_epi32(g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
+    put32<false>(out, 32 * ib, apply_signs(mag, quant::u32_at(b + 74 + 4 * ib)), db, 0, db, 0);
+  }
+}
+
+// IQ1_S / IQ1_M: dl (g + delta), g in {-1, 0, 1}, delta = +-1/8, is (dl / 8) (8 g +- 1): int8 quants 8 g + s
+// (odd, never 0) under the sub-scale dl / 8 -- both forms are exact products of the same real value.
+K3_QDECODE __m256i iq1_quants(__m256i g, __m256i s) { return _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), s); }
+K3_QDECODE long long iq1_sign_bytes(unsigned negative) { return negative ? -1LL : 0x0101010101010101LL; }
+
+template <class Sink>
+K3_QDECODE void decode_iq1_s(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  for (int ib = 0; ib < 8; ++ib) {
+    const unsigned qh = quant::u16_at(b + 34 + 2 * ib);
+    const float dl8 = d * static_cast<float>(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+    const uint8_t* q = b + 2 + 4 * ib;
+    auto idx = [&](int l) { return q[l] | (((qh >> (3 * l)) & 7) << 8); };
+    const __m256i g = grid8x4(quant::kIq1sGrid[idx(0)], quant::kIq1sGrid[idx(1)], quant::kIq1sGrid[idx(2)], quant::kIq1sGrid[idx(3)]);
+    put32<false>(out, 32 * ib, iq1_quants(g, _mm256_set1_epi64x(iq1_sign_bytes((qh >> 15) & 1))), dl8, 0, dl8, 0);
+  }
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq1_m(const uint8_t* b, Sink& out) {
+  unsigned sc[4];
+  for (int i = 0; i < 4; ++i) sc[i] = quant::u16_at(b + 48 + 2 * i);
+  const float d = quant::f16_bits_to_float((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
+  for (int ib = 0; ib < 8; ++ib) {
+    const float dl0 = d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1) * 0.125f;
+    const float dl1 = d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1) * 0.125f;
+    const uint8_t* q = b + 4 * ib;
+    const unsigned h0 = b[32 + 2 * ib], h1 = b[32 + 2 * ib + 1];
+    const __m256i g = grid8x4(quant::kIq1sGrid[q[0] | ((h0 & 7) << 8)], quant::kIq1sGrid[q[1] | (((h0 >> 4) & 7) << 8)],
+                              quant::kIq1sGrid[q[2] | ((h1 & 7) << 8)], quant::kIq1sGrid[q[3] | (((h1 >> 4) & 7) << 8)]);
+    const __m256i s = _mm256_setr_epi64x(iq1_sign_bytes((h0 >> 3) & 1), iq1_sign_bytes((h0 >> 7) & 1),
+                                         iq1_sign_bytes((h1 >> 3) & 1), iq1_sign_bytes((h1 >> 7) & 1));
+    put32<false>(out, 32 * ib, iq1_quants(g, s), dl0, 0, dl1, 0);
+  }
+}
+
+// A format without a SIMD decoder here: its scalar decoder (block_decode.h) into a
 // buffer, handed on 32 at a time.
 template <WeightFormat F, class Sink>
 K3_QDECODE void decode_scalar_into(const uint8_t* b, Sink& s) {
@@ -209,6 +342,13 @@ K3_QDECODE void decode_into(const uint8_t* b, Sink& y) {
   else if constexpr (F == WeightFormat::Q3_K) decode_q3_k(b, y);
   else if constexpr (F == WeightFormat::Q2_K) decode_q2_k(b, y);
   else if constexpr (F == WeightFormat::IQ4_XS) decode_iq4_xs(b, y);
+  else if constexpr (F == WeightFormat::IQ2_XXS) decode_iq2_xxs(b, y);
+  else if constexpr (F == WeightFormat::IQ2_XS) decode_iq2_xs(b, y);
+  else if constexpr (F == WeightFormat::IQ2_S) decode_iq2_s(b, y);
+  else if constexpr (F == WeightFormat::IQ3_XXS) decode_iq3_xxs(b, y);
+  else if constexpr (F == WeightFormat::IQ3_S) decode_iq3_s(b, y);
+  else if constexpr (F == WeightFormat::IQ1_S) decode_iq1_s(b, y);
+  else if constexpr (F == WeightFormat::IQ1_M) decode_iq1_m(b, y);
   else decode_scalar_into<F>(b, y);
 }
 
