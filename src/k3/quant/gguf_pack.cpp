@@ -106,7 +106,8 @@ struct IntGrid {
   float level(int q) const { return static_cast<float>(q); }
 };
 struct CodebookGrid {
-  int nearest(float v) const { return nearest_level(v, kIq4nlValues, 16); }
+  NearestLevel near{kIq4nlValues, 16};
+  int nearest(float v) const { return near(v); }
   float level(int q) const { return static_cast<float>(kIq4nlValues[q]); }
 };
 

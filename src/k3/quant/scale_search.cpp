@@ -50,12 +50,15 @@ float fit_scale(const float* x, const float* w, int n, int qmin, int qmax, int* 
     return 0;
   }
   // The largest |x| maps near either end of the grid: a negative scale lets a positive maximum use the
-  // longer side of an asymmetric grid (Q3_K's [-4, 3]), as llama.cpp's Q3_K does.
+  // longer side of an asymmetric grid (Q3_K's [-4, 3]), as llama.cpp's Q3_K does (a symmetric grid: one
+  // end is enough). Fine grids need fewer candidates: a step moves few values to another integer.
+  const int steps = qmax >= 100 ? 2 : qmax >= 30 ? 6 : kSteps, per_end = 2 * steps + 1;
+  const int ends = qmin == -qmax ? 1 : 2;
   double best_err = INFINITY;
   float best_d = 0;
   int tq[256];
-  for (int c = 0; c < 2 * (2 * kSteps + 1); ++c) {
-    const int k = c % (2 * kSteps + 1) - kSteps, end = c < 2 * kSteps + 1 ? qmax : qmin;
+  for (int c = 0; c < ends * per_end; ++c) {
+    const int k = c % per_end - steps, end = c < per_end ? qmax : qmin;
     const float iscale = static_cast<float>(end) * (1 + kStep * k) / vmax;  // vmax * iscale ~ end
     double sxq = 0, sqq = 0;
     for (int i = 0; i < n; ++i) {
@@ -130,33 +133,29 @@ float fit_scale_min(const float* x, const float* w, int n, int qmax, int* q, flo
   return best_d;
 }
 
-int nearest_level(float v, const int8_t* levels, int nlevels) {
-  int best = 0;
-  float bd = std::fabs(v - levels[0]);
-  for (int j = 1; j < nlevels; ++j)
-    if (const float dj = std::fabs(v - levels[j]); dj < bd) bd = dj, best = j;
-  return best;
-}
+int nearest_level(float v, const int8_t* levels, int nlevels) { return NearestLevel(levels, nlevels)(v); }
 
 float fit_scale_levels(const float* x, const float* w, int n, const int8_t* levels, int nlevels, int* q) {
   float amax = 0, vmax = 0;
   for (int i = 0; i < n; ++i)
     if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), vmax = x[i];
+  const NearestLevel nearest(levels, nlevels);
   if (amax == 0) {
-    for (int i = 0; i < n; ++i) q[i] = nearest_level(0, levels, nlevels);
+    for (int i = 0; i < n; ++i) q[i] = nearest(0);
     return 0;
   }
   // The largest |x| maps near either end of the codebook (a negative scale: the other end).
   double best_err = INFINITY;
   float best_d = 0;
   int tq[256];
-  for (int c = 0; c < 2 * (2 * kSteps + 1); ++c) {
-    const int k = c % (2 * kSteps + 1) - kSteps;
-    const float end = c < 2 * kSteps + 1 ? levels[nlevels - 1] : levels[0];
+  constexpr int steps = 6, per_end = 2 * steps + 1;  // half fit_scale's ladder: the refits below recover it
+  for (int c = 0; c < 2 * per_end; ++c) {
+    const int k = c % per_end - steps;
+    const float end = c < per_end ? levels[nlevels - 1] : levels[0];
     const float d0 = vmax / (end * (1 + kStep * k));
     double sxq = 0, sqq = 0;
     for (int i = 0; i < n; ++i) {
-      tq[i] = nearest_level(x[i] / d0, levels, nlevels);
+      tq[i] = nearest(x[i] / d0);
       const double l = levels[tq[i]];
       sxq += double(wt(w, i)) * x[i] * l;
       sqq += double(wt(w, i)) * l * l;
@@ -175,7 +174,7 @@ float fit_scale_levels(const float* x, const float* w, int n, const int8_t* leve
   }
   if (best_d == 0) return 0;
   return refine_quants(
-      x, w, n, q, [&](int k) { return double(levels[k]); }, [&](float v) { return nearest_level(v, levels, nlevels); });
+      x, w, n, q, [&](int k) { return double(levels[k]); }, [&](float v) { return nearest(v); });
 }
 
 }  // namespace k3::quant

@@ -21,7 +21,22 @@ float fit_scale_min(const float* x, const float* w, int n, int qmax, int* q, flo
 // (of either sign, as fit_scale).
 float fit_scale_levels(const float* x, const float* w, int n, const int8_t* levels, int nlevels, int* q);
 
-// The index of the level nearest v (levels sorted ascending).
+// The index of the level nearest v (levels sorted ascending, at most 16; a tie goes to the lower level).
 int nearest_level(float v, const int8_t* levels, int nlevels);
+
+// The same with the midpoints between neighbouring levels computed once: the number of midpoints below v,
+// counted without branches (a search's comparisons on random data mispredict).
+struct NearestLevel {
+  float mid[16];
+  int n;
+  NearestLevel(const int8_t* levels, int nlevels) : mid{}, n(nlevels - 1) {
+    for (int j = 0; j < n; ++j) mid[j] = 0.5f * static_cast<float>(levels[j] + levels[j + 1]);
+  }
+  int operator()(float v) const {
+    int k = 0;
+    for (int j = 0; j < n; ++j) k += v > mid[j];
+    return k;
+  }
+};
 
 }  // namespace k3::quant
