@@ -52,7 +52,7 @@ float fit_scale(const float* x, const float* w, int n, int qmin, int qmax, int* 
   // The largest |x| maps near either end of the grid: a negative scale lets a positive maximum use the
   // longer side of an asymmetric grid (Q3_K's [-4, 3]), as llama.cpp's Q3_K does (a symmetric grid: one
   // end is enough). Fine grids need fewer candidates: a step moves few values to another integer.
-  const int steps = qmax >= 100 ? 2 : qmax >= 30 ? 6 : kSteps, per_end = 2 * steps + 1;
+  const int steps = qmax >= 100 ? 2 : 6, per_end = 2 * steps + 1;
   const int ends = qmin == -qmax ? 1 : 2;
   double best_err = INFINITY;
   float best_d = 0;
