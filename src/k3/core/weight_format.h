@@ -15,6 +15,22 @@ enum class WeightFormat : uint8_t {
   // ggml's MXFP4 block (GGUF type 39): {uint8 e8m0; uint8 qs[16]}, element j = low nibble of qs[j], element
   // j + 16 = high nibble: the same values as MXFP4, the scale inside the block (docs/gguf.md).
   MXFP4_GGML,
+  // GGUF's block formats (ggml's byte layouts, scales inside each block; docs/quantization.md):
+  Q8_0,    // 32 int8 + one f16 scale
+  Q4_K,    // 256: f16 d, dmin, 8 x (6-bit scale, 6-bit min) in 12 bytes, 4-bit quants
+  Q5_K,    // Q4_K + a fifth bit per weight
+  Q6_K,    // 256: 16 int8 scales, 6-bit quants (4 low + 2 high bits), f16 d
+  Q3_K,    // 256: 16 6-bit scales, 3-bit quants (2 low bits + a high-bit mask), f16 d
+  Q2_K,    // 256: 16 x (4-bit scale, 4-bit min), 2-bit quants, f16 d, dmin
+  IQ4_XS,  // 256: f16 d, 8 6-bit scales, 4-bit indices into the non-linear IQ4_NL codebook
+  // GGUF's codebook i-quants (256: groups of 8 or 4 weights as indices into lattice codebooks + signs):
+  IQ3_XXS,
+  IQ3_S,
+  IQ2_XXS,
+  IQ2_XS,
+  IQ2_S,
+  IQ1_S,
+  IQ1_M,
 };
 
 // How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
@@ -35,6 +51,20 @@ constexpr WeightLayout weight_layout(WeightFormat f) {
     case WeightFormat::BF16: return {"BF16", 1, 2, 0};
     case WeightFormat::MXFP4: return {"MXFP4", 32, 16, 1};
     case WeightFormat::MXFP4_GGML: return {"MXFP4_GGML", 32, 17, 0};
+    case WeightFormat::Q8_0: return {"Q8_0", 32, 34, 0};
+    case WeightFormat::Q4_K: return {"Q4_K", 256, 144, 0};
+    case WeightFormat::Q5_K: return {"Q5_K", 256, 176, 0};
+    case WeightFormat::Q6_K: return {"Q6_K", 256, 210, 0};
+    case WeightFormat::Q3_K: return {"Q3_K", 256, 110, 0};
+    case WeightFormat::Q2_K: return {"Q2_K", 256, 84, 0};
+    case WeightFormat::IQ4_XS: return {"IQ4_XS", 256, 136, 0};
+    case WeightFormat::IQ3_XXS: return {"IQ3_XXS", 256, 98, 0};
+    case WeightFormat::IQ3_S: return {"IQ3_S", 256, 110, 0};
+    case WeightFormat::IQ2_XXS: return {"IQ2_XXS", 256, 66, 0};
+    case WeightFormat::IQ2_XS: return {"IQ2_XS", 256, 74, 0};
+    case WeightFormat::IQ2_S: return {"IQ2_S", 256, 82, 0};
+    case WeightFormat::IQ1_S: return {"IQ1_S", 256, 50, 0};
+    case WeightFormat::IQ1_M: return {"IQ1_M", 256, 56, 0};
   }
   return {"?", 1, 0, 0};
 }

@@ -4,6 +4,7 @@
 #include "k3/backend/cpu/weight_gemm.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
+#include "k3/backend/cpu/weight_kernels_quant.h"
 #include "k3/backend/cpu/weight_simd.h"
 
 #include "k3/backend/cpu/cpu_isa.h"
@@ -14,6 +15,8 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 namespace k3::cpu {
 
@@ -91,19 +94,39 @@ constexpr RowKernels kMXFP4Ggml{mxfp4_dot<WeightFormat::MXFP4_GGML>, mxfp4_dequa
                                 gemm_mxfp4_ggml, nullptr};
 
 // Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above), avx512
-// (weight_kernels_avx512.cpp) and avx512bf16.
-using FormatTable = std::array<const RowKernels*, 5>;
-constexpr FormatTable kAvx2Table{&kF32, &kF16, &kBF16, &kMXFP4, &kMXFP4Ggml};
-const FormatTable kAvx512Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
-                               avx512_row_kernels(WeightFormat::BF16), avx512_row_kernels(WeightFormat::MXFP4),
-                               avx512_row_kernels(WeightFormat::MXFP4_GGML)};
+// (weight_kernels_avx512.cpp) and avx512bf16; GGUF's block formats from weight_kernels_quant.cpp.
+constexpr size_t kTableSize = 32;  // > every WeightFormat value (checked in make_table)
+using FormatTable = std::array<const RowKernels*, kTableSize>;
+using QuantKernels = const RowKernels* (*)(WeightFormat);
 
-// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 (both layouts) kernels and runs
-// avx512's for F32 and F16 (no cheaper exact path for them, and no reason to round their activations).
-const FormatTable kAvx512Bf16Table{avx512_row_kernels(WeightFormat::F32), avx512_row_kernels(WeightFormat::F16),
-                                   avx512bf16_row_kernels(WeightFormat::BF16),
-                                   avx512bf16_row_kernels(WeightFormat::MXFP4),
-                                   avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)};
+FormatTable make_table(std::initializer_list<std::pair<WeightFormat, const RowKernels*>> floats, QuantKernels quant) {
+  FormatTable t{};
+  for (const auto& [f, k] : floats) t.at(static_cast<size_t>(f)) = k;
+  for (size_t i = 0; i < kTableSize; ++i)
+    if (const RowKernels* k = quant(static_cast<WeightFormat>(i))) t[i] = k;
+  return t;
+}
+
+const FormatTable kAvx2Table = make_table(
+    {{WeightFormat::F32, &kF32}, {WeightFormat::F16, &kF16}, {WeightFormat::BF16, &kBF16}, {WeightFormat::MXFP4, &kMXFP4},
+     {WeightFormat::MXFP4_GGML, &kMXFP4Ggml}},
+    avx2_quant_row_kernels);
+const FormatTable kAvx512Table = make_table({{WeightFormat::F32, avx512_row_kernels(WeightFormat::F32)},
+                                             {WeightFormat::F16, avx512_row_kernels(WeightFormat::F16)},
+                                             {WeightFormat::BF16, avx512_row_kernels(WeightFormat::BF16)},
+                                             {WeightFormat::MXFP4, avx512_row_kernels(WeightFormat::MXFP4)},
+                                             {WeightFormat::MXFP4_GGML, avx512_row_kernels(WeightFormat::MXFP4_GGML)}},
+                                            avx512_quant_row_kernels);
+
+// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 (both layouts) kernels and runs avx512's for
+// F32, F16 and the GGUF block formats (no cheaper exact path for them, and no reason to round their
+// activations).
+const FormatTable kAvx512Bf16Table = make_table({{WeightFormat::F32, avx512_row_kernels(WeightFormat::F32)},
+                                                 {WeightFormat::F16, avx512_row_kernels(WeightFormat::F16)},
+                                                 {WeightFormat::BF16, avx512bf16_row_kernels(WeightFormat::BF16)},
+                                                 {WeightFormat::MXFP4, avx512bf16_row_kernels(WeightFormat::MXFP4)},
+                                                 {WeightFormat::MXFP4_GGML, avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)}},
+                                                avx512_quant_row_kernels);
 
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {
@@ -129,7 +152,7 @@ const RowKernels& row_kernels(WeightFormat f) {
   const FormatTable& table = forced ? *forced : chosen;
   const auto i = static_cast<size_t>(f);
   if (i < table.size() && table[i]) return *table[i];
-  throw Error("CPU backend: weight format " + std::to_string(static_cast<int>(f)) + " has no kernels");
+  throw Error(std::string("CPU backend: weight format ") + weight_format_name(f) + " has no kernels");
 }
 
 void force_cpu_isa_for_testing(std::optional<CpuIsa> isa) {

@@ -203,8 +203,8 @@ const RowKernels* avx512_row_kernels(WeightFormat f) {
     case WeightFormat::BF16: return &kBF16;
     case WeightFormat::MXFP4: return &kMXFP4;
     case WeightFormat::MXFP4_GGML: return &kMXFP4Ggml;
+    default: return nullptr;  // GGUF's block formats: weight_kernels_quant_avx512.cpp
   }
-  return nullptr;
 }
 
 }  // namespace k3::cpu

@@ -46,6 +46,7 @@ class Uploader {
     if (w.empty()) return d;
     if (w.device == kHostDevice) return w;
     d.device = device_;
+    reject_unsupported_format(w.format, "a dense projection");
     if (is_block_format(w.format))
       throw Error(std::string("CUDA backend: ") + weight_format_name(w.format) + " is supported for routed experts only (a dense projection is " +
                   weight_format_name(w.format) + ")");
@@ -71,6 +72,9 @@ class Uploader {
   // A bf16 [V][H] table for the embedding gather (F32/F16 tables are rounded to bf16).
   WeightMatrix bf16_table(const WeightMatrix& w) {
     if (w.device == kHostDevice) return w;
+    reject_unsupported_format(w.format, "an embedding table");
+    if (is_block_format(w.format))
+      throw Error(std::string("CUDA backend: an embedding table in ") + weight_format_name(w.format) + " is not supported");
     const size_t n = static_cast<size_t>(w.rows * w.cols);
     void* p = a_.alloc(n * 2);
     if (w.format == WeightFormat::BF16) {
@@ -110,6 +114,7 @@ class Uploader {
     const bool ggml = f == WeightFormat::MXFP4_GGML;
     const WeightFormat dev_f = ggml ? WeightFormat::MXFP4 : f;
     const bool packed = is_block_format(f);
+    reject_unsupported_format(f, "routed experts");
     if (packed && dev_f != WeightFormat::MXFP4)
       throw Error(std::string("CUDA backend: no routed-expert kernels for ") + weight_format_name(f) + " weights");
     b.format = packed ? dev_f : WeightFormat::BF16;
@@ -166,6 +171,14 @@ class Uploader {
   }
 
  private:
+  // GGUF's block formats (Q8_0, Q4_K, ...) have CPU kernels only (backend/cpu/weight_kernels_quant.h):
+  // a clear error instead of bytes misread as another format. Such a matrix placed on the host
+  // (-ot PATTERN=CPU, --cpu-moe) runs through the CPU kernels.
+  static void reject_unsupported_format(WeightFormat f, const char* what) {
+    if (is_block_format(f) && f != WeightFormat::MXFP4 && f != WeightFormat::MXFP4_GGML)
+      throw Error(std::string("CUDA backend: weight format ") + weight_format_name(f) + " is not supported on CUDA yet (" + what +
+                  "; place it on the host with -ot PATTERN=CPU or run on the CPU)");
+  }
   static void to_f32_row(const WeightMatrix& w, int64_t r, float* out) {
     const size_t c = static_cast<size_t>(w.cols);
     if (w.format == WeightFormat::F32) {

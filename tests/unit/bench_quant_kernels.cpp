@@ -1,0 +1,69 @@
+// Timing of the CPU kernels of GGUF's block formats (docs/quantization.md), disabled by default. Run with
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_QuantMatmul'`
+// (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx512 the tiers, default every tier this CPU has).
+// A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
+// GB/s of weight bytes) and 64 tokens (the register-blocked gemm: GFLOP/s), best of 5.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/ops.h"
+#include "k3/backend/cpu/weight_kernels.h"
+#include "k3/core/weight.h"
+#include "quant_test_ref.h"
+
+namespace {
+
+template <class F>
+double best_ms(int reps, F&& f) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST(KernelBench, DISABLED_QuantMatmul) {
+  const int64_t rows = 4096, cols = 4096;
+  std::mt19937 rng(3);
+  std::vector<float> x(static_cast<size_t>(64 * cols));
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& v : x) v = u(rng);
+  std::vector<float> y(static_cast<size_t>(64 * rows));
+  const char* tiers_env = std::getenv("K3_BENCH_TIERS");
+  const std::string tiers = tiers_env ? tiers_env : "avx2,avx512";
+  std::vector<k3::WeightFormat> formats(std::begin(k3test::kGgufFormats), std::end(k3test::kGgufFormats));
+  formats.push_back(k3::WeightFormat::BF16);
+  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512}) {
+    if (tiers.find(k3::cpu::isa_name(isa)) == std::string::npos) continue;
+    if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
+    k3::cpu::force_cpu_isa_for_testing(isa);
+    for (k3::WeightFormat f : formats) {
+      std::vector<uint8_t> bytes;
+      if (f == k3::WeightFormat::BF16) {
+        bytes.resize(static_cast<size_t>(rows * cols * 2));
+        for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i % 2 ? 0x3c + rng() % 4 : rng());
+      } else {
+        bytes = k3test::random_blocks(f, rows * cols / k3::weight_layout(f).block_elems, rng, 10, 16);
+      }
+      const k3::WeightMatrix W{f, bytes.data(), nullptr, rows, cols};
+      const double t1 = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
+      const double t64 = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 64, y.data()); });
+      const double flop = 2.0 * rows * cols;
+      std::printf("%-10s %-7s n=1: %7.3f ms %6.1f GB/s %6.1f GFLOP/s | n=64: %8.3f ms %6.1f GFLOP/s\n", k3::cpu::isa_name(isa),
+                  k3::weight_format_name(f), t1, W.bytes() / t1 * 1e-6, flop / t1 * 1e-6, t64, 64 * flop / t64 * 1e-6);
+    }
+    k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+  }
+}
