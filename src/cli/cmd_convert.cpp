@@ -17,6 +17,7 @@ namespace k3cli {
 void add_convert(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, out, tokenizer;
+    std::vector<std::string> tensor_types;
     bool no_vocab = false;
   };
   auto o = std::make_shared<Opts>();
@@ -24,6 +25,9 @@ void add_convert(CLI::App& app, Registry& reg) {
   cmd->add_option("-m,--model", o->model, "HF checkpoint directory")->required();
   cmd->add_option("-o,--out", o->out, "output .gguf path")->required();
   cmd->add_option("--tokenizer", o->tokenizer, "directory with tiktoken.model (default: the checkpoint's)");
+  cmd->add_option("--tensor-type", o->tensor_types,
+                  "REGEX=TYPE: write the dense matrices whose GGUF name matches quantised to TYPE (q8_0, q6_k, q5_k, q4_k, "
+                  "q3_k, q2_k, iq4_xs; first match wins; llama-quantize's flag)");
   cmd->add_flag("--no-vocab", o->no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
   cmd->callback([&reg, o] {
     reg.action = [o] {
@@ -32,7 +36,9 @@ void add_convert(CLI::App& app, Registry& reg) {
       const k3::Checkpoint ck(o->model);
       k3::GgufWriter w;
       const std::string name = fs::path(o->model).lexically_normal().filename().string();
-      const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name);
+      std::vector<k3::TensorTypeRule> rules;
+      for (const std::string& r : o->tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
+      const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules);
       const std::string tok_dir = o->tokenizer.empty() ? o->model : o->tokenizer;
       std::error_code ec;
       if (!o->no_vocab) {
@@ -50,8 +56,9 @@ void add_convert(CLI::App& app, Registry& reg) {
         std::fprintf(stderr, "k3: convert: %3d%% (%.2f of %.2f GB)\n", pct, double(done) / 1e9, double(total) / 1e9);
       });
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "wrote %s: %lld tensors, %.2f GB in %.1f s (%lld HF tensors not part of the text model skipped)\n",
-                   o->out.c_str(), (long long)st.tensors, double(w.tensor_bytes()) / 1e9, s, (long long)st.hf_skipped);
+      std::fprintf(stderr, "wrote %s: %lld tensors (%lld quantised, %lld of them Q8_0 for widths not whole 256-blocks), %.2f GB in %.1f s (%lld HF tensors not part of the text model skipped)\n",
+                   o->out.c_str(), (long long)st.tensors, (long long)st.quantised, (long long)st.fallbacks, double(w.tensor_bytes()) / 1e9, s,
+                   (long long)st.hf_skipped);
       return 0;
     };
   });

@@ -165,6 +165,26 @@ std::optional<GgmlTypeInfo> ggml_type_info(uint32_t type) {
   return kTypes[type];
 }
 
+namespace {
+constexpr std::pair<uint32_t, WeightFormat> kBlockTypes[] = {
+    {8, WeightFormat::Q8_0},     {10, WeightFormat::Q2_K},    {11, WeightFormat::Q3_K},   {12, WeightFormat::Q4_K},
+    {13, WeightFormat::Q5_K},    {14, WeightFormat::Q6_K},    {16, WeightFormat::IQ2_XXS}, {17, WeightFormat::IQ2_XS},
+    {18, WeightFormat::IQ3_XXS}, {19, WeightFormat::IQ1_S},   {21, WeightFormat::IQ3_S},  {22, WeightFormat::IQ2_S},
+    {23, WeightFormat::IQ4_XS},  {29, WeightFormat::IQ1_M},   {39, WeightFormat::MXFP4_GGML}};
+}  // namespace
+
+std::optional<WeightFormat> block_format_of_ggml_type(uint32_t type) {
+  for (const auto& [t, f] : kBlockTypes)
+    if (t == type) return f;
+  return std::nullopt;
+}
+
+std::optional<uint32_t> ggml_type_of_block_format(WeightFormat f) {
+  for (const auto& [t, g] : kBlockTypes)
+    if (g == f) return t;
+  return std::nullopt;
+}
+
 int64_t GgufTensor::elements() const {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "k3/core/weight_format.h"
 #include "k3/io/mapped_file.h"
 
 namespace k3 {
@@ -27,6 +28,10 @@ struct GgmlTypeInfo {
 };
 // Nullopt for a number that is no (longer a) GGUF tensor type.
 std::optional<GgmlTypeInfo> ggml_type_info(uint32_t type);
+// The block WeightFormat a ggml type is stored as (Q8_0, the K-quants, IQ4_XS, the codebook i-quants,
+// MXFP4 -> MXFP4_GGML); nullopt for float types and types k3 has no format for. And the reverse.
+std::optional<WeightFormat> block_format_of_ggml_type(uint32_t type);
+std::optional<uint32_t> ggml_type_of_block_format(WeightFormat f);
 
 struct GgufTensor {
   std::string name;

@@ -5,10 +5,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "k3/core/dtype.h"
+#include "k3/core/weight_format.h"
 #include "k3/io/mapped_file.h"
 
 namespace k3 {
@@ -20,6 +22,9 @@ struct TensorInfo {
   const uint8_t* data = nullptr;  // points into the mapped file
   size_t nbytes = 0;
   std::string file;  // which shard holds it (for error messages)
+  // Set for a matrix stored in a block format with in-block scales (a GGUF's Q8_0, Q4_K, ...): then dtype is
+  // U8 and shape [rows, row_data_bytes(format, cols)]; the binder takes it where it expects a float matrix.
+  std::optional<WeightFormat> block_format;
 
   int64_t numel() const {
     int64_t n = 1;

@@ -1,13 +1,18 @@
 #include "k3/model/gguf_export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <regex>
 #include <set>
 
 #include "k3/core/error.h"
 #include "k3/core/mxfp4_ggml.h"
 #include "k3/model/gguf_names.h"
 #include "k3/model/weights.h"
+#include "k3/io/gguf.h"
+#include "k3/quant/gguf_quant.h"
 
 namespace k3 {
 
@@ -100,7 +105,17 @@ void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) 
 // Writes the tensors; `used` collects the HF names consumed.
 class TensorExport {
  public:
-  TensorExport(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck) : w_(w), c_(c), ck_(ck) {}
+  TensorExport(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::vector<TensorTypeRule>& rules)
+      : w_(w), c_(c), ck_(ck) {
+    for (const TensorTypeRule& r : rules) {
+      try {
+        rules_.emplace_back(std::regex(r.pattern), r.format);
+      } catch (const std::regex_error& e) {
+        throw Error("--tensor-type '" + r.pattern + "': not a regular expression (" + e.what() + ")");
+      }
+    }
+    rule_hits_.assign(rules.size(), 0);
+  }
 
   void run() {
     const auto ends = [](const std::string& s, const std::string& e) {
@@ -124,6 +139,9 @@ class TensorExport {
   }
   const std::set<std::string>& used() const { return used_; }
   int64_t tensors() const { return tensors_; }
+  int64_t quantised() const { return quantised_; }
+  int64_t fallbacks() const { return fallbacks_; }
+  const std::vector<int64_t>& rule_hits() const { return rule_hits_; }
 
  private:
   const TensorInfo& need(const std::string& name) {
@@ -145,7 +163,48 @@ class TensorExport {
     // (one loop, weight_simd.h), outside the opt-in avx512bf16 tier.
     if (g.size() >= 19 && g.compare(g.size() - 19, 19, "ffn_gate_inp.weight") == 0) return add_f32(w_, g, ne, to_f32(t));
     const TensorInfo* tp = &t;
+    if (const auto f = rule_for(g)) return quantised(g, t, ne, *f);
     w_.add_tensor(g, ne, ggml_type_of(t.dtype), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
+  }
+  // The first rule whose regex finds the GGUF name.
+  std::optional<WeightFormat> rule_for(const std::string& g) {
+    for (size_t i = 0; i < rules_.size(); ++i)
+      if (std::regex_search(g, rules_[i].first)) {
+        ++rule_hits_[i];
+        return rules_[i].second;
+      }
+    return std::nullopt;
+  }
+  // A [rows][cols] float matrix quantised row by row as it is written (memory: one row).
+  void quantised(const std::string& g, const TensorInfo& t, const std::vector<int64_t>& ne, WeightFormat f) {
+    // As llama-quantize does: a width that is not whole 256-element blocks falls back to a 32-element type.
+    if (t.shape.size() == 2 && t.shape[1] % weight_layout(f).block_elems != 0 && t.shape[1] % 32 == 0) {
+      ++fallbacks_;
+      f = WeightFormat::Q8_0;
+    }
+    const int64_t be = weight_layout(f).block_elems;
+    const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 0, cols = t.shape.size() == 2 ? t.shape[1] : 0;
+    if (t.shape.size() != 2 || cols % be != 0)
+      throw Error("--tensor-type: '" + g + "' " + t.shape_str() + " cannot be " + weight_format_name(f) + " (rows of " +
+                  std::to_string(be) + "-element blocks)");
+    ++quantised_;
+    const TensorInfo* tp = &t;
+    w_.add_tensor(g, ne, *ggml_type_of_block_format(f), [tp, f, rows, cols](GgufSink& s) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      std::vector<uint8_t> q(static_cast<size_t>(row_data_bytes(f, cols)));
+      const size_t es = dtype_size(tp->dtype);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint8_t* p = tp->data + static_cast<size_t>(r * cols + c) * es;
+          uint16_t h;
+          if (tp->dtype == DType::F32) std::memcpy(&row[static_cast<size_t>(c)], p, 4);
+          else if (std::memcpy(&h, p, 2), tp->dtype == DType::BF16) row[static_cast<size_t>(c)] = bf16_to_f32(h);
+          else row[static_cast<size_t>(c)] = f16_to_f32(h);
+        }
+        quant::quantize_row(f, row.data(), cols, nullptr, q.data());
+        s.write(q.data(), q.size());
+      }
+    });
   }
   void conv(const std::string& g, const TensorInfo& t) {  // [C][1][W] -> ne [W, 1, C, 1]
     used_.insert(t.name);
@@ -238,22 +297,45 @@ class TensorExport {
   const ModelConfig& c_;
   const Checkpoint& ck_;
   std::set<std::string> used_;
-  int64_t tensors_ = 0;
+  int64_t tensors_ = 0, quantised_ = 0, fallbacks_ = 0;
+  std::vector<std::pair<std::regex, WeightFormat>> rules_;
+  std::vector<int64_t> rule_hits_;
 };
 
 }  // namespace
 
-GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name) {
+TensorTypeRule parse_tensor_type_rule(const std::string& spec) {
+  const size_t eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw Error("--tensor-type '" + spec + "': expected REGEX=TYPE (e.g. 'attn_.*=q8_0')");
+  std::string type = spec.substr(eq + 1);
+  std::transform(type.begin(), type.end(), type.begin(), ::toupper);
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q4_K, WeightFormat::Q3_K,
+                         WeightFormat::Q2_K, WeightFormat::IQ4_XS})
+    if (type == weight_format_name(f)) return {spec.substr(0, eq), f};
+  throw Error("--tensor-type '" + spec + "': unknown or unwritable type '" + spec.substr(eq + 1) +
+              "' (q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs)");
+}
+
+GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
+                                  const std::vector<TensorTypeRule>& rules) {
   if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4)
     throw Error("k3 convert: experts in " + std::string(weight_format_name(*c.expert_quant_format)) + " cannot be written yet");
   // All checks of loading (shapes, dtypes, finite MXFP4 scales) before writing anything.
   const ModelWeights mw = bind_weights(c, ck);
   // Expert dtypes must agree within a layer (one stacked tensor).
   add_metadata(w, c, name);
-  TensorExport ex(w, c, ck);
+  TensorExport ex(w, c, ck, rules);
   ex.run();
+  for (size_t i = 0; i < rules.size(); ++i)
+    if (ex.rule_hits()[i] == 0)
+      throw Error("--tensor-type '" + rules[i].pattern + "=" + weight_format_name(rules[i].format) +
+                  "' matches no dense matrix (GGUF names, e.g. blk.0.attn_q_a.weight; the router, vectors, kv_b and "
+                  "routed experts are kept as stored)");
   GgufExportStats st;
   st.tensors = ex.tensors();
+  st.quantised = ex.quantised();
+  st.fallbacks = ex.fallbacks();
   for (const auto& [n, t] : ck.all()) st.hf_skipped += !ex.used().count(n);
   return st;
 }

@@ -8,16 +8,33 @@
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 
+#include <string>
+#include <vector>
+
 namespace k3 {
+
+// `--tensor-type REGEX=TYPE` (llama-quantize's flag): a dense matrix whose GGUF name the regex finds
+// (std::regex_search, first rule wins) is written quantised to TYPE (model/gguf_export.cpp lists which).
+struct TensorTypeRule {
+  std::string pattern;
+  WeightFormat format;
+};
+// Parses "REGEX=TYPE" (TYPE: q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, case-insensitive); throws k3::Error.
+TensorTypeRule parse_tensor_type_rule(const std::string& spec);
 
 struct GgufExportStats {
   int64_t tensors = 0;      // GGUF tensors added
   int64_t hf_skipped = 0;   // HF tensors not written (not part of the text model: vision tower, ...)
+  int64_t quantised = 0;    // tensors written quantised by a rule
+  int64_t fallbacks = 0;    // of those, written Q8_0 because their width is not whole 256-element blocks
 };
 
 // Adds the model's metadata (general.*, <arch>.*) and every tensor to `w` (streamed at w.write()); the
 // checkpoint must outlive the write. Validates the checkpoint against the config first (bind_weights).
 // `name` becomes general.name.
-GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name);
+// `rules`: dense matrices to quantise (the router, vectors, conv taps, kv_b's halves and routed experts stay as
+// stored; a rule naming only such tensors is an error, as is a matrix whose width is not whole blocks).
+GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
+                                  const std::vector<TensorTypeRule>& rules = {});
 
 }  // namespace k3

@@ -12,6 +12,7 @@
 #include "k3/core/error.h"
 #include "k3/model/gguf_names.h"
 #include "k3/model/weights.h"
+#include "k3/quant/gguf_quant.h"
 
 namespace k3 {
 
@@ -19,7 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlBf16 = 30, kGgmlMxfp4 = 39;
+constexpr uint32_t kGgmlF32 = 0, kGgmlF16 = 1, kGgmlBf16 = 30;
 
 // Typed access to the metadata with messages naming the file and the key.
 class Meta {
@@ -197,10 +198,12 @@ ModelConfig gguf_model_config(const Gguf& g, const std::string& source) {
   // Routed experts: as their GGUF type says (MXFP4 in ggml's block, or floats bound as stored).
   if (dense < layers) {
     const GgufTensor* e = g.find(blk(dense, "ffn_gate_exps.weight"));
-    if (e && e->type == kGgmlMxfp4) {
-      c.expert_quant_format = WeightFormat::MXFP4_GGML;
-      if (c.expert_in_dim() % 32 || c.moe_intermediate_size % 32)
-        throw Error("'" + source + "': MXFP4 experts need expert input and intermediate sizes divisible by 32");
+    if (const auto f = e ? block_format_of_ggml_type(e->type) : std::nullopt) {
+      c.expert_quant_format = *f;
+      const int64_t be = weight_layout(*f).block_elems;
+      if (c.expert_in_dim() % be || c.moe_intermediate_size % be)
+        throw Error("'" + source + "': " + weight_format_name(*f) + " experts need expert input and intermediate sizes divisible by " +
+                    std::to_string(be));
     }
   }
   return c;
@@ -269,8 +272,17 @@ class Adapter {
       }
       const auto dt = float_dtype(t.type);
       if (!dt) {
+        const auto bf = block_format_of_ggml_type(t.type);
+        if (bf && m->kind == GgufTensorKind::Rename && t.dims.size() == 2) {  // a quantised matrix: bound as stored
+          add_raw(m->hf, DType::U8, {t.dims[1], static_cast<int64_t>(t.bytes) / t.dims[1]}, t.data, t.bytes, bf);
+          continue;
+        }
+        if (bf && (m->kind == GgufTensorKind::KvbK || m->kind == GgufTensorKind::KvbV) && quant::is_gguf_block_format(*bf)) {
+          (m->kind == GgufTensorKind::KvbK ? kvb_[m->hf].first : kvb_[m->hf].second) = &t;
+          continue;
+        }
         problem("tensor '" + t.name + "' is " + type_name(t.type) +
-                ", which k3 cannot load there yet (F32, F16, BF16; MXFP4 for routed experts)");
+                ", which k3 cannot load there yet (vectors and conv taps: F32, F16, BF16)");
         continue;
       }
       switch (m->kind) {
@@ -300,8 +312,10 @@ class Adapter {
   void add(const std::string& name, const GgufTensor& t, DType dt, std::vector<int64_t> shape) {
     add_raw(name, dt, std::move(shape), t.data, t.bytes);
   }
-  void add_raw(const std::string& name, DType dt, std::vector<int64_t> shape, const uint8_t* data, uint64_t bytes) {
+  void add_raw(const std::string& name, DType dt, std::vector<int64_t> shape, const uint8_t* data, uint64_t bytes,
+               std::optional<WeightFormat> block = std::nullopt) {
     TensorInfo i;
+    i.block_format = block;
     i.name = name;
     i.dtype = dt;
     i.shape = std::move(shape);
@@ -345,14 +359,19 @@ class Adapter {
     const size_t at = pattern.find("{e}");
     DType dt = DType::U8;
     std::vector<int64_t> shape;
-    if (t.type == kGgmlMxfp4) {
-      shape = {rows, row_data_bytes(WeightFormat::MXFP4_GGML, cols)};
+    if (const auto bf = block_format_of_ggml_type(t.type)) {
+      if (cols % weight_layout(*bf).block_elems) {
+        problem("tensor '" + t.name + "': " + dims_str(t.dims) + " in " + weight_format_name(*bf) + " blocks of " +
+                std::to_string(weight_layout(*bf).block_elems));
+        return;
+      }
+      shape = {rows, row_data_bytes(*bf, cols)};
     } else if (const auto f = float_dtype(t.type)) {
       dt = *f;
       shape = {rows, cols};
     } else {
       problem("tensor '" + t.name + "' is " + type_name(t.type) +
-              ", which k3 cannot load yet (routed experts: F32, F16, BF16, MXFP4)");
+              ", which k3 cannot load yet (routed experts: F32, F16, BF16, MXFP4 and the GGUF block formats)");
       return;
     }
     for (int64_t e = 0; e < E; ++e) {
@@ -378,15 +397,30 @@ class Adapter {
               dims_str(vd) + " (nope, kv_lora_rank, heads / kv_lora_rank, v_head, heads)");
       return;
     }
-    const DType dt = *float_dtype(k->type);
+    // Quantised halves (a GGUF quantised whole) are dequantised to F32 first: kv_b is small, and the binder
+    // keeps an fp32 copy of it anyway.
+    std::vector<float> kf, vf;
+    const uint8_t* kdata = k->data;
+    const uint8_t* vdata = v->data;
+    DType dt = DType::F32;
+    if (const auto bf = block_format_of_ggml_type(k->type)) {
+      kf.resize(static_cast<size_t>(k->elements()));
+      vf.resize(static_cast<size_t>(v->elements()));
+      quant::dequantize_row(*bf, k->data, k->elements(), kf.data());
+      quant::dequantize_row(*bf, v->data, v->elements(), vf.data());
+      kdata = reinterpret_cast<const uint8_t*>(kf.data());
+      vdata = reinterpret_cast<const uint8_t*>(vf.data());
+    } else {
+      dt = *float_dtype(k->type);
+    }
     const size_t es = dtype_size(dt);
     std::vector<uint8_t> out(static_cast<size_t>(nh * (dn + dv) * kr) * es);
     for (int64_t h = 0; h < nh; ++h) {
       for (int64_t i = 0; i < dn; ++i)
         for (int64_t col = 0; col < kr; ++col)
           std::memcpy(&out[static_cast<size_t>((h * (dn + dv) + i) * kr + col) * es],
-                      k->data + static_cast<size_t>((h * kr + col) * dn + i) * es, es);
-      std::memcpy(&out[static_cast<size_t>((h * (dn + dv) + dn) * kr) * es], v->data + static_cast<size_t>(h * dv * kr) * es,
+                      kdata + static_cast<size_t>((h * kr + col) * dn + i) * es, es);
+      std::memcpy(&out[static_cast<size_t>((h * (dn + dv) + dn) * kr) * es], vdata + static_cast<size_t>(h * dv * kr) * es,
                   static_cast<size_t>(dv * kr) * es);
     }
     const size_t n = out.size();

@@ -34,11 +34,32 @@ class Binder {
   WeightMatrix mat(const std::string& name, int64_t rows, int64_t cols) {
     const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str({rows, cols}));
     if (!t) return {};
+    if (t->block_format) return block_matrix(name, t, *t->block_format, rows, cols);
     if (!is_float_dtype(t->dtype)) return bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
     if (t->shape != std::vector<int64_t>{rows, cols}) return bad(name, t, "shape " + t->shape_str() + ", expected " + shape_str({rows, cols}));
     WeightMatrix w;
     float_weight_format(t->dtype, &w.format);
     w.data = aligned(t);
+    w.rows = rows;
+    w.cols = cols;
+    w.device = device_for(name);
+    bytes_ += static_cast<int64_t>(t->nbytes);
+    return w;
+  }
+
+  // A matrix a GGUF stores in a block format with in-block scales (TensorInfo::block_format).
+  WeightMatrix block_matrix(const std::string& name, const TensorInfo* t, WeightFormat f, int64_t rows, int64_t cols) {
+    const int64_t be = weight_layout(f).block_elems;
+    if (cols % be != 0)
+      return bad(name, t, std::string(weight_format_name(f)) + " with " + std::to_string(cols) + " columns, not a multiple of its " +
+                              std::to_string(be) + "-element blocks");
+    const std::vector<int64_t> want{rows, row_data_bytes(f, cols)};
+    if (t->dtype != DType::U8 || t->shape != want)
+      return bad(name, t, std::string(weight_format_name(f)) + " blocks " + t->shape_str() + ", expected " + shape_str(want) +
+                              " for " + shape_str({rows, cols}));
+    WeightMatrix w;
+    w.format = f;
+    w.data = t->data;
     w.rows = rows;
     w.cols = cols;
     w.device = device_for(name);
