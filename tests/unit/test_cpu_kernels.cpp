@@ -134,19 +134,8 @@ TestWeight make_weight(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19
 
 // The kernel tests below run once per CPU tier with kernels (cpu_isa.h), the tier forced in-process;
 // a tier the CPU cannot run is skipped with the reason.
-class CpuKernelsTier : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
- protected:
-  void SetUp() override {
-    const auto& cpu = k3::cpu::cpu_state();
-    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, GetParam(), false); !m.empty())
-      GTEST_SKIP() << "this CPU cannot run the " << k3::cpu::isa_name(GetParam()) << " tier (missing: " << m << ")";
-    k3::cpu::force_cpu_isa_for_testing(GetParam());
-  }
-  void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
-};
-INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier,
-                         ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16),
-                         [](const auto& info) { return std::string(k3::cpu::isa_name(info.param)); });
+class CpuKernelsTier : public k3test::CpuTierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier, k3test::kAllCpuTiers, k3test::cpu_tier_name);
 
 // The avx512bf16 tier rounds the activations of BF16 and MXFP4 matmuls (weight_kernels_avx512bf16.cpp);
 // every other (tier, format) pair computes exact fp32 products.

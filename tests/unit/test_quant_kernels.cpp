@@ -27,19 +27,8 @@ namespace {
 using k3::WeightFormat;
 constexpr double kU = 1.0 / (1 << 24);
 
-class QuantKernelsTier : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
- protected:
-  void SetUp() override {
-    const auto& cpu = k3::cpu::cpu_state();
-    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, GetParam(), false); !m.empty())
-      GTEST_SKIP() << "this CPU cannot run the " << k3::cpu::isa_name(GetParam()) << " tier (missing: " << m << ")";
-    k3::cpu::force_cpu_isa_for_testing(GetParam());
-  }
-  void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
-};
-INSTANTIATE_TEST_SUITE_P(Tiers, QuantKernelsTier,
-                         ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16),
-                         [](const auto& info) { return std::string(k3::cpu::isa_name(info.param)); });
+class QuantKernelsTier : public k3test::CpuTierTest {};
+INSTANTIATE_TEST_SUITE_P(Tiers, QuantKernelsTier, k3test::kAllCpuTiers, k3test::cpu_tier_name);
 
 struct QuantWeight {
   k3::WeightMatrix W;
