@@ -26,7 +26,6 @@ float put_f16(uint8_t* p, float v) {
   std::memcpy(p, &h, 2);
   return f16_to_f32(h);
 }
-int round_clamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi); }
 const float* sub(const float* w, int off) { return w ? w + off : nullptr; }
 
 void pack_q8_0(const float* x, const float* w, uint8_t* out) {

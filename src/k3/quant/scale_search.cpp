@@ -9,7 +9,6 @@ namespace {
 
 inline float wt(const float* w, int i) { return w ? w[i] : 1.0f; }
 
-inline int round_clamp(float v, int lo, int hi) { return std::clamp(static_cast<int>(std::nearbyint(v)), lo, hi); }
 
 // Coordinate descent on the quants for a fixed grid (level(k): the value of index k): with the scale
 // refitted in closed form, the weighted error is sum w x^2 - sxl^2 / sll, so a change of one quant to

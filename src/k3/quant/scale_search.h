@@ -4,9 +4,19 @@
 // values to integers under each, refit the scale (and min) in closed form for those integers, and keep
 // the candidate with the smallest weighted squared error.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 namespace k3::quant {
+
+// nearbyint(v) clamped to [lo, hi], clamped in float first: a NaN or out-of-int-range v (a zero or
+// denormal scale's quotient) is not convertible to int (undefined behaviour, found by fuzz_quant_blocks
+// under UBSan); NaN goes to lo.
+inline int round_clamp(float v, int lo, int hi) {
+  if (!(v > static_cast<float>(lo))) return lo;
+  if (v >= static_cast<float>(hi)) return hi;
+  return static_cast<int>(std::nearbyint(v));
+}
 
 // x ~ d * q, q integer in [qmin, qmax] (qmin < 0 < qmax). Writes q (as int) and returns d, which may be
 // negative (the largest |x| then uses the other end of an asymmetric grid); 0 for an all-zero group.
