@@ -93,7 +93,10 @@ TEST(KernelBench, DISABLED_Matmul) {
                           {"bf16 mlp down 2048x5632", k3::WeightFormat::BF16, 2048, 5632, 128},
                           {"mxfp4 expert up 768x1024", k3::WeightFormat::MXFP4, 768, 1024, 16},
                           {"mxfp4 expert up 768x1024", k3::WeightFormat::MXFP4, 768, 1024, 64},
-                          {"mxfp4 expert down 1024x768", k3::WeightFormat::MXFP4, 1024, 768, 64}};
+                          {"mxfp4 expert down 1024x768", k3::WeightFormat::MXFP4, 1024, 768, 64},
+                          // kl-1b's experts take the full hidden width (docs/perf/cpu/llama-peer.md)
+                          {"mxfp4 kl expert up 384x2048", k3::WeightFormat::MXFP4, 384, 2048, 64},
+                          {"mxfp4 kl expert down 2048x384", k3::WeightFormat::MXFP4, 2048, 384, 64}};
   std::mt19937 rng(3);
   for (const Shape& s : shapes) {
     std::vector<uint8_t> bytes(static_cast<size_t>(s.rows * k3::row_data_bytes(s.f, s.cols)));

@@ -32,19 +32,33 @@ namespace {
 
 // ---- float formats (f32, bf16, f16) ----
 
+// A tile's share of the columns. The gemm cuts long rows into blocks of columns so that a token tile's
+// activations stay in L1 while the rows pass over them (else every row re-reads T tokens x cols x 4
+// bytes from L2: 96 KiB per row at T = 12, cols = 2048, and L2 bandwidth, not the FMA units, sets the
+// pace). Between blocks the accumulators wait in `state` (stored and reloaded exactly), so a (row, token)
+// pair sees the same accumulator, the same products in the same order and the same reduction as the
+// single-token dot, whatever the blocking: only the loop nest changes (weight_kernels.h).
+struct KSpan {
+  int64_t k0, k1;   // columns [k0, k1); k0 a multiple of 32; k1 == cols for the last block
+  bool first, last;  // first: start from zero (else reload state); last: finish and reduce into y
+  __m512* state;     // R x T x 2 (float) or T (MXFP4) accumulators between blocks; unused by one-block calls
+};
+inline KSpan whole_row(int64_t cols) { return {0, cols, true, true, nullptr}; }
+
 // R rows x T tokens; two 16-lane accumulators per (row, token): a0 takes lanes i..i+15 of each 32-step,
 // a1 lanes i+16..i+31, then finish_dot. R = 2, T = 6: 24 accumulators + 2 weight vectors + 1 activation
 // vector of the 32 zmm registers.
 template <int R, int T, class Wt, class Load>
 inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* y, int64_t ldy,
-                       Load load) {
+                       Load load, KSpan ks) {
   __m512 acc[R][T][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= cols; i += 32) {
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) acc[r][t][h] = ks.first ? _mm512_setzero_ps() : ks.state[(r * T + t) * 2 + h];
+  int64_t i = ks.k0;
+  for (; i + 32 <= ks.k1; i += 32) {
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       __m512 wv[R];
@@ -59,6 +73,12 @@ inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, in
       }
     }
   }
+  if (!ks.last) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) ks.state[(r * T + t) * 2 + h] = acc[r][t][h];
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
       y[t * ldy + r] = finish_dot(acc[r][t][0], acc[r][t][1], w + r * ldw, x + t * ldx, i, cols, load);
@@ -66,29 +86,44 @@ inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, in
 
 template <int R, class Wt, class Load, size_t... T>
 constexpr auto float_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const Wt*, int64_t, const float*, int64_t, int64_t, float*, int64_t, Load);
+  using Tile = void (*)(const Wt*, int64_t, const float*, int64_t, int64_t, float*, int64_t, Load, KSpan);
   return std::array<Tile, sizeof...(T)>{float_tile<R, static_cast<int>(T) + 1, Wt, Load>...};
 }
 
 constexpr int64_t kFloatT = 6;
+// Columns per block: a 6-token tile's activations, 6 x 1024 x 4 bytes = 24 KiB, half of L1.
+constexpr int64_t kFloatKCols = 1024;
+// Rows whose accumulators wait between column blocks: 64 x 6 x 2 zmm = 48 KiB of stack, in L2.
+constexpr int64_t kStateRows = 64;
 
-// Blocks of rows whose weights (~512 KiB) stay in L2 while every token passes over them.
+// Blocks of rows whose weights (~256 KiB) stay in L2 while every token tile passes over them; within
+// a block, each token tile runs over the row pairs one column block at a time (KSpan).
 template <class Wt, class Load>
 void float_gemm(const Wt* base, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const float* x, int64_t n,
                 float* y) {
   static constexpr auto tiles2 = float_tiles<2, Wt, Load>(std::make_index_sequence<kFloatT>());
   static constexpr auto tiles1 = float_tiles<1, Wt, Load>(std::make_index_sequence<kFloatT>());
-  constexpr int64_t kBlockBytes = 512 << 10;
-  const int64_t block = std::max<int64_t>(2, kBlockBytes / (cols * static_cast<int64_t>(sizeof(Wt))) / 2 * 2);
+  const int64_t row_bytes = cols * static_cast<int64_t>(sizeof(Wt));
+  const int64_t block = std::clamp<int64_t>((256 << 10) / row_bytes / 2 * 2, 2, kStateRows);
+  const int64_t kblocks = (cols + kFloatKCols - 1) / kFloatKCols;
+  __m512 state[kStateRows * kFloatT * 2];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kFloatT) {
       const int64_t m = std::min(kFloatT, n - t0);
       const float* xt = x + t0 * cols;
       float* yt = y + t0 * rows;
-      int64_t r = b0;
-      for (; r + 2 <= b1; r += 2) tiles2[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{});
-      if (r < b1) tiles1[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{});
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const bool last = kb + 1 == kblocks;
+        const int64_t k0 = kb * kFloatKCols, k1 = last ? cols : k0 + kFloatKCols;
+        int64_t r = b0;
+        for (; r + 2 <= b1; r += 2)
+          tiles2[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{},
+                        {k0, k1, kb == 0, last, state + (r - b0) * kFloatT * 2});
+        if (r < b1)
+          tiles1[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{},
+                        {k0, k1, kb == 0, last, state + (r - b0) * kFloatT * 2});
+      }
     }
   }
 }
@@ -96,7 +131,8 @@ void float_gemm(const Wt* base, int64_t rows, int64_t cols, int64_t r0, int64_t 
 template <class Wt, class Load>
 float float_dot(const WeightMatrix& W, int64_t r, const float* x) {
   float y;
-  float_tile<1, 1>(static_cast<const Wt*>(W.data) + r * W.cols, W.cols, x, W.cols, W.cols, &y, 1, Load{});
+  float_tile<1, 1>(static_cast<const Wt*>(W.data) + r * W.cols, W.cols, x, W.cols, W.cols, &y, 1, Load{},
+                   whole_row(W.cols));
   return y;
 }
 
@@ -120,47 +156,60 @@ void float_dequant(const WeightMatrix& W, int64_t r, float* out) {
 // ---- MXFP4: one 16-lane accumulator per (row, token); a group decoded once for T tokens ----
 
 template <int T>
-void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t cols, float* y,
-                int64_t ldy) {
+void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t /*cols*/,
+                float* y, int64_t ldy, KSpan ks) {
   __m512 acc[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int t = 0; t < T; ++t) acc[t] = ks.first ? _mm512_setzero_ps() : ks.state[t];
   __m512 w[2];
-  for (int64_t g = 0; g < cols / kMxfp4Group; ++g) {
+  for (int64_t g = ks.k0 / kMxfp4Group; g < ks.k1 / kMxfp4Group; ++g) {
     decode_mxfp4_group(packed + g * 16, w);
     const __m512 sc = mxfp4_scale(scales[g]);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
       acc[t] = _mm512_fmadd_ps(mxfp4_group_dot(w, x + t * ldx + g * kMxfp4Group), sc, acc[t]);
   }
+  if (!ks.last) {
+    for (int t = 0; t < T; ++t) ks.state[t] = acc[t];
+    return;
+  }
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
 template <size_t... T>
 constexpr auto mxfp4_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, int64_t);
+  using Tile = void (*)(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, int64_t, KSpan);
   return std::array<Tile, sizeof...(T)>{mxfp4_tile<static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + 2 weights + scale + product: 16 of 32 registers
+// Columns per block: 12 tokens x 512 x 4 bytes = 24 KiB of activations, half of L1.
+constexpr int64_t kMxfp4KCols = 512;
 
 float mxfp4_dot(const WeightMatrix& W, int64_t r, const float* x) {
   float y;
-  mxfp4_tile<1>(W.row_data(r), W.row_scales(r), x, W.cols, W.cols, &y, 1);
+  mxfp4_tile<1>(W.row_data(r), W.row_scales(r), x, W.cols, W.cols, &y, 1, whole_row(W.cols));
   return y;
 }
 
 void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
   static constexpr auto tiles = mxfp4_tiles(std::make_index_sequence<kMxfp4T>());
-  constexpr int64_t kBlockBytes = 512 << 10;
   const int64_t cols = W.cols, rows = W.rows;
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
+  const int64_t block =
+      std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1, kStateRows);
+  const int64_t kblocks = (cols + kMxfp4KCols - 1) / kMxfp4KCols;
+  __m512 state[kStateRows * kMxfp4T];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
       const auto tile = tiles[std::min(kMxfp4T, n - t0) - 1];
-      for (int64_t r = b0; r < b1; ++r)
-        tile(W.row_data(r), W.row_scales(r), x + t0 * cols, cols, cols, y + t0 * rows + r, rows);
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const bool last = kb + 1 == kblocks;
+        const int64_t k0 = kb * kMxfp4KCols, k1 = last ? cols : k0 + kMxfp4KCols;
+        for (int64_t r = b0; r < b1; ++r)
+          tile(W.row_data(r), W.row_scales(r), x + t0 * cols, cols, cols, y + t0 * rows + r, rows,
+               {k0, k1, kb == 0, last, state + (r - b0) * kMxfp4T});
+      }
     }
   }
 }
