@@ -155,19 +155,22 @@ void float_dequant(const WeightMatrix& W, int64_t r, float* out) {
 
 // ---- MXFP4: one 16-lane accumulator per (row, token); a group decoded once for T tokens ----
 
+// T tokens' activations for groups [k0/32, k1/32) packed group by group: group g of token t at
+// xp + (g - k0/32) * T * 32 + t * 32. With one token that is the plain row, so the dot needs no copy; the
+// gemm packs each token tile once per column block, and then every address in the tile is one base
+// pointer plus a constant (12 token pointers and their offsets had spilled accumulators to the stack).
 template <int T>
-void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, int64_t ldx, int64_t /*cols*/,
-                float* y, int64_t ldy, KSpan ks) {
+void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* xp, float* y, int64_t ldy, KSpan ks) {
   __m512 acc[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = ks.first ? _mm512_setzero_ps() : ks.state[t];
   __m512 w[2];
-  for (int64_t g = ks.k0 / kMxfp4Group; g < ks.k1 / kMxfp4Group; ++g) {
+  const int64_t g0 = ks.k0 / kMxfp4Group, g1 = ks.k1 / kMxfp4Group;
+  for (int64_t g = g0; g < g1; ++g, xp += T * kMxfp4Group) {
     decode_mxfp4_group(packed + g * 16, w);
     const __m512 sc = mxfp4_scale(scales[g]);
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fmadd_ps(mxfp4_group_dot(w, x + t * ldx + g * kMxfp4Group), sc, acc[t]);
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_fmadd_ps(mxfp4_group_dot(w, xp + t * kMxfp4Group), sc, acc[t]);
   }
   if (!ks.last) {
     for (int t = 0; t < T; ++t) ks.state[t] = acc[t];
@@ -178,18 +181,28 @@ void mxfp4_tile(const uint8_t* packed, const uint8_t* scales, const float* x, in
 
 template <size_t... T>
 constexpr auto mxfp4_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, int64_t, KSpan);
+  using Tile = void (*)(const uint8_t*, const uint8_t*, const float*, float*, int64_t, KSpan);
   return std::array<Tile, sizeof...(T)>{mxfp4_tile<static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + 2 weights + scale + product: 16 of 32 registers
-// Columns per block: 12 tokens x 512 x 4 bytes = 24 KiB of activations, half of L1.
+// Columns per block: 12 tokens x 512 x 4 bytes = 24 KiB of packed activations, half of L1.
 constexpr int64_t kMxfp4KCols = 512;
 
 float mxfp4_dot(const WeightMatrix& W, int64_t r, const float* x) {
   float y;
-  mxfp4_tile<1>(W.row_data(r), W.row_scales(r), x, W.cols, W.cols, &y, 1, whole_row(W.cols));
+  mxfp4_tile<1>(W.row_data(r), W.row_scales(r), x, &y, 1, whole_row(W.cols));
   return y;
+}
+
+// Tokens [t0, t0 + m) x columns [k0, k1) into mxfp4_tile's layout for a tile of m tokens.
+void pack_mxfp4_tokens(const float* x, int64_t cols, int64_t m, int64_t k0, int64_t k1, float* xp) {
+  for (int64_t g = k0 / kMxfp4Group; g < k1 / kMxfp4Group; ++g)
+    for (int64_t t = 0; t < m; ++t, xp += kMxfp4Group) {
+      const float* src = x + t * cols + g * kMxfp4Group;
+      _mm512_storeu_ps(xp, _mm512_loadu_ps(src));
+      _mm512_storeu_ps(xp + 16, _mm512_loadu_ps(src + 16));
+    }
 }
 
 void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
@@ -199,15 +212,18 @@ void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, i
       std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1, kStateRows);
   const int64_t kblocks = (cols + kMxfp4KCols - 1) / kMxfp4KCols;
   __m512 state[kStateRows * kMxfp4T];
+  alignas(64) float xp[kMxfp4T * kMxfp4KCols];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
-      const auto tile = tiles[std::min(kMxfp4T, n - t0) - 1];
+      const int64_t m = std::min(kMxfp4T, n - t0);
+      const auto tile = tiles[m - 1];
       for (int64_t kb = 0; kb < kblocks; ++kb) {
         const bool last = kb + 1 == kblocks;
         const int64_t k0 = kb * kMxfp4KCols, k1 = last ? cols : k0 + kMxfp4KCols;
+        pack_mxfp4_tokens(x + t0 * cols, cols, m, k0, k1, xp);
         for (int64_t r = b0; r < b1; ++r)
-          tile(W.row_data(r), W.row_scales(r), x + t0 * cols, cols, cols, y + t0 * rows + r, rows,
+          tile(W.row_data(r), W.row_scales(r), xp, y + t0 * rows + r, rows,
                {k0, k1, kb == 0, last, state + (r - b0) * kMxfp4T});
       }
     }
