@@ -239,49 +239,91 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                              _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
 }
 
-// One row x T tokens: per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the
-// activation scales (fp32 product), then one fma by the weight scales into the token's accumulator. The
-// activation scale comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once.
+// One row x T tokens over the pairs [p0, p1) of a token tile packed pair by pair (pair p of token t at
+// xq + (p - p0) * T * kQ8PairBytes + t * kQ8PairBytes: one base pointer and constant offsets, where 12
+// token pointers had spilled accumulators to the stack; with one token that is the plain converted
+// row). Per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the activation scales
+// (fp32 product), then one fma by the weight scales into the token's accumulator. The activation scale
+// comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once. Between column blocks the
+// accumulators wait in `state` (exactly), so the per-token arithmetic is the dot's whatever the blocking.
+struct PairSpan {
+  int64_t p0, p1;
+  bool first, last;
+  __m512* state;  // T accumulators between blocks
+};
+
 template <int T>
-inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t cols, const uint8_t* xq, int64_t ldq,
-                          float* y, int64_t ldy) {
+inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq, float* y,
+                          int64_t ldy, PairSpan ps) {
   __m512 acc[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-  const int64_t groups = cols / kMxfp4Group;
-  for (int64_t p = 0; 2 * p < groups; ++p) {
+  for (int t = 0; t < T; ++t) acc[t] = ps.first ? _mm512_setzero_ps() : ps.state[t];
+  for (int64_t p = ps.p0; p < ps.p1; ++p, xq += T * kQ8PairBytes) {
     __m512i w, corr;
     __m512 wsc;
     decode_pair(packed + 32 * p, scales + 2 * p, 2 * p + 1 < groups, w, corr, wsc);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const uint8_t* q = xq + t * ldq + p * kQ8PairBytes;
+      const uint8_t* q = xq + t * kQ8PairBytes;
       const __m512i dp = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(q), w);
       const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + 64)));
       acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
     }
+  }
+  if (!ps.last) {
+    for (int t = 0; t < T; ++t) ps.state[t] = acc[t];
+    return;
   }
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
 template <size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
+  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, float*, int64_t, PairSpan);
   return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + weights, correction, scales, temporaries
+// Pairs per column block: 12 tokens x 16 pairs x 128 bytes = 24 KiB of packed activations, half of L1.
+constexpr int64_t kQ8BlockPairs = 16;
+constexpr int64_t kQ8StateRows = 64;  // rows whose accumulators wait between blocks: 48 KiB
 
 void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = mxfp4_q8_tiles(std::make_index_sequence<kMxfp4T>());
-  const int64_t cols = W.cols, ldq = q8_stride(cols);
-  const int64_t block = std::max<int64_t>(1, (512 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
+  const int64_t cols = W.cols, ldq = q8_stride(cols), groups = cols / kMxfp4Group, pairs = (groups + 1) / 2;
+  if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
+    for (int64_t r = r0; r < r1; ++r)
+      tiles[0](W.row_data(r), W.row_scales(r), groups, xq, y + (r - r0), ldy, {0, pairs, true, true, nullptr});
+    return;
+  }
+  const int64_t block =
+      std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1, kQ8StateRows);
+  const int64_t kblocks = (pairs + kQ8BlockPairs - 1) / kQ8BlockPairs;
+  __m512 state[kQ8StateRows * kMxfp4T];
+  alignas(64) uint8_t xp[kMxfp4T * kQ8BlockPairs * kQ8PairBytes];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
-      const auto tile = tiles[std::min(kMxfp4T, n - t0) - 1];
-      for (int64_t r = b0; r < b1; ++r)
-        tile(W.row_data(r), W.row_scales(r), cols, xq + t0 * ldq, ldq, y + t0 * ldy + (r - r0), ldy);
+      const int64_t m = std::min(kMxfp4T, n - t0);
+      const auto tile = tiles[m - 1];
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int64_t p0 = kb * kQ8BlockPairs, p1 = std::min(pairs, p0 + kQ8BlockPairs);
+        // One token's packed layout is its converted row itself (no copy).
+        const uint8_t* xt = m == 1 ? xq + t0 * ldq + p0 * kQ8PairBytes : xp;
+        uint8_t* o = xp;
+        for (int64_t p = p0; p < p1 && m > 1; ++p)
+          for (int64_t t = 0; t < m; ++t, o += kQ8PairBytes) {
+            const uint8_t* src = xq + (t0 + t) * ldq + p * kQ8PairBytes;
+            _mm512_storeu_si512(o, _mm512_loadu_si512(src));
+            _mm512_storeu_si512(o + 64, _mm512_loadu_si512(src + 64));
+          }
+        const PairSpan ps{p0, p1, kb == 0, kb + 1 == kblocks, nullptr};
+        for (int64_t r = b0; r < b1; ++r) {
+          PairSpan pr = ps;
+          pr.state = state + (r - b0) * kMxfp4T;
+          tile(W.row_data(r), W.row_scales(r), groups, xt, y + t0 * ldy + (r - r0), ldy, pr);
+        }
+      }
     }
   }
 }
