@@ -48,9 +48,14 @@ inline KSpan whole_row(int64_t cols) { return {0, cols, true, true, nullptr}; }
 // R rows x T tokens; two 16-lane accumulators per (row, token): a0 takes lanes i..i+15 of each 32-step,
 // a1 lanes i+16..i+31, then finish_dot. R = 2, T = 6: 24 accumulators + 2 weight vectors + 1 activation
 // vector of the 32 zmm registers.
+//
+// The T tokens' activations come packed for the tile (pack_float_tokens): for each 32-column step from
+// k0, T x 32 floats (token t at + t * 32), and in the last block the cols % 32 tail as T x 32 more. One
+// token's packed layout is its plain row, so the dot passes x itself; the gemm packs once per token tile
+// and column block, and then every activation address is one base pointer plus a constant.
 template <int R, int T, class Wt, class Load>
-inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, int64_t cols, float* y, int64_t ldy,
-                       Load load, KSpan ks) {
+inline void float_tile(const Wt* w, int64_t ldw, const float* xp, int64_t cols, float* y, int64_t ldy, Load load,
+                       KSpan ks) {
   __m512 acc[R][T][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -58,7 +63,7 @@ inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, in
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < 2; ++h) acc[r][t][h] = ks.first ? _mm512_setzero_ps() : ks.state[(r * T + t) * 2 + h];
   int64_t i = ks.k0;
-  for (; i + 32 <= ks.k1; i += 32) {
+  for (; i + 32 <= ks.k1; i += 32, xp += T * 32) {
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       __m512 wv[R];
@@ -66,7 +71,7 @@ inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, in
       for (int r = 0; r < R; ++r) wv[r] = load(w + r * ldw + i + 16 * h);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        __m512 xv = _mm512_loadu_ps(x + t * ldx + i + 16 * h);
+        __m512 xv = _mm512_loadu_ps(xp + t * 32 + 16 * h);
         asm("" : "+v"(xv));  // one load per activation vector, not one folded into each fma (weight_gemm.cpp)
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) acc[r][t][h] = _mm512_fmadd_ps(wv[r], xv, acc[r][t][h]);
@@ -81,12 +86,12 @@ inline void float_tile(const Wt* w, int64_t ldw, const float* x, int64_t ldx, in
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
-      y[t * ldy + r] = finish_dot(acc[r][t][0], acc[r][t][1], w + r * ldw, x + t * ldx, i, cols, load);
+      y[t * ldy + r] = finish_dot(acc[r][t][0], acc[r][t][1], w + r * ldw + i, xp + t * 32, 0, cols - i, load);
 }
 
 template <int R, class Wt, class Load, size_t... T>
 constexpr auto float_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const Wt*, int64_t, const float*, int64_t, int64_t, float*, int64_t, Load, KSpan);
+  using Tile = void (*)(const Wt*, int64_t, const float*, int64_t, float*, int64_t, Load, KSpan);
   return std::array<Tile, sizeof...(T)>{float_tile<R, static_cast<int>(T) + 1, Wt, Load>...};
 }
 
@@ -96,33 +101,54 @@ constexpr int64_t kFloatKCols = 1024;
 // Rows whose accumulators wait between column blocks: 64 x 6 x 2 zmm = 48 KiB of stack, in L2.
 constexpr int64_t kStateRows = 64;
 
+// Tokens [0, m) of x (rows of cols floats), columns [k0, k1), into float_tile's packed layout.
+void pack_float_tokens(const float* x, int64_t cols, int64_t m, int64_t k0, int64_t k1, float* xp) {
+  int64_t i = k0;
+  for (; i + 32 <= k1; i += 32)
+    for (int64_t t = 0; t < m; ++t, xp += 32) {
+      _mm512_storeu_ps(xp, _mm512_loadu_ps(x + t * cols + i));
+      _mm512_storeu_ps(xp + 16, _mm512_loadu_ps(x + t * cols + i + 16));
+    }
+  if (i < k1)  // the tail of the last block (finish_dot reads only its cols % 32 values)
+    for (int64_t t = 0; t < m; ++t, xp += 32) {
+      const int64_t k = k1 - i;
+      _mm512_storeu_ps(xp, _mm512_maskz_loadu_ps(first_lanes(std::min<int64_t>(k, 16)), x + t * cols + i));
+      _mm512_storeu_ps(xp + 16, k > 16 ? _mm512_maskz_loadu_ps(first_lanes(k - 16), x + t * cols + i + 16)
+                                       : _mm512_setzero_ps());
+    }
+}
+
 // Blocks of rows whose weights (~256 KiB) stay in L2 while every token tile passes over them; within
-// a block, each token tile runs over the row pairs one column block at a time (KSpan).
+// a block, each token tile runs over the row pairs one column block at a time (KSpan). Rows that fit in
+// one column block need no parked accumulators, so their row blocks are not capped at kStateRows.
 template <class Wt, class Load>
 void float_gemm(const Wt* base, int64_t rows, int64_t cols, int64_t r0, int64_t r1, const float* x, int64_t n,
                 float* y) {
   static constexpr auto tiles2 = float_tiles<2, Wt, Load>(std::make_index_sequence<kFloatT>());
   static constexpr auto tiles1 = float_tiles<1, Wt, Load>(std::make_index_sequence<kFloatT>());
   const int64_t row_bytes = cols * static_cast<int64_t>(sizeof(Wt));
-  const int64_t block = std::clamp<int64_t>((256 << 10) / row_bytes / 2 * 2, 2, kStateRows);
   const int64_t kblocks = (cols + kFloatKCols - 1) / kFloatKCols;
+  const int64_t block = std::clamp<int64_t>((256 << 10) / row_bytes / 2 * 2, 2, kblocks > 1 ? kStateRows : 1 << 20);
   __m512 state[kStateRows * kFloatT * 2];
+  // The token tile's column block, packed where the tile reads it (fresh in L1: packing the whole call
+  // once into one buffer was 15% slower, its blocks having gone to L2 by the time they are read).
+  alignas(64) float xp[(kFloatKCols / 32 + 1) * kFloatT * 32];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kFloatT) {
       const int64_t m = std::min(kFloatT, n - t0);
-      const float* xt = x + t0 * cols;
       float* yt = y + t0 * rows;
       for (int64_t kb = 0; kb < kblocks; ++kb) {
         const bool last = kb + 1 == kblocks;
         const int64_t k0 = kb * kFloatKCols, k1 = last ? cols : k0 + kFloatKCols;
+        pack_float_tokens(x + t0 * cols, cols, m, k0, k1, xp);
         int64_t r = b0;
         for (; r + 2 <= b1; r += 2)
-          tiles2[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{},
-                        {k0, k1, kb == 0, last, state + (r - b0) * kFloatT * 2});
+          tiles2[m - 1](base + r * cols, cols, xp, cols, yt + r, rows, Load{},
+                        {k0, k1, kb == 0, last, state + (r - b0) % kStateRows * kFloatT * 2});
         if (r < b1)
-          tiles1[m - 1](base + r * cols, cols, xt, cols, cols, yt + r, rows, Load{},
-                        {k0, k1, kb == 0, last, state + (r - b0) * kFloatT * 2});
+          tiles1[m - 1](base + r * cols, cols, xp, cols, yt + r, rows, Load{},
+                        {k0, k1, kb == 0, last, state + (r - b0) % kStateRows * kFloatT * 2});
       }
     }
   }
@@ -131,8 +157,7 @@ void float_gemm(const Wt* base, int64_t rows, int64_t cols, int64_t r0, int64_t 
 template <class Wt, class Load>
 float float_dot(const WeightMatrix& W, int64_t r, const float* x) {
   float y;
-  float_tile<1, 1>(static_cast<const Wt*>(W.data) + r * W.cols, W.cols, x, W.cols, W.cols, &y, 1, Load{},
-                   whole_row(W.cols));
+  float_tile<1, 1>(static_cast<const Wt*>(W.data) + r * W.cols, W.cols, x, W.cols, &y, 1, Load{}, whole_row(W.cols));
   return y;
 }
 
@@ -208,11 +233,12 @@ void pack_mxfp4_tokens(const float* x, int64_t cols, int64_t m, int64_t k0, int6
 void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
   static constexpr auto tiles = mxfp4_tiles(std::make_index_sequence<kMxfp4T>());
   const int64_t cols = W.cols, rows = W.rows;
-  const int64_t block =
-      std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1, kStateRows);
   const int64_t kblocks = (cols + kMxfp4KCols - 1) / kMxfp4KCols;
+  // Rows that fit in one column block park no accumulators: their row blocks are not capped (fewer packings).
+  const int64_t block = std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1,
+                                            kblocks > 1 ? kStateRows : 1 << 20);
   __m512 state[kStateRows * kMxfp4T];
-  alignas(64) float xp[kMxfp4T * kMxfp4KCols];
+  alignas(64) float xp[kMxfp4T * kMxfp4KCols];  // the token tile's column block, packed (fresh in L1)
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
@@ -224,7 +250,7 @@ void mxfp4_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, i
         pack_mxfp4_tokens(x + t0 * cols, cols, m, k0, k1, xp);
         for (int64_t r = b0; r < b1; ++r)
           tile(W.row_data(r), W.row_scales(r), xp, y + t0 * rows + r, rows,
-               {k0, k1, kb == 0, last, state + (r - b0) * kMxfp4T});
+               {k0, k1, kb == 0, last, state + (r - b0) % kStateRows * kMxfp4T});
       }
     }
   }
