@@ -92,19 +92,32 @@ void bf16_round_tokens(const float* x, int64_t n, int64_t cols, uint16_t* out) {
 
 inline __m512 dpbf16(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 
+// A tile's share of the columns, as in the avx512 tier (KSpan there): columns [k0, k1), k0 a multiple of
+// 64, k1 == cols in the last block; between blocks the accumulators wait in `state` (exactly), so every
+// (row, token) pair runs the dot's arithmetic whatever the blocking.
+struct ColSpan {
+  int64_t k0, k1;
+  bool first, last;
+  __m512* state;  // R x T x 2 accumulators between blocks
+};
+
 // R rows x T tokens; two accumulators per (row, token): a0 takes columns i..i+31 of each 64-step, a1
 // i+32..i+63; then one more 32-step into a0 if there is one, the last cols % 32 (weights masked, the
 // activations are zero-padded) into a1, one reduction. R = 2, T = 6: 24 accumulators of 32 zmm.
+// The activations come packed for the tile: per 64-column step from k0, T x 64 values (token t at
+// + t * 64), and in the last block the tail (< 64 values, zero-padded) as T x 64 more. One token's packed
+// layout is its converted row (zero-padded to 32), so the dot and decode pass it as it is.
 template <int R, int T>
-inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_t ldx, int64_t cols, float* y,
-                      int64_t ldy) {
+inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t cols, float* y, int64_t ldy,
+                      ColSpan ks) {
   __m512 acc[R][T][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= cols; i += 64) {
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) acc[r][t][h] = ks.first ? _mm512_setzero_ps() : ks.state[(r * T + t) * 2 + h];
+  int64_t i = ks.k0;
+  for (; i + 64 <= ks.k1; i += 64, xp += T * 64) {
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       __m512i wv[R];
@@ -112,18 +125,24 @@ inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_
       for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + i + 32 * h);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        __m512i xv = _mm512_loadu_si512(xb + t * ldx + i + 32 * h);
+        __m512i xv = _mm512_loadu_si512(xp + t * 64 + 32 * h);
         asm("" : "+v"(xv));  // one load per activation vector, not one folded into each instruction
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) acc[r][t][h] = dpbf16(acc[r][t][h], wv[r], xv);
       }
     }
   }
+  if (!ks.last) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) ks.state[(r * T + t) * 2 + h] = acc[r][t][h];
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       __m512 a0 = acc[r][t][0], a1 = acc[r][t][1];
       const uint16_t* wr = w + r * ldw;
-      const uint16_t* xt = xb + t * ldx;
+      const uint16_t* xt = xp + t * 64 - i;  // the tail's value j at xt + j
       int64_t j = i;
       if (j + 32 <= cols) {
         a0 = dpbf16(a0, _mm512_loadu_si512(wr + j), _mm512_loadu_si512(xt + j));
@@ -139,29 +158,64 @@ inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_
 
 template <int R, size_t... T>
 constexpr auto bf16_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
+  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, ColSpan);
   return std::array<Tile, sizeof...(T)>{bf16_tile<R, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kBf16T = 6;
+constexpr int64_t kBf16KCols = 2048;     // 6 tokens x 2048 bf16 = 24 KiB of packed activations, half of L1
+constexpr int64_t kBf16StateRows = 128;  // rows parked between column blocks: 96 KiB
+
+// Tokens [0, m) (converted rows ld values apart) x columns [k0, k1) into bf16_tile's layout.
+void pack_bf16_tokens(const uint16_t* xb, int64_t ld, int64_t m, int64_t k0, int64_t k1, uint16_t* xp) {
+  int64_t i = k0;
+  for (; i + 64 <= k1; i += 64)
+    for (int64_t t = 0; t < m; ++t, xp += 64) {  // 64 values: two zmm
+      _mm512_storeu_si512(xp, _mm512_loadu_si512(xb + t * ld + i));
+      _mm512_storeu_si512(xp + 32, _mm512_loadu_si512(xb + t * ld + i + 32));
+    }
+  if (i < k1)  // the tail: the converted rows are zero-padded to 32, so copy whole 32-value halves
+    for (int64_t t = 0; t < m; ++t, xp += 64) {
+      _mm512_storeu_si512(xp, _mm512_loadu_si512(xb + t * ld + i));
+      _mm512_storeu_si512(xp + 32, k1 - i > 32 ? _mm512_loadu_si512(xb + t * ld + i + 32) : _mm512_setzero_si512());
+    }
+}
 
 // Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~512 KiB of weights) stay in
-// L2 while every token tile passes over them.
+// L2 while every token tile passes over them, one column block at a time (packed, fresh in L1).
 void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles2 = bf16_tiles<2>(std::make_index_sequence<kBf16T>());
   static constexpr auto tiles1 = bf16_tiles<1>(std::make_index_sequence<kBf16T>());
   const int64_t cols = W.cols, ldx = bf16_stride(cols);
   const auto* base = static_cast<const uint16_t*>(W.data);
-  const int64_t block = std::max<int64_t>(2, (512 << 10) / (cols * 2) / 2 * 2);
+  if (n == 1) {  // one token (decode): its converted row is the packed layout
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tiles2[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
+    if (r < r1) tiles1[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
+    return;
+  }
+  const int64_t kblocks = (cols + kBf16KCols - 1) / kBf16KCols;
+  const int64_t block =
+      std::clamp<int64_t>((512 << 10) / (cols * 2) / 2 * 2, 2, kblocks > 1 ? kBf16StateRows : 1 << 20);
+  __m512 state[kBf16StateRows * kBf16T * 2];
+  alignas(64) uint16_t xp[(kBf16KCols / 64 + 1) * kBf16T * 64];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kBf16T) {
       const int64_t m = std::min(kBf16T, n - t0);
-      const uint16_t* xt = xb + t0 * ldx;
       float* yt = y + t0 * ldy - r0;
-      int64_t r = b0;
-      for (; r + 2 <= b1; r += 2) tiles2[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
-      if (r < b1) tiles1[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const bool last = kb + 1 == kblocks;
+        const int64_t k0 = kb * kBf16KCols, k1 = last ? cols : k0 + kBf16KCols;
+        pack_bf16_tokens(xb + t0 * ldx, ldx, m, k0, k1, xp);
+        int64_t r = b0;
+        for (; r + 2 <= b1; r += 2)
+          tiles2[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
+                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
+        if (r < b1)
+          tiles1[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
+                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
+      }
     }
   }
 }
