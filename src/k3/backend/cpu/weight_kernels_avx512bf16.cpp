@@ -46,16 +46,6 @@ constexpr int64_t bf16_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
 constexpr int64_t kQ8PairBytes = 128;
 constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 * kQ8PairBytes; }
 
-// 0.5 x 2^(s - 127) = 2^(s - 128) per E8M0 byte (the 0.5: decoded E2M1 values are doubled); s = 255 is NaN.
-constexpr std::array<float, 256> make_half_e8m0() {
-  std::array<float, 256> t{};
-  for (int s = 0; s < 256; ++s) {
-    const uint32_t u = s == 255 ? 0x7fc00000u : s == 0 ? 0x00200000u : s == 1 ? 0x00400000u : uint32_t(s - 1) << 23;
-    t[static_cast<size_t>(s)] = std::bit_cast<float>(u);
-  }
-  return t;
-}
-constexpr std::array<float, 256> kHalfE8m0 = make_half_e8m0();
 
 }  // namespace
 
@@ -289,8 +279,8 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
-  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(kHalfE8m0[scales[0]]),
-                             _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
+  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[scales[0]]),
+                             _mm512_set1_ps(two ? simd512::kHalfE8m0[scales[1]] : 0.f));
 }
 
 // One row x T tokens over the pairs [p0, p1) of a token tile packed pair by pair (pair p of token t at
