@@ -105,6 +105,7 @@ TEST(KernelBench, DISABLED_Matmul) {
     int64_t rows, cols, n;
   };
   const Shape shapes[] = {{"bf16 q/o-like 2048x2048", k3::WeightFormat::BF16, 2048, 2048, 128},
+                          {"bf16 q/o-like 2048x2048", k3::WeightFormat::BF16, 2048, 2048, 512},  // pp512's n
                           {"bf16 mlp up 5632x2048", k3::WeightFormat::BF16, 5632, 2048, 128},
                           {"bf16 mlp down 2048x5632", k3::WeightFormat::BF16, 2048, 5632, 128},
                           {"mxfp4 expert up 768x1024", k3::WeightFormat::MXFP4, 768, 1024, 16},
