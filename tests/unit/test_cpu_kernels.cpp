@@ -247,11 +247,12 @@ TEST_P(CpuKernelsTier, Mxfp4GgmlSameBitsAsMxfp4) {
 // float formats, 8 for MXFP4) exactly, partly and several times over, row counts that are not multiples
 // of the 2-row tile nor of a cache block, and the threaded path (the 301-row, 100-token cases). Compared
 // with memcmp, not ==, so a -0 / +0 or NaN-payload difference fails too.
-void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols_list) {
+void check_batch_invariance_shapes(k3::WeightFormat f, const std::vector<int64_t>& cols_list,
+                                   const std::vector<int64_t>& rows_list, const std::vector<int64_t>& n_list) {
   std::mt19937 rng(23);
   for (int64_t cols : cols_list)
-    for (int64_t rows : {1, 5, 37, 301})
-      for (int64_t n : {1, 2, 3, 5, 8, 17, 64, 100}) {
+    for (int64_t rows : rows_list)
+      for (int64_t n : n_list) {
         if (rows == 301 && n < 64) continue;  // keeps the test fast; small n is covered by the other rows
         const TestWeight t = make_weight(f, rows, cols, rng);
         const auto x = nonzero(static_cast<size_t>(n * cols), rng);
@@ -263,6 +264,10 @@ void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols
               << k3::weight_format_name(f) << " rows " << rows << " cols " << cols << " token " << i << " of " << n;
         }
       }
+}
+
+void check_batch_invariance(k3::WeightFormat f, const std::vector<int64_t>& cols_list) {
+  check_batch_invariance_shapes(f, cols_list, {1, 5, 37, 301}, {1, 2, 3, 5, 8, 17, 64, 100});
 }
 
 // matmul_batch (the MoE experts' one fork-join): every job's output has the bytes matmul gives it alone,
@@ -304,6 +309,19 @@ TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::We
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4Ggml) { check_batch_invariance(k3::WeightFormat::MXFP4_GGML, {32, 160}); }
+
+// Rows longer than one column block of the gemm (avx512: 1024 columns for float formats, 512 for MXFP4;
+// the accumulators wait in memory between blocks): batch invariance and the float64 bound still hold,
+// with a last block that ends in a tail (2100 = 2 x 1024 + 52: one 32-step and a masked 20; 1120 = 2 x 512
+// + 96) and more rows than one state block (70 > 64).
+TEST_P(CpuKernelsTier, MatmulLongRowsAcrossColumnBlocks) {
+  for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
+    check_batch_invariance_shapes(f, {k3::is_block_format(f) ? int64_t{1120} : int64_t{2100}}, {5, 70}, {1, 7, 13, 64});
+  std::mt19937 rng(43);
+  k3test::Worst worst("matmul long rows");
+  check_matmul(make_weight(k3::WeightFormat::BF16, 70, 2100, rng), 13, rng, worst);
+  check_matmul(make_weight(k3::WeightFormat::MXFP4, 70, 1120, rng), 13, rng, worst);
+}
 
 // The three ways into a tier's kernels give the same bits: matmul (which a tier may run itself, converting
 // the activations once: RowKernels::matmul), the per-row dot (row_dot) and the gemm over a row range.

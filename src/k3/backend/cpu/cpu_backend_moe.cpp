@@ -53,7 +53,21 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   // Every active expert's gate and up in one fork-join, the GLUs, then every down in one more: at batch 1
   // that is 2 sync points per layer instead of 3 per expert (24), with the rows of all experts shared out.
   const size_t A = active.size();
-  std::vector<std::vector<float>> xs(A), gs(A), us(A), ys(A);
+  // Each active expert's gathered inputs, gate, up and output rows, from the step's arena: fresh vectors
+  // here cost a zero-fill and page faults per call (pp512 on kl-1b: ~75 MB per layer, 5-10% of prefill in
+  // the kernel's page-fault path); a warm arena is mapped already. Released before returning.
+  struct Slot {
+    float *x, *g, *u, *y;
+    int64_t m, I;  // tokens, intermediate width
+  };
+  std::vector<Slot> slots(A);
+  int64_t total = 0;
+  for (size_t ai = 0; ai < A; ++ai) {
+    const int64_t m = static_cast<int64_t>(by_expert[static_cast<size_t>(active[ai])].size());
+    total += m * (2 * X + 2 * w.experts[static_cast<size_t>(active[ai])].gate.rows);
+  }
+  const size_t mark = arena_.mark();
+  float* next = static_cast<float*>(arena_.take(static_cast<size_t>(total) * sizeof(float)));
   std::vector<size_t> slot_of(static_cast<size_t>(E), A);  // expert id -> its slot in `active`
   std::vector<MatmulJob> gate_up, down;
   for (size_t ai = 0; ai < A; ++ai) {
@@ -62,47 +76,49 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     const auto& toks = by_expert[static_cast<size_t>(e)];
     const GluMlp& ex = w.experts[static_cast<size_t>(e)];
     const int64_t m = static_cast<int64_t>(toks.size()), I = ex.gate.rows;
-    xs[ai].resize(static_cast<size_t>(m * X));
-    gs[ai].resize(static_cast<size_t>(m * I));
-    us[ai].resize(static_cast<size_t>(m * I));
-    ys[ai].resize(static_cast<size_t>(m * X));
+    Slot& sl = slots[ai];
+    sl = {next, next + m * X, next + m * X + m * I, next + m * X + 2 * m * I, m, I};
+    next += m * (2 * X + 2 * I);
     for (int64_t j = 0; j < m; ++j) {
       const float* src = x.row(toks[static_cast<size_t>(j)].first);
-      std::copy(src, src + X, xs[ai].data() + j * X);
+      std::copy(src, src + X, sl.x + j * X);
     }
-    gate_up.push_back({&ex.gate, xs[ai].data(), m, gs[ai].data()});
-    gate_up.push_back({&ex.up, xs[ai].data(), m, us[ai].data()});
-    down.push_back({&ex.down, gs[ai].data(), m, ys[ai].data()});
+    gate_up.push_back({&ex.gate, sl.x, m, sl.g});
+    gate_up.push_back({&ex.up, sl.x, m, sl.u});
+    down.push_back({&ex.down, sl.g, m, sl.y});
   }
   matmul_batch(gate_up);
   int64_t glu_elems = 0;
-  for (size_t ai = 0; ai < A; ++ai) glu_elems += static_cast<int64_t>(gs[ai].size());
+  for (const Slot& sl : slots) glu_elems += sl.m * sl.I;
   parallel_for(static_cast<int64_t>(A), glu_elems > 65536, [&](int64_t ai) {
-    std::vector<float>& g = gs[static_cast<size_t>(ai)];
-    const std::vector<float>& u = us[static_cast<size_t>(ai)];
-    const int64_t cnt = static_cast<int64_t>(g.size());
+    const Slot& sl = slots[static_cast<size_t>(ai)];
+    const int64_t cnt = sl.m * sl.I;
     if (gp.situ)
-      situ_glu(g.data(), u.data(), cnt, gp.beta, gp.linear_beta, g.data());
+      situ_glu(sl.g, sl.u, cnt, gp.beta, gp.linear_beta, sl.g);
     else
-      silu_glu(g.data(), u.data(), cnt, g.data());
+      silu_glu(sl.g, sl.u, cnt, sl.g);
   });
   matmul_batch(down);
   if (moe_observer_)
     for (size_t ai = 0; ai < A; ++ai)
-      moe_observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], ys[ai].data(), X);
+      moe_observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], slots[ai].y, X);
   std::fill(out.f(), out.f() + n * X, 0.f);
   for (int64_t e = 0; e < E; ++e) {
     const size_t ai = slot_of[static_cast<size_t>(e)];
     if (ai == A) continue;
     const auto& toks = by_expert[static_cast<size_t>(e)];
-    const std::vector<float>& ye = ys[ai];
+    const float* ye = slots[ai].y;
     for (size_t j = 0; j < toks.size(); ++j) {
       const auto [t, p] = toks[j];
       float* a = out.row(t);
-      const float* y = ye.data() + static_cast<int64_t>(j) * X;
+      const float* y = ye + static_cast<int64_t>(j) * X;
       for (int64_t d = 0; d < X; ++d) a[d] += p * y[d];
     }
   }
+  arena_.release(mark);
+  // Used standalone (the CUDA backend's host experts: no steps, nothing else on the arena), the arena is
+  // merged here into one chunk of the high-water size, as begin_step does for a CPU step.
+  if (mark == 0) arena_.reset();
 }
 
 }  // namespace k3::cpu

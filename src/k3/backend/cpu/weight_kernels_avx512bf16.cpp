@@ -46,16 +46,6 @@ constexpr int64_t bf16_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
 constexpr int64_t kQ8PairBytes = 128;
 constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 * kQ8PairBytes; }
 
-// 0.5 x 2^(s - 127) = 2^(s - 128) per E8M0 byte (the 0.5: decoded E2M1 values are doubled); s = 255 is NaN.
-constexpr std::array<float, 256> make_half_e8m0() {
-  std::array<float, 256> t{};
-  for (int s = 0; s < 256; ++s) {
-    const uint32_t u = s == 255 ? 0x7fc00000u : s == 0 ? 0x00200000u : s == 1 ? 0x00400000u : uint32_t(s - 1) << 23;
-    t[static_cast<size_t>(s)] = std::bit_cast<float>(u);
-  }
-  return t;
-}
-constexpr std::array<float, 256> kHalfE8m0 = make_half_e8m0();
 
 }  // namespace
 
@@ -92,19 +82,32 @@ void bf16_round_tokens(const float* x, int64_t n, int64_t cols, uint16_t* out) {
 
 inline __m512 dpbf16(__m512 acc, __m512i w, __m512i x) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
 
+// A tile's share of the columns, as in the avx512 tier (KSpan there): columns [k0, k1), k0 a multiple of
+// 64, k1 == cols in the last block; between blocks the accumulators wait in `state` (exactly), so every
+// (row, token) pair runs the dot's arithmetic whatever the blocking.
+struct ColSpan {
+  int64_t k0, k1;
+  bool first, last;
+  __m512* state;  // R x T x 2 accumulators between blocks
+};
+
 // R rows x T tokens; two accumulators per (row, token): a0 takes columns i..i+31 of each 64-step, a1
 // i+32..i+63; then one more 32-step into a0 if there is one, the last cols % 32 (weights masked, the
 // activations are zero-padded) into a1, one reduction. R = 2, T = 6: 24 accumulators of 32 zmm.
+// The activations come packed for the tile: per 64-column step from k0, T x 64 values (token t at
+// + t * 64), and in the last block the tail (< 64 values, zero-padded) as T x 64 more. One token's packed
+// layout is its converted row (zero-padded to 32), so the dot and decode pass it as it is.
 template <int R, int T>
-inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_t ldx, int64_t cols, float* y,
-                      int64_t ldy) {
+inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t cols, float* y, int64_t ldy,
+                      ColSpan ks) {
   __m512 acc[R][T][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= cols; i += 64) {
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) acc[r][t][h] = ks.first ? _mm512_setzero_ps() : ks.state[(r * T + t) * 2 + h];
+  int64_t i = ks.k0;
+  for (; i + 64 <= ks.k1; i += 64, xp += T * 64) {
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       __m512i wv[R];
@@ -112,18 +115,24 @@ inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_
       for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * ldw + i + 32 * h);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
-        __m512i xv = _mm512_loadu_si512(xb + t * ldx + i + 32 * h);
+        __m512i xv = _mm512_loadu_si512(xp + t * 64 + 32 * h);
         asm("" : "+v"(xv));  // one load per activation vector, not one folded into each instruction
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) acc[r][t][h] = dpbf16(acc[r][t][h], wv[r], xv);
       }
     }
   }
+  if (!ks.last) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) ks.state[(r * T + t) * 2 + h] = acc[r][t][h];
+    return;
+  }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       __m512 a0 = acc[r][t][0], a1 = acc[r][t][1];
       const uint16_t* wr = w + r * ldw;
-      const uint16_t* xt = xb + t * ldx;
+      const uint16_t* xt = xp + t * 64 - i;  // the tail's value j at xt + j
       int64_t j = i;
       if (j + 32 <= cols) {
         a0 = dpbf16(a0, _mm512_loadu_si512(wr + j), _mm512_loadu_si512(xt + j));
@@ -139,29 +148,64 @@ inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xb, int64_
 
 template <int R, size_t... T>
 constexpr auto bf16_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
+  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, ColSpan);
   return std::array<Tile, sizeof...(T)>{bf16_tile<R, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kBf16T = 6;
+constexpr int64_t kBf16KCols = 2048;     // 6 tokens x 2048 bf16 = 24 KiB of packed activations, half of L1
+constexpr int64_t kBf16StateRows = 128;  // rows parked between column blocks: 96 KiB
+
+// Tokens [0, m) (converted rows ld values apart) x columns [k0, k1) into bf16_tile's layout.
+void pack_bf16_tokens(const uint16_t* xb, int64_t ld, int64_t m, int64_t k0, int64_t k1, uint16_t* xp) {
+  int64_t i = k0;
+  for (; i + 64 <= k1; i += 64)
+    for (int64_t t = 0; t < m; ++t, xp += 64) {  // 64 values: two zmm
+      _mm512_storeu_si512(xp, _mm512_loadu_si512(xb + t * ld + i));
+      _mm512_storeu_si512(xp + 32, _mm512_loadu_si512(xb + t * ld + i + 32));
+    }
+  if (i < k1)  // the tail: the converted rows are zero-padded to 32, so copy whole 32-value halves
+    for (int64_t t = 0; t < m; ++t, xp += 64) {
+      _mm512_storeu_si512(xp, _mm512_loadu_si512(xb + t * ld + i));
+      _mm512_storeu_si512(xp + 32, k1 - i > 32 ? _mm512_loadu_si512(xb + t * ld + i + 32) : _mm512_setzero_si512());
+    }
+}
 
 // Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~512 KiB of weights) stay in
-// L2 while every token tile passes over them.
+// L2 while every token tile passes over them, one column block at a time (packed, fresh in L1).
 void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles2 = bf16_tiles<2>(std::make_index_sequence<kBf16T>());
   static constexpr auto tiles1 = bf16_tiles<1>(std::make_index_sequence<kBf16T>());
   const int64_t cols = W.cols, ldx = bf16_stride(cols);
   const auto* base = static_cast<const uint16_t*>(W.data);
-  const int64_t block = std::max<int64_t>(2, (512 << 10) / (cols * 2) / 2 * 2);
+  if (n == 1) {  // one token (decode): its converted row is the packed layout
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) tiles2[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
+    if (r < r1) tiles1[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
+    return;
+  }
+  const int64_t kblocks = (cols + kBf16KCols - 1) / kBf16KCols;
+  const int64_t block =
+      std::clamp<int64_t>((512 << 10) / (cols * 2) / 2 * 2, 2, kblocks > 1 ? kBf16StateRows : 1 << 20);
+  __m512 state[kBf16StateRows * kBf16T * 2];
+  alignas(64) uint16_t xp[(kBf16KCols / 64 + 1) * kBf16T * 64];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kBf16T) {
       const int64_t m = std::min(kBf16T, n - t0);
-      const uint16_t* xt = xb + t0 * ldx;
       float* yt = y + t0 * ldy - r0;
-      int64_t r = b0;
-      for (; r + 2 <= b1; r += 2) tiles2[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
-      if (r < b1) tiles1[m - 1](base + r * cols, cols, xt, ldx, cols, yt + r, ldy);
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const bool last = kb + 1 == kblocks;
+        const int64_t k0 = kb * kBf16KCols, k1 = last ? cols : k0 + kBf16KCols;
+        pack_bf16_tokens(xb + t0 * ldx, ldx, m, k0, k1, xp);
+        int64_t r = b0;
+        for (; r + 2 <= b1; r += 2)
+          tiles2[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
+                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
+        if (r < b1)
+          tiles1[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
+                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
+      }
     }
   }
 }
@@ -235,8 +279,8 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                           _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
-  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(kHalfE8m0[scales[0]]),
-                             _mm512_set1_ps(two ? kHalfE8m0[scales[1]] : 0.f));
+  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[scales[0]]),
+                             _mm512_set1_ps(two ? simd512::kHalfE8m0[scales[1]] : 0.f));
 }
 
 // decode_pair for ggml's MXFP4 blocks (MXFP4_GGML: {e8m0, qs[16]}, element j = low nibble of qs[j], j + 16 =
@@ -262,21 +306,30 @@ inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512
   w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()), nib);
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
-  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(kHalfE8m0[blocks[0]]),
-                             _mm512_set1_ps(two ? kHalfE8m0[blocks[17]] : 0.f));
+  wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[blocks[0]]),
+                             _mm512_set1_ps(two ? simd512::kHalfE8m0[blocks[17]] : 0.f));
 }
 
-// One row x T tokens: per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the
-// activation scales (fp32 product), then one fma by the weight scales into the token's accumulator. The
-// activation scale comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once.
+// One row x T tokens over the pairs [p0, p1) of a token tile packed pair by pair (pair p of token t at
+// xq + (p - p0) * T * kQ8PairBytes + t * kQ8PairBytes: one base pointer and constant offsets, where 12
+// token pointers had spilled accumulators to the stack; with one token that is the plain converted
+// row). Per pair of groups and token, the exact int32 quad sums (vpdpbusd), times the activation scales
+// (fp32 product), then one fma by the weight scales into the token's accumulator. The activation scale
+// comes first so that a denormal weight scale (e8m0 0 or 1) rounds only once. Between column blocks the
+// accumulators wait in `state` (exactly), so the per-token arithmetic is the dot's whatever the blocking.
+struct PairSpan {
+  int64_t p0, p1;
+  bool first, last;
+  __m512* state;  // T accumulators between blocks
+};
+
 template <WeightFormat F, int T>
-inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t cols, const uint8_t* xq, int64_t ldq,
-                          float* y, int64_t ldy) {
+inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq, float* y,
+                          int64_t ldy, PairSpan ps) {
   __m512 acc[T];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-  const int64_t groups = cols / kMxfp4Group;
-  for (int64_t p = 0; 2 * p < groups; ++p) {
+  for (int t = 0; t < T; ++t) acc[t] = ps.first ? _mm512_setzero_ps() : ps.state[t];
+  for (int64_t p = ps.p0; p < ps.p1; ++p, xq += T * kQ8PairBytes) {
     __m512i w, corr;
     __m512 wsc;
     if constexpr (F == WeightFormat::MXFP4_GGML)
@@ -285,34 +338,67 @@ inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t 
       decode_pair(packed + 32 * p, scales + 2 * p, 2 * p + 1 < groups, w, corr, wsc);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const uint8_t* q = xq + t * ldq + p * kQ8PairBytes;
+      const uint8_t* q = xq + t * kQ8PairBytes;
       const __m512i dp = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(q), w);
       const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + 64)));
       acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
     }
+  }
+  if (!ps.last) {
+    for (int t = 0; t < T; ++t) ps.state[t] = acc[t];
+    return;
   }
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
 template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t);
+  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, float*, int64_t, PairSpan);
   return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<F, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + weights, correction, scales, temporaries
+// Pairs per column block: 12 tokens x 16 pairs x 128 bytes = 24 KiB of packed activations, half of L1.
+constexpr int64_t kQ8BlockPairs = 16;
+constexpr int64_t kQ8StateRows = 64;  // rows whose accumulators wait between blocks: 48 KiB
 
 template <WeightFormat F>
 void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
-  const int64_t cols = W.cols, ldq = q8_stride(cols);
-  const int64_t block = std::max<int64_t>(1, (512 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)));
+  const int64_t cols = W.cols, ldq = q8_stride(cols), groups = cols / kMxfp4Group, pairs = (groups + 1) / 2;
+  if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
+    for (int64_t r = r0; r < r1; ++r)
+      tiles[0](W.row_data(r), W.row_scales(r), groups, xq, y + (r - r0), ldy, {0, pairs, true, true, nullptr});
+    return;
+  }
+  const int64_t block =
+      std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, cols)), 1, kQ8StateRows);
+  const int64_t kblocks = (pairs + kQ8BlockPairs - 1) / kQ8BlockPairs;
+  __m512 state[kQ8StateRows * kMxfp4T];
+  alignas(64) uint8_t xp[kMxfp4T * kQ8BlockPairs * kQ8PairBytes];
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
     for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
-      const auto tile = tiles[std::min(kMxfp4T, n - t0) - 1];
-      for (int64_t r = b0; r < b1; ++r)
-        tile(W.row_data(r), W.row_scales(r), cols, xq + t0 * ldq, ldq, y + t0 * ldy + (r - r0), ldy);
+      const int64_t m = std::min(kMxfp4T, n - t0);
+      const auto tile = tiles[m - 1];
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int64_t p0 = kb * kQ8BlockPairs, p1 = std::min(pairs, p0 + kQ8BlockPairs);
+        // One token's packed layout is its converted row itself (no copy).
+        const uint8_t* xt = m == 1 ? xq + t0 * ldq + p0 * kQ8PairBytes : xp;
+        uint8_t* o = xp;
+        for (int64_t p = p0; p < p1 && m > 1; ++p)
+          for (int64_t t = 0; t < m; ++t, o += kQ8PairBytes) {
+            const uint8_t* src = xq + (t0 + t) * ldq + p * kQ8PairBytes;
+            _mm512_storeu_si512(o, _mm512_loadu_si512(src));
+            _mm512_storeu_si512(o + 64, _mm512_loadu_si512(src + 64));
+          }
+        const PairSpan ps{p0, p1, kb == 0, kb + 1 == kblocks, nullptr};
+        for (int64_t r = b0; r < b1; ++r) {
+          PairSpan pr = ps;
+          pr.state = state + (r - b0) * kMxfp4T;
+          tile(W.row_data(r), W.row_scales(r), groups, xt, y + t0 * ldy + (r - r0), ldy, pr);
+        }
+      }
     }
   }
 }

@@ -9,6 +9,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <array>
+#include <bit>
 #include <cstdint>
 
 #include "k3/core/weight.h"
@@ -36,6 +38,23 @@
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni\")")
 #define K3_AVX512BF16_END _Pragma("GCC pop_options")
 #endif
+
+namespace k3::cpu::simd512 {
+
+// 0.5 x 2^(s - 127) = 2^(s - 128) per E8M0 byte (the 0.5: decoded E2M1 values are doubled); s = 255 is NaN.
+// The same bits as 0.5f * e8m0_to_f32(s) (s = 0, 1: the exact denormals 2^-128, 2^-127), read with one
+// broadcast instead of a branchy scalar conversion per group.
+constexpr std::array<float, 256> make_half_e8m0() {
+  std::array<float, 256> t{};
+  for (int s = 0; s < 256; ++s) {
+    const uint32_t u = s == 255 ? 0x7fc00000u : s == 0 ? 0x00200000u : s == 1 ? 0x00400000u : uint32_t(s - 1) << 23;
+    t[static_cast<size_t>(s)] = std::bit_cast<float>(u);
+  }
+  return t;
+}
+inline constexpr std::array<float, 256> kHalfE8m0 = make_half_e8m0();
+
+}  // namespace k3::cpu::simd512
 
 K3_AVX512_BEGIN
 
@@ -118,7 +137,7 @@ inline __m512 mxfp4_group_dot(const __m512 w[2], const float* xg) {
   return _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xg + 16), _mm512_mul_ps(w[0], _mm512_loadu_ps(xg)));
 }
 
-inline __m512 mxfp4_scale(uint8_t s) { return _mm512_set1_ps(0.5f * e8m0_to_f32(s)); }
+inline __m512 mxfp4_scale(uint8_t s) { return _mm512_set1_ps(kHalfE8m0[s]); }
 
 }  // namespace k3::cpu::simd512
 
