@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "cli/commands.h"
 #include "k3/text/gguf_vocab.h"
@@ -10,6 +11,7 @@
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 #include "k3/model/gguf_export.h"
+#include "k3/model/imatrix.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
@@ -18,6 +20,7 @@ void add_convert(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, out, tokenizer;
     std::vector<std::string> tensor_types;
+    std::string imatrix;
     bool no_vocab = false;
   };
   auto o = std::make_shared<Opts>();
@@ -28,6 +31,7 @@ void add_convert(CLI::App& app, Registry& reg) {
   cmd->add_option("--tensor-type", o->tensor_types,
                   "REGEX=TYPE: write the dense matrices whose GGUF name matches quantised to TYPE (q8_0, q6_k, q5_k, q4_k, "
                   "q3_k, q2_k, iq4_xs; first match wins; llama-quantize's flag)");
+  cmd->add_option("--imatrix", o->imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
   cmd->add_flag("--no-vocab", o->no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
   cmd->callback([&reg, o] {
     reg.action = [o] {
@@ -38,7 +42,12 @@ void add_convert(CLI::App& app, Registry& reg) {
       const std::string name = fs::path(o->model).lexically_normal().filename().string();
       std::vector<k3::TensorTypeRule> rules;
       for (const std::string& r : o->tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
-      const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules);
+      std::optional<k3::Imatrix> im;
+      if (!o->imatrix.empty()) {
+        if (rules.empty()) throw k3::Error("--imatrix weights the quantisers: it needs --tensor-type rules");
+        im = k3::read_imatrix(o->imatrix);
+      }
+      const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules, im ? &*im : nullptr);
       const std::string tok_dir = o->tokenizer.empty() ? o->model : o->tokenizer;
       std::error_code ec;
       if (!o->no_vocab) {
@@ -56,8 +65,8 @@ void add_convert(CLI::App& app, Registry& reg) {
         std::fprintf(stderr, "k3: convert: %3d%% (%.2f of %.2f GB)\n", pct, double(done) / 1e9, double(total) / 1e9);
       });
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "wrote %s: %lld tensors (%lld quantised, %lld of them Q8_0 for widths not whole 256-blocks), %.2f GB in %.1f s (%lld HF tensors not part of the text model skipped)\n",
-                   o->out.c_str(), (long long)st.tensors, (long long)st.quantised, (long long)st.fallbacks, double(w.tensor_bytes()) / 1e9, s,
+      std::fprintf(stderr, "wrote %s: %lld tensors (%lld quantised, %lld with imatrix weights, %lld of them Q8_0 for widths not whole 256-blocks), %.2f GB in %.1f s (%lld HF tensors not part of the text model skipped)\n",
+                   o->out.c_str(), (long long)st.tensors, (long long)st.quantised, (long long)st.with_importance, (long long)st.fallbacks, double(w.tensor_bytes()) / 1e9, s,
                    (long long)st.hf_skipped);
       return 0;
     };

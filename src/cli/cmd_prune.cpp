@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli/calibration.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/compute_options.h"
@@ -27,31 +28,6 @@ struct PruneOpts {
   ComputeOptions compute;
 };
 
-// Runs the calibration windows with `sal` observing the experts; returns the tokens run.
-int64_t calibrate(k3::Model& model, const std::vector<int32_t>& ids, int64_t bos, int64_t ctx, int64_t windows,
-                  k3::ExpertSaliency& sal) {
-  model.set_moe_observer(&sal);
-  std::vector<float> logits;
-  std::vector<int32_t> win;
-  int64_t ran = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t N = static_cast<int64_t>(ids.size());
-  for (int64_t w = 0; w < windows; ++w) {
-    const int64_t b = w * ctx, e = std::min(N, b + ctx);
-    win.assign(1, static_cast<int32_t>(bos));
-    win.insert(win.end(), ids.begin() + b, ids.begin() + e);
-    auto st = model.new_cache();
-    model.forward(win, *st, logits);
-    ran += static_cast<int64_t>(win.size());
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "\rcalibrating: [%lld/%lld] windows, %lld tokens, %.0f tok/s", (long long)(w + 1), (long long)windows,
-                 (long long)ran, ran / std::max(secs, 1e-9));
-  }
-  std::fprintf(stderr, "\n");
-  model.set_moe_observer(nullptr);
-  return ran;
-}
-
 int run_prune(const PruneOpts& o) {
   const k3::PruneMethod method = k3::parse_prune_method(o.method);
   if (!(o.ratio > 0 && o.ratio < 1)) throw k3::Error("--ratio: expected a fraction of experts to prune in (0, 1)");
@@ -68,21 +44,10 @@ int run_prune(const PruneOpts& o) {
   if (n_keep < cfg.top_k)
     throw k3::Error("--ratio " + std::to_string(o.ratio) + " keeps " + std::to_string(n_keep) + " experts, fewer than the " +
                     std::to_string(cfg.top_k) + " each token is routed to");
-  auto tok = k3::text::Tokenizer::load(dir);
-  check_tokenizer_fits(tok.n_vocab(), cfg.vocab_size);
-  std::ifstream f(o.file, std::ios::binary);
-  if (!f) throw k3::Error("cannot read '" + o.file + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const auto ids = tok.encode(ss.str(), false);
-  const int64_t bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
-  if (bos < 0) throw k3::Error("the model has no BOS token id; calibration windows start with BOS");
-  int64_t windows = (static_cast<int64_t>(ids.size()) + o.ctx - 1) / o.ctx;
-  if (o.chunks >= 0) windows = std::min(windows, o.chunks);
-  if (windows == 0) throw k3::Error("'" + o.file + "' holds no tokens to calibrate with");
+  const CalibrationText text = read_calibration(dir, *model, o.file, o.ctx, o.chunks);
 
   k3::ExpertSaliency sal(model->weights());
-  const int64_t ran = calibrate(*model, ids, bos, o.ctx, windows, sal);
+  const int64_t ran = run_calibration(*model, text, sal);
   const auto scores = sal.scores(method);
   const auto keep = k3::experts_to_keep(scores, n_keep);
   std::printf("prune: %s, %lld calibration tokens, %lld MoE layers: %lld -> %lld experts each\n", o.method.c_str(),

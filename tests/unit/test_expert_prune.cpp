@@ -87,7 +87,7 @@ TEST(ExpertPrune, UnusedExpertsPrunedLeaveLogitsIdentical) {
   const auto& cfg = model->config();
   const std::vector<int32_t> toks = {5, 77, 300};
   k3::ExpertSaliency sal(model->weights());
-  model->set_moe_observer(&sal);
+  model->set_activation_observer(&sal);
   std::vector<float> ref;
   k3::ForwardOptions fo;
   fo.all_logits = true;
@@ -95,7 +95,7 @@ TEST(ExpertPrune, UnusedExpertsPrunedLeaveLogitsIdentical) {
     auto st = model->new_cache();
     model->forward(toks, *st, ref, fo);
   }
-  model->set_moe_observer(nullptr);
+  model->set_activation_observer(nullptr);
   int64_t max_used = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     if (!cfg.is_moe_layer(l)) continue;

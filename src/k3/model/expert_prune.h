@@ -25,7 +25,7 @@ enum class PruneMethod { Reap, Frequency };
 PruneMethod parse_prune_method(const std::string& s);
 
 // Accumulates per (MoE layer, expert): count of routed tokens, sum of g ||f||.
-class ExpertSaliency final : public cpu::MoeObserver {
+class ExpertSaliency final : public cpu::ActivationObserver {
  public:
   explicit ExpertSaliency(const ModelWeights& w);
   void on_expert_outputs(const MoeWeights& w, int64_t expert, std::span<const std::pair<int64_t, float>> toks,

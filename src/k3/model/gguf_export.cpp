@@ -12,6 +12,7 @@
 #include "k3/model/gguf_names.h"
 #include "k3/model/weights.h"
 #include "k3/io/gguf.h"
+#include "k3/model/imatrix.h"
 #include "k3/quant/gguf_quant.h"
 
 namespace k3 {
@@ -105,8 +106,9 @@ void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) 
 // Writes the tensors; `used` collects the HF names consumed.
 class TensorExport {
  public:
-  TensorExport(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::vector<TensorTypeRule>& rules)
-      : w_(w), c_(c), ck_(ck) {
+  TensorExport(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::vector<TensorTypeRule>& rules,
+               const Imatrix* im)
+      : w_(w), c_(c), ck_(ck), im_(im) {
     for (const TensorTypeRule& r : rules) {
       try {
         rules_.emplace_back(std::regex(r.pattern), r.format);
@@ -141,6 +143,7 @@ class TensorExport {
   int64_t tensors() const { return tensors_; }
   int64_t quantised() const { return quantised_; }
   int64_t fallbacks() const { return fallbacks_; }
+  int64_t with_importance() const { return with_importance_; }
   const std::vector<int64_t>& rule_hits() const { return rule_hits_; }
 
  private:
@@ -189,7 +192,9 @@ class TensorExport {
                   std::to_string(be) + "-element blocks)");
     ++quantised_;
     const TensorInfo* tp = &t;
-    w_.add_tensor(g, ne, *ggml_type_of_block_format(f), [tp, f, rows, cols](GgufSink& s) {
+    auto imp = std::make_shared<std::vector<float>>(im_ ? im_->importance(g, 0, cols) : std::vector<float>{});
+    with_importance_ += !imp->empty();
+    w_.add_tensor(g, ne, *ggml_type_of_block_format(f), [tp, f, rows, cols, imp](GgufSink& s) {
       std::vector<float> row(static_cast<size_t>(cols));
       std::vector<uint8_t> q(static_cast<size_t>(row_data_bytes(f, cols)));
       const size_t es = dtype_size(tp->dtype);
@@ -201,7 +206,7 @@ class TensorExport {
           else if (std::memcpy(&h, p, 2), tp->dtype == DType::BF16) row[static_cast<size_t>(c)] = bf16_to_f32(h);
           else row[static_cast<size_t>(c)] = f16_to_f32(h);
         }
-        quant::quantize_row(f, row.data(), cols, nullptr, q.data());
+        quant::quantize_row(f, row.data(), cols, imp->empty() ? nullptr : imp->data(), q.data());
         s.write(q.data(), q.size());
       }
     });
@@ -297,7 +302,8 @@ class TensorExport {
   const ModelConfig& c_;
   const Checkpoint& ck_;
   std::set<std::string> used_;
-  int64_t tensors_ = 0, quantised_ = 0, fallbacks_ = 0;
+  int64_t tensors_ = 0, quantised_ = 0, fallbacks_ = 0, with_importance_ = 0;
+  const Imatrix* im_ = nullptr;
   std::vector<std::pair<std::regex, WeightFormat>> rules_;
   std::vector<int64_t> rule_hits_;
 };
@@ -318,14 +324,14 @@ TensorTypeRule parse_tensor_type_rule(const std::string& spec) {
 }
 
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
-                                  const std::vector<TensorTypeRule>& rules) {
+                                  const std::vector<TensorTypeRule>& rules, const Imatrix* imatrix) {
   if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4)
     throw Error("k3 convert: experts in " + std::string(weight_format_name(*c.expert_quant_format)) + " cannot be written yet");
   // All checks of loading (shapes, dtypes, finite MXFP4 scales) before writing anything.
   const ModelWeights mw = bind_weights(c, ck);
   // Expert dtypes must agree within a layer (one stacked tensor).
   add_metadata(w, c, name);
-  TensorExport ex(w, c, ck, rules);
+  TensorExport ex(w, c, ck, rules, imatrix);
   ex.run();
   for (size_t i = 0; i < rules.size(); ++i)
     if (ex.rule_hits()[i] == 0)
@@ -336,6 +342,7 @@ GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Che
   st.tensors = ex.tensors();
   st.quantised = ex.quantised();
   st.fallbacks = ex.fallbacks();
+  st.with_importance = ex.with_importance();
   for (const auto& [n, t] : ck.all()) st.hf_skipped += !ex.used().count(n);
   return st;
 }

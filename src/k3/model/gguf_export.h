@@ -26,7 +26,8 @@ struct GgufExportStats {
   int64_t tensors = 0;      // GGUF tensors added
   int64_t hf_skipped = 0;   // HF tensors not written (not part of the text model: vision tower, ...)
   int64_t quantised = 0;    // tensors written quantised by a rule
-  int64_t fallbacks = 0;    // of those, written Q8_0 because their width is not whole 256-element blocks
+  int64_t fallbacks = 0;
+  int64_t with_importance = 0;  // of the quantised, weighted by the imatrix    // of those, written Q8_0 because their width is not whole 256-element blocks
 };
 
 // Adds the model's metadata (general.*, <arch>.*) and every tensor to `w` (streamed at w.write()); the
@@ -34,7 +35,9 @@ struct GgufExportStats {
 // `name` becomes general.name.
 // `rules`: dense matrices to quantise (the router, vectors, conv taps, kv_b's halves and routed experts stay as
 // stored; a rule naming only such tensors is an error, as is a matrix whose width is not whole blocks).
+// `imatrix` (optional): column weights for the quantisers (in_sum2 / count of the matrix's GGUF name).
+struct Imatrix;
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
-                                  const std::vector<TensorTypeRule>& rules = {});
+                                  const std::vector<TensorTypeRule>& rules = {}, const Imatrix* imatrix = nullptr);
 
 }  // namespace k3

@@ -34,10 +34,10 @@ class Model final : public ModelRunner {
   int64_t memory_available() const override;
   std::optional<ExpertCacheStats> expert_cache_stats() const override;
   const ModelWeights& weights() const { return w_; }
-  // Observes the routed experts' outputs of later forwards (null: stop); see cpu::MoeObserver.
-  void set_moe_observer(cpu::MoeObserver* o) {
+  // Observes the activations of later forwards (null: stop); see cpu::ActivationObserver.
+  void set_activation_observer(cpu::ActivationObserver* o) {
     std::lock_guard lk(mu_);
-    backend_.set_moe_observer(o);
+    backend_.set_activation_observer(o);
   }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 

@@ -36,6 +36,7 @@ void CpuBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
   need_contiguous(x, "linear");
   need_contiguous(y, "linear");
   if (x.cols != W.cols || y.cols != W.rows || x.rows != y.rows) throw Error("cpu backend: linear shape mismatch");
+  if (observer_) observer_->on_linear_input(W, x.f(), x.rows);
   matmul(W, x.f(), x.rows, y.f());
 }
 

@@ -16,15 +16,21 @@ class ExpertResidency;
 
 namespace k3::cpu {
 
-// Sees every routed expert's output as the MoE op computes it (expert pruning statistics: model/expert_prune.h).
-// Called on the thread that runs the op, once per active expert and layer step; `w` identifies the layer.
-class MoeObserver {
+// Sees what the CPU backend's matrix products read and the routed experts produce, as they run (expert
+// pruning statistics: model/expert_prune.h; importance matrices: model/imatrix.h). Called on the thread that
+// runs the op; every method defaults to nothing.
+class ActivationObserver {
  public:
-  virtual ~MoeObserver() = default;
+  virtual ~ActivationObserver() = default;
+  // `linear`: the n input rows (W.cols values each, contiguous) multiplied by W.
+  virtual void on_linear_input(const WeightMatrix& W, const float* x, int64_t n) {}
+  // A routed expert of layer `w`: its m input rows x [m][gate.cols] (gate and up read them) and h [m][down.cols]
+  // (the GLU's output, which down reads).
+  virtual void on_expert_inputs(const MoeWeights& w, int64_t expert, const float* x, const float* h, int64_t m) {}
   // toks: (token row, routing weight) of the expert's tokens; y: their outputs [toks.size()][cols], before
   // the routing weight is applied.
   virtual void on_expert_outputs(const MoeWeights& w, int64_t expert, std::span<const std::pair<int64_t, float>> toks,
-                                 const float* y, int64_t cols) = 0;
+                                 const float* y, int64_t cols) {}
 };
 
 class CpuBackend final : public graph::Backend {
@@ -34,8 +40,8 @@ class CpuBackend final : public graph::Backend {
 
   // Told which experts each MoE step uses, before they are computed (prefetch, hit counting); may be null.
   void set_expert_residency(ExpertResidency* r) { residency_ = r; }
-  // Observes the routed experts' outputs (null: none, the default; costs nothing then).
-  void set_moe_observer(MoeObserver* o) { moe_observer_ = o; }
+  // Observes activations (null: none, the default; costs nothing then).
+  void set_activation_observer(ActivationObserver* o) { observer_ = o; }
 
   void begin_step(const graph::StepPlan& plan) override;
   graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
@@ -86,7 +92,7 @@ class CpuBackend final : public graph::Backend {
   const graph::StepPlan* plan_ = nullptr;
   HostArena arena_;
   ExpertResidency* residency_ = nullptr;
-  MoeObserver* moe_observer_ = nullptr;
+  ActivationObserver* observer_ = nullptr;
 };
 
 template <typename F>

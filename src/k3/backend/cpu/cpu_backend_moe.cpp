@@ -98,10 +98,12 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     else
       silu_glu(sl.g, sl.u, cnt, sl.g);
   });
+  if (observer_)
+    for (size_t ai = 0; ai < A; ++ai) observer_->on_expert_inputs(w, active[ai], slots[ai].x, slots[ai].g, slots[ai].m);
   matmul_batch(down);
-  if (moe_observer_)
+  if (observer_)
     for (size_t ai = 0; ai < A; ++ai)
-      moe_observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], slots[ai].y, X);
+      observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], slots[ai].y, X);
   std::fill(out.f(), out.f() + n * X, 0.f);
   for (int64_t e = 0; e < E; ++e) {
     const size_t ai = slot_of[static_cast<size_t>(e)];

@@ -1,0 +1,62 @@
+#include "cli/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/common.h"
+#include "k3/core/error.h"
+#include "k3/text/tokenizer.h"
+
+namespace k3cli {
+
+CalibrationText read_calibration(const std::string& dir, const k3::Model& model, const std::string& file, int64_t ctx,
+                                 int64_t chunks) {
+  auto tok = k3::text::Tokenizer::load(dir);
+  check_tokenizer_fits(tok.n_vocab(), model.config().vocab_size);
+  std::ifstream f(file, std::ios::binary);
+  if (!f) throw k3::Error("cannot read '" + file + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  CalibrationText t;
+  t.ids = tok.encode(ss.str(), false);
+  t.bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : tok.bos_id();
+  if (t.bos < 0) throw k3::Error("the model has no BOS token id; calibration windows start with BOS");
+  t.ctx = ctx;
+  t.windows = (static_cast<int64_t>(t.ids.size()) + ctx - 1) / ctx;
+  if (chunks >= 0) t.windows = std::min(t.windows, chunks);
+  if (t.windows == 0) throw k3::Error("'" + file + "' holds no tokens to calibrate with");
+  return t;
+}
+
+int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::ActivationObserver& obs) {
+  model.set_activation_observer(&obs);
+  std::vector<float> logits;
+  std::vector<int32_t> win;
+  int64_t ran = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t N = static_cast<int64_t>(text.ids.size());
+  try {
+    for (int64_t w = 0; w < text.windows; ++w) {
+      const int64_t b = w * text.ctx, e = std::min(N, b + text.ctx);
+      win.assign(1, static_cast<int32_t>(text.bos));
+      win.insert(win.end(), text.ids.begin() + b, text.ids.begin() + e);
+      auto st = model.new_cache();
+      model.forward(win, *st, logits);
+      ran += static_cast<int64_t>(win.size());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "\rcalibrating: [%lld/%lld] windows, %lld tokens, %.0f tok/s", (long long)(w + 1),
+                   (long long)text.windows, (long long)ran, ran / std::max(secs, 1e-9));
+    }
+  } catch (...) {
+    model.set_activation_observer(nullptr);
+    throw;
+  }
+  std::fprintf(stderr, "\n");
+  model.set_activation_observer(nullptr);
+  return ran;
+}
+
+}  // namespace k3cli
