@@ -16,9 +16,10 @@ void add_bench(CLI::App&, Registry&);
 void add_plan(CLI::App&, Registry&);
 void add_prune(CLI::App&, Registry&);
 void add_imatrix(CLI::App&, Registry&);
+void add_quantize(CLI::App&, Registry&);
 
 std::vector<AddCommand> all_commands() {
-  return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_imatrix, add_logits, add_tokenize, add_info, add_convert};
+  return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_imatrix, add_logits, add_tokenize, add_info, add_convert, add_quantize};
 }
 
 }  // namespace k3cli

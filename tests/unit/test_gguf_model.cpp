@@ -413,3 +413,34 @@ TEST(GgufQuantised, DenseMatricesLoadAsTheirBlocks) {
   k3::GgufWriter w2;
   EXPECT_THROW(k3::add_model_to_gguf(w2, c, ck, "x", {k3::parse_tensor_type_rule("no_such_tensor=q8_0")}), k3::Error);
 }
+
+// llama-quantize-style presets: every one applies to k3-tiny (each rule kind seen), a "keep" rule leaves
+// matrices as stored, and an unknown name is an error listing the presets.
+TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  const k3::Checkpoint ck(dir);
+  auto count_type = [](const k3::GgufWriter& w, uint32_t type) {
+    int64_t n = 0;
+    for (const auto& [t, b] : w.tensor_types()) n += t == type;
+    return n;
+  };
+  constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ4K = 12, kQ6K = 14;
+  for (const std::string& p : k3::quantize_preset_names()) {
+    k3::GgufWriter w;
+    const auto st = k3::add_model_to_gguf(w, c, ck, "x", k3::quantize_preset(p));
+    EXPECT_GT(st.quantised, 0) << p;
+  }
+  k3::GgufWriter plain, km, kda16;
+  k3::add_model_to_gguf(plain, c, ck, "x");
+  k3::add_model_to_gguf(km, c, ck, "x", k3::quantize_preset("q4_k_m"));
+  k3::add_model_to_gguf(kda16, c, ck, "x", k3::quantize_preset("Q4_K_M-KDA16"));
+  EXPECT_GT(count_type(km, kQ4K), 0);
+  EXPECT_GT(count_type(km, kQ6K), 0);                            // ffn_down / output / token_embd
+  EXPECT_EQ(km.tensor_types().size(), plain.tensor_types().size());  // the same tensors, some re-typed
+  EXPECT_EQ(count_type(plain, kBf16) - count_type(km, kBf16),       // every quantised one was BF16
+            count_type(km, kQ4K) + count_type(km, kQ6K) + count_type(km, kQ8));
+  EXPECT_GT(count_type(kda16, kBf16), count_type(km, kBf16));   // KDA and attention kept BF16
+  EXPECT_LT(count_type(kda16, kQ4K), count_type(km, kQ4K));
+  EXPECT_THROW(k3::quantize_preset("Q9_K"), k3::Error);
+}

@@ -55,6 +55,12 @@ class GgufWriter {
   void write(const std::string& path, const std::function<void(uint64_t, uint64_t)>& progress = {}) const;
 
   uint64_t tensor_bytes() const { return tensor_bytes_; }
+  // Tensors added so far: (ggml type, bytes) each, in order (size summaries).
+  std::vector<std::pair<uint32_t, uint64_t>> tensor_types() const {
+    std::vector<std::pair<uint32_t, uint64_t>> v;
+    for (const Tensor& t : tensors_) v.emplace_back(t.type, t.bytes);
+    return v;
+  }
 
  private:
   struct Tensor {

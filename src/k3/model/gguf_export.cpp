@@ -304,7 +304,7 @@ class TensorExport {
   std::set<std::string> used_;
   int64_t tensors_ = 0, quantised_ = 0, fallbacks_ = 0, with_importance_ = 0;
   const Imatrix* im_ = nullptr;
-  std::vector<std::pair<std::regex, WeightFormat>> rules_;
+  std::vector<std::pair<std::regex, std::optional<WeightFormat>>> rules_;
   std::vector<int64_t> rule_hits_;
 };
 
@@ -316,11 +316,57 @@ TensorTypeRule parse_tensor_type_rule(const std::string& spec) {
     throw Error("--tensor-type '" + spec + "': expected REGEX=TYPE (e.g. 'attn_.*=q8_0')");
   std::string type = spec.substr(eq + 1);
   std::transform(type.begin(), type.end(), type.begin(), ::toupper);
+  if (type == "KEEP") return {spec.substr(0, eq), std::nullopt};
   for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q4_K, WeightFormat::Q3_K,
                          WeightFormat::Q2_K, WeightFormat::IQ4_XS})
     if (type == weight_format_name(f)) return {spec.substr(0, eq), f};
   throw Error("--tensor-type '" + spec + "': unknown or unwritable type '" + spec.substr(eq + 1) +
-              "' (q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs)");
+              "' (q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, keep)");
+}
+
+namespace {
+// llama-quantize's mixes, on this family's GGUF names (first match wins; the last rule catches the rest).
+// Routed experts are not dense matrices: they stay as shipped (MXFP4) under every preset.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& presets() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> p = {
+      {"Q8_0", {".*=q8_0"}},
+      {"Q6_K", {".*=q6_k"}},
+      {"Q5_K_M", {"ffn_down|^output\\.=q6_k", ".*=q5_k"}},
+      {"Q4_K_M", {"ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q3_K_M", {"ffn_down|^output\\.=q4_k", ".*=q3_k"}},
+      {"Q2_K", {"^output\\.=q4_k", "ffn_down=q3_k", ".*=q2_k"}},
+      {"IQ4_XS", {".*=iq4_xs"}},
+      // K3: the KDA and attention matrices (a small share of the bytes, most of the sensitivity) kept high.
+      {"Q4_K_M-KDA8", {"ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-KDA16", {"ssm_|attn_=keep", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+  };
+  return p;
+}
+}  // namespace
+
+std::vector<std::string> quantize_preset_names() {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : presets()) n.push_back(k);
+  return n;
+}
+
+std::vector<TensorTypeRule> quantize_preset(const std::string& name) {
+  std::string up = name;
+  std::transform(up.begin(), up.end(), up.begin(), ::toupper);
+  for (const auto& [k, specs] : presets()) {
+    std::string ku = k;
+    std::transform(ku.begin(), ku.end(), ku.begin(), ::toupper);
+    if (ku != up) continue;
+    std::vector<TensorTypeRule> r;
+    for (const std::string& s : specs) {
+      r.push_back(parse_tensor_type_rule(s));
+      r.back().from_preset = true;
+    }
+    return r;
+  }
+  std::string all;
+  for (const std::string& n : quantize_preset_names()) all += (all.empty() ? "" : ", ") + n;
+  throw Error("unknown quantisation preset '" + name + "' (" + all + ")");
 }
 
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
@@ -334,8 +380,8 @@ GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Che
   TensorExport ex(w, c, ck, rules, imatrix);
   ex.run();
   for (size_t i = 0; i < rules.size(); ++i)
-    if (ex.rule_hits()[i] == 0)
-      throw Error("--tensor-type '" + rules[i].pattern + "=" + weight_format_name(rules[i].format) +
+    if (ex.rule_hits()[i] == 0 && !rules[i].from_preset)
+      throw Error("--tensor-type '" + rules[i].pattern + "=" + (rules[i].format ? weight_format_name(*rules[i].format) : "keep") +
                   "' matches no dense matrix (GGUF names, e.g. blk.0.attn_q_a.weight; the router, vectors, kv_b and "
                   "routed experts are kept as stored)");
   GgufExportStats st;

@@ -8,6 +8,7 @@
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,9 +18,11 @@ namespace k3 {
 // (std::regex_search, first rule wins) is written quantised to TYPE (model/gguf_export.cpp lists which).
 struct TensorTypeRule {
   std::string pattern;
-  WeightFormat format;
+  std::optional<WeightFormat> format;  // nullopt: keep as stored (TYPE "keep")
+  bool from_preset = false;            // a preset's rule may match nothing in a given model
 };
-// Parses "REGEX=TYPE" (TYPE: q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, case-insensitive); throws k3::Error.
+// Parses "REGEX=TYPE" (TYPE: q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, or keep; case-insensitive); throws
+// k3::Error.
 TensorTypeRule parse_tensor_type_rule(const std::string& spec);
 
 struct GgufExportStats {
@@ -37,6 +40,11 @@ struct GgufExportStats {
 // stored; a rule naming only such tensors is an error, as is a matrix whose width is not whole blocks).
 // `imatrix` (optional): column weights for the quantisers (in_sum2 / count of the matrix's GGUF name).
 struct Imatrix;
+// A llama-quantize-style preset (Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS; K3 variants with KDA and
+// attention kept high: Q4_K_M-KDA8, Q4_K_M-KDA16) as rules; throws k3::Error naming the presets.
+std::vector<TensorTypeRule> quantize_preset(const std::string& name);
+std::vector<std::string> quantize_preset_names();
+
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
                                   const std::vector<TensorTypeRule>& rules = {}, const Imatrix* imatrix = nullptr);
 
