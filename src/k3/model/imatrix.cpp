@@ -117,7 +117,10 @@ void write_imatrix(const Imatrix& im, const std::string& path) {
 
 Imatrix read_imatrix(const std::string& path) {
   GgufFile f(path);
-  const Gguf& g = f.gguf();
+  return parse_imatrix(f.gguf(), path);
+}
+
+Imatrix parse_imatrix(const Gguf& g, const std::string& path) {
   const auto where = [&](const std::string& what) { return "'" + path + "': " + what; };
   if (!g.metadata.contains("general.type") || g.metadata["general.type"] != "imatrix")
     throw Error(where("not an imatrix GGUF (general.type is not \"imatrix\"; the legacy .dat format is not read)"));

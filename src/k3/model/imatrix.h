@@ -64,5 +64,8 @@ class ImatrixCollector final : public cpu::ActivationObserver {
 // and throws k3::Error naming the file and tensor.
 void write_imatrix(const Imatrix& im, const std::string& path);
 Imatrix read_imatrix(const std::string& path);
+// The same over a parsed GGUF (`source` names it in errors): what read_imatrix validates after the container.
+struct Gguf;
+Imatrix parse_imatrix(const Gguf& g, const std::string& source);
 
 }  // namespace k3
