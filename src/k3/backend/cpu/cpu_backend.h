@@ -23,14 +23,15 @@ class ActivationObserver {
  public:
   virtual ~ActivationObserver() = default;
   // `linear`: the n input rows (W.cols values each, contiguous) multiplied by W.
-  virtual void on_linear_input(const WeightMatrix& W, const float* x, int64_t n) {}
+  virtual void on_linear_input(const WeightMatrix& /*W*/, const float* /*x*/, int64_t /*n*/) {}
   // A routed expert of layer `w`: its m input rows x [m][gate.cols] (gate and up read them) and h [m][down.cols]
   // (the GLU's output, which down reads).
-  virtual void on_expert_inputs(const MoeWeights& w, int64_t expert, const float* x, const float* h, int64_t m) {}
+  virtual void on_expert_inputs(const MoeWeights& /*w*/, int64_t /*expert*/, const float* /*x*/, const float* /*h*/,
+                                int64_t /*m*/) {}
   // toks: (token row, routing weight) of the expert's tokens; y: their outputs [toks.size()][cols], before
   // the routing weight is applied.
-  virtual void on_expert_outputs(const MoeWeights& w, int64_t expert, std::span<const std::pair<int64_t, float>> toks,
-                                 const float* y, int64_t cols) {}
+  virtual void on_expert_outputs(const MoeWeights& /*w*/, int64_t /*expert*/,
+                                 std::span<const std::pair<int64_t, float>> /*toks*/, const float* /*y*/, int64_t /*cols*/) {}
 };
 
 class CpuBackend final : public graph::Backend {
