@@ -11,6 +11,7 @@
 #include "k3/core/mxfp4_ggml.h"
 #include "k3/model/gguf_names.h"
 #include "k3/model/weights.h"
+#include "k3/backend/cpu/ops.h"
 #include "k3/io/gguf.h"
 #include "k3/model/imatrix.h"
 #include "k3/quant/gguf_quant.h"
@@ -112,6 +113,7 @@ class TensorExport {
     for (const TensorTypeRule& r : rules) {
       try {
         rules_.emplace_back(std::regex(r.pattern), r.format);
+        patterns_.push_back(r.pattern);
       } catch (const std::regex_error& e) {
         throw Error("--tensor-type '" + r.pattern + "': not a regular expression (" + e.what() + ")");
       }
@@ -168,6 +170,50 @@ class TensorExport {
     const TensorInfo* tp = &t;
     if (const auto f = rule_for(g)) return quantised(g, t, ne, *f);
     w_.add_tensor(g, ne, ggml_type_of(t.dtype), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
+  }
+  // Routed experts are quantised only by a rule whose pattern names them ("exps"): a catch-all like ".*"
+  // must not requantise the experts' shipped MXFP4 (their QAT format) into something no better.
+  std::optional<WeightFormat> expert_rule_for(const std::string& g) {
+    for (size_t i = 0; i < rules_.size(); ++i)
+      if (patterns_[i].find("exps") != std::string::npos && std::regex_search(g, rules_[i].first)) {
+        ++rule_hits_[i];
+        return rules_[i].second;
+      }
+    return std::nullopt;
+  }
+  // A layer's stacked experts, each row dequantised from the stored format and quantised to f (per-expert
+  // imatrix weights when given), expert by expert as the file is written.
+  void quantised_experts(const std::string& g, std::vector<const TensorInfo*> data, std::vector<const TensorInfo*> scales,
+                         int64_t rows, int64_t cols, WeightFormat f) {
+    ++quantised_;
+    std::vector<WeightMatrix> mats;
+    for (size_t e = 0; e < data.size(); ++e) {
+      WeightMatrix m;
+      m.format = c_.expert_quant_format ? *c_.expert_quant_format : (data[e]->dtype == DType::BF16 ? WeightFormat::BF16
+                                                                    : data[e]->dtype == DType::F16 ? WeightFormat::F16
+                                                                                                    : WeightFormat::F32);
+      m.data = data[e]->data;
+      m.scales = scales.empty() ? nullptr : scales[e]->data;
+      m.rows = rows;
+      m.cols = cols;
+      mats.push_back(m);
+    }
+    std::vector<std::vector<float>> imp;
+    for (size_t e = 0; e < mats.size(); ++e) imp.push_back(im_ ? im_->importance(g, static_cast<int64_t>(e), cols) : std::vector<float>{});
+    with_importance_ += !imp.empty() && !imp[0].empty();
+    auto shared = std::make_shared<std::pair<std::vector<WeightMatrix>, std::vector<std::vector<float>>>>(std::move(mats), std::move(imp));
+    w_.add_tensor(g, {cols, rows, static_cast<int64_t>(data.size())}, *ggml_type_of_block_format(f), [shared, f, rows, cols](GgufSink& s) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      std::vector<uint8_t> q(static_cast<size_t>(row_data_bytes(f, cols)));
+      for (size_t e = 0; e < shared->first.size(); ++e) {
+        const std::vector<float>& w = shared->second[e];
+        for (int64_t r = 0; r < rows; ++r) {
+          cpu::dequant_row(shared->first[e], r, row.data());
+          quant::quantize_row(f, row.data(), cols, w.empty() ? nullptr : w.data(), q.data());
+          s.write(q.data(), q.size());
+        }
+      }
+    });
   }
   // The first rule whose regex finds the GGUF name.
   std::optional<WeightFormat> rule_for(const std::string& g) {
@@ -282,6 +328,8 @@ class TensorExport {
       }
     }
     ++tensors_;
+    if (const auto f = expert_rule_for(g); f && cols % weight_layout(*f).block_elems == 0)
+      return quantised_experts(g, data, scales, rows, cols, *f);
     if (c_.expert_quant_format) {
       w_.add_tensor(g, {cols, rows, E}, kMxfp4, [data, scales, rows, cols](GgufSink& s) {
         const int64_t blocks = rows * cols / 32;
@@ -305,6 +353,7 @@ class TensorExport {
   int64_t tensors_ = 0, quantised_ = 0, fallbacks_ = 0, with_importance_ = 0;
   const Imatrix* im_ = nullptr;
   std::vector<std::pair<std::regex, std::optional<WeightFormat>>> rules_;
+  std::vector<std::string> patterns_;
   std::vector<int64_t> rule_hits_;
 };
 
@@ -339,6 +388,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& presets() {
       // K3: the KDA and attention matrices (a small share of the bytes, most of the sensitivity) kept high.
       {"Q4_K_M-KDA8", {"ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
       {"Q4_K_M-KDA16", {"ssm_|attn_=keep", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      // Smaller boxes: routed experts below their shipped MXFP4 (4.25 bits) too; an expert matrix whose width
+      // is not whole 256-blocks stays MXFP4.
+      {"Q4_K_M-E3", {"_exps=q3_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-E2", {"_exps=q2_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
   };
   return p;
 }

@@ -374,9 +374,10 @@ class Adapter {
               ", which k3 cannot load yet (routed experts: F32, F16, BF16, MXFP4 and the GGUF block formats)");
       return;
     }
+    const auto bf = block_format_of_ggml_type(t.type);
     for (int64_t e = 0; e < E; ++e) {
       const std::string name = pattern.substr(0, at) + std::to_string(e) + pattern.substr(at + 3);
-      add_raw(name, dt, shape, t.data + static_cast<uint64_t>(e) * per, per);
+      add_raw(name, dt, shape, t.data + static_cast<uint64_t>(e) * per, per, bf);
     }
   }
 

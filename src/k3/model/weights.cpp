@@ -72,6 +72,9 @@ class Binder {
   // A format with its scales inside the blocks (MXFP4_GGML from a GGUF) is one tensor: <base>.weight U8
   // [rows, row_data_bytes].
   WeightMatrix packed(const std::string& base, WeightFormat format, int64_t rows, int64_t cols) {
+    // A GGUF's stacked experts may mix block formats across gate / up / down (k3 quantize keeps a matrix
+    // whose width is not whole blocks of the target type as shipped): the tensor's own format wins.
+    if (const TensorInfo* t = ck_.find(base + ".weight"); t && t->block_format) format = *t->block_format;
     const std::vector<int64_t> pshape{rows, row_data_bytes(format, cols)}, sshape{rows, row_scale_bytes(format, cols)};
     if (weight_layout(format).scale_bytes == 0) {
       const TensorInfo* p = get(base + ".weight", std::string(weight_format_name(format)) + " blocks, U8 " + shape_str(pshape));
