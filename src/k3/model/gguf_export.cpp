@@ -12,6 +12,7 @@
 #include "k3/model/gguf_names.h"
 #include "k3/model/weights.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/thread_pool.h"
 #include "k3/io/gguf.h"
 #include "k3/model/imatrix.h"
 #include "k3/quant/gguf_quant.h"
@@ -48,6 +49,32 @@ std::vector<float> to_f32(const TensorInfo& t) {
 void add_f32(GgufWriter& w, const std::string& name, std::vector<int64_t> ne, std::vector<float> v) {
   auto data = std::make_shared<std::vector<float>>(std::move(v));
   w.add_tensor(name, std::move(ne), kF32, [data](GgufSink& s) { s.write(data->data(), data->size() * 4); });
+}
+
+// Rows of `src` (any format the CPU reads) quantised to f and written to s, in chunks of rows quantised in
+// parallel on the compute pool (a K3-size export is hours on one thread) and written in order; memory is one
+// chunk. Each row is the same bytes whatever the thread count (quantize_row is per row).
+void write_quantised_rows(GgufSink& s, const WeightMatrix& src, WeightFormat f, const float* importance) {
+  const int64_t rows = src.rows, cols = src.cols, rb = row_data_bytes(f, cols);
+  const int64_t chunk = std::clamp<int64_t>((int64_t{32} << 20) / std::max<int64_t>(rb, 1), 1, rows);
+  std::vector<uint8_t> out(static_cast<size_t>(chunk * rb));
+  ThreadPool& pool = ThreadPool::global();
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(pool.size()), std::vector<float>(static_cast<size_t>(cols)));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    pool.parallel_for(n, 1, [&](int64_t b, int64_t e, int t) {
+      float* row = scratch[static_cast<size_t>(t)].data();
+      for (int64_t i = b; i < e; ++i) {
+        cpu::dequant_row(src, r0 + i, row);
+        quant::quantize_row(f, row, cols, importance, out.data() + i * rb);
+      }
+    });
+    s.write(out.data(), static_cast<size_t>(n * rb));
+  }
+}
+
+WeightFormat float_format(DType t) {
+  return t == DType::BF16 ? WeightFormat::BF16 : t == DType::F16 ? WeightFormat::F16 : WeightFormat::F32;
 }
 
 void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) {
@@ -189,9 +216,7 @@ class TensorExport {
     std::vector<WeightMatrix> mats;
     for (size_t e = 0; e < data.size(); ++e) {
       WeightMatrix m;
-      m.format = c_.expert_quant_format ? *c_.expert_quant_format : (data[e]->dtype == DType::BF16 ? WeightFormat::BF16
-                                                                    : data[e]->dtype == DType::F16 ? WeightFormat::F16
-                                                                                                    : WeightFormat::F32);
+      m.format = c_.expert_quant_format ? *c_.expert_quant_format : float_format(data[e]->dtype);
       m.data = data[e]->data;
       m.scales = scales.empty() ? nullptr : scales[e]->data;
       m.rows = rows;
@@ -202,17 +227,9 @@ class TensorExport {
     for (size_t e = 0; e < mats.size(); ++e) imp.push_back(im_ ? im_->importance(g, static_cast<int64_t>(e), cols) : std::vector<float>{});
     with_importance_ += !imp.empty() && !imp[0].empty();
     auto shared = std::make_shared<std::pair<std::vector<WeightMatrix>, std::vector<std::vector<float>>>>(std::move(mats), std::move(imp));
-    w_.add_tensor(g, {cols, rows, static_cast<int64_t>(data.size())}, *ggml_type_of_block_format(f), [shared, f, rows, cols](GgufSink& s) {
-      std::vector<float> row(static_cast<size_t>(cols));
-      std::vector<uint8_t> q(static_cast<size_t>(row_data_bytes(f, cols)));
-      for (size_t e = 0; e < shared->first.size(); ++e) {
-        const std::vector<float>& w = shared->second[e];
-        for (int64_t r = 0; r < rows; ++r) {
-          cpu::dequant_row(shared->first[e], r, row.data());
-          quant::quantize_row(f, row.data(), cols, w.empty() ? nullptr : w.data(), q.data());
-          s.write(q.data(), q.size());
-        }
-      }
+    w_.add_tensor(g, {cols, rows, static_cast<int64_t>(data.size())}, *ggml_type_of_block_format(f), [shared, f](GgufSink& s) {
+      for (size_t e = 0; e < shared->first.size(); ++e)
+        write_quantised_rows(s, shared->first[e], f, shared->second[e].empty() ? nullptr : shared->second[e].data());
     });
   }
   // The first rule whose regex finds the GGUF name.
@@ -240,21 +257,13 @@ class TensorExport {
     const TensorInfo* tp = &t;
     auto imp = std::make_shared<std::vector<float>>(im_ ? im_->importance(g, 0, cols) : std::vector<float>{});
     with_importance_ += !imp->empty();
-    w_.add_tensor(g, ne, *ggml_type_of_block_format(f), [tp, f, rows, cols, imp](GgufSink& s) {
-      std::vector<float> row(static_cast<size_t>(cols));
-      std::vector<uint8_t> q(static_cast<size_t>(row_data_bytes(f, cols)));
-      const size_t es = dtype_size(tp->dtype);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const uint8_t* p = tp->data + static_cast<size_t>(r * cols + c) * es;
-          uint16_t h;
-          if (tp->dtype == DType::F32) std::memcpy(&row[static_cast<size_t>(c)], p, 4);
-          else if (std::memcpy(&h, p, 2), tp->dtype == DType::BF16) row[static_cast<size_t>(c)] = bf16_to_f32(h);
-          else row[static_cast<size_t>(c)] = f16_to_f32(h);
-        }
-        quant::quantize_row(f, row.data(), cols, imp->empty() ? nullptr : imp->data(), q.data());
-        s.write(q.data(), q.size());
-      }
+    WeightMatrix src;
+    src.format = float_format(tp->dtype);
+    src.data = tp->data;
+    src.rows = rows;
+    src.cols = cols;
+    w_.add_tensor(g, ne, *ggml_type_of_block_format(f), [src, f, imp](GgufSink& s) {
+      write_quantised_rows(s, src, f, imp->empty() ? nullptr : imp->data());
     });
   }
   void conv(const std::string& g, const TensorInfo& t) {  // [C][1][W] -> ne [W, 1, C, 1]
