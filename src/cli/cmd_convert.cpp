@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/compute_options.h"
 #include "k3/text/gguf_vocab.h"
 #include "k3/core/error.h"
 #include "k3/io/gguf.h"
@@ -27,6 +28,7 @@ struct ConvertOpts {
   std::string model, out, tokenizer, imatrix, preset;
   std::vector<std::string> tensor_types;
   bool no_vocab = false;
+  ComputeOptions compute;  // -t: threads that quantise rows
 };
 
 // Bytes and tensors per GGUF type of what was written, the way llama-quantize reports its result.
@@ -49,6 +51,7 @@ void print_size_table(const k3::GgufWriter& w) {
 
 int run_convert(const ConvertOpts& o) {
   namespace fs = std::filesystem;
+  apply_compute_options(o.compute);
   const k3::ModelConfig cfg = k3::load_model_config(o.model);
   const k3::Checkpoint ck(o.model);
   k3::GgufWriter w;
@@ -96,6 +99,7 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
                   "q2_k, iq4_xs, keep; first match wins; llama-quantize's flag)");
   cmd->add_option("--imatrix", o.imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
   cmd->add_flag("--no-vocab", o.no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
+  add_compute_options(cmd, o.compute);
 }
 
 }  // namespace
