@@ -3,25 +3,24 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/common.h"
 #include "k3/core/error.h"
+#include "k3/io/regular_file.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
+
+std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok) {
+  return tok.encode(k3::read_regular_file(path, kMaxTextFileBytes, "text file"), false);
+}
 
 CalibrationText read_calibration(const std::string& dir, const k3::Model& model, const std::string& file, int64_t ctx,
                                  int64_t chunks) {
   auto tok = k3::text::Tokenizer::load(dir);
   check_tokenizer_fits(tok.n_vocab(), model.config().vocab_size);
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw k3::Error("cannot read '" + file + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
   CalibrationText t;
-  t.ids = tok.encode(ss.str(), false);
+  t.ids = read_text_ids(file, tok);
   t.bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : tok.bos_id();
   if (t.bos < 0) throw k3::Error("the model has no BOS token id; calibration windows start with BOS");
   t.ctx = ctx;

@@ -1,4 +1,4 @@
-// Calibration runs shared by `k3 prune` and `k3 imatrix`: a text file cut into windows of N tokens, each run
+// Text through the model for `k3 perplexity`, `k3 prune` and `k3 imatrix`; calibration runs (prune, imatrix): a text file cut into windows of N tokens, each run
 // through the CPU model from an empty state as [BOS] + window (as `k3 perplexity` scores), with an
 // activation observer attached, and progress on stderr.
 #pragma once
@@ -8,8 +8,14 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/model/model.h"
+#include "k3/text/tokenizer.h"
 
 namespace k3cli {
+
+// A text file's tokens (encode_ordinary). Read through io/regular_file.h, bounded: a FIFO, a device (/dev/zero)
+// or a file over kMaxTextFileBytes is a clear error, not a hang or unbounded memory.
+constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
+std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok);
 
 struct CalibrationText {
   std::vector<int32_t> ids;

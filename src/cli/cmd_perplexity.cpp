@@ -12,8 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
+#include "cli/calibration.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/model_loader.h"
@@ -33,13 +33,6 @@ struct PerplexityOpts {
   int64_t ctx = 512, chunks = -1;
 };
 
-std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw k3::Error("cannot read '" + path + "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return tok.encode(ss.str(), false);
-}
 
 // What each scored position feeds besides the NLL: nothing, the base file being written, or the
 // comparison with a base file being read.
@@ -120,8 +113,8 @@ int run_perplexity(const PerplexityOpts& o) {
       const int32_t next = win[static_cast<size_t>(i + 1)];
       k3::eval::log_softmax(l, V, logp.data());
       nll -= logp[static_cast<size_t>(next)];
-      if (kl.writer) kl.writer->add_row(l);
-      if (kl.base) kl.acc.add(kl.base->row(scored), l, V, next);
+      if (kl.writer) kl.writer->add_row(logp.data());
+      if (kl.base) kl.acc.add(kl.base->row(scored), logp.data(), V, next);
       ++scored;
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -2,11 +2,9 @@
 // (model/expert_prune.h). The calibration text runs through the CPU model in windows of N tokens (as
 // `k3 perplexity` does: [BOS] + window) while every routed expert's outputs are scored; each MoE layer then
 // keeps the round(E x (1 - R)) experts of highest saliency, and OUT receives the smaller checkpoint.
-#include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/calibration.h"
 #include "cli/commands.h"
@@ -15,7 +13,6 @@
 #include "k3/core/error.h"
 #include "k3/model/expert_prune.h"
 #include "k3/model/model.h"
-#include "k3/text/tokenizer.h"
 
 namespace k3cli {
 

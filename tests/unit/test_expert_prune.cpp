@@ -166,6 +166,9 @@ TEST(ExpertPrune, CliPrunesAndRejectsBadRatios) {
     EXPECT_NE(st, 0) << bad << ": " << out;
     EXPECT_NE(out.find("ratio"), std::string::npos) << bad << ": " << out;
   }
+  std::tie(st, out) = sh("timeout 20 " + k3 + " prune -f /dev/zero --ratio 0.25 -o " + t.str() + "/q");
+  EXPECT_EQ(st, 1) << out;  // not an endless read of the device
+  EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
   std::tie(st, out) = sh(k3 + " prune -f " + text + " --ratio 0.25 --method magnitude -o " + t.str() + "/q");
   EXPECT_EQ(st, 1);
   EXPECT_NE(out.find("reap, frequency"), std::string::npos) << out;

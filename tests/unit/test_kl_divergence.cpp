@@ -49,7 +49,7 @@ TEST(KlDivergence, StatisticsMatchFloat64Definitions) {
   std::vector<double> klds;
   double nll_b = 0, nll = 0, dp2 = 0;
   int same = 0;
-  std::vector<float> base_lp(static_cast<size_t>(V));
+  std::vector<float> base_lp(static_cast<size_t>(V)), other_lp(static_cast<size_t>(V));
   for (int64_t i = 0; i < n; ++i) {
     const auto base = random_logits(rng, V, 3.f);
     auto other = base;
@@ -57,7 +57,8 @@ TEST(KlDivergence, StatisticsMatchFloat64Definitions) {
     for (float& x : other) x += noise(rng);
     const int32_t next = static_cast<int32_t>(rng() % V);
     k3::eval::log_softmax(base.data(), V, base_lp.data());
-    acc.add(base_lp.data(), other.data(), V, next);
+    k3::eval::log_softmax(other.data(), V, other_lp.data());
+    acc.add(base_lp.data(), other_lp.data(), V, next);
     const auto pb = ref_logp(base), po = ref_logp(other);
     double k = 0;
     for (int64_t v = 0; v < V; ++v) k += std::exp(pb[v]) * (pb[v] - po[v]);
@@ -94,7 +95,7 @@ TEST(KlDivergence, SameLogitsGiveExactlyZero) {
   for (int i = 0; i < 20; ++i) {
     const auto l = random_logits(rng, V, 4.f);
     k3::eval::log_softmax(l.data(), V, lp.data());
-    acc.add(lp.data(), l.data(), V, i % V);
+    acc.add(lp.data(), lp.data(), V, i % V);
   }
   const auto s = acc.summary();
   EXPECT_EQ(s.kld_mean, 0.0);
@@ -114,9 +115,11 @@ TEST(KlDivergence, BaseFileRoundTripAndValidation) {
   std::vector<std::vector<float>> rows;
   {
     k3::eval::KlBaseWriter w(path, V, ctx, ids);
+    std::vector<float> lp(static_cast<size_t>(V));
     for (size_t i = 0; i < ids.size(); ++i) {
       rows.push_back(random_logits(rng, V, 2.f));
-      w.add_row(rows.back().data());
+      k3::eval::log_softmax(rows.back().data(), V, lp.data());
+      w.add_row(lp.data());
     }
     EXPECT_THROW(w.add_row(rows[0].data()), k3::Error);  // one more than the tokens
     w.finish();
@@ -198,6 +201,10 @@ TEST(KlDivergence, PerplexityCliWritesAndComparesBases) {
   std::tie(st, out) = sh(k3 + " perplexity --kl-divergence-base " + base + " --kl-divergence -f " + t.str() + "/b.kld");
   EXPECT_EQ(st, 1) << out;  // a different "text": its tokens are not the base's
   EXPECT_NE(out.find("does not tokenise"), std::string::npos) << out;
+  // A device or FIFO in place of the text is an error, not an endless read (it used to read /dev/zero forever).
+  std::tie(st, out) = sh("timeout 20 " + k3 + " perplexity -f /dev/zero");
+  EXPECT_EQ(st, 1) << out;
+  EXPECT_NE(out.find("not a regular file"), std::string::npos) << out;
   std::tie(st, out) = sh(k3 + " perplexity -f " + text + " --kl-divergence");
   EXPECT_EQ(st, 1);
   EXPECT_NE(out.find("needs --kl-divergence-base"), std::string::npos) << out;

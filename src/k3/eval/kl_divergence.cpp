@@ -98,17 +98,16 @@ KlBaseWriter::KlBaseWriter(const std::string& path, int64_t n_vocab, int64_t ctx
     f_ = nullptr;
     throw Error("cannot write '" + path + "' (disk full?)");
   }
-  buf_.resize(static_cast<size_t>(n_vocab));
 }
 
 KlBaseWriter::~KlBaseWriter() {
   if (f_) std::fclose(f_);
 }
 
-void KlBaseWriter::add_row(const float* logits) {
+void KlBaseWriter::add_row(const float* logp) {
   if (!f_ || rows_ >= n_ids_) throw Error("KL base file '" + path_ + "': more rows than tokens");
-  log_softmax(logits, n_vocab_, buf_.data());
-  if (std::fwrite(buf_.data(), 4, buf_.size(), f_) != buf_.size()) throw Error("cannot write '" + path_ + "' (disk full?)");
+  const size_t n = static_cast<size_t>(n_vocab_);
+  if (std::fwrite(logp, 4, n, f_) != n) throw Error("cannot write '" + path_ + "' (disk full?)");
   ++rows_;
 }
 
@@ -129,22 +128,20 @@ void log_softmax(const float* logits, int64_t V, float* out) {
   for (int64_t v = 0; v < V; ++v) out[v] = static_cast<float>(static_cast<double>(logits[v]) - lse);
 }
 
-void KlAccumulator::add(const float* base_logp, const float* logits, int64_t V, int32_t next) {
+void KlAccumulator::add(const float* base_logp, const float* logp, int64_t V, int32_t next) {
   if (next < 0 || next >= V) throw Error("KL divergence: next token " + std::to_string(next) + " outside the vocabulary");
-  logp_.resize(static_cast<size_t>(V));
-  log_softmax(logits, V, logp_.data());
   double kld = 0;
   int64_t top_b = 0, top = 0;
   for (int64_t v = 0; v < V; ++v) {
-    const double lb = base_logp[v], l = logp_[static_cast<size_t>(v)];
+    const double lb = base_logp[v], l = logp[v];
     kld += std::exp(lb) * (lb - l);
     if (base_logp[v] > base_logp[top_b]) top_b = v;
-    if (logp_[static_cast<size_t>(v)] > logp_[static_cast<size_t>(top)]) top = v;
+    if (logp[v] > logp[top]) top = v;
   }
   kld_.push_back(kld);
   nll_base_ -= base_logp[next];
-  nll_ -= logp_[static_cast<size_t>(next)];
-  const double dp = std::exp(static_cast<double>(logp_[static_cast<size_t>(next)])) - std::exp(static_cast<double>(base_logp[next]));
+  nll_ -= logp[next];
+  const double dp = std::exp(static_cast<double>(logp[next])) - std::exp(static_cast<double>(base_logp[next]));
   dp2_ += dp * dp;
   same_top1_ += top_b == top;
 }

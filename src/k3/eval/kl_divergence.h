@@ -54,14 +54,13 @@ class KlBaseWriter {
  public:
   KlBaseWriter(const std::string& path, int64_t n_vocab, int64_t ctx, std::span<const int32_t> ids);
   ~KlBaseWriter();
-  void add_row(const float* logits);  // raw logits of one scored position: stored as log-softmax
+  void add_row(const float* logp);  // one scored position's log-probs (log_softmax of its logits)
   void finish();                      // throws unless exactly n_ids rows were added
 
  private:
   std::FILE* f_ = nullptr;
   std::string path_;
   int64_t n_vocab_, n_ids_, rows_ = 0;
-  std::vector<float> buf_;
 };
 
 // log-softmax of `logits` (double accumulation) into out[V].
@@ -76,17 +75,16 @@ struct KlSummary {
   double rms_dp = 0;                             // RMS of p(next token) - p_base(next token)
 };
 
-// Accumulates positions: the base's log-probs, this model's raw logits, the actual next token.
+// Accumulates positions: the base's log-probs, this model's log-probs (log_softmax), the actual next token.
 class KlAccumulator {
  public:
-  void add(const float* base_logp, const float* logits, int64_t V, int32_t next);
+  void add(const float* base_logp, const float* logp, int64_t V, int32_t next);
   KlSummary summary() const;  // throws k3::Error when nothing was added
 
  private:
   std::vector<double> kld_;
   double nll_base_ = 0, nll_ = 0, dp2_ = 0;
   int64_t same_top1_ = 0;
-  std::vector<float> logp_;  // scratch
 };
 
 }  // namespace k3::eval
