@@ -58,6 +58,20 @@ std::vector<float> run(const k3::Model& m, const std::vector<int32_t>& toks, boo
   return all;
 }
 
+// Tensors of one ggml type among those a writer holds.
+int64_t count_ggml_type(const k3::GgufWriter& w, uint32_t type) {
+  int64_t n = 0;
+  for (const auto& [t, b] : w.tensor_types()) n += t == type;
+  return n;
+}
+
+// ||got - ref|| / ||ref|| over whole logit arrays.
+double rms_rel(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+  return std::sqrt(num / den);
+}
+
 class GgufTiny : public ::testing::TestWithParam<std::string> {};
 
 // The transforms the converter applies (experts stacked + MXFP4 repacked, kv_b split and transposed,
@@ -402,9 +416,7 @@ TEST(GgufQuantised, DenseMatricesLoadAsTheirBlocks) {
   for (int i = 0; i < 24; ++i) toks.push_back((i * 37 + 5) % static_cast<int32_t>(c.vocab_size));
   const auto ref = run(*hf, toks, false), q = run(*gg, toks, false);
   ASSERT_EQ(ref.size(), q.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) num += (q[i] - ref[i]) * (q[i] - ref[i]), den += ref[i] * ref[i];
-  const double rel = std::sqrt(num / den);
+  const double rel = rms_rel(q, ref);
   std::printf("[ gguf ] k3-tiny with Q8_0 dense matrices: logits rel %.3g vs the HF dir\n", rel);
   EXPECT_GT(rel, 0.0);   // quantised: not the same model
   EXPECT_LT(rel, 0.2);   // measured 0.053 (KLD 7.7e-3 on prose, docs/quantization.md); a misread layout gives ~1
@@ -420,11 +432,6 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   const std::string dir = k3test::source_path("models/k3-tiny");
   const k3::ModelConfig c = k3::load_model_config(dir);
   const k3::Checkpoint ck(dir);
-  auto count_type = [](const k3::GgufWriter& w, uint32_t type) {
-    int64_t n = 0;
-    for (const auto& [t, b] : w.tensor_types()) n += t == type;
-    return n;
-  };
   constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ4K = 12, kQ6K = 14;
   for (const std::string& p : k3::quantize_preset_names()) {
     k3::GgufWriter w;
@@ -435,13 +442,13 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   k3::add_model_to_gguf(plain, c, ck, "x");
   k3::add_model_to_gguf(km, c, ck, "x", k3::quantize_preset("q4_k_m"));
   k3::add_model_to_gguf(kda16, c, ck, "x", k3::quantize_preset("Q4_K_M-KDA16"));
-  EXPECT_GT(count_type(km, kQ4K), 0);
-  EXPECT_GT(count_type(km, kQ6K), 0);                            // ffn_down / output / token_embd
+  EXPECT_GT(count_ggml_type(km, kQ4K), 0);
+  EXPECT_GT(count_ggml_type(km, kQ6K), 0);                            // ffn_down / output / token_embd
   EXPECT_EQ(km.tensor_types().size(), plain.tensor_types().size());  // the same tensors, some re-typed
-  EXPECT_EQ(count_type(plain, kBf16) - count_type(km, kBf16),       // every quantised one was BF16
-            count_type(km, kQ4K) + count_type(km, kQ6K) + count_type(km, kQ8));
-  EXPECT_GT(count_type(kda16, kBf16), count_type(km, kBf16));   // KDA and attention kept BF16
-  EXPECT_LT(count_type(kda16, kQ4K), count_type(km, kQ4K));
+  EXPECT_EQ(count_ggml_type(plain, kBf16) - count_ggml_type(km, kBf16),       // every quantised one was BF16
+            count_ggml_type(km, kQ4K) + count_ggml_type(km, kQ6K) + count_ggml_type(km, kQ8));
+  EXPECT_GT(count_ggml_type(kda16, kBf16), count_ggml_type(km, kBf16));   // KDA and attention kept BF16
+  EXPECT_LT(count_ggml_type(kda16, kQ4K), count_ggml_type(km, kQ4K));
   EXPECT_THROW(k3::quantize_preset("Q9_K"), k3::Error);
 }
 
@@ -452,19 +459,14 @@ TEST(GgufQuantised, ExpertRulesRequantiseTheStack) {
   const std::string dir = k3test::source_path("models/k3-tiny");
   const k3::ModelConfig c = k3::load_model_config(dir);
   const k3::Checkpoint ck(dir);
-  auto count_type = [](const k3::GgufWriter& w, uint32_t type) {
-    int64_t n = 0;
-    for (const auto& [t, b] : w.tensor_types()) n += t == type;
-    return n;
-  };
   constexpr uint32_t kMxfp4 = 39, kQ8 = 8;
   k3::GgufWriter all, catchall, kq;
   k3::add_model_to_gguf(all, c, ck, "x", {k3::parse_tensor_type_rule("_exps=q8_0")});
   k3::add_model_to_gguf(catchall, c, ck, "x", {k3::parse_tensor_type_rule(".*=q8_0")});
   k3::add_model_to_gguf(kq, c, ck, "x", {k3::parse_tensor_type_rule("_exps=q3_k")});
-  EXPECT_EQ(count_type(all, kMxfp4), 0);
-  EXPECT_GT(count_type(catchall, kMxfp4), 0);  // ".*" does not name the experts: they stay MXFP4
-  EXPECT_EQ(count_type(kq, kMxfp4), count_type(catchall, kMxfp4));  // widths 128 / 96: not whole 256-blocks
+  EXPECT_EQ(count_ggml_type(all, kMxfp4), 0);
+  EXPECT_GT(count_ggml_type(catchall, kMxfp4), 0);  // ".*" does not name the experts: they stay MXFP4
+  EXPECT_EQ(count_ggml_type(kq, kMxfp4), count_ggml_type(catchall, kMxfp4));  // widths 128 / 96: not whole 256-blocks
   k3test::TempDir t;
   all.write(t.str() + "/e.gguf");
   auto hf = k3::Model::load(dir);
@@ -473,13 +475,11 @@ TEST(GgufQuantised, ExpertRulesRequantiseTheStack) {
   for (const auto& L : gg->weights().layers)
     for (const auto& e : L.moe.experts) q8_experts += e.gate.format == k3::WeightFormat::Q8_0;
   EXPECT_GT(q8_experts, 0);
-  EXPECT_GT(count_type(all, kQ8), 0);
+  EXPECT_GT(count_ggml_type(all, kQ8), 0);
   std::vector<int32_t> toks;
   for (int i = 0; i < 24; ++i) toks.push_back((i * 37 + 5) % static_cast<int32_t>(c.vocab_size));
   const auto ref = run(*hf, toks, false), q = run(*gg, toks, false);
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) num += (q[i] - ref[i]) * (q[i] - ref[i]), den += ref[i] * ref[i];
-  const double rel = std::sqrt(num / den);
+  const double rel = rms_rel(q, ref);
   std::printf("[ gguf ] k3-tiny with Q8_0 experts (from MXFP4): logits rel %.3g vs the HF dir\n", rel);
   EXPECT_LT(rel, 0.2);  // measured 0.026 (Q8_0 rounding of the MXFP4 values); a misread stack gives ~1
 }
