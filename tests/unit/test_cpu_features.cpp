@@ -107,21 +107,27 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   auto c = k3::cpu::choose_isa(f, nullptr, true, avx2_only);
   EXPECT_EQ(c.isa, CpuIsa::Avx2);
   EXPECT_NE(c.reason.find("the CPU offers amx"), std::string::npos) << c.reason;
-  // The automatic choice is the best EXACT tier (avx512bf16 and amx round activations: opt-in), and its
-  // reason names the faster one.
+  // The automatic choice is the fastest tier with kernels, exact or not (as llama.cpp: activations
+  // rounded); its reason names the exact one, which K3_CPU_ISA=exact picks.
   c = k3::cpu::choose_isa(f, "", true, every_tier);
-  EXPECT_EQ(c.isa, CpuIsa::Avx512);
-  EXPECT_EQ(c.reason, "the best exact tier this CPU offers; amx (faster, activations rounded) with K3_CPU_ISA=amx");
-  // AMX refused by the kernel: avx512bf16 is the best the CPU runs, still opt-in.
+  EXPECT_EQ(c.isa, CpuIsa::Amx);
+  EXPECT_EQ(c.reason,
+            "the best tier this CPU offers; activations rounded (bf16 / int8 blocks), exact fp32 products (avx512) with "
+            "K3_CPU_ISA=exact");
+  // AMX refused by the kernel: avx512bf16 is the best the CPU runs.
   c = k3::cpu::choose_isa(f, nullptr, false, every_tier);
+  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);
+  c = k3::cpu::choose_isa(f, "exact", true, every_tier);
   EXPECT_EQ(c.isa, CpuIsa::Avx512);
-  EXPECT_EQ(c.reason, "the best exact tier this CPU offers; avx512bf16 (faster, activations rounded) with K3_CPU_ISA=avx512bf16");
+  EXPECT_NE(c.reason.find("forced by K3_CPU_ISA=exact"), std::string::npos) << c.reason;
+  EXPECT_EQ(k3::cpu::choose_isa(f, "exact", true, avx2_only).isa, CpuIsa::Avx2);
   EXPECT_EQ(k3::cpu::choose_isa(f, "avx512bf16", false, every_tier).isa, CpuIsa::Avx512Bf16);
   EXPECT_TRUE(k3::cpu::isa_is_exact(CpuIsa::Avx2) && k3::cpu::isa_is_exact(CpuIsa::Avx512));
   EXPECT_FALSE(k3::cpu::isa_is_exact(CpuIsa::Avx512Bf16) || k3::cpu::isa_is_exact(CpuIsa::Amx));
   CpuFeatures no_bf16 = f;
   no_bf16.avx512_bf16 = false;  // AMX needs the tiers below it too
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).isa, CpuIsa::Avx512);
+  EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).reason, "the best tier this CPU offers");
   CpuFeatures plain = f;
   plain.avx512f = false;
   EXPECT_EQ(k3::cpu::choose_isa(plain, nullptr, true, every_tier).isa, CpuIsa::Avx2);
@@ -154,9 +160,15 @@ TEST(CpuIsa, ActiveTierHasKernels) {
   EXPECT_FALSE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
   const auto& f = k3::cpu::cpu_state().features;
   const bool avx512 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512, false).empty();
-  const char* forced = std::getenv("K3_CPU_ISA");
-  // avx512bf16 is never the automatic choice (it rounds activations): the best exact tier is.
-  const CpuIsa expected = forced && *forced ? *k3::cpu::parse_isa(forced) : avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
+  const bool bf16 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512Bf16, false).empty();
+  const std::string forced = std::getenv("K3_CPU_ISA") ? std::getenv("K3_CPU_ISA") : "";
+  // Unset: the fastest tier with kernels (avx512bf16 rounds activations); "exact": the best exact one (the
+  // test main sets it when the caller did not).
+  const CpuIsa exact = avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
+  const CpuIsa expected = forced == "exact" ? exact
+                          : !forced.empty() ? *k3::cpu::parse_isa(forced)
+                          : bf16            ? CpuIsa::Avx512Bf16
+                                            : exact;
   EXPECT_EQ(k3::cpu::active_cpu_isa(), expected);
   const auto& s = k3::cpu::cpu_state();
   EXPECT_EQ(s.amx_status == "absent", !s.features.amx_tile) << s.amx_status;

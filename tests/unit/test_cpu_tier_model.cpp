@@ -55,7 +55,7 @@ Cmp compare(const std::vector<float>& base, const std::vector<float>& x, int64_t
 // test_cache_dtype_model.cpp (harder than prose): prefill rel 0.131 / mean KL 5.4e-3 / top-1 97.5%, decode
 // 0.119 / 2.3e-3 / 97.5% (docs/perf/cpu.md has the parts: MXFP4 int8 alone KL 8.4e-4, BF16 bf16 alone
 // 1.5e-3 / 6.7e-3). Like an fp8 KV cache or a bf16 KDA state (test_cache_dtype_model.cpp: KL 5.3e-3 /
-// 6.0e-3), which is why this tier is opt-in (K3_CPU_ISA). Bounds: about 5x the measured KL, 3x the error;
+// 6.0e-3), the price of the default tier on such CPUs (K3_CPU_ISA=exact avoids it). Bounds: about 5x the measured KL, 3x the error;
 // a broken kernel gives KL > 0.1 (one int8 scale per 32-block instead of per quad: KL 8.4e-3 / 9.2e-3,
 // top-1 91.7% = 110 of 120, which the top-1 bound below catches).
 TEST(CpuTierModel, TrainedModelAvx512Bf16CloseToExact) {

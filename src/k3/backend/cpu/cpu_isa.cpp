@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -76,32 +77,40 @@ std::string isa_missing_features(const CpuFeatures& f, CpuIsa isa, bool amx_gran
 
 IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted, bool (*has_kernels)(CpuIsa)) {
   const std::string with_kernels = tiers_with_kernels(has_kernels);
+  // The best tier the CPU can run, the best one with kernels, and the best exact one with kernels.
+  std::optional<CpuIsa> best_cpu, best, best_exact;
+  for (CpuIsa t : kAllCpuIsas)
+    if (isa_missing_features(f, t, amx_granted).empty()) {
+      best_cpu = t;
+      if (!has_kernels(t)) continue;
+      best = t;
+      if (isa_is_exact(t)) best_exact = t;
+    }
   if (forced && *forced) {
-    const auto isa = parse_isa(forced);
     const std::string what = "K3_CPU_ISA=" + std::string(forced);
-    if (!isa) throw Error(what + ": unknown kernel tier (expected avx2, avx512, avx512bf16 or amx)");
+    if (std::string_view(forced) == "exact") {
+      if (!best_exact) throw Error(what + ": no exact tier fits this CPU (tiers with kernels: " + with_kernels + ")");
+      return {*best_exact, "forced by K3_CPU_ISA=exact (fp32 products of weights and activations)"};
+    }
+    const auto isa = parse_isa(forced);
+    if (!isa) throw Error(what + ": unknown kernel tier (expected exact, avx2, avx512, avx512bf16 or amx)");
     if (const std::string m = isa_missing_features(f, *isa, amx_granted); !m.empty())
       throw Error(what + ": this CPU cannot run it (missing: " + m + ")");
     if (!has_kernels(*isa))
       throw Error(what + ": this build has no " + isa_name(*isa) + " kernels yet (tiers with kernels: " + with_kernels + ")");
     return {*isa, "forced by K3_CPU_ISA"};
   }
-  // The best exact tier the CPU can run and the build has kernels for; the best tier the CPU can run, and
-  // the best inexact one with kernels, for the reason.
-  std::optional<CpuIsa> best_cpu, chosen, inexact;
-  for (CpuIsa t : kAllCpuIsas)
-    if (isa_missing_features(f, t, amx_granted).empty()) {
-      best_cpu = t;
-      if (has_kernels(t)) (isa_is_exact(t) ? chosen : inexact) = t;
-    }
-  if (!chosen) throw Error("no CPU kernel tier fits this CPU (tiers with kernels: " + with_kernels + ")");
-  const std::string opt_in = inexact ? std::string("; ") + isa_name(*inexact) + " (faster, activations rounded) with K3_CPU_ISA=" +
-                                           isa_name(*inexact)
-                                     : "";
-  if (*best_cpu == *chosen) return {*chosen, "the best tier this CPU offers"};
-  if (inexact && *best_cpu == *inexact) return {*chosen, "the best exact tier this CPU offers" + opt_in};
-  return {*chosen, std::string("the CPU offers ") + isa_name(*best_cpu) + ", but this build has kernels for " + with_kernels +
-                       " only" + opt_in};
+  if (!best) throw Error("no CPU kernel tier fits this CPU (tiers with kernels: " + with_kernels + ")");
+  // The default is the fastest tier, as llama.cpp and vLLM's CPU backend do: an inexact tier rounds the
+  // activations (bf16 for BF16 weights, int8 blocks for MXFP4), which costs a KLD of ~1e-3 against exact
+  // fp32 products (docs/quality.md); K3_CPU_ISA=exact keeps the exact reference arithmetic.
+  std::string reason = *best_cpu == *best ? "the best tier this CPU offers"
+                                          : std::string("the CPU offers ") + isa_name(*best_cpu) +
+                                                ", but this build has kernels for " + with_kernels + " only";
+  if (!isa_is_exact(*best))
+    reason += std::string("; activations rounded (bf16 / int8 blocks)") +
+              (best_exact ? std::string(", exact fp32 products (") + isa_name(*best_exact) + ") with K3_CPU_ISA=exact" : "");
+  return {*best, reason};
 }
 
 const CpuState& cpu_state() {

@@ -17,11 +17,11 @@ enum class CpuIsa { Avx2, Avx512, Avx512Bf16, Amx };
 inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx};
 
 // Whether a tier's matmuls use the exact fp32 products of the weights and activations (avx2, avx512).
-// avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md), so the automatic
-// choice never picks them: they are opt-in with $K3_CPU_ISA.
+// avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md) as llama.cpp does; the
+// automatic choice takes them when the CPU has them, and K3_CPU_ISA=exact keeps the exact tiers.
 bool isa_is_exact(CpuIsa isa);
 
-const char* isa_name(CpuIsa isa);  // "avx2", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values)
+const char* isa_name(CpuIsa isa);  // "avx2", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values, with "exact")
 std::optional<CpuIsa> parse_isa(std::string_view name);
 
 // The features a tier needs that `f` lacks, space-separated ("" when the CPU can run it). `amx_granted`:
@@ -33,9 +33,10 @@ struct IsaChoice {
   std::string reason;  // for `k3 info`: forced by K3_CPU_ISA, or which better tier is missing what
 };
 
-// The tier to run. `forced`: $K3_CPU_ISA (null or empty: the best exact tier the CPU can run and the build
-// has kernels for; the reason names a faster inexact tier the CPU offers). Throws k3::Error for an unknown name,
-// a tier the CPU cannot run, or one this build has no kernels for.
+// The tier to run. `forced`: $K3_CPU_ISA (null or empty: the best tier the CPU can run and the build has
+// kernels for, exact or not; "exact": the best exact one; else a tier's name). Throws k3::Error for an
+// unknown name, a tier the CPU cannot run, or one this build has no kernels for. The tests run with
+// K3_CPU_ISA=exact unless they pick a tier (tests/common/test_main.cpp): goldens are exact.
 IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted, bool (*has_kernels)(CpuIsa));
 
 // The process's CPU: detected, AMX permission requested (once, when the CPU has AMX) and the tier chosen on
