@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -44,7 +45,21 @@ class CudaBackend final : public graph::Backend {
   void prepare(const graph::StepPlan& plan);
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   std::pair<int64_t, int64_t> graph_key() const { return {n_seqs_, page_stride_}; }
-  uint64_t generation() const { return generation_ + scratch_.generation() + lin_->generation(); }
+  uint64_t generation() const {
+    return generation_ + scratch_.generation() + lin_->generation() + moe_in_.generation() + moe_out_.generation();
+  }
+  // Piecewise capture of a decode step whose routed experts run on the host (--cpu-moe): between
+  // begin_host_cuts and end_host_cuts, each host expert job ends the stream's capture there (a piece),
+  // stores the job to run on the host after that piece's launch, and begins capturing the next piece,
+  // whose first node uploads the job's result. CudaModel replays piece, job, piece, job, ..., piece. The
+  // host dense ops (host_linear / host_embed) synchronise the stream and cannot be cut: they throw here.
+  struct HostCut {
+    cudaGraph_t piece = nullptr;         // the stream's work up to (and including) the job's inputs' download
+    std::function<void()> host_job;      // waits for those inputs, runs the CPU kernels
+  };
+  void begin_host_cuts(std::vector<HostCut>* cuts) { cuts_ = cuts; }
+  void end_host_cuts() { cuts_ = nullptr; }
+  int64_t moe_stream_min_tokens() const { return moe_stream_min_tokens_; }
   // [n_logits][V] on the device, filled by the step's head.
   graph::Tensor logits() const;
   LinearRunner& linear_runner() { return *lin_; }
@@ -110,13 +125,16 @@ class CudaBackend final : public graph::Backend {
   void stage_kda(const graph::StepPlan& plan);
   void size_workspaces(int64_t N, int64_t R);
   // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,
-  // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). They synchronise the
-  // stream, so a model with host weights runs without CUDA graphs.
+  // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). host_linear and
+  // host_embed synchronise the stream (no CUDA graphs with them); the expert jobs are cut into pieces.
   void host_linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y);
   void host_embed(const WeightMatrix& table, graph::Tensor out);
   void host_moe_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                       const graph::GluParams& p, graph::Tensor out);
   void host_moe_finish();
+  struct PendingHostMoe;
+  // The CPU half of a host expert job: wait for its inputs' download, run the CPU backend's experts into `out`.
+  void run_host_moe(const PendingHostMoe& m, graph::Tensor out);
   // A batch of at least moe_stream_min_tokens_ tokens: the layer's host experts go to the GPU and are
   // computed there (expert_streamer.h); false when not streamed.
   bool stream_host_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
@@ -153,6 +171,7 @@ class CudaBackend final : public graph::Backend {
     graph::Tensor out;          // on the device
   };
   std::optional<PendingHostMoe> pending_moe_;
+  std::vector<HostCut>* cuts_ = nullptr;  // set while a decode step is captured in pieces
   PinnedBuffer moe_in_, moe_out_;
   CudaEvent moe_inputs_ready_;
   // K3_HYBRID_OVERLAP=0 runs the shared experts after the host experts (to measure the overlap's gain).

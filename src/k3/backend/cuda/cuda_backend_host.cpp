@@ -1,7 +1,8 @@
 // CudaBackend's ops over weights placed on the host (model/placement.h: -ot PATTERN=CPU, --cpu-moe): the
 // graph runs each op where its weights live and moves activations, not weights. Here that is: copy the
 // inputs to pinned host memory, synchronise, run the CPU backend's kernel, copy the result back. Simple
-// and correct; overlapping the CPU work with the GPU's is the hybrid-offload issue's job.
+// and correct. The routed experts' jobs overlap the GPU's shared experts and, in decode steps, run between
+// the pieces of a captured CUDA graph (begin_host_cuts, cuda_model.cpp: docs/perf/hybrid.md).
 #include <cstring>
 
 #include "k3/core/error.h"
@@ -19,6 +20,7 @@ size_t bytes_of(const Tensor& t) { return static_cast<size_t>(t.rows * t.stride)
 }  // namespace
 
 void CudaBackend::host_linear(const WeightMatrix& W, Tensor x, Tensor y) {
+  if (cuts_) throw Error("CUDA backend: a host-placed dense weight inside a captured step (cannot be graphed)");
   prof_.begin("host linear", stream_);
   float* hx = static_cast<float*>(host_in_.ensure(bytes_of(x)));
   K3_CUDA_CHECK(cudaMemcpyAsync(hx, x.data, bytes_of(x), cudaMemcpyDeviceToHost, stream_));
@@ -30,6 +32,7 @@ void CudaBackend::host_linear(const WeightMatrix& W, Tensor x, Tensor y) {
 }
 
 void CudaBackend::host_embed(const WeightMatrix& table, Tensor out) {
+  if (cuts_) throw Error("CUDA backend: a host-placed embedding inside a captured step (cannot be graphed)");
   K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
   float* h = static_cast<float*>(host_out_.ensure(bytes_of(out)));
   for (int64_t t = 0; t < out.rows; ++t) cpu::dequant_row(table, plan_->tokens[static_cast<size_t>(t)], h + t * out.stride);
@@ -49,7 +52,9 @@ void CudaBackend::host_moe_start(const MoeWeights& w, Tensor x, Tensor idx, Tens
   K3_CUDA_CHECK(cudaMemcpyAsync(in, x.data, bx, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_CHECK(cudaMemcpyAsync(in + bx, idx.data, bi, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_CHECK(cudaMemcpyAsync(in + bx + bi, wts.data, bw, cudaMemcpyDeviceToHost, stream_));
-  K3_CUDA_CHECK(cudaEventRecord(moe_inputs_ready_.get(), stream_));
+  // In a captured piece the record must be a graph node that fires at replay (External), not only a
+  // capture-time dependency marker.
+  K3_CUDA_CHECK(cudaEventRecordWithFlags(moe_inputs_ready_.get(), stream_, cuts_ ? cudaEventRecordExternal : 0));
   Tensor hx = x, hi = idx, hw = wts;
   hx.data = in;
   hi.data = in + bx;
@@ -61,15 +66,28 @@ void CudaBackend::host_moe_finish() {
   if (!pending_moe_) return;
   const PendingHostMoe m = *pending_moe_;
   pending_moe_.reset();
-  prof_.begin("host experts", stream_);  // GPU-side: from the shared experts' end to the upload's end
-  // Also orders the previous layer's upload from moe_out_ before this layer overwrites it.
-  K3_CUDA_CHECK(cudaEventSynchronize(moe_inputs_ready_.get()));
   if (!host_cpu_) host_cpu_ = std::make_unique<cpu::CpuBackend>();
   Tensor ho = m.out;
   ho.data = moe_out_.ensure(bytes_of(m.out));
-  host_cpu_->moe_experts(*m.w, m.x, m.idx, m.wts, m.p, ho);
+  if (cuts_) {
+    // Capturing: the job runs at replay, after this piece's launch; the next piece starts with its upload.
+    HostCut cut;
+    K3_CUDA_CHECK(cudaStreamEndCapture(stream_, &cut.piece));
+    cut.host_job = [this, m, ho] { run_host_moe(m, ho); };
+    cuts_->push_back(std::move(cut));
+    K3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  } else {
+    prof_.begin("host experts", stream_);  // GPU-side: from the shared experts' end to the upload's end
+    run_host_moe(m, ho);
+  }
   K3_CUDA_CHECK(cudaMemcpyAsync(m.out.data, ho.data, bytes_of(m.out), cudaMemcpyHostToDevice, stream_));
-  prof_.end(stream_);
+  if (!cuts_) prof_.end(stream_);
+}
+
+void CudaBackend::run_host_moe(const PendingHostMoe& m, Tensor out) {
+  // Also orders the previous layer's upload from moe_out_ before this layer overwrites it.
+  K3_CUDA_CHECK(cudaEventSynchronize(moe_inputs_ready_.get()));
+  host_cpu_->moe_experts(*m.w, m.x, m.idx, m.wts, m.p, out);
 }
 
 void CudaBackend::moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,

@@ -17,9 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
 #include <mutex>
-#include <set>
 #include <span>
 
 #include "k3/backend/cuda/cuda_backend.h"
@@ -29,6 +27,7 @@
 #include "k3/backend/cuda/logits_download.h"
 #include "k3/backend/cuda/sampling_kernels.h"
 #include "k3/backend/cuda/sampling_rows.h"
+#include "k3/backend/cuda/step_graphs.h"
 #include "k3/core/thread_pool.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/graph/forward.h"
@@ -38,23 +37,15 @@ namespace k3::cuda {
 
 namespace {
 
-// Decode steps replayed as CUDA graphs, keyed by (sequences, page-table stride). A key is captured the
-// second time it is seen (the first, eager run sizes every lazily grown buffer); any reallocation of a
-// buffer a graph refers to bumps `generation` and drops the graphs.
-struct GraphCache {
-  struct Entry {
-    cudaGraphExec_t exec = nullptr;
-    uint64_t generation = 0;
-  };
-  std::map<std::pair<int64_t, int64_t>, Entry> graphs;
-  std::set<std::pair<int64_t, int64_t>> seen;
-  ~GraphCache() { clear(); }
-  void clear() {
-    for (auto& [k, e] : graphs)
-      if (e.exec) cudaGraphExecDestroy(e.exec);
-    graphs.clear();
-  }
-};
+// Bytes of the routed experts whose home is the host (--cpu-moe, -ot exps=CPU).
+int64_t routed_expert_bytes_on_host(const ModelWeights& w) {
+  int64_t bytes = 0;
+  for (const LayerWeights& L : w.layers)
+    for (const GluMlp& e : L.moe.experts)
+      for (const WeightMatrix* m : {&e.gate, &e.up, &e.down})
+        if (!m->empty() && m->device == kHostDevice) bytes += m->bytes();
+  return bytes;
+}
 
 std::string join_rules(const Placement& p) {
   std::string s;
@@ -79,7 +70,8 @@ struct CudaModel::Impl {
   std::unique_ptr<CudaBackend> backend;  // the graph's ops on this device
   LogitsDownload logits_down;
   bool use_graphs = true;
-  GraphCache graphs;
+  bool host_experts = false;  // routed experts placed on the host: decode graphs are captured in pieces
+  StepGraphs graphs;
 
   ~Impl() {
     prof.print();
@@ -149,16 +141,22 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   const int64_t host_bytes = matrix_bytes_on(hw, kHostDevice);
   if (host_bytes > 0) {
     // Weights placed on the host stay in the mapping: keep it. Their ops run on the CPU between the GPU's
-    // (moving activations), which a captured CUDA graph cannot hold.
+    // (moving activations): routed experts between the pieces of a captured decode graph (step_graphs.h);
+    // host dense ops synchronise the stream, so with them there are no graphs.
+    const int64_t expert_bytes = routed_expert_bytes_on_host(hw);
+    impl->host_experts = expert_bytes > 0;
+    const char* hybrid_graphs = std::getenv("K3_HYBRID_GRAPHS");  // "0": eager hybrid decode (to measure the graphs' gain)
+    if (expert_bytes < host_bytes || (hybrid_graphs && std::string(hybrid_graphs) == "0")) impl->use_graphs = false;
     impl->host_ckpt = std::move(ckpt);
     impl->host_weights = std::move(hw);
-    impl->use_graphs = false;
     // The CPU's expert jobs come one GPU layer apart: keep its workers spinning across that gap (a worker
     // woken from sleep arrives after the others have done its share: docs/perf/hybrid.md).
     ThreadPool::set_spin_time(std::chrono::microseconds(1000));
-    std::fprintf(stderr, "k3: placement: %.2f GiB of weights on the CPU (%s), %.2f GiB on %s; CUDA graphs off\n",
+    std::fprintf(stderr, "k3: placement: %.2f GiB of weights on the CPU (%s), %.2f GiB on %s; CUDA graphs %s\n",
                  static_cast<double>(host_bytes) / (1 << 30), join_rules(*opt.placement).c_str(),
-                 static_cast<double>(impl->w.arena.bytes()) / (1 << 30), impl->name.c_str());
+                 static_cast<double>(impl->w.arena.bytes()) / (1 << 30), impl->name.c_str(),
+                 impl->use_graphs ? "on (in pieces around the host experts)"
+                 : expert_bytes < host_bytes ? "off (dense weights on the host)" : "off");
   }  // else the host mapping is dropped: the device copy is all the forward needs
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
@@ -178,6 +176,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }
 std::string CudaModel::device_name() const { return impl_->name; }
 int64_t CudaModel::weight_bytes() const { return static_cast<int64_t>(impl_->w.arena.bytes()); }
+int64_t CudaModel::graph_replays() const { return impl_->graphs.replays(); }
 std::shared_ptr<CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
 
 int64_t CudaModel::memory_available() const {
@@ -297,49 +296,15 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
   graph::finish_step(plan);
 }
 
-// Enqueues the step: decode steps of a batch size seen before replay one captured CUDA graph (captured
-// the second time the shape is seen: the first, eager run sizes every lazily grown buffer); a move of any
-// buffer the graph refers to (backend->generation()) drops the stale graph.
+// Enqueues the step: decode steps replay captured CUDA graphs (step_graphs.h); prefill, mixed steps and
+// batches that stream host experts to the GPU (packed on the host first) run eagerly.
 void CudaModel::Impl::run_graph(const graph::StepPlan& plan) {
   auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits()); };
-  const bool graphable = use_graphs && !prof.on() && plan.all_decode() && plan.n_logits() == plan.n_tokens();
-  const auto key = backend->graph_key();
-  const uint64_t gen = backend->generation();
-  auto it = graphs.graphs.find(key);
-  if (graphable && it != graphs.graphs.end() && it->second.generation == gen) {
-    K3_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream));
-    return;
-  }
-  if (!graphable || !graphs.seen.count(key)) {
-    if (graphable) graphs.seen.insert(key);
-    enqueue();
-    return;
-  }
-  if (it != graphs.graphs.end()) {  // stale: a buffer it refers to was reallocated
-    cudaGraphExecDestroy(it->second.exec);
-    graphs.graphs.erase(it);
-  }
-  cudaGraph_t g = nullptr;
-  K3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    enqueue();
-  } catch (...) {
-    cudaStreamEndCapture(stream, &g);
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  K3_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
-  cudaGraphDestroy(g);
-  K3_CUDA_CHECK(e);
-  if (backend->generation() != gen) {  // the capture itself grew a buffer: run eagerly this once
-    cudaGraphExecDestroy(exec);
-    enqueue();
-    return;
-  }
-  graphs.graphs[key] = {exec, gen};
-  K3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  const bool streams = host_experts && backend->moe_stream_min_tokens() > 0 &&
+                       plan.n_tokens() >= backend->moe_stream_min_tokens();
+  const bool graphable = use_graphs && !streams && !prof.on() && plan.all_decode() && plan.n_logits() == plan.n_tokens();
+  if (!graphable) return enqueue();
+  graphs.run(backend->graph_key(), *backend, stream, host_experts, enqueue);
 }
 
 }  // namespace k3::cuda

@@ -50,6 +50,8 @@ class CudaModel final : public ModelRunner {
                       const ForwardOptions& opt = {}) const override;
 
   int64_t weight_bytes() const;
+  // Steps run as CUDA graph launches so far (captured or replayed; tests assert the graph path was taken).
+  int64_t graph_replays() const;
 
   struct Impl;
 

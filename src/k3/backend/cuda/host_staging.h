@@ -24,13 +24,17 @@ class PinnedBuffer {
       p_ = nullptr;
       cap_ = std::max(bytes, cap_ * 2);
       K3_CUDA_CHECK(cudaMallocHost(&p_, cap_));
+      ++generation_;
     }
     return p_;
   }
+  // Bumped on every move: a captured graph that copies to or from the buffer is stale after one.
+  uint64_t generation() const { return generation_; }
 
  private:
   void* p_ = nullptr;
   size_t cap_ = 0;
+  uint64_t generation_ = 0;
 };
 
 // A timing-free CUDA event, created on first use.
