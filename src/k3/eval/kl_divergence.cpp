@@ -128,13 +128,13 @@ void log_softmax(const float* logits, int64_t V, float* out) {
   for (int64_t v = 0; v < V; ++v) out[v] = static_cast<float>(static_cast<double>(logits[v]) - lse);
 }
 
-void KlAccumulator::add(const float* base_logp, const float* logp, int64_t V, int32_t next) {
+void KlAccumulator::add(const float* base_logp, const float* logp, int64_t V, int32_t next, float base_floor) {
   if (next < 0 || next >= V) throw Error("KL divergence: next token " + std::to_string(next) + " outside the vocabulary");
   double kld = 0;
   int64_t top_b = 0, top = 0;
   for (int64_t v = 0; v < V; ++v) {
     const double lb = base_logp[v], l = logp[v];
-    kld += std::exp(lb) * (lb - l);
+    if (base_logp[v] > base_floor) kld += std::exp(lb) * (lb - l);
     if (base_logp[v] > base_logp[top_b]) top_b = v;
     if (logp[v] > logp[top]) top = v;
   }

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -78,7 +79,10 @@ struct KlSummary {
 // Accumulates positions: the base's log-probs, this model's log-probs (log_softmax), the actual next token.
 class KlAccumulator {
  public:
-  void add(const float* base_logp, const float* logp, int64_t V, int32_t next);
+  // `base_floor`: base log-probs at or below it are left out of the KL sum (llama.cpp's rule for its 16-bit
+  // base rows, which store every log-prob more than 16 below the row's maximum as that floor: -16).
+  void add(const float* base_logp, const float* logp, int64_t V, int32_t next,
+           float base_floor = -std::numeric_limits<float>::infinity());
   KlSummary summary() const;  // throws k3::Error when nothing was added
 
  private:
