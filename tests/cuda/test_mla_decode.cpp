@@ -227,10 +227,15 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
       EXPECT_LT(e_all, tol) << "nh " << nh;
       EXPECT_LT(e_all1, tol) << "nh " << nh;
     }
-  // The default path takes it for BF16 rows from kMlaWgmmaMinHeads heads, never for other dtypes.
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(96, kKr, kDr, CacheDType::BF16), k3::cuda::MlaDecodeKernel::Wgmma);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(96, kKr, kDr, CacheDType::F32), k3::cuda::MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(96, kKr, kDr, CacheDType::FP8_E4M3), k3::cuda::MlaDecodeKernel::MmaSync);
+  // The default path takes it for BF16 rows where the measured rule says so, never for other dtypes.
+  using k3::cuda::MlaDecodeKernel;
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(256, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::F32), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::FP8_E4M3), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 8, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Simt);
 }
 
 // The wgmma kernel over many short sequences (1..200 keys: most in one tile, few or no splits).

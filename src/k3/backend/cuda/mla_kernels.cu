@@ -289,7 +289,7 @@ Forced forced_kernel() {
 }
 }  // namespace
 
-MlaDecodeKernel mla_attend_kernel(int nh, int kr, int dr, CacheDType dtype) {
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype) {
   const bool tc_ok = mla_tc::supports(kr, dr), wg_ok = mla_wg::supports(kr, dr, dtype);
   switch (forced_kernel()) {
     case Forced::Simt: return MlaDecodeKernel::Simt;
@@ -297,13 +297,21 @@ MlaDecodeKernel mla_attend_kernel(int nh, int kr, int dr, CacheDType dtype) {
     case Forced::Wgmma: return wg_ok ? MlaDecodeKernel::Wgmma : tc_ok ? MlaDecodeKernel::MmaSync : MlaDecodeKernel::Simt;
     default: break;
   }
-  if (wg_ok && nh >= kMlaWgmmaMinHeads) return MlaDecodeKernel::Wgmma;
+  if (wg_ok && mla_wgmma_preferred(N, nh)) return MlaDecodeKernel::Wgmma;
   if (tc_ok && nh >= kMlaTensorCoreMinHeads) return MlaDecodeKernel::MmaSync;
   return MlaDecodeKernel::Simt;
 }
 
+bool mla_wgmma_preferred(int N, int nh) {
+  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, session 9): at
+  // 96 heads 1.2-1.9x from 8 tokens on, 0.84-0.96x for one token below 128k keys (its 64-head blocks waste
+  // a third of the MMAs and each short split pays the 72 KB Q load); at 32 heads (half of each block
+  // empty) within +-5% below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
+  return nh >= 64 ? N >= 4 : N >= 64;
+}
+
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {
-  return mla_attend_kernel(nh, kr, dr, CacheDType::F32) != MlaDecodeKernel::Simt;
+  return mla_attend_kernel(1, nh, kr, dr, CacheDType::F32) != MlaDecodeKernel::Simt;
 }
 
 int mla_attend_splits(int N, int nh) {
@@ -331,7 +339,7 @@ cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q
   const int kr = pg.kr, dr = pg.dr;
   if (!mla_paging_shape_ok(pg) || kr > 32 * kMaxKrPerLane || nh <= 0 || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
-  switch (mla_attend_kernel(nh, kr, dr, pg.dtype)) {
+  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype)) {
     case MlaDecodeKernel::Wgmma: return mla_wg::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::MmaSync: return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::Simt: break;

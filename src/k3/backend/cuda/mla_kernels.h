@@ -24,7 +24,7 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
 // cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 // Three kernels behind one entry point:
-//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 and nh >= kMlaWgmmaMinHeads:
+//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred:
 //    blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored, S = QK^T and O = PV as
 //    warpgroup MMAs with fp32 accumulation and softmax;
 //  - tensor cores (mma.sync, mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads, any
@@ -37,9 +37,12 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // Split counts depend on N, nh and the cache dtype only, never on the context length, so a captured CUDA
 // graph stays valid as sequences grow.
 constexpr int kMlaTensorCoreMinHeads = 16;
-constexpr int kMlaWgmmaMinHeads = 32;
 enum class MlaDecodeKernel { Simt, MmaSync, Wgmma };
-MlaDecodeKernel mla_attend_kernel(int nh, int kr, int dr, CacheDType dtype);
+// The kernel mla_attend_latent runs for N tokens of nh heads over rows of `dtype` (K3_MLA_DECODE included).
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype);
+// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (N and nh only, so a
+// captured graph keeps its kernel).
+bool mla_wgmma_preferred(int N, int nh);
 // Whether F32 rows take a tensor-core kernel (the mma.sync one).
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);
 int mla_attend_splits(int N, int nh);  // the SIMT kernel's

@@ -21,7 +21,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_decode_wgmma.h"
@@ -43,7 +42,6 @@ constexpr int kPvSteps = kKeys / 16;            // k16 steps of P V
 constexpr uint32_t kSbo = 1024;                 // 8 rows x 128 bytes
 // V read N-major (dims contiguous): next 64 dims = the next column block, next 8 keys = kSbo.
 constexpr uint32_t kVLbo = kBlockBytes;
-constexpr int kPrefetchTiles = 2;  // measured: docs/perf/cuda.md, session 9
 constexpr size_t kSmemBytes = 1024 /* alignment slack */ + 3 * kTileBytes + kBlockBytes /* P */ + 3 * 64 * sizeof(float);
 static_assert(kHeadsPerBlock == 64 && kKeys == 64, "one wgmma M tile of heads, 64-key tiles");
 static_assert(64 * kChunks % kThreads == 0, "whole chunks per thread");
@@ -91,17 +89,6 @@ __device__ __forceinline__ void issue_tile(uint32_t dst, const MlaSeqRows& rows_
   }
 }
 
-// Keys base .. base + 63 (those before `end`) pulled from HBM into L2 by bulk prefetches, one row per thread
-// of warpgroup 1's first two warps (the less busy warpgroup). Why: with one block per SM only one tile fits
-// in flight in shared memory, which measured ~9 bytes per clock per SM (half of HBM's share; session 9);
-// prefetching tiles further ahead keeps more bytes in flight without shared memory, and the cp.async of
-// the tile then hits L2.
-__device__ __forceinline__ void prefetch_tile_l2(const MlaSeqRows& rows_of, int base, int end) {
-  const int r = static_cast<int>(threadIdx.x) - kThreads / 2;
-  if (r >= 0 && r < kKeys && base + r < end)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rows_of.row(base + r)), "n"(kCd * 2) : "memory");
-}
-
 // Q rows of heads h0 .. h0 + 63 of token t (fp32 in memory) -> bf16 in the swizzled layout; heads >= nh zero.
 __device__ __forceinline__ void load_q(uint32_t dst, const float* __restrict__ q_lat, int t, int nh, int h0) {
 #pragma unroll 6
@@ -120,7 +107,7 @@ __device__ __forceinline__ void load_q(uint32_t dst, const float* __restrict__ q
 
 __global__ void __launch_bounds__(kThreads, 1)
     attend_wg_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
-                     float* __restrict__ o_lat, float* __restrict__ ws, int prefetch) {
+                     float* __restrict__ o_lat, float* __restrict__ ws) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base_addr = (raw + 1023u) & ~1023u;  // swizzle atoms start 1024-byte aligned
@@ -149,7 +136,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_commit();
   if (k0 + kKeys < k1) issue_tile(sKV + kTileBytes, rows_of, k0 + kKeys, k1);
   cp_async_commit();
-  for (int d = 2; d < 2 + prefetch; ++d) prefetch_tile_l2(rows_of, k0 + d * kKeys, k1);
   load_q(sQ, q_lat, t, nh, h0);
 
   float o[128];
@@ -260,7 +246,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // this stage and P are free again
     if (kb + 2 * kKeys < k1) issue_tile(kv, rows_of, kb + 2 * kKeys, k1);
     cp_async_commit();
-    if (prefetch > 0) prefetch_tile_l2(rows_of, kb + (2 + prefetch) * kKeys, k1);
   }
 
   if (wg == 0) {
@@ -322,14 +307,6 @@ const Device& device() {
   return d;
 }
 
-// Tiles prefetched into L2 ahead of the two in shared memory: kPrefetchTiles, or K3_MLA_WG_PREFETCH=0..8
-// (read per call, for the A/B timing).
-int prefetch_tiles() {
-  const char* e = std::getenv("K3_MLA_WG_PREFETCH");
-  if (!e || *e < '0' || *e > '8' || e[1] != 0) return kPrefetchTiles;
-  return *e - '0';
-}
-
 }  // namespace
 
 bool supports(int kr, int dr, CacheDType dtype) { return kr == kKr && kr + dr == kCd && dtype == CacheDType::BF16; }
@@ -351,8 +328,7 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
   const int ns = ws ? splits(N, nh) : 1;
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
-  attend_wg_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws,
-                                                       prefetch_tiles());
+  attend_wg_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kKr, ns, kMinSplitKeys, kKeys, ws, o_lat, s);
   return cudaGetLastError();
 }
