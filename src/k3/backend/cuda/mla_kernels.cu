@@ -307,7 +307,7 @@ bool mla_wgmma_preferred(int N, int nh) {
   // 96 heads 1.2-1.9x from 8 tokens on, 0.84-0.96x for one token below 128k keys (its 64-head blocks waste
   // a third of the MMAs and each short split pays the 72 KB Q load); at 32 heads (half of each block
   // empty) within +-5% below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
-  return nh >= 64 ? N >= 4 : N >= 64;
+  return nh >= 64 ? N >= 4 : nh >= 32 && N >= 64;  // below 32 heads (3/4 of a block empty): not measured
 }
 
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {

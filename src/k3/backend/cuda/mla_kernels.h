@@ -24,7 +24,8 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
 // cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 // Three kernels behind one entry point:
-//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred:
+//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 64 heads from 4 tokens,
+//    32..63 heads from 64 tokens):
 //    blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored, S = QK^T and O = PV as
 //    warpgroup MMAs with fp32 accumulation and softmax;
 //  - tensor cores (mma.sync, mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads, any
