@@ -1,5 +1,6 @@
-// Absorbed MLA decode attention (mla_attend_latent): the tensor-core kernel (mla_decode_tc.cu, bf16
-// operands, fp32 softmax / accumulators) and the fp32 SIMT kernel against cpu::mla_attention_latent_rows_typed
+// Absorbed MLA decode attention (mla_attend_latent): the tensor-core kernels (wgmma, sm90a/mla_decode_wgmma.cu,
+// for BF16 rows; mma.sync, mla_decode_tc.cu; bf16 operands, fp32 softmax / accumulators) and the fp32 SIMT kernel
+// against cpu::mla_attention_latent_rows_typed
 // over the very stored bytes, for every cache dtype (F32, BF16, FP8_E4M3), on random paged caches in
 // MlaPaging's layout (mla_paged_cache.h: pages of 3 MLA layers, the tested layer 1 between poisoned
 // ones, a page size per sequence): a batch of sequences of mixed lengths (1 .. 9000 keys, tile multiples
@@ -301,8 +302,8 @@ TEST(CudaMlaDecode, RejectsBadShapes) {
   EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 0, 32, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
-// Kernel time of both paths at batch 1/8/64/256 x context 1k/8k/32k, nh 32 and 96, per cache dtype
-// (prints only). Bytes = the latent rows each sequence reads once (row_bytes per key: 2304 / 1152 / 644);
+// Kernel time of the paths (SIMT where it is short, mma.sync, wgmma for BF16) at batch 1/8/64/256 x context
+// 1k/8k/32k (and 128k at batch 1 and 8), nh 32 and 96, per cache dtype (prints only). Bytes = the latent rows each sequence reads once (row_bytes per key: 2304 / 1152 / 644);
 // enough page-table copies rotate that each call reads its rows from HBM, not L2. Pages of one layer.
 // K3_MLA_TIMING_ONLY="nh,L,B" times one shape (for a profiler run), K3_MLA_TIMING_DTYPE=float32|bfloat16|
 // fp8_e4m3 one dtype.
