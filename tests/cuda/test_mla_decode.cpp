@@ -1,5 +1,6 @@
-// Absorbed MLA decode attention (mla_attend_latent): the tensor-core kernel (mla_decode_tc.cu, bf16
-// operands, fp32 softmax / accumulators) and the fp32 SIMT kernel against cpu::mla_attention_latent_rows_typed
+// Absorbed MLA decode attention (mla_attend_latent): the tensor-core kernels (wgmma, sm90a/mla_decode_wgmma.cu,
+// for BF16 rows; mma.sync, mla_decode_tc.cu; bf16 operands, fp32 softmax / accumulators) and the fp32 SIMT kernel
+// against cpu::mla_attention_latent_rows_typed
 // over the very stored bytes, for every cache dtype (F32, BF16, FP8_E4M3), on random paged caches in
 // MlaPaging's layout (mla_paged_cache.h: pages of 3 MLA layers, the tested layer 1 between poisoned
 // ones, a page size per sequence): a batch of sequences of mixed lengths (1 .. 9000 keys, tile multiples
@@ -27,6 +28,7 @@
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/mla_decode_tc.h"
+#include "k3/backend/cuda/mla_decode_wgmma.h"
 #include "k3/backend/cuda/mla_kernels.h"
 #include "mla_paged_cache.h"
 
@@ -188,6 +190,77 @@ TEST(CudaMlaDecode, TensorCoreAndSimtMatchCpu) {
   }
 }
 
+// The wgmma kernel (BF16 rows, blocks of 64 heads) against the CPU: head counts that fill a block, leave
+// part of one empty (16, 32, 96) or need two (96, 128); flat and peaked softmax; the whole batch and a
+// scrambled tok_index subset; split-key workspace or none. The same bars as the mma.sync kernel (same
+// operand rounding: bf16 q, rows as stored, bf16 P).
+TEST(CudaMlaDecode, WgmmaMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Seq> seqs = {{9000, 16}, {1, 16}, {33, 64}, {4100, 256}, {64, 5}, {129, 1}, {1000, 64}, {65, 16}, {2, 7}};
+  const float scale = 1.0f / std::sqrt(192.0f);
+  MlaPagedCache cache(CacheDType::BF16, kKr, kDr, kLayers, seqs);
+  cache.fill_layer_random(kLayer, 4242);
+  ASSERT_TRUE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::BF16));
+  EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::F32));
+  EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::FP8_E4M3));
+  uint64_t seed = 900;
+  for (const int nh : {16, 32, 64, 96, 128})
+    for (const float qscale : {0.2f, 2.0f}) {
+      Batch b;
+      make_batch(b, cache, nh, seqs, /*subset=*/true, qscale, seed += 11);
+      DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, nh, kKr)) * 4);
+      auto wg = [&](float* ws_or_null) {
+        return [&, ws_or_null](int n, float* out) {
+          return k3::cuda::mla_wg::attend(b.pg, n, nh, b.dq.get<float>(), scale, out, ws_or_null, nullptr);
+        };
+      };
+      const double e_sub = check_run(b, wg(ws.get<float>()));
+      // The whole batch (the same reference): no tok_index.
+      const std::vector<int32_t> index = std::move(b.index);
+      b.index.clear();
+      b.pg.tok_index = nullptr;
+      const double e_all = check_run(b, wg(ws.get<float>())), e_all1 = check_run(b, wg(nullptr));
+      std::printf("[ mla ] decode wgmma bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
+                  "/ %.2e (no split)\n",
+                  nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
+      const double tol = qscale > 1.f ? 2.5e-2 : 1e-2;
+      EXPECT_LT(e_sub, tol) << "nh " << nh;
+      EXPECT_LT(e_all, tol) << "nh " << nh;
+      EXPECT_LT(e_all1, tol) << "nh " << nh;
+    }
+  // The default path takes it for BF16 rows where the measured rule says so, never for other dtypes.
+  using k3::cuda::MlaDecodeKernel;
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(256, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::F32), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::FP8_E4M3), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 8, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Simt);
+}
+
+// The wgmma kernel over many short sequences (1..200 keys: most in one tile, few or no splits).
+TEST(CudaMlaDecode, WgmmaLargeBatchShortContexts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<Seq> seqs;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 300; ++i) seqs.push_back({1 + static_cast<int>(rng() % 200), (16 << (i % 3)) + (i % 2)});
+  seqs[1] = {64, 16};
+  seqs[2] = {1, 16};
+  const float scale = 1.0f / std::sqrt(192.0f);
+  MlaPagedCache cache(CacheDType::BF16, kKr, kDr, kLayers, seqs);
+  cache.fill_layer_random(kLayer, 71);
+  Batch b;
+  make_batch(b, cache, 96, seqs, false, 1.0f, 78);
+  DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 96, kKr)) * 4);
+  const double e = check_run(b, [&](int n, float* out) {
+    return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+  });
+  std::printf("[ mla ] decode wgmma bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", b.N, e,
+              k3::cuda::mla_wg::splits(b.N, 96));
+  EXPECT_LT(e, 1e-2);
+}
+
 // The tensor-core path must also be right at batch sizes where the split rule picks few or no splits,
 // and for a context of exactly one tile and one row, for every dtype.
 TEST(CudaMlaDecode, TensorCoreLargeBatchShortContexts) {
@@ -229,8 +302,8 @@ TEST(CudaMlaDecode, RejectsBadShapes) {
   EXPECT_EQ(k3::cuda::mla_attend_latent(pg, 0, 32, nullptr, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
 }
 
-// Kernel time of both paths at batch 1/8/64/256 x context 1k/8k/32k, nh 32 and 96, per cache dtype
-// (prints only). Bytes = the latent rows each sequence reads once (row_bytes per key: 2304 / 1152 / 644);
+// Kernel time of the paths (SIMT where it is short, mma.sync, wgmma for BF16) at batch 1/8/64/256 x context
+// 1k/8k/32k (and 128k at batch 1 and 8), nh 32 and 96, per cache dtype (prints only). Bytes = the latent rows each sequence reads once (row_bytes per key: 2304 / 1152 / 644);
 // enough page-table copies rotate that each call reads its rows from HBM, not L2. Pages of one layer.
 // K3_MLA_TIMING_ONLY="nh,L,B" times one shape (for a profiler run), K3_MLA_TIMING_DTYPE=float32|bfloat16|
 // fp8_e4m3 one dtype.
@@ -242,8 +315,9 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
   const char* only_dt = std::getenv("K3_MLA_TIMING_DTYPE");
   for (const CacheDType dt : {CacheDType::F32, CacheDType::BF16, CacheDType::FP8_E4M3})
   for (const int nh : {32, 96})
-    for (const int L : {1024, 8192, 32768})
+    for (const int L : {1024, 8192, 32768, 131072})
       for (const int B : {1, 8, 64, 256}) {
+        if (L > 32768 && B > 8) continue;  // 128k: batch 1 and 8
         if (only_dt && std::strcmp(only_dt, dtype_name(dt)) != 0) continue;
         if (only[0] && (nh != only[0] || L != only[1] || B != only[2])) continue;
         const int pps = L / page;
@@ -317,12 +391,21 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
           unsetenv("K3_MLA_DECODE");
           return ms * 1000.0 / reps;
         };
-        const double us_simt = time_path("simt"), us_tc = time_path("tc");
+        // The SIMT kernel only where it takes well under a second in all (K3_MLA_TIMING_SIMT=1: always).
+        const bool simt = std::getenv("K3_MLA_TIMING_SIMT") || static_cast<double>(B) * L * nh <= 64.0 * 8192 * 32;
+        const double us_simt = simt ? time_path("simt") : 0.0, us_tc = time_path("tc");
+        const bool wg = k3::cuda::mla_wg::supports(kKr, kDr, dt);
+        const double us_wg = wg ? time_path("wgmma") : 0.0;
         const double flop = 2.0 * B * L * nh * (kCd + kKr);
-        std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us %6.0f GB/s | tc %8.1f us %6.0f GB/s "
-                    "%5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) | %.1fx\n",
-                    dtype_name(dt), nh, L, B, us_simt, rows_bytes / us_simt / 1e3, us_tc, rows_bytes / us_tc / 1e3,
-                    flop / us_tc / 1e6, rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh, dt), us_simt / us_tc);
+        std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us | tc %8.1f us %6.0f GB/s "
+                    "%5.1f TFLOP/s (%4.1f%%, splits %d)",
+                    dtype_name(dt), nh, L, B, us_simt, us_tc, rows_bytes / us_tc / 1e3, flop / us_tc / 1e6,
+                    rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh, dt));
+        if (wg)
+          std::printf(" | wgmma %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
+                      us_wg, rows_bytes / us_wg / 1e3, flop / us_wg / 1e6, rows_bytes / us_wg / 1e3 / 48.0,
+                      k3::cuda::mla_wg::splits(B, nh), us_tc / us_wg);
+        std::printf("\n");
       }
 }
 

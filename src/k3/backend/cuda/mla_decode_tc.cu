@@ -309,22 +309,8 @@ bool supports(int kr, int dr) { return kr == kKr && kr + dr == kCd; }
 
 int splits(int N, int nh, CacheDType dtype) {
   const Occupancy& occ = occupancy_of(dtype);
-  const int slots = occ.sms * occ.blocks_per_sm;
   const int64_t per = static_cast<int64_t>(N) * ((nh + kHeadsPerBlock - 1) / kHeadsPerBlock);
-  // Time in units of one whole-range block: waves(ns) / ns. Take the fewest splits within 5% of the
-  // even spread per / slots (fewer splits: less merge traffic), else the best seen.
-  const double ideal = static_cast<double>(per) / slots;
-  int best = 1;
-  double best_t = 1e30;
-  for (int ns = 1; ns <= occ.sms && (ns == 1 || per * ns <= 4 * slots); ++ns) {
-    const double tm = static_cast<double>((per * ns + slots - 1) / slots) / ns;
-    if (tm <= ideal * 1.05) return ns;
-    if (tm < best_t) {
-      best_t = tm;
-      best = ns;
-    }
-  }
-  return best;
+  return mla_detail::even_splits(per, occ.sms * occ.blocks_per_sm, occ.sms);
 }
 
 size_t workspace_floats(int N, int nh, int kr) {
@@ -350,3 +336,23 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
 }
 
 }  // namespace k3::cuda::mla_tc
+
+namespace k3::cuda::mla_detail {
+
+int even_splits(int64_t per, int slots, int max_splits) {
+  // Time in units of one whole-range block: waves(ns) / ns.
+  const double ideal = static_cast<double>(per) / slots;
+  int best = 1;
+  double best_t = 1e30;
+  for (int ns = 1; ns <= max_splits && (ns == 1 || per * ns <= 4 * slots); ++ns) {
+    const double tm = static_cast<double>((per * ns + slots - 1) / slots) / ns;
+    if (tm <= ideal * 1.05) return ns;
+    if (tm < best_t) {
+      best_t = tm;
+      best = ns;
+    }
+  }
+  return best;
+}
+
+}  // namespace k3::cuda::mla_detail

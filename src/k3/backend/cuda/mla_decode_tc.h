@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "k3/backend/cuda/mla_kernels.h"
 
@@ -39,6 +40,11 @@ __host__ __device__ inline int split_chunk(int len, int ns, int min_keys, int gr
   if (c < min_keys) c = min_keys;
   return (c + gran - 1) / gran * gran;
 }
+
+// The split rule of both tensor-core kernels: `per` blocks per split (tokens x head blocks) over `slots`
+// resident blocks; the fewest splits (at most max_splits, and at most 4 blocks per slot in all) whose
+// waves come within 5% of the even spread (fewer splits: less merge traffic), else the best seen.
+int even_splits(int64_t per, int slots, int max_splits);
 
 // Merges the splits' (max, sum, unnormalised o) of ws [N][nh][ns][kr + 2] into o_lat (mla_kernels.cu).
 cudaError_t merge_splits(const MlaPaging& pg, int N, int nh, int kr, int ns, int min_keys, int gran, const float* ws,

@@ -16,6 +16,7 @@
 
 #include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/mla_decode_tc.h"
+#include "k3/backend/cuda/mla_decode_wgmma.h"
 #include "k3/backend/cuda/mla_paging.cuh"
 
 namespace k3::cuda {
@@ -276,24 +277,41 @@ cudaError_t merge_splits(const MlaPaging& pg, int N, int nh, int kr, int ns, int
 }  // namespace mla_detail
 
 namespace {
-enum class DecodePath { Auto, Simt, Tc };
-// K3_MLA_DECODE=simt|tc forces a path (A/B timing, tolerance checks). Read per call (a getenv per
-// layer is negligible next to a launch), so a test can switch paths in one process.
-DecodePath forced_path() {
+// K3_MLA_DECODE=simt|tc|wgmma forces a kernel where the shape allows it (A/B timing, tolerance checks).
+// Read per call (a getenv per layer is negligible next to a launch), so a test can switch in one process.
+enum class Forced { Auto, Simt, Tc, Wgmma };
+Forced forced_kernel() {
   const char* e = std::getenv("K3_MLA_DECODE");
-  if (e && std::strcmp(e, "simt") == 0) return DecodePath::Simt;
-  if (e && std::strcmp(e, "tc") == 0) return DecodePath::Tc;
-  return DecodePath::Auto;
+  if (e && std::strcmp(e, "simt") == 0) return Forced::Simt;
+  if (e && std::strcmp(e, "tc") == 0) return Forced::Tc;
+  if (e && std::strcmp(e, "wgmma") == 0) return Forced::Wgmma;
+  return Forced::Auto;
 }
 }  // namespace
 
-bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {
-  if (!mla_tc::supports(kr, dr)) return false;
-  switch (forced_path()) {
-    case DecodePath::Simt: return false;
-    case DecodePath::Tc: return true;
-    default: return nh >= kMlaTensorCoreMinHeads;
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype) {
+  const bool tc_ok = mla_tc::supports(kr, dr), wg_ok = mla_wg::supports(kr, dr, dtype);
+  switch (forced_kernel()) {
+    case Forced::Simt: return MlaDecodeKernel::Simt;
+    case Forced::Tc: return tc_ok ? MlaDecodeKernel::MmaSync : MlaDecodeKernel::Simt;
+    case Forced::Wgmma: return wg_ok ? MlaDecodeKernel::Wgmma : tc_ok ? MlaDecodeKernel::MmaSync : MlaDecodeKernel::Simt;
+    default: break;
   }
+  if (wg_ok && mla_wgmma_preferred(N, nh)) return MlaDecodeKernel::Wgmma;
+  if (tc_ok && nh >= kMlaTensorCoreMinHeads) return MlaDecodeKernel::MmaSync;
+  return MlaDecodeKernel::Simt;
+}
+
+bool mla_wgmma_preferred(int N, int nh) {
+  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, session 9): at
+  // 96 heads 1.2-1.9x from 8 tokens on, 0.84-0.96x for one token below 128k keys (its 64-head blocks waste
+  // a third of the MMAs and each short split pays the 72 KB Q load); at 32 heads (half of each block
+  // empty) within +-5% below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
+  return nh >= 64 ? N >= 4 : nh >= 32 && N >= 64;  // below 32 heads (3/4 of a block empty): not measured
+}
+
+bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {
+  return mla_attend_kernel(1, nh, kr, dr, CacheDType::F32) != MlaDecodeKernel::Simt;
 }
 
 int mla_attend_splits(int N, int nh) {
@@ -306,7 +324,8 @@ size_t mla_attend_workspace_floats(int N, int nh, int kr) {
   const int ns = mla_attend_splits(N, nh);
   const size_t simt = ns == 1 ? 0 : static_cast<size_t>(N) * nh * ns * (kr + 2);
   // Either path may run (K3_MLA_DECODE), so the workspace fits both (the tensor-core one for every dtype).
-  return std::max(simt, kr == mla_tc::kKr ? mla_tc::workspace_floats(N, nh, kr) : size_t{0});
+  if (kr != mla_tc::kKr) return simt;
+  return std::max({simt, mla_tc::workspace_floats(N, nh, kr), mla_wg::workspace_floats(N, nh, kr)});
 }
 
 size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr) {
@@ -320,7 +339,11 @@ cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q
   const int kr = pg.kr, dr = pg.dr;
   if (!mla_paging_shape_ok(pg) || kr > 32 * kMaxKrPerLane || nh <= 0 || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
-  if (mla_attend_uses_tensor_cores(nh, kr, dr)) return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
+  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype)) {
+    case MlaDecodeKernel::Wgmma: return mla_wg::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
+    case MlaDecodeKernel::MmaSync: return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
+    case MlaDecodeKernel::Simt: break;
+  }
   const int ns = ws ? mla_attend_splits(N, nh) : 1;
   const size_t smem = static_cast<size_t>((kHeadsPerBlock + kKeyTile) * (kr + dr)) * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;

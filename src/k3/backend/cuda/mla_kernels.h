@@ -23,20 +23,31 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // o_lat[t][h] = sum softmax * c_kv (the first kr values of each row). Rows of any pg.dtype are read as
 // stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
 // cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
-// Two kernels behind one entry point:
-//  - tensor cores (mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads: blocks of
-//    32 heads, rows read once per block into shared memory as bf16, S = QK^T and O = PV as mma.sync with
-//    fp32 accumulation and softmax (relative error ~3e-3 against fp32; tests/cuda/test_mla_decode.cpp);
+// Three kernels behind one entry point:
+//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 64 heads from 4 tokens,
+//    32..63 heads from 64 tokens):
+//    blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored, S = QK^T and O = PV as
+//    warpgroup MMAs with fp32 accumulation and softmax;
+//  - tensor cores (mma.sync, mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads, any
+//    dtype: blocks of 32 heads, rows converted to bf16 in shared memory (relative error ~3e-3 against fp32
+//    for both tensor-core kernels; tests/cuda/test_mla_decode.cpp);
 //  - SIMT fp32 (the reference path, <= 1.5e-6): 8 heads of one token per block.
-// K3_MLA_DECODE=simt|tc forces one (tc only where the shape allows). Both split the keys of a token over
-// several blocks (flash-decoding, so that batch-1 decode fills the GPU) and merge the partial results
-// through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split). Split counts depend on N,
-// nh and the cache dtype only, never on the context length, so a captured CUDA graph stays valid as
-// sequences grow.
+// K3_MLA_DECODE=simt|tc|wgmma forces one (where the shape and dtype allow; else the next one down). All
+// split the keys of a token over several blocks (flash-decoding, so that batch-1 decode fills the GPU) and
+// merge the partial results through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split).
+// Split counts depend on N, nh and the cache dtype only, never on the context length, so a captured CUDA
+// graph stays valid as sequences grow.
 constexpr int kMlaTensorCoreMinHeads = 16;
+enum class MlaDecodeKernel { Simt, MmaSync, Wgmma };
+// The kernel mla_attend_latent runs for N tokens of nh heads over rows of `dtype` (K3_MLA_DECODE included).
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype);
+// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (N and nh only, so a
+// captured graph keeps its kernel).
+bool mla_wgmma_preferred(int N, int nh);
+// Whether F32 rows take a tensor-core kernel (the mma.sync one).
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);
 int mla_attend_splits(int N, int nh);  // the SIMT kernel's
-// Fits either path and every cache dtype (the tensor-core split count follows that kernel's occupancy,
+// Fits every path and every cache dtype (the tensor-core split counts follow each kernel's occupancy,
 // which differs per dtype), so a model sizes it without knowing the dtype.
 size_t mla_attend_workspace_floats(int N, int nh, int kr);
 // The largest workspace any N' in 1..max_n needs (what a model sizes once).
