@@ -1,8 +1,8 @@
-// `k3 convert -m HF_DIR -o OUT.gguf [--tokenizer DIR] [--tensor-type REGEX=TYPE]... [--imatrix F]`: an HF
+// `k3 convert -m MODEL -o OUT.gguf [--tokenizer DIR] [--tensor-type REGEX=TYPE]... [--imatrix F]`: an HF
 // checkpoint as the GGUF llama.cpp's converter writes for kimi-k3 / kimi-linear (model/gguf_export.h), stored
 // types kept unless a rule quantises a dense matrix; readable by k3 and llama.cpp.
-// `k3 quantize [options] HF_DIR OUT.gguf PRESET` (llama-quantize's order): the same with a preset's rules
-// after the --tensor-type ones, and a table of sizes per type.
+// `k3 quantize [options] MODEL OUT.gguf PRESET` (llama-quantize's order; MODEL an HF directory or a GGUF):
+// the same with a preset's rules after the --tensor-type ones, and a table of sizes per type.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/compute_options.h"
+#include "cli/model_loader.h"
 #include "k3/text/gguf_vocab.h"
 #include "k3/core/error.h"
 #include "k3/io/gguf.h"
@@ -18,6 +19,7 @@
 #include "k3/model/config.h"
 #include "k3/model/gguf_export.h"
 #include "k3/model/imatrix.h"
+#include "k3/model/model_files.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
@@ -49,13 +51,36 @@ void print_size_table(const k3::GgufWriter& w) {
   std::printf("| all | %zu | %llu | 100%% |\n", w.tensor_types().size(), (unsigned long long)total);
 }
 
+// The tokenizer written into the GGUF: --tokenizer, else the HF directory's, else (a GGUF input) the one
+// beside it or in its own vocabulary (the rule of every other verb: cli/model_loader.h).
+k3::text::Tokenizer convert_tokenizer(const ConvertOpts& o, bool gguf_input) {
+  namespace fs = std::filesystem;
+  if (gguf_input && o.tokenizer.empty()) {
+    DeviceOptions d;
+    return load_tokenizer(o.model, d);
+  }
+  const std::string tok_dir = o.tokenizer.empty() ? o.model : o.tokenizer;
+  std::error_code ec;
+  if (!fs::exists(fs::path(tok_dir) / "tiktoken.model", ec))
+    throw k3::Error("'" + tok_dir + "' has no tiktoken.model: pass --tokenizer DIR, or --no-vocab to write no tokenizer metadata");
+  return k3::text::Tokenizer::load(tok_dir);
+}
+
 int run_convert(const ConvertOpts& o) {
   namespace fs = std::filesystem;
   apply_compute_options(o.compute);
-  const k3::ModelConfig cfg = k3::load_model_config(o.model);
-  const k3::Checkpoint ck(o.model);
+  // An HF directory or a GGUF (seen under its HF names: model/gguf_model.h), as llama-quantize takes a GGUF.
+  k3::ModelFiles files = k3::open_model_files(o.model);
+  const k3::ModelConfig& cfg = files.config;
+  const k3::Checkpoint& ck = *files.checkpoint;
   k3::GgufWriter w;
-  const std::string name = fs::path(o.model).lexically_normal().filename().string();
+  std::string name = fs::path(o.model).lexically_normal().filename().string();
+  if (files.gguf) {  // a GGUF input keeps its general.name
+    const k3::GgufFile in(o.model);
+    const auto& md = in.gguf().metadata;
+    name = md.contains("general.name") && md["general.name"].is_string() ? md["general.name"].get<std::string>()
+                                                                          : fs::path(o.model).stem().string();
+  }
   std::vector<k3::TensorTypeRule> rules;
   for (const std::string& r : o.tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
   if (!o.preset.empty())
@@ -66,14 +91,7 @@ int run_convert(const ConvertOpts& o) {
     im = k3::read_imatrix(o.imatrix);
   }
   const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules, im ? &*im : nullptr);
-  const std::string tok_dir = o.tokenizer.empty() ? o.model : o.tokenizer;
-  std::error_code ec;
-  if (!o.no_vocab) {
-    if (!fs::exists(fs::path(tok_dir) / "tiktoken.model", ec))
-      throw k3::Error("'" + tok_dir + "' has no tiktoken.model: pass --tokenizer DIR, or --no-vocab to write "
-                      "no tokenizer metadata");
-    k3::text::add_tokenizer_to_gguf(w, k3::text::Tokenizer::load(tok_dir), cfg.vocab_size, cfg.bos_token_id >= 0);
-  }
+  if (!o.no_vocab) k3::text::add_tokenizer_to_gguf(w, convert_tokenizer(o, files.gguf), cfg.vocab_size, cfg.bos_token_id >= 0);
   const auto t0 = std::chrono::steady_clock::now();
   int last_pct = -1;
   w.write(o.out, [&](uint64_t done, uint64_t total) {
@@ -107,7 +125,7 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
 void add_convert(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<ConvertOpts>();
   auto* cmd = app.add_subcommand("convert", "Write an HF checkpoint as a GGUF (llama.cpp's kimi-k3 / kimi-linear layout)");
-  cmd->add_option("-m,--model", o->model, "HF checkpoint directory")->required();
+  cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file")->required();
   cmd->add_option("-o,--out", o->out, "output .gguf path")->required();
   add_common(cmd, *o);
   cmd->callback([&reg, o] { reg.action = [o] { return run_convert(*o); }; });
@@ -117,8 +135,8 @@ void add_quantize(CLI::App& app, Registry& reg) {
   auto o = std::make_shared<ConvertOpts>();
   std::string names;
   for (const std::string& n : k3::quantize_preset_names()) names += (names.empty() ? "" : ", ") + n;
-  auto* cmd = app.add_subcommand("quantize", "Quantise an HF checkpoint into a GGUF (llama-quantize's arguments and mixes)");
-  cmd->add_option("model", o->model, "HF checkpoint directory")->required();
+  auto* cmd = app.add_subcommand("quantize", "Quantise an HF checkpoint or a GGUF into a GGUF (llama-quantize's arguments and mixes)");
+  cmd->add_option("model", o->model, "HF checkpoint directory or GGUF file")->required();
   cmd->add_option("output", o->out, "output .gguf path")->required();
   cmd->add_option("preset", o->preset, "quantisation mix: " + names + " (routed experts stay as shipped)")->required();
   add_common(cmd, *o);

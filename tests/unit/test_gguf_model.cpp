@@ -23,6 +23,7 @@
 #include "k3/model/gguf_export.h"
 #include "k3/model/gguf_model.h"
 #include "k3/model/model.h"
+#include "k3/model/model_files.h"
 #include "k3/quant/gguf_quant.h"
 #include "test_util.h"
 
@@ -87,7 +88,9 @@ TEST_P(GgufTiny, LogitsBitIdenticalToHfDir) {
   auto gg = k3::Model::load(path);
   EXPECT_EQ(gg->config().num_layers, hf->config().num_layers);
   EXPECT_EQ(gg->config().expert_quant_format.has_value(), hf->config().expert_quant_format.has_value());
-  if (hf->config().expert_quant_format) EXPECT_EQ(*gg->config().expert_quant_format, k3::WeightFormat::MXFP4_GGML);
+  if (hf->config().expert_quant_format) {
+    EXPECT_EQ(*gg->config().expert_quant_format, k3::WeightFormat::MXFP4_GGML);
+  }
   std::vector<int32_t> toks;
   for (int i = 0; i < 70; ++i) toks.push_back((i * 37 + 11) % static_cast<int>(hf->config().vocab_size));  // > one KDA chunk
   for (bool decode : {false, true}) {
@@ -482,4 +485,56 @@ TEST(GgufQuantised, ExpertRulesRequantiseTheStack) {
   const double rel = rms_rel(q, ref);
   std::printf("[ gguf ] k3-tiny with Q8_0 experts (from MXFP4): logits rel %.3g vs the HF dir\n", rel);
   EXPECT_LT(rel, 0.2);  // measured 0.026 (Q8_0 rounding of the MXFP4 values); a misread stack gives ~1
+}
+
+// A GGUF as the input of convert / quantize (as llama-quantize takes one): k3-tiny's BF16 + MXFP4 GGUF
+// quantised with a dense mix and with the experts requantised gives the same tensors, types and bytes as
+// quantising the HF directory (the GGUF adapter's views, ggml's MXFP4 blocks and ssm_a = -exp(A_log) as
+// stored are written back as they were); a tensor the input already holds in another block type is refused,
+// not requantised.
+TEST(GgufQuantised, GgufInputQuantisesAsTheHfDir) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  k3test::TempDir t;
+  {
+    k3::GgufWriter w;
+    const k3::Checkpoint ck(dir);
+    k3::add_model_to_gguf(w, k3::load_model_config(dir), ck, "x");
+    w.write(t.str() + "/in.gguf");
+  }
+  const k3::ModelFiles in = k3::open_model_files(t.str() + "/in.gguf");
+  ASSERT_TRUE(in.gguf);
+  for (const char* preset : {"Q4_K_M", "Q4_K_M-E3"}) {
+    k3::GgufWriter from_hf, from_gguf;
+    const k3::Checkpoint ck(dir);
+    k3::add_model_to_gguf(from_hf, k3::load_model_config(dir), ck, "x", k3::quantize_preset(preset));
+    k3::add_model_to_gguf(from_gguf, in.config, *in.checkpoint, "x", k3::quantize_preset(preset));
+    from_hf.write(t.str() + "/a.gguf");
+    from_gguf.write(t.str() + "/b.gguf");
+    const k3::GgufFile a(t.str() + "/a.gguf"), b(t.str() + "/b.gguf");
+    ASSERT_EQ(a.gguf().tensors.size(), b.gguf().tensors.size()) << preset;
+    int64_t differ = 0;
+    for (const auto& ta : a.gguf().tensors) {
+      const k3::GgufTensor* tb = b.gguf().find(ta.name);
+      ASSERT_NE(tb, nullptr) << ta.name;
+      differ += ta.type != tb->type || ta.dims != tb->dims || ta.bytes != tb->bytes || std::memcmp(ta.data, tb->data, ta.bytes) != 0;
+    }
+    EXPECT_EQ(differ, 0) << preset;
+    EXPECT_EQ(a.gguf().metadata, b.gguf().metadata) << preset;
+  }
+  // The Q4_K_M file as input: its Q6_K / Q4_K matrices may be kept, not requantised to Q8_0.
+  k3::GgufWriter q;
+  {
+    const k3::Checkpoint ck(dir);
+    k3::add_model_to_gguf(q, k3::load_model_config(dir), ck, "x", k3::quantize_preset("Q4_K_M"));
+    q.write(t.str() + "/q.gguf");
+  }
+  const k3::ModelFiles qin = k3::open_model_files(t.str() + "/q.gguf");
+  k3::GgufWriter again, keep;
+  try {
+    k3::add_model_to_gguf(again, qin.config, *qin.checkpoint, "x", k3::quantize_preset("Q8_0"));
+    ADD_FAILURE() << "requantised a Q6_K / Q4_K tensor";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k3 does not requantise"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(k3::add_model_to_gguf(keep, qin.config, *qin.checkpoint, "x", {k3::parse_tensor_type_rule(".*=keep")}));
 }

@@ -158,10 +158,14 @@ class TensorExport {
       std::string canonical = name;
       for (const char* sfx : {".weight_packed", ".weight_scale"})
         if (ends(name, sfx)) canonical = name.substr(0, name.size() - std::string(sfx).size()) + ".weight";
+      // A GGUF input's ssm_a is -exp(A_log) already (weights.h kNegExpALogName): named for its A_log.
+      const bool neg_exp = ends(name, kNegExpALogName);
+      if (neg_exp) canonical = name.substr(0, name.size() - std::string(kNegExpALogName).size()) + "A_log";
       const auto g = hf_to_gguf(c_, canonical);
       if (!g) continue;
       if (name.find(".experts.") != std::string::npos) experts_of(*g, name);
       else if (ends(name, "conv1d.weight")) conv(*g, *t);
+      else if (neg_exp) neg_exp_a(*g, *t);
       else if (ends(name, ".A_log")) a_log(*g, *t);
       else if (name.find("_res_norm.") != std::string::npos || name.find("_res_proj.") != std::string::npos) res(*g, name);
       else if (ends(name, "kv_b_proj.weight")) kv_b(*g, *t);
@@ -195,8 +199,21 @@ class TensorExport {
     // (one loop, weight_simd.h), outside the opt-in avx512bf16 tier.
     if (g.size() >= 19 && g.compare(g.size() - 19, 19, "ffn_gate_inp.weight") == 0) return add_f32(w_, g, ne, to_f32(t));
     const TensorInfo* tp = &t;
+    if (t.block_format) return stored_blocks(g, t, rule_for(g));
     if (const auto f = rule_for(g)) return quantised(g, t, ne, *f);
     w_.add_tensor(g, ne, ggml_type_of(t.dtype), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
+  }
+  // A dense matrix that a GGUF input already holds in a block format: written as stored (ne [cols, rows]).
+  // Requantising it would compound two roundings, so a rule naming another type is an error (as
+  // llama-quantize without --allow-requantize); quantise from the BF16 GGUF or the HF directory instead.
+  void stored_blocks(const std::string& g, const TensorInfo& t, std::optional<WeightFormat> wanted) {
+    const WeightFormat bf = *t.block_format;
+    if (wanted && *wanted != bf)
+      throw Error("--tensor-type: '" + g + "' is already " + weight_format_name(bf) + " in the input; k3 does not requantise (" +
+                  "quantise from a BF16 GGUF or the HF directory, or keep it with '" + g + "=keep')");
+    const int64_t cols = t.shape[1] / weight_layout(bf).block_bytes * weight_layout(bf).block_elems;
+    const TensorInfo* tp = &t;
+    w_.add_tensor(g, {cols, t.shape[0]}, *ggml_type_of_block_format(bf), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
   }
   // Routed experts are quantised only by a rule whose pattern names them ("exps"): a catch-all like ".*"
   // must not requantise the experts' shipped MXFP4 (their QAT format) into something no better.
@@ -281,6 +298,12 @@ class TensorExport {
     const int64_t H = c_.kda_heads;
     add_f32(w_, g, c_.arch == Arch::KimiK3 ? std::vector<int64_t>{H} : std::vector<int64_t>{1, H, 1, 1}, std::move(a));
   }
+  void neg_exp_a(const std::string& g, const TensorInfo& t) {  // ssm_a as stored in a GGUF input
+    used_.insert(t.name);
+    ++tensors_;
+    const int64_t H = c_.kda_heads;
+    add_f32(w_, g, c_.arch == Arch::KimiK3 ? std::vector<int64_t>{H} : std::vector<int64_t>{1, H, 1, 1}, to_f32(t));
+  }
   void res(const std::string& g, const std::string& name) {  // norm * proj in fp32, as the binder multiplies
     const bool is_norm = name.find("_res_norm.") != std::string::npos;
     std::string norm = name, proj = name;
@@ -327,9 +350,13 @@ class TensorExport {
     const int64_t E = c_.num_experts, I = c_.moe_intermediate_size, X = c_.expert_in_dim();
     const int64_t rows = wid == "w2" ? X : I, cols = wid == "w2" ? I : X;
     std::vector<const TensorInfo*> data, scales;
+    // A GGUF input's experts are ggml's MXFP4 blocks already: written as stored.
+    const bool ggml_blocks = c_.expert_quant_format == WeightFormat::MXFP4_GGML;
     for (int64_t e = 0; e < E; ++e) {
       const std::string p = base + std::to_string(e) + "." + wid;
-      if (c_.expert_quant_format) {
+      if (ggml_blocks) {
+        data.push_back(&need(p + ".weight"));
+      } else if (c_.expert_quant_format) {
         data.push_back(&need(p + ".weight_packed"));
         scales.push_back(&need(p + ".weight_scale"));
       } else {
@@ -339,7 +366,11 @@ class TensorExport {
     ++tensors_;
     if (const auto f = expert_rule_for(g); f && cols % weight_layout(*f).block_elems == 0)
       return quantised_experts(g, data, scales, rows, cols, *f);
-    if (c_.expert_quant_format) {
+    if (ggml_blocks) {
+      w_.add_tensor(g, {cols, rows, E}, kMxfp4, [data](GgufSink& s) {
+        for (const TensorInfo* t : data) s.write(t->data, t->nbytes);
+      });
+    } else if (c_.expert_quant_format) {
       w_.add_tensor(g, {cols, rows, E}, kMxfp4, [data, scales, rows, cols](GgufSink& s) {
         const int64_t blocks = rows * cols / 32;
         std::vector<uint8_t> out(static_cast<size_t>(blocks * 17));
@@ -433,7 +464,8 @@ std::vector<TensorTypeRule> quantize_preset(const std::string& name) {
 
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
                                   const std::vector<TensorTypeRule>& rules, const Imatrix* imatrix) {
-  if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4)
+  // MXFP4 experts come as compressed-tensors pairs (an HF dir) or in ggml's blocks (a GGUF input).
+  if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4 && *c.expert_quant_format != WeightFormat::MXFP4_GGML)
     throw Error("k3 convert: experts in " + std::string(weight_format_name(*c.expert_quant_format)) + " cannot be written yet");
   // All checks of loading (shapes, dtypes, finite MXFP4 scales) before writing anything.
   const ModelWeights mw = bind_weights(c, ck);
