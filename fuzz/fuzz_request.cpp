@@ -1,7 +1,7 @@
 // The OpenAI request parser: any bytes as a request body, on both endpoints, either become a valid
 // GenRequest or throw ApiError (a 4xx). Anything else -- another exception type, a crash, UB under the
 // sanitizers -- is a bug. Also renders the response of a parsed request (the estimate's per-token bound
-// holds for what build_response_body writes).
+// holds for what build_response_body writes), and /tokenize and /detokenize of the same body.
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -34,6 +34,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         __builtin_trap();
       std::vector<k3::serve::ChoiceState> choices(static_cast<size_t>(r.n));
       (void)k3::serve::build_response_body(ep, r, "id", 1, choices, {}, *api.tok);
+    } catch (const k3::serve::ApiError& e) {
+      if (e.status < 400 || e.status > 499) __builtin_trap();
+    }
+  }
+  // /tokenize and /detokenize on the same body: a JSON answer whose tokens are in the vocabulary, or a 4xx.
+  for (const bool tokenize : {true, false}) {
+    try {
+      const nlohmann::json j = k3::serve::parse_json_body(body);
+      const nlohmann::json r = tokenize ? k3::serve::tokenize_response(j, api) : k3::serve::detokenize_response(j, api);
+      if (tokenize && r.at("count").get<size_t>() != r.at("tokens").size()) __builtin_trap();
+      (void)k3::serve::dump(r);
     } catch (const k3::serve::ApiError& e) {
       if (e.status < 400 || e.status > 499) __builtin_trap();
     }

@@ -15,7 +15,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"k3.cpp: inference engine for the Kimi K3 model family"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "k3.cpp 0.1.0");
+  app.set_version_flag("--version", "k3.cpp " K3_VERSION);
   k3cli::set_bench_cmdline(argc, argv);
   k3cli::Registry reg;
   for (auto& add : k3cli::all_commands()) add(app, reg);

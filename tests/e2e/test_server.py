@@ -175,6 +175,39 @@ class ServerTest(unittest.TestCase):
         st, _, _ = self.srv.request("GET", "/health", headers={"Authorization": ""})
         self.assertEqual(st, 200)
 
+    def test_tokenize_detokenize_version(self):
+        # vLLM's /tokenize ("prompt", BOS by default) and llama-server's ("content", no BOS by default, with_pieces);
+        # /detokenize gives the text back under both projects' names; /version as vLLM's.
+        st, _, body = self.srv.request("POST", "/tokenize", {"model": MODEL, "prompt": "Hello world"})
+        self.assertEqual(st, 200, body)
+        v = json.loads(body)
+        self.assertEqual(v["count"], len(v["tokens"]))
+        st, _, body = self.srv.request("POST", "/tokenize", {"content": "Hello world", "with_pieces": True})
+        self.assertEqual(st, 200, body)
+        pieces = json.loads(body)["tokens"]
+        self.assertEqual(v["tokens"][1:], [p["id"] for p in pieces])  # the same text, BOS only in vLLM's form
+        self.assertEqual("".join(p["piece"] for p in pieces), "Hello world")
+        st, _, body = self.srv.request("POST", "/detokenize", {"tokens": v["tokens"][1:]})
+        self.assertEqual(st, 200, body)
+        d = json.loads(body)
+        self.assertEqual((d["prompt"], d["content"]), ("Hello world", "Hello world"))
+        chat = [{"role": "user", "content": "Say hi"}]
+        st, _, body = self.srv.request("POST", "/tokenize", {"messages": chat})
+        self.assertEqual(st, 200, body)
+        r = self.c.chat.completions.create(model=MODEL, messages=chat, max_tokens=1)
+        self.assertEqual(json.loads(body)["count"], r.usage.prompt_tokens)  # the prompt the chat endpoint runs
+        for bad in ({"prompt": "a", "content": "b"}, {"prompt": 5}, {}, {"prompt": "a", "model": "other"}):
+            st, _, body = self.srv.request("POST", "/tokenize", bad)
+            self.assertIn(st, (400, 404), (bad, body))
+        for bad in ({"tokens": [10 ** 30]}, {"tokens": "x"}, {"tokens": [-1]}, {"tokens": [1.5]}):
+            st, _, body = self.srv.request("POST", "/detokenize", bad)
+            self.assertEqual(st, 400, (bad, body))
+        st, _, _ = self.srv.request("POST", "/tokenize", {"prompt": "a"}, headers={"Authorization": ""})
+        self.assertEqual(st, 401)
+        st, _, body = self.srv.request("GET", "/version")
+        self.assertEqual(st, 200)
+        self.assertRegex(json.loads(body)["version"], r"^\d+\.\d+\.\d+")
+
     def test_completion_length(self):
         r = self.c.completions.create(model=MODEL, prompt="Hello world", max_tokens=7, temperature=0,
                                       extra_body={"ignore_eos": True})

@@ -369,19 +369,35 @@ int64_t response_bytes_per_token(int top_logprobs) {
 
 namespace {
 // Everything but GenRequest::body, which the two overloads below copy or move in.
+// The request's "model" (the served one when absent); 404 for another, as OpenAI answers.
+std::string checked_model(const json& b, const ApiContext& ctx) {
+  if (!present(b, "model")) return ctx.model_name;
+  std::string m = get_string(b, "model", kMaxModelNameBytes);
+  if (m != ctx.model_name)
+    throw ApiError(404, "The model '" + text::utf8_lossy(m) + "' does not exist; this server serves '" + ctx.model_name + "'",
+                   "model", "invalid_request_error", "model_not_found");
+  return m;
+}
+
+// The chat template applied to "messages" (a chat request's prompt, or /tokenize of messages).
+std::vector<int32_t> render_messages(const json& b, const ApiContext& ctx) {
+  check_messages(b);
+  try {
+    return ctx.chat->render(b);
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("cannot format the request: ") + e.what(), chat_error_param(e.what()));
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("cannot format the messages: ") + e.what(), "messages");
+  }
+}
+
 GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   GenRequest r;
   r.endpoint = ep;
   const bool chat = ep == Endpoint::Chat;
   r.show_cached_tokens = ctx.prompt_tokens_details;
 
-  r.model = ctx.model_name;
-  if (present(b, "model")) {
-    r.model = get_string(b, "model", kMaxModelNameBytes);
-    if (r.model != ctx.model_name)
-      throw ApiError(404, "The model '" + text::utf8_lossy(r.model) + "' does not exist; this server serves '" +
-                              ctx.model_name + "'", "model", "invalid_request_error", "model_not_found");
-  }
+  r.model = checked_model(b, ctx);
 
   parse_sampling(b, ctx, r.params);
   if (present(b, "n")) r.n = static_cast<int>(get_int(b, "n", 1, std::min(ctx.max_n, kMaxN)));
@@ -417,14 +433,7 @@ GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   const char* prompt_param = chat ? "messages" : "prompt";
   auto& p = r.params;
   if (chat) {
-    check_messages(b);
-    try {
-      r.prompt = ctx.chat->render(b);
-    } catch (const Error& e) {
-      throw ApiError(400, std::string("cannot format the request: ") + e.what(), chat_error_param(e.what()));
-    } catch (const json::exception& e) {
-      throw ApiError(400, std::string("cannot format the messages: ") + e.what(), "messages");
-    }
+    r.prompt = render_messages(b, ctx);
     // end-of-turn ids act like EOS: ignore_eos drops them too (as vLLM does with the model's
     // generation_config eos ids); the client's own stop_token_ids always apply
     if (!p.ignore_eos)
@@ -515,7 +524,44 @@ std::string token_raw(const text::Tokenizer& tok, int32_t id) {
     return {};
   }
 }
+
+
 }  // namespace
+
+json tokenize_response(const json& b, const ApiContext& ctx) {
+  (void)checked_model(b, ctx);
+  const bool llama_style = present(b, "content");  // llama-server's field; vLLM's is "prompt" (or "messages")
+  if (llama_style + present(b, "prompt") + present(b, "messages") != 1)
+    throw ApiError(400, "exactly one of 'prompt' (vLLM), 'content' (llama-server) or 'messages' is required", "prompt");
+  std::vector<int32_t> ids;
+  if (present(b, "messages")) {
+    ids = render_messages(b, ctx);
+  } else {
+    const char* field = llama_style ? "content" : "prompt";
+    if (!b[field].is_string()) throw ApiError(400, std::string("'") + field + "' must be a string", field);
+    // Special tokens: vLLM's add_special_tokens defaults to true, llama-server's add_special to false.
+    const char* special = llama_style ? "add_special" : "add_special_tokens";
+    const bool add_bos = present(b, special) ? get_bool(b, special) : !llama_style;
+    if (add_bos && ctx.bos >= 0) ids.push_back(ctx.bos);
+    const auto enc = ctx.tok->encode(b[field].get<std::string>(), /*allow_special=*/true);
+    ids.insert(ids.end(), enc.begin(), enc.end());
+  }
+  json r = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", ctx.max_model_len}};
+  if (present(b, "with_pieces") && get_bool(b, "with_pieces")) {  // llama-server: the text of each token
+    json pieces = json::array();
+    for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", token_text(*ctx.tok, id)}});
+    r["tokens"] = std::move(pieces);
+  }
+  return r;
+}
+
+json detokenize_response(const json& b, const ApiContext& ctx) {
+  (void)checked_model(b, ctx);
+  if (!present(b, "tokens") || !b["tokens"].is_array()) throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
+  const std::vector<int32_t> ids = token_list(b["tokens"], ctx, "tokens");
+  const std::string text = ctx.tok->decode(ids);
+  return {{"prompt", text}, {"content", text}};  // vLLM's and llama-server's field names
+}
 
 json chat_logprobs(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok, int top_n) {
   json content = json::array();

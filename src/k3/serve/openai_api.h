@@ -71,6 +71,13 @@ struct ApiContext {
   bool prompt_tokens_details = false;  // usage.prompt_tokens_details.cached_tokens shown (a side channel)
 };
 
+// POST /tokenize (vLLM: "prompt" with add_special_tokens, default true, or "messages" through the chat
+// template; llama-server: "content" with add_special, default false, and with_pieces) ->
+// {"tokens", "count", "max_model_len"}; POST /detokenize ({"tokens": [ids]}) -> {"prompt", "content"}: the
+// text, under both projects' names. 400 for anything malformed, 404 for another model's name.
+nlohmann::json tokenize_response(const nlohmann::json& body, const ApiContext& ctx);
+nlohmann::json detokenize_response(const nlohmann::json& body, const ApiContext& ctx);
+
 struct GenRequest {
   Endpoint endpoint = Endpoint::Completions;
   nlohmann::json body;                 // the request, kept for chat only (its output parser reads tools)

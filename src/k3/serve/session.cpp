@@ -53,8 +53,12 @@ constexpr auto kWatchEvery = std::chrono::milliseconds(50);
 // What a parse worker hands back to the connection.
 struct Parsed {
   std::optional<GenRequest> req;
+  std::optional<std::string> response;  // a whole JSON answer (/tokenize, /detokenize)
   std::optional<ApiError> error;
 };
+
+// What a POST body is parsed for on the parse pool.
+enum class BodyJob { Chat, Completions, Tokenize, Detokenize };
 
 class Session final : public Connection, public std::enable_shared_from_this<Session> {
  public:
@@ -249,7 +253,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       return send_response(200, dump(models_json(srv_.ctx.model_name, srv_.created, srv_.ctx.max_model_len)),
                            "application/json");
     }
-    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+    if (path == "/version") {  // vLLM's
+      endpoint_ = "/version";
+      only(http::verb::get, "GET");
+      return send_response(200, "{\"version\":\"" K3_VERSION "\"}", "application/json");
+    }
+    if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize") {
       endpoint_ = path;
       only(http::verb::post, "POST");
       const int key = check_auth();
@@ -257,7 +266,11 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
         close_after_ = true;
         throw ApiError(503, "the server is shutting down", "", "server_error");
       }
-      return start_parse(path == "/v1/chat/completions" ? Endpoint::Chat : Endpoint::Completions, key);
+      const BodyJob job = path == "/v1/chat/completions" ? BodyJob::Chat
+                          : path == "/v1/completions"   ? BodyJob::Completions
+                          : path == "/tokenize"         ? BodyJob::Tokenize
+                                                        : BodyJob::Detokenize;
+      return start_parse(job, key);
     }
     endpoint_ = "other";
     throw ApiError(404, "no such endpoint: " + std::string(req_.method_string()) + " " + path, "",
@@ -284,7 +297,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   // share of the body budget go with the task; the result comes back on this connection's strand.
   // key: the index of the API key that authorised it (-1: none configured); each key is its own
   // prefix-cache partition, so a client cannot probe what another key's clients sent.
-  void start_parse(Endpoint ep, int key) {
+  void start_parse(BodyJob job, int key) {
     struct Task {
       std::string body;
       BodyReservation res;
@@ -292,11 +305,18 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     auto task = std::make_shared<Task>();
     task->body = std::move(req_.body());
     task->res = std::move(body_res_);
-    std::function<void()> fn = [self = shared_from_this(), ep, key, task] {
+    std::function<void()> fn = [self = shared_from_this(), job, key, task] {
       Parsed p;
       try {
-        p.req = parse_generation_request(ep, parse_json_body(task->body), self->srv_.ctx);
-        if (key >= 0) p.req->cache_salt = "api-key-" + std::to_string(key) + '\x1f' + p.req->cache_salt;
+        if (job == BodyJob::Tokenize || job == BodyJob::Detokenize) {
+          const auto body = parse_json_body(task->body);
+          p.response = dump(job == BodyJob::Tokenize ? tokenize_response(body, self->srv_.ctx)
+                                                     : detokenize_response(body, self->srv_.ctx));
+        } else {
+          p.req = parse_generation_request(job == BodyJob::Chat ? Endpoint::Chat : Endpoint::Completions,
+                                           parse_json_body(task->body), self->srv_.ctx);
+          if (key >= 0) p.req->cache_salt = "api-key-" + std::to_string(key) + '\x1f' + p.req->cache_salt;
+        }
       } catch (const ApiError& e) {
         p.error = e;
       } catch (const std::exception& e) {
@@ -319,6 +339,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     parsing_ = false;
     if (closed_ || client_gone_) return close();
     if (p.error) return send_error(endpoint_, *p.error);
+    if (p.response) return send_response(200, std::move(*p.response), "application/json");
     const int n = p.req->n;
     if (!srv_.reserve_inflight(n)) {
       srv_.metrics.count_rejection("saturated");
