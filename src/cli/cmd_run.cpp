@@ -1,8 +1,10 @@
-// `k3 run [-m DIR] -p "text" [-n N] [--temp T] [--seed S] ...`: stream a continuation to stdout.
+// `k3 run [-m DIR] -p "text" | -p - | -f FILE [-n N] [--temp T] [--seed S] ...`: stream a continuation to
+// stdout (the prompt from the argument, from stdin, or from a file, as llama.cpp's -p / -f).
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "cli/commands.h"
@@ -10,15 +12,45 @@
 #include "cli/expert_report.h"
 #include "cli/model_loader.h"
 #include "k3/core/error.h"
+#include "k3/io/regular_file.h"
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
 
+namespace {
+
+// Prompts from a file or stdin are bounded like every other input (a pipe from /dev/zero must end).
+constexpr size_t kMaxPromptBytes = size_t{64} << 20;
+
+std::string read_stdin_prompt() {
+  std::string s;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) {
+    if (s.size() + n > kMaxPromptBytes)
+      throw k3::Error("-p -: the prompt on stdin is larger than " + std::to_string(kMaxPromptBytes >> 20) + " MiB");
+    s.append(buf, n);
+  }
+  if (std::ferror(stdin)) throw k3::Error("-p -: cannot read the prompt from stdin");
+  return s;
+}
+
+// The prompt text: -p TEXT, -p - (stdin) or -f FILE; exactly one of -p / -f.
+std::string prompt_text(const std::optional<std::string>& prompt, const std::string& file) {
+  if (prompt && !file.empty()) throw k3::Error("give the prompt once: -p TEXT, -p - (stdin) or -f FILE");
+  if (!file.empty()) return k3::read_regular_file(file, kMaxPromptBytes, "prompt file");
+  if (!prompt) throw k3::Error("a prompt is required: -p TEXT, -p - (stdin) or -f FILE");
+  return *prompt == "-" ? read_stdin_prompt() : *prompt;
+}
+
+}  // namespace
+
 void add_run(CLI::App& app, Registry& reg) {
   struct Opts {
-    std::string model, prompt;
+    std::string model, file;
+    std::optional<std::string> prompt;
     k3::engine::SamplingParams sp;
     std::optional<uint64_t> seed;
     bool special = false, no_bos = false, verbose = false;
@@ -29,7 +61,8 @@ void add_run(CLI::App& app, Registry& reg) {
   o->sp.max_tokens = 128;
   auto* cmd = app.add_subcommand("run", "Generate a continuation of a prompt, streamed to stdout");
   cmd->add_option("-m,--model", o->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
-  cmd->add_option("-p,--prompt", o->prompt, "prompt text")->required();
+  cmd->add_option("-p,--prompt", o->prompt, "prompt text ('-': read it from stdin)");
+  cmd->add_option("-f,--file", o->file, "read the prompt from this file");
   cmd->add_option("-n,--max-tokens", o->sp.max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temp,--temperature", o->sp.temperature, "sampling temperature (0 = greedy)")->capture_default_str();
   cmd->add_option("--top-k", o->sp.top_k, "top-k (0 = off)");
@@ -47,6 +80,7 @@ void add_run(CLI::App& app, Registry& reg) {
   add_device_options(cmd, o->dev);
   cmd->callback([&reg, o] {
     reg.action = [o] {
+      const std::string text = prompt_text(o->prompt, o->file);  // before the model loads: bad input fails fast
       const std::string dir = resolve_model_dir(o->model);
       const k3::DiskCounters disk_start = k3::read_disk_counters();
       auto model = load_model(dir, o->dev);
@@ -56,7 +90,7 @@ void add_run(CLI::App& app, Registry& reg) {
       std::vector<int32_t> prompt;
       const int64_t bos = cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id();
       if (!o->no_bos && bos >= 0) prompt.push_back(static_cast<int32_t>(bos));
-      auto ids = tok.encode(o->prompt, o->special);
+      auto ids = tok.encode(text, o->special);
       prompt.insert(prompt.end(), ids.begin(), ids.end());
       // Unset seed: a random one, so that two runs differ (as before); --seed makes a run repeatable.
       o->sp.seed = o->seed ? *o->seed : static_cast<uint64_t>(std::random_device{}());
@@ -74,7 +108,7 @@ void add_run(CLI::App& app, Registry& reg) {
       eo.max_model_len = len;
       k3::engine::BatchEngine engine(*model, tok, eo);
 
-      std::fputs(o->prompt.c_str(), stdout);
+      std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
       std::mutex mu;
       std::condition_variable cv;

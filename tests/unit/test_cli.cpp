@@ -154,6 +154,32 @@ TEST(Cli, RunIsRepeatableAndValidates) {
   EXPECT_NE(bad.out.find("top_p"), std::string::npos) << bad.out;
 }
 
+// The prompt from stdin (-p -) or a file (-f) runs exactly as the same text given with -p; giving it twice,
+// not at all, a device as the file or more than the 64 MiB bound on stdin is a one-line error.
+TEST(Cli, RunPromptFromStdinOrFile) {
+  k3test::TempDir t;
+  const std::string file = t.str() + "/p.txt";
+  std::ofstream(file) << "It is a truth universally";
+  const auto ref = sh(k3bin() + " run -p 'It is a truth universally' -n 12 --temp 0 2>/dev/null");
+  ASSERT_EQ(ref.status, 0);
+  const auto from_stdin = sh("printf 'It is a truth universally' | " + k3bin() + " run -p - -n 12 --temp 0 2>/dev/null");
+  const auto from_file = sh(k3bin() + " run -f " + file + " -n 12 --temp 0 2>/dev/null");
+  EXPECT_EQ(from_stdin.status, 0);
+  EXPECT_EQ(from_stdin.out, ref.out);
+  EXPECT_EQ(from_file.out, ref.out);
+  auto r = sh(k3bin() + " run -p x -f " + file + " 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "k3: error: give the prompt once: -p TEXT, -p - (stdin) or -f FILE\n");
+  r = sh(k3bin() + " run -n 1 2>&1");
+  EXPECT_EQ(r.out, "k3: error: a prompt is required: -p TEXT, -p - (stdin) or -f FILE\n");
+  r = sh("timeout 20 " + k3bin() + " run -f /dev/zero 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("is not a regular file"), std::string::npos) << r.out;
+  r = sh("head -c 70000000 /dev/zero | timeout 20 " + k3bin() + " run -p - 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("larger than 64 MiB"), std::string::npos) << r.out;
+}
+
 // Device selection errors are clear in any build (a CPU-only build names the missing backend; a CUDA
 // build on a machine without a GPU says so) and never crash.
 TEST(Cli, DeviceOptionErrors) {
