@@ -114,7 +114,9 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
   cmd->add_option("--tokenizer", o.tokenizer, "directory with tiktoken.model (default: the checkpoint's)");
   cmd->add_option("--tensor-type", o.tensor_types,
                   "REGEX=TYPE: write the dense matrices whose GGUF name matches as TYPE (q8_0, q6_k, q5_k, q4_k, q3_k, "
-                  "q2_k, iq4_xs, keep; first match wins; llama-quantize's flag)");
+                  "q2_k, iq4_xs, keep; first match wins; llama-quantize's flag)")
+      ->expected(1)
+      ->allow_extra_args(false);  // one rule per flag, brackets and commas included
   cmd->add_option("--imatrix", o.imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
   cmd->add_flag("--no-vocab", o.no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
   add_compute_options(cmd, o.compute);

@@ -72,7 +72,8 @@ void add_run(CLI::App& app, Registry& reg) {
   cmd->add_option("--presence-penalty", o->sp.presence_penalty, "presence penalty");
   cmd->add_option("--frequency-penalty", o->sp.frequency_penalty, "frequency penalty");
   cmd->add_option("--seed", o->seed, "random seed (default: random)");
-  cmd->add_option("--stop", o->sp.stop, "stop string (repeatable)");
+  // One string per flag: without this CLI11 reads "[END]" as its list syntax and stops at "END".
+  cmd->add_option("--stop", o->sp.stop, "stop string (repeatable)")->expected(1)->allow_extra_args(false);
   cmd->add_flag("--ignore-eos", o->sp.ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--special", o->special, "parse special-token text in the prompt (e.g. <|open|>)");
   cmd->add_flag("--no-bos", o->no_bos, "do not prepend the BOS token");

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/model_loader.h"
@@ -20,6 +22,7 @@ namespace k3cli {
 namespace {
 struct Opts {
   std::string model, served_name;
+  std::vector<std::string> origins;  // --allowed-origins as given (JSON lists or single origins)
   DeviceOptions dev;
   k3::serve::ServerOptions so;
   int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
@@ -51,6 +54,24 @@ void validate_serve_flags(const Opts& o) {
     if (k.empty()) throw k3::Error("--api-key must not be empty");
   k3::serve::validate(o.so);
 }
+
+// --allowed-origins values: vLLM's JSON list ('["https://a.example", "*"]') or one origin per flag.
+std::vector<std::string> parse_origins(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& g : given) {
+    if (g.empty() || g[0] != '[') {
+      out.push_back(g);
+      continue;
+    }
+    const auto j = nlohmann::json::parse(g, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_array()) throw k3::Error("--allowed-origins: '" + g + "' is not a JSON list of strings");
+    for (const auto& v : j) {
+      if (!v.is_string()) throw k3::Error("--allowed-origins: '" + g + "' is not a JSON list of strings");
+      out.push_back(v.get<std::string>());
+    }
+  }
+  return out;
+}
 }  // namespace
 
 void add_serve(CLI::App& app, Registry& reg) {
@@ -64,6 +85,13 @@ void add_serve(CLI::App& app, Registry& reg) {
                   "require \"Authorization: Bearer KEY\" on /v1/*; may be given several times, each key its own "
                   "prefix-cache partition (default: $K3_API_KEY)")
       ->expected(1)
+      ->allow_extra_args(false)  // a key "[abc]" is that key, not CLI11's list syntax
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--allowed-origins", o->origins,
+                  "CORS: origins whose web pages may call the API, as vLLM's JSON list ('[\"*\"]') or one per flag "
+                  "(default: none, no CORS headers)")
+      ->expected(1)
+      ->allow_extra_args(false)  // else CLI11 splits a "[...]" value itself, quotes and all
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--served-model-name", o->served_name, "model name of the API (default: the model directory's name)");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once")->capture_default_str();
@@ -111,6 +139,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
   cmd->callback([&reg, o] {
     reg.action = [o] {
+      o->so.allowed_origins = parse_origins(o->origins);
       validate_serve_flags(*o);  // before the model loads: a bad flag fails at once
       // Few malloc arenas: with one per thread (glibc's default), freed request memory stays spread over
       // per-thread arenas and RSS crept up by ~15 MiB per load-test round (+6.6 MiB with two arenas, 0 with one)

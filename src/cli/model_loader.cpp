@@ -42,6 +42,8 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_option("--override-tensor", d.override_tensor,
                   "PATTERN=DEVICE: matrices whose checkpoint name matches the PCRE2 pattern live on DEVICE (CPU, CUDA0); "
                   "repeatable (-ot for short), first match wins (e.g. -ot 'experts\\.=CPU')")
+      ->expected(1)
+      ->allow_extra_args(false)  // one rule per flag: CLI11 would split a "[...]" value on commas
       ->each([](const std::string&) {});
   add_compute_options(cmd, d.compute);
   cmd->add_option("--expert-cache-gb", d.expert_cache_gb,

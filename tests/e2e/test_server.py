@@ -208,6 +208,18 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(st, 200)
         self.assertRegex(json.loads(body)["version"], r"^\d+\.\d+\.\d+")
 
+    def test_no_cors_by_default_and_preflight(self):
+        # Without --allowed-origins no response carries CORS headers (browsers keep other sites' scripts
+        # out); a preflight is answered 204 without them, an unknown path's 404.
+        st, h, _ = self.srv.request("GET", "/version", headers={"Origin": "https://evil.example"})
+        self.assertEqual(st, 200)
+        self.assertNotIn("Access-Control-Allow-Origin", h)
+        st, h, _ = self.srv.request("OPTIONS", "/v1/chat/completions", headers={"Origin": "https://evil.example"})
+        self.assertEqual(st, 204)
+        self.assertNotIn("Access-Control-Allow-Origin", h)
+        st, _, _ = self.srv.request("OPTIONS", "/nowhere")
+        self.assertEqual(st, 404)
+
     def test_completion_length(self):
         r = self.c.completions.create(model=MODEL, prompt="Hello world", max_tokens=7, temperature=0,
                                       extra_body={"ignore_eos": True})

@@ -180,6 +180,16 @@ TEST(Cli, RunPromptFromStdinOrFile) {
   EXPECT_NE(r.out.find("larger than 64 MiB"), std::string::npos) << r.out;
 }
 
+// A value in brackets is one value: CLI11's list syntax used to turn --stop "[a]" into the stop string "a"
+// (and --api-key "[k1,k2]" into two keys, -ot / --tensor-type rules into pieces).
+TEST(Cli, BracketedValuesAreNotSplit) {
+  const std::string run = k3bin() + " run -p 'It is' -n 12 --temp 0 2>/dev/null";
+  const auto plain = sh(run), bracketed = sh(run + " --stop '[a]'"), split = sh(run + " --stop a");
+  ASSERT_EQ(plain.status, 0);
+  EXPECT_EQ(bracketed.out, plain.out);  // "[a]" never occurs in the text
+  EXPECT_LT(split.out.size(), plain.out.size()) << split.out;  // while "a" does (the check can fail)
+}
+
 // Device selection errors are clear in any build (a CPU-only build names the missing backend; a CUDA
 // build on a machine without a GPU says so) and never crash.
 TEST(Cli, DeviceOptionErrors) {

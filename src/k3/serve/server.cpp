@@ -100,7 +100,22 @@ void refuse_connection(int fd, const char* why) {
   ::shutdown(fd, SHUT_WR);
 }
 
+std::string cors_headers(const std::vector<std::string>& allowed, std::string_view origin, bool preflight) {
+  if (origin.empty() || allowed.empty()) return "";
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any && std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) return "";
+  // Only an allowed origin is echoed (it is one of the configured strings, checked for CR / LF at start-up).
+  std::string h = "Access-Control-Allow-Origin: " + (any ? std::string("*") : std::string(origin)) + "\r\nVary: Origin\r\n";
+  if (preflight)
+    h += "Access-Control-Allow-Methods: GET, POST, OPTIONS\r\nAccess-Control-Allow-Headers: Authorization, Content-Type\r\n"
+         "Access-Control-Max-Age: 600\r\n";
+  return h;
+}
+
 void validate(const ServerOptions& o) {
+  for (const std::string& origin : o.allowed_origins)
+    if (origin.empty() || origin.size() > 1024 || origin.find_first_of("\r\n\0", 0, 3) != std::string::npos)
+      throw Error("--allowed-origins: an origin must be 1..1024 bytes without CR / LF / NUL (e.g. https://example.com or *)");
   auto positive = [](double v, const char* flag) {
     if (!std::isfinite(v) || v <= 0 || v > 86400.0 * 365)
       throw Error(std::string(flag) + ": expected a number of seconds > 0, got " + std::to_string(v));

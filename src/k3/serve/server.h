@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "k3/engine/engine_api.h"
@@ -32,7 +33,15 @@ struct ServerOptions {
   int64_t max_inflight_body_bytes = 0;
   int parse_threads = 2;          // workers that parse JSON and tokenise prompts (off the I/O threads)
   size_t parse_queue = 128;       // requests that may wait for a parse worker; more get 503
+  // CORS (--allowed-origins): origins whose browser pages may call the API; "*" any. Empty: no CORS headers,
+  // so browsers keep other sites' scripts out (the default; vLLM's is "*").
+  std::vector<std::string> allowed_origins;
 };
+
+// The CORS response headers for a request's Origin ("" when none applies): `Access-Control-Allow-Origin`
+// (the origin itself, or * when "*" is allowed) and `Vary: Origin`; a preflight (OPTIONS) adds the methods,
+// headers and max-age. Each header line ends in CRLF.
+std::string cors_headers(const std::vector<std::string>& allowed, std::string_view origin, bool preflight);
 
 // The limits of ServerOptions, checked: throws k3::Error naming the flag (`--timeout`, ...) for a value that
 // makes no sense (0, negative, NaN, infinite...).

@@ -235,6 +235,13 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
                        "invalid_request_error", "method_not_allowed");
       }
     };
+    const auto origin = req_.find(http::field::origin);
+    const std::string_view origin_v = origin == req_.end() ? std::string_view() : std::string_view(origin->value().data(), origin->value().size());
+    cors_ = cors_headers(srv_.opt.allowed_origins, origin_v, method == http::verb::options);
+    if (method == http::verb::options && is_route(path)) {  // a CORS preflight: no auth, no body
+      endpoint_ = "other";
+      return send_response(204, "", "text/plain");
+    }
     if (path == "/health") {
       endpoint_ = "/health";
       only(http::verb::get, "GET");
@@ -275,6 +282,13 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     endpoint_ = "other";
     throw ApiError(404, "no such endpoint: " + std::string(req_.method_string()) + " " + path, "",
                    "invalid_request_error", "not_found");
+  }
+
+  static bool is_route(const std::string& path) {
+    for (const char* r : {"/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions",
+                          "/tokenize", "/detokenize"})
+      if (path == r) return true;
+    return false;
   }
 
   // The index of the matching API key; -1 when none are configured.
@@ -364,6 +378,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     else
       h += "Content-Length: " + std::to_string(len) + "\r\n";
     h += extra;
+    h += cors_;
     h += close_after_ ? "Connection: close\r\n\r\n" : "Connection: keep-alive\r\n\r\n";
     return h;
   }
@@ -603,6 +618,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   size_t header_bytes_ = 0;
   http::request<http::string_body> req_;
   std::string endpoint_ = "other", allow_;
+  std::string cors_;  // this request's CORS headers (cors_headers), added to every response to it
   bool close_after_ = false, closed_ = false, writing_ = false, linger_ = false, http10_ = false;
   std::vector<char> linger_buf_;
   bool parsing_ = false, watching_ = false, peer_fin_ = false, client_gone_ = false, awaiting_header_ = false;
