@@ -31,9 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_simd512.h"
-#include "k3/core/thread_pool.h"
 
 namespace k3::cpu {
 
@@ -52,6 +52,8 @@ constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 
 }  // namespace k3::cpu
 
 K3_AVX512BF16_BEGIN
+
+#include "k3/backend/cpu/q8_quads_simd.h"
 
 namespace k3::cpu {
 
@@ -221,26 +223,6 @@ void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb
 // max|quad| / 254 instead of max|block| / 254 (an outlier spoils 3 neighbours, not 31). A missing g1
 // (cols % 64 == 32) has q = 0 and d = 0.
 
-// 16 activations (4 quads of 4) to q + 128 bytes (16) and the quads' scales (4 floats): d = max|x| / 127
-// rounded up (so no q saturates), q = round(x / d). A quad holding a NaN or an infinity gets d = NaN
-// (x * 0 summed over the quad is NaN exactly then, else +0), so its outputs are NaN.
-inline void quantise_quads(__m512 v, uint8_t* q_out, float* d_out) {
-  __m512 a = _mm512_abs_ps(v);
-  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0xB1));  // max within pairs, then within the quad (128-bit lane)
-  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0x4E));
-  __m512 poison = _mm512_mul_ps(v, _mm512_setzero_ps());
-  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0xB1));
-  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0x4E));
-  const __m512 d = _mm512_add_ps(
-      _mm512_div_round_ps(a, _mm512_set1_ps(127.f), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC), poison);
-  // d > 0 divides; an all-zero quad (q = 0) and a NaN one (its outputs are NaN through d) divide by 1.
-  const __m512 div = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), d);
-  const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(v, div)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q_out), _mm_xor_si128(q, _mm_set1_epi8(static_cast<char>(0x80))));
-  const __m512i first_of_quad = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  _mm_storeu_ps(d_out, _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_quad, d)));
-}
-
 void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t groups = cols / kMxfp4Group, ldq = q8_stride(cols);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -253,8 +235,8 @@ void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
         if (2 * p + b < groups) {
           const float* xg = x + t * cols + (2 * p + b) * kMxfp4Group;
           const __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
-          quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
-          quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
+          q8::quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
+          q8::quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
         } else {
           const __m128i zero_q = _mm_set1_epi8(static_cast<char>(0x80));
           _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), zero_q);
@@ -416,20 +398,11 @@ void mxfp4_ggml_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_
 
 K3_AVX512BF16_END
 
-// ---- plain code: scratch, threads, the RowKernels entries ----
+// ---- plain code: the Paths (act_convert_path.h builds the RowKernels entries) ----
 
 namespace k3::cpu {
 
 namespace {
-
-// The converted activations of the current call, one buffer per thread (a matmul converts on the calling
-// thread; pool workers only read it while the caller waits). Grows to the largest call, never shrinks:
-// at most half the size of the fp32 activations it was made from.
-uint8_t* scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < bytes) buf.resize(bytes);
-  return buf.data();
-}
 
 // One tier format: how a token is converted (Prep, stride in bytes) and how rows run on converted tokens.
 struct Bf16Path {
@@ -454,57 +427,13 @@ struct Mxfp4GgmlPath : Mxfp4Path {
   }
 };
 
-template <class Path>
-float path_dot(const WeightMatrix& W, int64_t r, const float* x) {
-  uint8_t* act = scratch(static_cast<size_t>(Path::stride_bytes(W.cols)));
-  Path::prepare(x, 1, W.cols, act);
-  float y = 0;
-  Path::rows(W, r, r + 1, act, 1, &y, 1);
-  return y;
-}
-
-template <class Path>
-void path_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
-  uint8_t* act = scratch(static_cast<size_t>(n * Path::stride_bytes(W.cols)));
-  Path::prepare(x, n, W.cols, act);
-  Path::rows(W, r0, r1, act, n, y + r0, W.rows);
-}
-
-// The whole matmul: activations converted once (split over tokens when there are many), then the rows split
-// over the pool with the thresholds of ops.cpp's matmul.
-template <class Path>
-void path_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
-  const int64_t rows = W.rows, cols = W.cols, stride = Path::stride_bytes(cols);
-  uint8_t* act = scratch(static_cast<size_t>(n * stride));
-  if (n > 1 && n * cols > 65536)
-    ThreadPool::global().parallel_for(n, 0, [&](int64_t t0, int64_t t1, int) {
-      Path::prepare(x + t0 * cols, t1 - t0, cols, act + t0 * stride);
-    });
-  else
-    Path::prepare(x, n, cols, act);
-  auto rows_range = [&](int64_t r0, int64_t r1, int) { Path::rows(W, r0, r1, act, n, y + r0, rows); };
-  const bool parallel = rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536);
-  if (parallel)
-    ThreadPool::global().parallel_for(rows, 0, rows_range);
-  else
-    rows_range(0, rows, 0);
-}
-
-template <class Path>
-int64_t path_act_bytes(int64_t cols, int64_t n) { return n * Path::stride_bytes(cols); }
-
-template <class Path>
-constexpr RowKernels path_kernels(const RowKernels& avx512) {
-  return {path_dot<Path>, avx512.dequant, path_gemm<Path>, path_matmul<Path>, path_act_bytes<Path>, Path::prepare, Path::rows};
-}
-
 }  // namespace
 
 const RowKernels* avx512bf16_row_kernels(WeightFormat f) {
   // Dequant stays avx512's (exact widening; nothing to gain from the new instructions).
-  static const RowKernels bf16 = path_kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
-  static const RowKernels mxfp4 = path_kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
-  static const RowKernels mxfp4_ggml = path_kernels<Mxfp4GgmlPath>(*avx512_row_kernels(WeightFormat::MXFP4_GGML));
+  static const RowKernels bf16 = act_path::kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
+  static const RowKernels mxfp4 = act_path::kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
+  static const RowKernels mxfp4_ggml = act_path::kernels<Mxfp4GgmlPath>(*avx512_row_kernels(WeightFormat::MXFP4_GGML));
   switch (f) {
     case WeightFormat::BF16: return &bf16;
     case WeightFormat::MXFP4: return &mxfp4;
