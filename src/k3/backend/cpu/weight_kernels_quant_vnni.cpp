@@ -60,6 +60,9 @@ constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elem
 constexpr bool has_min(WeightFormat f) {
   return f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q2_K;
 }
+// Formats whose quants are unsigned (vpdpbusd's u8 operand against plain int8 activations: no offset to
+// cancel); the others' are signed and meet q + 128.
+constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
 
 }  // namespace
 
@@ -79,7 +82,8 @@ namespace {
 // ---- activations ----
 
 // Tokens of a 256-unit format: per unit 4 chunks of quads, then the 16 sums of 16 (fp32, each the same
-// 16-lane reduction whatever n).
+// 16-lane reduction whatever n). kOffset: the bytes are q + 128 (weights signed), else q (weights unsigned).
+template <bool kOffset>
 void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t nu = cols / 256;
   for (int64_t t = 0; t < n; ++t)
@@ -88,8 +92,8 @@ void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
       uint8_t* o = out + (t * nu + u) * kUnit256Bytes;
       for (int c = 0; c < 4; ++c)
         for (int k = 0; k < 4; ++k)
-          q8::quantise_quads(_mm512_loadu_ps(xu + 64 * c + 16 * k), o + kChunkBytes * c + 16 * k,
-                             reinterpret_cast<float*>(o + kChunkBytes * c + 64) + 4 * k);
+          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + 64 * c + 16 * k), o + kChunkBytes * c + 16 * k,
+                                      reinterpret_cast<float*>(o + kChunkBytes * c + 64) + 4 * k);
       float* sums = reinterpret_cast<float*>(o + 4 * kChunkBytes);
       for (int k = 0; k < 16; ++k) sums[k] = _mm512_reduce_add_ps(_mm512_loadu_ps(xu + 16 * k));
     }
@@ -116,52 +120,165 @@ void q8_0_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
 
 // ---- weights x activations ----
 
-// The decoders' Sink (quant_decode_simd.h) of one row x T tokens: it pairs the 32-value halves into
-// 64-value chunks and runs each chunk against the T tokens at once (so a row's weights are decoded once
-// per tile of tokens). xq: the unit's activations, token t at xq + t * UB.
-template <int T, int64_t UB>
-struct Q8Sink {
+// The accumulators of one row x T tokens over one unit's activations (token t at xq + t * UB).
+// kSigned: the weights are signed and the activation bytes q + 128 (vpdpbusd is u8 x s8: corr cancels the
+// offset); else the weights are unsigned (0..63) and go in vpdpbusd's unsigned operand against q itself.
+template <int T, int64_t UB, bool kSigned>
+struct Q8Acc {
   __m512 acc[T];
   const uint8_t* xq;
-  int base = 0;          // where the decoder's element 0 sits in the unit (Q8_0's second block: 32)
-  __m256i half;          // the chunk's first 32 quants, waiting for the second
-  float hd0, hd1;        // their sub-scales (values 0-15, 16-31)
-  alignas(64) float mins[16];  // the unit's 16 sub-mins, one per 16 values (formats with mins)
 
-  template <bool kMin>
-  __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float m0, float d1, float m1) {
-    i += base;
-    if constexpr (kMin) mins[i / 16] = m0, mins[i / 16 + 1] = m1;
-    if ((i & 32) == 0) {
-      half = v, hd0 = d0, hd1 = d1;
-      return;
-    }
-    chunk(i - 32, _mm512_inserti64x4(_mm512_castsi256_si512(half), v, 1), _mm_setr_ps(hd0, hd1, d0, d1));
-  }
-
-  // Values [c0, c0 + 64) of the unit: w their quants, dl4 the sub-scales of each 16.
-  __attribute__((always_inline)) void chunk(int c0, __m512i w, __m128 dl4) {
-    const __m512 wsc = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                             _mm512_castps128_ps512(dl4));
-    const __m512i corr = _mm512_sub_epi32(
-        _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
-    const uint8_t* q = xq + c0 / 64 * kChunkBytes;
+  // Values [64 c, 64 c + 64) of the unit: w their quants, wsc the sub-scale of each lane.
+  __attribute__((always_inline)) void chunk(int c, __m512i w, __m512 wsc) {
+    __m512i corr = _mm512_setzero_si512();
+    if constexpr (kSigned)
+      corr = _mm512_sub_epi32(corr, _mm512_dpbusd_epi32(corr, _mm512_set1_epi8(static_cast<char>(0x80)), w));
+    const uint8_t* q = xq + c * kChunkBytes;
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      const __m512i dp = _mm512_dpbusd_epi32(corr, _mm512_loadu_si512(q + t * UB), w);
+      const __m512i x = _mm512_loadu_si512(q + t * UB);
+      const __m512i dp = kSigned ? _mm512_dpbusd_epi32(corr, x, w) : _mm512_dpbusd_epi32(corr, w, x);
       const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + t * UB + 64)));
       acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
     }
   }
 
-  // After a 256-unit of a format with mins: acc -= ml . (sums of the unrounded activations).
-  __attribute__((always_inline)) void apply_mins() {
-    const __m512 m = _mm512_load_ps(mins);
+  // After a 256-unit of a format with mins: acc -= ml . (sums of each 16 unrounded activations).
+  __attribute__((always_inline)) void mins(__m512 ml16) {
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fnmadd_ps(m, _mm512_loadu_ps(reinterpret_cast<const float*>(xq + t * UB + 4 * kChunkBytes)), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(ml16, _mm512_loadu_ps(reinterpret_cast<const float*>(xq + t * UB + 4 * kChunkBytes)), acc[t]);
   }
 };
+
+// Lane scales of a chunk from per-group scales: group g's scale in lanes [16 / k x g, ...) (k groups).
+inline __m512 lanes_of(__m512 scales, int first, int per_lane_group) {
+  // per_lane_group 8: lanes 0-7 scales[first], 8-15 scales[first + 1]; 4: four groups of 4 lanes.
+  const __m512i idx = per_lane_group == 8
+                          ? _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1))
+                          : _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+  return _mm512_permutexvar_ps(idx, scales);
+}
+
+inline __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline __m256i bits_at(__m256i v, int s, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, s), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+// mul x each of the 8 bytes of v (as fp32), in lanes 0-7.
+inline __m512 scaled_bytes8(uint64_t v, float mul) {
+  return _mm512_castps256_ps512(
+      _mm256_mul_ps(_mm256_set1_ps(mul), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v))))));
+}
+
+// Q4_K / Q5_K: the 8 sub-scales d sc_j and sub-mins dmin m_j (the exact decoders' products, quant::k4_scale_min's
+// fields: j < 4 from the low 6 bits of bytes j, j + 4; j >= 4 the nibbles of byte j + 4 and the top 2 bits of
+// bytes j - 4, j), all 8 at once; the quants 0..15 (0..31) go unsigned into vpdpbusd.
+template <WeightFormat F, class Acc>
+__attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
+  uint32_t s[3];
+  std::memcpy(s, b + 4, 12);
+  const uint64_t sc = (s[0] & 0x3f3f3f3fu) | uint64_t((s[2] & 0x0f0f0f0fu) | (((s[0] >> 6) & 0x03030303u) << 4)) << 32;
+  const uint64_t mn = (s[1] & 0x3f3f3f3fu) | uint64_t(((s[2] >> 4) & 0x0f0f0f0fu) | (((s[1] >> 6) & 0x03030303u) << 4)) << 32;
+  const __m512 dl = scaled_bytes8(sc, qsimd::f16_at(b)), ml = scaled_bytes8(mn, qsimd::f16_at(b + 2));
+  constexpr int kQs = F == WeightFormat::Q4_K ? 16 : 48;
+  [[maybe_unused]] __m256i qh;
+  if constexpr (F == WeightFormat::Q5_K) qh = qsimd::load32(b + 16);
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = qsimd::load32(b + kQs + 32 * c);
+    __m256i lo = nibbles_lo(q), hi = bits_at(q, 4, 0x0F);
+    if constexpr (F == WeightFormat::Q5_K) {
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(bits_at(qh, 2 * c, 1), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(bits_at(qh, 2 * c + 1, 1), 4));
+    }
+    a.chunk(c, join(lo, hi), lanes_of(dl, 2 * c, 8));
+  }
+  a.mins(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
+}
+
+// Q2_K: 16 sub-scales (low nibbles) and sub-mins (high nibbles) of each 16 values; quants 0..3 unsigned.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q2k(const uint8_t* b, Acc& a) {
+  const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 80)), _mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))));
+  const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // values 64 c ..: byte group h = c / 2, bit pairs 2k, 2k + 2 (k = 2 (c % 2))
+    const __m256i q = qsimd::load32(b + 16 + 32 * (c / 2));
+    const int k = 2 * (c % 2);
+    a.chunk(c, join(bits_at(q, 2 * k, 3), bits_at(q, 2 * k + 2, 3)), lanes_of(dl, 4 * c, 4));
+  }
+  a.mins(ml);
+}
+
+// Q6_K: 16 int8 sub-scales of each 16 values; quants - 32 signed.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 208)),
+                                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = qsimd::load32(b + 64 * h), ql1 = qsimd::load32(b + 64 * h + 32), qh = qsimd::load32(b + 128 + 32 * h);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    const __m256i q0 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql0), _mm256_slli_epi16(bits_at(qh, 0, 3), 4)), m32);
+    const __m256i q1 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql1), _mm256_slli_epi16(bits_at(qh, 2, 3), 4)), m32);
+    const __m256i q2 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql0, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 4, 3), 4)), m32);
+    const __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql1, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 6, 3), 4)), m32);
+    a.chunk(2 * h, join(q0, q1), lanes_of(dl, 8 * h, 4));
+    a.chunk(2 * h + 1, join(q2, q3), lanes_of(dl, 8 * h + 4, 4));
+  }
+}
+
+// Every other format: its exact decoder (quant_decode_simd.h) as the Sink; it hands 32 int8 quants with
+// the sub-scales of each 16 (no sub-mins: the formats with mins have their own unit decoders above), and
+// two such halves make a chunk. base: where the decoder's element 0 sits in the unit (Q8_0's second
+// block: 32).
+template <class Acc>
+struct Q8Sink {
+  Acc& a;
+  int base = 0;
+  __m256i half = _mm256_setzero_si256();  // the chunk's first 32 quants, waiting for the second
+  float hd0 = 0, hd1 = 0;                 // their sub-scales (values 0-15, 16-31)
+
+  template <bool kMin>
+  __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float, float d1, float) {
+    static_assert(!kMin, "formats with sub-mins have their own unit decoder");
+    i += base;
+    if ((i & 32) == 0) {
+      half = v, hd0 = d0, hd1 = d1;
+      return;
+    }
+    const __m512 dl4 = _mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1));
+    a.chunk(i / 64, join(half, v), lanes_of(dl4, 0, 4));
+  }
+};
+
+// One unit of a row (Q8_0: blocks 2u, 2u + 1 of `blocks`) into the accumulators.
+template <WeightFormat F, class Acc>
+__attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, int64_t blocks, Acc& a) {
+  constexpr int64_t BB = weight_layout(F).block_bytes;
+  if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+    unit_q45k<F>(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q2_K) {
+    unit_q2k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q6_K) {
+    unit_q6k(row + u * BB, a);
+  } else if constexpr (is_q8_0(F)) {
+    Q8Sink<Acc> s{a};
+    qsimd::decode_into<F>(row + 2 * u * BB, s);
+    if (2 * u + 1 < blocks) {
+      s.base = 32;
+      qsimd::decode_into<F>(row + (2 * u + 1) * BB, s);
+    } else {  // the row's last block has no partner: zero weights (and its activations are q = 0, d = 0)
+      s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    Q8Sink<Acc> s{a};
+    qsimd::decode_into<F>(row + u * BB, s);
+  }
+}
 
 // A tile's share of the units: [u0, u1); between blocks the accumulators wait in `state` (exactly).
 struct UnitSpan {
@@ -174,32 +291,19 @@ struct UnitSpan {
 // xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
 template <WeightFormat F, int T>
 void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us) {
-  constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes;
-  Q8Sink<T, UB> s;
+  constexpr int64_t UB = unit_bytes(F);
+  Q8Acc<T, UB, !unsigned_quants(F)> a;
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) s.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
+  for (int t = 0; t < T; ++t) a.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
   for (int64_t u = us.u0; u < us.u1; ++u, xq += T * UB) {
-    s.xq = xq;
-    if constexpr (is_q8_0(F)) {
-      s.base = 0;
-      qsimd::decode_into<F>(row + 2 * u * BB, s);
-      if (2 * u + 1 < blocks) {
-        s.base = 32;
-        qsimd::decode_into<F>(row + (2 * u + 1) * BB, s);
-      } else {  // the row's last block has no partner: zero weights (and its activations are q = 0, d = 0)
-        s.base = 0;
-        s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
-      }
-    } else {
-      qsimd::decode_into<F>(row + u * BB, s);
-      if constexpr (has_min(F)) s.apply_mins();
-    }
+    a.xq = xq;
+    unit<F>(row, u, blocks, a);
   }
   if (!us.last) {
-    for (int t = 0; t < T; ++t) us.state[t] = s.acc[t];
+    for (int t = 0; t < T; ++t) us.state[t] = a.acc[t];
     return;
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(s.acc[t]);
+  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(a.acc[t]);
 }
 
 template <WeightFormat F, size_t... T>
@@ -266,7 +370,7 @@ struct QuantPath {
     if constexpr (is_q8_0(F))
       q8_0_tokens(x, n, cols, out);
     else
-      q8k_tokens(x, n, cols, out);
+      q8k_tokens<!unsigned_quants(F)>(x, n, cols, out);
   }
   static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
     q8_rows<F>(W, r0, r1, act, n, y, ldy);
