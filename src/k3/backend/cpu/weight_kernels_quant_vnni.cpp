@@ -10,13 +10,17 @@
 //   so a scale per quad costs the kernel nothing, and an outlier coarsens 3 neighbours instead of 255.
 // - Weights: each block's decoder (quant_decode_simd.h, the exact tiers' decoders) hands 32 int8 quants
 //   with their fp32 sub-scale and sub-min per 16 values (value = dl * q - ml); two such halves make one
-//   64-value chunk: w (int8), wsc (dl per lane), and corr = -128 x (sum of each lane's 4 quants), which
-//   cancels the +128 of the unsigned activation bytes (vpdpbusd is u8 x s8), shared by a tile's tokens.
+//   64-value chunk: w (int8) and wsc (dl per lane). Q4_K, Q5_K, Q2_K and Q6_K have their own decoders
+//   here (sub-scales and mins of a block in one vector instead of scalar code per 32).
 // - Per (row, token, chunk): one vpdpbusd (the exact int32 quad sums q_x . q_w), int -> float, times the
-//   quads' d (fp32), one fma by dl into the token's 16-lane accumulator. Formats with sub-mins (Q4_K,
-//   Q5_K, Q2_K): after each 256-block, one fnmadd of the 16 ml by the fp32 sums of the UNROUNDED
-//   activations over each 16 values (computed once per token in prepare), so the min part carries no
-//   activation rounding at all. One reduction per (row, token) at the end.
+//   quads' d (fp32) = f; a 256-block's four chunks summed as (f0 dl0 + f1 dl1) + (f2 dl2 + f3 dl3) (lanes),
+//   for formats with sub-mins (Q4_K, Q5_K, Q2_K) minus the 16 ml times the fp32 sums of the UNROUNDED
+//   activations over each 16 values (computed once per token in prepare; so the min part carries no
+//   activation rounding at all), then added to the token's 16-lane accumulator; Q8_0: one fma of f by d
+//   per chunk. One reduction per (row, token) at the end.
+// - Weight quants: Q4_K, Q5_K, Q2_K's are unsigned (0..31) and go in vpdpbusd's u8 operand against plain
+//   int8 activations; the other formats' are signed and meet q + 128 bytes, the offset cancelled by
+//   starting the int32 sum at -128 x (sum of each lane's 4 quants), computed once per row and tile.
 //
 // Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each
 // (row, token) pair runs the same operations in the same order in every tile size (T = 1 is the dot);
@@ -143,11 +147,34 @@ struct Q8Acc {
     }
   }
 
-  // After a 256-unit of a format with mins: acc -= ml . (sums of each 16 unrounded activations).
-  __attribute__((always_inline)) void mins(__m512 ml16) {
+  // One 256-unit: its 4 chunks (w, lane sub-scales wsc) and, kMins, the sub-mins of each 16 values. Per
+  // token the chunks' products are summed as a tree, (f0 wsc0 + f1 wsc1) + (f2 wsc2 + f3 wsc3) - ml . sums,
+  // then added to acc: one dependent add per unit instead of a chain of five fmas (decode, one token, is
+  // latency-bound on that chain).
+  template <bool kMins>
+  __attribute__((always_inline)) void unit(const __m512i w[4], const __m512 wsc[4], __m512 ml16) {
+    __m512i corr[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      corr[c] = _mm512_setzero_si512();
+      if constexpr (kSigned)
+        corr[c] = _mm512_sub_epi32(corr[c], _mm512_dpbusd_epi32(corr[c], _mm512_set1_epi8(static_cast<char>(0x80)), w[c]));
+    }
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t)
-      acc[t] = _mm512_fnmadd_ps(ml16, _mm512_loadu_ps(reinterpret_cast<const float*>(xq + t * UB + 4 * kChunkBytes)), acc[t]);
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* q = xq + t * UB;
+      __m512 f[4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i x = _mm512_loadu_si512(q + c * kChunkBytes);
+        const __m512i dp = kSigned ? _mm512_dpbusd_epi32(corr[c], x, w[c]) : _mm512_dpbusd_epi32(corr[c], w[c], x);
+        f[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + c * kChunkBytes + 64)));
+      }
+      __m512 u = _mm512_add_ps(_mm512_fmadd_ps(f[1], wsc[1], _mm512_mul_ps(f[0], wsc[0])),
+                               _mm512_fmadd_ps(f[3], wsc[3], _mm512_mul_ps(f[2], wsc[2])));
+      if constexpr (kMins) u = _mm512_fnmadd_ps(ml16, _mm512_loadu_ps(reinterpret_cast<const float*>(q + 4 * kChunkBytes)), u);
+      acc[t] = _mm512_add_ps(acc[t], u);
+    }
   }
 };
 
@@ -185,6 +212,8 @@ __attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
   constexpr int kQs = F == WeightFormat::Q4_K ? 16 : 48;
   [[maybe_unused]] __m256i qh;
   if constexpr (F == WeightFormat::Q5_K) qh = qsimd::load32(b + 16);
+  __m512i w[4];
+  __m512 wsc[4];
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m256i q = qsimd::load32(b + kQs + 32 * c);
@@ -193,9 +222,10 @@ __attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
       lo = _mm256_or_si256(lo, _mm256_slli_epi16(bits_at(qh, 2 * c, 1), 4));
       hi = _mm256_or_si256(hi, _mm256_slli_epi16(bits_at(qh, 2 * c + 1, 1), 4));
     }
-    a.chunk(c, join(lo, hi), lanes_of(dl, 2 * c, 8));
+    w[c] = join(lo, hi);
+    wsc[c] = lanes_of(dl, 2 * c, 8);
   }
-  a.mins(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
+  a.template unit<true>(w, wsc, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
 }
 
 // Q2_K: 16 sub-scales (low nibbles) and sub-mins (high nibbles) of each 16 values; quants 0..3 unsigned.
@@ -204,13 +234,16 @@ __attribute__((always_inline)) inline void unit_q2k(const uint8_t* b, Acc& a) {
   const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
   const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 80)), _mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))));
   const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)));
+  __m512i w[4];
+  __m512 wsc[4];
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {  // values 64 c ..: byte group h = c / 2, bit pairs 2k, 2k + 2 (k = 2 (c % 2))
     const __m256i q = qsimd::load32(b + 16 + 32 * (c / 2));
     const int k = 2 * (c % 2);
-    a.chunk(c, join(bits_at(q, 2 * k, 3), bits_at(q, 2 * k + 2, 3)), lanes_of(dl, 4 * c, 4));
+    w[c] = join(bits_at(q, 2 * k, 3), bits_at(q, 2 * k + 2, 3));
+    wsc[c] = lanes_of(dl, 4 * c, 4);
   }
-  a.mins(ml);
+  a.template unit<true>(w, wsc, ml);
 }
 
 // Q6_K: 16 int8 sub-scales of each 16 values; quants - 32 signed.
@@ -218,6 +251,8 @@ template <class Acc>
 __attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
   const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 208)),
                                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
+  __m512i w[4];
+  __m512 wsc[4];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
     const __m256i ql0 = qsimd::load32(b + 64 * h), ql1 = qsimd::load32(b + 64 * h + 32), qh = qsimd::load32(b + 128 + 32 * h);
@@ -226,21 +261,25 @@ __attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
     const __m256i q1 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql1), _mm256_slli_epi16(bits_at(qh, 2, 3), 4)), m32);
     const __m256i q2 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql0, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 4, 3), 4)), m32);
     const __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql1, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 6, 3), 4)), m32);
-    a.chunk(2 * h, join(q0, q1), lanes_of(dl, 8 * h, 4));
-    a.chunk(2 * h + 1, join(q2, q3), lanes_of(dl, 8 * h + 4, 4));
+    w[2 * h] = join(q0, q1), wsc[2 * h] = lanes_of(dl, 8 * h, 4);
+    w[2 * h + 1] = join(q2, q3), wsc[2 * h + 1] = lanes_of(dl, 8 * h + 4, 4);
   }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
 // Every other format: its exact decoder (quant_decode_simd.h) as the Sink; it hands 32 int8 quants with
-// the sub-scales of each 16 (no sub-mins: the formats with mins have their own unit decoders above), and
-// two such halves make a chunk. base: where the decoder's element 0 sits in the unit (Q8_0's second
-// block: 32).
-template <class Acc>
+// the sub-scales of each 16 (no sub-mins: the formats with mins have their own unit decoders above); two
+// such halves make a chunk, and Q8_0's chunk (two blocks) goes to the accumulators at once, a 256-unit's
+// four together (Q8Acc::unit). base: where the decoder's element 0 sits in the unit (Q8_0's second block: 32).
+template <class Acc, bool kQ8_0>
 struct Q8Sink {
   Acc& a;
   int base = 0;
   __m256i half = _mm256_setzero_si256();  // the chunk's first 32 quants, waiting for the second
   float hd0 = 0, hd1 = 0;                 // their sub-scales (values 0-15, 16-31)
+  __m512i w[4];                           // a 256-unit's chunks
+  __m512 wsc[4];
+  explicit Q8Sink(Acc& acc) : a(acc) {}
 
   template <bool kMin>
   __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float, float d1, float) {
@@ -250,8 +289,13 @@ struct Q8Sink {
       half = v, hd0 = d0, hd1 = d1;
       return;
     }
-    const __m512 dl4 = _mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1));
-    a.chunk(i / 64, join(half, v), lanes_of(dl4, 0, 4));
+    const __m512 lanes = lanes_of(_mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1)), 0, 4);
+    if constexpr (kQ8_0) {
+      a.chunk(0, join(half, v), lanes);
+    } else {
+      w[i / 64] = join(half, v), wsc[i / 64] = lanes;
+      if (i == 224) a.template unit<false>(w, wsc, _mm512_setzero_ps());
+    }
   }
 };
 
@@ -266,7 +310,7 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
   } else if constexpr (F == WeightFormat::Q6_K) {
     unit_q6k(row + u * BB, a);
   } else if constexpr (is_q8_0(F)) {
-    Q8Sink<Acc> s{a};
+    Q8Sink<Acc, true> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
     if (2 * u + 1 < blocks) {
       s.base = 32;
@@ -275,7 +319,7 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
       s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
     }
   } else {
-    Q8Sink<Acc> s{a};
+    Q8Sink<Acc, false> s(a);
     qsimd::decode_into<F>(row + u * BB, s);
   }
 }
