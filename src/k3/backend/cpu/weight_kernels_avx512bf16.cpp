@@ -267,24 +267,19 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
 
 // decode_pair for ggml's MXFP4 blocks (MXFP4_GGML: {e8m0, qs[16]}, element j = low nibble of qs[j], j + 16 =
 // its high nibble): the same w, corr and wsc as decode_pair gives for the same values, so the two layouts
-// run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too).
-inline __m256i ggml_group_even_odd(const uint8_t* qs) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  // lane 0: elements 0..15 (low nibbles), lane 1: elements 16..31 (high nibbles)
-  const __m256i e = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(b, m)), _mm_and_si128(_mm_srli_epi16(b, 4), m), 1);
-  // per lane: its 8 even elements, then its 8 odd ones; then [even lane0, even lane1, odd lane0, odd lane1]
-  const __m256i split = _mm256_shuffle_epi8(
-      e, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-  return _mm256_permute4x64_epi64(split, _MM_SHUFFLE(3, 1, 2, 0));  // [16 even, 16 odd] of the group
-}
-
+// run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too). A group's
+// even elements 0, 2, .., 30 are the low then the high nibbles of its even bytes (odd: odd bytes), so one
+// byte shuffle of [qs0, qs1, qs0, qs1] and a shift of each upper 8 bytes by 4 give decode_pair's nibble order
+// (a third of the instructions of splitting the nibbles first and reordering them after).
 inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512i& corr, __m512& wsc) {
-  const __m256i g0 = ggml_group_even_odd(blocks + 1);
-  const __m256i g1 = two ? ggml_group_even_odd(blocks + 18) : _mm256_setzero_si256();
-  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
-  // 128-bit pieces [g0 even, g0 odd, g1 even, g1 odd] -> [g0 even, g1 even, g0 odd, g1 odd]: decode_pair's order
-  const __m512i nib = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 1));
+  const __m128i q1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 18)) : _mm_setzero_si128();
+  const __m512i src = _mm512_broadcast_i64x4(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+  const __m512i even_odd = _mm512_set_epi64(0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL,
+                                            0x0F0D0B0907050301LL, 0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL,
+                                            0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL);
+  const __m512i b = _mm512_srlv_epi64(_mm512_shuffle_epi8(src, even_odd), _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4));
+  const __m512i nib = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
   w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()), nib);
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
