@@ -10,8 +10,8 @@
 //   so a scale per quad costs the kernel nothing, and an outlier coarsens 3 neighbours instead of 255.
 // - Weights: each block's decoder (quant_decode_simd.h, the exact tiers' decoders) hands 32 int8 quants
 //   with their fp32 sub-scale and sub-min per 16 values (value = dl * q - ml); two such halves make one
-//   64-value chunk: w (int8) and wsc (dl per lane). Q4_K, Q5_K, Q2_K and Q6_K have their own decoders
-//   here (sub-scales and mins of a block in one vector instead of scalar code per 32).
+//   64-value chunk: w (int8) and wsc (dl per lane). Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS have their own
+//   decoders here (a block's sub-scales and mins in one vector instead of scalar code per 16 or 32).
 // - Per (row, token, chunk): one vpdpbusd (the exact int32 quad sums q_x . q_w), int -> float, times the
 //   quads' d (fp32) = f; a 256-block's four chunks summed as (f0 dl0 + f1 dl1) + (f2 dl2 + f3 dl3) (lanes),
 //   for formats with sub-mins (Q4_K, Q5_K, Q2_K) minus the 16 ml times the fp32 sums of the UNROUNDED
@@ -267,6 +267,65 @@ __attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
+// Q3_K: 16 6-bit sub-scales (quant::q3_k_scale: low 4 bits from the nibbles of bytes 0-7, high 2 bits from
+// bit pair i / 4 of byte 8 + i % 4), minus 32, all 16 at once; quants (low 2 bits | 4 x hmask bit) - 4, signed.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q3k(const uint8_t* b, Acc& a) {
+  uint64_t lo4;
+  uint32_t hi2;
+  std::memcpy(&lo4, b + 96, 8);
+  std::memcpy(&hi2, b + 104, 4);
+  constexpr uint64_t kNib = 0x0F0F0F0F0F0F0F0FULL;
+  constexpr uint32_t kPair = 0x03030303u;
+  const uint64_t h0 = (hi2 & kPair) | uint64_t((hi2 >> 2) & kPair) << 32, h1 = ((hi2 >> 4) & kPair) | uint64_t((hi2 >> 6) & kPair) << 32;
+  const __m128i sc = _mm_set_epi64x(static_cast<long long>(((lo4 >> 4) & kNib) | (h1 << 4)), static_cast<long long>((lo4 & kNib) | (h0 << 4)));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 108)),
+                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(sc), _mm512_set1_epi32(32))));
+  const __m256i hm = qsimd::load32(b);
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // values 64 c ..: quant bytes h = c / 2, bit pairs k, k + 1 (k = 2 (c % 2))
+    const int h = c / 2, k = 2 * (c % 2);
+    const __m256i q = qsimd::load32(b + 32 + 32 * h);
+    __m256i v[2];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j)
+      v[j] = _mm256_sub_epi8(_mm256_or_si256(bits_at(q, 2 * (k + j), 3), _mm256_slli_epi16(bits_at(hm, 4 * h + k + j, 1), 2)),
+                             _mm256_set1_epi8(4));
+    w[c] = join(v[0], v[1]);
+    wsc[c] = lanes_of(dl, 4 * c, 4);
+  }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
+}
+
+// IQ4_XS: 8 6-bit sub-scales (low 4 bits: nibble ib % 2 of byte 4 + ib / 2; high 2 bits: bit pair ib of the
+// u16 at 2) minus 32, all 8 at once; quants: the IQ4_NL levels (signed) of the nibbles, one byte shuffle.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) {
+  uint32_t lo;
+  std::memcpy(&lo, b + 4, 4);
+  const __m128i l = _mm_cvtsi32_si128(static_cast<int>(lo));
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(l, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(l, 4), _mm_set1_epi8(0x0F)));
+  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[2] | (b[3] << 8)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                      _mm256_set1_epi32(3));
+  const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+  const __m512 dl = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(qsimd::f16_at(b)), _mm256_cvtepi32_ps(ls)));
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues)));
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    // Sub-blocks 2c, 2c + 1: 16 bytes each, low nibbles their values 0-15, high nibbles 16-31.
+    const __m512i q = _mm512_castsi256_si512(qsimd::load32(b + 8 + 32 * c));
+    const __m512i src = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
+    const __m512i n = _mm512_and_si512(_mm512_srlv_epi64(src, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    w[c] = _mm512_shuffle_epi8(levels, n);
+    wsc[c] = lanes_of(dl, 2 * c, 8);
+  }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
+}
+
 // Every other format: its exact decoder (quant_decode_simd.h) as the Sink; it hands 32 int8 quants with
 // the sub-scales of each 16 (no sub-mins: the formats with mins have their own unit decoders above); two
 // such halves make a chunk, and Q8_0's chunk (two blocks) goes to the accumulators at once, a 256-unit's
@@ -309,6 +368,10 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_q2k(row + u * BB, a);
   } else if constexpr (F == WeightFormat::Q6_K) {
     unit_q6k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q3_K) {
+    unit_q3k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::IQ4_XS) {
+    unit_iq4xs(row + u * BB, a);
   } else if constexpr (is_q8_0(F)) {
     Q8Sink<Acc, true> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
