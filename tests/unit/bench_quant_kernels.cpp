@@ -1,11 +1,13 @@
 // Timing of the CPU kernels of GGUF's block formats (docs/quantization.md), disabled by default. Run with
 // `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_QuantMatmul'`
 // (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx512,avx512bf16 the tiers, default every tier
-// this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all).
+// this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all; K3_BENCH_ROWS the rows, default 4096:
+// 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM).
 // A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
 // GB/s of weight bytes) and 64 tokens (the register-blocked gemm: GFLOP/s), best of 5.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -36,7 +38,8 @@ double best_ms(int reps, F&& f) {
 }  // namespace
 
 TEST(KernelBench, DISABLED_QuantMatmul) {
-  const int64_t rows = 4096, cols = 4096;
+  const char* rows_env = std::getenv("K3_BENCH_ROWS");
+  const int64_t rows = rows_env ? std::max<int64_t>(256, std::atoll(rows_env)) : 4096, cols = 4096;
   std::mt19937 rng(3);
   std::vector<float> x(static_cast<size_t>(64 * cols));
   std::uniform_real_distribution<float> u(-1, 1);
