@@ -16,7 +16,7 @@
 // F16 weights use the avx512 tier's exact kernels (weight_kernels.cpp's table).
 //
 // Only the functions between K3_AVX512BF16_BEGIN/END are compiled for AVX-512 + BF16 + VNNI; the drivers
-// at the end (scratch buffers, threads) are plain code, so no inline function of a standard header is
+// (act_convert_path.h: scratch buffers, threads) and the Paths at the end are plain code, so no inline function of a standard header is
 // instantiated with that target (an AVX2-only CPU never runs EVEX code).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
