@@ -51,8 +51,9 @@ namespace {
 
 // The converted activations of one token, unit by unit. A unit is 64 values (Q8_0: one pair of its
 // 32-blocks; the last pair of a row of odd block count has q = 0, d = 0 in its second half) or 256
-// (the K and i-quant formats' blocks). Per 64 values ("chunk"): 64 bytes q + 128 in natural order, then
-// the 16 quads' scales (fp32); a 256-unit adds the 16 fp32 sums of each 16 unrounded activations.
+// (the K and i-quant formats' blocks). Per 64 values ("chunk"): 64 bytes in natural order, q + 128 (for
+// formats with signed quants) or q (unsigned_quants), then the 16 quads' scales (fp32); a 256-unit adds
+// the 16 fp32 sums of each 16 unrounded activations.
 constexpr int64_t kChunkBytes = 128;
 constexpr int64_t kUnit256Bytes = 4 * kChunkBytes + 64;
 
