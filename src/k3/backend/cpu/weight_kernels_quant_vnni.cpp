@@ -16,8 +16,8 @@
 //   quads' d (fp32) = f; a 256-block's four chunks summed as (f0 dl0 + f1 dl1) + (f2 dl2 + f3 dl3) (lanes),
 //   for formats with sub-mins (Q4_K, Q5_K, Q2_K) minus the 16 ml times the fp32 sums of the UNROUNDED
 //   activations over each 16 values (computed once per token in prepare; so the min part carries no
-//   activation rounding at all), then added to the token's 16-lane accumulator; Q8_0: one fma of f by d
-//   per chunk. One reduction per (row, token) at the end.
+//   activation rounding at all), then added to the token's 16-lane accumulator; Q8_0 and the codebook
+//   i-quants: one fma of f by the lane sub-scales per chunk. One reduction per (row, token) at the end.
 // - Weight quants: Q4_K, Q5_K, Q2_K's are unsigned (0..31) and go in vpdpbusd's u8 operand against plain
 //   int8 activations; the other formats' are signed and meet q + 128 bytes, the offset cancelled by
 //   starting the int32 sum at -128 x (sum of each lane's 4 quants), computed once per row and tile.
@@ -327,18 +327,17 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
-// Every other format: its exact decoder (quant_decode_simd.h) as the Sink; it hands 32 int8 quants with
-// the sub-scales of each 16 (no sub-mins: the formats with mins have their own unit decoders above); two
-// such halves make a chunk, and Q8_0's chunk (two blocks) goes to the accumulators at once, a 256-unit's
-// four together (Q8Acc::unit). base: where the decoder's element 0 sits in the unit (Q8_0's second block: 32).
-template <class Acc, bool kQ8_0>
+// Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
+// hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
+// unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
+// chunk: these decoders' scalar table lookups, not the accumulator chain, bound their speed). base: where
+// the decoder's element 0 sits in the unit (Q8_0's second block: 32).
+template <class Acc>
 struct Q8Sink {
   Acc& a;
   int base = 0;
   __m256i half = _mm256_setzero_si256();  // the chunk's first 32 quants, waiting for the second
   float hd0 = 0, hd1 = 0;                 // their sub-scales (values 0-15, 16-31)
-  __m512i w[4];                           // a 256-unit's chunks
-  __m512 wsc[4];
   explicit Q8Sink(Acc& acc) : a(acc) {}
 
   template <bool kMin>
@@ -349,13 +348,7 @@ struct Q8Sink {
       half = v, hd0 = d0, hd1 = d1;
       return;
     }
-    const __m512 lanes = lanes_of(_mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1)), 0, 4);
-    if constexpr (kQ8_0) {
-      a.chunk(0, join(half, v), lanes);
-    } else {
-      w[i / 64] = join(half, v), wsc[i / 64] = lanes;
-      if (i == 224) a.template unit<false>(w, wsc, _mm512_setzero_ps());
-    }
+    a.chunk(i / 64, join(half, v), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1)), 0, 4));
   }
 };
 
@@ -374,7 +367,7 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
   } else if constexpr (F == WeightFormat::IQ4_XS) {
     unit_iq4xs(row + u * BB, a);
   } else if constexpr (is_q8_0(F)) {
-    Q8Sink<Acc, true> s(a);
+    Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
     if (2 * u + 1 < blocks) {
       s.base = 32;
@@ -383,7 +376,7 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
       s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
     }
   } else {
-    Q8Sink<Acc, false> s(a);
+    Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + u * BB, s);
   }
 }
