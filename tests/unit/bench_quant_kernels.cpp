@@ -1,10 +1,13 @@
 // Timing of the CPU kernels of GGUF's block formats (docs/quantization.md), disabled by default. Run with
 // `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_QuantMatmul'`
-// (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx512 the tiers, default every tier this CPU has).
+// (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx512,avx512bf16 the tiers, default every tier
+// this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all; K3_BENCH_ROWS the rows, default 4096:
+// 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM).
 // A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
 // GB/s of weight bytes) and 64 tokens (the register-blocked gemm: GFLOP/s), best of 5.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,21 +38,27 @@ double best_ms(int reps, F&& f) {
 }  // namespace
 
 TEST(KernelBench, DISABLED_QuantMatmul) {
-  const int64_t rows = 4096, cols = 4096;
+  const char* rows_env = std::getenv("K3_BENCH_ROWS");
+  const int64_t rows = rows_env ? std::max<int64_t>(256, std::atoll(rows_env)) : 4096, cols = 4096;
   std::mt19937 rng(3);
   std::vector<float> x(static_cast<size_t>(64 * cols));
   std::uniform_real_distribution<float> u(-1, 1);
   for (auto& v : x) v = u(rng);
   std::vector<float> y(static_cast<size_t>(64 * rows));
   const char* tiers_env = std::getenv("K3_BENCH_TIERS");
-  const std::string tiers = tiers_env ? tiers_env : "avx2,avx512";
+  const std::string tiers = tiers_env ? tiers_env : "avx2,avx512,avx512bf16";
+  const char* formats_env = std::getenv("K3_BENCH_FORMATS");
   std::vector<k3::WeightFormat> formats(std::begin(k3test::kGgufFormats), std::end(k3test::kGgufFormats));
   formats.push_back(k3::WeightFormat::BF16);
-  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512}) {
-    if (tiers.find(k3::cpu::isa_name(isa)) == std::string::npos) continue;
+  auto listed = [](const std::string& list, const std::string& name) {
+    return ("," + list + ",").find("," + name + ",") != std::string::npos;
+  };
+  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
+    if (!listed(tiers, k3::cpu::isa_name(isa))) continue;
     if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
     k3::cpu::force_cpu_isa_for_testing(isa);
     for (k3::WeightFormat f : formats) {
+      if (formats_env && !listed(formats_env, k3::weight_format_name(f))) continue;
       std::vector<uint8_t> bytes;
       if (f == k3::WeightFormat::BF16) {
         bytes.resize(static_cast<size_t>(rows * cols * 2));

@@ -1,14 +1,20 @@
 // The CPU kernels of GGUF's block formats (backend/cpu/weight_kernels_quant*.cpp) on every tier this CPU
 // runs: matmul (row dot for one token, the register-blocked gemm for more: avx2 tiles of 6 tokens, avx512
-// of 12, with their token tails; threads above the parallel thresholds) against a float64 reference built
-// from quant_test_ref.h's decoder, and batch invariance (a token's outputs have the same bits alone or in
-// a batch: the contract of weight_kernels.h).
+// and avx512bf16 of 12, with their token tails and column blocks; threads above the parallel thresholds)
+// against a float64 reference built from quant_test_ref.h's decoder, and batch invariance (a token's
+// outputs have the same bits alone or in a batch: the contract of weight_kernels.h).
 //
-// Tolerance: the products are exact fp32 products of the decoded weights and the activations, accumulated
-// in fp32, so each output is within C * 2^-24 * sum |w x| of the exact dot (the recursive-summation bound;
-// the decoded weight itself is the exact value rounded once, another 2^-24 relative per term: (C + 2) u).
+// Tolerance: in the exact tiers (avx2, avx512) the products are exact fp32 products of the decoded weights
+// and the activations, accumulated in fp32, so each output is within C * 2^-24 * sum |w x| of the exact dot
+// (the recursive-summation bound; the decoded weight itself is the exact value rounded once, another 2^-24
+// relative per term: (C + 2) u). The avx512bf16 tier (weight_kernels_quant_vnni.cpp) rounds the
+// activations to int8 with one scale per quad of 4 consecutive values (d <= max|x| / 127 (1 + 2^-23) +
+// 2^-149, |x' - x| <= d/2 (1 + 2^-16)) and multiplies them by the weights' scale parts (value + sub-min; the
+// sub-min itself meets the unrounded activations): its bound adds rounding_bound below, and the fp32 bound
+// covers the scale and min parts' magnitudes, sum (|w| + 2 |min|) |x| + rounding_bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -33,8 +39,19 @@ INSTANTIATE_TEST_SUITE_P(Tiers, QuantKernelsTier, k3test::kAllCpuTiers, k3test::
 struct QuantWeight {
   k3::WeightMatrix W;
   std::vector<uint8_t> bytes;
-  std::vector<double> ref;  // [rows][cols]
+  std::vector<double> ref;   // [rows][cols]
+  std::vector<double> mins;  // [rows][cols]: each value's sub-min (value = scale part - min; 0 without one)
 };
+
+// The sub-min of element e of block b (Q4_K / Q5_K: dmin x 6-bit min of its 32; Q2_K: dmin x 4-bit min of its 16).
+double ref_min(WeightFormat f, const uint8_t* b, int e) {
+  switch (f) {
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K: return k3test::f16_value(b + 2) * k3test::k_scale6(b + 4, e / 32, 1);
+    case WeightFormat::Q2_K: return k3test::f16_value(b + 82) * (b[e / 16] >> 4);
+    default: return 0;
+  }
+}
 
 // Scales with f16 exponents 10..20 (about 2^-5 .. 2^5): products stay well inside fp32's normal range.
 QuantWeight make_quant_weight(WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng) {
@@ -43,8 +60,12 @@ QuantWeight make_quant_weight(WeightFormat f, int64_t rows, int64_t cols, std::m
   t.bytes = k3test::random_blocks(f, rows * cols / l.block_elems, rng, 10, 20);
   t.W = k3::WeightMatrix{f, t.bytes.data(), nullptr, rows, cols};
   t.ref.resize(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows * cols; ++i)
-    t.ref[static_cast<size_t>(i)] = k3test::ref_value(f, t.bytes.data() + i / l.block_elems * l.block_bytes, static_cast<int>(i % l.block_elems));
+  t.mins.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const uint8_t* block = t.bytes.data() + i / l.block_elems * l.block_bytes;
+    t.ref[static_cast<size_t>(i)] = k3test::ref_value(f, block, static_cast<int>(i % l.block_elems));
+    t.mins[static_cast<size_t>(i)] = ref_min(f, block, static_cast<int>(i % l.block_elems));
+  }
   return t;
 }
 
@@ -55,23 +76,56 @@ std::vector<float> activations(size_t n, std::mt19937& rng) {
   return v;
 }
 
+bool tier_rounds_activations() { return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16; }
+
+// The activation-rounding bound of the avx512bf16 tier for one row (w, mins) and token x (see the top).
+double rounding_bound(const double* w, const double* mins, const float* x, int64_t C) {
+  double b = 0;
+  for (int64_t q0 = 0; q0 < C; q0 += 4) {
+    double amax = 0, sw = 0;
+    for (int64_t c = q0; c < q0 + 4; ++c) {
+      amax = std::max(amax, std::fabs(double(x[c])));
+      sw += std::fabs(w[c] + mins[c]);
+    }
+    const double d = amax / 127 * (1 + std::ldexp(1.0, -23)) + std::ldexp(1.0, -149);
+    b += d / 2 * (1 + std::ldexp(1.0, -16)) * sw;
+  }
+  return b;
+}
+
+// y (n tokens of the matmul) against float64 within the tier's bound.
+// rounds: add the activation-rounding bound; split_mins: the kernel multiplies scale parts and mins separately.
+void check_against_float64(const QuantWeight& t, const std::vector<float>& x, const std::vector<float>& y, int64_t n,
+                           bool rounds, bool split_mins, k3test::Worst& worst) {
+  const int64_t R = t.W.rows, C = t.W.cols;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < R; ++r) {
+      const double* w = &t.ref[static_cast<size_t>(r * C)];
+      const double* mins = &t.mins[static_cast<size_t>(r * C)];
+      const float* xt = &x[static_cast<size_t>(i * C)];
+      double s = 0, sa = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        s += w[c] * xt[c];
+        sa += (std::fabs(w[c]) + (split_mins ? 2 * std::fabs(mins[c]) : 0)) * std::fabs(xt[c]);
+      }
+      const double q = rounds ? rounding_bound(w, mins, xt, C) : 0;
+      const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s), bound = (C + 2) * kU * (sa + q) + q;
+      ASSERT_LE(err, bound) << k3::weight_format_name(t.W.format) << " rows " << R << " cols " << C << " n " << n
+                            << " token " << i << " row " << r;
+      worst.add(err / bound);
+    }
+}
+
 void check_quant_matmul(const QuantWeight& t, int64_t n, std::mt19937& rng, k3test::Worst& worst) {
   const int64_t R = t.W.rows, C = t.W.cols;
   const auto x = activations(static_cast<size_t>(n * C), rng);
   std::vector<float> y(static_cast<size_t>(n * R), NAN);
   k3::cpu::matmul(t.W, x.data(), n, y.data());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t r = 0; r < R; ++r) {
-      double s = 0, sa = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const double p = t.ref[static_cast<size_t>(r * C + c)] * x[static_cast<size_t>(i * C + c)];
-        s += p, sa += std::fabs(p);
-      }
-      const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s);
-      ASSERT_LE(err, (C + 2) * kU * sa) << k3::weight_format_name(t.W.format) << " rows " << R << " cols " << C << " n " << n
-                                        << " token " << i << " row " << r;
-      worst.add(err / (kU * sa));
-    }
+  check_against_float64(t, x, y, n, tier_rounds_activations(), tier_rounds_activations(), worst);
+  // The gemm entry point (rows of all n tokens at once) gives matmul's bits.
+  std::vector<float> yg(static_cast<size_t>(n * R), NAN);
+  k3::cpu::row_kernels(t.W.format).gemm(t.W, 0, R, x.data(), n, yg.data());
+  ASSERT_EQ(yg, y) << k3::weight_format_name(t.W.format) << " gemm vs matmul, n " << n;
   // Batch invariance: every token alone, and the single-row dot, give the batch's bits.
   for (int64_t i = 0; i < n; ++i) {
     std::vector<float> y1(static_cast<size_t>(R));
@@ -89,7 +143,9 @@ TEST_P(QuantKernelsTier, MatmulAgainstFloat64AndBatchInvariant) {
   for (WeightFormat f : k3test::kGgufFormats) {
     k3test::Worst worst(k3::weight_format_name(f));
     const int64_t E = k3::weight_layout(f).block_elems;
-    for (int64_t blocks : {1, 3})
+    // Column blocks of the avx512bf16 tier: 3 256-blocks, 32 Q8_0 blocks; Q8_0's odd block counts leave half a unit.
+    const std::vector<int64_t> block_counts = f == WeightFormat::Q8_0 ? std::vector<int64_t>{1, 3, 35} : std::vector<int64_t>{1, 3, 7};
+    for (int64_t blocks : block_counts)
       for (int64_t rows : {1, 5, 33})
         for (int64_t n : {1, 2, 7, 13}) check_quant_matmul(make_quant_weight(f, rows, blocks * E, rng), n, rng, worst);
   }
@@ -139,6 +195,47 @@ TEST_P(QuantKernelsTier, NanActivationGivesNan) {
     for (int r = 0; r < 3; ++r) {
       EXPECT_FALSE(std::isnan(y[static_cast<size_t>(r)]));
       EXPECT_TRUE(std::isnan(y[static_cast<size_t>(3 + r)])) << k3::weight_format_name(f);
+    }
+  }
+}
+
+// The avx512bf16 tier's int8 kernels: they ran (on random activations the results differ from the exact
+// avx512 tier's), and their only error beyond fp32's is the activations' rounding: on activations that the
+// int8 quads hold exactly (each quad k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the
+// plain fp32 bound holds (a wrong lane scale, sub-min, quad order or correction would break it).
+TEST(QuantKernelsVnni, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  struct TierReset {
+    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  } reset;  // also when an assertion returns early
+  std::mt19937 rng(29);
+  for (WeightFormat f : k3test::kGgufFormats) {
+    k3test::Worst worst(k3::weight_format_name(f));
+    const int64_t E = k3::weight_layout(f).block_elems;
+    const auto t = make_quant_weight(f, 9, (f == WeightFormat::Q8_0 ? 5 : 2) * E, rng);
+    const int64_t C = t.W.cols;
+    for (int64_t n : {1, 3}) {
+      std::vector<float> x(static_cast<size_t>(n * C));
+      std::uniform_int_distribution<int> k_dist(-127, 127), e_dist(-8, 2);
+      for (size_t q0 = 0; q0 < x.size(); q0 += 4) {
+        const int e = e_dist(rng);
+        for (size_t c = q0; c < q0 + 4; ++c) x[c] = std::ldexp(static_cast<float>(k_dist(rng)), e);
+        x[q0 + rng() % 4] = std::ldexp(rng() & 1 ? 127.f : -127.f, e);
+      }
+      std::vector<float> y(static_cast<size_t>(n * 9), NAN);
+      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+      k3::cpu::matmul(t.W, x.data(), n, y.data());
+      check_against_float64(t, x, y, n, false, true, worst);
+
+      const auto xr = activations(static_cast<size_t>(n * C), rng);
+      std::vector<float> y_int8(y.size()), y_exact(y.size());
+      k3::cpu::matmul(t.W, xr.data(), n, y_int8.data());
+      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+      k3::cpu::matmul(t.W, xr.data(), n, y_exact.data());
+      k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+      EXPECT_NE(y_int8, y_exact) << k3::weight_format_name(f) << " n " << n << ": the avx512bf16 tier ran the exact kernels";
     }
   }
 }

@@ -118,15 +118,15 @@ const FormatTable kAvx512Table = make_table({{WeightFormat::F32, avx512_row_kern
                                              {WeightFormat::MXFP4_GGML, avx512_row_kernels(WeightFormat::MXFP4_GGML)}},
                                             avx512_quant_row_kernels);
 
-// avx512bf16 (weight_kernels_avx512bf16.cpp) has its own BF16 and MXFP4 (both layouts) kernels and runs avx512's for
-// F32, F16 and the GGUF block formats (no cheaper exact path for them, and no reason to round their
-// activations).
+// avx512bf16 has its own BF16 and MXFP4 (both layouts) kernels (weight_kernels_avx512bf16.cpp) and GGUF block
+// kernels on int8 activations (weight_kernels_quant_vnni.cpp); F32 and F16 run avx512's (no cheaper path
+// for them, and no reason to round their activations).
 const FormatTable kAvx512Bf16Table = make_table({{WeightFormat::F32, avx512_row_kernels(WeightFormat::F32)},
                                                  {WeightFormat::F16, avx512_row_kernels(WeightFormat::F16)},
                                                  {WeightFormat::BF16, avx512bf16_row_kernels(WeightFormat::BF16)},
                                                  {WeightFormat::MXFP4, avx512bf16_row_kernels(WeightFormat::MXFP4)},
                                                  {WeightFormat::MXFP4_GGML, avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)}},
-                                                avx512_quant_row_kernels);
+                                                avx512bf16_quant_row_kernels);
 
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {

@@ -16,7 +16,7 @@
 // F16 weights use the avx512 tier's exact kernels (weight_kernels.cpp's table).
 //
 // Only the functions between K3_AVX512BF16_BEGIN/END are compiled for AVX-512 + BF16 + VNNI; the drivers
-// at the end (scratch buffers, threads) are plain code, so no inline function of a standard header is
+// (act_convert_path.h: scratch buffers, threads) and the Paths at the end are plain code, so no inline function of a standard header is
 // instantiated with that target (an AVX2-only CPU never runs EVEX code).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -31,9 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_simd512.h"
-#include "k3/core/thread_pool.h"
 
 namespace k3::cpu {
 
@@ -52,6 +52,8 @@ constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 
 }  // namespace k3::cpu
 
 K3_AVX512BF16_BEGIN
+
+#include "k3/backend/cpu/q8_quads_simd.h"
 
 namespace k3::cpu {
 
@@ -221,26 +223,6 @@ void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb
 // max|quad| / 254 instead of max|block| / 254 (an outlier spoils 3 neighbours, not 31). A missing g1
 // (cols % 64 == 32) has q = 0 and d = 0.
 
-// 16 activations (4 quads of 4) to q + 128 bytes (16) and the quads' scales (4 floats): d = max|x| / 127
-// rounded up (so no q saturates), q = round(x / d). A quad holding a NaN or an infinity gets d = NaN
-// (x * 0 summed over the quad is NaN exactly then, else +0), so its outputs are NaN.
-inline void quantise_quads(__m512 v, uint8_t* q_out, float* d_out) {
-  __m512 a = _mm512_abs_ps(v);
-  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0xB1));  // max within pairs, then within the quad (128-bit lane)
-  a = _mm512_max_ps(a, _mm512_permute_ps(a, 0x4E));
-  __m512 poison = _mm512_mul_ps(v, _mm512_setzero_ps());
-  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0xB1));
-  poison = _mm512_add_ps(poison, _mm512_permute_ps(poison, 0x4E));
-  const __m512 d = _mm512_add_ps(
-      _mm512_div_round_ps(a, _mm512_set1_ps(127.f), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC), poison);
-  // d > 0 divides; an all-zero quad (q = 0) and a NaN one (its outputs are NaN through d) divide by 1.
-  const __m512 div = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), d);
-  const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_div_ps(v, div)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q_out), _mm_xor_si128(q, _mm_set1_epi8(static_cast<char>(0x80))));
-  const __m512i first_of_quad = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  _mm_storeu_ps(d_out, _mm512_castps512_ps128(_mm512_permutexvar_ps(first_of_quad, d)));
-}
-
 void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t groups = cols / kMxfp4Group, ldq = q8_stride(cols);
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -253,8 +235,8 @@ void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
         if (2 * p + b < groups) {
           const float* xg = x + t * cols + (2 * p + b) * kMxfp4Group;
           const __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
-          quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
-          quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
+          q8::quantise_quads(_mm512_permutex2var_ps(v0, even, v1), o + 16 * b, d + 4 * b);
+          q8::quantise_quads(_mm512_permutex2var_ps(v0, odd, v1), o + 32 + 16 * b, d + 8 + 4 * b);
         } else {
           const __m128i zero_q = _mm_set1_epi8(static_cast<char>(0x80));
           _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), zero_q);
@@ -285,24 +267,19 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
 
 // decode_pair for ggml's MXFP4 blocks (MXFP4_GGML: {e8m0, qs[16]}, element j = low nibble of qs[j], j + 16 =
 // its high nibble): the same w, corr and wsc as decode_pair gives for the same values, so the two layouts
-// run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too).
-inline __m256i ggml_group_even_odd(const uint8_t* qs) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m = _mm_set1_epi8(0x0f);
-  // lane 0: elements 0..15 (low nibbles), lane 1: elements 16..31 (high nibbles)
-  const __m256i e = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(b, m)), _mm_and_si128(_mm_srli_epi16(b, 4), m), 1);
-  // per lane: its 8 even elements, then its 8 odd ones; then [even lane0, even lane1, odd lane0, odd lane1]
-  const __m256i split = _mm256_shuffle_epi8(
-      e, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-  return _mm256_permute4x64_epi64(split, _MM_SHUFFLE(3, 1, 2, 0));  // [16 even, 16 odd] of the group
-}
-
+// run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too). A group's
+// even elements 0, 2, .., 30 are the low then the high nibbles of its even bytes (odd: odd bytes), so one
+// byte shuffle of [qs0, qs1, qs0, qs1] and a shift of each upper 8 bytes by 4 give decode_pair's nibble order
+// (a third of the instructions of splitting the nibbles first and reordering them after).
 inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512i& corr, __m512& wsc) {
-  const __m256i g0 = ggml_group_even_odd(blocks + 1);
-  const __m256i g1 = two ? ggml_group_even_odd(blocks + 18) : _mm256_setzero_si256();
-  const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(g0), g1, 1);
-  // 128-bit pieces [g0 even, g0 odd, g1 even, g1 odd] -> [g0 even, g1 even, g0 odd, g1 odd]: decode_pair's order
-  const __m512i nib = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 1));
+  const __m128i q1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 18)) : _mm_setzero_si128();
+  const __m512i src = _mm512_broadcast_i64x4(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
+  const __m512i even_odd = _mm512_set_epi64(0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL,
+                                            0x0F0D0B0907050301LL, 0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL,
+                                            0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL);
+  const __m512i b = _mm512_srlv_epi64(_mm512_shuffle_epi8(src, even_odd), _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4));
+  const __m512i nib = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
   w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()), nib);
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
@@ -416,20 +393,11 @@ void mxfp4_ggml_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_
 
 K3_AVX512BF16_END
 
-// ---- plain code: scratch, threads, the RowKernels entries ----
+// ---- plain code: the Paths (act_convert_path.h builds the RowKernels entries) ----
 
 namespace k3::cpu {
 
 namespace {
-
-// The converted activations of the current call, one buffer per thread (a matmul converts on the calling
-// thread; pool workers only read it while the caller waits). Grows to the largest call, never shrinks:
-// at most half the size of the fp32 activations it was made from.
-uint8_t* scratch(size_t bytes) {
-  thread_local std::vector<uint8_t> buf;
-  if (buf.size() < bytes) buf.resize(bytes);
-  return buf.data();
-}
 
 // One tier format: how a token is converted (Prep, stride in bytes) and how rows run on converted tokens.
 struct Bf16Path {
@@ -454,57 +422,13 @@ struct Mxfp4GgmlPath : Mxfp4Path {
   }
 };
 
-template <class Path>
-float path_dot(const WeightMatrix& W, int64_t r, const float* x) {
-  uint8_t* act = scratch(static_cast<size_t>(Path::stride_bytes(W.cols)));
-  Path::prepare(x, 1, W.cols, act);
-  float y = 0;
-  Path::rows(W, r, r + 1, act, 1, &y, 1);
-  return y;
-}
-
-template <class Path>
-void path_gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t n, float* y) {
-  uint8_t* act = scratch(static_cast<size_t>(n * Path::stride_bytes(W.cols)));
-  Path::prepare(x, n, W.cols, act);
-  Path::rows(W, r0, r1, act, n, y + r0, W.rows);
-}
-
-// The whole matmul: activations converted once (split over tokens when there are many), then the rows split
-// over the pool with the thresholds of ops.cpp's matmul.
-template <class Path>
-void path_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
-  const int64_t rows = W.rows, cols = W.cols, stride = Path::stride_bytes(cols);
-  uint8_t* act = scratch(static_cast<size_t>(n * stride));
-  if (n > 1 && n * cols > 65536)
-    ThreadPool::global().parallel_for(n, 0, [&](int64_t t0, int64_t t1, int) {
-      Path::prepare(x + t0 * cols, t1 - t0, cols, act + t0 * stride);
-    });
-  else
-    Path::prepare(x, n, cols, act);
-  auto rows_range = [&](int64_t r0, int64_t r1, int) { Path::rows(W, r0, r1, act, n, y + r0, rows); };
-  const bool parallel = rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536);
-  if (parallel)
-    ThreadPool::global().parallel_for(rows, 0, rows_range);
-  else
-    rows_range(0, rows, 0);
-}
-
-template <class Path>
-int64_t path_act_bytes(int64_t cols, int64_t n) { return n * Path::stride_bytes(cols); }
-
-template <class Path>
-constexpr RowKernels path_kernels(const RowKernels& avx512) {
-  return {path_dot<Path>, avx512.dequant, path_gemm<Path>, path_matmul<Path>, path_act_bytes<Path>, Path::prepare, Path::rows};
-}
-
 }  // namespace
 
 const RowKernels* avx512bf16_row_kernels(WeightFormat f) {
   // Dequant stays avx512's (exact widening; nothing to gain from the new instructions).
-  static const RowKernels bf16 = path_kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
-  static const RowKernels mxfp4 = path_kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
-  static const RowKernels mxfp4_ggml = path_kernels<Mxfp4GgmlPath>(*avx512_row_kernels(WeightFormat::MXFP4_GGML));
+  static const RowKernels bf16 = act_path::kernels<Bf16Path>(*avx512_row_kernels(WeightFormat::BF16));
+  static const RowKernels mxfp4 = act_path::kernels<Mxfp4Path>(*avx512_row_kernels(WeightFormat::MXFP4));
+  static const RowKernels mxfp4_ggml = act_path::kernels<Mxfp4GgmlPath>(*avx512_row_kernels(WeightFormat::MXFP4_GGML));
   switch (f) {
     case WeightFormat::BF16: return &bf16;
     case WeightFormat::MXFP4: return &mxfp4;

@@ -10,4 +10,8 @@ namespace k3::cpu {
 // function itself is plain code).
 const RowKernels* avx512bf16_row_kernels(WeightFormat f);
 
+// The avx512bf16 tier's kernels of GGUF's block formats (int8 activations, VNNI:
+// weight_kernels_quant_vnni.cpp), or null when f is not one. The same CPU requirement.
+const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f);
+
 }  // namespace k3::cpu

@@ -1,0 +1,509 @@
+// The avx512bf16 tier's kernels of GGUF's block formats (Q8_0, the K formats, IQ4_XS, the codebook
+// i-quants): int8 weights x int8 activations with vpdpbusd (AVX512_VNNI), the activations converted once
+// per matmul call (act_convert_path.h), as llama.cpp's CPU backend does (its vec_dot_*_q8_K / q8_0).
+// Like the tier's MXFP4 kernels the products are NOT the exact fp32 products (docs/perf/cpu.md):
+//
+// - Activations: int8 with one fp32 scale per QUAD of 4 consecutive values (the 4 bytes one vpdpbusd lane
+//   sums; q8_quads_simd.h): d = max|x| / 127 rounded up, q = round(x / d), |d q - x| <= d/2 (1 + 2^-16).
+//   llama.cpp keeps one scale per 256 (Q8_K) or per 32 (Q8_0) and applies the weights' sub-scales in
+//   int16/int32; here every int32 lane is scaled in fp32 anyway (the sub-scales differ per 16 or 32 lanes),
+//   so a scale per quad costs the kernel nothing, and an outlier coarsens 3 neighbours instead of 255.
+// - Weights: each block's decoder (quant_decode_simd.h, the exact tiers' decoders) hands 32 int8 quants
+//   with their fp32 sub-scale and sub-min per 16 values (value = dl * q - ml); two such halves make one
+//   64-value chunk: w (int8) and wsc (dl per lane). Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS have their own
+//   decoders here (a block's sub-scales and mins in one vector instead of scalar code per 16 or 32).
+// - Per (row, token, chunk): one vpdpbusd (the exact int32 quad sums q_x . q_w), int -> float, times the
+//   quads' d (fp32) = f; a 256-block's four chunks summed as (f0 dl0 + f1 dl1) + (f2 dl2 + f3 dl3) (lanes),
+//   for formats with sub-mins (Q4_K, Q5_K, Q2_K) minus the 16 ml times the fp32 sums of the UNROUNDED
+//   activations over each 16 values (computed once per token in prepare; so the min part carries no
+//   activation rounding at all), then added to the token's 16-lane accumulator; Q8_0 and the codebook
+//   i-quants: one fma of f by the lane sub-scales per chunk. One reduction per (row, token) at the end.
+// - Weight quants: Q4_K, Q5_K, Q2_K's are unsigned (0..31) and go in vpdpbusd's u8 operand against plain
+//   int8 activations; the other formats' are signed and meet q + 128 bytes, the offset cancelled by
+//   starting the int32 sum at -128 x (sum of each lane's 4 quants), computed once per row and tile.
+//
+// Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each
+// (row, token) pair runs the same operations in the same order in every tile size (T = 1 is the dot);
+// column blocks park the accumulators exactly. A NaN / inf activation poisons its quad's d (NaN output).
+//
+// Only the functions between K3_AVX512BF16_BEGIN/END are compiled for the tier; the drivers are plain code.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/weight_kernels_avx512bf16.h"
+#include "k3/backend/cpu/weight_kernels_quant.h"
+#include "k3/backend/cpu/weight_simd512.h"
+#include "k3/core/dtype.h"
+#include "k3/core/weight_format.h"
+#include "k3/quant/iq_tables.h"
+
+namespace k3::cpu {
+
+namespace {
+
+// The converted activations of one token, unit by unit. A unit is 64 values (Q8_0: one pair of its
+// 32-blocks; the last pair of a row of odd block count has q = 0, d = 0 in its second half) or 256
+// (the K and i-quant formats' blocks). Per 64 values ("chunk"): 64 bytes in natural order, q + 128 (for
+// formats with signed quants) or q (unsigned_quants), then the 16 quads' scales (fp32); a 256-unit adds
+// the 16 fp32 sums of each 16 unrounded activations.
+constexpr int64_t kChunkBytes = 128;
+constexpr int64_t kUnit256Bytes = 4 * kChunkBytes + 64;
+
+constexpr bool is_q8_0(WeightFormat f) { return f == WeightFormat::Q8_0; }
+constexpr int64_t unit_elems(WeightFormat f) { return is_q8_0(f) ? 64 : 256; }
+constexpr int64_t unit_bytes(WeightFormat f) { return is_q8_0(f) ? kChunkBytes : kUnit256Bytes; }
+constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
+// Formats whose values carry a sub-min (value = dl q - ml).
+constexpr bool has_min(WeightFormat f) {
+  return f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q2_K;
+}
+// Formats whose quants are unsigned (vpdpbusd's u8 operand against plain int8 activations: no offset to
+// cancel); the others' are signed and meet q + 128.
+constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
+
+}  // namespace
+
+}  // namespace k3::cpu
+
+K3_AVX512BF16_BEGIN
+
+// Inside the target region: the static inline decoders and the quad quantiser are compiled for the tier
+// in this file only.
+#include "k3/backend/cpu/q8_quads_simd.h"
+#include "k3/backend/cpu/quant_decode_simd.h"
+
+namespace k3::cpu {
+
+namespace {
+
+// ---- activations ----
+
+// Tokens of a 256-unit format: per unit 4 chunks of quads, then the 16 sums of 16 (fp32, each the same
+// 16-lane reduction whatever n). kOffset: the bytes are q + 128 (weights signed), else q (weights unsigned).
+template <bool kOffset>
+void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  const int64_t nu = cols / 256;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t u = 0; u < nu; ++u) {
+      const float* xu = x + t * cols + u * 256;
+      uint8_t* o = out + (t * nu + u) * kUnit256Bytes;
+      for (int c = 0; c < 4; ++c)
+        for (int k = 0; k < 4; ++k)
+          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + 64 * c + 16 * k), o + kChunkBytes * c + 16 * k,
+                                      reinterpret_cast<float*>(o + kChunkBytes * c + 64) + 4 * k);
+      float* sums = reinterpret_cast<float*>(o + 4 * kChunkBytes);
+      for (int k = 0; k < 16; ++k) sums[k] = _mm512_reduce_add_ps(_mm512_loadu_ps(xu + 16 * k));
+    }
+}
+
+// Tokens of Q8_0 (cols a multiple of 32): chunks of 64, a missing second half as q = 0, d = 0.
+void q8_0_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  const int64_t nu = units(WeightFormat::Q8_0, cols);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t u = 0; u < nu; ++u) {
+      uint8_t* o = out + (t * nu + u) * kChunkBytes;
+      float* d = reinterpret_cast<float*>(o + 64);
+      for (int k = 0; k < 4; ++k) {
+        const int64_t i = u * 64 + 16 * k;
+        if (i < cols) {
+          q8::quantise_quads(_mm512_loadu_ps(x + t * cols + i), o + 16 * k, d + 4 * k);
+        } else {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * k), _mm_set1_epi8(static_cast<char>(0x80)));
+          _mm_storeu_ps(d + 4 * k, _mm_setzero_ps());
+        }
+      }
+    }
+}
+
+// ---- weights x activations ----
+
+// The accumulators of one row x T tokens over one unit's activations (token t at xq + t * UB).
+// kSigned: the weights are signed and the activation bytes q + 128 (vpdpbusd is u8 x s8: corr cancels the
+// offset); else the weights are unsigned (0..63) and go in vpdpbusd's unsigned operand against q itself.
+template <int T, int64_t UB, bool kSigned>
+struct Q8Acc {
+  __m512 acc[T];
+  const uint8_t* xq;
+
+  // Values [64 c, 64 c + 64) of the unit: w their quants, wsc the sub-scale of each lane.
+  __attribute__((always_inline)) void chunk(int c, __m512i w, __m512 wsc) {
+    __m512i corr = _mm512_setzero_si512();
+    if constexpr (kSigned)
+      corr = _mm512_sub_epi32(corr, _mm512_dpbusd_epi32(corr, _mm512_set1_epi8(static_cast<char>(0x80)), w));
+    const uint8_t* q = xq + c * kChunkBytes;
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512i x = _mm512_loadu_si512(q + t * UB);
+      const __m512i dp = kSigned ? _mm512_dpbusd_epi32(corr, x, w) : _mm512_dpbusd_epi32(corr, w, x);
+      const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + t * UB + 64)));
+      acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
+    }
+  }
+
+  // One 256-unit: its 4 chunks (w, lane sub-scales wsc) and, kMins, the sub-mins of each 16 values. Per
+  // token the chunks' products are summed as a tree, (f0 wsc0 + f1 wsc1) + (f2 wsc2 + f3 wsc3) - ml . sums,
+  // then added to acc: one dependent add per unit instead of a chain of five fmas (decode, one token, is
+  // latency-bound on that chain).
+  template <bool kMins>
+  __attribute__((always_inline)) void unit(const __m512i w[4], const __m512 wsc[4], __m512 ml16) {
+    __m512i corr[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      corr[c] = _mm512_setzero_si512();
+      if constexpr (kSigned)
+        corr[c] = _mm512_sub_epi32(corr[c], _mm512_dpbusd_epi32(corr[c], _mm512_set1_epi8(static_cast<char>(0x80)), w[c]));
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* q = xq + t * UB;
+      __m512 f[4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i x = _mm512_loadu_si512(q + c * kChunkBytes);
+        const __m512i dp = kSigned ? _mm512_dpbusd_epi32(corr[c], x, w[c]) : _mm512_dpbusd_epi32(corr[c], w[c], x);
+        f[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_loadu_ps(reinterpret_cast<const float*>(q + c * kChunkBytes + 64)));
+      }
+      __m512 u = _mm512_add_ps(_mm512_fmadd_ps(f[1], wsc[1], _mm512_mul_ps(f[0], wsc[0])),
+                               _mm512_fmadd_ps(f[3], wsc[3], _mm512_mul_ps(f[2], wsc[2])));
+      if constexpr (kMins) u = _mm512_fnmadd_ps(ml16, _mm512_loadu_ps(reinterpret_cast<const float*>(q + 4 * kChunkBytes)), u);
+      acc[t] = _mm512_add_ps(acc[t], u);
+    }
+  }
+};
+
+// Lane scales of a chunk from per-group scales: group g's scale in lanes [16 / k x g, ...) (k groups).
+inline __m512 lanes_of(__m512 scales, int first, int per_lane_group) {
+  // per_lane_group 8: lanes 0-7 scales[first], 8-15 scales[first + 1]; 4: four groups of 4 lanes.
+  const __m512i idx = per_lane_group == 8
+                          ? _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1))
+                          : _mm512_add_epi32(_mm512_set1_epi32(first), _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+  return _mm512_permutexvar_ps(idx, scales);
+}
+
+inline __m256i nibbles_lo(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline __m256i bits_at(__m256i v, int s, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, s), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+// mul x each of the 8 bytes of v (as fp32), in lanes 0-7.
+inline __m512 scaled_bytes8(uint64_t v, float mul) {
+  return _mm512_castps256_ps512(
+      _mm256_mul_ps(_mm256_set1_ps(mul), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(v))))));
+}
+
+// Q4_K / Q5_K: the 8 sub-scales d sc_j and sub-mins dmin m_j (the exact decoders' products, quant::k4_scale_min's
+// fields: j < 4 from the low 6 bits of bytes j, j + 4; j >= 4 the nibbles of byte j + 4 and the top 2 bits of
+// bytes j - 4, j), all 8 at once; the quants 0..15 (0..31) go unsigned into vpdpbusd.
+template <WeightFormat F, class Acc>
+__attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
+  uint32_t s[3];
+  std::memcpy(s, b + 4, 12);
+  const uint64_t sc = (s[0] & 0x3f3f3f3fu) | uint64_t((s[2] & 0x0f0f0f0fu) | (((s[0] >> 6) & 0x03030303u) << 4)) << 32;
+  const uint64_t mn = (s[1] & 0x3f3f3f3fu) | uint64_t(((s[2] >> 4) & 0x0f0f0f0fu) | (((s[1] >> 6) & 0x03030303u) << 4)) << 32;
+  const __m512 dl = scaled_bytes8(sc, qsimd::f16_at(b)), ml = scaled_bytes8(mn, qsimd::f16_at(b + 2));
+  constexpr int kQs = F == WeightFormat::Q4_K ? 16 : 48;
+  [[maybe_unused]] __m256i qh;
+  if constexpr (F == WeightFormat::Q5_K) qh = qsimd::load32(b + 16);
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m256i q = qsimd::load32(b + kQs + 32 * c);
+    __m256i lo = nibbles_lo(q), hi = bits_at(q, 4, 0x0F);
+    if constexpr (F == WeightFormat::Q5_K) {
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(bits_at(qh, 2 * c, 1), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(bits_at(qh, 2 * c + 1, 1), 4));
+    }
+    w[c] = join(lo, hi);
+    wsc[c] = lanes_of(dl, 2 * c, 8);
+  }
+  a.template unit<true>(w, wsc, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
+}
+
+// Q2_K: 16 sub-scales (low nibbles) and sub-mins (high nibbles) of each 16 values; quants 0..3 unsigned.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q2k(const uint8_t* b, Acc& a) {
+  const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 80)), _mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))));
+  const __m512 ml = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 82)), _mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)));
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // values 64 c ..: byte group h = c / 2, bit pairs 2k, 2k + 2 (k = 2 (c % 2))
+    const __m256i q = qsimd::load32(b + 16 + 32 * (c / 2));
+    const int k = 2 * (c % 2);
+    w[c] = join(bits_at(q, 2 * k, 3), bits_at(q, 2 * k + 2, 3));
+    wsc[c] = lanes_of(dl, 4 * c, 4);
+  }
+  a.template unit<true>(w, wsc, ml);
+}
+
+// Q6_K: 16 int8 sub-scales of each 16 values; quants - 32 signed.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 208)),
+                                  _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m256i ql0 = qsimd::load32(b + 64 * h), ql1 = qsimd::load32(b + 64 * h + 32), qh = qsimd::load32(b + 128 + 32 * h);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    const __m256i q0 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql0), _mm256_slli_epi16(bits_at(qh, 0, 3), 4)), m32);
+    const __m256i q1 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql1), _mm256_slli_epi16(bits_at(qh, 2, 3), 4)), m32);
+    const __m256i q2 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql0, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 4, 3), 4)), m32);
+    const __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql1, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 6, 3), 4)), m32);
+    w[2 * h] = join(q0, q1), wsc[2 * h] = lanes_of(dl, 8 * h, 4);
+    w[2 * h + 1] = join(q2, q3), wsc[2 * h + 1] = lanes_of(dl, 8 * h + 4, 4);
+  }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
+}
+
+// Q3_K: 16 6-bit sub-scales (quant::q3_k_scale: low 4 bits from the nibbles of bytes 0-7, high 2 bits from
+// bit pair i / 4 of byte 8 + i % 4), minus 32, all 16 at once; quants (low 2 bits | 4 x hmask bit) - 4, signed.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q3k(const uint8_t* b, Acc& a) {
+  uint64_t lo4;
+  uint32_t hi2;
+  std::memcpy(&lo4, b + 96, 8);
+  std::memcpy(&hi2, b + 104, 4);
+  constexpr uint64_t kNib = 0x0F0F0F0F0F0F0F0FULL;
+  constexpr uint32_t kPair = 0x03030303u;
+  const uint64_t h0 = (hi2 & kPair) | uint64_t((hi2 >> 2) & kPair) << 32, h1 = ((hi2 >> 4) & kPair) | uint64_t((hi2 >> 6) & kPair) << 32;
+  const __m128i sc = _mm_set_epi64x(static_cast<long long>(((lo4 >> 4) & kNib) | (h1 << 4)), static_cast<long long>((lo4 & kNib) | (h0 << 4)));
+  const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 108)),
+                                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(sc), _mm512_set1_epi32(32))));
+  const __m256i hm = qsimd::load32(b);
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {  // values 64 c ..: quant bytes h = c / 2, bit pairs k, k + 1 (k = 2 (c % 2))
+    const int h = c / 2, k = 2 * (c % 2);
+    const __m256i q = qsimd::load32(b + 32 + 32 * h);
+    __m256i v[2];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j)
+      v[j] = _mm256_sub_epi8(_mm256_or_si256(bits_at(q, 2 * (k + j), 3), _mm256_slli_epi16(bits_at(hm, 4 * h + k + j, 1), 2)),
+                             _mm256_set1_epi8(4));
+    w[c] = join(v[0], v[1]);
+    wsc[c] = lanes_of(dl, 4 * c, 4);
+  }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
+}
+
+// IQ4_XS: 8 6-bit sub-scales (low 4 bits: nibble ib % 2 of byte 4 + ib / 2; high 2 bits: bit pair ib of the
+// u16 at 2) minus 32, all 8 at once; quants: the IQ4_NL levels (signed) of the nibbles, one byte shuffle.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) {
+  uint32_t lo;
+  std::memcpy(&lo, b + 4, 4);
+  const __m128i l = _mm_cvtsi32_si128(static_cast<int>(lo));
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(l, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(l, 4), _mm_set1_epi8(0x0F)));
+  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b[2] | (b[3] << 8)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                      _mm256_set1_epi32(3));
+  const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(nib), _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+  const __m512 dl = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(qsimd::f16_at(b)), _mm256_cvtepi32_ps(ls)));
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues)));
+  __m512i w[4];
+  __m512 wsc[4];
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    // Sub-blocks 2c, 2c + 1: 16 bytes each, low nibbles their values 0-15, high nibbles 16-31.
+    const __m512i q = _mm512_castsi256_si512(qsimd::load32(b + 8 + 32 * c));
+    const __m512i src = _mm512_shuffle_i64x2(q, q, _MM_SHUFFLE(1, 1, 0, 0));
+    const __m512i n = _mm512_and_si512(_mm512_srlv_epi64(src, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    w[c] = _mm512_shuffle_epi8(levels, n);
+    wsc[c] = lanes_of(dl, 2 * c, 8);
+  }
+  a.template unit<false>(w, wsc, _mm512_setzero_ps());
+}
+
+// Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
+// hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
+// unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
+// chunk: these decoders' scalar table lookups, not the accumulator chain, bound their speed). base: where
+// the decoder's element 0 sits in the unit (Q8_0's second block: 32).
+template <class Acc>
+struct Q8Sink {
+  Acc& a;
+  int base = 0;
+  __m256i half = _mm256_setzero_si256();  // the chunk's first 32 quants, waiting for the second
+  float hd0 = 0, hd1 = 0;                 // their sub-scales (values 0-15, 16-31)
+  explicit Q8Sink(Acc& acc) : a(acc) {}
+
+  template <bool kMin>
+  __attribute__((always_inline)) void put32q(int i, __m256i v, float d0, float, float d1, float) {
+    static_assert(!kMin, "formats with sub-mins have their own unit decoder");
+    i += base;
+    if ((i & 32) == 0) {
+      half = v, hd0 = d0, hd1 = d1;
+      return;
+    }
+    a.chunk(i / 64, join(half, v), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(hd0, hd1, d0, d1)), 0, 4));
+  }
+};
+
+// One unit of a row (Q8_0: blocks 2u, 2u + 1 of `blocks`) into the accumulators.
+template <WeightFormat F, class Acc>
+__attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, int64_t blocks, Acc& a) {
+  constexpr int64_t BB = weight_layout(F).block_bytes;
+  if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+    unit_q45k<F>(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q2_K) {
+    unit_q2k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q6_K) {
+    unit_q6k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q3_K) {
+    unit_q3k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::IQ4_XS) {
+    unit_iq4xs(row + u * BB, a);
+  } else if constexpr (is_q8_0(F)) {
+    Q8Sink<Acc> s(a);
+    qsimd::decode_into<F>(row + 2 * u * BB, s);
+    if (2 * u + 1 < blocks) {
+      s.base = 32;
+      qsimd::decode_into<F>(row + (2 * u + 1) * BB, s);
+    } else {  // the row's last block has no partner: zero weights (and its activations are q = 0, d = 0)
+      s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    Q8Sink<Acc> s(a);
+    qsimd::decode_into<F>(row + u * BB, s);
+  }
+}
+
+// A tile's share of the units: [u0, u1); between blocks the accumulators wait in `state` (exactly).
+struct UnitSpan {
+  int64_t u0, u1;
+  bool first, last;
+  __m512* state;  // T accumulators between blocks
+};
+
+// One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
+// xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
+template <WeightFormat F, int T>
+void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us) {
+  constexpr int64_t UB = unit_bytes(F);
+  Q8Acc<T, UB, !unsigned_quants(F)> a;
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
+  for (int64_t u = us.u0; u < us.u1; ++u, xq += T * UB) {
+    a.xq = xq;
+    unit<F>(row, u, blocks, a);
+  }
+  if (!us.last) {
+    for (int t = 0; t < T; ++t) us.state[t] = a.acc[t];
+    return;
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(a.acc[t]);
+}
+
+template <WeightFormat F, size_t... T>
+constexpr auto q8_tiles(std::index_sequence<T...>) {
+  using Tile = void (*)(const uint8_t*, int64_t, const uint8_t*, float*, int64_t, UnitSpan);
+  return std::array<Tile, sizeof...(T)>{q8_tile<F, static_cast<int>(T) + 1>...};
+}
+
+constexpr int64_t kQ8T = 12;             // 12 accumulators + weights, correction, scales, temporaries
+constexpr int64_t kTileActBytes = 24 << 10;  // packed activations of a token tile per column block: half of L1
+constexpr int64_t kQ8StateRows = 64;     // rows whose accumulators wait between column blocks: 48 KiB
+
+// Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~256 KiB of weights) stay in
+// L2 while every token tile passes over them, one column block of units at a time (packed, fresh in L1).
+template <WeightFormat F>
+void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  static constexpr auto tiles = q8_tiles<F>(std::make_index_sequence<kQ8T>());
+  constexpr int64_t UB = unit_bytes(F);
+  const int64_t cols = W.cols, nu = units(F, cols), ldq = nu * UB, blocks = cols / weight_layout(F).block_elems;
+  if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
+    for (int64_t r = r0; r < r1; ++r) tiles[0](W.row_data(r), blocks, xq, y + (r - r0), ldy, {0, nu, true, true, nullptr});
+    return;
+  }
+  constexpr int64_t kBlockUnits = std::max<int64_t>(1, kTileActBytes / (kQ8T * UB));
+  const int64_t block = std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(F, cols)), 1, kQ8StateRows);
+  const int64_t kblocks = (nu + kBlockUnits - 1) / kBlockUnits;
+  __m512 state[kQ8StateRows * kQ8T];
+  alignas(64) uint8_t xp[kQ8T * kBlockUnits * UB];
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += kQ8T) {
+      const int64_t m = std::min(kQ8T, n - t0);
+      const auto tile = tiles[m - 1];
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int64_t u0 = kb * kBlockUnits, u1 = std::min(nu, u0 + kBlockUnits);
+        const uint8_t* xt = m == 1 ? xq + t0 * ldq + u0 * UB : xp;  // one token: its row is the packed layout
+        uint8_t* o = xp;
+        for (int64_t u = u0; u < u1 && m > 1; ++u)
+          for (int64_t t = 0; t < m; ++t, o += UB) std::memcpy(o, xq + (t0 + t) * ldq + u * UB, UB);
+        for (int64_t r = b0; r < b1; ++r)
+          tile(W.row_data(r), blocks, xt, y + t0 * ldy + (r - r0), ldy,
+               {u0, u1, kb == 0, kb + 1 == kblocks, state + (r - b0) * kQ8T});
+      }
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace k3::cpu
+
+K3_AVX512BF16_END
+
+// ---- plain code: the Paths (act_convert_path.h builds the RowKernels entries) ----
+
+namespace k3::cpu {
+
+namespace {
+
+template <WeightFormat F>
+struct QuantPath {
+  static int64_t stride_bytes(int64_t cols) { return units(F, cols) * unit_bytes(F); }
+  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+    if constexpr (is_q8_0(F))
+      q8_0_tokens(x, n, cols, out);
+    else
+      q8k_tokens<!unsigned_quants(F)>(x, n, cols, out);
+  }
+  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
+    q8_rows<F>(W, r0, r1, act, n, y, ldy);
+  }
+};
+
+template <WeightFormat F>
+const RowKernels* quant_kernels() {
+  static const RowKernels k = act_path::kernels<QuantPath<F>>(*avx512_quant_row_kernels(F));
+  return &k;
+}
+
+}  // namespace
+
+const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
+    case WeightFormat::Q4_K: return quant_kernels<WeightFormat::Q4_K>();
+    case WeightFormat::Q5_K: return quant_kernels<WeightFormat::Q5_K>();
+    case WeightFormat::Q6_K: return quant_kernels<WeightFormat::Q6_K>();
+    case WeightFormat::Q3_K: return quant_kernels<WeightFormat::Q3_K>();
+    case WeightFormat::Q2_K: return quant_kernels<WeightFormat::Q2_K>();
+    case WeightFormat::IQ4_XS: return quant_kernels<WeightFormat::IQ4_XS>();
+    case WeightFormat::IQ3_XXS: return quant_kernels<WeightFormat::IQ3_XXS>();
+    case WeightFormat::IQ3_S: return quant_kernels<WeightFormat::IQ3_S>();
+    case WeightFormat::IQ2_XXS: return quant_kernels<WeightFormat::IQ2_XXS>();
+    case WeightFormat::IQ2_XS: return quant_kernels<WeightFormat::IQ2_XS>();
+    case WeightFormat::IQ2_S: return quant_kernels<WeightFormat::IQ2_S>();
+    case WeightFormat::IQ1_S: return quant_kernels<WeightFormat::IQ1_S>();
+    case WeightFormat::IQ1_M: return quant_kernels<WeightFormat::IQ1_M>();
+    default: return nullptr;
+  }
+}
+
+}  // namespace k3::cpu
