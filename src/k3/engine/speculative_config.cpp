@@ -13,8 +13,12 @@ namespace {
 int64_t int_in(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
   const nlohmann::json& v = j.at(key);
   if (!v.is_number_integer()) fail(std::string(key) + " must be an integer");
-  // Compared as the JSON's own type first: a value past int64 must not wrap into range.
-  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi))
+  // Compared as the JSON's own type first (nlohmann keeps every non-negative integer unsigned): a value
+  // past int64 must not wrap into range.
+  const bool out = v.is_number_unsigned()
+                       ? (v.get<uint64_t>() > static_cast<uint64_t>(hi) || v.get<uint64_t>() < static_cast<uint64_t>(lo))
+                       : (v.get<int64_t>() < lo || v.get<int64_t>() > hi);
+  if (out)
     fail(std::string(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
   return v.get<int64_t>();
 }
