@@ -41,7 +41,7 @@ Timed run_once(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, con
   k3::engine::BatchEngineOptions eo;
   const int64_t len = static_cast<int64_t>(prompt.size()) + n_gen + 1;
   eo.cache.prefix_caching = false;
-  eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model.cache_spec(), 16, batch, len, true);
+  eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model.cache_spec(), 16, batch, len, spec ? spec->state_slots() : 0);
   eo.sched.max_num_seqs = batch;
   eo.sched.max_num_batched_tokens = std::max<int64_t>(512, batch * 40);
   eo.max_model_len = len;

@@ -73,7 +73,7 @@ void add_run(CLI::App& app, Registry& reg) {
       eo.cache.page_tokens = 16;
       eo.cache.prefix_caching = false;
       eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model->cache_spec(), eo.cache.page_tokens, 1, len,
-                                                                 spec_cfg.has_value());
+                                                                 spec_cfg ? spec_cfg->state_slots() : 0);
       eo.sched.max_num_seqs = 1;
       eo.sched.max_num_batched_tokens = 512;  // prompt chunks per step (bounds activation memory)
       eo.max_model_len = len;

@@ -36,8 +36,12 @@ TEST(SpeculativeConfig, ParsesVllmSpelling) {
   c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 2})");
   EXPECT_EQ(c->prompt_lookup_min, 5);
   EXPECT_EQ(c->prompt_lookup_max, 5);
-  c = parse_speculative_config(R"({"method": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4})");
+  EXPECT_EQ(c->rollback, SpeculativeConfig::Rollback::Snapshots);
+  EXPECT_EQ(c->state_slots(), 2);
+  c = parse_speculative_config(R"({"method": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4, "rollback": "replay"})");
   EXPECT_EQ(c->method, "ngram");
+  EXPECT_EQ(c->rollback, SpeculativeConfig::Rollback::Replay);
+  EXPECT_EQ(c->state_slots(), 1);
   EXPECT_EQ(c->prompt_lookup_min, 1);
   EXPECT_EQ(c->prompt_lookup_max, 4);
 }
@@ -52,7 +56,9 @@ TEST(SpeculativeConfig, RejectsBadInputWithOneLine) {
       R"({"method": "ngram", "num_speculative_tokens": "4"})", R"({"method": "ngram", "num_speculative_tokens": 4, "model": "x"})",
       R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2})",
       R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 0})",
-      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 65})"};
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 65})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "rollback": "undo"})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "rollback": 1})"};
   for (const char* j : bad) {
     try {
       parse_speculative_config(j);
@@ -234,12 +240,16 @@ BatchEngineOptions options(bool prefix, std::optional<SpeculativeConfig> spec, i
   return o;
 }
 
-SpeculativeConfig ngram(int64_t k, int64_t lo = 1, int64_t hi = 4) {
+using Rollback = SpeculativeConfig::Rollback;
+constexpr Rollback kRollbacks[] = {Rollback::Snapshots, Rollback::Replay};
+
+SpeculativeConfig ngram(int64_t k, Rollback rb, int64_t lo = 1, int64_t hi = 4) {
   SpeculativeConfig c;
   c.method = "ngram";
   c.num_speculative_tokens = k;
   c.prompt_lookup_min = lo;
   c.prompt_lookup_max = hi;
+  c.rollback = rb;
   return c;
 }
 
@@ -276,10 +286,11 @@ void expect_mixed_acceptance(const EngineStats& st) {
 }
 
 TEST(SpeculativeEngine, GreedyAloneEqualsNoSpeculation) {
+  for (const Rollback rb : kRollbacks)
   for (const char* text : {kCode, kProse}) {
     const std::vector<Request> reqs{make("t", encode(text), 80)};
     const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
-    const RunResult on = run(tiny(), options(false, ngram(4)), reqs);
+    const RunResult on = run(tiny(), options(false, ngram(4, rb)), reqs);
     ASSERT_EQ(off.ids.at("t").size(), 80u);
     EXPECT_EQ(on.ids.at("t"), off.ids.at("t")) << text;
     expect_mixed_acceptance(on.stats);
@@ -299,9 +310,11 @@ TEST(SpeculativeEngine, SeededSamplingEqualsNoSpeculation) {
     reqs.push_back(r);
   }
   const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
-  const RunResult on = run(tiny(), options(false, ngram(3)), reqs);
-  for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
-  EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
+  for (const Rollback rb : kRollbacks) {
+    const RunResult on = run(tiny(), options(false, ngram(3, rb)), reqs);
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
+  }
 }
 
 TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
@@ -312,11 +325,13 @@ TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
     reqs.push_back(make("b" + std::to_string(i), encode(p), 20 + 7 * i, i % 4 == 3 ? 0.8f : 0.f, 200 + i));
   }
   const RunResult off = run(tiny(), options(true, std::nullopt), reqs);
-  const RunResult on = run(tiny(), options(true, ngram(4)), reqs);
-  for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
-  expect_mixed_acceptance(on.stats);
-  EXPECT_EQ(on.cache.pages_used, 0);
-  EXPECT_EQ(on.cache.slots_used, 0);
+  for (const Rollback rb : kRollbacks) {
+    const RunResult on = run(tiny(), options(true, ngram(4, rb)), reqs);
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    expect_mixed_acceptance(on.stats);
+    EXPECT_EQ(on.cache.pages_used, 0);
+    EXPECT_EQ(on.cache.slots_used, 0);
+  }
   // A follow-up turn over an earlier output hits the prefix cache: the pages and checkpoint written
   // with speculation must hold only accepted tokens' state.
   std::vector<Request> turn2;
@@ -335,7 +350,7 @@ TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
     c.wait(static_cast<int>(reqs.size() + turn2.size()));
     return std::pair{c.ids, c.cached};
   };
-  const auto t_off = two_turns(std::nullopt), t_on = two_turns(ngram(4));
+  const auto t_off = two_turns(std::nullopt), t_on = two_turns(ngram(4, Rollback::Snapshots));
   int64_t hits = 0;
   for (int i = 0; i < 4; ++i) {
     const std::string id = "f" + std::to_string(i);
@@ -350,15 +365,18 @@ TEST(SpeculativeEngine, PreemptionEqualsNoSpeculation) {
   std::vector<Request> reqs;
   for (int i = 0; i < 10; ++i) reqs.push_back(make("p" + std::to_string(i), encode(i % 2 ? kCode : kProse), 90));
   const auto& spec = tiny().model->cache_spec();
-  // Two state slots and one page per sequence, plus 40 pages: about a third of what all need at once.
-  const int64_t small = k3::cache::HybridCache::budget_for(spec, 16, 10, 16, true) + 40 * ((spec.page_bytes(16) + 255) / 256 * 256);
   const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
-  const RunResult on = run(tiny(), options(false, ngram(4), small, 10), reqs);
-  EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
-  for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
-  EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
-  EXPECT_EQ(on.cache.pages_used, 0);
-  EXPECT_EQ(on.cache.slots_used, 0);
+  for (const Rollback rb : kRollbacks) {
+    // The state slots and one page per sequence, plus 40 pages: about a third of what all need at once.
+    const int64_t small = k3::cache::HybridCache::budget_for(spec, 16, 10, 16, ngram(4, rb).state_slots()) +
+                          40 * ((spec.page_bytes(16) + 255) / 256 * 256);
+    const RunResult on = run(tiny(), options(false, ngram(4, rb), small, 10), reqs);
+    EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
+    EXPECT_EQ(on.cache.pages_used, 0);
+    EXPECT_EQ(on.cache.slots_used, 0);
+  }
 }
 
 // The tiny checkpoints (random weights): their continuations rarely repeat the prompt's pattern, so
@@ -374,10 +392,12 @@ TEST(SpeculativeEngine, TinyCheckpointsEqualNoSpeculation) {
       reqs.push_back(make("k" + std::to_string(i), prompt, 40, i == 3 ? 1.0f : 0.f, 5));
     }
     const RunResult off = run(env, options(true, std::nullopt), reqs);
-    const RunResult on = run(env, options(true, ngram(5, 1, 3)), reqs);
-    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << dir << " " << id;
-    EXPECT_GT(on.stats.spec_num_drafts, 0) << dir;
-    EXPECT_LT(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens) << dir;
+    for (const Rollback rb : kRollbacks) {
+      const RunResult on = run(env, options(true, ngram(5, rb, 1, 3)), reqs);
+      for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << dir << " " << id;
+      EXPECT_GT(on.stats.spec_num_drafts, 0) << dir;
+      EXPECT_LT(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens) << dir;
+    }
   }
 }
 
@@ -397,7 +417,7 @@ TEST(SpeculativeEngine, SaysWhenTheRunnerCannotRollBack) {
     }
   } runner(*tiny().model);
   try {
-    BatchEngine eng(runner, *tiny().tok, options(false, ngram(2)));
+    BatchEngine eng(runner, *tiny().tok, options(false, ngram(2, Rollback::Snapshots)));
     FAIL() << "expected an error";
   } catch (const k3::Error& e) {
     EXPECT_NE(std::string(e.what()).find("test-device"), std::string::npos) << e.what();

@@ -24,10 +24,10 @@ KdaStateView PagedSequence::kda_state(int64_t i) {
   return {b, conv, conv + cf, conv + 2 * cf};
 }
 
-KdaStateView PagedSequence::kda_snapshot(int64_t i) {
+KdaStateView PagedSequence::kda_snapshot(int64_t i, int64_t j) {
   HybridCache& c = *cache_;
-  if (snap_slot_ < 0) return {};
-  uint8_t* b = c.slot_ptr(snap_slot_) + i * c.spec_.kda_layer_bytes();
+  if (j < 0 || j >= static_cast<int64_t>(snap_slots_.size())) return {};
+  uint8_t* b = c.slot_ptr(snap_slots_[static_cast<size_t>(j)]) + i * c.spec_.kda_layer_bytes();
   float* conv = reinterpret_cast<float*>(b + c.spec_.kda_state_bytes());
   const int64_t cf = c.spec_.kda_conv_floats;
   return {b, conv, conv + cf, conv + 2 * cf};
@@ -65,9 +65,9 @@ int64_t units256(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 2
 }  // namespace
 
 int64_t HybridCache::budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens,
-                                bool state_snapshots) {
+                                int64_t state_snapshots) {
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
-  return seqs * ((state_snapshots ? 2 : 1) * units256(spec.slot_bytes()) + pages * units256(spec.page_bytes(page_tokens)));
+  return seqs * ((1 + state_snapshots) * units256(spec.slot_bytes()) + pages * units256(spec.page_bytes(page_tokens)));
 }
 
 int64_t HybridCache::auto_checkpoint_interval() const {
@@ -86,11 +86,12 @@ HybridCache::HybridCache(const CacheSpec& spec, const CacheOptions& opt) : spec_
   slot_bytes_ = units256(spec.slot_bytes());
 
   const int64_t slot_b = slot_bytes_, page_b = page_bytes_;
-  running_slots_ = opt.max_num_seqs * (opt.state_snapshots ? 2 : 1);
+  if (opt.state_snapshots < 0 || opt.state_snapshots > 64) throw Error("state snapshots per sequence must be in [0, 64]");
+  running_slots_ = opt.max_num_seqs * (1 + opt.state_snapshots);
   if (running_slots_ * slot_b + page_b > opt.budget_bytes)
     throw Error("cache memory " + mib(opt.budget_bytes) + " is too small: " + std::to_string(opt.max_num_seqs) +
                 " sequences need " + mib(running_slots_ * slot_b) + " of KDA state (" + std::to_string(slot_b) +
-                " bytes each" + (opt.state_snapshots ? ", twice: speculative decoding keeps a snapshot" : "") +
+                 " bytes each" + (opt.state_snapshots > 0 ? ", " + std::to_string(1 + opt.state_snapshots) + " each: speculative decoding keeps snapshots" : "") +
                 ") plus latent pages; raise --cache-memory or lower --max-num-seqs");
   // Default: a quarter of what is left after the running sequences' slots, at least max_num_seqs
   // (with only 64 checkpoints, a load test of 256 distinct prompts repeated once hit 16.8k of ~48k prompt tokens).
@@ -229,13 +230,16 @@ bool HybridCache::acquire_slot(PagedSequence& s) {
   if (s.slot_ >= 0) return true;
   const int32_t slot = alloc_slot();
   if (slot < 0) return false;
-  if (opt_.state_snapshots) {
+  for (int64_t j = 0; j < opt_.state_snapshots; ++j) {
     const int32_t snap = alloc_slot();
     if (snap < 0) {
       free_slots_.push_back(slot);
+      for (int32_t q : s.snap_slots_) free_slots_.push_back(q);
+      slots_used_ -= static_cast<int64_t>(s.snap_slots_.size());
+      s.snap_slots_.clear();
       return false;
     }
-    s.snap_slot_ = snap;
+    s.snap_slots_.push_back(snap);
     ++slots_used_;
   }
   mem_->zero(slot_ptr(slot), static_cast<size_t>(slot_bytes_));
@@ -244,10 +248,11 @@ bool HybridCache::acquire_slot(PagedSequence& s) {
   return true;
 }
 
-void HybridCache::restore_state(PagedSequence& s, int64_t snapshot_pos, int64_t keep_tokens) {
-  if (s.snap_slot_ < 0 || snapshot_pos > s.n_past_ || snapshot_pos < s.committed_pages_ * B_)
+void HybridCache::restore_state(PagedSequence& s, int64_t j, int64_t snapshot_pos, int64_t keep_tokens) {
+  if (j < 0 || j >= static_cast<int64_t>(s.snap_slots_.size()) || snapshot_pos > s.n_past_ ||
+      snapshot_pos < s.committed_pages_ * B_)
     throw Error("internal error: a state restore without a snapshot, or to a committed position");
-  std::swap(s.slot_, s.snap_slot_);
+  std::swap(s.slot_, s.snap_slots_[static_cast<size_t>(j)]);
   s.n_past_ = snapshot_pos;
   // Pages only the rejected rows needed go back (never a committed one: those lie below n_past).
   const int64_t keep_pages = std::max<int64_t>((keep_tokens + B_ - 1) / B_, (s.n_past_ + B_ - 1) / B_);
@@ -284,11 +289,9 @@ void HybridCache::release(PagedSequence& s) {
     --slots_used_;
     s.slot_ = -1;
   }
-  if (s.snap_slot_ >= 0) {
-    free_slots_.push_back(s.snap_slot_);
-    --slots_used_;
-    s.snap_slot_ = -1;
-  }
+  for (int32_t q : s.snap_slots_) free_slots_.push_back(q);
+  slots_used_ -= static_cast<int64_t>(s.snap_slots_.size());
+  s.snap_slots_.clear();
   s.n_past_ = 0;
   s.committed_pages_ = 0;
 }

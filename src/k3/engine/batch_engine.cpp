@@ -14,7 +14,7 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
     if (!model.supports_state_snapshots())
       throw Error("--speculative-config: speculative decoding is not implemented on " + model.device_name() +
                   " yet (it needs exact KDA state rollback: the CPU backend has it)");
-    opt_.cache.state_snapshots = true;
+    opt_.cache.state_snapshots = opt_.speculative->state_slots();
     opt_.sched.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
     proposer_ = make_proposer(*opt_.speculative);
     stats_.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
@@ -203,7 +203,8 @@ void BatchEngine::step() {
   for (const ScheduledSeq& p : plan) p.seq->drafts().resize(static_cast<size_t>(p.n_drafts));  // cut to what runs
   std::vector<BatchItem> items;
   std::vector<std::vector<int32_t>> chunks(plan.size());  // pending + drafts, where there are drafts
-  std::vector<int64_t> snapshot_pos(plan.size(), -1);
+  std::vector<int64_t> snapshot_pos(plan.size(), -1);  // where the first snapshot is taken
+  const bool per_position = opt_.speculative && opt_.speculative->rollback == SpeculativeConfig::Rollback::Snapshots;
   for (size_t i = 0; i < plan.size(); ++i) {
     const ScheduledSeq& p = plan[i];
     const auto& toks = p.seq->tokens();
@@ -217,6 +218,7 @@ void BatchEngine::step() {
       item.tokens = chunks[i];
       item.n_logit_rows = 1 + p.n_drafts;
       item.snapshot_after = pending;
+      item.n_snapshots = per_position ? p.n_drafts : 1;
       snapshot_pos[i] = past + pending;
     }
     items.push_back(item);
@@ -269,9 +271,15 @@ void BatchEngine::step() {
           std::lock_guard lk(mu_);
           count_verification_locked(p.n_drafts, v.accepted);
         }
-        // A rejected draft ran through the model: back to the state before the drafts.
-        if (v.accepted < p.n_drafts)
-          cache_->restore_state(s->cache(), snapshot_pos[i], static_cast<int64_t>(s->tokens().size()));
+        // A rejected draft ran through the model: back to the state after the accepted ones (snapshots),
+        // or before the drafts (replay: the accepted ones run again next step).
+        const int64_t keep = static_cast<int64_t>(s->tokens().size());
+        if (v.accepted < p.n_drafts) {
+          if (per_position)
+            cache_->restore_state(s->cache(), v.accepted, snapshot_pos[i] + v.accepted, keep);
+          else
+            cache_->restore_state(s->cache(), 0, snapshot_pos[i], keep);
+        }
       }
     }
     if (cache_->prefix_caching()) {

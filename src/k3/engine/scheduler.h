@@ -25,7 +25,7 @@ struct SchedulerOptions {
   // auto_checkpoint_interval() (a checkpoint costs about what the latent pages it spans cost).
   int64_t checkpoint_interval = 0;
   // Speculative decoding's k (0: off). A decoding sequence then runs its pending tokens (1, or after a
-  // rollback the kept tokens not yet in the cache: at most k) plus its drafts as one chunk, all of
+  // "replay" rollback the kept tokens not yet in the cache: at most k) plus its drafts as one chunk, all of
   // them counted against max_num_batched_tokens (drafts are cut to fit).
   int64_t num_speculative_tokens = 0;
 };

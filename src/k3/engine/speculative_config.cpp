@@ -35,8 +35,9 @@ std::optional<SpeculativeConfig> parse_speculative_config(const std::string& tex
   }
   if (!j.is_object()) fail("expected a JSON object");
   for (const auto& [key, value] : j.items())
-    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_min" && key != "prompt_lookup_max")
-      fail("unknown key \"" + key + "\" (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)");
+    if (key != "method" && key != "num_speculative_tokens" && key != "prompt_lookup_min" && key != "prompt_lookup_max" &&
+        key != "rollback")
+      fail("unknown key \"" + key + "\" (known: method, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, rollback)");
   if (!j.contains("method") || !j["method"].is_string()) fail("\"method\" (a string) is required");
   SpeculativeConfig c;
   c.method = j["method"].get<std::string>();
@@ -50,6 +51,15 @@ std::optional<SpeculativeConfig> parse_speculative_config(const std::string& tex
   if (has_max) c.prompt_lookup_max = int_in(j, "prompt_lookup_max", 1, kMaxPromptLookup);
   if (has_min && !has_max) c.prompt_lookup_max = c.prompt_lookup_min;
   if (has_max && !has_min) c.prompt_lookup_min = c.prompt_lookup_max;
+  if (j.contains("rollback")) {
+    const nlohmann::json& r = j["rollback"];
+    if (r == "snapshots")
+      c.rollback = SpeculativeConfig::Rollback::Snapshots;
+    else if (r == "replay")
+      c.rollback = SpeculativeConfig::Rollback::Replay;
+    else
+      fail("rollback must be \"snapshots\" or \"replay\"");
+  }
   if (c.prompt_lookup_min > c.prompt_lookup_max)
     fail("prompt_lookup_min (" + std::to_string(c.prompt_lookup_min) + ") must be <= prompt_lookup_max (" +
          std::to_string(c.prompt_lookup_max) + ")");
@@ -58,7 +68,8 @@ std::optional<SpeculativeConfig> parse_speculative_config(const std::string& tex
 
 std::string describe(const SpeculativeConfig& c) {
   return c.method + " k=" + std::to_string(c.num_speculative_tokens) + " lookup " + std::to_string(c.prompt_lookup_min) +
-         ".." + std::to_string(c.prompt_lookup_max);
+         ".." + std::to_string(c.prompt_lookup_max) +
+         (c.rollback == SpeculativeConfig::Rollback::Replay ? " rollback replay" : " rollback snapshots");
 }
 
 }  // namespace k3::engine

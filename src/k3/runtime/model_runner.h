@@ -36,10 +36,11 @@ struct BatchItem {
   // With want_logits: the logits of the last n_logit_rows tokens (speculative verification scores the
   // pending token and every draft token in one pass); 1..tokens.size().
   int64_t n_logit_rows = 1;
-  // > 0: the KDA state (recurrent + conv tails) after the first snapshot_after of the tokens is saved into
-  // cache->kda_snapshot(), so that draft tokens after them can be rolled back exactly
-  // (< tokens.size(); needs ModelRunner::supports_state_snapshots and a cache that keeps a snapshot).
-  int64_t snapshot_after = 0;
+  // > 0: the KDA state (recurrent + conv tails) after the first snapshot_after + j of the tokens is saved
+  // into cache->kda_snapshot(., j) for j < n_snapshots, so that draft tokens after them can be rolled back
+  // exactly (snapshot_after + n_snapshots <= tokens.size(); needs ModelRunner::supports_state_snapshots
+  // and a cache that keeps that many snapshots).
+  int64_t snapshot_after = 0, n_snapshots = 1;
 };
 
 // The logits rows an item yields in forward_batch / forward_sample.

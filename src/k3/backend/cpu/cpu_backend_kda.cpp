@@ -42,16 +42,17 @@ void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph
       short_conv_silu(n, C, W, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off);
       short_conv_silu(n, C, W, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off);
     };
-    if (s.snapshot_after > 0) {  // speculative decoding: the tails before the draft rows, for a rollback
-      conv(0, s.snapshot_after);
-      const KdaStateView snap = s.cache->kda_snapshot(layer);
+    // Speculative decoding: the tails after the pending rows and after each draft but the last, for a rollback.
+    int64_t done = 0;
+    for (int64_t j = 0; j < s.n_snapshots; ++j) {
+      conv(done, s.snapshot_after + j);
+      done = s.snapshot_after + j;
+      const KdaStateView snap = s.cache->kda_snapshot(layer, j);
       std::memcpy(snap.conv_q, st.conv_q, tail_bytes);
       std::memcpy(snap.conv_k, st.conv_k, tail_bytes);
       std::memcpy(snap.conv_v, st.conv_v, tail_bytes);
-      conv(s.snapshot_after, s.n);
-    } else {
-      conv(0, s.n);
     }
+    conv(done, s.n);
     const int64_t off = s.offset * C;
     l2norm_heads(q.f() + off, s.n * Hk, D, 1.0f / std::sqrt(static_cast<float>(D)));
     l2norm_heads(k.f() + off, s.n * Hk, D, 1.0f);
@@ -97,13 +98,15 @@ void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor 
       else
         kda_recurrent_typed(m, Hk, D, q.f() + o0, k.f() + o0, v.f() + o0, g.f() + o0, bt + from * Hk, S, dt, o.f() + o0);
     };
-    if (s.snapshot_after > 0) {  // speculative decoding: the state before the draft rows, for a rollback
-      run(0, s.snapshot_after);
-      std::memcpy(s.cache->kda_snapshot(layer).S, S, static_cast<size_t>(s.cache->spec().kda_state_bytes()));
-      run(s.snapshot_after, n);
-    } else {
-      run(0, n);
+    // Speculative decoding: the state after the pending rows and after each draft but the last (the
+    // recurrence is exact in any split: decode form token by token, bf16 states rounded per token).
+    int64_t done = 0;
+    for (int64_t j = 0; j < s.n_snapshots; ++j) {
+      run(done, s.snapshot_after + j);
+      done = s.snapshot_after + j;
+      std::memcpy(s.cache->kda_snapshot(layer, j).S, S, static_cast<size_t>(s.cache->spec().kda_state_bytes()));
     }
+    run(done, n);
   });
 }
 

@@ -48,11 +48,14 @@ StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& op
     check_batch_tokens(it, vocab);
     check_cache_spec(it.cache->spec(), spec);
     const int64_t n = static_cast<int64_t>(it.tokens.size());
-    if (it.snapshot_after < 0 || it.snapshot_after >= n)
-      throw Error("forward: a state snapshot after " + std::to_string(it.snapshot_after) + " of " + std::to_string(n) + " tokens");
-    if (it.snapshot_after > 0 && spec.kda_layers > 0 && it.cache->kda_snapshot(0).S == nullptr)
-      throw Error("forward: a state snapshot was asked of a cache that keeps none");
-    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n), it.snapshot_after});
+    const int64_t n_snap = it.snapshot_after > 0 ? it.n_snapshots : 0;
+    if (it.snapshot_after < 0 || (it.snapshot_after > 0 && (n_snap < 1 || it.snapshot_after + n_snap > n)))
+      throw Error("forward: " + std::to_string(it.n_snapshots) + " state snapshots after " + std::to_string(it.snapshot_after) +
+                  " of " + std::to_string(n) + " tokens");
+    if (n_snap > 0 && spec.kda_layers > 0 && it.cache->kda_snapshot(0, n_snap - 1).S == nullptr)
+      throw Error("forward: " + std::to_string(n_snap) + " state snapshots were asked of a cache that keeps fewer");
+    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n),
+                             it.snapshot_after, n_snap});
     p.tokens.insert(p.tokens.end(), it.tokens.begin(), it.tokens.end());
   }
   if (p.seqs.empty()) throw Error("forward: empty batch");

@@ -15,9 +15,9 @@ struct StepSeq {
   int64_t past = 0;           // tokens already in the cache (positions of the new tokens: past ..)
   SequenceCache* cache = nullptr;
   bool prefill_form = false;  // chunked KDA + MHA MLA; else the KDA recurrence + absorbed MLA
-  // > 0: the ops that update the KDA state save it after this many rows into cache->kda_snapshot()
-  // (BatchItem::snapshot_after: speculative decoding).
-  int64_t snapshot_after = 0;
+  // > 0: the ops that update the KDA state save it after snapshot_after + j rows into
+  // cache->kda_snapshot(., j), j < n_snapshots (BatchItem::snapshot_after: speculative decoding).
+  int64_t snapshot_after = 0, n_snapshots = 0;
 };
 
 struct StepPlan {
