@@ -21,8 +21,10 @@ struct SpecBenchOptions {
   int reps = 3;
 };
 
-// Runs every task (built-in code-like and summary-like prompts) x batch; prints a markdown table to
-// stdout and returns the rows as JSON.
+// Runs every task (built-in code-like and summary-like prompts) x batch, greedy, `n_gen` tokens per
+// request; decode tok/s = tokens after each request's first / (shortest run time - shortest time of the
+// same batch asked for one token) over `reps` alternating off/on repetitions. Prints a markdown table to stdout
+// and returns the rows as JSON.
 nlohmann::json run_spec_bench(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, const SpecBenchOptions& o);
 
 }  // namespace k3cli
