@@ -66,7 +66,10 @@ Timed run_once(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, con
   }
   std::unique_lock lk(mu);
   cv.wait(lk, [&] { return done == batch; });
-  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), engine.stats()};
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lk.unlock();
+  engine.shutdown(true);  // the counters of the last step are final once the engine thread is done
+  return {seconds, engine.stats()};
 }
 
 // Decode tok/s of one configuration: the tokens after each request's first, over the shortest run's

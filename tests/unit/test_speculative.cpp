@@ -271,6 +271,7 @@ RunResult run(Env& env, const BatchEngineOptions& o, const std::vector<Request>&
   Collector c;
   for (const Request& r : reqs) eng.submit(r, c.cb());
   c.wait(static_cast<int>(reqs.size()));
+  eng.shutdown(true);  // the engine thread is done: its counters are final (a step's are added after its deliveries)
   return {c.ids, eng.stats(), eng.cache_stats()};
 }
 
