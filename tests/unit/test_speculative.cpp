@@ -402,6 +402,52 @@ TEST(SpeculativeEngine, TinyCheckpointsEqualNoSpeculation) {
   }
 }
 
+// Logprobs come from each verification row's raw logits: the same values as without speculation, and
+// stop strings / stop tokens inside an accepted block end the request where they would without it.
+TEST(SpeculativeEngine, LogprobsAndStopsEqualNoSpeculation) {
+  auto collect = [](std::optional<SpeculativeConfig> spec, Request r) {
+    BatchEngine eng(*tiny().model, *tiny().tok, options(false, spec));
+    std::vector<TokenLogprob> lps;
+    std::string text, reason;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    eng.submit(r, [&](const RequestOutput& o) {
+      std::lock_guard lk(mu);
+      lps.insert(lps.end(), o.logprobs.begin(), o.logprobs.end());
+      for (const auto& p : o.pieces) text += p.text;
+      if (o.finished) {
+        reason = o.finish_reason;
+        done = true;
+        cv.notify_all();
+      }
+    });
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done; });
+    return std::tuple{lps, text, reason};
+  };
+  Request r = make("l", encode(kCode), 60);
+  r.top_logprobs = 3;
+  const auto [off_lp, off_text, off_reason] = collect(std::nullopt, r);
+  const auto [on_lp, on_text, on_reason] = collect(ngram(4, Rollback::Snapshots), r);
+  ASSERT_EQ(on_lp.size(), off_lp.size());
+  for (size_t i = 0; i < off_lp.size(); ++i) {
+    EXPECT_EQ(on_lp[i].id, off_lp[i].id) << i;
+    EXPECT_EQ(on_lp[i].logprob, off_lp[i].logprob) << i;
+    EXPECT_EQ(on_lp[i].top, off_lp[i].top) << i;
+  }
+  EXPECT_EQ(on_text, off_text);
+  // A stop string taken from the middle of the greedy output: the request ends at the same place.
+  ASSERT_GT(off_text.size(), 40u);
+  Request st = make("s", encode(kCode), 60);
+  st.params.stop = {off_text.substr(30, 4)};
+  const auto [a_lp, a_text, a_reason] = collect(std::nullopt, st);
+  const auto [b_lp, b_text, b_reason] = collect(ngram(4, Rollback::Snapshots), st);
+  EXPECT_EQ(a_reason, "stop");
+  EXPECT_EQ(b_reason, "stop");
+  EXPECT_EQ(b_text, a_text);
+}
+
 TEST(SpeculativeEngine, SaysWhenTheRunnerCannotRollBack) {
   struct NoSnapshots : k3::ModelRunner {
     const k3::ModelRunner& m;
