@@ -53,16 +53,28 @@ void Scheduler::schedule_decodes(std::vector<ScheduledSeq>& out, int64_t& budget
   std::vector<Sequence*> order;
   for (auto& r : running_) order.push_back(r.get());
   const int64_t k = opt_.num_speculative_tokens;
-  for (Sequence* s : order) {
+  auto decoding = [k](Sequence& s) {
+    const int64_t pending = s.remaining();
+    return pending == 1 || (k > 0 && s.decoding() && pending >= 1 && pending <= k + 1);
+  };
+  // Drafts take only what is left once every decode's pending tokens are counted: speculation never
+  // pushes a decode out of its step.
+  std::vector<int64_t> decode_pending(order.size(), 0);  // 0: not decoding (prefilling)
+  int64_t pending_after = 0;  // pending tokens of the decodes not handled yet
+  for (size_t i = 0; i < order.size(); ++i)
+    if (decoding(*order[i])) pending_after += decode_pending[i] = order[i]->remaining();
+  for (size_t i = 0; i < order.size(); ++i) {
+    Sequence* s = order[i];
+    pending_after -= decode_pending[i];
     if (budget == 0) break;
     if (!is_running(s)) continue;  // preempted meanwhile
-    const int64_t pending = s->remaining();
-    const bool speculating = k > 0 && s->decoding() && pending >= 1 && pending <= k + 1;
-    if ((pending != 1 && !speculating) || pending > budget) {  // prefilling: step 2
+    const int64_t pending = decode_pending[i];
+    if (pending == 0 || pending > budget) {  // prefilling: step 2
       s->drafts().clear();
       continue;
     }
-    const int64_t drafts = std::min<int64_t>(static_cast<int64_t>(s->drafts().size()), budget - pending);
+    const int64_t spare = std::max<int64_t>(0, budget - pending - pending_after);
+    const int64_t drafts = std::min<int64_t>(static_cast<int64_t>(s->drafts().size()), spare);
     s->drafts().resize(static_cast<size_t>(drafts));
     if (!reserve(*s, pending + drafts, out, admitted_ + 1)) {
       s->drafts().clear();
