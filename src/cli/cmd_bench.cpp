@@ -17,10 +17,13 @@
 #include "cli/common.h"
 #include "cli/expert_report.h"
 #include "cli/model_loader.h"
+#include "cli/bench_speculative.h"
+#include "cli/speculative_option.h"
 #include "k3/bench/client.h"
 #include "k3/bench/dataset.h"
 #include "k3/bench/memory_bandwidth.h"
 #include "k3/bench/offline.h"
+#include "k3/engine/speculative_config.h"
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
@@ -316,6 +319,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     int64_t seed = 0;
     double mem_bw = 0;
     bool drop_page_cache = false, fresh_tokens = false, no_warmup = false;
+    std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
@@ -337,9 +341,32 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
   off->add_flag("--no-warmup", f->no_warmup, "no untimed warm-up run (with --drop-page-cache: a cold start is timed)");
   off->add_flag("--drop-page-cache", f->drop_page_cache,
                 "evict the checkpoint's files from the page cache before loading (a cold start without root)");
+  add_speculative_option(off, f->speculative);
   off->callback([&reg, f] {
     reg.action = [f] {
+      const auto spec = k3::engine::parse_speculative_config(f->speculative);  // before the model loads
       const std::string dir = resolve_model_dir(f->model);
+      if (spec) {
+        // Decode tok/s with speculation off / on through the engine, greedy, -n tokens per request,
+        // -b requests at once, best of -r alternating repetitions.
+        auto model = load_model(dir, f->dev);
+        auto tok = load_tokenizer(dir, f->dev);
+        check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
+        SpecBenchOptions so;
+        so.spec = *spec;
+        so.batches = f->batch;
+        so.n_gen = f->tg.empty() ? 128 : std::max<int64_t>(f->tg[0], 2);
+        so.reps = std::max(f->reps, 1);
+        std::printf("speculative decoding %s, %s, %lld tokens per request, best of %d, %d threads\n\n",
+                    k3::engine::describe(*spec).c_str(), fs::path(dir).lexically_normal().filename().c_str(),
+                    (long long)so.n_gen, so.reps, k3::ThreadPool::global().size());
+        const json rows = run_spec_bench(*model, tok, so);
+        if (!f->json_out.empty())
+          write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
+                                   {"speculative_config", k3::engine::describe(*spec)}, {"device", model->device_name()},
+                                   {"threads", k3::ThreadPool::global().size()}, {"results", rows}});
+        return 0;
+      }
       if (f->drop_page_cache) drop_checkpoint_pages(dir);
       const k3::DiskCounters disk0 = k3::read_disk_counters();
       const auto t_load = std::chrono::steady_clock::now();

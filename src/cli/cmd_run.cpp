@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/expert_report.h"
 #include "cli/model_loader.h"
+#include "cli/speculative_option.h"
 #include "k3/core/error.h"
 #include "k3/io/regular_file.h"
 #include "k3/cache/hybrid_cache.h"
@@ -54,6 +55,7 @@ void add_run(CLI::App& app, Registry& reg) {
     k3::engine::SamplingParams sp;
     std::optional<uint64_t> seed;
     bool special = false, no_bos = false, verbose = false;
+    std::string speculative;  // --speculative-config JSON
     DeviceOptions dev;
   };
   auto o = std::make_shared<Opts>();
@@ -79,9 +81,12 @@ void add_run(CLI::App& app, Registry& reg) {
   cmd->add_flag("--no-bos", o->no_bos, "do not prepend the BOS token");
   cmd->add_flag("-v,--verbose", o->verbose, "print timing to stderr");
   add_device_options(cmd, o->dev);
+  add_speculative_option(cmd, o->speculative);
   cmd->callback([&reg, o] {
     reg.action = [o] {
-      const std::string text = prompt_text(o->prompt, o->file);  // before the model loads: bad input fails fast
+      // Before the model loads: bad input fails fast.
+      const auto spec_cfg = k3::engine::parse_speculative_config(o->speculative);
+      const std::string text = prompt_text(o->prompt, o->file);
       const std::string dir = resolve_model_dir(o->model);
       const k3::DiskCounters disk_start = k3::read_disk_counters();
       auto model = load_model(dir, o->dev);
@@ -103,10 +108,12 @@ void add_run(CLI::App& app, Registry& reg) {
       const int64_t len = static_cast<int64_t>(prompt.size()) + std::max(o->sp.max_tokens, 0) + 1;
       eo.cache.page_tokens = 16;
       eo.cache.prefix_caching = false;
-      eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model->cache_spec(), eo.cache.page_tokens, 1, len);
+      eo.cache.budget_bytes = k3::cache::HybridCache::budget_for(model->cache_spec(), eo.cache.page_tokens, 1, len,
+                                                                 spec_cfg ? spec_cfg->state_slots() : 0);
       eo.sched.max_num_seqs = 1;
       eo.sched.max_num_batched_tokens = 512;  // prompt chunks per step (bounds activation memory)
       eo.max_model_len = len;
+      eo.speculative = spec_cfg;
       k3::engine::BatchEngine engine(*model, tok, eo);
 
       std::fputs(text.c_str(), stdout);
@@ -152,6 +159,10 @@ void add_run(CLI::App& app, Registry& reg) {
                      (long long)prompt.size(), pre, prompt.size() / std::max(pre, 1e-9), (long long)generated,
                      (long long)std::max<int64_t>(generated - 1, 0), dec, std::max(n - 1, 0.0) / std::max(dec, 1e-9),
                      last.finish_reason.c_str(), model->device_name().c_str());
+        const auto st = engine.stats();
+        if (st.num_speculative_tokens > 0)
+          std::fprintf(stderr, "speculative decoding %s: %s\n", k3::engine::describe(*spec_cfg).c_str(),
+                       spec_decode_summary(st).c_str());
         std::fprintf(stderr, "%s", expert_cache_report(model->expert_cache_stats(), disk_start, 0).c_str());
       }
       return 0;

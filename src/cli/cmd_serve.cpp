@@ -10,8 +10,10 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/model_loader.h"
+#include "cli/speculative_option.h"
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
+#include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/server.h"
@@ -27,12 +29,14 @@ struct Opts {
   k3::serve::ServerOptions so;
   int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
   std::string cache_memory = "1GiB";
+  std::string speculative;  // --speculative-config JSON
   bool no_prefix = false, prompt_tokens_details = false;
   int64_t max_response_bytes = int64_t{64} << 20;
 };
 
 // Every numeric flag of `k3 serve`, range-checked (issue 11: --max-num-seqs 0, --timeout 0|nan were accepted).
 void validate_serve_flags(const Opts& o) {
+  k3::engine::parse_speculative_config(o.speculative);  // throws on bad JSON / method / range
   auto in = [](int64_t v, int64_t lo, int64_t hi, const char* flag) {
     if (v < lo || v > hi)
       throw k3::Error(std::string(flag) + ": expected " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " +
@@ -137,6 +141,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_option("--shutdown-grace", o->so.shutdown_grace_s, "seconds in-flight requests may finish after SIGTERM")
       ->capture_default_str();
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
+  add_speculative_option(cmd, o->speculative);
   cmd->callback([&reg, o] {
     reg.action = [o] {
       o->so.allowed_origins = parse_origins(o->origins);
@@ -169,6 +174,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       eo.sched.max_num_batched_tokens = o->max_batched;
       eo.sched.checkpoint_interval = o->ckpt_interval;
       eo.max_model_len = o->max_model_len;
+      eo.speculative = k3::engine::parse_speculative_config(o->speculative);
       k3::engine::BatchEngine engine(*model, tok, eo);
       const int64_t max_model_len = engine.limits().max_model_len;
 
@@ -199,12 +205,13 @@ void add_serve(CLI::App& app, Registry& reg) {
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
                    "(max_model_len %lld: %s; max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
-                   "prefix caching %s, %d I/O threads, max_connections %lld%s)\n",
+                   "prefix caching %s, %d I/O threads, max_connections %lld%s%s)\n",
                    ctx.model_name.c_str(), dir.c_str(), load_s, ready_s, o->so.host.c_str(), server.port(),
                    (long long)max_model_len, engine.max_model_len_reason().c_str(), (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
                    (long long)engine.cache_stats().pages_total, (long long)o->page_size, (long long)engine.cache_stats().slots_total,
                    o->no_prefix ? "off" : "on", o->so.threads,
-                   (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required");
+                   (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required",
+                   eo.speculative ? (", speculative decoding " + k3::engine::describe(*eo.speculative)).c_str() : "");
       std::fflush(stderr);
       server.run_until_signal();
       std::fprintf(stderr, "k3 serve: stopped\n");

@@ -2,6 +2,7 @@
 // and clear errors with a non-zero exit status for bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -332,4 +333,32 @@ TEST(Cli, ConvertToGgufAndRunIt) {
   const Result c = sh(k3bin() + " run -m " + bare + " -p hi -n 2 2>&1");
   EXPECT_EQ(c.status, 1);
   EXPECT_NE(c.out.find("k3: error: '" + bare + "' has no tokenizer"), std::string::npos) << c.out;
+}
+
+// Issue 17: --speculative-config on run / serve / bench offline. A bad value is one `k3: error:` line and
+// exit status 1 before any model loads; `k3 run` prints the same greedy text with it; bench offline
+// reports speed on/off and the acceptance.
+TEST(Cli, SpeculativeConfigFlag) {
+  const std::string run = k3bin() + " run -p 'It is a truth universally acknowledged, that a single man. It is a truth' -n 40 --temp 0";
+  const std::string spec = " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3, \"prompt_lookup_min\": 1}'";
+  k3test::TempDir t;
+  auto off = sh(run + " 2>/dev/null"), on = sh(run + spec + " -v 2>" + t.str() + "/err.txt");
+  ASSERT_EQ(on.status, 0);
+  EXPECT_EQ(on.out, off.out);
+  EXPECT_NE(read(t.str() + "/err.txt").find("mean acceptance length"), std::string::npos) << read(t.str() + "/err.txt");
+  for (const std::string verb : {"run -p x", "serve --port 0", "bench offline"}) {
+    for (const std::string bad : {"'{'", "'{\"method\": \"eagle\", \"num_speculative_tokens\": 2}'",
+                                  "'{\"method\": \"ngram\", \"num_speculative_tokens\": 99}'"}) {
+      auto r = sh(k3bin() + " " + verb + " --speculative-config " + bad + " 2>&1");
+      EXPECT_EQ(r.status, 1) << verb << " " << bad << ": " << r.out;
+      EXPECT_EQ(r.out.rfind("k3: error: --speculative-config: ", 0), 0u) << r.out;
+      EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    }
+  }
+  auto b = sh(k3bin() + " bench offline -n 24 -b 1 -r 1" + spec + " -o " + t.str() + "/s.json 2>&1");
+  ASSERT_EQ(b.status, 0) << b.out;
+  EXPECT_NE(b.out.find("| code | 1 |"), std::string::npos) << b.out;
+  auto j = nlohmann::json::parse(read(t.str() + "/s.json"));
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_GT(j["results"][0]["num_drafts"].get<int64_t>(), 0);
 }

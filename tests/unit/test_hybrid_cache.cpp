@@ -7,6 +7,7 @@
 #include <random>
 
 #include "k3/cache/hybrid_cache.h"
+#include "k3/core/error.h"
 #include "k3/model/config.h"
 #include "k3/plan/plan.h"
 #include "test_util.h"
@@ -150,4 +151,50 @@ TEST(HybridCache, BudgetForHoldsTheTokensForEveryDtype) {
             << k3::cache_dtype_name(kv) << " / " << k3::cache_dtype_name(ssm) << " " << tokens;
         EXPECT_EQ(cache.spec().mla_dtype, kv);
       }
+}
+
+// Issue 17: speculative decoding's rollback. The j-th snapshot becomes the sequence's state (the slots
+// swap: the marker written into the snapshot is what kda_state reads after), n_past moves back, pages
+// only the rejected rows needed return to the pool, committed pages are never touched, and releasing the
+// sequence frees its snapshot slots too.
+TEST(HybridCache, RestoreStateRollsBackStateAndPages) {
+  const k3::ModelConfig cfg = k3::load_model_config(k3test::source_path("tests/data/tiny-k3"));
+  k3::cache::CacheOptions opt;
+  opt.page_tokens = 4;
+  opt.max_num_seqs = 2;
+  opt.prefix_caching = true;
+  opt.state_snapshots = 3;
+  opt.budget_bytes = 64ll << 20;
+  k3::cache::HybridCache cache(cfg, opt);
+  k3::cache::PagedSequence s(cache);
+  ASSERT_TRUE(cache.acquire_slot(s));
+  EXPECT_EQ(cache.stats().slots_used, 4);  // the state + 3 snapshots
+  ASSERT_NE(s.kda_snapshot(0, 2).S, nullptr);
+  EXPECT_EQ(s.kda_snapshot(0, 3).S, nullptr);
+  std::vector<int32_t> toks(30);
+  for (int i = 0; i < 30; ++i) toks[static_cast<size_t>(i)] = i % 7;
+  ASSERT_TRUE(cache.ensure_capacity(s, 9));
+  s.advance(9);
+  cache.commit_pages(s, toks);  // pages 0-1 committed (tokens 0..7)
+  // A verification of 1 pending + 5 drafts from position 9: rows 9..14, a 4th page.
+  ASSERT_TRUE(cache.ensure_capacity(s, 15));
+  EXPECT_EQ(s.block_table().size(), 4u);
+  static_cast<float*>(s.kda_snapshot(0, 1).S)[0] = 42.0f;  // "the state after the pending token + 1 draft"
+  s.kda_snapshot(0, 1).conv_q[0] = 7.0f;
+  static_cast<float*>(s.kda_state(0).S)[0] = -1.0f;  // "the state after every draft"
+  s.advance(6);
+  // One draft accepted, the second rejected: back to position 11, the kept token makes 12 tokens.
+  cache.restore_state(s, 1, 11, 12);
+  EXPECT_EQ(s.n_past(), 11);
+  EXPECT_EQ(static_cast<float*>(s.kda_state(0).S)[0], 42.0f);
+  EXPECT_EQ(s.kda_state(0).conv_q[0], 7.0f);
+  EXPECT_EQ(s.block_table().size(), 3u);  // 12 tokens: 3 pages; the 4th went back
+  EXPECT_EQ(cache.stats().pages_used, cache.count_used_pages_slow());
+  EXPECT_EQ(cache.stats().pages_used, 3);
+  // Never behind a committed page.
+  EXPECT_THROW(cache.restore_state(s, 0, 4, 5), k3::Error);
+  EXPECT_THROW(cache.restore_state(s, 3, 11, 12), k3::Error);
+  cache.release(s);
+  EXPECT_EQ(cache.stats().slots_used, 0);
+  EXPECT_EQ(cache.stats().pages_used, 0);
 }

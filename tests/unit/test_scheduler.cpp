@@ -23,7 +23,7 @@ struct Sim {
   std::map<std::string, std::vector<int64_t>> chunks;  // tokens run per step (0: not scheduled)
   int64_t step_no = 0;
 
-  Sim(int64_t budget_tokens, int64_t seqs) {
+  Sim(int64_t budget_tokens, int64_t seqs, int64_t spec_k = 0) {
     k3::cache::CacheOptions co;
     co.budget_bytes = 256ll << 20;
     co.max_num_seqs = seqs;
@@ -32,6 +32,7 @@ struct Sim {
     SchedulerOptions so;
     so.max_num_seqs = seqs;
     so.max_num_batched_tokens = budget_tokens;
+    so.num_speculative_tokens = spec_k;
     sched = std::make_unique<Scheduler>(so, *cache);
   }
   void add(const std::string& id, int64_t prompt_len, int max_tokens) {
@@ -109,4 +110,27 @@ TEST(Scheduler, DecodesAlwaysProgressAndTheBudgetHolds) {
     for (const char* id : {"d1", "d2", "d3"}) EXPECT_EQ(sim.chunks[id].back(), 1) << id << " at step " << sim.step_no;
     EXPECT_EQ(sim.chunks["long"].back(), 5);
   }
+}
+
+// Issue 17: draft tokens never push a decode out of its step. Four decodes with 4 drafts each and a budget
+// of 8: every decode runs (its pending token), the drafts share what is left, oldest first (the first
+// version gave the first two sequences 5 + 3 tokens and left the other two waiting).
+TEST(Scheduler, DraftsNeverCrowdOutDecodes) {
+  Sim sim(8, 4, /*spec_k*/ 4);
+  for (const char* id : {"a", "b", "c", "d"}) sim.add(id, 2, 50);
+  sim.step();  // their prompts and first tokens
+  for (Sequence* s : sim.sched->all()) s->drafts().assign(4, 100);
+  const auto plan = sim.sched->schedule();
+  ASSERT_EQ(plan.size(), 4u);
+  int64_t total = 0, drafts = 0;
+  for (const ScheduledSeq& p : plan) {
+    EXPECT_TRUE(p.sample);
+    EXPECT_EQ(p.n_tokens - p.n_drafts, 1) << p.seq->request().id;
+    EXPECT_EQ(static_cast<int64_t>(p.seq->drafts().size()), p.n_drafts);
+    total += p.n_tokens;
+    drafts += p.n_drafts;
+  }
+  EXPECT_EQ(total, 8);
+  EXPECT_EQ(drafts, 4);
+  EXPECT_EQ(plan[0].n_drafts, 4);  // the oldest first
 }

@@ -87,3 +87,25 @@ TEST(ServeMetrics, Page) {
     EXPECT_EQ(line.rfind(family, 0), 0u) << line;
   }
 }
+
+// Issue 17: speculative decoding's counters under vLLM's names, and the derived ratios; absent when off.
+TEST(ServeMetrics, SpeculativeDecoding) {
+  k3::serve::Metrics m;
+  k3::engine::EngineStats st;
+  EXPECT_EQ(m.render(st).find("spec_decode"), std::string::npos);
+  st.num_speculative_tokens = 3;
+  st.spec_num_drafts = 10;
+  st.spec_num_draft_tokens = 30;
+  st.spec_num_accepted_tokens = 12;
+  st.spec_accepted_per_pos = {7, 4, 1};
+  const std::string p = m.render(st);
+  auto has = [&](const std::string& line) { EXPECT_NE(p.find(line + "\n"), std::string::npos) << line << "\n" << p; };
+  has("# TYPE vllm:spec_decode_num_drafts_total counter");
+  has("vllm:spec_decode_num_drafts_total 10");
+  has("vllm:spec_decode_num_draft_tokens_total 30");
+  has("vllm:spec_decode_num_accepted_tokens_total 12");
+  has("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 7");
+  has("vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"2\"} 1");
+  has("k3_spec_decode_acceptance_rate 0.4");
+  has("k3_spec_decode_mean_acceptance_length 2.2");
+}

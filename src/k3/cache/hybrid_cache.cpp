@@ -24,6 +24,15 @@ KdaStateView PagedSequence::kda_state(int64_t i) {
   return {b, conv, conv + cf, conv + 2 * cf};
 }
 
+KdaStateView PagedSequence::kda_snapshot(int64_t i, int64_t j) {
+  HybridCache& c = *cache_;
+  if (j < 0 || j >= static_cast<int64_t>(snap_slots_.size())) return {};
+  uint8_t* b = c.slot_ptr(snap_slots_[static_cast<size_t>(j)]) + i * c.spec_.kda_layer_bytes();
+  float* conv = reinterpret_cast<float*>(b + c.spec_.kda_state_bytes());
+  const int64_t cf = c.spec_.kda_conv_floats;
+  return {b, conv, conv + cf, conv + 2 * cf};
+}
+
 MlaPageTable PagedSequence::mla_pages() {
   HybridCache& c = *cache_;
   page_ptrs_.resize(pages_.size());
@@ -55,9 +64,10 @@ namespace {
 int64_t units256(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 256 * 256; }
 }  // namespace
 
-int64_t HybridCache::budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens) {
+int64_t HybridCache::budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens,
+                                int64_t state_snapshots) {
   const int64_t pages = (tokens + page_tokens - 1) / page_tokens;
-  return seqs * (units256(spec.slot_bytes()) + pages * units256(spec.page_bytes(page_tokens)));
+  return seqs * ((1 + state_snapshots) * units256(spec.slot_bytes()) + pages * units256(spec.page_bytes(page_tokens)));
 }
 
 int64_t HybridCache::auto_checkpoint_interval() const {
@@ -76,19 +86,22 @@ HybridCache::HybridCache(const CacheSpec& spec, const CacheOptions& opt) : spec_
   slot_bytes_ = units256(spec.slot_bytes());
 
   const int64_t slot_b = slot_bytes_, page_b = page_bytes_;
-  if (opt.max_num_seqs * slot_b + page_b > opt.budget_bytes)
+  if (opt.state_snapshots < 0 || opt.state_snapshots > 64) throw Error("state snapshots per sequence must be in [0, 64]");
+  running_slots_ = opt.max_num_seqs * (1 + opt.state_snapshots);
+  if (running_slots_ * slot_b + page_b > opt.budget_bytes)
     throw Error("cache memory " + mib(opt.budget_bytes) + " is too small: " + std::to_string(opt.max_num_seqs) +
-                " sequences need " + mib(opt.max_num_seqs * slot_b) + " of KDA state (" + std::to_string(slot_b) +
-                " bytes each) plus latent pages; raise --cache-memory or lower --max-num-seqs");
+                " sequences need " + mib(running_slots_ * slot_b) + " of KDA state (" + std::to_string(slot_b) +
+                 " bytes each" + (opt.state_snapshots > 0 ? ", " + std::to_string(1 + opt.state_snapshots) + " each: speculative decoding keeps snapshots" : "") +
+                ") plus latent pages; raise --cache-memory or lower --max-num-seqs");
   // Default: a quarter of what is left after the running sequences' slots, at least max_num_seqs
   // (with only 64 checkpoints, a load test of 256 distinct prompts repeated once hit 16.8k of ~48k prompt tokens).
-  const int64_t rest = opt.budget_bytes - opt.max_num_seqs * slot_b;
+  const int64_t rest = opt.budget_bytes - running_slots_ * slot_b;
   int64_t ckpt = opt.prefix_caching
                      ? (opt.checkpoint_slots < 0 ? std::max(opt.max_num_seqs, rest / 4 / slot_b) : opt.checkpoint_slots)
                      : 0;
   // Checkpoints may take at most half of what is left after the running sequences' slots.
-  ckpt = std::min(ckpt, (opt.budget_bytes - opt.max_num_seqs * slot_b) / 2 / slot_b);
-  n_slots_ = opt.max_num_seqs + ckpt;
+  ckpt = std::min(ckpt, (opt.budget_bytes - running_slots_ * slot_b) / 2 / slot_b);
+  n_slots_ = running_slots_ + ckpt;
   n_pages_ = (opt.budget_bytes - n_slots_ * slot_b) / page_b;
 
   // Allocated but not touched: memory is committed page by page as sequences use it.
@@ -217,10 +230,36 @@ bool HybridCache::acquire_slot(PagedSequence& s) {
   if (s.slot_ >= 0) return true;
   const int32_t slot = alloc_slot();
   if (slot < 0) return false;
+  for (int64_t j = 0; j < opt_.state_snapshots; ++j) {
+    const int32_t snap = alloc_slot();
+    if (snap < 0) {
+      free_slots_.push_back(slot);
+      for (int32_t q : s.snap_slots_) free_slots_.push_back(q);
+      slots_used_ -= static_cast<int64_t>(s.snap_slots_.size());
+      s.snap_slots_.clear();
+      return false;
+    }
+    s.snap_slots_.push_back(snap);
+    ++slots_used_;
+  }
   mem_->zero(slot_ptr(slot), static_cast<size_t>(slot_bytes_));
   s.slot_ = slot;
   ++slots_used_;
   return true;
+}
+
+void HybridCache::restore_state(PagedSequence& s, int64_t j, int64_t snapshot_pos, int64_t keep_tokens) {
+  if (j < 0 || j >= static_cast<int64_t>(s.snap_slots_.size()) || snapshot_pos > s.n_past_ ||
+      snapshot_pos < s.committed_pages_ * B_)
+    throw Error("internal error: a state restore without a snapshot, or to a committed position");
+  std::swap(s.slot_, s.snap_slots_[static_cast<size_t>(j)]);
+  s.n_past_ = snapshot_pos;
+  // Pages only the rejected rows needed go back (never a committed one: those lie below n_past).
+  const int64_t keep_pages = std::max<int64_t>((keep_tokens + B_ - 1) / B_, (s.n_past_ + B_ - 1) / B_);
+  while (static_cast<int64_t>(s.pages_.size()) > std::max(keep_pages, s.committed_pages_)) {
+    unref_page(s.pages_.back(), false);
+    s.pages_.pop_back();
+  }
 }
 
 int64_t HybridCache::pages_needed(const PagedSequence& s, int64_t tokens) const {
@@ -250,6 +289,9 @@ void HybridCache::release(PagedSequence& s) {
     --slots_used_;
     s.slot_ = -1;
   }
+  for (int32_t q : s.snap_slots_) free_slots_.push_back(q);
+  slots_used_ -= static_cast<int64_t>(s.snap_slots_.size());
+  s.snap_slots_.clear();
   s.n_past_ = 0;
   s.committed_pages_ = 0;
 }
@@ -351,7 +393,7 @@ void HybridCache::save_checkpoint(PagedSequence& s, std::span<const int32_t> tok
   }
   // Checkpoints only use free slots or replace older checkpoints; they never take a running
   // sequence's capacity (at most n_slots - max_num_seqs of them exist).
-  if (n_ckpts_ >= n_slots_ - opt_.max_num_seqs) {
+  if (n_ckpts_ >= n_slots_ - running_slots_) {
     if (!evict_one_checkpoint()) return;
   }
   if (free_slots_.empty()) return;

@@ -31,6 +31,10 @@ struct CacheOptions {
   int64_t checkpoint_slots = -1;   // extra slots for prefix checkpoints; -1: a quarter of the budget left
                                    // after the running slots (at least max_num_seqs)
   std::shared_ptr<CacheMemory> memory;  // where pages and slots live; null: host memory
+  // Extra state slots per running sequence, where speculative verification saves the KDA state before
+  // the draft tokens (and after each of them: one per draft position) for an exact rollback of rejected
+  // drafts (restore_state). 0: none.
+  int64_t state_snapshots = 0;
 };
 
 class HybridCache;
@@ -46,6 +50,7 @@ class PagedSequence final : public SequenceCache {
   const CacheSpec& spec() const override;
   int64_t n_past() const override { return n_past_; }
   KdaStateView kda_state(int64_t kda_index) override;
+  KdaStateView kda_snapshot(int64_t kda_index, int64_t j) override;  // {} past CacheOptions::state_snapshots
   MlaPageTable mla_pages() override;
   void reserve(int64_t n) override;  // checks capacity; allocation is the scheduler's job
   void advance(int64_t n) override { n_past_ += n; }
@@ -64,6 +69,7 @@ class PagedSequence final : public SequenceCache {
   HybridCache* cache_;
   int64_t n_past_ = 0;
   int32_t slot_ = -1;
+  std::vector<int32_t> snap_slots_;  // CacheOptions::state_snapshots of them: saved states (restore_state)
   std::vector<int32_t> pages_;
   std::vector<uint8_t*> page_ptrs_;  // mla_pages(): the addresses of pages_
   int64_t committed_pages_ = 0;  // leading pages registered in the prefix trie (or shared from it)
@@ -86,8 +92,10 @@ class HybridCache {
   // more memory than the latent pages of the tokens it spans: K3's 434 MB state vs 55 KB of latents per
   // token gives ~7.9k tokens; small models get 64. A multiple of the page size, at most 65536.
   int64_t auto_checkpoint_interval() const;
-  // The smallest budget_bytes that holds `seqs` sequences of `tokens` tokens each (no prefix cache).
-  static int64_t budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens);
+  // The smallest budget_bytes that holds `seqs` sequences of `tokens` tokens each (no prefix cache), each
+  // with `state_snapshots` extra state slots.
+  static int64_t budget_for(const CacheSpec& spec, int64_t page_tokens, int64_t seqs, int64_t tokens,
+                            int64_t state_snapshots = 0);
   ~HybridCache();
   HybridCache(const HybridCache&) = delete;
   HybridCache& operator=(const HybridCache&) = delete;
@@ -112,6 +120,15 @@ class HybridCache {
   int64_t pages_available() const;
   // Drops everything the sequence holds (pages to the free list or the cache, slot to the pool).
   void release(PagedSequence& s);
+
+  // Speculative decoding (needs CacheOptions::state_snapshots > j): the forward saved the KDA state
+  // (recurrent + conv) at position `snapshot_pos` into the sequence's j-th snapshot slot (kda_snapshot,
+  // BatchItem::snapshot_after). restore_state makes it the sequence's state again and sets n_past back
+  // to snapshot_pos, so the MLA rows written after it are dropped (overwritten by the next tokens, never
+  // committed to the prefix trie: commit_pages stops at n_past), and gives back the pages beyond what
+  // `keep_tokens` tokens need. A swap of two slots: no copy.
+  void restore_state(PagedSequence& s, int64_t j, int64_t snapshot_pos, int64_t keep_tokens);
+  int64_t state_snapshots() const { return opt_.state_snapshots; }
 
   // Prefix caching. match_prefix: for a sequence with a slot and no tokens, finds the longest cached
   // prefix of `tokens` (at most tokens.size() - 1 long, so at least one token is computed), shares its
@@ -179,6 +196,7 @@ class HybridCache {
   std::vector<int32_t> free_ckpt_ids_;
   std::list<int32_t> ckpt_lru_;
   std::unordered_multimap<int32_t, int32_t> ckpt_by_page_;  // last_page -> checkpoint id
+  int64_t running_slots_ = 0;  // slots kept for running sequences (1 + state_snapshots each)
   int64_t slots_used_ = 0, n_ckpts_ = 0;
   int64_t pages_used_ = 0;  // pages with at least one sequence reference
   int64_t query_tokens_ = 0, hit_tokens_ = 0;

@@ -10,6 +10,16 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
     : model_(model), tok_(tok), opt_(opt) {
   opt_.cache.max_num_seqs = opt_.sched.max_num_seqs;
   if (!opt_.cache.memory) opt_.cache.memory = model.cache_memory();
+  if (opt_.speculative) {
+    if (!model.supports_state_snapshots())
+      throw Error("--speculative-config: speculative decoding is not implemented on " + model.device_name() +
+                  " yet (it needs exact KDA state rollback: the CPU backend has it)");
+    opt_.cache.state_snapshots = opt_.speculative->state_slots();
+    opt_.sched.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
+    proposer_ = make_proposer(*opt_.speculative);
+    stats_.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
+    stats_.spec_accepted_per_pos.assign(static_cast<size_t>(stats_.num_speculative_tokens), 0);
+  }
   cache_ = std::make_unique<cache::HybridCache>(model.cache_spec(), opt_.cache);
   choose_max_model_len(model.config().max_position_embeddings);
   if (opt_.sched.checkpoint_interval < 0) throw Error("the prefix checkpoint interval must be >= 0 (0: auto)");
@@ -152,7 +162,34 @@ void BatchEngine::loop() {
   }
 }
 
+void BatchEngine::propose_drafts() {
+  const int64_t k = opt_.sched.num_speculative_tokens;
+  draft_slots_.clear();
+  for (Sequence* s : sched_->all()) {
+    s->drafts().clear();
+    const int64_t pending = s->remaining();
+    if (!s->decoding() || pending < 1 || pending > k + 1) continue;  // prefilling, or waiting
+    draft_slots_.push_back(DraftSlot{s->tokens(), std::min(k, s->draft_room()), &s->drafts()});
+  }
+  if (!draft_slots_.empty()) proposer_->propose(draft_slots_);
+}
+
+void BatchEngine::count_verification_locked(int64_t drafted, int64_t accepted) {
+  ++stats_.spec_num_drafts;
+  stats_.spec_num_draft_tokens += drafted;
+  stats_.spec_num_accepted_tokens += accepted;
+  for (int64_t j = 0; j < accepted && j < static_cast<int64_t>(stats_.spec_accepted_per_pos.size()); ++j)
+    ++stats_.spec_accepted_per_pos[static_cast<size_t>(j)];
+}
+
+// One engine step. With speculation a decoding sequence's chunk is [pending tokens][drafts]: the KDA
+// state is saved after the pending ones (BatchItem::snapshot_after), logits come for the last pending
+// token and every draft, and a rejection restores the saved state and position, so the kept tokens
+// after it (the accepted drafts and the token that replaced the first rejected one) run again at the
+// head of the next step's chunk: exact rollback at the cost of re-running those rows, with no extra
+// forward pass (docs/perf/speculative.md).
 void BatchEngine::step() {
+  if (proposer_) propose_drafts();
   std::vector<ScheduledSeq> plan = sched_->schedule();
   if (plan.empty()) {
     // Nothing fits right now (e.g. every slot is taken by sequences waiting on memory): fail the
@@ -163,17 +200,36 @@ void BatchEngine::step() {
     }
     return;
   }
+  for (const ScheduledSeq& p : plan) p.seq->drafts().resize(static_cast<size_t>(p.n_drafts));  // cut to what runs
   std::vector<BatchItem> items;
-  for (const ScheduledSeq& p : plan) {
+  std::vector<std::vector<int32_t>> chunks(plan.size());  // pending + drafts, where there are drafts
+  std::vector<int64_t> snapshot_pos(plan.size(), -1);  // where the first snapshot is taken
+  const bool per_position = opt_.speculative && opt_.speculative->rollback == SpeculativeConfig::Rollback::Snapshots;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledSeq& p = plan[i];
     const auto& toks = p.seq->tokens();
     const int64_t past = p.seq->cache().n_past();
-    items.push_back(BatchItem{std::span<const int32_t>(toks.data() + past, static_cast<size_t>(p.n_tokens)),
-                              &p.seq->cache(), p.sample});
+    std::span<const int32_t> span(toks.data() + past, static_cast<size_t>(p.n_tokens));
+    BatchItem item{span, &p.seq->cache(), p.sample};
+    if (p.n_drafts > 0) {
+      const int64_t pending = p.n_tokens - p.n_drafts;
+      chunks[i].assign(toks.begin() + past, toks.end());
+      chunks[i].insert(chunks[i].end(), p.seq->drafts().begin(), p.seq->drafts().end());
+      item.tokens = chunks[i];
+      item.n_logit_rows = 1 + p.n_drafts;
+      item.snapshot_after = pending;
+      item.n_snapshots = per_position ? p.n_drafts : 1;
+      snapshot_pos[i] = past + pending;
+    }
+    items.push_back(item);
   }
   // How each sampled row picks its token; the runner samples (on the GPU: only ids come back).
   std::vector<RowSample> samples;
   for (const ScheduledSeq& p : plan)
-    if (p.sample) samples.push_back(p.seq->next_sample());
+    if (p.sample) {
+      const auto rows = p.seq->next_samples();
+      samples.insert(samples.end(), rows.begin(), rows.end());
+    }
   std::vector<sampling::SampleResult> picked;
   std::vector<float> raw;
   ForwardOptions fo;
@@ -186,11 +242,46 @@ void BatchEngine::step() {
   }
   const int64_t V = model_.config().vocab_size;
   int64_t row = 0, raw_row = 0, prompt_tokens = 0, gen_tokens = 0;
-  for (const ScheduledSeq& p : plan) {
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledSeq& p = plan[i];
     Sequence* s = p.seq;
     const int64_t past = s->cache().n_past();
     const bool in_prompt = past <= s->prompt_len();
     if (in_prompt) prompt_tokens += p.n_tokens;
+    Sequence::Verified v;
+    if (p.sample) {
+      const int64_t rows = 1 + p.n_drafts;
+      std::span<float> lg;
+      if (samples[static_cast<size_t>(row)].raw_logits) {
+        lg = std::span<float>(raw.data() + raw_row * V, static_cast<size_t>(rows * V));
+        raw_row += rows;
+      }
+      const std::span<const sampling::SampleResult> results(picked.data() + row, static_cast<size_t>(rows));
+      row += rows;
+      const size_t before = s->tokens().size();
+      try {
+        v = s->on_verified(results, lg, V);
+      } catch (const std::exception& e) {  // one bad sequence must not take the engine (and server) down
+        finish(s, s->finish_now("error", e.what()));
+        continue;
+      }
+      gen_tokens += static_cast<int64_t>(s->tokens().size() - before);
+      if (p.n_drafts > 0) {
+        {
+          std::lock_guard lk(mu_);
+          count_verification_locked(p.n_drafts, v.accepted);
+        }
+        // A rejected draft ran through the model: back to the state after the accepted ones (snapshots),
+        // or before the drafts (replay: the accepted ones run again next step).
+        const int64_t keep = static_cast<int64_t>(s->tokens().size());
+        if (v.accepted < p.n_drafts) {
+          if (per_position)
+            cache_->restore_state(s->cache(), v.accepted, snapshot_pos[i] + v.accepted, keep);
+          else
+            cache_->restore_state(s->cache(), 0, snapshot_pos[i], keep);
+        }
+      }
+    }
     if (cache_->prefix_caching()) {
       cache_->commit_pages(s->cache(), s->tokens());
       // Checkpoints inside the prompt: at every interval and at the prompt's end.
@@ -198,22 +289,10 @@ void BatchEngine::step() {
         cache_->save_checkpoint(s->cache(), s->tokens());
     }
     if (!p.sample) continue;
-    std::span<float> lg;
-    if (samples[static_cast<size_t>(row)].raw_logits) lg = std::span<float>(raw.data() + (raw_row++) * V, static_cast<size_t>(V));
-    const sampling::SampleResult& r = picked[static_cast<size_t>(row)];
-    ++row;
-    RequestOutput o;
-    try {
-      o = s->on_sampled(r, lg);
-    } catch (const std::exception& e) {  // one bad sequence must not take the engine (and server) down
-      finish(s, s->finish_now("error", e.what()));
-      continue;
-    }
-    ++gen_tokens;
-    if (o.finished)
-      finish(s, std::move(o));
+    if (v.out.finished)
+      finish(s, std::move(v.out));
     else
-      s->deliver(o);
+      s->deliver(v.out);
   }
   std::lock_guard lk(mu_);
   stats_.running = sched_->num_running();

@@ -9,12 +9,15 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/engine_api.h"
+#include "k3/engine/proposer.h"
 #include "k3/engine/scheduler.h"
+#include "k3/engine/speculative_config.h"
 #include "k3/runtime/model_runner.h"
 #include "k3/text/tokenizer.h"
 
@@ -27,6 +30,9 @@ struct BatchEngineOptions {
   // cache can hold for one sequence. An explicit value may exceed the model's limit (a warning in
   // max_model_len_reason()), not the cache's (k3::Error).
   int64_t max_model_len = 0;
+  // Speculative decoding (--speculative-config); nullopt: off. Needs a runner that supports state
+  // snapshots (the CPU); the cache then keeps a second KDA state slot per running sequence.
+  std::optional<SpeculativeConfig> speculative;
 };
 
 class BatchEngine final : public Engine {
@@ -50,6 +56,9 @@ class BatchEngine final : public Engine {
   void choose_max_model_len(int64_t model_max);
   void loop();
   void step();
+  void propose_drafts();  // drafts for every sequence about to decode (speculative decoding)
+  // Counts one verification of `drafted` drafts of which `accepted` were kept (engine thread, mu_ held).
+  void count_verification_locked(int64_t drafted, int64_t accepted);
   void finish(Sequence* s, RequestOutput o);
   void update_cache_stats_locked();  // stats_ / cache_stats_ from the cache; engine thread, mu_ held
 
@@ -59,6 +68,8 @@ class BatchEngine final : public Engine {
   std::string max_model_len_reason_;
   std::unique_ptr<cache::HybridCache> cache_;   // engine thread only
   std::unique_ptr<Scheduler> sched_;            // engine thread only
+  std::unique_ptr<Proposer> proposer_;          // engine thread only; null: no speculation
+  std::vector<DraftSlot> draft_slots_;          // propose_drafts' scratch
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -60,6 +60,12 @@ struct EngineStats {
   int64_t prefix_queries_tokens = 0, prefix_hit_tokens = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  // Speculative decoding (vLLM's spec_decode counters): verification steps that had drafts, draft tokens
+  // proposed, draft tokens accepted, and accepted per draft position (index 0: the first draft).
+  // num_speculative_tokens = 0: speculation off.
+  int64_t num_speculative_tokens = 0;
+  int64_t spec_num_drafts = 0, spec_num_draft_tokens = 0, spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
   // Routed experts read from a file-backed mapping (runtime/expert_residency.h); nullopt otherwise.
   std::optional<ExpertCacheStats> expert_cache;
 };

@@ -50,40 +50,54 @@ double Sampler::uniform01() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
+double Sampler::peek_draw(size_t j) {
+  while (pending_draws_.size() <= j) pending_draws_.push_back(uniform01());
+  return pending_draws_[j];
+}
+
+void Sampler::consume_draws(int64_t n) {
+  if (params_.temperature == 0.0f) return;  // greedy rows draw nothing
+  for (int64_t i = 0; i < n; ++i) {
+    if (pending_draws_.empty())
+      uniform01();
+    else
+      pending_draws_.pop_front();
+  }
+}
+
 void Sampler::build_penalty_lists(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
-                                  size_t vocab) {
-  rep_ids_.clear();
-  cnt_ids_.clear();
-  cnt_.clear();
+                                  std::span<const int32_t> extra_generated, size_t vocab, PenaltyLists& out) {
+  out.rep_ids.clear();
+  out.cnt_ids.clear();
+  out.cnt.clear();
   const bool rep = params_.repetition_penalty != 1.0f;
   const bool openai = params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
   if (!rep && !openai) return;
   check_ids(generated_tokens, vocab, "generated");
+  check_ids(extra_generated, vocab, "draft");
   if (marks_.size() != vocab) marks_.assign(vocab, 0);
   if (rep) {
     check_ids(prompt_tokens, vocab, "prompt");
-    for (auto span : {prompt_tokens, generated_tokens})
+    for (auto span : {prompt_tokens, generated_tokens, extra_generated})
       for (int32_t t : span)
         if (!marks_[static_cast<size_t>(t)]) {
           marks_[static_cast<size_t>(t)] = 1;
-          rep_ids_.push_back(t);
+          out.rep_ids.push_back(t);
         }
-    for (int32_t t : rep_ids_) marks_[static_cast<size_t>(t)] = 0;
+    for (int32_t t : out.rep_ids) marks_[static_cast<size_t>(t)] = 0;
   }
   if (openai) {
-    for (int32_t t : generated_tokens)
-      if (marks_[static_cast<size_t>(t)]++ == 0) cnt_ids_.push_back(t);
-    for (int32_t t : cnt_ids_) {
-      cnt_.push_back(static_cast<int32_t>(marks_[static_cast<size_t>(t)]));
+    for (auto span : {generated_tokens, extra_generated})
+      for (int32_t t : span)
+        if (marks_[static_cast<size_t>(t)]++ == 0) out.cnt_ids.push_back(t);
+    for (int32_t t : out.cnt_ids) {
+      out.cnt.push_back(static_cast<int32_t>(marks_[static_cast<size_t>(t)]));
       marks_[static_cast<size_t>(t)] = 0;
     }
   }
 }
 
-sampling::RowSampling Sampler::next_row(std::span<const int32_t> prompt_tokens,
-                                        std::span<const int32_t> generated_tokens, int64_t vocab,
-                                        int64_t n_tokenizable) {
-  build_penalty_lists(prompt_tokens, generated_tokens, static_cast<size_t>(vocab));
+sampling::RowSampling Sampler::row_of(const PenaltyLists& lists, int64_t n_tokenizable, double u) const {
   sampling::RowSampling r;
   r.temperature = params_.temperature;
   r.top_k = params_.top_k;
@@ -92,12 +106,41 @@ sampling::RowSampling Sampler::next_row(std::span<const int32_t> prompt_tokens,
   r.repetition_penalty = params_.repetition_penalty;
   r.presence_penalty = params_.presence_penalty;
   r.frequency_penalty = params_.frequency_penalty;
-  r.repetition_ids = rep_ids_;
-  r.counted_ids = cnt_ids_;
-  r.counts = cnt_;
+  r.repetition_ids = lists.rep_ids;
+  r.counted_ids = lists.cnt_ids;
+  r.counts = lists.cnt;
   r.n_tokenizable = n_tokenizable;
-  r.u = r.greedy() ? 0.0 : uniform01();
+  r.u = u;
   return r;
+}
+
+sampling::RowSampling Sampler::next_row(std::span<const int32_t> prompt_tokens,
+                                        std::span<const int32_t> generated_tokens, int64_t vocab,
+                                        int64_t n_tokenizable) {
+  if (lists_.empty()) lists_.resize(1);
+  build_penalty_lists(prompt_tokens, generated_tokens, {}, static_cast<size_t>(vocab), lists_[0]);
+  const bool greedy = params_.temperature == 0.0f;
+  double u = 0.0;
+  if (!greedy) {
+    u = peek_draw(0);
+    consume_draws(1);
+  }
+  return row_of(lists_[0], n_tokenizable, u);
+}
+
+std::span<const sampling::RowSampling> Sampler::next_rows(std::span<const int32_t> prompt_tokens,
+                                                          std::span<const int32_t> generated_tokens,
+                                                          std::span<const int32_t> drafts, int64_t vocab,
+                                                          int64_t n_tokenizable) {
+  const size_t n = drafts.size() + 1;
+  if (lists_.size() < n) lists_.resize(n);
+  rows_.clear();
+  const bool greedy = params_.temperature == 0.0f;
+  for (size_t j = 0; j < n; ++j) {
+    build_penalty_lists(prompt_tokens, generated_tokens, drafts.first(j), static_cast<size_t>(vocab), lists_[j]);
+    rows_.push_back(row_of(lists_[j], n_tokenizable, greedy ? 0.0 : peek_draw(j)));
+  }
+  return rows_;
 }
 
 int32_t Sampler::token_or_throw(const sampling::SampleResult& r) {

@@ -4,6 +4,7 @@
 // Conventions follow vLLM / OpenAI; see docs/sampling.md for the exact rules and differences.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <random>
 #include <span>
@@ -38,6 +39,17 @@ class Sampler {
   sampling::RowSampling next_row(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
                                  int64_t vocab, int64_t n_tokenizable);
 
+  // Speculative verification: the rows that pick the next token and the one after each draft token,
+  // row j as next_row would describe it after drafts[0..j) were generated (penalties count them), with
+  // the j-th uniform draw from now. The draws are only looked at: consume_draws(m) takes the m used by
+  // the m tokens actually kept, so the PRNG stream -- and with it every seeded output -- is the same
+  // with speculation on or off. Rows are valid until the next call.
+  std::span<const sampling::RowSampling> next_rows(std::span<const int32_t> prompt_tokens,
+                                                   std::span<const int32_t> generated_tokens,
+                                                   std::span<const int32_t> drafts, int64_t vocab,
+                                                   int64_t n_tokenizable);
+  void consume_draws(int64_t n);
+
   // Picks the next token on the host: next_row() + sampling::sample_row(). `logits` (one per vocab
   // id) is modified in place: on return it holds the penalised logits (greedy) or the processed ones,
   // (l - max)/T with -inf for every token filtered out by top-k / top-p / min-p. Token ids in
@@ -65,14 +77,21 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
  private:
-  // The penalty lists of `params_` for prompt/generated, into rep_ids_ / cnt_ids_ / cnt_.
+  struct PenaltyLists {
+    std::vector<int32_t> rep_ids, cnt_ids, cnt;
+  };
+  // The penalty lists of `params_` for prompt/generated + extra (drafts treated as generated).
   void build_penalty_lists(std::span<const int32_t> prompt_tokens, std::span<const int32_t> generated_tokens,
-                           size_t vocab);
-  double uniform01();  // [0, 1) with 53 random bits
+                           std::span<const int32_t> extra_generated, size_t vocab, PenaltyLists& out);
+  sampling::RowSampling row_of(const PenaltyLists& lists, int64_t n_tokenizable, double u) const;
+  double uniform01();      // [0, 1) with 53 random bits, straight from the stream
+  double peek_draw(size_t j);  // the j-th draw from now (drawn ahead into pending_draws_)
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<int32_t> rep_ids_, cnt_ids_, cnt_;
+  std::deque<double> pending_draws_;  // drawn by peek_draw, not yet consumed
+  std::vector<PenaltyLists> lists_;   // one per row of the last next_row / next_rows
+  std::vector<sampling::RowSampling> rows_;
   std::vector<uint32_t> marks_;  // per-id scratch, kept all-zero between calls
 };
 

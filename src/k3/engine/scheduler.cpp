@@ -47,28 +47,54 @@ bool Scheduler::reserve(Sequence& s, int64_t n, const std::vector<ScheduledSeq>&
   return true;
 }
 
-// 1. One token for every running sequence that is decoding, oldest first.
+// 1. One token for every running sequence that is decoding, oldest first; with speculation, its
+// pending tokens and as many of its drafts as the budget takes.
 void Scheduler::schedule_decodes(std::vector<ScheduledSeq>& out, int64_t& budget) {
   std::vector<Sequence*> order;
   for (auto& r : running_) order.push_back(r.get());
-  for (Sequence* s : order) {
+  const int64_t k = opt_.num_speculative_tokens;
+  auto decoding = [k](Sequence& s) {
+    const int64_t pending = s.remaining();
+    return pending == 1 || (k > 0 && s.decoding() && pending >= 1 && pending <= k + 1);
+  };
+  // Drafts take only what is left once every decode's pending tokens are counted: speculation never
+  // pushes a decode out of its step.
+  std::vector<int64_t> decode_pending(order.size(), 0);  // 0: not decoding (prefilling)
+  int64_t pending_after = 0;  // pending tokens of the decodes not handled yet
+  for (size_t i = 0; i < order.size(); ++i)
+    if (decoding(*order[i])) pending_after += decode_pending[i] = order[i]->remaining();
+  for (size_t i = 0; i < order.size(); ++i) {
+    Sequence* s = order[i];
+    pending_after -= decode_pending[i];
     if (budget == 0) break;
-    if (!is_running(s) || s->remaining() != 1) continue;  // preempted meanwhile, or prefilling
-    if (!reserve(*s, 1, out, admitted_ + 1)) {
+    if (!is_running(s)) continue;  // preempted meanwhile
+    const int64_t pending = decode_pending[i];
+    if (pending == 0 || pending > budget) {  // prefilling: step 2
+      s->drafts().clear();
+      continue;
+    }
+    const int64_t spare = std::max<int64_t>(0, budget - pending - pending_after);
+    const int64_t drafts = std::min<int64_t>(static_cast<int64_t>(s->drafts().size()), spare);
+    s->drafts().resize(static_cast<size_t>(drafts));
+    if (!reserve(*s, pending + drafts, out, admitted_ + 1)) {
+      s->drafts().clear();
       requeue(s, true);  // even alone it does not fit now: recompute it later
       continue;
     }
-    out.push_back({s, 1, true});
-    --budget;
+    out.push_back({s, pending + drafts, true, drafts});
+    budget -= pending + drafts;
   }
 }
 
 // 2. The sequences that share the rest of the budget: running prefills oldest first, then waiting ones
 // admitted FCFS (slot + prefix match) while each participant can still get a token.
-std::vector<Sequence*> Scheduler::admit_prefills(int64_t budget) {
+std::vector<Sequence*> Scheduler::admit_prefills(int64_t budget, const std::vector<ScheduledSeq>& planned) {
   std::vector<Sequence*> prefills;
-  for (auto& r : running_)
-    if (r->remaining() > 1 && static_cast<int64_t>(prefills.size()) < budget) prefills.push_back(r.get());
+  for (auto& r : running_) {
+    const Sequence* s = r.get();
+    const bool has_chunk = std::any_of(planned.begin(), planned.end(), [s](const ScheduledSeq& p) { return p.seq == s; });
+    if (!has_chunk && r->remaining() > 1 && static_cast<int64_t>(prefills.size()) < budget) prefills.push_back(r.get());
+  }
   while (!waiting_.empty() && static_cast<int64_t>(prefills.size()) < budget &&
          static_cast<int64_t>(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = *waiting_.front();
@@ -89,7 +115,7 @@ std::vector<ScheduledSeq> Scheduler::schedule() {
   schedule_decodes(out, budget);
   if (budget == 0) return out;
   const int64_t first_fresh = admitted_ + 1;  // admissions of this step have admitted_order >= this
-  std::vector<Sequence*> prefills = admit_prefills(budget);
+  std::vector<Sequence*> prefills = admit_prefills(budget, out);
 
   // 3. Water-filling: in order of growing demand, each takes min(demand, an equal share of what is left).
   const size_t m = prefills.size();

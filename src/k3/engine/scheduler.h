@@ -24,12 +24,17 @@ struct SchedulerOptions {
   // Tokens between KDA state checkpoints inside a prompt (prefix caching); 0: HybridCache's
   // auto_checkpoint_interval() (a checkpoint costs about what the latent pages it spans cost).
   int64_t checkpoint_interval = 0;
+  // Speculative decoding's k (0: off). A decoding sequence then runs its pending tokens (1, or after a
+  // "replay" rollback the kept tokens not yet in the cache: at most k) plus its drafts as one chunk, all of
+  // them counted against max_num_batched_tokens (drafts are cut to fit).
+  int64_t num_speculative_tokens = 0;
 };
 
 struct ScheduledSeq {
   Sequence* seq;
   int64_t n_tokens;
   bool sample;  // this chunk completes the sequence's pending tokens: sample the next one
+  int64_t n_drafts = 0;  // the last n_drafts of the n_tokens are the sequence's drafts (to verify)
 };
 
 class Scheduler {
@@ -59,7 +64,7 @@ class Scheduler {
   // Pages for n more tokens of s, preempting as needed. False: even alone it does not fit now.
   bool reserve(Sequence& s, int64_t n, const std::vector<ScheduledSeq>& planned, int64_t first_fresh);
   void schedule_decodes(std::vector<ScheduledSeq>& out, int64_t& budget);
-  std::vector<Sequence*> admit_prefills(int64_t budget);
+  std::vector<Sequence*> admit_prefills(int64_t budget, const std::vector<ScheduledSeq>& planned);
 
   SchedulerOptions opt_;
   cache::HybridCache& cache_;

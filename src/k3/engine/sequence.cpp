@@ -113,6 +113,50 @@ RequestOutput Sequence::on_sampled(const sampling::SampleResult& r, std::span<fl
   return o;
 }
 
+int64_t Sequence::draft_room() const {
+  const int64_t generated = static_cast<int64_t>(tokens_.size()) - n_prompt_;
+  return std::max<int64_t>(0, budget_ - generated - 1);
+}
+
+std::span<const RowSample> Sequence::next_samples() {
+  const std::span<const int32_t> prompt(tokens_.data(), static_cast<size_t>(n_prompt_));
+  const std::span<const int32_t> gen(tokens_.data() + n_prompt_, tokens_.size() - static_cast<size_t>(n_prompt_));
+  const auto rows = sampler_.next_rows(prompt, gen, drafts_, vocab_, tok_.n_vocab());
+  rows_.clear();
+  for (const sampling::RowSampling& r : rows) rows_.push_back(RowSample{r, req_.top_logprobs >= 0});
+  return rows_;
+}
+
+Sequence::Verified Sequence::on_verified(std::span<const sampling::SampleResult> results, std::span<float> raw,
+                                         int64_t vocab) {
+  Verified v;
+  v.out = base();
+  int64_t used = 0;
+  for (size_t j = 0; j < results.size(); ++j) {
+    std::span<float> lg;
+    if (!raw.empty()) lg = raw.subspan(j * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+    const size_t before = tokens_.size();
+    RequestOutput o = on_sampled(results[j], lg);
+    ++used;
+    RequestOutput& m = v.out;
+    m.new_token_ids.insert(m.new_token_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    for (auto& lp : o.logprobs) m.logprobs.push_back(std::move(lp));
+    for (auto& pc : o.pieces) m.pieces.push_back(std::move(pc));
+    m.completion_tokens = o.completion_tokens;
+    const bool matches = tokens_.size() > before && j < drafts_.size() && tokens_.back() == drafts_[j];
+    if (matches) ++v.accepted;
+    if (o.finished) {
+      m.finished = true;
+      m.finish_reason = o.finish_reason;
+      break;
+    }
+    if (!matches) break;
+  }
+  sampler_.consume_draws(used);
+  drafts_.clear();
+  return v;
+}
+
 RequestOutput Sequence::finish_now(const std::string& reason, const std::string& error) {
   RequestOutput o = base();
   finished_ = true;

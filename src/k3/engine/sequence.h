@@ -43,6 +43,27 @@ class Sequence {
   // text state, returns the delta. Finishes the sequence on a stop token, stop string or the length
   // budget. Throws k3::Error when sampling failed (NaN logits, ...).
   RequestOutput on_sampled(const sampling::SampleResult& r, std::span<float> raw);
+
+  // Speculative decoding. drafts(): this step's proposed tokens (not part of tokens()). draft_room():
+  // how many may be verified now (the output budget minus the token every step yields). decoding():
+  // every prompt token is in the cache (speculation runs only then).
+  std::vector<int32_t>& drafts() { return drafts_; }
+  int64_t draft_room() const;
+  bool decoding() const { return cache_->n_past() >= n_prompt_; }
+  // The verification rows of this step: one after the last pending token, then one after each draft
+  // (a plain decode step when there are none). Valid until the next call.
+  std::span<const RowSample> next_samples();
+  struct Verified {
+    RequestOutput out;      // every token kept, as one delta
+    int64_t accepted = 0;   // draft tokens confirmed (each kept token after the first equals its draft)
+  };
+  // Takes row j's token while it equals draft j (then row j+1's), i.e. the longest prefix of the drafts
+  // the target model itself picks, plus the token after it: greedy, that is the longest matching
+  // prefix + the bonus token; sampled, it is the rejection rule for a point-mass proposal (accept d
+  // with probability p(d), else a draw from p without d, renormalised) -- and the very token the
+  // same draw picks without speculation (docs/perf/speculative.md). Uses one PRNG draw per kept token.
+  // raw: the rows' raw logits ([rows][V]) when next_samples asked for them, else empty.
+  Verified on_verified(std::span<const sampling::SampleResult> results, std::span<float> raw, int64_t vocab);
   // A final delta for an aborted / failed sequence.
   RequestOutput finish_now(const std::string& reason, const std::string& error = {});
   void deliver(const RequestOutput& o) { cb_(o); }
@@ -63,6 +84,8 @@ class Sequence {
   std::vector<int32_t> stop_ids_;
   int64_t vocab_ = 0;
   Sampler sampler_;
+  std::vector<int32_t> drafts_;
+  std::vector<RowSample> rows_;
   StopMatcher stops_;
   text::StreamDecoder detok_;
   bool finished_ = false;

@@ -33,6 +33,8 @@ class Model final : public ModelRunner {
   std::shared_ptr<CacheMemory> cache_memory() const override { return host_cache_memory(); }
   int64_t memory_available() const override;
   std::optional<ExpertCacheStats> expert_cache_stats() const override;
+  // The CPU backend's KDA ops save the state mid-step (BatchItem::snapshot_after).
+  bool supports_state_snapshots() const override { return true; }
   const ModelWeights& weights() const { return w_; }
   // Observes the activations of later forwards (null: stop); see cpu::ActivationObserver.
   void set_activation_observer(cpu::ActivationObserver* o) {

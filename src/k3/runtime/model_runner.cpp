@@ -7,16 +7,24 @@ namespace k3 {
 
 void check_batch_tokens(const BatchItem& item, int64_t vocab) {
   if (item.tokens.empty()) throw Error("forward: a sequence with no tokens");
+  if (item.want_logits && (item.n_logit_rows < 1 || item.n_logit_rows > static_cast<int64_t>(item.tokens.size())))
+    throw Error("forward: " + std::to_string(item.n_logit_rows) + " logits rows asked of a sequence of " +
+                std::to_string(item.tokens.size()) + " new tokens");
   for (int32_t t : item.tokens)
     if (t < 0 || t >= vocab)
       throw Error("token id " + std::to_string(t) + " out of range [0, " + std::to_string(vocab) + ")");
+}
+
+int64_t logit_rows_of(const BatchItem& item, const ForwardOptions& opt) {
+  if (!item.want_logits) return 0;
+  return opt.all_logits ? static_cast<int64_t>(item.tokens.size()) : item.n_logit_rows;
 }
 
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                                const ForwardOptions& opt) {
   if (opt.all_logits) throw Error("forward_sample: all_logits is not supported");
   size_t wanted = 0;
-  for (const BatchItem& it : items) wanted += it.want_logits ? 1 : 0;
+  for (const BatchItem& it : items) wanted += static_cast<size_t>(logit_rows_of(it, opt));
   if (wanted != rows.size())
     throw Error("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " + std::to_string(wanted) +
                 " logits rows");

@@ -33,7 +33,18 @@ struct BatchItem {
   std::span<const int32_t> tokens;
   SequenceCache* cache = nullptr;  // from this runner's new_cache() or a cache over its cache_memory()
   bool want_logits = true;         // last-token logits (or all tokens' with ForwardOptions::all_logits)
+  // With want_logits: the logits of the last n_logit_rows tokens (speculative verification scores the
+  // pending token and every draft token in one pass); 1..tokens.size().
+  int64_t n_logit_rows = 1;
+  // > 0: the KDA state (recurrent + conv tails) after the first snapshot_after + j of the tokens is saved
+  // into cache->kda_snapshot(., j) for j < n_snapshots, so that draft tokens after them can be rolled back
+  // exactly (snapshot_after + n_snapshots <= tokens.size(); needs ModelRunner::supports_state_snapshots
+  // and a cache that keeps that many snapshots).
+  int64_t snapshot_after = 0, n_snapshots = 1;
 };
+
+// The logits rows an item yields in forward_batch / forward_sample.
+int64_t logit_rows_of(const BatchItem& item, const ForwardOptions& opt);
 
 // How one logits row of forward_sample becomes a token.
 struct RowSample {
@@ -48,7 +59,7 @@ inline bool takes_prefill_form(AttnPath path, int64_t n) {
   return path == AttnPath::Prefill || (path == AttnPath::Auto && n > 1);
 }
 
-// Throws k3::Error unless forward_sample's arguments fit: one row per want_logits item, no all_logits.
+// Throws k3::Error unless forward_sample's arguments fit: logit_rows_of rows per item, no all_logits.
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                                const ForwardOptions& opt);
 
@@ -80,6 +91,8 @@ class ModelRunner {
   // decode forms, so its engine runs prompts through them too (Decode); a backend whose numerics depend
   // on the batch anyway (the GPU: GEMV vs tensor-core GEMM) takes the faster prefill forms (Auto).
   virtual AttnPath engine_path() const { return AttnPath::Decode; }
+  // Whether forward_batch honours BatchItem::snapshot_after (speculative decoding's exact rollback).
+  virtual bool supports_state_snapshots() const { return false; }
 
   // One forward over several sequences, each appending its tokens. `logits` (host) receives, for each
   // item with want_logits in order, its last-token row [V] (or all its rows with all_logits).
@@ -88,7 +101,8 @@ class ModelRunner {
 
   // The forward pass and the choice of each row's next token: rows[j] (one per want_logits item, in
   // order; ForwardOptions::all_logits is not allowed) says how row j is sampled, results[j] gets its
-  // token or error status (sampling::sample_row semantics, bit for bit). Only rows with raw_logits
+  // token or error status (sampling::sample_row semantics, bit for bit); an item with n_logit_rows > 1
+  // takes that many consecutive rows. Only rows with raw_logits
   // copy their logits into `raw_logits` ([V] each, in order). The default samples on the host after
   // forward_batch; a GPU backend samples on the device, so only the ids cross to the host.
   virtual void forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,

@@ -45,6 +45,13 @@ class SequenceCache {
   virtual void reserve(int64_t n) = 0;
   // Called after the forward: the n new tokens are now part of the sequence.
   virtual void advance(int64_t n) = 0;
+  // Where the forward saves the KDA state mid-step for speculative decoding (BatchItem::snapshot_after):
+  // the j-th extra state of the same layout, or {} when this cache keeps no j-th one.
+  virtual KdaStateView kda_snapshot(int64_t kda_index, int64_t j) {
+    (void)kda_index;
+    (void)j;
+    return {};
+  }
   // An independent copy (same memory kind), or null when the cache cannot be copied on its own.
   virtual std::unique_ptr<SequenceCache> clone() const = 0;
 };

@@ -124,6 +124,29 @@ void render_expert_cache(const ExpertCacheStats& e, std::string& out) {
   out += "k3_process_major_faults_total " + std::to_string(e.disk.major_faults) + "\n";
 }
 
+// Speculative decoding, under vLLM's names (its Counter "vllm:spec_decode_num_drafts" is exposed as
+// ..._total, as prometheus_client writes it) so that vLLM dashboards read k3 as they are; plus the two
+// ratios they compute, as gauges over the server's lifetime.
+void render_spec_decode(const engine::EngineStats& st, std::string& out) {
+  head(out, "vllm:spec_decode_num_drafts_total", "counter", "Verification steps that had draft tokens.");
+  out += "vllm:spec_decode_num_drafts_total " + std::to_string(st.spec_num_drafts) + "\n";
+  head(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified.");
+  out += "vllm:spec_decode_num_draft_tokens_total " + std::to_string(st.spec_num_draft_tokens) + "\n";
+  head(out, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+  out += "vllm:spec_decode_num_accepted_tokens_total " + std::to_string(st.spec_num_accepted_tokens) + "\n";
+  head(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by draft position (0: the first).");
+  for (size_t j = 0; j < st.spec_accepted_per_pos.size(); ++j)
+    out += "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(j) + "\"} " +
+           std::to_string(st.spec_accepted_per_pos[j]) + "\n";
+  const double drafts = static_cast<double>(st.spec_num_drafts), tokens = static_cast<double>(st.spec_num_draft_tokens);
+  const double acc = static_cast<double>(st.spec_num_accepted_tokens);
+  head(out, "k3_spec_decode_acceptance_rate", "gauge", "Accepted / proposed draft tokens since start (0 before any draft).");
+  out += "k3_spec_decode_acceptance_rate " + prom_number(tokens > 0 ? acc / tokens : 0.0) + "\n";
+  head(out, "k3_spec_decode_mean_acceptance_length", "gauge",
+       "Tokens per verification step since start: 1 + accepted / drafts (0 before any draft).");
+  out += "k3_spec_decode_mean_acceptance_length " + prom_number(drafts > 0 ? 1.0 + acc / drafts : 0.0) + "\n";
+}
+
 }  // namespace
 
 std::string Metrics::render(const engine::EngineStats& st) const {
@@ -183,6 +206,7 @@ std::string Metrics::render(const engine::EngineStats& st) const {
   out += "k3_prefix_cache_hits_tokens_total " + std::to_string(st.prefix_hit_tokens) + "\n";
   head(out, "k3_num_preemptions_total", "counter", "Sequences preempted by the engine.");
   out += "k3_num_preemptions_total " + std::to_string(st.preemptions) + "\n";
+  if (st.num_speculative_tokens > 0) render_spec_decode(st, out);
   if (st.expert_cache && st.expert_cache->enabled) render_expert_cache(*st.expert_cache, out);
   head(out, "process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch in seconds.");
   out += "process_start_time_seconds " + prom_number(start_time_) + "\n";

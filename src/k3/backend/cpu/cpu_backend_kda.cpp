@@ -1,6 +1,7 @@
 // CpuBackend's KDA ops (model-spec 3.2) over the recurrence cores of kda.h: conv + L2 norms and the
 // recurrence run per sequence on that sequence's state; gates and the output gate per element.
 #include <cmath>
+#include <cstring>
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/kda.h"
@@ -31,12 +32,28 @@ void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph
   const int64_t Hk = dm.heads, D = dm.head_dim;
   const int C = static_cast<int>(dm.channels()), W = static_cast<int>(dm.conv);
   for_seqs(nullptr, [&](const graph::StepSeq& s) {
+    const size_t tail_bytes = static_cast<size_t>(s.cache->spec().kda_conv_floats) * sizeof(float);
     KdaStateView st = s.cache->kda_state(layer);
+    // Rows [from, to) of this sequence; the conv is exact in any split (its tail carries the past).
+    auto conv = [&](int64_t from, int64_t to) {
+      const int64_t off = (s.offset + from) * C;
+      const int n = static_cast<int>(to - from);
+      short_conv_silu(n, C, W, pq.f() + off, w.q_conv.data(), st.conv_q, q.f() + off);
+      short_conv_silu(n, C, W, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off);
+      short_conv_silu(n, C, W, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off);
+    };
+    // Speculative decoding: the tails after the pending rows and after each draft but the last, for a rollback.
+    int64_t done = 0;
+    for (int64_t j = 0; j < s.n_snapshots; ++j) {
+      conv(done, s.snapshot_after + j);
+      done = s.snapshot_after + j;
+      const KdaStateView snap = s.cache->kda_snapshot(layer, j);
+      std::memcpy(snap.conv_q, st.conv_q, tail_bytes);
+      std::memcpy(snap.conv_k, st.conv_k, tail_bytes);
+      std::memcpy(snap.conv_v, st.conv_v, tail_bytes);
+    }
+    conv(done, s.n);
     const int64_t off = s.offset * C;
-    const int n = static_cast<int>(s.n);
-    short_conv_silu(n, C, W, pq.f() + off, w.q_conv.data(), st.conv_q, q.f() + off);
-    short_conv_silu(n, C, W, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off);
-    short_conv_silu(n, C, W, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off);
     l2norm_heads(q.f() + off, s.n * Hk, D, 1.0f / std::sqrt(static_cast<float>(D)));
     l2norm_heads(k.f() + off, s.n * Hk, D, 1.0f);
   });
@@ -73,10 +90,23 @@ void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor 
     const int64_t off = s.offset * C;
     const int n = static_cast<int>(s.n);
     const float* bt = beta.f() + s.offset * Hk;
-    if (s.prefill_form)
-      kda_chunked_typed(n, Hk, D, chunk, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, dt, o.f() + off);
-    else
-      kda_recurrent_typed(n, Hk, D, q.f() + off, k.f() + off, v.f() + off, g.f() + off, bt, S, dt, o.f() + off);
+    auto run = [&](int64_t from, int64_t to) {
+      const int64_t o0 = off + from * C;
+      const int m = static_cast<int>(to - from);
+      if (s.prefill_form)
+        kda_chunked_typed(m, Hk, D, chunk, q.f() + o0, k.f() + o0, v.f() + o0, g.f() + o0, bt + from * Hk, S, dt, o.f() + o0);
+      else
+        kda_recurrent_typed(m, Hk, D, q.f() + o0, k.f() + o0, v.f() + o0, g.f() + o0, bt + from * Hk, S, dt, o.f() + o0);
+    };
+    // Speculative decoding: the state after the pending rows and after each draft but the last (the
+    // recurrence is exact in any split: decode form token by token, bf16 states rounded per token).
+    int64_t done = 0;
+    for (int64_t j = 0; j < s.n_snapshots; ++j) {
+      run(done, s.snapshot_after + j);
+      done = s.snapshot_after + j;
+      std::memcpy(s.cache->kda_snapshot(layer, j).S, S, static_cast<size_t>(s.cache->spec().kda_state_bytes()));
+    }
+    run(done, n);
   });
 }
 

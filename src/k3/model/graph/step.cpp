@@ -24,6 +24,12 @@ bool StepPlan::any_decode_form() const {
   return false;
 }
 
+bool StepPlan::any_snapshot() const {
+  for (const StepSeq& s : seqs)
+    if (s.snapshot_after > 0) return true;
+  return false;
+}
+
 namespace {
 void check_cache_spec(const CacheSpec& have, const CacheSpec& want) {
   if (have.mla_dtype != want.mla_dtype || have.kda_state_dtype != want.kda_state_dtype ||
@@ -42,7 +48,14 @@ StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& op
     check_batch_tokens(it, vocab);
     check_cache_spec(it.cache->spec(), spec);
     const int64_t n = static_cast<int64_t>(it.tokens.size());
-    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n)});
+    const int64_t n_snap = it.snapshot_after > 0 ? it.n_snapshots : 0;
+    if (it.snapshot_after < 0 || (it.snapshot_after > 0 && (n_snap < 1 || it.snapshot_after + n_snap > n)))
+      throw Error("forward: " + std::to_string(it.n_snapshots) + " state snapshots after " + std::to_string(it.snapshot_after) +
+                  " of " + std::to_string(n) + " tokens");
+    if (n_snap > 0 && spec.kda_layers > 0 && it.cache->kda_snapshot(0, n_snap - 1).S == nullptr)
+      throw Error("forward: " + std::to_string(n_snap) + " state snapshots were asked of a cache that keeps fewer");
+    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n),
+                             it.snapshot_after, n_snap});
     p.tokens.insert(p.tokens.end(), it.tokens.begin(), it.tokens.end());
   }
   if (p.seqs.empty()) throw Error("forward: empty batch");
@@ -50,7 +63,7 @@ StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& op
   for (size_t i = 0; i < items.size(); ++i) {
     if (!items[i].want_logits) continue;
     const StepSeq& s = p.seqs[i];
-    for (int64_t t = opt.all_logits ? 0 : s.n - 1; t < s.n; ++t) p.logit_rows.push_back(static_cast<int32_t>(s.offset + t));
+    for (int64_t t = s.n - logit_rows_of(items[i], opt); t < s.n; ++t) p.logit_rows.push_back(static_cast<int32_t>(s.offset + t));
   }
   return p;
 }

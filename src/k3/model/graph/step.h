@@ -15,6 +15,9 @@ struct StepSeq {
   int64_t past = 0;           // tokens already in the cache (positions of the new tokens: past ..)
   SequenceCache* cache = nullptr;
   bool prefill_form = false;  // chunked KDA + MHA MLA; else the KDA recurrence + absorbed MLA
+  // > 0: the ops that update the KDA state save it after snapshot_after + j rows into
+  // cache->kda_snapshot(., j), j < n_snapshots (BatchItem::snapshot_after: speculative decoding).
+  int64_t snapshot_after = 0, n_snapshots = 0;
 };
 
 struct StepPlan {
@@ -29,6 +32,7 @@ struct StepPlan {
   bool all_decode() const;
   bool any_prefill_form() const;
   bool any_decode_form() const;
+  bool any_snapshot() const;
 };
 
 // Validates the items (tokens in [0, vocab), at least one item, every cache of the runner's spec),

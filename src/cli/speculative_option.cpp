@@ -1,0 +1,24 @@
+#include "cli/speculative_option.h"
+
+#include <cstdio>
+
+namespace k3cli {
+
+void add_speculative_option(CLI::App* cmd, std::string& json) {
+  cmd->add_option("--speculative-config", json,
+                  "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/serving.md)");
+}
+
+std::string spec_decode_summary(const k3::engine::EngineStats& st) {
+  const double drafts = static_cast<double>(st.spec_num_drafts), tokens = static_cast<double>(st.spec_num_draft_tokens),
+               acc = static_cast<double>(st.spec_num_accepted_tokens);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%lld drafts, %lld draft tokens, %lld accepted (%.1f%%), mean acceptance length %.2f",
+                static_cast<long long>(st.spec_num_drafts), static_cast<long long>(st.spec_num_draft_tokens),
+                static_cast<long long>(st.spec_num_accepted_tokens), tokens > 0 ? 100.0 * acc / tokens : 0.0,
+                drafts > 0 ? 1.0 + acc / drafts : 0.0);
+  return buf;
+}
+
+}  // namespace k3cli

@@ -1,0 +1,474 @@
+// Speculative decoding (issue 17): the --speculative-config parser, the n-gram proposer, the sampler's
+// look-ahead draws, and the engine's verification + exact KDA rollback: output with speculation on is
+// token for token the output with it off -- greedy and seeded sampling, alone and batched, with prefix-cache
+// hits and preemption -- on k3-tiny and on the two tiny checkpoints (random weights, where most drafts are
+// rejected mid-block, so a draft token's update left in the KDA recurrent or conv state would show).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "k3/core/error.h"
+#include "k3/engine/batch_engine.h"
+#include "k3/engine/ngram_proposer.h"
+#include "k3/engine/sampler.h"
+#include "k3/engine/speculative_config.h"
+#include "k3/model/model.h"
+#include "test_util.h"
+
+using namespace k3::engine;
+
+namespace {
+
+// ---- the flag -----------------------------------------------------------------------------------
+
+TEST(SpeculativeConfig, ParsesVllmSpelling) {
+  EXPECT_FALSE(parse_speculative_config("").has_value());
+  auto c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->method, "ngram");
+  EXPECT_EQ(c->num_speculative_tokens, 4);
+  EXPECT_EQ(c->prompt_lookup_max, 3);
+  EXPECT_EQ(c->prompt_lookup_min, 3);  // vLLM: the missing bound equals the given one
+  c = parse_speculative_config(R"({"method": "ngram", "num_speculative_tokens": 2})");
+  EXPECT_EQ(c->prompt_lookup_min, 5);
+  EXPECT_EQ(c->prompt_lookup_max, 5);
+  EXPECT_EQ(c->rollback, SpeculativeConfig::Rollback::Snapshots);
+  EXPECT_EQ(c->state_slots(), 2);
+  c = parse_speculative_config(R"({"method": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 4, "rollback": "replay"})");
+  EXPECT_EQ(c->method, "ngram");
+  EXPECT_EQ(c->rollback, SpeculativeConfig::Rollback::Replay);
+  EXPECT_EQ(c->state_slots(), 1);
+  EXPECT_EQ(c->prompt_lookup_min, 1);
+  EXPECT_EQ(c->prompt_lookup_max, 4);
+}
+
+TEST(SpeculativeConfig, RejectsBadInputWithOneLine) {
+  const char* bad[] = {
+      "{", "[]", "4", R"({"num_speculative_tokens": 4})", R"({"method": 3, "num_speculative_tokens": 4})",
+      R"({"method": "eagle", "num_speculative_tokens": 4})", R"({"method": "ngram"})",
+      R"({"method": "ngram", "num_speculative_tokens": 0})", R"({"method": "ngram", "num_speculative_tokens": -1})",
+      R"({"method": "ngram", "num_speculative_tokens": 33})", R"({"method": "ngram", "num_speculative_tokens": 1e3})",
+      R"({"method": "ngram", "num_speculative_tokens": 18446744073709551615})",
+      R"({"method": "ngram", "num_speculative_tokens": "4"})", R"({"method": "ngram", "num_speculative_tokens": 4, "model": "x"})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 0})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 65})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "rollback": "undo"})",
+      R"({"method": "ngram", "num_speculative_tokens": 4, "rollback": 1})"};
+  for (const char* j : bad) {
+    try {
+      parse_speculative_config(j);
+      ADD_FAILURE() << "accepted " << j;
+    } catch (const k3::Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("--speculative-config: ", 0), 0u) << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+}
+
+// ---- the n-gram proposer --------------------------------------------------------------------------
+
+TEST(NgramProposer, ProposesWhatFollowedTheLongestMostRecentMatch) {
+  NgramProposer p(1, 3);
+  std::vector<int32_t> out;
+  // ... 1 2 3 [7 8 9] ... 2 3 [5 6] ... 1 2 3: the trigram "1 2 3" (longest) matched at 0..2 -> 7 8 9.
+  p.propose_one(std::vector<int32_t>{1, 2, 3, 7, 8, 9, 2, 3, 5, 6, 1, 2, 3}, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8, 9}));
+  p.propose_one(std::vector<int32_t>{1, 2, 3, 7, 8, 9, 2, 3, 5, 6, 1, 2, 3}, 2, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 8}));
+  // Two equal-length matches: the most recent one wins.
+  p.propose_one(std::vector<int32_t>{4, 5, 1, 4, 5, 2, 4, 5}, 1, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{2}));
+  // Drafts stop at the end of the sequence (the match right before the suffix).
+  p.propose_one(std::vector<int32_t>{9, 9, 9}, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{9}));
+  // No earlier occurrence, or a match shorter than prompt_lookup_min: nothing.
+  p.propose_one(std::vector<int32_t>{1, 2, 3, 4}, 4, out);
+  EXPECT_TRUE(out.empty());
+  NgramProposer p2(2, 3);
+  p2.propose_one(std::vector<int32_t>{1, 7, 3, 1}, 4, out);
+  EXPECT_TRUE(out.empty());
+  p2.propose_one(std::vector<int32_t>{5, 1, 7, 3, 5, 1}, 4, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{7, 3, 5, 1}));
+  p2.propose_one(std::vector<int32_t>{5, 1, 7, 3, 5, 1}, 0, out);
+  EXPECT_TRUE(out.empty());
+  p2.propose_one(std::vector<int32_t>{}, 4, out);
+  EXPECT_TRUE(out.empty());
+}
+
+// ---- the sampler's look-ahead draws ----------------------------------------------------------------
+
+TEST(SpeculativeSampler, LookAheadDrawsKeepTheStream) {
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.frequency_penalty = 0.5f;
+  Sampler plain(sp, 99), spec(sp, 99);
+  const std::vector<int32_t> prompt{1, 2}, gen{3};
+  std::vector<double> want;
+  for (int i = 0; i < 6; ++i) want.push_back(plain.next_row(prompt, gen, 16, 16).u);
+  // Rows look at draws 0..2; two tokens are kept; the next rows start at draw 2.
+  const std::vector<int32_t> drafts{4, 4};
+  auto rows = spec.next_rows(prompt, gen, drafts, 16, 16);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].u, want[0]);
+  EXPECT_EQ(rows[1].u, want[1]);
+  EXPECT_EQ(rows[2].u, want[2]);
+  // Penalties count the drafts before each row: row 2 has seen generated {3, 4, 4}.
+  ASSERT_EQ(rows[2].counted_ids.size(), 2u);
+  EXPECT_EQ(rows[2].counts[1], 2);
+  EXPECT_EQ(rows[0].counted_ids.size(), 1u);
+  spec.consume_draws(2);
+  rows = spec.next_rows(prompt, gen, {}, 16, 16);
+  EXPECT_EQ(rows[0].u, want[2]);
+  spec.consume_draws(1);
+  EXPECT_EQ(spec.next_row(prompt, gen, 16, 16).u, want[3]);
+}
+
+// The acceptance rule on one row pair, statistically: drafting d for the first token, keep d when the
+// target's own draw picks it, else keep the draw; given d was kept, the second row's draw is the next
+// token. The kept tokens must follow the target: chi-square of the first token against softmax(l0 / T)
+// and of the second (after d) against softmax(l1 / T).
+TEST(SpeculativeSampler, AcceptanceRuleFollowsTheTarget) {
+  const std::vector<float> l0{1.0f, 0.2f, -0.5f, 2.0f, 0.0f, -1.0f}, l1{-0.3f, 1.5f, 0.7f, 0.1f, -2.0f, 1.1f};
+  const float T = 0.8f;
+  const int32_t draft = 0;  // the target's 2nd most likely first token: accepted about a quarter of the time
+  const int V = 6, N = 40000;
+  auto probs = [&](const std::vector<float>& l) {
+    std::vector<double> p(V);
+    double z = 0;
+    for (int i = 0; i < V; ++i) z += p[static_cast<size_t>(i)] = std::exp((l[static_cast<size_t>(i)] - 2.0) / T);
+    for (double& x : p) x /= z;
+    return p;
+  };
+  std::vector<int64_t> first(V, 0), second(V, 0);
+  SamplingParams sp;
+  sp.temperature = T;
+  for (int n = 0; n < N; ++n) {
+    Sampler s(sp, static_cast<uint64_t>(n) * 7919 + 1);
+    const std::vector<int32_t> drafts{draft};
+    auto rows = s.next_rows({}, {}, drafts, V, V);
+    std::vector<float> a = l0, b = l1;
+    const int32_t x0 = k3::sampling::sample_row(a, rows[0]).token;
+    ++first[static_cast<size_t>(x0)];
+    if (x0 == draft) ++second[static_cast<size_t>(k3::sampling::sample_row(b, rows[1]).token)];
+  }
+  auto chi2 = [&](const std::vector<int64_t>& got, const std::vector<double>& p) {
+    int64_t total = 0;
+    for (int64_t g : got) total += g;
+    double x = 0;
+    for (int i = 0; i < V; ++i) {
+      const double e = p[static_cast<size_t>(i)] * static_cast<double>(total);
+      x += (static_cast<double>(got[static_cast<size_t>(i)]) - e) * (static_cast<double>(got[static_cast<size_t>(i)]) - e) / e;
+    }
+    return x;
+  };
+  // 5 degrees of freedom: P(chi2 > 25.7) = 1e-4.
+  EXPECT_LT(chi2(first, probs(l0)), 25.7);
+  EXPECT_LT(chi2(second, probs(l1)), 25.7);
+}
+
+// ---- the engine -----------------------------------------------------------------------------------
+
+struct Env {
+  std::unique_ptr<k3::Model> model;
+  std::unique_ptr<k3::text::Tokenizer> tok;
+  explicit Env(const std::string& dir, const std::string& tok_dir) {
+    model = k3::Model::load(dir);
+    tok = std::make_unique<k3::text::Tokenizer>(k3::text::Tokenizer::load(tok_dir));
+  }
+};
+Env& tiny() {
+  static Env e(k3test::source_path("models/k3-tiny"), k3test::source_path("models/k3-tiny"));
+  return e;
+}
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::vector<int32_t>> ids;
+  std::map<std::string, int64_t> cached;
+  int done = 0;
+  OutputCallback cb() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard lk(mu);
+      auto& v = ids[o.request_id];
+      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) {
+        cached[o.request_id] = o.cached_prompt_tokens;
+        ++done;
+        cv.notify_all();
+      }
+    };
+  }
+  void wait(int n) {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(300), [&] { return done >= n; }));
+  }
+};
+
+Request make(const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temp = 0.f, uint64_t seed = 7) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.params.temperature = temp;
+  r.params.max_tokens = max_tokens;
+  r.params.seed = seed;
+  r.params.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> encode(const std::string& s) {
+  std::vector<int32_t> v{static_cast<int32_t>(tiny().model->config().bos_token_id)};
+  auto t = tiny().tok->encode(s);
+  v.insert(v.end(), t.begin(), t.end());
+  return v;
+}
+
+BatchEngineOptions options(bool prefix, std::optional<SpeculativeConfig> spec, int64_t budget = 256ll << 20,
+                           int64_t seqs = 16) {
+  BatchEngineOptions o;
+  o.cache.budget_bytes = budget;
+  o.cache.prefix_caching = prefix;
+  o.sched.max_num_seqs = seqs;
+  o.sched.max_num_batched_tokens = 256;
+  o.speculative = spec;
+  return o;
+}
+
+using Rollback = SpeculativeConfig::Rollback;
+constexpr Rollback kRollbacks[] = {Rollback::Snapshots, Rollback::Replay};
+
+SpeculativeConfig ngram(int64_t k, Rollback rb, int64_t lo = 1, int64_t hi = 4) {
+  SpeculativeConfig c;
+  c.method = "ngram";
+  c.num_speculative_tokens = k;
+  c.prompt_lookup_min = lo;
+  c.prompt_lookup_max = hi;
+  c.rollback = rb;
+  return c;
+}
+
+// Code-like text: repeated lines the model continues partly as before, partly not.
+const char* kCode =
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n\ndef ";
+const char* kProse =
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a "
+    "wife. It is a truth universally acknowledged, that";
+
+struct RunResult {
+  std::map<std::string, std::vector<int32_t>> ids;
+  EngineStats stats;
+  k3::cache::CacheStats cache;
+};
+
+RunResult run(Env& env, const BatchEngineOptions& o, const std::vector<Request>& reqs) {
+  BatchEngine eng(*env.model, *env.tok, o);
+  Collector c;
+  for (const Request& r : reqs) eng.submit(r, c.cb());
+  c.wait(static_cast<int>(reqs.size()));
+  eng.shutdown(true);  // the engine thread is done: its counters are final (a step's are added after its deliveries)
+  return {c.ids, eng.stats(), eng.cache_stats()};
+}
+
+// The drafts must have been verified, some accepted and some rejected mid-block, for the test to mean
+// anything: a block whose first draft was accepted and a later one rejected is what exercises the
+// rollback to a state in the middle of the chunk.
+void expect_mixed_acceptance(const EngineStats& st) {
+  EXPECT_GT(st.spec_num_drafts, 0);
+  EXPECT_GT(st.spec_num_accepted_tokens, 0);
+  EXPECT_LT(st.spec_num_accepted_tokens, st.spec_num_draft_tokens);
+  ASSERT_FALSE(st.spec_accepted_per_pos.empty());
+  EXPECT_GT(st.spec_accepted_per_pos[0], st.spec_accepted_per_pos.back()) << "no block was cut after its first draft";
+}
+
+TEST(SpeculativeEngine, GreedyAloneEqualsNoSpeculation) {
+  for (const Rollback rb : kRollbacks)
+  for (const char* text : {kCode, kProse}) {
+    const std::vector<Request> reqs{make("t", encode(text), 80)};
+    const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
+    const RunResult on = run(tiny(), options(false, ngram(4, rb)), reqs);
+    ASSERT_EQ(off.ids.at("t").size(), 80u);
+    EXPECT_EQ(on.ids.at("t"), off.ids.at("t")) << text;
+    expect_mixed_acceptance(on.stats);
+    EXPECT_EQ(on.stats.generation_tokens_total, 80);
+    EXPECT_EQ(on.cache.pages_used, 0);
+    EXPECT_EQ(on.cache.slots_used, 0);
+  }
+}
+
+TEST(SpeculativeEngine, SeededSamplingEqualsNoSpeculation) {
+  // The same draws pick the same tokens: seeded output is identical, penalties included.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = make("s" + std::to_string(i), encode(i % 2 ? kCode : kProse), 48, i < 3 ? 0.3f : 0.9f, 100 + i);
+    if (i == 4) r.params.frequency_penalty = 0.4f;
+    if (i == 5) r.params.top_p = 0.9f;
+    reqs.push_back(r);
+  }
+  const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
+  for (const Rollback rb : kRollbacks) {
+    const RunResult on = run(tiny(), options(false, ngram(3, rb)), reqs);
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
+  }
+}
+
+TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
+  // 12 requests at once: shared prefixes (prefix-cache hits), greedy and sampled, short and long.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 12; ++i) {
+    std::string p = std::string(i % 3 == 0 ? kProse : kCode) + (i >= 6 ? " add(" : "");
+    reqs.push_back(make("b" + std::to_string(i), encode(p), 20 + 7 * i, i % 4 == 3 ? 0.8f : 0.f, 200 + i));
+  }
+  const RunResult off = run(tiny(), options(true, std::nullopt), reqs);
+  for (const Rollback rb : kRollbacks) {
+    const RunResult on = run(tiny(), options(true, ngram(4, rb)), reqs);
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    expect_mixed_acceptance(on.stats);
+    EXPECT_EQ(on.cache.pages_used, 0);
+    EXPECT_EQ(on.cache.slots_used, 0);
+  }
+  // A follow-up turn over an earlier output hits the prefix cache: the pages and checkpoint written
+  // with speculation must hold only accepted tokens' state.
+  std::vector<Request> turn2;
+  for (int i = 0; i < 4; ++i) {
+    auto p = reqs[static_cast<size_t>(i)].prompt;
+    const auto& out = off.ids.at("b" + std::to_string(i));
+    p.insert(p.end(), out.begin(), out.end());
+    turn2.push_back(make("f" + std::to_string(i), p, 24));
+  }
+  auto two_turns = [&](std::optional<SpeculativeConfig> spec) {
+    BatchEngine eng(*tiny().model, *tiny().tok, options(true, spec));
+    Collector c;
+    for (const Request& r : reqs) eng.submit(r, c.cb());
+    c.wait(static_cast<int>(reqs.size()));
+    for (const Request& r : turn2) eng.submit(r, c.cb());
+    c.wait(static_cast<int>(reqs.size() + turn2.size()));
+    return std::pair{c.ids, c.cached};
+  };
+  const auto t_off = two_turns(std::nullopt), t_on = two_turns(ngram(4, Rollback::Snapshots));
+  int64_t hits = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "f" + std::to_string(i);
+    EXPECT_EQ(t_on.first.at(id), t_off.first.at(id)) << id;
+    hits += t_on.second.at(id);
+  }
+  EXPECT_GT(hits, 0);
+}
+
+TEST(SpeculativeEngine, PreemptionEqualsNoSpeculation) {
+  // A cache too small for 10 sequences of ~130 tokens at once: sequences are preempted mid-speculation.
+  std::vector<Request> reqs;
+  for (int i = 0; i < 10; ++i) reqs.push_back(make("p" + std::to_string(i), encode(i % 2 ? kCode : kProse), 90));
+  const auto& spec = tiny().model->cache_spec();
+  const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
+  for (const Rollback rb : kRollbacks) {
+    // The state slots and one page per sequence, plus 40 pages: about a third of what all need at once.
+    const int64_t small = k3::cache::HybridCache::budget_for(spec, 16, 10, 16, ngram(4, rb).state_slots()) +
+                          40 * ((spec.page_bytes(16) + 255) / 256 * 256);
+    const RunResult on = run(tiny(), options(false, ngram(4, rb), small, 10), reqs);
+    EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);
+    EXPECT_EQ(on.cache.pages_used, 0);
+    EXPECT_EQ(on.cache.slots_used, 0);
+  }
+}
+
+// The tiny checkpoints (random weights): their continuations rarely repeat the prompt's pattern, so
+// nearly every block is cut after a draft or two and the rollback runs all the time.
+TEST(SpeculativeEngine, TinyCheckpointsEqualNoSpeculation) {
+  for (const char* dir : {"tests/data/tiny-k3", "tests/data/tiny-kimi-linear"}) {
+    Env env(k3test::source_path(dir), k3test::source_path("tests/data/tiny-tokenizer"));
+    std::vector<Request> reqs;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int32_t> prompt;
+      for (int r = 0; r < 6; ++r)
+        for (int t = 0; t < 5 + i; ++t) prompt.push_back(static_cast<int32_t>(10 + t * (i + 3)));
+      reqs.push_back(make("k" + std::to_string(i), prompt, 40, i == 3 ? 1.0f : 0.f, 5));
+    }
+    const RunResult off = run(env, options(true, std::nullopt), reqs);
+    for (const Rollback rb : kRollbacks) {
+      const RunResult on = run(env, options(true, ngram(5, rb, 1, 3)), reqs);
+      for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << dir << " " << id;
+      EXPECT_GT(on.stats.spec_num_drafts, 0) << dir;
+      EXPECT_LT(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens) << dir;
+    }
+  }
+}
+
+// Logprobs come from each verification row's raw logits: the same values as without speculation, and
+// stop strings / stop tokens inside an accepted block end the request where they would without it.
+TEST(SpeculativeEngine, LogprobsAndStopsEqualNoSpeculation) {
+  auto collect = [](std::optional<SpeculativeConfig> spec, Request r) {
+    BatchEngine eng(*tiny().model, *tiny().tok, options(false, spec));
+    std::vector<TokenLogprob> lps;
+    std::string text, reason;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    eng.submit(r, [&](const RequestOutput& o) {
+      std::lock_guard lk(mu);
+      lps.insert(lps.end(), o.logprobs.begin(), o.logprobs.end());
+      for (const auto& p : o.pieces) text += p.text;
+      if (o.finished) {
+        reason = o.finish_reason;
+        done = true;
+        cv.notify_all();
+      }
+    });
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done; });
+    return std::tuple{lps, text, reason};
+  };
+  Request r = make("l", encode(kCode), 60);
+  r.top_logprobs = 3;
+  const auto [off_lp, off_text, off_reason] = collect(std::nullopt, r);
+  const auto [on_lp, on_text, on_reason] = collect(ngram(4, Rollback::Snapshots), r);
+  ASSERT_EQ(on_lp.size(), off_lp.size());
+  for (size_t i = 0; i < off_lp.size(); ++i) {
+    EXPECT_EQ(on_lp[i].id, off_lp[i].id) << i;
+    EXPECT_EQ(on_lp[i].logprob, off_lp[i].logprob) << i;
+    EXPECT_EQ(on_lp[i].top, off_lp[i].top) << i;
+  }
+  EXPECT_EQ(on_text, off_text);
+  // A stop string taken from the middle of the greedy output: the request ends at the same place.
+  ASSERT_GT(off_text.size(), 40u);
+  Request st = make("s", encode(kCode), 60);
+  st.params.stop = {off_text.substr(30, 4)};
+  const auto [a_lp, a_text, a_reason] = collect(std::nullopt, st);
+  const auto [b_lp, b_text, b_reason] = collect(ngram(4, Rollback::Snapshots), st);
+  EXPECT_EQ(a_reason, "stop");
+  EXPECT_EQ(b_reason, "stop");
+  EXPECT_EQ(b_text, a_text);
+}
+
+TEST(SpeculativeEngine, SaysWhenTheRunnerCannotRollBack) {
+  struct NoSnapshots : k3::ModelRunner {
+    const k3::ModelRunner& m;
+    explicit NoSnapshots(const k3::ModelRunner& r) : m(r) {}
+    const k3::ModelConfig& config() const override { return m.config(); }
+    const k3::CacheSpec& cache_spec() const override { return m.cache_spec(); }
+    std::string device_name() const override { return "test-device"; }
+    std::unique_ptr<k3::SequenceCache> new_cache() const override { return m.new_cache(); }
+    std::shared_ptr<k3::CacheMemory> cache_memory() const override { return m.cache_memory(); }
+    int64_t memory_available() const override { return m.memory_available(); }
+    void forward_batch(const std::vector<k3::BatchItem>& items, std::vector<float>& logits,
+                       const k3::ForwardOptions& opt) const override {
+      m.forward_batch(items, logits, opt);
+    }
+  } runner(*tiny().model);
+  try {
+    BatchEngine eng(runner, *tiny().tok, options(false, ngram(2, Rollback::Snapshots)));
+    FAIL() << "expected an error";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("test-device"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
