@@ -1,0 +1,86 @@
+#include "k3/dist/shard_plan.h"
+
+#include "k3/core/error.h"
+
+namespace k3::dist {
+
+namespace {
+
+// The block of `total` this rank owns when `size` must divide it; `what` names it in the error.
+Range even_block(int64_t total, int rank, int size, const std::string& what) {
+  if (total % size != 0) {
+    std::string ok;
+    for (int64_t d = 1; d <= total; ++d)
+      if (total % d == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(d);
+    throw Error("--tensor-parallel-size " + std::to_string(size) + " does not divide the " + what + " (" +
+                std::to_string(total) + "); sizes that do: " + ok);
+  }
+  const int64_t n = total / size;
+  return {rank * n, n};
+}
+
+// A contiguous block of `total` items for any size <= total: the first total % size ranks take one more.
+Range balanced_block(int64_t total, int rank, int size) {
+  const int64_t base = total / size, extra = total % size;
+  return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
+}
+
+}  // namespace
+
+ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_parallel) {
+  if (size < 1) throw Error("--tensor-parallel-size must be at least 1 (got " + std::to_string(size) + ")");
+  if (rank < 0 || rank >= size)
+    throw Error("rank " + std::to_string(rank) + " is outside a group of " + std::to_string(size) + " ranks");
+  ShardPlan p;
+  p.rank = rank;
+  p.size = size;
+  p.expert_parallel = expert_parallel;
+  if (c.num_kda_layers() > 0) p.kda_heads = even_block(c.kda_heads, rank, size, "KDA head count");
+  if (c.num_mla_layers() > 0) p.mla_heads = even_block(c.mla_heads, rank, size, "MLA head count");
+  if (c.first_k_dense > 0) p.dense_inter = even_block(c.intermediate_size, rank, size, "dense MLP's intermediate_size");
+  if (c.num_experts > 0) {
+    const int64_t shared = c.moe_intermediate_size * c.num_shared_experts;
+    if (shared > 0) p.shared_inter = even_block(shared, rank, size, "shared experts' intermediate size");
+    if (expert_parallel) {
+      if (c.num_experts < size)
+        throw Error("--enable-expert-parallel: " + std::to_string(size) + " ranks for " + std::to_string(c.num_experts) +
+                    " routed experts (each rank needs at least one)");
+      p.experts = balanced_block(c.num_experts, rank, size);
+      p.expert_inter = {0, c.moe_intermediate_size};
+    } else {
+      p.experts = {0, c.num_experts};
+      p.expert_inter = even_block(c.moe_intermediate_size, rank, size,
+                                  "routed experts' moe_intermediate_size (or use --enable-expert-parallel)");
+    }
+  }
+  if (c.vocab_size < size)
+    throw Error("--tensor-parallel-size " + std::to_string(size) + " is larger than the vocabulary");
+  p.vocab_chunk = (c.vocab_size + size - 1) / size;
+  const int64_t v0 = std::min<int64_t>(c.vocab_size, rank * p.vocab_chunk);
+  p.vocab = {v0, std::min<int64_t>(c.vocab_size, v0 + p.vocab_chunk) - v0};
+  if (p.vocab.count == 0)
+    throw Error("--tensor-parallel-size " + std::to_string(size) + " leaves rank " + std::to_string(rank) +
+                " no rows of the vocabulary (" + std::to_string(c.vocab_size) + ")");
+  return p;
+}
+
+ModelConfig shard_config(const ModelConfig& c, const ShardPlan& p) {
+  ModelConfig s = c;
+  if (p.kda_heads.count > 0) s.kda_heads = p.kda_heads.count;
+  if (p.mla_heads.count > 0) s.mla_heads = p.mla_heads.count;
+  return s;
+}
+
+std::string describe(const ShardPlan& p) {
+  auto r = [](const Range& x) { return "[" + std::to_string(x.first) + ", " + std::to_string(x.end()) + ")"; };
+  std::string s = "rank " + std::to_string(p.rank) + "/" + std::to_string(p.size) + ": KDA heads " + r(p.kda_heads) +
+                  ", MLA heads " + r(p.mla_heads) + ", MLP columns " + r(p.dense_inter) + ", shared-expert columns " +
+                  r(p.shared_inter);
+  if (p.expert_parallel)
+    s += ", routed experts " + r(p.experts) + " (EP)";
+  else
+    s += ", routed-expert columns " + r(p.expert_inter) + " (TP)";
+  return s + ", vocab rows " + r(p.vocab);
+}
+
+}  // namespace k3::dist
