@@ -71,6 +71,23 @@ TEST(ShardPlan, RefusesSizesThatDoNotDivideHeads) {
             std::string::npos);
 }
 
+// Intermediate columns need not split evenly (the all-reduce is over the hidden size), but they split on
+// quantisation blocks: k3-tiny's MXFP4 experts (96 = 3 x 32) at TP2 take 64 + 32.
+TEST(ShardPlan, IntermediateSplitsOnWholeBlocks) {
+  k3::ModelConfig c = tiny_k3();
+  c.moe_intermediate_size = 96;
+  const auto r0 = k3::dist::make_shard_plan(c, 0, 2, false), r1 = k3::dist::make_shard_plan(c, 1, 2, false);
+  EXPECT_EQ(r0.expert_inter.count, 64);
+  EXPECT_EQ(r1.expert_inter.first, 64);
+  EXPECT_EQ(r1.expert_inter.count, 32);
+  c.intermediate_size = 160;  // tiny-kimi-linear's MLP, in units of 32: 96 + 64
+  const auto d1 = k3::dist::make_shard_plan(c, 1, 2, false);
+  EXPECT_EQ(d1.dense_inter.first, 96);
+  EXPECT_EQ(d1.dense_inter.count, 64);
+  c.intermediate_size = 7;  // no block unit fits: column by column
+  EXPECT_EQ(k3::dist::make_shard_plan(c, 1, 2, false).dense_inter.count, 3);
+}
+
 TEST(ShardPlan, UnevenVocabularyLeavesTheLastRankFewerRows) {
   k3::ModelConfig c = tiny_k3();
   c.vocab_size = 1001;

@@ -25,6 +25,20 @@ Range balanced_block(int64_t total, int rank, int size) {
   return {rank * base + std::min<int64_t>(rank, extra), base + (rank < extra ? 1 : 0)};
 }
 
+// Columns of an intermediate (MLP, experts): the all-reduce after the down projection sums over the
+// hidden size, so the ranks' column counts may differ. They are split in units of a quantisation block
+// where the width allows (256: GGUF K-quants, 32: MXFP4, Q8_0), so a column slice of a quantised down
+// projection falls on whole blocks (shard_weights.cpp checks it).
+Range aligned_block(int64_t total, int rank, int size) {
+  for (int64_t unit : {256, 32, 1})
+    if (total % unit == 0 && total / unit >= size) {
+      const Range u = balanced_block(total / unit, rank, size);
+      return {u.first * unit, u.count * unit};
+    }
+  throw Error("--tensor-parallel-size " + std::to_string(size) + " is more than the " + std::to_string(total) +
+              " intermediate columns of an MLP");
+}
+
 }  // namespace
 
 ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_parallel) {
@@ -37,10 +51,10 @@ ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_
   p.expert_parallel = expert_parallel;
   if (c.num_kda_layers() > 0) p.kda_heads = even_block(c.kda_heads, rank, size, "KDA head count");
   if (c.num_mla_layers() > 0) p.mla_heads = even_block(c.mla_heads, rank, size, "MLA head count");
-  if (c.first_k_dense > 0) p.dense_inter = even_block(c.intermediate_size, rank, size, "dense MLP's intermediate_size");
+  if (c.first_k_dense > 0) p.dense_inter = aligned_block(c.intermediate_size, rank, size);
   if (c.num_experts > 0) {
     const int64_t shared = c.moe_intermediate_size * c.num_shared_experts;
-    if (shared > 0) p.shared_inter = even_block(shared, rank, size, "shared experts' intermediate size");
+    if (shared > 0) p.shared_inter = aligned_block(shared, rank, size);
     if (expert_parallel) {
       if (c.num_experts < size)
         throw Error("--enable-expert-parallel: " + std::to_string(size) + " ranks for " + std::to_string(c.num_experts) +
@@ -49,8 +63,7 @@ ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_
       p.expert_inter = {0, c.moe_intermediate_size};
     } else {
       p.experts = {0, c.num_experts};
-      p.expert_inter = even_block(c.moe_intermediate_size, rank, size,
-                                  "routed experts' moe_intermediate_size (or use --enable-expert-parallel)");
+      p.expert_inter = aligned_block(c.moe_intermediate_size, rank, size);
     }
   }
   if (c.vocab_size < size)

@@ -3,7 +3,7 @@
 // graph, so that no other code does rank arithmetic.
 //
 //   KDA / MLA heads        contiguous blocks of heads/size (must divide: else a clear error)
-//   dense / shared MLP     intermediate columns in blocks of I/size
+//   dense / shared MLP     intermediate columns, balanced in units of 256 / 32 / 1 (quantisation blocks)
 //   routed experts         TP (default): each expert's intermediate split like the MLP;
 //                          EP (--enable-expert-parallel): whole experts, a contiguous block per rank
 //   lm_head                vocabulary rows in chunks of ceil(V/size) (the last rank may own fewer)
