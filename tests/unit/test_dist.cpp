@@ -38,9 +38,9 @@ std::string error_of(const std::function<void()>& f) {
 TEST(ShardPlan, SplitsHeadsColumnsExpertsAndVocab) {
   const k3::ModelConfig c = tiny_k3();  // KDA 2 heads, MLA 4, MLP 192, experts 16 x 64, 2 shared, V 1024
   const auto p = k3::dist::make_shard_plan(c, 1, 2, /*expert_parallel=*/false);
-  EXPECT_EQ(p.kda_heads.first, 1);
-  EXPECT_EQ(p.kda_heads.count, 1);
-  EXPECT_EQ(p.mla_heads.first, 2);
+  EXPECT_EQ(p.kda.heads.first, 1);
+  EXPECT_EQ(p.kda.heads.count, 1);
+  EXPECT_EQ(p.mla.heads.first, 2);
   EXPECT_EQ(p.dense_inter.first, 96);
   EXPECT_EQ(p.shared_inter.count, 64);
   EXPECT_EQ(p.expert_inter.first, 32);
@@ -57,8 +57,9 @@ TEST(ShardPlan, SplitsHeadsColumnsExpertsAndVocab) {
 
 TEST(ShardPlan, RefusesSizesThatDoNotDivideHeads) {
   const k3::ModelConfig c = tiny_k3();
-  const std::string e = error_of([&] { k3::dist::make_shard_plan(c, 0, 4, false); });
-  EXPECT_NE(e.find("--tensor-parallel-size 4 does not divide the KDA head count (2); sizes that do: 1, 2"),
+  const std::string e = error_of([&] { k3::dist::make_shard_plan(c, 0, 3, false); });
+  EXPECT_NE(e.find("--tensor-parallel-size 3 does not divide the KDA head count (2) and is no multiple of it; sizes "
+                   "that work: the divisors 1, 2 and the multiples of 2"),
             std::string::npos)
       << e;
   EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(c, 0, 0, false); }).find("at least 1"), std::string::npos);
@@ -86,6 +87,42 @@ TEST(ShardPlan, IntermediateSplitsOnWholeBlocks) {
   EXPECT_EQ(d1.dense_inter.count, 64);
   c.intermediate_size = 7;  // no block unit fits: column by column
   EXPECT_EQ(k3::dist::make_shard_plan(c, 1, 2, false).dense_inter.count, 3);
+}
+
+// More ranks than heads: each of tiny-k3's 2 KDA heads on 2 of 4 ranks, each replica keeping half of the
+// head's 32 o_proj input channels; the 4 MLA heads one per rank.
+TEST(ShardPlan, ReplicatesHeadsWhenRanksAreAMultiple) {
+  const k3::ModelConfig c = tiny_k3();
+  const auto p = k3::dist::make_shard_plan(c, 3, 4, true);
+  EXPECT_EQ(p.kda.heads.first, 1);
+  EXPECT_EQ(p.kda.heads.count, 1);
+  EXPECT_EQ(p.kda.replicas, 2);
+  EXPECT_EQ(p.kda.o_channels.first, 16);
+  EXPECT_EQ(p.kda.o_channels.count, 16);
+  EXPECT_EQ(p.mla.heads.first, 3);
+  EXPECT_EQ(p.mla.replicas, 1);
+  EXPECT_EQ(p.mla.o_channels.count, 16);
+}
+
+// A replicated head's o_proj share: the head's columns copied with the other replicas' channels zeroed.
+TEST(ShardWeights, MaskedColumnSliceZeroesTheOtherReplicasChannels) {
+  std::vector<float> w(3 * 8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i + 1);
+  k3::WeightMatrix m;
+  m.format = k3::WeightFormat::F32;
+  m.data = w.data();
+  m.rows = 3;
+  m.cols = 8;
+  k3::dist::ShardedWeights out;
+  const k3::WeightMatrix s = k3::dist::masked_column_slice(m, {4, 4}, {2, 2}, out, "KDA o_proj", 4);
+  ASSERT_EQ(s.cols, 4);
+  const float* d = static_cast<const float*>(s.data);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(d[r * 4 + j], j < 2 ? 0.f : w[static_cast<size_t>(r * 8 + 4 + j)]);
+  const k3::WeightMatrix all = k3::dist::masked_column_slice(m, {0, 8}, {0, 4}, out, "KDA o_proj", 2);
+  EXPECT_NE(all.data, m.data);  // a copy even of all the columns: never zero the mapping
+  EXPECT_EQ(static_cast<const float*>(all.data)[5], 0.f);
+  EXPECT_EQ(w[5], 6.f);
 }
 
 TEST(ShardPlan, UnevenVocabularyLeavesTheLastRankFewerRows) {

@@ -13,10 +13,30 @@ Range even_block(int64_t total, int rank, int size, const std::string& what) {
     for (int64_t d = 1; d <= total; ++d)
       if (total % d == 0) ok += (ok.empty() ? "" : ", ") + std::to_string(d);
     throw Error("--tensor-parallel-size " + std::to_string(size) + " does not divide the " + what + " (" +
-                std::to_string(total) + "); sizes that do: " + ok);
+                std::to_string(total) + ") and is no multiple of it; sizes that work: the divisors " + ok + " and the multiples of " +
+                std::to_string(total));
   }
   const int64_t n = total / size;
   return {rank * n, n};
+}
+
+// Heads of one kind: blocks of heads/size when size divides them; when the heads divide size, each head
+// on size/heads ranks, each replica keeping an equal share of the head's `width` output channels.
+HeadShard head_shard(int64_t heads, int64_t width, int rank, int size, const std::string& what) {
+  HeadShard h;
+  if (heads % size == 0 || size % heads != 0) {
+    h.heads = even_block(heads, rank, size, what);
+    h.o_channels = {0, h.heads.count * width};
+    return h;
+  }
+  h.replicas = static_cast<int>(size / heads);
+  h.heads = {rank / h.replicas, 1};
+  if (width % h.replicas != 0)
+    throw Error("--tensor-parallel-size " + std::to_string(size) + ": " + std::to_string(h.replicas) +
+                " ranks per head do not divide the " + std::to_string(width) + " output channels of a head of the " + what);
+  const int64_t share = width / h.replicas;
+  h.o_channels = {(rank % h.replicas) * share, share};
+  return h;
 }
 
 // A contiguous block of `total` items for any size <= total: the first total % size ranks take one more.
@@ -49,8 +69,8 @@ ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_
   p.rank = rank;
   p.size = size;
   p.expert_parallel = expert_parallel;
-  if (c.num_kda_layers() > 0) p.kda_heads = even_block(c.kda_heads, rank, size, "KDA head count");
-  if (c.num_mla_layers() > 0) p.mla_heads = even_block(c.mla_heads, rank, size, "MLA head count");
+  if (c.num_kda_layers() > 0) p.kda = head_shard(c.kda_heads, c.kda_head_dim, rank, size, "KDA head count");
+  if (c.num_mla_layers() > 0) p.mla = head_shard(c.mla_heads, c.v_head_dim, rank, size, "MLA head count");
   if (c.first_k_dense > 0) p.dense_inter = aligned_block(c.intermediate_size, rank, size);
   if (c.num_experts > 0) {
     const int64_t shared = c.moe_intermediate_size * c.num_shared_experts;
@@ -79,15 +99,20 @@ ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_
 
 ModelConfig shard_config(const ModelConfig& c, const ShardPlan& p) {
   ModelConfig s = c;
-  if (p.kda_heads.count > 0) s.kda_heads = p.kda_heads.count;
-  if (p.mla_heads.count > 0) s.mla_heads = p.mla_heads.count;
+  if (p.kda.heads.count > 0) s.kda_heads = p.kda.heads.count;
+  if (p.mla.heads.count > 0) s.mla_heads = p.mla.heads.count;
   return s;
 }
 
 std::string describe(const ShardPlan& p) {
   auto r = [](const Range& x) { return "[" + std::to_string(x.first) + ", " + std::to_string(x.end()) + ")"; };
-  std::string s = "rank " + std::to_string(p.rank) + "/" + std::to_string(p.size) + ": KDA heads " + r(p.kda_heads) +
-                  ", MLA heads " + r(p.mla_heads) + ", MLP columns " + r(p.dense_inter) + ", shared-expert columns " +
+  auto heads = [&](const HeadShard& h) {
+    return r(h.heads) + (h.replicas > 1 ? " (o_proj channels " + r(h.o_channels) + " of " + std::to_string(h.replicas) +
+                                              " replicas)"
+                                        : "");
+  };
+  std::string s = "rank " + std::to_string(p.rank) + "/" + std::to_string(p.size) + ": KDA heads " + heads(p.kda) +
+                  ", MLA heads " + heads(p.mla) + ", MLP columns " + r(p.dense_inter) + ", shared-expert columns " +
                   r(p.shared_inter);
   if (p.expert_parallel)
     s += ", routed experts " + r(p.experts) + " (EP)";

@@ -2,7 +2,9 @@
 // from (config, rank, size) and read by the weight sharding (shard_weights.h), the cache spec and the
 // graph, so that no other code does rank arithmetic.
 //
-//   KDA / MLA heads        contiguous blocks of heads/size (must divide: else a clear error)
+//   KDA / MLA heads        contiguous blocks of heads/size; with more ranks than heads (size a multiple
+//                          of the heads), each head on size/heads ranks (replicas: the same state on
+//                          each), which split its o_proj input channels (the others' columns zeroed)
 //   dense / shared MLP     intermediate columns, balanced in units of 256 / 32 / 1 (quantisation blocks)
 //   routed experts         TP (default): each expert's intermediate split like the MLP;
 //                          EP (--enable-expert-parallel): whole experts, a contiguous block per rank
@@ -21,10 +23,18 @@ struct Range {
   int64_t end() const { return first + count; }
 };
 
+// One kind of attention heads on this rank: the heads it computes and, of their o_proj input channels
+// (local numbering), the ones it keeps: all of them unless a head is replicated over several ranks.
+struct HeadShard {
+  Range heads;
+  int replicas = 1;
+  Range o_channels;
+};
+
 struct ShardPlan {
   int rank = 0, size = 1;
   bool expert_parallel = false;
-  Range kda_heads, mla_heads;
+  HeadShard kda, mla;
   Range dense_inter;   // columns of the dense MLP's intermediate (first_k_dense layers)
   Range shared_inter;  // columns of the shared experts' intermediate
   Range expert_inter;  // columns of each routed expert's intermediate (TP; all of them under EP)

@@ -31,8 +31,10 @@ const uint8_t* copy_blocks(ShardedWeights& out, const uint8_t* src, int64_t rows
 
 }  // namespace
 
-WeightMatrix column_slice(const WeightMatrix& m, Range c, ShardedWeights& out, const std::string& what, int tp) {
-  if (m.empty() || (c.first == 0 && c.count == m.cols)) return m;
+namespace {
+
+// column_slice's copy, also of all the columns.
+WeightMatrix copy_columns(const WeightMatrix& m, Range c, ShardedWeights& out, const std::string& what, int tp) {
   if (c.first < 0 || c.count < 0 || c.end() > m.cols)
     throw Error("shard: columns [" + std::to_string(c.first) + ", " + std::to_string(c.end()) + ") of " + what +
                 " with " + std::to_string(m.cols));
@@ -51,12 +53,41 @@ WeightMatrix column_slice(const WeightMatrix& m, Range c, ShardedWeights& out, c
   return s;
 }
 
+}  // namespace
+
+WeightMatrix column_slice(const WeightMatrix& m, Range c, ShardedWeights& out, const std::string& what, int tp) {
+  if (m.empty() || (c.first == 0 && c.count == m.cols)) return m;  // all of it: the view
+  return copy_columns(m, c, out, what, tp);
+}
+
+WeightMatrix masked_column_slice(const WeightMatrix& m, Range c, Range keep, ShardedWeights& out, const std::string& what,
+                                 int tp) {
+  if (m.empty() || (keep.first == 0 && keep.count == c.count)) return column_slice(m, c, out, what, tp);
+  const WeightLayout L = m.layout();
+  if (L.block_elems != 1 || keep.first < 0 || keep.end() > c.count)
+    throw Error("--tensor-parallel-size " + std::to_string(tp) + ": replicated heads need a float " + what + " (it is " +
+                L.name + ")");
+  WeightMatrix s = copy_columns(m, c, out, what, tp);
+  auto* bytes = const_cast<uint8_t*>(static_cast<const uint8_t*>(s.data));  // our own copy
+  const int64_t eb = L.block_bytes, row_bytes = s.cols * eb;
+  for (int64_t r = 0; r < s.rows; ++r) {
+    uint8_t* row = bytes + r * row_bytes;
+    std::memset(row, 0, static_cast<size_t>(keep.first * eb));  // +0 in F32, F16 and BF16
+    std::memset(row + keep.end() * eb, 0, static_cast<size_t>((s.cols - keep.end()) * eb));
+  }
+  return s;
+}
+
 namespace {
 
 class Sharder {
  public:
   Sharder(const ShardPlan& p, ShardedWeights& out) : p_(p), out_(out) {}
   WeightMatrix cols(const WeightMatrix& m, Range c, const char* what) { return column_slice(m, c, out_, what, p_.size); }
+  // o_proj of a head block: its channels, with a replicated head's share kept and the rest zeroed.
+  WeightMatrix o_proj(const WeightMatrix& m, const HeadShard& h, int64_t width, const char* what) {
+    return masked_column_slice(m, {h.heads.first * width, h.heads.count * width}, h.o_channels, out_, what, p_.size);
+  }
   // Elements [first * per, end * per) of a vector: per = values per head / row.
   static WeightVector vec(const WeightVector& v, Range r, int64_t per) {
     if (v.empty()) return v;
@@ -72,14 +103,15 @@ class Sharder {
   ShardedWeights& out_;
 };
 
-void shard_kda(Sharder& s, const KdaWeights& f, const ModelConfig& c, Range heads, KdaWeights& w) {
+void shard_kda(Sharder& s, const KdaWeights& f, const ModelConfig& c, const HeadShard& hs, KdaWeights& w) {
   const int64_t D = c.kda_head_dim, W = c.conv_kernel;
+  const Range heads = hs.heads;
   const Range ch{heads.first * D, heads.count * D};
   w = f;  // f_a, g_a (low rank) and o_norm ([D]) are replicated
   for (auto [dst, src] : {std::pair{&w.q, &f.q}, {&w.k, &f.k}, {&w.v, &f.v}, {&w.f_b, &f.f_b}, {&w.g, &f.g}, {&w.g_b, &f.g_b}})
     *dst = row_slice(*src, ch);
   w.b = row_slice(f.b, heads);
-  w.o = s.cols(f.o, ch, "KDA o_proj");
+  w.o = s.o_proj(f.o, hs, D, "KDA o_proj");
   w.q_conv = Sharder::vec(f.q_conv, ch, W);
   w.k_conv = Sharder::vec(f.k_conv, ch, W);
   w.v_conv = Sharder::vec(f.v_conv, ch, W);
@@ -88,13 +120,14 @@ void shard_kda(Sharder& s, const KdaWeights& f, const ModelConfig& c, Range head
   w.A_exp = Sharder::vec(f.A_exp, heads, 1);
 }
 
-void shard_mla(Sharder& s, const MlaWeights& f, const ModelConfig& c, Range heads, MlaWeights& w) {
+void shard_mla(Sharder& s, const MlaWeights& f, const ModelConfig& c, const HeadShard& hs, MlaWeights& w) {
   const int64_t qk = c.mla_qk_dim(), dv = c.v_head_dim, kvb = c.qk_nope_dim + dv;
+  const Range heads = hs.heads;
   w = f;  // q_a, kv_a and their norms are replicated: the latent (and so the MLA cache) is the same on every rank
   w.q_b = row_slice(f.q_b, {heads.first * qk, heads.count * qk});
   w.q = row_slice(f.q, {heads.first * qk, heads.count * qk});
   w.g = row_slice(f.g, {heads.first * dv, heads.count * dv});
-  w.o = s.cols(f.o, {heads.first * dv, heads.count * dv}, "MLA o_proj");
+  w.o = s.o_proj(f.o, hs, dv, "MLA o_proj");
   const Range kv_rows{heads.first * kvb, heads.count * kvb};
   w.kv_b_stored = row_slice(f.kv_b_stored, kv_rows);
   if (!f.kv_b.empty()) {
@@ -135,9 +168,9 @@ ShardedWeights shard_weights(const ModelWeights& full, const ModelConfig& c, con
     L.attn_res = F.attn_res;
     L.mlp_res = F.mlp_res;
     if (F.is_kda)
-      shard_kda(s, F.kda, c, p.kda_heads, L.kda);
+      shard_kda(s, F.kda, c, p.kda, L.kda);
     else
-      shard_mla(s, F.mla, c, p.mla_heads, L.mla);
+      shard_mla(s, F.mla, c, p.mla, L.mla);
     if (F.is_moe)
       shard_moe(s, F.moe, p, L.moe);
     else

@@ -27,6 +27,10 @@ ShardedWeights shard_weights(const ModelWeights& full, const ModelConfig& c, con
 
 // Rows [first, first + count) of m: a view.
 WeightMatrix row_slice(const WeightMatrix& m, Range rows);
+// Columns [first, first + count) of m with only `keep` (relative to first) left as they are and the rest
+// zeroed: a replicated head's share of o_proj (float formats only). keep = all: column_slice.
+WeightMatrix masked_column_slice(const WeightMatrix& m, Range cols, Range keep, ShardedWeights& out,
+                                 const std::string& what, int tp);
 // Columns [first, first + count) of m, copied into out.copies, whole blocks of the format per row. Throws
 // k3::Error naming `what` (and `tp`, the group size) when the range splits a block.
 WeightMatrix column_slice(const WeightMatrix& m, Range cols, ShardedWeights& out, const std::string& what, int tp);
