@@ -7,6 +7,7 @@
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
@@ -113,6 +114,10 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   opt.ssm = ssm;
   auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
   if (!model->comm().is_root()) {
+    // Rank 0 alone decides when the job ends (SIGTERM / SIGINT drain its server, then it stops the
+    // workers): a worker killed by the launcher's forwarded signal would leave rank 0 in a collective.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
     model->run_worker();
     model.reset();  // finalises MPI with the other ranks
     std::exit(0);
