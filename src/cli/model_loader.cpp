@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
+#include "k3/dist/launcher.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
 #include "k3/plan/plan.h"
@@ -136,6 +137,10 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
+  // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
+  if (const int world = k3::dist::launcher_world_size(); world > 1)
+    throw k3::Error("started by mpirun as one of " + std::to_string(world) +
+                    " processes without --tensor-parallel-size: pass --tensor-parallel-size " + std::to_string(world));
   if (d.device == "cpu") {
     if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())

@@ -18,6 +18,7 @@ expect() {  # expect TEXT command...: exit status 1 and TEXT on stderr
 }
 expect "start k3 under MPI, one process per rank: mpirun -np 2" "$k3" run -m "$model" -p hi -n 1 --tp 2
 expect "--tensor-parallel-size 3 but mpirun started 2 processes" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1 --tp 3
+expect "without --tensor-parallel-size: pass --tensor-parallel-size 2" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1
 expect "runs on --device cpu (over MPI) so far" "$k3" run -m "$model" -p hi -n 1 --tp 2 --device cuda
 expect "does not combine with" "$k3" run -m "$model" -p hi -n 1 --tp 2 --cpu-moe
 exit $fail

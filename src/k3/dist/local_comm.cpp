@@ -4,6 +4,7 @@
 
 #include "k3/core/error.h"
 #include "k3/dist/communicator.h"
+#include "k3/dist/launcher.h"
 
 namespace k3::dist {
 
@@ -39,6 +40,17 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
     if (std::getenv(v) != nullptr) return true;
   return false;
+}
+
+int launcher_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (s == nullptr) continue;
+    char* end = nullptr;
+    const long n = std::strtol(s, &end, 10);
+    return (end != s && *end == '\0' && n > 0 && n < (1 << 20)) ? static_cast<int>(n) : 0;
+  }
+  return 0;
 }
 
 }  // namespace k3::dist
