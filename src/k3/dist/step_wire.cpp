@@ -53,12 +53,32 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// Field by field: MemOp has padding, whose bytes must not travel.
+void put_ops(Writer& w, const std::vector<MemOp>& ops) {
+  w.put<uint64_t>(ops.size());
+  for (const MemOp& op : ops) {
+    w.put(op.kind);
+    for (uint64_t v : {op.region, op.offset, op.src_region, op.src_offset, op.bytes}) w.put(v);
+  }
+}
+
+std::vector<MemOp> get_ops(Reader& r, size_t limit) {
+  const uint64_t n = r.get<uint64_t>();
+  if (n > limit / (1 + 5 * sizeof(uint64_t))) throw Error("sharded model: a step message's count runs past its end");
+  std::vector<MemOp> ops(static_cast<size_t>(n));
+  for (MemOp& op : ops) {
+    op.kind = r.get<uint8_t>();
+    for (uint64_t* v : {&op.region, &op.offset, &op.src_region, &op.src_offset, &op.bytes}) *v = r.get<uint64_t>();
+  }
+  return ops;
+}
+
 }  // namespace
 
 std::vector<uint8_t> encode(const StepMessage& m) {
   Writer w;
   w.put(m.kind);
-  w.put_vec(m.ops);
+  put_ops(w, m.ops);
   w.put(m.kda_chunk);
   w.put_vec(m.tokens);
   w.put_vec(m.logit_rows);
@@ -83,7 +103,7 @@ StepMessage decode(std::span<const uint8_t> bytes) {
   m.kind = r.get<uint32_t>();
   if (m.kind != StepMessage::Step && m.kind != StepMessage::Stop)
     throw Error("sharded model: unknown message kind " + std::to_string(m.kind) + " from rank 0");
-  m.ops = r.get_vec<MemOp>();
+  m.ops = get_ops(r, bytes.size());
   m.kda_chunk = r.get<int32_t>();
   m.tokens = r.get_vec<int32_t>();
   m.logit_rows = r.get_vec<int32_t>();
