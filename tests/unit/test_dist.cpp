@@ -236,6 +236,27 @@ TEST(CpuBackendDist, KeepExpertsMapsOwnedAndDropsTheRest) {
   EXPECT_EQ(idx, (std::vector<int32_t>{-1, 0, 3, -1, 2, -1}));
 }
 
+// Vocab-parallel embedding: a rank holding rows [4, 8) of an 8 x 3 table embeds tokens 4..7 and writes
+// zeros for the others (the all-reduce adds the owning rank's row to those zeros).
+TEST(CpuBackendDist, EmbedRowsTakesOwnedTokensAndZeroesTheRest) {
+  std::vector<float> table(8 * 3);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i) + 0.5f;
+  k3::WeightMatrix full;
+  full.format = k3::WeightFormat::F32;
+  full.data = table.data();
+  full.rows = 8;
+  full.cols = 3;
+  const k3::WeightMatrix mine = k3::dist::row_slice(full, {4, 4});
+  k3::graph::StepPlan plan;
+  plan.tokens = {5, 1, 7, 4};
+  k3::cpu::CpuBackend b;
+  b.begin_step(plan);
+  std::vector<float> out(4 * 3, -1.f);
+  b.embed_rows(mine, 4, k3::graph::Tensor::f32(out.data(), 4, 3));
+  const std::vector<float> want{15.5f, 16.5f, 17.5f, 0, 0, 0, 21.5f, 22.5f, 23.5f, 12.5f, 13.5f, 14.5f};
+  EXPECT_EQ(out, want);
+}
+
 // Two ranks as two threads: TP2 and TP2+EP2 logits of tiny-k3 against the one-process model, through
 // prefill, decode, a batched step and a cloned cache.
 void run_two_ranks(bool expert_parallel) {

@@ -8,8 +8,8 @@
 //   dense / shared MLP     intermediate columns, balanced in units of 256 / 32 / 1 (quantisation blocks)
 //   routed experts         TP (default): each expert's intermediate split like the MLP;
 //                          EP (--enable-expert-parallel): whole experts, a contiguous block per rank
-//   lm_head                vocabulary rows in chunks of ceil(V/size) (the last rank may own fewer)
-//   everything else        replicated (embedding, norms, router, low-rank gates, q_a / kv_a, latent MoE)
+//   embedding, lm_head     vocabulary rows in chunks of ceil(V/size) (the last rank may own fewer)
+//   everything else        replicated (norms, router, low-rank gates, q_a / kv_a, latent MoE)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,8 +39,8 @@ struct ShardPlan {
   Range shared_inter;  // columns of the shared experts' intermediate
   Range expert_inter;  // columns of each routed expert's intermediate (TP; all of them under EP)
   Range experts;       // routed experts this rank computes (EP; all of them under TP)
-  int64_t vocab_chunk = 0;  // lm_head rows per rank, ceil(V / size); the all-gather's unit
-  Range vocab;              // lm_head rows of this rank
+  int64_t vocab_chunk = 0;  // embedding / lm_head rows per rank, ceil(V / size); the all-gather's unit
+  Range vocab;              // embedding / lm_head rows of this rank
 
   bool sharded() const { return size > 1; }
 };

@@ -152,7 +152,7 @@ ShardedWeights shard_weights(const ModelWeights& full, const ModelConfig& c, con
   ShardedWeights out;
   Sharder s(p, out);
   ModelWeights& w = out.w;
-  w.embed = full.embed;  // replicated (a vocab-parallel embedding is a later step)
+  w.embed = row_slice(full.embed, p.vocab);  // vocab-parallel, the same rows as lm_head (tied or not)
   w.lm_head = row_slice(full.lm_head, p.vocab);
   w.final_norm = full.final_norm;
   w.out_res = full.out_res;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
 
 namespace k3::cpu {
@@ -17,6 +18,16 @@ dist::Communicator& need(dist::Communicator* c) {
   return *c;
 }
 }  // namespace
+
+void CpuBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out) {
+  for (int64_t t = 0; t < out.rows; ++t) {
+    const int64_t row = plan_->tokens[static_cast<size_t>(t)] - first;
+    if (row >= 0 && row < table.rows)
+      dequant_row(table, row, out.row(t));
+    else
+      std::fill(out.row(t), out.row(t) + out.cols, 0.f);
+  }
+}
 
 void CpuBackend::all_reduce_sum(Tensor x) {
   dist::Communicator& comm = need(comm_);

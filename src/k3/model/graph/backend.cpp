@@ -27,6 +27,9 @@ void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, cons
 // No defaults for the collectives: where the tensors live decides how they move (host buffers through
 // MPI, device buffers through NCCL on the backend's stream), so each backend that runs sharded says so.
 void Backend::all_reduce_sum(Tensor) { throw Error("this backend does not run tensor parallel (all_reduce_sum)"); }
+void Backend::embed_rows(const WeightMatrix&, int64_t, Tensor) {
+  throw Error("this backend does not run tensor parallel (embed_rows)");
+}
 void Backend::all_gather_cols(Tensor, int64_t, Tensor) {
   throw Error("this backend does not run tensor parallel (all_gather_cols)");
 }

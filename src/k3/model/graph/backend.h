@@ -145,6 +145,9 @@ class Backend {
   // The communicator they run over is the runner's (null: one process).
   void set_communicator(dist::Communicator* c) { comm_ = c; }
   dist::Communicator* communicator() const { return comm_; }
+  // Vocab-parallel embedding: out[t] = table row (plan.tokens[t] - first) for the tokens this rank's rows
+  // [first, first + table.rows) hold, zeros for the others (the all-reduce that follows fills them in).
+  virtual void embed_rows(const WeightMatrix& table, int64_t first, Tensor out);
   // In place: x = the sum over ranks of x (after a row-parallel linear: each rank holds a partial sum).
   virtual void all_reduce_sum(Tensor x);
   // out [rows][V] = every rank's local [rows][<= chunk] side by side, rank r's at columns r * chunk, the

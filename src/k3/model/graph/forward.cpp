@@ -65,7 +65,12 @@ void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const Step
   const float eps = c.rms_norm_eps;
   const bool attn_res = c.attn_res_block_size > 0;
   Residual res(b, c, N);
-  b.embed(w.embed, res.partial());
+  if (g.sharded()) {  // vocab-parallel embedding: each token's row is on one rank, zeros elsewhere
+    b.embed_rows(w.embed, shard->vocab.first, res.partial());
+    g.reduce(res.partial());
+  } else {
+    b.embed(w.embed, res.partial());
+  }
   Tensor xin = b.scratch(N, H), y = b.scratch(N, H);
   int64_t kda_index = 0, mla_index = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
