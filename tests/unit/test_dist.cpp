@@ -197,6 +197,28 @@ TEST(StepWire, RoundTripsAndRejectsTruncation) {
   EXPECT_THROW(k3::dist::decode(huge), k3::Error);
 }
 
+// What a worker checks of rank 0's plan before running it.
+TEST(StepWire, WorkerRefusesPlansThatDoNotAddUp) {
+  k3::graph::StepPlan p;
+  p.tokens = {1, 2, 3};
+  p.seqs = {{0, 2, 0, nullptr, true}, {2, 1, 5, nullptr, false}};
+  p.logit_rows = {1, 2};
+  EXPECT_NO_THROW(k3::dist::check_step_plan(p, 1024));
+  auto bad = [&](auto edit) {
+    k3::graph::StepPlan q = p;
+    edit(q);
+    EXPECT_THROW(k3::dist::check_step_plan(q, 1024), k3::Error);
+  };
+  bad([](k3::graph::StepPlan& q) { q.tokens[1] = 1024; });
+  bad([](k3::graph::StepPlan& q) { q.tokens[0] = -1; });
+  bad([](k3::graph::StepPlan& q) { q.logit_rows = {3}; });
+  bad([](k3::graph::StepPlan& q) { q.seqs[1].n = 2; });       // past the tokens
+  bad([](k3::graph::StepPlan& q) { q.seqs[1].offset = 1; });  // overlapping
+  bad([](k3::graph::StepPlan& q) { q.seqs.pop_back(); });     // a stray token
+  bad([](k3::graph::StepPlan& q) { q.seqs[0].past = -1; });
+  bad([](k3::graph::StepPlan& q) { q.seqs.clear(); });
+}
+
 // Everything rank 0's cache manager does through the journaled memory, replayed on a mirror, leaves the
 // same bytes; a pointer from elsewhere is refused.
 TEST(MirroredMemory, ReplayGivesTheSameBytes) {

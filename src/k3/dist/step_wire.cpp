@@ -125,6 +125,21 @@ StepMessage decode(std::span<const uint8_t> bytes) {
   return m;
 }
 
+void check_step_plan(const graph::StepPlan& p, int64_t vocab) {
+  int64_t next = 0;
+  for (const graph::StepSeq& s : p.seqs) {
+    if (s.offset != next || s.n <= 0 || s.past < 0 || s.n > p.n_tokens() - s.offset)
+      throw Error("sharded model: a step from rank 0 whose sequences do not tile its tokens");
+    next += s.n;
+  }
+  if (next != p.n_tokens() || p.seqs.empty()) throw Error("sharded model: a step from rank 0 with stray tokens");
+  for (int32_t t : p.tokens)
+    if (t < 0 || t >= vocab)
+      throw Error("sharded model: token id " + std::to_string(t) + " from rank 0 is outside the vocabulary");
+  for (int32_t r : p.logit_rows)
+    if (r < 0 || r >= p.n_tokens()) throw Error("sharded model: a logit row from rank 0 outside the step");
+}
+
 void send_step(Communicator& comm, const StepMessage& m) {
   std::vector<uint8_t> bytes = encode(m);
   uint64_t n = bytes.size();

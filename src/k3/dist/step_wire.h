@@ -8,6 +8,7 @@
 
 #include "k3/dist/communicator.h"
 #include "k3/dist/mirrored_memory.h"
+#include "k3/model/graph/step.h"
 
 namespace k3::dist {
 
@@ -31,6 +32,10 @@ struct StepMessage {
 std::vector<uint8_t> encode(const StepMessage& m);
 // Throws k3::Error on a truncated or malformed message.
 StepMessage decode(std::span<const uint8_t> bytes);
+
+// A worker trusts rank 0 (the same job), but a plan whose sequences do not tile its tokens, or with a token
+// or logit row out of range, would make the forward read outside its buffers: throws k3::Error for one.
+void check_step_plan(const graph::StepPlan& p, int64_t vocab);
 
 // Rank 0: the message to every other rank (its size, then its bytes).
 void send_step(Communicator& comm, const StepMessage& m);

@@ -191,6 +191,7 @@ void TpModel::run_worker() {
         views.push_back(std::make_unique<ViewSequence>(spec_, s, mirror));
         plan.seqs.push_back({s.offset, s.n, s.past, views.back().get(), s.prefill_form != 0});
       }
+      check_step_plan(plan, cfg_.vocab_size);
       logits.resize(static_cast<size_t>(plan.n_logits() * cfg_.vocab_size));
       graph::forward(local_cfg_, shard_.w, backend_, plan,
                      graph::Tensor::f32(logits.data(), plan.n_logits(), cfg_.vocab_size), &plan_);
