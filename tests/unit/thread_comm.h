@@ -48,6 +48,12 @@ class ThreadComm final : public k3::dist::Communicator {
     for (int r = 0; r < size(); ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, g_->ptr()[r], bytes);
     g_->sync().arrive_and_wait();
   }
+  void gather(const void* send, size_t bytes, void* recv, int root) override {
+    publish(send, bytes);
+    if (rank_ == root)
+      for (int r = 0; r < size(); ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, g_->ptr()[r], bytes);
+    g_->sync().arrive_and_wait();
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     publish(data, bytes);
     if (rank_ != root) std::memcpy(data, g_->ptr()[root], bytes);

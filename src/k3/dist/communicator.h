@@ -25,6 +25,8 @@ class Communicator {
   virtual void all_reduce_sum(float* x, size_t n) = 0;
   // recv = [size][bytes]: every rank's `send` in rank order.
   virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
+  // On `root` only: recv = [size][bytes], every rank's `send` in rank order (recv may be null elsewhere).
+  virtual void gather(const void* send, size_t bytes, void* recv, int root) = 0;
   // root's `bytes` bytes at `data` to every rank's `data`.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // send holds size() runs one after another, send_bytes[r] of them for rank r; recv gets recv_bytes[r]

@@ -19,6 +19,10 @@ class LocalComm final : public Communicator {
   void all_gather(const void* send, size_t bytes, void* recv) override {
     if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
   }
+  void gather(const void* send, size_t bytes, void* recv, int root) override {
+    if (root != 0) throw Error("gather: root " + std::to_string(root) + " is not a rank of a one-process communicator");
+    if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
+  }
   void broadcast(void*, size_t, int root) override {
     if (root != 0) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of a one-process communicator");
   }

@@ -92,6 +92,11 @@ class MpiComm final : public Communicator {
     const int c = count_of(bytes, "all_gather");
     check(MPI_Allgather(send, c, MPI_BYTE, recv, c, MPI_BYTE, comm_), "MPI_Allgather");
   }
+  void gather(const void* send, size_t bytes, void* recv, int root) override {
+    if (root < 0 || root >= size_) throw Error("gather: root " + std::to_string(root) + " is not a rank");
+    const int c = count_of(bytes, "gather");
+    check(MPI_Gather(send, c, MPI_BYTE, recv, c, MPI_BYTE, root, comm_), "MPI_Gather");
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     if (root < 0 || root >= size_) throw Error("broadcast: root " + std::to_string(root) + " is not a rank");
     check(MPI_Bcast(data, count_of(bytes, "broadcast"), MPI_BYTE, root, comm_), "MPI_Bcast");

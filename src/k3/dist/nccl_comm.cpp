@@ -43,6 +43,16 @@ class NcclComm final : public Communicator {
   void all_gather(const void* send, size_t bytes, void* recv) override {
     check_nccl(ncclAllGather(send, recv, bytes, ncclChar, comm_, stream_), "ncclAllGather");
   }
+  // NCCL has no gather: every rank sends to root, root receives from each (one group).
+  void gather(const void* send, size_t bytes, void* recv, int root) override {
+    if (root < 0 || root >= size_) throw Error("gather: root " + std::to_string(root) + " is not a rank");
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    check_nccl(ncclSend(send, bytes, ncclChar, root, comm_, stream_), "ncclSend");
+    if (rank_ == root)
+      for (int r = 0; r < size_; ++r)
+        check_nccl(ncclRecv(static_cast<char*>(recv) + r * bytes, bytes, ncclChar, r, comm_, stream_), "ncclRecv");
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     if (root < 0 || root >= size_) throw Error("broadcast: root " + std::to_string(root) + " is not a rank");
     check_nccl(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, stream_), "ncclBroadcast");

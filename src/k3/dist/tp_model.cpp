@@ -176,7 +176,6 @@ void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<flo
 void TpModel::run_worker() {
   if (comm_->is_root()) throw Error("run_worker on rank 0");
   MemoryMirror mirror(host_cache_memory());
-  std::vector<float> logits;
   try {
     for (;;) {
       StepMessage m = receive_step(*comm_);
@@ -192,9 +191,9 @@ void TpModel::run_worker() {
         plan.seqs.push_back({s.offset, s.n, s.past, views.back().get(), s.prefill_form != 0});
       }
       check_step_plan(plan, cfg_.vocab_size);
-      logits.resize(static_cast<size_t>(plan.n_logits() * cfg_.vocab_size));
-      graph::forward(local_cfg_, shard_.w, backend_, plan,
-                     graph::Tensor::f32(logits.data(), plan.n_logits(), cfg_.vocab_size), &plan_);
+      // The logits go to rank 0 alone: nothing to hold here.
+      graph::forward(local_cfg_, shard_.w, backend_, plan, graph::Tensor::f32(nullptr, plan.n_logits(), cfg_.vocab_size),
+                     &plan_);
     }
   } catch (const std::exception& e) {
     fail("worker step", e);

@@ -3,7 +3,7 @@
 // graph over it; collectives go through the Communicator (MPI between processes). Rank 0 is the
 // ModelRunner the engine sees: its forward_batch plans the step, sends it with the cache operations
 // since the last step (step_wire.h, mirrored_memory.h), then runs its own shard; the other ranks wait in
-// run_worker() and run the same steps. The logits are gathered on every rank; rank 0 returns them.
+// run_worker() and run the same steps. The logits are gathered on rank 0, which returns them.
 #pragma once
 #include <memory>
 #include <mutex>

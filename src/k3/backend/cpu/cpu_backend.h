@@ -85,7 +85,7 @@ class CpuBackend final : public graph::Backend {
   // Collectives over host memory through the communicator (cpu_backend_dist.cpp).
   void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;
   void all_reduce_sum(graph::Tensor x) override;
-  void all_gather_cols(graph::Tensor local, int64_t chunk, graph::Tensor out) override;
+  void gather_cols(graph::Tensor local, int64_t chunk, graph::Tensor out) override;
   void moe_keep_experts(graph::Tensor idx, int64_t first, int64_t count) override;
 
  private:

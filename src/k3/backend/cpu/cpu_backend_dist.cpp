@@ -41,17 +41,19 @@ void CpuBackend::all_reduce_sum(Tensor x) {
   for (int64_t r = 0; r < x.rows; ++r) std::copy(packed.data() + r * x.cols, packed.data() + (r + 1) * x.cols, x.row(r));
 }
 
-void CpuBackend::all_gather_cols(Tensor local, int64_t chunk, Tensor out) {
+void CpuBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
   dist::Communicator& comm = need(comm_);
   const int64_t n = out.rows, P = comm.size();
   if (local.rows != n || local.cols > chunk || chunk * P < out.cols)
-    throw Error("all_gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
+    throw Error("gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
                 "] in chunks of " + std::to_string(chunk) + " does not make [" + std::to_string(n) + "][" +
                 std::to_string(out.cols) + "]");
   // Every rank sends [n][chunk] (the last rank's padding is zeros); rank r's columns land at r * chunk.
-  std::vector<float> send(static_cast<size_t>(n * chunk), 0.f), recv(static_cast<size_t>(P * n * chunk));
+  const bool root = comm.is_root();
+  std::vector<float> send(static_cast<size_t>(n * chunk), 0.f), recv(root ? static_cast<size_t>(P * n * chunk) : 0);
   for (int64_t r = 0; r < n; ++r) std::copy(local.row(r), local.row(r) + local.cols, send.data() + r * chunk);
-  comm.all_gather(send.data(), send.size() * sizeof(float), recv.data());
+  comm.gather(send.data(), send.size() * sizeof(float), root ? recv.data() : nullptr, 0);
+  if (!root) return;
   for (int64_t p = 0; p < P; ++p) {
     const int64_t c0 = p * chunk, w = std::min(chunk, out.cols - c0);
     if (w <= 0) break;

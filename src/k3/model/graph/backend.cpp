@@ -30,8 +30,8 @@ void Backend::all_reduce_sum(Tensor) { throw Error("this backend does not run te
 void Backend::embed_rows(const WeightMatrix&, int64_t, Tensor) {
   throw Error("this backend does not run tensor parallel (embed_rows)");
 }
-void Backend::all_gather_cols(Tensor, int64_t, Tensor) {
-  throw Error("this backend does not run tensor parallel (all_gather_cols)");
+void Backend::gather_cols(Tensor, int64_t, Tensor) {
+  throw Error("this backend does not run tensor parallel (gather_cols)");
 }
 void Backend::moe_keep_experts(Tensor, int64_t, int64_t) {
   throw Error("this backend does not run expert parallel (moe_keep_experts)");

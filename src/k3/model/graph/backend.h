@@ -150,9 +150,10 @@ class Backend {
   virtual void embed_rows(const WeightMatrix& table, int64_t first, Tensor out);
   // In place: x = the sum over ranks of x (after a row-parallel linear: each rank holds a partial sum).
   virtual void all_reduce_sum(Tensor x);
-  // out [rows][V] = every rank's local [rows][<= chunk] side by side, rank r's at columns r * chunk, the
-  // columns past out.cols dropped (the vocab-parallel head's logits).
-  virtual void all_gather_cols(Tensor local, int64_t chunk, Tensor out);
+  // On rank 0: out [rows][V] = every rank's local [rows][<= chunk] side by side, rank r's at columns
+  // r * chunk, the columns past out.cols dropped (the vocab-parallel head's logits). Other ranks: out is
+  // not written (its data may be null): only rank 0 samples.
+  virtual void gather_cols(Tensor local, int64_t chunk, Tensor out);
   // Expert parallel, in place over idx [N][k] (moe_route's output): an expert id in [first, first +
   // count) becomes its index among this rank's experts, any other id -1, which moe_experts skips.
   virtual void moe_keep_experts(Tensor idx, int64_t first, int64_t count);

@@ -98,7 +98,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const Step
     if (g.sharded()) {  // vocab-parallel head: each rank's rows of lm_head, then the logits gathered
       Tensor part = b.scratch(plan.n_logits(), w.lm_head.rows);
       b.linear(w.lm_head, hs, part);
-      b.all_gather_cols(part, shard->vocab_chunk, logits);
+      b.gather_cols(part, shard->vocab_chunk, logits);
     } else {
       b.linear(w.lm_head, hs, logits);
     }

@@ -1,7 +1,8 @@
 // The Kimi K3 / Kimi-Linear forward pass (model-spec section 3), written once over the op contract of
 // backend.h: every backend runs this graph. `logits` [plan.n_logits()][V] is in the backend's memory.
 // Sharded (tensor / expert parallel), `c` and `w` are this rank's shard (dist/shard_plan.h,
-// dist/shard_weights.h), every rank runs the same plan, and every rank receives all the logits.
+// dist/shard_weights.h), every rank runs the same plan, and rank 0 alone receives the logits (the other
+// ranks' `logits` is not written: its data may be null).
 #pragma once
 #include "k3/dist/shard_plan.h"
 #include "k3/model/config.h"
