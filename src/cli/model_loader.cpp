@@ -7,7 +7,12 @@
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
 
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
+#include "k3/dist/communicator.h"
+#include "k3/dist/launcher.h"
+#include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
 #include "k3/plan/plan.h"
 #ifdef K3_HAVE_CUDA
@@ -63,6 +68,14 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_option("--tokenizer", d.tokenizer,
                   "directory with tiktoken.model and tokenizer_config.json (default: the model's; for a GGUF file, "
                   "the directory it is in)");
+  cmd->add_option("--tensor-parallel-size,--tp", d.tensor_parallel_size,
+                  "cpu: shard the model over N processes started by `mpirun -np N` (heads, MLP columns, vocabulary; "
+                  "docs/multi-gpu.md)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", d.enable_expert_parallel,
+                "with --tensor-parallel-size: each rank owns whole routed experts (a block of them) instead of a slice "
+                "of every expert");
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
@@ -81,6 +94,42 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
   return k3::text::tokenizer_from_gguf(f.gguf(), model_path);
 }
 
+namespace {
+
+// --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
+std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
+                                              k3::CacheDType ssm, const k3::Placement& placement) {
+  if (d.device != "cpu")
+    throw k3::Error("--tensor-parallel-size runs on --device cpu (over MPI) so far; GPUs over NCCL are the next step");
+  if (d.load_format != "auto" || !placement.empty())
+    throw k3::Error("--tensor-parallel-size does not combine with --load-format dummy, --override-tensor or --cpu-moe");
+  if (!k3::dist::launched_by_mpi())
+    throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) +
+                    ": start k3 under MPI, one process per rank: mpirun -np " + std::to_string(d.tensor_parallel_size) +
+                    " k3 ...");
+  auto comm = k3::dist::make_mpi_comm();
+  if (comm->size() != d.tensor_parallel_size)
+    throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) + " but mpirun started " +
+                    std::to_string(comm->size()) + " processes (they must be equal)");
+  k3::dist::TpLoadOptions opt;
+  opt.expert_parallel = d.enable_expert_parallel;
+  opt.kv = kv;
+  opt.ssm = ssm;
+  auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
+  if (!model->comm().is_root()) {
+    // Rank 0 alone decides when the job ends (SIGTERM / SIGINT drain its server, then it stops the
+    // workers): a worker killed by the launcher's forwarded signal would leave rank 0 in a collective.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+    model->run_worker();
+    model.reset();  // finalises MPI with the other ranks
+    std::exit(0);
+  }
+  return model;
+}
+
+}  // namespace
+
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
   apply_compute_options(d.compute);
   const bool dummy = d.load_format == "dummy";
@@ -89,6 +138,11 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
+  if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
+  // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
+  if (const int world = k3::dist::launcher_world_size(); world > 1)
+    throw k3::Error("started by mpirun as one of " + std::to_string(world) +
+                    " processes without --tensor-parallel-size: pass --tensor-parallel-size " + std::to_string(world));
   if (d.device == "cpu") {
     if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())

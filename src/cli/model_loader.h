@@ -31,6 +31,8 @@ struct DeviceOptions {
   std::string expert_prefetch = "threads";     // --expert-prefetch none|madvise|threads
   bool no_expert_residency = false;            // --no-expert-residency: no counting, prefetch or pinning
   std::string tokenizer;                       // --tokenizer DIR: tiktoken.model + tokenizer_config.json (a GGUF's)
+  int tensor_parallel_size = 1;                // --tensor-parallel-size / --tp N: ranks of `mpirun -np N` (vLLM's flag)
+  bool enable_expert_parallel = false;         // --enable-expert-parallel: routed experts whole, a block per rank
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
@@ -41,6 +43,8 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d);
 k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOptions& d);
 
 // Applies d.compute first. Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
+// Under mpirun with --tensor-parallel-size N, every rank loads its shard (k3::dist::TpModel); ranks other
+// than 0 run rank 0's steps and exit the process (status 0) when rank 0 is done: only rank 0 returns.
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d);
 
 }  // namespace k3cli

@@ -6,7 +6,8 @@ tiny random K3 checkpoint (tests/data/tiny-k3, vocab 1024) plus the 768-rank tes
 model models/k3-tiny (real XTML chat format): reasoning / content / tool-call structure and stream vs
 non-stream equality. Assertions never depend on what exactly the model writes.
 Environment: K3_BIN (the k3 binary), K3_SOURCE_DIR (the project root), K3_SERVE_ARGS (extra `k3 serve`
-arguments for every server, e.g. "--device cuda" on a GPU machine: scripts/gpu-check).
+arguments for every server, e.g. "--device cuda" on a GPU machine: scripts/gpu-check), K3_SERVE_LAUNCHER (a
+command the server runs under, e.g. "mpirun -np 2 --oversubscribe" with K3_SERVE_ARGS="--tp 2").
 """
 import http.client
 import json
@@ -48,13 +49,34 @@ def make_model_dir(tmp):
     return d
 
 
+def sig_is_kill(sig):
+    return sig == signal.SIGKILL
+
+
+def descendants(pid):
+    """Every process below pid (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+
 class ServerProcess:
     def __init__(self, extra=(), max_model_len=2048, model_dir=None):
         self.tmp = tempfile.TemporaryDirectory()
+        self._sig = signal.SIGTERM
         self.model_dir = model_dir or make_model_dir(self.tmp.name)
         self.port = free_port()
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
-        cmd = [BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
+        cmd = [*os.environ.get("K3_SERVE_LAUNCHER", "").split(), BIN, "serve", "-m", self.model_dir, "--port", str(self.port), "--api-key", API_KEY,
                "--served-model-name", MODEL, "--max-body-bytes", str(MAX_BODY), "--max-model-len", str(max_model_len),
                *extra, *os.environ.get("K3_SERVE_ARGS", "").split()]
         env = dict(os.environ, K3_NUM_THREADS=os.environ.get("K3_NUM_THREADS", "1"))
@@ -98,9 +120,24 @@ class ServerProcess:
     def client(self, key=API_KEY):
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0, timeout=120)
 
+    def server_pid(self):
+        """The k3 serve process: ours, or under K3_SERVE_LAUNCHER (mpirun) its rank 0, which alone decides
+        when the job ends (mpirun itself answers SIGTERM by ending the job with status 1)."""
+        if not os.environ.get("K3_SERVE_LAUNCHER") or sig_is_kill(self._sig):
+            return self.proc.pid
+        for pid in descendants(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
+                        return pid
+            except OSError:
+                pass
+        return self.proc.pid
+
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            self._sig = sig
+            os.kill(self.server_pid(), sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -82,6 +82,12 @@ class CpuBackend final : public graph::Backend {
   void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                    const graph::GluParams& p, graph::Tensor out) override;
 
+  // Collectives over host memory through the communicator (cpu_backend_dist.cpp).
+  void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;
+  void all_reduce_sum(graph::Tensor x) override;
+  void gather_cols(graph::Tensor local, int64_t chunk, graph::Tensor out) override;
+  void moe_keep_experts(graph::Tensor idx, int64_t first, int64_t count) override;
+
  private:
   // fn(seq) for the step's sequences that match `want` (null: all), in parallel over sequences when there
   // are several (the kernels inside then run single-threaded, nested); results never depend on it.

@@ -41,8 +41,11 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   const int64_t n = x.rows, X = x.cols, K = idx.cols, E = static_cast<int64_t>(w.experts.size());
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < K; ++j)
-      by_expert[static_cast<size_t>(idx.i()[t * K + j])].emplace_back(t, wts.f()[t * K + j]);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t e = idx.i()[t * K + j];
+      if (e < 0) continue;  // another rank's expert (expert parallel)
+      by_expert[static_cast<size_t>(e)].emplace_back(t, wts.f()[t * K + j]);
+    }
 
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; ++e)

@@ -1,6 +1,8 @@
 // The composed defaults of the fused ops (backend.h).
 #include "k3/model/graph/backend.h"
 
+#include "k3/core/error.h"
+
 namespace k3::graph {
 
 void Backend::attn_res_mix_rmsnorm(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps,
@@ -20,6 +22,19 @@ void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, cons
   kda_gates(w, d, gate, graw, braw);
   kda_recurrence(layer, d, q, k, v, graw, braw, o);
   kda_output_gate(w, d, eps, o, gate_proj);
+}
+
+// No defaults for the collectives: where the tensors live decides how they move (host buffers through
+// MPI, device buffers through NCCL on the backend's stream), so each backend that runs sharded says so.
+void Backend::all_reduce_sum(Tensor) { throw Error("this backend does not run tensor parallel (all_reduce_sum)"); }
+void Backend::embed_rows(const WeightMatrix&, int64_t, Tensor) {
+  throw Error("this backend does not run tensor parallel (embed_rows)");
+}
+void Backend::gather_cols(Tensor, int64_t, Tensor) {
+  throw Error("this backend does not run tensor parallel (gather_cols)");
+}
+void Backend::moe_keep_experts(Tensor, int64_t, int64_t) {
+  throw Error("this backend does not run expert parallel (moe_keep_experts)");
 }
 
 }  // namespace k3::graph

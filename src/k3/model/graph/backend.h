@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "k3/core/weight.h"
+#include "k3/dist/communicator.h"
 #include "k3/model/graph/step.h"
 #include "k3/model/graph/tensor.h"
 #include "k3/model/weights.h"
@@ -127,7 +128,8 @@ class Backend {
   // ---- MoE (model-spec 3.4) ----
   // logits [N][E] (router output, before the sigmoid), bias [E] -> idx [N][k] (I32, rank order), wts [N][k].
   virtual void moe_route(Tensor logits, const float* bias, const RouteParams& p, Tensor idx, Tensor wts) = 0;
-  // out[t] = sum_k wts[t][k] * expert_idx[t][k](x[t]) over the layer's routed experts (GLU FFNs).
+  // out[t] = sum_k wts[t][k] * expert_idx[t][k](x[t]) over the layer's routed experts (GLU FFNs); entries
+  // with idx < 0 (experts of another rank: moe_keep_experts) add nothing.
   virtual void moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p, Tensor out) = 0;
   // moe_experts in two halves: `out` is defined once moe_experts_wait() returns, and the graph issues
   // independent work (the shared experts) in between. A backend whose routed experts live elsewhere
@@ -137,6 +139,27 @@ class Backend {
     moe_experts(w, x, idx, wts, p, out);
   }
   virtual void moe_experts_wait() {}
+
+  // ---- collectives (tensor / expert parallel: dist/shard_plan.h, docs/multi-gpu.md) ----
+  // The graph calls these only when the step runs sharded; a backend without them throws k3::Error.
+  // The communicator they run over is the runner's (null: one process).
+  void set_communicator(dist::Communicator* c) { comm_ = c; }
+  dist::Communicator* communicator() const { return comm_; }
+  // Vocab-parallel embedding: out[t] = table row (plan.tokens[t] - first) for the tokens this rank's rows
+  // [first, first + table.rows) hold, zeros for the others (the all-reduce that follows fills them in).
+  virtual void embed_rows(const WeightMatrix& table, int64_t first, Tensor out);
+  // In place: x = the sum over ranks of x (after a row-parallel linear: each rank holds a partial sum).
+  virtual void all_reduce_sum(Tensor x);
+  // On rank 0: out [rows][V] = every rank's local [rows][<= chunk] side by side, rank r's at columns
+  // r * chunk, the columns past out.cols dropped (the vocab-parallel head's logits). Other ranks: out is
+  // not written (its data may be null): only rank 0 samples.
+  virtual void gather_cols(Tensor local, int64_t chunk, Tensor out);
+  // Expert parallel, in place over idx [N][k] (moe_route's output): an expert id in [first, first +
+  // count) becomes its index among this rank's experts, any other id -1, which moe_experts skips.
+  virtual void moe_keep_experts(Tensor idx, int64_t first, int64_t count);
+
+ protected:
+  dist::Communicator* comm_ = nullptr;
 };
 
 // Scratch taken inside a scope is given back when the scope ends.

@@ -10,6 +10,11 @@ GluParams glu_params(const ModelConfig& c) {
 }
 
 void glu_mlp_block(const Ctx& g, const GluMlp& w, Tensor x, Tensor out) {
+  glu_mlp_partial(g, w, x, out);
+  g.reduce(out);  // down is row-parallel: its input columns are this rank's intermediate
+}
+
+void glu_mlp_partial(const Ctx& g, const GluMlp& w, Tensor x, Tensor out) {
   Backend& b = g.b;
   ScratchScope scope(b);
   const int64_t I = w.gate.rows;
@@ -29,6 +34,8 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   Tensor logits = b.scratch(N, E), idx = b.scratch(N, K, ElemType::I32), wts = b.scratch(N, K);
   b.linear(w.router, x, logits);
   b.moe_route(logits, w.correction_bias.data(), RouteParams{K, c.moe_renormalize, c.routed_scaling_factor}, idx, wts);
+  // Expert parallel: the router is replicated, so every rank picks the same experts and computes its own.
+  if (g.sharded() && g.shard->expert_parallel) b.moe_keep_experts(idx, g.shard->experts.first, g.shard->experts.count);
 
   Tensor ex = x;  // expert inputs: x itself, or K3's latent z
   if (!w.latent_down.empty()) {
@@ -42,14 +49,20 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   Tensor sh;
   if (!w.shared.gate.empty()) {
     sh = b.scratch(N, c.hidden_size);
-    glu_mlp_block(g, w.shared, x, sh);
+    glu_mlp_partial(g, w.shared, x, sh);
   }
   b.moe_experts_wait();
+  // Sharded, acc and sh are partial sums (this rank's experts or expert columns, its shared columns).
+  // The latent norm is not linear: acc is reduced before it; without a latent space one reduction
+  // covers both.
   if (!w.latent_up.empty()) {
+    g.reduce(acc);
     if (!w.latent_norm.empty()) b.rmsnorm(acc, w.latent_norm.data(), X, c.rms_norm_eps, acc);
     b.linear(w.latent_up, acc, out);
+    if (!w.shared.gate.empty()) g.reduce(sh);
   }
   if (!w.shared.gate.empty()) b.add(out, sh);
+  if (w.latent_up.empty()) g.reduce(out);
 }
 
 }  // namespace k3::graph

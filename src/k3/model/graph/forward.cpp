@@ -56,15 +56,21 @@ class Residual {
 
 }  // namespace
 
-void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const StepPlan& plan, Tensor logits) {
+void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const StepPlan& plan, Tensor logits,
+             const dist::ShardPlan* shard) {
   b.begin_step(plan);
   ScratchScope scope(b);
-  const Ctx g{b, c, plan};
+  const Ctx g{b, c, plan, shard};
   const int64_t N = plan.n_tokens(), H = c.hidden_size;
   const float eps = c.rms_norm_eps;
   const bool attn_res = c.attn_res_block_size > 0;
   Residual res(b, c, N);
-  b.embed(w.embed, res.partial());
+  if (g.sharded()) {  // vocab-parallel embedding: each token's row is on one rank, zeros elsewhere
+    b.embed_rows(w.embed, shard->vocab.first, res.partial());
+    g.reduce(res.partial());
+  } else {
+    b.embed(w.embed, res.partial());
+  }
   Tensor xin = b.scratch(N, H), y = b.scratch(N, H);
   int64_t kda_index = 0, mla_index = 0;
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -89,7 +95,13 @@ void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const Step
     Tensor hs = b.scratch(plan.n_logits(), H);
     b.gather_logit_rows(h, hs);
     b.rmsnorm(hs, w.final_norm.data(), H, eps, hs);
-    b.linear(w.lm_head, hs, logits);
+    if (g.sharded()) {  // vocab-parallel head: each rank's rows of lm_head, then the logits gathered
+      Tensor part = b.scratch(plan.n_logits(), w.lm_head.rows);
+      b.linear(w.lm_head, hs, part);
+      b.gather_cols(part, shard->vocab_chunk, logits);
+    } else {
+      b.linear(w.lm_head, hs, logits);
+    }
   }
 }
 

@@ -32,6 +32,7 @@ void kda_block(const Ctx& g, const KdaWeights& w, int64_t kda_index, Tensor x, T
   if (c.gate_lower_bound) kg = {true, *c.gate_lower_bound};
   b.kda_mix(kda_index, w, d, kg, c.rms_norm_eps, pq, pk, pv, decay, beta, gate, o);
   b.linear(w.o, o, out);
+  g.reduce(out);  // o_proj is row-parallel: its input channels are this rank's heads
 }
 
 }  // namespace k3::graph

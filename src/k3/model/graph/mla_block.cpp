@@ -48,6 +48,7 @@ void mla_block(const Ctx& g, const MlaWeights& w, int64_t mla_index, Tensor x, T
     b.sigmoid_mul(o, gt);
   }
   b.linear(w.o, o, out);
+  g.reduce(out);  // o_proj is row-parallel: its input channels are this rank's heads
 }
 
 }  // namespace k3::graph

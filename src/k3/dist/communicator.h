@@ -1,0 +1,52 @@
+// Communicator: the one interface the sharded model talks to other ranks through (collectives over
+// the ranks of one model: tensor / expert parallel). Implementations: LocalComm (one process), MpiComm
+// (Debian's OpenMPI: CPU processes on one or several hosts; built with K3_MPI), NcclComm (GPUs; built
+// with K3_CUDA, buffers in device memory, ordered on the stream it was given). The graph never knows
+// which one it holds. Errors are k3::Error; a rank that cannot go on calls abort() so that no other rank
+// waits forever in a collective.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace k3::dist {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  bool is_root() const { return rank() == 0; }
+  // "local", "mpi", "nccl": for messages and logs.
+  virtual std::string name() const = 0;
+
+  // In place: x[i] = the sum over ranks of x[i]. Every rank receives bitwise the same values.
+  virtual void all_reduce_sum(float* x, size_t n) = 0;
+  // recv = [size][bytes]: every rank's `send` in rank order.
+  virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
+  // On `root` only: recv = [size][bytes], every rank's `send` in rank order (recv may be null elsewhere).
+  virtual void gather(const void* send, size_t bytes, void* recv, int root) = 0;
+  // root's `bytes` bytes at `data` to every rank's `data`.
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // send holds size() runs one after another, send_bytes[r] of them for rank r; recv gets recv_bytes[r]
+  // bytes from each rank r, in rank order. (The MoE dispatch / combine of expert parallel.)
+  virtual void all_to_all_v(const void* send, std::span<const size_t> send_bytes, void* recv,
+                            std::span<const size_t> recv_bytes) = 0;
+  virtual void barrier() = 0;
+  // Ends the whole job (every rank) with exit status `code`: for a rank that cannot take part in the
+  // next collective, so that the others do not wait for it forever.
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+// One process (size 1): collectives are copies or nothing.
+std::unique_ptr<Communicator> make_local_comm();
+// Whether this build has MPI (K3_MPI).
+bool mpi_built();
+// Whether this process was started by an MPI launcher (mpirun / mpiexec / srun set their variables).
+bool launched_by_mpi();
+// The MPI world of this process (initialises MPI on the first call; finalises when the last one is
+// destroyed). Throws k3::Error when the build has no MPI.
+std::unique_ptr<Communicator> make_mpi_comm();
+
+}  // namespace k3::dist

@@ -1,0 +1,137 @@
+// Tensor / expert parallel against one process, run under mpirun (registered with CTest in
+// tests/CMakeLists.txt):   mpirun -np N k3_tp_check MODEL_DIR [--ep] [--expect-error TEXT]
+// Every rank loads its shard (k3::dist::TpModel); rank 0 also loads the whole model (k3::Model) and
+// runs the same steps through both: a prefill (all logits), greedy decode steps, a batched step mixing a
+// new sequence with a continuing one, and a step on a cloned cache (a journaled copy). Logits must agree
+// within kRelTol of the largest logit, and every greedy token must be the same. With one rank the sharded
+// path must be bit-identical. --expect-error: loading must fail on every rank with a message holding TEXT.
+//
+// kRelTol: sharding changes only the order of fp32 additions: a row-parallel linear's dot products of
+// length K become `size` partial sums added in rank order, and the experts' contributions are added per
+// rank before the all-reduce. Each order has rounding error <= K u sum|x_i w_i| (u = 2^-24), so two
+// orders differ by at most 2 K u sum|x_i w_i| per output, ~6e-5 relative for K = 512 in the worst case
+// (errors of random sign grow like sqrt(K) u: ~1e-6). Through the layers' norms this stays of that order;
+// kRelTol = 1e-4 is that worst case with margin; the measured value is printed.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "k3/core/error.h"
+#include "k3/dist/communicator.h"
+#include "k3/dist/tp_model.h"
+#include "k3/model/model.h"
+
+namespace {
+
+constexpr double kRelTol = 1e-4;
+
+struct Compare {
+  double max_rel = 0;
+  int tokens = 0, argmax_diff = 0;
+  // a: sharded, b: one process; rows of V.
+  void add(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+    if (a.size() != b.size()) throw k3::Error("logits of different sizes");
+    for (size_t r = 0; r * V < b.size(); ++r) {
+      const float* x = a.data() + r * V;
+      const float* y = b.data() + r * V;
+      double d = 0, m = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        d = std::max(d, static_cast<double>(std::fabs(x[i] - y[i])));
+        m = std::max(m, static_cast<double>(std::fabs(y[i])));
+      }
+      max_rel = std::max(max_rel, d / std::max(m, 1e-30));
+      ++tokens;
+      if (std::max_element(x, x + V) - x != std::max_element(y, y + V) - y) ++argmax_diff;
+    }
+  }
+};
+
+int32_t argmax_last(const std::vector<float>& l, int64_t V) {
+  const float* row = l.data() + l.size() - static_cast<size_t>(V);
+  return static_cast<int32_t>(std::max_element(row, row + V) - row);
+}
+
+// The same steps through both runners; returns the comparison.
+Compare run_steps(const k3::ModelRunner& tp, const k3::ModelRunner& ref) {
+  const int64_t V = ref.config().vocab_size;
+  Compare cmp;
+  std::vector<int32_t> prompt(37);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 7919 + 13) % static_cast<size_t>(V));
+  auto a = tp.new_cache(), b = ref.new_cache();
+  std::vector<float> la, lb;
+  k3::ForwardOptions all;
+  all.all_logits = true;
+  tp.forward(prompt, *a, la, all);  // prefill forms (chunked KDA, MHA MLA), every row's logits
+  ref.forward(prompt, *b, lb, all);
+  cmp.add(la, lb, V);
+  int32_t next = argmax_last(lb, V);
+  for (int step = 0; step < 8; ++step) {  // greedy decode (recurrent KDA, absorbed MLA)
+    const std::vector<int32_t> tok{next};
+    tp.forward(tok, *a, la);
+    ref.forward(tok, *b, lb);
+    cmp.add(la, lb, V);
+    next = argmax_last(lb, V);
+  }
+  // One step of two sequences: a new one (5 tokens, decode forms) and the continuing one.
+  auto a2 = tp.new_cache(), b2 = ref.new_cache();
+  const std::vector<int32_t> p2{1, 2, 3, 4, 5}, tok{next};
+  k3::ForwardOptions dec;
+  dec.path = k3::AttnPath::Decode;
+  tp.forward_batch({{p2, a2.get(), true}, {tok, a.get(), true}}, la, dec);
+  ref.forward_batch({{p2, b2.get(), true}, {tok, b.get(), true}}, lb, dec);
+  cmp.add(la, lb, V);
+  // A cloned cache (on the sharded side: copies journaled to every rank) continues on its own.
+  auto ac = a->clone(), bc = b->clone();
+  const std::vector<int32_t> t3{static_cast<int32_t>(V - 1), 7};
+  tp.forward(t3, *ac, la);
+  ref.forward(t3, *bc, lb);
+  cmp.add(la, lb, V);
+  return cmp;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: mpirun -np N %s MODEL_DIR [--ep] [--expect-error TEXT]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  k3::dist::TpLoadOptions opt;
+  opt.print_plan = false;
+  std::string expect_error;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--ep") == 0) opt.expert_parallel = true;
+    if (std::strcmp(argv[i], "--expect-error") == 0 && i + 1 < argc) expect_error = argv[++i];
+  }
+  try {
+    auto tp = k3::dist::TpModel::load(dir, k3::dist::make_mpi_comm(), opt);
+    const int size = tp->comm().size();
+    if (!expect_error.empty()) {
+      std::fprintf(stderr, "FAIL: loading %s at %d ranks succeeded; expected an error with '%s'\n", dir.c_str(), size,
+                   expect_error.c_str());
+      return 1;  // every rank gets here (no step was sent), so every rank ends
+    }
+    if (!tp->comm().is_root()) {
+      tp->run_worker();
+      return 0;
+    }
+    auto ref = k3::Model::load(dir);
+    const Compare c = run_steps(*tp, *ref);
+    const bool exact = size > 1 || c.max_rel == 0;
+    std::printf("%s: %d ranks%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
+                dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", c.tokens, c.max_rel, kRelTol,
+                size == 1 ? ", one rank: exact" : "", c.argmax_diff);
+    return c.max_rel <= kRelTol && c.argmax_diff == 0 && exact ? 0 : 1;
+  } catch (const k3::Error& e) {
+    if (!expect_error.empty() && std::string(e.what()).find(expect_error) != std::string::npos) {
+      std::printf("expected error: %s\n", e.what());
+      return 0;
+    }
+    std::fprintf(stderr, "k3: error: %s\n", e.what());
+    return 1;
+  }
+}

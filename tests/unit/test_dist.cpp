@@ -1,0 +1,326 @@
+// Tensor / expert parallel pieces (src/k3/dist/): the shard plan's ranges and refusals, column slices of
+// block formats, the step message, the mirrored cache memory, and the sharded model itself at 2 ranks
+// as two threads of this process (thread_comm.h) against the one-process model. The same model over MPI
+// processes: tests/mpi/tp_logits_check.cpp (CTest tp*_).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/ops.h"
+#include "k3/core/error.h"
+#include "k3/dist/memory_sequence.h"
+#include "k3/dist/shard_plan.h"
+#include "k3/dist/shard_weights.h"
+#include "k3/dist/step_wire.h"
+#include "k3/dist/tp_model.h"
+#include "k3/model/config.h"
+#include "k3/model/model.h"
+#include "test_util.h"
+#include "thread_comm.h"
+
+namespace {
+
+using k3::dist::Range;
+
+k3::ModelConfig tiny_k3() { return k3::load_model_config(k3test::source_path("tests/data/tiny-k3")); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const k3::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ShardPlan, SplitsHeadsColumnsExpertsAndVocab) {
+  const k3::ModelConfig c = tiny_k3();  // KDA 2 heads, MLA 4, MLP 192, experts 16 x 64, 2 shared, V 1024
+  const auto p = k3::dist::make_shard_plan(c, 1, 2, /*expert_parallel=*/false);
+  EXPECT_EQ(p.kda.heads.first, 1);
+  EXPECT_EQ(p.kda.heads.count, 1);
+  EXPECT_EQ(p.mla.heads.first, 2);
+  EXPECT_EQ(p.dense_inter.first, 96);
+  EXPECT_EQ(p.shared_inter.count, 64);
+  EXPECT_EQ(p.expert_inter.first, 32);
+  EXPECT_EQ(p.experts.count, 16);  // TP: every expert, a slice of each
+  EXPECT_EQ(p.vocab.first, 512);
+  EXPECT_EQ(p.vocab_chunk, 512);
+  const auto ep = k3::dist::make_shard_plan(c, 1, 2, /*expert_parallel=*/true);
+  EXPECT_EQ(ep.experts.first, 8);
+  EXPECT_EQ(ep.experts.count, 8);
+  EXPECT_EQ(ep.expert_inter.count, 64);
+  EXPECT_EQ(k3::dist::shard_config(c, p).kda_heads, 1);
+  EXPECT_EQ(k3::dist::shard_config(c, p).mla_heads, 2);
+}
+
+TEST(ShardPlan, RefusesSizesThatDoNotDivideHeads) {
+  const k3::ModelConfig c = tiny_k3();
+  const std::string e = error_of([&] { k3::dist::make_shard_plan(c, 0, 3, false); });
+  EXPECT_NE(e.find("--tensor-parallel-size 3 does not divide the KDA head count (2) and is no multiple of it; sizes "
+                   "that work: the divisors 1, 2 and the multiples of 2"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(c, 0, 0, false); }).find("at least 1"), std::string::npos);
+  EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(c, 2, 2, false); }).find("outside"), std::string::npos);
+  k3::ModelConfig few = c;
+  few.kda_heads = few.mla_heads = 32;
+  few.intermediate_size = 32 * 64;
+  few.moe_intermediate_size = 32 * 64;
+  EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(few, 0, 32, true); }).find("each rank needs at least one"),
+            std::string::npos);
+}
+
+// Intermediate columns need not split evenly (the all-reduce is over the hidden size), but they split on
+// quantisation blocks: k3-tiny's MXFP4 experts (96 = 3 x 32) at TP2 take 64 + 32.
+TEST(ShardPlan, IntermediateSplitsOnWholeBlocks) {
+  k3::ModelConfig c = tiny_k3();
+  c.moe_intermediate_size = 96;
+  const auto r0 = k3::dist::make_shard_plan(c, 0, 2, false), r1 = k3::dist::make_shard_plan(c, 1, 2, false);
+  EXPECT_EQ(r0.expert_inter.count, 64);
+  EXPECT_EQ(r1.expert_inter.first, 64);
+  EXPECT_EQ(r1.expert_inter.count, 32);
+  c.intermediate_size = 160;  // tiny-kimi-linear's MLP, in units of 32: 96 + 64
+  const auto d1 = k3::dist::make_shard_plan(c, 1, 2, false);
+  EXPECT_EQ(d1.dense_inter.first, 96);
+  EXPECT_EQ(d1.dense_inter.count, 64);
+  c.intermediate_size = 7;  // no block unit fits: column by column
+  EXPECT_EQ(k3::dist::make_shard_plan(c, 1, 2, false).dense_inter.count, 3);
+}
+
+// More ranks than heads: each of tiny-k3's 2 KDA heads on 2 of 4 ranks, each replica keeping half of the
+// head's 32 o_proj input channels; the 4 MLA heads one per rank.
+TEST(ShardPlan, ReplicatesHeadsWhenRanksAreAMultiple) {
+  const k3::ModelConfig c = tiny_k3();
+  const auto p = k3::dist::make_shard_plan(c, 3, 4, true);
+  EXPECT_EQ(p.kda.heads.first, 1);
+  EXPECT_EQ(p.kda.heads.count, 1);
+  EXPECT_EQ(p.kda.replicas, 2);
+  EXPECT_EQ(p.kda.o_channels.first, 16);
+  EXPECT_EQ(p.kda.o_channels.count, 16);
+  EXPECT_EQ(p.mla.heads.first, 3);
+  EXPECT_EQ(p.mla.replicas, 1);
+  EXPECT_EQ(p.mla.o_channels.count, 16);
+}
+
+// A replicated head's o_proj share: the head's columns copied with the other replicas' channels zeroed.
+TEST(ShardWeights, MaskedColumnSliceZeroesTheOtherReplicasChannels) {
+  std::vector<float> w(3 * 8);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i + 1);
+  k3::WeightMatrix m;
+  m.format = k3::WeightFormat::F32;
+  m.data = w.data();
+  m.rows = 3;
+  m.cols = 8;
+  k3::dist::ShardedWeights out;
+  const k3::WeightMatrix s = k3::dist::masked_column_slice(m, {4, 4}, {2, 2}, out, "KDA o_proj", 4);
+  ASSERT_EQ(s.cols, 4);
+  const float* d = static_cast<const float*>(s.data);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(d[r * 4 + j], j < 2 ? 0.f : w[static_cast<size_t>(r * 8 + 4 + j)]);
+  const k3::WeightMatrix all = k3::dist::masked_column_slice(m, {0, 8}, {0, 4}, out, "KDA o_proj", 2);
+  EXPECT_NE(all.data, m.data);  // a copy even of all the columns: never zero the mapping
+  EXPECT_EQ(static_cast<const float*>(all.data)[5], 0.f);
+  EXPECT_EQ(w[5], 6.f);
+}
+
+TEST(ShardPlan, UnevenVocabularyLeavesTheLastRankFewerRows) {
+  k3::ModelConfig c = tiny_k3();
+  c.vocab_size = 1001;
+  const auto p = k3::dist::make_shard_plan(c, 1, 2, false);
+  EXPECT_EQ(p.vocab_chunk, 501);
+  EXPECT_EQ(p.vocab.first, 501);
+  EXPECT_EQ(p.vocab.count, 500);
+}
+
+// An MXFP4 matrix [2][96] of known values: its columns [32, 64) as a copy dequantise to the same values,
+// and a slice through a 32-value block is refused (naming the way out for experts).
+TEST(ShardWeights, ColumnSliceCopiesWholeBlocks) {
+  const int64_t rows = 2, cols = 96, nb = cols / 32;
+  std::vector<uint8_t> data(static_cast<size_t>(rows * nb * 16)), scales(static_cast<size_t>(rows * nb));
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 37 + 11);
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(120 + i);
+  k3::WeightMatrix m;
+  m.format = k3::WeightFormat::MXFP4;
+  m.data = data.data();
+  m.scales = scales.data();
+  m.rows = rows;
+  m.cols = cols;
+  k3::dist::ShardedWeights out;
+  const k3::WeightMatrix s = k3::dist::column_slice(m, {32, 32}, out, "dense MLP down_proj", 3);
+  ASSERT_EQ(s.cols, 32);
+  std::vector<float> whole(static_cast<size_t>(cols)), part(32);
+  for (int64_t r = 0; r < rows; ++r) {
+    k3::cpu::dequant_row(m, r, whole.data());
+    k3::cpu::dequant_row(s, r, part.data());
+    for (int64_t j = 0; j < 32; ++j) EXPECT_EQ(part[static_cast<size_t>(j)], whole[static_cast<size_t>(32 + j)]) << r << " " << j;
+  }
+  EXPECT_EQ(out.copied_bytes, rows * 16 + rows * 1);
+  const std::string e = error_of([&] { k3::dist::column_slice(m, {48, 48}, out, "routed expert down_proj", 2); });
+  EXPECT_NE(e.find("split MXFP4 blocks of 32 values (use --enable-expert-parallel)"), std::string::npos) << e;
+  EXPECT_THROW(k3::dist::column_slice(m, {64, 64}, out, "x", 2), k3::Error);  // past the end
+}
+
+TEST(StepWire, RoundTripsAndRejectsTruncation) {
+  k3::dist::StepMessage m;
+  m.ops = {{k3::dist::MemOp::Alloc, 3, 0, 0, 0, 4096}, {k3::dist::MemOp::Copy, 3, 256, 2, 0, 128}};
+  m.kda_chunk = 16;
+  m.tokens = {5, 6, 7};
+  m.logit_rows = {2};
+  k3::dist::WireSeq s;
+  s.n = 3;
+  s.past = 9;
+  s.prefill_form = 1;
+  s.kda = {{3, 0}, {3, 64}};
+  s.pages = {{4, 0}};
+  s.page_tokens = 256;
+  s.layer_stride = 1024;
+  s.row_bytes = 4;
+  m.seqs = {s};
+  const std::vector<uint8_t> bytes = k3::dist::encode(m);
+  const k3::dist::StepMessage d = k3::dist::decode(bytes);
+  EXPECT_EQ(d.tokens, m.tokens);
+  EXPECT_EQ(d.logit_rows, m.logit_rows);
+  EXPECT_EQ(d.kda_chunk, 16);
+  ASSERT_EQ(d.ops.size(), 2u);
+  EXPECT_EQ(d.ops[1].src_region, 2u);
+  ASSERT_EQ(d.seqs.size(), 1u);
+  EXPECT_EQ(d.seqs[0].past, 9);
+  EXPECT_EQ(d.seqs[0].kda[1].offset, 64u);
+  EXPECT_EQ(d.seqs[0].pages[0].region, 4u);
+  for (size_t cut : {size_t{0}, size_t{3}, bytes.size() / 2, bytes.size() - 1})
+    EXPECT_THROW(k3::dist::decode(std::span(bytes.data(), cut)), k3::Error) << cut;
+  std::vector<uint8_t> huge = bytes;
+  huge[4] = 0xff;  // the op count's low byte: far more ops than bytes
+  huge[11] = 0x7f;
+  EXPECT_THROW(k3::dist::decode(huge), k3::Error);
+}
+
+// What a worker checks of rank 0's plan before running it.
+TEST(StepWire, WorkerRefusesPlansThatDoNotAddUp) {
+  k3::graph::StepPlan p;
+  p.tokens = {1, 2, 3};
+  p.seqs = {{0, 2, 0, nullptr, true}, {2, 1, 5, nullptr, false}};
+  p.logit_rows = {1, 2};
+  EXPECT_NO_THROW(k3::dist::check_step_plan(p, 1024));
+  auto bad = [&](auto edit) {
+    k3::graph::StepPlan q = p;
+    edit(q);
+    EXPECT_THROW(k3::dist::check_step_plan(q, 1024), k3::Error);
+  };
+  bad([](k3::graph::StepPlan& q) { q.tokens[1] = 1024; });
+  bad([](k3::graph::StepPlan& q) { q.tokens[0] = -1; });
+  bad([](k3::graph::StepPlan& q) { q.logit_rows = {3}; });
+  bad([](k3::graph::StepPlan& q) { q.seqs[1].n = 2; });       // past the tokens
+  bad([](k3::graph::StepPlan& q) { q.seqs[1].offset = 1; });  // overlapping
+  bad([](k3::graph::StepPlan& q) { q.seqs.pop_back(); });     // a stray token
+  bad([](k3::graph::StepPlan& q) { q.seqs[0].past = -1; });
+  bad([](k3::graph::StepPlan& q) { q.seqs.clear(); });
+}
+
+// Everything rank 0's cache manager does through the journaled memory, replayed on a mirror, leaves the
+// same bytes; a pointer from elsewhere is refused.
+TEST(MirroredMemory, ReplayGivesTheSameBytes) {
+  auto mem = std::make_shared<k3::dist::JournaledMemory>(k3::host_cache_memory());
+  uint8_t* a = mem->allocate(512);
+  uint8_t* b = mem->allocate(256);
+  mem->zero(a, 512);
+  mem->zero(b, 256);
+  for (int i = 0; i < 64; ++i) b[i] = static_cast<uint8_t>(i + 1);  // rank 0's own writes: the forward's, mirrored by
+  k3::dist::MemoryMirror mirror(k3::host_cache_memory());           // running it; here written on both sides
+  mirror.apply(mem->take_journal());
+  uint8_t* mb = mirror.resolve(mem->locate(b, 64), 64);
+  for (int i = 0; i < 64; ++i) mb[i] = static_cast<uint8_t>(i + 1);
+  mem->copy(a + 100, b, 64);
+  mem->release(b);
+  uint8_t* c = mem->allocate(128);
+  mem->copy(c, a + 100, 32);
+  mirror.apply(mem->take_journal());
+  EXPECT_EQ(mirror.regions(), 2u);
+  const uint8_t* ma = mirror.resolve(mem->locate(a, 512), 512);
+  const uint8_t* mc = mirror.resolve(mem->locate(c, 32), 32);
+  EXPECT_EQ(std::memcmp(ma, a, 512), 0);
+  EXPECT_EQ(std::memcmp(mc, c, 32), 0);
+  int outside = 0;
+  EXPECT_THROW(mem->locate(&outside, 4), k3::Error);
+  EXPECT_THROW(mem->locate(a + 500, 64), k3::Error);  // runs past the region
+  EXPECT_THROW(mirror.resolve({999, 0}), k3::Error);
+  EXPECT_THROW(mirror.apply({{k3::dist::MemOp::Release, 999, 0, 0, 0, 0}}), k3::Error);
+  mem->release(a);
+  mem->release(c);
+}
+
+TEST(CpuBackendDist, KeepExpertsMapsOwnedAndDropsTheRest) {
+  k3::cpu::CpuBackend b;
+  std::vector<int32_t> idx{0, 5, 8, 15, 7, 9};
+  b.moe_keep_experts(k3::graph::Tensor::i32(idx.data(), 2, 3), 5, 4);  // owns experts 5..8
+  EXPECT_EQ(idx, (std::vector<int32_t>{-1, 0, 3, -1, 2, -1}));
+}
+
+// Vocab-parallel embedding: a rank holding rows [4, 8) of an 8 x 3 table embeds tokens 4..7 and writes
+// zeros for the others (the all-reduce adds the owning rank's row to those zeros).
+TEST(CpuBackendDist, EmbedRowsTakesOwnedTokensAndZeroesTheRest) {
+  std::vector<float> table(8 * 3);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i) + 0.5f;
+  k3::WeightMatrix full;
+  full.format = k3::WeightFormat::F32;
+  full.data = table.data();
+  full.rows = 8;
+  full.cols = 3;
+  const k3::WeightMatrix mine = k3::dist::row_slice(full, {4, 4});
+  k3::graph::StepPlan plan;
+  plan.tokens = {5, 1, 7, 4};
+  k3::cpu::CpuBackend b;
+  b.begin_step(plan);
+  std::vector<float> out(4 * 3, -1.f);
+  b.embed_rows(mine, 4, k3::graph::Tensor::f32(out.data(), 4, 3));
+  const std::vector<float> want{15.5f, 16.5f, 17.5f, 0, 0, 0, 21.5f, 22.5f, 23.5f, 12.5f, 13.5f, 14.5f};
+  EXPECT_EQ(out, want);
+}
+
+// Two ranks as two threads: TP2 and TP2+EP2 logits of tiny-k3 against the one-process model, through
+// prefill, decode, a batched step and a cloned cache.
+void run_two_ranks(bool expert_parallel) {
+  const std::string dir = k3test::source_path("tests/data/tiny-k3");
+  auto group = std::make_shared<k3test::ThreadGroup>(2);
+  k3::dist::TpLoadOptions opt;
+  opt.expert_parallel = expert_parallel;
+  opt.print_plan = false;
+  std::thread worker([&] {
+    auto m = k3::dist::TpModel::load(dir, std::make_unique<k3test::ThreadComm>(group, 1), opt);
+    m->run_worker();
+  });
+  double max_rel = 0;
+  {
+    auto tp = k3::dist::TpModel::load(dir, std::make_unique<k3test::ThreadComm>(group, 0), opt);
+    EXPECT_EQ(tp->cache_spec().kda_heads, 1);  // each rank keeps its heads' state
+    auto ref = k3::Model::load(dir);
+    const int64_t V = ref->config().vocab_size;
+    auto a = tp->new_cache(), r = ref->new_cache();
+    std::vector<int32_t> toks{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+    std::vector<float> la, lr;
+    for (int step = 0; step < 4; ++step) {
+      tp->forward(toks, *a, la);
+      ref->forward(toks, *r, lr);
+      ASSERT_EQ(la.size(), lr.size());
+      double d = 0, mx = 0;
+      for (size_t i = 0; i < lr.size(); ++i) {
+        d = std::max(d, static_cast<double>(std::fabs(la[i] - lr[i])));
+        mx = std::max(mx, static_cast<double>(std::fabs(lr[i])));
+      }
+      max_rel = std::max(max_rel, d / mx);
+      const int32_t next = static_cast<int32_t>(std::max_element(lr.begin(), lr.end()) - lr.begin());
+      EXPECT_EQ(std::max_element(la.begin(), la.end()) - la.begin(), next) << "step " << step;
+      toks = {next % static_cast<int32_t>(V)};
+    }
+  }  // rank 0's model stops the worker
+  worker.join();
+  EXPECT_LT(max_rel, 1e-4);  // the bound derived in tests/mpi/tp_logits_check.cpp
+  EXPECT_GT(max_rel, 0.0);   // the partial sums really were split (a silent one-rank run would be exact)
+}
+
+TEST(TensorParallel, TwoThreadRanksMatchOneProcessTinyK3) { run_two_ranks(false); }
+TEST(TensorParallel, TwoThreadRanksExpertParallelMatchOneProcessTinyK3) { run_two_ranks(true); }
+
+}  // namespace
