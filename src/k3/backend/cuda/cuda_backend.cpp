@@ -207,7 +207,7 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
 void CudaBackend::embed(const WeightMatrix& table, Tensor out) {
   if (table.device == kHostDevice) return host_embed(table, out);
   if (table.format != WeightFormat::BF16) throw Error("CUDA backend: the embedding table must be bf16");
-  K3_CUDA_CHECK(embed_rows(static_cast<const uint16_t*>(table.data), table.cols, staged<const int32_t>(sd_.tokens),
+  K3_CUDA_CHECK(cuda::embed_rows(static_cast<const uint16_t*>(table.data), table.cols, staged<const int32_t>(sd_.tokens),
                            static_cast<int>(out.rows), out.f(), stream_));
 }
 
