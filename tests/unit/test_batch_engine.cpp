@@ -10,6 +10,7 @@
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/model/model.h"
+#include "engine_test_request.h"
 #include "test_util.h"
 
 using namespace k3::engine;
@@ -58,16 +59,7 @@ struct Collector {
   }
 };
 
-Request make(const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temp = 0.f, uint64_t seed = 7) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.params.temperature = temp;
-  r.params.max_tokens = max_tokens;
-  r.params.seed = seed;
-  r.params.ignore_eos = true;
-  return r;
-}
+using k3test::make_request;
 
 std::vector<int32_t> encode(const std::string& s) {
   std::vector<int32_t> v{static_cast<int32_t>(env().model->config().bos_token_id)};
@@ -98,7 +90,7 @@ TEST(BatchEngine, AloneEqualsBatchedWith31Others) {
   {
     BatchEngine eng(*env().model, *env().tok, options(false));
     Collector c;
-    eng.submit(make("t", target, 40), c.cb());
+    eng.submit(make_request("t", target, 40), c.cb());
     c.wait(1);
     alone = c.ids["t"];
   }
@@ -110,8 +102,8 @@ TEST(BatchEngine, AloneEqualsBatchedWith31Others) {
   for (int i = 0; i < 31; ++i) {
     std::string p = kTexts[i % 6];
     for (int r = 0; r < i % 4; ++r) p += " " + std::string(kTexts[(i + r) % 6]);
-    eng.submit(make("o" + std::to_string(i), encode(p), 10 + static_cast<int>(rng() % 40), i % 3 ? 0.8f : 0.f, i), c.cb());
-    if (i == 15) eng.submit(make("t", target, 40), c.cb());
+    eng.submit(make_request("o" + std::to_string(i), encode(p), 10 + static_cast<int>(rng() % 40), i % 3 ? 0.8f : 0.f, i), c.cb());
+    if (i == 15) eng.submit(make_request("t", target, 40), c.cb());
   }
   c.wait(32);
   EXPECT_EQ(c.ids["t"], alone);
@@ -140,7 +132,7 @@ TEST(BatchEngine, PrefixCachingOnAndOffGiveIdenticalOutputs) {
     for (int turn = 0; turn < 3; ++turn) {
       Collector c;
       for (size_t i = 0; i < convs.size(); ++i)
-        eng.submit(make("c" + std::to_string(i) + "t" + std::to_string(turn), convs[i], 8 + static_cast<int>(rng() % 12), 0.f), c.cb());
+        eng.submit(make_request("c" + std::to_string(i) + "t" + std::to_string(turn), convs[i], 8 + static_cast<int>(rng() % 12), 0.f), c.cb());
       c.wait(static_cast<int>(convs.size()));
       for (size_t i = 0; i < convs.size(); ++i) {
         const std::string id = "c" + std::to_string(i) + "t" + std::to_string(turn);
@@ -185,13 +177,13 @@ TEST(BatchEngine, LowPrecisionCacheStaysExact) {
       for (int i = 0; i < 15; ++i, ++n) {
         std::string p = kTexts[i % 6];
         for (int r = 0; r < i % 3; ++r) p += " " + std::string(kTexts[(i + r) % 6]);
-        eng.submit(make("o" + std::to_string(i), encode(p), 6 + i, 0.f), c.cb());
+        eng.submit(make_request("o" + std::to_string(i), encode(p), 6 + i, 0.f), c.cb());
       }
-    eng.submit(make("t", target, 24), c.cb());
+    eng.submit(make_request("t", target, 24), c.cb());
     // A second request sharing the target's prompt: a prefix hit when caching is on.
     auto longer = target;
     longer.push_back(42);
-    eng.submit(make("u", longer, 12), c.cb());
+    eng.submit(make_request("u", longer, 12), c.cb());
     c.wait(n + 1);
     return std::pair{c.ids["t"], c.ids["u"]};
   };
@@ -202,7 +194,7 @@ TEST(BatchEngine, LowPrecisionCacheStaysExact) {
   // The dtype matters (the test would pass trivially if the flags were ignored).
   BatchEngine eng32(*env().model, *env().tok, options(false));
   Collector c32;
-  eng32.submit(make("t", target, 24), c32.cb());
+  eng32.submit(make_request("t", target, 24), c32.cb());
   c32.wait(1);
   EXPECT_EQ(c32.ids["t"].size(), 24u);
   EXPECT_EQ(lowp->cache_spec().mla_dtype, k3::CacheDType::FP8_E4M3);
@@ -213,7 +205,7 @@ TEST(BatchEngine, PreemptionKeepsOutputsIdentical) {
   auto run = [](int64_t budget) {
     BatchEngine eng(*env().model, *env().tok, options(false, budget, 12));
     Collector c;
-    for (int i = 0; i < 12; ++i) eng.submit(make("p" + std::to_string(i), encode(kTexts[i % 6]), 80, 0.f), c.cb());
+    for (int i = 0; i < 12; ++i) eng.submit(make_request("p" + std::to_string(i), encode(kTexts[i % 6]), 80, 0.f), c.cb());
     c.wait(12);
     auto st = eng.stats();
     auto cs = eng.cache_stats();
@@ -235,14 +227,14 @@ TEST(BatchEngine, RejectsWhatCanNeverFit) {
   std::vector<int32_t> huge(static_cast<size_t>(max_len + 5), 100);
   try {
     Collector c;
-    eng.submit(make("h", huge, 4), c.cb());
+    eng.submit(make_request("h", huge, 4), c.cb());
     FAIL() << "expected an error";
   } catch (const k3::Error& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(max_len)), std::string::npos) << e.what();
   }
   Collector c;
-  EXPECT_THROW(eng.submit(make("v", {1, 99999}, 4), c.cb()), k3::Error);
-  Request bad = make("b", {1, 2}, 4);
+  EXPECT_THROW(eng.submit(make_request("v", {1, 99999}, 4), c.cb()), k3::Error);
+  Request bad = make_request("b", {1, 2}, 4);
   bad.params.top_p = 2.f;
   EXPECT_THROW(eng.submit(bad, c.cb()), k3::Error);
 }
@@ -250,7 +242,7 @@ TEST(BatchEngine, RejectsWhatCanNeverFit) {
 TEST(BatchEngine, CancelFreesEverything) {
   BatchEngine eng(*env().model, *env().tok, options(true));
   Collector c;
-  for (int i = 0; i < 8; ++i) eng.submit(make("x" + std::to_string(i), encode(kTexts[i % 6]), 2000), c.cb());
+  for (int i = 0; i < 8; ++i) eng.submit(make_request("x" + std::to_string(i), encode(kTexts[i % 6]), 2000), c.cb());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   for (int i = 0; i < 8; ++i) eng.cancel("x" + std::to_string(i));
   c.wait(8);
@@ -265,9 +257,9 @@ TEST(BatchEngine, CancelFreesEverything) {
 TEST(BatchEngine, SeededSamplingIsReproducible) {
   BatchEngine eng(*env().model, *env().tok, options(true));
   Collector c;
-  eng.submit(make("a", encode(kTexts[0]), 30, 0.9f, 42), c.cb());
-  eng.submit(make("b", encode(kTexts[0]), 30, 0.9f, 42), c.cb());
-  eng.submit(make("c", encode(kTexts[0]), 30, 0.9f, 43), c.cb());
+  eng.submit(make_request("a", encode(kTexts[0]), 30, 0.9f, 42), c.cb());
+  eng.submit(make_request("b", encode(kTexts[0]), 30, 0.9f, 42), c.cb());
+  eng.submit(make_request("c", encode(kTexts[0]), 30, 0.9f, 43), c.cb());
   c.wait(3);
   EXPECT_EQ(c.ids["a"], c.ids["b"]);
   EXPECT_NE(c.ids["a"], c.ids["c"]);
@@ -307,7 +299,7 @@ TEST(BatchEngine, CacheSaltIsolatesPrefixHits) {
   follow_up.insert(follow_up.end(), prompt.begin() + 1, prompt.begin() + 9);
   Collector c;
   auto run = [&](const std::string& id, const std::string& salt) {
-    Request r = make(id, id.back() == '1' ? prompt : follow_up, 2);
+    Request r = make_request(id, id.back() == '1' ? prompt : follow_up, 2);
     r.cache_salt = salt;
     eng.submit(r, c.cb());
     c.wait(c.done + 1);

@@ -17,6 +17,7 @@
 #include "k3/engine/sampler.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
+#include "engine_test_request.h"
 #include "test_util.h"
 
 using namespace k3::engine;
@@ -211,16 +212,7 @@ struct Collector {
   }
 };
 
-Request make(const std::string& id, std::vector<int32_t> prompt, int max_tokens, float temp = 0.f, uint64_t seed = 7) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.params.temperature = temp;
-  r.params.max_tokens = max_tokens;
-  r.params.seed = seed;
-  r.params.ignore_eos = true;
-  return r;
-}
+using k3test::make_request;
 
 std::vector<int32_t> encode(const std::string& s) {
   std::vector<int32_t> v{static_cast<int32_t>(tiny().model->config().bos_token_id)};
@@ -289,7 +281,7 @@ void expect_mixed_acceptance(const EngineStats& st) {
 TEST(SpeculativeEngine, GreedyAloneEqualsNoSpeculation) {
   for (const Rollback rb : kRollbacks)
   for (const char* text : {kCode, kProse}) {
-    const std::vector<Request> reqs{make("t", encode(text), 80)};
+    const std::vector<Request> reqs{make_request("t", encode(text), 80)};
     const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
     const RunResult on = run(tiny(), options(false, ngram(4, rb)), reqs);
     ASSERT_EQ(off.ids.at("t").size(), 80u);
@@ -305,7 +297,7 @@ TEST(SpeculativeEngine, SeededSamplingEqualsNoSpeculation) {
   // The same draws pick the same tokens: seeded output is identical, penalties included.
   std::vector<Request> reqs;
   for (int i = 0; i < 6; ++i) {
-    Request r = make("s" + std::to_string(i), encode(i % 2 ? kCode : kProse), 48, i < 3 ? 0.3f : 0.9f, 100 + i);
+    Request r = make_request("s" + std::to_string(i), encode(i % 2 ? kCode : kProse), 48, i < 3 ? 0.3f : 0.9f, 100 + i);
     if (i == 4) r.params.frequency_penalty = 0.4f;
     if (i == 5) r.params.top_p = 0.9f;
     reqs.push_back(r);
@@ -323,7 +315,7 @@ TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
   std::vector<Request> reqs;
   for (int i = 0; i < 12; ++i) {
     std::string p = std::string(i % 3 == 0 ? kProse : kCode) + (i >= 6 ? " add(" : "");
-    reqs.push_back(make("b" + std::to_string(i), encode(p), 20 + 7 * i, i % 4 == 3 ? 0.8f : 0.f, 200 + i));
+    reqs.push_back(make_request("b" + std::to_string(i), encode(p), 20 + 7 * i, i % 4 == 3 ? 0.8f : 0.f, 200 + i));
   }
   const RunResult off = run(tiny(), options(true, std::nullopt), reqs);
   for (const Rollback rb : kRollbacks) {
@@ -340,7 +332,7 @@ TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
     auto p = reqs[static_cast<size_t>(i)].prompt;
     const auto& out = off.ids.at("b" + std::to_string(i));
     p.insert(p.end(), out.begin(), out.end());
-    turn2.push_back(make("f" + std::to_string(i), p, 24));
+    turn2.push_back(make_request("f" + std::to_string(i), p, 24));
   }
   auto two_turns = [&](std::optional<SpeculativeConfig> spec) {
     BatchEngine eng(*tiny().model, *tiny().tok, options(true, spec));
@@ -364,7 +356,7 @@ TEST(SpeculativeEngine, BatchedWithPrefixHitsEqualsNoSpeculation) {
 TEST(SpeculativeEngine, PreemptionEqualsNoSpeculation) {
   // A cache too small for 10 sequences of ~130 tokens at once: sequences are preempted mid-speculation.
   std::vector<Request> reqs;
-  for (int i = 0; i < 10; ++i) reqs.push_back(make("p" + std::to_string(i), encode(i % 2 ? kCode : kProse), 90));
+  for (int i = 0; i < 10; ++i) reqs.push_back(make_request("p" + std::to_string(i), encode(i % 2 ? kCode : kProse), 90));
   const auto& spec = tiny().model->cache_spec();
   const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
   for (const Rollback rb : kRollbacks) {
@@ -390,7 +382,7 @@ TEST(SpeculativeEngine, TinyCheckpointsEqualNoSpeculation) {
       std::vector<int32_t> prompt;
       for (int r = 0; r < 6; ++r)
         for (int t = 0; t < 5 + i; ++t) prompt.push_back(static_cast<int32_t>(10 + t * (i + 3)));
-      reqs.push_back(make("k" + std::to_string(i), prompt, 40, i == 3 ? 1.0f : 0.f, 5));
+      reqs.push_back(make_request("k" + std::to_string(i), prompt, 40, i == 3 ? 1.0f : 0.f, 5));
     }
     const RunResult off = run(env, options(true, std::nullopt), reqs);
     for (const Rollback rb : kRollbacks) {
@@ -426,7 +418,7 @@ TEST(SpeculativeEngine, LogprobsAndStopsEqualNoSpeculation) {
     cv.wait(lk, [&] { return done; });
     return std::tuple{lps, text, reason};
   };
-  Request r = make("l", encode(kCode), 60);
+  Request r = make_request("l", encode(kCode), 60);
   r.top_logprobs = 3;
   const auto [off_lp, off_text, off_reason] = collect(std::nullopt, r);
   const auto [on_lp, on_text, on_reason] = collect(ngram(4, Rollback::Snapshots), r);
@@ -439,7 +431,7 @@ TEST(SpeculativeEngine, LogprobsAndStopsEqualNoSpeculation) {
   EXPECT_EQ(on_text, off_text);
   // A stop string taken from the middle of the greedy output: the request ends at the same place.
   ASSERT_GT(off_text.size(), 40u);
-  Request st = make("s", encode(kCode), 60);
+  Request st = make_request("s", encode(kCode), 60);
   st.params.stop = {off_text.substr(30, 4)};
   const auto [a_lp, a_text, a_reason] = collect(std::nullopt, st);
   const auto [b_lp, b_text, b_reason] = collect(ngram(4, Rollback::Snapshots), st);
