@@ -1,7 +1,5 @@
 #include "k3/dist/tp_model.h"
 
-#include "k3/backend/cpu/cpu_isa.h"
-
 #include <unistd.h>
 
 #include <cstdio>
@@ -105,12 +103,6 @@ std::unique_ptr<TpModel> TpModel::load(const std::string& dir, std::unique_ptr<C
 }
 
 void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
-  // Measured (session 9): under the rounding tier (avx512bf16) TP2 logits drift from one process's by up to
-  // 7% of the largest logit on k3-tiny, 13x the tier's own difference from exact, while the exact tiers agree
-  // to 4e-7: not yet explained, so the sharded path runs exact arithmetic only (docs/multi-gpu.md).
-  if (comm_->size() > 1 && !cpu::isa_is_exact(cpu::active_cpu_isa()))
-    throw Error(std::string("tensor parallel on CPUs runs the exact kernel tiers only for now (this process chose ") +
-                cpu::isa_name(cpu::active_cpu_isa()) + ", which rounds activations); set K3_CPU_ISA=exact");
   ModelFiles files = open_model_files(dir);
   cfg_ = std::move(files.config);
   ckpt_ = std::move(files.checkpoint);
