@@ -731,6 +731,18 @@ class ChatTest(unittest.TestCase):
         self.assertEqual(err({"messages": [{"role": "tool", "content": "r"}]}), "messages")
 
 
+class HostNameTest(unittest.TestCase):
+    def test_host_given_as_a_name(self):
+        # `--host localhost` (vLLM's and llama-server's habit) binds the name's IPv4 address, 127.0.0.1.
+        srv = ServerProcess(extra=("--host", "localhost"))
+        try:
+            st, _, body = srv.request("GET", "/version")
+            self.assertEqual(st, 200, body)
+        finally:
+            srv.stop(signal.SIGKILL)
+            srv.cleanup()
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_ends_streams_cleanly(self):
         srv = ServerProcess(extra=("--shutdown-grace", "1"), max_model_len=32768)

@@ -215,6 +215,23 @@ void Server::Impl::on_fd_exhausted() {
 }
 
 // ---- lifecycle ------------------------------------------------------------------------------------
+namespace {
+// --host as an address literal, else a name resolved once at start-up (`--host localhost`, as vLLM and
+// llama-server take); of several addresses the first IPv4 one (what most clients try first for "localhost").
+net::ip::address bind_address(const std::string& host) {
+  beast::error_code ec;
+  const auto literal = net::ip::make_address(host, ec);
+  if (!ec) return literal;
+  net::io_context ioc;
+  tcp::resolver resolver(ioc);
+  const auto results = resolver.resolve(host, "", ec);
+  if (ec || results.empty()) throw Error("--host: '" + host + "' is neither an address nor a name that resolves" + (ec ? ": " + ec.message() : std::string()));
+  for (const auto& r : results)
+    if (r.endpoint().address().is_v4()) return r.endpoint().address();
+  return results.begin()->endpoint().address();
+}
+}  // namespace
+
 Server::Server(ServerOptions opt, engine::Engine& engine, ApiContext ctx, Metrics& metrics)
     : impl_((validate(opt), std::make_unique<Impl>(std::move(opt), engine, std::move(ctx), metrics))) {}
 
@@ -226,8 +243,7 @@ Server::~Server() {
 void Server::start() {
   auto& I = *impl_;
   beast::error_code ec;
-  auto addr = net::ip::make_address(I.opt.host, ec);
-  if (ec) throw Error("--host: invalid address '" + I.opt.host + "': " + ec.message());
+  const net::ip::address addr = bind_address(I.opt.host);
   I.max_connections = I.opt.max_connections;
   if (I.max_connections == 0) {
     rlimit rl{};
