@@ -2,6 +2,8 @@
 // and clear errors with a non-zero exit status for bad input.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -179,6 +181,27 @@ TEST(Cli, RunPromptFromStdinOrFile) {
   r = sh("head -c 70000000 /dev/zero | timeout 20 " + k3bin() + " run -p - 2>&1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("larger than 64 MiB"), std::string::npos) << r.out;
+}
+
+// `k3 info` on a bare config (a *.json file, or a directory with config.json and no weights) prints the sizes
+// without weights: K3's preset shows its 2.78T / 104B and 434 MB of KDA state; a bad config is one line.
+TEST(Cli, InfoOnABareConfig) {
+  auto r = sh(k3bin() + " info -m " + k3test::source_path("resources/presets/kimi-k3.json") + " 2>&1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("(config only: no weights read)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers           93 (69 KDA + 24 MLA)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("params total     2.78T"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("434.11 MB float32"), std::string::npos) << r.out;
+  k3test::TempDir t;
+  std::filesystem::copy_file(k3test::source_path("models/k3-tiny/config.json"), t.str() + "/config.json");
+  r = sh(k3bin() + " info -m " + t.str() + " 2>&1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("layers           12 (9 KDA + 3 MLA)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("weight bytes"), std::string::npos) << r.out;
+  std::ofstream(t.str() + "/bad.json") << "{\"x\": 1}";
+  r = sh(k3bin() + " info -m " + t.str() + "/bad.json 2>&1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("model_type: required field is missing"), std::string::npos) << r.out;
 }
 
 // A value in brackets is one value: CLI11's list syntax used to turn --stop "[a]" into the stop string "a"
