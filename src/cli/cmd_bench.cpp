@@ -97,7 +97,7 @@ b::ClientOptions client_options(ServeOpts& o) {
   co.timeout_s = o.timeout;
   if (o.model.empty()) {
     int st = 0;
-    auto body = b::http_get(co.url, "/v1/models", &st);
+    auto body = b::http_get(co.url, "/v1/models", &st, 10, co.api_key);  // the key: /v1/* may need it
     auto j = json::parse(body, nullptr, false);
     if (st != 200 || !j.is_object() || !j.contains("data") || j["data"].empty())
       throw k3::Error("--model not given and GET /v1/models failed (HTTP " + std::to_string(st) + ")");

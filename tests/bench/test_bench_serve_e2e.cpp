@@ -92,15 +92,16 @@ TEST(BenchServeE2E, CompletedAndTokensMatchServerMetrics) {
   std::printf("%s", slurp(t.str() + "/bench.out").c_str());
 }
 
+// Also behind an API key: bench serve sends it to GET /v1/models too (it used to ask there without it: 401).
 TEST(BenchServeE2E, ChatEndpointAndSweep) {
   ASSERT_TRUE(k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) << "no models/k3-tiny (committed)";
   k3test::TempDir t;
-  ServeProcess srv(t.str() + "/serve.log", {});
+  ServeProcess srv(t.str() + "/serve.log", {"--api-key", "sk-bench"});
   ASSERT_GT(srv.port, 0) << slurp(t.str() + "/serve.log");
   const std::string base = "http://127.0.0.1:" + std::to_string(srv.port);
   const std::string res = t.str() + "/res.json";
   const std::string cmd = std::string(K3_BINARY) + " bench serve --base-url " + base +
-                          " --endpoint /v1/chat/completions --num-prompts 6 --sweep-concurrency 1,3 --input-len 16"
+                          " --api-key sk-bench --endpoint /v1/chat/completions --num-prompts 6 --sweep-concurrency 1,3 --input-len 16"
                           " --output-len 8 --ignore-eos -q --goodput ttft:60000 tpot:60000 --result-file " + res +
                           " > " + t.str() + "/bench.out 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(t.str() + "/bench.out");

@@ -335,7 +335,7 @@ LoadResult run_load(const ClientOptions& o, const std::vector<BenchRequest>& req
   return std::move(R.res);
 }
 
-std::string http_get(const Url& base, const std::string& path, int* status, double timeout_s) {
+std::string http_get(const Url& base, const std::string& path, int* status, double timeout_s, const std::string& api_key) {
   asio::io_context ioc;
   tcp::resolver res(ioc);
   beast::tcp_stream s(ioc);
@@ -348,6 +348,7 @@ std::string http_get(const Url& base, const std::string& path, int* status, doub
   http::request<http::empty_body> req{http::verb::get, base.path + path, 11};
   req.set(http::field::host, base.host + ":" + base.port);
   req.set(http::field::user_agent, "k3-bench");
+  if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
   http::write(s, req, ec);
   if (ec) throw Error("GET " + path + ": write: " + ec.message());
   beast::flat_buffer b;

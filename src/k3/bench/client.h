@@ -50,7 +50,9 @@ LoadResult run_load(const ClientOptions& o, const std::vector<BenchRequest>& req
 
 // Blocking GET (for /metrics, /v1/models). Throws k3::Error on connection errors; returns the body
 // and sets *status.
-std::string http_get(const Url& base, const std::string& path, int* status = nullptr, double timeout_s = 10);
+// `api_key`: sent as "Authorization: Bearer KEY" when not empty (a server with --api-key guards /v1/models).
+std::string http_get(const Url& base, const std::string& path, int* status = nullptr, double timeout_s = 10,
+                     const std::string& api_key = {});
 
 // Sum of a Prometheus counter/gauge's samples (all label sets) in exposition text; nullopt if absent.
 std::optional<double> prometheus_value(const std::string& text, const std::string& name);
