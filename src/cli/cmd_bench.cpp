@@ -68,7 +68,46 @@ struct ServeOpts {
   std::vector<std::string> goodput;
   std::vector<int64_t> sweep;
   std::string result_file, label;
+  // vllm bench serve's spellings: --backend (endpoint), --host/--port (base URL), --save-result with
+  // --result-dir / --result-filename (the result file); applied by apply_vllm_flags before the run.
+  std::string backend, host, result_dir, result_filename;
+  int port = 0;
+  bool save_result = false;
 };
+
+// vLLM's flags onto k3's: --backend openai-chat picks /v1/chat/completions (vllm / openai: /v1/completions)
+// unless --endpoint was given; --host/--port build the base URL. (--save-result: name_saved_result.)
+void apply_vllm_flags(ServeOpts& o, bool endpoint_given) {
+  if (!o.backend.empty() && !endpoint_given) o.endpoint = o.backend == "openai-chat" ? "/v1/chat/completions" : "/v1/completions";
+  if (!o.host.empty() || o.port > 0)
+    o.base_url = "http://" + (o.host.empty() ? std::string("127.0.0.1") : o.host) + ":" + std::to_string(o.port > 0 ? o.port : 8000);
+}
+
+// --save-result's file, once the model name is known (given, or the server's first).
+void name_saved_result(ServeOpts& o) {
+  if (!o.save_result || !o.result_file.empty()) return;
+  std::string name = o.result_filename;
+  if (name.empty()) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y%m%d-%H%M%S", std::localtime(&now));
+    const std::string rate = std::isfinite(o.request_rate) ? std::to_string(o.request_rate) : "inf";
+    std::string model = o.model.empty() ? "model" : o.model;
+    std::replace(model.begin(), model.end(), '/', '_');
+    name = (o.backend.empty() ? "vllm" : o.backend) + "-" + rate + "qps-" + model + "-" + date + ".json";
+  }
+  o.result_file = (fs::path(o.result_dir.empty() ? "." : o.result_dir) / name).string();
+}
+
+void add_vllm_flags(CLI::App* s, ServeOpts& o) {
+  s->add_option("--backend", o.backend, "vllm bench's: vllm / openai (/v1/completions) or openai-chat (/v1/chat/completions)")
+      ->check(CLI::IsMember({"vllm", "openai", "openai-chat"}));
+  s->add_option("--host", o.host, "server host (with --port, instead of --base-url)");
+  s->add_option("--port", o.port, "server port (with --host, instead of --base-url)")->check(CLI::Range(1, 65535));
+  s->add_flag("--save-result", o.save_result, "write the results as JSON into --result-dir (vllm bench's naming)");
+  s->add_option("--result-dir", o.result_dir, "directory for --save-result (default: .)");
+  s->add_option("--result-filename", o.result_filename, "file name for --save-result (default: vllm bench's)");
+}
 
 // The ShareGPT file of the project's shared data: $K3_SHARED_DIR, else ../shared; else the bare file name
 // (then the dataset loader says it is missing).
@@ -228,6 +267,7 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
     if (o.model.empty()) o.model = "mock";
   }
   const b::ClientOptions co = client_options(o);
+  name_saved_result(o);  // vllm bench's {backend}-{rate}qps-{model}-{date}.json in --result-dir
   const std::string tok_dir = resolve_model_dir(o.tokenizer);
   auto tok = k3::text::Tokenizer::load(tok_dir);
   std::vector<b::BenchRequest> reqs = build_requests(o, tok, b::is_chat_endpoint(co.endpoint) || o.text_prompts);
@@ -487,7 +527,14 @@ void add_bench(CLI::App& app, Registry& reg) {
   s->add_flag("--dry-run-server", o->dry_run,
               "run against a built-in mock SSE server (instant tokens) to measure what the client alone sustains");
   s->add_flag("-q,--quiet", o->quiet, "no progress lines");
-  s->callback([&reg, o] { reg.action = [o] { return run_bench_serve(*o, g_cmdline); }; });
+  add_vllm_flags(s, *o);
+  s->callback([&reg, o, s] {
+    const bool endpoint_given = s->count("--endpoint") > 0;
+    reg.action = [o, endpoint_given] {
+      apply_vllm_flags(*o, endpoint_given);
+      return run_bench_serve(*o, g_cmdline);
+    };
+  });
 
   add_bench_offline(bench, reg);
   add_bench_memory(bench, reg);

@@ -114,3 +114,28 @@ TEST(BenchServeE2E, ChatEndpointAndSweep) {
   }
   EXPECT_EQ(j["sweep"][1]["max_concurrency"], 3);
 }
+
+// vllm bench serve's flags: --backend openai-chat picks the chat endpoint, --save-result writes
+// {backend}-{rate}qps-{model}-{date}.json into --result-dir (against the built-in mock server).
+TEST(BenchServeE2E, VllmBackendAndSaveResultFlags) {
+  k3test::TempDir t;
+  const std::string cmd = std::string(K3_BINARY) + " bench serve --dry-run-server --backend openai-chat --save-result"
+                          " --result-dir " + t.str() + " --num-prompts 4 --input-len 8 --output-len 4 -q > " + t.str() +
+                          "/bench.out 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(t.str() + "/bench.out");
+  std::vector<std::string> files;
+  for (const auto& e : k3test::fs::directory_iterator(t.str()))
+    if (e.path().extension() == ".json") files.push_back(e.path().filename().string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].rfind("openai-chat-infqps-mock-", 0), 0u) << files[0];
+  auto j = nlohmann::json::parse(slurp(t.str() + "/" + files[0]));
+  EXPECT_EQ(j["endpoint"], "/v1/chat/completions");
+  EXPECT_EQ(j["completed"], 4);
+  // --endpoint given explicitly wins over --backend.
+  const std::string res = t.str() + "/r.json";
+  const std::string cmd2 = std::string(K3_BINARY) + " bench serve --dry-run-server --backend openai-chat --endpoint "
+                           "/v1/completions --num-prompts 2 --input-len 8 --output-len 2 -q --result-file " + res +
+                           " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd2.c_str()), 0);
+  EXPECT_EQ(nlohmann::json::parse(slurp(res))["endpoint"], "/v1/completions");
+}
