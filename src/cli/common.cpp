@@ -24,6 +24,8 @@ std::string resolve_model_dir(const std::string& given) {
   if (len > 0) {
     exe[len] = '\0';
     fs::path dir = fs::path(exe).parent_path();
+    // An installed binary (`cmake --install`: PREFIX/bin/k3) finds PREFIX/share/k3/models/k3-tiny.
+    candidates.push_back(dir.parent_path() / "share" / "k3" / kDefaultModel);
     for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) candidates.push_back(dir / kDefaultModel);
   }
   for (auto& c : candidates)
