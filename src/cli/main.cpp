@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/usage_hints.h"
 #include "k3/backend/cpu/cpu_isa.h"
 #include "k3/core/error.h"
 
@@ -23,11 +24,22 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   for (std::string& a : args)
     if (a == "-ot") a = "--override-tensor";
+  const std::vector<std::string> in_order = args;
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
     app.parse(args);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Exit codes (README): 0 done, 1 error, 2 command-line usage error, 3 internal error.
+    const std::string hint = k3cli::usage_hint(app, in_order);
+    std::fprintf(stderr, "k3: usage error: %s%s\nRun with --help for more information.\n", e.what(),
+                 hint.empty() ? "" : (" (" + hint + ")").c_str());
+    return 2;
   }
   try {
     // The CPU kernel tier, chosen once at start-up (the baseline was checked before main:
@@ -39,6 +51,6 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k3: internal error: %s\n", e.what());
-    return 2;
+    return 3;
   }
 }

@@ -204,6 +204,27 @@ TEST(Cli, InfoOnABareConfig) {
   EXPECT_NE(r.out.find("model_type: required field is missing"), std::string::npos) << r.out;
 }
 
+// Command-line mistakes exit 2 with one "k3: usage error:" line and the nearest verb or flag (exit codes:
+// README); unknown words get no guess.
+TEST(Cli, UsageErrorsExit2WithDidYouMean) {
+  auto r = sh(k3bin() + " run -p x --tmep 0.5 2>&1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(r.out.rfind("k3: usage error: ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("did you mean '--temp' for '--tmep'?"), std::string::npos) << r.out;
+  r = sh(k3bin() + " rn -p x 2>&1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("did you mean 'run'?"), std::string::npos) << r.out;
+  r = sh(k3bin() + " bench serve --num-promts 3 2>&1");
+  EXPECT_NE(r.out.find("did you mean '--num-prompts'"), std::string::npos) << r.out;
+  r = sh(k3bin() + " xyzzy 2>&1");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out.find("did you mean"), std::string::npos) << r.out;
+  r = sh(k3bin() + " run -p x --top-k abc 2>&1");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_EQ(sh(k3bin() + " --help >/dev/null 2>&1").status, 0);
+  EXPECT_EQ(sh(k3bin() + " run --help >/dev/null 2>&1").status, 0);
+}
+
 // A value in brackets is one value: CLI11's list syntax used to turn --stop "[a]" into the stop string "a"
 // (and --api-key "[k1,k2]" into two keys, -ot / --tensor-type rules into pieces).
 TEST(Cli, BracketedValuesAreNotSplit) {
