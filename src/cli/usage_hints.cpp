@@ -2,22 +2,9 @@
 
 #include <algorithm>
 
-namespace k3cli {
+#include "k3/core/edit_distance.h"
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+namespace k3cli {
 
 namespace {
 
@@ -26,7 +13,7 @@ std::string nearest(const std::string& typed, const std::vector<std::string>& kn
   std::string best;
   size_t best_d = 3;
   for (const std::string& k : known) {
-    const size_t d = edit_distance(typed, k);
+    const size_t d = k3::edit_distance(typed, k);
     if (d < best_d && d <= std::max<size_t>(1, typed.size() / 2)) best = k, best_d = d;
   }
   return best;

@@ -12,7 +12,4 @@ namespace k3cli {
 // nothing is close. `args` in command-line order (without argv[0]).
 std::string usage_hint(CLI::App& app, const std::vector<std::string>& args);
 
-// Levenshtein distance (exposed for the tests).
-size_t edit_distance(const std::string& a, const std::string& b);
-
 }  // namespace k3cli

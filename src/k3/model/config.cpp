@@ -1,5 +1,7 @@
 #include "k3/model/config.h"
 
+#include "k3/core/edit_distance.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -18,7 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-size_t edit_distance(const std::string& a, const std::string& b);
+using k3::edit_distance;
 
 // Keys the parser looked up, per scope ("", "text_config.", ...): what is not among them (or among the
 // known-but-ignored keys) is unknown, and the closest looked-up key is the likely intended spelling.
@@ -241,21 +243,6 @@ const std::set<std::string>& ignored_keys() {
       "config_groups", "ignore", "quantization_status", "kv_cache_scheme", "global_compression_ratio",
       "sparsity_config", "transform_config", "version"};
   return k;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 // One stderr line per key of `obj` that is neither looked up by the parser nor known to be
