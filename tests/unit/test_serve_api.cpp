@@ -303,3 +303,29 @@ TEST(ServeApi, ResponseIds) {
   EXPECT_NE(a, b);
   EXPECT_EQ(k3::serve::new_response_id(Endpoint::Completions).rfind("cmpl-", 0), 0u);
 }
+
+// /tokenize and /detokenize answers are bounded by --max-response-bytes before they are built (8 MB of one letter
+// with pieces was a 184 MB answer built in 5 s); within the bound they round-trip.
+TEST(ServeApi, TokenizeAnswersAreBounded) {
+  k3::serve::ApiContext ctx = fx().ctx();
+  ctx.max_response_bytes = 1 << 20;
+  const std::string text(200000, 'a');
+  const json t = k3::serve::tokenize_response(json{{"content", "hello world"}, {"with_pieces", true}}, ctx);
+  ASSERT_GE(t["tokens"].size(), 1u);
+  std::vector<int32_t> ids;
+  for (const auto& p : t["tokens"]) ids.push_back(p["id"].get<int32_t>());
+  EXPECT_EQ(k3::serve::detokenize_response(json{{"tokens", ids}}, ctx)["content"], "hello world");
+  for (const json& body : {json{{"prompt", text}}, json{{"content", text}, {"with_pieces", true}}}) {
+    try {
+      (void)k3::serve::tokenize_response(body, ctx);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_NE(e.message.find("--max-response-bytes"), std::string::npos) << e.message;
+    }
+  }
+  const std::vector<int32_t> many(200000, ids[0]);
+  EXPECT_THROW((void)k3::serve::detokenize_response(json{{"tokens", many}}, ctx), ApiError);
+  ctx.max_response_bytes = 0;  // no bound configured
+  EXPECT_EQ(k3::serve::detokenize_response(json{{"tokens", many}}, ctx)["content"].get<std::string>().size() % 200000, 0u);
+}

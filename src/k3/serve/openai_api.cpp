@@ -528,6 +528,15 @@ std::string token_raw(const text::Tokenizer& tok, int32_t id) {
 
 }  // namespace
 
+namespace {
+void check_answer_bytes(int64_t bytes, const ApiContext& ctx, const char* what) {
+  if (ctx.max_response_bytes > 0 && bytes > ctx.max_response_bytes)
+    throw ApiError(400, std::string("the ") + what + " answer would take up to " + std::to_string(bytes >> 20) +
+                            " MiB, more than the server's limit of " + std::to_string(ctx.max_response_bytes >> 20) +
+                            " MiB (--max-response-bytes); send less at once");
+}
+}  // namespace
+
 json tokenize_response(const json& b, const ApiContext& ctx) {
   (void)checked_model(b, ctx);
   const bool llama_style = present(b, "content");  // llama-server's field; vLLM's is "prompt" (or "messages")
@@ -546,8 +555,14 @@ json tokenize_response(const json& b, const ApiContext& ctx) {
     const auto enc = ctx.tok->encode(b[field].get<std::string>(), /*allow_special=*/true);
     ids.insert(ids.end(), enc.begin(), enc.end());
   }
+  const bool pieces = present(b, "with_pieces") && get_bool(b, "with_pieces");
+  // The answer is bounded like a generation's (--max-response-bytes): 8 MB of one letter is ~8 M tokens, and
+  // with pieces each is a JSON object (its text escaped: <= 6 bytes per byte).
+  int64_t bytes = 0;
+  for (int32_t id : ids) bytes += pieces ? 32 + 6 * static_cast<int64_t>(ctx.tok->token_bytes(id).size()) : 12;
+  check_answer_bytes(bytes, ctx, "/tokenize");
   json r = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", ctx.max_model_len}};
-  if (present(b, "with_pieces") && get_bool(b, "with_pieces")) {  // llama-server: the text of each token
+  if (pieces) {  // llama-server: the text of each token
     json pieces = json::array();
     for (int32_t id : ids) pieces.push_back({{"id", id}, {"piece", token_text(*ctx.tok, id)}});
     r["tokens"] = std::move(pieces);
@@ -559,6 +574,9 @@ json detokenize_response(const json& b, const ApiContext& ctx) {
   (void)checked_model(b, ctx);
   if (!present(b, "tokens") || !b["tokens"].is_array()) throw ApiError(400, "'tokens' must be a list of token ids", "tokens");
   const std::vector<int32_t> ids = token_list(b["tokens"], ctx, "tokens");
+  int64_t bytes = 0;  // the text twice (two field names), each byte escaped to <= 6
+  for (int32_t id : ids) bytes += 12 * static_cast<int64_t>(ctx.tok->token_bytes(id).size());
+  check_answer_bytes(bytes, ctx, "/detokenize");
   const std::string text = ctx.tok->decode(ids);
   return {{"prompt", text}, {"content", text}};  // vLLM's and llama-server's field names
 }
