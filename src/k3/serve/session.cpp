@@ -228,46 +228,49 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     std::string path(req_.target());
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
     const auto method = req_.method();
+    // The route's one method; true when the request was a CORS preflight (OPTIONS), answered 204 here: no auth,
+    // no body (the allowed headers are in cors_).
     auto only = [&](http::verb v, const char* allow) {
+      if (method == http::verb::options) {
+        send_response(204, "", "text/plain");
+        return true;
+      }
       if (method != v) {
         allow_ = allow;
         throw ApiError(405, "method " + std::string(req_.method_string()) + " is not allowed for " + path, "",
                        "invalid_request_error", "method_not_allowed");
       }
+      return false;
     };
     const auto origin = req_.find(http::field::origin);
     const std::string_view origin_v = origin == req_.end() ? std::string_view() : std::string_view(origin->value().data(), origin->value().size());
     cors_ = cors_headers(srv_.opt.allowed_origins, origin_v, method == http::verb::options);
-    if (method == http::verb::options && is_route(path)) {  // a CORS preflight: no auth, no body
-      endpoint_ = "other";
-      return send_response(204, "", "text/plain");
-    }
     if (path == "/health") {
       endpoint_ = "/health";
-      only(http::verb::get, "GET");
+      if (only(http::verb::get, "GET")) return;
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error");
       return send_response(200, "{\"status\":\"ok\"}", "application/json");
     }
     if (path == "/metrics") {
       endpoint_ = "/metrics";
-      only(http::verb::get, "GET");
+      if (only(http::verb::get, "GET")) return;
       return send_response(200, srv_.metrics.render(srv_.engine.stats()), "text/plain; version=0.0.4; charset=utf-8");
     }
     if (path == "/v1/models") {
       endpoint_ = "/v1/models";
-      only(http::verb::get, "GET");
+      if (only(http::verb::get, "GET")) return;
       check_auth();
       return send_response(200, dump(models_json(srv_.ctx.model_name, srv_.created, srv_.ctx.max_model_len)),
                            "application/json");
     }
     if (path == "/version") {  // vLLM's
       endpoint_ = "/version";
-      only(http::verb::get, "GET");
+      if (only(http::verb::get, "GET")) return;
       return send_response(200, "{\"version\":\"" K3_VERSION "\"}", "application/json");
     }
     if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize") {
       endpoint_ = path;
-      only(http::verb::post, "POST");
+      if (only(http::verb::post, "POST")) return;
       const int key = check_auth();
       if (srv_.draining) {
         close_after_ = true;
@@ -282,13 +285,6 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     endpoint_ = "other";
     throw ApiError(404, "no such endpoint: " + std::string(req_.method_string()) + " " + path, "",
                    "invalid_request_error", "not_found");
-  }
-
-  static bool is_route(const std::string& path) {
-    for (const char* r : {"/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions",
-                          "/tokenize", "/detokenize"})
-      if (path == r) return true;
-    return false;
   }
 
   // The index of the matching API key; -1 when none are configured.
