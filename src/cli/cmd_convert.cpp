@@ -74,13 +74,10 @@ int run_convert(const ConvertOpts& o) {
   const k3::ModelConfig& cfg = files.config;
   const k3::Checkpoint& ck = *files.checkpoint;
   k3::GgufWriter w;
-  std::string name = fs::path(o.model).lexically_normal().filename().string();
-  if (files.gguf) {  // a GGUF input keeps its general.name
-    const k3::GgufFile in(o.model);
-    const auto& md = in.gguf().metadata;
-    name = md.contains("general.name") && md["general.name"].is_string() ? md["general.name"].get<std::string>()
-                                                                          : fs::path(o.model).stem().string();
-  }
+  // A GGUF input keeps its general.name; else the directory's (or file's) name.
+  std::string name = !files.name.empty() ? files.name
+                     : files.gguf        ? fs::path(o.model).stem().string()
+                                         : fs::path(o.model).lexically_normal().filename().string();
   std::vector<k3::TensorTypeRule> rules;
   for (const std::string& r : o.tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
   if (!o.preset.empty())

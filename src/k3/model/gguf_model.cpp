@@ -451,6 +451,7 @@ GgufModel open_gguf_model(const std::string& path) {
   const Gguf& g = own->file->gguf();
   GgufModel m;
   m.config = gguf_model_config(g, path);
+  if (g.metadata.contains("general.name") && g.metadata["general.name"].is_string()) m.name = g.metadata["general.name"];
   std::vector<TensorInfo> tensors = gguf_tensors_as_hf(m.config, g, path, own->buffers);
   const ModelConfig cfg = m.config;
   m.checkpoint = std::make_unique<Checkpoint>(

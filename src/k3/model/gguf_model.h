@@ -19,6 +19,7 @@ namespace k3 {
 struct GgufModel {
   ModelConfig config;
   std::unique_ptr<Checkpoint> checkpoint;  // the GGUF's tensors under HF names; keeps the mapping alive
+  std::string name;                        // general.name ("" when the file has none)
 };
 
 // Throws k3::Error naming the file and the metadata key or tensor for anything missing, mistyped, out of

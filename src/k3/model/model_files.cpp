@@ -14,6 +14,7 @@ ModelFiles open_model_files(const std::string& path) {
     f.config = std::move(g.config);
     f.checkpoint = std::move(g.checkpoint);
     f.gguf = true;
+    f.name = std::move(g.name);
     return f;
   }
   std::error_code ec;

@@ -13,6 +13,7 @@ struct ModelFiles {
   ModelConfig config;
   std::unique_ptr<Checkpoint> checkpoint;
   bool gguf = false;
+  std::string name;  // a GGUF's general.name ("" for an HF directory or a GGUF without one)
 };
 
 // `path`: a directory (HF) or a GGUF file. Throws k3::Error for anything else or anything malformed.
