@@ -198,7 +198,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 
-      k3::serve::Metrics metrics;
+      k3::serve::Metrics metrics(ctx.model_name);
       k3::serve::Server server(o->so, engine, ctx, metrics);
       server.start();
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
