@@ -188,6 +188,7 @@ void add_serve(CLI::App& app, Registry& reg) {
                            ? o->served_name
                            : std::filesystem::path(dir).lexically_normal().filename().string();
       if (ctx.model_name.empty()) ctx.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+      ctx.model_root = std::filesystem::absolute(dir).lexically_normal().string();
       ctx.tok = &tok;
       ctx.chat = chat.get();
       ctx.bos = bos;
