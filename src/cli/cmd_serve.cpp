@@ -175,6 +175,8 @@ void add_serve(CLI::App& app, Registry& reg) {
       eo.sched.checkpoint_interval = o->ckpt_interval;
       eo.max_model_len = o->max_model_len;
       eo.speculative = k3::engine::parse_speculative_config(o->speculative);
+      const auto draft = load_draft_model(eo.speculative, o->dev);
+      eo.draft_model = draft.get();
       k3::engine::BatchEngine engine(*model, tok, eo);
       const int64_t max_model_len = engine.limits().max_model_len;
 
