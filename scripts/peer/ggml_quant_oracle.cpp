@@ -14,7 +14,7 @@
 //
 // Build (llama.cpp built at /work/llama-native, sources at $LLAMA):
 //   g++ -O2 -std=c++17 -I$LLAMA/ggml/include scripts/peer/ggml_quant_oracle.cpp \
-//       /work/llama-native/ggml/src/libggml-base.a -lm -lpthread -o /tmp/ggml_quant_oracle
+//       /work/llama-native/ggml/src/libggml-base.a -lm -lpthread -fopenmp -o /tmp/ggml_quant_oracle
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +40,8 @@ const std::vector<Type> kTypes = {
     {GGML_TYPE_IQ4_XS, "IQ4_XS", {0}},  {GGML_TYPE_IQ3_XXS, "IQ3_XXS", {0}}, {GGML_TYPE_IQ3_S, "IQ3_S", {0}},
     {GGML_TYPE_IQ2_XXS, "IQ2_XXS", {0}}, {GGML_TYPE_IQ2_XS, "IQ2_XS", {0}}, {GGML_TYPE_IQ2_S, "IQ2_S", {0}},
     {GGML_TYPE_IQ1_S, "IQ1_S", {0}},     {GGML_TYPE_IQ1_M, "IQ1_M", {}},  // IQ1_M: d in 4 nibbles, below
+    {GGML_TYPE_Q4_0, "Q4_0", {0}},       {GGML_TYPE_Q4_1, "Q4_1", {0, 2}}, {GGML_TYPE_Q5_0, "Q5_0", {0}},
+    {GGML_TYPE_Q5_1, "Q5_1", {0, 2}},    {GGML_TYPE_IQ4_NL, "IQ4_NL", {0}},
 };
 // The formats whose quantiser needs no importance matrix (ggml_quantize_chunk; the rms mode).
 bool quantises_without_imatrix(ggml_type t) { return !ggml_quantize_requires_imatrix(t) && t != GGML_TYPE_IQ3_XXS && t != GGML_TYPE_IQ3_S && t != GGML_TYPE_IQ2_S; }

@@ -134,6 +134,19 @@ inline double ref_value(k3::WeightFormat f, const uint8_t* b, int e) {
       const int idx = (b[8 + 16 * ib + j % 16] >> (j < 16 ? 0 : 4)) & 15;
       return f16_value(b) * (ls - 32) * kIq4Levels[idx];
     }
+    case F::Q4_0:
+    case F::Q4_1:
+    case F::Q5_0:
+    case F::Q5_1:
+    case F::IQ4_NL: {  // 32 elements: the low nibble of qs[j] is element j, the high one j + 16
+      const bool has_min = f == F::Q4_1 || f == F::Q5_1, five = f == F::Q5_0 || f == F::Q5_1;
+      const int qs_at = f == F::Q4_0 || f == F::IQ4_NL ? 2 : f == F::Q4_1 || f == F::Q5_0 ? (five ? 6 : 4) : 8;
+      int q = (b[qs_at + e % 16] >> (e < 16 ? 0 : 4)) & 15;
+      if (five) q |= static_cast<int>((u32le(b + (has_min ? 4 : 2)) >> e) & 1) << 4;
+      if (f == F::IQ4_NL) return f16_value(b) * kIq4Levels[q];
+      if (has_min) return f16_value(b) * q + f16_value(b + 2);
+      return f16_value(b) * (q - (five ? 16 : 8));
+    }
     default: return ref_iq_value(f, b, e);
   }
 }
@@ -148,6 +161,8 @@ inline std::vector<int> f16_offsets(k3::WeightFormat f) {
     case F::Q3_K: return {108};
     case F::Q2_K: return {80, 82};
     case F::IQ1_M: return {};  // its d is spread over 4 nibbles: random_blocks sets it
+    case F::Q4_1:
+    case F::Q5_1: return {0, 2};
     default: return {0};       // Q8_0, IQ4_XS, the other i-quants
   }
 }
@@ -184,6 +199,7 @@ inline constexpr k3::WeightFormat kGgufFormats[] = {
     k3::WeightFormat::Q8_0,    k3::WeightFormat::Q4_K,  k3::WeightFormat::Q5_K,    k3::WeightFormat::Q6_K,
     k3::WeightFormat::Q3_K,    k3::WeightFormat::Q2_K,  k3::WeightFormat::IQ4_XS,  k3::WeightFormat::IQ3_XXS,
     k3::WeightFormat::IQ3_S,   k3::WeightFormat::IQ2_XXS, k3::WeightFormat::IQ2_XS, k3::WeightFormat::IQ2_S,
-    k3::WeightFormat::IQ1_S,   k3::WeightFormat::IQ1_M};
+    k3::WeightFormat::IQ1_S,   k3::WeightFormat::IQ1_M, k3::WeightFormat::Q4_0,    k3::WeightFormat::Q4_1,
+    k3::WeightFormat::Q5_0,    k3::WeightFormat::Q5_1,  k3::WeightFormat::IQ4_NL};
 
 }  // namespace k3test

@@ -309,11 +309,11 @@ TEST_F(GgufMalformed, TypeWithoutWeightFormat) {
   Edit e;
   e.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t& type, std::vector<uint8_t>& d) {
     if (n != "blk.0.attn_q.weight") return;
-    type = 2;  // Q4_0: 18 bytes per 32, a ggml type k3 has no WeightFormat for
-    d.assign(static_cast<size_t>(dims[0] * dims[1] / 32 * 18), 0);
+    type = 9;  // Q8_1: 36 bytes per 32, a ggml type (llama.cpp's activation format) k3 has no WeightFormat for
+    d.assign(static_cast<size_t>(dims[0] * dims[1] / 32 * 36), 0);
   };
   const std::string m = error_of(e);
-  EXPECT_NE(m.find("tensor 'blk.0.attn_q.weight' is Q4_0, which k3 cannot load there yet"), std::string::npos) << m;
+  EXPECT_NE(m.find("tensor 'blk.0.attn_q.weight' is Q8_1, which k3 cannot load there yet"), std::string::npos) << m;
 }
 
 // A block format is for matrices: a quantised norm vector is an error naming it.

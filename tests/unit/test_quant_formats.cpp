@@ -38,7 +38,10 @@ TEST(QuantFormats, LayoutsAndBitsPerWeight) {
                        Row{WeightFormat::IQ4_XS, 256, 136, 4.25}, Row{WeightFormat::IQ3_XXS, 256, 98, 3.0625},
                        Row{WeightFormat::IQ3_S, 256, 110, 3.4375}, Row{WeightFormat::IQ2_XXS, 256, 66, 2.0625},
                        Row{WeightFormat::IQ2_XS, 256, 74, 2.3125}, Row{WeightFormat::IQ2_S, 256, 82, 2.5625},
-                       Row{WeightFormat::IQ1_S, 256, 50, 1.5625}, Row{WeightFormat::IQ1_M, 256, 56, 1.75}}) {
+                       Row{WeightFormat::IQ1_S, 256, 50, 1.5625}, Row{WeightFormat::IQ1_M, 256, 56, 1.75},
+                       Row{WeightFormat::Q4_0, 32, 18, 4.5}, Row{WeightFormat::Q4_1, 32, 20, 5.0},
+                       Row{WeightFormat::Q5_0, 32, 22, 5.5}, Row{WeightFormat::Q5_1, 32, 24, 6.0},
+                       Row{WeightFormat::IQ4_NL, 32, 18, 4.5}}) {
     const k3::WeightLayout l = k3::weight_layout(r.f);
     EXPECT_EQ(l.block_elems, r.elems) << l.name;
     EXPECT_EQ(l.block_bytes, r.bytes) << l.name;

@@ -31,6 +31,13 @@ enum class WeightFormat : uint8_t {
   IQ2_S,
   IQ1_S,
   IQ1_M,
+  // ggml's 32-element formats: what llama-quantize falls back to for rows that are not whole 256-blocks
+  // (and the older Q4_0 / Q5_0 files): read, not written.
+  Q4_0,    // f16 d + 16 bytes of 4-bit quants: d (q - 8)
+  Q4_1,    // f16 d, m + 4-bit quants: d q + m
+  Q5_0,    // f16 d + 32 fifth bits + 4-bit quants: d (q - 16)
+  Q5_1,    // f16 d, m + fifth bits + 4-bit quants: d q + m
+  IQ4_NL,  // f16 d + 4-bit indices into the IQ4_NL codebook
 };
 
 // How a format stores a [rows][cols] matrix, row-major. A row is cols / block_elems blocks. The matrix's
@@ -65,6 +72,11 @@ constexpr WeightLayout weight_layout(WeightFormat f) {
     case WeightFormat::IQ2_S: return {"IQ2_S", 256, 82, 0};
     case WeightFormat::IQ1_S: return {"IQ1_S", 256, 50, 0};
     case WeightFormat::IQ1_M: return {"IQ1_M", 256, 56, 0};
+    case WeightFormat::Q4_0: return {"Q4_0", 32, 18, 0};
+    case WeightFormat::Q4_1: return {"Q4_1", 32, 20, 0};
+    case WeightFormat::Q5_0: return {"Q5_0", 32, 22, 0};
+    case WeightFormat::Q5_1: return {"Q5_1", 32, 24, 0};
+    case WeightFormat::IQ4_NL: return {"IQ4_NL", 32, 18, 0};
   }
   return {"?", 1, 0, 0};
 }

@@ -170,7 +170,8 @@ constexpr std::pair<uint32_t, WeightFormat> kBlockTypes[] = {
     {8, WeightFormat::Q8_0},     {10, WeightFormat::Q2_K},    {11, WeightFormat::Q3_K},   {12, WeightFormat::Q4_K},
     {13, WeightFormat::Q5_K},    {14, WeightFormat::Q6_K},    {16, WeightFormat::IQ2_XXS}, {17, WeightFormat::IQ2_XS},
     {18, WeightFormat::IQ3_XXS}, {19, WeightFormat::IQ1_S},   {21, WeightFormat::IQ3_S},  {22, WeightFormat::IQ2_S},
-    {23, WeightFormat::IQ4_XS},  {29, WeightFormat::IQ1_M},   {39, WeightFormat::MXFP4_GGML}};
+    {23, WeightFormat::IQ4_XS},  {2, WeightFormat::Q4_0},    {3, WeightFormat::Q4_1},     {6, WeightFormat::Q5_0},
+    {7, WeightFormat::Q5_1},     {20, WeightFormat::IQ4_NL},  {29, WeightFormat::IQ1_M},   {39, WeightFormat::MXFP4_GGML}};
 }  // namespace
 
 std::optional<WeightFormat> block_format_of_ggml_type(uint32_t type) {

@@ -19,6 +19,13 @@
 //   Q6_K  (210 B): ql[128] @0 (low 4 bits), qh[64] @128 (high 2 bits), scales int8[16] @192, d @208
 //   IQ4_XS(136 B): d @0, scales_h u16 @2, scales_l[4] @4 (8 x 6-bit scales), qs[128] @8 (4-bit indices
 //                  into the IQ4_NL codebook)
+//   32-element blocks (the low nibble of qs[j] is element j, the high one element j + 16):
+//   Q4_0   (18 B): d @0, qs[16] @2.                                           x = (q - 8) * d
+//   Q4_1   (20 B): d @0, m @2, qs[16] @4.                                     x = q * d + m
+//   Q5_0   (22 B): d @0, qh u32 @2 (bit j: fifth bit of element j), qs[16] @6. x = (q - 16) * d
+//   Q5_1   (24 B): d @0, m @2, qh u32 @4, qs[16] @8.                           x = q * d + m
+//   IQ4_NL (18 B): d @0, qs[16] @2 (indices into the IQ4_NL codebook).         x = d * L[q]
+// (Q4_1 / Q5_1: q * d is exact in fp32, so only the addition rounds, fused or not.)
 // Quants of a 256-block are interleaved in 128-element halves: in Q2_K / Q3_K a byte of qs holds 4 quants
 // 32 elements apart (bit pairs 0-1, 2-3, 4-5, 6-7); in Q4_K / Q5_K / Q6_K / IQ4_XS a byte holds 2 quants
 // (low nibble, high nibble) 32 (K) or 16 (IQ4_XS) elements apart.
@@ -169,6 +176,36 @@ static inline void decode_iq4_xs(const uint8_t* b, float* y) {
   }
 }
 
+// The 32-element formats; `hbits`: Q5's fifth bits (0 for Q4), `offset` subtracted from the quant when
+// there is no min.
+static inline void decode_q4_5(const uint8_t* qs, uint32_t hbits, float d, int offset, float y[32]) {
+  for (int j = 0; j < 16; ++j) {
+    const int x0 = ((qs[j] & 0xF) | static_cast<int>(((hbits >> j) & 1) << 4)) - offset;
+    const int x1 = ((qs[j] >> 4) | static_cast<int>(((hbits >> (j + 16)) & 1) << 4)) - offset;
+    y[j] = static_cast<float>(x0) * d;
+    y[j + 16] = static_cast<float>(x1) * d;
+  }
+}
+static inline void decode_q4_0(const uint8_t* b, float* y) { decode_q4_5(b + 2, 0, f16_at(b), 8, y); }
+static inline void decode_q5_0(const uint8_t* b, float* y) { decode_q4_5(b + 6, u32_at(b + 2), f16_at(b), 16, y); }
+static inline void decode_q4_1(const uint8_t* b, float* y) {
+  const float m = f16_at(b + 2);
+  decode_q4_5(b + 4, 0, f16_at(b), 0, y);
+  for (int j = 0; j < 32; ++j) y[j] += m;
+}
+static inline void decode_q5_1(const uint8_t* b, float* y) {
+  const float m = f16_at(b + 2);
+  decode_q4_5(b + 8, u32_at(b + 4), f16_at(b), 0, y);
+  for (int j = 0; j < 32; ++j) y[j] += m;
+}
+static inline void decode_iq4_nl(const uint8_t* b, float* y) {
+  const float d = f16_at(b);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * static_cast<float>(kIq4nlValues[b[2 + j] & 0xF]);
+    y[j + 16] = d * static_cast<float>(kIq4nlValues[b[2 + j] >> 4]);
+  }
+}
+
 // Decodes block `b` of format F (a GGUF block format) into weight_layout(F).block_elems floats.
 template <WeightFormat F>
 static inline void decode_block(const uint8_t* b, float* y) {
@@ -186,6 +223,11 @@ static inline void decode_block(const uint8_t* b, float* y) {
   else if constexpr (F == WeightFormat::IQ2_S) decode_iq2_s(b, y);
   else if constexpr (F == WeightFormat::IQ1_S) decode_iq1_s(b, y);
   else if constexpr (F == WeightFormat::IQ1_M) decode_iq1_m(b, y);
+  else if constexpr (F == WeightFormat::Q4_0) decode_q4_0(b, y);
+  else if constexpr (F == WeightFormat::Q4_1) decode_q4_1(b, y);
+  else if constexpr (F == WeightFormat::Q5_0) decode_q5_0(b, y);
+  else if constexpr (F == WeightFormat::Q5_1) decode_q5_1(b, y);
+  else if constexpr (F == WeightFormat::IQ4_NL) decode_iq4_nl(b, y);
   else static_assert(F == WeightFormat::Q8_0, "not a GGUF block format");
 }
 

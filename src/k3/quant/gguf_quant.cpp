@@ -25,7 +25,12 @@ bool is_gguf_block_format(WeightFormat f) {
     case WeightFormat::IQ2_XS:
     case WeightFormat::IQ2_S:
     case WeightFormat::IQ1_S:
-    case WeightFormat::IQ1_M: return true;
+    case WeightFormat::IQ1_M:
+    case WeightFormat::Q4_0:
+    case WeightFormat::Q4_1:
+    case WeightFormat::Q5_0:
+    case WeightFormat::Q5_1:
+    case WeightFormat::IQ4_NL: return true;
     default: return false;
   }
 }
@@ -65,6 +70,11 @@ void dequantize_row(WeightFormat f, const uint8_t* src, int64_t n, float* dst) {
     case WeightFormat::IQ2_S: return dequant_blocks<WeightFormat::IQ2_S>(src, n, dst);
     case WeightFormat::IQ1_S: return dequant_blocks<WeightFormat::IQ1_S>(src, n, dst);
     case WeightFormat::IQ1_M: return dequant_blocks<WeightFormat::IQ1_M>(src, n, dst);
+    case WeightFormat::Q4_0: return dequant_blocks<WeightFormat::Q4_0>(src, n, dst);
+    case WeightFormat::Q4_1: return dequant_blocks<WeightFormat::Q4_1>(src, n, dst);
+    case WeightFormat::Q5_0: return dequant_blocks<WeightFormat::Q5_0>(src, n, dst);
+    case WeightFormat::Q5_1: return dequant_blocks<WeightFormat::Q5_1>(src, n, dst);
+    case WeightFormat::IQ4_NL: return dequant_blocks<WeightFormat::IQ4_NL>(src, n, dst);
     default: return;
   }
 }

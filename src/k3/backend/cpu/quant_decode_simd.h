@@ -328,9 +328,10 @@ K3_QDECODE void decode_iq1_m(const uint8_t* b, Sink& out) {
 // buffer, handed on 32 at a time.
 template <WeightFormat F, class Sink>
 K3_QDECODE void decode_scalar_into(const uint8_t* b, Sink& s) {
-  alignas(64) float w[quant::kQK];
+  constexpr int E = weight_layout(F).block_elems;
+  alignas(64) float w[E];
   quant::decode_block<F>(b, w);
-  for (int i = 0; i < quant::kQK; i += 32) s.put32f(i, w + i);
+  for (int i = 0; i < E; i += 32) s.put32f(i, w + i);
 }
 
 template <WeightFormat F, class Sink>

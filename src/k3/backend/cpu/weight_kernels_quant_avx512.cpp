@@ -166,6 +166,11 @@ const RowKernels* avx512_quant_row_kernels(WeightFormat f) {
     case WeightFormat::IQ2_S: return &kKernels<WeightFormat::IQ2_S>;
     case WeightFormat::IQ1_S: return &kKernels<WeightFormat::IQ1_S>;
     case WeightFormat::IQ1_M: return &kKernels<WeightFormat::IQ1_M>;
+    case WeightFormat::Q4_0: return &kKernels<WeightFormat::Q4_0>;
+    case WeightFormat::Q4_1: return &kKernels<WeightFormat::Q4_1>;
+    case WeightFormat::Q5_0: return &kKernels<WeightFormat::Q5_0>;
+    case WeightFormat::Q5_1: return &kKernels<WeightFormat::Q5_1>;
+    case WeightFormat::IQ4_NL: return &kKernels<WeightFormat::IQ4_NL>;
     default: return nullptr;
   }
 }

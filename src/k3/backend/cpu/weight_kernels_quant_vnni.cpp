@@ -502,7 +502,9 @@ const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f) {
     case WeightFormat::IQ2_S: return quant_kernels<WeightFormat::IQ2_S>();
     case WeightFormat::IQ1_S: return quant_kernels<WeightFormat::IQ1_S>();
     case WeightFormat::IQ1_M: return quant_kernels<WeightFormat::IQ1_M>();
-    default: return nullptr;
+    // The 32-element formats (llama-quantize's fallbacks, a small share of a file) keep fp32 activations:
+    // the avx512 tier's kernels.
+    default: return avx512_quant_row_kernels(f);
   }
 }
 
