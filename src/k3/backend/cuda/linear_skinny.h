@@ -27,4 +27,9 @@ bool linear_skinny_supported(const WeightMatrix& W, int64_t n);
 cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
                           cudaStream_t s);
 
+// The same product from the fp32 activations x [n][cols] (16-byte aligned), split into hi / lo inside the
+// kernel with to_bf16_split's rounding: the same bits as to_bf16_split + linear_skinny, one launch.
+// cudaErrorInvalidValue when not linear_skinny_supported or x is not 16-byte aligned.
+cudaError_t linear_skinny_f32(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s);
+
 }  // namespace k3::cuda
