@@ -92,8 +92,9 @@ TEST(CudaSkinny, MatchesCpuMatmul) {
 }
 
 // linear_skinny_f32 (x split inside the kernel) gives the same bits as to_bf16_split + linear_skinny for
-// every n in 2..32 and both tile widths, stores nothing past n, and LinearRunner::run takes it for aligned x
-// and falls back to the split kernel for x that is not 16-byte aligned (same bits again). Values include
+// every n in 2..32 and both tile widths, stores nothing past n, and LinearRunner::run (the fused kernel for
+// aligned x up to kSkinnyFusedMaxTokens, else the split kernel; x not 16-byte aligned always the split
+// kernel) gives the same bits again. Values include
 // ties and magnitudes where the lo half is subnormal-scaled, so a different rounding of hi or lo shows.
 TEST(CudaSkinny, FusedSplitEqualsSplitKernel) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -274,7 +274,7 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
   if (skinny_ && linear_skinny_supported(W, n)) {  // 2..32 tokens, bf16: tensor cores, W read once
-    if (fused_split_ && reinterpret_cast<uintptr_t>(x) % 16 == 0) {  // x split inside: one launch
+    if (fused_split_ && n <= kSkinnyFusedMaxTokens && reinterpret_cast<uintptr_t>(x) % 16 == 0) {  // one launch
       K3_CUDA_CHECK(linear_skinny_f32(W, x, static_cast<int>(n), y, stream_));
       return;
     }

@@ -16,6 +16,11 @@ namespace k3::cuda {
 
 constexpr int kSkinnyMinTokens = 2;
 constexpr int kSkinnyMaxTokens = 32;
+// Up to this many tokens LinearRunner splits x inside the skinny kernel (linear_skinny_f32); above, the
+// kernel is issue-bound (3-4 n8 tiles) and the in-kernel conversion, repeated by every block, costs more
+// than the split launch it saves (H200, Kimi-Linear slice tg32: b2 +4..7%, b8 +0..3%, b16 0, b32 -4..-6%;
+// docs/perf/cuda.md session 10).
+constexpr int kSkinnyFusedMaxTokens = 8;
 
 // Whether linear_skinny handles this weight and batch: bf16, cols a multiple of 32, rows >= 1, 16-byte
 // aligned data, kSkinnyMinTokens <= n <= kSkinnyMaxTokens.
