@@ -17,8 +17,9 @@ namespace k3::cuda {
 constexpr int kSkinnyMinTokens = 2;
 constexpr int kSkinnyMaxTokens = 32;
 // Up to this many tokens LinearRunner splits x inside the skinny kernel (linear_skinny_f32); above, the
-// kernel is issue-bound (3-4 n8 tiles) and the in-kernel conversion, repeated by every block, costs more
-// than the split launch it saves (H200, Kimi-Linear slice tg32: b2 +4..7%, b8 +0..3%, b16 0, b32 -4..-6%;
+// kernel is issue-bound (3-4 n8 tiles) and the in-kernel conversion, repeated by every block, cost more
+// than the split launch it saves (H200, Kimi-Linear slice tg32, all fused: b32 -4..-6%). Up to 8 it is
+// neutral end to end within the +-3% noise of two calls (one launch fewer per projection, same bits;
 // docs/perf/cuda.md session 10).
 constexpr int kSkinnyFusedMaxTokens = 8;
 
