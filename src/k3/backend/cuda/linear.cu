@@ -157,6 +157,9 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_SKINNY=0: 2..32-token batches take the old GEMV / cuBLASLt paths (same-binary A/B).
   const char* sk = std::getenv("K3_CUDA_SKINNY");
   skinny_ = sk == nullptr || std::string(sk) != "0";
+  // K3_CUDA_SKINNY_FUSED=0: the skinny path splits x in a kernel of its own first (same bits, A/B).
+  const char* fu = std::getenv("K3_CUDA_SKINNY_FUSED");
+  fused_split_ = fu == nullptr || std::string(fu) != "0";
   // K3_CUDA_MERGED_X2=0: bf16x2 batches above 32 tokens take two accumulating GEMMs again (A/B).
   const char* mg = std::getenv("K3_CUDA_MERGED_X2");
   merged_ = mg == nullptr || std::string(mg) != "0";
@@ -271,6 +274,10 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
   if (skinny_ && linear_skinny_supported(W, n)) {  // 2..32 tokens, bf16: tensor cores, W read once
+    if (fused_split_ && n <= kSkinnyFusedMaxTokens && reinterpret_cast<uintptr_t>(x) % 16 == 0) {  // one launch
+      K3_CUDA_CHECK(linear_skinny_f32(W, x, static_cast<int>(n), y, stream_));
+      return;
+    }
     const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
     K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
     K3_CUDA_CHECK(linear_skinny(W, hi, lo, static_cast<int>(n), y, stream_));

@@ -84,6 +84,7 @@ class LinearRunner {
   DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
   uint64_t generation_ = 0;
   bool skinny_ = true;  // the tensor-core skinny path for 2..32 tokens (K3_CUDA_SKINNY=0: off)
+  bool fused_split_ = true;  // the skinny path splits x itself (K3_CUDA_SKINNY_FUSED=0: a split kernel first)
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
 };
