@@ -105,7 +105,8 @@ function renderMessage(msg) {
   if (msg.reasoning) {
     const det = box.appendChild(el("details", "reasoning"));
     det.open = !!msg.streaming && !msg.content;
-    det.appendChild(el("summary", "", msg.streaming && !msg.content ? "Reasoning…" : "Reasoning"));
+    const summary = det.appendChild(el("summary", "", msg.streaming && !msg.content ? "Reasoning…" : "Reasoning"));
+    summary.addEventListener("click", () => { det.dataset.userToggled = "1"; });
     det.appendChild(el("div", "reasoning-text", msg.reasoning));
   }
   const content = box.appendChild(el("div", "content"));
@@ -300,7 +301,11 @@ async function send(text) {
     const fresh = renderMessage(msg);
     const det = node.querySelector("details");
     const freshDet = fresh.querySelector("details");
-    if (det && freshDet && msg.content) freshDet.open = det.open;  // keep the user's choice once content flows
+    // Open while only reasoning streams, closed once the answer starts, unless the user chose otherwise.
+    if (det && freshDet && det.dataset.userToggled) {
+      freshDet.open = det.open;
+      freshDet.dataset.userToggled = "1";
+    }
     list.replaceChild(fresh, node);
     node = fresh;
     list.scrollTop = list.scrollHeight;
