@@ -198,6 +198,10 @@ class ChatTest(unittest.TestCase):
             with open(saved) as f:
                 conv = json.load(f)
             self.assertEqual([m["content"] for m in conv if m["role"] == "user"], [QUESTION, "Line one \nline two"])
+            # The second turn (history through the template, its prefix from the chat's prefix cache) equals
+            # k3 run on the whole rendered conversation.
+            reasoning, answer = reference_reply(conv[:3])
+            self.assertEqual((conv[3].get("reasoning_content", "").strip(), conv[3]["content"].strip()), (reasoning, answer))
 
     def test_bad_flags(self):
         for args in (["--temp", "nan"], ["-n", "0"], ["--top-p", "2"], ["-c", "-5"]):
