@@ -21,8 +21,12 @@ function loadJson(key, fallback) {
   }
 }
 function saveConvs() {
-  localStorage.setItem(STORE_CONVS, JSON.stringify(state.convs));
-  localStorage.setItem(STORE_CURRENT, state.currentId || "");
+  try {
+    localStorage.setItem(STORE_CONVS, JSON.stringify(state.convs));
+    localStorage.setItem(STORE_CURRENT, state.currentId || "");
+  } catch (e) {  // quota exceeded: the chat goes on, unsaved
+    notice("Cannot save the conversations in this browser (" + e.name + "): delete some old ones.");
+  }
 }
 function current() {
   return state.convs.find((c) => c.id === state.currentId) || null;

@@ -1,5 +1,6 @@
 #include "cli/chat_terminal.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -55,6 +56,10 @@ ChatTerminal::Read ChatTerminal::read_line(std::string& line) {
     }
     if (pending_.size() > kMaxLineBytes)
       throw k3::Error("k3 chat: an input line is longer than " + std::to_string(kMaxLineBytes >> 20) + " MiB");
+    // Wait in short polls, not in read(): a Ctrl-C landing between the check above and a blocking read
+    // would otherwise go unseen until the next key.
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (const int r = ::poll(&p, 1, 100); r == 0 || (r < 0 && errno == EINTR)) continue;
     char buf[4096];
     const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
     if (n > 0) {

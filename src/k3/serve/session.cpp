@@ -295,10 +295,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   void send_web_asset(const WebAsset& asset, Only& only) {
     endpoint_ = "/webui";
     if (only(http::verb::get, "GET")) return;
+    cors_.clear();  // the page calls the API from its own origin; other sites have no use for its files
     std::string extra = web_asset_headers(asset);
     const auto inm = req_.find(http::field::if_none_match);
     if (inm != req_.end() && etag_matches(std::string_view(inm->value().data(), inm->value().size()), asset)) {
       srv_.metrics.count_request(endpoint_, 304);
+      if (srv_.opt.log_requests) std::fprintf(stderr, "k3 serve: GET %s 304\n", std::string(req_.target()).c_str());
       if (srv_.draining) close_after_ = true;
       // 304: no body, and Content-Length (if any) must be the representation's (RFC 9110 8.6).
       after_flush_ = [this] { finish_exchange(); };
