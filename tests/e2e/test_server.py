@@ -799,6 +799,18 @@ class WebUiTest(unittest.TestCase):
             self.assertEqual(srv.stop(), 0)
             srv.cleanup()
 
+    def test_no_cors_on_assets(self):
+        srv = ServerProcess(extra=["--allowed-origins", "*"])
+        try:
+            origin = {"Origin": "http://other.example"}
+            self.assertEqual(srv.request("GET", "/version", headers=origin)[1].get("Access-Control-Allow-Origin"), "*")
+            st, h, _ = srv.request("GET", "/", headers=origin)
+            self.assertEqual(st, 200)
+            self.assertNotIn("Access-Control-Allow-Origin", h)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+            srv.cleanup()
+
     def test_no_webui(self):
         srv = ServerProcess(extra=["--no-webui"])
         try:
