@@ -119,6 +119,8 @@ def reply_after(screen, question, nth=1):
     """The lines between the nth '> question' line and the next prompt."""
     lines = screen.rstrip("\n").split("\n")
     starts = [i for i, l in enumerate(lines) if l.rstrip() == "> " + question]
+    if len(starts) < nth:  # not echoed yet
+        return ""
     i = starts[nth - 1] + 1
     j = i
     while j < len(lines) and not lines[j].startswith(">"):
