@@ -2,7 +2,7 @@
 # The web chat in headless Chromium (tests/browser/test_webchat.py). Builds nothing.
 # Usage: tests/browser/run.sh [K3_BINARY]   (default: $K3_BIN, else build/release/k3)
 # Exit 77 (CTest SKIP_RETURN_CODE) only when chromium is missing and K3_REQUIRE_BROWSER is not set (.ci/run sets
-# it, so CI fails instead of skipping); scripts/setup-deps installs Debian's chromium.
+# it, so CI fails instead of skipping); `scripts/setup-deps test` installs Debian's chromium.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -10,9 +10,9 @@ bin="${1:-${K3_BIN:-$root/build/release/k3}}"
 chromium="${K3_CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}"
 if [ -z "$chromium" ]; then
   if [ -n "${K3_REQUIRE_BROWSER:-}" ]; then
-    echo "browser: FAIL: chromium not found and K3_REQUIRE_BROWSER is set (scripts/setup-deps installs it)"; exit 1
+    echo "browser: FAIL: chromium not found and K3_REQUIRE_BROWSER is set (scripts/setup-deps test installs it)"; exit 1
   fi
-  echo "browser: SKIP: chromium not found (apt-get install chromium, or scripts/setup-deps; K3_CHROMIUM=PATH for another)"
+  echo "browser: SKIP: chromium not found (apt-get install chromium, or scripts/setup-deps test; K3_CHROMIUM=PATH for another)"
   exit 77
 fi
 if ! command -v python3 >/dev/null 2>&1; then echo "browser: FAIL: python3 not found"; exit 1; fi
