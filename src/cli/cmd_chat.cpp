@@ -19,6 +19,7 @@
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/serve/model_chat_adapter.h"
+#include "k3/text/utf8.h"
 
 namespace k3cli {
 
@@ -206,6 +207,9 @@ int chat_loop(ChatModel& m, const ChatOpts& o, ChatTerminal& term) {
   for (int turn = 0;;) {
     if (read_message(term, msg) != ChatTerminal::Read::Line) return 0;  // Ctrl-D, or Ctrl-C at the prompt
     if (msg.find_first_not_of(" \t\n") == std::string::npos) continue;
+    // A terminal in another encoding (Latin-1...) sends bytes that are not UTF-8: each ill-formed part becomes
+    // U+FFFD, as the tokenizer's decoding does (the chat request is JSON, which holds UTF-8 only).
+    if (!k3::text::is_valid_utf8(msg)) msg = k3::text::utf8_lossy(msg);
     if (msg[0] == '/') {
       const CommandResult r = run_chat_command(msg, st);
       if (!r.message.empty()) note(term.styled(r.error ? "31" : "2", r.message) + "\n");

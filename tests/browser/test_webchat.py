@@ -199,7 +199,15 @@ class WebChatTest(unittest.TestCase):
         time.sleep(0.5)
         after = self.last_assistant()
         self.assertEqual(len(after["content"]) + len(after["reasoning"] or ""), length, "the reply grew after Stop")
-        self.assertEqual(self.request("GET", "/health")[0], 200)
+        # The server saw the client go and cancelled the request (it would run 3000 tokens otherwise).
+        deadline = time.time() + 3
+        while True:
+            metrics = self.request("GET", "/metrics")[1].decode()
+            running = [l for l in metrics.splitlines() if l.startswith("k3_num_requests_running")]
+            if running and float(running[0].split()[-1]) == 0:
+                break
+            self.assertLess(time.time(), deadline, f"the server still generates after Stop: {running}")
+            time.sleep(0.05)
 
     def test_5_model_text_is_never_markup(self):
         self.js("document.querySelector('#new-chat').click()")

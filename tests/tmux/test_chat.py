@@ -205,6 +205,17 @@ class ChatTest(unittest.TestCase):
             reasoning, answer = reference_reply(conv[:3])
             self.assertEqual((conv[3].get("reasoning_content", "").strip(), conv[3]["content"].strip()), (reasoning, answer))
 
+    def test_input_not_utf8(self):
+        """Bytes that are not UTF-8 (a Latin-1 terminal) become U+FFFD; they were an internal error (exit 3)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = os.path.join(tmp, "conv.json")
+            r = subprocess.run([BIN, "chat", "-m", MODEL, "--temp", "0", "-n", "4", "-t", "1"],
+                               input=b"caf\xe9 \xff\xfe ok\n/save " + saved.encode() + b"\n", capture_output=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(saved, encoding="utf-8") as f:
+                self.assertEqual(json.load(f)[0]["content"], "caf\ufffd \ufffd\ufffd ok")
+
     def test_bad_flags(self):
         for args in (["--temp", "nan"], ["-n", "0"], ["--top-p", "2"], ["-c", "-5"]):
             r = subprocess.run([BIN, "chat", "-m", MODEL, *args], input=b"", capture_output=True, timeout=60)
