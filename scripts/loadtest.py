@@ -710,11 +710,13 @@ async def phase2(host, port, n_bad, max_body, seed, timeout, server):
 # phase 3: idle
 # ---------------------------------------------------------------------------------------------------
 def parse_metrics(text):
+    """{sample: value}, keyed by the sample as written minus the model_name label every k3 metric carries."""
     out = {}
     for ln in text.splitlines():
         if not ln or ln.startswith("#"):
             continue
         name, _, val = ln.rpartition(" ")
+        name = re.sub(r'model_name="(?:[^"\\]|\\.)*",?', "", name).replace("{}", "")
         try:
             out[name] = float(val)
         except ValueError:

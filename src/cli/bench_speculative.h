@@ -19,6 +19,7 @@ struct SpecBenchOptions {
   std::vector<int64_t> batches{1};
   int64_t n_gen = 128;
   int reps = 3;
+  const k3::ModelRunner* draft = nullptr;  // method "draft_model": the loaded draft model
 };
 
 // Runs every task (built-in code-like and summary-like prompts) x batch, greedy, `n_gen` tokens per

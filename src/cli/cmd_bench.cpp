@@ -73,6 +73,7 @@ struct ServeOpts {
   std::string backend, host, result_dir, result_filename;
   int port = 0;
   bool save_result = false;
+  std::string percentile_metrics = "ttft,tpot,itl", metric_percentiles = "99";  // vllm's defaults
 };
 
 // vLLM's flags onto k3's: --backend openai-chat picks /v1/chat/completions (vllm / openai: /v1/completions)
@@ -107,6 +108,26 @@ void add_vllm_flags(CLI::App* s, ServeOpts& o) {
   s->add_flag("--save-result", o.save_result, "write the results as JSON into --result-dir (vllm bench's naming)");
   s->add_option("--result-dir", o.result_dir, "directory for --save-result (default: .)");
   s->add_option("--result-filename", o.result_filename, "file name for --save-result (default: vllm bench's)");
+  // Checked here, so that a bad list is a usage error (exit 2) before anything is sent.
+  auto check = [](bool metrics) {
+    return CLI::Validator(
+        [metrics](std::string& v) {
+          try {
+            k3::bench::parse_percentile_choice(metrics ? v : "ttft", metrics ? "99" : v);
+            return std::string();
+          } catch (const k3::Error& e) {
+            const std::string m = e.what();  // CLI11 names the option itself: drop ours
+            return m.substr(m.find(": ") == std::string::npos ? 0 : m.find(": ") + 2);
+          }
+        },
+        "");
+  };
+  s->add_option("--percentile-metrics", o.percentile_metrics, "metrics the table shows percentiles of: ttft,tpot,itl,e2el")
+      ->capture_default_str()
+      ->check(check(true));
+  s->add_option("--metric-percentiles", o.metric_percentiles, "percentiles shown and stored as p{P}_{metric}_ms, e.g. 50,90,99")
+      ->capture_default_str()
+      ->check(check(false));
 }
 
 // The ShareGPT file of the project's shared data: $K3_SHARED_DIR, else ../shared; else the bare file name
@@ -144,6 +165,34 @@ b::ClientOptions client_options(ServeOpts& o) {
   }
   co.model = o.model;
   return co;
+}
+
+// The tokenizer that builds the prompts: --tokenizer; else, as vllm bench defaults to the served model's,
+// the `root` GET /v1/models gives for the model (k3 serve: its path) when that is readable on this host;
+// else the built-in model's, said on stderr (a server on another host, or a server that is not k3's).
+std::string bench_tokenizer_dir(const ServeOpts& o, const b::ClientOptions& co) {
+  if (!o.tokenizer.empty() || o.dry_run) return resolve_model_dir(o.tokenizer);
+  int st = 0;
+  const json j = json::parse(b::http_get(co.url, "/v1/models", &st, 10, co.api_key), nullptr, false);
+  std::string root;
+  if (st == 200 && j.is_object() && j.contains("data") && j["data"].is_array())
+    for (const auto& m : j["data"])
+      if (m.is_object() && m.value("id", "") == co.model && m.contains("root") && m["root"].is_string())
+        root = m["root"].get<std::string>();
+  std::error_code ec;
+  if (!root.empty() && fs::exists(root, ec)) {
+    try {
+      (void)k3::text::Tokenizer::load(root);
+      std::fprintf(stderr, "k3 bench: tokenizer: %s (the served model's, from /v1/models)\n", root.c_str());
+      return root;
+    } catch (const k3::Error& e) {
+      std::fprintf(stderr, "k3 bench: the served model's path %s has no tokenizer we read (%s)\n", root.c_str(), e.what());
+    }
+  }
+  const std::string dir = resolve_model_dir("");
+  std::fprintf(stderr, "k3 bench: tokenizer: %s (the built-in model's: the served model's path %s is not on this host; "
+               "--tokenizer DIR to choose)\n", dir.c_str(), root.empty() ? "(none given)" : root.c_str());
+  return dir;
 }
 
 // Requests for the warm-up and every sweep point: each point gets its own prompts (a server's prefix cache
@@ -186,7 +235,7 @@ std::optional<double> server_tokens(const ServeOpts& o, const b::ClientOptions& 
 // The JSON of one sweep point (vllm bench's result keys plus ours).
 json point_json(const ServeOpts& o, const b::Summary& s, const b::LoadResult& lr, const b::Slo& slo, int64_t conc,
                 int64_t n, double served) {
-  json j = b::summary_json(s);
+  json j = b::summary_json(s, b::parse_percentile_choice(o.percentile_metrics, o.metric_percentiles));
   j["max_concurrency"] = conc > 0 ? json(conc) : json(nullptr);
   j["num_prompts"] = n;
   j["request_rate"] = std::isfinite(o.request_rate) ? json(o.request_rate) : json("inf");
@@ -217,7 +266,7 @@ json point_json(const ServeOpts& o, const b::Summary& s, const b::LoadResult& lr
 std::string point_table(const ServeOpts& o, const b::Summary& s, int64_t conc, double served) {
   const std::string title =
       conc > 0 ? "Serving Benchmark Result (concurrency " + std::to_string(conc) + ")" : "Serving Benchmark Result";
-  std::string t = b::summary_table(s, title);
+  std::string t = b::summary_table(s, title, b::parse_percentile_choice(o.percentile_metrics, o.metric_percentiles));
   if (served >= 0) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%-40s%-10.0f\n", "Server-counted generated tokens:", served);
@@ -268,7 +317,7 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
   }
   const b::ClientOptions co = client_options(o);
   name_saved_result(o);  // vllm bench's {backend}-{rate}qps-{model}-{date}.json in --result-dir
-  const std::string tok_dir = resolve_model_dir(o.tokenizer);
+  const std::string tok_dir = bench_tokenizer_dir(o, co);
   auto tok = k3::text::Tokenizer::load(tok_dir);
   std::vector<b::BenchRequest> reqs = build_requests(o, tok, b::is_chat_endpoint(co.endpoint) || o.text_prompts);
   std::vector<b::BenchRequest> warm(reqs.begin(), reqs.begin() + o.warmups);
@@ -323,6 +372,12 @@ int run_bench_serve(ServeOpts& o, const std::string& cmdline) {
   return failed > 0 ? 3 : 0;
 }
 
+std::string shell_quote(const std::string& s) {
+  std::string o = "'";
+  for (char ch : s) o += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return o + "'";
+}
+
 std::string find_plot_script() {
   std::vector<fs::path> c = {fs::current_path() / "scripts/bench_plot.py"};
   char exe[4096];
@@ -330,17 +385,23 @@ std::string find_plot_script() {
   if (len > 0) {
     exe[len] = '\0';
     fs::path d = fs::path(exe).parent_path();
+    c.push_back(d.parent_path() / "share/k3/scripts/bench_plot.py");  // `cmake --install`: PREFIX/bin/k3
     for (int up = 0; up < 4 && !d.empty(); ++up, d = d.parent_path()) c.push_back(d / "scripts/bench_plot.py");
   }
   for (auto& p : c)
-    if (fs::exists(p)) return p.string();
-  throw k3::Error("scripts/bench_plot.py not found (run from the source tree)");
+    if (std::error_code ec; fs::exists(p, ec)) return p.string();
+  throw k3::Error("scripts/bench_plot.py not found (run from the source tree, or install with cmake --install)");
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string o = "'";
-  for (char ch : s) o += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return o + "'";
+// The plot needs python3 with matplotlib: asked before anything runs, so that a missing one is one line
+// saying how to get it rather than a Python traceback. $K3_PYTHON picks the interpreter (default python3).
+std::string plot_python() {
+  const char* env = std::getenv("K3_PYTHON");
+  const std::string py = env && *env ? env : "python3";
+  const std::string probe = shell_quote(py) + " -c 'import matplotlib' >/dev/null 2>&1";
+  if (std::system(probe.c_str()) != 0)
+    throw k3::Error("k3 bench plot needs matplotlib for " + py + ": python3 -m pip install matplotlib (or apt install python3-matplotlib)");
+  return py;
 }
 
 }  // namespace
@@ -392,8 +453,10 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         auto model = load_model(dir, f->dev);
         auto tok = load_tokenizer(dir, f->dev);
         check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
+        const auto draft = load_draft_model(spec, f->dev);
         SpecBenchOptions so;
         so.spec = *spec;
+        so.draft = draft.get();
         so.batches = f->batch;
         so.n_gen = f->tg.empty() ? 128 : std::max<int64_t>(f->tg[0], 2);
         so.reps = std::max(f->reps, 1);
@@ -491,7 +554,7 @@ void add_bench(CLI::App& app, Registry& reg) {
   s->add_option("--endpoint", o->endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
   s->add_option("--model", o->model, "model name of the API (default: the first of GET /v1/models)");
   s->add_option("--api-key", o->api_key, "bearer token (default: $OPENAI_API_KEY)");
-  s->add_option("--tokenizer", o->tokenizer, "model dir whose tokenizer builds the prompts (default: the built-in model)");
+  s->add_option("--tokenizer", o->tokenizer, "model dir whose tokenizer builds the prompts (default: the served model's, from /v1/models root, if on this host)");
   s->add_option("--dataset-name", o->dataset, "random, sharegpt, prefix-repetition")->capture_default_str();
   s->add_option("--dataset-path", o->dataset_path, "ShareGPT JSON (default: ShareGPT_V3_filtered_1000.json in ../shared/data/prompts)");
   s->add_option("--input-len,--random-input-len", o->rnd.input_len, "random: prompt tokens")->capture_default_str();
@@ -552,11 +615,11 @@ void add_bench(CLI::App& app, Registry& reg) {
   pl->add_option("--title", p->title, "plot title");
   pl->callback([&reg, p] {
     reg.action = [p] {
-      std::string cmd = "python3 " + shell_quote(find_plot_script()) + " -o " + shell_quote(p->out);
+      std::string cmd = shell_quote(plot_python()) + " " + shell_quote(find_plot_script()) + " -o " + shell_quote(p->out);
       if (!p->title.empty()) cmd += " --title " + shell_quote(p->title);
       for (auto& f2 : p->files) cmd += " " + shell_quote(f2);
       const int st = std::system(cmd.c_str());
-      if (st != 0) throw k3::Error("the plot script failed (needs python3 with matplotlib: pip install matplotlib)");
+      if (st != 0) throw k3::Error("the plot script failed (its message is above)");
       return 0;
     };
   });

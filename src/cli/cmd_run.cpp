@@ -114,6 +114,8 @@ void add_run(CLI::App& app, Registry& reg) {
       eo.sched.max_num_batched_tokens = 512;  // prompt chunks per step (bounds activation memory)
       eo.max_model_len = len;
       eo.speculative = spec_cfg;
+      const auto draft = load_draft_model(spec_cfg, o->dev);
+      eo.draft_model = draft.get();
       k3::engine::BatchEngine engine(*model, tok, eo);
 
       std::fputs(text.c_str(), stdout);

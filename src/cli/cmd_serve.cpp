@@ -176,6 +176,8 @@ void add_serve(CLI::App& app, Registry& reg) {
       eo.sched.checkpoint_interval = o->ckpt_interval;
       eo.max_model_len = o->max_model_len;
       eo.speculative = k3::engine::parse_speculative_config(o->speculative);
+      const auto draft = load_draft_model(eo.speculative, o->dev);
+      eo.draft_model = draft.get();
       k3::engine::BatchEngine engine(*model, tok, eo);
       const int64_t max_model_len = engine.limits().max_model_len;
 
@@ -189,6 +191,7 @@ void add_serve(CLI::App& app, Registry& reg) {
                            ? o->served_name
                            : std::filesystem::path(dir).lexically_normal().filename().string();
       if (ctx.model_name.empty()) ctx.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+      ctx.model_root = std::filesystem::absolute(dir).lexically_normal().string();
       ctx.tok = &tok;
       ctx.chat = chat.get();
       ctx.bos = bos;
@@ -199,7 +202,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 
-      k3::serve::Metrics metrics;
+      k3::serve::Metrics metrics(ctx.model_name);
       k3::serve::Server server(o->so, engine, ctx, metrics);
       server.start();
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

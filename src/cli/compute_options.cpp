@@ -24,7 +24,7 @@ void add_compute_options(CLI::App* cmd, ComputeOptions& o) {
 }
 
 void apply_compute_options(const ComputeOptions& o) {
-  std::string source = "-t";
+  std::string source = o.threads_source.empty() ? "-t" : o.threads_source;
   if (o.threads && (*o.threads < 1 || *o.threads > 1024))
     throw k3::Error("--threads/-t: expected 1..1024, got " + std::to_string(*o.threads));
   const int threads = o.threads ? static_cast<int>(*o.threads) : k3::ThreadPool::default_threads(&source);

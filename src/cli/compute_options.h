@@ -12,6 +12,7 @@ namespace k3cli {
 struct ComputeOptions {
   std::optional<int64_t> threads;  // not given: K3_NUM_THREADS / OMP_NUM_THREADS / the CPUs available
   std::string numa;  // "": off
+  std::string threads_source;  // why `threads` was chosen when the user did not give it (logs); "": -t
 };
 
 void add_compute_options(CLI::App* cmd, ComputeOptions& o);

@@ -1,9 +1,12 @@
 #include "cli/model_loader.h"
+
+#include "k3/core/thread_pool.h"
 #include "cli/commands.h"
 #include "k3/text/gguf_vocab.h"
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
 
@@ -128,16 +131,33 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   return model;
 }
 
+// A GPU with weights on the host (--cpu-moe, --n-cpu-moe, -ot PATTERN=CPU) and no thread count asked for
+// (-t, $K3_NUM_THREADS, $OMP_NUM_THREADS): one CPU less than the process may use. The compute threads
+// spin through each host expert job, so with one on every CPU the CUDA driver's and the OS's threads
+// preempt one of them and the whole job waits for it: on the 16-core H200 host, hybrid decode went from
+// 285-306 tok/s (+-3-8 between repetitions) with 16 threads to 311 (+-0.07) with 15
+// (docs/perf/cuda/hybrid-s9-graphs.txt). llama.cpp's advice for GPU + CPU runs is the same.
+ComputeOptions hybrid_compute_options(const DeviceOptions& d, const k3::Placement& placement) {
+  ComputeOptions c = d.compute;
+  if (c.threads || d.device == "cpu" || placement.empty() || !placement.only_host()) return c;
+  std::string source;
+  const int n = k3::ThreadPool::default_threads(&source);
+  if (source == "K3_NUM_THREADS" || source == "OMP_NUM_THREADS" || n < 2) return c;
+  c.threads = n - 1;
+  c.threads_source = "the CPUs this process may use, less one for the GPU driver (weights on the host)";
+  return c;
+}
+
 }  // namespace
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
-  apply_compute_options(d.compute);
+  auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
+  apply_compute_options(hybrid_compute_options(d, *placement));
   const bool dummy = d.load_format == "dummy";
   const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
-  auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
   // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
   if (const int world = k3::dist::launcher_world_size(); world > 1)

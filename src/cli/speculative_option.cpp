@@ -7,7 +7,16 @@ namespace k3cli {
 void add_speculative_option(CLI::App* cmd, std::string& json) {
   cmd->add_option("--speculative-config", json,
                   "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (docs/serving.md)");
+                  "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' or '{\"method\": \"draft_model\", \"model\": "
+                  "\"DIR\", \"num_speculative_tokens\": 4}' (docs/serving.md)");
+}
+
+std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine::SpeculativeConfig>& spec,
+                                                  const DeviceOptions& dev) {
+  if (!spec || spec->method != "draft_model") return nullptr;
+  DeviceOptions d = dev;
+  d.tokenizer.clear();  // the draft's own directory; its vocabulary is checked against the target's
+  return load_model(spec->model, d);
 }
 
 std::string spec_decode_summary(const k3::engine::EngineStats& st) {

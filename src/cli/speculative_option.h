@@ -4,9 +4,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+#include <optional>
+
+#include "cli/model_loader.h"
 #include "k3/engine/engine_api.h"
+#include "k3/engine/speculative_config.h"
 
 namespace k3cli {
+
+// Method "draft_model": the draft model (its "model" directory) loaded as the target is (the same
+// --device, placement and cache dtypes); null for other methods or none.
+std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine::SpeculativeConfig>& spec,
+                                                  const DeviceOptions& dev);
 
 // Adds --speculative-config JSON (parsed by engine::parse_speculative_config when the verb runs).
 void add_speculative_option(CLI::App* cmd, std::string& json);

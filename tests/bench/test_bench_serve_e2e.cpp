@@ -26,8 +26,9 @@ std::string slurp(const std::string& p) {
 struct ServeProcess {
   pid_t pid = -1;
   int port = 0;
-  ServeProcess(const std::string& log, const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {K3_BINARY, "serve", "-m", k3test::source_path("models/k3-tiny"), "--port", "0"};
+  ServeProcess(const std::string& log, const std::vector<std::string>& extra,
+               const std::string& model = k3test::source_path("models/k3-tiny")) {
+    std::vector<std::string> args = {K3_BINARY, "serve", "-m", model, "--port", "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid = ::fork();
     if (pid == 0) {
@@ -138,4 +139,26 @@ TEST(BenchServeE2E, VllmBackendAndSaveResultFlags) {
                            " > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd2.c_str()), 0);
   EXPECT_EQ(nlohmann::json::parse(slurp(res))["endpoint"], "/v1/completions");
+}
+
+// vllm bench's tokenizer defaults to the served model's: without --tokenizer, bench serve takes the path
+// GET /v1/models gives as `root` (k3 serve: the model's directory), not the built-in model's.
+TEST(BenchServeE2E, TokenizerComesFromTheServedModel) {
+  ASSERT_TRUE(k3test::fs::exists(k3test::source_path("models/k3-tiny/config.json"))) << "no models/k3-tiny (committed)";
+  k3test::TempDir t;
+  const auto served = k3test::fs::path(t.str()) / "served-copy";
+  k3test::fs::create_directory(served);
+  for (const auto& e : k3test::fs::directory_iterator(k3test::source_path("models/k3-tiny")))
+    k3test::fs::create_symlink(k3test::fs::absolute(e.path()), served / e.path().filename());
+  ServeProcess srv(t.str() + "/serve.log", {}, served.string());
+  ASSERT_GT(srv.port, 0) << slurp(t.str() + "/serve.log");
+  const std::string base = "http://127.0.0.1:" + std::to_string(srv.port);
+  const auto models = nlohmann::json::parse(k3::bench::http_get(k3::bench::parse_url(base), "/v1/models"));
+  EXPECT_EQ(models["data"][0]["root"], served.string());
+  const std::string res = t.str() + "/res.json";
+  const std::string cmd = std::string(K3_BINARY) + " bench serve --base-url " + base +
+                          " --num-prompts 2 --input-len 8 --output-len 2 -q --result-file " + res + " > " + t.str() +
+                          "/bench.out 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(t.str() + "/bench.out");
+  EXPECT_EQ(nlohmann::json::parse(slurp(res))["tokenizer_id"], served.string()) << slurp(t.str() + "/bench.out");
 }

@@ -262,3 +262,37 @@ TEST(BenchClient, FailuresAreCounted) {
   ASSERT_FALSE(s.errors.empty());
   EXPECT_NE(s.errors[0].find("connect"), std::string::npos);
 }
+
+// vllm bench's --percentile-metrics / --metric-percentiles: the table shows mean, median and the chosen
+// percentiles of the chosen metrics only; the JSON gains p{P}_{metric}_ms (numpy's linear percentile).
+TEST(BenchStats, ChosenPercentilesAndMetrics) {
+  std::vector<RequestOutcome> v(5);
+  for (int i = 0; i < 5; ++i) {
+    v[i].success = true;
+    v[i].prompt_tokens = 4;
+    v[i].output_tokens = 3;
+    v[i].ttft = 0.01 * (i + 1);  // 10..50 ms
+    v[i].e2e = 0.1 * (i + 1);
+    v[i].itl = {0.001 * (i + 1), 0.002 * (i + 1)};
+  }
+  const auto s = summarize(v, 1.0, Slo{});
+  const auto pc = parse_percentile_choice("e2el,ttft", "50,99.9");
+  const auto j = summary_json(s, pc);
+  EXPECT_NEAR(j["p50_ttft_ms"].get<double>(), 30, 1e-9);
+  EXPECT_NEAR(j["p99.9_ttft_ms"].get<double>(), 40 + 0.996 * 10, 1e-9);
+  EXPECT_NEAR(j["p50_e2el_ms"].get<double>(), 300, 1e-9);
+  EXPECT_FALSE(j.contains("p50_itl_ms"));
+  EXPECT_TRUE(j.contains("p99_itl_ms"));  // the fixed keys stay for every metric
+  const std::string t = summary_table(s, "R", pc);
+  EXPECT_NE(t.find("P99.9 TTFT (ms):"), std::string::npos) << t;
+  EXPECT_NE(t.find("P50 E2EL (ms):"), std::string::npos) << t;
+  EXPECT_EQ(t.find("ITL"), std::string::npos) << t;
+  EXPECT_EQ(t.find("P99 TTFT"), std::string::npos) << t;
+  EXPECT_LT(t.find("TTFT"), t.find("E2EL"));  // vllm's section order, whatever the flag's
+  const std::string def = summary_table(s, "R");
+  EXPECT_NE(def.find("P99 ITL (ms):"), std::string::npos);
+  EXPECT_EQ(def.find("E2EL"), std::string::npos);  // vllm's default: ttft,tpot,itl
+  for (auto [m, p] : {std::pair{"ttft,foo", "99"}, {"", "99"}, {"ttft", "0"}, {"ttft", "101"}, {"ttft", "nan"},
+                      {"ttft", "9x"}, {"ttft", ""}, {"ttft", "1e999"}})
+    EXPECT_THROW(parse_percentile_choice(m, p), k3::Error) << m << " / " << p;
+}

@@ -182,6 +182,9 @@ def parse_metrics(text):
 
 
 def metric(ms, name, **labels):
+    """The sample of `name` with exactly `labels` besides model_name (vLLM's label on every k3 metric)."""
+    if name != "process_start_time_seconds":
+        labels.setdefault("model_name", MODEL)
     return ms.get((name, frozenset(labels.items())))
 
 
@@ -480,6 +483,26 @@ class ServerTest(unittest.TestCase):
         st, _, data = self.srv.request("GET", "/metrics")
         names = {f.name for f in text_string_to_metric_families(data.decode())}
         self.assertIn("k3_time_to_first_token_seconds", names)
+
+    def test_grafana_dashboard_reads_this_server(self):
+        """docs/grafana/k3-dashboard.json: every k3 metric a panel queries is one the server exports (families
+        that exist only with speculation or a file-backed expert cache excepted), and selects model_name."""
+        import re
+        with open(os.path.join(ROOT, "docs", "grafana", "k3-dashboard.json")) as f:
+            dash = json.load(f)
+        _, types = self.metrics()
+        only_when_enabled = {"k3_spec_decode_acceptance_rate", "k3_spec_decode_mean_acceptance_length",
+                             "k3_expert_cache_hit_ratio", "k3_process_disk_read_bytes_total"}
+        exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+        self.assertGreaterEqual(len(exprs), 12)
+        for e in exprs:
+            for name, labels in re.findall(r"\b(k3_[a-z0-9_]+)\{([^}]*)\}", e):
+                base = re.sub(r"_(bucket|sum|count)$", "", name) if name not in types else name
+                self.assertTrue(base in types or base in only_when_enabled, f"{name} in {e!r}")
+                self.assertIn('model_name="$model_name"', labels, e)
+            self.assertNotRegex(e, r"\bk3_[a-z0-9_]+(?![a-z0-9_{])", f"a k3 metric without the model selector: {e!r}")
+        st, _, page = self.srv.request("GET", "/metrics")
+        self.assertIn(f'k3_num_requests_running{{model_name="{MODEL}"}}', page.decode())
 
     def test_zz_disconnect_mid_stream(self):
         gen0 = metric(self.metrics()[0], "k3_generation_tokens_total")

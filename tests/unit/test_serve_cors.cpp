@@ -27,7 +27,7 @@ TEST(ServeCors, OriginsAreValidated) {
   k3::serve::ServerOptions o;
   o.allowed_origins = {"https://a.example", "*"};
   EXPECT_NO_THROW(k3::serve::validate(o));
-  for (const std::string bad : {std::string(), std::string("a\r\nSet-Cookie: x"), std::string("a\nb"),
+  for (const std::string& bad : {std::string(), std::string("a\r\nSet-Cookie: x"), std::string("a\nb"),
                                 std::string("a\0b", 3), std::string(2000, 'x')}) {
     o.allowed_origins = {bad};
     EXPECT_THROW(k3::serve::validate(o), k3::Error) << bad.size();

@@ -109,3 +109,34 @@ TEST(ServeMetrics, SpeculativeDecoding) {
   has("k3_spec_decode_acceptance_rate 0.4");
   has("k3_spec_decode_mean_acceptance_length 2.2");
 }
+
+// Issue 19: every sample carries model_name (vLLM's label) before its own labels, escaped; the process
+// collector's metric stays unlabelled. A page without a name has no label at all (the tests above).
+TEST(ServeMetrics, ModelNameLabelsEverySample) {
+  k3::serve::Metrics m("k3 \"tiny\"\\v1");
+  m.count_request("/v1/completions", 200);
+  m.count_rejection("body_too_large");
+  m.observe_ttft(0.2);
+  k3::engine::EngineStats st;
+  st.running = 1;
+  st.num_speculative_tokens = 2;
+  st.spec_accepted_per_pos = {3, 1};
+  const std::string p = m.render(st);
+  const std::string ml = "model_name=\"k3 \\\"tiny\\\"\\\\v1\"";
+  auto has = [&](const std::string& line) { EXPECT_NE(p.find(line + "\n"), std::string::npos) << line << "\n" << p; };
+  has("k3_requests_total{" + ml + ",endpoint=\"/v1/completions\",status=\"200\"} 1");
+  has("k3_http_rejections_total{" + ml + ",reason=\"body_too_large\"} 1");
+  has("k3_num_requests_running{" + ml + "} 1");
+  has("k3_time_to_first_token_seconds_bucket{" + ml + ",le=\"0.25\"} 1");
+  has("k3_time_to_first_token_seconds_count{" + ml + "} 1");
+  has("vllm:spec_decode_num_accepted_tokens_per_pos_total{" + ml + ",position=\"1\"} 1");
+  std::istringstream is(p);
+  std::string line;
+  int samples = 0;
+  while (std::getline(is, line)) {
+    if (line.empty() || line[0] == '#' || line.rfind("process_start_time_seconds ", 0) == 0) continue;
+    ++samples;
+    EXPECT_NE(line.find("{" + ml), std::string::npos) << line;
+  }
+  EXPECT_GT(samples, 30);
+}

@@ -13,6 +13,7 @@
 
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
+#include "k3/engine/draft_model_proposer.h"
 #include "k3/engine/ngram_proposer.h"
 #include "k3/engine/sampler.h"
 #include "k3/engine/speculative_config.h"
@@ -460,6 +461,120 @@ TEST(SpeculativeEngine, SaysWhenTheRunnerCannotRollBack) {
     FAIL() << "expected an error";
   } catch (const k3::Error& e) {
     EXPECT_NE(std::string(e.what()).find("test-device"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the draft-model proposer ---------------------------------------------------------------------
+
+TEST(SpeculativeConfig, DraftModelSpellings) {
+  auto c = parse_speculative_config(R"({"model": "models/k3-tiny", "num_speculative_tokens": 3})");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->method, "draft_model");  // vLLM: a model and no method
+  EXPECT_EQ(c->model, "models/k3-tiny");
+  c = parse_speculative_config(R"({"method": "draft_model", "model": "d", "num_speculative_tokens": 2, "rollback": "replay"})");
+  EXPECT_EQ(c->state_slots(), 1);
+  for (const char* j : {R"({"method": "draft_model", "num_speculative_tokens": 2})",
+                        R"({"method": "draft_model", "model": "", "num_speculative_tokens": 2})",
+                        R"({"method": "draft_model", "model": 3, "num_speculative_tokens": 2})",
+                        R"({"model": "d", "num_speculative_tokens": 2, "prompt_lookup_max": 3})",
+                        R"({"model": "d"})"})
+    EXPECT_THROW(parse_speculative_config(j), k3::Error) << j;
+}
+
+SpeculativeConfig draft_cfg(const std::string& dir, int64_t k, Rollback rb) {
+  SpeculativeConfig c;
+  c.method = "draft_model";
+  c.model = dir;
+  c.num_speculative_tokens = k;
+  c.rollback = rb;
+  return c;
+}
+
+// The proposer's own caches: a catch-up runs only the tokens added since the last call, and the drafts
+// after it equal those of a fresh proposer given the whole sequence at once -- which fails if a guessed
+// token's update stayed in the draft model's KDA recurrent or conv state, or a token was skipped or run twice.
+TEST(DraftModelProposer, CatchUpEqualsAFreshStartAndRunsOnlyNewTokens) {
+  Env env(k3test::source_path("tests/data/tiny-kimi-linear"), k3test::source_path("tests/data/tiny-tokenizer"));
+  const auto& m = *env.model;
+  DraftModelProposer p(m, m.config().vocab_size);
+  std::vector<int32_t> a{5, 17, 301, 44, 9, 870, 12, 12, 3}, b{600, 2, 71};
+  std::vector<int32_t> da, db;
+  int key_a = 0, key_b = 0;
+  DraftSlot slots[2] = {{a, &key_a, 4, &da}, {b, &key_b, 3, &db}};
+  p.propose(slots);
+  EXPECT_EQ(da.size(), 4u);
+  EXPECT_EQ(db.size(), 3u);
+  EXPECT_EQ(p.tokens_run(), static_cast<int64_t>(a.size() + b.size()));
+  // Sequence a moves on by tokens unlike the guesses (a rejection); b is gone.
+  const int64_t before = p.tokens_run();
+  a.insert(a.end(), {da[0], static_cast<int32_t>((da[1] + 1) % 1024), 77});
+  DraftSlot again[1] = {{a, &key_a, 4, &da}};
+  p.propose(again);
+  EXPECT_EQ(p.tokens_run() - before, 3);
+  EXPECT_EQ(p.cached_sequences(), 1u);
+  DraftModelProposer fresh(m, m.config().vocab_size);
+  std::vector<int32_t> want;
+  DraftSlot one[1] = {{a, &key_b, 4, &want}};
+  fresh.propose(one);
+  EXPECT_EQ(da, want);
+  // The same key with other tokens (a later sequence): rebuilt from its tokens, same drafts as fresh.
+  std::vector<int32_t> c{1, 2, 3, 4, 5}, dc, dc_fresh;
+  DraftSlot reuse[1] = {{c, &key_a, 2, &dc}};
+  p.propose(reuse);
+  DraftModelProposer fresh2(m, m.config().vocab_size);
+  DraftSlot reuse2[1] = {{c, &key_a, 2, &dc_fresh}};
+  fresh2.propose(reuse2);
+  EXPECT_EQ(dc, dc_fresh);
+  EXPECT_THROW(DraftModelProposer(m, m.config().vocab_size + 1), k3::Error);
+}
+
+BatchEngineOptions with_draft(BatchEngineOptions o, const k3::ModelRunner& draft) {
+  o.draft_model = &draft;
+  return o;
+}
+
+// k3-tiny drafting for itself, greedy: every guess is the target's own choice, so all are accepted --
+// batched, with prefix-cache hits and under preemption (where a sequence's draft cache is rebuilt from
+// its tokens). One guess computed from a stale or polluted draft state would show as a rejection.
+TEST(SpeculativeEngine, DraftModelSelfDraftAcceptsEveryGuess) {
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(make_request("d" + std::to_string(i), encode(std::string(i % 2 ? kCode : kProse) + (i >= 3 ? " a" : "")), 40));
+  const RunResult off = run(tiny(), options(true, std::nullopt), reqs);
+  const auto& spec = tiny().model->cache_spec();
+  for (const Rollback rb : kRollbacks) {
+    const SpeculativeConfig cfg = draft_cfg("models/k3-tiny", 4, rb);
+    const int64_t small = k3::cache::HybridCache::budget_for(spec, 16, 6, 16, cfg.state_slots()) +
+                          8 * ((spec.page_bytes(16) + 255) / 256 * 256);
+    for (const int64_t budget : {int64_t{256} << 20, small}) {
+      const RunResult on = run(tiny(), with_draft(options(true, cfg, budget, 6), *tiny().model), reqs);
+      for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+      EXPECT_GT(on.stats.spec_num_draft_tokens, 0);
+      EXPECT_EQ(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens) << "budget " << budget;
+      if (budget == small) EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
+      EXPECT_EQ(on.cache.pages_used, 0);
+      EXPECT_EQ(on.cache.slots_used, 0);
+    }
+  }
+}
+
+// A draft model that guesses badly (another random checkpoint, same tokenizer): most blocks are cut
+// mid-way; greedy and seeded output still equal the output without speculation.
+TEST(SpeculativeEngine, DraftModelThatMostlyMissesEqualsNoSpeculation) {
+  Env target(k3test::source_path("tests/data/tiny-k3"), k3test::source_path("tests/data/tiny-tokenizer"));
+  Env draft(k3test::source_path("tests/data/tiny-kimi-linear"), k3test::source_path("tests/data/tiny-tokenizer"));
+  std::vector<Request> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 12 + 3 * i; ++t) prompt.push_back(static_cast<int32_t>((37 * t + 11 * i) % 1000 + 3));
+    reqs.push_back(make_request("m" + std::to_string(i), prompt, 30, i == 3 ? 0.9f : 0.f, 7));
+  }
+  const RunResult off = run(target, options(true, std::nullopt), reqs);
+  for (const Rollback rb : kRollbacks) {
+    const RunResult on = run(target, with_draft(options(true, draft_cfg("d", 3, rb)), *draft.model), reqs);
+    for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+    EXPECT_GT(on.stats.spec_num_drafts, 0);
+    EXPECT_LT(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens);
   }
 }
 

@@ -370,7 +370,7 @@ std::optional<double> prometheus_value(const std::string& text, const std::strin
     if (line.rfind(name, 0) != 0) continue;
     const char next = line.size() > name.size() ? line[name.size()] : '\0';
     if (next != ' ' && next != '{') continue;
-    size_t vpos = line.find(' ', next == '{' ? line.find('}') : name.size());
+    size_t vpos = line.rfind(' ');  // the value is last; a label value may hold spaces or braces
     if (vpos == std::string::npos) continue;
     try {
       sum = sum.value_or(0) + std::stod(line.substr(vpos + 1));

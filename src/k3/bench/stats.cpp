@@ -1,11 +1,14 @@
 #include "k3/bench/stats.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "k3/core/error.h"
 
@@ -87,6 +90,7 @@ Distribution distribution(const std::vector<double>& v) {
   d.p99 = percentile(v, 99);
   d.min = *std::min_element(v.begin(), v.end());
   d.max = *std::max_element(v.begin(), v.end());
+  d.values = v;
   return d;
 }
 
@@ -125,7 +129,46 @@ Summary summarize(const std::vector<RequestOutcome>& out, double duration_s, con
   return s;
 }
 
-nlohmann::json summary_json(const Summary& s) {
+PercentileChoice parse_percentile_choice(const std::string& metrics, const std::string& percentiles) {
+  PercentileChoice pc;
+  pc.metrics.clear();
+  pc.percentiles.clear();
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t a = 0;
+    for (size_t b; (b = s.find(',', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+    out.push_back(s.substr(a));
+    return out;
+  };
+  for (const auto& m : split(metrics)) {
+    if (m != "ttft" && m != "tpot" && m != "itl" && m != "e2el")
+      throw Error("--percentile-metrics: unknown metric '" + m + "' (ttft, tpot, itl, e2el, comma-separated)");
+    if (std::find(pc.metrics.begin(), pc.metrics.end(), m) == pc.metrics.end()) pc.metrics.push_back(m);
+  }
+  for (const auto& t : split(percentiles)) {
+    char* end = nullptr;
+    errno = 0;
+    const double p = t.empty() ? NAN : std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0' || errno != 0 || !(p > 0 && p <= 100))
+      throw Error("--metric-percentiles: '" + t + "' is not a percentile in (0, 100] (e.g. 50,90,99)");
+    pc.percentiles.push_back(p);
+  }
+  return pc;
+}
+
+std::string percentile_word(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", p);
+  return buf;
+}
+
+namespace {
+const Distribution& metric_of(const Summary& s, const std::string& m) {
+  return m == "ttft" ? s.ttft_ms : m == "tpot" ? s.tpot_ms : m == "itl" ? s.itl_ms : s.e2el_ms;
+}
+}  // namespace
+
+nlohmann::json summary_json(const Summary& s, const PercentileChoice& pc) {
   nlohmann::json j;
   j["duration"] = s.duration_s;
   j["completed"] = s.completed;
@@ -149,11 +192,13 @@ nlohmann::json summary_json(const Summary& s) {
   put("tpot", s.tpot_ms);
   put("itl", s.itl_ms);
   put("e2el", s.e2el_ms);
+  for (const auto& m : pc.metrics)
+    for (double q : pc.percentiles) j["p" + percentile_word(q) + "_" + m + "_ms"] = percentile(metric_of(s, m).values, q);
   j["errors"] = s.errors;
   return j;
 }
 
-std::string summary_table(const Summary& s, const std::string& title) {
+std::string summary_table(const Summary& s, const std::string& title, const PercentileChoice& pc) {
   std::string o;
   char buf[256];
   auto line = [&](const char* k, double v, int prec) {
@@ -183,13 +228,19 @@ std::string summary_table(const Summary& s, const std::string& title) {
     std::string a = abbr;
     line(("Mean " + a + " (ms):").c_str(), d.mean, 2);
     line(("Median " + a + " (ms):").c_str(), d.median, 2);
-    line(("P90 " + a + " (ms):").c_str(), d.p90, 2);
-    line(("P99 " + a + " (ms):").c_str(), d.p99, 2);
+    for (double q : pc.percentiles) line(("P" + percentile_word(q) + " " + a + " (ms):").c_str(), percentile(d.values, q), 2);
   };
-  dist("Time to First Token", "TTFT", s.ttft_ms);
-  dist("Time per Output Token (excl. 1st token)", "TPOT", s.tpot_ms);
-  dist("Inter-token Latency", "ITL", s.itl_ms);
-  dist("End-to-end Latency", "E2EL", s.e2el_ms);
+  // In vllm's order of the sections, whatever the flag's order.
+  const std::pair<const char*, const char*> sections[] = {{"ttft", "Time to First Token"},
+                                                          {"tpot", "Time per Output Token (excl. 1st token)"},
+                                                          {"itl", "Inter-token Latency"},
+                                                          {"e2el", "End-to-end Latency"}};
+  for (const auto& [m, t] : sections) {
+    if (std::find(pc.metrics.begin(), pc.metrics.end(), m) == pc.metrics.end()) continue;
+    std::string abbr = m;
+    for (auto& c : abbr) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    dist(t, abbr.c_str(), metric_of(s, m));
+  }
   o += std::string(50, '=') + "\n";
   return o;
 }

@@ -43,6 +43,7 @@ bool meets_slo(const RequestOutcome& r, const Slo& slo);
 struct Distribution {
   double mean = 0, median = 0, std = 0, p90 = 0, p99 = 0, min = 0, max = 0;
   int64_t count = 0;
+  std::vector<double> values;  // as given (for the percentiles the user picks)
 };
 Distribution distribution(const std::vector<double>& v);  // of the values as given
 
@@ -58,10 +59,22 @@ struct Summary {
 };
 Summary summarize(const std::vector<RequestOutcome>& out, double duration_s, const Slo& slo);
 
-// vllm's result keys (completed, request_throughput, mean_ttft_ms, p99_itl_ms, ...).
-nlohmann::json summary_json(const Summary& s);
-// The vllm-style printed table.
-std::string summary_table(const Summary& s, const std::string& title);
+// vllm bench's --percentile-metrics (which of ttft, tpot, itl, e2el the table shows; default ttft,tpot,itl)
+// and --metric-percentiles (default 99): the table and the result's p{P}_{metric}_ms keys.
+struct PercentileChoice {
+  std::vector<std::string> metrics = {"ttft", "tpot", "itl"};
+  std::vector<double> percentiles = {99};
+};
+// "ttft,e2el" / "50,90,99.9"; a metric not among the four or a percentile outside (0, 100] -> k3::Error.
+PercentileChoice parse_percentile_choice(const std::string& metrics, const std::string& percentiles);
+// vllm's spelling of a percentile in keys and labels: 99 -> "99", 99.9 -> "99.9".
+std::string percentile_word(double p);
+
+// vllm's result keys (completed, request_throughput, mean_ttft_ms, p99_itl_ms, ...): mean, median, std,
+// p90, p99 of all four metrics, plus p{P}_{metric}_ms for the chosen metrics and percentiles.
+nlohmann::json summary_json(const Summary& s, const PercentileChoice& pc = {});
+// The vllm-style printed table: mean, median and the chosen percentiles of the chosen metrics.
+std::string summary_table(const Summary& s, const std::string& title, const PercentileChoice& pc = {});
 
 // Send offsets (seconds from the start) of n requests. rate = inf: all at 0. Otherwise the gaps are
 // gamma(shape = burstiness, scale = 1 / (rate * burstiness)): mean 1/rate; burstiness 1 = Poisson.

@@ -16,7 +16,7 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
                   " yet (it needs exact KDA state rollback: the CPU backend has it)");
     opt_.cache.state_snapshots = opt_.speculative->state_slots();
     opt_.sched.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
-    proposer_ = make_proposer(*opt_.speculative);
+    proposer_ = make_proposer(*opt_.speculative, opt_.draft_model, model.config().vocab_size);
     stats_.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
     stats_.spec_accepted_per_pos.assign(static_cast<size_t>(stats_.num_speculative_tokens), 0);
   }
@@ -169,7 +169,7 @@ void BatchEngine::propose_drafts() {
     s->drafts().clear();
     const int64_t pending = s->remaining();
     if (!s->decoding() || pending < 1 || pending > k + 1) continue;  // prefilling, or waiting
-    draft_slots_.push_back(DraftSlot{s->tokens(), std::min(k, s->draft_room()), &s->drafts()});
+    draft_slots_.push_back(DraftSlot{s->tokens(), s, std::min(k, s->draft_room()), &s->drafts()});
   }
   if (!draft_slots_.empty()) proposer_->propose(draft_slots_);
 }

@@ -33,6 +33,8 @@ struct BatchEngineOptions {
   // Speculative decoding (--speculative-config); nullopt: off. Needs a runner that supports state
   // snapshots (the CPU); the cache then keeps a second KDA state slot per running sequence.
   std::optional<SpeculativeConfig> speculative;
+  // Method "draft_model": the loaded draft model (the caller owns it; it must outlive the engine).
+  const ModelRunner* draft_model = nullptr;
 };
 
 class BatchEngine final : public Engine {

@@ -32,9 +32,6 @@ void NgramProposer::propose(std::span<const DraftSlot> batch) {
   for (const DraftSlot& s : batch) propose_one(s.tokens, s.max_drafts, *s.drafts);
 }
 
-std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg) {
-  // parse_speculative_config admits only the methods built here.
-  return std::make_unique<NgramProposer>(cfg.prompt_lookup_min, cfg.prompt_lookup_max);
-}
+
 
 }  // namespace k3::engine

@@ -11,11 +11,18 @@
 
 #include "k3/engine/speculative_config.h"
 
+namespace k3 {
+class ModelRunner;
+}
+
 namespace k3::engine {
 
 // One sequence's draft request.
 struct DraftSlot {
   std::span<const int32_t> tokens;  // prompt + generated so far (the last one not yet run)
+  // Which sequence (stable while it runs): a stateful proposer keeps per-sequence state under it and
+  // checks it against `tokens` (a key may be reused by a later sequence).
+  const void* seq = nullptr;
   int64_t max_drafts = 0;           // at most this many (<= num_speculative_tokens; 0: none wanted)
   std::vector<int32_t>* drafts = nullptr;  // out: cleared, then the proposed tokens
 };
@@ -27,7 +34,10 @@ class Proposer {
   virtual void propose(std::span<const DraftSlot> batch) = 0;
 };
 
-// The proposer a config asks for (throws k3::Error for a method not built yet).
-std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg);
+// The proposer a config asks for; `draft`: the loaded draft model of method "draft_model" (the caller
+// owns it; it must outlive the proposer), whose vocabulary must be the target's (`target_vocab`). Throws
+// k3::Error for a method not built yet, a missing draft or a vocabulary mismatch.
+std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, const ModelRunner* draft = nullptr,
+                                        int64_t target_vocab = 0);
 
 }  // namespace k3::engine

@@ -24,6 +24,21 @@ std::string prom_number(double v) {
   return buf;
 }
 
+namespace {
+std::string escape_label(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double v) {
@@ -35,16 +50,17 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
-void Histogram::render(const std::string& name, std::string& out) const {
+void Histogram::render(const std::string& name, std::string& out, const std::string& labels) const {
   std::lock_guard lk(mu_);
+  const std::string plain = labels.empty() ? " " : "{" + labels + "} ", with = labels.empty() ? "{" : "{" + labels + ",";
   uint64_t cum = 0;
   for (size_t i = 0; i <= bounds_.size(); ++i) {
     cum += counts_[i];
     const std::string le = i < bounds_.size() ? prom_number(bounds_[i]) : "+Inf";
-    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+    out += name + "_bucket" + with + "le=\"" + le + "\"} " + std::to_string(cum) + "\n";
   }
-  out += name + "_sum " + prom_number(sum_) + "\n";
-  out += name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_sum" + plain + prom_number(sum_) + "\n";
+  out += name + "_count" + plain + std::to_string(count_) + "\n";
 }
 
 const std::vector<double>& Metrics::ttft_buckets() {
@@ -63,8 +79,9 @@ const std::vector<double>& Metrics::e2e_buckets() {
   return b;
 }
 
-Metrics::Metrics()
-    : start_time_(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()),
+Metrics::Metrics(const std::string& model_name)
+    : model_label_(model_name.empty() ? std::string() : "model_name=\"" + escape_label(model_name) + "\""),
+      start_time_(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()),
       ttft_(ttft_buckets()),
       tpot_(tpot_buckets()),
       e2e_(e2e_buckets()) {}
@@ -85,132 +102,131 @@ void Metrics::add_tokens(int64_t prompt, int64_t generated) {
 }
 
 namespace {
-void head(std::string& out, const char* name, const char* type, const char* help) {
-  out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-}
-std::string escape_label(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '\\' || c == '"') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
+// One /metrics page. Every sample carries the page's labels first (`model_name`, as vLLM labels its
+// metrics, so that one Prometheus scraping several servers can tell the models apart), then its own.
+struct Page {
+  std::string out;
+  std::string labels;
+  void family(const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
   }
-  return o;
-}
+  void sample(const std::string& name, const std::string& value, const std::string& own = {}) {
+    const std::string all = labels.empty() ? own : own.empty() ? labels : labels + "," + own;
+    out += name + (all.empty() ? std::string() : "{" + all + "}") + " " + value + "\n";
+  }
+};
 // Routed experts of a model read from a file-backed mapping (docs/bigger-than-ram.md).
-void render_expert_cache(const ExpertCacheStats& e, std::string& out) {
-  head(out, "k3_expert_cache_hit_ratio", "gauge", "Fraction of routed-expert uses whose weights were resident when needed.");
-  out += "k3_expert_cache_hit_ratio " + prom_number(e.hit_ratio()) + "\n";
-  head(out, "k3_expert_cache_lookups_total", "counter", "Routed-expert uses (one per layer, step and expert).");
-  out += "k3_expert_cache_lookups_total " + std::to_string(e.lookups) + "\n";
-  head(out, "k3_expert_cache_hits_total", "counter", "Routed-expert uses whose weights were resident.");
-  out += "k3_expert_cache_hits_total " + std::to_string(e.hits) + "\n";
-  head(out, "k3_expert_cache_missing_bytes_total", "counter", "Bytes of used experts that were not resident.");
-  out += "k3_expert_cache_missing_bytes_total " + std::to_string(e.missing_bytes) + "\n";
-  head(out, "k3_expert_cache_prefetched_total", "counter", "Experts prefetched once routing was known.");
-  out += "k3_expert_cache_prefetched_total " + std::to_string(e.prefetched_experts) + "\n";
-  head(out, "k3_expert_cache_pinned_bytes", "gauge", "Bytes of the hot experts kept resident (mlock).");
-  out += "k3_expert_cache_pinned_bytes " + std::to_string(e.hot_bytes) + "\n";
-  head(out, "k3_expert_cache_budget_bytes", "gauge", "Budget of the pinned hot set (--expert-cache-gb).");
-  out += "k3_expert_cache_budget_bytes " + std::to_string(e.hot_budget_bytes) + "\n";
+void render_expert_cache(const ExpertCacheStats& e, Page& pg) {
+  pg.family("k3_expert_cache_hit_ratio", "gauge", "Fraction of routed-expert uses whose weights were resident when needed.");
+  pg.sample("k3_expert_cache_hit_ratio", prom_number(e.hit_ratio()));
+  pg.family("k3_expert_cache_lookups_total", "counter", "Routed-expert uses (one per layer, step and expert).");
+  pg.sample("k3_expert_cache_lookups_total", std::to_string(e.lookups));
+  pg.family("k3_expert_cache_hits_total", "counter", "Routed-expert uses whose weights were resident.");
+  pg.sample("k3_expert_cache_hits_total", std::to_string(e.hits));
+  pg.family("k3_expert_cache_missing_bytes_total", "counter", "Bytes of used experts that were not resident.");
+  pg.sample("k3_expert_cache_missing_bytes_total", std::to_string(e.missing_bytes));
+  pg.family("k3_expert_cache_prefetched_total", "counter", "Experts prefetched once routing was known.");
+  pg.sample("k3_expert_cache_prefetched_total", std::to_string(e.prefetched_experts));
+  pg.family("k3_expert_cache_pinned_bytes", "gauge", "Bytes of the hot experts kept resident (mlock).");
+  pg.sample("k3_expert_cache_pinned_bytes", std::to_string(e.hot_bytes));
+  pg.family("k3_expert_cache_budget_bytes", "gauge", "Budget of the pinned hot set (--expert-cache-gb).");
+  pg.sample("k3_expert_cache_budget_bytes", std::to_string(e.hot_budget_bytes));
   if (e.disk.read_bytes >= 0) {
-    head(out, "k3_process_disk_read_bytes_total", "counter", "Bytes this process read from storage (/proc/self/io).");
-    out += "k3_process_disk_read_bytes_total " + std::to_string(e.disk.read_bytes) + "\n";
+    pg.family("k3_process_disk_read_bytes_total", "counter", "Bytes this process read from storage (/proc/self/io).");
+    pg.sample("k3_process_disk_read_bytes_total", std::to_string(e.disk.read_bytes));
   }
-  head(out, "k3_process_major_faults_total", "counter", "Major page faults of this process (pages read from storage).");
-  out += "k3_process_major_faults_total " + std::to_string(e.disk.major_faults) + "\n";
+  pg.family("k3_process_major_faults_total", "counter", "Major page faults of this process (pages read from storage).");
+  pg.sample("k3_process_major_faults_total", std::to_string(e.disk.major_faults));
 }
 
 // Speculative decoding, under vLLM's names (its Counter "vllm:spec_decode_num_drafts" is exposed as
 // ..._total, as prometheus_client writes it) so that vLLM dashboards read k3 as they are; plus the two
 // ratios they compute, as gauges over the server's lifetime.
-void render_spec_decode(const engine::EngineStats& st, std::string& out) {
-  head(out, "vllm:spec_decode_num_drafts_total", "counter", "Verification steps that had draft tokens.");
-  out += "vllm:spec_decode_num_drafts_total " + std::to_string(st.spec_num_drafts) + "\n";
-  head(out, "vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified.");
-  out += "vllm:spec_decode_num_draft_tokens_total " + std::to_string(st.spec_num_draft_tokens) + "\n";
-  head(out, "vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
-  out += "vllm:spec_decode_num_accepted_tokens_total " + std::to_string(st.spec_num_accepted_tokens) + "\n";
-  head(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by draft position (0: the first).");
+void render_spec_decode(const engine::EngineStats& st, Page& pg) {
+  pg.family("vllm:spec_decode_num_drafts_total", "counter", "Verification steps that had draft tokens.");
+  pg.sample("vllm:spec_decode_num_drafts_total", std::to_string(st.spec_num_drafts));
+  pg.family("vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified.");
+  pg.sample("vllm:spec_decode_num_draft_tokens_total", std::to_string(st.spec_num_draft_tokens));
+  pg.family("vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+  pg.sample("vllm:spec_decode_num_accepted_tokens_total", std::to_string(st.spec_num_accepted_tokens));
+  pg.family("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", "Draft tokens accepted, by draft position (0: the first).");
   for (size_t j = 0; j < st.spec_accepted_per_pos.size(); ++j)
-    out += "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(j) + "\"} " +
-           std::to_string(st.spec_accepted_per_pos[j]) + "\n";
+    pg.sample("vllm:spec_decode_num_accepted_tokens_per_pos_total", std::to_string(st.spec_accepted_per_pos[j]),
+              "position=\"" + std::to_string(j) + "\"");
   const double drafts = static_cast<double>(st.spec_num_drafts), tokens = static_cast<double>(st.spec_num_draft_tokens);
   const double acc = static_cast<double>(st.spec_num_accepted_tokens);
-  head(out, "k3_spec_decode_acceptance_rate", "gauge", "Accepted / proposed draft tokens since start (0 before any draft).");
-  out += "k3_spec_decode_acceptance_rate " + prom_number(tokens > 0 ? acc / tokens : 0.0) + "\n";
-  head(out, "k3_spec_decode_mean_acceptance_length", "gauge",
+  pg.family("k3_spec_decode_acceptance_rate", "gauge", "Accepted / proposed draft tokens since start (0 before any draft).");
+  pg.sample("k3_spec_decode_acceptance_rate", prom_number(tokens > 0 ? acc / tokens : 0.0));
+  pg.family("k3_spec_decode_mean_acceptance_length", "gauge",
        "Tokens per verification step since start: 1 + accepted / drafts (0 before any draft).");
-  out += "k3_spec_decode_mean_acceptance_length " + prom_number(drafts > 0 ? 1.0 + acc / drafts : 0.0) + "\n";
+  pg.sample("k3_spec_decode_mean_acceptance_length", prom_number(drafts > 0 ? 1.0 + acc / drafts : 0.0));
 }
 
 }  // namespace
 
 std::string Metrics::render(const engine::EngineStats& st) const {
-  std::string out;
-  head(out, "k3_requests_total", "counter", "HTTP requests by endpoint and status code.");
+  Page pg{{}, model_label_};
+  pg.family("k3_requests_total", "counter", "HTTP requests by endpoint and status code.");
   {
     std::lock_guard lk(mu_);
     for (const auto& [k, v] : requests_)
-      out += "k3_requests_total{endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) +
-             "\"} " + std::to_string(v) + "\n";
+      pg.sample("k3_requests_total", std::to_string(v),
+                "endpoint=\"" + escape_label(k.first) + "\",status=\"" + std::to_string(k.second) + "\"");
   }
-  head(out, "k3_http_rejections_total", "counter",
+  pg.family("k3_http_rejections_total", "counter",
        "Requests or connections the HTTP layer refused, by reason (limits; see docs/serving.md).");
   {
     std::lock_guard lk(mu_);
     for (const auto& [k, v] : rejections_)
-      out += "k3_http_rejections_total{reason=\"" + escape_label(k) + "\"} " + std::to_string(v) + "\n";
+      pg.sample("k3_http_rejections_total", std::to_string(v), "reason=\"" + escape_label(k) + "\"");
   }
-  head(out, "k3_http_connections_open", "gauge", "Client connections open.");
-  out += "k3_http_connections_open " + std::to_string(open_connections_.load()) + "\n";
-  head(out, "k3_http_inflight_body_bytes", "gauge", "Bytes reserved for request bodies being received or parsed.");
-  out += "k3_http_inflight_body_bytes " + std::to_string(inflight_body_bytes_.load()) + "\n";
-  head(out, "k3_client_disconnects_total", "counter", "Generation requests cancelled because their client went away.");
-  out += "k3_client_disconnects_total " + std::to_string(client_disconnects_.load()) + "\n";
-  head(out, "k3_prompt_tokens_total", "counter", "Prompt tokens of finished generation requests.");
-  out += "k3_prompt_tokens_total " + std::to_string(prompt_tokens_.load()) + "\n";
-  head(out, "k3_generation_tokens_total", "counter", "Generated tokens of finished generation requests.");
-  out += "k3_generation_tokens_total " + std::to_string(generation_tokens_.load()) + "\n";
-  head(out, "k3_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
-  ttft_.render("k3_time_to_first_token_seconds", out);
-  head(out, "k3_time_per_output_token_seconds", "histogram", "Time between consecutive generated tokens.");
-  tpot_.render("k3_time_per_output_token_seconds", out);
-  head(out, "k3_e2e_request_latency_seconds", "histogram", "Time from request arrival to the last token.");
-  e2e_.render("k3_e2e_request_latency_seconds", out);
-  head(out, "k3_num_requests_running", "gauge", "Sequences the engine is running.");
-  out += "k3_num_requests_running " + std::to_string(st.running) + "\n";
-  head(out, "k3_num_requests_waiting", "gauge", "Sequences waiting in the engine's queue.");
-  out += "k3_num_requests_waiting " + std::to_string(st.waiting) + "\n";
-  head(out, "k3_cache_usage_ratio", "gauge", "Fraction of the engine's sequence cache in use (0..1).");
-  out += "k3_cache_usage_ratio " +
-         prom_number(st.cache_bytes_total > 0 ? double(st.cache_bytes_used) / double(st.cache_bytes_total) : 0.0) + "\n";
-  head(out, "k3_cache_pages_total", "gauge", "MLA latent pages of the engine's cache.");
-  out += "k3_cache_pages_total " + std::to_string(st.cache_pages_total) + "\n";
-  head(out, "k3_cache_pages_used", "gauge", "Cache pages referenced by live sequences.");
-  out += "k3_cache_pages_used " + std::to_string(st.cache_pages_used) + "\n";
-  head(out, "k3_cache_pages_cached", "gauge", "Cache pages held only by the prefix cache (evictable).");
-  out += "k3_cache_pages_cached " + std::to_string(st.cache_pages_cached) + "\n";
-  head(out, "k3_cache_state_slots_total", "gauge", "KDA state slots of the engine's cache.");
-  out += "k3_cache_state_slots_total " + std::to_string(st.cache_slots_total) + "\n";
-  head(out, "k3_cache_state_slots_used", "gauge", "KDA state slots held by live sequences.");
-  out += "k3_cache_state_slots_used " + std::to_string(st.cache_slots_used) + "\n";
-  head(out, "k3_cache_checkpoints", "gauge", "Prefix-cache KDA state checkpoints held (evictable).");
-  out += "k3_cache_checkpoints " + std::to_string(st.cache_checkpoints) + "\n";
-  head(out, "k3_prefix_cache_queries_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
-  out += "k3_prefix_cache_queries_tokens_total " + std::to_string(st.prefix_queries_tokens) + "\n";
-  head(out, "k3_prefix_cache_hits_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
-  out += "k3_prefix_cache_hits_tokens_total " + std::to_string(st.prefix_hit_tokens) + "\n";
-  head(out, "k3_num_preemptions_total", "counter", "Sequences preempted by the engine.");
-  out += "k3_num_preemptions_total " + std::to_string(st.preemptions) + "\n";
-  if (st.num_speculative_tokens > 0) render_spec_decode(st, out);
-  if (st.expert_cache && st.expert_cache->enabled) render_expert_cache(*st.expert_cache, out);
-  head(out, "process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch in seconds.");
-  out += "process_start_time_seconds " + prom_number(start_time_) + "\n";
-  return out;
+  pg.family("k3_http_connections_open", "gauge", "Client connections open.");
+  pg.sample("k3_http_connections_open", std::to_string(open_connections_.load()));
+  pg.family("k3_http_inflight_body_bytes", "gauge", "Bytes reserved for request bodies being received or parsed.");
+  pg.sample("k3_http_inflight_body_bytes", std::to_string(inflight_body_bytes_.load()));
+  pg.family("k3_client_disconnects_total", "counter", "Generation requests cancelled because their client went away.");
+  pg.sample("k3_client_disconnects_total", std::to_string(client_disconnects_.load()));
+  pg.family("k3_prompt_tokens_total", "counter", "Prompt tokens of finished generation requests.");
+  pg.sample("k3_prompt_tokens_total", std::to_string(prompt_tokens_.load()));
+  pg.family("k3_generation_tokens_total", "counter", "Generated tokens of finished generation requests.");
+  pg.sample("k3_generation_tokens_total", std::to_string(generation_tokens_.load()));
+  pg.family("k3_time_to_first_token_seconds", "histogram", "Time from request arrival to the first generated token.");
+  ttft_.render("k3_time_to_first_token_seconds", pg.out, pg.labels);
+  pg.family("k3_time_per_output_token_seconds", "histogram", "Time between consecutive generated tokens.");
+  tpot_.render("k3_time_per_output_token_seconds", pg.out, pg.labels);
+  pg.family("k3_e2e_request_latency_seconds", "histogram", "Time from request arrival to the last token.");
+  e2e_.render("k3_e2e_request_latency_seconds", pg.out, pg.labels);
+  pg.family("k3_num_requests_running", "gauge", "Sequences the engine is running.");
+  pg.sample("k3_num_requests_running", std::to_string(st.running));
+  pg.family("k3_num_requests_waiting", "gauge", "Sequences waiting in the engine's queue.");
+  pg.sample("k3_num_requests_waiting", std::to_string(st.waiting));
+  pg.family("k3_cache_usage_ratio", "gauge", "Fraction of the engine's sequence cache in use (0..1).");
+  const double used = st.cache_bytes_total > 0 ? double(st.cache_bytes_used) / double(st.cache_bytes_total) : 0.0;
+  pg.sample("k3_cache_usage_ratio", prom_number(used));
+  pg.family("k3_cache_pages_total", "gauge", "MLA latent pages of the engine's cache.");
+  pg.sample("k3_cache_pages_total", std::to_string(st.cache_pages_total));
+  pg.family("k3_cache_pages_used", "gauge", "Cache pages referenced by live sequences.");
+  pg.sample("k3_cache_pages_used", std::to_string(st.cache_pages_used));
+  pg.family("k3_cache_pages_cached", "gauge", "Cache pages held only by the prefix cache (evictable).");
+  pg.sample("k3_cache_pages_cached", std::to_string(st.cache_pages_cached));
+  pg.family("k3_cache_state_slots_total", "gauge", "KDA state slots of the engine's cache.");
+  pg.sample("k3_cache_state_slots_total", std::to_string(st.cache_slots_total));
+  pg.family("k3_cache_state_slots_used", "gauge", "KDA state slots held by live sequences.");
+  pg.sample("k3_cache_state_slots_used", std::to_string(st.cache_slots_used));
+  pg.family("k3_cache_checkpoints", "gauge", "Prefix-cache KDA state checkpoints held (evictable).");
+  pg.sample("k3_cache_checkpoints", std::to_string(st.cache_checkpoints));
+  pg.family("k3_prefix_cache_queries_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  pg.sample("k3_prefix_cache_queries_tokens_total", std::to_string(st.prefix_queries_tokens));
+  pg.family("k3_prefix_cache_hits_tokens_total", "counter", "Prompt tokens found in the prefix cache.");
+  pg.sample("k3_prefix_cache_hits_tokens_total", std::to_string(st.prefix_hit_tokens));
+  pg.family("k3_num_preemptions_total", "counter", "Sequences preempted by the engine.");
+  pg.sample("k3_num_preemptions_total", std::to_string(st.preemptions));
+  if (st.num_speculative_tokens > 0) render_spec_decode(st, pg);
+  if (st.expert_cache && st.expert_cache->enabled) render_expert_cache(*st.expert_cache, pg);
+  pg.family("process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch in seconds.");
+  // The process collector's metric, unlabelled as prometheus_client writes it (one per process).
+  pg.out += "process_start_time_seconds " + prom_number(start_time_) + "\n";
+  return std::move(pg.out);
 }
 
 }  // namespace k3::serve

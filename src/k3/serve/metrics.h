@@ -17,8 +17,8 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void observe(double v);
-  // Appends the _bucket / _sum / _count lines of `name`.
-  void render(const std::string& name, std::string& out) const;
+  // Appends the _bucket / _sum / _count lines of `name`; `labels` (`k="v",...`) go first in each.
+  void render(const std::string& name, std::string& out, const std::string& labels = {}) const;
 
  private:
   std::vector<double> bounds_;
@@ -30,7 +30,8 @@ class Histogram {
 
 class Metrics {
  public:
-  Metrics();
+  // `model_name` (the served name) labels every sample, as vLLM's metrics are labelled; empty: no label.
+  explicit Metrics(const std::string& model_name = {});
   void count_request(const std::string& endpoint, int status);
   void add_tokens(int64_t prompt, int64_t generated);
   void observe_ttft(double s) { ttft_.observe(s); }
@@ -50,6 +51,7 @@ class Metrics {
   static const std::vector<double>& e2e_buckets();
 
  private:
+  std::string model_label_;  // `model_name="..."`, escaped; empty: none
   double start_time_;
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;

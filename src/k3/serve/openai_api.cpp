@@ -815,13 +815,13 @@ json build_usage_chunk(Endpoint ep, const GenRequest& req, const std::string& id
               {"usage", usage_json(usage, req.show_cached_tokens)}};
 }
 
-json models_json(const std::string& model_name, int64_t created, int64_t max_model_len) {
+json models_json(const std::string& model_name, const std::string& root, int64_t created, int64_t max_model_len) {
   return json{{"object", "list"},
               {"data", json::array({json{{"id", model_name},
                                          {"object", "model"},
                                          {"created", created},
                                          {"owned_by", "k3.cpp"},
-                                         {"root", model_name},
+                                         {"root", root.empty() ? model_name : root},
                                          {"parent", nullptr},
                                          {"max_model_len", max_model_len}}})}};
 }

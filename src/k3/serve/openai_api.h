@@ -59,6 +59,9 @@ int64_t response_bytes_per_token(int top_logprobs);
 
 struct ApiContext {
   std::string model_name;              // the served model name (requests naming another -> 404)
+  // GET /v1/models "root": the served model's path (vLLM's field), so that a client on this host, such as
+  // `k3 bench serve`, can load its tokenizer. Empty: the model name.
+  std::string model_root;
   const text::Tokenizer* tok = nullptr;
   const ChatAdapter* chat = nullptr;
   int32_t bos = -1;                    // prepended to string prompts of /v1/completions
@@ -148,6 +151,6 @@ nlohmann::json build_usage_chunk(Endpoint ep, const GenRequest& req, const std::
                                  const Usage& usage);
 
 // GET /v1/models body.
-nlohmann::json models_json(const std::string& model_name, int64_t created, int64_t max_model_len);
+nlohmann::json models_json(const std::string& model_name, const std::string& root, int64_t created, int64_t max_model_len);
 
 }  // namespace k3::serve

@@ -261,7 +261,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       endpoint_ = "/v1/models";
       if (only(http::verb::get, "GET")) return;
       check_auth();
-      return send_response(200, dump(models_json(srv_.ctx.model_name, srv_.created, srv_.ctx.max_model_len)),
+      return send_response(200, dump(models_json(srv_.ctx.model_name, srv_.ctx.model_root, srv_.created, srv_.ctx.max_model_len)),
                            "application/json");
     }
     if (path == "/version") {  // vLLM's
