@@ -141,6 +141,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_option("--shutdown-grace", o->so.shutdown_grace_s, "seconds in-flight requests may finish after SIGTERM")
       ->capture_default_str();
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
+  cmd->add_flag("!--no-webui", o->so.webui, "do not serve the web chat at / (llama-server's flag)");
   add_speculative_option(cmd, o->speculative);
   cmd->callback([&reg, o] {
     reg.action = [o] {
@@ -215,6 +216,7 @@ void add_serve(CLI::App& app, Registry& reg) {
                    o->no_prefix ? "off" : "on", o->so.threads,
                    (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required",
                    eo.speculative ? (", speculative decoding " + k3::engine::describe(*eo.speculative)).c_str() : "");
+      if (o->so.webui) std::fprintf(stderr, "k3 serve: web chat at http://%s:%u/\n", o->so.host.c_str(), server.port());
       std::fflush(stderr);
       server.run_until_signal();
       std::fprintf(stderr, "k3 serve: stopped\n");

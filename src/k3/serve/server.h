@@ -36,6 +36,8 @@ struct ServerOptions {
   // CORS (--allowed-origins): origins whose browser pages may call the API; "*" any. Empty: no CORS headers,
   // so browsers keep other sites' scripts out (the default; vLLM's is "*").
   std::vector<std::string> allowed_origins;
+  // The web chat at / and /static/* (webui.h); --no-webui turns it off (404 there, as any unknown path).
+  bool webui = true;
 };
 
 // The CORS response headers for a request's Origin ("" when none applies): `Access-Control-Allow-Origin`
