@@ -4,9 +4,12 @@
 // throws GrammarError saying so.
 //
 // The vocabulary handed over: every ordinary token as its raw bytes; every special token (control
-// markers, end-of-turn, reserved slots, ids past the tokenizer) as an empty string, which the grammar
-// engine never allows inside text -- a grammar names the markers it wants by token id, and its stop ids
-// are allowed only once it is complete.
+// markers, end-of-turn, reserved slots) as the byte 0xFF + its name. No UTF-8 text starts with 0xFF, so no
+// text element of any grammar (JSON string, regex, literal, character class) can take a special token: a
+// grammar names the markers it wants by token id (structural tags' `token`, EBNF `Token(id)`), free text
+// excludes them by id, and the stop ids are allowed only once the grammar is complete. (xgrammar's own
+// "special" tokens -- an empty string -- can never be accepted at all, not even by id.) Ids past the
+// tokenizer (a padded model vocabulary) are never allowed.
 #pragma once
 #include <cstdint>
 #include <memory>

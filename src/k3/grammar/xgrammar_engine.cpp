@@ -14,6 +14,10 @@ namespace k3::grammar {
 
 namespace {
 
+// 0xFF starts no UTF-8 sequence: text elements of a grammar (JSON strings, regexes, literals, character
+// classes) can never match a token whose bytes start with it, whereas `token` elements select it by id.
+const std::string kSpecialPrefix = "\xFF";
+
 class XgMatcher final : public TokenMatcher {
  public:
   XgMatcher(const xgrammar::CompiledGrammar& g, const std::vector<int32_t>& stop_ids)
@@ -49,11 +53,12 @@ class XgCompiled final : public CompiledGrammar {
   int64_t words_;
 };
 
-// Ordinary tokens as their bytes, special ones (and the model's padding ids) as "" (see the header).
+// Ordinary tokens as their bytes; special ones as 0xFF + their name (see the header); the model's padding
+// ids past the tokenizer are xgrammar's own "special" ids, never allowed.
 std::vector<std::string> vocab_of(const text::Tokenizer& tok) {
   std::vector<std::string> v(static_cast<size_t>(tok.n_vocab()));
   for (int32_t id = 0; id < tok.n_vocab(); ++id)
-    if (!tok.is_special(id)) v[static_cast<size_t>(id)] = tok.token_bytes(id);
+    v[static_cast<size_t>(id)] = tok.is_special(id) ? kSpecialPrefix + tok.token_bytes(id) : tok.token_bytes(id);
   return v;
 }
 

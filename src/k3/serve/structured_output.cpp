@@ -244,14 +244,18 @@ json chat_output_format(const text::ChatFormat& fmt, const text::ChatRequest& re
       for (json e : {free_text, tok(m.close), lit("think"), tok(m.sep), tok(m.open), lit("response"), tok(m.sep)})
         el.push_back(std::move(e));
     }
-    el.push_back(body.is_null() ? free_text : body);
+    // tool_choice "required" / a named function: the answer is the call(s) alone (as vLLM and OpenAI
+    // models answer), so a model cannot spend its budget on text before the call.
+    if (!body.is_null()) el.push_back(body);
+    else if (!(tools_constrained && required)) el.push_back(free_text);
     for (json e : {tok(m.close), lit("response"), tok(m.sep)}) el.push_back(std::move(e));
     if (tools_constrained) {
       const json section = k3_tools(m, rules, parallel_calls);
       el.push_back(required ? section : json{{"type", "optional"}, {"content", section}});
     }
   } else {
-    el.push_back(body.is_null() ? free_text : body);
+    if (!body.is_null()) el.push_back(body);
+    else if (!(tools_constrained && required)) el.push_back(free_text);
     if (tools_constrained) {
       const json section = k2_tools(m, rules, parallel_calls);
       el.push_back(required ? section : json{{"type", "optional"}, {"content", section}});
