@@ -171,7 +171,7 @@ TEST(StructuredOutput, ApiFieldsBuildAGrammarOrA400NamingTheField) {
            {R"("guided_regex": "[")", "guided_regex"},
            {R"("guided_choice": [])", "guided_choice"},
            {R"("grammar": "root ::= (")", "grammar"},
-           {R"("grammar": "root ::= \"a\"", "guided_regex": "b")", "guided_regex"},
+           {R"("grammar": "root ::= \"a\"", "guided_regex": "b")", "grammar"},
            {R"("guided_decoding_backend": "outlines")", "guided_decoding_backend"},
            {R"("logit_bias": {"5": 101})", "logit_bias"},
            {R"("logit_bias": {"1024": 1})", "logit_bias"},
