@@ -94,8 +94,9 @@ TEST(CudaConstrain, MaskAndBiasMatchTheHostReference) {
       const auto g = k3::cuda::to_result(got[r]);
       EXPECT_EQ(g.token, want.token) << "V=" << V << " row " << r;
       EXPECT_EQ(g.status, want.status) << "V=" << V << " row " << r;
-      if (!masks[r].empty() && g.token >= 0)
+      if (!masks[r].empty() && g.token >= 0) {
         EXPECT_TRUE((masks[r][static_cast<size_t>(g.token / 32)] >> (g.token % 32)) & 1u) << "forbidden id " << g.token;
+      }
     }
   }
 }
