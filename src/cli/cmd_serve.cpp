@@ -15,6 +15,7 @@
 #include "k3/engine/batch_engine.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
+#include "k3/grammar/grammar_engine.h"
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/server.h"
 #include "k3/text/tokenizer.h"
@@ -30,7 +31,7 @@ struct Opts {
   int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
   std::string cache_memory = "1GiB";
   std::string speculative;  // --speculative-config JSON
-  bool no_prefix = false, prompt_tokens_details = false;
+  bool no_prefix = false, prompt_tokens_details = false, allow_unknown_fields = false;
   int64_t max_response_bytes = int64_t{64} << 20;
 };
 
@@ -111,6 +112,9 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_flag("--enable-prompt-tokens-details", o->prompt_tokens_details,
                 "report usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM: it tells a client "
                 "whether another sent the same prompt prefix)");
+  cmd->add_flag("--allow-unknown-fields", o->allow_unknown_fields,
+                "ignore request fields this server does not know, with a warning (default: 400 naming the field, "
+                "as OpenAI answers)");
   cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
       ->capture_default_str();
   cmd->add_option("--cache-memory", o->cache_memory,
@@ -199,6 +203,14 @@ void add_serve(CLI::App& app, Registry& reg) {
       ctx.vocab_size = cfg.vocab_size;
       ctx.max_response_bytes = o->max_response_bytes;
       ctx.prompt_tokens_details = o->prompt_tokens_details;
+      ctx.allow_unknown_fields = o->allow_unknown_fields;
+      // Structured outputs: the grammar engine over the model's vocabulary (K3_GRAMMAR builds).
+      std::unique_ptr<k3::grammar::GrammarEngine> grammar;
+      if (k3::grammar::GrammarEngine::available())
+        grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, cfg.vocab_size);
+      ctx.grammar = grammar.get();
+      if (cfg.eos_token_id >= 0) ctx.eos_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
+      if (tok.eos_id() >= 0 && tok.eos_id() != cfg.eos_token_id) ctx.eos_ids.push_back(tok.eos_id());
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 

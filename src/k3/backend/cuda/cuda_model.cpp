@@ -241,44 +241,66 @@ void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<cons
   check_forward_sample_args(items, rows, opt);
   const int64_t V = cfg.vocab_size;
   const int R = static_cast<int>(rows.size());
-  // Parameters and penalty ids, one upload: [rows][ids][results].
+  // Parameters, penalty ids and constraints (logit_bias, grammar masks), one upload:
+  // [rows][ids][constraint rows][bias ids][bias values][mask words][results].
   std::vector<sampling::RowSampling> rs;
   for (const RowSample& r : rows) rs.push_back(r.sampling);
   std::vector<DeviceRowSampling> drows;
   std::vector<int32_t> ids;
   flatten_rows(rs, drows, ids);
-  const size_t rows_b = drows.size() * sizeof(DeviceRowSampling), ids_b = (ids.size() * 4 + 15) / 16 * 16,
-               res_b = static_cast<size_t>(R) * sizeof(DeviceSampleResult);
+  FlatConstraints cons;
+  const bool constrained = flatten_constraints(rs, V, cons);
+  auto al16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  const size_t rows_b = drows.size() * sizeof(DeviceRowSampling), ids_b = al16(ids.size() * 4);
+  const size_t crow_b = al16(cons.rows.size() * sizeof(DeviceRowConstraint)), cid_b = al16(cons.bias_ids.size() * 4),
+               cval_b = al16(cons.bias_values.size() * 4), cmask_b = al16(cons.mask.size() * 4);
+  const size_t con_b = crow_b + cid_b + cval_b + cmask_b;
+  const size_t up_b = rows_b + ids_b + con_b;  // what goes up; the results follow it
+  const size_t res_b = static_cast<size_t>(R) * sizeof(DeviceSampleResult);
   int n_raw = 0;
   for (const RowSample& r : rows) n_raw += r.raw_logits ? 1 : 0;
   const size_t raw_b = static_cast<size_t>(n_raw) * static_cast<size_t>(V) * 4;
-  uint8_t* h = static_cast<uint8_t*>(samp_h.ensure(rows_b + ids_b + res_b + raw_b));
-  if (samp_d.bytes() < rows_b + ids_b + res_b) samp_d = DeviceBuffer(2 * (rows_b + ids_b + res_b) + 4096);
+  uint8_t* h = static_cast<uint8_t*>(samp_h.ensure(up_b + res_b + raw_b));
+  if (samp_d.bytes() < up_b + res_b) samp_d = DeviceBuffer(2 * (up_b + res_b) + 4096);
   std::memcpy(h, drows.data(), rows_b);
   if (!ids.empty()) std::memcpy(h + rows_b, ids.data(), ids.size() * 4);
+  const size_t c0 = rows_b + ids_b;
+  if (constrained) {
+    std::memcpy(h + c0, cons.rows.data(), cons.rows.size() * sizeof(DeviceRowConstraint));
+    if (!cons.bias_ids.empty()) {
+      std::memcpy(h + c0 + crow_b, cons.bias_ids.data(), cons.bias_ids.size() * 4);
+      std::memcpy(h + c0 + crow_b + cid_b, cons.bias_values.data(), cons.bias_values.size() * 4);
+    }
+    if (!cons.mask.empty()) std::memcpy(h + c0 + crow_b + cid_b + cval_b, cons.mask.data(), cons.mask.size() * 4);
+  }
   uint8_t* d = samp_d.get<uint8_t>();
   forward(
       items, opt,
       [&](int64_t) {
-        // The raw rows first: the kernel rewrites the logits in place.
+        // The raw rows first: the kernels rewrite the logits in place.
         int j_raw = 0;
         for (int j = 0; j < R; ++j)
           if (rows[static_cast<size_t>(j)].raw_logits)
-            K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b + res_b + static_cast<size_t>(j_raw++) * V * 4,
+            K3_CUDA_CHECK(cudaMemcpyAsync(h + up_b + res_b + static_cast<size_t>(j_raw++) * V * 4,
                                           backend->logits().f() + static_cast<int64_t>(j) * V, static_cast<size_t>(V) * 4,
                                           cudaMemcpyDeviceToHost, stream));
-        K3_CUDA_CHECK(cudaMemcpyAsync(d, h, rows_b + ids_b, cudaMemcpyHostToDevice, stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(d, h, up_b, cudaMemcpyHostToDevice, stream));
+        if (constrained)
+          K3_CUDA_CHECK(constrain_rows(backend->logits().f(), V, reinterpret_cast<const DeviceRowConstraint*>(d + c0),
+                                       reinterpret_cast<const int32_t*>(d + c0 + crow_b),
+                                       reinterpret_cast<const float*>(d + c0 + crow_b + cid_b),
+                                       reinterpret_cast<const uint32_t*>(d + c0 + crow_b + cid_b + cval_b), R, stream));
         K3_CUDA_CHECK(sample_rows(backend->logits().f(), V, reinterpret_cast<const DeviceRowSampling*>(d),
                                   reinterpret_cast<const int32_t*>(d + rows_b), R,
-                                  reinterpret_cast<DeviceSampleResult*>(d + rows_b + ids_b), stream));
-        K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b, d + rows_b + ids_b, res_b, cudaMemcpyDeviceToHost, stream));
+                                  reinterpret_cast<DeviceSampleResult*>(d + up_b), stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(h + up_b, d + up_b, res_b, cudaMemcpyDeviceToHost, stream));
       },
       [&](int64_t) {
         results.resize(static_cast<size_t>(R));
-        const auto* out = reinterpret_cast<const DeviceSampleResult*>(h + rows_b + ids_b);
+        const auto* out = reinterpret_cast<const DeviceSampleResult*>(h + up_b);
         for (int j = 0; j < R; ++j) results[static_cast<size_t>(j)] = to_result(out[j]);
         raw_logits.resize(static_cast<size_t>(n_raw) * static_cast<size_t>(V));
-        if (n_raw > 0) std::memcpy(raw_logits.data(), h + rows_b + ids_b + res_b, raw_b);
+        if (n_raw > 0) std::memcpy(raw_logits.data(), h + up_b + res_b, raw_b);
       });
 }
 
