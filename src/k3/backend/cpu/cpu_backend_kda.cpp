@@ -13,7 +13,6 @@ namespace k3::cpu {
 using graph::Tensor;
 
 namespace {
-inline float softplus(float z) { return z > 20.f ? z : std::log1p(std::exp(z)); }
 
 // x / sqrt(sum x^2 + 1e-6) * scale, per head of D values.
 void l2norm_heads(float* x, int64_t rows, int64_t D, float scale) {
@@ -80,7 +79,8 @@ void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const 
         const __m256 va = _mm256_set1_ps(a), lb = _mm256_set1_ps(gate.lower_bound);
         zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(lb, sigmoid8(_mm256_mul_ps(va, _mm256_add_ps(x, bi)))); });
       } else {
-        for (int64_t d = 0; d < D; ++d) gr[d] = -a * softplus(gr[d] + bias[d]);
+        const __m256 na = _mm256_set1_ps(-a);
+        zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(na, softplus8(_mm256_add_ps(x, bi))); });
       }
     }
   });

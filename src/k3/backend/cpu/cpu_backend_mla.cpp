@@ -98,7 +98,10 @@ void CpuBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph:
       const float* r = lat.data() + p * (kr + dr);
       std::copy(r, r + kr, clat.data() + p * kr);
     }
-    matmul(w.kv_b_f32, clat.data(), S, kv.data());
+    // kv_b as stored (bf16 on these checkpoints) when it is on the host: the tier's kernel for it (vdpbf16ps
+    // in avx512bf16) reads half the bytes of the fp32 copy; the exact tiers widen bf16 exactly.
+    const bool stored = w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice;
+    matmul(stored ? w.kv_b_stored : w.kv_b_f32, clat.data(), S, kv.data());
     mla_attention_mha_kv(static_cast<int>(s.n), static_cast<int>(s.past), static_cast<int>(nh), static_cast<int>(dn),
                          static_cast<int>(dr), static_cast<int>(dv), q.f() + s.offset * nh * qk, kv.data(), lat.data() + kr,
                          kr + dr, scale, o.f() + s.offset * nh * dv);
