@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -171,9 +172,13 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
   {
+    // Tiles of at most 4000 weights: the prefill path runs over many row tiles (1..5 rows here), each
+    // writing its rows of y in place.
+    ::setenv("K3_CUDA_DEQUANT_TILE", "4000", 1);
     k3::cuda::LinearRunner runner(st);
+    ::unsetenv("K3_CUDA_DEQUANT_TILE");
     for (WeightFormat f : kFormats) {
-      for (const auto [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}}) {
+      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}}) {
         const int64_t cols = odd_cols(f, f == WeightFormat::Q8_0 ? 8 * blocks + 1 : blocks);
         const auto wb = random_blocks(f, rows, cols, 77 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
         const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
@@ -188,6 +193,8 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
         std::vector<float> x(static_cast<size_t>(max_n * cols));
         for (auto& v : x) v = nd(rng);
         Dev<float> dx(x);
+        Dev<float> dx_odd(x.size() + 1);  // x one float past a 16-byte boundary: the GEMV's scalar loads
+        ck(cudaMemcpy(dx_odd.p + 1, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "H2D");
         const Product p = reference(w, x, rows, cols, max_n);
         for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 19}) {
           Dev<float> y(static_cast<size_t>(n * rows));
@@ -203,11 +210,73 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
           const double ratio = worst_ratio(got, pn, k);
           EXPECT_LE(ratio, 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
                                 << (gemv ? " (GEMV)" : " (dequantised tiles + SGEMM)");
+          if (n == 1 || n == 3) {
+            y.poison();
+            ck(k3::cuda::linear_gemv(dw, dx_odd.p + 1, static_cast<int>(n), y.p, st), "gemv unaligned x");
+            ck(cudaStreamSynchronize(st), "sync");
+            EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " n=" << n << " unaligned x";
+          }
         }
       }
     }
   }
   ck(cudaStreamDestroy(st), "stream destroy");
+}
+
+// K3-sized rows (4096 x 7168, one token): a spot check of 64 rows against float64 and the GEMV's time and
+// effective bandwidth (stored bytes / time, L2 flushed before each call), printed for docs/perf.
+TEST(CudaQuantKernels, GemvTimingAtK3Width) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 4096, cols = 7168;
+  Dev<uint8_t> flush(size_t{256} << 20);
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q4_K, WeightFormat::Q2_K, WeightFormat::IQ4_XS,
+                         WeightFormat::IQ2_XXS, WeightFormat::IQ1_M}) {
+    const auto wb = random_blocks(f, rows, cols, 21, 4, 10);
+    const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
+    std::mt19937 rng(2);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = nd(rng);
+    Dev<uint8_t> d(wb);
+    Dev<float> dx(x), y(static_cast<size_t>(rows));
+    k3::WeightMatrix dw = hw;
+    dw.data = d.p;
+    dw.device = 0;
+    y.poison();
+    ck(k3::cuda::quant_gemv(dw, dx.p, 1, y.p, nullptr), "gemv");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto got = y.get();
+    std::vector<float> row(static_cast<size_t>(cols));
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r += 64) {
+      k3::cpu::dequant_row(hw, r, row.data());
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * x[c], a += std::fabs(static_cast<double>(row[c]) * x[c]);
+      const double err = std::isfinite(got[r]) ? std::fabs(got[r] - s) / (std::ldexp(1.0, -24) * (cols / 32 + 5) * a) : INFINITY;
+      worst = std::max(worst, err);
+    }
+    EXPECT_LE(worst, 2.0) << k3::weight_format_name(f);
+    cudaEvent_t e0, e1;
+    ck(cudaEventCreate(&e0), "event");
+    ck(cudaEventCreate(&e1), "event");
+    float total_ms = 0;
+    const int reps = 20;
+    for (int i = 0; i < reps; ++i) {
+      ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
+      ck(cudaEventRecord(e0, nullptr), "record");
+      ck(k3::cuda::quant_gemv(dw, dx.p, 1, y.p, nullptr), "gemv");
+      ck(cudaEventRecord(e1, nullptr), "record");
+      ck(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      total_ms += ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double us = 1000.0 * total_ms / reps;
+    std::printf("[ quant gemv ] %-7s %lld x %lld n=1: %7.1f us  %6.0f GB/s of stored blocks\n", k3::weight_format_name(f),
+                static_cast<long long>(rows), static_cast<long long>(cols), us, static_cast<double>(wb.size()) / (us * 1e3));
+  }
 }
 
 // Routed experts stacked as blocks (quant_moe.h) against a float64 MoE over the CPU's dequantised

@@ -26,7 +26,7 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
   prof_.begin("moe experts", stream_);
   if (is_gguf_block(w.stacked.format)) {  // GGUF block experts (quant_moe.h): the hidden activations in step scratch
     const size_t mark = scratch_.mark();
-    const Tensor hidden = scratch(x.rows * idx.cols, w.stacked.I);
+    const Tensor hidden = scratch(x.rows * idx.cols, w.stacked.I, graph::ElemType::F32);
     K3_CUDA_CHECK(cuda::quant_moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                           p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, hidden.f(), out.f(), stream_));
     scratch_.release(mark);

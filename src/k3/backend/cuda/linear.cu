@@ -162,6 +162,9 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_MERGED_X2=0: bf16x2 batches above 32 tokens take two accumulating GEMMs again (A/B).
   const char* mg = std::getenv("K3_CUDA_MERGED_X2");
   merged_ = mg == nullptr || std::string(mg) != "0";
+  // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
+  if (const char* dt = std::getenv("K3_CUDA_DEQUANT_TILE"); dt != nullptr && std::atoll(dt) > 0)
+    dequant_tile_floats_ = std::min<int64_t>(std::atoll(dt), kDequantTileFloats);
   try {
     check_cublas(cublasCreate(&handle_), "cublasCreate");
     check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");

@@ -94,6 +94,7 @@ class LinearRunner {
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
   DeviceBuffer wq_;     // a GGUF block matrix's dequantised fp32 row tile (run_blocks)
+  int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
 };
 
 // The GEMV kernel alone (n <= 8; BF16, F32 and the GGUF block formats), exposed for tests and benchmarks;

@@ -211,6 +211,18 @@ __device__ __forceinline__ void iq1_m(const uint8_t* b, int g, const IqTables& T
   put_iq1(w, __ldg(T.iq1s + (b[4 * ib + l] | (hi << 8))), dl, iq1_delta(neg));
 }
 
+// 8 activations at p: two 16-byte loads when `aligned` (p 16-byte aligned), else 8 scalar loads (a view at
+// an odd offset; a uniform branch).
+__device__ __forceinline__ void load_x8(const float* __restrict__ p, bool aligned, float* v) {
+  if (aligned) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __ldg(p + j);
+  }
+}
+
 // Elements 8g .. 8g + 7 of the block at b (g < weight_layout(F).block_elems / 8).
 template <WeightFormat F>
 __device__ __forceinline__ void decode8(const uint8_t* b, int g, const IqTables& T, float* w) {

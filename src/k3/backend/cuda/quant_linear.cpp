@@ -1,6 +1,6 @@
 // LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Up to kGemvMaxTokens
 // tokens: quant_gemv (the blocks read once, decoded in registers). More: the rows in tiles of at most
-// kDequantTileFloats fp32 values, each dequantised into the runner's scratch (exact: the CPU's values)
+// kDequantTileFloats fp32 values (fewer with K3_CUDA_DEQUANT_TILE), each dequantised into the runner's scratch (exact: the CPU's values)
 // and multiplied by cublasSgemm (true fp32: the handle keeps the default math mode, no TF32), writing
 // its rows of y in place (ldc = rows). Cost per call: one fp32 write + read of the matrix (4 bytes per
 // weight, vs ~0.5 stored) and SIMT fp32 FLOPs instead of tensor cores: correct first; a bf16 tile +
@@ -24,7 +24,7 @@ void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, 
   if (m > kIntMax || n > kIntMax || k > kIntMax || k <= 0)
     throw Error("CUDA backend: a " + std::string(weight_format_name(W.format)) + " projection of " + std::to_string(m) + " x " +
                 std::to_string(k) + " for " + std::to_string(n) + " tokens is outside cuBLAS's int sizes");
-  const int64_t tile = std::clamp<int64_t>(kDequantTileFloats / k, 1, m);
+  const int64_t tile = std::clamp<int64_t>(dequant_tile_floats_ / k, 1, m);
   const size_t need = static_cast<size_t>(tile * k) * sizeof(float);
   if (wq_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old tile

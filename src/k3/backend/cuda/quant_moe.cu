@@ -23,18 +23,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Row `row` of a block matrix of `cols` columns dotted with fp32 v (16-byte aligned), this lane's share.
+// Row `row` of a block matrix of `cols` columns dotted with fp32 v, this lane's share.
 template <WeightFormat F>
 __device__ __forceinline__ float lane_dot(const uint8_t* row, int cols, const float* __restrict__ v, const IqTables& T) {
   constexpr int B = weight_layout(F).block_bytes, kGroups = weight_layout(F).block_elems / 8;
+  const bool aligned = (reinterpret_cast<uintptr_t>(v) & 15) == 0;
   float s = 0.f;
   for (int gi = threadIdx.x & 31; gi < cols / 8; gi += 32) {
-    float w[8];
+    float w[8], a[8];
     qdev::decode8<F>(row + (gi / kGroups) * B, gi % kGroups, T, w);
-    const float4 a = __ldg(reinterpret_cast<const float4*>(v + gi * 8));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(v + gi * 8 + 4));
-    s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-    s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
+    qdev::load_x8(v + gi * 8, aligned, a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s = fmaf(w[j], a[j], s);
   }
   return s;
 }
@@ -88,7 +88,7 @@ cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x
   const int E = w.E, I = w.I, X = w.X;
   if (!is_gguf_block(w.format) || n < 0 || K <= 0 || E <= 0 || I <= 0 || X <= 0) return cudaErrorInvalidValue;
   const int be = weight_layout(w.format).block_elems;
-  if (I % be != 0 || X % be != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(hidden) % 16 != 0)
+  if (I % be != 0 || X % be != 0 || reinterpret_cast<uintptr_t>(x) % 4 != 0 || reinterpret_cast<uintptr_t>(hidden) % 4 != 0)
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const IqTables T = iq_tables();

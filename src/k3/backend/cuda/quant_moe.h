@@ -2,9 +2,9 @@
 // the stack as uploaded by upload_weights (gate, up [E][I] rows of X; down [E][X] rows of I; each row
 // row_data_bytes(format, cols) bytes, no separate scales; ExpertStack::format a GGUF block format), the
 // same contract as moe_experts (moe_kernels.h): out[t] = sum_k topk_w[t][k] * down_e(act(gate_e x_t,
-// up_e x_t)), the sum in rank order. `hidden`: scratch of n * K * I floats (16-byte aligned). fp32
+// up_e x_t)), the sum in rank order. `hidden`: scratch of n * K * I floats. fp32
 // throughout, the weights decoded exactly (quant_decode.cuh). cudaErrorInvalidValue for another format,
-// widths that are not whole blocks, or misaligned x / hidden.
+// widths that are not whole blocks, or x / hidden not float-aligned.
 #pragma once
 #include <cuda_runtime_api.h>
 
