@@ -1,7 +1,8 @@
 // The CUDA kernels of GGUF's block formats (quant_kernels.h) against the CPU's (backend/cpu):
 //  - dequantisation of random blocks bit for bit equal to cpu::dequant_row, every format, rows by range and
 //    by index (the embedding gather);
-//  - the decode GEMV (n = 1..8) and the prefill path (n > 8: fp32 tiles + SGEMM, through LinearRunner)
+//  - the decode GEMV (n = 1..8, and 9..32 in chunks of 8) and the prefill path (n > 32: fp32 tiles + SGEMM,
+//    through LinearRunner)
 //    against a float64 product of the CPU's dequantised weights, within the fp32 summation bound
 //    (cols / 32 + 5) * 2^-24 * sum |w x| times 2 (GEMV) or cols * 2^-24 * sum |w x| times 2 (SGEMM, whose
 //    order is cuBLAS's), on shapes whose rows and columns are not multiples of the kernels' tiles.
@@ -187,7 +188,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
         k3::WeightMatrix dw = hw;
         dw.data = d.p;
         dw.device = 0;
-        const int64_t max_n = 19;
+        const int64_t max_n = 40;
         std::mt19937 rng(5 + static_cast<uint32_t>(cols));
         std::normal_distribution<float> nd(0.f, 1.f);
         std::vector<float> x(static_cast<size_t>(max_n * cols));
@@ -196,7 +197,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
         Dev<float> dx_odd(x.size() + 1);  // x one float past a 16-byte boundary: the GEMV's scalar loads
         ck(cudaMemcpy(dx_odd.p + 1, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "H2D");
         const Product p = reference(w, x, rows, cols, max_n);
-        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 19}) {
+        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 33, 40}) {
           Dev<float> y(static_cast<size_t>(n * rows));
           y.poison();
           runner.run(dw, dx.p, n, y.p);
@@ -205,11 +206,11 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
           Product pn;
           pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
           pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
-          const bool gemv = n <= k3::cuda::LinearRunner::kGemvMaxTokens;
+          const bool gemv = n <= k3::cuda::LinearRunner::kQuantGemvMaxTokens;
           const double k = gemv ? static_cast<double>(cols / 32 + 5) : static_cast<double>(cols);
           const double ratio = worst_ratio(got, pn, k);
           EXPECT_LE(ratio, 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
-                                << (gemv ? " (GEMV)" : " (dequantised tiles + SGEMM)");
+                                << (gemv ? " (GEMV, chunks of 8 tokens)" : " (dequantised tiles + SGEMM)");
           if (n == 1 || n == 3) {
             y.poison();
             ck(k3::cuda::linear_gemv(dw, dx_odd.p + 1, static_cast<int>(n), y.p, st), "gemv unaligned x");

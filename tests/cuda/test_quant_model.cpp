@@ -1,8 +1,9 @@
 // End-to-end on GGUF block formats: models/k3-tiny (trained; random checkpoints' near-tied routing would
 // hide a layout error in noise) quantised by `k3 quantize`'s presets (Q8_0; Q4_K_M: Q4_K + Q6_K, Q8_0 where a
 // width is not whole 256-blocks) into a temp GGUF, loaded on the GPU with every quantised matrix as its
-// blocks (projections, head, token table) and against the CPU model of the same file: prefill (the
-// dequantised tiles + SGEMM path) and token-by-token decode (the block GEMV); and with the routed experts
+// blocks (projections, head, token table) and against the CPU model of the same file: prefill of 20 tokens
+// (the block GEMV in chunks of 8) and 48 (the dequantised tiles + SGEMM path) and token-by-token decode (the
+// block GEMV); and with the routed experts
 // requantised to Q8_0 (quant_moe.h). Both sides use the same
 // exact weight values and fp32 arithmetic, so the bar is the e2e suite's (test_cuda_model.cpp):
 // max |diff| <= 1e-3 of the logits' range, >= 99% same argmax.
@@ -89,16 +90,19 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
   const int64_t V = cpu->config().vocab_size;
   std::vector<int32_t> toks;
   for (int i = 0; i < 48; ++i) toks.push_back((i * 131 + 17) % static_cast<int32_t>(V));
-  for (k3::AttnPath p : {k3::AttnPath::Prefill, k3::AttnPath::Decode}) {
+  // Prefill of 20 tokens (the block GEMV in chunks of 8), of 48 (dequantised tiles + SGEMM); 12 decode steps.
+  for (const int n : {20, 48, 1}) {
+    const k3::AttnPath p = n > 1 ? k3::AttnPath::Prefill : k3::AttnPath::Decode;
     std::vector<float> ref, got;
     k3::ForwardOptions fo;
     fo.all_logits = true;
     fo.path = p;
     auto sc = cpu->new_cache();
     auto sg = gpu->new_cache();
-    if (p == k3::AttnPath::Prefill) {
-      cpu->forward(toks, *sc, ref, fo);
-      gpu->forward(toks, *sg, got, fo);
+    if (n > 1) {
+      const std::span<const int32_t> tk(toks.data(), static_cast<size_t>(n));
+      cpu->forward(tk, *sc, ref, fo);
+      gpu->forward(tk, *sg, got, fo);
     } else {  // one token per step: the GEMV over the blocks
       std::vector<float> one;
       for (size_t i = 0; i < 12; ++i) {
@@ -111,8 +115,8 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
     }
     bool finite = true;
     const double rel = max_rel(got, ref, finite), am = same_argmax(got, ref, V);
-    std::printf("[ quant e2e ] k3-tiny %-7s %-7s rel %.2e  argmax %.4f\n", GetParam().c_str(),
-                p == k3::AttnPath::Prefill ? "prefill" : "decode", rel, am);
+    std::printf("[ quant e2e ] k3-tiny %-15s %-7s n=%-3d rel %.2e  argmax %.4f\n", GetParam().c_str(),
+                n > 1 ? "prefill" : "decode", n > 1 ? n : 12, rel, am);
     EXPECT_TRUE(finite);
     EXPECT_GT(rel, 0.0);  // two backends, different summation orders: identical logits would mean one ran the other
     EXPECT_LT(rel, 1e-3);

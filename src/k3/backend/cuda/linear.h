@@ -4,8 +4,8 @@
 // once with x split into bf16 hi + lo (linear_skinny.h; the GEMV up to 8 tokens for other weights); larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
 // rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
 // shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
-// GGUF block formats (Q8_0, Q4_K, ..., IQ1_M; quant_kernels.h): up to 8 tokens a GEMV over the blocks;
-// more: row tiles dequantised to fp32 into a reused scratch (at most kDequantTileFloats) and multiplied by
+// GGUF block formats (Q8_0, Q4_K, ..., IQ1_M; quant_kernels.h): up to 32 tokens a GEMV over the blocks (8
+// tokens per pass); more: row tiles dequantised to fp32 into a reused scratch (at most kDequantTileFloats) and multiplied by
 // cublasSgemm (true fp32, the CPU reference's numerics; quant_linear.cpp).
 #pragma once
 #include <cublasLt.h>
@@ -51,6 +51,9 @@ class LinearRunner {
   // GEMM over x's hi and lo halves side by side: W is read once.
   static constexpr int kMergedMaxTokens = 256;
   static constexpr int64_t kMergedMaxFloats = int64_t{64} << 20;  // 256 MB
+  // GGUF block matrices: up to this many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read
+  // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, fp32 tiles.
+  static constexpr int kQuantGemvMaxTokens = 32;
   // Largest fp32 tile of a GGUF block matrix dequantised for a prefill-sized product (64 MB).
   static constexpr int64_t kDequantTileFloats = int64_t{16} << 20;
 

@@ -1,5 +1,6 @@
-// LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Up to kGemvMaxTokens
-// tokens: quant_gemv (the blocks read once, decoded in registers). More: the rows in tiles of at most
+// LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Up to
+// kQuantGemvMaxTokens tokens: quant_gemv per chunk of kGemvMaxTokens (the blocks read once per chunk,
+// decoded in registers; the crossover to tiles is a byte count, not a measurement yet). More: the rows in tiles of at most
 // kDequantTileFloats fp32 values (fewer with K3_CUDA_DEQUANT_TILE), each dequantised into the runner's scratch (exact: the CPU's values)
 // and multiplied by cublasSgemm (true fp32: the handle keeps the default math mode, no TF32), writing
 // its rows of y in place (ldc = rows). Cost per call: one fp32 write + read of the matrix (4 bytes per
@@ -15,11 +16,12 @@ namespace k3::cuda {
 
 void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y) {
   if (n <= 0 || W.rows <= 0) return;
-  if (n <= kGemvMaxTokens) {
-    K3_CUDA_CHECK(quant_gemv(W, x, static_cast<int>(n), y, stream_));
+  const int64_t m = W.rows, k = W.cols;
+  if (n <= kQuantGemvMaxTokens) {  // y is [n][m]: each chunk of tokens writes its own rows of y
+    for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxTokens)
+      K3_CUDA_CHECK(quant_gemv(W, x + t0 * k, static_cast<int>(std::min<int64_t>(kGemvMaxTokens, n - t0)), y + t0 * m, stream_));
     return;
   }
-  const int64_t m = W.rows, k = W.cols;
   constexpr int64_t kIntMax = 0x7fffffff;
   if (m > kIntMax || n > kIntMax || k > kIntMax || k <= 0)
     throw Error("CUDA backend: a " + std::string(weight_format_name(W.format)) + " projection of " + std::to_string(m) + " x " +
