@@ -6,7 +6,7 @@
 // block GEMV); and with the routed experts
 // requantised to Q8_0 (quant_moe.h). Both sides use the same
 // exact weight values and fp32 arithmetic, so the bar is the e2e suite's (test_cuda_model.cpp):
-// max |diff| <= 1e-3 of the logits' range, >= 99% same argmax.
+// max |diff| <= 1e-3 of the logits' range; the same argmax at all positions but at most one (a near-tie).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -36,7 +36,8 @@ double max_rel(const std::vector<float>& got, const std::vector<float>& ref, boo
   return md / std::max(mr, 1e-30);
 }
 
-double same_argmax(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+// Positions whose argmax differs.
+int64_t argmax_flips(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
   const int64_t rows = static_cast<int64_t>(ref.size()) / V;
   int64_t same = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -47,7 +48,7 @@ double same_argmax(const std::vector<float>& got, const std::vector<float>& ref,
     }
     same += ag == ar;
   }
-  return rows ? static_cast<double>(same) / rows : 1.0;
+  return rows - same;
 }
 
 class CudaQuantModel : public ::testing::TestWithParam<std::string> {};
@@ -114,13 +115,14 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
       }
     }
     bool finite = true;
-    const double rel = max_rel(got, ref, finite), am = same_argmax(got, ref, V);
-    std::printf("[ quant e2e ] k3-tiny %-15s %-7s n=%-3d rel %.2e  argmax %.4f\n", GetParam().c_str(),
-                n > 1 ? "prefill" : "decode", n > 1 ? n : 12, rel, am);
+    const double rel = max_rel(got, ref, finite);
+    const int64_t flips = argmax_flips(got, ref, V);
+    std::printf("[ quant e2e ] k3-tiny %-15s %-7s n=%-3d rel %.2e  argmax differs at %lld positions\n", GetParam().c_str(),
+                n > 1 ? "prefill" : "decode", n > 1 ? n : 12, rel, static_cast<long long>(flips));
     EXPECT_TRUE(finite);
     EXPECT_GT(rel, 0.0);  // two backends, different summation orders: identical logits would mean one ran the other
     EXPECT_LT(rel, 1e-3);
-    EXPECT_GE(am, 0.99);
+    EXPECT_LE(flips, 1);  // a near-tie may flip once at this rel; a wrong layout flips most positions
   }
 }
 

@@ -25,6 +25,27 @@ __device__ __forceinline__ float f16_bits(unsigned h) { return __half2float(__us
 __device__ __forceinline__ float f16_at(const uint8_t* p) { return f16_bits(u16_at(p)); }
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 
+// 8 consecutive bytes (byte j in bits 8j..8j+7) in the widest loads their address allows: one 8-byte load
+// for Q4_K / Q5_K / IQ4_XS (blocks of a multiple of 16 bytes, fields at multiples of 8), 16-bit loads for
+// Q8_0 / Q6_K / Q3_K (blocks of an even size) -- fewer load instructions than 8 byte loads.
+__device__ __forceinline__ uint64_t bytes8(const uint8_t* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if ((a & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+  if ((a & 3) == 0) {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
+    return q[0] | (static_cast<uint64_t>(q[1]) << 32);
+  }
+  if ((a & 1) == 0) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return q[0] | (static_cast<uint64_t>(q[1]) << 16) | (static_cast<uint64_t>(q[2]) << 32) | (static_cast<uint64_t>(q[3]) << 48);
+  }
+  uint64_t v = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v |= static_cast<uint64_t>(p[j]) << (8 * j);
+  return v;
+}
+__device__ __forceinline__ unsigned byte_of(uint64_t v, int j) { return static_cast<unsigned>(v >> (8 * j)) & 0xFFu; }
+
 // Q4_K / Q5_K's 6-bit scale and min of sub-block j (quant::k4_scale_min).
 __device__ __forceinline__ void k4_scale_min(int j, const uint8_t* s, int& sc, int& m) {
   if (j < 4) {
@@ -62,9 +83,9 @@ __device__ __forceinline__ void put_iq1(float* w, uint64_t grid, float dl, float
 
 __device__ __forceinline__ void q8_0(const uint8_t* b, int g, float* w) {
   const float d = f16_at(b);
-  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2 + 8 * g);
+  const uint64_t q = bytes8(b + 2 + 8 * g);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) w[j] = mul(static_cast<float>(q[j]), d);
+  for (int j = 0; j < 8; ++j) w[j] = mul(static_cast<float>(static_cast<int8_t>(byte_of(q, j))), d);
 }
 
 // Q4_K (kFifth false) and Q5_K: element 8g + j lies in sub-block sb = g / 4 (32 each); the quant bytes of
@@ -77,12 +98,12 @@ __device__ __forceinline__ void q45_k(const uint8_t* b, int g, float* w) {
   k4_scale_min(sb, b + 4, sc, m);
   const float dl = mul(d, static_cast<float>(sc)), ml = mul(dmin, static_cast<float>(m));
   const int l0 = 8 * (g % 4), shift = 4 * (sb & 1);
-  const uint8_t* q = b + (kFifth ? 48 : 16) + 32 * (sb / 2) + l0;
-  const uint8_t* qh = b + 16 + l0;
+  const uint64_t q = bytes8(b + (kFifth ? 48 : 16) + 32 * (sb / 2) + l0);
+  const uint64_t qh = kFifth ? bytes8(b + 16 + l0) : 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    int v = (q[j] >> shift) & 0xF;
-    if (kFifth) v |= ((qh[j] >> sb) & 1) << 4;
+    int v = (byte_of(q, j) >> shift) & 0xF;
+    if (kFifth) v |= ((byte_of(qh, j) >> sb) & 1) << 4;
     w[j] = __fsub_rn(mul(dl, static_cast<float>(v)), ml);
   }
 }
@@ -91,14 +112,14 @@ __device__ __forceinline__ void q45_k(const uint8_t* b, int g, float* w) {
 __device__ __forceinline__ void q6_k(const uint8_t* b, int g, float* w) {
   const float d = f16_at(b + 208);
   const int h = g / 16, k = (g % 16) / 4, l0 = 8 * (g % 4);
-  const uint8_t* ql = b + 64 * h + 32 * (k & 1) + l0;
-  const uint8_t* qh = b + 128 + 32 * h + l0;
+  const uint64_t ql = bytes8(b + 64 * h + 32 * (k & 1) + l0);
+  const uint64_t qh = bytes8(b + 128 + 32 * h + l0);
   const int sc = static_cast<int8_t>(b[192 + 8 * h + l0 / 16 + 2 * k]);
   const float dsc = mul(d, static_cast<float>(sc));
   const int lshift = 4 * (k >> 1), hshift = 2 * k;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int q = ((ql[j] >> lshift) & 0xF) | (((qh[j] >> hshift) & 3) << 4);
+    const int q = ((byte_of(ql, j) >> lshift) & 0xF) | (((byte_of(qh, j) >> hshift) & 3) << 4);
     w[j] = mul(dsc, static_cast<float>(q - 32));
   }
 }
@@ -108,11 +129,11 @@ __device__ __forceinline__ void q3_k(const uint8_t* b, int g, float* w) {
   const float d = f16_at(b + 108);
   const int half = g / 16, s4 = (g % 16) / 4, i0 = 8 * (g % 4), hbit = 4 * half + s4;
   const float dl = mul(d, static_cast<float>(q3_k_scale(b + 96, g / 2)));
-  const uint8_t* q = b + 32 + 32 * half + i0;
-  const uint8_t* hm = b + i0;
+  const uint64_t q = bytes8(b + 32 + 32 * half + i0);
+  const uint64_t hm = bytes8(b + i0);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const int v = ((q[j] >> (2 * s4)) & 3) - (((hm[j] >> hbit) & 1) ? 0 : 4);
+    const int v = static_cast<int>((byte_of(q, j) >> (2 * s4)) & 3) - (((byte_of(hm, j) >> hbit) & 1) ? 0 : 4);
     w[j] = mul(dl, static_cast<float>(v));
   }
 }
@@ -122,9 +143,9 @@ __device__ __forceinline__ void q2_k(const uint8_t* b, int g, float* w) {
   const int half = g / 16, s4 = (g % 16) / 4, i0 = 8 * (g % 4);
   const unsigned sc = b[g / 2];
   const float dl = mul(d, static_cast<float>(sc & 0xF)), ml = mul(dmin, static_cast<float>(sc >> 4));
-  const uint8_t* q = b + 16 + 32 * half + i0;
+  const uint64_t q = bytes8(b + 16 + 32 * half + i0);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(mul(dl, static_cast<float>((q[j] >> (2 * s4)) & 3)), ml);
+  for (int j = 0; j < 8; ++j) w[j] = __fsub_rn(mul(dl, static_cast<float>((byte_of(q, j) >> (2 * s4)) & 3)), ml);
 }
 
 __device__ __forceinline__ void iq4_xs(const uint8_t* b, int g, const IqTables& T, float* w) {
@@ -133,10 +154,10 @@ __device__ __forceinline__ void iq4_xs(const uint8_t* b, int g, const IqTables& 
   const int ib = g / 4, p0 = 8 * (g % 4);
   const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
   const float dl = mul(d, static_cast<float>(ls - 32));
-  const uint8_t* q = b + 8 + 16 * ib + (p0 % 16);
+  const uint64_t q = bytes8(b + 8 + 16 * ib + (p0 % 16));
   const int shift = p0 >= 16 ? 4 : 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) w[j] = mul(dl, static_cast<float>(__ldg(T.iq4nl + ((q[j] >> shift) & 0xF))));
+  for (int j = 0; j < 8; ++j) w[j] = mul(dl, static_cast<float>(__ldg(T.iq4nl + ((byte_of(q, j) >> shift) & 0xF))));
 }
 
 // The codebook i-quants: group g = sub-block ib = g / 4, group l = g % 4 within it.
