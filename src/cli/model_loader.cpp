@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
+#include "k3/dist/rendezvous.h"
 #include "k3/dist/launcher.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
@@ -69,10 +70,16 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "directory with tiktoken.model and tokenizer_config.json (default: the model's; for a GGUF file, "
                   "the directory it is in)");
   cmd->add_option("--tensor-parallel-size,--tp", d.tensor_parallel_size,
-                  "cpu: shard the model over N processes started by `mpirun -np N` (heads, MLP columns, vocabulary; "
+                  "cpu: shard the model over N processes: those of `mpirun -np N`, else k3 starts N - 1 workers itself (heads, MLP columns, vocabulary; "
                   "docs/multi-gpu.md)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--nnodes", d.nnodes, "hosts of a --tensor-parallel-size group (one rank each; docs/multi-gpu.md)")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", d.node_rank, "this host's place in the group, 0..nnodes-1 (0 also serves)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", d.master_addr, "node 0's address, where the other nodes meet it")->capture_default_str();
+  cmd->add_option("--master-port", d.master_port, "node 0's TCP port for the rendezvous")->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", d.enable_expert_parallel,
                 "with --tensor-parallel-size: each rank owns whole routed experts (a block of them) instead of a slice "
                 "of every expert");
@@ -96,6 +103,27 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
 
 namespace {
 
+// --nnodes & co., checked (before anything starts).
+k3::dist::RendezvousOptions rendezvous_options(const DeviceOptions& d) {
+  k3::dist::RendezvousOptions o;
+  o.nnodes = d.nnodes;
+  o.node_rank = d.node_rank;
+  o.master_addr = d.master_addr;
+  o.master_port = d.master_port;
+  k3::dist::validate(o);
+  if (o.nnodes > 1) {
+    if (d.tensor_parallel_size == 1)
+      throw k3::Error("--nnodes " + std::to_string(o.nnodes) + " needs --tensor-parallel-size (a multiple of it)");
+    if (k3::dist::launched_by_mpi())
+      throw k3::Error("--nnodes starts the group through its own rendezvous: not under mpirun (use one or the other)");
+    if (d.tensor_parallel_size % o.nnodes != 0)
+      throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) + " is not a multiple of --nnodes " +
+                      std::to_string(o.nnodes));
+    o.ranks_per_node = d.tensor_parallel_size / o.nnodes;
+  }
+  return o;
+}
+
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
                                               k3::CacheDType ssm, const k3::Placement& placement) {
@@ -103,11 +131,15 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
     throw k3::Error("--tensor-parallel-size runs on --device cpu (over MPI) so far; GPUs over NCCL are the next step");
   if (d.load_format != "auto" || !placement.empty())
     throw k3::Error("--tensor-parallel-size does not combine with --load-format dummy, --override-tensor or --cpu-moe");
-  if (!k3::dist::launched_by_mpi())
-    throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) +
-                    ": start k3 under MPI, one process per rank: mpirun -np " + std::to_string(d.tensor_parallel_size) +
-                    " k3 ...");
-  auto comm = k3::dist::make_mpi_comm();
+  // Under mpirun (or started by a rank 0 that spawned us) the group exists; over several hosts it meets
+  // at node 0's rendezvous; else this process is rank 0 and starts the other ranks itself on this host
+  // (vLLM's behaviour).
+  std::unique_ptr<k3::dist::Communicator> comm;
+  if (d.nnodes > 1) {
+    comm = k3::dist::join_mpi_nodes(rendezvous_options(d));
+  } else {
+    comm = k3::dist::launched_by_mpi() ? k3::dist::make_mpi_comm() : k3::dist::spawn_mpi_workers(d.tensor_parallel_size);
+  }
   if (comm->size() != d.tensor_parallel_size)
     throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) + " but mpirun started " +
                     std::to_string(comm->size()) + " processes (they must be equal)");
@@ -121,6 +153,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
     // workers): a worker killed by the launcher's forwarded signal would leave rank 0 in a collective.
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGPIPE, SIG_IGN);  // OpenMPI's runtime pipes closing when rank 0 exits are not a reason to die
     model->run_worker();
     model.reset();  // finalises MPI with the other ranks
     std::exit(0);
@@ -138,6 +171,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
+  rendezvous_options(d);  // --nnodes & co. checked before anything starts
   if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
   // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
   if (const int world = k3::dist::launcher_world_size(); world > 1)

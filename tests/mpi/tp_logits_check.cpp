@@ -1,5 +1,7 @@
 // Tensor / expert parallel against one process, run under mpirun (registered with CTest in
 // tests/CMakeLists.txt):   mpirun -np N k3_tp_check MODEL_DIR [--ep] [--expect-error TEXT]
+// or with the ranks started otherwise: `k3_tp_check MODEL_DIR --spawn N` (rank 0 spawns its workers), or
+// one process per "host": `k3_tp_check MODEL_DIR --nnodes N --node-rank R --master-port P` (rendezvous.h).
 // Every rank loads its shard (k3::dist::TpModel); rank 0 also loads the whole model (k3::Model) and
 // runs the same steps through both: a prefill (all logits), greedy decode steps, a batched step mixing a
 // new sequence with a continuing one, and a step on a cloned cache (a journaled copy). Logits must agree
@@ -15,12 +17,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "k3/core/error.h"
 #include "k3/dist/communicator.h"
+#include "k3/dist/rendezvous.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
 
@@ -103,12 +108,23 @@ int main(int argc, char** argv) {
   k3::dist::TpLoadOptions opt;
   opt.print_plan = false;
   std::string expect_error;
+  int spawn = 0;
+  k3::dist::RendezvousOptions nodes;
   for (int i = 2; i < argc; ++i) {
+    const bool more = i + 1 < argc;
     if (std::strcmp(argv[i], "--ep") == 0) opt.expert_parallel = true;
-    if (std::strcmp(argv[i], "--expect-error") == 0 && i + 1 < argc) expect_error = argv[++i];
+    if (std::strcmp(argv[i], "--expect-error") == 0 && more) expect_error = argv[++i];
+    if (std::strcmp(argv[i], "--spawn") == 0 && more) spawn = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--nnodes") == 0 && more) nodes.nnodes = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--node-rank") == 0 && more) nodes.node_rank = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
   }
   try {
-    auto tp = k3::dist::TpModel::load(dir, k3::dist::make_mpi_comm(), opt);
+    std::unique_ptr<k3::dist::Communicator> comm;
+    if (nodes.nnodes > 1) comm = k3::dist::join_mpi_nodes(nodes);
+    else if (spawn > 1 && !k3::dist::launched_by_mpi()) comm = k3::dist::spawn_mpi_workers(spawn);
+    else comm = k3::dist::make_mpi_comm();
+    auto tp = k3::dist::TpModel::load(dir, std::move(comm), opt);
     const int size = tp->comm().size();
     if (!expect_error.empty()) {
       std::fprintf(stderr, "FAIL: loading %s at %d ranks succeeded; expected an error with '%s'\n", dir.c_str(), size,
