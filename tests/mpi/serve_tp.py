@@ -303,8 +303,11 @@ class TpWorkerLoss(unittest.TestCase):
             self.assertLess(answered_s, 10)
             if health is not None:
                 self.assertEqual(health[0], 503, health)
-            self.assertEqual(rc, 1)
-            self.assertIn("k3: error: k3 serve stopped: the tensor-parallel group lost a rank", srv.logs())
+            if os.environ.get("K3_TP_LAUNCHER"):
+                self.assertNotEqual(rc, 0)  # mpirun ends the job when a rank dies, with its own status
+            else:
+                self.assertEqual(rc, 1)
+                self.assertIn("k3: error: k3 serve stopped: the tensor-parallel group lost a rank", srv.logs())
             deadline = time.time() + 10
             while alive(srv.tree) and time.time() < deadline:
                 time.sleep(0.1)
