@@ -83,6 +83,12 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_flag("--enable-expert-parallel", d.enable_expert_parallel,
                 "with --tensor-parallel-size: each rank owns whole routed experts (a block of them) instead of a slice "
                 "of every expert");
+  cmd->add_flag("--ep-all-to-all", d.ep_all_to_all,
+                "with --enable-expert-parallel: each rank sends its share of the tokens to the ranks owning their "
+                "experts and gets the results back (all-to-all), instead of every rank routing every token");
+  cmd->add_option("--expert-placement", d.expert_placement,
+                  "with --enable-expert-parallel: the experts in rank order, a permutation of 0..E-1 as a comma "
+                  "list (rank r holds the r-th balanced block of it; default: 0,1,2,...)");
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
@@ -102,6 +108,23 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
 }
 
 namespace {
+
+// --expert-placement "3,0,2,1": the numbers (make_shard_plan checks that they are a permutation).
+std::vector<int32_t> parse_expert_placement(const std::string& list) {
+  std::vector<int32_t> out;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > (1 << 20))
+      throw k3::Error("--expert-placement: '" + item + "' is not an expert number");
+    out.push_back(static_cast<int32_t>(v));
+    at = comma + 1;
+  }
+  return out;
+}
 
 // --nnodes & co., checked (before anything starts).
 k3::dist::RendezvousOptions rendezvous_options(const DeviceOptions& d) {
@@ -145,6 +168,8 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
                     std::to_string(comm->size()) + " processes (they must be equal)");
   k3::dist::TpLoadOptions opt;
   opt.expert_parallel = d.enable_expert_parallel;
+  opt.placement.all_to_all = d.ep_all_to_all;
+  opt.placement.expert_order = parse_expert_placement(d.expert_placement);
   opt.kv = kv;
   opt.ssm = ssm;
   auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
@@ -172,6 +197,9 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   rendezvous_options(d);  // --nnodes & co. checked before anything starts
+  if (!d.enable_expert_parallel && (d.ep_all_to_all || !d.expert_placement.empty()))
+    throw k3::Error("--ep-all-to-all and --expert-placement apply with --enable-expert-parallel");
+  parse_expert_placement(d.expert_placement);  // a malformed list fails before any worker starts
   if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
   // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
   if (const int world = k3::dist::launcher_world_size(); world > 1)

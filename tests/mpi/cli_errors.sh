@@ -21,6 +21,10 @@ expect "--tensor-parallel-size 3 but mpirun started 2 processes" "$mpiexec" -np 
 expect "without --tensor-parallel-size: pass --tensor-parallel-size 2" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1
 expect "runs on --device cpu (over MPI) so far" "$k3" run -m "$model" -p hi -n 1 --tp 2 --device cuda
 expect "does not combine with" "$k3" run -m "$model" -p hi -n 1 --tp 2 --cpu-moe
+expect "--ep-all-to-all and --expert-placement apply with --enable-expert-parallel" "$k3" run -m "$model" -p hi -n 1 --tp 2 --ep-all-to-all
+expect "expert placement: not a permutation of 0..31 (entry 0)" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1 --tp 2 \
+  --enable-expert-parallel --expert-placement 0,0,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+expect "--expert-placement: 'x' is not an expert number" "$k3" run -m "$model" -p hi -n 1 --tp 2 --enable-expert-parallel --expert-placement 1,x
 # --nnodes: checked before anything starts, and a rendezvous that cannot happen ends within its timeout.
 expect "--node-rank: expected 0..1 (--nnodes 2), got 2" "$k3" run -m "$model" -p hi -n 1 --tp 2 --nnodes 2 --node-rank 2
 expect "--nnodes 2 needs --tensor-parallel-size" "$k3" run -m "$model" -p hi -n 1 --nnodes 2 --node-rank 1

@@ -109,10 +109,13 @@ int main(int argc, char** argv) {
   opt.print_plan = false;
   std::string expect_error;
   int spawn = 0;
+  bool reverse_experts = false;
   k3::dist::RendezvousOptions nodes;
   for (int i = 2; i < argc; ++i) {
     const bool more = i + 1 < argc;
     if (std::strcmp(argv[i], "--ep") == 0) opt.expert_parallel = true;
+    if (std::strcmp(argv[i], "--a2a") == 0) opt.placement.all_to_all = true;  // EP dispatch / combine
+    if (std::strcmp(argv[i], "--reverse-experts") == 0) reverse_experts = true;  // a placement permutation
     if (std::strcmp(argv[i], "--expect-error") == 0 && more) expect_error = argv[++i];
     if (std::strcmp(argv[i], "--spawn") == 0 && more) spawn = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--nnodes") == 0 && more) nodes.nnodes = std::atoi(argv[++i]);
@@ -120,6 +123,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
   }
   try {
+    if (reverse_experts) {
+      const int64_t E = k3::load_model_config(dir).num_experts;
+      for (int64_t e = E - 1; e >= 0; --e) opt.placement.expert_order.push_back(static_cast<int32_t>(e));
+    }
     std::unique_ptr<k3::dist::Communicator> comm;
     if (nodes.nnodes > 1) comm = k3::dist::join_mpi_nodes(nodes);
     else if (spawn > 1 && !k3::dist::launched_by_mpi()) comm = k3::dist::spawn_mpi_workers(spawn);
@@ -138,8 +145,9 @@ int main(int argc, char** argv) {
     auto ref = k3::Model::load(dir);
     const Compare c = run_steps(*tp, *ref);
     const bool exact = size > 1 || c.max_rel == 0;
-    std::printf("%s: %d ranks%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
-                dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", c.tokens, c.max_rel, kRelTol,
+    std::printf("%s: %d ranks%s%s%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
+                dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", opt.placement.all_to_all ? " all-to-all" : "",
+                reverse_experts ? " experts reversed" : "", c.tokens, c.max_rel, kRelTol,
                 size == 1 ? ", one rank: exact" : "", c.argmax_diff);
     return c.max_rel <= kRelTol && c.argmax_diff == 0 && exact ? 0 : 1;
   } catch (const k3::Error& e) {

@@ -107,7 +107,7 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   ModelFiles files = open_model_files(dir);
   cfg_ = std::move(files.config);
   ckpt_ = std::move(files.checkpoint);
-  plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel);
+  plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel, opt.placement);
   local_cfg_ = dist::shard_config(cfg_, plan_);
   spec_ = make_cache_spec(local_cfg_, opt.kv, opt.ssm);
   full_ = bind_weights(cfg_, *ckpt_);

@@ -21,6 +21,7 @@ namespace k3::dist {
 
 struct TpLoadOptions {
   bool expert_parallel = false;  // --enable-expert-parallel: routed experts whole, a block per rank
+  ExpertPlacement placement;     // EP: which experts each rank holds (a permutation), all-to-all dispatch
   CacheDType kv = CacheDType::F32, ssm = CacheDType::F32;
   bool print_plan = true;        // one line per rank on stderr: what it owns
 };
