@@ -4,6 +4,7 @@
 // processes: tests/mpi/tp_logits_check.cpp (CTest tp*_).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -349,3 +350,35 @@ TEST(TensorParallel, TwoThreadRanksMatchOneProcessTinyK3) { run_two_ranks(false)
 TEST(TensorParallel, TwoThreadRanksExpertParallelMatchOneProcessTinyK3) { run_two_ranks(true); }
 
 }  // namespace
+
+// One rank through the communicator's path (vocab-parallel embedding, all-reduces, the logits gather,
+// EP's expert mapping; every collective an identity over LocalComm): bit-identical to the one-process
+// model. The CPU half of the check tests/cuda/test_tp_nccl.cpp makes over NCCL on a GPU. Fails if a
+// collective op at one rank changes a value (e.g. a gather that drops or pads columns).
+TEST(TensorParallel, OneRankThroughTheCollectivePathIsBitIdentical) {
+  const std::string dir = k3test::source_path("tests/data/tiny-k3");
+  auto ref = k3::Model::load(dir);
+  for (bool ep : {false, true}) {
+    k3::dist::TpLoadOptions opt;
+    opt.print_plan = false;
+    opt.expert_parallel = ep;
+    opt.collectives_at_one_rank = true;
+    auto tp = k3::dist::TpModel::load(dir, k3::dist::make_local_comm(), opt);
+    ASSERT_TRUE(tp->shard_plan().runs_collectives());
+    auto a = tp->new_cache(), r = ref->new_cache();
+    std::vector<int32_t> toks{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+    std::vector<float> la, lr;
+    k3::ForwardOptions all;
+    all.all_logits = true;
+    tp->forward(toks, *a, la, all);
+    ref->forward(toks, *r, lr, all);
+    EXPECT_EQ(la, lr) << "ep " << ep;
+    for (int step = 0; step < 3; ++step) {
+      const auto last = lr.end() - ref->config().vocab_size;  // the last row's greedy token
+      const std::vector<int32_t> t{static_cast<int32_t>(std::max_element(last, lr.end()) - last)};
+      tp->forward(t, *a, la);
+      ref->forward(t, *r, lr);
+      EXPECT_EQ(la, lr) << "ep " << ep << " step " << step;
+    }
+  }
+}

@@ -54,7 +54,13 @@ struct ShardPlan {
   int64_t vocab_chunk = 0;  // embedding / lm_head rows per rank, ceil(V / size); the all-gather's unit
   Range vocab;              // embedding / lm_head rows of this rank
 
+  // The sharded graph's collectives at one rank too (TP1 "through the communicator": a check that the
+  // collective path, e.g. NCCL on a GPU, changes nothing; every collective is then an identity).
+  bool collectives_at_one_rank = false;
+
   bool sharded() const { return size > 1; }
+  // Whether the graph runs the sharded path (vocab-parallel embedding / head, all-reduces).
+  bool runs_collectives() const { return size > 1 || collectives_at_one_rank; }
   // EP: this rank's index of expert e among its experts, -1 when another rank computes it.
   int32_t local_expert(int32_t e) const;
   // EP: the rank computing expert e, and e's index among that rank's experts.

@@ -108,6 +108,7 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   cfg_ = std::move(files.config);
   ckpt_ = std::move(files.checkpoint);
   plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel, opt.placement);
+  plan_.collectives_at_one_rank = opt.collectives_at_one_rank;
   local_cfg_ = dist::shard_config(cfg_, plan_);
   spec_ = make_cache_spec(local_cfg_, opt.kv, opt.ssm);
   full_ = bind_weights(cfg_, *ckpt_);

@@ -24,6 +24,7 @@ struct TpLoadOptions {
   ExpertPlacement placement;     // EP: which experts each rank holds (a permutation), all-to-all dispatch
   CacheDType kv = CacheDType::F32, ssm = CacheDType::F32;
   bool print_plan = true;        // one line per rank on stderr: what it owns
+  bool collectives_at_one_rank = false;  // ShardPlan::collectives_at_one_rank (a check of the collective path)
 };
 
 class TpModel final : public ModelRunner {
