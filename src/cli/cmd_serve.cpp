@@ -1,7 +1,12 @@
 // `k3 serve [-m DIR] [--host H] [--port P] ...`: the OpenAI-compatible HTTP server (docs/serving.md).
 #include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 
@@ -12,6 +17,7 @@
 #include "cli/model_loader.h"
 #include "cli/speculative_option.h"
 #include "k3/core/error.h"
+#include "k3/dist/tp_model.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
@@ -77,6 +83,45 @@ std::vector<std::string> parse_origins(const std::vector<std::string>& given) {
   }
   return out;
 }
+// A model that can never run another step (a sharded model that lost a rank: docs/multi-gpu.md) ends
+// the server: its in-flight requests have failed already (the engine's error outputs); this stops the
+// server as SIGTERM does, and `k3 serve` then exits with status 1. Polls every 100 ms.
+// Why `m` can never run another step ("" while it can): a sharded model that lost a rank.
+std::string model_failure(const k3::ModelRunner& m) {
+  const auto* tp = dynamic_cast<const k3::dist::TpModel*>(&m);
+  return tp ? tp->failure() : std::string();
+}
+
+class ModelFailureWatch {
+ public:
+  explicit ModelFailureWatch(const k3::ModelRunner& m)
+      : thread_([this, &m] {
+          std::unique_lock lk(mu_);
+          while (!done_) {
+            if (const std::string f = model_failure(m); !f.empty()) {
+              std::fprintf(stderr, "k3 serve: the model failed (%s): stopping\n", f.c_str());
+              std::fflush(stderr);
+              ::kill(::getpid(), SIGTERM);
+              return;
+            }
+            cv_.wait_for(lk, std::chrono::milliseconds(100));
+          }
+        }) {}
+  ~ModelFailureWatch() {
+    {
+      std::lock_guard lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 }  // namespace
 
 void add_serve(CLI::App& app, Registry& reg) {
@@ -215,8 +260,10 @@ void add_serve(CLI::App& app, Registry& reg) {
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 
       k3::serve::Metrics metrics(ctx.model_name);
+      o->so.health_problem = [m = model.get()] { return model_failure(*m); };
       k3::serve::Server server(o->so, engine, ctx, metrics);
       server.start();
+      ModelFailureWatch failure_watch(*model);
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
@@ -231,6 +278,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       if (o->so.webui) std::fprintf(stderr, "k3 serve: web chat at http://%s:%u/\n", o->so.host.c_str(), server.port());
       std::fflush(stderr);
       server.run_until_signal();
+      if (const std::string f = model_failure(*model); !f.empty()) throw k3::Error("k3 serve stopped: " + f);
       std::fprintf(stderr, "k3 serve: stopped\n");
       return 0;
     };

@@ -249,6 +249,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     if (path == "/health") {
       endpoint_ = "/health";
       if (only(http::verb::get, "GET")) return;
+      if (srv_.opt.health_problem)
+        if (const std::string p = srv_.opt.health_problem(); !p.empty())
+          throw ApiError(503, "unhealthy: " + p, "", "server_error");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error");
       return send_response(200, "{\"status\":\"ok\"}", "application/json");
     }

@@ -6,6 +6,8 @@
 // come back: one synchronisation per step. Scratch and workspaces are sized for the largest batch seen
 // and reused (no allocation per step once warm).
 #include "k3/backend/cuda/cuda_model.h"
+
+#include "k3/dist/shard_plan.h"
 #include "k3/model/model_files.h"
 
 #include <cuda_runtime_api.h>
@@ -72,12 +74,27 @@ struct CudaModel::Impl {
   bool use_graphs = true;
   bool host_experts = false;  // routed experts placed on the host: decode graphs are captured in pieces
   StepGraphs graphs;
+  std::unique_ptr<dist::Communicator> comm;  // CudaLoadOptions::communicator (null: none)
+  dist::ShardPlan shard;                     // one rank, collectives on: used when comm is set
 
   ~Impl() {
     prof.print();
     graphs.clear();
     backend.reset();
+    comm.reset();  // before the stream its collectives are queued on
     if (stream) cudaStreamDestroy(stream);
+  }
+
+  // CudaLoadOptions::communicator: the communicator on this model's stream, one rank.
+  void attach_communicator(const CudaLoadOptions& opt) {
+    if (!opt.communicator) return;
+    comm = opt.communicator(stream);
+    if (!comm || comm->size() != 1)
+      throw Error("CUDA backend: a communicator of " + std::to_string(comm ? comm->size() : 0) +
+                  " ranks; the CUDA backend runs one rank so far (sharded device weights are the next step)");
+    shard = dist::make_shard_plan(cfg, 0, 1, /*expert_parallel=*/false);
+    shard.collectives_at_one_rank = true;
+    backend->set_communicator(comm.get());
   }
 
   void init(int dev, bool gemm_bf16) {
@@ -128,6 +145,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   impl->cfg = std::move(files.config);
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   std::unique_ptr<Checkpoint> ckpt = std::move(files.checkpoint);
   ModelWeights hw = bind_weights(impl->cfg, *ckpt, opt.placement.get(), opt.device);
@@ -166,6 +184,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
   impl->cfg = cfg;
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   if (opt.placement && !opt.placement->empty())
     throw Error("--override-tensor / --cpu-moe need a checkpoint (--load-format dummy generates weights on the GPU)");
@@ -323,7 +342,7 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
 // Enqueues the step: decode steps replay captured CUDA graphs (step_graphs.h); prefill, mixed steps and
 // batches that stream host experts to the GPU (packed on the host first) run eagerly.
 void CudaModel::Impl::run_graph(const graph::StepPlan& plan) {
-  auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits()); };
+  auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits(), comm ? &shard : nullptr); };
   const bool streams = host_experts && backend->moe_stream_min_tokens() > 0 &&
                        plan.n_tokens() >= backend->moe_stream_min_tokens();
   const bool graphable = use_graphs && !streams && !prof.on() && plan.all_decode() && plan.n_logits() == plan.n_tokens();
