@@ -8,7 +8,10 @@
 #   libopenmpi-dev     4.1    (optional, K3_MPI) tensor / expert parallel over processes; openmpi-bin: mpirun
 #   NCCL               (with K3_CUDA) the communicator of GPU ranks, from the CUDA image (nccl.h, libnccl)
 #   (threads: the project's own pool, src/k3/core/thread_pool.h; `#pragma omp simd` needs only -fopenmp-simd)
-# Python test packages: python/requirements-test.txt (openai, for tests/e2e).
+#   xgrammar           0.2.9  (K3_GRAMMAR, default ON) grammar engine of structured outputs: its C++ core only,
+#                             built from the PyPI source distribution below (scripts/setup-deps fetches it into
+#                             K3_DEPS_DIR; cmake/xgrammar.cmake builds it; docs/serving.md "Structured outputs")
+# Python test packages: python/requirements-test.txt (openai, for tests/e2e); python3-jsonschema (Debian).
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 2.1 REQUIRED)
 find_package(PkgConfig REQUIRED)
@@ -24,4 +27,12 @@ if(K3_MPI)
 endif()
 if(K3_BUILD_TESTS)
   find_package(GTest 1.11 REQUIRED)
+endif()
+
+# xgrammar: the pinned source distribution (scripts/setup-deps reads these three lines).
+set(K3_XGRAMMAR_VERSION 0.2.9)
+set(K3_XGRAMMAR_SHA256 87b466bca2475e29bb0323abc62c6c33cbcbcff47e5fb800a3e2099ac9620b90)
+set(K3_XGRAMMAR_URL https://files.pythonhosted.org/packages/3a/2f/5bf8e8fa6619cff534932f79b0abc81a417d354bc5093252c1a6081d0a93/xgrammar-0.2.9.tar.gz)
+if(K3_GRAMMAR)
+  include(${CMAKE_CURRENT_LIST_DIR}/xgrammar.cmake)
 endif()

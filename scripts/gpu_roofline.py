@@ -63,7 +63,7 @@ def weights(c):
     return nonrouted, per_expert, active
 
 
-def step_bytes(c, B, ctx):
+def step_bytes(c, B, ctx, row_bytes=4):
     nonrouted, per_expert, _ = weights(c)
     E, K = c["num_experts"], c["num_experts_per_token"]
     moe_layers = sum(1 for l in range(c["L"]) if l >= c.get("first_k_dense_replace", 1))
@@ -71,7 +71,7 @@ def step_bytes(c, B, ctx):
     kda_layers = sum(c["is_kda"])
     state = c["Hk"] * c["D"] * c["D"] * 4 * 2 + 3 * c["Hk"] * c["D"] * (c["W"] - 1) * 4 * 2
     mla_layers = c["L"] - kda_layers
-    cache = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 4 * ctx
+    cache = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * row_bytes * ctx
     return nonrouted + moe_layers * touched * per_expert + B * (kda_layers * state + mla_layers * cache)
 
 
@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--num-layers", type=int, default=0)
     ap.add_argument("--bench")
     ap.add_argument("--bw", type=float, default=4800.0, help="GB/s (H200 datasheet 4800)")
+    ap.add_argument("--cache-bytes", type=float, default=4.0,
+                    help="bytes per MLA latent value: 4 (fp32 rows, k3's default), 2 (--kv-cache-dtype bf16)")
     ap.add_argument("--tflops", type=float, default=989.0, help="dense bf16 TFLOP/s (H100/H200 datasheet)")
     a = ap.parse_args()
     c = load_cfg(a.config, a.num_layers)
@@ -88,20 +90,20 @@ def main():
     print(f"config {a.config} layers {c['L']}: non-routed weights {nonrouted / 1e9:.2f} GB, "
           f"{per_expert / 1e6:.1f} MB per expert, {active / 1e9:.2f} B active params/token")
     rows = json.load(open(a.bench))["results"] if a.bench else []
-    print("| test | batch | measured tok/s | roofline tok/s | of roofline | bytes/step (GB) |")
-    print("|---|---|---|---|---|---|")
+    print("| test | depth | batch | measured tok/s | roofline tok/s | of roofline | bytes/step (GB) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         B = r["n_batch"]
         if r["n_gen"]:
             ctx = r["n_depth"] + r["n_gen"] / 2
-            byts = step_bytes(c, B, ctx)
+            byts = step_bytes(c, B, ctx, a.cache_bytes)
             roof = B / (byts / (a.bw * 1e9))
             label, gb = f"tg{r['n_gen']}", f"{byts / 1e9:.2f}"
         else:
             T = r["n_prompt"] * B
             roof = T / (2 * active * T / (a.tflops * 1e12)) if T else 0
             label, gb = f"pp{r['n_prompt']} (compute)", "-"
-        print(f"| {label} | {B} | {r['avg_ts']:.1f} | {roof:.0f} | {100 * r['avg_ts'] / roof:.1f}% | {gb} |")
+        print(f"| {label} | {r['n_depth']} | {B} | {r['avg_ts']:.1f} | {roof:.0f} | {100 * r['avg_ts'] / roof:.1f}% | {gb} |")
 
 
 if __name__ == "__main__":

@@ -529,7 +529,7 @@ def bad_cases(max_body):
         ("deep_nesting_1m", post("/v1/chat/completions", b'{"a":' * 1000000 + b"1" + b"}" * 1000000), {400}),
         ("unknown_path", build_request("GET", "/v1/nothing"), {404}),
         ("unknown_path_post", post("/v2/completions", json.dumps(good_c).encode()), {404}),
-        ("root_path", build_request("GET", "/"), {404}),
+        ("static_traversal", build_request("GET", "/static/../../etc/passwd"), {400, 404}),  # / is the web chat
         ("path_traversal", build_request("GET", "/../../etc/passwd"), {400, 404}),
         ("get_completions", build_request("GET", "/v1/completions"), {405}),
         ("put_chat", build_request("PUT", "/v1/chat/completions", b"{}"), {405}),

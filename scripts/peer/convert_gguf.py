@@ -62,8 +62,10 @@ def tiktoken_vocab(self):
 
 kimi_linear.KimiLinearModel.set_vocab = tiktoken_vocab
 K3 = kimi_k3.KimiK3Model
+with open(os.path.join(ckpt, "config.json")) as f:  # BF16 experts (the real Kimi-Linear's): nothing to borrow
+    _mxfp4 = "quantization_config" in json.load(f)
 for name in ("_MXFP4_FORMAT", "_MXFP4_EXPERT_RE", "_MXFP4_PROJ", "_is_mxfp4_packed", "dequant_model",
-             "_write_mxfp4_experts", "generate_extra_tensors"):
+             "_write_mxfp4_experts", "generate_extra_tensors") if _mxfp4 else ():
     setattr(kimi_linear.KimiLinearModel, name, K3.__dict__[name])
 
 
@@ -93,7 +95,7 @@ _kl_prepare = kimi_linear.KimiLinearModel.prepare_tensors
 
 def kl_prepare(self):
     _kl_prepare(self)
-    if self._is_mxfp4_packed():
+    if _mxfp4 and self._is_mxfp4_packed():
         self._is_mxfp4 = True
         self.ftype = gguf.LlamaFileType.MOSTLY_MXFP4_MOE
 

@@ -23,6 +23,7 @@
 #include "k3/bench/dataset.h"
 #include "k3/bench/memory_bandwidth.h"
 #include "k3/bench/offline.h"
+#include "k3/grammar/grammar_engine.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
@@ -421,6 +422,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     double mem_bw = 0;
     bool drop_page_cache = false, fresh_tokens = false, no_warmup = false;
     std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
+    std::string grammar;      // --grammar: tg with host sampling, none | json_object
   };
   auto f = std::make_shared<OffOpts>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
@@ -443,6 +445,10 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
   off->add_flag("--drop-page-cache", f->drop_page_cache,
                 "evict the checkpoint's files from the page cache before loading (a cold start without root)");
   add_speculative_option(off, f->speculative);
+  off->add_option("--grammar", f->grammar,
+                  "tg tests sample every row on the host after each step, the token being the next input: 'none' "
+                  "(no mask) or 'json_object' (every sequence under a JSON-object grammar: what masks cost)")
+      ->check(CLI::IsMember({"none", "json_object"}));
   off->callback([&reg, f] {
     reg.action = [f] {
       const auto spec = k3::engine::parse_speculative_config(f->speculative);  // before the model loads
@@ -493,12 +499,29 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         std::fprintf(stderr, "k3 bench offline: memory read bandwidth %.1f GB/s (median of %d passes over %zu MiB, %d threads)\n",
                      bw, m.passes, m.bytes >> 20, m.threads);
       }
+      k3::bench::OfflineSampling sampling;
+      std::unique_ptr<k3::grammar::GrammarEngine> grammar;
+      if (f->grammar == "json_object") {
+        auto tok = load_tokenizer(dir, f->dev);
+        grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, model->config().vocab_size);
+        k3::grammar::GrammarSpec gs;
+        gs.kind = k3::grammar::GrammarSpec::Kind::JsonObject;
+        if (tok.eos_id() >= 0) gs.stop_ids.push_back(tok.eos_id());
+        sampling.grammar = grammar->compile(gs);
+      }
       for (auto& t : tests) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch, k3::ThreadPool::global().size());
         rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
-                                                 !f->no_warmup));
+                                                 !f->no_warmup, f->grammar.empty() ? nullptr : &sampling));
         k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw);
+        if (sampling.grammar && !t.prefill) {
+          double total = 0;
+          for (double s : rs.back().seconds) total += s;
+          std::fprintf(stderr, "k3 bench offline: %s: filling grammar masks took %.1f ms of %.1f ms (%.2f%%)\n",
+                       t.name.c_str(), rs.back().mask_seconds * 1e3, total * 1e3,
+                       total > 0 ? 100.0 * rs.back().mask_seconds / total : 0.0);
+        }
         json j = rs.back().to_json();
         j["model"] = dir;
         arr.push_back(j);

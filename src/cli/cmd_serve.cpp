@@ -1,7 +1,12 @@
 // `k3 serve [-m DIR] [--host H] [--port P] ...`: the OpenAI-compatible HTTP server (docs/serving.md).
 #include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 
@@ -12,9 +17,11 @@
 #include "cli/model_loader.h"
 #include "cli/speculative_option.h"
 #include "k3/core/error.h"
+#include "k3/dist/tp_model.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
+#include "k3/grammar/grammar_engine.h"
 #include "k3/serve/model_chat_adapter.h"
 #include "k3/serve/server.h"
 #include "k3/text/tokenizer.h"
@@ -30,7 +37,7 @@ struct Opts {
   int64_t max_num_seqs = 64, max_model_len = 0, max_batched = 2048, page_size = 16, ckpt_interval = 0;
   std::string cache_memory = "1GiB";
   std::string speculative;  // --speculative-config JSON
-  bool no_prefix = false, prompt_tokens_details = false;
+  bool no_prefix = false, prompt_tokens_details = false, allow_unknown_fields = false;
   int64_t max_response_bytes = int64_t{64} << 20;
 };
 
@@ -76,6 +83,45 @@ std::vector<std::string> parse_origins(const std::vector<std::string>& given) {
   }
   return out;
 }
+// A model that can never run another step (a sharded model that lost a rank: docs/multi-gpu.md) ends
+// the server: its in-flight requests have failed already (the engine's error outputs); this stops the
+// server as SIGTERM does, and `k3 serve` then exits with status 1. Polls every 100 ms.
+// Why `m` can never run another step ("" while it can): a sharded model that lost a rank.
+std::string model_failure(const k3::ModelRunner& m) {
+  const auto* tp = dynamic_cast<const k3::dist::TpModel*>(&m);
+  return tp ? tp->failure() : std::string();
+}
+
+class ModelFailureWatch {
+ public:
+  explicit ModelFailureWatch(const k3::ModelRunner& m)
+      : thread_([this, &m] {
+          std::unique_lock lk(mu_);
+          while (!done_) {
+            if (const std::string f = model_failure(m); !f.empty()) {
+              std::fprintf(stderr, "k3 serve: the model failed (%s): stopping\n", f.c_str());
+              std::fflush(stderr);
+              ::kill(::getpid(), SIGTERM);
+              return;
+            }
+            cv_.wait_for(lk, std::chrono::milliseconds(100));
+          }
+        }) {}
+  ~ModelFailureWatch() {
+    {
+      std::lock_guard lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 }  // namespace
 
 void add_serve(CLI::App& app, Registry& reg) {
@@ -111,6 +157,9 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_flag("--enable-prompt-tokens-details", o->prompt_tokens_details,
                 "report usage.prompt_tokens_details.cached_tokens (off by default, as in vLLM: it tells a client "
                 "whether another sent the same prompt prefix)");
+  cmd->add_flag("--allow-unknown-fields", o->allow_unknown_fields,
+                "ignore request fields this server does not know, with a warning (default: 400 naming the field, "
+                "as OpenAI answers)");
   cmd->add_option("--max-num-batched-tokens", o->max_batched, "tokens per engine step (decodes + prefill chunks)")
       ->capture_default_str();
   cmd->add_option("--cache-memory", o->cache_memory,
@@ -141,6 +190,7 @@ void add_serve(CLI::App& app, Registry& reg) {
   cmd->add_option("--shutdown-grace", o->so.shutdown_grace_s, "seconds in-flight requests may finish after SIGTERM")
       ->capture_default_str();
   cmd->add_flag("--log-requests", o->so.log_requests, "log one line per request to stderr");
+  cmd->add_flag("!--no-webui", o->so.webui, "do not serve the web chat at / (llama-server's flag)");
   add_speculative_option(cmd, o->speculative);
   cmd->callback([&reg, o] {
     reg.action = [o] {
@@ -198,12 +248,22 @@ void add_serve(CLI::App& app, Registry& reg) {
       ctx.vocab_size = cfg.vocab_size;
       ctx.max_response_bytes = o->max_response_bytes;
       ctx.prompt_tokens_details = o->prompt_tokens_details;
+      ctx.allow_unknown_fields = o->allow_unknown_fields;
+      // Structured outputs: the grammar engine over the model's vocabulary (K3_GRAMMAR builds).
+      std::unique_ptr<k3::grammar::GrammarEngine> grammar;
+      if (k3::grammar::GrammarEngine::available())
+        grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, cfg.vocab_size);
+      ctx.grammar = grammar.get();
+      if (cfg.eos_token_id >= 0) ctx.eos_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
+      if (tok.eos_id() >= 0 && tok.eos_id() != cfg.eos_token_id) ctx.eos_ids.push_back(tok.eos_id());
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 
       k3::serve::Metrics metrics(ctx.model_name);
+      o->so.health_problem = [m = model.get()] { return model_failure(*m); };
       k3::serve::Server server(o->so, engine, ctx, metrics);
       server.start();
+      ModelFailureWatch failure_watch(*model);
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
@@ -215,8 +275,10 @@ void add_serve(CLI::App& app, Registry& reg) {
                    o->no_prefix ? "off" : "on", o->so.threads,
                    (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required",
                    eo.speculative ? (", speculative decoding " + k3::engine::describe(*eo.speculative)).c_str() : "");
+      if (o->so.webui) std::fprintf(stderr, "k3 serve: web chat at http://%s:%u/\n", o->so.host.c_str(), server.port());
       std::fflush(stderr);
       server.run_until_signal();
+      if (const std::string f = model_failure(*model); !f.empty()) throw k3::Error("k3 serve stopped: " + f);
       std::fprintf(stderr, "k3 serve: stopped\n");
       return 0;
     };

@@ -9,6 +9,7 @@ void add_info(CLI::App&, Registry&);
 void add_logits(CLI::App&, Registry&);
 void add_convert(CLI::App&, Registry&);
 void add_run(CLI::App&, Registry&);
+void add_chat(CLI::App&, Registry&);
 void add_tokenize(CLI::App&, Registry&);
 void add_perplexity(CLI::App&, Registry&);
 void add_serve(CLI::App&, Registry&);
@@ -19,7 +20,7 @@ void add_imatrix(CLI::App&, Registry&);
 void add_quantize(CLI::App&, Registry&);
 
 std::vector<AddCommand> all_commands() {
-  return {add_run, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_imatrix, add_logits, add_tokenize, add_info, add_convert, add_quantize};
+  return {add_run, add_chat, add_serve, add_bench, add_plan, add_perplexity, add_prune, add_imatrix, add_logits, add_tokenize, add_info, add_convert, add_quantize};
 }
 
 }  // namespace k3cli

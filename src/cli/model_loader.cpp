@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
+#include "k3/dist/rendezvous.h"
 #include "k3/dist/launcher.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
@@ -72,13 +73,25 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "directory with tiktoken.model and tokenizer_config.json (default: the model's; for a GGUF file, "
                   "the directory it is in)");
   cmd->add_option("--tensor-parallel-size,--tp", d.tensor_parallel_size,
-                  "cpu: shard the model over N processes started by `mpirun -np N` (heads, MLP columns, vocabulary; "
+                  "cpu: shard the model over N processes: those of `mpirun -np N`, else k3 starts N - 1 workers itself (heads, MLP columns, vocabulary; "
                   "docs/multi-gpu.md)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--nnodes", d.nnodes, "hosts of a --tensor-parallel-size group (one rank each; docs/multi-gpu.md)")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", d.node_rank, "this host's place in the group, 0..nnodes-1 (0 also serves)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", d.master_addr, "node 0's address, where the other nodes meet it")->capture_default_str();
+  cmd->add_option("--master-port", d.master_port, "node 0's TCP port for the rendezvous")->capture_default_str();
   cmd->add_flag("--enable-expert-parallel", d.enable_expert_parallel,
                 "with --tensor-parallel-size: each rank owns whole routed experts (a block of them) instead of a slice "
                 "of every expert");
+  cmd->add_flag("--ep-all-to-all", d.ep_all_to_all,
+                "with --enable-expert-parallel: each rank sends its share of the tokens to the ranks owning their "
+                "experts and gets the results back (all-to-all), instead of every rank routing every token");
+  cmd->add_option("--expert-placement", d.expert_placement,
+                  "with --enable-expert-parallel: the experts in rank order, a permutation of 0..E-1 as a comma "
+                  "list (rank r holds the r-th balanced block of it; default: 0,1,2,...)");
   cmd->add_flag("--cpu-moe", d.cpu_moe, "keep every routed expert on the CPU (the rest on the GPU)");
   cmd->add_option("--n-cpu-moe", d.n_cpu_moe, "keep the routed experts of the first N layers on the CPU")
       ->check(CLI::Range(0, 100000));
@@ -99,6 +112,44 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
 
 namespace {
 
+// --expert-placement "3,0,2,1": the numbers (make_shard_plan checks that they are a permutation).
+std::vector<int32_t> parse_expert_placement(const std::string& list) {
+  std::vector<int32_t> out;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > (1 << 20))
+      throw k3::Error("--expert-placement: '" + item + "' is not an expert number");
+    out.push_back(static_cast<int32_t>(v));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// --nnodes & co., checked (before anything starts).
+k3::dist::RendezvousOptions rendezvous_options(const DeviceOptions& d) {
+  k3::dist::RendezvousOptions o;
+  o.nnodes = d.nnodes;
+  o.node_rank = d.node_rank;
+  o.master_addr = d.master_addr;
+  o.master_port = d.master_port;
+  k3::dist::validate(o);
+  if (o.nnodes > 1) {
+    if (d.tensor_parallel_size == 1)
+      throw k3::Error("--nnodes " + std::to_string(o.nnodes) + " needs --tensor-parallel-size (a multiple of it)");
+    if (k3::dist::launched_by_mpi())
+      throw k3::Error("--nnodes starts the group through its own rendezvous: not under mpirun (use one or the other)");
+    if (d.tensor_parallel_size % o.nnodes != 0)
+      throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) + " is not a multiple of --nnodes " +
+                      std::to_string(o.nnodes));
+    o.ranks_per_node = d.tensor_parallel_size / o.nnodes;
+  }
+  return o;
+}
+
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
                                               k3::CacheDType ssm, const k3::Placement& placement) {
@@ -106,16 +157,22 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
     throw k3::Error("--tensor-parallel-size runs on --device cpu (over MPI) so far; GPUs over NCCL are the next step");
   if (d.load_format != "auto" || !placement.empty())
     throw k3::Error("--tensor-parallel-size does not combine with --load-format dummy, --override-tensor or --cpu-moe");
-  if (!k3::dist::launched_by_mpi())
-    throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) +
-                    ": start k3 under MPI, one process per rank: mpirun -np " + std::to_string(d.tensor_parallel_size) +
-                    " k3 ...");
-  auto comm = k3::dist::make_mpi_comm();
+  // Under mpirun (or started by a rank 0 that spawned us) the group exists; over several hosts it meets
+  // at node 0's rendezvous; else this process is rank 0 and starts the other ranks itself on this host
+  // (vLLM's behaviour).
+  std::unique_ptr<k3::dist::Communicator> comm;
+  if (d.nnodes > 1) {
+    comm = k3::dist::join_mpi_nodes(rendezvous_options(d));
+  } else {
+    comm = k3::dist::launched_by_mpi() ? k3::dist::make_mpi_comm() : k3::dist::spawn_mpi_workers(d.tensor_parallel_size);
+  }
   if (comm->size() != d.tensor_parallel_size)
     throw k3::Error("--tensor-parallel-size " + std::to_string(d.tensor_parallel_size) + " but mpirun started " +
                     std::to_string(comm->size()) + " processes (they must be equal)");
   k3::dist::TpLoadOptions opt;
   opt.expert_parallel = d.enable_expert_parallel;
+  opt.placement.all_to_all = d.ep_all_to_all;
+  opt.placement.expert_order = parse_expert_placement(d.expert_placement);
   opt.kv = kv;
   opt.ssm = ssm;
   auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
@@ -124,6 +181,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
     // workers): a worker killed by the launcher's forwarded signal would leave rank 0 in a collective.
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGPIPE, SIG_IGN);  // OpenMPI's runtime pipes closing when rank 0 exits are not a reason to die
     model->run_worker();
     model.reset();  // finalises MPI with the other ranks
     std::exit(0);
@@ -158,6 +216,10 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
+  rendezvous_options(d);  // --nnodes & co. checked before anything starts
+  if (!d.enable_expert_parallel && (d.ep_all_to_all || !d.expert_placement.empty()))
+    throw k3::Error("--ep-all-to-all and --expert-placement apply with --enable-expert-parallel");
+  parse_expert_placement(d.expert_placement);  // a malformed list fails before any worker starts
   if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
   // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
   if (const int world = k3::dist::launcher_world_size(); world > 1)

@@ -33,6 +33,12 @@ struct DeviceOptions {
   std::string tokenizer;                       // --tokenizer DIR: tiktoken.model + tokenizer_config.json (a GGUF's)
   int tensor_parallel_size = 1;                // --tensor-parallel-size / --tp N: ranks of `mpirun -np N` (vLLM's flag)
   bool enable_expert_parallel = false;         // --enable-expert-parallel: routed experts whole, a block per rank
+  bool ep_all_to_all = false;                  // --ep-all-to-all: EP dispatch / combine through all-to-all
+  std::string expert_placement;                // --expert-placement: a permutation of the experts (comma list)
+  // Several hosts (torchrun's / vLLM's names; k3::dist::RendezvousOptions): node 0 listens on
+  // master_addr:master_port, the others join; one rank per node so far.
+  int nnodes = 1, node_rank = 0, master_port = 29500;
+  std::string master_addr = "127.0.0.1";
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);

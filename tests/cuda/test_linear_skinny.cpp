@@ -1,4 +1,5 @@
-// The tensor-core skinny projection (linear_skinny.cu, 2..32 tokens, bf16 weights) and the logits download
+// The tensor-core skinny projection (linear_skinny.cu, 2..32 tokens, bf16 weights; x pre-split or split in the
+// kernel) and the logits download
 // (logits_download.cpp) against references on random inputs; plus a timing print of the skinny path vs
 // the fp32 GEMV / cuBLASLt it replaces (CudaSkinnyTiming, prints only).
 #include <gtest/gtest.h>
@@ -88,6 +89,59 @@ TEST(CudaSkinny, MatchesCpuMatmul) {
     }
   }
   std::printf("[ skinny ] max rel error vs cpu::matmul over all shapes and n = 2..32: %.2e\n", worst);
+}
+
+// linear_skinny_f32 (x split inside the kernel) gives the same bits as to_bf16_split + linear_skinny for
+// every n in 2..32 and both tile widths, stores nothing past n, and LinearRunner::run (the fused kernel for
+// aligned x up to kSkinnyFusedMaxTokens, else the split kernel; x not 16-byte aligned always the split
+// kernel) gives the same bits again. Values include
+// ties and magnitudes where the lo half is subnormal-scaled, so a different rounding of hi or lo shows.
+TEST(CudaSkinny, FusedSplitEqualsSplitKernel) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Shape { int64_t rows, cols; };
+  for (const Shape s : {Shape{17, 96}, Shape{1000, 2304}, Shape{8460, 320}}) {
+    const auto wf = randn(static_cast<size_t>(s.rows * s.cols), 7 + s.rows, 0.05f);
+    std::vector<uint16_t> wb(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wb[i] = k3::f32_to_bf16(wf[i]);
+    Dev<uint16_t> dw(wb);
+    k3::WeightMatrix W;
+    W.rows = s.rows;
+    W.cols = s.cols;
+    W.format = k3::WeightFormat::BF16;
+    W.data = wb.data();
+    k3::WeightMatrix D = W;
+    D.data = dw.p;
+    for (int n = 2; n <= 32; ++n) {
+      if (s.rows * s.cols > 1'000'000 && n % 3 != 2) continue;
+      auto x = randn(static_cast<size_t>(n * s.cols) + 4, 21 + n);
+      for (size_t i = 0; i < x.size(); i += 7) x[i] = 1.0f + std::ldexp(1.0f, -8);    // a bf16 tie (to even)
+      for (size_t i = 3; i < x.size(); i += 11) x[i] = std::ldexp(x[i], -120);       // tiny: lo near 0
+      std::vector<float> ref(static_cast<size_t>(n * s.rows));
+      k3::cpu::matmul(W, x.data(), n, ref.data());
+      Dev<float> dx(x);
+      const size_t outn = ref.size() + static_cast<size_t>(s.rows);
+      Dev<float> y_split(outn), y_fused(outn), y_run(outn), y_unal(outn);
+      Dev<uint16_t> hi(x.size()), lo(x.size());
+      const int64_t cnt = static_cast<int64_t>(n * s.cols);
+      ck(k3::cuda::to_bf16_split(dx.p, cnt, hi.p, lo.p, nullptr), "split");
+      for (auto* d : {&y_split, &y_fused, &y_run, &y_unal}) d->poison();
+      ck(k3::cuda::linear_skinny(D, hi.p, lo.p, n, y_split.p, nullptr), "linear_skinny");
+      ck(k3::cuda::linear_skinny_f32(D, dx.p, n, y_fused.p, nullptr), "linear_skinny_f32");
+      k3::cuda::LinearRunner lin(nullptr);
+      lin.run(D, dx.p, n, y_run.p);
+      // x shifted by one float (4-byte aligned only): the runner must take the split-kernel path
+      ck(cudaMemcpy(dx.p + 1, x.data(), static_cast<size_t>(cnt) * 4, cudaMemcpyHostToDevice), "shift");
+      EXPECT_EQ(k3::cuda::linear_skinny_f32(D, dx.p + 1, n, y_unal.p, nullptr), cudaErrorInvalidValue);
+      lin.run(D, dx.p + 1, n, y_unal.p);
+      ck(cudaDeviceSynchronize(), "sync");
+      const auto a = y_split.get(), b = y_fused.get(), c = y_run.get(), u = y_unal.get();
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), outn * 4), 0) << s.rows << "x" << s.cols << " n=" << n;
+      ASSERT_EQ(std::memcmp(a.data(), c.data(), outn * 4), 0) << "runner " << s.rows << "x" << s.cols << " n=" << n;
+      ASSERT_EQ(std::memcmp(a.data(), u.data(), outn * 4), 0) << "unaligned " << s.rows << "x" << s.cols << " n=" << n;
+      std::vector<float> got(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(ref.size()));
+      EXPECT_LT(max_rel(got, ref), 2e-5) << s.rows << "x" << s.cols << " n=" << n;
+    }
+  }
 }
 
 TEST(CudaSkinny, RejectsWhatItCannotRun) {

@@ -793,5 +793,57 @@ class ShutdownTest(unittest.TestCase):
             srv.cleanup()
 
 
+class WebUiTest(unittest.TestCase):
+    """The web chat's files at / (the browser test, tests/browser, drives the page itself): public like
+    /health, Content-Type, ETag + 304, CSP; --no-webui takes them away."""
+
+    def test_assets_served_with_validators(self):
+        srv = ServerProcess()
+        try:
+            for path, ctype in (("/", "text/html"), ("/static/app.js", "text/javascript"), ("/static/style.css", "text/css")):
+                st, h, body = srv.request("GET", path, headers={"Authorization": ""})  # no API key needed
+                self.assertEqual(st, 200, path)
+                self.assertTrue(h["Content-Type"].startswith(ctype), h)
+                self.assertEqual(h["X-Content-Type-Options"], "nosniff")
+                self.assertNotIn("Access-Control-Allow-Origin", h)
+                st2, h2, body2 = srv.request("GET", path, headers={"If-None-Match": 'W/"x", ' + h["ETag"]})
+                self.assertEqual((st2, body2), (304, b""), path)
+                self.assertEqual(h2["ETag"], h["ETag"])
+            st, h, body = srv.request("GET", "/")
+            self.assertIn(b'<script src="/static/app.js"', body)
+            self.assertIn("script-src 'self'", h["Content-Security-Policy"])
+            self.assertNotIn("unsafe-inline", h["Content-Security-Policy"])
+            self.assertEqual(srv.request("GET", "/static/nope.js")[0], 404)
+            self.assertEqual(srv.request("GET", "/static/../index.html")[0], 404)
+            self.assertEqual(srv.request("POST", "/", body="{}")[0], 405)
+            # /v1/* still needs the key.
+            self.assertEqual(srv.request("GET", "/v1/models", headers={"Authorization": ""})[0], 401)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+            srv.cleanup()
+
+    def test_no_cors_on_assets(self):
+        srv = ServerProcess(extra=["--allowed-origins", "*"])
+        try:
+            origin = {"Origin": "http://other.example"}
+            self.assertEqual(srv.request("GET", "/version", headers=origin)[1].get("Access-Control-Allow-Origin"), "*")
+            st, h, _ = srv.request("GET", "/", headers=origin)
+            self.assertEqual(st, 200)
+            self.assertNotIn("Access-Control-Allow-Origin", h)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+            srv.cleanup()
+
+    def test_no_webui(self):
+        srv = ServerProcess(extra=["--no-webui"])
+        try:
+            for path in ("/", "/index.html", "/static/app.js"):
+                self.assertEqual(srv.request("GET", path)[0], 404, path)
+            self.assertEqual(srv.request("GET", "/health")[0], 200)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+            srv.cleanup()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,5 +1,7 @@
 // Tensor / expert parallel against one process, run under mpirun (registered with CTest in
 // tests/CMakeLists.txt):   mpirun -np N k3_tp_check MODEL_DIR [--ep] [--expect-error TEXT]
+// or with the ranks started otherwise: `k3_tp_check MODEL_DIR --spawn N` (rank 0 spawns its workers), or
+// one process per "host": `k3_tp_check MODEL_DIR --nnodes N --node-rank R --master-port P` (rendezvous.h).
 // Every rank loads its shard (k3::dist::TpModel); rank 0 also loads the whole model (k3::Model) and
 // runs the same steps through both: a prefill (all logits), greedy decode steps, a batched step mixing a
 // new sequence with a continuing one, and a step on a cloned cache (a journaled copy). Logits must agree
@@ -15,12 +17,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "k3/core/error.h"
 #include "k3/dist/communicator.h"
+#include "k3/dist/rendezvous.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
 
@@ -103,12 +108,30 @@ int main(int argc, char** argv) {
   k3::dist::TpLoadOptions opt;
   opt.print_plan = false;
   std::string expect_error;
+  int spawn = 0;
+  bool reverse_experts = false;
+  k3::dist::RendezvousOptions nodes;
   for (int i = 2; i < argc; ++i) {
+    const bool more = i + 1 < argc;
     if (std::strcmp(argv[i], "--ep") == 0) opt.expert_parallel = true;
-    if (std::strcmp(argv[i], "--expect-error") == 0 && i + 1 < argc) expect_error = argv[++i];
+    if (std::strcmp(argv[i], "--a2a") == 0) opt.placement.all_to_all = true;  // EP dispatch / combine
+    if (std::strcmp(argv[i], "--reverse-experts") == 0) reverse_experts = true;  // a placement permutation
+    if (std::strcmp(argv[i], "--expect-error") == 0 && more) expect_error = argv[++i];
+    if (std::strcmp(argv[i], "--spawn") == 0 && more) spawn = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--nnodes") == 0 && more) nodes.nnodes = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--node-rank") == 0 && more) nodes.node_rank = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
   }
   try {
-    auto tp = k3::dist::TpModel::load(dir, k3::dist::make_mpi_comm(), opt);
+    if (reverse_experts) {
+      const int64_t E = k3::load_model_config(dir).num_experts;
+      for (int64_t e = E - 1; e >= 0; --e) opt.placement.expert_order.push_back(static_cast<int32_t>(e));
+    }
+    std::unique_ptr<k3::dist::Communicator> comm;
+    if (nodes.nnodes > 1) comm = k3::dist::join_mpi_nodes(nodes);
+    else if (spawn > 1 && !k3::dist::launched_by_mpi()) comm = k3::dist::spawn_mpi_workers(spawn);
+    else comm = k3::dist::make_mpi_comm();
+    auto tp = k3::dist::TpModel::load(dir, std::move(comm), opt);
     const int size = tp->comm().size();
     if (!expect_error.empty()) {
       std::fprintf(stderr, "FAIL: loading %s at %d ranks succeeded; expected an error with '%s'\n", dir.c_str(), size,
@@ -122,8 +145,9 @@ int main(int argc, char** argv) {
     auto ref = k3::Model::load(dir);
     const Compare c = run_steps(*tp, *ref);
     const bool exact = size > 1 || c.max_rel == 0;
-    std::printf("%s: %d ranks%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
-                dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", c.tokens, c.max_rel, kRelTol,
+    std::printf("%s: %d ranks%s%s%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
+                dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", opt.placement.all_to_all ? " all-to-all" : "",
+                reverse_experts ? " experts reversed" : "", c.tokens, c.max_rel, kRelTol,
                 size == 1 ? ", one rank: exact" : "", c.argmax_diff);
     return c.max_rel <= kRelTol && c.argmax_diff == 0 && exact ? 0 : 1;
   } catch (const k3::Error& e) {

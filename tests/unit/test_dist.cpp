@@ -4,6 +4,7 @@
 // processes: tests/mpi/tp_logits_check.cpp (CTest tp*_).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -253,9 +254,34 @@ TEST(MirroredMemory, ReplayGivesTheSameBytes) {
 
 TEST(CpuBackendDist, KeepExpertsMapsOwnedAndDropsTheRest) {
   k3::cpu::CpuBackend b;
-  std::vector<int32_t> idx{0, 5, 8, 15, 7, 9};
-  b.moe_keep_experts(k3::graph::Tensor::i32(idx.data(), 2, 3), 5, 4);  // owns experts 5..8
+  const auto p = k3::dist::make_shard_plan(tiny_k3(), 1, 4, /*expert_parallel=*/true);  // 16 experts: 4 each
+  ASSERT_EQ(p.experts.first, 4);
+  ASSERT_EQ(p.experts.count, 4);
+  std::vector<int32_t> idx{0, 4, 7, 15, 6, 8};
+  b.moe_keep_experts(k3::graph::Tensor::i32(idx.data(), 2, 3), p);  // owns experts 4..7
   EXPECT_EQ(idx, (std::vector<int32_t>{-1, 0, 3, -1, 2, -1}));
+}
+
+// The placement hook: a permutation moves experts between ranks; every lookup follows it, and what is
+// not a permutation is refused.
+TEST(ShardPlan, ExpertPlacementPermutes) {
+  k3::dist::ExpertPlacement pl;
+  for (int32_t e = 15; e >= 0; --e) pl.expert_order.push_back(e);  // reversed: rank 0 holds 15..8
+  const auto r0 = k3::dist::make_shard_plan(tiny_k3(), 0, 2, true, pl);
+  EXPECT_EQ(r0.local_expert(15), 0);
+  EXPECT_EQ(r0.local_expert(8), 7);
+  EXPECT_EQ(r0.local_expert(7), -1);
+  EXPECT_EQ(r0.owner_of_expert(7), 1);
+  EXPECT_EQ(r0.index_on_owner(7), 0);
+  EXPECT_EQ(r0.owner_of_expert(15), 0);
+  EXPECT_NE(k3::dist::describe(r0).find("routed experts {15 14 13 12 11 10 9 8} (EP)"), std::string::npos)
+      << k3::dist::describe(r0);
+  pl.expert_order[0] = 3;  // 3 twice, 15 missing
+  EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(tiny_k3(), 0, 2, true, pl); }).find("not a permutation"),
+            std::string::npos);
+  pl.expert_order.pop_back();
+  EXPECT_NE(error_of([&] { k3::dist::make_shard_plan(tiny_k3(), 0, 2, true, pl); }).find("15 entries for 16 experts"),
+            std::string::npos);
 }
 
 // Vocab-parallel embedding: a rank holding rows [4, 8) of an 8 x 3 table embeds tokens 4..7 and writes
@@ -324,3 +350,35 @@ TEST(TensorParallel, TwoThreadRanksMatchOneProcessTinyK3) { run_two_ranks(false)
 TEST(TensorParallel, TwoThreadRanksExpertParallelMatchOneProcessTinyK3) { run_two_ranks(true); }
 
 }  // namespace
+
+// One rank through the communicator's path (vocab-parallel embedding, all-reduces, the logits gather,
+// EP's expert mapping; every collective an identity over LocalComm): bit-identical to the one-process
+// model. The CPU half of the check tests/cuda/test_tp_nccl.cpp makes over NCCL on a GPU. Fails if a
+// collective op at one rank changes a value (e.g. a gather that drops or pads columns).
+TEST(TensorParallel, OneRankThroughTheCollectivePathIsBitIdentical) {
+  const std::string dir = k3test::source_path("tests/data/tiny-k3");
+  auto ref = k3::Model::load(dir);
+  for (bool ep : {false, true}) {
+    k3::dist::TpLoadOptions opt;
+    opt.print_plan = false;
+    opt.expert_parallel = ep;
+    opt.collectives_at_one_rank = true;
+    auto tp = k3::dist::TpModel::load(dir, k3::dist::make_local_comm(), opt);
+    ASSERT_TRUE(tp->shard_plan().runs_collectives());
+    auto a = tp->new_cache(), r = ref->new_cache();
+    std::vector<int32_t> toks{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+    std::vector<float> la, lr;
+    k3::ForwardOptions all;
+    all.all_logits = true;
+    tp->forward(toks, *a, la, all);
+    ref->forward(toks, *r, lr, all);
+    EXPECT_EQ(la, lr) << "ep " << ep;
+    for (int step = 0; step < 3; ++step) {
+      const auto last = lr.end() - ref->config().vocab_size;  // the last row's greedy token
+      const std::vector<int32_t> t{static_cast<int32_t>(std::max_element(last, lr.end()) - last)};
+      tp->forward(t, *a, la);
+      ref->forward(t, *r, lr);
+      EXPECT_EQ(la, lr) << "ep " << ep << " step " << step;
+    }
+  }
+}

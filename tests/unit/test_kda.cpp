@@ -195,6 +195,21 @@ TEST(Kda, ChunkedSplitCallsEqualOneCall) {
     }
 }
 
+// The chunked form factors the decay through each 16-row sub-block's first row when every gate of the chunk
+// is <= 0 (kda.cpp, cross_block_scores); a chunk with a positive gate takes the exp per (i, j, channel)
+// everywhere. Both against float64, in the same call (chunks with and without a positive gate).
+TEST(Kda, ChunkedPositiveGateChunksMatchF64) {
+  auto in = make_inputs(150, 2, 32, Gate::KimiLinear, 4242);
+  for (std::size_t i = 0; i < std::size_t(64) * 2 * 32; i += 97) in.g[i] = 0.05f;  // the first chunk of 64 only
+  std::vector<double> ro, rs;
+  kda_ref(in, ro, rs);
+  Vec st = in.state, out(in.q.size());
+  k3::cpu::kda_chunked(150, 2, 32, 64, in.q.data(), in.k.data(), in.v.data(), in.g.data(), in.beta.data(), st.data(),
+                       out.data());
+  EXPECT_LT(rel_err(out, ro), 1e-4);
+  EXPECT_LT(rel_err(st, rs), 1e-4);
+}
+
 TEST(Kda, ComparisonDetectsDifferentInputs) {
   // The checks above must be able to fail: a small change of the gates or of one beta is visible.
   auto in = make_inputs(65, 1, 32, Gate::K3, 42);

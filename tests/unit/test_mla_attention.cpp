@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -181,5 +182,48 @@ TEST(Mla, AbsorbedLatentEqualsMha) {
       k3::cpu::mla_attention_latent(sh.T, sh.P, nh, kr, dr, qlat2.data(), cache.data(), scale, olat2.data());
       EXPECT_GT(rel_err(olat2, olat), 1e-3);
     }
+  }
+}
+
+// The blocked MHA form (mla_mha.cpp: 16-query blocks, 4-query register tiles, keys shared by a tile) gives
+// each (query, head) the same bits whatever T, the split of a prompt into chunks or the tile a query lands
+// in, and the in-place kv_b layout gives the bits of the split one. Dims with tails (not multiples of 8)
+// against float64 too.
+TEST(Mla, MhaBlockedIsChunkInvariantAndKvLayoutAgrees) {
+  std::mt19937 rng(13);
+  const Shape shapes[] = {{37, 0, 3, 32, 16, 40}, {50, 9, 2, 20, 6, 44}, {21, 3, 1, 128, 64, 128}};
+  for (const auto& sh : shapes) {
+    const int S = sh.P + sh.T, nh = sh.nh, dn = sh.dn, dr = sh.dr, dv = sh.dv, dq = dn + dr;
+    Vec q = randn(std::size_t(sh.T) * nh * dq, rng, 1.f);
+    Vec kn = randn(std::size_t(S) * nh * dn, rng, 1.f), kp = randn(std::size_t(S) * dr, rng, 1.f);
+    Vec v = randn(std::size_t(S) * nh * dv, rng, 1.f);
+    const float scale = 2.f / std::sqrt(float(dq));
+    Vec whole(std::size_t(sh.T) * nh * dv);
+    k3::cpu::mla_attention_mha(sh.T, sh.P, nh, dn, dr, dv, q.data(), kn.data(), kp.data(), v.data(), scale, whole.data());
+    EXPECT_LT(rel_err(whole, mha_ref(sh.T, sh.P, nh, dn, dr, dv, q, kn, kp, v, scale)), 1e-5) << "T=" << sh.T;
+    // The same prompt in chunks of 1, 5 and 19 queries (each chunk's keys: everything before it).
+    for (int chunk : {1, 5, 19}) {
+      Vec parts(whole.size(), NAN);
+      for (int t0 = 0; t0 < sh.T; t0 += chunk) {
+        const int n = std::min(chunk, sh.T - t0);
+        k3::cpu::mla_attention_mha(n, sh.P + t0, nh, dn, dr, dv, q.data() + std::size_t(t0) * nh * dq, kn.data(), kp.data(),
+                                   v.data(), scale, parts.data() + std::size_t(t0) * nh * dv);
+      }
+      ASSERT_EQ(std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)), 0) << "chunk " << chunk;
+    }
+    // kv_b's output layout [S][nh][dn | dv] and k_pe inside wider rows.
+    const int pe_ld = dr + 5;
+    Vec kv(std::size_t(S) * nh * (dn + dv)), kp_wide(std::size_t(S) * pe_ld, NAN);
+    for (int s = 0; s < S; ++s) {
+      for (int h = 0; h < nh; ++h) {
+        std::copy_n(kn.data() + (std::size_t(s) * nh + h) * dn, dn, kv.data() + (std::size_t(s) * nh + h) * (dn + dv));
+        std::copy_n(v.data() + (std::size_t(s) * nh + h) * dv, dv, kv.data() + (std::size_t(s) * nh + h) * (dn + dv) + dn);
+      }
+      std::copy_n(kp.data() + std::size_t(s) * dr, dr, kp_wide.data() + std::size_t(s) * pe_ld);
+    }
+    Vec in_place(whole.size(), NAN);
+    k3::cpu::mla_attention_mha_kv(sh.T, sh.P, nh, dn, dr, dv, q.data(), kv.data(), kp_wide.data(), pe_ld, scale,
+                                  in_place.data());
+    ASSERT_EQ(std::memcmp(in_place.data(), whole.data(), whole.size() * sizeof(float)), 0);
   }
 }

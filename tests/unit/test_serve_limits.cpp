@@ -66,7 +66,7 @@ TEST(ServeLimits, EveryBadFieldValueIs400NamingTheField) {
       {C, "stop", "5"}, {C, "stop", "[\"\"]"},
       {P, "stop_token_ids", many_ids}, {P, "stop_token_ids", "[-1]"}, {P, "stop_token_ids", "[18446744073709551615]"},
       {P, "stop_token_ids", "[1.5]"}, {P, "stop_token_ids", "[1024]"},
-      {P, "logit_bias", "{\"5\": 10}"}, {P, "logit_bias", "[]"},
+      {P, "logit_bias", "{\"5\": 101}"}, {P, "logit_bias", "[]"},
       {P, "echo", "true"}, {P, "echo", "\"yes\""}, {P, "best_of", "2"}, {P, "best_of", "1e400"},
       {C, "cache_salt", "\"\""}, {C, "cache_salt", "5"}, {C, "cache_salt", "\"" + std::string(1025, 's') + "\""},
       {C, "response_format", "{\"type\": \"json_object\"}"}, {P, "suffix", "\"tail\""},

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <regex>
 
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
@@ -17,6 +18,7 @@
 #include "k3/engine/ngram_proposer.h"
 #include "k3/engine/sampler.h"
 #include "k3/engine/speculative_config.h"
+#include "k3/grammar/grammar_engine.h"
 #include "k3/model/model.h"
 #include "engine_test_request.h"
 #include "test_util.h"
@@ -293,6 +295,33 @@ TEST(SpeculativeEngine, GreedyAloneEqualsNoSpeculation) {
     EXPECT_EQ(on.cache.slots_used, 0);
   }
 }
+
+#ifdef K3_HAVE_GRAMMAR
+// Structured outputs with speculation on: constrained sequences get no drafts (their rows carry the
+// grammar's mask), so their output is the same with speculation on or off and matches the grammar; the
+// unconstrained ones batched with them are still speculated, and equal their output without speculation.
+TEST(SpeculativeEngine, ConstrainedSequencesAreNotSpeculated) {
+  k3::grammar::GrammarEngine ge(*tiny().tok, tiny().model->config().vocab_size);
+  k3::grammar::GrammarSpec spec{k3::grammar::GrammarSpec::Kind::Regex, "(def [a-z]{1,6}\\(a, b\\):\n){1,4}",
+                                {static_cast<int32_t>(tiny().model->config().eos_token_id)}};
+  const auto g = ge.compile(spec);
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    Request r = make_request("g" + std::to_string(i), encode(i % 2 ? kCode : kProse), 48, i < 3 ? 0.f : 0.8f, 300 + i);
+    if (i % 2 == 0) r.grammar = g;
+    reqs.push_back(r);
+  }
+  const RunResult off = run(tiny(), options(false, std::nullopt), reqs);
+  const RunResult on = run(tiny(), options(false, ngram(4, Rollback::Snapshots)), reqs);
+  for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
+  EXPECT_GT(on.stats.spec_num_accepted_tokens, 0);  // the unconstrained ones were speculated
+  const std::regex re("(def [a-z]{1,6}\\(a, b\\):\n){1,4}");
+  for (int i = 0; i < 6; i += 2) {
+    const auto& ids = on.ids.at("g" + std::to_string(i));
+    EXPECT_TRUE(std::regex_match(tiny().tok->decode(ids), re)) << tiny().tok->decode(ids);
+  }
+}
+#endif
 
 TEST(SpeculativeEngine, SeededSamplingEqualsNoSpeculation) {
   // The same draws pick the same tokens: seeded output is identical, penalties included.

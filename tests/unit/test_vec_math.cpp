@@ -113,6 +113,28 @@ TEST(VecMath, Sigmoid8WithinStatedBound) {
   EXPECT_EQ(s[2], 0.f);
 }
 
+TEST(VecMath, Softplus8WithinStatedBound) {
+  const auto x = inputs(4);
+  const auto y = apply(x, [](__m256 v) { return k3::cpu::softplus8(v); });
+  k3test::Worst worst("softplus8 (units of 2^-24 relative)");
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(x[i])) continue;  // below
+    const long double xl = x[i];
+    const long double want = xl > 0 ? xl + std::log1p(std::exp(-xl)) : std::log1p(std::exp(xl));
+    if (want < FLT_MIN) {
+      ASSERT_LE(std::fabs(y[i] - want), std::ldexp(1.0L, -149)) << x[i];
+      continue;
+    }
+    const double rel = static_cast<double>(std::fabs(y[i] - want) / want);
+    ASSERT_LE(rel, 4 * kU) << "x " << x[i] << " got " << y[i] << " want " << static_cast<double>(want);
+    worst.add(rel / kU);
+  }
+  const auto s = apply({std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY}, [](__m256 v) { return k3::cpu::softplus8(v); });
+  EXPECT_TRUE(std::isnan(s[0]));
+  EXPECT_EQ(s[1], INFINITY);
+  EXPECT_EQ(s[2], 0.f);
+}
+
 // zip8: an element's result does not depend on where it sits (body or padded tail), so the ops that use
 // it stay batch-invariant.
 TEST(VecMath, Zip8TailMatchesBody) {

@@ -9,7 +9,9 @@
 
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
+#include "k3/grammar/token_matcher.h"
 #include "k3/plan/plan.h"
+#include "k3/sampling/token_sampling.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3::bench {
@@ -20,7 +22,7 @@ nlohmann::json OfflineResult::to_json() const {
   for (double s : seconds) tps.push_back(s > 0 ? toks / s : 0);
   nlohmann::json j = {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
           {"n_depth", test.depth}, {"n_batch", test.batch},                 {"reps", seconds.size()},
-          {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
+          {"mask_seconds", mask_seconds}, {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
           {"stddev_ts", tps_std},  {"avg_s", mean(seconds)}};
   if (step_bytes > 0) {
     j["step_bytes"] = step_bytes;
@@ -58,8 +60,38 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
   return out;
 }
 
+namespace {
+// One sequence's host sampling state of a --grammar tg test.
+struct HostSampler {
+  std::unique_ptr<grammar::TokenMatcher> matcher;
+  std::vector<uint32_t> mask;
+};
+
+// Samples row b of `logits` ([batch][V]) under its matcher's mask; the token is the sequence's next input.
+int32_t sample_host(HostSampler& hs, const OfflineSampling& s, std::span<float> row, std::mt19937_64& rng,
+                    double& mask_seconds) {
+  sampling::RowSampling r;
+  r.temperature = 1.0f;
+  r.u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+  if (s.grammar) {
+    if (!hs.matcher || hs.matcher->terminated()) {
+      hs.matcher = s.grammar->new_matcher();
+      hs.mask.assign(static_cast<size_t>(s.grammar->mask_words()), 0);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    hs.matcher->fill_allowed(hs.mask);
+    mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.allowed = hs.mask;
+  }
+  const sampling::SampleResult res = sampling::sample_row(row, r);
+  if (res.status != sampling::SampleStatus::Ok) throw Error("bench offline: sampling failed: " + sampling::describe(res));
+  if (hs.matcher && !hs.matcher->accept(res.token)) throw Error("bench offline: the grammar refused its own mask's token");
+  return res.token;
+}
+}  // namespace
+
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed, bool fresh_tokens,
-                               bool warmup) {
+                               bool warmup, const OfflineSampling* sampling) {
   if (reps < 1) throw Error("-r must be >= 1");
   std::mt19937_64 rng(seed);
   const int32_t V = static_cast<int32_t>(m.config().vocab_size);
@@ -86,6 +118,7 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
   r.test = t;
   DiskCounters disk0;
   std::optional<ExpertCacheStats> ex0;
+  double warm_mask_s = 0;
   for (int rep = warmup ? -1 : 0; rep < reps; ++rep) {  // rep -1: warm-up
     if (rep == 0) {
       disk0 = read_disk_counters();
@@ -105,10 +138,16 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     } else {
       ForwardOptions fo;
       fo.path = AttnPath::Decode;
+      std::vector<HostSampler> hs(static_cast<size_t>(t.batch));
+      std::mt19937_64 draw(seed + 1);
       for (int64_t i = 0; i < t.n; ++i) {
         for (int64_t b = 0; b < t.batch; ++b)
           items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), st[b].get(), true};
         m.forward_batch(items, logits, fo);
+        if (sampling && i + 1 < t.n)
+          for (int64_t b = 0; b < t.batch; ++b)
+            inputs[b][i + 1] = sample_host(hs[b], *sampling, std::span<float>(logits.data() + b * V, V), draw,
+                                           rep >= 0 ? r.mask_seconds : warm_mask_s);
       }
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

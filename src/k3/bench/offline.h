@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,6 +14,10 @@ namespace k3 {
 class ModelRunner;
 struct ModelConfig;
 struct CacheSpec;
+}
+
+namespace k3::grammar {
+class CompiledGrammar;
 }
 
 namespace k3::bench {
@@ -41,6 +46,9 @@ struct OfflineResult {
   // the measured steps read them at (step_bytes x steps / s), and that rate over `bandwidth_gb_s`.
   double step_bytes = 0, read_gb_s = 0, bandwidth_gb_s = 0;
   OfflineIo io;
+  // --grammar tests: wall seconds of the timed repetitions spent filling grammar masks (the matchers'
+  // work; applying the mask is part of sampling).
+  double mask_seconds = 0;
   nlohmann::json to_json() const;
 };
 
@@ -48,12 +56,19 @@ struct OfflineResult {
 std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std::vector<int64_t>& tg,
                                        const std::vector<int64_t>& depths, const std::vector<int64_t>& batches);
 
+// tg tests with host sampling (`k3 bench offline --grammar`): after each step every row is sampled on the
+// host (temperature 1, seeded draws) -- under `grammar`'s mask when set, one matcher per sequence, renewed
+// when it ends -- and the sampled token is the sequence's next input. What the mask costs a decode step.
+struct OfflineSampling {
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // null: sampling without a mask
+};
+
 // One warm-up run, then `reps` timed runs; tokens are uniform random ids (seeded). `fresh_tokens`: every
 // run draws new tokens (so the warm-up does not load the routed experts the timed runs use: what a
 // model bigger than RAM sees on new requests).
 // `warmup` false: no warm-up run (with a cold page cache, the first timed run is the cold start).
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed,
-                               bool fresh_tokens = false, bool warmup = true);
+                               bool fresh_tokens = false, bool warmup = true, const OfflineSampling* sampling = nullptr);
 
 // Fills r's roofline fields for a tg test (pp tests are left alone): step_bytes from
 // plan::decode_step_bytes at the mean context of the run (depth + (n + 1) / 2 rows per MLA layer) with the

@@ -45,8 +45,20 @@ std::unique_ptr<Communicator> make_local_comm();
 bool mpi_built();
 // Whether this process was started by an MPI launcher (mpirun / mpiexec / srun set their variables).
 bool launched_by_mpi();
-// The MPI world of this process (initialises MPI on the first call; finalises when the last one is
-// destroyed). Throws k3::Error when the build has no MPI.
+// The MPI group of this process (initialises MPI on the first call; finalises when the last one is
+// destroyed): MPI_COMM_WORLD under mpirun, or, in a worker started by spawn_mpi_workers, rank 0 and its
+// workers. Throws k3::Error when the build has no MPI.
 std::unique_ptr<Communicator> make_mpi_comm();
+// Rank 0 of `size` ranks on this host without a launcher (`k3 serve --tp N`): starts size - 1 copies of
+// this process (same executable and arguments) with MPI_Comm_spawn (OpenMPI starts its own runtime for a
+// process not started by mpirun) and returns the group, this process rank 0. The workers find their
+// place through make_mpi_comm. They die with this process: OpenMPI's runtime ends them when rank 0 exits,
+// even by SIGKILL. Throws k3::Error.
+std::unique_ptr<Communicator> spawn_mpi_workers(int size);
+struct RendezvousOptions;
+// One rank per host over several hosts (--nnodes, rendezvous.h): every node calls it; node 0 runs the
+// TCP rendezvous and OpenMPI's ompi-server, the group is ordered by node rank. Throws k3::Error (a bad
+// rendezvous: within its timeout).
+std::unique_ptr<Communicator> join_mpi_nodes(const RendezvousOptions& o);
 
 }  // namespace k3::dist

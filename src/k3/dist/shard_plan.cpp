@@ -1,5 +1,7 @@
 #include "k3/dist/shard_plan.h"
 
+#include <algorithm>
+
 #include "k3/core/error.h"
 
 namespace k3::dist {
@@ -61,7 +63,45 @@ Range aligned_block(int64_t total, int rank, int size) {
 
 }  // namespace
 
-ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_parallel) {
+int32_t ShardPlan::local_expert(int32_t e) const {
+  if (e < 0 || static_cast<size_t>(e) >= expert_slot.size()) return -1;
+  const int64_t slot = expert_slot[static_cast<size_t>(e)];
+  return slot >= experts.first && slot < experts.end() ? static_cast<int32_t>(slot - experts.first) : -1;
+}
+
+int ShardPlan::owner_of_expert(int32_t e) const {
+  if (e < 0 || static_cast<size_t>(e) >= expert_slot.size()) throw Error("expert id " + std::to_string(e) + " out of range");
+  const int64_t slot = expert_slot[static_cast<size_t>(e)];
+  // expert_bounds is sorted: the last bound <= slot is the owner.
+  const auto it = std::upper_bound(expert_bounds.begin(), expert_bounds.end(), slot);
+  return static_cast<int>(it - expert_bounds.begin()) - 1;
+}
+
+int32_t ShardPlan::index_on_owner(int32_t e) const {
+  const int owner = owner_of_expert(e);
+  return static_cast<int32_t>(expert_slot[static_cast<size_t>(e)] - expert_bounds[static_cast<size_t>(owner)]);
+}
+
+namespace {
+// The placement's permutation, checked (identity when empty).
+std::vector<int32_t> expert_order_of(const ExpertPlacement& pl, int64_t E) {
+  std::vector<int32_t> order = pl.expert_order;
+  if (order.empty())
+    for (int64_t e = 0; e < E; ++e) order.push_back(static_cast<int32_t>(e));
+  if (static_cast<int64_t>(order.size()) != E)
+    throw Error("expert placement: " + std::to_string(order.size()) + " entries for " + std::to_string(E) + " experts");
+  std::vector<bool> seen(static_cast<size_t>(E), false);
+  for (int32_t e : order) {
+    if (e < 0 || e >= E || seen[static_cast<size_t>(e)])
+      throw Error("expert placement: not a permutation of 0.." + std::to_string(E - 1) + " (entry " + std::to_string(e) + ")");
+    seen[static_cast<size_t>(e)] = true;
+  }
+  return order;
+}
+}  // namespace
+
+ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_parallel,
+                          const ExpertPlacement& placement) {
   if (size < 1) throw Error("--tensor-parallel-size must be at least 1 (got " + std::to_string(size) + ")");
   if (rank < 0 || rank >= size)
     throw Error("rank " + std::to_string(rank) + " is outside a group of " + std::to_string(size) + " ranks");
@@ -81,6 +121,13 @@ ShardPlan make_shard_plan(const ModelConfig& c, int rank, int size, bool expert_
                     " routed experts (each rank needs at least one)");
       p.experts = balanced_block(c.num_experts, rank, size);
       p.expert_inter = {0, c.moe_intermediate_size};
+      p.expert_order = expert_order_of(placement, c.num_experts);
+      p.expert_slot.assign(p.expert_order.size(), 0);
+      for (size_t slot = 0; slot < p.expert_order.size(); ++slot)
+        p.expert_slot[static_cast<size_t>(p.expert_order[slot])] = static_cast<int32_t>(slot);
+      for (int r = 0; r < size; ++r) p.expert_bounds.push_back(balanced_block(c.num_experts, r, size).first);
+      p.expert_bounds.push_back(c.num_experts);
+      p.expert_all_to_all = placement.all_to_all;
     } else {
       p.experts = {0, c.num_experts};
       p.expert_inter = aligned_block(c.moe_intermediate_size, rank, size);
@@ -114,8 +161,16 @@ std::string describe(const ShardPlan& p) {
   std::string s = "rank " + std::to_string(p.rank) + "/" + std::to_string(p.size) + ": KDA heads " + heads(p.kda) +
                   ", MLA heads " + heads(p.mla) + ", MLP columns " + r(p.dense_inter) + ", shared-expert columns " +
                   r(p.shared_inter);
-  if (p.expert_parallel)
-    s += ", routed experts " + r(p.experts) + " (EP)";
+  if (p.expert_parallel) {
+    // The experts themselves when a placement moved them, else their range.
+    bool identity = true;
+    for (size_t i = 0; i < p.expert_order.size(); ++i) identity = identity && p.expert_order[i] == static_cast<int32_t>(i);
+    std::string list;
+    for (int64_t slot = p.experts.first; slot < p.experts.end() && !identity; ++slot)
+      list += (list.empty() ? "" : " ") + std::to_string(p.expert_order[static_cast<size_t>(slot)]);
+    s += ", routed experts " + (identity ? r(p.experts) : "{" + list + "}") + " (EP" +
+         (p.expert_all_to_all ? ", all-to-all dispatch" : "") + ")";
+  }
   else
     s += ", routed-expert columns " + r(p.expert_inter) + " (TP)";
   return s + ", vocab rows " + r(p.vocab);

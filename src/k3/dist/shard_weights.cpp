@@ -141,8 +141,10 @@ void shard_moe(Sharder& s, const MoeWeights& f, const ShardPlan& p, MoeWeights& 
   w = f;  // router, correction bias, latent down / up / norm are replicated
   w.stacked = {};
   w.experts.clear();
-  for (int64_t e = p.experts.first; e < p.experts.end(); ++e)
-    w.experts.push_back(s.glu(f.experts[static_cast<size_t>(e)], p.expert_inter, "routed expert down_proj"));
+  for (int64_t slot = p.experts.first; slot < p.experts.end(); ++slot) {
+    const size_t e = p.expert_parallel ? static_cast<size_t>(p.expert_order[static_cast<size_t>(slot)]) : static_cast<size_t>(slot);
+    w.experts.push_back(s.glu(f.experts[e], p.expert_inter, "routed expert down_proj"));
+  }
   w.shared = s.glu(f.shared, p.shared_inter, "shared expert down_proj");
 }
 

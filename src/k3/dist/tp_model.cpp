@@ -7,6 +7,7 @@
 
 #include "k3/core/error.h"
 #include "k3/dist/memory_sequence.h"
+#include "k3/dist/peer_watch.h"
 #include "k3/dist/step_wire.h"
 #include "k3/model/graph/forward.h"
 #include "k3/model/model_files.h"
@@ -106,7 +107,8 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   ModelFiles files = open_model_files(dir);
   cfg_ = std::move(files.config);
   ckpt_ = std::move(files.checkpoint);
-  plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel);
+  plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel, opt.placement);
+  plan_.collectives_at_one_rank = opt.collectives_at_one_rank;
   local_cfg_ = dist::shard_config(cfg_, plan_);
   spec_ = make_cache_spec(local_cfg_, opt.kv, opt.ssm);
   full_ = bind_weights(cfg_, *ckpt_);
@@ -117,7 +119,7 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
 }
 
 TpModel::~TpModel() {
-  if (!ready_ || !comm_->is_root() || comm_->size() == 1) return;
+  if (!ready_ || !comm_->is_root() || comm_->size() == 1 || !failure().empty()) return;
   try {
     std::lock_guard lk(mu_);
     StepMessage stop;
@@ -149,10 +151,16 @@ void TpModel::fail(const char* where, const std::exception& e) const {
   std::abort();  // abort() does not return; this tells the compiler so
 }
 
+std::string TpModel::failure() const {
+  std::lock_guard lk(failure_mu_);
+  return failure_;
+}
+
 void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                             const ForwardOptions& opt) const {
   if (!comm_->is_root()) throw Error("forward_batch on rank " + std::to_string(comm_->rank()) + ": only rank 0 plans steps");
   std::lock_guard lk(mu_);
+  if (std::string f = failure(); !f.empty()) throw Error(f);
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg_.vocab_size, spec_);
   StepMessage msg;
   if (plan_.sharded()) {  // everything that can fail on bad input fails here, before any rank is involved
@@ -167,6 +175,16 @@ void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<flo
     if (plan_.sharded()) send_step(*comm_, msg);
     graph::forward(local_cfg_, shard_.w, backend_, plan, graph::Tensor::f32(logits.data(), plan.n_logits(), cfg_.vocab_size),
                    &plan_);
+  } catch (const PeerLost& e) {
+    // The group cannot run another step; the caller fails the requests (and a server stops).
+    const std::string why = "the tensor-parallel group lost a rank: " + std::string(e.what());
+    std::fprintf(stderr, "k3: error: rank 0: %s\n", why.c_str());
+    std::fflush(stderr);
+    {
+      std::lock_guard fl(failure_mu_);
+      failure_ = why;
+    }
+    throw Error(why);
   } catch (const std::exception& e) {
     fail("forward", e);  // the other ranks are inside the step: they cannot be told apart from a hang
   }

@@ -21,8 +21,10 @@ namespace k3::dist {
 
 struct TpLoadOptions {
   bool expert_parallel = false;  // --enable-expert-parallel: routed experts whole, a block per rank
+  ExpertPlacement placement;     // EP: which experts each rank holds (a permutation), all-to-all dispatch
   CacheDType kv = CacheDType::F32, ssm = CacheDType::F32;
   bool print_plan = true;        // one line per rank on stderr: what it owns
+  bool collectives_at_one_rank = false;  // ShardPlan::collectives_at_one_rank (a check of the collective path)
 };
 
 class TpModel final : public ModelRunner {
@@ -39,8 +41,12 @@ class TpModel final : public ModelRunner {
   std::unique_ptr<SequenceCache> new_cache() const override;
   std::shared_ptr<CacheMemory> cache_memory() const override { return memory_; }
   int64_t memory_available() const override;
+  // Rank 0. When another rank is lost during the step (PeerLost), throws k3::Error and the model is
+  // failed for good (failure()): the engine fails the step's requests instead of waiting forever.
   void forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                      const ForwardOptions& opt = {}) const override;
+  // Empty while the group can run steps; else why it never will again (a lost rank). Thread-safe.
+  std::string failure() const;
 
   const ShardPlan& shard_plan() const { return plan_; }
   const ModelConfig& shard_config() const { return local_cfg_; }
@@ -64,7 +70,9 @@ class TpModel final : public ModelRunner {
   ShardedWeights shard_;
   std::shared_ptr<JournaledMemory> memory_;
   bool ready_ = false;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;                // one step at a time
+  mutable std::mutex failure_mu_;
+  mutable std::string failure_;          // failure(); set once
   mutable cpu::CpuBackend backend_;
 };
 

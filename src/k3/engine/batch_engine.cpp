@@ -169,6 +169,7 @@ void BatchEngine::propose_drafts() {
     s->drafts().clear();
     const int64_t pending = s->remaining();
     if (!s->decoding() || pending < 1 || pending > k + 1) continue;  // prefilling, or waiting
+    if (s->constrained()) continue;  // its drafts would need the grammar's mask row by row: not speculated
     draft_slots_.push_back(DraftSlot{s->tokens(), s, std::min(k, s->draft_room()), &s->drafts()});
   }
   if (!draft_slots_.empty()) proposer_->propose(draft_slots_);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "k3/engine/sampling_params.h"
+#include "k3/grammar/token_matcher.h"
 #include "k3/runtime/expert_residency.h"
 #include "k3/text/output_piece.h"
 
@@ -25,6 +26,9 @@ struct Request {
   // Prefix-cache partition: cached prefixes are reused only between requests with the same salt
   // (vLLM's cache_salt; the server also folds the API key in). Empty: the shared partition.
   std::string cache_salt;
+  // Structured outputs: every token sampled under this grammar's mask (each choice its own matcher).
+  // Null: unconstrained. Constrained sequences are not speculated (their drafts would need the mask too).
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 // One unit of output in order (text/output_piece.h): text, or a special token output parsers act on.

@@ -110,6 +110,8 @@ sampling::RowSampling Sampler::row_of(const PenaltyLists& lists, int64_t n_token
   r.counted_ids = lists.cnt_ids;
   r.counts = lists.cnt;
   r.n_tokenizable = n_tokenizable;
+  r.bias_ids = params_.logit_bias_ids;
+  r.bias_values = params_.logit_bias_values;
   r.u = u;
   return r;
 }

@@ -36,6 +36,14 @@ void SamplingParams::validate() const {
   if (max_tokens < 0) bad("max_tokens", ">= 0", std::to_string(max_tokens));
   for (size_t i = 0; i < stop.size(); ++i)
     if (stop[i].empty()) bad("stop", "a list of non-empty strings", "an empty string at index " + std::to_string(i));
+  if (logit_bias_ids.size() != logit_bias_values.size())
+    bad("logit_bias", "pairs of an id and a value", "lists of different lengths");
+  for (size_t i = 0; i < logit_bias_ids.size(); ++i) {
+    if (logit_bias_ids[i] < 0 || (i > 0 && logit_bias_ids[i] <= logit_bias_ids[i - 1]))
+      bad("logit_bias", "distinct token ids >= 0, sorted", std::to_string(logit_bias_ids[i]));
+    if (!(logit_bias_values[i] >= -100.0f && logit_bias_values[i] <= 100.0f))
+      bad("logit_bias", "values in [-100, 100]", fstr(logit_bias_values[i]));
+  }
   for (size_t i = 0; i < stop_token_ids.size(); ++i)
     if (stop_token_ids[i] < 0)
       bad("stop_token_ids", "a list of token ids >= 0",

@@ -20,6 +20,10 @@ struct SamplingParams {
   std::vector<std::string> stop;     // non-empty strings; not emitted when matched
   std::vector<int32_t> stop_token_ids;  // >= 0
   bool ignore_eos = false;
+  // OpenAI's logit_bias: added to the id's logit before sampling; ids distinct and >= 0, values in
+  // [-100, 100] (-100 in effect bans the id, 100 forces it). Sorted by id.
+  std::vector<int32_t> logit_bias_ids;
+  std::vector<float> logit_bias_values;
 
   // Throws k3::Error naming the offending field and its allowed range.
   void validate() const;

@@ -23,7 +23,23 @@ Sequence::Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, c
     if (cfg.eos_token_id >= 0) stop_ids_.push_back(static_cast<int32_t>(cfg.eos_token_id));
     if (tok.eos_id() >= 0) stop_ids_.push_back(tok.eos_id());
   }
+  if (req_.grammar) {
+    matcher_ = req_.grammar->new_matcher();
+    allowed_.assign(static_cast<size_t>(req_.grammar->mask_words()), 0);
+  }
   arrival = std::chrono::steady_clock::now();
+}
+
+void Sequence::constrain(sampling::RowSampling& row) {
+  if (!matcher_) return;
+  try {
+    matcher_->fill_allowed(allowed_);
+  } catch (const std::exception&) {
+    // Nothing allowed: the sampler reports "all logits are -inf" and this sequence ends in an error
+    // (the engine thread must not see an exception here).
+    std::fill(allowed_.begin(), allowed_.end(), 0u);
+  }
+  row.allowed = allowed_;
 }
 
 RequestOutput Sequence::base() const {
@@ -61,6 +77,7 @@ RowSample Sequence::next_sample() {
   RowSample rs;
   // Ids the tokenizer cannot render (a model vocab padded past the tokenizer's) are never sampled.
   rs.sampling = sampler_.next_row(prompt, gen, vocab_, tok_.n_vocab());
+  constrain(rs.sampling);
   rs.raw_logits = req_.top_logprobs >= 0;
   return rs;
 }
@@ -74,6 +91,9 @@ RequestOutput Sequence::on_sampled(const sampling::SampleResult& r, std::span<fl
     return o;
   }
   const int32_t id = Sampler::token_or_throw(r);
+  // The mask allowed only what the grammar accepts; a refusal here is a bug, not the client's doing.
+  if (matcher_ && !matcher_->terminated() && !matcher_->accept(id))
+    throw k3::Error("the grammar rejected sampled token " + std::to_string(id));
   TokenLogprob lp;
   if (req_.top_logprobs >= 0) {
     // Log-probabilities of the raw logits over the ids that can be sampled at all.
@@ -82,7 +102,9 @@ RequestOutput Sequence::on_sampled(const sampling::SampleResult& r, std::span<fl
     lp.id = id;
     lp.logprob = Sampler::logprob_of(raw, id);
   }
-  if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
+  // A grammar that took its stop token has ended the output, whatever the stop list says (ignore_eos).
+  const bool grammar_done = matcher_ && matcher_->terminated();
+  if (grammar_done || std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
     // The stop token is counted as generated, but neither emitted as text nor as an id.
     tokens_.push_back(id);
     o.completion_tokens += 1;
@@ -124,6 +146,9 @@ std::span<const RowSample> Sequence::next_samples() {
   const auto rows = sampler_.next_rows(prompt, gen, drafts_, vocab_, tok_.n_vocab());
   rows_.clear();
   for (const sampling::RowSampling& r : rows) rows_.push_back(RowSample{r, req_.top_logprobs >= 0});
+  // Constrained sequences get no drafts: their one row carries the grammar's mask.
+  if (matcher_ && rows_.size() == 1) constrain(rows_[0].sampling);
+  if (matcher_ && rows_.size() > 1) throw k3::Error("a constrained sequence was given speculative drafts");
   return rows_;
 }
 

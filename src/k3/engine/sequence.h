@@ -48,6 +48,8 @@ class Sequence {
   // how many may be verified now (the output budget minus the token every step yields). decoding():
   // every prompt token is in the cache (speculation runs only then).
   std::vector<int32_t>& drafts() { return drafts_; }
+  // Sampled under a grammar's mask: never given drafts (BatchEngine::propose_drafts).
+  bool constrained() const { return matcher_ != nullptr; }
   int64_t draft_room() const;
   bool decoding() const { return cache_->n_past() >= n_prompt_; }
   // The verification rows of this step: one after the last pending token, then one after each draft
@@ -74,6 +76,8 @@ class Sequence {
   RequestOutput base() const;
   void emit_text(RequestOutput& o, const std::string& text);
   void flush_text(RequestOutput& o);
+  // The grammar's mask of the next token into `row` (when constrained).
+  void constrain(sampling::RowSampling& row);
 
   Request req_;
   OutputCallback cb_;
@@ -86,6 +90,9 @@ class Sequence {
   Sampler sampler_;
   std::vector<int32_t> drafts_;
   std::vector<RowSample> rows_;
+  std::unique_ptr<grammar::TokenMatcher> matcher_;  // null: unconstrained
+  std::vector<uint32_t> allowed_;                   // its mask of the next token
+
   StopMatcher stops_;
   text::StreamDecoder detok_;
   bool finished_ = false;

@@ -46,7 +46,7 @@ std::string describe(const SampleResult& r) {
     case SampleStatus::NaN: return "NaN logit at id " + std::to_string(r.at);
     case SampleStatus::PosInf: return "+inf logit at id " + std::to_string(r.at);
     case SampleStatus::AllMasked: return "all logits are -inf";
-    case SampleStatus::BadId: return "penalty token id " + std::to_string(r.at) + " is outside the vocab";
+    case SampleStatus::BadId: return "penalty / logit_bias token id " + std::to_string(r.at) + " is outside the vocab";
   }
   return "unknown sampling status";
 }
@@ -73,6 +73,28 @@ SampleResult apply_penalties(std::span<float> logits, const RowSampling& r) {
   return {};
 }
 
+SampleResult apply_bias_and_mask(std::span<float> logits, const RowSampling& r) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  const size_t nb = std::min(r.bias_ids.size(), r.bias_values.size());
+  for (size_t j = 0; j < nb; ++j) {
+    const int32_t t = r.bias_ids[j];
+    if (t < 0 || t >= V) return {-1, SampleStatus::BadId, t};
+    logits[static_cast<size_t>(t)] += r.bias_values[j];
+  }
+  if (!r.allowed.empty()) {
+    const int64_t covered = std::min<int64_t>(V, static_cast<int64_t>(r.allowed.size()) * 32);
+    for (int64_t w = 0; w * 32 < covered; ++w) {
+      const uint32_t bits = r.allowed[static_cast<size_t>(w)];
+      if (bits == 0xFFFFFFFFu) continue;
+      const int64_t end = std::min<int64_t>(covered, w * 32 + 32);
+      for (int64_t i = w * 32; i < end; ++i)
+        if (!((bits >> (i - w * 32)) & 1u)) logits[static_cast<size_t>(i)] = kNegInf;
+    }
+    for (int64_t i = covered; i < V; ++i) logits[static_cast<size_t>(i)] = kNegInf;
+  }
+  return {};
+}
+
 SampleResult sample_row(std::span<float> logits, const RowSampling& r) {
   const int64_t V = static_cast<int64_t>(logits.size());
   SampleResult res;
@@ -80,7 +102,8 @@ SampleResult sample_row(std::span<float> logits, const RowSampling& r) {
     res.status = SampleStatus::AllMasked;
     return res;
   }
-  // 1. Penalties.
+  // 0. logit_bias and the grammar's mask; 1. penalties (-inf stays -inf under both).
+  if (const SampleResult b = apply_bias_and_mask(logits, r); b.status != SampleStatus::Ok) return b;
   if (const SampleResult p = apply_penalties(logits, r); p.status != SampleStatus::Ok) return p;
   // 2. Ids nothing can render.
   for (int64_t i = std::max<int64_t>(r.n_tokenizable, 0); i < V; ++i) logits[static_cast<size_t>(i)] = kNegInf;

@@ -7,7 +7,8 @@
 //   W = trunc(w * 2^B)         a fixed-point weight (B = fixed_point_bits(V)); every mass, top-p
 //                              target and draw is an exact uint64 sum, independent of summation order
 // so a parallel reduction on the GPU and the sequential loop here agree bit for bit.
-// Semantics (vLLM/OpenAI names; docs/sampling.md): penalties -> mask ids >= n_tokenizable -> greedy |
+// Semantics (vLLM/OpenAI names; docs/sampling.md): logit_bias -> grammar mask (allowed ids) -> penalties ->
+// mask ids >= n_tokenizable -> greedy |
 // temperature -> top-k (ties at the k-th kept) -> top-p (smallest prefix by (w desc, id asc) whose mass
 // reaches top_p) -> min-p (w < min_p dropped) -> draw r = floor(u * Z) in id order.
 #pragma once
@@ -30,9 +31,16 @@ struct RowSampling {
   std::span<const int32_t> counted_ids;     // distinct generated ids ...
   std::span<const int32_t> counts;          // ... and how often each was generated (presence/frequency)
   int64_t n_tokenizable = std::numeric_limits<int64_t>::max();  // ids >= this are never sampled
+  // Structured outputs (a grammar's token mask): bit (i % 32) of allowed[i / 32] set <=> id i may be
+  // sampled; ids past the mask's words may not. Empty: every id may.
+  std::span<const uint32_t> allowed;
+  // logit_bias (OpenAI): logits[bias_ids[j]] += bias_values[j], before the mask and the penalties.
+  std::span<const int32_t> bias_ids;
+  std::span<const float> bias_values;
   double u = 0.0;  // the uniform draw in [0, 1) (unused when greedy)
 
   bool greedy() const { return temperature == 0.0f; }
+  bool constrained() const { return !allowed.empty() || !bias_ids.empty(); }
   bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
@@ -53,6 +61,10 @@ int fixed_point_bits(int64_t vocab);
 // Step 1 alone: the repetition then presence/frequency penalties of `r`, in place. Returns BadId (with
 // the id) for a penalty id outside [0, V), else Ok.
 SampleResult apply_penalties(std::span<float> logits, const RowSampling& r);
+
+// Step 0 alone: logit_bias, then the grammar mask (-inf for every id not allowed), in place. Returns
+// BadId (with the id) for a bias id outside [0, V), else Ok.
+SampleResult apply_bias_and_mask(std::span<float> logits, const RowSampling& r);
 
 // Samples one row. `logits` is modified in place: on return it holds the penalised, masked logits
 // (greedy) or s = (l - max) / T for the surviving ids and -inf for every filtered one.

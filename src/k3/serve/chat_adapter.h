@@ -57,6 +57,13 @@ class ChatAdapter {
   virtual std::vector<int32_t> render(const nlohmann::json& request) const = 0;
   virtual std::unique_ptr<ChatOutputParser> make_parser(const nlohmann::json& request,
                                                         const std::string& choice_id) const = 0;
+  // Structured outputs: the format (xgrammar structural-tag JSON) the whole assistant output must follow,
+  // given `body` (the answer's format, or null) and the request's strict tools / tool_choice; null when
+  // nothing is constrained. The default has no chat markers: the body alone. Throws k3::Error naming the field.
+  virtual nlohmann::json output_format(const nlohmann::json& request, const nlohmann::json& body) const {
+    (void)request;
+    return body;
+  }
   // Extra stop token ids for chat requests (e.g. end-of-turn markers); default none.
   virtual std::vector<int32_t> stop_token_ids() const { return {}; }
 };

@@ -40,6 +40,7 @@ int GenerationJob::submit(const OutputPoster& post, bool draining) {
     if (r.params.seed) r.params.seed = *r.params.seed + static_cast<uint64_t>(i);
     r.top_logprobs = req_.top_logprobs;
     r.cache_salt = req_.cache_salt;
+    r.grammar = req_.grammar;
     engine_ids_.push_back(r.id);
     ++remaining_;
     try {

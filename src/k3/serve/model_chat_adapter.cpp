@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "k3/core/error.h"
+#include "k3/serve/structured_output.h"
 #include "k3/text/chat_messages.h"
 #include "k3/text/output_parser.h"
 
@@ -91,6 +92,15 @@ class ModelChatAdapter final : public ChatAdapter {
     stop_ = fmt_.stop_token_ids();
     for (int32_t id : opts.extra_stop)
       if (id >= 0 && std::find(stop_.begin(), stop_.end(), id) == stop_.end()) stop_.push_back(id);
+    for (int32_t id = tok.n_ranks(); id < tok.n_vocab(); ++id) specials_.push_back(id);
+  }
+
+  nlohmann::json output_format(const nlohmann::json& body, const nlohmann::json& answer) const override {
+    const ChatRequest req = ChatRequest::from_json(body);  // render() already validated it
+    // parallel_tool_calls (OpenAI, default true; type-checked by the API layer): false -> at most one call.
+    const bool parallel = !(body.contains("parallel_tool_calls") && body["parallel_tool_calls"].is_boolean() &&
+                            !body["parallel_tool_calls"].get<bool>());
+    return chat_output_format(fmt_, req, answer, specials_, parallel);
   }
 
   std::vector<int32_t> render(const nlohmann::json& body) const override {
@@ -127,6 +137,7 @@ class ModelChatAdapter final : public ChatAdapter {
   const text::Tokenizer& tok_;
   int32_t bos_;
   std::vector<int32_t> stop_;
+  std::vector<int32_t> specials_;  // kept out of free text under a grammar
 };
 
 }  // namespace

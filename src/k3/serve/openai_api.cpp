@@ -6,11 +6,17 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "k3/core/error.h"
+#include "k3/serve/structured_output.h"
+#include "k3/text/chat_messages.h"
 #include "k3/text/utf8.h"
 
 namespace k3::serve {
@@ -232,6 +238,32 @@ std::string chat_error_param(const std::string& msg) {
   return "messages";
 }
 
+// OpenAI's logit_bias: {"token id": bias}, ids in [0, vocab), biases in [-100, 100].
+void parse_logit_bias(const json& lb, const ApiContext& ctx, engine::SamplingParams& p) {
+  if (!lb.is_object()) bad_field("logit_bias", "must be an object mapping token ids (as strings) to numbers");
+  if (lb.size() > kMaxLogitBias)
+    bad_field("logit_bias", "may hold at most " + std::to_string(kMaxLogitBias) + " entries");
+  std::map<int32_t, float> sorted;
+  for (auto it = lb.begin(); it != lb.end(); ++it) {
+    const std::string& key = it.key();
+    const std::string shown = "'" + text::utf8_lossy(key.substr(0, 32)) + "'";
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos) id = std::stoll(key);
+    if (id < 0 || id >= ctx.vocab_size)
+      bad_field("logit_bias", "keys must be token ids in [0, " + std::to_string(ctx.vocab_size) + "), got " + shown);
+    const json& v = it.value();
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -kMaxLogitBiasValue ||
+        v.get<double>() > kMaxLogitBiasValue)
+      bad_field("logit_bias", "values must be numbers in [-100, 100], got " + text::utf8_lossy(v.dump().substr(0, 32)) +
+                                  " for " + shown);
+    sorted[static_cast<int32_t>(id)] = static_cast<float>(v.get<double>());
+  }
+  for (const auto& [id, bias] : sorted) {
+    p.logit_bias_ids.push_back(id);
+    p.logit_bias_values.push_back(bias);
+  }
+}
+
 // Sampling fields. Ranges are checked on the JSON value, before any narrowing or arithmetic; they
 // keep every logit the sampler computes finite (repetition_penalty 1e-45 divided logits to inf: 500).
 void parse_sampling(const json& b, const ApiContext& ctx, engine::SamplingParams& p) {
@@ -272,6 +304,7 @@ void parse_sampling(const json& b, const ApiContext& ctx, engine::SamplingParams
       p.stop.push_back(x.get<std::string>());
     }
   }
+  if (present(b, "logit_bias")) parse_logit_bias(b["logit_bias"], ctx, p);
   if (present(b, "stop_token_ids")) {
     const auto& s = b["stop_token_ids"];
     if (!s.is_array()) bad_field("stop_token_ids", "must be a list of integers");
@@ -287,15 +320,6 @@ void reject_unsupported(const json& b, bool chat, int n) {
   if (present(b, "echo") && get_bool(b, "echo")) bad_field("echo", "is not supported");
   if (present(b, "best_of") && get_int(b, "best_of", 1, kMaxN) != n)
     bad_field("best_of", "is not supported (only best_of == n)");
-  if (present(b, "logit_bias")) {
-    if (!b["logit_bias"].is_object()) bad_field("logit_bias", "must be an object");
-    if (!b["logit_bias"].empty()) bad_field("logit_bias", "is not supported");
-  }
-  if (present(b, "response_format")) {
-    const auto& f = b["response_format"];
-    if (!f.is_object()) bad_field("response_format", "must be an object");
-    if (!f.contains("type") || f["type"] != "text") bad_field("response_format", "is not supported (only {\"type\": \"text\"})");
-  }
   if (!chat && present(b, "suffix") && !(b["suffix"].is_string() && b["suffix"].get_ref<const std::string&>().empty()))
     bad_field("suffix", "is not supported");
   if (present(b, "user")) (void)get_string(b, "user", kMaxUserBytes);
@@ -391,11 +415,67 @@ std::vector<int32_t> render_messages(const json& b, const ApiContext& ctx) {
   }
 }
 
+// Fields nobody here reads: 400 naming the first (OpenAI's answer to an unknown parameter), or a warning
+// once per name with --allow-unknown-fields.
+void check_unknown_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
+  const auto& known = known_request_fields(ep);
+  for (auto it = b.begin(); it != b.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+    const std::string name = text::utf8_lossy(it.key().substr(0, 64));
+    if (!ctx.allow_unknown_fields)
+      throw ApiError(400, "Unrecognized request argument supplied: '" + name + "' (k3 serve refuses fields it would "
+                          "ignore; start it with --allow-unknown-fields to ignore them with a warning)", name);
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    std::lock_guard lk(mu);
+    if (warned.size() < 256 && warned.insert(name).second)
+      std::fprintf(stderr, "k3 serve: warning: ignoring the unknown request field '%s' (--allow-unknown-fields)\n",
+                   name.c_str());
+  }
+}
+
+// Structured outputs: the body's format (response_format, structured_outputs, guided_*, grammar, json_schema)
+// inside the chat format's envelope (with strict tools), compiled off the engine thread.
+void parse_structured_output(const json& b, const ApiContext& ctx, GenRequest& r) {
+  const bool chat = r.endpoint == Endpoint::Chat;
+  std::string param;
+  const json body = requested_body_format(b, param);
+  json format = body;
+  if (chat) {
+    try {
+      format = ctx.chat->output_format(b, body);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("cannot constrain the output: ") + e.what(), param.empty() ? "tools" : param);
+    }
+    if (param.empty()) param = "tools";  // only strict tools / tool_choice constrain it
+  }
+  if (format.is_null()) return;
+  if (!ctx.grammar)
+    throw ApiError(400, "'" + param + "': structured outputs are not available on this server", param);
+  grammar::GrammarSpec spec;
+  spec.kind = grammar::GrammarSpec::Kind::StructuralTag;
+  spec.source = dump(json{{"type", "structural_tag"}, {"format", format}});
+  if (chat) {
+    spec.stop_ids = ctx.chat->stop_token_ids();
+  } else {
+    spec.stop_ids = ctx.eos_ids;
+    if (spec.stop_ids.empty() && ctx.tok && ctx.tok->eos_id() >= 0) spec.stop_ids.push_back(ctx.tok->eos_id());
+  }
+  try {
+    r.grammar = ctx.grammar->compile(spec);
+  } catch (const grammar::GrammarError& e) {
+    throw ApiError(400, "'" + param + "': invalid or unsupported grammar / schema: " + text::utf8_lossy(e.what()), param);
+  } catch (const grammar::GrammarBusy& e) {
+    throw ApiError(503, e.what(), param, "server_error");
+  }
+}
+
 GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   GenRequest r;
   r.endpoint = ep;
   const bool chat = ep == Endpoint::Chat;
   r.show_cached_tokens = ctx.prompt_tokens_details;
+  check_unknown_fields(ep, b, ctx);
 
   r.model = checked_model(b, ctx);
 
@@ -447,6 +527,7 @@ GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   const int64_t np = static_cast<int64_t>(r.prompt.size());
   check_context(np, ctx.max_model_len, prompt_param);
   parse_max_tokens(b, ctx, r, np);
+  parse_structured_output(b, ctx, r);
 
   try {
     p.validate();
@@ -459,6 +540,29 @@ GenRequest parse_fields(Endpoint ep, const json& b, const ApiContext& ctx) {
   return r;
 }
 }  // namespace
+
+const std::vector<std::string>& known_request_fields(Endpoint ep) {
+  // Both endpoints: sampling, output, caching and structured-output fields (OpenAI, vLLM, llama.cpp names).
+  static const std::vector<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+      "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "best_of", "logprobs", "stream",
+      "stream_options", "ignore_eos", "cache_salt", "user", "logit_bias", "response_format", "structured_outputs",
+      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "grammar",
+      "json_schema"};
+  static const std::vector<std::string> chat = [] {
+    std::vector<std::string> v = common;
+    for (const char* k : {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                          "parallel_tool_calls", "reasoning_effort", "chat_template_kwargs"})
+      v.push_back(k);
+    return v;
+  }();
+  static const std::vector<std::string> completions = [] {
+    std::vector<std::string> v = common;
+    for (const char* k : {"prompt", "echo", "suffix"}) v.push_back(k);
+    return v;
+  }();
+  return ep == Endpoint::Chat ? chat : completions;
+}
 
 GenRequest parse_generation_request(Endpoint ep, const json& b, const ApiContext& ctx) {
   GenRequest r = parse_fields(ep, b, ctx);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "k3/engine/engine_api.h"
+#include "k3/grammar/grammar_engine.h"
 #include "k3/serve/chat_adapter.h"
 #include "k3/text/tokenizer.h"
 
@@ -46,6 +47,8 @@ inline constexpr size_t kMaxStopTokenIds = 1024;
 inline constexpr size_t kMaxCacheSaltBytes = 1024;
 inline constexpr size_t kMaxUserBytes = 1024;
 inline constexpr size_t kMaxModelNameBytes = 1024;
+inline constexpr size_t kMaxLogitBias = 1024;          // logit_bias entries (OpenAI documents no cap; vLLM none)
+inline constexpr double kMaxLogitBiasValue = 100;      // OpenAI: [-100, 100]
 inline constexpr double kMaxTemperature = 1e6;
 inline constexpr double kGreedyTemperature = 1e-5;     // below: greedy (vLLM's _SAMPLING_EPS)
 // Keeps penalised logits finite: |logit| / 0.01 and * 100 stay far inside float range.
@@ -72,6 +75,13 @@ struct ApiContext {
   // max_tokens beyond it -> 400, the default max_tokens is lowered to fit. 0: no bound.
   int64_t max_response_bytes = int64_t{64} << 20;
   bool prompt_tokens_details = false;  // usage.prompt_tokens_details.cached_tokens shown (a side channel)
+  // Structured outputs (response_format, structured_outputs, guided_*, grammar, strict tools); null: such
+  // requests get 400.
+  const grammar::GrammarEngine* grammar = nullptr;
+  std::vector<int32_t> eos_ids;        // what ends a /v1/completions output under a grammar (default: tok's EOS)
+  // Request fields this server does not know: 400 naming the field (OpenAI), or with this set
+  // (--allow-unknown-fields) a warning on stderr, once per field name.
+  bool allow_unknown_fields = false;
 };
 
 // POST /tokenize (vLLM: "prompt" with add_special_tokens, default true, or "messages" through the chat
@@ -92,7 +102,12 @@ struct GenRequest {
   bool stream = false, include_usage = false;
   std::string cache_salt;              // prefix-cache hits only between requests with the same salt
   bool show_cached_tokens = false;     // ApiContext::prompt_tokens_details
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;  // structured outputs; null: unconstrained
 };
+
+// The request fields of an endpoint this server honours (or checks and refuses a value of); anything else
+// is a 400 naming it unless ctx.allow_unknown_fields.
+const std::vector<std::string>& known_request_fields(Endpoint ep);
 
 // Validates everything and builds the prompt (chat: through ctx.chat->render). Throws ApiError.
 GenRequest parse_generation_request(Endpoint ep, const nlohmann::json& body, const ApiContext& ctx);

@@ -4,6 +4,7 @@
 // in-flight body bytes; parsing/tokenisation on a worker pool. See docs/serving.md.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,6 +37,10 @@ struct ServerOptions {
   // CORS (--allowed-origins): origins whose browser pages may call the API; "*" any. Empty: no CORS headers,
   // so browsers keep other sites' scripts out (the default; vLLM's is "*").
   std::vector<std::string> allowed_origins;
+  // The web chat at / and /static/* (webui.h); --no-webui turns it off (404 there, as any unknown path).
+  bool webui = true;
+  // Set: /health answers 503 with its message while it returns one (a model that lost a rank).
+  std::function<std::string()> health_problem;
 };
 
 // The CORS response headers for a request's Origin ("" when none applies): `Access-Control-Allow-Origin`

@@ -13,6 +13,7 @@
 
 #include "k3/serve/generation_job.h"
 #include "k3/serve/server_impl.h"
+#include "k3/serve/webui.h"
 
 namespace k3::serve {
 
@@ -248,6 +249,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     if (path == "/health") {
       endpoint_ = "/health";
       if (only(http::verb::get, "GET")) return;
+      if (srv_.opt.health_problem)
+        if (const std::string p = srv_.opt.health_problem(); !p.empty())
+          throw ApiError(503, "unhealthy: " + p, "", "server_error");
       if (srv_.draining) throw ApiError(503, "the server is shutting down", "", "server_error");
       return send_response(200, "{\"status\":\"ok\"}", "application/json");
     }
@@ -282,9 +286,30 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
                                                         : BodyJob::Detokenize;
       return start_parse(job, key);
     }
+    if (const WebAsset* asset = srv_.opt.webui ? find_web_asset(path) : nullptr) return send_web_asset(*asset, only);
     endpoint_ = "other";
     throw ApiError(404, "no such endpoint: " + std::string(req_.method_string()) + " " + path, "",
                    "invalid_request_error", "not_found");
+  }
+
+  // The web chat's files: public like /health (the page asks for the API key and sends it to /v1/*), same
+  // origin as the API, so it needs no CORS. A matching If-None-Match gets 304 without the body.
+  template <class Only>
+  void send_web_asset(const WebAsset& asset, Only& only) {
+    endpoint_ = "/webui";
+    if (only(http::verb::get, "GET")) return;
+    cors_.clear();  // the page calls the API from its own origin; other sites have no use for its files
+    std::string extra = web_asset_headers(asset);
+    const auto inm = req_.find(http::field::if_none_match);
+    if (inm != req_.end() && etag_matches(std::string_view(inm->value().data(), inm->value().size()), asset)) {
+      srv_.metrics.count_request(endpoint_, 304);
+      if (srv_.opt.log_requests) std::fprintf(stderr, "k3 serve: GET %s 304\n", std::string(req_.target()).c_str());
+      if (srv_.draining) close_after_ = true;
+      // 304: no body, and Content-Length (if any) must be the representation's (RFC 9110 8.6).
+      after_flush_ = [this] { finish_exchange(); };
+      return queue_write(head(304, std::string(asset.content_type), extra, false, asset.body.size()));
+    }
+    send_response(200, std::string(asset.body), std::string(asset.content_type), std::move(extra));
   }
 
   // The index of the matching API key; -1 when none are configured.

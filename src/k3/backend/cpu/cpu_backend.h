@@ -86,7 +86,9 @@ class CpuBackend final : public graph::Backend {
   void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;
   void all_reduce_sum(graph::Tensor x) override;
   void gather_cols(graph::Tensor local, int64_t chunk, graph::Tensor out) override;
-  void moe_keep_experts(graph::Tensor idx, int64_t first, int64_t count) override;
+  void moe_keep_experts(graph::Tensor idx, const dist::ShardPlan& shard) override;
+  void moe_experts_all_to_all(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                              const graph::GluParams& p, graph::Tensor out, const dist::ShardPlan& shard) override;
 
  private:
   // fn(seq) for the step's sequences that match `want` (null: all), in parallel over sequences when there

@@ -92,24 +92,19 @@ void CpuBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph:
     std::vector<float> lat(static_cast<size_t>(S * (kr + dr)));
     mla_gather_rows(s.cache->spec().mla_dtype, static_cast<int>(S), static_cast<int>(kr), static_cast<int>(dr), rows.data(),
                     lat.data());
+    // kv_b's input is c_kv alone (contiguous rows); k_pe and kv_b's output are read in place.
     std::vector<float> clat(static_cast<size_t>(S * kr)), kv(static_cast<size_t>(S * nh * (dn + dv)));
-    std::vector<float> kn(static_cast<size_t>(S * nh * dn)), vv(static_cast<size_t>(S * nh * dv)),
-        kpe(static_cast<size_t>(S * dr));
     for (int64_t p = 0; p < S; ++p) {
       const float* r = lat.data() + p * (kr + dr);
       std::copy(r, r + kr, clat.data() + p * kr);
-      std::copy(r + kr, r + kr + dr, kpe.data() + p * dr);
     }
-    matmul(w.kv_b_f32, clat.data(), S, kv.data());
-    for (int64_t p = 0; p < S; ++p)
-      for (int64_t h = 0; h < nh; ++h) {
-        const float* src = kv.data() + (p * nh + h) * (dn + dv);
-        std::copy(src, src + dn, kn.data() + (p * nh + h) * dn);
-        std::copy(src + dn, src + dn + dv, vv.data() + (p * nh + h) * dv);
-      }
-    mla_attention_mha(static_cast<int>(s.n), static_cast<int>(s.past), static_cast<int>(nh), static_cast<int>(dn),
-                      static_cast<int>(dr), static_cast<int>(dv), q.f() + s.offset * nh * qk, kn.data(), kpe.data(),
-                      vv.data(), scale, o.f() + s.offset * nh * dv);
+    // kv_b as stored (bf16 on these checkpoints) when it is on the host: the tier's kernel for it (vdpbf16ps
+    // in avx512bf16) reads half the bytes of the fp32 copy; the exact tiers widen bf16 exactly.
+    const bool stored = w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice;
+    matmul(stored ? w.kv_b_stored : w.kv_b_f32, clat.data(), S, kv.data());
+    mla_attention_mha_kv(static_cast<int>(s.n), static_cast<int>(s.past), static_cast<int>(nh), static_cast<int>(dn),
+                         static_cast<int>(dr), static_cast<int>(dv), q.f() + s.offset * nh * qk, kv.data(), lat.data() + kr,
+                         kr + dr, scale, o.f() + s.offset * nh * dv);
   });
 }
 

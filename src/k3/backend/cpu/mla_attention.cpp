@@ -138,33 +138,6 @@ void attend_typed_rows(int T, int P, int nh, int kr, int dr, const float* q_lat,
 
 }  // namespace
 
-void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float* q, const float* k_nope,
-                       const float* k_pe, const float* v, float scale, float* out) {
-  const int S = P + T;
-  const int dq = dn + dr;
-  // One (query, head) pair per index, handed out dynamically (causal rows differ in length).
-  ThreadPool::global().parallel_for(static_cast<int64_t>(T) * nh, 1, [&](int64_t i0, int64_t i1, int) {
-    std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
-    for (int64_t i = i0; i < i1; ++i) {
-      const int t = static_cast<int>(i / nh), h = static_cast<int>(i % nh);
-      {
-        const float* qn = q + (static_cast<std::size_t>(t) * nh + h) * dq;
-        const float* qp = qn + dn;
-        const int n = P + t + 1;  // causal: keys 0 .. P+t
-        for (int s = 0; s < n; ++s) {
-          const float* kn = k_nope + (static_cast<std::size_t>(s) * nh + h) * dn;
-          const float* kp = k_pe + static_cast<std::size_t>(s) * dr;
-          p[s] = (dot(dn, qn, kn) + dot(dr, qp, kp)) * scale;
-        }
-        softmax(n, p.data());
-        float* o = out + (static_cast<std::size_t>(t) * nh + h) * dv;
-        std::fill_n(o, dv, 0.f);
-        for (int s = 0; s < n; ++s) axpy(dv, p[s], v + (static_cast<std::size_t>(s) * nh + h) * dv, o);
-      }
-    }
-  });
-}
-
 void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
                                float scale, float* out) {
   const int S = P + T;

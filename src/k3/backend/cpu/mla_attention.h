@@ -1,6 +1,8 @@
 // MLA attention cores on the CPU (model-spec section 3.3), NoPE: no rotation anywhere.
 // The model does the projections; these functions do the softmax attention part.
 #pragma once
+#include <cstdint>
+
 #include "k3/core/cache_dtype.h"
 
 namespace k3::cpu {
@@ -12,8 +14,13 @@ namespace k3::cpu {
 //   v      : [S][nh][dv]
 //   out    : [T][nh][dv]
 // scale = 1/sqrt(dn+dr).
+// Blocked by query (mla_mha.cpp); a (query, head) result does not depend on T, P's split or the thread count.
 void mla_attention_mha(int T, int P, int nh, int dn, int dr, int dv, const float* q, const float* k_nope,
                        const float* k_pe, const float* v, float scale, float* out);
+// The same with k_nope and v read in place from kv_b's output, kv : [S][nh][dn + dv] (per head [k_nope | v]),
+// and k_pe's rows k_pe_stride floats apart (the latent rows): no copies. Same bits as mla_attention_mha.
+void mla_attention_mha_kv(int T, int P, int nh, int dn, int dr, int dv, const float* q, const float* kv,
+                          const float* k_pe, int64_t k_pe_stride, float scale, float* out);
 
 // Absorbed (decode) form over the latent cache.
 //   q_lat  : [T][nh][kr+dr]    per head [W_UK_h^T q_nope_h (kr values) | q_pe_h]

@@ -12,6 +12,8 @@
 //   sigmoid8: 1 / (1 + exp8(-x)): relative <= 6 x 2^-24 where the result is >= FLT_MIN; below
 //             (x < -87.3) absolute <= FLT_MIN (e^-x overflows past x = -88.72: the result is 0, as
 //             1 / (1 + expf(-x)) gives).
+//   softplus8: log(1 + e^x); relative error <= 4 x 2^-24 where the result is >= FLT_MIN (the Kimi-Linear KDA
+//             gate; it replaces a log1pf + expf per value, 2% of a kl-1b prefill).
 // (glibc's expf / tanhf are within 1-2 ulp; the GLU tests' tolerances hold for either.)
 #pragma once
 #include <immintrin.h>
@@ -75,6 +77,45 @@ inline __m256 tanh8(__m256 x) {
 inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
   return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f)))));
+}
+
+// log(1 + t) for t in [0, 1] (softplus8's use): u = 1 + t rounded, log u by Cephes' logf reduction and
+// polynomial (u = 2^e m, m in [sqrt(1/2), sqrt(2))), plus the rounding of u corrected to first order,
+// (t - (u - 1)) / u, so tiny t give t itself.
+inline __m256 log1p01_8(__m256 t) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 u = _mm256_add_ps(one, t);
+  const __m256 corr = _mm256_div_ps(_mm256_sub_ps(t, _mm256_sub_ps(u, one)), u);
+  const __m256i bits = _mm256_castps_si256(u);
+  __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(126)));
+  __m256 m = _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f000000)));  // [0.5, 1)
+  const __m256 small = _mm256_cmp_ps(m, _mm256_set1_ps(0.707106781186547524f), _CMP_LT_OQ);
+  e = _mm256_sub_ps(e, _mm256_and_ps(one, small));
+  const __m256 x = _mm256_sub_ps(_mm256_add_ps(m, _mm256_and_ps(m, small)), one);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(7.0376836292e-2f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.1514610310e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.1676998740e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.2420140846e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.4249322787e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-1.6668057665e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(2.0000714765e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(-2.4999993993e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(3.3333331174e-1f));
+  y = _mm256_mul_ps(_mm256_mul_ps(y, x), z);
+  y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+  y = _mm256_fnmadd_ps(_mm256_set1_ps(0.5f), z, y);
+  const __m256 lg = _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(x, y));
+  return _mm256_add_ps(lg, corr);
+}
+
+// softplus(x) = log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large x, e^x itself (to a few
+// ulp) for very negative x. softplus8(+inf) = +inf, (-inf) = 0, NaN stays NaN. Bound: test_vec_math.cpp.
+inline __m256 softplus8(__m256 x) {
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  const __m256 r = _mm256_add_ps(_mm256_max_ps(x, _mm256_setzero_ps()), log1p01_8(exp8(_mm256_sub_ps(_mm256_setzero_ps(), a))));
+  return _mm256_blendv_ps(r, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // max_ps would drop a NaN x
 }
 
 // out[i] = fn(a[i], b[i]) over count floats, 8 at a time; the tail goes through zero-padded vectors, so

@@ -100,7 +100,7 @@ struct ColSpan {
 // + t * 64), and in the last block the tail (< 64 values, zero-padded) as T x 64 more. One token's packed
 // layout is its converted row (zero-padded to 32), so the dot and decode pass it as it is.
 template <int R, int T>
-inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t cols, float* y, int64_t ldy,
+__attribute__((always_inline)) inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_t cols, float* y, int64_t ldy,
                       ColSpan ks) {
   __m512 acc[R][T][2];
 #pragma GCC unroll 8
@@ -148,10 +148,28 @@ inline void bf16_tile(const uint16_t* w, int64_t ldw, const uint16_t* xp, int64_
     }
 }
 
-template <int R, size_t... T>
+// bf16_tile over `rows` rows from w (2 at a time, then 1; row j's outputs at y + j, its parked accumulators
+// at ks.state + j * T * 2): one call per row block instead of one per row pair (the call and its
+// stack-passed span were ~1% of a kl-1b prefill). Each row pair runs the same tile.
+template <int T>
+void bf16_tile_rows(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* xp, int64_t cols, float* y,
+                    int64_t ldy, ColSpan ks) {
+  __m512* const state = ks.state;
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) {
+    ks.state = state ? state + r * T * 2 : nullptr;
+    bf16_tile<2, T>(w + r * ldw, ldw, xp, cols, y + r, ldy, ks);
+  }
+  if (r < rows) {
+    ks.state = state ? state + r * T * 2 : nullptr;
+    bf16_tile<1, T>(w + r * ldw, ldw, xp, cols, y + r, ldy, ks);
+  }
+}
+
+template <size_t... T>
 constexpr auto bf16_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, ColSpan);
-  return std::array<Tile, sizeof...(T)>{bf16_tile<R, static_cast<int>(T) + 1>...};
+  using Tile = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, ColSpan);
+  return std::array<Tile, sizeof...(T)>{bf16_tile_rows<static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kBf16T = 6;
@@ -176,14 +194,11 @@ void pack_bf16_tokens(const uint16_t* xb, int64_t ld, int64_t m, int64_t k0, int
 // Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~512 KiB of weights) stay in
 // L2 while every token tile passes over them, one column block at a time (packed, fresh in L1).
 void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb, int64_t n, float* y, int64_t ldy) {
-  static constexpr auto tiles2 = bf16_tiles<2>(std::make_index_sequence<kBf16T>());
-  static constexpr auto tiles1 = bf16_tiles<1>(std::make_index_sequence<kBf16T>());
+  static constexpr auto tiles = bf16_tiles(std::make_index_sequence<kBf16T>());
   const int64_t cols = W.cols, ldx = bf16_stride(cols);
   const auto* base = static_cast<const uint16_t*>(W.data);
   if (n == 1) {  // one token (decode): its converted row is the packed layout
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) tiles2[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
-    if (r < r1) tiles1[0](base + r * cols, cols, xb, cols, y + (r - r0), ldy, {0, cols, true, true, nullptr});
+    tiles[0](base + r0 * cols, cols, r1 - r0, xb, cols, y, ldy, {0, cols, true, true, nullptr});
     return;
   }
   const int64_t kblocks = (cols + kBf16KCols - 1) / kBf16KCols;
@@ -200,13 +215,7 @@ void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb
         const bool last = kb + 1 == kblocks;
         const int64_t k0 = kb * kBf16KCols, k1 = last ? cols : k0 + kBf16KCols;
         pack_bf16_tokens(xb + t0 * ldx, ldx, m, k0, k1, xp);
-        int64_t r = b0;
-        for (; r + 2 <= b1; r += 2)
-          tiles2[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
-                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
-        if (r < b1)
-          tiles1[m - 1](base + r * cols, cols, xp, cols, yt + r, ldy,
-                        {k0, k1, kb == 0, last, state + (r - b0) % kBf16StateRows * kBf16T * 2});
+        tiles[m - 1](base + b0 * cols, cols, b1 - b0, xp, cols, yt + b0, ldy, {k0, k1, kb == 0, last, kblocks > 1 ? state : nullptr});
       }
     }
   }
@@ -297,11 +306,11 @@ inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512
 struct PairSpan {
   int64_t p0, p1;
   bool first, last;
-  __m512* state;  // T accumulators between blocks
+  __m512* state;  // T accumulators between blocks (mxfp4_q8_tile_rows: the row block's, T per row)
 };
 
 template <WeightFormat F, int T>
-inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq, float* y,
+__attribute__((always_inline)) inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq, float* y,
                           int64_t ldy, PairSpan ps) {
   __m512 acc[T];
 #pragma GCC unroll 16
@@ -328,10 +337,27 @@ inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t 
   for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
 }
 
+// mxfp4_q8_tile over rows [r0, r1) of W (row r's outputs at y + (r - r0), its parked accumulators at
+// ps.state + (r - r0) * T): one call per row block instead of one per row, whose call, stack-passed span
+// and pointer set-up were ~2% of a kl-1b prefill. Each row runs the same tile.
+template <WeightFormat F, int T>
+void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy,
+                        PairSpan ps) {
+  __m512* const state = ps.state;  // the block's: row r's at state + (r - r0) * T
+  const int64_t groups = W.cols / kMxfp4Group, data_bytes = row_data_bytes(W.format, W.cols),
+                scale_bytes = row_scale_bytes(W.format, W.cols);
+  const uint8_t* data = W.row_data(r0);
+  const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
+  for (int64_t r = 0; r < r1 - r0; ++r) {
+    ps.state = state ? state + r * T : nullptr;
+    mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq, y + r, ldy, ps);
+  }
+}
+
 template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const uint8_t*, const uint8_t*, int64_t, const uint8_t*, float*, int64_t, PairSpan);
-  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile<F, static_cast<int>(T) + 1>...};
+  using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, float*, int64_t, PairSpan);
+  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile_rows<F, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kMxfp4T = 12;  // 12 accumulators + weights, correction, scales, temporaries
@@ -344,8 +370,7 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
   static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
   const int64_t cols = W.cols, ldq = q8_stride(cols), groups = cols / kMxfp4Group, pairs = (groups + 1) / 2;
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
-    for (int64_t r = r0; r < r1; ++r)
-      tiles[0](W.row_data(r), W.row_scales(r), groups, xq, y + (r - r0), ldy, {0, pairs, true, true, nullptr});
+    tiles[0](W, r0, r1, xq, y, ldy, {0, pairs, true, true, nullptr});
     return;
   }
   const int64_t block =
@@ -369,12 +394,7 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
             _mm512_storeu_si512(o, _mm512_loadu_si512(src));
             _mm512_storeu_si512(o + 64, _mm512_loadu_si512(src + 64));
           }
-        const PairSpan ps{p0, p1, kb == 0, kb + 1 == kblocks, nullptr};
-        for (int64_t r = b0; r < b1; ++r) {
-          PairSpan pr = ps;
-          pr.state = state + (r - b0) * kMxfp4T;
-          tile(W.row_data(r), W.row_scales(r), groups, xt, y + t0 * ldy + (r - r0), ldy, pr);
-        }
+        tile(W, b0, b1, xt, y + t0 * ldy + (b0 - r0), ldy, {p0, p1, kb == 0, kb + 1 == kblocks, state});
       }
     }
   }

@@ -12,6 +12,8 @@
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
+#include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_tables.h"
 #include "k3/core/error.h"
 
 namespace k3::cuda {
@@ -206,7 +208,11 @@ Tensor CudaBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
 
 void CudaBackend::embed(const WeightMatrix& table, Tensor out) {
   if (table.device == kHostDevice) return host_embed(table, out);
-  if (table.format != WeightFormat::BF16) throw Error("CUDA backend: the embedding table must be bf16");
+  if (is_gguf_block(table.format)) {  // a quantised token table (GGUF): its rows decoded exactly, as the CPU's dequant_row
+    K3_CUDA_CHECK(cuda::quant_dequant_rows(table, 0, staged<const int32_t>(sd_.tokens), out.rows, out.f(), out.stride, stream_));
+    return;
+  }
+  if (table.format != WeightFormat::BF16) throw Error("CUDA backend: the embedding table must be bf16 or a GGUF block format");
   K3_CUDA_CHECK(cuda::embed_rows(static_cast<const uint16_t*>(table.data), table.cols, staged<const int32_t>(sd_.tokens),
                            static_cast<int>(out.rows), out.f(), stream_));
 }

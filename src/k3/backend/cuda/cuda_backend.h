@@ -109,6 +109,12 @@ class CudaBackend final : public graph::Backend {
   void moe_experts_start(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                          const graph::GluParams& p, graph::Tensor out) override;
   void moe_experts_wait() override;
+  // Tensor / expert parallel over the communicator (NcclComm: device buffers, this backend's stream;
+  // cuda_backend_dist.cpp).
+  void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;
+  void all_reduce_sum(graph::Tensor x) override;
+  void gather_cols(graph::Tensor local, int64_t chunk, graph::Tensor out) override;
+  void moe_keep_experts(graph::Tensor idx, const dist::ShardPlan& shard) override;
 
  private:
   // Offsets in the staging block of the step data the kernels read.
@@ -186,6 +192,8 @@ class CudaBackend final : public graph::Backend {
   StepData sd_;
   PinnedBuffer staging_h_;
   DeviceBuffer staging_d_;
+  DeviceBuffer expert_map_d_;  // moe_keep_experts: ShardPlan::local_expert of every expert, uploaded once
+  const dist::ShardPlan* expert_map_of_ = nullptr;
   size_t staging_bytes_ = 0;
   int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
 };

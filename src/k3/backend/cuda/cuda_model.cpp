@@ -6,6 +6,8 @@
 // come back: one synchronisation per step. Scratch and workspaces are sized for the largest batch seen
 // and reused (no allocation per step once warm).
 #include "k3/backend/cuda/cuda_model.h"
+
+#include "k3/dist/shard_plan.h"
 #include "k3/model/model_files.h"
 
 #include <cuda_runtime_api.h>
@@ -72,12 +74,27 @@ struct CudaModel::Impl {
   bool use_graphs = true;
   bool host_experts = false;  // routed experts placed on the host: decode graphs are captured in pieces
   StepGraphs graphs;
+  std::unique_ptr<dist::Communicator> comm;  // CudaLoadOptions::communicator (null: none)
+  dist::ShardPlan shard;                     // one rank, collectives on: used when comm is set
 
   ~Impl() {
     prof.print();
     graphs.clear();
     backend.reset();
+    comm.reset();  // before the stream its collectives are queued on
     if (stream) cudaStreamDestroy(stream);
+  }
+
+  // CudaLoadOptions::communicator: the communicator on this model's stream, one rank.
+  void attach_communicator(const CudaLoadOptions& opt) {
+    if (!opt.communicator) return;
+    comm = opt.communicator(stream);
+    if (!comm || comm->size() != 1)
+      throw Error("CUDA backend: a communicator of " + std::to_string(comm ? comm->size() : 0) +
+                  " ranks; the CUDA backend runs one rank so far (sharded device weights are the next step)");
+    shard = dist::make_shard_plan(cfg, 0, 1, /*expert_parallel=*/false);
+    shard.collectives_at_one_rank = true;
+    backend->set_communicator(comm.get());
   }
 
   void init(int dev, bool gemm_bf16) {
@@ -128,6 +145,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   impl->cfg = std::move(files.config);
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   std::unique_ptr<Checkpoint> ckpt = std::move(files.checkpoint);
   ModelWeights hw = bind_weights(impl->cfg, *ckpt, opt.placement.get(), opt.device);
@@ -166,6 +184,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
   impl->cfg = cfg;
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   if (opt.placement && !opt.placement->empty())
     throw Error("--override-tensor / --cpu-moe need a checkpoint (--load-format dummy generates weights on the GPU)");
@@ -241,44 +260,66 @@ void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<cons
   check_forward_sample_args(items, rows, opt);
   const int64_t V = cfg.vocab_size;
   const int R = static_cast<int>(rows.size());
-  // Parameters and penalty ids, one upload: [rows][ids][results].
+  // Parameters, penalty ids and constraints (logit_bias, grammar masks), one upload:
+  // [rows][ids][constraint rows][bias ids][bias values][mask words][results].
   std::vector<sampling::RowSampling> rs;
   for (const RowSample& r : rows) rs.push_back(r.sampling);
   std::vector<DeviceRowSampling> drows;
   std::vector<int32_t> ids;
   flatten_rows(rs, drows, ids);
-  const size_t rows_b = drows.size() * sizeof(DeviceRowSampling), ids_b = (ids.size() * 4 + 15) / 16 * 16,
-               res_b = static_cast<size_t>(R) * sizeof(DeviceSampleResult);
+  FlatConstraints cons;
+  const bool constrained = flatten_constraints(rs, V, cons);
+  auto al16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  const size_t rows_b = drows.size() * sizeof(DeviceRowSampling), ids_b = al16(ids.size() * 4);
+  const size_t crow_b = al16(cons.rows.size() * sizeof(DeviceRowConstraint)), cid_b = al16(cons.bias_ids.size() * 4),
+               cval_b = al16(cons.bias_values.size() * 4), cmask_b = al16(cons.mask.size() * 4);
+  const size_t con_b = crow_b + cid_b + cval_b + cmask_b;
+  const size_t up_b = rows_b + ids_b + con_b;  // what goes up; the results follow it
+  const size_t res_b = static_cast<size_t>(R) * sizeof(DeviceSampleResult);
   int n_raw = 0;
   for (const RowSample& r : rows) n_raw += r.raw_logits ? 1 : 0;
   const size_t raw_b = static_cast<size_t>(n_raw) * static_cast<size_t>(V) * 4;
-  uint8_t* h = static_cast<uint8_t*>(samp_h.ensure(rows_b + ids_b + res_b + raw_b));
-  if (samp_d.bytes() < rows_b + ids_b + res_b) samp_d = DeviceBuffer(2 * (rows_b + ids_b + res_b) + 4096);
+  uint8_t* h = static_cast<uint8_t*>(samp_h.ensure(up_b + res_b + raw_b));
+  if (samp_d.bytes() < up_b + res_b) samp_d = DeviceBuffer(2 * (up_b + res_b) + 4096);
   std::memcpy(h, drows.data(), rows_b);
   if (!ids.empty()) std::memcpy(h + rows_b, ids.data(), ids.size() * 4);
+  const size_t c0 = rows_b + ids_b;
+  if (constrained) {
+    std::memcpy(h + c0, cons.rows.data(), cons.rows.size() * sizeof(DeviceRowConstraint));
+    if (!cons.bias_ids.empty()) {
+      std::memcpy(h + c0 + crow_b, cons.bias_ids.data(), cons.bias_ids.size() * 4);
+      std::memcpy(h + c0 + crow_b + cid_b, cons.bias_values.data(), cons.bias_values.size() * 4);
+    }
+    if (!cons.mask.empty()) std::memcpy(h + c0 + crow_b + cid_b + cval_b, cons.mask.data(), cons.mask.size() * 4);
+  }
   uint8_t* d = samp_d.get<uint8_t>();
   forward(
       items, opt,
       [&](int64_t) {
-        // The raw rows first: the kernel rewrites the logits in place.
+        // The raw rows first: the kernels rewrite the logits in place.
         int j_raw = 0;
         for (int j = 0; j < R; ++j)
           if (rows[static_cast<size_t>(j)].raw_logits)
-            K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b + res_b + static_cast<size_t>(j_raw++) * V * 4,
+            K3_CUDA_CHECK(cudaMemcpyAsync(h + up_b + res_b + static_cast<size_t>(j_raw++) * V * 4,
                                           backend->logits().f() + static_cast<int64_t>(j) * V, static_cast<size_t>(V) * 4,
                                           cudaMemcpyDeviceToHost, stream));
-        K3_CUDA_CHECK(cudaMemcpyAsync(d, h, rows_b + ids_b, cudaMemcpyHostToDevice, stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(d, h, up_b, cudaMemcpyHostToDevice, stream));
+        if (constrained)
+          K3_CUDA_CHECK(constrain_rows(backend->logits().f(), V, reinterpret_cast<const DeviceRowConstraint*>(d + c0),
+                                       reinterpret_cast<const int32_t*>(d + c0 + crow_b),
+                                       reinterpret_cast<const float*>(d + c0 + crow_b + cid_b),
+                                       reinterpret_cast<const uint32_t*>(d + c0 + crow_b + cid_b + cval_b), R, stream));
         K3_CUDA_CHECK(sample_rows(backend->logits().f(), V, reinterpret_cast<const DeviceRowSampling*>(d),
                                   reinterpret_cast<const int32_t*>(d + rows_b), R,
-                                  reinterpret_cast<DeviceSampleResult*>(d + rows_b + ids_b), stream));
-        K3_CUDA_CHECK(cudaMemcpyAsync(h + rows_b + ids_b, d + rows_b + ids_b, res_b, cudaMemcpyDeviceToHost, stream));
+                                  reinterpret_cast<DeviceSampleResult*>(d + up_b), stream));
+        K3_CUDA_CHECK(cudaMemcpyAsync(h + up_b, d + up_b, res_b, cudaMemcpyDeviceToHost, stream));
       },
       [&](int64_t) {
         results.resize(static_cast<size_t>(R));
-        const auto* out = reinterpret_cast<const DeviceSampleResult*>(h + rows_b + ids_b);
+        const auto* out = reinterpret_cast<const DeviceSampleResult*>(h + up_b);
         for (int j = 0; j < R; ++j) results[static_cast<size_t>(j)] = to_result(out[j]);
         raw_logits.resize(static_cast<size_t>(n_raw) * static_cast<size_t>(V));
-        if (n_raw > 0) std::memcpy(raw_logits.data(), h + rows_b + ids_b + res_b, raw_b);
+        if (n_raw > 0) std::memcpy(raw_logits.data(), h + up_b + res_b, raw_b);
       });
 }
 
@@ -301,7 +342,7 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
 // Enqueues the step: decode steps replay captured CUDA graphs (step_graphs.h); prefill, mixed steps and
 // batches that stream host experts to the GPU (packed on the host first) run eagerly.
 void CudaModel::Impl::run_graph(const graph::StepPlan& plan) {
-  auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits()); };
+  auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits(), comm ? &shard : nullptr); };
   const bool streams = host_experts && backend->moe_stream_min_tokens() > 0 &&
                        plan.n_tokens() >= backend->moe_stream_min_tokens();
   const bool graphable = use_graphs && !streams && !prof.on() && plan.all_decode() && plan.n_logits() == plan.n_tokens();

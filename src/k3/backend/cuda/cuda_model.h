@@ -6,9 +6,11 @@
 // seen before replay a captured CUDA graph. K3_CUDA_PROFILE=1 prints GPU time per region (eager only).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "k3/dist/communicator.h"
 #include "k3/model/config.h"
 #include "k3/model/placement.h"
 #include "k3/runtime/model_runner.h"
@@ -23,6 +25,11 @@ struct CudaLoadOptions {
   CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
   CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
   std::shared_ptr<const Placement> placement;    // -ot / --cpu-moe: weights kept on the host (null: none)
+  // Set: called once with the model's stream (a cudaStream_t) for a communicator on it (NcclComm); the
+  // graph then runs its sharded path (vocab-parallel embedding and head, all-reduces) through it. One
+  // rank so far: TP1 through NCCL, a check that the collective path changes nothing
+  // (tests/cuda/test_tp_nccl.cpp); several GPUs need sharded weights on the device (docs/multi-gpu.md).
+  std::function<std::unique_ptr<dist::Communicator>(void* stream)> communicator;
 };
 
 class CudaModel final : public ModelRunner {

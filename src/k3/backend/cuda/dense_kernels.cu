@@ -39,6 +39,21 @@ __global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, cons
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = bf16_to_f32(row[i]);
 }
 
+// A vocabulary shard's embedding: rows [first, first + count) of the vocabulary; other tokens get zeros.
+__global__ void embed_shard_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
+                                   int64_t first, int64_t count, int64_t stride, float* __restrict__ out) {
+  const int64_t t = blockIdx.x, row = static_cast<int64_t>(tokens[t]) - first;
+  const bool mine = row >= 0 && row < count;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * stride + i] = mine ? bf16_to_f32(table[row * H + i]) : 0.f;
+}
+
+__global__ void map_ids_kernel(int32_t* ids, int64_t n, const int32_t* __restrict__ table, int64_t table_n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[i];
+    ids[i] = (e >= 0 && e < table_n) ? table[e] : -1;
+  }
+}
+
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
@@ -187,6 +202,20 @@ unsigned fill_grid(int64_t n) { return static_cast<unsigned>(n / 256 + 1 < 65536
 cudaError_t embed_rows(const uint16_t* table, int64_t H, const int32_t* tokens, int n, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   embed_kernel<<<n, 256, 0, s>>>(table, H, tokens, out);
+  return cudaGetLastError();
+}
+
+cudaError_t embed_rows_shard(const uint16_t* table, int64_t H, const int32_t* tokens, int n, int64_t first, int64_t count,
+                             int64_t stride, float* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (stride < H) return cudaErrorInvalidValue;
+  embed_shard_kernel<<<n, 256, 0, s>>>(table, H, tokens, first, count, stride, out);
+  return cudaGetLastError();
+}
+
+cudaError_t map_ids(int32_t* ids, int64_t n, const int32_t* table, int64_t table_n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  map_ids_kernel<<<fill_grid(n), 256, 0, s>>>(ids, n, table, table_n);
   return cudaGetLastError();
 }
 

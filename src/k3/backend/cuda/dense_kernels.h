@@ -10,6 +10,13 @@ namespace k3::cuda {
 // out[t][:] = bf16 table row tokens[t] (cpu::dequant_row of a bf16 embedding).
 cudaError_t embed_rows(const uint16_t* table, int64_t H, const int32_t* tokens, int n, float* out, cudaStream_t s);
 
+// Tensor parallel's vocab-parallel embedding (cpu::CpuBackend::embed_rows): out[t] (rows `stride` floats
+// apart) = table row tokens[t] - first when that is in [0, count), else zeros.
+cudaError_t embed_rows_shard(const uint16_t* table, int64_t H, const int32_t* tokens, int n, int64_t first, int64_t count,
+                             int64_t stride, float* out, cudaStream_t s);
+// ids[i] = table[ids[i]] for ids in [0, table_n), else -1 (expert parallel's moe_keep_experts).
+cudaError_t map_ids(int32_t* ids, int64_t n, const int32_t* table, int64_t table_n, cudaStream_t s);
+
 // cpu::rmsnorm over the first `dim` values of n rows `stride` floats apart; w may be null; out may alias x.
 cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, float eps, float* out, cudaStream_t s);
 

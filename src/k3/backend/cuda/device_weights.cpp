@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/quant_tables.h"
 #include "k3/core/dtype.h"
 #include "k3/core/mxfp4_ggml.h"
 
@@ -46,7 +47,7 @@ class Uploader {
     if (w.empty()) return d;
     if (w.device == kHostDevice) return w;
     d.device = device_;
-    reject_unsupported_format(w.format, "a dense projection");
+    if (is_gguf_block(w.format)) return blocks(w);
     if (is_block_format(w.format))
       throw Error(std::string("CUDA backend: ") + weight_format_name(w.format) + " is supported for routed experts only (a dense projection is " +
                   weight_format_name(w.format) + ")");
@@ -72,7 +73,7 @@ class Uploader {
   // A bf16 [V][H] table for the embedding gather (F32/F16 tables are rounded to bf16).
   WeightMatrix bf16_table(const WeightMatrix& w) {
     if (w.device == kHostDevice) return w;
-    reject_unsupported_format(w.format, "an embedding table");
+    if (is_gguf_block(w.format)) return blocks(w);  // gathered by quant_dequant_rows (CudaBackend::embed)
     if (is_block_format(w.format))
       throw Error(std::string("CUDA backend: an embedding table in ") + weight_format_name(w.format) + " is not supported");
     const size_t n = static_cast<size_t>(w.rows * w.cols);
@@ -101,6 +102,20 @@ class Uploader {
     return false;
   }
 
+  // A GGUF block matrix (Q8_0, Q4_K, ..., IQ1_M) goes up as its blocks, byte for byte (the kernels of
+  // quant_kernels.h decode them in registers); the device's i-quant codebooks are made here, outside any
+  // CUDA graph capture.
+  WeightMatrix blocks(const WeightMatrix& w) {
+    if (w.scales != nullptr || w.cols % weight_layout(w.format).block_elems != 0)
+      throw Error(std::string("CUDA backend: a ") + weight_format_name(w.format) + " matrix of " + std::to_string(w.cols) +
+                  " columns is not whole blocks without a scale array");
+    iq_tables();
+    const size_t bytes = static_cast<size_t>(w.rows * row_data_bytes(w.format, w.cols));
+    void* p = a_.alloc(bytes);
+    K3_CUDA_CHECK(cudaMemcpy(p, w.data, bytes, cudaMemcpyHostToDevice));
+    return WeightMatrix{w.format, p, nullptr, w.rows, w.cols, device_};
+  }
+
   ExpertBank experts(const std::vector<GluMlp>& ex) {
     ExpertBank b;
     if (ex.empty() || on_host(ex)) return b;
@@ -114,9 +129,16 @@ class Uploader {
     const bool ggml = f == WeightFormat::MXFP4_GGML;
     const WeightFormat dev_f = ggml ? WeightFormat::MXFP4 : f;
     const bool packed = is_block_format(f);
-    reject_unsupported_format(f, "routed experts");
-    if (packed && dev_f != WeightFormat::MXFP4)
+    // GGUF block experts (the Q4_K_M-E3 / -E2 presets) go up as their blocks, no scale array (quant_moe.h).
+    const bool gguf = is_gguf_block(f);
+    if (packed && dev_f != WeightFormat::MXFP4 && !gguf)
       throw Error(std::string("CUDA backend: no routed-expert kernels for ") + weight_format_name(f) + " weights");
+    if (gguf) {
+      if (b.I % weight_layout(f).block_elems != 0 || b.X % weight_layout(f).block_elems != 0)
+        throw Error(std::string("CUDA backend: ") + weight_format_name(f) + " routed experts of widths " + std::to_string(b.X) + " / " +
+                    std::to_string(b.I) + " are not whole blocks");
+      iq_tables();
+    }
     b.format = packed ? dev_f : WeightFormat::BF16;
     auto stack = [&](auto get, const void*& data, const uint8_t*& scales) {
       const WeightMatrix& m0 = get(e0);
@@ -125,7 +147,7 @@ class Uploader {
         const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(dev_f, m0.cols));
         const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(dev_f, m0.cols));
         uint8_t* p = static_cast<uint8_t*>(a_.alloc(db * ex.size()));
-        uint8_t* s = static_cast<uint8_t*>(a_.alloc(sb * ex.size()));
+        uint8_t* s = sb > 0 ? static_cast<uint8_t*>(a_.alloc(sb * ex.size())) : nullptr;
         std::vector<uint8_t> hp(ggml ? db : 0), hs(ggml ? sb : 0);
         for (size_t e = 0; e < ex.size(); ++e) {
           const WeightMatrix& m = get(ex[e]);
@@ -138,10 +160,10 @@ class Uploader {
             ms = hs.data();
           }
           K3_CUDA_CHECK(cudaMemcpy(p + e * db, md, db, cudaMemcpyHostToDevice));
-          K3_CUDA_CHECK(cudaMemcpy(s + e * sb, ms, sb, cudaMemcpyHostToDevice));
+          if (sb > 0) K3_CUDA_CHECK(cudaMemcpy(s + e * sb, ms, sb, cudaMemcpyHostToDevice));
         }
         data = p;
-        scales = s;
+        scales = gguf ? nullptr : s;
       } else {
         uint16_t* p = static_cast<uint16_t*>(a_.alloc(rc * 2 * ex.size()));
         std::vector<float> f(static_cast<size_t>(m0.cols));
@@ -171,14 +193,6 @@ class Uploader {
   }
 
  private:
-  // GGUF's block formats (Q8_0, Q4_K, ...) have CPU kernels only (backend/cpu/weight_kernels_quant.h):
-  // a clear error instead of bytes misread as another format. Such a matrix placed on the host
-  // (-ot PATTERN=CPU, --cpu-moe) runs through the CPU kernels.
-  static void reject_unsupported_format(WeightFormat f, const char* what) {
-    if (is_block_format(f) && f != WeightFormat::MXFP4 && f != WeightFormat::MXFP4_GGML)
-      throw Error(std::string("CUDA backend: weight format ") + weight_format_name(f) + " is not supported on CUDA yet (" + what +
-                  "; place it on the host with -ot PATTERN=CPU or run on the CPU)");
-  }
   static void to_f32_row(const WeightMatrix& w, int64_t r, float* out) {
     const size_t c = static_cast<size_t>(w.cols);
     if (w.format == WeightFormat::F32) {

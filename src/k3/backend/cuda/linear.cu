@@ -26,6 +26,8 @@
 
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear_skinny.h"
+#include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_tables.h"
 
 namespace k3::cuda {
 namespace {
@@ -126,7 +128,7 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
   switch (W.format) {
     case WeightFormat::BF16: return launch_gemv(static_cast<const uint16_t*>(W.data), W.rows, W.cols, x, n, y, s);
     case WeightFormat::F32: return launch_gemv(static_cast<const float*>(W.data), W.rows, W.cols, x, n, y, s);
-    default: return cudaErrorInvalidValue;
+    default: return is_gguf_block(W.format) ? quant_gemv(W, x, n, y, s) : cudaErrorInvalidValue;
   }
 }
 
@@ -157,9 +159,15 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_SKINNY=0: 2..32-token batches take the old GEMV / cuBLASLt paths (same-binary A/B).
   const char* sk = std::getenv("K3_CUDA_SKINNY");
   skinny_ = sk == nullptr || std::string(sk) != "0";
+  // K3_CUDA_SKINNY_FUSED=0: the skinny path splits x in a kernel of its own first (same bits, A/B).
+  const char* fu = std::getenv("K3_CUDA_SKINNY_FUSED");
+  fused_split_ = fu == nullptr || std::string(fu) != "0";
   // K3_CUDA_MERGED_X2=0: bf16x2 batches above 32 tokens take two accumulating GEMMs again (A/B).
   const char* mg = std::getenv("K3_CUDA_MERGED_X2");
   merged_ = mg == nullptr || std::string(mg) != "0";
+  // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
+  if (const char* dt = std::getenv("K3_CUDA_DEQUANT_TILE"); dt != nullptr && std::atoll(dt) > 0)
+    dequant_tile_floats_ = std::min<int64_t>(std::atoll(dt), kDequantTileFloats);
   try {
     check_cublas(cublasCreate(&handle_), "cublasCreate");
     check_cublas(cublasSetStream(handle_, stream_), "cublasSetStream");
@@ -267,10 +275,15 @@ std::pair<uint16_t*, uint16_t*> LinearRunner::bf16_halves(const float*, int64_t 
 
 // The dense projections' one dispatch point on the weight format (the GEMV and the Lt GEMMs below).
 void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* y) {
+  if (is_gguf_block(W.format)) return run_blocks(W, x, n, y);
   if (W.format != WeightFormat::BF16 && W.format != WeightFormat::F32)
     throw Error(std::string("CUDA backend: no dense projection kernel for ") + weight_format_name(W.format) + " weights");
   if (n <= 0 || W.rows <= 0) return;
   if (skinny_ && linear_skinny_supported(W, n)) {  // 2..32 tokens, bf16: tensor cores, W read once
+    if (fused_split_ && n <= kSkinnyFusedMaxTokens && reinterpret_cast<uintptr_t>(x) % 16 == 0) {  // one launch
+      K3_CUDA_CHECK(linear_skinny_f32(W, x, static_cast<int>(n), y, stream_));
+      return;
+    }
     const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
     K3_CUDA_CHECK(to_bf16_split(x, n * W.cols, hi, lo, stream_));
     K3_CUDA_CHECK(linear_skinny(W, hi, lo, static_cast<int>(n), y, stream_));

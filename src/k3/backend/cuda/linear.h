@@ -4,6 +4,9 @@
 // once with x split into bf16 hi + lo (linear_skinny.h; the GEMV up to 8 tokens for other weights); larger n goes to cuBLASLt (cublasLtMatmul: bf16 tensor cores with x
 // rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
 // shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
+// GGUF block formats (Q8_0, Q4_K, ..., IQ1_M; quant_kernels.h): up to 32 tokens a GEMV over the blocks (8
+// tokens per pass); more: row tiles dequantised to fp32 into a reused scratch (at most kDequantTileFloats) and multiplied by
+// cublasSgemm (true fp32, the CPU reference's numerics; quant_linear.cpp).
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -48,6 +51,11 @@ class LinearRunner {
   // GEMM over x's hi and lo halves side by side: W is read once.
   static constexpr int kMergedMaxTokens = 256;
   static constexpr int64_t kMergedMaxFloats = int64_t{64} << 20;  // 256 MB
+  // GGUF block matrices: up to this many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read
+  // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, fp32 tiles.
+  static constexpr int kQuantGemvMaxTokens = 32;
+  // Largest fp32 tile of a GGUF block matrix dequantised for a prefill-sized product (64 MB).
+  static constexpr int64_t kDequantTileFloats = int64_t{16} << 20;
 
   // Throws k3::Error for a weight format without a kernel here.
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
@@ -70,6 +78,8 @@ class LinearRunner {
                         const void* c);
   void lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
   void release() noexcept;
+  // run() for a GGUF block format (quant_linear.cpp).
+  void run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y);
   // x's bf16 hi and lo staging for `count` values (xb_, grown on demand: bumps generation_); lo right after
   // hi when back_to_back (one [2n][k] matrix), else at the next 256-byte boundary.
   std::pair<uint16_t*, uint16_t*> bf16_halves(const float* x, int64_t count, bool back_to_back);
@@ -84,12 +94,15 @@ class LinearRunner {
   DeviceBuffer workspace_;  // shared by handle_ and the Lt matmuls (both stream-ordered on stream_)
   uint64_t generation_ = 0;
   bool skinny_ = true;  // the tensor-core skinny path for 2..32 tokens (K3_CUDA_SKINNY=0: off)
+  bool fused_split_ = true;  // the skinny path splits x itself (K3_CUDA_SKINNY_FUSED=0: a split kernel first)
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
+  DeviceBuffer wq_;     // a GGUF block matrix's dequantised fp32 row tile (run_blocks)
+  int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
 };
 
-// The GEMV kernel alone (n <= 8), exposed for tests and benchmarks; cudaErrorInvalidValue for a format
-// without a kernel.
+// The GEMV kernel alone (n <= 8; BF16, F32 and the GGUF block formats), exposed for tests and benchmarks;
+// cudaErrorInvalidValue for a format without a kernel.
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s);
 
 }  // namespace k3::cuda

@@ -13,7 +13,14 @@
 // so each lane has U * MT * 2 16-byte loads in flight. The 8 warps' partial sums meet in shared memory and
 // are added in warp order: the result does not depend on timing (graph replay == eager, bit for bit).
 // x (<= 32 x cols bf16 pairs, L2-resident) is read through L1 by every warp; weights bypass L1.
+//
+// x comes either pre-split (linear_skinny: hi / lo from to_bf16_split) or as the fp32 activations
+// (linear_skinny_f32), split here into the same hi / lo bits as to_bf16_split makes: one launch per
+// projection instead of two, and the same 4 bytes per value read (fp32 instead of two bf16). At decode
+// batches of 2..32 a step runs ~46 projections, so the split launches were ~46 small kernels per step.
 #include "k3/backend/cuda/linear_skinny.h"
+
+#include <cuda_bf16.h>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
 
@@ -26,10 +33,49 @@ constexpr int kUnroll = 4;  // chunks per warp whose weights are in flight toget
 using mma_bf16::load_stream;
 using mma_bf16::mma_chunk;
 
-template <int MT, int NT>
+// B-fragment sources: the 8 x values at columns 32c + 8tq .. +7 of one token, as bf16 hi and lo halves.
+struct SplitX {  // x pre-split by to_bf16_split: [n][cols] hi, [n][cols] lo
+  const uint4* p[2];
+  __device__ void init(const void* xa, const void* xb, int64_t tok, int cols, int tq) {
+    p[0] = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(xa) + tok * cols) + tq;
+    p[1] = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(xb) + tok * cols) + tq;
+  }
+  __device__ void load(int c, uint4& bh, uint4& bl) const {
+    bh = __ldg(p[0] + 4 * c);
+    bl = __ldg(p[1] + 4 * c);
+  }
+};
+
+__device__ __forceinline__ uint32_t bf16_bits(__nv_bfloat16 v) { return *reinterpret_cast<const unsigned short*>(&v); }
+
+// Two values into (hi, lo) bf16 pairs, the element at the lower column in the low half (memory order);
+// hi = rn(v), lo = rn(v - hi): to_bf16_split_kernel's arithmetic, so the MMAs see the same bits.
+__device__ __forceinline__ void split2(float v0, float v1, uint32_t& h, uint32_t& l) {
+  const __nv_bfloat16 h0 = __float2bfloat16_rn(v0), h1 = __float2bfloat16_rn(v1);
+  const __nv_bfloat16 l0 = __float2bfloat16_rn(v0 - __bfloat162float(h0));
+  const __nv_bfloat16 l1 = __float2bfloat16_rn(v1 - __bfloat162float(h1));
+  h = bf16_bits(h0) | (bf16_bits(h1) << 16);
+  l = bf16_bits(l0) | (bf16_bits(l1) << 16);
+}
+
+struct F32X {  // fp32 x [n][cols] (16-byte aligned), split here
+  const float4* p;
+  __device__ void init(const void* xa, const void*, int64_t tok, int cols, int tq) {
+    p = reinterpret_cast<const float4*>(static_cast<const float*>(xa) + tok * cols) + 2 * tq;
+  }
+  __device__ void load(int c, uint4& bh, uint4& bl) const {
+    const float4 a = __ldg(p + 8 * c), b = __ldg(p + 8 * c + 1);
+    split2(a.x, a.y, bh.x, bl.x);
+    split2(a.z, a.w, bh.y, bl.y);
+    split2(b.x, b.y, bh.z, bl.z);
+    split2(b.z, b.w, bh.w, bl.w);
+  }
+};
+
+template <int MT, int NT, class XSrc>
 __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __restrict__ W, int rows, int cols,
-                                                             const uint16_t* __restrict__ xh,
-                                                             const uint16_t* __restrict__ xl, int n,
+                                                             const void* __restrict__ xa,
+                                                             const void* __restrict__ xb, int n,
                                                              float* __restrict__ y) {
   __shared__ float red[kWarps][MT * NT * 4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -45,13 +91,9 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __r
       const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
       wp[i][h] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(r) * cols) + tq;
     }
-  const uint4* xp[NT][2];
+  XSrc xs[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const int tok = min(8 * t + g, n - 1);
-    xp[t][0] = reinterpret_cast<const uint4*>(xh + static_cast<int64_t>(tok) * cols) + tq;
-    xp[t][1] = reinterpret_cast<const uint4*>(xl + static_cast<int64_t>(tok) * cols) + tq;
-  }
+  for (int t = 0; t < NT; ++t) xs[t].init(xa, xb, min(8 * t + g, n - 1), cols, tq);
   float acc[MT][NT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i)
@@ -76,7 +118,8 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __r
       if (c >= chunks) break;  // warp-uniform
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint4 bh = __ldg(xp[t][0] + 4 * c), bl = __ldg(xp[t][1] + 4 * c);
+        uint4 bh, bl;
+        xs[t].load(c, bh, bl);
 #pragma unroll
         for (int i = 0; i < MT; ++i) {
           mma_chunk(acc[i][t], wv[u][i][0], wv[u][i][1], bh);
@@ -104,18 +147,28 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __r
   }
 }
 
-template <int MT>
-cudaError_t launch(const uint16_t* W, int rows, int cols, const uint16_t* xh, const uint16_t* xl, int n, float* y,
+template <int MT, class XSrc>
+cudaError_t launch(const uint16_t* W, int rows, int cols, const void* xa, const void* xb, int n, float* y,
                    cudaStream_t s) {
   const unsigned grid = static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT));
   switch ((n + 7) / 8) {
-    case 1: skinny_kernel<MT, 1><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
-    case 2: skinny_kernel<MT, 2><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
-    case 3: skinny_kernel<MT, 3><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
-    case 4: skinny_kernel<MT, 4><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xh, xl, n, y); break;
+    case 1: skinny_kernel<MT, 1, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
+    case 2: skinny_kernel<MT, 2, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
+    case 3: skinny_kernel<MT, 3, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
+    case 4: skinny_kernel<MT, 4, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <class XSrc>
+cudaError_t dispatch(const WeightMatrix& W, const void* xa, const void* xb, int n, float* y, cudaStream_t s) {
+  const auto* w = static_cast<const uint16_t*>(W.data);
+  const int rows = static_cast<int>(W.rows), cols = static_cast<int>(W.cols);
+  // Two m16 tiles per block once that still gives >= 2 blocks per SM on a 132-SM part (lm_head, MLP
+  // up-projections): half the activation reads per weight byte; smaller matrices keep one for more blocks.
+  if (rows >= 2 * 132 * 32) return launch<2, XSrc>(w, rows, cols, xa, xb, n, y, s);
+  return launch<1, XSrc>(w, rows, cols, xa, xb, n, y, s);
 }
 
 }  // namespace
@@ -129,12 +182,12 @@ bool linear_skinny_supported(const WeightMatrix& W, int64_t n) {
 cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
                           cudaStream_t s) {
   if (!linear_skinny_supported(W, n)) return cudaErrorInvalidValue;
-  const auto* w = static_cast<const uint16_t*>(W.data);
-  const int rows = static_cast<int>(W.rows), cols = static_cast<int>(W.cols);
-  // Two m16 tiles per block once that still gives >= 2 blocks per SM on a 132-SM part (lm_head, MLP
-  // up-projections): half the activation reads per weight byte; smaller matrices keep one for more blocks.
-  if (rows >= 2 * 132 * 32) return launch<2>(w, rows, cols, x_hi, x_lo, n, y, s);
-  return launch<1>(w, rows, cols, x_hi, x_lo, n, y, s);
+  return dispatch<SplitX>(W, x_hi, x_lo, n, y, s);
+}
+
+cudaError_t linear_skinny_f32(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s) {
+  if (!linear_skinny_supported(W, n) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
+  return dispatch<F32X>(W, x, nullptr, n, y, s);
 }
 
 }  // namespace k3::cuda

@@ -16,6 +16,12 @@ namespace k3::cuda {
 
 constexpr int kSkinnyMinTokens = 2;
 constexpr int kSkinnyMaxTokens = 32;
+// Up to this many tokens LinearRunner splits x inside the skinny kernel (linear_skinny_f32); above, the
+// kernel is issue-bound (3-4 n8 tiles) and the in-kernel conversion, repeated by every block, cost more
+// than the split launch it saves (H200, Kimi-Linear slice tg32, all fused: b32 -4..-6%). Up to 8 it is
+// neutral end to end within the +-3% noise of two calls (one launch fewer per projection, same bits;
+// docs/perf/cuda.md session 10).
+constexpr int kSkinnyFusedMaxTokens = 8;
 
 // Whether linear_skinny handles this weight and batch: bf16, cols a multiple of 32, rows >= 1, 16-byte
 // aligned data, kSkinnyMinTokens <= n <= kSkinnyMaxTokens.
@@ -26,5 +32,10 @@ bool linear_skinny_supported(const WeightMatrix& W, int64_t n);
 // linear_skinny_supported.
 cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
                           cudaStream_t s);
+
+// The same product from the fp32 activations x [n][cols] (16-byte aligned), split into hi / lo inside the
+// kernel with to_bf16_split's rounding: the same bits as to_bf16_split + linear_skinny, one launch.
+// cudaErrorInvalidValue when not linear_skinny_supported or x is not 16-byte aligned.
+cudaError_t linear_skinny_f32(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s);
 
 }  // namespace k3::cuda

@@ -528,7 +528,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One block per row: the bias pairs first (distinct ids: no atomics), then -inf for every id the mask
+// does not allow (-inf + bias stays -inf, so the order only matters within a thread's own writes).
+__global__ void __launch_bounds__(kThreads)
+    constrain_rows_kernel(float* logits, int64_t V, const DeviceRowConstraint* __restrict__ rows,
+                          const int32_t* __restrict__ bias_ids, const float* __restrict__ bias_values,
+                          const uint32_t* __restrict__ mask) {
+  const DeviceRowConstraint P = rows[blockIdx.x];
+  float* l = logits + static_cast<int64_t>(blockIdx.x) * V;
+  for (int j = threadIdx.x; j < P.bias_n; j += kThreads) {
+    const int32_t t = bias_ids[P.bias_off + j];
+    if (t >= 0 && t < V) l[t] = __fadd_rn(l[t], bias_values[P.bias_off + j]);
+  }
+  if (P.mask_words <= 0) return;
+  __syncthreads();
+  const uint32_t* words = mask + P.mask_off;
+  const int64_t covered = static_cast<int64_t>(P.mask_words) * 32;
+  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+    const bool ok = i < covered && ((words[i >> 5] >> (i & 31)) & 1u);
+    if (!ok) l[i] = kNegInf;
+  }
+}
+
 }  // namespace
+
+cudaError_t constrain_rows(float* logits, int64_t V, const DeviceRowConstraint* rows, const int32_t* bias_ids,
+                           const float* bias_values, const uint32_t* mask, int R, cudaStream_t stream) {
+  if (R <= 0) return cudaSuccess;
+  if (V <= 0 || V > INT_MAX) return cudaErrorInvalidValue;
+  constrain_rows_kernel<<<R, kThreads, 0, stream>>>(logits, V, rows, bias_ids, bias_values, mask);
+  return cudaGetLastError();
+}
 
 cudaError_t sample_rows(float* logits, int64_t V, const DeviceRowSampling* rows, const int32_t* ids, int R,
                         DeviceSampleResult* out, cudaStream_t stream) {

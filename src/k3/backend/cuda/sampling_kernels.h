@@ -27,6 +27,18 @@ struct DeviceSampleResult {
   int32_t token, status, at, pad;
 };
 
+// A row's logit_bias and grammar mask (RowSampling::bias_ids / bias_values / allowed), flattened: its bias
+// pairs at [bias_off, bias_off + bias_n) of the bias arrays, its mask words at [mask_off, mask_off +
+// mask_words) of the word array (mask_words 0: no mask; ids past the words are not allowed).
+struct DeviceRowConstraint {
+  int32_t bias_off, bias_n, mask_off, mask_words;
+};
+
+// Step 0 of sampling (sampling::apply_bias_and_mask) on rows [0, R) of logits [R][V], in place, before
+// sample_rows. Bias ids are distinct and in [0, V) (flatten_constraints checks them on the host).
+cudaError_t constrain_rows(float* logits, int64_t V, const DeviceRowConstraint* rows, const int32_t* bias_ids,
+                           const float* bias_values, const uint32_t* mask, int R, cudaStream_t stream);
+
 // Samples rows [0, R) of logits [R][V] (overwritten: penalised, masked, then weights). `ids` holds the
 // penalty lists (may be null when no row has penalties).
 cudaError_t sample_rows(float* logits, int64_t V, const DeviceRowSampling* rows, const int32_t* ids, int R,

@@ -35,4 +35,29 @@ void flatten_rows(std::span<const sampling::RowSampling> rows, std::vector<Devic
   }
 }
 
+bool flatten_constraints(std::span<const sampling::RowSampling> rows, int64_t V, FlatConstraints& out) {
+  out.rows.clear();
+  out.bias_ids.clear();
+  out.bias_values.clear();
+  out.mask.clear();
+  bool any = false;
+  for (const sampling::RowSampling& r : rows) any = any || r.constrained();
+  if (!any) return false;
+  for (const sampling::RowSampling& r : rows) {
+    if (r.bias_ids.size() != r.bias_values.size()) throw Error("sampling: bias_ids and bias_values differ in length");
+    DeviceRowConstraint d{};
+    d.bias_off = static_cast<int32_t>(out.bias_ids.size());
+    d.bias_n = static_cast<int32_t>(r.bias_ids.size());
+    for (int32_t t : r.bias_ids)
+      if (t < 0 || t >= V) throw Error("sampling: logit_bias token id " + std::to_string(t) + " is outside the vocab");
+    out.bias_ids.insert(out.bias_ids.end(), r.bias_ids.begin(), r.bias_ids.end());
+    out.bias_values.insert(out.bias_values.end(), r.bias_values.begin(), r.bias_values.end());
+    d.mask_off = static_cast<int32_t>(out.mask.size());
+    d.mask_words = static_cast<int32_t>(r.allowed.size());
+    out.mask.insert(out.mask.end(), r.allowed.begin(), r.allowed.end());
+    out.rows.push_back(d);
+  }
+  return true;
+}
+
 }  // namespace k3::cuda

@@ -33,8 +33,12 @@ void Backend::embed_rows(const WeightMatrix&, int64_t, Tensor) {
 void Backend::gather_cols(Tensor, int64_t, Tensor) {
   throw Error("this backend does not run tensor parallel (gather_cols)");
 }
-void Backend::moe_keep_experts(Tensor, int64_t, int64_t) {
+void Backend::moe_keep_experts(Tensor, const dist::ShardPlan&) {
   throw Error("this backend does not run expert parallel (moe_keep_experts)");
+}
+void Backend::moe_experts_all_to_all(const MoeWeights&, Tensor, Tensor, Tensor, const GluParams&, Tensor,
+                                     const dist::ShardPlan&) {
+  throw Error("this backend does not run expert parallel with all-to-all dispatch (moe_experts_all_to_all)");
 }
 
 }  // namespace k3::graph

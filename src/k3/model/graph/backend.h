@@ -19,6 +19,10 @@
 #include "k3/model/graph/tensor.h"
 #include "k3/model/weights.h"
 
+namespace k3::dist {
+struct ShardPlan;
+}
+
 namespace k3::graph {
 
 // GLU activation: gate = act(gate) * up.  SiLU: g * sigmoid(g); SiTU (K3): beta * tanh(g / beta) *
@@ -154,9 +158,16 @@ class Backend {
   // r * chunk, the columns past out.cols dropped (the vocab-parallel head's logits). Other ranks: out is
   // not written (its data may be null): only rank 0 samples.
   virtual void gather_cols(Tensor local, int64_t chunk, Tensor out);
-  // Expert parallel, in place over idx [N][k] (moe_route's output): an expert id in [first, first +
-  // count) becomes its index among this rank's experts, any other id -1, which moe_experts skips.
-  virtual void moe_keep_experts(Tensor idx, int64_t first, int64_t count);
+  // Expert parallel, in place over idx [N][k] (moe_route's output): an expert this rank computes becomes
+  // its index among this rank's experts (ShardPlan::local_expert), any other -1, which moe_experts skips.
+  virtual void moe_keep_experts(Tensor idx, const dist::ShardPlan& shard);
+  // Expert parallel with dispatch / combine (ShardPlan::expert_all_to_all): this rank takes its share of
+  // the N tokens (a balanced block), sends each (token, routed expert) row of x to the rank owning the
+  // expert (all_to_all_v), computes the rows it receives with its experts (moe_experts, weighted),
+  // returns them, and sums each of its tokens' K results: out = the routed experts' sum on this rank's
+  // tokens, zeros on the others (the all-reduce that follows fills them in). idx holds expert ids.
+  virtual void moe_experts_all_to_all(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p,
+                                      Tensor out, const dist::ShardPlan& shard);
 
  protected:
   dist::Communicator* comm_ = nullptr;

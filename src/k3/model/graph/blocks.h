@@ -15,7 +15,7 @@ struct Ctx {
   const ModelConfig& c;
   const StepPlan& plan;
   const dist::ShardPlan* shard = nullptr;
-  bool sharded() const { return shard != nullptr && shard->sharded(); }
+  bool sharded() const { return shard != nullptr && shard->runs_collectives(); }
   // After a row-parallel linear: every rank's partial sums added (nothing in one process).
   void reduce(Tensor partial) const {
     if (sharded()) b.all_reduce_sum(partial);

@@ -34,8 +34,10 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   Tensor logits = b.scratch(N, E), idx = b.scratch(N, K, ElemType::I32), wts = b.scratch(N, K);
   b.linear(w.router, x, logits);
   b.moe_route(logits, w.correction_bias.data(), RouteParams{K, c.moe_renormalize, c.routed_scaling_factor}, idx, wts);
-  // Expert parallel: the router is replicated, so every rank picks the same experts and computes its own.
-  if (g.sharded() && g.shard->expert_parallel) b.moe_keep_experts(idx, g.shard->experts.first, g.shard->experts.count);
+  // Expert parallel: the router is replicated, so every rank picks the same experts and computes its own
+  // (on every token), or, with all-to-all dispatch, sends its share of the tokens to the experts' ranks.
+  const bool ep = g.sharded() && g.shard->expert_parallel, dispatch = ep && g.shard->expert_all_to_all;
+  if (ep && !dispatch) b.moe_keep_experts(idx, *g.shard);
 
   Tensor ex = x;  // expert inputs: x itself, or K3's latent z
   if (!w.latent_down.empty()) {
@@ -45,13 +47,16 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   Tensor acc = w.latent_up.empty() ? out : b.scratch(N, X);
   // The shared experts run between start and wait (they only read x), so that a backend with the
   // routed experts on another processor overlaps the two; the sums are the same in either order.
-  b.moe_experts_start(w, ex, idx, wts, glu_params(c), acc);
+  if (dispatch)
+    b.moe_experts_all_to_all(w, ex, idx, wts, glu_params(c), acc, *g.shard);
+  else
+    b.moe_experts_start(w, ex, idx, wts, glu_params(c), acc);
   Tensor sh;
   if (!w.shared.gate.empty()) {
     sh = b.scratch(N, c.hidden_size);
     glu_mlp_partial(g, w.shared, x, sh);
   }
-  b.moe_experts_wait();
+  if (!dispatch) b.moe_experts_wait();
   // Sharded, acc and sh are partial sums (this rank's experts or expert columns, its shared columns).
   // The latent norm is not linear: acc is reduced before it; without a latent space one reduction
   // covers both.

@@ -1,0 +1,46 @@
+// quant_dequant_rows (quant_kernels.h): GGUF blocks to fp32 rows, one thread per group of 8 weights
+// (qdev::decode8: the CPU's dequant_row, bit for bit), a grid-stride loop over (row, group).
+#include <algorithm>
+
+#include "k3/backend/cuda/quant_decode.cuh"
+#include "k3/backend/cuda/quant_kernels.h"
+
+namespace k3::cuda {
+namespace {
+
+template <WeightFormat F>
+__global__ void dequant_rows_kernel(const uint8_t* __restrict__ W, int64_t cols, int64_t row0, const int32_t* __restrict__ ids,
+                                    int64_t count, float* __restrict__ out, int64_t ld, IqTables T) {
+  constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
+  const int64_t per_row = cols / 8, row_bytes = cols / E * B, total = count * per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, gi = i % per_row;
+    const int64_t src = ids ? ids[r] : row0 + r;
+    float w[8];
+    qdev::decode8<F>(W + src * row_bytes + (gi / kGroups) * B, static_cast<int>(gi % kGroups), T, w);
+    float* o = out + r * ld + gi * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = w[j];
+  }
+}
+
+}  // namespace
+
+cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
+                               cudaStream_t s) {
+  if (!is_gguf_block(W.format) || count < 0 || row0 < 0 || ld < W.cols || W.cols % weight_layout(W.format).block_elems != 0 ||
+      (!ids && row0 + count > W.rows) || reinterpret_cast<uintptr_t>(W.data) % 2 != 0)
+    return cudaErrorInvalidValue;
+  if (count == 0 || W.cols == 0) return cudaSuccess;
+  const IqTables T = iq_tables();
+  const int64_t total = count * (W.cols / 8);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
+  return with_gguf_format(W.format, [&](auto f) {
+    dequant_rows_kernel<decltype(f)::value><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids, count,
+                                                                    out, ld, T);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace k3::cuda

@@ -1,0 +1,23 @@
+// CUDA kernels over GGUF's block formats, reading the stored blocks (quant_decode.cuh decodes them in
+// registers, bit for bit the CPU's dequant_row). W is a device WeightMatrix of a GGUF block format
+// (quant_tables.h: is_gguf_block), rows of row_data_bytes(format, cols) bytes, 2-byte aligned.
+//   quant_gemv:         y[t][r] = sum_c W[r][c] x[t][c], t < n <= 8 (fp32 x and y): the decode path
+//   quant_dequant_rows: fp32 rows of W (a range, or picked by index): the prefill path's tiles
+//                       (LinearRunner::run) and the embedding gather of a quantised token table
+// cudaErrorInvalidValue for a format without a kernel or a bad size.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/core/weight.h"
+
+namespace k3::cuda {
+
+cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s);
+
+// out[i][0..cols) (rows ld floats apart) = row (ids ? ids[i] : row0 + i) of W, i < count.
+cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
+                               cudaStream_t s);
+
+}  // namespace k3::cuda

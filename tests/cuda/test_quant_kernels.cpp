@@ -1,0 +1,360 @@
+// The CUDA kernels of GGUF's block formats (quant_kernels.h) against the CPU's (backend/cpu):
+//  - dequantisation of random blocks bit for bit equal to cpu::dequant_row, every format, rows by range and
+//    by index (the embedding gather);
+//  - the decode GEMV (n = 1..8, and 9..32 in chunks of 8) and the prefill path (n > 32: fp32 tiles + SGEMM,
+//    through LinearRunner)
+//    against a float64 product of the CPU's dequantised weights, within the fp32 summation bound
+//    (cols / 32 + 5) * 2^-24 * sum |w x| times 2 (GEMV) or cols * 2^-24 * sum |w x| times 2 (SGEMM, whose
+//    order is cuBLAS's), on shapes whose rows and columns are not multiples of the kernels' tiles.
+// Random blocks: every byte random (quants, sub-scales, signs, grid indices), then the f16 super-block
+// scales overwritten with random finite normal values of either sign (random bytes could make NaN / inf).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "k3/backend/cpu/ops.h"
+#include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_moe.h"
+#include "k3/backend/cuda/quant_tables.h"
+
+namespace {
+
+using k3::WeightFormat;
+using k3cudatest::ck;
+using k3cudatest::Dev;
+
+const WeightFormat kFormats[] = {WeightFormat::Q8_0,    WeightFormat::Q4_K,    WeightFormat::Q5_K,   WeightFormat::Q6_K,
+                                 WeightFormat::Q3_K,    WeightFormat::Q2_K,    WeightFormat::IQ4_XS, WeightFormat::IQ3_XXS,
+                                 WeightFormat::IQ3_S,   WeightFormat::IQ2_XXS, WeightFormat::IQ2_XS, WeightFormat::IQ2_S,
+                                 WeightFormat::IQ1_S,   WeightFormat::IQ1_M};
+
+// A finite normal f16 of random sign and mantissa, exponent in [lo, hi] (15 = 2^0).
+uint16_t random_f16(std::mt19937& rng, int lo, int hi) {
+  const unsigned sign = rng() & 1, exp = lo + rng() % (hi - lo + 1), man = rng() & 0x3FF;
+  return static_cast<uint16_t>((sign << 15) | (exp << 10) | man);
+}
+
+void put_u16(uint8_t* p, unsigned v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+// Byte offsets of a format's f16 scales in its block (IQ1_M's d is split over 4 nibbles: handled apart).
+std::vector<int> f16_fields(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K: return {0, 2};
+    case WeightFormat::Q6_K: return {208};
+    case WeightFormat::Q3_K: return {108};
+    case WeightFormat::Q2_K: return {80, 82};
+    case WeightFormat::IQ1_M: return {};
+    default: return {0};
+  }
+}
+
+std::vector<uint8_t> random_blocks(WeightFormat f, int64_t rows, int64_t cols, uint32_t seed, int exp_lo, int exp_hi) {
+  std::mt19937 rng(seed);
+  const k3::WeightLayout l = k3::weight_layout(f);
+  const int64_t nblocks = rows * cols / l.block_elems;
+  std::vector<uint8_t> b(static_cast<size_t>(nblocks * l.block_bytes));
+  for (auto& v : b) v = static_cast<uint8_t>(rng());
+  for (int64_t i = 0; i < nblocks; ++i) {
+    uint8_t* blk = b.data() + i * l.block_bytes;
+    for (int off : f16_fields(f)) put_u16(blk + off, random_f16(rng, exp_lo, exp_hi));
+    if (f == WeightFormat::IQ1_M) {  // d's nibble k is the top nibble of the u16 at 48 + 2k
+      const unsigned d = random_f16(rng, exp_lo, exp_hi);
+      for (int k = 0; k < 4; ++k) {
+        uint8_t* p = blk + 48 + 2 * k;
+        const unsigned v = (p[0] | (p[1] << 8)) & 0x0FFF;
+        put_u16(p, v | (((d >> (4 * k)) & 0xF) << 12));
+      }
+    }
+  }
+  return b;
+}
+
+k3::WeightMatrix host_matrix(WeightFormat f, const std::vector<uint8_t>& b, int64_t rows, int64_t cols) {
+  return k3::WeightMatrix{f, b.data(), nullptr, rows, cols, k3::kHostDevice};
+}
+
+std::vector<float> cpu_rows(const k3::WeightMatrix& W) {
+  std::vector<float> out(static_cast<size_t>(W.rows * W.cols));
+  for (int64_t r = 0; r < W.rows; ++r) k3::cpu::dequant_row(W, r, out.data() + r * W.cols);
+  return out;
+}
+
+// A column count that is whole blocks but not a multiple of 256 where the format allows (Q8_0), and rows
+// that are not a multiple of the GEMV's 8 warps.
+int64_t odd_cols(WeightFormat f, int64_t blocks) { return k3::weight_layout(f).block_elems * blocks; }
+
+TEST(CudaQuantKernels, DequantIsBitExactWithCpu) {
+  SKIP_WITHOUT_GPU();
+  for (WeightFormat f : kFormats) {
+    const int64_t rows = 7, cols = odd_cols(f, f == WeightFormat::Q8_0 ? 13 : 3);
+    const auto blocks = random_blocks(f, rows, cols, 1234 + static_cast<uint32_t>(f), 1, 30);
+    const k3::WeightMatrix hw = host_matrix(f, blocks, rows, cols);
+    const std::vector<float> ref = cpu_rows(hw);
+    int64_t nonzero = 0;
+    for (float v : ref) nonzero += v != 0.0f;
+    EXPECT_GT(nonzero, static_cast<int64_t>(ref.size()) / 2) << k3::weight_format_name(f);
+
+    Dev<uint8_t> d(blocks);
+    k3::WeightMatrix dw = hw;
+    dw.data = d.p;
+    dw.device = 0;
+    Dev<float> out(ref.size());
+    out.poison();
+    ck(k3::cuda::quant_dequant_rows(dw, 0, nullptr, rows, out.p, cols, nullptr), "dequant");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto got = out.get();
+    int64_t differ = 0;
+    for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&got[i], &ref[i], 4) != 0;
+    EXPECT_EQ(differ, 0) << k3::weight_format_name(f) << ": " << differ << " of " << ref.size() << " values differ";
+
+    // By index, into rows wider than cols (the embedding gather: tokens, out.stride).
+    const std::vector<int32_t> ids = {5, 0, 6, 5, 2};
+    Dev<int32_t> dids(ids);
+    const int64_t ld = cols + 8;
+    Dev<float> picked(ids.size() * ld);
+    picked.poison();
+    ck(k3::cuda::quant_dequant_rows(dw, 0, dids.p, static_cast<int64_t>(ids.size()), picked.p, ld, nullptr), "gather");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto pg = picked.get();
+    for (size_t i = 0; i < ids.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(pg.data() + i * ld, ref.data() + ids[i] * cols, static_cast<size_t>(cols) * 4))
+          << k3::weight_format_name(f) << " gathered row " << ids[i];
+  }
+}
+
+struct Product {
+  std::vector<double> exact, abs_sum;  // [n][rows]: sum w x in float64, and sum |w x|
+};
+
+Product reference(const std::vector<float>& w, const std::vector<float>& x, int64_t rows, int64_t cols, int64_t n) {
+  Product p;
+  p.exact.resize(static_cast<size_t>(n * rows));
+  p.abs_sum.resize(p.exact.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double v = static_cast<double>(w[r * cols + c]) * x[t * cols + c];
+        s += v;
+        a += std::fabs(v);
+      }
+      p.exact[t * rows + r] = s;
+      p.abs_sum[t * rows + r] = a;
+    }
+  return p;
+}
+
+// Worst |got - exact| / (sum |w x|) over the outputs, in units of the bound's per-term rounding (2^-24 * k):
+// <= 2 passes. NaN or a missed output: infinity.
+double worst_ratio(const std::vector<float>& got, const Product& p, double k) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double err = std::fabs(got[i] - p.exact[i]);
+    worst = std::max(worst, err / (std::ldexp(1.0, -24) * k * std::max(p.abs_sum[i], 1e-30)));
+  }
+  return worst;
+}
+
+TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  {
+    // Tiles of at most 4000 weights: the prefill path runs over many row tiles (1..5 rows here), each
+    // writing its rows of y in place.
+    ::setenv("K3_CUDA_DEQUANT_TILE", "4000", 1);
+    k3::cuda::LinearRunner runner(st);
+    ::unsetenv("K3_CUDA_DEQUANT_TILE");
+    for (WeightFormat f : kFormats) {
+      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}}) {
+        const int64_t cols = odd_cols(f, f == WeightFormat::Q8_0 ? 8 * blocks + 1 : blocks);
+        const auto wb = random_blocks(f, rows, cols, 77 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
+        const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
+        const std::vector<float> w = cpu_rows(hw);
+        Dev<uint8_t> d(wb);
+        k3::WeightMatrix dw = hw;
+        dw.data = d.p;
+        dw.device = 0;
+        const int64_t max_n = 40;
+        std::mt19937 rng(5 + static_cast<uint32_t>(cols));
+        std::normal_distribution<float> nd(0.f, 1.f);
+        std::vector<float> x(static_cast<size_t>(max_n * cols));
+        for (auto& v : x) v = nd(rng);
+        Dev<float> dx(x);
+        Dev<float> dx_odd(x.size() + 1);  // x one float past a 16-byte boundary: the GEMV's scalar loads
+        ck(cudaMemcpy(dx_odd.p + 1, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "H2D");
+        const Product p = reference(w, x, rows, cols, max_n);
+        for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 33, 40}) {
+          Dev<float> y(static_cast<size_t>(n * rows));
+          y.poison();
+          runner.run(dw, dx.p, n, y.p);
+          ck(cudaStreamSynchronize(st), "sync");
+          const auto got = y.get();
+          Product pn;
+          pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
+          pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
+          const bool gemv = n <= k3::cuda::LinearRunner::kQuantGemvMaxTokens;
+          const double k = gemv ? static_cast<double>(cols / 32 + 5) : static_cast<double>(cols);
+          const double ratio = worst_ratio(got, pn, k);
+          EXPECT_LE(ratio, 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
+                                << (gemv ? " (GEMV, chunks of 8 tokens)" : " (dequantised tiles + SGEMM)");
+          if (n == 1 || n == 3) {
+            y.poison();
+            ck(k3::cuda::linear_gemv(dw, dx_odd.p + 1, static_cast<int>(n), y.p, st), "gemv unaligned x");
+            ck(cudaStreamSynchronize(st), "sync");
+            EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " n=" << n << " unaligned x";
+          }
+        }
+      }
+    }
+  }
+  ck(cudaStreamDestroy(st), "stream destroy");
+}
+
+// K3-sized rows (4096 x 7168, one token): a spot check of 64 rows against float64 and the GEMV's time and
+// effective bandwidth (stored bytes / time, L2 flushed before each call), printed for docs/perf.
+TEST(CudaQuantKernels, GemvTimingAtK3Width) {
+  SKIP_WITHOUT_GPU();
+  const int64_t rows = 4096, cols = 7168;
+  Dev<uint8_t> flush(size_t{256} << 20);
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q4_K, WeightFormat::Q2_K, WeightFormat::IQ4_XS,
+                         WeightFormat::IQ2_XXS, WeightFormat::IQ1_M}) {
+    const auto wb = random_blocks(f, rows, cols, 21, 4, 10);
+    const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
+    std::mt19937 rng(2);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = nd(rng);
+    Dev<uint8_t> d(wb);
+    Dev<float> dx(x), y(static_cast<size_t>(rows));
+    k3::WeightMatrix dw = hw;
+    dw.data = d.p;
+    dw.device = 0;
+    y.poison();
+    ck(k3::cuda::quant_gemv(dw, dx.p, 1, y.p, nullptr), "gemv");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto got = y.get();
+    std::vector<float> row(static_cast<size_t>(cols));
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r += 64) {
+      k3::cpu::dequant_row(hw, r, row.data());
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * x[c], a += std::fabs(static_cast<double>(row[c]) * x[c]);
+      const double err = std::isfinite(got[r]) ? std::fabs(got[r] - s) / (std::ldexp(1.0, -24) * (cols / 32 + 5) * a) : INFINITY;
+      worst = std::max(worst, err);
+    }
+    EXPECT_LE(worst, 2.0) << k3::weight_format_name(f);
+    cudaEvent_t e0, e1;
+    ck(cudaEventCreate(&e0), "event");
+    ck(cudaEventCreate(&e1), "event");
+    float total_ms = 0;
+    const int reps = 20;
+    for (int i = 0; i < reps; ++i) {
+      ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
+      ck(cudaEventRecord(e0, nullptr), "record");
+      ck(k3::cuda::quant_gemv(dw, dx.p, 1, y.p, nullptr), "gemv");
+      ck(cudaEventRecord(e1, nullptr), "record");
+      ck(cudaEventSynchronize(e1), "sync");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+      total_ms += ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double us = 1000.0 * total_ms / reps;
+    std::printf("[ quant gemv ] %-7s %lld x %lld n=1: %7.1f us  %6.0f GB/s of stored blocks\n", k3::weight_format_name(f),
+                static_cast<long long>(rows), static_cast<long long>(cols), us, static_cast<double>(wb.size()) / (us * 1e3));
+  }
+}
+
+// Routed experts stacked as blocks (quant_moe.h) against a float64 MoE over the CPU's dequantised
+// experts (SiLU GLU, rank-order weighted sum), including a token routed twice to one expert: within
+// 1e-4 of the outputs' range (fp32 dot products of 256 / 512 terms and the fp32 activation).
+TEST(CudaQuantKernels, BlockExpertsMatchAFloat64Moe) {
+  SKIP_WITHOUT_GPU();
+  for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q8_0, WeightFormat::IQ2_XS}) {
+    const int E = 5, I = 512, X = 256, K = 3, n = 4;
+    const auto gb = random_blocks(f, int64_t{E} * I, X, 11, 6, 10), ub = random_blocks(f, int64_t{E} * I, X, 12, 6, 10);
+    const auto db = random_blocks(f, int64_t{E} * X, I, 13, 6, 10);
+    const auto g = cpu_rows(host_matrix(f, gb, int64_t{E} * I, X)), u = cpu_rows(host_matrix(f, ub, int64_t{E} * I, X));
+    const auto d = cpu_rows(host_matrix(f, db, int64_t{E} * X, I));
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(static_cast<size_t>(n * X)), wts(static_cast<size_t>(n * K));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : wts) v = 0.1f + 0.3f * std::fabs(nd(rng));
+    const std::vector<int32_t> idx = {0, 4, 2, 3, 3, 1, 1, 0, 4, 2, 2, 2};
+    std::vector<double> ref(static_cast<size_t>(n * X), 0.0);
+    double range = 0;
+    for (int t = 0; t < n; ++t) {
+      for (int k = 0; k < K; ++k) {
+        const int e = idx[t * K + k];
+        std::vector<double> h(I);
+        for (int i = 0; i < I; ++i) {
+          double gs = 0, us = 0;
+          for (int c = 0; c < X; ++c) {
+            gs += static_cast<double>(g[(static_cast<size_t>(e) * I + i) * X + c]) * x[t * X + c];
+            us += static_cast<double>(u[(static_cast<size_t>(e) * I + i) * X + c]) * x[t * X + c];
+          }
+          h[i] = gs / (1.0 + std::exp(-gs)) * us;
+        }
+        for (int o = 0; o < X; ++o) {
+          double s = 0;
+          for (int i = 0; i < I; ++i) s += static_cast<double>(d[(static_cast<size_t>(e) * X + o) * I + i]) * h[i];
+          ref[t * X + o] += wts[t * K + k] * s;
+        }
+      }
+      for (int o = 0; o < X; ++o) range = std::max(range, std::fabs(ref[t * X + o]));
+    }
+    Dev<uint8_t> dg(gb), du(ub), dd(db);
+    Dev<float> dx(x), dw(wts), hidden(static_cast<size_t>(n * K * I)), out(static_cast<size_t>(n * X));
+    Dev<int32_t> di(idx);
+    out.poison();
+    k3::ExpertStack st;
+    st.format = f;
+    st.gate = dg.p, st.up = du.p, st.down = dd.p;
+    st.E = E, st.I = I, st.X = X;
+    ck(k3::cuda::quant_moe_experts(st, n, K, dx.p, di.p, dw.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, hidden.p, out.p, nullptr), "moe");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto got = out.get();
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::isfinite(got[i]) ? std::max(worst, std::fabs(got[i] - ref[i])) : INFINITY;
+    std::printf("[ quant moe ] %-7s max |gpu - fp64| / range %.2e (range %.3g)\n", k3::weight_format_name(f), worst / range, range);
+    EXPECT_GT(range, 0.0);
+    EXPECT_LE(worst, 1e-4 * range) << k3::weight_format_name(f);
+  }
+}
+
+// Bad inputs come back as cudaErrorInvalidValue, never a launch over the wrong bytes.
+TEST(CudaQuantKernels, RejectsWhatItCannotRun) {
+  SKIP_WITHOUT_GPU();
+  Dev<uint8_t> blk(34 * 4);
+  Dev<float> x(64 * 9), y(64 * 9);
+  k3::WeightMatrix W{WeightFormat::Q8_0, blk.p, nullptr, 2, 64, 0};
+  EXPECT_EQ(k3::cuda::quant_gemv(W, x.p, 9, y.p, nullptr), cudaErrorInvalidValue);  // n > 8
+  k3::WeightMatrix bf = W;
+  bf.format = WeightFormat::BF16;
+  EXPECT_EQ(k3::cuda::quant_gemv(bf, x.p, 1, y.p, nullptr), cudaErrorInvalidValue);
+  k3::WeightMatrix partial = W;
+  partial.cols = 48;  // not whole 32-blocks
+  EXPECT_EQ(k3::cuda::quant_gemv(partial, x.p, 1, y.p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::quant_dequant_rows(W, 1, nullptr, 2, y.p, 64, nullptr), cudaErrorInvalidValue);  // rows 1..2 of 2
+  EXPECT_EQ(k3::cuda::quant_dequant_rows(W, 0, nullptr, 2, y.p, 63, nullptr), cudaErrorInvalidValue);  // ld < cols
+  EXPECT_EQ(k3::cuda::quant_gemv(W, x.p, 1, y.p, nullptr), cudaSuccess);
+  ck(cudaDeviceSynchronize(), "sync");
+}
+
+}  // namespace
