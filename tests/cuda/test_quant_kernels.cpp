@@ -34,7 +34,8 @@ using k3cudatest::Dev;
 const WeightFormat kFormats[] = {WeightFormat::Q8_0,    WeightFormat::Q4_K,    WeightFormat::Q5_K,   WeightFormat::Q6_K,
                                  WeightFormat::Q3_K,    WeightFormat::Q2_K,    WeightFormat::IQ4_XS, WeightFormat::IQ3_XXS,
                                  WeightFormat::IQ3_S,   WeightFormat::IQ2_XXS, WeightFormat::IQ2_XS, WeightFormat::IQ2_S,
-                                 WeightFormat::IQ1_S,   WeightFormat::IQ1_M};
+                                 WeightFormat::IQ1_S,   WeightFormat::IQ1_M,   WeightFormat::Q4_0,   WeightFormat::Q4_1,
+                                 WeightFormat::Q5_0,    WeightFormat::Q5_1,    WeightFormat::IQ4_NL};
 
 // A finite normal f16 of random sign and mantissa, exponent in [lo, hi] (15 = 2^0).
 uint16_t random_f16(std::mt19937& rng, int lo, int hi) {
@@ -51,7 +52,9 @@ void put_u16(uint8_t* p, unsigned v) {
 std::vector<int> f16_fields(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q4_K:
-    case WeightFormat::Q5_K: return {0, 2};
+    case WeightFormat::Q5_K:
+    case WeightFormat::Q4_1:
+    case WeightFormat::Q5_1: return {0, 2};
     case WeightFormat::Q6_K: return {208};
     case WeightFormat::Q3_K: return {108};
     case WeightFormat::Q2_K: return {80, 82};
@@ -98,7 +101,7 @@ int64_t odd_cols(WeightFormat f, int64_t blocks) { return k3::weight_layout(f).b
 TEST(CudaQuantKernels, DequantIsBitExactWithCpu) {
   SKIP_WITHOUT_GPU();
   for (WeightFormat f : kFormats) {
-    const int64_t rows = 7, cols = odd_cols(f, f == WeightFormat::Q8_0 ? 13 : 3);
+    const int64_t rows = 7, cols = odd_cols(f, k3::weight_layout(f).block_elems == 32 ? 13 : 3);
     const auto blocks = random_blocks(f, rows, cols, 1234 + static_cast<uint32_t>(f), 1, 30);
     const k3::WeightMatrix hw = host_matrix(f, blocks, rows, cols);
     const std::vector<float> ref = cpu_rows(hw);
@@ -180,7 +183,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
     ::unsetenv("K3_CUDA_DEQUANT_TILE");
     for (WeightFormat f : kFormats) {
       for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}}) {
-        const int64_t cols = odd_cols(f, f == WeightFormat::Q8_0 ? 8 * blocks + 1 : blocks);
+        const int64_t cols = odd_cols(f, k3::weight_layout(f).block_elems == 32 ? 8 * blocks + 1 : blocks);
         const auto wb = random_blocks(f, rows, cols, 77 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
         const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
         const std::vector<float> w = cpu_rows(hw);

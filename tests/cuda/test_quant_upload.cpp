@@ -59,8 +59,13 @@ TEST(CudaQuantUpload, GgufBlockMatricesGoUpAsTheirBytes) {
     int64_t rows = 0, n_experts = 0;
     for (k3::LayerWeights& L : we.layers)
       if (L.is_moe && !L.moe.experts.empty()) {
-        for (k3::GluMlp& e : L.moe.experts)
-          e.gate = quantised(e.gate, f, 0), e.up = quantised(e.up, f, 0), e.down = quantised(e.down, f, 0);
+        // 256 x 256 each (hidden X and expert width I both whole blocks: down's columns are I = gate's rows).
+        auto square = [&](const k3::WeightMatrix& m) {
+          k3::WeightMatrix q = quantised(m, f, 0);
+          q.rows = 256;
+          return q;
+        };
+        for (k3::GluMlp& e : L.moe.experts) e.gate = square(e.gate), e.up = square(e.up), e.down = square(e.down);
         rows = L.moe.experts[0].gate.rows;
         n_experts = static_cast<int64_t>(L.moe.experts.size());
         break;

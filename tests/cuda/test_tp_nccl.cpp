@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "k3/backend/cuda/cuda_model.h"
+#include "k3/core/error.h"
 #include "k3/dist/communicator.h"
 #include "k3/dist/nccl_comm.h"
 #include "test_util.h"

@@ -207,9 +207,9 @@ class TpMatchesOneProcess(unittest.TestCase):
     def test_prefix_cache_hit(self):
         prompt = "A long shared beginning of a story that both requests send. " * 6
         first = self.tp.complete(prompt, n=10)
-        hits0 = e2e.metric(self.tp.metrics(), "k3_prefix_cache_hits_tokens_total")
+        hits0 = e2e.metric(self.tp.metrics(), "k3_prefix_cache_hits_tokens_total", model_name="m")
         second = self.tp.complete(prompt, n=10)
-        hits1 = e2e.metric(self.tp.metrics(), "k3_prefix_cache_hits_tokens_total")
+        hits1 = e2e.metric(self.tp.metrics(), "k3_prefix_cache_hits_tokens_total", model_name="m")
         self.assertGreater(second["usage"]["prompt_tokens_details"]["cached_tokens"], 0, second["usage"])
         self.assertGreater(hits1, hits0)
         self.assertEqual(first["choices"][0]["text"], second["choices"][0]["text"])
@@ -225,7 +225,7 @@ class TpMatchesOneProcess(unittest.TestCase):
             r.readline()
         c.close()  # the client leaves: the engine must drop the request on both ranks and go on serving
         deadline = time.time() + 30
-        while e2e.metric(self.tp.metrics(), "k3_num_requests_running") != 0:
+        while e2e.metric(self.tp.metrics(), "k3_num_requests_running", model_name="m") != 0:
             self.assertLess(time.time(), deadline, "the cancelled request still runs")
             time.sleep(0.05)
         self.assertEqual(self.tp.complete(PROMPTS[1])["choices"][0]["text"],
@@ -256,7 +256,7 @@ class TpUnderPreemption(unittest.TestCase):
             for t in ts:
                 t.join()
             self.assertEqual(errors, [])
-            self.assertGreater(e2e.metric(tp.metrics(), "k3_num_preemptions_total"), 0, tp.logs())
+            self.assertGreater(e2e.metric(tp.metrics(), "k3_num_preemptions_total", model_name="m"), 0, tp.logs())
             self.assertEqual(got, want)
         finally:
             self.assertEqual(tp.stop(), 0, tp.logs())

@@ -169,7 +169,7 @@ TEST(LlamaKlBase, PerplexityCliWritesAndComparesLlamaBases) {
   EXPECT_NE(out.find("llama-perplexity's rule"), std::string::npos) << out;
   const double kld = std::stod(out.substr(out.find("kld_mean ") + 9));
   EXPECT_LT(kld, 1e-6) << out;
-  EXPECT_GE(kld, 0.0) << out;
+  EXPECT_GT(kld, -1e-6) << out;  // >= 0 in exact arithmetic; per-token sums of near-equal logs round either way
   EXPECT_NE(out.find("same_top1 1.0000"), std::string::npos) << out;
   const double ratio = std::stod(out.substr(out.find("ppl_ratio ") + 10));
   EXPECT_NEAR(ratio, 1.0, 1e-4) << out;

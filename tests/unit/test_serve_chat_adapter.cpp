@@ -246,11 +246,16 @@ TEST(ServeChatAdapter, ToolChoice) {
   EXPECT_FALSE(a.message.contains("tool_calls"));
   EXPECT_EQ(a.finish, "stop");
   EXPECT_EQ(a.message["content"], "Checking");
-  // required / named: accepted (not enforced by constrained decoding) when tools are declared
-  EXPECT_NO_THROW(k3::serve::parse_generation_request(Endpoint::Chat, body({{"tools", tools()}, {"tool_choice", "required"}}), ctx()));
-  EXPECT_NO_THROW(k3::serve::parse_generation_request(
-      Endpoint::Chat, body({{"tools", tools()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}),
-      ctx()));
+  // required / named are enforced by the grammar engine (test_structured_output.cpp: the answer is the call
+  // alone); a server without one answers 400 rather than ignoring them.
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    try {
+      k3::serve::parse_generation_request(Endpoint::Chat, body({{"tools", tools()}, {"tool_choice", choice}}), ctx());
+      ADD_FAILURE() << "tool_choice " << choice.dump() << " accepted without a grammar engine";
+    } catch (const k3::serve::ApiError& e) {
+      EXPECT_NE(std::string(e.what()).find("structured outputs are not available"), std::string::npos) << e.what();
+    }
+  }
   auto err = [](const json& b) {
     try {
       k3::serve::parse_generation_request(Endpoint::Chat, b, ctx());

@@ -160,6 +160,33 @@ __device__ __forceinline__ void iq4_xs(const uint8_t* b, int g, const IqTables& 
   for (int j = 0; j < 8; ++j) w[j] = mul(dl, static_cast<float>(__ldg(T.iq4nl + ((byte_of(q, j) >> shift) & 0xF))));
 }
 
+// The 32-element formats (quant::decode_q4_5): group g < 4; the low nibble of qs[j] is element j, the high
+// one element j + 16, so groups 0-1 read the low nibbles of qs[8g ..], groups 2-3 the high ones of
+// qs[8(g - 2) ..]. `kMin`: Q4_1 / Q5_1 (x = q d + m; q d is exact, so only the addition rounds, as on the
+// CPU); else x = (q - offset) d. `hoff`: the byte offset of Q5's fifth-bit word (0: none).
+template <int kQs, int kHbits, int kOffset, bool kMin>
+__device__ __forceinline__ void q4_5(const uint8_t* b, int g, float* w) {
+  const float d = f16_at(b);
+  const int j0 = 8 * (g & 1), shift = g >= 2 ? 4 : 0;
+  const uint64_t q = bytes8(b + kQs + j0);
+  const uint32_t hb = kHbits ? (static_cast<uint32_t>(u16_at(b + kHbits)) | (static_cast<uint32_t>(u16_at(b + kHbits + 2)) << 16)) : 0u;
+  const int e0 = 8 * g;  // the first element of the group, for its fifth bits
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int v = static_cast<int>(((byte_of(q, j) >> shift) & 0xF) | (((hb >> (e0 + j)) & 1u) << 4)) - kOffset;
+    w[j] = mul(static_cast<float>(v), d);
+    if (kMin) w[j] = __fadd_rn(w[j], f16_at(b + 2));
+  }
+}
+
+__device__ __forceinline__ void iq4_nl(const uint8_t* b, int g, const IqTables& T, float* w) {
+  const float d = f16_at(b);
+  const uint64_t q = bytes8(b + 2 + 8 * (g & 1));
+  const int shift = g >= 2 ? 4 : 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) w[j] = mul(d, static_cast<float>(__ldg(T.iq4nl + ((byte_of(q, j) >> shift) & 0xF))));
+}
+
 // The codebook i-quants: group g = sub-block ib = g / 4, group l = g % 4 within it.
 __device__ __forceinline__ void iq2_xxs(const uint8_t* b, int g, const IqTables& T, float* w) {
   const float d = f16_at(b);
@@ -261,6 +288,11 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int g, const IqTables&
   else if constexpr (F == WeightFormat::IQ2_S) iq2_s(b, g, T, w);
   else if constexpr (F == WeightFormat::IQ1_S) iq1_s(b, g, T, w);
   else if constexpr (F == WeightFormat::IQ1_M) iq1_m(b, g, T, w);
+  else if constexpr (F == WeightFormat::Q4_0) q4_5<2, 0, 8, false>(b, g, w);
+  else if constexpr (F == WeightFormat::Q4_1) q4_5<4, 0, 0, true>(b, g, w);
+  else if constexpr (F == WeightFormat::Q5_0) q4_5<6, 2, 16, false>(b, g, w);
+  else if constexpr (F == WeightFormat::Q5_1) q4_5<8, 4, 0, true>(b, g, w);
+  else if constexpr (F == WeightFormat::IQ4_NL) iq4_nl(b, g, T, w);
 }
 
 }  // namespace k3::cuda::qdev
@@ -287,6 +319,11 @@ cudaError_t with_gguf_format(WeightFormat f, Fn&& fn) {
     case WF::IQ2_S: return fn(std::integral_constant<WF, WF::IQ2_S>{});
     case WF::IQ1_S: return fn(std::integral_constant<WF, WF::IQ1_S>{});
     case WF::IQ1_M: return fn(std::integral_constant<WF, WF::IQ1_M>{});
+    case WF::Q4_0: return fn(std::integral_constant<WF, WF::Q4_0>{});
+    case WF::Q4_1: return fn(std::integral_constant<WF, WF::Q4_1>{});
+    case WF::Q5_0: return fn(std::integral_constant<WF, WF::Q5_0>{});
+    case WF::Q5_1: return fn(std::integral_constant<WF, WF::Q5_1>{});
+    case WF::IQ4_NL: return fn(std::integral_constant<WF, WF::IQ4_NL>{});
     default: return cudaErrorInvalidValue;
   }
 }
