@@ -9,6 +9,7 @@
 
 #include "k3/bench/stats.h"
 #include "k3/core/error.h"
+#include "k3/core/thread_pool.h"
 #include "k3/grammar/token_matcher.h"
 #include "k3/plan/plan.h"
 #include "k3/sampling/token_sampling.h"
@@ -67,22 +68,28 @@ struct HostSampler {
   std::vector<uint32_t> mask;
 };
 
+// Every sequence's mask of its next token, in parallel on the CPU pool (as BatchEngine does); the wall
+// time is added to `mask_seconds`.
+void fill_masks(std::vector<HostSampler>& hs, const OfflineSampling& s, double& mask_seconds) {
+  if (!s.grammar) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  k3::parallel_for(static_cast<int64_t>(hs.size()), hs.size() > 1, [&](int64_t b) {
+    HostSampler& h = hs[static_cast<size_t>(b)];
+    if (!h.matcher || h.matcher->terminated()) {
+      h.matcher = s.grammar->new_matcher();
+      h.mask.assign(static_cast<size_t>(s.grammar->mask_words()), 0);
+    }
+    h.matcher->fill_allowed(h.mask);
+  });
+  mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Samples row b of `logits` ([batch][V]) under its matcher's mask; the token is the sequence's next input.
-int32_t sample_host(HostSampler& hs, const OfflineSampling& s, std::span<float> row, std::mt19937_64& rng,
-                    double& mask_seconds) {
+int32_t sample_host(HostSampler& hs, const OfflineSampling& s, std::span<float> row, std::mt19937_64& rng) {
   sampling::RowSampling r;
   r.temperature = 1.0f;
   r.u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-  if (s.grammar) {
-    if (!hs.matcher || hs.matcher->terminated()) {
-      hs.matcher = s.grammar->new_matcher();
-      hs.mask.assign(static_cast<size_t>(s.grammar->mask_words()), 0);
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    hs.matcher->fill_allowed(hs.mask);
-    mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.allowed = hs.mask;
-  }
+  if (s.grammar) r.allowed = hs.mask;  // filled by fill_masks
   const sampling::SampleResult res = sampling::sample_row(row, r);
   if (res.status != sampling::SampleStatus::Ok) throw Error("bench offline: sampling failed: " + sampling::describe(res));
   if (hs.matcher && !hs.matcher->accept(res.token)) throw Error("bench offline: the grammar refused its own mask's token");
@@ -144,10 +151,11 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
         for (int64_t b = 0; b < t.batch; ++b)
           items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), st[b].get(), true};
         m.forward_batch(items, logits, fo);
-        if (sampling && i + 1 < t.n)
+        if (sampling && i + 1 < t.n) {
+          fill_masks(hs, *sampling, rep >= 0 ? r.mask_seconds : warm_mask_s);
           for (int64_t b = 0; b < t.batch; ++b)
-            inputs[b][i + 1] = sample_host(hs[b], *sampling, std::span<float>(logits.data() + b * V, V), draw,
-                                           rep >= 0 ? r.mask_seconds : warm_mask_s);
+            inputs[b][i + 1] = sample_host(hs[b], *sampling, std::span<float>(logits.data() + b * V, V), draw);
+        }
       }
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

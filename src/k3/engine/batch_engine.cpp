@@ -3,6 +3,7 @@
 #include <random>
 
 #include "k3/core/error.h"
+#include "k3/core/thread_pool.h"
 
 namespace k3::engine {
 
@@ -224,6 +225,14 @@ void BatchEngine::step() {
     }
     items.push_back(item);
   }
+  // The grammar masks of the constrained sequences first, in parallel on the CPU pool (idle between
+  // forward passes; 64 JSON-object masks over k3-tiny's vocabulary took 0.9 ms on one core per step on the
+  // H200 host). vLLM fills its xgrammar bitmasks on a thread pool the same way.
+  std::vector<Sequence*> constrained;
+  for (const ScheduledSeq& p : plan)
+    if (p.sample && p.seq->constrained()) constrained.push_back(p.seq);
+  k3::parallel_for(static_cast<int64_t>(constrained.size()), constrained.size() > 1,
+                   [&](int64_t i) { constrained[static_cast<size_t>(i)]->prepare_mask(); });
   // How each sampled row picks its token; the runner samples (on the GPU: only ids come back).
   std::vector<RowSample> samples;
   for (const ScheduledSeq& p : plan)

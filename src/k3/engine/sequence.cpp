@@ -30,8 +30,8 @@ Sequence::Sequence(Request req, OutputCallback cb, const text::Tokenizer& tok, c
   arrival = std::chrono::steady_clock::now();
 }
 
-void Sequence::constrain(sampling::RowSampling& row) {
-  if (!matcher_) return;
+void Sequence::prepare_mask() {
+  if (!matcher_ || mask_ready_) return;
   try {
     matcher_->fill_allowed(allowed_);
   } catch (const std::exception&) {
@@ -39,6 +39,13 @@ void Sequence::constrain(sampling::RowSampling& row) {
     // (the engine thread must not see an exception here).
     std::fill(allowed_.begin(), allowed_.end(), 0u);
   }
+  mask_ready_ = true;
+}
+
+void Sequence::constrain(sampling::RowSampling& row) {
+  if (!matcher_) return;
+  prepare_mask();
+  mask_ready_ = false;  // used for this step: the next token moves the matcher on
   row.allowed = allowed_;
 }
 

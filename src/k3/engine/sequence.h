@@ -50,6 +50,10 @@ class Sequence {
   std::vector<int32_t>& drafts() { return drafts_; }
   // Sampled under a grammar's mask: never given drafts (BatchEngine::propose_drafts).
   bool constrained() const { return matcher_ != nullptr; }
+  // Fills the grammar's mask of the next token (when constrained and not yet filled since the last
+  // token): BatchEngine calls it for a step's constrained sequences in parallel (distinct matchers share
+  // only their compiled grammar, which xgrammar reads without locks) before next_samples() uses it.
+  void prepare_mask();
   int64_t draft_room() const;
   bool decoding() const { return cache_->n_past() >= n_prompt_; }
   // The verification rows of this step: one after the last pending token, then one after each draft
@@ -76,7 +80,7 @@ class Sequence {
   RequestOutput base() const;
   void emit_text(RequestOutput& o, const std::string& text);
   void flush_text(RequestOutput& o);
-  // The grammar's mask of the next token into `row` (when constrained).
+  // The grammar's mask of the next token into `row` (when constrained), filled here unless prepared.
   void constrain(sampling::RowSampling& row);
 
   Request req_;
@@ -92,6 +96,7 @@ class Sequence {
   std::vector<RowSample> rows_;
   std::unique_ptr<grammar::TokenMatcher> matcher_;  // null: unconstrained
   std::vector<uint32_t> allowed_;                   // its mask of the next token
+  bool mask_ready_ = false;                          // allowed_ is filled for the matcher's current state
 
   StopMatcher stops_;
   text::StreamDecoder detok_;
