@@ -99,7 +99,7 @@ int run_convert(const ConvertOpts& o) {
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
-               "wrote %s: %lld tensors (%lld quantised, %lld with imatrix weights, %lld of them Q8_0 for widths not whole "
+               "wrote %s: %lld tensors (%lld quantised, %lld with imatrix weights, %lld of them a 32-element type (llama-quantize's fallback) for widths not whole "
                "256-blocks), %.2f GB in %.1f s (%lld HF tensors not part of the text model skipped)\n",
                o.out.c_str(), (long long)st.tensors, (long long)st.quantised, (long long)st.with_importance,
                (long long)st.fallbacks, double(w.tensor_bytes()) / 1e9, s, (long long)st.hf_skipped);

@@ -165,7 +165,8 @@ TEST(QuantRms, GaussianRowsWithinBounds) {
   }
   for (const Bound& b : {Bound{WeightFormat::Q8_0, 0.006}, Bound{WeightFormat::Q6_K, 0.02}, Bound{WeightFormat::Q5_K, 0.043},
                          Bound{WeightFormat::Q4_K, 0.085}, Bound{WeightFormat::IQ4_XS, 0.089}, Bound{WeightFormat::Q3_K, 0.172},
-                         Bound{WeightFormat::Q2_K, 0.325}}) {
+                         Bound{WeightFormat::Q2_K, 0.325}, Bound{WeightFormat::Q5_1, 0.040}, Bound{WeightFormat::Q5_0, 0.048},
+                         Bound{WeightFormat::Q4_1, 0.084}, Bound{WeightFormat::Q4_0, 0.097}, Bound{WeightFormat::IQ4_NL, 0.088}}) {
     std::vector<uint8_t> q(static_cast<size_t>(rows * k3::row_data_bytes(b.f, cols)));
     std::vector<float> y(x.size());
     for (int64_t r = 0; r < rows; ++r) {

@@ -21,6 +21,18 @@ namespace k3 {
 
 namespace {
 
+// The 32-element type llama-quantize falls back to for a width that is not whole 256-element blocks.
+WeightFormat fallback_format(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q4_K: return WeightFormat::Q5_0;
+    case WeightFormat::Q5_K: return WeightFormat::Q5_1;
+    case WeightFormat::Q2_K:
+    case WeightFormat::Q3_K:
+    case WeightFormat::IQ4_XS: return WeightFormat::IQ4_NL;
+    default: return WeightFormat::Q8_0;  // Q6_K and anything wider
+  }
+}
+
 constexpr uint32_t kF32 = 0, kF16 = 1, kBf16 = 30, kMxfp4 = 39;
 
 uint32_t ggml_type_of(DType t) {
@@ -260,10 +272,12 @@ class TensorExport {
   }
   // A [rows][cols] float matrix quantised row by row as it is written (memory: one row).
   void quantised(const std::string& g, const TensorInfo& t, const std::vector<int64_t>& ne, WeightFormat f) {
-    // As llama-quantize does: a width that is not whole 256-element blocks falls back to a 32-element type.
+    // As llama-quantize does: a width that is not whole 256-element blocks falls back to a 32-element type
+    // of about the same size (llama.cpp's table: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, the 2-3-bit and
+    // IQ4 types -> IQ4_NL), so a preset means the same size class in both tools.
     if (t.shape.size() == 2 && t.shape[1] % weight_layout(f).block_elems != 0 && t.shape[1] % 32 == 0) {
       ++fallbacks_;
-      f = WeightFormat::Q8_0;
+      f = fallback_format(f);
     }
     const int64_t be = weight_layout(f).block_elems;
     const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 0, cols = t.shape.size() == 2 ? t.shape[1] : 0;

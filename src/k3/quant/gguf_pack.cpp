@@ -219,6 +219,53 @@ void pack_iq4_xs(const float* x, const float* w, uint8_t* out) {
   out[3] = static_cast<uint8_t>(scales_h >> 8);
 }
 
+// The 32-element formats: one f16 scale (and Q4_1 / Q5_1 an f16 offset) per 32 values, the low nibble of
+// qs[j] element j, the high one element j + 16, Q5's fifth bits in a 32-bit word (block_decode.h).
+void put_nibbles(const int* q, uint8_t* qs, uint8_t* qh) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4));
+    h |= static_cast<uint32_t>((q[j] >> 4) & 1) << j;
+    h |= static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  if (qh)
+    for (int k = 0; k < 4; ++k) qh[k] = static_cast<uint8_t>(h >> (8 * k));
+}
+
+// Q4_0 / Q5_0: x = d (q - 2^(bits-1)), q in [0, 2^bits).
+template <int kBits>
+void pack_q45_0(const float* x, const float* w, uint8_t* out) {
+  constexpr int half = 1 << (kBits - 1);
+  int q[32];
+  const float d = put_f16(out, fit_scale(x, w, 32, -half, half - 1, q));
+  for (int i = 0; i < 32; ++i) q[i] = (d != 0 ? round_clamp(x[i] / d, -half, half - 1) : 0) + half;
+  put_nibbles(q, out + (kBits == 5 ? 6 : 2), kBits == 5 ? out + 2 : nullptr);
+}
+
+// Q4_1 / Q5_1: x = d q + m, q in [0, 2^bits). fit_scale_min fits x ~ d q - m' with m' >= 0; a group whose
+// values are all positive is shifted down to its minimum first, so its offset may be positive.
+template <int kBits>
+void pack_q45_1(const float* x, const float* w, uint8_t* out) {
+  constexpr int qmax = (1 << kBits) - 1;
+  const float shift = std::max(0.0f, *std::min_element(x, x + 32));
+  float xs[32], mfit = 0;
+  for (int i = 0; i < 32; ++i) xs[i] = x[i] - shift;
+  int q[32];
+  const float d = put_f16(out, fit_scale_min(xs, w, 32, qmax, q, &mfit));
+  const float m = put_f16(out + 2, shift - mfit);
+  for (int i = 0; i < 32; ++i) q[i] = d > 0 ? round_clamp((x[i] - m) / d, 0, qmax) : 0;
+  put_nibbles(q, out + (kBits == 5 ? 8 : 4), kBits == 5 ? out + 4 : nullptr);
+}
+
+// IQ4_NL: x = d L[q] over IQ4_NL's 16 levels.
+void pack_iq4_nl(const float* x, const float* w, uint8_t* out) {
+  int q[32];
+  const float d = put_f16(out, fit_iq4(x, w, 32, q));
+  const NearestLevel nearest(kIq4nlValues, 16);
+  for (int i = 0; i < 32; ++i) q[i] = d != 0 ? nearest(x[i] / d) : 0;
+  put_nibbles(q, out + 2, nullptr);
+}
+
 }  // namespace
 
 PackBlock block_packer(WeightFormat f) {
@@ -230,6 +277,11 @@ PackBlock block_packer(WeightFormat f) {
     case WeightFormat::Q3_K: return pack_q3_k;
     case WeightFormat::Q2_K: return pack_q2_k;
     case WeightFormat::IQ4_XS: return pack_iq4_xs;
+    case WeightFormat::Q4_0: return pack_q45_0<4>;
+    case WeightFormat::Q5_0: return pack_q45_0<5>;
+    case WeightFormat::Q4_1: return pack_q45_1<4>;
+    case WeightFormat::Q5_1: return pack_q45_1<5>;
+    case WeightFormat::IQ4_NL: return pack_iq4_nl;
     default: return nullptr;
   }
 }
