@@ -93,7 +93,11 @@ TEST(CudaQuantUpload, GgufBlockMatricesGoUpAsTheirBytes) {
     k3::ModelWeights wm = base;
     for (k3::LayerWeights& L : wm.layers)
       if (L.is_moe && !L.moe.experts.empty()) {
-        for (k3::GluMlp& e : L.moe.experts) e.gate = quantised(e.gate, f, 0), e.up = quantised(e.up, f, 0);
+        for (k3::GluMlp& e : L.moe.experts) {
+          e.gate = quantised(e.gate, f, 0), e.up = quantised(e.up, f, 0);
+          e.gate.rows = e.up.rows = 256;  // whole blocks, as above: the format check is what must fail
+          e.down.device = 0;              // placed on the GPU too (an expert on the host keeps the layer there)
+        }
         break;
       }
     k3::cuda::DeviceWeights dm;
