@@ -114,7 +114,10 @@ int run_plan(const PlanOpts& o) {
   in.batch = o.batch;
   if (o.price >= 0) in.price_per_gpu_hour = o.price;
   if (!o.measured.empty()) {
-    in.measured_tokens_per_s = k3::plan::read_measured_throughput(read_text(o.measured), o.measured);
+    const k3::plan::Measured m = k3::plan::read_measured(read_text(o.measured), o.measured);
+    in.measured_tokens_per_s = m.tokens_per_s;
+    in.allreduce_latency_us = m.allreduce_latency_us;
+    in.allreduce_busbw_gb_s = m.allreduce_busbw_gb_s;
     in.measured_source = o.measured;
   }
   const auto plan = k3::plan::make_plan(in);
@@ -142,7 +145,9 @@ void add_plan(CLI::App& app, Registry& reg) {
       ->capture_default_str();
   cmd->add_option("--price-per-gpu-hour", o->price, "USD per device-hour (default: the hardware table's illustrative rate)")->check(finite_number())
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--measured", o->measured, "a `k3 bench` result JSON: its aggregate output tok/s sets the cost");
+  cmd->add_option("--measured", o->measured,
+                  "a measured result JSON: its aggregate output tok/s (a `k3 bench` result) sets the cost; "
+                  "allreduce_latency_us / allreduce_busbw_gb_s replace the assumed TP all-reduce costs");
   auto* batch = cmd->add_option("--batch", o->batch, "concurrent sequences for the aggregate decode bound (default: the most that fit)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--mem-util", o->mem_util, "fraction of device memory the engine may use")->check(finite_number())->check(CLI::Range(0.01, 1.0));

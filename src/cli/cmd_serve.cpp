@@ -122,6 +122,27 @@ class ModelFailureWatch {
   bool done_ = false;
   std::thread thread_;
 };
+// What the API layer needs of the model and the flags (openai_api.h).
+k3::serve::ApiContext api_context(const Opts& o, const std::string& dir, const k3::text::Tokenizer& tok, const k3::ModelConfig& cfg,
+                                  const k3::serve::ChatAdapter& chat, int32_t bos, int64_t max_model_len,
+                                  const k3::grammar::GrammarEngine* grammar) {
+  k3::serve::ApiContext ctx;
+  ctx.model_name = !o.served_name.empty() ? o.served_name : std::filesystem::path(dir).lexically_normal().filename().string();
+  if (ctx.model_name.empty()) ctx.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  ctx.model_root = std::filesystem::absolute(dir).lexically_normal().string();
+  ctx.tok = &tok;
+  ctx.chat = &chat;
+  ctx.bos = bos;
+  ctx.max_model_len = max_model_len;
+  ctx.vocab_size = cfg.vocab_size;
+  ctx.max_response_bytes = o.max_response_bytes;
+  ctx.prompt_tokens_details = o.prompt_tokens_details;
+  ctx.allow_unknown_fields = o.allow_unknown_fields;
+  ctx.grammar = grammar;
+  if (cfg.eos_token_id >= 0) ctx.eos_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
+  if (tok.eos_id() >= 0 && tok.eos_id() != cfg.eos_token_id) ctx.eos_ids.push_back(tok.eos_id());
+  return ctx;
+}
 }  // namespace
 
 void add_serve(CLI::App& app, Registry& reg) {
@@ -235,27 +256,11 @@ void add_serve(CLI::App& app, Registry& reg) {
       co.bos = bos;  // k3-tiny was trained on [BOS] + XTML documents
       if (cfg.eos_token_id >= 0) co.extra_stop.push_back(static_cast<int32_t>(cfg.eos_token_id));
       auto chat = k3::serve::make_model_chat_adapter(cfg.model_type, tok, co);
-      k3::serve::ApiContext ctx;
-      ctx.model_name = !o->served_name.empty()
-                           ? o->served_name
-                           : std::filesystem::path(dir).lexically_normal().filename().string();
-      if (ctx.model_name.empty()) ctx.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-      ctx.model_root = std::filesystem::absolute(dir).lexically_normal().string();
-      ctx.tok = &tok;
-      ctx.chat = chat.get();
-      ctx.bos = bos;
-      ctx.max_model_len = max_model_len;
-      ctx.vocab_size = cfg.vocab_size;
-      ctx.max_response_bytes = o->max_response_bytes;
-      ctx.prompt_tokens_details = o->prompt_tokens_details;
-      ctx.allow_unknown_fields = o->allow_unknown_fields;
       // Structured outputs: the grammar engine over the model's vocabulary (K3_GRAMMAR builds).
       std::unique_ptr<k3::grammar::GrammarEngine> grammar;
       if (k3::grammar::GrammarEngine::available())
         grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, cfg.vocab_size);
-      ctx.grammar = grammar.get();
-      if (cfg.eos_token_id >= 0) ctx.eos_ids.push_back(static_cast<int32_t>(cfg.eos_token_id));
-      if (tok.eos_id() >= 0 && tok.eos_id() != cfg.eos_token_id) ctx.eos_ids.push_back(tok.eos_id());
+      const k3::serve::ApiContext ctx = api_context(*o, dir, tok, cfg, *chat, bos, max_model_len, grammar.get());
       if (o->so.api_keys.empty())
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 

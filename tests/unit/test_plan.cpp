@@ -13,6 +13,7 @@
 #include "k3/cache/hybrid_cache.h"
 #include "k3/core/weight.h"
 #include "k3/model/placement.h"
+#include "k3/plan/collectives.h"
 #include "k3/plan/offload_plan.h"
 #include "k3/plan/plan.h"
 
@@ -259,6 +260,53 @@ TEST(Plan, CostFormula) {
   // $6 x 8 = $48/hour; 2500 tok/s = 9e6 tokens/hour -> 48 / 9 = $5.333 per million.
   EXPECT_NEAR(*p.usd_per_million_output_tokens, 48.0 / 9.0, 1e-12);
   EXPECT_THROW(read_measured_throughput(R"({"x": 1})", "b.json"), k3::Error);
+}
+
+// TP's all-reduces (docs/multi-gpu.md's table): K3 279 per step, 4 x (7168 x 187 + 3584 x 92) bytes per token;
+// Kimi-Linear-48B 55, 4 x 2304 x 55. They lower both decode bounds by exactly the model's seconds, only at
+// TP > 1, and measured costs replace the assumed ones.
+TEST(Plan, TpAllReducesInTheDecodeBounds) {
+  const TpCollectives k3c = tp_collectives(load_preset("kimi-k3"));
+  EXPECT_EQ(k3c.allreduces, 279);
+  EXPECT_DOUBLE_EQ(k3c.bytes_per_token, 4.0 * (7168.0 * 187 + 3584.0 * 92));
+  const TpCollectives kl = tp_collectives(load_preset("kimi-linear-48b"));
+  EXPECT_EQ(kl.allreduces, 55);
+  EXPECT_DOUBLE_EQ(kl.bytes_per_token, 4.0 * 2304 * 55);
+
+  PlanInput in;
+  in.config = load_preset("kimi-k3");
+  in.hw = find_hardware(builtin_hardware(), "h200");
+  in.count = 16;
+  in.batch = 64;
+  const Plan p = make_plan(in);
+  ASSERT_EQ(p.tp, 16);
+  EXPECT_EQ(p.allreduces_per_step, 279);
+  const double bw = in.hw.hbm_tb_s * 1e12;
+  const double coll_b1 = 279 * 8e-6 + 2.0 * 15 / 16 * k3c.bytes_per_token / (0.4 * *in.hw.nvlink_gb_s * 1e9);
+  EXPECT_NEAR(p.collectives_s_b1, coll_b1, 1e-12);
+  EXPECT_NEAR(1.0 / p.decode_tok_s_user_b1, p.decode_bytes_per_token_b1 / bw + coll_b1, 1e-12);
+  EXPECT_GT(p.collectives_s_batch, p.collectives_s_b1);  // the payload grows with the batch, the latency does not
+
+  // Measured costs (an nccl-tests figure, say) replace the assumed ones.
+  const Measured m = read_measured(R"({"nccl": {"allreduce_latency_us": 20, "allreduce_busbw_gb_s": 100}})", "coll.json");
+  EXPECT_FALSE(m.tokens_per_s);
+  in.allreduce_latency_us = m.allreduce_latency_us;
+  in.allreduce_busbw_gb_s = m.allreduce_busbw_gb_s;
+  in.measured_source = "coll.json";
+  const Plan q = make_plan(in);
+  EXPECT_NEAR(q.collectives_s_b1, 279 * 20e-6 + 2.0 * 15 / 16 * k3c.bytes_per_token / 100e9, 1e-12);
+  EXPECT_NE(q.collectives_origin.find("measured (coll.json)"), std::string::npos);
+  EXPECT_LT(q.decode_tok_s_user_b1, p.decode_tok_s_user_b1);
+  EXPECT_THROW(read_measured(R"({"allreduce_latency_us": -1})", "c.json"), k3::Error);
+  EXPECT_THROW(read_measured(R"({"x": 1})", "c.json"), k3::Error);
+
+  // One GPU (TP1): no all-reduces, the plain bandwidth bound.
+  in.count = 1;
+  in.config = load_preset("kimi-linear-48b");
+  const Plan one = make_plan(in);
+  EXPECT_EQ(one.allreduces_per_step, 0);
+  EXPECT_EQ(one.collectives_s_b1, 0);
+  EXPECT_NEAR(one.decode_tok_s_user_b1, bw / one.decode_bytes_per_token_b1, 1e-9);
 }
 
 TEST(Plan, LayoutChoices) {

@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 
+#include "k3/core/error.h"
+
 namespace k3::dist {
 
 class Communicator {
@@ -60,5 +62,11 @@ struct RendezvousOptions;
 // TCP rendezvous and OpenMPI's ompi-server, the group is ordered by node rank. Throws k3::Error (a bad
 // rendezvous: within its timeout).
 std::unique_ptr<Communicator> join_mpi_nodes(const RendezvousOptions& o);
+
+// The communicator a sharded step runs through; `who` names the backend in the error when there is none.
+inline Communicator& need_communicator(Communicator* c, const char* who) {
+  if (c == nullptr) throw Error(std::string("a sharded step on ") + who + " without a communicator");
+  return *c;
+}
 
 }  // namespace k3::dist

@@ -1,5 +1,7 @@
 #include "k3/plan/plan.h"
 
+#include "k3/plan/collectives.h"
+
 #include "k3/runtime/cache_spec.h"
 
 #include <algorithm>
@@ -164,14 +166,17 @@ double usd_per_million_tokens(double price_per_gpu_hour, int gpus, double tokens
   return price_per_gpu_hour * gpus / (tokens_per_s * 3600.0) * 1e6;
 }
 
-double read_measured_throughput(const std::string& text, const std::string& source) {
-  json j;
+namespace {
+json parse_measured(const std::string& text, const std::string& source) {
   try {
-    j = json::parse(text);
+    return json::parse(text);
   } catch (const std::exception& e) {
     throw Error(source + ": not valid JSON: " + e.what());
   }
-  static const char* keys[] = {"output_tokens_per_s", "output_tok_s", "output_throughput", "decode_tokens_per_s", "tokens_per_s"};
+}
+
+// The first number under one of `keys` (in that order) at any depth; it must be positive.
+std::optional<double> find_positive(const json& j, std::initializer_list<const char*> keys, const std::string& source) {
   for (const char* key : keys) {
     std::optional<double> found;
     std::function<void(const json&)> walk = [&](const json& n) {
@@ -188,12 +193,35 @@ double read_measured_throughput(const std::string& text, const std::string& sour
     };
     walk(j);
     if (found) {
-      if (!(*found > 0)) throw Error(source + ": '" + key + "' must be positive");
-      return *found;
+      if (!(*found > 0) || !std::isfinite(*found)) throw Error(source + ": '" + key + "' must be a positive number");
+      return found;
     }
   }
+  return std::nullopt;
+}
+
+std::optional<double> find_throughput(const json& j, const std::string& source) {
+  return find_positive(j, {"output_tokens_per_s", "output_tok_s", "output_throughput", "decode_tokens_per_s", "tokens_per_s"},
+                       source);
+}
+}  // namespace
+
+double read_measured_throughput(const std::string& text, const std::string& source) {
+  if (const auto t = find_throughput(parse_measured(text, source), source)) return *t;
   throw Error(source + ": no throughput found (expected a number under output_tokens_per_s, output_tok_s, "
               "output_throughput, decode_tokens_per_s or tokens_per_s)");
+}
+
+Measured read_measured(const std::string& text, const std::string& source) {
+  const json j = parse_measured(text, source);
+  Measured m;
+  m.tokens_per_s = find_throughput(j, source);
+  m.allreduce_latency_us = find_positive(j, {"allreduce_latency_us"}, source);
+  m.allreduce_busbw_gb_s = find_positive(j, {"allreduce_busbw_gb_s"}, source);
+  if (!m.tokens_per_s && !m.allreduce_latency_us && !m.allreduce_busbw_gb_s)
+    throw Error(source + ": nothing measured found (expected a throughput under output_tokens_per_s, output_tok_s, "
+                "output_throughput, decode_tokens_per_s or tokens_per_s, or allreduce_latency_us / allreduce_busbw_gb_s)");
+  return m;
 }
 
 double expected_distinct_experts(double E, double K, double tokens) {
@@ -328,7 +356,24 @@ Plan make_plan(const PlanInput& in) {
   const double non_expert_read = one.non_routed / p.tp;
   const double cache_read_per_seq = one.mla_rows + one.kda_state / p.tp;
   p.decode_bytes_per_token_b1 = non_expert_read + one.routed / p.ep + cache_read_per_seq;
-  p.decode_tok_s_user_b1 = bw / p.decode_bytes_per_token_b1;
+  // TP's all-reduces come on top (not overlapped with the weight reads: each waits for its layer's matmul).
+  const TpCollectives coll = tp_collectives(c);
+  CollectiveCosts costs = assumed_collective_costs(hw);
+  if (in.allreduce_latency_us || in.allreduce_busbw_gb_s) {
+    if (in.allreduce_latency_us) costs.latency_s = *in.allreduce_latency_us * 1e-6;
+    if (in.allreduce_busbw_gb_s) costs.busbw = *in.allreduce_busbw_gb_s * 1e9;
+    costs.origin = "measured (" + in.measured_source + ")" +
+                   (in.allreduce_latency_us && in.allreduce_busbw_gb_s ? "" : "; the other " + costs.origin);
+  }
+  if (p.tp > 1) {
+    p.allreduces_per_step = coll.allreduces;
+    p.allreduce_bytes_per_token = coll.bytes_per_token;
+    p.allreduce_latency_s = costs.latency_s;
+    p.allreduce_busbw = costs.busbw;
+    p.collectives_origin = costs.origin;
+    p.collectives_s_b1 = collectives_seconds(coll, costs, p.tp, 1);
+  }
+  p.decode_tok_s_user_b1 = 1.0 / (p.decode_bytes_per_token_b1 / bw + p.collectives_s_b1);
 
   p.batch = in.batch > 0 ? in.batch : p.max_seqs;
   if (p.batch > 0) {
@@ -340,7 +385,8 @@ Plan make_plan(const PlanInput& in) {
     const double bytes = non_expert_read + experts_read + seqs_per_replica * cache_read_per_seq;
     const double t_mem = bytes / bw;
     const double t_compute = B / in.count * (expert_flops_per_token / expert_rate + (other_flops_decode + attn_decode) / bf16_rate);
-    p.decode_step_s_batch = std::max(t_mem, t_compute);
+    if (p.tp > 1) p.collectives_s_batch = collectives_seconds(coll, costs, p.tp, seqs_per_replica);
+    p.decode_step_s_batch = std::max(t_mem, t_compute) + p.collectives_s_batch;
     p.decode_batch_compute_bound = t_compute > t_mem;
     p.decode_tok_s_user_batch = 1.0 / p.decode_step_s_batch;
     p.decode_tok_s_aggregate = B / p.decode_step_s_batch;
@@ -427,9 +473,16 @@ std::string format_table(const Plan& p) {
     row("max concurrent sequences", "0 (does not fit)");
   }
 
-  o += "\nSPEED (UPPER BOUNDS: roofline, no communication or kernel overheads)\n";
+  o += "\nSPEED (UPPER BOUNDS: roofline plus TP all-reduces, no kernel overheads)\n";
   row("decode bytes/token/GPU, batch 1", bytes_h(p.decode_bytes_per_token_b1));
-  row("decode per user, batch 1", fmt("<= %.1f tok/s (HBM %.2f TB/s)", p.decode_tok_s_user_b1, hw.hbm_tb_s));
+  if (p.allreduces_per_step > 0)
+    row(fmt("TP%d all-reduces per decode step", p.tp),
+        fmt("%lld, %s per token: %.2f ms at batch 1%s (%.0f us each, bus %.0f GB/s; %s)", (long long)p.allreduces_per_step,
+            bytes_h(p.allreduce_bytes_per_token).c_str(), p.collectives_s_b1 * 1e3,
+            p.batch > 0 ? fmt(", %.2f ms at batch %lld", p.collectives_s_batch * 1e3, (long long)p.batch).c_str() : "",
+            p.allreduce_latency_s * 1e6, p.allreduce_busbw / 1e9, p.collectives_origin.c_str()));
+  row("decode per user, batch 1", fmt("<= %.1f tok/s (HBM %.2f TB/s%s)", p.decode_tok_s_user_b1, hw.hbm_tb_s,
+                                      p.allreduces_per_step > 0 ? " + all-reduces" : ""));
   if (p.batch > 0) {
     row(fmt("decode at batch %lld", (long long)p.batch),
         fmt("<= %.1f tok/s per user, <= %.0f tok/s aggregate (%s bound)", p.decode_tok_s_user_batch, p.decode_tok_s_aggregate,
@@ -492,6 +545,13 @@ json to_json(const Plan& p) {
                              {"decode_at_batch_compute_bound", p.decode_batch_compute_bound},
                              {"prefill_flops_per_token", p.prefill_flops_per_token},
                              {"prefill_tok_s_aggregate", p.prefill_tok_s_aggregate}};
+  j["tp_collectives"] = {{"allreduces_per_decode_step", p.allreduces_per_step},
+                         {"allreduce_bytes_per_token", p.allreduce_bytes_per_token},
+                         {"allreduce_latency_us", p.allreduce_latency_s * 1e6},
+                         {"allreduce_busbw_gb_s", p.allreduce_busbw / 1e9},
+                         {"origin", p.collectives_origin},
+                         {"seconds_per_decode_step_batch1", p.collectives_s_b1},
+                         {"seconds_per_decode_step_at_batch", p.collectives_s_batch}};
   j["cost"] = {{"price_per_gpu_hour", opt(p.price_per_gpu_hour)}, {"price_origin", p.price_origin},
                {"throughput_tok_s", p.cost_throughput_tok_s}, {"throughput_origin", p.cost_throughput_origin},
                {"usd_per_million_output_tokens", opt(p.usd_per_million_output_tokens)}};

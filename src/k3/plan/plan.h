@@ -53,6 +53,9 @@ struct PlanInput {
   std::optional<double> price_per_gpu_hour;   // overrides the hardware table's illustrative price
   std::optional<double> measured_tokens_per_s;  // aggregate output tok/s from `k3 bench`
   std::string measured_source;
+  // TP all-reduce costs measured (--measured: allreduce_latency_us, allreduce_busbw_gb_s); unset: assumed
+  // from the device (plan/collectives.h).
+  std::optional<double> allreduce_latency_us, allreduce_busbw_gb_s;
 };
 
 struct WeightBreakdown {  // whole model, bytes as stored
@@ -91,6 +94,11 @@ struct Plan {
   double decode_step_s_batch = 0;       // one decode step at batch B (max of bandwidth and compute time)
   double decode_tok_s_user_batch = 0, decode_tok_s_aggregate = 0;
   bool decode_batch_compute_bound = false;
+  // TP's all-reduces per decode step (plan/collectives.h), added to both decode bounds when tp > 1.
+  int64_t allreduces_per_step = 0;
+  double allreduce_bytes_per_token = 0, allreduce_latency_s = 0, allreduce_busbw = 0;
+  std::string collectives_origin;
+  double collectives_s_b1 = 0, collectives_s_batch = 0;
   double prefill_flops_per_token = 0;   // at mean position context/2
   double prefill_tok_s_aggregate = 0;   // all GPUs, compute bound
   // cost
@@ -154,6 +162,13 @@ double usd_per_million_tokens(double price_per_gpu_hour, int gpus, double tokens
 // Reads an aggregate output throughput from a `k3 bench` result: the first of the keys
 // output_tokens_per_s, output_tok_s, output_throughput, decode_tokens_per_s, tokens_per_s found at any depth.
 double read_measured_throughput(const std::string& json_text, const std::string& source);
+// A measured result for `k3 plan --measured`: the throughput above and / or TP all-reduce costs
+// (allreduce_latency_us, allreduce_busbw_gb_s, at any depth). Throws k3::Error when it holds none of them
+// or a value is not a positive number.
+struct Measured {
+  std::optional<double> tokens_per_s, allreduce_latency_us, allreduce_busbw_gb_s;
+};
+Measured read_measured(const std::string& json_text, const std::string& source);
 
 std::string format_table(const Plan& p);
 nlohmann::json to_json(const Plan& p);

@@ -2,6 +2,7 @@
 
 #include "k3/core/error.h"
 #include "k3/serve/openai_api.h"
+#include "k3/text/chat_format.h"
 
 namespace k3::serve {
 
@@ -160,16 +161,6 @@ json tok(int32_t id) { return json{{"type", "token"}, {"token", id}}; }
 json lit(const std::string& s) { return json{{"type", "const_string"}, {"value", s}}; }
 json seq(json elements) { return json{{"type", "sequence"}, {"elements", std::move(elements)}}; }
 
-std::string escape_attr(const std::string& v) {
-  std::string r;
-  for (char c : v) {
-    if (c == '&') r += "&amp;";
-    else if (c == '"') r += "&quot;";
-    else r += c;
-  }
-  return r;
-}
-
 struct ToolRule {
   std::string name;
   json arguments;  // a structural-tag format
@@ -207,7 +198,7 @@ std::vector<ToolRule> tool_rules(const text::ChatRequest& req, bool parallel_cal
 json k3_tools(const text::ChatMarkers& m, const std::vector<ToolRule>& rules, bool parallel_calls) {
   json calls = json::array();
   for (const auto& r : rules)
-    calls.push_back(seq({tok(m.open), lit("call tool=\"" + escape_attr(r.name) + "\" index=\""),
+    calls.push_back(seq({tok(m.open), lit("call tool=\"" + text::escape_attr(r.name) + "\" index=\""),
                          json{{"type", "regex"}, {"pattern", "[1-9][0-9]{0,2}"}}, lit("\""), tok(m.sep), tok(m.open),
                          lit("json type=\"object\""), tok(m.sep), r.arguments, tok(m.close), lit("json"), tok(m.sep),
                          tok(m.close), lit("call"), tok(m.sep)}));

@@ -150,16 +150,6 @@ constexpr const char* kClose = "<|close|>";
 constexpr const char* kSep = "<|sep|>";
 constexpr const char* kEom = "<|end_of_msg|>";
 
-std::string escape_attr(const std::string& v) {
-  std::string r;
-  for (char c : v) {
-    if (c == '&') r += "&amp;";
-    else if (c == '"') r += "&quot;";
-    else r += c;
-  }
-  return r;
-}
-
 class K3Renderer {
  public:
   K3Renderer(const ChatMarkers& m, Emitter& e) : m_(m), e_(e) {}
@@ -474,6 +464,16 @@ std::vector<int32_t> ChatFormat::stop_token_ids() const {
 
 bool ChatFormat::generation_starts_in_reasoning(const ChatRequest& req) const {
   return kind_ == ChatFormatKind::K3Xtml && req.thinking(true);
+}
+
+std::string escape_attr(const std::string& v) {
+  std::string r;
+  for (char c : v) {
+    if (c == '&') r += "&amp;";
+    else if (c == '"') r += "&quot;";
+    else r += c;
+  }
+  return r;
 }
 
 }  // namespace k3::text

@@ -67,5 +67,8 @@ class ChatFormat {
 std::string py_json_dumps(const nlohmann::ordered_json& value);
 // The K3 template's json_sorted macro: compact, object keys sorted case-insensitively (stable).
 std::string json_sorted(const nlohmann::ordered_json& value);
+// An XTML attribute value as the K3 template writes it (`&` and `"` escaped): the renderer's tool names
+// and the structured-output grammar's tool-call prefix must agree byte for byte.
+std::string escape_attr(const std::string& v);
 
 }  // namespace k3::text

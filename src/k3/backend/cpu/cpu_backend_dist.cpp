@@ -13,13 +13,6 @@ namespace k3::cpu {
 
 using graph::Tensor;
 
-namespace {
-dist::Communicator& need(dist::Communicator* c) {
-  if (c == nullptr) throw Error("a sharded step on a CPU backend without a communicator");
-  return *c;
-}
-}  // namespace
-
 void CpuBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out) {
   for (int64_t t = 0; t < out.rows; ++t) {
     const int64_t row = plan_->tokens[static_cast<size_t>(t)] - first;
@@ -31,7 +24,7 @@ void CpuBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out
 }
 
 void CpuBackend::all_reduce_sum(Tensor x) {
-  dist::Communicator& comm = need(comm_);
+  dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   if (x.contiguous()) {
     comm.all_reduce_sum(x.f(), static_cast<size_t>(x.count()));
     return;
@@ -43,7 +36,7 @@ void CpuBackend::all_reduce_sum(Tensor x) {
 }
 
 void CpuBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
-  dist::Communicator& comm = need(comm_);
+  dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   const int64_t n = out.rows, P = comm.size();
   if (local.rows != n || local.cols > chunk || chunk * P < out.cols)
     throw Error("gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
@@ -78,7 +71,7 @@ void CpuBackend::moe_keep_experts(Tensor idx, const dist::ShardPlan& shard) {
 // Floats throughout so that one all_to_all_v moves it (the index travels bit-cast).
 void CpuBackend::moe_experts_all_to_all(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
                                         Tensor out, const dist::ShardPlan& shard) {
-  dist::Communicator& comm = need(comm_);
+  dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   const int P = comm.size(), me = comm.rank();
   const int64_t N = x.rows, K = idx.cols, X = x.cols, Y = out.cols, row = X + 2;
   const int64_t t0 = N * me / P, t1 = N * (me + 1) / P;  // this rank's tokens

@@ -16,13 +16,6 @@ namespace k3::cuda {
 
 using graph::Tensor;
 
-namespace {
-dist::Communicator& need(dist::Communicator* c) {
-  if (c == nullptr) throw Error("a sharded step on the CUDA backend without a communicator");
-  return *c;
-}
-}  // namespace
-
 void CudaBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out) {
   if (table.device == kHostDevice || table.format != WeightFormat::BF16)
     throw Error("CUDA backend: a vocab-parallel embedding needs a bf16 table on the GPU");
@@ -31,7 +24,7 @@ void CudaBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor ou
 }
 
 void CudaBackend::all_reduce_sum(Tensor x) {
-  dist::Communicator& comm = need(comm_);
+  dist::Communicator& comm = dist::need_communicator(comm_, "the CUDA backend");
   prof_.begin("all-reduce", stream_);
   if (x.contiguous()) {
     comm.all_reduce_sum(x.f(), static_cast<size_t>(x.count()));
@@ -51,7 +44,7 @@ void CudaBackend::all_reduce_sum(Tensor x) {
 // As the CPU backend's: every rank sends [n][chunk] (zero padding past its columns), rank 0 receives
 // [P][n][chunk] and places rank p's columns at p * chunk.
 void CudaBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
-  dist::Communicator& comm = need(comm_);
+  dist::Communicator& comm = dist::need_communicator(comm_, "the CUDA backend");
   const int64_t n = out.rows, P = comm.size();
   if (local.rows != n || local.cols > chunk || chunk * P < out.cols)
     throw Error("gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
