@@ -423,7 +423,9 @@ TEST(GgufQuantised, DenseMatricesLoadAsTheirBlocks) {
   std::printf("[ gguf ] k3-tiny with Q8_0 dense matrices: logits rel %.3g vs the HF dir\n", rel);
   EXPECT_GT(rel, 0.0);   // quantised: not the same model
   EXPECT_LT(rel, 0.2);   // measured 0.053 (KLD 7.7e-3 on prose, docs/quantization.md); a misread layout gives ~1
-  EXPECT_THROW(k3::parse_tensor_type_rule("attn=q4_0"), k3::Error);
+  EXPECT_THROW(k3::parse_tensor_type_rule("attn=iq2_xxs"), k3::Error);  // read, not written
+  EXPECT_THROW(k3::parse_tensor_type_rule("attn=q4_9"), k3::Error);
+  EXPECT_EQ(k3::parse_tensor_type_rule("attn=q5_0").format, k3::WeightFormat::Q5_0);
   EXPECT_THROW(k3::parse_tensor_type_rule("=q8_0"), k3::Error);
   k3::GgufWriter w2;
   EXPECT_THROW(k3::add_model_to_gguf(w2, c, ck, "x", {k3::parse_tensor_type_rule("no_such_tensor=q8_0")}), k3::Error);

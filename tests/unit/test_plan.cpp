@@ -299,6 +299,8 @@ TEST(Plan, TpAllReducesInTheDecodeBounds) {
   EXPECT_LT(q.decode_tok_s_user_b1, p.decode_tok_s_user_b1);
   EXPECT_THROW(read_measured(R"({"allreduce_latency_us": -1})", "c.json"), k3::Error);
   EXPECT_THROW(read_measured(R"({"x": 1})", "c.json"), k3::Error);
+  EXPECT_THROW(read_measured(R"({"allreduce_busbw_gb_s": 1e-300})", "c.json"), k3::Error);  // a unit slip
+  EXPECT_THROW(read_measured(R"({"allreduce_latency_us": 8e6})", "c.json"), k3::Error);
 
   // One GPU (TP1): no all-reduces, the plain bandwidth bound.
   in.count = 1;

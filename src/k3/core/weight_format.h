@@ -32,7 +32,7 @@ enum class WeightFormat : uint8_t {
   IQ1_S,
   IQ1_M,
   // ggml's 32-element formats: what llama-quantize falls back to for rows that are not whole 256-blocks
-  // (and the older Q4_0 / Q5_0 files): read, not written.
+  // (and the older Q4_0 / Q5_0 files): read, and written by `k3 quantize` (its fallbacks too).
   Q4_0,    // f16 d + 16 bytes of 4-bit quants: d (q - 8)
   Q4_1,    // f16 d, m + 4-bit quants: d q + m
   Q5_0,    // f16 d + 32 fifth bits + 4-bit quants: d (q - 16)

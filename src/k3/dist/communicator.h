@@ -6,6 +6,7 @@
 // waits forever in a collective.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,6 +68,16 @@ std::unique_ptr<Communicator> join_mpi_nodes(const RendezvousOptions& o);
 inline Communicator& need_communicator(Communicator* c, const char* who) {
   if (c == nullptr) throw Error(std::string("a sharded step on ") + who + " without a communicator");
   return *c;
+}
+
+// gather_cols' contract (graph::Backend): every rank's [n][local_cols] (local_cols <= chunk) gathered into
+// rank 0's [n][out_cols] at rank * chunk. Throws k3::Error naming the shapes when they do not fit.
+inline void check_gather_cols(int64_t local_rows, int64_t local_cols, int64_t chunk, int64_t ranks, int64_t out_rows,
+                              int64_t out_cols) {
+  if (local_rows != out_rows || local_cols > chunk || chunk * ranks < out_cols)
+    throw Error("gather_cols: a local [" + std::to_string(local_rows) + "][" + std::to_string(local_cols) +
+                "] in chunks of " + std::to_string(chunk) + " does not make [" + std::to_string(out_rows) + "][" +
+                std::to_string(out_cols) + "]");
 }
 
 }  // namespace k3::dist

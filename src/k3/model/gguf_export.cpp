@@ -420,11 +420,17 @@ TensorTypeRule parse_tensor_type_rule(const std::string& spec) {
   std::string type = spec.substr(eq + 1);
   std::transform(type.begin(), type.end(), type.begin(), ::toupper);
   if (type == "KEEP") return {spec.substr(0, eq), std::nullopt};
-  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q4_K, WeightFormat::Q3_K,
-                         WeightFormat::Q2_K, WeightFormat::IQ4_XS})
-    if (type == weight_format_name(f)) return {spec.substr(0, eq), f};
-  throw Error("--tensor-type '" + spec + "': unknown or unwritable type '" + spec.substr(eq + 1) +
-              "' (q8_0, q6_k, q5_k, q4_k, q3_k, q2_k, iq4_xs, keep)");
+  // Every format quantize_row writes (the one list: quant::can_quantize), by its name.
+  std::string known;
+  for (int i = 0; i <= static_cast<int>(WeightFormat::IQ4_NL); ++i) {
+    const auto f = static_cast<WeightFormat>(i);
+    if (!quant::can_quantize(f)) continue;
+    std::string name = weight_format_name(f);
+    if (type == name) return {spec.substr(0, eq), f};
+    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    known += name + ", ";
+  }
+  throw Error("--tensor-type '" + spec + "': unknown or unwritable type '" + spec.substr(eq + 1) + "' (" + known + "keep)");
 }
 
 namespace {

@@ -218,6 +218,11 @@ Measured read_measured(const std::string& text, const std::string& source) {
   m.tokens_per_s = find_throughput(j, source);
   m.allreduce_latency_us = find_positive(j, {"allreduce_latency_us"}, source);
   m.allreduce_busbw_gb_s = find_positive(j, {"allreduce_busbw_gb_s"}, source);
+  // Plausible ranges (a unit slip, e.g. seconds for microseconds or B/s for GB/s, is an error, not a plan).
+  if (m.allreduce_latency_us && (*m.allreduce_latency_us < 0.1 || *m.allreduce_latency_us > 1e5))
+    throw Error(source + ": allreduce_latency_us " + std::to_string(*m.allreduce_latency_us) + " is outside 0.1 .. 100000");
+  if (m.allreduce_busbw_gb_s && (*m.allreduce_busbw_gb_s < 0.01 || *m.allreduce_busbw_gb_s > 1e5))
+    throw Error(source + ": allreduce_busbw_gb_s " + std::to_string(*m.allreduce_busbw_gb_s) + " is outside 0.01 .. 100000");
   if (!m.tokens_per_s && !m.allreduce_latency_us && !m.allreduce_busbw_gb_s)
     throw Error(source + ": nothing measured found (expected a throughput under output_tokens_per_s, output_tok_s, "
                 "output_throughput, decode_tokens_per_s or tokens_per_s, or allreduce_latency_us / allreduce_busbw_gb_s)");

@@ -79,6 +79,8 @@ void dequantize_row(WeightFormat f, const uint8_t* src, int64_t n, float* dst) {
   }
 }
 
+bool can_quantize(WeightFormat f) { return block_packer(f) != nullptr; }
+
 void quantize_row(WeightFormat f, const float* x, int64_t n, const float* importance, uint8_t* dst) {
   check_row("quantize_row", f, n);
   if (!block_packer(f)) throw Error(std::string("quantize_row: k3 cannot write ") + weight_format_name(f) + " yet (it reads it)");

@@ -38,10 +38,7 @@ void CpuBackend::all_reduce_sum(Tensor x) {
 void CpuBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
   dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   const int64_t n = out.rows, P = comm.size();
-  if (local.rows != n || local.cols > chunk || chunk * P < out.cols)
-    throw Error("gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
-                "] in chunks of " + std::to_string(chunk) + " does not make [" + std::to_string(n) + "][" +
-                std::to_string(out.cols) + "]");
+  dist::check_gather_cols(local.rows, local.cols, chunk, P, n, out.cols);
   // Every rank sends [n][chunk] (the last rank's padding is zeros); rank r's columns land at r * chunk.
   const bool root = comm.is_root();
   std::vector<float> send(static_cast<size_t>(n * chunk), 0.f), recv(root ? static_cast<size_t>(P * n * chunk) : 0);

@@ -46,10 +46,7 @@ void CudaBackend::all_reduce_sum(Tensor x) {
 void CudaBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
   dist::Communicator& comm = dist::need_communicator(comm_, "the CUDA backend");
   const int64_t n = out.rows, P = comm.size();
-  if (local.rows != n || local.cols > chunk || chunk * P < out.cols)
-    throw Error("gather_cols: a local [" + std::to_string(local.rows) + "][" + std::to_string(local.cols) +
-                "] in chunks of " + std::to_string(chunk) + " does not make [" + std::to_string(n) + "][" +
-                std::to_string(out.cols) + "]");
+  dist::check_gather_cols(local.rows, local.cols, chunk, P, n, out.cols);
   const bool root = comm.is_root();
   graph::ScratchScope scope(*this);
   const Tensor send = scratch(n, chunk, graph::ElemType::F32);
