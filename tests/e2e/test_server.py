@@ -69,6 +69,18 @@ def descendants(pid):
     return out
 
 
+def mpi_rank0_below(pid):
+    """The process below pid that mpirun started as rank 0 (OMPI_COMM_WORLD_RANK=0), or pid itself."""
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
+                    return p
+        except OSError:
+            pass
+    return pid
+
+
 class ServerProcess:
     def __init__(self, extra=(), max_model_len=2048, model_dir=None):
         self.tmp = tempfile.TemporaryDirectory()
@@ -125,14 +137,7 @@ class ServerProcess:
         when the job ends (mpirun itself answers SIGTERM by ending the job with status 1)."""
         if not os.environ.get("K3_SERVE_LAUNCHER") or sig_is_kill(self._sig):
             return self.proc.pid
-        for pid in descendants(self.proc.pid):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
-                        return pid
-            except OSError:
-                pass
-        return self.proc.pid
+        return mpi_rank0_below(self.proc.pid)
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:

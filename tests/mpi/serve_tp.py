@@ -116,14 +116,7 @@ class Server:
     def rank0_pid(self):
         if not os.environ.get("K3_TP_LAUNCHER"):
             return self.proc.pid
-        for pid in e2e.descendants(self.proc.pid):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    if b"OMPI_COMM_WORLD_RANK=0\0" in f.read():
-                        return pid
-            except OSError:
-                pass
-        return self.proc.pid
+        return e2e.mpi_rank0_below(self.proc.pid)
 
     def kill(self):
         for pid in self.tree:
