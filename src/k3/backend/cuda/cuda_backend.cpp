@@ -7,11 +7,13 @@
 #include <string>
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
+#include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_tables.h"
 #include "k3/core/error.h"
@@ -221,6 +223,22 @@ void CudaBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
   if (W.device == kHostDevice) return host_linear(W, x, y);
   prof_.begin("linear", stream_);
   lin_->run(W, x.f(), x.rows, y.f());
+  prof_.end(stream_);
+}
+
+void CudaBackend::linear_group(Tensor x, std::span<const graph::Projection> ps) {
+  // Host weights (hybrid placement) and strided views go one by one; the rest in one launch where they can.
+  std::array<const WeightMatrix*, kLinearGroupMax> W{};
+  std::array<float*, kLinearGroupMax> y{};
+  bool device = ps.size() <= W.size() && x.contiguous();
+  for (size_t m = 0; device && m < ps.size(); ++m) {
+    device = ps[m].W->device != kHostDevice && ps[m].y.contiguous();
+    W[m] = ps[m].W;
+    y[m] = ps[m].y.f();
+  }
+  if (!device) return graph::Backend::linear_group(x, ps);
+  prof_.begin("linear", stream_);
+  lin_->run_group(W.data(), y.data(), static_cast<int>(ps.size()), x.f(), x.rows);
   prof_.end(stream_);
 }
 

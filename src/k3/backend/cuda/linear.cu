@@ -36,12 +36,27 @@ constexpr int kWarps = 8;
 
 __device__ __forceinline__ float bf(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 
+// The matrices one launch multiplies by the same x (a group, or one matrix): blocks [first_block[m],
+// first_block[m + 1]) compute matrix m's rows (kernel parameters, by value).
+template <typename WT>
+struct GemvGroup {
+  const WT* W[kLinearGroupMax];
+  float* y[kLinearGroupMax];
+  int64_t rows[kLinearGroupMax];
+  int64_t first_block[kLinearGroupMax];
+  int count;
+};
+
 template <int NT, typename WT>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const WT* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
-                float* __restrict__ y) {
+    gemv_kernel(const GemvGroup<WT> grp, int64_t cols, const float* __restrict__ x) {
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  int m = 0;  // this block's matrix (block-uniform)
+  while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
+  const WT* __restrict__ W = grp.W[m];
+  float* __restrict__ y = grp.y[m];
+  const int64_t rows = grp.rows[m];
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) - grp.first_block[m]) * kWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
   const WT* wr = W + row * cols;
   float acc[NT];
@@ -90,20 +105,38 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <typename WT>
-cudaError_t launch_gemv(const WT* W, int64_t rows, int64_t cols, const float* x, int n, float* y, cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, cudaStream_t s) {
+  int64_t blocks = 0;
+  for (int m = 0; m < grp.count; ++m) {
+    grp.first_block[m] = blocks;
+    blocks += (grp.rows[m] + kWarps - 1) / kWarps;
+  }
+  const unsigned grid = static_cast<unsigned>(blocks);
   switch (n) {
-    case 1: gemv_kernel<1, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 2: gemv_kernel<2, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 3: gemv_kernel<3, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 4: gemv_kernel<4, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 5: gemv_kernel<5, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 6: gemv_kernel<6, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 7: gemv_kernel<7, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
-    case 8: gemv_kernel<8, WT><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, x, y); break;
+    case 1: gemv_kernel<1, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 2: gemv_kernel<2, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 3: gemv_kernel<3, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 4: gemv_kernel<4, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 5: gemv_kernel<5, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 6: gemv_kernel<6, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 7: gemv_kernel<7, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 8: gemv_kernel<8, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <typename WT>
+cudaError_t launch_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
+                              cudaStream_t s) {
+  GemvGroup<WT> g{};
+  for (int m = 0; m < count; ++m) {
+    g.W[m] = static_cast<const WT*>(W[m]->data);
+    g.y[m] = y[m];
+    g.rows[m] = W[m]->rows;
+  }
+  g.count = count;
+  return launch_gemv(g, W[0]->cols, x, n, s);
 }
 
 // y[i] = d[i] + d[count + i]: the hi and lo products of the merged bf16x2 GEMM.
@@ -125,10 +158,26 @@ cudaError_t add_halves(const float* d, int64_t count, float* y, cudaStream_t s) 
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (n > LinearRunner::kGemvMaxTokens) return cudaErrorInvalidValue;
+  const DeviceLinear* Ws[1] = {&W};
+  float* ys[1] = {y};
   switch (W.format) {
-    case WeightFormat::BF16: return launch_gemv(static_cast<const uint16_t*>(W.data), W.rows, W.cols, x, n, y, s);
-    case WeightFormat::F32: return launch_gemv(static_cast<const float*>(W.data), W.rows, W.cols, x, n, y, s);
+    case WeightFormat::BF16: return launch_gemv_group<uint16_t>(Ws, ys, 1, x, n, s);
+    case WeightFormat::F32: return launch_gemv_group<float>(Ws, ys, 1, x, n, s);
     default: return is_gguf_block(W.format) ? quant_gemv(W, x, n, y, s) : cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t linear_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
+                              cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (n > LinearRunner::kGemvMaxTokens || count < 1 || count > kLinearGroupMax) return cudaErrorInvalidValue;
+  for (int m = 0; m < count; ++m)
+    if (W[m] == nullptr || y[m] == nullptr || W[m]->format != W[0]->format || W[m]->cols != W[0]->cols)
+      return cudaErrorInvalidValue;
+  switch (W[0]->format) {
+    case WeightFormat::BF16: return launch_gemv_group<uint16_t>(W, y, count, x, n, s);
+    case WeightFormat::F32: return launch_gemv_group<float>(W, y, count, x, n, s);
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -165,6 +214,9 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_MERGED_X2=0: bf16x2 batches above 32 tokens take two accumulating GEMMs again (A/B).
   const char* mg = std::getenv("K3_CUDA_MERGED_X2");
   merged_ = mg == nullptr || std::string(mg) != "0";
+  // K3_CUDA_LINEAR_GROUP=0: the projections of a group run one by one (same bits, A/B).
+  const char* lg = std::getenv("K3_CUDA_LINEAR_GROUP");
+  grouped_ = lg == nullptr || std::string(lg) != "0";
   // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
   if (const char* dt = std::getenv("K3_CUDA_DEQUANT_TILE"); dt != nullptr && std::atoll(dt) > 0)
     dequant_tile_floats_ = std::min<int64_t>(std::atoll(dt), kDequantTileFloats);
@@ -271,6 +323,37 @@ std::pair<uint16_t*, uint16_t*> LinearRunner::bf16_halves(const float*, int64_t 
     ++generation_;                                  // captured CUDA graphs that read the old one are stale
   }
   return {xb_.get<uint16_t>(), reinterpret_cast<uint16_t*>(xb_.get<char>() + lo_off)};
+}
+
+void LinearRunner::run_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n) {
+  if (n <= 0) return;
+  // The kernel run() would pick for each matrix: the group shares a launch only if all pick the same one.
+  enum class Path { Skinny, Gemv, Other };
+  auto path_of = [&](const DeviceLinear& w) {
+    if (w.rows <= 0 || (w.format != WeightFormat::BF16 && w.format != WeightFormat::F32)) return Path::Other;
+    if (skinny_ && linear_skinny_supported(w, n)) return Path::Skinny;
+    return n <= kGemvMaxTokens ? Path::Gemv : Path::Other;
+  };
+  bool same = grouped_ && count >= 2 && count <= kLinearGroupMax;
+  const Path path = same ? path_of(*W[0]) : Path::Other;
+  for (int m = 1; same && m < count; ++m)
+    same = path_of(*W[m]) == path && W[m]->format == W[0]->format && W[m]->cols == W[0]->cols;
+  if (!same || path == Path::Other) {
+    for (int m = 0; m < count; ++m) run(*W[m], x, n, y[m]);
+    return;
+  }
+  const int nt = static_cast<int>(n);
+  if (path == Path::Gemv) {
+    K3_CUDA_CHECK(linear_gemv_group(W, y, count, x, nt, stream_));
+    return;
+  }
+  if (fused_split_ && n <= kSkinnyFusedMaxTokens && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    K3_CUDA_CHECK(linear_skinny_group_f32(W, y, count, x, nt, stream_));
+    return;
+  }
+  const auto [hi, lo] = bf16_halves(x, n * W[0]->cols, false);  // split once for the whole group
+  K3_CUDA_CHECK(to_bf16_split(x, n * W[0]->cols, hi, lo, stream_));
+  K3_CUDA_CHECK(linear_skinny_group(W, y, count, hi, lo, nt, stream_));
 }
 
 // The dense projections' one dispatch point on the weight format (the GEMV and the Lt GEMMs below).

@@ -59,6 +59,10 @@ class LinearRunner {
 
   // Throws k3::Error for a weight format without a kernel here.
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
+  // y[m] = x . W[m]^T for `count` matrices that read the same x (graph::Backend::linear_group): one grouped
+  // launch when every matrix would take the same kernel in run() (skinny or GEMV; <= kLinearGroupMax,
+  // same width), each y[m] bit-equal to run()'s; otherwise run() for each.
+  void run_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n);
   // The plain cuBLAS handle (on stream()), for the SGEMMs of callers; run() itself uses cuBLASLt.
   cublasHandle_t cublas() const { return handle_; }
   cudaStream_t stream() const { return stream_; }
@@ -96,6 +100,7 @@ class LinearRunner {
   bool skinny_ = true;  // the tensor-core skinny path for 2..32 tokens (K3_CUDA_SKINNY=0: off)
   bool fused_split_ = true;  // the skinny path splits x itself (K3_CUDA_SKINNY_FUSED=0: a split kernel first)
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
+  bool grouped_ = true;  // run_group's one launch (K3_CUDA_LINEAR_GROUP=0: run() for each, A/B)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
   DeviceBuffer wq_;     // a GGUF block matrix's dequantised fp32 row tile (run_blocks)
   int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
@@ -104,5 +109,9 @@ class LinearRunner {
 // The GEMV kernel alone (n <= 8; BF16, F32 and the GGUF block formats), exposed for tests and benchmarks;
 // cudaErrorInvalidValue for a format without a kernel.
 cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, cudaStream_t s);
+// The GEMV over 1..kLinearGroupMax matrices of one format (BF16 or F32) and width in one launch; each y[m]
+// bit-equal to linear_gemv's for W[m] alone.
+cudaError_t linear_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
+                              cudaStream_t s);
 
 }  // namespace k3::cuda

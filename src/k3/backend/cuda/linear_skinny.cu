@@ -30,6 +30,16 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kUnroll = 4;  // chunks per warp whose weights are in flight together
 
+// The matrices one launch multiplies by the same x (a group, or one matrix): blocks [first_block[m],
+// first_block[m + 1]) compute matrix m's rows. Passed by value (kernel parameters: a CUDA graph keeps them).
+struct SkinnyGroup {
+  const uint16_t* W[kLinearGroupMax];
+  float* y[kLinearGroupMax];
+  int rows[kLinearGroupMax];
+  int first_block[kLinearGroupMax];
+  int count;
+};
+
 using mma_bf16::load_stream;
 using mma_bf16::mma_chunk;
 
@@ -73,13 +83,18 @@ struct F32X {  // fp32 x [n][cols] (16-byte aligned), split here
 };
 
 template <int MT, int NT, class XSrc>
-__global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __restrict__ W, int rows, int cols,
+__global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const SkinnyGroup grp, int cols,
                                                              const void* __restrict__ xa,
-                                                             const void* __restrict__ xb, int n,
-                                                             float* __restrict__ y) {
+                                                             const void* __restrict__ xb, int n) {
   __shared__ float red[kWarps][MT * NT * 4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int row0 = blockIdx.x * 16 * MT;
+  // This block's matrix of the group (block-uniform) and its first row there.
+  int m = 0;
+  while (m + 1 < grp.count && static_cast<int>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
+  const uint16_t* __restrict__ W = grp.W[m];
+  float* __restrict__ y = grp.y[m];
+  const int rows = grp.rows[m];
+  const int row0 = (static_cast<int>(blockIdx.x) - grp.first_block[m]) * 16 * MT;
   const int chunks = cols / 32;
   // Rows past the end and tokens past n are clamped to valid ones: their loads are harmless and their
   // results (separate accumulator rows / columns) are never stored.
@@ -148,27 +163,59 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint16_t* __r
 }
 
 template <int MT, class XSrc>
-cudaError_t launch(const uint16_t* W, int rows, int cols, const void* xa, const void* xb, int n, float* y,
-                   cudaStream_t s) {
-  const unsigned grid = static_cast<unsigned>((rows + 16 * MT - 1) / (16 * MT));
+cudaError_t launch(SkinnyGroup grp, int cols, const void* xa, const void* xb, int n, cudaStream_t s) {
+  unsigned grid = 0;
+  for (int m = 0; m < grp.count; ++m) {
+    grp.first_block[m] = static_cast<int>(grid);
+    grid += static_cast<unsigned>((grp.rows[m] + 16 * MT - 1) / (16 * MT));
+  }
   switch ((n + 7) / 8) {
-    case 1: skinny_kernel<MT, 1, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
-    case 2: skinny_kernel<MT, 2, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
-    case 3: skinny_kernel<MT, 3, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
-    case 4: skinny_kernel<MT, 4, XSrc><<<grid, kWarps * 32, 0, s>>>(W, rows, cols, xa, xb, n, y); break;
+    case 1: skinny_kernel<MT, 1, XSrc><<<grid, kWarps * 32, 0, s>>>(grp, cols, xa, xb, n); break;
+    case 2: skinny_kernel<MT, 2, XSrc><<<grid, kWarps * 32, 0, s>>>(grp, cols, xa, xb, n); break;
+    case 3: skinny_kernel<MT, 3, XSrc><<<grid, kWarps * 32, 0, s>>>(grp, cols, xa, xb, n); break;
+    case 4: skinny_kernel<MT, 4, XSrc><<<grid, kWarps * 32, 0, s>>>(grp, cols, xa, xb, n); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
 template <class XSrc>
-cudaError_t dispatch(const WeightMatrix& W, const void* xa, const void* xb, int n, float* y, cudaStream_t s) {
-  const auto* w = static_cast<const uint16_t*>(W.data);
-  const int rows = static_cast<int>(W.rows), cols = static_cast<int>(W.cols);
+cudaError_t dispatch(const SkinnyGroup& grp, int cols, const void* xa, const void* xb, int n, cudaStream_t s) {
+  int64_t rows = 0;
+  for (int m = 0; m < grp.count; ++m) rows += grp.rows[m];
   // Two m16 tiles per block once that still gives >= 2 blocks per SM on a 132-SM part (lm_head, MLP
-  // up-projections): half the activation reads per weight byte; smaller matrices keep one for more blocks.
-  if (rows >= 2 * 132 * 32) return launch<2, XSrc>(w, rows, cols, xa, xb, n, y, s);
-  return launch<1, XSrc>(w, rows, cols, xa, xb, n, y, s);
+  // up-projections, a group's rows together): half the activation reads per weight byte; smaller
+  // products keep one for more blocks.
+  if (rows >= 2 * 132 * 32) return launch<2, XSrc>(grp, cols, xa, xb, n, s);
+  return launch<1, XSrc>(grp, cols, xa, xb, n, s);
+}
+
+SkinnyGroup single(const WeightMatrix& W, float* y) {
+  SkinnyGroup g{};
+  g.W[0] = static_cast<const uint16_t*>(W.data);
+  g.y[0] = y;
+  g.rows[0] = static_cast<int>(W.rows);
+  g.count = 1;
+  return g;
+}
+
+// A group's matrices must each be linear_skinny_supported and share the input width.
+bool group_ok(const WeightMatrix* const* W, float* const* y, int count, int n) {
+  if (count < 1 || count > kLinearGroupMax) return false;
+  for (int m = 0; m < count; ++m)
+    if (W[m] == nullptr || y[m] == nullptr || !linear_skinny_supported(*W[m], n) || W[m]->cols != W[0]->cols) return false;
+  return true;
+}
+
+SkinnyGroup group_of(const WeightMatrix* const* W, float* const* y, int count) {
+  SkinnyGroup g{};
+  for (int m = 0; m < count; ++m) {
+    g.W[m] = static_cast<const uint16_t*>(W[m]->data);
+    g.y[m] = y[m];
+    g.rows[m] = static_cast<int>(W[m]->rows);
+  }
+  g.count = count;
+  return g;
 }
 
 }  // namespace
@@ -182,12 +229,24 @@ bool linear_skinny_supported(const WeightMatrix& W, int64_t n) {
 cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uint16_t* x_lo, int n, float* y,
                           cudaStream_t s) {
   if (!linear_skinny_supported(W, n)) return cudaErrorInvalidValue;
-  return dispatch<SplitX>(W, x_hi, x_lo, n, y, s);
+  return dispatch<SplitX>(single(W, y), static_cast<int>(W.cols), x_hi, x_lo, n, s);
 }
 
 cudaError_t linear_skinny_f32(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s) {
   if (!linear_skinny_supported(W, n) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
-  return dispatch<F32X>(W, x, nullptr, n, y, s);
+  return dispatch<F32X>(single(W, y), static_cast<int>(W.cols), x, nullptr, n, s);
+}
+
+cudaError_t linear_skinny_group(const WeightMatrix* const* W, float* const* y, int count, const uint16_t* x_hi,
+                                const uint16_t* x_lo, int n, cudaStream_t s) {
+  if (!group_ok(W, y, count, n)) return cudaErrorInvalidValue;
+  return dispatch<SplitX>(group_of(W, y, count), static_cast<int>(W[0]->cols), x_hi, x_lo, n, s);
+}
+
+cudaError_t linear_skinny_group_f32(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n,
+                                    cudaStream_t s) {
+  if (!group_ok(W, y, count, n) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
+  return dispatch<F32X>(group_of(W, y, count), static_cast<int>(W[0]->cols), x, nullptr, n, s);
 }
 
 }  // namespace k3::cuda

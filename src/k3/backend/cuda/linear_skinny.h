@@ -22,6 +22,8 @@ constexpr int kSkinnyMaxTokens = 32;
 // neutral end to end within the +-3% noise of two calls (one launch fewer per projection, same bits;
 // docs/perf/cuda.md session 10).
 constexpr int kSkinnyFusedMaxTokens = 8;
+// Most matrices one grouped launch takes (linear_skinny_group, linear_gemv_group).
+constexpr int kLinearGroupMax = 8;
 
 // Whether linear_skinny handles this weight and batch: bf16, cols a multiple of 32, rows >= 1, 16-byte
 // aligned data, kSkinnyMinTokens <= n <= kSkinnyMaxTokens.
@@ -37,5 +39,16 @@ cudaError_t linear_skinny(const WeightMatrix& W, const uint16_t* x_hi, const uin
 // kernel with to_bf16_split's rounding: the same bits as to_bf16_split + linear_skinny, one launch.
 // cudaErrorInvalidValue when not linear_skinny_supported or x is not 16-byte aligned.
 cudaError_t linear_skinny_f32(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s);
+
+// Grouped forms: count (1..kLinearGroupMax) matrices that read the same x, y[m] = x . W[m]^T, in ONE launch
+// (the projections of a layer that share their input: KDA's q / k / v / gates, MLA's q_a / kv_a / gate, a
+// GLU's gate / up). Each W[m] as linear_skinny_supported, all of x's width; the bits of each y[m] equal
+// linear_skinny's / linear_skinny_f32's for that matrix alone. Why: at 2..32 tokens a 4096 x 2304 projection
+// takes ~11 us for ~4.5 us of bytes (ramp-up and tail of a small grid); one grid over all of a layer's rows
+// keeps the SMs streaming across the matrices.
+cudaError_t linear_skinny_group(const WeightMatrix* const* W, float* const* y, int count, const uint16_t* x_hi,
+                                const uint16_t* x_lo, int n, cudaStream_t s);
+cudaError_t linear_skinny_group_f32(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n,
+                                    cudaStream_t s);
 
 }  // namespace k3::cuda

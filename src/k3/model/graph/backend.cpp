@@ -13,6 +13,10 @@ void Backend::attn_res_mix_rmsnorm(Tensor blocks, int64_t nb, Tensor partial, co
   rmsnorm(mixed, norm_w, out.cols, eps, out);
 }
 
+void Backend::linear_group(Tensor x, std::span<const Projection> ps) {
+  for (const Projection& p : ps) linear(*p.W, x, p.y);
+}
+
 void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, const KdaGate& gate, float eps, Tensor pq,
                       Tensor pk, Tensor pv, Tensor graw, Tensor braw, Tensor gate_proj, Tensor o) {
   ScratchScope scope(*this);

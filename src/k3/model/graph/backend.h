@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "k3/core/weight.h"
 #include "k3/dist/communicator.h"
@@ -58,6 +59,12 @@ struct RouteParams {
   float scale = 1;
 };
 
+// One projection of a linear_group: y = x . W^T.
+struct Projection {
+  const WeightMatrix* W;
+  Tensor y;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -76,6 +83,10 @@ class Backend {
   virtual void embed(const WeightMatrix& table, Tensor out) = 0;
   // y = x . W^T   (x [n][W.cols], y [n][W.rows])
   virtual void linear(const WeightMatrix& W, Tensor x, Tensor y) = 0;
+  // y_i = x . W_i^T for projections that read the same x (a layer's q / k / v / gates): a backend may run
+  // them as one launch (CUDA: a grouped kernel for decode batches); each y_i as `linear` would give it.
+  // Default: `linear` for each, in order.
+  virtual void linear_group(Tensor x, std::span<const Projection> ps);
   // y = x * rsqrt(mean(x^2) + eps) * w over the first `dim` values of each row (w null: no weight);
   // y may alias x; values past dim are left as they are.
   virtual void rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) = 0;

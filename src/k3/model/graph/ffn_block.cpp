@@ -1,6 +1,8 @@
 // FFNs (model-spec 3.4): the dense GLU MLP, and the MoE: sigmoid routing with correction bias, routed
 // experts (in K3's down-projected latent space when configured, RMS-normed before the up-projection)
 // plus shared experts.
+#include <array>
+
 #include "k3/model/graph/blocks.h"
 
 namespace k3::graph {
@@ -19,8 +21,8 @@ void glu_mlp_partial(const Ctx& g, const GluMlp& w, Tensor x, Tensor out) {
   ScratchScope scope(b);
   const int64_t I = w.gate.rows;
   Tensor gate = b.scratch(x.rows, I), up = b.scratch(x.rows, I);
-  b.linear(w.gate, x, gate);
-  b.linear(w.up, x, up);
+  const std::array<Projection, 2> ps = {{{&w.gate, gate}, {&w.up, up}}};
+  b.linear_group(x, ps);
   b.glu(gate, up, glu_params(g.c));
   b.linear(w.down, gate, out);
 }

@@ -1,6 +1,6 @@
 // KDA layer (model-spec 3.2): the projections run over the whole batch; the per-sequence parts (conv,
 // recurrence) are the backend's kda_mix over each sequence's state.
-#include <algorithm>
+#include <array>
 
 #include "k3/model/graph/blocks.h"
 
@@ -15,19 +15,20 @@ void kda_block(const Ctx& g, const KdaWeights& w, int64_t kda_index, Tensor x, T
   const KdaDims d = kda_dims(c);
   const int64_t N = x.rows, C = d.channels();
   Tensor pq = b.scratch(N, C), pk = b.scratch(N, C), pv = b.scratch(N, C), decay = b.scratch(N, C), gate = b.scratch(N, C);
-  Tensor low = b.scratch(N, std::max(w.f_a.rows, w.g_a.rows)), beta = b.scratch(N, d.heads), o = b.scratch(N, C);
-  b.linear(w.q, x, pq);
-  b.linear(w.k, x, pk);
-  b.linear(w.v, x, pv);
-  b.linear(w.f_a, x, low);  // decay gate, low rank
-  b.linear(w.f_b, low, decay);
-  b.linear(w.b, x, beta);
+  Tensor beta = b.scratch(N, d.heads), o = b.scratch(N, C);
+  // Every projection of x in one group (one launch on CUDA at decode), then the low-rank second halves.
+  Tensor f_low = b.scratch(N, w.f_a.rows);
+  std::array<Projection, 6> ps = {{{&w.q, pq}, {&w.k, pk}, {&w.v, pv}, {&w.f_a, f_low}, {&w.b, beta}, {}}};
+  Tensor g_low;
   if (c.kda_full_rank_gate) {
-    b.linear(w.g, x, gate);
+    ps[5] = {&w.g, gate};
   } else {
-    b.linear(w.g_a, x, low);  // output gate, low rank
-    b.linear(w.g_b, low, gate);
+    g_low = b.scratch(N, w.g_a.rows);
+    ps[5] = {&w.g_a, g_low};
   }
+  b.linear_group(x, ps);
+  b.linear(w.f_b, f_low, decay);  // decay gate, low rank
+  if (!c.kda_full_rank_gate) b.linear(w.g_b, g_low, gate);  // output gate, low rank
   KdaGate kg;
   if (c.gate_lower_bound) kg = {true, *c.gate_lower_bound};
   b.kda_mix(kda_index, w, d, kg, c.rms_norm_eps, pq, pk, pv, decay, beta, gate, o);

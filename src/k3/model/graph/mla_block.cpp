@@ -1,6 +1,7 @@
 // Gated MLA layer (model-spec 3.3): latent projections over the batch, the new latents into the cache,
 // then the absorbed form (decode-form sequences: attention directly over the 576-value latent rows) and
 // the MHA form (prefill-form sequences: k/v expanded from the cached latents), output gate, o_proj.
+#include <array>
 #include <cmath>
 
 #include "k3/model/graph/blocks.h"
@@ -19,16 +20,27 @@ void mla_block(const Ctx& g, const MlaWeights& w, int64_t mla_index, Tensor x, T
   const int64_t N = x.rows, nh = d.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.qk()));
   Tensor q = b.scratch(N, nh * d.qk());
+  Tensor lat = b.scratch(N, d.row());  // [c_kv (normed) | k_pe]
+  // The projections of x (q or q_a, kv_a, the output gate) as one group.
+  Tensor qa, gt;
+  std::array<Projection, 3> ps;
+  size_t np = 0;
   if (!w.q_a.empty()) {
-    Tensor qa = b.scratch(N, c.q_lora_rank);
-    b.linear(w.q_a, x, qa);
+    qa = b.scratch(N, c.q_lora_rank);
+    ps[np++] = {&w.q_a, qa};
+  } else {
+    ps[np++] = {&w.q, q};
+  }
+  ps[np++] = {&w.kv_a, lat};
+  if (c.mla_output_gate) {
+    gt = b.scratch(N, nh * d.value);
+    ps[np++] = {&w.g, gt};
+  }
+  b.linear_group(x, std::span<const Projection>(ps.data(), np));
+  if (!w.q_a.empty()) {
     b.rmsnorm(qa, w.q_a_norm.data(), c.q_lora_rank, c.mla_norm_eps, qa);
     b.linear(w.q_b, qa, q);
-  } else {
-    b.linear(w.q, x, q);
   }
-  Tensor lat = b.scratch(N, d.row());  // [c_kv (normed) | k_pe]
-  b.linear(w.kv_a, x, lat);
   b.rmsnorm(lat, w.kv_a_norm.data(), d.rank, c.mla_norm_eps, lat);
   b.mla_write_latents(mla_index, d, lat);
 
@@ -41,12 +53,7 @@ void mla_block(const Ctx& g, const MlaWeights& w, int64_t mla_index, Tensor x, T
     b.mla_up_v(w, d, ol, o);
   }
   if (g.plan.any_prefill_form()) b.mla_attend_mha(mla_index, w, d, q, scale, o);
-  if (c.mla_output_gate) {
-    ScratchScope gated(b);
-    Tensor gt = b.scratch(N, nh * d.value);
-    b.linear(w.g, x, gt);
-    b.sigmoid_mul(o, gt);
-  }
+  if (c.mla_output_gate) b.sigmoid_mul(o, gt);
   b.linear(w.o, o, out);
   g.reduce(out);  // o_proj is row-parallel: its input channels are this rank's heads
 }
