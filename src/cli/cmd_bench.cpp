@@ -420,7 +420,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     int reps = 5;
     int64_t seed = 0;
     double mem_bw = 0;
-    bool drop_page_cache = false, fresh_tokens = false, no_warmup = false;
+    bool drop_page_cache = false, fresh_tokens = false, no_warmup = false, host_logits = false;
     std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
     std::string grammar;      // --grammar: tg with host sampling, none | json_object
   };
@@ -441,6 +441,9 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
       ->capture_default_str();
   off->add_flag("--fresh-tokens", f->fresh_tokens,
                 "new random tokens for every repetition (the warm-up does not preload the experts the timed runs use)");
+  off->add_flag("--host-logits", f->host_logits,
+                "tg steps download every row's logits to the host (forward_batch, as llama.cpp's llama_decode does); "
+                "default: the serving engine's path, greedy picks by forward_sample (on a GPU only the ids cross)");
   off->add_flag("--no-warmup", f->no_warmup, "no untimed warm-up run (with --drop-page-cache: a cold start is timed)");
   off->add_flag("--drop-page-cache", f->drop_page_cache,
                 "evict the checkpoint's files from the page cache before loading (a cold start without root)");
@@ -513,7 +516,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
                      (long long)t.batch, k3::ThreadPool::global().size());
         rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
-                                                 !f->no_warmup, f->grammar.empty() ? nullptr : &sampling));
+                                                 !f->no_warmup, f->grammar.empty() ? nullptr : &sampling, f->host_logits));
         k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw);
         if (sampling.grammar && !t.prefill) {
           double total = 0;
@@ -523,15 +526,17 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
                        total > 0 ? 100.0 * rs.back().mask_seconds / total : 0.0);
         }
         json j = rs.back().to_json();
-        j["model"] = dir;
+        j["model"] = f->dev.load_format == "dummy" ? name : dir;  // dummy weights: the preset, not a directory
         arr.push_back(j);
       }
       std::printf("%s", k3::bench::offline_table(rs, name).c_str());
       if (!rs.empty() && (rs[0].io.have_disk || rs[0].io.have_experts))  // the timed repetitions' reads
         std::printf("\n%s", k3::bench::offline_io_table(rs).c_str());
       std::printf("\n%s", expert_cache_report(model->expert_cache_stats(), disk0, 0).c_str());  // since load
-      if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
-                                                         {"method", "ModelRunner::forward_batch, one cache per sequence"}, {"device", model->device_name()},
+      if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", f->dev.load_format == "dummy" ? name : dir}, {"command", g_cmdline},
+                                                         {"method", f->host_logits || !f->grammar.empty()
+                                                                       ? "ModelRunner::forward_batch (logits to the host), one cache per sequence"
+                                                                       : "pp: ModelRunner::forward_batch; tg: forward_sample (greedy picks on the runner), one cache per sequence"}, {"device", model->device_name()},
                                                          {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
                                                          {"results", arr}});
       return 0;

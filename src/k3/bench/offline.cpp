@@ -98,7 +98,7 @@ int32_t sample_host(HostSampler& hs, const OfflineSampling& s, std::span<float> 
 }  // namespace
 
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed, bool fresh_tokens,
-                               bool warmup, const OfflineSampling* sampling) {
+                               bool warmup, const OfflineSampling* sampling, bool host_logits) {
   if (reps < 1) throw Error("-r must be >= 1");
   std::mt19937_64 rng(seed);
   const int32_t V = static_cast<int32_t>(m.config().vocab_size);
@@ -147,10 +147,18 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
       fo.path = AttnPath::Decode;
       std::vector<HostSampler> hs(static_cast<size_t>(t.batch));
       std::mt19937_64 draw(seed + 1);
+      const bool on_runner = sampling == nullptr && !host_logits;  // the engine's forward_sample
+      std::vector<RowSample> greedy(static_cast<size_t>(t.batch));
+      for (auto& g : greedy) g.sampling.temperature = 0.0f;
+      std::vector<sampling::SampleResult> picked;
+      std::vector<float> raw;
       for (int64_t i = 0; i < t.n; ++i) {
         for (int64_t b = 0; b < t.batch; ++b)
           items[b] = {std::span<const int32_t>(inputs[b].data() + i, 1), st[b].get(), true};
-        m.forward_batch(items, logits, fo);
+        if (on_runner)
+          m.forward_sample(items, greedy, picked, raw, fo);
+        else
+          m.forward_batch(items, logits, fo);
         if (sampling && i + 1 < t.n) {
           fill_masks(hs, *sampling, rep >= 0 ? r.mask_seconds : warm_mask_s);
           for (int64_t b = 0; b < t.batch; ++b)

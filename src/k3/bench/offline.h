@@ -67,8 +67,13 @@ struct OfflineSampling {
 // run draws new tokens (so the warm-up does not load the routed experts the timed runs use: what a
 // model bigger than RAM sees on new requests).
 // `warmup` false: no warm-up run (with a cold page cache, the first timed run is the cold start).
+// tg steps without `sampling` pick each row's token greedily through ModelRunner::forward_sample, the
+// serving engine's path (on a GPU the sampling runs on the device and only the ids cross to the host);
+// `host_logits`: forward_batch instead, every row's logits downloaded to the host, as llama.cpp's
+// llama_decode does (`k3 bench offline --host-logits`). The inputs stay the seeded random ids either way.
 OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int reps, uint64_t seed,
-                               bool fresh_tokens = false, bool warmup = true, const OfflineSampling* sampling = nullptr);
+                               bool fresh_tokens = false, bool warmup = true, const OfflineSampling* sampling = nullptr,
+                               bool host_logits = false);
 
 // Fills r's roofline fields for a tg test (pp tests are left alone): step_bytes from
 // plan::decode_step_bytes at the mean context of the run (depth + (n + 1) / 2 rows per MLA layer) with the
