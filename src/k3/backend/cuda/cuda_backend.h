@@ -119,17 +119,36 @@ class CudaBackend final : public graph::Backend {
 
  private:
   // Offsets in the staging block of the step data the kernels read.
+  // One round of a step with KDA state snapshots: piece r of every sequence (sequences without snapshots
+  // whole in round 0; one with snapshots after rows a .. a+m-1 cut there), then the states after the round
+  // copied into the snapshot slots.
+  struct SnapCopy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  struct KdaRound {
+    size_t conv = 0, rec = 0;  // staged KdaSeq arrays: every sequence's piece / the decode-form ones'
+    int n_conv = 0, n_rec = 0;
+    std::vector<SnapCopy> conv_copies, state_copies;  // conv tails / recurrent states after the round
+  };
   struct StepData {
     size_t tokens = 0, tok_seq = 0, tok_pos = 0, logit_rows = 0, page_start = 0, page_tokens = 0, dec_tokens = 0,
            layer_stride = 0, pages = 0;  // pages: one pointer per page, every layer
     std::vector<size_t> kda_all, kda_rec, kda_chk;  // per KDA layer: KdaSeq arrays
     int n_rec = 0, n_chk = 0, n_dec_tokens = 0, kda_chunk = 0;
+    // Speculative verification (StepSeq::n_snapshots): per KDA layer, the rounds the conv and the
+    // recurrence run in (cuda_backend_kda.cpp); empty when no sequence of the step saves a state.
+    std::vector<std::vector<KdaRound>> kda_rounds;
   };
   template <typename T>
   T* staged(size_t off) const { return reinterpret_cast<T*>(staging_d_.get<uint8_t>() + off); }
   MlaPaging paging(int64_t layer) const;
   void stage_mla(const graph::StepPlan& plan);
   void stage_kda(const graph::StepPlan& plan);
+  // StepData::kda_rounds of a step whose plan has snapshots (cuda_backend_kda.cpp).
+  void stage_kda_rounds(const graph::StepPlan& plan);
+  void run_copies(const std::vector<SnapCopy>& copies);
   void size_workspaces(int64_t N, int64_t R);
   // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,
   // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). host_linear and

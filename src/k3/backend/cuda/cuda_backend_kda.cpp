@@ -1,4 +1,7 @@
 // CudaBackend's KDA ops (model-spec 3.2) over kda_kernels.h; a decode step takes the fused kernel.
+#include <algorithm>
+#include <vector>
+
 #include "k3/backend/cuda/cuda_backend.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
@@ -7,12 +10,65 @@ namespace k3::cuda {
 
 using graph::Tensor;
 
+// Speculative verification: a sequence with snapshots after rows a, a+1, .., a+m-1 runs in m+1 pieces,
+// [0, a), [a, a+1), .., [a+m-1, n), piece r in round r; after round r < m its conv tails and state are
+// copied into snapshot slot r. Both ops are exact in any split (the conv's tail carries the past; the
+// decode-form recurrence goes token by token), so the snapshots are the states of the decode steps that
+// speculation off would have run, and the final state is the unsplit one. Sequences without snapshots
+// run whole in round 0 (prefill-form ones through the chunked kernels as usual).
+void CudaBackend::stage_kda_rounds(const graph::StepPlan& plan) {
+  int64_t rounds = 1;
+  for (const graph::StepSeq& s : plan.seqs) rounds = std::max(rounds, s.n_snapshots + 1);
+  const size_t state_b = static_cast<size_t>(spec_.kda_state_bytes());
+  const size_t conv_b = static_cast<size_t>(spec_.kda_conv_floats) * sizeof(float);
+  for (int64_t li = 0; li < cfg_.num_kda_layers(); ++li) {
+    std::vector<KdaRound> layer(static_cast<size_t>(rounds));
+    for (int64_t r = 0; r < rounds; ++r) {
+      std::vector<KdaSeq> conv, rec;
+      KdaRound& round = layer[static_cast<size_t>(r)];
+      for (const graph::StepSeq& s : plan.seqs) {
+        const int64_t m = s.n_snapshots;
+        if (r > m) continue;
+        const int64_t from = r == 0 ? 0 : s.snapshot_after + r - 1;
+        const int64_t to = m == 0 ? s.n : r < m ? s.snapshot_after + r : s.n;
+        const KdaStateView v = s.cache->kda_state(li);
+        const KdaSeq piece{static_cast<float*>(v.S), v.conv_q, v.conv_k, v.conv_v, static_cast<int32_t>(s.offset + from),
+                           static_cast<int32_t>(to - from)};
+        conv.push_back(piece);
+        if (!s.prefill_form) rec.push_back(piece);
+        if (r < m) {
+          const KdaStateView snap = s.cache->kda_snapshot(li, r);
+          round.state_copies.push_back({snap.S, v.S, state_b});
+          round.conv_copies.push_back({snap.conv_q, v.conv_q, conv_b});
+          round.conv_copies.push_back({snap.conv_k, v.conv_k, conv_b});
+          round.conv_copies.push_back({snap.conv_v, v.conv_v, conv_b});
+        }
+      }
+      round.conv = st_.put(conv);
+      round.rec = st_.put(rec);
+      round.n_conv = static_cast<int>(conv.size());
+      round.n_rec = static_cast<int>(rec.size());
+    }
+    sd_.kda_rounds.push_back(std::move(layer));
+  }
+}
+
+void CudaBackend::run_copies(const std::vector<SnapCopy>& copies) {
+  for (const SnapCopy& c : copies) K3_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, Tensor pq, Tensor pk,
                                   Tensor pv, Tensor q, Tensor k, Tensor v) {
-  K3_CUDA_CHECK(cuda::kda_conv_l2norm(staged<const KdaSeq>(sd_.kda_all[static_cast<size_t>(layer)]), static_cast<int>(n_seqs_),
-                                      static_cast<int>(pq.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim),
-                                      static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(),
-                                      w.v_conv.data(), q.f(), k.f(), v.f(), stream_));
+  auto conv = [&](const KdaSeq* seqs, int n) {
+    K3_CUDA_CHECK(cuda::kda_conv_l2norm(seqs, n, static_cast<int>(pq.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim),
+                                        static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(),
+                                        w.v_conv.data(), q.f(), k.f(), v.f(), stream_));
+  };
+  if (sd_.kda_rounds.empty()) return conv(staged<const KdaSeq>(sd_.kda_all[static_cast<size_t>(layer)]), static_cast<int>(n_seqs_));
+  for (const KdaRound& r : sd_.kda_rounds[static_cast<size_t>(layer)]) {
+    conv(staged<const KdaSeq>(r.conv), r.n_conv);
+    run_copies(r.conv_copies);
+  }
 }
 
 void CudaBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, Tensor g,
@@ -25,9 +81,17 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
                                  Tensor beta, Tensor o) {
   const size_t li = static_cast<size_t>(layer);
   const int Hk = static_cast<int>(d.heads), D = static_cast<int>(d.head_dim);
-  if (sd_.n_rec > 0)
+  if (!sd_.kda_rounds.empty()) {  // speculative verification: the decode-form pieces round by round
+    for (const KdaRound& r : sd_.kda_rounds[li]) {
+      if (r.n_rec > 0)
+        K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(r.rec), r.n_rec, Hk, D, q.f(), k.f(), v.f(), g.f(),
+                                                beta.f(), o.f(), spec_.kda_state_dtype, stream_));
+      run_copies(r.state_copies);
+    }
+  } else if (sd_.n_rec > 0) {
     K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(),
                                             g.f(), beta.f(), o.f(), spec_.kda_state_dtype, stream_));
+  }
   if (sd_.n_chk > 0 && kda_tc_)  // bf16 GEMM mode: tensor cores (chunk 32 or 64)
     K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
                                        sd_.kda_chunk == 64 ? 64 : 32, KdaInType::F32, q.f(), k.f(), v.f(), g.f(), beta.f(),

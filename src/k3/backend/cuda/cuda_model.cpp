@@ -327,8 +327,6 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
                               const std::function<void(int64_t)>& tail, const std::function<void(int64_t)>& done) {
   K3_CUDA_CHECK(cudaSetDevice(device));
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg.vocab_size, spec);
-  // Not yet here (supports_state_snapshots() is false, so the engine never asks): refuse, never ignore.
-  if (plan.any_snapshot()) throw Error("forward: KDA state snapshots (speculative decoding) are not implemented on CUDA yet");
   backend->prepare(plan);
   run_graph(plan);
   const int64_t R = plan.n_logits();

@@ -54,8 +54,11 @@ StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& op
                   " of " + std::to_string(n) + " tokens");
     if (n_snap > 0 && spec.kda_layers > 0 && it.cache->kda_snapshot(0, n_snap - 1).S == nullptr)
       throw Error("forward: " + std::to_string(n_snap) + " state snapshots were asked of a cache that keeps fewer");
-    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache, takes_prefill_form(opt.path, n),
-                             it.snapshot_after, n_snap});
+    // A sequence whose state is saved mid-step (speculative verification) takes the decode forms: the
+    // recurrence token by token is exact in any split, so the snapshots are the states the decode steps of
+    // speculation off would have made (a chunked form would round differently).
+    p.seqs.push_back(StepSeq{p.n_tokens(), n, it.cache->n_past(), it.cache,
+                             n_snap == 0 && takes_prefill_form(opt.path, n), it.snapshot_after, n_snap});
     p.tokens.insert(p.tokens.end(), it.tokens.begin(), it.tokens.end());
   }
   if (p.seqs.empty()) throw Error("forward: empty batch");
