@@ -106,20 +106,28 @@ TEST_P(CudaSpeculative, SnapshotsEqualDecodeStepStates) {
   std::vector<float> ver;
   m->forward_batch({item}, ver);
   const k3::CacheSpec& spec = m->cache_spec();
-  // b: the same tokens one decode step at a time
+  // b: the same tokens one decode step at a time. The bound: a 5-row step's projections (the skinny
+  // tensor-core kernel, x split into bf16 hi + lo) round differently from a 1-row step's (the fp32 GEMV),
+  // ~1e-6 per projection, growing through the layers to ~5e-5 at tiny-k3's fifth; a snapshot of the wrong
+  // row differs by a whole token's update (checked below to be > 1e-3).
+  constexpr double kBound = 2e-4;
   std::vector<float> dec;
+  std::vector<std::vector<std::vector<float>>> after;  // the states after 1, 2, 3 decode steps
   for (int j = 0; j < 5; ++j) {
     m->forward_batch({k3::BatchItem{std::span<const int32_t>(tail.data() + j, 1), b.get(), true}}, logits);
     dec.insert(dec.end(), logits.begin(), logits.end());
-    if (j >= 3) continue;
-    const auto want = state_of(spec, {}, [&](int64_t l) { return b->kda_state(l); });
+    if (j < 3) after.push_back(state_of(spec, {}, [&](int64_t l) { return b->kda_state(l); }));
+  }
+  for (int j = 0; j < 3; ++j) {
     const auto got = state_of(spec, {}, [&](int64_t l) { return a->kda_snapshot(l, j); });
+    const auto& want = after[static_cast<size_t>(j)];
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_LT(rel_diff(got[i], want[i]), 2e-5) << GetParam() << " snapshot " << j << " part " << i;
+      EXPECT_LT(rel_diff(got[i], want[i]), kBound) << GetParam() << " snapshot " << j << " part " << i;
+    if (j < 2) EXPECT_GT(rel_diff(got[0], after[static_cast<size_t>(j) + 1][0]), 1e-3) << "the test cannot tell rows apart";
   }
   const auto fa = state_of(spec, {}, [&](int64_t l) { return a->kda_state(l); });
   const auto fb = state_of(spec, {}, [&](int64_t l) { return b->kda_state(l); });
-  for (size_t i = 0; i < fa.size(); ++i) EXPECT_LT(rel_diff(fa[i], fb[i]), 2e-5) << "final state part " << i;
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_LT(rel_diff(fa[i], fb[i]), kBound) << "final state part " << i;
   ASSERT_EQ(ver.size(), dec.size());
   EXPECT_LT(rel_diff(ver, dec), 1e-4) << "verification logits vs decode steps";
 }
