@@ -192,6 +192,14 @@ void CudaBackend::prepare(const graph::StepPlan& plan) {
   if (host != before) ++generation_;
   std::memcpy(host, st_.bytes().data(), staging_bytes_);
   n_seqs_ = static_cast<int64_t>(plan.seqs.size());
+  step_shape_ = 0;
+  if (N != n_seqs_ || plan.any_snapshot()) {  // FNV-1a over (rows, snapshot_after, n_snapshots) per sequence
+    uint64_t h = 1469598103934665603ull;
+    for (const graph::StepSeq& q : plan.seqs)
+      for (int64_t v : {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)})
+        h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    step_shape_ = static_cast<int64_t>(h | 1);
+  }
   n_tokens_ = N;
   n_logits_ = plan.n_logits();
   size_workspaces(N, n_logits_);

@@ -8,6 +8,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,7 +45,9 @@ class CudaBackend final : public graph::Backend {
   // Host side of a step (before the graph runs or a captured graph is replayed).
   void prepare(const graph::StepPlan& plan);
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
-  std::pair<int64_t, int64_t> graph_key() const { return {n_seqs_, page_stride_}; }
+  // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
+  // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
+  std::array<int64_t, 3> graph_key() const { return {n_seqs_, page_stride_, step_shape_}; }
   uint64_t generation() const {
     return generation_ + scratch_.generation() + lin_->generation() + moe_in_.generation() + moe_out_.generation();
   }
@@ -122,15 +125,11 @@ class CudaBackend final : public graph::Backend {
   // One round of a step with KDA state snapshots: piece r of every sequence (sequences without snapshots
   // whole in round 0; one with snapshots after rows a .. a+m-1 cut there), then the states after the round
   // copied into the snapshot slots.
-  struct SnapCopy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
   struct KdaRound {
     size_t conv = 0, rec = 0;  // staged KdaSeq arrays: every sequence's piece / the decode-form ones'
     int n_conv = 0, n_rec = 0;
-    std::vector<SnapCopy> conv_copies, state_copies;  // conv tails / recurrent states after the round
+    size_t conv_copies = 0, state_copies = 0;  // staged CopySeg arrays: conv tails / states after the round
+    int n_conv_copies = 0, n_state_copies = 0;
   };
   struct StepData {
     size_t tokens = 0, tok_seq = 0, tok_pos = 0, logit_rows = 0, page_start = 0, page_tokens = 0, dec_tokens = 0,
@@ -148,7 +147,7 @@ class CudaBackend final : public graph::Backend {
   void stage_kda(const graph::StepPlan& plan);
   // StepData::kda_rounds of a step whose plan has snapshots (cuda_backend_kda.cpp).
   void stage_kda_rounds(const graph::StepPlan& plan);
-  void run_copies(const std::vector<SnapCopy>& copies);
+  void run_copies(size_t staged_segs, int n);
   void size_workspaces(int64_t N, int64_t R);
   // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,
   // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). host_linear and
@@ -216,6 +215,7 @@ class CudaBackend final : public graph::Backend {
   const dist::ShardPlan* expert_map_of_ = nullptr;
   size_t staging_bytes_ = 0;
   int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
+  int64_t step_shape_ = 0;  // graph_key(): 0 for one row per sequence, else a hash of the rows and snapshots
 };
 
 }  // namespace k3::cuda

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "k3/backend/cuda/cuda_backend.h"
+#include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
 
@@ -25,6 +26,7 @@ void CudaBackend::stage_kda_rounds(const graph::StepPlan& plan) {
     std::vector<KdaRound> layer(static_cast<size_t>(rounds));
     for (int64_t r = 0; r < rounds; ++r) {
       std::vector<KdaSeq> conv, rec;
+      std::vector<CopySeg> conv_copies, state_copies;
       KdaRound& round = layer[static_cast<size_t>(r)];
       for (const graph::StepSeq& s : plan.seqs) {
         const int64_t m = s.n_snapshots;
@@ -38,23 +40,28 @@ void CudaBackend::stage_kda_rounds(const graph::StepPlan& plan) {
         if (!s.prefill_form) rec.push_back(piece);
         if (r < m) {
           const KdaStateView snap = s.cache->kda_snapshot(li, r);
-          round.state_copies.push_back({snap.S, v.S, state_b});
-          round.conv_copies.push_back({snap.conv_q, v.conv_q, conv_b});
-          round.conv_copies.push_back({snap.conv_k, v.conv_k, conv_b});
-          round.conv_copies.push_back({snap.conv_v, v.conv_v, conv_b});
+          state_copies.push_back({snap.S, v.S, state_b});
+          conv_copies.push_back({snap.conv_q, v.conv_q, conv_b});
+          conv_copies.push_back({snap.conv_k, v.conv_k, conv_b});
+          conv_copies.push_back({snap.conv_v, v.conv_v, conv_b});
         }
       }
       round.conv = st_.put(conv);
       round.rec = st_.put(rec);
       round.n_conv = static_cast<int>(conv.size());
       round.n_rec = static_cast<int>(rec.size());
+      round.conv_copies = st_.put(conv_copies);
+      round.state_copies = st_.put(state_copies);
+      round.n_conv_copies = static_cast<int>(conv_copies.size());
+      round.n_state_copies = static_cast<int>(state_copies.size());
     }
     sd_.kda_rounds.push_back(std::move(layer));
   }
 }
 
-void CudaBackend::run_copies(const std::vector<SnapCopy>& copies) {
-  for (const SnapCopy& c : copies) K3_CUDA_CHECK(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream_));
+// Through a staged table, not cudaMemcpyAsync: verification steps replay captured graphs too.
+void CudaBackend::run_copies(size_t staged_segs, int n) {
+  K3_CUDA_CHECK(copy_segments(staged<const CopySeg>(staged_segs), n, stream_));
 }
 
 void CudaBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, Tensor pq, Tensor pk,
@@ -67,7 +74,7 @@ void CudaBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const grap
   if (sd_.kda_rounds.empty()) return conv(staged<const KdaSeq>(sd_.kda_all[static_cast<size_t>(layer)]), static_cast<int>(n_seqs_));
   for (const KdaRound& r : sd_.kda_rounds[static_cast<size_t>(layer)]) {
     conv(staged<const KdaSeq>(r.conv), r.n_conv);
-    run_copies(r.conv_copies);
+    run_copies(r.conv_copies, r.n_conv_copies);
   }
 }
 
@@ -86,7 +93,7 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
       if (r.n_rec > 0)
         K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(r.rec), r.n_rec, Hk, D, q.f(), k.f(), v.f(), g.f(),
                                                 beta.f(), o.f(), spec_.kda_state_dtype, stream_));
-      run_copies(r.state_copies);
+      run_copies(r.state_copies, r.n_state_copies);
     }
   } else if (sd_.n_rec > 0) {
     K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(),

@@ -343,7 +343,9 @@ void CudaModel::Impl::run_graph(const graph::StepPlan& plan) {
   auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits(), comm ? &shard : nullptr); };
   const bool streams = host_experts && backend->moe_stream_min_tokens() > 0 &&
                        plan.n_tokens() >= backend->moe_stream_min_tokens();
-  const bool graphable = use_graphs && !streams && !prof.on() && plan.all_decode() && plan.n_logits() == plan.n_tokens();
+  // Decode-form steps whose every row is a logits row: decode steps, and speculative verification steps
+  // (a pending token + drafts per sequence; graph_key() tells their shapes apart).
+  const bool graphable = use_graphs && !streams && !prof.on() && !plan.any_prefill_form() && plan.n_logits() == plan.n_tokens();
   if (!graphable) return enqueue();
   graphs.run(backend->graph_key(), *backend, stream, host_experts, enqueue);
 }

@@ -168,6 +168,19 @@ __global__ void gather_kernel(const float* x, const int32_t* rows, int H, float*
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[r * H + i] = src[i];
 }
 
+__global__ void copy_segments_kernel(const CopySeg* segs) {
+  const CopySeg c = segs[blockIdx.x];
+  const bool wide = ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0;
+  if (wide) {
+    const uint64_t n = c.bytes / 16;
+    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x)
+      static_cast<float4*>(c.dst)[i] = static_cast<const float4*>(c.src)[i];
+  } else {
+    const uint64_t n = c.bytes / 4;
+    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) static_cast<float*>(c.dst)[i] = static_cast<const float*>(c.src)[i];
+  }
+}
+
 // splitmix64 of (seed, index): independent of the launch shape.
 __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -268,6 +281,12 @@ cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int 
                                                                                       norm_w, out);
   return cudaGetLastError();
 }
+cudaError_t copy_segments(const CopySeg* segs, int n, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  copy_segments_kernel<<<n, 256, 0, s>>>(segs);
+  return cudaGetLastError();
+}
+
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s) {
   if (R <= 0) return cudaSuccess;
   gather_kernel<<<R, 256, 0, s>>>(x, rows, H, out);

@@ -44,6 +44,14 @@ cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int 
 
 // out[r][:] = x[rows[r]][:] for R rows of H floats.
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s);
+// Device-to-device copies listed in device memory (one block per segment): what a captured CUDA graph can
+// replay with other pointers each step (a cudaMemcpyAsync node keeps the pointers it was captured with).
+struct CopySeg {
+  void* dst;
+  const void* src;
+  uint64_t bytes;  // a multiple of 4; both pointers 4-byte aligned
+};
+cudaError_t copy_segments(const CopySeg* segs, int n, cudaStream_t s);
 
 // Random weights for --load-format dummy: uniform in [-scale, scale) (bf16 bits / fp32), random bytes
 // (MXFP4 nibbles), or E8M0 scales in [lo, hi]. Deterministic in `seed`.

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <map>
 #include <set>
@@ -19,7 +20,7 @@ namespace k3::cuda {
 
 class StepGraphs {
  public:
-  using Key = std::pair<int64_t, int64_t>;
+  using Key = std::array<int64_t, 3>;  // CudaBackend::graph_key()
   StepGraphs() = default;
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
