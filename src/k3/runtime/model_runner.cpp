@@ -34,9 +34,11 @@ void ModelRunner::forward_sample(const std::vector<BatchItem>& items, std::span<
                                  std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
                                  const ForwardOptions& opt) const {
   check_forward_sample_args(items, rows, opt);
-  // Reused across steps: a fresh [rows][V] vector each step (650 KB a row at V = 163840) is a fresh mmap
-  // whose page faults cost ~10% of a small model's CPU decode step.
-  thread_local std::vector<float> logits;
+  // Reused across steps by the calling thread: a fresh [rows][V] vector each step (650 KB a row at
+  // V = 163840) is a fresh mapping to fault in. Named by reference: the pool's workers below must read THIS
+  // thread's buffer (a thread_local named inside the lambda would be each worker's own, empty one).
+  thread_local std::vector<float> reused;
+  std::vector<float>& logits = reused;
   forward_batch(items, logits, opt);
   const size_t V = static_cast<size_t>(config().vocab_size);
   results.resize(rows.size());
