@@ -16,6 +16,11 @@ bool is_gguf_block_format(WeightFormat f);
 // Whether quantize_row writes f (a packer exists for it: quant/gguf_pack.h).
 bool can_quantize(WeightFormat f);
 
+// Whether f is one of the formats llama.cpp refuses to write without an importance matrix (IQ2_XXS, IQ2_XS,
+// IQ1_S, IQ1_M): k3 writes them without one (its default weighting), but warns that an imatrix matters most
+// at these sizes.
+bool importance_recommended(WeightFormat f);
+
 // n values (a multiple of f's block_elems) from row_data_bytes(f, n) bytes at src. Throws k3::Error for a
 // format that is not a GGUF block format or an n that is not a whole number of blocks.
 void dequantize_row(WeightFormat f, const uint8_t* src, int64_t n, float* dst);
