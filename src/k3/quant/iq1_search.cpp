@@ -18,6 +18,7 @@ constexpr int kPow3[8] = {1, 3, 9, 27, 81, 243, 729, 2187};
 // The grid as int8 vectors, which ternary vectors are entries, and the candidate lists of the others.
 struct TernaryIndex {
   int8_t g[2048][8];
+  float gf[2048][8];                  // the same as floats (no int -> float conversion in the hot loop)
   uint8_t pos[2048], neg[2048];       // the entry's +1 and -1 coordinates as bit masks
   int16_t entry[kKeys];               // the entry whose vector is the key, or -1
   uint32_t first[kKeys + 1];          // the off-grid key's candidates: cand[first[key], first[key + 1])
@@ -49,6 +50,7 @@ struct TernaryIndex {
       int key = 0;
       for (int i = 7; i >= 0; --i) {
         g[k][i] = static_cast<int8_t>((kIq1sGrid[k] >> (8 * i)) & 0xFF);
+        gf[k][i] = g[k][i];
         pos[k] = static_cast<uint8_t>(pos[k] | (g[k][i] > 0) << i);
         neg[k] = static_cast<uint8_t>(neg[k] | (g[k][i] < 0) << i);
         key = 3 * key + g[k][i] + 1;
@@ -113,6 +115,7 @@ int Iq1Search::best_point(const float* x, const float* w, float mu, float delta,
       }
     }
     float best = INFINITY;
+    k = ix.cand[ix.first[key]];  // kept when every cost is NaN (a multiplier that over- or underflowed)
     for (uint32_t c = ix.first[key]; c < ix.first[key + 1]; ++c) {
       const int e = ix.cand[c];
       const unsigned p = ix.pos[e], n = ix.neg[e];
@@ -122,7 +125,7 @@ int Iq1Search::best_point(const float* x, const float* w, float mu, float delta,
   }
   float p = 0, q = 0;  // 8 terms: float is exact enough, the sums over the block are double
   for (int i = 0; i < 8; ++i) {
-    const float l = ix.g[k][i] + delta;
+    const float l = ix.gf[k][i] + delta;
     p += w[i] * x[i] * l, q += w[i] * l * l;
   }
   r.p += p, r.q += q;

@@ -78,7 +78,8 @@ void choose_codes(ScaleGroupModel& m, SubScaleCode code, const float* mu, BlockS
   const float unit = s.d * code.c;  // multiplier of code q: unit (2q + 1)
   for (int j = 0; j < m.scale_groups(); ++j) {
     const float real = mu[j] > 0 ? 0.5f * (mu[j] / unit - 1) : 0.0f;
-    const int lo = std::clamp(static_cast<int>(std::floor(real)), 0, code.qmax);
+    // Clamped as a float first: a NaN or huge quotient (a refitted d far below mu) is no int.
+    const int lo = !(real > 0) ? 0 : real >= static_cast<float>(code.qmax) ? code.qmax : static_cast<int>(real);
     const int hi = std::min(lo + 1, code.qmax);
     double best = INFINITY;
     for (int q = lo; q <= hi; ++q) {
