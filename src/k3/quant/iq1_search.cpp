@@ -1,5 +1,7 @@
 #include "k3/quant/iq1_search.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -18,7 +20,6 @@ constexpr int kPow3[8] = {1, 3, 9, 27, 81, 243, 729, 2187};
 // The grid as int8 vectors, which ternary vectors are entries, and the candidate lists of the others.
 struct TernaryIndex {
   int8_t g[2048][8];
-  float gf[2048][8];                  // the same as floats (no int -> float conversion in the hot loop)
   uint8_t pos[2048], neg[2048];       // the entry's +1 and -1 coordinates as bit masks
   int16_t entry[kKeys];               // the entry whose vector is the key, or -1
   uint32_t first[kKeys + 1];          // the off-grid key's candidates: cand[first[key], first[key + 1])
@@ -50,7 +51,6 @@ struct TernaryIndex {
       int key = 0;
       for (int i = 7; i >= 0; --i) {
         g[k][i] = static_cast<int8_t>((kIq1sGrid[k] >> (8 * i)) & 0xFF);
-        gf[k][i] = g[k][i];
         pos[k] = static_cast<uint8_t>(pos[k] | (g[k][i] > 0) << i);
         neg[k] = static_cast<uint8_t>(neg[k] | (g[k][i] < 0) << i);
         key = 3 * key + g[k][i] + 1;
@@ -82,6 +82,19 @@ const TernaryIndex& ternary_index() {
 Iq1Search::Iq1Search(const float* x, const float* w, int group_elems, int delta_elems)
     : x_(x), w_(w), group_elems_(group_elems), delta_elems_(delta_elems) {
   ternary_index();  // built before the first timing-sensitive call
+  // Per point of 8, the sums of w and of w x over every subset of each nibble of its coordinates: with
+  // them a candidate's error and P, Q are a few lookups (best_point), and none depends on the multiplier.
+  // (Full 256-entry tables per point cost more to build than they save.)
+  for (int pt = 0; pt < 32; ++pt)
+    for (int h = 0; h < 2; ++h) {
+      PointSums& s = sums_[pt];
+      s.w[h][0] = s.wx[h][0] = 0;
+      for (int m = 1; m < 16; ++m) {
+        const int i = 8 * pt + 4 * h + std::countr_zero(static_cast<unsigned>(m));
+        s.w[h][m] = s.w[h][m & (m - 1)] + w[i];
+        s.wx[h][m] = s.wx[h][m & (m - 1)] + w[i] * x[i];
+      }
+    }
 }
 
 float Iq1Search::mu_ref(int j) const {
@@ -90,45 +103,48 @@ float Iq1Search::mu_ref(int j) const {
   return amax / (1 + kIq1Delta);
 }
 
-int Iq1Search::best_point(const float* x, const float* w, float mu, float delta, GroupFit& r) const {
-  const TernaryIndex& ix = ternary_index();
-  const float inv = 1 / mu;
-  float t[8];
-  int key = 0;
-  for (int i = 0; i < 8; ++i) {
-    t[i] = x[i] * inv - delta;
-    key += (1 + (t[i] > 0.5f) - (t[i] < -0.5f)) * kPow3[i];
+namespace {
+// sum_{i in m} 3^i for every byte m: the ternary key of a vector with +1 at `pos`, -1 at `neg` is
+// 3280 (all zeros) + kPow3Sum[pos] - kPow3Sum[neg].
+struct Pow3Sums {
+  int v[256];
+  constexpr Pow3Sums() : v{} {
+    for (int m = 0; m < 256; ++m)
+      for (int i = 0; i < 8; ++i) v[m] += (m >> i & 1) * kPow3[i];
   }
+};
+constexpr Pow3Sums kPow3Sum;
+}  // namespace
+
+int Iq1Search::best_point(int pt, float mu, float delta, GroupFit& r) const {
+  const TernaryIndex& ix = ternary_index();
+  const PointSums& s = sums_[pt];
+  auto w_of = [&](unsigned m) { return s.w[0][m & 15] + s.w[1][m >> 4]; };
+  auto wx_of = [&](unsigned m) { return s.wx[0][m & 15] + s.wx[1][m >> 4]; };
+  // t = x / mu - delta rounded to {-1, 0, 1}, eight lanes at once.
+  const __m256 t = _mm256_fmsub_ps(_mm256_loadu_ps(x_ + 8 * pt), _mm256_set1_ps(1 / mu), _mm256_set1_ps(delta));
+  const int up = _mm256_movemask_ps(_mm256_cmp_ps(t, _mm256_set1_ps(0.5f), _CMP_GT_OQ));
+  const int down = _mm256_movemask_ps(_mm256_cmp_ps(t, _mm256_set1_ps(-0.5f), _CMP_LT_OQ));
+  const int key = 3280 + kPow3Sum.v[up] - kPow3Sum.v[down];
   int k = ix.entry[key];
   if (k < 0) {
-    // sum w (t - g)^2 = sum w t^2 + sum_{g=+1} (w - 2 w t) + sum_{g=-1} (w + 2 w t): the sums over the
-    // +1 and -1 coordinates from subset-sum tables of each nibble, four lookups per candidate (the lists
-    // hold ~18 entries on average).
-    float up[2][16], down[2][16];
-    for (int h = 0; h < 2; ++h) {
-      up[h][0] = down[h][0] = 0;
-      for (int m = 1; m < 16; ++m) {
-        const int i = 4 * h + std::countr_zero(static_cast<unsigned>(m));
-        const float wt2 = 2 * w[i] * t[i];
-        up[h][m] = up[h][m & (m - 1)] + (w[i] - wt2);
-        down[h][m] = down[h][m & (m - 1)] + (w[i] + wt2);
-      }
-    }
+    // sum w (t - g)^2 = sum w t^2 + sum_{g=+1} (w - 2 w t) + sum_{g=-1} (w + 2 w t), t = x / mu - delta:
+    // the +1 coordinates cost (1 + 2 delta) W - (2 / mu) WX, the -1 ones (1 - 2 delta) W + (2 / mu) WX.
+    const float a = 1 + 2 * delta, b = 1 - 2 * delta, c = 2 / mu;
     float best = INFINITY;
     k = ix.cand[ix.first[key]];  // kept when every cost is NaN (a multiplier that over- or underflowed)
-    for (uint32_t c = ix.first[key]; c < ix.first[key + 1]; ++c) {
-      const int e = ix.cand[c];
+    for (uint32_t i = ix.first[key]; i < ix.first[key + 1]; ++i) {
+      const int e = ix.cand[i];
       const unsigned p = ix.pos[e], n = ix.neg[e];
-      const float cost = up[0][p & 15] + up[1][p >> 4] + down[0][n & 15] + down[1][n >> 4];
+      const float cost = a * w_of(p) - c * wx_of(p) + b * w_of(n) + c * wx_of(n);
       if (cost < best) best = cost, k = e;
     }
   }
-  float p = 0, q = 0;  // 8 terms: float is exact enough, the sums over the block are double
-  for (int i = 0; i < 8; ++i) {
-    const float l = ix.gf[k][i] + delta;
-    p += w[i] * x[i] * l, q += w[i] * l * l;
-  }
-  r.p += p, r.q += q;
+  // P = sum w x (g + delta), Q = sum w (g + delta)^2 over the 8, from the same sums.
+  const unsigned p = ix.pos[k], n = ix.neg[k];
+  const float wp = w_of(p), wn = w_of(n);
+  r.p += delta * wx_of(255) + wx_of(p) - wx_of(n);
+  r.q += delta * delta * w_of(255) + 2 * delta * (wp - wn) + wp + wn;
   return k;
 }
 
@@ -144,7 +160,7 @@ GroupFit Iq1Search::fit(int j, float mu, int* entries) {
     for (const int negative : {0, 1}) {
       const float delta = negative ? -kIq1Delta : kIq1Delta;
       GroupFit r;
-      for (int g = 0; g < delta_elems_ / 8; ++g) k[g] = best_point(x_ + u + 8 * g, w_ + u + 8 * g, mu, delta, r) | (negative << 11);
+      for (int g = 0; g < delta_elems_ / 8; ++g) k[g] = best_point(u / 8 + g, mu, delta, r) | (negative << 11);
       r.err = base - 2 * double(mu) * r.p + double(mu) * mu * r.q;
       if (r.err < best.err) best = r, std::copy(k, k + 4, best_k);
     }

@@ -26,11 +26,15 @@ class Iq1Search final : public ScaleGroupModel {
   GroupFit fit(int j, float mu, int* entries) override;
 
  private:
-  // The best entry for 8 weights at x under (mu, delta); adds its P, Q and base to r.
-  int best_point(const float* x, const float* w, float mu, float delta, GroupFit& r) const;
+  struct PointSums {
+    float w[2][16], wx[2][16];  // per nibble of the 8 coordinates: sum of w, of w x over each subset
+  };
+  // The best entry for point pt (weights 8 pt .. 8 pt + 7) under (mu, delta); adds its P, Q to r.
+  int best_point(int pt, float mu, float delta, GroupFit& r) const;
   const float* x_;
   const float* w_;
   int group_elems_, delta_elems_;
+  PointSums sums_[32];
 };
 
 }  // namespace k3::quant
