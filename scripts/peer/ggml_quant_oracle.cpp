@@ -61,8 +61,9 @@ const std::vector<Type> kTypes = {
     {GGML_TYPE_Q4_0, "Q4_0", {0}},       {GGML_TYPE_Q4_1, "Q4_1", {0, 2}}, {GGML_TYPE_Q5_0, "Q5_0", {0}},
     {GGML_TYPE_Q5_1, "Q5_1", {0, 2}},    {GGML_TYPE_IQ4_NL, "IQ4_NL", {0}},
 };
-// The formats whose quantiser needs no importance matrix (ggml_quantize_chunk; the rms mode).
-bool quantises_without_imatrix(ggml_type t) { return !ggml_quantize_requires_imatrix(t) && t != GGML_TYPE_IQ3_XXS && t != GGML_TYPE_IQ3_S && t != GGML_TYPE_IQ2_S; }
+// The formats whose quantiser needs no importance matrix (ggml_quantize_chunk; the rms mode): all but
+// IQ2_XXS, IQ2_XS, IQ1_S, IQ1_M. (IQ3_XXS, IQ3_S, IQ2_S then weigh errors by x^2 or sigma^2 / 4 + x^2.)
+bool quantises_without_imatrix(ggml_type t) { return !ggml_quantize_requires_imatrix(t); }
 
 // A random finite f16: mostly normal with exponents across the range, sometimes subnormal.
 uint16_t random_f16(std::mt19937& rng) {
