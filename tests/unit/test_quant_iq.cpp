@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <vector>
@@ -226,6 +227,34 @@ TEST(QuantRms, CodebookRowsWithImportance) {
     std::printf("[ quant rms ] %-7s with importance: rel RMS %.5f, weighted %.5f (llama.cpp's weighted %.5f)\n",
                 k3::weight_format_name(b.f), std::sqrt(se / sx), weighted, b.llama_weighted);
     EXPECT_LT(weighted, b.llama_weighted) << k3::weight_format_name(b.f);
+  }
+}
+
+// By hand (docs/quantization.md's speed table, beside `ggml_quant_oracle speed 64 4096 2`): M weights/s of
+// quantize_row on one thread's CPU time (the box is shared: wall time would count other processes' turns),
+// 64 Gaussian rows of 4096 with a log-normal importance vector, the best of 2 runs.
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter=QuantBench.DISABLED_CodebookQuantiserSpeed`
+TEST(QuantBench, DISABLED_CodebookQuantiserSpeed) {
+  std::mt19937 rng(1);
+  const int64_t cols = 4096, rows = 64;
+  const auto x = gaussian(static_cast<size_t>(rows * cols), rng);
+  const auto imp = lognormal(static_cast<size_t>(cols), rng);
+  auto cpu_seconds = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  for (WeightFormat f : k3test::kCodebookFormats) {
+    const int64_t rb = k3::row_data_bytes(f, cols);
+    std::vector<uint8_t> q(static_cast<size_t>(rows * rb));
+    double best = INFINITY;
+    for (int rep = 0; rep < 2; ++rep) {
+      const double t0 = cpu_seconds();
+      for (int64_t r = 0; r < rows; ++r) k3::quant::quantize_row(f, x.data() + r * cols, cols, imp.data(), q.data() + r * rb);
+      best = std::min(best, cpu_seconds() - t0);
+    }
+    std::printf("[ quant speed ] %-7s %6.2f M weights/s (one thread's CPU time, importance)\n", k3::weight_format_name(f),
+                double(rows * cols) / best / 1e6);
   }
 }
 
