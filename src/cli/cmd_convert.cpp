@@ -155,7 +155,7 @@ void add_quantize(CLI::App& app, Registry& reg) {
   auto* cmd = app.add_subcommand("quantize", "Quantise an HF checkpoint or a GGUF into a GGUF (llama-quantize's arguments and mixes)");
   cmd->add_option("model", o->model, "HF checkpoint directory or GGUF file")->required();
   cmd->add_option("output", o->out, "output .gguf path")->required();
-  cmd->add_option("preset", o->preset, "quantisation mix: " + names + " (routed experts stay as shipped)")->required();
+  cmd->add_option("preset", o->preset, "quantisation mix: " + names + " (routed experts stay as shipped except under the -E presets)")->required();
   add_common(cmd, *o);
   cmd->callback([&reg, o] { reg.action = [o] { return run_convert(*o); }; });
 }
