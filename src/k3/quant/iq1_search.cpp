@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "k3/core/error.h"
 #include "k3/quant/block_decode_iq.h"
 #include "k3/quant/iq_tables.h"
 
@@ -16,6 +18,7 @@ namespace {
 
 constexpr int kKeys = 6561;  // 3^8 ternary vectors; digit i of a key is g_i + 1
 constexpr int kPow3[8] = {1, 3, 9, 27, 81, 243, 729, 2187};
+constexpr uint32_t kMaxCandidates = 72;  // the longest list is 68 (kIq1sGrid's, dmin + 1): best_candidate's buffer
 
 // The grid as int8 vectors, which ternary vectors are entries, and the candidate lists of the others.
 struct TernaryIndex {
@@ -24,6 +27,10 @@ struct TernaryIndex {
   int16_t entry[kKeys];               // the entry whose vector is the key, or -1
   uint32_t first[kKeys + 1];          // the off-grid key's candidates: cand[first[key], first[key + 1])
   std::vector<uint16_t> cand;
+  // The same lists for eight-lane scoring, each padded to whole 8s with its first entry: one word per
+  // candidate, the nibbles of its +1 mask (bits 0-3, 4-7), of its -1 mask (8-11, 12-15), the entry (16-26).
+  uint32_t first8[kKeys + 1];
+  std::vector<uint32_t> cand8;
 
   // Whether an entry lies within squared distance `budget` of r, coordinates i.. still free (key: the
   // digits chosen so far); with collect, appends every such entry to cand instead of stopping at one.
@@ -69,6 +76,16 @@ struct TernaryIndex {
       within(r, 0, dmin + 1, 0, true);
     }
     first[kKeys] = static_cast<uint32_t>(cand.size());
+    for (int key = 0; key < kKeys; ++key) {
+      first8[key] = static_cast<uint32_t>(cand8.size());
+      const uint32_t n = first[key + 1] - first[key];
+      if (n > kMaxCandidates) throw Error("iq1 index: a candidate list of " + std::to_string(n) + " entries");  // never (68)
+      for (uint32_t i = 0; i < (n + 7) / 8 * 8; ++i) {
+        const unsigned e = cand[first[key] + (i < n ? i : 0)];
+        cand8.push_back(pos[e] | neg[e] << 8 | e << 16);
+      }
+    }
+    first8[kKeys] = static_cast<uint32_t>(cand8.size());
   }
 };
 
@@ -87,7 +104,7 @@ Iq1Search::Iq1Search(const float* x, const float* w, int group_elems, int delta_
   // (Full 256-entry tables per point cost more to build than they save.)
   for (int pt = 0; pt < 32; ++pt)
     for (int h = 0; h < 2; ++h) {
-      PointSums& s = sums_[pt];
+      Iq1PointSums& s = sums_[pt];
       s.w[h][0] = s.wx[h][0] = 0;
       for (int m = 1; m < 16; ++m) {
         const int i = 8 * pt + 4 * h + std::countr_zero(static_cast<unsigned>(m));
@@ -116,9 +133,60 @@ struct Pow3Sums {
 constexpr Pow3Sums kPow3Sum;
 }  // namespace
 
+namespace {
+
+// Entries 0-15 of a 16-float table (lo: 0-7, hi: 8-15) at eight nibble indices.
+inline __m256 lookup16(__m256 lo, __m256 hi, __m256i idx) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 -> the sign bit blendv reads
+}
+
+// One nibble's cost table: f W + g WX over its 16 subsets (two registers).
+struct Table16 {
+  __m256 lo, hi;
+  Table16(const float* w, const float* wx, float f, float g)
+      : lo(_mm256_fmadd_ps(_mm256_set1_ps(g), _mm256_loadu_ps(wx), _mm256_mul_ps(_mm256_set1_ps(f), _mm256_loadu_ps(w)))),
+        hi(_mm256_fmadd_ps(_mm256_set1_ps(g), _mm256_loadu_ps(wx + 8), _mm256_mul_ps(_mm256_set1_ps(f), _mm256_loadu_ps(w + 8)))) {}
+};
+
+// The best of an off-grid key's candidate list for a point with sums s under (mu, delta).
+int best_candidate(const TernaryIndex& ix, int key, const Iq1PointSums& s, float mu, float delta) {
+  // sum w (t - g)^2 = sum w t^2 + sum_{g=+1} (w - 2 w t) + sum_{g=-1} (w + 2 w t), t = x / mu - delta: the +1
+  // coordinates cost (1 + 2 delta) W - (2 / mu) WX, the -1 ones (1 - 2 delta) W + (2 / mu) WX, W and WX the
+  // subset sums of each nibble. Per nibble and sign a 16-entry table, eight candidates scored per step with
+  // register permutes (the lists hold ~18 entries: a scalar loop was most of IQ1's time).
+  const float a = 1 + 2 * delta, b = 1 - 2 * delta, c = 2 / mu;
+  const Table16 up_lo(s.w[0], s.wx[0], a, -c), up_hi(s.w[1], s.wx[1], a, -c);
+  const Table16 down_lo(s.w[0], s.wx[0], b, c), down_hi(s.w[1], s.wx[1], b, c);
+  const __m256i nibble = _mm256_set1_epi32(15);
+  const uint32_t* words = ix.cand8.data() + ix.first8[key];
+  const int n = static_cast<int>(ix.first8[key + 1] - ix.first8[key]);
+  alignas(32) float cost[kMaxCandidates];
+  __m256 low = _mm256_set1_ps(INFINITY);
+  for (int i = 0; i < n; i += 8) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + i));
+    const __m256 v = _mm256_add_ps(
+        _mm256_add_ps(lookup16(up_lo.lo, up_lo.hi, _mm256_and_si256(w, nibble)),
+                      lookup16(up_hi.lo, up_hi.hi, _mm256_and_si256(_mm256_srli_epi32(w, 4), nibble))),
+        _mm256_add_ps(lookup16(down_lo.lo, down_lo.hi, _mm256_and_si256(_mm256_srli_epi32(w, 8), nibble)),
+                      lookup16(down_hi.lo, down_hi.hi, _mm256_and_si256(_mm256_srli_epi32(w, 12), nibble))));
+    _mm256_store_ps(cost + i, v);
+    low = _mm256_min_ps(low, v);
+  }
+  low = _mm256_min_ps(low, _mm256_permute2f128_ps(low, low, 1));
+  low = _mm256_min_ps(low, _mm256_shuffle_ps(low, low, 0x4E));
+  low = _mm256_min_ps(low, _mm256_shuffle_ps(low, low, 0xB1));
+  const float best = _mm256_cvtss_f32(low);
+  for (int i = 0; i < n; ++i)  // the first candidate at the minimum (as one running minimum keeps)
+    if (cost[i] == best) return static_cast<int>(words[i] >> 16);
+  return static_cast<int>(words[0] >> 16);  // every cost NaN (a multiplier that over- or underflowed)
+}
+
+}  // namespace
+
 int Iq1Search::best_point(int pt, float mu, float delta, GroupFit& r) const {
   const TernaryIndex& ix = ternary_index();
-  const PointSums& s = sums_[pt];
+  const Iq1PointSums& s = sums_[pt];
   auto w_of = [&](unsigned m) { return s.w[0][m & 15] + s.w[1][m >> 4]; };
   auto wx_of = [&](unsigned m) { return s.wx[0][m & 15] + s.wx[1][m >> 4]; };
   // t = x / mu - delta rounded to {-1, 0, 1}, eight lanes at once.
@@ -127,19 +195,7 @@ int Iq1Search::best_point(int pt, float mu, float delta, GroupFit& r) const {
   const int down = _mm256_movemask_ps(_mm256_cmp_ps(t, _mm256_set1_ps(-0.5f), _CMP_LT_OQ));
   const int key = 3280 + kPow3Sum.v[up] - kPow3Sum.v[down];
   int k = ix.entry[key];
-  if (k < 0) {
-    // sum w (t - g)^2 = sum w t^2 + sum_{g=+1} (w - 2 w t) + sum_{g=-1} (w + 2 w t), t = x / mu - delta:
-    // the +1 coordinates cost (1 + 2 delta) W - (2 / mu) WX, the -1 ones (1 - 2 delta) W + (2 / mu) WX.
-    const float a = 1 + 2 * delta, b = 1 - 2 * delta, c = 2 / mu;
-    float best = INFINITY;
-    k = ix.cand[ix.first[key]];  // kept when every cost is NaN (a multiplier that over- or underflowed)
-    for (uint32_t i = ix.first[key]; i < ix.first[key + 1]; ++i) {
-      const int e = ix.cand[i];
-      const unsigned p = ix.pos[e], n = ix.neg[e];
-      const float cost = a * w_of(p) - c * wx_of(p) + b * w_of(n) + c * wx_of(n);
-      if (cost < best) best = cost, k = e;
-    }
-  }
+  if (k < 0) k = best_candidate(ix, key, s, mu, delta);
   // P = sum w x (g + delta), Q = sum w (g + delta)^2 over the 8, from the same sums.
   const unsigned p = ix.pos[k], n = ix.neg[k];
   const float wp = w_of(p), wn = w_of(n);

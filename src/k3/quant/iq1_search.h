@@ -15,6 +15,11 @@
 
 namespace k3::quant {
 
+// Per point of 8 weights: the sums of w and of w x over every subset of each nibble of its coordinates.
+struct Iq1PointSums {
+  float w[2][16], wx[2][16];
+};
+
 // One 256-block's search. group_elems: weights per scale code (32 for IQ1_S, 16 for IQ1_M); delta_elems:
 // weights per delta sign (32 or 8). Entries written by fit(): the 11-bit grid index, bit 11 set where
 // that group's delta is negative.
@@ -26,15 +31,12 @@ class Iq1Search final : public ScaleGroupModel {
   GroupFit fit(int j, float mu, int* entries) override;
 
  private:
-  struct PointSums {
-    float w[2][16], wx[2][16];  // per nibble of the 8 coordinates: sum of w, of w x over each subset
-  };
   // The best entry for point pt (weights 8 pt .. 8 pt + 7) under (mu, delta); adds its P, Q to r.
   int best_point(int pt, float mu, float delta, GroupFit& r) const;
   const float* x_;
   const float* w_;
   int group_elems_, delta_elems_;
-  PointSums sums_[32];
+  Iq1PointSums sums_[32];
 };
 
 }  // namespace k3::quant
