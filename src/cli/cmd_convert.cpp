@@ -20,6 +20,7 @@
 #include "k3/model/gguf_export.h"
 #include "k3/model/imatrix.h"
 #include "k3/model/model_files.h"
+#include "k3/quant/gguf_quant.h"
 #include "k3/text/tokenizer.h"
 
 namespace k3cli {
@@ -66,6 +67,20 @@ k3::text::Tokenizer convert_tokenizer(const ConvertOpts& o, bool gguf_input) {
   return k3::text::Tokenizer::load(tok_dir);
 }
 
+// llama-quantize refuses the lowest i-quants without an imatrix; k3 writes them (its default weighting,
+// quant/gguf_quant.h) but says where one would help.
+void warn_without_imatrix(const std::vector<k3::TensorTypeRule>& rules) {
+  std::string types;
+  for (const k3::TensorTypeRule& r : rules)
+    if (r.format && k3::quant::importance_recommended(*r.format) && types.find(k3::weight_format_name(*r.format)) == std::string::npos)
+      types += std::string(types.empty() ? "" : ", ") + k3::weight_format_name(*r.format);
+  if (!types.empty())
+    std::fprintf(stderr,
+                 "k3: warning: %s without --imatrix: these types lose most without importance weights (llama-quantize "
+                 "refuses them); k3 weighs each error by sigma^2 + x^2 instead. Recommended: k3 imatrix, then --imatrix FILE\n",
+                 types.c_str());
+}
+
 int run_convert(const ConvertOpts& o) {
   namespace fs = std::filesystem;
   apply_compute_options(o.compute);
@@ -82,6 +97,7 @@ int run_convert(const ConvertOpts& o) {
   for (const std::string& r : o.tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
   if (!o.preset.empty())
     for (k3::TensorTypeRule& r : k3::quantize_preset(o.preset)) rules.push_back(std::move(r));
+  if (o.imatrix.empty()) warn_without_imatrix(rules);
   std::optional<k3::Imatrix> im;
   if (!o.imatrix.empty()) {
     if (rules.empty()) throw k3::Error("--imatrix weights the quantisers: it needs --tensor-type rules or a preset");
@@ -111,7 +127,9 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
   cmd->add_option("--tokenizer", o.tokenizer, "directory with tiktoken.model (default: the checkpoint's)");
   cmd->add_option("--tensor-type", o.tensor_types,
                   "REGEX=TYPE: write the dense matrices whose GGUF name matches as TYPE (q8_0, q6_k, q5_k, q4_k, q3_k, "
-                  "q2_k, iq4_xs, keep; first match wins; llama-quantize's flag)")
+                  "q2_k, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s, the 32-element q5_1, q5_0, q4_1, "
+                  "q4_0, iq4_nl, or keep; first match wins; routed experts only by a pattern naming them (_exps); "
+                  "llama-quantize's flag)")
       ->expected(1)
       ->allow_extra_args(false);  // one rule per flag, brackets and commas included
   cmd->add_option("--imatrix", o.imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
@@ -137,7 +155,7 @@ void add_quantize(CLI::App& app, Registry& reg) {
   auto* cmd = app.add_subcommand("quantize", "Quantise an HF checkpoint or a GGUF into a GGUF (llama-quantize's arguments and mixes)");
   cmd->add_option("model", o->model, "HF checkpoint directory or GGUF file")->required();
   cmd->add_option("output", o->out, "output .gguf path")->required();
-  cmd->add_option("preset", o->preset, "quantisation mix: " + names + " (routed experts stay as shipped)")->required();
+  cmd->add_option("preset", o->preset, "quantisation mix: " + names + " (routed experts stay as shipped except under the -E presets)")->required();
   add_common(cmd, *o);
   cmd->callback([&reg, o] { reg.action = [o] { return run_convert(*o); }; });
 }

@@ -195,7 +195,14 @@ inline std::vector<uint8_t> random_blocks(k3::WeightFormat f, int64_t blocks, st
 inline constexpr k3::WeightFormat kQuantisableFormats[] = {k3::WeightFormat::Q8_0, k3::WeightFormat::Q4_K, k3::WeightFormat::Q5_K,
                                                            k3::WeightFormat::Q6_K, k3::WeightFormat::Q3_K, k3::WeightFormat::Q2_K,
                                                            k3::WeightFormat::IQ4_XS, k3::WeightFormat::Q4_0, k3::WeightFormat::Q4_1,
-                                                           k3::WeightFormat::Q5_0, k3::WeightFormat::Q5_1, k3::WeightFormat::IQ4_NL};
+                                                           k3::WeightFormat::Q5_0, k3::WeightFormat::Q5_1, k3::WeightFormat::IQ4_NL,
+                                                           k3::WeightFormat::IQ3_XXS, k3::WeightFormat::IQ3_S, k3::WeightFormat::IQ2_XXS,
+                                                           k3::WeightFormat::IQ2_XS, k3::WeightFormat::IQ2_S, k3::WeightFormat::IQ1_S,
+                                                           k3::WeightFormat::IQ1_M};
+// The codebook i-quants (iq_pack.h).
+inline constexpr k3::WeightFormat kCodebookFormats[] = {k3::WeightFormat::IQ3_XXS, k3::WeightFormat::IQ3_S, k3::WeightFormat::IQ2_XXS,
+                                                        k3::WeightFormat::IQ2_XS, k3::WeightFormat::IQ2_S, k3::WeightFormat::IQ1_S,
+                                                        k3::WeightFormat::IQ1_M};
 inline constexpr k3::WeightFormat kGgufFormats[] = {
     k3::WeightFormat::Q8_0,    k3::WeightFormat::Q4_K,  k3::WeightFormat::Q5_K,    k3::WeightFormat::Q6_K,
     k3::WeightFormat::Q3_K,    k3::WeightFormat::Q2_K,  k3::WeightFormat::IQ4_XS,  k3::WeightFormat::IQ3_XXS,

@@ -379,6 +379,20 @@ TEST(Cli, ConvertToGgufAndRunIt) {
   EXPECT_NE(c.out.find("k3: error: '" + bare + "' has no tokenizer"), std::string::npos) << c.out;
 }
 
+// The codebook i-quants through the CLI: a low-bit expert preset plus an i-quant rule writes a GGUF that runs,
+// the size table lists the type, and without --imatrix a warning names the types that want one.
+TEST(Cli, QuantizeWithCodebookIQuants) {
+  k3test::TempDir t;
+  const std::string hf = k3test::source_path("models/k3-tiny"), out = (t.path / "eiq1.gguf").string();
+  const Result q = sh(k3bin() + " quantize --tensor-type 'attn_q_a=iq1_m' " + hf + " " + out + " Q4_K_M-EIQ1 2>&1");
+  ASSERT_EQ(q.status, 0) << q.out;
+  EXPECT_NE(q.out.find("warning: IQ1_M, IQ2_XXS, IQ1_S without --imatrix"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("| iq1_m |"), std::string::npos) << q.out;
+  const Result r = sh(k3bin() + " run -m " + out + " -p hi -n 2 --temp 0 2>/dev/null");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_FALSE(r.out.empty());
+}
+
 // Issue 17: --speculative-config on run / serve / bench offline. A bad value is one `k3: error:` line and
 // exit status 1 before any model loads; `k3 run` prints the same greedy text with it; bench offline
 // reports speed on/off and the acceptance.

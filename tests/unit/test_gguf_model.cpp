@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -423,12 +424,65 @@ TEST(GgufQuantised, DenseMatricesLoadAsTheirBlocks) {
   std::printf("[ gguf ] k3-tiny with Q8_0 dense matrices: logits rel %.3g vs the HF dir\n", rel);
   EXPECT_GT(rel, 0.0);   // quantised: not the same model
   EXPECT_LT(rel, 0.2);   // measured 0.053 (KLD 7.7e-3 on prose, docs/quantization.md); a misread layout gives ~1
-  EXPECT_THROW(k3::parse_tensor_type_rule("attn=iq2_xxs"), k3::Error);  // read, not written
+  EXPECT_EQ(k3::parse_tensor_type_rule("attn=iq2_xxs").format, k3::WeightFormat::IQ2_XXS);  // the codebook i-quants are written too
+  EXPECT_THROW(k3::parse_tensor_type_rule("attn=mxfp4"), k3::Error);  // read, not written
   EXPECT_THROW(k3::parse_tensor_type_rule("attn=q4_9"), k3::Error);
   EXPECT_EQ(k3::parse_tensor_type_rule("attn=q5_0").format, k3::WeightFormat::Q5_0);
   EXPECT_THROW(k3::parse_tensor_type_rule("=q8_0"), k3::Error);
   k3::GgufWriter w2;
   EXPECT_THROW(k3::add_model_to_gguf(w2, c, ck, "x", {k3::parse_tensor_type_rule("no_such_tensor=q8_0")}), k3::Error);
+}
+
+// The codebook i-quants end to end: k3-tiny with one i-quant per kind of dense matrix (the 256-wide inputs
+// take it, the 96-wide shared-expert down projection falls back to IQ4_NL as llama-quantize does) loads,
+// binds each matrix in its format with exactly the quantiser's rows, and runs.
+TEST(GgufQuantised, CodebookIQuantsLoadAndRun) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  const k3::Checkpoint ck(dir);
+  k3test::TempDir t;
+  const std::string path = t.str() + "/iq.gguf";
+  k3::GgufWriter w;
+  std::vector<k3::TensorTypeRule> rules;
+  for (const char* r : {"attn_q_a=iq3_xxs", "attn_kv_a_mqa=iq3_s", "ffn_gate_shexp=iq2_xxs", "ffn_up_shexp=iq2_s",
+                        "ffn_down_shexp=iq2_xs", "ssm_beta=iq1_s", "ssm_f_a=iq1_m"})
+    rules.push_back(k3::parse_tensor_type_rule(r));
+  const auto st = k3::add_model_to_gguf(w, c, ck, "k3-tiny", rules);
+  w.write(path);
+  EXPECT_GT(st.fallbacks, 0);  // ffn_down_shexp: 96 wide
+  constexpr uint32_t kIq4Nl = 20;
+  EXPECT_GT(count_ggml_type(w, kIq4Nl), 0);
+  auto hf = k3::Model::load(dir);
+  auto gg = k3::Model::load(path);
+  std::map<k3::WeightFormat, int> seen;
+  k3::for_each_matrix(gg->weights(), [&](const k3::WeightMatrix& m) { ++seen[m.format]; });
+  for (k3::WeightFormat f : {k3::WeightFormat::IQ3_XXS, k3::WeightFormat::IQ3_S, k3::WeightFormat::IQ2_XXS, k3::WeightFormat::IQ2_S,
+                             k3::WeightFormat::IQ1_S, k3::WeightFormat::IQ1_M})
+    EXPECT_GT(seen[f], 0) << k3::weight_format_name(f);
+  // A layer's q_a rows are the quantiser's output for the HF rows.
+  const k3::WeightMatrix* qa_hf = nullptr;
+  const k3::WeightMatrix* qa_gg = nullptr;
+  for (size_t l = 0; l < gg->weights().layers.size() && !qa_gg; ++l) {
+    const k3::WeightMatrix& m = gg->weights().layers[l].mla.q_a;
+    if (m.format == k3::WeightFormat::IQ3_XXS) qa_gg = &m, qa_hf = &hf->weights().layers[l].mla.q_a;
+  }
+  ASSERT_NE(qa_gg, nullptr);
+  std::vector<float> row(static_cast<size_t>(qa_hf->cols)), want(row.size()), got(row.size());
+  std::vector<uint8_t> blocks(static_cast<size_t>(k3::row_data_bytes(k3::WeightFormat::IQ3_XXS, qa_hf->cols)));
+  for (int64_t r : {int64_t{0}, qa_hf->rows - 1}) {
+    k3::cpu::dequant_row(*qa_hf, r, row.data());
+    k3::quant::quantize_row(k3::WeightFormat::IQ3_XXS, row.data(), qa_hf->cols, nullptr, blocks.data());
+    k3::quant::dequantize_row(k3::WeightFormat::IQ3_XXS, blocks.data(), qa_hf->cols, want.data());
+    k3::cpu::dequant_row(*qa_gg, r, got.data());
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << "row " << r;
+  }
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 24; ++i) toks.push_back((i * 37 + 5) % static_cast<int32_t>(c.vocab_size));
+  const auto ref = run(*hf, toks, false), q = run(*gg, toks, false);
+  const double rel = rms_rel(q, ref);
+  std::printf("[ gguf ] k3-tiny with i-quant matrices: logits rel %.3g vs the HF dir\n", rel);
+  EXPECT_GT(rel, 0.0);
+  EXPECT_LT(rel, 0.5);  // a misread layout gives ~1
 }
 
 // llama-quantize-style presets: every one applies to k3-tiny (each rule kind seen), a "keep" rule leaves

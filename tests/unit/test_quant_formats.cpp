@@ -1,4 +1,4 @@
-// GGUF's block formats (Q8_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_XS): layouts, dequantisation against the
+// GGUF's block formats (Q8_0, the K-quants, the i-quants, the 32-element formats): layouts, dequantisation against the
 // float64 reference of quant_test_ref.h and bit for bit against llama.cpp (tests/data/quant-golden/, made
 // by scripts/peer/ggml_quant_oracle.cpp), and the quantisers' error on Gaussian rows.
 #include <gtest/gtest.h>
@@ -166,7 +166,12 @@ TEST(QuantRms, GaussianRowsWithinBounds) {
   for (const Bound& b : {Bound{WeightFormat::Q8_0, 0.006}, Bound{WeightFormat::Q6_K, 0.02}, Bound{WeightFormat::Q5_K, 0.043},
                          Bound{WeightFormat::Q4_K, 0.085}, Bound{WeightFormat::IQ4_XS, 0.089}, Bound{WeightFormat::Q3_K, 0.172},
                          Bound{WeightFormat::Q2_K, 0.325}, Bound{WeightFormat::Q5_1, 0.040}, Bound{WeightFormat::Q5_0, 0.048},
-                         Bound{WeightFormat::Q4_1, 0.084}, Bound{WeightFormat::Q4_0, 0.097}, Bound{WeightFormat::IQ4_NL, 0.088}}) {
+                         Bound{WeightFormat::Q4_1, 0.084}, Bound{WeightFormat::Q4_0, 0.097}, Bound{WeightFormat::IQ4_NL, 0.088},
+                         // The codebook i-quants without importance weigh errors by sigma^2 + x^2 (gguf_quant.h), not 1:
+                         // plain RMS is not quite what they minimise here. Bounds ~1.1x the measured.
+                         Bound{WeightFormat::IQ3_S, 0.152}, Bound{WeightFormat::IQ3_XXS, 0.205}, Bound{WeightFormat::IQ2_S, 0.274},
+                         Bound{WeightFormat::IQ2_XS, 0.327}, Bound{WeightFormat::IQ2_XXS, 0.380}, Bound{WeightFormat::IQ1_M, 0.487},
+                         Bound{WeightFormat::IQ1_S, 0.531}}) {
     std::vector<uint8_t> q(static_cast<size_t>(rows * k3::row_data_bytes(b.f, cols)));
     std::vector<float> y(x.size());
     for (int64_t r = 0; r < rows; ++r) {
@@ -215,8 +220,6 @@ TEST(QuantRms, BadInputsAreClearErrors) {
   EXPECT_THROW(k3::quant::quantize_row(WeightFormat::Q8_0, x.data(), 256, nullptr, q.data()), k3::Error);
   x[17] = 1e30f;  // its f16 scale would overflow
   for (WeightFormat f : k3test::kQuantisableFormats) EXPECT_THROW(k3::quant::quantize_row(f, x.data(), 256, nullptr, q.data()), k3::Error);
-  x[17] = 0.5f;
-  EXPECT_THROW(k3::quant::quantize_row(WeightFormat::IQ2_XXS, x.data(), 256, nullptr, q.data()), k3::Error);  // read-only
   x[17] = 0.5f;
   std::vector<float> imp(256, 1.0f);
   imp[3] = 0;

@@ -28,7 +28,14 @@ WeightFormat fallback_format(WeightFormat f) {
     case WeightFormat::Q5_K: return WeightFormat::Q5_1;
     case WeightFormat::Q2_K:
     case WeightFormat::Q3_K:
-    case WeightFormat::IQ4_XS: return WeightFormat::IQ4_NL;
+    case WeightFormat::IQ4_XS:
+    case WeightFormat::IQ3_S:  // the codebook i-quants: llama-quant.cpp's tensor_type_fallback gives IQ4_NL too
+    case WeightFormat::IQ3_XXS:
+    case WeightFormat::IQ2_S:
+    case WeightFormat::IQ2_XS:
+    case WeightFormat::IQ2_XXS:
+    case WeightFormat::IQ1_M:
+    case WeightFormat::IQ1_S: return WeightFormat::IQ4_NL;
     default: return WeightFormat::Q8_0;  // Q6_K and anything wider
   }
 }
@@ -452,6 +459,12 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& presets() {
       // is not whole 256-blocks stays MXFP4.
       {"Q4_K_M-E3", {"_exps=q3_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
       {"Q4_K_M-E2", {"_exps=q2_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      // The smallest boxes (in the spirit of Unsloth's UD-IQ1_S): routed experts -- nearly all of K3's weights
+      // -- at a codebook i-quant, their down projection one step higher (it feeds the residual stream
+      // directly); KDA, attention and the shared expert Q8_0; the rest as Q4_K_M. Best with --imatrix.
+      {"Q4_K_M-EIQ1", {"ffn_down_exps=iq2_xxs", "_exps=iq1_s", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-EIQ2", {"ffn_down_exps=iq2_xs", "_exps=iq2_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-EIQ3", {"ffn_down_exps=iq3_s", "_exps=iq3_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
   };
   return p;
 }

@@ -8,6 +8,7 @@
 
 #include "k3/core/error.h"
 #include "k3/quant/block_decode.h"
+#include "k3/quant/iq_pack.h"
 #include "k3/quant/scale_search.h"
 
 namespace k3::quant {
@@ -282,7 +283,7 @@ PackBlock block_packer(WeightFormat f) {
     case WeightFormat::Q4_1: return pack_q45_1<4>;
     case WeightFormat::Q5_1: return pack_q45_1<5>;
     case WeightFormat::IQ4_NL: return pack_iq4_nl;
-    default: return nullptr;
+    default: return codebook_packer(f);  // the codebook i-quants (iq_pack.h), null for the rest
   }
 }
 

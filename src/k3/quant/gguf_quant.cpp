@@ -81,6 +81,10 @@ void dequantize_row(WeightFormat f, const uint8_t* src, int64_t n, float* dst) {
 
 bool can_quantize(WeightFormat f) { return block_packer(f) != nullptr; }
 
+bool importance_recommended(WeightFormat f) {
+  return f == WeightFormat::IQ2_XXS || f == WeightFormat::IQ2_XS || f == WeightFormat::IQ1_S || f == WeightFormat::IQ1_M;
+}
+
 void quantize_row(WeightFormat f, const float* x, int64_t n, const float* importance, uint8_t* dst) {
   check_row("quantize_row", f, n);
   if (!block_packer(f)) throw Error(std::string("quantize_row: k3 cannot write ") + weight_format_name(f) + " yet (it reads it)");
