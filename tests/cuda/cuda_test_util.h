@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,6 +40,15 @@ struct Dev {
   // All bytes 0xff: NaN for floats, so an output a kernel forgot to write shows.
   void poison() { ck(cudaMemset(p, 0xff, std::max<size_t>(n, 1) * sizeof(T)), "memset"); }
 };
+
+// n Gaussian values (mean 0, standard deviation `scale`) from a seeded generator.
+inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 // max |got - ref| / max |ref| (at least 1e-30); infinity for a size mismatch or any non-finite output.
 inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_util.h"
 #include "engine_test_request.h"
 #include "k3/backend/cuda/cuda_model.h"
 #include "k3/cache/hybrid_cache.h"
@@ -38,25 +39,12 @@ using k3::engine::Request;
 using k3::engine::RequestOutput;
 using k3::engine::SpeculativeConfig;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using k3cudatest::have_gpu;
 
 std::vector<float> download(const void* p, size_t bytes) {
   std::vector<float> h(bytes / 4);
   if (cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) throw std::runtime_error("D2H");
   return h;
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double md = 0, mr = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    md = std::max(md, std::fabs(static_cast<double>(a[i]) - b[i]));
-    mr = std::max(mr, std::fabs(static_cast<double>(b[i])));
-  }
-  return md / std::max(mr, 1e-30);
 }
 
 // Every KDA layer's state and conv tails of a view, downloaded.
@@ -122,14 +110,14 @@ TEST_P(CudaSpeculative, SnapshotsEqualDecodeStepStates) {
     const auto got = state_of(spec, {}, [&](int64_t l) { return a->kda_snapshot(l, j); });
     const auto& want = after[static_cast<size_t>(j)];
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_LT(rel_diff(got[i], want[i]), kBound) << GetParam() << " snapshot " << j << " part " << i;
-    if (j < 2) EXPECT_GT(rel_diff(got[0], after[static_cast<size_t>(j) + 1][0]), 1e-3) << "the test cannot tell rows apart";
+      EXPECT_LT(k3cudatest::rel_err(got[i], want[i]), kBound) << GetParam() << " snapshot " << j << " part " << i;
+    if (j < 2) EXPECT_GT(k3cudatest::rel_err(got[0], after[static_cast<size_t>(j) + 1][0]), 1e-3) << "the test cannot tell rows apart";
   }
   const auto fa = state_of(spec, {}, [&](int64_t l) { return a->kda_state(l); });
   const auto fb = state_of(spec, {}, [&](int64_t l) { return b->kda_state(l); });
-  for (size_t i = 0; i < fa.size(); ++i) EXPECT_LT(rel_diff(fa[i], fb[i]), kBound) << "final state part " << i;
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_LT(k3cudatest::rel_err(fa[i], fb[i]), kBound) << "final state part " << i;
   ASSERT_EQ(ver.size(), dec.size());
-  EXPECT_LT(rel_diff(ver, dec), 1e-4) << "verification logits vs decode steps";
+  EXPECT_LT(k3cudatest::rel_err(ver, dec), 1e-4) << "verification logits vs decode steps";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaSpeculative,

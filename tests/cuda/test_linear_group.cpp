@@ -25,15 +25,8 @@ namespace {
 using k3cudatest::ck;
 using k3cudatest::Dev;
 using k3cudatest::have_gpu;
+using k3cudatest::randn;
 using k3cudatest::rel_err;
-
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // One matrix of a test group: host bf16 / fp32 copy (for cpu::matmul) and the device copy.
 struct Mat {
