@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/expert_report.h"
 #include "cli/model_loader.h"
+#include "cli/bench_allreduce.h"
 #include "cli/bench_speculative.h"
 #include "cli/speculative_option.h"
 #include "k3/bench/client.h"
@@ -572,8 +573,9 @@ static void add_bench_memory(CLI::App* bench, Registry& reg) {
 }
 
 void add_bench(CLI::App& app, Registry& reg) {
-  auto* bench = app.add_subcommand("bench", "Benchmarks: serve (load generator), offline (engine throughput), plot");
+  auto* bench = app.add_subcommand("bench", "Benchmarks: serve (load generator), offline (engine throughput), allreduce, plot");
   bench->require_subcommand(1);
+  add_bench_allreduce(bench, reg);
 
   // ---- serve
   auto o = std::make_shared<ServeOpts>();
