@@ -534,3 +534,62 @@ TEST(SampleRow, FixedPointWeights) {
   EXPECT_EQ(k3::sampling::draw_position(std::nextafter(1.0, 0.0), 10), 9u);
   EXPECT_EQ(k3::sampling::draw_position(0.0, 10), 0u);
 }
+
+namespace {
+
+// The greedy pick against the definition, written out here: the first index of the maximum, the first
+// NaN's index as the error, +inf as PosInf at its first index, all -inf as AllMasked. Rows of every length
+// 1..70 (the eight-lane body and its tail) and of a real vocabulary, with planted ties (in the body, in the
+// tail, across both), NaNs, +inf and -inf runs, so a lane-order or tail bug in the vectorised argmax shows.
+TEST(SampleRow, GreedyPickMatchesTheScalarDefinition) {
+  using k3::sampling::SampleStatus;
+  std::mt19937 rng(29);
+  auto reference = [](const std::vector<float>& x) -> std::pair<SampleStatus, int32_t> {
+    float m = kNegInf;
+    int32_t arg = -1;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::isnan(x[i])) return {SampleStatus::NaN, static_cast<int32_t>(i)};
+      if (x[i] > m) {
+        m = x[i];
+        arg = static_cast<int32_t>(i);
+      }
+    }
+    if (arg < 0) return {SampleStatus::AllMasked, -1};
+    if (std::isinf(m)) return {SampleStatus::PosInf, arg};
+    return {SampleStatus::Ok, arg};
+  };
+  int checked = 0;
+  std::vector<size_t> lengths;
+  for (size_t n = 1; n <= 70; ++n) lengths.push_back(n);
+  lengths.push_back(163840);
+  for (size_t n : lengths)
+    for (int variant = 0; variant < 8; ++variant) {
+      std::vector<float> x = random_logits(n, static_cast<uint32_t>(n * 8 + variant));
+      std::uniform_int_distribution<size_t> pos(0, n - 1);
+      const float top = 100.0f;
+      if (variant == 1 || variant == 2) {  // ties of the maximum: two places, maybe both in the body or the tail
+        x[pos(rng)] = top;
+        x[pos(rng)] = top;
+      }
+      if (variant == 3) x[pos(rng)] = std::nanf("");
+      if (variant == 4) x[pos(rng)] = std::numeric_limits<float>::infinity();
+      if (variant == 5) std::fill(x.begin(), x.end(), kNegInf);
+      if (variant == 6) {  // -inf everywhere but one value, and signed zeros as the maximum
+        std::fill(x.begin(), x.end(), kNegInf);
+        x[pos(rng)] = -0.0f;
+        x[pos(rng)] = 0.0f;
+      }
+      if (variant == 7) x.back() = top;  // the maximum in the tail
+      const auto [want_status, want] = reference(x);
+      auto row = x;
+      const auto r = k3::sampling::sample_row(row, row_params(0.0f, 0, 1.0f, 0.0));
+      ASSERT_EQ(r.status, want_status) << "n " << n << " variant " << variant;
+      if (want_status == SampleStatus::Ok) EXPECT_EQ(r.token, want) << "n " << n << " variant " << variant;
+      if (want_status == SampleStatus::NaN || want_status == SampleStatus::PosInf)
+        EXPECT_EQ(r.at, want) << "n " << n << " variant " << variant;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 71 * 8);
+}
+
+}  // namespace
