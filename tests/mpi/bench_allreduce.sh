@@ -17,4 +17,7 @@ PY
 "$K3" plan --preset kimi-k3 --gpu h200 --tp 8 --measured "$out/ar.json" | grep -q "measured ($out/ar.json)"
 if "$K3" bench allreduce --sizes 6 > "$out/err" 2>&1; then echo "FAIL: size 6 accepted"; exit 1; fi
 grep -q 'positive multiple of 4' "$out/err"
+# 2 GiB per rank is refused before anything is allocated (it would exhaust RAM, not measure a link)
+if timeout 10 "$K3" bench allreduce --sizes 2147483648 > "$out/err" 2>&1; then echo "FAIL: 2 GiB accepted"; exit 1; fi
+grep -q 'up to 1 GiB' "$out/err"
 echo PASS

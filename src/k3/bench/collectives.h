@@ -20,7 +20,7 @@ struct AllReduceResult {
 // Collective over every rank of `comm` (same arguments on each): for each size, `warmup` untimed
 // all-reduces, then `reps` timed ones between barriers. The first all-reduce of each size is checked (rank
 // r contributes (r + 1) x (i % 251) at value i: the sum is known), so a transport that corrupts data fails
-// with k3::Error instead of printing a fast number. Sizes must be positive multiples of 4 bytes.
+// with k3::Error instead of printing a fast number. Sizes must be positive multiples of 4 bytes, at most 1 GiB.
 std::vector<AllReduceResult> measure_all_reduce(dist::Communicator& comm, const std::vector<int64_t>& sizes, int reps,
                                                 int warmup);
 
