@@ -47,6 +47,7 @@ const PathCfg kPaths[] = {
     {MoePath::TcDecode, MoePrecision::Bf16x2, 1e-4, "dec-bf16x2"},
     {MoePath::TcDecode, MoePrecision::Bf16, 2e-2, "dec-bf16"},
     {MoePath::Auto, MoePrecision::Bf16x2, 1e-4, "auto"},
+    {MoePath::Gemv, MoePrecision::Bf16x2, 1e-4, "gemv"},
 };
 constexpr size_t kAutoPath = 5;  // index of Auto in kPaths
 
@@ -528,7 +529,7 @@ TEST(CudaMoe, Timing) {
     cudaEvent_t e0, e1;
     ck(cudaEventCreate(&e0), "ev");
     ck(cudaEventCreate(&e1), "ev");
-    for (int n : {1, 8, 64, 256, 2048}) {
+    for (int n : {1, 2, 4, 8, 16, 64, 256, 2048}) {
       Rng rng(77 + n);
       std::vector<float> x(static_cast<size_t>(n) * X), logits(static_cast<size_t>(n) * E);
       for (auto& v : x) v = m.x_std * rng.normal();
@@ -554,6 +555,7 @@ TEST(CudaMoe, Timing) {
       for (const PathCfg& pc : kPaths) {
         if (pc.path == MoePath::TensorCore && n < 64) continue;
         if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
+        if (pc.path == MoePath::Gemv && n > 16) continue;
         ck(experts(pc), "warm");
         ck(cudaStreamSynchronize(st), "sync");
         const int reps = n >= 2048 ? 3 : 20;
@@ -579,7 +581,7 @@ TEST(CudaMoe, Timing) {
         const double gbps = bytes / (us * 1e-6) / 1e9;
         const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
         const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16);
-        const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : "simt";
+        const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : ap == MoePath::Gemv ? "gemv" : "simt";
         std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
                     "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
                     s.name, n, used.size(), pc.name, pc.path == MoePath::Auto ? auto_is : "", us, gbps, gbps / 48.0,

@@ -52,6 +52,7 @@
 #include <string>
 
 #include "k3/backend/cuda/moe_decode.h"
+#include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/core/error.h"
@@ -160,6 +161,78 @@ __global__ void __launch_bounds__(kRouteThreads)
       topk_idx[static_cast<int64_t>(t) * K + k] = s_pick[k];
       topk_w[static_cast<int64_t>(t) * K + k] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
     }
+  }
+}
+
+// The same routing with one warp per token, for E <= 32 J: lane l holds experts l, l + 32, ... in registers,
+// and each of the K rounds is a warp argmax (no shared memory, no block barriers). At batch 1 the block kernel
+// above took ~10 us per layer on an H200 (K barriers in a row, ncu, session 13). Same rule (`better`), so the
+// same picks and weights for every input without NaN scores (with NaNs the ids stay valid and distinct).
+template <int J>
+__global__ void __launch_bounds__(128)
+    route_warp_kernel(int n, int E, int K, const float* __restrict__ logits, const float* __restrict__ bias,
+                      bool renormalize, float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (t >= n) return;
+  const float* lt = logits + static_cast<int64_t>(t) * E;
+  float sig[J], biased[J];
+  uint32_t taken = 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the block kernel and the CPU
+    sig[j] = s;
+    biased[j] = e < E && bias ? s + bias[e] : s;
+    if (e >= E) taken |= 1u << j;  // padding never wins
+  }
+  float denom = 0.f, picked_sig = 0.f;
+  int my_pick = -1;  // lane k keeps the rank-k pick
+  for (int k = 0; k < K; ++k) {
+    float bv = 0.f;
+    int bi = -1;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (!(taken >> j & 1u) && better(biased[j], lane + 32 * j, bv, bi)) {
+        bv = biased[j];
+        bi = lane + 32 * j;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (bi < 0) {  // every free score NaN: the lowest free id, as the block kernel
+      int lowest = 1 << 30;
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (!(taken >> j & 1u)) lowest = min(lowest, lane + 32 * j);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) lowest = min(lowest, __shfl_xor_sync(0xffffffffu, lowest, o));
+      bi = lowest;
+    }
+    // The owner marks it taken and shares its sigmoid.
+    float s_owner = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (lane + 32 * j == bi) {
+        taken |= 1u << j;
+        s_owner = sig[j];
+      }
+    const float s = __shfl_sync(0xffffffffu, s_owner, bi & 31);
+    denom += s;
+    if (lane == k) {
+      my_pick = bi;
+      picked_sig = s;
+    }
+  }
+  if (lane < K) {
+    topk_idx[static_cast<int64_t>(t) * K + lane] = my_pick;
+    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? picked_sig / (denom + 1e-20f) : picked_sig) * scale;
   }
 }
 
@@ -754,6 +827,10 @@ MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format) {
   const int64_t P = static_cast<int64_t>(n) * K;
   if (simt_forced_by_env()) return P >= static_cast<int64_t>(kTcMinPairsPerExpert) * E ? MoePath::TensorCore : MoePath::Simt;
   if (P > 8 * static_cast<int64_t>(E)) return MoePath::TensorCore;
+  // Session 13 (CudaMoe.Timing, Kimi-Linear bf16): the GEMV path at n = 1 / 2 / 4 49.6 / 76.8 / 136.8 us vs
+  // 75.9 / 111.5 / 175.5 SIMT (60.3 / 94.1 / 152.7 decode), even at n = 8 (P = E / 4). Not for MXFP4: its lanes
+  // read 128 bytes of activations per 16 bytes of weights from L1 (K3 n = 1: 649 vs 212 us SIMT).
+  if (format == WeightFormat::BF16 && P * 8 <= static_cast<int64_t>(E) && moe_gemv_enabled()) return MoePath::Gemv;
   // bf16 experts, session 8 (moe_skinny.cu; K3_MOE_SKINNY=0 restores the rule below): the decode path from a
   // quarter pair per expert (Kimi-Linear: batch 8 and up).
   if (format == WeightFormat::BF16 && moe_skinny_enabled())
@@ -773,8 +850,15 @@ cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bia
   if (n < 0 || E <= 0 || E > kMaxE || K <= 0 || K > kMaxK || K > E) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!logits || !topk_idx || !topk_w) return cudaErrorInvalidValue;  // bias may be null: no bias
-  route_kernel<<<static_cast<unsigned>(n), kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale,
-                                                                        topk_idx, topk_w);
+  const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4);
+  if (E <= 32 * 8) {
+    route_warp_kernel<8><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+  } else if (E <= 32 * 32) {
+    route_warp_kernel<32><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+  } else {
+    route_kernel<<<static_cast<unsigned>(n), kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale,
+                                                                          topk_idx, topk_w);
+  }
   return cudaGetLastError();
 }
 
@@ -846,10 +930,13 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     return cudaErrorInvalidValue;
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
-  if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode)
+  if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
+      path != MoePath::Gemv)
     return cudaErrorInvalidValue;
   const int P = n * K;
   MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
+    return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
   // The session-8 bf16 rule assumes the skinny kernels; shapes they do not take (I or X not a multiple of
   // 32) keep the session-4 rule: SIMT up to 2 pairs per expert.
   if (path == MoePath::Auto && chosen == MoePath::TcDecode && !mx && !moe_skinny_supported(w, 8) &&

@@ -31,10 +31,12 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
 // Which expert kernels moe_experts runs. Auto: the 64-pair tensor-core tiles when moe_experts_use_tc(n, K, E),
 // else the decode tensor-core kernels (moe_decode.cu; the SIMT tiles when K3_MOE_DECODE=simt is set in the
 // environment, for before/after comparisons). TcDecode: the decode kernels at any n (n * K <= the workspace's
-// decode capacity, else cudaErrorInvalidValue).
-enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3 };
+// decode capacity, else cudaErrorInvalidValue). Gemv: every pair as a plain GEMV, two launches, no sorting
+// (moe_gemv.cu; Auto's choice for bf16 experts up to a pair per 8 experts, session 13).
+enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4 };
 
-// Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4"): the 64-pair tensor-core tiles above 8
+// Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV
+// path while n * K * 8 <= E (K3_MOE_GEMV=0 in the environment turns that off); the 64-pair tensor-core tiles above 8
 // (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels from 1/16 pair per expert
 // (MXFP4) or, for bf16, from 1/4 pair per expert on the skinny kernels (moe_skinny.cu, session 8; moe_experts
 // keeps the session-4 bf16 threshold, above 2 pairs per expert, for I or X not multiples of 32, and

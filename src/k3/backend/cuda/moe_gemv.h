@@ -1,0 +1,21 @@
+// The GEMV expert path for decode batches of a few (token, expert) pairs (MoePath::Gemv), internal to
+// moe_kernels.cu. See moe_gemv.cu for the kernels and why.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/backend/cuda/moe_kernels.h"
+
+namespace k3::cuda {
+
+// out[t] = sum over k in rank order of topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k];
+// pairs with an id outside [0, E) add nothing. h: scratch [n * K][I] floats. mx: MXFP4 experts, else bf16
+// (moe_experts checked formats, alignment and shapes). out [n][X] overwritten. Two launches.
+cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
+                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* out,
+                             cudaStream_t stream);
+// false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
+bool moe_gemv_enabled();
+
+}  // namespace k3::cuda
