@@ -105,8 +105,10 @@ def main(argv=None):
     ap.add_argument("--data", default=None, help="load a gen_data.py .pt instead of generating")
     ap.add_argument("--save-data", default=None)
     # data
-    ap.add_argument("--max-new", type=int, default=192)
-    ap.add_argument("--gen-batch", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--reforward", action="store_true", help="generate by re-running the prefix (no cache)")
+    ap.add_argument("--gen-passes", type=int, default=8, help="at most this many passes over the prompts")
     ap.add_argument("--max-prompts", type=int, default=0)
     ap.add_argument("--val-every", type=int, default=20, help="every N-th generated sequence is held out")
     # drafter config (docs/block-drafter.md defaults)
@@ -147,18 +149,19 @@ def main(argv=None):
         gen_stats = data.pop("stats")
     else:
         target, bos, eos, pad = setup_target(a.target, dev)
-        prompts = prompt_list(a.prompts, bos, a.seed)
-        log(f"target loaded; {len(prompts)} prompts; generating until {a.gen_frac:.0%} of the budget")
-        data = build_dataset(target, prompts, tap_ids, a.block_size, a.max_new, a.gen_batch,
+        log(f"target loaded; {len(prompt_list(a.prompts, bos, a.seed))} prompts in the first pass; "
+            f"generating until {a.gen_frac:.0%} of the budget")
+        data = build_dataset(target, lambda k: prompt_list(a.prompts, bos, a.seed + k, repeat=k > 0), tap_ids, a.block_size, a.max_new, a.gen_batch,
                              t_start + a.gen_frac * a.time_budget_s, eos, pad, dev,
-                             log=lambda m: log(m), max_prompts=a.max_prompts)
+                             log=lambda m: log(m), max_prompts=a.max_prompts, cached=not a.reforward,
+                             max_passes=a.gen_passes)
         gen_stats = data.pop("stats")
         del target
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
         if a.save_data:
             torch.save(dict({k: v.cpu() for k, v in data.items()}, stats=gen_stats), a.save_data)
-    N = data["tok"].numel()
+    N = data["tok"].numel() if data["tok"] is not None else 0
     if N == 0:
         sys.exit("train.py: no training examples (budget too small?)")
     is_val = (data["seq"] % a.val_every) == 0
