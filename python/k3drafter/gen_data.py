@@ -39,19 +39,19 @@ DEFAULT_PROMPTS = os.path.join(HERE, "data", "prompts.bin.gz")
 
 
 def prompt_list(path: str, bos: int, seed: int, min_prefix: int = 16, max_len: int = 320,
-                repeat: bool = False) -> List[Tuple[str, List[int]]]:
+                repeat: bool = False) -> List[Tuple[str, List[int], int]]:
     """Shuffled prompts: chat entries as stored; a prose / code window becomes [BOS] + a random prefix of it
-    (at least min_prefix tokens). repeat=True (a later pass over the file): only the prose / code windows,
+    (at least min_prefix tokens); each with its entry index in the file. repeat=True (a later pass over the file): only the prose / code windows,
     whose new random prefixes give new continuations (a chat prompt would repeat its greedy answer)."""
     rng = random.Random(seed)
     out = []
-    for kind, toks in read_prompts(path):
+    for pid, (kind, toks) in enumerate(read_prompts(path)):
         if repeat and kind == "chat":
             continue
         if kind != "chat":
             toks = [bos] + toks[:rng.randint(min(min_prefix, len(toks)), len(toks))]
         if len(toks) <= max_len:
-            out.append((kind, toks))
+            out.append((kind, toks, pid))
     rng.shuffle(out)
     return out
 
@@ -130,9 +130,9 @@ def build_dataset(model, prompts_for_pass, tap_ids, block: int, max_new: int, ba
                   max_passes: int = 8):
     """Generates until the next batch would pass `deadline` (time.time()), pass after pass over the prompts
     (prompts_for_pass(k) -> the prompt list of pass k; max_prompts caps each pass).
-    -> dict(ctx, tok, tgt, seq (global sequence id), kind (per example), stats)."""
+    -> dict(ctx, tok, tgt, seq (sequence id), kind, pid (the prompt's entry in the file): per example; stats)."""
     gen = generate_cached if cached else generate
-    parts = {"ctx": [], "tok": [], "tgt": [], "seq": [], "kind": []}
+    parts = {"ctx": [], "tok": [], "tgt": [], "seq": [], "kind": [], "pid": []}
     kinds = ("chat", "prose", "code")
     seq0 = match = total = gen_tokens = 0
     t_last = 0.0
@@ -145,11 +145,13 @@ def build_dataset(model, prompts_for_pass, tap_ids, block: int, max_new: int, ba
                 stop = True
                 break
             t0 = time.time()
-            ids, plen, end = gen(model, [p for _, p in b], max_new, eos, pad, device)
+            ids, plen, end = gen(model, [p for _, p, _ in b], max_new, eos, pad, device)
             ctx, tok, tgt, row, (m, n) = examples(model, ids, plen, end, tap_ids, block)
             match, total, gen_tokens = match + m, total + n, gen_tokens + int((end - plen + 1).sum())
-            kind_of_row = torch.tensor([kinds.index(kd) for kd, _ in b], device=device)
-            for name, v in (("ctx", ctx), ("tok", tok), ("tgt", tgt), ("seq", row + seq0), ("kind", kind_of_row[row])):
+            kind_of_row = torch.tensor([kinds.index(kd) for kd, _, _ in b], device=device)
+            pid_of_row = torch.tensor([pid for _, _, pid in b], device=device)
+            for name, v in (("ctx", ctx), ("tok", tok), ("tgt", tgt), ("seq", row + seq0), ("kind", kind_of_row[row]),
+                            ("pid", pid_of_row[row])):
                 parts[name].append(v)
             seq0 += len(b)
             if str(device).startswith("cuda"):

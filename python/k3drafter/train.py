@@ -9,7 +9,8 @@
 
   python3 python/k3drafter/train.py --target models/k3-tiny --out OUT/k3-tiny-drafter --log-dir OUT --time-budget-s 420
 
-Held out: whole sequences (every --val-every-th), so no held-out block shares a prompt with training.
+Held out: whole prompts (--val-every), so no held-out block shares a prompt with training; "val" picks the
+exported checkpoint (the best evaluated), "test" gives the reported numbers.
 Metrics: per-position accuracy acc_j (argmax == the target's token at block position j), and the accepted
 length = the number of leading positions all correct (what greedy verification accepts with k = block_size;
 mean min(lead, k) for a smaller k). The engine's "acceptance length" counts the bonus token too: + 1.
@@ -164,19 +165,31 @@ def main(argv=None):
     N = data["tok"].numel() if data["tok"] is not None else 0
     if N == 0:
         sys.exit("train.py: no training examples (budget too small?)")
-    is_val = (data["seq"] % a.val_every) == 0
-    if bool(is_val.all()) or not bool(is_val.any()):     # tiny runs: hold out the last sequence
-        is_val = data["seq"] == data["seq"].max()
-    val_idx = torch.nonzero(is_val).flatten()
-    train_idx = torch.nonzero(~is_val).flatten()
+    # Held out by prompt-file entry (a prose / code window gives several sequences over the passes: all on one
+    # side): pid % val_every == 0 selects the checkpoint (val), == 1 is only measured (test: the reported
+    # numbers). Tiny runs without such prompts hold out the last one or two.
+    r = data["pid"] % a.val_every
+    is_val, is_test = r == 0, r == 1
+    if not bool(is_val.any()) or not bool(is_test.any()) or bool((is_val | is_test).all()):
+        last = data["pid"].max()
+        is_val = data["pid"] == last
+        is_test = data["pid"] == data["pid"][~is_val].max() if bool((~is_val).any()) else is_val
+        if not bool(is_test.any()):
+            is_test = is_val
+    train_idx = torch.nonzero(~(is_val | is_test)).flatten()
     g = torch.Generator(device="cpu").manual_seed(a.seed)
-    val_idx = val_idx[torch.randperm(val_idx.numel(), generator=g)[:a.eval_max].to(val_idx.device)]
-    train_eval_idx = train_idx[torch.randperm(train_idx.numel(), generator=g)[:min(a.eval_max, val_idx.numel())].to(dev)]
+
+    def subset(mask, n):
+        idx = torch.nonzero(mask).flatten()
+        return idx[torch.randperm(idx.numel(), generator=g)[:n].to(idx.device)]
+    val_idx = subset(is_val, a.eval_max)
+    test_idx = subset(is_test, a.eval_max)
+    train_eval_idx = train_idx[torch.randperm(train_idx.numel(), generator=g)[:min(a.eval_max, test_idx.numel())].to(dev)]
     kinds = {k: int((data["kind"] == i).sum()) for i, k in enumerate(("chat", "prose", "code"))}
-    log(f"data: {N} examples ({train_idx.numel()} train / {is_val.sum().item()} held out) from "
-        f"{gen_stats['sequences']} sequences, {gen_stats['generated_tokens']} generated tokens, by kind {kinds}; "
-        f"greedy agreement of the final forward {gen_stats['greedy_agreement']:.5f}",
-        event="data", **gen_stats, train=train_idx.numel(), val=int(is_val.sum()), kinds=kinds)
+    split = {"train": train_idx.numel(), "val": int(is_val.sum()), "test": int(is_test.sum())}
+    log(f"data: {N} examples {split} from {gen_stats['sequences']} sequences, {gen_stats['generated_tokens']} "
+        f"generated tokens, by kind {kinds}; greedy agreement of the final forward {gen_stats['greedy_agreement']:.5f}",
+        event="data", **gen_stats, **split, kinds=kinds)
 
     # ---- 2. training
     tcfg, embed, head = load_target_tables(a.target)
@@ -199,6 +212,7 @@ def main(argv=None):
     step, t_probe = 0, None
     sync = (lambda: torch.cuda.synchronize()) if dev.startswith("cuda") else (lambda: None)
     model.train()
+    best = None          # (val mean accepted, step, state): the exported drafter is the best evaluated one
     while step < total:
         if step == 5:
             sync()
@@ -206,7 +220,7 @@ def main(argv=None):
         if step == 25 and not a.max_steps:                    # fix the cosine length from the measured step time
             sync()
             per = (time.time() - t_probe) / 20
-            evals = 1.0 + 0.02 * (val_idx.numel() + train_eval_idx.numel()) / 4096   # rough seconds per eval
+            evals = 1.0 + 0.02 * val_idx.numel() / 4096                              # rough seconds per eval
             left = train_deadline - time.time()
             n_ev = max(1, int(left / per) // a.eval_every)
             total = max(step + 1, int((left - n_ev * evals) / per) + step)
@@ -231,10 +245,19 @@ def main(argv=None):
                 event="step", step=step, loss=loss.item(), lr=lr, gnorm=gn.item())
         if step % a.eval_every == 0 and step < total:
             ev = evaluate(model, data, val_idx, dev)
-            log(f"eval step {step}: held-out loss {ev['loss']:.4f} acc {ev['acc']} mean accepted {ev['mean_accepted']}",
+            if best is None or ev["mean_accepted"] > best[0]:
+                best = (ev["mean_accepted"], step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+            log(f"eval step {step}: val loss {ev['loss']:.4f} acc {ev['acc']} mean accepted {ev['mean_accepted']}",
                 event="eval", step=step, **ev)
 
     # ---- 3. export, reload, final metrics of the reloaded drafter
+    if best is not None:
+        ev = evaluate(model, data, val_idx, dev)
+        if ev["mean_accepted"] >= best[0]:
+            best = (ev["mean_accepted"], step, None)
+        else:
+            model.load_state_dict(best[2])
+        log(f"exporting the drafter of step {best[1]} (val mean accepted {best[0]})", event="pick", step=best[1])
     os.makedirs(a.out, exist_ok=True)
     model.save_dir(a.out)
     ref = K3BlockDrafter(cfg).to(dev)
@@ -242,21 +265,21 @@ def main(argv=None):
     ref.set_target(embed, head)
     ref.round_matrices_to_bf16_()
     loaded = K3BlockDrafter.from_dir(a.out, target=a.target, device=dev)
-    chk = val_idx[:256]
+    chk = test_idx[:256]
     with torch.no_grad():
         l_ref = ref(data["ctx"][chk], data["tok"][chk])
         l_load = loaded(data["ctx"][chk], data["tok"][chk])
         l_master = model.eval()(data["ctx"][chk], data["tok"][chk])
     reload_diff = float((l_ref - l_load).abs().max())
     bf16_vs_master = float((l_master - l_load).abs().max())
-    final = evaluate(loaded, data, val_idx, dev, use_autocast=False)
+    final = evaluate(loaded, data, test_idx, dev, use_autocast=False)
     final_train = evaluate(loaded, data, train_eval_idx, dev, use_autocast=False)
-    summary = {"steps": step, "seconds": round(time.time() - t_start, 1), "params": n_params,
-               "data": dict(gen_stats, train=train_idx.numel(), val=int(is_val.sum()), kinds=kinds),
-               "heldout": final, "train_subset": final_train,
+    summary = {"steps": step, "exported_step": best[1] if best else step, "seconds": round(time.time() - t_start, 1), "params": n_params,
+               "data": dict(gen_stats, **split, kinds=kinds),
+               "test": final, "train_subset": final_train,
                "reload_max_abs_diff_vs_bf16_rounded_module": reload_diff,
                "reload_max_abs_diff_vs_fp32_master": bf16_vs_master, "out": a.out}
-    log(f"final (reloaded, float32): held-out acc {final['acc']} mean accepted {final['mean_accepted']} "
+    log(f"final (reloaded, float32): test acc {final['acc']} mean accepted {final['mean_accepted']} "
         f"(k: {final['mean_accepted_k']}), estimate {final['accepted_estimate_from_acc']}; train subset mean accepted "
         f"{final_train['mean_accepted']}; reload diff {reload_diff:.3g} (vs fp32 master {bf16_vs_master:.3g})",
         event="final", **summary)
