@@ -305,7 +305,10 @@ class Model:
 
     # -- forward
     def forward(self, tokens, state: Optional[State] = None, kda_mode: str = "chunk", mla_mode: str = "mha",
-                chunk: int = 64, return_hidden: bool = False):
+                chunk: int = 64, return_hidden: bool = False, taps: Optional[Dict[int, object]] = None):
+        """taps: optional dict whose keys are tap ids (docs/block-drafter.md); each key present is set to
+        [T, H]: for l < num_layers the normed mixer input `xin` of layer l, for l == num_layers the
+        final-normed hidden (the lm_head input). Observation only: the numerics do not change."""
         cfg = self.cfg
         st = state if state is not None else self.new_state()
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
@@ -322,7 +325,10 @@ class Model:
                 if l % bs == 0:
                     B.append(P)
                     P = None
-                a = self.attn(l, rms_norm(h, self.W(pl + "input_layernorm.weight"), eps), st, kda_mode, mla_mode, chunk)
+                xin = rms_norm(h, self.W(pl + "input_layernorm.weight"), eps)
+                if taps is not None and l in taps:
+                    taps[l] = xin
+                a = self.attn(l, xin, st, kda_mode, mla_mode, chunk)
                 P = a if P is None else P + a
                 h2 = self.attn_res(B + [P], pl + "mlp_res")
                 m = self.ffn(l, rms_norm(h2, self.W(pl + "post_attention_layernorm.weight"), eps))
@@ -332,9 +338,14 @@ class Model:
             h = x
             for l in range(L):
                 pl = f"layers.{l}."
-                h = h + self.attn(l, rms_norm(h, self.W(pl + "input_layernorm.weight"), eps), st, kda_mode, mla_mode, chunk)
+                xin = rms_norm(h, self.W(pl + "input_layernorm.weight"), eps)
+                if taps is not None and l in taps:
+                    taps[l] = xin
+                h = h + self.attn(l, xin, st, kda_mode, mla_mode, chunk)
                 h = h + self.ffn(l, rms_norm(h, self.W(pl + "post_attention_layernorm.weight"), eps))
         hn = rms_norm(h, self.W("norm.weight"), eps)
+        if taps is not None and L in taps:
+            taps[L] = hn
         head = self.W("embed_tokens.weight") if cfg.tie_word_embeddings else self.w[cfg.head_name]
         logits = hn @ head.T
         st.pos += len(ids)

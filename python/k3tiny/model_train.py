@@ -464,7 +464,10 @@ class K3Tiny(nn.Module):
         for m in self.moe_layers():
             m.qat = on
 
-    def forward(self, ids):
+    def forward(self, ids, taps: Optional[Dict[int, object]] = None, head: bool = True):
+        """ids [B, T] -> logits [B, T, V] (None with head=False). taps: optional dict whose keys are tap ids
+        (docs/block-drafter.md); each key present is set to [B, T, H]: for l < num_layers the normed mixer
+        input of layer l, for l == num_layers the final-normed hidden. Observation only."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         bs = cfg.attn_res_block_size
@@ -476,12 +479,18 @@ class K3Tiny(nn.Module):
             if l % bs == 0:
                 Bl.append(P)
                 P = None
-            a = layer.self_attn(layer.input_layernorm(h)).to(ACC[0])
+            xin = layer.input_layernorm(h)
+            if taps is not None and l in taps:
+                taps[l] = xin
+            a = layer.self_attn(xin).to(ACC[0])
             P = a if P is None else P + a
             h2 = attn_res(Bl + [P], layer.mlp_res_norm, layer.mlp_res_proj, eps)
             P = P + layer.ffn(layer.post_attention_layernorm(h2)).to(ACC[0])
         h = attn_res(Bl + [P], self.output_attn_res_norm, self.output_attn_res_proj, eps)
-        return self.lm_head(self.norm(h))
+        hn = self.norm(h)
+        if taps is not None and len(self.layers) in taps:
+            taps[len(self.layers)] = hn
+        return self.lm_head(hn) if head else None
 
     def aux_loss(self):
         ls = [m.aux_loss for m in self.moe_layers() if m.aux_loss is not None]
