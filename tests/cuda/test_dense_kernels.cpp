@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <cstring>
 #include <vector>
 
 #include "k3/backend/cpu/mla_attention.h"
@@ -170,6 +171,37 @@ TEST(CudaLinear, UnalignedPointers) {
         }
       }
     }
+  }
+}
+
+// The fused residual add + norm equals add_inplace then rmsnorm bit for bit (the graph's add_rmsnorm), and the
+// CPU's add + rmsnorm within float tolerance; rows at a stride wider than dim keep their tail untouched.
+TEST(CudaDense, AddRmsnormEqualsAddThenRmsnorm) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const int H : {96, 2304, 7168}) {
+    const int n = 5, stride = H + 8;
+    const auto y0 = randn(static_cast<size_t>(n * stride), 11, 1.5f), x = randn(static_cast<size_t>(n * stride), 12, 0.7f),
+               w = randn(static_cast<size_t>(H), 13);
+    DeviceBuffer dy1 = upload(y0), dy2 = upload(y0), dx = upload(x), dw = upload(w);
+    DeviceBuffer do1 = upload(y0), do2 = upload(y0);  // tails past H must survive in out
+    for (int r = 0; r < n; ++r)  // the separate path: add row by row (add_inplace takes a contiguous count)
+      K3_CUDA_CHECK(k3::cuda::add_inplace(dy1.get<float>() + r * stride, dx.get<float>() + r * stride, H, nullptr));
+    K3_CUDA_CHECK(k3::cuda::rmsnorm(dy1.get<float>(), dw.get<float>(), n, H, stride, 1e-5f, do1.get<float>(), nullptr));
+    K3_CUDA_CHECK(k3::cuda::add_rmsnorm(dy2.get<float>(), dx.get<float>(), dw.get<float>(), n, H, stride, 1e-5f,
+                                        do2.get<float>(), nullptr));
+    const auto y1 = download(dy1, y0.size()), y2 = download(dy2, y0.size());
+    const auto o1 = download(do1, y0.size()), o2 = download(do2, y0.size());
+    EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "H=" << H;
+    EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * 4)) << "H=" << H;
+    std::vector<float> ysum(static_cast<size_t>(n) * H), ref(ysum.size()), got(ysum.size());
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < H; ++i) {
+        ysum[static_cast<size_t>(r) * H + i] = y0[static_cast<size_t>(r) * stride + i] + x[static_cast<size_t>(r) * stride + i];
+        got[static_cast<size_t>(r) * H + i] = o2[static_cast<size_t>(r) * stride + i];
+        EXPECT_EQ(o2[static_cast<size_t>(r) * stride + H], y0[static_cast<size_t>(r) * stride + H]) << "tail written";
+      }
+    k3::cpu::rmsnorm(ysum.data(), w.data(), n, H, 1e-5f, ref.data());
+    EXPECT_LT(rel_err(got, ref), 1e-5) << "H=" << H;
   }
 }
 

@@ -270,6 +270,15 @@ void CudaBackend::add(Tensor y, Tensor x) {
   prof_.end(stream_);
 }
 
+void CudaBackend::add_rmsnorm(Tensor y, Tensor x, const float* w, float eps, Tensor out) {
+  if (x.stride != y.stride || out.stride != y.stride || x.rows != y.rows || x.cols != y.cols)
+    throw Error("CUDA backend: add_rmsnorm layouts differ");
+  prof_.begin("norms+residual", stream_);
+  K3_CUDA_CHECK(cuda::add_rmsnorm(y.f(), x.f(), w, static_cast<int>(y.rows), static_cast<int>(y.cols),
+                                  static_cast<int>(y.stride), eps, out.f(), stream_));
+  prof_.end(stream_);
+}
+
 void CudaBackend::copy(Tensor dst, Tensor src) {
   K3_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.count()) * 4, cudaMemcpyDeviceToDevice, stream_));
 }

@@ -76,6 +76,7 @@ class CudaBackend final : public graph::Backend {
   void linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y) override;
   void linear_group(graph::Tensor x, std::span<const graph::Projection> ps) override;
   void rmsnorm(graph::Tensor x, const float* w, int64_t dim, float eps, graph::Tensor y) override;
+  void add_rmsnorm(graph::Tensor y, graph::Tensor x, const float* w, float eps, graph::Tensor out) override;
   void glu(graph::Tensor gate, graph::Tensor up, const graph::GluParams& p) override;
   void add(graph::Tensor y, graph::Tensor x) override;
   void copy(graph::Tensor dst, graph::Tensor src) override;

@@ -63,6 +63,24 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int 
   for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = xr[i] * inv * (w ? w[i] : 1.0f);
 }
 
+// y += x, then out = rmsnorm(y) * w, per row: add_kernel and rmsnorm_kernel in one launch with their exact
+// arithmetic (the same per-element add; the same threads, strided loop and block_sum for the norm), so the
+// bits equal the two-kernel sequence. Each thread re-reads only the y elements it wrote itself.
+__global__ void add_rmsnorm_kernel(float* y, const float* __restrict__ x, const float* __restrict__ w, int dim, int stride,
+                                   float eps, float* out) {
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * stride;
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
+  float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
+  float ss = 0;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = yr[i] + xr[i];
+    yr[i] = v;
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) orow[i] = yr[i] * inv * (w ? w[i] : 1.0f);
+}
+
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
@@ -236,6 +254,14 @@ cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, 
   if (n <= 0) return cudaSuccess;
   if (dim <= 0 || stride < dim) return cudaErrorInvalidValue;
   rmsnorm_kernel<<<n, row_threads(dim), 0, s>>>(x, w, dim, stride, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add_rmsnorm(float* y, const float* x, const float* w, int n, int dim, int stride, float eps, float* out,
+                        cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  if (dim <= 0 || stride < dim) return cudaErrorInvalidValue;
+  add_rmsnorm_kernel<<<n, row_threads(dim), 0, s>>>(y, x, w, dim, stride, eps, out);
   return cudaGetLastError();
 }
 

@@ -22,6 +22,10 @@ cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, 
 
 // y[i] += x[i]
 cudaError_t add_inplace(float* y, const float* x, int64_t count, cudaStream_t s);
+// y += x (n rows of dim values, `stride` apart, x with the same layout), then out = rmsnorm(y) * w as `rmsnorm`
+// does: the same bits as add_inplace followed by rmsnorm, in one launch. out must not alias x.
+cudaError_t add_rmsnorm(float* y, const float* x, const float* w, int n, int dim, int stride, float eps, float* out,
+                        cudaStream_t s);
 // y[i] *= sigmoid(g[i])
 cudaError_t sigmoid_mul(float* y, const float* g, int64_t count, cudaStream_t s);
 // gate[i] = act(gate[i]) * up[i]; SiLU (situ = false) or SiTU (cpu::situ_glu).

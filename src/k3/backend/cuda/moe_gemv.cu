@@ -206,12 +206,14 @@ cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const
 
 }  // namespace
 
-bool moe_gemv_enabled() {
-  static const bool on = [] {
+bool moe_gemv_enabled() { return moe_gemv_mode() != 0; }
+
+int moe_gemv_mode() {
+  static const int mode = [] {
     const char* v = std::getenv("K3_MOE_GEMV");
-    return !(v && v[0] == '0');
+    return v && v[0] == '0' ? 0 : v && v[0] == '2' ? 2 : 1;
   }();
-  return on;
+  return mode;
 }
 
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,

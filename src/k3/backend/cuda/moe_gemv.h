@@ -17,5 +17,7 @@ cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const f
                              cudaStream_t stream);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
 bool moe_gemv_enabled();
+// K3_MOE_GEMV: 0 off, 1 (default) bf16 experts only, 2 MXFP4 experts too (measurement).
+int moe_gemv_mode();
 
 }  // namespace k3::cuda

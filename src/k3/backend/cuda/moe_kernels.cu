@@ -830,7 +830,8 @@ MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format) {
   // Session 13 (CudaMoe.Timing, Kimi-Linear bf16): the GEMV path at n = 1 / 2 / 4 49.6 / 76.8 / 136.8 us vs
   // 75.9 / 111.5 / 175.5 SIMT (60.3 / 94.1 / 152.7 decode), even at n = 8 (P = E / 4). Not for MXFP4: its lanes
   // read 128 bytes of activations per 16 bytes of weights from L1 (K3 n = 1: 649 vs 212 us SIMT).
-  if (format == WeightFormat::BF16 && P * 8 <= static_cast<int64_t>(E) && moe_gemv_enabled()) return MoePath::Gemv;
+  if ((format == WeightFormat::BF16 || moe_gemv_mode() == 2) && P * 8 <= static_cast<int64_t>(E) && moe_gemv_enabled())
+    return MoePath::Gemv;
   // bf16 experts, session 8 (moe_skinny.cu; K3_MOE_SKINNY=0 restores the rule below): the decode path from a
   // quarter pair per expert (Kimi-Linear: batch 8 and up).
   if (format == WeightFormat::BF16 && moe_skinny_enabled())

@@ -13,6 +13,11 @@ void Backend::attn_res_mix_rmsnorm(Tensor blocks, int64_t nb, Tensor partial, co
   rmsnorm(mixed, norm_w, out.cols, eps, out);
 }
 
+void Backend::add_rmsnorm(Tensor y, Tensor x, const float* w, float eps, Tensor out) {
+  add(y, x);
+  rmsnorm(y, w, y.cols, eps, out);
+}
+
 void Backend::linear_group(Tensor x, std::span<const Projection> ps) {
   for (const Projection& p : ps) linear(*p.W, x, p.y);
 }

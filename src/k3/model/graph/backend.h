@@ -93,6 +93,9 @@ class Backend {
   // gate = act(gate) * up
   virtual void glu(Tensor gate, Tensor up, const GluParams& p) = 0;
   virtual void add(Tensor y, Tensor x) = 0;          // y += x
+  // y += x, then out = rmsnorm(y) * w over all of y's columns: the residual add and the next sublayer's input
+  // norm (a backend may fuse them; CUDA: one kernel). Default: `add`, then `rmsnorm`.
+  virtual void add_rmsnorm(Tensor y, Tensor x, const float* w, float eps, Tensor out);
   virtual void copy(Tensor dst, Tensor src) = 0;      // dst = src
   virtual void sigmoid_mul(Tensor y, Tensor g) = 0;  // y *= sigmoid(g)
   // out[r] = h[plan.logit_rows[r]]

@@ -21,37 +21,61 @@ class Residual {
     if (max_blocks > 0) blocks_ = b.scratch(max_blocks * N, H);
   }
   Tensor partial() const { return P_; }
-  // out = rmsnorm(sublayer input) * norm_w.
+  // out = rmsnorm(sublayer input) * norm_w. A residual add still pending is done first (fused with the norm
+  // when the input is P itself: one backend op instead of two).
   void normed_input(const float* res_w, const float* norm_w, float eps, Tensor out) {
-    if (n_blocks_ == 0)
+    if (n_blocks_ == 0 && pending_) {
+      b_.add_rmsnorm(P_, pending_y_, norm_w, eps, out);
+      pending_ = false;
+    } else if (n_blocks_ == 0) {
       b_.rmsnorm(P_, norm_w, P_.cols, eps, out);
-    else
+    } else {
+      flush();
       b_.attn_res_mix_rmsnorm(blocks_.slice_rows(0, n_blocks_ * N_), n_blocks_, P_, res_w, eps, norm_w, out);
+    }
   }
   // The un-normed mix (the head's input); P itself without AttnRes.
   Tensor final_mix(const float* res_w, float eps, Tensor scratch) {
+    flush();
     if (n_blocks_ == 0) return P_;
     b_.attn_res_mix(blocks_.slice_rows(0, n_blocks_ * N_), n_blocks_, P_, res_w, eps, scratch);
     return scratch;
   }
   // Layer l's attention output `y`: a new block starts at every block_size-th layer (P saved as a
   // block summary, then restarted from y); else P += y.
+  // P += y is deferred to the next normed_input / final_mix: `y` must stay unchanged until then (the layer
+  // loop reads the next input before it writes y again).
   void add_mixer(Tensor y, bool starts_block) {
+    flush();
     if (starts_block) {
       b_.copy(blocks_.slice_rows(n_blocks_ * N_, N_), P_);
       ++n_blocks_;
       b_.copy(P_, y);
     } else {
-      b_.add(P_, y);
+      defer_add(y);
     }
   }
-  void add_ffn(Tensor y) { b_.add(P_, y); }
+  void add_ffn(Tensor y) {
+    flush();
+    defer_add(y);
+  }
 
  private:
+  void defer_add(Tensor y) {
+    pending_y_ = y;
+    pending_ = true;
+  }
+  void flush() {
+    if (pending_) b_.add(P_, pending_y_);
+    pending_ = false;
+  }
+
   Backend& b_;
   bool attn_res_;
   int64_t N_, n_blocks_ = 0;
   Tensor P_, blocks_;
+  Tensor pending_y_;      // a residual add not yet done (P += pending_y_)
+  bool pending_ = false;
 };
 
 }  // namespace
