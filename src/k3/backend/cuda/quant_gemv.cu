@@ -4,7 +4,8 @@
 // |y - exact| <= D * 2^-24 * sum |w x| to first order; both kernels have D <= cols / 32 + 13 (below), the
 // bound the tests check with a factor 2 of margin.
 //
-// v1 (the formats without a quant_part.cuh decoder; all formats with K3_QUANT_GEMV=v1, for A/B timing):
+// v1 (the formats without a quant_part.cuh decoder; all formats with K3_QUANT_GEMV=v1, for A/B timing;
+// n > N with K3_QUANT_GEMV=N):
 // one warp per output row, 8 warps per block: lane l takes the groups of 8 weights gi = l, l + 32, ... of
 // the row (qdev::decode8), applies them to all n tokens, lane sums reduced by shuffles. D = cols / 32 + 5
 // (cols / 32 fmas in sequence per lane for cols a multiple of 256, 5 shuffle adds).
@@ -122,22 +123,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// K3_QUANT_GEMV=v1: every format on the v1 kernel (A/B timing in one binary).
-bool v1_forced() {
-  static const bool v1 = [] {
+// K3_QUANT_GEMV=v1: every format on the v1 kernel (A/B timing in one binary); K3_QUANT_GEMV=<N> (1..8):
+// v2 only for n <= N (if n = 8 measures slower on v2: its Q8_0 kernel holds ~180 registers at n = 8).
+int v2_max_tokens() {
+  static const int n = [] {
     const char* e = std::getenv("K3_QUANT_GEMV");
-    return e != nullptr && std::strcmp(e, "v1") == 0;
+    if (e == nullptr || e[0] == 0) return 8;
+    if (std::strcmp(e, "v1") == 0) return 0;
+    const int v = std::atoi(e);
+    return v >= 0 && v <= 8 ? v : 8;
   }();
-  return v1;
+  return n;
 }
 
 template <WeightFormat F>
-bool use_v2(const WeightMatrix& W, const float* x) {
+bool use_v2(const WeightMatrix& W, const float* x, int n) {
   if constexpr (!qpart::has_part(F)) {
     return false;
   } else {
     using P = typename qpart::PartOf<F>::type;
-    return !v1_forced() && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
+    return n <= v2_max_tokens() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
   }
 }
 
@@ -145,7 +151,7 @@ template <WeightFormat F, int NT>
 cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t s, const IqTables& T) {
   const uint8_t* data = static_cast<const uint8_t*>(W.data);
   if constexpr (qpart::has_part(F)) {
-    if (use_v2<F>(W, x)) {
+    if (use_v2<F>(W, x, NT)) {
       const unsigned grid = static_cast<unsigned>((W.rows + kGroupRows - 1) / kGroupRows);
       quant_gemv_v2_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
       return cudaGetLastError();
