@@ -4,8 +4,11 @@
 //  - the decode GEMV (n = 1..8, and 9..32 in chunks of 8) and the prefill path (n > 32: fp32 tiles + SGEMM,
 //    through LinearRunner)
 //    against a float64 product of the CPU's dequantised weights, within the fp32 summation bound
-//    (cols / 32 + 5) * 2^-24 * sum |w x| times 2 (GEMV) or cols * 2^-24 * sum |w x| times 2 (SGEMM, whose
-//    order is cuBLAS's), on shapes whose rows and columns are not multiples of the kernels' tiles.
+//    (cols / 32 + 13) * 2^-24 * sum |w x| times 2 (GEMV: quant_gemv.cu's v1 and v2 kernels) or
+//    cols * 2^-24 * sum |w x| times 2 (SGEMM, whose order is cuBLAS's), on shapes whose rows and columns are
+//    not multiples of the kernels' tiles (v2: 4 rows a block, 256-column units; one unit; Q8_0 rows of a
+//    partial unit), x at an odd float offset (v1's scalar loads) and blocks at a 2-byte offset (v2's
+//    shifted loads for Q8_0 / Q6_K, v1 for the 16- and 8-aligned formats).
 // Random blocks: every byte random (quants, sub-scales, signs, grid indices), then the f16 super-block
 // scales overwritten with random finite normal values of either sign (random bytes could make NaN / inf).
 #include <cuda_runtime_api.h>
@@ -182,7 +185,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
     k3::cuda::LinearRunner runner(st);
     ::unsetenv("K3_CUDA_DEQUANT_TILE");
     for (WeightFormat f : kFormats) {
-      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}}) {
+      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}, {6, 1}}) {
         const int64_t cols = odd_cols(f, k3::weight_layout(f).block_elems == 32 ? 8 * blocks + 1 : blocks);
         const auto wb = random_blocks(f, rows, cols, 77 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
         const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
@@ -200,6 +203,10 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
         Dev<float> dx_odd(x.size() + 1);  // x one float past a 16-byte boundary: the GEMV's scalar loads
         ck(cudaMemcpy(dx_odd.p + 1, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "H2D");
         const Product p = reference(w, x, rows, cols, max_n);
+        Dev<uint8_t> d_odd(wb.size() + 2);  // the blocks 2 bytes past a 16-byte boundary (the API's minimum)
+        ck(cudaMemcpy(d_odd.p + 2, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
+        k3::WeightMatrix dw_odd = dw;
+        dw_odd.data = d_odd.p + 2;
         for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 19, 33, 40}) {
           Dev<float> y(static_cast<size_t>(n * rows));
           y.poison();
@@ -210,7 +217,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
           pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
           pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
           const bool gemv = n <= k3::cuda::LinearRunner::kQuantGemvMaxTokens;
-          const double k = gemv ? static_cast<double>(cols / 32 + 5) : static_cast<double>(cols);
+          const double k = gemv ? static_cast<double>(cols / 32 + 13) : static_cast<double>(cols);
           const double ratio = worst_ratio(got, pn, k);
           EXPECT_LE(ratio, 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
                                 << (gemv ? " (GEMV, chunks of 8 tokens)" : " (dequantised tiles + SGEMM)");
@@ -220,6 +227,12 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
             ck(cudaStreamSynchronize(st), "sync");
             EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " n=" << n << " unaligned x";
           }
+          if (n >= 2 && n <= 8) {
+            y.poison();
+            ck(k3::cuda::quant_gemv(dw_odd, dx.p, static_cast<int>(n), y.p, st), "gemv blocks at +2");
+            ck(cudaStreamSynchronize(st), "sync");
+            EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " n=" << n << " blocks at +2 bytes";
+          }
         }
       }
     }
@@ -227,22 +240,23 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
   ck(cudaStreamDestroy(st), "stream destroy");
 }
 
-// K3-sized rows (4096 x 7168, one token): a spot check of 64 rows against float64 and the GEMV's time and
-// effective bandwidth (stored bytes / time, L2 flushed before each call), printed for docs/perf.
+// K3-sized rows (4096 x 7168): a spot check of 64 rows against float64 (one token) and the GEMV's time and
+// effective bandwidth (stored bytes / time, L2 flushed before each call) at n = 1, 2, 4, 8, printed for
+// docs/perf. K3_QUANT_GEMV=v1 in the environment times the v1 kernel for every format (A/B).
 TEST(CudaQuantKernels, GemvTimingAtK3Width) {
   SKIP_WITHOUT_GPU();
   const int64_t rows = 4096, cols = 7168;
   Dev<uint8_t> flush(size_t{256} << 20);
-  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q4_K, WeightFormat::Q2_K, WeightFormat::IQ4_XS,
-                         WeightFormat::IQ2_XXS, WeightFormat::IQ1_M}) {
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q4_K, WeightFormat::Q2_K,
+                         WeightFormat::IQ4_XS, WeightFormat::IQ2_XXS, WeightFormat::IQ1_M}) {
     const auto wb = random_blocks(f, rows, cols, 21, 4, 10);
     const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
     std::mt19937 rng(2);
     std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> x(static_cast<size_t>(cols));
+    std::vector<float> x(static_cast<size_t>(8 * cols));
     for (auto& v : x) v = nd(rng);
     Dev<uint8_t> d(wb);
-    Dev<float> dx(x), y(static_cast<size_t>(rows));
+    Dev<float> dx(x), y(static_cast<size_t>(8 * rows));
     k3::WeightMatrix dw = hw;
     dw.data = d.p;
     dw.device = 0;
@@ -256,30 +270,33 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
       k3::cpu::dequant_row(hw, r, row.data());
       double s = 0, a = 0;
       for (int64_t c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * x[c], a += std::fabs(static_cast<double>(row[c]) * x[c]);
-      const double err = std::isfinite(got[r]) ? std::fabs(got[r] - s) / (std::ldexp(1.0, -24) * (cols / 32 + 5) * a) : INFINITY;
+      const double err = std::isfinite(got[r]) ? std::fabs(got[r] - s) / (std::ldexp(1.0, -24) * (cols / 32 + 13) * a) : INFINITY;
       worst = std::max(worst, err);
     }
     EXPECT_LE(worst, 2.0) << k3::weight_format_name(f);
     cudaEvent_t e0, e1;
     ck(cudaEventCreate(&e0), "event");
     ck(cudaEventCreate(&e1), "event");
-    float total_ms = 0;
-    const int reps = 20;
-    for (int i = 0; i < reps; ++i) {
-      ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
-      ck(cudaEventRecord(e0, nullptr), "record");
-      ck(k3::cuda::quant_gemv(dw, dx.p, 1, y.p, nullptr), "gemv");
-      ck(cudaEventRecord(e1, nullptr), "record");
-      ck(cudaEventSynchronize(e1), "sync");
-      float ms = 0;
-      ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-      total_ms += ms;
+    std::printf("[ quant gemv ] %-7s %lld x %lld", k3::weight_format_name(f), static_cast<long long>(rows), static_cast<long long>(cols));
+    for (int n : {1, 2, 4, 8}) {
+      float total_ms = 0;
+      const int reps = 20;
+      for (int i = 0; i < reps; ++i) {
+        ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
+        ck(cudaEventRecord(e0, nullptr), "record");
+        ck(k3::cuda::quant_gemv(dw, dx.p, n, y.p, nullptr), "gemv");
+        ck(cudaEventRecord(e1, nullptr), "record");
+        ck(cudaEventSynchronize(e1), "sync");
+        float ms = 0;
+        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+        total_ms += ms;
+      }
+      const double us = 1000.0 * total_ms / reps;
+      std::printf("  n=%d: %6.1f us %5.0f GB/s", n, us, static_cast<double>(wb.size()) / (us * 1e3));
     }
+    std::printf(" (of stored blocks)\n");
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    const double us = 1000.0 * total_ms / reps;
-    std::printf("[ quant gemv ] %-7s %lld x %lld n=1: %7.1f us  %6.0f GB/s of stored blocks\n", k3::weight_format_name(f),
-                static_cast<long long>(rows), static_cast<long long>(cols), us, static_cast<double>(wb.size()) / (us * 1e3));
   }
 }
 

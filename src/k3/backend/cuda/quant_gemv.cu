@@ -1,14 +1,42 @@
-// quant_gemv (quant_kernels.h): the decode GEMV over GGUF blocks.
+// quant_gemv (quant_kernels.h): the decode GEMV over GGUF blocks. Two kernels, one numerics contract:
+// every weight decoded to the CPU's exact fp32 value (quant_decode.cuh / quant_part.cuh), fp32 activations,
+// fp32 fma products and accumulation. Error: each output is a tree of fp32 additions of depth D, so
+// |y - exact| <= D * 2^-24 * sum |w x| to first order; both kernels have D <= cols / 32 + 13 (below), the
+// bound the tests check with a factor 2 of margin.
 //
-// One warp per output row, 8 warps per block, as linear.cu's GEMV: lane l takes the groups of 8 weights
-// gi = l, l + 32, ... of the row (for 256-element formats one warp pass is one block, lane l decoding its
-// group l), decodes them in registers (qdev::decode8: the CPU's exact values) and applies them to all n
-// tokens, so the blocks are read once per call. fp32 products and accumulation; lane sums are reduced by
-// warp shuffles. Error: each output is a sum of cols fp32 products, cols / 32 of them accumulated in
-// sequence per lane plus 5 shuffle adds, so |y - exact| <= (cols / 32 + 5) * 2^-24 * sum |w x| to first
-// order (the bound the tests check, with a factor 2 of margin).
+// v1 (the formats without a quant_part.cuh decoder; all formats with K3_QUANT_GEMV=v1, for A/B timing;
+// n > N with K3_QUANT_GEMV=N):
+// one warp per output row, 8 warps per block: lane l takes the groups of 8 weights gi = l, l + 32, ... of
+// the row (qdev::decode8), applies them to all n tokens, lane sums reduced by shuffles. D = cols / 32 + 5
+// (cols / 32 fmas in sequence per lane for cols a multiple of 256, 5 shuffle adds).
+//
+// v2 (Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS with x 16-byte aligned and the blocks at their format's alignment):
+// v1 was latency bound (one 8-byte weight load and the block's scales per lane and step, and per lane as
+// many activation bytes from L1 as weight bytes). Here a block of 8 warps takes 4 rows; a warp's lanes form
+// 4 row groups of 8 (one row each), and the 8 warps split the row's 256-column units (warp w: units w,
+// w + 8, ...). Lane i of a group owns part i of a unit (32 weights: quant_part.cuh) and loads it with
+// 16-byte loads, two units ahead, the unit's scales once per unit; the 4 row groups of a warp read the same
+// activation addresses at the same instruction (one L1 access serves the warp's 4 rows). 4 accumulators per
+// token and lane (8 fmas each per part), then 3 shuffle levels in the group, then a fixed tree over the 8
+// warps in shared memory: D = 8 ceil(units / 8) + 2 + 3 + 3 <= cols / 32 + 13 for every cols (a Q8_0 row of
+// one unit, nb <= 8 blocks, has D <= 8 + 2 + 3). The result does not depend on the schedule.
+// 1024 blocks of 256 threads for 4096 rows: ~2 waves at 4 blocks / SM.
+//
+// Predictions (n = 1, 4096 x 7168, H200): per lane and unit in flight 2 x (16..48 B of quants + the
+// header); instructions per weight ~ PRMT + fma (+ fsub for the mins) + fma with x, plus unpacking:
+//   Q8_0   34 B / 32 w,  ~4.3 instr / w (byte shift of 2-aligned blocks ~1.3): memory bound, >= 2.8 TB/s
+//   Q4_K   ~4.6 instr / w (mins + nibble masks + scales 0.4): ~3 TB/s (issue and L1 close to the limit)
+//   Q5_K   ~5 instr / w: ~3 TB/s;   Q6_K ~5.5 instr / w (two shifted 16-byte windows): ~2.5-3 TB/s
+//   IQ4_XS ~5 instr / w (codebook by PRMT ~1, exact int->float by fadd, the CPU's fmul): ~2.5-3 TB/s
+// n = 8: 8 fmas + 8 float4 x loads per 4 weights dominate: ~2x v1's per-weight issue rate (v1 decodes
+// with I2F and byte loads); the L1 traffic of x is the same as v1's per row (4 rows share a 128-byte x
+// chunk, but a part's x spans 4 lines).
 #include "k3/backend/cuda/quant_decode.cuh"
 #include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_part.cuh"
+
+#include <cstdlib>
+#include <cstring>
 
 namespace k3::cuda {
 namespace {
@@ -17,7 +45,7 @@ constexpr int kWarps = 8;
 
 template <WeightFormat F, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
-    quant_gemv_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
+    quant_gemv_v1_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
                       float* __restrict__ y, IqTables T) {
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;  // then so is every c = 8 gi of every token (cols % 32 == 0)
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
@@ -51,10 +79,86 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+
+constexpr int kGroupRows = 4;  // v2: rows per block (= row groups per warp)
+
+// v2: lane i of row group g (lane / 8) of warp w; units w, w + kWarps, ... of row blockIdx.x * 4 + g.
+template <WeightFormat F, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    quant_gemv_v2_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
+                         float* __restrict__ y, IqTables T) {
+  using P = typename qpart::PartOf<F>::type;
+  __shared__ float red[kWarps][kGroupRows][NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 3, i = lane & 7;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGroupRows + g;
+  const uint8_t* wr = W + (row < rows ? row : rows - 1) * row_data_bytes(F, cols);  // past the end: read, never written
+  const int64_t units = (cols + 255) / 256;
+  const typename P::Ctx ctx = P::context(T);
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+  for (int64_t u = warp; u < units; u += 2 * kWarps) {
+    const int64_t u1 = u + kWarps;  // the second unit's loads go out before the first is decoded
+    const typename P::Raw a = P::load(wr, u, i, cols);
+    const typename P::Raw b = P::load(wr, u1 < units ? u1 : u, i, cols);
+    if (P::valid(u, i, cols)) P::template dot<NT>(a, x + u * 256, cols, i, ctx, acc);
+    if (u1 < units && P::valid(u1, i, cols)) P::template dot<NT>(b, x + u1 * 256, cols, i, ctx, acc);
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float v = (acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]);
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    if (i == 0) red[warp][g][t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kGroupRows * NT) {
+    const int gg = threadIdx.x / NT, t = threadIdx.x % NT;
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * kGroupRows + gg;
+    const float(&s)[kWarps][kGroupRows][NT] = red;
+    if (r < rows)
+      y[t * rows + r] = ((s[0][gg][t] + s[1][gg][t]) + (s[2][gg][t] + s[3][gg][t])) +
+                        ((s[4][gg][t] + s[5][gg][t]) + (s[6][gg][t] + s[7][gg][t]));
+  }
+}
+
+// K3_QUANT_GEMV=v1: every format on the v1 kernel (A/B timing in one binary); K3_QUANT_GEMV=<N> (1..8):
+// v2 only for n <= N (if n = 8 measures slower on v2: its Q8_0 kernel holds ~180 registers at n = 8).
+int v2_max_tokens() {
+  static const int n = [] {
+    const char* e = std::getenv("K3_QUANT_GEMV");
+    if (e == nullptr || e[0] == 0) return 8;
+    if (std::strcmp(e, "v1") == 0) return 0;
+    const int v = std::atoi(e);
+    return v >= 0 && v <= 8 ? v : 8;
+  }();
+  return n;
+}
+
+template <WeightFormat F>
+bool use_v2(const WeightMatrix& W, const float* x, int n) {
+  if constexpr (!qpart::has_part(F)) {
+    return false;
+  } else {
+    using P = typename qpart::PartOf<F>::type;
+    return n <= v2_max_tokens() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
+  }
+}
+
 template <WeightFormat F, int NT>
 cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t s, const IqTables& T) {
+  const uint8_t* data = static_cast<const uint8_t*>(W.data);
+  if constexpr (qpart::has_part(F)) {
+    if (use_v2<F>(W, x, NT)) {
+      const unsigned grid = static_cast<unsigned>((W.rows + kGroupRows - 1) / kGroupRows);
+      quant_gemv_v2_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
+      return cudaGetLastError();
+    }
+  }
   const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
-  quant_gemv_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(W.data), W.rows, W.cols, x, y, T);
+  quant_gemv_v1_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
   return cudaGetLastError();
 }
 
