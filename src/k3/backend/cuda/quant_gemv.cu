@@ -123,12 +123,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// K3_QUANT_GEMV=v1: every format on the v1 kernel (A/B timing in one binary); K3_QUANT_GEMV=<N> (1..8):
-// v2 only for n <= N (if n = 8 measures slower on v2: its Q8_0 kernel holds ~180 registers at n = 8).
+// Unset or K3_QUANT_GEMV=v1: every format on the v1 kernel; K3_QUANT_GEMV=<N> (1..8): v2 for n <= N (if n = 8 measures slower on v2: its Q8_0 kernel holds ~180 registers at n = 8).
 int v2_max_tokens() {
   static const int n = [] {
     const char* e = std::getenv("K3_QUANT_GEMV");
-    if (e == nullptr || e[0] == 0) return 8;
+    // Default v1 until v2 has run on a GPU (written in session 13 without one): K3_QUANT_GEMV=8 turns it on.
+    if (e == nullptr || e[0] == 0) return 0;
     if (std::strcmp(e, "v1") == 0) return 0;
     const int v = std::atoi(e);
     return v >= 0 && v <= 8 ? v : 8;
