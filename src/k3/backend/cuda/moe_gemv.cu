@@ -47,6 +47,21 @@ __device__ __forceinline__ float lane_dot_bf16(const void* __restrict__ data, in
 }
 
 // bf16 rows: a warp per row (16 bytes of weights against 32 of activations per lane and step).
+// Threads 0..rows-1 of the block: out[t][r0 + thread] = sum over k in rank order of w_k * d[thread][k] (fmaf
+// from 0, as moe_combine), pairs with an invalid id skipped.
+__device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int rows, const float (*d)[kMaxPairK],
+                                             const int* e_of, const float* __restrict__ topk_w, int t, int r0,
+                                             float* __restrict__ out) {
+  if (threadIdx.x >= static_cast<unsigned>(rows) || r0 + static_cast<int>(threadIdx.x) >= w.X) return;
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const int e = e_of[k];
+    if (e < 0 || e >= w.E) continue;
+    acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], d[threadIdx.x][k], acc);
+  }
+  out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = acc;
+}
+
 // grid (ceil(I / kWarps), P): warp -> row i of pair blockIdx.y. h [P][I].
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
@@ -85,15 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (lane == 0) s_d[rr][k] = d;
   }
   __syncthreads();
-  if (threadIdx.x < kDownRows && r0 + static_cast<int>(threadIdx.x) < w.X) {
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k) {
-      const int e = s_e[k];
-      if (e < 0 || e >= w.E) continue;
-      acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], s_d[threadIdx.x][k], acc);
-    }
-    out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = acc;
-  }
+  combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out);
 }
 
 // MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
@@ -171,15 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (q == 0) s_d[rl][k] = d;
   }
   __syncthreads();
-  if (threadIdx.x < 8 && r0 + static_cast<int>(threadIdx.x) < w.X) {
-    float acc = 0.f;
-    for (int k = 0; k < K; ++k) {
-      const int e = s_e[k];
-      if (e < 0 || e >= w.E) continue;
-      acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], s_d[threadIdx.x][k], acc);
-    }
-    out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = acc;
-  }
+  combine_rows(w, K, 8, s_d, s_e, topk_w, t, r0, out);
 }
 
 cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,

@@ -95,6 +95,19 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
 }
 
+// The warp's best (score, id) by `better`, in every lane.
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
                  float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
@@ -121,15 +134,7 @@ __global__ void __launch_bounds__(kRouteThreads)
         bv = s_biased[e];
         bi = e;
       }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    warp_best(bv, bi);
     if (lane == 0) {
       s_wv[warp] = bv;
       s_wi[warp] = bi;
@@ -197,15 +202,7 @@ __global__ void __launch_bounds__(128)
         bv = biased[j];
         bi = lane + 32 * j;
       }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    warp_best(bv, bi);
     if (bi < 0) {  // every free score NaN: the lowest free id, as the block kernel
       int lowest = 1 << 30;
 #pragma unroll
