@@ -12,6 +12,7 @@
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/bench/memory_bandwidth.h"
 #include "k3/core/weight.h"
 #include "k3/sampling/token_sampling.h"
 
@@ -136,6 +137,39 @@ TEST(KernelBench, DISABLED_Matmul) {
     const double gflop = 2e-9 * static_cast<double>(s.rows * s.cols * s.n);
     std::printf("matmul %-28s n=%3lld: batched %8.3f ms (%6.1f GFLOP/s)  one token at a time %8.3f ms (%6.1f GFLOP/s)\n",
                 s.what, static_cast<long long>(s.n), tb, gflop / tb * 1e3, t1, gflop / t1 * 1e3);
+  }
+}
+
+// Decode's two kernels against the read bandwidth, in one run: one token through a BF16 matrix (268 MB) and an
+// MXFP4 one of the same shape (71 MB with its scales), both far beyond the caches, on the compute pool, next to `k3 bench memory`'s read of 1 GiB. GB/s of stored bytes and % of the read rate: what
+// separates a batch-1 decode step from its DRAM bound (docs/perf/cpu.md, "Session 13"). Run with
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_DecodeStream'` (K3_NUM_THREADS).
+TEST(KernelBench, DISABLED_DecodeStream) {
+  const k3::bench::BandwidthResult bw = k3::bench::measure_read_bandwidth(size_t{1} << 30, 5);
+  std::printf("read bandwidth (k3 bench memory): best %.1f GB/s, %d threads\n", bw.best_gb_s, bw.threads);
+  std::mt19937 rng(9);
+  struct Case {
+    k3::WeightFormat f;
+    int64_t rows, cols;
+  };
+  for (const Case& c : {Case{k3::WeightFormat::BF16, 65536, 2048}, Case{k3::WeightFormat::MXFP4, 65536, 2048}}) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(c.rows * k3::row_data_bytes(c.f, c.cols)));
+    std::vector<uint8_t> scales(static_cast<size_t>(c.rows * k3::row_scale_bytes(c.f, c.cols)));
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(c.f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
+    for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
+    k3::WeightMatrix W;
+    W.format = c.f;
+    W.rows = c.rows;
+    W.cols = c.cols;
+    W.data = bytes.data();
+    W.scales = scales.data();
+    const auto x = rnd(static_cast<size_t>(c.cols), -1, 1, 4);
+    std::vector<float> y(static_cast<size_t>(c.rows));
+    const double ms = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
+    const double gb = static_cast<double>(bytes.size() + scales.size()) / (ms * 1e6);
+    std::printf("one token %-6s %lldx%lld (%.0f MB): %.2f ms, %.1f GB/s = %.0f%% of the read rate\n", k3::weight_format_name(c.f),
+                static_cast<long long>(c.rows), static_cast<long long>(c.cols), (bytes.size() + scales.size()) / 1e6, ms, gb,
+                100.0 * gb / bw.best_gb_s);
   }
 }
 
