@@ -34,10 +34,11 @@ struct Timed {
   k3::engine::EngineStats stats;
 };
 
-// One batch of `batch` copies of the prompt, greedy, n_gen tokens each, timed from submission to the end.
+// One batch of `batch` copies of the prompt, greedy, n_gen tokens each, timed from submission to the end;
+// speculation as `on` says (null: off).
 Timed run_once(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, const std::vector<int32_t>& prompt,
-               int64_t batch, int64_t n_gen, const std::optional<k3::engine::SpeculativeConfig>& spec,
-               const k3::ModelRunner* draft) {
+               int64_t batch, int64_t n_gen, const SpecBenchOptions* on) {
+  const std::optional<k3::engine::SpeculativeConfig> spec = on ? std::optional(on->spec) : std::nullopt;
   k3::engine::BatchEngineOptions eo;
   const int64_t len = static_cast<int64_t>(prompt.size()) + n_gen + 1;
   eo.cache.prefix_caching = false;
@@ -46,7 +47,8 @@ Timed run_once(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, con
   eo.sched.max_num_batched_tokens = std::max<int64_t>(512, batch * 40);
   eo.max_model_len = len;
   eo.speculative = spec;
-  eo.draft_model = draft;
+  eo.draft_model = on ? on->draft : nullptr;
+  eo.block_drafter = on ? on->block_drafter : nullptr;
   k3::engine::BatchEngine engine(model, tok, eo);
   std::mutex mu;
   std::condition_variable cv;
@@ -81,9 +83,9 @@ struct Best {
   double first = 1e30, all = 1e30;
   k3::engine::EngineStats stats;
   void add(const k3::ModelRunner& model, const k3::text::Tokenizer& tok, const std::vector<int32_t>& prompt, int64_t batch,
-           int64_t n_gen, const std::optional<k3::engine::SpeculativeConfig>& spec, const k3::ModelRunner* draft) {
-    first = std::min(first, run_once(model, tok, prompt, batch, 1, spec, draft).seconds);
-    const Timed t = run_once(model, tok, prompt, batch, n_gen, spec, draft);
+           int64_t n_gen, const SpecBenchOptions* on) {
+    first = std::min(first, run_once(model, tok, prompt, batch, 1, on).seconds);
+    const Timed t = run_once(model, tok, prompt, batch, n_gen, on);
     all = std::min(all, t.seconds);
     stats = t.stats;  // greedy: the same acceptance every repetition
   }
@@ -105,8 +107,8 @@ nlohmann::json run_spec_bench(const k3::ModelRunner& model, const k3::text::Toke
     for (int64_t b : o.batches) {
       Best off, on;
       for (int r = 0; r < o.reps; ++r) {  // alternating: a busy neighbour slows both alike
-        off.add(model, tok, prompt, b, o.n_gen, std::nullopt, nullptr);
-        on.add(model, tok, prompt, b, o.n_gen, o.spec, o.draft);
+        off.add(model, tok, prompt, b, o.n_gen, nullptr);
+        on.add(model, tok, prompt, b, o.n_gen, &o);
       }
       const double best_off = off.tps(b, o.n_gen), best_on = on.tps(b, o.n_gen);
       const k3::engine::EngineStats& st = on.stats;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "k3/engine/speculative_config.h"
+#include "k3/model/drafter/block_drafter.h"
 #include "k3/runtime/model_runner.h"
 #include "k3/text/tokenizer.h"
 
@@ -20,6 +21,7 @@ struct SpecBenchOptions {
   int64_t n_gen = 128;
   int reps = 3;
   const k3::ModelRunner* draft = nullptr;  // method "draft_model": the loaded draft model
+  const k3::drafter::BlockDrafter* block_drafter = nullptr;  // method "block_drafter": the loaded drafter
 };
 
 // Runs every task (built-in code-like and summary-like prompts) x batch, greedy, `n_gen` tokens per

@@ -464,9 +464,11 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         auto tok = load_tokenizer(dir, f->dev);
         check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
         const auto draft = load_draft_model(spec, f->dev);
+        const auto drafter = load_block_drafter(spec, dir, f->dev);
         SpecBenchOptions so;
         so.spec = *spec;
         so.draft = draft.get();
+        so.block_drafter = drafter.get();
         so.batches = f->batch;
         so.n_gen = f->tg.empty() ? 128 : std::max<int64_t>(f->tg[0], 2);
         so.reps = std::max(f->reps, 1);

@@ -2,13 +2,18 @@
 
 #include <cstdio>
 
+#ifdef K3_HAVE_CUDA
+#include "k3/backend/cuda/cuda_drafter.h"
+#endif
+
 namespace k3cli {
 
 void add_speculative_option(CLI::App* cmd, std::string& json) {
   cmd->add_option("--speculative-config", json,
                   "speculative decoding, as vLLM: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                   "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' or '{\"method\": \"draft_model\", \"model\": "
-                  "\"DIR\", \"num_speculative_tokens\": 4}' (docs/serving.md)");
+                  "\"DIR\", \"num_speculative_tokens\": 4}' or '{\"method\": \"block_drafter\", \"model\": \"DRAFTER_DIR\", "
+                  "\"num_speculative_tokens\": 4}' (docs/serving.md)");
 }
 
 std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine::SpeculativeConfig>& spec,
@@ -17,6 +22,20 @@ std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine
   DeviceOptions d = dev;
   d.tokenizer.clear();  // the draft's own directory; its vocabulary is checked against the target's
   return load_model(spec->model, d);
+}
+
+std::unique_ptr<k3::drafter::BlockDrafter> load_block_drafter(const std::optional<k3::engine::SpeculativeConfig>& spec,
+                                                             const std::string& target_path, const DeviceOptions& dev) {
+  if (!spec || spec->method != "block_drafter") return nullptr;
+  auto d = k3::drafter::BlockDrafter::load(spec->model, target_path);
+  if (dev.device.rfind("cuda", 0) == 0) {
+#ifdef K3_HAVE_CUDA
+    // load_model has accepted the device string: "cuda" or "cuda:N".
+    const int ordinal = dev.device.size() > 5 ? std::stoi(dev.device.substr(5)) : 0;
+    d->set_runner(k3::cuda::make_cuda_drafter_runner(d->config(), d->weights(), ordinal));
+#endif
+  }
+  return d;
 }
 
 std::string spec_decode_summary(const k3::engine::EngineStats& st) {

@@ -10,6 +10,7 @@
 #include "cli/model_loader.h"
 #include "k3/engine/engine_api.h"
 #include "k3/engine/speculative_config.h"
+#include "k3/model/drafter/block_drafter.h"
 
 namespace k3cli {
 
@@ -17,6 +18,12 @@ namespace k3cli {
 // --device, placement and cache dtypes); null for other methods or none.
 std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine::SpeculativeConfig>& spec,
                                                   const DeviceOptions& dev);
+
+// Method "block_drafter": the drafter (its "model" directory) for the target whose files are at
+// `target_path` (the drafter maps the target's embedding and lm_head itself), run on the target's
+// --device (CUDA: its own stream on that GPU); null for other methods.
+std::unique_ptr<k3::drafter::BlockDrafter> load_block_drafter(const std::optional<k3::engine::SpeculativeConfig>& spec,
+                                                             const std::string& target_path, const DeviceOptions& dev);
 
 // Adds --speculative-config JSON (parsed by engine::parse_speculative_config when the verb runs).
 void add_speculative_option(CLI::App* cmd, std::string& json);

@@ -396,6 +396,28 @@ TEST(Cli, QuantizeWithCodebookIQuants) {
 // Issue 17: --speculative-config on run / serve / bench offline. A bad value is one `k3: error:` line and
 // exit status 1 before any model loads; `k3 run` prints the same greedy text with it; bench offline
 // reports speed on/off and the acceptance.
+// The block drafter through the verbs: the golden drafter (random weights) on k3-tiny, output == off; a drafter
+// directory that does not exist and a k above its block_size are one-line start-up errors.
+TEST(Cli, BlockDrafterFlag) {
+  const std::string run = k3bin() + " run -p 'def add(a, b):\n    return a + b\n\ndef' -n 24 --temp 0";
+  const std::string spec =
+      " --speculative-config '{\"method\": \"dspark\", \"model\": \"tests/data/drafter-golden/drafter\", \"num_speculative_tokens\": 4}'";
+  k3test::TempDir t;
+  auto off = sh(run + " 2>/dev/null"), on = sh(run + spec + " -v 2>" + t.str() + "/err.txt");
+  ASSERT_EQ(on.status, 0) << read(t.str() + "/err.txt");
+  EXPECT_EQ(on.out, off.out);
+  const std::string err = read(t.str() + "/err.txt");
+  EXPECT_NE(err.find("block_drafter k=4 drafter tests/data/drafter-golden/drafter"), std::string::npos) << err;
+  EXPECT_NE(err.find("mean acceptance length"), std::string::npos) << err;
+  for (const std::string bad : {"'{\"method\": \"block_drafter\", \"model\": \"/nonexistent\", \"num_speculative_tokens\": 2}'",
+                                "'{\"method\": \"block_drafter\", \"model\": \"tests/data/drafter-golden/drafter\", \"num_speculative_tokens\": 9}'"}) {
+    auto r = sh(run + " --speculative-config " + bad + " 2>&1 >/dev/null");
+    EXPECT_EQ(r.status, 1) << bad << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("k3: error: ", 0), 0u) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+}
+
 TEST(Cli, SpeculativeConfigFlag) {
   const std::string run = k3bin() + " run -p 'It is a truth universally acknowledged, that a single man. It is a truth' -n 40 --temp 0";
   const std::string spec = " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 3, \"prompt_lookup_min\": 1}'";

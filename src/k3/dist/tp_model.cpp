@@ -159,6 +159,7 @@ std::string TpModel::failure() const {
 void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                             const ForwardOptions& opt) const {
   if (!comm_->is_root()) throw Error("forward_batch on rank " + std::to_string(comm_->rank()) + ": only rank 0 plans steps");
+  if (!opt.tap_layers.empty()) throw Error("forward: taps (a block drafter's inputs) are not supported with tensor parallel yet");
   std::lock_guard lk(mu_);
   if (std::string f = failure(); !f.empty()) throw Error(f);
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg_.vocab_size, spec_);

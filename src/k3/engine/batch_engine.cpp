@@ -4,6 +4,7 @@
 
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
+#include "k3/model/drafter/block_drafter.h"
 
 namespace k3::engine {
 
@@ -17,7 +18,16 @@ BatchEngine::BatchEngine(const ModelRunner& model, const text::Tokenizer& tok, B
                   " yet (it needs exact KDA state rollback: the CPU backend has it)");
     opt_.cache.state_snapshots = opt_.speculative->state_slots();
     opt_.sched.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
-    proposer_ = make_proposer(*opt_.speculative, opt_.draft_model, model.config().vocab_size);
+    if (opt_.proposer) {
+      proposer_ = opt_.proposer;
+    } else {
+      own_proposer_ = make_proposer(*opt_.speculative, opt_.draft_model, model.config().vocab_size, opt_.block_drafter);
+      proposer_ = own_proposer_.get();
+      if (opt_.block_drafter) drafter::check_drafter_target(opt_.block_drafter->config(), model.config());
+    }
+    if (!proposer_->tap_layers().empty() && !model.supports_taps())
+      throw Error("--speculative-config: method \"" + opt_.speculative->method + "\" reads the target's hidden states, which " +
+                  model.device_name() + " does not return (taps: CPU and single-GPU CUDA runners)");
     stats_.num_speculative_tokens = opt_.speculative->num_speculative_tokens;
     stats_.spec_accepted_per_pos.assign(static_cast<size_t>(stats_.num_speculative_tokens), 0);
   }
@@ -126,6 +136,7 @@ void BatchEngine::finish(Sequence* s, RequestOutput o) {
     cache_->commit_pages(s->cache(), s->tokens());
     cache_->save_checkpoint(s->cache(), s->tokens());
   }
+  tap_rows_.erase(s);
   std::unique_ptr<Sequence> owned = sched_->remove(s);
   {
     std::lock_guard lk(mu_);
@@ -171,9 +182,20 @@ void BatchEngine::propose_drafts() {
     const int64_t pending = s->remaining();
     if (!s->decoding() || pending < 1 || pending > k + 1) continue;  // prefilling, or waiting
     if (s->constrained()) continue;  // its drafts would need the grammar's mask row by row: not speculated
-    draft_slots_.push_back(DraftSlot{s->tokens(), s, std::min(k, s->draft_room()), &s->drafts()});
+    DraftSlot slot{s->tokens(), s, std::min(k, s->draft_room()), &s->drafts()};
+    // The taps of the row that produced the last token; none (no drafts) if the engine has not seen it.
+    if (auto it = tap_rows_.find(s); it != tap_rows_.end() && it->second.n_tokens == s->tokens().size())
+      slot.ctx = it->second.ctx;
+    draft_slots_.push_back(slot);
   }
   if (!draft_slots_.empty()) proposer_->propose(draft_slots_);
+}
+
+void BatchEngine::keep_tap_row(const Sequence* s, int64_t row) {
+  const size_t dim = step_taps_.size() / std::max<size_t>(1, n_step_rows_);
+  TapRow& t = tap_rows_[s];
+  t.ctx.assign(step_taps_.begin() + row * static_cast<int64_t>(dim), step_taps_.begin() + (row + 1) * static_cast<int64_t>(dim));
+  t.n_tokens = s->tokens().size();
 }
 
 void BatchEngine::count_verification_locked(int64_t drafted, int64_t accepted) {
@@ -244,6 +266,11 @@ void BatchEngine::step() {
   std::vector<float> raw;
   ForwardOptions fo;
   fo.path = model_.engine_path();  // CPU: the decode forms (batch- and chunk-invariant numerics)
+  if (proposer_ && !proposer_->tap_layers().empty()) {  // a block drafter reads the target's hidden states
+    fo.tap_layers = proposer_->tap_layers();
+    fo.taps = &step_taps_;
+    n_step_rows_ = samples.size();
+  }
   try {
     model_.forward_sample(items, samples, picked, raw, fo);
   } catch (const std::exception& e) {
@@ -276,6 +303,8 @@ void BatchEngine::step() {
         continue;
       }
       gen_tokens += static_cast<int64_t>(s->tokens().size() - before);
+      // The row whose logits produced the sequence's (new) last token: the one after the accepted drafts.
+      if (fo.taps) keep_tap_row(s, row - rows + v.accepted);
       if (p.n_drafts > 0) {
         {
           std::lock_guard lk(mu_);

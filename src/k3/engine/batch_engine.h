@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/engine_api.h"
@@ -35,6 +36,11 @@ struct BatchEngineOptions {
   std::optional<SpeculativeConfig> speculative;
   // Method "draft_model": the loaded draft model (the caller owns it; it must outlive the engine).
   const ModelRunner* draft_model = nullptr;
+  // Method "block_drafter": the loaded drafter (the caller owns it; it must outlive the engine).
+  const drafter::BlockDrafter* block_drafter = nullptr;
+  // With `speculative` set: this proposer instead of the one the method names (the caller owns it; it must
+  // outlive the engine): a proposer of the embedder's, or a test's that checks what the engine hands it.
+  Proposer* proposer = nullptr;
 };
 
 class BatchEngine final : public Engine {
@@ -70,8 +76,19 @@ class BatchEngine final : public Engine {
   std::string max_model_len_reason_;
   std::unique_ptr<cache::HybridCache> cache_;   // engine thread only
   std::unique_ptr<Scheduler> sched_;            // engine thread only
-  std::unique_ptr<Proposer> proposer_;          // engine thread only; null: no speculation
+  std::unique_ptr<Proposer> own_proposer_;      // the method's (null with BatchEngineOptions::proposer)
+  Proposer* proposer_ = nullptr;                // engine thread only; null: no speculation
   std::vector<DraftSlot> draft_slots_;          // propose_drafts' scratch
+  // Taps for a proposer that reads the target's hidden states (Proposer::tap_layers): per running sequence
+  // the row that produced its last token, and the token count it is for (engine thread only).
+  struct TapRow {
+    std::vector<float> ctx;
+    size_t n_tokens = 0;
+  };
+  std::unordered_map<const Sequence*, TapRow> tap_rows_;
+  std::vector<float> step_taps_;                // the step's taps [logits rows][T * H]
+  size_t n_step_rows_ = 0;                      // logits rows of the step
+  void keep_tap_row(const Sequence* s, int64_t row);  // step_taps_ row `row` becomes s's
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

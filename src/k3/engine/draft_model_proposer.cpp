@@ -5,7 +5,6 @@
 #include <unordered_set>
 
 #include "k3/core/error.h"
-#include "k3/engine/ngram_proposer.h"
 
 namespace k3::engine {
 
@@ -105,15 +104,6 @@ void DraftModelProposer::propose(std::span<const DraftSlot> batch) {
       batch[owner[r]].drafts->push_back(last[owner[r]]);
     }
   }
-}
-
-std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, const ModelRunner* draft, int64_t target_vocab) {
-  // parse_speculative_config admits only the methods built here.
-  if (cfg.method == "draft_model") {
-    if (!draft) throw Error("--speculative-config: method \"draft_model\" needs the draft model loaded (" + cfg.model + ")");
-    return std::make_unique<DraftModelProposer>(*draft, target_vocab);
-  }
-  return std::make_unique<NgramProposer>(cfg.prompt_lookup_min, cfg.prompt_lookup_max);
 }
 
 }  // namespace k3::engine

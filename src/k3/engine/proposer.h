@@ -13,6 +13,9 @@
 
 namespace k3 {
 class ModelRunner;
+namespace drafter {
+class BlockDrafter;
+}
 }
 
 namespace k3::engine {
@@ -25,6 +28,10 @@ struct DraftSlot {
   const void* seq = nullptr;
   int64_t max_drafts = 0;           // at most this many (<= num_speculative_tokens; 0: none wanted)
   std::vector<int32_t>* drafts = nullptr;  // out: cleared, then the proposed tokens
+  // The target's taps (ForwardOptions::tap_layers) of the row whose logits produced the last token:
+  // [T * H], T = Proposer::tap_layers().size(); empty when the proposer reads none or the engine holds
+  // none for this sequence (then a proposer that needs them drafts nothing).
+  std::span<const float> ctx = {};
 };
 
 class Proposer {
@@ -32,12 +39,16 @@ class Proposer {
   virtual ~Proposer() = default;
   // Fills every slot's drafts (possibly none). Must not throw for any token content.
   virtual void propose(std::span<const DraftSlot> batch) = 0;
+  // The target's hidden states this proposer reads (ForwardOptions::tap_layers; a block drafter's); empty:
+  // none, and the engine asks the target for none.
+  virtual std::span<const int32_t> tap_layers() const { return {}; }
 };
 
-// The proposer a config asks for; `draft`: the loaded draft model of method "draft_model" (the caller
-// owns it; it must outlive the proposer), whose vocabulary must be the target's (`target_vocab`). Throws
-// k3::Error for a method not built yet, a missing draft or a vocabulary mismatch.
+// The proposer a config asks for; `draft`: the loaded draft model of method "draft_model", `block`: the
+// loaded drafter of method "block_drafter" (the caller owns them; they must outlive the proposer), whose
+// vocabulary must be the target's (`target_vocab`). Throws k3::Error for a method not built yet, a missing
+// model or a vocabulary mismatch.
 std::unique_ptr<Proposer> make_proposer(const SpeculativeConfig& cfg, const ModelRunner* draft = nullptr,
-                                        int64_t target_vocab = 0);
+                                        int64_t target_vocab = 0, const drafter::BlockDrafter* block = nullptr);
 
 }  // namespace k3::engine

@@ -40,18 +40,21 @@ std::optional<SpeculativeConfig> parse_speculative_config(const std::string& tex
       fail("unknown key \"" + key + "\" (known: method, model, num_speculative_tokens, prompt_lookup_min, prompt_lookup_max, rollback)");
   SpeculativeConfig c;
   if (j.contains("model") && (!j["model"].is_string() || j["model"].get<std::string>().empty()))
-    fail("\"model\" must be a non-empty string (the draft model's directory)");
+    fail("\"model\" must be a non-empty string (the draft model's or the drafter's directory)");
   if (j.contains("model")) c.model = j["model"].get<std::string>();
   // vLLM: a config naming a model and no method is a draft model.
   if (!j.contains("method") && !c.model.empty()) j["method"] = "draft_model";
   if (!j.contains("method") || !j["method"].is_string()) fail("\"method\" (a string) is required");
   c.method = j["method"].get<std::string>();
   if (c.method == "[ngram]") c.method = "ngram";  // vLLM's alias
-  if (c.method != "ngram" && c.method != "draft_model")
-    fail("method \"" + c.method + "\" is not supported (supported: ngram, draft_model; block drafters come later)");
+  if (c.method == "dspark") c.method = "block_drafter";  // the published drafter of this kind
+  if (c.method != "ngram" && c.method != "draft_model" && c.method != "block_drafter")
+    fail("method \"" + c.method + "\" is not supported (supported: ngram, draft_model, block_drafter)");
   if (c.method == "draft_model" && c.model.empty()) fail("method \"draft_model\" needs \"model\": the draft model's directory");
-  if (c.method == "ngram" && !c.model.empty()) fail("\"model\" is for method \"draft_model\", not \"ngram\"");
-  if (c.method == "draft_model" && (j.contains("prompt_lookup_min") || j.contains("prompt_lookup_max")))
+  if (c.method == "block_drafter" && c.model.empty())
+    fail("method \"block_drafter\" needs \"model\": the drafter's directory (docs/block-drafter.md)");
+  if (c.method == "ngram" && !c.model.empty()) fail("\"model\" is for methods \"draft_model\" and \"block_drafter\", not \"ngram\"");
+  if (c.method != "ngram" && (j.contains("prompt_lookup_min") || j.contains("prompt_lookup_max")))
     fail("prompt_lookup_min / prompt_lookup_max are for method \"ngram\"");
   if (!j.contains("num_speculative_tokens")) fail("\"num_speculative_tokens\" is required");
   c.num_speculative_tokens = int_in(j, "num_speculative_tokens", 1, kMaxSpeculativeTokens);
@@ -76,9 +79,10 @@ std::optional<SpeculativeConfig> parse_speculative_config(const std::string& tex
 }
 
 std::string describe(const SpeculativeConfig& c) {
-  const std::string how = c.method == "draft_model" ? " draft " + c.model
-                                                    : " lookup " + std::to_string(c.prompt_lookup_min) + ".." +
-                                                          std::to_string(c.prompt_lookup_max);
+  const std::string how = c.method == "draft_model"     ? " draft " + c.model
+                          : c.method == "block_drafter" ? " drafter " + c.model
+                                                        : " lookup " + std::to_string(c.prompt_lookup_min) + ".." +
+                                                              std::to_string(c.prompt_lookup_max);
   return c.method + " k=" + std::to_string(c.num_speculative_tokens) + how +
          (c.rollback == SpeculativeConfig::Rollback::Replay ? " rollback replay" : " rollback snapshots");
 }

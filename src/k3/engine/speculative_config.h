@@ -1,6 +1,8 @@
 // --speculative-config, as vLLM spells it: a JSON object
 //   {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 //   {"method": "draft_model", "model": "DIR", "num_speculative_tokens": 4}   ("method" may be left out)
+//   {"method": "block_drafter", "model": "DIR", "num_speculative_tokens": 4}  (alias "dspark"; DIR: a
+//   K3BlockDrafter made for the target, docs/block-drafter.md; k <= its block_size)
 // Defaults follow vLLM: with neither lookup bound given both are 5; with one given, the other equals it.
 // One key of k3's own: "rollback", how rejected drafts leave the KDA state (docs/perf/speculative.md):
 // "snapshots" (default; the state after every draft position is kept, k extra state slots per sequence)
@@ -13,8 +15,8 @@
 namespace k3::engine {
 
 struct SpeculativeConfig {
-  std::string method;  // "ngram" or "draft_model"
-  std::string model;   // draft_model: the draft model's directory (same tokenizer as the target)
+  std::string method;  // "ngram", "draft_model" or "block_drafter"
+  std::string model;   // draft_model: the draft model's directory (same tokenizer as the target); block_drafter: the drafter's
   int64_t num_speculative_tokens = 0;  // k: draft tokens verified per step, 1..kMaxSpeculativeTokens
   int64_t prompt_lookup_min = 5, prompt_lookup_max = 5;
   enum class Rollback { Snapshots, Replay } rollback = Rollback::Snapshots;

@@ -78,11 +78,16 @@ std::optional<ExpertCacheStats> Model::expert_cache_stats() const {
 
 void Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float>& logits,
                           const ForwardOptions& opt) const {
+  check_tap_layers(opt, cfg_.num_layers);
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg_.vocab_size, spec_);
   logits.resize(static_cast<size_t>(plan.n_logits() * cfg_.vocab_size));
+  const int64_t T = static_cast<int64_t>(plan.tap_layers.size()), R = plan.n_logits(), H = cfg_.hidden_size;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    graph::forward(cfg_, w_, backend_, plan, graph::Tensor::f32(logits.data(), plan.n_logits(), cfg_.vocab_size));
+    tap_major_.resize(static_cast<size_t>(T * R * H));
+    graph::forward(cfg_, w_, backend_, plan, graph::Tensor::f32(logits.data(), R, cfg_.vocab_size), nullptr,
+                   graph::Tensor::f32(tap_major_.data(), T * R, H));
+    if (T > 0) taps_to_rows(tap_major_.data(), T, R, H, *opt.taps);
   }
   graph::finish_step(plan);
 }

@@ -35,6 +35,7 @@ class Model final : public ModelRunner {
   std::optional<ExpertCacheStats> expert_cache_stats() const override;
   // The CPU backend's KDA ops save the state mid-step (BatchItem::snapshot_after).
   bool supports_state_snapshots() const override { return true; }
+  bool supports_taps() const override { return true; }
   const ModelWeights& weights() const { return w_; }
   // Observes the activations of later forwards (null: stop); see cpu::ActivationObserver.
   void set_activation_observer(cpu::ActivationObserver* o) {
@@ -58,6 +59,7 @@ class Model final : public ModelRunner {
   // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).
   mutable std::mutex mu_;
   mutable cpu::CpuBackend backend_;
+  mutable std::vector<float> tap_major_;  // the graph's taps [T * rows][H], before taps_to_rows
 };
 
 }  // namespace k3

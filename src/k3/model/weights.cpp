@@ -9,227 +9,13 @@
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
 #include "k3/io/page_cache.h"
+#include "k3/model/weight_binder.h"
 
 namespace k3 {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
-// Looks tensors up, checks them, and collects every problem before failing once.
-class Binder {
- public:
-  Binder(const Checkpoint& ck, std::vector<std::vector<uint8_t>>& copies, const Placement* placement, int model_device)
-      : ck_(ck), copies_(copies), placement_(placement), model_device_(model_device) {}
-
-  // The home of matrix `name` (model/placement.h).
-  int device_for(const std::string& name) const {
-    return placement_ ? placement_->device_of(name, model_device_) : model_device_;
-  }
-
-  WeightMatrix mat(const std::string& name, int64_t rows, int64_t cols) {
-    const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str({rows, cols}));
-    if (!t) return {};
-    if (t->block_format) return block_matrix(name, t, *t->block_format, rows, cols);
-    if (!is_float_dtype(t->dtype)) return bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
-    if (t->shape != std::vector<int64_t>{rows, cols}) return bad(name, t, "shape " + t->shape_str() + ", expected " + shape_str({rows, cols}));
-    WeightMatrix w;
-    float_weight_format(t->dtype, &w.format);
-    w.data = aligned(t);
-    w.rows = rows;
-    w.cols = cols;
-    w.device = device_for(name);
-    bytes_ += static_cast<int64_t>(t->nbytes);
-    return w;
-  }
-
-  // A matrix a GGUF stores in a block format with in-block scales (TensorInfo::block_format).
-  WeightMatrix block_matrix(const std::string& name, const TensorInfo* t, WeightFormat f, int64_t rows, int64_t cols) {
-    const int64_t be = weight_layout(f).block_elems;
-    if (cols % be != 0)
-      return bad(name, t, std::string(weight_format_name(f)) + " with " + std::to_string(cols) + " columns, not a multiple of its " +
-                              std::to_string(be) + "-element blocks");
-    const std::vector<int64_t> want{rows, row_data_bytes(f, cols)};
-    if (t->dtype != DType::U8 || t->shape != want)
-      return bad(name, t, std::string(weight_format_name(f)) + " blocks " + t->shape_str() + ", expected " + shape_str(want) +
-                              " for " + shape_str({rows, cols}));
-    WeightMatrix w;
-    w.format = f;
-    w.data = t->data;
-    w.rows = rows;
-    w.cols = cols;
-    w.device = device_for(name);
-    bytes_ += static_cast<int64_t>(t->nbytes);
-    return w;
-  }
-
-  // A block format as a compressed-tensors pair (MXFP4: mxfp4-pack-quantized): <base>.weight_packed U8
-  // [rows, row_data_bytes] + <base>.weight_scale U8 [rows, row_scale_bytes] (core/weight_format.h).
-  // A format with its scales inside the blocks (MXFP4_GGML from a GGUF) is one tensor: <base>.weight U8
-  // [rows, row_data_bytes].
-  WeightMatrix packed(const std::string& base, WeightFormat format, int64_t rows, int64_t cols) {
-    // A GGUF's stacked experts may mix block formats across gate / up / down (k3 quantize keeps a matrix
-    // whose width is not whole blocks of the target type as shipped): the tensor's own format wins.
-    if (const TensorInfo* t = ck_.find(base + ".weight"); t && t->block_format) format = *t->block_format;
-    const std::vector<int64_t> pshape{rows, row_data_bytes(format, cols)}, sshape{rows, row_scale_bytes(format, cols)};
-    if (weight_layout(format).scale_bytes == 0) {
-      const TensorInfo* p = get(base + ".weight", std::string(weight_format_name(format)) + " blocks, U8 " + shape_str(pshape));
-      if (!p) return {};
-      if (p->dtype != DType::U8 || p->shape != pshape)
-        return bad(base + ".weight", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str(pshape));
-      WeightMatrix w;
-      w.format = format;
-      w.device = device_for(base + ".weight");
-      w.data = p->data;
-      w.rows = rows;
-      w.cols = cols;
-      bytes_ += static_cast<int64_t>(p->nbytes);
-      return w;
-    }
-    const TensorInfo* p = get(base + ".weight_packed", "U8 " + shape_str(pshape));
-    const TensorInfo* s = get(base + ".weight_scale", "U8 " + shape_str(sshape));
-    if (!p || !s) return {};
-    bool ok = true;
-    if (p->dtype != DType::U8 || p->shape != pshape) {
-      bad(base + ".weight_packed", p, std::string(dtype_name(p->dtype)) + " " + p->shape_str() + ", expected U8 " + shape_str(pshape));
-      ok = false;
-    }
-    if (s->dtype != DType::U8 || s->shape != sshape) {
-      bad(base + ".weight_scale", s, std::string(dtype_name(s->dtype)) + " " + s->shape_str() + ", expected U8 " + shape_str(sshape));
-      ok = false;
-    }
-    if (!ok) return {};
-    if (format == WeightFormat::MXFP4 && !scales_are_finite(base + ".weight_scale", s, sshape[1])) return {};
-    WeightMatrix w;
-    w.format = format;
-    w.device = device_for(base + ".weight");
-    w.data = p->data;
-    w.scales = s->data;
-    w.rows = rows;
-    w.cols = cols;
-    bytes_ += static_cast<int64_t>(p->nbytes + s->nbytes);
-    return w;
-  }
-
-  // Starts reading tensor `name` (if present) into the page cache: the scale checks of a layer's experts
-  // then wait for exactly their bytes, issued together, instead of faulting one at a time with the
-  // kernel's read-around, which on a large read_ahead_kb reads the whole checkpoint (docs/bigger-than-ram.md).
-  bool has(const std::string& name) const { return ck_.find(name) != nullptr; }
-
-  void prefetch(const std::string& name) {
-    if (const TensorInfo* t = ck_.find(name)) prefetch_mapped(t->data, t->nbytes);
-  }
-
-  // A small float tensor converted to fp32; `shapes` lists the accepted shapes (first is the usual one).
-  std::vector<float> vec(const std::string& name, const std::vector<std::vector<int64_t>>& shapes) {
-    const TensorInfo* t = get(name, "F32/BF16/F16 " + shape_str(shapes[0]));
-    if (!t) return {};
-    if (!is_float_dtype(t->dtype)) {
-      bad(name, t, "dtype " + std::string(dtype_name(t->dtype)) + ", expected F32/BF16/F16");
-      return {};
-    }
-    bool ok = false;
-    for (auto& s : shapes) ok |= (t->shape == s);
-    if (!ok) {
-      std::string exp;
-      for (auto& s : shapes) exp += (exp.empty() ? "" : " or ") + shape_str(s);
-      bad(name, t, "shape " + t->shape_str() + ", expected " + exp);
-      return {};
-    }
-    std::vector<float> out(static_cast<size_t>(t->numel()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      switch (t->dtype) {
-        case DType::F32: { float f; std::memcpy(&f, t->data + 4 * i, 4); out[i] = f; break; }
-        case DType::BF16: { uint16_t h; std::memcpy(&h, t->data + 2 * i, 2); out[i] = bf16_to_f32(h); break; }
-        default: { uint16_t h; std::memcpy(&h, t->data + 2 * i, 2); out[i] = f16_to_f32(h); }
-      }
-    }
-    bytes_ += static_cast<int64_t>(t->nbytes);
-    return out;
-  }
-  std::vector<float> vec(const std::string& name, int64_t n) { return vec(name, {{n}}); }
-
-  void finish(const std::string& prefix, const std::string& lm_head, ModelWeights& mw) {
-    if (n_problems_ > 0) {
-      std::ostringstream os;
-      os << "checkpoint '" << ck_.dir() << "' does not match its config (" << n_problems_ << " problem"
-         << (n_problems_ > 1 ? "s" : "") << "):";
-      for (auto& p : problems_) os << "\n  " << p;
-      if (n_problems_ > problems_.size()) os << "\n  ... and " << n_problems_ - problems_.size() << " more";
-      throw Error(os.str());
-    }
-    int64_t unused = 0;
-    for (auto& [name, t] : ck_.all())
-      if (!used_.count(name)) ++unused;
-    (void)prefix;
-    (void)lm_head;
-    mw.bound_bytes = bytes_;
-    mw.unused_tensors = unused;
-  }
-
- private:
-  const TensorInfo* get(const std::string& name, const std::string& expect) {
-    const TensorInfo* t = ck_.find(name);
-    if (!t) {
-      note("missing tensor '" + name + "'" + ck_.name_note(name) + " (expected " + expect + ")");
-      return nullptr;
-    }
-    used_.insert(name);
-    return t;
-  }
-  WeightMatrix bad(const std::string& name, const TensorInfo* t, const std::string& what) {
-    note("tensor '" + name + "'" + ck_.name_note(name) + " in '" + t->file + "': " + what);
-    return {};
-  }
-  // Keeps the first 20 problems for the message and counts the rest.
-  void note(std::string problem) {
-    if (problems_.size() < 20) problems_.push_back(std::move(problem));
-    ++n_problems_;
-  }
-
-  // E8M0 0xFF is NaN in the OCP MX spec (v1.0, 5.4): every element of its block would decode to NaN
-  // and turn the whole forward pass into NaN logits, silently. One memchr over the scale bytes
-  // (1/17 of an MXFP4 matrix; measured in docs/testing.md) rejects it at load, naming the block.
-  // On a full K3 (~85 GB of scales, read from disk the first time) this takes a while: a progress line
-  // every 8 GB, so a long load does not look hung.
-  bool scales_are_finite(const std::string& name, const TensorInfo* s, int64_t row_scale_bytes) {
-    constexpr uint64_t kProgressBytes = uint64_t{8} << 30;
-    if ((scanned_ + s->nbytes) / kProgressBytes > scanned_ / kProgressBytes)
-      std::fprintf(stderr, "k3: checking MXFP4 scales: %.0f GB so far\n", double(scanned_ + s->nbytes) / 1e9);
-    scanned_ += s->nbytes;
-    const void* hit = std::memchr(s->data, 0xFF, s->nbytes);
-    if (!hit) return true;
-    const auto at = static_cast<int64_t>(static_cast<const uint8_t*>(hit) - s->data);
-    bad(name, s, "E8M0 scale 255 (NaN in OCP MX) at row " + std::to_string(at / row_scale_bytes) + ", block " +
-                     std::to_string(at % row_scale_bytes));
-    return false;
-  }
-
-  // The tensor's data, or an aligned copy when the file places it at an address that is not a
-  // multiple of its element size (reading it in place would be undefined behaviour).
-  const void* aligned(const TensorInfo* t) {
-    const size_t a = dtype_size(t->dtype);
-    if (a <= 1 || reinterpret_cast<uintptr_t>(t->data) % a == 0) return t->data;
-    copies_.emplace_back(t->data, t->data + t->nbytes);
-    return copies_.back().data();
-  }
-
-  const Checkpoint& ck_;
-  std::vector<std::vector<uint8_t>>& copies_;
-  const Placement* placement_;
-  int model_device_;
-  std::vector<std::string> problems_;
-  size_t n_problems_ = 0;
-  uint64_t scanned_ = 0;  // MXFP4 scale bytes checked so far (progress line)
-  std::set<std::string> used_;
-  int64_t bytes_ = 0;
-};
-
-AttnResWeights bind_attn_res(Binder& b, const std::string& p, const std::string& stem, int64_t H) {
+AttnResWeights bind_attn_res(WeightBinder& b, const std::string& p, const std::string& stem, int64_t H) {
   AttnResWeights r;
   auto norm = b.vec(p + stem + "_norm.weight", H);
   auto proj = b.vec(p + stem + "_proj.weight", {{1, H}, {H}});
@@ -241,12 +27,12 @@ AttnResWeights bind_attn_res(Binder& b, const std::string& p, const std::string&
   return r;
 }
 
-GluMlp bind_glu(Binder& b, const std::string& p, int64_t in, int64_t inter) {
+GluMlp bind_glu(WeightBinder& b, const std::string& p, int64_t in, int64_t inter) {
   return {b.mat(p + "gate_proj.weight", inter, in), b.mat(p + "up_proj.weight", inter, in),
           b.mat(p + "down_proj.weight", in, inter)};
 }
 
-void bind_kda(Binder& b, const ModelConfig& c, const std::string& p, KdaWeights& w) {
+void bind_kda(WeightBinder& b, const ModelConfig& c, const std::string& p, KdaWeights& w) {
   const int64_t H = c.hidden_size, Hk = c.kda_heads, D = c.kda_head_dim, C = Hk * D, W = c.conv_kernel;
   const int64_t r = c.kda_gate_rank;
   w.q = b.mat(p + "q_proj.weight", C, H);
@@ -291,7 +77,7 @@ void bind_kda(Binder& b, const ModelConfig& c, const std::string& p, KdaWeights&
   w.o = b.mat(p + "o_proj.weight", H, C);
 }
 
-void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights& w) {
+void bind_mla(WeightBinder& b, const ModelConfig& c, const std::string& p, MlaWeights& w) {
   const int64_t H = c.hidden_size, nh = c.mla_heads, qk = c.mla_qk_dim(), kr = c.kv_lora_rank;
   const int64_t dn = c.qk_nope_dim, dv = c.v_head_dim;
   if (c.q_lora_rank > 0) {
@@ -317,7 +103,7 @@ void bind_mla(Binder& b, const ModelConfig& c, const std::string& p, MlaWeights&
   if (c.mla_output_gate) w.g = b.mat(p + "g_proj.weight", nh * dv, H);
 }
 
-void bind_moe(Binder& b, const ModelConfig& c, const std::string& p, MoeWeights& w) {
+void bind_moe(WeightBinder& b, const ModelConfig& c, const std::string& p, MoeWeights& w) {
   const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, X = c.expert_in_dim();
   w.router = b.mat(p + "gate.weight", E, H);
   w.correction_bias = b.vec(p + "gate.e_score_correction_bias", E);
@@ -368,7 +154,7 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, const Pl
                 ") implies at least " + std::to_string(implied) + " tensors but the checkpoint holds " +
                 std::to_string(ckpt.all().size()));
   ModelWeights mw;
-  Binder b(ckpt, mw.aligned_copies, placement, model_device);
+  WeightBinder b(ckpt, mw.aligned_copies, placement, model_device);
   const std::string& P = c.tensor_prefix;
   const int64_t H = c.hidden_size;
   const bool attn_res = c.attn_res_block_size > 0;
@@ -397,7 +183,9 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, const Pl
     else
       L.mlp = bind_glu(b, lp + "mlp.", H, c.intermediate_size);
   }
-  b.finish(P, c.lm_head_name, mw);
+  b.check();
+  mw.bound_bytes = b.bytes();
+  mw.unused_tensors = b.unused_tensors();
   return mw;
 }
 

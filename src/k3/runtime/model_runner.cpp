@@ -1,5 +1,7 @@
 #include "k3/runtime/model_runner.h"
 
+#include <algorithm>
+
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
 
@@ -18,6 +20,24 @@ void check_batch_tokens(const BatchItem& item, int64_t vocab) {
 int64_t logit_rows_of(const BatchItem& item, const ForwardOptions& opt) {
   if (!item.want_logits) return 0;
   return opt.all_logits ? static_cast<int64_t>(item.tokens.size()) : item.n_logit_rows;
+}
+
+void check_tap_layers(const ForwardOptions& opt, int64_t num_layers) {
+  if (opt.tap_layers.empty()) return;
+  if (!opt.taps) throw Error("forward: tap layers were asked for without a place for the taps (ForwardOptions::taps)");
+  for (const int32_t l : opt.tap_layers)
+    if (l < 0 || l > num_layers)
+      throw Error("forward: tap id " + std::to_string(l) + " out of range [0, " + std::to_string(num_layers) +
+                  "] (layer l's normed mixer input, or " + std::to_string(num_layers) + ": the final-normed hidden state)");
+}
+
+void taps_to_rows(const float* tap_major, int64_t T, int64_t R, int64_t H, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(R * T * H));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* src = tap_major + (t * R + r) * H;
+      std::copy(src, src + H, out.data() + (r * T + t) * H);
+    }
 }
 
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,

@@ -26,6 +26,13 @@ struct ForwardOptions {
   AttnPath path = AttnPath::Auto;
   int kda_chunk = 0;  // KDA chunk of the prefill form; 0: the backend's choice (CPU 64, CUDA 32: fastest on an H200)
   bool all_logits = false;  // logits for every token ([n][V]) or only the last ([V])
+  // Taps: hidden vectors of the target that a block drafter reads (docs/block-drafter.md). With tap_layers
+  // non-empty, *taps is resized to [logits rows][T * H] (T = tap_layers.size(), rows in the order of the
+  // logits) and gets, for each logits row, the vectors of tap_layers concatenated: tap id l < num_layers is
+  // layer l's normed mixer input, l == num_layers the final-normed hidden state (lm_head's input). Needs
+  // ModelRunner::supports_taps(); an id out of [0, num_layers] is a k3::Error.
+  std::span<const int32_t> tap_layers;
+  std::vector<float>* taps = nullptr;
 };
 
 // One sequence's part of a batched forward.
@@ -58,6 +65,12 @@ void check_batch_tokens(const BatchItem& item, int64_t vocab);
 inline bool takes_prefill_form(AttnPath path, int64_t n) {
   return path == AttnPath::Prefill || (path == AttnPath::Auto && n > 1);
 }
+
+// Throws k3::Error unless every tap id is in [0, num_layers] and, with tap ids, `opt.taps` is set.
+void check_tap_layers(const ForwardOptions& opt, int64_t num_layers);
+// A forward's taps as the graph leaves them, tap-major ([T][R][H]: tap t's rows at t * R), into the rows of
+// ForwardOptions::taps ([R][T * H]).
+void taps_to_rows(const float* tap_major, int64_t T, int64_t R, int64_t H, std::vector<float>& out);
 
 // Throws k3::Error unless forward_sample's arguments fit: logit_rows_of rows per item, no all_logits.
 void check_forward_sample_args(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
@@ -93,6 +106,8 @@ class ModelRunner {
   virtual AttnPath engine_path() const { return AttnPath::Decode; }
   // Whether forward_batch honours BatchItem::snapshot_after (speculative decoding's exact rollback).
   virtual bool supports_state_snapshots() const { return false; }
+  // Whether forward_batch / forward_sample honour ForwardOptions::tap_layers (a block drafter's inputs).
+  virtual bool supports_taps() const { return false; }
 
   // One forward over several sequences, each appending its tokens. `logits` (host) receives, for each
   // item with want_logits in order, its last-token row [V] (or all its rows with all_logits).

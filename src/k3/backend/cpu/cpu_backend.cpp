@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "k3/backend/cpu/block_attention.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
 
@@ -67,7 +68,11 @@ void CpuBackend::add(Tensor y, Tensor x) {
   });
 }
 
-void CpuBackend::copy(Tensor dst, Tensor src) { std::copy(src.f(), src.f() + src.count(), dst.f()); }
+void CpuBackend::copy(Tensor dst, Tensor src) {
+  if (dst.rows != src.rows || dst.cols != src.cols) throw Error("cpu backend: copy shapes differ");
+  if (dst.contiguous() && src.contiguous()) return (void)std::copy(src.f(), src.f() + src.count(), dst.f());
+  for (int64_t r = 0; r < dst.rows; ++r) std::copy(src.row(r), src.row(r) + src.cols, dst.row(r));  // strided / broadcast
+}
 
 void CpuBackend::sigmoid_mul(Tensor y, Tensor g) { cpu::sigmoid_mul(y.f(), g.f(), y.count()); }
 
@@ -76,6 +81,17 @@ void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
     const float* src = h.row(plan_->logit_rows[static_cast<size_t>(r)]);
     std::copy(src, src + h.cols, out.row(r));
   }
+}
+
+void CpuBackend::block_attention(Tensor q, Tensor k, Tensor v, int64_t block, int64_t heads, int64_t head_dim,
+                                 float scale, Tensor o) {
+  for (const Tensor* t : {&q, &k, &v, &o}) {
+    need_contiguous(*t, "block_attention");
+    if (t->rows != q.rows || t->cols != heads * head_dim) throw Error("cpu backend: block_attention shapes differ");
+  }
+  if (block < 1 || q.rows % block != 0)
+    throw Error("cpu backend: block_attention over " + std::to_string(q.rows) + " rows in blocks of " + std::to_string(block));
+  cpu::block_attention(q.f(), k.f(), v.f(), q.rows, block, heads, head_dim, scale, o.f());
 }
 
 // Tokens are independent: in parallel over them when there is enough work (prefill), each token computed

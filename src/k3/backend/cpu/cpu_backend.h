@@ -57,6 +57,8 @@ class CpuBackend final : public graph::Backend {
   void copy(graph::Tensor dst, graph::Tensor src) override;
   void sigmoid_mul(graph::Tensor y, graph::Tensor g) override;
   void gather_logit_rows(graph::Tensor h, graph::Tensor out) override;
+  void block_attention(graph::Tensor q, graph::Tensor k, graph::Tensor v, int64_t block, int64_t heads,
+                       int64_t head_dim, float scale, graph::Tensor o) override;
   void attn_res_mix(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
                     graph::Tensor out) override;
 

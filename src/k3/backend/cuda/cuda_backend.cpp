@@ -11,6 +11,7 @@
 #include <string>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/drafter_kernels.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
 #include "k3/backend/cuda/kda_kernels.h"
 #include "k3/backend/cuda/linear_skinny.h"
@@ -54,6 +55,8 @@ CudaBackend::~CudaBackend() = default;
 Tensor CudaBackend::logits() const {
   return Tensor::f32(logits_d_.get<float>(), n_logits_, cfg_.vocab_size);
 }
+
+Tensor CudaBackend::taps() const { return Tensor::f32(taps_d_.get<float>(), n_taps_ * n_logits_, cfg_.hidden_size); }
 
 MlaPaging CudaBackend::paging(int64_t layer) const {
   return MlaPaging{staged<uint8_t* const>(sd_.pages), staged<const int32_t>(sd_.page_start),
@@ -131,7 +134,7 @@ void CudaBackend::stage_kda(const graph::StepPlan& plan) {
 
 // Scratch and workspaces for N tokens, rounded up (multiples of 64, at least doubling) so that a growing
 // batch re-sizes (and drops captured graphs) only a few times.
-void CudaBackend::size_workspaces(int64_t N, int64_t R) {
+void CudaBackend::size_workspaces(int64_t N, int64_t R, int64_t T) {
   const ModelConfig& c = cfg_;
   if (N > token_cap_) {
     token_cap_ = std::max<int64_t>((N + 63) / 64 * 64, token_cap_ * 2);
@@ -165,6 +168,11 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R) {
     logits_d_ = DeviceBuffer(lbytes);
     ++generation_;
   }
+  const size_t tbytes = static_cast<size_t>((R + 63) / 64 * 64 * T * c.hidden_size) * 4;
+  if (taps_d_.bytes() < tbytes) {
+    taps_d_ = DeviceBuffer(tbytes);
+    ++generation_;
+  }
 }
 
 void CudaBackend::prepare(const graph::StepPlan& plan) {
@@ -193,16 +201,20 @@ void CudaBackend::prepare(const graph::StepPlan& plan) {
   std::memcpy(host, st_.bytes().data(), staging_bytes_);
   n_seqs_ = static_cast<int64_t>(plan.seqs.size());
   step_shape_ = 0;
-  if (N != n_seqs_ || plan.any_snapshot()) {  // FNV-1a over (rows, snapshot_after, n_snapshots) per sequence
+  // FNV-1a over (rows, snapshot_after, n_snapshots) per sequence and the tap ids (a step that saves taps
+  // runs more ops than one that does not).
+  if (N != n_seqs_ || plan.any_snapshot() || !plan.tap_layers.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const graph::StepSeq& q : plan.seqs)
       for (int64_t v : {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)})
         h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    for (const int32_t l : plan.tap_layers) h = (h ^ static_cast<uint64_t>(l + 0x7a9)) * 1099511628211ull;
     step_shape_ = static_cast<int64_t>(h | 1);
   }
   n_tokens_ = N;
   n_logits_ = plan.n_logits();
-  size_workspaces(N, n_logits_);
+  n_taps_ = static_cast<int64_t>(plan.tap_layers.size());
+  size_workspaces(N, n_logits_, n_taps_);
 }
 
 void CudaBackend::begin_step(const graph::StepPlan& plan) {
@@ -280,7 +292,24 @@ void CudaBackend::add_rmsnorm(Tensor y, Tensor x, const float* w, float eps, Ten
 }
 
 void CudaBackend::copy(Tensor dst, Tensor src) {
-  K3_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.count()) * 4, cudaMemcpyDeviceToDevice, stream_));
+  if (dst.rows != src.rows || dst.cols != src.cols) throw Error("CUDA backend: copy shapes differ");
+  if (dst.contiguous() && src.contiguous()) {
+    K3_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(src.count()) * 4, cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  K3_CUDA_CHECK(copy_rows(dst.f(), dst.stride, src.f(), src.stride, dst.rows, dst.cols, stream_));  // strided / broadcast
+}
+
+void CudaBackend::block_attention(Tensor q, Tensor k, Tensor v, int64_t block, int64_t heads, int64_t head_dim,
+                                  float scale, Tensor o) {
+  for (const Tensor* t : {&q, &k, &v, &o})
+    if (!t->contiguous() || t->rows != q.rows || t->cols != heads * head_dim)
+      throw Error("CUDA backend: block_attention needs contiguous [n][heads * head_dim] tensors");
+  if (block < 1 || q.rows % block != 0 || 2 * block * head_dim + block * block > 12 * 1024)
+    throw Error("CUDA backend: block_attention over " + std::to_string(q.rows) + " rows in blocks of " +
+                std::to_string(block) + " (head_dim " + std::to_string(head_dim) + ") is not supported");
+  K3_CUDA_CHECK(cuda::block_attention(q.f(), k.f(), v.f(), q.rows, static_cast<int>(block), static_cast<int>(heads),
+                                      static_cast<int>(head_dim), scale, o.f(), stream_));
 }
 
 void CudaBackend::sigmoid_mul(Tensor y, Tensor g) { K3_CUDA_CHECK(cuda::sigmoid_mul(y.f(), g.f(), y.count(), stream_)); }

@@ -65,6 +65,8 @@ class CudaBackend final : public graph::Backend {
   int64_t moe_stream_min_tokens() const { return moe_stream_min_tokens_; }
   // [n_logits][V] on the device, filled by the step's head.
   graph::Tensor logits() const;
+  // [T * n_logits][H] on the device: the step's taps (plan.tap_layers, T of them; graph/forward.h).
+  graph::Tensor taps() const;
   LinearRunner& linear_runner() { return *lin_; }
 
   void begin_step(const graph::StepPlan& plan) override;
@@ -82,6 +84,8 @@ class CudaBackend final : public graph::Backend {
   void copy(graph::Tensor dst, graph::Tensor src) override;
   void sigmoid_mul(graph::Tensor y, graph::Tensor g) override;
   void gather_logit_rows(graph::Tensor h, graph::Tensor out) override;
+  void block_attention(graph::Tensor q, graph::Tensor k, graph::Tensor v, int64_t block, int64_t heads,
+                       int64_t head_dim, float scale, graph::Tensor o) override;
   void attn_res_mix(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
                     graph::Tensor out) override;
   void attn_res_mix_rmsnorm(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
@@ -149,7 +153,7 @@ class CudaBackend final : public graph::Backend {
   // StepData::kda_rounds of a step whose plan has snapshots (cuda_backend_kda.cpp).
   void stage_kda_rounds(const graph::StepPlan& plan);
   void run_copies(size_t staged_segs, int n);
-  void size_workspaces(int64_t N, int64_t R);
+  void size_workspaces(int64_t N, int64_t R, int64_t T);
   // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,
   // the CPU backend's kernels run, the results come back (cuda_backend_host.cpp). host_linear and
   // host_embed synchronise the stream (no CUDA graphs with them); the expert jobs are cut into pieces.
@@ -186,7 +190,8 @@ class CudaBackend final : public graph::Backend {
   size_t bytes_per_token_ = 0;  // scratch high-water per token of the largest step so far
   uint64_t generation_ = 1;     // bumped when a workspace or the staging moves
   std::unique_ptr<MoeWorkspace> moe_ws_;
-  DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_;
+  DeviceBuffer kda_ws_, mla_ws_, mha_ws_, logits_d_, taps_d_;
+  int64_t n_taps_ = 0;  // plan.tap_layers.size() of the step
 
   PinnedBuffer host_in_, host_out_;  // the host ops' activations
   // Routed experts on the host between moe_experts_start and _wait (cuda_backend_host.cpp).

@@ -131,6 +131,7 @@ struct CudaModel::Impl {
   void sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
               std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits, const ForwardOptions& opt);
 
+  PinnedBuffer taps_h;  // the step's taps, downloaded tap-major (ForwardOptions::tap_layers)
   // GPU sampling's staging: row parameters + penalty ids up, results down.
   PinnedBuffer samp_h;
   DeviceBuffer samp_d;
@@ -326,13 +327,18 @@ void CudaModel::Impl::sample(const std::vector<BatchItem>& items, std::span<cons
 void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const ForwardOptions& opt,
                               const std::function<void(int64_t)>& tail, const std::function<void(int64_t)>& done) {
   K3_CUDA_CHECK(cudaSetDevice(device));
+  check_tap_layers(opt, cfg.num_layers);
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg.vocab_size, spec);
   backend->prepare(plan);
   run_graph(plan);
-  const int64_t R = plan.n_logits();
+  const int64_t R = plan.n_logits(), T = static_cast<int64_t>(plan.tap_layers.size()), H = cfg.hidden_size;
   tail(R);
+  const size_t tap_bytes = static_cast<size_t>(T * R * H) * 4;
+  if (tap_bytes > 0)
+    K3_CUDA_CHECK(cudaMemcpyAsync(taps_h.ensure(tap_bytes), backend->taps().data, tap_bytes, cudaMemcpyDeviceToHost, stream));
   K3_CUDA_CHECK(cudaStreamSynchronize(stream));
   prof.collect();
+  if (tap_bytes > 0) taps_to_rows(static_cast<const float*>(taps_h.ensure(tap_bytes)), T, R, H, *opt.taps);
   done(R);
   graph::finish_step(plan);
 }
@@ -340,7 +346,9 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
 // Enqueues the step: decode steps replay captured CUDA graphs (step_graphs.h); prefill, mixed steps and
 // batches that stream host experts to the GPU (packed on the host first) run eagerly.
 void CudaModel::Impl::run_graph(const graph::StepPlan& plan) {
-  auto enqueue = [&] { graph::forward(cfg, w.w, *backend, plan, backend->logits(), comm ? &shard : nullptr); };
+  auto enqueue = [&] {
+    graph::forward(cfg, w.w, *backend, plan, backend->logits(), comm ? &shard : nullptr, backend->taps());
+  };
   const bool streams = host_experts && backend->moe_stream_min_tokens() > 0 &&
                        plan.n_tokens() >= backend->moe_stream_min_tokens();
   // Decode-form steps whose every row is a logits row: decode steps, and speculative verification steps

@@ -48,6 +48,8 @@ class CudaModel final : public ModelRunner {
   AttnPath engine_path() const override { return AttnPath::Auto; }
   // KDA state snapshots for speculative decoding's rollback (cuda_backend_kda.cpp: stage_kda_rounds).
   bool supports_state_snapshots() const override { return true; }
+  // Taps come down with the logits (the taps buffer: CudaBackend::taps()).
+  bool supports_taps() const override { return true; }
   int64_t memory_available() const override;
   // One throw-away prefill of max_tokens tokens and one decode step.
   void warm_up(int64_t max_tokens) const override;  // free device memory (cudaMemGetInfo)

@@ -286,6 +286,21 @@ MoeWeights upload_moe(Uploader& u, const MoeWeights& m) {
 
 }  // namespace
 
+namespace {
+WeightMatrix homed_on(WeightMatrix w, int device) {
+  w.device = device;
+  return w;
+}
+}  // namespace
+
+DeviceLinear upload_linear(DeviceArena& arena, int device, const WeightMatrix& w) {
+  return Uploader(arena, device).lin(homed_on(w, device));
+}
+WeightMatrix upload_embedding_table(DeviceArena& arena, int device, const WeightMatrix& w) {
+  return Uploader(arena, device).bf16_table(homed_on(w, device));
+}
+WeightVector upload_vector(DeviceArena& arena, int device, const WeightVector& v) { return Uploader(arena, device).vec(v); }
+
 void upload_weights(const ModelWeights& w, int device, DeviceWeights& out) {
   Uploader u(out.arena, device);
   ModelWeights& d = out.w;

@@ -37,6 +37,13 @@ struct DeviceWeights {
 // placed on the host (model/placement.h) stay views of `w`'s host memory, which must then outlive `out`.
 // Throws k3::Error on what the backend lacks.
 void upload_weights(const ModelWeights& w, int device, DeviceWeights& out);
+// Single tensors uploaded into `arena` on `device` the way upload_weights uploads the model's (whatever their
+// home says): a dense projection (BF16 as is, F32 / F16 as F32, GGUF blocks as stored), an embedding table
+// (bf16, or GGUF blocks), a small fp32 vector. For other networks on the device (the block drafter:
+// cuda_drafter.h). Throws k3::Error for a format the backend lacks.
+DeviceLinear upload_linear(DeviceArena& arena, int device, const WeightMatrix& w);
+WeightMatrix upload_embedding_table(DeviceArena& arena, int device, const WeightMatrix& w);
+WeightVector upload_vector(DeviceArena& arena, int device, const WeightVector& v);
 // Random weights of the config's shapes, generated on the device (deterministic in `seed`).
 void dummy_weights(const ModelConfig& cfg, uint64_t seed, int device, DeviceWeights& out);
 

@@ -96,10 +96,19 @@ class Backend {
   // y += x, then out = rmsnorm(y) * w over all of y's columns: the residual add and the next sublayer's input
   // norm (a backend may fuse them; CUDA: one kernel). Default: `add`, then `rmsnorm`.
   virtual void add_rmsnorm(Tensor y, Tensor x, const float* w, float eps, Tensor out);
-  virtual void copy(Tensor dst, Tensor src) = 0;      // dst = src
+  // dst = src, row by row (the same rows x cols): either may be a strided view (a column range of a wider
+  // tensor), and src.stride == 0 repeats src's one row into every row of dst (a broadcast).
+  virtual void copy(Tensor dst, Tensor src) = 0;
   virtual void sigmoid_mul(Tensor y, Tensor g) = 0;  // y *= sigmoid(g)
   // out[r] = h[plan.logit_rows[r]]
   virtual void gather_logit_rows(Tensor h, Tensor out) = 0;
+
+  // ---- the block drafter (docs/block-drafter.md) ----
+  // Attention inside blocks, not causal: rows come in blocks of `block` consecutive rows (N % block == 0);
+  // per head m (columns m * head_dim .. of q, k, v, o, all [N][heads * head_dim], contiguous), row i's
+  // o = sum_j softmax_j(q_i . k_j * scale) v_j over the rows j of i's block.
+  virtual void block_attention(Tensor q, Tensor k, Tensor v, int64_t block, int64_t heads, int64_t head_dim,
+                               float scale, Tensor o) = 0;
 
   // ---- Attention Residuals (model-spec 3.1) ----
   // For each row: softmax over the nb + 1 sources [block 0 .. block nb-1, partial] of

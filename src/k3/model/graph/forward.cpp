@@ -5,6 +5,10 @@
 
 #include "k3/model/graph/blocks.h"
 
+#include <string>
+
+#include "k3/core/error.h"
+
 namespace k3::graph {
 
 namespace {
@@ -78,10 +82,28 @@ class Residual {
   bool pending_ = false;
 };
 
+// Saves `src` as tap id `id` where the plan asks for it: the logits rows of src (gather) or src itself
+// (already those rows: the head's normed input).
+void save_tap(Backend& b, const StepPlan& plan, Tensor taps, int64_t id, Tensor src, bool gather) {
+  const int64_t R = plan.n_logits();
+  for (size_t t = 0; t < plan.tap_layers.size(); ++t) {
+    if (plan.tap_layers[t] != id || R == 0) continue;
+    const Tensor dst = taps.slice_rows(static_cast<int64_t>(t) * R, R);
+    if (gather)
+      b.gather_logit_rows(src, dst);
+    else
+      b.copy(dst, src);
+  }
+}
+
 }  // namespace
 
 void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const StepPlan& plan, Tensor logits,
-             const dist::ShardPlan* shard) {
+             const dist::ShardPlan* shard, Tensor taps) {
+  if (!plan.tap_layers.empty() &&
+      (taps.rows != static_cast<int64_t>(plan.tap_layers.size()) * plan.n_logits() || taps.cols != c.hidden_size))
+    throw Error("forward: the taps tensor is not [" + std::to_string(plan.tap_layers.size()) + " * " +
+                std::to_string(plan.n_logits()) + "][" + std::to_string(c.hidden_size) + "]");
   b.begin_step(plan);
   ScratchScope scope(b);
   const Ctx g{b, c, plan, shard};
@@ -100,6 +122,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const Step
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[static_cast<size_t>(l)];
     res.normed_input(L.attn_res.w.data(), L.input_norm.data(), eps, xin);
+    save_tap(b, plan, taps, l, xin, true);
     if (L.is_kda)
       kda_block(g, L.kda, kda_index++, xin, y);
     else
@@ -119,6 +142,7 @@ void forward(const ModelConfig& c, const ModelWeights& w, Backend& b, const Step
     Tensor hs = b.scratch(plan.n_logits(), H);
     b.gather_logit_rows(h, hs);
     b.rmsnorm(hs, w.final_norm.data(), H, eps, hs);
+    save_tap(b, plan, taps, c.num_layers, hs, false);
     if (g.sharded()) {  // vocab-parallel head: each rank's rows of lm_head, then the logits gathered
       Tensor part = b.scratch(plan.n_logits(), w.lm_head.rows);
       b.linear(w.lm_head, hs, part);

@@ -44,6 +44,7 @@ void check_cache_spec(const CacheSpec& have, const CacheSpec& want) {
 StepPlan plan_step(const std::vector<BatchItem>& items, const ForwardOptions& opt, int64_t vocab, const CacheSpec& spec) {
   StepPlan p;
   p.kda_chunk = opt.kda_chunk;
+  p.tap_layers.assign(opt.tap_layers.begin(), opt.tap_layers.end());
   for (const BatchItem& it : items) {
     check_batch_tokens(it, vocab);
     check_cache_spec(it.cache->spec(), spec);

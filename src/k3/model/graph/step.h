@@ -25,6 +25,7 @@ struct StepPlan {
   std::vector<int32_t> tokens;      // [N] token ids, sequences one after another
   std::vector<int32_t> logit_rows;  // activation rows whose logits are wanted, in output order
   int kda_chunk = 0;                // KDA chunk of the prefill form; 0: the backend's default
+  std::vector<int32_t> tap_layers;  // ForwardOptions::tap_layers: taps saved for every logits row
 
   int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t n_logits() const { return static_cast<int64_t>(logit_rows.size()); }
