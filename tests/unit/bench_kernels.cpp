@@ -38,6 +38,23 @@ double now_ms() {
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 
+// Random weights of the right format for timing (not for numerics): bf16 bit patterns of moderate normal values;
+// any byte is a valid E2M1 pair; MXFP4 scales near 2^0. The matrix points into `bytes` / `scales`.
+k3::WeightMatrix random_weights(k3::WeightFormat f, int64_t rows, int64_t cols, std::mt19937& rng,
+                                std::vector<uint8_t>& bytes, std::vector<uint8_t>& scales) {
+  bytes.resize(static_cast<size_t>(rows * k3::row_data_bytes(f, cols)));
+  scales.resize(static_cast<size_t>(rows * k3::row_scale_bytes(f, cols)));
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
+  for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
+  k3::WeightMatrix W;
+  W.format = f;
+  W.rows = rows;
+  W.cols = cols;
+  W.data = bytes.data();
+  W.scales = scales.data();
+  return W;
+}
+
 template <class F>
 double best_ms(int reps, F&& f) {
   static const int scale = std::getenv("K3_BENCH_REPS") ? std::max(1, std::atoi(std::getenv("K3_BENCH_REPS"))) : 1;
@@ -117,17 +134,8 @@ TEST(KernelBench, DISABLED_Matmul) {
                           {"mxfp4 kl expert down 2048x384", k3::WeightFormat::MXFP4, 2048, 384, 64}};
   std::mt19937 rng(3);
   for (const Shape& s : shapes) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(s.rows * k3::row_data_bytes(s.f, s.cols)));
-    std::vector<uint8_t> scales(static_cast<size_t>(s.rows * k3::row_scale_bytes(s.f, s.cols)));
-    // bf16 bit patterns of moderate normal values; any byte is a valid E2M1 pair, scales near 2^0
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(s.f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
-    for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
-    k3::WeightMatrix W;
-    W.format = s.f;
-    W.rows = s.rows;
-    W.cols = s.cols;
-    W.data = bytes.data();
-    W.scales = scales.data();
+    std::vector<uint8_t> bytes, scales;
+    const k3::WeightMatrix W = random_weights(s.f, s.rows, s.cols, rng, bytes, scales);
     const auto x = rnd(static_cast<size_t>(s.n * s.cols), -1, 1, 4);
     std::vector<float> y(static_cast<size_t>(s.n * s.rows));
     const double tb = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), s.n, y.data()); });
@@ -153,16 +161,8 @@ TEST(KernelBench, DISABLED_DecodeStream) {
     int64_t rows, cols;
   };
   for (const Case& c : {Case{k3::WeightFormat::BF16, 65536, 2048}, Case{k3::WeightFormat::MXFP4, 65536, 2048}}) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(c.rows * k3::row_data_bytes(c.f, c.cols)));
-    std::vector<uint8_t> scales(static_cast<size_t>(c.rows * k3::row_scale_bytes(c.f, c.cols)));
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(c.f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
-    for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
-    k3::WeightMatrix W;
-    W.format = c.f;
-    W.rows = c.rows;
-    W.cols = c.cols;
-    W.data = bytes.data();
-    W.scales = scales.data();
+    std::vector<uint8_t> bytes, scales;
+    const k3::WeightMatrix W = random_weights(c.f, c.rows, c.cols, rng, bytes, scales);
     const auto x = rnd(static_cast<size_t>(c.cols), -1, 1, 4);
     std::vector<float> y(static_cast<size_t>(c.rows));
     const double ms = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
