@@ -18,6 +18,7 @@
 #include "k3/model/model.h"
 #include "k3/text/tokenizer.h"
 #include "engine_test_request.h"
+#include "output_collector.h"
 #include "test_util.h"
 
 namespace k3test::spec {
@@ -38,29 +39,7 @@ inline Env& tiny() {
   return e;
 }
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, std::vector<int32_t>> ids;
-  std::map<std::string, int64_t> cached;
-  int done = 0;
-  OutputCallback cb() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard lk(mu);
-      auto& v = ids[o.request_id];
-      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished) {
-        cached[o.request_id] = o.cached_prompt_tokens;
-        ++done;
-        cv.notify_all();
-      }
-    };
-  }
-  void wait(int n) {
-    std::unique_lock lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(300), [&] { return done >= n; }));
-  }
-};
+using Collector = k3test::OutputCollector;
 
 using k3test::make_request;
 

@@ -11,6 +11,7 @@
 #include "k3/engine/batch_engine.h"
 #include "k3/model/model.h"
 #include "engine_test_request.h"
+#include "output_collector.h"
 #include "test_util.h"
 
 using namespace k3::engine;
@@ -31,33 +32,7 @@ Env& env() {
   return e;
 }
 
-// Collects outputs of many requests and waits for all of them.
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, std::vector<int32_t>> ids;
-  std::map<std::string, std::string> text, reason;
-  std::map<std::string, int64_t> cached;
-  int done = 0;
-  OutputCallback cb() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard lk(mu);
-      auto& v = ids[o.request_id];
-      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      for (auto& p : o.pieces) text[o.request_id] += p.special_id >= 0 ? "<" + std::to_string(p.special_id) + ">" : p.text;
-      if (o.finished) {
-        reason[o.request_id] = o.finish_reason;
-        cached[o.request_id] = o.cached_prompt_tokens;
-        ++done;
-        cv.notify_all();
-      }
-    };
-  }
-  void wait(int n) {
-    std::unique_lock lk(mu);
-    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(300), [&] { return done >= n; }));
-  }
-};
+using Collector = k3test::OutputCollector;
 
 using k3test::make_request;
 
