@@ -26,6 +26,7 @@
 #include "k3/model/model.h"
 #include "k3/text/tokenizer.h"
 #include "test_util.h"
+#include "output_collector.h"
 
 namespace {
 
@@ -157,27 +158,7 @@ TEST(CudaBlockDrafter, LogitsMatchTheCpu) {
   }
 }
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, std::vector<int32_t>> ids;
-  int done = 0;
-  k3::engine::OutputCallback cb() {
-    return [this](const k3::engine::RequestOutput& o) {
-      std::lock_guard lk(mu);
-      auto& v = ids[o.request_id];
-      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished) {
-        ++done;
-        cv.notify_all();
-      }
-    };
-  }
-  bool wait(int n) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, std::chrono::seconds(120), [&] { return done >= n; });
-  }
-};
+using Collector = k3test::OutputCollector;
 
 TEST(CudaBlockDrafterEngine, GreedyEqualsNoSpeculation) {
   SKIP_WITHOUT_GPU();
@@ -205,7 +186,7 @@ TEST(CudaBlockDrafterEngine, GreedyEqualsNoSpeculation) {
     k3::engine::BatchEngine eng(*m, tok, o);
     Collector c;
     for (const auto& r : reqs) eng.submit(r, c.cb());
-    EXPECT_TRUE(c.wait(static_cast<int>(reqs.size())));
+    c.wait(static_cast<int>(reqs.size()));
     eng.shutdown(true);
     if (st) *st = eng.stats();
     return c.ids;

@@ -30,6 +30,7 @@
 #include "k3/engine/speculative_config.h"
 #include "k3/text/tokenizer.h"
 #include "test_util.h"
+#include "output_collector.h"
 
 namespace {
 
@@ -128,27 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaSpeculative,
                            return s;
                          });
 
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, std::vector<int32_t>> ids;
-  int done = 0;
-  k3::engine::OutputCallback cb() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard lk(mu);
-      auto& v = ids[o.request_id];
-      v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      if (o.finished) {
-        ++done;
-        cv.notify_all();
-      }
-    };
-  }
-  bool wait(int n) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, std::chrono::seconds(120), [&] { return done >= n; });
-  }
-};
+using Collector = k3test::OutputCollector;
 
 TEST(CudaSpeculativeEngine, GreedyEqualsNoSpeculation) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -179,11 +160,11 @@ TEST(CudaSpeculativeEngine, GreedyEqualsNoSpeculation) {
     Collector c;
     if (batched) {
       for (const Request& r : reqs) eng.submit(r, c.cb());
-      EXPECT_TRUE(c.wait(static_cast<int>(reqs.size())));
+      c.wait(static_cast<int>(reqs.size()));
     } else {
       for (size_t i = 0; i < reqs.size(); ++i) {  // one after another: the later ones hit the prefix cache
         eng.submit(reqs[i], c.cb());
-        EXPECT_TRUE(c.wait(static_cast<int>(i + 1)));
+        c.wait(static_cast<int>(i + 1));
       }
     }
     eng.shutdown(true);
