@@ -66,6 +66,13 @@ void search_grid_block(WeightFormat f, const float* x, const float* importance, 
   }
 }
 
+// The u32 of IQ2_XXS / IQ3_XXS per 32 weights: four 7-bit sign codes (bits 0..27) and the 4-bit scale q on top.
+uint32_t scale_and_sign_codes(const GridBlock& b, int ib) {
+  uint32_t aux = static_cast<uint32_t>(b.scales.q[ib]) << 28;
+  for (int l = 0; l < 4; ++l) aux |= static_cast<uint32_t>(b.signs[4 * ib + l] & 127) << (7 * l);
+  return aux;
+}
+
 // IQ2_XXS: value = d (0.5 + q) / 4 g = d (2q + 1) / 8 g; per 32 weights 4 one-byte indices and a u32 of four
 // 7-bit sign codes and the 4-bit q.
 void pack_iq2_xxs(const float* x, const float* w, uint8_t* out) {
@@ -73,12 +80,8 @@ void pack_iq2_xxs(const float* x, const float* w, uint8_t* out) {
   search_grid_block(WeightFormat::IQ2_XXS, x, w, 32, true, {1.0f / 8, 15}, b);
   put_u16(out, f16_of(b.scales.d));
   for (int ib = 0; ib < 8; ++ib) {
-    uint32_t aux = static_cast<uint32_t>(b.scales.q[ib]) << 28;
-    for (int l = 0; l < 4; ++l) {
-      out[2 + 8 * ib + l] = static_cast<uint8_t>(b.entries[4 * ib + l]);
-      aux |= static_cast<uint32_t>(b.signs[4 * ib + l] & 127) << (7 * l);
-    }
-    put_u32(out + 2 + 8 * ib + 4, aux);
+    for (int l = 0; l < 4; ++l) out[2 + 8 * ib + l] = static_cast<uint8_t>(b.entries[4 * ib + l]);
+    put_u32(out + 2 + 8 * ib + 4, scale_and_sign_codes(b, ib));
   }
 }
 
@@ -112,10 +115,8 @@ void pack_iq3_xxs(const float* x, const float* w, uint8_t* out) {
   search_grid_block(WeightFormat::IQ3_XXS, x, w, 32, true, {1.0f / 4, 15}, b);
   put_u16(out, f16_of(b.scales.d));
   for (int ib = 0; ib < 8; ++ib) {
-    uint32_t aux = static_cast<uint32_t>(b.scales.q[ib]) << 28;
     for (int m = 0; m < 8; ++m) out[2 + 8 * ib + m] = static_cast<uint8_t>(b.entries[8 * ib + m]);
-    for (int l = 0; l < 4; ++l) aux |= static_cast<uint32_t>(b.signs[4 * ib + l] & 127) << (7 * l);
-    put_u32(out + 66 + 4 * ib, aux);
+    put_u32(out + 66 + 4 * ib, scale_and_sign_codes(b, ib));
   }
 }
 
