@@ -116,18 +116,20 @@ def examples(model, ids, plen, end, tap_ids: Sequence[int], block: int):
     return torch.cat(ctx), torch.cat(tok), torch.cat(tgt), torch.cat(row), (match, total)
 
 
-def batches(prompts, batch: int):
-    """Batches of prompts of similar length (sorted within chunks of 8 batches): little padding."""
+def batches(prompts, batch: int, sort_batches: int = 8):
+    """Batches of prompts of similar length (sorted within chunks of `sort_batches` batches): little padding.
+    Chat prompts are the long ones, so sorting across batches puts them last, where a time budget cuts them
+    off; sort_batches=1 keeps every batch a random mix of the kinds (more padding, kinds in proportion)."""
     out = []
-    for c0 in range(0, len(prompts), 8 * batch):
-        chunk = sorted(prompts[c0:c0 + 8 * batch], key=lambda kp: len(kp[1]))
+    for c0 in range(0, len(prompts), sort_batches * batch):
+        chunk = sorted(prompts[c0:c0 + sort_batches * batch], key=lambda kp: len(kp[1]))
         out += [chunk[b0:b0 + batch] for b0 in range(0, len(chunk), batch)]
     return out
 
 
 def build_dataset(model, prompts_for_pass, tap_ids, block: int, max_new: int, batch: int, deadline: float,
                   eos: int, pad: int, device, log=print, max_prompts: int = 0, cached: bool = True,
-                  max_passes: int = 8):
+                  max_passes: int = 8, sort_batches: int = 8):
     """Generates until the next batch would pass `deadline` (time.time()), pass after pass over the prompts
     (prompts_for_pass(k) -> the prompt list of pass k; max_prompts caps each pass).
     -> dict(ctx, tok, tgt, seq (sequence id), kind, pid (the prompt's entry in the file): per example; stats)."""
@@ -138,7 +140,7 @@ def build_dataset(model, prompts_for_pass, tap_ids, block: int, max_new: int, ba
     t_last = 0.0
     stop = False
     for k in range(max_passes):
-        bl = batches(prompts_for_pass(k)[:max_prompts or None], batch)
+        bl = batches(prompts_for_pass(k)[:max_prompts or None], batch, sort_batches)
         for bi, b in enumerate(bl):
             if time.time() + 1.2 * t_last > deadline:
                 log(f"[gen] stopping before pass {k} batch {bi + 1}/{len(bl)}: time budget")

@@ -108,6 +108,8 @@ def main(argv=None):
     # data
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--gen-batch", type=int, default=512)
+    ap.add_argument("--gen-sort-batches", type=int, default=8,
+                    help="sort prompts by length within chunks of this many batches (1: kinds mixed in every batch)")
     ap.add_argument("--reforward", action="store_true", help="generate by re-running the prefix (no cache)")
     ap.add_argument("--gen-passes", type=int, default=8, help="at most this many passes over the prompts")
     ap.add_argument("--max-prompts", type=int, default=0)
@@ -155,7 +157,7 @@ def main(argv=None):
         data = build_dataset(target, lambda k: prompt_list(a.prompts, bos, a.seed + k, repeat=k > 0), tap_ids, a.block_size, a.max_new, a.gen_batch,
                              t_start + a.gen_frac * a.time_budget_s, eos, pad, dev,
                              log=lambda m: log(m), max_prompts=a.max_prompts, cached=not a.reforward,
-                             max_passes=a.gen_passes)
+                             max_passes=a.gen_passes, sort_batches=a.gen_sort_batches)
         gen_stats = data.pop("stats")
         del target
         if dev.startswith("cuda"):

@@ -9,6 +9,7 @@
 #include "cli/speculative_option.h"
 #include "k3/cache/hybrid_cache.h"
 #include "k3/engine/batch_engine.h"
+#include "k3/text/chat_format.h"
 
 namespace k3cli {
 
@@ -28,6 +29,40 @@ const char* kSummaryPrompt =
     "this truth is so well fixed in the minds of the surrounding families, that he is considered the rightful "
     "property of some one or other of their daughters.\n\nSummary, quoting the passage: It is a truth universally "
     "acknowledged, that";
+
+// A chat turn (not from ShareGPT / MT-Bench, which the k3-tiny drafter's training prompts draw on), rendered
+// with the model's chat format: what a chat client sends.
+const char* kChatQuestion =
+    "Explain how a refrigerator keeps food cold, step by step, for a curious ten-year-old. Then list three "
+    "things that make it use more electricity.";
+
+struct Task {
+  const char* name;
+  std::vector<int32_t> prompt;
+};
+
+// code and summary: BOS + the text; chat: the question through the model's chat template (skipped, with a
+// line on stderr, when the tokenizer lacks the format's markers, e.g. a dummy model's).
+std::vector<Task> bench_tasks(const k3::ModelRunner& model, const k3::text::Tokenizer& tok) {
+  std::vector<Task> tasks;
+  const int64_t bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : tok.bos_id();
+  for (const auto& [name, text] : {std::pair{"code", kCodePrompt}, std::pair{"summary", kSummaryPrompt}}) {
+    Task t{name, {}};
+    if (bos >= 0) t.prompt.push_back(static_cast<int32_t>(bos));
+    const auto ids = tok.encode(text);
+    t.prompt.insert(t.prompt.end(), ids.begin(), ids.end());
+    tasks.push_back(std::move(t));
+  }
+  try {
+    const auto fmt = k3::text::ChatFormat::for_model_type(model.config().model_type, tok);
+    const auto req = k3::text::ChatRequest::from_json(
+        nlohmann::json{{"messages", nlohmann::json::array({{{"role", "user"}, {"content", kChatQuestion}}})}});
+    tasks.push_back({"chat", fmt.render(req, tok, /*add_generation_prompt=*/true)});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench: no chat task (%s)\n", e.what());
+  }
+  return tasks;
+}
 
 struct Timed {
   double seconds = 0;  // submission to the last request's end
@@ -98,12 +133,7 @@ nlohmann::json run_spec_bench(const k3::ModelRunner& model, const k3::text::Toke
   nlohmann::json rows = nlohmann::json::array();
   std::printf("| task | batch | decode tok/s off | decode tok/s on | speed-up | drafts | accepted / draft tokens | mean acceptance length |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  const int64_t bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : tok.bos_id();
-  for (const auto& [task, text] : {std::pair{"code", kCodePrompt}, std::pair{"summary", kSummaryPrompt}}) {
-    std::vector<int32_t> prompt;
-    if (bos >= 0) prompt.push_back(static_cast<int32_t>(bos));
-    const auto ids = tok.encode(text);
-    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  for (const auto& [task, prompt] : bench_tasks(model, tok)) {
     for (int64_t b : o.batches) {
       Best off, on;
       for (int r = 0; r < o.reps; ++r) {  // alternating: a busy neighbour slows both alike

@@ -24,7 +24,8 @@ struct SpecBenchOptions {
   const k3::drafter::BlockDrafter* block_drafter = nullptr;  // method "block_drafter": the loaded drafter
 };
 
-// Runs every task (built-in code-like and summary-like prompts) x batch, greedy, `n_gen` tokens per
+// Runs every task (built-in code-like and summary-like prompts, and a chat turn through the model's chat
+// format) x batch, greedy, `n_gen` tokens per
 // request; decode tok/s = tokens after each request's first / (shortest run time - shortest time of the
 // same batch asked for one token) over `reps` alternating off/on repetitions. Prints a markdown table to stdout
 // and returns the rows as JSON.
