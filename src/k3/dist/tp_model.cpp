@@ -1,7 +1,5 @@
 #include "k3/dist/tp_model.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 
@@ -113,8 +111,15 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   spec_ = make_cache_spec(local_cfg_, opt.kv, opt.ssm);
   full_ = bind_weights(cfg_, *ckpt_);
   shard_ = shard_weights(full_, cfg_, plan_);
-  memory_ = std::make_shared<JournaledMemory>(host_cache_memory());
-  backend_.set_communicator(comm_.get());
+  copied_bytes_ = shard_.copied_bytes;
+  const RankShard rs{local_cfg_, shard_.w, plan_, spec_, *comm_};
+  device_ = opt.device ? opt.device(rs) : make_cpu_rank_device(rs, comm_->size());
+  if (!device_->reads_host_weights()) {  // the device holds its copy: the mapping and the slices can go
+    shard_ = {};
+    full_ = {};
+    ckpt_.reset();
+  }
+  memory_ = std::make_shared<JournaledMemory>(device_->cache_memory());
   if (opt.print_plan && plan_.sharded()) std::fprintf(stderr, "k3: %s\n", describe(plan_).c_str());
 }
 
@@ -131,18 +136,14 @@ TpModel::~TpModel() {
 }
 
 std::string TpModel::device_name() const {
-  if (!plan_.sharded()) return "cpu";
-  return "cpu (tensor parallel " + std::to_string(comm_->size()) + (plan_.expert_parallel ? " + expert parallel" : "") +
+  if (!plan_.sharded()) return device_->name();
+  return device_->name() + " (tensor parallel " + std::to_string(comm_->size()) + (plan_.expert_parallel ? " + expert parallel" : "") +
          " over " + comm_->name() + ")";
 }
 
 std::unique_ptr<SequenceCache> TpModel::new_cache() const { return std::make_unique<MemorySequence>(spec_, memory_); }
 
-// The ranks of one host share its RAM; a rank's cache gets its share.
-int64_t TpModel::memory_available() const {
-  const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
-  return ram / comm_->size();
-}
+int64_t TpModel::memory_available() const { return device_->memory_available(); }
 
 void TpModel::fail(const char* where, const std::exception& e) const {
   std::fprintf(stderr, "k3: error: rank %d, %s: %s\n", comm_->rank(), where, e.what());
@@ -174,8 +175,7 @@ void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<flo
   logits.resize(static_cast<size_t>(plan.n_logits() * cfg_.vocab_size));
   try {
     if (plan_.sharded()) send_step(*comm_, msg);
-    graph::forward(local_cfg_, shard_.w, backend_, plan, graph::Tensor::f32(logits.data(), plan.n_logits(), cfg_.vocab_size),
-                   &plan_);
+    device_->forward(plan, logits.data());
   } catch (const PeerLost& e) {
     // The group cannot run another step; the caller fails the requests (and a server stops).
     const std::string why = "the tensor-parallel group lost a rank: " + std::string(e.what());
@@ -194,7 +194,7 @@ void TpModel::forward_batch(const std::vector<BatchItem>& items, std::vector<flo
 
 void TpModel::run_worker() {
   if (comm_->is_root()) throw Error("run_worker on rank 0");
-  MemoryMirror mirror(host_cache_memory());
+  MemoryMirror mirror(device_->cache_memory());
   try {
     for (;;) {
       StepMessage m = receive_step(*comm_);
@@ -210,9 +210,7 @@ void TpModel::run_worker() {
         plan.seqs.push_back({s.offset, s.n, s.past, views.back().get(), s.prefill_form != 0});
       }
       check_step_plan(plan, cfg_.vocab_size);
-      // The logits go to rank 0 alone: nothing to hold here.
-      graph::forward(local_cfg_, shard_.w, backend_, plan, graph::Tensor::f32(nullptr, plan.n_logits(), cfg_.vocab_size),
-                     &plan_);
+      device_->forward(plan, nullptr);  // the logits go to rank 0 alone: nothing to hold here
     }
   } catch (const std::exception& e) {
     fail("worker step", e);

@@ -1,6 +1,7 @@
-// TpModel: the CPU model run as one rank of a tensor / expert parallel group (issue 16, step 1). Every
-// rank maps the checkpoint, binds its shard (shard_plan.h, shard_weights.h) and runs the one forward
-// graph over it; collectives go through the Communicator (MPI between processes). Rank 0 is the
+// TpModel: one rank of a tensor / expert parallel group (issue 16). Every rank maps the checkpoint, binds
+// its shard (shard_plan.h, shard_weights.h) and runs the one forward graph over it on its RankDevice (the
+// CPU, or a GPU: rank_device.h); collectives go through the Communicator (MPI between processes; a GPU
+// rank's device makes its own view of it: NCCL, or MPI staged through host memory). Rank 0 is the
 // ModelRunner the engine sees: its forward_batch plans the step, sends it with the cache operations
 // since the last step (step_wire.h, mirrored_memory.h), then runs its own shard; the other ranks wait in
 // run_worker() and run the same steps. The logits are gathered on rank 0, which returns them.
@@ -9,9 +10,9 @@
 #include <mutex>
 #include <string>
 
-#include "k3/backend/cpu/cpu_backend.h"
 #include "k3/dist/communicator.h"
 #include "k3/dist/mirrored_memory.h"
+#include "k3/dist/rank_device.h"
 #include "k3/dist/shard_plan.h"
 #include "k3/dist/shard_weights.h"
 #include "k3/io/safetensors.h"
@@ -25,6 +26,9 @@ struct TpLoadOptions {
   CacheDType kv = CacheDType::F32, ssm = CacheDType::F32;
   bool print_plan = true;        // one line per rank on stderr: what it owns
   bool collectives_at_one_rank = false;  // ShardPlan::collectives_at_one_rank (a check of the collective path)
+  // Where this rank runs (called once, on every rank, with its shard); empty: the CPU, the host's RAM
+  // shared by all ranks of the group.
+  RankDeviceFactory device;
 };
 
 class TpModel final : public ModelRunner {
@@ -51,7 +55,7 @@ class TpModel final : public ModelRunner {
   const ShardPlan& shard_plan() const { return plan_; }
   const ModelConfig& shard_config() const { return local_cfg_; }
   Communicator& comm() const { return *comm_; }
-  int64_t copied_weight_bytes() const { return shard_.copied_bytes; }
+  int64_t copied_weight_bytes() const { return copied_bytes_; }
   // Ranks other than 0: runs rank 0's steps until rank 0 stops (its TpModel destroyed). A failure here
   // ends the whole job (Communicator::abort): rank 0 would otherwise wait in the next collective.
   void run_worker();
@@ -66,14 +70,15 @@ class TpModel final : public ModelRunner {
   ShardPlan plan_;
   CacheSpec spec_;
   std::unique_ptr<Checkpoint> ckpt_;
-  ModelWeights full_;  // views into the mapping the shard borrows from
+  ModelWeights full_;  // views into the mapping the shard borrows from (dropped when the device has its copy)
   ShardedWeights shard_;
+  int64_t copied_bytes_ = 0;
+  std::unique_ptr<RankDevice> device_;  // borrows comm_ and (on the CPU) shard_: declared after them
   std::shared_ptr<JournaledMemory> memory_;
   bool ready_ = false;
   mutable std::mutex mu_;                // one step at a time
   mutable std::mutex failure_mu_;
   mutable std::string failure_;          // failure(); set once
-  mutable cpu::CpuBackend backend_;
 };
 
 }  // namespace k3::dist
