@@ -102,9 +102,9 @@ def examples(model, ids, plen, end, tap_ids: Sequence[int], block: int):
             pred = model.lm_head(want[L][i, P - 1:E]).argmax(-1)
             match += int((pred == ids[i, P:E + 1]).sum())
             total += E - P + 1
-        ps = torch.arange(P - 1, E - block, device=ids.device)     # p + 1 + block <= E
-        if ps.numel() == 0:
+        if E - block <= P - 1:   # fewer than block + 1 generated tokens (an early EOS): no example
             continue
+        ps = torch.arange(P - 1, E - block, device=ids.device)     # p + 1 + block <= E
         ctx.append(taps[i, ps].reshape(ps.numel(), -1))
         tok.append(ids[i, ps + 1])
         tgt.append(ids[i, ps[:, None] + 2 + torch.arange(block, device=ids.device)[None, :]])

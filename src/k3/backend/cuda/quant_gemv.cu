@@ -123,17 +123,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Unset or K3_QUANT_GEMV=v1: every format on the v1 kernel; K3_QUANT_GEMV=<N> (1..8): v2 for n <= N (if n = 8 measures slower on v2: its Q8_0 kernel holds ~180 registers at n = 8).
-int v2_max_tokens() {
-  static const int n = [] {
+// Which kernel a GEMV of n tokens takes. Unset: the measured default (H200, 4096 x 7168, L2 flushed;
+// docs/perf/cuda.md "Session 14"): v2 where it won -- Q6_K and Q5_K up to 4 tokens (n = 1: 25 vs 45 us,
+// 26 vs 38 us), Q4_K at one token (23 vs 33 us) -- and v1 elsewhere (Q8_0 42 vs 37 us and IQ4_XS 37 vs 33 us
+// at n = 1; at n = 8 v1 wins for every format). K3_QUANT_GEMV=v1: v1 for everything; K3_QUANT_GEMV=<N>
+// (0..8): v2 for n <= N in every format it has (A/B timing).
+int v2_max_tokens(WeightFormat f) {
+  static const int forced = [] {
     const char* e = std::getenv("K3_QUANT_GEMV");
-    // Default v1 until v2 has run on a GPU (written in session 13 without one): K3_QUANT_GEMV=8 turns it on.
-    if (e == nullptr || e[0] == 0) return 0;
+    if (e == nullptr || e[0] == 0) return -1;
     if (std::strcmp(e, "v1") == 0) return 0;
     const int v = std::atoi(e);
     return v >= 0 && v <= 8 ? v : 8;
   }();
-  return n;
+  if (forced >= 0) return forced;
+  switch (f) {
+    case WeightFormat::Q6_K:
+    case WeightFormat::Q5_K: return 4;
+    case WeightFormat::Q4_K: return 1;
+    default: return 0;
+  }
 }
 
 template <WeightFormat F>
@@ -142,7 +151,7 @@ bool use_v2(const WeightMatrix& W, const float* x, int n) {
     return false;
   } else {
     using P = typename qpart::PartOf<F>::type;
-    return n <= v2_max_tokens() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+    return n <= v2_max_tokens(F) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
            reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
   }
 }

@@ -305,8 +305,18 @@ struct PartQ80 {
     uint32_t U[12];
     words_of(__ldg(p), U);
     words_of(__ldg(p + 1), U + 4);
-    words_of(__ldg(p + 2), U + 8);  // starts at most 32 bytes past a: inside the block
     const int off = static_cast<int>(a & 15);
+    if (blk + 1 < cols / 32) {
+      words_of(__ldg(p + 2), U + 8);  // starts inside the block, ends at most 14 bytes past it: in the next block
+    } else {
+      // The row's last block may end its allocation: only its own bytes (off + 2 of the last chunk's 16).
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(p + 2);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) U[8 + k] = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (2 * k < off + 2) U[8 + k / 2] |= static_cast<uint32_t>(h[k]) << (16 * (k & 1));
+    }
     Raw r;
     shift_words<12, 8>(U, off + 2, r.q);
     const uint32_t dw = (off & 8) ? ((off & 4) ? U[3] : U[2]) : ((off & 4) ? U[1] : U[0]);
