@@ -10,7 +10,12 @@
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
+#include <cstring>
+#include <vector>
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
@@ -21,6 +26,7 @@
 #include "k3/plan/plan.h"
 #ifdef K3_HAVE_CUDA
 #include "k3/backend/cuda/cuda_model.h"
+#include "k3/backend/cuda/cuda_rank_device.h"
 #endif
 
 namespace k3cli {
@@ -150,11 +156,79 @@ k3::dist::RendezvousOptions rendezvous_options(const DeviceOptions& d) {
   return o;
 }
 
+bool is_cuda_device(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
+
+// cuda -> 0, cuda:N -> N.
+int parse_cuda_ordinal(const std::string& device) {
+  if (device.size() <= 5) return 0;
+  try {
+    size_t used = 0;
+    const int ordinal = std::stoi(device.substr(5), &used);
+    if (used != device.size() - 5 || ordinal < 0) throw std::invalid_argument("");
+    return ordinal;
+  } catch (const std::exception&) {
+    throw k3::Error("--device '" + device + "': expected cuda:N with N a GPU index");
+  }
+}
+
+#ifdef K3_HAVE_CUDA
+// This rank's place among the group's ranks on its host (by host name, whatever started them: mpirun,
+// a spawning rank 0, a rendezvous): the GPU it takes and how many share it follow from that.
+struct HostPlace {
+  int local_rank = 0, local_size = 1;
+};
+HostPlace host_place(k3::dist::Communicator& comm) {
+  char name[64] = {};
+  ::gethostname(name, sizeof name - 1);
+  std::vector<char> all(sizeof name * static_cast<size_t>(comm.size()));
+  comm.all_gather(name, sizeof name, all.data());
+  HostPlace p{0, 0};
+  for (int r = 0; r < comm.size(); ++r) {
+    if (std::strncmp(all.data() + sizeof name * static_cast<size_t>(r), name, sizeof name) != 0) continue;
+    if (r < comm.rank()) ++p.local_rank;
+    ++p.local_size;
+  }
+  return p;
+}
+
+k3::cuda::CudaLoadOptions cuda_load_options(const DeviceOptions& d, k3::CacheDType kv, k3::CacheDType ssm, int ordinal) {
+  k3::cuda::CudaLoadOptions lo;
+  lo.device = ordinal;
+  lo.gemm_bf16 = d.gemm == "bf16";
+  lo.enforce_eager = d.enforce_eager;
+  lo.kv_cache_dtype = kv;
+  lo.ssm_cache_dtype = ssm;
+  return lo;
+}
+
+// A GPU rank: the host's ranks take its GPUs round-robin from --device's ordinal; ranks sharing one GPU
+// share its memory (and NCCL cannot connect them: their collectives go through host memory).
+k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceOptions& d, k3::CacheDType kv,
+                                     k3::CacheDType ssm) {
+  const int ordinal = parse_cuda_ordinal(d.device), n = std::max(k3::cuda::visible_cuda_devices(), 1);
+  const HostPlace hp = host_place(comm);
+  const int gpu = (ordinal + hp.local_rank) % n;
+  int share = 0;
+  for (int r = 0; r < hp.local_size; ++r) share += (ordinal + r) % n == gpu ? 1 : 0;
+  k3::cuda::CudaRankOptions ro;
+  ro.load = cuda_load_options(d, kv, ssm, gpu);
+  ro.ranks_on_device = share;
+  ro.collectives = k3::cuda::collectives_from_env();
+  return k3::cuda::cuda_rank_device(ro);
+}
+#endif
+
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
                                               k3::CacheDType ssm, const k3::Placement& placement) {
-  if (d.device != "cpu")
-    throw k3::Error("--tensor-parallel-size runs on --device cpu (over MPI) so far; GPUs over NCCL are the next step");
+  const bool gpu = is_cuda_device(d.device);
+  if (d.device != "cpu" && !gpu) throw k3::Error("--device '" + d.device + "': expected cpu, cuda or cuda:N");
+#ifndef K3_HAVE_CUDA
+  if (gpu)
+    throw k3::Error("--device " + d.device + ": this k3 was built without the CUDA backend "
+                    "(configure with the `cuda` preset: cmake --preset cuda)");
+#endif
+  if (gpu) parse_cuda_ordinal(d.device);  // a malformed --device fails before any worker starts
   if (d.load_format != "auto" || !placement.empty())
     throw k3::Error("--tensor-parallel-size does not combine with --load-format dummy, --override-tensor or --cpu-moe");
   // Under mpirun (or started by a rank 0 that spawned us) the group exists; over several hosts it meets
@@ -175,6 +249,9 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   opt.placement.expert_order = parse_expert_placement(d.expert_placement);
   opt.kv = kv;
   opt.ssm = ssm;
+#ifdef K3_HAVE_CUDA
+  if (gpu) opt.device = gpu_rank(*comm, d, kv, ssm);
+#endif
   auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
   if (!model->comm().is_root()) {
     // Rank 0 alone decides when the job ends (SIGTERM / SIGINT drain its server, then it stops the
@@ -236,24 +313,10 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
                                                 : static_cast<int64_t>(d.expert_cache_gb * 1e9);
     return k3::Model::load(dir, kv, ssm, ex);
   }
-  if (d.device == "cuda" || d.device.rfind("cuda:", 0) == 0) {
-    int ordinal = 0;
-    if (d.device.size() > 5) {
-      try {
-        size_t used = 0;
-        ordinal = std::stoi(d.device.substr(5), &used);
-        if (used != d.device.size() - 5 || ordinal < 0) throw std::invalid_argument("");
-      } catch (const std::exception&) {
-        throw k3::Error("--device '" + d.device + "': expected cuda:N with N a GPU index");
-      }
-    }
+  if (is_cuda_device(d.device)) {
+    const int ordinal = parse_cuda_ordinal(d.device);
 #ifdef K3_HAVE_CUDA
-    k3::cuda::CudaLoadOptions lo;
-    lo.device = ordinal;
-    lo.gemm_bf16 = d.gemm == "bf16";
-    lo.enforce_eager = d.enforce_eager;
-    lo.kv_cache_dtype = kv;
-    lo.ssm_cache_dtype = ssm;
+    k3::cuda::CudaLoadOptions lo = cuda_load_options(d, kv, ssm, ordinal);
     if (!placement->empty()) lo.placement = placement;
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);

@@ -8,7 +8,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -52,6 +54,32 @@ TEST(CudaBlockDrafterKernels, BlockAttentionMatchesTheCpu) {
   Dev<float> x(64);
   EXPECT_NE(k3::cuda::block_attention(x.p, x.p, x.p, 5, 2, 1, 8, 1.f, x.p, nullptr), cudaSuccess);  // 5 % 2
   cudaGetLastError();
+}
+
+// argmax_rows against std::max_element: widths around the block's 256 threads and a vocabulary's, rows
+// whose maximum is repeated (the lowest index must win), -inf rows, a maximum in the last column.
+TEST(CudaBlockDrafterKernels, ArgmaxRowsIsMaxElement) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t V : {int64_t{1}, int64_t{31}, int64_t{257}, int64_t{4099}, int64_t{163840}}) {
+    const int64_t rows = 6;
+    auto x = randn(size_t(rows * V), static_cast<uint32_t>(V), 2.f);
+    auto at = [&](int64_t r, int64_t i) -> float& { return x[size_t(r * V + i)]; };
+    if (V > 2) {
+      at(1, V - 1) = 100.f;                       // maximum in the last column
+      at(2, V / 3) = at(2, V / 2) = at(2, V - 2) = 50.f;  // ties: the lowest wins
+      for (int64_t i = 0; i < V; ++i) at(3, i) = -INFINITY;
+      for (int64_t i = 0; i < V; ++i) at(4, i) = 1.f;     // all equal: 0
+    }
+    Dev<float> dx(x);
+    Dev<int32_t> ids(static_cast<size_t>(rows));
+    ck(k3::cuda::argmax_rows(dx.p, rows, V, ids.p, nullptr), "argmax_rows");
+    ck(cudaDeviceSynchronize(), "sync");
+    const auto got = ids.get();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x.data() + r * V;
+      EXPECT_EQ(got[size_t(r)], std::max_element(row, row + V) - row) << "V " << V << " row " << r;
+    }
+  }
 }
 
 TEST(CudaBlockDrafterKernels, CopyRowsStridedAndBroadcast) {
@@ -155,6 +183,12 @@ TEST(CudaBlockDrafter, LogitsMatchTheCpu) {
     int64_t same = 0;
     for (size_t i = 0; i < dg.size(); ++i) same += dg[i] == dc[i];
     EXPECT_GE(same, static_cast<int64_t>(dg.size()) - 1) << "argmax differs beyond a near-tie";
+    // The device's argmax (draft_ids) is exactly the host's over the same device logits.
+    ASSERT_EQ(dg.size(), got.size() / static_cast<size_t>(cfg.vocab_size));
+    for (size_t i = 0; i < dg.size(); ++i) {
+      const float* row = got.data() + i * static_cast<size_t>(cfg.vocab_size);
+      EXPECT_EQ(dg[i], std::max_element(row, row + cfg.vocab_size) - row) << "row " << i;
+    }
   }
 }
 

@@ -14,6 +14,12 @@
 // orders differ by at most 2 K u sum|x_i w_i| per output, ~6e-5 relative for K = 512 in the worst case
 // (errors of random sign grow like sqrt(K) u: ~1e-6). Through the layers' norms this stays of that order;
 // kRelTol = 1e-4 is that worst case with margin; the measured value is printed.
+//
+// --device cuda (a CUDA build; by hand on a GPU machine): every rank's shard on a GPU (ranks round-robin over
+// the GPUs; ranks sharing one run their collectives through host memory, else NCCL; $K3_TP_COLLECTIVES
+// forces one), against the whole model on the GPU. kRelTolCuda: the same order-of-additions argument, plus
+// kernels whose split of the work depends on the shape (a shard's halved head count or MLP width takes
+// another split-K or MoE path), each within fp32 rounding of the exact sum; 1e-3 leaves room for that.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,10 +34,13 @@
 #include "k3/dist/rendezvous.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
+#ifdef K3_HAVE_CUDA
+#include "k3/backend/cuda/cuda_rank_device.h"
+#endif
 
 namespace {
 
-constexpr double kRelTol = 1e-4;
+constexpr double kRelTol = 1e-4, kRelTolCuda = 1e-3;
 
 struct Compare {
   double max_rel = 0;
@@ -109,7 +118,7 @@ int main(int argc, char** argv) {
   opt.print_plan = false;
   std::string expect_error;
   int spawn = 0;
-  bool reverse_experts = false;
+  bool reverse_experts = false, cuda = false;
   k3::dist::RendezvousOptions nodes;
   for (int i = 2; i < argc; ++i) {
     const bool more = i + 1 < argc;
@@ -118,6 +127,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--reverse-experts") == 0) reverse_experts = true;  // a placement permutation
     if (std::strcmp(argv[i], "--expect-error") == 0 && more) expect_error = argv[++i];
     if (std::strcmp(argv[i], "--spawn") == 0 && more) spawn = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--device") == 0 && more) cuda = std::strcmp(argv[++i], "cuda") == 0;
     if (std::strcmp(argv[i], "--nnodes") == 0 && more) nodes.nnodes = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--node-rank") == 0 && more) nodes.node_rank = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
@@ -131,6 +141,18 @@ int main(int argc, char** argv) {
     if (nodes.nnodes > 1) comm = k3::dist::join_mpi_nodes(nodes);
     else if (spawn > 1 && !k3::dist::launched_by_mpi()) comm = k3::dist::spawn_mpi_workers(spawn);
     else comm = k3::dist::make_mpi_comm();
+    if (cuda) {
+#ifdef K3_HAVE_CUDA
+      k3::cuda::CudaRankOptions ro;
+      const int gpus = std::max(k3::cuda::visible_cuda_devices(), 1);
+      ro.load.device = comm->rank() % gpus;  // one host
+      ro.ranks_on_device = (comm->size() + gpus - 1 - ro.load.device) / gpus;
+      ro.collectives = k3::cuda::collectives_from_env();
+      opt.device = k3::cuda::cuda_rank_device(ro);
+#else
+      throw k3::Error("--device cuda: this k3_tp_check was built without the CUDA backend");
+#endif
+    }
     auto tp = k3::dist::TpModel::load(dir, std::move(comm), opt);
     const int size = tp->comm().size();
     if (!expect_error.empty()) {
@@ -142,14 +164,19 @@ int main(int argc, char** argv) {
       tp->run_worker();
       return 0;
     }
-    auto ref = k3::Model::load(dir);
+    std::unique_ptr<k3::ModelRunner> ref;
+#ifdef K3_HAVE_CUDA
+    if (cuda) ref = k3::cuda::CudaModel::load(dir);
+#endif
+    if (!ref) ref = k3::Model::load(dir);
     const Compare c = run_steps(*tp, *ref);
-    const bool exact = size > 1 || c.max_rel == 0;
-    std::printf("%s: %d ranks%s%s%s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
+    const double tol = cuda ? kRelTolCuda : kRelTol;
+    const bool exact = size > 1 || cuda || c.max_rel == 0;
+    std::printf("%s: %d ranks%s%s%s on %s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
                 dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", opt.placement.all_to_all ? " all-to-all" : "",
-                reverse_experts ? " experts reversed" : "", c.tokens, c.max_rel, kRelTol,
-                size == 1 ? ", one rank: exact" : "", c.argmax_diff);
-    return c.max_rel <= kRelTol && c.argmax_diff == 0 && exact ? 0 : 1;
+                reverse_experts ? " experts reversed" : "", tp->device_name().c_str(), c.tokens, c.max_rel, tol,
+                size == 1 && !cuda ? ", one rank: exact" : "", c.argmax_diff);
+    return c.max_rel <= tol && c.argmax_diff == 0 && exact ? 0 : 1;
   } catch (const k3::Error& e) {
     if (!expect_error.empty() && std::string(e.what()).find(expect_error) != std::string::npos) {
       std::printf("expected error: %s\n", e.what());

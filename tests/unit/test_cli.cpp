@@ -439,6 +439,8 @@ TEST(Cli, SpeculativeConfigFlag) {
   ASSERT_EQ(b.status, 0) << b.out;
   EXPECT_NE(b.out.find("| code | 1 |"), std::string::npos) << b.out;
   auto j = nlohmann::json::parse(read(t.str() + "/s.json"));
-  ASSERT_EQ(j["results"].size(), 2u);
+  ASSERT_EQ(j["results"].size(), 3u);  // code, summary, chat (k3-tiny's chat format)
+  EXPECT_EQ(j["results"][2]["task"], "chat");
+  EXPECT_GT(j["results"][2]["prompt_tokens"].get<int64_t>(), 20);
   EXPECT_GT(j["results"][0]["num_drafts"].get<int64_t>(), 0);
 }

@@ -85,15 +85,24 @@ struct CudaModel::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
 
-  // CudaLoadOptions::communicator: the communicator on this model's stream, one rank.
-  void attach_communicator(const CudaLoadOptions& opt) {
-    if (!opt.communicator) return;
+  // CudaLoadOptions::communicator: the communicator on this model's stream. Without a shard plan: one
+  // rank, the sharded path at one rank (TP1 through the communicator); with one (load_shard): that rank.
+  void attach_communicator(const CudaLoadOptions& opt, const dist::ShardPlan* plan = nullptr) {
+    if (!opt.communicator) {
+      if (plan && plan->sharded()) throw Error("CUDA backend: a shard of a model without a communicator");
+      return;
+    }
     comm = opt.communicator(stream);
-    if (!comm || comm->size() != 1)
-      throw Error("CUDA backend: a communicator of " + std::to_string(comm ? comm->size() : 0) +
-                  " ranks; the CUDA backend runs one rank so far (sharded device weights are the next step)");
-    shard = dist::make_shard_plan(cfg, 0, 1, /*expert_parallel=*/false);
-    shard.collectives_at_one_rank = true;
+    const int want = plan ? plan->size : 1;
+    if (!comm || comm->size() != want || (plan && comm->rank() != plan->rank))
+      throw Error("CUDA backend: a communicator of " + std::to_string(comm ? comm->size() : 0) + " ranks for " +
+                  (plan ? "a shard of " + std::to_string(want) + " ranks" : std::string("a whole model (one rank)")));
+    if (plan) {
+      shard = *plan;
+    } else {
+      shard = dist::make_shard_plan(cfg, 0, 1, /*expert_parallel=*/false);
+      shard.collectives_at_one_rank = true;
+    }
     backend->set_communicator(comm.get());
   }
 
@@ -126,6 +135,9 @@ struct CudaModel::Impl {
   // in backend->logits(). `tail(R)` enqueues what the caller needs after the forward on the same stream
   // (copies, sampling); `done(R)` runs after the step's one synchronisation, before the caches advance.
   void forward(const std::vector<BatchItem>& items, const ForwardOptions& opt, const std::function<void(int64_t)>& tail,
+               const std::function<void(int64_t)>& done);
+  // One planned step (its caches as the plan holds them; not advanced): enqueue, tail, synchronise, done.
+  void execute(const graph::StepPlan& plan, std::vector<float>* taps, const std::function<void(int64_t)>& tail,
                const std::function<void(int64_t)>& done);
   void run_graph(const graph::StepPlan& plan);
   void sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
@@ -191,6 +203,33 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
     throw Error("--override-tensor / --cpu-moe need a checkpoint (--load-format dummy generates weights on the GPU)");
   dummy_weights(impl->cfg, opt.dummy_seed, opt.device, impl->w);
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+std::unique_ptr<CudaModel> CudaModel::load_shard(const ModelConfig& shard_cfg, const ModelWeights& shard_weights,
+                                                const dist::ShardPlan& plan, const CudaLoadOptions& opt) {
+  if (opt.placement && !opt.placement->empty())
+    throw Error("--override-tensor / --cpu-moe do not combine with --tensor-parallel-size on the GPU yet");
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = shard_cfg;
+  impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
+  impl->init(opt.device, opt.gemm_bf16);
+  impl->attach_communicator(opt, &plan);
+  impl->use_graphs = !opt.enforce_eager;
+  upload_weights(shard_weights, opt.device, impl->w);
+  return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+void CudaModel::forward_plan(const graph::StepPlan& plan, float* logits) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl& m = *impl_;
+  K3_CUDA_CHECK(cudaSetDevice(m.device));
+  const size_t row = static_cast<size_t>(m.cfg.vocab_size) * 4;
+  m.execute(
+      plan, nullptr,
+      [&](int64_t R) {
+        if (logits != nullptr && R > 0) m.logits_down.copy(m.backend->logits().data, static_cast<size_t>(R) * row, row, logits, m.stream);
+      },
+      [](int64_t) {});
 }
 
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }
@@ -329,6 +368,12 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
   K3_CUDA_CHECK(cudaSetDevice(device));
   check_tap_layers(opt, cfg.num_layers);
   const graph::StepPlan plan = graph::plan_step(items, opt, cfg.vocab_size, spec);
+  execute(plan, opt.taps, tail, done);
+  graph::finish_step(plan);
+}
+
+void CudaModel::Impl::execute(const graph::StepPlan& plan, std::vector<float>* taps,
+                              const std::function<void(int64_t)>& tail, const std::function<void(int64_t)>& done) {
   backend->prepare(plan);
   run_graph(plan);
   const int64_t R = plan.n_logits(), T = static_cast<int64_t>(plan.tap_layers.size()), H = cfg.hidden_size;
@@ -338,9 +383,8 @@ void CudaModel::Impl::forward(const std::vector<BatchItem>& items, const Forward
     K3_CUDA_CHECK(cudaMemcpyAsync(taps_h.ensure(tap_bytes), backend->taps().data, tap_bytes, cudaMemcpyDeviceToHost, stream));
   K3_CUDA_CHECK(cudaStreamSynchronize(stream));
   prof.collect();
-  if (tap_bytes > 0) taps_to_rows(static_cast<const float*>(taps_h.ensure(tap_bytes)), T, R, H, *opt.taps);
+  if (tap_bytes > 0) taps_to_rows(static_cast<const float*>(taps_h.ensure(tap_bytes)), T, R, H, *taps);
   done(R);
-  graph::finish_step(plan);
 }
 
 // Enqueues the step: decode steps replay captured CUDA graphs (step_graphs.h); prefill, mixed steps and

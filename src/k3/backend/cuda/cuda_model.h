@@ -11,7 +11,10 @@
 #include <string>
 
 #include "k3/dist/communicator.h"
+#include "k3/dist/shard_plan.h"
 #include "k3/model/config.h"
+#include "k3/model/graph/step.h"
+#include "k3/model/weights.h"
 #include "k3/model/placement.h"
 #include "k3/runtime/model_runner.h"
 
@@ -25,10 +28,11 @@ struct CudaLoadOptions {
   CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
   CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
   std::shared_ptr<const Placement> placement;    // -ot / --cpu-moe: weights kept on the host (null: none)
-  // Set: called once with the model's stream (a cudaStream_t) for a communicator on it (NcclComm); the
-  // graph then runs its sharded path (vocab-parallel embedding and head, all-reduces) through it. One
-  // rank so far: TP1 through NCCL, a check that the collective path changes nothing
-  // (tests/cuda/test_tp_nccl.cpp); several GPUs need sharded weights on the device (docs/multi-gpu.md).
+  // Set: called once with the model's stream (a cudaStream_t) for a communicator on it (NcclComm, or MPI
+  // staged through host memory: host_staged_comm.h); the graph then runs its sharded path (vocab-parallel
+  // embedding and head, all-reduces) through it. With load(): one rank, TP1 through the communicator, a
+  // check that the collective path changes nothing (tests/cuda/test_tp_nccl.cpp); with load_shard(): the
+  // plan's ranks.
   std::function<std::unique_ptr<dist::Communicator>(void* stream)> communicator;
 };
 
@@ -36,6 +40,11 @@ class CudaModel final : public ModelRunner {
  public:
   // Loads the checkpoint with the CPU loader (validation included), then uploads it.
   static std::unique_ptr<CudaModel> load(const std::string& dir, const CudaLoadOptions& opt = {});
+  // One rank's shard of a tensor / expert parallel group (dist/tp_model.h drives it through
+  // cuda_rank_device.h): `shard_cfg` and `shard_weights` (host memory, uploaded here) as shard_config /
+  // shard_weights made them for `plan`; opt.communicator must give plan.size ranks, this one plan.rank.
+  static std::unique_ptr<CudaModel> load_shard(const ModelConfig& shard_cfg, const ModelWeights& shard_weights,
+                                               const dist::ShardPlan& plan, const CudaLoadOptions& opt);
   // Random weights of `cfg`'s shapes generated on the device; no checkpoint needed.
   static std::unique_ptr<CudaModel> load_dummy(const ModelConfig& cfg, const CudaLoadOptions& opt = {});
   ~CudaModel() override;
@@ -59,6 +68,10 @@ class CudaModel final : public ModelRunner {
   void forward_sample(const std::vector<BatchItem>& items, std::span<const RowSample> rows,
                       std::vector<sampling::SampleResult>& results, std::vector<float>& raw_logits,
                       const ForwardOptions& opt = {}) const override;
+
+  // One step planned elsewhere (a sharded group's rank 0 plans, every rank runs it), over the plan's
+  // caches (this device's memory), not advanced. `logits`: host [plan.n_logits()][V], or null (not copied).
+  void forward_plan(const graph::StepPlan& plan, float* logits) const;
 
   int64_t weight_bytes() const;
   // Steps run as CUDA graph launches so far (captured or replayed; tests assert the graph path was taken).

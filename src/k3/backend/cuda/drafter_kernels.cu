@@ -3,6 +3,8 @@
 // fp32 dot products (the CPU reference accumulates in double: differences at fp32 rounding).
 #include "k3/backend/cuda/drafter_kernels.h"
 
+#include "k3/backend/cuda/warp_argmax.cuh"
+
 namespace k3::cuda {
 namespace {
 
@@ -68,6 +70,40 @@ cudaError_t block_attention(const float* q, const float* k, const float* v, int6
   const int64_t grid = n / block * heads;
   if (smem > 48 * 1024 || grid > 0x7fffffff) return cudaErrorInvalidValue;
   block_attention_kernel<<<static_cast<unsigned>(grid), 128, smem, s>>>(q, k, v, block, heads, head_dim, scale, o);
+  return cudaGetLastError();
+}
+
+namespace {
+
+constexpr int kArgmaxThreads = 256;
+
+// One block per row: a strided scan per thread, then warps, then the block (8 warps' bests in smem).
+__global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t V, int32_t* __restrict__ ids) {
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * V;
+  float bv = 0.f;
+  int bi = -1;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads)
+    if (better(row[i], static_cast<int>(i), bv, bi)) bv = row[i], bi = static_cast<int>(i);
+  warp_best(bv, bi);
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) sv[w] = bv, si[w] = bi;
+  __syncthreads();
+  if (w == 0) {
+    bv = lane < kArgmaxThreads / 32 ? sv[lane] : 0.f;
+    bi = lane < kArgmaxThreads / 32 ? si[lane] : -1;
+    warp_best(bv, bi);
+    if (lane == 0) ids[blockIdx.x] = bi;
+  }
+}
+
+}  // namespace
+
+cudaError_t argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids, cudaStream_t s) {
+  if (rows <= 0) return cudaSuccess;
+  if (V <= 0 || V > INT32_MAX || rows > INT32_MAX) return cudaErrorInvalidValue;
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, s>>>(x, V, ids);
   return cudaGetLastError();
 }
 

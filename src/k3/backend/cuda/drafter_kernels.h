@@ -18,4 +18,8 @@ cudaError_t copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t 
 cudaError_t block_attention(const float* q, const float* k, const float* v, int64_t n, int block, int heads, int head_dim,
                             float scale, float* o, cudaStream_t s);
 
+// ids[r] = the index of row r's maximum (the lowest of equal maxima, as std::max_element), rows of V
+// contiguous floats: a drafter's greedy drafts without copying its logits to the host.
+cudaError_t argmax_rows(const float* x, int64_t rows, int64_t V, int32_t* ids, cudaStream_t s);
+
 }  // namespace k3::cuda

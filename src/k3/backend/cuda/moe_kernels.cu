@@ -55,6 +55,7 @@
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/warp_argmax.cuh"
 #include "k3/core/error.h"
 
 namespace k3::cuda {
@@ -90,23 +91,6 @@ constexpr size_t tile_smem() {
 
 // ---------------------------------------------------------------------------------------------- routing
 
-// (v, i) beats (bv, bi): higher score, then lower id; i < 0 never wins, bi < 0 always loses.
-__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
-  return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
-}
-
-// The warp's best (score, id) by `better`, in every lane.
-__device__ __forceinline__ void warp_best(float& bv, int& bi) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-}
 
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,

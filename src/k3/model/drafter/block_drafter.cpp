@@ -104,8 +104,7 @@ std::unique_ptr<BlockDrafter> BlockDrafter::load(const std::string& dir, const s
   return std::unique_ptr<BlockDrafter>(new BlockDrafter(std::move(impl)));
 }
 
-void BlockDrafter::forward(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out,
-                           std::vector<float>& logits) const {
+graph::StepPlan BlockDrafter::plan_drafts(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out) const {
   const DrafterConfig& c = impl_->cfg;
   const int64_t R = static_cast<int64_t>(tokens.size()), V = c.target_vocab_size;
   if (R < 1 || static_cast<int64_t>(ctx.size()) != R * c.ctx_dim() || n_out < 1 || n_out > c.block_size)
@@ -116,13 +115,25 @@ void BlockDrafter::forward(std::span<const float> ctx, std::span<const int32_t> 
   plan.tokens.assign(tokens.begin(), tokens.end());
   for (const int32_t t : plan.tokens)
     if (t < 0 || t >= V) throw Error("block drafter: token id " + std::to_string(t) + " out of range [0, " + std::to_string(V) + ")");
-  logits.resize(static_cast<size_t>(R * n_out * V));
+  return plan;
+}
+
+void BlockDrafter::forward(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out,
+                           std::vector<float>& logits) const {
+  const graph::StepPlan plan = plan_drafts(ctx, tokens, n_out);
+  logits.resize(static_cast<size_t>(plan.n_tokens() * n_out * impl_->cfg.target_vocab_size));
   std::lock_guard lk(impl_->mu);
   impl_->runner->forward(plan, ctx, n_out, logits);
 }
 
 void BlockDrafter::draft(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out,
                          std::vector<int32_t>& drafts) const {
+  {
+    const graph::StepPlan plan = plan_drafts(ctx, tokens, n_out);
+    std::lock_guard lk(impl_->mu);
+    drafts.resize(static_cast<size_t>(plan.n_tokens() * n_out));
+    if (impl_->runner->draft_ids(plan, ctx, n_out, drafts)) return;
+  }
   thread_local std::vector<float> logits;  // reused: [R][n_out][V] per call
   forward(ctx, tokens, n_out, logits);
   const size_t V = static_cast<size_t>(impl_->cfg.target_vocab_size), rows = logits.size() / V;

@@ -24,6 +24,13 @@ class DrafterRunner {
   // drafter_forward (drafter_forward.h) of the R drafts whose last tokens are plan.tokens: ctx [R][T * H] and
   // logits [R * n_out][V] on the host (validated by the caller).
   virtual void forward(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out, std::vector<float>& logits) = 0;
+  // The same forward, then each logits row's argmax (the lowest id among equal maxima) where the logits are:
+  // ids [R * n_out]. False when the runner has no such path (the caller takes the logits and picks itself);
+  // a GPU's saves copying R * n_out * V floats to the host and scanning them there.
+  virtual bool draft_ids(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out, std::vector<int32_t>& ids) {
+    (void)plan, (void)ctx, (void)n_out, (void)ids;
+    return false;
+  }
   virtual std::string device_name() const = 0;  // "cpu", "cuda:0"
 };
 
@@ -58,6 +65,8 @@ class BlockDrafter {
 
  private:
   struct Impl;
+  // The step plan of R drafts (their last tokens), after checking the sizes and ids.
+  graph::StepPlan plan_drafts(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out) const;
   explicit BlockDrafter(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
