@@ -4,7 +4,8 @@ mid-generation (the client gets an error, /health turns 503, the server exits no
 and no orphan workers after SIGTERM / SIGKILL of rank 0.
 
 The TP server is started the way users start it: `k3 serve --tp 2` with no launcher (rank 0 spawns its
-worker), or under K3_TP_LAUNCHER (e.g. "mpirun -np 2 --oversubscribe") when that is set.
+worker), or under K3_TP_LAUNCHER (e.g. "mpirun -np 2 --oversubscribe") when that is set. K3_SERVE_ARGS: more
+flags for every server of the run, the one-process reference too (e.g. "--device cuda" on a GPU machine).
 usage: serve_tp.py K3_BINARY [unittest args]; environment as the mpi CTests (K3_CPU_ISA=exact, root allowed).
 """
 import http.client
@@ -38,7 +39,7 @@ class Server:
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
         launcher = os.environ.get("K3_TP_LAUNCHER", "").split() if tp > 1 else []
         cmd = [*launcher, BIN, "serve", "-m", MODEL_DIR, "--port", str(self.port), "--served-model-name", "m",
-               *COMMON, *extra] + (["--tp", str(tp)] if tp > 1 else [])
+               *COMMON, *os.environ.get("K3_SERVE_ARGS", "").split(), *extra] + (["--tp", str(tp)] if tp > 1 else [])
         env = dict(os.environ, K3_NUM_THREADS="1")
         t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
