@@ -202,9 +202,10 @@ k3::cuda::CudaLoadOptions cuda_load_options(const DeviceOptions& d, k3::CacheDTy
 }
 
 // A GPU rank: the host's ranks take its GPUs round-robin from --device's ordinal; ranks sharing one GPU
-// share its memory (and NCCL cannot connect them: their collectives go through host memory).
+// share its memory (and NCCL cannot connect them: their collectives go through host memory). Sets the home
+// the shard's weights are bound to (that GPU).
 k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceOptions& d, k3::CacheDType kv,
-                                     k3::CacheDType ssm) {
+                                     k3::CacheDType ssm, int& weights_device) {
   const int ordinal = parse_cuda_ordinal(d.device), n = std::max(k3::cuda::visible_cuda_devices(), 1);
   const HostPlace hp = host_place(comm);
   const int gpu = (ordinal + hp.local_rank) % n;
@@ -213,6 +214,7 @@ k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceO
   k3::cuda::CudaRankOptions ro;
   ro.load = cuda_load_options(d, kv, ssm, gpu);
   ro.ranks_on_device = share;
+  weights_device = gpu;
   ro.collectives = k3::cuda::collectives_from_env();
   return k3::cuda::cuda_rank_device(ro);
 }
@@ -250,7 +252,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   opt.kv = kv;
   opt.ssm = ssm;
 #ifdef K3_HAVE_CUDA
-  if (gpu) opt.device = gpu_rank(*comm, d, kv, ssm);
+  if (gpu) opt.device = gpu_rank(*comm, d, kv, ssm, opt.weights_device);
 #endif
   auto model = k3::dist::TpModel::load(dir, std::move(comm), opt);
   if (!model->comm().is_root()) {

@@ -19,7 +19,9 @@ expect() {  # expect TEXT command...: exit status 1 and TEXT on stderr
 }
 expect "--tensor-parallel-size 3 but mpirun started 2 processes" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1 --tp 3
 expect "without --tensor-parallel-size: pass --tensor-parallel-size 2" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1
-expect "runs on --device cpu (over MPI) so far" "$k3" run -m "$model" -p hi -n 1 --tp 2 --device cuda
+# GPU ranks need the CUDA backend (this is the CPU build); a malformed device fails before any rank starts.
+expect "built without the CUDA backend" "$k3" run -m "$model" -p hi -n 1 --tp 2 --device cuda
+expect "expected cpu, cuda or cuda:N" "$k3" run -m "$model" -p hi -n 1 --tp 2 --device tpu
 expect "does not combine with" "$k3" run -m "$model" -p hi -n 1 --tp 2 --cpu-moe
 expect "--ep-all-to-all and --expert-placement apply with --enable-expert-parallel" "$k3" run -m "$model" -p hi -n 1 --tp 2 --ep-all-to-all
 expect "expert placement: not a permutation of 0..31 (entry 0)" "$mpiexec" -np 2 "$k3" run -m "$model" -p hi -n 1 --tp 2 \

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
       ro.ranks_on_device = (comm->size() + gpus - 1 - ro.load.device) / gpus;
       ro.collectives = k3::cuda::collectives_from_env();
       opt.device = k3::cuda::cuda_rank_device(ro);
+      opt.weights_device = ro.load.device;
 #else
       throw k3::Error("--device cuda: this k3_tp_check was built without the CUDA backend");
 #endif

@@ -109,7 +109,7 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   plan_.collectives_at_one_rank = opt.collectives_at_one_rank;
   local_cfg_ = dist::shard_config(cfg_, plan_);
   spec_ = make_cache_spec(local_cfg_, opt.kv, opt.ssm);
-  full_ = bind_weights(cfg_, *ckpt_);
+  full_ = bind_weights(cfg_, *ckpt_, nullptr, opt.weights_device);
   shard_ = shard_weights(full_, cfg_, plan_);
   copied_bytes_ = shard_.copied_bytes;
   const RankShard rs{local_cfg_, shard_.w, plan_, spec_, *comm_};

@@ -29,6 +29,9 @@ struct TpLoadOptions {
   // Where this rank runs (called once, on every rank, with its shard); empty: the CPU, the host's RAM
   // shared by all ranks of the group.
   RankDeviceFactory device;
+  // The home the shard's weights are bound to (WeightMatrix::device): a GPU rank's ordinal, so that its
+  // device takes them all (kHostDevice: kept on the host, as the CPU rank reads them).
+  int weights_device = kHostDevice;
 };
 
 class TpModel final : public ModelRunner {

@@ -22,6 +22,10 @@ class CudaRankDevice final : public dist::RankDevice {
     CudaLoadOptions lo = o.load;
     const bool nccl = o.collectives == CudaRankOptions::Collectives::Nccl ||
                       (o.collectives == CudaRankOptions::Collectives::Auto && o.ranks_on_device == 1);
+    if (nccl && o.ranks_on_device > 1)
+      throw Error("K3_TP_COLLECTIVES=nccl: " + std::to_string(o.ranks_on_device) + " ranks share cuda:" +
+                  std::to_string(o.load.device) + ", and NCCL needs a GPU per rank (unset it: their collectives then go "
+                  "through host memory)");
     collectives_ = nccl ? "nccl" : s.comm.name() + " staged through host memory";
     dist::Communicator& host = s.comm;
     const int dev = o.load.device;
