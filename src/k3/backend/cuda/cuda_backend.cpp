@@ -150,8 +150,9 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R, int64_t T) {
     }
     if (c.num_experts > 0) {
       moe_ws_.reset();
-      moe_ws_ = std::make_unique<MoeWorkspace>(n, static_cast<int>(c.top_k), static_cast<int>(c.num_experts),
-                                               static_cast<int>(c.moe_intermediate_size), static_cast<int>(c.expert_in_dim()));
+      moe_ws_ = std::make_unique<MoeWorkspace>(n, static_cast<int>(c.top_k), moe_E_ >= 0 ? moe_E_ : static_cast<int>(c.num_experts),
+                                               moe_I_ >= 0 ? moe_I_ : static_cast<int>(c.moe_intermediate_size),
+                                               static_cast<int>(c.expert_in_dim()));
     }
     if (c.num_mla_layers() > 0) {
       // the split-key partials of the absorbed attention, at the most demanding batch size

@@ -44,6 +44,12 @@ class CudaBackend final : public graph::Backend {
 
   // Host side of a step (before the graph runs or a captured graph is replayed).
   void prepare(const graph::StepPlan& plan);
+  // The routed-expert bank's shape when it is not the config's: a tensor / expert parallel shard's (EP: its
+  // expert slots; TP: its columns of each expert). Before the first step.
+  void set_expert_shape(int E, int I) {
+    moe_E_ = E;
+    moe_I_ = I;
+  }
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
   // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
@@ -187,6 +193,7 @@ class CudaBackend final : public graph::Backend {
 
   DeviceScratch scratch_;
   int64_t token_cap_ = 0;       // tokens the scratch and workspaces are sized for
+  int moe_E_ = -1, moe_I_ = -1;  // set_expert_shape (-1: the config's)
   size_t bytes_per_token_ = 0;  // scratch high-water per token of the largest step so far
   uint64_t generation_ = 1;     // bumped when a workspace or the staging moves
   std::unique_ptr<MoeWorkspace> moe_ws_;

@@ -216,6 +216,11 @@ std::unique_ptr<CudaModel> CudaModel::load_shard(const ModelConfig& shard_cfg, c
   impl->attach_communicator(opt, &plan);
   impl->use_graphs = !opt.enforce_eager;
   upload_weights(shard_weights, opt.device, impl->w);
+  for (const LayerWeights& L : impl->w.w.layers)  // the shard's expert bank: its slots (EP) or columns (TP)
+    if (L.is_moe && !L.moe.stacked.empty()) {
+      impl->backend->set_expert_shape(L.moe.stacked.E, L.moe.stacked.I);
+      break;
+    }
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
 }
 
