@@ -17,7 +17,9 @@
 //
 // --device cuda (a CUDA build; by hand on a GPU machine): every rank's shard on a GPU (ranks round-robin over
 // the GPUs; ranks sharing one run their collectives through host memory, else NCCL; $K3_TP_COLLECTIVES
-// forces one), against the whole model on the GPU. kRelTolCuda: the same order-of-additions argument, plus
+// forces one), against the whole model on the GPU. --mixed: rank 0 on the GPU, the others on the CPU, all
+// collectives through host memory (issue 16's "one GPU rank + one CPU rank"), against the whole model on
+// the GPU. kRelTolCuda: the same order-of-additions argument, plus
 // kernels whose split of the work depends on the shape (a shard's halved head count or MLP width takes
 // another split-K or MoE path), each within fp32 rounding of the exact sum; 1e-3 leaves room for that.
 #include <algorithm>
@@ -118,7 +120,7 @@ int main(int argc, char** argv) {
   opt.print_plan = false;
   std::string expect_error;
   int spawn = 0;
-  bool reverse_experts = false, cuda = false;
+  bool reverse_experts = false, cuda = false, mixed = false;
   k3::dist::RendezvousOptions nodes;
   for (int i = 2; i < argc; ++i) {
     const bool more = i + 1 < argc;
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--expect-error") == 0 && more) expect_error = argv[++i];
     if (std::strcmp(argv[i], "--spawn") == 0 && more) spawn = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--device") == 0 && more) cuda = std::strcmp(argv[++i], "cuda") == 0;
+    if (std::strcmp(argv[i], "--mixed") == 0) cuda = mixed = true;
     if (std::strcmp(argv[i], "--nnodes") == 0 && more) nodes.nnodes = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--node-rank") == 0 && more) nodes.node_rank = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
@@ -141,13 +144,16 @@ int main(int argc, char** argv) {
     if (nodes.nnodes > 1) comm = k3::dist::join_mpi_nodes(nodes);
     else if (spawn > 1 && !k3::dist::launched_by_mpi()) comm = k3::dist::spawn_mpi_workers(spawn);
     else comm = k3::dist::make_mpi_comm();
-    if (cuda) {
+    // --mixed: rank 0 on the GPU, the others on the CPU (one group of both kinds: every collective through
+    // host memory); else --device cuda: every rank on a GPU.
+    const bool gpu_rank = cuda && (!mixed || comm->rank() == 0);
+    if (gpu_rank) {
 #ifdef K3_HAVE_CUDA
       k3::cuda::CudaRankOptions ro;
       const int gpus = std::max(k3::cuda::visible_cuda_devices(), 1);
-      ro.load.device = comm->rank() % gpus;  // one host
-      ro.ranks_on_device = (comm->size() + gpus - 1 - ro.load.device) / gpus;
-      ro.collectives = k3::cuda::collectives_from_env();
+      ro.load.device = mixed ? 0 : comm->rank() % gpus;  // one host
+      ro.ranks_on_device = mixed ? 1 : (comm->size() + gpus - 1 - ro.load.device) / gpus;
+      ro.collectives = mixed ? k3::cuda::CudaRankOptions::Collectives::HostStaged : k3::cuda::collectives_from_env();
       opt.device = k3::cuda::cuda_rank_device(ro);
       opt.weights_device = ro.load.device;
 #else
