@@ -201,16 +201,15 @@ void CudaBackend::prepare(const graph::StepPlan& plan) {
   if (host != before) ++generation_;
   std::memcpy(host, st_.bytes().data(), staging_bytes_);
   n_seqs_ = static_cast<int64_t>(plan.seqs.size());
-  step_shape_ = 0;
-  // FNV-1a over (rows, snapshot_after, n_snapshots) per sequence and the tap ids (a step that saves taps
-  // runs more ops than one that does not).
+  // The step's shape beyond (sequences, page stride): (rows, snapshot_after, n_snapshots, prefill form) per
+  // sequence and the tap ids (a step that saves taps runs more ops), whenever a step is not one row per
+  // sequence; the exact values, so that no two shapes share a graph.
+  step_shape_.clear();
   if (N != n_seqs_ || plan.any_snapshot() || !plan.tap_layers.empty()) {
-    uint64_t h = 1469598103934665603ull;
     for (const graph::StepSeq& q : plan.seqs)
-      for (int64_t v : {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)})
-        h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
-    for (const int32_t l : plan.tap_layers) h = (h ^ static_cast<uint64_t>(l + 0x7a9)) * 1099511628211ull;
-    step_shape_ = static_cast<int64_t>(h | 1);
+      step_shape_.insert(step_shape_.end(), {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)});
+    step_shape_.push_back(-1);  // taps after the sequences
+    step_shape_.insert(step_shape_.end(), plan.tap_layers.begin(), plan.tap_layers.end());
   }
   n_tokens_ = N;
   n_logits_ = plan.n_logits();

@@ -53,7 +53,11 @@ class CudaBackend final : public graph::Backend {
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
   // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
-  std::array<int64_t, 3> graph_key() const { return {n_seqs_, page_stride_, step_shape_}; }
+  std::vector<int64_t> graph_key() const {
+    std::vector<int64_t> k{n_seqs_, page_stride_};
+    k.insert(k.end(), step_shape_.begin(), step_shape_.end());
+    return k;
+  }
   uint64_t generation() const {
     return generation_ + scratch_.generation() + lin_->generation() + moe_in_.generation() + moe_out_.generation();
   }
@@ -228,7 +232,7 @@ class CudaBackend final : public graph::Backend {
   const dist::ShardPlan* expert_map_of_ = nullptr;
   size_t staging_bytes_ = 0;
   int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
-  int64_t step_shape_ = 0;  // graph_key(): 0 for one row per sequence, else a hash of the rows and snapshots
+  std::vector<int64_t> step_shape_;  // graph_key(): empty for one row per sequence, else rows, snapshots, taps
 };
 
 }  // namespace k3::cuda

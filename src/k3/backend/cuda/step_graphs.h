@@ -20,7 +20,7 @@ namespace k3::cuda {
 
 class StepGraphs {
  public:
-  using Key = std::array<int64_t, 3>;  // CudaBackend::graph_key()
+  using Key = std::vector<int64_t>;  // CudaBackend::graph_key()
   StepGraphs() = default;
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
