@@ -48,7 +48,10 @@ std::string now_string() {
 
 std::string join_args(int argc, char** argv) {
   std::string s;
-  for (int i = 0; i < argc; ++i) s += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0) s += ' ';
+    s += argv[i];
+  }
   return s;
 }
 
@@ -464,7 +467,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         auto tok = load_tokenizer(dir, f->dev);
         check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
         const auto draft = load_draft_model(spec, f->dev);
-        const auto drafter = load_block_drafter(spec, dir, f->dev);
+        const auto drafter = load_block_drafter(spec, dir, f->dev, *model);
         SpecBenchOptions so;
         so.spec = *spec;
         so.draft = draft.get();

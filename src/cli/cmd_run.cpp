@@ -116,7 +116,7 @@ void add_run(CLI::App& app, Registry& reg) {
       eo.speculative = spec_cfg;
       const auto draft = load_draft_model(spec_cfg, o->dev);
       eo.draft_model = draft.get();
-      const auto drafter = load_block_drafter(spec_cfg, dir, o->dev);
+      const auto drafter = load_block_drafter(spec_cfg, dir, o->dev, *model);
       eo.block_drafter = drafter.get();
       k3::engine::BatchEngine engine(*model, tok, eo);
 

@@ -248,7 +248,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       eo.speculative = k3::engine::parse_speculative_config(o->speculative);
       const auto draft = load_draft_model(eo.speculative, o->dev);
       eo.draft_model = draft.get();
-      const auto drafter = load_block_drafter(eo.speculative, dir, o->dev);
+      const auto drafter = load_block_drafter(eo.speculative, dir, o->dev, *model);
       eo.block_drafter = drafter.get();
       k3::engine::BatchEngine engine(*model, tok, eo);
       const int64_t max_model_len = engine.limits().max_model_len;

@@ -4,6 +4,7 @@
 
 #ifdef K3_HAVE_CUDA
 #include "k3/backend/cuda/cuda_drafter.h"
+#include "k3/backend/cuda/cuda_model.h"
 #endif
 
 namespace k3cli {
@@ -25,14 +26,18 @@ std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine
 }
 
 std::unique_ptr<k3::drafter::BlockDrafter> load_block_drafter(const std::optional<k3::engine::SpeculativeConfig>& spec,
-                                                             const std::string& target_path, const DeviceOptions& dev) {
+                                                             const std::string& target_path, const DeviceOptions& dev,
+                                                             const k3::ModelRunner& target) {
   if (!spec || spec->method != "block_drafter") return nullptr;
   auto d = k3::drafter::BlockDrafter::load(spec->model, target_path);
   if (dev.device.rfind("cuda", 0) == 0) {
 #ifdef K3_HAVE_CUDA
     // load_model has accepted the device string: "cuda" or "cuda:N".
     const int ordinal = dev.device.size() > 5 ? std::stoi(dev.device.substr(5)) : 0;
-    d->set_runner(k3::cuda::make_cuda_drafter_runner(d->config(), d->weights(), ordinal));
+    const auto* gpu = dynamic_cast<const k3::cuda::CudaModel*>(&target);
+    d->set_runner(k3::cuda::make_cuda_drafter_runner(d->config(), d->weights(), ordinal, gpu ? &gpu->device_weights() : nullptr));
+#else
+    (void)target;
 #endif
   }
   return d;

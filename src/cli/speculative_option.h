@@ -21,9 +21,11 @@ std::unique_ptr<k3::ModelRunner> load_draft_model(const std::optional<k3::engine
 
 // Method "block_drafter": the drafter (its "model" directory) for the target whose files are at
 // `target_path` (the drafter maps the target's embedding and lm_head itself), run on the target's
-// --device (CUDA: its own stream on that GPU); null for other methods.
+// --device (CUDA: its own stream on that GPU, sharing the loaded `target`'s device copies of those two
+// matrices); null for other methods. `target` must outlive the drafter.
 std::unique_ptr<k3::drafter::BlockDrafter> load_block_drafter(const std::optional<k3::engine::SpeculativeConfig>& spec,
-                                                             const std::string& target_path, const DeviceOptions& dev);
+                                                             const std::string& target_path, const DeviceOptions& dev,
+                                                             const k3::ModelRunner& target);
 
 // Adds --speculative-config JSON (parsed by engine::parse_speculative_config when the verb runs).
 void add_speculative_option(CLI::App* cmd, std::string& json);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -166,6 +167,11 @@ TEST(CudaBlockDrafter, LogitsMatchTheCpu) {
   auto gpu = k3::drafter::BlockDrafter::load(files->path(), dir);
   gpu->set_runner(k3::cuda::make_cuda_drafter_runner(gpu->config(), gpu->weights(), 0));
   EXPECT_EQ(gpu->device_name(), "cuda:0");
+  const auto target = k3::cuda::CudaModel::load(dir);
+  auto gpu_shared = k3::drafter::BlockDrafter::load(files->path(), dir);
+  gpu_shared->set_runner(k3::cuda::make_cuda_drafter_runner(gpu_shared->config(), gpu_shared->weights(), 0,
+                                                            &target->device_weights()));
+  EXPECT_EQ(gpu_shared->device_name(), "cuda:0 (the target's embedding and lm_head)");
   const int64_t R = 5, D = cpu->config().ctx_dim();
   const auto ctx = randn(size_t(R * D), 8, 1.f);
   std::vector<int32_t> last;
@@ -183,6 +189,12 @@ TEST(CudaBlockDrafter, LogitsMatchTheCpu) {
     int64_t same = 0;
     for (size_t i = 0; i < dg.size(); ++i) same += dg[i] == dc[i];
     EXPECT_GE(same, static_cast<int64_t>(dg.size()) - 1) << "argmax differs beyond a near-tie";
+    // Sharing the target's device copies of the embedding and lm_head (CudaModel::device_weights) instead of
+    // uploading them: the same bytes through the same kernels, so the same logits bit for bit.
+    std::vector<float> shared;
+    gpu_shared->forward(ctx, last, n_out, shared);
+    ASSERT_EQ(shared.size(), got.size());
+    EXPECT_EQ(std::memcmp(shared.data(), got.data(), got.size() * sizeof(float)), 0);
     // The device's argmax (draft_ids) is exactly the host's over the same device logits.
     ASSERT_EQ(dg.size(), got.size() / static_cast<size_t>(cfg.vocab_size));
     for (size_t i = 0; i < dg.size(); ++i) {

@@ -18,7 +18,8 @@ namespace {
 
 class CudaDrafterRunner final : public drafter::DrafterRunner {
  public:
-  CudaDrafterRunner(const drafter::DrafterConfig& c, const drafter::DrafterWeights& host, int device) : c_(c), device_(device) {
+  CudaDrafterRunner(const drafter::DrafterConfig& c, const drafter::DrafterWeights& host, int device, const ModelWeights* target)
+      : c_(c), device_(device) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
       throw Error("block drafter: CUDA device " + std::to_string(device) + " is not visible");
@@ -33,7 +34,7 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
     mcfg_.vocab_size = c.target_vocab_size;
     mcfg_.rms_norm_eps = c.rms_norm_eps;
     backend_ = std::make_unique<CudaBackend>(mcfg_, spec_, stream_, /*gemm_bf16=*/false, prof_);
-    upload(host);
+    upload(host, target);
   }
   ~CudaDrafterRunner() override {
     backend_.reset();
@@ -59,7 +60,9 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
     ids.assign(h, h + rows);
     return true;
   }
-  std::string device_name() const override { return "cuda:" + std::to_string(device_); }
+  std::string device_name() const override {
+    return "cuda:" + std::to_string(device_) + (shared_target_ ? " (the target's embedding and lm_head)" : "");
+  }
 
  private:
   // The drafter's forward enqueued, its logits [R * n_out][V] in logits_d_; returns their bytes.
@@ -76,7 +79,7 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
     return logit_bytes;
   }
 
-  void upload(const drafter::DrafterWeights& h) {
+  void upload(const drafter::DrafterWeights& h, const ModelWeights* target) {
     auto lin = [&](const WeightMatrix& m) { return upload_linear(arena_, device_, m); };
     auto vec = [&](const WeightVector& v) { return upload_vector(arena_, device_, v); };
     w_.context_proj = lin(h.context_proj);
@@ -89,8 +92,16 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
     for (const drafter::DrafterLayerWeights& L : h.layers)
       w_.layers.push_back({vec(L.attn_norm), vec(L.mlp_norm), lin(L.q), lin(L.k), lin(L.v), lin(L.o), lin(L.gate), lin(L.up),
                            lin(L.down)});
-    w_.target_embed = upload_embedding_table(arena_, device_, h.target_embed);
-    w_.target_lm_head = lin(h.target_lm_head);
+    // The target's copies where they are on this GPU (shapes checked: the drafter was made for this target).
+    auto here = [&](const WeightMatrix& m, const WeightMatrix& want) {
+      return target && m.device == device_ && m.rows == want.rows && m.cols == want.cols;
+    };
+    w_.target_embed = here(target ? target->embed : h.target_embed, h.target_embed)
+                          ? target->embed
+                          : upload_embedding_table(arena_, device_, h.target_embed);
+    w_.target_lm_head = here(target ? target->lm_head : h.target_lm_head, h.target_lm_head) ? target->lm_head
+                                                                                              : lin(h.target_lm_head);
+    shared_target_ = target && w_.target_embed.data == target->embed.data;
   }
 
   const drafter::DrafterConfig& c_;
@@ -103,14 +114,16 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
   DeviceArena arena_;
   drafter::DrafterWeights w_;  // views into arena_
   DeviceBuffer ctx_d_, logits_d_, ids_d_;
+  bool shared_target_ = false;
   PinnedBuffer ids_h_;
 };
 
 }  // namespace
 
 std::unique_ptr<drafter::DrafterRunner> make_cuda_drafter_runner(const drafter::DrafterConfig& c,
-                                                                const drafter::DrafterWeights& host, int device) {
-  return std::make_unique<CudaDrafterRunner>(c, host, device);
+                                                                const drafter::DrafterWeights& host, int device,
+                                                                const ModelWeights* target) {
+  return std::make_unique<CudaDrafterRunner>(c, host, device, target);
 }
 
 }  // namespace k3::cuda

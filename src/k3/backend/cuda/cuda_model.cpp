@@ -240,6 +240,7 @@ void CudaModel::forward_plan(const graph::StepPlan& plan, float* logits) const {
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }
 std::string CudaModel::device_name() const { return impl_->name; }
 int64_t CudaModel::weight_bytes() const { return static_cast<int64_t>(impl_->w.arena.bytes()); }
+const ModelWeights& CudaModel::device_weights() const { return impl_->w.w; }
 int64_t CudaModel::graph_replays() const { return impl_->graphs.replays(); }
 std::shared_ptr<CacheMemory> CudaModel::cache_memory() const { return impl_->mem; }
 

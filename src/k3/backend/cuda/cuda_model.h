@@ -74,6 +74,10 @@ class CudaModel final : public ModelRunner {
   void forward_plan(const graph::StepPlan& plan, float* logits) const;
 
   int64_t weight_bytes() const;
+  // The weights as the device holds them (views into its arena; placed matrices on the host): for a
+  // block drafter's runner to share the token table and lm_head instead of a second copy. Valid while
+  // the model lives.
+  const ModelWeights& device_weights() const;
   // Steps run as CUDA graph launches so far (captured or replayed; tests assert the graph path was taken).
   int64_t graph_replays() const;
 
