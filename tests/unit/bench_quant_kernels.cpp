@@ -53,7 +53,7 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
   auto listed = [](const std::string& list, const std::string& name) {
     return ("," + list + ",").find("," + name + ",") != std::string::npos;
   };
-  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
+  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
     if (!listed(tiers, k3::cpu::isa_name(isa))) continue;
     if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
     k3::cpu::force_cpu_isa_for_testing(isa);
