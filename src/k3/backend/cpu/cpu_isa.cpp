@@ -110,7 +110,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
                                           : std::string("the CPU offers ") + isa_name(*best_cpu) +
                                                 ", but this build has kernels for " + with_kernels + " only";
   if (!isa_is_exact(*best))
-    reason += std::string("; activations rounded (bf16 / int8 blocks)") +
+    reason += std::string("; activations rounded (") + (*best == CpuIsa::Avx2Int8 ? "int8 quads" : "bf16 / int8 blocks") + ")" +
               (best_exact ? std::string(", exact fp32 products (") + isa_name(*best_exact) + ") with K3_CPU_ISA=exact" : "");
   return {*best, reason};
 }

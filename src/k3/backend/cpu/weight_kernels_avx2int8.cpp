@@ -216,8 +216,9 @@ constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
   return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile_rows<F, static_cast<int>(T) + 1>...};
 }
 
-// 4 tokens: 4 accumulators + 4 weight vectors, the scales, the ones and temporaries in 16 ymm.
-constexpr int64_t kMxfp4T = 4;
+// 6 tokens: 6 accumulators + 4 weight vectors, the scales, the ones and temporaries in 16 ymm (6 ran the
+// expert GEMMs ~20% faster than 4 on Zen 3).
+constexpr int64_t kMxfp4T = 6;
 
 // Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~128 KiB of weights) stay in
 // L2 while every token tile passes over them; a tile's 4 converted rows (2 bytes per value) stream from L1/L2.
@@ -322,7 +323,7 @@ constexpr auto quant_tiles(std::index_sequence<T...>) {
   return std::array<Tile, sizeof...(T)>{quant_tile_rows<F, static_cast<int>(T) + 1>...};
 }
 
-constexpr int64_t kQuantT = 4;
+constexpr int64_t kQuantT = 6;
 
 // Rows [r0, r1) x n converted tokens, blocked as mxfp4_rows.
 template <WeightFormat F>
