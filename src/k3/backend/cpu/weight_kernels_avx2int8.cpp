@@ -12,14 +12,15 @@
 //   of 4 consecutive bytes; d = max|x| / 127 rounded up, q = round(x / d) in [-127, 127], a NaN / inf in
 //   the quad gives d = NaN. AVX2 has no division with a rounding mode: d = a / 127 rounded to nearest is
 //   bumped one ulp up when fma(d, 127, -a) < 0 (the exact sign of d 127 - a), which is the round-up
-//   quotient bit for bit (quantise_quads8). ActQ8Tokens checks the bytes against a scalar definition.
+//   quotient bit for bit (quantise_quads8). CpuKernels.Int8QuadActivationsMatchScalarDefinition checks the
+//   bytes and scales against a scalar definition (and the avx512bf16 tier's where the CPU has it).
 // - Products: _mm256_maddubs_epi16(u8 a, s8 b) sums two u8 x s8 products into an int16 with SATURATION,
 //   then _mm256_madd_epi16(., 1) sums two int16 into an int32: 4 products per int32 lane, the grouping of
 //   vpdpbusd, so a quad's sum is one lane. The weights are signed (doubled E2M1: -12..12), so a = |w| and
 //   b = sign(w) x q (_mm256_sign_epi8; w = 0 gives 0): |a b| <= 12 x 127, a pair sums to <= 3048 <= 32767,
 //   no saturation, and the int32 quad sums are exact (|sum| <= 6096). (The VNNI kernels' q + 128 offset
-//   would not do here: 2 x 12 x 255 fits, but it needs a correction term per lane; the sign trick is the
-//   same count of instructions and needs none.)
+//   would fit MXFP4 (2 x 12 x 255) but not Q8_0 (2 x 127 x 255 > 32767), and needs a correction term per
+//   lane; the sign trick costs one vpsignb per token and vector and needs none.)
 // - Per (row, token, pair of groups): f = cvt(lo) d_lo + cvt(hi) d_hi (the even and odd quads of the same
 //   8 weight lanes: one fp32 product, one fma), then acc = fma(f, 0.5 x 2^(e8m0 - 127) per lane, acc); one
 //   8-lane accumulator per (row, token), one horizontal sum at the end.
@@ -39,8 +40,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
