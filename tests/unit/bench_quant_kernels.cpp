@@ -1,6 +1,6 @@
 // Timing of the CPU kernels of GGUF's block formats (docs/quantization.md), disabled by default. Run with
 // `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_QuantMatmul'`
-// (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx512,avx512bf16 the tiers, default every tier
+// (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx2int8,avx512,avx512bf16 the tiers, default every tier
 // this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all; K3_BENCH_ROWS the rows, default 4096:
 // 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM).
 // A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
@@ -46,14 +46,14 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
   for (auto& v : x) v = u(rng);
   std::vector<float> y(static_cast<size_t>(64 * rows));
   const char* tiers_env = std::getenv("K3_BENCH_TIERS");
-  const std::string tiers = tiers_env ? tiers_env : "avx2,avx512,avx512bf16";
+  const std::string tiers = tiers_env ? tiers_env : "avx2,avx2int8,avx512,avx512bf16";
   const char* formats_env = std::getenv("K3_BENCH_FORMATS");
   std::vector<k3::WeightFormat> formats(std::begin(k3test::kGgufFormats), std::end(k3test::kGgufFormats));
   formats.push_back(k3::WeightFormat::BF16);
   auto listed = [](const std::string& list, const std::string& name) {
     return ("," + list + ",").find("," + name + ",") != std::string::npos;
   };
-  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
+  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
     if (!listed(tiers, k3::cpu::isa_name(isa))) continue;
     if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
     k3::cpu::force_cpu_isa_for_testing(isa);

@@ -49,7 +49,7 @@ class CpuTierTest : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
   void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
 };
 inline const auto kAllCpuTiers =
-    ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16);
+    ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16);
 inline std::string cpu_tier_name(const ::testing::TestParamInfo<k3::cpu::CpuIsa>& info) {
   return std::string(k3::cpu::isa_name(info.param));
 }

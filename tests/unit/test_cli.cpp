@@ -285,7 +285,7 @@ TEST(Cli, CpuIsaOverride) {
   r = sh("K3_CPU_ISA=garbage " + k3bin() + " tokenize -m " + k3test::source_path("tests/data/tiny-tokenizer") +
          " </dev/null 2>&1");
   EXPECT_EQ(r.status, 1);
-  EXPECT_EQ(r.out, "k3: error: K3_CPU_ISA=garbage: unknown kernel tier (expected exact, avx2, avx512, avx512bf16 or amx)\n");
+  EXPECT_EQ(r.out, "k3: error: K3_CPU_ISA=garbage: unknown kernel tier (expected exact, avx2, avx2int8, avx512, avx512bf16 or amx)\n");
   // "exact": the best exact tier; unset (the test binaries set exact, tests/common/test_main.cpp): the fastest.
   r = sh("K3_CPU_ISA=exact " + info);
   EXPECT_EQ(r.status, 0) << r.out;
@@ -295,8 +295,8 @@ TEST(Cli, CpuIsaOverride) {
   EXPECT_TRUE(r.out.find(": the best tier this CPU offers") != std::string::npos ||
               r.out.find(": the CPU offers ") != std::string::npos)
       << r.out;
-  // avx512 and avx512bf16 have kernels: each runs where the CPU has it, else the error names what is missing.
-  for (const std::string tier : {"avx512", "avx512bf16"}) {
+  // avx2int8, avx512 and avx512bf16 have kernels: each runs where the CPU has it, else the error names what is missing.
+  for (const std::string tier : {"avx2int8", "avx512", "avx512bf16"}) {
     r = sh("K3_CPU_ISA=" + tier + " " + info);
     if (r.status == 0)
       EXPECT_NE(r.out.find("cpu kernels      " + tier + ": forced by K3_CPU_ISA"), std::string::npos) << r.out;

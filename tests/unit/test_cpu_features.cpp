@@ -123,14 +123,22 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   EXPECT_EQ(k3::cpu::choose_isa(f, "exact", true, avx2_only).isa, CpuIsa::Avx2);
   EXPECT_EQ(k3::cpu::choose_isa(f, "avx512bf16", false, every_tier).isa, CpuIsa::Avx512Bf16);
   EXPECT_TRUE(k3::cpu::isa_is_exact(CpuIsa::Avx2) && k3::cpu::isa_is_exact(CpuIsa::Avx512));
-  EXPECT_FALSE(k3::cpu::isa_is_exact(CpuIsa::Avx512Bf16) || k3::cpu::isa_is_exact(CpuIsa::Amx));
+  EXPECT_FALSE(k3::cpu::isa_is_exact(CpuIsa::Avx2Int8) || k3::cpu::isa_is_exact(CpuIsa::Avx512Bf16) ||
+               k3::cpu::isa_is_exact(CpuIsa::Amx));
   CpuFeatures no_bf16 = f;
   no_bf16.avx512_bf16 = false;  // AMX needs the tiers below it too
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).isa, CpuIsa::Avx512);
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).reason, "the best tier this CPU offers");
+  // An AVX2-only CPU: the avx2int8 rounding tier (int8 activations for MXFP4 and Q8_0 / Q4-6_K), avx2
+  // with K3_CPU_ISA=exact or =avx2.
   CpuFeatures plain = f;
   plain.avx512f = false;
-  EXPECT_EQ(k3::cpu::choose_isa(plain, nullptr, true, every_tier).isa, CpuIsa::Avx2);
+  c = k3::cpu::choose_isa(plain, nullptr, true, every_tier);
+  EXPECT_EQ(c.isa, CpuIsa::Avx2Int8);
+  EXPECT_EQ(c.reason, "the best tier this CPU offers; activations rounded (int8 quads), exact fp32 products (avx2) with "
+                      "K3_CPU_ISA=exact");
+  EXPECT_EQ(k3::cpu::choose_isa(plain, "exact", true, every_tier).isa, CpuIsa::Avx2);
+  EXPECT_EQ(k3::cpu::choose_isa(plain, "avx2int8", true, every_tier).isa, CpuIsa::Avx2Int8);
   EXPECT_EQ(k3::cpu::choose_isa(f, nullptr, true, avx2_only).reason.find("forced"), std::string::npos);
 }
 
@@ -151,10 +159,11 @@ TEST(CpuIsa, ForcedTierIsCheckedAgainstCpuAndBuild) {
   for (CpuIsa t : k3::cpu::kAllCpuIsas) EXPECT_EQ(k3::cpu::parse_isa(k3::cpu::isa_name(t)), t);
 }
 
-// Today's build: the avx2, avx512 and avx512bf16 tiers have kernels, and the best exact tier the CPU runs is what runs
+// Today's build: the avx2, avx2int8, avx512 and avx512bf16 tiers have kernels, and the best exact tier the CPU runs is what runs
 // (K3_CPU_ISA is unset in the tests).
 TEST(CpuIsa, ActiveTierHasKernels) {
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2));
+  EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2Int8));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512Bf16));
   EXPECT_FALSE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
@@ -162,13 +171,14 @@ TEST(CpuIsa, ActiveTierHasKernels) {
   const bool avx512 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512, false).empty();
   const bool bf16 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512Bf16, false).empty();
   const std::string forced = std::getenv("K3_CPU_ISA") ? std::getenv("K3_CPU_ISA") : "";
-  // Unset: the fastest tier with kernels (avx512bf16 rounds activations); "exact": the best exact one (the
-  // test main sets it when the caller did not).
+  // Unset: the fastest tier with kernels (avx512bf16 and avx2int8 round activations); "exact": the best
+  // exact one (the test main sets it when the caller did not).
   const CpuIsa exact = avx512 ? CpuIsa::Avx512 : CpuIsa::Avx2;
   const CpuIsa expected = forced == "exact" ? exact
                           : !forced.empty() ? *k3::cpu::parse_isa(forced)
                           : bf16            ? CpuIsa::Avx512Bf16
-                                            : exact;
+                          : avx512          ? CpuIsa::Avx512
+                                            : CpuIsa::Avx2Int8;
   EXPECT_EQ(k3::cpu::active_cpu_isa(), expected);
   const auto& s = k3::cpu::cpu_state();
   EXPECT_EQ(s.amx_status == "absent", !s.features.amx_tile) << s.amx_status;

@@ -6,7 +6,8 @@
 //
 // ISA: the kernel tests run once per CPU tier with kernels (avx2: weight_kernels.cpp + weight_gemm.cpp;
 // avx512: weight_kernels_avx512.cpp; avx512bf16: weight_kernels_avx512bf16.cpp, whose BF16 and MXFP4
-// matmuls round the activations, so their bound adds activation_rounding_bound), forced in-process (force_cpu_isa_for_testing); a tier the CPU
+// matmuls round the activations, so their bound adds activation_rounding_bound; avx2int8:
+// weight_kernels_avx2int8.cpp, whose MXFP4 matmuls round them the same way), forced in-process (force_cpu_isa_for_testing); a tier the CPU
 // lacks is skipped. Every code path is covered: matrix-vector (row_dot), the register-blocked
 // multi-token kernels (avx2: 2x3 float tiles, 1x8 MXFP4 tiles; avx512: 2x6 and 1x12; and their row and
 // token tails), single- and multi-threaded (the parallel_for thresholds), and the loop tails (avx2:
@@ -139,9 +140,12 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier, k3test::kAllCpuTiers, k3test::cp
 
 // The avx512bf16 tier rounds the activations of BF16 and MXFP4 matmuls (weight_kernels_avx512bf16.cpp);
 // every other (tier, format) pair computes exact fp32 products.
+// So does the avx2int8 tier for MXFP4 (weight_kernels_avx2int8.cpp: the same int8 quads), not for BF16.
 bool rounds_activations(k3::WeightFormat f) {
-  return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16 &&
-         (f == k3::WeightFormat::BF16 || f == k3::WeightFormat::MXFP4 || f == k3::WeightFormat::MXFP4_GGML);
+  const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
+  const bool mxfp4 = f == k3::WeightFormat::MXFP4 || f == k3::WeightFormat::MXFP4_GGML;
+  return (tier == k3::cpu::CpuIsa::Avx512Bf16 && (f == k3::WeightFormat::BF16 || mxfp4)) ||
+         (tier == k3::cpu::CpuIsa::Avx2Int8 && mxfp4);
 }
 
 // Bound on |sum w (x' - x)| where x' are the activations as the active tier rounds them (0 when exact):
@@ -418,6 +422,115 @@ TEST_P(CpuKernelsTier, Mxfp4AllCodesAndEdgeScales) {
   }
 }
 
+// The largest products the int8 paths meet: every weight +-6 (the largest E2M1 magnitude, doubled 12 in
+// the kernels) against activations that quantise to +-127 with the weight's sign, so every product is
+// +12 x 127 (avx2int8's maddubs sums two into an int16: 3048, far from its saturation at 32767; an
+// offset +128 byte would give 2 x 12 x 255 = 6120), and the same with the signs flipped in every other
+// quad. The activations are representable (q d exact), so the result is within the fp32 dot bound.
+TEST_P(CpuKernelsTier, Mxfp4LargestProducts) {
+  std::mt19937 rng(7);
+  for (int64_t cols : {32, 544})
+    for (int64_t n : {1, 5}) {
+      TestWeight t = make_weight(k3::WeightFormat::MXFP4, 3, cols, rng);
+      for (int64_t r = 0; r < 3; ++r)
+        for (int64_t c = 0; c < cols; c += 2) {  // element c: code 7 (+6) or 15 (-6) by c / 8 and the row
+          auto code = [&](int64_t e) { return ((e / 8 + r) % 2) ? 15 : 7; };
+          t.bytes[static_cast<size_t>((r * cols + c) / 2)] = static_cast<uint8_t>(code(c) | code(c + 1) << 4);
+          for (int64_t e : {c, c + 1})
+            t.ref[static_cast<size_t>(r * cols + e)] = ref_e2m1(code(e)) * ref_e8m0(t.scales[static_cast<size_t>((r * cols + e) / 32)]);
+        }
+      std::vector<float> x(static_cast<size_t>(n * cols));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < cols; ++c)  // sign of row 0's weight, flipped in every other quad for token i odd
+          x[static_cast<size_t>(i * cols + c)] = static_cast<float>(((c / 8) % 2 ? -1 : 1) * (i % 2 && (c / 2) % 2 ? -1 : 1) * 127.0 / 64);
+      std::vector<float> y(static_cast<size_t>(n * 3), NAN);
+      k3::cpu::matmul(t.W, x.data(), n, y.data());
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < 3; ++r) {
+          double s = 0, sa = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            const double p = t.ref[static_cast<size_t>(r * cols + c)] * x[static_cast<size_t>(i * cols + c)];
+            s += p;
+            sa += std::fabs(p);
+          }
+          ASSERT_LE(std::fabs(y[static_cast<size_t>(i * 3 + r)] - s), (cols + 2) * kU * sa) << "cols " << cols << " token " << i << " row " << r;
+        }
+    }
+}
+
+// The int8 quads of the rounding tiers (avx2int8, avx512bf16: RowKernels::prepare of MXFP4) against their
+// scalar definition, byte for byte: per pair of 32-blocks the even elements of g0, of g1, the odd of g0,
+// of g1 (16 bytes each; avx512bf16 stores q + 128), then the 16 quads' scales; d = max|x| / 127 rounded up
+// (computed here in double: a / 127 is never within a double ulp of a float it is not equal to), q =
+// round-to-nearest-even of the fp32 quotient x / d. A quad with a NaN or an infinity has d = NaN (its q
+// bytes do not matter); an all-zero quad has d = 0, q = 0; a missing g1 too. Random activations, plus
+// denormals, exact multiples of 127 (d exact), zeros, NaN and infinities.
+TEST(CpuKernels, Int8QuadActivationsMatchScalarDefinition) {
+  int tiers_run = 0;
+  for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512Bf16}) {
+    if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
+    ++tiers_run;
+    const uint8_t offset = isa == k3::cpu::CpuIsa::Avx512Bf16 ? 0x80 : 0;
+    k3::cpu::force_cpu_isa_for_testing(isa);
+    const k3::cpu::RowKernels& k = k3::cpu::row_kernels(k3::WeightFormat::MXFP4);
+    std::mt19937 rng(61);
+    for (int64_t cols : {32, 64, 96, 544}) {
+      const int64_t n = 4;
+      auto x = nonzero(static_cast<size_t>(n * cols), rng);
+      x[1] = 1e-40f, x[3] = -3e-39f;                                        // denormals among normals
+      for (int64_t j = 8; j < 16; j += 2) x[static_cast<size_t>(j)] = (j - 7) * -7e-41f;  // a denormal quad
+      for (int64_t j = 0; j < 8; j += 2) x[static_cast<size_t>(cols + j)] = 0.f;  // token 1: an all-zero quad
+      x[static_cast<size_t>(cols + 9)] = 127.f * 0.25f;                     // a d that divides exactly
+      x[static_cast<size_t>(2 * cols + 5)] = NAN;
+      x[static_cast<size_t>(3 * cols + cols - 1)] = -INFINITY;
+      std::vector<uint8_t> act(static_cast<size_t>(k.act_bytes(cols, n)), 0xAA);
+      k.prepare(x.data(), n, cols, act.data());
+      const int64_t groups = cols / 32, pairs = (groups + 1) / 2, ld = pairs * 128;
+      ASSERT_EQ(k.act_bytes(cols, n), n * ld);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t p = 0; p < pairs; ++p)
+          for (int b = 0; b < 2; ++b)
+            for (int par = 0; par < 2; ++par)
+              for (int q = 0; q < 4; ++q) {
+                const uint8_t* o = act.data() + t * ld + p * 128;
+                float d;
+                std::memcpy(&d, o + 64 + 4 * (8 * par + 4 * b + q), 4);
+                const auto where = [&] { return ::testing::Message() << k3::cpu::isa_name(isa) << " cols " << cols << " token " << t << " pair " << p << " block " << b << " parity " << par << " quad " << q; };
+                const int64_t g = 2 * p + b;
+                const int64_t e0 = g * 32 + 8 * q + par;
+                if (g >= groups) {
+                  ASSERT_EQ(d, 0.f) << where();
+                  for (int j = 0; j < 4; ++j) ASSERT_EQ(o[32 * par + 16 * b + 4 * q + j], offset) << where();
+                  continue;
+                }
+                double a = 0;
+                bool finite = true;
+                for (int j = 0; j < 4; ++j) {
+                  const float v = x[static_cast<size_t>(t * cols + e0 + 2 * j)];
+                  finite = finite && std::isfinite(v);
+                  a = std::max(a, std::fabs(double(v)));
+                }
+                if (!finite) {
+                  ASSERT_TRUE(std::isnan(d)) << where();
+                  continue;
+                }
+                float want = static_cast<float>(a / 127);
+                if (double(want) < a / 127) want = std::nextafter(want, INFINITY);
+                ASSERT_EQ(d, want) << where() << " max " << a;
+                for (int j = 0; j < 4; ++j) {
+                  const float v = x[static_cast<size_t>(t * cols + e0 + 2 * j)];
+                  const int qv = want > 0 ? static_cast<int>(std::nearbyint(v / want)) : 0;
+                  ASSERT_LE(std::abs(qv), 127);
+                  ASSERT_EQ(o[32 * par + 16 * b + 4 * q + j], static_cast<uint8_t>(static_cast<uint8_t>(static_cast<int8_t>(qv)) ^ offset))
+                      << where() << " element " << j;
+                }
+              }
+    }
+    k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+  }
+  if (tiers_run == 0) GTEST_SKIP() << "this CPU runs no int8-activation tier";
+}
+
 TEST_P(CpuKernelsTier, DequantRowExact) {
   std::mt19937 rng(9);
   for (auto f : {k3::WeightFormat::F32, k3::WeightFormat::BF16, k3::WeightFormat::F16, k3::WeightFormat::MXFP4})
@@ -588,23 +701,20 @@ TEST(CpuKernels, Avx512CloseToAvx2) {
   }
 }
 
-// The avx512bf16 tier's rounding is the only error it adds: on activations it represents exactly (bf16
+// A rounding tier's rounding is the only error it adds: on activations it represents exactly (bf16
 // values; per quad of 4, integers -127..127 times a power of two with +-127 present) its BF16 and MXFP4
 // matmuls are within the plain fp32 dot bound (C+2) u sum|wx| of float64, while on random activations they
-// differ from the exact avx512 tier (else the tier would not be running).
-TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
-  const auto& cpu = k3::cpu::cpu_state();
-  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
-    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+// differ from the exact tier `exact` (else the tier would not be running).
+void check_exact_on_representable(k3::cpu::CpuIsa exact, k3::cpu::CpuIsa rounding, std::vector<k3::WeightFormat> formats) {
   std::mt19937 rng(47);
-  for (auto f : {k3::WeightFormat::BF16, k3::WeightFormat::MXFP4}) {
+  for (auto f : formats) {
     const int64_t rows = 33, cols = f == k3::WeightFormat::BF16 ? 257 : 544, n = 9;
     const TestWeight t = make_weight(f, rows, cols, rng);
     auto x = nonzero(static_cast<size_t>(n * cols), rng);
     std::vector<float> y5(static_cast<size_t>(n * rows)), yb(y5.size());
-    k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+    k3::cpu::force_cpu_isa_for_testing(exact);
     k3::cpu::matmul(t.W, x.data(), n, y5.data());
-    k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+    k3::cpu::force_cpu_isa_for_testing(rounding);
     k3::cpu::matmul(t.W, x.data(), n, yb.data());
     EXPECT_NE(std::memcmp(y5.data(), yb.data(), y5.size() * sizeof(float)), 0) << k3::weight_format_name(f);
     // Representable activations.
@@ -638,6 +748,22 @@ TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
             << k3::weight_format_name(f) << " token " << i << " row " << r;
       }
   }
+}
+
+TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  check_exact_on_representable(k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16, {k3::WeightFormat::BF16, k3::WeightFormat::MXFP4});
+}
+
+// The same for the avx2int8 tier (MXFP4 only: its BF16 is avx2's exact kernel, checked by the sweeps).
+TEST(CpuKernels, Avx2Int8ExactOnRepresentableActivations) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
+  check_exact_on_representable(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8,
+                               {k3::WeightFormat::MXFP4, k3::WeightFormat::MXFP4_GGML});
 }
 
 }  // namespace

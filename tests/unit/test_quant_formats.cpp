@@ -116,7 +116,7 @@ TEST(QuantGolden, DequantBitExactWithGgml) {
     EXPECT_EQ(mismatches, 0) << k3::weight_format_name(f) << ": " << n << " values";
     // The kernels' dequant (one matrix of `blocks` rows of one block each), on every tier this CPU runs.
     k3::WeightMatrix W{f, g.bytes.data(), nullptr, g.blocks, g.block_elems};
-    for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
+    for (k3::cpu::CpuIsa isa : {k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16}) {
       if (!k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, isa, false).empty()) continue;
       k3::cpu::force_cpu_isa_for_testing(isa);
       std::vector<float> row(static_cast<size_t>(g.block_elems));

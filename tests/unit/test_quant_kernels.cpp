@@ -10,7 +10,8 @@
 // relative per term: (C + 2) u). The avx512bf16 tier (weight_kernels_quant_vnni.cpp) rounds the
 // activations to int8 with one scale per quad of 4 consecutive values (d <= max|x| / 127 (1 + 2^-23) +
 // 2^-149, |x' - x| <= d/2 (1 + 2^-16)) and multiplies them by the weights' scale parts (value + sub-min; the
-// sub-min itself meets the unrounded activations): its bound adds rounding_bound below, and the fp32 bound
+// sub-min itself meets the unrounded activations; avx2int8 does the same for Q8_0, Q4_K, Q5_K and Q6_K,
+// weight_kernels_avx2int8.cpp): its bound adds rounding_bound below, and the fp32 bound
 // covers the scale and min parts' magnitudes, sum (|w| + 2 |min|) |x| + rounding_bound.
 #include <gtest/gtest.h>
 
@@ -76,7 +77,15 @@ std::vector<float> activations(size_t n, std::mt19937& rng) {
   return v;
 }
 
-bool tier_rounds_activations() { return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx512Bf16; }
+// avx2int8 (weight_kernels_avx2int8.cpp) rounds the same way (int8 quads of 4 consecutive values, the
+// sub-min against the unrounded activations) for the formats it has int8 kernels for.
+bool avx2int8_rounds(WeightFormat f) {
+  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K;
+}
+bool tier_rounds_activations(WeightFormat f) {
+  const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
+  return tier == k3::cpu::CpuIsa::Avx512Bf16 || (tier == k3::cpu::CpuIsa::Avx2Int8 && avx2int8_rounds(f));
+}
 
 // The activation-rounding bound of the avx512bf16 tier for one row (w, mins) and token x (see the top).
 double rounding_bound(const double* w, const double* mins, const float* x, int64_t C) {
@@ -121,7 +130,7 @@ void check_quant_matmul(const QuantWeight& t, int64_t n, std::mt19937& rng, k3te
   const auto x = activations(static_cast<size_t>(n * C), rng);
   std::vector<float> y(static_cast<size_t>(n * R), NAN);
   k3::cpu::matmul(t.W, x.data(), n, y.data());
-  check_against_float64(t, x, y, n, tier_rounds_activations(), tier_rounds_activations(), worst);
+  check_against_float64(t, x, y, n, tier_rounds_activations(t.W.format), tier_rounds_activations(t.W.format), worst);
   // The gemm entry point (rows of all n tokens at once) gives matmul's bits.
   std::vector<float> yg(static_cast<size_t>(n * R), NAN);
   k3::cpu::row_kernels(t.W.format).gemm(t.W, 0, R, x.data(), n, yg.data());
@@ -199,19 +208,16 @@ TEST_P(QuantKernelsTier, NanActivationGivesNan) {
   }
 }
 
-// The avx512bf16 tier's int8 kernels: they ran (on random activations the results differ from the exact
-// avx512 tier's), and their only error beyond fp32's is the activations' rounding: on activations that the
+// A rounding tier's int8 kernels: they ran (on random activations the results differ from the exact
+// tier's), and their only error beyond fp32's is the activations' rounding: on activations that the
 // int8 quads hold exactly (each quad k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the
 // plain fp32 bound holds (a wrong lane scale, sub-min, quad order or correction would break it).
-TEST(QuantKernelsVnni, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
-  const auto& cpu = k3::cpu::cpu_state();
-  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
-    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+void check_int8_tier(k3::cpu::CpuIsa rounding, k3::cpu::CpuIsa exact, const std::vector<WeightFormat>& formats) {
   struct TierReset {
     ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
   } reset;  // also when an assertion returns early
   std::mt19937 rng(29);
-  for (WeightFormat f : k3test::kGgufFormats) {
+  for (WeightFormat f : formats) {
     k3test::Worst worst(k3::weight_format_name(f));
     const int64_t E = k3::weight_layout(f).block_elems;
     const auto t = make_quant_weight(f, 9, (f == WeightFormat::Q8_0 ? 5 : 2) * E, rng);
@@ -225,19 +231,36 @@ TEST(QuantKernelsVnni, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
         x[q0 + rng() % 4] = std::ldexp(rng() & 1 ? 127.f : -127.f, e);
       }
       std::vector<float> y(static_cast<size_t>(n * 9), NAN);
-      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+      k3::cpu::force_cpu_isa_for_testing(rounding);
       k3::cpu::matmul(t.W, x.data(), n, y.data());
       check_against_float64(t, x, y, n, false, true, worst);
 
       const auto xr = activations(static_cast<size_t>(n * C), rng);
       std::vector<float> y_int8(y.size()), y_exact(y.size());
       k3::cpu::matmul(t.W, xr.data(), n, y_int8.data());
-      k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+      k3::cpu::force_cpu_isa_for_testing(exact);
       k3::cpu::matmul(t.W, xr.data(), n, y_exact.data());
       k3::cpu::force_cpu_isa_for_testing(std::nullopt);
-      EXPECT_NE(y_int8, y_exact) << k3::weight_format_name(f) << " n " << n << ": the avx512bf16 tier ran the exact kernels";
+      EXPECT_NE(y_int8, y_exact) << k3::weight_format_name(f) << " n " << n << ": the " << k3::cpu::isa_name(rounding)
+                                 << " tier ran the exact kernels";
     }
   }
+}
+
+TEST(QuantKernelsVnni, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  check_int8_tier(k3::cpu::CpuIsa::Avx512Bf16, k3::cpu::CpuIsa::Avx512,
+                  std::vector<WeightFormat>(std::begin(k3test::kGgufFormats), std::end(k3test::kGgufFormats)));
+}
+
+TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
+  check_int8_tier(k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx2,
+                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K});
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ const Flag kFlags[] = {
 std::vector<Flag> tier_needs(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return {kFlags[1], kFlags[2], kFlags[3]};
+    case CpuIsa::Avx2Int8: return {};  // avx2's instructions, other arithmetic
     case CpuIsa::Avx512: return {kFlags[4], kFlags[5], kFlags[6], kFlags[7]};
     case CpuIsa::Avx512Bf16: return {kFlags[8], kFlags[9]};
     case CpuIsa::Amx: return {kFlags[11], kFlags[12], kFlags[13]};
@@ -50,6 +51,7 @@ bool isa_is_exact(CpuIsa isa) { return isa == CpuIsa::Avx2 || isa == CpuIsa::Avx
 const char* isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return "avx2";
+    case CpuIsa::Avx2Int8: return "avx2int8";
     case CpuIsa::Avx512: return "avx512";
     case CpuIsa::Avx512Bf16: return "avx512bf16";
     case CpuIsa::Amx: return "amx";
@@ -93,7 +95,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
       return {*best_exact, "forced by K3_CPU_ISA=exact (fp32 products of weights and activations)"};
     }
     const auto isa = parse_isa(forced);
-    if (!isa) throw Error(what + ": unknown kernel tier (expected exact, avx2, avx512, avx512bf16 or amx)");
+    if (!isa) throw Error(what + ": unknown kernel tier (expected exact, avx2, avx2int8, avx512, avx512bf16 or amx)");
     if (const std::string m = isa_missing_features(f, *isa, amx_granted); !m.empty())
       throw Error(what + ": this CPU cannot run it (missing: " + m + ")");
     if (!has_kernels(*isa))
@@ -108,7 +110,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
                                           : std::string("the CPU offers ") + isa_name(*best_cpu) +
                                                 ", but this build has kernels for " + with_kernels + " only";
   if (!isa_is_exact(*best))
-    reason += std::string("; activations rounded (bf16 / int8 blocks)") +
+    reason += std::string("; activations rounded (") + (*best == CpuIsa::Avx2Int8 ? "int8 quads" : "bf16 / int8 blocks") + ")" +
               (best_exact ? std::string(", exact fp32 products (") + isa_name(*best_exact) + ") with K3_CPU_ISA=exact" : "");
   return {*best, reason};
 }

@@ -10,18 +10,19 @@
 
 namespace k3::cpu {
 
-// Tiers from the baseline up. Avx2, Avx512 and Avx512Bf16 have kernels (weight_kernels.cpp,
-// weight_kernels_avx512.cpp, weight_kernels_avx512bf16.cpp); Amx is reserved for the AMX kernels of issue
+// Tiers from the baseline up. Avx2, Avx2Int8, Avx512 and Avx512Bf16 have kernels (weight_kernels.cpp,
+// weight_kernels_avx2int8.cpp, weight_kernels_avx512.cpp, weight_kernels_avx512bf16.cpp). Avx2Int8 needs
+// what Avx2 needs (AVX2 + FMA + F16C) and rounds MXFP4's activations to int8 quads; Amx is reserved for the AMX kernels of issue
 // 14, so that adding one is a kernel table, not new plumbing.
-enum class CpuIsa { Avx2, Avx512, Avx512Bf16, Amx };
-inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx};
+enum class CpuIsa { Avx2, Avx2Int8, Avx512, Avx512Bf16, Amx };
+inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx2Int8, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx};
 
 // Whether a tier's matmuls use the exact fp32 products of the weights and activations (avx2, avx512).
-// avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md) as llama.cpp does; the
+// avx2int8, avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md) as llama.cpp does; the
 // automatic choice takes them when the CPU has them, and K3_CPU_ISA=exact keeps the exact tiers.
 bool isa_is_exact(CpuIsa isa);
 
-const char* isa_name(CpuIsa isa);  // "avx2", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values, with "exact")
+const char* isa_name(CpuIsa isa);  // "avx2", "avx2int8", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values, with "exact")
 std::optional<CpuIsa> parse_isa(std::string_view name);
 
 // The features a tier needs that `f` lacks, space-separated ("" when the CPU can run it). `amx_granted`:

@@ -2,6 +2,7 @@
 // AVX2+FMA, weights converted in registers; see weight_kernels.h for the contracts.
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/backend/cpu/weight_gemm.h"
+#include "k3/backend/cpu/weight_kernels_avx2int8.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
@@ -93,7 +94,7 @@ constexpr RowKernels kMXFP4{mxfp4_dot<WeightFormat::MXFP4>, mxfp4_dequant<Weight
 constexpr RowKernels kMXFP4Ggml{mxfp4_dot<WeightFormat::MXFP4_GGML>, mxfp4_dequant<WeightFormat::MXFP4_GGML>,
                                 gemm_mxfp4_ggml, nullptr};
 
-// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above), avx512
+// Kernel tables per CPU tier (cpu_isa.h), indexed by WeightFormat: avx2 (above), avx2int8, avx512
 // (weight_kernels_avx512.cpp) and avx512bf16; GGUF's block formats from weight_kernels_quant.cpp.
 constexpr size_t kTableSize = 32;  // > every WeightFormat value (checked in make_table)
 using FormatTable = std::array<const RowKernels*, kTableSize>;
@@ -111,6 +112,14 @@ const FormatTable kAvx2Table = make_table(
     {{WeightFormat::F32, &kF32}, {WeightFormat::F16, &kF16}, {WeightFormat::BF16, &kBF16}, {WeightFormat::MXFP4, &kMXFP4},
      {WeightFormat::MXFP4_GGML, &kMXFP4Ggml}},
     avx2_quant_row_kernels);
+// avx2int8: MXFP4 (both layouts) and Q8_0 / Q4_K / Q5_K / Q6_K on int8 activations
+// (weight_kernels_avx2int8.cpp); every other format
+// runs avx2's exact kernels (BF16 stays exact: AVX2 has no bf16 dot product to gain from).
+const FormatTable kAvx2Int8Table = make_table(
+    {{WeightFormat::F32, &kF32}, {WeightFormat::F16, &kF16}, {WeightFormat::BF16, &kBF16},
+     {WeightFormat::MXFP4, avx2int8_row_kernels(WeightFormat::MXFP4, kMXFP4)},
+     {WeightFormat::MXFP4_GGML, avx2int8_row_kernels(WeightFormat::MXFP4_GGML, kMXFP4Ggml)}},
+    avx2int8_quant_row_kernels);
 const FormatTable kAvx512Table = make_table({{WeightFormat::F32, avx512_row_kernels(WeightFormat::F32)},
                                              {WeightFormat::F16, avx512_row_kernels(WeightFormat::F16)},
                                              {WeightFormat::BF16, avx512_row_kernels(WeightFormat::BF16)},
@@ -131,6 +140,7 @@ const FormatTable kAvx512Bf16Table = make_table({{WeightFormat::F32, avx512_row_
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return &kAvx2Table;
+    case CpuIsa::Avx2Int8: return &kAvx2Int8Table;
     case CpuIsa::Avx512: return &kAvx512Table;
     case CpuIsa::Avx512Bf16: return &kAvx512Bf16Table;
     default: return nullptr;
