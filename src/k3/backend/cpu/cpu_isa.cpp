@@ -67,11 +67,14 @@ std::optional<CpuIsa> parse_isa(std::string_view name) {
 
 std::string isa_missing_features(const CpuFeatures& f, CpuIsa isa, bool amx_granted) {
   std::string missing;
+  auto add = [&](const char* name) {
+    if (!missing.empty()) missing += ' ';
+    missing += name;
+  };
   for (CpuIsa t : kAllCpuIsas) {  // a tier needs every tier below it
     for (const Flag& flag : tier_needs(t))
-      if (!(f.*flag.second)) missing += (missing.empty() ? "" : " ") + std::string(flag.first);
-    if (t == CpuIsa::Amx && f.amx_tile && !amx_granted)
-      missing += (missing.empty() ? "" : " ") + std::string("amx-permission");
+      if (!(f.*flag.second)) add(flag.first);
+    if (t == CpuIsa::Amx && f.amx_tile && !amx_granted) add("amx-permission");
     if (t == isa) break;
   }
   return missing;
@@ -109,9 +112,15 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   std::string reason = *best_cpu == *best ? "the best tier this CPU offers"
                                           : std::string("the CPU offers ") + isa_name(*best_cpu) +
                                                 ", but this build has kernels for " + with_kernels + " only";
-  if (!isa_is_exact(*best))
-    reason += std::string("; activations rounded (") + (*best == CpuIsa::Avx2Int8 ? "int8 quads" : "bf16 / int8 blocks") + ")" +
-              (best_exact ? std::string(", exact fp32 products (") + isa_name(*best_exact) + ") with K3_CPU_ISA=exact" : "");
+  if (!isa_is_exact(*best)) {
+    reason += "; activations rounded (";
+    reason += *best == CpuIsa::Avx2Int8 ? "int8 quads)" : "bf16 / int8 blocks)";
+    if (best_exact) {
+      reason += ", exact fp32 products (";
+      reason += isa_name(*best_exact);
+      reason += ") with K3_CPU_ISA=exact";
+    }
+  }
   return {*best, reason};
 }
 
@@ -136,8 +145,11 @@ const CpuState& cpu_state() {
 
 std::string feature_names(const CpuFeatures& f) {
   std::string s;
-  for (const Flag& flag : kFlags)
-    if (f.*flag.second) s += (s.empty() ? "" : " ") + std::string(flag.first);
+  for (const Flag& flag : kFlags) {
+    if (!(f.*flag.second)) continue;
+    if (!s.empty()) s += ' ';
+    s += flag.first;
+  }
   return s;
 }
 
