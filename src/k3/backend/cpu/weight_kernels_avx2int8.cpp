@@ -211,34 +211,43 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
     mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq, ldq, y + r, ldy);
 }
 
+// A tile function: rows [r0, r1) x a fixed count of tokens (tile_rows templates).
+using TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
+
 template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
-  return std::array<Tile, sizeof...(T)>{mxfp4_q8_tile_rows<F, static_cast<int>(T) + 1>...};
+  return std::array<TileFn, sizeof...(T)>{mxfp4_q8_tile_rows<F, static_cast<int>(T) + 1>...};
 }
 
 // 6 tokens: 6 accumulators + 4 weight vectors, the scales, the ones and temporaries in 16 ymm (6 ran the
 // expert GEMMs ~20% faster than 4 on Zen 3).
 constexpr int64_t kMxfp4T = 6;
 
-// Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Blocks of rows (~128 KiB of weights) stay in
-// L2 while every token tile passes over them; a tile's 4 converted rows (2 bytes per value) stream from L1/L2.
-template <WeightFormat F>
-void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
-  static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
-  const int64_t ldq = q8_stride(W.cols);
+// Rows [r0, r1) x n converted tokens (ldq bytes apart): y[t * ldy + (r - r0)], tiles[m - 1] doing m tokens.
+// Blocks of rows (~128 KiB of weights) stay in L2 while every token tile passes over them; a tile's converted
+// tokens stream from L1/L2.
+template <size_t NT>
+void run_tiles(const std::array<TileFn, NT>& tiles, const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq,
+               int64_t ldq, int64_t n, float* y, int64_t ldy) {
   if (n == 1) {
     tiles[0](W, r0, r1, xq, ldq, y, ldy);
     return;
   }
+  const int64_t nt = static_cast<int64_t>(NT);
   const int64_t block = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, W.cols)));
   for (int64_t b0 = r0; b0 < r1; b0 += block) {
     const int64_t b1 = std::min(r1, b0 + block);
-    for (int64_t t0 = 0; t0 < n; t0 += kMxfp4T) {
-      const int64_t m = std::min(kMxfp4T, n - t0);
-      tiles[m - 1](W, b0, b1, xq + t0 * ldq, ldq, y + t0 * ldy + (b0 - r0), ldy);
+    for (int64_t t0 = 0; t0 < n; t0 += nt) {
+      const int64_t m = std::min(nt, n - t0);
+      tiles[static_cast<size_t>(m - 1)](W, b0, b1, xq + t0 * ldq, ldq, y + t0 * ldy + (b0 - r0), ldy);
     }
   }
+}
+
+template <WeightFormat F>
+void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
+  static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
+  run_tiles(tiles, W, r0, r1, xq, q8_stride(W.cols), n, y, ldy);
 }
 
 // ---- GGUF block formats x int8 quads ----
@@ -320,29 +329,15 @@ void quant_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_
 
 template <WeightFormat F, size_t... T>
 constexpr auto quant_tiles(std::index_sequence<T...>) {
-  using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
-  return std::array<Tile, sizeof...(T)>{quant_tile_rows<F, static_cast<int>(T) + 1>...};
+  return std::array<TileFn, sizeof...(T)>{quant_tile_rows<F, static_cast<int>(T) + 1>...};
 }
 
 constexpr int64_t kQuantT = 6;
 
-// Rows [r0, r1) x n converted tokens, blocked as mxfp4_rows.
 template <WeightFormat F>
 void quant_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = quant_tiles<F>(std::make_index_sequence<kQuantT>());
-  const int64_t ldq = seg_stride(W.cols);
-  if (n == 1) {
-    tiles[0](W, r0, r1, xq, ldq, y, ldy);
-    return;
-  }
-  const int64_t block = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, row_data_bytes(F, W.cols)));
-  for (int64_t b0 = r0; b0 < r1; b0 += block) {
-    const int64_t b1 = std::min(r1, b0 + block);
-    for (int64_t t0 = 0; t0 < n; t0 += kQuantT) {
-      const int64_t m = std::min(kQuantT, n - t0);
-      tiles[m - 1](W, b0, b1, xq + t0 * ldq, ldq, y + t0 * ldy + (b0 - r0), ldy);
-    }
-  }
+  run_tiles(tiles, W, r0, r1, xq, seg_stride(W.cols), n, y, ldy);
 }
 
 template <WeightFormat F>
