@@ -23,6 +23,7 @@
 #include "k3/bench/client.h"
 #include "k3/bench/dataset.h"
 #include "k3/bench/memory_bandwidth.h"
+#include "k3/model/gguf_model.h"
 #include "k3/bench/offline.h"
 #include "k3/grammar/grammar_engine.h"
 #include "k3/engine/speculative_config.h"
@@ -500,6 +501,12 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
                (f->dev.num_layers > 0 ? " " + std::to_string(f->dev.num_layers) + "L" : "") + " (dummy)";
       double bw = f->mem_bw;
       const bool any_tg = std::any_of(tests.begin(), tests.end(), [](const auto& t) { return !t.prefill; });
+      // The roofline's bytes per step come from the config (plan::decode_step_bytes: the checkpoint's BF16 /
+      // MXFP4 formats); a GGUF's block formats read other bytes: no roofline there rather than a wrong one.
+      if (any_tg && k3::is_gguf_path(dir) && bw >= 0) {
+        bw = -1;
+        std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF (its bytes per token are not the config's)\n");
+      }
       if (bw == 0 && any_tg && f->dev.device == "cpu") {
         // 1 GiB, median: with 512 MiB and the best pass the figure sometimes read 64-78 GB/s on a box whose
         // 2 GiB reads give 45 (a cache of the host's, or another tenant's lull), which made `% of BW` look low.

@@ -59,7 +59,10 @@ TEST(Cli, LogitsPrefillAndDecodeMatchGoldens) {
   const std::string g = k3test::source_path("tests/data/goldens/tiny-k3/");
   auto toks = nlohmann::json::parse(read(g + "tokens.json")).get<std::vector<int>>();
   std::string list;
-  for (size_t i = 0; i < toks.size(); ++i) list += (i ? "," : "") + std::to_string(toks[i]);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    if (i > 0) list += ',';
+    list += std::to_string(toks[i]);
+  }
   for (std::string mode : {"prefill", "decode"}) {
     const std::string out = t.str() + "/" + mode + ".npy";
     auto r = sh(k3bin() + " logits -m " + k3test::source_path("tests/data/tiny-k3") + " --tokens " + list +
@@ -337,7 +340,9 @@ TEST(Cli, ThreadsAndNumaFlags) {
     r = sh(logits + " --out " + t.str() + "/" + mode + ".npy -t 2 --numa " + mode + " 2>&1");
     EXPECT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find(std::string("k3: --numa ") + mode + ": "), std::string::npos) << r.out;
-    if (one_node) EXPECT_NE(r.out.find("one NUMA node (CPUs "), std::string::npos) << r.out;
+    if (one_node) {
+      EXPECT_NE(r.out.find("one NUMA node (CPUs "), std::string::npos) << r.out;
+    }
   }
   ASSERT_EQ(sh(logits + " --out " + t.str() + "/t1.npy -t 1 2>/dev/null").status, 0);
   EXPECT_EQ(read(t.str() + "/t1.npy"), read(t.str() + "/distribute.npy"));
@@ -372,6 +377,15 @@ TEST(Cli, ConvertToGgufAndRunIt) {
   EXPECT_EQ(b.status, 0);
   EXPECT_EQ(a.out, b.out);
   EXPECT_FALSE(a.out.empty());
+  // bench offline: the HF dir's decode roofline columns come from the config's formats; a GGUF gets none
+  // (its block formats read other bytes) and a line saying so, not a wrong figure.
+  const std::string tg = " bench offline -p 0 -n 2 -r 1 --mem-bw 20 2>&1";
+  const Result bh = sh(k3bin() + tg + " -m " + hf), bg = sh(k3bin() + tg + " -m " + gguf);
+  EXPECT_EQ(bh.status, 0);
+  EXPECT_EQ(bg.status, 0);
+  EXPECT_NE(bh.out.find("| GB/step |"), std::string::npos) << bh.out;
+  EXPECT_EQ(bg.out.find("| GB/step |"), std::string::npos) << bg.out;
+  EXPECT_NE(bg.out.find("no decode roofline for a GGUF"), std::string::npos) << bg.out;
   const std::string bare = (t.path / "bare.gguf").string();
   ASSERT_EQ(sh(k3bin() + " convert --no-vocab -m " + hf + " -o " + bare + " 2>/dev/null").status, 0);
   const Result c = sh(k3bin() + " run -m " + bare + " -p hi -n 2 2>&1");
