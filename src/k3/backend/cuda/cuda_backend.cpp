@@ -201,15 +201,15 @@ void CudaBackend::prepare(const graph::StepPlan& plan) {
   if (host != before) ++generation_;
   std::memcpy(host, st_.bytes().data(), staging_bytes_);
   n_seqs_ = static_cast<int64_t>(plan.seqs.size());
-  // The step's shape beyond (sequences, page stride): (rows, snapshot_after, n_snapshots, prefill form) per
-  // sequence and the tap ids (a step that saves taps runs more ops), whenever a step is not one row per
-  // sequence; the exact values, so that no two shapes share a graph.
-  step_shape_.clear();
+  // The graph key: (sequences, page stride), then, whenever a step is not one row per sequence, (rows,
+  // snapshot_after, n_snapshots, prefill form) per sequence and the tap ids (a step that saves taps runs
+  // more ops); the exact values, so that no two shapes share a graph. Built once per step here.
+  graph_key_.assign({n_seqs_, page_stride_});
   if (N != n_seqs_ || plan.any_snapshot() || !plan.tap_layers.empty()) {
     for (const graph::StepSeq& q : plan.seqs)
-      step_shape_.insert(step_shape_.end(), {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)});
-    step_shape_.push_back(-1);  // taps after the sequences
-    step_shape_.insert(step_shape_.end(), plan.tap_layers.begin(), plan.tap_layers.end());
+      graph_key_.insert(graph_key_.end(), {q.n, q.snapshot_after, q.n_snapshots, static_cast<int64_t>(q.prefill_form)});
+    graph_key_.push_back(-1);  // taps after the sequences
+    graph_key_.insert(graph_key_.end(), plan.tap_layers.begin(), plan.tap_layers.end());
   }
   n_tokens_ = N;
   n_logits_ = plan.n_logits();

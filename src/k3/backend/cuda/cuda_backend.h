@@ -53,11 +53,7 @@ class CudaBackend final : public graph::Backend {
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
   // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
-  std::vector<int64_t> graph_key() const {
-    std::vector<int64_t> k{n_seqs_, page_stride_};
-    k.insert(k.end(), step_shape_.begin(), step_shape_.end());
-    return k;
-  }
+  const std::vector<int64_t>& graph_key() const { return graph_key_; }
   uint64_t generation() const {
     return generation_ + scratch_.generation() + lin_->generation() + moe_in_.generation() + moe_out_.generation();
   }
@@ -232,7 +228,7 @@ class CudaBackend final : public graph::Backend {
   const dist::ShardPlan* expert_map_of_ = nullptr;
   size_t staging_bytes_ = 0;
   int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
-  std::vector<int64_t> step_shape_;  // graph_key(): empty for one row per sequence, else rows, snapshots, taps
+  std::vector<int64_t> graph_key_;  // graph_key(), set by prepare (its capacity reused step to step)
 };
 
 }  // namespace k3::cuda

@@ -128,16 +128,14 @@ void BlockDrafter::forward(std::span<const float> ctx, std::span<const int32_t> 
 
 void BlockDrafter::draft(std::span<const float> ctx, std::span<const int32_t> tokens, int64_t n_out,
                          std::vector<int32_t>& drafts) const {
-  {
-    const graph::StepPlan plan = plan_drafts(ctx, tokens, n_out);
-    std::lock_guard lk(impl_->mu);
-    drafts.resize(static_cast<size_t>(plan.n_tokens() * n_out));
-    if (impl_->runner->draft_ids(plan, ctx, n_out, drafts)) return;
-  }
-  thread_local std::vector<float> logits;  // reused: [R][n_out][V] per call
-  forward(ctx, tokens, n_out, logits);
-  const size_t V = static_cast<size_t>(impl_->cfg.target_vocab_size), rows = logits.size() / V;
+  const graph::StepPlan plan = plan_drafts(ctx, tokens, n_out);
+  const size_t V = static_cast<size_t>(impl_->cfg.target_vocab_size), rows = static_cast<size_t>(plan.n_tokens() * n_out);
   drafts.resize(rows);
+  std::lock_guard lk(impl_->mu);
+  if (impl_->runner->draft_ids(plan, ctx, n_out, drafts)) return;  // argmax'd where the logits are
+  thread_local std::vector<float> logits;  // reused: [R][n_out][V] per call
+  logits.resize(rows * V);
+  impl_->runner->forward(plan, ctx, n_out, logits);
   for (size_t r = 0; r < rows; ++r) {
     const float* row = logits.data() + r * V;
     drafts[r] = static_cast<int32_t>(std::max_element(row, row + V) - row);
