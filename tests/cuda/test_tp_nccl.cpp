@@ -73,9 +73,10 @@ TEST(TpNccl, OneRankThroughNcclGivesIdenticalLogitsK3Tiny) {
   run("models/k3-tiny", false);
 }
 
-TEST(TpNccl, ASecondRankIsRefusedForNow) {
+TEST(TpNccl, AWholeModelOnATwoRankCommunicatorIsRefused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // A communicator that says 2 ranks (its collectives are never reached): refused at load, clearly.
+  // A communicator that says 2 ranks (its collectives are never reached) for a whole model (a shard is
+  // CudaModel::load_shard's job): refused at load, clearly.
   struct TwoRanks final : k3::dist::Communicator {
     int rank() const override { return 0; }
     int size() const override { return 2; }
@@ -94,7 +95,7 @@ TEST(TpNccl, ASecondRankIsRefusedForNow) {
     k3::cuda::CudaModel::load(k3test::source_path("tests/data/tiny-k3"), opt);
     ADD_FAILURE() << "a 2-rank communicator was accepted";
   } catch (const k3::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("runs one rank so far"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a communicator of 2 ranks for a whole model"), std::string::npos) << e.what();
   }
 }
 

@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--node-rank") == 0 && more) nodes.node_rank = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--master-port") == 0 && more) nodes.master_port = std::atoi(argv[++i]);
   }
+  // --mixed compares CPU ranks' shards against the whole model on the GPU: the CPU ranks must run the exact
+  // tier (a rounding tier, the default on AVX-512 / AVX2 hosts, rounds activations: a real difference of
+  // ~1e-1 on these models, not a sharding error). An explicit K3_CPU_ISA is kept.
+  if (mixed) setenv("K3_CPU_ISA", "exact", 0);
   try {
     if (reverse_experts) {
       const int64_t E = k3::load_model_config(dir).num_experts;
