@@ -120,7 +120,9 @@ TEST_P(CudaModelE2E, PrefillBf16GemmAgrees) {
   EXPECT_TRUE(c.finite);
   const bool trained = GetParam().find("models/k3-tiny") != std::string::npos;
   EXPECT_GE(c.argmax, trained ? 0.95 : 0.5);
-  if (trained) EXPECT_LE(c.rel, 0.4);
+  if (trained) {
+    EXPECT_LE(c.rel, 0.4);
+  }
 }
 
 // --cpu-moe (routed experts on the host, everything else on the GPU) against all-CUDA and the CPU, prefill

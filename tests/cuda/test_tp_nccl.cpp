@@ -57,7 +57,9 @@ void run(const std::string& model, bool eager) {
     b->forward(tok, *cb, lb);
     EXPECT_TRUE(la == lb) << model << ": decode step " << step << (eager ? " (eager)" : " (CUDA graphs)");
   }
-  if (!eager) EXPECT_GT(b->graph_replays(), 0) << "the decode steps did not run as CUDA graphs";
+  if (!eager) {
+    EXPECT_GT(b->graph_replays(), 0) << "the decode steps did not run as CUDA graphs";
+  }
   std::printf("%s, %s: TP1 through NCCL bit-identical over a %zu-token prefill and 6 decode steps\n", model.c_str(),
               eager ? "eager" : "CUDA graphs", prompt.size());
 }

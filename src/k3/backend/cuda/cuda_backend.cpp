@@ -129,7 +129,9 @@ void CudaBackend::stage_kda(const graph::StepPlan& plan) {
     sd_.kda_chk[static_cast<size_t>(li)] = st_.put(chk);
   }
   sd_.kda_rounds.clear();
-  if (plan.any_snapshot()) stage_kda_rounds(plan);
+  sd_.kda_verify.clear();
+  sd_.kda_snaps.clear();
+  if (plan.any_snapshot() && !stage_kda_verify(plan)) stage_kda_rounds(plan);
 }
 
 // Scratch and workspaces for N tokens, rounded up (multiples of 64, at least doubling) so that a growing

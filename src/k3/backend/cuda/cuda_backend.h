@@ -150,6 +150,9 @@ class CudaBackend final : public graph::Backend {
     // Speculative verification (StepSeq::n_snapshots): per KDA layer, the rounds the conv and the
     // recurrence run in (cuda_backend_kda.cpp); empty when no sequence of the step saves a state.
     std::vector<std::vector<KdaRound>> kda_rounds;
+    // The same step on the fused verification kernel instead (every sequence decode-form): per KDA layer
+    // the staged KdaSnapSeq and snapshot-view arrays (kda_verify_fused); empty when not taken.
+    std::vector<size_t> kda_verify, kda_snaps;
   };
   template <typename T>
   T* staged(size_t off) const { return reinterpret_cast<T*>(staging_d_.get<uint8_t>() + off); }
@@ -158,6 +161,8 @@ class CudaBackend final : public graph::Backend {
   void stage_kda(const graph::StepPlan& plan);
   // StepData::kda_rounds of a step whose plan has snapshots (cuda_backend_kda.cpp).
   void stage_kda_rounds(const graph::StepPlan& plan);
+  // StepData::kda_verify of such a step when every sequence is decode-form (K3_KDA_FUSED_VERIFY=0: never).
+  bool stage_kda_verify(const graph::StepPlan& plan);
   void run_copies(size_t staged_segs, int n);
   void size_workspaces(int64_t N, int64_t R, int64_t T);
   // Ops over weights whose home is the host (placement: -ot / --cpu-moe): the activations go to the host,

@@ -1,5 +1,7 @@
 // CudaBackend's KDA ops (model-spec 3.2) over kda_kernels.h; a decode step takes the fused kernel.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "k3/backend/cuda/cuda_backend.h"
@@ -57,6 +59,40 @@ void CudaBackend::stage_kda_rounds(const graph::StepPlan& plan) {
     }
     sd_.kda_rounds.push_back(std::move(layer));
   }
+}
+
+// The fused alternative to the rounds above (kda_verify_fused: the decode kernel's arithmetic token by
+// token, snapshots written from registers): one launch per layer instead of ~5 per round, and the same
+// bits as the decode steps speculation off runs. Taken when no sequence of the step is prefill-form (those
+// need the chunked kernels) and the shapes are the fused kernel's; K3_KDA_FUSED_VERIFY=0 keeps the rounds
+// (A/B measurement).
+bool CudaBackend::stage_kda_verify(const graph::StepPlan& plan) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("K3_KDA_FUSED_VERIFY");
+    return !(e && std::string(e) == "0");
+  }();
+  const int64_t D = cfg_.kda_head_dim, W = cfg_.conv_kernel;
+  if (!enabled || !(D == 32 || D == 64 || D == 128) || W < 1 || W > 4) return false;
+  for (const graph::StepSeq& s : plan.seqs)
+    if (s.prefill_form) return false;
+  for (int64_t li = 0; li < cfg_.num_kda_layers(); ++li) {
+    std::vector<KdaSnapSeq> seqs;
+    std::vector<KdaSeq> snaps;
+    for (const graph::StepSeq& s : plan.seqs) {
+      const KdaStateView v = s.cache->kda_state(li);
+      const int32_t m = static_cast<int32_t>(s.n_snapshots > 0 && s.snapshot_after > 0 ? s.n_snapshots : 0);
+      seqs.push_back({KdaSeq{static_cast<float*>(v.S), v.conv_q, v.conv_k, v.conv_v, static_cast<int32_t>(s.offset),
+                             static_cast<int32_t>(s.n)},
+                      m > 0 ? static_cast<int32_t>(s.snapshot_after) : 1, m, static_cast<int32_t>(snaps.size())});
+      for (int32_t r = 0; r < m; ++r) {
+        const KdaStateView snap = s.cache->kda_snapshot(li, r);
+        snaps.push_back(KdaSeq{static_cast<float*>(snap.S), snap.conv_q, snap.conv_k, snap.conv_v, 0, 0});
+      }
+    }
+    sd_.kda_verify.push_back(st_.put(seqs));
+    sd_.kda_snaps.push_back(st_.put(snaps));
+  }
+  return true;
 }
 
 // Through a staged table, not cudaMemcpyAsync: verification steps replay captured graphs too.
@@ -124,6 +160,15 @@ void CudaBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDi
                                    pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), graw.f(),
                                    w.dt_bias.data(), w.A_log.data(), gate.bounded, gate.lower_bound, braw.f(), gate_proj.f(),
                                    w.o_norm.data(), eps, o.f(), spec_.kda_state_dtype, stream_));
+  } else if (!sd_.kda_verify.empty()) {
+    const KdaFusedIn in{pq.f(), pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), graw.f(),
+                        w.dt_bias.data(), w.A_log.data(), gate.bounded, gate.lower_bound, braw.f(), gate_proj.f(),
+                        w.o_norm.data(), eps};
+    const size_t li = static_cast<size_t>(layer);
+    K3_CUDA_CHECK(kda_verify_fused(staged<const KdaSnapSeq>(sd_.kda_verify[li]), static_cast<int>(n_seqs_),
+                                   staged<const KdaSeq>(sd_.kda_snaps[li]), static_cast<int>(d.heads),
+                                   static_cast<int>(d.head_dim), static_cast<int>(d.conv), in, o.f(),
+                                   spec_.kda_state_dtype, stream_));
   } else {
     Backend::kda_mix(layer, w, d, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
   }

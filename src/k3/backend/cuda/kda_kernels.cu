@@ -814,81 +814,125 @@ __global__ void __launch_bounds__(D)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_decode_fused: grid (n_seqs, H), D*SPLIT threads. Threads tid < D do channel h*D + tid (conv, norms,
-// gates); for the recurrence and the output norm thread tid is part tid % SPLIT of value column tid / SPLIT.
+// kda_decode_fused / kda_verify_fused: grid (n_seqs, H), D*SPLIT threads. Threads tid < D do channel
+// h*D + tid (conv, norms, gates); for the recurrence and the output norm thread tid is part tid % SPLIT of
+// value column tid / SPLIT. Both run fused_token per token, so a verification's n tokens equal n decode steps.
+
+// One (sequence, head)'s registers across its tokens: the conv taps and tails (tid < D), the state column.
+template <int D, int W>
+struct FusedRegs {
+  static constexpr int P = W - 1, PS = P > 0 ? P : 1;
+  float w[3][W], tail[3][PS];  // q, k, v
+  float s[D / kSplit<D>];
+
+  __device__ __forceinline__ void load_conv(const KdaFusedIn& in, const KdaSeq& sq, int c) {
+    const float* taps[3] = {in.wq, in.wk, in.wv};
+    const float* tails[3] = {sq.conv_q, sq.conv_k, sq.conv_v};
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) w[m][j] = taps[m][static_cast<size_t>(c) * W + j];
+#pragma unroll
+      for (int j = 0; j < PS; ++j) tail[m][j] = j < P ? tails[m][static_cast<size_t>(c) * P + j] : 0.f;
+    }
+  }
+  __device__ __forceinline__ void store_conv(const KdaSeq& dst, int c) const {
+    float* tails[3] = {dst.conv_q, dst.conv_k, dst.conv_v};
+#pragma unroll
+    for (int m = 0; m < 3; ++m)
+#pragma unroll
+      for (int j = 0; j < P; ++j) tails[m][static_cast<size_t>(c) * P + j] = tail[m][j];
+  }
+};
+
+// One token (row `row`) of kda_decode_fused for head h: conv + SiLU over the tails (which then drop their
+// oldest input and take this one), L2 norms, gates, one delta-rule step on the column (rounded as a StateT
+// cache would hold it), and the gated output norm into o. Ends with a barrier: the shared operands are free.
+template <int D, int W, class StateT>
+__device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, size_t row, FusedRegs<D, W>& r,
+                                            float2* red, float* ks, float* qs, float* es, float* vs, float* o) {
+  constexpr int SPLIT = kSplit<D>, NT = D * SPLIT, P = W - 1;
+  const int tid = threadIdx.x, C = H * D;
+  float y[3] = {0.f, 0.f, 0.f};
+  if (tid < D) {
+    const int c = h * D + tid;
+    const float* xs[3] = {in.xq, in.xk, in.xv};
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      y[m] = conv_silu_at<W>(xs[m], C, c, static_cast<int>(row), 0, r.w[m], r.tail[m]);
+      if constexpr (P > 0) {
+#pragma unroll
+        for (int j = 0; j + 1 < P; ++j) r.tail[m][j] = r.tail[m][j + 1];
+        r.tail[m][P - 1] = xs[m][row * C + c];
+      }
+    }
+  }
+  const float2 ss = block_sum2<NT>(y[0] * y[0], y[1] * y[1], red);  // threads >= D add zeros
+  if (tid < D) {
+    const int c = h * D + tid;
+    const size_t at = row * C + c;
+    qs[tid] = y[0] * ((1.0f / sqrtf(static_cast<float>(D))) / sqrtf(ss.x + 1e-6f));
+    ks[tid] = y[1] * (1.0f / sqrtf(ss.y + 1e-6f));
+    es[tid] = expf(gate_value(in.graw[at] + in.dt_bias[c], expf(in.A_log[h]), in.bounded, in.lower_bound));
+    vs[tid] = y[2];
+  }
+  const float bt = sigmoid(in.braw[row * H + h]);
+  __syncthreads();
+  const int dv = tid / SPLIT, p = tid % SPLIT;
+  const float ot = delta_step<D, SPLIT>(r.s, ks, qs, es, vs[dv], bt, p);
+  round_state<StateT>(r.s);
+  const float on = block_sum2<NT>(p == 0 ? ot * ot : 0.f, 0.f, red).x;  // its barriers free ks .. vs
+  const float inv = 1.0f / sqrtf(on / static_cast<float>(D) + in.eps);
+  const size_t at = row * C + static_cast<size_t>(h) * D + dv;
+  if (p == 0) o[at] = ot * inv * in.norm_w[dv] * sigmoid(in.gate[at]);
+}
 
 template <int D, int W, class StateT>
 __global__ void __launch_bounds__(D * kSplit<D>)
-    kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
-                            const float* __restrict__ xk, const float* __restrict__ xv,
-                            const float* __restrict__ wq, const float* __restrict__ wk,
-                            const float* __restrict__ wv, const float* __restrict__ graw,
-                            const float* __restrict__ dt_bias, const float* __restrict__ A_log, bool bounded,
-                            float lower_bound, const float* __restrict__ braw, const float* __restrict__ gate,
-                            const float* __restrict__ norm_w, float eps, float* __restrict__ o) {
+    kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const KdaFusedIn in, float* __restrict__ o) {
   constexpr int SPLIT = kSplit<D>;
-  constexpr int NT = D * SPLIT;
-  constexpr int P = W - 1;
-  constexpr int PS = P > 0 ? P : 1;
-  __shared__ float2 red[NT / 32];
+  __shared__ float2 red[D * SPLIT / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
   const KdaSeq sq = seqs[blockIdx.x];
   if (sq.n < 1) return;  // contract: n == 1; a sequence without a token has nothing to do
-  const int h = blockIdx.y, tid = threadIdx.x, C = H * D;
-  const size_t row = static_cast<size_t>(sq.offset);
-
-  // Conv + SiLU of the one new token; the new conv state drops the oldest input.
-  float yq = 0.f, yk = 0.f, yv = 0.f;
-  if (tid < D) {
-    const int c = h * D + tid;
-    const size_t at = row * C + c;
-    float w_q[W], w_k[W], w_v[W], s_q[PS] = {}, s_k[PS] = {}, s_v[PS] = {};
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      w_q[j] = wq[static_cast<size_t>(c) * W + j];
-      w_k[j] = wk[static_cast<size_t>(c) * W + j];
-      w_v[j] = wv[static_cast<size_t>(c) * W + j];
-    }
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      s_q[j] = sq.conv_q[static_cast<size_t>(c) * P + j];
-      s_k[j] = sq.conv_k[static_cast<size_t>(c) * P + j];
-      s_v[j] = sq.conv_v[static_cast<size_t>(c) * P + j];
-    }
-    yq = conv_silu_at<W>(xq, C, c, sq.offset, 0, w_q, s_q);
-    yk = conv_silu_at<W>(xk, C, c, sq.offset, 0, w_k, s_k);
-    yv = conv_silu_at<W>(xv, C, c, sq.offset, 0, w_v, s_v);
-#pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const size_t sa = static_cast<size_t>(c) * P + j;
-      sq.conv_q[sa] = j + 1 < P ? s_q[j + 1 < P ? j + 1 : 0] : xq[at];
-      sq.conv_k[sa] = j + 1 < P ? s_k[j + 1 < P ? j + 1 : 0] : xk[at];
-      sq.conv_v[sa] = j + 1 < P ? s_v[j + 1 < P ? j + 1 : 0] : xv[at];
-    }
-  }
-  const float2 ss = block_sum2<NT>(yq * yq, yk * yk, red);  // threads >= D add zeros
-  if (tid < D) {
-    const int c = h * D + tid;
-    const size_t at = row * C + c;
-    qs[tid] = yq * ((1.0f / sqrtf(static_cast<float>(D))) / sqrtf(ss.x + 1e-6f));
-    ks[tid] = yk * (1.0f / sqrtf(ss.y + 1e-6f));
-    es[tid] = expf(gate_value(graw[at] + dt_bias[c], expf(A_log[h]), bounded, lower_bound));
-    vs[tid] = yv;
-  }
-  const float bt = sigmoid(braw[row * H + h]);
-  __syncthreads();
-
-  const int dv = tid / SPLIT, p = tid % SPLIT;
+  const int h = blockIdx.y, tid = threadIdx.x, dv = tid / SPLIT, p = tid % SPLIT;
+  FusedRegs<D, W> r;
+  if (tid < D) r.load_conv(in, sq, h * D + tid);
   StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
-  float s[D / SPLIT];
-  load_column<D, SPLIT>(s, S, dv, p);
-  const float ot = delta_step<D, SPLIT>(s, ks, qs, es, vs[dv], bt, p);
-  store_column<D, SPLIT>(s, S, dv, p);
+  load_column<D, SPLIT>(r.s, S, dv, p);
+  fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, red, ks, qs, es, vs, o);
+  store_column<D, SPLIT>(r.s, S, dv, p);
+  if (tid < D) r.store_conv(sq, h * D + tid);
+}
 
-  const float on = block_sum2<NT>(p == 0 ? ot * ot : 0.f, 0.f, red).x;
-  const float inv = 1.0f / sqrtf(on / static_cast<float>(D) + eps);
-  const size_t at = row * C + static_cast<size_t>(h) * D + dv;
-  if (p == 0) o[at] = ot * inv * norm_w[dv] * sigmoid(gate[at]);
+// The sequence's n tokens in order; after the first `after + j` of them (j < n_snap) the column and the
+// tails also go to snapshot view snaps[first + j].
+template <int D, int W, class StateT>
+__global__ void __launch_bounds__(D * kSplit<D>)
+    kda_verify_fused_kernel(const KdaSnapSeq* __restrict__ seqs, const KdaSeq* __restrict__ snaps, int H,
+                            const KdaFusedIn in, float* __restrict__ o) {
+  constexpr int SPLIT = kSplit<D>;
+  __shared__ float2 red[D * SPLIT / 32];
+  __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
+  const KdaSnapSeq ss = seqs[blockIdx.x];
+  const KdaSeq& sq = ss.seq;
+  if (sq.n < 1) return;
+  const int h = blockIdx.y, tid = threadIdx.x, dv = tid / SPLIT, p = tid % SPLIT;
+  FusedRegs<D, W> r;
+  if (tid < D) r.load_conv(in, sq, h * D + tid);
+  const size_t head = static_cast<size_t>(h) * D * D;
+  load_column<D, SPLIT>(r.s, reinterpret_cast<const StateT*>(sq.S) + head, dv, p);
+  for (int t = 0; t < sq.n; ++t) {
+    fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset + t), r, red, ks, qs, es, vs, o);
+    const int j = t + 1 - ss.after;
+    if (j >= 0 && j < ss.n_snap) {
+      const KdaSeq snap = snaps[ss.first + j];
+      store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(snap.S) + head, dv, p);
+      if (tid < D) r.store_conv(snap, h * D + tid);
+    }
+  }
+  store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(sq.S) + head, dv, p);
+  if (tid < D) r.store_conv(sq, h * D + tid);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -966,35 +1010,48 @@ cudaError_t launch_output_gate(int N, int H, float* o, const float* norm_w, floa
   return cudaGetLastError();
 }
 
+// One launch of the fused decode kernel (vseqs null) or the verification kernel over (D, W, StateT).
 template <int D, int W, class StateT>
-cudaError_t launch_fused(const KdaSeq* seqs, int n_seqs, int H, const float* xq, const float* xk, const float* xv,
-                         const float* wq, const float* wk, const float* wv, const float* graw, const float* dt_bias,
-                         const float* A_log, bool bounded, float lower_bound, const float* braw, const float* gate,
-                         const float* norm_w, float eps, float* o, cudaStream_t stream) {
-  kda_decode_fused_kernel<D, W, StateT><<<dim3(n_seqs, H), D * kSplit<D>, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias,
-                                                                    A_log, bounded, lower_bound, braw, gate, norm_w,
-                                                                    eps, o);
+cudaError_t launch_fused(const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaSeq* snaps, int n_seqs, int H,
+                         const KdaFusedIn& in, float* o, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H));
+  if (vseqs)
+    kda_verify_fused_kernel<D, W, StateT><<<grid, D * kSplit<D>, 0, stream>>>(vseqs, snaps, H, in, o);
+  else
+    kda_decode_fused_kernel<D, W, StateT><<<grid, D * kSplit<D>, 0, stream>>>(seqs, H, in, o);
   return cudaGetLastError();
 }
 
 template <int D, class StateT>
-cudaError_t launch_fused_d(int W, const KdaSeq* seqs, int n_seqs, int H, const float* xq, const float* xk,
-                           const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
-                           const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
-                           const float* braw, const float* gate, const float* norm_w, float eps, float* o,
-                           cudaStream_t stream) {
+cudaError_t launch_fused_w(int W, const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaSeq* snaps, int n_seqs, int H,
+                           const KdaFusedIn& in, float* o, cudaStream_t stream) {
   switch (W) {
-#define K3_FUSED_CASE(WW)                                                                                        \
-  case WW:                                                                                                       \
-    return launch_fused<D, WW, StateT>(seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,         \
-                               lower_bound, braw, gate, norm_w, eps, o, stream);
-    K3_FUSED_CASE(1)
-    K3_FUSED_CASE(2)
-    K3_FUSED_CASE(3)
-    K3_FUSED_CASE(4)
-#undef K3_FUSED_CASE
+    case 1: return launch_fused<D, 1, StateT>(seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+    case 2: return launch_fused<D, 2, StateT>(seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+    case 3: return launch_fused<D, 3, StateT>(seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+    case 4: return launch_fused<D, 4, StateT>(seqs, vseqs, snaps, n_seqs, H, in, o, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+template <class StateT>
+cudaError_t launch_fused_dw(int D, int W, const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaSeq* snaps, int n_seqs,
+                            int H, const KdaFusedIn& in, float* o, cudaStream_t stream) {
+  switch (D) {
+    case 32: return launch_fused_w<32, StateT>(W, seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+    case 64: return launch_fused_w<64, StateT>(W, seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+    default: return launch_fused_w<128, StateT>(W, seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+  }
+}
+
+cudaError_t launch_fused_any(int D, int W, const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaSeq* snaps, int n_seqs,
+                             int H, const KdaFusedIn& in, float* o, CacheDType state_dtype, cudaStream_t stream) {
+  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || W < 1 || W > kMaxConvW) return cudaErrorInvalidValue;
+  if (state_dtype != CacheDType::F32 && state_dtype != CacheDType::BF16) return cudaErrorInvalidValue;
+  if (n_seqs == 0) return cudaSuccess;
+  if (state_dtype == CacheDType::BF16)
+    return launch_fused_dw<uint16_t>(D, W, seqs, vseqs, snaps, n_seqs, H, in, o, stream);
+  return launch_fused_dw<float>(D, W, seqs, vseqs, snaps, n_seqs, H, in, o, stream);
 }
 
 }  // namespace
@@ -1098,42 +1155,19 @@ cudaError_t kda_output_gate(int N, int H, int D, float* o, const float* norm_w, 
   }
 }
 
-namespace {
-
-template <class StateT>
-cudaError_t fused_state_t(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq, const float* xk,
-                          const float* xv, const float* wq, const float* wk, const float* wv, const float* graw,
-                          const float* dt_bias, const float* A_log, bool bounded, float lower_bound,
-                          const float* braw, const float* gate, const float* norm_w, float eps, float* o,
-                          cudaStream_t stream) {
-  switch (D) {
-    case 32:
-      return launch_fused_d<32, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                        lower_bound, braw, gate, norm_w, eps, o, stream);
-    case 64:
-      return launch_fused_d<64, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                        lower_bound, braw, gate, norm_w, eps, o, stream);
-    default:
-      return launch_fused_d<128, StateT>(W, seqs, n_seqs, H, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                         lower_bound, braw, gate, norm_w, eps, o, stream);
-  }
-}
-
-}  // namespace
-
 cudaError_t kda_decode_fused_typed(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq,
                                    const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
                                    const float* graw, const float* dt_bias, const float* A_log, bool bounded,
                                    float lower_bound, const float* braw, const float* gate, const float* norm_w,
                                    float eps, float* o, CacheDType state_dtype, cudaStream_t stream) {
-  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || W < 1 || W > kMaxConvW) return cudaErrorInvalidValue;
-  if (state_dtype != CacheDType::F32 && state_dtype != CacheDType::BF16) return cudaErrorInvalidValue;
-  if (n_seqs == 0) return cudaSuccess;
-  if (state_dtype == CacheDType::BF16)
-    return fused_state_t<uint16_t>(seqs, n_seqs, H, D, W, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                                   lower_bound, braw, gate, norm_w, eps, o, stream);
-  return fused_state_t<float>(seqs, n_seqs, H, D, W, xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded,
-                              lower_bound, braw, gate, norm_w, eps, o, stream);
+  const KdaFusedIn in{xq, xk, xv, wq, wk, wv, graw, dt_bias, A_log, bounded, lower_bound, braw, gate, norm_w, eps};
+  return launch_fused_any(D, W, seqs, nullptr, nullptr, n_seqs, H, in, o, state_dtype, stream);
+}
+
+cudaError_t kda_verify_fused(const KdaSnapSeq* seqs, int n_seqs, const KdaSeq* snaps, int H, int D, int W,
+                             const KdaFusedIn& in, float* o, CacheDType state_dtype, cudaStream_t stream) {
+  if (!seqs && n_seqs > 0) return cudaErrorInvalidValue;
+  return launch_fused_any(D, W, nullptr, seqs, snaps, n_seqs, H, in, o, state_dtype, stream);
 }
 
 cudaError_t kda_decode_fused(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq, const float* xk,

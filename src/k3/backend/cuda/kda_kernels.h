@@ -81,6 +81,33 @@ cudaError_t kda_decode_fused(const KdaSeq* seqs, int n_seqs, int H, int D, int W
                              const float* braw, const float* gate, const float* norm_w, float eps, float* o,
                              cudaStream_t stream);
 
+// The fused kernels' inputs: the raw projections and the layer's weights (as kda_decode_fused's arguments).
+struct KdaFusedIn {
+  const float *xq, *xk, *xv;             // [N][C] q / k / v projections, before the conv
+  const float *wq, *wk, *wv;             // [C][W] conv taps
+  const float *graw, *dt_bias, *A_log;   // [N][C] f_b_proj output, [C], [H]
+  bool bounded;
+  float lower_bound;
+  const float *braw, *gate, *norm_w;     // [N][H] b_proj output, [N][C] output-gate projection, [D]
+  float eps;
+};
+
+// A sequence of a speculative verification step: its rows and live state (seq), and `n_snap` snapshot
+// views snaps[first .. first + n_snap) (S and conv tails of the same shapes and dtype; offset / n unused):
+// view j receives the state after the sequence's first `after + j` rows (after >= 1, after + n_snap <= n).
+struct KdaSnapSeq {
+  KdaSeq seq;
+  int32_t after, n_snap, first;
+};
+
+// kda_decode_fused's arithmetic over each sequence's n >= 1 tokens in order, in one launch per layer: the
+// conv tails rolled and the state column kept in registers (rounded to the state dtype after every token,
+// as a store and reload between decode steps would), so the outputs, the final state and every snapshot
+// are bit-identical to n decode steps of kda_decode_fused_typed (replacing, for a verification step, the
+// unfused kernels run piece by piece with state copies between them: 20 launches per layer at k = 4).
+cudaError_t kda_verify_fused(const KdaSnapSeq* seqs, int n_seqs, const KdaSeq* snaps, int H, int D, int W,
+                             const KdaFusedIn& in, float* o, CacheDType state_dtype, cudaStream_t stream);
+
 // kda_decode_fused with the state stored as `state_dtype` (as kda_recurrent_typed).
 cudaError_t kda_decode_fused_typed(const KdaSeq* seqs, int n_seqs, int H, int D, int W, const float* xq,
                                    const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
