@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -202,6 +204,38 @@ TEST(CudaBlockDrafter, LogitsMatchTheCpu) {
       EXPECT_EQ(dg[i], std::max_element(row, row + cfg.vocab_size) - row) << "row " << i;
     }
   }
+}
+
+// The drafter's steps replay captured CUDA graphs from the second one of a shape: every call with new
+// context rows and tokens must give the eager runner's logits and drafts bit for bit (a graph that baked
+// in the first call's inputs, or missed the argmax, would not).
+TEST(CudaBlockDrafter, GraphReplaysEqualEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const auto cfg = k3::load_model_config(dir);
+  const auto files = k3test::write_random_drafter(cfg, {}, 91);
+  auto graphs = k3::drafter::BlockDrafter::load(files->path(), dir);
+  graphs->set_runner(k3::cuda::make_cuda_drafter_runner(graphs->config(), graphs->weights(), 0));
+  setenv("K3_DRAFTER_GRAPHS", "0", 1);
+  auto eager = k3::drafter::BlockDrafter::load(files->path(), dir);
+  eager->set_runner(k3::cuda::make_cuda_drafter_runner(eager->config(), eager->weights(), 0));
+  unsetenv("K3_DRAFTER_GRAPHS");
+  const int64_t D = graphs->config().ctx_dim();
+  for (int call = 0; call < 5; ++call)
+    for (const int64_t R : {int64_t{1}, int64_t{3}}) {
+      const auto ctx = randn(size_t(R * D), 100 + call, 1.f);
+      std::vector<int32_t> last;
+      for (int64_t r = 0; r < R; ++r) last.push_back(static_cast<int32_t>((613 * r + 97 * call + 11) % cfg.vocab_size));
+      std::vector<float> a, b;
+      graphs->forward(ctx, last, 4, a);
+      eager->forward(ctx, last, 4, b);
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "call " << call << " R " << R;
+      std::vector<int32_t> da, db;
+      graphs->draft(ctx, last, 4, da);
+      eager->draft(ctx, last, 4, db);
+      EXPECT_EQ(da, db) << "call " << call << " R " << R;
+    }
 }
 
 using Collector = k3test::OutputCollector;

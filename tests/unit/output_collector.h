@@ -27,7 +27,16 @@ struct OutputCollector {
       std::lock_guard lk(mu);
       auto& v = ids[o.request_id];
       v.insert(v.end(), o.new_token_ids.begin(), o.new_token_ids.end());
-      for (auto& p : o.pieces) text[o.request_id] += p.special_id >= 0 ? "<" + std::to_string(p.special_id) + ">" : p.text;
+      for (auto& p : o.pieces) {
+        std::string& t = text[o.request_id];
+        if (p.special_id < 0) {
+          t += p.text;
+          continue;
+        }
+        t += '<';  // appended piecewise: GCC 12's -Wrestrict misfires on "<" + std::string
+        t += std::to_string(p.special_id);
+        t += '>';
+      }
       if (o.finished) {
         reason[o.request_id] = o.finish_reason;
         cached[o.request_id] = o.cached_prompt_tokens;

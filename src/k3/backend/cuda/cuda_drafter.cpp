@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "k3/backend/cuda/cuda_backend.h"
@@ -9,6 +10,7 @@
 #include "k3/backend/cuda/device_weights.h"
 #include "k3/backend/cuda/drafter_kernels.h"
 #include "k3/backend/cuda/host_staging.h"
+#include "k3/backend/cuda/step_graphs.h"
 #include "k3/core/error.h"
 #include "k3/model/drafter/drafter_forward.h"
 
@@ -37,23 +39,22 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
     upload(host, target);
   }
   ~CudaDrafterRunner() override {
+    graphs_.clear();
     backend_.reset();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   void forward(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out, std::vector<float>& logits) override {
-    const size_t logit_bytes = enqueue(plan, ctx, n_out);
+    const size_t logit_bytes = enqueue(plan, ctx, n_out, false);
     K3_CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_d_.get(), logit_bytes, cudaMemcpyDeviceToHost, stream_));
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   // Greedy drafts: the argmax on the device, only the ids come back (k3-tiny at k = 4: 16 bytes instead of
   // 2.6 MB of logits and a host scan of 655k floats per step).
   bool draft_ids(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out, std::vector<int32_t>& ids) override {
-    enqueue(plan, ctx, n_out);
     const int64_t rows = plan.n_tokens() * n_out;
     const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-    if (ids_d_.bytes() < id_bytes) ids_d_ = DeviceBuffer(2 * id_bytes);
-    K3_CUDA_CHECK(argmax_rows(logits_d_.get<float>(), rows, c_.target_vocab_size, ids_d_.get<int32_t>(), stream_));
+    enqueue(plan, ctx, n_out, true);
     auto* h = static_cast<int32_t*>(ids_h_.ensure(id_bytes));
     K3_CUDA_CHECK(cudaMemcpyAsync(h, ids_d_.get(), id_bytes, cudaMemcpyDeviceToHost, stream_));
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -65,17 +66,34 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
   }
 
  private:
-  // The drafter's forward enqueued, its logits [R * n_out][V] in logits_d_; returns their bytes.
-  size_t enqueue(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out) {
+  // The drafter's forward enqueued, its logits [R * n_out][V] in logits_d_ (and with `argmax` their
+  // argmax per row in ids_d_); returns the logits' bytes. A step of a shape seen before replays a captured
+  // CUDA graph (step_graphs.h: captured on the second sight; ~55 small kernels, whose launches were most of
+  // the eager step on the H200); K3_DRAFTER_GRAPHS=0 runs every step eagerly.
+  size_t enqueue(const graph::StepPlan& plan, std::span<const float> ctx, int64_t n_out, bool argmax) {
     K3_CUDA_CHECK(cudaSetDevice(device_));
     const int64_t R = plan.n_tokens(), V = c_.target_vocab_size;
-    const size_t ctx_bytes = ctx.size() * 4, logit_bytes = static_cast<size_t>(R * n_out * V) * 4;
+    const size_t ctx_bytes = ctx.size() * 4, logit_bytes = static_cast<size_t>(R * n_out * V) * 4,
+                 id_bytes = static_cast<size_t>(R * n_out) * sizeof(int32_t);
+    // A captured graph holds these buffers' addresses: a reallocation drops the graphs.
+    if (ctx_d_.bytes() < ctx_bytes || logits_d_.bytes() < logit_bytes || ids_d_.bytes() < id_bytes) graphs_.clear();
     if (ctx_d_.bytes() < ctx_bytes) ctx_d_ = DeviceBuffer(2 * ctx_bytes);
     if (logits_d_.bytes() < logit_bytes) logits_d_ = DeviceBuffer(2 * logit_bytes);
+    if (ids_d_.bytes() < id_bytes) ids_d_ = DeviceBuffer(2 * id_bytes);
     backend_->prepare(plan);  // the tokens the embedding reads; scratch for the step
     K3_CUDA_CHECK(cudaMemcpyAsync(ctx_d_.get(), ctx.data(), ctx_bytes, cudaMemcpyHostToDevice, stream_));
-    drafter::drafter_forward(c_, w_, *backend_, plan, graph::Tensor::f32(ctx_d_.get<float>(), R, c_.ctx_dim()), n_out,
-                             graph::Tensor::f32(logits_d_.get<float>(), R * n_out, V));
+    auto body = [&] {
+      drafter::drafter_forward(c_, w_, *backend_, plan, graph::Tensor::f32(ctx_d_.get<float>(), R, c_.ctx_dim()), n_out,
+                               graph::Tensor::f32(logits_d_.get<float>(), R * n_out, V));
+      if (argmax) K3_CUDA_CHECK(argmax_rows(logits_d_.get<float>(), R * n_out, V, ids_d_.get<int32_t>(), stream_));
+    };
+    if (!use_graphs_) {
+      body();
+    } else {
+      key_ = backend_->graph_key();
+      key_.insert(key_.end(), {-2, R, n_out, argmax ? 1 : 0});
+      graphs_.run(key_, *backend_, stream_, false, body);
+    }
     return logit_bytes;
   }
 
@@ -116,6 +134,12 @@ class CudaDrafterRunner final : public drafter::DrafterRunner {
   DeviceBuffer ctx_d_, logits_d_, ids_d_;
   bool shared_target_ = false;
   PinnedBuffer ids_h_;
+  bool use_graphs_ = [] {
+    const char* e = std::getenv("K3_DRAFTER_GRAPHS");
+    return !(e && std::string(e) == "0");
+  }();
+  StepGraphs graphs_;  // declared after the buffers and the backend it captured: destroyed first
+  StepGraphs::Key key_;
 };
 
 }  // namespace
