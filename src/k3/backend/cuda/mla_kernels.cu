@@ -314,7 +314,7 @@ Forced forced_kernel() {
 }
 }  // namespace
 
-MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype) {
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype, int64_t max_keys) {
   const bool tc_ok = mla_tc::supports(kr, dr), wg_ok = mla_wg::supports(kr, dr, dtype);
   switch (forced_kernel()) {
     case Forced::Simt: return MlaDecodeKernel::Simt;
@@ -322,17 +322,19 @@ MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtyp
     case Forced::Wgmma: return wg_ok ? MlaDecodeKernel::Wgmma : tc_ok ? MlaDecodeKernel::MmaSync : MlaDecodeKernel::Simt;
     default: break;
   }
-  if (wg_ok && mla_wgmma_preferred(N, nh)) return MlaDecodeKernel::Wgmma;
+  if (wg_ok && mla_wgmma_preferred(N, nh, max_keys)) return MlaDecodeKernel::Wgmma;
   if (tc_ok && nh >= kMlaTensorCoreMinHeads) return MlaDecodeKernel::MmaSync;
   return MlaDecodeKernel::Simt;
 }
 
-bool mla_wgmma_preferred(int N, int nh) {
-  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, session 9): at
-  // 96 heads 1.2-1.9x from 8 tokens on, 0.84-0.96x for one token below 128k keys (its 64-head blocks waste
-  // a third of the MMAs and each short split pays the 72 KB Q load); at 32 heads (half of each block
-  // empty) within +-5% below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
-  return nh >= 64 ? N >= 4 : nh >= 32 && N >= 64;  // below 32 heads (3/4 of a block empty): not measured
+bool mla_wgmma_preferred(int N, int nh, int64_t max_keys) {
+  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, sessions 9 and 15):
+  // at 96 heads 1.2-1.9x from 8 tokens on; for one token 0.78-0.96x up to 8k keys (its 64-head blocks waste
+  // a third of the MMAs and each short split pays the 72 KB Q load) but 1.12x at 32k and 1.43x at 128k once
+  // the split merge stopped dominating (session 15); at 32 heads (half of each block empty) within +-5%
+  // below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
+  if (nh >= 64) return N >= 4 || max_keys >= 32768;
+  return nh >= 32 && N >= 64;  // below 32 heads (3/4 of a block empty): not measured
 }
 
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {
@@ -360,11 +362,11 @@ size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr) {
 }
 
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
-                              float* ws, cudaStream_t s) {
+                              float* ws, cudaStream_t s, int64_t max_keys) {
   const int kr = pg.kr, dr = pg.dr;
   if (!mla_paging_shape_ok(pg) || kr > 32 * kMaxKrPerLane || nh <= 0 || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
-  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype)) {
+  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype, max_keys)) {
     case MlaDecodeKernel::Wgmma: return mla_wg::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::MmaSync: return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::Simt: break;

@@ -24,8 +24,8 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
 // cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 // Three kernels behind one entry point:
-//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 64 heads from 4 tokens,
-//    32..63 heads from 64 tokens):
+//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 64 heads from 4 tokens
+//    or from 32k keys, 32..63 heads from 64 tokens):
 //    blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored, S = QK^T and O = PV as
 //    warpgroup MMAs with fp32 accumulation and softmax;
 //  - tensor cores (mma.sync, mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads, any
@@ -36,14 +36,16 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // split the keys of a token over several blocks (flash-decoding, so that batch-1 decode fills the GPU) and
 // merge the partial results through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split).
 // Split counts depend on N, nh and the cache dtype only, never on the context length, so a captured CUDA
-// graph stays valid as sequences grow.
+// graph stays valid as sequences grow. `max_keys` (0: unknown) is a class of the longest sequence's length
+// that a captured graph is keyed by (the backend passes page stride x page size, a power-of-two bound): the
+// kernel choice may depend on it, the split counts may not.
 constexpr int kMlaTensorCoreMinHeads = 16;
 enum class MlaDecodeKernel { Simt, MmaSync, Wgmma };
 // The kernel mla_attend_latent runs for N tokens of nh heads over rows of `dtype` (K3_MLA_DECODE included).
-MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype);
-// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (N and nh only, so a
-// captured graph keeps its kernel).
-bool mla_wgmma_preferred(int N, int nh);
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype, int64_t max_keys = 0);
+// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (N, nh and the length
+// class only, so a captured graph keeps its kernel).
+bool mla_wgmma_preferred(int N, int nh, int64_t max_keys = 0);
 // Whether F32 rows take a tensor-core kernel (the mma.sync one).
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);
 int mla_attend_splits(int N, int nh);  // the SIMT kernel's
@@ -53,7 +55,7 @@ size_t mla_attend_workspace_floats(int N, int nh, int kr);
 // The largest workspace any N' in 1..max_n needs (what a model sizes once).
 size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr);
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
-                              float* ws, cudaStream_t s);
+                              float* ws, cudaStream_t s, int64_t max_keys = 0);
 
 // Absorption for decode-sized batches (the model uses batched SGEMMs beyond kMlaSmallBatch tokens):
 //   q_lat[t][h][0:kr] = sum_i q[t][h][i] * kv_b[h*(dn+dv) + i][:]      (i < dn; q [N][nh][dn+dr])
