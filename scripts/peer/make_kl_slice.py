@@ -125,7 +125,7 @@ def build(cfg, w):
 
 
 def write_shards(w, out, shard_bytes=4 << 30):
-    size = {"BF16": 2, "F32": 4}
+    size = {"BF16": 2, "F32": 4, "U8": 1}
     shards, cur, cur_b = [], [], 0
     for name, (dt, shape, _) in w.specs.items():
         nb = int(np.prod(shape)) * size[dt]

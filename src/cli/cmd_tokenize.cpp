@@ -1,4 +1,4 @@
-// `k3 tokenize [-m DIR] [--special]` reads UTF-8 text on stdin and prints a JSON array of ids
+// `k3 tokenize [-m DIR|GGUF] [--special]` reads UTF-8 text on stdin and prints a JSON array of ids
 // (encode_ordinary unless --special). `--decode` reads a JSON array of ids and prints the text.
 #include <cstdio>
 #include <iostream>
@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_loader.h"
 #include "k3/core/error.h"
 #include "k3/io/json_depth.h"
 #include "k3/text/tokenizer.h"
@@ -45,12 +46,14 @@ void add_tokenize(CLI::App& app, Registry& reg) {
   };
   auto o = std::make_shared<Opts>();
   auto* cmd = app.add_subcommand("tokenize", "Text on stdin -> JSON ids on stdout (or back with --decode)");
-  cmd->add_option("-m,--model", o->model, "directory with tiktoken.model and tokenizer_config.json");
+  cmd->add_option("-m,--model", o->model,
+                  "HF directory with tiktoken.model and tokenizer_config.json, or a GGUF file (its vocabulary, as "
+                  "`k3 run` reads it; default: the built-in model)");
   cmd->add_flag("--special", o->special, "map special-token text to special ids");
   cmd->add_flag("--decode", o->decode, "read a JSON array of ids and print the decoded text");
   cmd->callback([&reg, o] {
     reg.action = [o] {
-      auto tok = k3::text::Tokenizer::load(resolve_model_dir(o->model));
+      auto tok = load_tokenizer(resolve_model_dir(o->model), DeviceOptions{});
       std::string in((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
       if (o->decode) {
         const std::vector<int32_t> ids = parse_decode_ids(in, tok.n_vocab());
