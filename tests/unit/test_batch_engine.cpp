@@ -125,7 +125,9 @@ TEST(BatchEngine, PrefixCachingOnAndOffGiveIdenticalOutputs) {
     auto cs = eng.cache_stats();
     EXPECT_EQ(cs.pages_used, 0);
     EXPECT_EQ(cs.slots_used, 0);
-    if (prefix) EXPECT_GT(cs.prefix_hit_tokens, 0);
+    if (prefix) {
+      EXPECT_GT(cs.prefix_hit_tokens, 0);
+    }
     return out;
   };
   std::map<std::string, int64_t> cached;
