@@ -40,7 +40,8 @@ K3_QDECODE void to_f32x32(__m256i v, float d0, float m0, float d1, float m1, __m
 
 // Where decoded weights go. A decoder hands a Sink elements i..i+31 of the block (i a multiple of 32, in
 // increasing order) either as 32 int8 quants with their sub-scales, `put32q<kMin>(i, v, d0, m0, d1, m1)`
-// (the values of to_f32x32), or as 32 floats, `put32f(i, w)` (the i-quants' scalar decoders). A sink
+// (the values of to_f32x32; kMin: value = d q - m with UNSIGNED quants q in 0..31, the K-quants with sub-mins:
+// Q2_K, Q4_K, Q5_K), or as 32 floats, `put32f(i, w)` (the i-quants' scalar decoders). A sink
 // converts them with its tier's lanes (avx512: 16 at a time, weight_kernels_quant_avx512.cpp) -- the same
 // per-element operations, so the same values -- and stores them (StoreSink) or multiplies them into a
 // dot's accumulators at once (the kernels' DotSinks): the very products, in the very order, that the dot

@@ -293,7 +293,10 @@ struct SegSink {
     const uint8_t* seg = xq + i / 32 * kSegBytes;
     for (int t = 0; t < T; ++t) {
       const uint8_t* q = seg + t * ldq;
-      const __m256i p = quad_sums(a, v, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      // kMin quants are unsigned (the Sink contract): v is already |v| and carries no signs to move onto q,
+      // so maddubs takes them as they are -- the same products, two instructions fewer per token.
+      const __m256i p = kMin ? _mm256_madd_epi16(_mm256_maddubs_epi16(v, qv), _mm256_set1_epi16(1)) : quad_sums(a, v, qv);
       const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_loadu_ps(reinterpret_cast<const float*>(q + 32)));
       acc[t] = _mm256_fmadd_ps(f, wsc, acc[t]);
       if constexpr (kMin) {
