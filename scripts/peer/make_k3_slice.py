@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_kl_slice import POOL, Writer, write_shards, write_tokenizer  # noqa: E402
+from make_kl_slice import POOL, Writer, kda_core, layers_arg, mla_kv, moe_core, write_slice  # noqa: E402
 
 PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "resources", "presets", "kimi-k3.json")
 
@@ -73,14 +73,7 @@ class K3Writer(Writer):
 
 def kda(w, a, H, Hk, D, Kc):
     rng = w.rng
-    for c in "qkv":
-        w.lin(a + f"{c}_proj.weight", Hk * D, H)
-    for c in "qkv":
-        cw = 0.4 * rng.standard_normal((Hk * D, 1, Kc))
-        cw[..., -1] += 0.8
-        w.small(a + f"{c}_conv1d.weight", cw, "F32")
-    w.lin(a + "f_a_proj.weight", D, H)
-    w.lin(a + "f_b_proj.weight", Hk * D, D, 0.5)
+    kda_core(w, a, H, Hk, D, Kc)
     w.small(a + "dt_bias", rng.uniform(-5.0, -2.5, Hk * D), "F32")   # bounded gate (gate_lower_bound -5)
     A = np.zeros(max(128, Hk), dtype=np.float32)                    # K3's layout: [128], zero-padded past Hk
     A[:Hk] = np.log(rng.uniform(0.6, 1.4, Hk))
@@ -97,24 +90,13 @@ def mla(w, a, t, H):
     w.lin(a + "q_a_proj.weight", ql, H)
     w.norm(a + "q_a_layernorm.weight", ql)
     w.lin(a + "q_b_proj.weight", nh * (nope + rope), ql)
-    w.lin(a + "kv_a_proj_with_mqa.weight", r + rope, H)
-    w.norm(a + "kv_a_layernorm.weight", r)
-    w.lin(a + "kv_b_proj.weight", nh * (nope + vd), r)
-    w.lin(a + "o_proj.weight", H, nh * vd)
+    mla_kv(w, a, H, nh, nope, rope, vd, r)
     w.lin(a + "g_proj.weight", nh * vd, H)                           # mla_use_output_gate
 
 
 def moe(w, m, t, H):
     E, I, X = t["num_experts"], t["moe_intermediate_size"], t["routed_expert_hidden_size"]
-    w.lin(m + "gate.weight", E, H, 1.5)
-    w.small(m + "gate.e_score_correction_bias", w.rng.uniform(-0.15, 0.15, E), "F32")
-    for e in range(E):
-        for wn, (o, ii) in (("w1", (I, X)), ("w3", (I, X)), ("w2", (X, I))):
-            w.mxfp4(m + f"experts.{e}.{wn}", o, ii)
-    Is = I * t["num_shared_experts"]
-    w.lin(m + "shared_experts.gate_proj.weight", Is, H)
-    w.lin(m + "shared_experts.up_proj.weight", Is, H)
-    w.lin(m + "shared_experts.down_proj.weight", H, Is)
+    moe_core(w, m, H, E, I, X, t["num_shared_experts"], w.mxfp4)
     w.lin(m + "routed_expert_down_proj.weight", X, H)
     w.norm(m + "routed_expert_norm.weight", X)
     w.lin(m + "routed_expert_up_proj.weight", H, X)
@@ -152,14 +134,9 @@ def build(cfg, w):
 
 def main():
     out = sys.argv[1]
-    layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 2
-    cfg = slice_config(layers, "--tiny" in sys.argv)
-    os.makedirs(out, exist_ok=True)
-    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
-    write_tokenizer(out, cfg["text_config"]["vocab_size"])
+    cfg = slice_config(layers_arg(2), "--tiny" in sys.argv)
     w = K3Writer()
-    build(cfg, w)
-    n = write_shards(w, out)
+    n = write_slice(out, cfg, cfg["text_config"]["vocab_size"], w, build)
     print(f"{out}: {n / 1e9:.2f} B stored elements (MXFP4 experts: 2 weights a byte), {len(w.specs)} tensors")
 
 

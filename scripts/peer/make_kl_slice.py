@@ -70,6 +70,39 @@ class Writer:
         self.small(name, 1.0 + 0.1 * self.rng.standard_normal(n), "BF16")
 
 
+def kda_core(w, a, H, Hk, D, Kc):
+    """The KDA projections both architectures share: q/k/v with their short convs, the decay's f_a / f_b."""
+    for c in "qkv":
+        w.lin(a + f"{c}_proj.weight", Hk * D, H)
+    for c in "qkv":
+        cw = 0.4 * w.rng.standard_normal((Hk * D, 1, Kc))
+        cw[..., -1] += 0.8
+        w.small(a + f"{c}_conv1d.weight", cw, "F32")
+    w.lin(a + "f_a_proj.weight", D, H)
+    w.lin(a + "f_b_proj.weight", Hk * D, D, 0.5)
+
+
+def mla_kv(w, a, H, nh, nope, rope, vd, r):
+    """MLA's latent KV path and output projection (both architectures)."""
+    w.lin(a + "kv_a_proj_with_mqa.weight", r + rope, H)
+    w.norm(a + "kv_a_layernorm.weight", r)
+    w.lin(a + "kv_b_proj.weight", nh * (nope + vd), r)
+    w.lin(a + "o_proj.weight", H, nh * vd)
+
+
+def moe_core(w, m, H, E, I, X, n_shared, expert):
+    """Router, routed experts (expert(name, out, in) writes one matrix; X their width) and shared experts."""
+    w.lin(m + "gate.weight", E, H, 1.5)
+    w.small(m + "gate.e_score_correction_bias", w.rng.uniform(-0.15, 0.15, E), "F32")
+    for e in range(E):
+        for wn, (o, ii) in (("w1", (I, X)), ("w3", (I, X)), ("w2", (X, I))):
+            expert(m + f"experts.{e}.{wn}", o, ii)
+    Is = I * n_shared
+    w.lin(m + "shared_experts.gate_proj.weight", Is, H)
+    w.lin(m + "shared_experts.up_proj.weight", Is, H)
+    w.lin(m + "shared_experts.down_proj.weight", H, Is)
+
+
 def build(cfg, w):
     H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     la = cfg["linear_attn_config"]
@@ -83,14 +116,7 @@ def build(cfg, w):
         w.norm(p + "input_layernorm.weight", H)
         w.norm(p + "post_attention_layernorm.weight", H)
         if (i + 1) in la["kda_layers"]:
-            for c in "qkv":
-                w.lin(a + f"{c}_proj.weight", Hk * D, H)
-            for c in "qkv":
-                cw = 0.4 * rng.standard_normal((Hk * D, 1, Kc))
-                cw[..., -1] += 0.8
-                w.small(a + f"{c}_conv1d.weight", cw, "F32")
-            w.lin(a + "f_a_proj.weight", D, H)
-            w.lin(a + "f_b_proj.weight", Hk * D, D, 0.5)
+            kda_core(w, a, H, Hk, D, Kc)
             w.small(a + "dt_bias", rng.uniform(-3.0, -0.3, Hk * D), "F32")
             w.small(a + "A_log", np.log(rng.uniform(0.3, 1.0, (1, 1, Hk, 1))), "F32")
             w.lin(a + "b_proj.weight", Hk, H)
@@ -100,26 +126,15 @@ def build(cfg, w):
             w.lin(a + "o_proj.weight", H, Hk * D)
         else:
             w.lin(a + "q_proj.weight", nh * (nope + rope), H)
-            w.lin(a + "kv_a_proj_with_mqa.weight", r + rope, H)
-            w.norm(a + "kv_a_layernorm.weight", r)
-            w.lin(a + "kv_b_proj.weight", nh * (nope + vd), r)
-            w.lin(a + "o_proj.weight", H, nh * vd)
+            mla_kv(w, a, H, nh, nope, rope, vd, r)
         if i < cfg["first_k_dense_replace"]:
             m = p + "mlp."
             w.lin(m + "gate_proj.weight", cfg["intermediate_size"], H)
             w.lin(m + "up_proj.weight", cfg["intermediate_size"], H)
             w.lin(m + "down_proj.weight", H, cfg["intermediate_size"])
             continue
-        m = p + "block_sparse_moe."
-        w.lin(m + "gate.weight", E, H, 1.5)
-        w.small(m + "gate.e_score_correction_bias", rng.uniform(-0.15, 0.15, E), "F32")
-        for e in range(E):
-            for wn, (o, ii) in (("w1", (I, H)), ("w3", (I, H)), ("w2", (H, I))):
-                w.lin(m + f"experts.{e}.{wn}.weight", o, ii)
-        Is = I * cfg["num_shared_experts"]
-        w.lin(m + "shared_experts.gate_proj.weight", Is, H)
-        w.lin(m + "shared_experts.up_proj.weight", Is, H)
-        w.lin(m + "shared_experts.down_proj.weight", H, Is)
+        moe_core(w, p + "block_sparse_moe.", H, E, I, H, cfg["num_shared_experts"],
+                 lambda name, o, ii: w.lin(name + ".weight", o, ii))
     w.norm("model.norm.weight", H)
     w.lin("lm_head.weight", V, H, 2.0)
 
@@ -169,16 +184,24 @@ def write_tokenizer(out, V):
     json.dump(cfg, open(os.path.join(out, "tokenizer_config.json"), "w"), indent=1)
 
 
-def main():
-    out = sys.argv[1]
-    layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 4
-    cfg = slice_config(layers, "--tiny" in sys.argv)
+def write_slice(out, cfg, vocab, w, build_fn):
+    """config.json, the tokenizer and the shards of build_fn(cfg, w) into out; returns the stored elements."""
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
-    write_tokenizer(out, cfg["vocab_size"])
+    write_tokenizer(out, vocab)
+    build_fn(cfg, w)
+    return write_shards(w, out)
+
+
+def layers_arg(default):
+    return int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else default
+
+
+def main():
+    out = sys.argv[1]
+    cfg = slice_config(layers_arg(4), "--tiny" in sys.argv)
     w = Writer()
-    build(cfg, w)
-    n = write_shards(w, out)
+    n = write_slice(out, cfg, cfg["vocab_size"], w, build)
     print(f"{out}: {n / 1e9:.2f} B params, {len(w.specs)} tensors")
 
 
