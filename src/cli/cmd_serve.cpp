@@ -200,7 +200,8 @@ k3::engine::BatchEngineOptions engine_options(const Opts& o, int64_t cache_budge
 void size_caches(const Opts& o, std::vector<Replica>& reps) {
   for (auto& r : reps) r.model->warm_up(o.max_batched);  // before the caches take their share of the free memory
   for (auto& r : reps) {
-    const auto on_device = std::count_if(reps.begin(), reps.end(), [&r](const Replica& x) { return x.dev.device == r.dev.device; });
+    const auto on_device =
+        std::count_if(reps.begin(), reps.end(), [&r](const Replica& x) { return x.dev.device == r.dev.device; });
     int64_t budget = parse_memory(o.cache_memory, r.model->memory_available());
     if (memory_is_fraction(o.cache_memory)) budget /= on_device;
     r.eo = engine_options(o, budget);
@@ -246,7 +247,8 @@ std::string engines_summary(const Opts& o, const std::vector<Replica>& reps) {
   }
   if (!same) {
     caches.clear();
-    for (size_t i = 0; i < reps.size(); ++i) caches += (i ? "; " : "") + ("replica " + std::to_string(i) + ": ") + cache_summary(o, reps[i]);
+    for (size_t i = 0; i < reps.size(); ++i)
+      caches += (i ? "; replica " : "replica ") + std::to_string(i) + ": " + cache_summary(o, reps[i]);
   }
   return "data parallel " + std::to_string(reps.size()) + " replicas (devices " + devices + "), per replica " + caches;
 }
@@ -280,7 +282,8 @@ void add_serve(CLI::App& app, Registry& reg) {
       ->allow_extra_args(false)  // else CLI11 splits a "[...]" value itself, quotes and all
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--served-model-name", o->served_name, "model name of the API (default: the model directory's name)");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once (per replica with --data-parallel-size)")->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once (per replica with --data-parallel-size)")
+      ->capture_default_str();
   cmd->add_option("--max-waiting", o->so.max_waiting, "requests that may wait beyond --max-num-seqs; more get 429")
       ->capture_default_str();
   cmd->add_option("--max-model-len", o->max_model_len,
