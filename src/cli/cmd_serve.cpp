@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "k3/core/error.h"
 #include "k3/dist/tp_model.h"
 #include "k3/engine/batch_engine.h"
+#include "k3/engine/data_parallel_engine.h"
 #include "k3/engine/speculative_config.h"
 #include "k3/model/model.h"
 #include "k3/grammar/grammar_engine.h"
@@ -39,6 +41,7 @@ struct Opts {
   std::string speculative;  // --speculative-config JSON
   bool no_prefix = false, prompt_tokens_details = false, allow_unknown_fields = false;
   int64_t max_response_bytes = int64_t{64} << 20;
+  int data_parallel = 1;  // --data-parallel-size: model replicas, one engine each
 };
 
 // Every numeric flag of `k3 serve`, range-checked (issue 11: --max-num-seqs 0, --timeout 0|nan were accepted).
@@ -59,6 +62,11 @@ void validate_serve_flags(const Opts& o) {
   if (o.max_batched < o.max_num_seqs)
     throw k3::Error("--max-num-batched-tokens: " + std::to_string(o.max_batched) + " is below --max-num-seqs (" +
                     std::to_string(o.max_num_seqs) + "); each running sequence needs a token per step");
+  in(o.data_parallel, 1, 64, "--data-parallel-size");
+  if (o.data_parallel > 1 && (o.dev.tensor_parallel_size > 1 || o.dev.nnodes > 1))
+    throw k3::Error("--data-parallel-size with tensor parallel is not supported yet: each replica is one whole model "
+                    "on one device (for TP replicas, run one `k3 serve --tensor-parallel-size N` per replica behind "
+                    "a load balancer)");
   in(o.page_size, 1, 1024, "--page-size");
   in(o.ckpt_interval, 0, int64_t{1} << 31, "--checkpoint-interval");
   for (const auto& k : o.so.api_keys)  // $K3_API_KEY is read later, and an empty one skipped
@@ -92,13 +100,21 @@ std::string model_failure(const k3::ModelRunner& m) {
   return tp ? tp->failure() : std::string();
 }
 
+// The same over the server's replicas (--data-parallel-size): the first one's that failed.
+std::string model_failure(const std::vector<const k3::ModelRunner*>& models) {
+  for (size_t i = 0; i < models.size(); ++i)
+    if (std::string f = model_failure(*models[i]); !f.empty())
+      return models.size() == 1 ? f : "replica " + std::to_string(i) + ": " + f;
+  return {};
+}
+
 class ModelFailureWatch {
  public:
-  explicit ModelFailureWatch(const k3::ModelRunner& m)
-      : thread_([this, &m] {
+  explicit ModelFailureWatch(std::vector<const k3::ModelRunner*> models)
+      : thread_([this, models = std::move(models)] {
           std::unique_lock lk(mu_);
           while (!done_) {
-            if (const std::string f = model_failure(m); !f.empty()) {
+            if (const std::string f = model_failure(models); !f.empty()) {
               std::fprintf(stderr, "k3 serve: the model failed (%s): stopping\n", f.c_str());
               std::fflush(stderr);
               ::kill(::getpid(), SIGTERM);
@@ -143,6 +159,107 @@ k3::serve::ApiContext api_context(const Opts& o, const std::string& dir, const k
   if (tok.eos_id() >= 0 && tok.eos_id() != cfg.eos_token_id) ctx.eos_ids.push_back(tok.eos_id());
   return ctx;
 }
+
+// One model replica of the server (--data-parallel-size; one without it): its device, model, speculative
+// helpers and engine options. Declared before the engine that runs on it, so that it outlives the engine.
+struct Replica {
+  DeviceOptions dev;
+  std::unique_ptr<k3::ModelRunner> model, draft;
+  std::unique_ptr<k3::drafter::BlockDrafter> drafter;
+  k3::engine::BatchEngineOptions eo;
+  const k3::engine::BatchEngine* engine = nullptr;  // owned by the server's engine (start_engines)
+};
+
+// Every replica's model, each on its device (replica_device_options; one replica: --device as given).
+std::vector<Replica> load_replicas(const Opts& o, const std::string& dir) {
+  std::vector<Replica> reps(static_cast<size_t>(o.data_parallel));
+  for (size_t i = 0; i < reps.size(); ++i) {
+    reps[i].dev = reps.size() == 1 ? o.dev : replica_device_options(o.dev, static_cast<int>(i));
+    reps[i].model = load_model(dir, reps[i].dev);
+    reps[i].dev.apply_compute = false;  // the global thread pool is sized once: the draft loads leave it
+  }
+  return reps;
+}
+
+k3::engine::BatchEngineOptions engine_options(const Opts& o, int64_t cache_budget) {
+  k3::engine::BatchEngineOptions eo;
+  eo.cache.budget_bytes = cache_budget;
+  eo.cache.page_tokens = o.page_size;
+  eo.cache.prefix_caching = !o.no_prefix;
+  eo.sched.max_num_seqs = o.max_num_seqs;
+  eo.sched.max_num_batched_tokens = o.max_batched;
+  eo.sched.checkpoint_interval = o.ckpt_interval;
+  eo.max_model_len = o.max_model_len;
+  eo.speculative = k3::engine::parse_speculative_config(o.speculative);
+  return eo;
+}
+
+// Each replica's engine options, its cache budget from --cache-memory: a size is per replica; a fraction
+// is of what the replica's device has free once every replica is loaded and warmed up (the RAM on the
+// CPU), divided between the replicas on that device, so that together they take that fraction.
+void size_caches(const Opts& o, std::vector<Replica>& reps) {
+  for (auto& r : reps) r.model->warm_up(o.max_batched);  // before the caches take their share of the free memory
+  for (auto& r : reps) {
+    const auto on_device =
+        std::count_if(reps.begin(), reps.end(), [&r](const Replica& x) { return x.dev.device == r.dev.device; });
+    int64_t budget = parse_memory(o.cache_memory, r.model->memory_available());
+    if (memory_is_fraction(o.cache_memory)) budget /= on_device;
+    r.eo = engine_options(o, budget);
+  }
+}
+
+// Each replica's speculative proposer (its draft model or drafter, on its device) and engine; several
+// engines behind one DataParallelEngine. The replicas must outlive the engine returned.
+std::unique_ptr<k3::engine::Engine> start_engines(const std::string& dir, const k3::text::Tokenizer& tok,
+                                                  std::vector<Replica>& reps) {
+  std::vector<std::unique_ptr<k3::engine::Engine>> engines;
+  for (auto& r : reps) {
+    r.draft = load_draft_model(r.eo.speculative, r.dev);
+    r.eo.draft_model = r.draft.get();
+    r.drafter = load_block_drafter(r.eo.speculative, dir, r.dev, *r.model);
+    r.eo.block_drafter = r.drafter.get();
+    auto e = std::make_unique<k3::engine::BatchEngine>(*r.model, tok, r.eo);
+    r.engine = e.get();
+    engines.push_back(std::move(e));
+  }
+  if (engines.size() == 1) return std::move(engines[0]);
+  return std::make_unique<k3::engine::DataParallelEngine>(std::move(engines));
+}
+
+// "max_num_seqs 64, cache 1.07 GB: 65536 pages x 16 tokens + 130 state slots" of one replica.
+std::string cache_summary(const Opts& o, const Replica& r) {
+  const k3::cache::CacheStats cs = r.engine->cache_stats();
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots",
+                (long long)o.max_num_seqs, human_bytes((double)r.eo.cache.budget_bytes).c_str(), (long long)cs.pages_total,
+                (long long)o.page_size, (long long)cs.slots_total);
+  return buf;
+}
+
+// The engines' part of the start-up line: the one replica's cache, or the data parallel group's.
+std::string engines_summary(const Opts& o, const std::vector<Replica>& reps) {
+  if (reps.size() == 1) return cache_summary(o, reps[0]);
+  std::string devices, caches = cache_summary(o, reps[0]);
+  bool same = true;
+  for (size_t i = 0; i < reps.size(); ++i) {
+    devices += (i ? ", " : "") + reps[i].dev.device;
+    same = same && cache_summary(o, reps[i]) == caches;
+  }
+  if (!same) {
+    caches.clear();
+    for (size_t i = 0; i < reps.size(); ++i)
+      caches += (i ? "; replica " : "replica ") + std::to_string(i) + ": " + cache_summary(o, reps[i]);
+  }
+  return "data parallel " + std::to_string(reps.size()) + " replicas (devices " + devices + "), per replica " + caches;
+}
+
+// Why max_model_len is what it is: the reason of the replica that holds the least.
+std::string max_model_len_reason(const std::vector<Replica>& reps) {
+  const Replica* least = &reps[0];
+  for (const auto& r : reps)
+    if (r.engine->limits().max_model_len < least->engine->limits().max_model_len) least = &r;
+  return least->engine->max_model_len_reason();
+}
 }  // namespace
 
 void add_serve(CLI::App& app, Registry& reg) {
@@ -165,7 +282,8 @@ void add_serve(CLI::App& app, Registry& reg) {
       ->allow_extra_args(false)  // else CLI11 splits a "[...]" value itself, quotes and all
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--served-model-name", o->served_name, "model name of the API (default: the model directory's name)");
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once")->capture_default_str();
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "sequences the engine runs at once (per replica with --data-parallel-size)")
+      ->capture_default_str();
   cmd->add_option("--max-waiting", o->so.max_waiting, "requests that may wait beyond --max-num-seqs; more get 429")
       ->capture_default_str();
   cmd->add_option("--max-model-len", o->max_model_len,
@@ -185,7 +303,16 @@ void add_serve(CLI::App& app, Registry& reg) {
       ->capture_default_str();
   cmd->add_option("--cache-memory", o->cache_memory,
                   "memory for the MLA latent pages + KDA state slots: bytes (e.g. 2GiB, 512MB) or a fraction of what is "
-                  "free for it (e.g. 0.25: of RAM on the CPU, of the GPU memory left after the weights with --device cuda)")
+                  "free for it (e.g. 0.25: of RAM on the CPU, of the GPU memory left after the weights with --device cuda); "
+                  "with --data-parallel-size, bytes are per replica and a fraction is split between the replicas on "
+                  "one device")
+      ->capture_default_str();
+  cmd->add_option("--data-parallel-size", o->data_parallel,
+                  "model replicas in this server, one engine each (-dp; vLLM's flag): a request runs on the replica "
+                  "with the fewest in flight, ties going to the one its prompt prefix hashes to (prefix-cache hits). "
+                  "--device cuda[:N]: replica i on GPU (N + i) mod the visible GPUs; --device cpu: all share the CPU "
+                  "threads, which rarely pays (one engine already batches). --max-num-seqs is per replica. Not with "
+                  "--tensor-parallel-size (docs/serving.md)")
       ->capture_default_str();
   cmd->add_option("--page-size", o->page_size, "tokens per latent-cache page")->capture_default_str();
   cmd->add_option("--checkpoint-interval", o->ckpt_interval, "tokens between KDA state checkpoints inside prompts (prefix cache); 0: auto, a checkpoint "
@@ -228,30 +355,16 @@ void add_serve(CLI::App& app, Registry& reg) {
       ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
       const auto t0 = std::chrono::steady_clock::now();
       const std::string dir = resolve_model_dir(o->model);
-      auto model = load_model(dir, o->dev);
+      std::vector<Replica> reps = load_replicas(*o, dir);
       auto tok = load_tokenizer(dir, o->dev);
-      const auto& cfg = model->config();
+      const auto& cfg = reps[0].model->config();
       if (tok.n_vocab() > cfg.vocab_size)
         throw k3::Error("the tokenizer has " + std::to_string(tok.n_vocab()) + " ids but the model's vocab_size is " +
                         std::to_string(cfg.vocab_size));
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      model->warm_up(o->max_batched);  // before the cache takes its share of the free memory
-
-      k3::engine::BatchEngineOptions eo;
-      eo.cache.budget_bytes = parse_memory(o->cache_memory, model->memory_available());
-      eo.cache.page_tokens = o->page_size;
-      eo.cache.prefix_caching = !o->no_prefix;
-      eo.sched.max_num_seqs = o->max_num_seqs;
-      eo.sched.max_num_batched_tokens = o->max_batched;
-      eo.sched.checkpoint_interval = o->ckpt_interval;
-      eo.max_model_len = o->max_model_len;
-      eo.speculative = k3::engine::parse_speculative_config(o->speculative);
-      const auto draft = load_draft_model(eo.speculative, o->dev);
-      eo.draft_model = draft.get();
-      const auto drafter = load_block_drafter(eo.speculative, dir, o->dev, *model);
-      eo.block_drafter = drafter.get();
-      k3::engine::BatchEngine engine(*model, tok, eo);
-      const int64_t max_model_len = engine.limits().max_model_len;
+      size_caches(*o, reps);
+      const std::unique_ptr<k3::engine::Engine> engine = start_engines(dir, tok, reps);
+      const int64_t max_model_len = engine->limits().max_model_len;
 
       const int32_t bos = static_cast<int32_t>(cfg.bos_token_id >= 0 ? cfg.bos_token_id : tok.bos_id());
       k3::serve::ModelChatAdapterOptions co;
@@ -267,25 +380,26 @@ void add_serve(CLI::App& app, Registry& reg) {
         if (const char* k = std::getenv("K3_API_KEY"); k && *k) o->so.api_keys.push_back(k);
 
       k3::serve::Metrics metrics(ctx.model_name);
-      o->so.health_problem = [m = model.get()] { return model_failure(*m); };
-      k3::serve::Server server(o->so, engine, ctx, metrics);
+      std::vector<const k3::ModelRunner*> models;  // a failed replica makes /health 503 and stops the server
+      for (const auto& r : reps) models.push_back(r.model.get());
+      o->so.health_problem = [models] { return model_failure(models); };
+      k3::serve::Server server(o->so, *engine, ctx, metrics);
       server.start();
-      ModelFailureWatch failure_watch(*model);
+      ModelFailureWatch failure_watch(models);
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto& spec = reps[0].eo.speculative;
       std::fprintf(stderr,
                    "k3 serve: model '%s' from %s (load %.3f s); ready in %.3f s on http://%s:%u "
-                   "(max_model_len %lld: %s; max_num_seqs %lld, cache %s: %lld pages x %lld tokens + %lld state slots, "
-                   "prefix caching %s, %d I/O threads, max_connections %lld%s%s)\n",
+                   "(max_model_len %lld: %s; %s, prefix caching %s, %d I/O threads, max_connections %lld%s%s)\n",
                    ctx.model_name.c_str(), dir.c_str(), load_s, ready_s, o->so.host.c_str(), server.port(),
-                   (long long)max_model_len, engine.max_model_len_reason().c_str(), (long long)o->max_num_seqs, human_bytes((double)eo.cache.budget_bytes).c_str(),
-                   (long long)engine.cache_stats().pages_total, (long long)o->page_size, (long long)engine.cache_stats().slots_total,
+                   (long long)max_model_len, max_model_len_reason(reps).c_str(), engines_summary(*o, reps).c_str(),
                    o->no_prefix ? "off" : "on", o->so.threads,
                    (long long)server.max_connections(), o->so.api_keys.empty() ? "" : ", API key required",
-                   eo.speculative ? (", speculative decoding " + k3::engine::describe(*eo.speculative)).c_str() : "");
+                   spec ? (", speculative decoding " + k3::engine::describe(*spec)).c_str() : "");
       if (o->so.webui) std::fprintf(stderr, "k3 serve: web chat at http://%s:%u/\n", o->so.host.c_str(), server.port());
       std::fflush(stderr);
       server.run_until_signal();
-      if (const std::string f = model_failure(*model); !f.empty()) throw k3::Error("k3 serve stopped: " + f);
+      if (const std::string f = model_failure(models); !f.empty()) throw k3::Error("k3 serve stopped: " + f);
       std::fprintf(stderr, "k3 serve: stopped\n");
       return 0;
     };

@@ -67,6 +67,17 @@ int64_t parse_memory(const std::string& s, int64_t fraction_of) {
   return static_cast<int64_t>(v * mul);
 }
 
+bool memory_is_fraction(const std::string& s) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == s.size() && v > 0 && v < 1;
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
   int u = 0;

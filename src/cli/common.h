@@ -16,6 +16,8 @@ void check_tokenizer_fits(int64_t tokenizer_n_vocab, int64_t model_vocab_size);
 // "2GiB", "512MB", "1e9" -> bytes; a value below 1 (e.g. "0.25") is that fraction of `fraction_of`
 // (default: physical RAM).
 int64_t parse_memory(const std::string& s, int64_t fraction_of = 0);
+// Whether parse_memory reads `s` as a fraction (a number below 1 without a unit) rather than a size.
+bool memory_is_fraction(const std::string& s);
 
 // "1.23 GB" style.
 std::string human_bytes(double bytes);

@@ -20,10 +20,13 @@ int main(int argc, char** argv) {
   k3cli::set_bench_cmdline(argc, argv);
   k3cli::Registry reg;
   for (auto& add : k3cli::all_commands()) add(app, reg);
-  // llama.cpp's two-letter short flag, which CLI11 cannot declare: -ot X is --override-tensor X.
+  // Two-letter short flags, which CLI11 cannot declare: llama.cpp's -ot X is --override-tensor X, vLLM's
+  // -dp D is --data-parallel-size D.
   std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::string& a : args)
+  for (std::string& a : args) {
     if (a == "-ot") a = "--override-tensor";
+    if (a == "-dp") a = "--data-parallel-size";
+  }
   const std::vector<std::string> in_order = args;
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {

@@ -287,9 +287,21 @@ ComputeOptions hybrid_compute_options(const DeviceOptions& d, const k3::Placemen
 
 }  // namespace
 
+DeviceOptions replica_device_options(const DeviceOptions& d, int i) {
+  DeviceOptions r = d;
+  r.apply_compute = d.apply_compute && i == 0;
+#ifdef K3_HAVE_CUDA
+  if (is_cuda_device(d.device)) {
+    const int n = std::max(k3::cuda::visible_cuda_devices(), 1);  // the count the TP ranks' placement uses
+    r.device = "cuda:" + std::to_string((parse_cuda_ordinal(d.device) + i) % n);
+  }
+#endif  // without the backend: the device as given, which load_model refuses by that name
+  return r;
+}
+
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
-  apply_compute_options(hybrid_compute_options(d, *placement));
+  if (d.apply_compute) apply_compute_options(hybrid_compute_options(d, *placement));
   const bool dummy = d.load_format == "dummy";
   const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);

@@ -26,6 +26,7 @@ struct DeviceOptions {
   bool cpu_moe = false;                        // --cpu-moe: routed experts on the CPU
   int n_cpu_moe = 0;                           // --n-cpu-moe N: the routed experts of the first N layers
   ComputeOptions compute;                      // -t/--threads, --numa (applied by load_model, before any kernel)
+  bool apply_compute = true;                   // load_model applies `compute` (false: an earlier load of this process did)
   // Routed-expert residency (CPU; runtime/expert_residency.h, docs/bigger-than-ram.md).
   double expert_cache_gb = -1;                 // --expert-cache-gb: pinned hot-set budget (-1 auto, 0 none)
   std::string expert_prefetch = "threads";     // --expert-prefetch none|madvise|threads
@@ -48,9 +49,14 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d);
 // arrays when they are a Kimi vocabulary (cli/gguf_vocab.h; docs/gguf.md).
 k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOptions& d);
 
-// Applies d.compute first. Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
+// Applies d.compute first (unless d.apply_compute is false). Throws k3::Error for an unknown device, a device this build lacks, or a failed load.
 // Under mpirun with --tensor-parallel-size N, every rank loads its shard (k3::dist::TpModel); ranks other
 // than 0 run rank 0's steps and exit the process (status 0) when rank 0 is done: only rank 0 returns.
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d);
+
+// `k3 serve --data-parallel-size`: the options replica `i` loads with. --device cuda[:N]: GPU (N + i) mod the
+// visible GPUs (several replicas may share one); the CPU: the CPU. Replicas after the first leave the
+// compute options alone: they size the one global thread pool, which is set once (it throws after).
+DeviceOptions replica_device_options(const DeviceOptions& d, int i);
 
 }  // namespace k3cli

@@ -54,6 +54,7 @@ struct RequestOutput {
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
 
+// A new field must be added to DataParallelEngine's sum too (data_parallel_engine.cpp, kSummed).
 struct EngineStats {
   int64_t running = 0, waiting = 0;
   int64_t cache_bytes_total = 0, cache_bytes_used = 0;
