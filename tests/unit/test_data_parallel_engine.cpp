@@ -164,11 +164,15 @@ TEST(DataParallelEngine, EqualLoadSamePrefixSameReplica) {
   // Different prefixes, and the same prefix under different salts, spread over the replicas.
   std::set<size_t> by_prefix, by_salt;
   for (int h = 0; h < 32; ++h) {
-    const std::string id = "p" + std::to_string(h), sid = "s" + std::to_string(h);
+    // Built by appends: GCC 12's -Wrestrict misfires on "p" + std::to_string(h).
+    std::string id = "p", sid = "s", salt = "salt";
+    id += std::to_string(h);
+    sid += std::to_string(h);
+    salt += std::to_string(h);
     f.dp->submit(request(id, prompt(h)), none);
     by_prefix.insert(f.where(id));
     f.fakes[f.where(id)]->deliver(id, true);
-    f.dp->submit(request(sid, prompt(7), "salt" + std::to_string(h)), none);
+    f.dp->submit(request(sid, prompt(7), salt), none);
     by_salt.insert(f.where(sid));
     EXPECT_EQ(f.where(sid), DataParallelEngine::affinity("salt" + std::to_string(h), prompt(7), 4));
     f.fakes[f.where(sid)]->deliver(sid, true);
