@@ -308,38 +308,28 @@ struct SegSink {
   }
 };
 
-// R rows x T tokens over all their blocks: y[r + t * ldy] = sum - mins. Each (row, token) has its own
-// accumulators fed in the same order whatever R and T are (batch invariance); R > 1 only lets the core
-// overlap the rows' dependency chains -- one fma per 32 values on the vector accumulator and two on the
-// scalar sub-min one, which bound a single row at one token (Q4_K at ~4 GB/s of blocks on a Zen 3 core).
-template <WeightFormat F, int T, int R>
-__attribute__((always_inline)) inline void quant_tile(const uint8_t* row, int64_t row_bytes, int64_t blocks,
-                                                      const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
+// One row x T tokens over all its blocks: y[t * ldy] = sum - mins. (Tiles of 4 rows at one token, to overlap
+// the rows' accumulator chains, measured 2x SLOWER end to end on a Zen 3 core in session 15: the sinks'
+// accumulators left the registers.)
+template <WeightFormat F, int T>
+__attribute__((always_inline)) inline void quant_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
+                                                      float* y, int64_t ldy) {
   constexpr int64_t BB = weight_layout(F).block_bytes, BE = weight_layout(F).block_elems;
-  SegSink<T> s[R];
-  for (int r = 0; r < R; ++r) {
-    s[r].ldq = ldq;
-    for (int t = 0; t < T; ++t) s[r].acc[t] = _mm256_setzero_ps(), s[r].macc[t] = 0.f;
+  SegSink<T> s;
+  s.ldq = ldq;
+  for (int t = 0; t < T; ++t) s.acc[t] = _mm256_setzero_ps(), s.macc[t] = 0.f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    s.xq = xq + b * (BE / 32) * kSegBytes;
+    qsimd::decode_into<F>(row + b * BB, s);
   }
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int r = 0; r < R; ++r) {
-      s[r].xq = xq + b * (BE / 32) * kSegBytes;
-      qsimd::decode_into<F>(row + r * row_bytes + b * BB, s[r]);
-    }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[r + t * ldy] = simd::hsum(s[r].acc[t]) - s[r].macc[t];
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(s.acc[t]) - s.macc[t];
 }
 
-// One token: rows four at a time (their chains overlap; registers allow it at T = 1 only: 6 tokens already
-// hold 6 accumulators, and their chains are independent).
 template <WeightFormat F, int T>
 void quant_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
-  constexpr int R = T == 1 ? 4 : 1;
   const int64_t row_bytes = row_data_bytes(F, W.cols), blocks = W.cols / weight_layout(F).block_elems;
   const uint8_t* data = W.row_data(r0);
-  int64_t r = 0;
-  for (; r + R <= r1 - r0; r += R) quant_tile<F, T, R>(data + r * row_bytes, row_bytes, blocks, xq, ldq, y + r, ldy);
-  for (; r < r1 - r0; ++r) quant_tile<F, T, 1>(data + r * row_bytes, row_bytes, blocks, xq, ldq, y + r, ldy);
+  for (int64_t r = 0; r < r1 - r0; ++r) quant_tile<F, T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
 }
 
 template <WeightFormat F, size_t... T>
