@@ -87,14 +87,24 @@ bool tier_rounds_activations(WeightFormat f) {
   return tier == k3::cpu::CpuIsa::Avx512Bf16 || (tier == k3::cpu::CpuIsa::Avx2Int8 && avx2int8_rounds(f));
 }
 
-// The activation-rounding bound of the avx512bf16 tier for one row (w, mins) and token x (see the top).
-double rounding_bound(const double* w, const double* mins, const float* x, int64_t C) {
+// avx2int8's Q4_K path rounds per 256-value block (one scale per block, llama.cpp's Q8_K layout) and its
+// sub-mins meet the ROUNDED activations (sums of q): the whole weight sees the rounding, not its scale part.
+bool per_block_activations(WeightFormat f) {
+  return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx2Int8 && f == WeightFormat::Q4_K;
+}
+
+// The activation-rounding bound of the rounding tiers for one row (w, mins) and token x (see the top): per
+// group of values sharing a scale d (<= max|x| / 127, rounded up), |x - d q| <= d / 2 times the weight part
+// that multiplies the rounded values.
+double rounding_bound(const double* w, const double* mins, const float* x, int64_t C, WeightFormat f) {
+  const int64_t g = per_block_activations(f) ? 256 : 4;
+  const bool whole = per_block_activations(f);
   double b = 0;
-  for (int64_t q0 = 0; q0 < C; q0 += 4) {
+  for (int64_t q0 = 0; q0 < C; q0 += g) {
     double amax = 0, sw = 0;
-    for (int64_t c = q0; c < q0 + 4; ++c) {
+    for (int64_t c = q0; c < q0 + g; ++c) {
       amax = std::max(amax, std::fabs(double(x[c])));
-      sw += std::fabs(w[c] + mins[c]);
+      sw += std::fabs(whole ? w[c] : w[c] + mins[c]);
     }
     const double d = amax / 127 * (1 + std::ldexp(1.0, -23)) + std::ldexp(1.0, -149);
     b += d / 2 * (1 + std::ldexp(1.0, -16)) * sw;
@@ -117,7 +127,7 @@ void check_against_float64(const QuantWeight& t, const std::vector<float>& x, co
         s += w[c] * xt[c];
         sa += (std::fabs(w[c]) + (split_mins ? 2 * std::fabs(mins[c]) : 0)) * std::fabs(xt[c]);
       }
-      const double q = rounds ? rounding_bound(w, mins, xt, C) : 0;
+      const double q = rounds ? rounding_bound(w, mins, xt, C, t.W.format) : 0;
       const double err = std::fabs(y[static_cast<size_t>(i * R + r)] - s), bound = (C + 2) * kU * (sa + q) + q;
       ASSERT_LE(err, bound) << k3::weight_format_name(t.W.format) << " rows " << R << " cols " << C << " n " << n
                             << " token " << i << " row " << r;
@@ -210,9 +220,11 @@ TEST_P(QuantKernelsTier, NanActivationGivesNan) {
 
 // A rounding tier's int8 kernels: they ran (on random activations the results differ from the exact
 // tier's), and their only error beyond fp32's is the activations' rounding: on activations that the
-// int8 quads hold exactly (each quad k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the
-// plain fp32 bound holds (a wrong lane scale, sub-min, quad order or correction would break it).
-void check_int8_tier(k3::cpu::CpuIsa rounding, k3::cpu::CpuIsa exact, const std::vector<WeightFormat>& formats) {
+// int8 groups hold exactly (each group of `group(f)` values -- 4 for the quads, 256 for avx2int8's per-block
+// Q4_K path -- k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the plain fp32 bound holds (a
+// wrong lane scale, sub-scale, sub-min, group order or correction would break it).
+void check_int8_tier(k3::cpu::CpuIsa rounding, k3::cpu::CpuIsa exact, const std::vector<WeightFormat>& formats,
+                     size_t (*group)(WeightFormat) = [](WeightFormat) -> size_t { return 4; }) {
   struct TierReset {
     ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
   } reset;  // also when an assertion returns early
@@ -225,10 +237,11 @@ void check_int8_tier(k3::cpu::CpuIsa rounding, k3::cpu::CpuIsa exact, const std:
     for (int64_t n : {1, 3}) {
       std::vector<float> x(static_cast<size_t>(n * C));
       std::uniform_int_distribution<int> k_dist(-127, 127), e_dist(-8, 2);
-      for (size_t q0 = 0; q0 < x.size(); q0 += 4) {
+      const size_t g = group(f);
+      for (size_t q0 = 0; q0 < x.size(); q0 += g) {
         const int e = e_dist(rng);
-        for (size_t c = q0; c < q0 + 4; ++c) x[c] = std::ldexp(static_cast<float>(k_dist(rng)), e);
-        x[q0 + rng() % 4] = std::ldexp(rng() & 1 ? 127.f : -127.f, e);
+        for (size_t c = q0; c < q0 + g; ++c) x[c] = std::ldexp(static_cast<float>(k_dist(rng)), e);
+        x[q0 + rng() % g] = std::ldexp(rng() & 1 ? 127.f : -127.f, e);
       }
       std::vector<float> y(static_cast<size_t>(n * 9), NAN);
       k3::cpu::force_cpu_isa_for_testing(rounding);
@@ -260,7 +273,8 @@ TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTie
   if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
   check_int8_tier(k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx2,
-                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K});
+                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K},
+                  [](WeightFormat f) -> size_t { return f == WeightFormat::Q4_K ? 256 : 4; });
 }
 
 }  // namespace

@@ -211,8 +211,7 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
     mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq, ldq, y + r, ldy);
 }
 
-// A tile function: rows [r0, r1) x a fixed count of tokens (tile_rows templates).
-using TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
+using TileFn = Avx2Int8TileFn;
 
 template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
@@ -223,31 +222,10 @@ constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
 // expert GEMMs ~20% faster than 4 on Zen 3).
 constexpr int64_t kMxfp4T = 6;
 
-// Rows [r0, r1) x n converted tokens (ldq bytes apart): y[t * ldy + (r - r0)], tiles[m - 1] doing m tokens.
-// Blocks of rows (~128 KiB of weights) stay in L2 while every token tile passes over them; a tile's converted
-// tokens stream from L1/L2.
-template <size_t NT>
-void run_tiles(const std::array<TileFn, NT>& tiles, const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq,
-               int64_t ldq, int64_t n, float* y, int64_t ldy) {
-  if (n == 1) {
-    tiles[0](W, r0, r1, xq, ldq, y, ldy);
-    return;
-  }
-  const int64_t nt = static_cast<int64_t>(NT);
-  const int64_t block = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, W.cols)));
-  for (int64_t b0 = r0; b0 < r1; b0 += block) {
-    const int64_t b1 = std::min(r1, b0 + block);
-    for (int64_t t0 = 0; t0 < n; t0 += nt) {
-      const int64_t m = std::min(nt, n - t0);
-      tiles[static_cast<size_t>(m - 1)](W, b0, b1, xq + t0 * ldq, ldq, y + t0 * ldy + (b0 - r0), ldy);
-    }
-  }
-}
-
 template <WeightFormat F>
 void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
-  run_tiles(tiles, W, r0, r1, xq, q8_stride(W.cols), n, y, ldy);
+  avx2int8_run_tiles(tiles.data(), static_cast<int64_t>(tiles.size()), W, r0, r1, xq, q8_stride(W.cols), n, y, ldy);
 }
 
 // ---- GGUF block formats x int8 quads ----
@@ -342,7 +320,7 @@ constexpr int64_t kQuantT = 6;
 template <WeightFormat F>
 void quant_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = quant_tiles<F>(std::make_index_sequence<kQuantT>());
-  run_tiles(tiles, W, r0, r1, xq, seg_stride(W.cols), n, y, ldy);
+  avx2int8_run_tiles(tiles.data(), static_cast<int64_t>(tiles.size()), W, r0, r1, xq, seg_stride(W.cols), n, y, ldy);
 }
 
 template <WeightFormat F>
@@ -377,6 +355,25 @@ const RowKernels* quant_kernels() {
 
 }  // namespace
 
+// Rows [r0, r1) x n converted tokens (ldq bytes apart): y[t * ldy + (r - r0)], tiles[m - 1] doing m tokens.
+// Blocks of rows (~128 KiB of weights) stay in L2 while every token tile passes over them; a tile's converted
+// tokens stream from L1/L2.
+void avx2int8_run_tiles(const Avx2Int8TileFn* tiles, int64_t nt, const WeightMatrix& W, int64_t r0, int64_t r1,
+                        const uint8_t* xq, int64_t ldq, int64_t n, float* y, int64_t ldy) {
+  if (n == 1) {
+    tiles[0](W, r0, r1, xq, ldq, y, ldy);
+    return;
+  }
+  const int64_t block = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, row_data_bytes(W.format, W.cols)));
+  for (int64_t b0 = r0; b0 < r1; b0 += block) {
+    const int64_t b1 = std::min(r1, b0 + block);
+    for (int64_t t0 = 0; t0 < n; t0 += nt) {
+      const int64_t m = std::min(nt, n - t0);
+      tiles[m - 1](W, b0, b1, xq + t0 * ldq, ldq, y + t0 * ldy + (b0 - r0), ldy);
+    }
+  }
+}
+
 const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact) {
   switch (f) {
     case WeightFormat::MXFP4: return kernels_of<WeightFormat::MXFP4>(exact);
@@ -388,7 +385,7 @@ const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact) 
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
-    case WeightFormat::Q4_K: return quant_kernels<WeightFormat::Q4_K>();
+    case WeightFormat::Q4_K: return avx2int8_q4k_row_kernels();  // per-block activations (weight_kernels_avx2int8_k.cpp)
     case WeightFormat::Q5_K: return quant_kernels<WeightFormat::Q5_K>();
     case WeightFormat::Q6_K: return quant_kernels<WeightFormat::Q6_K>();
     // The other block formats keep fp32 activations: the avx2 tier's exact kernels.

@@ -10,8 +10,17 @@ namespace k3::cpu {
 // dequant the tier keeps (it rounds activations, never weights). Needs AVX2 + FMA + F16C only.
 const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact);
 
-// The tier's kernels of GGUF's block formats: Q8_0, Q4_K, Q5_K, Q6_K on int8 activations, the others the
+// The tier's kernels of GGUF's block formats: Q8_0, Q5_K, Q6_K on int8 quads, Q4_K on per-block int8
+// activations, the others the
 // avx2 tier's exact ones; null when f is not a block format.
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f);
+
+// Shared by the tier's files: a tile function (rows [r0, r1) x a fixed count of converted tokens, ldq bytes
+// apart, into y[t * ldy + (r - r0)]) and the driver that runs tiles[m - 1] over m <= nt tokens at a time.
+using Avx2Int8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
+void avx2int8_run_tiles(const Avx2Int8TileFn* tiles, int64_t nt, const WeightMatrix& W, int64_t r0, int64_t r1,
+                        const uint8_t* xq, int64_t ldq, int64_t n, float* y, int64_t ldy);
+// Q4_K on per-block int8 activations (llama.cpp's Q8_K layout; weight_kernels_avx2int8_k.cpp).
+const RowKernels* avx2int8_q4k_row_kernels();
 
 }  // namespace k3::cpu

@@ -1,0 +1,170 @@
+// The avx2int8 tier's Q4_K path on per-block int8 activations (llama.cpp's Q8_K layout, which its AVX2
+// vec_dot_q4_K_q8_K uses): the activations of each 256-value block as 256 int8 q = round(x / d) with ONE
+// fp32 scale d = max|x| / 127 per block, and the sums of q per 16 values. A Q4_K block's 4-bit quants are
+// unsigned, so `maddubs(w, q)` multiplies them as they are, the 6-bit sub-scales multiply the int16 pair sums
+// in integers (`madd`), and the whole block stays in int32 lanes: one int -> float conversion and one fma per
+// block and token, instead of the quad path's convert, multiply and fma per 32 values (the quads keep a scale
+// per 4 values: more accurate, ~2.5x the instructions; docs/perf/cpu.md "Session 15"). The sub-mins meet
+// the q sums in one `madd` per block: value = d sc q - dmin m, so
+//   y = sum_b [ d_w d_x sum_j sc_j sum_{i in j} w_i q_i  -  dmin_w d_x sum_j m_j sum_{i in j} q_i ].
+// Integer ranges: a maddubs pair <= 2 x 15 x 127 = 3810 (no saturation); times sc <= 63 and paired by madd
+// <= 480k per int32 lane; 4 sub-block pairs per block: < 2^22. Batch invariance: every (row, token) runs the
+// same operations in the same order in every tile size (T = 1 is the dot).
+#include <immintrin.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/weight_kernels_avx2int8.h"
+#include "k3/backend/cpu/weight_kernels_quant.h"
+#include "k3/backend/cpu/weight_simd.h"
+#include "k3/quant/block_decode.h"
+
+namespace k3::cpu {
+
+namespace {
+
+constexpr int64_t kQK = 256;
+// One converted block: q int8[256], then the q sums per 16 values (int16[16]), then d (fp32), padded to 32 B.
+constexpr int64_t kSumsAt = 256, kDAt = 288, kBlockBytes = 320;
+constexpr int64_t block_stride(int64_t cols) { return cols / kQK * kBlockBytes; }
+
+// n tokens of cols (a multiple of 256) values. d = max|x| / 127 (0 for an all-zero block, whose q are 0);
+// q = round-half-even(x * (127 / max|x|)) (cvtps under the default rounding mode, as nearbyint). A NaN or inf
+// in the block makes d NaN, and so the outputs.
+void q8k_block(const float* v, uint8_t* o) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps(), poison = _mm256_setzero_ps();
+  for (int k = 0; k < 32; ++k) {
+    const __m256 x = _mm256_loadu_ps(v + 8 * k);
+    m = _mm256_max_ps(m, _mm256_and_ps(x, abs_mask));
+    poison = _mm256_add_ps(poison, _mm256_mul_ps(x, _mm256_setzero_ps()));  // NaN where x is NaN or inf
+  }
+  float lanes[8], bad[8];
+  _mm256_storeu_ps(lanes, m);
+  _mm256_storeu_ps(bad, poison);
+  float amax = 0.f;
+  bool finite = true;
+  for (int i = 0; i < 8; ++i) {
+    amax = std::max(amax, lanes[i]);
+    finite = finite && !std::isnan(bad[i]);
+  }
+  const float d = finite ? amax / 127.f : NAN, id = amax > 0.f && finite ? 127.f / amax : 0.f;
+  const __m256 idv = _mm256_set1_ps(id);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lane interleave
+  for (int g = 0; g < 8; ++g) {
+    __m256i i32[4];
+    for (int k = 0; k < 4; ++k) i32[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 32 * g + 8 * k), idv));
+    const __m256i i16 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32 * g), _mm256_permutevar8x32_epi32(i16, order));
+  }
+  int16_t sums[16];
+  const auto* q = reinterpret_cast<const int8_t*>(o);
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += q[16 * g + i];
+    sums[g] = static_cast<int16_t>(s);
+  }
+  std::memcpy(o + kSumsAt, sums, sizeof sums);
+  std::memcpy(o + kDAt, &d, sizeof d);
+}
+
+void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t b = 0; b < cols / kQK; ++b) q8k_block(x + t * cols + b * kQK, out + t * block_stride(cols) + b * kBlockBytes);
+}
+
+// An f16 scale (F16C: exact, inline; quant::f16_at's out-of-line conversion was 6% of this kernel).
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One Q4_K row x T tokens. Per 64 weights (one 32-byte load: sub-blocks 2p and 2p + 1) every token's int32
+// lanes take its products, so the registers hold two weight vectors and T block sums at a time.
+template <int T>
+__attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
+                                                    float* y, int64_t ldy) {
+  __m256 acc[T];
+  float macc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps(), macc[t] = 0.f;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = row + b * 144;
+    const float dw = f16(wb), dmin = f16(wb + 2);
+    alignas(16) int16_t sc[8], mn[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      int s, m;
+      quant::k4_scale_min(j, wb + 4, &s, &m);
+      sc[j] = static_cast<int16_t>(s);
+      mn[j] = static_cast<int16_t>(m);
+    }
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16 + 32 * p));
+      const __m256i lo = _mm256_and_si256(qw, low4);                        // values 64p .. 64p + 31
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qw, 4), low4);  // 64p + 32 .. 64p + 63
+      const __m256i s0 = _mm256_set1_epi16(sc[2 * p]), s1 = _mm256_set1_epi16(sc[2 * p + 1]);
+      for (int t = 0; t < T; ++t) {
+        const uint8_t* xb = xq + t * ldq + b * kBlockBytes + 64 * p;
+        const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+        const __m256i q1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q0), s0);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q1), s1);
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+      }
+    }
+    const __m128i mins = _mm_load_si128(reinterpret_cast<const __m128i*>(mn));
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = xq + t * ldq + b * kBlockBytes;
+      float dx;
+      std::memcpy(&dx, xb + kDAt, sizeof dx);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      // Sums per 32 (pairs of the per-16 sums) times the sub-mins, in integers: |.| < 8 x 63 x 4064.
+      const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kSumsAt));
+      const __m128i s16b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kSumsAt + 16));
+      const __m128i s32 = _mm_packs_epi32(_mm_madd_epi16(s16, _mm_set1_epi16(1)), _mm_madd_epi16(s16b, _mm_set1_epi16(1)));
+      __m128i mm = _mm_madd_epi16(s32, mins);  // 4 int32: pairs of sub-blocks
+      mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4E));
+      mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xB1));
+      macc[t] = std::fma(dmin * dx, static_cast<float>(_mm_cvtsi128_si32(mm)), macc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]) - macc[t];
+}
+
+template <int T>
+void q4k_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
+  const int64_t row_bytes = row_data_bytes(WeightFormat::Q4_K, W.cols), blocks = W.cols / kQK;
+  const uint8_t* data = W.row_data(r0);
+  for (int64_t r = 0; r < r1 - r0; ++r) q4k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
+}
+
+// 4 tokens: 4 accumulators + the 8 decoded weight vectors + temporaries in 16 ymm.
+constexpr int64_t kT = 4;
+constexpr std::array<Avx2Int8TileFn, kT> kTiles = {q4k_tile_rows<1>, q4k_tile_rows<2>, q4k_tile_rows<3>, q4k_tile_rows<4>};
+
+struct Q4kPath {
+  static int64_t stride_bytes(int64_t cols) { return block_stride(cols); }
+  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8k_tokens(x, n, cols, out); }
+  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
+    avx2int8_run_tiles(kTiles.data(), kT, W, r0, r1, act, block_stride(W.cols), n, y, ldy);
+  }
+};
+
+}  // namespace
+
+const RowKernels* avx2int8_q4k_row_kernels() {
+  static const RowKernels k = act_path::kernels<Q4kPath>(*avx2_quant_row_kernels(WeightFormat::Q4_K));
+  return &k;
+}
+
+}  // namespace k3::cpu
