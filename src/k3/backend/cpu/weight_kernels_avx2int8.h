@@ -20,7 +20,8 @@ const RowKernels* avx2int8_quant_row_kernels(WeightFormat f);
 using Avx2Int8TileFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
 void avx2int8_run_tiles(const Avx2Int8TileFn* tiles, int64_t nt, const WeightMatrix& W, int64_t r0, int64_t r1,
                         const uint8_t* xq, int64_t ldq, int64_t n, float* y, int64_t ldy);
-// Q4_K on per-block int8 activations (llama.cpp's Q8_K layout; weight_kernels_avx2int8_k.cpp).
-const RowKernels* avx2int8_q4k_row_kernels();
+// Q4_K and Q6_K on per-block int8 activations (llama.cpp's Q8_K layout; weight_kernels_avx2int8_k.cpp); null
+// for other formats.
+const RowKernels* avx2int8_k_row_kernels(WeightFormat f);
 
 }  // namespace k3::cpu

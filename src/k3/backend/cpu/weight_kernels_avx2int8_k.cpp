@@ -1,4 +1,4 @@
-// The avx2int8 tier's Q4_K path on per-block int8 activations (llama.cpp's Q8_K layout, which its AVX2
+// The avx2int8 tier's Q4_K and Q6_K paths on per-block int8 activations (llama.cpp's Q8_K layout, which its AVX2
 // vec_dot_q4_K_q8_K uses): the activations of each 256-value block as 256 int8 q = round(x / d) with ONE
 // fp32 scale d = max|x| / 127 per block, and the sums of q per 16 values. A Q4_K block's 4-bit quants are
 // unsigned, so `maddubs(w, q)` multiplies them as they are, the 6-bit sub-scales multiply the int16 pair sums
@@ -141,30 +141,90 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]) - macc[t];
 }
 
+// One Q6_K row x T tokens: per half (128 values) the 6-bit quants (0..63, stored value q - 32) assembled from
+// ql / qh as unsigned bytes for maddubs, the int8 scale of each 16 values applied in madd; the -32 offset as
+// -32 sum_g scale_g (sum of q in group g) from the q sums, subtracted in the int32 lanes. Ranges: a maddubs pair
+// <= 2 x 63 x 127 = 16002; times |scale| <= 128 and paired: < 4.1M per lane, 8 per block: < 2^25 (the int ->
+// float conversion of a lane beyond 2^24 rounds, deterministically: within the fp32 bound).
 template <int T>
-void q4k_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
-  const int64_t row_bytes = row_data_bytes(WeightFormat::Q4_K, W.cols), blocks = W.cols / kQK;
-  const uint8_t* data = W.row_data(r0);
-  for (int64_t r = 0; r < r1 - r0; ++r) q4k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
+__attribute__((always_inline)) inline void q6k_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
+                                                    float* y, int64_t ldy) {
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = row + b * 210;
+    const float dw = f16(wb + 208);
+    const auto* scales = reinterpret_cast<const int8_t*>(wb + 192);
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 128 + 32 * h));
+      const __m256i hb[4] = {_mm256_and_si256(qh, two), _mm256_and_si256(_mm256_srli_epi16(qh, 2), two),
+                             _mm256_and_si256(_mm256_srli_epi16(qh, 4), two), _mm256_and_si256(_mm256_srli_epi16(qh, 6), two)};
+      const __m256i lb[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
+                             _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {  // values 128h + 32k .. + 31: groups 8h + 2k, 8h + 2k + 1
+        const __m256i w = _mm256_or_si256(lb[k], _mm256_slli_epi16(hb[k], 4));
+        const int g = 8 * h + 2 * k;
+        const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[g + 1]), _mm_set1_epi16(scales[g]));
+        for (int t = 0; t < T; ++t) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * ldq + b * kBlockBytes + 32 * (g / 2)));
+          sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), sc));
+        }
+      }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = xq + t * ldq + b * kBlockBytes;
+      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
+      const __m256i off = _mm256_madd_epi16(sums, sc16);  // sum_g scale_g sum_g, in pairs of groups
+      float dx;
+      std::memcpy(&dx, xb + kDAt, sizeof dx);
+      const __m256i tot = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(off, 5));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(tot), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
-// 4 tokens: 4 accumulators + the 8 decoded weight vectors + temporaries in 16 ymm.
-constexpr int64_t kT = 4;
-constexpr std::array<Avx2Int8TileFn, kT> kTiles = {q4k_tile_rows<1>, q4k_tile_rows<2>, q4k_tile_rows<3>, q4k_tile_rows<4>};
+template <WeightFormat F, int T>
+void k_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
+  const int64_t row_bytes = row_data_bytes(F, W.cols), blocks = W.cols / kQK;
+  const uint8_t* data = W.row_data(r0);
+  for (int64_t r = 0; r < r1 - r0; ++r) {
+    if constexpr (F == WeightFormat::Q4_K)
+      q4k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
+    else
+      q6k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
+  }
+}
 
-struct Q4kPath {
+// 4 tokens: 4 block sums + 4 accumulators + the decoded weight vectors and temporaries in 16 ymm.
+constexpr int64_t kT = 4;
+template <WeightFormat F>
+constexpr std::array<Avx2Int8TileFn, kT> kTiles = {k_tile_rows<F, 1>, k_tile_rows<F, 2>, k_tile_rows<F, 3>,
+                                                    k_tile_rows<F, 4>};
+
+template <WeightFormat F>
+struct KPath {
   static int64_t stride_bytes(int64_t cols) { return block_stride(cols); }
   static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8k_tokens(x, n, cols, out); }
   static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
-    avx2int8_run_tiles(kTiles.data(), kT, W, r0, r1, act, block_stride(W.cols), n, y, ldy);
+    avx2int8_run_tiles(kTiles<F>.data(), kT, W, r0, r1, act, block_stride(W.cols), n, y, ldy);
   }
 };
 
 }  // namespace
 
-const RowKernels* avx2int8_q4k_row_kernels() {
-  static const RowKernels k = act_path::kernels<Q4kPath>(*avx2_quant_row_kernels(WeightFormat::Q4_K));
-  return &k;
+const RowKernels* avx2int8_k_row_kernels(WeightFormat f) {
+  static const RowKernels q4 = act_path::kernels<KPath<WeightFormat::Q4_K>>(*avx2_quant_row_kernels(WeightFormat::Q4_K));
+  static const RowKernels q6 = act_path::kernels<KPath<WeightFormat::Q6_K>>(*avx2_quant_row_kernels(WeightFormat::Q6_K));
+  return f == WeightFormat::Q4_K ? &q4 : f == WeightFormat::Q6_K ? &q6 : nullptr;
 }
 
 }  // namespace k3::cpu
