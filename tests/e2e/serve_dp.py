@@ -5,11 +5,8 @@ answers; -dp with --tp is refused with one clear error and exit status 1 before 
 
 Stdlib only. usage: serve_dp.py K3_BINARY [unittest args]; environment as the other e2e CTests (K3_CPU_ISA=exact).
 """
-import http.client
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +15,8 @@ import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import test_server as e2e  # noqa: E402  (http_request, read_log)
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "release", "k3")
 MODEL_DIR = os.path.join(ROOT, "models", "k3-tiny")
 # A size, not a fraction: per replica, so the two-replica server holds twice the pages.
@@ -28,60 +27,26 @@ PROMPTS = ["Once upon a time", "The little robot", "In the morning, the sun", "S
 TOKENS = 24
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def parse_metrics(text):
-    """{(name, frozenset(labels other than model_name)): value} of a Prometheus text page."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r'([^{ ]+)(?:\{(.*)\})? (\S+)', line)
-        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
-        labels.pop("model_name", None)
-        out[(m.group(1), frozenset(labels.items()))] = float(m.group(3))
-    return out
+    """{(name, frozenset(labels other than model_name)): value} of a Prometheus text page (e2e's parser)."""
+    return {(name, frozenset((k, v) for k, v in labels if k != "model_name")): value
+            for (name, labels), value in e2e.parse_metrics(text)[0].items()}
 
 
 class Server:
     def __init__(self, extra=()):
         self.tmp = tempfile.TemporaryDirectory()
-        self.port = free_port()
+        self.port = e2e.free_port()
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
         cmd = [BIN, "serve", "-m", MODEL_DIR, "--port", str(self.port), "--served-model-name", "m", *COMMON, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        t0 = time.time()
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited early:\n" + self.logs())
-            try:
-                if self.request("GET", "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() - t0 > 60:
-                self.stop()
-                raise RuntimeError("server did not become healthy:\n" + self.logs())
-            time.sleep(0.05)
+        e2e.wait_healthy(self.proc, self.port, self.logs, 60, self.stop)
 
     def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        return e2e.read_log(self.log)
 
     def request(self, method, path, body=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            h = {"Content-Type": "application/json"} if body is not None else {}
-            c.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
-            r = c.getresponse()
-            return r.status, r.read()
-        finally:
-            c.close()
+        return e2e.http_request(self.port, method, path, body, timeout)
 
     def complete_all(self, prompts):
         """Greedy completions of every prompt, all in flight at once; their texts in prompt order."""

@@ -155,6 +155,43 @@ class ServerProcess:
         self.tmp.cleanup()
 
 
+def http_request(port, method, path, body=None, timeout=120):
+    """(status, body bytes) of one request to 127.0.0.1:port, a JSON body when given (the helper classes share it)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        c.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def wait_healthy(proc, port, logs, limit_s, give_up):
+    """Polls /health until 200 (returns the seconds it took); raises with the log when the process exits or
+    limit_s pass (after give_up())."""
+    t0 = time.time()
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError("server exited early:\n" + logs())
+        try:
+            if http_request(port, "GET", "/health", timeout=5)[0] == 200:
+                return time.time() - t0
+        except OSError:
+            pass
+        if time.time() - t0 > limit_s:
+            give_up()
+            raise RuntimeError("server did not become healthy:\n" + logs())
+        time.sleep(0.05)
+
+
+def read_log(f):
+    """Everything written so far to a server's log file object."""
+    f.flush()
+    f.seek(0)
+    return f.read()
+
+
 def parse_metrics(text):
     """Prometheus text format -> {(name, frozenset(labels.items())): value}; checks HELP/TYPE lines."""
     out, types = {}, {}

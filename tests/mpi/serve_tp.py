@@ -41,37 +41,15 @@ class Server:
         cmd = [*launcher, BIN, "serve", "-m", MODEL_DIR, "--port", str(self.port), "--served-model-name", "m",
                *COMMON, *os.environ.get("K3_SERVE_ARGS", "").split(), *extra] + (["--tp", str(tp)] if tp > 1 else [])
         env = dict(os.environ, K3_NUM_THREADS="1")
-        t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited early:\n" + self.logs())
-            try:
-                if self.request("GET", "/health", timeout=5)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() - t0 > 120:
-                self.kill()
-                raise RuntimeError("server did not become healthy:\n" + self.logs())
-            time.sleep(0.05)
-        self.ready_s = time.time() - t0
+        self.ready_s = e2e.wait_healthy(self.proc, self.port, self.logs, 120, self.kill)
         self.tree = [self.proc.pid] + e2e.descendants(self.proc.pid)
 
     def logs(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        return e2e.read_log(self.log)
 
     def request(self, method, path, body=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            h = {"Content-Type": "application/json"} if body is not None else {}
-            c.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
-            r = c.getresponse()
-            return r.status, r.read()
-        finally:
-            c.close()
+        return e2e.http_request(self.port, method, path, body, timeout)
 
     def complete(self, prompt, n=40, **kw):
         st, data = self.request("POST", "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": n,
