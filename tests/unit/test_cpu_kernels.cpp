@@ -579,8 +579,9 @@ TEST(CpuKernels, RmsNorm) {
               ASSERT_LE(err, 8 * kU * std::fabs(want)) << "dim " << dim << " eps " << eps << " mode " << mode;
               worst.add(err / (kU * std::fabs(want)));
             }
-            if (mode == 2)  // the gap between strided rows is untouched
+            if (mode == 2) {  // the gap between strided rows is untouched
               for (int64_t i = dim; i < stride && t + 1 < n; ++i) ASSERT_TRUE(std::isnan(out[static_cast<size_t>(t * stride + i)]));
+            }
           }
         }
 }

@@ -370,7 +370,9 @@ TEST(OffloadPlan, EveryExpertIsPlacedExactlyOnce) {
         EXPECT_NEAR(p.vram.non_expert + p.ram.non_expert, p.weights.non_expert(), 1.0);
         EXPECT_EQ(p.gpu_expert_layers + p.cpu_expert_layers, p.moe_layers);
         EXPECT_LE(p.ram.total(), ram * 1e9 * p.in.ram_util + 1);
-        if (p.in.gpu) EXPECT_LE(p.vram.total(), p.in.gpu->memory_gb * 1e9 * p.in.mem_util + 1);
+        if (p.in.gpu) {
+          EXPECT_LE(p.vram.total(), p.in.gpu->memory_gb * 1e9 * p.in.mem_util + 1);
+        }
         EXPECT_GT(p.decode_tok_s_overlapped, 0);
         EXPECT_GE(p.decode_tok_s_overlapped, p.decode_tok_s_serial);
       }

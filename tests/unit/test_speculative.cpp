@@ -479,7 +479,9 @@ TEST(SpeculativeEngine, DraftModelSelfDraftAcceptsEveryGuess) {
       for (auto& [id, v] : off.ids) EXPECT_EQ(on.ids.at(id), v) << id;
       EXPECT_GT(on.stats.spec_num_draft_tokens, 0);
       EXPECT_EQ(on.stats.spec_num_accepted_tokens, on.stats.spec_num_draft_tokens) << "budget " << budget;
-      if (budget == small) EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
+      if (budget == small) {
+        EXPECT_GT(on.stats.preemptions, 0) << "the small cache should have forced preemption";
+      }
       EXPECT_EQ(on.cache.pages_used, 0);
       EXPECT_EQ(on.cache.slots_used, 0);
     }
