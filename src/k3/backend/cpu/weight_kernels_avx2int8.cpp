@@ -199,34 +199,18 @@ __attribute__((always_inline)) inline void mxfp4_q8_tile(const uint8_t* packed, 
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
-// mxfp4_q8_tile over rows [r0, r1) (row r's outputs at y + r - r0): one call per row block.
-template <WeightFormat F, int T>
-void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y,
-                        int64_t ldy) {
-  const int64_t groups = W.cols / kMxfp4Group, data_bytes = row_data_bytes(W.format, W.cols),
-                scale_bytes = row_scale_bytes(W.format, W.cols);
-  const uint8_t* data = W.row_data(r0);
-  const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
-  for (int64_t r = 0; r < r1 - r0; ++r)
-    mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq, ldq, y + r, ldy);
-}
-
-using TileFn = Avx2Int8TileFn;
-
-template <WeightFormat F, size_t... T>
-constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
-  return std::array<TileFn, sizeof...(T)>{mxfp4_q8_tile_rows<F, static_cast<int>(T) + 1>...};
-}
+// Row r of an MXFP4 matrix for T tokens (avx2int8_rows' K).
+template <WeightFormat F>
+struct Mxfp4Rows {
+  template <int T>
+  static void row(const WeightMatrix& W, int64_t r, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
+    mxfp4_q8_tile<F, T>(W.row_data(r), W.scales ? W.row_scales(r) : nullptr, W.cols / kMxfp4Group, xq, ldq, y, ldy);
+  }
+};
 
 // 6 tokens: 6 accumulators + 4 weight vectors, the scales, the ones and temporaries in 16 ymm (6 ran the
 // expert GEMMs ~20% faster than 4 on Zen 3).
-constexpr int64_t kMxfp4T = 6;
-
-template <WeightFormat F>
-void mxfp4_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
-  static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
-  avx2int8_run_tiles(tiles.data(), static_cast<int64_t>(tiles.size()), W, r0, r1, xq, q8_stride(W.cols), n, y, ldy);
-}
+constexpr int kMxfp4T = 6;
 
 // ---- GGUF block formats x int8 quads ----
 
@@ -303,53 +287,27 @@ __attribute__((always_inline)) inline void quant_tile(const uint8_t* row, int64_
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(s.acc[t]) - s.macc[t];
 }
 
-template <WeightFormat F, int T>
-void quant_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
-  const int64_t row_bytes = row_data_bytes(F, W.cols), blocks = W.cols / weight_layout(F).block_elems;
-  const uint8_t* data = W.row_data(r0);
-  for (int64_t r = 0; r < r1 - r0; ++r) quant_tile<F, T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
-}
-
-template <WeightFormat F, size_t... T>
-constexpr auto quant_tiles(std::index_sequence<T...>) {
-  return std::array<TileFn, sizeof...(T)>{quant_tile_rows<F, static_cast<int>(T) + 1>...};
-}
-
-constexpr int64_t kQuantT = 6;
-
+// Row r of a block-format matrix for T tokens (avx2int8_rows' K).
 template <WeightFormat F>
-void quant_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
-  static constexpr auto tiles = quant_tiles<F>(std::make_index_sequence<kQuantT>());
-  avx2int8_run_tiles(tiles.data(), static_cast<int64_t>(tiles.size()), W, r0, r1, xq, seg_stride(W.cols), n, y, ldy);
-}
-
-template <WeightFormat F>
-struct QuantPath {
-  static int64_t stride_bytes(int64_t cols) { return seg_stride(cols); }
-  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { seg_tokens(x, n, cols, out); }
-  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
-    quant_rows<F>(W, r0, r1, act, n, y, ldy);
+struct QuantRows {
+  template <int T>
+  static void row(const WeightMatrix& W, int64_t r, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
+    quant_tile<F, T>(W.row_data(r), W.cols / weight_layout(F).block_elems, xq, ldq, y, ldy);
   }
 };
 
-template <WeightFormat F>
-struct Mxfp4Path {
-  static int64_t stride_bytes(int64_t cols) { return q8_stride(cols); }
-  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8_tokens(x, n, cols, out); }
-  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
-    mxfp4_rows<F>(W, r0, r1, act, n, y, ldy);
-  }
-};
+constexpr int kQuantT = 6;
+
 
 template <WeightFormat F>
 const RowKernels* kernels_of(const RowKernels& exact) {
-  static const RowKernels k = act_path::kernels<Mxfp4Path<F>>(exact);
+  static const RowKernels k = act_path::kernels<Avx2Int8Path<Mxfp4Rows<F>, kMxfp4T, q8_stride, q8_tokens>>(exact);
   return &k;
 }
 
 template <WeightFormat F>
 const RowKernels* quant_kernels() {
-  static const RowKernels k = act_path::kernels<QuantPath<F>>(*avx2_quant_row_kernels(F));
+  static const RowKernels k = act_path::kernels<Avx2Int8Path<QuantRows<F>, kQuantT, seg_stride, seg_tokens>>(*avx2_quant_row_kernels(F));
   return &k;
 }
 

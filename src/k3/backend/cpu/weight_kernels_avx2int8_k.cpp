@@ -192,32 +192,23 @@ __attribute__((always_inline)) inline void q6k_tile(const uint8_t* row, int64_t 
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
-template <WeightFormat F, int T>
-void k_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
-  const int64_t row_bytes = row_data_bytes(F, W.cols), blocks = W.cols / kQK;
-  const uint8_t* data = W.row_data(r0);
-  for (int64_t r = 0; r < r1 - r0; ++r) {
+// Row r of a Q4_K / Q6_K matrix for T tokens (avx2int8_rows' K).
+template <WeightFormat F>
+struct KRows {
+  template <int T>
+  static void row(const WeightMatrix& W, int64_t r, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
     if constexpr (F == WeightFormat::Q4_K)
-      q4k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
+      q4k_tile<T>(W.row_data(r), W.cols / kQK, xq, ldq, y, ldy);
     else
-      q6k_tile<T>(data + r * row_bytes, blocks, xq, ldq, y + r, ldy);
-  }
-}
-
-// 4 tokens: 4 block sums + 4 accumulators + the decoded weight vectors and temporaries in 16 ymm.
-constexpr int64_t kT = 4;
-template <WeightFormat F>
-constexpr std::array<Avx2Int8TileFn, kT> kTiles = {k_tile_rows<F, 1>, k_tile_rows<F, 2>, k_tile_rows<F, 3>,
-                                                    k_tile_rows<F, 4>};
-
-template <WeightFormat F>
-struct KPath {
-  static int64_t stride_bytes(int64_t cols) { return block_stride(cols); }
-  static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) { q8k_tokens(x, n, cols, out); }
-  static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
-    avx2int8_run_tiles(kTiles<F>.data(), kT, W, r0, r1, act, block_stride(W.cols), n, y, ldy);
+      q6k_tile<T>(W.row_data(r), W.cols / kQK, xq, ldq, y, ldy);
   }
 };
+
+// 4 tokens: 4 block sums + 4 accumulators + the decoded weight vectors and temporaries in 16 ymm.
+constexpr int kT = 4;
+
+template <WeightFormat F>
+using KPath = Avx2Int8Path<KRows<F>, kT, block_stride, q8k_tokens>;
 
 }  // namespace
 
