@@ -132,9 +132,9 @@ __global__ void __launch_bounds__(kHeadsPerBlock * 32)
 // Merges the splits' (max, sum, acc) of one (token, head) and kMergeDims of its latent dims per block, one
 // dim per thread. The split weights exp(m_s - max) are computed once per block into shared memory (block-wide
 // max and sum trees, a fixed order for a given split count), then each thread sums its dim over the splits
-// with independent loads in flight. (The first form, a block per (token, head) looping dims x splits, was
-// load-latency bound at batch 1: 64 splits x 4 dims of dependent-looking loads per thread, ~40 us of the
-// 68 us attention at 8k keys on the H200.) Only the splits that hold keys are read (mla_detail::split_chunk;
+// with independent loads in flight. (The first form, a block per (token, head) looping dims x splits -- 32
+// blocks at batch 1, each thread 64 splits x 4 dims of loads -- left the batch-1 attention at 68 us for 8k
+// keys on the H200; with this one it takes 25 us, CudaMlaDecodeTiming, session 15.) Only the splits that hold keys are read (mla_detail::split_chunk;
 // the SIMT kernel's min_keys = gran = 1 keeps its old cut).
 constexpr int kMergeDims = 128;
 __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
