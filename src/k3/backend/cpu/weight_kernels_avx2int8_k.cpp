@@ -2,10 +2,10 @@
 // vec_dot_q4_K_q8_K uses): the activations of each 256-value block as 256 int8 q = round(x / d) with ONE
 // fp32 scale d = max|x| / 127 per block, and the sums of q per 16 values. A Q4_K block's 4-bit quants are
 // unsigned, so `maddubs(w, q)` multiplies them as they are, the 6-bit sub-scales multiply the int16 pair sums
-// in integers (`madd`), and the whole block stays in int32 lanes: one int -> float conversion and one fma per
-// block and token, instead of the quad path's convert, multiply and fma per 32 values (the quads keep a scale
+// in integers (`madd`), and the whole block stays in int32 lanes: two int -> float conversions and two fmas
+// per block and token (products, then mins), instead of the quad path's convert, multiply and fma per 32 values (the quads keep a scale
 // per 4 values: more accurate, ~2.5x the instructions; docs/perf/cpu.md "Session 15"). The sub-mins meet
-// the q sums in one `madd` per block: value = d sc q - dmin m, so
+// the per-16 q sums in one `madd` per block (8 lanes, one per sub-block): value = d sc q - dmin m, so
 //   y = sum_b [ d_w d_x sum_j sc_j sum_{i in j} w_i q_i  -  dmin_w d_x sum_j m_j sum_{i in j} q_i ].
 // Integer ranges: a maddubs pair <= 2 x 15 x 127 = 3810 (no saturation); times sc <= 63 and paired by madd
 // <= 480k per int32 lane; 4 sub-block pairs per block: < 2^22. Batch invariance: every (row, token) runs the
@@ -85,26 +85,40 @@ inline float f16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+// A Q4_K block's 12 scale bytes as 8 unsigned bytes of 6-bit sub-scales (bytes 0..7) and 8 of 6-bit sub-mins
+// (bytes 8..15), with word arithmetic instead of a per-sub-block decode (which was a third of this kernel).
+// The layout (docs/quantization.md): for j < 4 scale j = s[j] & 63, min j = s[j + 4] & 63; for j >= 4 the low
+// four bits come from s[j + 4] (scale: low nibble, min: high nibble) and the top two from the top bits of
+// s[j - 4] (scale) or s[j] (min). As 32-bit words u0..u2 = s[0..3], s[4..7], s[8..11], byte-parallel.
+inline __m128i k4_scales_mins(const uint8_t* s) {
+  uint32_t u[3], o[4];
+  std::memcpy(u, s, sizeof u);
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+  o[0] = u[0] & low6;
+  o[1] = (u[2] & low4) | (((u[0] >> 6) & top2) << 4);
+  o[2] = u[1] & low6;
+  o[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4);
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(o));
+}
+
 // One Q4_K row x T tokens. Per 64 weights (one 32-byte load: sub-blocks 2p and 2p + 1) every token's int32
-// lanes take its products, so the registers hold two weight vectors and T block sums at a time.
+// lanes take its products, so the registers hold two weight vectors and T block sums at a time. The sub-mins
+// meet the activations' per-16 sums in one madd per block and token (8 lanes: m_j x the sum over sub-block
+// j), in the same accumulator as the products at their own scale.
 template <int T>
 __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
                                                     float* y, int64_t ldy) {
   __m256 acc[T];
-  float macc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps(), macc[t] = 0.f;
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
+  // Each min twice (one per 16-value half of its sub-block), as int16 lanes for madd with the per-16 sums.
+  const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* wb = row + b * 144;
     const float dw = f16(wb), dmin = f16(wb + 2);
-    alignas(16) int16_t sc[8], mn[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      int s, m;
-      quant::k4_scale_min(j, wb + 4, &s, &m);
-      sc[j] = static_cast<int16_t>(s);
-      mn[j] = static_cast<int16_t>(m);
-    }
+    const __m128i sm = k4_scales_mins(wb + 4);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // the 8 scales as int16, both halves
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup_mins));
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -112,7 +126,9 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
       const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16 + 32 * p));
       const __m256i lo = _mm256_and_si256(qw, low4);                        // values 64p .. 64p + 31
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qw, 4), low4);  // 64p + 32 .. 64p + 63
-      const __m256i s0 = _mm256_set1_epi16(sc[2 * p]), s1 = _mm256_set1_epi16(sc[2 * p + 1]);
+      // Scales 2p and 2p + 1 broadcast to every int16 lane (bytes 4p, 4p + 1 and 4p + 2, 4p + 3 of sc16).
+      const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(((4 * p + 1) << 8) | (4 * p))));
+      const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(((4 * p + 3) << 8) | (4 * p + 2))));
       for (int t = 0; t < T; ++t) {
         const uint8_t* xb = xq + t * ldq + b * kBlockBytes + 64 * p;
         const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
@@ -122,23 +138,18 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
       }
     }
-    const __m128i mins = _mm_load_si128(reinterpret_cast<const __m128i*>(mn));
     for (int t = 0; t < T; ++t) {
       const uint8_t* xb = xq + t * ldq + b * kBlockBytes;
       float dx;
       std::memcpy(&dx, xb + kDAt, sizeof dx);
+      // |m_j x sum over sub-block j| <= 63 x 32 x 127: exact in int32 and in fp32.
+      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
+      const __m256i mq = _mm256_madd_epi16(sums, mins16);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-      // Sums per 32 (pairs of the per-16 sums) times the sub-mins, in integers: |.| < 8 x 63 x 4064.
-      const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kSumsAt));
-      const __m128i s16b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + kSumsAt + 16));
-      const __m128i s32 = _mm_packs_epi32(_mm_madd_epi16(s16, _mm_set1_epi16(1)), _mm_madd_epi16(s16b, _mm_set1_epi16(1)));
-      __m128i mm = _mm_madd_epi16(s32, mins);  // 4 int32: pairs of sub-blocks
-      mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0x4E));
-      mm = _mm_add_epi32(mm, _mm_shuffle_epi32(mm, 0xB1));
-      macc[t] = std::fma(dmin * dx, static_cast<float>(_mm_cvtsi128_si32(mm)), macc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]) - macc[t];
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
 // One Q6_K row x T tokens: per half (128 values) the 6-bit quants (0..63, stored value q - 32) assembled from
