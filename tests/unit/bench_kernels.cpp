@@ -162,7 +162,7 @@ TEST(KernelBench, DISABLED_Matmul) {
 // Decode's two kernels against the read bandwidth, in one run: one token through a BF16 matrix (268 MB) and an
 // MXFP4 one of the same shape (71 MB with its scales), both far beyond the caches, on the compute pool, next to `k3 bench memory`'s read of 1 GiB. GB/s of stored bytes and % of the read rate: what
 // separates a batch-1 decode step from its DRAM bound (docs/perf/cpu.md, "Session 13"). Run with
-// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_DecodeStream'` (K3_NUM_THREADS).
+// `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_DecodeStream'` (K3_NUM_THREADS; the tests run the exact tier unless K3_CPU_ISA names another, e.g. avx2int8).
 TEST(KernelBench, DISABLED_DecodeStream) {
   const k3::bench::BandwidthResult bw = k3::bench::measure_read_bandwidth(size_t{1} << 30, 5);
   std::printf("read bandwidth (k3 bench memory): best %.1f GB/s, %d threads\n", bw.best_gb_s, bw.threads);
