@@ -87,11 +87,11 @@ bool tier_rounds_activations(WeightFormat f) {
   return tier == k3::cpu::CpuIsa::Avx512Bf16 || (tier == k3::cpu::CpuIsa::Avx2Int8 && avx2int8_rounds(f));
 }
 
-// avx2int8's Q4_K and Q6_K paths round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and
+// avx2int8's Q4_K, Q5_K and Q6_K paths round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and
 // their sub-mins / offsets meet the ROUNDED activations (sums of q): the whole weight sees the rounding.
 bool per_block_activations(WeightFormat f) {
   return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx2Int8 &&
-         (f == WeightFormat::Q4_K || f == WeightFormat::Q6_K);
+         (f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K);
 }
 
 // The activation-rounding bound of the rounding tiers for one row (w, mins) and token x (see the top): per
@@ -222,7 +222,7 @@ TEST_P(QuantKernelsTier, NanActivationGivesNan) {
 // A rounding tier's int8 kernels: they ran (on random activations the results differ from the exact
 // tier's), and their only error beyond fp32's is the activations' rounding: on activations that the
 // int8 groups hold exactly (each group of `group(f)` values -- 4 for the quads, 256 for avx2int8's per-block
-// Q4_K / Q6_K paths -- k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the plain fp32 bound holds (a
+// Q4_K / Q5_K / Q6_K paths -- k x 2^e, |k| <= 127 with one |k| = 127, so d = 2^e and q = k), the plain fp32 bound holds (a
 // wrong lane scale, sub-scale, sub-min, group order or correction would break it).
 void check_int8_tier(k3::cpu::CpuIsa rounding, k3::cpu::CpuIsa exact, const std::vector<WeightFormat>& formats,
                      size_t (*group)(WeightFormat) = [](WeightFormat) -> size_t { return 4; }) {
@@ -275,7 +275,7 @@ TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTie
     GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
   check_int8_tier(k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx2,
                   {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K},
-                  [](WeightFormat f) -> size_t { return f == WeightFormat::Q4_K || f == WeightFormat::Q6_K ? 256 : 4; });
+                  [](WeightFormat f) -> size_t { return f == WeightFormat::Q8_0 ? 4 : 256; });
 }
 
 }  // namespace

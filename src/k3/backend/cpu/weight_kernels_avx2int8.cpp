@@ -344,7 +344,7 @@ const RowKernels* avx2int8_quant_row_kernels(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
     case WeightFormat::Q4_K: return avx2int8_k_row_kernels(f);  // per-block activations (weight_kernels_avx2int8_k.cpp)
-    case WeightFormat::Q5_K: return quant_kernels<WeightFormat::Q5_K>();
+    case WeightFormat::Q5_K: return avx2int8_k_row_kernels(f);
     case WeightFormat::Q6_K: return avx2int8_k_row_kernels(f);
     // The other block formats keep fp32 activations: the avx2 tier's exact kernels.
     default: return avx2_quant_row_kernels(f);

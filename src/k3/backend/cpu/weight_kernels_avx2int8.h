@@ -15,9 +15,8 @@ namespace k3::cpu {
 // dequant the tier keeps (it rounds activations, never weights). Needs AVX2 + FMA + F16C only.
 const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact);
 
-// The tier's kernels of GGUF's block formats: Q8_0, Q5_K, Q6_K on int8 quads, Q4_K on per-block int8
-// activations, the others the
-// avx2 tier's exact ones; null when f is not a block format.
+// The tier's kernels of GGUF's block formats: Q8_0 on int8 quads, Q4_K, Q5_K and Q6_K on per-block int8
+// activations, the others the avx2 tier's exact ones; null when f is not a block format.
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f);
 
 // Shared by the tier's files: a tile function (rows [r0, r1) x a fixed count of converted tokens, ldq bytes
@@ -50,7 +49,7 @@ struct Avx2Int8Path {
   }
 };
 
-// Q4_K and Q6_K on per-block int8 activations (llama.cpp's Q8_K layout; weight_kernels_avx2int8_k.cpp); null
+// Q4_K, Q5_K and Q6_K on per-block int8 activations (llama.cpp's Q8_K layout; weight_kernels_avx2int8_k.cpp); null
 // for other formats.
 const RowKernels* avx2int8_k_row_kernels(WeightFormat f);
 

@@ -1,4 +1,4 @@
-// The avx2int8 tier's Q4_K and Q6_K paths on per-block int8 activations (llama.cpp's Q8_K layout, which its AVX2
+// The avx2int8 tier's Q4_K, Q5_K and Q6_K paths on per-block int8 activations (llama.cpp's Q8_K layout, which its AVX2
 // vec_dot_q4_K_q8_K uses): the activations of each 256-value block as 256 int8 q = round(x / d) with ONE
 // fp32 scale d = max|x| / 127 per block, and the sums of q per 16 values. A Q4_K block's 4-bit quants are
 // unsigned, so `maddubs(w, q)` multiplies them as they are, the 6-bit sub-scales multiply the int16 pair sums
@@ -105,7 +105,11 @@ inline __m128i k4_scales_mins(const uint8_t* s) {
 // lanes take its products, so the registers hold two weight vectors and T block sums at a time. The sub-mins
 // meet the activations' per-16 sums in one madd per block and token (8 lanes: m_j x the sum over sub-block
 // j), in the same accumulator as the products at their own scale.
-template <int T>
+//
+// Q5_K (kFive) is the same block with a fifth bit per weight: 176 bytes {d, dmin, scales[12], qh[32], qs[128]}, the
+// bit of value 64p + l at bit 2p of qh[l], of 64p + 32 + l at bit 2p + 1; the quants are 0..31, so a maddubs pair
+// <= 2 x 31 x 127 = 7874, times sc <= 63 and paired <= 992k, 4 per lane: < 2^22, as exact as Q4_K's.
+template <int T, bool kFive = false>
 __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
                                                     float* y, int64_t ldy) {
   __m256 acc[T];
@@ -114,8 +118,10 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
   // Each min twice (one per 16-value half of its sub-block), as int16 lanes for madd with the per-16 sums.
   const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = row + b * 144;
+    constexpr int64_t kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
+    const uint8_t* wb = row + b * kBytes;
     const float dw = f16(wb), dmin = f16(wb + 2);
+    [[maybe_unused]] const __m256i qh = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16)) : __m256i{};
     const __m128i sm = k4_scales_mins(wb + 4);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // the 8 scales as int16, both halves
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup_mins));
@@ -123,9 +129,14 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) {
-      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16 + 32 * p));
-      const __m256i lo = _mm256_and_si256(qw, low4);                        // values 64p .. 64p + 31
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qw, 4), low4);  // 64p + 32 .. 64p + 63
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kQs + 32 * p));
+      __m256i lo = _mm256_and_si256(qw, low4);                        // values 64p .. 64p + 31
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qw, 4), low4);  // 64p + 32 .. 64p + 63
+      if constexpr (kFive) {  // bits 2p and 2p + 1 of each qh byte to bit 4 (a byte's own bits: no carry across)
+        const __m256i one = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+      }
       // Scales 2p and 2p + 1 broadcast to every int16 lane (bytes 4p, 4p + 1 and 4p + 2, 4p + 3 of sc16).
       const __m256i s0 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(((4 * p + 1) << 8) | (4 * p))));
       const __m256i s1 = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16(static_cast<int16_t>(((4 * p + 3) << 8) | (4 * p + 2))));
@@ -203,13 +214,15 @@ __attribute__((always_inline)) inline void q6k_tile(const uint8_t* row, int64_t 
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
-// Row r of a Q4_K / Q6_K matrix for T tokens (avx2int8_rows' K).
+// Row r of a Q4_K / Q5_K / Q6_K matrix for T tokens (avx2int8_rows' K).
 template <WeightFormat F>
 struct KRows {
   template <int T>
   static void row(const WeightMatrix& W, int64_t r, const uint8_t* xq, int64_t ldq, float* y, int64_t ldy) {
     if constexpr (F == WeightFormat::Q4_K)
       q4k_tile<T>(W.row_data(r), W.cols / kQK, xq, ldq, y, ldy);
+    else if constexpr (F == WeightFormat::Q5_K)
+      q4k_tile<T, true>(W.row_data(r), W.cols / kQK, xq, ldq, y, ldy);
     else
       q6k_tile<T>(W.row_data(r), W.cols / kQK, xq, ldq, y, ldy);
   }
@@ -225,8 +238,9 @@ using KPath = Avx2Int8Path<KRows<F>, kT, block_stride, q8k_tokens>;
 
 const RowKernels* avx2int8_k_row_kernels(WeightFormat f) {
   static const RowKernels q4 = act_path::kernels<KPath<WeightFormat::Q4_K>>(*avx2_quant_row_kernels(WeightFormat::Q4_K));
+  static const RowKernels q5 = act_path::kernels<KPath<WeightFormat::Q5_K>>(*avx2_quant_row_kernels(WeightFormat::Q5_K));
   static const RowKernels q6 = act_path::kernels<KPath<WeightFormat::Q6_K>>(*avx2_quant_row_kernels(WeightFormat::Q6_K));
-  return f == WeightFormat::Q4_K ? &q4 : f == WeightFormat::Q6_K ? &q6 : nullptr;
+  return f == WeightFormat::Q4_K ? &q4 : f == WeightFormat::Q5_K ? &q5 : f == WeightFormat::Q6_K ? &q6 : nullptr;
 }
 
 }  // namespace k3::cpu
