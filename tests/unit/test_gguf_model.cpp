@@ -359,6 +359,52 @@ TEST_F(GgufMalformed, MissingHalfOfKvB) {
   EXPECT_NE(m.find("tensor 'blk.3.attn_v_b.weight' is missing"), std::string::npos) << m;
 }
 
+// llama-quantize's Q4_K_M writes attn_k_b (rows of qk_nope = 128 values, not whole 256-blocks) in its fallback
+// Q5_0 / Q8_0 beside a Q4_K attn_v_b: kv_b's halves may have two types (found on the H200 in session 16: such a
+// file of the Kimi-Linear-dims slice did not load). tiny-k3's halves are 16 values wide (no block format fits),
+// so the test gives attn_k_b another FLOAT type: widened to F32 (exact: the same logits bit for bit) and
+// narrowed to F16 (exact too for BF16 values in f16's normal range, which the test asserts): the same logits.
+TEST_F(GgufMalformed, KvBHalvesOfTwoTypesLoad) {
+  const std::vector<int32_t> toks{5, 17, 3, 99, 42, 7};
+  const std::vector<float> ref = run(*k3::Model::load(path_), toks, false);
+  const uint32_t stored = file_->gguf().find("blk.3.attn_k_b.weight")->type;
+  ASSERT_TRUE(stored == 0 || stored == 30) << "tiny-k3's attn_k_b is F32 or BF16 in the GGUF, not type " << stored;
+  const auto load_edited = [&](uint32_t to) {  // to: 0 = F32, 1 = F16
+    Edit e;
+    e.tensor = [stored, to](const std::string& n, std::vector<int64_t>&, uint32_t& type, std::vector<uint8_t>& data) {
+      if (n != "blk.3.attn_k_b.weight") return;
+      std::vector<float> v(data.size() / (stored == 0 ? 4 : 2));
+      for (size_t i = 0; i < v.size(); ++i) {
+        uint16_t h;
+        if (stored == 0) std::memcpy(&v[i], &data[4 * i], 4);
+        else std::memcpy(&h, &data[2 * i], 2), v[i] = k3::bf16_to_f32(h);
+      }
+      data.resize(v.size() * (to == 0 ? 4 : 2));
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (to == 0) {
+          std::memcpy(&data[4 * i], &v[i], 4);
+        } else {  // exact for a value with <= 10 mantissa bits in f16's normal range (or zero), as BF16 values are
+          uint32_t b;
+          std::memcpy(&b, &v[i], 4);
+          const uint32_t ex = (b >> 23) & 0xff;
+          ASSERT_TRUE(v[i] == 0.f || (ex >= 113 && ex <= 142 && (b & 0x1fff) == 0)) << "not exact in f16: " << v[i];
+          const uint16_t h = static_cast<uint16_t>(((b >> 16) & 0x8000) | (v[i] == 0.f ? 0 : ((ex - 112) << 10) | ((b >> 13) & 0x3ff)));
+          std::memcpy(&data[2 * i], &h, 2);
+        }
+      }
+      type = to;
+    };
+    const std::string p = rewrite(file_->gguf(), e, (tmp_.path / ("kvb" + std::to_string(to) + ".gguf")).string());
+    return run(*k3::Model::load(p), toks, false);
+  };
+  if (stored != 0) {  // BF16 halves: an F32 attn_k_b beside the BF16 attn_v_b
+    const std::vector<float> widened = load_edited(0);
+    EXPECT_EQ(0, std::memcmp(widened.data(), ref.data(), ref.size() * 4));
+  }
+  const std::vector<float> narrowed = load_edited(1);
+  EXPECT_EQ(0, std::memcmp(narrowed.data(), ref.data(), ref.size() * 4));
+}
+
 TEST_F(GgufMalformed, MissingTensorNamedInGgufTerms) {
   Edit e;
   e.drop_tensor = [](const std::string& n) { return n == "blk.2.ssm_beta.weight"; };

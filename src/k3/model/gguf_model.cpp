@@ -195,14 +195,17 @@ ModelConfig gguf_model_config(const Gguf& g, const std::string& source) {
   // name config.json keys, so the source says where they came from.
   ModelConfig c = parse_model_config(top.dump(), source + " (metadata as config.json keys: docs/gguf.md)");
   c.source = source;
-  // Routed experts: as their GGUF type says (MXFP4 in ggml's block, or floats bound as stored).
+  // Routed experts: as their GGUF type says (MXFP4 in ggml's block, or floats bound as stored). The gate's
+  // format stands for the stack; up and down may differ (llama-quantize falls back to Q5_0 / Q8_0 for a down
+  // projection whose intermediate width is not whole 256-blocks), and each stacked tensor's width is checked
+  // against its own format where the tensors are adapted.
   if (dense < layers) {
     const GgufTensor* e = g.find(blk(dense, "ffn_gate_exps.weight"));
     if (const auto f = e ? block_format_of_ggml_type(e->type) : std::nullopt) {
       c.expert_quant_format = *f;
       const int64_t be = weight_layout(*f).block_elems;
-      if (c.expert_in_dim() % be || c.moe_intermediate_size % be)
-        throw Error("'" + source + "': " + weight_format_name(*f) + " experts need expert input and intermediate sizes divisible by " +
+      if (c.expert_in_dim() % be)
+        throw Error("'" + source + "': " + weight_format_name(*f) + " expert gates need an expert input size divisible by " +
                     std::to_string(be));
     }
   }
@@ -381,6 +384,27 @@ class Adapter {
     }
   }
 
+  // One half of kv_b as fp32 values in its stored order (block formats through their decoders; F32 / F16 /
+  // BF16 widened exactly).
+  static std::vector<float> half_as_f32(const GgufTensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.elements()));
+    if (const auto bf = block_format_of_ggml_type(t.type)) {
+      quant::dequantize_row(*bf, t.data, t.elements(), out.data());
+      return out;
+    }
+    const DType dt = *float_dtype(t.type);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (dt == DType::F32) {
+        std::memcpy(&out[i], t.data + 4 * i, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        out[i] = dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+    return out;
+  }
+
   // kv_b [heads * (nope + v)][kv_lora] from attn_k_b [heads][kv_lora][nope] (transposed per head) and attn_v_b
   // [heads][v][kv_lora]: an element copy in the stored type (kv_b is small and the binder copies it anyway).
   void kv_b(const std::string& name, const GgufTensor* k, const GgufTensor* v) {
@@ -392,27 +416,27 @@ class Adapter {
     }
     const int64_t nh = c_.mla_heads, kr = c_.kv_lora_rank, dn = c_.qk_nope_dim, dv = c_.v_head_dim;
     const std::vector<int64_t> kd{dn, kr, nh}, vd{kr, dv, nh};
-    if (k->dims != kd || v->dims != vd || k->type != v->type) {
+    const auto loadable = [](const GgufTensor* t) { return block_format_of_ggml_type(t->type) || float_dtype(t->type); };
+    if (k->dims != kd || v->dims != vd || !loadable(k) || !loadable(v)) {
       problem("tensors '" + k->name + "' " + type_name(k->type) + " " + dims_str(k->dims) + " and '" + v->name + "' " +
-              type_name(v->type) + " " + dims_str(v->dims) + ": expected one type and " + dims_str(kd) + ", " +
-              dims_str(vd) + " (nope, kv_lora_rank, heads / kv_lora_rank, v_head, heads)");
+              type_name(v->type) + " " + dims_str(v->dims) + ": expected " + dims_str(kd) + ", " + dims_str(vd) +
+              " (nope, kv_lora_rank, heads / kv_lora_rank, v_head, heads) in float or block formats");
       return;
     }
-    // Quantised halves (a GGUF quantised whole) are dequantised to F32 first: kv_b is small, and the binder
-    // keeps an fp32 copy of it anyway.
+    // Halves of one float type are copied as stored. Otherwise (quantised halves, or two types: llama-quantize's
+    // Q4_K_M writes attn_k_b, whose rows are 128 wide, as Q5_0 / Q8_0 beside a Q4_K attn_v_b) each half is
+    // dequantised to F32: kv_b is small, and the binder keeps an fp32 copy of it anyway.
     std::vector<float> kf, vf;
     const uint8_t* kdata = k->data;
     const uint8_t* vdata = v->data;
     DType dt = DType::F32;
-    if (const auto bf = block_format_of_ggml_type(k->type)) {
-      kf.resize(static_cast<size_t>(k->elements()));
-      vf.resize(static_cast<size_t>(v->elements()));
-      quant::dequantize_row(*bf, k->data, k->elements(), kf.data());
-      quant::dequantize_row(*bf, v->data, v->elements(), vf.data());
+    if (k->type == v->type && !block_format_of_ggml_type(k->type)) {
+      dt = *float_dtype(k->type);
+    } else {
+      kf = half_as_f32(*k);
+      vf = half_as_f32(*v);
       kdata = reinterpret_cast<const uint8_t*>(kf.data());
       vdata = reinterpret_cast<const uint8_t*>(vf.data());
-    } else {
-      dt = *float_dtype(k->type);
     }
     const size_t es = dtype_size(dt);
     std::vector<uint8_t> out(static_cast<size_t>(nh * (dn + dv) * kr) * es);
