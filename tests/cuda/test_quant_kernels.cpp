@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -302,15 +303,19 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
 
 // Routed experts stacked as blocks (quant_moe.h) against a float64 MoE over the CPU's dequantised
 // experts (SiLU GLU, rank-order weighted sum), including a token routed twice to one expert: within
-// 1e-4 of the outputs' range (fp32 dot products of 256 / 512 terms and the fp32 activation).
+// 1e-4 of the outputs' range (fp32 dot products of 256 / 512 terms and the fp32 activation). The last case
+// stacks the down projections in another format (Q6_K beside Q4_K gate / up, as llama-quantize's Q4_K_M does
+// in some layers: ExpertStack::down_format).
 TEST(CudaQuantKernels, BlockExpertsMatchAFloat64Moe) {
   SKIP_WITHOUT_GPU();
-  for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q8_0, WeightFormat::IQ2_XS}) {
+  const std::pair<WeightFormat, WeightFormat> cases[] = {{WeightFormat::Q4_K, WeightFormat::Q4_K}, {WeightFormat::Q8_0, WeightFormat::Q8_0},
+                                                          {WeightFormat::IQ2_XS, WeightFormat::IQ2_XS}, {WeightFormat::Q4_K, WeightFormat::Q6_K}};
+  for (const auto& [f, fd] : cases) {
     const int E = 5, I = 512, X = 256, K = 3, n = 4;
     const auto gb = random_blocks(f, int64_t{E} * I, X, 11, 6, 10), ub = random_blocks(f, int64_t{E} * I, X, 12, 6, 10);
-    const auto db = random_blocks(f, int64_t{E} * X, I, 13, 6, 10);
+    const auto db = random_blocks(fd, int64_t{E} * X, I, 13, 6, 10);
     const auto g = cpu_rows(host_matrix(f, gb, int64_t{E} * I, X)), u = cpu_rows(host_matrix(f, ub, int64_t{E} * I, X));
-    const auto d = cpu_rows(host_matrix(f, db, int64_t{E} * X, I));
+    const auto d = cpu_rows(host_matrix(fd, db, int64_t{E} * X, I));
     std::mt19937 rng(9);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> x(static_cast<size_t>(n * X)), wts(static_cast<size_t>(n * K));
@@ -345,6 +350,7 @@ TEST(CudaQuantKernels, BlockExpertsMatchAFloat64Moe) {
     out.poison();
     k3::ExpertStack st;
     st.format = f;
+    st.down_format = fd;
     st.gate = dg.p, st.up = du.p, st.down = dd.p;
     st.E = E, st.I = I, st.X = X;
     ck(k3::cuda::quant_moe_experts(st, n, K, dx.p, di.p, dw.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, hidden.p, out.p, nullptr), "moe");
@@ -352,9 +358,10 @@ TEST(CudaQuantKernels, BlockExpertsMatchAFloat64Moe) {
     const auto got = out.get();
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) worst = std::isfinite(got[i]) ? std::max(worst, std::fabs(got[i] - ref[i])) : INFINITY;
-    std::printf("[ quant moe ] %-7s max |gpu - fp64| / range %.2e (range %.3g)\n", k3::weight_format_name(f), worst / range, range);
+    std::printf("[ quant moe ] %-7s down %-7s max |gpu - fp64| / range %.2e (range %.3g)\n", k3::weight_format_name(f),
+                k3::weight_format_name(fd), worst / range, range);
     EXPECT_GT(range, 0.0);
-    EXPECT_LE(worst, 1e-4 * range) << k3::weight_format_name(f);
+    EXPECT_LE(worst, 1e-4 * range) << k3::weight_format_name(f) << " / " << k3::weight_format_name(fd);
   }
 }
 

@@ -63,6 +63,9 @@ class WeightVector {
 //   block format in a separate [E][rows][blocks] array). X = expert input width, I = intermediate size.
 struct ExpertStack {
   WeightFormat format = WeightFormat::BF16;
+  // The down stack's format where it differs: only GGUF block stacks (quant_moe.h) may mix, as llama-quantize
+  // writes them; every other path reads `format` for all three stacks.
+  WeightFormat down_format = WeightFormat::BF16;
   const void* gate = nullptr;
   const uint8_t* gate_scales = nullptr;
   const void* up = nullptr;

@@ -129,29 +129,34 @@ class Uploader {
     const bool ggml = f == WeightFormat::MXFP4_GGML;
     const WeightFormat dev_f = ggml ? WeightFormat::MXFP4 : f;
     const bool packed = is_block_format(f);
-    // GGUF block experts (the Q4_K_M-E3 / -E2 presets) go up as their blocks, no scale array (quant_moe.h).
+    // GGUF block experts (the Q4_K_M-E3 / -E2 presets, llama-quantize's files) go up as their blocks, no scale
+    // array (quant_moe.h); the down stack may be in another block format than gate / up (llama-quantize's
+    // Q4_K_M gives some layers Q6_K down projections beside Q4_K gate / up).
     const bool gguf = is_gguf_block(f);
+    const WeightFormat fd = gguf && is_gguf_block(e0.down.format) ? e0.down.format : f;
     if (packed && dev_f != WeightFormat::MXFP4 && !gguf)
       throw Error(std::string("CUDA backend: no routed-expert kernels for ") + weight_format_name(f) + " weights");
     if (gguf) {
-      if (b.I % weight_layout(f).block_elems != 0 || b.X % weight_layout(f).block_elems != 0)
-        throw Error(std::string("CUDA backend: ") + weight_format_name(f) + " routed experts of widths " + std::to_string(b.X) + " / " +
-                    std::to_string(b.I) + " are not whole blocks");
+      if (b.X % weight_layout(f).block_elems != 0 || b.I % weight_layout(fd).block_elems != 0)
+        throw Error(std::string("CUDA backend: ") + weight_format_name(f) + " / " + weight_format_name(fd) + " routed experts of widths " +
+                    std::to_string(b.X) + " / " + std::to_string(b.I) + " are not whole blocks");
       iq_tables();
     }
     b.format = packed ? dev_f : WeightFormat::BF16;
-    auto stack = [&](auto get, const void*& data, const uint8_t*& scales) {
+    b.down_format = gguf ? fd : b.format;
+    auto stack = [&](auto get, WeightFormat sf, const void*& data, const uint8_t*& scales) {
+      const WeightFormat sdev = ggml ? WeightFormat::MXFP4 : sf;  // this stack's format, and on the device
       const WeightMatrix& m0 = get(e0);
       const size_t rc = static_cast<size_t>(m0.rows * m0.cols);
       if (packed) {
-        const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(dev_f, m0.cols));
-        const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(dev_f, m0.cols));
+        const size_t db = static_cast<size_t>(m0.rows * row_data_bytes(sdev, m0.cols));
+        const size_t sb = static_cast<size_t>(m0.rows * row_scale_bytes(sdev, m0.cols));
         uint8_t* p = static_cast<uint8_t*>(a_.alloc(db * ex.size()));
         uint8_t* s = sb > 0 ? static_cast<uint8_t*>(a_.alloc(sb * ex.size())) : nullptr;
         std::vector<uint8_t> hp(ggml ? db : 0), hs(ggml ? sb : 0);
         for (size_t e = 0; e < ex.size(); ++e) {
           const WeightMatrix& m = get(ex[e]);
-          if (m.format != f) throw Error(std::string("CUDA backend: a layer mixes ") + weight_format_name(f) + " and other experts");
+          if (m.format != sf) throw Error(std::string("CUDA backend: a layer mixes ") + weight_format_name(sf) + " and other experts");
           const void* md = m.data;
           const uint8_t* ms = m.scales;
           if (ggml) {
@@ -186,9 +191,9 @@ class Uploader {
         scales = nullptr;
       }
     };
-    stack([](const GluMlp& g) -> const WeightMatrix& { return g.gate; }, b.gate, b.gate_scales);
-    stack([](const GluMlp& g) -> const WeightMatrix& { return g.up; }, b.up, b.up_scales);
-    stack([](const GluMlp& g) -> const WeightMatrix& { return g.down; }, b.down, b.down_scales);
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.gate; }, f, b.gate, b.gate_scales);
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.up; }, f, b.up, b.up_scales);
+    stack([](const GluMlp& g) -> const WeightMatrix& { return g.down; }, fd, b.down, b.down_scales);
     return b;
   }
 

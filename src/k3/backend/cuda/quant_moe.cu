@@ -86,22 +86,26 @@ unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWar
 cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                               GluAct act, float situ_beta, float situ_linear_beta, float* hidden, float* out, cudaStream_t s) {
   const int E = w.E, I = w.I, X = w.X;
+  const WeightFormat df = is_gguf_block(w.down_format) ? w.down_format : w.format;  // the down stack's own format
   if (!is_gguf_block(w.format) || n < 0 || K <= 0 || E <= 0 || I <= 0 || X <= 0) return cudaErrorInvalidValue;
-  const int be = weight_layout(w.format).block_elems;
-  if (I % be != 0 || X % be != 0 || reinterpret_cast<uintptr_t>(x) % 4 != 0 || reinterpret_cast<uintptr_t>(hidden) % 4 != 0)
+  if (X % weight_layout(w.format).block_elems != 0 || I % weight_layout(df).block_elems != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 4 != 0 || reinterpret_cast<uintptr_t>(hidden) % 4 != 0)
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const IqTables T = iq_tables();
   const int64_t pairs = static_cast<int64_t>(n) * K;
-  return with_gguf_format(w.format, [&](auto f) {
+  const cudaError_t e = with_gguf_format(w.format, [&](auto f) {
     constexpr WeightFormat F = decltype(f)::value;
-    const auto* g = static_cast<const uint8_t*>(w.gate);
-    const auto* u = static_cast<const uint8_t*>(w.up);
-    const auto* d = static_cast<const uint8_t*>(w.down);
-    gate_up_kernel<F><<<warp_blocks(pairs * I), kWarps * 32, 0, s>>>(g, u, E, I, X, K, pairs, x, topk_idx, act, situ_beta,
+    gate_up_kernel<F><<<warp_blocks(pairs * I), kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(w.gate), static_cast<const uint8_t*>(w.up),
+                                                                     E, I, X, K, pairs, x, topk_idx, act, situ_beta,
                                                                      situ_linear_beta, hidden, T);
-    down_kernel<F><<<warp_blocks(static_cast<int64_t>(n) * X), kWarps * 32, 0, s>>>(d, E, I, X, K, n, topk_idx, topk_w, hidden,
-                                                                                     out, T);
+    return cudaGetLastError();
+  });
+  if (e != cudaSuccess) return e;
+  return with_gguf_format(df, [&](auto f) {
+    constexpr WeightFormat F = decltype(f)::value;
+    down_kernel<F><<<warp_blocks(static_cast<int64_t>(n) * X), kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(w.down), E, I, X, K,
+                                                                                     n, topk_idx, topk_w, hidden, out, T);
     return cudaGetLastError();
   });
 }

@@ -1,6 +1,7 @@
 // Routed experts in GGUF's block formats on the GPU (the Q4_K_M-E3 / -E2 presets requantise experts):
 // the stack as uploaded by upload_weights (gate, up [E][I] rows of X; down [E][X] rows of I; each row
-// row_data_bytes(format, cols) bytes, no separate scales; ExpertStack::format a GGUF block format), the
+// row_data_bytes(format, cols) bytes, no separate scales; ExpertStack::format a GGUF block format, the down
+// stack in ExpertStack::down_format where that is a block format too, as llama-quantize mixes them), the
 // same contract as moe_experts (moe_kernels.h): out[t] = sum_k topk_w[t][k] * down_e(act(gate_e x_t,
 // up_e x_t)), the sum in rank order. `hidden`: scratch of n * K * I floats. fp32
 // throughout, the weights decoded exactly (quant_decode.cuh). cudaErrorInvalidValue for another format,
