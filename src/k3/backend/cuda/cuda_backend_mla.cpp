@@ -73,10 +73,32 @@ void CudaBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph
   prof_.end(stream_);
 }
 
+namespace {
+
+// C = alpha op(A) op(B) + beta C over `batch` strided fp32 matrices (column-major, cuBLAS's terms): true fp32
+// (SIMT FFMA) by default; with `tf32` the tensor cores on TF32-rounded inputs (10-bit mantissa, fp32
+// accumulation), what `--gemm-precision bf16` asks for: it already rounds the projections' inputs to bf16.
+void sgemm_batched(cublasHandle_t h, bool tf32, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* alpha,
+                   const float* A, int lda, long long sa, const float* B, int ldb, long long sb, const float* beta, float* C,
+                   int ldc, long long sc, int batch, const char* what) {
+  if (!tf32) {
+    check_cublas(cublasSgemmStridedBatched(h, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch), what);
+    return;
+  }
+  check_cublas(cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F, ldb, sb, beta, C,
+                                          CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT),
+               what);
+}
+
+}  // namespace
+
 // One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
 // are expanded from the latents (one SGEMM), then per query chunk the scores (two batched SGEMMs: the nope
 // part + the shared rope-slot part), a causal softmax, and P.V. fp32 throughout (the CPU reference uses
-// the same form for prefill). Writes rows [offset, offset + n) of out.
+// the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows [offset, offset + n)
+// of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first past + t0 + tq keys, so
+// its scores, softmax and P.V stop there (causal trimming: half the work of a prefill from position 0; the
+// scores are laid out [nh][tq][keys seen]).
 void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq,
                                   int64_t offset, int64_t n, int64_t past, const float* q, float scale, float* out) {
   const int nh = static_cast<int>(d.heads), dn = static_cast<int>(d.nope), dr = static_cast<int>(d.rope),
@@ -96,22 +118,21 @@ void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, 
   K3_CUDA_CHECK(mla_gather_latents(pg, seq, static_cast<int>(S), Lc, stream_));
   const float one = 1.f, zero = 0.f;
   cublasHandle_t hb = lin_->cublas();
-  check_cublas(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, w.kv_b.data(), kr, Lc, cd, &zero, KV, Rw),
-               "MLA k/v expansion");
+  const bool tf32 = gemm_bf16_;
+  sgemm_batched(hb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, w.kv_b.data(), kr, 0, Lc, cd, 0, &zero, KV, Rw,
+                0, 1, "MLA k/v expansion");
   for (int64_t t0 = 0; t0 < n; t0 += Tq) {
     const int tq = static_cast<int>(std::min<int64_t>(Tq, n - t0));
+    const int keys = static_cast<int>(past + t0 + tq);  // the keys this chunk's last query sees
     const float* Q = q + (offset + t0) * nh * qk;
-    const long long sstride = static_cast<long long>(tq) * S;
-    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dn, &scale, KV, Rw, dn + dv, Q,
-                                           nh * qk, qk, &zero, sc, static_cast<int>(S), sstride, nh),
-                 "MLA scores (nope)");
-    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(S), tq, dr, &scale, Lc + kr, cd, 0, Q + dn,
-                                           nh * qk, qk, &one, sc, static_cast<int>(S), sstride, nh),
-                 "MLA scores (rope slot)");
-    K3_CUDA_CHECK(mla_causal_softmax(sc, nh, tq, static_cast<int>(S), static_cast<int>(past + t0), stream_));
-    check_cublas(cublasSgemmStridedBatched(hb, CUBLAS_OP_N, CUBLAS_OP_N, dv, tq, static_cast<int>(S), &one, KV + dn, Rw, dn + dv, sc,
-                                           static_cast<int>(S), sstride, &zero, out + (offset + t0) * nh * dv, nh * dv, dv, nh),
-                 "MLA P.V");
+    const long long sstride = static_cast<long long>(tq) * keys;
+    sgemm_batched(hb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, keys, tq, dn, &scale, KV, Rw, dn + dv, Q, nh * qk, qk, &zero, sc, keys, sstride,
+                  nh, "MLA scores (nope)");
+    sgemm_batched(hb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, keys, tq, dr, &scale, Lc + kr, cd, 0, Q + dn, nh * qk, qk, &one, sc, keys,
+                  sstride, nh, "MLA scores (rope slot)");
+    K3_CUDA_CHECK(mla_causal_softmax(sc, nh, tq, keys, static_cast<int>(past + t0), stream_));
+    sgemm_batched(hb, tf32, CUBLAS_OP_N, CUBLAS_OP_N, dv, tq, keys, &one, KV + dn, Rw, dn + dv, sc, keys, sstride, &zero,
+                  out + (offset + t0) * nh * dv, nh * dv, dv, nh, "MLA P.V");
   }
 }
 
