@@ -80,7 +80,9 @@ std::vector<float> activations(size_t n, std::mt19937& rng) {
 // avx2int8 (weight_kernels_avx2int8.cpp) rounds the same way (int8 quads of 4 consecutive values, the
 // sub-min against the unrounded activations) for the formats it has int8 kernels for.
 bool avx2int8_rounds(WeightFormat f) {
-  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K;
+  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K ||
+         f == WeightFormat::Q4_0 || f == WeightFormat::Q4_1 || f == WeightFormat::Q5_0 || f == WeightFormat::Q5_1 ||
+         f == WeightFormat::IQ4_NL;
 }
 bool tier_rounds_activations(WeightFormat f) {
   const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
@@ -274,8 +276,9 @@ TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTie
   if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
   check_int8_tier(k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx2,
-                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K},
-                  [](WeightFormat f) -> size_t { return f == WeightFormat::Q8_0 ? 4 : 256; });
+                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K, WeightFormat::Q4_0,
+                   WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1, WeightFormat::IQ4_NL},
+                  [](WeightFormat f) -> size_t { return k3::weight_layout(f).block_elems == 256 ? 256 : 4; });
 }
 
 }  // namespace

@@ -192,6 +192,41 @@ K3_QDECODE void decode_iq4_xs(const uint8_t* b, Sink& out) {
   }
 }
 
+// ---- ggml's 32-element formats (block_decode.h's layouts): low nibbles are elements 0-15, high 16-31 ----
+
+// The 16 quant bytes at qs as 32 nibbles in element order, plus Q5's fifth bits (bit j of hbits -> 16 in
+// byte j: each byte picks its hbits byte, tests its own bit, and keeps 0x10 where set).
+K3_QDECODE __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), m = _mm_set1_epi8(0x0F);
+  return _mm256_setr_m128i(_mm_and_si128(q, m), _mm_and_si128(_mm_srli_epi16(q, 4), m));
+}
+K3_QDECODE __m256i fifth_bits(uint32_t hbits) {
+  const __m256i rep = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(hbits)),
+                                          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit), bit), bytes(0x10));
+}
+
+// Q4_0 / Q5_0: (q - 8) d / (q - 16) d, signed quants; Q4_1 / Q5_1: q d + m, unsigned quants with the min
+// handed on negated (the Sink computes d q - m', and d q - (-m) is d q + m exactly).
+template <bool kFive, bool kMin, class Sink>
+K3_QDECODE void decode_q45(const uint8_t* b, Sink& out) {
+  const float d = f16_at(b);
+  const float m = kMin ? f16_at(b + 2) : 0.f;
+  const int qs = (kMin ? 4 : 2) + (kFive ? 4 : 0);
+  __m256i v = nibbles32(b + qs);
+  if constexpr (kFive) v = _mm256_or_si256(v, fifth_bits(quant::u32_at(b + (kMin ? 4 : 2))));
+  if constexpr (!kMin) v = _mm256_sub_epi8(v, bytes(kFive ? 16 : 8));
+  put32<kMin>(out, 0, v, d, -m, d, -m);
+}
+
+template <class Sink>
+K3_QDECODE void decode_iq4_nl(const uint8_t* b, Sink& out) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues)));
+  const float d = f16_at(b);
+  put32<false>(out, 0, _mm256_shuffle_epi8(table, nibbles32(b + 2)), d, 0, d, 0);
+}
+
 // ---- codebook i-quants (block_decode_iq.h's layouts): the grid entries' magnitudes as 32 int8, negated
 // under their sign bytes, then the sub-scale as for the K formats. db * (-g) = -(db * g): the products are
 // exact and no grid value is 0 (so no -0 question), the same values as the scalar db * g * (+-1).
@@ -351,6 +386,11 @@ K3_QDECODE void decode_into(const uint8_t* b, Sink& y) {
   else if constexpr (F == WeightFormat::IQ3_S) decode_iq3_s(b, y);
   else if constexpr (F == WeightFormat::IQ1_S) decode_iq1_s(b, y);
   else if constexpr (F == WeightFormat::IQ1_M) decode_iq1_m(b, y);
+  else if constexpr (F == WeightFormat::Q4_0) decode_q45<false, false>(b, y);
+  else if constexpr (F == WeightFormat::Q5_0) decode_q45<true, false>(b, y);
+  else if constexpr (F == WeightFormat::Q4_1) decode_q45<false, true>(b, y);
+  else if constexpr (F == WeightFormat::Q5_1) decode_q45<true, true>(b, y);
+  else if constexpr (F == WeightFormat::IQ4_NL) decode_iq4_nl(b, y);
   else decode_scalar_into<F>(b, y);
 }
 

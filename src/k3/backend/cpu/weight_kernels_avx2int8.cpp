@@ -343,6 +343,13 @@ const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact) 
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
+    // ggml's 32-element formats: llama-quantize's fallbacks for rows that are not whole 256-blocks (a K3 / Kimi-
+    // Linear Q4_K_M has Q5_0 / Q8_0 down projections, kv_b halves and KDA gates), on the quads as Q8_0.
+    case WeightFormat::Q4_0: return quant_kernels<WeightFormat::Q4_0>();
+    case WeightFormat::Q4_1: return quant_kernels<WeightFormat::Q4_1>();
+    case WeightFormat::Q5_0: return quant_kernels<WeightFormat::Q5_0>();
+    case WeightFormat::Q5_1: return quant_kernels<WeightFormat::Q5_1>();
+    case WeightFormat::IQ4_NL: return quant_kernels<WeightFormat::IQ4_NL>();
     case WeightFormat::Q4_K: return avx2int8_k_row_kernels(f);  // per-block activations (weight_kernels_avx2int8_k.cpp)
     case WeightFormat::Q5_K: return avx2int8_k_row_kernels(f);
     case WeightFormat::Q6_K: return avx2int8_k_row_kernels(f);
