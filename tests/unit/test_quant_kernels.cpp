@@ -78,15 +78,11 @@ std::vector<float> activations(size_t n, std::mt19937& rng) {
 }
 
 // avx2int8 (weight_kernels_avx2int8.cpp) rounds the same way (int8 quads of 4 consecutive values, the
-// sub-min against the unrounded activations) for the formats it has int8 kernels for.
-bool avx2int8_rounds(WeightFormat f) {
-  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K ||
-         f == WeightFormat::Q4_0 || f == WeightFormat::Q4_1 || f == WeightFormat::Q5_0 || f == WeightFormat::Q5_1 ||
-         f == WeightFormat::IQ4_NL;
-}
-bool tier_rounds_activations(WeightFormat f) {
+// sub-min against the unrounded activations; Q4_K / Q5_K / Q6_K per 256, below) for every block format
+// (since session 16; before, some kept the exact kernels).
+bool tier_rounds_activations(WeightFormat) {
   const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
-  return tier == k3::cpu::CpuIsa::Avx512Bf16 || (tier == k3::cpu::CpuIsa::Avx2Int8 && avx2int8_rounds(f));
+  return tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Avx2Int8;
 }
 
 // avx2int8's Q4_K, Q5_K and Q6_K paths round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and
@@ -276,9 +272,10 @@ TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTie
   if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx2int8 tier (missing: " << m << ")";
   check_int8_tier(k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx2,
-                  {WeightFormat::Q8_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K, WeightFormat::Q4_0,
-                   WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1, WeightFormat::IQ4_NL},
-                  [](WeightFormat f) -> size_t { return k3::weight_layout(f).block_elems == 256 ? 256 : 4; });
+                  std::vector<WeightFormat>(std::begin(k3test::kGgufFormats), std::end(k3test::kGgufFormats)),
+                  [](WeightFormat f) -> size_t {  // the per-block K-quant paths round per 256, the quads per 4
+                    return f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K ? 256 : 4;
+                  });
 }
 
 }  // namespace

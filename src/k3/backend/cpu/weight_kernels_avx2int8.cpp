@@ -1,10 +1,10 @@
 // The avx2int8 kernel tier: for CPUs with AVX2 + FMA + F16C and no AVX-512 (Zen 2/3, Haswell..Alder Lake
-// without VNNI). MXFP4 weights (both layouts) and GGUF's Q8_0, Q4_K, Q5_K, Q6_K run on int8 activations
+// without VNNI). MXFP4 weights (both layouts) and every GGUF block format run on int8 activations
 // with AVX2's integer multiply-adds instead of converting every weight to fp32 (the avx2 tier's MXFP4 and
 // K-quant dots are compute-bound: docs/perf/cpu.md, "Session 13" / "Session 14"), as llama.cpp's AVX2
 // vec_dot_*_q8 kernels. Like avx512bf16 the products are NOT the exact fp32 products; every other format
-// (BF16, F32, F16, the other GGUF block formats) runs the avx2 tier's exact kernels (weight_kernels.cpp's
-// table).
+// (BF16, F32, F16) runs the avx2 tier's exact kernels (weight_kernels.cpp's table); since session 16 every GGUF
+// block format has int8 kernels here.
 //
 // - Activations: the avx512bf16 tier's quads (q8_quads_simd.h; docs/perf/cpu.md), same definition and same
 //   layout, only without the +128 offset: per pair of 32-blocks 64 int8 (bytes 0-15 the even elements of
@@ -353,7 +353,19 @@ const RowKernels* avx2int8_quant_row_kernels(WeightFormat f) {
     case WeightFormat::Q4_K: return avx2int8_k_row_kernels(f);  // per-block activations (weight_kernels_avx2int8_k.cpp)
     case WeightFormat::Q5_K: return avx2int8_k_row_kernels(f);
     case WeightFormat::Q6_K: return avx2int8_k_row_kernels(f);
-    // The other block formats keep fp32 activations: the avx2 tier's exact kernels.
+    // The low-bit formats of the small-box presets (-E2 / -E3 / -EIQ experts) on the quads too: their SIMD
+    // decoders hand 32 int8 quants to the Sink (|q| <= 127: Q3_K -4..3, Q2_K 0..3 with mins, the i-quants'
+    // grid magnitudes and IQ4_XS's levels), as the avx512bf16 tier's VNNI kernels take them.
+    case WeightFormat::Q3_K: return quant_kernels<WeightFormat::Q3_K>();
+    case WeightFormat::Q2_K: return quant_kernels<WeightFormat::Q2_K>();
+    case WeightFormat::IQ4_XS: return quant_kernels<WeightFormat::IQ4_XS>();
+    case WeightFormat::IQ3_XXS: return quant_kernels<WeightFormat::IQ3_XXS>();
+    case WeightFormat::IQ3_S: return quant_kernels<WeightFormat::IQ3_S>();
+    case WeightFormat::IQ2_XXS: return quant_kernels<WeightFormat::IQ2_XXS>();
+    case WeightFormat::IQ2_XS: return quant_kernels<WeightFormat::IQ2_XS>();
+    case WeightFormat::IQ2_S: return quant_kernels<WeightFormat::IQ2_S>();
+    case WeightFormat::IQ1_S: return quant_kernels<WeightFormat::IQ1_S>();
+    case WeightFormat::IQ1_M: return quant_kernels<WeightFormat::IQ1_M>();
     default: return avx2_quant_row_kernels(f);
   }
 }

@@ -15,9 +15,9 @@ namespace k3::cpu {
 // dequant the tier keeps (it rounds activations, never weights). Needs AVX2 + FMA + F16C only.
 const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact);
 
-// The tier's kernels of GGUF's block formats: Q8_0 and the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL)
-// on int8 quads, Q4_K, Q5_K and Q6_K on per-block int8 activations, the others the avx2 tier's exact ones;
-// null when f is not a block format.
+// The tier's kernels of GGUF's block formats: Q4_K, Q5_K and Q6_K on per-block int8 activations, every other
+// block format (Q8_0, Q3_K, Q2_K, the i-quants, the 32-element formats) on int8 quads; null when f is not a
+// block format.
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f);
 
 // Shared by the tier's files: a tile function (rows [r0, r1) x a fixed count of converted tokens, ldq bytes
