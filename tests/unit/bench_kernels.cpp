@@ -14,7 +14,9 @@
 #include "k3/backend/cpu/ops.h"
 #include "k3/bench/memory_bandwidth.h"
 #include "k3/core/weight.h"
+#include "k3/quant/gguf_quant.h"
 #include "k3/sampling/token_sampling.h"
+#include "quant_test_ref.h"
 
 namespace {
 
@@ -46,15 +48,10 @@ k3::WeightMatrix random_weights(k3::WeightFormat f, int64_t rows, int64_t cols, 
   scales.resize(static_cast<size_t>(rows * k3::row_scale_bytes(f, cols)));
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(f == k3::WeightFormat::BF16 && i % 2 ? 0x3c + rng() % 4 : rng());
   for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 8);
-  // Block formats keep their scales inside the blocks: random bytes there decode to subnormal (or inf / NaN)
-  // f16 and E8M0 scales, whose products take the CPU's slow microcode path and time the assist, not the kernel.
-  // Set them to normal values (f16 0x2000 ~ 0.0078; E8M0 near 2^-5).
-  const auto put_f16 = [&](size_t at) { bytes[at] = 0x00, bytes[at + 1] = static_cast<uint8_t>(0x20 + rng() % 4); };
-  const int64_t bb = k3::row_data_bytes(f, 256);  // bytes of 256 values
-  for (size_t b = 0; b + static_cast<size_t>(bb) <= bytes.size(); b += static_cast<size_t>(bb)) {
-    if (f == k3::WeightFormat::Q4_K) put_f16(b), put_f16(b + 2);
-    if (f == k3::WeightFormat::Q6_K) put_f16(b + 208);
-  }
+  // Block formats with their scales inside the blocks: valid blocks as the kernel tests make them (finite,
+  // normal f16 scales), so that the timed weights are ones a file could hold; ggml's MXFP4 blocks get E8M0
+  // scales as the HF layout's above.
+  if (k3::quant::is_gguf_block_format(f)) bytes = k3test::random_blocks(f, rows * cols / k3::weight_layout(f).block_elems, rng, 10, 16);
   if (f == k3::WeightFormat::MXFP4_GGML)
     for (size_t b = 0; b < bytes.size(); b += 17) bytes[b] = static_cast<uint8_t>(120 + rng() % 8);
   k3::WeightMatrix W;
@@ -171,8 +168,7 @@ TEST(KernelBench, DISABLED_DecodeStream) {
     k3::WeightFormat f;
     int64_t rows, cols;
   };
-  // The GGUF decode formats too (a Q4_K_M file's Q4_K / Q6_K and ggml-layout MXFP4 experts): random bytes are
-  // fine for timing (the f16 scales of some blocks decode to NaN / inf, which costs the vector units nothing).
+  // The GGUF decode formats too (a Q4_K_M file's Q4_K / Q6_K and ggml-layout MXFP4 experts).
   for (const Case& c : {Case{k3::WeightFormat::BF16, 65536, 2048}, Case{k3::WeightFormat::MXFP4, 65536, 2048},
                         Case{k3::WeightFormat::MXFP4_GGML, 65536, 2048}, Case{k3::WeightFormat::Q4_K, 65536, 2048},
                         Case{k3::WeightFormat::Q6_K, 65536, 2048}}) {
