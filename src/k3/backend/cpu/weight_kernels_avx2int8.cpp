@@ -48,6 +48,7 @@
 #include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/quant_decode_simd.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
+#include "k3/core/format_dispatch.h"
 #include "k3/backend/cpu/weight_simd.h"
 #include "k3/backend/cpu/weight_simd512.h"  // kHalfE8m0 (plain constexpr table)
 
@@ -341,33 +342,20 @@ const RowKernels* avx2int8_row_kernels(WeightFormat f, const RowKernels& exact) 
 }
 
 const RowKernels* avx2int8_quant_row_kernels(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
-    // ggml's 32-element formats: llama-quantize's fallbacks for rows that are not whole 256-blocks (a K3 / Kimi-
-    // Linear Q4_K_M has Q5_0 / Q8_0 down projections, kv_b halves and KDA gates), on the quads as Q8_0.
-    case WeightFormat::Q4_0: return quant_kernels<WeightFormat::Q4_0>();
-    case WeightFormat::Q4_1: return quant_kernels<WeightFormat::Q4_1>();
-    case WeightFormat::Q5_0: return quant_kernels<WeightFormat::Q5_0>();
-    case WeightFormat::Q5_1: return quant_kernels<WeightFormat::Q5_1>();
-    case WeightFormat::IQ4_NL: return quant_kernels<WeightFormat::IQ4_NL>();
-    case WeightFormat::Q4_K: return avx2int8_k_row_kernels(f);  // per-block activations (weight_kernels_avx2int8_k.cpp)
-    case WeightFormat::Q5_K: return avx2int8_k_row_kernels(f);
-    case WeightFormat::Q6_K: return avx2int8_k_row_kernels(f);
-    // The low-bit formats of the small-box presets (-E2 / -E3 / -EIQ experts) on the quads too: their SIMD
-    // decoders hand 32 int8 quants to the Sink (|q| <= 127: Q3_K -4..3, Q2_K 0..3 with mins, the i-quants'
-    // grid magnitudes and IQ4_XS's levels), as the avx512bf16 tier's VNNI kernels take them.
-    case WeightFormat::Q3_K: return quant_kernels<WeightFormat::Q3_K>();
-    case WeightFormat::Q2_K: return quant_kernels<WeightFormat::Q2_K>();
-    case WeightFormat::IQ4_XS: return quant_kernels<WeightFormat::IQ4_XS>();
-    case WeightFormat::IQ3_XXS: return quant_kernels<WeightFormat::IQ3_XXS>();
-    case WeightFormat::IQ3_S: return quant_kernels<WeightFormat::IQ3_S>();
-    case WeightFormat::IQ2_XXS: return quant_kernels<WeightFormat::IQ2_XXS>();
-    case WeightFormat::IQ2_XS: return quant_kernels<WeightFormat::IQ2_XS>();
-    case WeightFormat::IQ2_S: return quant_kernels<WeightFormat::IQ2_S>();
-    case WeightFormat::IQ1_S: return quant_kernels<WeightFormat::IQ1_S>();
-    case WeightFormat::IQ1_M: return quant_kernels<WeightFormat::IQ1_M>();
-    default: return avx2_quant_row_kernels(f);
-  }
+  // Q4_K, Q5_K, Q6_K on per-block activations (weight_kernels_avx2int8_k.cpp); every other block format on the
+  // quads: its SIMD decoder hands 32 int8 quants to the Sink (|q| <= 128: Q8_0's -128 the extreme, Q3_K -4..3,
+  // Q2_K 0..3 with mins, the i-quants' grid magnitudes, IQ4_XS / IQ4_NL's levels, the 32-element formats'
+  // llama-quantize fallbacks), as the avx512bf16 tier's VNNI kernels take them.
+  return with_gguf_block_format(
+      f,
+      [](auto c) -> const RowKernels* {
+        constexpr WeightFormat F = decltype(c)::value;
+        if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K || F == WeightFormat::Q6_K)
+          return avx2int8_k_row_kernels(F);
+        else
+          return quant_kernels<F>();
+      },
+      avx2_quant_row_kernels(f));
 }
 
 }  // namespace k3::cpu

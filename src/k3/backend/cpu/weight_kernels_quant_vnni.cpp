@@ -42,6 +42,7 @@
 #include "k3/backend/cpu/weight_kernels_quant.h"
 #include "k3/backend/cpu/weight_simd512.h"
 #include "k3/core/dtype.h"
+#include "k3/core/format_dispatch.h"
 #include "k3/core/weight_format.h"
 #include "k3/quant/iq_tables.h"
 
@@ -500,25 +501,18 @@ const RowKernels* quant_kernels() {
 }  // namespace
 
 const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::Q8_0: return quant_kernels<WeightFormat::Q8_0>();
-    case WeightFormat::Q4_K: return quant_kernels<WeightFormat::Q4_K>();
-    case WeightFormat::Q5_K: return quant_kernels<WeightFormat::Q5_K>();
-    case WeightFormat::Q6_K: return quant_kernels<WeightFormat::Q6_K>();
-    case WeightFormat::Q3_K: return quant_kernels<WeightFormat::Q3_K>();
-    case WeightFormat::Q2_K: return quant_kernels<WeightFormat::Q2_K>();
-    case WeightFormat::IQ4_XS: return quant_kernels<WeightFormat::IQ4_XS>();
-    case WeightFormat::IQ3_XXS: return quant_kernels<WeightFormat::IQ3_XXS>();
-    case WeightFormat::IQ3_S: return quant_kernels<WeightFormat::IQ3_S>();
-    case WeightFormat::IQ2_XXS: return quant_kernels<WeightFormat::IQ2_XXS>();
-    case WeightFormat::IQ2_XS: return quant_kernels<WeightFormat::IQ2_XS>();
-    case WeightFormat::IQ2_S: return quant_kernels<WeightFormat::IQ2_S>();
-    case WeightFormat::IQ1_S: return quant_kernels<WeightFormat::IQ1_S>();
-    case WeightFormat::IQ1_M: return quant_kernels<WeightFormat::IQ1_M>();
-    // The 32-element formats (llama-quantize's fallbacks, a small share of a file) keep fp32 activations:
-    // the avx512 tier's kernels.
-    default: return avx512_quant_row_kernels(f);
-  }
+  // The 32-element formats (llama-quantize's fallbacks, a small share of a file) keep fp32 activations: the
+  // avx512 tier's kernels.
+  return with_gguf_block_format(
+      f,
+      [](auto c) -> const RowKernels* {
+        constexpr WeightFormat F = decltype(c)::value;
+        if constexpr (is_ggml_32_format(F))
+          return avx512_quant_row_kernels(F);
+        else
+          return quant_kernels<F>();
+      },
+      avx512_quant_row_kernels(f));
 }
 
 }  // namespace k3::cpu

@@ -13,8 +13,10 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "k3/backend/cuda/quant_tables.h"
+#include "k3/core/format_dispatch.h"
 #include "k3/core/weight_format.h"
 
 namespace k3::cuda::qdev {
@@ -300,32 +302,10 @@ __device__ __forceinline__ void decode8(const uint8_t* b, int g, const IqTables&
 namespace k3::cuda {
 
 // Calls fn(std::integral_constant<WeightFormat, F>{}) for the GGUF block format f (host code: the kernel
-// launchers' one switch); cudaErrorInvalidValue for any other format.
+// launchers' one switch, core/format_dispatch.h); cudaErrorInvalidValue for any other format.
 template <typename Fn>
 cudaError_t with_gguf_format(WeightFormat f, Fn&& fn) {
-  using WF = WeightFormat;
-  switch (f) {
-    case WF::Q8_0: return fn(std::integral_constant<WF, WF::Q8_0>{});
-    case WF::Q4_K: return fn(std::integral_constant<WF, WF::Q4_K>{});
-    case WF::Q5_K: return fn(std::integral_constant<WF, WF::Q5_K>{});
-    case WF::Q6_K: return fn(std::integral_constant<WF, WF::Q6_K>{});
-    case WF::Q3_K: return fn(std::integral_constant<WF, WF::Q3_K>{});
-    case WF::Q2_K: return fn(std::integral_constant<WF, WF::Q2_K>{});
-    case WF::IQ4_XS: return fn(std::integral_constant<WF, WF::IQ4_XS>{});
-    case WF::IQ3_XXS: return fn(std::integral_constant<WF, WF::IQ3_XXS>{});
-    case WF::IQ3_S: return fn(std::integral_constant<WF, WF::IQ3_S>{});
-    case WF::IQ2_XXS: return fn(std::integral_constant<WF, WF::IQ2_XXS>{});
-    case WF::IQ2_XS: return fn(std::integral_constant<WF, WF::IQ2_XS>{});
-    case WF::IQ2_S: return fn(std::integral_constant<WF, WF::IQ2_S>{});
-    case WF::IQ1_S: return fn(std::integral_constant<WF, WF::IQ1_S>{});
-    case WF::IQ1_M: return fn(std::integral_constant<WF, WF::IQ1_M>{});
-    case WF::Q4_0: return fn(std::integral_constant<WF, WF::Q4_0>{});
-    case WF::Q4_1: return fn(std::integral_constant<WF, WF::Q4_1>{});
-    case WF::Q5_0: return fn(std::integral_constant<WF, WF::Q5_0>{});
-    case WF::Q5_1: return fn(std::integral_constant<WF, WF::Q5_1>{});
-    case WF::IQ4_NL: return fn(std::integral_constant<WF, WF::IQ4_NL>{});
-    default: return cudaErrorInvalidValue;
-  }
+  return with_gguf_block_format(f, std::forward<Fn>(fn), cudaErrorInvalidValue);
 }
 
 }  // namespace k3::cuda
