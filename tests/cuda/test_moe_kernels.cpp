@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -98,6 +99,11 @@ struct Shape {
   int E, K, X, I;
   bool mx;
   const char* name;
+  // MXFP4 scales as a trained checkpoint has them (E8M0 2^-10 .. 2^-6: a QAT K3's groups of ~N(0, 0.02)
+  // values) instead of the correctness tests' 2^-4 .. 2^2, whose 2^1 .. 2^2 send nearly every chunk of the
+  // decode kernel down its two-multiply path for scales past 2^127 of the placed values (moe_decode.cu):
+  // timing on those measured that rare path, not the one real weights take.
+  bool qat_scales = false;
 };
 
 // Device buffer freed on destruction.
@@ -132,7 +138,7 @@ struct Moe {
     const size_t E = s.E, X = s.X, I = s.I;
     const size_t elems[3] = {E * I * X, E * I * X, E * X * I};
     // Activations sized so that gate/up pre-activations are O(1..3): SiLU and SiTU are not saturated.
-    x_std = s.mx ? 1.5f / std::sqrt(static_cast<float>(X)) : 100.f / std::sqrt(static_cast<float>(X));
+    x_std = s.mx ? (s.qat_scales ? 192.f : 1.5f) / std::sqrt(static_cast<float>(X)) : 100.f / std::sqrt(static_cast<float>(X));
     for (int m = 0; m < 3; ++m) {
       if (s.mx) {
         pk[m].resize(elems[m] / 2);
@@ -140,9 +146,10 @@ struct Moe {
         auto* P = pk[m].data();
         auto* S = sc[m].data();
         parallel_fill(pk[m].size(), seed * 10 + m, [P](size_t i, Rng& r) { P[i] = static_cast<uint8_t>(r.next()); });
-        // E8M0 scales 2^-4 .. 2^2.
+        // E8M0 scales 2^-4 .. 2^2 (or 2^-10 .. 2^-6, qat_scales).
+        const int lo = s.qat_scales ? 117 : 123, span = s.qat_scales ? 5 : 7;
         parallel_fill(sc[m].size(), seed * 10 + m + 5,
-                      [S](size_t i, Rng& r) { S[i] = static_cast<uint8_t>(123 + r.next() % 7); });
+                      [S, lo, span](size_t i, Rng& r) { S[i] = static_cast<uint8_t>(lo + r.next() % span); });
       } else {
         bf[m].resize(elems[m]);
         auto* B = bf[m].data();
@@ -236,7 +243,9 @@ struct Moe {
 Moe& cached_moe(const Shape& s) {
   static std::vector<std::unique_ptr<Moe>> cache;
   for (auto& m : cache)
-    if (m->sh.E == s.E && m->sh.K == s.K && m->sh.X == s.X && m->sh.I == s.I && m->sh.mx == s.mx) return *m;
+    if (m->sh.E == s.E && m->sh.K == s.K && m->sh.X == s.X && m->sh.I == s.I && m->sh.mx == s.mx &&
+        m->sh.qat_scales == s.qat_scales)
+      return *m;
   cache.push_back(std::make_unique<Moe>(s));
   return *cache.back();
 }
@@ -386,6 +395,7 @@ const std::vector<Shape>& tiny_shapes() {
 }
 const Shape kKimiLinear{256, 8, 2304, 1024, false, "kimi-linear"};
 const Shape kK3{896, 16, 3584, 3072, true, "k3"};
+const Shape kK3Qat{896, 16, 3584, 3072, true, "k3 qat-sc", true};
 
 TEST(CudaMoe, TinyShapes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -406,6 +416,13 @@ TEST(CudaMoe, K3Shape) {
   // n = 257 skipped: ~4k (token, expert) pairs of 3584x3072 MXFP4 GLUs is slow on the CPU reference (the
   // k3-like tiny shape covers K = 16 at n = 257). n = 64: Auto = SIMT (1024 pairs < 2 * 896); both forced.
   run_checks(kK3, {1, 3, 8, 64}, GluAct::SiTU, true, 2.5f);
+}
+
+// The scales a trained checkpoint has: the decode kernel's one-multiply path in every chunk (with the wide
+// scales above nearly every chunk of this shape holds one past 2^127 of the placed values).
+TEST(CudaMoe, K3ShapeQatScales) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  run_checks(kK3Qat, {1, 8}, GluAct::SiTU, true, 2.5f);
 }
 
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
@@ -515,7 +532,11 @@ TEST(CudaMoe, EdgeCases) {
 TEST(CudaMoe, Timing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   DevBuf flush(256u << 20);
-  for (const Shape& s : {kK3, kKimiLinear}) {
+  // K3_MOE_TIMING_SHAPES=qat: only the QAT-scale K3 bank (one 16 GB bank instead of two, a shorter call).
+  const char* only = std::getenv("K3_MOE_TIMING_SHAPES");
+  const bool qat_only = only && std::string(only) == "qat";
+  for (const Shape& s : {kK3Qat, kK3, kKimiLinear}) {
+    if (qat_only && !s.qat_scales) continue;
     Moe& m = cached_moe(s);
     const int E = s.E, K = s.K, X = s.X;
     const int max_n = 2048;

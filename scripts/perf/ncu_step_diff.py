@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Per-kernel GPU time of decode steps from two ncu CSV logs of the same bench run with different step counts.
+
+ncu --csv --metrics gpu__time_duration.sum[,dram__bytes_read.sum] --log-file A.csv k3 bench offline ... -n 2
+ncu ... --log-file B.csv k3 bench offline ... -n 5
+scripts/perf/ncu_step_diff.py A.csv B.csv 3     # 3 = the step-count difference: prints us and MB per step
+
+Everything the two runs share (load, the depth prefill, warm-up) cancels in the difference; kernels are grouped by
+name (template arguments kept, so each instantiation is its own row), largest first.
+"""
+import csv
+import gzip
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", errors="replace") as f:
+        lines = [l for l in f if l.startswith('"')]
+    t, b, n = defaultdict(float), defaultdict(float), defaultdict(int)
+    for row in csv.DictReader(lines):
+        name, metric, val = row["Kernel Name"], row["Metric Name"], row["Metric Value"].replace(",", "")
+        try:
+            v = float(val)
+        except ValueError:
+            continue
+        if metric == "gpu__time_duration.sum":
+            t[name] += v * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(row.get("Metric Unit"), 1.0)  # -> us
+            n[name] += 1
+        elif metric == "dram__bytes_read.sum":
+            b[name] += v * {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(row.get("Metric Unit"), 1e-6)
+    return t, b, n
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    (ta, ba, na), (tb, bb, nb), steps = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+    rows = []
+    for k in set(ta) | set(tb):
+        dt = (tb.get(k, 0) - ta.get(k, 0)) / steps
+        if abs(dt) < 0.05:
+            continue
+        rows.append((dt, (bb.get(k, 0) - ba.get(k, 0)) / steps, (nb.get(k, 0) - na.get(k, 0)) / steps, k))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"{'us/step':>9} {'share':>6} {'MB/step':>8} {'GB/s':>6} {'launches':>8}  kernel")
+    for dt, mb, cnt, k in rows:
+        gbs = mb / dt * 1e3 if dt > 0 else 0.0  # MB per us = TB/s; x 1e3 -> GB/s
+        print(f"{dt:9.1f} {100 * dt / total:5.1f}% {mb:8.2f} {gbs:6.0f} {cnt:8.1f}  {k[:110]}")
+    print(f"{total:9.1f} total us per step")
+
+
+if __name__ == "__main__":
+    main()
