@@ -16,11 +16,17 @@ from collections import defaultdict
 
 def load(path):
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", errors="replace") as f:
-        lines = [l for l in f if l.startswith('"')]
+    try:
+        with opener(path, "rt", errors="replace") as f:
+            lines = [l for l in f if l.startswith('"')]
+    except (OSError, EOFError) as e:  # a missing, unreadable or corrupted (.gz) log
+        sys.exit(f"{path}: {e}")
     t, b, n = defaultdict(float), defaultdict(float), defaultdict(int)
-    for row in csv.DictReader(lines):
-        name, metric, val = row["Kernel Name"], row["Metric Name"], row["Metric Value"].replace(",", "")
+    reader = csv.DictReader(lines)
+    if not lines or not {"Kernel Name", "Metric Name", "Metric Value"} <= set(reader.fieldnames or []):
+        sys.exit(f"{path}: not an `ncu --csv` metrics log (no Kernel Name / Metric Name / Metric Value columns)")
+    for row in reader:
+        name, metric, val = row["Kernel Name"], row["Metric Name"], (row["Metric Value"] or "").replace(",", "")
         try:
             v = float(val)
         except ValueError:
@@ -36,7 +42,13 @@ def load(path):
 def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
-    (ta, ba, na), (tb, bb, nb), steps = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+    (ta, ba, na), (tb, bb, nb) = load(sys.argv[1]), load(sys.argv[2])
+    try:
+        steps = float(sys.argv[3])
+    except ValueError:
+        steps = 0.0
+    if not steps > 0 or steps == float("inf"):
+        sys.exit(f"step-count difference must be a positive number, got {sys.argv[3]!r}")
     rows = []
     for k in set(ta) | set(tb):
         dt = (tb.get(k, 0) - ta.get(k, 0)) / steps
@@ -52,7 +64,7 @@ def main():
     print(f"{'us/step':>9} {'share':>6} {'MB/step':>8} {'GB/s':>6} {'launches':>8}  kernel")
     for dt, mb, cnt, k in rows:
         gbs = mb / dt * 1e3 if dt > 0 else 0.0  # MB per us = TB/s; x 1e3 -> GB/s
-        print(f"{dt:9.1f} {100 * dt / total:5.1f}% {mb:8.2f} {gbs:6.0f} {cnt:8.1f}  {k[:110]}")
+        print(f"{dt:9.1f} {100 * dt / total if total > 0 else 0.0:5.1f}% {mb:8.2f} {gbs:6.0f} {cnt:8.1f}  {k[:110]}")
     print(f"{total:9.1f} total us per step")
     if jitter:
         print(f"(not per step: {len(jitter)} kernels of the shared part, net {sum(r[0] for r in jitter):.1f} us of jitter)")

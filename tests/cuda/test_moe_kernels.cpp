@@ -102,7 +102,8 @@ struct Shape {
   // MXFP4 scales as a trained checkpoint has them (E8M0 2^-10 .. 2^-6: a QAT K3's groups of ~N(0, 0.02)
   // values) instead of the correctness tests' 2^-4 .. 2^2, whose 2^1 .. 2^2 send nearly every chunk of the
   // decode kernel down its two-multiply path for scales past 2^127 of the placed values (moe_decode.cu), the
-  // path real weights never take: it cost ~20% at n = 1 and ~3% at n >= 8 (docs/perf/cuda.md, session 17).
+  // path real weights never take (QAT-scale timings vs session 4's wide-scale ones, another machine: ~20% faster
+  // at n = 1, within ~3% at n >= 8; docs/perf/cuda.md, session 17).
   bool qat_scales = false;
 };
 

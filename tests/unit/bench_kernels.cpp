@@ -168,11 +168,12 @@ TEST(KernelBench, DISABLED_DecodeStream) {
     k3::WeightFormat f;
     int64_t rows, cols;
   };
-  // The GGUF decode formats too (a Q4_K_M file's Q4_K / Q6_K and ggml-layout MXFP4 experts). K3_STREAM_ROWS=2048
-  // keeps the matrices in the L3: the kernels' compute ceiling, against which the DRAM rows say how far each is
-  // from being bound by its arithmetic.
+  // The GGUF decode formats too (a Q4_K_M file's Q4_K / Q6_K and ggml-layout MXFP4 experts). K3_STREAM_ROWS=8192
+  // keeps the matrices (9-34 MB) in a 32 MB L3: the kernels' compute ceiling, against which the DRAM rows say how
+  // far each is from being bound by its arithmetic. Rows: a multiple of 256 in [256, 262144], else the default.
   const char* rows_env = std::getenv("K3_STREAM_ROWS");
-  const int64_t R = rows_env ? std::atoll(rows_env) : 65536;
+  const long long asked = rows_env ? std::atoll(rows_env) : 0;
+  const int64_t R = asked >= 256 && asked <= 262144 && asked % 256 == 0 ? asked : 65536;
   for (const Case& c : {Case{k3::WeightFormat::BF16, R, 2048}, Case{k3::WeightFormat::MXFP4, R, 2048},
                         Case{k3::WeightFormat::MXFP4_GGML, R, 2048}, Case{k3::WeightFormat::Q4_K, R, 2048},
                         Case{k3::WeightFormat::Q6_K, R, 2048}}) {
