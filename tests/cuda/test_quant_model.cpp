@@ -2,11 +2,12 @@
 // hide a layout error in noise) quantised by `k3 quantize`'s presets (Q8_0; Q4_K_M: Q4_K + Q6_K, Q8_0 where a
 // width is not whole 256-blocks) into a temp GGUF, loaded on the GPU with every quantised matrix as its
 // blocks (projections, head, token table) and against the CPU model of the same file: prefill of 20 tokens
-// (the block GEMV in chunks of 8) and 48 (the dequantised tiles + SGEMM path) and token-by-token decode (the
-// block GEMV); and with the routed experts
-// requantised to Q8_0 (quant_moe.h). Both sides use the same
-// exact weight values and fp32 arithmetic, so the bar is the e2e suite's (test_cuda_model.cpp):
-// max |diff| <= 1e-3 of the logits' range; the same argmax at all positions but at most one (a near-tie).
+// (the block GEMV in chunks of 8) and 48 (the bf16 tiles + tensor-core GEMM path) and token-by-token decode
+// (the block GEMV); and with the routed experts requantised to Q8_0 (quant_moe.h: the exact per-pair kernels
+// at decode, the tensor-core tiles from a pair per expert, i.e. both prefills here). Where both sides use the
+// same exact weight values and fp32 arithmetic the bar is the e2e suite's (test_cuda_model.cpp): max |diff|
+// <= 1e-3 of the logits' range, the same argmax at all positions but at most one (a near-tie); where the GPU
+// rounds the weights to bf16 (the tiles) 1e-2 and two (measured: see the printed rel).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -91,7 +92,7 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
   const int64_t V = cpu->config().vocab_size;
   std::vector<int32_t> toks;
   for (int i = 0; i < 48; ++i) toks.push_back((i * 131 + 17) % static_cast<int32_t>(V));
-  // Prefill of 20 tokens (the block GEMV in chunks of 8), of 48 (dequantised tiles + SGEMM); 12 decode steps.
+  // Prefill of 20 tokens (the block GEMV in chunks of 8), of 48 (bf16 tiles + tensor cores); 12 decode steps.
   for (const int n : {20, 48, 1}) {
     const k3::AttnPath p = n > 1 ? k3::AttnPath::Prefill : k3::AttnPath::Decode;
     std::vector<float> ref, got;
@@ -121,8 +122,9 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
                 n > 1 ? "prefill" : "decode", n > 1 ? n : 12, rel, static_cast<long long>(flips));
     EXPECT_TRUE(finite);
     EXPECT_GT(rel, 0.0);  // two backends, different summation orders: identical logits would mean one ran the other
-    EXPECT_LT(rel, 1e-3);
-    EXPECT_LE(flips, 1);  // a near-tie may flip once at this rel; a wrong layout flips most positions
+    const bool bf16_tiles = n == 48 || (GetParam().find("+experts") != std::string::npos && n > 1);
+    EXPECT_LT(rel, bf16_tiles ? 1e-2 : 1e-3);
+    EXPECT_LE(flips, bf16_tiles ? 2 : 1);  // a near-tie may flip once at this rel; a wrong layout flips most positions
   }
 }
 

@@ -24,7 +24,10 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
     return host_moe_finish();
   }
   prof_.begin("moe experts", stream_);
-  if (is_gguf_block(w.stacked.format)) {  // GGUF block experts (quant_moe.h): the hidden activations in step scratch
+  const int n = static_cast<int>(x.rows), K = static_cast<int>(idx.cols);
+  // GGUF block experts (quant_moe.h): per-pair kernels for decode-sized batches (hidden activations in step
+  // scratch), the tensor-core tiles of moe_experts from about a pair per expert (prefill)
+  if (is_gguf_block(w.stacked.format) && !cuda::quant_moe_use_tc(n, K, w.stacked.E)) {
     const size_t mark = scratch_.mark();
     const Tensor hidden = scratch(x.rows * idx.cols, w.stacked.I, graph::ElemType::F32);
     K3_CUDA_CHECK(cuda::quant_moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),

@@ -5,8 +5,8 @@
 // rounded to bf16 or split into bf16 hi + lo, or an fp32 GEMM for fp32 weights), with one algorithm per
 // shape chosen by the Lt heuristic and cached. The CPU reference is cpu::matmul.
 // GGUF block formats (Q8_0, Q4_K, ..., IQ1_M; quant_kernels.h): up to 32 tokens a GEMV over the blocks (8
-// tokens per pass); more: row tiles dequantised to fp32 into a reused scratch (at most kDequantTileFloats) and multiplied by
-// cublasSgemm (true fp32, the CPU reference's numerics; quant_linear.cpp).
+// tokens per pass); more: row tiles decoded and rounded to bf16 into a reused scratch (at most kDequantTileFloats values)
+// and multiplied on the tensor cores (cublasGemmEx, x as in bf16 weights' GEMMs; quant_linear.cpp).
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -52,9 +52,9 @@ class LinearRunner {
   static constexpr int kMergedMaxTokens = 256;
   static constexpr int64_t kMergedMaxFloats = int64_t{64} << 20;  // 256 MB
   // GGUF block matrices: up to this many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read
-  // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, fp32 tiles.
+  // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, bf16 tiles.
   static constexpr int kQuantGemvMaxTokens = 32;
-  // Largest fp32 tile of a GGUF block matrix dequantised for a prefill-sized product (64 MB).
+  // Largest tile (in values) of a GGUF block matrix dequantised to bf16 for a prefill-sized product (32 MB).
   static constexpr int64_t kDequantTileFloats = int64_t{16} << 20;
 
   // Throws k3::Error for a weight format without a kernel here.
@@ -102,7 +102,7 @@ class LinearRunner {
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
   bool grouped_ = true;  // run_group's one launch (K3_CUDA_LINEAR_GROUP=0: run() for each, A/B)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
-  DeviceBuffer wq_;     // a GGUF block matrix's dequantised fp32 row tile (run_blocks)
+  DeviceBuffer wq_;     // a GGUF block matrix's dequantised bf16 row tile (run_blocks)
   int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
 };
 

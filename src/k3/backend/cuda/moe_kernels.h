@@ -17,7 +17,10 @@ namespace k3::cuda {
 //          (model-spec section 4: low nibble = even element, E2M1 values, E8M0 scales; see mxfp4_gemv.cu)
 // X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
 // for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
-// format: MXFP4 or BF16 (moe_experts returns cudaErrorInvalidValue for any other).
+// format: MXFP4, BF16, or a GGUF block format (quant_tables.h is_gguf_block; down in down_format where that is
+// one too) on the tensor-core tiles only (MoePath Auto or TensorCore; widths whole blocks): the prefill path
+// of quantised experts, weights decoded exactly then rounded to bf16, activations bf16 (~1e-3 relative);
+// quant_moe.h has their exact decode path. cudaErrorInvalidValue for any other format.
 using ExpertBank = ExpertStack;
 
 enum class GluAct : int { SiLU = 0, SiTU = 1 };

@@ -1,5 +1,8 @@
-// quant_dequant_rows (quant_kernels.h): GGUF blocks to fp32 rows, one thread per group of 8 weights
-// (qdev::decode8: the CPU's dequant_row, bit for bit), a grid-stride loop over (row, group).
+// quant_dequant_rows / quant_dequant_rows_bf16 (quant_kernels.h): GGUF blocks to fp32 (or bf16) rows, one
+// thread per group of 8 weights (qdev::decode8: the CPU's dequant_row, bit for bit; bf16 then rounds to
+// nearest even), a grid-stride loop over (row, group).
+#include <cuda_bf16.h>
+
 #include <algorithm>
 
 #include "k3/backend/cuda/quant_decode.cuh"
@@ -8,9 +11,23 @@
 namespace k3::cuda {
 namespace {
 
-template <WeightFormat F>
+__device__ __forceinline__ void store8(float* o, const float (&w)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = w[j];
+}
+__device__ __forceinline__ void store8(uint16_t* o, const float (&w)[8]) {  // 16 bytes: o is 16-byte aligned
+  uint32_t v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
+    v[j] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  *reinterpret_cast<uint4*>(o) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+template <WeightFormat F, typename Out>
 __global__ void dequant_rows_kernel(const uint8_t* __restrict__ W, int64_t cols, int64_t row0, const int32_t* __restrict__ ids,
-                                    int64_t count, float* __restrict__ out, int64_t ld, IqTables T) {
+                                    int64_t count, Out* __restrict__ out, int64_t ld, IqTables T) {
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
   const int64_t per_row = cols / 8, row_bytes = cols / E * B, total = count * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -19,9 +36,7 @@ __global__ void dequant_rows_kernel(const uint8_t* __restrict__ W, int64_t cols,
     const int64_t src = ids ? ids[r] : row0 + r;
     float w[8];
     qdev::decode8<F>(W + src * row_bytes + (gi / kGroups) * B, static_cast<int>(gi % kGroups), T, w);
-    float* o = out + r * ld + gi * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = w[j];
+    store8(out + r * ld + gi * 8, w);
   }
 }
 
@@ -37,8 +52,23 @@ cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_
   const int64_t total = count * (W.cols / 8);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
   return with_gguf_format(W.format, [&](auto f) {
-    dequant_rows_kernel<decltype(f)::value><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids, count,
+    dequant_rows_kernel<decltype(f)::value, float><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids, count,
                                                                     out, ld, T);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t quant_dequant_rows_bf16(const WeightMatrix& W, int64_t row0, int64_t count, uint16_t* out, cudaStream_t s) {
+  if (!is_gguf_block(W.format) || count < 0 || row0 < 0 || row0 + count > W.rows || W.cols % weight_layout(W.format).block_elems != 0 ||
+      reinterpret_cast<uintptr_t>(W.data) % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (count == 0 || W.cols == 0) return cudaSuccess;
+  const IqTables T = iq_tables();
+  const int64_t total = count * (W.cols / 8);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
+  return with_gguf_format(W.format, [&](auto f) {
+    dequant_rows_kernel<decltype(f)::value, uint16_t><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0,
+                                                                            nullptr, count, out, W.cols, T);
     return cudaGetLastError();
   });
 }

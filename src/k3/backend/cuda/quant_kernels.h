@@ -2,8 +2,9 @@
 // registers, bit for bit the CPU's dequant_row). W is a device WeightMatrix of a GGUF block format
 // (quant_tables.h: is_gguf_block), rows of row_data_bytes(format, cols) bytes, 2-byte aligned.
 //   quant_gemv:         y[t][r] = sum_c W[r][c] x[t][c], t < n <= 8 (fp32 x and y): the decode path
-//   quant_dequant_rows: fp32 rows of W (a range, or picked by index): the prefill path's tiles
-//                       (LinearRunner::run) and the embedding gather of a quantised token table
+//   quant_dequant_rows: fp32 rows of W (a range, or picked by index): the embedding gather of a quantised
+//                       token table
+//   quant_dequant_rows_bf16: a range of rows rounded to bf16: the prefill path's tiles (LinearRunner::run)
 // cudaErrorInvalidValue for a format without a kernel or a bad size.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -19,5 +20,8 @@ cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, c
 // out[i][0..cols) (rows ld floats apart) = row (ids ? ids[i] : row0 + i) of W, i < count.
 cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
                                cudaStream_t s);
+
+// out[i][0..cols) (rows cols apart, bf16 bits) = row row0 + i of W rounded to nearest even, i < count.
+cudaError_t quant_dequant_rows_bf16(const WeightMatrix& W, int64_t row0, int64_t count, uint16_t* out, cudaStream_t s);
 
 }  // namespace k3::cuda

@@ -1,14 +1,18 @@
 // LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Up to
 // kQuantGemvMaxTokens tokens: quant_gemv per chunk of kGemvMaxTokens (the blocks read once per chunk,
-// decoded in registers; the crossover to tiles is a byte count, not a measurement yet). More: the rows in tiles of at most
-// kDequantTileFloats fp32 values (fewer with K3_CUDA_DEQUANT_TILE), each dequantised into the runner's scratch (exact: the CPU's values)
-// and multiplied by cublasSgemm (true fp32: the handle keeps the default math mode, no TF32), writing
-// its rows of y in place (ldc = rows). Cost per call: one fp32 write + read of the matrix (4 bytes per
-// weight, vs ~0.5 stored) and SIMT fp32 FLOPs instead of tensor cores: correct first; a bf16 tile +
-// tensor-core GEMM would be the faster path (docs/kernels-cuda.md).
+// decoded in registers, fp32; the crossover to tiles is a byte count, not a measurement yet). More (prefill):
+// the rows in tiles of at most kDequantTileFloats values (fewer with K3_CUDA_DEQUANT_TILE), each decoded
+// exactly (the CPU's values) and rounded to bf16 into the runner's scratch, and multiplied on the tensor
+// cores by cublasGemmEx (bf16 operands, fp32 accumulation) with x as bf16 hi + lo halves in Bf16x2 (two
+// GEMMs, the second accumulating) or bf16 in Bf16, writing its rows of y in place (ldc = rows). The
+// weights' bf16 rounding (2^-9 relative) is finer than any block format's own step, and the rounding
+// llama.cpp's CUDA prefill applies too (fp16 tiles, or q8_1 activations). Until session 18 the tiles were
+// fp32 and the GEMM cublasSgemm: 4 bytes per weight written and read, SIMT FLOPs (~8 of the 87 ms of a
+// Kimi-Linear-slice pp512 on llama-quantize's Q4_K_M, docs/perf/cuda.md).
 #include <algorithm>
 #include <string>
 
+#include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/quant_kernels.h"
 
@@ -27,20 +31,31 @@ void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, 
     throw Error("CUDA backend: a " + std::string(weight_format_name(W.format)) + " projection of " + std::to_string(m) + " x " +
                 std::to_string(k) + " for " + std::to_string(n) + " tokens is outside cuBLAS's int sizes");
   const int64_t tile = std::clamp<int64_t>(dequant_tile_floats_ / k, 1, m);
-  const size_t need = static_cast<size_t>(tile * k) * sizeof(float);
+  const size_t need = static_cast<size_t>(tile * k) * sizeof(uint16_t);
   if (wq_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old tile
     wq_ = DeviceBuffer(need);
     ++generation_;
   }
+  const bool split = precision_ == GemmPrecision::Bf16x2;
+  const auto [hi, lo] = bf16_halves(x, n * k, false);  // x rounded (and split) once for every tile
+  if (split)
+    K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
+  else
+    K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
   const float one = 1.0f, zero = 0.0f;
+  auto gemm = [&](int64_t r0, int64_t mr, const uint16_t* xb, const float* beta) {
+    // Column-major: y^T[r0 .. r0 + mr) x n (ld m) = tile^T (tile stored [mr][k], ld k, transposed) . x^T [k x n] (ld k)
+    check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(mr), static_cast<int>(n), static_cast<int>(k), &one,
+                              wq_.get<uint16_t>(), CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF, static_cast<int>(k), beta,
+                              y + r0, CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (GGUF blocks as bf16 tiles)");
+  };
   for (int64_t r0 = 0; r0 < m; r0 += tile) {
     const int64_t mr = std::min(tile, m - r0);
-    K3_CUDA_CHECK(quant_dequant_rows(W, r0, nullptr, mr, wq_.get<float>(), k, stream_));
-    // Column-major: y^T[r0 .. r0 + mr) x n (ld m) = tile^T (tile stored [mr][k], ld k, transposed) . x^T [k x n] (ld k)
-    check_cublas(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(mr), static_cast<int>(n), static_cast<int>(k), &one,
-                             wq_.get<float>(), static_cast<int>(k), x, static_cast<int>(k), &zero, y + r0, static_cast<int>(m)),
-                 "cublasSgemm (dequantised GGUF blocks)");
+    K3_CUDA_CHECK(quant_dequant_rows_bf16(W, r0, mr, wq_.get<uint16_t>(), stream_));
+    gemm(r0, mr, hi, &zero);
+    if (split) gemm(r0, mr, lo, &one);  // y += tile . lo
   }
 }
 

@@ -9,6 +9,9 @@
 // Each pair reads its expert's rows itself, so a prefill batch reads an expert once per token routed to
 // it (the grouped MXFP4 / bf16 kernels of moe_kernels.h read it once per tile): fine for decode, slow for
 // long prefills. An expert id outside [0, E) (never produced by moe_route) contributes nothing.
+#include <cstdlib>
+#include <cstring>
+
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/quant_decode.cuh"
 #include "k3/backend/cuda/quant_moe.h"
@@ -17,6 +20,9 @@ namespace k3::cuda {
 namespace {
 
 constexpr int kWarps = 8;
+// quant_moe_use_tc's threshold in (token, expert) pairs per expert. Not yet measured: a first guess (at one
+// pair per expert the per-pair kernels read each expert about once, like the tiles).
+constexpr int kTcPairsPerExpert = 1;
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -81,7 +87,25 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarps - 1) / kWarps); }
 
+// K3_QUANT_MOE: 0 = the rule, 1 = always the tensor-core tiles ("tc"), 2 = never ("gemv").
+int quant_moe_mode() {
+  static const int m = [] {
+    const char* s = std::getenv("K3_QUANT_MOE");
+    if (!s) return 0;
+    if (std::strcmp(s, "tc") == 0) return 1;
+    if (std::strcmp(s, "gemv") == 0) return 2;
+    return 0;
+  }();
+  return m;
+}
+
 }  // namespace
+
+bool quant_moe_use_tc(int n, int K, int E) {
+  const int mode = quant_moe_mode();
+  if (mode != 0) return mode == 1;
+  return static_cast<int64_t>(n) * K >= static_cast<int64_t>(kTcPairsPerExpert * E);
+}
 
 cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                               GluAct act, float situ_beta, float situ_linear_beta, float* hidden, float* out, cudaStream_t s) {

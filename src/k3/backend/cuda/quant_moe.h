@@ -13,6 +13,11 @@
 
 namespace k3::cuda {
 
+// Whether GGUF block experts take the tensor-core tiles (moe_experts) rather than quant_moe_experts for n
+// tokens of K experts each over E: from kTcPairsPerExpert pairs per expert on
+// average (quant_moe.cu); K3_QUANT_MOE=tc or =gemv in the environment forces one (comparisons).
+bool quant_moe_use_tc(int n, int K, int E);
+
 cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                               GluAct act, float situ_beta, float situ_linear_beta, float* hidden, float* out, cudaStream_t s);
 
