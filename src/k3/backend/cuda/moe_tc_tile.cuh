@@ -33,6 +33,7 @@ struct TileArgs {
   GluAct act = GluAct::SiLU;
   float beta = 1.f, lbeta = 1.f;
   int64_t row_bytes = 0;  // GGUF block experts: row_data_bytes(format, cols)
+  int64_t mat_bytes = 0;  // GGUF block experts: bytes of one whole stack (w0's; w1's the same), E * rows * row_bytes
   IqTables T{};           // GGUF i-quant codebooks (quant_tables.h)
 };
 
@@ -130,6 +131,40 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, float sc) {
 // (two m16 tiles), four n8 tiles: NMAT 2: gate rows wn*16 + 0..15 and the same up rows (GLU in registers);
 // NMAT 1: rows wn*32 + 0..31. The K loop stages 32 columns at a time, double-buffered: the next chunk's global
 // loads are issued into registers before the current chunk's MMAs and written to the other buffer after them.
+// GGUF raw staging (expert_tc_kernel with a block format): the stored bytes of 256 columns of each of the
+// block's 128 weight rows (a "stage": one super-block of the 256-element formats, 8 blocks of the 32-element
+// ones) go to shared memory by cp.async a whole stage (8 chunks) ahead, and the chunks decode from there: the
+// global latency overlaps 8 chunks of work instead of stalling every chunk (session 18: decoding straight
+// from global memory ran the Kimi-Linear shape at 400 GB/s). A row's stage starts at any even byte, so each row
+// slot holds its 16-byte-aligned superset (up to 14 bytes before it); the slot stride is an odd number of
+// 16-byte units (rows start in different bank groups).
+constexpr int kRawStageCols = 256;
+template <WeightFormat F>
+__host__ __device__ constexpr int raw_stage_bytes() {
+  return kRawStageCols / weight_layout(F).block_elems * weight_layout(F).block_bytes;
+}
+template <WeightFormat F>
+__host__ __device__ constexpr int raw_row_stride() {
+  const int units = (raw_stage_bytes<F>() + 14 + 15) / 16;
+  return 16 * (units % 2 == 0 ? units + 1 : units);
+}
+template <WeightFormat F>
+__host__ __device__ constexpr int raw_smem_bytes() {
+  return 2 * kTcBRows * raw_row_stride<F>();
+}
+extern __shared__ __align__(16) uint8_t moe_tc_raw[];  // [2 slots][kTcBRows][raw_row_stride] (dynamic)
+
+// cp.async of 16 bytes, the part past `valid` (< 16 at the end of a stack) zero-filled.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int valid) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(valid) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // F: BF16, MXFP4, or a GGUF block format (quant_tables.h is_gguf_block: decoded with qdev::decode8 while
 // staging, rounded to bf16; cols a multiple of the format's block, so a 32-column chunk never leaves a row).
 template <WeightFormat F, int NMAT, bool GATHER, bool SPLIT>
@@ -208,14 +243,16 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         rs = 127u;
       }
     } else if constexpr (Q) {
-      if (b_src[0]) {
+      if (b_src[0]) {  // from the raw stage in shared memory (raw_copy)
         constexpr int kBE = weight_layout(F).block_elems, kBB = weight_layout(F).block_bytes, kG = kBE / 8;
-        const uint8_t* row = static_cast<const uint8_t*>(b_src[0]);
+        const int st = k0 / kRawStageCols;
+        const uintptr_t g0 = reinterpret_cast<uintptr_t>(b_src[0]) + static_cast<uintptr_t>(st) * raw_stage_bytes<F>();
+        const uint8_t* base = moe_tc_raw + ((st & 1) * kTcBRows + b_row[0]) * raw_row_stride<F>() + (g0 & 15);
         float f[8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int gi = (k0 + b_col[0]) / 8 + h;  // group of 8 in the row
-          qdev::decode8<F>(row + (gi / kG) * kBB, gi % kG, a.T, f);
+          const int gi = (k0 % kRawStageCols + b_col[0]) / 8 + h;  // group of 8 in the stage
+          qdev::decode8<F>(base + (gi / kG) * kBB, gi % kG, a.T, f);
           rb[h] = make_uint4(bf16x2_rn(f[0], f[1]), bf16x2_rn(f[2], f[3]), bf16x2_rn(f[4], f[5]), bf16x2_rn(f[6], f[7]));
         }
       } else {
@@ -273,11 +310,51 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
   const int nb0 = NMAT == 2 ? wn * 16 : wn * 32, nb1 = NMAT == 2 ? 64 + wn * 16 : wn * 32 + 16;
 
   const int nk = (cols + kTcK - 1) / kTcK;
+  // GGUF: stage st of every row of the block into slot st & 1 (rows past the matrix are not staged: their
+  // B pieces are zero). Bytes past the stage's end in the row are copied too (harmless), never past the stack.
+  auto raw_copy = [&](int st) {
+    if constexpr (Q) {
+      constexpr int kUnits = raw_row_stride<F>() / 16;
+      const int64_t row_end = a.row_bytes, sb = static_cast<int64_t>(st) * raw_stage_bytes<F>();
+      if (sb < row_end) {
+        const int64_t se = row_end < sb + raw_stage_bytes<F>() ? row_end : sb + raw_stage_bytes<F>();
+        for (int idx = tid; idx < kTcBRows * kUnits; idx += kTcThreads) {
+          const int r = idx / kUnits, u = idx % kUnits;
+          const int m = NMAT == 2 ? r / 64 : 0, rr = n0 + (NMAT == 2 ? r % 64 : r);
+          if (rr >= rows) continue;
+          const uint8_t* mat = static_cast<const uint8_t*>(m ? a.w1 : a.w0);
+          const uint8_t* row = mat + (static_cast<int64_t>(e) * rows + rr) * a.row_bytes;
+          const uint8_t* from = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(row + sb) & ~uintptr_t{15}) + 16 * u;
+          if (from >= row + se) continue;  // past this row's stage
+          const int64_t left = (mat + a.mat_bytes) - from;
+          cp_async16(moe_tc_raw + ((st & 1) * kTcBRows + r) * raw_row_stride<F>() + 16 * u, from,
+                     left < 16 ? static_cast<int>(left) : 16);
+        }
+      }
+      cp_async_commit();
+    }
+  };
+  constexpr int kStageChunks = kRawStageCols / kTcK;
+  if constexpr (Q) {
+    raw_copy(0);
+    raw_copy(1);
+    cp_async_wait<1>();  // stage 0 landed (this thread's copies); the barrier below makes them everyone's
+    __syncthreads();
+  }
   load(0);
   store(0);
   __syncthreads();
   for (int kc = 0; kc < nk; ++kc) {
     const int buf = kc & 1;
+    if constexpr (Q) {
+      // Before the first chunk of stage st: wait for it (issued a stage ago), then fill the slot stage st - 1
+      // used (its last chunk was decoded in the previous iteration, before the barrier that ended it).
+      if ((kc + 1) % kStageChunks == 0 && kc + 1 < nk) {
+        cp_async_wait<0>();
+        __syncthreads();
+        raw_copy((kc + 1) / kStageChunks + 1);
+      }
+    }
     if (kc + 1 < nk) load((kc + 1) * kTcK);
     if (mt_n > 0) {
 #pragma unroll

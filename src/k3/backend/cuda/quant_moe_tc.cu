@@ -6,25 +6,37 @@
 
 namespace k3::cuda {
 
+namespace {
+
+// One launch of the tile kernel for format F with its raw-staging ring as dynamic shared memory (above the
+// 48 KiB default for the 32-element formats: the opt-in attribute, set before every launch: it is per device).
+template <WeightFormat F, int NMAT, bool GATHER>
+cudaError_t launch_one(dim3 grid, const TileArgs& a, cudaStream_t stream) {
+  constexpr int smem = raw_smem_bytes<F>();
+  const cudaError_t attr =
+      cudaFuncSetAttribute(expert_tc_kernel<F, NMAT, GATHER, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  expert_tc_kernel<F, NMAT, GATHER, false><<<grid, kTcThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t launch_tc_gguf(const ExpertBank& w, int n_tiles_bound, TileArgs a, float* y, cudaStream_t stream) {
   const WeightFormat df = is_gguf_block(w.down_format) ? w.down_format : w.format;
   a.T = iq_tables();
   a.row_bytes = row_data_bytes(w.format, w.X);
+  a.mat_bytes = static_cast<int64_t>(w.E) * w.I * a.row_bytes;
   constexpr int gu_rows = kTcBRows / 2, down_rows = kTcBRows;
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + gu_rows - 1) / gu_rows));
-  cudaError_t e = with_gguf_format(w.format, [&](auto f) {
-    expert_tc_kernel<decltype(f)::value, 2, true, false><<<g1, kTcThreads, 0, stream>>>(a);
-    return cudaGetLastError();
-  });
+  cudaError_t e = with_gguf_format(w.format, [&](auto f) { return launch_one<decltype(f)::value, 2, true>(g1, a, stream); });
   if (e != cudaSuccess) return e;
   float* hidden = a.out;
   to_down_args(a, w, hidden, y);
   a.row_bytes = row_data_bytes(df, w.I);
+  a.mat_bytes = static_cast<int64_t>(w.E) * w.X * a.row_bytes;
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + down_rows - 1) / down_rows));
-  return with_gguf_format(df, [&](auto f) {
-    expert_tc_kernel<decltype(f)::value, 1, false, false><<<g2, kTcThreads, 0, stream>>>(a);
-    return cudaGetLastError();
-  });
+  return with_gguf_format(df, [&](auto f) { return launch_one<decltype(f)::value, 1, false>(g2, a, stream); });
 }
 
 }  // namespace k3::cuda
