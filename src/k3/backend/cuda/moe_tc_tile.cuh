@@ -10,7 +10,7 @@
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
-#include "k3/backend/cuda/quant_decode.cuh"
+#include "k3/backend/cuda/quant_decode_bf16.cuh"
 #include "k3/backend/cuda/quant_tables.h"
 
 namespace k3::cuda {
@@ -165,8 +165,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// F: BF16, MXFP4, or a GGUF block format (quant_tables.h is_gguf_block: decoded with qdev::decode8 while
-// staging, rounded to bf16; cols a multiple of the format's block, so a 32-column chunk never leaves a row).
+// F: BF16, MXFP4, or a GGUF block format (quant_tables.h is_gguf_block: decoded to bf16 by qdev::decode8_bf16
+// while staging; cols a multiple of the format's block, so a 32-column chunk never leaves a row).
 template <WeightFormat F, int NMAT, bool GATHER, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs a) {
   constexpr bool MX = F == WeightFormat::MXFP4, Q = is_gguf_block(F), PACKED = MX || Q;
@@ -248,12 +248,10 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         const int st = k0 / kRawStageCols;
         const uintptr_t g0 = reinterpret_cast<uintptr_t>(b_src[0]) + static_cast<uintptr_t>(st) * raw_stage_bytes<F>();
         const uint8_t* base = moe_tc_raw + ((st & 1) * kTcBRows + b_row[0]) * raw_row_stride<F>() + (g0 & 15);
-        float f[8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int gi = (k0 % kRawStageCols + b_col[0]) / 8 + h;  // group of 8 in the stage
-          qdev::decode8<F>(base + (gi / kG) * kBB, gi % kG, a.T, f);
-          rb[h] = make_uint4(bf16x2_rn(f[0], f[1]), bf16x2_rn(f[2], f[3]), bf16x2_rn(f[4], f[5]), bf16x2_rn(f[6], f[7]));
+          rb[h] = qdev::decode8_bf16<F>(base + (gi / kG) * kBB, gi % kG, a.T);
         }
       } else {
         rb[0] = rb[1] = make_uint4(0u, 0u, 0u, 0u);
