@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_kernels.h"
@@ -139,6 +140,8 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, float sc) {
 // slot holds its 16-byte-aligned superset (up to 14 bytes before it); the slot stride is an odd number of
 // 16-byte units (rows start in different bank groups).
 constexpr int kRawStageCols = 256;
+template <int I>
+using SetI = std::integral_constant<int, I>;
 template <WeightFormat F>
 __host__ __device__ constexpr int raw_stage_bytes() {
   return kRawStageCols / weight_layout(F).block_elems * weight_layout(F).block_bytes;
@@ -224,14 +227,22 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     }
   }
 
-  float4 ra[2];
+  // Chunks of activations in flight: GGUF two (chunk kc + 2's global loads issued before chunk kc's MMAs: with
+  // the decode in between, one chunk of lead left the L2 latency exposed), the others one.
+  constexpr int AD = Q ? 2 : 1;
+  float4 ra[AD][2];
   uint4 rb[2];
   [[maybe_unused]] uint32_t rs = 0;  // MXFP4: the chunk's scale byte
-  auto load = [&](int k0) {
+  // Register sets are picked by compile-time indices (SetI<0 / 1>: a runtime index would put ra in local memory).
+  auto load_a = [&](int kc, auto set) {
+    const int k0 = kc * kTcK;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      ra[i] = a_src[i] && k0 + a_col[i] < cols ? __ldg(reinterpret_cast<const float4*>(a_src[i] + k0))
-                                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      ra[decltype(set)::value][i] = a_src[i] && k0 + a_col[i] < cols ? __ldg(reinterpret_cast<const float4*>(a_src[i] + k0))
+                                                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  auto load = [&](int k0) {
+    if constexpr (AD == 1) load_a(k0 / kTcK, SetI<0>{});
     if constexpr (MX) {
       // cols % 32 == 0: a chunk is one whole scale group of every row.
       if (b_src[0]) {
@@ -264,10 +275,10 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
                     : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  auto store = [&](int buf) {
+  auto store = [&](int buf, auto set) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float4 v = ra[i];
+      const float4 v = ra[decltype(set)::value][i];
       if constexpr (SPLIT) {
         float r0, r1, r2, r3;
         const uint32_t h01 = bf16x2_rn(v.x, v.y, r0, r1), h23 = bf16x2_rn(v.z, v.w, r2, r3);
@@ -339,10 +350,16 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     cp_async_wait<1>();  // stage 0 landed (this thread's copies); the barrier below makes them everyone's
     __syncthreads();
   }
+  if constexpr (AD == 2) {
+    load_a(0, SetI<0>{});
+    if (nk > 1) load_a(1, SetI<1>{});
+  }
   load(0);
-  store(0);
+  store(0, SetI<0>{});
   __syncthreads();
-  for (int kc = 0; kc < nk; ++kc) {
+  // One chunk; S = kc % AD (compile time), the loop below unrolled by AD.
+  auto step = [&](int kc, auto S) {
+    constexpr int kS = decltype(S)::value;
     const int buf = kc & 1;
     if constexpr (Q) {
       // Before the first chunk of stage st: wait for it (issued a stage ago), then fill the slot stage st - 1
@@ -352,6 +369,9 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         __syncthreads();
         raw_copy((kc + 1) / kStageChunks + 1);
       }
+    }
+    if constexpr (AD == 2) {
+      if (kc + 2 < nk) load_a(kc + 2, S);  // into chunk kc's set: stored to shared memory last iteration
     }
     if (kc + 1 < nk) load((kc + 1) * kTcK);
     if (mt_n > 0) {
@@ -385,8 +405,14 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         }
       }
     }
-    if (kc + 1 < nk) store(buf ^ 1);
+    if (kc + 1 < nk) store(buf ^ 1, SetI<(kS + 1) % AD>{});
     __syncthreads();
+  };
+  for (int kc = 0; kc < nk; kc += AD) {
+    step(kc, SetI<0>{});
+    if constexpr (AD == 2) {
+      if (kc + 1 < nk) step(kc + 1, SetI<1>{});
+    }
   }
 
   // Accumulator layout: acc[mt][j][2h + c] = (pair wm*32 + mt*16 + lane/4 + 8h, column 2*(lane%4) + c of n8 tile j).
