@@ -168,8 +168,162 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// GGUF: stage st of every weight row of a block into slot st & 1 (rows past the matrix are not staged: their B
+// pieces are zero). Bytes past the stage's end in the row are copied too (harmless), never past the stack. One
+// cp.async group per call (empty past the row's end), so the waits count stages.
+template <WeightFormat F, int NMAT>
+__device__ __forceinline__ void raw_copy_stage(const TileArgs& a, int st, int e, int n0, int tid) {
+  constexpr int kUnits = raw_row_stride<F>() / 16;
+  const int rows = a.rows;
+  const int64_t row_end = a.row_bytes, sb = static_cast<int64_t>(st) * raw_stage_bytes<F>();
+  if (sb < row_end) {
+    const int64_t se = row_end < sb + raw_stage_bytes<F>() ? row_end : sb + raw_stage_bytes<F>();
+    for (int idx = tid; idx < kTcBRows * kUnits; idx += kTcThreads) {
+      const int r = idx / kUnits, u = idx % kUnits;
+      const int m = NMAT == 2 ? r / 64 : 0, rr = n0 + (NMAT == 2 ? r % 64 : r);
+      if (rr >= rows) continue;
+      const uint8_t* mat = static_cast<const uint8_t*>(m ? a.w1 : a.w0);
+      const uint8_t* row = mat + (static_cast<int64_t>(e) * rows + rr) * a.row_bytes;
+      const uint8_t* from = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(row + sb) & ~uintptr_t{15}) + 16 * u;
+      if (from >= row + se) continue;  // past this row's stage
+      const int64_t left = (mat + a.mat_bytes) - from;
+      cp_async16(moe_tc_raw + ((st & 1) * kTcBRows + r) * raw_row_stride<F>() + 16 * u, from, left < 16 ? static_cast<int>(left) : 16);
+    }
+  }
+  cp_async_commit();
+}
+
+// Where staged weight row r (of kTcBRows; NMAT 2: 64 gate then 64 up rows) starts reading at column c: bf16 and
+// MXFP4 at the column (MXFP4: and its scale row in s_src), GGUF at the row's first block; null past the matrix.
+template <WeightFormat F, int NMAT>
+__device__ __forceinline__ const void* b_source(const TileArgs& a, int e, int n0, int r, int c, const uint8_t*& s_src) {
+  const int m = NMAT == 2 ? r / 64 : 0, rr = n0 + (NMAT == 2 ? r % 64 : r);
+  if (rr >= a.rows) return nullptr;
+  const int64_t grow = static_cast<int64_t>(e) * a.rows + rr;
+  if constexpr (F == WeightFormat::MXFP4) {
+    s_src = (m ? a.s1 : a.s0) + grow * (a.cols / 32);
+    return static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * (a.cols / 2) + c / 2;
+  } else if constexpr (is_gguf_block(F)) {
+    return static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * a.row_bytes;
+  } else {
+    return static_cast<const uint16_t*>(m ? a.w1 : a.w0) + grow * a.cols + c;
+  }
+}
+
+// Columns k0 + c0 .. + 15 of weight row r of the block (its global row at `row`) from the raw stage in shared
+// memory (raw_copy_stage), as 16 bf16 in two uint4.
+template <WeightFormat F>
+__device__ __forceinline__ void raw_decode16(uint4 (&rb)[2], const uint8_t* row, int r, int c0, int k0, const IqTables& T) {
+  constexpr int kBB = weight_layout(F).block_bytes, kG = weight_layout(F).block_elems / 8;
+  const int st = k0 / kRawStageCols;
+  const uintptr_t g0 = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(st) * raw_stage_bytes<F>();
+  const uint8_t* base = moe_tc_raw + ((st & 1) * kTcBRows + r) * raw_row_stride<F>() + (g0 & 15);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int gi = (k0 % kRawStageCols + c0) / 8 + h;  // group of 8 in the stage
+    rb[h] = qdev::decode8_bf16<F>(base + (gi / kG) * kBB, gi % kG, T);
+  }
+}
+
+// A thread's two activation pieces (4 floats each) into the staged A buffer as bf16 (SPLIT: hi and lo halves).
+template <bool SPLIT, int NS = SPLIT ? 2 : 1>
+__device__ __forceinline__ void store_act(uint16_t (&sA)[NS][kTcM][kTcLd], const float4 (&ra)[2], const int (&a_row)[2],
+                                          const int (&a_col)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float4 v = ra[i];
+    if constexpr (SPLIT) {
+      float r0, r1, r2, r3;
+      const uint32_t h01 = bf16x2_rn(v.x, v.y, r0, r1), h23 = bf16x2_rn(v.z, v.w, r2, r3);
+      *reinterpret_cast<uint2*>(&sA[0][a_row[i]][a_col[i]]) = make_uint2(h01, h23);
+      *reinterpret_cast<uint2*>(&sA[NS - 1][a_row[i]][a_col[i]]) = make_uint2(bf16x2_rn(r0, r1), bf16x2_rn(r2, r3));
+    } else {
+      *reinterpret_cast<uint2*>(&sA[0][a_row[i]][a_col[i]]) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
+    }
+  }
+}
+
+// One 32-column chunk's MMAs of a warp from the staged buffers: B fragments of its four n8 tiles (rows nb0.., nb1..),
+// A of its m16 tiles holding pairs (mt_n of 2), hi then lo (NS = 2).
+template <int NS>
+__device__ __forceinline__ void tc_chunk_mma(float (&acc)[2][4][4], const uint16_t (&sA)[NS][kTcM][kTcLd],
+                                             const uint16_t (&sB)[kTcBRows][kTcLd], int mt_n, int a_lr, int a_lk, int b_lr,
+                                             int b_lk, int nb0, int nb1) {
+#pragma unroll
+  for (int ks = 0; ks < kTcK / 16; ++ks) {
+    uint32_t b[4][2];
+    {
+      uint32_t r[4];
+      ldmatrix_x4(r, &sB[nb0 + b_lr][ks * 16 + b_lk]);
+      b[0][0] = r[0];
+      b[0][1] = r[1];
+      b[1][0] = r[2];
+      b[1][1] = r[3];
+      ldmatrix_x4(r, &sB[nb1 + b_lr][ks * 16 + b_lk]);
+      b[2][0] = r[0];
+      b[2][1] = r[1];
+      b[3][0] = r[2];
+      b[3][1] = r[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      if (mt < mt_n) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) {  // hi, then lo
+          uint32_t af[4];
+          ldmatrix_x4(af, &sA[s][a_lr + mt * 16][ks * 16 + a_lk]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) mma_bf16_16816(acc[mt][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  }
+}
+
+// The tile's outputs: out[slot][n] for the warp's pairs < cnt and rows < `rows`; gate+up applies the GLU.
+// Accumulator layout: acc[mt][j][2h + c] = (pair wm*32 + mt*16 + lane/4 + 8h, column 2*(lane%4) + c of n8 tile j).
+template <int NMAT>
+__device__ __forceinline__ void tc_store_out(const TileArgs& a, const float (&acc)[2][4][4], int start, int cnt, int wm,
+                                             int lane, int n0, int nb0) {
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = wm * 32 + mt * 16 + g + 8 * h;
+      if (m >= cnt) continue;
+      float* orow = a.out + static_cast<int64_t>(start + m) * a.rows;
+#pragma unroll
+      for (int j = 0; j < (NMAT == 2 ? 2 : 4); ++j) {
+        const int n = n0 + nb0 + j * 8 + c2;  // NMAT 1: nb0 + 8j covers wn*32 + 0..31
+        if (n >= a.rows) continue;             // rows % 8 == 0: n + 1 < rows too
+        float2 v;
+        if constexpr (NMAT == 2) {
+          v.x = glu(acc[mt][j][2 * h], acc[mt][j + 2][2 * h], a.act, a.beta, a.lbeta);
+          v.y = glu(acc[mt][j][2 * h + 1], acc[mt][j + 2][2 * h + 1], a.act, a.beta, a.lbeta);
+        } else {
+          v.x = acc[mt][j][2 * h];
+          v.y = acc[mt][j][2 * h + 1];
+        }
+        *reinterpret_cast<float2*>(orow + n) = v;
+      }
+    }
+  }
+}
+
 // F: BF16, MXFP4, or a GGUF block format (quant_tables.h is_gguf_block: decoded to bf16 by qdev::decode8_bf16
 // while staging; cols a multiple of the format's block, so a 32-column chunk never leaves a row).
+//
+// Staging assignments. A: 64 pairs x 8 float4 per chunk, two per thread (8 threads read one pair's 128
+// bytes); pairs past cnt and columns past cols are zero. B bf16: 128 rows x 4 uint4, two per thread;
+// B MXFP4: 128 rows x (16 packed bytes + 1 scale), half a row (8 bytes) per thread; GGUF: 16 columns
+// (two groups of 8) per thread. Rows past `rows` and columns past cols are zero (never stored, but keep
+// NaN out of the MMAs). Chunks of activations in flight (AD): GGUF two (chunk kc + 2's global loads issued
+// before chunk kc's MMAs: with the decode in between, one chunk of lead left the L2 latency exposed), the
+// others one.
+// ldmatrix row addresses. A (16x16, row): lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 ->
+// a0..a3 = (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). B ([n][k], two n8 tiles): lanes
+// 0-7 n 0-7 k 0, 8-15 n 0-7 k 8, 16-23 n 8-15 k 0, 24-31 n 8-15 k 8 -> (b0, b1) of n8 tile 0, then tile 1.
 template <WeightFormat F, int NMAT, bool GATHER, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs a) {
   constexpr bool MX = F == WeightFormat::MXFP4, Q = is_gguf_block(F), PACKED = MX || Q;
@@ -188,11 +342,6 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
   if (tid < kTcM) src_row[tid] = tid < cnt ? (GATHER ? a.sorted[start + tid] / a.K : start + tid) : -1;
   __syncthreads();
 
-  // Staging assignments. A: 64 pairs x 8 float4 per chunk, two per thread (8 threads read one pair's 128
-  // bytes); pairs past cnt and columns past cols are zero. B bf16: 128 rows x 4 uint4, two per thread;
-  // B MXFP4: 128 rows x (16 packed bytes + 1 scale), half a row (8 bytes) per thread; GGUF: 16 columns
-  // (two groups of 8) per thread. Rows past `rows` and columns past cols are zero (never stored, but keep
-  // NaN out of the MMAs).
   const float* a_src[2];
   int a_row[2], a_col[2];
 #pragma unroll
@@ -212,23 +361,9 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     const int idx = tid + i * kTcThreads;
     b_row[i] = PACKED ? idx >> 1 : idx >> 2;
     b_col[i] = PACKED ? (idx & 1) * 16 : (idx & 3) * 8;  // in elements
-    const int m = NMAT == 2 ? b_row[i] / 64 : 0;
-    const int r = n0 + (NMAT == 2 ? b_row[i] % 64 : b_row[i]);
-    const int64_t grow = static_cast<int64_t>(e) * rows + r;
-    if (r >= rows) {
-      b_src[i] = nullptr;
-    } else if constexpr (MX) {
-      b_src[i] = static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * (cols / 2) + b_col[i] / 2;
-      s_src = (m ? a.s1 : a.s0) + grow * (cols / 32);
-    } else if constexpr (Q) {
-      b_src[i] = static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * a.row_bytes;  // the row's first block
-    } else {
-      b_src[i] = static_cast<const uint16_t*>(m ? a.w1 : a.w0) + grow * cols + b_col[i];
-    }
+    b_src[i] = b_source<F, NMAT>(a, e, n0, b_row[i], b_col[i], s_src);
   }
 
-  // Chunks of activations in flight: GGUF two (chunk kc + 2's global loads issued before chunk kc's MMAs: with
-  // the decode in between, one chunk of lead left the L2 latency exposed), the others one.
   constexpr int AD = Q ? 2 : 1;
   float4 ra[AD][2];
   uint4 rb[2];
@@ -254,16 +389,8 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         rs = 127u;
       }
     } else if constexpr (Q) {
-      if (b_src[0]) {  // from the raw stage in shared memory (raw_copy)
-        constexpr int kBE = weight_layout(F).block_elems, kBB = weight_layout(F).block_bytes, kG = kBE / 8;
-        const int st = k0 / kRawStageCols;
-        const uintptr_t g0 = reinterpret_cast<uintptr_t>(b_src[0]) + static_cast<uintptr_t>(st) * raw_stage_bytes<F>();
-        const uint8_t* base = moe_tc_raw + ((st & 1) * kTcBRows + b_row[0]) * raw_row_stride<F>() + (g0 & 15);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int gi = (k0 % kRawStageCols + b_col[0]) / 8 + h;  // group of 8 in the stage
-          rb[h] = qdev::decode8_bf16<F>(base + (gi / kG) * kBB, gi % kG, a.T);
-        }
+      if (b_src[0]) {
+        raw_decode16<F>(rb, static_cast<const uint8_t*>(b_src[0]), b_row[0], b_col[0], k0, a.T);
       } else {
         rb[0] = rb[1] = make_uint4(0u, 0u, 0u, 0u);
       }
@@ -276,18 +403,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     }
   };
   auto store = [&](int buf, auto set) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float4 v = ra[decltype(set)::value][i];
-      if constexpr (SPLIT) {
-        float r0, r1, r2, r3;
-        const uint32_t h01 = bf16x2_rn(v.x, v.y, r0, r1), h23 = bf16x2_rn(v.z, v.w, r2, r3);
-        *reinterpret_cast<uint2*>(&sA[buf][0][a_row[i]][a_col[i]]) = make_uint2(h01, h23);
-        *reinterpret_cast<uint2*>(&sA[buf][NS - 1][a_row[i]][a_col[i]]) = make_uint2(bf16x2_rn(r0, r1), bf16x2_rn(r2, r3));
-      } else {
-        *reinterpret_cast<uint2*>(&sA[buf][0][a_row[i]][a_col[i]]) = make_uint2(bf16x2_rn(v.x, v.y), bf16x2_rn(v.z, v.w));
-      }
-    }
+    store_act<SPLIT>(sA[buf], ra[decltype(set)::value], a_row, a_col);
     if constexpr (MX) {
       const float sc = e8m0_scale_x2p14(rs);
       *reinterpret_cast<uint4*>(&sB[buf][b_row[0]][b_col[0]]) = e2m1x8_to_bf16(rb[0].x, sc);
@@ -311,37 +427,13 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
 
   // m16 tiles of this warp holding any pair (warp-uniform): warps past the tile's pairs only stage.
   const int mt_n = min(2, max(0, (cnt - wm * 32 + 15) >> 4));
-  // ldmatrix row addresses. A (16x16, row): lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 ->
-  // a0..a3 = (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). B ([n][k], two n8 tiles): lanes
-  // 0-7 n 0-7 k 0, 8-15 n 0-7 k 8, 16-23 n 8-15 k 0, 24-31 n 8-15 k 8 -> (b0, b1) of n8 tile 0, then tile 1.
   const int a_lr = wm * 32 + (lane & 15), a_lk = (lane >> 4) * 8;
   const int b_lr = ((lane >> 4) << 3) + (lane & 7), b_lk = ((lane >> 3) & 1) * 8;
   const int nb0 = NMAT == 2 ? wn * 16 : wn * 32, nb1 = NMAT == 2 ? 64 + wn * 16 : wn * 32 + 16;
 
   const int nk = (cols + kTcK - 1) / kTcK;
-  // GGUF: stage st of every row of the block into slot st & 1 (rows past the matrix are not staged: their
-  // B pieces are zero). Bytes past the stage's end in the row are copied too (harmless), never past the stack.
   auto raw_copy = [&](int st) {
-    if constexpr (Q) {
-      constexpr int kUnits = raw_row_stride<F>() / 16;
-      const int64_t row_end = a.row_bytes, sb = static_cast<int64_t>(st) * raw_stage_bytes<F>();
-      if (sb < row_end) {
-        const int64_t se = row_end < sb + raw_stage_bytes<F>() ? row_end : sb + raw_stage_bytes<F>();
-        for (int idx = tid; idx < kTcBRows * kUnits; idx += kTcThreads) {
-          const int r = idx / kUnits, u = idx % kUnits;
-          const int m = NMAT == 2 ? r / 64 : 0, rr = n0 + (NMAT == 2 ? r % 64 : r);
-          if (rr >= rows) continue;
-          const uint8_t* mat = static_cast<const uint8_t*>(m ? a.w1 : a.w0);
-          const uint8_t* row = mat + (static_cast<int64_t>(e) * rows + rr) * a.row_bytes;
-          const uint8_t* from = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(row + sb) & ~uintptr_t{15}) + 16 * u;
-          if (from >= row + se) continue;  // past this row's stage
-          const int64_t left = (mat + a.mat_bytes) - from;
-          cp_async16(moe_tc_raw + ((st & 1) * kTcBRows + r) * raw_row_stride<F>() + 16 * u, from,
-                     left < 16 ? static_cast<int>(left) : 16);
-        }
-      }
-      cp_async_commit();
-    }
+    if constexpr (Q) raw_copy_stage<F, NMAT>(a, st, e, n0, tid);
   };
   constexpr int kStageChunks = kRawStageCols / kTcK;
   if constexpr (Q) {
@@ -374,37 +466,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
       if (kc + 2 < nk) load_a(kc + 2, S);  // into chunk kc's set: stored to shared memory last iteration
     }
     if (kc + 1 < nk) load((kc + 1) * kTcK);
-    if (mt_n > 0) {
-#pragma unroll
-      for (int ks = 0; ks < kTcK / 16; ++ks) {
-        uint32_t b[4][2];
-        {
-          uint32_t r[4];
-          ldmatrix_x4(r, &sB[buf][nb0 + b_lr][ks * 16 + b_lk]);
-          b[0][0] = r[0];
-          b[0][1] = r[1];
-          b[1][0] = r[2];
-          b[1][1] = r[3];
-          ldmatrix_x4(r, &sB[buf][nb1 + b_lr][ks * 16 + b_lk]);
-          b[2][0] = r[0];
-          b[2][1] = r[1];
-          b[3][0] = r[2];
-          b[3][1] = r[3];
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          if (mt < mt_n) {
-#pragma unroll
-            for (int s = 0; s < NS; ++s) {  // hi, then lo
-              uint32_t af[4];
-              ldmatrix_x4(af, &sA[buf][s][a_lr + mt * 16][ks * 16 + a_lk]);
-#pragma unroll
-              for (int j = 0; j < 4; ++j) mma_bf16_16816(acc[mt][j], af, b[j][0], b[j][1]);
-            }
-          }
-        }
-      }
-    }
+    if (mt_n > 0) tc_chunk_mma<NS>(acc, sA[buf], sB[buf], mt_n, a_lr, a_lk, b_lr, b_lk, nb0, nb1);
     if (kc + 1 < nk) store(buf ^ 1, SetI<(kS + 1) % AD>{});
     __syncthreads();
   };
@@ -415,31 +477,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     }
   }
 
-  // Accumulator layout: acc[mt][j][2h + c] = (pair wm*32 + mt*16 + lane/4 + 8h, column 2*(lane%4) + c of n8 tile j).
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = wm * 32 + mt * 16 + g + 8 * h;
-      if (m >= cnt) continue;
-      float* orow = a.out + static_cast<int64_t>(start + m) * rows;
-#pragma unroll
-      for (int j = 0; j < (NMAT == 2 ? 2 : 4); ++j) {
-        const int n = n0 + nb0 + j * 8 + c2;  // NMAT 1: nb0 + 8j covers wn*32 + 0..31
-        if (n >= rows) continue;               // rows % 8 == 0: n + 1 < rows too
-        float2 v;
-        if constexpr (NMAT == 2) {
-          v.x = glu(acc[mt][j][2 * h], acc[mt][j + 2][2 * h], a.act, a.beta, a.lbeta);
-          v.y = glu(acc[mt][j][2 * h + 1], acc[mt][j + 2][2 * h + 1], a.act, a.beta, a.lbeta);
-        } else {
-          v.x = acc[mt][j][2 * h];
-          v.y = acc[mt][j][2 * h + 1];
-        }
-        *reinterpret_cast<float2*>(orow + n) = v;
-      }
-    }
-  }
+  tc_store_out<NMAT>(a, acc, start, cnt, wm, lane, n0, nb0);
 }
 
 
