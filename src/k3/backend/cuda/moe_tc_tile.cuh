@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_kernels.h"
@@ -140,8 +139,6 @@ __device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t w, float sc) {
 // slot holds its 16-byte-aligned superset (up to 14 bytes before it); the slot stride is an odd number of
 // 16-byte units (rows start in different bank groups).
 constexpr int kRawStageCols = 256;
-template <int I>
-using SetI = std::integral_constant<int, I>;
 template <WeightFormat F>
 __host__ __device__ constexpr int raw_stage_bytes() {
   return kRawStageCols / weight_layout(F).block_elems * weight_layout(F).block_bytes;
@@ -318,9 +315,7 @@ __device__ __forceinline__ void tc_store_out(const TileArgs& a, const float (&ac
 // bytes); pairs past cnt and columns past cols are zero. B bf16: 128 rows x 4 uint4, two per thread;
 // B MXFP4: 128 rows x (16 packed bytes + 1 scale), half a row (8 bytes) per thread; GGUF: 16 columns
 // (two groups of 8) per thread. Rows past `rows` and columns past cols are zero (never stored, but keep
-// NaN out of the MMAs). Chunks of activations in flight (AD): GGUF two (chunk kc + 2's global loads issued
-// before chunk kc's MMAs: with the decode in between, one chunk of lead left the L2 latency exposed), the
-// others one.
+// NaN out of the MMAs).
 // ldmatrix row addresses. A (16x16, row): lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8 ->
 // a0..a3 = (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15). B ([n][k], two n8 tiles): lanes
 // 0-7 n 0-7 k 0, 8-15 n 0-7 k 8, 16-23 n 8-15 k 0, 24-31 n 8-15 k 8 -> (b0, b1) of n8 tile 0, then tile 1.
@@ -337,7 +332,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
   const int e = td.x, start = td.y, cnt = td.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
-  const int rows = a.rows, cols = a.cols;
+  const int cols = a.cols;
   const int n0 = blockIdx.y * (kTcBRows / NMAT);
   if (tid < kTcM) src_row[tid] = tid < cnt ? (GATHER ? a.sorted[start + tid] / a.K : start + tid) : -1;
   __syncthreads();
@@ -364,20 +359,14 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     b_src[i] = b_source<F, NMAT>(a, e, n0, b_row[i], b_col[i], s_src);
   }
 
-  constexpr int AD = Q ? 2 : 1;
-  float4 ra[AD][2];
+  float4 ra[2];
   uint4 rb[2];
   [[maybe_unused]] uint32_t rs = 0;  // MXFP4: the chunk's scale byte
-  // Register sets are picked by compile-time indices (SetI<0 / 1>: a runtime index would put ra in local memory).
-  auto load_a = [&](int kc, auto set) {
-    const int k0 = kc * kTcK;
+  auto load = [&](int k0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      ra[decltype(set)::value][i] = a_src[i] && k0 + a_col[i] < cols ? __ldg(reinterpret_cast<const float4*>(a_src[i] + k0))
-                                                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  auto load = [&](int k0) {
-    if constexpr (AD == 1) load_a(k0 / kTcK, SetI<0>{});
+      ra[i] = a_src[i] && k0 + a_col[i] < cols ? __ldg(reinterpret_cast<const float4*>(a_src[i] + k0))
+                                              : make_float4(0.f, 0.f, 0.f, 0.f);
     if constexpr (MX) {
       // cols % 32 == 0: a chunk is one whole scale group of every row.
       if (b_src[0]) {
@@ -389,7 +378,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         rs = 127u;
       }
     } else if constexpr (Q) {
-      if (b_src[0]) {
+      if (b_src[0]) {  // from the raw stage in shared memory (raw_copy_stage)
         raw_decode16<F>(rb, static_cast<const uint8_t*>(b_src[0]), b_row[0], b_col[0], k0, a.T);
       } else {
         rb[0] = rb[1] = make_uint4(0u, 0u, 0u, 0u);
@@ -402,8 +391,8 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
                     : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  auto store = [&](int buf, auto set) {
-    store_act<SPLIT>(sA[buf], ra[decltype(set)::value], a_row, a_col);
+  auto store = [&](int buf) {
+    store_act<SPLIT>(sA[buf], ra, a_row, a_col);
     if constexpr (MX) {
       const float sc = e8m0_scale_x2p14(rs);
       *reinterpret_cast<uint4*>(&sB[buf][b_row[0]][b_col[0]]) = e2m1x8_to_bf16(rb[0].x, sc);
@@ -442,16 +431,10 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
     cp_async_wait<1>();  // stage 0 landed (this thread's copies); the barrier below makes them everyone's
     __syncthreads();
   }
-  if constexpr (AD == 2) {
-    load_a(0, SetI<0>{});
-    if (nk > 1) load_a(1, SetI<1>{});
-  }
   load(0);
-  store(0, SetI<0>{});
+  store(0);
   __syncthreads();
-  // One chunk; S = kc % AD (compile time), the loop below unrolled by AD.
-  auto step = [&](int kc, auto S) {
-    constexpr int kS = decltype(S)::value;
+  for (int kc = 0; kc < nk; ++kc) {
     const int buf = kc & 1;
     if constexpr (Q) {
       // Before the first chunk of stage st: wait for it (issued a stage ago), then fill the slot stage st - 1
@@ -462,19 +445,10 @@ __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs
         raw_copy((kc + 1) / kStageChunks + 1);
       }
     }
-    if constexpr (AD == 2) {
-      if (kc + 2 < nk) load_a(kc + 2, S);  // into chunk kc's set: stored to shared memory last iteration
-    }
     if (kc + 1 < nk) load((kc + 1) * kTcK);
     if (mt_n > 0) tc_chunk_mma<NS>(acc, sA[buf], sB[buf], mt_n, a_lr, a_lk, b_lr, b_lk, nb0, nb1);
-    if (kc + 1 < nk) store(buf ^ 1, SetI<(kS + 1) % AD>{});
+    if (kc + 1 < nk) store(buf ^ 1);
     __syncthreads();
-  };
-  for (int kc = 0; kc < nk; kc += AD) {
-    step(kc, SetI<0>{});
-    if constexpr (AD == 2) {
-      if (kc + 1 < nk) step(kc + 1, SetI<1>{});
-    }
   }
 
   tc_store_out<NMAT>(a, acc, start, cnt, wm, lane, n0, nb0);
