@@ -40,6 +40,21 @@ __global__ void dequant_rows_kernel(const uint8_t* __restrict__ W, int64_t cols,
   }
 }
 
+// The one launch of both entry points (arguments checked by the caller): a grid-stride loop over (row, group).
+template <typename Out>
+cudaError_t launch_dequant(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, Out* out, int64_t ld,
+                           cudaStream_t s) {
+  if (count == 0 || W.cols == 0) return cudaSuccess;
+  const IqTables T = iq_tables();
+  const int64_t total = count * (W.cols / 8);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
+  return with_gguf_format(W.format, [&](auto f) {
+    dequant_rows_kernel<decltype(f)::value, Out><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids,
+                                                                       count, out, ld, T);
+    return cudaGetLastError();
+  });
+}
+
 }  // namespace
 
 cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
@@ -47,30 +62,14 @@ cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_
   if (!is_gguf_block(W.format) || count < 0 || row0 < 0 || ld < W.cols || W.cols % weight_layout(W.format).block_elems != 0 ||
       (!ids && row0 + count > W.rows) || reinterpret_cast<uintptr_t>(W.data) % 2 != 0)
     return cudaErrorInvalidValue;
-  if (count == 0 || W.cols == 0) return cudaSuccess;
-  const IqTables T = iq_tables();
-  const int64_t total = count * (W.cols / 8);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
-  return with_gguf_format(W.format, [&](auto f) {
-    dequant_rows_kernel<decltype(f)::value, float><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids, count,
-                                                                    out, ld, T);
-    return cudaGetLastError();
-  });
+  return launch_dequant(W, row0, ids, count, out, ld, s);
 }
 
 cudaError_t quant_dequant_rows_bf16(const WeightMatrix& W, int64_t row0, int64_t count, uint16_t* out, cudaStream_t s) {
   if (!is_gguf_block(W.format) || count < 0 || row0 < 0 || row0 + count > W.rows || W.cols % weight_layout(W.format).block_elems != 0 ||
       reinterpret_cast<uintptr_t>(W.data) % 2 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
     return cudaErrorInvalidValue;
-  if (count == 0 || W.cols == 0) return cudaSuccess;
-  const IqTables T = iq_tables();
-  const int64_t total = count * (W.cols / 8);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
-  return with_gguf_format(W.format, [&](auto f) {
-    dequant_rows_kernel<decltype(f)::value, uint16_t><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0,
-                                                                            nullptr, count, out, W.cols, T);
-    return cudaGetLastError();
-  });
+  return launch_dequant(W, row0, nullptr, count, out, W.cols, s);
 }
 
 }  // namespace k3::cuda
