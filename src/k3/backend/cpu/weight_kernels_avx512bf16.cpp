@@ -166,6 +166,15 @@ void bf16_tile_rows(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t
   }
 }
 
+// One token (decode): one row at a time, each read start to end. Zen 4 (session 18, docs/perf/cpu.md
+// "Session 18"): the 2-row tile's interleaved streams read BF16 at 76% of the 2-thread read rate (4 rows:
+// 85%), one row at a time at 99-106%, as the avx512 tier's exact dot does; the default tier had lost decode to
+// llama.cpp there. A row's arithmetic is the tile's whatever R is, so the bits are the dot's.
+void bf16_decode_rows(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* xp, int64_t cols, float* y) {
+  const ColSpan ks{0, cols, true, true, nullptr};
+  for (int64_t r = 0; r < rows; ++r) bf16_tile<1, 1>(w + r * ldw, ldw, xp, cols, y + r, 1, ks);
+}
+
 template <size_t... T>
 constexpr auto bf16_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, ColSpan);
@@ -198,7 +207,7 @@ void bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* xb
   const int64_t cols = W.cols, ldx = bf16_stride(cols);
   const auto* base = static_cast<const uint16_t*>(W.data);
   if (n == 1) {  // one token (decode): its converted row is the packed layout
-    tiles[0](base + r0 * cols, cols, r1 - r0, xb, cols, y, ldy, {0, cols, true, true, nullptr});
+    bf16_decode_rows(base + r0 * cols, cols, r1 - r0, xb, cols, y);
     return;
   }
   const int64_t kblocks = (cols + kBf16KCols - 1) / kBf16KCols;
