@@ -1,4 +1,4 @@
-// quant_moe_experts (quant_moe.h): routed experts stacked as GGUF blocks, a correct path (not a fast one).
+// quant_moe_experts (quant_moe.h): routed experts stacked as GGUF blocks, the exact decode path.
 //
 // Two kernels, one warp per output value, each a GEMV row over the blocks as quant_gemv.cu's (lanes take
 // groups of 8 weights, decode them in registers with qdev::decode8: the CPU's exact values; fp32 products
@@ -6,9 +6,10 @@
 //   gate_up: hidden[p][i] = act(gate_e[i] . x_t, up_e[i] . x_t) for every (token, rank) pair p = t K + k,
 //            e = topk_idx[p]: the gate and up rows read in the same pass;
 //   down:    out[t][o] = sum over k in rank order of topk_w[t][k] * (down_e[o] . hidden[p]).
-// Each pair reads its expert's rows itself, so a prefill batch reads an expert once per token routed to
-// it (the grouped MXFP4 / bf16 kernels of moe_kernels.h read it once per tile): fine for decode, slow for
-// long prefills. An expert id outside [0, E) (never produced by moe_route) contributes nothing.
+// Each pair reads its expert's rows itself, so a prefill batch would read an expert once per token routed
+// to it: from a pair per expert on average (quant_moe_use_tc) the backend takes moe_experts' tensor-core tiles
+// instead (moe_tc_tile.cuh, once per 64-pair tile). An expert id outside [0, E) (never produced by moe_route)
+// contributes nothing.
 #include <cstdlib>
 #include <cstring>
 
@@ -20,8 +21,9 @@ namespace k3::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-// quant_moe_use_tc's threshold in (token, expert) pairs per expert. Not yet measured: a first guess (at one
-// pair per expert the per-pair kernels read each expert about once, like the tiles).
+// quant_moe_use_tc's threshold in (token, expert) pairs per expert, measured (CudaQuantMoe.TimingAtKimiLinearShape,
+// H200, Kimi-Linear's experts in Q4_K / Q6_K; docs/perf/cuda.md "Session 18"): at 0.5 pairs per expert these
+// kernels took 706 us and the tiles 826, at 1.0 1377 vs 1344, at 2.0 2717 vs 1781.
 constexpr int kTcPairsPerExpert = 1;
 
 __device__ __forceinline__ float warp_sum(float v) {
