@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kPlanThreads)
 }
 
 // ----------------------------------------------------------------------------------------- expert tiles
-
+// (TileArgs, the tensor-core tile and its helpers: moe_tc_tile.cuh)
 
 __device__ __forceinline__ uint32_t word(const uint4& q, int k) {
   return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
