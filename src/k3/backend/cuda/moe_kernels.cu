@@ -42,6 +42,8 @@
 // (31 KiB plain) static; ~96 registers, no spills, 2 blocks per SM (launch bounds). The 64-pair tiles
 // change the rounding (bf16 MMAs vs fp32 FMAs) but still not with the scatter order: each output
 // element is a function of its own pair's row only.
+// GGUF block experts take only this path (session 18, moe_tc_tile.cuh / quant_moe_tc.cu): the blocks' raw bytes
+// staged by cp.async a 256-column stage ahead, decoded to bf16 while staging B, activations bf16.
 #include "k3/backend/cuda/moe_kernels.h"
 
 #include <cuda_bf16.h>
