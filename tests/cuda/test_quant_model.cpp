@@ -6,11 +6,15 @@
 // (the block GEMV); and with the routed experts requantised to Q8_0 (quant_moe.h: the exact per-pair kernels
 // at decode, the tensor-core tiles from a pair per expert, i.e. both prefills here). Where both sides use the
 // same exact weight values and fp32 arithmetic the bar is the e2e suite's (test_cuda_model.cpp): max |diff|
-// <= 1e-3 of the logits' range, the same argmax at all positions but at most one (a near-tie); where the GPU
-// rounds the weights to bf16 (the tiles) 1e-2 and two (measured: see the printed rel).
+// <= 1e-3 of the logits' range, the same argmax at all positions but at most one (a near-tie). Where the GPU
+// rounds weights (and expert activations) to bf16 -- the tiles -- the bar is PrefillBf16GemmAgrees's for this
+// trained model (bf16 activation rounding there: rel 0.19, argmax 0.98 measured): rel <= 0.4 and the same
+// argmax at >= 95% of the positions (a wrong layout or scale agrees at ~1/V). Set in session 18 without a
+// GPU run of this test; the printed rel is the measurement to put here.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -123,8 +127,10 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
     EXPECT_TRUE(finite);
     EXPECT_GT(rel, 0.0);  // two backends, different summation orders: identical logits would mean one ran the other
     const bool bf16_tiles = n == 48 || (GetParam().find("+experts") != std::string::npos && n > 1);
-    EXPECT_LT(rel, bf16_tiles ? 1e-2 : 1e-3);
-    EXPECT_LE(flips, bf16_tiles ? 2 : 1);  // a near-tie may flip once at this rel; a wrong layout flips most positions
+    const int64_t positions = n > 1 ? n : 12;
+    EXPECT_LT(rel, bf16_tiles ? 0.4 : 1e-3);
+    // exact paths: a near-tie may flip once at this rel; bf16 tiles: 5% of the positions; a wrong layout flips most
+    EXPECT_LE(flips, bf16_tiles ? std::max<int64_t>(1, positions / 20) : 1);
   }
 }
 
