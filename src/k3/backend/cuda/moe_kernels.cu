@@ -617,7 +617,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
       if (!gguf) return cudaErrorInvalidValue;
   }
   if (gguf) {
-    const WeightFormat df = is_gguf_block(w.down_format) ? w.down_format : w.format;
+    const WeightFormat df = expert_down_format(w);
     if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 ||
         (path != MoePath::Auto && path != MoePath::TensorCore))
       return cudaErrorInvalidValue;

@@ -112,7 +112,7 @@ bool quant_moe_use_tc(int n, int K, int E) {
 cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                               GluAct act, float situ_beta, float situ_linear_beta, float* hidden, float* out, cudaStream_t s) {
   const int E = w.E, I = w.I, X = w.X;
-  const WeightFormat df = is_gguf_block(w.down_format) ? w.down_format : w.format;  // the down stack's own format
+  const WeightFormat df = expert_down_format(w);
   if (!is_gguf_block(w.format) || n < 0 || K <= 0 || E <= 0 || I <= 0 || X <= 0) return cudaErrorInvalidValue;
   if (X % weight_layout(w.format).block_elems != 0 || I % weight_layout(df).block_elems != 0 ||
       reinterpret_cast<uintptr_t>(x) % 4 != 0 || reinterpret_cast<uintptr_t>(hidden) % 4 != 0)

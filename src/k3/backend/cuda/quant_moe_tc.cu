@@ -2,6 +2,8 @@
 // quantised experts (moe_experts with a GGUF bank; quant_moe.cu's per-pair kernels re-read an expert once per
 // token routed to it, these once per 64-pair tile). One instantiation per format and matrix kind (gate+up,
 // down), activations plain bf16 (SPLIT off).
+#include <atomic>
+
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 
 namespace k3::cuda {
@@ -9,13 +11,21 @@ namespace k3::cuda {
 namespace {
 
 // One launch of the tile kernel for format F with its raw-staging ring as dynamic shared memory (above the
-// 48 KiB default for the 32-element formats: the opt-in attribute, set before every launch: it is per device).
+// 48 KiB default for the 32-element formats: the opt-in attribute, set once per device and instantiation, not on
+// every prefill launch).
 template <WeightFormat F, int NMAT, bool GATHER>
 cudaError_t launch_one(dim3 grid, const TileArgs& a, cudaStream_t stream) {
   constexpr int smem = raw_smem_bytes<F>();
-  const cudaError_t attr =
-      cudaFuncSetAttribute(expert_tc_kernel<F, NMAT, GATHER, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return attr;
+  static std::atomic<uint64_t> set_on{0};  // bit d: done on device d (devices 0..63; others set it every time)
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || !(set_on.load(std::memory_order_acquire) & bit)) {
+    e = cudaFuncSetAttribute(expert_tc_kernel<F, NMAT, GATHER, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    set_on.fetch_or(bit, std::memory_order_release);
+  }
   expert_tc_kernel<F, NMAT, GATHER, false><<<grid, kTcThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
@@ -23,7 +33,7 @@ cudaError_t launch_one(dim3 grid, const TileArgs& a, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t launch_tc_gguf(const ExpertBank& w, int n_tiles_bound, TileArgs a, float* y, cudaStream_t stream) {
-  const WeightFormat df = is_gguf_block(w.down_format) ? w.down_format : w.format;
+  const WeightFormat df = expert_down_format(w);
   a.T = iq_tables();
   a.row_bytes = row_data_bytes(w.format, w.X);
   a.mat_bytes = static_cast<int64_t>(w.E) * w.I * a.row_bytes;

@@ -15,6 +15,13 @@ constexpr bool is_gguf_block(WeightFormat f) {
   return is_block_format(f) && f != WeightFormat::MXFP4 && f != WeightFormat::MXFP4_GGML;
 }
 
+// The format of an expert stack's down projections: ExpertStack::down_format where that is a GGUF block format
+// (llama-quantize mixes Q6_K downs into Q4_K layers), else the stack's own format.
+template <typename Stack>
+constexpr WeightFormat expert_down_format(const Stack& w) {
+  return is_gguf_block(w.down_format) ? w.down_format : w.format;
+}
+
 // Device pointers to the codebooks (the same values and order as quant/iq_tables.h); passed to the kernels
 // by value.
 struct IqTables {
