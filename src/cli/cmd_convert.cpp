@@ -130,8 +130,8 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
                   "q2_k, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s, the 32-element q5_1, q5_0, q4_1, "
                   "q4_0, iq4_nl, or keep; first match wins; routed experts only by a pattern naming them (_exps); "
                   "llama-quantize's flag)")
-      ->expected(1)
-      ->allow_extra_args(false);  // one rule per flag, brackets and commas included
+      ->allow_extra_args(false)  // one rule per flag, brackets and commas included
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // repeated like llama-quantize's
   cmd->add_option("--imatrix", o.imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
   cmd->add_flag("--no-vocab", o.no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
   add_compute_options(cmd, o.compute);

@@ -9,7 +9,7 @@
 //    row is off by the range itself), with an expert holding more than one 64-pair tile and widths that
 //    leave partial N tiles;
 //  - the two paths' time at the Kimi-Linear-48B shape (256 experts of 2304 x 1024, top 8; Q4_K gate / up,
-//    Q6_K down, llama-quantize's Q4_K_M) over batch sizes, for quant_moe_use_tc's threshold (docs/perf).
+//    Q6_K down, llama-quantize's Q4_K_M) over batch sizes, for quant_moe_choice's thresholds (docs/perf).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -119,9 +119,11 @@ struct DeviceCase {
   cudaError_t run_gemv(const MoeCase& c, float* hidden) {
     return k3::cuda::quant_moe_experts(st, c.n, c.K, x.p, idx.p, w.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, hidden, out.p, nullptr);
   }
-  cudaError_t run_tc(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n) {
+  cudaError_t run_tc(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n) { return run(c, ws, n, k3::cuda::MoePath::TensorCore); }
+  // moe_experts' GGUF paths: TensorCore = the tiles, TcDecode = quant_moe_grouped, Gemv = the per-pair kernels.
+  cudaError_t run(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n, k3::cuda::MoePath path) {
     return k3::cuda::moe_experts(st, n, c.K, x.p, idx.p, w.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, out.p, ws, nullptr,
-                                 k3::cuda::MoePrecision::Bf16, k3::cuda::MoePath::TensorCore);
+                                 k3::cuda::MoePrecision::Bf16, path);
   }
 };
 
@@ -149,6 +151,41 @@ TEST(CudaQuantMoe, PerPairPathMatchesAFloat64Moe) {
                 k3::weight_format_name(fd), r, c.range);
     EXPECT_GT(c.range, 0.0);
     EXPECT_LE(r, 1e-4) << k3::weight_format_name(f) << " / " << k3::weight_format_name(fd);
+  }
+}
+
+// quant_moe_grouped (moe_experts' TcDecode for GGUF experts): every format with a part decoder, a mixed down stack,
+// a Q8_0 width that ends inside a 256-column unit (160), an expert with more than one 8-pair tile (expert 0 is in
+// every token's picks: 20 pairs), a token routed three times to one expert; exact decode and fp32 products, so
+// the per-pair path's bound. Also through moe_experts' Auto rule at one token (the decode step's call).
+TEST(CudaQuantMoe, GroupedPathMatchesAFloat64Moe) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    WeightFormat f, fd;
+    int E, I, X, K, n;
+  };
+  const Shape shapes[] = {{WeightFormat::Q4_K, WeightFormat::Q4_K, 5, 512, 256, 3, 20}, {WeightFormat::Q5_K, WeightFormat::Q5_K, 5, 256, 512, 3, 20},
+                          {WeightFormat::Q6_K, WeightFormat::Q6_K, 5, 256, 512, 3, 20}, {WeightFormat::IQ4_XS, WeightFormat::IQ4_XS, 5, 256, 256, 2, 20},
+                          {WeightFormat::Q8_0, WeightFormat::Q8_0, 4, 96, 160, 2, 20},  {WeightFormat::Q4_K, WeightFormat::Q6_K, 6, 512, 256, 3, 20},
+                          {WeightFormat::Q4_K, WeightFormat::Q6_K, 6, 512, 256, 3, 1}};
+  for (const Shape& sh : shapes) {
+    MoeCase c = make_case(sh.f, sh.fd, sh.E, sh.I, sh.X, sh.K, sh.n, 70 + static_cast<uint32_t>(sh.f));
+    if (sh.n == 20) c.idx[3 * sh.K + 1] = c.idx[3 * sh.K + 2] = c.idx[3 * sh.K];  // token 3: one expert K times
+    compute_reference(c);
+    DeviceCase dc(c);
+    k3::cuda::MoeWorkspace ws(c.n, c.K, c.E, c.I, c.X);
+    for (k3::cuda::MoePath path : {k3::cuda::MoePath::TcDecode, k3::cuda::MoePath::Auto}) {
+      if (path == k3::cuda::MoePath::Auto && sh.n != 1) continue;  // Auto: the tiles from a pair per expert
+      dc.out.poison();
+      ck(dc.run(c, ws, c.n, path), "moe_experts (GGUF, grouped)");
+      ck(cudaDeviceSynchronize(), "sync");
+      const double r = worst_over_range(c, dc.out.get());
+      std::printf("[ quant moe grouped ] %-7s down %-7s E %d I %d X %d K %d n %2d %s: max |gpu - fp64| / range %.2e\n",
+                  k3::weight_format_name(sh.f), k3::weight_format_name(sh.fd), sh.E, sh.I, sh.X, sh.K, sh.n,
+                  path == k3::cuda::MoePath::Auto ? "auto" : "    ", r);
+      EXPECT_GT(c.range, 0.0);
+      EXPECT_LE(r, 1e-4) << k3::weight_format_name(sh.f) << " / " << k3::weight_format_name(sh.fd) << " n " << sh.n;
+    }
   }
 }
 
@@ -180,16 +217,21 @@ TEST(CudaQuantMoe, TensorCoreTilesMatchAFloat64MoeForEveryFormat) {
   }
 }
 
-TEST(CudaQuantMoe, TensorCoreTilesRejectWhatTheyCannotRun) {
+TEST(CudaQuantMoe, PathsRejectWhatTheyCannotRun) {
   SKIP_WITHOUT_GPU();
   MoeCase c = make_case(WeightFormat::Q4_K, WeightFormat::Q4_K, 2, 256, 256, 1, 2, 3);
   DeviceCase dc(c);
   k3::cuda::MoeWorkspace ws(c.n, c.K, c.E, c.I, c.X);
-  // GGUF experts have no SIMT or decode kernels in moe_experts (quant_moe_experts is their decode path)
-  for (k3::cuda::MoePath p : {k3::cuda::MoePath::Simt, k3::cuda::MoePath::TcDecode, k3::cuda::MoePath::Gemv})
-    EXPECT_EQ(k3::cuda::moe_experts(dc.st, c.n, c.K, dc.x.p, dc.idx.p, dc.w.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, dc.out.p, ws,
-                                    nullptr, k3::cuda::MoePrecision::Bf16, p),
-              cudaErrorInvalidValue);
+  // GGUF experts have no SIMT tiles; the grouped path (TcDecode) only the formats with a part decoder
+  EXPECT_EQ(dc.run(c, ws, c.n, k3::cuda::MoePath::Simt), cudaErrorInvalidValue);
+  {
+    MoeCase iq = make_case(WeightFormat::IQ2_XS, WeightFormat::IQ2_XS, 2, 256, 256, 1, 2, 4);
+    DeviceCase dq(iq);
+    EXPECT_FALSE(k3::cuda::quant_moe_grouped_supported(dq.st));
+    EXPECT_EQ(dq.run(iq, ws, iq.n, k3::cuda::MoePath::TcDecode), cudaErrorInvalidValue);
+    EXPECT_EQ(dq.run(iq, ws, iq.n, k3::cuda::MoePath::Gemv), cudaSuccess);  // the per-pair kernels take every format
+  }
+  EXPECT_TRUE(k3::cuda::quant_moe_grouped_supported(dc.st));
   k3::cuda::MoeWorkspace ws_odd(c.n, c.K, c.E, c.I, 128);
   k3::ExpertStack odd = dc.st;
   odd.X = 128;  // not whole 256-element Q4_K blocks
@@ -210,7 +252,7 @@ TEST(CudaQuantMoe, TimingAtKimiLinearShape) {
   c.idx = random_routing(max_n, K, E, false, rng);
   DeviceCase dc(c);
   k3::cuda::MoeWorkspace ws(max_n, K, E, I, X);
-  Dev<float> hidden(static_cast<size_t>(max_n) * K * I), gemv_out(static_cast<size_t>(max_n) * X);
+  Dev<float> hidden(static_cast<size_t>(max_n) * K * I);
   Dev<uint8_t> flush(size_t{256} << 20);
   const double bytes = static_cast<double>(c.gb.size() + c.ub.size() + c.db.size());
   cudaEvent_t e0, e1;
@@ -218,34 +260,41 @@ TEST(CudaQuantMoe, TimingAtKimiLinearShape) {
   ck(cudaEventCreate(&e1), "event");
   for (int n : {1, 4, 8, 16, 32, 64, 128, 256, 512, 2048}) {
     c.n = n;
-    float ms[2] = {0, 0};
+    // paths: 0 per-pair, 1 grouped (within the workspace's decode capacity), 2 tiles
+    float ms[3] = {0, 0, 0};
+    const bool grouped = static_cast<int64_t>(n) * K <= 8192;
     const int reps = n >= 512 ? 3 : 5;
-    for (int path = 0; path < 2; ++path) {
+    std::vector<float> outs[3];
+    for (int path = 0; path < 3; ++path) {
+      if (path == 1 && !grouped) continue;
       for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
         ck(cudaMemsetAsync(flush.p, r, flush.n, nullptr), "flush");
         ck(cudaEventRecord(e0, nullptr), "record");
-        ck(path == 0 ? dc.run_gemv(c, hidden.p) : dc.run_tc(c, ws, n), path == 0 ? "per-pair" : "tiles");
+        ck(path == 0 ? dc.run_gemv(c, hidden.p) : dc.run(c, ws, n, path == 1 ? k3::cuda::MoePath::TcDecode : k3::cuda::MoePath::TensorCore),
+           path == 0 ? "per-pair" : path == 1 ? "grouped" : "tiles");
         ck(cudaEventRecord(e1, nullptr), "record");
         ck(cudaEventSynchronize(e1), "sync");
         float t = 0;
         ck(cudaEventElapsedTime(&t, e0, e1), "elapsed");
         if (r > 0) ms[path] += t / reps;
       }
-      if (path == 0) ck(cudaMemcpy(gemv_out.p, dc.out.p, static_cast<size_t>(n) * X * 4, cudaMemcpyDeviceToDevice), "copy");
+      outs[path] = dc.out.get();
+      outs[path].resize(static_cast<size_t>(n) * X);
     }
-    std::vector<float> a(static_cast<size_t>(n) * X), b(a.size());
-    ck(cudaMemcpy(a.data(), gemv_out.p, a.size() * 4, cudaMemcpyDeviceToHost), "D2H");
-    ck(cudaMemcpy(b.data(), dc.out.p, b.size() * 4, cudaMemcpyDeviceToHost), "D2H");
-    double diff = 0, range = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      diff = std::isfinite(b[i]) ? std::max(diff, static_cast<double>(std::fabs(a[i] - b[i]))) : INFINITY;
-      range = std::max(range, static_cast<double>(std::fabs(a[i])));
-    }
-    std::printf("[ quant moe timing ] KL Q4_K/Q6_K n %4d (%.2f pairs/expert): per-pair %8.1f us, tiles %8.1f us (%.2fx; %4.0f GB/s "
-                "of the stack), max |tiles - per-pair| / range %.1e\n",
-                n, static_cast<double>(n) * K / E, 1e3 * ms[0], 1e3 * ms[1], ms[0] / ms[1], bytes / (1e6 * ms[1]), diff / range);
+    double diff[3] = {0, 0, 0}, range = 0;
+    for (size_t i = 0; i < outs[0].size(); ++i) range = std::max(range, static_cast<double>(std::fabs(outs[0][i])));
+    for (int path = 1; path < 3; ++path)
+      for (size_t i = 0; i < outs[path].size(); ++i)
+        diff[path] = std::isfinite(outs[path][i]) ? std::max(diff[path], static_cast<double>(std::fabs(outs[path][i] - outs[0][i]))) : INFINITY;
+    std::printf("[ quant moe timing ] KL Q4_K/Q6_K n %4d (%5.2f pairs/expert): per-pair %8.1f us, grouped %8.1f us, tiles %8.1f us "
+                "(grouped %4.0f GB/s, tiles %4.0f GB/s of the stack); max |x - per-pair| / range: grouped %.1e, tiles %.1e\n",
+                n, static_cast<double>(n) * K / E, 1e3 * ms[0], 1e3 * ms[1], 1e3 * ms[2], grouped ? bytes / (1e6 * ms[1]) : 0.0,
+                bytes / (1e6 * ms[2]), diff[1] / range, diff[2] / range);
     EXPECT_GT(range, 0.0);
-    EXPECT_LE(diff, 1e-2 * range) << "n=" << n;
+    EXPECT_LE(diff[2], 1e-2 * range) << "n=" << n;
+    if (grouped) {
+      EXPECT_LE(diff[1], 1e-5 * range) << "n=" << n;
+    }
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);

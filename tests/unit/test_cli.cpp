@@ -394,14 +394,17 @@ TEST(Cli, ConvertToGgufAndRunIt) {
 }
 
 // The codebook i-quants through the CLI: a low-bit expert preset plus an i-quant rule writes a GGUF that runs,
-// the size table lists the type, and without --imatrix a warning names the types that want one.
+// the size table lists the type, and without --imatrix a warning names the types that want one. --tensor-type
+// repeats like llama-quantize's (it was refused as "At Most 1" until session 19).
 TEST(Cli, QuantizeWithCodebookIQuants) {
   k3test::TempDir t;
   const std::string hf = k3test::source_path("models/k3-tiny"), out = (t.path / "eiq1.gguf").string();
-  const Result q = sh(k3bin() + " quantize --tensor-type 'attn_q_a=iq1_m' " + hf + " " + out + " Q4_K_M-EIQ1 2>&1");
+  const Result q = sh(k3bin() + " quantize --tensor-type 'attn_q_a=iq1_m' --tensor-type 'attn_kv_a=iq3_s' " + hf + " " + out +
+                      " Q4_K_M-EIQ1 2>&1");
   ASSERT_EQ(q.status, 0) << q.out;
   EXPECT_NE(q.out.find("warning: IQ1_M, IQ2_XXS, IQ1_S without --imatrix"), std::string::npos) << q.out;
   EXPECT_NE(q.out.find("| iq1_m |"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("| iq3_s |"), std::string::npos) << q.out;
   const Result r = sh(k3bin() + " run -m " + out + " -p hi -n 2 --temp 0 2>/dev/null");
   EXPECT_EQ(r.status, 0);
   EXPECT_FALSE(r.out.empty());

@@ -1,8 +1,6 @@
 // CudaBackend's MoE ops (model-spec 3.4): routing on the GPU and the grouped expert kernels over the
 // layer's stacked experts (moe_kernels.h).
 #include "k3/backend/cuda/cuda_backend.h"
-#include "k3/backend/cuda/quant_moe.h"
-#include "k3/backend/cuda/quant_tables.h"
 #include "k3/core/error.h"
 
 namespace k3::cuda {
@@ -24,18 +22,7 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
     return host_moe_finish();
   }
   prof_.begin("moe experts", stream_);
-  const int n = static_cast<int>(x.rows), K = static_cast<int>(idx.cols);
-  // GGUF block experts (quant_moe.h): per-pair kernels for decode-sized batches (hidden activations in step
-  // scratch), the tensor-core tiles of moe_experts from about a pair per expert (prefill)
-  if (is_gguf_block(w.stacked.format) && !cuda::quant_moe_use_tc(n, K, w.stacked.E)) {
-    const size_t mark = scratch_.mark();
-    const Tensor hidden = scratch(x.rows * idx.cols, w.stacked.I, graph::ElemType::F32);
-    K3_CUDA_CHECK(cuda::quant_moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
-                                          p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, hidden.f(), out.f(), stream_));
-    scratch_.release(mark);
-    prof_.end(stream_);
-    return;
-  }
+  // GGUF block experts too: moe_experts picks their kernels (quant_moe.h quant_moe_choice)
   K3_CUDA_CHECK(cuda::moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                   p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
                                   gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));

@@ -58,6 +58,7 @@
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/quant_moe.h"
 #include "k3/backend/cuda/warp_argmax.cuh"
 #include "k3/core/error.h"
 
@@ -560,7 +561,7 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
                 std::to_string(X) + "): need K <= 32, K <= E <= 4096, I and X multiples of 8 (of 32 for MXFP4 experts)");
   const int64_t P = static_cast<int64_t>(max_tokens) * K;
   if (P > (int64_t{1} << 30)) throw Error("MoeWorkspace: max_tokens * K too large");
-  max_tiles_ = static_cast<int>(tile_bound(P, E, 4));  // the smallest tile size needs the most tiles
+  max_tiles_ = static_cast<int>(tile_bound(P, E, 2));  // the smallest tile size (GGUF grouped: 2) needs the most tiles
   const size_t b_nt = align256(sizeof(int32_t));
   const size_t b_sorted = align256(static_cast<size_t>(P) * sizeof(int32_t));
   const size_t b_slot = b_sorted;
@@ -616,12 +617,21 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     default:
       if (!gguf) return cudaErrorInvalidValue;
   }
-  if (gguf) {
+  if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped (TcDecode) or tensor-core tiles (TensorCore)
     const WeightFormat df = expert_down_format(w);
-    if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 ||
-        (path != MoePath::Auto && path != MoePath::TensorCore))
+    if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 || path == MoePath::Simt)
       return cudaErrorInvalidValue;
-    path = MoePath::TensorCore;
+    if (path == MoePath::Auto) {
+      const QuantMoeKernels k = quant_moe_choice(w, n, K);
+      const bool fits = static_cast<int64_t>(n) * K <= ws.dec_pairs_;
+      path = k == QuantMoeKernels::PerPair ? MoePath::Gemv
+             : k == QuantMoeKernels::Grouped ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
+                                              : MoePath::TensorCore;
+    }
+    if (path == MoePath::Gemv)
+      return quant_moe_experts(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
+    if (path == MoePath::TcDecode && (!quant_moe_grouped_supported(w) || static_cast<int64_t>(n) * K > ws.dec_pairs_))
+      return cudaErrorInvalidValue;
   }
   if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
     return cudaErrorInvalidValue;
@@ -651,7 +661,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   // (bf16 on the skinny decode kernels: 8 up to 4 pairs per expert; a 16-pair tile doubles the activation
   // reads and MMAs of every block, a second 8-pair tile re-reads one expert's weights.)
   const bool skinny = dec && !mx && moe_skinny_enabled();
-  const int tok = tc ? kTcM : dec ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
+  const int tok = tc ? kTcM : dec && gguf ? quant_moe_grouped_tile_pairs() : dec ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
@@ -660,6 +670,9 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);
   const bool split = precision == MoePrecision::Bf16x2;
+  if (dec && gguf)  // activations gathered by slot into the decode path's partial-sum buffer (>= P * X floats)
+    return quant_moe_grouped(w, n, K, x, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act, situ_beta, situ_linear_beta,
+                             ws.dec_part_, ws.hidden_, ws.y_, out, stream);
   if (dec) {
     DecodeScratch ds;
     ds.max_pairs = ws.dec_pairs_;

@@ -82,7 +82,7 @@ class MoeWorkspace {
   int64_t dec_part_floats_ = 0;
   int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
   int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
-  int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 4, 8 or 64 pairs
+  int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 2 (GGUF grouped), 4, 8, 16 or 64 pairs
   float* hidden_ = nullptr;       // [P][I] act(gate) * up, by slot
   float* y_ = nullptr;            // [P][X] expert outputs, by slot
   int max_tiles_ = 0;

@@ -21,7 +21,10 @@ cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, c
 cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
                                cudaStream_t s);
 
-// out[i][0..cols) (rows cols apart, bf16 bits) = row row0 + i of W rounded to nearest even, i < count.
-cudaError_t quant_dequant_rows_bf16(const WeightMatrix& W, int64_t row0, int64_t count, uint16_t* out, cudaStream_t s);
+// out[i][0..cols) (rows cols apart, bf16 bits) = row row0 + i of W rounded to nearest even, i < count; with lo,
+// lo[i][..] = the residual (exact value - out) rounded the same way (out + lo: ~16 significant bits, the hi + lo
+// weights of the Bf16x2 prefill GEMMs).
+cudaError_t quant_dequant_rows_bf16(const WeightMatrix& W, int64_t row0, int64_t count, uint16_t* out, cudaStream_t s,
+                                    uint16_t* lo = nullptr);
 
 }  // namespace k3::cuda

@@ -3,10 +3,10 @@
 // decoded in registers, fp32; the crossover to tiles is a byte count, not a measurement yet). More (prefill):
 // the rows in tiles of at most kDequantTileFloats values (fewer with K3_CUDA_DEQUANT_TILE), each decoded
 // exactly (the CPU's values) and rounded to bf16 into the runner's scratch, and multiplied on the tensor
-// cores by cublasGemmEx (bf16 operands, fp32 accumulation) with x as bf16 hi + lo halves in Bf16x2 (two
-// GEMMs, the second accumulating) or bf16 in Bf16, writing its rows of y in place (ldc = rows). The
-// weights' bf16 rounding (2^-9 relative) is finer than any block format's own step, and the rounding
-// llama.cpp's CUDA prefill applies too (fp16 tiles, or q8_1 activations). Until session 18 the tiles were
+// cores by cublasGemmEx (bf16 operands, fp32 accumulation). Bf16x2 (the default): weights and x both as bf16
+// hi + lo halves, three GEMMs accumulating (hi.hi, hi.lo, lo.hi: ~fp32, the CPU's logits to ~1e-5); Bf16: one
+// GEMM of the rounded halves (2^-9 relative per factor, the level of llama.cpp's CUDA prefill: fp16 tiles, or
+// q8_1 activations). Until session 18 the tiles were
 // fp32 and the GEMM cublasSgemm: 4 bytes per weight written and read, SIMT FLOPs (~8 of the 87 ms of a
 // Kimi-Linear-slice pp512 on llama-quantize's Q4_K_M, docs/perf/cuda.md).
 #include <algorithm>
@@ -30,32 +30,40 @@ void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, 
   if (m > kIntMax || n > kIntMax || k > kIntMax || k <= 0)
     throw Error("CUDA backend: a " + std::string(weight_format_name(W.format)) + " projection of " + std::to_string(m) + " x " +
                 std::to_string(k) + " for " + std::to_string(n) + " tokens is outside cuBLAS's int sizes");
+  const bool split = precision_ == GemmPrecision::Bf16x2;
   const int64_t tile = std::clamp<int64_t>(dequant_tile_floats_ / k, 1, m);
-  const size_t need = static_cast<size_t>(tile * k) * sizeof(uint16_t);
+  // Bf16x2: the tile's weights as hi + lo halves too (two tiles in the buffer), so that the sum of the three
+  // products below is ~fp32 (the rounding of a bf16 weight alone, 2^-9, flipped 6 of 48 argmaxes of trained
+  // k3-tiny against the CPU on its Q4_K_M file: CudaQuantModel, session 19).
+  const size_t need = static_cast<size_t>(tile * k) * sizeof(uint16_t) * (split ? 2 : 1);
   if (wq_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still read the old tile
     wq_ = DeviceBuffer(need);
     ++generation_;
   }
-  const bool split = precision_ == GemmPrecision::Bf16x2;
   const auto [hi, lo] = bf16_halves(x, n * k, false);  // x rounded (and split) once for every tile
   if (split)
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
     K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
   const float one = 1.0f, zero = 0.0f;
-  auto gemm = [&](int64_t r0, int64_t mr, const uint16_t* xb, const float* beta) {
+  uint16_t* w_hi = wq_.get<uint16_t>();
+  uint16_t* w_lo = split ? w_hi + tile * k : nullptr;
+  auto gemm = [&](int64_t r0, int64_t mr, const uint16_t* wt, const uint16_t* xb, const float* beta) {
     // Column-major: y^T[r0 .. r0 + mr) x n (ld m) = tile^T (tile stored [mr][k], ld k, transposed) . x^T [k x n] (ld k)
     check_cublas(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(mr), static_cast<int>(n), static_cast<int>(k), &one,
-                              wq_.get<uint16_t>(), CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF, static_cast<int>(k), beta,
+                              wt, CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF, static_cast<int>(k), beta,
                               y + r0, CUDA_R_32F, static_cast<int>(m), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx (GGUF blocks as bf16 tiles)");
   };
   for (int64_t r0 = 0; r0 < m; r0 += tile) {
     const int64_t mr = std::min(tile, m - r0);
-    K3_CUDA_CHECK(quant_dequant_rows_bf16(W, r0, mr, wq_.get<uint16_t>(), stream_));
-    gemm(r0, mr, hi, &zero);
-    if (split) gemm(r0, mr, lo, &one);  // y += tile . lo
+    K3_CUDA_CHECK(quant_dequant_rows_bf16(W, r0, mr, w_hi, stream_, w_lo));
+    gemm(r0, mr, w_hi, hi, &zero);
+    if (split) {
+      gemm(r0, mr, w_hi, lo, &one);  // y += w_hi . x_lo
+      gemm(r0, mr, w_lo, hi, &one);  // y += w_lo . x_hi (w_lo . x_lo is below fp32's last bit)
+    }
   }
 }
 

@@ -7,8 +7,8 @@
 //            e = topk_idx[p]: the gate and up rows read in the same pass;
 //   down:    out[t][o] = sum over k in rank order of topk_w[t][k] * (down_e[o] . hidden[p]).
 // Each pair reads its expert's rows itself, so a prefill batch would read an expert once per token routed
-// to it: from a pair per expert on average (quant_moe_use_tc) the backend takes moe_experts' tensor-core tiles
-// instead (moe_tc_tile.cuh, once per 64-pair tile). An expert id outside [0, E) (never produced by moe_route)
+// to it: the formats with a part decoder take quant_moe_grouped instead (quant_moe_grouped.cu), and from 2.5 pairs
+// per expert on average every format takes moe_experts' tensor-core tiles (quant_moe_choice; moe_tc_tile.cuh). An expert id outside [0, E) (never produced by moe_route)
 // contributes nothing.
 #include <cstdlib>
 #include <cstring>
@@ -21,10 +21,10 @@ namespace k3::cuda {
 namespace {
 
 constexpr int kWarps = 8;
-// quant_moe_use_tc's threshold in (token, expert) pairs per expert, measured (CudaQuantMoe.TimingAtKimiLinearShape,
-// H200, Kimi-Linear's experts in Q4_K / Q6_K; docs/perf/cuda.md "Session 18"): at 0.5 pairs per expert these
-// kernels took 706 us and the tiles 826, at 1.0 1377 vs 1344, at 2.0 2717 vs 1781.
-constexpr int kTcPairsPerExpert = 1;
+// quant_moe_choice's switch to the tensor-core tiles, in half (token, expert) pairs per expert, measured against the
+// grouped kernels (CudaQuantMoe.TimingAtKimiLinearShape, H200, Kimi-Linear's experts in Q4_K / Q6_K; docs/perf/cuda.md
+// "Session 19"): at 2 pairs per expert grouped 1530 us vs tiles 1750, at 4 2909 vs 2019.
+constexpr int kTcHalfPairsPerExpert = 5;
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -89,24 +89,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarps - 1) / kWarps); }
 
-// K3_QUANT_MOE: 0 = the rule, 1 = always the tensor-core tiles ("tc"), 2 = never ("gemv").
+// K3_QUANT_MOE: -1 = the rule, else the forced QuantMoeKernels ("gemv" = PerPair, "grouped", "tc" = Tiles).
 int quant_moe_mode() {
   static const int m = [] {
     const char* s = std::getenv("K3_QUANT_MOE");
-    if (!s) return 0;
-    if (std::strcmp(s, "tc") == 0) return 1;
-    if (std::strcmp(s, "gemv") == 0) return 2;
-    return 0;
+    if (!s) return -1;
+    if (std::strcmp(s, "gemv") == 0) return static_cast<int>(QuantMoeKernels::PerPair);
+    if (std::strcmp(s, "grouped") == 0) return static_cast<int>(QuantMoeKernels::Grouped);
+    if (std::strcmp(s, "tc") == 0) return static_cast<int>(QuantMoeKernels::Tiles);
+    return -1;
   }();
   return m;
 }
 
 }  // namespace
 
-bool quant_moe_use_tc(int n, int K, int E) {
+QuantMoeKernels quant_moe_choice(const ExpertStack& w, int n, int K) {
   const int mode = quant_moe_mode();
-  if (mode != 0) return mode == 1;
-  return static_cast<int64_t>(n) * K >= static_cast<int64_t>(kTcPairsPerExpert * E);
+  QuantMoeKernels k;
+  if (mode >= 0)
+    k = static_cast<QuantMoeKernels>(mode);
+  else
+    k = 2 * static_cast<int64_t>(n) * K >= static_cast<int64_t>(kTcHalfPairsPerExpert) * w.E ? QuantMoeKernels::Tiles : QuantMoeKernels::Grouped;
+  return k == QuantMoeKernels::Grouped && !quant_moe_grouped_supported(w) ? QuantMoeKernels::PerPair : k;
 }
 
 cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
