@@ -176,6 +176,17 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
             ck(cudaStreamSynchronize(st), "sync");
             EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " n=" << n << " blocks at +2 bytes";
           }
+          // every kernel of quant_gemv.cu forced (the rule picks one per format and n)
+          for (auto kern : {k3::cuda::QuantGemvKernel::V1, k3::cuda::QuantGemvKernel::V2, k3::cuda::QuantGemvKernel::V3}) {
+            if (n > 8) break;
+            for (const k3::WeightMatrix* m : {&dw, &dw_odd}) {
+              y.poison();
+              ck(k3::cuda::quant_gemv(*m, dx.p, static_cast<int>(n), y.p, st, kern), "gemv (forced kernel)");
+              ck(cudaStreamSynchronize(st), "sync");
+              EXPECT_LE(worst_ratio(y.get(), pn, k), 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
+                                                          << " kernel v" << static_cast<int>(kern) << (m == &dw ? "" : " blocks at +2");
+            }
+          }
         }
       }
     }
@@ -186,12 +197,24 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
 // K3-sized rows (4096 x 7168): a spot check of 64 rows against float64 (one token) and the GEMV's time and
 // effective bandwidth (stored bytes / time, L2 flushed before each call) at n = 1, 2, 4, 8, printed for
 // docs/perf. K3_QUANT_GEMV=v1 in the environment times the v1 kernel for every format (A/B).
+// Also the Kimi-Linear head (163840 x 2304 Q6_K, llama-quantize's Q4_K_M: 310 MB, ~40% of a batch-1 decode step in
+// session 19's ncu) and each of the v1 / v2 / v3 kernels forced, for the rule (quant_gemv.cu).
 TEST(CudaQuantKernels, GemvTimingAtK3Width) {
   SKIP_WITHOUT_GPU();
-  const int64_t rows = 4096, cols = 7168;
   Dev<uint8_t> flush(size_t{256} << 20);
+  struct Shape {
+    WeightFormat f;
+    int64_t rows, cols;
+  };
+  std::vector<Shape> shapes;
   for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q4_K, WeightFormat::Q2_K,
-                         WeightFormat::IQ4_XS, WeightFormat::IQ2_XXS, WeightFormat::IQ1_M}) {
+                         WeightFormat::IQ4_XS, WeightFormat::IQ2_XXS, WeightFormat::IQ1_M})
+    shapes.push_back({f, 4096, 7168});
+  shapes.push_back({WeightFormat::Q6_K, 163840, 2304});
+  shapes.push_back({WeightFormat::Q4_K, 4096, 2304});
+  for (const Shape& sh : shapes) {
+    const WeightFormat f = sh.f;
+    const int64_t rows = sh.rows, cols = sh.cols;
     const auto wb = random_blocks(f, rows, cols, 21, 4, 10);
     const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
     std::mt19937 rng(2);
@@ -220,24 +243,30 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
     cudaEvent_t e0, e1;
     ck(cudaEventCreate(&e0), "event");
     ck(cudaEventCreate(&e1), "event");
-    std::printf("[ quant gemv ] %-7s %lld x %lld", k3::weight_format_name(f), static_cast<long long>(rows), static_cast<long long>(cols));
-    for (int n : {1, 2, 4, 8}) {
-      float total_ms = 0;
-      const int reps = 20;
-      for (int i = 0; i < reps; ++i) {
-        ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
-        ck(cudaEventRecord(e0, nullptr), "record");
-        ck(k3::cuda::quant_gemv(dw, dx.p, n, y.p, nullptr), "gemv");
-        ck(cudaEventRecord(e1, nullptr), "record");
-        ck(cudaEventSynchronize(e1), "sync");
-        float ms = 0;
-        ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-        total_ms += ms;
+    for (auto kern : {k3::cuda::QuantGemvKernel::Auto, k3::cuda::QuantGemvKernel::V1, k3::cuda::QuantGemvKernel::V2,
+                      k3::cuda::QuantGemvKernel::V3}) {
+      if (kern != k3::cuda::QuantGemvKernel::Auto && !k3::cuda::quant_gemv_has_parts(f)) continue;
+      std::printf("[ quant gemv ] %-7s %lld x %lld %-4s", k3::weight_format_name(f), static_cast<long long>(rows),
+                  static_cast<long long>(cols), kern == k3::cuda::QuantGemvKernel::Auto ? "auto" : kern == k3::cuda::QuantGemvKernel::V1 ? "v1"
+                                                                         : kern == k3::cuda::QuantGemvKernel::V2 ? "v2" : "v3");
+      for (int n : {1, 2, 4, 8}) {
+        float total_ms = 0;
+        const int reps = rows > 100000 ? 5 : 20;
+        for (int i = 0; i < reps; ++i) {
+          ck(cudaMemsetAsync(flush.p, i, flush.n, nullptr), "flush");
+          ck(cudaEventRecord(e0, nullptr), "record");
+          ck(k3::cuda::quant_gemv(dw, dx.p, n, y.p, nullptr, kern), "gemv");
+          ck(cudaEventRecord(e1, nullptr), "record");
+          ck(cudaEventSynchronize(e1), "sync");
+          float ms = 0;
+          ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+          total_ms += ms;
+        }
+        const double us = 1000.0 * total_ms / reps;
+        std::printf("  n=%d: %7.1f us %5.0f GB/s", n, us, static_cast<double>(wb.size()) / (us * 1e3));
       }
-      const double us = 1000.0 * total_ms / reps;
-      std::printf("  n=%d: %6.1f us %5.0f GB/s", n, us, static_cast<double>(wb.size()) / (us * 1e3));
+      std::printf(" (of stored blocks)\n");
     }
-    std::printf(" (of stored blocks)\n");
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
   }

@@ -1,8 +1,9 @@
-// quant_gemv (quant_kernels.h): the decode GEMV over GGUF blocks. Two kernels, one numerics contract:
+// quant_gemv (quant_kernels.h): the decode GEMV over GGUF blocks. Three kernels, one numerics contract:
 // every weight decoded to the CPU's exact fp32 value (quant_decode.cuh / quant_part.cuh), fp32 activations,
 // fp32 fma products and accumulation. Error: each output is a tree of fp32 additions of depth D, so
 // |y - exact| <= D * 2^-24 * sum |w x| to first order; both kernels have D <= cols / 32 + 13 (below), the
-// bound the tests check with a factor 2 of margin.
+// bound the tests check with a factor 2 of margin. v3 (below, session 19): v2's decoders with one warp per row, for
+// rows up to kNarrowCols wide at one token.
 //
 // v1 (the formats without a quant_part.cuh decoder; all formats with K3_QUANT_GEMV=v1, for A/B timing;
 // n > N with K3_QUANT_GEMV=N):
@@ -123,20 +124,75 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// v3: one warp per row (8 rows a block), the row's parts over all 32 lanes: lane l takes parts l, l + 32, ...
+// (part p = part p % 8 of unit p / 8), kAhead of them loaded before the first is decoded. Every load of a row
+// up to 3 x 32 parts (3 x 8 units: 6144 columns) is in flight at once and the block keeps no shared state: v2
+// spent a block (4 rows, a shared-memory reduction and a barrier) per ~8 KB of weights, which held the
+// Kimi-Linear head (163840 x 2304 Q6_K, 310 MB) at 0.79 TB/s (ncu, session 19). Error: each lane's 4
+// accumulators take 8 fmas per part, ceil(parts / 32) parts, then 2 + 5 shuffle adds: D = 8 ceil(cols / 1024)
+// + 7 <= cols / 32 + 13 for cols >= 256; a one-unit Q8_0 row (cols <= 224, one part per lane) has D = 15.
+constexpr int kAhead = 3;
+
+template <WeightFormat F, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    quant_gemv_v3_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
+                         float* __restrict__ y, IqTables T) {
+  using P = typename qpart::PartOf<F>::type;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;  // the whole warp
+  const uint8_t* wr = W + row * row_data_bytes(F, cols);
+  const int64_t parts = (cols + 255) / 256 * 8;
+  const typename P::Ctx ctx = P::context(T);
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+  for (int64_t p0 = lane; p0 < parts; p0 += 32 * kAhead) {
+    typename P::Raw r[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int64_t p = p0 + 32 * k < parts ? p0 + 32 * k : parts - 1;  // past the row: its last part, not used
+      r[k] = P::load(wr, p / 8, static_cast<int>(p % 8), cols);
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int64_t p = p0 + 32 * k;
+      if (p < parts && P::valid(p / 8, static_cast<int>(p % 8), cols))
+        P::template dot<NT>(r[k], x + (p / 8) * 256, cols, static_cast<int>(p % 8), ctx, acc);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    float v = (acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[t * rows + row] = v;
+  }
+}
+
+// Rows up to this wide (Kimi-Linear's 2304, its 163840-row head) take v3 at one token and v1 above (session 19,
+// CudaQuantKernels.GemvTimingAtK3Width and k3 bench on the Kimi-Linear slice's Q4_K_M, H200: head Q6_K n = 1 v3 295
+// us, v2 306, v1 328; n = 2 v1 402, v2 485; 4096 x 2304 Q4_K n = 1 v3 11.5, v2 12.6; decode batch 1 / 2 / 4 +5 /
+// +5 / +11% over the v2 rule). Wider rows keep the session-14 rule below (4096 x 7168: v2 wins at n = 1..4 there).
+constexpr int64_t kNarrowCols = 4096;
+
 // Which kernel a GEMV of n tokens takes. Unset: the measured default (H200, 4096 x 7168, L2 flushed;
 // docs/perf/cuda.md "Session 14"): v2 where it won -- Q6_K and Q5_K up to 4 tokens (n = 1: 25 vs 45 us,
 // 26 vs 38 us), Q4_K at one token (23 vs 33 us) -- and v1 elsewhere (Q8_0 42 vs 37 us and IQ4_XS 37 vs 33 us
 // at n = 1; at n = 8 v1 wins for every format). K3_QUANT_GEMV=v1: v1 for everything; K3_QUANT_GEMV=<N>
 // (0..8): v2 for n <= N in every format it has (A/B timing).
-int v2_max_tokens(WeightFormat f) {
+int v2_forced() {
   static const int forced = [] {
     const char* e = std::getenv("K3_QUANT_GEMV");
     if (e == nullptr || e[0] == 0) return -1;
-    if (std::strcmp(e, "v1") == 0) return 0;
+    if (std::strcmp(e, "v1") == 0 || std::strncmp(e, "v3", 2) == 0) return 0;
     const int v = std::atoi(e);
     return v >= 0 && v <= 8 ? v : 8;
   }();
-  if (forced >= 0) return forced;
+  return forced;
+}
+int v2_max_tokens(WeightFormat f) {
+  if (v2_forced() >= 0) return v2_forced();
   switch (f) {
     case WeightFormat::Q6_K:
     case WeightFormat::Q5_K: return 4;
@@ -145,24 +201,50 @@ int v2_max_tokens(WeightFormat f) {
   }
 }
 
+// K3_QUANT_GEMV=v3 (or v3:N): v3 for n <= 8 (N) in every format with a part decoder (A/B; the default until measured).
+int v3_max_tokens() {
+  static const int m = [] {
+    const char* e = std::getenv("K3_QUANT_GEMV");
+    if (e == nullptr || std::strncmp(e, "v3", 2) != 0) return 0;
+    return e[2] == ':' ? std::atoi(e + 3) : 8;
+  }();
+  return m;
+}
+
 template <WeightFormat F>
-bool use_v2(const WeightMatrix& W, const float* x, int n) {
+bool parts_ok(const WeightMatrix& W, const float* x) {
   if constexpr (!qpart::has_part(F)) {
     return false;
   } else {
     using P = typename qpart::PartOf<F>::type;
-    return n <= v2_max_tokens(F) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
+    return reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W.data) % P::kAlign == 0;
   }
 }
 
+// The kernel for n tokens: a forced one where it can run, else the rule (v2_max_tokens; v3 where K3_QUANT_GEMV=v3).
+template <WeightFormat F>
+QuantGemvKernel pick(const WeightMatrix& W, const float* x, int n, QuantGemvKernel forced) {
+  const bool parts = parts_ok<F>(W, x);
+  if (forced == QuantGemvKernel::V1 || !parts) return QuantGemvKernel::V1;
+  if (forced != QuantGemvKernel::Auto) return forced;
+  if (v3_max_tokens() >= n) return QuantGemvKernel::V3;
+  if (v3_max_tokens() == 0 && v2_forced() < 0 && W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : QuantGemvKernel::V1;
+  return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : QuantGemvKernel::V1;
+}
+
 template <WeightFormat F, int NT>
-cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t s, const IqTables& T) {
+cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t s, const IqTables& T, QuantGemvKernel forced) {
   const uint8_t* data = static_cast<const uint8_t*>(W.data);
+  const QuantGemvKernel k = pick<F>(W, x, NT, forced);
   if constexpr (qpart::has_part(F)) {
-    if (use_v2<F>(W, x, NT)) {
+    if (k == QuantGemvKernel::V2) {
       const unsigned grid = static_cast<unsigned>((W.rows + kGroupRows - 1) / kGroupRows);
       quant_gemv_v2_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
+      return cudaGetLastError();
+    }
+    if (k == QuantGemvKernel::V3) {
+      const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
+      quant_gemv_v3_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
       return cudaGetLastError();
     }
   }
@@ -172,29 +254,31 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
 }
 
 template <WeightFormat F>
-cudaError_t launch_n(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s, const IqTables& T) {
+cudaError_t launch_n(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s, const IqTables& T, QuantGemvKernel k) {
   switch (n) {
-    case 1: return launch<F, 1>(W, x, y, s, T);
-    case 2: return launch<F, 2>(W, x, y, s, T);
-    case 3: return launch<F, 3>(W, x, y, s, T);
-    case 4: return launch<F, 4>(W, x, y, s, T);
-    case 5: return launch<F, 5>(W, x, y, s, T);
-    case 6: return launch<F, 6>(W, x, y, s, T);
-    case 7: return launch<F, 7>(W, x, y, s, T);
-    case 8: return launch<F, 8>(W, x, y, s, T);
+    case 1: return launch<F, 1>(W, x, y, s, T, k);
+    case 2: return launch<F, 2>(W, x, y, s, T, k);
+    case 3: return launch<F, 3>(W, x, y, s, T, k);
+    case 4: return launch<F, 4>(W, x, y, s, T, k);
+    case 5: return launch<F, 5>(W, x, y, s, T, k);
+    case 6: return launch<F, 6>(W, x, y, s, T, k);
+    case 7: return launch<F, 7>(W, x, y, s, T, k);
+    case 8: return launch<F, 8>(W, x, y, s, T, k);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s) {
+bool quant_gemv_has_parts(WeightFormat f) { return qpart::has_part(f); }
+
+cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s, QuantGemvKernel kernel) {
   if (!is_gguf_block(W.format) || n < 0 || n > 8 || W.rows < 0 || W.cols % weight_layout(W.format).block_elems != 0)
     return cudaErrorInvalidValue;
   if (n == 0 || W.rows == 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(W.data) % 2 != 0 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
   const IqTables T = iq_tables();
-  return with_gguf_format(W.format, [&](auto f) { return launch_n<decltype(f)::value>(W, x, n, y, s, T); });
+  return with_gguf_format(W.format, [&](auto f) { return launch_n<decltype(f)::value>(W, x, n, y, s, T, kernel); });
 }
 
 }  // namespace k3::cuda

@@ -15,7 +15,13 @@
 
 namespace k3::cuda {
 
-cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s);
+// Which of quant_gemv.cu's kernels runs (tests and A/B timing; Auto = the measured rule). A forced kernel that
+// cannot run (a format without a part decoder, x not 16-byte aligned, blocks off their alignment) falls back to V1.
+enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3 };
+// Whether f has the wide-load part decoders v2 and v3 run (quant_part.cuh).
+bool quant_gemv_has_parts(WeightFormat f);
+cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s,
+                       QuantGemvKernel kernel = QuantGemvKernel::Auto);
 
 // out[i][0..cols) (rows ld floats apart) = row (ids ? ids[i] : row0 + i) of W, i < count.
 cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
