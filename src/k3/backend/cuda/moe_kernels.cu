@@ -42,8 +42,9 @@
 // (31 KiB plain) static; ~96 registers, no spills, 2 blocks per SM (launch bounds). The 64-pair tiles
 // change the rounding (bf16 MMAs vs fp32 FMAs) but still not with the scatter order: each output
 // element is a function of its own pair's row only.
-// GGUF block experts take only this path (session 18, moe_tc_tile.cuh / quant_moe_tc.cu): the blocks' raw bytes
-// staged by cp.async a 256-column stage ahead, decoded to bf16 while staging B, activations bf16.
+// GGUF block experts take this path from 2.5 pairs per expert (session 18, moe_tc_tile.cuh / quant_moe_tc.cu: the
+// blocks' raw bytes staged by cp.async a 256-column stage ahead, decoded to bf16 while staging B, activations bf16),
+// below it quant_moe.h's grouped or per-pair decode kernels (quant_moe_choice).
 #include "k3/backend/cuda/moe_kernels.h"
 
 #include <cuda_bf16.h>
@@ -608,7 +609,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (K != ws.K_ || w.E != ws.E_ || w.I != ws.I_ || w.X != ws.X_) return cudaErrorInvalidValue;
   if (!x || !topk_idx || !topk_w || !out || !w.gate || !w.up || !w.down) return cudaErrorInvalidValue;
   // The experts' one dispatch point on the weight format: mx selects the kernels' MXFP4 instantiations;
-  // GGUF blocks take only the tensor-core tiles (quant_moe_tc.cu; quant_moe.h has their decode path).
+  // GGUF blocks: quant_moe.h's kernels (the tiles of quant_moe_tc.cu, grouped, or per pair), picked below.
   bool mx = false;
   const bool gguf = is_gguf_block(w.format);
   switch (w.format) {

@@ -18,9 +18,10 @@ namespace k3::cuda {
 // X = expert input width (hidden size, or K3's latent width), I = moe_intermediate_size; X, I % 32 == 0
 // for MXFP4, X, I % 8 == 0 for bf16 (tiny Kimi-Linear has I = 48). Weight and x/out pointers 16-byte aligned.
 // format: MXFP4, BF16, or a GGUF block format (quant_tables.h is_gguf_block; down in down_format where that is
-// one too) on the tensor-core tiles only (MoePath Auto or TensorCore; widths whole blocks): the prefill path
-// of quantised experts, weights decoded exactly then rounded to bf16, activations bf16 (~1e-3 relative);
-// quant_moe.h has their exact decode path. cudaErrorInvalidValue for any other format.
+// one too; widths whole blocks) through quant_moe.h's three kernel sets: MoePath TensorCore = the tensor-core
+// tiles (prefill; weights decoded exactly then rounded to bf16, activations bf16, ~1e-3 relative), TcDecode = the
+// grouped decode kernels (formats with a part decoder), Gemv = the per-pair kernels (every format; both exact
+// fp32), Auto = quant_moe_choice; Simt is cudaErrorInvalidValue. cudaErrorInvalidValue for any other format.
 using ExpertBank = ExpertStack;
 
 enum class GluAct : int { SiLU = 0, SiTU = 1 };
