@@ -205,20 +205,29 @@ class TpMatchesOneProcess(unittest.TestCase):
 
 
 class TpUnderPreemption(unittest.TestCase):
+    # Each request (150 tokens + the prompt) takes 10 pages of 16 tokens. The TP ranks' cache at 1000 KiB holds
+    # 16 pages (256 tokens), so any two requests that overlap near their ends force a preemption; at 1500 KiB (34 pages) all
+    # four had to overlap, and once (session 19's CI, a quiet 2-core box) the first finished before the last was
+    # admitted: no preemption, the assertion below failed. The barrier sends the four together. The reference
+    # (one process: all heads, so fewer tokens per KiB) keeps 1500 KiB, enough for one request at a time.
+    N = 150
+
     def test_concurrent_requests_preempted_give_the_same_text(self):
         ref = Server(1, ["--cache-memory", "1500KiB"])
         try:
-            want = {p: ref.complete(p, n=150)["choices"][0]["text"] for p in PROMPTS}
+            want = {p: ref.complete(p, n=self.N)["choices"][0]["text"] for p in PROMPTS}
         finally:
             ref.stop()
             ref.cleanup()
-        tp = Server(2, ["--cache-memory", "1500KiB"])
+        tp = Server(2, ["--cache-memory", "1000KiB"])
         try:
             got, errors = {}, []
+            start = threading.Barrier(len(PROMPTS))
 
             def run(p):
                 try:
-                    got[p] = tp.complete(p, n=150)["choices"][0]["text"]
+                    start.wait()
+                    got[p] = tp.complete(p, n=self.N)["choices"][0]["text"]
                 except Exception as e:  # noqa: BLE001
                     errors.append(e)
 
