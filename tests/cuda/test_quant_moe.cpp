@@ -155,7 +155,7 @@ TEST(CudaQuantMoe, PerPairPathMatchesAFloat64Moe) {
 }
 
 // quant_moe_grouped (moe_experts' TcDecode for GGUF experts): every format with a part decoder, a mixed down stack,
-// a Q8_0 width that ends inside a 256-column unit (160), an expert with more than one 8-pair tile (expert 0 is in
+// a Q8_0 width that ends inside a 256-column unit (160), an expert with many 2-pair tiles (expert 0 is in
 // every token's picks: 20 pairs), a token routed three times to one expert; exact decode and fp32 products, so
 // the per-pair path's bound. Also through moe_experts' Auto rule at one token (the decode step's call).
 TEST(CudaQuantMoe, GroupedPathMatchesAFloat64Moe) {
@@ -175,7 +175,7 @@ TEST(CudaQuantMoe, GroupedPathMatchesAFloat64Moe) {
     DeviceCase dc(c);
     k3::cuda::MoeWorkspace ws(c.n, c.K, c.E, c.I, c.X);
     for (k3::cuda::MoePath path : {k3::cuda::MoePath::TcDecode, k3::cuda::MoePath::Auto}) {
-      if (path == k3::cuda::MoePath::Auto && sh.n != 1) continue;  // Auto: the tiles from a pair per expert
+      if (path == k3::cuda::MoePath::Auto && sh.n != 1) continue;  // Auto: the tiles from 2.5 pairs per expert
       dc.out.poison();
       ck(dc.run(c, ws, c.n, path), "moe_experts (GGUF, grouped)");
       ck(cudaDeviceSynchronize(), "sync");

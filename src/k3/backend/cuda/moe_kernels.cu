@@ -622,17 +622,17 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     const WeightFormat df = expert_down_format(w);
     if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 || path == MoePath::Simt)
       return cudaErrorInvalidValue;
-    if (path == MoePath::Auto) {
+    const bool fits = static_cast<int64_t>(n) * K <= ws.dec_pairs_;
+    if (path == MoePath::Auto) {  // quant_moe_choice's Grouped has checked quant_moe_grouped_supported
       const QuantMoeKernels k = quant_moe_choice(w, n, K);
-      const bool fits = static_cast<int64_t>(n) * K <= ws.dec_pairs_;
       path = k == QuantMoeKernels::PerPair ? MoePath::Gemv
              : k == QuantMoeKernels::Grouped ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
                                               : MoePath::TensorCore;
+    } else if (path == MoePath::TcDecode && (!fits || !quant_moe_grouped_supported(w))) {
+      return cudaErrorInvalidValue;
     }
     if (path == MoePath::Gemv)
       return quant_moe_experts(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
-    if (path == MoePath::TcDecode && (!quant_moe_grouped_supported(w) || static_cast<int64_t>(n) * K > ws.dec_pairs_))
-      return cudaErrorInvalidValue;
   }
   if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
     return cudaErrorInvalidValue;

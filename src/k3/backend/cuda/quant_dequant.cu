@@ -17,16 +17,21 @@ __device__ __forceinline__ void store8(float* o, const float (&w)[8]) {
 }
 // bf16 of w at o (16 bytes: o is 16-byte aligned) and, when lo is set, bf16 of the residuals w - hi at lo.
 __device__ __forceinline__ void store8(uint16_t* o, const float (&w)[8], uint16_t* lo = nullptr) {
-  uint32_t v[4], l[4];
+  __nv_bfloat162 h[4];
+  uint32_t v[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
-    v[j] = *reinterpret_cast<const uint32_t*>(&h);
-    const __nv_bfloat162 r = __floats2bfloat162_rn(w[2 * j] - __low2float(h), w[2 * j + 1] - __high2float(h));
-    l[j] = *reinterpret_cast<const uint32_t*>(&r);
+    h[j] = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
+    v[j] = *reinterpret_cast<const uint32_t*>(&h[j]);
   }
   *reinterpret_cast<uint4*>(o) = make_uint4(v[0], v[1], v[2], v[3]);
-  if (lo) *reinterpret_cast<uint4*>(lo) = make_uint4(l[0], l[1], l[2], l[3]);
+  if (!lo) return;  // the residuals only where the caller splits
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(w[2 * j] - __low2float(h[j]), w[2 * j + 1] - __high2float(h[j]));
+    v[j] = *reinterpret_cast<const uint32_t*>(&r);
+  }
+  *reinterpret_cast<uint4*>(lo) = make_uint4(v[0], v[1], v[2], v[3]);
 }
 
 template <WeightFormat F, typename Out>

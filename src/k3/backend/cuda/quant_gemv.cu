@@ -36,6 +36,7 @@
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_part.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -179,36 +180,35 @@ constexpr int64_t kNarrowCols = 4096;
 // Which kernel a GEMV of n tokens takes. Unset: the measured default (H200, 4096 x 7168, L2 flushed;
 // docs/perf/cuda.md "Session 14"): v2 where it won -- Q6_K and Q5_K up to 4 tokens (n = 1: 25 vs 45 us,
 // 26 vs 38 us), Q4_K at one token (23 vs 33 us) -- and v1 elsewhere (Q8_0 42 vs 37 us and IQ4_XS 37 vs 33 us
-// at n = 1; at n = 8 v1 wins for every format). K3_QUANT_GEMV=v1: v1 for everything; K3_QUANT_GEMV=<N>
-// (0..8): v2 for n <= N in every format it has (A/B timing).
-int v2_forced() {
-  static const int forced = [] {
+// at n = 1; at n = 8 v1 wins for every format); rows up to kNarrowCols wide: v3 at one token, v1 above.
+// K3_QUANT_GEMV (A/B timing, every format with a part decoder): v1 = v1 for everything; <N> (0..8) = v2 for
+// n <= N; v3 or v3:N = v3 for n <= 8 (N); v1 above.
+struct GemvOverride {
+  bool set = false;
+  int v2_max = 0, v3_max = 0;
+};
+const GemvOverride& gemv_override() {
+  static const GemvOverride o = [] {
+    GemvOverride r;
     const char* e = std::getenv("K3_QUANT_GEMV");
-    if (e == nullptr || e[0] == 0) return -1;
-    if (std::strcmp(e, "v1") == 0 || std::strncmp(e, "v3", 2) == 0) return 0;
-    const int v = std::atoi(e);
-    return v >= 0 && v <= 8 ? v : 8;
+    if (e == nullptr || e[0] == 0) return r;
+    r.set = true;
+    if (std::strncmp(e, "v3", 2) == 0)
+      r.v3_max = e[2] == ':' ? std::atoi(e + 3) : 8;
+    else if (std::strcmp(e, "v1") != 0)
+      r.v2_max = std::clamp(std::atoi(e), 0, 8);
+    return r;
   }();
-  return forced;
+  return o;
 }
+
 int v2_max_tokens(WeightFormat f) {
-  if (v2_forced() >= 0) return v2_forced();
   switch (f) {
     case WeightFormat::Q6_K:
     case WeightFormat::Q5_K: return 4;
     case WeightFormat::Q4_K: return 1;
     default: return 0;
   }
-}
-
-// K3_QUANT_GEMV=v3 (or v3:N): v3 for n <= 8 (N) in every format with a part decoder (A/B; the default until measured).
-int v3_max_tokens() {
-  static const int m = [] {
-    const char* e = std::getenv("K3_QUANT_GEMV");
-    if (e == nullptr || std::strncmp(e, "v3", 2) != 0) return 0;
-    return e[2] == ':' ? std::atoi(e + 3) : 8;
-  }();
-  return m;
 }
 
 template <WeightFormat F>
@@ -221,14 +221,15 @@ bool parts_ok(const WeightMatrix& W, const float* x) {
   }
 }
 
-// The kernel for n tokens: a forced one where it can run, else the rule (v2_max_tokens; v3 where K3_QUANT_GEMV=v3).
+// The kernel for n tokens: a forced one where it can run, else K3_QUANT_GEMV's, else the rule.
 template <WeightFormat F>
 QuantGemvKernel pick(const WeightMatrix& W, const float* x, int n, QuantGemvKernel forced) {
   const bool parts = parts_ok<F>(W, x);
   if (forced == QuantGemvKernel::V1 || !parts) return QuantGemvKernel::V1;
   if (forced != QuantGemvKernel::Auto) return forced;
-  if (v3_max_tokens() >= n) return QuantGemvKernel::V3;
-  if (v3_max_tokens() == 0 && v2_forced() < 0 && W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : QuantGemvKernel::V1;
+  if (const GemvOverride& o = gemv_override(); o.set)
+    return n <= o.v3_max ? QuantGemvKernel::V3 : n <= o.v2_max ? QuantGemvKernel::V2 : QuantGemvKernel::V1;
+  if (W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : QuantGemvKernel::V1;
   return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : QuantGemvKernel::V1;
 }
 

@@ -4,7 +4,8 @@
 // the rows in tiles of at most kDequantTileFloats values (fewer with K3_CUDA_DEQUANT_TILE), each decoded
 // exactly (the CPU's values) and rounded to bf16 into the runner's scratch, and multiplied on the tensor
 // cores by cublasGemmEx (bf16 operands, fp32 accumulation). Bf16x2 (the default): weights and x both as bf16
-// hi + lo halves, three GEMMs accumulating (hi.hi, hi.lo, lo.hi: ~fp32, the CPU's logits to ~1e-5); Bf16: one
+// hi + lo halves, three GEMMs accumulating (hi.hi, hi.lo, lo.hi: ~2^-16 relative per product; k3-tiny's logits
+// within 1e-5 of the CPU's, CudaQuantModel); Bf16: one
 // GEMM of the rounded halves (2^-9 relative per factor, the level of llama.cpp's CUDA prefill: fp16 tiles, or
 // q8_1 activations). Until session 18 the tiles were
 // fp32 and the GEMM cublasSgemm: 4 bytes per weight written and read, SIMT FLOPs (~8 of the 87 ms of a
@@ -62,7 +63,7 @@ void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, 
     gemm(r0, mr, w_hi, hi, &zero);
     if (split) {
       gemm(r0, mr, w_hi, lo, &one);  // y += w_hi . x_lo
-      gemm(r0, mr, w_lo, hi, &one);  // y += w_lo . x_hi (w_lo . x_lo is below fp32's last bit)
+      gemm(r0, mr, w_lo, hi, &one);  // y += w_lo . x_hi (w_lo . x_lo, ~2^-18 of a product, is left out)
     }
   }
 }
