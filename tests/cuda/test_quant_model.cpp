@@ -18,15 +18,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "cuda_test_util.h"
 #include "k3/backend/cuda/cuda_model.h"
+#include "k3/backend/cuda/expert_streamer.h"
 #include "k3/backend/cuda/quant_tables.h"
 #include "k3/io/gguf_writer.h"
 #include "k3/model/gguf_export.h"
 #include "k3/model/model.h"
 #include "k3/model/model_files.h"
+#include "k3/model/placement.h"
 #include "test_util.h"
 
 namespace {
@@ -57,6 +60,22 @@ int64_t argmax_flips(const std::vector<float>& got, const std::vector<float>& re
   return rows - same;
 }
 
+// models/k3-tiny written as a GGUF by `k3 quantize`'s PRESET; "+experts": the routed experts requantised to Q8_0
+// too (k3-tiny's expert widths 128 / 96 are not whole 256-blocks, so the -E3 / -E2 presets would keep them MXFP4,
+// written as ggml's MXFP4 blocks): quant_moe.h's path.
+void write_tiny_gguf(const std::string& preset, const std::string& path) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  const k3::Checkpoint ck(dir);
+  k3::GgufWriter w;
+  std::vector<k3::TensorTypeRule> rules;
+  if (preset.find("+experts") != std::string::npos) rules.push_back(k3::parse_tensor_type_rule("_exps=q8_0"));
+  for (const auto& r : k3::quantize_preset(preset.substr(0, preset.find('+')))) rules.push_back(r);
+  const auto st = k3::add_model_to_gguf(w, c, ck, "k3-tiny", rules);
+  ASSERT_GT(st.quantised, 0);
+  w.write(path);
+}
+
 class CudaQuantModel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
@@ -64,20 +83,7 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
   const std::string dir = k3test::source_path("models/k3-tiny");
   k3test::TempDir t;
   const std::string path = t.str() + "/k3-tiny-" + GetParam() + ".gguf";
-  {
-    const k3::ModelConfig c = k3::load_model_config(dir);
-    const k3::Checkpoint ck(dir);
-    k3::GgufWriter w;
-    // "+experts": the routed experts requantised to Q8_0 too (k3-tiny's expert widths 128 / 96 are not whole
-    // 256-blocks, so the -E3 / -E2 presets would keep them MXFP4): quant_moe.h's path.
-    const bool experts = GetParam().find("+experts") != std::string::npos;
-    std::vector<k3::TensorTypeRule> rules;
-    if (experts) rules.push_back(k3::parse_tensor_type_rule("_exps=q8_0"));
-    for (const auto& r : k3::quantize_preset(GetParam().substr(0, GetParam().find('+')))) rules.push_back(r);
-    const auto st = k3::add_model_to_gguf(w, c, ck, "k3-tiny", rules);
-    ASSERT_GT(st.quantised, 0);
-    w.write(path);
-  }
+  ASSERT_NO_FATAL_FAILURE(write_tiny_gguf(GetParam(), path));
   auto cpu = k3::Model::load(path);
   std::map<k3::WeightFormat, int> formats;  // the quantised matrices of the file, all bound to the GPU
   k3::for_each_matrix(cpu->weights(), [&](const k3::WeightMatrix& m) {
@@ -135,6 +141,52 @@ TEST_P(CudaQuantModel, LogitsMatchCpuOnTheSameGguf) {
     // exact paths: a near-tie may flip once at this rel; bf16 tiles: 5% of the positions; a wrong layout flips most
     EXPECT_LE(flips, bf16_tiles ? std::max<int64_t>(1, positions / 20) : 1);
   }
+}
+
+// --cpu-moe on a GGUF: a prefill batch at or above K3_MOE_STREAM_MIN_TOKENS streams the host experts to the GPU
+// as the resident path holds them -- ggml's MXFP4 blocks repacked to the MXFP4 kernels' layout on the way
+// (the "Q8_0" preset keeps the experts as shipped), Q8_0 blocks as stored ("+experts") -- and runs the same
+// grouped kernels: logits equal to the all-GPU model of the same file up to summation order, every MoE
+// layer's experts uploaded exactly once. Before session 20 a GGUF's experts were never streamed (computed on
+// the CPU at any batch: pp512 0.6x llama.cpp's -ot exps=CPU on the H200 host).
+TEST_P(CudaQuantModel, StreamedHostExpertsMatchResident) {
+  SKIP_WITHOUT_GPU();
+  if (GetParam() == "Q4_K_M") GTEST_SKIP() << "the same expert formats as Q8_0 (kept MXFP4)";
+  k3test::TempDir t;
+  const std::string path = t.str() + "/k3-tiny-" + GetParam() + ".gguf";
+  ASSERT_NO_FATAL_FAILURE(write_tiny_gguf(GetParam(), path));
+  auto resident = k3::cuda::CudaModel::load(path);
+  ::setenv("K3_MOE_STREAM_MIN_TOKENS", "16", 1);
+  k3::cuda::CudaLoadOptions lo;
+  lo.placement = std::make_shared<k3::Placement>(k3::Placement::parse({}, true, 0));
+  auto hybrid = k3::cuda::CudaModel::load(path, lo);
+  ::unsetenv("K3_MOE_STREAM_MIN_TOKENS");
+  const k3::ModelConfig& cfg = resident->config();
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back((i * 173 + 5) % static_cast<int32_t>(cfg.vocab_size));
+  k3::ForwardOptions fo;
+  fo.all_logits = true;
+  std::vector<float> ref, got;
+  auto sr = resident->new_cache();
+  resident->forward(toks, *sr, ref, fo);
+  const double before = k3::cuda::ExpertStreamer::total_bytes_uploaded();
+  auto sh = hybrid->new_cache();
+  hybrid->forward(toks, *sh, got, fo);
+  const double streamed = k3::cuda::ExpertStreamer::total_bytes_uploaded() - before;
+  bool finite = true;
+  const double rel = max_rel(got, ref, finite);
+  const int64_t flips = argmax_flips(got, ref, cfg.vocab_size);
+  std::printf("[ quant e2e ] k3-tiny %-15s --cpu-moe streamed prefill n=40 vs resident rel %.2e, %lld flips, %.2f MB streamed\n",
+              GetParam().c_str(), rel, static_cast<long long>(flips), streamed / 1e6);
+  // Bytes: MXFP4 17 per 32 weights either layout; Q8_0 34 per 32.
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+  const double per_weight = GetParam().find("+experts") != std::string::npos ? 34.0 / 32 : 17.0 / 32;
+  EXPECT_DOUBLE_EQ(streamed, static_cast<double>(moe_layers * cfg.num_experts) * 3.0 *
+                                 static_cast<double>(cfg.moe_intermediate_size * cfg.expert_in_dim()) * per_weight);
+  EXPECT_TRUE(finite);
+  EXPECT_LT(rel, 1e-5);  // same kernels, same weights: only the stack's address differs
+  EXPECT_EQ(flips, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaQuantModel, ::testing::Values(std::string("Q8_0"), std::string("Q4_K_M"),

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "k3/backend/cuda/quant_tables.h"
+#include "k3/core/mxfp4_ggml.h"
 #include "k3/core/thread_pool.h"
 #include "k3/core/weight_format.h"
 
@@ -16,10 +18,25 @@ struct ProjectionLayout {
   size_t data = 0, scales = 0;
 };
 
+// The device's format of a stored one: ggml's MXFP4 blocks go up as the HF layout (packed nibbles + a scale
+// array: the MXFP4 kernels' input, the same values), everything else as stored.
+WeightFormat device_format(WeightFormat f) { return f == WeightFormat::MXFP4_GGML ? WeightFormat::MXFP4 : f; }
+
 ProjectionLayout layout_of(const WeightMatrix& m) {
-  if (is_block_format(m.format))
-    return {static_cast<size_t>(m.rows * row_data_bytes(m.format, m.cols)), static_cast<size_t>(m.rows * row_scale_bytes(m.format, m.cols))};
+  const WeightFormat f = device_format(m.format);
+  if (is_block_format(f))
+    return {static_cast<size_t>(m.rows * row_data_bytes(f, m.cols)), static_cast<size_t>(m.rows * row_scale_bytes(f, m.cols))};
   return {static_cast<size_t>(m.rows * m.cols) * 2, 0};  // bf16
+}
+
+// One expert matrix into its place in the pinned stack (data at `data`, scales at `scales`).
+void stage(const WeightMatrix& m, const ProjectionLayout& lay, uint8_t* data, uint8_t* scales) {
+  if (m.format == WeightFormat::MXFP4_GGML) {
+    ggml_blocks_to_mxfp4(static_cast<const uint8_t*>(m.data), m.rows * m.cols / kMxfp4Group, data, scales);
+    return;
+  }
+  std::memcpy(data, m.data, lay.data);
+  if (lay.scales) std::memcpy(scales, m.scales, lay.scales);
 }
 
 }  // namespace
@@ -28,12 +45,19 @@ double ExpertStreamer::total_bytes_uploaded() { return g_bytes_uploaded.load(); 
 
 bool ExpertStreamer::can_stream(const std::vector<GluMlp>& experts) {
   if (experts.empty()) return false;
-  const WeightFormat f = experts[0].gate.format;
-  if (f != WeightFormat::MXFP4 && f != WeightFormat::BF16) return false;
+  const WeightFormat f = experts[0].gate.format, fd = experts[0].down.format;
+  // MXFP4 (either layout), BF16, or GGUF blocks (gate / up in one format, the downs in one GGUF format that may
+  // differ: llama-quantize's Q4_K_M gives some layers Q6_K downs), as the grouped kernels take them resident.
+  const bool gguf = is_gguf_block(f) && is_gguf_block(fd);
+  if (f != WeightFormat::MXFP4 && f != WeightFormat::MXFP4_GGML && f != WeightFormat::BF16 && !gguf) return false;
+  if (gguf && (experts[0].gate.cols % weight_layout(f).block_elems != 0 || experts[0].down.cols % weight_layout(fd).block_elems != 0))
+    return false;
   for (const GluMlp& e : experts)
     for (const WeightMatrix* m : {&e.gate, &e.up, &e.down})
-      if (m->format != f || m->data == nullptr || m->rows != (m == &e.down ? experts[0].down.rows : experts[0].gate.rows) ||
-          m->cols != (m == &e.down ? experts[0].down.cols : experts[0].gate.cols))
+      if (m->format != (m == &e.down ? (gguf ? fd : f) : f) || m->data == nullptr ||
+          m->rows != (m == &e.down ? experts[0].down.rows : experts[0].gate.rows) ||
+          m->cols != (m == &e.down ? experts[0].down.cols : experts[0].gate.cols) ||
+          (is_gguf_block(m->format) && m->scales != nullptr))
         return false;
   return true;
 }
@@ -56,11 +80,9 @@ ExpertBank ExpertStreamer::upload(const std::vector<GluMlp>& experts, cudaStream
     const GluMlp& x = experts[static_cast<size_t>(e)];
     const WeightMatrix* mats[3] = {&x.gate, &x.up, &x.down};
     const ProjectionLayout lays[3] = {lg, lu, ld};
-    for (int p = 0; p < 3; ++p) {
-      std::memcpy(h + off[2 * p] + static_cast<size_t>(e) * lays[p].data, mats[p]->data, lays[p].data);
-      if (lays[p].scales)
-        std::memcpy(h + off[2 * p + 1] + static_cast<size_t>(e) * lays[p].scales, mats[p]->scales, lays[p].scales);
-    }
+    for (int p = 0; p < 3; ++p)
+      stage(*mats[p], lays[p], h + off[2 * p] + static_cast<size_t>(e) * lays[p].data,
+            h + off[2 * p + 1] + static_cast<size_t>(e) * lays[p].scales);
   });
   uint8_t* d = device_.get<uint8_t>();
   K3_CUDA_CHECK(cudaMemcpyAsync(d, h, total, cudaMemcpyHostToDevice, stream));
@@ -68,7 +90,8 @@ ExpertBank ExpertStreamer::upload(const std::vector<GluMlp>& experts, cudaStream
   copy_pending_ = true;
   g_bytes_uploaded.fetch_add(static_cast<double>(total));
   ExpertBank b;
-  b.format = e0.gate.format;
+  b.format = device_format(e0.gate.format);
+  b.down_format = device_format(e0.down.format);
   b.E = static_cast<int>(E);
   b.I = static_cast<int>(e0.gate.rows);
   b.X = static_cast<int>(e0.gate.cols);
