@@ -3,6 +3,7 @@
 // inputs to pinned host memory, synchronise, run the CPU backend's kernel, copy the result back. Simple
 // and correct. The routed experts' jobs overlap the GPU's shared experts and, in decode steps, run between
 // the pieces of a captured CUDA graph (begin_host_cuts, cuda_model.cpp: docs/perf/hybrid.md).
+#include <chrono>
 #include <cstring>
 
 #include "k3/core/error.h"
@@ -85,9 +86,17 @@ void CudaBackend::host_moe_finish() {
 }
 
 void CudaBackend::run_host_moe(const PendingHostMoe& m, Tensor out) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
   // Also orders the previous layer's upload from moe_out_ before this layer overwrites it.
   K3_CUDA_CHECK(cudaEventSynchronize(moe_inputs_ready_.get()));
+  const auto t1 = clock::now();
   host_cpu_->moe_experts(*m.w, m.x, m.idx, m.wts, m.p, out);
+  if (prof_.on()) {  // K3_CUDA_PROFILE: where a host expert job's wall time goes, beside the GPU-side regions
+    const auto t2 = clock::now();
+    prof_.add_host("experts: wait", std::chrono::duration<double, std::milli>(t1 - t0).count());
+    prof_.add_host("experts: compute", std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
 }
 
 void CudaBackend::moe_experts_start(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,

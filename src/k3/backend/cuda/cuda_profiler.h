@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -44,8 +45,18 @@ class Profiler {
     }
     done_.clear();
   }
+  // Host-side wall time of a region the CPU runs (the host expert jobs: waiting for their inputs, computing).
+  void add_host(const char* cat, double ms) {
+    if (!on_) return;
+    auto& t = host_totals_[cat];
+    t.first += ms;
+    t.second += 1;
+  }
   void print() const {
     if (!on_ || totals_.empty()) return;
+    for (auto& [k, v] : host_totals_)
+      std::fprintf(stderr, "  host: %-18s %10.3f ms  %8lld calls  %8.1f us/call\n", k.c_str(), v.first,
+                   static_cast<long long>(v.second), 1e3 * v.first / static_cast<double>(std::max<int64_t>(v.second, 1)));
     double all = 0;
     for (auto& [k, v] : totals_) all += v.first;
     std::fprintf(stderr, "k3 cuda profile (eager path; GPU time per region):\n");
@@ -73,7 +84,7 @@ class Profiler {
   bool on_;
   std::vector<Region> open_, done_;
   std::vector<cudaEvent_t> pool_, free_;
-  std::map<std::string, std::pair<double, int64_t>> totals_;
+  std::map<std::string, std::pair<double, int64_t>> totals_, host_totals_;
 };
 
 }  // namespace k3::cuda
