@@ -19,6 +19,7 @@
 // wrong nibble or scale, gives an error far above it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -306,6 +307,67 @@ TEST_P(CpuKernelsTier, MatmulBatchEqualsOneByOne) {
           << "job " << i << " (" << k3::weight_format_name(shapes[i].f) << ") rep " << rep;
   }
   k3::cpu::matmul_batch({});  // nothing to do
+}
+
+// matmul_two_stage (the routed experts' one fork-join at decode): the gate/up jobs of each group, the group's
+// GLU as soon as they are done, then its down job, all in one pool call -- every output with the bytes the
+// staged matmuls give, over thread interleavings, groups of different sizes (one with no tokens: ready at once)
+// and enough bytes that the pool runs it threaded.
+TEST_P(CpuKernelsTier, MatmulTwoStageEqualsStagedMatmuls) {
+  std::mt19937 rng(31);
+  struct Group {
+    TestWeight gate, up, down;
+    int64_t n;
+    std::vector<float> x, g, u, h, y, want;
+  };
+  const k3::WeightFormat fmts[] = {k3::WeightFormat::MXFP4, k3::WeightFormat::BF16, k3::WeightFormat::MXFP4,
+                                   k3::WeightFormat::MXFP4, k3::WeightFormat::BF16};
+  const int64_t ns[] = {1, 3, 0, 1, 2};
+  const int64_t X = 256, I = 192;
+  std::vector<Group> gs(5);
+  for (size_t i = 0; i < gs.size(); ++i) {
+    Group& G = gs[i];
+    G.gate = make_weight(fmts[i], I, X, rng);
+    G.up = make_weight(fmts[i], I, X, rng);
+    G.down = make_weight(fmts[i], X, I, rng);
+    G.n = ns[i];
+    G.x = nonzero(static_cast<size_t>(std::max<int64_t>(G.n, 1) * X), rng);
+    G.g.assign(static_cast<size_t>(G.n * I), NAN);
+    G.u = G.g;
+    G.h = G.g;
+    G.y.assign(static_cast<size_t>(G.n * X), NAN);
+    G.want = G.y;
+    if (G.n == 0) continue;
+    std::vector<float> g(G.g.size()), u(G.g.size()), h(G.g.size());
+    k3::cpu::matmul(G.gate.W, G.x.data(), G.n, g.data());
+    k3::cpu::matmul(G.up.W, G.x.data(), G.n, u.data());
+    k3::cpu::silu_glu(g.data(), u.data(), G.n * I, h.data());
+    k3::cpu::matmul(G.down.W, h.data(), G.n, G.want.data());
+  }
+  std::vector<k3::cpu::MatmulJob> first, second;
+  std::vector<int> first_group, second_group;
+  for (size_t i = 0; i < gs.size(); ++i) {
+    Group& G = gs[i];
+    first.push_back({&G.gate.W, G.x.data(), G.n, G.g.data()});
+    first.push_back({&G.up.W, G.x.data(), G.n, G.u.data()});
+    first_group.insert(first_group.end(), {static_cast<int>(i), static_cast<int>(i)});
+    second.push_back({&G.down.W, G.h.data(), G.n, G.y.data()});
+    second_group.push_back(static_cast<int>(i));
+  }
+  for (int rep = 0; rep < 20; ++rep) {  // different thread interleavings
+    std::vector<std::atomic<int>> calls(gs.size());
+    for (auto& G : gs) std::fill(G.y.begin(), G.y.end(), NAN);
+    k3::cpu::matmul_two_stage(first, first_group, second, second_group, static_cast<int>(gs.size()), [&](int g) {
+      Group& G = gs[static_cast<size_t>(g)];
+      calls[static_cast<size_t>(g)].fetch_add(1);
+      k3::cpu::silu_glu(G.g.data(), G.u.data(), G.n * I, G.h.data());
+    });
+    for (size_t i = 0; i < gs.size(); ++i) {
+      EXPECT_EQ(calls[i].load(), 1) << "group " << i << " rep " << rep;
+      ASSERT_EQ(std::memcmp(gs[i].y.data(), gs[i].want.data(), gs[i].y.size() * sizeof(float)), 0)
+          << "group " << i << " (" << k3::weight_format_name(fmts[i]) << ", n " << gs[i].n << ") rep " << rep;
+    }
+  }
 }
 
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 50, 200}); }

@@ -2,7 +2,9 @@
 // parallel, their outputs added per token in expert-id order (so results do not depend on the thread
 // count or on batching).
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
@@ -11,6 +13,20 @@
 namespace k3::cpu {
 
 using graph::Tensor;
+
+namespace {
+// Batches up to this many tokens run the experts' two matmul stages in one fork-join (matmul_two_stage);
+// larger ones keep two (their GLUs are big enough to split over the threads themselves).
+constexpr int64_t kTwoStageMaxTokens = 32;
+// K3_MOE_TWO_STAGE=0: the two fork-joins at every size (an A/B switch for the measurement; same bits).
+bool two_stage_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("K3_MOE_TWO_STAGE");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+}  // namespace
 
 void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteParams& p, Tensor idx, Tensor wts) {
   const int64_t n = logits.rows, E = logits.cols, K = p.top_k;
@@ -53,8 +69,8 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   // Routing is known: prefetch what is not resident and compute the resident experts first (the sum
   // below stays in expert-id order, so the order of computing changes nothing).
   if (residency_ && E > 0) residency_->on_routed(w.experts[0].gate.data, active);
-  // Every active expert's gate and up in one fork-join, the GLUs, then every down in one more: at batch 1
-  // that is 2 sync points per layer instead of 3 per expert (24), with the rows of all experts shared out.
+  // Every active expert's gate and up, the GLUs, then every down, with the rows of all experts shared out: one
+  // fork-join per layer at decode sizes (matmul_two_stage), two above (3 per expert, 24, before session 7).
   const size_t A = active.size();
   // Each active expert's gathered inputs, gate, up and output rows, from the step's arena: fresh vectors
   // here cost a zero-fill and page faults per call (pp512 on kl-1b: ~75 MB per layer, 5-10% of prefill in
@@ -96,20 +112,31 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
       std::copy(src, src + X, slots[static_cast<size_t>(ai)].x + static_cast<int64_t>(j) * X);
     }
   });
-  matmul_batch(gate_up);
-  int64_t glu_elems = 0;
-  for (const Slot& sl : slots) glu_elems += sl.m * sl.I;
-  parallel_for(static_cast<int64_t>(A), glu_elems > 65536, [&](int64_t ai) {
+  auto glu = [&](int64_t ai) {
     const Slot& sl = slots[static_cast<size_t>(ai)];
     const int64_t cnt = sl.m * sl.I;
     if (gp.situ)
       situ_glu(sl.g, sl.u, cnt, gp.beta, gp.linear_beta, sl.g);
     else
       silu_glu(sl.g, sl.u, cnt, sl.g);
-  });
-  if (observer_)
-    for (size_t ai = 0; ai < A; ++ai) observer_->on_expert_inputs(w, active[ai], slots[ai].x, slots[ai].g, slots[ai].m);
-  matmul_batch(down);
+  };
+  if (n <= kTwoStageMaxTokens && !observer_ && two_stage_enabled()) {
+    // Decode-sized: gate/up, each expert's GLU (by the thread that finishes its gate/up) and the downs in ONE
+    // fork-join (ops.h matmul_two_stage): per layer one hand-over of the pool instead of two, and the GLUs
+    // and the downs' conversions spread over the threads instead of running on the caller in between.
+    std::vector<int> gu_group(gate_up.size()), dn_group(down.size());
+    for (size_t i = 0; i < gate_up.size(); ++i) gu_group[i] = static_cast<int>(i / 2);
+    for (size_t i = 0; i < down.size(); ++i) dn_group[i] = static_cast<int>(i);
+    matmul_two_stage(gate_up, gu_group, down, dn_group, static_cast<int>(A), [&](int ai) { glu(ai); });
+  } else {
+    matmul_batch(gate_up);
+    int64_t glu_elems = 0;
+    for (const Slot& sl : slots) glu_elems += sl.m * sl.I;
+    parallel_for(static_cast<int64_t>(A), glu_elems > 65536, glu);
+    if (observer_)
+      for (size_t ai = 0; ai < A; ++ai) observer_->on_expert_inputs(w, active[ai], slots[ai].x, slots[ai].g, slots[ai].m);
+    matmul_batch(down);
+  }
   if (observer_)
     for (size_t ai = 0; ai < A; ++ai)
       observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], slots[ai].y, X);

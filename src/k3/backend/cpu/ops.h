@@ -3,6 +3,7 @@
 // thread pool over output rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "k3/core/weight.h"
@@ -22,6 +23,13 @@ struct MatmulJob {
   float* y;  // [n][W->rows]
 };
 void matmul_batch(std::span<const MatmulJob> jobs);
+// Two dependent batches in ONE fork-join (matmul_batch.cpp): every job of `first`; for each group g in
+// [0, groups), once all first-stage jobs with first_group[i] == g are done, between(g) on one thread (it may
+// write the inputs of g's second-stage jobs: an expert's GLU); then the `second` jobs, job i once its group
+// second_group[i] is through. At decode this halves the routed experts' fork-joins per layer and spreads the
+// GLUs over the threads. Every output has the bits matmul(job) gives it.
+void matmul_two_stage(std::span<const MatmulJob> first, std::span<const int> first_group, std::span<const MatmulJob> second,
+                      std::span<const int> second_group, int groups, const std::function<void(int)>& between);
 // Dot product of one weight row with x (cols values); the building block of matmul.
 float row_dot(const WeightMatrix& W, int64_t row, const float* x);
 // Dequantise one row into fp32 (cols values).
