@@ -62,14 +62,14 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
       ->each([](const std::string&) {});
   add_compute_options(cmd, d.compute);
   cmd->add_option("--expert-cache-gb", d.expert_cache_gb,
-                  "cpu: GB of the most used routed experts kept resident (mlock) when the checkpoint is bigger than "
+                  "cpu, or cuda with --cpu-moe / -ot on the host: GB of the most used routed experts kept resident (mlock) when the checkpoint is bigger than "
                   "RAM; -1: automatic (half the available memory less the other weights, 0 when the model fits), 0: "
                   "none pinned")
       ->check(finite_number())
       ->check(CLI::Range(-1.0, 1e6))
       ->capture_default_str();
   cmd->add_option("--expert-prefetch", d.expert_prefetch,
-                  "cpu: read the routed experts a step needs as soon as routing is known: threads (reader threads "
+                  "cpu (and host-placed experts): read the routed experts a step needs as soon as routing is known: threads (reader threads "
                   "fault them in), madvise (MADV_WILLNEED), none")
       ->check(CLI::IsMember({"none", "madvise", "threads"}))
       ->capture_default_str();
@@ -169,6 +169,16 @@ int parse_cuda_ordinal(const std::string& device) {
   } catch (const std::exception&) {
     throw k3::Error("--device '" + device + "': expected cuda:N with N a GPU index");
   }
+}
+
+// --expert-cache-gb, --expert-prefetch, --no-expert-residency: the routed experts on the host, CPU or hybrid.
+k3::ExpertResidencyOptions expert_residency_options(const DeviceOptions& d) {
+  k3::ExpertResidencyOptions ex;
+  ex.enabled = !d.no_expert_residency;
+  ex.prefetch = k3::parse_expert_prefetch(d.expert_prefetch);
+  ex.hot_budget_bytes = d.expert_cache_gb < 0 ? k3::ExpertResidencyOptions::kAutoBudget
+                                              : static_cast<int64_t>(d.expert_cache_gb * 1e9);
+  return ex;
 }
 
 #ifdef K3_HAVE_CUDA
@@ -320,18 +330,16 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())
       throw k3::Error("--override-tensor: a rule places weights on a GPU, but --device cpu runs everything on the CPU");
-    k3::ExpertResidencyOptions ex;
-    ex.enabled = !d.no_expert_residency;
-    ex.prefetch = k3::parse_expert_prefetch(d.expert_prefetch);
-    ex.hot_budget_bytes = d.expert_cache_gb < 0 ? k3::ExpertResidencyOptions::kAutoBudget
-                                                : static_cast<int64_t>(d.expert_cache_gb * 1e9);
-    return k3::Model::load(dir, kv, ssm, ex);
+    return k3::Model::load(dir, kv, ssm, expert_residency_options(d));
   }
   if (is_cuda_device(d.device)) {
     const int ordinal = parse_cuda_ordinal(d.device);
 #ifdef K3_HAVE_CUDA
     k3::cuda::CudaLoadOptions lo = cuda_load_options(d, kv, ssm, ordinal);
-    if (!placement->empty()) lo.placement = placement;
+    if (!placement->empty()) {
+      lo.placement = placement;
+      lo.experts = expert_residency_options(d);
+    }
     if (dummy) {
       k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
       if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {

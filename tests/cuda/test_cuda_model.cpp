@@ -152,6 +152,18 @@ TEST_P(CudaModelE2E, CpuMoeMatchesAllCuda) {
     EXPECT_LT(r.rel, 1e-3);
     EXPECT_GE(c.argmax, 0.99);
   }
+  // The host experts' residency (model/expert_residency_setup.h): every host MoE layer's experts registered,
+  // the host jobs' routing counted (as the CPU model's MoE op reports it).
+  const k3::ModelConfig& cfg = cpu_->config();
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;
+  const auto st = g->expert_cache_stats();
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->experts_total, moe_layers * cfg.num_experts);
+  EXPECT_GT(st->lookups, 0);
+  EXPECT_GT(st->hits, 0);  // the checkpoint is in the page cache: its experts are resident
+  lo.experts.enabled = false;
+  EXPECT_FALSE(k3::cuda::CudaModel::load(k3test::source_path(GetParam()), lo)->expert_cache_stats().has_value());
 }
 
 // A prefill batch at or above K3_MOE_STREAM_MIN_TOKENS streams the host experts to the GPU (the same

@@ -27,6 +27,10 @@
 #include "k3/model/graph/backend.h"
 #include "k3/runtime/cache_spec.h"
 
+namespace k3 {
+class ExpertResidency;
+}
+
 namespace k3::cuda {
 
 class CudaBackend final : public graph::Backend {
@@ -50,6 +54,9 @@ class CudaBackend final : public graph::Backend {
     moe_E_ = E;
     moe_I_ = I;
   }
+  // The residency manager of the host-placed routed experts (model/expert_residency_setup.h; null: none): the
+  // host expert jobs report their routing to it, as the CPU model's MoE op does. Outlives the backend.
+  void set_host_expert_residency(ExpertResidency* r) { host_residency_ = r; }
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
   // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
@@ -224,6 +231,7 @@ class CudaBackend final : public graph::Backend {
   int64_t moe_stream_min_tokens_ = 0;
   ExpertStreamer streamer_;
   std::unique_ptr<graph::Backend> host_cpu_;  // the CPU backend the host ops run on
+  ExpertResidency* host_residency_ = nullptr;
 
   Staging st_;
   StepData sd_;

@@ -67,7 +67,11 @@ void CudaBackend::host_moe_finish() {
   if (!pending_moe_) return;
   const PendingHostMoe m = *pending_moe_;
   pending_moe_.reset();
-  if (!host_cpu_) host_cpu_ = std::make_unique<cpu::CpuBackend>();
+  if (!host_cpu_) {
+    auto cpu = std::make_unique<cpu::CpuBackend>();
+    cpu->set_expert_residency(host_residency_);
+    host_cpu_ = std::move(cpu);
+  }
   Tensor ho = m.out;
   ho.data = moe_out_.ensure(bytes_of(m.out));
   if (cuts_) {

@@ -32,6 +32,7 @@
 #include "k3/backend/cuda/step_graphs.h"
 #include "k3/core/thread_pool.h"
 #include "k3/io/safetensors.h"
+#include "k3/model/expert_residency_setup.h"
 #include "k3/model/graph/forward.h"
 #include "k3/model/weights.h"
 
@@ -62,6 +63,7 @@ struct CudaModel::Impl {
   CacheSpec spec;
   std::unique_ptr<Checkpoint> host_ckpt;  // kept when weights are placed on the host (their views point into it)
   ModelWeights host_weights;              // (and into its aligned copies)
+  std::unique_ptr<ExpertResidency> residency;  // over the host-placed routed experts (null: none or off)
   int device = 0;
   std::string name;
   DeviceWeights w;
@@ -180,6 +182,8 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
     if (expert_bytes < host_bytes || (hybrid_graphs && std::string(hybrid_graphs) == "0")) impl->use_graphs = false;
     impl->host_ckpt = std::move(ckpt);
     impl->host_weights = std::move(hw);
+    impl->residency = make_expert_residency(impl->host_weights, *impl->host_ckpt, opt.experts);
+    impl->backend->set_host_expert_residency(impl->residency.get());
     // The CPU's expert jobs come one GPU layer apart: keep its workers spinning across that gap (a worker
     // woken from sleep arrives after the others have done its share: docs/perf/hybrid.md).
     ThreadPool::set_spin_time(std::chrono::microseconds(1000));
@@ -222,6 +226,11 @@ std::unique_ptr<CudaModel> CudaModel::load_shard(const ModelConfig& shard_cfg, c
       break;
     }
   return std::unique_ptr<CudaModel>(new CudaModel(std::move(impl)));
+}
+
+std::optional<ExpertCacheStats> CudaModel::expert_cache_stats() const {
+  if (!impl_->residency) return std::nullopt;
+  return impl_->residency->stats();
 }
 
 void CudaModel::forward_plan(const graph::StepPlan& plan, float* logits) const {

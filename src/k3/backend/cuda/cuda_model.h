@@ -16,6 +16,7 @@
 #include "k3/model/graph/step.h"
 #include "k3/model/weights.h"
 #include "k3/model/placement.h"
+#include "k3/runtime/expert_residency.h"
 #include "k3/runtime/model_runner.h"
 
 namespace k3::cuda {
@@ -28,6 +29,7 @@ struct CudaLoadOptions {
   CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
   CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
   std::shared_ptr<const Placement> placement;    // -ot / --cpu-moe: weights kept on the host (null: none)
+  ExpertResidencyOptions experts;                // residency of host-placed routed experts (as the CPU model's)
   // Set: called once with the model's stream (a cudaStream_t) for a communicator on it (NcclComm, or MPI
   // staged through host memory: host_staged_comm.h); the graph then runs its sharded path (vocab-parallel
   // embedding and head, all-reduces) through it. With load(): one rank, TP1 through the communicator, a
@@ -73,6 +75,8 @@ class CudaModel final : public ModelRunner {
   // caches (this device's memory), not advanced. `logits`: host [plan.n_logits()][V], or null (not copied).
   void forward_plan(const graph::StepPlan& plan, float* logits) const;
 
+  // Hits, prefetches and the pinned set of the host-placed routed experts (null without any, or turned off).
+  std::optional<ExpertCacheStats> expert_cache_stats() const override;
   int64_t weight_bytes() const;
   // The weights as the device holds them (views into its arena; placed matrices on the host): for a
   // block drafter's runner to share the token table and lm_head instead of a second copy. Valid while

@@ -1,0 +1,56 @@
+#include "k3/model/expert_residency_setup.h"
+
+#include <vector>
+
+namespace k3 {
+
+namespace {
+
+// The byte ranges expert `e` reads: its three matrices' data and scales.
+std::vector<ByteSpan> expert_spans(const GluMlp& e) {
+  std::vector<ByteSpan> s;
+  for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) {
+    const int64_t data = m->rows * row_data_bytes(m->format, m->cols);
+    const int64_t scales = m->rows * row_scale_bytes(m->format, m->cols);
+    s.push_back({static_cast<const uint8_t*>(m->data), static_cast<size_t>(data)});
+    if (m->scales) s.push_back({m->scales, static_cast<size_t>(scales)});
+  }
+  return s;
+}
+
+bool on_host(const GluMlp& e) {
+  return e.gate.device == kHostDevice && e.up.device == kHostDevice && e.down.device == kHostDevice;
+}
+
+}  // namespace
+
+std::unique_ptr<ExpertResidency> make_expert_residency(const ModelWeights& w, const Checkpoint& ck,
+                                                       ExpertResidencyOptions opt) {
+  if (!opt.enabled) return nullptr;
+  int64_t expert_bytes = 0, device_bytes = 0;  // host-resident experts; matrices a GPU holds (not needed in RAM)
+  for (const LayerWeights& L : w.layers)
+    for (const GluMlp& e : L.moe.experts)
+      if (on_host(e))
+        for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) expert_bytes += m->bytes();
+  if (expert_bytes == 0) return nullptr;
+  for_each_matrix(w, [&](const WeightMatrix& m) {
+    if (m.device != kHostDevice) device_bytes += m.bytes();
+  });
+  if (opt.hot_budget_bytes == ExpertResidencyOptions::kAutoBudget) {
+    const int64_t other = w.bound_bytes - device_bytes - expert_bytes;  // the rest the CPU reads every step
+    const int64_t auto_budget = ExpertResidency::auto_budget(other);
+    opt.hot_budget_bytes = static_cast<int64_t>(ck.total_bytes()) - device_bytes <= auto_budget + other ? 0 : auto_budget;
+  }
+  std::vector<ByteSpan> regions;
+  for (const MappedFile* f : ck.mappings()) regions.push_back({f->data(), f->size()});
+  auto r = std::make_unique<ExpertResidency>(opt, std::move(regions));
+  for (const LayerWeights& L : w.layers) {
+    if (L.moe.experts.empty() || !on_host(L.moe.experts[0])) continue;
+    std::vector<std::vector<ByteSpan>> experts;
+    for (const GluMlp& e : L.moe.experts) experts.push_back(expert_spans(e));
+    r->add_layer(L.moe.experts[0].gate.data, experts);
+  }
+  return r;
+}
+
+}  // namespace k3
