@@ -153,7 +153,13 @@ TEST_P(CudaModelE2E, CpuMoeMatchesAllCuda) {
     EXPECT_GE(c.argmax, 0.99);
   }
   // The host experts' residency (model/expert_residency_setup.h): every host MoE layer's experts registered,
-  // the host jobs' routing counted (as the CPU model's MoE op reports it).
+  // the host jobs' routing counted (as the CPU model's MoE op reports it). One token: the 64-token forwards
+  // above may have streamed their experts to the GPU (K3_MOE_STREAM_MIN_TOKENS), which the CPU does not count.
+  {
+    auto s1 = g->new_cache();
+    std::vector<float> one;
+    g->forward(std::span<const int32_t>(toks.data(), 1), *s1, one, k3::ForwardOptions{});
+  }
   const k3::ModelConfig& cfg = cpu_->config();
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) moe_layers += cfg.is_moe_layer(l) ? 1 : 0;

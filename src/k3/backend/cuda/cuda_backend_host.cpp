@@ -114,7 +114,10 @@ bool CudaBackend::stream_host_experts(const MoeWeights& w, Tensor x, Tensor idx,
                                       Tensor out) {
   if (moe_stream_min_tokens_ <= 0 || x.rows < moe_stream_min_tokens_ || !ExpertStreamer::can_stream(w.experts)) return false;
   prof_.begin("stream experts", stream_);
+  const auto t0 = std::chrono::steady_clock::now();
   const ExpertBank bank = streamer_.upload(w.experts, stream_);
+  // K3_CUDA_PROFILE: the host's part (waiting for the pinned buffer, staging the experts into it)
+  prof_.add_host("stream: stage", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   K3_CUDA_CHECK(cuda::moe_experts(bank, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                   p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
                                   gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
