@@ -216,6 +216,30 @@ void run_matmul_sweep(k3::WeightFormat f, const std::vector<int64_t>& cols_list,
   check_matmul(make_weight(f, 301, wide, rng), 70, rng, worst);
 }
 
+// The two MXFP4 layouts (core/mxfp4_ggml.h): ggml_blocks_to_mxfp4 (SSE2, on the GGUF streaming path) inverts the
+// scalar mxfp4_to_ggml_blocks and vice versa, on random bytes (every nibble value in every position), and element
+// j of a ggml block lands where the HF layout keeps element j (checked on one block element by element).
+TEST(Mxfp4Layouts, GgmlBlocksRoundTrip) {
+  std::mt19937 rng(41);
+  const int64_t B = 4099;
+  std::vector<uint8_t> packed(B * 16), scales(B), ggml(B * 17), packed2(B * 16), scales2(B), ggml2(B * 17);
+  for (auto& x : packed) x = static_cast<uint8_t>(rng());
+  for (auto& x : scales) x = static_cast<uint8_t>(rng());
+  k3::mxfp4_to_ggml_blocks(packed.data(), scales.data(), B, ggml.data());
+  k3::ggml_blocks_to_mxfp4(ggml.data(), B, packed2.data(), scales2.data());
+  EXPECT_EQ(packed2, packed);
+  EXPECT_EQ(scales2, scales);
+  for (auto& x : ggml) x = static_cast<uint8_t>(rng());
+  k3::ggml_blocks_to_mxfp4(ggml.data(), B, packed2.data(), scales2.data());
+  k3::mxfp4_to_ggml_blocks(packed2.data(), scales2.data(), B, ggml2.data());
+  EXPECT_EQ(ggml2, ggml);
+  for (int j = 0; j < 32; ++j) {  // element j: ggml low nibble of qs[j] (j < 16) / high of qs[j - 16]; HF: nibble j of the row
+    const int g = j < 16 ? ggml[1 + j] & 0xf : ggml[1 + j - 16] >> 4;
+    const int h = j % 2 == 0 ? packed2[j / 2] & 0xf : packed2[j / 2] >> 4;
+    EXPECT_EQ(h, g) << "element " << j;
+  }
+}
+
 TEST_P(CpuKernelsTier, MatmulF32) { run_matmul_sweep(k3::WeightFormat::F32, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f32"); }
 TEST_P(CpuKernelsTier, MatmulBf16) { run_matmul_sweep(k3::WeightFormat::BF16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul bf16"); }
 TEST_P(CpuKernelsTier, MatmulF16) { run_matmul_sweep(k3::WeightFormat::F16, {1, 7, 15, 16, 17, 31, 33, 100, 257}, "matmul f16"); }
