@@ -95,7 +95,8 @@ struct ColSpan {
 
 // R rows x T tokens; two accumulators per (row, token): a0 takes columns i..i+31 of each 64-step, a1
 // i+32..i+63; then one more 32-step into a0 if there is one, the last cols % 32 (weights masked, the
-// activations are zero-padded) into a1, one reduction. R = 2, T = 6: 24 accumulators of 32 zmm.
+// activations are zero-padded) into a1, one reduction. R = 3, T = 4: 24 accumulators of 32 zmm (session 20: 7 vector
+// loads per 12 vdpbf16ps instead of 2 x 6's 8; docs/perf/cpu.md).
 // The activations come packed for the tile: per 64-column step from k0, T x 64 values (token t at
 // + t * 64), and in the last block the tail (< 64 values, zero-padded) as T x 64 more. One token's packed
 // layout is its converted row (zero-padded to 32), so the dot and decode pass it as it is.
@@ -148,14 +149,17 @@ __attribute__((always_inline)) inline void bf16_tile(const uint16_t* w, int64_t 
     }
 }
 
-// bf16_tile over `rows` rows from w (2 at a time, then 1; row j's outputs at y + j, its parked accumulators
-// at ks.state + j * T * 2): one call per row block instead of one per row pair (the call and its
-// stack-passed span were ~1% of a kl-1b prefill). Each row pair runs the same tile.
+// bf16_tile over `rows` rows from w (3 at a time, then 2, then 1; row j's outputs at y + j, its parked
+// accumulators at ks.state + j * T * 2): one call per row block instead of one per row group.
 template <int T>
 void bf16_tile_rows(const uint16_t* w, int64_t ldw, int64_t rows, const uint16_t* xp, int64_t cols, float* y,
                     int64_t ldy, ColSpan ks) {
   __m512* const state = ks.state;
   int64_t r = 0;
+  for (; r + 3 <= rows; r += 3) {
+    ks.state = state ? state + r * T * 2 : nullptr;
+    bf16_tile<3, T>(w + r * ldw, ldw, xp, cols, y + r, ldy, ks);
+  }
   for (; r + 2 <= rows; r += 2) {
     ks.state = state ? state + r * T * 2 : nullptr;
     bf16_tile<2, T>(w + r * ldw, ldw, xp, cols, y + r, ldy, ks);
@@ -181,8 +185,8 @@ constexpr auto bf16_tiles(std::index_sequence<T...>) {
   return std::array<Tile, sizeof...(T)>{bf16_tile_rows<static_cast<int>(T) + 1>...};
 }
 
-constexpr int64_t kBf16T = 6;
-constexpr int64_t kBf16KCols = 2048;     // 6 tokens x 2048 bf16 = 24 KiB of packed activations, half of L1
+constexpr int64_t kBf16T = 4;
+constexpr int64_t kBf16KCols = 2048;     // 4 tokens x 2048 bf16 = 16 KiB of packed activations, a third of L1
 constexpr int64_t kBf16StateRows = 128;  // rows parked between column blocks: 96 KiB
 
 // Tokens [0, m) (converted rows ld values apart) x columns [k0, k1) into bf16_tile's layout.
