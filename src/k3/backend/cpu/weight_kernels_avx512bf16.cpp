@@ -54,6 +54,7 @@ constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 
 K3_AVX512BF16_BEGIN
 
 #include "k3/backend/cpu/q8_quads_simd.h"
+#include "k3/backend/cpu/reduce_tree512.h"
 
 namespace k3::cpu {
 
@@ -131,6 +132,7 @@ __attribute__((always_inline)) inline void bf16_tile(const uint16_t* w, int64_t 
         for (int h = 0; h < 2; ++h) ks.state[(r * T + t) * 2 + h] = acc[r][t][h];
     return;
   }
+  __m512 fin[R * T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
       __m512 a0 = acc[r][t][0], a1 = acc[r][t][1];
@@ -145,8 +147,12 @@ __attribute__((always_inline)) inline void bf16_tile(const uint16_t* w, int64_t 
         const __mmask32 m = static_cast<__mmask32>((1u << (cols - j)) - 1u);
         a1 = dpbf16(a1, _mm512_maskz_loadu_epi16(m, wr + j), _mm512_loadu_si512(xt + j));
       }
-      y[t * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+      fin[r * T + t] = _mm512_add_ps(a0, a1);
     }
+  if constexpr (R * T == 1)
+    y[0] = tree512::reduce1(fin[0]);
+  else
+    tree512::reduce_store<T>(fin, R, y, ldy);
 }
 
 // bf16_tile over `rows` rows from w (3 at a time, then 2, then 1; row j's outputs at y + j, its parked
@@ -323,8 +329,8 @@ struct PairSpan {
 };
 
 template <WeightFormat F, int T>
-__attribute__((always_inline)) inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq, float* y,
-                          int64_t ldy, PairSpan ps) {
+__attribute__((always_inline)) inline void mxfp4_q8_tile(const uint8_t* packed, const uint8_t* scales, int64_t groups, const uint8_t* xq,
+                                                         __m512* fin, PairSpan ps) {
   __m512 acc[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = ps.first ? _mm512_setzero_ps() : ps.state[t];
@@ -343,11 +349,8 @@ __attribute__((always_inline)) inline void mxfp4_q8_tile(const uint8_t* packed, 
       acc[t] = _mm512_fmadd_ps(f, wsc, acc[t]);
     }
   }
-  if (!ps.last) {
-    for (int t = 0; t < T; ++t) ps.state[t] = acc[t];
-    return;
-  }
-  for (int t = 0; t < T; ++t) y[t * ldy] = _mm512_reduce_add_ps(acc[t]);
+  __m512* out = ps.last ? fin : ps.state;  // finished: the caller reduces (tree512::reduce_store)
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
 // mxfp4_q8_tile over rows [r0, r1) of W (row r's outputs at y + (r - r0), its parked accumulators at
@@ -361,9 +364,16 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
                 scale_bytes = row_scale_bytes(W.format, W.cols);
   const uint8_t* data = W.row_data(r0);
   const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
-  for (int64_t r = 0; r < r1 - r0; ++r) {
-    ps.state = state ? state + r * T : nullptr;
-    mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq, y + r, ldy, ps);
+  constexpr int G = T == 1 ? 16 : 4;  // rows whose finished accumulators are reduced together
+  __m512 fin[G * T];
+  for (int64_t g0 = 0; g0 < r1 - r0; g0 += G) {
+    const int nr = static_cast<int>(std::min<int64_t>(G, r1 - r0 - g0));
+    for (int64_t r = g0; r < g0 + nr; ++r) {
+      ps.state = state ? state + r * T : nullptr;
+      mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq,
+                          fin + (r - g0) * T, ps);
+    }
+    if (ps.last) tree512::reduce_store<T>(fin, nr, y + g0, ldy);
   }
 }
 
