@@ -37,7 +37,7 @@ CpuFeatures all_features() {
   CpuFeatures f;
   f.os_avx = f.os_avx512 = f.os_amx = true;
   f.avx = f.avx2 = f.fma = f.f16c = true;
-  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512_bf16 = f.avx512_vnni = f.avx_vnni = true;
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = f.avx512_bf16 = f.avx512_vnni = f.avx512_vbmi = f.avx_vnni = true;
   f.amx_tile = f.amx_bf16 = f.amx_int8 = true;
   return f;
 }
@@ -72,7 +72,7 @@ TEST(CpuFeatures, MatchesProcCpuinfo) {
   if (proc.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
   const auto ours = words(k3::cpu::feature_names(k3::cpu::detect_cpu_features()));
   for (const char* name : {"avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
-                           "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8"})
+                           "avx512_vnni", "avx512vbmi", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8"})
     EXPECT_EQ(ours.count(name), proc.count(name)) << name;
   EXPECT_FALSE(std::string(k3::cpu::detect_cpu_features().model_name).empty());
 }
@@ -83,7 +83,7 @@ TEST(CpuFeatures, FlagsAreConsistent) {
   EXPECT_TRUE(!f.fma || f.avx);
   EXPECT_TRUE(!f.f16c || f.avx);
   EXPECT_TRUE(!f.avx || f.os_avx);
-  for (bool sub : {f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni}) EXPECT_TRUE(!sub || f.avx512f);
+  for (bool sub : {f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni, f.avx512_vbmi}) EXPECT_TRUE(!sub || f.avx512f);
   EXPECT_TRUE(!f.avx512f || f.os_avx512);
   EXPECT_TRUE(!f.os_avx512 || f.os_avx);
   EXPECT_TRUE(!f.amx_bf16 || f.amx_tile);
@@ -129,6 +129,10 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   no_bf16.avx512_bf16 = false;  // AMX needs the tiers below it too
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).isa, CpuIsa::Avx512);
   EXPECT_EQ(k3::cpu::choose_isa(no_bf16, nullptr, true, every_tier).reason, "the best tier this CPU offers");
+  CpuFeatures no_vbmi = f;  // BF16 without VBMI (Cooper Lake): the avx512bf16 tier's MXFP4 decode needs vpermb
+  no_vbmi.avx512_vbmi = false;
+  EXPECT_EQ(k3::cpu::choose_isa(no_vbmi, nullptr, true, every_tier).isa, CpuIsa::Avx512);
+  EXPECT_NE(error_of(no_vbmi, "avx512bf16", true, every_tier).find("missing: avx512vbmi"), std::string::npos);
   // An AVX2-only CPU: the avx2int8 rounding tier (int8 activations for MXFP4 and Q8_0 / Q4-6_K), avx2
   // with K3_CPU_ISA=exact or =avx2.
   CpuFeatures plain = f;

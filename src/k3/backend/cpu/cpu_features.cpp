@@ -75,6 +75,7 @@ CpuFeatures detect_cpu_features() {
   f.avx512bw = f.avx512f && bit(l7.b, 30);
   f.avx512vl = f.avx512f && bit(l7.b, 31);
   f.avx512_vnni = f.avx512f && bit(l7.c, 11);
+  f.avx512_vbmi = f.avx512f && bit(l7.c, 1);
   f.avx512_bf16 = f.avx512f && bit(l7s1.a, 5);
   f.amx_tile = f.os_amx && bit(l7.d, 24);
   f.amx_bf16 = f.amx_tile && bit(l7.d, 22);

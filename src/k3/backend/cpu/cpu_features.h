@@ -16,7 +16,7 @@ struct CpuFeatures {
   // Instruction sets: the CPU has them AND the OS enabled their register state (as /proc/cpuinfo lists them).
   bool avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512_bf16 = false, avx512_vnni = false, avx_vnni = false;
+  bool avx512_bf16 = false, avx512_vnni = false, avx512_vbmi = false, avx_vnni = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
 };
 

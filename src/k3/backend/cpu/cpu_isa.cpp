@@ -23,6 +23,7 @@ const Flag kFlags[] = {
     {"avx512_bf16", &CpuFeatures::avx512_bf16}, {"avx512_vnni", &CpuFeatures::avx512_vnni},
     {"avx_vnni", &CpuFeatures::avx_vnni}, {"amx_tile", &CpuFeatures::amx_tile},
     {"amx_bf16", &CpuFeatures::amx_bf16}, {"amx_int8", &CpuFeatures::amx_int8},
+    {"avx512vbmi", &CpuFeatures::avx512_vbmi},
 };
 
 // What each tier needs beyond the one below it.
@@ -31,7 +32,7 @@ std::vector<Flag> tier_needs(CpuIsa isa) {
     case CpuIsa::Avx2: return {kFlags[1], kFlags[2], kFlags[3]};
     case CpuIsa::Avx2Int8: return {};  // avx2's instructions, other arithmetic
     case CpuIsa::Avx512: return {kFlags[4], kFlags[5], kFlags[6], kFlags[7]};
-    case CpuIsa::Avx512Bf16: return {kFlags[8], kFlags[9]};
+    case CpuIsa::Avx512Bf16: return {kFlags[8], kFlags[9], kFlags[14]};  // VBMI: the MXFP4 nibble decode (vpermb)
     case CpuIsa::Amx: return {kFlags[11], kFlags[12], kFlags[13]};
   }
   return {};

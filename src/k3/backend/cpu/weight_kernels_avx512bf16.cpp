@@ -283,10 +283,12 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
                         __m512& wsc) {
   const __m256i b = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed))
                         : _mm256_maskz_loadu_epi8(0xFFFFu, packed);
-  const __m256i m = _mm256_set1_epi8(0x0f);
-  const __m256i lo = _mm256_and_si256(b, m), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
-  w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()),
-                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  // Both halves hold the 32 bytes; byte i of each qword is taken from bit 8i (low half: its low nibble in
+  // bits 0-3) or 8i + 4 (high half: its high nibble); vpermb reads bits 0-5, so the table repeats 4 times.
+  const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL,
+                                        0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL);
+  w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(b)),
+                              _mm512_broadcast_i32x4(e2m1x2_table()));
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
   wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[scales[0]]),
@@ -296,19 +298,19 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
 // decode_pair for ggml's MXFP4 blocks (MXFP4_GGML: {e8m0, qs[16]}, element j = low nibble of qs[j], j + 16 =
 // its high nibble): the same w, corr and wsc as decode_pair gives for the same values, so the two layouts
 // run identical integer sums (a GGUF's experts give the HF checkpoint's bits in this tier too). A group's
-// even elements 0, 2, .., 30 are the low then the high nibbles of its even bytes (odd: odd bytes), so one
-// byte shuffle of [qs0, qs1, qs0, qs1] and a shift of each upper 8 bytes by 4 give decode_pair's nibble order
-// (a third of the instructions of splitting the nibbles first and reordering them after).
+// even elements 0, 2, .., 30 are the low then the high nibbles of its even bytes (odd: odd bytes): one vpermb
+// puts a group's even (odd) bytes in two qwords, one for their low nibbles and one for their high ones, and
+// vpmultishiftqb takes each qword's nibbles as decode_pair's do.
 inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512i& corr, __m512& wsc) {
-  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 1));
-  const __m128i q1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + 18)) : _mm_setzero_si128();
-  const __m512i src = _mm512_broadcast_i64x4(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1));
-  const __m512i even_odd = _mm512_set_epi64(0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL,
-                                            0x0F0D0B0907050301LL, 0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL,
-                                            0x0E0C0A0806040200LL, 0x0E0C0A0806040200LL);
-  const __m512i b = _mm512_srlv_epi64(_mm512_shuffle_epi8(src, even_odd), _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4));
-  const __m512i nib = _mm512_and_si512(b, _mm512_set1_epi8(0x0f));
-  w = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(e2m1x2_table()), nib);
+  const __m512i src = _mm512_maskz_loadu_epi8(two ? (uint64_t{1} << 34) - 1 : (uint64_t{1} << 17) - 1, blocks);
+  // qword k: g0's even bytes (qs[2i] at 1 + 2i) for k = 0, 1; g1's (18 + 2i) for 2, 3; the odd bytes for 4 - 7
+  const __m512i gather = _mm512_set_epi64(0x211F1D1B19171513LL, 0x211F1D1B19171513LL, 0x100E0C0A08060402LL, 0x100E0C0A08060402LL,
+                                          0x201E1C1A18161412LL, 0x201E1C1A18161412LL, 0x0F0D0B0907050301LL, 0x0F0D0B0907050301LL);
+  // even qwords: the low nibbles (bit 8i), odd ones: the high nibbles (8i + 4)
+  const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3830282018100800LL, 0x3C342C241C140C04LL, 0x3830282018100800LL,
+                                        0x3C342C241C140C04LL, 0x3830282018100800LL, 0x3C342C241C140C04LL, 0x3830282018100800LL);
+  w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(gather, src)),
+                              _mm512_broadcast_i32x4(e2m1x2_table()));
   corr = _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
   wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[blocks[0]]),

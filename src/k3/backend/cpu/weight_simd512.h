@@ -31,11 +31,11 @@
 #if defined(__clang__)
 #define K3_AVX512BF16_BEGIN                                                                                      \
   _Pragma(                                                                                                       \
-      "clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni\"))), apply_to = function)")
+      "clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi\"))), apply_to = function)")
 #define K3_AVX512BF16_END _Pragma("clang attribute pop")
 #else
 #define K3_AVX512BF16_BEGIN \
-  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni\")")
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi\")")
 #define K3_AVX512BF16_END _Pragma("GCC pop_options")
 #endif
 
