@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/ops.h"
+#include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/core/dtype.h"
 #include "k3/core/error.h"
@@ -29,6 +31,7 @@
 
 namespace {
 
+using k3::cuda::DecVariant;
 using k3::cuda::GluAct;
 using k3::cuda::MoePath;
 using k3::cuda::MoePrecision;
@@ -426,6 +429,90 @@ TEST(CudaMoe, K3ShapeQatScales) {
   run_checks(kK3Qat, {1, 8}, GluAct::SiTU, true, 2.5f);
 }
 
+// Restores the process's decode kernel variant when a test that switches it ends (a failed ASSERT included).
+struct VariantGuard {
+  DecVariant saved = k3::cuda::moe_decode_variant();
+  VariantGuard() = default;
+  VariantGuard(const VariantGuard&) = delete;
+  VariantGuard& operator=(const VariantGuard&) = delete;
+  ~VariantGuard() { k3::cuda::moe_decode_set_variant(saved); }
+};
+
+// One routed batch on the device: n tokens of random x, routed by moe_route from random logits; run() calls
+// moe_experts on it and returns the output.
+struct ExpertCall {
+  Moe& m;
+  int n;
+  DevBuf dx, dl, db, di, dwt, dout;
+  k3::cuda::MoeWorkspace ws;
+
+  ExpertCall(Moe& moe, int n_, uint64_t seed)
+      : m(moe), n(n_), dx(static_cast<size_t>(n_) * moe.sh.X * 4), dl(static_cast<size_t>(n_) * moe.sh.E * 4),
+        db(static_cast<size_t>(moe.sh.E) * 4), di(static_cast<size_t>(n_) * moe.sh.K * 4),
+        dwt(static_cast<size_t>(n_) * moe.sh.K * 4), dout(static_cast<size_t>(n_) * moe.sh.X * 4),
+        ws(n_, moe.sh.K, moe.sh.E, moe.sh.I, moe.sh.X) {
+    Rng rng(seed);
+    std::vector<float> x(static_cast<size_t>(n) * m.sh.X), logits(static_cast<size_t>(n) * m.sh.E);
+    for (auto& v : x) v = m.x_std * rng.normal();
+    for (auto& v : logits) v = 1.5f * rng.normal();
+    ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+    ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+    ck(cudaMemcpy(db.p, m.bias.data(), m.bias.size() * 4, cudaMemcpyHostToDevice), "bias");
+    ck(k3::cuda::moe_route(n, m.sh.E, m.sh.K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(),
+                           dwt.as<float>(), nullptr),
+       "moe_route");
+  }
+
+  std::vector<float> run(MoePrecision prec, MoePath path) {
+    const size_t count = static_cast<size_t>(n) * m.sh.X;
+    ck(cudaMemset(dout.p, 0xff, count * 4), "poison out");  // NaN: a missed write shows
+    ck(k3::cuda::moe_experts(m.bank, n, m.sh.K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(),
+                             m.sh.mx ? GluAct::SiTU : GluAct::SiLU, 4.f, 25.f, dout.as<float>(), ws, nullptr, prec, path),
+       "moe_experts");
+    ck(cudaDeviceSynchronize(), "sync");
+    std::vector<float> out(count);
+    ck(cudaMemcpy(out.data(), dout.p, count * 4, cudaMemcpyDeviceToHost), "out");
+    return out;
+  }
+};
+
+const char* variant_name(DecVariant v) {
+  return v == DecVariant::Ring ? "ring" : v == DecVariant::Ring4 ? "ring4" : "reg";
+}
+
+// The MXFP4 decode kernel's ring variants (moe_decode.h DecVariant) give dec_kernel's bits exactly: same
+// chunks in the same order per accumulator, same K split. Wide scales (kK3: the two-multiply path past 2^127 in
+// nearly every chunk) and QAT scales (kK3Qat: one multiply), both precisions, n = 1 / 8 / 64 (8-pair tiles at
+// E = 896) and 128 (16-pair tiles); the tiny shapes add columns past the last whole chunk (X = I = 96) and rows
+// past the last whole block. Forced TcDecode, no CPU reference (the tests above hold dec_kernel to it).
+TEST(CudaMoe, DecodeVariantsBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  VariantGuard guard;
+  for (const Shape& s : {tiny_shapes()[2], tiny_shapes()[5], kK3, kK3Qat}) {
+    Moe& m = cached_moe(s);
+    for (int n : {1, 8, 64, 128}) {
+      ExpertCall call(m, n, 500 + n);
+      for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
+        k3::cuda::moe_decode_set_variant(DecVariant::Reg);
+        const std::vector<float> ref = call.run(prec, MoePath::TcDecode);
+        const size_t nans = std::count_if(ref.begin(), ref.end(), [](float v) { return std::isnan(v); });
+        EXPECT_EQ(nans, 0u) << s.name << " n=" << n;  // NaN == NaN bitwise would hide a missed write
+        for (DecVariant v : {DecVariant::Ring, DecVariant::Ring4}) {
+          k3::cuda::moe_decode_set_variant(v);
+          const std::vector<float> out = call.run(prec, MoePath::TcDecode);
+          size_t diff = 0;
+          for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &ref[i], 4) != 0;
+          const char* pn = prec == MoePrecision::Bf16 ? "bf16" : "bf16x2";
+          std::printf("[ moe ] %-12s n=%4d %-6s %-5s vs reg: %zu of %zu floats differ\n", s.name, n, pn,
+                      variant_name(v), diff, out.size());
+          EXPECT_EQ(std::memcmp(out.data(), ref.data(), out.size() * 4), 0)
+              << s.name << " n=" << n << " " << pn << " " << variant_name(v) << ": " << diff << " floats differ";
+        }
+      }
+    }
+  }
+}
+
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -528,11 +615,13 @@ TEST(CudaMoe, EdgeCases) {
 }
 
 // Timing (prints only): decode batches and a 2048-token prefill on the real shapes, Auto and (n >= 64) each
-// forced path. Weight bytes are those of the distinct experts the batch touches; the L2 (50 MB) is flushed
+// forced path; the forced decode path on MXFP4 experts once per DecVariant (reg, then the ring kernels, labelled
+// after the path name; Auto runs the process's variant, K3_MOE_DEC_VARIANT). Weight bytes are those of the distinct experts the batch touches; the L2 (50 MB) is flushed
 // before each timed call. TFLOP/s counts 2 * 3 * n * K * I * X useful flops (not the split's second MMA).
 TEST(CudaMoe, Timing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   DevBuf flush(256u << 20);
+  VariantGuard guard;
   // K3_MOE_TIMING_SHAPES=qat: only the QAT-scale K3 bank (one 16 GB bank instead of two, a shorter call).
   const char* only = std::getenv("K3_MOE_TIMING_SHAPES");
   const bool qat_only = only && std::string(only) == "qat";
@@ -572,12 +661,8 @@ TEST(CudaMoe, Timing) {
       std::vector<int> ids(static_cast<size_t>(n) * K);
       ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
       const std::set<int> used(ids.begin(), ids.end());
-      // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
-      // up to n = 256, the 64-pair tensor-core tiles from n = 64.
-      for (const PathCfg& pc : kPaths) {
-        if (pc.path == MoePath::TensorCore && n < 64) continue;
-        if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
-        if (pc.path == MoePath::Gemv && n > 16) continue;
+      // Mean us of moe_experts (L2 flushed before each call) and of moe_route, over reps calls.
+      auto time_path = [&](const PathCfg& pc, double& us, double& us_route) {
         ck(experts(pc), "warm");
         ck(cudaStreamSynchronize(st), "sync");
         const int reps = n >= 2048 ? 3 : 20;
@@ -598,16 +683,31 @@ TEST(CudaMoe, Timing) {
           ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
           ms_route += ms;
         }
-        const double us = 1000.0 * ms_total / reps, us_route = 1000.0 * ms_route / reps;
-        const double bytes = m.expert_bytes() * static_cast<double>(used.size());
-        const double gbps = bytes / (us * 1e-6) / 1e9;
-        const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
-        const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16);
-        const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : ap == MoePath::Gemv ? "gemv" : "simt";
-        std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
-                    "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
-                    s.name, n, used.size(), pc.name, pc.path == MoePath::Auto ? auto_is : "", us, gbps, gbps / 48.0,
-                    tflops, us_route);
+        us = 1000.0 * ms_total / reps;
+        us_route = 1000.0 * ms_route / reps;
+      };
+      const MoePath ap = k3::cuda::moe_experts_auto_path(n, K, E, s.mx ? k3::WeightFormat::MXFP4 : k3::WeightFormat::BF16);
+      const char* auto_is = ap == MoePath::TensorCore ? "tc" : ap == MoePath::TcDecode ? "dec" : ap == MoePath::Gemv ? "gemv" : "simt";
+      // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
+      // up to n = 256, the 64-pair tensor-core tiles from n = 64.
+      for (const PathCfg& pc : kPaths) {
+        if (pc.path == MoePath::TensorCore && n < 64) continue;
+        if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
+        if (pc.path == MoePath::Gemv && n > 16) continue;
+        const bool variants = pc.path == MoePath::TcDecode && s.mx;  // reg, ring, ring4; else the process's one
+        for (DecVariant v : {DecVariant::Reg, DecVariant::Ring, DecVariant::Ring4}) {
+          if (!variants && v != DecVariant::Reg) continue;
+          k3::cuda::moe_decode_set_variant(variants ? v : guard.saved);
+          double us = 0, us_route = 0;
+          time_path(pc, us, us_route);
+          const double bytes = m.expert_bytes() * static_cast<double>(used.size());
+          const double gbps = bytes / (us * 1e-6) / 1e9;
+          const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
+          const char* label = pc.path == MoePath::Auto ? auto_is : variants && v != DecVariant::Reg ? variant_name(v) : "";
+          std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
+                      "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
+                      s.name, n, used.size(), pc.name, label, us, gbps, gbps / 48.0, tflops, us_route);
+        }
       }
     }
     cudaEventDestroy(e0);

@@ -35,7 +35,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
@@ -133,14 +135,15 @@ struct KArgs {
   int nch = 0, cps = 0;          // chunks of the K range, chunks per split
 };
 
-// One MXFP4 chunk of a warp: 4 words x kMT m16 tiles; sact holds the staged activations (see dec_kernel).
-template <bool BIG, int NT, int NS, int SEG4>
-__device__ __forceinline__ void mx_chunk(float (&acc)[kMT][NT][4], const uint4 (&q)[kMT][2], const uint32_t (&s)[kMT][2],
+// One MXFP4 chunk of a warp: 4 words x MT m16 tiles (kMT in dec_kernel, kRingMT in dec_ring_kernel); sact
+// holds the staged activations (see dec_kernel).
+template <bool BIG, int NT, int NS, int SEG4, int MT>
+__device__ __forceinline__ void mx_chunk(float (&acc)[MT][NT][4], const uint4 (&q)[MT][2], const uint32_t (&s)[MT][2],
                                          const uint4 (&sact)[NS][SEG4], int lc, int g, int tq) {
   constexpr int TOK = 8 * NT;
-  uint32_t f1[kMT][2], f2[kMT][2];
+  uint32_t f1[MT][2], f2[MT][2];
 #pragma unroll
-  for (int i = 0; i < kMT; ++i)
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       f1[i][h] = BIG ? big_scale_x2_a(s[i][h]) : scale_x2(s[i][h]);
@@ -156,7 +159,7 @@ __device__ __forceinline__ void mx_chunk(float (&acc)[kMT][NT][4], const uint4 (
       if constexpr (NS == 2) bl[t] = sact[NS - 1][si];
     }
 #pragma unroll
-    for (int i = 0; i < kMT; ++i) {
+    for (int i = 0; i < MT; ++i) {
       uint32_t r[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -329,6 +332,212 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KA
     }
 }
 
+// ---- dec_ring_kernel: the MXFP4 kernel on fewer registers (DecVariant::Ring, moe_decode.h) ----
+// Why: dec_kernel<true> double-buffers the next chunk's 8 weight uint4s and 8 scales in registers, which holds
+// it at 128 registers at NT = 1 (with spills; ~200 at NT = 2): 2 blocks of 8 warps per SM, 4 warps per
+// scheduler, the schedulers idle 42% of the time on the E2M1 decode chains (docs/perf/cuda.md, session 17).
+// Here a warp owns kRingMT m16 tiles (half of dec_kernel's rows, half its accumulators and chunk registers),
+// and the weights of its next S chunks wait in a per-warp shared-memory ring filled by cp.async, moved into
+// registers when their chunk starts. Two configurations (DecVariant): Ring, S = 2 in 3 blocks per SM (80
+// registers, 64 KB of shared memory per block), and Ring4, S = 1 (dec_kernel's one chunk ahead) in 4 (64
+// registers, 48 KB; more spills at NT = 2). Slots are lane-contiguous 16-byte words (conflict-free copies and
+// reads), and each lane reads only what it copied itself, so the ring needs no warp barrier. Scales (one byte
+// each, under cp.async's 4-byte minimum) stay a one-chunk register double buffer.
+// First H200 A/B (standalone harness, K3 dims, L2 flushed, bf16x2): Ring 0.68-0.72x dec_kernel's time at n = 1
+// to 256 (n = 8: 953 vs 1332 us), Ring4 0.78-0.85x; bf16 activations 0.89-1.01x. The default since session 21.
+// Bitwise equal to dec_kernel<true>: every accumulator takes the same chunks in the same order through the
+// same mx_chunk, and the launch keeps dec_kernel's K split (cps) although it has twice the row blocks.
+constexpr int kRingMT = 2;                                    // m16 tiles per warp
+constexpr int kRingSlots = kWarps * 2 * kRingMT * 32;          // uint4s per stage: [warp][tile i, half h][lane]
+template <int S>
+constexpr int ring_smem_bytes() { return 16 * S * kRingSlots; }  // dynamic shared memory per block
+constexpr int kRingGuRowsPerBlock = kWarps * 8 * kRingMT;      // 8 warps x (kRingMT / 2) gate tiles of 16 rows
+constexpr int kRingDnRowsPerBlock = kWarps * 16 * kRingMT;
+static_assert(kRingMT % 2 == 0, "gate/up: half the tiles each");
+
+// 16 bytes global -> shared, asynchronously; ok false reads nothing and writes 16 zero bytes (dec_kernel's
+// zeros past the columns). The memory clobber keeps the compiler from moving shared loads across it.
+__device__ __forceinline__ void cp_async16(uint4* smem, const uint4* gmem, bool ok) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Stages chunks [seg0, seg1) of the MXFP4 block's activations (hi; lo when NS == 2) in sact, in the layout
+// mx_chunk reads: [chunk][unit word][token][tq] uint4s, zeros for padded tokens and columns. As dec_kernel's loop.
+template <int NT, int NS, int SEG4>
+__device__ __forceinline__ void stage_mx_acts(const KArgs& a, uint4 (&sact)[NS][SEG4], const int* src_row, int seg0,
+                                              int seg1) {
+  constexpr int U = 32, CH = 4 * U, WPU = U / 8, TOK = 8 * NT;
+  const int n4 = (seg1 - seg0) * WPU * TOK * 4;
+  for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
+    const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
+    const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
+    const int sr = src_row[j];
+    uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
+    if (sr >= 0 && col < a.cols) {
+      const int64_t off = static_cast<int64_t>(sr) * a.cols + col;
+      vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
+      if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
+    }
+    sact[0][idx] = vh;
+    if constexpr (NS == 2) sact[NS - 1][idx] = vl;
+  }
+}
+
+// One chunk, in one of two straight-line versions (no per-tile branches): scales up to 2^127, or any.
+template <int NT, int NS, int SEG4, int MT>
+__device__ __forceinline__ void mx_chunk_any(float (&acc)[MT][NT][4], const uint4 (&q)[MT][2], const uint32_t (&s)[MT][2],
+                                             const uint4 (&sact)[NS][SEG4], int lc, int g, int tq) {
+  bool big = false;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) big |= s[i][h] > 128u;
+  if (__any_sync(0xffffffffu, big))
+    mx_chunk<true>(acc, q, s, sact, lc, g, tq);
+  else
+    mx_chunk<false>(acc, q, s, sact, lc, g, tq);
+}
+
+// acc[i][t][2h + c] = (row r0[i] + g + 8h, token t*8 + 2tq + c) -> this split's partials (GLU2: the up tiles,
+// i >= MT / 2, after the gate rows). Rows past the matrix and padded tokens are not stored.
+template <int MT, int NT, bool GLU2>
+__device__ __forceinline__ void store_partials(const KArgs& a, const float (&acc)[MT][NT][4], const int (&r0)[MT],
+                                               int start, int cnt, int g, int tq) {
+  float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.split_stride;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0[i] + g + 8 * h;
+      if (row >= a.rows) continue;
+      const int orow = GLU2 && i >= MT / 2 ? a.rows + row : row;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = t * 8 + 2 * tq + c;
+          if (j < cnt) part[static_cast<int64_t>(start + j) * a.ldo + orow] = acc[i][t][2 * h + c];
+        }
+    }
+}
+
+// The per-warp weight ring of dec_ring_kernel: chunk c's 2 MT uint4s of this lane sit in stage c % S, one
+// cp.async group per chunk (empty past c_end, so wait_group counts chunks).
+template <int MT, bool GLU2, int S>
+struct WeightRing {
+  uint4* slot;            // this lane's slot 0 of stage 0; slot j of stage st at slot[st * kRingSlots + 32 j]
+  const uint4* w0;        // gate (GLU2) or down
+  const uint4* w1;        // up (GLU2)
+  const int (&off)[MT][2];
+  int c_end, cols, tq;
+
+  __device__ __forceinline__ void fetch(int c) const {
+    if (c < c_end) {
+      const bool ok = c * 128 + tq * 32 < cols;
+      uint4* st = slot + (c % S) * kRingSlots;
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4* src = (GLU2 && i >= MT / 2 ? w1 : w0) + off[i][h];
+          cp_async16(st + 32 * (2 * i + h), ok ? src + 4 * c : src, ok);
+        }
+    }
+    cp_async_commit();
+  }
+  // Chunk c's words into q once its copies landed (the S - 1 newer groups may still fly); then the stage
+  // takes chunk c + S: each lane overwrites only the slots it has just read.
+  __device__ __forceinline__ void take(int c, uint4 (&q)[MT][2]) const {
+    cp_async_wait<S - 1>();
+    const uint4* st = slot + (c % S) * kRingSlots;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) q[i][h] = st[32 * (2 * i + h)];
+    fetch(c + S);
+  }
+};
+
+// Same grid roles and outputs as dec_kernel<true, NT, NS, GLU2>, on kRingGuRowsPerBlock / kRingDnRowsPerBlock
+// rows per block; S ring stages (ring_smem_bytes<S>() of dynamic shared memory), MINB blocks per SM.
+template <int NT, int NS, bool GLU2, int S, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) dec_ring_kernel(const KArgs a) {
+  constexpr int MT = kRingMT, U = 32, CH = 4 * U, TOK = 8 * NT;
+  constexpr int SEGC = kSmemBytes / (CH * TOK * 2 * NS);  // as dec_kernel (the segments do not change sums)
+  static_assert(SEGC >= 1, "segment");
+  constexpr int SEG4 = SEGC * (U / 8) * TOK * 4;
+  __shared__ uint4 sact[NS][SEG4];
+  __shared__ int src_row[TOK];
+  extern __shared__ uint4 ring[];  // [S][kRingSlots]
+  const int tile = blockIdx.x;
+  if (tile >= *a.num_tiles) return;  // whole block: grid sized from an upper bound
+  const int4 td = a.tiles[tile];
+  const int e = td.x, start = td.y, cnt = td.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  const int c_begin = blockIdx.z * a.cps, c_end = min(a.nch, c_begin + a.cps);
+  if (threadIdx.x < TOK)
+    src_row[threadIdx.x] = static_cast<int>(threadIdx.x) < cnt
+                               ? (GLU2 ? a.sorted[start + threadIdx.x] / a.K : start + static_cast<int>(threadIdx.x))
+                               : -1;
+
+  // As dec_kernel: 16-byte-unit offsets of the lane's rows (clamped; never stored past the matrix), which
+  // also index the scales.
+  int r0[MT];
+  int off[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    r0[i] = GLU2 ? blockIdx.y * kRingGuRowsPerBlock + warp * (8 * MT) + (i % (MT / 2)) * 16
+                 : blockIdx.y * kRingDnRowsPerBlock + warp * (16 * MT) + i * 16;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) off[i][h] = (e * a.rows + min(r0[i] + g + 8 * h, a.rows - 1)) * (a.cols / 32) + tq;
+  }
+  const WeightRing<MT, GLU2, S> wr{ring + warp * (2 * MT * 32) + lane, static_cast<const uint4*>(a.w0),
+                                static_cast<const uint4*>(GLU2 ? a.w1 : a.w0), off, c_end, a.cols, tq};
+  auto load_scales = [&](int c, uint32_t (&s)[MT][2]) {
+    const bool ok = c * CH + tq * U < a.cols;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s[i][h] = ok ? __ldg((GLU2 && i >= MT / 2 ? a.s1 : a.s0) + off[i][h] + 4 * c) : 127u;
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][t][k] = 0.f;
+  uint32_t sn[MT][2] = {};
+#pragma unroll
+  for (int k = 0; k < S; ++k) wr.fetch(c_begin + k);
+  if (c_begin < c_end) load_scales(c_begin, sn);
+  for (int seg0 = c_begin; seg0 < c_end; seg0 += SEGC) {
+    const int seg1 = min(c_end, seg0 + SEGC);
+    __syncthreads();  // src_row ready; the previous segment's readers are done
+    stage_mx_acts<NT, NS>(a, sact, src_row, seg0, seg1);
+    __syncthreads();
+    for (int c = seg0; c < seg1; ++c) {
+      uint4 q[MT][2];
+      uint32_t s[MT][2];
+      wr.take(c, q);
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s[i][h] = sn[i][h];
+      if (c + 1 < c_end) load_scales(c + 1, sn);
+      mx_chunk_any(acc, q, s, sact, c - seg0, g, tq);
+    }
+  }
+  store_partials<MT, NT, GLU2>(a, acc, r0, start, cnt, g, tq);
+}
+
 // Per tile: hidden = glu(sum of gate splits, sum of up splits) -> bf16 hi/lo by slot (PERM for MXFP4 down).
 template <bool PERM>
 __global__ void __launch_bounds__(256)
@@ -443,10 +652,45 @@ int choose_splits(int est_tiles, int row_blocks, int nch, int64_t floats_per_spl
   return (nch + cps - 1) / cps;
 }
 
+// The ring kernel of one matrix (GLU2: gate/up) on its own row blocks, `splits` K splits as KArgs.cps says.
+template <int NT, int NS, bool GLU2, int S, int MINB>
+cudaError_t launch_ring(const KArgs& a, int tiles_bound, int splits, cudaStream_t stream) {
+  constexpr int rpb = GLU2 ? kRingGuRowsPerBlock : kRingDnRowsPerBlock;
+  constexpr int smem = ring_smem_bytes<S>();
+  // Past 48 KB of shared memory (static + the ring) needs the opt-in; the carveout preference asks for the
+  // shared memory of MINB blocks per SM (L1 serves only the scales and the activation staging). Once per
+  // process, as the other kernels here (the current device's attribute).
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(dec_ring_kernel<NT, NS, GLU2, S, MINB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(dec_ring_kernel<NT, NS, GLU2, S, MINB>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    return e;
+  }();
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(tiles_bound, (a.rows + rpb - 1) / rpb, splits);
+  dec_ring_kernel<NT, NS, GLU2, S, MINB><<<grid, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// One matrix (GLU2: gate and up) of the decode path: dec_kernel, or for MXFP4 the ring kernel `v` names.
+// splits / a.cps come from dec_kernel's geometry in every case, so all give the same bits.
+template <bool MX, int NT, int NS, bool GLU2>
+cudaError_t launch_matrix(const KArgs& a, int tiles_bound, int splits, DecVariant v, cudaStream_t stream) {
+  if constexpr (MX) {
+    if (v == DecVariant::Ring) return launch_ring<NT, NS, GLU2, 2, 3>(a, tiles_bound, splits, stream);
+    if (v == DecVariant::Ring4) return launch_ring<NT, NS, GLU2, 1, 4>(a, tiles_bound, splits, stream);
+  }
+  constexpr int rpb = GLU2 ? kGuRowsPerBlock : kDnRowsPerBlock;
+  dec_kernel<MX, NT, NS, GLU2><<<dim3(tiles_bound, (a.rows + rpb - 1) / rpb, splits), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <bool MX, int NT, int NS>
 cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const int32_t* sorted, const int32_t* slot_of,
                        const int4* tiles, const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act,
-                       float beta, float lbeta, float* out, const DecodeScratch& s, cudaStream_t stream) {
+                       float beta, float lbeta, float* out, DecVariant v, const DecodeScratch& s, cudaStream_t stream) {
   constexpr int CH = MX ? 128 : 32;
   const int P = n * K, I = w.I, X = w.X;
   const int est_tiles = std::min(P, w.E);
@@ -477,10 +721,10 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   a.ldo = 2 * I;
   a.split_stride = static_cast<int64_t>(P) * a.ldo;
   a.nch = (X + CH - 1) / CH;
+  // K splits from dec_kernel's row blocks whichever kernel runs: the split decides the sums' order.
   const int rb_gu = (I + kGuRowsPerBlock - 1) / kGuRowsPerBlock;
   const int sp_gu = choose_splits(est_tiles, rb_gu, a.nch, a.split_stride, s.part_floats, a.cps);
-  dec_kernel<MX, NT, NS, true><<<dim3(tiles_bound, rb_gu, sp_gu), kThreads, 0, stream>>>(a);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = launch_matrix<MX, NT, NS, true>(a, tiles_bound, sp_gu, v, stream);
   if (e != cudaSuccess) return e;
   glu_finish_kernel<MX><<<tiles_bound, 256, 0, stream>>>(s.part, a.split_stride, sp_gu, I, tiles, num_tiles, act, beta,
                                                         lbeta, hhi, hlo);
@@ -500,13 +744,33 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   a.nch = (I + CH - 1) / CH;
   const int rb_dn = (X + kDnRowsPerBlock - 1) / kDnRowsPerBlock;
   const int sp_dn = choose_splits(est_tiles, rb_dn, a.nch, a.split_stride, s.part_floats, a.cps);
-  dec_kernel<MX, NT, NS, false><<<dim3(tiles_bound, rb_dn, sp_dn), kThreads, 0, stream>>>(a);
-  e = cudaGetLastError();
+  e = launch_matrix<MX, NT, NS, false>(a, tiles_bound, sp_dn, v, stream);
   if (e != cudaSuccess) return e;
   return moe_combine(n, X, K, s.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
 }
 
 }  // namespace
+
+namespace {
+
+// The process's DecVariant: K3_MOE_DEC_VARIANT from the environment on first use, then moe_decode_set_variant.
+std::atomic<int>& variant_slot() {
+  static std::atomic<int> v{[] {
+    const char* s = std::getenv("K3_MOE_DEC_VARIANT");
+    const DecVariant v = !s                           ? DecVariant::Ring
+                         : std::strcmp(s, "reg") == 0   ? DecVariant::Reg
+                         : std::strcmp(s, "ring4") == 0 ? DecVariant::Ring4
+                                                        : DecVariant::Ring;
+    return static_cast<int>(v);
+  }()};
+  return v;
+}
+
+}  // namespace
+
+DecVariant moe_decode_variant() { return static_cast<DecVariant>(variant_slot().load(std::memory_order_relaxed)); }
+
+void moe_decode_set_variant(DecVariant v) { variant_slot().store(static_cast<int>(v), std::memory_order_relaxed); }
 
 size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens) {
   const int64_t P = static_cast<int64_t>(max_tokens) * K;
@@ -523,8 +787,10 @@ cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int t
                                const float* topk_w, GluAct act, float beta, float lbeta, bool split, float* out,
                                const DecodeScratch& s, cudaStream_t stream) {
   if (n > s.max_tokens || static_cast<int64_t>(n) * K > s.max_pairs) return cudaErrorInvalidValue;
-#define K3_DEC(MX, NT, NS) \
-  launch_dec<MX, NT, NS>(w, n, K, x, sorted, slot_of, tiles, num_tiles, tiles_bound, topk_w, act, beta, lbeta, out, s, stream)
+  const DecVariant v = moe_decode_variant();
+#define K3_DEC(MX, NT, NS)                                                                                           \
+  launch_dec<MX, NT, NS>(w, n, K, x, sorted, slot_of, tiles, num_tiles, tiles_bound, topk_w, act, beta, lbeta, out, \
+                         v, s, stream)
   if (mx) {
     if (tok <= 8) return split ? K3_DEC(true, 1, 2) : K3_DEC(true, 1, 1);
     return split ? K3_DEC(true, 2, 2) : K3_DEC(true, 2, 1);

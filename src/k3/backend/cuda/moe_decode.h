@@ -23,6 +23,16 @@ struct DecodeScratch {
 // Bytes DecodeScratch needs for a workspace of max_tokens tokens (0 when the decode path is off).
 size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens);
 
+// Which MXFP4 kernel moe_decode_experts runs (bf16 experts always take the register one); all give the same
+// bits. Reg: dec_kernel, the next chunk's weights double-buffered in registers (128 registers at 8 pairs per
+// tile: 2 blocks per SM). Ring / Ring4: dec_ring_kernel, half the rows per warp and the next chunks' weights in
+// a shared-memory cp.async ring: 2 chunks ahead in 3 blocks per SM, or 1 ahead in 4. The default comes from
+// K3_MOE_DEC_VARIANT=reg|ring|ring4 in the environment, read once (Ring when unset or unknown).
+enum class DecVariant : int { Reg = 0, Ring = 1, Ring4 = 2 };
+DecVariant moe_decode_variant();
+// Overrides the environment for the whole process from the next launch on (tests, A/B timing in one binary).
+void moe_decode_set_variant(DecVariant v);
+
 // Runs the experts of n tokens after plan_kernel cut tiles of `tok` (8 or 16) pairs. out [n][X] overwritten.
 // mx: w holds MXFP4 experts (else bf16), as moe_experts decided from w.format.
 cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int tok, const float* x, const int32_t* sorted,

@@ -526,9 +526,11 @@ MoePath moe_experts_auto_path(int n, int K, int E, WeightFormat format) {
   // quarter pair per expert (Kimi-Linear: batch 8 and up).
   if (format == WeightFormat::BF16 && moe_skinny_enabled())
     return P * 4 >= static_cast<int64_t>(E) ? MoePath::TcDecode : MoePath::Simt;
-  // Session 4 (CudaMoe.Timing): K3 MXFP4 n = 1 (P = E/56) SIMT 211 vs decode 281 us, n = 8 (P = E/7) 1354 vs
-  // 1200; Kimi-Linear bf16 n = 64 (P = 2 E) SIMT 982 vs decode 1173, n = 256 (8 E) decode 1562 vs 1803 (64-pair tiles).
-  if (format == WeightFormat::MXFP4 ? P * 16 >= E : P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
+  // MXFP4: the decode kernel at every decode size since session 21's ring variant (CudaMoe.Timing, K3 QAT scales,
+  // docs/perf/cuda/s21-2-moe-timing.log): n = 1 185.5 us vs SIMT 211.9, n = 2 305.4 vs 379.5 (session 4, the
+  // register kernel on wide scales: n = 1 281 vs 211, hence the old P * 16 >= E threshold). bf16: Kimi-Linear
+  // n = 64 (P = 2 E) SIMT 982 vs decode 1173, n = 256 (8 E) decode 1562 vs 1803 (64-pair tiles).
+  if (format == WeightFormat::MXFP4 || P > 2 * static_cast<int64_t>(E)) return MoePath::TcDecode;
   return MoePath::Simt;
 }
 

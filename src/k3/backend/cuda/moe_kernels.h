@@ -41,8 +41,8 @@ enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gem
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV
 // path while n * K * 8 <= E (K3_MOE_GEMV=0 in the environment turns that off); the 64-pair tensor-core tiles above 8
-// (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels from 1/16 pair per expert
-// (MXFP4) or, for bf16, from 1/4 pair per expert on the skinny kernels (moe_skinny.cu, session 8; moe_experts
+// (token, expert) pairs per expert (n * K > 8 E); the decode tensor-core kernels at every smaller batch for
+// MXFP4 (session 21: the ring kernel beats SIMT from n = 1) or, for bf16, from 1/4 pair per expert on the skinny kernels (moe_skinny.cu, session 8; moe_experts
 // keeps the session-4 bf16 threshold, above 2 pairs per expert, for I or X not multiples of 32, and
 // K3_MOE_SKINNY=0 restores it everywhere); the SIMT tiles below. K3_MOE_DECODE=simt in the environment
 // restores the session-3 rule (SIMT below 4 pairs per expert, else the 64-pair tiles) for comparisons.
