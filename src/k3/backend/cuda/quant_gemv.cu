@@ -45,41 +45,58 @@ namespace {
 
 constexpr int kWarps = 8;
 
-template <WeightFormat F, int NT>
+// v1's kernel with R rows per warp (v1: R = 1; QuantGemvKernel::V1Rows: R = kV1Rows, instantiated at 8 tokens
+// only): warp w takes rows R (blockIdx.x kWarps + w) .. + R - 1, and each lane's 8 activations of a token, loaded
+// once, serve all R rows. At n = 8 v1 spends its L1 bandwidth on activations (16 float4 loads per 8 weights per
+// lane; the Kimi-Linear head at 0.25 TB/s, session 19); R = 4 cuts them 4-fold. Each row's fmas and shuffles are
+// v1's in v1's order: the same bits.
+template <WeightFormat F, int NT, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_gemv_v1_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
                       float* __restrict__ y, IqTables T) {
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;  // then so is every c = 8 gi of every token (cols % 32 == 0)
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const uint8_t* wr = W + row * (cols / E) * B;
-  float acc[NT];
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (row0 >= rows) return;
+  const uint8_t* wr[R];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  for (int r = 0; r < R; ++r) wr[r] = W + (row0 + r < rows ? row0 + r : rows - 1) * (cols / E) * B;  // past the end: read, not written
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
   const int64_t groups = cols / 8;
   for (int64_t gi = lane; gi < groups; gi += 32) {
-    float w[8];
-    qdev::decode8<F>(wr + (gi / kGroups) * B, static_cast<int>(gi % kGroups), T, w);
+    float w[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r) qdev::decode8<F>(wr[r] + (gi / kGroups) * B, static_cast<int>(gi % kGroups), T, w[r]);
     const int64_t c = gi * 8;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       float v[8];
       qdev::load_x8(x + t * cols + c, x_aligned, v);
-      float s = acc[t];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s = fmaf(w[j], v[j], s);
-      acc[t] = s;
+      for (int r = 0; r < R; ++r) {
+        float s = acc[r][t];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s = fmaf(w[r][j], v[j], s);
+        acc[r][t] = s;
+      }
     }
   }
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    float v = acc[t];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * rows + row] = v;
-  }
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v = acc[r][t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && row0 + r < rows) y[t * rows + row0 + r] = v;
+    }
 }
+constexpr int kV1Rows = 4;
+constexpr int64_t kTallRows = 65536;  // V1Rows' rule: rows enough for 4x fewer warps to fill the GPU
 
 
 constexpr int kGroupRows = 4;  // v2: rows per block (= row groups per warp)
@@ -181,10 +198,10 @@ constexpr int64_t kNarrowCols = 4096;
 // docs/perf/cuda.md "Session 14"): v2 where it won -- Q6_K and Q5_K up to 4 tokens (n = 1: 25 vs 45 us,
 // 26 vs 38 us), Q4_K at one token (23 vs 33 us) -- and v1 elsewhere (Q8_0 42 vs 37 us and IQ4_XS 37 vs 33 us
 // at n = 1; at n = 8 v1 wins for every format); rows up to kNarrowCols wide: v3 at one token, v1 above.
-// K3_QUANT_GEMV (A/B timing, every format with a part decoder): v1 = v1 for everything; <N> (0..8) = v2 for
-// n <= N; v3 or v3:N = v3 for n <= 8 (N); v1 above.
+// K3_QUANT_GEMV (A/B timing, every format with a part decoder): v1 = v1 (one row per warp) for everything; <N>
+// (0..8) = v2 for n <= N; v3 or v3:N = v3 for n <= 8 (N); v1 above (4 rows per warp as the rule says).
 struct GemvOverride {
-  bool set = false;
+  bool set = false, v1_only = false;  // v1_only: K3_QUANT_GEMV=v1, one row per warp (the session-19 kernel)
   int v2_max = 0, v3_max = 0;
 };
 const GemvOverride& gemv_override() {
@@ -195,7 +212,9 @@ const GemvOverride& gemv_override() {
     r.set = true;
     if (std::strncmp(e, "v3", 2) == 0)
       r.v3_max = e[2] == ':' ? std::atoi(e + 3) : 8;
-    else if (std::strcmp(e, "v1") != 0)
+    else if (std::strcmp(e, "v1") == 0)
+      r.v1_only = true;
+    else
       r.v2_max = std::clamp(std::atoi(e), 0, 8);
     return r;
   }();
@@ -224,13 +243,18 @@ bool parts_ok(const WeightMatrix& W, const float* x) {
 // The kernel for n tokens: a forced one where it can run, else K3_QUANT_GEMV's, else the rule.
 template <WeightFormat F>
 QuantGemvKernel pick(const WeightMatrix& W, const float* x, int n, QuantGemvKernel forced) {
-  const bool parts = parts_ok<F>(W, x);
-  if (forced == QuantGemvKernel::V1 || !parts) return QuantGemvKernel::V1;
+  if (forced == QuantGemvKernel::V1 || forced == QuantGemvKernel::V1Rows) return forced;
+  // v1 where the rule (or a kernel that cannot run) leaves it; 4 rows per warp for 8 tokens of a tall matrix
+  // (session 21, GemvTimingAtK3Width: the Kimi-Linear head 163840 x 2304 Q6_K at n = 8 882 vs 1225 us; at n = 2 / 4
+  // it lost (682 / 723 vs 400 / 649), and on 4096 rows at every n: 4x fewer warps, 80-198 registers instead of 31-72)
+  const QuantGemvKernel v1 = n == 8 && W.rows >= kTallRows && !gemv_override().v1_only ? QuantGemvKernel::V1Rows
+                                                                                      : QuantGemvKernel::V1;
+  if (!parts_ok<F>(W, x)) return v1;
   if (forced != QuantGemvKernel::Auto) return forced;
   if (const GemvOverride& o = gemv_override(); o.set)
-    return n <= o.v3_max ? QuantGemvKernel::V3 : n <= o.v2_max ? QuantGemvKernel::V2 : QuantGemvKernel::V1;
-  if (W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : QuantGemvKernel::V1;
-  return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : QuantGemvKernel::V1;
+    return n <= o.v3_max ? QuantGemvKernel::V3 : n <= o.v2_max ? QuantGemvKernel::V2 : v1;
+  if (W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : v1;
+  return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : v1;
 }
 
 template <WeightFormat F, int NT>
@@ -249,8 +273,15 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
       return cudaGetLastError();
     }
   }
+  if constexpr (NT == 8) {  // the only size it won at (session 21), so the only one instantiated
+    if (k == QuantGemvKernel::V1Rows) {
+      const unsigned grid = static_cast<unsigned>((W.rows + kWarps * kV1Rows - 1) / (kWarps * kV1Rows));
+      quant_gemv_v1_kernel<F, NT, kV1Rows><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
+      return cudaGetLastError();
+    }
+  }
   const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
-  quant_gemv_v1_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
+  quant_gemv_v1_kernel<F, NT, 1><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
   return cudaGetLastError();
 }
 
