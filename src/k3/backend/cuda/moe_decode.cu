@@ -186,6 +186,67 @@ __device__ __forceinline__ void mx_chunk(float (&acc)[MT][NT][4], const uint4 (&
   }
 }
 
+// Stages chunks [seg0, seg1) of the block's activations (hi; lo when NS == 2) in sact, in the layout the chunk
+// code reads: [chunk][unit word][token][tq] uint4s, zeros for padded tokens and columns. U: columns per lane unit
+// (32 for MXFP4, 8 for bf16 weights).
+template <int U, int NT, int NS, int SEG4>
+__device__ __forceinline__ void stage_acts(const KArgs& a, uint4 (&sact)[NS][SEG4], const int* src_row, int seg0,
+                                           int seg1) {
+  constexpr int CH = 4 * U, WPU = U / 8, TOK = 8 * NT;
+  const int n4 = (seg1 - seg0) * WPU * TOK * 4;
+  for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
+    const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
+    const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
+    const int sr = src_row[j];
+    uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
+    if (sr >= 0 && col < a.cols) {
+      const int64_t off = static_cast<int64_t>(sr) * a.cols + col;
+      vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
+      if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
+    }
+    sact[0][idx] = vh;
+    if constexpr (NS == 2) sact[NS - 1][idx] = vl;
+  }
+}
+
+// One chunk, in one of two straight-line versions (no per-tile branches): scales up to 2^127, or any.
+template <int NT, int NS, int SEG4, int MT>
+__device__ __forceinline__ void mx_chunk_any(float (&acc)[MT][NT][4], const uint4 (&q)[MT][2], const uint32_t (&s)[MT][2],
+                                             const uint4 (&sact)[NS][SEG4], int lc, int g, int tq) {
+  bool big = false;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) big |= s[i][h] > 128u;
+  if (__any_sync(0xffffffffu, big))
+    mx_chunk<true>(acc, q, s, sact, lc, g, tq);
+  else
+    mx_chunk<false>(acc, q, s, sact, lc, g, tq);
+}
+
+// acc[i][t][2h + c] = (row r0[i] + g + 8h, token t*8 + 2tq + c) -> this split's partials (GLU2: the up tiles,
+// i >= MT / 2, after the gate rows). Rows past the matrix and padded tokens are not stored.
+template <int MT, int NT, bool GLU2>
+__device__ __forceinline__ void store_partials(const KArgs& a, const float (&acc)[MT][NT][4], const int (&r0)[MT],
+                                               int start, int cnt, int g, int tq) {
+  float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.split_stride;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0[i] + g + 8 * h;
+      if (row >= a.rows) continue;
+      const int orow = GLU2 && i >= MT / 2 ? a.rows + row : row;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int j = t * 8 + 2 * tq + c;
+          if (j < cnt) part[static_cast<int64_t>(start + j) * a.ldo + orow] = acc[i][t][2 * h + c];
+        }
+    }
+}
+
 // GLU2: gate and up rows (out = part of gate at [0, rows), of up at [rows, 2 rows)); else one matrix.
 template <bool MX, int NT, int NS, bool GLU2>
 __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KArgs a) {
@@ -252,20 +313,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KA
   for (int seg0 = c_begin; seg0 < c_end; seg0 += SEGC) {
     const int seg1 = min(c_end, seg0 + SEGC);
     __syncthreads();  // src_row ready; the previous segment's readers are done
-    const int n4 = (seg1 - seg0) * WPU * TOK * 4;
-    for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
-      const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
-      const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
-      const int sr = src_row[j];
-      uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
-      if (sr >= 0 && col < cols) {
-        const int64_t off = static_cast<int64_t>(sr) * cols + col;
-        vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
-        if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
-      }
-      sact[0][idx] = vh;
-      if constexpr (NS == 2) sact[NS - 1][idx] = vl;
-    }
+    stage_acts<U, NT, NS>(a, sact, src_row, seg0, seg1);
     __syncthreads();
     for (int c = seg0; c < seg1; ++c) {
       uint4 q[kMT][2];
@@ -280,16 +328,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KA
       if (c + 1 < c_end) load(c + 1, qn, sn);
       const int lc = c - seg0;
       if constexpr (MX) {
-        bool big = false;
-#pragma unroll
-        for (int i = 0; i < kMT; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) big |= s[i][h] > 128u;
-        // Two straight-line versions of the chunk (no per-tile branches): scales up to 2^127, or any.
-        if (__any_sync(0xffffffffu, big))
-          mx_chunk<true>(acc, q, s, sact, lc, g, tq);
-        else
-          mx_chunk<false>(acc, q, s, sact, lc, g, tq);
+        mx_chunk_any(acc, q, s, sact, lc, g, tq);
       } else {
         uint4 bh[NT], bl[NT];
 #pragma unroll
@@ -313,23 +352,7 @@ __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KA
     }
   }
 
-  // acc[i][t][2h + c] = (row r0[i] + g + 8h, token t*8 + 2tq + c).
-  float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.split_stride;
-#pragma unroll
-  for (int i = 0; i < kMT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0[i] + g + 8 * h;
-      if (row >= rows) continue;
-      const int orow = GLU2 && i >= kMT / 2 ? rows + row : row;
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int j = t * 8 + 2 * tq + c;
-          if (j < cnt) part[static_cast<int64_t>(start + j) * a.ldo + orow] = acc[i][t][2 * h + c];
-        }
-    }
+  store_partials<kMT, NT, GLU2>(a, acc, r0, start, cnt, g, tq);
 }
 
 // ---- dec_ring_kernel: the MXFP4 kernel on fewer registers (DecVariant::Ring, moe_decode.h) ----
@@ -365,66 +388,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Stages chunks [seg0, seg1) of the MXFP4 block's activations (hi; lo when NS == 2) in sact, in the layout
-// mx_chunk reads: [chunk][unit word][token][tq] uint4s, zeros for padded tokens and columns. As dec_kernel's loop.
-template <int NT, int NS, int SEG4>
-__device__ __forceinline__ void stage_mx_acts(const KArgs& a, uint4 (&sact)[NS][SEG4], const int* src_row, int seg0,
-                                              int seg1) {
-  constexpr int U = 32, CH = 4 * U, WPU = U / 8, TOK = 8 * NT;
-  const int n4 = (seg1 - seg0) * WPU * TOK * 4;
-  for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
-    const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
-    const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
-    const int sr = src_row[j];
-    uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
-    if (sr >= 0 && col < a.cols) {
-      const int64_t off = static_cast<int64_t>(sr) * a.cols + col;
-      vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
-      if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
-    }
-    sact[0][idx] = vh;
-    if constexpr (NS == 2) sact[NS - 1][idx] = vl;
-  }
-}
-
-// One chunk, in one of two straight-line versions (no per-tile branches): scales up to 2^127, or any.
-template <int NT, int NS, int SEG4, int MT>
-__device__ __forceinline__ void mx_chunk_any(float (&acc)[MT][NT][4], const uint4 (&q)[MT][2], const uint32_t (&s)[MT][2],
-                                             const uint4 (&sact)[NS][SEG4], int lc, int g, int tq) {
-  bool big = false;
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) big |= s[i][h] > 128u;
-  if (__any_sync(0xffffffffu, big))
-    mx_chunk<true>(acc, q, s, sact, lc, g, tq);
-  else
-    mx_chunk<false>(acc, q, s, sact, lc, g, tq);
-}
-
-// acc[i][t][2h + c] = (row r0[i] + g + 8h, token t*8 + 2tq + c) -> this split's partials (GLU2: the up tiles,
-// i >= MT / 2, after the gate rows). Rows past the matrix and padded tokens are not stored.
-template <int MT, int NT, bool GLU2>
-__device__ __forceinline__ void store_partials(const KArgs& a, const float (&acc)[MT][NT][4], const int (&r0)[MT],
-                                               int start, int cnt, int g, int tq) {
-  float* part = a.part + static_cast<int64_t>(blockIdx.z) * a.split_stride;
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0[i] + g + 8 * h;
-      if (row >= a.rows) continue;
-      const int orow = GLU2 && i >= MT / 2 ? a.rows + row : row;
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int j = t * 8 + 2 * tq + c;
-          if (j < cnt) part[static_cast<int64_t>(start + j) * a.ldo + orow] = acc[i][t][2 * h + c];
-        }
-    }
 }
 
 // The per-warp weight ring of dec_ring_kernel: chunk c's 2 MT uint4s of this lane sit in stage c % S, one
@@ -521,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, MINB) dec_ring_kernel(const KArgs a)
   for (int seg0 = c_begin; seg0 < c_end; seg0 += SEGC) {
     const int seg1 = min(c_end, seg0 + SEGC);
     __syncthreads();  // src_row ready; the previous segment's readers are done
-    stage_mx_acts<NT, NS>(a, sact, src_row, seg0, seg1);
+    stage_acts<32, NT, NS>(a, sact, src_row, seg0, seg1);
     __syncthreads();
     for (int c = seg0; c < seg1; ++c) {
       uint4 q[MT][2];
