@@ -189,7 +189,8 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
             }
           }
           // v1 with 4 rows per warp keeps v1's bits (each row's fmas and shuffles in v1's order); rows % 4 != 0
-          // here (37, 133, 6): the last warp's rows past the end are read, never written.
+          // here (37, 133, 6): the last warp's rows past the end are read, never written. Only n = 8 runs the 4-row
+          // kernel (the only instantiation); other n fall back to v1, so those comparisons are trivially equal.
           if (n <= 8) {
             std::vector<float> one[2];
             for (int v = 0; v < 2; ++v) {

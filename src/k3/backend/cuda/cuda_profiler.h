@@ -54,15 +54,16 @@ class Profiler {
   }
   void print() const {
     if (!on_ || totals_.empty()) return;
-    for (auto& [k, v] : host_totals_)
-      std::fprintf(stderr, "  host: %-18s %10.3f ms  %8lld calls  %8.1f us/call\n", k.c_str(), v.first,
-                   static_cast<long long>(v.second), 1e3 * v.first / static_cast<double>(std::max<int64_t>(v.second, 1)));
     double all = 0;
     for (auto& [k, v] : totals_) all += v.first;
     std::fprintf(stderr, "k3 cuda profile (eager path; GPU time per region):\n");
     for (auto& [k, v] : totals_)
       std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  %8lld calls\n", k.c_str(), v.first, 100.0 * v.first / all,
                    static_cast<long long>(v.second));
+    if (!host_totals_.empty()) std::fprintf(stderr, "k3 cuda profile (host wall time per region):\n");
+    for (auto& [k, v] : host_totals_)
+      std::fprintf(stderr, "  host: %-18s %10.3f ms  %8lld calls  %8.1f us/call\n", k.c_str(), v.first,
+                   static_cast<long long>(v.second), 1e3 * v.first / static_cast<double>(std::max<int64_t>(v.second, 1)));
   }
 
  private:
