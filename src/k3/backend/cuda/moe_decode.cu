@@ -392,25 +392,26 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // The per-warp weight ring of dec_ring_kernel: chunk c's 2 MT uint4s of this lane sit in stage c % S, one
 // cp.async group per chunk (empty past c_end, so wait_group counts chunks).
+// Addresses: the lane's unsigned 32-bit uint4 offsets plus 4 c, added to the kernel-parameter base (one
+// IMAD.WIDE.U32 each). With signed offsets and a per-chunk column test the compiler rebuilt every 64-bit address
+// with sign extension each chunk: ~130 instructions of a ~500-instruction chunk (ncu, session 23).
 template <int MT, bool GLU2, int S>
 struct WeightRing {
   uint4* slot;            // this lane's slot 0 of stage 0; slot j of stage st at slot[st * kRingSlots + 32 j]
   const uint4* w0;        // gate (GLU2) or down
   const uint4* w1;        // up (GLU2)
-  const int (&off)[MT][2];
-  int c_end, cols, tq;
+  const uint32_t (&off)[MT][2];
+  int c_end, c_ok;        // c_ok: chunks below it hold this lane's columns (c * 128 + tq * 32 < cols)
 
   __device__ __forceinline__ void fetch(int c) const {
     if (c < c_end) {
-      const bool ok = c * 128 + tq * 32 < cols;
+      const bool ok = c < c_ok;
+      const uint32_t dc = ok ? 4u * static_cast<uint32_t>(c) : 0u;
       uint4* st = slot + (c % S) * kRingSlots;
 #pragma unroll
       for (int i = 0; i < MT; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4* src = (GLU2 && i >= MT / 2 ? w1 : w0) + off[i][h];
-          cp_async16(st + 32 * (2 * i + h), ok ? src + 4 * c : src, ok);
-        }
+        for (int h = 0; h < 2; ++h) cp_async16(st + 32 * (2 * i + h), (GLU2 && i >= MT / 2 ? w1 : w0) + (off[i][h] + dc), ok);
     }
     cp_async_commit();
   }
@@ -452,22 +453,35 @@ __global__ void __launch_bounds__(kThreads, MINB) dec_ring_kernel(const KArgs a)
   // As dec_kernel: 16-byte-unit offsets of the lane's rows (clamped; never stored past the matrix), which
   // also index the scales.
   int r0[MT];
-  int off[MT][2];
+  uint32_t off[MT][2];
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
     r0[i] = GLU2 ? blockIdx.y * kRingGuRowsPerBlock + warp * (8 * MT) + (i % (MT / 2)) * 16
                  : blockIdx.y * kRingDnRowsPerBlock + warp * (16 * MT) + i * 16;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) off[i][h] = (e * a.rows + min(r0[i] + g + 8 * h, a.rows - 1)) * (a.cols / 32) + tq;
+    for (int h = 0; h < 2; ++h)
+      off[i][h] = static_cast<uint32_t>(e * a.rows + min(r0[i] + g + 8 * h, a.rows - 1)) * static_cast<uint32_t>(a.cols / 32) + tq;
   }
+  const int c_ok = max(0, (a.cols - tq * U + CH - 1) / CH);  // c < c_ok  <=>  c * CH + tq * U < cols
   const WeightRing<MT, GLU2, S> wr{ring + warp * (2 * MT * 32) + lane, static_cast<const uint4*>(a.w0),
-                                static_cast<const uint4*>(GLU2 ? a.w1 : a.w0), off, c_end, a.cols, tq};
+                                static_cast<const uint4*>(GLU2 ? a.w1 : a.w0), off, c_end, c_ok};
+  // The scales' offsets as opaque values: under the 80-register bound the allocator otherwise rebuilt them from
+  // the row arithmetic (min, multiplies, 64-bit adds) every chunk, ~45 instructions of a ~500-instruction chunk.
+  uint32_t so[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      so[i][h] = off[i][h];
+      asm("" : "+r"(so[i][h]));
+    }
   auto load_scales = [&](int c, uint32_t (&s)[MT][2]) {
-    const bool ok = c * CH + tq * U < a.cols;
+    const bool ok = c < c_ok;
+    const uint32_t dc = 4u * static_cast<uint32_t>(c);
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) s[i][h] = ok ? __ldg((GLU2 && i >= MT / 2 ? a.s1 : a.s0) + off[i][h] + 4 * c) : 127u;
+      for (int h = 0; h < 2; ++h) s[i][h] = ok ? __ldg((GLU2 && i >= MT / 2 ? a.s1 : a.s0) + (so[i][h] + dc)) : 127u;
   };
 
   float acc[MT][NT][4];
