@@ -33,7 +33,8 @@ LIB.k3_kda_old_ws.argtypes = [ctypes.c_int] * 5
 LIB.k3_kda_tc_ws.argtypes = [ctypes.c_int] * 5
 LIB.k3_kda_old.argtypes = [vp] + [ctypes.c_int] * 5 + [vp] * 7 + [ctypes.c_size_t]
 LIB.k3_kda_recurrent.argtypes = [vp, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [vp] * 6
-LIB.k3_kda_tc.argtypes = [vp] + [ctypes.c_int] * 6 + [vp] * 7 + [ctypes.c_int, ctypes.c_int, vp, ctypes.c_size_t]
+LIB.k3_kda_tc.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
+                          [ctypes.c_int] * 3 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, ws, wsb
 
 
 def ptr(t):
@@ -76,7 +77,8 @@ def seq_table(S, ns, T):
 def profile(variants, shape):
     from torch.profiler import ProfilerActivity, profile as tprof
     for name, fn in variants:
-        if not any(x in name for x in ("tc32 bv32 buf1 bf16", "tc32 bv32 buf2 bf16", "tc64 bv64 buf1 bf16", "safe_gate", "chunked32")):
+        if not any(x in name for x in ("tc32 bv32 buf1 bf16", "tc32 bv64 buf1 bf16", "tc32 bv32 buf3 bf16",
+                                       "tc32 bv128 buf1 bf16", "tc32 bv128 buf3 bf16", "safe_gate")):
             continue
         call = fn[0] if isinstance(fn, tuple) else fn
         for _ in range(3):
@@ -120,22 +122,29 @@ def main():
             return lambda: ck(LIB.k3_kda_old(ptr(seqs), ns, N, H, D, chunk, ptr(q), ptr(k), ptr(v), ptr(gate),
                                              ptr(beta), ptr(o), ptr(ws), wsb), "old")
 
-        def k3_tc(chunk, bv, bf16_in, cs=None, nbuf=0):
+        def k3_tc(chunk, bv, bf16_in, cs=None, nbuf=0, intra=0):
             wsb = LIB.k3_kda_tc_ws(N, ns, H, D, chunk)
             ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
             ins = (qb, kb, vb, gb) if bf16_in else (q, k, v, gate)
             return lambda: ck(LIB.k3_kda_tc(ptr(seqs), ns, N, H, D, chunk, int(bf16_in), *(ptr(x) for x in ins),
-                                            ptr(beta), ptr(o), ptr(cs), bv, nbuf, ptr(ws), wsb), "tc")
+                                            ptr(beta), ptr(o), ptr(cs), bv, nbuf, intra, ptr(ws), wsb), "tc")
 
         variants = [(f"k3 fp32 chunked{c}", k3_old(c)) for c in (32, 64)]
+        # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM (chunk 32 only; chunk 64 always runs v1)
         for bf in (True, False):
             for c in (32, 64):
-                for bv in (32, 64):
-                    for nb in (1, 2):
-                        variants.append((f"k3 tc{c} bv{bv} buf{nb} {'bf16' if bf else 'fp32'}-in", k3_tc(c, bv, bf, None, nb)))
-        n_chunks = ns * ((T + 63) // 64)
+                for iv in ((2, 3, 1) if c == 32 else (1,)):
+                    for bv in (32, 64, 128):
+                        for nb in (1, 2, 3):
+                            if (nb > 1 or bv == 128) and not (c == 32 and iv == 2):
+                                continue  # two buffers were slower everywhere (run kda-tc-2); new knobs at tc32 only
+                            if iv == 3 and bv != 32:
+                                continue  # the 4-blocks-per-SM intra build: one A/B row (bv32 buf1)
+                            variants.append((f"k3 tc{c} bv{bv} buf{nb} {'bf16' if bf else 'fp32'}-in intra{iv}",
+                                             k3_tc(c, bv, bf, None, nb, iv)))
+        n_chunks = ns * ((T + 31) // 32)
         cs = torch.empty(n_chunks, H, D, D, device="cuda")
-        variants.append(("k3 tc64 auto bf16-in +chunk states", k3_tc(64, 0, True, cs)))
+        variants.append(("k3 tc32 auto bf16-in intra2 +chunk states", k3_tc(32, 0, True, cs, 0, 2)))
         if chunk_kda is not None:
             cu = torch.arange(0, N + 1, T, device="cuda", dtype=torch.long)
             fq, fk, fv, fb = (x.unsqueeze(0) for x in (qb, kb, vb, beta.bfloat16()))

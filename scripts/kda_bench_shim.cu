@@ -24,12 +24,13 @@ int k3_kda_recurrent(const void* seqs, int n_seqs, int H, int D, const float* q,
 size_t k3_kda_tc_ws(int N, int n_seqs, int H, int D, int chunk) {
   return k3::cuda::kda_chunked_tc_workspace_bytes(N, n_seqs, H, D, chunk);
 }
-// bf16_in: q, k, v, g are bf16 (else fp32)
+// bf16_in: q, k, v, g are bf16 (else fp32). intra: the intra-chunk kernel (KdaTcTuning::intra: 0 default,
+// 1 = v1, 2 = v2).
 int k3_kda_tc(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int bf16_in, const void* q,
               const void* k, const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
-              int nbuf, void* ws, size_t wsb) {
+              int nbuf, int intra, void* ws, size_t wsb) {
   return k3::cuda::kda_chunked_tc(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk,
                                   bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
-                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf}, ws, wsb, nullptr);
+                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf, intra}, ws, wsb, nullptr);
 }
 }

@@ -125,6 +125,7 @@ struct TcRun {
   int chunk = 64, value_tile = 0, buffers = 0;
   KdaInType in = KdaInType::F32;
   bool want_chunk_states = false;
+  int intra = 0;  // KdaTcTuning::intra (0: the default)
 };
 
 // One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
@@ -146,13 +147,13 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   if (r.in == KdaInType::BF16) {
     Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   }
@@ -170,9 +171,10 @@ TEST(CudaKdaTc, MatchesCpuRecurrence) {
     Vec ro, rS;
     cpu_ref(p, ro, rS, 0, nullptr);
     for (int chunk : {32, 64})
-      for (int bv : {32, 64})
-        for (int nb : {1, 2})
+      for (int bv : {32, 64, 128})
+        for (int nb : {1, 2, 3})
           for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+            if ((nb == 3 || bv == 128) && chunk != 32) continue;  // three buffers, value tile 128: chunk 32 only
             Vec go, gS;
             gpu_tc(p, TcRun{chunk, bv, nb, in, false}, go, gS, nullptr);
             const double eo = rel_err(go, ro), es = rel_err(gS, rS);
@@ -184,26 +186,69 @@ TEST(CudaKdaTc, MatchesCpuRecurrence) {
   }
 }
 
+// Both intra-chunk kernels at chunk 32 (v1: serial cumsum and substitution; v2: shuffle scan, blocked inverse,
+// also in its 4-blocks-per-SM build; chunk 64 always runs v1): each against the fp32 recurrence, and v2 against
+// v1. They differ only in fp32
+// rounding order (G, the inverse), so they agree far closer than either does with the fp32 reference (both
+// round the same bf16 inputs); 5e-3 still catches any indexing slip (errors of order 1).
+TEST(CudaKdaTc, IntraVariantsMatchRecurrenceAndEachOther) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int>> batches = {
+      {1}, {16, 17, 15}, {31, 32, 33}, {1000}, {257, 0, 64, 65, 1, 129, 511}};
+  uint32_t seed = 1700;
+  for (const auto& lens : batches) {
+    const Problem p = make_problem(lens.size() > 3 ? 2 : 3, lens, ++seed);
+    Vec ro, rS, rC;
+    cpu_ref(p, ro, rS, 32, &rC);
+    for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+      Vec o1, S1, C1;
+      gpu_tc(p, TcRun{32, 0, 0, in, true, 1}, o1, S1, &C1);
+      const double e1 = rel_err(o1, ro), s1 = rel_err(S1, rS);
+      const std::string what = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " lens " + lens_str(lens);
+      EXPECT_LT(e1, kTol) << what;
+      EXPECT_LT(s1, kTol) << what;
+      for (int iv : {2, 3}) {  // v2 (3 blocks per SM), v2 compiled for 4 blocks per SM
+        Vec o2, S2, C2;
+        gpu_tc(p, TcRun{32, 0, 0, in, true, iv}, o2, S2, &C2);
+        const double e2 = rel_err(o2, ro), s2 = rel_err(S2, rS), c2 = rel_err(C2, rC);
+        const double d_o = rel_err(o2, o1), d_c = rel_err(C2, C1);
+        std::printf("[ kda-tc ] intra v1/%s %s-in H=%d lens=%-26s out %.2e / %.2e  state %.2e / %.2e  chunk states "
+                    "%.2e  minus v1: out %.2e states %.2e\n",
+                    iv == 2 ? "v2" : "v2x4", in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), e1,
+                    e2, s1, s2, c2, d_o, d_c);
+        EXPECT_LT(e2, kTol) << what << " intra " << iv;
+        EXPECT_LT(s2, kTol) << what << " intra " << iv;
+        EXPECT_LT(c2, kTol) << what << " intra " << iv;
+        EXPECT_LT(d_o, 5e-3) << what << " intra " << iv;
+        EXPECT_LT(d_c, 5e-3) << what << " intra " << iv;
+      }
+    }
+  }
+}
+
 // The per-chunk states (prefix caching, speculative decoding) equal the recurrence's state after each chunk.
 TEST(CudaKdaTc, ChunkStatesMatchRecurrenceAtChunkEnds) {
   SKIP_WITHOUT_GPU();
   const std::vector<int> lens = {130, 3, 0, 64, 70};
   const Problem p = make_problem(2, lens, 811);
-  for (int chunk : {32, 64}) {
+  // the default launch shape at both chunks, and the 8-warp value tile 128 with the three-buffer ring
+  for (const TcRun& r : {TcRun{32, 0, 0, KdaInType::F32, true}, TcRun{64, 0, 0, KdaInType::F32, true},
+                         TcRun{32, 128, 3, KdaInType::F32, true}}) {
     Vec ro, rS, rC, go, gS, gC;
-    cpu_ref(p, ro, rS, chunk, &rC);
-    gpu_tc(p, TcRun{chunk, 0, 0, KdaInType::F32, true}, go, gS, &gC);
+    cpu_ref(p, ro, rS, r.chunk, &rC);
+    gpu_tc(p, r, go, gS, &gC);
     const double ec = rel_err(gC, rC), es = rel_err(gS, rS);
-    std::printf("[ kda-tc ] chunk states chunk%d lens=%s: %zu states, err %.2e  final %.2e\n", chunk,
-                lens_str(lens).c_str(), rC.size() / p.SS(), ec, es);
+    std::printf("[ kda-tc ] chunk states chunk%d bv%d buf%d lens=%s: %zu states, err %.2e  final %.2e\n", r.chunk,
+                r.value_tile, r.buffers, lens_str(lens).c_str(), rC.size() / p.SS(), ec, es);
     EXPECT_EQ(gC.size(), rC.size());
-    EXPECT_LT(ec, kTol);
-    EXPECT_LT(es, kTol);
+    EXPECT_LT(ec, kTol) << "chunk " << r.chunk << " bv " << r.value_tile;
+    EXPECT_LT(es, kTol) << "chunk " << r.chunk << " bv " << r.value_tile;
   }
 }
 
 // Prefill with the tensor-core kernel, then decode the rest token by token with kda_recurrent: equals the
 // recurrence over the whole sequence (the state handed from prefill to decode is the fp32 state).
+// Chunk 64 (intra v1) and chunk 32 (intra v2 by default).
 TEST(CudaKdaTc, PrefillThenDecodeMatchesRecurrence) {
   SKIP_WITHOUT_GPU();
   const std::vector<int> full = {300, 77};
@@ -211,40 +256,42 @@ TEST(CudaKdaTc, PrefillThenDecodeMatchesRecurrence) {
   const Problem p = make_problem(2, full, 901);
   Vec ro, rS;
   cpu_ref(p, ro, rS, 0, nullptr);
-  Dev<float> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), dS(p.S0), o(static_cast<size_t>(p.N) * p.C());
-  o.poison();
-  std::vector<KdaSeq> pre;
-  for (size_t i = 0; i < full.size(); ++i)
-    pre.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i], full[i] - n_decode});
-  Dev<KdaSeq> dpre(pre);
-  const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(p.N, 2, p.H, kD, 64);
-  Dev<char> ws(wsb);
-  ck(k3::cuda::kda_chunked_tc(dpre.p, 2, p.N, p.H, kD, 64, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr,
-                              k3::cuda::KdaTcTuning{}, ws.p, wsb, nullptr),
-     "prefill");
-  for (int t = 0; t < n_decode; ++t) {
-    std::vector<KdaSeq> dec;
+  for (int chunk : {64, 32}) {
+    Dev<float> q(p.q), k(p.k), v(p.v), g(p.g), beta(p.beta), dS(p.S0), o(static_cast<size_t>(p.N) * p.C());
+    o.poison();
+    std::vector<KdaSeq> pre;
     for (size_t i = 0; i < full.size(); ++i)
-      dec.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i] + full[i] - n_decode + t, 1});
-    Dev<KdaSeq> ddec(dec);
-    ck(k3::cuda::kda_recurrent(ddec.p, 2, p.H, kD, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr), "decode");
-    ck(cudaDeviceSynchronize(), "sync");
+      pre.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i], full[i] - n_decode});
+    Dev<KdaSeq> dpre(pre);
+    const size_t wsb = k3::cuda::kda_chunked_tc_workspace_bytes(p.N, 2, p.H, kD, chunk);
+    Dev<char> ws(wsb);
+    ck(k3::cuda::kda_chunked_tc(dpre.p, 2, p.N, p.H, kD, chunk, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p,
+                                nullptr, k3::cuda::KdaTcTuning{}, ws.p, wsb, nullptr),
+       "prefill");
+    for (int t = 0; t < n_decode; ++t) {
+      std::vector<KdaSeq> dec;
+      for (size_t i = 0; i < full.size(); ++i)
+        dec.push_back(KdaSeq{dS.p + i * p.SS(), nullptr, nullptr, nullptr, p.offs[i] + full[i] - n_decode + t, 1});
+      Dev<KdaSeq> ddec(dec);
+      ck(k3::cuda::kda_recurrent(ddec.p, 2, p.H, kD, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr), "decode");
+      ck(cudaDeviceSynchronize(), "sync");
+    }
+    const Vec go = o.get(), gS = dS.get();
+    // the decoded tokens' outputs alone, and everything
+    Vec go_dec, ro_dec;
+    for (size_t i = 0; i < full.size(); ++i)
+      for (int t = full[i] - n_decode; t < full[i]; ++t)
+        for (size_t c = 0; c < p.C(); ++c) {
+          go_dec.push_back(go[(p.offs[i] + t) * p.C() + c]);
+          ro_dec.push_back(ro[(p.offs[i] + t) * p.C() + c]);
+        }
+    const double ed = rel_err(go_dec, ro_dec), eo = rel_err(go, ro), es = rel_err(gS, rS);
+    std::printf("[ kda-tc ] chunk%d prefill then %d decode steps: decoded out %.2e  all out %.2e  state %.2e\n", chunk,
+                n_decode, ed, eo, es);
+    EXPECT_LT(ed, kTol) << "chunk " << chunk;
+    EXPECT_LT(eo, kTol) << "chunk " << chunk;
+    EXPECT_LT(es, kTol) << "chunk " << chunk;
   }
-  const Vec go = o.get(), gS = dS.get();
-  // the decoded tokens' outputs alone, and everything
-  Vec go_dec, ro_dec;
-  for (size_t i = 0; i < full.size(); ++i)
-    for (int t = full[i] - n_decode; t < full[i]; ++t)
-      for (size_t c = 0; c < p.C(); ++c) {
-        go_dec.push_back(go[(p.offs[i] + t) * p.C() + c]);
-        ro_dec.push_back(ro[(p.offs[i] + t) * p.C() + c]);
-      }
-  const double ed = rel_err(go_dec, ro_dec), eo = rel_err(go, ro), es = rel_err(gS, rS);
-  std::printf("[ kda-tc ] prefill then %d decode steps: decoded out %.2e  all out %.2e  state %.2e\n", n_decode, ed,
-              eo, es);
-  EXPECT_LT(ed, kTol);
-  EXPECT_LT(eo, kTol);
-  EXPECT_LT(es, kTol);
 }
 
 TEST(CudaKdaTc, RejectsBadShapes) {
@@ -263,8 +310,18 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(call(64, 64, 0, x, wsb), cudaErrorInvalidValue);          // D 64
   EXPECT_EQ(call(kD, 16, 0, x, wsb), cudaErrorInvalidValue);          // chunk 16
   EXPECT_EQ(call(kD, 64, 48, x, wsb), cudaErrorInvalidValue);         // value tile 48
+  EXPECT_EQ(call(kD, 64, 128, x, wsb), cudaErrorInvalidValue);        // value tile 128 at chunk 64
   EXPECT_EQ(call(kD, 64, 0, x, wsb - 16), cudaErrorInvalidValue);     // workspace too small
   EXPECT_EQ(call(kD, 64, 0, x + 1, wsb), cudaErrorInvalidValue);      // misaligned q
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 0, 4}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // intra variant 4
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 64, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 3, 0}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // three buffers at chunk 64
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 4, 0}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // four buffers
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // transform of the gated delta rule per chunk of L tokens, FLA chunk_kda's structure); what changes is
 // where the arithmetic runs:
 //
-// 1. kda_tc_intra_kernel, one block of L/16 warps per (chunk, head), warp w = sub-chunk rows [16w, 16w+16):
+// 1. kda_tc_intra_kernel (v1), one block of L/16 warps per (chunk, head), warp w = sub-chunk rows [16w, 16w+16)
+//    (chunk 32 runs kda_tc_intra2_kernel by default: the same outputs from 8 warps, see its comment):
 //    - G = cumulative log decay (fp32, shared), q / k / v staged as bf16.
 //    - A_kk and A_qk on tensor cores: exp(G_i - G_j) is split around the first row r of the row's
 //      sub-chunk, (k_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)). For j in an earlier sub-chunk both
@@ -13,12 +14,14 @@
 //      warp's sub-chunk are zero: only the k-steps kk <= w run).
 //    - writes W, U, Q exp(G), exp(G_last - G) k (bf16 planes [N][C]), A_qk (bf16 [N][H][L]) and
 //      exp(G_last) (fp32, per chunk and head).
-// 2. kda_tc_state_kernel, one block of 4 warps per (sequence, head, BV value columns), walking the chunks:
+// 2. kda_tc_state_kernel, one block of 4 warps (8 at BV = 128) per (sequence, head, BV value columns), walking
+//    the chunks:
 //      V~ = U - W S;  O = (Q exp(G)) S + A_qk V~;  S = exp(G_last) S + (exp(G_last - G) k)^T V~
-//    S lives in fp32 mma accumulators (warp w owns key rows [32w, 32w+32)); a bf16 copy in shared memory
-//    is the B operand of the next chunk's W S and Q S. The output is fused (no per-chunk state is stored
-//    unless asked for). Operands of the next chunk stream in with cp.async into each buffer as soon as
-//    the step that reads it is done (two commit groups per chunk).
+//    S lives in fp32 mma accumulators (warp w owns key rows [32w, 32w+32), [16w, 16w+16) with 8 warps); a
+//    bf16 copy in shared memory is the B operand of the next chunk's W S and Q S. The output is fused (no
+//    per-chunk state is stored unless asked for). Operands stream in with cp.async: with one buffer into
+//    each piece as soon as the step that reads it is done (two commit groups per chunk), with a ring of
+//    NBUF buffers NBUF - 1 chunks ahead.
 // Fragment layouts are PTX's m16n8k16 ones; ldmatrix (.trans for operands stored k-major) loads them.
 #include "k3/backend/cuda/kda_chunked_tc.h"
 
@@ -26,6 +29,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace k3::cuda {
 namespace {
@@ -362,13 +367,379 @@ __global__ void __launch_bounds__(IntraCfg<L>::NT)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// State + output kernel: grid (n_seqs, H, kD / BV), 4 warps. Steps A/B: warp = (row tile rt of 16 chunk
-// rows, value half nh); step C: warp w = key rows [32w, 32w + 32), all BV columns.
+// Intra-chunk kernel v2 (chunk 32; chunk 64 keeps v1): 8 warps per (chunk, head), same outputs and numerics
+// class as kda_tc_intra_kernel. v1 spent its time waiting: 2 warps per block issuing their global loads a
+// few at a time, a serial per-column cumsum (L-deep shared read-modify-write chains) and a serial L-deep
+// forward substitution. Here
+//    - every thread issues all 16 of its global loads at once (4 rows x 4 columns of q, k, v, g), so a
+//      block has its whole chunk (32-64 KB) in flight;
+//    - G = cumsum(g) is a register prefix over the thread's 4 rows plus a 3-step shuffle scan across the
+//      8 row groups of the warp (lanes 4 seg + cg), no shared memory;
+//    - the operands of the products (q, k scaled around the sub-chunk reference rows 0 and 16) are formed
+//      once, elementwise, instead of per mma fragment;
+//    - T = (I + N)^-1 diag(beta) blockwise: the two 16 x 16 diagonal inverses by fp32 forward substitution
+//      (one warp, a lane per column, 15-deep chains instead of 31), the off-diagonal block
+//      M10 = -M11 (N10 M00) as two 16 x 16 x 16 fp32 products with a thread per element.
+// Shared memory 52.6 KB, 80 registers (launch bounds: 3 blocks = 24 warps per SM; at 4 blocks the 64-register
+// cap spills ~200 bytes in the elementwise phase: the MINB = 4 variant, for A/B).
+// Why it should be faster (estimate before measurement): the block's chain is now ~3.5-5 us (prologue
+// lookups, one load round trip, 4 shuffle steps, ~80 exponentials per thread, 8-deep mma chains, a 15-deep
+// substitution, five barriers) and 3 blocks share an SM, against ~2 us of HBM time per (chunk, head) at an
+// SM's share of bandwidth (66 KB moved with bf16 inputs): near the byte floor. v1 took ~26 us per block
+// (0.40 ms over 15.5 waves of 4 two-warp blocks per SM at 1 x 8192 x 32).
+struct Intra2Cfg {
+  static constexpr int L = 32, NT = 256, LDB = kD + 8, LDK = L + 4, LDX = 17, LDT = L + 8;
+  static constexpr size_t plane = static_cast<size_t>(L) * LDB * sizeof(bf16);
+  // bf16 [rows][LDB]: KE = exp(G) k, Vb = v, Ql / Kl = q / k times exp(G_i - G_ref(i)) (ref = row 0 for rows
+  // < 16, row 16 after), Kr = k_j exp(G_ref - G_j): rows [0, 16) for ref 0 (j < 16), rows [16, 48) for ref 16
+  // (j < 32). Ak fp32 [L][LDK], beta fp32 [L].
+  static constexpr size_t off_ke = 0, off_v = plane, off_ql = 2 * plane, off_kl = 3 * plane, off_kr = 4 * plane;
+  static constexpr size_t off_ak = off_kr + static_cast<size_t>(48) * LDB * sizeof(bf16);
+  static constexpr size_t off_bs = off_ak + static_cast<size_t>(L) * LDK * sizeof(float);
+  static constexpr size_t bytes = off_bs + L * sizeof(float);
+  // Once the products are done (Ql, Kl dead): diagonal inverses Mi fp32 [L][LDK], X = N10 M00 fp32 [16][LDX],
+  // T bf16 [L][LDT].
+  static constexpr size_t off_mi = off_ql, off_xs = off_mi + static_cast<size_t>(L) * LDK * sizeof(float);
+  static constexpr size_t off_ts = off_xs + static_cast<size_t>(16) * LDX * sizeof(float);
+  static_assert(off_ts + static_cast<size_t>(L) * LDT * sizeof(bf16) <= off_kr, "inverse scratch fits in Ql, Kl");
+  static_assert(plane % 16 == 0 && off_ak % 16 == 0 && off_ts % 16 == 0, "ldmatrix / float4 alignment");
+};
+
+// The thread's 4 x 4 tile of the chunk: rows [r0, r0 + 4), head columns [d, d + 4); q, k, v rounded to bf16
+// once (as v1 stages them), g in fp32 (G after intra2_scan). Rows >= Lc are zero (g = 0 adds nothing to G).
+struct Intra2Tile {
+  float G[4][4];
+  uint32_t q[4][2], k[4][2], v[4][2];
+};
+
+__device__ __forceinline__ void pack4(uint32_t (&dst)[2], float4 x) {
+  dst[0] = pack2(x.x, x.y);
+  dst[1] = pack2(x.z, x.w);
+}
+
+// All 16 global loads first (nothing in between depends on them), then the conversions.
+template <class T>
+__device__ __forceinline__ void intra2_load(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                            const T* __restrict__ g, size_t at0, int r0, int Lc, int C,
+                                            Intra2Tile& t) {
+  float4 gr[4], qr[4], kr[4], vr[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    gr[u] = qr[u] = kr[u] = vr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r0 + u < Lc) {
+      const size_t at = at0 + static_cast<size_t>(r0 + u) * C;
+      gr[u] = load4(g + at);
+      qr[u] = load4(q + at);
+      kr[u] = load4(k + at);
+      vr[u] = load4(v + at);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    t.G[u][0] = gr[u].x;
+    t.G[u][1] = gr[u].y;
+    t.G[u][2] = gr[u].z;
+    t.G[u][3] = gr[u].w;
+    pack4(t.q[u], qr[u]);
+    pack4(t.k[u], kr[u]);
+    pack4(t.v[u], vr[u]);
+  }
+}
+
+// G = inclusive cumsum over the chunk's rows: lane = 4 seg + cg holds rows [4 seg, 4 seg + 4) of the same 4
+// columns as lanes cg, 4 + cg, ...; local prefix, then a Hillis-Steele scan of the row-group totals over
+// seg (shuffle distances 4, 8, 16 lanes), then the exclusive part added back.
+__device__ __forceinline__ void intra2_scan(float (&G)[4][4], int lane) {
+#pragma unroll
+  for (int u = 1; u < 4; ++u)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) G[u][c] += G[u - 1][c];
+  float incl[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) incl[c] = G[3][c];
+#pragma unroll
+  for (int off = 4; off < 32; off *= 2)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float y = __shfl_up_sync(0xffffffffu, incl[c], off);
+      if (lane >= off) incl[c] += y;
+    }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float y = __shfl_up_sync(0xffffffffu, incl[c], 4);  // the previous row groups' total
+    const float ex = lane >= 4 ? y : 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) G[u][c] += ex;
+  }
+}
+
+// x (4 bf16) times e, rounded to bf16 again (v1's double rounding: bf16 input, then the scaled operand).
+__device__ __forceinline__ uint2 scale4(const uint32_t (&x)[2], const float (&e)[4]) {
+  const float2 a = unpack2(x[0]), b = unpack2(x[1]);
+  return make_uint2(pack2(a.x * e[0], a.y * e[1]), pack2(b.x * e[2], b.y * e[3]));
+}
+__device__ __forceinline__ void st8(bf16* p, uint2 v) { *reinterpret_cast<uint2*>(p) = v; }
+
+// Reference values of G for the thread's columns: rows 0 and 16 (the sub-chunk references) and row L - 1
+// (= row Lc - 1: padded rows add 0).
+struct Intra2Refs {
+  float g0[4], g16[4], gl[4];
+};
+__device__ __forceinline__ Intra2Refs intra2_refs(const float (&G)[4][4], int cg) {
+  Intra2Refs r;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    r.g0[c] = __shfl_sync(0xffffffffu, G[0][c], cg);        // seg 0, its row 0
+    r.g16[c] = __shfl_sync(0xffffffffu, G[0][c], 16 + cg);  // seg 4, its row 0
+    r.gl[c] = __shfl_sync(0xffffffffu, G[3][c], 28 + cg);   // seg 7, its row 3
+  }
+  return r;
+}
+
+// Elementwise operands of the thread's rows: Q exp(G) and exp(G_last - G) k to the workspace (rows < Lc);
+// KE, Vb, Ql, Kl, Kr to shared memory. exp(G_ref - G_j) > 1 only inside row j's own sub-chunk (at most
+// exp(15 * 5.5)); the clamp at 88 keeps it finite for gates below the precondition.
+__device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, int Lc,
+                                                   char* sp, bf16* __restrict__ gQ, bf16* __restrict__ gK,
+                                                   size_t at0, int C) {
+  using Cfg = Intra2Cfg;
+  bf16* KE = reinterpret_cast<bf16*>(sp + Cfg::off_ke);
+  bf16* Ql = reinterpret_cast<bf16*>(sp + Cfg::off_ql);
+  bf16* Kl = reinterpret_cast<bf16*>(sp + Cfg::off_kl);
+  bf16* Kr = reinterpret_cast<bf16*>(sp + Cfg::off_kr);
+  const bool first = r0 < 16;  // the thread's rows lie in sub-chunk 0 (all 4 of them: r0 is a multiple of 4)
+  bf16* Vb = reinterpret_cast<bf16*>(sp + Cfg::off_v);
+#pragma unroll
+  for (int u = 0; u < 4; ++u)  // v first: its registers are free for the exponentials below
+    st8(Vb + (r0 + u) * Cfg::LDB + d, make_uint2(t.v[u][0], t.v[u][1]));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int i = r0 + u;
+    float eG[4], eD[4], eA[4], e16[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float G = t.G[u][c];
+      eG[c] = __expf(G);
+      eD[c] = __expf(rf.gl[c] - G);
+      eA[c] = __expf(G - (first ? rf.g0[c] : rf.g16[c]));
+      e16[c] = __expf(fminf(rf.g16[c] - G, 88.f));
+    }
+    const int o = i * Cfg::LDB + d;
+    st8(KE + o, scale4(t.k[u], eG));
+    st8(Ql + o, scale4(t.q[u], eA));
+    st8(Kl + o, scale4(t.k[u], eA));
+    st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
+    if (first) {  // reference row 0: exp(G_0 - G_j) <= 1
+      float e0[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) e0[c] = __expf(rf.g0[c] - t.G[u][c]);
+      st8(Kr + o, scale4(t.k[u], e0));
+    }
+    if (i < Lc) {
+      const size_t at = at0 + static_cast<size_t>(i) * C;
+      *reinterpret_cast<uint2*>(gQ + at) = scale4(t.q[u], eG);
+      *reinterpret_cast<uint2*>(gK + at) = scale4(t.k[u], eD);
+    }
+  }
+}
+
+// A_kk (times beta_i, strictly lower, fp32 to Ak) and A_qk (lower with the diagonal, bf16 to the workspace,
+// zeros above). Warp w: kind w / 4 (0: A_kk from Kl, 1: A_qk from Ql); job w % 4 = the 16 x 16 tile
+// (row tile, key tile) (0, 0), (1, 0), (1, 1); job 3 idles. Key tile jt of row tile rt reads Kr rows
+// 16 rt + 16 jt (the reference of rt).
+__device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16* __restrict__ Ap, size_t row0,
+                                                int Lc, int H, int h) {
+  using Cfg = Intra2Cfg;
+  constexpr int L = Cfg::L, LDB = Cfg::LDB;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int kind = w >> 2, job = w & 3;
+  if (job == 3) return;
+  const int rt = job == 0 ? 0 : 1, jt = job == 2 ? 1 : 0;
+  const bf16* A = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_ql : Cfg::off_kl)) + 16 * rt * LDB;
+  const bf16* B = reinterpret_cast<const bf16*>(sp + Cfg::off_kr) + (16 * rt + 16 * jt) * LDB;
+  float acc[2][4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[n][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t a[4], b[4];
+    ldsm_x4(a, A + (lane & 15) * LDB + 16 * kk + 8 * (lane >> 4));
+    // B^T stored row-major ([key row][d]): non-transposed ldmatrix; b[0], b[1] key rows +0..7, b[2], b[3] +8..15
+    ldsm_x4(b, B + ((lane & 7) + 8 * (lane >> 4)) * LDB + 16 * kk + 8 * ((lane >> 3) & 1));
+    mma(acc[0], a, b[0], b[1]);
+    mma(acc[1], a, b[2], b[3]);
+  }
+  const float* bs = reinterpret_cast<const float*>(sp + Cfg::off_bs);
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * rt + gq + 8 * half, j = 16 * jt + 8 * n + 2 * tq;
+      const float x0 = acc[n][2 * half], x1 = acc[n][2 * half + 1];
+      if (kind == 0) {
+        const float bi = bs[i];
+        *reinterpret_cast<float2*>(Ak + i * Cfg::LDK + j) =
+            make_float2(j < i ? bi * x0 : 0.f, j + 1 < i ? bi * x1 : 0.f);
+      } else if (i < Lc) {
+        bf16* arow = Ap + ((row0 + i) * H + h) * L;
+        *reinterpret_cast<uint32_t*>(arow + j) = pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f);
+        if (job == 0) *reinterpret_cast<uint32_t*>(arow + j + 16) = 0u;  // the zero block above the diagonal
+      }
+    }
+}
+
+// Diagonal 16 x 16 blocks of (I + N)^-1, N = Ak strictly lower: warp 0, lane 16 blk + c solves column c of
+// block blk by forward substitution (fp32, two partial sums per row to halve the chain), to Mi.
+__device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi) {
+  using Cfg = Intra2Cfg;
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, c = lane & 15, o = 16 * (lane >> 4);
+  float m[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float a0 = i == c ? 1.f : 0.f, a1 = 0.f;
+#pragma unroll
+    for (int j4 = 0; 4 * j4 < i; ++j4) {
+      const float4 a = *reinterpret_cast<const float4*>(Ak + (o + i) * Cfg::LDK + o + 4 * j4);
+      a0 = fmaf(-a.x, m[4 * j4], a0);
+      if (4 * j4 + 1 < i) a1 = fmaf(-a.y, m[4 * j4 + 1], a1);
+      if (4 * j4 + 2 < i) a0 = fmaf(-a.z, m[4 * j4 + 2], a0);
+      if (4 * j4 + 3 < i) a1 = fmaf(-a.w, m[4 * j4 + 3], a1);
+    }
+    m[i] = a0 + a1;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) Mi[(o + i) * Cfg::LDK + o + c] = m[i];
+}
+
+// X = N10 M00 (rows 16.., columns ..16 of N times the first diagonal inverse), thread = element (i, j).
+__device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* Mi, float* Xs) {
+  using Cfg = Intra2Cfg;
+  const int i = threadIdx.x >> 4, j = threadIdx.x & 15;
+  float x = 0.f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) x = fmaf(Ak[(16 + i) * Cfg::LDK + k], Mi[k * Cfg::LDK + j], x);
+  Xs[i * Cfg::LDX + j] = x;
+}
+
+// T = (I + N)^-1 diag(beta) to Ts (bf16), thread = (i, j) of each 16 x 16 block: M10 = -M11 X, the
+// diagonal blocks from Mi, zeros above.
+__device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs, const float* bs, bf16* Ts) {
+  using Cfg = Intra2Cfg;
+  constexpr int LDK = Cfg::LDK, LDT = Cfg::LDT;
+  const int i = threadIdx.x >> 4, j = threadIdx.x & 15;
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) m = fmaf(Mi[(16 + i) * LDK + 16 + k], Xs[k * Cfg::LDX + j], m);
+  Ts[(16 + i) * LDT + j] = __float2bfloat16_rn(-m * bs[j]);
+  Ts[i * LDT + j] = __float2bfloat16_rn(Mi[i * LDK + j] * bs[j]);
+  Ts[(16 + i) * LDT + 16 + j] = __float2bfloat16_rn(Mi[(16 + i) * LDK + 16 + j] * bs[16 + j]);
+  Ts[i * LDT + 16 + j] = __float2bfloat16_rn(0.f);
+}
+
+// W = T KE and U = T Vb: warp w = (kind w / 4: W or U, row tile (w / 2) % 2, value half w % 2); rows of T
+// past the row tile are zero, so k-steps kk <= rt only. bf16 rows < Lc to the [N][C] planes.
+__device__ __forceinline__ void intra2_apply(const char* sp, const bf16* Ts, const TcWs& ws, size_t row0, int Lc,
+                                             int C, int h) {
+  using Cfg = Intra2Cfg;
+  constexpr int LDB = Cfg::LDB, LDT = Cfg::LDT;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int kind = w >> 2, rt = (w >> 1) & 1, c0 = 64 * (w & 1);
+  const bf16* B = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_v : Cfg::off_ke));
+  bf16* dst = kind ? ws.U : ws.W;
+  float acc[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    if (kk <= rt) {
+      uint32_t a[4];
+      ldsm_x4(a, Ts + (16 * rt + (lane & 15)) * LDT + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        uint32_t b[4];
+        ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * LDB + c0 + 16 * p + 8 * (lane >> 4));
+        mma(acc[2 * p], a, b[0], b[1]);
+        mma(acc[2 * p + 1], a, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * rt + gq + 8 * half;
+    if (i < Lc) {
+      bf16* row = dst + (row0 + i) * C + static_cast<size_t>(h) * kD + c0 + 2 * tq;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+        *reinterpret_cast<uint32_t*>(row + 8 * nt) = pack2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+    }
+  }
+}
+
+// MINB: blocks per SM the registers must allow (3: 80 registers, no spills, the default; 4: 64 registers,
+// ~200 bytes of spills, one more block of latency hiding: an A/B variant, KdaTcTuning::intra = 3).
+template <class T, int MINB>
+__global__ void __launch_bounds__(Intra2Cfg::NT, MINB)
+    kda_tc_intra2_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
+                         const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                         const T* __restrict__ g, const float* __restrict__ beta, TcWs ws) {
+  using Cfg = Intra2Cfg;
+  constexpr int L = Cfg::L;
+  extern __shared__ float4 smem4[];
+  char* sp = reinterpret_cast<char*>(smem4);
+  float* Ak = reinterpret_cast<float*>(sp + Cfg::off_ak);
+  float* bs = reinterpret_cast<float*>(sp + Cfg::off_bs);
+  float* Mi = reinterpret_cast<float*>(sp + Cfg::off_mi);
+  float* Xs = reinterpret_cast<float*>(sp + Cfg::off_xs);
+  bf16* Ts = reinterpret_cast<bf16*>(sp + Cfg::off_ts);
+
+  const int b = blockIdx.x;
+  if (b >= base[n_seqs]) return;  // the grid is an upper bound on the chunk count
+  const int s = seq_of_chunk(base, n_seqs, b);
+  const KdaSeq sq = seqs[s];
+  const int t0 = (b - base[s]) * L, Lc = min(L, sq.n - t0);
+  const int h = blockIdx.y, C = H * kD, tid = threadIdx.x;
+  const size_t row0 = static_cast<size_t>(sq.offset + t0);
+  const int lane = tid % 32, seg = lane >> 2, cg = lane & 3, r0 = 4 * seg, d = 16 * (tid / 32) + 4 * cg;
+  const size_t at0 = row0 * C + static_cast<size_t>(h) * kD + d;  // row 0 of the chunk, the thread's columns
+
+  if (tid < L) bs[tid] = tid < Lc ? beta[(row0 + tid) * H + h] : 0.f;
+  Intra2Tile t;
+  intra2_load<T>(q, k, v, g, at0, r0, Lc, C, t);
+  intra2_scan(t.G, lane);
+  const Intra2Refs rf = intra2_refs(t.G, cg);
+  intra2_elementwise(t, rf, r0, d, Lc, sp, ws.Q, ws.K, at0, C);
+  if (seg == 7)
+    *reinterpret_cast<float4*>(ws.eL + (static_cast<size_t>(b) * H + h) * kD + d) =
+        make_float4(__expf(rf.gl[0]), __expf(rf.gl[1]), __expf(rf.gl[2]), __expf(rf.gl[3]));
+  __syncthreads();  // operands and beta complete
+  intra2_products(sp, Ak, ws.A, row0, Lc, H, h);
+  __syncthreads();  // Ak complete; Ql, Kl free for the inverse's scratch
+  intra2_diag_inverse(Ak, Mi);
+  __syncthreads();
+  intra2_offdiag_x(Ak, Mi, Xs);
+  __syncthreads();
+  intra2_write_t(Mi, Xs, bs, Ts);
+  __syncthreads();
+  intra2_apply(sp, Ts, ws, row0, Lc, C, h);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State + output kernel: grid (n_seqs, H, kD / BV), NW warps (4; 8 for BV = 128). Steps A/B: warp = (row tile
+// rt of 16 chunk rows, value slice of NTW n-tiles); step C: warp w = key rows [16 MT w, 16 MT (w + 1)), all BV
+// columns. BV = 128 (chunk 32 only): one block per (sequence, head), so W, Q, Kd are read once per head
+// instead of once per value tile, with 8 warps (2 per scheduler) to carry the 4x larger step.
 template <int L, int BV, int NBUF>
 struct StateTcCfg {
-  static constexpr int CHUNK = L, NT = 128, RT = L / 16, NSPLIT = 4 / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8, MT = 2;
+  static constexpr int NW = BV == 128 ? 8 : 4;
+  static constexpr int CHUNK = L, NT = 32 * NW, RT = L / 16, NSPLIT = NW / RT, NTW = BV / 8 / NSPLIT, NTC = BV / 8,
+                       MT = kD / 16 / NW;
   static constexpr int LDB = kD + 8, LDA = L + 8, LDV = BV + 8;
-  static_assert(RT * NSPLIT == 4 && NTW >= 2 && NTW % 2 == 0, "warp mapping");
+  static_assert(RT * NSPLIT == NW && NTW >= 2 && NTW % 2 == 0 && MT * 16 * NW == kD, "warp mapping");
   // one buffer of chunk operands: W, Q, Kd [L][LDB], A_qk [L][LDA], U [L][LDV] (bf16), exp(G_last) [kD] fp32
   static constexpr size_t buf_bytes =
       (3 * static_cast<size_t>(L) * LDB + static_cast<size_t>(L) * LDA + static_cast<size_t>(L) * LDV) * sizeof(bf16) +
@@ -508,10 +879,11 @@ __device__ __forceinline__ void state_step_c(const StateOps& b, const bf16* Vn, 
 }
 
 // NBUF = 1: one operand buffer, refilled piecewise as soon as each piece is consumed (two commit groups per
-// chunk). NBUF = 2: two buffers, chunk c + 1's operands requested when chunk c starts (a whole chunk of time
-// to arrive, at the cost of shared memory / resident blocks).
+// chunk). NBUF >= 2: a ring of NBUF buffers, chunk c + NBUF - 1's operands requested when chunk c starts
+// (NBUF - 1 chunk steps for them to arrive, at the cost of shared memory / resident blocks). NBUF = 3 (chunk
+// 32 only: 108 KB at BV 32) tests whether a lone block per SM (few heads) waits on memory at every step.
 template <int L, int BV, int NBUF>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(StateTcCfg<L, BV, NBUF>::NT)
     kda_tc_state_kernel(const KdaSeq* __restrict__ seqs, int H, const int* __restrict__ base, TcWs ws,
                         float* __restrict__ o, float* __restrict__ chunk_states) {
   using Cfg = StateTcCfg<L, BV, NBUF>;
@@ -519,7 +891,7 @@ __global__ void __launch_bounds__(128)
   extern __shared__ float4 smem4[];
   char* sp = reinterpret_cast<char*>(smem4);
   auto ops = [&](int c) {
-    char* b = sp + (NBUF == 2 ? (c & 1) : 0) * Cfg::buf_bytes;
+    char* b = sp + (c % NBUF) * Cfg::buf_bytes;
     StateOps r;
     r.W = reinterpret_cast<bf16*>(b);
     r.Q = r.W + L * LDB;
@@ -536,7 +908,7 @@ __global__ void __launch_bounds__(128)
   if (sq.n <= 0) return;
   const int h = blockIdx.y, v0 = blockIdx.z * BV, tid = threadIdx.x, C = H * kD, cb = base[blockIdx.x];
   const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-  const StateLane ln{lane, gq, tq, warp % Cfg::RT, (warp / Cfg::RT) * NTW, 32 * warp};
+  const StateLane ln{lane, gq, tq, warp % Cfg::RT, (warp / Cfg::RT) * NTW, 16 * MT * warp};
   const int mrow0 = ln.mrow0;
   const size_t hcol = static_cast<size_t>(h) * kD;
   const int nch = n_chunks(sq.n, L);
@@ -597,16 +969,18 @@ __global__ void __launch_bounds__(128)
     cp_async_commit();
   };
 
-  load_wqu(0);
-  load_ak(0);
+  for (int c = 0; c < (NBUF == 1 ? 1 : NBUF - 1); ++c) {  // two commit groups per chunk, empty past the last
+    load_wqu(c);
+    load_ak(c);
+  }
   for (int c = 0; c < nch; ++c) {
     int Lc;
     const size_t r0 = rows(c, Lc);
     const StateOps b = ops(c);
-    if constexpr (NBUF == 2) {  // the other buffer was last read in chunk c - 1, before its closing barrier
-      load_wqu(c + 1);
-      load_ak(c + 1);
-      cp_async_wait<2>();  // this chunk's two groups
+    if constexpr (NBUF >= 2) {  // buffer (c - 1) % NBUF was last read in chunk c - 1, before its closing barrier
+      load_wqu(c + NBUF - 1);
+      load_ak(c + NBUF - 1);
+      cp_async_wait<2 * (NBUF - 1)>();  // the 2 (NBUF - 1) newest groups may pend: this chunk's two are done
     } else {
       cp_async_wait<1>();  // this chunk's W, Q, U
     }
@@ -653,6 +1027,30 @@ cudaError_t launch_intra(const KdaSeq* seqs, int n_seqs, int N, int H, const T* 
   return cudaGetLastError();
 }
 
+template <class T, int MINB>
+cudaError_t launch_intra2(const KdaSeq* seqs, int n_seqs, int N, int H, const T* q, const T* k, const T* v,
+                          const T* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
+  constexpr size_t smem = Intra2Cfg::bytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kda_tc_intra2_kernel<T, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(N / Intra2Cfg::L + n_seqs), static_cast<unsigned>(H));
+  kda_tc_intra2_kernel<T, MINB>
+      <<<grid, Intra2Cfg::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
+  return cudaGetLastError();
+}
+
+// intra: 1 = v1, 2 = v2, 3 = v2 at 4 blocks per SM. v2 exists for chunk 32 only; chunk 64 always takes v1.
+template <int L, class T>
+cudaError_t launch_intra_any(int intra, const KdaSeq* seqs, int n_seqs, int N, int H, const void* q, const void* k,
+                             const void* v, const void* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
+  const T *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k), *tv = static_cast<const T*>(v),
+          *tg = static_cast<const T*>(g);
+  if (L == 32 && intra == 2) return launch_intra2<T, 3>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+  if (L == 32 && intra == 3) return launch_intra2<T, 4>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+  return launch_intra<L, T>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+}
+
 template <int L, int BV, int NBUF>
 cudaError_t launch_state(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o, float* chunk_states,
                          cudaStream_t stream) {
@@ -661,29 +1059,38 @@ cudaError_t launch_state(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, 
       kda_tc_state_kernel<L, BV, NBUF>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), kD / BV);
-  kda_tc_state_kernel<L, BV, NBUF><<<grid, 128, smem, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
+  kda_tc_state_kernel<L, BV, NBUF>
+      <<<grid, StateTcCfg<L, BV, NBUF>::NT, smem, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
   return cudaGetLastError();
+}
+
+// Value tile bv (32, 64; 128 at chunk 32) at NBUF buffers.
+template <int L, int NBUF>
+cudaError_t launch_state_bv(int bv, const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o,
+                            float* chunk_states, cudaStream_t stream) {
+  if constexpr (L == 32) {
+    if (bv == 128) return launch_state<L, 128, NBUF>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  }
+  return bv == 64 ? launch_state<L, 64, NBUF>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                  : launch_state<L, 32, NBUF>(seqs, n_seqs, H, ws, o, chunk_states, stream);
 }
 
 template <int L>
 cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_type, const void* q, const void* k,
                    const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
-                   int nbuf, const TcWs& ws, cudaStream_t stream) {
+                   int nbuf, int intra, const TcWs& ws, cudaStream_t stream) {
   kda_tc_table_kernel<<<1, 32, 0, stream>>>(seqs, n_seqs, L, ws.base);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  if (in_type == KdaInType::BF16)
-    e = launch_intra<L, bf16>(seqs, n_seqs, N, H, static_cast<const bf16*>(q), static_cast<const bf16*>(k),
-                              static_cast<const bf16*>(v), static_cast<const bf16*>(g), beta, ws, stream);
-  else
-    e = launch_intra<L, float>(seqs, n_seqs, N, H, static_cast<const float*>(q), static_cast<const float*>(k),
-                               static_cast<const float*>(v), static_cast<const float*>(g), beta, ws, stream);
+  e = in_type == KdaInType::BF16
+          ? launch_intra_any<L, bf16>(intra, seqs, n_seqs, N, H, q, k, v, g, beta, ws, stream)
+          : launch_intra_any<L, float>(intra, seqs, n_seqs, N, H, q, k, v, g, beta, ws, stream);
   if (e != cudaSuccess) return e;
-  if (nbuf == 2)
-    return bv == 64 ? launch_state<L, 64, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream)
-                    : launch_state<L, 32, 2>(seqs, n_seqs, H, ws, o, chunk_states, stream);
-  return bv == 64 ? launch_state<L, 64, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream)
-                  : launch_state<L, 32, 1>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  if constexpr (L == 32) {  // three buffers of chunk 64 would not fit in shared memory
+    if (nbuf == 3) return launch_state_bv<L, 3>(bv, seqs, n_seqs, H, ws, o, chunk_states, stream);
+  }
+  if (nbuf == 2) return launch_state_bv<L, 2>(bv, seqs, n_seqs, H, ws, o, chunk_states, stream);
+  return launch_state_bv<L, 1>(bv, seqs, n_seqs, H, ws, o, chunk_states, stream);
 }
 
 }  // namespace
@@ -695,6 +1102,17 @@ size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int
 
 namespace {
 std::atomic<unsigned long long> g_tc_calls{0};
+
+// K3_KDA_TC_INTRA=v1 | v2 | v2x4 (KdaTcTuning::intra 1 | 2 | 3) for A/B runs; unset or anything else: v2.
+int intra_default() {
+  static const int v = [] {
+    const char* e = std::getenv("K3_KDA_TC_INTRA");
+    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
+    if (e != nullptr && std::strcmp(e, "v2x4") == 0) return 3;
+    return 2;
+  }();
+  return v;
+}
 }  // namespace
 
 unsigned long long kda_chunked_tc_calls() { return g_tc_calls.load(); }
@@ -704,8 +1122,10 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
                            const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
                            size_t workspace_bytes, cudaStream_t stream) {
   if (D != kD || (chunk != 32 && chunk != 64) || H <= 0 || n_seqs < 0 || n_total_tokens < 0 ||
-      (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64) || tuning.buffers < 0 ||
-      tuning.buffers > 2)
+      (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64 &&
+       !(tuning.value_tile == 128 && chunk == 32)) ||
+      tuning.buffers < 0 ||
+      tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 3)
     return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
   if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
@@ -719,11 +1139,14 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // two measured 1-10% slower everywhere (fewer resident blocks).
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
+  const int intra = tuning.intra != 0 ? tuning.intra : intra_default();
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
   g_tc_calls.fetch_add(1);
-  return chunk == 64 ? run_tc<64>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream)
-                     : run_tc<32>(seqs, n_seqs, n_total_tokens, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, ws, stream);
+  const int N = n_total_tokens;
+  return chunk == 64
+             ? run_tc<64>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, ws, stream)
+             : run_tc<32>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, ws, stream);
 }
 
 }  // namespace k3::cuda

@@ -32,11 +32,17 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
   return total;
 }
 
-// Launch shape of the state kernel (0 = chosen from the shape): value columns per block (32 or 64) and
-// operand buffers (1: refilled piecewise; 2: the next chunk prefetched while this one runs).
+// Launch shape of the state kernel (0 = chosen from the shape): value columns per block (32 or 64; 128, chunk
+// 32 only: one 8-warp block per sequence and head, W / Q / Kd read once per head) and operand buffers (1:
+// refilled piecewise; 2: the next chunk prefetched while this one runs; 3, chunk 32 only: two chunks ahead).
+// intra: the intra-chunk kernel, 1 = v1 (2 warps per chunk and head, serial cumsum and substitution), 2 = v2
+// (8 warps, shuffle scan, blocked inverse; chunk 32 only, chunk 64 always runs v1), 3 = v2 compiled for 4
+// blocks per SM (64 registers, some spills; A/B), 0 = the environment's K3_KDA_TC_INTRA (v1 | v2 | v2x4;
+// unset = v2). Same outputs up to fp32 rounding order.
 struct KdaTcTuning {
   int value_tile = 0;
   int buffers = 0;
+  int intra = 0;
 };
 
 // q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving
