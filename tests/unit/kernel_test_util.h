@@ -42,14 +42,15 @@ class CpuTierTest : public ::testing::TestWithParam<k3::cpu::CpuIsa> {
  protected:
   void SetUp() override {
     const auto& cpu = k3::cpu::cpu_state();
-    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, GetParam(), false); !m.empty())
+    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, GetParam(), cpu.amx_status == "granted"); !m.empty())
       GTEST_SKIP() << "this CPU cannot run the " << k3::cpu::isa_name(GetParam()) << " tier (missing: " << m << ")";
     k3::cpu::force_cpu_isa_for_testing(GetParam());
   }
   void TearDown() override { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
 };
 inline const auto kAllCpuTiers =
-    ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16);
+    ::testing::Values(k3::cpu::CpuIsa::Avx2, k3::cpu::CpuIsa::Avx2Int8, k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16,
+                      k3::cpu::CpuIsa::Amx);
 inline std::string cpu_tier_name(const ::testing::TestParamInfo<k3::cpu::CpuIsa>& info) {
   return std::string(k3::cpu::isa_name(info.param));
 }

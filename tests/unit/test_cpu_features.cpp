@@ -106,11 +106,13 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   const CpuFeatures f = all_features();
   auto c = k3::cpu::choose_isa(f, nullptr, true, avx2_only);
   EXPECT_EQ(c.isa, CpuIsa::Avx2);
-  EXPECT_NE(c.reason.find("the CPU offers amx"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("the CPU offers avx512bf16"), std::string::npos) << c.reason;  // amx is opt-in
+  EXPECT_EQ(k3::cpu::choose_isa(f, "amx", true, every_tier).isa, CpuIsa::Amx);
+  EXPECT_TRUE(k3::cpu::isa_is_opt_in(CpuIsa::Amx));
   // The automatic choice is the fastest tier with kernels, exact or not (as llama.cpp: activations
   // rounded); its reason names the exact one, which K3_CPU_ISA=exact picks.
   c = k3::cpu::choose_isa(f, "", true, every_tier);
-  EXPECT_EQ(c.isa, CpuIsa::Amx);
+  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);  // amx only when forced
   EXPECT_EQ(c.reason,
             "the best tier this CPU offers; activations rounded (bf16 / int8 blocks), exact fp32 products (avx512) with "
             "K3_CPU_ISA=exact");
@@ -163,14 +165,14 @@ TEST(CpuIsa, ForcedTierIsCheckedAgainstCpuAndBuild) {
   for (CpuIsa t : k3::cpu::kAllCpuIsas) EXPECT_EQ(k3::cpu::parse_isa(k3::cpu::isa_name(t)), t);
 }
 
-// Today's build: the avx2, avx2int8, avx512 and avx512bf16 tiers have kernels, and the best exact tier the CPU runs is what runs
+// Today's build: every tier has kernels (amx since session 23), and the best tier the CPU runs is what runs
 // (K3_CPU_ISA is unset in the tests).
 TEST(CpuIsa, ActiveTierHasKernels) {
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx2Int8));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512));
   EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Avx512Bf16));
-  EXPECT_FALSE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
+  EXPECT_TRUE(k3::cpu::isa_has_kernels(CpuIsa::Amx));
   const auto& f = k3::cpu::cpu_state().features;
   const bool avx512 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512, false).empty();
   const bool bf16 = k3::cpu::isa_missing_features(f, CpuIsa::Avx512Bf16, false).empty();

@@ -145,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernelsTier, k3test::kAllCpuTiers, k3test::cp
 bool rounds_activations(k3::WeightFormat f) {
   const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
   const bool mxfp4 = f == k3::WeightFormat::MXFP4 || f == k3::WeightFormat::MXFP4_GGML;
-  return (tier == k3::cpu::CpuIsa::Avx512Bf16 && (f == k3::WeightFormat::BF16 || mxfp4)) ||
+  const bool bf16_tier = tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Amx;  // amx: AMX BF16, avx512bf16's MXFP4
+  return (bf16_tier && (f == k3::WeightFormat::BF16 || mxfp4)) ||
          (tier == k3::cpu::CpuIsa::Avx2Int8 && mxfp4);
 }
 
@@ -842,6 +843,44 @@ TEST(CpuKernels, Avx512Bf16ExactOnRepresentableActivations) {
   if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
   check_exact_on_representable(k3::cpu::CpuIsa::Avx512, k3::cpu::CpuIsa::Avx512Bf16, {k3::WeightFormat::BF16, k3::WeightFormat::MXFP4});
+}
+
+// The amx tier's BF16 matmul (AMX tiles) against avx512bf16's: both round the activations to bf16 the same way
+// and both products are exact in fp32, so they differ only by the order of the fp32 sums: each within
+// (C + 2) 2^-24 sum |w x'| of the exact sum of the rounded products, so within twice that of each other. Shapes
+// around the tile edges (16 rows, 32 columns, 16 tokens), odd columns, one row, and rows split over threads.
+// Skipped where the CPU (or its kernel) does not give AMX; the sweeps and the batch-invariance memcmps run it
+// through CpuKernelsTier/amx as well.
+TEST(CpuKernels, AmxBf16CloseToAvx512Bf16) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Amx, cpu.amx_status == "granted");
+      !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the amx tier (missing: " << m << ")";
+  std::mt19937 rng(41);
+  int checked = 0;
+  for (int64_t rows : {1, 17, 40, 301})
+    for (int64_t cols : {2, 31, 64, 100, 1000})
+      for (int64_t n : {1, 5, 16, 17, 37}) {
+        const TestWeight t = make_weight(k3::WeightFormat::BF16, rows, cols, rng);
+        const auto x = nonzero(static_cast<size_t>(n * cols), rng);
+        std::vector<float> ya(static_cast<size_t>(n * rows), NAN), yb = ya;
+        k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Amx);
+        k3::cpu::matmul(t.W, x.data(), n, ya.data());
+        k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+        k3::cpu::matmul(t.W, x.data(), n, yb.data());
+        k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t r = 0; r < rows; ++r) {
+            double sa = 0;
+            for (int64_t c = 0; c < cols; ++c)
+              sa += std::fabs(t.ref[static_cast<size_t>(r * cols + c)] * x[static_cast<size_t>(i * cols + c)]);
+            const size_t o = static_cast<size_t>(i * rows + r);
+            ASSERT_LE(std::fabs(double(ya[o]) - yb[o]), 2 * (cols + 2) * kU * sa * (1 + 1.0 / 256))
+                << "rows " << rows << " cols " << cols << " n " << n << " token " << i << " row " << r;
+            ++checked;
+          }
+      }
+  EXPECT_GT(checked, 10000);
 }
 
 // The same for the avx2int8 tier (MXFP4 only: its BF16 is avx2's exact kernel, checked by the sweeps).

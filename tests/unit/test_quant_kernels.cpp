@@ -83,7 +83,7 @@ std::vector<float> activations(size_t n, std::mt19937& rng) {
 // (since session 16; before, some kept the exact kernels).
 bool tier_rounds_activations(WeightFormat) {
   const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
-  return tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Avx2Int8;
+  return tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Amx || tier == k3::cpu::CpuIsa::Avx2Int8;
 }
 
 // avx2int8's Q4_K, Q5_K and Q6_K paths round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and

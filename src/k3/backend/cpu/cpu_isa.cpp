@@ -49,6 +49,11 @@ std::string tiers_with_kernels(bool (*has_kernels)(CpuIsa)) {
 
 bool isa_is_exact(CpuIsa isa) { return isa == CpuIsa::Avx2 || isa == CpuIsa::Avx512; }
 
+// amx runs only when forced (K3_CPU_ISA=amx): measured in session 23 on a 16-core Xeon, its BF16 GEMM is 6-8x
+// avx512bf16's on one thread but slower at 16 (each thread packs every token's activations) and end to end
+// (kl-1b pp512 0.7x): not the default until that is fixed (docs/perf/cpu.md "Session 23").
+bool isa_is_opt_in(CpuIsa isa) { return isa == CpuIsa::Amx; }
+
 const char* isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return "avx2";
@@ -87,6 +92,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   std::optional<CpuIsa> best_cpu, best, best_exact;
   for (CpuIsa t : kAllCpuIsas)
     if (isa_missing_features(f, t, amx_granted).empty()) {
+      if (isa_is_opt_in(t)) continue;  // only when forced
       best_cpu = t;
       if (!has_kernels(t)) continue;
       best = t;

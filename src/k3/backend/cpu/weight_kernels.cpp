@@ -5,6 +5,7 @@
 #include "k3/backend/cpu/weight_kernels_avx2int8.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
+#include "k3/backend/cpu/weight_kernels_amx.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
 #include "k3/backend/cpu/weight_simd.h"
 
@@ -137,14 +138,24 @@ const FormatTable kAvx512Bf16Table = make_table({{WeightFormat::F32, avx512_row_
                                                  {WeightFormat::MXFP4_GGML, avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)}},
                                                 avx512bf16_quant_row_kernels);
 
+// amx: BF16 on AMX tiles (weight_kernels_amx.cpp); everything else as avx512bf16 serves it (MXFP4 and the GGUF
+// block formats keep their int8 VNNI kernels: AMX-INT8 has no per-32-group scale step).
+const FormatTable kAmxTable = make_table({{WeightFormat::F32, avx512_row_kernels(WeightFormat::F32)},
+                                          {WeightFormat::F16, avx512_row_kernels(WeightFormat::F16)},
+                                          {WeightFormat::BF16, amx_row_kernels(WeightFormat::BF16)},
+                                          {WeightFormat::MXFP4, avx512bf16_row_kernels(WeightFormat::MXFP4)},
+                                          {WeightFormat::MXFP4_GGML, avx512bf16_row_kernels(WeightFormat::MXFP4_GGML)}},
+                                         avx512bf16_quant_row_kernels);
+
 const FormatTable* tier_table(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return &kAvx2Table;
     case CpuIsa::Avx2Int8: return &kAvx2Int8Table;
     case CpuIsa::Avx512: return &kAvx512Table;
     case CpuIsa::Avx512Bf16: return &kAvx512Bf16Table;
-    default: return nullptr;
+    case CpuIsa::Amx: return &kAmxTable;
   }
+  return nullptr;
 }
 
 // The tier a test forced (force_cpu_isa_for_testing); null: the one chosen at start-up.
