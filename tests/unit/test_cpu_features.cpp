@@ -112,10 +112,10 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   // The automatic choice is the fastest tier with kernels, exact or not (as llama.cpp: activations
   // rounded); its reason names the exact one, which K3_CPU_ISA=exact picks.
   c = k3::cpu::choose_isa(f, "", true, every_tier);
-  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);  // amx only when forced
+  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);  // amx only when forced, and said so
   EXPECT_EQ(c.reason,
             "the best tier this CPU offers; activations rounded (bf16 / int8 blocks), exact fp32 products (avx512) with "
-            "K3_CPU_ISA=exact");
+            "K3_CPU_ISA=exact; amx with K3_CPU_ISA=amx (opt-in)");
   // AMX refused by the kernel: avx512bf16 is the best the CPU runs.
   c = k3::cpu::choose_isa(f, nullptr, false, every_tier);
   EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);

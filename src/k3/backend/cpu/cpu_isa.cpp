@@ -90,9 +90,13 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   const std::string with_kernels = tiers_with_kernels(has_kernels);
   // The best tier the CPU can run, the best one with kernels, and the best exact one with kernels.
   std::optional<CpuIsa> best_cpu, best, best_exact;
+  std::string opt_in;  // opt-in tiers this CPU runs and this build has, for the reason
   for (CpuIsa t : kAllCpuIsas)
     if (isa_missing_features(f, t, amx_granted).empty()) {
-      if (isa_is_opt_in(t)) continue;  // only when forced
+      if (isa_is_opt_in(t)) {  // only when forced
+        if (has_kernels(t)) opt_in += std::string("; ") + isa_name(t) + " with K3_CPU_ISA=" + isa_name(t) + " (opt-in)";
+        continue;
+      }
       best_cpu = t;
       if (!has_kernels(t)) continue;
       best = t;
@@ -128,7 +132,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
       reason += ") with K3_CPU_ISA=exact";
     }
   }
-  return {*best, reason};
+  return {*best, reason + opt_in};
 }
 
 const CpuState& cpu_state() {
