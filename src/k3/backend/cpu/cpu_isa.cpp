@@ -49,9 +49,10 @@ std::string tiers_with_kernels(bool (*has_kernels)(CpuIsa)) {
 
 bool isa_is_exact(CpuIsa isa) { return isa == CpuIsa::Avx2 || isa == CpuIsa::Avx512; }
 
-// amx runs only when forced (K3_CPU_ISA=amx): measured in session 23 on a 16-core Xeon, its BF16 GEMM is 6-8x
-// avx512bf16's on one thread but slower at 16 (each thread packs every token's activations) and end to end
-// (kl-1b pp512 0.7x): not the default until that is fixed (docs/perf/cpu.md "Session 23").
+// amx runs only when forced (K3_CPU_ISA=amx): measured in session 23 on a 16-core Xeon, its BF16 GEMM is 4-7x
+// avx512bf16's on one core and 2.3-2.6x on 16, kl-1b pp512 +21-23%, but decode is not faster (16-row tiles read
+// 16 rows side by side), and the tier contract makes decode run the same tiles: not the default until decode
+// gains too (docs/perf/cpu.md "Session 23").
 bool isa_is_opt_in(CpuIsa isa) { return isa == CpuIsa::Amx; }
 
 const char* isa_name(CpuIsa isa) {

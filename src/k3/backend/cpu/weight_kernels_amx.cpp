@@ -43,8 +43,6 @@ namespace {
 
 constexpr int64_t kK = 32;    // bf16 columns per tile step (64 bytes)
 constexpr int64_t kTile = 16;  // rows of a tile; tokens of a B tile
-// The converted tokens' stride (the avx512bf16 prepare's): cols rounded up to 32, zero-padded.
-constexpr int64_t act_stride(int64_t cols) { return (cols + kK - 1) / kK * kK; }
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -186,10 +184,11 @@ void block(const WeightMatrix& W, int64_t r, int nr, int64_t g, int ng, int64_t 
 
 // Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Row blocks of 32 outer (their 32 x cols weights
 // stay in L2 while every token pair passes), token-group pairs inner.
-void amx_bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* act, int64_t n, float* y,
+// ld: the converted tokens' stride in values (avx512bf16's: cols rounded up to 32, zero-padded).
+void amx_bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* act, int64_t ld, int64_t n, float* y,
                    int64_t ldy, AmxScratch& sc) {
-  const int64_t steps = act_stride(W.cols) / kK, groups = (n + kTile - 1) / kTile;
-  pack_b(act, act_stride(W.cols), n, steps, sc.b.data());
+  const int64_t steps = ld / kK, groups = (n + kTile - 1) / kTile;
+  pack_b(act, ld, n, steps, sc.b.data());
   configure_tiles();
   for (int64_t r = r0; r < r1; r += 2 * kTile) {
     const int nr = r + kTile < r1 ? 2 : 1;
@@ -218,9 +217,10 @@ struct AmxBf16Path {
   static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
     AmxScratch& sc = scratch();  // sized here, in plain code: no vector code instantiated for the AMX target
-    const size_t need = static_cast<size_t>((n + kTile - 1) / kTile * act_stride(W.cols) * kTile);
+    const int64_t ld = stride_bytes(W.cols) / 2;  // a multiple of 32 values: whole 32-column steps
+    const size_t need = static_cast<size_t>((n + kTile - 1) / kTile * ld * kTile);
     if (sc.b.size() < need) sc.b.resize(need);
-    amx_bf16_rows(W, r0, r1, reinterpret_cast<const uint16_t*>(act), n, y, ldy, sc);
+    amx_bf16_rows(W, r0, r1, reinterpret_cast<const uint16_t*>(act), ld, n, y, ldy, sc);
   }
 };
 
