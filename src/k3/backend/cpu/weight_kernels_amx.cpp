@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/core/thread_pool.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 
 #if defined(__clang__)
@@ -182,19 +183,31 @@ void block(const WeightMatrix& W, int64_t r, int nr, int64_t g, int ng, int64_t 
     }
 }
 
-// Rows [r0, r1) x n converted tokens: y[t * ldy + (r - r0)]. Row blocks of 32 outer (their 32 x cols weights
-// stay in L2 while every token pair passes), token-group pairs inner.
+// Rows [r0, r1) x n tokens whose B tiles are packed already (pack_b): y[t * ldy + (r - r0)]. Row blocks of 32
+// outer (their 32 x cols weights stay in L2 while every token pair passes), token-group pairs inner.
 // ld: the converted tokens' stride in values (avx512bf16's: cols rounded up to 32, zero-padded).
-void amx_bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* act, int64_t ld, int64_t n, float* y,
-                   int64_t ldy, AmxScratch& sc) {
+void amx_bf16_rows_packed(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* b, int64_t ld, int64_t n,
+                          float* y, int64_t ldy, AmxScratch& sc) {
   const int64_t steps = ld / kK, groups = (n + kTile - 1) / kTile;
-  pack_b(act, ld, n, steps, sc.b.data());
   configure_tiles();
   for (int64_t r = r0; r < r1; r += 2 * kTile) {
     const int nr = r + kTile < r1 ? 2 : 1;
-    for (int64_t g = 0; g < groups; g += 2)
-      block(W, r, nr, g, g + 1 < groups ? 2 : 1, steps, sc.b.data(), r0, r1, n, y, ldy, sc);
+    for (int64_t g = 0; g < groups; g += 2) block(W, r, nr, g, g + 1 < groups ? 2 : 1, steps, b, r0, r1, n, y, ldy, sc);
   }
+}
+
+// The same from converted tokens (RowKernels::rows, as matmul_batch calls it): this thread packs B itself.
+void amx_bf16_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint16_t* act, int64_t ld, int64_t n, float* y,
+                   int64_t ldy, AmxScratch& sc) {
+  pack_b(act, ld, n, ld / kK, sc.b.data());
+  amx_bf16_rows_packed(W, r0, r1, sc.b.data(), ld, n, y, ldy, sc);
+}
+
+// Token groups [g0, g1) of n converted tokens packed into b (the whole call's B tiles).
+void amx_pack_groups(const uint16_t* act, int64_t ld, int64_t n, int64_t g0, int64_t g1, uint16_t* b) {
+  const int64_t steps = ld / kK;
+  const int64_t t0 = g0 * kTile, t1 = std::min(n, g1 * kTile);
+  pack_b(act + t0 * ld, ld, t1 - t0, steps, b + g0 * steps * kTile * kK);
 }
 
 }  // namespace
@@ -226,8 +239,43 @@ struct AmxBf16Path {
 
 }  // namespace
 
+// The whole matmul: tokens converted once (avx512bf16's conversion), their B tiles packed ONCE for all threads
+// (act_path::matmul's rows() would pack them in every thread: at 16 threads that was most of the time), then
+// the rows over the pool with act_path::matmul's thresholds. The same tile arithmetic, so the same bits.
+void amx_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
+  const RowKernels& conv = avx512bf16_bf16();
+  const int64_t rows = W.rows, cols = W.cols, ld = conv.act_bytes(cols, 1) / 2, groups = (n + kTile - 1) / kTile;
+  thread_local std::vector<uint16_t> act, b;
+  if (act.size() < static_cast<size_t>(n * ld)) act.resize(static_cast<size_t>(n * ld));
+  if (b.size() < static_cast<size_t>(groups * kTile * ld)) b.resize(static_cast<size_t>(groups * kTile * ld));
+  // Plain pointers into this thread's buffers: a lambda running on a worker would name the worker's thread_locals.
+  uint16_t* const ap = act.data();
+  uint16_t* const bp = b.data();
+  auto* a8 = reinterpret_cast<uint8_t*>(ap);
+  const bool big = n > 1 && n * cols > 65536;
+  if (big) {
+    ThreadPool::global().parallel_for(groups, 0, [&](int64_t g0, int64_t g1, int) {
+      const int64_t t0 = g0 * kTile, t1 = std::min(n, g1 * kTile);
+      conv.prepare(x + t0 * cols, t1 - t0, cols, a8 + t0 * ld * 2);
+      amx_pack_groups(ap, ld, n, g0, g1, bp);
+    });
+  } else {
+    conv.prepare(x, n, cols, a8);
+    amx_pack_groups(ap, ld, n, 0, groups, bp);
+  }
+  auto rows_range = [&](int64_t r0, int64_t r1, int) { amx_bf16_rows_packed(W, r0, r1, bp, ld, n, y + r0, rows, scratch()); };
+  if (rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536))
+    ThreadPool::global().parallel_for(rows, 0, rows_range);
+  else
+    rows_range(0, rows, 0);
+}
+
 const RowKernels* amx_row_kernels(WeightFormat f) {
-  static const RowKernels bf16 = act_path::kernels<AmxBf16Path>(avx512bf16_bf16());
+  static const RowKernels bf16 = [] {
+    RowKernels k = act_path::kernels<AmxBf16Path>(avx512bf16_bf16());
+    k.matmul = amx_matmul;
+    return k;
+  }();
   return f == WeightFormat::BF16 ? &bf16 : nullptr;
 }
 
