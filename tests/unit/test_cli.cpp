@@ -298,7 +298,7 @@ TEST(Cli, CpuIsaOverride) {
   EXPECT_TRUE(r.out.find(": the best tier this CPU offers") != std::string::npos ||
               r.out.find(": the CPU offers ") != std::string::npos)
       << r.out;
-  // Every tier has kernels: each runs where the CPU has it (amx only when named), else the error names what is missing.
+  // Every tier has kernels: each runs where the CPU has it, else the error names what is missing.
   for (const std::string tier : {"avx2int8", "avx512", "avx512bf16", "amx"}) {
     r = sh("K3_CPU_ISA=" + tier + " " + info);
     if (r.status == 0)

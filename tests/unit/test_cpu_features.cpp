@@ -44,6 +44,7 @@ CpuFeatures all_features() {
 
 bool avx2_only(CpuIsa isa) { return isa == CpuIsa::Avx2; }
 bool every_tier(CpuIsa) { return true; }
+bool below_amx(CpuIsa isa) { return isa != CpuIsa::Amx; }
 
 std::string error_of(const CpuFeatures& f, const char* forced, bool amx_granted, bool (*has)(CpuIsa)) {
   try {
@@ -106,16 +107,20 @@ TEST(CpuIsa, ChoosesTheBestTierWithKernels) {
   const CpuFeatures f = all_features();
   auto c = k3::cpu::choose_isa(f, nullptr, true, avx2_only);
   EXPECT_EQ(c.isa, CpuIsa::Avx2);
-  EXPECT_NE(c.reason.find("the CPU offers avx512bf16"), std::string::npos) << c.reason;  // amx is opt-in
+  EXPECT_NE(c.reason.find("the CPU offers amx"), std::string::npos) << c.reason;
   EXPECT_EQ(k3::cpu::choose_isa(f, "amx", true, every_tier).isa, CpuIsa::Amx);
-  EXPECT_TRUE(k3::cpu::isa_is_opt_in(CpuIsa::Amx));
   // The automatic choice is the fastest tier with kernels, exact or not (as llama.cpp: activations
   // rounded); its reason names the exact one, which K3_CPU_ISA=exact picks.
   c = k3::cpu::choose_isa(f, "", true, every_tier);
-  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);  // amx only when forced, and said so
+  EXPECT_EQ(c.isa, CpuIsa::Amx);
   EXPECT_EQ(c.reason,
             "the best tier this CPU offers; activations rounded (bf16 / int8 blocks), exact fp32 products (avx512) with "
-            "K3_CPU_ISA=exact; amx with K3_CPU_ISA=amx (opt-in)");
+            "K3_CPU_ISA=exact");
+  // A build without amx kernels: avx512bf16, and the reason says what the CPU offers.
+  c = k3::cpu::choose_isa(f, "", true, below_amx);
+  EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);
+  EXPECT_NE(c.reason.find("the CPU offers amx, but this build has kernels for avx2, avx2int8, avx512, avx512bf16 only"),
+            std::string::npos) << c.reason;
   // AMX refused by the kernel: avx512bf16 is the best the CPU runs.
   c = k3::cpu::choose_isa(f, nullptr, false, every_tier);
   EXPECT_EQ(c.isa, CpuIsa::Avx512Bf16);

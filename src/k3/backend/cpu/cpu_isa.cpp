@@ -49,12 +49,6 @@ std::string tiers_with_kernels(bool (*has_kernels)(CpuIsa)) {
 
 bool isa_is_exact(CpuIsa isa) { return isa == CpuIsa::Avx2 || isa == CpuIsa::Avx512; }
 
-// amx runs only when forced (K3_CPU_ISA=amx): measured in session 23 on a 16-core Xeon, its BF16 GEMM is 4-7x
-// avx512bf16's on one core and 2.3-2.6x on 16, kl-1b pp512 +21-23%, but decode is not faster (16-row tiles read
-// 16 rows side by side), and the tier contract makes decode run the same tiles: not the default until decode
-// gains too (docs/perf/cpu.md "Session 23").
-bool isa_is_opt_in(CpuIsa isa) { return isa == CpuIsa::Amx; }
-
 const char* isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::Avx2: return "avx2";
@@ -91,13 +85,8 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   const std::string with_kernels = tiers_with_kernels(has_kernels);
   // The best tier the CPU can run, the best one with kernels, and the best exact one with kernels.
   std::optional<CpuIsa> best_cpu, best, best_exact;
-  std::string opt_in;  // opt-in tiers this CPU runs and this build has, for the reason
   for (CpuIsa t : kAllCpuIsas)
     if (isa_missing_features(f, t, amx_granted).empty()) {
-      if (isa_is_opt_in(t)) {  // only when forced
-        if (has_kernels(t)) opt_in += std::string("; ") + isa_name(t) + " with K3_CPU_ISA=" + isa_name(t) + " (opt-in)";
-        continue;
-      }
       best_cpu = t;
       if (!has_kernels(t)) continue;
       best = t;
@@ -120,7 +109,9 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   if (!best) throw Error("no CPU kernel tier fits this CPU (tiers with kernels: " + with_kernels + ")");
   // The default is the fastest tier, as llama.cpp and vLLM's CPU backend do: an inexact tier rounds the
   // activations (bf16 for BF16 weights, int8 blocks for MXFP4), which costs a KLD of ~1e-3 against exact
-  // fp32 products (docs/quality.md); K3_CPU_ISA=exact keeps the exact reference arithmetic.
+  // fp32 products (docs/quality.md); K3_CPU_ISA=exact keeps the exact reference arithmetic. amx, where the kernel
+  // grants tile data, is the fastest (session 24, kl-1b: prefill 1.5-1.8x avx512bf16's at 2-16 threads, decode
+  // within -10% .. +9%: docs/perf/cpu.md).
   std::string reason = *best_cpu == *best ? "the best tier this CPU offers"
                                           : std::string("the CPU offers ") + isa_name(*best_cpu) +
                                                 ", but this build has kernels for " + with_kernels + " only";
@@ -133,7 +124,7 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
       reason += ") with K3_CPU_ISA=exact";
     }
   }
-  return {*best, reason + opt_in};
+  return {*best, reason};
 }
 
 const CpuState& cpu_state() {

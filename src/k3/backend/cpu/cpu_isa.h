@@ -21,8 +21,6 @@ inline constexpr CpuIsa kAllCpuIsas[] = {CpuIsa::Avx2, CpuIsa::Avx2Int8, CpuIsa:
 // avx2int8, avx512bf16 (and amx) round the activations (bf16, int8 blocks: docs/perf/cpu.md) as llama.cpp does; the
 // automatic choice takes them when the CPU has them, and K3_CPU_ISA=exact keeps the exact tiers.
 bool isa_is_exact(CpuIsa isa);
-// Whether a tier runs only when K3_CPU_ISA names it (never chosen automatically): amx, for now.
-bool isa_is_opt_in(CpuIsa isa);
 
 const char* isa_name(CpuIsa isa);  // "avx2", "avx2int8", "avx512", "avx512bf16", "amx" ($K3_CPU_ISA's values, with "exact")
 std::optional<CpuIsa> parse_isa(std::string_view name);

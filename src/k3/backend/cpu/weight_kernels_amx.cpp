@@ -82,6 +82,9 @@ void configure_tiles() {
     c.colsb[t] = 64;
     c.rows[t] = kTile;
   }
+  // GCC 12 has been seen (a stand-alone test, scripts/perf/amx_stream_bench.cpp's first version) to drop the
+  // stores to a local config before LDTILECFG, whose read of it the builtin does not declare: a compiler barrier.
+  asm volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
 }
 
