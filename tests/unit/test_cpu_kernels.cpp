@@ -396,7 +396,11 @@ TEST_P(CpuKernelsTier, MatmulTwoStageEqualsStagedMatmuls) {
 }
 
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 50, 200}); }
-TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) { check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200}); }
+TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) {
+  check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200});
+  // n x cols past 65536: the tokens are converted (and, in the amx tier, their B tiles packed) over the pool
+  check_batch_invariance_shapes(k3::WeightFormat::BF16, {1000}, {37}, {70, 100});
+}
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF16) { check_batch_invariance(k3::WeightFormat::F16, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4) { check_batch_invariance(k3::WeightFormat::MXFP4, {32, 160}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantMxfp4Ggml) { check_batch_invariance(k3::WeightFormat::MXFP4_GGML, {32, 160}); }

@@ -43,21 +43,27 @@ void gemm(const WeightMatrix& W, int64_t r0, int64_t r1, const float* x, int64_t
   Path::rows(W, r0, r1, act, n, y + r0, W.rows);
 }
 
+// When a matmul converts its tokens over the pool (many tokens), and when it splits its rows over the pool (the
+// thresholds of ops.cpp's matmul). Shared with tiers that build their own matmul (amx).
+inline bool convert_over_pool(int64_t n, int64_t cols) { return n > 1 && n * cols > 65536; }
+inline bool rows_over_pool(int64_t rows, int64_t cols, int64_t n) {
+  return rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536);
+}
+
 // The whole matmul: activations converted once (split over tokens when there are many), then the rows split
-// over the pool with the thresholds of ops.cpp's matmul.
+// over the pool.
 template <class Path>
 void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
   const int64_t rows = W.rows, cols = W.cols, stride = Path::stride_bytes(cols);
   uint8_t* act = scratch(static_cast<size_t>(n * stride));
-  if (n > 1 && n * cols > 65536)
+  if (convert_over_pool(n, cols))
     ThreadPool::global().parallel_for(n, 0, [&](int64_t t0, int64_t t1, int) {
       Path::prepare(x + t0 * cols, t1 - t0, cols, act + t0 * stride);
     });
   else
     Path::prepare(x, n, cols, act);
   auto rows_range = [&](int64_t r0, int64_t r1, int) { Path::rows(W, r0, r1, act, n, y + r0, rows); };
-  const bool parallel = rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536);
-  if (parallel)
+  if (rows_over_pool(rows, cols, n))
     ThreadPool::global().parallel_for(rows, 0, rows_range);
   else
     rows_range(0, rows, 0);

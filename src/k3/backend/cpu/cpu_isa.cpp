@@ -110,8 +110,8 @@ IsaChoice choose_isa(const CpuFeatures& f, const char* forced, bool amx_granted,
   // The default is the fastest tier, as llama.cpp and vLLM's CPU backend do: an inexact tier rounds the
   // activations (bf16 for BF16 weights, int8 blocks for MXFP4), which costs a KLD of ~1e-3 against exact
   // fp32 products (docs/quality.md); K3_CPU_ISA=exact keeps the exact reference arithmetic. amx, where the kernel
-  // grants tile data, is the fastest (session 24, kl-1b: prefill 1.5-1.8x avx512bf16's at 2-16 threads, decode
-  // within -10% .. +9%: docs/perf/cpu.md).
+  // grants tile data, is the fastest at prefill (session 24: 1.5-2.2x avx512bf16's at 2-16 threads); its decode is
+  // even or up to 9% faster at 2-8 threads and 5-16% slower on kl-1b at 16 (docs/perf/cpu.md).
   std::string reason = *best_cpu == *best ? "the best tier this CPU offers"
                                           : std::string("the CPU offers ") + isa_name(*best_cpu) +
                                                 ", but this build has kernels for " + with_kernels + " only";

@@ -250,28 +250,26 @@ struct AmxBf16Path {
 // (act_path::matmul's rows() would pack them in every thread: at 16 threads that was most of the time), then
 // the rows over the pool with act_path::matmul's thresholds. The same tile arithmetic, so the same bits.
 void amx_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
+  if (n <= 0 || W.rows <= 0) return;
   const RowKernels& conv = avx512bf16_bf16();
   const int64_t rows = W.rows, cols = W.cols, ld = conv.act_bytes(cols, 1) / 2, groups = (n + kTile - 1) / kTile;
-  thread_local std::vector<uint16_t> act, b;
-  if (act.size() < static_cast<size_t>(n * ld)) act.resize(static_cast<size_t>(n * ld));
+  uint8_t* const a8 = act_path::scratch(static_cast<size_t>(n * ld * 2));
+  thread_local std::vector<uint16_t> b;
   if (b.size() < static_cast<size_t>(groups * kTile * ld)) b.resize(static_cast<size_t>(groups * kTile * ld));
   // Plain pointers into this thread's buffers: a lambda running on a worker would name the worker's thread_locals.
-  uint16_t* const ap = act.data();
+  const auto* ap = reinterpret_cast<const uint16_t*>(a8);
   uint16_t* const bp = b.data();
-  auto* a8 = reinterpret_cast<uint8_t*>(ap);
-  const bool big = n > 1 && n * cols > 65536;
-  if (big) {
-    ThreadPool::global().parallel_for(groups, 0, [&](int64_t g0, int64_t g1, int) {
-      const int64_t t0 = g0 * kTile, t1 = std::min(n, g1 * kTile);
-      conv.prepare(x + t0 * cols, t1 - t0, cols, a8 + t0 * ld * 2);
-      amx_pack_groups(ap, ld, n, g0, g1, bp);
-    });
-  } else {
-    conv.prepare(x, n, cols, a8);
-    amx_pack_groups(ap, ld, n, 0, groups, bp);
-  }
+  auto convert_and_pack = [&](int64_t g0, int64_t g1, int) {
+    const int64_t t0 = g0 * kTile, t1 = std::min(n, g1 * kTile);
+    conv.prepare(x + t0 * cols, t1 - t0, cols, a8 + t0 * ld * 2);
+    amx_pack_groups(ap, ld, n, g0, g1, bp);
+  };
+  if (act_path::convert_over_pool(n, cols))
+    ThreadPool::global().parallel_for(groups, 0, convert_and_pack);
+  else
+    convert_and_pack(0, groups, 0);
   auto rows_range = [&](int64_t r0, int64_t r1, int) { amx_bf16_rows_packed(W, r0, r1, bp, ld, n, y + r0, rows, scratch()); };
-  if (rows > 1 && (n == 1 ? rows * cols > 32768 : rows * cols * n > 65536))
+  if (act_path::rows_over_pool(rows, cols, n))
     ThreadPool::global().parallel_for(rows, 0, rows_range);
   else
     rows_range(0, rows, 0);
