@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "k3/backend/cpu/block_attention.h"
 #include "k3/backend/cpu/ops.h"
@@ -22,6 +23,7 @@ void need_contiguous(const Tensor& t, const char* op) {
 void CpuBackend::begin_step(const graph::StepPlan& plan) {
   plan_ = &plan;
   arena_.reset();
+  prof_.step_boundary();
 }
 
 Tensor CpuBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
@@ -30,6 +32,7 @@ Tensor CpuBackend::scratch(int64_t rows, int64_t cols, graph::ElemType type) {
 }
 
 void CpuBackend::embed(const WeightMatrix& table, Tensor out) {
+  CpuOpProfile::Scope ps(prof_, "embed");
   for (int64_t t = 0; t < out.rows; ++t) dequant_row(table, plan_->tokens[static_cast<size_t>(t)], out.row(t));
 }
 
@@ -38,10 +41,19 @@ void CpuBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
   need_contiguous(y, "linear");
   if (x.cols != W.cols || y.cols != W.rows || x.rows != y.rows) throw Error("cpu backend: linear shape mismatch");
   if (observer_) observer_->on_linear_input(W, x.f(), x.rows);
+  // Profiled per shape, format and decode / batch: a decode step streams each matrix once.
+  CpuOpProfile::Scope ps(
+      prof_,
+      [&] {
+        return "linear " + std::to_string(W.rows) + "x" + std::to_string(W.cols) + " " + weight_format_name(W.format) +
+               (x.rows == 1 ? " n=1" : " n>1");
+      },
+      W.bytes());
   matmul(W, x.f(), x.rows, y.f());
 }
 
 void CpuBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) {
+  CpuOpProfile::Scope ps(prof_, "rmsnorm");
   if (x.stride != y.stride || x.rows != y.rows) throw Error("cpu backend: rmsnorm layouts differ");
   if (dim == x.stride)
     cpu::rmsnorm(x.f(), w, x.rows, dim, eps, y.f());
@@ -50,6 +62,7 @@ void CpuBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tenso
 }
 
 void CpuBackend::glu(Tensor gate, Tensor up, const graph::GluParams& p) {
+  CpuOpProfile::Scope ps(prof_, "glu");
   need_contiguous(gate, "glu");
   need_contiguous(up, "glu");
   if (p.situ)
@@ -59,6 +72,7 @@ void CpuBackend::glu(Tensor gate, Tensor up, const graph::GluParams& p) {
 }
 
 void CpuBackend::add(Tensor y, Tensor x) {
+  CpuOpProfile::Scope ps(prof_, "add");
   float* a = y.f();
   const float* b = x.f();
   const int64_t n = y.count();
@@ -69,14 +83,19 @@ void CpuBackend::add(Tensor y, Tensor x) {
 }
 
 void CpuBackend::copy(Tensor dst, Tensor src) {
+  CpuOpProfile::Scope ps(prof_, "copy");
   if (dst.rows != src.rows || dst.cols != src.cols) throw Error("cpu backend: copy shapes differ");
   if (dst.contiguous() && src.contiguous()) return (void)std::copy(src.f(), src.f() + src.count(), dst.f());
   for (int64_t r = 0; r < dst.rows; ++r) std::copy(src.row(r), src.row(r) + src.cols, dst.row(r));  // strided / broadcast
 }
 
-void CpuBackend::sigmoid_mul(Tensor y, Tensor g) { cpu::sigmoid_mul(y.f(), g.f(), y.count()); }
+void CpuBackend::sigmoid_mul(Tensor y, Tensor g) {
+  CpuOpProfile::Scope ps(prof_, "sigmoid_mul");
+  cpu::sigmoid_mul(y.f(), g.f(), y.count());
+}
 
 void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
+  CpuOpProfile::Scope ps(prof_, "gather_logit_rows");
   for (int64_t r = 0; r < out.rows; ++r) {
     const float* src = h.row(plan_->logit_rows[static_cast<size_t>(r)]);
     std::copy(src, src + h.cols, out.row(r));
@@ -85,6 +104,7 @@ void CpuBackend::gather_logit_rows(Tensor h, Tensor out) {
 
 void CpuBackend::block_attention(Tensor q, Tensor k, Tensor v, int64_t block, int64_t heads, int64_t head_dim,
                                  float scale, Tensor o) {
+  CpuOpProfile::Scope ps(prof_, "block_attention");
   for (const Tensor* t : {&q, &k, &v, &o}) {
     need_contiguous(*t, "block_attention");
     if (t->rows != q.rows || t->cols != heads * head_dim) throw Error("cpu backend: block_attention shapes differ");
@@ -97,6 +117,7 @@ void CpuBackend::block_attention(Tensor q, Tensor k, Tensor v, int64_t block, in
 // Tokens are independent: in parallel over them when there is enough work (prefill), each token computed
 // the same way on any thread.
 void CpuBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps, Tensor out) {
+  CpuOpProfile::Scope ps(prof_, "attn_res_mix");
   const int64_t n = partial.rows, H = partial.cols;
   std::vector<const float*> src;
   for (int64_t b = 0; b < nb; ++b) src.push_back(blocks.row(b * n));

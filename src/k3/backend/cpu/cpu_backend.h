@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "k3/backend/cpu/cpu_profile.h"
 #include "k3/backend/cpu/host_arena.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/graph/backend.h"
@@ -104,6 +105,7 @@ class CpuBackend final : public graph::Backend {
   HostArena arena_;
   ExpertResidency* residency_ = nullptr;
   ActivationObserver* observer_ = nullptr;
+  CpuOpProfile prof_;  // K3_CPU_PROFILE=1: wall time per op, printed when the backend is destroyed
 };
 
 template <typename F>

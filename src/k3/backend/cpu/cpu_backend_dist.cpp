@@ -14,6 +14,7 @@ namespace k3::cpu {
 using graph::Tensor;
 
 void CpuBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out) {
+  CpuOpProfile::Scope ps(prof_, "embed_rows");
   for (int64_t t = 0; t < out.rows; ++t) {
     const int64_t row = plan_->tokens[static_cast<size_t>(t)] - first;
     if (row >= 0 && row < table.rows)
@@ -24,6 +25,7 @@ void CpuBackend::embed_rows(const WeightMatrix& table, int64_t first, Tensor out
 }
 
 void CpuBackend::all_reduce_sum(Tensor x) {
+  CpuOpProfile::Scope ps(prof_, "all_reduce_sum");
   dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   if (x.contiguous()) {
     comm.all_reduce_sum(x.f(), static_cast<size_t>(x.count()));
@@ -36,6 +38,7 @@ void CpuBackend::all_reduce_sum(Tensor x) {
 }
 
 void CpuBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
+  CpuOpProfile::Scope ps(prof_, "gather_cols");
   dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   const int64_t n = out.rows, P = comm.size();
   dist::check_gather_cols(local.rows, local.cols, chunk, P, n, out.cols);
@@ -56,6 +59,7 @@ void CpuBackend::gather_cols(Tensor local, int64_t chunk, Tensor out) {
 }
 
 void CpuBackend::moe_keep_experts(Tensor idx, const dist::ShardPlan& shard) {
+  CpuOpProfile::Scope ps(prof_, "moe_keep_experts");
   int32_t* p = idx.i();
   for (int64_t r = 0; r < idx.rows; ++r)
     for (int64_t j = 0; j < idx.cols; ++j) {
@@ -68,6 +72,7 @@ void CpuBackend::moe_keep_experts(Tensor idx, const dist::ShardPlan& shard) {
 // Floats throughout so that one all_to_all_v moves it (the index travels bit-cast).
 void CpuBackend::moe_experts_all_to_all(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
                                         Tensor out, const dist::ShardPlan& shard) {
+  CpuOpProfile::Scope ps(prof_, "moe_experts_all_to_all");
   dist::Communicator& comm = dist::need_communicator(comm_, "a CPU backend");
   const int P = comm.size(), me = comm.rank();
   const int64_t N = x.rows, K = idx.cols, X = x.cols, Y = out.cols, row = X + 2;

@@ -28,6 +28,7 @@ void l2norm_heads(float* x, int64_t rows, int64_t D, float scale) {
 
 void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& dm, Tensor pq, Tensor pk,
                                  Tensor pv, Tensor q, Tensor k, Tensor v) {
+  CpuOpProfile::Scope ps(prof_, "kda_conv_l2norm");
   const int64_t Hk = dm.heads, D = dm.head_dim;
   const int C = static_cast<int>(dm.channels()), W = static_cast<int>(dm.conv);
   for_seqs(nullptr, [&](const graph::StepSeq& s) {
@@ -64,6 +65,7 @@ void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph
 
 void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const graph::KdaGate& gate, Tensor g,
                            Tensor beta) {
+  CpuOpProfile::Scope ps(prof_, "kda_gates");
   const int64_t Hk = dm.heads, D = dm.head_dim, C = dm.channels();
   // Tokens in parallel at prefill sizes: Kimi-Linear's unbounded gate is a scalar log1p + exp per value
   // (~1 M per layer at pp512), serial it was ~4% of kl-1b's prefill wall time with 2 threads. Each value is
@@ -89,6 +91,7 @@ void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const 
 
 void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor q, Tensor k, Tensor v, Tensor g,
                                 Tensor beta, Tensor o) {
+  CpuOpProfile::Scope ps(prof_, "kda_recurrence");
   const int Hk = static_cast<int>(dm.heads), D = static_cast<int>(dm.head_dim);
   const int64_t C = dm.channels();
   const int chunk = plan_->kda_chunk > 0 ? plan_->kda_chunk : kDefaultKdaChunk;
@@ -119,6 +122,7 @@ void CpuBackend::kda_recurrence(int64_t layer, const graph::KdaDims& dm, Tensor 
 }
 
 void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, float eps, Tensor o, Tensor gate) {
+  CpuOpProfile::Scope ps(prof_, "kda_output_gate");
   cpu::rmsnorm(o.f(), w.o_norm.data(), o.rows * dm.heads, dm.head_dim, eps, o.f());
   cpu::sigmoid_mul(o.f(), gate.f(), o.count());
 }

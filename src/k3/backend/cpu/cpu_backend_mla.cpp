@@ -25,6 +25,7 @@ std::vector<const void*> CpuBackend::latent_rows(const graph::StepSeq& s, int64_
 }
 
 void CpuBackend::mla_write_latents(int64_t layer, const graph::MlaDims& d, Tensor lat) {
+  CpuOpProfile::Scope ps(prof_, "mla_write_latents");
   std::vector<void*> rows;
   for (const graph::StepSeq& s : plan_->seqs) {
     const MlaPageTable pt = s.cache->mla_pages();
@@ -51,6 +52,7 @@ KvB kv_b_of(const MlaWeights& w, const graph::MlaDims& dm) {
 }  // namespace
 
 void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Tensor q, Tensor ql) {
+  CpuOpProfile::Scope ps(prof_, "mla_absorb_q");
   const int64_t nh = dm.heads, qk = dm.qk(), cd = dm.row();
   const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
@@ -62,6 +64,7 @@ void CpuBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& dm, Ten
 }
 
 void CpuBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& dm, Tensor ql, float scale, Tensor ol) {
+  CpuOpProfile::Scope ps(prof_, "mla_attend_latent");
   const int64_t nh = dm.heads, kr = dm.rank, cd = dm.row();
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
     const std::vector<const void*> rows = latent_rows(s, layer);
@@ -72,6 +75,7 @@ void CpuBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& dm, Tens
 }
 
 void CpuBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& dm, Tensor ol, Tensor o) {
+  CpuOpProfile::Scope ps(prof_, "mla_up_v");
   const int64_t nh = dm.heads, dv = dm.value, kr = dm.rank;
   const KvB kvb = kv_b_of(w, dm);
   for_seqs(decode_form, [&](const graph::StepSeq& s) {
@@ -85,6 +89,7 @@ void CpuBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& dm, Tensor 
 // MHA form for one sequence: expand k_nope / v for every cached token from the latents.
 void CpuBackend::mla_attend_mha(int64_t layer, const MlaWeights& w, const graph::MlaDims& dm, Tensor q, float scale,
                                 Tensor o) {
+  CpuOpProfile::Scope ps(prof_, "mla_attend_mha");
   const int64_t nh = dm.heads, dn = dm.nope, dr = dm.rope, dv = dm.value, kr = dm.rank, qk = dm.qk();
   for_seqs(prefill_form, [&](const graph::StepSeq& s) {
     const int64_t S = s.past + s.n;

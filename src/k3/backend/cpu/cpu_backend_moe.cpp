@@ -29,6 +29,7 @@ bool two_stage_enabled() {
 }  // namespace
 
 void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteParams& p, Tensor idx, Tensor wts) {
+  CpuOpProfile::Scope ps(prof_, "moe_route");
   const int64_t n = logits.rows, E = logits.cols, K = p.top_k;
   float* s = logits.f();  // the router output becomes the scores, in place
   sigmoid_inplace(s, n * E);
@@ -55,6 +56,7 @@ void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteP
 void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
                              Tensor out) {
   const int64_t n = x.rows, X = x.cols, K = idx.cols, E = static_cast<int64_t>(w.experts.size());
+  CpuOpProfile::Scope ps(prof_, n <= kTwoStageMaxTokens ? "moe_experts n<=32" : "moe_experts n>32");
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < K; ++j) {
@@ -69,6 +71,14 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   // Routing is known: prefetch what is not resident and compute the resident experts first (the sum
   // below stays in expert-id order, so the order of computing changes nothing).
   if (residency_ && E > 0) residency_->on_routed(w.experts[0].gate.data, active);
+  if (prof_.on()) {  // the routed experts' bytes, each streamed once
+    int64_t bytes = 0;
+    for (int64_t e : active) {
+      const GluMlp& ex = w.experts[static_cast<size_t>(e)];
+      bytes += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
+    }
+    ps.set_bytes(bytes);
+  }
   // Every active expert's gate and up, the GLUs, then every down, with the rows of all experts shared out: one
   // fork-join per layer at decode sizes (matmul_two_stage), two above (3 per expert, 24, before session 7).
   const size_t A = active.size();
