@@ -52,6 +52,29 @@ void CpuBackend::linear(const WeightMatrix& W, Tensor x, Tensor y) {
   matmul(W, x.f(), x.rows, y.f());
 }
 
+namespace {
+// Up to this many tokens a projection group runs as one matmul_batch; above it each projection's own matmul
+// (the amx tier packs its token tiles once per matmul, which matmul_batch's per-block rows() would redo).
+// The same bits either way: matmul_batch gives every job the bytes matmul gives it alone.
+constexpr int64_t kGroupMaxTokens = 16;
+}  // namespace
+
+void CpuBackend::linear_group(Tensor x, std::span<const graph::Projection> ps) {
+  if (observer_ != nullptr || ps.size() < 2 || x.rows > kGroupMaxTokens) return graph::Backend::linear_group(x, ps);
+  need_contiguous(x, "linear_group");
+  std::vector<MatmulJob> jobs;
+  int64_t bytes = 0;
+  for (const graph::Projection& p : ps) {
+    need_contiguous(p.y, "linear_group");
+    if (x.cols != p.W->cols || p.y.cols != p.W->rows || x.rows != p.y.rows) throw Error("cpu backend: linear_group shape mismatch");
+    jobs.push_back({p.W, x.f(), x.rows, p.y.f()});
+    bytes += p.W->bytes();
+  }
+  CpuOpProfile::Scope prof(
+      prof_, [&] { return "linear_group x" + std::to_string(ps.size()) + (x.rows == 1 ? " n=1" : " n>1"); }, bytes);
+  matmul_batch(jobs);
+}
+
 void CpuBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) {
   CpuOpProfile::Scope ps(prof_, "rmsnorm");
   if (x.stride != y.stride || x.rows != y.rows) throw Error("cpu backend: rmsnorm layouts differ");

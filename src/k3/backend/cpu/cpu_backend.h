@@ -52,6 +52,9 @@ class CpuBackend final : public graph::Backend {
 
   void embed(const WeightMatrix& table, graph::Tensor out) override;
   void linear(const WeightMatrix& W, graph::Tensor x, graph::Tensor y) override;
+  // Decode-sized groups (a layer's q / k / v / gates, a GLU's gate and up) in ONE fork-join (matmul_batch):
+  // the pool is handed out once instead of once per projection, and the activations are converted once.
+  void linear_group(graph::Tensor x, std::span<const graph::Projection> ps) override;
   void rmsnorm(graph::Tensor x, const float* w, int64_t dim, float eps, graph::Tensor y) override;
   void glu(graph::Tensor gate, graph::Tensor up, const graph::GluParams& p) override;
   void add(graph::Tensor y, graph::Tensor x) override;

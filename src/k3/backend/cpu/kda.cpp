@@ -377,11 +377,57 @@ void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const flo
                   [&](float* s) { kda_chunked(T, H, D, chunk, q, k, v, g, beta, s, out); });
 }
 
+namespace {
+// A few tokens (decode, draft verification): straight from the weights' and the state's [C][W] / [C][P]
+// layouts (gathers) instead of transposing both per call as the token-major path below does: that transpose
+// is ~6 C scalar moves and two allocations for 4 C multiply-adds. Same fma chain per channel and the same
+// vector SiLU per 8 channels: the same bits (KdaConv.ShortConvSiluMatchesReferenceAndStreams).
+void short_conv_silu_few(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
+  const int P = W - 1;
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + static_cast<std::size_t>(t) * C;
+    auto input = [&](int c, int tau) {  // input at relative time tau in [-P, T) of channel c
+      return tau < 0 ? cstate[static_cast<std::size_t>(c) * P + (P + tau)] : x[static_cast<std::size_t>(tau) * C + c];
+    };
+    // 8 channels per step: their taps and past inputs are W and P floats apart, gathered; the rest one by one.
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i wstep = _mm256_mullo_epi32(lane, _mm256_set1_epi32(W)), pstep = _mm256_mullo_epi32(lane, _mm256_set1_epi32(std::max(P, 1)));
+    int c0 = 0;
+    for (; c0 + 8 <= C; c0 += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int j = 0; j < W; ++j) {
+        const int tau = t - P + j;
+        const __m256 in = tau < 0 ? _mm256_i32gather_ps(cstate + static_cast<std::size_t>(c0) * P + (P + tau), pstep, 4)
+                                  : _mm256_loadu_ps(x + static_cast<std::size_t>(tau) * C + c0);
+        acc = _mm256_fmadd_ps(_mm256_i32gather_ps(w + static_cast<std::size_t>(c0) * W + j, wstep, 4), in, acc);
+      }
+      _mm256_storeu_ps(yt + c0, _mm256_mul_ps(acc, sigmoid8(acc)));
+    }
+    for (; c0 < C; ++c0) {
+      float acc = 0.f;
+      for (int j = 0; j < W; ++j) acc = std::fma(w[static_cast<std::size_t>(c0) * W + j], input(c0, t - P + j), acc);
+      alignas(32) float b[8] = {acc};
+      _mm256_store_ps(b, _mm256_mul_ps(_mm256_load_ps(b), sigmoid8(_mm256_load_ps(b))));
+      yt[c0] = b[0];
+    }
+  }
+  // new state = the last P inputs of [state, x], shifted per channel in place (ascending j reads ahead of
+  // what it overwrites)
+  for (int c = 0; c < C; ++c)
+    for (int j = 0; j < P; ++j) {
+      const int tau = T - P + j;
+      cstate[static_cast<std::size_t>(c) * P + j] =
+          tau < 0 ? cstate[static_cast<std::size_t>(c) * P + (P + tau)] : x[static_cast<std::size_t>(tau) * C + c];
+    }
+}
+}  // namespace
+
 // Token-major: for each token, 8 channels at a time (weights transposed to [W][C] once per call), so the
 // inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
 // (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
 // scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
+  if (T <= 4) return short_conv_silu_few(T, C, W, x, w, cstate, y);
   const int P = W - 1;  // previous inputs kept
   std::vector<float> wt(static_cast<std::size_t>(W) * C), past(static_cast<std::size_t>(P) * C);
   for (int c = 0; c < C; ++c) {

@@ -1,5 +1,6 @@
 #include "k3/backend/cpu/ops.h"
 
+#include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/vec_math.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/thread_pool.h"
@@ -30,7 +31,7 @@ void matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
   // tokens (every output still bit-identical to the single-token dot above, weight_kernels.h).
   auto rows_range = [&](int64_t r0, int64_t r1, int) { k.gemm(W, r0, r1, x, n, y); };
   if (rows * cols * n > 65536)
-    ThreadPool::global().parallel_for(rows, 0, rows_range);
+    act_path::rows_over_pool_chunked(rows, W.bytes() / rows * n, rows_range);
   else
     rows_range(0, rows, 0);
 }

@@ -270,7 +270,7 @@ void amx_matmul(const WeightMatrix& W, const float* x, int64_t n, float* y) {
     convert_and_pack(0, groups, 0);
   auto rows_range = [&](int64_t r0, int64_t r1, int) { amx_bf16_rows_packed(W, r0, r1, bp, ld, n, y + r0, rows, scratch()); };
   if (act_path::rows_over_pool(rows, cols, n))
-    ThreadPool::global().parallel_for(rows, 0, rows_range);
+    act_path::rows_over_pool_chunked(rows, W.bytes() / rows * n, rows_range);
   else
     rows_range(0, rows, 0);
 }
