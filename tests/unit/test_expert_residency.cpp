@@ -100,6 +100,35 @@ TEST(ExpertResidency, CountsHitsByResidencyAndKeepsOrderWithoutPrefetch) {
   EXPECT_EQ(res.stats().lookups, 3);
 }
 
+// trust_resident_steps: an expert found resident is not asked about again (mincore) for that many steps of its
+// layer; after the window it is, and an eviction meanwhile shows up then. 0 asks at every use.
+TEST(ExpertResidency, TrustedResidentExpertsAreRecheckedAfterTheWindow) {
+  for (int64_t window : {int64_t{0}, int64_t{3}}) {
+    Region r(16);
+    ExpertResidencyOptions o;
+    o.prefetch = ExpertPrefetch::None;
+    o.hot_budget_bytes = 0;
+    o.trust_resident_steps = window;
+    ExpertResidency res(o, {r.span()});
+    res.add_layer(r.p, experts_in(r, 4, 4));
+    r.touch(0, 4);  // expert 0 resident
+    std::vector<int64_t> ids{0};
+    res.on_routed(r.p, ids);
+    ASSERT_EQ(res.stats().hits, 1);
+    ASSERT_EQ(::madvise(r.p, 4 * kPage, MADV_DONTNEED), 0);  // evicted: anonymous pages are dropped
+    int64_t hits_in_window = 0;
+    for (int64_t step = 1; step <= window; ++step) {
+      const int64_t before = res.stats().hits;
+      res.on_routed(r.p, ids);
+      hits_in_window += res.stats().hits - before;
+    }
+    EXPECT_EQ(hits_in_window, window) << "window " << window;  // trusted: counted resident, no mincore
+    const int64_t before = res.stats().hits;
+    res.on_routed(r.p, ids);  // past the window: asked again, and the eviction is seen
+    EXPECT_EQ(res.stats().hits - before, 0) << "window " << window;
+  }
+}
+
 TEST(ExpertResidency, PrefetchOrdersResidentFirstAndReadersFaultTheRestIn) {
   Region r(32);
   ExpertResidencyOptions o;

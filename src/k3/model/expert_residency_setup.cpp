@@ -39,7 +39,9 @@ std::unique_ptr<ExpertResidency> make_expert_residency(const ModelWeights& w, co
   if (opt.hot_budget_bytes == ExpertResidencyOptions::kAutoBudget) {
     const int64_t other = w.bound_bytes - device_bytes - expert_bytes;  // the rest the CPU reads every step
     const int64_t auto_budget = ExpertResidency::auto_budget(other);
-    opt.hot_budget_bytes = static_cast<int64_t>(ck.total_bytes()) - device_bytes <= auto_budget + other ? 0 : auto_budget;
+    const bool fits = static_cast<int64_t>(ck.total_bytes()) - device_bytes <= auto_budget + other;
+    opt.hot_budget_bytes = fits ? 0 : auto_budget;
+    if (fits && opt.trust_resident_steps == 0) opt.trust_resident_steps = 32;  // re-checked every 33 steps
   }
   std::vector<ByteSpan> regions;
   for (const MappedFile* f : ck.mappings()) regions.push_back({f->data(), f->size()});

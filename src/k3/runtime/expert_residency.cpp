@@ -98,7 +98,7 @@ struct ExpertResidency::Readers {
       std::lock_guard lk(mu);
       queue.assign(spans.begin(), spans.end());
     }
-    cv.notify_all();
+    if (!spans.empty()) cv.notify_all();  // nothing to read (every expert resident): no wake-up per layer
   }
   void run() {
     for (;;) {
@@ -243,11 +243,14 @@ void ExpertResidency::on_routed(const void* key, std::vector<int64_t>& experts) 
   if (it->second == 0 && ++steps_ % opt_.rebalance_every == 0 && opt_.hot_budget_bytes > 0 && pin_ok_) rebalance();
   std::vector<int64_t> hit, miss;
   int64_t needed = 0, missing = 0;
+  const int64_t step = layer.steps++;
   for (int64_t id : experts) {
     if (id < 0 || id >= static_cast<int64_t>(layer.experts.size())) continue;
     Expert& e = layer.experts[static_cast<size_t>(id)];
     e.score += 1.0;
-    const int64_t m = missing_bytes(e);
+    const bool trusted = e.resident_at >= 0 && step - e.resident_at <= opt_.trust_resident_steps;
+    const int64_t m = trusted ? 0 : missing_bytes(e);
+    if (m == 0 && !trusted) e.resident_at = step;
     needed += e.bytes;
     missing += m;
     (m == 0 ? hit : miss).push_back(id);

@@ -33,6 +33,12 @@ struct ExpertResidencyOptions {
   static constexpr int64_t kAutoBudget = -1;
   int64_t hot_budget_bytes = kAutoBudget;
   int64_t rebalance_every = 16;  // steps of layer 0 between hot-set updates
+  // An expert found fully resident is counted as resident without asking the kernel again (mincore) for this
+  // many later steps of its layer (0: asked at every use). make_expert_residency sets it when the whole
+  // checkpoint fits in the memory available (nothing to pin, eviction unlikely): the mincore calls of a
+  // layer's routed experts (one per span) were 44 us of a kl-1b decode layer (docs/perf/cpu.md, session 25).
+  // A page evicted meanwhile costs its fault, and the hit ratio counts it as resident.
+  int64_t trust_resident_steps = 0;
 };
 
 // Parses --expert-prefetch (none|madvise|threads). Throws k3::Error naming the flag otherwise.
@@ -102,9 +108,11 @@ class ExpertResidency {
     int64_t bytes = 0;
     double score = 0;             // decaying use count
     bool want_hot = false, locked = false;
+    int64_t resident_at = -1;     // the layer step at which it was last found fully resident (-1: never)
   };
   struct Layer {
     std::vector<Expert> experts;
+    int64_t steps = 0;            // on_routed calls of this layer
   };
   struct Readers;
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "k3/backend/cpu/block_attention.h"
@@ -57,10 +58,19 @@ namespace {
 // (the amx tier packs its token tiles once per matmul, which matmul_batch's per-block rows() would redo).
 // The same bits either way: matmul_batch gives every job the bytes matmul gives it alone.
 constexpr int64_t kGroupMaxTokens = 16;
+// K3_CPU_LINEAR_GROUP=0: one matmul per projection (the A/B switch of the measurement; same bits).
+bool group_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("K3_CPU_LINEAR_GROUP");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
 }  // namespace
 
 void CpuBackend::linear_group(Tensor x, std::span<const graph::Projection> ps) {
-  if (observer_ != nullptr || ps.size() < 2 || x.rows > kGroupMaxTokens) return graph::Backend::linear_group(x, ps);
+  if (observer_ != nullptr || ps.size() < 2 || x.rows > kGroupMaxTokens || !group_enabled())
+    return graph::Backend::linear_group(x, ps);
   need_contiguous(x, "linear_group");
   std::vector<MatmulJob> jobs;
   int64_t bytes = 0;

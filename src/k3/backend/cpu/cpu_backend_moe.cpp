@@ -70,7 +70,10 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     if (!by_expert[static_cast<size_t>(e)].empty()) active.push_back(e);
   // Routing is known: prefetch what is not resident and compute the resident experts first (the sum
   // below stays in expert-id order, so the order of computing changes nothing).
-  if (residency_ && E > 0) residency_->on_routed(w.experts[0].gate.data, active);
+  if (residency_ && E > 0) {
+    CpuOpProfile::Scope pr(prof_, "moe_experts: residency");
+    residency_->on_routed(w.experts[0].gate.data, active);
+  }
   if (prof_.on()) {  // the routed experts' bytes, each streamed once
     int64_t bytes = 0;
     for (int64_t e : active) {

@@ -11,12 +11,19 @@ namespace k3::cpu {
 CpuOpProfile::CpuOpProfile() {
   const char* e = std::getenv("K3_CPU_PROFILE");
   on_ = e != nullptr && std::string(e) != "0" && std::string(e) != "";
+  if (const char* s = std::getenv("K3_CPU_PROFILE_SKIP")) skip_ = std::max(0, std::atoi(s));
 }
 
 CpuOpProfile::~CpuOpProfile() { print(); }
 
 void CpuOpProfile::step_boundary() {
   if (!on_) return;
+  if (skip_ > 0 && --skip_ == 0) {  // the skipped steps (warm-up, prefill) leave no trace
+    totals_.clear();
+    steps_ = 0;
+    step_seconds_ = 0;
+    started_ = false;
+  }
   const auto now = std::chrono::steady_clock::now();
   if (started_) {
     step_seconds_ += std::chrono::duration<double>(now - last_step_).count();

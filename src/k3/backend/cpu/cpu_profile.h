@@ -1,4 +1,4 @@
-// K3_CPU_PROFILE=1: wall time per op of the CPU backend (every op runs to completion before it returns, so
+// K3_CPU_PROFILE=1 (K3_CPU_PROFILE_SKIP=N: from step N + 1 on): wall time per op of the CPU backend (every op runs to completion before it returns, so
 // wall time is the op's time), with the bytes of weights each matrix product streams, printed when the
 // backend is destroyed. Says where a decode step's time goes beside the DRAM bound (docs/perf/cpu.md).
 #pragma once
@@ -61,6 +61,7 @@ class CpuOpProfile {
   void print() const;
 
   bool on_ = false;
+  int skip_ = 0;  // K3_CPU_PROFILE_SKIP=N: the first N steps are not counted (a bench's warm-up)
   std::map<std::string, Total> totals_;
   int64_t steps_ = 0;
   double step_seconds_ = 0;
