@@ -28,6 +28,8 @@
 #include <array>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -46,6 +48,14 @@ constexpr int64_t bf16_stride(int64_t cols) { return (cols + 31) / 32 * 32; }
 constexpr int64_t kQ8PairBytes = 128;
 constexpr int64_t q8_stride(int64_t cols) { return (cols / kMxfp4Group + 1) / 2 * kQ8PairBytes; }
 
+// K3_MXFP4_ONE_TOKEN=tile: one-token MXFP4 rows through the token tile instead of mxfp4_one_token_rows (the A/B
+// switch of the measurement; the same bits). Plain code: read once, before any EVEX function runs.
+bool read_one_token_swapped() {
+  const char* e = std::getenv("K3_MXFP4_ONE_TOKEN");
+  return e == nullptr || std::strcmp(e, "tile") != 0;
+}
+const bool g_one_token_swapped = read_one_token_swapped();
+inline bool one_token_swapped() { return g_one_token_swapped; }
 
 }  // namespace
 
@@ -279,6 +289,12 @@ void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
 // One pair of groups of a row: w = the 64 weights doubled (int8, -12..12) in q8_tokens' byte order;
 // corr = -128 x (sum of each int32 lane's 4 weights), which cancels the +128 of the activation bytes;
 // wsc = 0.5 x 2^(e8m0 - 127) per lane's group. `two`: g1 exists (else only g0's 16 bytes are read).
+// The weights + 12 as unsigned bytes (0..24), for the one-token kernel that puts the activations on vpdpbusd's
+// signed side (mxfp4_one_token_rows): same table order as e2m1x2_table.
+inline __m128i e2m1x2_plus12_table() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
+
+// With kUnsigned: w = the weights + 12 (unsigned) and no corr (the caller's activation-side correction).
+template <bool kUnsigned = false>
 inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, __m512i& w, __m512i& corr,
                         __m512& wsc) {
   const __m256i b = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed))
@@ -288,9 +304,10 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
   const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL,
                                         0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL);
   w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(b)),
-                              _mm512_broadcast_i32x4(e2m1x2_table()));
-  corr = _mm512_sub_epi32(_mm512_setzero_si512(),
-                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+                              _mm512_broadcast_i32x4(kUnsigned ? e2m1x2_plus12_table() : e2m1x2_table()));
+  if constexpr (!kUnsigned)
+    corr = _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
   wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[scales[0]]),
                              _mm512_set1_ps(two ? simd512::kHalfE8m0[scales[1]] : 0.f));
 }
@@ -301,6 +318,7 @@ inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, 
 // even elements 0, 2, .., 30 are the low then the high nibbles of its even bytes (odd: odd bytes): one vpermb
 // puts a group's even (odd) bytes in two qwords, one for their low nibbles and one for their high ones, and
 // vpmultishiftqb takes each qword's nibbles as decode_pair's do.
+template <bool kUnsigned = false>
 inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512i& corr, __m512& wsc) {
   const __m512i src = _mm512_maskz_loadu_epi8(two ? (uint64_t{1} << 34) - 1 : (uint64_t{1} << 17) - 1, blocks);
   // qword k: g0's even bytes (qs[2i] at 1 + 2i) for k = 0, 1; g1's (18 + 2i) for 2, 3; the odd bytes for 4 - 7
@@ -310,9 +328,10 @@ inline void decode_pair_ggml(const uint8_t* blocks, bool two, __m512i& w, __m512
   const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3830282018100800LL, 0x3C342C241C140C04LL, 0x3830282018100800LL,
                                         0x3C342C241C140C04LL, 0x3830282018100800LL, 0x3C342C241C140C04LL, 0x3830282018100800LL);
   w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_permutexvar_epi8(gather, src)),
-                              _mm512_broadcast_i32x4(e2m1x2_table()));
-  corr = _mm512_sub_epi32(_mm512_setzero_si512(),
-                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+                              _mm512_broadcast_i32x4(kUnsigned ? e2m1x2_plus12_table() : e2m1x2_table()));
+  if constexpr (!kUnsigned)
+    corr = _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
   wsc = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(simd512::kHalfE8m0[blocks[0]]),
                              _mm512_set1_ps(two ? simd512::kHalfE8m0[blocks[17]] : 0.f));
 }
@@ -379,6 +398,58 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
   }
 }
 
+// One token (decode) over rows [r0, r1), the operands swapped on vpdpbusd: weights + 12 unsigned, activations
+// signed (the stored q + 128 with its top bit flipped), and the correction -12 x (each lane's 4 activations)
+// computed ONCE per call for all rows, where the tile above pays a vpdpbusd and a subtraction per pair of every
+// row for -128 x (the lane's 4 weights). Both give each lane exactly sum(q w) in int32, so the outputs are the
+// tile's bits; per pair of a row two of ~11 vector instructions fewer (the kernel is bound by its instructions:
+// 7.2 GB/s per core from L3 on a Sapphire Rapids core before, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
+// pairs (16384 columns); wider rows take the tile.
+constexpr int64_t kOneTokenMaxPairs = 256;
+template <WeightFormat F>
+void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy) {
+  const int64_t groups = W.cols / kMxfp4Group, pairs = (groups + 1) / 2, data_bytes = row_data_bytes(W.format, W.cols),
+                scale_bytes = row_scale_bytes(W.format, W.cols);
+  alignas(64) __m512i xs[kOneTokenMaxPairs], corr[kOneTokenMaxPairs];
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), twelve = _mm512_set1_epi8(12);
+  for (int64_t p = 0; p < pairs; ++p) {
+    xs[p] = _mm512_xor_si512(_mm512_loadu_si512(xq + p * kQ8PairBytes), flip);
+    corr[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, xs[p]));
+  }
+  const uint8_t* data = W.row_data(r0);
+  const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
+  __m512 fin[16];
+  for (int64_t g0 = 0; g0 < r1 - r0; g0 += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));
+    // kRows rows side by side: each row's accumulation is a chain of dependent FMAs (one per pair), so rows
+    // interleave to keep the vector ports busy; a row's own arithmetic is unchanged.
+    constexpr int kRows = 4;
+    for (int64_t r = g0; r < g0 + nr; r += kRows) {
+      const int m = static_cast<int>(std::min<int64_t>(kRows, g0 + nr - r));
+      __m512 acc[kRows];
+      for (int i = 0; i < kRows; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < pairs; ++p) {
+        const __m512 xsc = _mm512_loadu_ps(reinterpret_cast<const float*>(xq + p * kQ8PairBytes + 64));
+#pragma GCC unroll 4
+        for (int i = 0; i < kRows; ++i) {
+          if (i >= m) break;
+          const uint8_t* packed = data + (r + i) * data_bytes;
+          __m512i w, unused;
+          __m512 wsc;
+          if constexpr (F == WeightFormat::MXFP4_GGML)
+            decode_pair_ggml<true>(packed + 34 * p, 2 * p + 1 < groups, w, unused, wsc);
+          else
+            decode_pair<true>(packed + 32 * p, scales + (r + i) * scale_bytes + 2 * p, 2 * p + 1 < groups, w, unused, wsc);
+          const __m512i dp = _mm512_dpbusd_epi32(corr[p], w, xs[p]);
+          acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dp), xsc), wsc, acc[i]);
+        }
+      }
+      for (int i = 0; i < m; ++i) fin[r - g0 + i] = acc[i];
+    }
+    tree512::reduce_store<1>(fin, nr, y + g0, ldy);
+  }
+}
+
 template <WeightFormat F, size_t... T>
 constexpr auto mxfp4_q8_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, float*, int64_t, PairSpan);
@@ -395,7 +466,10 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
   static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
   const int64_t cols = W.cols, ldq = q8_stride(cols), groups = cols / kMxfp4Group, pairs = (groups + 1) / 2;
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
-    tiles[0](W, r0, r1, xq, y, ldy, {0, pairs, true, true, nullptr});
+    if (pairs <= kOneTokenMaxPairs && one_token_swapped())
+      mxfp4_one_token_rows<F>(W, r0, r1, xq, y, ldy);
+    else
+      tiles[0](W, r0, r1, xq, y, ldy, {0, pairs, true, true, nullptr});
     return;
   }
   const int64_t block =
