@@ -140,6 +140,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     std::vector<int> gu_group(gate_up.size()), dn_group(down.size());
     for (size_t i = 0; i < gate_up.size(); ++i) gu_group[i] = static_cast<int>(i / 2);
     for (size_t i = 0; i < down.size(); ++i) dn_group[i] = static_cast<int>(i);
+    CpuOpProfile::Scope pm(prof_, "moe_experts: matmul_two_stage");
     matmul_two_stage(gate_up, gu_group, down, dn_group, static_cast<int>(A), [&](int ai) { glu(ai); });
   } else {
     matmul_batch(gate_up);
