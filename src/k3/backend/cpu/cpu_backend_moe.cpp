@@ -91,6 +91,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   struct Slot {
     float *x, *g, *u, *y;
     int64_t m, I;  // tokens, intermediate width
+    const float* in;  // the gate / up input: x (gathered), or the token's own row when m == 1
   };
   std::vector<Slot> slots(A);
   int64_t total = 0;
@@ -109,10 +110,13 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     const GluMlp& ex = w.experts[static_cast<size_t>(e)];
     const int64_t m = static_cast<int64_t>(toks.size()), I = ex.gate.rows;
     Slot& sl = slots[ai];
-    sl = {next, next + m * X, next + m * X + m * I, next + m * X + 2 * m * I, m, I};
+    sl = {next, next + m * X, next + m * X + m * I, next + m * X + 2 * m * I, m, I, next};
     next += m * (2 * X + 2 * I);
-    gate_up.push_back({&ex.gate, sl.x, m, sl.g});
-    gate_up.push_back({&ex.up, sl.x, m, sl.u});
+    // An expert with one token reads that token's row of x in place: at decode every routed expert then has the
+    // same input pointer, and matmul_two_stage converts it once for all of them instead of once per expert.
+    if (m == 1) sl.in = x.row(toks[0].first);
+    gate_up.push_back({&ex.gate, sl.in, m, sl.g});
+    gate_up.push_back({&ex.up, sl.in, m, sl.u});
     down.push_back({&ex.down, sl.g, m, sl.y});
   }
   // The gathers and the sum below run in parallel at prefill sizes (serial they were ~3-5% of a kl-1b pp512's
@@ -120,6 +124,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
   const bool big = n * K * X > 65536;
   parallel_for(static_cast<int64_t>(A), big, [&](int64_t ai) {
     const auto& toks = by_expert[static_cast<size_t>(active[static_cast<size_t>(ai)])];
+    if (toks.size() == 1) return;  // read in place (Slot::in)
     for (size_t j = 0; j < toks.size(); ++j) {
       const float* src = x.row(toks[j].first);
       std::copy(src, src + X, slots[static_cast<size_t>(ai)].x + static_cast<int64_t>(j) * X);
@@ -148,7 +153,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     for (const Slot& sl : slots) glu_elems += sl.m * sl.I;
     parallel_for(static_cast<int64_t>(A), glu_elems > 65536, glu);
     if (observer_)
-      for (size_t ai = 0; ai < A; ++ai) observer_->on_expert_inputs(w, active[ai], slots[ai].x, slots[ai].g, slots[ai].m);
+      for (size_t ai = 0; ai < A; ++ai) observer_->on_expert_inputs(w, active[ai], slots[ai].in, slots[ai].g, slots[ai].m);
     matmul_batch(down);
   }
   if (observer_)
