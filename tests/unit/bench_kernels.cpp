@@ -189,6 +189,68 @@ TEST(KernelBench, DISABLED_DecodeStream) {
   }
 }
 
+// One decode token through a routed-expert layer the size of kl-1b's (E MXFP4 experts of 384 x 2048, 8 routed,
+// a different 8 each call as decode does, so the weights come from DRAM): the two stages in one fork-join
+// (matmul_two_stage, what CpuBackend::moe_experts runs at decode) and in two (matmul_batch twice), against the
+// bytes the 8 experts hold and the read bandwidth (docs/perf/cpu.md, session 25). Run with
+// `K3_CPU_ISA=avx512bf16 K3_NUM_THREADS=N k3_tests --gtest_also_run_disabled_tests
+// --gtest_filter='KernelBench.DISABLED_MoeDecodeLayer'` (without K3_CPU_ISA the tests run the exact tier).
+TEST(KernelBench, DISABLED_MoeDecodeLayer) {
+  const k3::bench::BandwidthResult bw = k3::bench::measure_read_bandwidth(size_t{1} << 30, 3);
+  std::printf("read bandwidth (k3 bench memory): best %.1f GB/s, %d threads\n", bw.best_gb_s, bw.threads);
+  // K3_MOE_BENCH_EXPERTS (default 64: 80 MB, in a server's L3; 512: 640 MB, from DRAM).
+  const char* ee = std::getenv("K3_MOE_BENCH_EXPERTS");
+  const int E = std::clamp(ee ? std::atoi(ee) : 64, 8, 4096);
+  constexpr int K = 8;
+  constexpr int64_t X = 2048, I = 384;
+  std::mt19937 rng(11);
+  struct Ex {
+    std::vector<uint8_t> b[3], s[3];
+    k3::WeightMatrix W[3];
+  };
+  std::vector<Ex> ex(E);
+  int64_t expert_bytes = 0;
+  for (Ex& e : ex)
+    for (int m = 0; m < 3; ++m) {
+      e.W[m] = m < 2 ? random_weights(k3::WeightFormat::MXFP4, I, X, rng, e.b[m], e.s[m])
+                     : random_weights(k3::WeightFormat::MXFP4, X, I, rng, e.b[m], e.s[m]);
+      if (&e == &ex[0]) expert_bytes += e.W[m].bytes();
+    }
+  const auto x = rnd(X, -1, 1, 3);
+  std::vector<float> g(K * I), u(K * I), y(K * X);
+  for (int two_stage = 1; two_stage >= 0; --two_stage) {
+    int call = 0;
+    const double ms = best_ms(200, [&] {
+      std::vector<k3::cpu::MatmulJob> gu, dn;
+      for (int k = 0; k < K; ++k) {
+        const Ex& e = ex[static_cast<size_t>((call * K + k) % E)];
+        gu.push_back({&e.W[0], x.data(), 1, g.data() + k * I});
+        gu.push_back({&e.W[1], x.data(), 1, u.data() + k * I});
+        dn.push_back({&e.W[2], g.data() + k * I, 1, y.data() + k * X});
+      }
+      ++call;
+      auto glu = [&](int k) {
+        for (int64_t i = 0; i < I; ++i) g[static_cast<size_t>(k * I + i)] *= u[static_cast<size_t>(k * I + i)];
+      };
+      if (two_stage) {
+        std::vector<int> gg(2 * K), dg(K);
+        for (int i = 0; i < 2 * K; ++i) gg[static_cast<size_t>(i)] = i / 2;
+        for (int i = 0; i < K; ++i) dg[static_cast<size_t>(i)] = i;
+        k3::cpu::matmul_two_stage(gu, gg, dn, dg, K, glu);
+      } else {
+        k3::cpu::matmul_batch(gu);
+        for (int k = 0; k < K; ++k) glu(k);
+        k3::cpu::matmul_batch(dn);
+      }
+    });
+    const double gb = static_cast<double>(K * expert_bytes) / (ms * 1e6);
+    std::printf("moe decode layer (%d of %d MXFP4 experts %lldx%lld, %.1f MB) %s: %.1f us, %.1f GB/s = %.0f%% of the read rate\n",
+                K, E, static_cast<long long>(I), static_cast<long long>(X), K * expert_bytes / 1e6,
+                two_stage ? "one fork-join (matmul_two_stage)" : "two fork-joins (matmul_batch)", ms * 1e3, gb,
+                100.0 * gb / bw.best_gb_s);
+  }
+}
+
 // Host sampling of one row at the K3 vocabulary (sampling::sample_row), on a peaked row (32 ids raised by 14
 // over Gaussian sd 2) and a flat one (Gaussian sd 3: top-p 0.9 keeps ~10k ids). Run with
 // `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_Sampling'`.
