@@ -35,6 +35,8 @@ LIB.k3_kda_old.argtypes = [vp] + [ctypes.c_int] * 5 + [vp] * 7 + [ctypes.c_size_
 LIB.k3_kda_recurrent.argtypes = [vp, ctypes.c_int, ctypes.c_int, ctypes.c_int] + [vp] * 6
 LIB.k3_kda_tc.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
                           [ctypes.c_int] * 3 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, ws, wsb
+LIB.k3_kda_tc2.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
+                           [ctypes.c_int] * 4 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, state, ws, wsb
 
 
 def ptr(t):
@@ -78,7 +80,8 @@ def profile(variants, shape):
     from torch.profiler import ProfilerActivity, profile as tprof
     for name, fn in variants:
         if not any(x in name for x in ("tc32 bv32 buf1 bf16", "tc32 bv64 buf1 bf16", "tc32 bv32 buf3 bf16",
-                                       "tc32 bv128 buf1 bf16", "tc32 bv128 buf3 bf16", "safe_gate")):
+                                       "tc32 bv128 buf1 bf16", "tc32 bv128 buf3 bf16", "state-v2 8w bf16",
+                                       "state-v2 4w bf16", "safe_gate")):
             continue
         call = fn[0] if isinstance(fn, tuple) else fn
         for _ in range(3):
@@ -100,6 +103,9 @@ def main():
         shapes = shapes[:1]
     if PROFILE:
         shapes = [(1, 8192, 32), (1, 8192, 96)]
+    if os.environ.get("KDA_BENCH_SHAPES"):  # e.g. 1x8192x96,8x1024x96 (sequences x tokens x heads)
+        shapes = [tuple(int(v) for v in s.split("x")) for s in os.environ["KDA_BENCH_SHAPES"].split(",")]
+    only = [x for x in os.environ.get("KDA_BENCH_ONLY", "").split(",") if x]  # row-name substrings to keep
     rows = []
     for ns, T, H in shapes:
         N = ns * T
@@ -129,6 +135,13 @@ def main():
             return lambda: ck(LIB.k3_kda_tc(ptr(seqs), ns, N, H, D, chunk, int(bf16_in), *(ptr(x) for x in ins),
                                             ptr(beta), ptr(o), ptr(cs), bv, nbuf, intra, ptr(ws), wsb), "tc")
 
+        def k3_tc2(bf16_in, state, cs=None, intra=2):  # chunk 32; state 2 = v2 at 8 warps, 3 = v2 at 4 warps
+            wsb = LIB.k3_kda_tc_ws(N, ns, H, D, 32)
+            ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
+            ins = (qb, kb, vb, gb) if bf16_in else (q, k, v, gate)
+            return lambda: ck(LIB.k3_kda_tc2(ptr(seqs), ns, N, H, D, 32, int(bf16_in), *(ptr(x) for x in ins),
+                                             ptr(beta), ptr(o), ptr(cs), 0, 0, intra, state, ptr(ws), wsb), "tc2")
+
         variants = [(f"k3 fp32 chunked{c}", k3_old(c)) for c in (32, 64)]
         # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM (chunk 32 only; chunk 64 always runs v1)
         for bf in (True, False):
@@ -145,6 +158,11 @@ def main():
         n_chunks = ns * ((T + 31) // 32)
         cs = torch.empty(n_chunks, H, D, D, device="cuda")
         variants.append(("k3 tc32 auto bf16-in intra2 +chunk states", k3_tc(32, 0, True, cs, 0, 2)))
+        # state kernel v2 (kda_tc_state2.cu; KdaTcTuning::state 2 = 8 warps, 3 = 4 warps), chunk 32, intra v2
+        for bf in (True, False):
+            for st, nw in ((2, 8), (3, 4)):
+                variants.append((f"k3 tc32 state-v2 {nw}w {'bf16' if bf else 'fp32'}-in intra2", k3_tc2(bf, st)))
+        variants.append(("k3 tc32 state-v2 8w bf16-in intra2 +chunk states", k3_tc2(True, 2, cs)))
         if chunk_kda is not None:
             cu = torch.arange(0, N + 1, T, device="cuda", dtype=torch.long)
             fq, fk, fv, fb = (x.unsqueeze(0) for x in (qb, kb, vb, beta.bfloat16()))
@@ -161,6 +179,8 @@ def main():
             for name, gg, safe in [("fla chunk_kda bf16 (g fp32)", fg32, False), ("fla chunk_kda bf16 (g bf16)", fg16, False),
                                    ("fla chunk_kda bf16 safe_gate lb=-5", fg32, True)]:
                 variants.append((name, fla_fn(gg, safe)))
+        if only:
+            variants = [(n, f) for n, f in variants if any(x in n for x in only)]
         if PROFILE:
             profile(variants, f"{ns} x {T} H={H}")
             continue

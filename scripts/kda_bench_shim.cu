@@ -33,4 +33,13 @@ int k3_kda_tc(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int 
                                   bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
                                   chunk_states, k3::cuda::KdaTcTuning{bv, nbuf, intra}, ws, wsb, nullptr);
 }
+// k3_kda_tc plus state: the state kernel (KdaTcTuning::state: 0 default, 1 = v1, 2 = v2 at 8 warps, 3 = v2 at
+// 4 warps; v2 ignores bv / nbuf).
+int k3_kda_tc2(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int bf16_in, const void* q, const void* k,
+               const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv, int nbuf,
+               int intra, int state, void* ws, size_t wsb) {
+  return k3::cuda::kda_chunked_tc(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk,
+                                  bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
+                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf, intra, state}, ws, wsb, nullptr);
+}
 }

@@ -126,6 +126,7 @@ struct TcRun {
   KdaInType in = KdaInType::F32;
   bool want_chunk_states = false;
   int intra = 0;  // KdaTcTuning::intra (0: the default)
+  int state = 0;  // KdaTcTuning::state (0: the default)
 };
 
 // One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
@@ -147,13 +148,13 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   if (r.in == KdaInType::BF16) {
     Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state}, ws.p, wsb, nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   }
@@ -221,6 +222,47 @@ TEST(CudaKdaTc, IntraVariantsMatchRecurrenceAndEachOther) {
         EXPECT_LT(c2, kTol) << what << " intra " << iv;
         EXPECT_LT(d_o, 5e-3) << what << " intra " << iv;
         EXPECT_LT(d_c, 5e-3) << what << " intra " << iv;
+      }
+    }
+  }
+}
+
+// State kernel v2 (kda_tc_state2.cu: warps split the value columns; 8 and 4 warps per block) at chunk 32, fp32
+// and bf16 inputs, against the fp32 recurrence (outputs, final and per-chunk states, kTol) and against the state
+// kernel v1 on the same intra-chunk outputs. v1 and v2 round the same operands to bf16 (S, V~) and differ only in
+// the fp32 summation order (and so, rarely, in a bf16 rounding of S), so they agree far closer than either does
+// with the reference; 5e-3 still catches any indexing slip (errors of order 1). Lengths around the chunk (1, 17,
+// 31, 32, 33), several chunks (100, 1000), an empty sequence in a batch, non-zero initial states.
+TEST(CudaKdaTc, StateV2MatchesRecurrenceAndV1) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int>> batches = {{1}, {17, 31, 0, 32, 33}, {100, 1}, {1000}};
+  uint32_t seed = 2700;
+  for (const auto& lens : batches) {
+    const Problem p = make_problem(lens.size() > 3 ? 2 : 3, lens, ++seed);
+    Vec ro, rS, rC;
+    cpu_ref(p, ro, rS, 32, &rC);
+    for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+      Vec o1, S1, C1;
+      gpu_tc(p, TcRun{32, 0, 0, in, true, 0, 1}, o1, S1, &C1);
+      const std::string what = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " lens " + lens_str(lens);
+      EXPECT_LT(rel_err(o1, ro), kTol) << what << " state v1";
+      EXPECT_LT(rel_err(S1, rS), kTol) << what << " state v1";
+      for (int sv : {2, 3}) {  // v2 at 8 warps, at 4 warps
+        Vec o2, S2, C2;
+        gpu_tc(p, TcRun{32, 0, 0, in, true, 0, sv}, o2, S2, &C2);
+        const double e2 = rel_err(o2, ro), s2 = rel_err(S2, rS), c2 = rel_err(C2, rC);
+        const double d_o = rel_err(o2, o1), d_s = rel_err(S2, S1), d_c = rel_err(C2, C1);
+        std::printf("[ kda-tc ] state v2 %dw %s-in H=%d lens=%-22s out %.2e state %.2e chunk states %.2e  minus v1: "
+                    "out %.2e state %.2e chunk states %.2e\n",
+                    sv == 2 ? 8 : 4, in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), e2, s2, c2,
+                    d_o, d_s, d_c);
+        EXPECT_EQ(C2.size(), rC.size());
+        EXPECT_LT(e2, kTol) << what << " state " << sv;
+        EXPECT_LT(s2, kTol) << what << " state " << sv;
+        EXPECT_LT(c2, kTol) << what << " state " << sv;
+        EXPECT_LT(d_o, 5e-3) << what << " state " << sv;
+        EXPECT_LT(d_s, 5e-3) << what << " state " << sv;
+        EXPECT_LT(d_c, 5e-3) << what << " state " << sv;
       }
     }
   }
@@ -322,6 +364,9 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
                            k3::cuda::KdaTcTuning{0, 4, 0}, ws.p, wsb, nullptr),
             cudaErrorInvalidValue);  // four buffers
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 0, 0, 4}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // state kernel 4
 }
 
 }  // namespace

@@ -22,6 +22,9 @@
 //    per-chunk state is stored unless asked for). Operands stream in with cp.async: with one buffer into
 //    each piece as soon as the step that reads it is done (two commit groups per chunk), with a ring of
 //    NBUF buffers NBUF - 1 chunks ahead.
+//    At chunk 32 the state step runs kda_tc_state2_kernel by default (kda_tc_state2.cu; KdaTcTuning::state /
+//    K3_KDA_TC_STATE=v1 for the kernel above): warps split the value columns and hold S^T, so a chunk step needs
+//    no cross-warp exchange.
 // Fragment layouts are PTX's m16n8k16 ones; ldmatrix (.trans for operands stored k-major) loads them.
 #include "k3/backend/cuda/kda_chunked_tc.h"
 
@@ -33,6 +36,7 @@
 #include <cstring>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
+#include "k3/backend/cuda/kda_tc_state2.h"
 
 namespace k3::cuda {
 namespace {
@@ -987,10 +991,12 @@ cudaError_t launch_state_bv(int bv, const KdaSeq* seqs, int n_seqs, int H, const
                   : launch_state<L, 32, NBUF>(seqs, n_seqs, H, ws, o, chunk_states, stream);
 }
 
+// state: 1 = kda_tc_state_kernel (bv, nbuf apply), 2 / 3 = state v2 (kda_tc_state2.cu) at 8 / 4 warps per
+// block (chunk 32 only; chunk 64 always runs v1).
 template <int L>
 cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_type, const void* q, const void* k,
                    const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv,
-                   int nbuf, int intra, const TcWs& ws, cudaStream_t stream) {
+                   int nbuf, int intra, int state, const TcWs& ws, void* workspace, cudaStream_t stream) {
   kda_tc_table_kernel<<<1, 32, 0, stream>>>(seqs, n_seqs, L, ws.base);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -998,6 +1004,10 @@ cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_ty
           ? launch_intra_any<L, bf16>(intra, seqs, n_seqs, N, H, q, k, v, g, beta, ws, stream)
           : launch_intra_any<L, float>(intra, seqs, n_seqs, N, H, q, k, v, g, beta, ws, stream);
   if (e != cudaSuccess) return e;
+  if constexpr (L == 32) {
+    if (state == 2 || state == 3)
+      return kda_tc_state2_launch(state == 2 ? 8 : 4, seqs, n_seqs, N, H, workspace, o, chunk_states, stream);
+  }
   if constexpr (L == 32) {  // three buffers of chunk 64 would not fit in shared memory
     if (nbuf == 3) return launch_state_bv<L, 3>(bv, seqs, n_seqs, H, ws, o, chunk_states, stream);
   }
@@ -1025,6 +1035,28 @@ int intra_default() {
   }();
   return v;
 }
+
+// K3_KDA_TC_STATE=v1 | v2 | v2x4 (KdaTcTuning::state 1 | 2 | 3) for A/B runs; unset or anything else: 0, the
+// rule in kda_chunked_tc.
+int state_env() {
+  static const int v = [] {
+    const char* e = std::getenv("K3_KDA_TC_STATE");
+    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
+    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
+    if (e != nullptr && std::strcmp(e, "v2x4") == 0) return 3;
+    return 0;
+  }();
+  return v;
+}
+
+// The state kernel by shape: v2 at chunk 32 (faster than v1 at every measured shape, same outputs: call s25-6,
+// docs/perf/cuda.md session 25), 8 warps (one block per sequence and head) when that still gives two blocks
+// per SM of an H200 (n_seqs x H >= 264; 8 x 1024 x 96: 1.25 ms vs 1.38 at 4 warps), else 4 warps (two blocks
+// per head; 1 x 8192 x 96: 1.36 vs 1.39, x 32 heads: 0.62 vs 0.85).
+int state_rule(int n_seqs, int H, int chunk) {
+  if (chunk != 32) return 1;
+  return n_seqs * H >= 264 ? 2 : 3;
+}
 }  // namespace
 
 unsigned long long kda_chunked_tc_calls() { return g_tc_calls.load(); }
@@ -1039,6 +1071,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
       tuning.buffers < 0 ||
       tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 3)
     return cudaErrorInvalidValue;
+  if (tuning.state < 0 || tuning.state > 3) return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
   if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
     return cudaErrorInvalidValue;
@@ -1052,13 +1085,16 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
   const int intra = tuning.intra != 0 ? tuning.intra : intra_default();
+  const int state = tuning.state != 0 ? tuning.state : state_env() != 0 ? state_env() : state_rule(n_seqs, H, chunk);
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
   g_tc_calls.fetch_add(1);
   const int N = n_total_tokens;
   return chunk == 64
-             ? run_tc<64>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, ws, stream)
-             : run_tc<32>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, ws, stream);
+             ? run_tc<64>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, state, ws,
+                          workspace, stream)
+             : run_tc<32>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, state, ws,
+                          workspace, stream);
 }
 
 }  // namespace k3::cuda

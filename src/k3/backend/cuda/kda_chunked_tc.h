@@ -39,10 +39,17 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // (8 warps, shuffle scan, blocked inverse; chunk 32 only, chunk 64 always runs v1), 3 = v2 compiled for 4
 // blocks per SM (64 registers, some spills; A/B), 0 = the environment's K3_KDA_TC_INTRA (v1 | v2 | v2x4;
 // unset = v2). Same outputs up to fp32 rounding order.
+// state: the state kernel, 1 = v1 (kda_tc_state_kernel: warps split the key rows of S, value_tile and buffers
+// apply), 2 = v2 (kda_tc_state2.cu: warps split the value columns, S^T in registers, no cross-warp exchange per
+// chunk; 8 warps = one block per sequence and head), 3 = v2 at 4 warps (two blocks per head); v2 is chunk 32
+// only (chunk 64 always runs v1) and ignores value_tile / buffers. 0 = the environment's K3_KDA_TC_STATE (v1 |
+// v2 | v2x4), unset: v2 at chunk 32 (8 warps when sequences x heads >= 264, else 4), v1 at chunk 64. v2's chunk states
+// equalled v1's exactly in every case checked (scripts/check_kda_tc.py, call s25-6).
 struct KdaTcTuning {
   int value_tile = 0;
   int buffers = 0;
   int intra = 0;
+  int state = 0;
 };
 
 // q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving

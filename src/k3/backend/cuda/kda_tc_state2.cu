@@ -1,0 +1,305 @@
+// State + output kernel v2 of the chunked KDA prefill on tensor cores (chunk 32, D = 128; kda_chunked_tc.cu's
+// file comment has the algorithm). Per chunk, with the intra-chunk kernel's operands W, U, Q (= q exp(G)),
+// K (= exp(G_last - G) k), A_qk and eL = exp(G_last):
+//   V~ = U - W S;   O = Q S + A_qk V~;   S = diag(eL) S + K^T V~        (S [k][v] fp32)
+// v1 (kda_tc_state_kernel) splits S by key rows across warps, so every chunk step exchanges a bf16 copy of S
+// and V~ through shared memory behind three barriers: a cross-warp chain over all chunks, latency-bound.
+// v2 splits the VALUE columns: warp w owns v in [16 w, 16 w + 16) of the block's columns and every product
+// of a chunk step needs only its own columns, so the step is warp-local. The warp holds S^T (16 v x 128 k)
+// as 16 m16n8 C fragments (64 fp32 registers) and computes transposed:
+//   V~^T = U^T - S^T W^T        A = S^T: C fragments of n-tiles 2j, 2j + 1 packed to bf16 ARE the A
+//                               fragment of k-slice j (FlashAttention-2's trick, no shared memory);
+//                               B[k][n] = W[n][k]: W rows in shared memory, plain ldmatrix
+//   O^T  = S^T Q^T + V~^T A_qk^T   B[j][i] = A_qk[i][j] (zero above the diagonal: one k-step skipped)
+//   S^T  = S^T diag(eL) + V~^T K   A = V~^T repacked from its C fragments; B = K rows: ldmatrix.trans
+// Chunk operands stream into a ring of NBUF = 3 shared-memory buffers with cp.async two chunks ahead (rows
+// past the sequence's end zero-filled, so they add nothing); the buffer hand-off is the only block-wide
+// synchronisation (one __syncthreads per chunk). Numerics class as v1: S fp32 in registers, bf16 copies of
+// S and V~ as mma operands, fp32 accumulation (only the summation order differs).
+// Cost model: ~102 mma per warp per chunk; each warp reads all of W, Q, K (24 KB of ldmatrix per chunk), so
+// shared-memory bandwidth (8 warps x 26.5 KB per chunk and head) rather than HBM (34 KB per chunk and head)
+// is the expected floor. ptxas (CUDA 13, sm_90): 8 warps 128 registers, 4 warps 190, no spills.
+#include "k3/backend/cuda/kda_tc_state2.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "k3/backend/cuda/kda_tc_common.cuh"
+
+namespace k3::cuda {
+namespace {
+
+// NW warps = BV = 16 NW value columns per block. One buffer: W, Q, K bf16 [L][LDB]; A_qk bf16 [L][LDA]; the
+// block's U columns bf16 [L][LDU]; eL fp32 [kD]. Row strides of 16 B times an odd number: the 8 rows of an
+// ldmatrix phase fall in distinct banks.
+template <int NW>
+struct State2Cfg {
+  static constexpr int L = 32, NT = 32 * NW, BV = 16 * NW, NBUF = 3;
+  static constexpr int LDB = kD + 8, LDA = L + 8, LDU = BV + 8;
+  static constexpr int off_w = 0, off_q = L * LDB * 2, off_k = 2 * L * LDB * 2, off_a = 3 * L * LDB * 2;
+  static constexpr int off_u = off_a + L * LDA * 2, off_e = off_u + L * LDU * 2;
+  static constexpr int buf_bytes = off_e + kD * 4;
+  static constexpr size_t bytes = static_cast<size_t>(NBUF) * buf_bytes;
+  static_assert(off_q % 16 == 0 && off_a % 16 == 0 && off_u % 16 == 0 && off_e % 16 == 0 && buf_bytes % 16 == 0,
+                "cp.async / ldmatrix alignment");
+};
+
+// Views of one operand buffer.
+struct State2Ops {
+  const bf16 *W, *Q, *K, *A, *U;
+  const float* eL;
+};
+template <class Cfg>
+__device__ __forceinline__ State2Ops state2_ops(const char* b) {
+  return State2Ops{reinterpret_cast<const bf16*>(b + Cfg::off_w), reinterpret_cast<const bf16*>(b + Cfg::off_q),
+                   reinterpret_cast<const bf16*>(b + Cfg::off_k), reinterpret_cast<const bf16*>(b + Cfg::off_a),
+                   reinterpret_cast<const bf16*>(b + Cfg::off_u), reinterpret_cast<const float*>(b + Cfg::off_e)};
+}
+
+// Per-lane ldmatrix offsets (elements), fixed for the whole kernel so each ldmatrix is base + constant.
+//  offB / offA (plain, W / Q rows of LDB, A_qk rows of LDA): lanes 8m..8m+7 address matrix m = rows
+//    (l & 7) + 8 (l >> 4), columns 8 ((l >> 3) & 1): r[0], r[1] = B fragment (k halves) of n-tile 2p,
+//    r[2], r[3] of n-tile 2p + 1, for token rows [16 p, 16 p + 16) at + 16 p LD, k-slice j at + 16 j.
+//  offU (trans, U rows of LDU): the same row pattern, columns 16 w + 8 ((l >> 3) & 1): r[0], r[1] = C
+//    fragment halves (v rows gq, gq + 8) of n-tile 2p of U^T, r[2], r[3] of n-tile 2p + 1.
+//  offK (trans, K rows of LDB): rows (l & 15), columns 8 (l >> 4): r[0], r[1] = B fragment (token halves)
+//    of k n-tile 2p, r[2], r[3] of n-tile 2p + 1, at + 16 kk LDB + 16 p.
+struct State2Lane {
+  int gq, tq, offB, offA, offU, offK;
+};
+template <class Cfg>
+__device__ __forceinline__ State2Lane state2_lane(int warp, int lane) {
+  const int r = (lane & 7) + 8 * (lane >> 4), c = 8 * ((lane >> 3) & 1);
+  return State2Lane{lane >> 2, lane & 3, r * Cfg::LDB + c, r * Cfg::LDA + c, r * Cfg::LDU + 16 * warp + c,
+                    (lane & 15) * Cfg::LDB + 8 * (lane >> 4)};
+}
+
+// Chunk c's operands into buffer b: rows [r0, r0 + Lc) of the workspace, zeros past them (the row address is
+// clamped into the sequence, its bytes not read). erow: the chunk's eL row ((chunk * H + h) * kD).
+template <class Cfg>
+__device__ __forceinline__ void state2_load(char* b, const TcWs& ws, size_t r0, int Lc, size_t hcol, int v0, int C,
+                                            int H, int h, size_t erow) {
+  constexpr int L = Cfg::L, NT = Cfg::NT, LDB = Cfg::LDB, LDA = Cfg::LDA, LDU = Cfg::LDU, BV = Cfg::BV;
+  bf16* W = reinterpret_cast<bf16*>(b + Cfg::off_w);
+  bf16* Q = reinterpret_cast<bf16*>(b + Cfg::off_q);
+  bf16* K = reinterpret_cast<bf16*>(b + Cfg::off_k);
+  bf16* A = reinterpret_cast<bf16*>(b + Cfg::off_a);
+  bf16* U = reinterpret_cast<bf16*>(b + Cfg::off_u);
+  float* eL = reinterpret_cast<float*>(b + Cfg::off_e);
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < L * (kD / 8) / NT; ++it) {
+    const int e = tid + it * NT, i = e / (kD / 8), d = 8 * (e % (kD / 8));
+    const size_t at = (r0 + min(i, Lc - 1)) * C + hcol + d;
+    cp_async16(W + i * LDB + d, ws.W + at, i < Lc);
+    cp_async16(Q + i * LDB + d, ws.Q + at, i < Lc);
+    cp_async16(K + i * LDB + d, ws.K + at, i < Lc);
+  }
+#pragma unroll
+  for (int it = 0; it < L * (BV / 8) / NT; ++it) {
+    const int e = tid + it * NT, i = e / (BV / 8), j = 8 * (e % (BV / 8));
+    cp_async16(U + i * LDU + j, ws.U + (r0 + min(i, Lc - 1)) * C + hcol + v0 + j, i < Lc);
+  }
+  if (tid < L * (L / 8)) {
+    const int i = tid / (L / 8), j = 8 * (tid % (L / 8));
+    cp_async16(A + i * LDA + j, ws.A + ((r0 + min(i, Lc - 1)) * H + h) * L + j, i < Lc);
+  }
+  if (tid < kD / 4) cp_async16(eL + 4 * tid, ws.eL + erow + 4 * tid, true);
+}
+
+// The bf16 A fragment of S^T for key k-slice j: the C fragments of n-tiles 2j, 2j + 1, packed.
+__device__ __forceinline__ void state2_sfrag(uint32_t (&a)[4], const float (&st)[16][4], int j) {
+  a[0] = pack2(st[2 * j][0], st[2 * j][1]);
+  a[1] = pack2(st[2 * j][2], st[2 * j][3]);
+  a[2] = pack2(st[2 * j + 1][0], st[2 * j + 1][1]);
+  a[3] = pack2(st[2 * j + 1][2], st[2 * j + 1][3]);
+}
+
+// V~^T = U^T - S^T W^T and O^T = S^T Q^T: both B tiles against the same bf16 A fragments of S^T (packed
+// once), eight independent accumulator chains of 8 k-steps. va receives V~^T as the bf16 A fragments of the
+// two token k-slices (the operand of A_qk and of the state update).
+template <class Cfg>
+__device__ __forceinline__ void state2_vnew(const State2Ops& b, const State2Lane& ln, const float (&st)[16][4],
+                                            uint32_t (&va)[2][4], float (&ot)[4][4]) {
+  float acc[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[nt][m] = ot[nt][m] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kD / 16; ++j) {  // key k-slice [16 j, 16 j + 16)
+    uint32_t a[4];
+    state2_sfrag(a, st, j);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // tokens [16 p, 16 p + 16) = n-tiles 2p, 2p + 1
+      uint32_t w[4], q[4];
+      ldsm_x4(w, b.W + ln.offB + 16 * p * Cfg::LDB + 16 * j);
+      ldsm_x4(q, b.Q + ln.offB + 16 * p * Cfg::LDB + 16 * j);
+      mma(acc[2 * p], a, w[0], w[1]);
+      mma(acc[2 * p + 1], a, w[2], w[3]);
+      mma(ot[2 * p], a, q[0], q[1]);
+      mma(ot[2 * p + 1], a, q[2], q[3]);
+    }
+  }
+  float vt[4][4];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    uint32_t u[4];  // U^T in C-fragment layout: u[2 s] v rows gq, u[2 s + 1] rows gq + 8, of n-tile 2p + s
+    ldsm_x4_t(u, b.U + ln.offU + 16 * p * Cfg::LDU);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const float2 lo = unpack2(u[2 * s]), hi = unpack2(u[2 * s + 1]);
+      const int nt = 2 * p + s;
+      vt[nt][0] = lo.x - acc[nt][0];
+      vt[nt][1] = lo.y - acc[nt][1];
+      vt[nt][2] = hi.x - acc[nt][2];
+      vt[nt][3] = hi.y - acc[nt][3];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {  // C fragments of token n-tiles 2kk, 2kk + 1 = A fragment of k-slice kk
+    va[kk][0] = pack2(vt[2 * kk][0], vt[2 * kk][1]);
+    va[kk][1] = pack2(vt[2 * kk][2], vt[2 * kk][3]);
+    va[kk][2] = pack2(vt[2 * kk + 1][0], vt[2 * kk + 1][1]);
+    va[kk][3] = pack2(vt[2 * kk + 1][2], vt[2 * kk + 1][3]);
+  }
+}
+
+// O^T (= S^T Q^T on entry) += V~^T A_qk^T, then O rows i < Lc to o_w (o at the chunk's first row, the warp's
+// first value column). A_qk[i][j] = 0 for j > i (the intra kernel writes the zeros): tokens j >= 16 add
+// nothing to rows i < 16, so that k-step is skipped. A store instruction of the warp covers 4 rows x 8
+// consecutive columns: whole 32-byte sectors, no staging through shared memory needed.
+template <class Cfg>
+__device__ __forceinline__ void state2_out(const State2Ops& b, const State2Lane& ln, const uint32_t (&va)[2][4],
+                                           float (&ot)[4][4], int Lc, float* __restrict__ o_w, int C) {
+  constexpr int LDA = Cfg::LDA;
+#pragma unroll
+  for (int p = 0; p < 2; ++p)
+#pragma unroll
+    for (int kk = 0; kk <= p; ++kk) {
+      uint32_t a[4];
+      ldsm_x4(a, b.A + ln.offA + 16 * p * LDA + 16 * kk);
+      mma(ot[2 * p], va[kk], a[0], a[1]);
+      mma(ot[2 * p + 1], va[kk], a[2], a[3]);
+    }
+  const bool full = Lc == Cfg::L;  // uniform: the common case stores without per-row predicates
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 8 * nt + 2 * ln.tq + (e & 1);
+      if (full || i < Lc) o_w[static_cast<size_t>(i) * C + ln.gq + 8 * (e >> 1)] = ot[nt][e];
+    }
+}
+
+// S^T = S^T diag(eL) + V~^T K: 16 independent accumulator tiles, two k-steps (the chunk's tokens) each.
+template <class Cfg>
+__device__ __forceinline__ void state2_update(const State2Ops& b, const State2Lane& ln, const uint32_t (&va)[2][4],
+                                              float (&st)[16][4]) {
+  constexpr int LDB = Cfg::LDB;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {  // st[nt] columns (keys) 8 nt + 2 tq, + 1
+    const float2 e = *reinterpret_cast<const float2*>(b.eL + 8 * nt + 2 * ln.tq);
+    st[nt][0] *= e.x;
+    st[nt][1] *= e.y;
+    st[nt][2] *= e.x;
+    st[nt][3] *= e.y;
+  }
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      uint32_t k[4];
+      ldsm_x4_t(k, b.K + ln.offK + 16 * kk * LDB + 16 * p);
+      mma(st[2 * p], va[kk], k[0], k[1]);
+      mma(st[2 * p + 1], va[kk], k[2], k[3]);
+    }
+}
+
+// st[nt][e] = S[k = 8 nt + 2 tq + (e & 1)][v = gq + 8 (e >> 1)] of the warp's 16 columns; S_w: the [kD][kD]
+// state at the warp's first value column. Loaded (kStore false) or stored; each instruction touches 4 rows x
+// 32 bytes.
+template <bool kStore>
+__device__ __forceinline__ void state2_io(float (&st)[16][4], float* S_w, const State2Lane& ln) {
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float* p = S_w + static_cast<size_t>(8 * nt + 2 * ln.tq + (e & 1)) * kD + ln.gq + 8 * (e >> 1);
+      if constexpr (kStore) *p = st[nt][e];
+      else st[nt][e] = *p;
+    }
+}
+
+// Grid (n_seqs, H, kD / BV): one block per sequence, head and BV value columns, walking the sequence's chunks.
+// Launch bounds: 8 warps are held to 128 registers (2 blocks = 16 warps per SM; 111 KB of shared memory each
+// fits twice); 4 warps may use more (natural ~190, no spills): their 99 KB of shared memory already limits an SM
+// to 2 blocks = 8 warps.
+template <int NW>
+__global__ void __launch_bounds__(State2Cfg<NW>::NT, NW == 8 ? 2 : 1)
+    kda_tc_state2_kernel(const KdaSeq* __restrict__ seqs, int H, const int* __restrict__ base, TcWs ws,
+                         float* __restrict__ o, float* __restrict__ chunk_states) {
+  using Cfg = State2Cfg<NW>;
+  constexpr int L = Cfg::L, NBUF = Cfg::NBUF;
+  extern __shared__ float4 smem4[];
+  char* sp = reinterpret_cast<char*>(smem4);
+  const KdaSeq sq = seqs[blockIdx.x];
+  if (sq.n <= 0) return;
+  const int h = blockIdx.y, v0 = blockIdx.z * Cfg::BV, C = H * kD, cb = base[blockIdx.x];
+  const int warp = threadIdx.x / 32, vw = v0 + 16 * warp;  // the warp's first value column in the head
+  const State2Lane ln = state2_lane<Cfg>(warp, threadIdx.x % 32);
+  const size_t hcol = static_cast<size_t>(h) * kD;
+  const int nch = n_chunks(sq.n, L);
+  auto load = [&](int c) {  // one commit group per chunk, empty past the last: the wait count stays fixed
+    if (c < nch)
+      state2_load<Cfg>(sp + (c % NBUF) * Cfg::buf_bytes, ws, static_cast<size_t>(sq.offset + c * L),
+                       min(L, sq.n - c * L), hcol, v0, C, H, h, (static_cast<size_t>(cb + c) * H + h) * kD);
+    cp_async_commit();
+  };
+  for (int c = 0; c < NBUF - 1; ++c) load(c);
+
+  float* Sg = sq.S + hcol * kD + vw;
+  float st[16][4];
+  state2_io<false>(st, Sg, ln);
+  for (int c = 0; c < nch; ++c) {
+    cp_async_wait<NBUF - 2>();  // this thread's copies of chunk c have landed (later chunks may pend)
+    __syncthreads();            // ... everyone's; and every warp is done with chunk c - 1's buffer
+    load(c + NBUF - 1);         // into that buffer
+    const State2Ops b = state2_ops<Cfg>(sp + (c % NBUF) * Cfg::buf_bytes);
+    const int t0 = c * L, Lc = min(L, sq.n - t0);
+    uint32_t va[2][4];
+    float ot[4][4];
+    state2_vnew<Cfg>(b, ln, st, va, ot);
+    state2_out<Cfg>(b, ln, va, ot, Lc, o + static_cast<size_t>(sq.offset + t0) * C + hcol + vw, C);
+    state2_update<Cfg>(b, ln, va, st);
+    if (chunk_states) state2_io<true>(st, chunk_states + (static_cast<size_t>(cb + c) * H + h) * kD * kD + vw, ln);
+  }
+  state2_io<true>(st, Sg, ln);
+}
+
+template <int NW>
+cudaError_t launch_state2(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o, float* chunk_states,
+                          cudaStream_t stream) {
+  using Cfg = State2Cfg<NW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kda_tc_state2_kernel<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::bytes));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), kD / Cfg::BV);
+  kda_tc_state2_kernel<NW><<<grid, Cfg::NT, Cfg::bytes, stream>>>(seqs, H, ws.base, ws, o, chunk_states);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t kda_tc_state2_launch(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
+                                 void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
+  if (warps != 8 && warps != 4) return cudaErrorInvalidValue;
+  TcWs ws;
+  tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, kD, State2Cfg<8>::L, static_cast<char*>(workspace),
+               &ws);
+  return warps == 8 ? launch_state2<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                    : launch_state2<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+}
+
+}  // namespace k3::cuda
