@@ -1085,7 +1085,12 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
   const int intra = tuning.intra != 0 ? tuning.intra : intra_default();
-  const int state = tuning.state != 0 ? tuning.state : state_env() != 0 ? state_env() : state_rule(n_seqs, H, chunk);
+  // A caller that sets v1's value tile or buffers asks for v1 (the tests of its tiles, the bench rows).
+  const bool v1_knobs = tuning.value_tile != 0 || tuning.buffers != 0;
+  const int state = tuning.state != 0 ? tuning.state
+                    : state_env() != 0 ? state_env()
+                    : v1_knobs         ? 1
+                                       : state_rule(n_seqs, H, chunk);
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
   g_tc_calls.fetch_add(1);

@@ -43,7 +43,8 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // apply), 2 = v2 (kda_tc_state2.cu: warps split the value columns, S^T in registers, no cross-warp exchange per
 // chunk; 8 warps = one block per sequence and head), 3 = v2 at 4 warps (two blocks per head); v2 is chunk 32
 // only (chunk 64 always runs v1) and ignores value_tile / buffers. 0 = the environment's K3_KDA_TC_STATE (v1 |
-// v2 | v2x4), unset: v2 at chunk 32 (8 warps when sequences x heads >= 264, else 4), v1 at chunk 64. v2's chunk states
+// v2 | v2x4), unset: v1 where value_tile or buffers is set, else v2 at chunk 32 (8 warps when sequences x heads
+// >= 264, else 4), v1 at chunk 64. v2's chunk states
 // equalled v1's exactly in every case checked (scripts/check_kda_tc.py, call s25-6).
 struct KdaTcTuning {
   int value_tile = 0;
