@@ -209,13 +209,11 @@ TEST(KernelBench, DISABLED_MoeDecodeLayer) {
     k3::WeightMatrix W[3];
   };
   std::vector<Ex> ex(E);
-  int64_t expert_bytes = 0;
   for (Ex& e : ex)
-    for (int m = 0; m < 3; ++m) {
+    for (int m = 0; m < 3; ++m)
       e.W[m] = m < 2 ? random_weights(k3::WeightFormat::MXFP4, I, X, rng, e.b[m], e.s[m])
                      : random_weights(k3::WeightFormat::MXFP4, X, I, rng, e.b[m], e.s[m]);
-      if (&e == &ex[0]) expert_bytes += e.W[m].bytes();
-    }
+  const int64_t expert_bytes = ex[0].W[0].bytes() + ex[0].W[1].bytes() + ex[0].W[2].bytes();
   const auto x = rnd(X, -1, 1, 3);
   std::vector<float> g(K * I), u(K * I), y(K * X);
   for (int two_stage = 1; two_stage >= 0; --two_stage) {

@@ -11,18 +11,17 @@ namespace k3::cpu {
 CpuOpProfile::CpuOpProfile() {
   const char* e = std::getenv("K3_CPU_PROFILE");
   on_ = e != nullptr && std::string(e) != "0" && std::string(e) != "";
-  if (const char* s = std::getenv("K3_CPU_PROFILE_SKIP")) skip_ = std::max(0, std::atoi(s));
+  if (const char* s = std::getenv("K3_CPU_PROFILE_SKIP"))  // digits only, clamped: no atoi overflow
+    skip_ = static_cast<int>(std::clamp<long long>(std::strtoll(s, nullptr, 10), 0, 1 << 30));
 }
 
 CpuOpProfile::~CpuOpProfile() { print(); }
 
 void CpuOpProfile::step_boundary() {
   if (!on_) return;
-  if (skip_ > 0 && --skip_ == 0) {  // the skipped steps (warm-up, prefill) leave no trace
-    totals_.clear();
-    steps_ = 0;
-    step_seconds_ = 0;
-    started_ = false;
+  if (skip_ > 0) {  // a skipped step (warm-up, prefill): neither its ops nor its interval are counted
+    --skip_;
+    return;
   }
   const auto now = std::chrono::steady_clock::now();
   if (started_) {
@@ -34,6 +33,7 @@ void CpuOpProfile::step_boundary() {
 }
 
 void CpuOpProfile::add(const std::string& name, double seconds, int64_t bytes) {
+  if (skip_ > 0) return;
   Total& t = totals_[name];
   t.seconds += seconds;
   t.calls += 1;

@@ -402,8 +402,8 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
 // signed (the stored q + 128 with its top bit flipped), and the correction -12 x (each lane's 4 activations)
 // computed ONCE per call for all rows, where the tile above pays a vpdpbusd and a subtraction per pair of every
 // row for -128 x (the lane's 4 weights). Both give each lane exactly sum(q w) in int32, so the outputs are the
-// tile's bits; per pair of a row two of ~11 vector instructions fewer (the kernel is bound by its instructions:
-// 7.2 GB/s per core from L3 on a Sapphire Rapids core before, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
+// tile's bits; per pair of a row two of ~11 vector instructions fewer (a few percent from L2 / L3 alone; the rows
+// side by side and the prefetch below carry the gain from DRAM, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
 // pairs (16384 columns); wider rows take the tile.
 constexpr int64_t kOneTokenMaxPairs = 256;
 template <WeightFormat F>
@@ -433,8 +433,9 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
         const __m512 xsc = _mm512_loadu_ps(reinterpret_cast<const float*>(xq + p * kQ8PairBytes + 64));
         // The rows kPrefetchRows ahead, a cache line per two pairs (and their scales' line once): from DRAM one
         // core's 4 row streams alone kept too few lines in flight (one token, 8 of 512 kl-1b-sized experts, 2
-        // threads: 13.3 -> 19.4 GB/s; KernelBench.DISABLED_MoeDecodeLayer, session 25). Prefetches never fault,
-        // so rows past the block or the matrix cost nothing but the request.
+        // threads, with the operand swap: 15.4 -> 21.4 GB/s against K3_MXFP4_ONE_TOKEN=tile;
+        // KernelBench.DISABLED_MoeDecodeLayer, session 25). Prefetches never fault: rows past the block or the
+        // matrix cost only the request.
         if ((p & 1) == 0)
           for (int i = 0; i < kRows; ++i) {
             const int64_t ahead = r + kPrefetchRows + i;
