@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/bench/memory_bandwidth.h"
+#include "k3/core/thread_pool.h"
 #include "k3/core/weight.h"
 #include "k3/quant/gguf_quant.h"
 #include "k3/sampling/token_sampling.h"
@@ -246,6 +248,62 @@ TEST(KernelBench, DISABLED_MoeDecodeLayer) {
                 K, E, static_cast<long long>(I), static_cast<long long>(X), K * expert_bytes / 1e6,
                 two_stage ? "one fork-join (matmul_two_stage)" : "two fork-joins (matmul_batch)", ms * 1e3, gb,
                 100.0 * gb / bw.best_gb_s);
+  }
+}
+
+// What one decode-sized projection costs at the pool's size, weights cycled through enough copies to come from DRAM
+// (as a decode step reads them): median us per call against the time its bytes take at the read rate, for the
+// shapes of kl-1b's step (router 64 x 2048, KDA low-rank gates 2048 x 128 / 128 x 2048, MLA 384 x 2048, the
+// 2048 x 2048 projections, the dense GLU) and an empty fork-join. Says which ops are bound by latency (the pool's
+// hand-over, a chunk's start) rather than bytes at 16 threads (docs/perf/cpu.md, session 26). Run with
+// `K3_CPU_ISA=amx K3_NUM_THREADS=16 k3_tests --gtest_also_run_disabled_tests
+// --gtest_filter='KernelBench.DISABLED_DecodeOpLatency'`.
+TEST(KernelBench, DISABLED_DecodeOpLatency) {
+  const k3::bench::BandwidthResult bw = k3::bench::measure_read_bandwidth(size_t{1} << 30, 3);
+  std::printf("read bandwidth (k3 bench memory): best %.1f GB/s, %d threads\n", bw.best_gb_s, bw.threads);
+  auto median_us = [](int reps, auto&& f) {
+    std::vector<double> t(static_cast<size_t>(reps));
+    for (auto& v : t) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      v = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    }
+    std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+    return t[static_cast<size_t>(reps / 2)];
+  };
+  auto& pool = k3::ThreadPool::global();
+  std::atomic<int64_t> sink{0};
+  const double fj = median_us(2000, [&] {
+    pool.parallel_for(pool.size(), 1, [&](int64_t b, int64_t, int) { sink.fetch_add(b, std::memory_order_relaxed); });
+  });
+  std::printf("empty fork-join over %d threads: %.2f us (median of 2000)\n", pool.size(), fj);
+  std::mt19937 rng(12);
+  struct Shape {
+    const char* what;
+    int64_t rows, cols;
+  };
+  for (const Shape& c : {Shape{"router", 64, 2048}, Shape{"KDA gate down", 128, 2048}, Shape{"KDA gate up", 2048, 128},
+                         Shape{"MLA q/kv down", 384, 2048}, Shape{"2048 x 2048", 2048, 2048},
+                         Shape{"dense GLU down", 2048, 5632}}) {
+    std::vector<uint8_t> bytes, scales;
+    const k3::WeightMatrix W0 = random_weights(k3::WeightFormat::BF16, c.rows, c.cols, rng, bytes, scales);
+    // Copies of the same bytes (a fresh buffer each) so that the cycle exceeds any L3: ~768 MB.
+    const size_t nb = bytes.size(), copies = std::clamp<size_t>((size_t{768} << 20) / nb, 1, 4096);
+    std::vector<uint8_t> all(nb * copies);
+    for (size_t i = 0; i < copies; ++i) std::copy(bytes.begin(), bytes.end(), all.begin() + static_cast<std::ptrdiff_t>(i * nb));
+    std::vector<k3::WeightMatrix> Ws(copies, W0);
+    for (size_t i = 0; i < copies; ++i) Ws[i].data = all.data() + i * nb;
+    const auto x = rnd(static_cast<size_t>(c.cols), -1, 1, 5);
+    std::vector<float> y(static_cast<size_t>(c.rows));
+    size_t next = 0;
+    const double us = median_us(std::max<int>(200, static_cast<int>(copies)), [&] {
+      k3::cpu::matmul(Ws[next], x.data(), 1, y.data());
+      next = (next + 1) % copies;
+    });
+    const double ideal = static_cast<double>(nb) / (bw.best_gb_s * 1e3);
+    std::printf("%-15s %5lldx%-5lld BF16 (%6.0f KB): %7.1f us (%5.1f GB/s), at the read rate %6.1f us: %4.1fx\n", c.what,
+                static_cast<long long>(c.rows), static_cast<long long>(c.cols), nb / 1024.0, us, nb / (us * 1e3), ideal,
+                us / ideal);
   }
 }
 
