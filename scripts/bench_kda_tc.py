@@ -81,7 +81,7 @@ def profile(variants, shape):
     for name, fn in variants:
         if not any(x in name for x in ("tc32 bv32 buf1 bf16", "tc32 bv64 buf1 bf16", "tc32 bv32 buf3 bf16",
                                        "tc32 bv128 buf1 bf16", "tc32 bv128 buf3 bf16", "state-v2 8w bf16",
-                                       "state-v2 4w bf16", "safe_gate")):
+                                       "state-v2 4w bf16", "safe_gate", "bf16-in intra4", "bf16-in intra5")):
             continue
         call = fn[0] if isinstance(fn, tuple) else fn
         for _ in range(3):
@@ -143,16 +143,17 @@ def main():
                                              ptr(beta), ptr(o), ptr(cs), 0, 0, intra, state, ptr(ws), wsb), "tc2")
 
         variants = [(f"k3 fp32 chunked{c}", k3_old(c)) for c in (32, 64)]
-        # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM (chunk 32 only; chunk 64 always runs v1)
+        # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM, 4 = v3 (persistent, prefetched loads; bf16 inputs,
+        # fp32 inputs run v2), 5 = v3 with streaming stores (chunk 32 only; chunk 64 always runs v1)
         for bf in (True, False):
             for c in (32, 64):
-                for iv in ((2, 3, 1) if c == 32 else (1,)):
+                for iv in ((2, 3, 1, 4, 5) if c == 32 else (1,)):
                     for bv in (32, 64, 128):
                         for nb in (1, 2, 3):
                             if (nb > 1 or bv == 128) and not (c == 32 and iv == 2):
                                 continue  # two buffers were slower everywhere (run kda-tc-2); new knobs at tc32 only
-                            if iv == 3 and bv != 32:
-                                continue  # the 4-blocks-per-SM intra build: one A/B row (bv32 buf1)
+                            if iv in (3, 4, 5) and bv != 32:
+                                continue  # the 4-blocks-per-SM intra build, v3: one A/B row each (bv32 buf1)
                             variants.append((f"k3 tc{c} bv{bv} buf{nb} {'bf16' if bf else 'fp32'}-in intra{iv}",
                                              k3_tc(c, bv, bf, None, nb, iv)))
         n_chunks = ns * ((T + 31) // 32)
@@ -163,6 +164,10 @@ def main():
             for st, nw in ((2, 8), (3, 4)):
                 variants.append((f"k3 tc32 state-v2 {nw}w {'bf16' if bf else 'fp32'}-in intra2", k3_tc2(bf, st)))
         variants.append(("k3 tc32 state-v2 8w bf16-in intra2 +chunk states", k3_tc2(True, 2, cs)))
+        # intra v3 (4: persistent, next item prefetched; 5: + streaming stores) with the state kernel v2
+        for iv in (4, 5):
+            variants.append((f"k3 tc32 state-v2 8w bf16-in intra{iv}", k3_tc2(True, 2, None, iv)))
+            variants.append((f"k3 tc32 state-v2 4w bf16-in intra{iv}", k3_tc2(True, 3, None, iv)))
         if chunk_kda is not None:
             cu = torch.arange(0, N + 1, T, device="cuda", dtype=torch.long)
             fq, fk, fv, fb = (x.unsqueeze(0) for x in (qb, kb, vb, beta.bfloat16()))

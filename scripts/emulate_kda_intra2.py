@@ -4,7 +4,8 @@ lane of every warp in float64 (the load / scan lane roles, the shuffles, ldmatri
 semantics as PTX defines them, the shared-memory layout, the blocked inverse) and compares the workspace
 outputs (Q exp(G), exp(G_last - G) k, A_qk, W, U, exp(G_last)) with the direct chunk math. No bf16 rounding:
 a correct mapping agrees to ~1e-15, an indexing slip by O(1); unwritten shared memory is NaN, so reading it
-shows. Keep it in step with the kernel when either changes. Usage: emulate_kda_intra2.py"""
+shows. check_v3 covers kda_tc_intra3_kernel's own index math (work items, the prefetch stage). Keep it in step
+with the kernels when either changes. Usage: emulate_kda_intra2.py"""
 import numpy as np
 rng = np.random.default_rng(0)
 L, D = 32, 128
@@ -135,6 +136,124 @@ def run(Lc):
             "W": err(gW[:Lc], Wr[:Lc]), "U": err(gU[:Lc], Ur[:Lc]), "eL": err(eL, np.exp(Gl))}
     print(f"Lc {Lc:2d}: " + "  ".join(f"{n} {e:.1e}" for n, e in errs.items()))
     return all(e < 1e-12 for e in errs.values())  # False for NaN too
+
+
+def check_v3():
+    """kda_tc_intra3_kernel's new index math (its arithmetic is v2's, emulated above): the work-item -> (chunk,
+    head) mapping of the persistent loop, the prefetch hand-off (each block consumes exactly the item it staged),
+    the cp.async stage addressing (swizzled 16-byte chunks, zero-fill past Lc, clamped source rows) against the
+    tile each thread reads back, the tile reads' bank wavefronts, and the shared-memory regions."""
+    ok = True
+    # --- shared-memory layout (Intra2Cfg, Intra3Cfg)
+    plane2 = L * LDB * 2
+    off_ke, off_v, off_ql, off_kl, off_kr = 0, plane2, 2 * plane2, 3 * plane2, 4 * plane2
+    off_ak = off_kr + 48 * LDB * 2; off_bs = off_ak + L * LDK * 4; bytes2 = off_bs + L * 4
+    off_mi = off_ql; off_xs = off_mi + L * LDK * 4; off_ts = off_xs + 16 * LDX * 4; ts_end = off_ts + L * LDT * 2
+    plane3 = L * D * 2
+    off_g = bytes2; off_k = off_g + plane3; off_b = off_k + plane3; bytes3 = off_b + L * 4
+    off_q3 = off_kl; off_v3 = off_q3 + plane3
+    per_sm, reserved = 228 * 1024, 1024
+    checks = {"late planes inside Kl+Kr": off_kl <= off_q3 and off_v3 + plane3 <= off_ak,
+              "inverse scratch clear of them": ts_end <= off_q3,
+              "3 blocks per SM": 3 * (bytes3 + reserved) <= per_sm,
+              "16-byte alignment": all(x % 16 == 0 for x in (off_g, off_k, off_b, off_q3, off_v3))}
+    print(f"v3 shared memory {bytes3} B (v2 {bytes2}): " + ", ".join(f"{n} {'ok' if c else 'FAIL'}" for n, c in checks.items()))
+    ok &= all(checks.values())
+
+    def stage_off(r, c): return r * 256 + 16 * (c ^ (2 * ((r >> 2) & 3)))
+    # every 16-byte chunk of a plane written exactly once
+    offs = sorted(stage_off(r, c) for r in range(32) for c in range(16))
+    if offs != list(range(0, plane3, 16)): print("v3 stage swizzle is not a permutation"); ok = False
+    # tile reads: wavefronts per warp-wide 8-byte load (32 banks of 4 bytes; a wavefront serves one 4-byte word per bank)
+    worst = 0
+    for w in range(8):
+        for u in range(4):
+            words = {}
+            for lane in range(32):
+                seg, cg = lane >> 2, lane & 3; r0, d = 4 * seg, 16 * w + 4 * cg
+                at = stage_off(r0 + u, d >> 3) + 2 * (d & 7)
+                for b in (at, at + 4): words.setdefault((b // 4) % 32, set()).add(b // 4)
+            worst = max(worst, max(len(x) for x in words.values()))
+    print(f"v3 tile reads: {worst} wavefronts per 8-byte warp load (2 is the minimum)")
+    ok &= worst == 2
+
+    # --- the stage round trip for partial chunks: cp.async (thread, j) -> bytes -> intra3_read -> tile
+    C = 3 * D  # H = 3, head 1
+    for Lc in (32, 1, 17, 16, 31):
+        rows = rng.integers(0, 1 << 16, size=(Lc + 1, C))  # one row past the chunk: must not be copied
+        stage = np.full(plane3 // 2, -1, dtype=np.int64)  # bf16 slots, -1 = never written
+        h = 1
+        for tid in range(256):
+            for j in range(2):
+                e = tid + 256 * j; r, c = e >> 4, e & 15; okr = r < Lc
+                src = rows[r if okr else 0, h * D + 8 * c: h * D + 8 * c + 8]
+                o = stage_off(r, c) // 2
+                stage[o:o + 8] = src if okr else 0
+        bad = 0
+        for tid in range(256):
+            lane = tid % 32; seg, cg = lane >> 2, lane & 3; r0, d = 4 * seg, 16 * (tid // 32) + 4 * cg
+            for u in range(4):
+                at = (stage_off(r0 + u, d >> 3) + 2 * (d & 7)) // 2
+                want = rows[r0 + u, h * D + d:h * D + d + 4] if r0 + u < Lc else np.zeros(4)
+                bad += not np.array_equal(stage[at:at + 4], want)
+        if bad or (stage < 0).any(): print(f"v3 stage round trip Lc {Lc}: {bad} bad tiles"); ok = False
+
+    # --- work items: the base table, the persistent loop, the prefetch chain
+    def seq_of_chunk(base, n_seqs, b):
+        lo, hi = 0, n_seqs - 1
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if base[mid] <= b: lo = mid
+            else: hi = mid - 1
+        return lo
+    for lens, H, grid_cap in [([1], 3, 396), ([16, 17, 15], 3, 396), ([0, 33, 0, 95, 0], 4, 396), ([1000] * 8, 32, 396),
+                              ([257, 0, 64, 65, 1, 129, 511], 2, 7), ([8192], 96, 396), ([0, 0, 5], 1, 396), ([100, 3], 32, 7)]:
+        n_seqs = len(lens); offs = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(int); N = sum(lens)
+        base, run_ = [], 0
+        for n in lens: base.append(run_); run_ += (n + L - 1) // L if n > 0 else 0
+        base.append(run_)
+        n_items = base[n_seqs] * H
+        items_ub = (N // L + n_seqs) * H
+        grid = min(items_ub, grid_cap)
+        seen = {}
+        if n_items > items_ub: print("v3 item upper bound too small"); ok = False
+        for x in range(grid):
+            if x >= n_items: continue  # the block returns at once
+            def item(it):
+                b = it // H; hh = it - b * H; s_ = seq_of_chunk(base, n_seqs, b); t0 = (b - base[s_]) * L
+                return dict(b=b, h=hh, s=s_, t0=t0, Lc=min(L, lens[s_] - t0), row0=offs[s_] + t0)
+            def item_bh(b, hh):
+                s_ = seq_of_chunk(base, n_seqs, b); t0 = (b - base[s_]) * L
+                return dict(b=b, h=hh, s=s_, t0=t0, Lc=min(L, lens[s_] - t0), row0=offs[s_] + t0)
+            step_b, step_h = grid // H, grid - (grid // H) * H
+            def next_item(c):  # the kernel's division-free step to item it + grid
+                hh = c["h"] + step_h; wrap = 1 if hh >= H else 0
+                return item_bh(c["b"] + step_b + wrap, hh - wrap * H)
+            it = x; staged = item_bh(it // H, it % H)  # the prologue's copies
+            cur = staged
+            while True:
+                if cur != item(it): print(f"v3 item stepping: block {x} item {it}"); ok = False
+                if staged != cur: print(f"v3 prefetch hand-off: block {x} item {it}"); ok = False
+                nx = it + grid; more = nx < n_items
+                if more:
+                    staged = next_item(cur)  # early group
+                    if next_item(cur) != staged: ok = False  # late group: the same lookup again
+                key = (cur["s"], cur["t0"], cur["h"])
+                if key in seen or not (1 <= cur["Lc"] <= L) or cur["t0"] % L or cur["row0"] + cur["Lc"] > offs[cur["s"]] + lens[cur["s"]]:
+                    print(f"v3 bad item {it}: {cur}"); ok = False
+                seen[key] = (cur["b"] * H + cur["h"]) * D  # exp(G_last)'s offset
+                if not more: break
+                it = nx; cur = staged
+        want = {(s_, t0, hh) for s_, n in enumerate(lens) for t0 in range(0, n, L) for hh in range(H)}
+        if set(seen) != want or len(set(seen.values())) != len(seen):
+            print(f"v3 items do not cover lens {lens} H {H} exactly once"); ok = False
+        per_block = -(-n_items // grid) if grid else 0
+        print(f"v3 lens {lens if len(lens) < 8 else f'{len(lens)} x {lens[0]}'} H {H}: {n_items} items on {grid} blocks "
+              f"(up to {per_block} per block) covered once")
+    return ok
+
+
 ok = all([run(Lc) for Lc in (32, 1, 17, 16, 31)])
+ok = check_v3() and ok
 print("OK" if ok else "MISMATCH")
 raise SystemExit(0 if ok else 1)

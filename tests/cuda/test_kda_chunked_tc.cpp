@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -187,9 +188,9 @@ TEST(CudaKdaTc, MatchesCpuRecurrence) {
   }
 }
 
-// Both intra-chunk kernels at chunk 32 (v1: serial cumsum and substitution; v2: shuffle scan, blocked inverse,
-// also in its 4-blocks-per-SM build; chunk 64 always runs v1): each against the fp32 recurrence, and v2 against
-// v1. They differ only in fp32
+// The intra-chunk kernels at chunk 32 (v1: serial cumsum and substitution; v2: shuffle scan, blocked inverse,
+// also in its 4-blocks-per-SM build; v3: v2 persistent with prefetched loads; chunk 64 always runs v1): each
+// against the fp32 recurrence, and v2 / v3 against v1. They differ only in fp32
 // rounding order (G, the inverse), so they agree far closer than either does with the fp32 reference (both
 // round the same bf16 inputs); 5e-3 still catches any indexing slip (errors of order 1).
 TEST(CudaKdaTc, IntraVariantsMatchRecurrenceAndEachOther) {
@@ -208,20 +209,75 @@ TEST(CudaKdaTc, IntraVariantsMatchRecurrenceAndEachOther) {
       const std::string what = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " lens " + lens_str(lens);
       EXPECT_LT(e1, kTol) << what;
       EXPECT_LT(s1, kTol) << what;
-      for (int iv : {2, 3}) {  // v2 (3 blocks per SM), v2 compiled for 4 blocks per SM
+      for (int iv : {2, 3, 4}) {  // v2 (3 blocks per SM), v2 compiled for 4 blocks per SM, v3
         Vec o2, S2, C2;
         gpu_tc(p, TcRun{32, 0, 0, in, true, iv}, o2, S2, &C2);
         const double e2 = rel_err(o2, ro), s2 = rel_err(S2, rS), c2 = rel_err(C2, rC);
         const double d_o = rel_err(o2, o1), d_c = rel_err(C2, C1);
         std::printf("[ kda-tc ] intra v1/%s %s-in H=%d lens=%-26s out %.2e / %.2e  state %.2e / %.2e  chunk states "
                     "%.2e  minus v1: out %.2e states %.2e\n",
-                    iv == 2 ? "v2" : "v2x4", in == KdaInType::BF16 ? "bf16" : "fp32", p.H, lens_str(lens).c_str(), e1,
-                    e2, s1, s2, c2, d_o, d_c);
+                    iv == 2 ? "v2" : iv == 3 ? "v2x4" : "v3", in == KdaInType::BF16 ? "bf16" : "fp32", p.H,
+                    lens_str(lens).c_str(), e1, e2, s1, s2, c2, d_o, d_c);
         EXPECT_LT(e2, kTol) << what << " intra " << iv;
         EXPECT_LT(s2, kTol) << what << " intra " << iv;
         EXPECT_LT(c2, kTol) << what << " intra " << iv;
         EXPECT_LT(d_o, 5e-3) << what << " intra " << iv;
         EXPECT_LT(d_c, 5e-3) << what << " intra " << iv;
+      }
+    }
+  }
+}
+
+// Intra kernel v3 (KdaTcTuning::intra 4, 5 = with streaming stores) is v2 with another load schedule (persistent
+// blocks, the next (chunk, head) item's inputs prefetched into shared memory) and the same arithmetic, so with the
+// same state kernel everything must be BIT-identical to v2: outputs, final states, chunk states. Lengths around the
+// chunk, empty sequences (first, middle, last), partial last chunks, fp32 inputs (which v3 hands to v2) and bf16,
+// and 8 x 1000 tokens x 32 heads = 8192 work items, ~20 per block at the 396 resident blocks of an H200, so the
+// persistent loop and its prefetch run many items per block (chunk states left out there: 0.5 GB).
+TEST(CudaKdaTc, IntraV3BitwiseEqualsV2) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int H;
+    std::vector<int> lens;
+    bool chunk_states;
+  };
+  const std::vector<Case> cases = {{3, {1}, true},
+                                   {3, {16, 17, 15}, true},
+                                   {3, {31, 32, 33}, true},
+                                   {4, {0, 33, 0, 95, 0}, true},
+                                   {3, {1000}, true},
+                                   {2, {257, 0, 64, 65, 1, 129, 511}, true},
+                                   {32, std::vector<int>(8, 1000), false}};
+  // bitwise equal (sizes too) and finite: the outputs are NaN-poisoned, so a row neither wrote fails
+  auto same = [](const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
+    ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
+    size_t diff = 0, nonfinite = 0, first = a.size();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && diff++ == 0) first = i;
+      if (!std::isfinite(a[i])) ++nonfinite;
+    }
+    EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ, first at " << first
+                        << (first < a.size() ? " (" + std::to_string(a[first]) + " vs " + std::to_string(b[first]) + ")"
+                                             : std::string());
+    EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
+  };
+  uint32_t seed = 3700;
+  for (const Case& c : cases) {
+    const Problem p = make_problem(c.H, c.lens, ++seed);
+    for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+      Vec o2, S2, C2;
+      gpu_tc(p, TcRun{32, 0, 0, in, c.chunk_states, 2}, o2, S2, c.chunk_states ? &C2 : nullptr);
+      for (int iv : {4, 5}) {
+        Vec o3, S3, C3;
+        gpu_tc(p, TcRun{32, 0, 0, in, c.chunk_states, iv}, o3, S3, c.chunk_states ? &C3 : nullptr);
+        const std::string ctx = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " H=" + std::to_string(c.H) +
+                                " lens " + lens_str(c.lens) + " intra " + std::to_string(iv);
+        same(o3, o2, "out", ctx);
+        same(S3, S2, "final states", ctx);
+        if (c.chunk_states) same(C3, C2, "chunk states", ctx);
+        std::printf("[ kda-tc ] intra v3%s vs v2 %s-in H=%d lens=%s: %zu outputs, %zu chunk states compared\n",
+                    iv == 5 ? "cs" : "", in == KdaInType::BF16 ? "bf16" : "fp32", c.H,
+                    c.lens.size() > 7 ? "8 x 1000" : lens_str(c.lens).c_str(), o3.size(), C3.size());
       }
     }
   }
@@ -356,8 +412,8 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(call(kD, 64, 0, x, wsb - 16), cudaErrorInvalidValue);     // workspace too small
   EXPECT_EQ(call(kD, 64, 0, x + 1, wsb), cudaErrorInvalidValue);      // misaligned q
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
-                           k3::cuda::KdaTcTuning{0, 0, 4}, ws.p, wsb, nullptr),
-            cudaErrorInvalidValue);  // intra variant 4
+                           k3::cuda::KdaTcTuning{0, 0, 6}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // intra variant 6 (1..5 exist)
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 64, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
                            k3::cuda::KdaTcTuning{0, 3, 0}, ws.p, wsb, nullptr),
             cudaErrorInvalidValue);  // three buffers at chunk 64

@@ -3,7 +3,9 @@
 // where the arithmetic runs:
 //
 // 1. kda_tc_intra_kernel (v1), one block of L/16 warps per (chunk, head), warp w = sub-chunk rows [16w, 16w+16)
-//    (chunk 32 runs kda_tc_intra2_kernel by default: the same outputs from 8 warps, see its comment):
+//    (chunk 32 runs kda_tc_intra2_kernel by default: the same outputs from 8 warps, see its comment; and
+//    kda_tc_intra3_kernel, KdaTcTuning::intra = 4: v2 made persistent, the next work item's loads in flight
+//    during the current one's compute, bit-identical outputs):
 //    - G = cumulative log decay (fp32, shared), q / k / v staged as bf16.
 //    - A_kk and A_qk on tensor cores: exp(G_i - G_j) is split around the first row r of the row's
 //      sub-chunk, (k_i exp(G_i - G_r)) . (k_j exp(G_r - G_j)). For j in an earlier sub-chunk both
@@ -34,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
 #include "k3/backend/cuda/kda_tc_state2.h"
@@ -333,33 +336,74 @@ __device__ __forceinline__ void pack4(uint32_t (&dst)[2], float4 x) {
   dst[1] = pack2(x.z, x.w);
 }
 
-// All 16 global loads first (nothing in between depends on them), then the conversions.
+// The thread's raw input data of one (chunk, head): 4 rows x 4 columns of g, q, k, v as loaded (bf16: 8 bytes a
+// row, fp32: 16), zeros for rows >= Lc. v2 loads it from global memory and converts it right away (intra2_load);
+// v3 reads it from its prefetch stage in shared memory (intra3_read).
+template <class T>
+struct Intra2Raw {
+  using Vec = std::conditional_t<std::is_same_v<T, float>, float4, uint2>;
+  Vec g[4], q[4], k[4], v[4];
+};
+
+template <class T>
+__device__ __forceinline__ typename Intra2Raw<T>::Vec raw_load(const T* p) {
+  return *reinterpret_cast<const typename Intra2Raw<T>::Vec*>(p);
+}
+template <class T>
+__device__ __forceinline__ typename Intra2Raw<T>::Vec raw_zero() {
+  if constexpr (std::is_same_v<T, float>) return make_float4(0.f, 0.f, 0.f, 0.f);
+  else return make_uint2(0u, 0u);
+}
+// load4's conversion (kda_tc_common.cuh) applied to an already loaded vector: the same operations, so the tile
+// is bit-identical whether the conversion follows the load at once (v2) or a work item later (v3).
+__device__ __forceinline__ float4 raw_to4(float4 x) { return x; }
+__device__ __forceinline__ float4 raw_to4(uint2 u) {
+  const float2 a = unpack2(u.x), b = unpack2(u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// All 16 global loads (nothing in between depends on them). Rows >= Lc: zeros (no load).
+template <class T>
+__device__ __forceinline__ void intra2_issue(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                             const T* __restrict__ g, size_t at0, int r0, int Lc, int C,
+                                             Intra2Raw<T>& raw) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    raw.g[u] = raw.q[u] = raw.k[u] = raw.v[u] = raw_zero<T>();
+    if (r0 + u < Lc) {
+      const size_t at = at0 + static_cast<size_t>(r0 + u) * C;
+      raw.g[u] = raw_load(g + at);
+      raw.q[u] = raw_load(q + at);
+      raw.k[u] = raw_load(k + at);
+      raw.v[u] = raw_load(v + at);
+    }
+  }
+}
+
+// The conversions: g to fp32 G, q, k, v rounded to bf16 (as v1 stages them).
+template <class T>
+__device__ __forceinline__ void intra2_convert(const Intra2Raw<T>& raw, Intra2Tile& t) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float4 gr = raw_to4(raw.g[u]), qr = raw_to4(raw.q[u]), kr = raw_to4(raw.k[u]), vr = raw_to4(raw.v[u]);
+    t.G[u][0] = gr.x;
+    t.G[u][1] = gr.y;
+    t.G[u][2] = gr.z;
+    t.G[u][3] = gr.w;
+    pack4(t.q[u], qr);
+    pack4(t.k[u], kr);
+    pack4(t.v[u], vr);
+  }
+}
+
+// v2: all 16 global loads first, then the conversions.
 template <class T>
 __device__ __forceinline__ void intra2_load(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                             const T* __restrict__ g, size_t at0, int r0, int Lc, int C,
                                             Intra2Tile& t) {
-  float4 gr[4], qr[4], kr[4], vr[4];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    gr[u] = qr[u] = kr[u] = vr[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r0 + u < Lc) {
-      const size_t at = at0 + static_cast<size_t>(r0 + u) * C;
-      gr[u] = load4(g + at);
-      qr[u] = load4(q + at);
-      kr[u] = load4(k + at);
-      vr[u] = load4(v + at);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    t.G[u][0] = gr[u].x;
-    t.G[u][1] = gr[u].y;
-    t.G[u][2] = gr[u].z;
-    t.G[u][3] = gr[u].w;
-    pack4(t.q[u], qr[u]);
-    pack4(t.k[u], kr[u]);
-    pack4(t.v[u], vr[u]);
-  }
+  Intra2Raw<T> raw;
+  intra2_issue<T>(q, k, v, g, at0, r0, Lc, C, raw);
+  intra2_convert<T>(raw, t);
 }
 
 // G = inclusive cumsum over the chunk's rows: lane = 4 seg + cg holds rows [4 seg, 4 seg + 4) of the same 4
@@ -395,6 +439,13 @@ __device__ __forceinline__ uint2 scale4(const uint32_t (&x)[2], const float (&e)
   return make_uint2(pack2(a.x * e[0], a.y * e[1]), pack2(b.x * e[2], b.y * e[3]));
 }
 __device__ __forceinline__ void st8(bf16* p, uint2 v) { *reinterpret_cast<uint2*>(p) = v; }
+// A store of a kernel output to the workspace: plain (CS = false: v2, v3's default) or streaming (st.global.cs,
+// evict-first: the state kernel reads each output once, later; v3's A/B variant KdaTcTuning::intra = 5).
+template <bool CS, class V>
+__device__ __forceinline__ void st_out(void* p, V v) {
+  if constexpr (CS) __stcs(reinterpret_cast<V*>(p), v);
+  else *reinterpret_cast<V*>(p) = v;
+}
 
 // Reference values of G for the thread's columns: rows 0 and 16 (the sub-chunk references) and row L - 1
 // (= row Lc - 1: padded rows add 0).
@@ -415,6 +466,7 @@ __device__ __forceinline__ Intra2Refs intra2_refs(const float (&G)[4][4], int cg
 // Elementwise operands of the thread's rows: Q exp(G) and exp(G_last - G) k to the workspace (rows < Lc);
 // KE, Vb, Ql, Kl, Kr to shared memory. exp(G_ref - G_j) > 1 only inside row j's own sub-chunk (at most
 // exp(15 * 5.5)); the clamp at 88 keeps it finite for gates below the precondition.
+template <bool CS = false>
 __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, int Lc,
                                                    char* sp, bf16* __restrict__ gQ, bf16* __restrict__ gK,
                                                    size_t at0, int C) {
@@ -453,8 +505,8 @@ __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const In
     }
     if (i < Lc) {
       const size_t at = at0 + static_cast<size_t>(i) * C;
-      *reinterpret_cast<uint2*>(gQ + at) = scale4(t.q[u], eG);
-      *reinterpret_cast<uint2*>(gK + at) = scale4(t.k[u], eD);
+      st_out<CS>(gQ + at, scale4(t.q[u], eG));
+      st_out<CS>(gK + at, scale4(t.k[u], eD));
     }
   }
 }
@@ -463,11 +515,12 @@ __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const In
 // zeros above). Warp w: kind w / 4 (0: A_kk from Kl, 1: A_qk from Ql); job w % 4 = the 16 x 16 tile
 // (row tile, key tile) (0, 0), (1, 0), (1, 1); job 3 idles. Key tile jt of row tile rt reads Kr rows
 // 16 rt + 16 jt (the reference of rt).
+template <bool CS = false>
 __device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16* __restrict__ Ap, size_t row0,
-                                                int Lc, int H, int h) {
+                                                int Lc, int H, int h, int tid = threadIdx.x) {
   using Cfg = Intra2Cfg;
   constexpr int L = Cfg::L, LDB = Cfg::LDB;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
   const int kind = w >> 2, job = w & 3;
   if (job == 3) return;
   const int rt = job == 0 ? 0 : 1, jt = job == 2 ? 1 : 0;
@@ -500,18 +553,18 @@ __device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16*
             make_float2(j < i ? bi * x0 : 0.f, j + 1 < i ? bi * x1 : 0.f);
       } else if (i < Lc) {
         bf16* arow = Ap + ((row0 + i) * H + h) * L;
-        *reinterpret_cast<uint32_t*>(arow + j) = pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f);
-        if (job == 0) *reinterpret_cast<uint32_t*>(arow + j + 16) = 0u;  // the zero block above the diagonal
+        st_out<CS>(arow + j, pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f));
+        if (job == 0) st_out<CS>(arow + j + 16, 0u);  // the zero block above the diagonal
       }
     }
 }
 
 // Diagonal 16 x 16 blocks of (I + N)^-1, N = Ak strictly lower: warp 0, lane 16 blk + c solves column c of
 // block blk by forward substitution (fp32, two partial sums per row to halve the chain), to Mi.
-__device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi) {
+__device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi, int tid = threadIdx.x) {
   using Cfg = Intra2Cfg;
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x, c = lane & 15, o = 16 * (lane >> 4);
+  if (tid >= 32) return;
+  const int lane = tid, c = lane & 15, o = 16 * (lane >> 4);
   float m[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
@@ -531,9 +584,9 @@ __device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi) 
 }
 
 // X = N10 M00 (rows 16.., columns ..16 of N times the first diagonal inverse), thread = element (i, j).
-__device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* Mi, float* Xs) {
+__device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* Mi, float* Xs, int tid = threadIdx.x) {
   using Cfg = Intra2Cfg;
-  const int i = threadIdx.x >> 4, j = threadIdx.x & 15;
+  const int i = tid >> 4, j = tid & 15;
   float x = 0.f;
 #pragma unroll
   for (int k = 0; k < 16; ++k) x = fmaf(Ak[(16 + i) * Cfg::LDK + k], Mi[k * Cfg::LDK + j], x);
@@ -542,10 +595,11 @@ __device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* M
 
 // T = (I + N)^-1 diag(beta) to Ts (bf16), thread = (i, j) of each 16 x 16 block: M10 = -M11 X, the
 // diagonal blocks from Mi, zeros above.
-__device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs, const float* bs, bf16* Ts) {
+__device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs, const float* bs, bf16* Ts,
+                                               int tid = threadIdx.x) {
   using Cfg = Intra2Cfg;
   constexpr int LDK = Cfg::LDK, LDT = Cfg::LDT;
-  const int i = threadIdx.x >> 4, j = threadIdx.x & 15;
+  const int i = tid >> 4, j = tid & 15;
   float m = 0.f;
 #pragma unroll
   for (int k = 0; k < 16; ++k) m = fmaf(Mi[(16 + i) * LDK + 16 + k], Xs[k * Cfg::LDX + j], m);
@@ -556,42 +610,51 @@ __device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs,
 }
 
 // W = T KE and U = T Vb: warp w = (kind w / 4: W or U, row tile (w / 2) % 2, value half w % 2); rows of T
-// past the row tile are zero, so k-steps kk <= rt only. bf16 rows < Lc to the [N][C] planes.
+// past the row tile are zero, so k-steps kk <= rt only. bf16 rows < Lc to the [N][C] planes. NP: the warp's 64
+// columns in NP passes of 64 / NP (v2: 1; v3: 2, half the accumulators live: its loop state has to fit the same
+// 80 registers). Every output element sees the same mma sequence either way (the same A and B fragments, k-steps
+// in order), so the results do not depend on NP.
+template <bool CS = false, int NP = 1>
 __device__ __forceinline__ void intra2_apply(const char* sp, const bf16* Ts, const TcWs& ws, size_t row0, int Lc,
-                                             int C, int h) {
+                                             int C, int h, int tid = threadIdx.x) {
   using Cfg = Intra2Cfg;
   constexpr int LDB = Cfg::LDB, LDT = Cfg::LDT;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
   const int kind = w >> 2, rt = (w >> 1) & 1, c0 = 64 * (w & 1);
   const bf16* B = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_v : Cfg::off_ke));
   bf16* dst = kind ? ws.U : ws.W;
-  float acc[8][4];
+  constexpr int NTP = 8 / NP;  // n-tiles of 8 columns per pass
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int pass = 0; pass < NP; ++pass) {
+    const int cp = c0 + 8 * NTP * pass;  // the pass's first column
+    float acc[NTP][4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
+    for (int nt = 0; nt < NTP; ++nt)
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {
-    if (kk <= rt) {
-      uint32_t a[4];
-      ldsm_x4(a, Ts + (16 * rt + (lane & 15)) * LDT + 16 * kk + 8 * (lane >> 4));
+      for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        uint32_t b[4];
-        ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * LDB + c0 + 16 * p + 8 * (lane >> 4));
-        mma(acc[2 * p], a, b[0], b[1]);
-        mma(acc[2 * p + 1], a, b[2], b[3]);
+    for (int kk = 0; kk < 2; ++kk) {
+      if (kk <= rt) {
+        uint32_t a[4];
+        ldsm_x4(a, Ts + (16 * rt + (lane & 15)) * LDT + 16 * kk + 8 * (lane >> 4));
+#pragma unroll
+        for (int p = 0; p < NTP / 2; ++p) {
+          uint32_t b[4];
+          ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * LDB + cp + 16 * p + 8 * (lane >> 4));
+          mma(acc[2 * p], a, b[0], b[1]);
+          mma(acc[2 * p + 1], a, b[2], b[3]);
+        }
       }
     }
-  }
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = 16 * rt + gq + 8 * half;
-    if (i < Lc) {
-      bf16* row = dst + (row0 + i) * C + static_cast<size_t>(h) * kD + c0 + 2 * tq;
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * rt + gq + 8 * half;
+      if (i < Lc) {
+        bf16* row = dst + (row0 + i) * C + static_cast<size_t>(h) * kD + cp + 2 * tq;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-        *reinterpret_cast<uint32_t*>(row + 8 * nt) = pack2(acc[nt][2 * half], acc[nt][2 * half + 1]);
+        for (int nt = 0; nt < NTP; ++nt)
+          st_out<CS>(row + 8 * nt, pack2(acc[nt][2 * half], acc[nt][2 * half + 1]));
+      }
     }
   }
 }
@@ -642,6 +705,204 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, MINB)
   intra2_write_t(Mi, Xs, bs, Ts);
   __syncthreads();
   intra2_apply(sp, Ts, ws, row0, Lc, C, h);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Intra-chunk kernel v3 (chunk 32, bf16 inputs; KdaTcTuning::intra = 4, 5 = with streaming stores): v2 made
+// persistent, with the next work item's inputs streaming into shared memory while the current one computes. v2's
+// profile (call s25-1, 1 x 8192 x 96: 0.80 ms against a ~0.38 ms byte floor) was a block life of load -> compute
+// -> store with the loads' whole DRAM latency exposed (long_sb 32% of the stall samples, on the first uses of the
+// bf16 loads) and 3 blocks per SM too few to cover it (0.88 eligible warps per scheduler).
+//    - grid = resident blocks (SMs x blocks per SM from the occupancy calculator, at most the work item count);
+//      block x takes items x, x + grid, x + 2 grid, ... Item it = (chunk it / H, head it % H): heads fastest, so
+//      the items in flight together cover whole rows of q, k, v, g (v2's grid went chunk-fastest within a head:
+//      256-byte pieces strided by the row). exp(G_last) goes to (chunk H + head) kD = it kD as before.
+//    - the prefetch: cp.async 16-byte copies (zero-filled past the chunk's valid rows, as v2's loads are) of the
+//      next item's g, k and beta into a stage of their own (16.1 KB after v2's 52.6 KB), issued at the top of the
+//      item (covering all of its compute), and of q and v into v2's Kl / Kr planes (16 KB of their 21.3), dead
+//      from the end of the products until the next item's elementwise phase, issued after the products (covering
+//      the inverse, W / U and their stores). Shared memory 67.5 KB: still 3 blocks (24 warps) per SM. A full
+//      32 KB stage of its own would make 84.7 KB a block, 2 blocks per SM; a register prefetch (the 16 loads a
+//      thread issues in v2 held across the compute: 32 registers) was tried first and spilled ~370 bytes at v2's
+//      80-register cap (3 blocks per SM: the elementwise phase is at the cap already), spills that stall on the
+//      loads they save. The stage rows are 256 bytes with the 16-byte chunks XOR-swizzled by bits 2-3 of the row
+//      (intra3_stage_off), so the tile reads (a warp: 8 rows 4 apart x 32 bytes) take 2 wavefronts, not 8.
+//    - fp32 inputs would need a 64 KB stage (1-2 blocks per SM): intra 4 / 5 with fp32 inputs run v2.
+//    - the arithmetic is v2's: the same device functions on the same values (the tile read from the stage goes
+//      through intra2_convert, load4's conversion), so W, U, Q exp(G), exp(G_last - G) k, A_qk and exp(G_last) are
+//      bit-identical to v2's (tested). Only the load schedule, the loop, two barriers at the top of an item and
+//      W / U in two passes of 32 columns (the same mma sequence per element; 16 fewer live registers) differ.
+//    - CS: streaming stores (st.global.cs) for the outputs, an A/B knob (the state kernel reads them once).
+// Estimate before measurement: with the loads hidden the block is issue-bound (v2: ~1.7 K warp instructions per
+// warp and item at IPC 1.77, a third of the stall samples on DRAM; v3 adds ~15% integer / address instructions):
+// 0.80 -> ~0.52 ms at 1 x 8192 x 96 (~1.4x the byte floor), 0.26 -> ~0.18 ms at 32 heads.
+struct Intra3Cfg {
+  static constexpr int L = Intra2Cfg::L, NT = Intra2Cfg::NT;
+  static constexpr size_t plane = static_cast<size_t>(L) * kD * sizeof(bf16);  // 8 KB, rows of 256 bytes
+  static constexpr size_t off_g = Intra2Cfg::bytes, off_k = off_g + plane, off_b = off_k + plane;
+  static constexpr size_t bytes = off_b + L * sizeof(float);
+  static constexpr size_t off_q = Intra2Cfg::off_kl, off_v = off_q + plane;  // the late planes, in Kl / Kr
+  static_assert(off_v + plane <= Intra2Cfg::off_ak, "q and v fit in Kl and Kr");
+  static_assert(Intra2Cfg::off_ts + static_cast<size_t>(L) * Intra2Cfg::LDT * sizeof(bf16) <= off_q,
+                "the inverse's scratch stays clear of the late planes");
+  static_assert(off_g % 16 == 0 && off_q % 16 == 0 && off_b % 16 == 0, "cp.async alignment");
+};
+
+// Byte offset of 16-byte chunk c (8 columns) of row r in a stage plane.
+__device__ __forceinline__ int intra3_stage_off(int r, int c) { return r * 256 + 16 * (c ^ (2 * ((r >> 2) & 3))); }
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0));  // src-size 0: zero-filled
+}
+
+struct Intra3Item {
+  int b, h, Lc;  // chunk (global index), head, valid rows
+  size_t row0;   // the chunk's first token row
+};
+
+// Item (chunk b, head h) = it = b H + h.
+__device__ __forceinline__ Intra3Item intra3_item(const KdaSeq* __restrict__ seqs, int n_seqs,
+                                                  const int* __restrict__ base, int b, int h) {
+  Intra3Item r;
+  r.b = b;
+  r.h = h;
+  const int s = seq_of_chunk(base, n_seqs, r.b);
+  const KdaSeq sq = seqs[s];
+  const int t0 = (r.b - base[s]) * Intra3Cfg::L;
+  r.Lc = min(Intra3Cfg::L, sq.n - t0);
+  r.row0 = static_cast<size_t>(sq.offset + t0);
+  return r;
+}
+
+// One plane of an item (the head's 128 columns of rows [0, 32)) into a stage: 512 chunks, two per thread; rows
+// >= Lc zero-filled (their source address clamped to row 0, which every item has).
+__device__ __forceinline__ void intra3_copy_plane(char* dst, const bf16* __restrict__ src, const Intra3Item& w,
+                                                  int C, int tid) {
+  const bf16* p0 = src + w.row0 * C + static_cast<size_t>(w.h) * kD;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int e = tid + Intra3Cfg::NT * j, r = e >> 4, c = e & 15;
+    const bool ok = r < w.Lc;
+    cp_async16(dst + intra3_stage_off(r, c), p0 + static_cast<size_t>(ok ? r : 0) * C + 8 * c, ok);
+  }
+}
+
+// The early group: g, k and beta (4-byte copies: beta is [N][H], strided by H).
+__device__ __forceinline__ void intra3_issue_early(char* sp, const bf16* __restrict__ k, const bf16* __restrict__ g,
+                                                   const float* __restrict__ beta, const Intra3Item& w, int H, int C,
+                                                   int tid) {
+  intra3_copy_plane(sp + Intra3Cfg::off_g, g, w, C, tid);
+  intra3_copy_plane(sp + Intra3Cfg::off_k, k, w, C, tid);
+  if (tid < Intra3Cfg::L) {
+    const bool ok = tid < w.Lc;
+    cp_async4(sp + Intra3Cfg::off_b + 4 * tid, beta + (w.row0 + (ok ? tid : 0)) * H + w.h, ok);
+  }
+  cp_async_commit();
+}
+
+// The late group: q and v (into Kl / Kr: only once the products are done with them).
+__device__ __forceinline__ void intra3_issue_late(char* sp, const bf16* __restrict__ q, const bf16* __restrict__ v,
+                                                  const Intra3Item& w, int C, int tid) {
+  intra3_copy_plane(sp + Intra3Cfg::off_q, q, w, C, tid);
+  intra3_copy_plane(sp + Intra3Cfg::off_v, v, w, C, tid);
+  cp_async_commit();
+}
+
+// The thread's tile (rows r0 + u, columns [d, d + 4)) from the stage, as intra2_issue would have loaded it.
+__device__ __forceinline__ void intra3_read(const char* sp, int r0, int d, Intra2Raw<bf16>& raw) {
+  const int c = d >> 3, o = 2 * (d & 7);  // chunk, byte offset in it (0 or 8)
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int at = intra3_stage_off(r0 + u, c) + o;
+    raw.g[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_g + at);
+    raw.q[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_q + at);
+    raw.k[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_k + at);
+    raw.v[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_v + at);
+  }
+}
+
+// threadIdx.x through an asm the compiler cannot hoist out of v3's item loop: otherwise it computes the
+// lane-dependent constants of every phase once (v2's diagonal inverse alone has 16 predicates i == c), keeps them
+// live across the loop and spills them at the 80-register cap; re-deriving them is a few integer operations.
+__device__ __forceinline__ int tid_fresh() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
+template <bool CS>
+__global__ void __launch_bounds__(Intra2Cfg::NT, 3)
+    kda_tc_intra3_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
+                         const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+                         const bf16* __restrict__ g, const float* __restrict__ beta, TcWs ws) {
+  using Cfg = Intra2Cfg;
+  extern __shared__ float4 smem4[];
+  char* sp = reinterpret_cast<char*>(smem4);
+  float* Ak = reinterpret_cast<float*>(sp + Cfg::off_ak);
+  float* bs = reinterpret_cast<float*>(sp + Cfg::off_bs);
+  float* Mi = reinterpret_cast<float*>(sp + Cfg::off_mi);
+  float* Xs = reinterpret_cast<float*>(sp + Cfg::off_xs);
+  bf16* Ts = reinterpret_cast<bf16*>(sp + Cfg::off_ts);
+  const float* bstage = reinterpret_cast<const float*>(sp + Intra3Cfg::off_b);
+
+  const int n_items = base[n_seqs] * H;  // the grid is at most the upper bound on the item count
+  int it = blockIdx.x;
+  if (it >= n_items) return;
+  const int C = H * kD;
+
+  // the item stride gridDim.x as (chunks, heads), so the loop needs no division
+  const int step_b = static_cast<int>(gridDim.x) / H, step_h = static_cast<int>(gridDim.x) - step_b * H;
+  auto next_item = [&](const Intra3Item& c) {  // item it + gridDim.x, evaluated where used (no live registers)
+    const int hh = c.h + step_h, wrap = hh >= H ? 1 : 0;
+    return intra3_item(seqs, n_seqs, base, c.b + step_b + wrap, hh - wrap * H);
+  };
+  Intra3Item cur = intra3_item(seqs, n_seqs, base, it / H, it % H);
+  intra3_issue_early(sp, k, g, beta, cur, H, C, tid_fresh());
+  intra3_issue_late(sp, q, v, cur, C, tid_fresh());
+  for (;;) {
+    const int nx = it + static_cast<int>(gridDim.x);
+    const bool more = nx < n_items;
+    const int tid = tid_fresh();
+    const int lane = tid % 32, seg = lane >> 2, cg = lane & 3, r0 = 4 * seg, d = 16 * (tid / 32) + 4 * cg;
+    cp_async_wait<0>();
+    __syncthreads();  // this item's stage complete; the previous item's W / U done with the shared planes
+    Intra2Tile t;
+    {
+      Intra2Raw<bf16> raw;
+      intra3_read(sp, r0, d, raw);
+      intra2_convert<bf16>(raw, t);
+    }
+    const float bcur = tid < Cfg::L ? bstage[tid] : 0.f;
+    __syncthreads();  // the stage is read: the early group may refill it, elementwise may overwrite Kl / Kr
+    if (more) intra3_issue_early(sp, k, g, beta, next_item(cur), H, C, tid);
+    if (tid < Cfg::L) bs[tid] = bcur;
+    const size_t at0 = cur.row0 * C + static_cast<size_t>(cur.h) * kD + d;
+    intra2_scan(t.G, lane);
+    const Intra2Refs rf = intra2_refs(t.G, cg);
+    intra2_elementwise<CS>(t, rf, r0, d, cur.Lc, sp, ws.Q, ws.K, at0, C);
+    if (seg == 7)
+      st_out<CS>(ws.eL + (static_cast<size_t>(cur.b) * H + cur.h) * kD + d,
+                 make_float4(__expf(rf.gl[0]), __expf(rf.gl[1]), __expf(rf.gl[2]), __expf(rf.gl[3])));
+    __syncthreads();  // operands and beta complete
+    intra2_products<CS>(sp, Ak, ws.A, cur.row0, cur.Lc, H, cur.h, tid_fresh());
+    __syncthreads();  // Ak complete; Ql, Kl free for the inverse's scratch, Kl / Kr for the late group
+    Intra3Item nxt = cur;
+    if (more) {  // the table lookups again (L1 hits): cheaper than 5 registers live through elementwise
+      nxt = next_item(cur);
+      intra3_issue_late(sp, q, v, nxt, C, tid_fresh());
+    }
+    intra2_diag_inverse(Ak, Mi, tid_fresh());
+    __syncthreads();
+    intra2_offdiag_x(Ak, Mi, Xs, tid_fresh());
+    __syncthreads();
+    intra2_write_t(Mi, Xs, bs, Ts, tid_fresh());
+    __syncthreads();
+    intra2_apply<CS, 2>(sp, Ts, ws, cur.row0, cur.Lc, C, cur.h, tid_fresh());
+    if (!more) break;
+    it = nx;
+    cur = nxt;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -956,7 +1217,40 @@ cudaError_t launch_intra2(const KdaSeq* seqs, int n_seqs, int N, int H, const T*
   return cudaGetLastError();
 }
 
-// intra: 1 = v1, 2 = v2, 3 = v2 at 4 blocks per SM. v2 exists for chunk 32 only; chunk 64 always takes v1.
+// v3's grid: the blocks that fit at once (SMs x blocks per SM, occupancy calculator, asked once per device and
+// instantiation), at most the items' upper bound (chunks N / L + n_seqs times H); blocks past the real item count
+// return at once.
+template <bool CS>
+cudaError_t launch_intra3(const KdaSeq* seqs, int n_seqs, int N, int H, const bf16* q, const bf16* k,
+                          const bf16* v, const bf16* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
+  constexpr size_t smem = Intra3Cfg::bytes;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kda_tc_intra3_kernel<CS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  constexpr int kMaxDev = 64;
+  static std::atomic<int> resident[kMaxDev] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int blocks = dev < kMaxDev ? resident[dev].load(std::memory_order_relaxed) : 0;
+  if (blocks <= 0) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kda_tc_intra3_kernel<CS>, Intra2Cfg::NT, smem);
+    if (e != cudaSuccess) return e;
+    blocks = sms * (per_sm > 0 ? per_sm : 1);
+    if (dev < kMaxDev) resident[dev].store(blocks, std::memory_order_relaxed);
+  }
+  const long long items_ub = (static_cast<long long>(N) / Intra2Cfg::L + n_seqs) * H;
+  const unsigned grid = static_cast<unsigned>(items_ub < blocks ? items_ub : blocks);
+  kda_tc_intra3_kernel<CS><<<grid, Intra2Cfg::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
+  return cudaGetLastError();
+}
+
+// intra: 1 = v1, 2 = v2, 3 = v2 at 4 blocks per SM, 4 = v3 (persistent, register prefetch), 5 = v3 with
+// streaming stores. v2 and v3 exist for chunk 32 only (chunk 64 always takes v1); v3 for bf16 inputs only (fp32
+// inputs take v2: see kda_tc_intra3_kernel).
 template <int L, class T>
 cudaError_t launch_intra_any(int intra, const KdaSeq* seqs, int n_seqs, int N, int H, const void* q, const void* k,
                              const void* v, const void* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
@@ -964,6 +1258,14 @@ cudaError_t launch_intra_any(int intra, const KdaSeq* seqs, int n_seqs, int N, i
           *tg = static_cast<const T*>(g);
   if (L == 32 && intra == 2) return launch_intra2<T, 3>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && intra == 3) return launch_intra2<T, 4>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+  if (L == 32 && (intra == 4 || intra == 5)) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      return intra == 4 ? launch_intra3<false>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream)
+                        : launch_intra3<true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+    } else {
+      return launch_intra2<T, 3>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+    }
+  }
   return launch_intra<L, T>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
 }
 
@@ -1025,13 +1327,17 @@ size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int
 namespace {
 std::atomic<unsigned long long> g_tc_calls{0};
 
-// K3_KDA_TC_INTRA=v1 | v2 | v2x4 (KdaTcTuning::intra 1 | 2 | 3) for A/B runs; unset or anything else: v2.
+// K3_KDA_TC_INTRA=v1 | v2 | v2x4 | v3 | v3cs (KdaTcTuning::intra 1 | 2 | 3 | 4 | 5) for A/B runs; unset or
+// anything else: v3cs, bit-identical to v2 and 4-6% faster at every shape measured (call s26-1: 1 x 8192 x 96
+// 1.300 -> 1.224 ms with the state kernel v2 at 4 warps; docs/perf/cuda.md, session 26).
 int intra_default() {
   static const int v = [] {
     const char* e = std::getenv("K3_KDA_TC_INTRA");
     if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
     if (e != nullptr && std::strcmp(e, "v2x4") == 0) return 3;
-    return 2;
+    if (e != nullptr && std::strcmp(e, "v3") == 0) return 4;
+    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
+    return 5;
   }();
   return v;
 }
@@ -1069,7 +1375,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
       (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64 &&
        !(tuning.value_tile == 128 && chunk == 32)) ||
       tuning.buffers < 0 ||
-      tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 3)
+      tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 5)
     return cudaErrorInvalidValue;
   if (tuning.state < 0 || tuning.state > 3) return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;

@@ -37,8 +37,10 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // refilled piecewise; 2: the next chunk prefetched while this one runs; 3, chunk 32 only: two chunks ahead).
 // intra: the intra-chunk kernel, 1 = v1 (2 warps per chunk and head, serial cumsum and substitution), 2 = v2
 // (8 warps, shuffle scan, blocked inverse; chunk 32 only, chunk 64 always runs v1), 3 = v2 compiled for 4
-// blocks per SM (64 registers, some spills; A/B), 0 = the environment's K3_KDA_TC_INTRA (v1 | v2 | v2x4;
-// unset = v2). Same outputs up to fp32 rounding order.
+// blocks per SM (64 registers, some spills; A/B), 4 = v3 (v2 persistent: one block per resident slot walking the
+// (chunk, head) items, the next item's loads in flight during the current one's compute; outputs bit-identical
+// to v2's; chunk 32 with bf16 inputs, fp32 inputs run v2), 5 = v3 with streaming stores (the default: v2's bits,
+// 4-6% faster, call s26-1), 0 = the environment's K3_KDA_TC_INTRA (v1 | v2 | v2x4 | v3 | v3cs; unset = v3cs). Same outputs up to fp32 rounding order.
 // state: the state kernel, 1 = v1 (kda_tc_state_kernel: warps split the key rows of S, value_tile and buffers
 // apply), 2 = v2 (kda_tc_state2.cu: warps split the value columns, S^T in registers, no cross-warp exchange per
 // chunk; 8 warps = one block per sequence and head), 3 = v2 at 4 warps (two blocks per head); v2 is chunk 32
