@@ -85,6 +85,24 @@ void CpuBackend::linear_group(Tensor x, std::span<const graph::Projection> ps) {
   matmul_batch(jobs);
 }
 
+void CpuBackend::linear_batch(std::span<const graph::LinearJob> jobs) {
+  bool few = jobs.size() >= 2;
+  for (const graph::LinearJob& j : jobs) few = few && j.x.rows <= kGroupMaxTokens;
+  if (observer_ != nullptr || !few || !group_enabled()) return graph::Backend::linear_batch(jobs);
+  std::vector<MatmulJob> mj;
+  int64_t bytes = 0;
+  for (const graph::LinearJob& j : jobs) {
+    need_contiguous(j.x, "linear_batch");
+    need_contiguous(j.y, "linear_batch");
+    if (j.x.cols != j.W->cols || j.y.cols != j.W->rows || j.x.rows != j.y.rows) throw Error("cpu backend: linear_batch shape mismatch");
+    mj.push_back({j.W, j.x.f(), j.x.rows, j.y.f()});
+    bytes += j.W->bytes();
+  }
+  CpuOpProfile::Scope prof(
+      prof_, [&] { return "linear_batch x" + std::to_string(jobs.size()) + (jobs[0].x.rows == 1 ? " n=1" : " n>1"); }, bytes);
+  matmul_batch(mj);
+}
+
 void CpuBackend::rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) {
   CpuOpProfile::Scope ps(prof_, "rmsnorm");
   if (x.stride != y.stride || x.rows != y.rows) throw Error("cpu backend: rmsnorm layouts differ");

@@ -55,6 +55,7 @@ class CpuBackend final : public graph::Backend {
   // Decode-sized groups (a layer's q / k / v / gates, a GLU's gate and up) in ONE fork-join (matmul_batch):
   // the pool is handed out once instead of once per projection, and the activations are converted once.
   void linear_group(graph::Tensor x, std::span<const graph::Projection> ps) override;
+  void linear_batch(std::span<const graph::LinearJob> jobs) override;
   void rmsnorm(graph::Tensor x, const float* w, int64_t dim, float eps, graph::Tensor y) override;
   void glu(graph::Tensor gate, graph::Tensor up, const graph::GluParams& p) override;
   void add(graph::Tensor y, graph::Tensor x) override;

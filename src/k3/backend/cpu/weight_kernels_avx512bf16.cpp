@@ -57,6 +57,27 @@ bool read_one_token_swapped() {
 const bool g_one_token_swapped = read_one_token_swapped();
 inline bool one_token_swapped() { return g_one_token_swapped; }
 
+// The one-token MXFP4 rows' software prefetch (mxfp4_one_token_rows): K3_MXFP4_PREFETCH=t0 | t1 | t2 | off (the
+// cache level the rows ahead are asked into; t0: the default) and K3_MXFP4_PREFETCH_ROWS=N (how many rows ahead,
+// 4..64, default 8): the A/B knobs of the 16-thread measurement (docs/perf/cpu.md, session 26). Same bits.
+struct OneTokenPrefetch {
+  int hint = 0, rows = 8;
+};
+OneTokenPrefetch read_one_token_prefetch() {
+  OneTokenPrefetch p;
+  if (const char* e = std::getenv("K3_MXFP4_PREFETCH")) {
+    if (std::strcmp(e, "t1") == 0) p.hint = 1;
+    if (std::strcmp(e, "t2") == 0) p.hint = 2;
+    if (std::strcmp(e, "off") == 0) p.hint = 3;
+  }
+  if (const char* e = std::getenv("K3_MXFP4_PREFETCH_ROWS")) {
+    const long v = std::strtol(e, nullptr, 10);
+    if (v >= 4 && v <= 64) p.rows = static_cast<int>(v);
+  }
+  return p;
+}
+const OneTokenPrefetch g_one_token_prefetch = read_one_token_prefetch();
+
 }  // namespace
 
 }  // namespace k3::cpu
@@ -406,8 +427,10 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
 // side by side and the prefetch below carry the gain from DRAM, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
 // pairs (16384 columns); wider rows take the tile.
 constexpr int64_t kOneTokenMaxPairs = 256;
-template <WeightFormat F>
+template <WeightFormat F, int PF>
 void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy) {
+  constexpr auto kHint = PF == 1 ? _MM_HINT_T1 : PF == 2 ? _MM_HINT_T2 : _MM_HINT_T0;
+  const int kPrefetchRows = g_one_token_prefetch.rows;
   const int64_t groups = W.cols / kMxfp4Group, pairs = (groups + 1) / 2, data_bytes = row_data_bytes(W.format, W.cols),
                 scale_bytes = row_scale_bytes(W.format, W.cols);
   alignas(64) __m512i xs[kOneTokenMaxPairs], corr[kOneTokenMaxPairs];
@@ -423,7 +446,7 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
     const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));
     // kRows rows side by side: each row's accumulation is a chain of dependent FMAs (one per pair), so rows
     // interleave to keep the vector ports busy; a row's own arithmetic is unchanged.
-    constexpr int kRows = 4, kPrefetchRows = 8;
+    constexpr int kRows = 4;
     constexpr int64_t kPairBytes = F == WeightFormat::MXFP4_GGML ? 34 : 32;
     for (int64_t r = g0; r < g0 + nr; r += kRows) {
       const int m = static_cast<int>(std::min<int64_t>(kRows, g0 + nr - r));
@@ -436,11 +459,11 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
         // threads, with the operand swap: 15.4 -> 21.4 GB/s against K3_MXFP4_ONE_TOKEN=tile;
         // KernelBench.DISABLED_MoeDecodeLayer, session 25). Prefetches never fault: rows past the block or the
         // matrix cost only the request.
-        if ((p & 1) == 0)
+        if (PF != 3 && (p & 1) == 0)
           for (int i = 0; i < kRows; ++i) {
             const int64_t ahead = r + kPrefetchRows + i;
-            _mm_prefetch(reinterpret_cast<const char*>(data + ahead * data_bytes + kPairBytes * p), _MM_HINT_T0);
-            if (p == 0 && scales) _mm_prefetch(reinterpret_cast<const char*>(scales + ahead * scale_bytes), _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(data + ahead * data_bytes + kPairBytes * p), kHint);
+            if (p == 0 && scales) _mm_prefetch(reinterpret_cast<const char*>(scales + ahead * scale_bytes), kHint);
           }
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
@@ -478,10 +501,15 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
   static constexpr auto tiles = mxfp4_q8_tiles<F>(std::make_index_sequence<kMxfp4T>());
   const int64_t cols = W.cols, ldq = q8_stride(cols), groups = cols / kMxfp4Group, pairs = (groups + 1) / 2;
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
-    if (pairs <= kOneTokenMaxPairs && one_token_swapped())
-      mxfp4_one_token_rows<F>(W, r0, r1, xq, y, ldy);
-    else
-      tiles[0](W, r0, r1, xq, y, ldy, {0, pairs, true, true, nullptr});
+    if (pairs <= kOneTokenMaxPairs && one_token_swapped()) {
+      switch (g_one_token_prefetch.hint) {
+        case 1: return mxfp4_one_token_rows<F, 1>(W, r0, r1, xq, y, ldy);
+        case 2: return mxfp4_one_token_rows<F, 2>(W, r0, r1, xq, y, ldy);
+        case 3: return mxfp4_one_token_rows<F, 3>(W, r0, r1, xq, y, ldy);
+        default: return mxfp4_one_token_rows<F, 0>(W, r0, r1, xq, y, ldy);
+      }
+    }
+    tiles[0](W, r0, r1, xq, y, ldy, {0, pairs, true, true, nullptr});
     return;
   }
   const int64_t block =

@@ -22,6 +22,10 @@ void Backend::linear_group(Tensor x, std::span<const Projection> ps) {
   for (const Projection& p : ps) linear(*p.W, x, p.y);
 }
 
+void Backend::linear_batch(std::span<const LinearJob> jobs) {
+  for (const LinearJob& j : jobs) linear(*j.W, j.x, j.y);
+}
+
 void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, const KdaGate& gate, float eps, Tensor pq,
                       Tensor pk, Tensor pv, Tensor graw, Tensor braw, Tensor gate_proj, Tensor o) {
   ScratchScope scope(*this);

@@ -65,6 +65,12 @@ struct Projection {
   Tensor y;
 };
 
+// One product of a linear_batch: y = x . W^T, each with its own input.
+struct LinearJob {
+  const WeightMatrix* W;
+  Tensor x, y;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -87,6 +93,10 @@ class Backend {
   // them as one launch (CUDA: a grouped kernel for decode batches); each y_i as `linear` would give it.
   // Default: `linear` for each, in order.
   virtual void linear_group(Tensor x, std::span<const Projection> ps);
+  // y_i = x_i . W_i^T for independent products with their own inputs (a KDA layer's two low-rank second
+  // halves): a backend may run them as one fork-join / launch (at 16 CPU threads a small projection costs its
+  // hand-over more than its bytes); each y_i as `linear` would give it. Default: `linear` for each, in order.
+  virtual void linear_batch(std::span<const LinearJob> jobs);
   // y = x * rsqrt(mean(x^2) + eps) * w over the first `dim` values of each row (w null: no weight);
   // y may alias x; values past dim are left as they are.
   virtual void rmsnorm(Tensor x, const float* w, int64_t dim, float eps, Tensor y) = 0;
@@ -166,6 +176,11 @@ class Backend {
     moe_experts(w, x, idx, wts, p, out);
   }
   virtual void moe_experts_wait() {}
+  // True when the routed experts run beside the graph's next ops (start / wait above): the MoE block then
+  // leaves the shared experts between start and wait. False (the default: experts done in start), the block
+  // computes the router and the shared experts' gate / up in ONE linear_group (they read the same x), which at
+  // decode saves the router's own hand-over (the same bits: each product as `linear` gives it).
+  virtual bool moe_experts_overlap() const { return false; }
 
   // ---- collectives (tensor / expert parallel: dist/shard_plan.h, docs/multi-gpu.md) ----
   // The graph calls these only when the step runs sharded; a backend without them throws k3::Error.

@@ -27,8 +27,9 @@ void kda_block(const Ctx& g, const KdaWeights& w, int64_t kda_index, Tensor x, T
     ps[5] = {&w.g_a, g_low};
   }
   b.linear_group(x, ps);
-  b.linear(w.f_b, f_low, decay);  // decay gate, low rank
-  if (!c.kda_full_rank_gate) b.linear(w.g_b, g_low, gate);  // output gate, low rank
+  // The low-rank second halves (decay gate; output gate unless full rank), one batch.
+  std::array<LinearJob, 2> lows = {{{&w.f_b, f_low, decay}, {&w.g_b, g_low, gate}}};
+  b.linear_batch(std::span<const LinearJob>(lows.data(), c.kda_full_rank_gate ? 1 : 2));
   KdaGate kg;
   if (c.gate_lower_bound) kg = {true, *c.gate_lower_bound};
   b.kda_mix(kda_index, w, d, kg, c.rms_norm_eps, pq, pk, pv, decay, beta, gate, o);
