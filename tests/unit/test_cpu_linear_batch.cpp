@@ -12,6 +12,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/core/weight.h"
+#include "k3/model/weights.h"
 
 namespace {
 
@@ -102,6 +103,58 @@ TEST(CpuLinearBatch, GroupedProductsHaveTheBitsOfSingleOnes) {
     // The outputs are products, not the fill values (a skipped job would leave -2 everywhere).
     EXPECT_NE(batched[0][0], -2.f);
     EXPECT_NE(grouped[2][0], -2.f);
+  }
+}
+
+// The shared experts' down projection beside the routed experts (CpuBackend::moe_experts_beside): the routed
+// output and the beside product each equal to moe_experts and `linear` alone, bitwise, at decode (one token: the
+// two-stage fork-join, the beside job a group of its own) and above the two-stage limit (40 tokens).
+TEST(CpuLinearBatch, BesideProductsInTheExpertsBatchKeepTheirBits) {
+  std::mt19937 rng(29);
+  const int64_t E = 6, X = 128, I = 64, K = 2;
+  std::vector<Matrix> mats;
+  mats.reserve(3 * E + 1);
+  k3::MoeWeights w;
+  for (int64_t e = 0; e < E; ++e) {
+    mats.push_back(random_matrix(k3::WeightFormat::MXFP4, I, X, rng));
+    mats.push_back(random_matrix(k3::WeightFormat::MXFP4, I, X, rng));
+    mats.push_back(random_matrix(k3::WeightFormat::MXFP4, X, I, rng));
+    w.experts.push_back({mats[mats.size() - 3].W, mats[mats.size() - 2].W, mats.back().W});
+  }
+  mats.push_back(random_matrix(k3::WeightFormat::BF16, X, 96, rng));  // the shared down: 96 -> X
+  const k3::WeightMatrix& shared_down = mats.back().W;
+  const k3::graph::GluParams silu{false, 0.f, 0.f};
+  for (int64_t n : {1, 40}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    std::vector<float> x = random_vec(static_cast<size_t>(n * X), rng), hin = random_vec(static_cast<size_t>(n * 96), rng);
+    std::vector<int32_t> idx(static_cast<size_t>(n * K));
+    std::vector<float> wts = random_vec(static_cast<size_t>(n * K), rng);
+    for (int64_t t = 0; t < n; ++t) {
+      idx[static_cast<size_t>(t * K)] = static_cast<int32_t>(t % E);
+      idx[static_cast<size_t>(t * K + 1)] = static_cast<int32_t>((t + 1 + t / E) % E == t % E ? (t + 2) % E : (t + 1 + t / E) % E);
+    }
+    auto run = [&](bool beside, std::vector<float>& out, std::vector<float>& sh) {
+      k3::cpu::CpuBackend be;
+      k3::graph::StepPlan plan;
+      be.begin_step(plan);
+      out.assign(static_cast<size_t>(n * X), -1.f);
+      sh.assign(static_cast<size_t>(n * X), -1.f);
+      const Tensor tx = Tensor::f32(x.data(), n, X), ti = Tensor::i32(idx.data(), n, K), tw = Tensor::f32(wts.data(), n, K);
+      const Tensor to = Tensor::f32(out.data(), n, X), th = Tensor::f32(hin.data(), n, 96), ts = Tensor::f32(sh.data(), n, X);
+      if (beside) {
+        const std::vector<k3::graph::LinearJob> jobs = {{&shared_down, th, ts}};
+        be.moe_experts_beside(w, tx, ti, tw, silu, to, jobs);
+      } else {
+        be.moe_experts(w, tx, ti, tw, silu, to);
+        be.linear(shared_down, th, ts);
+      }
+    };
+    std::vector<float> out0, sh0, out1, sh1;
+    run(false, out0, sh0);
+    run(true, out1, sh1);
+    EXPECT_EQ(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(sh0.data(), sh1.data(), sh0.size() * sizeof(float)), 0);
+    EXPECT_NE(sh1[0], -1.f);
   }
 }
 

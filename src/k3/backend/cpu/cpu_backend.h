@@ -88,6 +88,8 @@ class CpuBackend final : public graph::Backend {
                  graph::Tensor wts) override;
   void moe_experts(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
                    const graph::GluParams& p, graph::Tensor out) override;
+  void moe_experts_beside(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                          const graph::GluParams& p, graph::Tensor out, std::span<const graph::LinearJob> beside) override;
 
   // Collectives over host memory through the communicator (cpu_backend_dist.cpp).
   void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;

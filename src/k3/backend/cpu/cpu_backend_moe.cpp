@@ -8,6 +8,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/error.h"
 #include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
@@ -55,6 +56,24 @@ void CpuBackend::moe_route(Tensor logits, const float* bias, const graph::RouteP
 
 void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
                              Tensor out) {
+  moe_experts_beside(w, x, idx, wts, gp, out, {});
+}
+
+// The beside products join the experts' batch as first-stage jobs of their own group (no GLU, no second stage)
+// at decode sizes, or their gate / up batch above; with an observer (imatrix) they run through `linear`, which
+// reports their inputs.
+void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& gp,
+                                    Tensor out, std::span<const graph::LinearJob> beside) {
+  if (observer_ != nullptr && !beside.empty()) {
+    moe_experts_beside(w, x, idx, wts, gp, out, {});
+    return graph::Backend::linear_batch(beside);
+  }
+  std::vector<MatmulJob> extra;
+  for (const graph::LinearJob& j : beside) {
+    if (!j.x.contiguous() || !j.y.contiguous() || j.x.cols != j.W->cols || j.y.cols != j.W->rows || j.x.rows != j.y.rows)
+      throw Error("cpu backend: moe_experts_beside needs contiguous rows of matching shapes");
+    extra.push_back({j.W, j.x.f(), j.x.rows, j.y.f()});
+  }
   const int64_t n = x.rows, X = x.cols, K = idx.cols, E = static_cast<int64_t>(w.experts.size());
   CpuOpProfile::Scope ps(prof_, n <= kTwoStageMaxTokens ? "moe_experts n<=32" : "moe_experts n>32");
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
@@ -80,6 +99,7 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
       const GluMlp& ex = w.experts[static_cast<size_t>(e)];
       bytes += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
     }
+    for (const MatmulJob& j : extra) bytes += j.W->bytes();
     ps.set_bytes(bytes);
   }
   // Every active expert's gate and up, the GLUs, then every down, with the rows of all experts shared out: one
@@ -145,9 +165,16 @@ void CpuBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor w
     std::vector<int> gu_group(gate_up.size()), dn_group(down.size());
     for (size_t i = 0; i < gate_up.size(); ++i) gu_group[i] = static_cast<int>(i / 2);
     for (size_t i = 0; i < down.size(); ++i) dn_group[i] = static_cast<int>(i);
+    for (const MatmulJob& j : extra) {  // group A: the beside products, nothing after them
+      gate_up.push_back(j);
+      gu_group.push_back(static_cast<int>(A));
+    }
     CpuOpProfile::Scope pm(prof_, "moe_experts: matmul_two_stage");
-    matmul_two_stage(gate_up, gu_group, down, dn_group, static_cast<int>(A), [&](int ai) { glu(ai); });
+    matmul_two_stage(gate_up, gu_group, down, dn_group, static_cast<int>(A + (extra.empty() ? 0 : 1)), [&](int ai) {
+      if (static_cast<size_t>(ai) < A) glu(ai);
+    });
   } else {
+    gate_up.insert(gate_up.end(), extra.begin(), extra.end());
     matmul_batch(gate_up);
     int64_t glu_elems = 0;
     for (const Slot& sl : slots) glu_elems += sl.m * sl.I;

@@ -176,6 +176,15 @@ class Backend {
     moe_experts(w, x, idx, wts, p, out);
   }
   virtual void moe_experts_wait() {}
+  // moe_experts, plus independent products that run beside the routed experts (the shared experts' down
+  // projection, its input ready): a backend may put them in the experts' own fork-join (CPU: first-stage jobs
+  // of the two-stage batch; at 16 threads a 2048 x 384 projection alone costs twice its bytes). Each product
+  // as `linear` gives it. Default: moe_experts, then linear_batch.
+  virtual void moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p, Tensor out,
+                                  std::span<const LinearJob> beside) {
+    moe_experts(w, x, idx, wts, p, out);
+    linear_batch(beside);
+  }
   // True when the routed experts run beside the graph's next ops (start / wait above): the MoE block then
   // leaves the shared experts between start and wait. False (the default: experts done in start), the block
   // computes the router and the shared experts' gate / up in ONE linear_group (they read the same x), which at

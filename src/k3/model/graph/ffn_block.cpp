@@ -60,16 +60,18 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   Tensor acc = w.latent_up.empty() ? out : b.scratch(N, X);
   // The shared experts run between start and wait (they only read x), so that a backend with the
   // routed experts on another processor overlaps the two; the sums are the same in either order.
-  if (dispatch)
-    b.moe_experts_all_to_all(w, ex, idx, wts, glu_params(c), acc, *g.shard);
-  else
-    b.moe_experts_start(w, ex, idx, wts, glu_params(c), acc);
   Tensor sh;
-  if (shared_grouped) {
+  if (shared_grouped) {  // the shared down runs beside the routed experts (in their fork-join on the CPU)
     sh = b.scratch(N, c.hidden_size);
     b.glu(sh_gate, sh_up, glu_params(c));
-    b.linear(w.shared.down, sh_gate, sh);
-  } else if (has_shared) {
+    const std::array<LinearJob, 1> beside = {{{&w.shared.down, sh_gate, sh}}};
+    b.moe_experts_beside(w, ex, idx, wts, glu_params(c), acc, beside);
+  } else if (dispatch) {
+    b.moe_experts_all_to_all(w, ex, idx, wts, glu_params(c), acc, *g.shard);
+  } else {
+    b.moe_experts_start(w, ex, idx, wts, glu_params(c), acc);
+  }
+  if (has_shared && !shared_grouped) {
     sh = b.scratch(N, c.hidden_size);
     glu_mlp_partial(g, w.shared, x, sh);
   }
