@@ -37,6 +37,10 @@ LIB.k3_kda_tc.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
                           [ctypes.c_int] * 3 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, ws, wsb
 LIB.k3_kda_tc2.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
                            [ctypes.c_int] * 4 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, state, ws, wsb
+HAS3 = hasattr(LIB, "k3_kda_tc3")  # + overlap after state (KdaTcTuning::overlap: 1 off, 2 on)
+if HAS3:
+    LIB.k3_kda_tc3.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
+                               [ctypes.c_int] * 5 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, state, overlap, ws, wsb
 
 
 def ptr(t):
@@ -142,6 +146,13 @@ def main():
             return lambda: ck(LIB.k3_kda_tc2(ptr(seqs), ns, N, H, D, 32, int(bf16_in), *(ptr(x) for x in ins),
                                              ptr(beta), ptr(o), ptr(cs), 0, 0, intra, state, ptr(ws), wsb), "tc2")
 
+        def k3_tc3(state, intra, overlap):  # k3_tc2 with bf16 inputs plus KdaTcTuning::overlap
+            wsb = LIB.k3_kda_tc_ws(N, ns, H, D, 32)
+            ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
+            return lambda: ck(LIB.k3_kda_tc3(ptr(seqs), ns, N, H, D, 32, 1, *(ptr(x) for x in (qb, kb, vb, gb)),
+                                             ptr(beta), ptr(o), None, 0, 0, intra, state, overlap, ptr(ws), wsb),
+                              "tc3")
+
         variants = [(f"k3 fp32 chunked{c}", k3_old(c)) for c in (32, 64)]
         # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM, 4 = v3 (persistent, prefetched loads; bf16 inputs,
         # fp32 inputs run v2), 5 = v3 with streaming stores (chunk 32 only; chunk 64 always runs v1)
@@ -168,6 +179,11 @@ def main():
         for iv in (4, 5):
             variants.append((f"k3 tc32 state-v2 8w bf16-in intra{iv}", k3_tc2(True, 2, None, iv)))
             variants.append((f"k3 tc32 state-v2 4w bf16-in intra{iv}", k3_tc2(True, 3, None, iv)))
+        # the state kernel overlapped with intra v3cs (KdaTcTuning::overlap 2: programmatic dependent launch, per
+        # (chunk, head) ready flags; K3_KDA_TC_OVERLAP_INTRA_PER_SM sets the intra blocks per SM)
+        if HAS3:
+            variants.append(("k3 tc32 state-v2 4w bf16-in intra5 overlap", k3_tc3(3, 5, 2)))
+            variants.append(("k3 tc32 state-v2 8w bf16-in intra5 overlap", k3_tc3(2, 5, 2)))
         if chunk_kda is not None:
             cu = torch.arange(0, N + 1, T, device="cuda", dtype=torch.long)
             fq, fk, fv, fb = (x.unsqueeze(0) for x in (qb, kb, vb, beta.bfloat16()))

@@ -3,7 +3,9 @@
 batches (lengths 1, 17, 31, 32, 33, 100, 1000 and an empty sequence), bf16 and fp32 inputs, non-zero initial
 states, per-chunk states. Every (intra, state) variant against k3's fp32 token-by-token recurrence (output and
 final state, max|x - ref| / max|ref| <= 2e-2, the CudaKdaTc bound), its chunk states against the default variant's
-(<= 2e-2), and intra variants that must be bit-identical (same state kernel, v3 vs v2) compared bitwise.
+(<= 2e-2), and variants that must be bit-identical compared bitwise: intra v3 / v3cs vs v2 (same state kernel),
+and the overlapped launch (k3_kda_tc3 overlap = 2) vs the same intra / state run sequentially (overlap = 1; fp32
+inputs fall back to the sequential launch, so they must match too).
 Usage: check_kda_tc.py LIB   (LIB = libkdashim.so from scripts/kda_bench_shim.cu)"""
 import ctypes
 import struct
@@ -20,6 +22,9 @@ LIB.k3_kda_recurrent.argtypes = [vp, ctypes.c_int, ctypes.c_int, ctypes.c_int] +
 HAS2 = hasattr(LIB, "k3_kda_tc2")
 if HAS2:  # + state (KdaTcTuning::state) after intra
     LIB.k3_kda_tc2.argtypes = [vp] + [ctypes.c_int] * 6 + [vp] * 7 + [ctypes.c_int] * 4 + [vp, ctypes.c_size_t]
+HAS3 = hasattr(LIB, "k3_kda_tc3")
+if HAS3:  # + overlap (KdaTcTuning::overlap) after state
+    LIB.k3_kda_tc3.argtypes = [vp] + [ctypes.c_int] * 6 + [vp] * 7 + [ctypes.c_int] * 5 + [vp, ctypes.c_size_t]
 LIB.k3_kda_tc.argtypes = [vp] + [ctypes.c_int] * 6 + [vp] * 7 + [ctypes.c_int] * 3 + [vp, ctypes.c_size_t]
 p = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else 0)
 
@@ -58,12 +63,17 @@ def run_case(lens, H, bf16_in, variants, seed):
     wsb = LIB.k3_kda_tc_ws(N, len(lens), H, D, L)
     ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
     out = {}
-    for name, intra, state in variants:
+    for name, intra, state, overlap in variants:
         S.copy_(h0)
         o.fill_(float("nan"))
         cs = torch.full((max(n_chunks, 1), H, D, D), float("nan"), device="cuda")
         args = [p(seqs), len(lens), N, H, D, L, int(bf16_in), *(p(x) for x in ins), p(beta), p(o), p(cs), 0, 0, intra]
-        rc = LIB.k3_kda_tc2(*args, state, p(ws), wsb) if HAS2 else LIB.k3_kda_tc(*args, p(ws), wsb)
+        if HAS3:  # overlap 1 (off) explicitly: K3_KDA_TC_OVERLAP in the environment must not change the baselines
+            rc = LIB.k3_kda_tc3(*args, state, overlap, p(ws), wsb)
+        elif HAS2:
+            rc = LIB.k3_kda_tc2(*args, state, p(ws), wsb)
+        else:
+            rc = LIB.k3_kda_tc(*args, p(ws), wsb)
         torch.cuda.synchronize()
         if rc != 0:
             print(f"  {name}: cuda error {rc}")
@@ -74,9 +84,13 @@ def run_case(lens, H, bf16_in, variants, seed):
 
 
 def main():
-    print(f"GPU: {torch.cuda.get_device_name()}  k3_kda_tc2: {HAS2}")
-    variants = [("intra2 state1", 2, 1), ("intra4 state1", 4, 1), ("intra2 state2 (8 warps)", 2, 2),
-                ("intra2 state3 (4 warps)", 2, 3), ("intra4 state2", 4, 2)]
+    print(f"GPU: {torch.cuda.get_device_name()}  k3_kda_tc2: {HAS2}  k3_kda_tc3: {HAS3}")
+    # (name, intra, state, overlap: 1 = sequential, 2 = the state kernel overlapped with the intra kernel)
+    variants = [("intra2 state1", 2, 1, 1), ("intra4 state1", 4, 1, 1), ("intra2 state2 (8 warps)", 2, 2, 1),
+                ("intra2 state3 (4 warps)", 2, 3, 1), ("intra4 state2", 4, 2, 1)]
+    if HAS3:
+        variants += [("intra5 state2", 5, 2, 1), ("intra5 state3", 5, 3, 1), ("intra5 state2 overlap", 5, 2, 2),
+                     ("intra5 state3 overlap", 5, 3, 2)]
     if not HAS2:
         variants = [v for v in variants if v[2] == 1]
     bad = 0
@@ -92,9 +106,12 @@ def main():
                 eo, es = rel(res[0], o_ref), rel(res[1], S_ref)
                 ec = rel(res[2], base[2]) if base is not None else float("nan")
                 same = ""
-                intra, state = next((i, st) for n2, i, st in variants if n2 == name)
-                twin_name = next((n2 for n2, i, st in variants if i == 2 and st == state), None)
-                if intra == 4 and twin_name in out and out[twin_name] is not None:  # v3 intra: v2's bits exactly
+                intra, state, ov = next((i, st, o2) for n2, i, st, o2 in variants if n2 == name)
+                if ov == 2:  # overlapped: the sequential launch's bits exactly
+                    twin_name = next((n2 for n2, i, st, o2 in variants if i == intra and st == state and o2 == 1), None)
+                else:  # v3 / v3cs intra: v2's bits exactly
+                    twin_name = next((n2 for n2, i, st, o2 in variants if i == 2 and st == state and o2 == 1), None)
+                if (intra in (4, 5) or ov == 2) and twin_name in out and out[twin_name] is not None:
                     ident = all(torch.equal(a, b) for a, b in zip(res, out[twin_name]))
                     same = f"  bitwise == {twin_name}: {ident}"
                     bad += 0 if ident else 1

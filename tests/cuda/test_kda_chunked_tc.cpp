@@ -128,6 +128,7 @@ struct TcRun {
   bool want_chunk_states = false;
   int intra = 0;  // KdaTcTuning::intra (0: the default)
   int state = 0;  // KdaTcTuning::state (0: the default)
+  int overlap = 0;  // KdaTcTuning::overlap (0: the environment's K3_KDA_TC_OVERLAP, 1 off, 2 on)
 };
 
 // One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
@@ -149,13 +150,15 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   if (r.in == KdaInType::BF16) {
     Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap}, ws.p, wsb,
+                                nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state}, ws.p, wsb, nullptr),
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap}, ws.p, wsb,
+                                nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   }
@@ -279,6 +282,59 @@ TEST(CudaKdaTc, IntraV3BitwiseEqualsV2) {
                     iv == 5 ? "cs" : "", in == KdaInType::BF16 ? "bf16" : "fp32", c.H,
                     c.lens.size() > 7 ? "8 x 1000" : lens_str(c.lens).c_str(), o3.size(), C3.size());
       }
+    }
+  }
+}
+
+// The overlapped launch (KdaTcTuning::overlap 2: the state kernel v2 started while the intra kernel v3 still runs,
+// taking each (chunk, head) once its ready flag is published) runs the same kernels' arithmetic on the same values,
+// so outputs, final states and chunk states must be BIT-identical to the sequential launch (overlap 1) with the same
+// intra (4, 5) and state (2 = 8 warps, 3 = 4 warps) kernels. Varlen batches with empty and 1-token sequences and
+// partial chunks, several head counts, 96 heads x 2048 tokens (64 chunks: the state blocks really wait on the
+// intra kernel's items), the workspace poisoned with 0xff bytes (flags included: the table kernel must clear them;
+// a flag left at 0xffffffff would never read "ready" and hang the call). fp32 inputs fall back to the sequential
+// launch (v2 intra): same bits too.
+TEST(CudaKdaTc, OverlapBitwiseEqualsSequential) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int H;
+    std::vector<int> lens;
+  };
+  const std::vector<Case> cases = {{2, {1}},
+                                   {3, {0, 33, 1, 95, 0}},
+                                   {4, {257, 0, 64, 65, 1, 129, 511}},
+                                   {32, {1, 300, 0, 700}},
+                                   {96, {2048}}};
+  auto same = [](const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
+    ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
+    size_t diff = 0, nonfinite = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      nonfinite += !std::isfinite(a[i]);
+    }
+    EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ";
+    EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
+  };
+  uint32_t seed = 4700;
+  for (const Case& c : cases) {
+    const Problem p = make_problem(c.H, c.lens, ++seed);
+    for (KdaInType in : {KdaInType::BF16, KdaInType::F32}) {
+      if (in == KdaInType::F32 && c.H > 4) continue;  // the fallback needs one small case
+      for (int st : {2, 3})
+        for (int iv : {5, 4}) {
+          if (iv == 4 && st == 2) continue;  // v3 without streaming stores: one state kernel is enough
+          Vec o1, S1, C1, o2, S2, C2;
+          gpu_tc(p, TcRun{32, 0, 0, in, true, iv, st, 1}, o1, S1, &C1);
+          gpu_tc(p, TcRun{32, 0, 0, in, true, iv, st, 2}, o2, S2, &C2);
+          const std::string ctx = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " H=" + std::to_string(c.H) +
+                                  " lens " + lens_str(c.lens) + " intra " + std::to_string(iv) + " state " +
+                                  std::to_string(st);
+          same(o2, o1, "out", ctx);
+          same(S2, S1, "final states", ctx);
+          same(C2, C1, "chunk states", ctx);
+          std::printf("[ kda-tc ] overlap vs sequential %s: %zu outputs, %zu chunk states compared\n", ctx.c_str(),
+                      o2.size(), C2.size());
+        }
     }
   }
 }
@@ -423,6 +479,9 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
                            k3::cuda::KdaTcTuning{0, 0, 0, 4}, ws.p, wsb, nullptr),
             cudaErrorInvalidValue);  // state kernel 4
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 0, 0, 0, 3}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // overlap 3 (0..2 exist)
 }
 
 }  // namespace

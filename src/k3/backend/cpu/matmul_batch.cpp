@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <stdexcept>
@@ -131,9 +132,18 @@ void run_block(const Block& bl, const ConvPlan& plan, const uint8_t* base) {
 }
 
 // ~8 blocks per thread: enough for the dynamic hand-out to even out a slow thread, few enough that a block
-// amortises its hand-out (one atomic add).
+// amortises its hand-out (one atomic add). K3_BATCH_BLOCKS_PER_THREAD=N (1..64): the A/B knob of the 16-thread
+// measurement (longer blocks are longer sequential streams for the hardware prefetcher; same bits).
+int blocks_per_thread() {
+  static const int v = [] {
+    const char* e = std::getenv("K3_BATCH_BLOCKS_PER_THREAD");
+    const long n = e ? std::strtol(e, nullptr, 10) : 0;
+    return n >= 1 && n <= 64 ? static_cast<int>(n) : 8;
+  }();
+  return v;
+}
 int64_t block_target(int64_t total_bytes) {
-  return std::max<int64_t>(total_bytes / (8 * static_cast<int64_t>(ThreadPool::global().size())), 1);
+  return std::max<int64_t>(total_bytes / (blocks_per_thread() * static_cast<int64_t>(ThreadPool::global().size())), 1);
 }
 
 }  // namespace

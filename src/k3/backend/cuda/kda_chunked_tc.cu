@@ -24,6 +24,8 @@
 //    per-chunk state is stored unless asked for). Operands stream in with cp.async: with one buffer into
 //    each piece as soon as the step that reads it is done (two commit groups per chunk), with a ring of
 //    NBUF buffers NBUF - 1 chunks ahead.
+//    KdaTcTuning::overlap (run_tc_overlap): the state kernel v2 runs concurrently with intra v3, per (chunk, head)
+//    ready flags in the workspace.
 //    At chunk 32 the state step runs kda_tc_state2_kernel by default (kda_tc_state2.cu; KdaTcTuning::state /
 //    K3_KDA_TC_STATE=v1 for the kernel above): warps split the value columns and hold S^T, so a chunk step needs
 //    no cross-warp exchange.
@@ -32,6 +34,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -54,6 +57,26 @@ __global__ void kda_tc_table_kernel(const KdaSeq* __restrict__ seqs, int n_seqs,
     run += n_chunks(seqs[s].n, L);
   }
   base[n_seqs] = run;
+}
+
+// The overlapped launch's table kernel: the table as above (block 0, thread 0) and every ready flag of the call's
+// item bound cleared, so the flags start at 0 on every call, including every replay of a captured graph (a
+// per-call epoch passed as an argument would be frozen into the graph, and a replay would take the previous
+// replay's flags for its own). The intra kernel runs after this kernel on the same stream; the state kernel after
+// the intra kernel's blocks have started: both see the cleared flags and the table.
+__global__ void kda_tc_table_flags_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, int L, int* __restrict__ base,
+                                          uint32_t* __restrict__ flags, size_t n_flags) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    int run = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+      base[s] = run;
+      run += n_chunks(seqs[s].n, L);
+    }
+    base[n_seqs] = run;
+  }
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n_flags;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    flags[i] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -733,6 +756,11 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, MINB)
 //      bit-identical to v2's (tested). Only the load schedule, the loop, two barriers at the top of an item and
 //      W / U in two passes of 32 columns (the same mma sequence per element; 16 fewer live registers) differ.
 //    - CS: streaming stores (st.global.cs) for the outputs, an A/B knob (the state kernel reads them once).
+//    - kFlags (the overlapped launch, run_tc_overlap): each block first executes griddepcontrol.launch_dependents
+//      (the state kernel, launched next with programmatic serialization, may begin once every intra block has done
+//      so, i.e. is resident), and publishes each item's flag (ws.flags[it], tc_flag_publish) after the barrier that
+//      follows all of the item's stores: the next item's first barrier, or one after the loop for the last item.
+//      The kernel itself never waits on anything. Arithmetic and stores unchanged.
 // Estimate before measurement: with the loads hidden the block is issue-bound (v2: ~1.7 K warp instructions per
 // warp and item at IPC 1.77, a third of the stall samples on DRAM; v3 adds ~15% integer / address instructions):
 // 0.80 -> ~0.52 ms at 1 x 8192 x 96 (~1.4x the byte floor), 0.26 -> ~0.18 ms at 32 heads.
@@ -831,7 +859,7 @@ __device__ __forceinline__ int tid_fresh() {
   return t;
 }
 
-template <bool CS>
+template <bool CS, bool kFlags = false>
 __global__ void __launch_bounds__(Intra2Cfg::NT, 3)
     kda_tc_intra3_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
                          const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -845,6 +873,7 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, 3)
   float* Xs = reinterpret_cast<float*>(sp + Cfg::off_xs);
   bf16* Ts = reinterpret_cast<bf16*>(sp + Cfg::off_ts);
   const float* bstage = reinterpret_cast<const float*>(sp + Intra3Cfg::off_b);
+  if constexpr (kFlags) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   const int n_items = base[n_seqs] * H;  // the grid is at most the upper bound on the item count
   int it = blockIdx.x;
@@ -867,6 +896,9 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, 3)
     const int lane = tid % 32, seg = lane >> 2, cg = lane & 3, r0 = 4 * seg, d = 16 * (tid / 32) + 4 * cg;
     cp_async_wait<0>();
     __syncthreads();  // this item's stage complete; the previous item's W / U done with the shared planes
+    if constexpr (kFlags) {  // ... and stored: the previous item (it - gridDim.x, if any) is ready
+      if (tid == 0 && it >= static_cast<int>(gridDim.x)) tc_flag_publish(ws.flags + (it - static_cast<int>(gridDim.x)));
+    }
     Intra2Tile t;
     {
       Intra2Raw<bf16> raw;
@@ -902,6 +934,10 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, 3)
     if (!more) break;
     it = nx;
     cur = nxt;
+  }
+  if constexpr (kFlags) {
+    __syncthreads();  // every thread's stores of the last item done
+    if (tid_fresh() == 0) tc_flag_publish(ws.flags + it);
   }
 }
 
@@ -1217,34 +1253,59 @@ cudaError_t launch_intra2(const KdaSeq* seqs, int n_seqs, int N, int H, const T*
   return cudaGetLastError();
 }
 
-// v3's grid: the blocks that fit at once (SMs x blocks per SM, occupancy calculator, asked once per device and
-// instantiation), at most the items' upper bound (chunks N / L + n_seqs times H); blocks past the real item count
-// return at once.
-template <bool CS>
-cudaError_t launch_intra3(const KdaSeq* seqs, int n_seqs, int N, int H, const bf16* q, const bf16* k,
-                          const bf16* v, const bf16* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
-  constexpr size_t smem = Intra3Cfg::bytes;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      kda_tc_intra3_kernel<CS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+// v3's shared memory attributes (set once per instantiation, before any occupancy query: without the dynamic size
+// the calculator answers 0 blocks), then the SMs and v3's blocks per SM alone (occupancy calculator), asked once per
+// device and instantiation. The kFlags build also asks for the largest shared memory carveout, so an SM
+// configured for the intra blocks can take state blocks beside them.
+template <bool CS, bool kFlags>
+cudaError_t intra3_occupancy(int* sms, int* per_sm) {
+  static const cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(kda_tc_intra3_kernel<CS, kFlags>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(Intra3Cfg::bytes));
+    if (e == cudaSuccess && kFlags)
+      e = cudaFuncSetAttribute(kda_tc_intra3_kernel<CS, kFlags>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    return e;
+  }();
   if (attr != cudaSuccess) return attr;
   constexpr int kMaxDev = 64;
-  static std::atomic<int> resident[kMaxDev] = {};
+  static std::atomic<int> packed[kMaxDev] = {};  // sms * 256 + per_sm; 0 = not asked yet
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  int blocks = dev < kMaxDev ? resident[dev].load(std::memory_order_relaxed) : 0;
-  if (blocks <= 0) {
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int pk = dev < kMaxDev ? packed[dev].load(std::memory_order_relaxed) : 0;
+  if (pk <= 0) {
+    int n = 0, per = 0;
+    e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kda_tc_intra3_kernel<CS>, Intra2Cfg::NT, smem);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kda_tc_intra3_kernel<CS, kFlags>, Intra2Cfg::NT,
+                                                      Intra3Cfg::bytes);
     if (e != cudaSuccess) return e;
-    blocks = sms * (per_sm > 0 ? per_sm : 1);
-    if (dev < kMaxDev) resident[dev].store(blocks, std::memory_order_relaxed);
+    pk = n * 256 + (per > 0 ? per : 1);
+    if (dev < kMaxDev) packed[dev].store(pk, std::memory_order_relaxed);
   }
+  *sms = pk / 256;
+  *per_sm = pk % 256;
+  return cudaSuccess;
+}
+
+// v3's grid: the blocks that fit at once (SMs x blocks per SM), at most the items' upper bound (chunks N / L +
+// n_seqs times H); blocks past the real item count return at once. per_sm_cap > 0 (the overlapped launch): at most
+// that many blocks per SM, leaving room for the state kernel's blocks; the grid is still all resident at once.
+template <bool CS, bool kFlags = false>
+cudaError_t launch_intra3(const KdaSeq* seqs, int n_seqs, int N, int H, const bf16* q, const bf16* k,
+                          const bf16* v, const bf16* g, const float* beta, const TcWs& ws, cudaStream_t stream,
+                          int per_sm_cap = 0) {
+  constexpr size_t smem = Intra3Cfg::bytes;
+  int sms = 0, per_sm = 0;
+  const cudaError_t e = intra3_occupancy<CS, kFlags>(&sms, &per_sm);
+  if (e != cudaSuccess) return e;
+  if (per_sm_cap > 0 && per_sm_cap < per_sm) per_sm = per_sm_cap;
+  const long long blocks = static_cast<long long>(sms) * per_sm;
   const long long items_ub = (static_cast<long long>(N) / Intra2Cfg::L + n_seqs) * H;
   const unsigned grid = static_cast<unsigned>(items_ub < blocks ? items_ub : blocks);
-  kda_tc_intra3_kernel<CS><<<grid, Intra2Cfg::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
+  kda_tc_intra3_kernel<CS, kFlags>
+      <<<grid, Intra2Cfg::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
   return cudaGetLastError();
 }
 
@@ -1317,6 +1378,93 @@ cudaError_t run_tc(const KdaSeq* seqs, int n_seqs, int N, int H, KdaInType in_ty
   return launch_state_bv<L, 1>(bv, seqs, n_seqs, H, ws, o, chunk_states, stream);
 }
 
+// K3_KDA_TC_OVERLAP_INTRA_PER_SM=1..8: the overlapped launch's intra blocks per SM (A/B runs); unset: 0, the rule
+// in overlap_intra_per_sm.
+int overlap_per_sm_env() {
+  static const int v = [] {
+    const char* e = std::getenv("K3_KDA_TC_OVERLAP_INTRA_PER_SM");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return n >= 1 && n <= 8 ? n : 0;
+  }();
+  return v;
+}
+
+// Intra blocks per SM in the overlapped launch: the most (at least 1, at most the intra kernel's occupancy alone)
+// such that they plus ceil(state blocks / SMs) state blocks fit one SM's registers, shared memory (with the
+// per-block reserve) and threads, so that both grids can be resident together; 1 where nothing fits (then not
+// every state block is resident at once: the late ones start as early ones finish their sequences, a serial
+// tail). H200 (64 K registers, 228 KB per SM), 1 x 8192 x 96 (per the ptxas counts of CUDA 13; intra 80
+// registers = 20.5 K and 67.5 KB a block): 8 warps: 96 state blocks of 32.8 K registers and 74 KB, 1 per SM ->
+// 1 intra block per SM; 4 warps: 192 state blocks of 23.6 K registers and 66 KB, 2 per SM on 60 SMs -> nothing
+// fits (1 intra + 2 state blocks = 67584 registers > 65536): 1, with that tail.
+cudaError_t overlap_intra_per_sm(int sms, int occ, int state_warps, long long state_blocks, int* per_sm) {
+  if (overlap_per_sm_env() != 0) {
+    *per_sm = overlap_per_sm_env();
+    return cudaSuccess;
+  }
+  int dev = 0, regs_sm = 0, smem_sm = 0, reserve = 0, threads_sm = 0, s_regs = 0, s_smem = 0, s_threads = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, dev);
+  if (e == cudaSuccess) e = kda_tc_state2_overlap_cost(state_warps, &s_regs, &s_smem, &s_threads);
+  cudaFuncAttributes fa{};
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kda_tc_intra3_kernel<true, true>);  // CS: same registers
+  if (e != cudaSuccess) return e;
+  const long long i_regs = ((fa.numRegs * 32 + 255) / 256) * 256 * (Intra2Cfg::NT / 32);
+  const long long i_smem = static_cast<long long>(Intra3Cfg::bytes) + fa.sharedSizeBytes + reserve;
+  const long long m = (state_blocks + sms - 1) / sms;  // state blocks per SM
+  int k = occ;
+  for (; k > 1; --k)
+    if (k * i_regs + m * s_regs <= regs_sm && k * i_smem + m * (s_smem + reserve) <= smem_sm &&
+        k * Intra2Cfg::NT + m * s_threads <= threads_sm)
+      break;
+  *per_sm = k;
+  return cudaSuccess;
+}
+
+// The overlapped launch (KdaTcTuning::overlap; chunk 32, bf16 inputs, intra v3 / v3cs, state v2): the state
+// kernel runs WHILE the intra kernel produces, consuming each (chunk, head) item once its flag says it is stored.
+// One stream: table + flag clear, intra (kFlags, persistent grid capped at per_sm blocks per SM), state (kWait,
+// programmatic stream serialization). Outputs: bit-identical to run_tc's with the same intra / state (the same
+// device functions on the same values; only when the loads happen changes).
+// Deadlock freedom: the intra kernel waits on nothing, and its grid is at most what fits on the GPU at once. The
+// state kernel is launched as its programmatic dependent, and each intra block executes
+// griddepcontrol.launch_dependents first thing: the state grid may be scheduled only once EVERY intra block has
+// executed it or exited, i.e. once every intra block holds its SM resources (or is done). From then on no state
+// block can take an intra block's place, so every intra block runs to its end and every item is published; state
+// blocks wait only on items. (Two streams forked by an event before the intra launch would make both kernels
+// ready at the same moment, the table kernel's end, with no order between their blocks: state blocks could fill
+// the SMs first and spin on items of intra blocks that never get an SM.) If programmatic launch is unavailable or
+// serialised (a profiler replaying kernels, CUDA_LAUNCH_BLOCKING), the state kernel starts after the intra kernel
+// ends: all flags set, no waits.
+// Graph capture: all three launches are ordinary stream work (cudaLaunchKernelEx with the programmatic attribute is
+// captured as a programmatic dependency edge, CUDA >= 12.3); the flags are cleared by the table kernel inside
+// the graph, so every replay starts from zero.
+cudaError_t run_tc_overlap(const KdaSeq* seqs, int n_seqs, int N, int H, const void* q, const void* k, const void* v,
+                           const void* g, const float* beta, float* o, float* chunk_states, int intra, int state,
+                           const TcWs& ws, void* workspace, cudaStream_t stream) {
+  constexpr int L = 32;
+  const size_t n_flags = (static_cast<size_t>(N) / L + n_seqs) * H;  // tc_ws_layout's flag count
+  const unsigned tb = static_cast<unsigned>(std::min<size_t>((n_flags + 255) / 256, 1024));
+  kda_tc_table_flags_kernel<<<tb, 256, 0, stream>>>(seqs, n_seqs, L, ws.base, ws.flags, n_flags);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const int warps = state == 2 ? 8 : 4;
+  int sms = 0, occ = 0, per_sm = 0;
+  e = intra == 4 ? intra3_occupancy<false, true>(&sms, &occ) : intra3_occupancy<true, true>(&sms, &occ);
+  if (e == cudaSuccess)
+    e = overlap_intra_per_sm(sms, occ, warps, static_cast<long long>(n_seqs) * H * (warps == 4 ? 2 : 1), &per_sm);
+  if (e != cudaSuccess) return e;
+  const bf16 *tq = static_cast<const bf16*>(q), *tk = static_cast<const bf16*>(k), *tv = static_cast<const bf16*>(v),
+             *tg = static_cast<const bf16*>(g);
+  e = intra == 4 ? launch_intra3<false, true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream, per_sm)
+                 : launch_intra3<true, true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream, per_sm);
+  if (e != cudaSuccess) return e;
+  return kda_tc_state2_launch_overlap(warps, seqs, n_seqs, N, H, workspace, o, chunk_states, stream);
+}
+
 }  // namespace
 
 size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk) {
@@ -1355,6 +1503,15 @@ int state_env() {
   return v;
 }
 
+// K3_KDA_TC_OVERLAP=1 (KdaTcTuning::overlap 0): the overlapped launch where it applies; unset or anything else: off.
+bool overlap_env() {
+  static const bool v = [] {
+    const char* e = std::getenv("K3_KDA_TC_OVERLAP");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return v;
+}
+
 // The state kernel by shape: v2 at chunk 32 (faster than v1 at every measured shape, same outputs: call s25-6,
 // docs/perf/cuda.md session 25), 8 warps (one block per sequence and head) when that still gives two blocks
 // per SM of an H200 (n_seqs x H >= 264; 8 x 1024 x 96: 1.25 ms vs 1.38 at 4 warps), else 4 warps (two blocks
@@ -1377,7 +1534,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
       tuning.buffers < 0 ||
       tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 5)
     return cudaErrorInvalidValue;
-  if (tuning.state < 0 || tuning.state > 3) return cudaErrorInvalidValue;
+  if (tuning.state < 0 || tuning.state > 3 || tuning.overlap < 0 || tuning.overlap > 2) return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
   if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
     return cudaErrorInvalidValue;
@@ -1397,10 +1554,17 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
                     : state_env() != 0 ? state_env()
                     : v1_knobs         ? 1
                                        : state_rule(n_seqs, H, chunk);
+  // The overlapped launch where it exists (chunk 32, bf16 inputs, intra v3 / v3cs, state v2); anywhere else,
+  // fp32 inputs included (their intra kernel is v2, not persistent), the request falls back to the sequential
+  // launch, whose outputs are the same bits.
+  const bool overlap = (tuning.overlap == 2 || (tuning.overlap == 0 && overlap_env())) && chunk == 32 &&
+                       in_type == KdaInType::BF16 && (intra == 4 || intra == 5) && (state == 2 || state == 3);
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
   g_tc_calls.fetch_add(1);
   const int N = n_total_tokens;
+  if (overlap)
+    return run_tc_overlap(seqs, n_seqs, N, H, q, k, v, g, beta, o, chunk_states, intra, state, ws, workspace, stream);
   return chunk == 64
              ? run_tc<64>(seqs, n_seqs, N, H, in_type, q, k, v, g, beta, o, chunk_states, bv, nbuf, intra, state, ws,
                           workspace, stream)

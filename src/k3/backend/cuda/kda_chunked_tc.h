@@ -20,8 +20,8 @@ namespace k3::cuda {
 
 enum class KdaInType { F32, BF16 };  // element type of q, k, v, g (beta is always fp32)
 
-// Workspace for kda_chunked_tc (16-byte aligned): about (4 C + H chunk) bf16 per row plus D floats per
-// (chunk, head).
+// Workspace for kda_chunked_tc (16-byte aligned): about (4 C + H chunk) bf16 per row plus D floats and one
+// 32-bit flag per (chunk, head).
 size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int D, int chunk);
 
 // Number of chunks of a call (sum over sequences of ceil(n / chunk)): the row count of chunk_states.
@@ -48,11 +48,19 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // v2 | v2x4), unset: v1 where value_tile or buffers is set, else v2 at chunk 32 (8 warps when sequences x heads
 // >= 264, else 4), v1 at chunk 64. v2's chunk states
 // equalled v1's exactly in every case checked (scripts/check_kda_tc.py, call s25-6).
+// overlap: 1 = off, 2 = on, 0 = on iff the environment has K3_KDA_TC_OVERLAP=1 (default off until measured). On:
+// the state kernel starts while the intra kernel is still running (its programmatic dependent launch on the same
+// stream; the intra grid capped at fewer blocks per SM to leave room, K3_KDA_TC_OVERLAP_INTRA_PER_SM overrides the
+// rule) and takes each (chunk, head) as soon as its flag in the workspace says it is stored. Only for chunk 32
+// with bf16 inputs, intra 4 / 5 and state 2 / 3 (state v2 then runs with two operand buffers); anything else,
+// fp32 inputs included, runs the sequential launch. Outputs, final and chunk states are BIT-identical to the
+// sequential launch's with the same intra and state (same kernels' arithmetic, only the timing changes).
 struct KdaTcTuning {
   int value_tile = 0;
   int buffers = 0;
   int intra = 0;
   int state = 0;
+  int overlap = 0;
 };
 
 // q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving

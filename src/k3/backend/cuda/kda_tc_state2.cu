@@ -30,12 +30,12 @@
 namespace k3::cuda {
 namespace {
 
-// NW warps = BV = 16 NW value columns per block. One buffer: W, Q, K bf16 [L][LDB]; A_qk bf16 [L][LDA]; the
+// NW warps = BV = 16 NW value columns per block, NBUF operand buffers (3; 2 in the overlapped launch). One buffer: W, Q, K bf16 [L][LDB]; A_qk bf16 [L][LDA]; the
 // block's U columns bf16 [L][LDU]; eL fp32 [kD]. Row strides of 16 B times an odd number: the 8 rows of an
 // ldmatrix phase fall in distinct banks.
-template <int NW>
+template <int NW, int NBUF_ = 3>
 struct State2Cfg {
-  static constexpr int L = 32, NT = 32 * NW, BV = 16 * NW, NBUF = 3;
+  static constexpr int L = 32, NT = 32 * NW, BV = 16 * NW, NBUF = NBUF_;
   static constexpr int LDB = kD + 8, LDA = L + 8, LDU = BV + 8;
   static constexpr int off_w = 0, off_q = L * LDB * 2, off_k = 2 * L * LDB * 2, off_a = 3 * L * LDB * 2;
   static constexpr int off_u = off_a + L * LDA * 2, off_e = off_u + L * LDU * 2;
@@ -236,12 +236,18 @@ __device__ __forceinline__ void state2_io(float (&st)[16][4], float* S_w, const 
 // Launch bounds: 8 warps are held to 128 registers (2 blocks = 16 warps per SM; 111 KB of shared memory each
 // fits twice); 4 warps may use more (natural ~190, no spills): their 99 KB of shared memory already limits an SM
 // to 2 blocks = 8 warps.
-template <int NW>
-__global__ void __launch_bounds__(State2Cfg<NW>::NT, NW == 8 ? 2 : 1)
+// kWait (the overlapped launch, NBUF = 2): the kernel may run while the intra kernel is still producing, so chunk
+// c's operands are copied only after thread 0 has seen its flag (tc_flag_wait) and a __syncthreads has passed
+// that on: the wait for chunk c + NBUF - 1 sits just before the barrier after which the block issues its copies.
+// Two buffers, not three: the block then needs chunk c + 1 (not c + 2) produced before it computes chunk c, and
+// 66 / 74 KB of shared memory (4 / 8 warps) leave room beside the intra blocks. The arithmetic is unchanged: the
+// outputs are bit-identical to the sequential launch's.
+template <int NW, int NBUF = 3, bool kWait = false>
+__global__ void __launch_bounds__(State2Cfg<NW, NBUF>::NT, NW == 8 ? 2 : 1)
     kda_tc_state2_kernel(const KdaSeq* __restrict__ seqs, int H, const int* __restrict__ base, TcWs ws,
                          float* __restrict__ o, float* __restrict__ chunk_states) {
-  using Cfg = State2Cfg<NW>;
-  constexpr int L = Cfg::L, NBUF = Cfg::NBUF;
+  using Cfg = State2Cfg<NW, NBUF>;
+  constexpr int L = Cfg::L;
   extern __shared__ float4 smem4[];
   char* sp = reinterpret_cast<char*>(smem4);
   const KdaSeq sq = seqs[blockIdx.x];
@@ -257,12 +263,22 @@ __global__ void __launch_bounds__(State2Cfg<NW>::NT, NW == 8 ? 2 : 1)
                        min(L, sq.n - c * L), hcol, v0, C, H, h, (static_cast<size_t>(cb + c) * H + h) * kD);
     cp_async_commit();
   };
+  auto ready = [&](int c) {  // kWait: thread 0 waits until chunk c (if it exists) is produced
+    if constexpr (kWait) {
+      if (threadIdx.x == 0 && c < nch) tc_flag_wait(ws.flags + static_cast<size_t>(cb + c) * H + h);
+    }
+  };
+  if constexpr (kWait) {
+    for (int c = 0; c < NBUF - 1; ++c) ready(c);
+    __syncthreads();  // passes thread 0's acquire on to the threads issuing the copies
+  }
   for (int c = 0; c < NBUF - 1; ++c) load(c);
 
   float* Sg = sq.S + hcol * kD + vw;
   float st[16][4];
   state2_io<false>(st, Sg, ln);
   for (int c = 0; c < nch; ++c) {
+    ready(c + NBUF - 1);        // kWait: before the barrier that precedes that chunk's copies
     cp_async_wait<NBUF - 2>();  // this thread's copies of chunk c have landed (later chunks may pend)
     __syncthreads();            // ... everyone's; and every warp is done with chunk c - 1's buffer
     load(c + NBUF - 1);         // into that buffer
@@ -290,7 +306,63 @@ cudaError_t launch_state2(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws,
   return cudaGetLastError();
 }
 
+// The overlapped launch (kda_chunked_tc.cu's run_tc_overlap): kWait, two buffers, the shared memory carveout at its
+// maximum (so an SM already running intra blocks is configured to take a state block beside them), and
+// programmatic stream serialization: the launch may begin once every block of the preceding intra kernel has
+// executed griddepcontrol.launch_dependents (all of them resident) instead of after that kernel completes. No
+// griddepcontrol.wait here: the flags order every read of the intra kernel's outputs.
+template <int NW>
+cudaError_t launch_state2_overlap(const KdaSeq* seqs, int n_seqs, int H, const TcWs& ws, float* o,
+                                  float* chunk_states, cudaStream_t stream) {
+  using Cfg = State2Cfg<NW, 2>;
+  auto* kern = kda_tc_state2_kernel<NW, 2, true>;
+  static const cudaError_t attr = [&] {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::bytes));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    return e;
+  }();
+  if (attr != cudaSuccess) return attr;
+  cudaLaunchAttribute la[1];
+  la[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  la[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), kD / Cfg::BV);
+  cfg.blockDim = dim3(Cfg::NT);
+  cfg.dynamicSmemBytes = Cfg::bytes;
+  cfg.stream = stream;
+  cfg.attrs = la;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, seqs, H, static_cast<const int*>(ws.base), ws, o, chunk_states);
+}
+
+template <int NW>
+cudaError_t state2_overlap_cost(int* regs, int* smem, int* threads) {
+  cudaFuncAttributes fa{};
+  const cudaError_t e = cudaFuncGetAttributes(&fa, kda_tc_state2_kernel<NW, 2, true>);
+  if (e != cudaSuccess) return e;
+  *regs = ((fa.numRegs * 32 + 255) / 256) * 256 * NW;  // allocated per warp in units of 256
+  *smem = static_cast<int>(State2Cfg<NW, 2>::bytes + fa.sharedSizeBytes);
+  *threads = State2Cfg<NW, 2>::NT;
+  return cudaSuccess;
+}
+
 }  // namespace
+
+cudaError_t kda_tc_state2_launch_overlap(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
+                                         void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
+  if (warps != 8 && warps != 4) return cudaErrorInvalidValue;
+  TcWs ws;
+  tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, kD, State2Cfg<8>::L, static_cast<char*>(workspace),
+               &ws);
+  return warps == 8 ? launch_state2_overlap<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                    : launch_state2_overlap<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+}
+
+cudaError_t kda_tc_state2_overlap_cost(int warps, int* regs, int* smem, int* threads) {
+  if (warps != 8 && warps != 4) return cudaErrorInvalidValue;
+  return warps == 8 ? state2_overlap_cost<8>(regs, smem, threads) : state2_overlap_cost<4>(regs, smem, threads);
+}
 
 cudaError_t kda_tc_state2_launch(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
                                  void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
