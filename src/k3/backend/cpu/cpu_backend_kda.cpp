@@ -1,5 +1,6 @@
 // CpuBackend's KDA ops (model-spec 3.2) over the recurrence cores of kda.h: conv + L2 norms and the
 // recurrence run per sequence on that sequence's state; gates and the output gate per element.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,6 +43,32 @@ void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph
       short_conv_silu(n, C, W, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off);
       short_conv_silu(n, C, W, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off);
     };
+    const int64_t off = s.offset * C;
+    const float q_scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // Decode (a few tokens, no snapshots): the three convs' channel chunks and each chunk's q / k head norms in
+    // ONE parallel pass (three fork-joins and a serial norm before: ~31 us per KDA layer at 16 threads, session
+    // 26). A chunk is whole heads, at most kShortConvChunk channels (2 heads of 128 on K3 / Kimi-Linear); a
+    // channel's conv does not depend on its chunk and each head's norm is the same code: the same bits.
+    int heads_per_chunk = 0;
+    for (int h = static_cast<int>(std::min<int64_t>(Hk, kShortConvChunk / std::max<int64_t>(D, 1))); h >= 1; --h)
+      if (Hk % h == 0) {
+        heads_per_chunk = h;
+        break;
+      }
+    if (s.n <= kShortConvFewTokens && s.n_snapshots == 0 && heads_per_chunk > 0 && D % 8 == 0) {
+      const int chunk = heads_per_chunk * static_cast<int>(D), chunks = C / chunk, n = static_cast<int>(s.n);
+      const float* xs[3] = {pq.f() + off, pk.f() + off, pv.f() + off};
+      const float* ws[3] = {w.q_conv.data(), w.k_conv.data(), w.v_conv.data()};
+      float* sts[3] = {st.conv_q, st.conv_k, st.conv_v};
+      float* ys[3] = {q.f() + off, k.f() + off, v.f() + off};
+      parallel_for(3 * chunks, true, [&](int64_t i) {
+        const int j = static_cast<int>(i / chunks), c0 = static_cast<int>(i % chunks) * chunk, c1 = c0 + chunk;
+        short_conv_silu_channels(n, C, W, xs[j], ws[j], sts[j], ys[j], c0, c1);
+        if (j < 2)
+          for (int t = 0; t < n; ++t) l2norm_heads(ys[j] + t * C + c0, heads_per_chunk, D, j == 0 ? q_scale : 1.0f);
+      });
+      return;
+    }
     // Speculative decoding: the tails after the pending rows and after each draft but the last, for a rollback.
     int64_t done = 0;
     for (int64_t j = 0; j < s.n_snapshots; ++j) {
@@ -53,9 +80,7 @@ void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph
       std::memcpy(snap.conv_v, st.conv_v, tail_bytes);
     }
     conv(done, s.n);
-    const int64_t off = s.offset * C;
     // Heads in parallel at prefill sizes (each head's norm is the same on any thread).
-    const float q_scale = 1.0f / std::sqrt(static_cast<float>(D));
     parallel_for(s.n, s.n * C > 65536, [&](int64_t t) {
       l2norm_heads(q.f() + off + t * C, Hk, D, q_scale);
       l2norm_heads(k.f() + off + t * C, Hk, D, 1.0f);

@@ -427,11 +427,15 @@ void short_conv_silu_few(int T, int C, int W, const float* x, const float* w, fl
 // inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
 // (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
 // scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
+void short_conv_silu_channels(int T, int C, int W, const float* x, const float* w, float* cstate, float* y, int c0, int c1) {
+  short_conv_silu_few(T, C, W, x, w, cstate, y, c0, c1);
+}
+
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
-  if (T <= 4) {
+  if (T <= kShortConvFewTokens) {
     // Channels are independent: in parallel in chunks of 256 (multiples of 8) when there are several chunks (one
     // token's three convs of 2048 channels were ~80 us of a 10 ms decode step on one thread at 16 threads).
-    constexpr int kChunk = 256;
+    constexpr int kChunk = kShortConvChunk;
     const int chunks = (C + kChunk - 1) / kChunk;
     parallel_for(chunks, chunks > 1, [&](int64_t i) {
       const int b = static_cast<int>(i) * kChunk;

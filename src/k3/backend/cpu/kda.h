@@ -37,5 +37,10 @@ void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const flo
 //   cstate: [C][W-1] the previous W-1 inputs (oldest first); read, then updated to the last W-1 inputs
 //   y     : [T][C]
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y);
+// The few-token form (T <= kShortConvFewTokens) of short_conv_silu over channels [c0, c1) only (c0 a multiple of
+// 8): what short_conv_silu runs per chunk of kShortConvChunk channels, so a caller can put several convs' chunks
+// (a KDA layer's q, k, v) and per-chunk work after them in one parallel pass; the same bits.
+inline constexpr int kShortConvFewTokens = 4, kShortConvChunk = 256;
+void short_conv_silu_channels(int T, int C, int W, const float* x, const float* w, float* cstate, float* y, int c0, int c1);
 
 }  // namespace k3::cpu
