@@ -48,7 +48,8 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // v2 | v2x4), unset: v1 where value_tile or buffers is set, else v2 at chunk 32 (8 warps when sequences x heads
 // >= 264, else 4), v1 at chunk 64. v2's chunk states
 // equalled v1's exactly in every case checked (scripts/check_kda_tc.py, call s25-6).
-// overlap: 1 = off, 2 = on, 0 = on iff the environment has K3_KDA_TC_OVERLAP=1 (default off until measured). On:
+// overlap: 1 = off, 2 = on, 0 = on iff the environment has K3_KDA_TC_OVERLAP=1 (default off: measured 1.2-1.4x
+// SLOWER than the sequential launch at every shape, call s26-3, docs/perf/cuda.md session 26). On:
 // the state kernel starts while the intra kernel is still running (its programmatic dependent launch on the same
 // stream; the intra grid capped at fewer blocks per SM to leave room, K3_KDA_TC_OVERLAP_INTRA_PER_SM overrides the
 // rule) and takes each (chunk, head) as soon as its flag in the workspace says it is stored. Only for chunk 32
