@@ -347,16 +347,25 @@ cudaError_t state2_overlap_cost(int* regs, int* smem, int* threads) {
   return cudaSuccess;
 }
 
-}  // namespace
-
-cudaError_t kda_tc_state2_launch_overlap(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
-                                         void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
+// The two public launches: the workspace views, then the 8- or 4-warp kernel, sequential or overlapped.
+cudaError_t state2_dispatch(bool overlap, int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
+                            void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
   if (warps != 8 && warps != 4) return cudaErrorInvalidValue;
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, kD, State2Cfg<8>::L, static_cast<char*>(workspace),
                &ws);
-  return warps == 8 ? launch_state2_overlap<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
-                    : launch_state2_overlap<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  if (overlap)
+    return warps == 8 ? launch_state2_overlap<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                      : launch_state2_overlap<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  return warps == 8 ? launch_state2<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
+                    : launch_state2<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+}
+
+}  // namespace
+
+cudaError_t kda_tc_state2_launch_overlap(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
+                                         void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
+  return state2_dispatch(true, warps, seqs, n_seqs, n_total_tokens, H, workspace, o, chunk_states, stream);
 }
 
 cudaError_t kda_tc_state2_overlap_cost(int warps, int* regs, int* smem, int* threads) {
@@ -366,12 +375,7 @@ cudaError_t kda_tc_state2_overlap_cost(int warps, int* regs, int* smem, int* thr
 
 cudaError_t kda_tc_state2_launch(int warps, const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H,
                                  void* workspace, float* o, float* chunk_states, cudaStream_t stream) {
-  if (warps != 8 && warps != 4) return cudaErrorInvalidValue;
-  TcWs ws;
-  tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, kD, State2Cfg<8>::L, static_cast<char*>(workspace),
-               &ws);
-  return warps == 8 ? launch_state2<8>(seqs, n_seqs, H, ws, o, chunk_states, stream)
-                    : launch_state2<4>(seqs, n_seqs, H, ws, o, chunk_states, stream);
+  return state2_dispatch(false, warps, seqs, n_seqs, n_total_tokens, H, workspace, o, chunk_states, stream);
 }
 
 }  // namespace k3::cuda
