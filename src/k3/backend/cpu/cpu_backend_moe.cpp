@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
@@ -26,6 +28,30 @@ bool two_stage_enabled() {
     return e == nullptr || std::string(e) != "0";
   }();
   return on;
+}
+// out[t] = sum of token t's expert outputs weighted, in expert-id order (the order of the sum: results do not depend
+// on the thread count or on batching). by_expert[e]: (token, weight) per row of expert e's output rows rows_of[e]
+// (null: expert e unused).
+void sum_expert_outputs(const std::vector<std::vector<std::pair<int64_t, float>>>& by_expert,
+                        const std::vector<const float*>& rows_of, int64_t n, int64_t K, int64_t X, bool parallel, Tensor out) {
+  std::vector<std::pair<const float*, float>> picks(static_cast<size_t>(n * K));  // (output row, weight), K per token
+  std::vector<int32_t> n_picks(static_cast<size_t>(n), 0);
+  for (size_t e = 0; e < by_expert.size(); ++e) {
+    if (rows_of[e] == nullptr) continue;
+    const auto& toks = by_expert[e];
+    for (size_t j = 0; j < toks.size(); ++j) {
+      const auto [t, p] = toks[j];
+      picks[static_cast<size_t>(t * K + n_picks[static_cast<size_t>(t)]++)] = {rows_of[e] + static_cast<int64_t>(j) * X, p};
+    }
+  }
+  parallel_for(n, parallel, [&](int64_t t) {
+    float* a = out.row(t);
+    std::fill(a, a + X, 0.f);
+    for (int32_t i = 0; i < n_picks[static_cast<size_t>(t)]; ++i) {
+      const auto [y, p] = picks[static_cast<size_t>(t * K + i)];
+      for (int64_t d = 0; d < X; ++d) a[d] += p * y[d];
+    }
+  });
 }
 }  // namespace
 
@@ -186,27 +212,10 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
   if (observer_)
     for (size_t ai = 0; ai < A; ++ai)
       observer_->on_expert_outputs(w, active[ai], by_expert[static_cast<size_t>(active[ai])], slots[ai].y, X);
-  // Each token's expert outputs, in expert-id order (the order of the sum: results do not depend on the
-  // thread count or on batching): (output row, weight) pairs, K slots per token.
-  std::vector<std::pair<const float*, float>> picks(static_cast<size_t>(n * K));
-  std::vector<int32_t> n_picks(static_cast<size_t>(n), 0);
-  for (int64_t e = 0; e < E; ++e) {
-    const size_t ai = slot_of[static_cast<size_t>(e)];
-    if (ai == A) continue;
-    const auto& toks = by_expert[static_cast<size_t>(e)];
-    for (size_t j = 0; j < toks.size(); ++j) {
-      const auto [t, p] = toks[j];
-      picks[static_cast<size_t>(t * K + n_picks[static_cast<size_t>(t)]++)] = {slots[ai].y + static_cast<int64_t>(j) * X, p};
-    }
-  }
-  parallel_for(n, big, [&](int64_t t) {
-    float* a = out.row(t);
-    std::fill(a, a + X, 0.f);
-    for (int32_t i = 0; i < n_picks[static_cast<size_t>(t)]; ++i) {
-      const auto [y, p] = picks[static_cast<size_t>(t * K + i)];
-      for (int64_t d = 0; d < X; ++d) a[d] += p * y[d];
-    }
-  });
+  std::vector<const float*> rows_of(static_cast<size_t>(E), nullptr);  // expert id -> its output rows
+  for (int64_t e = 0; e < E; ++e)
+    if (slot_of[static_cast<size_t>(e)] != A) rows_of[static_cast<size_t>(e)] = slots[slot_of[static_cast<size_t>(e)]].y;
+  sum_expert_outputs(by_expert, rows_of, n, K, X, big, out);
   arena_.release(mark);
   // Used standalone (the CUDA backend's host experts: no steps, nothing else on the arena), the arena is
   // merged here into one chunk of the high-water size, as begin_step does for a CPU step.
