@@ -254,6 +254,30 @@ void conv_ref(int T, int C, int W, const Vec& x, const Vec& w, const Vec& st0, s
 
 }  // namespace
 
+// The CPU backend's decode pass runs the few-token conv per chunk of whole heads (short_conv_silu_channels, several
+// convs' chunks in one parallel pass): chunk by chunk, in any order, it must give short_conv_silu's outputs and
+// state bitwise, for chunk widths that do and do not line up with its own 256-channel chunks.
+TEST(KdaConv, ChannelChunksEqualTheWholeConv) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int T = 1; T <= k3::cpu::kShortConvFewTokens; ++T)
+    for (int chunk : {32, 96, 256, 512}) {
+      const int C = 1536, W = 4, P = W - 1;
+      Vec x(std::size_t(T) * C), wt(std::size_t(C) * W), st(std::size_t(C) * P);
+      for (auto& a : x) a = 2.f * nd(rng);
+      for (auto& a : wt) a = 0.5f * nd(rng);
+      for (auto& a : st) a = 2.f * nd(rng);
+      Vec s1 = st, y1(x.size(), -7.f);
+      k3::cpu::short_conv_silu(T, C, W, x.data(), wt.data(), s1.data(), y1.data());
+      Vec s2 = st, y2(x.size(), -9.f);
+      for (int c0 = C - chunk; c0 >= 0; c0 -= chunk)  // last chunk first: no order dependence
+        k3::cpu::short_conv_silu_channels(T, C, W, x.data(), wt.data(), s2.data(), y2.data(), c0, c0 + chunk);
+      EXPECT_EQ(y2, y1) << "T=" << T << " chunk=" << chunk;
+      EXPECT_EQ(s2, s1) << "T=" << T << " chunk=" << chunk;
+      EXPECT_NE(s1, st);  // the state moved
+    }
+}
+
 TEST(KdaConv, ShortConvSiluMatchesReferenceAndStreams) {
   Worst w("short conv vs f64");
   std::mt19937 rng(3);
