@@ -39,6 +39,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <type_traits>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
@@ -1475,40 +1477,34 @@ size_t kda_chunked_tc_workspace_bytes(int n_total_tokens, int n_seqs, int H, int
 namespace {
 std::atomic<unsigned long long> g_tc_calls{0};
 
+// The value `name` maps to in the environment (an A/B switch read once per variable), `fallback` when it is unset or
+// not one of `choices`.
+int env_choice(const char* name, std::initializer_list<std::pair<const char*, int>> choices, int fallback) {
+  const char* e = std::getenv(name);
+  if (e != nullptr)
+    for (const auto& [key, value] : choices)
+      if (std::strcmp(e, key) == 0) return value;
+  return fallback;
+}
+
 // K3_KDA_TC_INTRA=v1 | v2 | v2x4 | v3 | v3cs (KdaTcTuning::intra 1 | 2 | 3 | 4 | 5) for A/B runs; unset or
 // anything else: v3cs, bit-identical to v2 and 4-6% faster at every shape measured (call s26-1: 1 x 8192 x 96
 // 1.300 -> 1.224 ms with the state kernel v2 at 4 warps; docs/perf/cuda.md, session 26).
 int intra_default() {
-  static const int v = [] {
-    const char* e = std::getenv("K3_KDA_TC_INTRA");
-    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
-    if (e != nullptr && std::strcmp(e, "v2x4") == 0) return 3;
-    if (e != nullptr && std::strcmp(e, "v3") == 0) return 4;
-    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    return 5;
-  }();
+  static const int v = env_choice("K3_KDA_TC_INTRA", {{"v1", 1}, {"v2", 2}, {"v2x4", 3}, {"v3", 4}, {"v3cs", 5}}, 5);
   return v;
 }
 
 // K3_KDA_TC_STATE=v1 | v2 | v2x4 (KdaTcTuning::state 1 | 2 | 3) for A/B runs; unset or anything else: 0, the
 // rule in kda_chunked_tc.
 int state_env() {
-  static const int v = [] {
-    const char* e = std::getenv("K3_KDA_TC_STATE");
-    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
-    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    if (e != nullptr && std::strcmp(e, "v2x4") == 0) return 3;
-    return 0;
-  }();
+  static const int v = env_choice("K3_KDA_TC_STATE", {{"v1", 1}, {"v2", 2}, {"v2x4", 3}}, 0);
   return v;
 }
 
 // K3_KDA_TC_OVERLAP=1 (KdaTcTuning::overlap 0): the overlapped launch where it applies; unset or anything else: off.
 bool overlap_env() {
-  static const bool v = [] {
-    const char* e = std::getenv("K3_KDA_TC_OVERLAP");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
+  static const bool v = env_choice("K3_KDA_TC_OVERLAP", {{"1", 1}}, 0) == 1;
   return v;
 }
 
