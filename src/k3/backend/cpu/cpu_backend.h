@@ -67,6 +67,10 @@ class CpuBackend final : public graph::Backend {
   void attn_res_mix(graph::Tensor blocks, int64_t nb, graph::Tensor partial, const float* w, float eps,
                     graph::Tensor out) override;
 
+  // Decode: the per-head parts in one parallel pass (cpu_backend_kda.cpp); else the ops below in turn.
+  void kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, float eps,
+               graph::Tensor pq, graph::Tensor pk, graph::Tensor pv, graph::Tensor graw, graph::Tensor braw,
+               graph::Tensor gate_proj, graph::Tensor o) override;
   void kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, graph::Tensor pq, graph::Tensor pk,
                        graph::Tensor pv, graph::Tensor q, graph::Tensor k, graph::Tensor v) override;
   void kda_gates(const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, graph::Tensor g,

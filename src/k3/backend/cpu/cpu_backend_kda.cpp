@@ -25,6 +25,20 @@ void l2norm_heads(float* x, int64_t rows, int64_t D, float scale) {
     for (int64_t d = 0; d < D; ++d) v[d] *= inv;
   }
 }
+// Head h's decay gate of one token, in place over the raw projection gr[0, D).
+void kda_gate_head(const KdaWeights& w, const graph::KdaGate& gate, int64_t h, int64_t D, float* gr) {
+  // exp(A_log) as the binder computed it (a GGUF stores -exp(A_log): model/gguf_model.cpp); weights built
+  // without it (tests, dummy weights) compute it here, the same std::exp.
+  const float a = w.A_exp.empty() ? std::exp(w.A_log[static_cast<size_t>(h)]) : w.A_exp[static_cast<size_t>(h)];
+  const float* bias = w.dt_bias.data() + h * D;
+  if (gate.bounded) {
+    const __m256 va = _mm256_set1_ps(a), lb = _mm256_set1_ps(gate.lower_bound);
+    zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(lb, sigmoid8(_mm256_mul_ps(va, _mm256_add_ps(x, bi)))); });
+  } else {
+    const __m256 na = _mm256_set1_ps(-a);
+    zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(na, softplus8(_mm256_add_ps(x, bi))); });
+  }
+}
 }  // namespace
 
 void CpuBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& dm, Tensor pq, Tensor pk,
@@ -96,20 +110,7 @@ void CpuBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& dm, const 
   // (~1 M per layer at pp512), serial it was ~4% of kl-1b's prefill wall time with 2 threads. Each value is
   // computed the same on any thread.
   parallel_for(g.rows, g.rows * C > 65536, [&](int64_t t) {
-    for (int64_t h = 0; h < Hk; ++h) {
-      // exp(A_log) as the binder computed it (a GGUF stores -exp(A_log): model/gguf_model.cpp); weights built
-      // without it (tests, dummy weights) compute it here, the same std::exp.
-      const float a = w.A_exp.empty() ? std::exp(w.A_log[static_cast<size_t>(h)]) : w.A_exp[static_cast<size_t>(h)];
-      float* gr = g.f() + t * C + h * D;
-      const float* bias = w.dt_bias.data() + h * D;
-      if (gate.bounded) {
-        const __m256 va = _mm256_set1_ps(a), lb = _mm256_set1_ps(gate.lower_bound);
-        zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(lb, sigmoid8(_mm256_mul_ps(va, _mm256_add_ps(x, bi)))); });
-      } else {
-        const __m256 na = _mm256_set1_ps(-a);
-        zip8(gr, bias, gr, D, [&](__m256 x, __m256 bi) { return _mm256_mul_ps(na, softplus8(_mm256_add_ps(x, bi))); });
-      }
-    }
+    for (int64_t h = 0; h < Hk; ++h) kda_gate_head(w, gate, h, D, g.f() + t * C + h * D);
   });
   sigmoid_inplace(beta.f(), beta.count());
 }
@@ -150,6 +151,53 @@ void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, 
   CpuOpProfile::Scope ps(prof_, "kda_output_gate");
   cpu::rmsnorm(o.f(), w.o_norm.data(), o.rows * dm.heads, dm.head_dim, eps, o.f());
   cpu::sigmoid_mul(o.f(), gate.f(), o.count());
+}
+
+// Decode (every sequence a few tokens in the token-by-token form, no snapshots): the four ops below per (sequence,
+// head) in ONE parallel pass -- that head's q / k / v conv channels and norms, decay gates and beta, recurrence,
+// output norm and gate. The separate ops were four fork-joins per KDA layer, two of them serial (gates, output
+// gate): ~75 us of a KDA layer at 16 threads against ~10 us of work (session 26's profile). Every piece is the
+// per-head code the separate ops run (the conv over any whole-head channel range, the per-head recurrence, the
+// per-lane gate and sigmoid functions), so the outputs and the states are the same bits.
+void CpuBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDims& dm, const graph::KdaGate& gate,
+                         float eps, Tensor pq, Tensor pk, Tensor pv, Tensor graw, Tensor braw, Tensor gate_proj, Tensor o) {
+  const int64_t Hk = dm.heads, D = dm.head_dim;
+  bool fused = D % 8 == 0;
+  for (const graph::StepSeq& s : plan_->seqs)
+    fused = fused && !s.prefill_form && s.n_snapshots == 0 && s.n <= kShortConvFewTokens;
+  if (!fused) return Backend::kda_mix(layer, w, dm, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
+  CpuOpProfile::Scope ps(prof_, "kda_mix decode");
+  graph::ScratchScope scope(*this);
+  const int64_t C = dm.channels();
+  Tensor q = scratch(pq.rows, C, graph::ElemType::F32), k = scratch(pq.rows, C, graph::ElemType::F32),
+         v = scratch(pq.rows, C, graph::ElemType::F32);
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int Wc = static_cast<int>(dm.conv), Ci = static_cast<int>(C), H = static_cast<int>(Hk), Di = static_cast<int>(D);
+  parallel_for(static_cast<int64_t>(plan_->seqs.size()) * Hk, true, [&](int64_t i) {
+    const graph::StepSeq& s = plan_->seqs[static_cast<size_t>(i / Hk)];
+    const int h = static_cast<int>(i % Hk), n = static_cast<int>(s.n), c0 = h * Di, c1 = c0 + Di;
+    const int64_t off = s.offset * C;
+    KdaStateView st = s.cache->kda_state(layer);
+    short_conv_silu_channels(n, Ci, Wc, pq.f() + off, w.q_conv.data(), st.conv_q, q.f() + off, c0, c1);
+    short_conv_silu_channels(n, Ci, Wc, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off, c0, c1);
+    short_conv_silu_channels(n, Ci, Wc, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off, c0, c1);
+    for (int t = 0; t < n; ++t) {
+      const int64_t row = off + t * C + c0;
+      l2norm_heads(q.f() + row, 1, D, q_scale);
+      l2norm_heads(k.f() + row, 1, D, 1.0f);
+      kda_gate_head(w, gate, h, D, graw.f() + row);
+      sigmoid_inplace(braw.f() + (s.offset + t) * Hk + h, 1);
+    }
+    thread_local std::vector<float> ws;
+    ws.resize(static_cast<size_t>(3 * D + D * D));
+    kda_recurrent_head_typed(n, H, Di, h, q.f() + off, k.f() + off, v.f() + off, graw.f() + off, braw.f() + s.offset * Hk,
+                             st.S, s.cache->spec().kda_state_dtype, o.f() + off, ws.data());
+    for (int t = 0; t < n; ++t) {
+      float* orow = o.f() + off + t * C + c0;
+      cpu::rmsnorm(orow, w.o_norm.data(), 1, D, eps, orow);
+      cpu::sigmoid_mul(orow, gate_proj.f() + off + t * C + c0, D);
+    }
+  });
 }
 
 }  // namespace k3::cpu

@@ -288,39 +288,46 @@ void finish_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, float* S, flo
 
 }  // namespace
 
+void kda_recurrent_head(int T, int H, int D, int h, const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* S, float* out, float* scratch) {
+  float* u = scratch;
+  float* dg = scratch + D;
+  float* ones = scratch + 2 * D;
+  std::fill_n(ones, D, 1.0f);
+  for (int t = 0; t < T; ++t) {
+    const std::size_t off = (static_cast<std::size_t>(t) * H + h) * D;
+    const float* qt = q + off;
+    const float* kt = k + off;
+    const float* vt = v + off;
+    const float* gt = g + off;
+    const float b = beta[static_cast<std::size_t>(t) * H + h];
+    float* ot = out + off;
+    mul_exp_diff(D, ones, gt, nullptr, dg);  // exp(g), 8 lanes at a time
+    // pass 1: S' = diag(exp g) S;  u = S'^T k
+    std::fill_n(u, D, 0.f);
+    for (int dk = 0; dk < D; ++dk) {
+      float* Sr = S + static_cast<std::size_t>(dk) * D;
+      scale(D, dg[dk], Sr);
+      axpy(D, kt[dk], Sr, u);
+    }
+    // delta = beta (v - u)
+    for (int d = 0; d < D; ++d) u[d] = b * (vt[d] - u[d]);
+    // pass 2: S = S' + k delta^T;  o = S^T q
+    std::fill_n(ot, D, 0.f);
+    for (int dk = 0; dk < D; ++dk) {
+      float* Sr = S + static_cast<std::size_t>(dk) * D;
+      axpy(D, kt[dk], u, Sr);
+      axpy(D, qt[dk], Sr, ot);
+    }
+  }
+}
+
 void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                    const float* beta, float* state, float* out) {
   ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1, int) {
-    std::vector<float> u(D), dg(D), ones(D, 1.0f);
-    for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h) {
-      float* S = state + static_cast<std::size_t>(h) * D * D;
-      for (int t = 0; t < T; ++t) {
-        const std::size_t off = (static_cast<std::size_t>(t) * H + h) * D;
-        const float* qt = q + off;
-        const float* kt = k + off;
-        const float* vt = v + off;
-        const float* gt = g + off;
-        const float b = beta[static_cast<std::size_t>(t) * H + h];
-        float* ot = out + off;
-        mul_exp_diff(D, ones.data(), gt, nullptr, dg.data());  // exp(g), 8 lanes at a time
-        // pass 1: S' = diag(exp g) S;  u = S'^T k
-        std::fill(u.begin(), u.end(), 0.f);
-        for (int dk = 0; dk < D; ++dk) {
-          float* Sr = S + static_cast<std::size_t>(dk) * D;
-          scale(D, dg[dk], Sr);
-          axpy(D, kt[dk], Sr, u.data());
-        }
-        // delta = beta (v - u)
-        for (int d = 0; d < D; ++d) u[d] = b * (vt[d] - u[d]);
-        // pass 2: S = S' + k delta^T;  o = S^T q
-        std::fill_n(ot, D, 0.f);
-        for (int dk = 0; dk < D; ++dk) {
-          float* Sr = S + static_cast<std::size_t>(dk) * D;
-          axpy(D, kt[dk], u.data(), Sr);
-          axpy(D, qt[dk], Sr, ot);
-        }
-      }
-    }
+    std::vector<float> scratch(3 * static_cast<std::size_t>(D));
+    for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h)
+      kda_recurrent_head(T, H, D, h, q, k, v, g, beta, state + static_cast<std::size_t>(h) * D * D, out, scratch.data());
   });
 }
 
@@ -369,6 +376,28 @@ void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, co
     with_fp32_state(H, D, state, state_dtype, [&](float* s) {
       kda_recurrent(1, H, D, q + t * C, k + t * C, v + t * C, g + t * C, beta + static_cast<size_t>(t) * H, s, out + t * C);
     });
+}
+
+void kda_recurrent_head_typed(int T, int H, int D, int h, const float* q, const float* k, const float* v,
+                              const float* g, const float* beta, void* state, CacheDType state_dtype, float* out,
+                              float* scratch) {
+  const std::size_t DD = static_cast<std::size_t>(D) * D;
+  if (state_dtype == CacheDType::F32) {
+    kda_recurrent_head(T, H, D, h, q, k, v, g, beta, static_cast<float*>(state) + h * DD, out, scratch);
+    return;
+  }
+  if (state_dtype != CacheDType::BF16)
+    throw Error(std::string("KDA state: cache dtype ") + cache_dtype_name(state_dtype) + " is not supported (float32, bfloat16)");
+  // As kda_recurrent_typed: widened, one token, rounded back, per token (elementwise: the same bits per head).
+  uint16_t* stored = static_cast<uint16_t*>(state) + h * DD;
+  float* s = scratch + 3 * D;
+  for (int t = 0; t < T; ++t) {
+    for (std::size_t i = 0; i < DD; ++i) s[i] = bf16_to_f32(stored[i]);
+    const std::size_t C = static_cast<std::size_t>(H) * D;
+    kda_recurrent_head(1, H, D, h, q + t * C, k + t * C, v + t * C, g + t * C, beta + static_cast<std::size_t>(t) * H, s,
+                       out + t * C, scratch);
+    for (std::size_t i = 0; i < DD; ++i) stored[i] = f32_to_bf16(s[i]);
+  }
 }
 
 void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,

@@ -17,6 +17,10 @@ namespace k3::cpu {
 void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
                    const float* beta, float* state, float* out);
 
+// Head h of kda_recurrent (what it runs per head: the same bits). S: that head's [D][D] state; scratch: 3 D floats.
+void kda_recurrent_head(int T, int H, int D, int h, const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* S, float* out, float* scratch);
+
 // Chunked (WY / UT-transform) form with chunks of `chunk` tokens; the last chunk may be partial.
 void kda_chunked(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
                  const float* g, const float* beta, float* state, float* out);
@@ -30,6 +34,11 @@ void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, co
                          const float* beta, void* state, CacheDType state_dtype, float* out);
 void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
                        const float* g, const float* beta, void* state, CacheDType state_dtype, float* out);
+
+// Head h of kda_recurrent_typed, `state` the whole [H][D][D] state as stored; scratch: 3 D + D * D floats.
+void kda_recurrent_head_typed(int T, int H, int D, int h, const float* q, const float* k, const float* v,
+                              const float* g, const float* beta, void* state, CacheDType state_dtype, float* out,
+                              float* scratch);
 
 // Causal depthwise conv (kernel W, no bias) followed by SiLU, for one projection of C channels.
 //   x     : [T][C]  new inputs
