@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "k3/backend/cpu/mla_attention.h"
+#include "k3/backend/cpu/mla_cache_rows.h"
+#include "k3/core/cache_dtype.h"
 
 namespace {
 
@@ -225,5 +227,40 @@ TEST(Mla, MhaBlockedIsChunkInvariantAndKvLayoutAgrees) {
     k3::cpu::mla_attention_mha_kv(sh.T, sh.P, nh, dn, dr, dv, q.data(), kv.data(), kp_wide.data(), pe_ld, scale,
                                   in_place.data());
     ASSERT_EQ(std::memcmp(in_place.data(), whole.data(), whole.size() * sizeof(float)), 0);
+  }
+}
+
+// mla_attention_latent_rows_heads (one token's head range on the calling thread: the CPU's fused absorbed pass)
+// must give each (token, head) the bits the whole-call form gives it, for every row dtype, any head range
+// (single heads, blocks, ranges crossing the 8-head block), and tokens at several causal lengths.
+TEST(Mla, HeadRangeEqualsTheWholeCallBitwise) {
+  std::mt19937 rng(41);
+  const int T = 3, P = 37, nh = 12, kr = 64, dr = 16, dc = kr + dr, S = P + T;
+  const Vec q = randn(std::size_t(T) * nh * dc, rng, 1.f), lat = randn(std::size_t(S) * dc, rng, 1.f);
+  for (k3::CacheDType dt : {k3::CacheDType::F32, k3::CacheDType::BF16, k3::CacheDType::FP8_E4M3}) {
+    const std::size_t rb = static_cast<std::size_t>(k3::mla_row_bytes(dt, kr, dr));
+    std::vector<uint8_t> store(rb * S);
+    std::vector<void*> wrows(S);
+    for (int s = 0; s < S; ++s) wrows[s] = store.data() + rb * s;
+    k3::cpu::mla_write_rows(dt, S, kr, dr, lat.data(), wrows.data());
+    const std::vector<const void*> rows(wrows.begin(), wrows.end());
+    Vec whole(std::size_t(T) * nh * kr, -3.f);
+    k3::cpu::mla_attention_latent_rows_typed(T, P, nh, kr, dr, q.data(), rows.data(), dt, 0.11f, whole.data());
+    for (const auto& [h0, hn] : std::vector<std::pair<int, int>>{{0, 1}, {5, 1}, {0, 8}, {3, 9}, {0, 12}, {11, 1}}) {
+      Vec part(whole.size(), -3.f);
+      std::vector<float> scratch;
+      for (int t = 0; t < T; ++t)
+        k3::cpu::mla_attention_latent_rows_heads(t, h0, hn, P, nh, kr, dr, q.data(), rows.data(), dt, 0.11f, part.data(), scratch);
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < nh; ++h) {
+          const float* a = part.data() + (std::size_t(t) * nh + h) * kr;
+          const float* b = whole.data() + (std::size_t(t) * nh + h) * kr;
+          if (h >= h0 && h < h0 + hn)
+            EXPECT_EQ(0, std::memcmp(a, b, kr * sizeof(float))) << k3::cache_dtype_name(dt) << " t " << t << " h " << h;
+          else
+            EXPECT_EQ(a[0], -3.f) << "head " << h << " outside the range was written";
+        }
+    }
+    EXPECT_NE(whole[0], -3.f);
   }
 }

@@ -85,6 +85,9 @@ class CpuBackend final : public graph::Backend {
   void mla_attend_latent(int64_t layer, const graph::MlaDims& d, graph::Tensor ql, float scale,
                          graph::Tensor ol) override;
   void mla_up_v(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor ol, graph::Tensor o) override;
+  // The absorbed form as one parallel pass over (token, heads) pieces (cpu_backend_mla.cpp).
+  void mla_absorbed(int64_t layer, const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, float scale,
+                    graph::Tensor o) override;
   void mla_attend_mha(int64_t layer, const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, float scale,
                       graph::Tensor o) override;
 

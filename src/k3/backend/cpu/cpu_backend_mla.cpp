@@ -7,6 +7,7 @@
 #include "k3/backend/cpu/mla_attention.h"
 #include "k3/backend/cpu/mla_cache_rows.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/core/thread_pool.h"
 
 namespace k3::cpu {
 
@@ -83,6 +84,56 @@ void CpuBackend::mla_up_v(const MlaWeights& w, const graph::MlaDims& dm, Tensor 
       const int64_t t = s.offset + i / nh, h = i % nh;
       mla_up_v_head(kvb, h, ol.f() + (t * nh + h) * kr, o.f() + (t * nh + h) * dv);
     });
+  });
+}
+
+// The absorbed form in ONE parallel pass over (decode-form sequence, token, heads): absorb, attend and
+// up-project each piece on one thread (three fork-joins per MLA layer before, ~100 us of a batch-1 step's MLA
+// layer at 16 threads for ~20 us of kv_b bytes: session 26's profile). Pieces are single heads unless there
+// are enough head blocks to fill the pool (then kHeadBlock heads share each decoded bf16 / fp8 row, as in
+// mla_attention_latent_rows_typed); every (token, head) gets the arithmetic of the three separate ops.
+void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::MlaDims& dm, Tensor q, float scale,
+                              Tensor o) {
+  CpuOpProfile::Scope ps(prof_, "mla_absorbed");
+  const int64_t nh = dm.heads, qk = dm.qk(), cd = dm.row(), kr = dm.rank, dv = dm.value;
+  constexpr int64_t kBlock = 8;  // mla_attention.cpp's kHeadBlock
+  struct Piece {
+    const graph::StepSeq* s;
+    int64_t t;  // token within the sequence
+  };
+  std::vector<Piece> tokens;
+  std::vector<std::vector<const void*>> rows;  // per decode-form sequence
+  for (const graph::StepSeq& s : plan_->seqs) {
+    if (s.prefill_form) continue;
+    rows.push_back(latent_rows(s, layer));
+    for (int64_t t = 0; t < s.n; ++t) tokens.push_back({&s, t});
+  }
+  if (tokens.empty()) return;
+  const int64_t ntok = static_cast<int64_t>(tokens.size());
+  const int64_t hb = ntok * ((nh + kBlock - 1) / kBlock) >= 4 * ThreadPool::global().size() ? kBlock : 1;
+  const int64_t nhb = (nh + hb - 1) / hb;
+  std::vector<size_t> seq_of(tokens.size());
+  for (size_t i = 0, j = 0; i < tokens.size(); ++i) {
+    if (i > 0 && tokens[i].s != tokens[i - 1].s) ++j;
+    seq_of[i] = j;
+  }
+  graph::ScratchScope scope(*this);
+  Tensor ql = scratch(q.rows, nh * cd, graph::ElemType::F32), ol = scratch(q.rows, nh * kr, graph::ElemType::F32);
+  const KvB kvb = kv_b_of(w, dm);
+  parallel_for(ntok * nhb, true, [&](int64_t i) {
+    const Piece& pc = tokens[static_cast<size_t>(i / nhb)];
+    const graph::StepSeq& s = *pc.s;
+    const int64_t row = s.offset + pc.t, h0 = (i % nhb) * hb, hn = std::min(hb, nh - h0);
+    for (int64_t h = h0; h < h0 + hn; ++h)
+      mla_absorb_q_head(kvb, h, dm.rope, q.f() + (row * nh + h) * qk, ql.f() + (row * nh + h) * cd);
+    // The sequence's own rows, its queries from its first row: token t attends to past + t + 1 rows.
+    thread_local std::vector<float> scratch_f;
+    mla_attention_latent_rows_heads(static_cast<int>(pc.t), static_cast<int>(h0), static_cast<int>(hn), static_cast<int>(s.past),
+                                    static_cast<int>(nh), static_cast<int>(kr), static_cast<int>(dm.rope),
+                                    ql.f() + s.offset * nh * cd, rows[seq_of[static_cast<size_t>(i / nhb)]].data(),
+                                    s.cache->spec().mla_dtype, scale, ol.f() + s.offset * nh * kr, scratch_f);
+    for (int64_t h = h0; h < h0 + hn; ++h)
+      mla_up_v_head(kvb, h, ol.f() + (row * nh + h) * kr, o.f() + (row * nh + h) * dv);
   });
 }
 

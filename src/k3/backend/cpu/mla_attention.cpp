@@ -102,6 +102,31 @@ struct Fp8Row {
 // the same whatever the block, T or the batching.
 constexpr int kHeadBlock = 8;
 
+// Query token t, heads [h0, h0 + hn) (hn <= kHeadBlock): p holds hn x ps scores, row dc floats.
+template <class Row>
+void attend_typed_block(int t, int h0, int hn, int P, int nh, int kr, int dr, const float* q_lat, const void* const* rows,
+                        float scale, float* out, float* p, std::size_t ps, float* row) {
+  const int dc = kr + dr;
+  const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h0) * dc;
+  float* o = out + (static_cast<std::size_t>(t) * nh + h0) * kr;
+  const int n = P + t + 1;
+  for (int s = 0; s < n; ++s) {
+    const Row r(rows[s], kr, dr);
+    r.decode(kr, dr, row);
+    for (int hh = 0; hh < hn; ++hh) {
+      const float* q = ql + static_cast<std::size_t>(hh) * dc;
+      p[hh * ps + s] = (dot(kr, q, row) * r.ckv_scale() + dot(dr, q + kr, row + kr)) * scale;
+    }
+  }
+  for (int hh = 0; hh < hn; ++hh) softmax(n, p + hh * ps);
+  std::fill_n(o, static_cast<std::size_t>(hn) * kr, 0.f);
+  for (int s = 0; s < n; ++s) {
+    const Row r(rows[s], kr, dr);
+    r.decode(kr, 0, row);
+    for (int hh = 0; hh < hn; ++hh) axpy(kr, p[hh * ps + s] * r.ckv_scale(), row, o + static_cast<std::size_t>(hh) * kr);
+  }
+}
+
 template <class Row>
 void attend_typed_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const void* const* rows,
                        float scale, float* out) {
@@ -113,27 +138,23 @@ void attend_typed_rows(int T, int P, int nh, int kr, int dr, const float* q_lat,
     std::vector<float> p(kHeadBlock * ps), row(static_cast<std::size_t>(dc));
     for (int64_t i = i0; i < i1; ++i) {
       const int t = static_cast<int>(i / nhb), h0 = static_cast<int>(i % nhb) * kHeadBlock;
-      const int hn = std::min(kHeadBlock, nh - h0);
-      const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h0) * dc;
-      float* o = out + (static_cast<std::size_t>(t) * nh + h0) * kr;
-      const int n = P + t + 1;
-      for (int s = 0; s < n; ++s) {
-        const Row r(rows[s], kr, dr);
-        r.decode(kr, dr, row.data());
-        for (int hh = 0; hh < hn; ++hh) {
-          const float* q = ql + static_cast<std::size_t>(hh) * dc;
-          p[hh * ps + s] = (dot(kr, q, row.data()) * r.ckv_scale() + dot(dr, q + kr, row.data() + kr)) * scale;
-        }
-      }
-      for (int hh = 0; hh < hn; ++hh) softmax(n, p.data() + hh * ps);
-      std::fill_n(o, static_cast<std::size_t>(hn) * kr, 0.f);
-      for (int s = 0; s < n; ++s) {
-        const Row r(rows[s], kr, dr);
-        r.decode(kr, 0, row.data());
-        for (int hh = 0; hh < hn; ++hh) axpy(kr, p[hh * ps + s] * r.ckv_scale(), row.data(), o + static_cast<std::size_t>(hh) * kr);
-      }
+      attend_typed_block<Row>(t, h0, std::min(kHeadBlock, nh - h0), P, nh, kr, dr, q_lat, rows, scale, out, p.data(), ps,
+                              row.data());
     }
   });
+}
+
+// Query token t, head h over fp32 rows; p: P + t + 1 floats.
+void attend_f32_head(int t, int h, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows, float scale,
+                     float* out, float* p) {
+  const int dc = kr + dr;
+  const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h) * dc;
+  const int n = P + t + 1;
+  for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, rows[s]) * scale;
+  softmax(n, p);
+  float* o = out + (static_cast<std::size_t>(t) * nh + h) * kr;
+  std::fill_n(o, kr, 0.f);
+  for (int s = 0; s < n; ++s) axpy(kr, p[s], rows[s], o);
 }
 
 }  // namespace
@@ -141,23 +162,33 @@ void attend_typed_rows(int T, int P, int nh, int kr, int dr, const float* q_lat,
 void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float* q_lat, const float* const* rows,
                                float scale, float* out) {
   const int S = P + T;
-  const int dc = kr + dr;
   // One (query, head) pair per index, handed out dynamically (causal rows differ in length).
   ThreadPool::global().parallel_for(static_cast<int64_t>(T) * nh, 1, [&](int64_t i0, int64_t i1, int) {
     std::vector<float> p(static_cast<std::size_t>(std::max(S, 1)));
-    for (int64_t i = i0; i < i1; ++i) {
-      const int t = static_cast<int>(i / nh), h = static_cast<int>(i % nh);
-      {
-        const float* ql = q_lat + (static_cast<std::size_t>(t) * nh + h) * dc;
-        const int n = P + t + 1;
-        for (int s = 0; s < n; ++s) p[s] = dot(dc, ql, rows[s]) * scale;
-        softmax(n, p.data());
-        float* o = out + (static_cast<std::size_t>(t) * nh + h) * kr;
-        std::fill_n(o, kr, 0.f);
-        for (int s = 0; s < n; ++s) axpy(kr, p[s], rows[s], o);
-      }
-    }
+    for (int64_t i = i0; i < i1; ++i)
+      attend_f32_head(static_cast<int>(i / nh), static_cast<int>(i % nh), P, nh, kr, dr, q_lat, rows, scale, out, p.data());
   });
+}
+
+void mla_attention_latent_rows_heads(int t, int h0, int hn, int P, int nh, int kr, int dr, const float* q_lat,
+                                     const void* const* rows, CacheDType dtype, float scale, float* out,
+                                     std::vector<float>& scratch) {
+  const std::size_t ps = static_cast<std::size_t>(P + t + 1), dc = static_cast<std::size_t>(kr + dr);
+  scratch.resize(static_cast<std::size_t>(kHeadBlock) * ps + dc);
+  float* p = scratch.data();
+  float* row = p + static_cast<std::size_t>(kHeadBlock) * ps;
+  for (int hb = h0; hb < h0 + hn; hb += kHeadBlock) {
+    const int n = std::min(kHeadBlock, h0 + hn - hb);
+    switch (dtype) {
+      case CacheDType::F32:
+        for (int h = hb; h < hb + n; ++h)
+          attend_f32_head(t, h, P, nh, kr, dr, q_lat, reinterpret_cast<const float* const*>(rows), scale, out, p);
+        break;
+      case CacheDType::BF16: attend_typed_block<Bf16Row>(t, hb, n, P, nh, kr, dr, q_lat, rows, scale, out, p, ps, row); break;
+      case CacheDType::FP8_E4M3: attend_typed_block<Fp8Row>(t, hb, n, P, nh, kr, dr, q_lat, rows, scale, out, p, ps, row); break;
+      default: throw Error("mla_attention_latent_rows_heads: unknown cache dtype");
+    }
+  }
 }
 
 void mla_attention_latent_rows_typed(int T, int P, int nh, int kr, int dr, const float* q_lat,

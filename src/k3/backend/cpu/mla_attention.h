@@ -2,6 +2,7 @@
 // The model does the projections; these functions do the softmax attention part.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "k3/core/cache_dtype.h"
 
@@ -37,5 +38,11 @@ void mla_attention_latent_rows(int T, int P, int nh, int kr, int dr, const float
 // dot product and once per weight. F32 is mla_attention_latent_rows itself (bit-identical).
 void mla_attention_latent_rows_typed(int T, int P, int nh, int kr, int dr, const float* q_lat,
                                      const void* const* rows, CacheDType dtype, float scale, float* out);
+// Query token t, heads [h0, h0 + hn) of mla_attention_latent_rows_typed, on the calling thread (a caller's
+// parallel pass over (token, head) pieces): every (token, head) gets the arithmetic it gets there, so the same bits.
+// `scratch` is resized as needed (reuse one per thread).
+void mla_attention_latent_rows_heads(int t, int h0, int hn, int P, int nh, int kr, int dr, const float* q_lat,
+                                     const void* const* rows, CacheDType dtype, float scale, float* out,
+                                     std::vector<float>& scratch);
 
 }  // namespace k3::cpu

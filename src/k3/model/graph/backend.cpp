@@ -37,6 +37,15 @@ void Backend::kda_mix(int64_t layer, const KdaWeights& w, const KdaDims& d, cons
   kda_output_gate(w, d, eps, o, gate_proj);
 }
 
+void Backend::mla_absorbed(int64_t layer, const MlaWeights& w, const MlaDims& d, Tensor q, float scale, Tensor o) {
+  ScratchScope scope(*this);
+  const int64_t N = q.rows, nh = d.heads;
+  Tensor ql = scratch(N, nh * d.row()), ol = scratch(N, nh * d.rank);
+  mla_absorb_q(w, d, q, ql);
+  mla_attend_latent(layer, d, ql, scale, ol);
+  mla_up_v(w, d, ol, o);
+}
+
 // No defaults for the collectives: where the tensors live decides how they move (host buffers through
 // MPI, device buffers through NCCL on the backend's stream), so each backend that runs sharded says so.
 void Backend::all_reduce_sum(Tensor) { throw Error("this backend does not run tensor parallel (all_reduce_sum)"); }

@@ -157,6 +157,9 @@ class Backend {
   virtual void mla_attend_latent(int64_t layer, const MlaDims& d, Tensor ql, float scale, Tensor ol) = 0;
   //   o[t][h] = W_UV_h ol[t][h]                            ol [N][nh * kr] -> o [N][nh * dv]
   virtual void mla_up_v(const MlaWeights& w, const MlaDims& d, Tensor ol, Tensor o) = 0;
+  // The whole absorbed form, q -> o for the rows of decode-form sequences: by default the three ops above in
+  // turn (their intermediates in scratch); a backend may run them as one pass (the CPU, per (token, head)).
+  virtual void mla_absorbed(int64_t layer, const MlaWeights& w, const MlaDims& d, Tensor q, float scale, Tensor o);
   // MHA (prefill) form for the rows of prefill-form sequences (other rows untouched): k_nope / v expanded
   // from the cached latents, causal softmax attention. q [N][nh * (dn + dr)] -> o [N][nh * dv].
   virtual void mla_attend_mha(int64_t layer, const MlaWeights& w, const MlaDims& d, Tensor q, float scale,

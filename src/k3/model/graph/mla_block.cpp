@@ -45,13 +45,7 @@ void mla_block(const Ctx& g, const MlaWeights& w, int64_t mla_index, Tensor x, T
   b.mla_write_latents(mla_index, d, lat);
 
   Tensor o = b.scratch(N, nh * d.value);
-  if (g.plan.any_decode_form()) {
-    ScratchScope absorbed(b);
-    Tensor ql = b.scratch(N, nh * d.row()), ol = b.scratch(N, nh * d.rank);
-    b.mla_absorb_q(w, d, q, ql);
-    b.mla_attend_latent(mla_index, d, ql, scale, ol);
-    b.mla_up_v(w, d, ol, o);
-  }
+  if (g.plan.any_decode_form()) b.mla_absorbed(mla_index, w, d, q, scale, o);
   if (g.plan.any_prefill_form()) b.mla_attend_mha(mla_index, w, d, q, scale, o);
   if (c.mla_output_gate) b.sigmoid_mul(o, gt);
   b.linear(w.o, o, out);
