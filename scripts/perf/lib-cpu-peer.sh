@@ -18,13 +18,14 @@ peer_llama_build_bg() {
 }
 
 # Writes the random checkpoints /tmp/<model> from their templates and k3's GGUF of each (/tmp/<model>.gguf).
+# PEER_K3: the k3 binary in $D that converts (default k3r).
 peer_checkpoints() {
   local m
   for m in "$@"; do
     xz -dc "$GW/$m.tpl.json.xz" > "/tmp/$m.tpl.json" &&
       python3 scripts/random_checkpoint.py write "/tmp/$m.tpl.json" "/tmp/$m" > "/tmp/ckpt-$m.log" 2>&1
     echo "ckpt $m rc=$? $(el)"
-    LD_LIBRARY_PATH=$D "$D/k3r" convert -m "/tmp/$m" -o "/tmp/$m.gguf" > "/tmp/convert-$m.log" 2>&1
+    LD_LIBRARY_PATH=$D "$D/${PEER_K3:-k3r}" convert -m "/tmp/$m" -o "/tmp/$m.gguf" > "/tmp/convert-$m.log" 2>&1
     echo "convert $m rc=$? $(el)"
   done
 }
