@@ -41,6 +41,10 @@ HAS3 = hasattr(LIB, "k3_kda_tc3")  # + overlap after state (KdaTcTuning::overlap
 if HAS3:
     LIB.k3_kda_tc3.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
                                [ctypes.c_int] * 5 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, state, overlap, ws, wsb
+HAS4 = hasattr(LIB, "k3_kda_tc4")  # + fused after overlap (KdaTcTuning::fused: 1 off, 2 / 3 ring buffers)
+if HAS4:
+    LIB.k3_kda_tc4.argtypes = ([vp] + [ctypes.c_int] * 6 + [vp] * 7 +
+                               [ctypes.c_int] * 6 + [vp, ctypes.c_size_t])  # bv, nbuf, intra, state, overlap, fused
 
 
 def ptr(t):
@@ -153,6 +157,12 @@ def main():
                                              ptr(beta), ptr(o), None, 0, 0, intra, state, overlap, ptr(ws), wsb),
                               "tc3")
 
+        def k3_tc4(fused, cs=None):  # bf16 inputs, chunk 32; fused 1 = the default two-kernel path, 2..5 = fused
+            wsb = LIB.k3_kda_tc_ws(N, ns, H, D, 32)
+            ws = torch.empty(wsb, dtype=torch.uint8, device="cuda")
+            return lambda: ck(LIB.k3_kda_tc4(ptr(seqs), ns, N, H, D, 32, 1, *(ptr(x) for x in (qb, kb, vb, gb)),
+                                             ptr(beta), ptr(o), ptr(cs), 0, 0, 0, 0, 1, fused, ptr(ws), wsb), "tc4")
+
         variants = [(f"k3 fp32 chunked{c}", k3_old(c)) for c in (32, 64)]
         # intra: 1 = v1, 2 = v2, 3 = v2 built for 4 blocks per SM, 4 = v3 (persistent, prefetched loads; bf16 inputs,
         # fp32 inputs run v2), 5 = v3 with streaming stores (chunk 32 only; chunk 64 always runs v1)
@@ -184,6 +194,15 @@ def main():
         if HAS3:
             variants.append(("k3 tc32 state-v2 4w bf16-in intra5 overlap", k3_tc3(3, 5, 2)))
             variants.append(("k3 tc32 state-v2 8w bf16-in intra5 overlap", k3_tc3(2, 5, 2)))
+        # the fused kernel (kda_tc_fused.cu) beside the default two-kernel path (intra v3cs + the state rule)
+        if HAS4:
+            variants.append(("k3 tc32 default bf16-in (two kernels)", k3_tc4(1)))
+            variants.append(("k3 tc32 fused nbuf2 bf16-in", k3_tc4(2)))
+            variants.append(("k3 tc32 fused nbuf3 bf16-in", k3_tc4(3)))
+            variants.append(("k3 tc32 fused ftz-exp bf16-in", k3_tc4(4)))
+            variants.append(("k3 tc32 fused ftz-exp T-consumer bf16-in", k3_tc4(5)))
+            variants.append(("k3 tc32 fused nbuf2 bf16-in +chunk states", k3_tc4(2, cs)))
+            variants.append(("k3 tc32 default bf16-in (two kernels) +chunk states", k3_tc4(1, cs)))
         if chunk_kda is not None:
             cu = torch.arange(0, N + 1, T, device="cuda", dtype=torch.long)
             fq, fk, fv, fb = (x.unsqueeze(0) for x in (qb, kb, vb, beta.bfloat16()))

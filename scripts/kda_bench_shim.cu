@@ -52,4 +52,14 @@ int k3_kda_tc3(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int
                                   chunk_states, k3::cuda::KdaTcTuning{bv, nbuf, intra, state, overlap}, ws, wsb,
                                   nullptr);
 }
+// k3_kda_tc3 plus fused (KdaTcTuning::fused: 0 = K3_KDA_TC_FUSED, 1 = off, 2..5 = the fused kernel's variants;
+// chunk 32 and bf16 inputs, else the two-kernel path).
+int k3_kda_tc4(const void* seqs, int n_seqs, int N, int H, int D, int chunk, int bf16_in, const void* q, const void* k,
+               const void* v, const void* g, const float* beta, float* o, float* chunk_states, int bv, int nbuf,
+               int intra, int state, int overlap, int fused, void* ws, size_t wsb) {
+  return k3::cuda::kda_chunked_tc(static_cast<const KdaSeq*>(seqs), n_seqs, N, H, D, chunk,
+                                  bf16_in ? k3::cuda::KdaInType::BF16 : k3::cuda::KdaInType::F32, q, k, v, g, beta, o,
+                                  chunk_states, k3::cuda::KdaTcTuning{bv, nbuf, intra, state, overlap, fused}, ws, wsb,
+                                  nullptr);
+}
 }

@@ -129,6 +129,7 @@ struct TcRun {
   int intra = 0;  // KdaTcTuning::intra (0: the default)
   int state = 0;  // KdaTcTuning::state (0: the default)
   int overlap = 0;  // KdaTcTuning::overlap (0: the environment's K3_KDA_TC_OVERLAP, 1 off, 2 on)
+  int fused = 0;    // KdaTcTuning::fused (0: the environment's K3_KDA_TC_FUSED, 1 off, 2 / 3 on with 2 / 3 buffers)
 };
 
 // One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
@@ -150,14 +151,16 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   if (r.in == KdaInType::BF16) {
     Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap}, ws.p, wsb,
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap, r.fused},
+                                ws.p, wsb,
                                 nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
-                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap}, ws.p, wsb,
+                                k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap, r.fused},
+                                ws.p, wsb,
                                 nullptr),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
@@ -482,6 +485,89 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
                            k3::cuda::KdaTcTuning{0, 0, 0, 0, 3}, ws.p, wsb, nullptr),
             cudaErrorInvalidValue);  // overlap 3 (0..2 exist)
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{0, 0, 0, 0, 0, 6}, ws.p, wsb, nullptr),
+            cudaErrorInvalidValue);  // fused 6 (0..5 exist)
+}
+
+// The fused kernel's variants that round differently from the two-kernel path (KdaTcTuning::fused 4: every
+// exponential in the ftz form; 5: plus T applied by the consumer warps, V~ = T (v - exp(G) k S)): outputs, final and
+// per-chunk states against the fp32 recurrence (kTol), and against variant 2 (bit-identical to the two-kernel path):
+// rounding-level differences only, so far under 5e-3; an indexing slip would be of order 1. bf16 inputs (fp32 ones
+// run the two-kernel path), lengths around the chunk, empty sequences, many chunks.
+TEST(CudaKdaTc, FusedFastVariantsMatchRecurrence) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int>> batches = {
+      {1}, {16, 17, 15}, {31, 32, 33}, {1000}, {257, 0, 64, 65, 1, 129, 511}};
+  uint32_t seed = 6900;
+  for (const auto& lens : batches) {
+    const Problem p = make_problem(lens.size() > 3 ? 2 : 3, lens, ++seed);
+    Vec ro, rS, rC;
+    cpu_ref(p, ro, rS, 32, &rC);
+    Vec o2, S2, C2;
+    gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true, 5, 2, 1, 2}, o2, S2, &C2);
+    for (int fz : {4, 5}) {
+      Vec o, S, Cs;
+      gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true, 5, 2, 1, fz}, o, S, &Cs);
+      const double eo = rel_err(o, ro), es = rel_err(S, rS), ec = rel_err(Cs, rC);
+      const double d_o = rel_err(o, o2), d_c = rel_err(Cs, C2);
+      const std::string what = "fused " + std::to_string(fz) + " lens " + lens_str(lens);
+      std::printf("[ kda-tc ] %s H=%d: out %.2e state %.2e chunk states %.2e  minus fused 2: out %.2e states %.2e\n",
+                  what.c_str(), p.H, eo, es, ec, d_o, d_c);
+      EXPECT_LT(eo, kTol) << what;
+      EXPECT_LT(es, kTol) << what;
+      EXPECT_LT(ec, kTol) << what;
+      EXPECT_LT(d_o, 5e-3) << what;
+      EXPECT_LT(d_c, 5e-3) << what;
+    }
+  }
+}
+
+// The fused kernel (kda_tc_fused.cu, KdaTcTuning::fused 2 / 3: 2 / 3 ring buffers) against intra v3cs + state v2
+// at 8 warps run as two kernels: the same device arithmetic on the same values, so outputs, final and per-chunk
+// states must be BIT-identical. Varlen batches with empty sequences, lengths around the chunk, many chunks per
+// sequence (the ring wraps many times), 96 heads; fp32 inputs fall back to the two-kernel path (same bits too).
+TEST(CudaKdaTc, FusedBitwiseEqualsSequential) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int H;
+    std::vector<int> lens;
+  };
+  const std::vector<Case> cases = {{2, {1}},
+                                   {3, {0, 33, 1, 95, 0}},
+                                   {4, {257, 0, 64, 65, 1, 129, 511}},
+                                   {32, {1, 300, 0, 700}},
+                                   {96, {2048}}};
+  auto same = [](const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
+    ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
+    size_t diff = 0, nonfinite = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      nonfinite += !std::isfinite(a[i]);
+    }
+    EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ";
+    EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
+  };
+  uint32_t seed = 5800;
+  for (const Case& c : cases) {
+    const Problem p = make_problem(c.H, c.lens, ++seed);
+    for (KdaInType in : {KdaInType::BF16, KdaInType::F32}) {
+      if (in == KdaInType::F32 && c.H > 4) continue;  // the fallback needs one small case
+      Vec o1, S1, C1;
+      gpu_tc(p, TcRun{32, 0, 0, in, true, 5, 2, 1, 1}, o1, S1, &C1);
+      for (int fz : {2, 3}) {
+        Vec o2, S2, C2;
+        gpu_tc(p, TcRun{32, 0, 0, in, true, 5, 2, 1, fz}, o2, S2, &C2);
+        const std::string ctx = std::string(in == KdaInType::BF16 ? "bf16" : "fp32") + " H=" + std::to_string(c.H) +
+                                " lens " + lens_str(c.lens) + " fused " + std::to_string(fz);
+        same(o2, o1, "out", ctx);
+        same(S2, S1, "final states", ctx);
+        same(C2, C1, "chunk states", ctx);
+        std::printf("[ kda-tc ] fused vs two kernels %s: %zu outputs, %zu chunk states compared\n", ctx.c_str(),
+                    o2.size(), C2.size());
+      }
+    }
+  }
 }
 
 }  // namespace

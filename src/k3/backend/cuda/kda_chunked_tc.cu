@@ -29,6 +29,8 @@
 //    At chunk 32 the state step runs kda_tc_state2_kernel by default (kda_tc_state2.cu; KdaTcTuning::state /
 //    K3_KDA_TC_STATE=v1 for the kernel above): warps split the value columns and hold S^T, so a chunk step needs
 //    no cross-warp exchange.
+// 3. KdaTcTuning::fused / K3_KDA_TC_FUSED (opt-in): both steps in ONE warp-specialised kernel per (sequence, head),
+//    kda_tc_fused.cu; the intra outputs stay in shared memory.
 // Fragment layouts are PTX's m16n8k16 ones; ldmatrix (.trans for operands stored k-major) loads them.
 #include "k3/backend/cuda/kda_chunked_tc.h"
 
@@ -44,6 +46,7 @@
 #include <type_traits>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
+#include "k3/backend/cuda/kda_tc_fused.h"
 #include "k3/backend/cuda/kda_tc_state2.h"
 
 namespace k3::cuda {
@@ -1508,6 +1511,13 @@ bool overlap_env() {
   return v;
 }
 
+// K3_KDA_TC_FUSED=1 | 2 | 3 | 4 | 5 (KdaTcTuning::fused 2 | 2 | 3 | 4 | 5: the fused kernel's variants, see
+// kda_chunked_tc.h); unset or anything else: 1, off.
+int fused_env() {
+  static const int v = env_choice("K3_KDA_TC_FUSED", {{"1", 2}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}}, 1);
+  return v;
+}
+
 // The state kernel by shape: v2 at chunk 32 (faster than v1 at every measured shape, same outputs: call s25-6,
 // docs/perf/cuda.md session 25), 8 warps (one block per sequence and head) when that still gives two blocks
 // per SM of an H200 (n_seqs x H >= 264; 8 x 1024 x 96: 1.25 ms vs 1.38 at 4 warps), else 4 warps (two blocks
@@ -1530,7 +1540,9 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
       tuning.buffers < 0 ||
       tuning.buffers > (chunk == 32 ? 3 : 2) || tuning.intra < 0 || tuning.intra > 5)
     return cudaErrorInvalidValue;
-  if (tuning.state < 0 || tuning.state > 3 || tuning.overlap < 0 || tuning.overlap > 2) return cudaErrorInvalidValue;
+  if (tuning.state < 0 || tuning.state > 3 || tuning.overlap < 0 || tuning.overlap > 2 || tuning.fused < 0 ||
+      tuning.fused > 5)
+    return cudaErrorInvalidValue;
   if (n_seqs == 0 || n_total_tokens == 0) return cudaSuccess;
   if (!workspace || workspace_bytes < kda_chunked_tc_workspace_bytes(n_total_tokens, n_seqs, H, D, chunk))
     return cudaErrorInvalidValue;
@@ -1555,6 +1567,12 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // launch, whose outputs are the same bits.
   const bool overlap = (tuning.overlap == 2 || (tuning.overlap == 0 && overlap_env())) && chunk == 32 &&
                        in_type == KdaInType::BF16 && (intra == 4 || intra == 5) && (state == 2 || state == 3);
+  // The fused kernel where it exists (chunk 32, bf16 inputs); elsewhere the request runs the two-kernel path.
+  const int fused = tuning.fused != 0 ? tuning.fused : fused_env();
+  if (fused >= 2 && chunk == 32 && in_type == KdaInType::BF16) {
+    g_tc_calls.fetch_add(1);
+    return kda_tc_fused_launch(fused, seqs, n_seqs, H, q, k, v, g, beta, o, chunk_states, stream);
+  }
   TcWs ws;
   tc_ws_layout(static_cast<size_t>(n_total_tokens), n_seqs, H, D, chunk, static_cast<char*>(workspace), &ws);
   g_tc_calls.fetch_add(1);

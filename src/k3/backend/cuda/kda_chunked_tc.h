@@ -56,12 +56,25 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // with bf16 inputs, intra 4 / 5 and state 2 / 3 (state v2 then runs with two operand buffers); anything else,
 // fp32 inputs included, runs the sequential launch. Outputs, final and chunk states are BIT-identical to the
 // sequential launch's with the same intra and state (same kernels' arithmetic, only the timing changes).
+// fused: ONE warp-specialised kernel per (sequence, head) instead of the intra + state pair (kda_tc_fused.cu: producer
+// warps do the intra-chunk work of chunk c + 1 into shared memory while consumer warps advance the state over chunk
+// c), so W / U / Q / K / A_qk never reach HBM and the workspace is not used. 1 = off; 2 = on, two ring buffers; 3 =
+// three; 4 = 2 with every exponential in the ftz form (values below ~1e-38 flush to zero); 5 = 4 with T applied by
+// the consumer warps (V~ = T (v - exp(G) k S), rounded differently); 0 = the environment's K3_KDA_TC_FUSED (1 or 2,
+// 3, 4, 5; unset: off). Only for chunk 32 with bf16 inputs (anything else runs the two-kernel path); value_tile /
+// buffers / intra / state / overlap are then ignored. 2 / 3 are bit-identical to intra v3cs + state v2 (outputs,
+// final and chunk states) for decays g > -5.45 (kda_tc_fused.cu's exp_ftz says why the bound; checked by
+// scripts/check_kda_tc.py and CudaKdaTc.FusedBitwiseEqualsSequential); 4 / 5 within the same error of the fp32
+// recurrence. Measured (call s27-kda-2, H200): 1 x 8192 x 96 0.925 ms (5) / 1.025 (2) vs 1.266 for the two kernels;
+// 1 x 8192 x 32 0.918 / 1.008 vs 0.610 (32 blocks on 132 SMs: the fused form loses with few sequences x heads).
+// Default off: opt-in until a shape rule is measured (docs/perf/cuda/s27-kda-*).
 struct KdaTcTuning {
   int value_tile = 0;
   int buffers = 0;
   int intra = 0;
   int state = 0;
   int overlap = 0;
+  int fused = 0;
 };
 
 // q, k, v, g: [N][C] of `in_type`; beta [N][H] fp32; o [N][C] fp32. chunk_states: nullptr, or [chunks][H][D][D] fp32 receiving
