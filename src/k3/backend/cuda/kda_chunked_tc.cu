@@ -46,6 +46,7 @@
 #include <type_traits>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
+#include "k3/backend/cuda/kda_tc_intra2.cuh"
 #include "k3/backend/cuda/kda_tc_fused.h"
 #include "k3/backend/cuda/kda_tc_state2.h"
 
@@ -313,52 +314,6 @@ __global__ void __launch_bounds__(IntraCfg<L>::NT)
   intra_apply_t<L>(Ts, Vs, ws.U, row0, Lc, C, h);
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Intra-chunk kernel v2 (chunk 32; chunk 64 keeps v1): 8 warps per (chunk, head), same outputs and numerics
-// class as kda_tc_intra_kernel. v1 spent its time waiting: 2 warps per block issuing their global loads a
-// few at a time, a serial per-column cumsum (L-deep shared read-modify-write chains) and a serial L-deep
-// forward substitution. Here
-//    - every thread issues all 16 of its global loads at once (4 rows x 4 columns of q, k, v, g), so a
-//      block has its whole chunk (32-64 KB) in flight;
-//    - G = cumsum(g) is a register prefix over the thread's 4 rows plus a 3-step shuffle scan across the
-//      8 row groups of the warp (lanes 4 seg + cg), no shared memory;
-//    - the operands of the products (q, k scaled around the sub-chunk reference rows 0 and 16) are formed
-//      once, elementwise, instead of per mma fragment;
-//    - T = (I + N)^-1 diag(beta) blockwise: the two 16 x 16 diagonal inverses by fp32 forward substitution
-//      (one warp, a lane per column, 15-deep chains instead of 31), the off-diagonal block
-//      M10 = -M11 (N10 M00) as two 16 x 16 x 16 fp32 products with a thread per element.
-// Shared memory 52.6 KB, 80 registers (launch bounds: 3 blocks = 24 warps per SM; at 4 blocks the 64-register
-// cap spills ~200 bytes in the elementwise phase: the MINB = 4 variant, for A/B).
-// Why it should be faster (estimate before measurement): the block's chain is now ~3.5-5 us (prologue
-// lookups, one load round trip, 4 shuffle steps, ~80 exponentials per thread, 8-deep mma chains, a 15-deep
-// substitution, five barriers) and 3 blocks share an SM, against ~2 us of HBM time per (chunk, head) at an
-// SM's share of bandwidth (66 KB moved with bf16 inputs): near the byte floor. v1 took ~26 us per block
-// (0.40 ms over 15.5 waves of 4 two-warp blocks per SM at 1 x 8192 x 32).
-struct Intra2Cfg {
-  static constexpr int L = 32, NT = 256, LDB = kD + 8, LDK = L + 4, LDX = 17, LDT = L + 8;
-  static constexpr size_t plane = static_cast<size_t>(L) * LDB * sizeof(bf16);
-  // bf16 [rows][LDB]: KE = exp(G) k, Vb = v, Ql / Kl = q / k times exp(G_i - G_ref(i)) (ref = row 0 for rows
-  // < 16, row 16 after), Kr = k_j exp(G_ref - G_j): rows [0, 16) for ref 0 (j < 16), rows [16, 48) for ref 16
-  // (j < 32). Ak fp32 [L][LDK], beta fp32 [L].
-  static constexpr size_t off_ke = 0, off_v = plane, off_ql = 2 * plane, off_kl = 3 * plane, off_kr = 4 * plane;
-  static constexpr size_t off_ak = off_kr + static_cast<size_t>(48) * LDB * sizeof(bf16);
-  static constexpr size_t off_bs = off_ak + static_cast<size_t>(L) * LDK * sizeof(float);
-  static constexpr size_t bytes = off_bs + L * sizeof(float);
-  // Once the products are done (Ql, Kl dead): diagonal inverses Mi fp32 [L][LDK], X = N10 M00 fp32 [16][LDX],
-  // T bf16 [L][LDT].
-  static constexpr size_t off_mi = off_ql, off_xs = off_mi + static_cast<size_t>(L) * LDK * sizeof(float);
-  static constexpr size_t off_ts = off_xs + static_cast<size_t>(16) * LDX * sizeof(float);
-  static_assert(off_ts + static_cast<size_t>(L) * LDT * sizeof(bf16) <= off_kr, "inverse scratch fits in Ql, Kl");
-  static_assert(plane % 16 == 0 && off_ak % 16 == 0 && off_ts % 16 == 0, "ldmatrix / float4 alignment");
-};
-
-// The thread's 4 x 4 tile of the chunk: rows [r0, r0 + 4), head columns [d, d + 4); q, k, v rounded to bf16
-// once (as v1 stages them), g in fp32 (G after intra2_scan). Rows >= Lc are zero (g = 0 adds nothing to G).
-struct Intra2Tile {
-  float G[4][4];
-  uint32_t q[4][2], k[4][2], v[4][2];
-};
-
 __device__ __forceinline__ void pack4(uint32_t (&dst)[2], float4 x) {
   dst[0] = pack2(x.x, x.y);
   dst[1] = pack2(x.z, x.w);
@@ -381,13 +336,6 @@ template <class T>
 __device__ __forceinline__ typename Intra2Raw<T>::Vec raw_zero() {
   if constexpr (std::is_same_v<T, float>) return make_float4(0.f, 0.f, 0.f, 0.f);
   else return make_uint2(0u, 0u);
-}
-// load4's conversion (kda_tc_common.cuh) applied to an already loaded vector: the same operations, so the tile
-// is bit-identical whether the conversion follows the load at once (v2) or a work item later (v3).
-__device__ __forceinline__ float4 raw_to4(float4 x) { return x; }
-__device__ __forceinline__ float4 raw_to4(uint2 u) {
-  const float2 a = unpack2(u.x), b = unpack2(u.y);
-  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 // All 16 global loads (nothing in between depends on them). Rows >= Lc: zeros (no load).
@@ -432,63 +380,6 @@ __device__ __forceinline__ void intra2_load(const T* __restrict__ q, const T* __
   Intra2Raw<T> raw;
   intra2_issue<T>(q, k, v, g, at0, r0, Lc, C, raw);
   intra2_convert<T>(raw, t);
-}
-
-// G = inclusive cumsum over the chunk's rows: lane = 4 seg + cg holds rows [4 seg, 4 seg + 4) of the same 4
-// columns as lanes cg, 4 + cg, ...; local prefix, then a Hillis-Steele scan of the row-group totals over
-// seg (shuffle distances 4, 8, 16 lanes), then the exclusive part added back.
-__device__ __forceinline__ void intra2_scan(float (&G)[4][4], int lane) {
-#pragma unroll
-  for (int u = 1; u < 4; ++u)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) G[u][c] += G[u - 1][c];
-  float incl[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) incl[c] = G[3][c];
-#pragma unroll
-  for (int off = 4; off < 32; off *= 2)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const float y = __shfl_up_sync(0xffffffffu, incl[c], off);
-      if (lane >= off) incl[c] += y;
-    }
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const float y = __shfl_up_sync(0xffffffffu, incl[c], 4);  // the previous row groups' total
-    const float ex = lane >= 4 ? y : 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) G[u][c] += ex;
-  }
-}
-
-// x (4 bf16) times e, rounded to bf16 again (v1's double rounding: bf16 input, then the scaled operand).
-__device__ __forceinline__ uint2 scale4(const uint32_t (&x)[2], const float (&e)[4]) {
-  const float2 a = unpack2(x[0]), b = unpack2(x[1]);
-  return make_uint2(pack2(a.x * e[0], a.y * e[1]), pack2(b.x * e[2], b.y * e[3]));
-}
-__device__ __forceinline__ void st8(bf16* p, uint2 v) { *reinterpret_cast<uint2*>(p) = v; }
-// A store of a kernel output to the workspace: plain (CS = false: v2, v3's default) or streaming (st.global.cs,
-// evict-first: the state kernel reads each output once, later; v3's A/B variant KdaTcTuning::intra = 5).
-template <bool CS, class V>
-__device__ __forceinline__ void st_out(void* p, V v) {
-  if constexpr (CS) __stcs(reinterpret_cast<V*>(p), v);
-  else *reinterpret_cast<V*>(p) = v;
-}
-
-// Reference values of G for the thread's columns: rows 0 and 16 (the sub-chunk references) and row L - 1
-// (= row Lc - 1: padded rows add 0).
-struct Intra2Refs {
-  float g0[4], g16[4], gl[4];
-};
-__device__ __forceinline__ Intra2Refs intra2_refs(const float (&G)[4][4], int cg) {
-  Intra2Refs r;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    r.g0[c] = __shfl_sync(0xffffffffu, G[0][c], cg);        // seg 0, its row 0
-    r.g16[c] = __shfl_sync(0xffffffffu, G[0][c], 16 + cg);  // seg 4, its row 0
-    r.gl[c] = __shfl_sync(0xffffffffu, G[3][c], 28 + cg);   // seg 7, its row 3
-  }
-  return r;
 }
 
 // Elementwise operands of the thread's rows: Q exp(G) and exp(G_last - G) k to the workspace (rows < Lc);
@@ -585,56 +476,6 @@ __device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16*
         if (job == 0) st_out<CS>(arow + j + 16, 0u);  // the zero block above the diagonal
       }
     }
-}
-
-// Diagonal 16 x 16 blocks of (I + N)^-1, N = Ak strictly lower: warp 0, lane 16 blk + c solves column c of
-// block blk by forward substitution (fp32, two partial sums per row to halve the chain), to Mi.
-__device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi, int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  if (tid >= 32) return;
-  const int lane = tid, c = lane & 15, o = 16 * (lane >> 4);
-  float m[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    float a0 = i == c ? 1.f : 0.f, a1 = 0.f;
-#pragma unroll
-    for (int j4 = 0; 4 * j4 < i; ++j4) {
-      const float4 a = *reinterpret_cast<const float4*>(Ak + (o + i) * Cfg::LDK + o + 4 * j4);
-      a0 = fmaf(-a.x, m[4 * j4], a0);
-      if (4 * j4 + 1 < i) a1 = fmaf(-a.y, m[4 * j4 + 1], a1);
-      if (4 * j4 + 2 < i) a0 = fmaf(-a.z, m[4 * j4 + 2], a0);
-      if (4 * j4 + 3 < i) a1 = fmaf(-a.w, m[4 * j4 + 3], a1);
-    }
-    m[i] = a0 + a1;
-  }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) Mi[(o + i) * Cfg::LDK + o + c] = m[i];
-}
-
-// X = N10 M00 (rows 16.., columns ..16 of N times the first diagonal inverse), thread = element (i, j).
-__device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* Mi, float* Xs, int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  const int i = tid >> 4, j = tid & 15;
-  float x = 0.f;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) x = fmaf(Ak[(16 + i) * Cfg::LDK + k], Mi[k * Cfg::LDK + j], x);
-  Xs[i * Cfg::LDX + j] = x;
-}
-
-// T = (I + N)^-1 diag(beta) to Ts (bf16), thread = (i, j) of each 16 x 16 block: M10 = -M11 X, the
-// diagonal blocks from Mi, zeros above.
-__device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs, const float* bs, bf16* Ts,
-                                               int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  constexpr int LDK = Cfg::LDK, LDT = Cfg::LDT;
-  const int i = tid >> 4, j = tid & 15;
-  float m = 0.f;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) m = fmaf(Mi[(16 + i) * LDK + 16 + k], Xs[k * Cfg::LDX + j], m);
-  Ts[(16 + i) * LDT + j] = __float2bfloat16_rn(-m * bs[j]);
-  Ts[i * LDT + j] = __float2bfloat16_rn(Mi[i * LDK + j] * bs[j]);
-  Ts[(16 + i) * LDT + 16 + j] = __float2bfloat16_rn(Mi[(16 + i) * LDK + 16 + j] * bs[16 + j]);
-  Ts[i * LDT + 16 + j] = __float2bfloat16_rn(0.f);
 }
 
 // W = T KE and U = T Vb: warp w = (kind w / 4: W or U, row tile (w / 2) % 2, value half w % 2); rows of T
@@ -781,14 +622,6 @@ struct Intra3Cfg {
   static_assert(off_g % 16 == 0 && off_q % 16 == 0 && off_b % 16 == 0, "cp.async alignment");
 };
 
-// Byte offset of 16-byte chunk c (8 columns) of row r in a stage plane.
-__device__ __forceinline__ int intra3_stage_off(int r, int c) { return r * 256 + 16 * (c ^ (2 * ((r >> 2) & 3))); }
-
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0));  // src-size 0: zero-filled
-}
-
 struct Intra3Item {
   int b, h, Lc;  // chunk (global index), head, valid rows
   size_t row0;   // the chunk's first token row
@@ -853,15 +686,6 @@ __device__ __forceinline__ void intra3_read(const char* sp, int r0, int d, Intra
     raw.k[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_k + at);
     raw.v[u] = *reinterpret_cast<const uint2*>(sp + Intra3Cfg::off_v + at);
   }
-}
-
-// threadIdx.x through an asm the compiler cannot hoist out of v3's item loop: otherwise it computes the
-// lane-dependent constants of every phase once (v2's diagonal inverse alone has 16 predicates i == c), keeps them
-// live across the loop and spills them at the 80-register cap; re-deriving them is a few integer operations.
-__device__ __forceinline__ int tid_fresh() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
 }
 
 template <bool CS, bool kFlags = false>

@@ -23,9 +23,9 @@
 //   s27-kda-1; memcheck is clean and every check is bit-identical, so they are taken as its not modelling arrive.)
 // Variants (KdaTcTuning::fused): 2 = two ring buffers, 3 = three, 4 = 2 with every exponential in the ftz form,
 // 5 = 4 with T applied by the consumer (state_vnew_t: the producer's W / U products and a barrier go).
-// Arithmetic: the device functions below are copies of kda_chunked_tc.cu's v2 / v3 intra helpers and of
-// kda_tc_state2.cu's state-step helpers (both files keep theirs in unnamed namespaces; copied rather than moved
-// so the two-kernel path, the reference, stays untouched while this path is opt-in). Only the destinations of
+// Arithmetic: the v2 / v3 intra helpers (kda_tc_intra2.cuh) and the state kernel v2's step helpers
+// (kda_tc_state2_ops.cuh) are the two-kernel path's own definitions (moved there from kda_chunked_tc.cu and
+// kda_tc_state2.cu; the PTX of all three files was compared identical before and after). Only the destinations of
 // the intra outputs change (shared ring rows, all 32 rows written: padded rows come out as exact zeros, as the
 // state kernel's zero-filled copies are), so o, the final and the per-chunk states of variants 2 / 3 are
 // BIT-identical to intra v3 / v3cs + state v2 for decays g > -5.45 (exp_ftz says why the bound;
@@ -49,153 +49,11 @@
 #include <type_traits>
 
 #include "k3/backend/cuda/kda_tc_common.cuh"
+#include "k3/backend/cuda/kda_tc_intra2.cuh"
+#include "k3/backend/cuda/kda_tc_state2_ops.cuh"
 
 namespace k3::cuda {
 namespace {
-
-// ---------------------------------------------------------------------------------------------------
-// Intra-chunk helpers, copied from kda_chunked_tc.cu (v2 / v3; their comments kept).
-struct Intra2Cfg {
-  static constexpr int L = 32, NT = 256, LDB = kD + 8, LDK = L + 4, LDX = 17, LDT = L + 8;
-  static constexpr size_t plane = static_cast<size_t>(L) * LDB * sizeof(bf16);
-  // bf16 [rows][LDB]: KE = exp(G) k, Vb = v, Ql / Kl = q / k times exp(G_i - G_ref(i)) (ref = row 0 for rows
-  // < 16, row 16 after), Kr = k_j exp(G_ref - G_j): rows [0, 16) for ref 0 (j < 16), rows [16, 48) for ref 16
-  // (j < 32). Ak fp32 [L][LDK], beta fp32 [L].
-  static constexpr size_t off_ke = 0, off_v = plane, off_ql = 2 * plane, off_kl = 3 * plane, off_kr = 4 * plane;
-  static constexpr size_t off_ak = off_kr + static_cast<size_t>(48) * LDB * sizeof(bf16);
-  static constexpr size_t off_bs = off_ak + static_cast<size_t>(L) * LDK * sizeof(float);
-  static constexpr size_t bytes = off_bs + L * sizeof(float);
-  // Once the products are done (Ql, Kl dead): diagonal inverses Mi fp32 [L][LDK], X = N10 M00 fp32 [16][LDX],
-  // T bf16 [L][LDT].
-  static constexpr size_t off_mi = off_ql, off_xs = off_mi + static_cast<size_t>(L) * LDK * sizeof(float);
-  static constexpr size_t off_ts = off_xs + static_cast<size_t>(16) * LDX * sizeof(float);
-  static_assert(off_ts + static_cast<size_t>(L) * LDT * sizeof(bf16) <= off_kr, "inverse scratch fits in Ql, Kl");
-  static_assert(plane % 16 == 0 && off_ak % 16 == 0 && off_ts % 16 == 0, "ldmatrix / float4 alignment");
-};
-
-// The thread's 4 x 4 tile of the chunk: rows [r0, r0 + 4), head columns [d, d + 4); q, k, v rounded to bf16
-// once (as v1 stages them), g in fp32 (G after intra2_scan). Rows >= Lc are zero (g = 0 adds nothing to G).
-struct Intra2Tile {
-  float G[4][4];
-  uint32_t q[4][2], k[4][2], v[4][2];
-};
-
-
-// load4's conversion (kda_tc_common.cuh) applied to an already loaded vector: the same operations, so the tile
-// is bit-identical whether the conversion follows the load at once (v2) or a work item later (v3).
-__device__ __forceinline__ float4 raw_to4(uint2 u) {
-  const float2 a = unpack2(u.x), b = unpack2(u.y);
-  return make_float4(a.x, a.y, b.x, b.y);
-}
-
-
-// G = inclusive cumsum over the chunk's rows: lane = 4 seg + cg holds rows [4 seg, 4 seg + 4) of the same 4
-// columns as lanes cg, 4 + cg, ...; local prefix, then a Hillis-Steele scan of the row-group totals over
-// seg (shuffle distances 4, 8, 16 lanes), then the exclusive part added back.
-__device__ __forceinline__ void intra2_scan(float (&G)[4][4], int lane) {
-#pragma unroll
-  for (int u = 1; u < 4; ++u)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) G[u][c] += G[u - 1][c];
-  float incl[4];
-#pragma unroll
-  for (int c = 0; c < 4; ++c) incl[c] = G[3][c];
-#pragma unroll
-  for (int off = 4; off < 32; off *= 2)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const float y = __shfl_up_sync(0xffffffffu, incl[c], off);
-      if (lane >= off) incl[c] += y;
-    }
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const float y = __shfl_up_sync(0xffffffffu, incl[c], 4);  // the previous row groups' total
-    const float ex = lane >= 4 ? y : 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) G[u][c] += ex;
-  }
-}
-
-// x (4 bf16) times e, rounded to bf16 again (v1's double rounding: bf16 input, then the scaled operand).
-__device__ __forceinline__ uint2 scale4(const uint32_t (&x)[2], const float (&e)[4]) {
-  const float2 a = unpack2(x[0]), b = unpack2(x[1]);
-  return make_uint2(pack2(a.x * e[0], a.y * e[1]), pack2(b.x * e[2], b.y * e[3]));
-}
-__device__ __forceinline__ void st8(bf16* p, uint2 v) { *reinterpret_cast<uint2*>(p) = v; }
-// A store of a kernel output to the workspace: plain (CS = false: v2, v3's default) or streaming (st.global.cs,
-// evict-first: the state kernel reads each output once, later; v3's A/B variant KdaTcTuning::intra = 5).
-template <bool CS, class V>
-__device__ __forceinline__ void st_out(void* p, V v) {
-  if constexpr (CS) __stcs(reinterpret_cast<V*>(p), v);
-  else *reinterpret_cast<V*>(p) = v;
-}
-
-// Reference values of G for the thread's columns: rows 0 and 16 (the sub-chunk references) and row L - 1
-// (= row Lc - 1: padded rows add 0).
-struct Intra2Refs {
-  float g0[4], g16[4], gl[4];
-};
-__device__ __forceinline__ Intra2Refs intra2_refs(const float (&G)[4][4], int cg) {
-  Intra2Refs r;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    r.g0[c] = __shfl_sync(0xffffffffu, G[0][c], cg);        // seg 0, its row 0
-    r.g16[c] = __shfl_sync(0xffffffffu, G[0][c], 16 + cg);  // seg 4, its row 0
-    r.gl[c] = __shfl_sync(0xffffffffu, G[3][c], 28 + cg);   // seg 7, its row 3
-  }
-  return r;
-}
-
-
-// Diagonal 16 x 16 blocks of (I + N)^-1, N = Ak strictly lower: warp 0, lane 16 blk + c solves column c of
-// block blk by forward substitution (fp32, two partial sums per row to halve the chain), to Mi.
-__device__ __forceinline__ void intra2_diag_inverse(const float* Ak, float* Mi, int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  if (tid >= 32) return;
-  const int lane = tid, c = lane & 15, o = 16 * (lane >> 4);
-  float m[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    float a0 = i == c ? 1.f : 0.f, a1 = 0.f;
-#pragma unroll
-    for (int j4 = 0; 4 * j4 < i; ++j4) {
-      const float4 a = *reinterpret_cast<const float4*>(Ak + (o + i) * Cfg::LDK + o + 4 * j4);
-      a0 = fmaf(-a.x, m[4 * j4], a0);
-      if (4 * j4 + 1 < i) a1 = fmaf(-a.y, m[4 * j4 + 1], a1);
-      if (4 * j4 + 2 < i) a0 = fmaf(-a.z, m[4 * j4 + 2], a0);
-      if (4 * j4 + 3 < i) a1 = fmaf(-a.w, m[4 * j4 + 3], a1);
-    }
-    m[i] = a0 + a1;
-  }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) Mi[(o + i) * Cfg::LDK + o + c] = m[i];
-}
-
-// X = N10 M00 (rows 16.., columns ..16 of N times the first diagonal inverse), thread = element (i, j).
-__device__ __forceinline__ void intra2_offdiag_x(const float* Ak, const float* Mi, float* Xs, int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  const int i = tid >> 4, j = tid & 15;
-  float x = 0.f;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) x = fmaf(Ak[(16 + i) * Cfg::LDK + k], Mi[k * Cfg::LDK + j], x);
-  Xs[i * Cfg::LDX + j] = x;
-}
-
-// T = (I + N)^-1 diag(beta) to Ts (bf16), thread = (i, j) of each 16 x 16 block: M10 = -M11 X, the
-// diagonal blocks from Mi, zeros above.
-__device__ __forceinline__ void intra2_write_t(const float* Mi, const float* Xs, const float* bs, bf16* Ts,
-                                               int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  constexpr int LDK = Cfg::LDK, LDT = Cfg::LDT;
-  const int i = tid >> 4, j = tid & 15;
-  float m = 0.f;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) m = fmaf(Mi[(16 + i) * LDK + 16 + k], Xs[k * Cfg::LDX + j], m);
-  Ts[(16 + i) * LDT + j] = __float2bfloat16_rn(-m * bs[j]);
-  Ts[i * LDT + j] = __float2bfloat16_rn(Mi[i * LDK + j] * bs[j]);
-  Ts[(16 + i) * LDT + 16 + j] = __float2bfloat16_rn(Mi[(16 + i) * LDK + 16 + j] * bs[16 + j]);
-  Ts[i * LDT + 16 + j] = __float2bfloat16_rn(0.f);
-}
 
 // The input stage (v3's, reshaped): per chunk the head's 32 rows of g, k, q, v (8 KB planes of 256-byte rows, the
 // 16-byte chunks XOR-swizzled as in v3) and beta, TWO stages (chunk c in stage c % 2). v3 streamed g / k / beta into a
@@ -212,14 +70,6 @@ struct FusedStage {
   static constexpr size_t end = off_stage0 + 2 * bytes;
   static_assert(off_stage0 % 16 == 0 && bytes % 16 == 0, "cp.async alignment");
 };
-
-// Byte offset of 16-byte chunk c (8 columns) of row r in a stage plane.
-__device__ __forceinline__ int intra3_stage_off(int r, int c) { return r * 256 + 16 * (c ^ (2 * ((r >> 2) & 3))); }
-
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(valid ? 4 : 0));  // src-size 0: zero-filled
-}
 
 struct Intra3Item {
   int Lc;       // valid rows
@@ -279,15 +129,6 @@ __device__ __forceinline__ void fused_read(const char* st, int r0, int d, Intra2
     t.v[u][0] = vr.x;
     t.v[u][1] = vr.y;
   }
-}
-
-// threadIdx.x through an asm the compiler cannot hoist out of v3's item loop: otherwise it computes the
-// lane-dependent constants of every phase once (v2's diagonal inverse alone has 16 predicates i == c), keeps them
-// live across the loop and spills them at the 80-register cap; re-deriving them is a few integer operations.
-__device__ __forceinline__ int tid_fresh() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -462,96 +303,6 @@ __device__ __forceinline__ void fused_apply(const char* sp, const bf16* Ts, bf16
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// State-step helpers, copied from kda_tc_state2.cu (its comments kept).
-// Views of one operand buffer.
-struct State2Ops {
-  const bf16 *W, *Q, *K, *A, *U;
-  const float* eL;
-};
-template <class Cfg>
-__device__ __forceinline__ State2Ops state2_ops(const char* b) {
-  return State2Ops{reinterpret_cast<const bf16*>(b + Cfg::off_w), reinterpret_cast<const bf16*>(b + Cfg::off_q),
-                   reinterpret_cast<const bf16*>(b + Cfg::off_k), reinterpret_cast<const bf16*>(b + Cfg::off_a),
-                   reinterpret_cast<const bf16*>(b + Cfg::off_u), reinterpret_cast<const float*>(b + Cfg::off_e)};
-}
-
-// Per-lane ldmatrix offsets (elements), fixed for the whole kernel so each ldmatrix is base + constant.
-//  offB / offA (plain, W / Q rows of LDB, A_qk rows of LDA): lanes 8m..8m+7 address matrix m = rows
-//    (l & 7) + 8 (l >> 4), columns 8 ((l >> 3) & 1): r[0], r[1] = B fragment (k halves) of n-tile 2p,
-//    r[2], r[3] of n-tile 2p + 1, for token rows [16 p, 16 p + 16) at + 16 p LD, k-slice j at + 16 j.
-//  offU (trans, U rows of LDU): the same row pattern, columns 16 w + 8 ((l >> 3) & 1): r[0], r[1] = C
-//    fragment halves (v rows gq, gq + 8) of n-tile 2p of U^T, r[2], r[3] of n-tile 2p + 1.
-//  offK (trans, K rows of LDB): rows (l & 15), columns 8 (l >> 4): r[0], r[1] = B fragment (token halves)
-//    of k n-tile 2p, r[2], r[3] of n-tile 2p + 1, at + 16 kk LDB + 16 p.
-struct State2Lane {
-  int gq, tq, offB, offA, offU, offK;
-};
-template <class Cfg>
-__device__ __forceinline__ State2Lane state2_lane(int warp, int lane) {
-  const int r = (lane & 7) + 8 * (lane >> 4), c = 8 * ((lane >> 3) & 1);
-  return State2Lane{lane >> 2, lane & 3, r * Cfg::LDB + c, r * Cfg::LDA + c, r * Cfg::LDU + 16 * warp + c,
-                    (lane & 15) * Cfg::LDB + 8 * (lane >> 4)};
-}
-
-// The bf16 A fragment of S^T for key k-slice j: the C fragments of n-tiles 2j, 2j + 1, packed.
-__device__ __forceinline__ void state2_sfrag(uint32_t (&a)[4], const float (&st)[16][4], int j) {
-  a[0] = pack2(st[2 * j][0], st[2 * j][1]);
-  a[1] = pack2(st[2 * j][2], st[2 * j][3]);
-  a[2] = pack2(st[2 * j + 1][0], st[2 * j + 1][1]);
-  a[3] = pack2(st[2 * j + 1][2], st[2 * j + 1][3]);
-}
-
-// V~^T = U^T - S^T W^T and O^T = S^T Q^T: both B tiles against the same bf16 A fragments of S^T (packed
-// once), eight independent accumulator chains of 8 k-steps. va receives V~^T as the bf16 A fragments of the
-// two token k-slices (the operand of A_qk and of the state update).
-template <class Cfg>
-__device__ __forceinline__ void state2_vnew(const State2Ops& b, const State2Lane& ln, const float (&st)[16][4],
-                                            uint32_t (&va)[2][4], float (&ot)[4][4]) {
-  float acc[4][4];
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int m = 0; m < 4; ++m) acc[nt][m] = ot[nt][m] = 0.f;
-#pragma unroll
-  for (int j = 0; j < kD / 16; ++j) {  // key k-slice [16 j, 16 j + 16)
-    uint32_t a[4];
-    state2_sfrag(a, st, j);
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {  // tokens [16 p, 16 p + 16) = n-tiles 2p, 2p + 1
-      uint32_t w[4], q[4];
-      ldsm_x4(w, b.W + ln.offB + 16 * p * Cfg::LDB + 16 * j);
-      ldsm_x4(q, b.Q + ln.offB + 16 * p * Cfg::LDB + 16 * j);
-      mma(acc[2 * p], a, w[0], w[1]);
-      mma(acc[2 * p + 1], a, w[2], w[3]);
-      mma(ot[2 * p], a, q[0], q[1]);
-      mma(ot[2 * p + 1], a, q[2], q[3]);
-    }
-  }
-  float vt[4][4];
-#pragma unroll
-  for (int p = 0; p < 2; ++p) {
-    uint32_t u[4];  // U^T in C-fragment layout: u[2 s] v rows gq, u[2 s + 1] rows gq + 8, of n-tile 2p + s
-    ldsm_x4_t(u, b.U + ln.offU + 16 * p * Cfg::LDU);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const float2 lo = unpack2(u[2 * s]), hi = unpack2(u[2 * s + 1]);
-      const int nt = 2 * p + s;
-      vt[nt][0] = lo.x - acc[nt][0];
-      vt[nt][1] = lo.y - acc[nt][1];
-      vt[nt][2] = hi.x - acc[nt][2];
-      vt[nt][3] = hi.y - acc[nt][3];
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk) {  // C fragments of token n-tiles 2kk, 2kk + 1 = A fragment of k-slice kk
-    va[kk][0] = pack2(vt[2 * kk][0], vt[2 * kk][1]);
-    va[kk][1] = pack2(vt[2 * kk][2], vt[2 * kk][3]);
-    va[kk][2] = pack2(vt[2 * kk + 1][0], vt[2 * kk + 1][1]);
-    va[kk][3] = pack2(vt[2 * kk + 1][2], vt[2 * kk + 1][3]);
-  }
-}
-
 // state2_vnew when the consumer applies T (FusedCfg::kT): V~ = U - W S = T (v - exp(G) k S) with W = T exp(G) k and
 // U = T v, so the producer's W / U products (and their barrier) go: the W / U slots hold exp(G) k and v. X^T =
 // v^T - S^T (exp(G) k)^T is state2_vnew's arithmetic on those slots (fp32, packed to bf16 A fragments as V~^T was),
@@ -584,72 +335,6 @@ __device__ __forceinline__ void state_vnew_t(const State2Ops& b, const bf16* T, 
     va[kk][2] = pack2(vt[2 * kk + 1][0], vt[2 * kk + 1][1]);
     va[kk][3] = pack2(vt[2 * kk + 1][2], vt[2 * kk + 1][3]);
   }
-}
-
-// O^T (= S^T Q^T on entry) += V~^T A_qk^T, then O rows i < Lc to o_w (o at the chunk's first row, the warp's
-// first value column). A_qk[i][j] = 0 for j > i (the intra kernel writes the zeros): tokens j >= 16 add
-// nothing to rows i < 16, so that k-step is skipped. A store instruction of the warp covers 4 rows x 8
-// consecutive columns: whole 32-byte sectors, no staging through shared memory needed.
-template <class Cfg>
-__device__ __forceinline__ void state2_out(const State2Ops& b, const State2Lane& ln, const uint32_t (&va)[2][4],
-                                           float (&ot)[4][4], int Lc, float* __restrict__ o_w, int C) {
-  constexpr int LDA = Cfg::LDA;
-#pragma unroll
-  for (int p = 0; p < 2; ++p)
-#pragma unroll
-    for (int kk = 0; kk <= p; ++kk) {
-      uint32_t a[4];
-      ldsm_x4(a, b.A + ln.offA + 16 * p * LDA + 16 * kk);
-      mma(ot[2 * p], va[kk], a[0], a[1]);
-      mma(ot[2 * p + 1], va[kk], a[2], a[3]);
-    }
-  const bool full = Lc == Cfg::L;  // uniform: the common case stores without per-row predicates
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 8 * nt + 2 * ln.tq + (e & 1);
-      if (full || i < Lc) o_w[static_cast<size_t>(i) * C + ln.gq + 8 * (e >> 1)] = ot[nt][e];
-    }
-}
-
-// S^T = S^T diag(eL) + V~^T K: 16 independent accumulator tiles, two k-steps (the chunk's tokens) each.
-template <class Cfg>
-__device__ __forceinline__ void state2_update(const State2Ops& b, const State2Lane& ln, const uint32_t (&va)[2][4],
-                                              float (&st)[16][4]) {
-  constexpr int LDB = Cfg::LDB;
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {  // st[nt] columns (keys) 8 nt + 2 tq, + 1
-    const float2 e = *reinterpret_cast<const float2*>(b.eL + 8 * nt + 2 * ln.tq);
-    st[nt][0] *= e.x;
-    st[nt][1] *= e.y;
-    st[nt][2] *= e.x;
-    st[nt][3] *= e.y;
-  }
-#pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      uint32_t k[4];
-      ldsm_x4_t(k, b.K + ln.offK + 16 * kk * LDB + 16 * p);
-      mma(st[2 * p], va[kk], k[0], k[1]);
-      mma(st[2 * p + 1], va[kk], k[2], k[3]);
-    }
-}
-
-// st[nt][e] = S[k = 8 nt + 2 tq + (e & 1)][v = gq + 8 (e >> 1)] of the warp's 16 columns; S_w: the [kD][kD]
-// state at the warp's first value column. Loaded (kStore false) or stored; each instruction touches 4 rows x
-// 32 bytes.
-template <bool kStore>
-__device__ __forceinline__ void state2_io(float (&st)[16][4], float* S_w, const State2Lane& ln) {
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float* p = S_w + static_cast<size_t>(8 * nt + 2 * ln.tq + (e & 1)) * kD + ln.gq + 8 * (e >> 1);
-      if constexpr (kStore) *p = st[nt][e];
-      else st[nt][e] = *p;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------
