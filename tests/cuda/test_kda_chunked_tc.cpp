@@ -289,6 +289,29 @@ TEST(CudaKdaTc, IntraV3BitwiseEqualsV2) {
   }
 }
 
+// The varlen batches of the bitwise comparisons below: empty and 1-token sequences, partial chunks, several head
+// counts, 96 heads x 2048 tokens (64 chunks per sequence).
+struct VarlenCase {
+  int H;
+  std::vector<int> lens;
+};
+const std::vector<VarlenCase>& bitwise_cases() {
+  static const std::vector<VarlenCase> cases = {
+      {2, {1}}, {3, {0, 33, 1, 95, 0}}, {4, {257, 0, 64, 65, 1, 129, 511}}, {32, {1, 300, 0, 700}}, {96, {2048}}};
+  return cases;
+}
+// Every float of a the bits of b's, and finite.
+void expect_same_bits(const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
+  ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
+  size_t diff = 0, nonfinite = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    nonfinite += !std::isfinite(a[i]);
+  }
+  EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ";
+  EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
+}
+
 // The overlapped launch (KdaTcTuning::overlap 2: the state kernel v2 started while the intra kernel v3 still runs,
 // taking each (chunk, head) once its ready flag is published) runs the same kernels' arithmetic on the same values,
 // so outputs, final states and chunk states must be BIT-identical to the sequential launch (overlap 1) with the same
@@ -299,27 +322,10 @@ TEST(CudaKdaTc, IntraV3BitwiseEqualsV2) {
 // launch (v2 intra): same bits too.
 TEST(CudaKdaTc, OverlapBitwiseEqualsSequential) {
   SKIP_WITHOUT_GPU();
-  struct Case {
-    int H;
-    std::vector<int> lens;
-  };
-  const std::vector<Case> cases = {{2, {1}},
-                                   {3, {0, 33, 1, 95, 0}},
-                                   {4, {257, 0, 64, 65, 1, 129, 511}},
-                                   {32, {1, 300, 0, 700}},
-                                   {96, {2048}}};
-  auto same = [](const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
-    ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
-    size_t diff = 0, nonfinite = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-      nonfinite += !std::isfinite(a[i]);
-    }
-    EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ";
-    EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
-  };
+  const std::vector<VarlenCase>& cases = bitwise_cases();
+  const auto same = expect_same_bits;
   uint32_t seed = 4700;
-  for (const Case& c : cases) {
+  for (const VarlenCase& c : cases) {
     const Problem p = make_problem(c.H, c.lens, ++seed);
     for (KdaInType in : {KdaInType::BF16, KdaInType::F32}) {
       if (in == KdaInType::F32 && c.H > 4) continue;  // the fallback needs one small case
@@ -529,27 +535,10 @@ TEST(CudaKdaTc, FusedFastVariantsMatchRecurrence) {
 // sequence (the ring wraps many times), 96 heads; fp32 inputs fall back to the two-kernel path (same bits too).
 TEST(CudaKdaTc, FusedBitwiseEqualsSequential) {
   SKIP_WITHOUT_GPU();
-  struct Case {
-    int H;
-    std::vector<int> lens;
-  };
-  const std::vector<Case> cases = {{2, {1}},
-                                   {3, {0, 33, 1, 95, 0}},
-                                   {4, {257, 0, 64, 65, 1, 129, 511}},
-                                   {32, {1, 300, 0, 700}},
-                                   {96, {2048}}};
-  auto same = [](const Vec& a, const Vec& b, const char* what, const std::string& ctx) {
-    ASSERT_EQ(a.size(), b.size()) << what << " " << ctx;
-    size_t diff = 0, nonfinite = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-      nonfinite += !std::isfinite(a[i]);
-    }
-    EXPECT_EQ(diff, 0u) << what << " " << ctx << ": " << diff << " of " << a.size() << " differ";
-    EXPECT_EQ(nonfinite, 0u) << what << " " << ctx;
-  };
+  const std::vector<VarlenCase>& cases = bitwise_cases();
+  const auto same = expect_same_bits;
   uint32_t seed = 5800;
-  for (const Case& c : cases) {
+  for (const VarlenCase& c : cases) {
     const Problem p = make_problem(c.H, c.lens, ++seed);
     for (KdaInType in : {KdaInType::BF16, KdaInType::F32}) {
       if (in == KdaInType::F32 && c.H > 4) continue;  // the fallback needs one small case
