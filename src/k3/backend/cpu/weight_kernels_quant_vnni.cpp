@@ -87,9 +87,20 @@ namespace {
 
 // ---- activations ----
 
+// Where chunk c's 16-value group k of a 256-unit comes from. Natural: values 64 c + 16 k. kNibblePairs (Q4_K):
+// chunk c holds the values of the low (c even) or high (c odd) nibbles of 64 quant bytes, 32 per 32-byte group
+// (values 32 j + [0, 32) of sub-block j): chunk 0 = values 0-31 and 64-95, 1 = 32-63 and 96-127, 2 = 128-159 and
+// 192-223, 3 = 160-191 and 224-255; so the kernel splits one 64-byte load of quants into two chunks without
+// re-joining halves (unit_q4k). Each quad is still 4 consecutive values of one sub-block.
+template <bool kNibblePairs>
+constexpr int unit_group_src(int c, int k) {
+  return kNibblePairs ? 128 * (c / 2) + 32 * (c % 2) + 64 * (k / 2) + 16 * (k % 2) : 64 * c + 16 * k;
+}
+
 // Tokens of a 256-unit format: per unit 4 chunks of quads, then the 16 sums of 16 (fp32, each the same
-// 16-lane reduction whatever n). kOffset: the bytes are q + 128 (weights signed), else q (weights unsigned).
-template <bool kOffset>
+// 16-lane reduction whatever n; natural order). kOffset: the bytes are q + 128 (weights signed), else q (weights
+// unsigned). kNibblePairs: unit_group_src's Q4_K order.
+template <bool kOffset, bool kNibblePairs = false>
 void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t nu = cols / 256;
   for (int64_t t = 0; t < n; ++t)
@@ -98,7 +109,7 @@ void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
       uint8_t* o = out + (t * nu + u) * kUnit256Bytes;
       for (int c = 0; c < 4; ++c)
         for (int k = 0; k < 4; ++k)
-          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + 64 * c + 16 * k), o + kChunkBytes * c + 16 * k,
+          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + unit_group_src<kNibblePairs>(c, k)), o + kChunkBytes * c + 16 * k,
                                       reinterpret_cast<float*>(o + kChunkBytes * c + 64) + 4 * k);
       float* sums = reinterpret_cast<float*>(o + 4 * kChunkBytes);
       for (int k = 0; k < 16; ++k) sums[k] = _mm512_reduce_add_ps(_mm512_loadu_ps(xu + 16 * k));
@@ -230,6 +241,27 @@ __attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
   a.template unit<true>(w, wsc, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
 }
 
+// Q4_K over the nibble-pair activation layout (unit_group_src): one 64-byte load per two chunks, the low and
+// high nibbles each a whole chunk (no half re-joining); chunk c's lanes 0-7 belong to sub-block {0, 1, 4, 5}[c],
+// lanes 8-15 to that + 2. Same sub-scale / sub-min arithmetic as unit_q45k.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q4k(const uint8_t* b, Acc& a) {
+  uint32_t s[3];
+  std::memcpy(s, b + 4, 12);
+  const uint64_t sc = (s[0] & 0x3f3f3f3fu) | uint64_t((s[2] & 0x0f0f0f0fu) | (((s[0] >> 6) & 0x03030303u) << 4)) << 32;
+  const uint64_t mn = (s[1] & 0x3f3f3f3fu) | uint64_t(((s[2] >> 4) & 0x0f0f0f0fu) | (((s[1] >> 6) & 0x03030303u) << 4)) << 32;
+  const __m512 dl = scaled_bytes8(sc, qsimd::f16_at(b)), ml = scaled_bytes8(mn, qsimd::f16_at(b + 2));
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i q0 = _mm512_loadu_si512(b + 16), q1 = _mm512_loadu_si512(b + 80);
+  const __m512i w[4] = {_mm512_and_si512(q0, nib), _mm512_and_si512(_mm512_srli_epi16(q0, 4), nib), _mm512_and_si512(q1, nib),
+                        _mm512_and_si512(_mm512_srli_epi16(q1, 4), nib)};
+  const __m512i lanes8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512 wsc[4] = {_mm512_permutexvar_ps(lanes8, dl), _mm512_permutexvar_ps(_mm512_add_epi32(lanes8, _mm512_set1_epi32(1)), dl),
+                         _mm512_permutexvar_ps(_mm512_add_epi32(lanes8, _mm512_set1_epi32(4)), dl),
+                         _mm512_permutexvar_ps(_mm512_add_epi32(lanes8, _mm512_set1_epi32(5)), dl)};
+  a.template unit<true>(w, wsc, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
+}
+
 // Q2_K: 16 sub-scales (low nibbles) and sub-mins (high nibbles) of each 16 values; quants 0..3 unsigned.
 template <class Acc>
 __attribute__((always_inline)) inline void unit_q2k(const uint8_t* b, Acc& a) {
@@ -357,7 +389,9 @@ struct Q8Sink {
 template <WeightFormat F, class Acc>
 __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, int64_t blocks, Acc& a) {
   constexpr int64_t BB = weight_layout(F).block_bytes;
-  if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+  if constexpr (F == WeightFormat::Q4_K) {
+    unit_q4k(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q5_K) {
     unit_q45k<F>(row + u * BB, a);
   } else if constexpr (F == WeightFormat::Q2_K) {
     unit_q2k(row + u * BB, a);
@@ -485,7 +519,7 @@ struct QuantPath {
     if constexpr (is_q8_0(F))
       q8_0_tokens(x, n, cols, out);
     else
-      q8k_tokens<!unsigned_quants(F)>(x, n, cols, out);
+      q8k_tokens<!unsigned_quants(F), F == WeightFormat::Q4_K>(x, n, cols, out);
   }
   static void rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y, int64_t ldy) {
     q8_rows<F>(W, r0, r1, act, n, y, ldy);
