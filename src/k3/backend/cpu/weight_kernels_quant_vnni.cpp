@@ -280,23 +280,30 @@ __attribute__((always_inline)) inline void unit_q2k(const uint8_t* b, Acc& a) {
   a.template unit<true>(w, wsc, ml);
 }
 
-// Q6_K: 16 int8 sub-scales of each 16 values; quants - 32 signed.
+// Q6_K: 16 int8 sub-scales of each 16 values; quants - 32 signed. Half h (128 values) = ql bytes [64 h, 64 h + 64)
+// (low 4 bits: values 128 h + [0, 64) in the low nibbles, + [64, 128) in the high ones) and qh bytes [32 h, 32 h + 32)
+// (bit pairs 0, 1, 2, 3 of byte l: values l, l + 32, l + 64, l + 96). One 64-byte load of ql is a whole chunk's low
+// bits per nibble; qh, broadcast to both 256-bit halves, is shifted per half (srlv) to its bit pair.
 template <class Acc>
 __attribute__((always_inline)) inline void unit_q6k(const uint8_t* b, Acc& a) {
   const __m512 dl = _mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b + 208)),
                                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)))));
+  const __m512i nib = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(3), m32 = _mm512_set1_epi8(32);
+  // per 16-bit lane: shift 0 in the low 256-bit half, 2 in the high (chunk 2 h); 4 / 6 (chunk 2 h + 1)
+  const __m512i sh_lo = _mm512_setr_epi64(0, 0, 0, 0, 0x0002000200020002LL, 0x0002000200020002LL, 0x0002000200020002LL,
+                                          0x0002000200020002LL);
+  const __m512i sh_hi = _mm512_add_epi16(sh_lo, _mm512_set1_epi16(4));
   __m512i w[4];
   __m512 wsc[4];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
-    const __m256i ql0 = qsimd::load32(b + 64 * h), ql1 = qsimd::load32(b + 64 * h + 32), qh = qsimd::load32(b + 128 + 32 * h);
-    const __m256i m32 = _mm256_set1_epi8(32);
-    const __m256i q0 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql0), _mm256_slli_epi16(bits_at(qh, 0, 3), 4)), m32);
-    const __m256i q1 = _mm256_sub_epi8(_mm256_or_si256(nibbles_lo(ql1), _mm256_slli_epi16(bits_at(qh, 2, 3), 4)), m32);
-    const __m256i q2 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql0, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 4, 3), 4)), m32);
-    const __m256i q3 = _mm256_sub_epi8(_mm256_or_si256(bits_at(ql1, 4, 0x0F), _mm256_slli_epi16(bits_at(qh, 6, 3), 4)), m32);
-    w[2 * h] = join(q0, q1), wsc[2 * h] = lanes_of(dl, 8 * h, 4);
-    w[2 * h + 1] = join(q2, q3), wsc[2 * h + 1] = lanes_of(dl, 8 * h + 4, 4);
+    const __m512i ql = _mm512_loadu_si512(b + 64 * h);
+    const __m512i qh = _mm512_broadcast_i64x4(qsimd::load32(b + 128 + 32 * h));
+    const __m512i hl = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_lo), pair), 4);
+    const __m512i hh = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), pair), 4);
+    w[2 * h] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(ql, nib), hl), m32);
+    w[2 * h + 1] = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib), hh), m32);
+    wsc[2 * h] = lanes_of(dl, 8 * h, 4), wsc[2 * h + 1] = lanes_of(dl, 8 * h + 4, 4);
   }
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
