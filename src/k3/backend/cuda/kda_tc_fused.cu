@@ -222,46 +222,14 @@ __device__ __forceinline__ void fused_elementwise(const Intra2Tile& t, const Int
   }
 }
 
-// intra2_products with A_qk (bf16, zeros above the diagonal) going to the ring's Ao [L][LDA], every row.
+// intra2_products_to with A_qk (bf16, zeros above the diagonal) going to the ring's Ao [L][LDA], every row.
 __device__ __forceinline__ void fused_products(const char* sp, float* Ak, bf16* Ao, int tid) {
-  using Cfg = Intra2Cfg;
-  constexpr int LDB = Cfg::LDB, LDA = FusedCfg<2>::LDA;  // A_qk's ring row stride
-  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-  const int kind = w >> 2, job = w & 3;
-  if (job == 3) return;
-  const int rt = job == 0 ? 0 : 1, jt = job == 2 ? 1 : 0;
-  const bf16* A = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_ql : Cfg::off_kl)) + 16 * rt * LDB;
-  const bf16* B = reinterpret_cast<const bf16*>(sp + Cfg::off_kr) + (16 * rt + 16 * jt) * LDB;
-  float acc[2][4];
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int m = 0; m < 4; ++m) acc[n][m] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    uint32_t a[4], b[4];
-    ldsm_x4(a, A + (lane & 15) * LDB + 16 * kk + 8 * (lane >> 4));
-    ldsm_x4(b, B + ((lane & 7) + 8 * (lane >> 4)) * LDB + 16 * kk + 8 * ((lane >> 3) & 1));
-    mma(acc[0], a, b[0], b[1]);
-    mma(acc[1], a, b[2], b[3]);
-  }
-  const float* bs = reinterpret_cast<const float*>(sp + Cfg::off_bs);
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * rt + gq + 8 * half, j = 16 * jt + 8 * n + 2 * tq;
-      const float x0 = acc[n][2 * half], x1 = acc[n][2 * half + 1];
-      if (kind == 0) {
-        const float bi = bs[i];
-        *reinterpret_cast<float2*>(Ak + i * Cfg::LDK + j) =
-            make_float2(j < i ? bi * x0 : 0.f, j + 1 < i ? bi * x1 : 0.f);
-      } else {
-        bf16* arow = Ao + i * LDA;
-        sts32(arow + j, pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f));
-        if (job == 0) sts32(arow + j + 16, 0u);  // the zero block above the diagonal
-      }
-    }
+  constexpr int LDA = FusedCfg<2>::LDA;  // A_qk's ring row stride
+  intra2_products_to(sp, Ak, [&](int i, int j, float x0, float x1, bool zero_block) {
+    bf16* arow = Ao + i * LDA;
+    sts32(arow + j, pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f));
+    if (zero_block) sts32(arow + j + 16, 0u);
+  }, tid);
 }
 
 // intra2_apply<_, 2> (two passes of 32 columns) with W and U going to the ring's Wo / Uo [L][LDB], every row.

@@ -194,5 +194,53 @@ __device__ __forceinline__ int tid_fresh() {
   return t;
 }
 
+
+// A_kk (times beta_i, strictly lower, fp32 to Ak) and A_qk (lower with the diagonal, bf16, zeros above): the
+// A_qk pair (i, j), (i, j + 1) goes to store_aqk(i, j, x0, x1, zero_block) for the caller's destination, which
+// stores pack2(j <= i ? x0 : 0, j + 1 <= i ? x1 : 0) and, when zero_block (job 0), zeros at j + 16 (the block above
+// the diagonal). Warp w: kind w / 4 (0: A_kk from Kl, 1: A_qk from Ql); job w % 4 = the 16 x 16 tile (row tile,
+// key tile) (0, 0), (1, 0), (1, 1); job 3 idles. Key tile jt of row tile rt reads Kr rows 16 rt + 16 jt (the
+// reference of rt).
+template <class StoreAqk>
+__device__ __forceinline__ void intra2_products_to(const char* sp, float* Ak, StoreAqk&& store_aqk, int tid) {
+  using Cfg = Intra2Cfg;
+  constexpr int LDB = Cfg::LDB;
+  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const int kind = w >> 2, job = w & 3;
+  if (job == 3) return;
+  const int rt = job == 0 ? 0 : 1, jt = job == 2 ? 1 : 0;
+  const bf16* A = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_ql : Cfg::off_kl)) + 16 * rt * LDB;
+  const bf16* B = reinterpret_cast<const bf16*>(sp + Cfg::off_kr) + (16 * rt + 16 * jt) * LDB;
+  float acc[2][4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) acc[n][m] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t a[4], b[4];
+    ldsm_x4(a, A + (lane & 15) * LDB + 16 * kk + 8 * (lane >> 4));
+    // B^T stored row-major ([key row][d]): non-transposed ldmatrix; b[0], b[1] key rows +0..7, b[2], b[3] +8..15
+    ldsm_x4(b, B + ((lane & 7) + 8 * (lane >> 4)) * LDB + 16 * kk + 8 * ((lane >> 3) & 1));
+    mma(acc[0], a, b[0], b[1]);
+    mma(acc[1], a, b[2], b[3]);
+  }
+  const float* bs = reinterpret_cast<const float*>(sp + Cfg::off_bs);
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * rt + gq + 8 * half, j = 16 * jt + 8 * n + 2 * tq;
+      const float x0 = acc[n][2 * half], x1 = acc[n][2 * half + 1];
+      if (kind == 0) {
+        const float bi = bs[i];
+        *reinterpret_cast<float2*>(Ak + i * Cfg::LDK + j) =
+            make_float2(j < i ? bi * x0 : 0.f, j + 1 < i ? bi * x1 : 0.f);
+      } else {
+        store_aqk(i, j, x0, x1, job == 0);
+      }
+    }
+}
+
 }  // namespace
 }  // namespace k3::cuda
