@@ -444,54 +444,14 @@ __device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16*
   }, tid);
 }
 
-// W = T KE and U = T Vb: warp w = (kind w / 4: W or U, row tile (w / 2) % 2, value half w % 2); rows of T
-// past the row tile are zero, so k-steps kk <= rt only. bf16 rows < Lc to the [N][C] planes. NP: the warp's 64
-// columns in NP passes of 64 / NP (v2: 1; v3: 2, half the accumulators live: its loop state has to fit the same
-// 80 registers). Every output element sees the same mma sequence either way (the same A and B fragments, k-steps
-// in order), so the results do not depend on NP.
+// intra2_apply_to (kda_tc_intra2.cuh) with W / U's rows < Lc going to the [N][C] planes.
 template <bool CS = false, int NP = 1>
 __device__ __forceinline__ void intra2_apply(const char* sp, const bf16* Ts, const TcWs& ws, size_t row0, int Lc,
                                              int C, int h, int tid = threadIdx.x) {
-  using Cfg = Intra2Cfg;
-  constexpr int LDB = Cfg::LDB, LDT = Cfg::LDT;
-  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-  const int kind = w >> 2, rt = (w >> 1) & 1, c0 = 64 * (w & 1);
-  const bf16* B = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_v : Cfg::off_ke));
-  bf16* dst = kind ? ws.U : ws.W;
-  constexpr int NTP = 8 / NP;  // n-tiles of 8 columns per pass
-#pragma unroll
-  for (int pass = 0; pass < NP; ++pass) {
-    const int cp = c0 + 8 * NTP * pass;  // the pass's first column
-    float acc[NTP][4];
-#pragma unroll
-    for (int nt = 0; nt < NTP; ++nt)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      if (kk <= rt) {
-        uint32_t a[4];
-        ldsm_x4(a, Ts + (16 * rt + (lane & 15)) * LDT + 16 * kk + 8 * (lane >> 4));
-#pragma unroll
-        for (int p = 0; p < NTP / 2; ++p) {
-          uint32_t b[4];
-          ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * LDB + cp + 16 * p + 8 * (lane >> 4));
-          mma(acc[2 * p], a, b[0], b[1]);
-          mma(acc[2 * p + 1], a, b[2], b[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * rt + gq + 8 * half;
-      if (i < Lc) {
-        bf16* row = dst + (row0 + i) * C + static_cast<size_t>(h) * kD + cp + 2 * tq;
-#pragma unroll
-        for (int nt = 0; nt < NTP; ++nt)
-          st_out<CS>(row + 8 * nt, pack2(acc[nt][2 * half], acc[nt][2 * half + 1]));
-      }
-    }
-  }
+  intra2_apply_to<NP>(
+      sp, Ts, ws.W, ws.U, [&](int i) { return i < Lc; },
+      [&](bf16* dst, int i) { return dst + (row0 + i) * C + static_cast<size_t>(h) * kD; },
+      [](bf16* p, uint32_t v) { st_out<CS>(p, v); }, tid);
 }
 
 // MINB: blocks per SM the registers must allow (3: 80 registers, no spills, the default; 4: 64 registers,

@@ -232,43 +232,11 @@ __device__ __forceinline__ void fused_products(const char* sp, float* Ak, bf16* 
   }, tid);
 }
 
-// intra2_apply<_, 2> (two passes of 32 columns) with W and U going to the ring's Wo / Uo [L][LDB], every row.
+// intra2_apply_to<2> with W and U going to the ring's Wo / Uo [L][LDB], every row.
 __device__ __forceinline__ void fused_apply(const char* sp, const bf16* Ts, bf16* Wo, bf16* Uo, int tid) {
-  using Cfg = Intra2Cfg;
-  constexpr int LDB = Cfg::LDB, LDT = Cfg::LDT, NP = 2, NTP = 8 / NP;
-  const int w = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
-  const int kind = w >> 2, rt = (w >> 1) & 1, c0 = 64 * (w & 1);
-  const bf16* B = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_v : Cfg::off_ke));
-  bf16* dst = kind ? Uo : Wo;
-#pragma unroll
-  for (int pass = 0; pass < NP; ++pass) {
-    const int cp = c0 + 8 * NTP * pass;
-    float acc[NTP][4];
-#pragma unroll
-    for (int nt = 0; nt < NTP; ++nt)
-#pragma unroll
-      for (int m = 0; m < 4; ++m) acc[nt][m] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      if (kk <= rt) {
-        uint32_t a[4];
-        ldsm_x4(a, Ts + (16 * rt + (lane & 15)) * LDT + 16 * kk + 8 * (lane >> 4));
-#pragma unroll
-        for (int p = 0; p < NTP / 2; ++p) {
-          uint32_t b[4];
-          ldsm_x4_t(b, B + (16 * kk + (lane & 15)) * LDB + cp + 16 * p + 8 * (lane >> 4));
-          mma(acc[2 * p], a, b[0], b[1]);
-          mma(acc[2 * p + 1], a, b[2], b[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      bf16* row = dst + (16 * rt + gq + 8 * half) * LDB + cp + 2 * tq;
-#pragma unroll
-      for (int nt = 0; nt < NTP; ++nt) sts32(row + 8 * nt, pack2(acc[nt][2 * half], acc[nt][2 * half + 1]));
-    }
-  }
+  intra2_apply_to<2>(
+      sp, Ts, Wo, Uo, [](int) { return true; }, [](bf16* dst, int i) { return dst + i * Intra2Cfg::LDB; },
+      [](bf16* p, uint32_t v) { sts32(p, v); }, tid);
 }
 
 // state2_vnew when the consumer applies T (FusedCfg::kT): V~ = U - W S = T (v - exp(G) k S) with W = T exp(G) k and
