@@ -100,23 +100,19 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
   struct Piece {
     const graph::StepSeq* s;
     int64_t t;  // token within the sequence
+    size_t r;   // the sequence's entry in rows
   };
   std::vector<Piece> tokens;
   std::vector<std::vector<const void*>> rows;  // per decode-form sequence
   for (const graph::StepSeq& s : plan_->seqs) {
     if (s.prefill_form) continue;
     rows.push_back(latent_rows(s, layer));
-    for (int64_t t = 0; t < s.n; ++t) tokens.push_back({&s, t});
+    for (int64_t t = 0; t < s.n; ++t) tokens.push_back({&s, t, rows.size() - 1});
   }
   if (tokens.empty()) return;
   const int64_t ntok = static_cast<int64_t>(tokens.size());
   const int64_t hb = ntok * ((nh + kBlock - 1) / kBlock) >= 4 * ThreadPool::global().size() ? kBlock : 1;
   const int64_t nhb = (nh + hb - 1) / hb;
-  std::vector<size_t> seq_of(tokens.size());
-  for (size_t i = 0, j = 0; i < tokens.size(); ++i) {
-    if (i > 0 && tokens[i].s != tokens[i - 1].s) ++j;
-    seq_of[i] = j;
-  }
   graph::ScratchScope scope(*this);
   Tensor ql = scratch(q.rows, nh * cd, graph::ElemType::F32), ol = scratch(q.rows, nh * kr, graph::ElemType::F32);
   const KvB kvb = kv_b_of(w, dm);
@@ -130,7 +126,7 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
     thread_local std::vector<float> scratch_f;
     mla_attention_latent_rows_heads(static_cast<int>(pc.t), static_cast<int>(h0), static_cast<int>(hn), static_cast<int>(s.past),
                                     static_cast<int>(nh), static_cast<int>(kr), static_cast<int>(dm.rope),
-                                    ql.f() + s.offset * nh * cd, rows[seq_of[static_cast<size_t>(i / nhb)]].data(),
+                                    ql.f() + s.offset * nh * cd, rows[pc.r].data(),
                                     s.cache->spec().mla_dtype, scale, ol.f() + s.offset * nh * kr, scratch_f);
     for (int64_t h = h0; h < h0 + hn; ++h)
       mla_up_v_head(kvb, h, ol.f() + (row * nh + h) * kr, o.f() + (row * nh + h) * dv);
