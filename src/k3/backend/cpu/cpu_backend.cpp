@@ -165,8 +165,6 @@ void CpuBackend::block_attention(Tensor q, Tensor k, Tensor v, int64_t block, in
   cpu::block_attention(q.f(), k.f(), v.f(), q.rows, block, heads, head_dim, scale, o.f());
 }
 
-// Tokens are independent: in parallel over them when there is enough work (prefill), each token computed
-// the same way on any thread.
 namespace {
 // Per source i < M: ss[i] = sum_d v_i[d]^2 and dot[i] = sum_d v_i[d] w[d] in double, d ascending -- each sum the same
 // sequential chain as one source at a time (so the same bits), but the 2 M chains interleaved: a decode row's
@@ -207,6 +205,8 @@ void source_sums_any(const float* const* v, size_t m, int64_t t, int64_t H, cons
 }
 }  // namespace
 
+// Tokens are independent: in parallel over them when there is enough work (prefill), each token computed
+// the same way on any thread.
 void CpuBackend::attn_res_mix(Tensor blocks, int64_t nb, Tensor partial, const float* w, float eps, Tensor out) {
   CpuOpProfile::Scope ps(prof_, "attn_res_mix");
   const int64_t n = partial.rows, H = partial.cols;

@@ -369,13 +369,16 @@ void kda_recurrent_typed(int T, int H, int D, const float* q, const float* k, co
     kda_recurrent(T, H, D, q, k, v, g, beta, static_cast<float*>(state), out);
     return;
   }
-  // Rounded after every token: the state is then the same however the tokens are split into calls
-  // (batching, prompt chunks, prefix-cache restarts), so the decode form stays exactly batch-invariant.
-  const size_t C = static_cast<size_t>(H) * D;
-  for (int t = 0; t < T; ++t)
-    with_fp32_state(H, D, state, state_dtype, [&](float* s) {
-      kda_recurrent(1, H, D, q + t * C, k + t * C, v + t * C, g + t * C, beta + static_cast<size_t>(t) * H, s, out + t * C);
-    });
+  if (state_dtype != CacheDType::BF16)
+    throw Error(std::string("KDA state: cache dtype ") + cache_dtype_name(state_dtype) + " is not supported (float32, bfloat16)");
+  // Heads in parallel, each rounded after every token (kda_recurrent_head_typed): the state is then the same however
+  // the tokens are split into calls (batching, prompt chunks, prefix-cache restarts), so the decode form stays exactly
+  // batch-invariant.
+  ThreadPool::global().parallel_for(H, 1, [&](int64_t h0, int64_t h1, int) {
+    std::vector<float> scratch(3 * static_cast<std::size_t>(D) + static_cast<std::size_t>(D) * D);
+    for (int h = static_cast<int>(h0); h < static_cast<int>(h1); ++h)
+      kda_recurrent_head_typed(T, H, D, h, q, k, v, g, beta, state, state_dtype, out, scratch.data());
+  });
 }
 
 void kda_recurrent_head_typed(int T, int H, int D, int h, const float* q, const float* k, const float* v,
@@ -452,14 +455,14 @@ void short_conv_silu_few(int T, int C, int W, const float* x, const float* w, fl
 }
 }  // namespace
 
-// Token-major: for each token, 8 channels at a time (weights transposed to [W][C] once per call), so the
-// inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
-// (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
-// scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
 void short_conv_silu_channels(int T, int C, int W, const float* x, const float* w, float* cstate, float* y, int c0, int c1) {
   short_conv_silu_few(T, C, W, x, w, cstate, y, c0, c1);
 }
 
+// Token-major: for each token, 8 channels at a time (weights transposed to [W][C] once per call), so the
+// inputs are read row by row (channel-major walked x with a stride of C floats: 4% of a prefill). Every
+// (t, c) is the same FMA chain acc = fma(w[c][j], in[t-P+j][c], acc), j ascending, in a vector lane or the
+// scalar tail alike, so results do not depend on T (decode == prefill) or on the channel's position.
 void short_conv_silu(int T, int C, int W, const float* x, const float* w, float* cstate, float* y) {
   if (T <= kShortConvFewTokens) {
     // Channels are independent: in parallel in chunks of 256 (multiples of 8) when there are several chunks (one

@@ -567,17 +567,10 @@ __device__ __forceinline__ Intra3Item intra3_item(const KdaSeq* __restrict__ seq
   return r;
 }
 
-// One plane of an item (the head's 128 columns of rows [0, 32)) into a stage: 512 chunks, two per thread; rows
-// >= Lc zero-filled (their source address clamped to row 0, which every item has).
+// One plane of an item into a stage (intra3_copy_rows from the chunk's first row, the head's first column).
 __device__ __forceinline__ void intra3_copy_plane(char* dst, const bf16* __restrict__ src, const Intra3Item& w,
                                                   int C, int tid) {
-  const bf16* p0 = src + w.row0 * C + static_cast<size_t>(w.h) * kD;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int e = tid + Intra3Cfg::NT * j, r = e >> 4, c = e & 15;
-    const bool ok = r < w.Lc;
-    cp_async16(dst + intra3_stage_off(r, c), p0 + static_cast<size_t>(ok ? r : 0) * C + 8 * c, ok);
-  }
+  intra3_copy_rows(dst, src + w.row0 * C + static_cast<size_t>(w.h) * kD, w.Lc, C, tid);
 }
 
 // The early group: g, k and beta (4-byte copies: beta is [N][H], strided by H).

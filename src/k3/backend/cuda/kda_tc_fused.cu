@@ -71,34 +71,27 @@ struct FusedStage {
   static_assert(off_stage0 % 16 == 0 && bytes % 16 == 0, "cp.async alignment");
 };
 
-struct Intra3Item {
+struct FusedItem {
   int Lc;       // valid rows
   size_t at0;   // element offset of the chunk's first row, the head's first column
   size_t brow;  // beta offset of the chunk's first row, the head
 };
 
-// One plane of an item (the head's 128 columns of rows [0, 32)) into a stage: 512 chunks, two per thread; rows
-// >= Lc zero-filled (their source address clamped to row 0, which every item has).
-__device__ __forceinline__ void intra3_copy_plane(char* dst, const bf16* __restrict__ src, const Intra3Item& w,
-                                                  int C, int tid) {
-  const bf16* p0 = src + w.at0;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int e = tid + FusedStage::NT * j, r = e >> 4, c = e & 15;
-    const bool ok = r < w.Lc;
-    cp_async16(dst + intra3_stage_off(r, c), p0 + static_cast<size_t>(ok ? r : 0) * C + 8 * c, ok);
-  }
+// One plane of an item into a stage (intra3_copy_rows from the item's offset).
+__device__ __forceinline__ void fused_copy_plane(char* dst, const bf16* __restrict__ src, const FusedItem& w, int C,
+                                                 int tid) {
+  intra3_copy_rows(dst, src + w.at0, w.Lc, C, tid);
 }
 
 // All of a chunk's inputs into stage st, one commit group (beta by 4-byte copies: it is [N][H], strided by H).
 __device__ __forceinline__ void fused_issue(char* st, const bf16* __restrict__ q, const bf16* __restrict__ k,
                                             const bf16* __restrict__ v, const bf16* __restrict__ g,
-                                            const float* __restrict__ beta, const Intra3Item& w, int H, int C,
+                                            const float* __restrict__ beta, const FusedItem& w, int H, int C,
                                             int tid) {
-  intra3_copy_plane(st + FusedStage::off_g, g, w, C, tid);
-  intra3_copy_plane(st + FusedStage::off_k, k, w, C, tid);
-  intra3_copy_plane(st + FusedStage::off_q, q, w, C, tid);
-  intra3_copy_plane(st + FusedStage::off_v, v, w, C, tid);
+  fused_copy_plane(st + FusedStage::off_g, g, w, C, tid);
+  fused_copy_plane(st + FusedStage::off_k, k, w, C, tid);
+  fused_copy_plane(st + FusedStage::off_q, q, w, C, tid);
+  fused_copy_plane(st + FusedStage::off_v, v, w, C, tid);
   if (tid < FusedStage::L) {
     const bool ok = tid < w.Lc;
     cp_async4(st + FusedStage::off_b + 4 * tid, beta + w.brow + static_cast<size_t>(ok ? tid : 0) * H, ok);
@@ -290,7 +283,7 @@ __device__ __forceinline__ void fused_producer(char* sp, const KdaSeq& sq, int h
   float* Xs = reinterpret_cast<float*>(sp + Intra2Cfg::off_xs);
   const int C = H * kD;
   auto item = [&](int c) {  // chunk c of the sequence
-    Intra3Item w;
+    FusedItem w;
     const size_t row0 = static_cast<size_t>(sq.offset) + static_cast<size_t>(c) * L;
     w.Lc = min(L, sq.n - c * L);
     w.at0 = row0 * C + static_cast<size_t>(h) * kD;

@@ -292,5 +292,17 @@ __device__ __forceinline__ void intra2_apply_to(const char* sp, const bf16* Ts, 
   }
 }
 
+// One plane of a chunk (a head's 128 columns of rows [0, 32) from p0, rows C apart) into a stage laid out by
+// intra3_stage_off: 512 16-byte chunks, two per thread of 256; rows >= Lc zero-filled (their source address clamped
+// to row 0, which every chunk has).
+__device__ __forceinline__ void intra3_copy_rows(char* dst, const bf16* __restrict__ p0, int Lc, int C, int tid) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int e = tid + Intra2Cfg::NT * j, r = e >> 4, c = e & 15;
+    const bool ok = r < Lc;
+    cp_async16(dst + intra3_stage_off(r, c), p0 + static_cast<size_t>(ok ? r : 0) * C + 8 * c, ok);
+  }
+}
+
 }  // namespace
 }  // namespace k3::cuda
