@@ -68,6 +68,8 @@ class CpuBackend final : public graph::Backend {
                     graph::Tensor out) override;
 
   // Decode: the per-head parts in one parallel pass (cpu_backend_kda.cpp); else the ops below in turn.
+  // fused_kda_mix_calls(): how many kda_mix calls took the one-pass form, process-wide (tests).
+  static uint64_t fused_kda_mix_calls();
   void kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, float eps,
                graph::Tensor pq, graph::Tensor pk, graph::Tensor pv, graph::Tensor graw, graph::Tensor braw,
                graph::Tensor gate_proj, graph::Tensor o) override;

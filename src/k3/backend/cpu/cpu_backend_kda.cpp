@@ -1,6 +1,7 @@
 // CpuBackend's KDA ops (model-spec 3.2) over the recurrence cores of kda.h: conv + L2 norms and the
 // recurrence run per sequence on that sequence's state; gates and the output gate per element.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -153,6 +154,11 @@ void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, 
   cpu::sigmoid_mul(o.f(), gate.f(), o.count());
 }
 
+namespace {
+std::atomic<uint64_t> g_fused_kda_mix_calls{0};
+}  // namespace
+uint64_t CpuBackend::fused_kda_mix_calls() { return g_fused_kda_mix_calls.load(std::memory_order_relaxed); }
+
 // Decode (every sequence a few tokens in the token-by-token form, no snapshots): the four ops below per (sequence,
 // head) in ONE parallel pass -- that head's q / k / v conv channels and norms, decay gates and beta, recurrence,
 // output norm and gate. The separate ops were four fork-joins per KDA layer, two of them serial (gates, output
@@ -166,6 +172,7 @@ void CpuBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDim
   for (const graph::StepSeq& s : plan_->seqs)
     fused = fused && !s.prefill_form && s.n_snapshots == 0 && s.n <= kShortConvFewTokens;
   if (!fused) return Backend::kda_mix(layer, w, dm, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
+  g_fused_kda_mix_calls.fetch_add(1, std::memory_order_relaxed);
   CpuOpProfile::Scope ps(prof_, "kda_mix decode");
   graph::ScratchScope scope(*this);
   const int64_t C = dm.channels();
