@@ -11,16 +11,16 @@
 
 namespace k3cli {
 
-std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok) {
-  return tok.encode(k3::read_regular_file(path, kMaxTextFileBytes, "text file"), false);
+std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok, bool parse_special) {
+  return tok.encode(k3::read_regular_file(path, kMaxTextFileBytes, "text file"), parse_special);
 }
 
 CalibrationText read_calibration(const std::string& dir, const k3::Model& model, const std::string& file, int64_t ctx,
-                                 int64_t chunks) {
+                                 int64_t chunks, bool parse_special) {
   auto tok = k3::text::Tokenizer::load(dir);
   check_tokenizer_fits(tok.n_vocab(), model.config().vocab_size);
   CalibrationText t;
-  t.ids = read_text_ids(file, tok);
+  t.ids = read_text_ids(file, tok, parse_special);
   t.bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : tok.bos_id();
   if (t.bos < 0) throw k3::Error("the model has no BOS token id; calibration windows start with BOS");
   t.ctx = ctx;

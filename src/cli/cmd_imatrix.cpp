@@ -17,6 +17,7 @@ void add_imatrix(CLI::App& app, Registry& reg) {
   struct Opts {
     std::string model, file, out = "imatrix.gguf";
     int64_t ctx = 512, chunks = -1;
+    bool parse_special = false;
     ComputeOptions compute;
   };
   auto o = std::make_shared<Opts>();
@@ -26,13 +27,14 @@ void add_imatrix(CLI::App& app, Registry& reg) {
   cmd->add_option("-o,--output-file", o->out, "output path")->capture_default_str();
   cmd->add_option("--ctx,-c", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "use at most this many windows (default: all)");
+  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
   add_compute_options(cmd, o->compute);
   cmd->callback([&reg, o] {
     reg.action = [o] {
       apply_compute_options(o->compute);
       const std::string dir = resolve_model_dir(o->model);
       auto model = k3::Model::load(dir);
-      const CalibrationText text = read_calibration(dir, *model, o->file, o->ctx, o->chunks);
+      const CalibrationText text = read_calibration(dir, *model, o->file, o->ctx, o->chunks, o->parse_special);
       k3::ImatrixCollector col(model->config(), model->weights(), model->checkpoint());
       const int64_t ran = run_calibration(*model, text, col);
       k3::Imatrix& im = col.result();

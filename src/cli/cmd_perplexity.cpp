@@ -31,7 +31,7 @@ namespace {
 
 struct PerplexityOpts {
   std::string model, file, json_out, kl_base, kl_base_format = "k3";
-  bool kl_compare = false;
+  bool kl_compare = false, parse_special = false;
   DeviceOptions dev;
   int64_t ctx = 512, chunks = -1;
 };
@@ -140,7 +140,7 @@ std::vector<Window> plan_windows(const PerplexityOpts& o, int64_t V, int32_t bos
     const auto& h = kl.llama_base->header();
     check_base_vocab(h.n_vocab, V, o.kl_base);
     ids.assign(kl.llama_base->tokens().begin(), kl.llama_base->tokens().end());
-    if (!o.file.empty()) check_base_tokens(ids, with_bos(read_text_ids(o.file, *tok), bos), o);
+    if (!o.file.empty()) check_base_tokens(ids, with_bos(read_text_ids(o.file, *tok, o.parse_special), bos), o);
     ctx = h.n_ctx;
     return llama_windows(ids, ctx, bos, h.n_chunk);
   }
@@ -149,11 +149,11 @@ std::vector<Window> plan_windows(const PerplexityOpts& o, int64_t V, int32_t bos
     const auto& h = kl.base->header();
     check_base_vocab(h.n_vocab, V, o.kl_base);
     ids.assign(kl.base->ids().begin(), kl.base->ids().end());
-    if (!o.file.empty()) check_base_tokens(ids, read_text_ids(o.file, *tok), o);
+    if (!o.file.empty()) check_base_tokens(ids, read_text_ids(o.file, *tok, o.parse_special), o);
     ctx = h.ctx;  // the base's windows, whatever --ctx says
     return k3_windows(ids, ctx, bos, -1);
   }
-  ids = read_text_ids(o.file, *tok);
+  ids = read_text_ids(o.file, *tok, o.parse_special);
   if (llama) {  // llama.cpp's base: the text after one BOS, whole chunks only, at least two (as llama-perplexity)
     ids = with_bos(std::move(ids), bos);
     int64_t n_chunk = static_cast<int64_t>(ids.size()) / ctx;
@@ -242,6 +242,7 @@ void add_perplexity(CLI::App& app, Registry& reg) {
   cmd->add_option("-f,--file", o->file, "UTF-8 text file (with --kl-divergence: optional, checked against the base's tokens)");
   cmd->add_option("--ctx", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");
+  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
   cmd->add_option("--json", o->json_out, "also write the result as JSON to this path");
   cmd->add_option("--kl-divergence-base", o->kl_base,
                   "file of the base's log-probs: written by this run, or read with --kl-divergence");

@@ -22,6 +22,7 @@ struct PruneOpts {
   std::string model, out, file, method = "reap";
   double ratio = 0;
   int64_t ctx = 512, chunks = -1;
+  bool parse_special = false;
   ComputeOptions compute;
 };
 
@@ -41,7 +42,7 @@ int run_prune(const PruneOpts& o) {
   if (n_keep < cfg.top_k)
     throw k3::Error("--ratio " + std::to_string(o.ratio) + " keeps " + std::to_string(n_keep) + " experts, fewer than the " +
                     std::to_string(cfg.top_k) + " each token is routed to");
-  const CalibrationText text = read_calibration(dir, *model, o.file, o.ctx, o.chunks);
+  const CalibrationText text = read_calibration(dir, *model, o.file, o.ctx, o.chunks, o.parse_special);
 
   k3::ExpertSaliency sal(model->weights());
   const int64_t ran = run_calibration(*model, text, sal);
@@ -85,6 +86,7 @@ void add_prune(CLI::App& app, Registry& reg) {
   cmd->add_option("--ratio", o->ratio, "fraction of each MoE layer's experts to prune, in (0, 1)")->required()->check(finite_number());
   cmd->add_option("--ctx", o->ctx, "calibration window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "use at most this many windows (default: all)");
+  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
   add_compute_options(cmd, o->compute);
   cmd->callback([&reg, o] {
     reg.action = [o] { return run_prune(*o); };

@@ -216,3 +216,27 @@ TEST(KlDivergence, PerplexityCliWritesAndComparesBases) {
   EXPECT_EQ(st, 1);  // another model's vocabulary size
   EXPECT_NE(out.find("vocabulary"), std::string::npos) << out;
 }
+
+// --parse-special (llama-perplexity / llama-imatrix's flag): a chat template's marker text is one id each, so a
+// rendered chat scores (and calibrates) as the server tokenises it; without the flag the marker is plain text.
+TEST(KlDivergence, PerplexityParseSpecialTokenisesMarkersAsIds) {
+  k3test::TempDir t;
+  const std::string k3 = K3_BINARY, text = t.str() + "/chat.txt";
+  std::string s;
+  for (int i = 0; i < 8; ++i) s += "<|open|>user<|sep|>Which is larger, 3 or 7?<|end_of_msg|>";
+  std::ofstream(text, std::ios::binary) << s;
+  auto tokens = [&](const std::string& flags) {
+    FILE* p = ::popen((k3 + " perplexity -f " + text + " --ctx 256 " + flags + " 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    EXPECT_EQ(::pclose(p), 0) << out;
+    const size_t at = out.find("\ntokens ");
+    return at == std::string::npos ? -1L : std::stol(out.substr(at + 8));
+  };
+  const long plain = tokens(""), special = tokens("--parse-special");
+  ASSERT_GT(special, 0);
+  // Each of the 24 markers is one id instead of the several byte-level pieces of its text.
+  EXPECT_LE(special + 24 * 3, plain) << "plain " << plain << " special " << special;
+}
