@@ -12,7 +12,7 @@ O=$OUT; P=s28-2; W=/tmp/q; mkdir -p $W
 export LD_LIBRARY_PATH=/opt/k3deps/usr/lib/x86_64-linux-gnu
 K3=${K3:-$PWD/build/cuda/k3}; M=${M:-$PWD/out/k3small/hf}; DATA=${DATA:-/tmp/data}
 if [ ! -x $K3 ] || [ ! -f $M/config.json ]; then echo "call 1's build or model is gone (machine not warm)"; ls out build; exit 3; fi
-( mkdir -p /tmp/ll && tar -xJf .gpuwork/s27/llama-cpu-src.tar.xz -C /tmp/ll && cd /tmp/ll/llama.cpp &&
+( [ -x /tmp/ll/llama.cpp/b/bin/llama-quantize ] && { echo "llama build rc=0 (already built)" >> /tmp/llama-build.log; exit 0; }; mkdir -p /tmp/ll && tar -xJf .gpuwork/s27/llama-cpu-src.tar.xz -C /tmp/ll && cd /tmp/ll/llama.cpp &&
   cmake -S . -B b -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
   nice cmake --build b -j6 --target llama-quantize > /tmp/llama-build.log 2>&1; echo "llama build rc=$?" >> /tmp/llama-build.log ) &
@@ -29,7 +29,7 @@ J=$O/$P-quality.jsonl; : > $J
 # score LABEL TOOL FILE QTIME: KLD of FILE against the base, one JSON line
 score() {
   local lab=$1 tool=$2 f=$3 qt=$4
-  if [ ! -f "$f" ]; then echo "$lab $tool: no file"; return; fi
+  if [ ! -e "$f" ]; then echo "$lab $tool: no file"; return; fi
   $K3 perplexity -m "$f" --kl-divergence-base $W/base.kld --kl-divergence $TH --json $W/r.json > $W/r.log 2>&1 || { echo "$lab: ppl failed"; tail -3 $W/r.log; return; }
   python3 -c "import json,os,sys; j=json.load(open('$W/r.json')); k=j['kl_divergence']
 print(json.dumps({'preset':'$lab','tool':'$tool','bytes':int(sys.argv[1]),'quant_s':$qt,**k}))" $(du -sb "$f" | cut -f1) >> $J
@@ -45,6 +45,9 @@ for p in Q8_0 Q6_K Q5_K_M Q4_K_M Q3_K_M Q2_K IQ4_XS Q4_K_M-KDA8 Q4_K_M-E3 Q4_K_M
   kq k3-$p $p --imatrix $W/small.imatrix
 done
 for p in Q4_K_M Q2_K Q4_K_M-EIQ2; do [ $(left) -gt 200 ] && kq k3-noim-$p $p; done
+# llama-quantize's Q4_K_M recipe with IQ2 experts (row ll-Q4_K_M-exps-iq2 below) through k3's quantiser: equal types
+[ $(left) -gt 200 ] && kq k3-Q4_K_M-exps-iq2 Q4_K_M --imatrix $W/small.imatrix --tensor-type "ffn_(gate|up)_exps=iq2_xxs" \
+  --tensor-type "ffn_down_exps=iq2_xs"
 while ! grep -q "llama build rc" /tmp/llama-build.log 2>/dev/null && [ $(left) -gt 150 ]; do sleep 2; done
 tail -1 /tmp/llama-build.log; TH="-t ${THREADS:-16}"
 lq() {  # lq LABEL TYPE [args...]
@@ -56,10 +59,14 @@ lq() {  # lq LABEL TYPE [args...]
 if [ -x $LQ ]; then
   for ty in Q8_0 Q6_K Q5_K_M Q4_K_M Q3_K_M Q2_K IQ4_XS; do [ $(left) -gt 130 ] && lq ll-$ty $ty --tensor-type _exps=mxfp4; done
   [ $(left) -gt 130 ] && lq ll-Q4_K_M-exps-iq2 Q4_K_M --tensor-type "ffn_(gate|up)_exps=iq2_xxs" --tensor-type "ffn_down_exps=iq2_xs"
-  for ty in IQ3_XXS IQ2_M IQ2_XXS IQ1_M IQ1_S; do [ $(left) -gt 130 ] && lq ll-$ty $ty; done
+  # k3's imatrix has no entries for attn_k_b / attn_v_b (kv_b's halves, one matrix in k3's graph): llama-quantize
+  # refuses a very low-bit type without one, so those two are Q8_0 here (call s28-3)
+  for ty in IQ3_XXS IQ2_M IQ2_XXS IQ1_M IQ1_S; do
+    [ $(left) -gt 130 ] && lq ll-$ty $ty --tensor-type attn_k_b=q8_0 --tensor-type attn_v_b=q8_0
+  done
 fi
 # REAP / frequency pruning (HF dir out, experts MXFP4 as shipped)
-for spec in reap:0.25 reap:0.5 frequency:0.25; do
+for spec in reap:0.25 reap:0.5 frequency:0.25 frequency:0.5; do
   [ $(left) -gt 90 ] || break
   m=${spec%%:*}; r=${spec##*:}; d=$W/prune-$m-$r; t=$(date +%s.%N)
   $K3 prune -m $M -o $d -f $DATA/calib.txt --parse-special --method $m --ratio $r $TH > $W/prune-$m-$r.log 2>&1 ||

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -558,6 +559,45 @@ TEST(CudaKdaTc, FusedBitwiseEqualsSequential) {
                     o2.size(), C2.size());
       }
     }
+  }
+}
+
+// The default dispatch (no tuning, no environment): the fused kernel's variant 5 when sequences x heads >= 96 (it
+// needs ~one block per SM; kda_chunked_tc.cu's fused_rule, measured in call s28-1), the two kernels below that. The
+// default's outputs and states must be bit-identical to the variant the rule names, and the two variants must differ
+// somewhere in each case (else the comparison could not tell which ran). A two-kernel knob (intra) keeps the two
+// kernels at any shape. Run without K3_KDA_TC_FUSED in the environment (it overrides the rule; then: skipped).
+TEST(CudaKdaTc, DefaultPicksTheFusedKernelByShape) {
+  SKIP_WITHOUT_GPU();
+  if (std::getenv("K3_KDA_TC_FUSED")) GTEST_SKIP() << "K3_KDA_TC_FUSED is set: the environment decides";
+  struct Case {
+    int H;
+    std::vector<int> lens;
+    int expect;  // KdaTcTuning::fused the rule should pick: 5 or 1 (off)
+  };
+  const std::vector<Case> cases = {{96, {70}, 5}, {48, {40, 0}, 5}, {32, {33, 64, 1}, 5}, {32, {40, 71}, 1},
+                                   {95, {66}, 1}, {4, {100}, 1}};
+  uint32_t seed = 7300;
+  for (const Case& c : cases) {
+    const Problem p = make_problem(c.H, c.lens, ++seed);
+    const std::string ctx = "H=" + std::to_string(c.H) + " lens " + lens_str(c.lens);
+    Vec od, Sd, Cd, of, Sf, Cf, ot, St, Ct, ok, Sk, Ck;
+    gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true}, od, Sd, &Cd);
+    gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true, 0, 0, 0, 5}, of, Sf, &Cf);
+    gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true, 0, 0, 0, 1}, ot, St, &Ct);
+    gpu_tc(p, TcRun{32, 0, 0, KdaInType::BF16, true, 5}, ok, Sk, &Ck);  // intra v3cs named: two kernels
+    size_t differ = 0;
+    for (size_t i = 0; i < of.size(); ++i) differ += std::memcmp(&of[i], &ot[i], sizeof(float)) != 0;
+    ASSERT_GT(differ, 0u) << ctx << ": fused 5 and the two kernels gave the same bits; the test cannot tell them apart";
+    const Vec& eo = c.expect == 5 ? of : ot;
+    const Vec& eS = c.expect == 5 ? Sf : St;
+    const Vec& eC = c.expect == 5 ? Cf : Ct;
+    expect_same_bits(od, eo, "out", ctx);
+    expect_same_bits(Sd, eS, "final states", ctx);
+    expect_same_bits(Cd, eC, "chunk states", ctx);
+    expect_same_bits(ok, ot, "out (intra knob)", ctx);
+    std::printf("[ kda-tc ] default dispatch %s: %s (%zu of %zu outputs differ between the two)\n", ctx.c_str(),
+                c.expect == 5 ? "fused 5" : "two kernels", differ, of.size());
   }
 }
 

@@ -1254,12 +1254,21 @@ bool overlap_env() {
   return v;
 }
 
-// K3_KDA_TC_FUSED=1 | 2 | 3 | 4 | 5 (KdaTcTuning::fused 2 | 2 | 3 | 4 | 5: the fused kernel's variants, see
-// kda_chunked_tc.h); unset or anything else: 1, off.
+// K3_KDA_TC_FUSED=off | 0 (KdaTcTuning::fused 1: the two-kernel path), 1 | 2 | 3 | 4 | 5 (fused 2 | 2 | 3 | 4 | 5: the
+// fused kernel's variants, see kda_chunked_tc.h); unset or anything else: 0, the shape rule below.
 int fused_env() {
-  static const int v = env_choice("K3_KDA_TC_FUSED", {{"1", 2}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}}, 1);
+  static const int v =
+      env_choice("K3_KDA_TC_FUSED", {{"off", 1}, {"0", 1}, {"1", 2}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}}, 0);
   return v;
 }
+
+// The fused kernel by shape: one 16-warp block per (sequence, head), so it needs enough of them to fill the GPU.
+// Call s28-1 (H200, 132 SMs, one process, docs/perf/cuda.md session 28): with sequences x heads >= 96 variant 5 beat
+// the two kernels at every shape measured (1 x 8192 x 96 0.903 vs 1.230 ms, 2 x 4096 x 48 0.461 vs 0.641,
+// 8 x 1024 x 32 0.250 vs 0.451, 16 x 512 x 96 0.741 vs 1.187, 1 x 1024 x 96 0.128 vs 0.188); at 64 and below it lost
+// at every shape (1 x 8192 x 64 0.924 vs 0.826, x 32 0.904 vs 0.604, x 16 0.902 vs 0.485). Variant 5 over 2: ~10%
+// faster everywhere, the same error against the fp32 recurrence.
+int fused_rule(int n_seqs, int H) { return static_cast<long long>(n_seqs) * H >= 96 ? 5 : 1; }
 
 // The state kernel by shape: v2 at chunk 32 (faster than v1 at every measured shape, same outputs: call s25-6,
 // docs/perf/cuda.md session 25), 8 warps (one block per sequence and head) when that still gives two blocks
@@ -1310,8 +1319,14 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // launch, whose outputs are the same bits.
   const bool overlap = (tuning.overlap == 2 || (tuning.overlap == 0 && overlap_env())) && chunk == 32 &&
                        in_type == KdaInType::BF16 && (intra == 4 || intra == 5) && (state == 2 || state == 3);
-  // The fused kernel where it exists (chunk 32, bf16 inputs); elsewhere the request runs the two-kernel path.
-  const int fused = tuning.fused != 0 ? tuning.fused : fused_env();
+  // The fused kernel where it exists (chunk 32, bf16 inputs); elsewhere the request runs the two-kernel path. A
+  // caller that picks a two-kernel knob (intra, state, overlap, v1's tiles) asks for the two kernels (the tests
+  // comparing those kernels bitwise); otherwise the environment, else the shape rule.
+  const bool two_kernel_knobs = v1_knobs || tuning.intra != 0 || tuning.state != 0 || tuning.overlap != 0;
+  const int fused = tuning.fused != 0    ? tuning.fused
+                    : fused_env() != 0   ? fused_env()
+                    : two_kernel_knobs   ? 1
+                                         : fused_rule(n_seqs, H);
   if (fused >= 2 && chunk == 32 && in_type == KdaInType::BF16) {
     g_tc_calls.fetch_add(1);
     return kda_tc_fused_launch(fused, seqs, n_seqs, H, q, k, v, g, beta, o, chunk_states, stream);

@@ -60,14 +60,15 @@ inline int kda_chunk_count(const int* lens, int n_seqs, int chunk) {
 // warps do the intra-chunk work of chunk c + 1 into shared memory while consumer warps advance the state over chunk
 // c), so W / U / Q / K / A_qk never reach HBM and the workspace is not used. 1 = off; 2 = on, two ring buffers; 3 =
 // three; 4 = 2 with every exponential in the ftz form (values below ~1e-38 flush to zero); 5 = 4 with T applied by
-// the consumer warps (V~ = T (v - exp(G) k S), rounded differently); 0 = the environment's K3_KDA_TC_FUSED (1 or 2,
-// 3, 4, 5; unset: off). Only for chunk 32 with bf16 inputs (anything else runs the two-kernel path); value_tile /
+// the consumer warps (V~ = T (v - exp(G) k S), rounded differently); 0 = the environment's K3_KDA_TC_FUSED (off / 0,
+// 1 or 2, 3, 4, 5), else -- when no two-kernel knob (value_tile, buffers, intra, state, overlap) is set -- the shape
+// rule: 5 when sequences x heads >= 96, else off. Only for chunk 32 with bf16 inputs (anything else runs the two-kernel path); value_tile /
 // buffers / intra / state / overlap are then ignored. 2 / 3 are bit-identical to intra v3cs + state v2 (outputs,
 // final and chunk states) for decays g > -5.45 (kda_tc_fused.cu's exp_ftz says why the bound; checked by
 // scripts/check_kda_tc.py and CudaKdaTc.FusedBitwiseEqualsSequential); 4 / 5 within the same error of the fp32
 // recurrence. Measured (call s27-kda-2, H200): 1 x 8192 x 96 0.925 ms (5) / 1.025 (2) vs 1.266 for the two kernels;
 // 1 x 8192 x 32 0.918 / 1.008 vs 0.610 (32 blocks on 132 SMs: the fused form loses with few sequences x heads).
-// Default off: opt-in until a shape rule is measured (docs/perf/cuda/s27-kda-*).
+// The shape rule's measurements: call s28-1 (kda_chunked_tc.cu, fused_rule; docs/perf/cuda/s28-1-kda-sweep.log).
 struct KdaTcTuning {
   int value_tile = 0;
   int buffers = 0;
