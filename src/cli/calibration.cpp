@@ -30,8 +30,11 @@ CalibrationText read_calibration(const std::string& dir, const k3::Model& model,
   return t;
 }
 
-int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::ActivationObserver& obs) {
+int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::ActivationObserver& obs,
+                        k3::AttnPath path) {
   model.set_activation_observer(&obs);
+  k3::ForwardOptions opt;
+  opt.path = path;
   std::vector<float> logits;
   std::vector<int32_t> win;
   int64_t ran = 0;
@@ -43,7 +46,7 @@ int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::
       win.assign(1, static_cast<int32_t>(text.bos));
       win.insert(win.end(), text.ids.begin() + b, text.ids.begin() + e);
       auto st = model.new_cache();
-      model.forward(win, *st, logits);
+      model.forward(win, *st, logits, opt);
       ran += static_cast<int64_t>(win.size());
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::fprintf(stderr, "\rcalibrating: [%lld/%lld] windows, %lld tokens, %.0f tok/s", (long long)(w + 1),

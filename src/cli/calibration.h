@@ -28,7 +28,9 @@ struct CalibrationText {
 // windows (< 0: all). Throws k3::Error.
 CalibrationText read_calibration(const std::string& dir, const k3::Model& model, const std::string& file, int64_t ctx,
                                  int64_t chunks, bool parse_special = false);
-// Runs every window with `obs` attached; returns the tokens run (BOS included).
-int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::ActivationObserver& obs);
+// Runs every window with `obs` attached, in the forms `path` picks (k3 imatrix: AttnPath::Decode, so that the
+// absorbed MLA form shows kv_b's per-head inputs); returns the tokens run (BOS included).
+int64_t run_calibration(k3::Model& model, const CalibrationText& text, k3::cpu::ActivationObserver& obs,
+                        k3::AttnPath path = k3::AttnPath::Auto);
 
 }  // namespace k3cli

@@ -36,7 +36,8 @@ void add_imatrix(CLI::App& app, Registry& reg) {
       auto model = k3::Model::load(dir);
       const CalibrationText text = read_calibration(dir, *model, o->file, o->ctx, o->chunks, o->parse_special);
       k3::ImatrixCollector col(model->config(), model->weights(), model->checkpoint());
-      const int64_t ran = run_calibration(*model, text, col);
+      // The decode forms: kv_b's per-head inputs (llama.cpp's attn_k_b / attn_v_b) exist only in the absorbed MLA form.
+      const int64_t ran = run_calibration(*model, text, col, k3::AttnPath::Decode);
       k3::Imatrix& im = col.result();
       im.datasets = {std::filesystem::path(o->file).filename().string()};
       im.chunk_count = text.windows;

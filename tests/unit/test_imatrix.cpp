@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "k3/core/error.h"
 #include "k3/io/gguf_writer.h"
@@ -80,6 +81,76 @@ TEST(Imatrix, CollectsSquaredInputsPerMatrixAndExpert) {
   double sum = 0;
   for (double v : e.in_sum2) sum += v;
   EXPECT_GT(sum, 0.0);  // never on zeros
+}
+
+// kv_b in llama.cpp's graph is two per-head stacks: attn_k_b multiplies each head's q_nope, attn_v_b each head's
+// attention output in latent space. Run in the decode forms (what `k3 imatrix` does), the collector gives each an
+// entry with one matrix per head, T rows per head, and sums equal to a float64 recomputation from the queries and
+// latent outputs the absorbed form reported (q_nope: the first nope values of each head's qk, not the rope part).
+// A prefill-form run (the MHA form never forms them) leaves both out.
+TEST(Imatrix, KvbHalvesPerHeadFromTheAbsorbedForm) {
+  auto m = k3::Model::load(k3test::source_path(kTiny));
+  const auto& c = m->config();
+  struct Tee : k3::cpu::ActivationObserver {
+    k3::ImatrixCollector* col;
+    const k3::MlaWeights* watch = nullptr;
+    std::vector<double> kb, vb;  // [head][nope], [head][rank]
+    void on_mla_absorbed(const k3::MlaWeights& w, const k3::graph::MlaDims& d, const float* q, const float* ol,
+                         std::span<const int64_t> rows) override {
+      col->on_mla_absorbed(w, d, q, ol, rows);
+      if (&w != watch) return;
+      kb.resize(static_cast<size_t>(d.heads * d.nope), 0.0);
+      vb.resize(static_cast<size_t>(d.heads * d.rank), 0.0);
+      for (const int64_t r : rows)
+        for (int64_t h = 0; h < d.heads; ++h) {
+          for (int64_t i = 0; i < d.nope; ++i) {
+            const double x = q[(r * d.heads + h) * d.qk() + i];
+            kb[static_cast<size_t>(h * d.nope + i)] += x * x;
+          }
+          for (int64_t i = 0; i < d.rank; ++i) {
+            const double x = ol[(r * d.heads + h) * d.rank + i];
+            vb[static_cast<size_t>(h * d.rank + i)] += x * x;
+          }
+        }
+    }
+  };
+  int64_t L = 0;
+  while (m->weights().layers[static_cast<size_t>(L)].is_kda) ++L;  // the first MLA layer
+  const std::vector<int32_t> toks = {3, 99, 400, 7, 12, 800, 5, 64, 33, 250, 1};
+  const int64_t T = static_cast<int64_t>(toks.size());
+  for (const k3::AttnPath path : {k3::AttnPath::Decode, k3::AttnPath::Prefill}) {
+    k3::ImatrixCollector col(c, m->weights(), m->checkpoint());
+    Tee tee;
+    tee.col = &col;
+    tee.watch = &m->weights().layers[static_cast<size_t>(L)].mla;
+    m->set_activation_observer(&tee);
+    k3::ForwardOptions opt;
+    opt.path = path;
+    std::vector<float> logits;
+    auto st = m->new_cache();
+    m->forward(toks, *st, logits, opt);
+    m->set_activation_observer(nullptr);
+    const k3::Imatrix& im = col.result();
+    const std::string kn = "blk." + std::to_string(L) + ".attn_k_b.weight", vn = "blk." + std::to_string(L) + ".attn_v_b.weight";
+    if (path == k3::AttnPath::Prefill) {
+      EXPECT_FALSE(im.entries.count(kn) || im.entries.count(vn)) << "the MHA form has no per-head kv_b inputs";
+      continue;
+    }
+    ASSERT_TRUE(im.entries.count(kn) && im.entries.count(vn)) << kn;
+    for (const auto& [name, ref, cols] : {std::tuple{kn, &tee.kb, c.qk_nope_dim}, std::tuple{vn, &tee.vb, c.kv_lora_rank}}) {
+      const k3::ImatrixEntry& e = im.entries.at(name);
+      EXPECT_EQ(e.cols, cols) << name;
+      ASSERT_EQ(static_cast<int64_t>(e.counts.size()), c.mla_heads) << name;
+      for (double n : e.counts) EXPECT_EQ(n, T) << name;
+      ASSERT_EQ(e.in_sum2.size(), ref->size()) << name;
+      double sum = 0;
+      for (size_t k = 0; k < ref->size(); ++k) {
+        EXPECT_NEAR(e.in_sum2[k], (*ref)[k], 1e-9 * (1 + (*ref)[k])) << name << " at " << k;
+        sum += (*ref)[k];
+      }
+      EXPECT_GT(sum, 0.0) << name;  // never on zeros
+    }
+  }
 }
 
 TEST(Imatrix, FileRoundTripAndValidation) {

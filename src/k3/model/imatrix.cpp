@@ -65,10 +65,19 @@ ImatrixCollector::ImatrixCollector(const ModelConfig& c, const ModelWeights& w, 
     for (const GluMlp& e : L.moe.experts)  // experts come through on_expert_inputs, not as dense products
       for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) name_of_.erase(m->data);
   }
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    if (L.is_kda || L.mla.kv_b_f32.empty()) continue;
+    // hf_to_gguf spells layer l's blocks blk.<l>; kv_b becomes these two (gguf_export.cpp writes them)
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    kv_b_[&L.mla] = {blk + "attn_k_b.weight", blk + "attn_v_b.weight"};
+    for (const WeightMatrix* m : {&L.mla.kv_b_f32, &L.mla.kv_b_stored}) name_of_.erase(m->data);
+  }
 }
 
 void ImatrixCollector::add(const std::string& name, int64_t mat, int64_t n_mat, const float* x, int64_t rows,
-                           int64_t cols) {
+                           int64_t cols, int64_t stride) {
+  if (stride == 0) stride = cols;
   ImatrixEntry& e = im_.entries[name];
   if (e.counts.empty()) {
     e.cols = cols;
@@ -79,7 +88,7 @@ void ImatrixCollector::add(const std::string& name, int64_t mat, int64_t n_mat, 
     throw Error("imatrix: matrix '" + name + "' seen with two shapes");
   double* s = e.in_sum2.data() + mat * cols;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
+    const float* xr = x + r * stride;
     for (int64_t c = 0; c < cols; ++c) s[c] += static_cast<double>(xr[c]) * xr[c];
   }
   e.counts[static_cast<size_t>(mat)] += static_cast<double>(rows);
@@ -88,6 +97,18 @@ void ImatrixCollector::add(const std::string& name, int64_t mat, int64_t n_mat, 
 void ImatrixCollector::on_linear_input(const WeightMatrix& W, const float* x, int64_t n) {
   const auto it = name_of_.find(W.data);
   if (it != name_of_.end()) add(it->second, 0, 1, x, n, W.cols);
+}
+
+void ImatrixCollector::on_mla_absorbed(const MlaWeights& w, const graph::MlaDims& d, const float* q, const float* ol,
+                                       std::span<const int64_t> rows) {
+  const auto it = kv_b_.find(&w);
+  if (it == kv_b_.end()) return;
+  const int64_t nh = d.heads, qk = d.qk(), kr = d.rank;
+  for (const int64_t r : rows)
+    for (int64_t h = 0; h < nh; ++h) {
+      add(it->second.k_b, h, nh, q + (r * nh + h) * qk, 1, d.nope);  // q_nope: each head's first nope values
+      add(it->second.v_b, h, nh, ol + (r * nh + h) * kr, 1, kr);
+    }
 }
 
 void ImatrixCollector::on_expert_inputs(const MoeWeights& w, int64_t expert, const float* x, const float* h, int64_t m) {

@@ -6,8 +6,11 @@
 //   tensors "<name>.in_sum2" F32 ne [cols, n_mat] and "<name>.counts" F32 ne [1, n_mat] (n_mat = experts, or 1),
 //   sorted by name.
 // So either tool can use either file. The quantisers weight each column's squared error by in_sum2 / count.
-// Not collected: kv_b (k3 reads it through the absorbed MLA form, llama.cpp as attn_k_b / attn_v_b) and
-// matrices outside the blocks (token_embd, output), which llama-imatrix also skips by default.
+// kv_b, which llama.cpp's graph multiplies as two per-head stacks (attn_k_b ne [nope, rank, heads] with each head's
+// q_nope, attn_v_b ne [rank, v, heads] with each head's attention output in latent space), gets those two entries
+// (n_mat = heads, one count per head) from the absorbed MLA form, so calibration runs the decode forms
+// (calibration_forward_options); without them llama-quantize refuses its very-low-bit types for those tensors.
+// Not collected: matrices outside the blocks (token_embd, output), which llama-imatrix also skips by default.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -45,18 +48,26 @@ class ImatrixCollector final : public cpu::ActivationObserver {
   ImatrixCollector(const ModelConfig& c, const ModelWeights& w, const Checkpoint& ckpt);
   void on_linear_input(const WeightMatrix& W, const float* x, int64_t n) override;
   void on_expert_inputs(const MoeWeights& w, int64_t expert, const float* x, const float* h, int64_t m) override;
+  void on_mla_absorbed(const MlaWeights& w, const graph::MlaDims& d, const float* q, const float* ol,
+                       std::span<const int64_t> rows) override;
   const Imatrix& result() const { return im_; }
   Imatrix& result() { return im_; }
   int64_t matrices_named() const { return static_cast<int64_t>(name_of_.size()); }
 
  private:
-  void add(const std::string& name, int64_t mat, int64_t n_mat, const float* x, int64_t rows, int64_t cols);
+  // Adds `rows` input rows of `cols` values, `stride` apart (0: contiguous), to matrix `mat` of `name`'s n_mat.
+  void add(const std::string& name, int64_t mat, int64_t n_mat, const float* x, int64_t rows, int64_t cols,
+           int64_t stride = 0);
   std::unordered_map<const void*, std::string> name_of_;  // matrix data -> GGUF name (blk.* only)
   struct ExpertNames {
     std::string gate, up, down;
     int64_t n = 0;
   };
   std::unordered_map<const MoeWeights*, ExpertNames> experts_;
+  struct KvbNames {
+    std::string k_b, v_b;
+  };
+  std::unordered_map<const MlaWeights*, KvbNames> kv_b_;
   Imatrix im_;
 };
 

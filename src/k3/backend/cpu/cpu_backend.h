@@ -33,6 +33,11 @@ class ActivationObserver {
   // the routing weight is applied.
   virtual void on_expert_outputs(const MoeWeights& /*w*/, int64_t /*expert*/,
                                  std::span<const std::pair<int64_t, float>> /*toks*/, const float* /*y*/, int64_t /*cols*/) {}
+  // The absorbed MLA form of layer `w` (decode-form tokens; the rows of q / ol in `rows`): the queries q
+  // [row][heads][qk] -- each head's first d.nope values are what kv_b's key half multiplies (llama.cpp's attn_k_b)
+  // -- and the attention outputs in latent space ol [row][heads][rank], what its value half multiplies (attn_v_b).
+  virtual void on_mla_absorbed(const MlaWeights& /*w*/, const graph::MlaDims& /*d*/, const float* /*q*/,
+                               const float* /*ol*/, std::span<const int64_t> /*rows*/) {}
 };
 
 class CpuBackend final : public graph::Backend {

@@ -131,6 +131,12 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
     for (int64_t h = h0; h < h0 + hn; ++h)
       mla_up_v_head(kvb, h, ol.f() + (row * nh + h) * kr, o.f() + (row * nh + h) * dv);
   });
+  if (observer_) {
+    std::vector<int64_t> obs_rows;
+    obs_rows.reserve(tokens.size());
+    for (const Piece& pc : tokens) obs_rows.push_back(pc.s->offset + pc.t);
+    observer_->on_mla_absorbed(w, dm, q.f(), ol.f(), obs_rows);
+  }
 }
 
 // MHA form for one sequence: expand k_nope / v for every cached token from the latents.
