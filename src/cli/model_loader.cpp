@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include "k3/dist/communicator.h"
+#include "k3/dist/gpu_placement.h"
 #include "k3/dist/rendezvous.h"
 #include "k3/dist/launcher.h"
 #include "k3/dist/tp_model.h"
@@ -218,13 +219,12 @@ k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceO
                                      k3::CacheDType ssm, int& weights_device) {
   const int ordinal = parse_cuda_ordinal(d.device), n = std::max(k3::cuda::visible_cuda_devices(), 1);
   const HostPlace hp = host_place(comm);
-  const int gpu = (ordinal + hp.local_rank) % n;
-  int share = 0;
-  for (int r = 0; r < hp.local_size; ++r) share += (ordinal + r) % n == gpu ? 1 : 0;
+  const k3::dist::GpuPlace place = k3::dist::place_on_gpus(ordinal, hp.local_rank, hp.local_size, n);
   k3::cuda::CudaRankOptions ro;
-  ro.load = cuda_load_options(d, kv, ssm, gpu);
-  ro.ranks_on_device = share;
-  weights_device = gpu;
+  ro.load = cuda_load_options(d, kv, ssm, place.gpu);
+  ro.ranks_on_device = place.ranks_on_gpu;
+  ro.group_shares_a_gpu = k3::dist::group_shares_a_gpu(comm, k3::dist::host_shares_a_gpu(hp.local_size, n));
+  weights_device = place.gpu;
   ro.collectives = k3::cuda::collectives_from_env();
   return k3::cuda::cuda_rank_device(ro);
 }

@@ -33,6 +33,7 @@
 
 #include "k3/core/error.h"
 #include "k3/dist/communicator.h"
+#include "k3/dist/gpu_placement.h"
 #include "k3/dist/rendezvous.h"
 #include "k3/dist/tp_model.h"
 #include "k3/model/model.h"
@@ -155,8 +156,10 @@ int main(int argc, char** argv) {
 #ifdef K3_HAVE_CUDA
       k3::cuda::CudaRankOptions ro;
       const int gpus = std::max(k3::cuda::visible_cuda_devices(), 1);
-      ro.load.device = mixed ? 0 : comm->rank() % gpus;  // one host
-      ro.ranks_on_device = mixed ? 1 : (comm->size() + gpus - 1 - ro.load.device) / gpus;
+      const k3::dist::GpuPlace place = k3::dist::place_on_gpus(0, comm->rank(), comm->size(), gpus);  // one host
+      ro.load.device = mixed ? 0 : place.gpu;
+      ro.ranks_on_device = mixed ? 1 : place.ranks_on_gpu;
+      ro.group_shares_a_gpu = !mixed && k3::dist::host_shares_a_gpu(comm->size(), gpus);
       ro.collectives = mixed ? k3::cuda::CudaRankOptions::Collectives::HostStaged : k3::cuda::collectives_from_env();
       opt.device = k3::cuda::cuda_rank_device(ro);
       opt.weights_device = ro.load.device;
@@ -183,7 +186,7 @@ int main(int argc, char** argv) {
     const Compare c = run_steps(*tp, *ref);
     const double tol = cuda ? kRelTolCuda : kRelTol;
     const bool exact = size > 1 || cuda || c.max_rel == 0;
-    std::printf("%s: %d ranks%s%s%s on %s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
+    std::printf("%s: %d ranks%s%s%s, rank 0 on %s: %d logit rows, max |dlogit| / max |logit| = %.3g (tolerance %.0e%s), argmax differs in %d\n",
                 dir.c_str(), size, opt.expert_parallel ? " (EP)" : "", opt.placement.all_to_all ? " all-to-all" : "",
                 reverse_experts ? " experts reversed" : "", tp->device_name().c_str(), c.tokens, c.max_rel, tol,
                 size == 1 && !cuda ? ", one rank: exact" : "", c.argmax_diff);

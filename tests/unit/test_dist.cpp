@@ -11,6 +11,7 @@
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
+#include "k3/dist/gpu_placement.h"
 #include "k3/dist/memory_sequence.h"
 #include "k3/dist/shard_plan.h"
 #include "k3/dist/shard_weights.h"
@@ -380,5 +381,37 @@ TEST(TensorParallel, OneRankThroughTheCollectivePathIsBitIdentical) {
       ref->forward(t, *r, lr);
       EXPECT_EQ(la, lr) << "ep " << ep << " step " << step;
     }
+  }
+}
+
+// GPU ranks take their host's GPUs round-robin; the group uses NCCL only if no GPU of any host holds two ranks,
+// and every rank must reach the same answer: 3 ranks on a 2-GPU host put the one on cuda:1 on NCCL and the two on
+// cuda:0 on host staging, and the first collective hung (call s28-7). Here the lone rank sees the group's answer.
+TEST(GpuPlacement, RoundRobinAndOneAnswerForTheWholeGroup) {
+  const k3::dist::GpuPlace p0 = k3::dist::place_on_gpus(0, 0, 3, 2), p1 = k3::dist::place_on_gpus(0, 1, 3, 2),
+                           p2 = k3::dist::place_on_gpus(0, 2, 3, 2);
+  EXPECT_EQ(p0.gpu, 0);
+  EXPECT_EQ(p0.ranks_on_gpu, 2);
+  EXPECT_EQ(p1.gpu, 1);
+  EXPECT_EQ(p1.ranks_on_gpu, 1);  // alone on its GPU, yet its group shares one
+  EXPECT_EQ(p2.gpu, 0);
+  EXPECT_EQ(p2.ranks_on_gpu, 2);
+  const k3::dist::GpuPlace q = k3::dist::place_on_gpus(1, 1, 2, 2);  // --device cuda:1: the second rank wraps to 0
+  EXPECT_EQ(q.gpu, 0);
+  EXPECT_EQ(q.ranks_on_gpu, 1);
+  EXPECT_TRUE(k3::dist::host_shares_a_gpu(3, 2));
+  EXPECT_FALSE(k3::dist::host_shares_a_gpu(2, 2));
+  EXPECT_FALSE(k3::dist::host_shares_a_gpu(1, 0));  // no GPU visible counts as one
+  for (int sharing_rank : {-1, 2}) {  // none shares; only rank 2's "host" shares
+    auto group = std::make_shared<k3test::ThreadGroup>(3);
+    std::vector<int> got(3, -1);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        k3test::ThreadComm c(group, r);
+        got[static_cast<size_t>(r)] = k3::dist::group_shares_a_gpu(c, r == sharing_rank) ? 1 : 0;
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], sharing_rank >= 0 ? 1 : 0) << "rank " << r;
   }
 }

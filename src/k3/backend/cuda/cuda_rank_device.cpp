@@ -20,12 +20,13 @@ class CudaRankDevice final : public dist::RankDevice {
  public:
   CudaRankDevice(const dist::RankShard& s, const CudaRankOptions& o) : share_(o.ranks_on_device) {
     CudaLoadOptions lo = o.load;
+    const bool shared = o.group_shares_a_gpu || o.ranks_on_device > 1;
     const bool nccl = o.collectives == CudaRankOptions::Collectives::Nccl ||
-                      (o.collectives == CudaRankOptions::Collectives::Auto && o.ranks_on_device == 1);
-    if (nccl && o.ranks_on_device > 1)
+                      (o.collectives == CudaRankOptions::Collectives::Auto && !shared);
+    if (nccl && shared)  // every rank of the group sees `shared` alike, so every rank stops here
       throw Error("K3_TP_COLLECTIVES=nccl: " + std::to_string(o.ranks_on_device) + " ranks share cuda:" +
-                  std::to_string(o.load.device) + ", and NCCL needs a GPU per rank (unset it: their collectives then go "
-                  "through host memory)");
+                  std::to_string(o.load.device) + (o.ranks_on_device > 1 ? "" : " (and another GPU of the group holds two)") +
+                  ", and NCCL needs a GPU per rank (unset it: the group's collectives then go through host memory)");
     collectives_ = nccl ? "nccl" : s.comm.name() + " staged through host memory";
     dist::Communicator& host = s.comm;
     const int dev = o.load.device;

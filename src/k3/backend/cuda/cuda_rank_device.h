@@ -12,7 +12,10 @@ namespace k3::cuda {
 struct CudaRankOptions {
   CudaLoadOptions load;           // device, dtypes, GEMM mode, eager (its communicator is set here)
   int ranks_on_device = 1;        // ranks of the group sharing this GPU (their caches share its memory)
-  enum class Collectives { Auto, Nccl, HostStaged } collectives = Collectives::Auto;  // Auto: NCCL iff alone on the GPU
+  // Whether ANY GPU of the group holds two of its ranks (dist/gpu_placement.h: the same on every rank). Then the
+  // whole group stages its collectives through host memory: NCCL on some ranks only would deadlock.
+  bool group_shares_a_gpu = false;
+  enum class Collectives { Auto, Nccl, HostStaged } collectives = Collectives::Auto;  // Auto: NCCL iff no GPU is shared
 };
 
 dist::RankDeviceFactory cuda_rank_device(const CudaRankOptions& o);
