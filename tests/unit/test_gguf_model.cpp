@@ -4,6 +4,8 @@
 // malformed model GGUF (missing / mistyped / out-of-range key, unknown architecture, wrong shape, unknown or
 // misplaced type, lying metadata, missing half of kv_b) is one clear k3::Error naming the key or tensor.
 #include <gtest/gtest.h>
+#include <iterator>
+#include <fstream>
 
 #include <cmath>
 #include <cstdio>
@@ -538,7 +540,7 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   const std::string dir = k3test::source_path("models/k3-tiny");
   const k3::ModelConfig c = k3::load_model_config(dir);
   const k3::Checkpoint ck(dir);
-  constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ4K = 12, kQ6K = 14, kQ5_0 = 6;
+  constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ3K = 11, kQ4K = 12, kQ6K = 14, kQ5_0 = 6;
   for (const std::string& p : k3::quantize_preset_names()) {
     k3::GgufWriter w;
     const auto st = k3::add_model_to_gguf(w, c, ck, "x", k3::quantize_preset(p));
@@ -557,6 +559,23 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   EXPECT_EQ(count_ggml_type(plain, kBf16) - count_ggml_type(km, kBf16),
             count_ggml_type(km, kQ4K) + count_ggml_type(km, kQ6K) + count_ggml_type(km, kQ8) + count_ggml_type(km, kQ5_0));
   EXPECT_GT(count_ggml_type(kda16, kBf16), count_ggml_type(km, kBf16));   // KDA and attention kept BF16
+  // Q3_K_M as llama-quantize allocates it: the head Q6_K, KDA value / output projections and ffn_down Q4_K.
+  k3::GgufWriter k3m;
+  k3::add_model_to_gguf(k3m, c, ck, "x", k3::quantize_preset("Q3_K_M"));
+  k3test::TempDir t3;
+  k3m.write(t3.str() + "/q3.gguf");
+  std::ifstream in(t3.str() + "/q3.gguf", std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const k3::Gguf g3 = k3::parse_gguf(bytes, "q3.gguf");
+  for (const char* name : {"output.weight", "blk.1.attn_v.weight", "blk.1.attn_q.weight"}) {
+    const k3::GgufTensor* tt = g3.find(name);
+    ASSERT_NE(tt, nullptr) << name;
+    const std::string n = name;
+    EXPECT_EQ(tt->type, n == "output.weight" ? kQ6K : n == "blk.1.attn_q.weight" ? kQ3K : kQ4K) << name;
+  }
+  const k3::GgufTensor* ao = g3.find("blk.1.attn_output.weight");  // 128 wide on k3-tiny: Q4_K's fallback
+  ASSERT_NE(ao, nullptr);
+  EXPECT_EQ(ao->type, kQ5_0);
   EXPECT_LT(count_ggml_type(kda16, kQ4K), count_ggml_type(km, kQ4K));
   EXPECT_THROW(k3::quantize_preset("Q9_K"), k3::Error);
 }
