@@ -15,6 +15,10 @@ std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Toke
   return tok.encode(k3::read_regular_file(path, kMaxTextFileBytes, "text file"), parse_special);
 }
 
+void add_parse_special_flag(CLI::App* cmd, bool& parse_special) {
+  cmd->add_flag("--parse-special", parse_special, "tokenise special-token text (a chat template's markers) as its ids");
+}
+
 CalibrationText read_calibration(const std::string& dir, const k3::Model& model, const std::string& file, int64_t ctx,
                                  int64_t chunks, bool parse_special) {
   auto tok = k3::text::Tokenizer::load(dir);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/model/model.h"
 #include "k3/text/tokenizer.h"
@@ -17,6 +19,8 @@ namespace k3cli {
 // calibration text is tokenised as the server tokenises a rendered chat. Read through io/regular_file.h, bounded:
 // a FIFO, a device (/dev/zero) or a file over kMaxTextFileBytes is a clear error, not a hang or unbounded memory.
 constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
+// --parse-special on a verb that reads a text file (imatrix, prune, perplexity).
+void add_parse_special_flag(CLI::App* cmd, bool& parse_special);
 std::vector<int32_t> read_text_ids(const std::string& path, const k3::text::Tokenizer& tok, bool parse_special = false);
 
 struct CalibrationText {

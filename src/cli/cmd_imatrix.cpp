@@ -27,7 +27,7 @@ void add_imatrix(CLI::App& app, Registry& reg) {
   cmd->add_option("-o,--output-file", o->out, "output path")->capture_default_str();
   cmd->add_option("--ctx,-c", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "use at most this many windows (default: all)");
-  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
+  add_parse_special_flag(cmd, o->parse_special);
   add_compute_options(cmd, o->compute);
   cmd->callback([&reg, o] {
     reg.action = [o] {

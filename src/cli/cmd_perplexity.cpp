@@ -242,7 +242,7 @@ void add_perplexity(CLI::App& app, Registry& reg) {
   cmd->add_option("-f,--file", o->file, "UTF-8 text file (with --kl-divergence: optional, checked against the base's tokens)");
   cmd->add_option("--ctx", o->ctx, "window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");
-  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
+  add_parse_special_flag(cmd, o->parse_special);
   cmd->add_option("--json", o->json_out, "also write the result as JSON to this path");
   cmd->add_option("--kl-divergence-base", o->kl_base,
                   "file of the base's log-probs: written by this run, or read with --kl-divergence");

@@ -86,7 +86,7 @@ void add_prune(CLI::App& app, Registry& reg) {
   cmd->add_option("--ratio", o->ratio, "fraction of each MoE layer's experts to prune, in (0, 1)")->required()->check(finite_number());
   cmd->add_option("--ctx", o->ctx, "calibration window length in tokens")->check(CLI::Range(int64_t{2}, int64_t{1} << 20))->capture_default_str();
   cmd->add_option("--chunks", o->chunks, "use at most this many windows (default: all)");
-  cmd->add_flag("--parse-special", o->parse_special, "tokenise special-token text (a chat template's markers) as its ids");
+  add_parse_special_flag(cmd, o->parse_special);
   add_compute_options(cmd, o->compute);
   cmd->callback([&reg, o] {
     reg.action = [o] { return run_prune(*o); };
