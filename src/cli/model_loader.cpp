@@ -23,6 +23,7 @@
 #include "k3/dist/rendezvous.h"
 #include "k3/dist/launcher.h"
 #include "k3/dist/tp_model.h"
+#include "k3/model/dummy_checkpoint.h"
 #include "k3/model/model.h"
 #include "k3/plan/plan.h"
 #ifdef K3_HAVE_CUDA
@@ -36,7 +37,8 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_option("--device", d.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--load-format", d.load_format,
                   "auto (the checkpoint's safetensors) or dummy (random weights from config.json alone, "
-                  "to benchmark real shapes without a checkpoint; CUDA only)")
+                  "to benchmark real shapes without a checkpoint: on the GPU drawn there, on the CPU and under "
+                  "--tensor-parallel-size views of shared random pools, model/dummy_checkpoint.h)")
       ->check(CLI::IsMember({"auto", "dummy"}))
       ->capture_default_str();
   cmd->add_option("--preset", d.preset, "with --load-format dummy: a built-in config (kimi-k3, kimi-linear-48b-a3b)");
@@ -230,6 +232,16 @@ k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceO
 }
 #endif
 
+// --load-format dummy's config: the --preset, else DIR's config.json; cut to --num-layers.
+k3::ModelConfig dummy_config(const std::string& dir, const DeviceOptions& d) {
+  k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
+  if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {
+    cfg.num_layers = d.num_layers;
+    cfg.is_kda.resize(static_cast<size_t>(d.num_layers));
+  }
+  return cfg;
+}
+
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
                                               k3::CacheDType ssm, const k3::Placement& placement) {
@@ -241,8 +253,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
                     "(configure with the `cuda` preset: cmake --preset cuda)");
 #endif
   if (gpu) parse_cuda_ordinal(d.device);  // a malformed --device fails before any worker starts
-  if (d.load_format != "auto" || !placement.empty())
-    throw k3::Error("--tensor-parallel-size does not combine with --load-format dummy, --override-tensor or --cpu-moe");
+  if (!placement.empty()) throw k3::Error("--tensor-parallel-size does not combine with --override-tensor or --cpu-moe");
   // Under mpirun (or started by a rank 0 that spawned us) the group exists; over several hosts it meets
   // at node 0's rendezvous; else this process is rank 0 and starts the other ranks itself on this host
   // (vLLM's behaviour).
@@ -261,6 +272,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   opt.placement.expert_order = parse_expert_placement(d.expert_placement);
   opt.kv = kv;
   opt.ssm = ssm;
+  if (d.load_format == "dummy") opt.dummy = dummy_config(dir, d);  // every rank draws the same random model
 #ifdef K3_HAVE_CUDA
   if (gpu) opt.device = gpu_rank(*comm, d, kv, ssm, opt.weights_device);
 #endif
@@ -327,9 +339,13 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     throw k3::Error("started by mpirun as one of " + std::to_string(world) +
                     " processes without --tensor-parallel-size: pass --tensor-parallel-size " + std::to_string(world));
   if (d.device == "cpu") {
-    if (dummy) throw k3::Error("--load-format dummy is supported on --device cuda only");
     if (!placement->only_host())
       throw k3::Error("--override-tensor: a rule places weights on a GPU, but --device cpu runs everything on the CPU");
+    if (dummy) {  // random weights in host memory: no file, so no expert residency to manage
+      k3::ExpertResidencyOptions none;
+      none.enabled = false;
+      return k3::Model::load(k3::dummy_model_files(dummy_config(dir, d)), kv, ssm, none);
+    }
     return k3::Model::load(dir, kv, ssm, expert_residency_options(d));
   }
   if (is_cuda_device(d.device)) {
@@ -340,14 +356,7 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
       lo.placement = placement;
       lo.experts = expert_residency_options(d);
     }
-    if (dummy) {
-      k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
-      if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {
-        cfg.num_layers = d.num_layers;
-        cfg.is_kda.resize(static_cast<size_t>(d.num_layers));
-      }
-      return k3::cuda::CudaModel::load_dummy(cfg, lo);
-    }
+    if (dummy) return k3::cuda::CudaModel::load_dummy(dummy_config(dir, d), lo);
     return k3::cuda::CudaModel::load(dir, lo);
 #else
     (void)ordinal;

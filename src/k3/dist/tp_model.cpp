@@ -7,6 +7,7 @@
 #include "k3/dist/memory_sequence.h"
 #include "k3/dist/peer_watch.h"
 #include "k3/dist/step_wire.h"
+#include "k3/model/dummy_checkpoint.h"
 #include "k3/model/graph/forward.h"
 #include "k3/model/model_files.h"
 
@@ -19,7 +20,8 @@ namespace {
 class ViewSequence final : public SequenceCache {
  public:
   ViewSequence(const CacheSpec& spec, const WireSeq& s, const MemoryMirror& mirror) : spec_(spec), past_(s.past) {
-    if (s.kda.size() != static_cast<size_t>(4 * spec.kda_layers) || s.row_bytes != spec.mla_row_bytes())
+    // (rank 0 sends no MLA row size when the model has no MLA layer, e.g. a slice cut to its first KDA layers)
+    if (s.kda.size() != static_cast<size_t>(4 * spec.kda_layers) || (spec.mla_layers > 0 && s.row_bytes != spec.mla_row_bytes()))
       throw Error("sharded model: a sequence's cache from rank 0 does not match this rank's cache spec");
     const uint64_t conv = static_cast<uint64_t>(spec.kda_conv_floats) * 4;
     for (size_t i = 0; i < s.kda.size(); i += 4)
@@ -102,7 +104,7 @@ std::unique_ptr<TpModel> TpModel::load(const std::string& dir, std::unique_ptr<C
 }
 
 void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
-  ModelFiles files = open_model_files(dir);
+  ModelFiles files = opt.dummy ? dummy_model_files(*opt.dummy, opt.dummy_seed) : open_model_files(dir);
   cfg_ = std::move(files.config);
   ckpt_ = std::move(files.checkpoint);
   plan_ = make_shard_plan(cfg_, comm_->rank(), comm_->size(), opt.expert_parallel, opt.placement);

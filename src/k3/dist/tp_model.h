@@ -8,6 +8,7 @@
 #pragma once
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "k3/dist/communicator.h"
@@ -32,6 +33,10 @@ struct TpLoadOptions {
   // The home the shard's weights are bound to (WeightMatrix::device): a GPU rank's ordinal, so that its
   // device takes them all (kHostDevice: kept on the host, as the CPU rank reads them).
   int weights_device = kHostDevice;
+  // --load-format dummy: this config's random weights (model/dummy_checkpoint.h, the same seed on every rank, so
+  // the ranks shard one model) instead of the directory's checkpoint.
+  std::optional<ModelConfig> dummy;
+  uint64_t dummy_seed = 0;
 };
 
 class TpModel final : public ModelRunner {

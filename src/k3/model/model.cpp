@@ -13,8 +13,11 @@ int64_t Model::memory_available() const {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, CacheDType kv, CacheDType ssm, ExpertResidencyOptions experts) {
+  return load(open_model_files(dir), kv, ssm, experts);  // an HF directory or a GGUF file
+}
+
+std::unique_ptr<Model> Model::load(ModelFiles files, CacheDType kv, CacheDType ssm, ExpertResidencyOptions experts) {
   auto m = std::unique_ptr<Model>(new Model());
-  ModelFiles files = open_model_files(dir);  // an HF directory or a GGUF file
   m->cfg_ = std::move(files.config);
   m->spec_ = make_cache_spec(m->cfg_, kv, ssm);
   m->ckpt_ = std::move(files.checkpoint);

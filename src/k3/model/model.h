@@ -11,6 +11,7 @@
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/model_files.h"
 #include "k3/model/sequence_state.h"
 #include "k3/model/weights.h"
 #include "k3/runtime/expert_residency.h"
@@ -25,6 +26,9 @@ class Model final : public ModelRunner {
   // residency managed as `experts` says (runtime/expert_residency.h). Throws k3::Error.
   static std::unique_ptr<Model> load(const std::string& dir, CacheDType kv = CacheDType::F32,
                                      CacheDType ssm = CacheDType::F32, ExpertResidencyOptions experts = {});
+  // The same over files already opened (an HF dir, a GGUF, or model/dummy_checkpoint.h's random weights).
+  static std::unique_ptr<Model> load(ModelFiles files, CacheDType kv = CacheDType::F32, CacheDType ssm = CacheDType::F32,
+                                     ExpertResidencyOptions experts = {});
 
   const ModelConfig& config() const override { return cfg_; }
   const CacheSpec& cache_spec() const override { return spec_; }
