@@ -507,6 +507,12 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
         bw = -1;
         std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF (its bytes per token are not the config's)\n");
       }
+      // The CPU's dummy matrices are views of shared pools (model/dummy_checkpoint.h): fewer distinct bytes than
+      // the config's, so a roofline would flatter it.
+      if (any_tg && f->dev.load_format == "dummy" && f->dev.device == "cpu" && bw >= 0) {
+        bw = -1;
+        std::fprintf(stderr, "k3 bench offline: no decode roofline for --load-format dummy on the CPU (its matrices share bytes)\n");
+      }
       if (bw == 0 && any_tg && f->dev.device == "cpu") {
         // 1 GiB, median: with 512 MiB and the best pass the figure sometimes read 64-78 GB/s on a box whose
         // 2 GiB reads give 45 (a cache of the host's, or another tenant's lull), which made `% of BW` look low.
