@@ -249,8 +249,7 @@ TEST(Cli, DeviceOptionErrors) {
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("cuda:N"), std::string::npos) << r.out;
   r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --load-format dummy 2>&1");
-  EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.out.find("--device cuda only"), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 0) << r.out;  // random weights from the config, on the CPU too (model/dummy_checkpoint.h)
   r = sh(k3bin() + " logits" + m + " --tokens 1,2 --out /dev/null --num-layers 2 2>&1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("dummy only"), std::string::npos) << r.out;
