@@ -580,6 +580,55 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   EXPECT_THROW(k3::quantize_preset("Q9_K"), k3::Error);
 }
 
+// kv_b's halves: quantised only by a rule naming them (a catch-all keeps them as stored); the key half transposed
+// per head on the way out, so the loaded kv_b (the loader dequantises the halves back into it) must equal the
+// checkpoint's within Q8_0's rounding -- a transposition slip would be off by the values' own size.
+TEST(GgufQuantised, KvbHalvesOnlyByARuleNamingThem) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  const k3::Checkpoint ck(dir);
+  constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ5_0 = 6;
+  k3test::TempDir t;
+  auto types_of = [&](const std::vector<k3::TensorTypeRule>& rules, const std::string& file) {
+    k3::GgufWriter w;
+    k3::add_model_to_gguf(w, c, ck, "x", rules);
+    w.write(t.str() + "/" + file);
+    std::ifstream in(t.str() + "/" + file, std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const k3::Gguf g = k3::parse_gguf(bytes, file);
+    std::pair<uint32_t, uint32_t> kv{0, 0};
+    for (const auto& x : g.tensors) {
+      if (x.name == "blk.3.attn_k_b.weight") kv.first = x.type;
+      if (x.name == "blk.3.attn_v_b.weight") kv.second = x.type;
+    }
+    return kv;
+  };
+  EXPECT_EQ(types_of({k3::parse_tensor_type_rule(".*=q8_0")}, "all.gguf"), std::make_pair(kBf16, kBf16));
+  EXPECT_EQ(types_of({k3::parse_tensor_type_rule("attn_[kv]_b=q4_k")}, "k4.gguf"), std::make_pair(kQ5_0, kQ5_0));  // 32 / 64 wide: Q4_K's fallback
+  EXPECT_EQ(types_of({k3::parse_tensor_type_rule("attn_k_b=q8_0"), k3::parse_tensor_type_rule("attn_v_b=q8_0")}, "q8.gguf"),
+            std::make_pair(kQ8, kQ8));
+  auto hf = k3::Model::load(dir);
+  auto gg = k3::Model::load(t.str() + "/q8.gguf");
+  int64_t mla = 0;
+  for (size_t l = 0; l < hf->weights().layers.size(); ++l) {
+    const auto& a = hf->weights().layers[l];
+    if (a.is_kda) continue;
+    ++mla;
+    const k3::WeightVector& ref = a.mla.kv_b;
+    const k3::WeightVector& got = gg->weights().layers[l].mla.kv_b;
+    ASSERT_EQ(got.size(), ref.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double r = ref.data()[i], d = got.data()[i] - r;
+      num += d * d, den += r * r;
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_GT(rel, 0.0) << "layer " << l << ": Q8_0 rounds";
+    EXPECT_LT(rel, 0.01) << "layer " << l;  // Q8_0 ~0.4%; a transposed head ~1.4
+  }
+  EXPECT_GT(mla, 0);
+}
+
 // Routed experts: quantised only by a rule naming them ("exps"), per expert from their MXFP4 values; a width
 // that is not whole blocks of the type keeps them as shipped; the GGUF loads with its experts in the new
 // format and stays close to the HF dir.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <set>
@@ -339,8 +340,54 @@ class TensorExport {
     const auto n_f = static_cast<int64_t>(f.size());  // before the move (argument order is unspecified)
     add_f32(w_, g, {n_f}, std::move(f));
   }
+  // kv_b's halves are requantised only by a rule naming them (attn_k_b, attn_v_b, attn_[kv]_b), as the experts
+  // only by one naming exps: a catch-all keeps them as stored (the CPU's absorbed decode reads the stored bf16;
+  // quantised halves come back as an fp32 copy, twice the bytes).
+  std::optional<WeightFormat> kv_b_rule_for(const std::string& g) {
+    for (size_t i = 0; i < rules_.size(); ++i) {
+      const std::string& pat = patterns_[i];
+      const bool names = pat.find("k_b") != std::string::npos || pat.find("v_b") != std::string::npos ||
+                         pat.find("]_b") != std::string::npos;
+      if (names && std::regex_search(g, rules_[i].first)) {
+        ++rule_hits_[i];
+        return rules_[i].second;
+      }
+    }
+    return std::nullopt;
+  }
+  // One half quantised: per head, `rows` rows of `cols` values, row r of head h at kvb[at(h, r)] with `step` between
+  // its values (the key half is stored transposed per head); each head's imatrix slice weights its rows.
+  void kv_b_half_quantised(const std::string& name, const TensorInfo* tp, WeightFormat f, std::vector<int64_t> ne,
+                           int64_t rows, int64_t cols, std::function<size_t(int64_t, int64_t)> at, size_t step) {
+    if (cols % weight_layout(f).block_elems != 0 && cols % 32 == 0) {
+      ++fallbacks_;
+      f = fallback_format(f);
+    }
+    if (cols % weight_layout(f).block_elems != 0)
+      throw Error("--tensor-type: '" + name + "' has rows of " + std::to_string(cols) + " values, not whole " +
+                  weight_format_name(f) + " blocks");
+    ++quantised_;
+    const int64_t nh = ne[2];
+    std::vector<std::vector<float>> imp;
+    for (int64_t h = 0; h < nh; ++h) imp.push_back(im_ ? im_->importance(name, h, cols) : std::vector<float>{});
+    with_importance_ += !imp.empty() && !imp[0].empty();
+    w_.add_tensor(name, ne, *ggml_type_of_block_format(f), [=](GgufSink& s) {
+      const std::vector<float> kvb = to_f32(*tp);
+      std::vector<float> head(static_cast<size_t>(rows * cols));
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < cols; ++i) head[static_cast<size_t>(r * cols + i)] = kvb[at(h, r) + static_cast<size_t>(i) * step];
+        WeightMatrix m;
+        m.format = WeightFormat::F32;
+        m.data = head.data();
+        m.rows = rows;
+        m.cols = cols;
+        write_quantised_rows(s, m, f, imp[static_cast<size_t>(h)].empty() ? nullptr : imp[static_cast<size_t>(h)].data());
+      }
+    });
+  }
   // kv_b [heads*(nope+v)][kv_lora] -> attn_k_b ne [nope, kv_lora, heads] (per head transposed) + attn_v_b ne
-  // [kv_lora, v, heads], in the stored type, streamed a head at a time.
+  // [kv_lora, v, heads], in the stored type (streamed a head at a time) unless a rule names them.
   void kv_b(const std::string& g, const TensorInfo& t) {
     used_.insert(t.name);
     tensors_ += 2;
@@ -349,6 +396,11 @@ class TensorExport {
     const size_t es = dtype_size(t.dtype);
     const TensorInfo* tp = &t;
     const std::string vb = g.substr(0, g.size() - std::string("attn_k_b.weight").size()) + "attn_v_b.weight";
+    const auto fk = kv_b_rule_for(g), fv = kv_b_rule_for(vb);
+    if (fk)  // key half: head h's row c (a kv_lora column) is kv_b's column c over the head's nope rows
+      kv_b_half_quantised(g, tp, *fk, {dn, kr, nh}, kr, dn,
+                          [=](int64_t h, int64_t c) { return static_cast<size_t>(h * (dn + dv) * kr + c); }, static_cast<size_t>(kr));
+    else
     w_.add_tensor(g, {dn, kr, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       std::vector<uint8_t> head(static_cast<size_t>(kr * dn) * es);
       for (int64_t h = 0; h < nh; ++h) {
@@ -358,6 +410,10 @@ class TensorExport {
         s.write(head.data(), head.size());
       }
     });
+    if (fv)  // value half: head h's row d is kv_b's row h (nope + v) + nope + d, contiguous
+      kv_b_half_quantised(vb, tp, *fv, {kr, dv, nh}, dv, kr,
+                          [=](int64_t h, int64_t d) { return static_cast<size_t>((h * (dn + dv) + dn + d) * kr); }, 1);
+    else
     w_.add_tensor(vb, {kr, dv, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       for (int64_t h = 0; h < nh; ++h) s.write(tp->data + static_cast<size_t>((h * (dn + dv) + dn) * kr) * es, static_cast<size_t>(dv * kr) * es);
     });
