@@ -128,7 +128,8 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
   cmd->add_option("--tensor-type", o.tensor_types,
                   "REGEX=TYPE: write the dense matrices whose GGUF name matches as TYPE (q8_0, q6_k, q5_k, q4_k, q3_k, "
                   "q2_k, iq4_xs, iq3_s, iq3_xxs, iq2_s, iq2_xs, iq2_xxs, iq1_m, iq1_s, the 32-element q5_1, q5_0, q4_1, "
-                  "q4_0, iq4_nl, or keep; first match wins; routed experts only by a pattern naming them (_exps); "
+                  "q4_0, iq4_nl, or keep; first match wins; routed experts only by a pattern naming them (_exps), kv_b's halves "
+                  "only by one naming attn_k_b / attn_v_b (attn_[kv]_b); "
                   "llama-quantize's flag)")
       ->allow_extra_args(false)  // one rule per flag, brackets and commas included
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // repeated like llama-quantize's
