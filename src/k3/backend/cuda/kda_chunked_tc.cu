@@ -382,52 +382,20 @@ __device__ __forceinline__ void intra2_load(const T* __restrict__ q, const T* __
   intra2_convert<T>(raw, t);
 }
 
-// Elementwise operands of the thread's rows: Q exp(G) and exp(G_last - G) k to the workspace (rows < Lc);
-// KE, Vb, Ql, Kl, Kr to shared memory. exp(G_ref - G_j) > 1 only inside row j's own sub-chunk (at most
-// exp(15 * 5.5)); the clamp at 88 keeps it finite for gates below the precondition.
+// intra2_elementwise_to (kda_tc_intra2.cuh) with Q exp(G) and exp(G_last - G) k going to the workspace (rows < Lc),
+// every exponential __expf.
 template <bool CS = false>
 __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, int Lc,
                                                    char* sp, bf16* __restrict__ gQ, bf16* __restrict__ gK,
                                                    size_t at0, int C) {
-  using Cfg = Intra2Cfg;
-  bf16* KE = reinterpret_cast<bf16*>(sp + Cfg::off_ke);
-  bf16* Ql = reinterpret_cast<bf16*>(sp + Cfg::off_ql);
-  bf16* Kl = reinterpret_cast<bf16*>(sp + Cfg::off_kl);
-  bf16* Kr = reinterpret_cast<bf16*>(sp + Cfg::off_kr);
-  const bool first = r0 < 16;  // the thread's rows lie in sub-chunk 0 (all 4 of them: r0 is a multiple of 4)
-  bf16* Vb = reinterpret_cast<bf16*>(sp + Cfg::off_v);
-#pragma unroll
-  for (int u = 0; u < 4; ++u)  // v first: its registers are free for the exponentials below
-    st8(Vb + (r0 + u) * Cfg::LDB + d, make_uint2(t.v[u][0], t.v[u][1]));
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int i = r0 + u;
-    float eG[4], eD[4], eA[4], e16[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const float G = t.G[u][c];
-      eG[c] = __expf(G);
-      eD[c] = __expf(rf.gl[c] - G);
-      eA[c] = __expf(G - (first ? rf.g0[c] : rf.g16[c]));
-      e16[c] = __expf(fminf(rf.g16[c] - G, 88.f));
-    }
-    const int o = i * Cfg::LDB + d;
-    st8(KE + o, scale4(t.k[u], eG));
-    st8(Ql + o, scale4(t.q[u], eA));
-    st8(Kl + o, scale4(t.k[u], eA));
-    st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
-    if (first) {  // reference row 0: exp(G_0 - G_j) <= 1
-      float e0[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) e0[c] = __expf(rf.g0[c] - t.G[u][c]);
-      st8(Kr + o, scale4(t.k[u], e0));
-    }
-    if (i < Lc) {
-      const size_t at = at0 + static_cast<size_t>(i) * C;
-      st_out<CS>(gQ + at, scale4(t.q[u], eG));
-      st_out<CS>(gK + at, scale4(t.k[u], eD));
-    }
-  }
+  intra2_elementwise_to<ExpFast, ExpFast>(t, rf, r0, d, sp, reinterpret_cast<bf16*>(sp + Intra2Cfg::off_ke),
+                                          reinterpret_cast<bf16*>(sp + Intra2Cfg::off_v), [=](int i, uint2 qg, uint2 kd) {
+                                            if (i < Lc) {
+                                              const size_t at = at0 + static_cast<size_t>(i) * C;
+                                              st_out<CS>(gQ + at, qg);
+                                              st_out<CS>(gK + at, kd);
+                                            }
+                                          });
 }
 
 // intra2_products_to (kda_tc_intra2.cuh) with A_qk's rows < Lc going to the workspace plane [N][H][L].

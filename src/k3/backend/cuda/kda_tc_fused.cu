@@ -174,45 +174,23 @@ __device__ __forceinline__ float exp_ftz(float x) {
   return r;
 }
 
-// intra2_elementwise with Q exp(G) and exp(G_last - G) k going to the ring rows (Qo, Ko: [L][LDB]), every row (the
-// padded rows' inputs are zeros, so they are written as zeros).
+struct ExpFtz {
+  __device__ __forceinline__ float operator()(float x) const { return exp_ftz(x); }
+};
+
+// intra2_elementwise_to (kda_tc_intra2.cuh) with Q exp(G) and exp(G_last - G) k going to the ring rows (Qo, Ko:
+// [L][LDB]), every row (the padded rows' inputs are zeros, so they are written as zeros); the sub-chunk exponentials
+// in the ftz form, exp(G) / exp(G_last - G) too when kFast.
 // KE, Vb: where exp(G) k and v go (v2's scratch planes; the ring's W / U slots when the consumer applies T).
 template <bool kFast>
 __device__ __forceinline__ void fused_elementwise(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, char* sp,
                                                   bf16* Qo, bf16* Ko, bf16* KE, bf16* Vb) {
-  using Cfg = Intra2Cfg;
-  bf16* Ql = reinterpret_cast<bf16*>(sp + Cfg::off_ql);
-  bf16* Kl = reinterpret_cast<bf16*>(sp + Cfg::off_kl);
-  bf16* Kr = reinterpret_cast<bf16*>(sp + Cfg::off_kr);
-  const bool first = r0 < 16;
-#pragma unroll
-  for (int u = 0; u < 4; ++u) st8(Vb + (r0 + u) * Cfg::LDB + d, make_uint2(t.v[u][0], t.v[u][1]));
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int i = r0 + u;
-    float eG[4], eD[4], eA[4], e16[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const float G = t.G[u][c];
-      eG[c] = kFast ? exp_ftz(G) : __expf(G);
-      eD[c] = kFast ? exp_ftz(rf.gl[c] - G) : __expf(rf.gl[c] - G);
-      eA[c] = exp_ftz(G - (first ? rf.g0[c] : rf.g16[c]));
-      e16[c] = exp_ftz(fminf(rf.g16[c] - G, 88.f));
-    }
-    const int o = i * Cfg::LDB + d;
-    st8(KE + o, scale4(t.k[u], eG));
-    st8(Ql + o, scale4(t.q[u], eA));
-    st8(Kl + o, scale4(t.k[u], eA));
-    st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
-    if (first) {
-      float e0[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) e0[c] = exp_ftz(rf.g0[c] - t.G[u][c]);
-      st8(Kr + o, scale4(t.k[u], e0));
-    }
-    st8(Qo + o, scale4(t.q[u], eG));
-    st8(Ko + o, scale4(t.k[u], eD));
-  }
+  using ExpGD = std::conditional_t<kFast, ExpFtz, ExpFast>;
+  intra2_elementwise_to<ExpGD, ExpFtz>(t, rf, r0, d, sp, KE, Vb, [&](int i, uint2 qg, uint2 kd) {
+    const int o = i * Intra2Cfg::LDB + d;
+    st8(Qo + o, qg);
+    st8(Ko + o, kd);
+  });
 }
 
 // intra2_products_to with A_qk (bf16, zeros above the diagonal) going to the ring's Ao [L][LDA], every row.

@@ -195,6 +195,56 @@ __device__ __forceinline__ int tid_fresh() {
 }
 
 
+// __expf as a functor (intra2_elementwise_to's exponentials; the fused kernel's variants pass an ftz form).
+struct ExpFast {
+  __device__ __forceinline__ float operator()(float x) const { return __expf(x); }
+};
+
+// The elementwise operands of the thread's 4 rows: v to Vb and exp(G) k to KE (rows of LDB), the sub-chunk operands
+// Ql, Kl, Kr to shared memory, and Q exp(G) / exp(G_last - G) k handed to out(i, qg, kd) for row i -- the two-kernel
+// path's workspace rows, the fused kernel's ring rows. ExpGD forms exp(G) and exp(G_last - G), ExpRef the sub-chunk
+// exponentials. exp(G_ref - G_j) > 1 only inside row j's own sub-chunk (at most exp(15 * 5.5)); the clamp at 88 keeps
+// it finite for gates below the precondition.
+template <class ExpGD, class ExpRef, class Out>
+__device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, char* sp,
+                                                      bf16* KE, bf16* Vb, Out&& out) {
+  using Cfg = Intra2Cfg;
+  const ExpGD exp_gd;
+  const ExpRef exp_ref;
+  bf16* Ql = reinterpret_cast<bf16*>(sp + Cfg::off_ql);
+  bf16* Kl = reinterpret_cast<bf16*>(sp + Cfg::off_kl);
+  bf16* Kr = reinterpret_cast<bf16*>(sp + Cfg::off_kr);
+  const bool first = r0 < 16;  // the thread's rows lie in sub-chunk 0 (all 4 of them: r0 is a multiple of 4)
+#pragma unroll
+  for (int u = 0; u < 4; ++u)  // v first: its registers are free for the exponentials below
+    st8(Vb + (r0 + u) * Cfg::LDB + d, make_uint2(t.v[u][0], t.v[u][1]));
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int i = r0 + u;
+    float eG[4], eD[4], eA[4], e16[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float G = t.G[u][c];
+      eG[c] = exp_gd(G);
+      eD[c] = exp_gd(rf.gl[c] - G);
+      eA[c] = exp_ref(G - (first ? rf.g0[c] : rf.g16[c]));
+      e16[c] = exp_ref(fminf(rf.g16[c] - G, 88.f));
+    }
+    const int o = i * Cfg::LDB + d;
+    st8(KE + o, scale4(t.k[u], eG));
+    st8(Ql + o, scale4(t.q[u], eA));
+    st8(Kl + o, scale4(t.k[u], eA));
+    st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
+    if (first) {  // reference row 0: exp(G_0 - G_j) <= 1
+      float e0[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) e0[c] = exp_ref(rf.g0[c] - t.G[u][c]);
+      st8(Kr + o, scale4(t.k[u], e0));
+    }
+    out(i, scale4(t.q[u], eG), scale4(t.k[u], eD));
+  }
+}
+
 // A_kk (times beta_i, strictly lower, fp32 to Ak) and A_qk (lower with the diagonal, bf16, zeros above): the
 // A_qk pair (i, j), (i, j + 1) goes to store_aqk(i, j, x0, x1, zero_block) for the caller's destination, which
 // stores pack2(j <= i ? x0 : 0, j + 1 <= i ? x1 : 0) and, when zero_block (job 0), zeros at j + 16 (the block above
