@@ -3,6 +3,8 @@
 // random finite normal values of either sign (random bytes could make NaN / inf); and the CPU's dequantised
 // rows of them, the reference side.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -76,5 +78,46 @@ inline std::vector<float> cpu_rows(const k3::WeightMatrix& W) {
   for (int64_t r = 0; r < W.rows; ++r) k3::cpu::dequant_row(W, r, out.data() + r * W.cols);
   return out;
 }
+
+// The float64 product of the CPU's dequantised rows w [rows][cols] and x [n][cols], the side every kernel is held to.
+struct Product {
+  std::vector<double> exact, abs_sum;  // [n][rows]: sum w x in float64, and sum |w x|
+};
+
+inline Product reference(const std::vector<float>& w, const std::vector<float>& x, int64_t rows, int64_t cols, int64_t n) {
+  Product p;
+  p.exact.resize(static_cast<size_t>(n * rows));
+  p.abs_sum.resize(p.exact.size());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double v = static_cast<double>(w[r * cols + c]) * x[t * cols + c];
+        s += v;
+        a += std::fabs(v);
+      }
+      p.exact[t * rows + r] = s;
+      p.abs_sum[t * rows + r] = a;
+    }
+  return p;
+}
+
+// Worst |got - exact| / (sum |w x|) over the outputs, in units of the bound's per-term rounding (2^-24 * k):
+// <= 2 passes. NaN or a missed output: infinity.
+inline double worst_ratio(const std::vector<float>& got, const Product& p, double k) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double err = std::fabs(got[i] - p.exact[i]);
+    worst = std::max(worst, err / (std::ldexp(1.0, -24) * k * std::max(p.abs_sum[i], 1e-30)));
+  }
+  return worst;
+}
+
+
+// quant_mma.h's error bound in units of 2^-24 of sum |w x| (quant_gemv_mma.cu's header): x' = hi + lo within 2^-18
+// of x (64), the MMAs' fp32 sums (up to 4 x 32 with truncating adds), one rounding per sub-block (cols / 16), the
+// reduction; with x rounded to bf16 alone (no lo) 2^-9 of x (32768) on top.
+inline double quant_mma_bound(int64_t cols, bool split) { return (split ? 0.0 : 32768.0) + 256.0 + static_cast<double>(cols) / 16; }
 
 }  // namespace k3quanttest

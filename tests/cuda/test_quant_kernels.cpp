@@ -28,6 +28,7 @@
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_mma.h"
 #include "k3/backend/cuda/quant_tables.h"
 
 namespace {
@@ -81,40 +82,6 @@ TEST(CudaQuantKernels, DequantIsBitExactWithCpu) {
   }
 }
 
-struct Product {
-  std::vector<double> exact, abs_sum;  // [n][rows]: sum w x in float64, and sum |w x|
-};
-
-Product reference(const std::vector<float>& w, const std::vector<float>& x, int64_t rows, int64_t cols, int64_t n) {
-  Product p;
-  p.exact.resize(static_cast<size_t>(n * rows));
-  p.abs_sum.resize(p.exact.size());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = 0, a = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        const double v = static_cast<double>(w[r * cols + c]) * x[t * cols + c];
-        s += v;
-        a += std::fabs(v);
-      }
-      p.exact[t * rows + r] = s;
-      p.abs_sum[t * rows + r] = a;
-    }
-  return p;
-}
-
-// Worst |got - exact| / (sum |w x|) over the outputs, in units of the bound's per-term rounding (2^-24 * k):
-// <= 2 passes. NaN or a missed output: infinity.
-double worst_ratio(const std::vector<float>& got, const Product& p, double k) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    const double err = std::fabs(got[i] - p.exact[i]);
-    worst = std::max(worst, err / (std::ldexp(1.0, -24) * k * std::max(p.abs_sum[i], 1e-30)));
-  }
-  return worst;
-}
-
 TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
   SKIP_WITHOUT_GPU();
   cudaStream_t st;
@@ -157,13 +124,19 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
           Product pn;
           pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
           pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
-          const bool gemv = n <= k3::cuda::LinearRunner::kQuantGemvMaxTokens;
+          const bool mma = k3::cuda::quant_mma_supported(dw) && n >= k3::cuda::LinearRunner::kQuantMmaMinTokens &&
+                           n <= k3::cuda::kQuantMmaMaxTokens;
+          const bool gemv = !mma && n <= k3::cuda::LinearRunner::kQuantGemvMaxTokens;
           // tiles: weights rounded to bf16 (2^-9 relative = 2^15 units of 2^-24), x split into bf16 hi + lo
-          // (2^-17 relative), then cuBLAS's fp32 sums (cols units)
-          const double k = gemv ? static_cast<double>(cols / 32 + 13) : static_cast<double>(32768 + 256 + cols);
+          // (2^-17 relative), then cuBLAS's fp32 sums (cols units); the tensor-core block GEMV: quant_mma_bound
+          const double k = mma    ? quant_mma_bound(cols, true)
+                           : gemv ? static_cast<double>(cols / 32 + 13)
+                                  : static_cast<double>(32768 + 256 + cols);
           const double ratio = worst_ratio(got, pn, k);
           EXPECT_LE(ratio, 2.0) << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n
-                                << (gemv ? " (GEMV, chunks of 8 tokens)" : " (bf16 tiles + tensor-core GEMM)");
+                                << (mma    ? " (tensor-core block GEMV)"
+                                    : gemv ? " (GEMV, chunks of 8 tokens)"
+                                           : " (bf16 tiles + tensor-core GEMM)");
           if (n == 1 || n == 3) {
             y.poison();
             ck(k3::cuda::linear_gemv(dw, dx_odd.p + 1, static_cast<int>(n), y.p, st), "gemv unaligned x");

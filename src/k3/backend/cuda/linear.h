@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "k3/backend/cuda/cuda_util.h"
+#include "k3/backend/cuda/quant_mma.h"
 #include "k3/core/weight.h"
 
 namespace k3::cuda {
@@ -54,6 +55,9 @@ class LinearRunner {
   // GGUF block matrices: up to this many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read
   // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, bf16 tiles.
   static constexpr int kQuantGemvMaxTokens = 32;
+  // Q4_K / Q5_K / Q6_K batches from this many tokens up to kQuantMmaMaxTokens take the tensor-core block GEMV
+  // (quant_mma.h) instead.
+  static constexpr int kQuantMmaMinTokens = 2;
   // Largest tile (in values) of a GGUF block matrix dequantised to bf16 for a prefill-sized product (32 MB).
   static constexpr int64_t kDequantTileFloats = int64_t{16} << 20;
 
@@ -84,6 +88,9 @@ class LinearRunner {
   void release() noexcept;
   // run() for a GGUF block format (quant_linear.cpp).
   void run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y);
+  // run_blocks on the tensor cores (quant_mma.h): x split (or rounded) and summed per 32 columns, then the
+  // block GEMV; false (nothing enqueued) where it does not apply.
+  bool run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y);
   // x's bf16 hi and lo staging for `count` values (xb_, grown on demand: bumps generation_); lo right after
   // hi when back_to_back (one [2n][k] matrix), else at the next 256-byte boundary.
   std::pair<uint16_t*, uint16_t*> bf16_halves(const float* x, int64_t count, bool back_to_back);
@@ -103,6 +110,8 @@ class LinearRunner {
   bool grouped_ = true;  // run_group's one launch (K3_CUDA_LINEAR_GROUP=0: run() for each, A/B)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
   DeviceBuffer wq_;     // a GGUF block matrix's dequantised bf16 row tile (run_blocks)
+  DeviceBuffer xsum_;   // run_blocks_mma: x's sums over 32 columns
+  int quant_mma_min_tokens_ = kQuantMmaMinTokens;  // K3_QUANT_MMA
   int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
 };
 

@@ -1,4 +1,6 @@
-// LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Up to
+// LinearRunner::run_blocks (linear.h): dense projections over GGUF block matrices. Q4_K / Q5_K / Q6_K from
+// kQuantMmaMinTokens to kQuantMmaMaxTokens tokens: the tensor-core block GEMV (quant_mma.h; x as bf16 hi + lo in
+// Bf16x2, hi alone in Bf16). Otherwise, up to
 // kQuantGemvMaxTokens tokens: quant_gemv per chunk of kGemvMaxTokens (the blocks read once per chunk,
 // decoded in registers, fp32; the crossover to tiles is a byte count, not a measurement yet). More (prefill):
 // the rows in tiles of at most kDequantTileFloats values (fewer with K3_CUDA_DEQUANT_TILE), each decoded
@@ -19,8 +21,26 @@
 
 namespace k3::cuda {
 
+bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y) {
+  if (n < quant_mma_min_tokens_ || n > kQuantMmaMaxTokens || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return false;
+  const int nt = static_cast<int>(n);
+  const size_t sums = static_cast<size_t>(quant_mma_ldx(nt)) * static_cast<size_t>(W.cols / 32) * sizeof(float);
+  if (xsum_.bytes() < sums) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may still read the old sums
+    xsum_ = DeviceBuffer(std::max<size_t>(sums, size_t{1} << 16));
+    ++generation_;
+  }
+  const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
+  uint16_t* lo_or_null = precision_ == GemmPrecision::Bf16x2 ? lo : nullptr;
+  K3_CUDA_CHECK(quant_mma_prep(x, nt, W.cols, hi, lo_or_null, xsum_.get<float>(), stream_));
+  K3_CUDA_CHECK(quant_gemv_mma(W, QuantMmaActs{hi, lo_or_null, xsum_.get<float>(), nt, W.cols}, y, stream_));
+  return true;
+}
+
 void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y) {
   if (n <= 0 || W.rows <= 0) return;
+  if (run_blocks_mma(W, x, n, y)) return;
   const int64_t m = W.rows, k = W.cols;
   if (n <= kQuantGemvMaxTokens) {  // y is [n][m]: each chunk of tokens writes its own rows of y
     for (int64_t t0 = 0; t0 < n; t0 += kGemvMaxTokens)

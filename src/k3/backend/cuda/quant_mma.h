@@ -1,0 +1,48 @@
+// Tensor-core GEMV over GGUF K-quant blocks for decode batches (quant_gemv_mma.cu):
+// y[t][r] = sum_c W[r][c] x[t][c] for 1 <= n <= kQuantMmaMaxTokens tokens, W in Q4_K, Q5_K or Q6_K as stored.
+//
+// Why: quant_gemv (quant_kernels.h) multiplies in fp32 on the CUDA cores and reloads the activations from L1
+// for every 8 weights and every token, so at 8 tokens the Kimi-Linear head (163840 x 2304 Q6_K, 310 MB) took
+// 880-1230 us (0.25-0.35 TB/s) and above 32 tokens every decode step dequantised whole matrices into bf16
+// tiles for cuBLAS (docs/perf/cuda.md sessions 19 and 21). Here the block's small integers go straight into
+// mma.sync fragments (exact in bf16) and its scales multiply the fragment sums, so the weights are read once
+// for all n tokens at tensor-core rate.
+//
+// Numerics: each weight is the CPU's d * sc * q - dmin * m (Q4_K / Q5_K) or d * sc * (q - 32) (Q6_K) with the
+// same fp32 scale products; the kernel sums q x over each sub-block on the tensor cores (the products exact,
+// fp32 accumulation), then scale * sum - min * (sum of x over the sub-block). x enters as bf16 hi + lo halves
+// (x' = hi + lo, within 2^-17 of x) or, without lo, as hi alone (2^-9: the class of llama.cpp's q8_1 / fp16
+// activations). The result does not depend on the schedule (a fixed reduction tree).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "k3/core/weight.h"
+
+namespace k3::cuda {
+
+constexpr int kQuantMmaMaxTokens = 64;
+
+// The activations as quant_mma_prep leaves them.
+struct QuantMmaActs {
+  const uint16_t* hi = nullptr;  // [n][cols] bf16 bits, x rounded to nearest even
+  const uint16_t* lo = nullptr;  // [n][cols] bf16 of x - hi, or null: products of hi alone
+  const float* xsum = nullptr;   // [cols / 32][quant_mma_ldx(n)]: each 32 columns' sum of hi + lo (hi alone without lo)
+  int n = 0;
+  int64_t cols = 0;
+};
+inline int quant_mma_ldx(int n) { return (n + 7) & ~7; }
+
+// Whether quant_gemv_mma runs W: Q4_K / Q5_K with 16-byte aligned data, or Q6_K (2-byte aligned), on the device.
+bool quant_mma_supported(const WeightMatrix& W);
+
+// x [n][cols] fp32 (16-byte aligned, cols a multiple of 256) -> hi, lo (lo may be null) and xsum (zeros for the
+// padding tokens n .. ldx - 1).
+cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, uint16_t* lo, float* xsum, cudaStream_t s);
+
+// y [n][W.rows]. mt: m16 tiles per warp (1 or 2; 0 = the measured rule), for tests and A/B timing.
+// cudaErrorInvalidValue when W is not quant_mma_supported or the activations do not match it.
+cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt = 0);
+
+}  // namespace k3::cuda
