@@ -330,8 +330,15 @@ __global__ void __launch_bounds__(256) quant_mma_prep_kernel(const float* __rest
 
 int tiles_for(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
-// The m16 tiles per warp when the caller leaves it open (0). Until measured: one.
-int default_mt(WeightFormat, int64_t, int) { return 1; }
+// The m16 tiles per warp when the caller leaves it open (0): two where they won in CudaQuantMma.TimingAtK3Width
+// (H200, call s29-1, x split): 32 tokens for every format (4096 x 7168 Q4_K 90.5 -> 57.5 us, Q6_K 92.9 -> 57.9, the
+// 163840 x 2304 Q6_K head 980 -> 628), 16 tokens for Q4_K / Q5_K (40.1 -> 28.9, 49.5 -> 36.4; Q6_K lost: 41.6 vs
+// 44.3, head 436 vs 462); one at <= 8 tokens (the second tile's registers cost more than the shared x loads save:
+// Q6_K 28.1 vs 38.7 at one token).
+int default_mt(WeightFormat f, int n) {
+  const int nt = tiles_for(n);
+  return nt == 4 || (nt == 2 && f != WeightFormat::Q6_K) ? 2 : 1;
+}
 
 template <class P, int NT, int MT, bool SPLIT>
 cudaError_t launch(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s) {
@@ -393,7 +400,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
       a.xsum == nullptr || reinterpret_cast<uintptr_t>(a.hi) % 16 != 0 || reinterpret_cast<uintptr_t>(a.lo) % 16 != 0 ||
       mt < 0 || mt > 2)
     return cudaErrorInvalidValue;
-  if (mt == 0) mt = default_mt(W.format, W.rows, a.n);
+  if (mt == 0) mt = default_mt(W.format, a.n);
   switch (W.format) {
     case WeightFormat::Q4_K: return launch_format<MmaQ45<false>>(W, a, y, s, mt);
     case WeightFormat::Q5_K: return launch_format<MmaQ45<true>>(W, a, y, s, mt);

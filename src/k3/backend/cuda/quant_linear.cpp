@@ -22,7 +22,11 @@
 namespace k3::cuda {
 
 bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y) {
-  if (n < quant_mma_min_tokens_ || n > kQuantMmaMaxTokens || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+  // One token: the fp32 GEMV's v2 / v3 kernels keep the matrices they win on (4096 x 7168 Q6_K 26.4 vs 30.6 us,
+  // 4096 x 2304 Q4_K 11.9 vs 14.1), the tall heads take the tensor cores (163840 x 2304 Q6_K 294.7 -> 201.1 us;
+  // CudaQuantMma.TimingAtK3Width, call s29-1).
+  const int min_tokens = quant_mma_min_tokens_ == kQuantMmaMinTokens && W.rows >= kQuantMmaTallRows ? 1 : quant_mma_min_tokens_;
+  if (n < min_tokens || n > kQuantMmaMaxTokens || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(x) % 16 != 0)
     return false;
   const int nt = static_cast<int>(n);
   const size_t sums = static_cast<size_t>(quant_mma_ldx(nt)) * static_cast<size_t>(W.cols / 32) * sizeof(float);
