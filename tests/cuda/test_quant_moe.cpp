@@ -8,7 +8,9 @@
 //    format, within 1e-2 of the range (bf16 rounding is 2^-9 relative per factor; a mis-decoded group or
 //    row is off by the range itself), with an expert holding more than one 64-pair tile and widths that
 //    leave partial N tiles;
-//  - the two paths' time at the Kimi-Linear-48B shape (256 experts of 2304 x 1024, top 8; Q4_K gate / up,
+//  - the decode tiles on the tensor cores (quant_moe_mma: 8-pair tiles, the dense block GEMV's kernel per expert)
+//    within 1e-4 of the range with x as bf16 hi + lo, 1e-2 with x as bf16 alone, beside the fp32 grouped kernels;
+//  - the paths' time at the Kimi-Linear-48B shape (256 experts of 2304 x 1024, top 8; Q4_K gate / up,
 //    Q6_K down, llama-quantize's Q4_K_M) over batch sizes, for quant_moe_choice's thresholds (docs/perf).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -121,9 +123,10 @@ struct DeviceCase {
   }
   cudaError_t run_tc(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n) { return run(c, ws, n, k3::cuda::MoePath::TensorCore); }
   // moe_experts' GGUF paths: TensorCore = the tiles, TcDecode = quant_moe_grouped, Gemv = the per-pair kernels.
-  cudaError_t run(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n, k3::cuda::MoePath path) {
-    return k3::cuda::moe_experts(st, n, c.K, x.p, idx.p, w.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, out.p, ws, nullptr,
-                                 k3::cuda::MoePrecision::Bf16, path);
+  cudaError_t run(const MoeCase& c, k3::cuda::MoeWorkspace& ws, int n, k3::cuda::MoePath path,
+                  k3::cuda::MoePrecision precision = k3::cuda::MoePrecision::Bf16) {
+    return k3::cuda::moe_experts(st, n, c.K, x.p, idx.p, w.p, k3::cuda::GluAct::SiLU, 0.f, 0.f, out.p, ws, nullptr, precision,
+                                 path);
   }
 };
 
@@ -174,18 +177,29 @@ TEST(CudaQuantMoe, GroupedPathMatchesAFloat64Moe) {
     compute_reference(c);
     DeviceCase dc(c);
     k3::cuda::MoeWorkspace ws(c.n, c.K, c.E, c.I, c.X);
-    for (k3::cuda::MoePath path : {k3::cuda::MoePath::TcDecode, k3::cuda::MoePath::Auto}) {
-      if (path == k3::cuda::MoePath::Auto && sh.n != 1) continue;  // Auto: the tiles from 2.5 pairs per expert
-      dc.out.poison();
-      ck(dc.run(c, ws, c.n, path), "moe_experts (GGUF, grouped)");
-      ck(cudaDeviceSynchronize(), "sync");
-      const double r = worst_over_range(c, dc.out.get());
-      std::printf("[ quant moe grouped ] %-7s down %-7s E %d I %d X %d K %d n %2d %s: max |gpu - fp64| / range %.2e\n",
-                  k3::weight_format_name(sh.f), k3::weight_format_name(sh.fd), sh.E, sh.I, sh.X, sh.K, sh.n,
-                  path == k3::cuda::MoePath::Auto ? "auto" : "    ", r);
-      EXPECT_GT(c.range, 0.0);
-      EXPECT_LE(r, 1e-4) << k3::weight_format_name(sh.f) << " / " << k3::weight_format_name(sh.fd) << " n " << sh.n;
-    }
+    // the tensor-core kernels (K-quants) with x as hi + lo and as bf16 alone, then the fp32 grouped ones
+    for (int v : {0, 1, 2})
+      for (k3::cuda::MoePath path : {k3::cuda::MoePath::TcDecode, k3::cuda::MoePath::Auto}) {
+        if (path == k3::cuda::MoePath::Auto && sh.n != 1) continue;  // Auto: the tiles from 2.5 pairs per expert
+        const int mma = v < 2 ? 1 : 0;
+        const auto prec = v == 1 ? k3::cuda::MoePrecision::Bf16 : k3::cuda::MoePrecision::Bf16x2;
+        k3::cuda::quant_moe_mma_override(mma);
+        const bool on_mma = mma == 1 && k3::cuda::quant_moe_mma_supported(dc.st);
+        EXPECT_EQ(on_mma, mma == 1 && (sh.f == WeightFormat::Q4_K || sh.f == WeightFormat::Q5_K || sh.f == WeightFormat::Q6_K));
+        if (v == 1 && !on_mma) continue;
+        dc.out.poison();
+        ck(dc.run(c, ws, c.n, path, prec), "moe_experts (GGUF, grouped)");
+        ck(cudaDeviceSynchronize(), "sync");
+        k3::cuda::quant_moe_mma_override(-1);
+        const double r = worst_over_range(c, dc.out.get());
+        std::printf("[ quant moe grouped ] %-7s down %-7s E %d I %d X %d K %d n %2d %s %s: max |gpu - fp64| / range %.2e\n",
+                    k3::weight_format_name(sh.f), k3::weight_format_name(sh.fd), sh.E, sh.I, sh.X, sh.K, sh.n,
+                    path == k3::cuda::MoePath::Auto ? "auto" : "    ", on_mma ? (v == 1 ? "mma bf16  " : "mma bf16x2") : "fp32      ", r);
+        EXPECT_GT(c.range, 0.0);
+        // x as bf16 alone: 2^-9 relative per product, the tiles' bound; hi + lo (~2^-17) and fp32: the per-pair bound
+        EXPECT_LE(r, v == 1 ? 1e-2 : 1e-4) << k3::weight_format_name(sh.f) << " / " << k3::weight_format_name(sh.fd) << " n " << sh.n
+                                           << (on_mma ? " tensor cores" : " fp32") << (v == 1 ? " bf16" : "");
+      }
   }
 }
 
@@ -260,18 +274,21 @@ TEST(CudaQuantMoe, TimingAtKimiLinearShape) {
   ck(cudaEventCreate(&e1), "event");
   for (int n : {1, 4, 8, 16, 32, 64, 128, 256, 512, 2048}) {
     c.n = n;
-    // paths: 0 per-pair, 1 grouped (within the workspace's decode capacity), 2 tiles
-    float ms[3] = {0, 0, 0};
+    // paths: 0 per-pair, 1 grouped fp32 (within the workspace's decode capacity), 2 tiles, 3 grouped on tensor cores
+    float ms[4] = {0, 0, 0, 0};
     const bool grouped = static_cast<int64_t>(n) * K <= 8192;
     const int reps = n >= 512 ? 3 : 5;
-    std::vector<float> outs[3];
-    for (int path = 0; path < 3; ++path) {
-      if (path == 1 && !grouped) continue;
+    std::vector<float> outs[4];
+    for (int path = 0; path < 4; ++path) {
+      if ((path == 1 || path == 3) && !grouped) continue;
+      k3::cuda::quant_moe_mma_override(path == 3 ? 1 : 0);
       for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
         ck(cudaMemsetAsync(flush.p, r, flush.n, nullptr), "flush");
         ck(cudaEventRecord(e0, nullptr), "record");
-        ck(path == 0 ? dc.run_gemv(c, hidden.p) : dc.run(c, ws, n, path == 1 ? k3::cuda::MoePath::TcDecode : k3::cuda::MoePath::TensorCore),
-           path == 0 ? "per-pair" : path == 1 ? "grouped" : "tiles");
+        ck(path == 0   ? dc.run_gemv(c, hidden.p)
+           : path == 3 ? dc.run(c, ws, n, k3::cuda::MoePath::TcDecode, k3::cuda::MoePrecision::Bf16x2)
+                       : dc.run(c, ws, n, path == 2 ? k3::cuda::MoePath::TensorCore : k3::cuda::MoePath::TcDecode),
+           path == 0 ? "per-pair" : path == 1 ? "grouped" : path == 2 ? "tiles" : "grouped mma");
         ck(cudaEventRecord(e1, nullptr), "record");
         ck(cudaEventSynchronize(e1), "sync");
         float t = 0;
@@ -281,19 +298,22 @@ TEST(CudaQuantMoe, TimingAtKimiLinearShape) {
       outs[path] = dc.out.get();
       outs[path].resize(static_cast<size_t>(n) * X);
     }
-    double diff[3] = {0, 0, 0}, range = 0;
+    k3::cuda::quant_moe_mma_override(-1);
+    double diff[4] = {0, 0, 0, 0}, range = 0;
     for (size_t i = 0; i < outs[0].size(); ++i) range = std::max(range, static_cast<double>(std::fabs(outs[0][i])));
-    for (int path = 1; path < 3; ++path)
+    for (int path = 1; path < 4; ++path)
       for (size_t i = 0; i < outs[path].size(); ++i)
         diff[path] = std::isfinite(outs[path][i]) ? std::max(diff[path], static_cast<double>(std::fabs(outs[path][i] - outs[0][i]))) : INFINITY;
-    std::printf("[ quant moe timing ] KL Q4_K/Q6_K n %4d (%5.2f pairs/expert): per-pair %8.1f us, grouped %8.1f us, tiles %8.1f us "
-                "(grouped %4.0f GB/s, tiles %4.0f GB/s of the stack); max |x - per-pair| / range: grouped %.1e, tiles %.1e\n",
-                n, static_cast<double>(n) * K / E, 1e3 * ms[0], 1e3 * ms[1], 1e3 * ms[2], grouped ? bytes / (1e6 * ms[1]) : 0.0,
-                bytes / (1e6 * ms[2]), diff[1] / range, diff[2] / range);
+    std::printf("[ quant moe timing ] KL Q4_K/Q6_K n %4d (%5.2f pairs/expert): per-pair %8.1f us, grouped %8.1f us, mma %8.1f us, "
+                "tiles %8.1f us (grouped %4.0f GB/s, tiles %4.0f GB/s of the stack); max |x - per-pair| / range: grouped %.1e, "
+                "mma %.1e, tiles %.1e\n",
+                n, static_cast<double>(n) * K / E, 1e3 * ms[0], 1e3 * ms[1], 1e3 * ms[3], 1e3 * ms[2],
+                grouped ? bytes / (1e6 * ms[1]) : 0.0, bytes / (1e6 * ms[2]), diff[1] / range, diff[3] / range, diff[2] / range);
     EXPECT_GT(range, 0.0);
     EXPECT_LE(diff[2], 1e-2 * range) << "n=" << n;
     if (grouped) {
       EXPECT_LE(diff[1], 1e-5 * range) << "n=" << n;
+      EXPECT_LE(diff[3], 1e-4 * range) << "n=" << n << " (tensor cores: x as bf16 hi + lo)";
     }
   }
   cudaEventDestroy(e0);

@@ -620,18 +620,21 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     default:
       if (!gguf) return cudaErrorInvalidValue;
   }
-  if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped (TcDecode) or tensor-core tiles (TensorCore)
+  bool gguf_mma = false;  // GGUF decode tiles on the tensor cores (quant_moe_mma) rather than the fp32 grouped kernels
+  if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped or mma (TcDecode), tensor-core tiles (TensorCore)
     const WeightFormat df = expert_down_format(w);
     if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 || path == MoePath::Simt)
       return cudaErrorInvalidValue;
     const bool fits = static_cast<int64_t>(n) * K <= ws.dec_pairs_;
-    if (path == MoePath::Auto) {  // quant_moe_choice's Grouped has checked quant_moe_grouped_supported
+    if (path == MoePath::Auto) {  // quant_moe_choice's Grouped / Mma have checked quant_moe_{grouped,mma}_supported
       const QuantMoeKernels k = quant_moe_choice(w, n, K);
-      path = k == QuantMoeKernels::PerPair ? MoePath::Gemv
-             : k == QuantMoeKernels::Grouped ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
-                                              : MoePath::TensorCore;
-    } else if (path == MoePath::TcDecode && (!fits || !quant_moe_grouped_supported(w))) {
-      return cudaErrorInvalidValue;
+      gguf_mma = k == QuantMoeKernels::Mma && fits;
+      path = k == QuantMoeKernels::PerPair                                ? MoePath::Gemv
+             : k == QuantMoeKernels::Grouped || k == QuantMoeKernels::Mma ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
+                                                                          : MoePath::TensorCore;
+    } else if (path == MoePath::TcDecode) {  // forced: the tensor-core decode tiles only when asked for (tests, A/B)
+      gguf_mma = quant_moe_mma_mode() == 1 && quant_moe_mma_supported(w);
+      if (!fits || (!gguf_mma && !quant_moe_grouped_supported(w))) return cudaErrorInvalidValue;
     }
     if (path == MoePath::Gemv)
       return quant_moe_experts(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
@@ -664,7 +667,14 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   // (bf16 on the skinny decode kernels: 8 up to 4 pairs per expert; a 16-pair tile doubles the activation
   // reads and MMAs of every block, a second 8-pair tile re-reads one expert's weights.)
   const bool skinny = dec && !mx && moe_skinny_enabled();
-  const int tok = tc ? kTcM : dec && gguf ? quant_moe_grouped_tile_pairs() : dec ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16) : P <= w.E ? 4 : 8;
+  // GGUF decode: 8-pair tiles for the tensor-core kernels (quant_moe_mma), 2 for the fp32 grouped ones.
+  gguf_mma = gguf_mma && dec;
+  const int tok = tc                ? kTcM
+                  : gguf_mma        ? kQuantMoeMmaTilePairs
+                  : dec && gguf     ? quant_moe_grouped_tile_pairs()
+                  : dec             ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16)
+                  : P <= w.E        ? 4
+                                    : 8;
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
@@ -673,6 +683,9 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);
   const bool split = precision == MoePrecision::Bf16x2;
+  if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer
+    return quant_moe_mma(w, n, K, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act, situ_beta, situ_linear_beta,
+                         split, ws.dec_xb_, ws.dec_hb_, ws.dec_part_, ws.hidden_, ws.y_, out, stream);
   if (dec && gguf)  // activations gathered by slot into the decode path's partial-sum buffer (>= P * X floats)
     return quant_moe_grouped(w, n, K, x, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act, situ_beta, situ_linear_beta,
                              ws.dec_part_, ws.hidden_, ws.y_, out, stream);

@@ -32,7 +32,11 @@ struct QuantMmaActs {
   int n = 0;
   int64_t cols = 0;
 };
-inline int quant_mma_ldx(int n) { return (n + 7) & ~7; }
+// The sums' row length: the kernel's n8 tiles for n <= kQuantMmaMaxTokens (1, 2, 4 or 8 tiles: every tile's columns read
+// in place, padding tokens zero), n rounded up to 8 above (the expert path, which reads only its own slots).
+inline int quant_mma_ldx(int n) {
+  return n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : n <= kQuantMmaMaxTokens ? kQuantMmaMaxTokens : (n + 7) & ~7;
+}
 
 // Whether quant_gemv_mma runs W: Q4_K / Q5_K with 16-byte aligned data, or Q6_K (2-byte aligned), on the device.
 bool quant_mma_supported(const WeightMatrix& W);

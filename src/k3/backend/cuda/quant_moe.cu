@@ -97,6 +97,7 @@ int quant_moe_mode() {
     if (std::strcmp(s, "gemv") == 0) return static_cast<int>(QuantMoeKernels::PerPair);
     if (std::strcmp(s, "grouped") == 0) return static_cast<int>(QuantMoeKernels::Grouped);
     if (std::strcmp(s, "tc") == 0) return static_cast<int>(QuantMoeKernels::Tiles);
+    if (std::strcmp(s, "mma") == 0) return static_cast<int>(QuantMoeKernels::Mma);
     return -1;
   }();
   return m;
@@ -111,6 +112,17 @@ QuantMoeKernels quant_moe_choice(const ExpertStack& w, int n, int K) {
     k = static_cast<QuantMoeKernels>(mode);
   else
     k = 2 * static_cast<int64_t>(n) * K >= static_cast<int64_t>(kTcHalfPairsPerExpert) * w.E ? QuantMoeKernels::Tiles : QuantMoeKernels::Grouped;
+  // The tensor-core decode tiles (quant_moe_mma) between 1 and 12 pairs per expert (CudaQuantMoe.TimingAtKimiLinearShape,
+  // H200 call s29-4, 256 x 2304 x 1024 Q4_K / Q6_K, us a layer: 1 pair 673 vs grouped 831; 2: 903 vs 1526 and tiles
+  // 1761; 8: 1493 vs tiles 2055; 16: 2510 vs tiles 2192), and end to end (the Kimi-Linear slice's Q4_K_M, x split):
+  // batch 64 (2 pairs) 10183 vs 7816 tok/s, but batch 8 (0.25 pairs) 4425 vs 4824 and batch 1 1085 vs 1146 -- below one
+  // pair per expert the fp32 grouped kernels keep it.
+  const int64_t P = static_cast<int64_t>(n) * K;
+  const int mma = quant_moe_mma_mode();
+  if (quant_moe_mma_supported(w) && mma != 0 &&
+      (mma == 1 || k == QuantMoeKernels::Mma || (mode < 0 && P >= w.E && P < 12 * static_cast<int64_t>(w.E))))
+    return QuantMoeKernels::Mma;
+  if (k == QuantMoeKernels::Mma) k = QuantMoeKernels::Grouped;
   return k == QuantMoeKernels::Grouped && !quant_moe_grouped_supported(w) ? QuantMoeKernels::PerPair : k;
 }
 

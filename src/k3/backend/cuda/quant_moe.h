@@ -16,12 +16,13 @@
 
 namespace k3::cuda {
 
-enum class QuantMoeKernels : int { PerPair = 0, Grouped = 1, Tiles = 2 };
+enum class QuantMoeKernels : int { PerPair = 0, Grouped = 1, Tiles = 2, Mma = 3 };
 
-// The kernels for n tokens of K experts each over w: Tiles from 2.5 (token, expert) pairs per expert on average
-// (quant_moe.cu, measured), else Grouped where quant_moe_grouped_supported(w), else PerPair.
-// K3_QUANT_MOE=tc | grouped | gemv in the environment forces one (comparisons; grouped falls back to PerPair for
-// formats it cannot run).
+// The kernels for n tokens of K experts each over w: Mma (quant_moe_mma) from 1 to 12 (token, expert) pairs per expert
+// on average where quant_moe_mma_supported(w), else Tiles from 2.5 pairs per expert (quant_moe.cu, measured), else
+// Grouped where quant_moe_grouped_supported(w), else PerPair. K3_QUANT_MOE=tc | grouped | gemv | mma in the environment
+// forces one (comparisons; grouped falls back to PerPair for formats it cannot run, mma to the rule); so does
+// quant_moe_mma_override.
 QuantMoeKernels quant_moe_choice(const ExpertStack& w, int n, int K);
 
 // hidden: scratch of n * K * I floats. cudaErrorInvalidValue for another format, widths that are not whole blocks,
@@ -39,5 +40,23 @@ int quant_moe_grouped_tile_pairs();
 cudaError_t quant_moe_grouped(const ExpertStack& w, int n, int K, const float* x, const int32_t* slot_of, const int4* tiles,
                               const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act, float beta,
                               float lbeta, float* xs, float* hidden, float* y, float* out, cudaStream_t s);
+
+// Tensor cores for the same decode tiles (quant_moe_mma.cu; quant_mma.h's block GEMV per tile): gate and up of one
+// expert in one pass with the GLU fused, then down; x as bf16 hi + lo (split) or hi. Where it runs (Q4_K / Q5_K / Q6_K
+// gate / up and down, X and I whole 256-blocks, rows at the decoders' alignment) moe_experts takes it as
+// quant_moe_choice says.
+constexpr int kQuantMoeMmaTilePairs = 8;  // the plan's tile size for it (one n8 MMA column block)
+bool quant_moe_mma_supported(const ExpertStack& w);
+// Tests and A/B timing: 1 = Mma wherever supported (and moe_experts' forced TcDecode path takes it), 0 = never, -1 = the
+// rule of quant_moe_choice (and a forced TcDecode takes Grouped). Also K3_QUANT_MOE_MMA=1 / 0.
+void quant_moe_mma_override(int on);
+int quant_moe_mma_mode();
+// After moe_experts' plan kernel cut tiles of kQuantMoeMmaTilePairs pairs (sorted, slot_of, tiles, num_tiles, tiles_bound
+// as there). Scratch: xb 2 n X bf16, hb 2 n K I bf16, sums max(X / 32 (n + 8), I / 32 (n K + 8)) floats, hidden [n K][I]
+// and y [n K][X] floats (16-byte aligned).
+cudaError_t quant_moe_mma(const ExpertStack& w, int n, int K, const float* x, const int32_t* sorted, const int32_t* slot_of,
+                          const int4* tiles, const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act,
+                          float beta, float lbeta, bool split, uint16_t* xb, uint16_t* hb, float* sums, float* hidden,
+                          float* y, float* out, cudaStream_t s);
 
 }  // namespace k3::cuda
