@@ -22,7 +22,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-import test_server as e2e  # noqa: E402  (free_port, descendants, parse_metrics, metric)
+import server_util as e2e  # noqa: E402  (free_port, descendants, parse_metrics, metric; no openai needed)
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "release", "k3")
 MODEL_DIR = os.path.join(ROOT, "models", "k3-tiny")
