@@ -1,8 +1,9 @@
 // The CUDA kernels of GGUF's block formats (quant_kernels.h) against the CPU's (backend/cpu):
 //  - dequantisation of random blocks bit for bit equal to cpu::dequant_row, every format, rows by range and
 //    by index (the embedding gather);
-//  - the decode GEMV (n = 1..8, and 9..32 in chunks of 8) and the prefill path (n > 32: bf16 tiles + a
-//    tensor-core GEMM, through LinearRunner)
+//  - the decode GEMV (n = 1..8, and 9..32 in chunks of 8), the tensor-core block GEMV that LinearRunner takes for
+//    Q4_K / Q5_K / Q6_K at 2..64 tokens (quant_mma.h: its own bound, quant_mma_bound) and the prefill path (bf16
+//    tiles + a tensor-core GEMM, through LinearRunner)
 //    against a float64 product of the CPU's dequantised weights, within the fp32 summation bound
 //    (cols / 32 + 13) * 2^-24 * sum |w x| times 2 (GEMV: quant_gemv.cu's v1 and v2 kernels) or
 //    (2^-9 + 2^-16 + cols * 2^-24) * sum |w x| times 2 (the tiles: bf16 weights, x as bf16 hi + lo, cuBLAS's

@@ -52,8 +52,9 @@ class LinearRunner {
   // GEMM over x's hi and lo halves side by side: W is read once.
   static constexpr int kMergedMaxTokens = 256;
   static constexpr int64_t kMergedMaxFloats = int64_t{64} << 20;  // 256 MB
-  // GGUF block matrices: up to this many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read
-  // once per chunk: 4 reads at 32 tokens move less than one fp32 tile's write + read); above, bf16 tiles.
+  // GGUF block matrices without the tensor-core block GEMV below (formats other than Q4_K / Q5_K / Q6_K): up to this
+  // many tokens the block GEMV in chunks of kGemvMaxTokens (the blocks read once per chunk: 4 reads at 32 tokens move
+  // less than one fp32 tile's write + read); above, bf16 tiles.
   static constexpr int kQuantGemvMaxTokens = 32;
   // Q4_K / Q5_K / Q6_K batches from this many tokens up to kQuantMmaMaxTokens take the tensor-core block GEMV
   // (quant_mma.h) instead.

@@ -1,7 +1,8 @@
 // CUDA kernels over GGUF's block formats, reading the stored blocks (quant_decode.cuh decodes them in
 // registers, bit for bit the CPU's dequant_row). W is a device WeightMatrix of a GGUF block format
 // (quant_tables.h: is_gguf_block), rows of row_data_bytes(format, cols) bytes, 2-byte aligned.
-//   quant_gemv:         y[t][r] = sum_c W[r][c] x[t][c], t < n <= 8 (fp32 x and y): the decode path
+//   quant_gemv:         y[t][r] = sum_c W[r][c] x[t][c], t < n <= 8 (fp32 x and y): the decode path (LinearRunner
+//                       takes quant_mma.h's tensor-core kernel instead for Q4_K / Q5_K / Q6_K batches of 2..64)
 //   quant_dequant_rows: fp32 rows of W (a range, or picked by index): the embedding gather of a quantised
 //                       token table
 //   quant_dequant_rows_bf16: a range of rows rounded to bf16: the prefill path's tiles (LinearRunner::run)
