@@ -60,7 +60,7 @@ constexpr int64_t kChunkBytes = 128;
 constexpr int64_t kUnit256Bytes = 4 * kChunkBytes + 64;
 
 constexpr bool is_q8_0(WeightFormat f) { return f == WeightFormat::Q8_0; }
-constexpr int64_t kQuantPrefetchBytes = 4096;  // the one-token prefetch distance (K3_QUANT_PREFETCH), measured below
+constexpr int64_t kQuantPrefetchBytes = 4096;  // the one-token prefetch distance (K3_QUANT_PREFETCH; read_quant_prefetch)
 constexpr int64_t unit_elems(WeightFormat f) { return is_q8_0(f) ? 64 : 256; }
 constexpr int64_t unit_bytes(WeightFormat f) { return is_q8_0(f) ? kChunkBytes : kUnit256Bytes; }
 constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
@@ -432,17 +432,18 @@ struct UnitSpan {
   __m512* state;  // T accumulators between blocks
 };
 
-// One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
-// xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
-// One token: the weights `ahead` bytes past the unit being decoded are requested now (K3_QUANT_PREFETCH; 0 = none).
-// The rows of a block are one contiguous stream, but one core's hardware prefetcher kept too few lines in flight
-// from DRAM (the MXFP4 one-token rows gained 39% from the same, session 25).
+// One token: the weights K3_QUANT_PREFETCH bytes past the unit being decoded are requested now (0 = none). The rows
+// of a block are one contiguous stream, but one core's hardware prefetcher kept too few lines in flight from DRAM
+// (2-thread Q4_K_M decode +16-18%, docs/perf/cpu.md session 29; the MXFP4 one-token rows gained 39% the same way in
+// session 25). The address is formed as an integer: it may lie past the matrix, where a prefetch only costs the request.
 int64_t read_quant_prefetch() {
   const char* e = std::getenv("K3_QUANT_PREFETCH");
   return e == nullptr || e[0] == 0 ? kQuantPrefetchBytes : std::clamp<int64_t>(std::strtoll(e, nullptr, 10), 0, 1 << 20);
 }
 const int64_t g_quant_prefetch = read_quant_prefetch();
 
+// One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
+// xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
 template <WeightFormat F, int T>
 __attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us) {
   constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes * (is_q8_0(F) ? 2 : 1);
@@ -452,9 +453,9 @@ __attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t b
   const int64_t pf = T == 1 ? g_quant_prefetch : 0;
   for (int64_t u = us.u0; u < us.u1; ++u, xq += T * UB) {
     if (pf > 0) {
-      const char* p = reinterpret_cast<const char*>(row + u * BB + pf);
+      const uintptr_t p = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(u * BB + pf);
 #pragma GCC unroll 4
-      for (int64_t off = 0; off < BB; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+      for (int64_t off = 0; off < BB; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
     }
     a.xq = xq;
     unit<F>(row, u, blocks, a);
