@@ -221,7 +221,9 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_QUANT_MMA=off: GGUF K-quant batches take the fp32 block GEMV / bf16 tiles again; =N: the tensor-core
   // block GEMV from N tokens (A/B timing).
   if (const char* qm = std::getenv("K3_QUANT_MMA"); qm != nullptr && qm[0] != 0)
-    quant_mma_min_tokens_ = std::string(qm) == "off" ? kQuantMmaMaxTokens + 1 : std::max(1, std::atoi(qm));
+    quant_mma_min_tokens_ = std::string(qm) == "off" ? kQuantMmaMaxTokens + 1
+                                                     : static_cast<int>(std::clamp<long>(std::strtol(qm, nullptr, 10), 1,
+                                                                                         kQuantMmaMaxTokens + 1));
   if (const char* dt = std::getenv("K3_CUDA_DEQUANT_TILE"); dt != nullptr && std::atoll(dt) > 0)
     dequant_tile_floats_ = std::min<int64_t>(std::atoll(dt), kDequantTileFloats);
   try {

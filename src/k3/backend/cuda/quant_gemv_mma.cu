@@ -77,9 +77,7 @@ struct DenseLaunch {
 }  // namespace
 
 bool quant_mma_supported(const WeightMatrix& W) {
-  const int64_t rb = row_data_bytes(W.format, W.cols);
-  return W.rows > 0 && qmma::rows_ok(W.format, W.data, W.format == WeightFormat::Q6_K ? 2 : rb, W.cols) &&
-         (W.format == WeightFormat::Q6_K || rb % 16 == 0);
+  return W.rows > 0 && qmma::rows_ok(W.format, W.data, row_data_bytes(W.format, W.cols), W.cols);
 }
 
 cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, uint16_t* lo, float* xsum, cudaStream_t s) {
