@@ -3,10 +3,12 @@
 // of the 16 / 32 rows a block takes, one to nine 256-column super-blocks (units split unevenly over the 8 warps),
 // n = 1..64 (every n8 tile count, partial tiles), both tile widths, x as hi + lo and as hi alone; Q6_K blocks also
 // at a 2-byte offset (its 210-byte blocks are only 2-aligned in a matrix); the result independent of the schedule
-// (two runs bit-equal); and the sizes it refuses. Timing at K3 / Kimi-Linear shapes against the fp32 block GEMV.
+// (two runs bit-equal); both forms of the kernel (KSplit, Rows with and without k slices); and the sizes it refuses.
+// Timing at K3 / Kimi-Linear shapes against the fp32 block GEMV.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +29,13 @@ using k3cudatest::Dev;
 using namespace k3quanttest;
 
 constexpr WeightFormat kMmaFormats[] = {WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K};
+constexpr auto KSplit = k3::cuda::QuantMmaForm::KSplit;
+constexpr auto Rows = k3::cuda::QuantMmaForm::Rows;
+struct Form {
+  k3::cuda::QuantMmaForm form;
+  int mt;
+  bool with_work;
+};
 
 // x [n][cols] on the device prepared as quant_mma_prep leaves it (split or not).
 struct Acts {
@@ -58,6 +67,9 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
       const Product p = reference(w, x, rows, cols, max_n);
       Dev<float> dx(x);
       Dev<uint8_t> d(wb), d_odd(wb.size() + 2);
+      Dev<float> work(k3::cuda::quant_mma_work_floats(rows, cols, max_n));
+      EXPECT_EQ(work.n > 0, cols >= 512) << "k slices (too few rows to fill the GPU) wherever there are 8 units";
+      work.poison();
       ck(cudaMemcpy(d_odd.p + 2, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
       k3::WeightMatrix dw = hw, dw_odd = hw;
       dw.data = d.p, dw.device = 0;
@@ -70,22 +82,25 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
         pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
         for (bool split : {true, false}) {
           Acts acts(dx, n, cols, split);
-          for (int mt : {1, 2}) {
+          // KSplit at both tile widths; Rows with its k slices (partials) and without (one slice).
+          for (const auto& [form, mt, with_work] : {Form{KSplit, 1, false}, Form{KSplit, 2, false}, Form{Rows, 0, true}, Form{Rows, 0, false}}) {
             for (const k3::WeightMatrix* m : {&dw, &dw_odd}) {
               if (!k3::cuda::quant_mma_supported(*m)) continue;
+              const k3::cuda::QuantMmaWork wk = with_work ? k3::cuda::QuantMmaWork{work.p, work.n} : k3::cuda::QuantMmaWork{};
               Dev<float> y(static_cast<size_t>(n * rows));
               y.poison();
-              ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt), "quant_gemv_mma");
+              ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt, form, wk), "quant_gemv_mma");
               ck(cudaDeviceSynchronize(), "sync");
               const auto got = y.get();
+              const char* name = form == Rows ? (with_work ? " rows, k slices" : " rows") : "";
               EXPECT_LE(worst_ratio(got, pn, quant_mma_bound(cols, split)), 2.0)
-                  << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n << " mt=" << mt
+                  << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n << " mt=" << mt << name
                   << (split ? " hi+lo" : " hi") << (m == &dw ? "" : " blocks at +2");
-              if (n == 17 && mt == 2) {  // the same bits on a second run: the reduction does not depend on timing
+              if (n == 17 && (mt == 2 || form == Rows)) {  // the same bits on a second run: fixed reduction orders
                 y.poison();
-                ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt), "quant_gemv_mma again");
+                ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt, form, wk), "quant_gemv_mma again");
                 ck(cudaDeviceSynchronize(), "sync");
-                EXPECT_EQ(std::memcmp(got.data(), y.get().data(), got.size() * 4), 0) << k3::weight_format_name(f);
+                EXPECT_EQ(std::memcmp(got.data(), y.get().data(), got.size() * 4), 0) << k3::weight_format_name(f) << name;
               }
             }
           }
@@ -193,6 +208,7 @@ TEST(CudaQuantMma, TimingAtK3Width) {
       std::vector<float> x(static_cast<size_t>(64 * sh.cols));
       for (auto& v : x) v = nd(rng);
       Dev<float> dx(x), y(static_cast<size_t>(64 * sh.rows));
+      Dev<float> work(std::max<size_t>(1, k3::cuda::quant_mma_work_floats(sh.rows, sh.cols, 64)));
       auto time_us = [&](auto&& fn) {
         const int reps = sh.rows > 100000 ? 5 : 20;
         float total = 0;
@@ -219,9 +235,11 @@ TEST(CudaQuantMma, TimingAtK3Width) {
           Acts acts(dx, n, sh.cols, split);
           for (int mt : {1, 2}) {
             if (mt == 2 && n > 32) continue;
-            const double t = time_us([&] { ck(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, st, mt), "mma"); });
+            const double t = time_us([&] { ck(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, st, mt, KSplit), "mma"); });
             std::printf("  k%s%d %7.1f", split ? "s" : "h", mt, t);
           }
+          const double t = time_us([&] { ck(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, st, 0, Rows, {work.p, work.n}), "mma rows"); });
+          std::printf("  r%s %7.1f", split ? "s" : "h", t);
         }
         std::printf("\n");
       }

@@ -114,7 +114,9 @@ class LinearRunner {
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
   DeviceBuffer wq_;     // a GGUF block matrix's dequantised bf16 row tile (run_blocks)
   DeviceBuffer xsum_;   // run_blocks_mma: x's sums over 32 columns
+  DeviceBuffer qwork_;  // run_blocks_mma: the Rows form's k-slice partial sums
   int quant_mma_min_tokens_ = kQuantMmaMinTokens;  // K3_QUANT_MMA
+  QuantMmaForm quant_mma_form_ = QuantMmaForm::Auto;  // K3_QUANT_MMA_FORM
   int64_t dequant_tile_floats_ = kDequantTileFloats;  // K3_CUDA_DEQUANT_TILE (floats; tests force many tiles)
 };
 

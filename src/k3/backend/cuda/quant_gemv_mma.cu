@@ -29,7 +29,10 @@
 // Tokens past n read token n - 1's activations; their columns of the MMA are discarded.
 #include "k3/backend/cuda/quant_mma.h"
 
+#include <algorithm>
+
 #include "k3/backend/cuda/quant_mma.cuh"
+#include "k3/backend/cuda/quant_mma_rows.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -64,12 +67,50 @@ cudaError_t launch_nt(const qmma::Job& j, int mt, cudaStream_t s) {
   }
 }
 
+template <class P, bool SPLIT>
+cudaError_t launch_rows_nt(const qmma::Job& j, int slices, float* partials, cudaStream_t s) {
+  switch (tiles_for(j.a.n)) {
+    case 1: return qmma::launch_rows<P, 1, SPLIT>(j, slices, partials, s);
+    case 2: return qmma::launch_rows<P, 2, SPLIT>(j, slices, partials, s);
+    case 4: return qmma::launch_rows<P, 4, SPLIT>(j, slices, partials, s);
+    default: return qmma::launch_rows<P, 8, SPLIT>(j, slices, partials, s);
+  }
+}
+
+// The Rows form's k slices: enough 128-row blocks for two waves of the GPU's SMs, at least 4 units per slice, no more
+// than the scratch holds.
+int64_t rows_slices_wanted(int64_t rows, int64_t units) {
+  static const int sms = [] {
+    int dev = 0, v = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0 ? v : 132;
+  }();
+  const int64_t blocks = (rows + qmma::kRowsPerBlock - 1) / qmma::kRowsPerBlock;
+  return std::clamp<int64_t>(std::min<int64_t>((2 * sms + blocks - 1) / blocks, units / 4), 1, 64);
+}
+int rows_slices(int64_t rows, int64_t units, int n, const QuantMmaWork& work) {
+  if (work.partials == nullptr) return 1;
+  const int64_t fit = static_cast<int64_t>(work.floats) / (static_cast<int64_t>(n) * rows);
+  return static_cast<int>(std::max<int64_t>(1, std::min(rows_slices_wanted(rows, units), fit)));
+}
+
+// Which form when the caller leaves it open: KSplit until the Rows form is measured (CudaQuantMma.TimingAtK3Width).
+QuantMmaForm default_form(int n) {
+  (void)n;
+  return QuantMmaForm::KSplit;
+}
+
 struct DenseLaunch {
   const qmma::Job& j;
   int mt;
+  QuantMmaForm form;
+  QuantMmaWork work;
   cudaStream_t s;
   template <class P>
   cudaError_t run() const {
+    if (form == QuantMmaForm::Rows) {
+      const int slices = rows_slices(j.rows, j.a.cols / P::kUnitCols, j.a.n, work);
+      return j.a.lo ? launch_rows_nt<P, true>(j, slices, work.partials, s) : launch_rows_nt<P, false>(j, slices, work.partials, s);
+    }
     return j.a.lo ? launch_nt<P, true>(j, mt, s) : launch_nt<P, false>(j, mt, s);
   }
 };
@@ -87,12 +128,20 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
   return qmma::prep(x, n, quant_mma_ldx(n), cols, hi, lo, xsum, s);
 }
 
-cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt) {
+size_t quant_mma_work_floats(int64_t rows, int64_t cols, int n) {
+  if (rows <= 0 || n <= 0) return 0;
+  const int64_t slices = rows_slices_wanted(rows, cols / 64);  // the most units per row: Q4_K / Q5_K's 64 columns
+  return slices > 1 ? static_cast<size_t>(slices * n * rows) : 0;
+}
+
+cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt, QuantMmaForm form,
+                           QuantMmaWork work) {
   if (!quant_mma_supported(W) || a.n <= 0 || a.n > kQuantMmaMaxTokens || a.cols != W.cols || a.hi == nullptr ||
       a.xsum == nullptr || reinterpret_cast<uintptr_t>(a.hi) % 16 != 0 || reinterpret_cast<uintptr_t>(a.lo) % 16 != 0 ||
       mt < 0 || mt > 2)
     return cudaErrorInvalidValue;
   if (mt == 0) mt = default_mt(W.format, a.n);
+  if (form == QuantMmaForm::Auto) form = default_form(a.n);
   qmma::Job j;
   j.w0 = static_cast<const uint8_t*>(W.data);
   j.rows = W.rows;
@@ -100,7 +149,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
   j.a = a;
   j.ldx = quant_mma_ldx(a.n);
   j.y = y;
-  return qmma::with_mma_format(W.format, DenseLaunch{j, mt, s});
+  return qmma::with_mma_format(W.format, DenseLaunch{j, mt, form, work, s});
 }
 
 }  // namespace k3::cuda

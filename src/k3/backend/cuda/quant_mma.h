@@ -12,7 +12,7 @@
 // same fp32 scale products; the kernel sums q x over each sub-block on the tensor cores (the products exact,
 // fp32 accumulation), then scale * sum - min * (sum of x over the sub-block). x enters as bf16 hi + lo halves
 // (x' = hi + lo, within 2^-17 of x) or, without lo, as hi alone (2^-9: the class of llama.cpp's q8_1 / fp16
-// activations). The result does not depend on the schedule (a fixed reduction tree).
+// activations). The result does not depend on the schedule (fixed reduction orders).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -45,8 +45,22 @@ bool quant_mma_supported(const WeightMatrix& W);
 // padding tokens n .. ldx - 1).
 cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, uint16_t* lo, float* xsum, cudaStream_t s);
 
-// y [n][W.rows]. mt: m16 tiles per warp (1 or 2; 0 = the measured rule), for tests and A/B timing.
-// cudaErrorInvalidValue when W is not quant_mma_supported or the activations do not match it.
-cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt = 0);
+// The kernel's two forms (quant_gemv_mma.cu): KSplit = a block's 8 warps on the same rows, k split between them, each
+// warp loading its own x; Rows = the 8 warps on 128 different rows, x staged in shared memory once per block (1/8 of
+// the activation traffic), k split over blocks into `work` when the rows alone do not fill the GPU.
+enum class QuantMmaForm { Auto, KSplit, Rows };
+// Scratch for the Rows form's k slices: partial sums, slices x n x rows floats (quant_mma_work_floats). Too little (or
+// none) means fewer slices: the result is the same up to the order of the slices' sums.
+struct QuantMmaWork {
+  float* partials = nullptr;
+  size_t floats = 0;
+};
+size_t quant_mma_work_floats(int64_t rows, int64_t cols, int n);
+
+// y [n][W.rows]. mt: m16 tiles per warp of the KSplit form (1 or 2; 0 = the measured rule); form: Auto = the measured
+// rule; both for tests and A/B timing. cudaErrorInvalidValue when W is not quant_mma_supported or the activations do
+// not match it.
+cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt = 0,
+                           QuantMmaForm form = QuantMmaForm::Auto, QuantMmaWork work = {});
 
 }  // namespace k3::cuda
