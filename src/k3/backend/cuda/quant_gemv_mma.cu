@@ -23,9 +23,10 @@
 // accumulation step (cols / 16), the 3-level block reduction, and the CPU's own rounding of each weight (1-2):
 // ~80 + cols / 16 (tests: CudaQuantMma.*). Without lo, x is bf16-rounded (2^-9 relative: 32768 units).
 //
-// Block: 8 warps on the same 16 MT rows (MT m16 tiles per warp), warp w over units w, w + 8, ... (two units'
+// KSplit block: 8 warps on the same 16 MT rows (MT m16 tiles per warp), warp w over units w, w + 8, ... (two units'
 // weights loaded before either is used); the 8 warps' sums meet in shared memory in a fixed tree, so the
-// result does not depend on timing. Rows past the end are read (clamped to the last row), never written.
+// result does not depend on timing. Rows block (quant_mma_rows.cuh, larger batches): 8 warps on 128 rows, x staged
+// in shared memory; k slices summed in slice order. Rows past the end are read (clamped to the last row), never written.
 // Tokens past n read token n - 1's activations; their columns of the MMA are discarded.
 #include "k3/backend/cuda/quant_mma.h"
 
@@ -93,10 +94,14 @@ int rows_slices(int64_t rows, int64_t units, int n, const QuantMmaWork& work) {
   return static_cast<int>(std::max<int64_t>(1, std::min(rows_slices_wanted(rows, units), fit)));
 }
 
-// Which form when the caller leaves it open: KSplit until the Rows form is measured (CudaQuantMma.TimingAtK3Width).
-QuantMmaForm default_form(int n) {
-  (void)n;
-  return QuantMmaForm::KSplit;
+// Which form when the caller leaves it open (CudaQuantMma.TimingAtK3Width, H200, call s30-2, x split, us KSplit best
+// -> Rows): Q6_K from 9 tokens (the 163840 x 2304 head 317 -> 269 at 8 is a tie on 4096 x 7168, 437 -> 293 at 16,
+// 1707 -> 817 at 64; 4096 x 7168: 40.6 -> 34.4 at 16, 153 -> 78 at 64); Q4_K from 17 (4096 x 7168 59.5 -> 51.6 at 32,
+// 126 -> 93 at 64, 2304 x 4096 34.5 -> 21.1 at 32; at 16 the two-tile KSplit still wins, 27.9 vs 39.3); Q5_K never
+// (Rows lost at every n: 38.3 vs 65.9 at 32, 80.9 vs 93.7 at 64 -- its qh loads and 191 registers at 8 tiles).
+QuantMmaForm default_form(WeightFormat f, int n) {
+  const bool rows = (f == WeightFormat::Q6_K && n > 8) || (f == WeightFormat::Q4_K && n > 16);
+  return rows ? QuantMmaForm::Rows : QuantMmaForm::KSplit;
 }
 
 struct DenseLaunch {
@@ -141,7 +146,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
       mt < 0 || mt > 2)
     return cudaErrorInvalidValue;
   if (mt == 0) mt = default_mt(W.format, a.n);
-  if (form == QuantMmaForm::Auto) form = default_form(a.n);
+  if (form == QuantMmaForm::Auto) form = default_form(W.format, a.n);
   qmma::Job j;
   j.w0 = static_cast<const uint8_t*>(W.data);
   j.rows = W.rows;
