@@ -61,6 +61,7 @@ constexpr int64_t kUnit256Bytes = 4 * kChunkBytes + 64;
 
 constexpr bool is_q8_0(WeightFormat f) { return f == WeightFormat::Q8_0; }
 constexpr int64_t kQuantPrefetchBytes = 4096;  // the one-token prefetch distance (K3_QUANT_PREFETCH; read_quant_prefetch)
+constexpr int kQuantPrefetchHint = 1;          // its cache level: _MM_HINT_T1 (K3_QUANT_PREFETCH_HINT)
 constexpr int64_t unit_elems(WeightFormat f) { return is_q8_0(f) ? 64 : 256; }
 constexpr int64_t unit_bytes(WeightFormat f) { return is_q8_0(f) ? kChunkBytes : kUnit256Bytes; }
 constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
@@ -435,28 +436,44 @@ struct UnitSpan {
 // One token: the weights K3_QUANT_PREFETCH bytes past the unit being decoded are requested now (0 = none). The rows
 // of a block are one contiguous stream, but one core's hardware prefetcher kept too few lines in flight from DRAM
 // (2-thread Q4_K_M decode +16-18%, docs/perf/cpu.md session 29; the MXFP4 one-token rows gained 39% the same way in
-// session 25). The address is formed as an integer: it may lie past the matrix, where a prefetch only costs the request.
+// session 25). K3_QUANT_PREFETCH_HINT=t0 | t1 | t2: the cache level asked for (session 30: t1, into L2 -- an L1 request
+// holds one of the core's few L1 fill buffers until DRAM answers; same bits whatever the level).
 int64_t read_quant_prefetch() {
   const char* e = std::getenv("K3_QUANT_PREFETCH");
   return e == nullptr || e[0] == 0 ? kQuantPrefetchBytes : std::clamp<int64_t>(std::strtoll(e, nullptr, 10), 0, 1 << 20);
 }
 const int64_t g_quant_prefetch = read_quant_prefetch();
+int read_quant_prefetch_hint() {
+  const char* e = std::getenv("K3_QUANT_PREFETCH_HINT");
+  if (e != nullptr && std::strcmp(e, "t0") == 0) return 0;
+  if (e != nullptr && std::strcmp(e, "t2") == 0) return 2;
+  return kQuantPrefetchHint;
+}
+const int g_quant_prefetch_hint = read_quant_prefetch_hint();
+
+// The one-token stream's prefetch cursor: every line of [next, upto) is requested exactly once, however the units'
+// sizes (144, 176, 210 bytes ...) fall on lines (a request per unit and line before: a third of them repeats). The
+// address is an integer: it may run past the matrix, where a prefetch only costs the request.
+template <int kHint>
+struct PrefetchCursor {
+  uintptr_t next;
+  __attribute__((always_inline)) void upto(uintptr_t end) {
+    for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), kHint == 1 ? _MM_HINT_T1 : kHint == 2 ? _MM_HINT_T2 : _MM_HINT_T0);
+  }
+};
 
 // One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
 // xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
-template <WeightFormat F, int T>
-__attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us) {
+// kHint >= 0 (one token): pf requests the weights g_quant_prefetch bytes past each unit.
+template <WeightFormat F, int T, int kHint = -1>
+__attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us,
+                                                   PrefetchCursor<kHint>* pf = nullptr) {
   constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes * (is_q8_0(F) ? 2 : 1);
   Q8Acc<T, UB, !unsigned_quants(F)> a;
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
-  const int64_t pf = T == 1 ? g_quant_prefetch : 0;
   for (int64_t u = us.u0; u < us.u1; ++u, xq += T * UB) {
-    if (pf > 0) {
-      const uintptr_t p = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(u * BB + pf);
-#pragma GCC unroll 4
-      for (int64_t off = 0; off < BB; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
-    }
+    if constexpr (kHint >= 0) pf->upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>((u + 1) * BB + g_quant_prefetch));
     a.xq = xq;
     unit<F>(row, u, blocks, a);
   }
@@ -482,6 +499,16 @@ void q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks,
   }
 }
 
+// One token over rows [r0, r1): q8_tile<F, 1> per row, the rows' one stream prefetched through one cursor (it
+// starts at the block's first line: the first g_quant_prefetch bytes are requested at once).
+template <WeightFormat F, int kHint>
+void q8_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks, const uint8_t* xq, float* y, UnitSpan us) {
+  const int64_t row_bytes = row_data_bytes(F, W.cols);
+  const uint8_t* data = W.row_data(r0);
+  PrefetchCursor<kHint> pf{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
+  for (int64_t r = 0; r < r1 - r0; ++r) q8_tile<F, 1, kHint>(data + r * row_bytes, blocks, xq, y + r, 1, us, &pf);
+}
+
 template <WeightFormat F, size_t... T>
 constexpr auto q8_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, int64_t, const uint8_t*, float*, int64_t, UnitSpan);
@@ -500,8 +527,13 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
   constexpr int64_t UB = unit_bytes(F);
   const int64_t cols = W.cols, nu = units(F, cols), ldq = nu * UB, blocks = cols / weight_layout(F).block_elems;
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
-    tiles[0](W, r0, r1, blocks, xq, y, ldy, {0, nu, true, true, nullptr});
-    return;
+    const UnitSpan us{0, nu, true, true, nullptr};
+    if (g_quant_prefetch == 0) return tiles[0](W, r0, r1, blocks, xq, y, ldy, us);
+    switch (g_quant_prefetch_hint) {
+      case 0: return q8_one_token_rows<F, 0>(W, r0, r1, blocks, xq, y, us);
+      case 2: return q8_one_token_rows<F, 2>(W, r0, r1, blocks, xq, y, us);
+      default: return q8_one_token_rows<F, 1>(W, r0, r1, blocks, xq, y, us);
+    }
   }
   constexpr int64_t kBlockUnits = std::max<int64_t>(1, kTileActBytes / (kQ8T * UB));
   const int64_t block = std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(F, cols)), 1, kQ8StateRows);
