@@ -58,21 +58,23 @@ const bool g_one_token_swapped = read_one_token_swapped();
 inline bool one_token_swapped() { return g_one_token_swapped; }
 
 // The one-token MXFP4 rows' software prefetch (mxfp4_one_token_rows): K3_MXFP4_PREFETCH=t0 | t1 | t2 | off (the
-// cache level the rows ahead are asked into; t0: the default) and K3_MXFP4_PREFETCH_ROWS=N (how many rows ahead,
-// 4..64, default 8): the A/B knobs of the 16-thread measurement (docs/perf/cpu.md, session 26). Same bits.
+// cache level the lines ahead are asked into; t1, into L2: the default since session 30, t0 before) and
+// K3_MXFP4_PREFETCH_BYTES=N (how far ahead of the rows being read, 512..65536, default 4096; session 30: a distance in
+// bytes, not in rows -- 8 rows were 8.7 KB of a 2048-wide expert's gate / up but 1.6 KB of its 384-wide down). Same bits.
 struct OneTokenPrefetch {
-  int hint = 0, rows = 8;
+  int hint = 1;
+  int64_t bytes = 4096;
 };
 OneTokenPrefetch read_one_token_prefetch() {
   OneTokenPrefetch p;
   if (const char* e = std::getenv("K3_MXFP4_PREFETCH")) {
-    if (std::strcmp(e, "t1") == 0) p.hint = 1;
+    if (std::strcmp(e, "t0") == 0) p.hint = 0;
     if (std::strcmp(e, "t2") == 0) p.hint = 2;
     if (std::strcmp(e, "off") == 0) p.hint = 3;
   }
-  if (const char* e = std::getenv("K3_MXFP4_PREFETCH_ROWS")) {
+  if (const char* e = std::getenv("K3_MXFP4_PREFETCH_BYTES")) {
     const long v = std::strtol(e, nullptr, 10);
-    if (v >= 4 && v <= 64) p.rows = static_cast<int>(v);
+    if (v >= 512 && v <= 65536) p.bytes = v;
   }
   return p;
 }
@@ -427,10 +429,19 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
 // side by side and the prefetch below carry the gain from DRAM, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
 // pairs (16384 columns); wider rows take the tile.
 constexpr int64_t kOneTokenMaxPairs = 256;
+
+// A prefetch cursor over a stream: every line of [next, end) is requested once (kHint: 0 = T0, 1 = T1, 2 = T2).
+template <int kHint>
+struct LineCursor {
+  uintptr_t next;
+  __attribute__((always_inline)) void upto(uintptr_t end) {
+    for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), kHint == 1 ? _MM_HINT_T1 : kHint == 2 ? _MM_HINT_T2 : _MM_HINT_T0);
+  }
+};
+
 template <WeightFormat F, int PF>
 void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy) {
-  constexpr auto kHint = PF == 1 ? _MM_HINT_T1 : PF == 2 ? _MM_HINT_T2 : _MM_HINT_T0;
-  const int kPrefetchRows = g_one_token_prefetch.rows;
+  const int64_t kAhead = g_one_token_prefetch.bytes;
   const int64_t groups = W.cols / kMxfp4Group, pairs = (groups + 1) / 2, data_bytes = row_data_bytes(W.format, W.cols),
                 scale_bytes = row_scale_bytes(W.format, W.cols);
   alignas(64) __m512i xs[kOneTokenMaxPairs], corr[kOneTokenMaxPairs];
@@ -441,6 +452,8 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
   }
   const uint8_t* data = W.row_data(r0);
   const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
+  LineCursor<PF> pf_data{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
+  LineCursor<PF> pf_scales{reinterpret_cast<uintptr_t>(scales) & ~uintptr_t{63}};
   __m512 fin[16];
   for (int64_t g0 = 0; g0 < r1 - r0; g0 += 16) {
     const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));
@@ -454,17 +467,17 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
       for (int i = 0; i < kRows; ++i) acc[i] = _mm512_setzero_ps();
       for (int64_t p = 0; p < pairs; ++p) {
         const __m512 xsc = _mm512_loadu_ps(reinterpret_cast<const float*>(xq + p * kQ8PairBytes + 64));
-        // The rows kPrefetchRows ahead, a cache line per two pairs (and their scales' line once): from DRAM one
-        // core's 4 row streams alone kept too few lines in flight (one token, 8 of 512 kl-1b-sized experts, 2
-        // threads, with the operand swap: 15.4 -> 21.4 GB/s against K3_MXFP4_ONE_TOKEN=tile;
-        // KernelBench.DISABLED_MoeDecodeLayer, session 25). Prefetches never fault: rows past the block or the
-        // matrix cost only the request.
-        if (PF != 3 && (p & 1) == 0)
-          for (int i = 0; i < kRows; ++i) {
-            const int64_t ahead = r + kPrefetchRows + i;
-            _mm_prefetch(reinterpret_cast<const char*>(data + ahead * data_bytes + kPairBytes * p), kHint);
-            if (p == 0 && scales) _mm_prefetch(reinterpret_cast<const char*>(scales + ahead * scale_bytes), kHint);
-          }
+        // The block's rows are one stream, read kRows rows side by side: after pair p the reading front is about
+        // kRows pairs into the group; every line up to kAhead bytes past it is requested, each line once (cursors
+        // over the data and the scales). From DRAM one core's 4 row streams alone kept too few lines in flight
+        // (one token, 8 of 512 kl-1b-sized experts, 2 threads: 15.4 -> 21.4 GB/s with a prefetch of whole rows
+        // ahead; KernelBench.DISABLED_MoeDecodeLayer, session 25). Prefetches never fault: lines past the block or
+        // the matrix cost only the request.
+        if constexpr (PF != 3) {
+          const int64_t front = r * data_bytes + kRows * kPairBytes * (p + 1);
+          pf_data.upto(reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(front + kAhead));
+          if (scales) pf_scales.upto(reinterpret_cast<uintptr_t>(scales) + static_cast<uintptr_t>(r * scale_bytes + 2 * kRows * (p + 1) + kAhead / 16));
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < kRows; ++i) {
           if (i >= m) break;
