@@ -1,0 +1,21 @@
+# Sourced by device-call scripts (scripts/perf/gpu-s30-4.sh, gpu-s31-1.sh): llama.cpp's own Q4_K_M of the
+# Kimi-Linear-dims 4-layer slice, as calls s29-4 / s30-2 measured it. Expects ROOT, GW (.gpuwork), BD (a work dir),
+# el (elapsed-time printer); carry .gpuwork/llama-cuda-slim.tar.xz and .gpuwork/tiktoken.model.xz.
+# llama_quantize_bg: a CPU-only llama-quantize build in the background (/tmp/llamaq.done when finished).
+llama_quantize_bg() {
+  ( cd $BD && tar -xJf $GW/llama-cuda-slim.tar.xz && cd llama.cpp &&
+    cmake -S . -B bq -DGGML_CUDA=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llamaq-cfg.log 2>&1 &&
+    cmake --build bq -j6 --target llama-quantize > /tmp/llamaq-build.log 2>&1; echo "llama-quantize build rc=$? $(el)" > /tmp/llamaq.done ) &
+}
+# kl_slice_q4km K3_BINARY: writes the slice (scripts/peer/make_kl_slice.py), its BF16 GGUF (k3 convert) and, once
+# llama_quantize_bg is done, $BD/ll-q4km.gguf (3847.05 MiB: the writer is seeded, the quantiser deterministic).
+kl_slice_q4km() {
+  local b=$1 m=$BD/slice-kl
+  xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model
+  KIMI_TIKTOKEN=/tmp/tiktoken.model K3_SHARED_DIR=/nonexistent python3 $ROOT/scripts/peer/make_kl_slice.py $m > /tmp/ckpt.log 2>&1 &&
+    $b convert -m $m -o $m.gguf > /tmp/convert.log 2>&1; echo "ckpt+gguf rc=$? $(el)"
+  while [ ! -f /tmp/llamaq.done ]; do sleep 1; done; cat /tmp/llamaq.done
+  timeout 100 $BD/llama.cpp/bq/bin/llama-quantize $m.gguf $BD/ll-q4km.gguf Q4_K_M 16 > /tmp/llama-quantize.log 2>&1
+  echo "llama-quantize rc=$? $(el)"
+}
