@@ -94,13 +94,14 @@ int rows_slices(int64_t rows, int64_t units, int n, const QuantMmaWork& work) {
   return static_cast<int>(std::max<int64_t>(1, std::min(rows_slices_wanted(rows, units), fit)));
 }
 
-// Which form when the caller leaves it open (CudaQuantMma.TimingAtK3Width, H200, call s30-2, x split, us KSplit best
-// -> Rows): Q6_K from 9 tokens (the 163840 x 2304 head 317 -> 269 at 8 is a tie on 4096 x 7168, 437 -> 293 at 16,
-// 1707 -> 817 at 64; 4096 x 7168: 40.6 -> 34.4 at 16, 153 -> 78 at 64); Q4_K from 17 (4096 x 7168 59.5 -> 51.6 at 32,
-// 126 -> 93 at 64, 2304 x 4096 34.5 -> 21.1 at 32; at 16 the two-tile KSplit still wins, 27.9 vs 39.3); Q5_K never
-// (Rows lost at every n: 38.3 vs 65.9 at 32, 80.9 vs 93.7 at 64 -- its qh loads and 191 registers at 8 tiles).
+// Which form when the caller leaves it open (CudaQuantMma.TimingAtK3Width, H200, call s30-2, x split, us, KSplit's
+// better width -> Rows): Q6_K from 8 tokens (the 163840 x 2304 head 317 -> 269 at 8, 437 -> 293 at 16, 1707 -> 817 at
+// 64; 4096 x 7168 a tie at 8, 31.3 / 31.4, then 40.6 -> 34.4 at 16, 153 -> 78 at 64); Q4_K from 17 (4096 x 7168 59.5 ->
+// 51.6 at 32, 126 -> 93 at 64, 2304 x 4096 34.5 -> 21.1 at 32; at 16 the two-tile KSplit still wins, 27.9 vs 39.3);
+// Q5_K never (Rows lost at every n: 38.3 vs 65.9 at 32, 80.9 vs 93.7 at 64 -- its qh loads and 191 registers at 8
+// tiles). End to end (call s30-2/3) the rule was measured with Q6_K from 9; the step to 8 is the head's kernel figure.
 QuantMmaForm default_form(WeightFormat f, int n) {
-  const bool rows = (f == WeightFormat::Q6_K && n > 8) || (f == WeightFormat::Q4_K && n > 16);
+  const bool rows = (f == WeightFormat::Q6_K && n >= 8) || (f == WeightFormat::Q4_K && n > 16);
   return rows ? QuantMmaForm::Rows : QuantMmaForm::KSplit;
 }
 
