@@ -41,6 +41,39 @@ struct ScaleMin {
   int sc[16], mn[16];
   float dl[16], ml[16];  // the decoded sub-scale and sub-min (d * sc_j, dmin * mn_j), as block_decode.h
 };
+int requant_min(float x, float dl, float ml, int qmax) { return dl > 0 ? round_clamp((x + ml) / dl, 0, qmax) : 0; }
+
+// The weighted squared error of n values requantised under the decoded sub-scale dl and sub-min ml (each value
+// dl * q - ml, as the decoders compute it).
+double sub_error(const float* x, const float* w, int n, float dl, float ml, int qmax) {
+  double e = 0;
+  for (int i = 0; i < n; ++i) {
+    const float v = dl * static_cast<float>(requant_min(x[i], dl, ml, qmax)) - ml;
+    const double r = double(x[i]) - double(v);
+    e += (w ? double(w[i]) : 1.0) * r * r;
+  }
+  return e;
+}
+
+// Sub-block j's integers on the block's (d, dmin) grid: the nearest roundings of its fitted d_j / d and m_j / dmin,
+// and each pair one step away (9 candidates), kept by the error of the VALUES requantised under it. Rounding each
+// integer alone minimises the error of the scales, not of the weights: a sub-scale rounded down with its min rounded
+// up can fit the values better. (Searching the block's d and dmin too, 7 x 7 steps of 2%, moved the KLD below
+// by < 0.2% on model 2 at 5x the time: not kept.)
+void fit_sub_grid(const float* x, const float* w, int n, int qmax, int smax, float d, float dmin, float dj, float mj,
+                  ScaleMin& s, int j) {
+  const int sc0 = d > 0 ? round_clamp(dj / d, 0, smax) : 0, mn0 = dmin > 0 ? round_clamp(mj / dmin, 0, smax) : 0;
+  double best = INFINITY;
+  for (int a = -1; a <= 1; ++a)
+    for (int b = -1; b <= 1; ++b) {
+      const int sc = sc0 + a, mn = mn0 + b;
+      if (sc < 0 || sc > smax || mn < 0 || mn > smax) continue;
+      const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
+      const double e = sub_error(x, w, n, dl, ml, qmax);
+      if (e < best) best = e, s.sc[j] = sc, s.mn[j] = mn, s.dl[j] = dl, s.ml[j] = ml;
+    }
+}
+
 ScaleMin fit_scale_min_block(const float* x, const float* w, int nsub, int sub_n, int qmax, int smax, uint8_t* d_at,
                              uint8_t* dmin_at) {
   float ds[16], ms[16], dmax = 0, mmax = 0;
@@ -51,15 +84,9 @@ ScaleMin fit_scale_min_block(const float* x, const float* w, int nsub, int sub_n
   }
   const float d = put_f16(d_at, dmax / smax), dmin = put_f16(dmin_at, mmax / smax);
   ScaleMin s;
-  for (int j = 0; j < nsub; ++j) {
-    s.sc[j] = d > 0 ? round_clamp(ds[j] / d, 0, smax) : 0;
-    s.mn[j] = dmin > 0 ? round_clamp(ms[j] / dmin, 0, smax) : 0;
-    s.dl[j] = d * static_cast<float>(s.sc[j]);
-    s.ml[j] = dmin * static_cast<float>(s.mn[j]);
-  }
+  for (int j = 0; j < nsub; ++j) fit_sub_grid(x + j * sub_n, sub(w, j * sub_n), sub_n, qmax, smax, d, dmin, ds[j], ms[j], s, j);
   return s;
 }
-int requant_min(float x, float dl, float ml, int qmax) { return dl > 0 ? round_clamp((x + ml) / dl, 0, qmax) : 0; }
 
 // Q4_K / Q5_K (bits = 4 or 5): 8 sub-blocks of 32.
 void pack_k45(const float* x, const float* w, uint8_t* out, int bits) {
