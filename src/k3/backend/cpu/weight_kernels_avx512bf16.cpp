@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/prefetch_cursor.h"
 #include "k3/backend/cpu/weight_kernels_avx512.h"
 #include "k3/backend/cpu/weight_simd512.h"
 
@@ -430,14 +431,6 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
 // pairs (16384 columns); wider rows take the tile.
 constexpr int64_t kOneTokenMaxPairs = 256;
 
-// A prefetch cursor over a stream: every line of [next, end) is requested once (kHint: 0 = T0, 1 = T1, 2 = T2).
-template <int kHint>
-struct LineCursor {
-  uintptr_t next;
-  __attribute__((always_inline)) void upto(uintptr_t end) {
-    for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), kHint == 1 ? _MM_HINT_T1 : kHint == 2 ? _MM_HINT_T2 : _MM_HINT_T0);
-  }
-};
 
 template <WeightFormat F, int PF>
 void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy) {
@@ -452,8 +445,8 @@ void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
   }
   const uint8_t* data = W.row_data(r0);
   const uint8_t* scales = W.scales ? W.row_scales(r0) : nullptr;
-  LineCursor<PF> pf_data{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
-  LineCursor<PF> pf_scales{reinterpret_cast<uintptr_t>(scales) & ~uintptr_t{63}};
+  PrefetchCursor<PF> pf_data{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
+  PrefetchCursor<PF> pf_scales{reinterpret_cast<uintptr_t>(scales) & ~uintptr_t{63}};
   __m512 fin[16];
   for (int64_t g0 = 0; g0 < r1 - r0; g0 += 16) {
     const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));

@@ -39,6 +39,7 @@
 #include <utility>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/prefetch_cursor.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
 #include "k3/backend/cpu/weight_simd512.h"
@@ -451,16 +452,6 @@ int read_quant_prefetch_hint() {
 }
 const int g_quant_prefetch_hint = read_quant_prefetch_hint();
 
-// The one-token stream's prefetch cursor: every line of [next, upto) is requested exactly once, however the units'
-// sizes (144, 176, 210 bytes ...) fall on lines (a request per unit and line before: a third of them repeats). The
-// address is an integer: it may run past the matrix, where a prefetch only costs the request.
-template <int kHint>
-struct PrefetchCursor {
-  uintptr_t next;
-  __attribute__((always_inline)) void upto(uintptr_t end) {
-    for (; next < end; next += 64) _mm_prefetch(reinterpret_cast<const char*>(next), kHint == 1 ? _MM_HINT_T1 : kHint == 2 ? _MM_HINT_T2 : _MM_HINT_T0);
-  }
-};
 
 // One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
 // xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
