@@ -162,8 +162,10 @@ TEST_P(QuantKernelsTier, MatmulAgainstFloat64AndBatchInvariant) {
   for (WeightFormat f : k3test::kGgufFormats) {
     k3test::Worst worst(k3::weight_format_name(f));
     const int64_t E = k3::weight_layout(f).block_elems;
-    // Column blocks of the avx512bf16 tier: 3 256-blocks, 32 Q8_0 blocks; Q8_0's odd block counts leave half a unit.
-    const std::vector<int64_t> block_counts = f == WeightFormat::Q8_0 ? std::vector<int64_t>{1, 3, 35} : std::vector<int64_t>{1, 3, 7};
+    // Column blocks of the avx512bf16 tier: 3 256-blocks, 32 blocks of the 32-element formats it reads in pairs
+    // (Q8_0, Q5_0, Q4_0, IQ4_NL); their odd block counts leave half a unit.
+    const bool pairs = f == WeightFormat::Q8_0 || f == WeightFormat::Q5_0 || f == WeightFormat::Q4_0 || f == WeightFormat::IQ4_NL;
+    const std::vector<int64_t> block_counts = pairs ? std::vector<int64_t>{1, 3, 35} : std::vector<int64_t>{1, 3, 7};
     for (int64_t blocks : block_counts)
       for (int64_t rows : {1, 5, 33})
         for (int64_t n : {1, 2, 7, 13}) check_quant_matmul(make_quant_weight(f, rows, blocks * E, rng), n, rng, worst);

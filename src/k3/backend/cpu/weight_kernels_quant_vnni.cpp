@@ -1,6 +1,7 @@
-// The avx512bf16 tier's kernels of GGUF's block formats (Q8_0, the K formats, IQ4_XS, the codebook
-// i-quants): int8 weights x int8 activations with vpdpbusd (AVX512_VNNI), the activations converted once
-// per matmul call (act_convert_path.h), as llama.cpp's CPU backend does (its vec_dot_*_q8_K / q8_0).
+// The avx512bf16 tier's kernels of GGUF's block formats (Q8_0 and the other 32-element formats without a min, the
+// K formats, IQ4_XS, the codebook i-quants): int8 weights x int8 activations with vpdpbusd (AVX512_VNNI), the
+// activations converted once per matmul call (act_convert_path.h), as llama.cpp's CPU backend does (its
+// vec_dot_*_q8_K / q8_0).
 // Like the tier's MXFP4 kernels the products are NOT the exact fp32 products (docs/perf/cpu.md):
 //
 // - Activations: int8 with one fp32 scale per QUAD of 4 consecutive values (the 4 bytes one vpdpbusd lane
@@ -52,7 +53,7 @@ namespace k3::cpu {
 
 namespace {
 
-// The converted activations of one token, unit by unit. A unit is 64 values (Q8_0: one pair of its
+// The converted activations of one token, unit by unit. A unit is 64 values (the pair formats: one pair of their
 // 32-blocks; the last pair of a row of odd block count has q = 0, d = 0 in its second half) or 256
 // (the K and i-quant formats' blocks). Per 64 values ("chunk"): 64 bytes in natural order, q + 128 (for
 // formats with signed quants) or q (unsigned_quants), then the 16 quads' scales (fp32); a 256-unit adds
@@ -60,11 +61,15 @@ namespace {
 constexpr int64_t kChunkBytes = 128;
 constexpr int64_t kUnit256Bytes = 4 * kChunkBytes + 64;
 
-constexpr bool is_q8_0(WeightFormat f) { return f == WeightFormat::Q8_0; }
+// The 32-element formats without a min (Q8_0, and llama-quantize's fallbacks for rows that are not whole 256-blocks:
+// Q5_0, Q4_0, IQ4_NL): a unit is a pair of their blocks, decoded by the exact decoders into signed int8 quants.
+constexpr bool is_pair_format(WeightFormat f) {
+  return f == WeightFormat::Q8_0 || f == WeightFormat::Q5_0 || f == WeightFormat::Q4_0 || f == WeightFormat::IQ4_NL;
+}
 constexpr int64_t kQuantPrefetchBytes = 4096;  // the one-token prefetch distance (K3_QUANT_PREFETCH; read_quant_prefetch)
 constexpr int kQuantPrefetchHint = 1;          // its cache level: _MM_HINT_T1 (K3_QUANT_PREFETCH_HINT)
-constexpr int64_t unit_elems(WeightFormat f) { return is_q8_0(f) ? 64 : 256; }
-constexpr int64_t unit_bytes(WeightFormat f) { return is_q8_0(f) ? kChunkBytes : kUnit256Bytes; }
+constexpr int64_t unit_elems(WeightFormat f) { return is_pair_format(f) ? 64 : 256; }
+constexpr int64_t unit_bytes(WeightFormat f) { return is_pair_format(f) ? kChunkBytes : kUnit256Bytes; }
 constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
 // Formats whose values carry a sub-min (value = dl q - ml).
 constexpr bool has_min(WeightFormat f) {
@@ -120,7 +125,7 @@ void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
     }
 }
 
-// Tokens of Q8_0 (cols a multiple of 32): chunks of 64, a missing second half as q = 0, d = 0.
+// Tokens of the pair formats (cols a multiple of 32): chunks of 64, a missing second half as q = 0, d = 0.
 void q8_0_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t nu = units(WeightFormat::Q8_0, cols);
   for (int64_t t = 0; t < n; ++t)
@@ -396,7 +401,7 @@ struct Q8Sink {
   }
 };
 
-// One unit of a row (Q8_0: blocks 2u, 2u + 1 of `blocks`) into the accumulators.
+// One unit of a row (the pair formats: blocks 2u, 2u + 1 of `blocks`) into the accumulators.
 template <WeightFormat F, class Acc>
 __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, int64_t blocks, Acc& a) {
   constexpr int64_t BB = weight_layout(F).block_bytes;
@@ -412,7 +417,7 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_q3k(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ4_XS) {
     unit_iq4xs(row + u * BB, a);
-  } else if constexpr (is_q8_0(F)) {
+  } else if constexpr (is_pair_format(F)) {
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
     if (2 * u + 1 < blocks) {
@@ -459,7 +464,7 @@ const int g_quant_prefetch_hint = read_quant_prefetch_hint();
 template <WeightFormat F, int T, int kHint = -1>
 __attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us,
                                                    PrefetchCursor<kHint>* pf = nullptr) {
-  constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes * (is_q8_0(F) ? 2 : 1);
+  constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes * (is_pair_format(F) ? 2 : 1);
   Q8Acc<T, UB, !unsigned_quants(F)> a;
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
@@ -564,7 +569,7 @@ template <WeightFormat F>
 struct QuantPath {
   static int64_t stride_bytes(int64_t cols) { return units(F, cols) * unit_bytes(F); }
   static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
-    if constexpr (is_q8_0(F))
+    if constexpr (is_pair_format(F))
       q8_0_tokens(x, n, cols, out);
     else
       q8k_tokens<!unsigned_quants(F), F == WeightFormat::Q4_K>(x, n, cols, out);
@@ -583,13 +588,15 @@ const RowKernels* quant_kernels() {
 }  // namespace
 
 const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f) {
-  // The 32-element formats (llama-quantize's fallbacks, a small share of a file) keep fp32 activations: the
-  // avx512 tier's kernels.
+  // The 32-element formats with a min (Q5_1, Q4_1) keep fp32 activations: the avx512 tier's kernels. Q5_0 / Q4_0 /
+  // IQ4_NL (llama-quantize's fallback for 128-wide rows: the KDA gates' f_b / g_b, MLA's attn_k_b) take the int8 path
+  // as Q8_0 does since session 30: on fp32 activations their one-token rows ran at ~5 GB/s, an instruction-bound
+  // decode per 88-byte row (2% of a 2-thread kl-1b Q4_K_M step).
   return with_gguf_block_format(
       f,
       [](auto c) -> const RowKernels* {
         constexpr WeightFormat F = decltype(c)::value;
-        if constexpr (is_ggml_32_format(F))
+        if constexpr (is_ggml_32_format(F) && !is_pair_format(F))
           return avx512_quant_row_kernels(F);
         else
           return quant_kernels<F>();
