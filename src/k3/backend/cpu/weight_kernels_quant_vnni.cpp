@@ -457,7 +457,6 @@ int read_quant_prefetch_hint() {
 }
 const int g_quant_prefetch_hint = read_quant_prefetch_hint();
 
-
 // One row x T tokens over units [u0, u1) of a token tile packed unit by unit (unit u of token t at
 // xq + (u - u0) * T * UB + t * UB; with one token that is the plain converted row).
 // kHint >= 0 (one token): pf requests the weights g_quant_prefetch bytes past each unit.
