@@ -67,8 +67,10 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
       const Product p = reference(w, x, rows, cols, max_n);
       Dev<float> dx(x);
       Dev<uint8_t> d(wb), d_odd(wb.size() + 2);
-      Dev<float> work(k3::cuda::quant_mma_work_floats(rows, cols, max_n));
-      EXPECT_EQ(work.n > 0, cols >= 512) << "k slices (too few rows to fill the GPU) wherever there are 8 units";
+      Dev<float> work(k3::cuda::quant_mma_work_floats(hw, max_n, Rows));
+      const int64_t unit_cols = f == WeightFormat::Q6_K ? 128 : 64;
+      EXPECT_EQ(work.n > 0, cols / unit_cols >= 8) << "k slices (too few rows to fill the GPU) wherever there are 8 units";
+      EXPECT_EQ(k3::cuda::quant_mma_work_floats(hw, max_n, KSplit), 0u);
       work.poison();
       ck(cudaMemcpy(d_odd.p + 2, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
       k3::WeightMatrix dw = hw, dw_odd = hw;
@@ -208,7 +210,7 @@ TEST(CudaQuantMma, TimingAtK3Width) {
       std::vector<float> x(static_cast<size_t>(64 * sh.cols));
       for (auto& v : x) v = nd(rng);
       Dev<float> dx(x), y(static_cast<size_t>(64 * sh.rows));
-      Dev<float> work(std::max<size_t>(1, k3::cuda::quant_mma_work_floats(sh.rows, sh.cols, 64)));
+      Dev<float> work(std::max<size_t>(1, k3::cuda::quant_mma_work_floats(dw, 64, Rows)));
       auto time_us = [&](auto&& fn) {
         const int reps = sh.rows > 100000 ? 5 : 20;
         float total = 0;

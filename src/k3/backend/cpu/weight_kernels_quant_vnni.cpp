@@ -126,7 +126,7 @@ void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
 }
 
 // Tokens of the pair formats (cols a multiple of 32): chunks of 64, a missing second half as q = 0, d = 0.
-void q8_0_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+void pair_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t nu = units(WeightFormat::Q8_0, cols);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t u = 0; u < nu; ++u) {
@@ -569,7 +569,7 @@ struct QuantPath {
   static int64_t stride_bytes(int64_t cols) { return units(F, cols) * unit_bytes(F); }
   static void prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
     if constexpr (is_pair_format(F))
-      q8_0_tokens(x, n, cols, out);
+      pair_tokens(x, n, cols, out);
     else
       q8k_tokens<!unsigned_quants(F), F == WeightFormat::Q4_K>(x, n, cols, out);
   }

@@ -134,10 +134,13 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
   return qmma::prep(x, n, quant_mma_ldx(n), cols, hi, lo, xsum, s);
 }
 
-size_t quant_mma_work_floats(int64_t rows, int64_t cols, int n) {
-  if (rows <= 0 || n <= 0) return 0;
-  const int64_t slices = rows_slices_wanted(rows, cols / 64);  // the most units per row: Q4_K / Q5_K's 64 columns
-  return slices > 1 ? static_cast<size_t>(slices * n * rows) : 0;
+size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
+  if (W.rows <= 0 || n <= 0 || n > kQuantMmaMaxTokens) return 0;
+  if (form == QuantMmaForm::Auto) form = default_form(W.format, n);
+  if (form != QuantMmaForm::Rows) return 0;  // KSplit sums its k split in shared memory
+  const int64_t unit_cols = W.format == WeightFormat::Q6_K ? qmma::MmaQ6K::kUnitCols : qmma::MmaQ45<false>::kUnitCols;
+  const int64_t slices = rows_slices_wanted(W.rows, W.cols / unit_cols);
+  return slices > 1 ? static_cast<size_t>(slices * n * W.rows) : 0;
 }
 
 cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt, QuantMmaForm form,

@@ -55,7 +55,8 @@ struct QuantMmaWork {
   float* partials = nullptr;
   size_t floats = 0;
 };
-size_t quant_mma_work_floats(int64_t rows, int64_t cols, int n);
+// The floats quant_gemv_mma(W, n tokens, form) uses at most: 0 where it runs KSplit or one k slice.
+size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form = QuantMmaForm::Auto);
 
 // y [n][W.rows]. mt: m16 tiles per warp of the KSplit form (1 or 2; 0 = the measured rule); form: Auto = the measured
 // rule; both for tests and A/B timing. cudaErrorInvalidValue when W is not quant_mma_supported or the activations do
