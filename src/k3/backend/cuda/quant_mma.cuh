@@ -64,7 +64,10 @@ struct Xv {
   int xt[MAPPED ? NT : 1][2];    // MAPPED: the activation rows of accumulator columns 2tq, 2tq + 1
   const float* xsum;             // [cols / 32][ldx]
   int64_t ldx;
-  __device__ static int row_of(const int32_t* sorted, int K, int s) { return sorted ? __ldg(sorted + s) / K : s; }
+  __device__ static int row_of(const int32_t* sorted, int K, int s) {
+    if constexpr (!MAPPED) return s;
+    return sorted ? __ldg(sorted + s) / K : s;
+  }
   __device__ void init(const QuantMmaActs& a, int64_t ld, const int32_t* sorted, int K, int s0, int count, int g, int tq) {
     hi = a.hi, lo = a.lo, cols = a.cols;
 #pragma unroll
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
   const uint8_t* w0 = j.w0;
   const uint8_t* w1 = j.w1;
   int s0 = 0, count = j.a.n;
-  if (j.tiles) {
+  if constexpr (MAPPED) {  // the experts' tiles (the dense launches are never MAPPED: no registers for the tile's fields)
     if (static_cast<int>(blockIdx.y) >= *j.num_tiles) return;
     const int4 td = j.tiles[blockIdx.y];
     w0 += td.x * j.expert_bytes;
