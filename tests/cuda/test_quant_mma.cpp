@@ -31,6 +31,7 @@ using namespace k3quanttest;
 constexpr WeightFormat kMmaFormats[] = {WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K};
 constexpr auto KSplit = k3::cuda::QuantMmaForm::KSplit;
 constexpr auto Rows = k3::cuda::QuantMmaForm::Rows;
+constexpr auto Staged = k3::cuda::QuantMmaForm::Staged;
 struct Form {
   k3::cuda::QuantMmaForm form;
   int mt;
@@ -85,19 +86,33 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
         for (bool split : {true, false}) {
           Acts acts(dx, n, cols, split);
           // KSplit at both tile widths; Rows with its k slices (partials) and without (one slice).
-          for (const auto& [form, mt, with_work] : {Form{KSplit, 1, false}, Form{KSplit, 2, false}, Form{Rows, 0, true}, Form{Rows, 0, false}}) {
+          for (const auto& [form, mt, with_work] :
+               {Form{KSplit, 1, false}, Form{KSplit, 2, false}, Form{Rows, 0, true}, Form{Rows, 0, false}, Form{Staged, 0, false}}) {
             for (const k3::WeightMatrix* m : {&dw, &dw_odd}) {
               if (!k3::cuda::quant_mma_supported(*m)) continue;
+              if (form == Staged && n > k3::cuda::kQuantMmaStagedMaxTokens) {
+                Dev<float> y(static_cast<size_t>(n * rows));
+                EXPECT_EQ(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, 0, Staged), cudaErrorInvalidValue) << n;
+                continue;
+              }
               const k3::cuda::QuantMmaWork wk = with_work ? k3::cuda::QuantMmaWork{work.p, work.n} : k3::cuda::QuantMmaWork{};
               Dev<float> y(static_cast<size_t>(n * rows));
               y.poison();
               ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt, form, wk), "quant_gemv_mma");
               ck(cudaDeviceSynchronize(), "sync");
               const auto got = y.get();
-              const char* name = form == Rows ? (with_work ? " rows, k slices" : " rows") : "";
+              const char* name = form == Rows ? (with_work ? " rows, k slices" : " rows") : form == Staged ? " staged" : "";
               EXPECT_LE(worst_ratio(got, pn, quant_mma_bound(cols, split)), 2.0)
                   << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n << " mt=" << mt << name
                   << (split ? " hi+lo" : " hi") << (m == &dw ? "" : " blocks at +2");
+              if (form == Staged) {  // the same bits as KSplit with one m16 tile (the same units per warp, in order)
+                Dev<float> y1(static_cast<size_t>(n * rows));
+                ck(k3::cuda::quant_gemv_mma(*m, acts.a, y1.p, nullptr, 1, KSplit), "quant_gemv_mma ksplit");
+                ck(cudaDeviceSynchronize(), "sync");
+                EXPECT_EQ(std::memcmp(got.data(), y1.get().data(), got.size() * 4), 0)
+                    << k3::weight_format_name(f) << " " << rows << "x" << cols << " n=" << n << (split ? " hi+lo" : " hi")
+                    << (m == &dw ? "" : " blocks at +2");
+              }
               if (n == 17 && (mt == 2 || form == Rows)) {  // the same bits on a second run: fixed reduction orders
                 y.poison();
                 ck(k3::cuda::quant_gemv_mma(*m, acts.a, y.p, nullptr, mt, form, wk), "quant_gemv_mma again");
@@ -242,6 +257,10 @@ TEST(CudaQuantMma, TimingAtK3Width) {
           }
           const double t = time_us([&] { ck(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, st, 0, Rows, {work.p, work.n}), "mma rows"); });
           std::printf("  r%s %7.1f", split ? "s" : "h", t);
+          if (n <= k3::cuda::kQuantMmaStagedMaxTokens) {
+            const double ts = time_us([&] { ck(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, st, 0, Staged), "mma staged"); });
+            std::printf("  t%s %7.1f", split ? "s" : "h", ts);
+          }
         }
         std::printf("\n");
       }

@@ -34,6 +34,7 @@
 
 #include "k3/backend/cuda/quant_mma.cuh"
 #include "k3/backend/cuda/quant_mma_rows.cuh"
+#include "k3/backend/cuda/quant_mma_staged.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -113,6 +114,10 @@ struct DenseLaunch {
   cudaStream_t s;
   template <class P>
   cudaError_t run() const {
+    if (form == QuantMmaForm::Staged) {
+      if (j.a.n <= 8) return j.a.lo ? qmma::launch_staged<P, 1, true>(j, s) : qmma::launch_staged<P, 1, false>(j, s);
+      return j.a.lo ? qmma::launch_staged<P, 2, true>(j, s) : qmma::launch_staged<P, 2, false>(j, s);
+    }
     if (form == QuantMmaForm::Rows) {
       const int slices = rows_slices(j.rows, j.a.cols / P::kUnitCols, j.a.n, work);
       return j.a.lo ? launch_rows_nt<P, true>(j, slices, work.partials, s) : launch_rows_nt<P, false>(j, slices, work.partials, s);
@@ -147,7 +152,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
                            QuantMmaWork work) {
   if (!quant_mma_supported(W) || a.n <= 0 || a.n > kQuantMmaMaxTokens || a.cols != W.cols || a.hi == nullptr ||
       a.xsum == nullptr || reinterpret_cast<uintptr_t>(a.hi) % 16 != 0 || reinterpret_cast<uintptr_t>(a.lo) % 16 != 0 ||
-      mt < 0 || mt > 2)
+      mt < 0 || mt > 2 || (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens))
     return cudaErrorInvalidValue;
   if (mt == 0) mt = default_mt(W.format, a.n);
   if (form == QuantMmaForm::Auto) form = default_form(W.format, a.n);

@@ -35,7 +35,8 @@ bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t
     xsum_ = DeviceBuffer(std::max<size_t>(sums, size_t{1} << 16));
     ++generation_;
   }
-  const size_t work = quant_mma_work_floats(W, nt, quant_mma_form_) * sizeof(float);
+  const QuantMmaForm form = quant_mma_form_ == QuantMmaForm::Staged && nt > 8 ? QuantMmaForm::Auto : quant_mma_form_;
+  const size_t work = quant_mma_work_floats(W, nt, form) * sizeof(float);
   if (qwork_.bytes() < work) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may still use the old partials
     qwork_ = DeviceBuffer(work);
@@ -44,7 +45,7 @@ bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t
   const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
   uint16_t* lo_or_null = precision_ == GemmPrecision::Bf16x2 ? lo : nullptr;
   K3_CUDA_CHECK(quant_mma_prep(x, nt, W.cols, hi, lo_or_null, xsum_.get<float>(), stream_));
-  K3_CUDA_CHECK(quant_gemv_mma(W, QuantMmaActs{hi, lo_or_null, xsum_.get<float>(), nt, W.cols}, y, stream_, 0, quant_mma_form_,
+  K3_CUDA_CHECK(quant_gemv_mma(W, QuantMmaActs{hi, lo_or_null, xsum_.get<float>(), nt, W.cols}, y, stream_, 0, form,
                                QuantMmaWork{qwork_.get<float>(), qwork_.bytes() / sizeof(float)}));
   return true;
 }

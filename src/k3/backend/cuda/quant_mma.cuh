@@ -50,6 +50,44 @@ __device__ __forceinline__ uint2 ld_stream_u2(const uint8_t* p) {
   return v;
 }
 
+// cp.async (quant_mma_rows.cuh's staged x, quant_mma_staged.cuh's staged weights).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory loads by 32-bit shared address (quant_mma_staged.cuh's staged weights).
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+// 4 bytes at a 2-byte aligned shared address (ld32_2a's funnel shift).
+__device__ __forceinline__ uint32_t lds32_2a(uint32_t a) {
+  const uint32_t lo = lds32(a & ~3u), hi = lds32((a & ~3u) + (a & 2u));
+  return __funnelshift_r(lo, hi, (a & 2u) * 8);
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t a) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+  return v;
+}
+
 // Where a lane's B fragments come from. Dense (MAPPED false): column j of n8 tile t is activation row min(8 t + j, n - 1)
 // (rows past n repeat the last one; their results are discarded) and the sums sit at [sb][8 t + j] (padded with zeros to
 // ldx). Experts (MAPPED): column j of a tile's n8 tile t is slot s0 + min(8 t + j, count - 1), whose activation row is
@@ -116,6 +154,15 @@ struct MmaQ45 {
     r.h = __ldg(reinterpret_cast<const uint4*>(b));
     r.q = ld_stream_u2(b + kQsOff + 32 * (u & 3) + 8 * tq);
     r.qh = kFifth ? __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tq)) : make_uint2(0, 0);
+    return r;
+  }
+  // The same fields from a row staged in shared memory at address row (16-byte aligned: 144 / 176-byte blocks).
+  __device__ static Raw load_s(uint32_t row, int u, int tq) {
+    const uint32_t b = row + static_cast<uint32_t>(u >> 2) * kBlockBytes;
+    Raw r;
+    r.h = lds128(b);
+    r.q = lds64(b + kQsOff + 32 * (u & 3) + 8 * tq);
+    r.qh = kFifth ? lds64(b + 16 + 8 * tq) : make_uint2(0, 0);
     return r;
   }
   template <int NT, int MT, bool SPLIT, class XV>
@@ -191,6 +238,20 @@ struct MmaQ6K {
     r.sc[0] = ld32_2a(b + 192 + 8 * hf);
     r.sc[1] = ld32_2a(b + 196 + 8 * hf);
     r.d = f16_bits(__ldg(reinterpret_cast<const unsigned short*>(b + 208)));
+    return r;
+  }
+  // The same fields from a row staged in shared memory at address row (2-byte aligned, as in global memory).
+  __device__ static Raw load_s(uint32_t row, int u, int tq) {
+    const uint32_t b = row + static_cast<uint32_t>(u >> 1) * kBlockBytes;
+    const uint32_t hf = static_cast<uint32_t>(u & 1);
+    Raw r;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r.ql[k] = lds32_2a(b + 64 * hf + 16 * k + 4 * tq);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) r.qh[h] = lds32_2a(b + 128 + 32 * hf + 16 * h + 4 * tq);
+    r.sc[0] = lds32_2a(b + 192 + 8 * hf);
+    r.sc[1] = lds32_2a(b + 196 + 8 * hf);
+    r.d = f16_bits(static_cast<unsigned short>(lds16(b + 208)));
     return r;
   }
   template <int NT, int MT, bool SPLIT, class XV>

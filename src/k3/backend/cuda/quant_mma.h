@@ -45,10 +45,13 @@ bool quant_mma_supported(const WeightMatrix& W);
 // padding tokens n .. ldx - 1).
 cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, uint16_t* lo, float* xsum, cudaStream_t s);
 
-// The kernel's two forms (quant_gemv_mma.cu): KSplit = a block's 8 warps on the same rows, k split between them, each
-// warp loading its own x; Rows = the 8 warps on 128 different rows, x staged in shared memory once per block (1/8 of
-// the activation traffic), k split over blocks into `work` when the rows alone do not fill the GPU.
-enum class QuantMmaForm { Auto, KSplit, Rows };
+// The kernel's forms (quant_gemv_mma.cu): KSplit = a block's 8 warps on the same rows, k split between them, each
+// warp loading its own x and its weights; Staged = KSplit with the block's weights streamed through shared memory by
+// coalesced cp.async (the same bits as KSplit with mt = 1; up to 16 tokens); Rows = the 8 warps on 128 different rows,
+// x staged in shared memory once per block (1/8 of the activation traffic), k split over blocks into `work` when the
+// rows alone do not fill the GPU.
+enum class QuantMmaForm { Auto, KSplit, Rows, Staged };
+constexpr int kQuantMmaStagedMaxTokens = 16;
 // Scratch for the Rows form's k slices: partial sums, slices x n x rows floats (quant_mma_work_floats). Too little (or
 // none) means fewer slices: the result is the same up to the order of the slices' sums.
 struct QuantMmaWork {

@@ -22,16 +22,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 16 * kWarps;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // One staged unit: the activations of its U columns for the block's 8 NT token rows (hi, then lo), each row padded
 // by 8 bf16 (16 bytes) so that the 8 rows a warp's B load touches fall in different banks, then the unit's U / 32
 // sums for the 8 NT tokens.
