@@ -79,7 +79,7 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
 }
 // 4 bytes at a 2-byte aligned shared address (ld32_2a's funnel shift).
 __device__ __forceinline__ uint32_t lds32_2a(uint32_t a) {
-  const uint32_t lo = lds32(a & ~3u), hi = lds32((a & ~3u) + (a & 2u));
+  const uint32_t lo = lds32(a & ~3u), hi = lds32((a & ~3u) + 2 * (a & 2u));  // the next word when a is 2 mod 4
   return __funnelshift_r(lo, hi, (a & 2u) * 8);
 }
 __device__ __forceinline__ uint32_t lds16(uint32_t a) {
