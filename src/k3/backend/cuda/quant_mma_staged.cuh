@@ -82,12 +82,14 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_staged_kernel(const Job
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
   const uint32_t sbase = smem_addr(wstage_mem);
-  // Where each staged row's bytes begin inside its first granule (the same for every stage: kSb blocks per stage).
-  uint32_t off[2];
+  // The lane's two rows: their stage offsets and the low bits of their global addresses (a staged row's bytes begin
+  // at its first byte's place in a 16-byte granule: Q6_K's kSb blocks are 840 bytes, so that place moves per stage).
+  uint32_t row_off[2], row_lo[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    off[h] = (8 * h + g) * S::kRow +
-             static_cast<uint32_t>(reinterpret_cast<uintptr_t>(j.w0 + min(r0 + 8 * h + g, j.rows - 1) * j.row_bytes) & 15);
+  for (int h = 0; h < 2; ++h) {
+    row_off[h] = (8 * h + g) * S::kRow;
+    row_lo[h] = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(j.w0 + min(r0 + 8 * h + g, j.rows - 1) * j.row_bytes) & 15);
+  }
   Xv<NT, SPLIT, false> xv;
   xv.init(j.a, j.ldx, nullptr, 1, 0, j.a.n, g, tq);
   float acc[1][NT][4];
@@ -110,7 +112,8 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_staged_kernel(const Job
     for (int ul = warp; ul < units; ul += kWarps) {
       typename P::Raw r[1][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) r[0][h] = P::load_s(slot + off[h], ul, tq);
+      for (int h = 0; h < 2; ++h)
+        r[0][h] = P::load_s(slot + row_off[h] + ((row_lo[h] + static_cast<uint32_t>(st * S::kSb * P::kBlockBytes)) & 15), ul, tq);
       P::template apply<NT, 1, SPLIT>(r, st * S::kSb * kUnitsPerSb + ul, xv, tq, acc);
     }
   }
