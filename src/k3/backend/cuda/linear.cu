@@ -230,9 +230,6 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
     const std::string f(qf);
     quant_mma_form_ = f == "rows" ? QuantMmaForm::Rows : f == "ksplit" ? QuantMmaForm::KSplit : f == "staged" ? QuantMmaForm::Staged : QuantMmaForm::Auto;
   }
-  // K3_QUANT_MMA_STAGED=0: the rule without the Staged form (session 30's; A/B).
-  if (const char* qs = std::getenv("K3_QUANT_MMA_STAGED"); qs != nullptr && std::string(qs) == "0" && quant_mma_form_ == QuantMmaForm::Auto)
-    quant_mma_form_ = QuantMmaForm::AutoUnstaged;
   if (const char* dt = std::getenv("K3_CUDA_DEQUANT_TILE"); dt != nullptr && std::atoll(dt) > 0)
     dequant_tile_floats_ = std::min<int64_t>(std::atoll(dt), kDequantTileFloats);
   try {

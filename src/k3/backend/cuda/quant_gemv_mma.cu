@@ -101,14 +101,13 @@ int rows_slices(int64_t rows, int64_t units, int n, const QuantMmaWork& work) {
 // 51.6 at 32, 126 -> 93 at 64, 2304 x 4096 34.5 -> 21.1 at 32; at 16 the two-tile KSplit still wins, 27.9 vs 39.3);
 // Q5_K never (Rows lost at every n: 38.3 vs 65.9 at 32, 80.9 vs 93.7 at 64 -- its qh loads and 191 registers at 8
 // tiles). End to end (call s30-2/3) the rule was measured with Q6_K from 9; the step to 8 is the head's kernel figure.
-// Staged (session 31) for 2..8 tokens below the tall heads: end to end on llama.cpp's Q4_K_M of the Kimi-Linear-dims
-// slice, batch 8 4979 / 4962 -> 5199 / 5192 tok/s (call s31-3, every matrix staged at n <= 8); on the 163840 x 2304
-// head it lost (one token 208 -> 217 us, 8 tokens Rows 271 vs 294), and at one token the other matrices keep the
-// fp32 GEMV (LinearRunner).
-constexpr int64_t kStagedBelowRows = 65536;
-QuantMmaForm default_form(WeightFormat f, int64_t rows, int n, QuantMmaForm asked) {
-  if (asked != QuantMmaForm::Auto && asked != QuantMmaForm::AutoUnstaged) return asked;
-  if (asked == QuantMmaForm::Auto && n >= 2 && n <= 8 && rows < kStagedBelowRows) return QuantMmaForm::Staged;
+// Staged (session 31) is not in the rule: on its own it wins only on 4096 x 7168 Q6_K (hi alone 29.0 -> 22.4 us at one
+// token, 32.2 -> 23.9 at 8; with lo 28.0 -> 27.6, 33.4 vs Rows 31.3) and loses elsewhere (Q4_K 4096 x 7168 22.1 -> 27.0
+// at one token, the head 208 -> 222), and end to end, Staged for 2..8 tokens below 65536 rows against this rule
+// alternating (call s31-4, llama.cpp's Q4_K_M of the Kimi-Linear-dims slice): batch 2 2063 / 2042 vs 2025 / 2036, 8
+// 5051 / 5014 vs 4960 / 4980 tok/s -- about 1%, the spread of identical runs (batch 1 1223-1247).
+QuantMmaForm default_form(WeightFormat f, int n, QuantMmaForm asked) {
+  if (asked != QuantMmaForm::Auto) return asked;
   const bool use_rows = (f == WeightFormat::Q6_K && n >= 8) || (f == WeightFormat::Q4_K && n > 16);
   return use_rows ? QuantMmaForm::Rows : QuantMmaForm::KSplit;
 }
@@ -148,7 +147,7 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 
 size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
   if (W.rows <= 0 || n <= 0 || n > kQuantMmaMaxTokens) return 0;
-  form = default_form(W.format, W.rows, n, form);
+  form = default_form(W.format, n, form);
   if (form != QuantMmaForm::Rows) return 0;  // KSplit sums its k split in shared memory
   const int64_t unit_cols = W.format == WeightFormat::Q6_K ? qmma::MmaQ6K::kUnitCols : qmma::MmaQ45<false>::kUnitCols;
   const int64_t slices = rows_slices_wanted(W.rows, W.cols / unit_cols);
@@ -162,7 +161,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
       mt < 0 || mt > 2 || (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens))
     return cudaErrorInvalidValue;
   if (mt == 0) mt = default_mt(W.format, a.n);
-  form = default_form(W.format, W.rows, a.n, form);
+  form = default_form(W.format, a.n, form);
   qmma::Job j;
   j.w0 = static_cast<const uint8_t*>(W.data);
   j.rows = W.rows;

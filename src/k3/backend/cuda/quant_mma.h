@@ -50,8 +50,7 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 // coalesced cp.async (the same bits as KSplit with mt = 1; up to 16 tokens); Rows = the 8 warps on 128 different rows,
 // x staged in shared memory once per block (1/8 of the activation traffic), k split over blocks into `work` when the
 // rows alone do not fill the GPU.
-// AutoUnstaged: the rule without the Staged form (session 30's rule; A/B timing).
-enum class QuantMmaForm { Auto, KSplit, Rows, Staged, AutoUnstaged };
+enum class QuantMmaForm { Auto, KSplit, Rows, Staged };
 constexpr int kQuantMmaStagedMaxTokens = 16;
 // Scratch for the Rows form's k slices: partial sums, slices x n x rows floats (quant_mma_work_floats). Too little (or
 // none) means fewer slices: the result is the same up to the order of the slices' sums.
