@@ -23,8 +23,8 @@ namespace k3::cuda {
 
 bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y) {
   // One token: the fp32 GEMV's v2 / v3 kernels keep the matrices they win on (4096 x 7168 Q6_K 26.4 vs 30.6 us,
-  // 4096 x 2304 Q4_K 11.9 vs 14.1), the tall heads take the tensor cores (163840 x 2304 Q6_K 293.3 -> 275.2 us;
-  // CudaQuantMma.TimingAtK3Width, call s30-1; the first kernel's 201.1 in call s29-1, docs/perf/cuda.md).
+  // 4096 x 2304 Q4_K 11.9 vs 14.1), the tall heads take the tensor cores (163840 x 2304 Q6_K 297.9 -> 209.5 us;
+  // CudaQuantMma.TimingAtK3Width, call s31-1, docs/perf/cuda.md).
   const int min_tokens = quant_mma_min_tokens_ == kQuantMmaMinTokens && W.rows >= kQuantMmaTallRows ? 1 : quant_mma_min_tokens_;
   if (n < min_tokens || n > kQuantMmaMaxTokens || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(x) % 16 != 0)
     return false;
