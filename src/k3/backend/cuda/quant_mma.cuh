@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
@@ -297,6 +298,37 @@ struct MmaQ6K {
   }
 };
 
+// The block's 8 warps' R accumulators (flat) summed into warp 0's in a fixed tree -- w += w + 4, then w += w + 2, then
+// w += w + 1 -- so that the result does not depend on timing; red is the block's shared scratch.
+template <int R>
+__device__ __forceinline__ void reduce_warps(float* flat, float (&red)[kWarps / 2][R][32], int warp, int lane) {
+#pragma unroll
+  for (int half = kWarps / 2; half >= 1; half >>= 1) {
+    if (warp >= half && warp < 2 * half)
+#pragma unroll
+      for (int i = 0; i < R; ++i) red[warp - half][i][lane] = flat[i];
+    __syncthreads();
+    if (warp < half)
+#pragma unroll
+      for (int i = 0; i < R; ++i) flat[i] += red[warp][i][lane];
+    __syncthreads();
+  }
+}
+
+// The opt-in of Kernel to `bytes` (> 48 KB) of dynamic shared memory, once per device (a host call kept off later
+// launches).
+template <auto Kernel>
+cudaError_t opt_in_smem(int bytes) {
+  static std::atomic<uint64_t> opted{0};
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (dev & 63);
+  if ((opted.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  if (const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); e != cudaSuccess) return e;
+  opted.fetch_or(bit, std::memory_order_release);
+  return cudaSuccess;
+}
+
 // One launch's work: a dense matrix (tiles == nullptr: rows x cols, the n activation rows), or the routed experts' tiles
 // (blockIdx.y = tile: expert td.x's matrix, activation slots td.y .. td.y + td.z - 1, at most 8 NT). GLU: w1 is the up
 // matrix beside w0's gate (MT = 2: m16 tile 0 reads gate rows, tile 1 the same up rows) and the result is glu(gate, up).
@@ -359,19 +391,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
     P::template apply<NT, MT, SPLIT>(ra, u, xv, tq, acc);
     if (u1 < units) P::template apply<NT, MT, SPLIT>(rb, u1, xv, tq, acc);
   }
-  // Fixed tree over the 8 warps: w += w + 4, then w += w + 2, then w += w + 1.
-  float* flat = &acc[0][0][0];
-#pragma unroll
-  for (int half = kWarps / 2; half >= 1; half >>= 1) {
-    if (warp >= half && warp < 2 * half)
-#pragma unroll
-      for (int i = 0; i < R; ++i) red[warp - half][i][lane] = flat[i];
-    __syncthreads();
-    if (warp < half)
-#pragma unroll
-      for (int i = 0; i < R; ++i) flat[i] += red[warp][i][lane];
-    __syncthreads();
-  }
+  reduce_warps<R>(&acc[0][0][0], red, warp, lane);
   if (warp != 0) return;
 #pragma unroll
   for (int mt = 0; mt < (GLU ? 1 : MT); ++mt)

@@ -13,8 +13,6 @@
 // [s per, (s + 1) per) of its rows into partials[s][token][row], and rows_reduce_kernel adds the slices in order
 // (fixed order: the result does not depend on timing). One slice writes y directly.
 #pragma once
-#include <atomic>
-
 #include "k3/backend/cuda/quant_mma.cuh"
 
 namespace k3::cuda::qmma {
@@ -147,23 +145,13 @@ cudaError_t launch_rows(const Job& j, int slices, float* partials, cudaStream_t 
   using S = Stage<P::kUnitCols, NT, SPLIT>;
   constexpr int kSmem = 2 * S::kBytes;
   static_assert(kSmem <= 227 * 1024, "two stages fit in shared memory");
-  auto* kernel = quant_mma_rows_kernel<P, NT, SPLIT>;
-  if constexpr (kSmem > 48 * 1024) {  // the opt-in above 48 KB, once per device (a host call kept off later launches)
-    static std::atomic<uint64_t> opted{0};
-    int dev = 0;
-    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (dev & 63);
-    if ((opted.load(std::memory_order_acquire) & bit) == 0) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e != cudaSuccess) return e;
-      opted.fetch_or(bit, std::memory_order_release);
-    }
-  }
+  if constexpr (kSmem > 48 * 1024)
+    if (const cudaError_t e = opt_in_smem<quant_mma_rows_kernel<P, NT, SPLIT>>(kSmem); e != cudaSuccess) return e;
   const int64_t blocks = (j.rows + kRowsPerBlock - 1) / kRowsPerBlock, units = j.a.cols / P::kUnitCols;
   if (blocks > 0x7fffffff || slices < 1 || slices > 65535 || units < 1) return cudaErrorInvalidValue;
   const int64_t per = (units + slices - 1) / slices;
   slices = static_cast<int>((units + per - 1) / per);  // every slice holds a unit
-  kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kWarps * 32, kSmem, s>>>(j, per, partials);
+  quant_mma_rows_kernel<P, NT, SPLIT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kWarps * 32, kSmem, s>>>(j, per, partials);
   if (slices == 1) return cudaGetLastError();
   const int64_t count = static_cast<int64_t>(j.a.n) * j.rows;
   rows_reduce_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(partials, slices, count, j.y);

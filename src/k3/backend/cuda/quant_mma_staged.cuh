@@ -14,8 +14,6 @@
 // units are consecutive), the decoders are the same code over the staged bytes, and the warps meet in the same
 // fixed tree.
 #pragma once
-#include <atomic>
-
 #include "k3/backend/cuda/quant_mma.cuh"
 
 namespace k3::cuda::qmma {
@@ -116,19 +114,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_staged_kernel(const Job
       P::template apply<NT, 1, SPLIT>(r, st * S::kSb * kUnitsPerSb + ul, xv, tq, acc);
     }
   }
-  // The KSplit kernel's fixed tree over the 8 warps.
-  float* flat = &acc[0][0][0];
-#pragma unroll
-  for (int half = kWarps / 2; half >= 1; half >>= 1) {
-    if (warp >= half && warp < 2 * half)
-#pragma unroll
-      for (int i = 0; i < R; ++i) red[warp - half][i][lane] = flat[i];
-    __syncthreads();
-    if (warp < half)
-#pragma unroll
-      for (int i = 0; i < R; ++i) flat[i] += red[warp][i][lane];
-    __syncthreads();
-  }
+  reduce_warps<R>(&acc[0][0][0], red, warp, lane);  // the KSplit kernel's fixed tree
   if (warp != 0) return;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -144,21 +130,11 @@ template <class P, int NT, bool SPLIT>
 cudaError_t launch_staged(const Job& j, cudaStream_t s) {
   constexpr int kSmem = kStages * WStage<P>::kBytes;
   static_assert(kSmem <= 200 * 1024, "the stages fit in shared memory");
-  auto* kernel = quant_mma_staged_kernel<P, NT, SPLIT>;
-  if constexpr (kSmem > 48 * 1024) {  // the opt-in above 48 KB, once per device
-    static std::atomic<uint64_t> opted{0};
-    int dev = 0;
-    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (dev & 63);
-    if ((opted.load(std::memory_order_acquire) & bit) == 0) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e != cudaSuccess) return e;
-      opted.fetch_or(bit, std::memory_order_release);
-    }
-  }
+  if constexpr (kSmem > 48 * 1024)
+    if (const cudaError_t e = opt_in_smem<quant_mma_staged_kernel<P, NT, SPLIT>>(kSmem); e != cudaSuccess) return e;
   const int64_t blocks = (j.rows + 15) / 16;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  kernel<<<static_cast<unsigned>(blocks), kWarps * 32, kSmem, s>>>(j);
+  quant_mma_staged_kernel<P, NT, SPLIT><<<static_cast<unsigned>(blocks), kWarps * 32, kSmem, s>>>(j);
   return cudaGetLastError();
 }
 
