@@ -315,6 +315,20 @@ __device__ __forceinline__ void reduce_warps(float* flat, float (&red)[kWarps / 
   }
 }
 
+// One m16 tile's accumulators -- rows r0 + g and r0 + g + 8, tokens 8 nt + 2 tq + {0, 1} -- into out [token][rows], the
+// rows past the matrix and the tokens past n left out.
+template <int NT>
+__device__ __forceinline__ void store_tile(const float (&acc)[NT][4], float* out, int64_t rows, int n, int64_t r0, int g, int tq) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t row = r0 + g + 8 * (i >> 1);
+      const int c = 8 * nt + 2 * tq + (i & 1);
+      if (row < rows && c < n) out[c * rows + row] = acc[nt][i];
+    }
+}
+
 // The opt-in of Kernel to `bytes` (> 48 KB) of dynamic shared memory, once per device (a host call kept off later
 // launches).
 template <auto Kernel>

@@ -121,14 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_rows_kernel(const Job j
     __syncthreads();
   }
   float* out = gridDim.y > 1 ? partials + static_cast<int64_t>(blockIdx.y) * j.a.n * j.rows : j.y;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = r0 + g + 8 * (i >> 1);
-      const int c = 8 * nt + 2 * tq + (i & 1);
-      if (row < j.rows && c < j.a.n) out[c * j.rows + row] = acc[0][nt][i];
-    }
+  store_tile<NT>(acc[0], out, j.rows, j.a.n, r0, g, tq);
 }
 
 // y[i] = partials[0][i] + partials[1][i] + ... in slice order.

@@ -116,14 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_staged_kernel(const Job
   }
   reduce_warps<R>(&acc[0][0][0], red, warp, lane);  // the KSplit kernel's fixed tree
   if (warp != 0) return;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = r0 + g + 8 * (i >> 1);
-      const int c = 8 * nt + 2 * tq + (i & 1);
-      if (row < j.rows && c < j.a.n) j.y[c * j.rows + row] = acc[0][nt][i];
-    }
+  store_tile<NT>(acc[0], j.y, j.rows, j.a.n, r0, g, tq);
 }
 
 template <class P, int NT, bool SPLIT>
