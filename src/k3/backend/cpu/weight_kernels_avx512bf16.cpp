@@ -430,8 +430,6 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
 // side by side and the prefetch below carry the gain from DRAM, docs/perf/cpu.md session 25). Up to kOneTokenMaxPairs
 // pairs (16384 columns); wider rows take the tile.
 constexpr int64_t kOneTokenMaxPairs = 256;
-
-
 template <WeightFormat F, int PF>
 void mxfp4_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ldy) {
   const int64_t kAhead = g_one_token_prefetch.bytes;

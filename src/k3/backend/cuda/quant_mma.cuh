@@ -53,9 +53,11 @@ __device__ __forceinline__ uint2 ld_stream_u2(const uint8_t* p) {
 
 // cp.async (quant_mma_rows.cuh's staged x, quant_mma_staged.cuh's staged weights).
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+// 16 bytes from global src (16-byte aligned) to shared dst (a shared address, or a generic pointer into shared memory).
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+__device__ __forceinline__ void cp16(void* dst, const void* src) { cp16(smem_addr(dst), src); }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {

@@ -19,11 +19,6 @@
 namespace k3::cuda::qmma {
 namespace {
 
-// 16 bytes from global src to shared dst, of which the first `valid` are copied and the rest zero-filled.
-__device__ __forceinline__ void cp16_zfill(uint32_t dst, const void* src, uint32_t valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid) : "memory");
-}
-
 // The shared-memory layout of one stage of format P: 16 rows of kSb blocks each, a row's bytes starting at the
 // 16-byte granule that holds its first byte (Q6_K's 210-byte blocks are 2-aligned: one more granule), rows kRow apart
 // with kRow chosen so that the 8 rows a warp's loads touch fall in different banks (Q4_K / Q5_K: 64-bit loads of 8 rows
@@ -41,7 +36,9 @@ struct WStage {
 constexpr int kStages = 4;
 
 // The block copies super-blocks [sb0, sb1) of its 16 rows (rows past the end repeat the last) into the stage at sbase.
-// Granules outside [lo, hi) -- the matrix's bytes -- are zero-filled (their bytes are never decoded).
+// A granule is never wholly outside the matrix [lo, hi) (segments lie inside it); one that the matrix starts or ends
+// inside (Q6_K at 2 mod 16) is copied by 2-byte loads, zeros outside the matrix (bytes never decoded) -- not by
+// cp.async with a source size, which compute-sanitizer counts as a 16-byte read (call s31-4).
 template <class P>
 __device__ void fill_stage(uint32_t sbase, const Job& j, int64_t r0, int64_t sb0, int64_t sb1) {
   using S = WStage<P>;
@@ -55,11 +52,8 @@ __device__ void fill_stage(uint32_t sbase, const Job& j, int64_t r0, int64_t sb0
     if (g >= seg + nbytes) continue;  // past the segment (a short last stage)
     const uint32_t dst = sbase + r * S::kRow + 16 * k;
     if (g >= lo && g + 16 <= hi) {
-      cp16_zfill(dst, g, 16);
-    } else if (g + 16 <= lo || g >= hi) {
-      cp16_zfill(dst, lo, 0);  // wholly outside: zeros (lo is a valid address)
-    } else {  // the matrix starts or ends inside this granule (Q6_K at 2 mod 16): its halves, zeros outside it. Not
-              // cp.async with a source size: compute-sanitizer counts that as a 16-byte read (call s31-4)
+      cp16(dst, g);
+    } else {
       for (int b = 0; b < 16; b += 2) {
         const uint8_t* p = g + b;
         const unsigned short v = p >= lo && p < hi ? __ldg(reinterpret_cast<const unsigned short*>(p)) : 0;
