@@ -4,11 +4,14 @@
 //
 // Why (call s31-1, ncu of the one-token KSplit kernel): each lane loads its own 4-8 bytes of 8 different rows, so a
 // warp's load touches 8 cache lines for 128 useful bytes. On the 163840 x 2304 Q6_K head that was 9.9 M requests for
-// 73 M sectors (7.4 per request), the L1 at 63% of its throughput and DRAM at 31%: 207 us for 310 MB. Small matrices
+// 73 M sectors (7.4 per request), the L1 at 64% of its throughput and DRAM at 31%: 207 us for 310 MB. Small matrices
 // had the opposite problem: 2304 x 4096 Q4_K ran 144 blocks with two units in flight per warp (13.5% occupancy, 82% of
 // cycles with no eligible warp) and read 0.4 TB/s. Here the block's 16 rows stream through a ring of kStages
 // shared-memory stages (kSb super-blocks of all 16 rows each, every 16-byte granule one cp.async, consecutive
 // threads on consecutive granules), kStages - 1 stages in flight while one is multiplied.
+// Measured (call s31-4, docs/perf/cuda.md session 31): it did not pay -- the head 208 -> 222 us, Q4_K / Q5_K slower,
+// only 4096 x 7168 Q6_K faster, ~1% end to end -- so the sectors per request were not the bound; the rule
+// (quant_gemv_mma.cu default_form) does not take it, K3_QUANT_MMA_FORM=staged does.
 //
 // The same bits as KSplit with one m16 tile: warp w multiplies units w, w + 8, w + 16, ... in that order (a stage's
 // units are consecutive), the decoders are the same code over the staged bytes, and the warps meet in the same
