@@ -2,6 +2,7 @@
 // reduction; sums are accumulated in fp32 (the CPU reference uses double for attn_res and the L2 norms,
 // float elsewhere: differences stay at fp32 rounding).
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 #include <cuda_bf16.h>
 
@@ -34,6 +35,7 @@ unsigned grid1d(int64_t count, int threads) { return static_cast<unsigned>((coun
 
 __global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
                              float* __restrict__ out) {
+  pdl::launch_dependents();
   const int64_t t = blockIdx.x;
   const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * H;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = bf16_to_f32(row[i]);
@@ -42,12 +44,14 @@ __global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, cons
 // A vocabulary shard's embedding: rows [first, first + count) of the vocabulary; other tokens get zeros.
 __global__ void embed_shard_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
                                    int64_t first, int64_t count, int64_t stride, float* __restrict__ out) {
+  pdl::launch_dependents();
   const int64_t t = blockIdx.x, row = static_cast<int64_t>(tokens[t]) - first;
   const bool mine = row >= 0 && row < count;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * stride + i] = mine ? bf16_to_f32(table[row * H + i]) : 0.f;
 }
 
 __global__ void map_ids_kernel(int32_t* ids, int64_t n, const int32_t* __restrict__ table, int64_t table_n) {
+  pdl::launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = ids[i];
     ids[i] = (e >= 0 && e < table_n) ? table[e] : -1;
@@ -55,6 +59,7 @@ __global__ void map_ids_kernel(int32_t* ids, int64_t n, const int32_t* __restric
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
+  pdl::launch_dependents();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
   float ss = 0;
@@ -68,6 +73,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int 
 // bits equal the two-kernel sequence. Each thread re-reads only the y elements it wrote itself.
 __global__ void add_rmsnorm_kernel(float* y, const float* __restrict__ x, const float* __restrict__ w, int dim, int stride,
                                    float eps, float* out) {
+  pdl::launch_dependents();
   float* yr = y + static_cast<int64_t>(blockIdx.x) * stride;
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
@@ -82,14 +88,17 @@ __global__ void add_rmsnorm_kernel(float* y, const float* __restrict__ x, const 
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
 __global__ void sigmoid_mul_kernel(float* y, const float* g, int64_t n) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] *= sigmoid(g[i]);
 }
 __global__ void glu_kernel(float* gate, const float* up, int64_t n, bool situ, float beta, float lbeta) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = gate[i], u = up[i];
@@ -99,6 +108,7 @@ __global__ void glu_kernel(float* gate, const float* up, int64_t n, bool situ, f
     gate[i] = g * sigmoid(g) * u;
 }
 __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
@@ -107,6 +117,7 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
 }
 
 __global__ void to_bf16_split_kernel(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
@@ -152,6 +163,7 @@ __device__ void attn_res_weights(const ResSources src, int m, const float* __res
 // One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
 __global__ void attn_res_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                 float eps, float* __restrict__ out) {
+  pdl::launch_dependents();
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
   attn_res_weights(src, m, w, H, eps, t, p);
@@ -165,6 +177,7 @@ __global__ void attn_res_kernel(const ResSources src, int m, const float* __rest
 // attn_res_kernel followed by RMSNorm of the mixed row (kept in shared memory).
 __global__ void attn_res_norm_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                      float eps, const float* __restrict__ norm_w, float* __restrict__ out) {
+  pdl::launch_dependents();
   extern __shared__ float row[];  // [H]
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
@@ -181,12 +194,14 @@ __global__ void attn_res_norm_kernel(const ResSources src, int m, const float* _
 }
 
 __global__ void gather_kernel(const float* x, const int32_t* rows, int H, float* out) {
+  pdl::launch_dependents();
   const int64_t r = blockIdx.x;
   const float* src = x + static_cast<int64_t>(rows[r]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[r * H + i] = src[i];
 }
 
 __global__ void copy_segments_kernel(const CopySeg* segs) {
+  pdl::launch_dependents();
   const CopySeg c = segs[blockIdx.x];
   const bool wide = ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0;
   if (wide) {
@@ -209,6 +224,7 @@ __device__ __forceinline__ float unit(uint64_t seed, int64_t i) {
   return static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
 }
 __global__ void fill_bf16_kernel(uint16_t* p, int64_t n, float scale, uint64_t seed) {
+  pdl::launch_dependents();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const __nv_bfloat16 b = __float2bfloat16_rn((2.0f * unit(seed, i) - 1.0f) * scale);
@@ -216,11 +232,13 @@ __global__ void fill_bf16_kernel(uint16_t* p, int64_t n, float scale, uint64_t s
   }
 }
 __global__ void fill_f32_kernel(float* p, int64_t n, float lo, float hi, uint64_t seed) {
+  pdl::launch_dependents();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     p[i] = lo + (hi - lo) * unit(seed, i);
 }
 __global__ void fill_bytes_kernel(uint8_t* p, int64_t n, uint32_t lo, uint32_t span, uint64_t seed) {
+  pdl::launch_dependents();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     p[i] = static_cast<uint8_t>(lo + mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) % span);

@@ -45,6 +45,7 @@
 #include "k3/backend/cuda/kda_kernels.h"
 
 #include "k3/backend/cuda/cache_dtype.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 #include <algorithm>
 #include <cstddef>
@@ -226,6 +227,7 @@ __global__ void __launch_bounds__(32)
     kda_recurrent_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ q,
                          const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
                          const float* __restrict__ beta, float* __restrict__ o) {
+  pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   constexpr int E = D / 32;  // elements of q/k/g each lane stages per token
   __shared__ __align__(16) float ks[2][D], qs[2][D], es[2][D];
@@ -297,6 +299,7 @@ __device__ __forceinline__ int n_chunks(int n, int L) { return n > 0 ? (n + L - 
 // One block of 1024 threads: base[s] = sum_{s' < s} ceil(n_s' / L), base[n_seqs] = total.
 __global__ void __launch_bounds__(1024)
     kda_chunk_table_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, int L, int* __restrict__ base) {
+  pdl::launch_dependents();
   __shared__ int part[1024];
   const int tid = threadIdx.x, per = (n_seqs + 1023) / 1024;
   const int s0 = min(n_seqs, tid * per), s1 = min(n_seqs, s0 + per);
@@ -331,6 +334,7 @@ __global__ void __launch_bounds__(kChunkThreads, 1)
                            const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wp,
                            float* __restrict__ Up, float* __restrict__ Qp, float* __restrict__ Kp,
                            float* __restrict__ Ap) {
+  pdl::launch_dependents();
   constexpr int NT = kChunkThreads, D4 = D / 4;
   static_assert(2 * D <= NT, "forward substitution maps one thread per W / U column");
   extern __shared__ float4 smem4[];
@@ -480,6 +484,7 @@ __global__ void __launch_bounds__(kChunkThreads)
                            float* __restrict__ o, const float* __restrict__ Wp, const float* __restrict__ Up,
                            const float* __restrict__ Qp, const float* __restrict__ Kp,
                            const float* __restrict__ Ap) {
+  pdl::launch_dependents();
   using Cfg = StateCfg<D, L>;
   constexpr int NT = kChunkThreads, BV = Cfg::BV, LDW = Cfg::LDW, LDA = Cfg::LDA, RO = Cfg::RO, RS = Cfg::RS;
   constexpr int D4 = D / 4, BV4 = BV / 4, L4 = L / 4;
@@ -726,6 +731,7 @@ __global__ void __launch_bounds__(D)
                            const float* __restrict__ wq, const float* __restrict__ wk,
                            const float* __restrict__ wv, float* __restrict__ q, float* __restrict__ k,
                            float* __restrict__ v) {
+  pdl::launch_dependents();
   constexpr int P = W - 1;
   constexpr int PS = P > 0 ? P : 1;
   __shared__ float2 red[D / 32];
@@ -785,6 +791,7 @@ __global__ void __launch_bounds__(D)
 __global__ void kda_gates_kernel(long long NC, long long NH, int H, int D, float* __restrict__ g,
                                  const float* __restrict__ dt_bias, const float* __restrict__ A_log, bool bounded,
                                  float lower_bound, float* __restrict__ beta) {
+  pdl::launch_dependents();
   const long long C = static_cast<long long>(H) * D;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < NC + NH;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
@@ -805,6 +812,7 @@ template <int D>
 __global__ void __launch_bounds__(D)
     kda_output_gate_kernel(int H, float* __restrict__ o, const float* __restrict__ norm_w, float eps,
                            const float* __restrict__ gate) {
+  pdl::launch_dependents();
   __shared__ float2 red[D / 32];
   const size_t at = static_cast<size_t>(blockIdx.x) * D + threadIdx.x;  // blockIdx.x = row * H + head
   const float x = o[at];
@@ -890,6 +898,7 @@ __device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, 
 template <int D, int W, class StateT>
 __global__ void __launch_bounds__(D * kSplit<D>)
     kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const KdaFusedIn in, float* __restrict__ o) {
+  pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   __shared__ float2 red[D * SPLIT / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
@@ -911,6 +920,7 @@ template <int D, int W, class StateT>
 __global__ void __launch_bounds__(D * kSplit<D>)
     kda_verify_fused_kernel(const KdaSnapSeq* __restrict__ seqs, const KdaSeq* __restrict__ snaps, int H,
                             const KdaFusedIn in, float* __restrict__ o) {
+  pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   __shared__ float2 red[D * SPLIT / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];

@@ -28,6 +28,7 @@
 #include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_tables.h"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -50,6 +51,7 @@ struct GemvGroup {
 template <int NT, typename WT>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const GemvGroup<WT> grp, int64_t cols, const float* __restrict__ x) {
+  pdl::launch_dependents();
   const int lane = threadIdx.x & 31;
   int m = 0;  // this block's matrix (block-uniform)
   while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
@@ -141,6 +143,7 @@ cudaError_t launch_gemv_group(const DeviceLinear* const* W, float* const* y, int
 
 // y[i] = d[i] + d[count + i]: the hi and lo products of the merged bf16x2 GEMM.
 __global__ void add_halves_kernel(const float* __restrict__ d, int64_t count, float* __restrict__ y) {
+  pdl::launch_dependents();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] = d[i] + d[count + i];

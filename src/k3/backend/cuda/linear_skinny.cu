@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -86,6 +87,7 @@ template <int MT, int NT, class XSrc>
 __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const SkinnyGroup grp, int cols,
                                                              const void* __restrict__ xa,
                                                              const void* __restrict__ xb, int n) {
+  pdl::launch_dependents();
   __shared__ float red[kWarps][MT * NT * 4][32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   // This block's matrix of the group (block-uniform) and its first row there.

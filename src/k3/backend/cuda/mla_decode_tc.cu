@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include "k3/backend/cuda/mla_row_loader.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda::mla_tc {
 namespace {
@@ -80,6 +81,7 @@ template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_tc_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                      float* __restrict__ o_lat, float* __restrict__ ws) {
+  pdl::launch_dependents();
   extern __shared__ __align__(16) unsigned char smem[];
   using Loader = RowLoader<DT>;
   auto* kv = reinterpret_cast<__nv_bfloat16*>(smem + 2 * Loader::kStageBytes);        // [kKeys][kRowPad]

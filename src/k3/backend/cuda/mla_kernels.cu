@@ -18,6 +18,7 @@
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_decode_wgmma.h"
 #include "k3/backend/cuda/mla_paging.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -25,6 +26,7 @@ namespace {
 constexpr int kMaxKrPerLane = 16;  // kr <= 512
 
 __global__ void copy_qpe_kernel(const float* __restrict__ q, int nh, int dn, int dr, int kr, float* __restrict__ ql) {
+  pdl::launch_dependents();
   const int t = blockIdx.x;
   for (int i = threadIdx.x; i < nh * dr; i += blockDim.x) {
     const int h = i / dr, j = i % dr;
@@ -59,6 +61,7 @@ template <CacheDType DT>
 __global__ void __launch_bounds__(kHeadsPerBlock * 32)
     attend_split_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale, int nsplit,
                         float* __restrict__ o_lat, float* __restrict__ ws) {
+  pdl::launch_dependents();
   extern __shared__ float sm[];
   const int kr = pg.kr, dr = pg.dr, cd = kr + dr;
   float* qs = sm;                              // [8][cd]
@@ -154,6 +157,7 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
 __global__ void __launch_bounds__(kMergeDims) attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nsplit,
                                                                    int min_keys, int gran, const float* __restrict__ ws,
                                                                    float* __restrict__ o_lat) {
+  pdl::launch_dependents();
   extern __shared__ float wt[];  // [nsplit] split weights
   __shared__ float red[kMergeDims / 32];
   const int ti = blockIdx.x / nh, h = blockIdx.x % nh;
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(kMergeDims) attend_merge_kernel(const MlaPagin
 constexpr int kAbsorbTok = 8;
 __global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__ q, const float* __restrict__ kvb, int N,
                                                        int nh, int dn, int dr, int dv, int kr, float* __restrict__ ql) {
+  pdl::launch_dependents();
   extern __shared__ float qsm[];  // [kAbsorbTok][dn]
   __shared__ float red[8][kAbsorbTok][32];
   const int h = blockIdx.x, j0 = blockIdx.y * 32, t0 = blockIdx.z * kAbsorbTok;
@@ -222,6 +227,7 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__
 // v up-projection for up to 8 tokens per block: warp per output value, lanes over kr.
 __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restrict__ kvb, int N, int nh, int dn, int dv,
                             int kr, float* __restrict__ o) {
+  pdl::launch_dependents();
   extern __shared__ float osm[];  // [kAbsorbTok][kr]
   const int h = blockIdx.x, t0 = blockIdx.z * kAbsorbTok;
   const int nt = min(kAbsorbTok, N - t0);
@@ -250,6 +256,7 @@ __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restric
 
 // One block per (head, query) row.
 __global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S, int first_pos) {
+  pdl::launch_dependents();
   __shared__ float red[32];
   float* row = scores + static_cast<int64_t>(blockIdx.x) * S;
   const int t = blockIdx.x % Tq;

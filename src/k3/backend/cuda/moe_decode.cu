@@ -41,6 +41,7 @@
 
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -107,6 +108,7 @@ __device__ __forceinline__ void pack8(const float (&v)[8], uint4& hi, uint4& lo)
 template <bool PERM>
 __global__ void __launch_bounds__(256) act_prep_kernel(const float* __restrict__ x, int64_t groups,
                                                        uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= groups) return;
   const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * i), b = __ldg(reinterpret_cast<const float4*>(x) + 2 * i + 1);
@@ -250,6 +252,7 @@ __device__ __forceinline__ void store_partials(const KArgs& a, const float (&acc
 // GLU2: gate and up rows (out = part of gate at [0, rows), of up at [rows, 2 rows)); else one matrix.
 template <bool MX, int NT, int NS, bool GLU2>
 __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KArgs a) {
+  pdl::launch_dependents();
   constexpr int U = MX ? 32 : 8;   // columns per lane unit: one 16-byte weight load
   constexpr int CH = 4 * U;        // columns per chunk
   constexpr int WPU = U / 8;       // 16-byte activation words per unit
@@ -432,6 +435,7 @@ struct WeightRing {
 // rows per block; S ring stages (ring_smem_bytes<S>() of dynamic shared memory), MINB blocks per SM.
 template <int NT, int NS, bool GLU2, int S, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) dec_ring_kernel(const KArgs a) {
+  pdl::launch_dependents();
   constexpr int MT = kRingMT, U = 32, CH = 4 * U, TOK = 8 * NT;
   constexpr int SEGC = kSmemBytes / (CH * TOK * 2 * NS);  // as dec_kernel (the segments do not change sums)
   static_assert(SEGC >= 1, "segment");
@@ -521,6 +525,7 @@ __global__ void __launch_bounds__(256)
     glu_finish_kernel(const float* __restrict__ part, int64_t split_stride, int splits, int I,
                       const int4* __restrict__ tiles, const int32_t* __restrict__ num_tiles, GluAct act, float beta,
                       float lbeta, uint16_t* __restrict__ hb_hi, uint16_t* __restrict__ hb_lo) {
+  pdl::launch_dependents();
   const int tile = blockIdx.x;
   if (tile >= *num_tiles) return;
   const int4 td = tiles[tile];
@@ -552,6 +557,7 @@ __global__ void __launch_bounds__(256)
 __global__ void __launch_bounds__(256)
     dec_combine_kernel(int X, int K, const float* __restrict__ part, int64_t split_stride, int splits,
                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
+  pdl::launch_dependents();
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
   const int t = blockIdx.x;

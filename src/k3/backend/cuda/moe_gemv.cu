@@ -21,6 +21,7 @@
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -66,6 +67,7 @@ __device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int row
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
                         GluAct act, float beta, float lbeta, float* __restrict__ h) {
+  pdl::launch_dependents();
   const int lane = threadIdx.x & 31, p = blockIdx.y;
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (i >= w.I) return;
@@ -86,6 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                      const float* __restrict__ topk_w, float* __restrict__ out) {
+  pdl::launch_dependents();
   __shared__ float s_d[kDownRows][kMaxPairK];
   __shared__ int s_e[kMaxPairK];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
@@ -137,6 +140,7 @@ __device__ __forceinline__ float quad_dot_mx(const uint8_t* __restrict__ wr, con
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_mx_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
                            GluAct act, float beta, float lbeta, float* __restrict__ h) {
+  pdl::launch_dependents();
   const int lane = threadIdx.x & 31, q = lane & 3, p = blockIdx.y;
   const int i = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 + (lane >> 2);
   if ((blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 >= w.I) return;  // whole warp past the rows
@@ -162,6 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_mx_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                         const float* __restrict__ topk_w, float* __restrict__ out) {
+  pdl::launch_dependents();
   __shared__ float s_d[8][kMaxPairK];
   __shared__ int s_e[kMaxPairK];
   const int lane = threadIdx.x & 31, q = lane & 3, rl = lane >> 2, t = blockIdx.y;

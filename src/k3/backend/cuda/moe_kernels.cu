@@ -61,6 +61,7 @@
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/quant_moe.h"
 #include "k3/backend/cuda/warp_argmax.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 #include "k3/core/error.h"
 
 namespace k3::cuda {
@@ -100,6 +101,7 @@ constexpr size_t tile_smem() {
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
                  float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  pdl::launch_dependents();
   __shared__ float s_sig[kMaxE];
   __shared__ float s_biased[kMaxE];
   __shared__ unsigned char s_taken[kMaxE];
@@ -166,6 +168,7 @@ template <int J>
 __global__ void __launch_bounds__(128)
     route_warp_kernel(int n, int E, int K, const float* __restrict__ logits, const float* __restrict__ bias,
                       bool renormalize, float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  pdl::launch_dependents();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
   if (t >= n) return;
@@ -228,6 +231,7 @@ __global__ void __launch_bounds__(128)
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int tok, int32_t* __restrict__ sorted,
                 int32_t* __restrict__ slot_of, int4* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
+  pdl::launch_dependents();
   __shared__ int cnt[kMaxE];  // counts, then per-expert scatter cursors
   __shared__ int warp_p[32], warp_t[32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -355,6 +359,7 @@ __device__ __forceinline__ void fma_tokens_scaled(float (&acc)[NR][TOK], const f
 // NMAT 2: out = glu(gate . in, up . in); NMAT 1: out = w0 . in. R rows per warp of each matrix.
 template <bool MX, int NMAT, int R, int TOK, bool GATHER>
 __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_kernel(const TileArgs a) {
+  pdl::launch_dependents();
   constexpr int CG = chunk_groups<TOK>();
   constexpr int NR = NMAT * R;
   extern __shared__ float4 xs4[];  // [TOK][CG][kGroupF4]

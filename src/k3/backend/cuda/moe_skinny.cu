@@ -21,6 +21,7 @@
 #include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mma_bf16.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -52,6 +53,7 @@ struct SkArgs {
 // Grid (tile bound, row blocks). GLU: block rows [16 by, +16) of gate and up; else [32 by, +32) of down.
 template <int NT, bool GLU, bool LO>
 __global__ void __launch_bounds__(kWarps * 32) grouped_skinny_kernel(const SkArgs a) {
+  pdl::launch_dependents();
   __shared__ float red[kWarps][kMT * NT * 4][32];
   const int tile = blockIdx.x;
   if (tile >= *a.num_tiles) return;  // whole block: the grid is sized from an upper bound

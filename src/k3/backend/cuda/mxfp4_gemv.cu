@@ -9,6 +9,7 @@
 #include "k3/backend/cuda/mxfp4_gemv.h"
 
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,6 +50,7 @@ template <typename XT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     mxfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales, int64_t rows,
                       int64_t cols, const XT* __restrict__ x, float* __restrict__ y) {
+  pdl::launch_dependents();
   extern __shared__ float xs[];  // cols + cols/32 floats: element i at i + i/32
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) xs[i + (i >> 5)] = load_x(x, i);
   __syncthreads();
@@ -100,6 +102,7 @@ template <typename XT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t rows, int64_t cols, const XT* __restrict__ x,
                      float* __restrict__ y) {
+  pdl::launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsPerWarp;
   if (row0 >= rows) return;

@@ -35,6 +35,7 @@
 #include "k3/backend/cuda/quant_decode.cuh"
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_part.cuh"
+#include "k3/backend/cuda/pdl.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -54,6 +55,7 @@ template <WeightFormat F, int NT, int R>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_gemv_v1_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
                       float* __restrict__ y, IqTables T) {
+  pdl::begin();  // launched by pdl::launch (pdl.cuh): nothing read before the predecessor completes
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;  // then so is every c = 8 gi of every token (cols % 32 == 0)
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
   const int lane = threadIdx.x & 31;
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     quant_gemv_v2_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
                          float* __restrict__ y, IqTables T) {
   using P = typename qpart::PartOf<F>::type;
+  pdl::begin();
   __shared__ float red[kWarps][kGroupRows][NT];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 3, i = lane & 7;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGroupRows + g;
@@ -158,6 +161,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   using P = typename qpart::PartOf<F>::type;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row < rows) pdl::prefetch_l2(W + row * row_data_bytes(F, cols), row_data_bytes(F, cols), lane, 32);  // weights only (pdl.cuh)
+  pdl::begin();
   if (row >= rows) return;  // the whole warp
   const uint8_t* wr = W + row * row_data_bytes(F, cols);
   const int64_t parts = (cols + 255) / 256 * 8;
@@ -264,25 +269,21 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
   if constexpr (qpart::has_part(F)) {
     if (k == QuantGemvKernel::V2) {
       const unsigned grid = static_cast<unsigned>((W.rows + kGroupRows - 1) / kGroupRows);
-      quant_gemv_v2_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
-      return cudaGetLastError();
+      return pdl::launch(quant_gemv_v2_kernel<F, NT>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
     }
     if (k == QuantGemvKernel::V3) {
       const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
-      quant_gemv_v3_kernel<F, NT><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
-      return cudaGetLastError();
+      return pdl::launch(quant_gemv_v3_kernel<F, NT>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
     }
   }
   if constexpr (NT == 8) {  // the only size it won at (session 21), so the only one instantiated
     if (k == QuantGemvKernel::V1Rows) {
       const unsigned grid = static_cast<unsigned>((W.rows + kWarps * kV1Rows - 1) / (kWarps * kV1Rows));
-      quant_gemv_v1_kernel<F, NT, kV1Rows><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
-      return cudaGetLastError();
+      return pdl::launch(quant_gemv_v1_kernel<F, NT, kV1Rows>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
     }
   }
   const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
-  quant_gemv_v1_kernel<F, NT, 1><<<grid, kWarps * 32, 0, s>>>(data, W.rows, W.cols, x, y, T);
-  return cudaGetLastError();
+  return pdl::launch(quant_gemv_v1_kernel<F, NT, 1>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
 }
 
 template <WeightFormat F>

@@ -10,6 +10,7 @@
 
 #include "k3/backend/cuda/mma_bf16.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/pdl.cuh"
 #include "k3/backend/cuda/quant_mma.h"
 #include "k3/backend/cuda/quant_part.cuh"
 #include "k3/core/weight_format.h"
@@ -369,6 +370,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
   constexpr int R = MT * NT * 4;
   __shared__ float red[kWarps / 2][R][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+  if constexpr (MAPPED) pdl::begin();
   const uint8_t* w0 = j.w0;
   const uint8_t* w1 = j.w1;
   int s0 = 0, count = j.a.n;
@@ -394,6 +396,12 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
   const int64_t units = j.a.cols / P::kUnitCols;
+  if constexpr (!MAPPED) {  // dense: the block's rows into L2 before the wait (pdl.cuh: weights only)
+    const int64_t nrows = min(static_cast<int64_t>(16 * (GLU ? 1 : MT)), j.rows - r0);
+    pdl::prefetch_l2(w0 + r0 * j.row_bytes, nrows * j.row_bytes, threadIdx.x, kWarps * 32);
+    if (GLU) pdl::prefetch_l2(w1 + r0 * j.row_bytes, nrows * j.row_bytes, threadIdx.x, kWarps * 32);
+    pdl::begin();
+  }
   for (int64_t u = warp; u < units; u += 2 * kWarps) {
     const int64_t u1 = u + kWarps;  // the second unit's loads go out before the first is decoded
     typename P::Raw ra[MT][2], rb[MT][2];
@@ -428,6 +436,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
 __global__ void __launch_bounds__(256) quant_mma_prep_kernel(const float* __restrict__ x, int n, int64_t ldx, int64_t cols,
                                                              uint16_t* __restrict__ hi, uint16_t* __restrict__ lo,
                                                              float* __restrict__ xsum) {
+  pdl::begin();
   const int64_t groups = cols / 8;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= ldx * groups) return;
@@ -463,16 +472,15 @@ inline int tiles_for(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
 // x [n][cols] -> hi, lo, xsum [cols / 32][ldx] (ldx >= n, a multiple of 8), any n.
 inline cudaError_t prep(const float* x, int n, int64_t ldx, int64_t cols, uint16_t* hi, uint16_t* lo, float* xsum, cudaStream_t s) {
   const int64_t threads = ldx * (cols / 8);  // the padding tokens' sums written as zeros
-  quant_mma_prep_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(x, n, ldx, cols, hi, lo, xsum);
-  return cudaGetLastError();
+  return pdl::launch(quant_mma_prep_kernel, static_cast<unsigned>((threads + 255) / 256), 256, 0, s, x, n, ldx, cols, hi, lo, xsum);
 }
 
 template <class P, int NT, int MT, bool SPLIT, bool GLU, bool MAPPED>
 cudaError_t launch(const Job& j, int tiles_bound, cudaStream_t s) {
   const int64_t blocks = (j.rows + 16 * (GLU ? 1 : MT) - 1) / (16 * (GLU ? 1 : MT));
   if (blocks > 0x7fffffff || tiles_bound < 1 || tiles_bound > 65535) return cudaErrorInvalidValue;
-  quant_mma_kernel<P, NT, MT, SPLIT, GLU, MAPPED><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles_bound)), kWarps * 32, 0, s>>>(j);
-  return cudaGetLastError();
+  return pdl::launch(quant_mma_kernel<P, NT, MT, SPLIT, GLU, MAPPED>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles_bound)),
+                     kWarps * 32, 0, s, j);
 }
 
 // fn.template run<P>() for the decoder of format f (Q4_K, Q5_K, Q6_K).

@@ -85,11 +85,13 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_rows_kernel(const Job j
   XvStaged<U, NT, SPLIT> xv;
   xv.g = g, xv.tq = tq;
   typename P::Raw ra[1][2], rb[1][2];
+  if (u0 < u1)  // the first unit's weights before the wait (pdl.cuh), its activations after
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ra[0][h] = P::load(rp[0][h], u0, tq);
+  pdl::begin();
   if (u0 < u1) {
     S::fill(stage_mem, j.a, j.ldx, u0);
     cp_commit();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) ra[0][h] = P::load(rp[0][h], u0, tq);
   }
   // Units in pairs: stage 0 / ra hold unit u, stage 1 / rb unit u + 1. Each unit's stage and weights are requested
   // before the previous unit is multiplied; the barrier after a multiply frees its stage for the unit after next.
@@ -126,6 +128,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_rows_kernel(const Job j
 
 // y[i] = partials[0][i] + partials[1][i] + ... in slice order.
 __global__ void rows_reduce_kernel(const float* __restrict__ partials, int slices, int64_t count, float* __restrict__ y) {
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   float s = partials[i];
@@ -144,11 +147,11 @@ cudaError_t launch_rows(const Job& j, int slices, float* partials, cudaStream_t 
   if (blocks > 0x7fffffff || slices < 1 || slices > 65535 || units < 1) return cudaErrorInvalidValue;
   const int64_t per = (units + slices - 1) / slices;
   slices = static_cast<int>((units + per - 1) / per);  // every slice holds a unit
-  quant_mma_rows_kernel<P, NT, SPLIT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kWarps * 32, kSmem, s>>>(j, per, partials);
-  if (slices == 1) return cudaGetLastError();
+  const cudaError_t e = pdl::launch(quant_mma_rows_kernel<P, NT, SPLIT>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)),
+                                    kWarps * 32, kSmem, s, j, per, partials);
+  if (slices == 1 || e != cudaSuccess) return e;
   const int64_t count = static_cast<int64_t>(j.a.n) * j.rows;
-  rows_reduce_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(partials, slices, count, j.y);
-  return cudaGetLastError();
+  return pdl::launch(rows_reduce_kernel, static_cast<unsigned>((count + 255) / 256), 256, 0, s, partials, slices, count, j.y);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/quant_decode.cuh"
 #include "k3/backend/cuda/quant_moe.h"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gate_up_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int E, int I, int X, int K, int64_t pairs,
                    const float* __restrict__ x, const int32_t* __restrict__ idx, GluAct act, float beta, float lbeta,
                    float* __restrict__ hidden, IqTables T) {
+  pdl::launch_dependents();
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (wid >= pairs * I) return;
   const int64_t p = wid / I;
@@ -71,6 +73,7 @@ template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32)
     down_kernel(const uint8_t* __restrict__ down, int E, int I, int X, int K, int64_t n, const int32_t* __restrict__ idx,
                 const float* __restrict__ wts, const float* __restrict__ hidden, float* __restrict__ out, IqTables T) {
+  pdl::launch_dependents();
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (wid >= n * X) return;
   const int64_t t = wid / X;

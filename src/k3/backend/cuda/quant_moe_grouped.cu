@@ -24,6 +24,7 @@
 #include "k3/backend/cuda/quant_moe.h"
 #include "k3/backend/cuda/quant_part.cuh"
 #include "k3/backend/cuda/quant_tables.h"
+#include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
 namespace k3::cuda {
 namespace {
@@ -34,6 +35,7 @@ constexpr int kRowsPerBlock = kWarps * 4;  // 4 row groups of 8 lanes per warp
 // slot-ordered copy of the activations: xs[slot_of[p]] = x[p / K] for every pair p with a valid expert.
 __global__ void __launch_bounds__(256) gather_kernel(const float* __restrict__ x, int K, int X4, int64_t P,
                                                      const int32_t* __restrict__ slot_of, float* __restrict__ xs) {
+  pdl::launch_dependents();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= P * X4) return;
   const int64_t p = i / X4;
@@ -122,6 +124,7 @@ __device__ __forceinline__ void tile_rows(const GroupArgs& a, int e, int s0, int
 // gate+up kernels needed up to 1.1 KB of spills at 2 blocks per SM (128 registers), with 8 ~250 registers.
 template <WeightFormat F, int S>
 __global__ void __launch_bounds__(kWarps * 32, 2) grouped_kernel(const GroupArgs a) {
+  pdl::launch_dependents();
   if (static_cast<int>(blockIdx.y) >= *a.num_tiles) return;
   const int4 td = a.tiles[blockIdx.y];
   const int lane = threadIdx.x & 31;

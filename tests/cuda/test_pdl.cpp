@@ -1,0 +1,189 @@
+// Programmatic dependent launch (src/k3/backend/cuda/pdl.cuh): a pdl-launched GEMV may start while the kernel before
+// it still runs, prefetching its weights; it must still read the activations that kernel writes. Here the kernel
+// before it lets dependents start at once, then spins ~100 us and only then writes the activations: a GEMV (or its
+// prep) that read x before its griddepcontrol.wait would see the old x. Eager launches and a captured graph.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "aux_kernels.h"
+#include "quant_test_blocks.h"
+#include "k3/backend/cuda/linear.h"
+
+namespace {
+
+using k3::WeightFormat;
+using namespace k3cudatest;
+using namespace k3quanttest;
+
+struct Case {
+  WeightFormat f;
+  int64_t rows, cols;
+  int n;
+};
+
+TEST(CudaPdl, ProjectionReadsTheActivationsItsPredecessorWritesLate) {
+  SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("K3_PDL");
+  const bool want_pdl = env == nullptr || std::strcmp(env, "0") != 0;
+  ASSERT_EQ(pdl_enabled(), want_pdl) << "launches carry the attribute unless K3_PDL=0";
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  {
+    k3::cuda::LinearRunner runner(st);
+    // The one-token fp32 GEMV (v3: rows <= 4096 wide), the fp32 v2 / v1 (wider rows, 8 tokens of an fp32 format),
+    // the tensor-core block GEMV after its prep (2..16 tokens; the tall head at one token), the Rows form (Q6_K, 8+).
+    const Case cases[] = {{WeightFormat::Q4_K, 4096, 2304, 1},  {WeightFormat::Q6_K, 2304, 4096, 1},
+                          {WeightFormat::Q6_K, 1024, 7168, 1},  {WeightFormat::Q6_K, 1024, 7168, 2},
+                          {WeightFormat::Q8_0, 512, 2304, 8},
+                          {WeightFormat::Q4_K, 4096, 2304, 4},  {WeightFormat::Q6_K, 70000, 256, 1},
+                          {WeightFormat::Q6_K, 4096, 2304, 16}, {WeightFormat::Q5_K, 2304, 1024, 8}};
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(k3::weight_format_name(c.f)) + " " + std::to_string(c.rows) + " x " + std::to_string(c.cols) +
+                   ", n = " + std::to_string(c.n));
+      const auto wb = random_blocks(c.f, c.rows, c.cols, 11 + static_cast<uint32_t>(c.rows), 4, 10);
+      Dev<uint8_t> dwb(wb);
+      k3::WeightMatrix W = host_matrix(c.f, wb, c.rows, c.cols);
+      W.data = dwb.p;
+      W.device = 0;
+      const size_t nx = static_cast<size_t>(c.n * c.cols), ny = static_cast<size_t>(c.n * c.rows);
+      Dev<float> x_old(randn(nx, 3, 1.f)), x_new(randn(nx, 4, 1.f)), x(nx), y(ny), y_ref(ny);
+      ck(cudaMemcpy(x.p, x_new.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
+      runner.run(W, x.p, c.n, y_ref.p);  // the reference: x already new (this also sizes the runner's scratch)
+      ck(cudaStreamSynchronize(st), "sync");
+      const std::vector<float> want = y_ref.get();
+      auto late_then_project = [&] {
+        ck(late_copy(x.p, x_new.p, static_cast<int64_t>(nx), 200000, st), "late_copy");
+        runner.run(W, x.p, c.n, y.p);
+      };
+      for (int rep = 0; rep < 3; ++rep) {
+        ck(cudaMemcpy(x.p, x_old.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
+        y.poison();
+        late_then_project();
+        ck(cudaStreamSynchronize(st), "sync");
+        EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "eager, repetition " << rep;
+      }
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+      late_then_project();
+      ck(cudaStreamEndCapture(st, &g), "end capture");
+      ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+      for (int rep = 0; rep < 3; ++rep) {
+        ck(cudaMemcpy(x.p, x_old.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
+        y.poison();
+        ck(cudaGraphLaunch(ge, st), "graph launch");
+        ck(cudaStreamSynchronize(st), "sync");
+        EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "graph, repetition " << rep;
+      }
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+    }
+  }
+  cudaStreamDestroy(st);
+}
+
+// The harness can fail: a pdl-launched kernel that reads x without waiting sees the old x while the predecessor spins
+// (so the ordering test above would catch a GEMV or prep that read activations before pdl::wait()); with K3_PDL=0 it
+// is an ordinary launch and sees the new x.
+TEST(CudaPdl, AKernelThatDoesNotWaitReadsTooEarly) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  {
+    const size_t n = 4096;
+    const std::vector<float> old_h = randn(n, 5, 1.f), new_h = randn(n, 6, 1.f);
+    Dev<float> x_old(old_h), x_new(new_h), x(n), out(n);
+    ck(cudaMemcpy(x.p, x_old.p, n * 4, cudaMemcpyDeviceToDevice), "D2D");
+    ck(late_copy(x.p, x_new.p, static_cast<int64_t>(n), 2000000, st), "late_copy");  // ~1 ms
+    ck(early_read(out.p, x.p, static_cast<int64_t>(n), st), "early_read");
+    ck(cudaStreamSynchronize(st), "sync");
+    const std::vector<float> got = out.get();
+    if (pdl_enabled())
+      EXPECT_EQ(std::memcmp(got.data(), old_h.data(), n * 4), 0) << "the early reader began after its predecessor wrote";
+    else
+      EXPECT_EQ(std::memcmp(got.data(), new_h.data(), n * 4), 0);
+  }
+  cudaStreamDestroy(st);
+}
+
+// Not a correctness test (filtered out with -*Timing*): us and GB/s per projection of a chain of `count` distinct
+// one-token projections (127+ MB in all: no L2 reuse between them) replayed as a CUDA graph -- the fp32 GEMV the rule
+// takes, the tensor-core kernel (K3_QUANT_MMA=1), and a plain 16-byte read of the same bytes per launch (the floor of a
+// kernel of that size in a chain). Run it twice, with and without K3_PDL=0.
+TEST(CudaPdl, TimingChainOfOneTokenProjections) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  std::printf("pdl %s\n", pdl_enabled() ? "on" : "off (K3_PDL=0)");
+  const Case shapes[] = {{WeightFormat::Q4_K, 4096, 2304, 1}, {WeightFormat::Q4_K, 2304, 4096, 1},
+                         {WeightFormat::Q6_K, 2304, 4096, 1}, {WeightFormat::Q4_K, 1024, 2304, 1}};
+  for (const Case& c : shapes) {
+    const auto wb = random_blocks(c.f, c.rows, c.cols, 21, 4, 10);
+    const int count = static_cast<int>(std::max<size_t>(24, (size_t{128} << 20) / wb.size()));
+    Dev<uint8_t> all(wb.size() * count);
+    for (int i = 0; i < count; ++i) ck(cudaMemcpy(all.p + i * wb.size(), wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
+    Dev<float> x(randn(static_cast<size_t>(c.cols), 7, 1.f)), y(static_cast<size_t>(c.rows) * count);
+    Dev<uint32_t> sink(4096);
+    auto time_graph = [&](const std::function<void()>& chain) {
+      chain();  // sizes any scratch outside the capture
+      ck(cudaStreamSynchronize(st), "sync");
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+      chain();
+      ck(cudaStreamEndCapture(st, &g), "end capture");
+      ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+      for (int r = 0; r < 3; ++r) ck(cudaGraphLaunch(ge, st), "warm");
+      cudaEvent_t a, b;
+      ck(cudaEventCreate(&a), "event");
+      ck(cudaEventCreate(&b), "event");
+      const int reps = 20;
+      ck(cudaEventRecord(a, st), "record");
+      for (int r = 0; r < reps; ++r) ck(cudaGraphLaunch(ge, st), "replay");
+      ck(cudaEventRecord(b, st), "record");
+      ck(cudaEventSynchronize(b), "sync");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+      return 1000.0 * ms / (reps * count);
+    };
+    for (const char* path : {"gemv", "mma", "read"}) {
+      double us = 0;
+      if (std::strcmp(path, "read") == 0) {
+        const int blocks = static_cast<int>(std::min<int64_t>(4096, (c.rows + 7) / 8));
+        us = time_graph([&] {
+          for (int i = 0; i < count; ++i) ck(read_bytes(all.p + i * wb.size(), static_cast<int64_t>(wb.size() / 16 * 16), blocks, sink.p, st), "read");
+        });
+      } else {
+        if (std::strcmp(path, "mma") == 0) ::setenv("K3_QUANT_MMA", "1", 1);
+        k3::cuda::LinearRunner runner(st);
+        ::unsetenv("K3_QUANT_MMA");
+        us = time_graph([&] {
+          for (int i = 0; i < count; ++i) {
+            k3::WeightMatrix W = host_matrix(c.f, wb, c.rows, c.cols);
+            W.data = all.p + i * wb.size();
+            W.device = 0;
+            runner.run(W, x.p, 1, y.p + static_cast<size_t>(c.rows) * i);
+          }
+        });
+      }
+      std::printf("%-5s %6lld x %5lld %-4s x%d: %7.2f us per projection, %6.0f GB/s\n", k3::weight_format_name(c.f),
+                  static_cast<long long>(c.rows), static_cast<long long>(c.cols), path, count, us, wb.size() / us / 1e3);
+    }
+  }
+  cudaStreamDestroy(st);
+}
+
+}  // namespace
