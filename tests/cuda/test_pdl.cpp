@@ -102,6 +102,11 @@ TEST(CudaPdl, AKernelThatDoesNotWaitReadsTooEarly) {
     const size_t n = 4096;
     const std::vector<float> old_h = randn(n, 5, 1.f), new_h = randn(n, 6, 1.f);
     Dev<float> x_old(old_h), x_new(new_h), x(n), out(n);
+    // Both kernels launched once first: a kernel's first launch loads its module (lazy loading), which waits for the
+    // device, so the early reader's first launch would not overlap anything (call s32-3).
+    ck(late_copy(out.p, x_old.p, static_cast<int64_t>(n), 0, st), "warm late_copy");
+    ck(early_read(out.p, x_old.p, static_cast<int64_t>(n), st), "warm early_read");
+    ck(cudaStreamSynchronize(st), "sync");
     ck(cudaMemcpy(x.p, x_old.p, n * 4, cudaMemcpyDeviceToDevice), "D2D");
     ck(late_copy(x.p, x_new.p, static_cast<int64_t>(n), 2000000, st), "late_copy");  // ~1 ms
     ck(early_read(out.p, x.p, static_cast<int64_t>(n), st), "early_read");

@@ -43,14 +43,29 @@ __device__ __forceinline__ float byte_at0(uint32_t v) {
   return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440u | k));
 }
 
+// Where the dot products read x. XGlobal: global memory through the read-only path. XSwizzled<A, B>: a copy in
+// shared memory whose 16-byte groups are permuted within each 64 bytes -- the group index (address bits 4-5) XORed
+// with address bits A and B -- so that the 8 lanes of one unit, which read 16 bytes each at the same j, hit 8
+// distinct 4-bank groups (one shared-memory wavefront per 8 lanes). The copy's base is 1 KB aligned and a token's
+// row a multiple of 1 KB, so the pointer's bits are the column's. Global x costs 16 L1 wavefronts per warp load
+// instead of 4 (the 8 lanes of a unit span 4 lines): the one-token kernel's bound (session 32, ncu).
+struct XGlobal {
+  __device__ static float4 f4(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
+};
+template <int A, int B>
+struct XSwizzled {
+  __device__ static uintptr_t at(uintptr_t a) { return a ^ ((((a >> A) & 1) | (((a >> B) & 1) << 1)) << 4); }
+  __device__ static float4 f4(const float* p) { return *reinterpret_cast<const float4*>(at(reinterpret_cast<uintptr_t>(p))); }
+};
+
 // acc[t][slot] += w[j] x_t[j], j < 4, x_t = xp + t * cols (16-byte aligned): 4 accumulators per token,
 // each a chain of 8 fmas per part (the error bound in quant_gemv.cu counts them).
-template <int NT>
+template <int NT, class XL = XGlobal>
 __device__ __forceinline__ void fma4(float (&acc)[NT][4], int slot, const float (&w)[4], const float* __restrict__ xp,
                                      int64_t cols) {
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(xp + t * cols));
+    const float4 v = XL::f4(xp + t * cols);
     float s = acc[t][slot];
     s = fmaf(w[0], v.x, s);
     s = fmaf(w[1], v.y, s);
@@ -138,7 +153,8 @@ struct PartQ45 {
     r.qh = kFifth ? __ldg(b + 1 + (i & 1)) : make_uint4(0, 0, 0, 0);
     return r;
   }
-  template <int NT>
+  using XShared = XSwizzled<8, 9>;  // lane i reads bytes 256 (i / 2) + 64 (i % 2) + 16 j (+ 128) of a unit's x
+  template <int NT, class XL = XGlobal>
   __device__ static void dot(const Raw& r, const float* __restrict__ xu, int64_t cols, int i, const Ctx&, float (&acc)[NT][4]) {
     const int c = i >> 1, l0 = 16 * (i & 1);
     const float d = f16_bits(r.h.x & 0xFFFF), dmin = f16_bits(r.h.x >> 16);
@@ -163,9 +179,9 @@ struct PartQ45 {
       }
       float w[4];
       scaled4<true>(lo, a[0], cc[0], ml[0], w);
-      fma4<NT>(acc, j, w, x0 + 4 * j, cols);
+      fma4<NT, XL>(acc, j, w, x0 + 4 * j, cols);
       scaled4<true>(hi, a[1], cc[1], ml[1], w);
-      fma4<NT>(acc, j, w, x0 + 32 + 4 * j, cols);
+      fma4<NT, XL>(acc, j, w, x0 + 32 + 4 * j, cols);
     }
   }
 };
@@ -194,7 +210,8 @@ struct PartQ6K {
     r.d = __ldg(reinterpret_cast<const unsigned short*>(b + 208));
     return r;
   }
-  template <int NT>
+  using XShared = XSwizzled<7, 9>;  // lane i reads bytes 512 (i / 4) + 128 ((i / 2) % 2) + 64 (i % 2) + 16 j (+ 256)
+  template <int NT, class XL = XGlobal>
   __device__ static void dot(const Raw& r, const float* __restrict__ xu, int64_t cols, int i, const Ctx&, float (&acc)[NT][4]) {
     const int h = i >> 2, k = (i >> 1) & 1, p0 = 16 * (i & 1);
     const float d = f16_bits(r.d);
@@ -215,9 +232,9 @@ struct PartQ6K {
       const uint32_t hi = ((ql[j] >> 4) & 0x0F0F0F0Fu) | (((qh[j] >> (2 * k + 4)) & 0x03030303u) << 4);
       float w[4];
       scaled4<false>(lo, a[0], cc[0], 0.0f, w);
-      fma4<NT>(acc, j, w, x0 + 4 * j, cols);
+      fma4<NT, XL>(acc, j, w, x0 + 4 * j, cols);
       scaled4<false>(hi, a[1], cc[1], 0.0f, w);
-      fma4<NT>(acc, j, w, x0 + 64 + 4 * j, cols);
+      fma4<NT, XL>(acc, j, w, x0 + 64 + 4 * j, cols);
     }
   }
 };

@@ -1,0 +1,41 @@
+#!/bin/bash
+# session 32 call 4 (issues 15 / 18): the one-token fp32 block GEMV reading x from a swizzled shared-memory copy (v3
+# XS: Q4_K / Q5_K / Q6_K up to 4096 columns; K3_QUANT_GEMV_XS=0 = x from global memory, the same bits). Tests (CudaPdl
+# incl. the early reader after a warm launch, the quantised suites), the projection chain with XS on / off, end to end
+# on llama.cpp's Q4_K_M of the Kimi-Linear-dims slice (XS on / off alternating) and llama.cpp CUDA in the same call.
+# Carry: .gpuwork/deps.tar.xz .gpuwork/llama-cuda-slim.tar.xz .gpuwork/tiktoken.model.xz
+set -u
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
+O=$OUT; P=s32-4; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD
+. scripts/perf/lib-gguf-slice.sh; llama_quantize_bg
+( while [ ! -f $BD/llama.cpp/CMakeLists.txt ]; do sleep 1; done; sleep 5; cd $BD/llama.cpp &&
+  cmake -S . -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
+  cmake --build b -j12 --target llama-batched-bench > /tmp/llama-build.log 2>&1; echo "llama build rc=$? $(el)" > /tmp/llama.done ) &
+OUT=/tmp K3_GPU_CMAKE_ARGS="-DK3_GRAMMAR=OFF -DK3_MPI=OFF" K3_GPU_TARGETS="k3bin k3_cuda_tests" . scripts/gpu-build; echo "k3 built $(el)"
+B=$ROOT/build/cuda/k3; T=$ROOT/build/cuda/k3_cuda_tests
+[ -x $T ] || { tail -30 /tmp/build.log > $O/$P-build-tail.log; exit 1; }
+( kl_slice_q4km $B > /tmp/slice.log 2>&1; touch /tmp/slice.done ) &
+timeout 150 $T --gtest_filter='CudaPdl.*:CudaQuant*:*CudaQuantModel*:-*Timing*' > $O/$P-tests.log 2>&1; echo "tests rc=$? $(el)"
+K3_QUANT_GEMV_XS=0 timeout 60 $T --gtest_filter='CudaQuantKernels.*:-*Timing*' >> $O/$P-tests.log 2>&1; echo "tests XS=0 rc=$? $(el)"
+grep -E '^\[  (FAILED|PASSED) |Failure|began' $O/$P-tests.log | head
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+timeout 90 $CS --tool memcheck $T --gtest_filter='CudaQuantKernels.GemvAndPrefill*' > $O/$P-memcheck.log 2>&1
+echo "memcheck rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $O/$P-memcheck.log | head -4; xz -9 $O/$P-memcheck.log
+for xs in 1 0; do echo "XS=$xs" >> $O/$P-chain.txt
+  K3_QUANT_GEMV_XS=$xs timeout 60 $T --gtest_filter='CudaPdl.TimingChain*' 2>&1 | grep -E "^pdl|per projection" >> $O/$P-chain.txt; done
+cat $O/$P-chain.txt; echo "chain $(el)"
+while [ ! -f /tmp/slice.done ]; do sleep 1; done; cat /tmp/slice.log; Q=$BD/ll-q4km.gguf
+kb() { local l=$1; shift
+  env "$@" timeout 60 $B bench offline -m $Q --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,8,16 -r 2 --mem-bw -1 > /tmp/kb-$l.txt 2>&1
+  echo "## k3 $l ($*) rc=$?" >> $O/$P-e2e.txt; grep -E "^\| .*tg32 .*[0-9] \|$" /tmp/kb-$l.txt >> $O/$P-e2e.txt; }
+for r in 1 2; do kb xs-r$r; kb noxs-r$r K3_QUANT_GEMV_XS=0; done; echo "k3 e2e $(el)"
+while [ ! -f /tmp/llama.done ] && [ $(left) -gt 100 ]; do sleep 2; done; cat /tmp/llama.done 2>/dev/null || { echo "llama not built $(el)"; tail -3 /tmp/llama-build.log; }
+LB=$BD/llama.cpp/b/bin
+if [ -x $LB/llama-batched-bench ]; then
+  echo "## llama-batched-bench" >> $O/$P-e2e.txt
+  timeout 60 $LB/llama-batched-bench -m $Q -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 512 -ntg 32 -npl 1,8,16 > /tmp/lbb.txt 2>&1
+  echo "llama rc=$? $(el)"; grep -E "^\|" /tmp/lbb.txt >> $O/$P-e2e.txt; grep -m2 -E "build" /tmp/lbb.txt >> $O/$P-e2e.txt
+  kb xs-r3; echo "k3 e2e 3 $(el)"
+fi
+cat $O/$P-e2e.txt; echo "done $(el)"
