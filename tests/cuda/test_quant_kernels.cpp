@@ -152,7 +152,7 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
           }
           // every kernel of quant_gemv.cu forced (the rule picks one per format and n)
           for (auto kern : {k3::cuda::QuantGemvKernel::V1, k3::cuda::QuantGemvKernel::V2, k3::cuda::QuantGemvKernel::V3,
-                            k3::cuda::QuantGemvKernel::V1Rows, k3::cuda::QuantGemvKernel::V4}) {
+                            k3::cuda::QuantGemvKernel::V1Rows}) {
             if (n > 8) break;
             for (const k3::WeightMatrix* m : {&dw, &dw_odd}) {
               y.poison();
@@ -235,15 +235,14 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
     ck(cudaEventCreate(&e0), "event");
     ck(cudaEventCreate(&e1), "event");
     for (auto kern : {k3::cuda::QuantGemvKernel::Auto, k3::cuda::QuantGemvKernel::V1, k3::cuda::QuantGemvKernel::V1Rows,
-                      k3::cuda::QuantGemvKernel::V2, k3::cuda::QuantGemvKernel::V3, k3::cuda::QuantGemvKernel::V4}) {
+                      k3::cuda::QuantGemvKernel::V2, k3::cuda::QuantGemvKernel::V3}) {
       const bool any_format = kern == k3::cuda::QuantGemvKernel::Auto || kern == k3::cuda::QuantGemvKernel::V1 ||
                               kern == k3::cuda::QuantGemvKernel::V1Rows;
       if (!any_format && !k3::cuda::quant_gemv_has_parts(f)) continue;
       std::printf("[ quant gemv ] %-7s %lld x %lld %-4s", k3::weight_format_name(f), static_cast<long long>(rows),
                   static_cast<long long>(cols), kern == k3::cuda::QuantGemvKernel::Auto ? "auto" : kern == k3::cuda::QuantGemvKernel::V1 ? "v1"
                                                  : kern == k3::cuda::QuantGemvKernel::V1Rows ? "v1r4"
-                                                 : kern == k3::cuda::QuantGemvKernel::V2 ? "v2"
-                                                 : kern == k3::cuda::QuantGemvKernel::V3 ? "v3" : "v4");
+                                                 : kern == k3::cuda::QuantGemvKernel::V2 ? "v2" : "v3");
       for (int n : {1, 2, 4, 8}) {
         float total_ms = 0;
         const int reps = rows > 100000 ? 5 : 20;

@@ -158,8 +158,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 // lanes of a unit span 4 cache lines per 16-byte load, 16 L1 wavefronts a warp load against the 4 its bytes need:
 // 4096 x 2304 Q4_K took 7.3 us in a graph of such projections where a plain read of its bytes takes 3.2 (call s32-3,
 // CudaPdl.TimingChainOfOneTokenProjections; ncu: L1/TEX 70% busy, DRAM 11%). Same products, same order: the same bits.
-// Measured (call s32-4): a win at 4096 columns only (the launch rule below); the ncu figures' real bound was the
-// instruction count per weight (v4 below).
+// Measured (call s32-4): a win at 4096 columns only (the launch rule below). The ncu figures' other reading -- 12.8
+// instructions per weight, a lane's fixed costs paid per 2.25 parts at 2304 columns -- was tried as a kernel with 4
+// rows a warp and every unit of a row per lane (call s32-5): slower at every shape (4096 x 2304 Q4_K 7.28 -> 8.97 us,
+// 1024 x 2304 3.22 -> 7.66: 8 warps an SM, three dependent rounds of loads), removed (docs/perf/cuda.md, session 32).
 constexpr int kAhead = 3;
 constexpr int64_t kNarrowCols = 4096;  // the widest row v3 takes by the rule (below), and XS's shared copy of x
 
@@ -222,50 +224,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// v4 (session 32): 4 rows per warp -- lane i of row group g (lane / 8) takes part i of every unit of row 4 w + g (w
-// the warp's index in the grid), kAhead4 units' loads in flight -- and 4 warps a block, no shared state. Why: v3 gives
-// a lane only ceil(cols / 1024) parts (2.25 at 2304 columns), so its fixed costs (the prologue, 64-bit part indices,
-// the 5-level shuffle tree) are paid per 72 weights; ncu of 4096 x 2304 Q4_K (call s32-3): 12.8 instructions per
-// weight, 1.9 IPC, L1 70% busy, 7.3 us in a graph where a plain read of its 5.3 MB takes 3.2. Here a lane takes every
-// unit of its row (9 parts at 2304 columns) and the 4 row groups of a warp read the same x at the same instruction
-// (one L1 request for 4 rows). Error: 4 accumulators of 8 fmas per part, units parts, then 2 + 3 shuffle adds:
-// D = 8 units + 5 <= cols / 32 + 13.
-constexpr int kV4Warps = 4, kV4Rows = 4 * kV4Warps, kAhead4 = 4;
-
-template <WeightFormat F, int NT>
-__global__ void __launch_bounds__(kV4Warps * 32)
-    quant_gemv_v4_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
-                         float* __restrict__ y, IqTables T) {
-  using P = typename qpart::PartOf<F>::type;
-  const int lane = threadIdx.x & 31, i = lane & 7;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kV4Rows + 4 * (threadIdx.x >> 5) + (lane >> 3);
-  const bool active = row < rows;
-  const uint8_t* wr = W + (active ? row : rows - 1) * row_data_bytes(F, cols);  // past the end: read, never written
-  pdl::prefetch_l2(wr, row_data_bytes(F, cols), i, 8);  // weights only (pdl.cuh)
-  pdl::begin();
-  const int units = static_cast<int>((cols + 255) / 256);
-  const typename P::Ctx ctx = P::context(T);
-  float acc[NT][4];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  for (int u0 = 0; u0 < units; u0 += kAhead4) {
-    typename P::Raw r[kAhead4];
-#pragma unroll
-    for (int k = 0; k < kAhead4; ++k) r[k] = P::load(wr, u0 + k < units ? u0 + k : units - 1, i, cols);  // past the row: not used
-#pragma unroll
-    for (int k = 0; k < kAhead4; ++k)
-      if (u0 + k < units && P::valid(u0 + k, i, cols)) P::template dot<NT>(r[k], x + (u0 + k) * 256, cols, i, ctx, acc);
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    float v = (acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]);
-    v += __shfl_xor_sync(0xffffffffu, v, 4);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    if (i == 0 && active) y[t * rows + row] = v;
-  }
-}
-
 // Rows up to this wide (Kimi-Linear's 2304, its 163840-row head) take v3 at one token and v1 above (session 19,
 // CudaQuantKernels.GemvTimingAtK3Width and k3 bench on the Kimi-Linear slice's Q4_K_M, H200: head Q6_K n = 1 v3 295
 // us, v2 306, v1 328; n = 2 v1 402, v2 485; 4096 x 2304 Q4_K n = 1 v3 11.5, v2 12.6; decode batch 1 / 2 / 4 +5 /
@@ -276,10 +234,10 @@ __global__ void __launch_bounds__(kV4Warps * 32)
 // 26 vs 38 us), Q4_K at one token (23 vs 33 us) -- and v1 elsewhere (Q8_0 42 vs 37 us and IQ4_XS 37 vs 33 us
 // at n = 1; at n = 8 v1 wins for every format); rows up to kNarrowCols wide: v3 at one token, v1 above.
 // K3_QUANT_GEMV (A/B timing, every format with a part decoder): v1 = v1 (one row per warp) for everything; <N>
-// (0..8) = v2 for n <= N; v3 or v3:N = v3 for n <= 8 (N); v4 or v4:N likewise; v1 above (4 rows per warp as the rule says).
+// (0..8) = v2 for n <= N; v3 or v3:N = v3 for n <= 8 (N); v1 above (4 rows per warp as the rule says).
 struct GemvOverride {
   bool set = false, v1_only = false;  // v1_only: K3_QUANT_GEMV=v1, one row per warp (the session-19 kernel)
-  int v2_max = 0, v3_max = 0, v4_max = 0;
+  int v2_max = 0, v3_max = 0;
 };
 const GemvOverride& gemv_override() {
   static const GemvOverride o = [] {
@@ -289,8 +247,6 @@ const GemvOverride& gemv_override() {
     r.set = true;
     if (std::strncmp(e, "v3", 2) == 0)
       r.v3_max = e[2] == ':' ? std::atoi(e + 3) : 8;
-    else if (std::strncmp(e, "v4", 2) == 0)
-      r.v4_max = e[2] == ':' ? std::atoi(e + 3) : 8;
     else if (std::strcmp(e, "v1") == 0)
       r.v1_only = true;
     else
@@ -339,7 +295,7 @@ QuantGemvKernel pick(const WeightMatrix& W, const float* x, int n, QuantGemvKern
   if (!parts_ok<F>(W, x)) return v1;
   if (forced != QuantGemvKernel::Auto) return forced;
   if (const GemvOverride& o = gemv_override(); o.set)
-    return n <= o.v4_max ? QuantGemvKernel::V4 : n <= o.v3_max ? QuantGemvKernel::V3 : n <= o.v2_max ? QuantGemvKernel::V2 : v1;
+    return n <= o.v3_max ? QuantGemvKernel::V3 : n <= o.v2_max ? QuantGemvKernel::V2 : v1;
   if (W.cols <= kNarrowCols) return n == 1 ? QuantGemvKernel::V3 : v1;
   return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : v1;
 }
@@ -352,10 +308,6 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
     if (k == QuantGemvKernel::V2) {
       const unsigned grid = static_cast<unsigned>((W.rows + kGroupRows - 1) / kGroupRows);
       return pdl::launch(quant_gemv_v2_kernel<F, NT>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
-    }
-    if (k == QuantGemvKernel::V4) {
-      const unsigned grid = static_cast<unsigned>((W.rows + kV4Rows - 1) / kV4Rows);
-      return pdl::launch(quant_gemv_v4_kernel<F, NT>, grid, kV4Warps * 32, 0, s, data, W.rows, W.cols, x, y, T);
     }
     if (k == QuantGemvKernel::V3) {
       const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);

@@ -20,7 +20,7 @@ namespace k3::cuda {
 // cannot run (a format without a part decoder, x not 16-byte aligned, blocks off their alignment) falls back to V1.
 // V1Rows: v1 with 4 rows per warp (the activations loaded once for 4 rows; v1's bits), every format, at 8 tokens
 // (other token counts run V1).
-enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V1Rows = 4, V4 = 5 };
+enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V1Rows = 4 };
 // Whether f has the wide-load part decoders v2 and v3 run (quant_part.cuh).
 bool quant_gemv_has_parts(WeightFormat f);
 cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s,
