@@ -8,10 +8,7 @@ set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
 O=$OUT; P=s32-4; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD
 . scripts/perf/lib-gguf-slice.sh; llama_quantize_bg
-( while [ ! -f $BD/llama.cpp/CMakeLists.txt ]; do sleep 1; done; sleep 5; cd $BD/llama.cpp &&
-  cmake -S . -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
-  cmake --build b -j12 --target llama-batched-bench > /tmp/llama-build.log 2>&1; echo "llama build rc=$? $(el)" > /tmp/llama.done ) &
+llama_cuda_bg llama-batched-bench
 OUT=/tmp K3_GPU_CMAKE_ARGS="-DK3_GRAMMAR=OFF -DK3_MPI=OFF" K3_GPU_TARGETS="k3bin k3_cuda_tests" . scripts/gpu-build; echo "k3 built $(el)"
 B=$ROOT/build/cuda/k3; T=$ROOT/build/cuda/k3_cuda_tests
 [ -x $T ] || { tail -30 /tmp/build.log > $O/$P-build-tail.log; exit 1; }

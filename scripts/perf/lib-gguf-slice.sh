@@ -19,3 +19,12 @@ kl_slice_q4km() {
   timeout 100 $BD/llama.cpp/bq/bin/llama-quantize $m.gguf $BD/ll-q4km.gguf Q4_K_M 16 > /tmp/llama-quantize.log 2>&1
   echo "llama-quantize rc=$? $(el)"
 }
+# llama_cuda_bg TARGETS...: llama.cpp's CUDA build (sm_90) of TARGETS in $BD/llama.cpp/b, in the background once
+# llama_quantize_bg has unpacked the source (/tmp/llama.done when finished; ~400 s beside k3's own build).
+llama_cuda_bg() {
+  local targets="$*"
+  ( while [ ! -f $BD/llama.cpp/CMakeLists.txt ]; do sleep 1; done; sleep 5; cd $BD/llama.cpp &&
+    cmake -S . -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
+    cmake --build b -j12 --target $targets > /tmp/llama-build.log 2>&1; echo "llama build rc=$? $(el)" > /tmp/llama.done ) &
+}

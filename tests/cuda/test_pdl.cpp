@@ -24,6 +24,26 @@ using k3::WeightFormat;
 using namespace k3cudatest;
 using namespace k3quanttest;
 
+// fn's launches on st captured once as a CUDA graph (the decode step's form), replayed by launch().
+struct CapturedGraph {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  cudaStream_t st;
+  CapturedGraph(cudaStream_t s, const std::function<void()>& fn) : st(s) {
+    ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+    fn();
+    ck(cudaStreamEndCapture(st, &g), "end capture");
+    ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  }
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch() const { ck(cudaGraphLaunch(ge, st), "graph launch"); }
+};
+
 struct Case {
   WeightFormat f;
   int64_t rows, cols;
@@ -71,21 +91,14 @@ TEST(CudaPdl, ProjectionReadsTheActivationsItsPredecessorWritesLate) {
         ck(cudaStreamSynchronize(st), "sync");
         EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "eager, repetition " << rep;
       }
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-      late_then_project();
-      ck(cudaStreamEndCapture(st, &g), "end capture");
-      ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+      const CapturedGraph graph(st, late_then_project);
       for (int rep = 0; rep < 3; ++rep) {
         ck(cudaMemcpy(x.p, x_old.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
         y.poison();
-        ck(cudaGraphLaunch(ge, st), "graph launch");
+        graph.launch();
         ck(cudaStreamSynchronize(st), "sync");
         EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "graph, repetition " << rep;
       }
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
     }
   }
   cudaStreamDestroy(st);
@@ -141,27 +154,20 @@ TEST(CudaPdl, TimingChainOfOneTokenProjections) {
     auto time_graph = [&](const std::function<void()>& chain) {
       chain();  // sizes any scratch outside the capture
       ck(cudaStreamSynchronize(st), "sync");
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-      chain();
-      ck(cudaStreamEndCapture(st, &g), "end capture");
-      ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-      for (int r = 0; r < 3; ++r) ck(cudaGraphLaunch(ge, st), "warm");
+      const CapturedGraph graph(st, chain);
+      for (int r = 0; r < 3; ++r) graph.launch();
       cudaEvent_t a, b;
       ck(cudaEventCreate(&a), "event");
       ck(cudaEventCreate(&b), "event");
       const int reps = 20;
       ck(cudaEventRecord(a, st), "record");
-      for (int r = 0; r < reps; ++r) ck(cudaGraphLaunch(ge, st), "replay");
+      for (int r = 0; r < reps; ++r) graph.launch();
       ck(cudaEventRecord(b, st), "record");
       ck(cudaEventSynchronize(b), "sync");
       float ms = 0;
       ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
       cudaEventDestroy(a);
       cudaEventDestroy(b);
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
       return 1000.0 * ms / (reps * count);
     };
     for (const char* path : {"gemv", "mma", "read"}) {
