@@ -2,6 +2,7 @@
 
 #include "k3/core/thread_pool.h"
 #include "cli/commands.h"
+#include "k3/io/mapped_file.h"
 #include "k3/text/gguf_vocab.h"
 
 #include "k3/core/cache_dtype.h"
@@ -78,6 +79,9 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
       ->capture_default_str();
   cmd->add_flag("--no-expert-residency", d.no_expert_residency,
                 "cpu: no expert hit counting, prefetch or pinning (the page cache alone)");
+  cmd->add_flag("--no-mmap", d.no_mmap,
+                "read the model files into memory instead of mapping them (llama.cpp's flag): the whole model in RAM up "
+                "front, no expert residency; faster CPU decode where mapped pages stream slower (docs/perf/cpu.md)");
   cmd->add_option("--tokenizer", d.tokenizer,
                   "directory with tiktoken.model and tokenizer_config.json (default: the model's; for a GGUF file, "
                   "the directory it is in)");
@@ -177,7 +181,7 @@ int parse_cuda_ordinal(const std::string& device) {
 // --expert-cache-gb, --expert-prefetch, --no-expert-residency: the routed experts on the host, CPU or hybrid.
 k3::ExpertResidencyOptions expert_residency_options(const DeviceOptions& d) {
   k3::ExpertResidencyOptions ex;
-  ex.enabled = !d.no_expert_residency;
+  ex.enabled = !d.no_expert_residency && !d.no_mmap;  // --no-mmap: every expert is in RAM already
   ex.prefetch = k3::parse_expert_prefetch(d.expert_prefetch);
   ex.hot_budget_bytes = d.expert_cache_gb < 0 ? k3::ExpertResidencyOptions::kAutoBudget
                                               : static_cast<int64_t>(d.expert_cache_gb * 1e9);
@@ -322,6 +326,11 @@ DeviceOptions replica_device_options(const DeviceOptions& d, int i) {
 }
 
 std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const DeviceOptions& d) {
+  // --no-mmap for this load's files only (a GGUF opened later for its vocabulary is mapped, not copied).
+  struct FileLoadScope {
+    explicit FileLoadScope(bool read) { k3::set_file_load(read ? k3::FileLoad::Read : k3::FileLoad::Mmap); }
+    ~FileLoadScope() { k3::set_file_load(k3::FileLoad::Mmap); }
+  } file_load_scope(d.no_mmap);
   auto placement = std::make_shared<k3::Placement>(k3::Placement::parse(d.override_tensor, d.cpu_moe, d.n_cpu_moe));
   if (d.apply_compute) apply_compute_options(hybrid_compute_options(d, *placement));
   const bool dummy = d.load_format == "dummy";

@@ -362,6 +362,12 @@ TEST(Cli, ConvertToGgufAndRunIt) {
   ASSERT_EQ(sh(k3bin() + " logits -m " + hf + " --tokens " + toks + " --out " + (t.path / "h.npy").string() + " 2>/dev/null").status, 0);
   ASSERT_EQ(sh(k3bin() + " logits -m " + gguf + " --tokens " + toks + " --out " + (t.path / "g.npy").string() + " 2>/dev/null").status, 0);
   EXPECT_EQ(read((t.path / "h.npy").string()), read((t.path / "g.npy").string()));
+  // --no-mmap (the files read into memory, not mapped): the same bits from both formats.
+  for (const std::string& m : {hf, gguf}) {
+    const std::string out = (t.path / "nm.npy").string();
+    ASSERT_EQ(sh(k3bin() + " logits --no-mmap -m " + m + " --tokens " + toks + " --out " + out + " 2>/dev/null").status, 0) << m;
+    EXPECT_EQ(read(out), read((t.path / "h.npy").string())) << m;
+  }
   const std::string run = " -p 'It is a truth universally' -n 12 --temp 0 2>/dev/null";
   const Result a = sh(k3bin() + " run -m " + hf + run), b = sh(k3bin() + " run -m " + gguf + run);
   EXPECT_EQ(a.status, 0);
