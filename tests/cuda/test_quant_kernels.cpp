@@ -94,7 +94,8 @@ TEST(CudaQuantKernels, GemvAndPrefillWithinTheFp32Bound) {
     k3::cuda::LinearRunner runner(st);
     ::unsetenv("K3_CUDA_DEQUANT_TILE");
     for (WeightFormat f : kFormats) {
-      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}, {6, 1}}) {
+      // {5, 16}: 4096 columns of the 256-element formats, where the one-token v3 reads x from shared memory (XS).
+      for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 11}, {6, 1}, {5, 16}}) {
         const int64_t cols = odd_cols(f, k3::weight_layout(f).block_elems == 32 ? 8 * blocks + 1 : blocks);
         const auto wb = random_blocks(f, rows, cols, 77 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
         const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
