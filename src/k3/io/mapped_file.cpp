@@ -27,7 +27,9 @@ constexpr size_t kHuge = size_t{2} << 20;
 // afterwards. Returns the region (base, len) and the data pointer; throws with the file's name on any failure.
 const uint8_t* read_whole(int fd, const std::string& path, size_t size, void** base, size_t* len) {
   *len = (size + kHuge - 1) / kHuge * kHuge + kHuge;  // + one huge page of slack for the alignment
-  void* p = ::mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // Not MAP_NORESERVE: the kernel's overcommit check refuses a file far bigger than memory here, with an error that
+  // names the file, instead of the OOM killer ending the process halfway through the read.
+  void* p = ::mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     throw Error("cannot reserve " + std::to_string(size >> 20) + " MiB to read '" + path + "' into memory (--no-mmap): " +
                 std::strerror(errno));
