@@ -227,8 +227,8 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
     quant_mma_min_tokens_ = std::string(qm) == "off" ? kQuantMmaMaxTokens + 1
                                                      : static_cast<int>(std::clamp<long>(std::strtol(qm, nullptr, 10), 1,
                                                                                          kQuantMmaMaxTokens + 1));
-  // K3_QUANT_MMA_FORM=ksplit | rows | staged: one form of the tensor-core block GEMV for every batch (staged: up to 8
-  // tokens, the rule above; A/B timing).
+  // K3_QUANT_MMA_FORM=ksplit | rows | staged: one form of the tensor-core block GEMV for every batch (staged: up to
+  // kQuantMmaStagedMaxTokens tokens, the rule above; A/B timing).
   if (const char* qf = std::getenv("K3_QUANT_MMA_FORM"); qf != nullptr) {
     const std::string f(qf);
     quant_mma_form_ = f == "rows" ? QuantMmaForm::Rows : f == "ksplit" ? QuantMmaForm::KSplit : f == "staged" ? QuantMmaForm::Staged : QuantMmaForm::Auto;

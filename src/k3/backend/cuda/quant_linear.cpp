@@ -35,7 +35,8 @@ bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t
     xsum_ = DeviceBuffer(std::max<size_t>(sums, size_t{1} << 16));
     ++generation_;
   }
-  const QuantMmaForm form = quant_mma_form_ == QuantMmaForm::Staged && nt > 8 ? QuantMmaForm::Auto : quant_mma_form_;
+  // K3_QUANT_MMA_FORM=staged: the kernel's own limit, the rule above it.
+  const QuantMmaForm form = quant_mma_form_ == QuantMmaForm::Staged && nt > kQuantMmaStagedMaxTokens ? QuantMmaForm::Auto : quant_mma_form_;
   const size_t work = quant_mma_work_floats(W, nt, form) * sizeof(float);
   if (qwork_.bytes() < work) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may still use the old partials
