@@ -1,8 +1,8 @@
 // A read-only view of a whole file: memory-mapped (the default: no copy, loads in seconds, pages the kernel may
 // drop and re-read -- what the bigger-than-RAM expert residency builds on), or read into anonymous memory
 // (FileLoad::Read, `--no-mmap` as in llama.cpp: the whole file in RAM up front, 2 MB aligned and offered to
-// transparent huge pages). Read exists because the CPU decode kernels stream weights faster from it: +6-9% tok/s on
-// the dev box's Xeon at 2 threads (docs/perf/cpu.md, session 32), while llama.cpp measured the same either way.
+// transparent huge pages). Read exists because the CPU decode kernels stream weights faster from it: +3-20% tok/s on
+// the dev box's Xeon at 2 threads, where llama.cpp gained 1-11% from its own read mode (docs/perf/cpu.md, session 32).
 #pragma once
 #include <cstddef>
 #include <cstdint>
