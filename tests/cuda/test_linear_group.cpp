@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "quant_test_blocks.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/linear_skinny.h"
+#include "k3/backend/cuda/quant_kernels.h"
 #include "k3/core/dtype.h"
 
 namespace {
@@ -145,6 +147,134 @@ TEST(CudaLinearGroup, RejectsWhatItCannotRun) {
   EXPECT_EQ(k3::cuda::linear_gemv_group(nine, ys, 9, nullptr, 1, nullptr), cudaErrorInvalidValue);
 }
 
+// One GGUF block matrix of a test group: random blocks (quant_test_blocks.h), the CPU's rows, the device copy.
+struct QMat {
+  std::vector<uint8_t> blocks;
+  std::unique_ptr<Dev<uint8_t>> d;
+  k3::WeightMatrix dev;
+  std::vector<float> rows;  // the CPU's dequantised rows (the float64 reference's weights)
+};
+
+QMat make_qmat(k3::WeightFormat f, int64_t rows, int64_t cols, uint32_t seed) {
+  QMat m;
+  m.blocks = k3quanttest::random_blocks(f, rows, cols, seed, 4, 10);
+  m.d = std::make_unique<Dev<uint8_t>>(m.blocks);
+  const k3::WeightMatrix host = k3quanttest::host_matrix(f, m.blocks, rows, cols);
+  m.rows = k3quanttest::cpu_rows(host);
+  m.dev = host;
+  m.dev.data = m.d->p;
+  m.dev.device = 0;
+  return m;
+}
+
+// run_group over GGUF block matrices (and a bf16 / fp32 matrix among them) against run() one by one, bit for bit,
+// nothing stored past n tokens, and each product within the tensor-core bound (the looser of the two paths) of the
+// float64 product of the CPU's rows. Groups: KDA-like (Q4_K q / k / v / gates / beta at 2304 columns: one v3 launch
+// at one token), two formats (one launch each), 4096 columns (the XS form), an odd width that only the fp32 kernels
+// take, and a bf16 + fp32 matrix riding along (run() for them).
+TEST(CudaLinearGroup, GgufEqualsOneByOne) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using F = k3::WeightFormat;
+  struct Spec { F f; int64_t rows; };
+  struct Group { const char* what; int64_t cols; std::vector<Spec> mats; bool dense_too; };
+  const Group groups[] = {
+      {"KDA-like Q4_K", 2304, {{F::Q4_K, 1000}, {F::Q4_K, 1000}, {F::Q4_K, 1000}, {F::Q4_K, 128}, {F::Q4_K, 32}, {F::Q4_K, 128}}, false},
+      {"Q4_K + Q6_K + Q8_0", 2304, {{F::Q4_K, 300}, {F::Q6_K, 200}, {F::Q4_K, 77}, {F::Q8_0, 64}, {F::Q6_K, 9}}, false},
+      {"4096 wide (XS)", 4096, {{F::Q4_K, 260}, {F::Q6_K, 100}, {F::Q5_K, 40}, {F::Q6_K, 17}}, false},
+      {"IQ4_XS + Q2_K, 768 wide", 768, {{F::IQ4_XS, 90}, {F::IQ4_XS, 33}, {F::Q2_K, 50}}, false},
+      {"with bf16 and fp32", 2304, {{F::Q4_K, 96}, {F::Q4_K, 40}}, true},
+  };
+  for (const Group& G : groups) {
+    std::vector<QMat> q;
+    for (size_t i = 0; i < G.mats.size(); ++i) q.push_back(make_qmat(G.mats[i].f, G.mats[i].rows, G.cols, static_cast<uint32_t>(900 + 7 * i)));
+    std::vector<Mat> dense;
+    if (G.dense_too) {
+      dense.push_back(make_mat(48, G.cols, F::BF16, 61));
+      dense.push_back(make_mat(24, G.cols, F::F32, 62));
+    }
+    for (int n : {1, 2, 3, 8, 16, 40}) {
+      SCOPED_TRACE(std::string(G.what) + ", n = " + std::to_string(n));
+      const std::vector<float> x = randn(static_cast<size_t>(n * G.cols), 300 + n);
+      Dev<float> dx(x);
+      k3::cuda::LinearRunner lin(nullptr);
+      std::vector<const k3::WeightMatrix*> W;
+      for (const QMat& m : q) W.push_back(&m.dev);
+      for (const Mat& m : dense) W.push_back(&m.dev);
+      std::vector<std::unique_ptr<Dev<float>>> yg, y1;
+      std::vector<float*> Y;
+      for (const k3::WeightMatrix* w : W) {
+        yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>((n + 1) * w->rows)));
+        y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>((n + 1) * w->rows)));
+        yg.back()->poison();
+        y1.back()->poison();
+        Y.push_back(yg.back()->p);
+      }
+      lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), dx.p, n);
+      for (size_t i = 0; i < W.size(); ++i) lin.run(*W[i], dx.p, n, y1[i]->p);
+      ck(cudaDeviceSynchronize(), "sync");
+      for (size_t i = 0; i < W.size(); ++i) {
+        const auto g = yg[i]->get(), o = y1[i]->get();
+        ASSERT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
+        const size_t valid = static_cast<size_t>(n * W[i]->rows);
+        for (size_t j = valid; j < g.size(); ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, &g[j], 4);
+          ASSERT_EQ(bits, 0xffffffffu) << "store past n in matrix " << i;
+        }
+        if (i >= q.size()) continue;  // bf16 / fp32: CudaLinearGroup.EqualsOneByOne holds them to cpu::matmul
+        const auto p = k3quanttest::reference(q[i].rows, x, W[i]->rows, G.cols, n);
+        const std::vector<float> got(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(valid));
+        EXPECT_LE(k3quanttest::worst_ratio(got, p, k3quanttest::quant_mma_bound(G.cols, true)), 2.0) << "matrix " << i;
+      }
+    }
+  }
+}
+
+// quant_gemv_group itself (what run_group takes at one token): bit-equal to quant_gemv per matrix, and it refuses what
+// it cannot run in one launch -- two formats, two widths, nine matrices, two tokens, x off 16 bytes, a width v3 does
+// not take (4352 > 4096 columns).
+TEST(CudaLinearGroup, QuantGemvGroupEqualsQuantGemvAndRefuses) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using F = k3::WeightFormat;
+  std::vector<QMat> q;
+  const int64_t rows[] = {513, 8, 1, 4096, 129, 64, 7, 300};
+  for (int i = 0; i < 8; ++i) q.push_back(make_qmat(F::Q6_K, rows[i], 2304, 40 + i));
+  const std::vector<float> x = randn(2304, 77);
+  Dev<float> dx(x);
+  std::vector<const k3::WeightMatrix*> W;
+  std::vector<std::unique_ptr<Dev<float>>> yg, y1;
+  std::vector<float*> Y;
+  for (const QMat& m : q) {
+    W.push_back(&m.dev);
+    yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(m.dev.rows)));
+    y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(m.dev.rows)));
+    yg.back()->poison();
+    Y.push_back(yg.back()->p);
+  }
+  ASSERT_TRUE(k3::cuda::quant_gemv_groupable(W.data(), 8, dx.p, 1));
+  ck(k3::cuda::quant_gemv_group(W.data(), Y.data(), 8, dx.p, 1, nullptr), "quant_gemv_group");
+  for (size_t i = 0; i < W.size(); ++i) ck(k3::cuda::quant_gemv(*W[i], dx.p, 1, y1[i]->p, nullptr), "quant_gemv");
+  ck(cudaDeviceSynchronize(), "sync");
+  for (size_t i = 0; i < W.size(); ++i) {
+    const auto g = yg[i]->get(), o = y1[i]->get();
+    EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
+  }
+  const QMat other = make_qmat(F::Q4_K, 16, 2304, 5), wide = make_qmat(F::Q6_K, 16, 4352, 6), narrow = make_qmat(F::Q8_0, 16, 2304, 7);
+  const k3::WeightMatrix* two_formats[2] = {W[0], &other.dev};
+  const k3::WeightMatrix* two_widths[2] = {W[0], &wide.dev};
+  const k3::WeightMatrix* too_wide[1] = {&wide.dev};
+  std::vector<const k3::WeightMatrix*> nine(9, W[0]);
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(two_formats, 2, dx.p, 1));
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(two_widths, 2, dx.p, 1));
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(too_wide, 1, dx.p, 1));
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(nine.data(), 9, dx.p, 1));
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(W.data(), 2, dx.p, 2));
+  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(W.data(), 2, dx.p + 1, 1));  // x off 16 bytes: v1 by the rule
+  const k3::WeightMatrix* q8[1] = {&narrow.dev};
+  EXPECT_TRUE(k3::cuda::quant_gemv_groupable(q8, 1, dx.p, 1));  // every format with a v3 decoder
+  EXPECT_EQ(k3::cuda::quant_gemv_group(two_formats, Y.data(), 2, dx.p, 1, nullptr), cudaErrorInvalidValue);
+}
+
 // A Kimi-Linear KDA layer's projections of x (q, k, v 4096 x 2304; f_a, g_a 128 x 2304; b 32 x 2304) and
 // an MLA layer's (q 6144, kv_a 576, g 4096), grouped vs one by one (K3_CUDA_LINEAR_GROUP=0), weights
 // rotated through >= 512 MB so each call reads HBM. Prints us per group and GB/s of weights.
@@ -201,6 +331,69 @@ TEST(CudaLinearGroupTiming, KimiLinearLayers) {
         cudaEventDestroy(b);
       }
       std::printf("[ group ] %-22s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx\n", L.what,
+                  n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3, us[0] / us[1]);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The same layers with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six projections, MLA's q / kv_a,
+// a shared expert's gate / up), grouped vs one by one, each repetition on another copy of the weights (>= 256 MB in
+// rotation: no L2 reuse). Prints only.
+TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Layer { const char* what; std::vector<int64_t> rows; };
+  const int64_t cols = 2304;
+  const k3::WeightFormat f = k3::WeightFormat::Q4_K;
+  setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
+  k3::cuda::LinearRunner one(nullptr);
+  unsetenv("K3_CUDA_LINEAR_GROUP");
+  k3::cuda::LinearRunner grouped(nullptr);
+  for (const Layer& L : {Layer{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, Layer{"MLA q/kv_a", {6144, 576}},
+                         Layer{"shared gate/up", {1024, 1024}}}) {
+    int64_t total = 0;
+    for (int64_t r : L.rows) total += r;
+    const int64_t row_bytes = k3::row_data_bytes(f, cols), bytes = total * row_bytes;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (256ll << 20) / bytes));
+    const std::vector<uint8_t> blocks = k3quanttest::random_blocks(f, total, cols, 17, 4, 10);
+    Dev<uint8_t> w(static_cast<size_t>(bytes * copies));
+    for (int c = 0; c < copies; ++c) ck(cudaMemcpy(w.p + c * bytes, blocks.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice), "H2D");
+    for (int n : {1, 2, 4, 8, 16}) {
+      Dev<float> x(randn(static_cast<size_t>(n * cols), 9)), y(static_cast<size_t>(n * total));
+      double us[2];
+      for (int v = 0; v < 2; ++v) {
+        k3::cuda::LinearRunner& lin = v == 0 ? one : grouped;
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        const int reps = 40;
+        for (int r = -5; r < reps; ++r) {
+          if (r == 0) cudaEventRecord(a);
+          const uint8_t* base = w.p + (static_cast<int64_t>(r + 5) % copies) * bytes;
+          std::vector<k3::WeightMatrix> D(L.rows.size());
+          std::vector<const k3::WeightMatrix*> W;
+          std::vector<float*> Y;
+          int64_t off = 0;
+          for (size_t i = 0; i < L.rows.size(); ++i) {
+            D[i] = k3::WeightMatrix{f, base + off * row_bytes, nullptr, L.rows[i], cols, 0};
+            W.push_back(&D[i]);
+            Y.push_back(y.p + off * n);
+            off += L.rows[i];
+          }
+          lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), x.p, n);
+        }
+        cudaEventRecord(b);
+        ck(cudaEventSynchronize(b), "sync");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        us[v] = 1000.0 * ms / reps;
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+      std::printf("[ group ] Q4_K %-20s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx\n", L.what,
                   n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3, us[0] / us[1]);
     }
   }

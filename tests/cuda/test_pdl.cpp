@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -50,6 +51,50 @@ struct Case {
   int n;
 };
 
+// A device matrix of random blocks (and its bytes).
+struct DevMatrix {
+  std::vector<uint8_t> blocks;
+  Dev<uint8_t> d;
+  k3::WeightMatrix W;
+  DevMatrix(WeightFormat f, int64_t rows, int64_t cols, uint32_t seed)
+      : blocks(random_blocks(f, rows, cols, seed, 4, 10)), d(blocks), W(host_matrix(f, blocks, rows, cols)) {
+    W.data = d.p;
+    W.device = 0;
+  }
+};
+
+// project() (which reads x and writes the ys) after a kernel that lets dependents start at once and writes the new x
+// only ~100 us later: eager and as a captured graph, three times each, every y bit-equal to want (computed from the
+// new x without a late writer). x holds the old values before each repetition.
+void expect_reads_late_x(cudaStream_t st, Dev<float>& x, const Dev<float>& x_old, const Dev<float>& x_new,
+                         const std::function<void()>& project, const std::vector<Dev<float>*>& ys,
+                         const std::vector<std::vector<float>>& want) {
+  auto late_then_project = [&] {
+    ck(late_copy(x.p, x_new.p, static_cast<int64_t>(x.n), 200000, st), "late_copy");
+    project();
+  };
+  auto check = [&](const char* how, int rep) {
+    ck(cudaStreamSynchronize(st), "sync");
+    for (size_t i = 0; i < ys.size(); ++i)
+      EXPECT_EQ(std::memcmp(ys[i]->get().data(), want[i].data(), want[i].size() * 4), 0) << how << ", repetition " << rep << ", output " << i;
+  };
+  auto reset = [&] {
+    ck(cudaMemcpy(x.p, x_old.p, x.n * 4, cudaMemcpyDeviceToDevice), "D2D");
+    for (Dev<float>* y : ys) y->poison();
+  };
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    late_then_project();
+    check("eager", rep);
+  }
+  const CapturedGraph graph(st, late_then_project);
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    graph.launch();
+    check("graph", rep);
+  }
+}
+
 TEST(CudaPdl, ProjectionReadsTheActivationsItsPredecessorWritesLate) {
   SKIP_WITHOUT_GPU();
   const char* env = std::getenv("K3_PDL");
@@ -69,37 +114,51 @@ TEST(CudaPdl, ProjectionReadsTheActivationsItsPredecessorWritesLate) {
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(k3::weight_format_name(c.f)) + " " + std::to_string(c.rows) + " x " + std::to_string(c.cols) +
                    ", n = " + std::to_string(c.n));
-      const auto wb = random_blocks(c.f, c.rows, c.cols, 11 + static_cast<uint32_t>(c.rows), 4, 10);
-      Dev<uint8_t> dwb(wb);
-      k3::WeightMatrix W = host_matrix(c.f, wb, c.rows, c.cols);
-      W.data = dwb.p;
-      W.device = 0;
+      const DevMatrix M(c.f, c.rows, c.cols, 11 + static_cast<uint32_t>(c.rows));
       const size_t nx = static_cast<size_t>(c.n * c.cols), ny = static_cast<size_t>(c.n * c.rows);
       Dev<float> x_old(randn(nx, 3, 1.f)), x_new(randn(nx, 4, 1.f)), x(nx), y(ny), y_ref(ny);
       ck(cudaMemcpy(x.p, x_new.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
-      runner.run(W, x.p, c.n, y_ref.p);  // the reference: x already new (this also sizes the runner's scratch)
+      runner.run(M.W, x.p, c.n, y_ref.p);  // the reference: x already new (this also sizes the runner's scratch)
       ck(cudaStreamSynchronize(st), "sync");
-      const std::vector<float> want = y_ref.get();
-      auto late_then_project = [&] {
-        ck(late_copy(x.p, x_new.p, static_cast<int64_t>(nx), 200000, st), "late_copy");
-        runner.run(W, x.p, c.n, y.p);
-      };
-      for (int rep = 0; rep < 3; ++rep) {
-        ck(cudaMemcpy(x.p, x_old.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
-        y.poison();
-        late_then_project();
-        ck(cudaStreamSynchronize(st), "sync");
-        EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "eager, repetition " << rep;
-      }
-      const CapturedGraph graph(st, late_then_project);
-      for (int rep = 0; rep < 3; ++rep) {
-        ck(cudaMemcpy(x.p, x_old.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
-        y.poison();
-        graph.launch();
-        ck(cudaStreamSynchronize(st), "sync");
-        EXPECT_EQ(std::memcmp(y.get().data(), want.data(), ny * 4), 0) << "graph, repetition " << rep;
-      }
+      expect_reads_late_x(st, x, x_old, x_new, [&] { runner.run(M.W, x.p, c.n, y.p); }, {&y}, {y_ref.get()});
     }
+  }
+  cudaStreamDestroy(st);
+}
+
+// The grouped projections (LinearRunner::run_group over GGUF matrices): one v3 launch for several matrices at one
+// token (4096 columns: XS; 2304: plain), and the shared prep of x before the tensor-core products at 4 and 16 tokens.
+TEST(CudaPdl, GroupedProjectionsReadTheActivationsTheirPredecessorWritesLate) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  {
+    k3::cuda::LinearRunner runner(st);
+    for (const int64_t cols : {int64_t{2304}, int64_t{4096}})
+      for (const int n : {1, 4, 16}) {
+        SCOPED_TRACE(std::to_string(cols) + " columns, n = " + std::to_string(n));
+        const DevMatrix A(WeightFormat::Q4_K, 4096, cols, 21), B(WeightFormat::Q4_K, 128, cols, 22),
+            C(WeightFormat::Q6_K, 300, cols, 23), D(WeightFormat::Q6_K, 32, cols, 24);
+        const k3::WeightMatrix* W[4] = {&A.W, &B.W, &C.W, &D.W};
+        const size_t nx = static_cast<size_t>(n * cols);
+        Dev<float> x_old(randn(nx, 5, 1.f)), x_new(randn(nx, 6, 1.f)), x(nx);
+        std::vector<std::unique_ptr<Dev<float>>> y, y_ref;
+        std::vector<float*> Y, Y_ref;
+        std::vector<Dev<float>*> ys;
+        for (const k3::WeightMatrix* w : W) {
+          y.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          y_ref.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          Y.push_back(y.back()->p);
+          Y_ref.push_back(y_ref.back()->p);
+          ys.push_back(y.back().get());
+        }
+        ck(cudaMemcpy(x.p, x_new.p, nx * 4, cudaMemcpyDeviceToDevice), "D2D");
+        runner.run_group(W, Y_ref.data(), 4, x.p, n);
+        ck(cudaStreamSynchronize(st), "sync");
+        std::vector<std::vector<float>> want;
+        for (auto& r : y_ref) want.push_back(r->get());
+        expect_reads_late_x(st, x, x_old, x_new, [&] { runner.run_group(W, Y.data(), 4, x.p, n); }, ys, want);
+      }
   }
   cudaStreamDestroy(st);
 }

@@ -342,6 +342,12 @@ std::pair<uint16_t*, uint16_t*> LinearRunner::bf16_halves(const float*, int64_t 
 
 void LinearRunner::run_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n) {
   if (n <= 0) return;
+  static_assert(kLinearGroupMax <= kQuantGemvGroupMax, "a group of GGUF matrices fits one quant_gemv_group launch");
+  if (grouped_ && count >= 2 && count <= kLinearGroupMax) {  // two or more GGUF matrices (the others: run())
+    int blocks = 0;
+    for (int m = 0; m < count; ++m) blocks += is_gguf_block(W[m]->format) ? 1 : 0;
+    if (blocks >= 2) return run_group_blocks(W, y, count, x, n);
+  }
   // The kernel run() would pick for each matrix: the group shares a launch only if all pick the same one.
   enum class Path { Skinny, Gemv, Other };
   auto path_of = [&](const DeviceLinear& w) {

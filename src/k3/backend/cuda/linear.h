@@ -68,7 +68,8 @@ class LinearRunner {
   void run(const DeviceLinear& W, const float* x, int64_t n, float* y);
   // y[m] = x . W[m]^T for `count` matrices that read the same x (graph::Backend::linear_group): one grouped
   // launch when every matrix would take the same kernel in run() (skinny or GEMV; <= kLinearGroupMax,
-  // same width), each y[m] bit-equal to run()'s; otherwise run() for each.
+  // same width), each y[m] bit-equal to run()'s; otherwise run() for each. GGUF block matrices: one launch per
+  // format at one token where run() would take the v3 GEMV, one shared prep of x on the tensor cores.
   void run_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n);
   // The plain cuBLAS handle (on stream()), for the SGEMMs of callers; run() itself uses cuBLASLt.
   cublasHandle_t cublas() const { return handle_; }
@@ -92,8 +93,17 @@ class LinearRunner {
   // run() for a GGUF block format (quant_linear.cpp).
   void run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y);
   // run_blocks on the tensor cores (quant_mma.h): x split (or rounded) and summed per 32 columns, then the
-  // block GEMV; false (nothing enqueued) where it does not apply.
+  // block GEMV; false (nothing enqueued) where it does not apply. Its steps: whether it applies (the rule), the
+  // scratch sized (may synchronise), x's prep, one product.
   bool run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y);
+  bool blocks_mma_applies(const DeviceLinear& W, const float* x, int64_t n) const;
+  QuantMmaForm blocks_mma_form(int n) const;
+  void reserve_blocks_mma(const DeviceLinear& W, int n);
+  QuantMmaActs prep_blocks_mma(const float* x, int n, int64_t cols);
+  void product_blocks_mma(const DeviceLinear& W, const QuantMmaActs& acts, float* y);
+  // run_group for GGUF block matrices (quant_linear.cpp): one token, one v3 launch per format (quant_gemv_group);
+  // tensor-core batches, one prep of x for the matrices of one width; the rest run() one by one.
+  void run_group_blocks(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n);
   // x's bf16 hi and lo staging for `count` values (xb_, grown on demand: bumps generation_); lo right after
   // hi when back_to_back (one [2n][k] matrix), else at the next 256-byte boundary.
   std::pair<uint16_t*, uint16_t*> bf16_halves(const float* x, int64_t count, bool back_to_back);

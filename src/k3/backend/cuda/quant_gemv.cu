@@ -170,14 +170,30 @@ constexpr bool has_xs() {
   return F == WeightFormat::Q4_K || F == WeightFormat::Q5_K || F == WeightFormat::Q6_K;
 }
 
+// The matrices one v3 launch multiplies by the same x (quant_gemv_group; one matrix for quant_gemv): blocks
+// [first_block[m], first_block[m + 1]) take matrix m's rows. A kernel parameter (__grid_constant__: indexed by the
+// block's m without a local copy).
+struct V3Group {
+  const uint8_t* W[kQuantGemvGroupMax];
+  float* y[kQuantGemvGroupMax];
+  int64_t rows[kQuantGemvGroupMax];
+  int64_t first_block[kQuantGemvGroupMax];
+  int count;
+};
+
 template <WeightFormat F, int NT, bool XS>
 __global__ void __launch_bounds__(kWarps * 32)
-    quant_gemv_v3_kernel(const uint8_t* __restrict__ W, int64_t rows, int64_t cols, const float* __restrict__ x,
-                         float* __restrict__ y, IqTables T) {
+    quant_gemv_v3_kernel(const __grid_constant__ V3Group grp, int64_t cols, const float* __restrict__ x, IqTables T) {
   using P = typename qpart::PartOf<F>::type;
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (row < rows) pdl::prefetch_l2(W + row * row_data_bytes(F, cols), row_data_bytes(F, cols), lane, 32);  // weights only (pdl.cuh)
+  int m = 0;  // this block's matrix (block-uniform)
+  while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
+  // The matrix's fields are read where they are used, not held: registers decide the blocks per SM (a y pointer and
+  // rows kept live from here took Q6_K's kernel from 78 to 95 registers).
+  // 32-bit: a grid has < 2^31 blocks (a 64-bit row here cost Q4_K's kernel a spilled register at 64)
+  const int row = (static_cast<int>(blockIdx.x) - static_cast<int>(grp.first_block[m])) * kWarps + (threadIdx.x >> 5);
+  const bool in_range = row < grp.rows[m];
+  if (in_range) pdl::prefetch_l2(grp.W[m] + static_cast<int64_t>(row) * row_data_bytes(F, cols), row_data_bytes(F, cols), lane, 32);  // weights only (pdl.cuh)
   pdl::begin();
   const float* xr = x;
   if constexpr (XS) {
@@ -190,8 +206,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     xr = xs;
   }
-  if (row >= rows) return;  // the whole warp (after the block's barrier)
-  const uint8_t* wr = W + row * row_data_bytes(F, cols);
+  if (!in_range) return;  // the whole warp (after the block's barrier)
+  const uint8_t* __restrict__ wr = grp.W[m] + static_cast<int64_t>(row) * row_data_bytes(F, cols);
   const int64_t parts = (cols + 255) / 256 * 8;
   const typename P::Ctx ctx = P::context(T);
   float acc[NT][4];
@@ -220,7 +236,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float v = (acc[t][0] + acc[t][1]) + (acc[t][2] + acc[t][3]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * rows + row] = v;
+    if (lane == 0) grp.y[m][t * grp.rows[m] + row] = v;
   }
 }
 
@@ -300,6 +316,25 @@ QuantGemvKernel pick(const WeightMatrix& W, const float* x, int n, QuantGemvKern
   return n <= v2_max_tokens(F) ? QuantGemvKernel::V2 : v1;
 }
 
+// v3 over the group's matrices in one launch (first_block filled here).
+template <WeightFormat F, int NT>
+cudaError_t launch_v3(V3Group g, int64_t cols, const float* x, cudaStream_t s, const IqTables& T) {
+  int64_t blocks = 0;
+  for (int m = 0; m < g.count; ++m) {
+    g.first_block[m] = blocks;
+    blocks += (g.rows[m] + kWarps - 1) / kWarps;
+  }
+  if (blocks == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(blocks);
+  // XS at one token on rows 4096 wide (call s32-4, the projection chain: 2304 x 4096 Q4_K 10.86 -> 9.69 us, Q6_K
+  // 10.02 -> 9.57; on 2304-wide rows it lost, 4096 x 2304 Q4_K 7.28 -> 7.61, 1024 x 2304 3.21 -> 3.45).
+  // K3_QUANT_GEMV_XS=0: never (A/B).
+  if constexpr (has_xs<F>() && NT == 1)
+    if (cols == kNarrowCols && xs_enabled())
+      return pdl::launch(quant_gemv_v3_kernel<F, NT, true>, grid, kWarps * 32, 0, s, g, cols, x, T);
+  return pdl::launch(quant_gemv_v3_kernel<F, NT, false>, grid, kWarps * 32, 0, s, g, cols, x, T);
+}
+
 template <WeightFormat F, int NT>
 cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t s, const IqTables& T, QuantGemvKernel forced) {
   const uint8_t* data = static_cast<const uint8_t*>(W.data);
@@ -310,14 +345,12 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
       return pdl::launch(quant_gemv_v2_kernel<F, NT>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
     }
     if (k == QuantGemvKernel::V3) {
-      const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
-      // XS at one token on rows 4096 wide (call s32-4, the projection chain: 2304 x 4096 Q4_K 10.86 -> 9.69 us, Q6_K
-      // 10.02 -> 9.57; on 2304-wide rows it lost, 4096 x 2304 Q4_K 7.28 -> 7.61, 1024 x 2304 3.21 -> 3.45).
-      // K3_QUANT_GEMV_XS=0: never (A/B).
-      if constexpr (has_xs<F>() && NT == 1)
-        if (W.cols == kNarrowCols && xs_enabled())
-          return pdl::launch(quant_gemv_v3_kernel<F, NT, true>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
-      return pdl::launch(quant_gemv_v3_kernel<F, NT, false>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
+      V3Group g{};
+      g.W[0] = data;
+      g.y[0] = y;
+      g.rows[0] = W.rows;
+      g.count = 1;
+      return launch_v3<F, NT>(g, W.cols, x, s, T);
     }
   }
   if constexpr (NT == 8) {  // the only size it won at (session 21), so the only one instantiated
@@ -348,6 +381,46 @@ cudaError_t launch_n(const WeightMatrix& W, const float* x, int n, float* y, cud
 }  // namespace
 
 bool quant_gemv_has_parts(WeightFormat f) { return qpart::has_part(f); }
+
+bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* x, int n) {
+  if (count < 1 || count > kQuantGemvGroupMax || n != 1 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return false;
+  const WeightFormat f0 = W[0]->format;
+  if (!is_gguf_block(f0)) return false;
+  for (int m = 0; m < count; ++m) {
+    const WeightMatrix& w = *W[m];
+    if (w.format != f0 || w.cols != W[0]->cols || w.rows <= 0 || w.cols % weight_layout(f0).block_elems != 0 ||
+        reinterpret_cast<uintptr_t>(w.data) % 2 != 0)
+      return false;
+  }
+  return with_gguf_block_format(
+      f0,
+      [&](auto f) {
+        constexpr WeightFormat F = decltype(f)::value;
+        for (int m = 0; m < count; ++m)
+          if (pick<F>(*W[m], x, n, QuantGemvKernel::Auto) != QuantGemvKernel::V3) return false;
+        return true;
+      },
+      false);
+}
+
+cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n, cudaStream_t s) {
+  if (!quant_gemv_groupable(W, count, x, n)) return cudaErrorInvalidValue;
+  V3Group g{};
+  for (int m = 0; m < count; ++m) {
+    g.W[m] = static_cast<const uint8_t*>(W[m]->data);
+    g.y[m] = y[m];
+    g.rows[m] = W[m]->rows;
+  }
+  g.count = count;
+  const IqTables T = iq_tables();
+  return with_gguf_format(W[0]->format, [&](auto f) -> cudaError_t {
+    constexpr WeightFormat F = decltype(f)::value;
+    if constexpr (qpart::has_part(F))
+      return launch_v3<F, 1>(g, W[0]->cols, x, s, T);
+    else
+      return cudaErrorInvalidValue;  // not groupable (no v3 kernel): checked above
+  });
+}
 
 cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s, QuantGemvKernel kernel) {
   if (!is_gguf_block(W.format) || n < 0 || n > 8 || W.rows < 0 || W.cols % weight_layout(W.format).block_elems != 0)

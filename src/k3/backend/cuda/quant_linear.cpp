@@ -13,42 +13,107 @@
 // fp32 and the GEMM cublasSgemm: 4 bytes per weight written and read, SIMT FLOPs (~8 of the 87 ms of a
 // Kimi-Linear-slice pp512 on llama-quantize's Q4_K_M, docs/perf/cuda.md).
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/linear_skinny.h"  // kLinearGroupMax
 #include "k3/backend/cuda/quant_kernels.h"
 
 namespace k3::cuda {
 
-bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y) {
+bool LinearRunner::blocks_mma_applies(const DeviceLinear& W, const float* x, int64_t n) const {
   // One token: the fp32 GEMV's v2 / v3 kernels keep the matrices they win on (4096 x 7168 Q6_K 26.4 vs 30.6 us,
   // 4096 x 2304 Q4_K 11.9 vs 14.1), the tall heads take the tensor cores (163840 x 2304 Q6_K 297.9 -> 209.5 us;
   // CudaQuantMma.TimingAtK3Width, call s31-1, docs/perf/cuda.md).
   const int min_tokens = quant_mma_min_tokens_ == kQuantMmaMinTokens && W.rows >= kQuantMmaTallRows ? 1 : quant_mma_min_tokens_;
-  if (n < min_tokens || n > kQuantMmaMaxTokens || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(x) % 16 != 0)
-    return false;
-  const int nt = static_cast<int>(n);
-  const size_t sums = static_cast<size_t>(quant_mma_ldx(nt)) * static_cast<size_t>(W.cols / 32) * sizeof(float);
+  return n >= min_tokens && n <= kQuantMmaMaxTokens && quant_mma_supported(W) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+QuantMmaForm LinearRunner::blocks_mma_form(int n) const {
+  // K3_QUANT_MMA_FORM=staged: the kernel's own limit, the rule above it.
+  return quant_mma_form_ == QuantMmaForm::Staged && n > kQuantMmaStagedMaxTokens ? QuantMmaForm::Auto : quant_mma_form_;
+}
+
+void LinearRunner::reserve_blocks_mma(const DeviceLinear& W, int n) {
+  const size_t sums = static_cast<size_t>(quant_mma_ldx(n)) * static_cast<size_t>(W.cols / 32) * sizeof(float);
   if (xsum_.bytes() < sums) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may still read the old sums
     xsum_ = DeviceBuffer(std::max<size_t>(sums, size_t{1} << 16));
     ++generation_;
   }
-  // K3_QUANT_MMA_FORM=staged: the kernel's own limit, the rule above it.
-  const QuantMmaForm form = quant_mma_form_ == QuantMmaForm::Staged && nt > kQuantMmaStagedMaxTokens ? QuantMmaForm::Auto : quant_mma_form_;
-  const size_t work = quant_mma_work_floats(W, nt, form) * sizeof(float);
+  const size_t work = quant_mma_work_floats(W, n, blocks_mma_form(n)) * sizeof(float);
   if (qwork_.bytes() < work) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued kernel may still use the old partials
     qwork_ = DeviceBuffer(work);
     ++generation_;
   }
-  const auto [hi, lo] = bf16_halves(x, n * W.cols, false);
+}
+
+QuantMmaActs LinearRunner::prep_blocks_mma(const float* x, int n, int64_t cols) {
+  const auto [hi, lo] = bf16_halves(x, n * cols, false);
   uint16_t* lo_or_null = precision_ == GemmPrecision::Bf16x2 ? lo : nullptr;
-  K3_CUDA_CHECK(quant_mma_prep(x, nt, W.cols, hi, lo_or_null, xsum_.get<float>(), stream_));
-  K3_CUDA_CHECK(quant_gemv_mma(W, QuantMmaActs{hi, lo_or_null, xsum_.get<float>(), nt, W.cols}, y, stream_, 0, form,
+  K3_CUDA_CHECK(quant_mma_prep(x, n, cols, hi, lo_or_null, xsum_.get<float>(), stream_));
+  return QuantMmaActs{hi, lo_or_null, xsum_.get<float>(), n, cols};
+}
+
+void LinearRunner::product_blocks_mma(const DeviceLinear& W, const QuantMmaActs& acts, float* y) {
+  K3_CUDA_CHECK(quant_gemv_mma(W, acts, y, stream_, 0, blocks_mma_form(acts.n),
                                QuantMmaWork{qwork_.get<float>(), qwork_.bytes() / sizeof(float)}));
+}
+
+bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t n, float* y) {
+  if (!blocks_mma_applies(W, x, n)) return false;
+  const int nt = static_cast<int>(n);
+  reserve_blocks_mma(W, nt);
+  product_blocks_mma(W, prep_blocks_mma(x, nt, W.cols), y);
   return true;
+}
+
+void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n) {
+  std::array<bool, kLinearGroupMax> done{};
+  // One token: the matrices of each format that quant_gemv would give its v3 kernel, one launch per format.
+  if (n == 1) {
+    for (int a = 0; a < count; ++a) {
+      if (done[a]) continue;
+      std::array<const DeviceLinear*, kLinearGroupMax> gw{};
+      std::array<float*, kLinearGroupMax> gy{};
+      std::array<int, kLinearGroupMax> idx{};
+      int k = 0;
+      for (int b = a; b < count; ++b)
+        if (!done[b] && W[b]->format == W[a]->format && W[b]->cols == W[a]->cols && quant_gemv_groupable(&W[b], 1, x, 1)) {
+          gw[k] = W[b];
+          gy[k] = y[b];
+          idx[k++] = b;
+        }
+      if (k < 2) continue;  // alone: run() below
+      K3_CUDA_CHECK(quant_gemv_group(gw.data(), gy.data(), k, x, 1, stream_));
+      for (int i = 0; i < k; ++i) done[idx[i]] = true;
+    }
+  } else {
+    // 2..kQuantMmaMaxTokens tokens on the tensor cores: x prepared (split, summed per 32 columns) once for every
+    // matrix of one width, then one product each (each y[m] is run()'s: the same prep of the same x).
+    int first = -1, members = 0;
+    for (int m = 0; m < count; ++m)
+      if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && (first < 0 || W[m]->cols == W[first]->cols)) {
+        if (first < 0) first = m;
+        ++members;
+      }
+    if (members >= 2) {
+      const int nt = static_cast<int>(n);
+      for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
+        if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && W[m]->cols == W[first]->cols) reserve_blocks_mma(*W[m], nt);
+      const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
+      for (int m = first; m < count; ++m)
+        if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && W[m]->cols == W[first]->cols) {
+          product_blocks_mma(*W[m], acts, y[m]);
+          done[m] = true;
+        }
+    }
+  }
+  for (int m = 0; m < count; ++m)
+    if (!done[m]) run(*W[m], x, n, y[m]);
 }
 
 void LinearRunner::run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y) {
