@@ -383,7 +383,7 @@ cudaError_t launch_n(const WeightMatrix& W, const float* x, int n, float* y, cud
 bool quant_gemv_has_parts(WeightFormat f) { return qpart::has_part(f); }
 
 bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* x, int n) {
-  if (count < 1 || count > kQuantGemvGroupMax || n != 1 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return false;
+  if (count < 1 || count > kQuantGemvGroupMax || n < 1 || n > 8 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return false;
   const WeightFormat f0 = W[0]->format;
   if (!is_gguf_block(f0)) return false;
   for (int m = 0; m < count; ++m) {
@@ -415,10 +415,20 @@ cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int 
   const IqTables T = iq_tables();
   return with_gguf_format(W[0]->format, [&](auto f) -> cudaError_t {
     constexpr WeightFormat F = decltype(f)::value;
-    if constexpr (qpart::has_part(F))
-      return launch_v3<F, 1>(g, W[0]->cols, x, s, T);
-    else
+    if constexpr (qpart::has_part(F)) {
+      switch (n) {  // more than one token only where K3_QUANT_GEMV=v3:N asks for v3 (A/B timing)
+        case 1: return launch_v3<F, 1>(g, W[0]->cols, x, s, T);
+        case 2: return launch_v3<F, 2>(g, W[0]->cols, x, s, T);
+        case 3: return launch_v3<F, 3>(g, W[0]->cols, x, s, T);
+        case 4: return launch_v3<F, 4>(g, W[0]->cols, x, s, T);
+        case 5: return launch_v3<F, 5>(g, W[0]->cols, x, s, T);
+        case 6: return launch_v3<F, 6>(g, W[0]->cols, x, s, T);
+        case 7: return launch_v3<F, 7>(g, W[0]->cols, x, s, T);
+        default: return launch_v3<F, 8>(g, W[0]->cols, x, s, T);
+      }
+    } else {
       return cudaErrorInvalidValue;  // not groupable (no v3 kernel): checked above
+    }
   });
 }
 

@@ -28,9 +28,9 @@ cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, c
 
 // Grouped form: count (1..kQuantGemvGroupMax) matrices of ONE format and width that read the same x, y[m] = x . W[m]^T
 // in one launch (the projections of a layer that share x: KDA's q / k / v / gates / beta, MLA's q / kv_a, a shared
-// expert's gate / up). Groupable where quant_gemv would give each matrix the v3 kernel by its rule (one token, rows
-// up to 4096 wide, x 16-byte aligned, blocks at their alignment, K3_QUANT_GEMV not forcing another kernel); each y[m]
-// is then bit-equal to quant_gemv's. Why: a one-token projection of a few MB pays ~2.5 us of launch, ramp and tail
+// expert's gate / up). Groupable where quant_gemv would give each matrix the v3 kernel at n tokens (by the rule: one
+// token, rows up to 4096 wide, x 16-byte aligned, blocks at their alignment; up to 8 tokens where K3_QUANT_GEMV=v3:N
+// forces v3); each y[m] is then bit-equal to quant_gemv's. Why: a one-token projection of a few MB pays ~2.5 us of launch, ramp and tail
 // (session 32's projection chain: 4096 x 2304 Q4_K 7.3 us where a plain read of its bytes takes 3.2).
 constexpr int kQuantGemvGroupMax = 8;
 bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* x, int n);

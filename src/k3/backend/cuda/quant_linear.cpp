@@ -73,44 +73,49 @@ bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t
 
 void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n) {
   std::array<bool, kLinearGroupMax> done{};
-  // One token: the matrices of each format that quant_gemv would give its v3 kernel, one launch per format.
-  if (n == 1) {
-    for (int a = 0; a < count; ++a) {
-      if (done[a]) continue;
-      std::array<const DeviceLinear*, kLinearGroupMax> gw{};
-      std::array<float*, kLinearGroupMax> gy{};
-      std::array<int, kLinearGroupMax> idx{};
-      int k = 0;
-      for (int b = a; b < count; ++b)
-        if (!done[b] && W[b]->format == W[a]->format && W[b]->cols == W[a]->cols && quant_gemv_groupable(&W[b], 1, x, 1)) {
-          gw[k] = W[b];
-          gy[k] = y[b];
-          idx[k++] = b;
-        }
-      if (k < 2) continue;  // alone: run() below
-      K3_CUDA_CHECK(quant_gemv_group(gw.data(), gy.data(), k, x, 1, stream_));
-      for (int i = 0; i < k; ++i) done[idx[i]] = true;
-    }
-  } else {
-    // 2..kQuantMmaMaxTokens tokens on the tensor cores: x prepared (split, summed per 32 columns) once for every
-    // matrix of one width, then one product each (each y[m] is run()'s: the same prep of the same x).
-    int first = -1, members = 0;
-    for (int m = 0; m < count; ++m)
-      if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && (first < 0 || W[m]->cols == W[first]->cols)) {
-        if (first < 0) first = m;
-        ++members;
+  // Which matrices run() would give the tensor-core block GEMV (the rest of the group's GGUF matrices that run the
+  // v3 GEMV can share its launch).
+  std::array<bool, kLinearGroupMax> mma{};
+  for (int m = 0; m < count; ++m) mma[m] = W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n);
+  // The v3 GEMV (one token by the rule; up to 8 tokens with K3_QUANT_GEMV=v3:N and K3_QUANT_MMA=9): one launch per
+  // format and width.
+  for (int a = 0; a < count && n <= kGemvMaxTokens; ++a) {
+    if (mma[a] || !quant_gemv_groupable(&W[a], 1, x, static_cast<int>(n))) continue;
+    std::array<const DeviceLinear*, kLinearGroupMax> gw{};
+    std::array<float*, kLinearGroupMax> gy{};
+    std::array<int, kLinearGroupMax> idx{};
+    int k = 0;
+    for (int b = a; b < count; ++b)
+      if (!done[b] && !mma[b] && W[b]->format == W[a]->format && W[b]->cols == W[a]->cols &&
+          quant_gemv_groupable(&W[b], 1, x, static_cast<int>(n))) {
+        gw[k] = W[b];
+        gy[k] = y[b];
+        idx[k++] = b;
       }
-    if (members >= 2) {
-      const int nt = static_cast<int>(n);
-      for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
-        if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && W[m]->cols == W[first]->cols) reserve_blocks_mma(*W[m], nt);
-      const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
-      for (int m = first; m < count; ++m)
-        if (W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n) && W[m]->cols == W[first]->cols) {
-          product_blocks_mma(*W[m], acts, y[m]);
-          done[m] = true;
-        }
+    if (k < 2) continue;  // alone: run() below
+    K3_CUDA_CHECK(quant_gemv_group(gw.data(), gy.data(), k, x, static_cast<int>(n), stream_));
+    for (int i = 0; i < k; ++i) done[idx[i]] = true;
+  }
+  // The tensor cores (2..kQuantMmaMaxTokens tokens; the tall heads from one): x prepared (split, summed per 32
+  // columns) once for the matrices of the first such width, then one product each (each y[m] is run()'s: the same
+  // prep of the same x).
+  int first = -1, members = 0;
+  for (int m = 0; m < count; ++m)
+    if (mma[m] && (first < 0 || W[m]->cols == W[first]->cols)) {
+      if (first < 0) first = m;
+      ++members;
     }
+  if (members >= 2) {
+    const int nt = static_cast<int>(n);
+    auto member = [&](int m) { return mma[m] && W[m]->cols == W[first]->cols; };
+    for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
+      if (member(m)) reserve_blocks_mma(*W[m], nt);
+    const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
+    for (int m = first; m < count; ++m)
+      if (member(m)) {
+        product_blocks_mma(*W[m], acts, y[m]);
+        done[m] = true;
+      }
   }
   for (int m = 0; m < count; ++m)
     if (!done[m]) run(*W[m], x, n, y[m]);
