@@ -20,6 +20,7 @@
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/quant_mma.h"
 #include "k3/core/dtype.h"
 
 namespace {
@@ -266,15 +267,75 @@ TEST(CudaLinearGroup, QuantGemvGroupEqualsQuantGemvAndRefuses) {
   std::vector<const k3::WeightMatrix*> nine(9, W[0]);
   EXPECT_FALSE(k3::cuda::quant_gemv_groupable(two_formats, 2, dx.p, 1));
   EXPECT_FALSE(k3::cuda::quant_gemv_groupable(two_widths, 2, dx.p, 1));
-  EXPECT_FALSE(k3::cuda::quant_gemv_groupable(too_wide, 1, dx.p, 1));
   EXPECT_FALSE(k3::cuda::quant_gemv_groupable(nine.data(), 9, dx.p, 1));
-  if (std::getenv("K3_QUANT_GEMV") == nullptr) {  // the rule: v3 at one token only (K3_QUANT_GEMV=v3:N extends it)
+  if (std::getenv("K3_QUANT_GEMV") == nullptr) {  // the rule: v3 at one token, rows up to 4096 wide (v3:N forces it)
     EXPECT_FALSE(k3::cuda::quant_gemv_groupable(W.data(), 2, dx.p, 2));
+    EXPECT_FALSE(k3::cuda::quant_gemv_groupable(too_wide, 1, dx.p, 1));
   }
   EXPECT_FALSE(k3::cuda::quant_gemv_groupable(W.data(), 2, dx.p + 1, 1));  // x off 16 bytes: v1 by the rule
   const k3::WeightMatrix* q8[1] = {&narrow.dev};
   EXPECT_TRUE(k3::cuda::quant_gemv_groupable(q8, 1, dx.p, 1));  // every format with a v3 decoder
   EXPECT_EQ(k3::cuda::quant_gemv_group(two_formats, Y.data(), 2, dx.p, 1, nullptr), cudaErrorInvalidValue);
+}
+
+// quant_gemv_mma_group (what run_group takes at 2..16 tokens for Q4_K / Q5_K, 2..7 for Q6_K): bit-equal to quant_gemv_mma
+// per matrix on the same prepared x (with and without lo), rows off every tile size; refuses two formats, two widths,
+// nine matrices, and batches where the rule takes the Rows form (Q6_K at 8 tokens, Q4_K at 17).
+TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using F = k3::WeightFormat;
+  const int64_t cols = 2304;
+  const int64_t rows[] = {17, 4096, 1, 300, 15, 129};
+  for (F f : {F::Q4_K, F::Q5_K, F::Q6_K}) {
+    std::vector<QMat> q;
+    for (int i = 0; i < 6; ++i) q.push_back(make_qmat(f, rows[i], cols, static_cast<uint32_t>(70 + i)));
+    std::vector<const k3::WeightMatrix*> W;
+    for (const QMat& m : q) W.push_back(&m.dev);
+    for (int n : {2, 5, 7, 8, 16, 17}) {
+      for (bool split : {true, false}) {
+        SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
+        Dev<float> x(randn(static_cast<size_t>(n * cols), 500 + n));
+        const int ldx = k3::cuda::quant_mma_ldx(n);
+        Dev<uint16_t> hi(static_cast<size_t>(n * cols)), lo(static_cast<size_t>(n * cols));
+        Dev<float> xsum(static_cast<size_t>(ldx * (cols / 32)));
+        ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
+        const k3::cuda::QuantMmaActs a{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
+        const bool ksplit = f == F::Q6_K ? n < 8 : n <= 16;
+        ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), ksplit);
+        if (!ksplit) {
+          std::vector<float*> none(6, nullptr);
+          EXPECT_EQ(k3::cuda::quant_gemv_mma_group(W.data(), none.data(), 6, a, nullptr), cudaErrorInvalidValue);
+          continue;
+        }
+        std::vector<std::unique_ptr<Dev<float>>> yg, y1;
+        std::vector<float*> Y;
+        for (const k3::WeightMatrix* w : W) {
+          yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          yg.back()->poison();
+          Y.push_back(yg.back()->p);
+        }
+        ck(k3::cuda::quant_gemv_mma_group(W.data(), Y.data(), 6, a, nullptr), "group");
+        for (size_t i = 0; i < W.size(); ++i) ck(k3::cuda::quant_gemv_mma(*W[i], a, y1[i]->p, nullptr), "one");
+        ck(cudaDeviceSynchronize(), "sync");
+        for (size_t i = 0; i < W.size(); ++i) {
+          const auto g = yg[i]->get(), o = y1[i]->get();
+          EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
+        }
+      }
+    }
+  }
+  const QMat a4 = make_qmat(F::Q4_K, 64, cols, 1), b6 = make_qmat(F::Q6_K, 64, cols, 2), wide = make_qmat(F::Q4_K, 64, 2560, 3);
+  Dev<uint16_t> hi(4 * 2560);
+  Dev<float> xsum(8 * 2560 / 32);
+  const k3::cuda::QuantMmaActs act{hi.p, nullptr, xsum.p, 4, cols};
+  const k3::WeightMatrix* two_formats[2] = {&a4.dev, &b6.dev};
+  const k3::WeightMatrix* two_widths[2] = {&a4.dev, &wide.dev};
+  std::vector<const k3::WeightMatrix*> nine(9, &a4.dev);
+  EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(two_formats, 2, act));
+  EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(two_widths, 2, act));
+  EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(nine.data(), 9, act));
+  EXPECT_TRUE(k3::cuda::quant_gemv_mma_groupable(two_formats, 1, act));
 }
 
 // A Kimi-Linear KDA layer's projections of x (q, k, v 4096 x 2304; f_a, g_a 128 x 2304; b 32 x 2304) and

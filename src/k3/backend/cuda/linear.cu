@@ -220,6 +220,9 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_LINEAR_GROUP=0: the projections of a group run one by one (same bits, A/B).
   const char* lg = std::getenv("K3_CUDA_LINEAR_GROUP");
   grouped_ = lg == nullptr || std::string(lg) != "0";
+  // K3_QUANT_MMA_GROUP=0: a GGUF group's tensor-core products one launch each after the shared prep (same bits, A/B).
+  const char* mgr = std::getenv("K3_QUANT_MMA_GROUP");
+  mma_grouped_ = mgr == nullptr || std::string(mgr) != "0";
   // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
   // K3_QUANT_MMA=off: GGUF K-quant batches take the fp32 block GEMV / bf16 tiles again; =N: the tensor-core
   // block GEMV from N tokens (A/B timing).

@@ -132,7 +132,65 @@ struct DenseLaunch {
   }
 };
 
+struct GroupLaunch {
+  const qmma::Job& j;
+  const qmma::DenseGroup& g;
+  int mt;
+  cudaStream_t s;
+  template <class P, bool SPLIT, int NT>
+  cudaError_t with_tiles() const {
+    if constexpr (NT <= 4) {  // as launch_mt
+      if (mt == 2) return qmma::launch_group<P, NT, 2, SPLIT>(j, g, s);
+    }
+    return qmma::launch_group<P, NT, 1, SPLIT>(j, g, s);
+  }
+  template <class P, bool SPLIT>
+  cudaError_t with_split() const {
+    switch (tiles_for(j.a.n)) {
+      case 1: return with_tiles<P, SPLIT, 1>();
+      case 2: return with_tiles<P, SPLIT, 2>();
+      case 4: return with_tiles<P, SPLIT, 4>();
+      default: return with_tiles<P, SPLIT, 8>();
+    }
+  }
+  template <class P>
+  cudaError_t run() const {
+    return j.a.lo ? with_split<P, true>() : with_split<P, false>();
+  }
+};
+
+// The argument checks quant_gemv_mma makes, for the activations.
+bool acts_ok(const QuantMmaActs& a, int64_t cols) {
+  return a.n > 0 && a.n <= kQuantMmaMaxTokens && a.cols == cols && a.hi != nullptr && a.xsum != nullptr &&
+         reinterpret_cast<uintptr_t>(a.hi) % 16 == 0 && reinterpret_cast<uintptr_t>(a.lo) % 16 == 0;
+}
+
 }  // namespace
+
+static_assert(kQuantMmaGroupMax == qmma::kMaxGroup, "one group bound");
+
+bool quant_gemv_mma_groupable(const WeightMatrix* const* W, int count, const QuantMmaActs& a) {
+  if (count < 1 || count > kQuantMmaGroupMax) return false;
+  for (int m = 0; m < count; ++m)
+    if (!quant_mma_supported(*W[m]) || W[m]->format != W[0]->format || W[m]->cols != W[0]->cols) return false;
+  return acts_ok(a, W[0]->cols) && default_form(W[0]->format, a.n, QuantMmaForm::Auto) == QuantMmaForm::KSplit;
+}
+
+cudaError_t quant_gemv_mma_group(const WeightMatrix* const* W, float* const* y, int count, const QuantMmaActs& a, cudaStream_t s) {
+  if (!quant_gemv_mma_groupable(W, count, a)) return cudaErrorInvalidValue;
+  qmma::DenseGroup g{};
+  for (int m = 0; m < count; ++m) {
+    g.w[m] = static_cast<const uint8_t*>(W[m]->data);
+    g.y[m] = y[m];
+    g.rows[m] = W[m]->rows;
+  }
+  g.count = count;
+  qmma::Job j;
+  j.row_bytes = row_data_bytes(W[0]->format, W[0]->cols);
+  j.a = a;
+  j.ldx = quant_mma_ldx(a.n);
+  return qmma::with_mma_format(W[0]->format, GroupLaunch{j, g, default_mt(W[0]->format, a.n), s});
+}
 
 bool quant_mma_supported(const WeightMatrix& W) {
   return W.rows > 0 && qmma::rows_ok(W.format, W.data, row_data_bytes(W.format, W.cols), W.cols);

@@ -111,11 +111,27 @@ void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* 
     for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
       if (member(m)) reserve_blocks_mma(*W[m], nt);
     const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
-    for (int m = first; m < count; ++m)
-      if (member(m)) {
-        product_blocks_mma(*W[m], acts, y[m]);
-        done[m] = true;
+    // The members of one format in one launch where the rule gives them the KSplit form (quant_gemv_mma_group; not
+    // with K3_QUANT_MMA_FORM set, K3_QUANT_MMA_GROUP=0 = never), the rest one product each.
+    for (int a = first; a < count; ++a) {
+      if (!member(a) || done[a]) continue;
+      std::array<const DeviceLinear*, kLinearGroupMax> gw{};
+      std::array<float*, kLinearGroupMax> gy{};
+      std::array<int, kLinearGroupMax> idx{};
+      int k = 0;
+      for (int b = a; b < count; ++b)
+        if (member(b) && !done[b] && W[b]->format == W[a]->format) {
+          gw[k] = W[b];
+          gy[k] = y[b];
+          idx[k++] = b;
+        }
+      if (k >= 2 && mma_grouped_ && quant_mma_form_ == QuantMmaForm::Auto && quant_gemv_mma_groupable(gw.data(), k, acts)) {
+        K3_CUDA_CHECK(quant_gemv_mma_group(gw.data(), gy.data(), k, acts, stream_));
+      } else {
+        for (int i = 0; i < k; ++i) product_blocks_mma(*gw[i], acts, gy[i]);
       }
+      for (int i = 0; i < k; ++i) done[idx[i]] = true;
+    }
   }
   for (int m = 0; m < count; ++m)
     if (!done[m]) run(*W[m], x, n, y[m]);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
@@ -364,15 +365,40 @@ struct Job {
   float beta = 1.f, lbeta = 1.f;
 };
 
-template <class P, int NT, int MT, bool SPLIT, bool GLU, bool MAPPED>
-__global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
+// A GROUPED launch's matrices (one format and width, the same x; quant_gemv_mma_group): blocks [first_block[m],
+// first_block[m + 1]) take matrix m's rows; w0, y and rows of the Job are unused. Other launches pass NoGroup (no bytes).
+constexpr int kMaxGroup = 8;
+struct DenseGroup {
+  const uint8_t* w[kMaxGroup];
+  float* y[kMaxGroup];
+  int64_t rows[kMaxGroup];
+  int64_t first_block[kMaxGroup];
+  int count;
+};
+struct NoGroup {};
+template <bool GROUPED>
+using GroupParam = std::conditional_t<GROUPED, DenseGroup, NoGroup>;
+
+template <class P, int NT, int MT, bool SPLIT, bool GLU, bool MAPPED, bool GROUPED = false>
+__global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j, const __grid_constant__ GroupParam<GROUPED> grp) {
   static_assert(!GLU || MT == 2, "GLU: m16 tile 0 = gate rows, 1 = up rows");
+  static_assert(!GROUPED || (!GLU && !MAPPED), "groups are of dense matrices");
   constexpr int R = MT * NT * 4;
   __shared__ float red[kWarps / 2][R][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
   if constexpr (MAPPED) pdl::begin();
   const uint8_t* w0 = j.w0;
   const uint8_t* w1 = j.w1;
+  int64_t rows = j.rows, bx = blockIdx.x;
+  float* yout = j.y;
+  if constexpr (GROUPED) {  // this block's matrix (block-uniform)
+    int m = 0;
+    while (m + 1 < grp.count && bx >= grp.first_block[m + 1]) ++m;
+    w0 = grp.w[m];
+    rows = grp.rows[m];
+    yout = grp.y[m];
+    bx -= grp.first_block[m];
+  }
   int s0 = 0, count = j.a.n;
   if constexpr (MAPPED) {  // the experts' tiles (the dense launches are never MAPPED: no registers for the tile's fields)
     if (static_cast<int>(blockIdx.y) >= *j.num_tiles) return;
@@ -381,13 +407,13 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
     if (GLU) w1 += td.x * j.expert_bytes;
     s0 = td.y, count = td.z;
   }
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * (GLU ? 1 : MT);
+  const int64_t r0 = bx * 16 * (GLU ? 1 : MT);
   const uint8_t* rp[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      rp[mt][h] = (GLU && mt == 1 ? w1 : w0) + min(r0 + 16 * (GLU ? 0 : mt) + 8 * h + g, j.rows - 1) * j.row_bytes;
+      rp[mt][h] = (GLU && mt == 1 ? w1 : w0) + min(r0 + 16 * (GLU ? 0 : mt) + 8 * h + g, rows - 1) * j.row_bytes;
   Xv<NT, SPLIT, MAPPED> xv;
   xv.init(j.a, j.ldx, j.sorted, j.K, s0, count, g, tq);
   float acc[MT][NT][4];
@@ -397,7 +423,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
     for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
   const int64_t units = j.a.cols / P::kUnitCols;
   if constexpr (!MAPPED) {  // dense: the block's rows into L2 before the wait (pdl.cuh: weights only)
-    const int64_t nrows = min(static_cast<int64_t>(16 * (GLU ? 1 : MT)), j.rows - r0);
+    const int64_t nrows = min(static_cast<int64_t>(16 * (GLU ? 1 : MT)), rows - r0);
     pdl::prefetch_l2(w0 + r0 * j.row_bytes, nrows * j.row_bytes, threadIdx.x, kWarps * 32);
     if (GLU) pdl::prefetch_l2(w1 + r0 * j.row_bytes, nrows * j.row_bytes, threadIdx.x, kWarps * 32);
     pdl::begin();
@@ -425,9 +451,9 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j) {
       for (int i = 0; i < 4; ++i) {
         const int64_t row = r0 + 16 * mt + g + 8 * (i >> 1);
         const int c = 8 * nt + 2 * tq + (i & 1);
-        if (row >= j.rows || c >= count) continue;
+        if (row >= rows || c >= count) continue;
         const float v = GLU ? moe_dev::glu(acc[0][nt][i], acc[MT - 1][nt][i], j.act, j.beta, j.lbeta) : acc[mt][nt][i];
-        j.y[(s0 + c) * j.rows + row] = v;
+        yout[(s0 + c) * rows + row] = v;
       }
 }
 
@@ -480,7 +506,21 @@ cudaError_t launch(const Job& j, int tiles_bound, cudaStream_t s) {
   const int64_t blocks = (j.rows + 16 * (GLU ? 1 : MT) - 1) / (16 * (GLU ? 1 : MT));
   if (blocks > 0x7fffffff || tiles_bound < 1 || tiles_bound > 65535) return cudaErrorInvalidValue;
   return pdl::launch(quant_mma_kernel<P, NT, MT, SPLIT, GLU, MAPPED>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles_bound)),
-                     kWarps * 32, 0, s, j);
+                     kWarps * 32, 0, s, j, NoGroup{});
+}
+
+// The dense KSplit kernel over the group's matrices in one launch (first_block filled here).
+template <class P, int NT, int MT, bool SPLIT>
+cudaError_t launch_group(const Job& j, DenseGroup g, cudaStream_t s) {
+  int64_t blocks = 0;
+  for (int m = 0; m < g.count; ++m) {
+    g.first_block[m] = blocks;
+    blocks += (g.rows[m] + 16 * MT - 1) / (16 * MT);
+  }
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (blocks == 0) return cudaSuccess;
+  return pdl::launch(quant_mma_kernel<P, NT, MT, SPLIT, false, false, true>, dim3(static_cast<unsigned>(blocks), 1u), kWarps * 32, 0,
+                     s, j, g);
 }
 
 // fn.template run<P>() for the decoder of format f (Q4_K, Q5_K, Q6_K).
