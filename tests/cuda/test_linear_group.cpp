@@ -170,7 +170,8 @@ QMat make_qmat(k3::WeightFormat f, int64_t rows, int64_t cols, uint32_t seed) {
 
 // run_group over GGUF block matrices (and a bf16 / fp32 matrix among them) against run() one by one, bit for bit,
 // nothing stored past n tokens, and each product within the tensor-core bound (the looser of the two paths) of the
-// float64 product of the CPU's rows. Groups: KDA-like (Q4_K q / k / v / gates / beta at 2304 columns: one v3 launch
+// float64 product of the CPU's rows, with the tensor-core members' launch per matrix and per format (K3_QUANT_MMA_GROUP
+// = 0 / 1). Groups: KDA-like (Q4_K q / k / v / gates / beta at 2304 columns: one v3 launch
 // at one token), two formats (one launch each), 4096 columns (the XS form), an odd width that only the fp32 kernels
 // take, and a bf16 + fp32 matrix riding along (run() for them).
 TEST(CudaLinearGroup, GgufEqualsOneByOne) {
@@ -193,11 +194,14 @@ TEST(CudaLinearGroup, GgufEqualsOneByOne) {
       dense.push_back(make_mat(48, G.cols, F::BF16, 61));
       dense.push_back(make_mat(24, G.cols, F::F32, 62));
     }
-    for (int n : {1, 2, 3, 8, 16, 40}) {
-      SCOPED_TRACE(std::string(G.what) + ", n = " + std::to_string(n));
+    for (int n : {1, 2, 3, 8, 16, 40})
+    for (const char* mma_group : {"0", "1"}) {  // the tensor-core members one launch each, or one launch per format
+      SCOPED_TRACE(std::string(G.what) + ", n = " + std::to_string(n) + ", K3_QUANT_MMA_GROUP=" + mma_group);
       const std::vector<float> x = randn(static_cast<size_t>(n * G.cols), 300 + n);
       Dev<float> dx(x);
+      setenv("K3_QUANT_MMA_GROUP", mma_group, 1);  // read when the runner is made
       k3::cuda::LinearRunner lin(nullptr);
+      unsetenv("K3_QUANT_MMA_GROUP");
       std::vector<const k3::WeightMatrix*> W;
       for (const QMat& m : q) W.push_back(&m.dev);
       for (const Mat& m : dense) W.push_back(&m.dev);
@@ -404,8 +408,8 @@ TEST(CudaLinearGroupTiming, KimiLinearLayers) {
 namespace {
 
 // The same layers with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six projections, MLA's q / kv_a,
-// a shared expert's gate / up), grouped vs one by one, each repetition on another copy of the weights (>= 256 MB in
-// rotation: no L2 reuse). Prints only.
+// a shared expert's gate / up), grouped vs one by one (and with K3_QUANT_MMA_GROUP=1), each repetition on another copy
+// of the weights (>= 256 MB in rotation: no L2 reuse). Prints only.
 TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct Layer { const char* what; std::vector<int64_t> rows; };
@@ -415,6 +419,9 @@ TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
   k3::cuda::LinearRunner one(nullptr);
   unsetenv("K3_CUDA_LINEAR_GROUP");
   k3::cuda::LinearRunner grouped(nullptr);
+  setenv("K3_QUANT_MMA_GROUP", "1", 1);
+  k3::cuda::LinearRunner grouped_mma(nullptr);  // the tensor-core members in one launch too
+  unsetenv("K3_QUANT_MMA_GROUP");
   for (const Layer& L : {Layer{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, Layer{"MLA q/kv_a", {6144, 576}},
                          Layer{"shared gate/up", {1024, 1024}}}) {
     int64_t total = 0;
@@ -426,9 +433,9 @@ TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
     for (int c = 0; c < copies; ++c) ck(cudaMemcpy(w.p + c * bytes, blocks.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice), "H2D");
     for (int n : {1, 2, 4, 8, 16}) {
       Dev<float> x(randn(static_cast<size_t>(n * cols), 9)), y(static_cast<size_t>(n * total));
-      double us[2];
-      for (int v = 0; v < 2; ++v) {
-        k3::cuda::LinearRunner& lin = v == 0 ? one : grouped;
+      double us[3];
+      for (int v = 0; v < 3; ++v) {
+        k3::cuda::LinearRunner& lin = v == 0 ? one : v == 1 ? grouped : grouped_mma;
         cudaEvent_t a, b;
         cudaEventCreate(&a);
         cudaEventCreate(&b);
@@ -456,8 +463,9 @@ TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
         cudaEventDestroy(a);
         cudaEventDestroy(b);
       }
-      std::printf("[ group ] Q4_K %-20s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx\n", L.what,
-                  n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3, us[0] / us[1]);
+      std::printf("[ group ] Q4_K %-20s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx"
+                  "  K3_QUANT_MMA_GROUP=1 %7.1f us  %.2fx\n", L.what, n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3,
+                  us[0] / us[1], us[2], us[0] / us[2]);
     }
   }
 }

@@ -127,16 +127,19 @@ TEST(CudaPdl, ProjectionReadsTheActivationsItsPredecessorWritesLate) {
 }
 
 // The grouped projections (LinearRunner::run_group over GGUF matrices): one v3 launch for several matrices at one
-// token (4096 columns: XS; 2304: plain), and the shared prep of x before the tensor-core products at 4 and 16 tokens.
+// token (4096 columns: XS; 2304: plain), and the shared prep of x before the tensor-core products at 4 and 16 tokens
+// (one launch per matrix, or per format with K3_QUANT_MMA_GROUP=1).
 TEST(CudaPdl, GroupedProjectionsReadTheActivationsTheirPredecessorWritesLate) {
   SKIP_WITHOUT_GPU();
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
-  {
+  for (const char* mma_group : {"0", "1"}) {  // the tensor-core products one launch each, or one per format
+    setenv("K3_QUANT_MMA_GROUP", mma_group, 1);  // read when the runner is made
     k3::cuda::LinearRunner runner(st);
+    unsetenv("K3_QUANT_MMA_GROUP");
     for (const int64_t cols : {int64_t{2304}, int64_t{4096}})
       for (const int n : {1, 4, 16}) {
-        SCOPED_TRACE(std::to_string(cols) + " columns, n = " + std::to_string(n));
+        SCOPED_TRACE(std::to_string(cols) + " columns, n = " + std::to_string(n) + ", K3_QUANT_MMA_GROUP=" + mma_group);
         const DevMatrix A(WeightFormat::Q4_K, 4096, cols, 21), B(WeightFormat::Q4_K, 128, cols, 22),
             C(WeightFormat::Q6_K, 300, cols, 23), D(WeightFormat::Q6_K, 32, cols, 24);
         const k3::WeightMatrix* W[4] = {&A.W, &B.W, &C.W, &D.W};

@@ -220,9 +220,11 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_LINEAR_GROUP=0: the projections of a group run one by one (same bits, A/B).
   const char* lg = std::getenv("K3_CUDA_LINEAR_GROUP");
   grouped_ = lg == nullptr || std::string(lg) != "0";
-  // K3_QUANT_MMA_GROUP=0: a GGUF group's tensor-core products one launch each after the shared prep (same bits, A/B).
+  // K3_QUANT_MMA_GROUP=1: a GGUF group's tensor-core products in one launch (quant_gemv_mma_group). Opt-in until it has
+  // run on a GPU: written in session 33, whose device call for it never ran (docs/perf/cuda.md, session 33). Unset or
+  // 0: one launch per matrix after the shared prep (measured, call s33-1).
   const char* mgr = std::getenv("K3_QUANT_MMA_GROUP");
-  mma_grouped_ = mgr == nullptr || std::string(mgr) != "0";
+  mma_grouped_ = mgr != nullptr && std::string(mgr) == "1";
   // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
   // K3_QUANT_MMA=off: GGUF K-quant batches take the fp32 block GEMV / bf16 tiles again; =N: the tensor-core
   // block GEMV from N tokens (A/B timing).

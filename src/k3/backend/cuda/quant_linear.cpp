@@ -111,8 +111,8 @@ void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* 
     for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
       if (member(m)) reserve_blocks_mma(*W[m], nt);
     const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
-    // The members of one format in one launch where the rule gives them the KSplit form (quant_gemv_mma_group; not
-    // with K3_QUANT_MMA_FORM set, K3_QUANT_MMA_GROUP=0 = never), the rest one product each.
+    // With K3_QUANT_MMA_GROUP=1 (opt-in: not yet run on a GPU), the members of one format in one launch where the rule
+    // gives them the KSplit form (quant_gemv_mma_group; not with K3_QUANT_MMA_FORM set); the rest one product each.
     for (int a = first; a < count; ++a) {
       if (!member(a) || done[a]) continue;
       std::array<const DeviceLinear*, kLinearGroupMax> gw{};
