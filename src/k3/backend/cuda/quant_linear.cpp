@@ -71,66 +71,72 @@ bool LinearRunner::run_blocks_mma(const DeviceLinear& W, const float* x, int64_t
   return true;
 }
 
+namespace {
+
+// The members of a group that share one launch: matrices b >= a (not yet done) for which `take(b)` holds.
+struct Subgroup {
+  std::array<const DeviceLinear*, kLinearGroupMax> W{};
+  std::array<float*, kLinearGroupMax> y{};
+  std::array<int, kLinearGroupMax> index{};
+  int count = 0;
+};
+template <class Take>
+Subgroup collect(const DeviceLinear* const* W, float* const* y, int count, int a, const std::array<bool, kLinearGroupMax>& done,
+                 const Take& take) {
+  Subgroup g;
+  for (int b = a; b < count; ++b)
+    if (!done[b] && take(b)) {
+      g.W[g.count] = W[b];
+      g.y[g.count] = y[b];
+      g.index[g.count++] = b;
+    }
+  return g;
+}
+
+}  // namespace
+
 void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* y, int count, const float* x, int64_t n) {
   std::array<bool, kLinearGroupMax> done{};
-  // Which matrices run() would give the tensor-core block GEMV (the rest of the group's GGUF matrices that run the
-  // v3 GEMV can share its launch).
+  auto mark = [&](const Subgroup& g) {
+    for (int i = 0; i < g.count; ++i) done[g.index[i]] = true;
+  };
+  // Which matrices run() would give the tensor-core block GEMV (the group's other GGUF matrices that take the v3
+  // GEMV can share its launch).
   std::array<bool, kLinearGroupMax> mma{};
   for (int m = 0; m < count; ++m) mma[m] = W[m]->rows > 0 && blocks_mma_applies(*W[m], x, n);
+  const int nt = static_cast<int>(n);
   // The v3 GEMV (one token by the rule; up to 8 tokens with K3_QUANT_GEMV=v3:N and K3_QUANT_MMA=9): one launch per
   // format and width.
   for (int a = 0; a < count && n <= kGemvMaxTokens; ++a) {
-    if (mma[a] || !quant_gemv_groupable(&W[a], 1, x, static_cast<int>(n))) continue;
-    std::array<const DeviceLinear*, kLinearGroupMax> gw{};
-    std::array<float*, kLinearGroupMax> gy{};
-    std::array<int, kLinearGroupMax> idx{};
-    int k = 0;
-    for (int b = a; b < count; ++b)
-      if (!done[b] && !mma[b] && W[b]->format == W[a]->format && W[b]->cols == W[a]->cols &&
-          quant_gemv_groupable(&W[b], 1, x, static_cast<int>(n))) {
-        gw[k] = W[b];
-        gy[k] = y[b];
-        idx[k++] = b;
-      }
-    if (k < 2) continue;  // alone: run() below
-    K3_CUDA_CHECK(quant_gemv_group(gw.data(), gy.data(), k, x, static_cast<int>(n), stream_));
-    for (int i = 0; i < k; ++i) done[idx[i]] = true;
+    if (done[a] || mma[a] || !quant_gemv_groupable(&W[a], 1, x, nt)) continue;
+    const Subgroup g = collect(W, y, count, a, done, [&](int b) {
+      return !mma[b] && W[b]->format == W[a]->format && W[b]->cols == W[a]->cols && quant_gemv_groupable(&W[b], 1, x, nt);
+    });
+    if (g.count < 2) continue;  // alone: run() below
+    K3_CUDA_CHECK(quant_gemv_group(g.W.data(), g.y.data(), g.count, x, nt, stream_));
+    mark(g);
   }
   // The tensor cores (2..kQuantMmaMaxTokens tokens; the tall heads from one): x prepared (split, summed per 32
   // columns) once for the matrices of the first such width, then one product each (each y[m] is run()'s: the same
-  // prep of the same x).
-  int first = -1, members = 0;
-  for (int m = 0; m < count; ++m)
-    if (mma[m] && (first < 0 || W[m]->cols == W[first]->cols)) {
-      if (first < 0) first = m;
-      ++members;
-    }
-  if (members >= 2) {
-    const int nt = static_cast<int>(n);
-    auto member = [&](int m) { return mma[m] && W[m]->cols == W[first]->cols; };
+  // prep of the same x) -- or, with K3_QUANT_MMA_GROUP=1 (opt-in: not yet run on a GPU), one launch per format where the
+  // rule gives the members the KSplit form (quant_gemv_mma_group; not with K3_QUANT_MMA_FORM set).
+  int first = -1;
+  for (int m = 0; m < count && first < 0; ++m)
+    if (mma[m]) first = m;
+  auto member = [&](int m) { return mma[m] && W[m]->cols == W[first]->cols; };
+  if (first >= 0 && collect(W, y, count, first, done, member).count >= 2) {
     for (int m = first; m < count; ++m)  // every buffer sized before the prep: a growth synchronises
       if (member(m)) reserve_blocks_mma(*W[m], nt);
     const QuantMmaActs acts = prep_blocks_mma(x, nt, W[first]->cols);
-    // With K3_QUANT_MMA_GROUP=1 (opt-in: not yet run on a GPU), the members of one format in one launch where the rule
-    // gives them the KSplit form (quant_gemv_mma_group; not with K3_QUANT_MMA_FORM set); the rest one product each.
     for (int a = first; a < count; ++a) {
-      if (!member(a) || done[a]) continue;
-      std::array<const DeviceLinear*, kLinearGroupMax> gw{};
-      std::array<float*, kLinearGroupMax> gy{};
-      std::array<int, kLinearGroupMax> idx{};
-      int k = 0;
-      for (int b = a; b < count; ++b)
-        if (member(b) && !done[b] && W[b]->format == W[a]->format) {
-          gw[k] = W[b];
-          gy[k] = y[b];
-          idx[k++] = b;
-        }
-      if (k >= 2 && mma_grouped_ && quant_mma_form_ == QuantMmaForm::Auto && quant_gemv_mma_groupable(gw.data(), k, acts)) {
-        K3_CUDA_CHECK(quant_gemv_mma_group(gw.data(), gy.data(), k, acts, stream_));
+      if (done[a] || !member(a)) continue;
+      const Subgroup g = collect(W, y, count, a, done, [&](int b) { return member(b) && W[b]->format == W[a]->format; });
+      if (g.count >= 2 && mma_grouped_ && quant_mma_form_ == QuantMmaForm::Auto && quant_gemv_mma_groupable(g.W.data(), g.count, acts)) {
+        K3_CUDA_CHECK(quant_gemv_mma_group(g.W.data(), g.y.data(), g.count, acts, stream_));
       } else {
-        for (int i = 0; i < k; ++i) product_blocks_mma(*gw[i], acts, gy[i]);
+        for (int i = 0; i < g.count; ++i) product_blocks_mma(*g.W[i], acts, g.y[i]);
       }
-      for (int i = 0; i < k; ++i) done[idx[i]] = true;
+      mark(g);
     }
   }
   for (int m = 0; m < count; ++m)
