@@ -342,132 +342,102 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   EXPECT_TRUE(k3::cuda::quant_gemv_mma_groupable(two_formats, 1, act));
 }
 
-// A Kimi-Linear KDA layer's projections of x (q, k, v 4096 x 2304; f_a, g_a 128 x 2304; b 32 x 2304) and
-// an MLA layer's (q 6144, kv_a 576, g 4096), grouped vs one by one (K3_CUDA_LINEAR_GROUP=0), weights
-// rotated through >= 512 MB so each call reads HBM. Prints us per group and GB/s of weights.
-TEST(CudaLinearGroupTiming, KimiLinearLayers) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Layer { const char* what; std::vector<int64_t> rows; };
+// Microseconds per run_group call of the matrices `rows` (format f, cols wide) laid back to back, the weights at copy
+// r % copies of `w` (each copy bytes long) in call r: 5 warm-up calls, then 40 timed, so that each call reads HBM.
+double group_us(k3::cuda::LinearRunner& lin, k3::WeightFormat f, const uint8_t* w, int64_t bytes, int copies,
+                const std::vector<int64_t>& rows, int64_t cols, const float* x, float* y, int n) {
+  const int64_t row_bytes = k3::row_data_bytes(f, cols);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  const int reps = 40;
+  for (int r = -5; r < reps; ++r) {
+    if (r == 0) cudaEventRecord(a);
+    const uint8_t* base = w + (static_cast<int64_t>(r + 5) % copies) * bytes;
+    std::vector<k3::WeightMatrix> D(rows.size());
+    std::vector<const k3::WeightMatrix*> W;
+    std::vector<float*> Y;
+    int64_t off = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      D[i] = k3::WeightMatrix{f, base + off * row_bytes, nullptr, rows[i], cols, 0};
+      W.push_back(&D[i]);
+      Y.push_back(y + off * n);
+      off += rows[i];
+    }
+    lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), x, n);
+  }
+  cudaEventRecord(b);
+  ck(cudaEventSynchronize(b), "sync");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / reps;
+}
+
+struct Layer {
+  const char* what;
+  std::vector<int64_t> rows;
+};
+
+// Prints group_us for each layer and batch, one column per runner (runners[0] the reference of the ratios).
+void time_layers(k3::WeightFormat f, const std::vector<Layer>& layers, const std::vector<int>& batches,
+                 const std::vector<std::pair<const char*, k3::cuda::LinearRunner*>>& runners) {
   const int64_t cols = 2304;
-  setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
-  k3::cuda::LinearRunner one(nullptr);
-  unsetenv("K3_CUDA_LINEAR_GROUP");
-  k3::cuda::LinearRunner grouped(nullptr);
-  for (const Layer& L : {Layer{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}},
-                         Layer{"MLA q/kv_a/g", {6144, 576, 4096}}}) {
+  for (const Layer& L : layers) {
     int64_t total = 0;
     for (int64_t r : L.rows) total += r;
-    const int64_t bytes = total * cols * 2;
+    const int64_t bytes = total * k3::row_data_bytes(f, cols);
     const int copies = static_cast<int>(std::max<int64_t>(2, (512ll << 20) / bytes));
-    Dev<uint16_t> w(static_cast<size_t>(total * cols * copies));
-    ck(k3::cuda::fill_uniform_bf16(w.p, total * cols * copies, 0.05f, 1, nullptr), "fill");
-    for (int n : {1, 2, 4, 8, 16, 32}) {
-      Dev<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * total));
-      ck(k3::cuda::fill_uniform_f32(x.p, n * cols, -1.f, 1.f, 2, nullptr), "fill");
-      double us[2];
-      for (int v = 0; v < 2; ++v) {
-        k3::cuda::LinearRunner& lin = v == 0 ? one : grouped;
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        const int reps = 40;
-        for (int r = -5; r < reps; ++r) {
-          if (r == 0) cudaEventRecord(a);
-          const uint16_t* base = w.p + (static_cast<int64_t>(r + 5) % copies) * total * cols;
-          std::vector<k3::WeightMatrix> D(L.rows.size());
-          std::vector<const k3::WeightMatrix*> W;
-          std::vector<float*> Y;
-          int64_t off = 0;
-          for (size_t i = 0; i < L.rows.size(); ++i) {
-            D[i].rows = L.rows[i];
-            D[i].cols = cols;
-            D[i].format = k3::WeightFormat::BF16;
-            D[i].data = base + off * cols;
-            W.push_back(&D[i]);
-            Y.push_back(y.p + off * n);
-            off += L.rows[i];
-          }
-          lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), x.p, n);
-        }
-        cudaEventRecord(b);
-        ck(cudaEventSynchronize(b), "sync");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        us[v] = 1000.0 * ms / reps;
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
+    Dev<uint8_t> w(static_cast<size_t>(bytes * copies));
+    if (f == k3::WeightFormat::BF16) {
+      ck(k3::cuda::fill_uniform_bf16(reinterpret_cast<uint16_t*>(w.p), total * cols * copies, 0.05f, 1, nullptr), "fill");
+    } else {
+      const std::vector<uint8_t> blocks = k3quanttest::random_blocks(f, total, cols, 17, 4, 10);
+      for (int c = 0; c < copies; ++c)
+        ck(cudaMemcpy(w.p + c * bytes, blocks.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice), "H2D");
+    }
+    for (int n : batches) {
+      Dev<float> x(randn(static_cast<size_t>(n * cols), 9)), y(static_cast<size_t>(n * total));
+      std::printf("[ group ] %s %-22s n=%2d", k3::weight_format_name(f), L.what, n);
+      double ref = 0;
+      for (const auto& [name, lin] : runners) {
+        const double us = group_us(*lin, f, w.p, bytes, copies, L.rows, cols, x.p, y.p, n);
+        if (ref == 0) ref = us;
+        std::printf("  %s %7.1f us (%5.0f GB/s, %.2fx)", name, us, bytes / us / 1e3, ref / us);
       }
-      std::printf("[ group ] %-22s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx\n", L.what,
-                  n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3, us[0] / us[1]);
+      std::printf("\n");
     }
   }
 }
 
-}  // namespace
+// Kimi-Linear layers' projections of x, grouped vs one by one (K3_CUDA_LINEAR_GROUP=0), the weights rotated through
+// >= 512 MB. Prints only. bf16: a KDA layer's q, k, v 4096 x 2304, f_a, g_a 128 x 2304, b 32 x 2304 and an MLA layer's q
+// 6144, kv_a 576, g 4096.
+TEST(CudaLinearGroupTiming, KimiLinearLayers) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
+  k3::cuda::LinearRunner one(nullptr);
+  unsetenv("K3_CUDA_LINEAR_GROUP");
+  k3::cuda::LinearRunner grouped(nullptr);
+  time_layers(k3::WeightFormat::BF16, {{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, {"MLA q/kv_a/g", {6144, 576, 4096}}},
+              {1, 2, 4, 8, 16, 32}, {{"one by one", &one}, {"grouped", &grouped}});
+}
 
-namespace {
-
-// The same layers with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six projections, MLA's q / kv_a,
-// a shared expert's gate / up), grouped vs one by one (and with K3_QUANT_MMA_GROUP=1), each repetition on another copy
-// of the weights (>= 256 MB in rotation: no L2 reuse). Prints only.
+// The same with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six, MLA's q / kv_a, a shared expert's
+// gate / up), and the tensor-core members in one launch too (K3_QUANT_MMA_GROUP=1).
 TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Layer { const char* what; std::vector<int64_t> rows; };
-  const int64_t cols = 2304;
-  const k3::WeightFormat f = k3::WeightFormat::Q4_K;
   setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
   k3::cuda::LinearRunner one(nullptr);
   unsetenv("K3_CUDA_LINEAR_GROUP");
   k3::cuda::LinearRunner grouped(nullptr);
   setenv("K3_QUANT_MMA_GROUP", "1", 1);
-  k3::cuda::LinearRunner grouped_mma(nullptr);  // the tensor-core members in one launch too
+  k3::cuda::LinearRunner grouped_mma(nullptr);
   unsetenv("K3_QUANT_MMA_GROUP");
-  for (const Layer& L : {Layer{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, Layer{"MLA q/kv_a", {6144, 576}},
-                         Layer{"shared gate/up", {1024, 1024}}}) {
-    int64_t total = 0;
-    for (int64_t r : L.rows) total += r;
-    const int64_t row_bytes = k3::row_data_bytes(f, cols), bytes = total * row_bytes;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (256ll << 20) / bytes));
-    const std::vector<uint8_t> blocks = k3quanttest::random_blocks(f, total, cols, 17, 4, 10);
-    Dev<uint8_t> w(static_cast<size_t>(bytes * copies));
-    for (int c = 0; c < copies; ++c) ck(cudaMemcpy(w.p + c * bytes, blocks.data(), static_cast<size_t>(bytes), cudaMemcpyHostToDevice), "H2D");
-    for (int n : {1, 2, 4, 8, 16}) {
-      Dev<float> x(randn(static_cast<size_t>(n * cols), 9)), y(static_cast<size_t>(n * total));
-      double us[3];
-      for (int v = 0; v < 3; ++v) {
-        k3::cuda::LinearRunner& lin = v == 0 ? one : v == 1 ? grouped : grouped_mma;
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        const int reps = 40;
-        for (int r = -5; r < reps; ++r) {
-          if (r == 0) cudaEventRecord(a);
-          const uint8_t* base = w.p + (static_cast<int64_t>(r + 5) % copies) * bytes;
-          std::vector<k3::WeightMatrix> D(L.rows.size());
-          std::vector<const k3::WeightMatrix*> W;
-          std::vector<float*> Y;
-          int64_t off = 0;
-          for (size_t i = 0; i < L.rows.size(); ++i) {
-            D[i] = k3::WeightMatrix{f, base + off * row_bytes, nullptr, L.rows[i], cols, 0};
-            W.push_back(&D[i]);
-            Y.push_back(y.p + off * n);
-            off += L.rows[i];
-          }
-          lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), x.p, n);
-        }
-        cudaEventRecord(b);
-        ck(cudaEventSynchronize(b), "sync");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        us[v] = 1000.0 * ms / reps;
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-      }
-      std::printf("[ group ] Q4_K %-20s n=%2d  one by one %7.1f us (%5.0f GB/s)  grouped %7.1f us (%5.0f GB/s)  %.2fx"
-                  "  K3_QUANT_MMA_GROUP=1 %7.1f us  %.2fx\n", L.what, n, us[0], bytes / us[0] / 1e3, us[1], bytes / us[1] / 1e3,
-                  us[0] / us[1], us[2], us[0] / us[2]);
-    }
-  }
+  time_layers(k3::WeightFormat::Q4_K,
+              {{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, {"MLA q/kv_a", {6144, 576}}, {"shared gate/up", {1024, 1024}}},
+              {1, 2, 4, 8, 16}, {{"one by one", &one}, {"grouped", &grouped}, {"K3_QUANT_MMA_GROUP=1", &grouped_mma}});
 }
 
 }  // namespace
