@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,25 @@ inline double rel_err(const std::vector<float>& got, const std::vector<float>& r
     maxdiff = std::max(maxdiff, d);
   }
   return maxdiff / std::max(maxref, 1e-30);
+}
+
+// Microseconds per call(r) on the default stream by CUDA events: `warm` untimed calls (r < 0), then `reps` timed (r =
+// 0 .. reps - 1); the caller rotates its weights by r so that each call reads HBM. For the Timing tests (prints only).
+inline double event_us(int warm, int reps, const std::function<void(int)>& call) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int r = -warm; r < reps; ++r) {
+    if (r == 0) cudaEventRecord(a);
+    call(r);
+  }
+  cudaEventRecord(b);
+  ck(cudaEventSynchronize(b), "event sync");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / reps;
 }
 
 }  // namespace k3cudatest

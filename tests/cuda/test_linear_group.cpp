@@ -347,12 +347,7 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
 double group_us(k3::cuda::LinearRunner& lin, k3::WeightFormat f, const uint8_t* w, int64_t bytes, int copies,
                 const std::vector<int64_t>& rows, int64_t cols, const float* x, float* y, int n) {
   const int64_t row_bytes = k3::row_data_bytes(f, cols);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  const int reps = 40;
-  for (int r = -5; r < reps; ++r) {
-    if (r == 0) cudaEventRecord(a);
+  return k3cudatest::event_us(5, 40, [&](int r) {
     const uint8_t* base = w + (static_cast<int64_t>(r + 5) % copies) * bytes;
     std::vector<k3::WeightMatrix> D(rows.size());
     std::vector<const k3::WeightMatrix*> W;
@@ -365,14 +360,7 @@ double group_us(k3::cuda::LinearRunner& lin, k3::WeightFormat f, const uint8_t* 
       off += rows[i];
     }
     lin.run_group(W.data(), Y.data(), static_cast<int>(W.size()), x, n);
-  }
-  cudaEventRecord(b);
-  ck(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return 1000.0 * ms / reps;
+  });
 }
 
 struct Layer {

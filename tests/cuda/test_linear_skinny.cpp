@@ -245,26 +245,14 @@ TEST(CudaSkinnyTiming, SkinnyVsOld) {
       double us[2];
       for (int v = 0; v < 2; ++v) {
         k3::cuda::LinearRunner& lin = v == 0 ? old_lin : new_lin;
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        const int reps = 40;
-        for (int r = -5; r < reps; ++r) {
-          if (r == 0) cudaEventRecord(a);
+        us[v] = k3cudatest::event_us(5, 40, [&](int r) {
           k3::WeightMatrix D;
           D.rows = s.rows;
           D.cols = s.cols;
           D.format = k3::WeightFormat::BF16;
           D.data = w.p + (static_cast<int64_t>(r + 5) % copies) * s.rows * s.cols;
           lin.run(D, x.p, n, y.p);
-        }
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        us[v] = ms * 1000.0 / reps;
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
+        });
       }
       std::printf("[ timing ] linear bf16 %6lld x %5lld n=%2d (%s): old %8.2f us  new %8.2f us (%6.1f GB/s, %5.1f%% "
                   "of 4.8 TB/s)  %.2fx\n",
