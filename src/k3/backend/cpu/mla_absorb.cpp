@@ -22,46 +22,30 @@ inline float load1(const uint16_t* p) {
   return f;
 }
 
-// dst[j] = sum_{d < rows} q[d] w[d][j] for j < kr, d ascending, one FMA per term: 64 columns (8
-// accumulators) per sweep over the rows, so each row is read in 128/256-byte runs.
+// dst[j] = sum_{d < rows} q[d] w[d][j] for j < kr: each column a chain of one FMA per term, d ascending, from 0 (so
+// the first term is fma(q[0], w, 0)). dst (kr floats, L1-resident) is the accumulator and the rows are read in order,
+// each in one contiguous run. (Until session 33: 64-column sweeps over all rows, each row read in 128-byte pieces 1 KB
+// apart -- 3.9 GB/s on one core, scripts/perf/mla_absorb_speed.cpp; the same chains, so the same bits.)
 template <typename T>
 void combine_rows(const T* w, int64_t rows, int64_t kr, const float* q, float* dst) {
-  int64_t j = 0;
-  for (; j + 64 <= kr; j += 64) {
-    __m256 a[8];
-    for (auto& v : a) v = _mm256_setzero_ps();
-    for (int64_t d = 0; d < rows; ++d) {
-      const __m256 qd = _mm256_set1_ps(q[d]);
-      const T* r = w + d * kr + j;
-      for (int u = 0; u < 8; ++u) a[u] = _mm256_fmadd_ps(qd, load8(r + 8 * u), a[u]);
-    }
-    for (int u = 0; u < 8; ++u) _mm256_storeu_ps(dst + j + 8 * u, a[u]);
-  }
-  for (; j + 8 <= kr; j += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < rows; ++d) a = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), load8(w + d * kr + j), a);
-    _mm256_storeu_ps(dst + j, a);
-  }
-  for (; j < kr; ++j) {
-    float a = 0;
-    for (int64_t d = 0; d < rows; ++d) a = std::fma(q[d], load1(w + d * kr + j), a);
-    dst[j] = a;
+  std::fill(dst, dst + kr, 0.f);
+  const int64_t k8 = kr & ~int64_t{7};
+  for (int64_t d = 0; d < rows; ++d) {
+    const __m256 qd = _mm256_set1_ps(q[d]);
+    const T* r = w + d * kr;
+    int64_t j = 0;
+    for (; j + 32 <= k8; j += 32)
+      for (int u = 0; u < 4; ++u)
+        _mm256_storeu_ps(dst + j + 8 * u, _mm256_fmadd_ps(qd, load8(r + j + 8 * u), _mm256_loadu_ps(dst + j + 8 * u)));
+    for (; j < k8; j += 8) _mm256_storeu_ps(dst + j, _mm256_fmadd_ps(qd, load8(r + j), _mm256_loadu_ps(dst + j)));
+    for (; j < kr; ++j) dst[j] = std::fma(q[d], load1(r + j), dst[j]);
   }
 }
 
-// w[0:n] . x[0:n]: two 8-lane accumulators over 16-column steps, an 8-column step, a scalar FMA tail.
+// The end of a dot product: the two 8-lane accumulators added, the 8 lanes summed (lo + hi 128, then pairs), then
+// the scalar FMA tail from column i.
 template <typename T>
-float dot_row(const T* w, const float* x, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
-    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-  }
-  if (i + 8 <= n) {
-    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
-    i += 8;
-  }
+float finish_dot(__m256 a0, __m256 a1, const T* w, const float* x, int64_t i, int64_t n) {
   const __m256 s = _mm256_add_ps(a0, a1);
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -69,6 +53,28 @@ float dot_row(const T* w, const float* x, int64_t n) {
   float r = _mm_cvtss_f32(h);
   for (; i < n; ++i) r = std::fma(load1(w + i), x[i], r);
   return r;
+}
+
+// out[k] = w[k][0:n] . x[0:n] for k < R rows `stride` apart, each row's arithmetic that of a lone dot: two 8-lane
+// accumulators over 16-column steps, an 8-column step, finish_dot. R rows at once make R independent FMA chains (one
+// row alone is a chain of n / 16 dependent FMAs: latency-bound).
+template <int R, typename T>
+void dot_rows(const T* w, int64_t stride, const float* x, int64_t n, float* out) {
+  __m256 a0[R], a1[R];
+  for (int k = 0; k < R; ++k) a0[k] = a1[k] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    for (int k = 0; k < R; ++k) {
+      a0[k] = _mm256_fmadd_ps(load8(w + k * stride + i), x0, a0[k]);
+      a1[k] = _mm256_fmadd_ps(load8(w + k * stride + i + 8), x1, a1[k]);
+    }
+  }
+  if (i + 8 <= n) {
+    for (int k = 0; k < R; ++k) a0[k] = _mm256_fmadd_ps(load8(w + k * stride + i), _mm256_loadu_ps(x + i), a0[k]);
+    i += 8;
+  }
+  for (int k = 0; k < R; ++k) out[k] = finish_dot(a0[k], a1[k], w + k * stride, x, i, n);
 }
 
 template <typename T>
@@ -80,7 +86,9 @@ void absorb(const T* kvb, const KvB& k, int64_t h, int64_t rope, const float* q,
 template <typename T>
 void up_v(const T* kvb, const KvB& k, int64_t h, const float* o_lat, float* o) {
   const T* rows = kvb + (h * (k.nope + k.value) + k.nope) * k.rank;
-  for (int64_t d = 0; d < k.value; ++d) o[d] = dot_row(rows + d * k.rank, o_lat, k.rank);
+  int64_t d = 0;
+  for (; d + 4 <= k.value; d += 4) dot_rows<4>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
+  for (; d < k.value; ++d) dot_rows<1>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
 }
 
 }  // namespace

@@ -3,7 +3,11 @@
 //   up_v:     o[d] = kv_b[h (dn + dv) + dn + d][:] . o_lat,              d < dv
 // kv_b [nh (dn + dv)][kr] is read as stored: the checkpoint's bf16 (half the bytes of the fp32 copy; at
 // batch 1 each MLA layer streams all of it) or fp32. bf16 widens exactly, and both storages run the same
-// 8-lane FMA sequence, so they give the same bits (MlaAbsorb.Bf16AndF32StorageAgreeBitForBit).
+// 8-lane FMA sequence, so they give the same bits (MlaAbsorb.Bf16AndF32StorageAgreeBitForBit). The order of each
+// output's operations is part of the contract (MlaAbsorb.EachOutputsOperationsInTheirStatedOrder): absorb_q's q_lat[j]
+// is one FMA chain over d ascending from 0; up_v's o[d] two 8-lane accumulators over 16-column steps (lanes j % 16 < 8
+// and >= 8), an 8-column step into the first, their sum, lanes (l, l + 4) then (0 + 2, 1 + 3) then the two added, then
+// a scalar FMA tail.
 #pragma once
 #include <cstdint>
 
