@@ -24,8 +24,9 @@ inline float load1(const uint16_t* p) {
 
 // dst[j] = sum_{d < rows} q[d] w[d][j] for j < kr: each column a chain of one FMA per term, d ascending, from 0 (so
 // the first term is fma(q[0], w, 0)). dst (kr floats, L1-resident) is the accumulator and the rows are read in order,
-// each in one contiguous run. (Until session 33: 64-column sweeps over all rows, each row read in 128-byte pieces 1 KB
-// apart -- 3.9 GB/s on one core, scripts/perf/mla_absorb_speed.cpp; the same chains, so the same bits.)
+// each in one contiguous run. Until session 33: 64-column sweeps over all rows, each row read in 128-byte pieces 1 KB
+// apart -- the same chains, so the same bits; from DRAM on one core 302-313 -> 238-256 us per 16 heads' key rows
+// (scripts/perf/mla_absorb_speed.cpp 64, docs/perf/cpu.md session 33).
 template <typename T>
 void combine_rows(const T* w, int64_t rows, int64_t kr, const float* q, float* dst) {
   std::fill(dst, dst + kr, 0.f);
@@ -57,7 +58,7 @@ float finish_dot(__m256 a0, __m256 a1, const T* w, const float* x, int64_t i, in
 
 // out[k] = w[k][0:n] . x[0:n] for k < R rows `stride` apart, each row's arithmetic that of a lone dot: two 8-lane
 // accumulators over 16-column steps, an 8-column step, finish_dot. R rows at once make R independent FMA chains (one
-// row alone is a chain of n / 16 dependent FMAs: latency-bound).
+// row alone is a chain of n / 16 dependent FMAs) -- faster from cache, slower from DRAM (up_v below).
 template <int R, typename T>
 void dot_rows(const T* w, int64_t stride, const float* x, int64_t n, float* out) {
   __m256 a0[R], a1[R];
@@ -86,9 +87,9 @@ void absorb(const T* kvb, const KvB& k, int64_t h, int64_t rope, const float* q,
 template <typename T>
 void up_v(const T* kvb, const KvB& k, int64_t h, const float* o_lat, float* o) {
   const T* rows = kvb + (h * (k.nope + k.value) + k.nope) * k.rank;
-  int64_t d = 0;
-  for (; d + 4 <= k.value; d += 4) dot_rows<4>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
-  for (; d < k.value; ++d) dot_rows<1>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
+  // One row at a time: four at once (four FMA chains) ran 28 -> 38 GB/s from cache but 256 -> 300 us per 16 heads from
+  // DRAM on one core (scripts/perf/mla_absorb_speed.cpp, session 33), and at decode kv_b comes from DRAM.
+  for (int64_t d = 0; d < k.value; ++d) dot_rows<1>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
 }
 
 }  // namespace
