@@ -1,4 +1,4 @@
-// Read bandwidth of 2 threads streaming 1 GiB of anonymous memory: MADV_NOHUGEPAGE vs MADV_HUGEPAGE asked (whether the
+// Read bandwidth of 2 threads (argv[1]: another count; session 33 ran 1 for one core's stream) streaming 1 GiB of anonymous memory: MADV_NOHUGEPAGE vs MADV_HUGEPAGE asked (whether the
 // kernel grants 2 MB pages shows in /proc/meminfo's AnonHugePages). Session 32's --no-mmap study (docs/perf/cpu.md).
 //   g++ -O2 -mavx512f -std=c++17 scripts/perf/read_bw_pages.cpp -o read_bw_pages -lpthread
 #include <immintrin.h>
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 double run(const char* p, size_t n, int threads) {
@@ -33,24 +34,25 @@ void anon_huge() {  // while the buffer is live: whether the kernel granted 2 MB
     if (std::strncmp(line, "AnonHugePages", 13) == 0) std::printf("  %s", line);
   if (f) std::fclose(f);
 }
-int main() {
+int main(int argc, char** argv) {
   const size_t n = size_t{1} << 30;
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   for (int huge = 0; huge < 2; ++huge) {
     char* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     memset(p, 1, n);
-    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, 2));
+    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, threads));
     anon_huge();
-    std::printf("%s: best %.1f GB/s (2 threads)\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best);
+    std::printf("%s: best %.1f GB/s (%d threads)\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best, threads);
     munmap(p, n);
   }
   for (int huge = 0; huge < 2; ++huge) {
     char* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     memset(p, 1, n);
-    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, 2));
+    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, threads));
     anon_huge();
-    std::printf("%s: best %.1f GB/s (2 threads), round 2\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best);
+    std::printf("%s: best %.1f GB/s (%d threads), round 2\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best, threads);
     munmap(p, n);
   }
 }
