@@ -25,7 +25,7 @@ inline float load1(const uint16_t* p) {
 // dst[j] = sum_{d < rows} q[d] w[d][j] for j < kr: each column a chain of one FMA per term, d ascending, from 0 (so
 // the first term is fma(q[0], w, 0)). dst (kr floats, L1-resident) is the accumulator and the rows are read in order,
 // each in one contiguous run. Until session 33: 64-column sweeps over all rows, each row read in 128-byte pieces 1 KB
-// apart -- the same chains, so the same bits; from DRAM on one core 302-313 -> 238-256 us per 16 heads' key rows
+// apart -- the same chains, so the same bits; from DRAM on one core 300-314 -> 235-251 us per 16 heads' key rows
 // (scripts/perf/mla_absorb_speed.cpp 64, docs/perf/cpu.md session 33).
 template <typename T>
 void combine_rows(const T* w, int64_t rows, int64_t kr, const float* q, float* dst) {
@@ -43,10 +43,20 @@ void combine_rows(const T* w, int64_t rows, int64_t kr, const float* q, float* d
   }
 }
 
-// The end of a dot product: the two 8-lane accumulators added, the 8 lanes summed (lo + hi 128, then pairs), then
-// the scalar FMA tail from column i.
+// w[0:n] . x[0:n]: two 8-lane accumulators over 16-column steps, an 8-column step, a scalar FMA tail. One row is a
+// chain of n / 16 dependent FMAs; four rows side by side were faster from cache but slower from DRAM (up_v below).
 template <typename T>
-float finish_dot(__m256 a0, __m256 a1, const T* w, const float* x, int64_t i, int64_t n) {
+float dot_row(const T* w, const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(load8(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+  }
+  if (i + 8 <= n) {
+    a0 = _mm256_fmadd_ps(load8(w + i), _mm256_loadu_ps(x + i), a0);
+    i += 8;
+  }
   const __m256 s = _mm256_add_ps(a0, a1);
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -54,28 +64,6 @@ float finish_dot(__m256 a0, __m256 a1, const T* w, const float* x, int64_t i, in
   float r = _mm_cvtss_f32(h);
   for (; i < n; ++i) r = std::fma(load1(w + i), x[i], r);
   return r;
-}
-
-// out[k] = w[k][0:n] . x[0:n] for k < R rows `stride` apart, each row's arithmetic that of a lone dot: two 8-lane
-// accumulators over 16-column steps, an 8-column step, finish_dot. R rows at once make R independent FMA chains (one
-// row alone is a chain of n / 16 dependent FMAs) -- faster from cache, slower from DRAM (up_v below).
-template <int R, typename T>
-void dot_rows(const T* w, int64_t stride, const float* x, int64_t n, float* out) {
-  __m256 a0[R], a1[R];
-  for (int k = 0; k < R; ++k) a0[k] = a1[k] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-    for (int k = 0; k < R; ++k) {
-      a0[k] = _mm256_fmadd_ps(load8(w + k * stride + i), x0, a0[k]);
-      a1[k] = _mm256_fmadd_ps(load8(w + k * stride + i + 8), x1, a1[k]);
-    }
-  }
-  if (i + 8 <= n) {
-    for (int k = 0; k < R; ++k) a0[k] = _mm256_fmadd_ps(load8(w + k * stride + i), _mm256_loadu_ps(x + i), a0[k]);
-    i += 8;
-  }
-  for (int k = 0; k < R; ++k) out[k] = finish_dot(a0[k], a1[k], w + k * stride, x, i, n);
 }
 
 template <typename T>
@@ -87,9 +75,9 @@ void absorb(const T* kvb, const KvB& k, int64_t h, int64_t rope, const float* q,
 template <typename T>
 void up_v(const T* kvb, const KvB& k, int64_t h, const float* o_lat, float* o) {
   const T* rows = kvb + (h * (k.nope + k.value) + k.nope) * k.rank;
-  // One row at a time: four at once (four FMA chains) ran 28 -> 38 GB/s from cache but 256 -> 300 us per 16 heads from
-  // DRAM on one core (scripts/perf/mla_absorb_speed.cpp, session 33), and at decode kv_b comes from DRAM.
-  for (int64_t d = 0; d < k.value; ++d) dot_rows<1>(rows + d * k.rank, k.rank, o_lat, k.rank, o + d);
+  // One row at a time: four at once (four FMA chains) took 16 heads from 75-77 to 57-59 us from cache but from 244-265
+  // to 300-303 us from DRAM on one core (scripts/perf/mla_absorb_speed.cpp, session 33); at decode kv_b is in DRAM.
+  for (int64_t d = 0; d < k.value; ++d) o[d] = dot_row(rows + d * k.rank, o_lat, k.rank);
 }
 
 }  // namespace
