@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace k3::cuda {
 namespace {
@@ -363,17 +364,18 @@ cudaError_t launch(const WeightMatrix& W, const float* x, float* y, cudaStream_t
   return pdl::launch(quant_gemv_v1_kernel<F, NT, 1>, grid, kWarps * 32, 0, s, data, W.rows, W.cols, x, y, T);
 }
 
-template <WeightFormat F>
-cudaError_t launch_n(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s, const IqTables& T, QuantGemvKernel k) {
+// fn(std::integral_constant<int, n>) for 1 <= n <= 8 tokens (the kernels' NT); cudaErrorInvalidValue otherwise.
+template <class Fn>
+cudaError_t with_tokens(int n, const Fn& fn) {
   switch (n) {
-    case 1: return launch<F, 1>(W, x, y, s, T, k);
-    case 2: return launch<F, 2>(W, x, y, s, T, k);
-    case 3: return launch<F, 3>(W, x, y, s, T, k);
-    case 4: return launch<F, 4>(W, x, y, s, T, k);
-    case 5: return launch<F, 5>(W, x, y, s, T, k);
-    case 6: return launch<F, 6>(W, x, y, s, T, k);
-    case 7: return launch<F, 7>(W, x, y, s, T, k);
-    case 8: return launch<F, 8>(W, x, y, s, T, k);
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
     default: return cudaErrorInvalidValue;
   }
 }
@@ -415,17 +417,8 @@ cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int 
   const IqTables T = iq_tables();
   return with_gguf_format(W[0]->format, [&](auto f) -> cudaError_t {
     constexpr WeightFormat F = decltype(f)::value;
-    if constexpr (qpart::has_part(F)) {
-      switch (n) {  // more than one token only where K3_QUANT_GEMV=v3:N asks for v3 (A/B timing)
-        case 1: return launch_v3<F, 1>(g, W[0]->cols, x, s, T);
-        case 2: return launch_v3<F, 2>(g, W[0]->cols, x, s, T);
-        case 3: return launch_v3<F, 3>(g, W[0]->cols, x, s, T);
-        case 4: return launch_v3<F, 4>(g, W[0]->cols, x, s, T);
-        case 5: return launch_v3<F, 5>(g, W[0]->cols, x, s, T);
-        case 6: return launch_v3<F, 6>(g, W[0]->cols, x, s, T);
-        case 7: return launch_v3<F, 7>(g, W[0]->cols, x, s, T);
-        default: return launch_v3<F, 8>(g, W[0]->cols, x, s, T);
-      }
+    if constexpr (qpart::has_part(F)) {  // more than one token only where K3_QUANT_GEMV=v3:N asks for v3 (A/B timing)
+      return with_tokens(n, [&](auto nt) { return launch_v3<F, decltype(nt)::value>(g, W[0]->cols, x, s, T); });
     } else {
       return cudaErrorInvalidValue;  // not groupable (no v3 kernel): checked above
     }
@@ -438,7 +431,9 @@ cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, c
   if (n == 0 || W.rows == 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(W.data) % 2 != 0 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
   const IqTables T = iq_tables();
-  return with_gguf_format(W.format, [&](auto f) { return launch_n<decltype(f)::value>(W, x, n, y, s, T, kernel); });
+  return with_gguf_format(W.format, [&](auto f) {
+    return with_tokens(n, [&](auto nt) { return launch<decltype(f)::value, decltype(nt)::value>(W, x, y, s, T, kernel); });
+  });
 }
 
 }  // namespace k3::cuda

@@ -31,6 +31,7 @@
 #include "k3/backend/cuda/quant_mma.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "k3/backend/cuda/quant_mma.cuh"
 #include "k3/backend/cuda/quant_mma_rows.cuh"
@@ -51,22 +52,33 @@ int default_mt(WeightFormat f, int n) {
   return nt == 4 || (nt == 2 && f != WeightFormat::Q6_K) ? 2 : 1;
 }
 
-template <class P, int NT, bool SPLIT>
-cudaError_t launch_mt(const qmma::Job& j, int mt, cudaStream_t s) {
-  if constexpr (NT <= 4) {  // two m16 tiles at 8 n8 tiles would hold 256 accumulators
-    if (mt == 2) return qmma::launch<P, NT, 2, SPLIT, false, false>(j, 1, s);
+// fn(nt, mt) with std::integral_constant arguments: n's n8 tiles and mt m16 tiles a warp (two only up to 4 n8 tiles:
+// two at 8 would hold 256 accumulators).
+template <class Fn>
+cudaError_t with_tiles(int n, int mt, const Fn& fn) {
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  switch (tiles_for(n)) {
+    case 1: return mt == 2 ? fn(I1{}, I2{}) : fn(I1{}, I1{});
+    case 2: return mt == 2 ? fn(I2{}, I2{}) : fn(I2{}, I1{});
+    case 4: return mt == 2 ? fn(std::integral_constant<int, 4>{}, I2{}) : fn(std::integral_constant<int, 4>{}, I1{});
+    default: return fn(std::integral_constant<int, 8>{}, I1{});
   }
-  return qmma::launch<P, NT, 1, SPLIT, false, false>(j, 1, s);
 }
 
 template <class P, bool SPLIT>
 cudaError_t launch_nt(const qmma::Job& j, int mt, cudaStream_t s) {
-  switch (tiles_for(j.a.n)) {
-    case 1: return launch_mt<P, 1, SPLIT>(j, mt, s);
-    case 2: return launch_mt<P, 2, SPLIT>(j, mt, s);
-    case 4: return launch_mt<P, 4, SPLIT>(j, mt, s);
-    default: return launch_mt<P, 8, SPLIT>(j, mt, s);
-  }
+  return with_tiles(j.a.n, mt, [&](auto nt, auto m) {
+    return qmma::launch<P, decltype(nt)::value, decltype(m)::value, SPLIT, false, false>(j, 1, s);
+  });
+}
+
+// The KSplit kernel over a group's matrices (quant_gemv_mma_group): the same tiles as launch_nt.
+template <class P, bool SPLIT>
+cudaError_t launch_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int mt, cudaStream_t s) {
+  return with_tiles(j.a.n, mt, [&](auto nt, auto m) {
+    return qmma::launch_group<P, decltype(nt)::value, decltype(m)::value, SPLIT>(j, g, s);
+  });
 }
 
 template <class P, bool SPLIT>
@@ -137,29 +149,13 @@ struct GroupLaunch {
   const qmma::DenseGroup& g;
   int mt;
   cudaStream_t s;
-  template <class P, bool SPLIT, int NT>
-  cudaError_t with_tiles() const {
-    if constexpr (NT <= 4) {  // as launch_mt
-      if (mt == 2) return qmma::launch_group<P, NT, 2, SPLIT>(j, g, s);
-    }
-    return qmma::launch_group<P, NT, 1, SPLIT>(j, g, s);
-  }
-  template <class P, bool SPLIT>
-  cudaError_t with_split() const {
-    switch (tiles_for(j.a.n)) {
-      case 1: return with_tiles<P, SPLIT, 1>();
-      case 2: return with_tiles<P, SPLIT, 2>();
-      case 4: return with_tiles<P, SPLIT, 4>();
-      default: return with_tiles<P, SPLIT, 8>();
-    }
-  }
   template <class P>
   cudaError_t run() const {
-    return j.a.lo ? with_split<P, true>() : with_split<P, false>();
+    return j.a.lo ? launch_group_nt<P, true>(j, g, mt, s) : launch_group_nt<P, false>(j, g, mt, s);
   }
 };
 
-// The argument checks quant_gemv_mma makes, for the activations.
+// The activations' checks of quant_gemv_mma and quant_gemv_mma_groupable.
 bool acts_ok(const QuantMmaActs& a, int64_t cols) {
   return a.n > 0 && a.n <= kQuantMmaMaxTokens && a.cols == cols && a.hi != nullptr && a.xsum != nullptr &&
          reinterpret_cast<uintptr_t>(a.hi) % 16 == 0 && reinterpret_cast<uintptr_t>(a.lo) % 16 == 0;
@@ -214,9 +210,8 @@ size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
 
 cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt, QuantMmaForm form,
                            QuantMmaWork work) {
-  if (!quant_mma_supported(W) || a.n <= 0 || a.n > kQuantMmaMaxTokens || a.cols != W.cols || a.hi == nullptr ||
-      a.xsum == nullptr || reinterpret_cast<uintptr_t>(a.hi) % 16 != 0 || reinterpret_cast<uintptr_t>(a.lo) % 16 != 0 ||
-      mt < 0 || mt > 2 || (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens))
+  if (!quant_mma_supported(W) || !acts_ok(a, W.cols) || mt < 0 || mt > 2 ||
+      (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens))
     return cudaErrorInvalidValue;
   if (mt == 0) mt = default_mt(W.format, a.n);
   form = default_form(W.format, a.n, form);
