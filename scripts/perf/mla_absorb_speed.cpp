@@ -12,7 +12,7 @@
 #include "k3/backend/cpu/mla_absorb.h"
 int main(int argc, char** argv) {
   // argv[1]: layers in rotation (default 64 = 256 MB, from DRAM; 1 = 4 MB: from L2 / L3, the loops' own speed)
-  const int64_t heads = 16, nope = 128, value = 128, rank = 512, rope = 64, layers = argc > 1 ? std::atoi(argv[1]) : 64;
+  const int64_t heads = 16, nope = 128, value = 128, rank = 512, rope = 64, layers = std::clamp(argc > 1 ? std::atoi(argv[1]) : 64, 1, 1024);
   const int64_t per_layer = heads * (nope + value) * rank;
   std::vector<uint16_t> kvb(static_cast<size_t>(per_layer * layers));
   std::mt19937 rng(1);

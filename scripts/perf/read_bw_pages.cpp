@@ -36,23 +36,18 @@ void anon_huge() {  // while the buffer is live: whether the kernel granted 2 MB
 }
 int main(int argc, char** argv) {
   const size_t n = size_t{1} << 30;
-  const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
-  for (int huge = 0; huge < 2; ++huge) {
-    char* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    memset(p, 1, n);
-    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, threads));
-    anon_huge();
-    std::printf("%s: best %.1f GB/s (%d threads)\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best, threads);
-    munmap(p, n);
-  }
-  for (int huge = 0; huge < 2; ++huge) {
-    char* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    memset(p, 1, n);
-    double best = 0; for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, threads));
-    anon_huge();
-    std::printf("%s: best %.1f GB/s (%d threads), round 2\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best, threads);
-    munmap(p, n);
-  }
+  const int threads = std::clamp(argc > 1 ? std::atoi(argv[1]) : 2, 1, 256);
+  for (int round = 1; round <= 2; ++round)  // the two page kinds alternate: round 2 repeats round 1
+    for (int huge = 0; huge < 2; ++huge) {
+      char* p = static_cast<char*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      if (p == MAP_FAILED) return 1;
+      madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+      memset(p, 1, n);
+      double best = 0;
+      for (int r = 0; r < 6; ++r) best = std::max(best, run(p, n, threads));
+      anon_huge();
+      std::printf("%s: best %.1f GB/s (%d threads)%s\n", huge ? "MADV_HUGEPAGE  " : "MADV_NOHUGEPAGE", best, threads,
+                  round == 2 ? ", round 2" : "");
+      munmap(p, n);
+    }
 }
