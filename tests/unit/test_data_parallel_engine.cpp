@@ -312,7 +312,16 @@ TEST(DataParallelEngine, ConcurrentSubmitsAndFinalOutputsBalance) {
   std::vector<std::thread> loops, clients;
   for (auto* e : f.fakes)
     loops.emplace_back([e, &submitting] {
-      while (e->finish_one() || submitting.load()) std::this_thread::yield();
+      // `submitting` is read BEFORE the drain: once it reads false every submit has happened, so the drain that
+      // follows sees them all. (Reading it after an empty drain lost a race on a loaded box: the clients could submit
+      // and finish between the two reads, leaving 278 requests unanswered in a CI run of session 33.)
+      for (;;) {
+        const bool more = submitting.load();
+        while (e->finish_one()) {
+        }
+        if (!more) break;
+        std::this_thread::yield();
+      }
     });
   for (int t = 0; t < 4; ++t)
     clients.emplace_back([&f, &finals, t] {
