@@ -629,6 +629,61 @@ TEST(GgufQuantised, KvbHalvesOnlyByARuleNamingThem) {
   EXPECT_GT(mla, 0);
 }
 
+// A GGUF's quantised kv_b halves are bound as stored beside the fp32 rebuild (MlaWeights::k_b_blocks / v_b_blocks,
+// head-major rows), the CPU's absorbed decode reads them -- logits within absorb_q's summation order of the fp32
+// path's (K3_MLA_STORED_HALVES=0), and not its bits, which shows the switch takes another path -- and a GGUF-to-GGUF
+// conversion that names no rule for them writes their bytes back unchanged (until session 34: the fp32 rebuild).
+TEST(GgufQuantised, QuantisedKvbHalvesReadAndWrittenAsStored) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = k3::load_model_config(dir);
+  k3test::TempDir t;
+  {
+    const k3::Checkpoint ck(dir);
+    k3::GgufWriter w;
+    k3::add_model_to_gguf(w, c, ck, "x", {k3::parse_tensor_type_rule("attn_k_b=q8_0"), k3::parse_tensor_type_rule("attn_v_b=q5_0")});
+    w.write(t.str() + "/q.gguf");
+  }
+  auto gg = k3::Model::load(t.str() + "/q.gguf");
+  int64_t mla = 0;
+  for (const auto& L : gg->weights().layers) {
+    if (L.is_kda) continue;
+    ++mla;
+    EXPECT_EQ(L.mla.k_b_blocks.format, k3::WeightFormat::Q8_0);
+    EXPECT_EQ(L.mla.v_b_blocks.format, k3::WeightFormat::Q5_0);
+    EXPECT_EQ(L.mla.k_b_blocks.rows, c.mla_heads * c.kv_lora_rank);
+    EXPECT_EQ(L.mla.k_b_blocks.cols, c.qk_nope_dim);
+    EXPECT_EQ(L.mla.v_b_blocks.rows, c.mla_heads * c.v_head_dim);
+    EXPECT_EQ(L.mla.v_b_blocks.cols, c.kv_lora_rank);
+  }
+  ASSERT_GT(mla, 0);
+  const std::vector<int32_t> toks{5, 17, 3, 99, 42, 7, 11, 250};
+  const std::vector<float> stored = run(*gg, toks, true);
+  setenv("K3_MLA_STORED_HALVES", "0", 1);
+  const std::vector<float> rebuilt = run(*gg, toks, true);
+  unsetenv("K3_MLA_STORED_HALVES");
+  ASSERT_EQ(stored.size(), rebuilt.size());
+  EXPECT_LT(rms_rel(stored, rebuilt), 1e-5);
+  EXPECT_NE(std::memcmp(stored.data(), rebuilt.data(), stored.size() * 4), 0) << "K3_MLA_STORED_HALVES=0 took the same path";
+  // Written back as they came.
+  const k3::ModelFiles in = k3::open_model_files(t.str() + "/q.gguf");
+  k3::GgufWriter again;
+  k3::add_model_to_gguf(again, in.config, *in.checkpoint, "x");
+  again.write(t.str() + "/again.gguf");
+  const k3::GgufFile a(t.str() + "/q.gguf"), b(t.str() + "/again.gguf");
+  int64_t halves = 0;
+  for (const auto& ta : a.gguf().tensors) {
+    if (ta.name.find("attn_k_b") == std::string::npos && ta.name.find("attn_v_b") == std::string::npos) continue;
+    ++halves;
+    const k3::GgufTensor* tb = b.gguf().find(ta.name);
+    ASSERT_NE(tb, nullptr) << ta.name;
+    EXPECT_EQ(tb->type, ta.type) << ta.name;
+    EXPECT_EQ(tb->dims, ta.dims) << ta.name;
+    ASSERT_EQ(tb->bytes, ta.bytes) << ta.name;
+    EXPECT_EQ(std::memcmp(tb->data, ta.data, ta.bytes), 0) << ta.name;
+  }
+  EXPECT_EQ(halves, 2 * mla);
+}
+
 // Routed experts: quantised only by a rule naming them ("exps"), per expert from their MXFP4 values; a width
 // that is not whole blocks of the type keeps them as shipped; the GGUF loads with its experts in the new
 // format and stays close to the HF dir.

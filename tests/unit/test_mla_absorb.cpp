@@ -1,5 +1,6 @@
 // The absorbed MLA projections through kv_b (mla_absorb.h): against float64 on random inputs, the bf16-stored and
-// fp32-stored kv_b giving the same bits, and each output's operations in the order the header states.
+// fp32-stored kv_b giving the same bits, each output's operations in the order the header states, and a GGUF's
+// quantised halves read as stored (on every CPU tier) against the fp32 copy of their decoded values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/mla_absorb.h"
+#include "k3/quant/gguf_quant.h"
 #include "kernel_test_util.h"
 
 namespace {
@@ -130,5 +132,92 @@ TEST(MlaAbsorb, EachOutputsOperationsInTheirStatedOrder) {
     }
   }
 }
+
+// A GGUF's kv_b halves quantised (attn_k_b: per head kr rows of dn values, kv_b's key rows transposed; attn_v_b: per
+// head dv rows of kr), read as stored (KvB::k_b / v_b) beside the fp32 copy of their decoded values (what the loader
+// rebuilds): each output is the stated 8-lane dot of its decoded row (dot8_model, bit for bit), within its float64
+// bound, and near the fp32 copy's output; the rope part is copied. Pairs as llama-quantize writes them (Q4_K_M: Q5_0
+// / Q4_K) and others; rows that cross the 16 KB decode pieces, ones that do not fill one, row counts not a multiple
+// of the 8 computed together.
+float dot8_model(const float* w, const float* x, int64_t n) {
+  float l[8] = {};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int k = 0; k < 8; ++k) l[k] = std::fma(w[i + k], x[i + k], l[k]);
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+class MlaAbsorbStored : public k3test::CpuTierTest {};
+
+TEST_P(MlaAbsorbStored, HalvesGiveTheirDecodedRowsDots) {
+  using k3::WeightFormat;
+  struct Case {
+    Dims D;
+    WeightFormat fk, fv;
+  };
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const Case& c : {Case{{2, 128, 128, 512, 64}, WeightFormat::Q5_0, WeightFormat::Q4_K},
+                        Case{{3, 128, 64, 256, 8}, WeightFormat::Q8_0, WeightFormat::Q6_K},
+                        Case{{2, 64, 32, 256, 0}, WeightFormat::IQ4_NL, WeightFormat::IQ4_XS},
+                        Case{{1, 32, 50, 96, 4}, WeightFormat::Q4_0, WeightFormat::Q5_0},
+                        Case{{2, 8192, 16, 32, 2}, WeightFormat::Q8_0, WeightFormat::Q8_0}}) {
+    const Dims& D = c.D;
+    const int64_t rows = D.nh * (D.dn + D.dv);
+    std::vector<float> w(static_cast<size_t>(rows * D.kr));
+    for (auto& v : w) v = nd(rng) * 0.05f;
+    // The halves in GGUF's row order, quantised, then decoded back into the fp32 kv_b copy.
+    std::vector<float> kh(static_cast<size_t>(D.nh * D.kr * D.dn)), vh(static_cast<size_t>(D.nh * D.dv * D.kr));
+    for (int64_t h = 0; h < D.nh; ++h) {
+      for (int64_t j = 0; j < D.kr; ++j)
+        for (int64_t d = 0; d < D.dn; ++d)
+          kh[static_cast<size_t>((h * D.kr + j) * D.dn + d)] = w[static_cast<size_t>((h * (D.dn + D.dv) + d) * D.kr + j)];
+      std::copy_n(w.begin() + (h * (D.dn + D.dv) + D.dn) * D.kr, D.dv * D.kr, vh.begin() + h * D.dv * D.kr);
+    }
+    std::vector<uint8_t> kq(static_cast<size_t>(k3::row_data_bytes(c.fk, D.dn) * D.nh * D.kr)),
+        vq(static_cast<size_t>(k3::row_data_bytes(c.fv, D.kr) * D.nh * D.dv));
+    k3::quant::quantize_row(c.fk, kh.data(), static_cast<int64_t>(kh.size()), nullptr, kq.data());
+    k3::quant::quantize_row(c.fv, vh.data(), static_cast<int64_t>(vh.size()), nullptr, vq.data());
+    k3::quant::dequantize_row(c.fk, kq.data(), static_cast<int64_t>(kh.size()), kh.data());
+    k3::quant::dequantize_row(c.fv, vq.data(), static_cast<int64_t>(vh.size()), vh.data());
+    for (int64_t h = 0; h < D.nh; ++h) {
+      for (int64_t j = 0; j < D.kr; ++j)
+        for (int64_t d = 0; d < D.dn; ++d)
+          w[static_cast<size_t>((h * (D.dn + D.dv) + d) * D.kr + j)] = kh[static_cast<size_t>((h * D.kr + j) * D.dn + d)];
+      std::copy_n(vh.begin() + h * D.dv * D.kr, D.dv * D.kr, w.begin() + (h * (D.dn + D.dv) + D.dn) * D.kr);
+    }
+    const k3::WeightMatrix kb{c.fk, kq.data(), nullptr, D.nh * D.kr, D.dn}, vb{c.fv, vq.data(), nullptr, D.nh * D.dv, D.kr};
+    k3::cpu::KvB stored{nullptr, nullptr, D.dn, D.dv, D.kr, &kb, &vb}, copy{w.data(), nullptr, D.dn, D.dv, D.kr};
+    std::vector<float> q(static_cast<size_t>(D.dn + D.dr)), olat(static_cast<size_t>(D.kr));
+    for (auto& v : q) v = nd(rng);
+    for (auto& v : olat) v = nd(rng);
+    const std::string what = std::string(k3::weight_format_name(c.fk)) + " / " + k3::weight_format_name(c.fv) + " dn " + std::to_string(D.dn);
+    // out[i] against dot8_model of the decoded row i (rows at `rows`, n wide), float64, and the fp32 copy's output.
+    const auto check = [&](const char* op, int64_t h, const float* out, const float* rows, int64_t count, int64_t n, const float* x,
+                           const float* copy_out) {
+      for (int64_t i = 0; i < count; ++i) {
+        const float* row = rows + i * n;
+        const float want = dot8_model(row, x, n);
+        ASSERT_EQ(std::memcmp(&out[i], &want, 4), 0) << what << " " << op << " h " << h << " row " << i;
+        double exact = 0, mag = 0;
+        for (int64_t k = 0; k < n; ++k) exact += double(row[k]) * x[k], mag += std::fabs(double(row[k]) * x[k]);
+        ASSERT_LE(std::fabs(out[i] - exact), (n + 2) * kU * mag) << what << " " << op << " h " << h << " row " << i;
+        ASSERT_LE(std::fabs(out[i] - copy_out[i]), 2 * (n + 2) * kU * mag) << what << " " << op << " h " << h << " row " << i;
+      }
+    };
+    for (int64_t h = 0; h < D.nh; ++h) {
+      std::vector<float> a(static_cast<size_t>(D.kr + D.dr), NAN), ac(a.size(), NAN);
+      k3::cpu::mla_absorb_q_head(stored, h, D.dr, q.data(), a.data());
+      k3::cpu::mla_absorb_q_head(copy, h, D.dr, q.data(), ac.data());
+      check("absorb", h, a.data(), kh.data() + h * D.kr * D.dn, D.kr, D.dn, q.data(), ac.data());
+      for (int64_t j = 0; j < D.dr; ++j) ASSERT_EQ(a[static_cast<size_t>(D.kr + j)], q[static_cast<size_t>(D.dn + j)]);
+      std::vector<float> o(static_cast<size_t>(D.dv), NAN), oc(o.size(), NAN);
+      k3::cpu::mla_up_v_head(stored, h, olat.data(), o.data());
+      k3::cpu::mla_up_v_head(copy, h, olat.data(), oc.data());
+      check("up_v", h, o.data(), vh.data() + h * D.dv * D.kr, D.dv, D.kr, olat.data(), oc.data());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, MlaAbsorbStored, k3test::kAllCpuTiers, k3test::cpu_tier_name);
 
 }  // namespace

@@ -130,6 +130,9 @@ void shard_mla(Sharder& s, const MlaWeights& f, const ModelConfig& c, const Head
   w.o = s.o_proj(f.o, hs, dv, "MLA o_proj");
   const Range kv_rows{heads.first * kvb, heads.count * kvb};
   w.kv_b_stored = row_slice(f.kv_b_stored, kv_rows);
+  // A GGUF's quantised halves: head-major rows too (kv_lora_rank key rows, v value rows per head).
+  w.k_b_blocks = row_slice(f.k_b_blocks, {heads.first * c.kv_lora_rank, heads.count * c.kv_lora_rank});
+  w.v_b_blocks = row_slice(f.v_b_blocks, {heads.first * dv, heads.count * dv});
   if (!f.kv_b.empty()) {
     w.kv_b = Sharder::vec(f.kv_b, kv_rows, c.kv_lora_rank);
     w.kv_b_f32 = row_slice(f.kv_b_f32, kv_rows);

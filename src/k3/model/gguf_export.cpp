@@ -341,8 +341,8 @@ class TensorExport {
     add_f32(w_, g, {n_f}, std::move(f));
   }
   // kv_b's halves are requantised only by a rule naming them (attn_k_b, attn_v_b, attn_[kv]_b), as the experts
-  // only by one naming exps: a catch-all keeps them as stored (the CPU's absorbed decode reads the stored bf16;
-  // quantised halves come back as an fp32 copy, twice the bytes).
+  // only by one naming exps: a catch-all keeps them as stored (the CPU's absorbed decode reads the stored bf16, or a
+  // GGUF input's quantised halves, which are written back as they came).
   std::optional<WeightFormat> kv_b_rule_for(const std::string& g) {
     for (size_t i = 0; i < rules_.size(); ++i) {
       const std::string& pat = patterns_[i];
@@ -397,9 +397,20 @@ class TensorExport {
     const TensorInfo* tp = &t;
     const std::string vb = g.substr(0, g.size() - std::string("attn_k_b.weight").size()) + "attn_v_b.weight";
     const auto fk = kv_b_rule_for(g), fv = kv_b_rule_for(vb);
+    // A GGUF input's quantised halves (weights.h kKvbKeyBlocksName) go back as stored, not as the fp32 rebuild.
+    const std::string sp = t.name.substr(0, t.name.size() - std::string("kv_b_proj.weight").size());
+    const TensorInfo* ks = ck_.find(sp + kKvbKeyBlocksName);
+    const TensorInfo* vs = ck_.find(sp + kKvbValueBlocksName);
+    for (const TensorInfo* h : {ks, vs})
+      if (h) used_.insert(h->name);
+    const auto as_stored = [&](const std::string& name, std::vector<int64_t> ne, const TensorInfo* h) {
+      w_.add_tensor(name, std::move(ne), *ggml_type_of_block_format(*h->block_format), [h](GgufSink& s) { s.write(h->data, h->nbytes); });
+    };
     if (fk)  // key half: head h's row c (a kv_lora column) is kv_b's column c over the head's nope rows
       kv_b_half_quantised(g, tp, *fk, {dn, kr, nh}, kr, dn,
                           [=](int64_t h, int64_t c) { return static_cast<size_t>(h * (dn + dv) * kr + c); }, static_cast<size_t>(kr));
+    else if (ks && ks->block_format)
+      as_stored(g, {dn, kr, nh}, ks);
     else
     w_.add_tensor(g, {dn, kr, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       std::vector<uint8_t> head(static_cast<size_t>(kr * dn) * es);
@@ -413,6 +424,8 @@ class TensorExport {
     if (fv)  // value half: head h's row d is kv_b's row h (nope + v) + nope + d, contiguous
       kv_b_half_quantised(vb, tp, *fv, {kr, dv, nh}, dv, kr,
                           [=](int64_t h, int64_t d) { return static_cast<size_t>((h * (dn + dv) + dn + d) * kr); }, 1);
+    else if (vs && vs->block_format)
+      as_stored(vb, {kr, dv, nh}, vs);
     else
     w_.add_tensor(vb, {kr, dv, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       for (int64_t h = 0; h < nh; ++h) s.write(tp->data + static_cast<size_t>((h * (dn + dv) + dn) * kr) * es, static_cast<size_t>(dv * kr) * es);

@@ -450,6 +450,14 @@ class Adapter {
     }
     const size_t n = out.size();
     add_raw(name, dt, {nh * (dn + dv), kr}, own_.keep(std::move(out)), n);
+    // Quantised halves are also offered as stored (MlaWeights::k_b_blocks / v_b_blocks): the CPU's absorbed decode
+    // reads them instead of the fp32 rebuild, and `k3 convert` writes them back unchanged.
+    const auto bk = block_format_of_ggml_type(k->type), bv = block_format_of_ggml_type(v->type);
+    if (bk && bv) {
+      const std::string sp = name.substr(0, name.size() - std::string("kv_b_proj.weight").size());
+      add_raw(sp + kKvbKeyBlocksName, DType::U8, {nh * kr, static_cast<int64_t>(k->bytes) / (nh * kr)}, k->data, k->bytes, bk);
+      add_raw(sp + kKvbValueBlocksName, DType::U8, {nh * dv, static_cast<int64_t>(v->bytes) / (nh * dv)}, v->data, v->bytes, bv);
+    }
   }
 
   const ModelConfig& c_;

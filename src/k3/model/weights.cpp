@@ -99,6 +99,10 @@ void bind_mla(WeightBinder& b, const ModelConfig& c, const std::string& p, MlaWe
     w.kv_b_f32.format = WeightFormat::F32;
     w.kv_b_f32.data = w.kv_b.data();
   }
+  if (b.has(p + kKvbKeyBlocksName) || b.has(p + kKvbValueBlocksName)) {
+    w.k_b_blocks = b.mat(p + kKvbKeyBlocksName, nh * kr, dn);
+    w.v_b_blocks = b.mat(p + kKvbValueBlocksName, nh * dv, kr);
+  }
   w.o = b.mat(p + "o_proj.weight", H, nh * dv);
   if (c.mla_output_gate) w.g = b.mat(p + "g_proj.weight", nh * dv, H);
 }

@@ -34,7 +34,15 @@ struct MlaWeights {
   WeightVector kv_b;      // fp32 copy [heads*(nope+v)][kv_lora_rank]: used by both attention forms
   WeightMatrix kv_b_f32;  // view over kv_b
   WeightMatrix kv_b_stored;  // the checkpoint's kv_b (bf16 on K3): what the CPU's absorbed decode form reads
+  // A GGUF's quantised kv_b halves as stored (kv_b above is then their fp32 rebuild), else empty: attn_k_b
+  // [heads * kv_lora_rank][nope] (each head's key rows transposed), attn_v_b [heads * v][kv_lora_rank]. The CPU's
+  // absorbed decode reads these (3-4x fewer bytes than the fp32 copy); `k3 convert` writes them back as stored.
+  WeightMatrix k_b_blocks, v_b_blocks;
 };
+
+// The names under which a GGUF adapter offers the quantised kv_b halves, after a layer's "self_attn." prefix.
+inline constexpr const char* kKvbKeyBlocksName = "attn_k_b.weight";
+inline constexpr const char* kKvbValueBlocksName = "attn_v_b.weight";
 
 struct GluMlp {
   WeightMatrix gate, up, down;

@@ -1,6 +1,8 @@
 // CpuBackend's MLA ops (model-spec 3.3): the latent cache write, the absorbed (decode) form as absorb /
 // attend / up-projection over decode-form sequences, and the MHA (prefill) form per prefill-form sequence.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/mla_absorb.h"
@@ -37,14 +39,24 @@ void CpuBackend::mla_write_latents(int64_t layer, const graph::MlaDims& d, Tenso
   }
 }
 
-// Both absorbed-form projections stream kv_b (mla_absorb.h: as stored, bf16 on K3 checkpoints): in
-// parallel over (token, head) so a batch-1 step reads it with every thread; each (token, head) is
-// computed the same way on any thread.
+// Both absorbed-form projections stream kv_b (mla_absorb.h: as stored -- bf16 on K3 checkpoints, a quantised GGUF's
+// attn_k_b / attn_v_b blocks): in parallel over (token, head) so a batch-1 step reads it with every thread; each
+// (token, head) is computed the same way on any thread.
 namespace {
+// K3_MLA_STORED_HALVES=0: the fp32 rebuild instead of a GGUF's quantised halves (the A/B; read per call so that a
+// test can switch it).
+bool stored_halves_on() {
+  const char* e = std::getenv("K3_MLA_STORED_HALVES");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
 KvB kv_b_of(const MlaWeights& w, const graph::MlaDims& dm) {
   KvB k;
   k.nope = dm.nope, k.value = dm.value, k.rank = dm.rank;
-  if (w.kv_b_stored.format == WeightFormat::BF16 && w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice)
+  if (stored_halves_on() && !w.k_b_blocks.empty() && !w.v_b_blocks.empty() && w.k_b_blocks.device == kHostDevice && w.v_b_blocks.device == kHostDevice) {
+    k.k_b = &w.k_b_blocks;  // a GGUF's quantised halves as stored: a third to a quarter of the fp32 rebuild's bytes
+    k.v_b = &w.v_b_blocks;
+  } else if (w.kv_b_stored.format == WeightFormat::BF16 && w.kv_b_stored.data && w.kv_b_stored.device == kHostDevice)
     k.bf16 = static_cast<const uint16_t*>(w.kv_b_stored.data);
   else
     k.f32 = w.kv_b.data();

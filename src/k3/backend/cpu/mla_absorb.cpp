@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "k3/backend/cpu/weight_kernels.h"
 
 namespace k3::cpu {
 
@@ -80,17 +83,80 @@ void up_v(const T* kvb, const KvB& k, int64_t h, const float* o_lat, float* o) {
   for (int64_t d = 0; d < k.value; ++d) o[d] = dot_row(rows + d * k.rank, o_lat, k.rank);
 }
 
+// The stored halves (KvB::k_b / v_b): rows [r, r + n) of W decoded exactly into out (n x W.cols values). The rows are
+// whole blocks back to back, so they decode as one row of n x cols values: one call per piece, not per row.
+void decode_rows(const WeightMatrix& W, int64_t r, int64_t n, float* out) {
+  WeightMatrix v = W;
+  v.data = W.row_data(r);
+  v.scales = W.scales ? W.row_scales(r) : nullptr;
+  v.rows = 1;
+  v.cols = n * W.cols;
+  row_kernels(W.format).dequant(v, 0, out);
+}
+
+// The stored halves' dot (mla_absorb.h): one 8-lane accumulator over 8-column steps (n a multiple of 8: GGUF blocks
+// are whole 32s), its lanes summed ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Eight rows at once: eight
+// independent FMA chains, and one transposing reduction for the eight (hadd pairs) where a row at a time paid a
+// chain's latency and a reduction per row (absorb_q's rows are only nope = 128 wide).
+inline __m256 dot8_acc(const float* w, const float* x, int64_t n) {
+  __m256 a = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
+  return a;
+}
+
+float dot8_row(const float* w, const float* x, int64_t n) {
+  const __m256 a = dot8_acc(w, x, n);
+  const __m256 p = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(p, p);  // lane 0: (l0+l1)+(l2+l3); lane 4: (l4+l5)+(l6+l7)
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
+}
+
+void dot8_rows8(const float* w, int64_t n, const float* x, float* out) {
+  __m256 a[8];
+  for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * n + i), xv, a[r]);
+  }
+  // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]: after two rounds lane r of the low half holds
+  // row r's (l0+l1)+(l2+l3) and lane r of the high half its (l4+l5)+(l6+l7) (rows 0-3 in u0, 4-7 in u1).
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+// out[i] = dot8 of row r0 + i of W with x, for i < n; the rows decoded kPieceFloats values (16 KB, in L1) at a time.
+void dot_stored_rows(const WeightMatrix& W, int64_t r0, int64_t n, const float* x, float* out) {
+  constexpr int64_t kPieceFloats = 4096;
+  const int64_t cols = W.cols, per = std::max<int64_t>(1, kPieceFloats / cols);
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(per * cols));
+  for (int64_t i = 0; i < n; i += per) {
+    const int64_t m = std::min(per, n - i);
+    decode_rows(W, r0 + i, m, buf.data());
+    int64_t k = 0;
+    for (; k + 8 <= m; k += 8) dot8_rows8(buf.data() + k * cols, cols, x, out + i + k);
+    for (; k < m; ++k) out[i + k] = dot8_row(buf.data() + k * cols, x, cols);
+  }
+}
+
 }  // namespace
 
 void mla_absorb_q_head(const KvB& kvb, int64_t h, int64_t rope, const float* q, float* q_lat) {
-  if (kvb.bf16)
+  if (kvb.k_b) {
+    dot_stored_rows(*kvb.k_b, h * kvb.rank, kvb.rank, q, q_lat);
+    std::copy(q + kvb.nope, q + kvb.nope + rope, q_lat + kvb.rank);
+  } else if (kvb.bf16)
     absorb(kvb.bf16, kvb, h, rope, q, q_lat);
   else
     absorb(kvb.f32, kvb, h, rope, q, q_lat);
 }
 
 void mla_up_v_head(const KvB& kvb, int64_t h, const float* o_lat, float* o) {
-  if (kvb.bf16)
+  if (kvb.v_b)
+    dot_stored_rows(*kvb.v_b, h * kvb.value, kvb.value, o_lat, o);
+  else if (kvb.bf16)
     up_v(kvb.bf16, kvb, h, o_lat, o);
   else
     up_v(kvb.f32, kvb, h, o_lat, o);
