@@ -664,6 +664,25 @@ TEST(GgufQuantised, QuantisedKvbHalvesReadAndWrittenAsStored) {
   ASSERT_EQ(stored.size(), rebuilt.size());
   EXPECT_LT(rms_rel(stored, rebuilt), 1e-5);
   EXPECT_NE(std::memcmp(stored.data(), rebuilt.data(), stored.size() * 4), 0) << "K3_MLA_STORED_HALVES=0 took the same path";
+  // Two sequences decoding in one step (each head's halves decoded once for both tokens): each as when alone.
+  {
+    const std::vector<int32_t> other{9, 31, 4, 77, 120, 2, 64, 8};
+    const std::vector<float> alone = run(*gg, other, true);
+    auto ca = gg->new_cache(), cb = gg->new_cache();
+    k3::ForwardOptions fo;
+    fo.path = k3::AttnPath::Decode;
+    std::vector<float> logits, got_a, got_b;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      gg->forward_batch({k3::BatchItem{std::span<const int32_t>(&toks[i], 1), ca.get(), true},
+                         k3::BatchItem{std::span<const int32_t>(&other[i], 1), cb.get(), true}},
+                        logits, fo);
+      const size_t v = logits.size() / 2;
+      got_a.insert(got_a.end(), logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(v));
+      got_b.insert(got_b.end(), logits.begin() + static_cast<std::ptrdiff_t>(v), logits.end());
+    }
+    EXPECT_LT(rms_rel(got_a, stored), 1e-6);
+    EXPECT_LT(rms_rel(got_b, alone), 1e-6);
+  }
   // Written back as they came.
   const k3::ModelFiles in = k3::open_model_files(t.str() + "/q.gguf");
   k3::GgufWriter again;

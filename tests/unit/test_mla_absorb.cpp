@@ -214,6 +214,26 @@ TEST_P(MlaAbsorbStored, HalvesGiveTheirDecodedRowsDots) {
       k3::cpu::mla_up_v_head(stored, h, olat.data(), o.data());
       k3::cpu::mla_up_v_head(copy, h, olat.data(), oc.data());
       check("up_v", h, o.data(), vh.data() + h * D.dv * D.kr, D.dv, D.kr, olat.data(), oc.data());
+      // Three tokens through the head at once (the _n forms, stored and fp32 copy): each token the single call's bits.
+      for (const k3::cpu::KvB* k : {&stored, &copy}) {
+        std::vector<std::vector<float>> qs(3, q), ls(3, olat), qo(3, std::vector<float>(a.size(), NAN)), oo(3, std::vector<float>(o.size(), NAN));
+        for (int t = 1; t < 3; ++t)
+          for (auto* v : {&qs[t], &ls[t]})
+            for (auto& x : *v) x = nd(rng);
+        const float* qp[3] = {qs[0].data(), qs[1].data(), qs[2].data()};
+        const float* lp[3] = {ls[0].data(), ls[1].data(), ls[2].data()};
+        float* qop[3] = {qo[0].data(), qo[1].data(), qo[2].data()};
+        float* oop[3] = {oo[0].data(), oo[1].data(), oo[2].data()};
+        k3::cpu::mla_absorb_q_head_n(*k, h, D.dr, 3, qp, qop);
+        k3::cpu::mla_up_v_head_n(*k, h, 3, lp, oop);
+        for (int t = 0; t < 3; ++t) {
+          std::vector<float> a1(a.size(), NAN), o1(o.size(), NAN);
+          k3::cpu::mla_absorb_q_head(*k, h, D.dr, qp[t], a1.data());
+          k3::cpu::mla_up_v_head(*k, h, lp[t], o1.data());
+          ASSERT_EQ(std::memcmp(a1.data(), qo[t].data(), a1.size() * 4), 0) << what << " absorb_n h " << h << " token " << t;
+          ASSERT_EQ(std::memcmp(o1.data(), oo[t].data(), o1.size() * 4), 0) << what << " up_v_n h " << h << " token " << t;
+        }
+      }
     }
   }
 }

@@ -126,40 +126,52 @@ void dot8_rows8(const float* w, int64_t n, const float* x, float* out) {
   _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
-// out[i] = dot8 of row r0 + i of W with x, for i < n; the rows decoded kPieceFloats values (16 KB, in L1) at a time.
-void dot_stored_rows(const WeightMatrix& W, int64_t r0, int64_t n, const float* x, float* out) {
+// out[t][i] = dot8 of row r0 + i of W with x[t], for i < rows and t < n tokens; the rows decoded kPieceFloats values
+// (16 KB, in L1) at a time, each piece once for all the tokens.
+void dot_stored_rows(const WeightMatrix& W, int64_t r0, int64_t rows, int64_t n, const float* const* x, float* const* out) {
   constexpr int64_t kPieceFloats = 4096;
   const int64_t cols = W.cols, per = std::max<int64_t>(1, kPieceFloats / cols);
   thread_local std::vector<float> buf;
   buf.resize(static_cast<size_t>(per * cols));
-  for (int64_t i = 0; i < n; i += per) {
-    const int64_t m = std::min(per, n - i);
+  for (int64_t i = 0; i < rows; i += per) {
+    const int64_t m = std::min(per, rows - i);
     decode_rows(W, r0 + i, m, buf.data());
-    int64_t k = 0;
-    for (; k + 8 <= m; k += 8) dot8_rows8(buf.data() + k * cols, cols, x, out + i + k);
-    for (; k < m; ++k) out[i + k] = dot8_row(buf.data() + k * cols, x, cols);
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t k = 0;
+      for (; k + 8 <= m; k += 8) dot8_rows8(buf.data() + k * cols, cols, x[t], out[t] + i + k);
+      for (; k < m; ++k) out[t][i + k] = dot8_row(buf.data() + k * cols, x[t], cols);
+    }
   }
 }
 
 }  // namespace
 
-void mla_absorb_q_head(const KvB& kvb, int64_t h, int64_t rope, const float* q, float* q_lat) {
-  if (kvb.k_b) {
-    dot_stored_rows(*kvb.k_b, h * kvb.rank, kvb.rank, q, q_lat);
-    std::copy(q + kvb.nope, q + kvb.nope + rope, q_lat + kvb.rank);
-  } else if (kvb.bf16)
-    absorb(kvb.bf16, kvb, h, rope, q, q_lat);
-  else
-    absorb(kvb.f32, kvb, h, rope, q, q_lat);
+void mla_absorb_q_head_n(const KvB& kvb, int64_t h, int64_t rope, int64_t n, const float* const* q, float* const* q_lat) {
+  if (kvb.k_b) dot_stored_rows(*kvb.k_b, h * kvb.rank, kvb.rank, n, q, q_lat);
+  for (int64_t t = 0; t < n; ++t) {
+    if (kvb.k_b)
+      std::copy(q[t] + kvb.nope, q[t] + kvb.nope + rope, q_lat[t] + kvb.rank);
+    else if (kvb.bf16)
+      absorb(kvb.bf16, kvb, h, rope, q[t], q_lat[t]);
+    else
+      absorb(kvb.f32, kvb, h, rope, q[t], q_lat[t]);
+  }
 }
 
-void mla_up_v_head(const KvB& kvb, int64_t h, const float* o_lat, float* o) {
-  if (kvb.v_b)
-    dot_stored_rows(*kvb.v_b, h * kvb.value, kvb.value, o_lat, o);
-  else if (kvb.bf16)
-    up_v(kvb.bf16, kvb, h, o_lat, o);
-  else
-    up_v(kvb.f32, kvb, h, o_lat, o);
+void mla_up_v_head_n(const KvB& kvb, int64_t h, int64_t n, const float* const* o_lat, float* const* o) {
+  if (kvb.v_b) return dot_stored_rows(*kvb.v_b, h * kvb.value, kvb.value, n, o_lat, o);
+  for (int64_t t = 0; t < n; ++t) {
+    if (kvb.bf16)
+      up_v(kvb.bf16, kvb, h, o_lat[t], o[t]);
+    else
+      up_v(kvb.f32, kvb, h, o_lat[t], o[t]);
+  }
 }
+
+void mla_absorb_q_head(const KvB& kvb, int64_t h, int64_t rope, const float* q, float* q_lat) {
+  mla_absorb_q_head_n(kvb, h, rope, 1, &q, &q_lat);
+}
+
+void mla_up_v_head(const KvB& kvb, int64_t h, const float* o_lat, float* o) { mla_up_v_head_n(kvb, h, 1, &o_lat, &o); }
 
 }  // namespace k3::cpu

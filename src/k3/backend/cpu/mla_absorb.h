@@ -35,5 +35,9 @@ struct KvB {
 
 void mla_absorb_q_head(const KvB& kvb, int64_t h, int64_t rope, const float* q, float* q_lat);
 void mla_up_v_head(const KvB& kvb, int64_t h, const float* o_lat, float* o);
+// The same for n tokens through head h (token t's rows of this head at q[t] / q_lat[t], o_lat[t] / o[t]): each token
+// gets the single call's bits; stored halves are decoded once for all n (a batched decode step's MLA layer).
+void mla_absorb_q_head_n(const KvB& kvb, int64_t h, int64_t rope, int64_t n, const float* const* q, float* const* q_lat);
+void mla_up_v_head_n(const KvB& kvb, int64_t h, int64_t n, const float* const* o_lat, float* const* o);
 
 }  // namespace k3::cpu
