@@ -28,3 +28,14 @@ llama_cuda_bg() {
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
     cmake --build b -j${LLAMA_JOBS:-12} --target $targets > /tmp/llama-build.log 2>&1; echo "llama build rc=$? $(el)" > /tmp/llama.done ) &
 }
+# kl_slice_q4km_k3 K3_BINARY: the same slice, quantised by k3 itself (no llama.cpp: session 34 could not fetch its
+# source, 1.47 GB over the snapshot limit): k3's Q4_K_M with kv_b's halves as llama-quantize types them (Q5_0 / Q4_K),
+# so that the CPU's absorbed MLA reads them as stored. Writes $BD/k3-q4km.gguf.
+kl_slice_q4km_k3() {
+  local b=$1 m=$BD/slice-kl
+  xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model
+  KIMI_TIKTOKEN=/tmp/tiktoken.model K3_SHARED_DIR=/nonexistent python3 $ROOT/scripts/peer/make_kl_slice.py $m > /tmp/ckpt.log 2>&1
+  echo "ckpt rc=$? $(el)"
+  $b quantize $m $BD/k3-q4km.gguf Q4_K_M --tensor-type attn_k_b=q5_0 --tensor-type attn_v_b=q4_k > /tmp/k3-quantize.log 2>&1
+  echo "k3 quantize rc=$? $(el)"; tail -12 /tmp/k3-quantize.log
+}

@@ -2,7 +2,7 @@
 // and again through k3::cpu::matmul (the tier chosen at start-up; K3_NUM_THREADS=1), for the question whether a
 // product is bound by DRAM or by the core's arithmetic (docs/perf/cpu.md, session 34). Also the exact dequant's rate.
 //   g++ -O2 -std=c++20 -Isrc scripts/perf/one_token_rate.cpp build/release/libk3.a -lpthread -lpcre2-8 -o otr
-//   K3_NUM_THREADS=1 ./otr 512 2048
+//   K3_NUM_THREADS=1 ./otr 512 2048 [TOKENS]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,10 +26,11 @@ double best_s(int64_t work, F&& f) {
 }
 }  // namespace
 int main(int argc, char** argv) {
+  const int64_t N = std::clamp(argc > 3 ? atoll(argv[3]) : 1LL, 1LL, 64LL);  // tokens (argv[3]): the tile path from 2
   const int64_t R = std::max(8LL, argc > 1 ? atoll(argv[1]) : 512), C = std::max(32LL, argc > 2 ? atoll(argv[2]) : 2048);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
-  std::vector<float> x(static_cast<size_t>(C)), y(static_cast<size_t>(R));
+  std::vector<float> x(static_cast<size_t>(N * C)), y(static_cast<size_t>(N * R));
   for (auto& v : x) v = nd(rng);
   using k3::WeightFormat;
   for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q8_0, WeightFormat::Q5_0,
@@ -47,9 +48,9 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < b.size(); i += 17) b[i] = static_cast<uint8_t>(120 + rng() % 8);
     }
     const k3::WeightMatrix W{f, b.data(), s.empty() ? nullptr : s.data(), R, C};
-    const double t = best_s(R * C, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
-    std::printf("%-10s %lld x %lld one token: %8.2f us  %5.1f GB/s", k3::weight_format_name(f), static_cast<long long>(R),
-                static_cast<long long>(C), t * 1e6, static_cast<double>(W.bytes()) / t / 1e9);
+    const double t = best_s(N * R * C, [&] { k3::cpu::matmul(W, x.data(), N, y.data()); });
+    std::printf("%-10s %lld x %lld, %lld token(s): %8.2f us (%7.2f a token)  %5.1f GB/s", k3::weight_format_name(f), static_cast<long long>(R),
+                static_cast<long long>(C), static_cast<long long>(N), t * 1e6, t * 1e6 / N, static_cast<double>(W.bytes()) / t / 1e9);
     if (k3::quant::is_gguf_block_format(f)) {  // the exact dequant, 4096 values a call (mla_absorb's pieces)
       std::vector<float> out(4096);
       const int64_t n = R * C;
