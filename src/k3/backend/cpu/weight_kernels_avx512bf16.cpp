@@ -371,6 +371,11 @@ struct PairSpan {
   int64_t p0, p1;
   bool first, last;
   __m512* state;  // T accumulators between blocks (mxfp4_q8_tile_rows: the row block's, T per row)
+  // Several tokens: the same pairs of the next row block's rows (data at pf + r * row data bytes, HF scales at
+  // pf_scales + r * row scale bytes, r < pf_rows) are requested into L2 while this block computes.
+  const uint8_t* pf = nullptr;
+  const uint8_t* pf_scales = nullptr;
+  int64_t pf_rows = 0;
 };
 
 template <WeightFormat F, int T>
@@ -414,6 +419,11 @@ void mxfp4_q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uin
   for (int64_t g0 = 0; g0 < r1 - r0; g0 += G) {
     const int nr = static_cast<int>(std::min<int64_t>(G, r1 - r0 - g0));
     for (int64_t r = g0; r < g0 + nr; ++r) {
+      if (r < ps.pf_rows) {
+        constexpr int64_t kPairBytes = F == WeightFormat::MXFP4_GGML ? 34 : 32;
+        prefetch_lines<1>(ps.pf + r * data_bytes + ps.p0 * kPairBytes, (ps.p1 - ps.p0) * kPairBytes);
+        if (ps.pf_scales) prefetch_lines<1>(ps.pf_scales + r * scale_bytes + 2 * ps.p0, 2 * (ps.p1 - ps.p0));
+      }
       ps.state = state ? state + r * T : nullptr;
       mxfp4_q8_tile<F, T>(data + r * data_bytes, scales ? scales + r * scale_bytes : nullptr, groups, xq,
                           fin + (r - g0) * T, ps);
@@ -537,7 +547,12 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
             _mm512_storeu_si512(o, _mm512_loadu_si512(src));
             _mm512_storeu_si512(o + 64, _mm512_loadu_si512(src + 64));
           }
-        tile(W, b0, b1, xt, y + t0 * ldy + (b0 - r0), ldy, {p0, p1, kb == 0, kb + 1 == kblocks, state});
+        // As the K-quant tiles (weight_kernels_quant_vnni.cpp q8_rows): the first token tile requests the next row
+        // block's pairs as it goes.
+        const bool pf = t0 == 0 && b1 < r1 && g_tile_prefetch;
+        tile(W, b0, b1, xt, y + t0 * ldy + (b0 - r0), ldy,
+             {p0, p1, kb == 0, kb + 1 == kblocks, state, pf ? W.row_data(b1) : nullptr,
+              pf && W.scales ? W.row_scales(b1) : nullptr, pf ? std::min(block, r1 - b1) : 0});
       }
     }
   }

@@ -437,6 +437,10 @@ struct UnitSpan {
   int64_t u0, u1;
   bool first, last;
   __m512* state;  // T accumulators between blocks
+  // Several tokens: the same units of the next row block's rows (row r's at pf + r * row bytes, r < pf_rows) are
+  // requested into L2 while this block computes (q8_tile_rows).
+  const uint8_t* pf = nullptr;
+  int64_t pf_rows = 0;
 };
 
 // One token: the weights K3_QUANT_PREFETCH bytes past the unit being decoded are requested now (0 = none). The rows
@@ -488,7 +492,9 @@ void q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks,
   __m512* const state = us.state;
   const int64_t row_bytes = row_data_bytes(F, W.cols);
   const uint8_t* data = W.row_data(r0);
+  constexpr int64_t BB = weight_layout(F).block_bytes * (is_pair_format(F) ? 2 : 1);
   for (int64_t r = 0; r < r1 - r0; ++r) {
+    if (r < us.pf_rows) prefetch_lines<1>(us.pf + r * row_bytes + us.u0 * BB, (us.u1 - us.u0) * BB);
     us.state = state ? state + r * T : nullptr;
     q8_tile<F, T>(data + r * row_bytes, blocks, xq, y + r, ldy, us);
   }
@@ -546,7 +552,11 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
         uint8_t* o = xp;
         for (int64_t u = u0; u < u1 && m > 1; ++u)
           for (int64_t t = 0; t < m; ++t, o += UB) std::memcpy(o, xq + (t0 + t) * ldq + u * UB, UB);
-        tile(W, b0, b1, blocks, xt, y + t0 * ldy + (b0 - r0), ldy, {u0, u1, kb == 0, kb + 1 == kblocks, state});
+        // The first token tile requests the next row block's units as it goes: from DRAM the tiles' strided
+        // reads (a block's rows a column block at a time) kept too few lines in flight (K3_TILE_PREFETCH=0: off).
+        const bool pf = t0 == 0 && b1 < r1 && g_tile_prefetch;
+        tile(W, b0, b1, blocks, xt, y + t0 * ldy + (b0 - r0), ldy,
+             {u0, u1, kb == 0, kb + 1 == kblocks, state, pf ? W.row_data(b1) : nullptr, pf ? std::min(block, r1 - b1) : 0});
       }
     }
   }
