@@ -34,13 +34,15 @@ int main(int argc, char** argv) {
   for (auto& v : x) v = nd(rng);
   using k3::WeightFormat;
   for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q6_K, WeightFormat::Q5_K, WeightFormat::Q8_0, WeightFormat::Q5_0,
-                         WeightFormat::MXFP4, WeightFormat::MXFP4_GGML}) {
+                         WeightFormat::MXFP4, WeightFormat::MXFP4_GGML, WeightFormat::BF16}) {
     if (C % k3::weight_layout(f).block_elems != 0) continue;  // rows must be whole blocks
     std::vector<uint8_t> b(static_cast<size_t>(R * k3::row_data_bytes(f, C))), s(static_cast<size_t>(R * k3::row_scale_bytes(f, C)));
     if (k3::quant::is_gguf_block_format(f)) {
       std::vector<float> w(static_cast<size_t>(R * C));
       for (auto& v : w) v = nd(rng);
       k3::quant::quantize_row(f, w.data(), R * C, nullptr, b.data());
+    } else if (f == WeightFormat::BF16) {  // values near 1
+      for (size_t i = 0; i < b.size(); i += 2) b[i] = static_cast<uint8_t>(rng()), b[i + 1] = static_cast<uint8_t>(0x3c + rng() % 4);
     } else {  // MXFP4: random codes, E8M0 scales near 1 (ggml's blocks carry theirs every 17 bytes)
       for (auto& v : b) v = static_cast<uint8_t>(rng());
       for (auto& v : s) v = static_cast<uint8_t>(120 + rng() % 8);
