@@ -566,6 +566,13 @@ void mxfp4_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t*
         // As the K-quant tiles (weight_kernels_quant_vnni.cpp q8_rows): the first token tile requests the next row
         // block's pairs as it goes.
         const bool pf = t0 == 0 && b1 < r1 && g_tile_prefetch;
+        if (t0 == 0 && b0 == r0 && g_tile_prefetch) {  // the first block: no block before it asked for its rows
+          constexpr int64_t kPairBytes = F == WeightFormat::MXFP4_GGML ? 34 : 32;
+          for (int64_t r = b0; r < b1; ++r) {
+            prefetch_lines<1>(W.row_data(r) + p0 * kPairBytes, (p1 - p0) * kPairBytes);
+            if (W.scales) prefetch_lines<1>(W.row_scales(r) + 2 * p0, 2 * (p1 - p0));
+          }
+        }
         tile(W, b0, b1, xt, y + t0 * ldy + (b0 - r0), ldy,
              {p0, p1, kb == 0, kb + 1 == kblocks, state, pf ? W.row_data(b1) : nullptr,
               pf && W.scales ? W.row_scales(b1) : nullptr, pf ? std::min(block, r1 - b1) : 0});

@@ -70,6 +70,8 @@ constexpr int64_t kQuantPrefetchBytes = 4096;  // the one-token prefetch distanc
 constexpr int kQuantPrefetchHint = 1;          // its cache level: _MM_HINT_T1 (K3_QUANT_PREFETCH_HINT)
 constexpr int64_t unit_elems(WeightFormat f) { return is_pair_format(f) ? 64 : 256; }
 constexpr int64_t unit_bytes(WeightFormat f) { return is_pair_format(f) ? kChunkBytes : kUnit256Bytes; }
+// The weight bytes of one unit (a pair of 32-element blocks, or one 256-element block).
+constexpr int64_t unit_weight_bytes(WeightFormat f) { return weight_layout(f).block_bytes * (is_pair_format(f) ? 2 : 1); }
 constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
 // Formats whose values carry a sub-min (value = dl q - ml).
 constexpr bool has_min(WeightFormat f) {
@@ -467,7 +469,7 @@ const int g_quant_prefetch_hint = read_quant_prefetch_hint();
 template <WeightFormat F, int T, int kHint = -1>
 __attribute__((always_inline)) inline void q8_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, float* y, int64_t ldy, UnitSpan us,
                                                    PrefetchCursor<kHint>* pf = nullptr) {
-  constexpr int64_t UB = unit_bytes(F), BB = weight_layout(F).block_bytes * (is_pair_format(F) ? 2 : 1);
+  constexpr int64_t UB = unit_bytes(F), BB = unit_weight_bytes(F);
   Q8Acc<T, UB, !unsigned_quants(F)> a;
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a.acc[t] = us.first ? _mm512_setzero_ps() : us.state[t];
@@ -492,7 +494,7 @@ void q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks,
   __m512* const state = us.state;
   const int64_t row_bytes = row_data_bytes(F, W.cols);
   const uint8_t* data = W.row_data(r0);
-  constexpr int64_t BB = weight_layout(F).block_bytes * (is_pair_format(F) ? 2 : 1);
+  constexpr int64_t BB = unit_weight_bytes(F);
   for (int64_t r = 0; r < r1 - r0; ++r) {
     if (r < us.pf_rows) prefetch_lines<1>(us.pf + r * row_bytes + us.u0 * BB, (us.u1 - us.u0) * BB);
     us.state = state ? state + r * T : nullptr;
@@ -526,6 +528,7 @@ template <WeightFormat F>
 void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = q8_tiles<F>(std::make_index_sequence<kQ8T>());
   constexpr int64_t UB = unit_bytes(F);
+  constexpr int64_t kUnitWeightBytes = unit_weight_bytes(F);
   const int64_t cols = W.cols, nu = units(F, cols), ldq = nu * UB, blocks = cols / weight_layout(F).block_elems;
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
     const UnitSpan us{0, nu, true, true, nullptr};
@@ -555,6 +558,8 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
         // The first token tile requests the next row block's units as it goes: from DRAM the tiles' strided
         // reads (a block's rows a column block at a time) kept too few lines in flight (K3_TILE_PREFETCH=0: off).
         const bool pf = t0 == 0 && b1 < r1 && g_tile_prefetch;
+        if (t0 == 0 && b0 == r0 && g_tile_prefetch)  // the first block: no block before it asked for its rows
+          for (int64_t r = b0; r < b1; ++r) prefetch_lines<1>(W.row_data(r) + u0 * kUnitWeightBytes, (u1 - u0) * kUnitWeightBytes);
         tile(W, b0, b1, blocks, xt, y + t0 * ldy + (b0 - r0), ldy,
              {u0, u1, kb == 0, kb + 1 == kblocks, state, pf ? W.row_data(b1) : nullptr, pf ? std::min(block, r1 - b1) : 0});
       }
