@@ -389,6 +389,7 @@ TEST_P(CpuKernelsTier, MatmulTwoStageEqualsStagedMatmuls) {
     });
     for (size_t i = 0; i < gs.size(); ++i) {
       EXPECT_EQ(calls[i].load(), 1) << "group " << i << " rep " << rep;
+      if (gs[i].y.empty()) continue;  // a group without tokens (memcmp of null pointers is undefined even for 0 bytes)
       ASSERT_EQ(std::memcmp(gs[i].y.data(), gs[i].want.data(), gs[i].y.size() * sizeof(float)), 0)
           << "group " << i << " (" << k3::weight_format_name(fmts[i]) << ", n " << gs[i].n << ") rep " << rep;
     }
