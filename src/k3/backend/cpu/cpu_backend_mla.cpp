@@ -130,8 +130,8 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
   const KvB kvb = kv_b_of(w, dm);
   if (kvb.k_b && ntok > 1) {
     // A GGUF's quantised halves: each head's rows decoded once for every token (one piece per head; pieces of
-    // (token, head) decoded them once per token: batch 8, 2 threads, kl-1b Q4_K_M: 990 us a layer vs the fp32 copy's
-    // 733). Each (token, head) gets the same arithmetic as in the pieces below.
+    // (token, head) decoded them once per token and lost to the fp32 copy at batch 8; now 463-474 us a layer vs its
+    // 731-743, kl-1b Q4_K_M, 2 threads, docs/perf/cpu.md session 34). Each (token, head) gets the pieces' arithmetic.
     parallel_for(nh, true, [&](int64_t h) {
       thread_local std::vector<const float*> in;
       thread_local std::vector<float*> out;
