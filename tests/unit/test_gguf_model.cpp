@@ -703,6 +703,59 @@ TEST(GgufQuantised, QuantisedKvbHalvesReadAndWrittenAsStored) {
   EXPECT_EQ(halves, 2 * mla);
 }
 
+// Quantised kv_b halves that lie -- flattened or swapped dims over the same bytes (a block type the rows are not whole
+// blocks of cannot even be written: the GGUF writer and parser refuse it) -- are clear errors naming the tensor; one quantised half beside a float one loads through the fp32 rebuild (no stored
+// halves bound) with the logits of the file it came from within Q8_0's rounding.
+TEST(GgufQuantised, QuantisedKvbHalvesThatLieAreClearErrors) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  k3test::TempDir t;
+  {
+    const k3::Checkpoint ck(dir);
+    k3::GgufWriter w;
+    k3::add_model_to_gguf(w, k3::load_model_config(dir), ck, "x", {k3::parse_tensor_type_rule("attn_[kv]_b=q8_0")});
+    w.write(t.str() + "/q.gguf");
+  }
+  const k3::GgufFile q(t.str() + "/q.gguf");
+  const auto error_of = [&](const Edit& e, const std::string& name) {
+    const std::string p = rewrite(q.gguf(), e, t.str() + "/" + name);
+    try {
+      k3::Model::load(p);
+    } catch (const k3::Error& ex) {
+      return std::string(ex.what());
+    }
+    return std::string();
+  };
+  constexpr uint32_t kF32 = 0;
+  Edit flat;  // [nope, kv_lora, heads] flattened to [nope, kv_lora x heads]: the same bytes, no heads dimension
+  flat.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t&, std::vector<uint8_t>&) {
+    if (n == "blk.3.attn_k_b.weight") dims = {dims[0], dims[1] * dims[2]};
+  };
+  std::string m = error_of(flat, "flat.gguf");
+  EXPECT_NE(m.find("attn_k_b"), std::string::npos) << m;
+  Edit swapped;  // [nope, kv_lora, heads] written as [kv_lora, nope, heads]: the same bytes, the wrong shape
+  swapped.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t&, std::vector<uint8_t>&) {
+    if (n == "blk.3.attn_v_b.weight") std::swap(dims[0], dims[1]);
+  };
+  m = error_of(swapped, "swapped.gguf");
+  EXPECT_NE(m.find("attn_v_b"), std::string::npos) << m;
+  Edit mixed;  // attn_v_b widened to F32 (exact): the halves are not both block formats
+  mixed.tensor = [](const std::string& n, std::vector<int64_t>& dims, uint32_t& type, std::vector<uint8_t>& data) {
+    if (n != "blk.3.attn_v_b.weight") return;
+    std::vector<float> v(static_cast<size_t>(dims[0] * dims[1] * dims[2]));
+    k3::quant::dequantize_row(k3::WeightFormat::Q8_0, data.data(), static_cast<int64_t>(v.size()), v.data());
+    data.assign(reinterpret_cast<const uint8_t*>(v.data()), reinterpret_cast<const uint8_t*>(v.data() + v.size()));
+    type = kF32;
+  };
+  ASSERT_EQ(error_of(mixed, "mixed.gguf"), "");
+  auto gm = k3::Model::load(t.str() + "/mixed.gguf");
+  auto gq = k3::Model::load(t.str() + "/q.gguf");
+  ASSERT_FALSE(gm->weights().layers[3].is_kda);
+  EXPECT_TRUE(gm->weights().layers[3].mla.k_b_blocks.empty() && gm->weights().layers[3].mla.v_b_blocks.empty());
+  EXPECT_FALSE(gq->weights().layers[3].mla.k_b_blocks.empty());
+  const std::vector<int32_t> toks{5, 17, 3, 99, 42, 7};
+  EXPECT_LT(rms_rel(run(*gm, toks, true), run(*gq, toks, true)), 1e-5);
+}
+
 // Routed experts: quantised only by a rule naming them ("exps"), per expert from their MXFP4 values; a width
 // that is not whole blocks of the type keeps them as shipped; the GGUF loads with its experts in the new
 // format and stays close to the HF dir.
