@@ -5,11 +5,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "k3/backend/cuda/linear.h"
 
 namespace k3cudatest {
 
@@ -81,6 +85,14 @@ inline double event_us(int warm, int reps, const std::function<void(int)>& call)
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return 1000.0 * ms / reps;
+}
+
+// A LinearRunner made while VAR=VALUE (its switches are read when it is made); the variable is unset after.
+inline std::unique_ptr<k3::cuda::LinearRunner> runner_with(const char* var, const char* value, cudaStream_t stream = nullptr) {
+  setenv(var, value, 1);
+  auto r = std::make_unique<k3::cuda::LinearRunner>(stream);
+  unsetenv(var);
+  return r;
 }
 
 }  // namespace k3cudatest

@@ -30,6 +30,7 @@ using k3cudatest::Dev;
 using k3cudatest::have_gpu;
 using k3cudatest::randn;
 using k3cudatest::rel_err;
+using k3cudatest::runner_with;
 
 // One matrix of a test group: host bf16 / fp32 copy (for cpu::matmul) and the device copy.
 struct Mat {
@@ -199,9 +200,8 @@ TEST(CudaLinearGroup, GgufEqualsOneByOne) {
       SCOPED_TRACE(std::string(G.what) + ", n = " + std::to_string(n) + ", K3_QUANT_MMA_GROUP=" + mma_group);
       const std::vector<float> x = randn(static_cast<size_t>(n * G.cols), 300 + n);
       Dev<float> dx(x);
-      setenv("K3_QUANT_MMA_GROUP", mma_group, 1);  // read when the runner is made
-      k3::cuda::LinearRunner lin(nullptr);
-      unsetenv("K3_QUANT_MMA_GROUP");
+      const auto lin_p = runner_with("K3_QUANT_MMA_GROUP", mma_group);
+      k3::cuda::LinearRunner& lin = *lin_p;
       std::vector<const k3::WeightMatrix*> W;
       for (const QMat& m : q) W.push_back(&m.dev);
       for (const Mat& m : dense) W.push_back(&m.dev);
@@ -404,28 +404,21 @@ void time_layers(k3::WeightFormat f, const std::vector<Layer>& layers, const std
 // 6144, kv_a 576, g 4096.
 TEST(CudaLinearGroupTiming, KimiLinearLayers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
-  k3::cuda::LinearRunner one(nullptr);
-  unsetenv("K3_CUDA_LINEAR_GROUP");
+  const auto one = runner_with("K3_CUDA_LINEAR_GROUP", "0");
   k3::cuda::LinearRunner grouped(nullptr);
   time_layers(k3::WeightFormat::BF16, {{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, {"MLA q/kv_a/g", {6144, 576, 4096}}},
-              {1, 2, 4, 8, 16, 32}, {{"one by one", &one}, {"grouped", &grouped}});
+              {1, 2, 4, 8, 16, 32}, {{"one by one", one.get()}, {"grouped", &grouped}});
 }
 
 // The same with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six, MLA's q / kv_a, a shared expert's
 // gate / up), and the tensor-core members in one launch too (K3_QUANT_MMA_GROUP=1).
 TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  setenv("K3_CUDA_LINEAR_GROUP", "0", 1);
-  k3::cuda::LinearRunner one(nullptr);
-  unsetenv("K3_CUDA_LINEAR_GROUP");
+  const auto one = runner_with("K3_CUDA_LINEAR_GROUP", "0"), grouped_mma = runner_with("K3_QUANT_MMA_GROUP", "1");
   k3::cuda::LinearRunner grouped(nullptr);
-  setenv("K3_QUANT_MMA_GROUP", "1", 1);
-  k3::cuda::LinearRunner grouped_mma(nullptr);
-  unsetenv("K3_QUANT_MMA_GROUP");
   time_layers(k3::WeightFormat::Q4_K,
               {{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, {"MLA q/kv_a", {6144, 576}}, {"shared gate/up", {1024, 1024}}},
-              {1, 2, 4, 8, 16}, {{"one by one", &one}, {"grouped", &grouped}, {"K3_QUANT_MMA_GROUP=1", &grouped_mma}});
+              {1, 2, 4, 8, 16}, {{"one by one", one.get()}, {"grouped", &grouped}, {"K3_QUANT_MMA_GROUP=1", grouped_mma.get()}});
 }
 
 }  // namespace

@@ -134,9 +134,8 @@ TEST(CudaPdl, GroupedProjectionsReadTheActivationsTheirPredecessorWritesLate) {
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
   for (const char* mma_group : {"0", "1"}) {  // the tensor-core products one launch each, or one per format
-    setenv("K3_QUANT_MMA_GROUP", mma_group, 1);  // read when the runner is made
-    k3::cuda::LinearRunner runner(st);
-    unsetenv("K3_QUANT_MMA_GROUP");
+    const auto runner_p = k3cudatest::runner_with("K3_QUANT_MMA_GROUP", mma_group, st);
+    k3::cuda::LinearRunner& runner = *runner_p;
     for (const int64_t cols : {int64_t{2304}, int64_t{4096}})
       for (const int n : {1, 4, 16}) {
         SCOPED_TRACE(std::to_string(cols) + " columns, n = " + std::to_string(n) + ", K3_QUANT_MMA_GROUP=" + mma_group);

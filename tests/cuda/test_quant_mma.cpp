@@ -206,12 +206,8 @@ TEST(CudaQuantMma, TimingAtK3Width) {
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
   {
-    ::setenv("K3_QUANT_MMA", "off", 1);
-    k3::cuda::LinearRunner old_runner(st);
-    ::unsetenv("K3_QUANT_MMA");
-    ::setenv("K3_QUANT_MMA", "1", 1);
-    k3::cuda::LinearRunner new_runner(st);
-    ::unsetenv("K3_QUANT_MMA");
+    const auto old_p = k3cudatest::runner_with("K3_QUANT_MMA", "off", st), new_p = k3cudatest::runner_with("K3_QUANT_MMA", "1", st);
+    k3::cuda::LinearRunner &old_runner = *old_p, &new_runner = *new_p;
     cudaEvent_t e0, e1;
     ck(cudaEventCreate(&e0), "event");
     ck(cudaEventCreate(&e1), "event");
