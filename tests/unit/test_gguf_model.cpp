@@ -701,6 +701,16 @@ TEST(GgufQuantised, QuantisedKvbHalvesReadAndWrittenAsStored) {
     EXPECT_EQ(std::memcmp(tb->data, ta.data, ta.bytes), 0) << ta.name;
   }
   EXPECT_EQ(halves, 2 * mla);
+  // Requantising them is refused as for any stored block matrix; a rule with their own type keeps them.
+  k3::GgufWriter requant, same;
+  try {
+    k3::add_model_to_gguf(requant, in.config, *in.checkpoint, "x", {k3::parse_tensor_type_rule("attn_k_b=q4_0")});
+    ADD_FAILURE() << "requantised attn_k_b";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k3 does not requantise"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(k3::add_model_to_gguf(same, in.config, *in.checkpoint, "x",
+                                        {k3::parse_tensor_type_rule("attn_k_b=q8_0"), k3::parse_tensor_type_rule("attn_v_b=q5_0")}));
 }
 
 // Quantised kv_b halves that lie -- flattened or swapped dims over the same bytes (a block type the rows are not whole

@@ -226,11 +226,14 @@ class TensorExport {
   // A dense matrix that a GGUF input already holds in a block format: written as stored (ne [cols, rows]).
   // Requantising it would compound two roundings, so a rule naming another type is an error (as
   // llama-quantize without --allow-requantize); quantise from the BF16 GGUF or the HF directory instead.
-  void stored_blocks(const std::string& g, const TensorInfo& t, std::optional<WeightFormat> wanted) {
-    const WeightFormat bf = *t.block_format;
+  static void refuse_requantise(const std::string& g, WeightFormat bf, std::optional<WeightFormat> wanted) {
     if (wanted && *wanted != bf)
       throw Error("--tensor-type: '" + g + "' is already " + weight_format_name(bf) + " in the input; k3 does not requantise (" +
                   "quantise from a BF16 GGUF or the HF directory, or keep it with '" + g + "=keep')");
+  }
+  void stored_blocks(const std::string& g, const TensorInfo& t, std::optional<WeightFormat> wanted) {
+    const WeightFormat bf = *t.block_format;
+    refuse_requantise(g, bf, wanted);
     const int64_t cols = t.shape[1] / weight_layout(bf).block_bytes * weight_layout(bf).block_elems;
     const TensorInfo* tp = &t;
     w_.add_tensor(g, {cols, t.shape[0]}, *ggml_type_of_block_format(bf), [tp](GgufSink& s) { s.write(tp->data, tp->nbytes); });
@@ -397,20 +400,22 @@ class TensorExport {
     const TensorInfo* tp = &t;
     const std::string vb = g.substr(0, g.size() - std::string("attn_k_b.weight").size()) + "attn_v_b.weight";
     const auto fk = kv_b_rule_for(g), fv = kv_b_rule_for(vb);
-    // A GGUF input's quantised halves (weights.h kKvbKeyBlocksName) go back as stored, not as the fp32 rebuild.
+    // A GGUF input's quantised halves (weights.h kKvbKeyBlocksName) go back as stored, not as the fp32 rebuild, and
+    // a rule naming another type for them is refused as for any stored block matrix (stored_blocks).
     const std::string sp = t.name.substr(0, t.name.size() - std::string("kv_b_proj.weight").size());
     const TensorInfo* ks = ck_.find(sp + kKvbKeyBlocksName);
     const TensorInfo* vs = ck_.find(sp + kKvbValueBlocksName);
     for (const TensorInfo* h : {ks, vs})
       if (h) used_.insert(h->name);
-    const auto as_stored = [&](const std::string& name, std::vector<int64_t> ne, const TensorInfo* h) {
+    const auto as_stored = [&](const std::string& name, std::vector<int64_t> ne, const TensorInfo* h, std::optional<WeightFormat> f) {
+      refuse_requantise(name, *h->block_format, f);
       w_.add_tensor(name, std::move(ne), *ggml_type_of_block_format(*h->block_format), [h](GgufSink& s) { s.write(h->data, h->nbytes); });
     };
-    if (fk)  // key half: head h's row c (a kv_lora column) is kv_b's column c over the head's nope rows
+    if (ks && ks->block_format)
+      as_stored(g, {dn, kr, nh}, ks, fk);
+    else if (fk)  // key half: head h's row c (a kv_lora column) is kv_b's column c over the head's nope rows
       kv_b_half_quantised(g, tp, *fk, {dn, kr, nh}, kr, dn,
                           [=](int64_t h, int64_t c) { return static_cast<size_t>(h * (dn + dv) * kr + c); }, static_cast<size_t>(kr));
-    else if (ks && ks->block_format)
-      as_stored(g, {dn, kr, nh}, ks);
     else
     w_.add_tensor(g, {dn, kr, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       std::vector<uint8_t> head(static_cast<size_t>(kr * dn) * es);
@@ -421,11 +426,11 @@ class TensorExport {
         s.write(head.data(), head.size());
       }
     });
-    if (fv)  // value half: head h's row d is kv_b's row h (nope + v) + nope + d, contiguous
+    if (vs && vs->block_format)
+      as_stored(vb, {kr, dv, nh}, vs, fv);
+    else if (fv)  // value half: head h's row d is kv_b's row h (nope + v) + nope + d, contiguous
       kv_b_half_quantised(vb, tp, *fv, {kr, dv, nh}, dv, kr,
                           [=](int64_t h, int64_t d) { return static_cast<size_t>((h * (dn + dv) + dn + d) * kr); }, 1);
-    else if (vs && vs->block_format)
-      as_stored(vb, {kr, dv, nh}, vs);
     else
     w_.add_tensor(vb, {kr, dv, nh}, ggml_type_of(t.dtype), [=](GgufSink& s) {
       for (int64_t h = 0; h < nh; ++h) s.write(tp->data + static_cast<size_t>((h * (dn + dv) + dn) * kr) * es, static_cast<size_t>(dv * kr) * es);
