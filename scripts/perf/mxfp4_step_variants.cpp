@@ -35,7 +35,7 @@ __attribute__((noinline)) void rows4(const uint8_t* data, const uint8_t* scales,
         __m512i w;
         if constexpr (V == 4) {  // nibble split decode (activations in lo/hi order)
           const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)packed));
-          const __m512i sh = _mm512_srlv_epi16(b, _mm512_set_epi64(4 * 0x0004000400040004LL / 4, 0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0, 0));
+          const __m512i sh = _mm512_srlv_epi16(b, _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0, 0));
           w = _mm512_shuffle_epi8(table, _mm512_and_si512(sh, _mm512_set1_epi8(0x0F)));
         } else {
           const __m256i b = _mm256_loadu_si256((const __m256i*)packed);

@@ -98,14 +98,9 @@ void decode_rows(const WeightMatrix& W, int64_t r, int64_t n, float* out) {
 // are whole 32s), its lanes summed ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)). Eight rows at once: eight
 // independent FMA chains, and one transposing reduction for the eight (hadd pairs) where a row at a time paid a
 // chain's latency and a reduction per row (absorb_q's rows are only nope = 128 wide).
-inline __m256 dot8_acc(const float* w, const float* x, int64_t n) {
+float dot8_row(const float* w, const float* x, int64_t n) {
   __m256 a = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
-  return a;
-}
-
-float dot8_row(const float* w, const float* x, int64_t n) {
-  const __m256 a = dot8_acc(w, x, n);
   const __m256 p = _mm256_hadd_ps(a, a), q = _mm256_hadd_ps(p, p);  // lane 0: (l0+l1)+(l2+l3); lane 4: (l4+l5)+(l6+l7)
   return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
 }
