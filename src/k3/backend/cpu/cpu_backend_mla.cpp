@@ -132,19 +132,25 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
     // A GGUF's quantised halves: each head's rows decoded once for every token (one piece per head; pieces of
     // (token, head) decoded them once per token and lost to the fp32 copy at batch 8; now 463-474 us a layer vs its
     // 731-743, kl-1b Q4_K_M, 2 threads, docs/perf/cpu.md session 34). Each (token, head) gets the pieces' arithmetic.
-    parallel_for(nh, true, [&](int64_t h) {
+    // Token chunks too when the heads alone give fewer than ~4 pieces a thread (few heads, many threads; k3-tiny's 4
+    // heads on 2 threads in the tests): each chunk decodes its head's rows once.
+    const int64_t chunks = std::clamp<int64_t>((4 * ThreadPool::global().size() + nh - 1) / nh, 1, ntok);
+    const int64_t per = (ntok + chunks - 1) / chunks;
+    parallel_for(nh * chunks, true, [&](int64_t piece) {
+      const int64_t h = piece % nh, t0 = piece / nh * per, tn = std::min(per, ntok - t0);
+      if (tn <= 0) return;
       thread_local std::vector<const float*> in;
       thread_local std::vector<float*> out;
       thread_local std::vector<float> scratch_f;
-      in.resize(static_cast<size_t>(ntok)), out.resize(static_cast<size_t>(ntok));
-      for (int64_t i = 0; i < ntok; ++i) {
-        const Piece& pc = tokens[static_cast<size_t>(i)];
+      in.resize(static_cast<size_t>(tn)), out.resize(static_cast<size_t>(tn));
+      for (int64_t i = 0; i < tn; ++i) {
+        const Piece& pc = tokens[static_cast<size_t>(t0 + i)];
         const int64_t row = pc.s->offset + pc.t;
         in[static_cast<size_t>(i)] = q.f() + (row * nh + h) * qk, out[static_cast<size_t>(i)] = ql.f() + (row * nh + h) * cd;
       }
-      mla_absorb_q_head_n(kvb, h, dm.rope, ntok, in.data(), out.data());
-      for (int64_t i = 0; i < ntok; ++i) {
-        const Piece& pc = tokens[static_cast<size_t>(i)];
+      mla_absorb_q_head_n(kvb, h, dm.rope, tn, in.data(), out.data());
+      for (int64_t i = 0; i < tn; ++i) {
+        const Piece& pc = tokens[static_cast<size_t>(t0 + i)];
         const graph::StepSeq& s = *pc.s;
         mla_attention_latent_rows_heads(static_cast<int>(pc.t), static_cast<int>(h), 1, static_cast<int>(s.past), static_cast<int>(nh),
                                         static_cast<int>(kr), static_cast<int>(dm.rope), ql.f() + s.offset * nh * cd, rows[pc.r].data(),
@@ -152,7 +158,7 @@ void CpuBackend::mla_absorbed(int64_t layer, const MlaWeights& w, const graph::M
         const int64_t row = s.offset + pc.t;
         in[static_cast<size_t>(i)] = ol.f() + (row * nh + h) * kr, out[static_cast<size_t>(i)] = o.f() + (row * nh + h) * dv;
       }
-      mla_up_v_head_n(kvb, h, ntok, in.data(), out.data());
+      mla_up_v_head_n(kvb, h, tn, in.data(), out.data());
     });
   } else {
     parallel_for(ntok * nhb, true, [&](int64_t i) {
