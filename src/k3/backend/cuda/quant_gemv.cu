@@ -273,15 +273,12 @@ const GemvOverride& gemv_override() {
   return o;
 }
 
-// K3_QUANT_GEMV_XS: unset = XS where the rule says (one token, rows 4096 wide); 0 = never; 2 = also at two tokens on
-// every width v3 takes (opt-in, for A/B timing with K3_QUANT_GEMV=v3:2: at two tokens x from global memory doubles the
-// L1 wavefronts that bound the one-token kernel -- the KDA six took 37.3 us at 2 tokens against 20.3 at one, call s33-2).
-int xs_mode() {
-  static const int mode = [] {
+bool xs_enabled() {
+  static const bool on = [] {
     const char* e = std::getenv("K3_QUANT_GEMV_XS");
-    return e == nullptr || e[0] == 0 ? 1 : std::atoi(e);
+    return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  return mode;
+  return on;
 }
 
 int v2_max_tokens(WeightFormat f) {
@@ -333,10 +330,8 @@ cudaError_t launch_v3(V3Group g, int64_t cols, const float* x, cudaStream_t s, c
   // XS at one token on rows 4096 wide (call s32-4, the projection chain: 2304 x 4096 Q4_K 10.86 -> 9.69 us, Q6_K
   // 10.02 -> 9.57; on 2304-wide rows it lost, 4096 x 2304 Q4_K 7.28 -> 7.61, 1024 x 2304 3.21 -> 3.45).
   // K3_QUANT_GEMV_XS=0: never (A/B).
-  // K3_QUANT_GEMV_XS=0: never (A/B); =2: also at two tokens, any width up to kNarrowCols (cols % 256 == 0 for these
-  // formats, so a token's row stays a multiple of 1 KB, as the swizzle needs).
-  if constexpr (has_xs<F>() && NT <= 2)
-    if ((NT == 1 && cols == kNarrowCols && xs_mode() != 0) || (NT == 2 && xs_mode() == 2 && cols <= kNarrowCols))
+  if constexpr (has_xs<F>() && NT == 1)
+    if (cols == kNarrowCols && xs_enabled())
       return pdl::launch(quant_gemv_v3_kernel<F, NT, true>, grid, kWarps * 32, 0, s, g, cols, x, T);
   return pdl::launch(quant_gemv_v3_kernel<F, NT, false>, grid, kWarps * 32, 0, s, g, cols, x, T);
 }
