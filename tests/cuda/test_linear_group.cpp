@@ -282,9 +282,9 @@ TEST(CudaLinearGroup, QuantGemvGroupEqualsQuantGemvAndRefuses) {
   EXPECT_EQ(k3::cuda::quant_gemv_group(two_formats, Y.data(), 2, dx.p, 1, nullptr), cudaErrorInvalidValue);
 }
 
-// quant_gemv_mma_group (what run_group takes at 2..16 tokens for Q4_K / Q5_K, 2..7 for Q6_K): bit-equal to quant_gemv_mma
-// per matrix on the same prepared x (with and without lo), rows off every tile size; refuses two formats, two widths,
-// nine matrices, and batches where the rule takes the Rows form (Q6_K at 8 tokens, Q4_K at 17).
+// quant_gemv_mma_group (what run_group takes at 2..16 tokens for Q4_K, every tensor-core batch for Q5_K, 2..7 for Q6_K):
+// bit-equal to quant_gemv_mma per matrix on the same prepared x (with and without lo), rows off every tile size; refuses
+// two formats, two widths, nine matrices, and batches where the rule takes the Rows form (Q6_K at 8 tokens, Q4_K at 17).
 TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using F = k3::WeightFormat;
@@ -304,7 +304,7 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
         Dev<float> xsum(static_cast<size_t>(ldx * (cols / 32)));
         ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
         const k3::cuda::QuantMmaActs a{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
-        const bool ksplit = f == F::Q6_K ? n < 8 : n <= 16;
+        const bool ksplit = f == F::Q6_K ? n < 8 : f == F::Q4_K ? n <= 16 : true;  // quant_gemv_mma's rule (Q5_K: KSplit always)
         ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), ksplit);
         if (!ksplit) {
           std::vector<float*> none(6, nullptr);
@@ -411,14 +411,14 @@ TEST(CudaLinearGroupTiming, KimiLinearLayers) {
 }
 
 // The same with llama-quantize's Q4_K (the Kimi-Linear slice's Q4_K_M: KDA's six, MLA's q / kv_a, a shared expert's
-// gate / up), and the tensor-core members in one launch too (K3_QUANT_MMA_GROUP=1).
+// gate / up): the rule (the tensor-core members in one launch per format) against K3_QUANT_MMA_GROUP=0 (one each).
 TEST(CudaLinearGroupTiming, KimiLinearLayersQ4K) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const auto one = runner_with("K3_CUDA_LINEAR_GROUP", "0"), grouped_mma = runner_with("K3_QUANT_MMA_GROUP", "1");
+  const auto one = runner_with("K3_CUDA_LINEAR_GROUP", "0"), mma_each = runner_with("K3_QUANT_MMA_GROUP", "0");
   k3::cuda::LinearRunner grouped(nullptr);
   time_layers(k3::WeightFormat::Q4_K,
               {{"KDA q/k/v/f_a/b/g_a", {4096, 4096, 4096, 128, 32, 128}}, {"MLA q/kv_a", {6144, 576}}, {"shared gate/up", {1024, 1024}}},
-              {1, 2, 4, 8, 16}, {{"one by one", one.get()}, {"grouped", &grouped}, {"K3_QUANT_MMA_GROUP=1", grouped_mma.get()}});
+              {1, 2, 4, 8, 16}, {{"one by one", one.get()}, {"K3_QUANT_MMA_GROUP=0", mma_each.get()}, {"grouped", &grouped}});
 }
 
 }  // namespace

@@ -220,11 +220,11 @@ LinearRunner::LinearRunner(cudaStream_t stream, GemmPrecision precision) : strea
   // K3_CUDA_LINEAR_GROUP=0: the projections of a group run one by one (same bits, A/B).
   const char* lg = std::getenv("K3_CUDA_LINEAR_GROUP");
   grouped_ = lg == nullptr || std::string(lg) != "0";
-  // K3_QUANT_MMA_GROUP=1: a GGUF group's tensor-core products in one launch (quant_gemv_mma_group). Opt-in until it has
-  // run on a GPU: written in session 33, whose device call for it never ran (docs/perf/cuda.md, session 33). Unset or
-  // 0: one launch per matrix after the shared prep (measured, call s33-1).
+  // A GGUF group's tensor-core products in one launch per format (quant_gemv_mma_group; call s35-1, H200: KDA's six
+  // Q4_K projections 36.9 -> 18.9 us at 2 tokens, 54.1 -> 28.4 at 16; Kimi-Linear-dims slice decode +5-10% at batch
+  // 2-16, docs/perf/cuda.md session 35). K3_QUANT_MMA_GROUP=0: one launch per matrix after the shared prep (A/B).
   const char* mgr = std::getenv("K3_QUANT_MMA_GROUP");
-  mma_grouped_ = mgr != nullptr && std::string(mgr) == "1";
+  mma_grouped_ = mgr == nullptr || std::string(mgr) != "0";
   // K3_CUDA_DEQUANT_TILE=FLOATS: a smaller fp32 tile for GGUF block matrices' prefill products (tests).
   // K3_QUANT_MMA=off: GGUF K-quant batches take the fp32 block GEMV / bf16 tiles again; =N: the tensor-core
   // block GEMV from N tokens (A/B timing).

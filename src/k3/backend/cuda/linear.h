@@ -121,7 +121,7 @@ class LinearRunner {
   bool fused_split_ = true;  // the skinny path splits x itself (K3_CUDA_SKINNY_FUSED=0: a split kernel first)
   bool merged_ = true;  // one GEMM over [hi | lo] up to kMergedMaxTokens (K3_CUDA_MERGED_X2=0: off)
   bool grouped_ = true;  // run_group's one launch (K3_CUDA_LINEAR_GROUP=0: run() for each, A/B)
-  bool mma_grouped_ = false;  // GGUF groups on the tensor cores in one launch (K3_QUANT_MMA_GROUP=1; not yet GPU-run)
+  bool mma_grouped_ = true;  // GGUF groups on the tensor cores in one launch per format (K3_QUANT_MMA_GROUP=0: off)
   DeviceBuffer ys_;     // the merged GEMM's [2n][rows] products
   DeviceBuffer wq_;     // a GGUF block matrix's dequantised bf16 row tile (run_blocks)
   DeviceBuffer xsum_;   // run_blocks_mma: x's sums over 32 columns

@@ -117,9 +117,9 @@ void LinearRunner::run_group_blocks(const DeviceLinear* const* W, float* const* 
     mark(g);
   }
   // The tensor cores (2..kQuantMmaMaxTokens tokens; the tall heads from one): x prepared (split, summed per 32
-  // columns) once for the matrices of the first such width, then one product each (each y[m] is run()'s: the same
-  // prep of the same x) -- or, with K3_QUANT_MMA_GROUP=1 (opt-in: not yet run on a GPU), one launch per format where the
-  // rule gives the members the KSplit form (quant_gemv_mma_group; not with K3_QUANT_MMA_FORM set).
+  // columns) once for the matrices of the first such width, then one launch per format where the rule gives the members
+  // the KSplit form (quant_gemv_mma_group; not with K3_QUANT_MMA_FORM set), else one product each (K3_QUANT_MMA_GROUP=0:
+  // always one each). Each y[m] is run()'s: the same prep of the same x.
   int first = -1;
   for (int m = 0; m < count && first < 0; ++m)
     if (mma[m]) first = m;

@@ -71,8 +71,8 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
 // x . W[m]^T, in one launch of the KSplit kernel (the block's matrix from a table). Groupable where quant_gemv_mma's
 // rule gives each the KSplit form (Q4_K / Q5_K up to 16 tokens, Q6_K below 8); each y[m] is then bit-equal to
 // quant_gemv_mma(W[m], a, y[m]). Why: session 33's one-token group (quant_gemv_group) took KDA's six projections from
-// 32.8 to 20.3 us; at 2..16 tokens sharing the prep alone gained 1.05-1.5x. Status: written and compiled in session 33,
-// its device call never ran -- LinearRunner takes it only with K3_QUANT_MMA_GROUP=1 until CudaLinearGroup.* pass on a GPU.
+// 32.8 to 20.3 us; at 2..16 tokens sharing the prep alone gained 1.05-1.5x, one launch for the six 1.9-2.0x more (call
+// s35-1). LinearRunner's default since session 35 (K3_QUANT_MMA_GROUP=0: one launch per matrix).
 constexpr int kQuantMmaGroupMax = 8;
 bool quant_gemv_mma_groupable(const WeightMatrix* const* W, int count, const QuantMmaActs& a);
 // cudaErrorInvalidValue where !quant_gemv_mma_groupable.
