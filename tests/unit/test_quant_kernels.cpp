@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
@@ -86,11 +87,13 @@ bool tier_rounds_activations(WeightFormat) {
   return tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Amx || tier == k3::cpu::CpuIsa::Avx2Int8;
 }
 
-// avx2int8's Q4_K, Q5_K and Q6_K paths round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and
+// The per-block K-quant paths: avx2int8's Q4_K, Q5_K and Q6_K, and since session 35 the avx512bf16 / amx tiers' (the
+// same numbers: weight_kernels_vnni_k.cpp) round per 256-value block (one scale per block, llama.cpp's Q8_K layout) and
 // their sub-mins / offsets meet the ROUNDED activations (sums of q): the whole weight sees the rounding.
+bool is_k456(WeightFormat f) { return f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K; }
 bool per_block_activations(WeightFormat f) {
-  return k3::cpu::active_tier_for_testing() == k3::cpu::CpuIsa::Avx2Int8 &&
-         (f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K);
+  const k3::cpu::CpuIsa tier = k3::cpu::active_tier_for_testing();
+  return is_k456(f) && (tier == k3::cpu::CpuIsa::Avx2Int8 || tier == k3::cpu::CpuIsa::Avx512Bf16 || tier == k3::cpu::CpuIsa::Amx);
 }
 
 // The activation-rounding bound of the rounding tiers for one row (w, mins) and token x (see the top): per
@@ -272,7 +275,43 @@ TEST(QuantKernelsVnni, ExactOnRepresentableActivationsAndDiffersFromExactTier) {
   for (WeightFormat f : k3test::kGgufFormats)
     if (!k3::is_ggml_32_format(f)) int8_formats.push_back(f);
   ASSERT_GE(int8_formats.size(), 10u);
-  check_int8_tier(k3::cpu::CpuIsa::Avx512Bf16, k3::cpu::CpuIsa::Avx512, int8_formats);
+  check_int8_tier(k3::cpu::CpuIsa::Avx512Bf16, k3::cpu::CpuIsa::Avx512, int8_formats,
+                  [](WeightFormat f) -> size_t { return is_k456(f) ? 256 : 4; });  // per block (vnni_k), else quads
+}
+
+// The avx512bf16 tier's per-block Q4_K / Q5_K / Q6_K kernels (weight_kernels_vnni_k.cpp) give avx2int8's results bit for
+// bit (the same activation quantiser, the same integer sums grouped otherwise, the same fp32 tail): rows and token counts
+// off every tile size, several blocks per row, activations with an outlier per block and with an all-zero block, and at
+// one token through the prefetching row loop. Needs both tiers (an AVX-512 CPU runs avx2int8 too).
+TEST(QuantKernelsVnniK, PerBlockPathEqualsAvx2Int8BitForBit) {
+  const auto& cpu = k3::cpu::cpu_state();
+  for (const auto isa : {k3::cpu::CpuIsa::Avx512Bf16, k3::cpu::CpuIsa::Avx2Int8})
+    if (const std::string m = k3::cpu::isa_missing_features(cpu.features, isa, false); !m.empty())
+      GTEST_SKIP() << "this CPU cannot run the " << k3::cpu::isa_name(isa) << " tier (missing: " << m << ")";
+  struct TierReset {
+    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  } reset;
+  std::mt19937 rng(41);
+  for (WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 256}, {19, 2304}, {5, 4096}, {70, 768}}) {
+      const auto t = make_quant_weight(f, rows, cols, rng);
+      for (int64_t n : {1, 2, 3, 7, 8, 9, 17}) {
+        auto x = activations(static_cast<size_t>(n * cols), rng);
+        x[static_cast<size_t>(rng() % x.size())] = 4000.f;  // an outlier: its block's scale is coarse
+        if (cols >= 512 && n >= 2)
+          std::fill(x.begin() + cols + 256, x.begin() + cols + 512, 0.f);  // token 1's second block all zero: d = 0
+        std::vector<float> y512(static_cast<size_t>(n * rows), NAN), y2(y512.size(), NAN), yx(y512.size(), NAN);
+        k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+        k3::cpu::matmul(t.W, x.data(), n, y512.data());
+        k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
+        k3::cpu::matmul(t.W, x.data(), n, y2.data());
+        k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512);
+        k3::cpu::matmul(t.W, x.data(), n, yx.data());
+        EXPECT_EQ(0, std::memcmp(y512.data(), y2.data(), y2.size() * sizeof(float)))
+            << k3::weight_format_name(f) << " " << rows << " x " << cols << " n " << n;
+        EXPECT_NE(y512, yx) << k3::weight_format_name(f) << ": the avx512bf16 tier ran the exact kernels";
+      }
+    }
 }
 
 TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTier) {

@@ -14,4 +14,11 @@ const RowKernels* avx512bf16_row_kernels(WeightFormat f);
 // weight_kernels_quant_vnni.cpp), or null when f is not one. The same CPU requirement.
 const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f);
 
+// Q4_K, Q5_K and Q6_K on per-block int8 activations (llama.cpp's Q8_K layout, avx2int8's numbers bit for bit:
+// weight_kernels_vnni_k.cpp), or null for other formats. The same CPU requirement.
+const RowKernels* avx512bf16_k_row_kernels(WeightFormat f);
+
+// The one-token weight prefetch distance of the tier's block kernels (K3_QUANT_PREFETCH bytes; 0 = none).
+int64_t avx512bf16_quant_prefetch_bytes();
+
 }  // namespace k3::cpu

@@ -601,7 +601,17 @@ const RowKernels* quant_kernels() {
 
 }  // namespace
 
+int64_t avx512bf16_quant_prefetch_bytes() { return g_quant_prefetch; }
+
+// K3_CPU_KQUANT_ACT=quads: Q4_K, Q5_K and Q6_K on this file's quad activations instead of the per-block path of
+// weight_kernels_vnni_k.cpp (the A/B of session 35).
+bool kquant_quads() {
+  const char* e = std::getenv("K3_CPU_KQUANT_ACT");
+  return e != nullptr && std::strcmp(e, "quads") == 0;
+}
+
 const RowKernels* avx512bf16_quant_row_kernels(WeightFormat f) {
+  if (const RowKernels* k = avx512bf16_k_row_kernels(f); k != nullptr && !kquant_quads()) return k;
   // The 32-element formats with a min (Q5_1, Q4_1) keep fp32 activations: the avx512 tier's kernels. Q5_0 / Q4_0 /
   // IQ4_NL (llama-quantize's fallback for 128-wide rows: the KDA gates' f_b / g_b, MLA's attn_k_b) take the int8 path
   // as Q8_0 does since session 30: on fp32 activations their one-token rows ran at ~5 GB/s, an instruction-bound
