@@ -125,29 +125,6 @@ inline float hsum8(__m256 v) {
 
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 
-// A block's int32 sums of one token in one or two chains: at one or two tokens the four dependent vpdpwssd a block
-// (~5 cycles each) bounded a row's rate (Q4_K 23 GB/s from cache), so the low / high parts get their own chain there;
-// at more tokens the tile's tokens are the independent chains (and the registers go to them). The chains' sum is the
-// same integer either way.
-template <int T>
-struct BlockSums {
-  static constexpr int kChains = T <= 2 ? 2 : 1;
-  __m512i s[kChains][T];
-  __attribute__((always_inline)) void zero() {
-    for (int c = 0; c < kChains; ++c)
-      for (int t = 0; t < T; ++t) s[c][t] = _mm512_setzero_si512();
-  }
-  // part 0 or 1 of a step (lo / hi, or Q6_K's j)
-  __attribute__((always_inline)) void add(int part, int t, __m512i pairs, __m512i scales) {
-    __m512i& a = s[kChains == 2 ? part : 0][t];
-    a = _mm512_dpwssd_epi32(a, pairs, scales);
-  }
-  __attribute__((always_inline)) __m256i folded(int t) const {
-    if constexpr (kChains == 2) return _mm256_add_epi32(fold(s[0][t]), fold(s[1][t]));
-    return fold(s[0][t]);
-  }
-};
-
 // One token's software prefetch: pf requests the weights `ahead` bytes past each block (null: none).
 struct Stream {
   PrefetchCursor<1>* pf = nullptr;
@@ -174,8 +151,8 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
     const __m128i sm = k4_scales_mins(wb + 4);
     const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(sm));
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, dup_mins));
-    BlockSums<T> sumi;
-    sumi.zero();
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
     [[maybe_unused]] __m512i qh;
     if constexpr (kFive) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 16)));
 #pragma GCC unroll 2
@@ -191,8 +168,8 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
       const __m512i s_hi = _mm512_permutexvar_epi16(halves16(4 * k + 1, 4 * k + 3), sc16);
       for (int t = 0; t < T; ++t) {
         const uint8_t* xb = xq + t * ldq + b * kBlockBytes + 128 * k;
-        sumi.add(0, t, _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xb)), s_lo);
-        sumi.add(1, t, _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xb + 64)), s_hi);
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(lo, _mm512_loadu_si512(xb)), s_lo);
+        sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xb + 64)), s_hi);
       }
     }
     for (int t = 0; t < T; ++t) {
@@ -201,7 +178,7 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
       std::memcpy(&dx, xb + kDAt, sizeof dx);
       const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
       const __m256i mq = _mm256_madd_epi16(sums, mins16);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi.folded(t)), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(fold(sumi[t])), acc[t]);
       acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
     }
   }
@@ -223,9 +200,10 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
     st.at(wb + 210);
     const float dw = f16(wb + 208);
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 192));
-    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-    BlockSums<T> sumi;
-    sumi.zero();
+    const __m256i sc16y = _mm256_cvtepi8_epi16(sc8);  // the 16 int8 scales as words
+    const __m512i sc16 = _mm512_castsi256_si512(sc16y);
+    __m512i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = _mm512_loadu_si512(wb + 64 * h);
@@ -235,6 +213,7 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
         const __m512i lb = j == 0 ? _mm512_and_si512(ql, nib) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), nib);
         const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, halves16(4 * j, 4 * j + 2)), two);
         const __m512i w = _mm512_or_si512(lb, _mm512_slli_epi16(hb, 4));
+        // 128-bit lane q takes group 8 h + 4 j + q: word 4 j + q of scales 8 h .. 8 h + 7 (broadcast per half)
         // word lane L (0..31) takes group 8 h + 4 j + L / 8
         const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16(static_cast<int16_t>(8 * h + 4 * j)),
                                              _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
@@ -242,18 +221,17 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
         const __m512i sc = _mm512_permutexvar_epi16(idx, sc16);
         for (int t = 0; t < T; ++t) {
           const __m512i q = _mm512_loadu_si512(xq + t * ldq + b * kBlockBytes + 128 * h + 64 * j);
-          sumi.add(j, t, _mm512_maddubs_epi16(w, q), sc);
+          sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(w, q), sc);
         }
       }
     }
-    const __m256i sc16y = _mm512_castsi512_si256(sc16);
     for (int t = 0; t < T; ++t) {
       const uint8_t* xb = xq + t * ldq + b * kBlockBytes;
       const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
       const __m256i off = _mm256_madd_epi16(sums, sc16y);  // sum_g scale_g sum_g, in pairs of groups
       float dx;
       std::memcpy(&dx, xb + kDAt, sizeof dx);
-      const __m256i tot = _mm256_sub_epi32(sumi.folded(t), _mm256_slli_epi32(off, 5));
+      const __m256i tot = _mm256_sub_epi32(fold(sumi[t]), _mm256_slli_epi32(off, 5));
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(tot), acc[t]);
     }
   }
