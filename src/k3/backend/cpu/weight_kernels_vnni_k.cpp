@@ -27,6 +27,7 @@
 #include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
+#include "k3/backend/cpu/weight_simd.h"
 #include "k3/backend/cpu/weight_simd512.h"
 
 namespace k3::cpu {
@@ -114,15 +115,6 @@ inline __m512i halves16(int a, int b) {
   return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(a)), _mm256_set1_epi16(static_cast<int16_t>(b)), 1);
 }
 
-// avx2's hsum (weight_simd.h), in the same order: the fp32 tail's bits.
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
-
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 
 // One token's software prefetch: pf requests the weights `ahead` bytes past each block (null: none).
@@ -182,7 +174,7 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
       acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = hsum8(acc[t]);
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
 }
 
 // One Q6_K row x T tokens. Half h (128 values), part j: the low (j = 0) or high (j = 1) nibbles of ql bytes [64 h, + 64)
@@ -235,7 +227,7 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(tot), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = hsum8(acc[t]);
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
 }
 
 template <WeightFormat F, int T>
