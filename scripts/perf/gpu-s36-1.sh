@@ -8,7 +8,7 @@
 # 1 / 8 / 64 x depth 512 / 8192, batch 256 at 512, pp4096 at both GEMM precisions), llama.cpp on the GGUF
 # (`k3 convert` of the same dir), and k3 once more at batch 1 / 8 on that GGUF (the same bytes both engines read).
 # models/k3-tiny/model.safetensors is moved out of the tree for the call (64 MiB carry cap).
-# Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-slim.tar.xz
+# Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-slim.tar.xz .gpuwork/q6k_tiled_bench.xz
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 588 - $(date +%s) + T0 )); }
 O=$OUT; P=s36-1; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD /tmp/k3b
@@ -21,6 +21,11 @@ M=$BD/slice-k3; G=$M.gguf
   echo "ckpt rc=$? $(el)" >> /tmp/ckpt.log; touch /tmp/ckpt.done ) &
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=/tmp/k3b/k3; echo "unpacked $(el)"
+# (0) the tile-major Q6_K GEMV (quant_mma_tiled.cuh, scripts/perf/q6k_tiled_bench.cu built on the dev box) against
+# KSplit and the rule: the Kimi-Linear head, K3's head, a 4096 x 7168 matrix
+xz -dc $GW/q6k_tiled_bench.xz > /tmp/q6kb && chmod +x /tmp/q6kb
+for a in "163840 2304 1" "163840 2304 2" "163840 2304 4" "163840 2304 8" "163840 2304 16" "163840 2304 1 0" "163840 7168 1" "163840 7168 8" "4096 7168 1" "4096 7168 8"; do
+  timeout 40 /tmp/q6kb $a >> $O/$P-q6k-tiled.txt 2>&1; done; cat $O/$P-q6k-tiled.txt; echo "q6k bench $(el)"
 # (1) batch-8 step split on the dummy slice while the checkpoint is written
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for n in 2 5; do
