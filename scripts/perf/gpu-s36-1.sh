@@ -21,6 +21,9 @@ M=$BD/slice-k3; G=$M.gguf
   echo "ckpt rc=$? $(el)" >> /tmp/ckpt.log; touch /tmp/ckpt.done ) &
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=/tmp/k3b/k3; echo "unpacked $(el)"
+# (00) the Tiled form's test (this commit's k3_cuda_tests; the form is wired in for Q6_K vocabulary heads)
+timeout 60 /tmp/k3b/k3_cuda_tests --gtest_filter='CudaQuantMma.Tiled*:CudaQuantMma.Refuses*' > $O/$P-tiled-tests.log 2>&1; echo "tiled tests rc=$? $(el)"
+grep -E '^\[  (FAILED|PASSED) |Failure' $O/$P-tiled-tests.log | head -8
 # (0) the tile-major Q6_K GEMV (quant_mma_tiled.cuh, scripts/perf/q6k_tiled_bench.cu built on the dev box) against
 # KSplit and the rule: the Kimi-Linear head, K3's head, a 4096 x 7168 matrix
 xz -dc $GW/q6k_tiled_bench.xz > /tmp/q6kb && chmod +x /tmp/q6kb

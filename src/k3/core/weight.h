@@ -21,6 +21,9 @@ struct WeightMatrix {
   const uint8_t* scales = nullptr;  // [rows][row_scale_bytes(format, cols)]; null for formats without
   int64_t rows = 0, cols = 0;
   int device = kHostDevice;         // its home (model/placement.h): where `data` is, and where ops on it run
+  // A backend's second copy of `data` in the layout of its decode kernels, made at upload, or null (CUDA: the
+  // tile-major Q6_K of the vocabulary heads, quant_mma_tiled.cuh). A view into the same backend's memory.
+  const void* tiled = nullptr;
 
   bool empty() const { return data == nullptr; }
   WeightLayout layout() const { return weight_layout(format); }

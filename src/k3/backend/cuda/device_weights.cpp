@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "k3/backend/cuda/dense_kernels.h"
+#include "k3/backend/cuda/quant_mma.h"
 #include "k3/backend/cuda/quant_tables.h"
 #include "k3/core/dtype.h"
 #include "k3/core/mxfp4_ggml.h"
@@ -47,7 +48,7 @@ class Uploader {
     if (w.empty()) return d;
     if (w.device == kHostDevice) return w;
     d.device = device_;
-    if (is_gguf_block(w.format)) return blocks(w);
+    if (is_gguf_block(w.format)) return with_tiled(blocks(w));
     if (is_block_format(w.format))
       throw Error(std::string("CUDA backend: ") + weight_format_name(w.format) + " is supported for routed experts only (a dense projection is " +
                   weight_format_name(w.format) + ")");
@@ -105,6 +106,17 @@ class Uploader {
   // A GGUF block matrix (Q8_0, Q4_K, ..., IQ1_M) goes up as its blocks, byte for byte (the kernels of
   // quant_kernels.h decode them in registers); the device's i-quant codebooks are made here, outside any
   // CUDA graph capture.
+  // A vocabulary head in Q6_K also gets the tile-major copy its decode GEMV reads (quant_mma.h, Tiled: +1% of its
+  // bytes beside the stored blocks, which prefill and the other forms keep reading).
+  WeightMatrix with_tiled(WeightMatrix d) {
+    if (!quant_mma_tiled_wanted(d)) return d;
+    void* t = a_.alloc(static_cast<size_t>(quant_mma_tiled_bytes(d)));
+    K3_CUDA_CHECK(quant_mma_make_tiled(d, t, nullptr));
+    K3_CUDA_CHECK(cudaDeviceSynchronize());
+    d.tiled = t;
+    return d;
+  }
+
   WeightMatrix blocks(const WeightMatrix& w) {
     if (w.scales != nullptr || w.cols % weight_layout(w.format).block_elems != 0)
       throw Error(std::string("CUDA backend: a ") + weight_format_name(w.format) + " matrix of " + std::to_string(w.cols) +

@@ -31,11 +31,14 @@
 #include "k3/backend/cuda/quant_mma.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "k3/backend/cuda/quant_mma.cuh"
 #include "k3/backend/cuda/quant_mma_rows.cuh"
 #include "k3/backend/cuda/quant_mma_staged.cuh"
+#include "k3/backend/cuda/quant_mma_tiled.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -81,6 +84,27 @@ cudaError_t launch_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int m
   });
 }
 
+// The Tiled form's m16 tiles per block when the caller leaves it open.
+constexpr int kTiledDefaultTpb = 2;
+
+template <bool SPLIT>
+cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cudaStream_t s) {
+  return with_tiles(j.a.n, 1, [&](auto nt, auto) -> cudaError_t {
+    constexpr int NT = decltype(nt)::value;
+    if constexpr (NT > 2) {
+      return cudaErrorInvalidValue;
+    } else {
+      switch (tpb) {
+        case 1: return qmma::launch_tiled<NT, SPLIT, 1>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 2: return qmma::launch_tiled<NT, SPLIT, 2>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 4: return qmma::launch_tiled<NT, SPLIT, 4>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 8: return qmma::launch_tiled<NT, SPLIT, 8>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        default: return cudaErrorInvalidValue;
+      }
+    }
+  });
+}
+
 template <class P, bool SPLIT>
 cudaError_t launch_rows_nt(const qmma::Job& j, int slices, float* partials, cudaStream_t s) {
   switch (tiles_for(j.a.n)) {
@@ -118,8 +142,9 @@ int rows_slices(int64_t rows, int64_t units, int n, const QuantMmaWork& work) {
 // at one token, the head 208 -> 222), and end to end, Staged for 2..8 tokens below 65536 rows against this rule
 // alternating (call s31-4, llama.cpp's Q4_K_M of the Kimi-Linear-dims slice): batch 2 2063 / 2042 vs 2025 / 2036, 8
 // 5051 / 5014 vs 4960 / 4980 tok/s -- about 1%, the spread of identical runs (batch 1 1223-1247).
-QuantMmaForm default_form(WeightFormat f, int n, QuantMmaForm asked) {
+QuantMmaForm default_form(WeightFormat f, int n, QuantMmaForm asked, bool tiled = false) {
   if (asked != QuantMmaForm::Auto) return asked;
+  if (tiled && n <= kQuantMmaTiledMaxTokens) return QuantMmaForm::Tiled;
   const bool use_rows = (f == WeightFormat::Q6_K && n >= 8) || (f == WeightFormat::Q4_K && n > 16);
   return use_rows ? QuantMmaForm::Rows : QuantMmaForm::KSplit;
 }
@@ -130,8 +155,18 @@ struct DenseLaunch {
   QuantMmaForm form;
   QuantMmaWork work;
   cudaStream_t s;
+  const void* tiled = nullptr;
   template <class P>
   cudaError_t run() const {
+    if (form == QuantMmaForm::Tiled) {
+      if constexpr (!std::is_same_v<P, qmma::MmaQ6K>) {
+        return cudaErrorInvalidValue;
+      } else {
+        const auto* tw = static_cast<const uint8_t*>(tiled);
+        const int tpb = mt == 0 ? kTiledDefaultTpb : mt;
+        return j.a.lo ? launch_tiled_nt<true>(tw, j, tpb, s) : launch_tiled_nt<false>(tw, j, tpb, s);
+      }
+    }
     if (form == QuantMmaForm::Staged) {
       if (j.a.n <= 8) return j.a.lo ? qmma::launch_staged<P, 1, true>(j, s) : qmma::launch_staged<P, 1, false>(j, s);
       return j.a.lo ? qmma::launch_staged<P, 2, true>(j, s) : qmma::launch_staged<P, 2, false>(j, s);
@@ -201,20 +236,42 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 
 size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
   if (W.rows <= 0 || n <= 0 || n > kQuantMmaMaxTokens) return 0;
-  form = default_form(W.format, n, form);
-  if (form != QuantMmaForm::Rows) return 0;  // KSplit sums its k split in shared memory
+  form = default_form(W.format, n, form, W.tiled != nullptr && W.format == WeightFormat::Q6_K);
+  if (form != QuantMmaForm::Rows) return 0;  // KSplit / Tiled sum their k split in shared memory
   const int64_t unit_cols = W.format == WeightFormat::Q6_K ? qmma::MmaQ6K::kUnitCols : qmma::MmaQ45<false>::kUnitCols;
   const int64_t slices = rows_slices_wanted(W.rows, W.cols / unit_cols);
   return slices > 1 ? static_cast<size_t>(slices * n * W.rows) : 0;
 }
 
+bool quant_mma_tiled_wanted(const WeightMatrix& W) {
+  static const bool on = [] {
+    const char* e = std::getenv("K3_QUANT_MMA_TILED");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on && W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTiledMinRows && quant_mma_supported(W);
+}
+
+int64_t quant_mma_tiled_bytes(const WeightMatrix& W) { return qmma::tiled_bytes(W.rows, W.cols); }
+
+cudaError_t quant_mma_make_tiled(const WeightMatrix& W, void* out, cudaStream_t s) {
+  if (W.format != WeightFormat::Q6_K || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    return cudaErrorInvalidValue;
+  const int64_t units = W.cols / qmma::MmaQ6K::kUnitCols, tiles = (W.rows + 15) / 16, items = tiles * units;
+  if ((items + 7) / 8 > 0x7fffffff) return cudaErrorInvalidValue;
+  qmma::q6k_tile_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, s>>>(
+      static_cast<const uint8_t*>(W.data), W.rows, row_data_bytes(W.format, W.cols), units, tiles, static_cast<uint8_t*>(out));
+  return cudaGetLastError();
+}
+
 cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt, QuantMmaForm form,
                            QuantMmaWork work) {
-  if (!quant_mma_supported(W) || !acts_ok(a, W.cols) || mt < 0 || mt > 2 ||
-      (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens))
+  const bool tiled_asked = form == QuantMmaForm::Tiled;
+  if (!quant_mma_supported(W) || !acts_ok(a, W.cols) || mt < 0 || mt > (tiled_asked ? 8 : 2) ||
+      (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens) ||
+      (tiled_asked && (W.tiled == nullptr || W.format != WeightFormat::Q6_K || a.n > kQuantMmaTiledMaxTokens)))
     return cudaErrorInvalidValue;
-  if (mt == 0) mt = default_mt(W.format, a.n);
-  form = default_form(W.format, a.n, form);
+  form = default_form(W.format, a.n, form, W.tiled != nullptr && W.format == WeightFormat::Q6_K);
+  if (mt == 0 && form != QuantMmaForm::Tiled) mt = default_mt(W.format, a.n);
   qmma::Job j;
   j.w0 = static_cast<const uint8_t*>(W.data);
   j.rows = W.rows;
@@ -222,7 +279,7 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
   j.a = a;
   j.ldx = quant_mma_ldx(a.n);
   j.y = y;
-  return qmma::with_mma_format(W.format, DenseLaunch{j, mt, form, work, s});
+  return qmma::with_mma_format(W.format, DenseLaunch{j, mt, form, work, s, W.tiled});
 }
 
 }  // namespace k3::cuda

@@ -50,8 +50,19 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 // coalesced cp.async (the same bits as KSplit with mt = 1; up to 16 tokens); Rows = the 8 warps on 128 different rows,
 // x staged in shared memory once per block (1/8 of the activation traffic), k split over blocks into `work` when the
 // rows alone do not fill the GPU.
-enum class QuantMmaForm { Auto, KSplit, Rows, Staged };
+// Tiled = KSplit's decode over W.tiled, a tile-major copy of a Q6_K matrix made at upload (quant_mma_tiled.cuh: 5
+// coalesced loads a lane and unit instead of 34), up to kQuantMmaTiledMaxTokens tokens; mt then means m16 tiles per
+// BLOCK (1, 2, 4 or 8: 8 / mt warps split each tile's k; 1 is KSplit's split, the same bits; 0 = the rule).
+enum class QuantMmaForm { Auto, KSplit, Rows, Staged, Tiled };
 constexpr int kQuantMmaStagedMaxTokens = 16;
+constexpr int kQuantMmaTiledMaxTokens = 16;
+// The matrices that get a tiled copy: Q6_K with at least this many rows (the vocabulary heads, whose one-token
+// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows), unless K3_QUANT_MMA_TILED=0.
+constexpr int64_t kQuantMmaTiledMinRows = 65536;
+bool quant_mma_tiled_wanted(const WeightMatrix& W);
+int64_t quant_mma_tiled_bytes(const WeightMatrix& W);
+// W's tile-major copy into out (quant_mma_tiled_bytes(W) bytes, 16-byte aligned), on stream s.
+cudaError_t quant_mma_make_tiled(const WeightMatrix& W, void* out, cudaStream_t s);
 // Scratch for the Rows form's k slices: partial sums, slices x n x rows floats (quant_mma_work_floats). Too little (or
 // none) means fewer slices: the result is the same up to the order of the slices' sums.
 struct QuantMmaWork {
@@ -61,8 +72,9 @@ struct QuantMmaWork {
 // The floats quant_gemv_mma(W, n tokens, form) uses at most: 0 where it runs KSplit or one k slice.
 size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form = QuantMmaForm::Auto);
 
-// y [n][W.rows]. mt: m16 tiles per warp of the KSplit form (1 or 2; 0 = the measured rule); form: Auto = the measured
-// rule; both for tests and A/B timing. cudaErrorInvalidValue when W is not quant_mma_supported or the activations do
+// y [n][W.rows]. mt: m16 tiles per warp of the KSplit form (1 or 2; 0 = the measured rule; Tiled: per block, above);
+// form: Auto = the measured rule (Tiled wherever W.tiled is set and n <= kQuantMmaTiledMaxTokens); both for tests and
+// A/B timing. cudaErrorInvalidValue when W is not quant_mma_supported or the activations do
 // not match it.
 cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt = 0,
                            QuantMmaForm form = QuantMmaForm::Auto, QuantMmaWork work = {});
