@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * TPB + warp / kWpt, tiles = (rows + 15) / 16;
   const bool live = tile < tiles;
   const uint8_t* base = tw + (live ? tile : 0) * units * kTiledUnitBytes;
-  if (live) pdl::prefetch_l2(base + sub * kTiledUnitBytes, kTiledUnitBytes, lane, 32);  // the warp's first record
+  if (live && sub < units) pdl::prefetch_l2(base + sub * kTiledUnitBytes, kTiledUnitBytes, lane, 32);  // its first record
   pdl::begin();
   Xv<NT, SPLIT, false> xv;
   xv.init(a, ldx, nullptr, 1, 0, a.n, g, tq);
