@@ -21,13 +21,14 @@ M=$BD/slice-k3; G=$M.gguf
   echo "ckpt rc=$? $(el)" >> /tmp/ckpt.log; touch /tmp/ckpt.done ) &
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=/tmp/k3b/k3; echo "unpacked $(el)"
-# (00) the Tiled form's test (this commit's k3_cuda_tests; the form is wired in for Q6_K vocabulary heads)
+# (00) the Tiled form's test (this commit's k3_cuda_tests; the form is wired in for Q6_K vocabulary heads; Q4_K / Q5_K
+# copies with K3_QUANT_MMA_TILED=all)
 timeout 60 /tmp/k3b/k3_cuda_tests --gtest_filter='CudaQuantMma.Tiled*:CudaQuantMma.Refuses*' > $O/$P-tiled-tests.log 2>&1; echo "tiled tests rc=$? $(el)"
 grep -E '^\[  (FAILED|PASSED) |Failure' $O/$P-tiled-tests.log | head -8
-# (0) the tile-major Q6_K GEMV (quant_mma_tiled.cuh, scripts/perf/q6k_tiled_bench.cu built on the dev box) against
-# KSplit and the rule: the Kimi-Linear head, K3's head, a 4096 x 7168 matrix
+# (0) the Tiled GEMV (quant_mma_tiled.cuh, scripts/perf/q6k_tiled_bench.cu built on the dev box) against KSplit, the
+# rule and the fp32 GEMV: the Kimi-Linear head, K3's head, Kimi-Linear / K3 projection shapes in Q4_K / Q5_K / Q6_K
 xz -dc $GW/q6k_tiled_bench.xz > /tmp/q6kb && chmod +x /tmp/q6kb
-for a in "163840 2304 1" "163840 2304 2" "163840 2304 4" "163840 2304 8" "163840 2304 16" "163840 2304 1 0" "163840 7168 1" "163840 7168 8" "4096 7168 1" "4096 7168 8"; do
+for a in "q6_k 163840 2304 1" "q6_k 163840 2304 2" "q6_k 163840 2304 8" "q6_k 163840 2304 16" "q6_k 163840 2304 1 0" "q6_k 163840 7168 1" "q6_k 4096 7168 1" "q4_k 4096 2304 1" "q4_k 4096 2304 2" "q4_k 4096 2304 8" "q4_k 2304 4096 1" "q4_k 4096 7168 1" "q4_k 4096 7168 4" "q5_k 4096 7168 1"; do
   timeout 40 /tmp/q6kb $a >> $O/$P-q6k-tiled.txt 2>&1; done; cat $O/$P-q6k-tiled.txt; echo "q6k bench $(el)"
 # (1) batch-8 step split on the dummy slice while the checkpoint is written
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

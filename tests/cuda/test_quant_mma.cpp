@@ -128,76 +128,80 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
   }
 }
 
-// The Tiled form (quant_mma_tiled.cuh) over the tile-major copy quant_mma_make_tiled writes: within the same bound at
-// every tiles-per-block split, and with one tile per block (KSplit's split and tree) the same bits as KSplit with one
-// m16 tile; rows not a multiple of 16, one to nine super-blocks, blocks at +2 bytes, n = 1..16; Auto takes it exactly
-// where the copy exists and n <= kQuantMmaTiledMaxTokens; what it refuses.
+// The Tiled form (quant_mma_tiled.cuh) over the tile-major copy quant_mma_make_tiled writes, Q4_K / Q5_K / Q6_K: within
+// the same bound at every tiles-per-block split, and for Q6_K with one tile per block (KSplit's split and tree) the same
+// bits as KSplit with one m16 tile; rows not a multiple of 16, one to nine super-blocks, Q6_K blocks at +2 bytes, n =
+// 1..16; Auto takes it exactly where the copy exists and n <= kQuantMmaTiledMaxTokens; what it refuses.
 TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
   SKIP_WITHOUT_GPU();
-  constexpr WeightFormat f = WeightFormat::Q6_K;
   constexpr auto Tiled = k3::cuda::QuantMmaForm::Tiled;
-  for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 1}, {6, 2}, {70, 9}}) {
-    const int64_t cols = 256 * blocks;
-    const auto wb = random_blocks(f, rows, cols, 191 + static_cast<uint32_t>(rows), 4, 10);
-    const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
-    const std::vector<float> w = cpu_rows(hw);
-    const int max_n = 17;
-    std::mt19937 rng(17 + static_cast<uint32_t>(cols));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> x(static_cast<size_t>(max_n * cols));
-    for (auto& v : x) v = nd(rng);
-    const Product p = reference(w, x, rows, cols, max_n);
-    Dev<float> dx(x);
-    Dev<uint8_t> d_odd(wb.size() + 2);
-    ck(cudaMemcpy(d_odd.p + 2, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
-    k3::WeightMatrix dw = hw;
-    dw.data = d_odd.p + 2, dw.device = 0;  // Q6_K rows as a matrix places them: 2-byte aligned
-    EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(dw)) << "only the vocabulary heads get the copy";
-    Dev<uint8_t> tiled(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(dw)));
-    tiled.poison();
-    ck(k3::cuda::quant_mma_make_tiled(dw, tiled.p, nullptr), "make tiled");
-    k3::WeightMatrix dt = dw;
-    dt.tiled = tiled.p;
-    for (int n : {1, 2, 3, 7, 8, 9, 16, 17}) {
-      Product pn;
-      pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
-      pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
-      for (bool split : {true, false}) {
-        Acts acts(dx, n, cols, split);
-        Dev<float> y(static_cast<size_t>(n * rows)), y1(static_cast<size_t>(n * rows));
-        if (n > k3::cuda::kQuantMmaTiledMaxTokens) {
-          EXPECT_EQ(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, 0, Tiled), cudaErrorInvalidValue);
-          continue;
-        }
-        EXPECT_EQ(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, nullptr, 0, Tiled), cudaErrorInvalidValue) << "no copy";
-        ck(k3::cuda::quant_gemv_mma(dw, acts.a, y1.p, nullptr, 1, KSplit), "ksplit");
-        ck(cudaDeviceSynchronize(), "sync");
-        const auto ks = y1.get();
-        for (int tpb : {1, 2, 4, 8}) {
-          y.poison();
-          ck(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, tpb, Tiled), "tiled");
+  const char* env = std::getenv("K3_QUANT_MMA_TILED");
+  const bool heads_only = env == nullptr || std::strcmp(env, "1") == 0;
+  for (WeightFormat f : kMmaFormats) {
+    for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 1}, {6, 2}, {70, 9}}) {
+      const int64_t cols = 256 * blocks;
+      const auto wb = random_blocks(f, rows, cols, 191 + static_cast<uint32_t>(rows) + static_cast<uint32_t>(f), 4, 10);
+      const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
+      const std::vector<float> w = cpu_rows(hw);
+      const int max_n = 17;
+      std::mt19937 rng(17 + static_cast<uint32_t>(cols));
+      std::normal_distribution<float> nd(0.f, 1.f);
+      std::vector<float> x(static_cast<size_t>(max_n * cols));
+      for (auto& v : x) v = nd(rng);
+      const Product p = reference(w, x, rows, cols, max_n);
+      Dev<float> dx(x);
+      const int off = f == WeightFormat::Q6_K ? 2 : 0;  // Q6_K rows as a matrix places them: 2-byte aligned
+      Dev<uint8_t> d_off(wb.size() + 16);
+      ck(cudaMemcpy(d_off.p + off, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
+      k3::WeightMatrix dw = hw;
+      dw.data = d_off.p + off, dw.device = 0;
+      if (heads_only) EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(dw)) << "only the vocabulary heads get the copy";
+      Dev<uint8_t> tiled(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(dw)));
+      tiled.poison();
+      ck(k3::cuda::quant_mma_make_tiled(dw, tiled.p, nullptr), "make tiled");
+      k3::WeightMatrix dt = dw;
+      dt.tiled = tiled.p;
+      for (int n : {1, 2, 3, 7, 8, 9, 16, 17}) {
+        Product pn;
+        pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
+        pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
+        for (bool split : {true, false}) {
+          Acts acts(dx, n, cols, split);
+          Dev<float> y(static_cast<size_t>(n * rows)), y1(static_cast<size_t>(n * rows));
+          if (n > k3::cuda::kQuantMmaTiledMaxTokens) {
+            EXPECT_EQ(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, 0, Tiled), cudaErrorInvalidValue);
+            continue;
+          }
+          EXPECT_EQ(k3::cuda::quant_gemv_mma(dw, acts.a, y.p, nullptr, 0, Tiled), cudaErrorInvalidValue) << "no copy";
+          ck(k3::cuda::quant_gemv_mma(dw, acts.a, y1.p, nullptr, 1, KSplit), "ksplit");
           ck(cudaDeviceSynchronize(), "sync");
-          const auto got = y.get();
-          const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " n=" + std::to_string(n) + " tpb=" +
-                                   std::to_string(tpb) + (split ? " hi+lo" : " hi");
-          EXPECT_LE(worst_ratio(got, pn, quant_mma_bound(cols, split)), 2.0) << what;
-          if (tpb == 1) EXPECT_EQ(std::memcmp(got.data(), ks.data(), got.size() * 4), 0) << what;
+          const auto ks = y1.get();
+          for (int tpb : {1, 2, 4, 8}) {
+            y.poison();
+            ck(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, tpb, Tiled), "tiled");
+            ck(cudaDeviceSynchronize(), "sync");
+            const auto got = y.get();
+            const std::string what = std::string(k3::weight_format_name(f)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                                     " n=" + std::to_string(n) + " tpb=" + std::to_string(tpb) + (split ? " hi+lo" : " hi");
+            EXPECT_LE(worst_ratio(got, pn, quant_mma_bound(cols, split)), 2.0) << what;
+            if (tpb == 1 && f == WeightFormat::Q6_K) EXPECT_EQ(std::memcmp(got.data(), ks.data(), got.size() * 4), 0) << what;
+          }
+          // Auto: the copy's rule (tiles per block left open) -- the same bits as asking for Tiled with mt 0.
+          ck(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, 0, Tiled), "tiled rule");
+          ck(k3::cuda::quant_gemv_mma(dt, acts.a, y1.p, nullptr), "auto");
+          ck(cudaDeviceSynchronize(), "sync");
+          EXPECT_EQ(std::memcmp(y.get().data(), y1.get().data(), y.n * 4), 0) << n;
         }
-        // Auto: the copy's rule (tiles per block left open) -- the same bits as asking for Tiled with mt 0.
-        ck(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, 0, Tiled), "tiled rule");
-        ck(k3::cuda::quant_gemv_mma(dt, acts.a, y1.p, nullptr), "auto");
-        ck(cudaDeviceSynchronize(), "sync");
-        EXPECT_EQ(std::memcmp(y.get().data(), y1.get().data(), y.n * 4), 0) << n;
       }
+      const Acts one(dx, 1, cols, true);
+      Dev<float> y(static_cast<size_t>(rows));
+      EXPECT_EQ(k3::cuda::quant_gemv_mma(dt, one.a, y.p, nullptr, 3, Tiled), cudaErrorInvalidValue) << "tiles per block";
     }
-    const Acts one(dx, 1, cols, true);
-    Dev<float> y(static_cast<size_t>(rows));
-    EXPECT_EQ(k3::cuda::quant_gemv_mma(dt, one.a, y.p, nullptr, 3, Tiled), cudaErrorInvalidValue) << "tiles per block";
   }
-  k3::WeightMatrix head{f, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, 65536, 2304, 0};
-  EXPECT_EQ(k3::cuda::quant_mma_tiled_wanted(head), std::getenv("K3_QUANT_MMA_TILED") == nullptr);
+  k3::WeightMatrix head{WeightFormat::Q6_K, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, 65536, 2304, 0};
+  EXPECT_EQ(k3::cuda::quant_mma_tiled_wanted(head), heads_only);
   head.format = WeightFormat::Q4_K;
-  EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(head));
+  if (heads_only) EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(head));
 }
 
 // The prep's sums: each 32 columns of hi + lo (hi alone), zeros for the padding tokens up to the next 8.

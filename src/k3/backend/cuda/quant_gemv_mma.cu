@@ -87,18 +87,19 @@ cudaError_t launch_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int m
 // The Tiled form's m16 tiles per block when the caller leaves it open.
 constexpr int kTiledDefaultTpb = 2;
 
-template <bool SPLIT>
+template <class P, bool SPLIT>
 cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cudaStream_t s) {
+  using T = typename qmma::TiledOf<P>::type;
   return with_tiles(j.a.n, 1, [&](auto nt, auto) -> cudaError_t {
     constexpr int NT = decltype(nt)::value;
     if constexpr (NT > 2) {
       return cudaErrorInvalidValue;
     } else {
       switch (tpb) {
-        case 1: return qmma::launch_tiled<NT, SPLIT, 1>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 2: return qmma::launch_tiled<NT, SPLIT, 2>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 4: return qmma::launch_tiled<NT, SPLIT, 4>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 8: return qmma::launch_tiled<NT, SPLIT, 8>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 1: return qmma::launch_tiled<T, NT, SPLIT, 1>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 2: return qmma::launch_tiled<T, NT, SPLIT, 2>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 4: return qmma::launch_tiled<T, NT, SPLIT, 4>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 8: return qmma::launch_tiled<T, NT, SPLIT, 8>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
         default: return cudaErrorInvalidValue;
       }
     }
@@ -159,13 +160,9 @@ struct DenseLaunch {
   template <class P>
   cudaError_t run() const {
     if (form == QuantMmaForm::Tiled) {
-      if constexpr (!std::is_same_v<P, qmma::MmaQ6K>) {
-        return cudaErrorInvalidValue;
-      } else {
-        const auto* tw = static_cast<const uint8_t*>(tiled);
-        const int tpb = mt == 0 ? kTiledDefaultTpb : mt;
-        return j.a.lo ? launch_tiled_nt<true>(tw, j, tpb, s) : launch_tiled_nt<false>(tw, j, tpb, s);
-      }
+      const auto* tw = static_cast<const uint8_t*>(tiled);
+      const int tpb = mt == 0 ? kTiledDefaultTpb : mt;
+      return j.a.lo ? launch_tiled_nt<P, true>(tw, j, tpb, s) : launch_tiled_nt<P, false>(tw, j, tpb, s);
     }
     if (form == QuantMmaForm::Staged) {
       if (j.a.n <= 8) return j.a.lo ? qmma::launch_staged<P, 1, true>(j, s) : qmma::launch_staged<P, 1, false>(j, s);
@@ -236,7 +233,7 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 
 size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
   if (W.rows <= 0 || n <= 0 || n > kQuantMmaMaxTokens) return 0;
-  form = default_form(W.format, n, form, W.tiled != nullptr && W.format == WeightFormat::Q6_K);
+  form = default_form(W.format, n, form, W.tiled != nullptr);
   if (form != QuantMmaForm::Rows) return 0;  // KSplit / Tiled sum their k split in shared memory
   const int64_t unit_cols = W.format == WeightFormat::Q6_K ? qmma::MmaQ6K::kUnitCols : qmma::MmaQ45<false>::kUnitCols;
   const int64_t slices = rows_slices_wanted(W.rows, W.cols / unit_cols);
@@ -244,23 +241,45 @@ size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
 }
 
 bool quant_mma_tiled_wanted(const WeightMatrix& W) {
-  static const bool on = [] {
+  // K3_QUANT_MMA_TILED: unset or 1 = the Q6_K vocabulary heads; all = every Q4_K / Q5_K / Q6_K dense matrix (A/B); 0 = none
+  static const int mode = [] {
     const char* e = std::getenv("K3_QUANT_MMA_TILED");
-    return e == nullptr || std::strcmp(e, "0") != 0;
+    return e == nullptr ? 1 : std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "all") == 0 ? 2 : 1;
   }();
-  return on && W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTiledMinRows && quant_mma_supported(W);
+  if (mode == 0 || !quant_mma_supported(W)) return false;
+  return mode == 2 || (W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTiledMinRows);
 }
 
-int64_t quant_mma_tiled_bytes(const WeightMatrix& W) { return qmma::tiled_bytes(W.rows, W.cols); }
+namespace {
+struct TiledBytes {
+  const WeightMatrix& W;
+  template <class P>
+  int64_t run() const { return qmma::tiled_bytes<typename qmma::TiledOf<P>::type>(W.rows, W.cols); }
+};
+struct MakeTiled {
+  const WeightMatrix& W;
+  uint8_t* out;
+  cudaStream_t s;
+  template <class P>
+  cudaError_t run() const {
+    return qmma::make_tiled<typename qmma::TiledOf<P>::type>(static_cast<const uint8_t*>(W.data), W.rows, W.cols,
+                                                            row_data_bytes(W.format, W.cols), out, s);
+  }
+};
+}  // namespace
+
+int64_t quant_mma_tiled_bytes(const WeightMatrix& W) {
+  if (!quant_mma_supported(W)) return 0;
+  switch (W.format) {
+    case WeightFormat::Q4_K: return TiledBytes{W}.run<qmma::MmaQ45<false>>();
+    case WeightFormat::Q5_K: return TiledBytes{W}.run<qmma::MmaQ45<true>>();
+    default: return TiledBytes{W}.run<qmma::MmaQ6K>();
+  }
+}
 
 cudaError_t quant_mma_make_tiled(const WeightMatrix& W, void* out, cudaStream_t s) {
-  if (W.format != WeightFormat::Q6_K || !quant_mma_supported(W) || reinterpret_cast<uintptr_t>(out) % 16 != 0)
-    return cudaErrorInvalidValue;
-  const int64_t units = W.cols / qmma::MmaQ6K::kUnitCols, tiles = (W.rows + 15) / 16, items = tiles * units;
-  if ((items + 7) / 8 > 0x7fffffff) return cudaErrorInvalidValue;
-  qmma::q6k_tile_kernel<<<static_cast<unsigned>((items + 7) / 8), 256, 0, s>>>(
-      static_cast<const uint8_t*>(W.data), W.rows, row_data_bytes(W.format, W.cols), units, tiles, static_cast<uint8_t*>(out));
-  return cudaGetLastError();
+  if (!quant_mma_supported(W) || reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidValue;
+  return qmma::with_mma_format(W.format, MakeTiled{W, static_cast<uint8_t*>(out), s});
 }
 
 cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* y, cudaStream_t s, int mt, QuantMmaForm form,
@@ -268,9 +287,9 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
   const bool tiled_asked = form == QuantMmaForm::Tiled;
   if (!quant_mma_supported(W) || !acts_ok(a, W.cols) || mt < 0 || mt > (tiled_asked ? 8 : 2) ||
       (form == QuantMmaForm::Staged && a.n > kQuantMmaStagedMaxTokens) ||
-      (tiled_asked && (W.tiled == nullptr || W.format != WeightFormat::Q6_K || a.n > kQuantMmaTiledMaxTokens)))
+      (tiled_asked && (W.tiled == nullptr || a.n > kQuantMmaTiledMaxTokens)))
     return cudaErrorInvalidValue;
-  form = default_form(W.format, a.n, form, W.tiled != nullptr && W.format == WeightFormat::Q6_K);
+  form = default_form(W.format, a.n, form, W.tiled != nullptr);
   if (mt == 0 && form != QuantMmaForm::Tiled) mt = default_mt(W.format, a.n);
   qmma::Job j;
   j.w0 = static_cast<const uint8_t*>(W.data);

@@ -27,7 +27,9 @@ bool LinearRunner::blocks_mma_applies(const DeviceLinear& W, const float* x, int
   // One token: the fp32 GEMV's v2 / v3 kernels keep the matrices they win on (4096 x 7168 Q6_K 26.4 vs 30.6 us,
   // 4096 x 2304 Q4_K 11.9 vs 14.1), the tall heads take the tensor cores (163840 x 2304 Q6_K 297.9 -> 209.5 us;
   // CudaQuantMma.TimingAtK3Width, call s31-1, docs/perf/cuda.md).
-  const int min_tokens = quant_mma_min_tokens_ == kQuantMmaMinTokens && W.rows >= kQuantMmaTallRows ? 1 : quant_mma_min_tokens_;
+  // A matrix with a tiled copy (quant_mma.h: the Q6_K heads; every K-quant matrix with K3_QUANT_MMA_TILED=all) too.
+  const bool from_one = W.rows >= kQuantMmaTallRows || W.tiled != nullptr;
+  const int min_tokens = quant_mma_min_tokens_ == kQuantMmaMinTokens && from_one ? 1 : quant_mma_min_tokens_;
   return n >= min_tokens && n <= kQuantMmaMaxTokens && quant_mma_supported(W) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 

@@ -50,14 +50,15 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 // coalesced cp.async (the same bits as KSplit with mt = 1; up to 16 tokens); Rows = the 8 warps on 128 different rows,
 // x staged in shared memory once per block (1/8 of the activation traffic), k split over blocks into `work` when the
 // rows alone do not fill the GPU.
-// Tiled = KSplit's decode over W.tiled, a tile-major copy of a Q6_K matrix made at upload (quant_mma_tiled.cuh: 5
+// Tiled = KSplit's decode over W.tiled, a tile-major copy of the matrix made at upload (quant_mma_tiled.cuh: Q6_K 5
 // coalesced loads a lane and unit instead of 34), up to kQuantMmaTiledMaxTokens tokens; mt then means m16 tiles per
-// BLOCK (1, 2, 4 or 8: 8 / mt warps split each tile's k; 1 is KSplit's split, the same bits; 0 = the rule).
+// BLOCK (1, 2, 4 or 8: 8 / mt warps split each tile's k; for Q6_K 1 is KSplit's split, the same bits; 0 = the rule).
 enum class QuantMmaForm { Auto, KSplit, Rows, Staged, Tiled };
 constexpr int kQuantMmaStagedMaxTokens = 16;
 constexpr int kQuantMmaTiledMaxTokens = 16;
 // The matrices that get a tiled copy: Q6_K with at least this many rows (the vocabulary heads, whose one-token
-// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows), unless K3_QUANT_MMA_TILED=0.
+// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows); K3_QUANT_MMA_TILED=0: none, =all: every
+// Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside the copy for prefill).
 constexpr int64_t kQuantMmaTiledMinRows = 65536;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
 int64_t quant_mma_tiled_bytes(const WeightMatrix& W);
