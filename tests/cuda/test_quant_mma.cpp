@@ -136,7 +136,8 @@ TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
   SKIP_WITHOUT_GPU();
   constexpr auto Tiled = k3::cuda::QuantMmaForm::Tiled;
   const char* env = std::getenv("K3_QUANT_MMA_TILED");
-  const bool heads_only = env == nullptr || std::strcmp(env, "1") == 0;
+  const bool heads = env == nullptr ? k3::cuda::kQuantMmaTiledByDefault : std::strcmp(env, "0") != 0;
+  const bool heads_only = env == nullptr || std::strcmp(env, "all") != 0;
   for (WeightFormat f : kMmaFormats) {
     for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 1}, {6, 2}, {70, 9}}) {
       const int64_t cols = 256 * blocks;
@@ -199,7 +200,7 @@ TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
     }
   }
   k3::WeightMatrix head{WeightFormat::Q6_K, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, 65536, 2304, 0};
-  EXPECT_EQ(k3::cuda::quant_mma_tiled_wanted(head), heads_only);
+  EXPECT_EQ(k3::cuda::quant_mma_tiled_wanted(head), heads);
   head.format = WeightFormat::Q4_K;
   if (heads_only) EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(head));
 }

@@ -241,10 +241,12 @@ size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
 }
 
 bool quant_mma_tiled_wanted(const WeightMatrix& W) {
-  // K3_QUANT_MMA_TILED: unset or 1 = the Q6_K vocabulary heads; all = every Q4_K / Q5_K / Q6_K dense matrix (A/B); 0 = none
+  // K3_QUANT_MMA_TILED: 1 = the Q6_K vocabulary heads; all = every Q4_K / Q5_K / Q6_K dense matrix (A/B); 0 = none;
+  // unset = kQuantMmaTiledByDefault's choice
   static const int mode = [] {
     const char* e = std::getenv("K3_QUANT_MMA_TILED");
-    return e == nullptr ? 1 : std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "all") == 0 ? 2 : 1;
+    if (e == nullptr) return kQuantMmaTiledByDefault ? 1 : 0;
+    return std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "all") == 0 ? 2 : 1;
   }();
   if (mode == 0 || !quant_mma_supported(W)) return false;
   return mode == 2 || (W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTiledMinRows);

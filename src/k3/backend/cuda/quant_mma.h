@@ -57,9 +57,12 @@ enum class QuantMmaForm { Auto, KSplit, Rows, Staged, Tiled };
 constexpr int kQuantMmaStagedMaxTokens = 16;
 constexpr int kQuantMmaTiledMaxTokens = 16;
 // The matrices that get a tiled copy: Q6_K with at least this many rows (the vocabulary heads, whose one-token
-// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows); K3_QUANT_MMA_TILED=0: none, =all: every
+// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows) with K3_QUANT_MMA_TILED=1; =all: every
 // Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside the copy for prefill).
 constexpr int64_t kQuantMmaTiledMinRows = 65536;
+// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none): off until measured end to end on
+// a GPU (written in session 36 while the device was refused).
+constexpr bool kQuantMmaTiledByDefault = false;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
 int64_t quant_mma_tiled_bytes(const WeightMatrix& W);
 // W's tile-major copy into out (quant_mma_tiled_bytes(W) bytes, 16-byte aligned), on stream s.
