@@ -23,7 +23,7 @@ tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/loc
 B=/tmp/k3b/k3; echo "unpacked $(el)"
 # (00) the Tiled form's test (this commit's k3_cuda_tests; the form is wired in for Q6_K vocabulary heads; Q4_K / Q5_K
 # copies with K3_QUANT_MMA_TILED=all)
-timeout 60 /tmp/k3b/k3_cuda_tests --gtest_filter='CudaQuantMma.Tiled*:CudaQuantMma.Refuses*' > $O/$P-tiled-tests.log 2>&1; echo "tiled tests rc=$? $(el)"
+timeout 60 /tmp/k3b/k3_cuda_tests --gtest_filter='CudaQuantMma.Tiled*:CudaQuantMma.Refuses*:CudaLinearGroup.Tiled*:CudaLinearGroup.QuantMmaGroup*' > $O/$P-tiled-tests.log 2>&1; echo "tiled tests rc=$? $(el)"
 grep -E '^\[  (FAILED|PASSED) |Failure' $O/$P-tiled-tests.log | head -8
 # (0) the Tiled GEMV (quant_mma_tiled.cuh, scripts/perf/q6k_tiled_bench.cu built on the dev box) against KSplit, the
 # rule and the fp32 GEMV: the Kimi-Linear head, K3's head, Kimi-Linear / K3 projection shapes in Q4_K / Q5_K / Q6_K

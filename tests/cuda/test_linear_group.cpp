@@ -330,6 +330,17 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
     }
   }
   const QMat a4 = make_qmat(F::Q4_K, 64, cols, 1), b6 = make_qmat(F::Q6_K, 64, cols, 2), wide = make_qmat(F::Q4_K, 64, 2560, 3);
+  {  // a member with a tiled copy beside members without: no one launch
+    QMat t4 = make_qmat(F::Q4_K, 64, cols, 4);
+    Dev<uint8_t> copy(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(t4.dev)));
+    ck(k3::cuda::quant_mma_make_tiled(t4.dev, copy.p, nullptr), "tiled");
+    t4.dev.tiled = copy.p;
+    Dev<uint16_t> h(4 * cols);
+    Dev<float> s(8 * cols / 32);
+    const k3::cuda::QuantMmaActs four{h.p, nullptr, s.p, 4, cols};
+    const k3::WeightMatrix* mixed[2] = {&a4.dev, &t4.dev};
+    EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(mixed, 2, four));
+  }
   Dev<uint16_t> hi(4 * 2560);
   Dev<float> xsum(8 * 2560 / 32);
   const k3::cuda::QuantMmaActs act{hi.p, nullptr, xsum.p, 4, cols};
@@ -340,6 +351,58 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(two_widths, 2, act));
   EXPECT_FALSE(k3::cuda::quant_gemv_mma_groupable(nine.data(), 9, act));
   EXPECT_TRUE(k3::cuda::quant_gemv_mma_groupable(two_formats, 1, act));
+}
+
+// The same with every member tiled (quant_mma_tiled.cuh; K3_QUANT_MMA_TILED=all): one Tiled launch, each product bit-equal
+// to quant_gemv_mma's on its own (Tiled), 1..16 tokens.
+TEST(CudaLinearGroup, TiledGroupEqualsTiledOneByOne) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using F = k3::WeightFormat;
+  const int64_t cols = 2304;
+  const int64_t rows[] = {17, 4096, 1, 300, 15, 129};
+  for (F f : {F::Q4_K, F::Q5_K, F::Q6_K}) {
+    std::vector<QMat> q;
+    std::vector<std::unique_ptr<Dev<uint8_t>>> copies;
+    for (int i = 0; i < 6; ++i) {
+      q.push_back(make_qmat(f, rows[i], cols, static_cast<uint32_t>(90 + i)));
+      copies.push_back(std::make_unique<Dev<uint8_t>>(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(q.back().dev))));
+      ck(k3::cuda::quant_mma_make_tiled(q.back().dev, copies.back()->p, nullptr), "tiled");
+      q.back().dev.tiled = copies.back()->p;
+    }
+    std::vector<const k3::WeightMatrix*> W;
+    for (const QMat& m : q) W.push_back(&m.dev);
+    for (int n : {1, 2, 7, 8, 16, 17}) {
+      for (bool split : {true, false}) {
+        SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
+        Dev<float> x(randn(static_cast<size_t>(n * cols), 700 + n));
+        const int ldx = k3::cuda::quant_mma_ldx(n);
+        Dev<uint16_t> hi(static_cast<size_t>(n * cols)), lo(static_cast<size_t>(n * cols));
+        Dev<float> xsum(static_cast<size_t>(ldx * (cols / 32)));
+        ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
+        const k3::cuda::QuantMmaActs a{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
+        const bool tiled = n <= k3::cuda::kQuantMmaTiledMaxTokens;
+        const bool ksplit = f == F::Q6_K ? n < 8 : f == F::Q4_K ? n <= 16 : true;  // above 16 tokens the untiled rule
+        ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), tiled || ksplit);
+        if (!tiled) continue;
+        std::vector<std::unique_ptr<Dev<float>>> yg, y1;
+        std::vector<float*> Y;
+        for (const k3::WeightMatrix* w : W) {
+          yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
+          yg.back()->poison();
+          Y.push_back(yg.back()->p);
+        }
+        ck(k3::cuda::quant_gemv_mma_group(W.data(), Y.data(), 6, a, nullptr), "group");
+        for (size_t i = 0; i < W.size(); ++i)
+          ck(k3::cuda::quant_gemv_mma(*W[i], a, y1[i]->p, nullptr, 0, k3::cuda::QuantMmaForm::Tiled), "one");
+        ck(cudaDeviceSynchronize(), "sync");
+        for (size_t i = 0; i < W.size(); ++i) {
+          const auto g = yg[i]->get(), o = y1[i]->get();
+          EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
+        }
+      }
+    }
+  }
 }
 
 // Microseconds per run_group call of the matrices `rows` (format f, cols wide) laid back to back, the weights at copy

@@ -87,22 +87,37 @@ cudaError_t launch_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int m
 // The Tiled form's m16 tiles per block when the caller leaves it open.
 constexpr int kTiledDefaultTpb = 2;
 
-template <class P, bool SPLIT>
-cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cudaStream_t s) {
-  using T = typename qmma::TiledOf<P>::type;
-  return with_tiles(j.a.n, 1, [&](auto nt, auto) -> cudaError_t {
-    constexpr int NT = decltype(nt)::value;
-    if constexpr (NT > 2) {
+// fn(nt, tpb) with std::integral_constant arguments for the Tiled form (1 or 2 n8 tiles; 1, 2, 4 or 8 tiles per block).
+template <class Fn>
+cudaError_t with_tiled(int n, int tpb, const Fn& fn) {
+  return with_tiles(n, 1, [&](auto nt, auto) -> cudaError_t {
+    if constexpr (decltype(nt)::value > 2) {
       return cudaErrorInvalidValue;
     } else {
       switch (tpb) {
-        case 1: return qmma::launch_tiled<T, NT, SPLIT, 1>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 2: return qmma::launch_tiled<T, NT, SPLIT, 2>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 4: return qmma::launch_tiled<T, NT, SPLIT, 4>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
-        case 8: return qmma::launch_tiled<T, NT, SPLIT, 8>(tw, j.rows, j.a.cols, j.a, j.ldx, j.y, s);
+        case 1: return fn(nt, std::integral_constant<int, 1>{});
+        case 2: return fn(nt, std::integral_constant<int, 2>{});
+        case 4: return fn(nt, std::integral_constant<int, 4>{});
+        case 8: return fn(nt, std::integral_constant<int, 8>{});
         default: return cudaErrorInvalidValue;
       }
     }
+  });
+}
+
+template <class P, bool SPLIT>
+cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cudaStream_t s) {
+  return with_tiled(j.a.n, tpb, [&](auto nt, auto t) {
+    return qmma::launch_tiled<typename qmma::TiledOf<P>::type, decltype(nt)::value, SPLIT, decltype(t)::value>(tw, j.rows, j.a.cols,
+                                                                                                         j.a, j.ldx, j.y, s);
+  });
+}
+
+template <class P, bool SPLIT>
+cudaError_t launch_tiled_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, cudaStream_t s) {
+  return with_tiled(j.a.n, kTiledDefaultTpb, [&](auto nt, auto t) {
+    return qmma::launch_tiled_group<typename qmma::TiledOf<P>::type, decltype(nt)::value, SPLIT, decltype(t)::value>(g, j.a.cols, j.a,
+                                                                                                               j.ldx, s);
   });
 }
 
@@ -181,8 +196,10 @@ struct GroupLaunch {
   const qmma::DenseGroup& g;
   int mt;
   cudaStream_t s;
+  bool tiled = false;
   template <class P>
   cudaError_t run() const {
+    if (tiled) return j.a.lo ? launch_tiled_group_nt<P, true>(j, g, s) : launch_tiled_group_nt<P, false>(j, g, s);
     return j.a.lo ? launch_group_nt<P, true>(j, g, mt, s) : launch_group_nt<P, false>(j, g, mt, s);
   }
 };
@@ -199,16 +216,20 @@ static_assert(kQuantMmaGroupMax == qmma::kMaxGroup, "one group bound");
 
 bool quant_gemv_mma_groupable(const WeightMatrix* const* W, int count, const QuantMmaActs& a) {
   if (count < 1 || count > kQuantMmaGroupMax) return false;
+  const bool tiled = W[0]->tiled != nullptr;  // all members tiled (one Tiled launch) or none (one KSplit launch)
   for (int m = 0; m < count; ++m)
-    if (!quant_mma_supported(*W[m]) || W[m]->format != W[0]->format || W[m]->cols != W[0]->cols) return false;
-  return acts_ok(a, W[0]->cols) && default_form(W[0]->format, a.n, QuantMmaForm::Auto) == QuantMmaForm::KSplit;
+    if (!quant_mma_supported(*W[m]) || W[m]->format != W[0]->format || W[m]->cols != W[0]->cols || (W[m]->tiled != nullptr) != tiled)
+      return false;
+  const QuantMmaForm f = default_form(W[0]->format, a.n, QuantMmaForm::Auto, tiled);
+  return acts_ok(a, W[0]->cols) && (f == QuantMmaForm::KSplit || f == QuantMmaForm::Tiled);
 }
 
 cudaError_t quant_gemv_mma_group(const WeightMatrix* const* W, float* const* y, int count, const QuantMmaActs& a, cudaStream_t s) {
   if (!quant_gemv_mma_groupable(W, count, a)) return cudaErrorInvalidValue;
   qmma::DenseGroup g{};
+  const bool tiled = default_form(W[0]->format, a.n, QuantMmaForm::Auto, W[0]->tiled != nullptr) == QuantMmaForm::Tiled;
   for (int m = 0; m < count; ++m) {
-    g.w[m] = static_cast<const uint8_t*>(W[m]->data);
+    g.w[m] = static_cast<const uint8_t*>(tiled ? W[m]->tiled : W[m]->data);
     g.y[m] = y[m];
     g.rows[m] = W[m]->rows;
   }
@@ -217,7 +238,7 @@ cudaError_t quant_gemv_mma_group(const WeightMatrix* const* W, float* const* y, 
   j.row_bytes = row_data_bytes(W[0]->format, W[0]->cols);
   j.a = a;
   j.ldx = quant_mma_ldx(a.n);
-  return qmma::with_mma_format(W[0]->format, GroupLaunch{j, g, default_mt(W[0]->format, a.n), s});
+  return qmma::with_mma_format(W[0]->format, GroupLaunch{j, g, default_mt(W[0]->format, a.n), s, tiled});
 }
 
 bool quant_mma_supported(const WeightMatrix& W) {

@@ -84,9 +84,9 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
                            QuantMmaForm form = QuantMmaForm::Auto, QuantMmaWork work = {});
 
 // Grouped form: count (1..kQuantMmaGroupMax) matrices of ONE format and width that read the same prepared x, y[m] =
-// x . W[m]^T, in one launch of the KSplit kernel (the block's matrix from a table). Groupable where quant_gemv_mma's
-// rule gives each the KSplit form (Q4_K / Q5_K up to 16 tokens, Q6_K below 8); each y[m] is then bit-equal to
-// quant_gemv_mma(W[m], a, y[m]). Why: session 33's one-token group (quant_gemv_group) took KDA's six projections from
+// x . W[m]^T, in one launch of the KSplit kernel (the block's matrix from a table), or of the Tiled kernel when every
+// member has a tiled copy. Groupable where quant_gemv_mma's rule gives each the KSplit form (Q4_K / Q5_K up to 16
+// tokens, Q6_K below 8) or each the Tiled form; each y[m] is then bit-equal to quant_gemv_mma(W[m], a, y[m]). Why: session 33's one-token group (quant_gemv_group) took KDA's six projections from
 // 32.8 to 20.3 us; at 2..16 tokens sharing the prep alone gained 1.05-1.5x, one launch for the six 1.9-2.0x more (call
 // s35-1). LinearRunner's default since session 35 (K3_QUANT_MMA_GROUP=0: one launch per matrix).
 constexpr int kQuantMmaGroupMax = 8;

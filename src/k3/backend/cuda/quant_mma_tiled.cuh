@@ -134,15 +134,27 @@ __global__ void __launch_bounds__(256) tile_kernel(const uint8_t* __restrict__ w
            out + item * P::kRecBytes);
 }
 
-template <class P, int NT, bool SPLIT, int TPB>
+// GROUPED: the launch's matrices from grp (w = their tiled copies; blocks [first_block[m], first_block[m + 1]) take matrix
+// m), the tw / rows / y arguments unused.
+template <class P, int NT, bool SPLIT, int TPB, bool GROUPED = false>
 __global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint8_t* __restrict__ tw, int64_t rows, int64_t steps,
-                                                                       QuantMmaActs a, int64_t ldx, float* __restrict__ y) {
+                                                                       QuantMmaActs a, int64_t ldx, float* __restrict__ y,
+                                                                       const __grid_constant__ GroupParam<GROUPED> grp) {
   static_assert(TPB == 1 || TPB == 2 || TPB == 4 || TPB == 8, "tiles per block");
   constexpr int kWpt = kWarps / TPB, R = NT * 4;
   __shared__ float red[kWarps / 2][R][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
   const int sub = warp % kWpt;
-  const int64_t tile = static_cast<int64_t>(blockIdx.x) * TPB + warp / kWpt, tiles = (rows + 15) / 16;
+  int64_t bx = blockIdx.x;
+  if constexpr (GROUPED) {  // this block's matrix (block-uniform)
+    int m = 0;
+    while (m + 1 < grp.count && bx >= grp.first_block[m + 1]) ++m;
+    tw = grp.w[m];
+    rows = grp.rows[m];
+    y = grp.y[m];
+    bx -= grp.first_block[m];
+  }
+  const int64_t tile = bx * TPB + warp / kWpt, tiles = (rows + 15) / 16;
   const bool live = tile < tiles;
   const uint8_t* base = tw + (live ? tile : 0) * steps * P::kRecBytes;
   if (live && sub < steps) pdl::prefetch_l2(base + sub * P::kRecBytes, P::kRecBytes, lane, 32);  // its first record
@@ -164,16 +176,16 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint
   }
   // The tile's kWpt warps' sums in reduce_warps' tree (sub += sub + h for h = kWpt / 2 .. 1).
   float* flat = &acc[0][0][0];
-  const int grp = warp / kWpt;
+  const int set = warp / kWpt;  // the block's tile this warp works on
 #pragma unroll
   for (int half = kWpt / 2; half >= 1; half >>= 1) {
     if (sub >= half && sub < 2 * half)
 #pragma unroll
-      for (int i = 0; i < R; ++i) red[grp * (kWpt / 2) + sub - half][i][lane] = flat[i];
+      for (int i = 0; i < R; ++i) red[set * (kWpt / 2) + sub - half][i][lane] = flat[i];
     __syncthreads();
     if (sub < half)
 #pragma unroll
-      for (int i = 0; i < R; ++i) flat[i] += red[grp * (kWpt / 2) + sub][i][lane];
+      for (int i = 0; i < R; ++i) flat[i] += red[set * (kWpt / 2) + sub][i][lane];
     __syncthreads();
   }
   if (sub != 0 || !live) return;
@@ -193,7 +205,21 @@ cudaError_t launch_tiled(const uint8_t* tw, int64_t rows, int64_t cols, const Qu
   const int64_t blocks = ((rows + 15) / 16 + TPB - 1) / TPB;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   return pdl::launch(quant_mma_tiled_kernel<P, NT, SPLIT, TPB>, static_cast<unsigned>(blocks), kWarps * 32, 0, s, tw, rows,
-                     cols / P::kStepCols, a, ldx, y);
+                     cols / P::kStepCols, a, ldx, y, NoGroup{});
+}
+
+// The group's matrices in one launch (g.w = their tiled copies; first_block filled here).
+template <class P, int NT, bool SPLIT, int TPB>
+cudaError_t launch_tiled_group(DenseGroup g, int64_t cols, const QuantMmaActs& a, int64_t ldx, cudaStream_t s) {
+  int64_t blocks = 0;
+  for (int m = 0; m < g.count; ++m) {
+    g.first_block[m] = blocks;
+    blocks += ((g.rows[m] + 15) / 16 + TPB - 1) / TPB;
+  }
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  if (blocks == 0) return cudaSuccess;
+  return pdl::launch(quant_mma_tiled_kernel<P, NT, SPLIT, TPB, true>, static_cast<unsigned>(blocks), kWarps * 32, 0, s,
+                     static_cast<const uint8_t*>(nullptr), int64_t{0}, cols / P::kStepCols, a, ldx, static_cast<float*>(nullptr), g);
 }
 
 // The tiled policy of a KSplit decoder.
