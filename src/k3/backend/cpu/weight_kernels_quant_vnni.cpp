@@ -40,6 +40,7 @@
 #include <utility>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/kquant_act_order.h"
 #include "k3/backend/cpu/prefetch_cursor.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
@@ -98,19 +99,9 @@ namespace {
 
 // ---- activations ----
 
-// Where chunk c's 16-value group k of a 256-unit comes from. Natural: values 64 c + 16 k. kNibblePairs (Q4_K):
-// chunk c holds the values of the low (c even) or high (c odd) nibbles of 64 quant bytes, 32 per 32-byte group
-// (values 32 j + [0, 32) of sub-block j): chunk 0 = values 0-31 and 64-95, 1 = 32-63 and 96-127, 2 = 128-159 and
-// 192-223, 3 = 160-191 and 224-255; so the kernel splits one 64-byte load of quants into two chunks without
-// re-joining halves (unit_q4k). Each quad is still 4 consecutive values of one sub-block.
-template <bool kNibblePairs>
-constexpr int unit_group_src(int c, int k) {
-  return kNibblePairs ? 128 * (c / 2) + 32 * (c % 2) + 64 * (k / 2) + 16 * (k % 2) : 64 * c + 16 * k;
-}
-
 // Tokens of a 256-unit format: per unit 4 chunks of quads, then the 16 sums of 16 (fp32, each the same
 // 16-lane reduction whatever n; natural order). kOffset: the bytes are q + 128 (weights signed), else q (weights
-// unsigned). kNibblePairs: unit_group_src's Q4_K order.
+// unsigned). kNibblePairs: kquant_group_src's Q4_K order (kquant_act_order.h).
 template <bool kOffset, bool kNibblePairs = false>
 void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   const int64_t nu = cols / 256;
@@ -120,7 +111,7 @@ void q8k_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
       uint8_t* o = out + (t * nu + u) * kUnit256Bytes;
       for (int c = 0; c < 4; ++c)
         for (int k = 0; k < 4; ++k)
-          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + unit_group_src<kNibblePairs>(c, k)), o + kChunkBytes * c + 16 * k,
+          q8::quantise_quads<kOffset>(_mm512_loadu_ps(xu + kquant_group_src<kNibblePairs>(c, k)), o + kChunkBytes * c + 16 * k,
                                       reinterpret_cast<float*>(o + kChunkBytes * c + 64) + 4 * k);
       float* sums = reinterpret_cast<float*>(o + 4 * kChunkBytes);
       for (int k = 0; k < 16; ++k) sums[k] = _mm512_reduce_add_ps(_mm512_loadu_ps(xu + 16 * k));
@@ -252,7 +243,7 @@ __attribute__((always_inline)) inline void unit_q45k(const uint8_t* b, Acc& a) {
   a.template unit<true>(w, wsc, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), ml));
 }
 
-// Q4_K over the nibble-pair activation layout (unit_group_src): one 64-byte load per two chunks, the low and
+// Q4_K over the nibble-pair activation layout (kquant_group_src): one 64-byte load per two chunks, the low and
 // high nibbles each a whole chunk (no half re-joining); chunk c's lanes 0-7 belong to sub-block {0, 1, 4, 5}[c],
 // lanes 8-15 to that + 2. Same sub-scale / sub-min arithmetic as unit_q45k.
 template <class Acc>

@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/kquant_act_order.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
 #include "k3/backend/cpu/weight_simd.h"
@@ -57,14 +58,6 @@ K3_AVX512BF16_BEGIN
 namespace k3::cpu {
 namespace {
 
-// Where the 16 values of piece m (0..3) of 64-byte chunk c come from in the block. kNibblePairs (Q4_K, Q5_K): chunk c
-// = the low (c even) or high (c odd) nibbles of quant bytes [64 (c / 2), + 64), i.e. values 128 (c / 2) + 32 (c % 2)
-// + [0, 32) and + 64 + [0, 32); else natural order.
-template <bool kNibblePairs>
-constexpr int piece_src(int c, int m) {
-  return kNibblePairs ? 128 * (c / 2) + 32 * (c % 2) + 64 * (m / 2) + 16 * (m % 2) : 64 * c + 16 * m;
-}
-
 template <bool kNibblePairs>
 void q8k_block(const float* v, uint8_t* o) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -81,7 +74,7 @@ void q8k_block(const float* v, uint8_t* o) {
   int16_t sums[16];
   for (int c = 0; c < 4; ++c)
     for (int p = 0; p < 4; ++p) {
-      const int src = piece_src<kNibblePairs>(c, p);
+      const int src = kquant_group_src<kNibblePairs>(c, p);
       // round-half-even (the default MXCSR mode, as avx2int8's cvtps), saturated to int8 as its two packs do
       const __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + src), idv)));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 64 * c + 16 * p), q);
