@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -285,6 +286,26 @@ TEST(CudaLinearGroup, QuantGemvGroupEqualsQuantGemvAndRefuses) {
 // quant_gemv_mma_group (what run_group takes at 2..16 tokens for Q4_K, every tensor-core batch for Q5_K, 2..7 for Q6_K):
 // bit-equal to quant_gemv_mma per matrix on the same prepared x (with and without lo), rows off every tile size; refuses
 // two formats, two widths, nine matrices, and batches where the rule takes the Rows form (Q6_K at 8 tokens, Q4_K at 17).
+// quant_gemv_mma_group over W against `one` (each matrix on its own), bit for bit; the group's outputs poisoned first.
+void expect_group_bits(const std::vector<const k3::WeightMatrix*>& W, const k3::cuda::QuantMmaActs& a,
+                       const std::function<cudaError_t(const k3::WeightMatrix&, float*)>& one) {
+  std::vector<std::unique_ptr<Dev<float>>> yg, y1;
+  std::vector<float*> Y;
+  for (const k3::WeightMatrix* w : W) {
+    yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(a.n * w->rows)));
+    y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(a.n * w->rows)));
+    yg.back()->poison();
+    Y.push_back(yg.back()->p);
+  }
+  ck(k3::cuda::quant_gemv_mma_group(W.data(), Y.data(), static_cast<int>(W.size()), a, nullptr), "group");
+  for (size_t i = 0; i < W.size(); ++i) ck(one(*W[i], y1[i]->p), "one");
+  ck(cudaDeviceSynchronize(), "sync");
+  for (size_t i = 0; i < W.size(); ++i) {
+    const auto g = yg[i]->get(), o = y1[i]->get();
+    EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
+  }
+}
+
 TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using F = k3::WeightFormat;
@@ -311,21 +332,7 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
           EXPECT_EQ(k3::cuda::quant_gemv_mma_group(W.data(), none.data(), 6, a, nullptr), cudaErrorInvalidValue);
           continue;
         }
-        std::vector<std::unique_ptr<Dev<float>>> yg, y1;
-        std::vector<float*> Y;
-        for (const k3::WeightMatrix* w : W) {
-          yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
-          y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
-          yg.back()->poison();
-          Y.push_back(yg.back()->p);
-        }
-        ck(k3::cuda::quant_gemv_mma_group(W.data(), Y.data(), 6, a, nullptr), "group");
-        for (size_t i = 0; i < W.size(); ++i) ck(k3::cuda::quant_gemv_mma(*W[i], a, y1[i]->p, nullptr), "one");
-        ck(cudaDeviceSynchronize(), "sync");
-        for (size_t i = 0; i < W.size(); ++i) {
-          const auto g = yg[i]->get(), o = y1[i]->get();
-          EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
-        }
+        expect_group_bits(W, a, [&](const k3::WeightMatrix& w, float* y) { return k3::cuda::quant_gemv_mma(w, a, y, nullptr); });
       }
     }
   }
@@ -384,22 +391,9 @@ TEST(CudaLinearGroup, TiledGroupEqualsTiledOneByOne) {
         const bool ksplit = f == F::Q6_K ? n < 8 : f == F::Q4_K ? n <= 16 : true;  // above 16 tokens the untiled rule
         ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), tiled || ksplit);
         if (!tiled) continue;
-        std::vector<std::unique_ptr<Dev<float>>> yg, y1;
-        std::vector<float*> Y;
-        for (const k3::WeightMatrix* w : W) {
-          yg.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
-          y1.push_back(std::make_unique<Dev<float>>(static_cast<size_t>(n * w->rows)));
-          yg.back()->poison();
-          Y.push_back(yg.back()->p);
-        }
-        ck(k3::cuda::quant_gemv_mma_group(W.data(), Y.data(), 6, a, nullptr), "group");
-        for (size_t i = 0; i < W.size(); ++i)
-          ck(k3::cuda::quant_gemv_mma(*W[i], a, y1[i]->p, nullptr, 0, k3::cuda::QuantMmaForm::Tiled), "one");
-        ck(cudaDeviceSynchronize(), "sync");
-        for (size_t i = 0; i < W.size(); ++i) {
-          const auto g = yg[i]->get(), o = y1[i]->get();
-          EXPECT_EQ(std::memcmp(g.data(), o.data(), g.size() * 4), 0) << "matrix " << i;
-        }
+        expect_group_bits(W, a, [&](const k3::WeightMatrix& w, float* y) {
+          return k3::cuda::quant_gemv_mma(w, a, y, nullptr, 0, k3::cuda::QuantMmaForm::Tiled);
+        });
       }
     }
   }

@@ -53,21 +53,38 @@ struct Acts {
   }
 };
 
+// One shape's random blocks, the CPU's rows of them, max_n Gaussian activation rows and their float64 product.
+struct Case {
+  std::vector<uint8_t> wb;
+  k3::WeightMatrix hw;
+  std::vector<float> x;
+  Product p;
+  Case(WeightFormat f, int64_t rows, int64_t cols, int max_n, uint32_t wseed, uint32_t xseed)
+      : wb(random_blocks(f, rows, cols, wseed, 4, 10)), hw(host_matrix(f, wb, rows, cols)), x(static_cast<size_t>(max_n * cols)) {
+    std::mt19937 rng(xseed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& v : x) v = nd(rng);
+    p = reference(cpu_rows(hw), x, rows, cols, max_n);
+  }
+  // The first n tokens' part of the product.
+  Product first(int n, int64_t rows) const {
+    Product pn;
+    pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
+    pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
+    return pn;
+  }
+};
+
 TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
   SKIP_WITHOUT_GPU();
   for (WeightFormat f : kMmaFormats) {
     for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 1}, {6, 2}, {70, 9}}) {
       const int64_t cols = 256 * blocks;
-      const auto wb = random_blocks(f, rows, cols, 91 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 4, 10);
-      const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
-      const std::vector<float> w = cpu_rows(hw);
       const int max_n = 64;
-      std::mt19937 rng(7 + static_cast<uint32_t>(cols));
-      std::normal_distribution<float> nd(0.f, 1.f);
-      std::vector<float> x(static_cast<size_t>(max_n * cols));
-      for (auto& v : x) v = nd(rng);
-      const Product p = reference(w, x, rows, cols, max_n);
-      Dev<float> dx(x);
+      const Case c(f, rows, cols, max_n, 91 + static_cast<uint32_t>(f) + static_cast<uint32_t>(rows), 7 + static_cast<uint32_t>(cols));
+      const auto& wb = c.wb;
+      const k3::WeightMatrix& hw = c.hw;
+      Dev<float> dx(c.x);
       Dev<uint8_t> d(wb), d_odd(wb.size() + 2);
       Dev<float> work(k3::cuda::quant_mma_work_floats(hw, max_n, Rows));
       const int64_t unit_cols = f == WeightFormat::Q6_K ? 128 : 64;
@@ -81,9 +98,7 @@ TEST(CudaQuantMma, WithinItsBoundOfTheFloat64Product) {
       ASSERT_TRUE(k3::cuda::quant_mma_supported(dw));
       EXPECT_EQ(k3::cuda::quant_mma_supported(dw_odd), f == WeightFormat::Q6_K);  // 144 / 176-byte blocks want 16
       for (int n : {1, 2, 3, 7, 8, 9, 16, 17, 31, 32, 33, 47, 64}) {
-        Product pn;
-        pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
-        pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
+        const Product pn = c.first(n, rows);
         for (bool split : {true, false}) {
           Acts acts(dx, n, cols, split);
           // KSplit at both tile widths; Rows with its k slices (partials) and without (one slice).
@@ -141,31 +156,25 @@ TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
   for (WeightFormat f : kMmaFormats) {
     for (const auto& [rows, blocks] : {std::pair<int64_t, int64_t>{37, 3}, {133, 1}, {6, 2}, {70, 9}}) {
       const int64_t cols = 256 * blocks;
-      const auto wb = random_blocks(f, rows, cols, 191 + static_cast<uint32_t>(rows) + static_cast<uint32_t>(f), 4, 10);
-      const k3::WeightMatrix hw = host_matrix(f, wb, rows, cols);
-      const std::vector<float> w = cpu_rows(hw);
-      const int max_n = 17;
-      std::mt19937 rng(17 + static_cast<uint32_t>(cols));
-      std::normal_distribution<float> nd(0.f, 1.f);
-      std::vector<float> x(static_cast<size_t>(max_n * cols));
-      for (auto& v : x) v = nd(rng);
-      const Product p = reference(w, x, rows, cols, max_n);
-      Dev<float> dx(x);
+      const Case c(f, rows, cols, 17, 191 + static_cast<uint32_t>(rows) + static_cast<uint32_t>(f), 17 + static_cast<uint32_t>(cols));
+      const auto& wb = c.wb;
+      const k3::WeightMatrix& hw = c.hw;
+      Dev<float> dx(c.x);
       const int off = f == WeightFormat::Q6_K ? 2 : 0;  // Q6_K rows as a matrix places them: 2-byte aligned
       Dev<uint8_t> d_off(wb.size() + 16);
       ck(cudaMemcpy(d_off.p + off, wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
       k3::WeightMatrix dw = hw;
       dw.data = d_off.p + off, dw.device = 0;
-      if (heads_only) EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(dw)) << "only the vocabulary heads get the copy";
+      if (heads_only) {
+        EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(dw)) << "only the vocabulary heads get the copy";
+      }
       Dev<uint8_t> tiled(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(dw)));
       tiled.poison();
       ck(k3::cuda::quant_mma_make_tiled(dw, tiled.p, nullptr), "make tiled");
       k3::WeightMatrix dt = dw;
       dt.tiled = tiled.p;
       for (int n : {1, 2, 3, 7, 8, 9, 16, 17}) {
-        Product pn;
-        pn.exact.assign(p.exact.begin(), p.exact.begin() + n * rows);
-        pn.abs_sum.assign(p.abs_sum.begin(), p.abs_sum.begin() + n * rows);
+        const Product pn = c.first(n, rows);
         for (bool split : {true, false}) {
           Acts acts(dx, n, cols, split);
           Dev<float> y(static_cast<size_t>(n * rows)), y1(static_cast<size_t>(n * rows));
@@ -185,7 +194,9 @@ TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
             const std::string what = std::string(k3::weight_format_name(f)) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
                                      " n=" + std::to_string(n) + " tpb=" + std::to_string(tpb) + (split ? " hi+lo" : " hi");
             EXPECT_LE(worst_ratio(got, pn, quant_mma_bound(cols, split)), 2.0) << what;
-            if (tpb == 1 && f == WeightFormat::Q6_K) EXPECT_EQ(std::memcmp(got.data(), ks.data(), got.size() * 4), 0) << what;
+            if (tpb == 1 && f == WeightFormat::Q6_K) {
+              EXPECT_EQ(std::memcmp(got.data(), ks.data(), got.size() * 4), 0) << what;
+            }
           }
           // Auto: the copy's rule (tiles per block left open) -- the same bits as asking for Tiled with mt 0.
           ck(k3::cuda::quant_gemv_mma(dt, acts.a, y.p, nullptr, 0, Tiled), "tiled rule");
@@ -202,7 +213,9 @@ TEST(CudaQuantMma, TiledEqualsKSplitAndStaysWithinItsBound) {
   k3::WeightMatrix head{WeightFormat::Q6_K, reinterpret_cast<const void*>(uintptr_t{256}), nullptr, 65536, 2304, 0};
   EXPECT_EQ(k3::cuda::quant_mma_tiled_wanted(head), heads);
   head.format = WeightFormat::Q4_K;
-  if (heads_only) EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(head));
+  if (heads_only) {
+    EXPECT_FALSE(k3::cuda::quant_mma_tiled_wanted(head));
+  }
 }
 
 // The prep's sums: each 32 columns of hi + lo (hi alone), zeros for the padding tokens up to the next 8.

@@ -379,6 +379,17 @@ struct NoGroup {};
 template <bool GROUPED>
 using GroupParam = std::conditional_t<GROUPED, DenseGroup, NoGroup>;
 
+// The member of a grouped launch that block bx works on (block-uniform): its matrix w, rows and output y, and bx made
+// relative to the member's first block.
+__device__ __forceinline__ void group_member(const DenseGroup& grp, int64_t& bx, const uint8_t*& w, int64_t& rows, float*& y) {
+  int m = 0;
+  while (m + 1 < grp.count && bx >= grp.first_block[m + 1]) ++m;
+  w = grp.w[m];
+  rows = grp.rows[m];
+  y = grp.y[m];
+  bx -= grp.first_block[m];
+}
+
 template <class P, int NT, int MT, bool SPLIT, bool GLU, bool MAPPED, bool GROUPED = false>
 __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j, const __grid_constant__ GroupParam<GROUPED> grp) {
   static_assert(!GLU || MT == 2, "GLU: m16 tile 0 = gate rows, 1 = up rows");
@@ -391,14 +402,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_kernel(const Job j, con
   const uint8_t* w1 = j.w1;
   int64_t rows = j.rows, bx = blockIdx.x;
   float* yout = j.y;
-  if constexpr (GROUPED) {  // this block's matrix (block-uniform)
-    int m = 0;
-    while (m + 1 < grp.count && bx >= grp.first_block[m + 1]) ++m;
-    w0 = grp.w[m];
-    rows = grp.rows[m];
-    yout = grp.y[m];
-    bx -= grp.first_block[m];
-  }
+  if constexpr (GROUPED) group_member(grp, bx, w0, rows, yout);
   int s0 = 0, count = j.a.n;
   if constexpr (MAPPED) {  // the experts' tiles (the dense launches are never MAPPED: no registers for the tile's fields)
     if (static_cast<int>(blockIdx.y) >= *j.num_tiles) return;

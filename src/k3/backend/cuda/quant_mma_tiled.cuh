@@ -22,7 +22,8 @@
 // Work split: a block's 8 warps cover TPB tiles (TPB = 1, 2, 4 or 8), 8 / TPB warps per tile taking its steps in turn
 // (warp w of a tile: steps w, w + 8 / TPB, ...), their sums meeting in shared memory in a fixed tree. For Q6_K, TPB = 1
 // is KSplit's split and tree with MT = 1: the same bits (tested). Each warp loads its next step before decoding the
-// current one.
+// current one. The copy is written by tile_kernel once at upload and synchronised before any step, so, like the stored
+// weights, it may be read before pdl::wait() (pdl.cuh's contract).
 #pragma once
 #include "k3/backend/cuda/quant_mma.cuh"
 
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(256) tile_kernel(const uint8_t* __restrict__ w
 // GROUPED: the launch's matrices from grp (w = their tiled copies; blocks [first_block[m], first_block[m + 1]) take matrix
 // m), the tw / rows / y arguments unused.
 template <class P, int NT, bool SPLIT, int TPB, bool GROUPED = false>
-__global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint8_t* __restrict__ tw, int64_t rows, int64_t steps,
-                                                                       QuantMmaActs a, int64_t ldx, float* __restrict__ y,
+__global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint8_t* tw, int64_t rows, int64_t steps,
+                                                                       QuantMmaActs a, int64_t ldx, float* y,
                                                                        const __grid_constant__ GroupParam<GROUPED> grp) {
   static_assert(TPB == 1 || TPB == 2 || TPB == 4 || TPB == 8, "tiles per block");
   constexpr int kWpt = kWarps / TPB, R = NT * 4;
@@ -146,14 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32) quant_mma_tiled_kernel(const uint
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
   const int sub = warp % kWpt;
   int64_t bx = blockIdx.x;
-  if constexpr (GROUPED) {  // this block's matrix (block-uniform)
-    int m = 0;
-    while (m + 1 < grp.count && bx >= grp.first_block[m + 1]) ++m;
-    tw = grp.w[m];
-    rows = grp.rows[m];
-    y = grp.y[m];
-    bx -= grp.first_block[m];
-  }
+  if constexpr (GROUPED) group_member(grp, bx, tw, rows, y);
   const int64_t tile = bx * TPB + warp / kWpt, tiles = (rows + 15) / 16;
   const bool live = tile < tiles;
   const uint8_t* base = tw + (live ? tile : 0) * steps * P::kRecBytes;
