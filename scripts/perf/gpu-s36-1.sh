@@ -9,6 +9,10 @@
 # (`k3 convert` of the same dir), and k3 once more at batch 1 / 8 on that GGUF (the same bytes both engines read).
 # models/k3-tiny/model.safetensors is moved out of the tree for the call (64 MiB carry cap).
 # Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-slim.tar.xz .gpuwork/q6k_tiled_bench.xz
+# Prep on the dev box (a fresh checkout has no .gpuwork): scripts/gpu-pack-bins; the bench with the nvcc line in
+# scripts/perf/q6k_tiled_bench.cu's header, then xz -9; xz -9 of the shared tiktoken.model; llama-cuda-slim.tar.xz as
+# session 35's note says (the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp, trimmed); move
+# models/k3-tiny/model.safetensors out of the tree for the call (64 MiB carry cap) and back after.
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 588 - $(date +%s) + T0 )); }
 O=$OUT; P=s36-1; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD /tmp/k3b
