@@ -286,6 +286,20 @@ TEST(CudaLinearGroup, QuantGemvGroupEqualsQuantGemvAndRefuses) {
 // quant_gemv_mma_group (what run_group takes at 2..16 tokens for Q4_K, every tensor-core batch for Q5_K, 2..7 for Q6_K):
 // bit-equal to quant_gemv_mma per matrix on the same prepared x (with and without lo), rows off every tile size; refuses
 // two formats, two widths, nine matrices, and batches where the rule takes the Rows form (Q6_K at 8 tokens, Q4_K at 17).
+// n Gaussian activation rows prepared for the tensor-core GEMV (quant_mma_prep), split into hi + lo or hi alone.
+struct PreppedX {
+  Dev<float> x;
+  Dev<uint16_t> hi, lo;
+  Dev<float> xsum;
+  k3::cuda::QuantMmaActs a;
+  PreppedX(int n, int64_t cols, uint64_t seed, bool split)
+      : x(randn(static_cast<size_t>(n * cols), seed)), hi(static_cast<size_t>(n * cols)), lo(static_cast<size_t>(n * cols)),
+        xsum(static_cast<size_t>(k3::cuda::quant_mma_ldx(n) * (cols / 32))) {
+    ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
+    a = k3::cuda::QuantMmaActs{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
+  }
+};
+
 // quant_gemv_mma_group over W against `one` (each matrix on its own), bit for bit; the group's outputs poisoned first.
 void expect_group_bits(const std::vector<const k3::WeightMatrix*>& W, const k3::cuda::QuantMmaActs& a,
                        const std::function<cudaError_t(const k3::WeightMatrix&, float*)>& one) {
@@ -319,12 +333,8 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
     for (int n : {2, 5, 7, 8, 16, 17}) {
       for (bool split : {true, false}) {
         SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
-        Dev<float> x(randn(static_cast<size_t>(n * cols), 500 + n));
-        const int ldx = k3::cuda::quant_mma_ldx(n);
-        Dev<uint16_t> hi(static_cast<size_t>(n * cols)), lo(static_cast<size_t>(n * cols));
-        Dev<float> xsum(static_cast<size_t>(ldx * (cols / 32)));
-        ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
-        const k3::cuda::QuantMmaActs a{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
+        const PreppedX px(n, cols, 500 + n, split);
+        const k3::cuda::QuantMmaActs& a = px.a;
         const bool ksplit = f == F::Q6_K ? n < 8 : f == F::Q4_K ? n <= 16 : true;  // quant_gemv_mma's rule (Q5_K: KSplit always)
         ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), ksplit);
         if (!ksplit) {
@@ -381,12 +391,8 @@ TEST(CudaLinearGroup, TiledGroupEqualsTiledOneByOne) {
     for (int n : {1, 2, 7, 8, 16, 17}) {
       for (bool split : {true, false}) {
         SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
-        Dev<float> x(randn(static_cast<size_t>(n * cols), 700 + n));
-        const int ldx = k3::cuda::quant_mma_ldx(n);
-        Dev<uint16_t> hi(static_cast<size_t>(n * cols)), lo(static_cast<size_t>(n * cols));
-        Dev<float> xsum(static_cast<size_t>(ldx * (cols / 32)));
-        ck(k3::cuda::quant_mma_prep(x.p, n, cols, hi.p, split ? lo.p : nullptr, xsum.p, nullptr), "prep");
-        const k3::cuda::QuantMmaActs a{hi.p, split ? lo.p : nullptr, xsum.p, n, cols};
+        const PreppedX px(n, cols, 700 + n, split);
+        const k3::cuda::QuantMmaActs& a = px.a;
         const bool tiled = n <= k3::cuda::kQuantMmaTiledMaxTokens;
         const bool ksplit = f == F::Q6_K ? n < 8 : f == F::Q4_K ? n <= 16 : true;  // above 16 tokens the untiled rule
         ASSERT_EQ(k3::cuda::quant_gemv_mma_groupable(W.data(), 6, a), tiled || ksplit);
