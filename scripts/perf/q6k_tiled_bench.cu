@@ -2,7 +2,7 @@
 // through quant_mma.h) against the KSplit kernel, the rule without a tiled copy and (one token) the fp32 block GEMV, on
 // the same random blocks: bitwise equality of Q6_K's one-tile-per-block form with KSplit (MT = 1), the largest
 // difference of every form against KSplit relative to max |y|, and us / GB/s (stored bytes) with L2 flushed before each call.
-//   nvcc -O3 -std=c++20 -gencode=arch=compute_90,code=sm_90 --expt-relaxed-constexpr -Isrc scripts/perf/q6k_tiled_bench.cu \
+//   nvcc -O3 -std=c++20 -gencode=arch=compute_90,code=sm_90 --expt-relaxed-constexpr -Isrc -Itests/cuda scripts/perf/q6k_tiled_bench.cu \
 //     src/k3/backend/cuda/quant_gemv_mma.cu src/k3/backend/cuda/quant_gemv.cu src/k3/backend/cuda/quant_tables.cpp \
 //     src/k3/quant/iq_tables.cpp -o q6k_tiled_bench
 //   q6k_tiled_bench q4_k|q5_k|q6_k ROWS COLS N [SPLIT=1] [REPS=20]
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "quant_test_blocks.h"  // tests/cuda
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_mma.h"
 #include "k3/core/weight_format.h"
@@ -43,17 +44,9 @@ int main(int argc, char** argv) {
   const int n = std::atoi(argv[4]), reps = argc > 6 ? std::atoi(argv[6]) : 20;
   const bool split = argc > 5 ? std::atoi(argv[5]) != 0 : true;
   if (n < 1 || n > 16 || cols % 256 != 0) return 2;
-  const k3::WeightLayout l = k3::weight_layout(f);
-  const int64_t blocks = rows * cols / l.block_elems;
-  std::vector<uint8_t> wb(static_cast<size_t>(blocks * l.block_bytes));
-  std::mt19937 rng(1);
-  for (auto& b : wb) b = static_cast<uint8_t>(rng());
-  const int d_off = f == k3::WeightFormat::Q6_K ? 208 : 0, nd = f == k3::WeightFormat::Q6_K ? 1 : 2;
-  for (int64_t i = 0; i < blocks; ++i)
-    for (int k = 0; k < nd; ++k) {
-      const uint16_t h = static_cast<uint16_t>(((rng() & 1) << 15) | ((5 + rng() % 6) << 10) | (rng() & 0x3FF));
-      std::memcpy(wb.data() + i * l.block_bytes + d_off + 2 * k, &h, 2);
-    }
+  // the CUDA tests' random blocks: every byte random, the f16 scales finite with exponents 2^-10 .. 2^-5
+  const std::vector<uint8_t> wb = k3quanttest::random_blocks(f, rows, cols, 1, 5, 10);
+  std::mt19937 rng(2);
   std::normal_distribution<float> nd01(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd01(rng);

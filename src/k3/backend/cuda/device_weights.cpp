@@ -103,11 +103,9 @@ class Uploader {
     return false;
   }
 
-  // A GGUF block matrix (Q8_0, Q4_K, ..., IQ1_M) goes up as its blocks, byte for byte (the kernels of
-  // quant_kernels.h decode them in registers); the device's i-quant codebooks are made here, outside any
-  // CUDA graph capture.
-  // A vocabulary head in Q6_K also gets the tile-major copy its decode GEMV reads (quant_mma.h, Tiled: +1% of its
-  // bytes beside the stored blocks, which prefill and the other forms keep reading).
+  // A dense projection quant_mma_tiled_wanted names (K3_QUANT_MMA_TILED: the Q6_K vocabulary heads, or every K-quant
+  // matrix) also gets the tile-major copy its decode GEMV reads (quant_mma.h, Tiled), beside the stored blocks that
+  // prefill and the other forms keep reading.
   WeightMatrix with_tiled(WeightMatrix d) {
     if (!quant_mma_tiled_wanted(d)) return d;
     void* t = a_.alloc(static_cast<size_t>(quant_mma_tiled_bytes(d)));
@@ -117,6 +115,9 @@ class Uploader {
     return d;
   }
 
+  // A GGUF block matrix (Q8_0, Q4_K, ..., IQ1_M) goes up as its blocks, byte for byte (the kernels of
+  // quant_kernels.h decode them in registers); the device's i-quant codebooks are made here, outside any
+  // CUDA graph capture.
   WeightMatrix blocks(const WeightMatrix& w) {
     if (w.scales != nullptr || w.cols % weight_layout(w.format).block_elems != 0)
       throw Error(std::string("CUDA backend: a ") + weight_format_name(w.format) + " matrix of " + std::to_string(w.cols) +

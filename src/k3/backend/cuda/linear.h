@@ -59,8 +59,8 @@ class LinearRunner {
   // Q4_K / Q5_K / Q6_K batches from this many tokens up to kQuantMmaMaxTokens take the tensor-core block GEMV
   // (quant_mma.h) instead.
   static constexpr int kQuantMmaMinTokens = 2;
-  // ... and from one token for matrices of at least this many rows (the vocabulary heads).
-  static constexpr int64_t kQuantMmaTallRows = 65536;
+  // ... and from one token for matrices of at least this many rows (the vocabulary heads; quant_mma.h's bound).
+  static constexpr int64_t kQuantMmaTallRows = kQuantMmaTallMatrixRows;
   // Largest tile (in values) of a GGUF block matrix dequantised to bf16 for a prefill-sized product (32 MB).
   static constexpr int64_t kDequantTileFloats = int64_t{16} << 20;
 

@@ -270,7 +270,7 @@ bool quant_mma_tiled_wanted(const WeightMatrix& W) {
     return std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "all") == 0 ? 2 : 1;
   }();
   if (mode == 0 || !quant_mma_supported(W)) return false;
-  return mode == 2 || (W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTiledMinRows);
+  return mode == 2 || (W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTallMatrixRows);
 }
 
 namespace {

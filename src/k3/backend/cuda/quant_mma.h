@@ -56,10 +56,10 @@ cudaError_t quant_mma_prep(const float* x, int n, int64_t cols, uint16_t* hi, ui
 enum class QuantMmaForm { Auto, KSplit, Rows, Staged, Tiled };
 constexpr int kQuantMmaStagedMaxTokens = 16;
 constexpr int kQuantMmaTiledMaxTokens = 16;
-// The matrices that get a tiled copy: Q6_K with at least this many rows (the vocabulary heads, whose one-token
-// product is ~25% of a GGUF decode step; LinearRunner::kQuantMmaTallRows) with K3_QUANT_MMA_TILED=1; =all: every
-// Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside the copy for prefill).
-constexpr int64_t kQuantMmaTiledMinRows = 65536;
+// The vocabulary heads: matrices of at least this many rows, whose one-token product is ~25% of a GGUF decode step
+// (LinearRunner gives them the tensor cores from one token). With K3_QUANT_MMA_TILED=1 the Q6_K ones get a tiled copy;
+// =all: every Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside it for prefill).
+constexpr int64_t kQuantMmaTallMatrixRows = 65536;
 // Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none): off until measured end to end on
 // a GPU (written in session 36 while the device was refused).
 constexpr bool kQuantMmaTiledByDefault = false;
@@ -86,8 +86,8 @@ cudaError_t quant_gemv_mma(const WeightMatrix& W, const QuantMmaActs& a, float* 
 // Grouped form: count (1..kQuantMmaGroupMax) matrices of ONE format and width that read the same prepared x, y[m] =
 // x . W[m]^T, in one launch of the KSplit kernel (the block's matrix from a table), or of the Tiled kernel when every
 // member has a tiled copy. Groupable where quant_gemv_mma's rule gives each the KSplit form (Q4_K / Q5_K up to 16
-// tokens, Q6_K below 8) or each the Tiled form; each y[m] is then bit-equal to quant_gemv_mma(W[m], a, y[m]). Why: session 33's one-token group (quant_gemv_group) took KDA's six projections from
-// 32.8 to 20.3 us; at 2..16 tokens sharing the prep alone gained 1.05-1.5x, one launch for the six 1.9-2.0x more (call
+// tokens, Q6_K below 8) or each the Tiled form; each y[m] is then bit-equal to quant_gemv_mma(W[m], a, y[m]). Why:
+// session 33's one-token group (quant_gemv_group) took KDA's six projections from 32.8 to 20.3 us; at 2..16 tokens sharing the prep alone gained 1.05-1.5x, one launch for the six 1.9-2.0x more (call
 // s35-1). LinearRunner's default since session 35 (K3_QUANT_MMA_GROUP=0: one launch per matrix).
 constexpr int kQuantMmaGroupMax = 8;
 bool quant_gemv_mma_groupable(const WeightMatrix* const* W, int count, const QuantMmaActs& a);
