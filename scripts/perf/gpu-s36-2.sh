@@ -8,7 +8,7 @@
 # tiled) vs the rule (none) vs =all (every K-quant matrix), alternating; (3) llama-batched-bench on the same file, then k3 once more.
 # Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-slim.tar.xz
 set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( ${S36_2_LIMIT:-585} - $(date +%s) + T0 )); }
 O=$OUT; P=s36-2; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD /tmp/k3b
 . scripts/perf/lib-gguf-slice.sh; llama_quantize_bg
 LLAMA_JOBS=14 llama_cuda_bg llama-batched-bench
@@ -24,13 +24,13 @@ while [ ! -f /tmp/slice.done ] && [ $(left) -gt 150 ]; do sleep 1; done; cat /tm
 kb() { local l=$1; shift; [ $(left) -gt 40 ] || return
   env "$@" timeout 50 $B bench offline -m $Q --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2 --mem-bw -1 > /tmp/kb-$l.txt 2>&1
   echo "## k3 $l ($*) rc=$? $(el)" >> $O/$P-e2e.txt; grep -E "^\| [^ ]+\.gguf .*tg32 .*[0-9] \|$" /tmp/kb-$l.txt >> $O/$P-e2e.txt; }
-for r in 1 2; do kb heads-r$r K3_QUANT_MMA_TILED=1; kb rule-r$r; kb all-r$r K3_QUANT_MMA_TILED=all; done; echo "k3 e2e $(el)"; cat $O/$P-e2e.txt
+for r in 1 2; do kb heads-r$r K3_QUANT_MMA_TILED=1; kb none-r$r K3_QUANT_MMA_TILED=0; kb all-r$r K3_QUANT_MMA_TILED=all; done; echo "k3 e2e $(el)"; cat $O/$P-e2e.txt
 while [ ! -f /tmp/llama.done ] && [ $(left) -gt 70 ]; do sleep 2; done; cat /tmp/llama.done 2>/dev/null || { echo "llama not built $(el)"; tail -3 /tmp/llama-build.log; }
 LB=$BD/llama.cpp/b/bin
 if [ -x $LB/llama-batched-bench ]; then
   echo "## llama-batched-bench $(el)" >> $O/$P-e2e.txt
   timeout 60 $LB/llama-batched-bench -m $Q -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 512 -ntg 32 -npl 1,2,4,8,16 > /tmp/lbb.txt 2>&1
   echo "llama rc=$? $(el)"; grep -E "^\|" /tmp/lbb.txt >> $O/$P-e2e.txt
-  kb heads-r3 K3_QUANT_MMA_TILED=1; kb rule-r3; echo "k3 e2e 3 $(el)"
+  kb heads-r3 K3_QUANT_MMA_TILED=1; kb none-r3 K3_QUANT_MMA_TILED=0; echo "k3 e2e 3 $(el)"
 fi
 cat $O/$P-e2e.txt; echo "done $(el)"

@@ -84,8 +84,12 @@ cudaError_t launch_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int m
   });
 }
 
-// The Tiled form's m16 tiles per block when the caller leaves it open.
-constexpr int kTiledDefaultTpb = 2;
+// The Tiled form's m16 tiles per block when the caller leaves it open (call s36-1, H100, scripts/perf/q6k_tiled_bench.cu,
+// docs/perf/cuda/s36-1-stdout-tail.txt): one for every matrix but the tall ones -- Q6_K 4096 x 7168 24.0 us at one tile
+// against 36.4 at two, Q4_K 2304 x 4096 13.4 vs 20.0: more tiles a block mean fewer blocks than a small matrix needs
+// to fill the SMs -- and two for the vocabulary heads (163840 x 2304 Q6_K at 8 tokens 157.5 vs 167.4, 16: 268.8 vs
+// 329.7; at one token 132.0 vs 139.3).
+int tiled_default_tpb(int64_t rows) { return rows >= kQuantMmaTallMatrixRows ? 2 : 1; }
 
 // fn(nt, tpb) with std::integral_constant arguments for the Tiled form (1 or 2 n8 tiles; 1, 2, 4 or 8 tiles per block).
 template <class Fn>
@@ -115,7 +119,7 @@ cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cuda
 
 template <class P, bool SPLIT>
 cudaError_t launch_tiled_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, cudaStream_t s) {
-  return with_tiled(j.a.n, kTiledDefaultTpb, [&](auto nt, auto t) {
+  return with_tiled(j.a.n, tiled_default_tpb(j.rows), [&](auto nt, auto t) {
     return qmma::launch_tiled_group<typename qmma::TiledOf<P>::type, decltype(nt)::value, SPLIT, decltype(t)::value>(g, j.a.cols, j.a,
                                                                                                                j.ldx, s);
   });
@@ -176,7 +180,7 @@ struct DenseLaunch {
   cudaError_t run() const {
     if (form == QuantMmaForm::Tiled) {
       const auto* tw = static_cast<const uint8_t*>(tiled);
-      const int tpb = mt == 0 ? kTiledDefaultTpb : mt;
+      const int tpb = mt == 0 ? tiled_default_tpb(j.rows) : mt;
       return j.a.lo ? launch_tiled_nt<P, true>(tw, j, tpb, s) : launch_tiled_nt<P, false>(tw, j, tpb, s);
     }
     if (form == QuantMmaForm::Staged) {

@@ -60,9 +60,10 @@ constexpr int kQuantMmaTiledMaxTokens = 16;
 // (LinearRunner gives them the tensor cores from one token). With K3_QUANT_MMA_TILED=1 the Q6_K ones get a tiled copy;
 // =all: every Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside it for prefill).
 constexpr int64_t kQuantMmaTallMatrixRows = 65536;
-// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none): off until measured end to end on
-// a GPU (written in session 36 while the device was refused).
-constexpr bool kQuantMmaTiledByDefault = false;
+// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none): on since call s36-1 (H100: the
+// 163840 x 2304 Q6_K head 211.5 -> 132.0 us at one token, 274.8 -> 157.5 at 8; K3's 163840 x 7168 654 -> 363; its
+// memory: a second copy of the head, +1%, beside the stored blocks that prefill reads).
+constexpr bool kQuantMmaTiledByDefault = true;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
 int64_t quant_mma_tiled_bytes(const WeightMatrix& W);
 // W's tile-major copy into out (quant_mma_tiled_bytes(W) bytes, 16-byte aligned), on stream s.
