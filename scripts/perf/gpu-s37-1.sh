@@ -13,8 +13,8 @@ nvidia-smi --query-gpu=name,clocks.max.sm,clocks.mem --format=csv,noheader
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=/tmp/k3b/k3; T=/tmp/k3b/k3_cuda_tests; echo "unpacked $(el)"
 ( kl_slice_q4km $B > /tmp/slice.log 2>&1; touch /tmp/slice.done ) &
-timeout 150 $T --gtest_filter='CudaQuantMma.*:CudaLinear*:CudaPdl.*:CudaQuantKernels.*:-*Timing*' > $O/$P-tests.log 2>&1; echo "tests rc=$? $(el)"
-grep -E '^\[  (FAILED|PASSED) |Failure|tests ran' $O/$P-tests.log | head -12
+timeout 150 $T --gtest_filter='CudaQuantModelTiled.*:CudaQuantMma.*:CudaLinear*:CudaPdl.*:CudaQuantKernels.*:*CudaQuantModel.*:-*Timing*' > $O/$P-tests.log 2>&1; echo "tests rc=$? $(el)"
+grep -E "^\[  (FAILED|PASSED) |Failure|tests ran|tiled e2e|quant e2e" $O/$P-tests.log | head -24
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 timeout 60 $CS --tool memcheck $T --gtest_filter='CudaQuantMma.Tiled*:CudaLinearGroup.Tiled*' > $O/$P-memcheck.log 2>&1
 echo "memcheck rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $O/$P-memcheck.log | head -4; xz -9 $O/$P-memcheck.log

@@ -31,6 +31,7 @@
 #include "k3/backend/cuda/quant_mma.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -265,14 +266,22 @@ size_t quant_mma_work_floats(const WeightMatrix& W, int n, QuantMmaForm form) {
   return slices > 1 ? static_cast<size_t>(slices * n * W.rows) : 0;
 }
 
+namespace {
+std::atomic<int> g_tiled_mode_override{-1};  // quant_mma_set_tiled_mode; -1 = K3_QUANT_MMA_TILED or the default
+}  // namespace
+
+void quant_mma_set_tiled_mode(int mode) { g_tiled_mode_override.store(mode < 0 || mode > 2 ? -1 : mode); }
+
 bool quant_mma_tiled_wanted(const WeightMatrix& W) {
   // K3_QUANT_MMA_TILED: 1 = the Q6_K vocabulary heads; all = every Q4_K / Q5_K / Q6_K dense matrix (A/B); 0 = none;
   // unset = kQuantMmaTiledByDefault's choice
-  static const int mode = [] {
+  static const int env_mode = [] {
     const char* e = std::getenv("K3_QUANT_MMA_TILED");
     if (e == nullptr) return kQuantMmaTiledByDefault ? 1 : 0;
     return std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "all") == 0 ? 2 : 1;
   }();
+  const int forced = g_tiled_mode_override.load();
+  const int mode = forced >= 0 ? forced : env_mode;
   if (mode == 0 || !quant_mma_supported(W)) return false;
   return mode == 2 || (W.format == WeightFormat::Q6_K && W.rows >= kQuantMmaTallMatrixRows);
 }

@@ -66,6 +66,9 @@ constexpr int64_t kQuantMmaTallMatrixRows = 65536;
 // K3).
 constexpr bool kQuantMmaTiledByDefault = true;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
+// Tests: the mode the uploads after this call use (0 none, 1 the heads, 2 every K-quant matrix; -1 back to
+// K3_QUANT_MMA_TILED or the default).
+void quant_mma_set_tiled_mode(int mode);
 int64_t quant_mma_tiled_bytes(const WeightMatrix& W);
 // W's tile-major copy into out (quant_mma_tiled_bytes(W) bytes, 16-byte aligned), on stream s.
 cudaError_t quant_mma_make_tiled(const WeightMatrix& W, void* out, cudaStream_t s);
