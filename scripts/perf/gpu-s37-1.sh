@@ -3,8 +3,8 @@
 # device is scarce): the Tiled form's gtests (s36-1's summary line was lost) + memcheck, then llama-quantize's Q4_K_M of
 # the Kimi-Linear-dims slice end to end with the heads' tiled copy (now the default) vs none vs all, alternating.
 # llama.cpp's CUDA figures for this file are the earlier calls' (cross-call). Binaries: scripts/gpu-pack-bins of this
-# commit. Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-slim.tar.xz; move
-# models/k3-tiny/model.safetensors out of the tree for the call. LIMIT=seconds the call may use (default 585).
+# commit. Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz (k3-tiny stays in the tree: the quantised-model
+# tests read it; so no room for llama.cpp's source: the slice is quantised by k3's own Q4_K_M). LIMIT=seconds (default 585).
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( ${LIMIT:-585} - $(date +%s) + T0 )); }
 O=$OUT; P=s37-1; GW=$ROOT/.gpuwork; BD=/tmp/w; mkdir -p $BD /tmp/k3b
