@@ -1,7 +1,7 @@
 #!/bin/bash
 # session 37 call 1 (issues 15 / 18): session 36-2 without llama.cpp's CUDA build (it took 468 s of call s36-1; the
 # device is scarce): the Tiled form's gtests (s36-1's summary line was lost; CudaQuantModelTiled new) + memcheck, then
-# k3's Q4_K_M of the Kimi-Linear-dims slice end to end with the heads' tiled copy (now the default) vs none vs all,
+# k3's Q4_K_M of the Kimi-Linear-dims slice end to end with the heads' tiled copy (K3_QUANT_MMA_TILED=1) vs none vs all,
 # alternating, as far as LIMIT allows (the tests first). Binaries: scripts/gpu-pack-bins of this
 # commit. Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz (k3-tiny stays in the tree: the quantised-model
 # tests read it; so no room for llama.cpp's source: the slice is quantised by k3's own Q4_K_M). LIMIT=seconds (default 585).

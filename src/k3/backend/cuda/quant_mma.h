@@ -60,11 +60,12 @@ constexpr int kQuantMmaTiledMaxTokens = 16;
 // (LinearRunner gives them the tensor cores from one token). With K3_QUANT_MMA_TILED=1 the Q6_K ones get a tiled copy;
 // =all: every Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside it for prefill).
 constexpr int64_t kQuantMmaTallMatrixRows = 65536;
-// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none): on since call s36-1 (H100: the
-// 163840 x 2304 Q6_K head 211.5 -> 132.0 us at one token, 274.8 -> 157.5 at 8; K3's 163840 x 7168 654 -> 363; its
-// memory: the head's bytes again (+1%) beside the stored blocks that prefill reads: 310 MB for Kimi-Linear, 963 MB for
-// K3).
-constexpr bool kQuantMmaTiledByDefault = true;
+// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none). The kernel won in call s36-1
+// (H100: the 163840 x 2304 Q6_K head 211.5 -> 132.0 us at one token, 274.8 -> 157.5 at 8; K3's 163840 x 7168 654 -> 363),
+// but the path through the uploader, LinearRunner and the step graphs has not run on a GPU yet
+// (CudaQuantModelTiled, scripts/perf/gpu-s37-1.sh): off until it has. Its memory when on: the head's bytes again (+1%)
+// beside the stored blocks that prefill reads (310 MB for Kimi-Linear, 963 MB for K3).
+constexpr bool kQuantMmaTiledByDefault = false;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
 // Tests: the mode the uploads after this call use (0 none, 1 the heads, 2 every K-quant matrix; -1 back to
 // K3_QUANT_MMA_TILED or the default).
