@@ -195,7 +195,6 @@ TEST_P(CudaQuantModel, StreamedHostExpertsMatchResident) {
 INSTANTIATE_TEST_SUITE_P(Presets, CudaQuantModel, ::testing::Values(std::string("Q8_0"), std::string("Q4_K_M"),
                                                                      std::string("Q4_K_M+experts")));
 
-
 // The tile-major copies end to end (quant_mma_tiled.cuh; by default only the vocabulary heads, >= 65536 rows, which
 // k3-tiny has none of, so the mode is forced to "every K-quant matrix"): the uploader makes them, LinearRunner takes
 // the Tiled form from one token up to 16 (decode steps, CUDA graphs, an 8-token prefill). Logits against the CPU
