@@ -65,4 +65,5 @@ if [ -x $LB/llama-batched-bench ] && [ -f $G ]; then
 fi
 # (3) k3 on the GGUF llama.cpp read
 [ -f $G ] && [ $(left) -gt 30 ] && { timeout $(( $(left) - 5 )) $B bench offline -m $G --device cuda --mem-bw -1 --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,8 -r 2 > $O/$P-k3-gguf.txt 2>&1; echo "k3 gguf rc=$? $(el)"; grep -E "^\| .*tg32 .*[0-9] \|$" $O/$P-k3-gguf.txt; }
+. scripts/perf/lib-out.sh; out_bundle $P-tiled-tests.log $P-q6k-tiled.txt $P-ncu-k3-b8-step.txt $P-k3-tg.txt $P-llama-batched.txt $P-k3-pp.txt $P-llama-pp.txt
 echo "done $(el)"
