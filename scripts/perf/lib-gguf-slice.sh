@@ -21,8 +21,15 @@ kl_slice_q4km() {
 }
 # llama_cuda_bg TARGETS...: llama.cpp's CUDA build (sm_90) of TARGETS in $BD/llama.cpp/b, in the background once
 # llama_quantize_bg has unpacked the source (/tmp/llama.done when finished; ~400 s beside k3's own build).
+# With .gpuwork/llama-cuda-bins.tar.xz carried (llama-bench / llama-batched-bench built on the dev box for sm_90, static
+# ggml: see the comment below) it unpacks those instead of building (~450 s of a call).
 llama_cuda_bg() {
   local targets="$*"
+  if [ -f $GW/llama-cuda-bins.tar.xz ]; then
+    mkdir -p $BD/llama.cpp/b/bin && tar -xJf $GW/llama-cuda-bins.tar.xz -C $BD/llama.cpp/b/bin &&
+      echo "llama prebuilt rc=$? $(el)" > /tmp/llama.done
+    return
+  fi
   ( while [ ! -f $BD/llama.cpp/CMakeLists.txt ]; do sleep 1; done; sleep 5; cd $BD/llama.cpp &&
     cmake -S . -B b -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
@@ -39,3 +46,10 @@ kl_slice_q4km_k3() {
   $b quantize $m $BD/k3-q4km.gguf Q4_K_M --tensor-type attn_k_b=q5_0 --tensor-type attn_v_b=q4_k > /tmp/k3-quantize.log 2>&1
   echo "k3 quantize rc=$? $(el)"; tail -12 /tmp/k3-quantize.log
 }
+# Dev-box prebuild (session 37; nvcc 13, 2 cores: about an hour): in the llama-cpp-python 0.3.36 sdist's vendor/llama.cpp,
+#   cmake -S . -B bcuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF \
+#     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+#     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF
+#   cmake --build bcuda -j2 --target llama-batched-bench llama-bench
+#   tar -cJf $ROOT/.gpuwork/llama-cuda-bins.tar.xz -C bcuda/bin llama-batched-bench llama-bench
+# (the tree, the k3 binaries and this must stay under the call's 64 MiB: move models/k3-tiny/model.safetensors out).
