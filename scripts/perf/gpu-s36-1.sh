@@ -39,7 +39,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for n in 2 5; do
   timeout 70 $NCU --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum --cache-control none \
     --log-file /tmp/ncu-b8-n$n.csv $B bench offline --device cuda --load-format dummy --preset kimi-k3 --num-layers 2 \
-    --enforce-eager --kv-cache-dtype bf16 -p 0 -n $n -d 64 -b 8 -r 1 --mem-bw -1 > /tmp/ncu-run-$n.txt 2>&1
+    --enforce-eager --kv-cache-dtype bf16 -p 0 -n $n -d 64 -b 8 -r 1 --mem-bw -1 > $O/$P-ncu-run-$n.txt 2>&1
   echo "ncu n=$n rc=$? $(el)"
 done
 python3 scripts/perf/ncu_step_diff.py /tmp/ncu-b8-n2.csv /tmp/ncu-b8-n5.csv 3 > $O/$P-ncu-k3-b8-step.txt 2>&1
