@@ -119,8 +119,8 @@ cudaError_t launch_tiled_nt(const uint8_t* tw, const qmma::Job& j, int tpb, cuda
 }
 
 template <class P, bool SPLIT>
-cudaError_t launch_tiled_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, cudaStream_t s) {
-  return with_tiled(j.a.n, tiled_default_tpb(j.rows), [&](auto nt, auto t) {
+cudaError_t launch_tiled_group_nt(const qmma::Job& j, const qmma::DenseGroup& g, int tpb, cudaStream_t s) {
+  return with_tiled(j.a.n, tpb, [&](auto nt, auto t) {
     return qmma::launch_tiled_group<typename qmma::TiledOf<P>::type, decltype(nt)::value, SPLIT, decltype(t)::value>(g, j.a.cols, j.a,
                                                                                                                j.ldx, s);
   });
@@ -202,9 +202,10 @@ struct GroupLaunch {
   int mt;
   cudaStream_t s;
   bool tiled = false;
+  int tpb = 1;  // Tiled: tiles per block (tiled_default_tpb of the tallest member)
   template <class P>
   cudaError_t run() const {
-    if (tiled) return j.a.lo ? launch_tiled_group_nt<P, true>(j, g, s) : launch_tiled_group_nt<P, false>(j, g, s);
+    if (tiled) return j.a.lo ? launch_tiled_group_nt<P, true>(j, g, tpb, s) : launch_tiled_group_nt<P, false>(j, g, tpb, s);
     return j.a.lo ? launch_group_nt<P, true>(j, g, mt, s) : launch_group_nt<P, false>(j, g, mt, s);
   }
 };
@@ -233,17 +234,19 @@ cudaError_t quant_gemv_mma_group(const WeightMatrix* const* W, float* const* y, 
   if (!quant_gemv_mma_groupable(W, count, a)) return cudaErrorInvalidValue;
   qmma::DenseGroup g{};
   const bool tiled = default_form(W[0]->format, a.n, QuantMmaForm::Auto, W[0]->tiled != nullptr) == QuantMmaForm::Tiled;
+  int64_t tallest = 0;
   for (int m = 0; m < count; ++m) {
     g.w[m] = static_cast<const uint8_t*>(tiled ? W[m]->tiled : W[m]->data);
     g.y[m] = y[m];
     g.rows[m] = W[m]->rows;
+    tallest = std::max(tallest, W[m]->rows);
   }
   g.count = count;
   qmma::Job j;
   j.row_bytes = row_data_bytes(W[0]->format, W[0]->cols);
   j.a = a;
   j.ldx = quant_mma_ldx(a.n);
-  return qmma::with_mma_format(W[0]->format, GroupLaunch{j, g, default_mt(W[0]->format, a.n), s, tiled});
+  return qmma::with_mma_format(W[0]->format, GroupLaunch{j, g, default_mt(W[0]->format, a.n), s, tiled, tiled_default_tpb(tallest)});
 }
 
 bool quant_mma_supported(const WeightMatrix& W) {
