@@ -156,6 +156,7 @@ struct QMat {
   std::unique_ptr<Dev<uint8_t>> d;
   k3::WeightMatrix dev;
   std::vector<float> rows;  // the CPU's dequantised rows (the float64 reference's weights)
+  std::unique_ptr<Dev<uint8_t>> tiled;  // the tile-major copy dev.tiled points at (attach_tiled), if any
 };
 
 QMat make_qmat(k3::WeightFormat f, int64_t rows, int64_t cols, uint32_t seed) {
@@ -168,6 +169,30 @@ QMat make_qmat(k3::WeightFormat f, int64_t rows, int64_t cols, uint32_t seed) {
   m.dev.data = m.d->p;
   m.dev.device = 0;
   return m;
+}
+
+// Gives m the tile-major copy the uploader would (quant_mma_tiled.cuh).
+void attach_tiled(QMat& m) {
+  m.tiled = std::make_unique<Dev<uint8_t>>(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(m.dev)));
+  ck(k3::cuda::quant_mma_make_tiled(m.dev, m.tiled->p, nullptr), "tiled");
+  m.dev.tiled = m.tiled->p;
+}
+
+// The six matrices of 2304 columns the group tests share (1 to 4096 rows, some not whole m16 tiles), seeds seed..+5.
+struct QGroup {
+  std::vector<QMat> q;
+  std::vector<const k3::WeightMatrix*> W;
+  static constexpr int64_t kCols = 2304;
+};
+QGroup make_group(k3::WeightFormat f, uint32_t seed, bool tiled) {
+  const int64_t rows[] = {17, 4096, 1, 300, 15, 129};
+  QGroup g;
+  for (int i = 0; i < 6; ++i) {
+    g.q.push_back(make_qmat(f, rows[i], QGroup::kCols, seed + static_cast<uint32_t>(i)));
+    if (tiled) attach_tiled(g.q.back());
+  }
+  for (const QMat& m : g.q) g.W.push_back(&m.dev);
+  return g;
 }
 
 // run_group over GGUF block matrices (and a bf16 / fp32 matrix among them) against run() one by one, bit for bit,
@@ -323,13 +348,10 @@ void expect_group_bits(const std::vector<const k3::WeightMatrix*>& W, const k3::
 TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using F = k3::WeightFormat;
-  const int64_t cols = 2304;
-  const int64_t rows[] = {17, 4096, 1, 300, 15, 129};
+  const int64_t cols = QGroup::kCols;
   for (F f : {F::Q4_K, F::Q5_K, F::Q6_K}) {
-    std::vector<QMat> q;
-    for (int i = 0; i < 6; ++i) q.push_back(make_qmat(f, rows[i], cols, static_cast<uint32_t>(70 + i)));
-    std::vector<const k3::WeightMatrix*> W;
-    for (const QMat& m : q) W.push_back(&m.dev);
+    const QGroup grp = make_group(f, 70, false);
+    const std::vector<const k3::WeightMatrix*>& W = grp.W;
     for (int n : {2, 5, 7, 8, 16, 17}) {
       for (bool split : {true, false}) {
         SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
@@ -349,9 +371,7 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
   const QMat a4 = make_qmat(F::Q4_K, 64, cols, 1), b6 = make_qmat(F::Q6_K, 64, cols, 2), wide = make_qmat(F::Q4_K, 64, 2560, 3);
   {  // a member with a tiled copy beside members without: no one launch
     QMat t4 = make_qmat(F::Q4_K, 64, cols, 4);
-    Dev<uint8_t> copy(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(t4.dev)));
-    ck(k3::cuda::quant_mma_make_tiled(t4.dev, copy.p, nullptr), "tiled");
-    t4.dev.tiled = copy.p;
+    attach_tiled(t4);
     Dev<uint16_t> h(4 * cols);
     Dev<float> s(8 * cols / 32);
     const k3::cuda::QuantMmaActs four{h.p, nullptr, s.p, 4, cols};
@@ -375,19 +395,10 @@ TEST(CudaLinearGroup, QuantMmaGroupEqualsQuantMmaAndRefuses) {
 TEST(CudaLinearGroup, TiledGroupEqualsTiledOneByOne) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using F = k3::WeightFormat;
-  const int64_t cols = 2304;
-  const int64_t rows[] = {17, 4096, 1, 300, 15, 129};
+  const int64_t cols = QGroup::kCols;
   for (F f : {F::Q4_K, F::Q5_K, F::Q6_K}) {
-    std::vector<QMat> q;
-    std::vector<std::unique_ptr<Dev<uint8_t>>> copies;
-    for (int i = 0; i < 6; ++i) {
-      q.push_back(make_qmat(f, rows[i], cols, static_cast<uint32_t>(90 + i)));
-      copies.push_back(std::make_unique<Dev<uint8_t>>(static_cast<size_t>(k3::cuda::quant_mma_tiled_bytes(q.back().dev))));
-      ck(k3::cuda::quant_mma_make_tiled(q.back().dev, copies.back()->p, nullptr), "tiled");
-      q.back().dev.tiled = copies.back()->p;
-    }
-    std::vector<const k3::WeightMatrix*> W;
-    for (const QMat& m : q) W.push_back(&m.dev);
+    const QGroup grp = make_group(f, 90, true);
+    const std::vector<const k3::WeightMatrix*>& W = grp.W;
     for (int n : {1, 2, 7, 8, 16, 17}) {
       for (bool split : {true, false}) {
         SCOPED_TRACE(std::string(k3::weight_format_name(f)) + ", n = " + std::to_string(n) + (split ? ", hi + lo" : ", hi"));
