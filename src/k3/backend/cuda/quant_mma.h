@@ -60,12 +60,13 @@ constexpr int kQuantMmaTiledMaxTokens = 16;
 // (LinearRunner gives them the tensor cores from one token). With K3_QUANT_MMA_TILED=1 the Q6_K ones get a tiled copy;
 // =all: every Q4_K / Q5_K / Q6_K matrix quant_mma_supported takes (A/B; the stored blocks stay beside it for prefill).
 constexpr int64_t kQuantMmaTallMatrixRows = 65536;
-// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none). The kernel won in call s36-1
-// (H100: the 163840 x 2304 Q6_K head 211.5 -> 132.0 us at one token, 274.8 -> 157.5 at 8; K3's 163840 x 7168 654 -> 363),
-// but the path through the uploader, LinearRunner and the step graphs has not run on a GPU yet
-// (CudaQuantModelTiled, scripts/perf/gpu-s37-1.sh): off until it has. Its memory when on: the head's bytes again (+1%)
-// beside the stored blocks that prefill reads (310 MB for Kimi-Linear, 963 MB for K3).
-constexpr bool kQuantMmaTiledByDefault = false;
+// Whether the heads get the copy without K3_QUANT_MMA_TILED (=1 heads, =all, =0 none). On since call s37-1 (H200):
+// CudaQuantModelTiled passed (k3-tiny Q4_K_M, every K-quant matrix tiled: 4.1e-6 vs the CPU) and k3's Q4_K_M of the
+// Kimi-Linear-dims slice decoded at batch 1 / 8 / 16 1374 / 6001 / 9031 tok/s without it, 1561 / 6599 / 9147 with
+// the heads', 1617-1639 / 6635-6726 / 9160-9241 with every matrix's (three alternating rounds). =all is not the
+// default: its copy doubles every K-quant matrix while prefill still reads the stored blocks. Memory with the
+// default: the head's bytes again (+1%): 310 MB for Kimi-Linear, 963 MB for K3.
+constexpr bool kQuantMmaTiledByDefault = true;
 bool quant_mma_tiled_wanted(const WeightMatrix& W);
 // Tests: the mode the uploads after this call use (0 none, 1 the heads, 2 every K-quant matrix; -1 back to
 // K3_QUANT_MMA_TILED or the default).
