@@ -22,6 +22,7 @@
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_kernels.h"
+#include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/core/dtype.h"
 #include "k3/core/error.h"
 #include "k3/core/weight.h"
@@ -52,6 +53,9 @@ const PathCfg kPaths[] = {
     {MoePath::TcDecode, MoePrecision::Bf16, 2e-2, "dec-bf16"},
     {MoePath::Auto, MoePrecision::Bf16x2, 1e-4, "auto"},
     {MoePath::Gemv, MoePrecision::Bf16x2, 1e-4, "gemv"},
+    // The warpgroup-MMA tiles (sm_90a; skipped on other devices): the same tolerances as the mma.sync tiles.
+    {MoePath::Wgmma, MoePrecision::Bf16x2, 1e-4, "wg-bf16x2"},
+    {MoePath::Wgmma, MoePrecision::Bf16, 2e-2, "wg-bf16"},
 };
 constexpr size_t kAutoPath = 5;  // index of Auto in kPaths
 
@@ -287,6 +291,7 @@ struct CheckResult {
   double rel = 0;  // max|gpu - cpu| / max|cpu| over tokens routed identically
   int tie_flips = 0;
   bool nan = false;
+  bool skipped = false;  // a path this device or bank does not run (Wgmma off sm_90)
 };
 
 // One CPU reference, then moe_experts once per entry of kPaths (results in that order).
@@ -321,6 +326,12 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
 
   std::vector<CheckResult> results;
   for (const PathCfg& pc : kPaths) {
+    if (pc.path == MoePath::Wgmma && !k3::cuda::moe_wg::supports(m.bank)) {
+      CheckResult r;
+      r.skipped = true;
+      results.push_back(r);
+      continue;
+    }
     ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");  // NaN: a missed write shows
     ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
                              c.situ_linear_beta, dout.as<float>(), ws, nullptr, pc.prec, pc.path),
@@ -375,6 +386,10 @@ void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool ren
       const CheckResult& r = rs[i];
       const PathCfg& pc = kPaths[i];
       // '*': the forced path Auto picks here.
+      if (r.skipped) {
+        std::printf("[ moe ] %-12s n=%4d  %-9s skipped (not this device or bank)\n", s.name, n, pc.name);
+        continue;
+      }
       const bool is_auto = pc.path == auto_path && pc.prec == MoePrecision::Bf16x2;
       std::printf("[ moe ] %-12s E=%d K=%d X=%d I=%d %s %s renorm=%d scale=%.2f n=%4d  %-9s%s max_rel %.2e  tie flips %d\n",
                   s.name, s.E, s.K, s.X, s.I, s.mx ? "mxfp4" : "bf16 ", act == GluAct::SiTU ? "SiTU" : "SiLU", renorm,
@@ -622,14 +637,20 @@ TEST(CudaMoe, Timing) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   DevBuf flush(256u << 20);
   VariantGuard guard;
-  // K3_MOE_TIMING_SHAPES=qat: only the QAT-scale K3 bank (one 16 GB bank instead of two, a shorter call).
+  // K3_MOE_TIMING_SHAPES: a subset, by name: "qat" (the QAT-scale K3 bank only: one 16 GB bank instead of two,
+  // a shorter call), "qat,kl" (and the Kimi-Linear bank); unset: all three.
   const char* only = std::getenv("K3_MOE_TIMING_SHAPES");
-  const bool qat_only = only && std::string(only) == "qat";
+  auto wanted = [&](const Shape& s) {
+    if (only == nullptr) return true;
+    const std::string o = std::string(",") + only + ",";
+    const char* key = s.qat_scales ? ",qat," : s.mx ? ",k3," : ",kl,";
+    return o.find(key) != std::string::npos;
+  };
   for (const Shape& s : {kK3Qat, kK3, kKimiLinear}) {
-    if (qat_only && !s.qat_scales) continue;
+    if (!wanted(s)) continue;
     Moe& m = cached_moe(s);
     const int E = s.E, K = s.K, X = s.X;
-    const int max_n = 2048;
+    const int max_n = 4096;  // K3's 4096-token prefill: ~73 pairs per expert (tiles of 64 and ~9)
     k3::cuda::MoeWorkspace ws(max_n, K, E, s.I, X);
     DevBuf dx(static_cast<size_t>(max_n) * X * 4), dl(static_cast<size_t>(max_n) * E * 4), db(E * 4),
         di(static_cast<size_t>(max_n) * K * 4), dwt(static_cast<size_t>(max_n) * K * 4),
@@ -640,7 +661,8 @@ TEST(CudaMoe, Timing) {
     cudaEvent_t e0, e1;
     ck(cudaEventCreate(&e0), "ev");
     ck(cudaEventCreate(&e1), "ev");
-    for (int n : {1, 2, 4, 8, 16, 64, 256, 2048}) {
+    const bool wg_ok = k3::cuda::moe_wg::supports(m.bank);
+    for (int n : {1, 2, 4, 8, 16, 64, 256, 2048, 4096}) {
       Rng rng(77 + n);
       std::vector<float> x(static_cast<size_t>(n) * X), logits(static_cast<size_t>(n) * E);
       for (auto& v : x) v = m.x_std * rng.normal();
@@ -691,7 +713,8 @@ TEST(CudaMoe, Timing) {
       // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
       // up to n = 256, the 64-pair tensor-core tiles from n = 64.
       for (const PathCfg& pc : kPaths) {
-        if (pc.path == MoePath::TensorCore && n < 64) continue;
+        if ((pc.path == MoePath::TensorCore || pc.path == MoePath::Wgmma) && n < 64) continue;
+        if (pc.path == MoePath::Wgmma && !wg_ok) continue;
         if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
         if (pc.path == MoePath::Gemv && n > 16) continue;
         const bool variants = pc.path == MoePath::TcDecode && s.mx;  // reg, ring, ring4; else the process's one

@@ -57,6 +57,7 @@
 #include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/quant_moe.h"
@@ -651,8 +652,13 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
-      path != MoePath::Gemv)
+      path != MoePath::Gemv && path != MoePath::Wgmma)
     return cudaErrorInvalidValue;
+  // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice with K3_MOE_WGMMA=1 (not for GGUF blocks).
+  const bool wg = !gguf && moe_wg::supports(w) &&
+                  (path == MoePath::Wgmma || (path == MoePath::Auto && moe_wg::enabled_by_env()));
+  if (path == MoePath::Wgmma && !wg) return cudaErrorInvalidValue;
+  if (path == MoePath::Wgmma) path = MoePath::TensorCore;
   const int P = n * K;
   MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
@@ -711,6 +717,9 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (tc && gguf) {
     e = launch_tc_gguf(w, nb, gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_),
                        ws.y_, stream);
+  } else if (tc && wg) {
+    e = moe_wg::launch(w, nb, gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_),
+                       split, ws.y_, stream);
   } else if (tc) {
     if (mx)
       e = split ? launch_tc<true, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_,

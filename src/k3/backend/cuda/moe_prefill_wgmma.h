@@ -1,0 +1,30 @@
+// The routed experts' prefill tiles on warpgroup MMAs (wgmma, sm_90a): sm90a/moe_prefill_wgmma.cu says how.
+// The same plan, tiles and outputs as the mma.sync tiles (moe_tc_tile.cuh's expert_tc_kernel, launch_tc in
+// moe_kernels.cu): gate+up writes hidden [P][I] by slot (the GLU applied), down writes y [P][X] by slot; the
+// caller combines. Weights decoded exactly to bf16 (MXFP4) or read as stored (BF16); activations bf16, split
+// into hi + lo halves with `split` (MoePrecision::Bf16x2), rounded once without.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "k3/backend/cuda/moe_kernels.h"
+
+namespace k3::cuda {
+struct TileArgs;  // moe_tc_tile.cuh
+}
+
+namespace k3::cuda::moe_wg {
+
+// Whether the current device runs this code (compute capability 9.0: the kernels exist only as sm_90a code)
+// and the bank suits it: MXFP4 experts with X, I multiples of 32, or BF16 with X, I multiples of 8.
+bool supports(const ExpertBank& w);
+
+// gate+up over the plan's tiles (`gate_up`: gate_up_args of them), then down into y. n_tiles_bound: the grid's
+// tile bound (tiles past *num_tiles exit). cudaErrorInvalidValue where !supports(w).
+cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, float* y,
+                   cudaStream_t stream);
+
+// Whether Auto's tensor-core path takes these kernels: K3_MOE_WGMMA=1 in the environment (opt-in until measured
+// on an H200 end to end; MoePath::Wgmma forces them).
+bool enabled_by_env();
+
+}  // namespace k3::cuda::moe_wg
