@@ -654,7 +654,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
       path != MoePath::Gemv && path != MoePath::Wgmma)
     return cudaErrorInvalidValue;
-  // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice with K3_MOE_WGMMA=1 (not for GGUF blocks).
+  // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks).
   const bool wg = !gguf && moe_wg::supports(w) &&
                   (path == MoePath::Wgmma || (path == MoePath::Auto && moe_wg::enabled_by_env()));
   if (path == MoePath::Wgmma && !wg) return cudaErrorInvalidValue;

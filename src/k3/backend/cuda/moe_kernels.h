@@ -38,8 +38,8 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
 // decode capacity, else cudaErrorInvalidValue). Gemv: every pair as a plain GEMV, two launches, no sorting
 // (moe_gemv.cu; Auto's choice for bf16 experts up to a pair per 8 experts, session 13).
 // Wgmma: the tensor-core tiles on warpgroup MMAs (sm90a/moe_prefill_wgmma.cu; MXFP4 / BF16 experts on a
-// compute-capability-9.0 device, else cudaErrorInvalidValue); Auto's TensorCore choice runs them with
-// K3_MOE_WGMMA=1 (moe_prefill_wgmma.h).
+// compute-capability-9.0 device, else cudaErrorInvalidValue); Auto's TensorCore choice runs them unless
+// K3_MOE_WGMMA=0 (moe_prefill_wgmma.h).
 enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5 };
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV

@@ -282,7 +282,7 @@ cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_
 bool enabled_by_env() {
   static const bool v = [] {
     const char* s = std::getenv("K3_MOE_WGMMA");
-    return s != nullptr && std::strcmp(s, "1") == 0;
+    return s == nullptr || std::strcmp(s, "0") != 0;
   }();
   return v;
 }
