@@ -26,7 +26,7 @@ xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model
 M=$BD/slice-k3; G=$M.gguf
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 B=/tmp/k3b/k3; echo "unpacked $(el)"
-# (0) the new warpgroup-MMA MoE prefill tiles (scripts/perf/gpu-s38-2.sh's parts 1, 3, 4; k3-tiny's model is out of the
+# (0) the new warpgroup-MMA MoE prefill tiles (tests, timing, e2e; k3-tiny's model is out of the
 # tree in this call: its model tests fail to load, the tiny checkpoints' run) on the GPU while the CPU writes the slice.
 T=/tmp/k3b/k3_cuda_tests
 ( export K3_SHARED_DIR=/nonexistent
