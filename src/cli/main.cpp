@@ -11,9 +11,11 @@
 #include "cli/commands.h"
 #include "cli/usage_hints.h"
 #include "k3/backend/cpu/cpu_isa.h"
+#include "k3/core/crash_report.h"
 #include "k3/core/error.h"
 
 int main(int argc, char** argv) {
+  k3::install_crash_report();
   CLI::App app{"k3.cpp: inference engine for the Kimi K3 model family"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "k3.cpp " K3_VERSION);

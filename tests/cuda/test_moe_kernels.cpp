@@ -673,7 +673,10 @@ TEST(CudaMoe, Timing) {
     ck(cudaEventCreate(&e1), "ev");
     const bool wg_ok = k3::cuda::moe_wg::supports(m.bank);
     EXPECT_TRUE(wg_ok || !device_is_cc90()) << s.name << ": the wgmma tiles refused on a compute-capability-9.0 device";
+    // K3_MOE_TIMING_N: the batch sizes, a comma list (a profiler run takes one size: "2048"); unset: all nine.
+    const char* only_n = std::getenv("K3_MOE_TIMING_N");
     for (int n : {1, 2, 4, 8, 16, 64, 256, 2048, 4096}) {
+      if (only_n != nullptr && (std::string(",") + only_n + ",").find("," + std::to_string(n) + ",") == std::string::npos) continue;
       Rng rng(77 + n);
       std::vector<float> x(static_cast<size_t>(n) * X), logits(static_cast<size_t>(n) * E);
       for (auto& v : x) v = m.x_std * rng.normal();
