@@ -56,6 +56,9 @@ const PathCfg kPaths[] = {
     // The warpgroup-MMA tiles (sm_90a; skipped on other devices): the same tolerances as the mma.sync tiles.
     {MoePath::Wgmma, MoePrecision::Bf16x2, 1e-4, "wg-bf16x2"},
     {MoePath::Wgmma, MoePrecision::Bf16, 2e-2, "wg-bf16"},
+    // Their register-A form (MXFP4 banks only; skipped on BF16 ones).
+    {MoePath::WgmmaRs, MoePrecision::Bf16x2, 1e-4, "wgrs-bf16x2"},
+    {MoePath::WgmmaRs, MoePrecision::Bf16, 2e-2, "wgrs-bf16"},
 };
 constexpr size_t kAutoPath = 5;  // index of Auto in kPaths
 
@@ -300,7 +303,8 @@ struct CheckResult {
   double rel = 0;  // max|gpu - cpu| / max|cpu| over tokens routed identically
   int tie_flips = 0;
   bool nan = false;
-  bool skipped = false;  // a path this device or bank does not run (Wgmma off sm_90)
+  bool skipped = false;   // a path this device or bank does not run (Wgmma off sm_90)
+  bool not_bank = false;  // skipped for the bank, on any device (WgmmaRs on BF16 experts)
 };
 
 // One CPU reference, then moe_experts once per entry of kPaths (results in that order).
@@ -335,9 +339,12 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
 
   std::vector<CheckResult> results;
   for (const PathCfg& pc : kPaths) {
-    if (pc.path == MoePath::Wgmma && !k3::cuda::moe_wg::supports(m.bank)) {
+    const bool wg_path = pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs;
+    const bool not_bank = pc.path == MoePath::WgmmaRs && !m.sh.mx;
+    if (not_bank || (wg_path && !k3::cuda::moe_wg::supports(m.bank))) {
       CheckResult r;
       r.skipped = true;
+      r.not_bank = not_bank;
       results.push_back(r);
       continue;
     }
@@ -397,7 +404,9 @@ void run_checks(const Shape& s, const std::vector<int>& ns, GluAct act, bool ren
       // '*': the forced path Auto picks here.
       if (r.skipped) {
         std::printf("[ moe ] %-12s n=%4d  %-9s skipped (not this device or bank)\n", s.name, n, pc.name);
-        EXPECT_FALSE(device_is_cc90()) << s.name << ": " << pc.name << " skipped on a compute-capability-9.0 device";
+        if (!r.not_bank) {
+          EXPECT_FALSE(device_is_cc90()) << s.name << ": " << pc.name << " skipped on a compute-capability-9.0 device";
+        }
         continue;
       }
       const bool is_auto = pc.path == auto_path && pc.prec == MoePrecision::Bf16x2;
@@ -727,8 +736,9 @@ TEST(CudaMoe, Timing) {
       // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
       // up to n = 256, the 64-pair tensor-core tiles from n = 64.
       for (const PathCfg& pc : kPaths) {
-        if ((pc.path == MoePath::TensorCore || pc.path == MoePath::Wgmma) && n < 64) continue;
-        if (pc.path == MoePath::Wgmma && !wg_ok) continue;
+        if ((pc.path == MoePath::TensorCore || pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && n < 64) continue;
+        if ((pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && !wg_ok) continue;
+        if (pc.path == MoePath::WgmmaRs && !s.mx) continue;
         if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
         if (pc.path == MoePath::Gemv && n > 16) continue;
         const bool variants = pc.path == MoePath::TcDecode && s.mx;  // reg, ring, ring4; else the process's one

@@ -75,9 +75,11 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
   std::vector<int64_t> layer_stride(static_cast<size_t>(S));
   std::vector<MlaPageTable> tables;
   int64_t stride = 4, max_page = 1;
+  const bool has_mla = cfg_.num_mla_layers() > 0;
   for (const graph::StepSeq& s : plan.seqs) {
     tables.push_back(s.cache->mla_pages());
     const int64_t B = tables.back().page_tokens;
+    if (!has_mla) continue;
     max_page = std::max(max_page, B);
     while (stride < (s.past + s.n + B - 1) / B) stride *= 2;
   }
@@ -88,7 +90,11 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
     page_start[static_cast<size_t>(i)] = static_cast<int32_t>(i * stride);
     page_tokens[static_cast<size_t>(i)] = static_cast<int32_t>(std::min<int64_t>(t.page_tokens, int64_t{1} << 30));
     layer_stride[static_cast<size_t>(i)] = t.layer_stride;
-    const int64_t np = (s.past + s.n + t.page_tokens - 1) / t.page_tokens;
+    // A model without MLA layers (K3 cut to its first 1-3 layers, all KDA) has no latent pages: the caches
+    // reserve none, and their tables are empty.
+    const int64_t np = has_mla ? (s.past + s.n + t.page_tokens - 1) / t.page_tokens : 0;
+    if (np > static_cast<int64_t>(t.pages.size()))
+      throw Error("internal error: a sequence's latent cache holds fewer pages than its tokens need");
     for (int64_t j = 0; j < np; ++j) ptrs[static_cast<size_t>(i * stride + j)] = t.pages[static_cast<size_t>(j)];
   }
   sd_.pages = st_.put(ptrs);

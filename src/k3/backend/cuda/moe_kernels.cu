@@ -652,13 +652,16 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
-      path != MoePath::Gemv && path != MoePath::Wgmma)
+      path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs)
     return cudaErrorInvalidValue;
-  // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks).
-  const bool wg = !gguf && moe_wg::supports(w) &&
-                  (path == MoePath::Wgmma || (path == MoePath::Auto && moe_wg::enabled_by_env()));
-  if (path == MoePath::Wgmma && !wg) return cudaErrorInvalidValue;
-  if (path == MoePath::Wgmma) path = MoePath::TensorCore;
+  // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks); their
+  // register-A form forced, or Auto's with K3_MOE_WGMMA=rs (MXFP4 only).
+  const bool forced_wg = path == MoePath::Wgmma || path == MoePath::WgmmaRs;
+  const bool wg = !gguf && moe_wg::supports(w) && (forced_wg || (path == MoePath::Auto && moe_wg::enabled_by_env()));
+  const bool wg_rs = wg && mx && (path == MoePath::WgmmaRs || (path == MoePath::Auto && moe_wg::register_a_by_env()));
+  if (forced_wg && !wg) return cudaErrorInvalidValue;
+  if (path == MoePath::WgmmaRs && !wg_rs) return cudaErrorInvalidValue;
+  if (forced_wg) path = MoePath::TensorCore;
   const int P = n * K;
   MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
@@ -719,7 +722,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
                        ws.y_, stream);
   } else if (tc && wg) {
     e = moe_wg::launch(w, nb, gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_),
-                       split, ws.y_, stream);
+                       split, wg_rs, ws.y_, stream);
   } else if (tc) {
     if (mx)
       e = split ? launch_tc<true, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_,

@@ -40,7 +40,8 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
 // Wgmma: the tensor-core tiles on warpgroup MMAs (sm90a/moe_prefill_wgmma.cu; MXFP4 / BF16 experts on a
 // compute-capability-9.0 device, else cudaErrorInvalidValue); Auto's TensorCore choice runs them unless
 // K3_MOE_WGMMA=0 (moe_prefill_wgmma.h).
-enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5 };
+// WgmmaRs: the same tiles with the weights decoded straight into the register A operand (MXFP4 experts only).
+enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5, WgmmaRs = 6 };
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV
 // path while n * K * 8 <= E (K3_MOE_GEMV=0 in the environment turns that off); the 64-pair tensor-core tiles above 8

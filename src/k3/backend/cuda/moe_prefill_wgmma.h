@@ -20,11 +20,15 @@ bool supports(const ExpertBank& w);
 
 // gate+up over the plan's tiles (`gate_up`: gate_up_args of them), then down into y. n_tiles_bound: the grid's
 // tile bound (tiles past *num_tiles exit). cudaErrorInvalidValue where !supports(w).
-cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, float* y,
-                   cudaStream_t stream);
+// register_a: the register-A form (MXFP4 only, else cudaErrorInvalidValue): the weights decoded straight into the
+// A fragments instead of through shared memory (moe_prefill_wgmma.cu, tile_body_rs).
+cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, bool register_a,
+                   float* y, cudaStream_t stream);
 
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call
 // s38-1 on an H200: faster at every timed size, K3 QAT bank n = 4096 50.1 -> 40.6 ms; MoePath::Wgmma forces them).
 bool enabled_by_env();
+// Whether Auto's wgmma tiles take the register-A form for MXFP4 experts: K3_MOE_WGMMA=rs (MoePath::WgmmaRs forces it).
+bool register_a_by_env();
 
 }  // namespace k3::cuda::moe_wg

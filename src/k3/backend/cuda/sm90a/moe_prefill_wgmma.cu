@@ -44,9 +44,9 @@ template <bool SPLIT>
 constexpr int stage_bytes() {
   return kWBytes + (SPLIT ? 2 : 1) * kXBytes;
 }
-template <bool SPLIT>
-constexpr int smem_bytes() {
-  return 1024 /* alignment slack */ + 2 * stage_bytes<SPLIT>();
+template <bool SPLIT, bool RS>
+constexpr int smem_bytes() {  // RS: the weights live in registers, only the activations are staged
+  return 1024 /* alignment slack */ + 2 * (RS ? (SPLIT ? 2 : 1) * kXBytes : stage_bytes<SPLIT>());
 }
 
 __device__ __forceinline__ uint32_t swz(int row, int chunk) { return row * 128 + (((chunk & 7) ^ (row & 7)) << 4); }
@@ -56,6 +56,22 @@ __device__ __forceinline__ void st_shared16(uint32_t dst, uint4 v) {
 // cp.async of 16 bytes, zero-filled when !valid (src is then only a valid address, not read).
 __device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void st_shared4(uint32_t dst, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+}
+
+template <int NN>
+__device__ __forceinline__ void mma_rs(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (NN == 16)
+    wgmma::mma_m64n16k16_rs(d, a, db);
+  else if constexpr (NN == 32)
+    wgmma::mma_m64n32k16_rs(d, a, db);
+  else if constexpr (NN == 48)
+    wgmma::mma_m64n48k16_rs(d, a, db);
+  else
+    wgmma::mma_m64n64k16_rs(d, a, db);
 }
 
 template <int NN>
@@ -72,11 +88,38 @@ __device__ __forceinline__ void mma(float (&d)[NN / 2], uint64_t da, uint64_t db
 
 extern __shared__ __align__(1024) uint8_t moe_wg_smem[];
 
+// The block's outputs from the accumulators (warp q of warpgroup wg, lane l: element 4 j + e = weight row
+// 16 q + l / 4 + 8 (e >> 1), pair 8 j + 2 (l % 4) + (e & 1)): NMAT 2 the GLU of gate and up, NMAT 1 the rows.
+template <int NMAT, int NN>
+__device__ __forceinline__ void store_out(const TileArgs& a, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
+  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+  const int rows = a.rows;
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+  for (int j = 0; j < NN / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int pair = 8 * j + c2 + (q & 1), row = 16 * wq + g + 8 * (q >> 1);
+      if (pair >= cnt) continue;
+      float* orow = a.out + static_cast<int64_t>(start + pair) * rows;
+      if constexpr (NMAT == 2) {
+        const int n = n0 + 64 * wg + row;
+        if (n < rows) orow[n] = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
+      } else {
+#pragma unroll
+        for (int mm = 0; mm < 2; ++mm) {
+          const int n = n0 + 128 * wg + 64 * mm + row;
+          if (n < rows) orow[n] = acc[mm][4 * j + q];
+        }
+      }
+    }
+}
+
 // One tile's block, NN pairs' columns of the products issued (cnt <= NN).
 template <bool MX, int NMAT, bool GATHER, bool SPLIT, int NN>
 __device__ __forceinline__ void tile_body(const TileArgs& a, int e, int start, int cnt) {
   constexpr int NS = SPLIT ? 2 : 1;
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+  const int tid = threadIdx.x, wg = tid >> 7;
   const int rows = a.rows, cols = a.cols;
   const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_wg_smem)) + 1023u) & ~1023u;
@@ -196,59 +239,179 @@ __device__ __forceinline__ void tile_body(const TileArgs& a, int e, int start, i
     __syncthreads();
   }
 
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-#pragma unroll
-  for (int j = 0; j < NN / 8; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int pair = 8 * j + c2 + (q & 1), row = 16 * wq + g + 8 * (q >> 1);
-      if (pair >= cnt) continue;
-      float* orow = a.out + static_cast<int64_t>(start + pair) * rows;
-      if constexpr (NMAT == 2) {
-        const int n = n0 + 64 * wg + row;
-        if (n < rows) orow[n] = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
-      } else {
-#pragma unroll
-        for (int mm = 0; mm < 2; ++mm) {
-          const int n = n0 + 128 * wg + 64 * mm + row;
-          if (n < rows) orow[n] = acc[mm][4 * j + q];
-        }
-      }
-    }
+  store_out<NMAT, NN>(a, acc, n0, start, cnt);
 }
 
-template <bool MX, int NMAT, bool GATHER, bool SPLIT>
+// The register-A form (RS; MXFP4 only): the same block and pipeline, but each thread decodes its own A
+// fragments straight from global memory into registers, so the weights never pass through shared memory
+// (call s39-1's ncu of tile_body at K3's n = 2048: the L1 / shared pipe 76-82% busy, the tensor pipe 21%; the
+// weight stores and the A operand reads were two thirds of its shared wavefronts). The k order inside each
+// 64-column chunk is permuted so that a thread's fragments are 16 consecutive columns of its two rows (8 bytes of
+// MXFP4, one E8M0 group): lane c of a quad holds, at k-step s, slots {2c, 2c+1} = columns 16c + 4s + {0, 1} and
+// slots {2c+8, 2c+9} = columns 16c + 4s + {2, 3}. The activations are staged in that permuted order: a thread's
+// float4 i (columns 16c + 4i .. + 3) goes to k-step i, its halves to the chunk's 16-byte groups 2i and 2i + 1 at
+// byte 4c. Bank-conflict free: the 8 pairs of a warp land in 8 different swizzled groups.
+template <int NMAT, bool GATHER, bool SPLIT, int NN>
+__device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start, int cnt) {
+  constexpr int NS = SPLIT ? 2 : 1;
+  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+  const int rows = a.rows, cols = a.cols;
+  const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_wg_smem)) + 1023u) & ~1023u;
+  auto sX = [&](int buf, int h) { return base + (buf * NS + h) * kXBytes; };
+
+  // Weights: A tile mm of warpgroup wg, rows 16 wq + g and + 8 (h = 0, 1); this lane's 16 columns 16 c .. + 15.
+  const int g = lane >> 2, c = lane & 3;
+  // One byte offset for all four rows (kernel parameters hold the bases: no registers for four pointers).
+  const int64_t wrow_bytes = cols / 2, srow_bytes = cols / 32;
+  const int r0 = (NMAT == 2 ? n0 + 64 * wg : n0 + 128 * wg) + 16 * wq + g;  // NMAT 1: tile mm's rows 64 mm further
+  const int64_t grow = static_cast<int64_t>(e) * rows + r0;
+  const int64_t wofs = grow * wrow_bytes + 8 * c, sofs = grow * srow_bytes + (c >> 1);
+  constexpr int kMmRows = NMAT == 2 ? 0 : 64;
+  auto row_ok = [&](int mm, int h) { return r0 + kMmRows * mm + 8 * h < rows; };
+  // Activations: pair tid / 4, columns 16 (tid % 4) .. + 15 of each chunk (the same quad index as c).
+  const int p = tid >> 2, xq = tid & 3, xc = xq * 16;
+  const float* xsrc = nullptr;
+  if (p < cnt) xsrc = a.in + static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols + xc;
+
+  float4 rx[4];
+  uint2 rw[2][2];
+  uint32_t rs = 0;  // the four rows' scale bytes
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      rx[i] = xsrc && k0 + xc + 4 * i < cols ? __ldg(reinterpret_cast<const float4*>(xsrc + k0 + 4 * i))
+                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    const bool cok = k0 + 16 * c < cols;  // cols % 32 == 0: the lane's 16 columns are all in or all out
+    rs = 0;
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const bool v = row_ok(mm, h) && cok;
+        const int64_t dr = kMmRows * mm + 8 * h;  // rows past r0
+        const uint8_t* wb = static_cast<const uint8_t*>(NMAT == 2 && mm ? a.w1 : a.w0);
+        const uint8_t* sbase = NMAT == 2 && mm ? a.s1 : a.s0;
+        rw[mm][h] = v ? __ldg(reinterpret_cast<const uint2*>(wb + wofs + dr * wrow_bytes + k0 / 2)) : make_uint2(0u, 0u);
+        const uint32_t sb = v ? __ldg(sbase + sofs + dr * srow_bytes + k0 / 32) : 127u;
+        rs |= sb << (8 * (2 * mm + h));
+      }
+  };
+  uint32_t af[2][4][4];  // [mm][k-step][register]: register h = row h's slots 2c, 2c+1; 2 + h its slots 2c+8, 2c+9
+  auto decode = [&]() {
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sc = e8m0_scale_x2p14((rs >> (8 * (2 * mm + h))) & 0xffu);
+        const uint4 lo = e2m1x8_to_bf16(rw[mm][h].x, sc), hi = e2m1x8_to_bf16(rw[mm][h].y, sc);
+        af[mm][0][h] = lo.x, af[mm][0][2 + h] = lo.y, af[mm][1][h] = lo.z, af[mm][1][2 + h] = lo.w;
+        af[mm][2][h] = hi.x, af[mm][2][2 + h] = hi.y, af[mm][3][h] = hi.z, af[mm][3][2 + h] = hi.w;
+      }
+  };
+  auto store_x = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float r0, r1, r2, r3;
+      const uint32_t h01 = bf16x2_rn(rx[i].x, rx[i].y, r0, r1), h23 = bf16x2_rn(rx[i].z, rx[i].w, r2, r3);
+      st_shared4(sX(buf, 0) + swz(p, 2 * i) + 4 * xq, h01);
+      st_shared4(sX(buf, 0) + swz(p, 2 * i + 1) + 4 * xq, h23);
+      if constexpr (SPLIT) {
+        st_shared4(sX(buf, 1) + swz(p, 2 * i) + 4 * xq, bf16x2_rn(r0, r1));
+        st_shared4(sX(buf, 1) + swz(p, 2 * i + 1) + 4 * xq, bf16x2_rn(r2, r3));
+      }
+    }
+  };
+  auto fence_af = [&]() {  // A registers stay allocated (unchanged) until the wgmmas reading them have completed
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+      for (int st = 0; st < 4; ++st)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(af[mm][st][r])::"memory");
+  };
+
+  float acc[2][NN / 2];
+#pragma unroll
+  for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+    for (int i = 0; i < NN / 2; ++i) acc[mm][i] = 0.f;
+
+  const int nk = (cols + kKc - 1) / kKc;
+  load(0);
+  store_x(0);
+  decode();
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  for (int kc = 0; kc < nk; ++kc) {
+    const int buf = kc & 1;
+    const bool more = kc + 1 < nk;
+    if (more) load((kc + 1) * kKc);
+    wgmma::fence_regs(acc[0]);
+    wgmma::fence_regs(acc[1]);
+    fence_af();
+    wgmma::fence();
+#pragma unroll
+    for (int st = 0; st < kKc / 16; ++st)
+#pragma unroll
+      for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+        for (int h = 0; h < NS; ++h) mma_rs<NN>(acc[mm], af[mm][st], wgmma::make_desc(sX(buf, h) + st * 32, 16, kSbo));
+    wgmma::commit();
+    if (more) store_x(buf ^ 1);
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc[0]);
+    wgmma::fence_regs(acc[1]);
+    fence_af();
+    if (more) decode();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+  }
+  store_out<NMAT, NN>(a, acc, n0, start, cnt);
+}
+
+template <int NN, bool MX, int NMAT, bool GATHER, bool SPLIT, bool RS>
+__device__ __forceinline__ void tile(const TileArgs& a, int4 td) {
+  if constexpr (RS)
+    tile_body_rs<NMAT, GATHER, SPLIT, NN>(a, td.x, td.y, td.z);
+  else
+    tile_body<MX, NMAT, GATHER, SPLIT, NN>(a, td.x, td.y, td.z);
+}
+
+template <bool MX, int NMAT, bool GATHER, bool SPLIT, bool RS>
 __global__ void __launch_bounds__(kThreads, 2) expert_wg_kernel(const TileArgs a) {
   if (static_cast<int>(blockIdx.x) >= *a.num_tiles) return;  // whole block: grid sized from an upper bound
   const int4 td = a.tiles[blockIdx.x];
   if (td.z <= 16)
-    tile_body<MX, NMAT, GATHER, SPLIT, 16>(a, td.x, td.y, td.z);
+    tile<16, MX, NMAT, GATHER, SPLIT, RS>(a, td);
   else if (td.z <= 32)
-    tile_body<MX, NMAT, GATHER, SPLIT, 32>(a, td.x, td.y, td.z);
+    tile<32, MX, NMAT, GATHER, SPLIT, RS>(a, td);
   else if (td.z <= 48)
-    tile_body<MX, NMAT, GATHER, SPLIT, 48>(a, td.x, td.y, td.z);
+    tile<48, MX, NMAT, GATHER, SPLIT, RS>(a, td);
   else
-    tile_body<MX, NMAT, GATHER, SPLIT, 64>(a, td.x, td.y, td.z);
+    tile<64, MX, NMAT, GATHER, SPLIT, RS>(a, td);
 }
 
-template <bool MX, int NMAT, bool GATHER, bool SPLIT>
+template <bool MX, int NMAT, bool GATHER, bool SPLIT, bool RS>
 cudaError_t launch_one(const TileArgs& a, dim3 grid, cudaStream_t stream) {
-  auto* k = &expert_wg_kernel<MX, NMAT, GATHER, SPLIT>;
+  static_assert(MX || !RS, "the register-A form decodes MXFP4 only");
+  auto* k = &expert_wg_kernel<MX, NMAT, GATHER, SPLIT, RS>;
+  constexpr int smem = smem_bytes<SPLIT, RS>();
   // Per call, not once: the attribute is per device (tensor-parallel ranks launch on several).
-  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<SPLIT>());
+  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
-  k<<<grid, kThreads, smem_bytes<SPLIT>(), stream>>>(a);
+  k<<<grid, kThreads, smem, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <bool MX, bool SPLIT>
+template <bool MX, bool SPLIT, bool RS>
 cudaError_t launch_pair(const ExpertBank& w, int n_tiles_bound, TileArgs a, float* y, cudaStream_t stream) {
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  cudaError_t e = launch_one<MX, 2, true, SPLIT>(a, g1, stream);
+  cudaError_t e = launch_one<MX, 2, true, SPLIT, RS>(a, g1, stream);
   if (e != cudaSuccess) return e;
   to_down_args(a, w, a.out, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
-  return launch_one<MX, 1, false, SPLIT>(a, g2, stream);
+  return launch_one<MX, 1, false, SPLIT, RS>(a, g2, stream);
 }
 
 bool device_is_sm90() {
@@ -269,14 +432,26 @@ bool supports(const ExpertBank& w) {
   return false;
 }
 
-cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, float* y,
-                   cudaStream_t stream) {
+cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, bool register_a,
+                   float* y, cudaStream_t stream) {
   if (!supports(w) || n_tiles_bound <= 0) return cudaErrorInvalidValue;
   const bool mx = w.format == WeightFormat::MXFP4;
-  if (mx) return split ? launch_pair<true, true>(w, n_tiles_bound, gate_up, y, stream)
-                       : launch_pair<true, false>(w, n_tiles_bound, gate_up, y, stream);
-  return split ? launch_pair<false, true>(w, n_tiles_bound, gate_up, y, stream)
-               : launch_pair<false, false>(w, n_tiles_bound, gate_up, y, stream);
+  if (register_a && !mx) return cudaErrorInvalidValue;
+  if (mx && register_a)
+    return split ? launch_pair<true, true, true>(w, n_tiles_bound, gate_up, y, stream)
+                 : launch_pair<true, false, true>(w, n_tiles_bound, gate_up, y, stream);
+  if (mx) return split ? launch_pair<true, true, false>(w, n_tiles_bound, gate_up, y, stream)
+                       : launch_pair<true, false, false>(w, n_tiles_bound, gate_up, y, stream);
+  return split ? launch_pair<false, true, false>(w, n_tiles_bound, gate_up, y, stream)
+               : launch_pair<false, false, false>(w, n_tiles_bound, gate_up, y, stream);
+}
+
+bool register_a_by_env() {
+  static const bool v = [] {
+    const char* s = std::getenv("K3_MOE_WGMMA");
+    return s != nullptr && std::strcmp(s, "rs") == 0;
+  }();
+  return v;
 }
 
 bool enabled_by_env() {
