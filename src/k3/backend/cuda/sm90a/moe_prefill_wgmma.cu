@@ -45,8 +45,8 @@ constexpr int stage_bytes() {
   return kWBytes + (SPLIT ? 2 : 1) * kXBytes;
 }
 template <bool SPLIT, bool RS>
-constexpr int smem_bytes() {  // RS: the weights live in registers, only the activations are staged
-  return 1024 /* alignment slack */ + 2 * (RS ? (SPLIT ? 2 : 1) * kXBytes : stage_bytes<SPLIT>());
+constexpr int smem_bytes() {  // RS: the weights live in registers; bf16 activations x 2 stages + one fp32 stage
+  return 1024 /* alignment slack */ + (RS ? 2 * (SPLIT ? 2 : 1) * kXBytes + kThreads * 64 : 2 * stage_bytes<SPLIT>());
 }
 
 __device__ __forceinline__ uint32_t swz(int row, int chunk) { return row * 128 + (((chunk & 7) ^ (row & 7)) << 4); }
@@ -259,6 +259,9 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
   const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_wg_smem)) + 1023u) & ~1023u;
   auto sX = [&](int buf, int h) { return base + (buf * NS + h) * kXBytes; };
+  // The next chunk's fp32 activations, copied asynchronously under this chunk's wgmmas: float4 i of thread t at
+  // (i * 256 + t) * 16 (each thread reads back only its own copies; consecutive lanes, conflict-free).
+  const uint32_t sF = base + 2 * NS * kXBytes;
 
   // Weights: A tile mm of warpgroup wg, rows 16 wq + g and + 8 (h = 0, 1); this lane's 16 columns 16 c .. + 15.
   const int g = lane >> 2, c = lane & 3;
@@ -274,14 +277,18 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
   const float* xsrc = nullptr;
   if (p < cnt) xsrc = a.in + static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols + xc;
 
-  float4 rx[4];
   uint2 rw[2][2];
   uint32_t rs = 0;  // the four rows' scale bytes
-  auto load = [&](int k0) {
+  auto copy_x = [&](int k0) {  // fp32 activations -> sF, zero-filled past cnt / cols
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      rx[i] = xsrc && k0 + xc + 4 * i < cols ? __ldg(reinterpret_cast<const float4*>(xsrc + k0 + 4 * i))
-                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < 4; ++i) {
+      const bool v = xsrc && k0 + xc + 4 * i < cols;
+      cp_async16_or_zero(sF + (i * kThreads + tid) * 16, v ? xsrc + k0 + 4 * i : a.in, v);
+    }
+    cp_async_commit();
+  };
+  auto load = [&](int k0) {
+    copy_x(k0);
     const bool cok = k0 + 16 * c < cols;  // cols % 32 == 0: the lane's 16 columns are all in or all out
     rs = 0;
 #pragma unroll
@@ -309,11 +316,14 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
         af[mm][2][h] = hi.x, af[mm][2][2 + h] = hi.y, af[mm][3][h] = hi.z, af[mm][3][2 + h] = hi.w;
       }
   };
-  auto store_x = [&](int buf) {
+  auto store_x = [&](int buf) {  // this thread's copies (its own cp.async group done) -> bf16 (hi, lo), permuted
+    cp_async_wait<0>();
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      float4 x;
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(sF + (i * kThreads + tid) * 16));
       float r0, r1, r2, r3;
-      const uint32_t h01 = bf16x2_rn(rx[i].x, rx[i].y, r0, r1), h23 = bf16x2_rn(rx[i].z, rx[i].w, r2, r3);
+      const uint32_t h01 = bf16x2_rn(x.x, x.y, r0, r1), h23 = bf16x2_rn(x.z, x.w, r2, r3);
       st_shared4(sX(buf, 0) + swz(p, 2 * i) + 4 * xq, h01);
       st_shared4(sX(buf, 0) + swz(p, 2 * i + 1) + 4 * xq, h23);
       if constexpr (SPLIT) {
@@ -358,12 +368,14 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
 #pragma unroll
         for (int h = 0; h < NS; ++h) mma_rs<NN>(acc[mm], af[mm][st], wgmma::make_desc(sX(buf, h) + st * 32, 16, kSbo));
     wgmma::commit();
-    if (more) store_x(buf ^ 1);
     wgmma::wait<0>();
     wgmma::fence_regs(acc[0]);
     wgmma::fence_regs(acc[1]);
     fence_af();
-    if (more) decode();
+    if (more) {
+      store_x(buf ^ 1);
+      decode();
+    }
     wgmma::fence_proxy_async();
     __syncthreads();
   }
