@@ -493,6 +493,13 @@ TEST(CudaModelDummy, KdaOnlyModelPrefillThenDecodeMatchesPrefill) {
       }
       std::printf("\n");
       EXPECT_TRUE(c.finite);
+      // Unbounded, the dummy's gates (log-decays down to ~-8 per token) leave the fp32 chunked prefill's rows 2e-1
+      // apart between a 32- and a 40-token prefill, with or without MLA (call s39-3: the rows decoded after the
+      // prefill agree to 1e-5): a conditioning limit of those weights, checked only for finiteness here.
+      if (bounded) {
+        EXPECT_LT(c.rel, 1e-3) << layers << " layers";
+        EXPECT_GE(c.argmax, 0.99) << layers << " layers";
+      }
     }
 }
 

@@ -45,8 +45,9 @@ constexpr int stage_bytes() {
   return kWBytes + (SPLIT ? 2 : 1) * kXBytes;
 }
 template <bool SPLIT, bool RS>
-constexpr int smem_bytes() {  // RS: the weights live in registers; bf16 activations x 2 stages + one fp32 stage
-  return 1024 /* alignment slack */ + (RS ? 2 * (SPLIT ? 2 : 1) * kXBytes + kThreads * 64 : 2 * stage_bytes<SPLIT>());
+constexpr int smem_bytes() {  // RS's body: bf16 activations x 2 stages + one fp32 stage
+  static_assert(2 * (SPLIT ? 2 : 1) * kXBytes + kThreads * 64 <= 2 * stage_bytes<SPLIT>(), "RS fits the shared-memory form's");
+  return 1024 /* alignment slack */ + 2 * stage_bytes<SPLIT>();  // RS launches hold both bodies (tile())
 }
 
 __device__ __forceinline__ uint32_t swz(int row, int chunk) { return row * 128 + (((chunk & 7) ^ (row & 7)) << 4); }
@@ -382,9 +383,12 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
   store_out<NMAT, NN>(a, acc, n0, start, cnt);
 }
 
+// RS takes the register-A body for tiles of up to 48 pairs only: at 64 its 64 accumulators + 32 A registers spill
+// (call s39-3: 3.2 GB of local loads at n = 2048, slower than the shared-memory form at n = 4096, whose tiles are
+// mostly full), so full tiles keep the shared-memory body in the same launch.
 template <int NN, bool MX, int NMAT, bool GATHER, bool SPLIT, bool RS>
 __device__ __forceinline__ void tile(const TileArgs& a, int4 td) {
-  if constexpr (RS)
+  if constexpr (RS && NN < 64)
     tile_body_rs<NMAT, GATHER, SPLIT, NN>(a, td.x, td.y, td.z);
   else
     tile_body<MX, NMAT, GATHER, SPLIT, NN>(a, td.x, td.y, td.z);
