@@ -87,6 +87,14 @@ __device__ __forceinline__ void mma(float (&d)[NN / 2], uint64_t da, uint64_t db
     wgmma::mma_m64n64k16_ss(d, da, db, 1);
 }
 
+template <int N>
+__device__ __forceinline__ void zero_acc(float (&acc)[2][N]) {
+#pragma unroll
+  for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[mm][i] = 0.f;
+}
+
 extern __shared__ __align__(1024) uint8_t moe_wg_smem[];
 
 // The block's outputs from the accumulators (warp q of warpgroup wg, lane l: element 4 j + e = weight row
@@ -198,10 +206,7 @@ __device__ __forceinline__ void tile_body(const TileArgs& a, int e, int start, i
   };
 
   float acc[2][NN / 2];
-#pragma unroll
-  for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-    for (int i = 0; i < NN / 2; ++i) acc[mm][i] = 0.f;
+  zero_acc(acc);
 
   const int nk = (cols + kKc - 1) / kKc;
   load(0);
@@ -343,10 +348,7 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
   };
 
   float acc[2][NN / 2];
-#pragma unroll
-  for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-    for (int i = 0; i < NN / 2; ++i) acc[mm][i] = 0.f;
+  zero_acc(acc);
 
   const int nk = (cols + kKc - 1) / kKc;
   load(0);
