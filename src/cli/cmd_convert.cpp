@@ -103,7 +103,10 @@ int run_convert(const ConvertOpts& o) {
     if (rules.empty()) throw k3::Error("--imatrix weights the quantisers: it needs --tensor-type rules or a preset");
     im = k3::read_imatrix(o.imatrix);
   }
-  const k3::GgufExportStats st = k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules, im ? &*im : nullptr);
+  std::optional<uint32_t> ftype;
+  if (!o.preset.empty()) ftype = k3::gguf_file_type_of_preset(o.preset);
+  const k3::GgufExportStats st =
+      k3::add_model_to_gguf(w, cfg, ck, name.empty() ? "k3" : name, rules, im ? &*im : nullptr, ftype);
   if (!o.no_vocab) k3::text::add_tokenizer_to_gguf(w, convert_tokenizer(o, files.gguf), cfg.vocab_size, cfg.bos_token_id >= 0);
   const auto t0 = std::chrono::steady_clock::now();
   int last_pct = -1;

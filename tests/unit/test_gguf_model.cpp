@@ -543,8 +543,24 @@ TEST(GgufQuantised, PresetsApplyAndKeepMeansAsStored) {
   constexpr uint32_t kBf16 = 30, kQ8 = 8, kQ3K = 11, kQ4K = 12, kQ6K = 14, kQ5_0 = 6;
   for (const std::string& p : k3::quantize_preset_names()) {
     k3::GgufWriter w;
-    const auto st = k3::add_model_to_gguf(w, c, ck, "x", k3::quantize_preset(p));
+    const auto st = k3::add_model_to_gguf(w, c, ck, "x", k3::quantize_preset(p), nullptr, k3::gguf_file_type_of_preset(p));
     EXPECT_GT(st.quantised, 0) << p;
+  }
+  // general.file_type carries the preset's llama_ftype (llama.cpp's tools print it), read back from the written file.
+  EXPECT_EQ(k3::gguf_file_type_of_preset("q4_k_m"), 15u);
+  EXPECT_EQ(k3::gguf_file_type_of_preset("Q3_K_M"), 12u);
+  EXPECT_EQ(k3::gguf_file_type_of_preset("Q4_K_M-E2"), 10u);
+  EXPECT_THROW(k3::gguf_file_type_of_preset("Q9_K"), k3::Error);
+  for (const auto& [ft, expect] : std::vector<std::pair<std::optional<uint32_t>, uint32_t>>{{15u, 15u}, {std::nullopt, 38u}}) {
+    k3::GgufWriter w;
+    k3::add_model_to_gguf(w, c, ck, "x", k3::quantize_preset("Q4_K_M"), nullptr, ft);
+    k3test::TempDir td;
+    w.write(td.str() + "/ft.gguf");
+    std::ifstream in(td.str() + "/ft.gguf", std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const k3::Gguf g = k3::parse_gguf(bytes, "ft.gguf");
+    ASSERT_TRUE(g.metadata.contains("general.file_type"));
+    EXPECT_EQ(g.metadata["general.file_type"].get<uint64_t>(), expect);
   }
   k3::GgufWriter plain, km, kda16;
   k3::add_model_to_gguf(plain, c, ck, "x");

@@ -97,7 +97,7 @@ WeightFormat float_format(DType t) {
   return t == DType::BF16 ? WeightFormat::BF16 : t == DType::F16 ? WeightFormat::F16 : WeightFormat::F32;
 }
 
-void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) {
+void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name, std::optional<uint32_t> file_type) {
   const bool k3 = c.arch == Arch::KimiK3;
   const std::string A = gguf_arch_name(c.arch) + ".";
   w.set_string("general.architecture", gguf_arch_name(c.arch));
@@ -117,7 +117,8 @@ void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name) 
   w.set_u32(A + "expert_group_used_count", 1);
   w.set_u32(A + "expert_gating_func", 2);  // sigmoid
   const bool mxfp4 = c.expert_quant_format.has_value();
-  w.set_u32("general.file_type", mxfp4 ? 38 : 32);  // MOSTLY_MXFP4_MOE / MOSTLY_BF16 (a label)
+  // A label (llama.cpp's llama_ftype, which its tools print): the preset's, else MOSTLY_MXFP4_MOE / MOSTLY_BF16.
+  w.set_u32("general.file_type", file_type.value_or(mxfp4 ? 38 : 32));
   w.set_u32(A + "vocab_size", static_cast<uint32_t>(c.vocab_size));
   w.set_u32(A + "ssm.conv_kernel", static_cast<uint32_t>(c.conv_kernel));
   w.set_u32(A + "kda.head_dim", static_cast<uint32_t>(c.kda_head_dim));
@@ -572,15 +573,31 @@ std::vector<TensorTypeRule> quantize_preset(const std::string& name) {
   throw Error("unknown quantisation preset '" + name + "' (" + all + ")");
 }
 
+uint32_t gguf_file_type_of_preset(const std::string& name) {
+  quantize_preset(name);  // throws on an unknown name
+  std::string up = name;
+  std::transform(up.begin(), up.end(), up.begin(), ::toupper);
+  // llama_ftype (llama.cpp include/llama.h): the type most of the file's bytes take -- the routed experts' for the
+  // expert presets, whose experts are nearly all of a K3's weights.
+  static const std::vector<std::pair<std::string, uint32_t>> t = {
+      {"Q8_0", 7},          {"Q6_K", 18},         {"Q5_K_M", 17},       {"Q4_K_M", 15},       {"Q3_K_M", 12},
+      {"Q2_K", 10},         {"IQ4_XS", 30},       {"Q4_K_M-KDA8", 15},  {"Q4_K_M-KDA16", 15}, {"Q4_K_M-E3", 12},
+      {"Q4_K_M-E2", 10},    {"Q4_K_M-EIQ1", 24},  {"Q4_K_M-EIQ2", 19},  {"Q4_K_M-EIQ3", 23}};
+  for (const auto& [k, v] : t)
+    if (k == up) return v;
+  throw Error("internal error: no llama_ftype for the quantisation preset '" + name + "'");
+}
+
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
-                                  const std::vector<TensorTypeRule>& rules, const Imatrix* imatrix) {
+                                  const std::vector<TensorTypeRule>& rules, const Imatrix* imatrix,
+                                  std::optional<uint32_t> file_type) {
   // MXFP4 experts come as compressed-tensors pairs (an HF dir) or in ggml's blocks (a GGUF input).
   if (c.expert_quant_format && *c.expert_quant_format != WeightFormat::MXFP4 && *c.expert_quant_format != WeightFormat::MXFP4_GGML)
     throw Error("k3 convert: experts in " + std::string(weight_format_name(*c.expert_quant_format)) + " cannot be written yet");
   // All checks of loading (shapes, dtypes, finite MXFP4 scales) before writing anything.
   const ModelWeights mw = bind_weights(c, ck);
   // Expert dtypes must agree within a layer (one stacked tensor).
-  add_metadata(w, c, name);
+  add_metadata(w, c, name, file_type);
   TensorExport ex(w, c, ck, rules, imatrix);
   ex.run();
   for (size_t i = 0; i < rules.size(); ++i)

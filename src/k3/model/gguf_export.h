@@ -45,7 +45,14 @@ struct Imatrix;
 std::vector<TensorTypeRule> quantize_preset(const std::string& name);
 std::vector<std::string> quantize_preset_names();
 
+// llama.cpp's llama_ftype for a preset (general.file_type: Q4_K_M 15, Q3_K_M 12, ...; the expert presets take their
+// experts' type); throws k3::Error for an unknown preset.
+uint32_t gguf_file_type_of_preset(const std::string& name);
+
+// `file_type`: general.file_type (a label llama.cpp's tools print); default MOSTLY_MXFP4_MOE (38) with MXFP4 experts,
+// else MOSTLY_BF16 (32).
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
-                                  const std::vector<TensorTypeRule>& rules = {}, const Imatrix* imatrix = nullptr);
+                                  const std::vector<TensorTypeRule>& rules = {}, const Imatrix* imatrix = nullptr,
+                                  std::optional<uint32_t> file_type = std::nullopt);
 
 }  // namespace k3
