@@ -73,7 +73,8 @@ bool install_crash_report() {
   static const bool installed = [] {
     void* warm[1];
     ::backtrace(warm, 1);
-    // Its own stack, so that a stack overflow can still be reported.
+    // Its own stack, so that a stack overflow of the main thread can still be reported (sigaltstack is per thread:
+    // a worker's overflow dies without the report).
     static char alt[64 * 1024];
     stack_t ss{};
     ss.ss_sp = alt;

@@ -518,31 +518,38 @@ TensorTypeRule parse_tensor_type_rule(const std::string& spec) {
 namespace {
 // llama-quantize's mixes, on this family's GGUF names (first match wins; the last rule catches the rest).
 // Routed experts are not dense matrices: they stay as shipped (MXFP4) under every preset.
-const std::vector<std::pair<std::string, std::vector<std::string>>>& presets() {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> p = {
-      {"Q8_0", {".*=q8_0"}},
-      {"Q6_K", {".*=q6_k"}},
-      {"Q5_K_M", {"ffn_down|^output\\.=q6_k", ".*=q5_k"}},
-      {"Q4_K_M", {"ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+// `file_type`: llama.cpp's llama_ftype (include/llama.h) written as general.file_type, the label its tools print: the
+// type most of the file's bytes take -- the routed experts' for the expert presets (nearly all of a K3's weights).
+struct Preset {
+  std::string name;
+  uint32_t file_type;
+  std::vector<std::string> rules;
+};
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"Q8_0", 7, {".*=q8_0"}},
+      {"Q6_K", 18, {".*=q6_k"}},
+      {"Q5_K_M", 17, {"ffn_down|^output\\.=q6_k", ".*=q5_k"}},
+      {"Q4_K_M", 15, {"ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
       // Q3_K_M / Q2_K: the head at Q6_K and the KDA value / every output projection a step up with ffn_down, as
       // llama-quantize allocates them (k3's first mixes gave those the base type: 11-15% more KLD at 1% fewer
       // bytes on k3-small; with these, level with llama-quantize's at the same imatrix -- docs/quantization.md).
-      {"Q3_K_M", {"^output\\.=q6_k", "ffn_down|attn_v\\.|attn_output=q4_k", ".*=q3_k"}},
-      {"Q2_K", {"^output\\.=q6_k", "ffn_down|attn_v\\.|attn_output=q3_k", ".*=q2_k"}},
-      {"IQ4_XS", {".*=iq4_xs"}},
+      {"Q3_K_M", 12, {"^output\\.=q6_k", "ffn_down|attn_v\\.|attn_output=q4_k", ".*=q3_k"}},
+      {"Q2_K", 10, {"^output\\.=q6_k", "ffn_down|attn_v\\.|attn_output=q3_k", ".*=q2_k"}},
+      {"IQ4_XS", 30, {".*=iq4_xs"}},
       // K3: the KDA and attention matrices (a small share of the bytes, most of the sensitivity) kept high.
-      {"Q4_K_M-KDA8", {"ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
-      {"Q4_K_M-KDA16", {"ssm_|attn_=keep", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-KDA8", 15, {"ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-KDA16", 15, {"ssm_|attn_=keep", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
       // Smaller boxes: routed experts below their shipped MXFP4 (4.25 bits) too; an expert matrix whose width
       // is not whole 256-blocks stays MXFP4.
-      {"Q4_K_M-E3", {"_exps=q3_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
-      {"Q4_K_M-E2", {"_exps=q2_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-E3", 12, {"_exps=q3_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-E2", 10, {"_exps=q2_k", "ssm_|attn_=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
       // The smallest boxes (in the spirit of Unsloth's UD-IQ1_S): routed experts -- nearly all of K3's weights
       // -- at a codebook i-quant, their down projection one step higher (it feeds the residual stream
       // directly); KDA, attention and the shared expert Q8_0; the rest as Q4_K_M. Best with --imatrix.
-      {"Q4_K_M-EIQ1", {"ffn_down_exps=iq2_xxs", "_exps=iq1_s", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
-      {"Q4_K_M-EIQ2", {"ffn_down_exps=iq2_xs", "_exps=iq2_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
-      {"Q4_K_M-EIQ3", {"ffn_down_exps=iq3_s", "_exps=iq3_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-EIQ1", 24, {"ffn_down_exps=iq2_xxs", "_exps=iq1_s", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-EIQ2", 19, {"ffn_down_exps=iq2_xs", "_exps=iq2_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
+      {"Q4_K_M-EIQ3", 23, {"ffn_down_exps=iq3_s", "_exps=iq3_xxs", "ssm_|attn_|_shexp=q8_0", "ffn_down|^output\\.|^token_embd=q6_k", ".*=q4_k"}},
   };
   return p;
 }
@@ -550,43 +557,36 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& presets() {
 
 std::vector<std::string> quantize_preset_names() {
   std::vector<std::string> n;
-  for (const auto& [k, v] : presets()) n.push_back(k);
+  for (const Preset& pr : presets()) n.push_back(pr.name);
   return n;
 }
 
-std::vector<TensorTypeRule> quantize_preset(const std::string& name) {
+namespace {
+// A preset by name, case-insensitively; throws k3::Error naming the presets.
+const Preset& find_preset(const std::string& name) {
   std::string up = name;
   std::transform(up.begin(), up.end(), up.begin(), ::toupper);
-  for (const auto& [k, specs] : presets()) {
-    std::string ku = k;
+  for (const Preset& pr : presets()) {
+    std::string ku = pr.name;
     std::transform(ku.begin(), ku.end(), ku.begin(), ::toupper);
-    if (ku != up) continue;
-    std::vector<TensorTypeRule> r;
-    for (const std::string& s : specs) {
-      r.push_back(parse_tensor_type_rule(s));
-      r.back().from_preset = true;
-    }
-    return r;
+    if (ku == up) return pr;
   }
   std::string all;
   for (const std::string& n : quantize_preset_names()) all += (all.empty() ? "" : ", ") + n;
   throw Error("unknown quantisation preset '" + name + "' (" + all + ")");
 }
+}  // namespace
 
-uint32_t gguf_file_type_of_preset(const std::string& name) {
-  quantize_preset(name);  // throws on an unknown name
-  std::string up = name;
-  std::transform(up.begin(), up.end(), up.begin(), ::toupper);
-  // llama_ftype (llama.cpp include/llama.h): the type most of the file's bytes take -- the routed experts' for the
-  // expert presets, whose experts are nearly all of a K3's weights.
-  static const std::vector<std::pair<std::string, uint32_t>> t = {
-      {"Q8_0", 7},          {"Q6_K", 18},         {"Q5_K_M", 17},       {"Q4_K_M", 15},       {"Q3_K_M", 12},
-      {"Q2_K", 10},         {"IQ4_XS", 30},       {"Q4_K_M-KDA8", 15},  {"Q4_K_M-KDA16", 15}, {"Q4_K_M-E3", 12},
-      {"Q4_K_M-E2", 10},    {"Q4_K_M-EIQ1", 24},  {"Q4_K_M-EIQ2", 19},  {"Q4_K_M-EIQ3", 23}};
-  for (const auto& [k, v] : t)
-    if (k == up) return v;
-  throw Error("internal error: no llama_ftype for the quantisation preset '" + name + "'");
+std::vector<TensorTypeRule> quantize_preset(const std::string& name) {
+  std::vector<TensorTypeRule> r;
+  for (const std::string& spec : find_preset(name).rules) {
+    r.push_back(parse_tensor_type_rule(spec));
+    r.back().from_preset = true;
+  }
+  return r;
 }
+
+uint32_t gguf_file_type_of_preset(const std::string& name) { return find_preset(name).file_type; }
 
 GgufExportStats add_model_to_gguf(GgufWriter& w, const ModelConfig& c, const Checkpoint& ck, const std::string& name,
                                   const std::vector<TensorTypeRule>& rules, const Imatrix* imatrix,

@@ -328,13 +328,13 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
     for (int i = 0; i < 4; ++i) {
       float4 x;
       asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(sF + (i * kThreads + tid) * 16));
-      float r0, r1, r2, r3;
-      const uint32_t h01 = bf16x2_rn(x.x, x.y, r0, r1), h23 = bf16x2_rn(x.z, x.w, r2, r3);
+      float e0, e1, e2, e3;  // what the bf16 halves leave
+      const uint32_t h01 = bf16x2_rn(x.x, x.y, e0, e1), h23 = bf16x2_rn(x.z, x.w, e2, e3);
       st_shared4(sX(buf, 0) + swz(p, 2 * i) + 4 * xq, h01);
       st_shared4(sX(buf, 0) + swz(p, 2 * i + 1) + 4 * xq, h23);
       if constexpr (SPLIT) {
-        st_shared4(sX(buf, 1) + swz(p, 2 * i) + 4 * xq, bf16x2_rn(r0, r1));
-        st_shared4(sX(buf, 1) + swz(p, 2 * i + 1) + 4 * xq, bf16x2_rn(r2, r3));
+        st_shared4(sX(buf, 1) + swz(p, 2 * i) + 4 * xq, bf16x2_rn(e0, e1));
+        st_shared4(sX(buf, 1) + swz(p, 2 * i + 1) + 4 * xq, bf16x2_rn(e2, e3));
       }
     }
   };
