@@ -1,10 +1,13 @@
-// K3_CUDA_PROFILE=1: GPU time per op category of the eager path, printed when the model is destroyed.
+// K3_CUDA_PROFILE=1: GPU time per op category of the eager path, printed when the model is destroyed
+// (K3_CUDA_PROFILE_SKIP=N: the first N steps are not counted -- a bench's warm-up pass, whose first-use costs
+// of cuBLAS and the allocator otherwise dominate a one-repetition profile).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,7 +18,10 @@ namespace k3::cuda {
 // summed after the step's synchronisation and printed when the model is destroyed.
 class Profiler {
  public:
-  explicit Profiler(bool on) : on_(on) {}
+  explicit Profiler(bool on) : on_(on) {
+    if (const char* n = std::getenv("K3_CUDA_PROFILE_SKIP"))  // digits only, clamped: no atoi overflow
+      skip_ = std::clamp<long long>(std::strtoll(n, nullptr, 10), 0, 1LL << 30);
+  }
   ~Profiler() {
     for (cudaEvent_t e : pool_) cudaEventDestroy(e);
   }
@@ -32,14 +38,18 @@ class Profiler {
     done_.push_back(open_.back());
     open_.pop_back();
   }
-  // After the stream is synchronised.
+  // After the stream is synchronised (once per step).
   void collect() {
+    const bool counted = skip_ == 0;
+    if (!counted) --skip_;
     for (auto& r : done_) {
       float ms = 0;
       cudaEventElapsedTime(&ms, r.a, r.b);
-      auto& t = totals_[r.cat];
-      t.first += ms;
-      t.second += 1;
+      if (counted) {
+        auto& t = totals_[r.cat];
+        t.first += ms;
+        t.second += 1;
+      }
       free_.push_back(r.a);
       free_.push_back(r.b);
     }
@@ -47,7 +57,7 @@ class Profiler {
   }
   // Host-side wall time of a region the CPU runs (the host expert jobs: waiting for their inputs, computing).
   void add_host(const char* cat, double ms) {
-    if (!on_) return;
+    if (!on_ || skip_ > 0) return;  // a skipped step's (collect() ends it)
     auto& t = host_totals_[cat];
     t.first += ms;
     t.second += 1;
@@ -83,6 +93,7 @@ class Profiler {
     return e;
   }
   bool on_;
+  long long skip_ = 0;  // steps still to leave out of the totals
   std::vector<Region> open_, done_;
   std::vector<cudaEvent_t> pool_, free_;
   std::map<std::string, std::pair<double, int64_t>> totals_, host_totals_;
