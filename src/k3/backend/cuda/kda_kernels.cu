@@ -9,10 +9,11 @@
 //   (loops over dk fully unrolled, so indices are compile-time and s never leaves registers), and
 //   k.S and q.S are thread-local dot products. q_t, k_t, exp(g_t) are shared by all columns and are
 //   staged in shared memory, read as broadcast float4 loads. State loads/stores S[dk][dv] over a
-//   warp's consecutive dv are coalesced. For D = 128 the recurrent and decode kernels give each column
-//   to two adjacent lanes (64 state values each, one shuffle per dot product): a whole column per
-//   thread needed > 255 registers and spilled (kSplit below). The chunked kernel keeps one thread per
-//   column (207 registers, no spill).
+//   warp's consecutive dv are coalesced. The recurrent and decode kernels give each column to D/32
+//   adjacent lanes (32 state values each, log2(D/32) shuffles per dot product, kSplit below): a whole
+//   column per thread needed > 255 registers and spilled, and 64 values per thread (two lanes, until
+//   session 40) left the decode kernel at one block of 142 registers a thread per SM. The chunked kernel
+//   keeps one thread per column (207 registers, no spill).
 // - kda_recurrent: one warp per (seq, head, 32/kSplit dv columns), so even a decode batch of 1 spreads
 //   over H * D*kSplit/32 blocks. Token data is double-buffered in shared memory (one __syncwarp per
 //   token) and the next token's inputs are prefetched into registers while the current one is computed.
@@ -39,13 +40,21 @@
 //   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
 //   writing the new state after it has read the old one into registers. The per-head L2 norm is a
 //   block reduction per token.
-// - kda_decode_fused: block of D*kSplit threads per (seq, head): thread d < D is channel d for the conv,
-//   norms and gates; for the recurrence the threads map to value columns as in kda_recurrent. It uses
-//   the same device helpers as the unfused kernels, so it matches them to rounding.
+// - kda_decode_fused: a thread-block cluster of D/32 blocks of D threads per (seq, head); block z owns value
+//   columns [32 z, 32 z + 32) of the state (16 KB) and thread d is channel d for the conv, norms and gates
+//   (every block computes them for all D channels: the k.s and q.s dot products need the whole of q and k).
+//   The output norm spans the head's D columns: each block's partial sum of squares goes to the others
+//   through distributed shared memory. Why: with one block of 256 threads per (seq, head) the state's
+//   64 KB moved at 1.8 TB/s at batch 256 (one block per SM, its load -> reduce -> compute -> store chain
+//   exposed); four blocks of 128 threads, 32 state registers each, keep several per SM in flight. It uses
+//   the same device helpers as the unfused kernels (the same delta step), so the state matches them bit
+//   for bit and the outputs to rounding.
 #include "k3/backend/cuda/kda_kernels.h"
 
 #include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -127,13 +136,13 @@ __device__ __forceinline__ float conv_silu_at(const float* __restrict__ x, int C
   return silu(acc);
 }
 
-// How many threads share one value column in the recurrent / decode kernels. With D = 128 one thread
-// holding all 128 state values plus the pipelined shared-memory operands needs more than 255 registers
-// (ptxas spilled), so two adjacent lanes split the key dimension and combine dot products with one
-// shuffle. Lane p of a pair owns the float4 groups i4 = SPLIT*m + p, so the pair reads adjacent 16-byte
-// words (different banks) of the staged k/q/exp(g) rows.
+// How many threads share one value column in the recurrent / decode kernels: D/32, so that every thread
+// holds 32 state values whatever D (one thread with all 128 needed more than 255 registers and spilled; two
+// lanes of 64 each held the fused decode kernel to one block per SM). The lanes split the key dimension
+// and combine dot products with log2(SPLIT) shuffles. Lane p of a group owns the float4 groups
+// i4 = SPLIT*m + p, so the group reads adjacent 16-byte words (different banks) of the staged k/q/exp(g) rows.
 template <int D>
-constexpr int kSplit = D == 128 ? 2 : 1;
+constexpr int kSplit = D / 32;
 
 // How the recurrent / decode kernels keep the state (--mamba-ssm-cache-dtype): StateT = float, or
 // uint16_t holding bf16 bits (widened on load, rounded to nearest even after every token, as stored: the
@@ -172,7 +181,9 @@ __device__ __forceinline__ void store_column(const float (&s)[D / SPLIT], StateT
 // Sum over the SPLIT lanes that share a column (adjacent lanes; all 32 lanes of the warp must call).
 template <int SPLIT>
 __device__ __forceinline__ float pair_sum(float a) {
-  if constexpr (SPLIT == 2) a += __shfl_xor_sync(0xffffffffu, a, 1);
+  static_assert(SPLIT == 1 || SPLIT == 2 || SPLIT == 4, "lanes per column");
+  if constexpr (SPLIT >= 2) a += __shfl_xor_sync(0xffffffffu, a, 1);
+  if constexpr (SPLIT == 4) a += __shfl_xor_sync(0xffffffffu, a, 2);  // (l0 + l1) + (l2 + l3) in every lane
   return a;
 }
 
@@ -822,11 +833,15 @@ __global__ void __launch_bounds__(D)
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_decode_fused / kda_verify_fused: grid (n_seqs, H), D*SPLIT threads. Threads tid < D do channel
-// h*D + tid (conv, norms, gates); for the recurrence and the output norm thread tid is part tid % SPLIT of
-// value column tid / SPLIT. Both run fused_token per token, so a verification's n tokens equal n decode steps.
+// kda_decode_fused / kda_verify_fused: grid (n_seqs, H, D/32), clusters of the D/32 blocks of one (seq, head),
+// D threads a block. Thread tid is channel h*D + tid for the conv, norms and gates; for the recurrence and the
+// output norm thread tid is part tid % SPLIT of value column 32 z + tid / SPLIT (z = blockIdx.z). Both run
+// fused_token per token, so a verification's n tokens equal n decode steps.
+template <int D>
+constexpr int kFusedBlocks = D / 32;  // blocks (and cluster size) per (seq, head): 32 value columns each
 
-// One (sequence, head)'s registers across its tokens: the conv taps and tails (tid < D), the state column.
+// One (sequence, head)'s registers across its tokens: the conv taps and tails of channel tid, the state
+// column part.
 template <int D, int W>
 struct FusedRegs {
   static constexpr int P = W - 1, PS = P > 0 ? P : 1;
@@ -844,7 +859,10 @@ struct FusedRegs {
       for (int j = 0; j < PS; ++j) tail[m][j] = j < P ? tails[m][static_cast<size_t>(c) * P + j] : 0.f;
     }
   }
+  // Every block of the cluster holds the same new tails; block z writes channels [32 z, 32 z + 32) of them.
+  // Its peers have all read the old tails by then: this follows the token's cluster barrier (fused_token).
   __device__ __forceinline__ void store_conv(const KdaSeq& dst, int c) const {
+    if (static_cast<int>(threadIdx.x) / 32 != static_cast<int>(blockIdx.z)) return;
     float* tails[3] = {dst.conv_q, dst.conv_k, dst.conv_v};
 #pragma unroll
     for (int m = 0; m < 3; ++m)
@@ -853,16 +871,35 @@ struct FusedRegs {
   }
 };
 
+// The sum of the cluster's Z blocks' values (v of thread 0 in each), in block-rank order, so every block
+// gets the same bits. `slot` is this block's shared word for this token; the caller alternates two, and the
+// barrier of the next token keeps a peer from overwriting one still being read. Cluster barriers order the
+// accesses around them (arrive releases, wait acquires).
+template <int Z>
+__device__ __forceinline__ float cluster_sum(float v, float* slot) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = v;
+  cl.sync();
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < Z; ++r) s += *cl.map_shared_rank(slot, r);
+  return s;
+}
+
 // One token (row `row`) of kda_decode_fused for head h: conv + SiLU over the tails (which then drop their
-// oldest input and take this one), L2 norms, gates, one delta-rule step on the column (rounded as a StateT
-// cache would hold it), and the gated output norm into o. Ends with a barrier: the shared operands are free.
+// oldest input and take this one), L2 norms, gates, one delta-rule step on this block's columns (rounded as
+// a StateT cache would hold it), and the gated output norm (over the head's D columns: `slot`, see
+// cluster_sum) into o. Ends after a cluster barrier: the shared operands are free and every peer has read
+// its old conv tails.
 template <int D, int W, class StateT>
 __device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, size_t row, FusedRegs<D, W>& r,
-                                            float2* red, float* ks, float* qs, float* es, float* vs, float* o) {
-  constexpr int SPLIT = kSplit<D>, NT = D * SPLIT, P = W - 1;
+                                            float2* red, float* ks, float* qs, float* es, float* vs, float* slot,
+                                            float* o) {
+  constexpr int SPLIT = kSplit<D>, Z = kFusedBlocks<D>, P = W - 1;
   const int tid = threadIdx.x, C = H * D;
-  float y[3] = {0.f, 0.f, 0.f};
-  if (tid < D) {
+  float y[3];
+  {
     const int c = h * D + tid;
     const float* xs[3] = {in.xq, in.xk, in.xv};
 #pragma unroll
@@ -875,8 +912,8 @@ __device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, 
       }
     }
   }
-  const float2 ss = block_sum2<NT>(y[0] * y[0], y[1] * y[1], red);  // threads >= D add zeros
-  if (tid < D) {
+  const float2 ss = block_sum2<D>(y[0] * y[0], y[1] * y[1], red);
+  {
     const int c = h * D + tid;
     const size_t at = row * C + c;
     qs[tid] = y[0] * ((1.0f / sqrtf(static_cast<float>(D))) / sqrtf(ss.x + 1e-6f));
@@ -886,63 +923,74 @@ __device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, 
   }
   const float bt = sigmoid(in.braw[row * H + h]);
   __syncthreads();
-  const int dv = tid / SPLIT, p = tid % SPLIT;
+  const int dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
   const float ot = delta_step<D, SPLIT>(r.s, ks, qs, es, vs[dv], bt, p);
   round_state<StateT>(r.s);
-  const float on = block_sum2<NT>(p == 0 ? ot * ot : 0.f, 0.f, red).x;  // its barriers free ks .. vs
+  float on = block_sum2<D>(p == 0 ? ot * ot : 0.f, 0.f, red).x;  // this block's 32 columns; frees ks .. vs
+  if constexpr (Z > 1) on = cluster_sum<Z>(on, slot);
   const float inv = 1.0f / sqrtf(on / static_cast<float>(D) + in.eps);
   const size_t at = row * C + static_cast<size_t>(h) * D + dv;
   if (p == 0) o[at] = ot * inv * in.norm_w[dv] * sigmoid(in.gate[at]);
 }
 
+// Before a block leaves: no peer may still read its shared partial sums.
+template <int Z>
+__device__ __forceinline__ void cluster_done() {
+  if constexpr (Z > 1) cooperative_groups::this_cluster().sync();
+}
+
 template <int D, int W, class StateT>
-__global__ void __launch_bounds__(D * kSplit<D>)
+__global__ void __launch_bounds__(D)
     kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const KdaFusedIn in, float* __restrict__ o) {
   pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
-  __shared__ float2 red[D * SPLIT / 32];
+  __shared__ float2 red[D / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
+  __shared__ float slot[1];
   const KdaSeq sq = seqs[blockIdx.x];
-  if (sq.n < 1) return;  // contract: n == 1; a sequence without a token has nothing to do
-  const int h = blockIdx.y, tid = threadIdx.x, dv = tid / SPLIT, p = tid % SPLIT;
+  if (sq.n < 1) return;  // contract: n == 1; a sequence without a token has nothing to do (its whole cluster)
+  const int h = blockIdx.y, tid = threadIdx.x, dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
   FusedRegs<D, W> r;
-  if (tid < D) r.load_conv(in, sq, h * D + tid);
+  r.load_conv(in, sq, h * D + tid);
   StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
   load_column<D, SPLIT>(r.s, S, dv, p);
-  fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, red, ks, qs, es, vs, o);
+  fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, red, ks, qs, es, vs, slot, o);
   store_column<D, SPLIT>(r.s, S, dv, p);
-  if (tid < D) r.store_conv(sq, h * D + tid);
+  r.store_conv(sq, h * D + tid);
+  cluster_done<kFusedBlocks<D>>();
 }
 
 // The sequence's n tokens in order; after the first `after + j` of them (j < n_snap) the column and the
 // tails also go to snapshot view snaps[first + j].
 template <int D, int W, class StateT>
-__global__ void __launch_bounds__(D * kSplit<D>)
+__global__ void __launch_bounds__(D)
     kda_verify_fused_kernel(const KdaSnapSeq* __restrict__ seqs, const KdaSeq* __restrict__ snaps, int H,
                             const KdaFusedIn in, float* __restrict__ o) {
   pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
-  __shared__ float2 red[D * SPLIT / 32];
+  __shared__ float2 red[D / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
+  __shared__ float slot[2];  // alternating per token (cluster_sum)
   const KdaSnapSeq ss = seqs[blockIdx.x];
   const KdaSeq& sq = ss.seq;
   if (sq.n < 1) return;
-  const int h = blockIdx.y, tid = threadIdx.x, dv = tid / SPLIT, p = tid % SPLIT;
+  const int h = blockIdx.y, tid = threadIdx.x, dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
   FusedRegs<D, W> r;
-  if (tid < D) r.load_conv(in, sq, h * D + tid);
+  r.load_conv(in, sq, h * D + tid);
   const size_t head = static_cast<size_t>(h) * D * D;
   load_column<D, SPLIT>(r.s, reinterpret_cast<const StateT*>(sq.S) + head, dv, p);
   for (int t = 0; t < sq.n; ++t) {
-    fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset + t), r, red, ks, qs, es, vs, o);
+    fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset + t), r, red, ks, qs, es, vs, slot + (t & 1), o);
     const int j = t + 1 - ss.after;
     if (j >= 0 && j < ss.n_snap) {
       const KdaSeq snap = snaps[ss.first + j];
       store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(snap.S) + head, dv, p);
-      if (tid < D) r.store_conv(snap, h * D + tid);
+      r.store_conv(snap, h * D + tid);
     }
   }
   store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(sq.S) + head, dv, p);
-  if (tid < D) r.store_conv(sq, h * D + tid);
+  r.store_conv(sq, h * D + tid);
+  cluster_done<kFusedBlocks<D>>();
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1024,12 +1072,20 @@ cudaError_t launch_output_gate(int N, int H, float* o, const float* norm_w, floa
 template <int D, int W, class StateT>
 cudaError_t launch_fused(const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaSeq* snaps, int n_seqs, int H,
                          const KdaFusedIn& in, float* o, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H));
-  if (vseqs)
-    kda_verify_fused_kernel<D, W, StateT><<<grid, D * kSplit<D>, 0, stream>>>(vseqs, snaps, H, in, o);
-  else
-    kda_decode_fused_kernel<D, W, StateT><<<grid, D * kSplit<D>, 0, stream>>>(seqs, H, in, o);
-  return cudaGetLastError();
+  constexpr unsigned Z = kFusedBlocks<D>;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), Z);
+  cfg.blockDim = dim3(D);
+  cfg.stream = stream;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = 1;
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = Z;  // the blocks of one (seq, head)
+  cfg.attrs = cluster;
+  cfg.numAttrs = 1;
+  if (vseqs) return cudaLaunchKernelEx(&cfg, kda_verify_fused_kernel<D, W, StateT>, vseqs, snaps, H, in, o);
+  return cudaLaunchKernelEx(&cfg, kda_decode_fused_kernel<D, W, StateT>, seqs, H, in, o);
 }
 
 template <int D, class StateT>
