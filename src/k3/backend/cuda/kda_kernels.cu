@@ -40,11 +40,11 @@
 //   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
 //   writing the new state after it has read the old one into registers. The per-head L2 norm is a
 //   block reduction per token.
-// - kda_decode_fused: a thread-block cluster of D/32 blocks of D threads per (seq, head); block z owns
-//   channels and value columns [32 z, 32 z + 32) (16 KB of the state): it runs its channels' convs and gates,
-//   and the blocks swap their slices of q, k, exp(g) (the k.s and q.s dot products need all D) and their
-//   partial sums of squares (the L2 norms and the output norm span the head) through distributed shared
-//   memory. Why: with one block of 256 threads per (seq, head) the state's
+// - kda_decode_fused: a thread-block cluster of D/32 blocks of D threads per (seq, head); block z owns value
+//   columns [32 z, 32 z + 32) of the state (16 KB) and thread d is channel d for the conv, norms and gates
+//   (every block computes them for all D channels: the k.s and q.s dot products need the whole of q and k).
+//   The output norm spans the head's D columns: each block's partial sum of squares goes to the others
+//   through distributed shared memory. Why: with one block of 256 threads per (seq, head) the state's
 //   64 KB moved at 1.8 TB/s at batch 256 (one block per SM, its load -> reduce -> compute -> store chain
 //   exposed); four blocks of 128 threads, 32 state registers each, keep several per SM in flight. It uses
 //   the same device helpers as the unfused kernels (the same delta step), so the state matches them bit
@@ -834,179 +834,129 @@ __global__ void __launch_bounds__(D)
 
 // ---------------------------------------------------------------------------------------------------
 // kda_decode_fused / kda_verify_fused: grid (n_seqs, H, D/32), clusters of the D/32 blocks of one (seq, head),
-// D threads a block. Block z owns channels and value columns [32 z, 32 z + 32): it runs the q, k, v convs and
-// the gates of its channels only (its conv tails are its own: read and written by this block alone), and
-// the blocks swap their slices of q, k, exp(g) and their partial sums of squares through distributed shared
-// memory; for the recurrence and the output norm thread tid is part tid % SPLIT of value column
-// 32 z + tid / SPLIT. Both kernels run fused_token per token, so a verification's n tokens equal n decode steps.
+// D threads a block. Thread tid is channel h*D + tid for the conv, norms and gates; for the recurrence and the
+// output norm thread tid is part tid % SPLIT of value column 32 z + tid / SPLIT (z = blockIdx.z). Both run
+// fused_token per token, so a verification's n tokens equal n decode steps.
 template <int D>
-constexpr int kFusedBlocks = D / 32;  // blocks (and cluster size) per (seq, head): 32 channels / columns each
-template <int D>
-constexpr int kConvTasks = (3 * 32 + D - 1) / D;  // a block's 96 convs (q, k, v of 32 channels) per thread
+constexpr int kFusedBlocks = D / 32;  // blocks (and cluster size) per (seq, head): 32 value columns each
 
-// What a block shares with its cluster (read by peers through distributed shared memory): its channels'
-// raw q and k (conv + SiLU, before the norms), exp(g), and its sums of squares of q and k.
-struct FusedSlice {
-  float yq[32], yk[32], ye[32];
-  float2 ss;
-};
-
-// One (sequence, head) block's registers across its tokens: the taps and tails of its conv tasks (task i of
-// thread tid is conv m = (tid + i D) / 32 -- 0 q, 1 k, 2 v -- of channel 32 z + (tid + i D) % 32; tasks past
-// 96 are idle) and its part of the state columns.
+// One (sequence, head)'s registers across its tokens: the conv taps and tails of channel tid, the state
+// column part.
 template <int D, int W>
 struct FusedRegs {
-  static constexpr int P = W - 1, PS = P > 0 ? P : 1, NT = kConvTasks<D>;
-  float w[NT][W], tail[NT][PS];
+  static constexpr int P = W - 1, PS = P > 0 ? P : 1;
+  float w[3][W], tail[3][PS];  // q, k, v
   float s[D / kSplit<D>];
 
-  __device__ static __forceinline__ bool task(int i, int& m, int& cl) {
-    const int t = static_cast<int>(threadIdx.x) + i * D;
-    m = t / 32;
-    cl = static_cast<int>(blockIdx.z) * 32 + t % 32;
-    return t < 96;
-  }
-  // (Pointers picked by m with selects, not from an array: a dynamically indexed array went to the stack.)
-  __device__ __forceinline__ void load_conv(const KdaFusedIn& in, const KdaSeq& sq, int h) {
+  __device__ __forceinline__ void load_conv(const KdaFusedIn& in, const KdaSeq& sq, int c) {
+    const float* taps[3] = {in.wq, in.wk, in.wv};
+    const float* tails[3] = {sq.conv_q, sq.conv_k, sq.conv_v};
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      int m, cl;
-      if (!task(i, m, cl)) continue;
-      const size_t c = static_cast<size_t>(h) * D + cl;
-      const float* taps = m == 0 ? in.wq : m == 1 ? in.wk : in.wv;
-      const float* tails = m == 0 ? sq.conv_q : m == 1 ? sq.conv_k : sq.conv_v;
+    for (int m = 0; m < 3; ++m) {
 #pragma unroll
-      for (int j = 0; j < W; ++j) w[i][j] = taps[c * W + j];
+      for (int j = 0; j < W; ++j) w[m][j] = taps[m][static_cast<size_t>(c) * W + j];
 #pragma unroll
-      for (int j = 0; j < PS; ++j) tail[i][j] = j < P ? tails[c * P + j] : 0.f;
+      for (int j = 0; j < PS; ++j) tail[m][j] = j < P ? tails[m][static_cast<size_t>(c) * P + j] : 0.f;
     }
   }
-  __device__ __forceinline__ void store_conv(const KdaSeq& dst, int h) const {
+  // Every block of the cluster holds the same new tails; block z writes channels [32 z, 32 z + 32) of them.
+  // Its peers have all read the old tails by then: this follows the token's cluster barrier (fused_token).
+  __device__ __forceinline__ void store_conv(const KdaSeq& dst, int c) const {
+    if (static_cast<int>(threadIdx.x) / 32 != static_cast<int>(blockIdx.z)) return;
+    float* tails[3] = {dst.conv_q, dst.conv_k, dst.conv_v};
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      int m, cl;
-      if (!task(i, m, cl)) continue;
-      const size_t c = static_cast<size_t>(h) * D + cl;
-      float* tails = m == 0 ? dst.conv_q : m == 1 ? dst.conv_k : dst.conv_v;
+    for (int m = 0; m < 3; ++m)
 #pragma unroll
-      for (int j = 0; j < P; ++j) tails[c * P + j] = tail[i][j];
-    }
+      for (int j = 0; j < P; ++j) tails[m][static_cast<size_t>(c) * P + j] = tail[m][j];
   }
 };
 
-// Cluster barrier (arrive releases this block's shared writes, wait acquires the peers'); with one block, the
-// block barrier.
+// The sum of the cluster's Z blocks' values (v of thread 0 in each), in block-rank order, so every block
+// gets the same bits. `slot` is this block's shared word for this token; the caller alternates two, and the
+// barrier of the next token keeps a peer from overwriting one still being read. Cluster barriers order the
+// accesses around them (arrive releases, wait acquires).
 template <int Z>
-__device__ __forceinline__ void cluster_barrier() {
-  if constexpr (Z > 1)
-    cooperative_groups::this_cluster().sync();
-  else
-    __syncthreads();
-}
-// Block r's copy of `p` (this block's shared object) in the cluster.
-template <int Z, class T>
-__device__ __forceinline__ const T* peer(const T* p, int r) {
-  if constexpr (Z > 1)
-    return cooperative_groups::this_cluster().map_shared_rank(const_cast<T*>(p), r);
-  else
-    return p;
+__device__ __forceinline__ float cluster_sum(float v, float* slot) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cl = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = v;
+  cl.sync();
+  float s = 0.f;
+#pragma unroll
+  for (int r = 0; r < Z; ++r) s += *cl.map_shared_rank(slot, r);
+  return s;
 }
 
-// One token (row `row`) of kda_decode_fused for head h: this block's convs + SiLU over the tails (which then
-// drop their oldest input and take this one) and gates, the slices swapped (barrier A), L2 norms, one
-// delta-rule step on this block's columns (rounded as a StateT cache would hold it), and the gated output norm
-// over the head's D columns (partial sums swapped through `slot`, barrier B) into o. The norms' sums run in
-// block_sum2's order (each 32-channel warp sum, then the slices in rank order), so q and k are the unfused
-// kernels' bits. Reuse: a block writes its slice and slot again only in the next token, after barrier B /
-// the next barrier A, which no peer passes before it has read them.
+// One token (row `row`) of kda_decode_fused for head h: conv + SiLU over the tails (which then drop their
+// oldest input and take this one), L2 norms, gates, one delta-rule step on this block's columns (rounded as
+// a StateT cache would hold it), and the gated output norm (over the head's D columns: `slot`, see
+// cluster_sum) into o. Ends after a cluster barrier: the shared operands are free and every peer has read
+// its old conv tails.
 template <int D, int W, class StateT>
 __device__ __forceinline__ void fused_token(const KdaFusedIn& in, int H, int h, size_t row, FusedRegs<D, W>& r,
-                                            FusedSlice& mine, float2* red, float* ks, float* qs, float* es,
-                                            float* slot, float* o) {
-  constexpr int SPLIT = kSplit<D>, Z = kFusedBlocks<D>, P = W - 1, NT = kConvTasks<D>;
-  const int tid = threadIdx.x, C = H * D, z = blockIdx.z;
-  __shared__ float yv[32];
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    int m, cl;
-    if (!r.task(i, m, cl)) continue;
-    const int c = h * D + cl;
-    const float* x = m == 0 ? in.xq : m == 1 ? in.xk : in.xv;
-    float* y = m == 0 ? mine.yq : m == 1 ? mine.yk : yv;
-    y[cl - 32 * z] = conv_silu_at<W>(x, C, c, static_cast<int>(row), 0, r.w[i], r.tail[i]);
-    if constexpr (P > 0) {
-#pragma unroll
-      for (int j = 0; j + 1 < P; ++j) r.tail[i][j] = r.tail[i][j + 1];
-      r.tail[i][P - 1] = x[row * C + c];
-    }
-  }
-  if (tid < 32) {
-    const int c = h * D + 32 * z + tid;
-    mine.ye[tid] = expf(gate_value(in.graw[row * C + c] + in.dt_bias[c], expf(in.A_log[h]), in.bounded, in.lower_bound));
-  }
-  __syncthreads();
-  if (tid < 32) {
-    const float a = warp_sum(mine.yq[tid] * mine.yq[tid]), b = warp_sum(mine.yk[tid] * mine.yk[tid]);
-    if (tid == 0) mine.ss = make_float2(a, b);
-  }
-  cluster_barrier<Z>();  // A: every slice and partial sum written
+                                            float2* red, float* ks, float* qs, float* es, float* vs, float* slot,
+                                            float* o) {
+  constexpr int SPLIT = kSplit<D>, Z = kFusedBlocks<D>, P = W - 1;
+  const int tid = threadIdx.x, C = H * D;
+  float y[3];
   {
-    float2 ss = peer<Z>(&mine, 0)->ss;
+    const int c = h * D + tid;
+    const float* xs[3] = {in.xq, in.xk, in.xv};
 #pragma unroll
-    for (int q = 1; q < Z; ++q) {
-      const float2 t = peer<Z>(&mine, q)->ss;
-      ss.x += t.x;
-      ss.y += t.y;
+    for (int m = 0; m < 3; ++m) {
+      y[m] = conv_silu_at<W>(xs[m], C, c, static_cast<int>(row), 0, r.w[m], r.tail[m]);
+      if constexpr (P > 0) {
+#pragma unroll
+        for (int j = 0; j + 1 < P; ++j) r.tail[m][j] = r.tail[m][j + 1];
+        r.tail[m][P - 1] = xs[m][row * C + c];
+      }
     }
-    const FusedSlice* src = peer<Z>(&mine, tid / 32);
-    const int i = tid % 32;
-    qs[tid] = src->yq[i] * ((1.0f / sqrtf(static_cast<float>(D))) / sqrtf(ss.x + 1e-6f));
-    ks[tid] = src->yk[i] * (1.0f / sqrtf(ss.y + 1e-6f));
-    es[tid] = src->ye[i];
+  }
+  const float2 ss = block_sum2<D>(y[0] * y[0], y[1] * y[1], red);
+  {
+    const int c = h * D + tid;
+    const size_t at = row * C + c;
+    qs[tid] = y[0] * ((1.0f / sqrtf(static_cast<float>(D))) / sqrtf(ss.x + 1e-6f));
+    ks[tid] = y[1] * (1.0f / sqrtf(ss.y + 1e-6f));
+    es[tid] = expf(gate_value(in.graw[at] + in.dt_bias[c], expf(in.A_log[h]), in.bounded, in.lower_bound));
+    vs[tid] = y[2];
   }
   const float bt = sigmoid(in.braw[row * H + h]);
   __syncthreads();
-  const int col = tid / SPLIT, dv = 32 * z + col, p = tid % SPLIT;
-  const float ot = delta_step<D, SPLIT>(r.s, ks, qs, es, yv[col], bt, p);
+  const int dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
+  const float ot = delta_step<D, SPLIT>(r.s, ks, qs, es, vs[dv], bt, p);
   round_state<StateT>(r.s);
-  float on = block_sum2<D>(p == 0 ? ot * ot : 0.f, 0.f, red).x;  // this block's 32 columns; frees ks .. yv
-  if constexpr (Z > 1) {
-    if (tid == 0) *slot = on;
-    cluster_barrier<Z>();  // B
-    on = 0.f;
-#pragma unroll
-    for (int q = 0; q < Z; ++q) on += *peer<Z>(slot, q);
-  }
+  float on = block_sum2<D>(p == 0 ? ot * ot : 0.f, 0.f, red).x;  // this block's 32 columns; frees ks .. vs
+  if constexpr (Z > 1) on = cluster_sum<Z>(on, slot);
   const float inv = 1.0f / sqrtf(on / static_cast<float>(D) + in.eps);
   const size_t at = row * C + static_cast<size_t>(h) * D + dv;
   if (p == 0) o[at] = ot * inv * in.norm_w[dv] * sigmoid(in.gate[at]);
 }
 
-// Before a block leaves: no peer may still read its shared slot.
+// Before a block leaves: no peer may still read its shared partial sums.
 template <int Z>
 __device__ __forceinline__ void cluster_done() {
   if constexpr (Z > 1) cooperative_groups::this_cluster().sync();
 }
 
 template <int D, int W, class StateT>
-__global__ void __launch_bounds__(D)  // 72 registers: 7 blocks an SM (capped at 64 for 8, ptxas spilled)
+__global__ void __launch_bounds__(D)
     kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const KdaFusedIn in, float* __restrict__ o) {
   pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   __shared__ float2 red[D / 32];
-  __shared__ __align__(16) float ks[D], qs[D], es[D];
-  __shared__ FusedSlice mine;
+  __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
   __shared__ float slot[1];
   const KdaSeq sq = seqs[blockIdx.x];
   if (sq.n < 1) return;  // contract: n == 1; a sequence without a token has nothing to do (its whole cluster)
   const int h = blockIdx.y, tid = threadIdx.x, dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
   FusedRegs<D, W> r;
+  r.load_conv(in, sq, h * D + tid);
   StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
   load_column<D, SPLIT>(r.s, S, dv, p);
-  r.load_conv(in, sq, h);
-  fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, mine, red, ks, qs, es, slot, o);
+  fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, red, ks, qs, es, vs, slot, o);
   store_column<D, SPLIT>(r.s, S, dv, p);
-  r.store_conv(sq, h);
+  r.store_conv(sq, h * D + tid);
   cluster_done<kFusedBlocks<D>>();
 }
 
@@ -1019,28 +969,27 @@ __global__ void __launch_bounds__(D)
   pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   __shared__ float2 red[D / 32];
-  __shared__ __align__(16) float ks[D], qs[D], es[D];
-  __shared__ FusedSlice mine;
-  __shared__ float slot[1];
+  __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
+  __shared__ float slot[2];  // alternating per token (cluster_sum)
   const KdaSnapSeq ss = seqs[blockIdx.x];
   const KdaSeq& sq = ss.seq;
   if (sq.n < 1) return;
   const int h = blockIdx.y, tid = threadIdx.x, dv = static_cast<int>(blockIdx.z) * 32 + tid / SPLIT, p = tid % SPLIT;
   FusedRegs<D, W> r;
+  r.load_conv(in, sq, h * D + tid);
   const size_t head = static_cast<size_t>(h) * D * D;
   load_column<D, SPLIT>(r.s, reinterpret_cast<const StateT*>(sq.S) + head, dv, p);
-  r.load_conv(in, sq, h);
   for (int t = 0; t < sq.n; ++t) {
-    fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset + t), r, mine, red, ks, qs, es, slot, o);
+    fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset + t), r, red, ks, qs, es, vs, slot + (t & 1), o);
     const int j = t + 1 - ss.after;
     if (j >= 0 && j < ss.n_snap) {
       const KdaSeq snap = snaps[ss.first + j];
       store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(snap.S) + head, dv, p);
-      r.store_conv(snap, h);
+      r.store_conv(snap, h * D + tid);
     }
   }
   store_column<D, SPLIT>(r.s, reinterpret_cast<StateT*>(sq.S) + head, dv, p);
-  r.store_conv(sq, h);
+  r.store_conv(sq, h * D + tid);
   cluster_done<kFusedBlocks<D>>();
 }
 
