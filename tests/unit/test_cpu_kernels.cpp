@@ -396,6 +396,45 @@ TEST_P(CpuKernelsTier, MatmulTwoStageEqualsStagedMatmuls) {
   }
 }
 
+// The one-token MXFP4 rows convert the scales of 8 pairs at once in the vector (avx512bf16 tier:
+// half_e8m0_x16, in place of a table per pair): their bits must be the table's for every E8M0 byte, the
+// denormal 0 and 1, the largest 254 and NaN's 255 included. Rows of 16 / 33 / 48 groups (one and two 8-pair
+// blocks, a lone last group) in both layouts, every scale byte cycling through the edge values and random
+// ones (row 6 only 0 / 1, whose result is then denormal scale products alone; row 7 only 253 / 254): each one-token
+// row against the same token's row of a 3-token product (the tile, table scales), by bytes.
+TEST_P(CpuKernelsTier, Mxfp4OneTokenEdgeScalesEqualTheTile) {
+  std::mt19937 rng(71);
+  const uint8_t edge[] = {0, 1, 2, 3, 126, 127, 128, 200, 253, 254};
+  for (int64_t cols : {512, 1056, 1536})
+    for (const bool ggml : {false, true}) {
+      TestWeight hf = make_weight(k3::WeightFormat::MXFP4, 9, cols, rng);
+      const size_t per_row = static_cast<size_t>(cols / 32);
+      for (size_t i = 0; i < hf.scales.size(); ++i)
+        hf.scales[i] = i % 3 == 2 ? static_cast<uint8_t>(110 + rng() % 30) : edge[(i / 3 * 2 + i % 3) % sizeof(edge)];
+      for (size_t g = 0; g < per_row; ++g) {
+        hf.scales[6 * per_row + g] = static_cast<uint8_t>(g % 2 ? 0 : 1);      // row 6: only denormal scales
+        hf.scales[7 * per_row + g] = static_cast<uint8_t>(g % 2 ? 253 : 254);  // row 7: only the largest
+      }
+      hf.scales[8 * per_row + 5] = 255;  // row 8 only: NaN
+      const TestWeight t = ggml ? to_ggml(hf) : hf;
+      // activations scaled down so that scale 254's products stay finite in most rows
+      const auto x = nonzero(static_cast<size_t>(3 * cols), rng, 1.0 / 1024);
+      std::vector<float> y3(static_cast<size_t>(3 * 9), NAN), y1(9, NAN);
+      k3::cpu::matmul(t.W, x.data(), 3, y3.data());
+      for (int64_t tok = 0; tok < 3; ++tok) {
+        k3::cpu::matmul(t.W, x.data() + tok * cols, 1, y1.data());
+        for (int64_t r = 0; r < 9; ++r) {
+          const float a = y1[static_cast<size_t>(r)], b = y3[static_cast<size_t>(tok * 9 + r)];
+          if (std::isnan(a) || std::isnan(b))
+            EXPECT_TRUE(std::isnan(a) && std::isnan(b)) << "cols " << cols << " ggml " << ggml << " token " << tok << " row " << r;
+          else
+            EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0)
+                << a << " vs " << b << " cols " << cols << " ggml " << ggml << " token " << tok << " row " << r;
+        }
+      }
+    }
+}
+
 TEST_P(CpuKernelsTier, MatmulBatchInvariantF32) { check_batch_invariance(k3::WeightFormat::F32, {7, 33, 50, 200}); }
 TEST_P(CpuKernelsTier, MatmulBatchInvariantBf16) {
   check_batch_invariance(k3::WeightFormat::BF16, {7, 33, 50, 200});
