@@ -509,6 +509,48 @@ TEST(CudaModelDummy, KdaOnlyModelPrefillThenDecodeMatchesPrefill) {
   }
 }
 
+// The fused MLA prefill (K3_MLA_PREFILL=flash, mla_prefill_flash.h) against the SGEMM form on the Kimi-Linear-dims
+// MLA layer (32 heads, kv rank 512), 700 tokens: one prefill, and 300 tokens on top of 400 cached (past > 0). All
+// layers dense: no routed layer whose near-tied expert choice a last-bit difference could flip.
+TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto cfg = k3::plan::load_preset("kimi-linear-48b-a3b");
+  cfg.num_layers = 4;
+  cfg.is_kda.resize(4);
+  cfg.gate_lower_bound = -5.0f;
+  cfg.first_k_dense = 4;
+  ASSERT_EQ(cfg.num_mla_layers(), 1);
+  auto m = k3::cuda::CudaModel::load_dummy(cfg);
+  const auto toks = random_tokens(700, cfg.vocab_size, 17);
+  k3::ForwardOptions fo;
+  fo.all_logits = true;
+  auto run = [&](const char* form, bool two_parts) {
+    setenv("K3_MLA_PREFILL", form, 1);
+    auto c = m->new_cache();
+    std::vector<float> l, all;
+    if (two_parts) {
+      m->forward(std::vector<int32_t>(toks.begin(), toks.begin() + 400), *c, l, fo);
+      all = l;
+      m->forward(std::vector<int32_t>(toks.begin() + 400, toks.end()), *c, l, fo);
+      all.insert(all.end(), l.begin(), l.end());
+    } else {
+      m->forward(toks, *c, all, fo);
+    }
+    unsetenv("K3_MLA_PREFILL");
+    return all;
+  };
+  for (const bool two : {false, true}) {
+    const auto flash = run("flash", two), ref = run("fp32", two);
+    ASSERT_EQ(flash.size(), ref.size());
+    const Cmp c = compare(flash, ref, cfg.vocab_size);
+    std::printf("[ e2e ] dummy kimi-linear MLA prefill (%s): flash vs fp32 rel %.2e argmax %.4f\n",
+                two ? "400 + 300 tokens" : "700 tokens", c.rel, c.argmax);
+    EXPECT_TRUE(c.finite);
+    EXPECT_LT(c.rel, 1e-3);
+    EXPECT_GE(c.argmax, 0.99);
+  }
+}
+
 // --gemm-precision bf16 with a bounded gate at D = 128 routes the KDA prefill to kda_chunked_tc
 // (cuda_backend.cpp): workspace sizing, chunk choice and the launch in a real step run, the logits stay finite,
 // and they track the exact path (bf16x2 GEMMs, fp32 KDA) as bf16 GEMMs do (random dummy weights: only a broken

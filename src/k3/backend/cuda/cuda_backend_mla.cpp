@@ -3,8 +3,11 @@
 // mapping is in docs/kernels-cuda.md), the MHA form per prefill-form sequence on cuBLAS.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "k3/backend/cuda/cuda_backend.h"
+#include "k3/backend/cuda/mla_prefill_flash.h"
 
 namespace k3::cuda {
 
@@ -90,6 +93,13 @@ void sgemm_batched(cublasHandle_t h, bool tf32, cublasOperation_t ta, cublasOper
                what);
 }
 
+// K3_MLA_PREFILL=flash: the fused kernel (mla_prefill_flash.h) for the attention after the expansion -- opt-in until
+// a device run has checked and timed it (written in session 40 without a GPU). Read per prefill (a test switches it).
+bool mha_flash_asked() {
+  const char* e = std::getenv("K3_MLA_PREFILL");
+  return e != nullptr && std::strcmp(e, "flash") == 0;
+}
+
 }  // namespace
 
 // One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
@@ -106,7 +116,8 @@ void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, 
   const int qk = dn + dr, cd = kr + dr, Rw = nh * (dn + dv);
   const int64_t S = past + n;
   const int64_t budget = int64_t{64} << 20;  // floats of scores per chunk (256 MiB)
-  const int64_t Tq = std::max<int64_t>(1, std::min<int64_t>(n, budget / (int64_t{nh} * S)));
+  const bool flash = !gemm_bf16_ && mha_flash_asked() && mla_prefill_flash_supports(dn, dr, dv);
+  const int64_t Tq = flash ? 0 : std::max<int64_t>(1, std::min<int64_t>(n, budget / (int64_t{nh} * S)));
   const size_t need = static_cast<size_t>(S * cd + S * Rw + int64_t{nh} * Tq * S) * 4;
   if (mha_ws_.bytes() < need) {
     K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use the old buffer
@@ -121,6 +132,10 @@ void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, 
   const bool tf32 = gemm_bf16_;
   sgemm_batched(hb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, w.kv_b.data(), kr, 0, Lc, cd, 0, &zero, KV, Rw,
                 0, 1, "MLA k/v expansion");
+  if (flash) {
+    K3_CUDA_CHECK(mla_prefill_flash(q, KV, Lc + kr, cd, nh, dn, dr, dv, offset, n, past, scale, out, stream_));
+    return;
+  }
   for (int64_t t0 = 0; t0 < n; t0 += Tq) {
     const int tq = static_cast<int>(std::min<int64_t>(Tq, n - t0));
     const int keys = static_cast<int>(past + t0 + tq);  // the keys this chunk's last query sees

@@ -1,0 +1,131 @@
+// The fused MLA prefill attention (mla_prefill_flash.h) against a float64 causal softmax(Q K^T) V computed here
+// from the same fp32 operands, on random inputs: heads 1 / 3, sequences from position 0 and after a cached past
+// (the keys start before the queries), lengths that fill the 64-row query and key tiles exactly, partly and several
+// times, rows beyond the written ones left untouched (poison kept), a flat and a peaked softmax. Error = max |gpu -
+// ref| / max |ref| over the written rows. The kernel's products run on hi + lo bf16 halves (~2^-16 relative per
+// operand): bars 1e-4 flat and 5e-4 peaked (scores ~10x larger: a score error d moves p by e^d).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "k3/backend/cuda/cuda_util.h"
+#include "k3/backend/cuda/mla_prefill_flash.h"
+
+namespace {
+
+constexpr int kDn = 128, kDr = 64, kDv = 128, kQk = kDn + kDr, kKrStride = 576, kKrOff = 512;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Dev {
+  float* p = nullptr;
+  explicit Dev(const std::vector<float>& v) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), v.size() * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<float> get(size_t n) const {
+    std::vector<float> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+// float64 reference: rows [offset, offset + n) of out.
+void reference(const std::vector<float>& q, const std::vector<float>& kv, const std::vector<float>& lat, int nh,
+               int64_t offset, int64_t n, int64_t past, double scale, std::vector<double>& out) {
+  const int64_t S = past + n;
+  out.assign(static_cast<size_t>(n * nh * kDv), 0.0);
+  std::vector<double> p(static_cast<size_t>(S));
+  for (int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < nh; ++h) {
+      const float* qr = &q[static_cast<size_t>(((offset + t) * nh + h) * kQk)];
+      double mx = -INFINITY;
+      const int64_t keys = past + t + 1;
+      for (int64_t s = 0; s < keys; ++s) {
+        const float* kr = &kv[static_cast<size_t>((s * nh + h) * (kDn + kDv))];
+        const float* rr = &lat[static_cast<size_t>(s * kKrStride + kKrOff)];
+        double a = 0;
+        for (int d = 0; d < kDn; ++d) a += static_cast<double>(qr[d]) * kr[d];
+        for (int d = 0; d < kDr; ++d) a += static_cast<double>(qr[kDn + d]) * rr[d];
+        p[static_cast<size_t>(s)] = a * scale;
+        mx = std::max(mx, a * scale);
+      }
+      double sum = 0;
+      for (int64_t s = 0; s < keys; ++s) sum += (p[static_cast<size_t>(s)] = std::exp(p[static_cast<size_t>(s)] - mx));
+      for (int64_t s = 0; s < keys; ++s) {
+        const float* vr = &kv[static_cast<size_t>((s * nh + h) * (kDn + kDv) + kDn)];
+        for (int d = 0; d < kDv; ++d) out[static_cast<size_t>((t * nh + h) * kDv + d)] += p[static_cast<size_t>(s)] / sum * vr[d];
+      }
+    }
+}
+
+TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int nh;
+    int64_t offset, n, past;
+  };
+  uint64_t seed = 900;
+  for (const Case k : {Case{1, 0, 64, 0}, Case{3, 0, 1, 0}, Case{3, 5, 70, 0}, Case{3, 2, 130, 37}, Case{1, 0, 200, 64},
+                       Case{3, 1, 1, 100}})
+    for (const float qscale : {0.2f, 2.0f}) {
+      const int64_t S = k.past + k.n, rows = k.offset + k.n + 3;  // 3 rows after the written ones stay poison
+      const auto q = randn(static_cast<size_t>(rows * k.nh * kQk), ++seed, qscale);
+      const auto kv = randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f);
+      const auto lat = randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f);
+      std::vector<float> poison(static_cast<size_t>(rows * k.nh * kDv), 12345.f);
+      Dev dq(q), dkv(kv), dlat(lat), dout(poison);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
+      ASSERT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
+                                            k.past, scale, dout.p, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dout.get(poison.size());
+      std::vector<double> ref;
+      reference(q, kv, lat, k.nh, k.offset, k.n, k.past, scale, ref);
+      double md = 0, mr = 0;
+      for (int64_t i = 0; i < k.n * k.nh * kDv; ++i) {
+        const double g = got[static_cast<size_t>(k.offset * k.nh * kDv + i)], r = ref[static_cast<size_t>(i)];
+        md = std::max(md, std::fabs(g - r));
+        mr = std::max(mr, std::fabs(r));
+      }
+      bool poison_kept = true;
+      for (int64_t i = 0; i < rows * k.nh * kDv; ++i) {
+        const bool written = i >= k.offset * k.nh * kDv && i < (k.offset + k.n) * k.nh * kDv;
+        if (!written && got[static_cast<size_t>(i)] != 12345.f) poison_kept = false;
+      }
+      const double rel = md / std::max(mr, 1e-30);
+      std::printf("[ mla ] flash prefill nh %d n %4lld past %3lld q x %.1f: rel %.2e\n", k.nh, static_cast<long long>(k.n),
+                  static_cast<long long>(k.past), qscale, rel);
+      EXPECT_LT(rel, qscale < 1.f ? 1e-4 : 5e-4) << "nh " << k.nh << " n " << k.n << " past " << k.past;
+      EXPECT_TRUE(poison_kept) << "a row outside [offset, offset + n) was written";
+    }
+}
+
+TEST(CudaMlaPrefillFlash, RejectsUnsupportedShapes) {
+  EXPECT_FALSE(k3::cuda::mla_prefill_flash_supports(128, 64, 64));
+  EXPECT_EQ(k3::cuda::mla_prefill_flash(nullptr, nullptr, nullptr, 576, 1, 128, 32, 128, 0, 4, 0, 1.f, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::mla_prefill_flash(nullptr, nullptr, nullptr, 575, 1, 128, 64, 128, 0, 4, 0, 1.f, nullptr, nullptr),
+            cudaErrorInvalidValue);  // rope rows must keep 16-byte alignment
+  EXPECT_EQ(k3::cuda::mla_prefill_flash(nullptr, nullptr, nullptr, 576, 1, 128, 64, 128, 0, 0, 0, 1.f, nullptr, nullptr),
+            cudaSuccess);  // nothing to do
+}
+
+}  // namespace
