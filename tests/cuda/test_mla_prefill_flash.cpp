@@ -9,42 +9,18 @@
 
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <vector>
 
-#include "k3/backend/cuda/cuda_util.h"
+#include "cuda_test_util.h"
 #include "k3/backend/cuda/mla_prefill_flash.h"
 
 namespace {
 
 constexpr int kDn = 128, kDr = 64, kDv = 128, kQk = kDn + kDr, kKrStride = 576, kKrOff = 512;
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::vector<float> randn(size_t n, uint64_t seed, float scale) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-struct Dev {
-  float* p = nullptr;
-  explicit Dev(const std::vector<float>& v) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), v.size() * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<float> get(size_t n) const {
-    std::vector<float> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
+using k3cudatest::Dev;
+using k3cudatest::have_gpu;
+using k3cudatest::randn;
 
 // float64 reference: rows [offset, offset + n) of out.
 void reference(const std::vector<float>& q, const std::vector<float>& kv, const std::vector<float>& lat, int nh,
@@ -90,13 +66,13 @@ TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
       const auto kv = randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f);
       const auto lat = randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f);
       std::vector<float> poison(static_cast<size_t>(rows * k.nh * kDv), 12345.f);
-      Dev dq(q), dkv(kv), dlat(lat), dout(poison);
+      Dev<float> dq(q), dkv(kv), dlat(lat), dout(poison);
       const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
       ASSERT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
                                             k.past, scale, dout.p, nullptr),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = dout.get(poison.size());
+      const auto got = dout.get();
       std::vector<double> ref;
       reference(q, kv, lat, k.nh, k.offset, k.n, k.past, scale, ref);
       double md = 0, mr = 0;
