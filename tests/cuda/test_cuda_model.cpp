@@ -15,6 +15,7 @@
 #include "k3/backend/cuda/cuda_model.h"
 #include "k3/backend/cuda/expert_streamer.h"
 #include "k3/backend/cuda/kda_chunked_tc.h"
+#include "k3/backend/cuda/mla_prefill_flash.h"
 #include "k3/core/error.h"
 #include "k3/cache/hybrid_cache.h"
 #include "k3/model/model.h"
@@ -520,6 +521,9 @@ TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
   cfg.gate_lower_bound = -5.0f;
   cfg.first_k_dense = 4;
   ASSERT_EQ(cfg.num_mla_layers(), 1);
+  // else K3_MLA_PREFILL=flash falls back to the SGEMM form and the comparison below is fp32 against itself
+  ASSERT_TRUE(k3::cuda::mla_prefill_flash_supports(static_cast<int>(cfg.qk_nope_dim), static_cast<int>(cfg.qk_rope_dim),
+                                                   static_cast<int>(cfg.v_head_dim)));
   auto m = k3::cuda::CudaModel::load_dummy(cfg);
   const auto toks = random_tokens(700, cfg.vocab_size, 17);
   k3::ForwardOptions fo;
@@ -546,6 +550,7 @@ TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
     std::printf("[ e2e ] dummy kimi-linear MLA prefill (%s): flash vs fp32 rel %.2e argmax %.4f\n",
                 two ? "400 + 300 tokens" : "700 tokens", c.rel, c.argmax);
     EXPECT_TRUE(c.finite);
+    EXPECT_GT(c.rel, 0.0) << "bit-equal logits: the flash form did not run";
     EXPECT_LT(c.rel, 1e-3);
     EXPECT_GE(c.argmax, 0.99);
   }
