@@ -510,7 +510,7 @@ TEST(CudaModelDummy, KdaOnlyModelPrefillThenDecodeMatchesPrefill) {
   }
 }
 
-// The fused MLA prefill (K3_MLA_PREFILL=flash, mla_prefill_flash.h) against the SGEMM form on the Kimi-Linear-dims
+// The fused MLA prefill (the default; mla_prefill_flash.h) against the SGEMM form (K3_MLA_PREFILL=fp32) on the Kimi-Linear-dims
 // MLA layer (32 heads, kv rank 512), 700 tokens: one prefill, and 300 tokens on top of 400 cached (past > 0). All
 // layers dense: no routed layer whose near-tied expert choice a last-bit difference could flip.
 TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
@@ -521,7 +521,7 @@ TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
   cfg.gate_lower_bound = -5.0f;
   cfg.first_k_dense = 4;
   ASSERT_EQ(cfg.num_mla_layers(), 1);
-  // else K3_MLA_PREFILL=flash falls back to the SGEMM form and the comparison below is fp32 against itself
+  // else the backend falls back to the SGEMM form and the comparison below is fp32 against itself
   ASSERT_TRUE(k3::cuda::mla_prefill_flash_supports(static_cast<int>(cfg.qk_nope_dim), static_cast<int>(cfg.qk_rope_dim),
                                                    static_cast<int>(cfg.v_head_dim)));
   auto m = k3::cuda::CudaModel::load_dummy(cfg);

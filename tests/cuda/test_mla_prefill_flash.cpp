@@ -3,7 +3,8 @@
 // (the keys start before the queries), lengths that fill the 64-row query and key tiles exactly, partly and several
 // times, rows beyond the written ones left untouched (poison kept), a flat and a peaked softmax. Error = max |gpu -
 // ref| / max |ref| over the written rows. The kernel's products run on hi + lo bf16 halves (~2^-16 relative per
-// operand): bars 1e-4 flat and 5e-4 peaked (scores ~10x larger: a score error d moves p by e^d).
+// operand): bars 1e-4 flat and 5e-4 peaked (scores ~10x larger: a score error d moves p by e^d). The latent floats
+// beside the rope slots (which the kernel rewrites in place) must come back unchanged.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -73,6 +74,11 @@ TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto got = dout.get();
+      const auto lat_after = dlat.get();  // the rope slots are rewritten in place; the latents before them are not
+      bool latents_kept = true;
+      for (int64_t s = 0; s < S; ++s)
+        for (int i = 0; i < kKrOff; ++i)
+          if (lat_after[static_cast<size_t>(s * kKrStride + i)] != lat[static_cast<size_t>(s * kKrStride + i)]) latents_kept = false;
       std::vector<double> ref;
       reference(q, kv, lat, k.nh, k.offset, k.n, k.past, scale, ref);
       double md = 0, mr = 0;
@@ -91,6 +97,7 @@ TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
                   static_cast<long long>(k.past), qscale, rel);
       EXPECT_LT(rel, qscale < 1.f ? 1e-4 : 5e-4) << "nh " << k.nh << " n " << k.n << " past " << k.past;
       EXPECT_TRUE(poison_kept) << "a row outside [offset, offset + n) was written";
+      EXPECT_TRUE(latents_kept) << "the split pass wrote outside the rope slots";
     }
 }
 

@@ -93,20 +93,22 @@ void sgemm_batched(cublasHandle_t h, bool tf32, cublasOperation_t ta, cublasOper
                what);
 }
 
-// K3_MLA_PREFILL=flash: the fused kernel (mla_prefill_flash.h) for the attention after the expansion -- opt-in until
-// a device run has checked and timed it (written in session 40 without a GPU). Read per prefill (a test switches it).
-bool mha_flash_asked() {
+// The fused kernel (mla_prefill_flash.h) for the attention after the expansion, by default: 2.0x the SGEMM form's
+// MLA time at Kimi-Linear dims and 2.5x at K3 dims, pp4096 +11% / +6% (call s41-3, H200), rel 4.5e-6 against it.
+// K3_MLA_PREFILL=fp32 keeps the SGEMM form (A/B runs; a test switches it per prefill, so it is read each time).
+bool mha_flash_wanted() {
   const char* e = std::getenv("K3_MLA_PREFILL");
-  return e != nullptr && std::strcmp(e, "flash") == 0;
+  return e == nullptr || std::strcmp(e, "fp32") != 0;
 }
 
 }  // namespace
 
 // One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
-// are expanded from the latents (one SGEMM), then per query chunk the scores (two batched SGEMMs: the nope
-// part + the shared rope-slot part), a causal softmax, and P.V. fp32 throughout (the CPU reference uses
-// the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows [offset, offset + n)
-// of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first past + t0 + tq keys, so
+// are expanded from the latents (one SGEMM), then the fused attention kernel (mla_prefill_flash.h: hi / lo bf16
+// tensor-core products, ~16 mantissa bits) where it supports the shape, else per query chunk the scores (two batched
+// SGEMMs: the nope part + the shared rope-slot part), a causal softmax, and P.V. That fallback is fp32 throughout
+// (the CPU reference uses the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows
+// [offset, offset + n) of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first past + t0 + tq keys, so
 // its scores, softmax and P.V stop there (causal trimming: half the work of a prefill from position 0; the
 // scores are laid out [nh][tq][keys seen]).
 void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq,
@@ -116,7 +118,7 @@ void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, 
   const int qk = dn + dr, cd = kr + dr, Rw = nh * (dn + dv);
   const int64_t S = past + n;
   const int64_t budget = int64_t{64} << 20;  // floats of scores per chunk (256 MiB)
-  const bool flash = !gemm_bf16_ && mha_flash_asked() && mla_prefill_flash_supports(dn, dr, dv);
+  const bool flash = mha_flash_wanted() && mla_prefill_flash_supports(dn, dr, dv);
   const int64_t Tq = flash ? 0 : std::max<int64_t>(1, std::min<int64_t>(n, budget / (int64_t{nh} * S)));
   const size_t need = static_cast<size_t>(S * cd + S * Rw + int64_t{nh} * Tq * S) * 4;
   if (mha_ws_.bytes() < need) {

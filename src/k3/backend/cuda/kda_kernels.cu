@@ -53,6 +53,7 @@
 
 #include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
+#include "k3/backend/cuda/smem_ptx.cuh"
 
 #include <cooperative_groups.h>
 
@@ -294,16 +295,9 @@ __global__ void __launch_bounds__(32)
 constexpr int kChunkThreads = 256;  // threads of the intra and state kernels
 constexpr int kStateBV = 32;        // value columns per state block
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int n = valid ? 16 : 0;  // src-size 0: the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
 
 __device__ __forceinline__ int n_chunks(int n, int L) { return n > 0 ? (n + L - 1) / L : 0; }
 

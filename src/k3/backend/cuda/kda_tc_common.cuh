@@ -1,5 +1,5 @@
 // Device helpers and the workspace layout shared by the chunked-KDA tensor-core kernels (kda_chunked_tc.cu
-// and the kernels in kda_tc_*.cu): PTX m16n8k16 bf16 mma, ldmatrix, cp.async, and where the intra-chunk
+// and the kernels in kda_tc_*.cu): PTX m16n8k16 bf16 mma (ldmatrix and cp.async from smem_ptx.cuh), and where the intra-chunk
 // kernel leaves W, U, Q exp(G), exp(G_last - G) k, A_qk and exp(G_last) for the state kernel. Internal to
 // those files (an unnamed namespace: each translation unit gets its own copies).
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "k3/backend/cuda/kda_kernels.h"
+#include "k3/backend/cuda/smem_ptx.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -16,19 +17,9 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr int kD = 128;  // the only head dim of this path (the real models)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
+using ptx::ldsm_x4;
+using ptx::ldsm_x4_t;
+using ptx::smem_u32;
 // c += a b (m16n8k16, bf16 in, fp32 accumulate)
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -47,15 +38,9 @@ __device__ __forceinline__ float2 unpack2(uint32_t u) {
 __device__ __forceinline__ uint32_t lds32(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void sts32(bf16* p, uint32_t v) { *reinterpret_cast<uint32_t*>(p) = v; }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));  // src-size 0: zero-filled
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
 
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 load4(const bf16* p) {

@@ -1,11 +1,19 @@
 // MLA prefill attention, fused (see mla_prefill_flash.h for why and the operand layouts).
 //
-// Grid (query blocks of 64, heads), 128 threads: warp w owns query rows 16 w .. 16 w + 15 of the block. Per step of
-// 64 keys the block stages the keys (nope from kv, rope from kr) and the values (transposed, so that a value
-// fragment is one 32-bit shared load) as hi / lo bf16 halves in shared memory; each warp forms its 16 x 64 scores
-// with mma.sync m16n8k16 (three products per k16 step: lo.hi, hi.lo, hi.hi), masks the causal upper triangle,
-// runs the online softmax in fp32 (exp2 with the scale folded in), splits P into halves in registers (the C
-// fragment of two adjacent n8 tiles is the A fragment of one k16 step) and accumulates P V the same way.
+// Two kernels. The split pass rewrites each expanded key / value row and each rope-key row in place as bf16 hi / lo
+// halves (the same bytes: a float becomes two bf16), so that the attention kernel copies its tiles with cp.async
+// straight into shared memory and loads fragments with ldmatrix. (Session 40's first form split every tile while
+// staging it, with plain loads and no overlap: 1.5x slower than the SGEMM form, call s41-1.)
+//
+// Attention grid (query blocks of 64, heads), 256 threads, one block an SM (218 KB of shared memory): warps w and
+// w + 4 own query rows 16 (w % 4) .. + 15 of the block, warp w the first 32 keys of each step, w + 4 the last 32
+// (two warps a scheduler: one was latency-bound at 30% issue, call s41-2's ncu), each with its own online softmax,
+// merged at the end. The block's queries are split once into shared memory; the key /
+// value tiles of 64 keys are double-buffered: the copy of step s + 1 is in flight while step s computes. Per step
+// each warp forms its 16 x 32 scores with mma.sync m16n8k16 (three products per k16 step: lo.hi, hi.lo, hi.hi),
+// masks the causal triangle (diagonal steps only), runs the online softmax in fp32 (exp2 with the scale folded
+// in), splits P into halves in registers (the C fragment of two adjacent n8 tiles is the A fragment of one k16
+// step) and accumulates P V the same way, the value fragments through ldmatrix.trans.
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): lane = 4 g + c; A: a0 (row g, cols 2c, 2c+1), a1 (row g+8),
 // a2 (row g, cols 2c+8, 2c+9), a3 (row g+8, cols 2c+8..); B: b0 (rows 2c, 2c+1 of column g), b1 (rows 2c+8, 2c+9);
 // C: c0 c1 (row g, cols 2c, 2c+1), c2 c3 (row g+8). The lower half of a 32-bit register holds the lower index.
@@ -13,23 +21,41 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
+#include "k3/backend/cuda/smem_ptx.cuh"
 
 namespace k3::cuda {
 namespace {
 
-constexpr int kDn = 128, kDr = 64, kDv = 128, kQk = kDn + kDr;
-constexpr int kBq = 64, kBk = 64, kThreads = 128;
-constexpr int kQkPad = kQk + 8;   // bf16 row stride of the Q / K tiles: 100 words, fragment loads conflict-free
-constexpr int kKeyPad = kBk + 8;  // bf16 row stride of the transposed value tile: 36 words
+using bf16 = __nv_bfloat16;
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldsm_x4;
+using ptx::ldsm_x4_t;
 
-struct FlashSmem {
-  uint16_t q[2][kBq][kQkPad];  // [hi, lo][query][dim]
-  uint16_t k[2][kBk][kQkPad];  // [hi, lo][key][dim]
-  uint16_t vt[2][kDv][kKeyPad];  // [hi, lo][value dim][key]
+constexpr int kDn = 128, kDr = 64, kDv = 128, kQk = kDn + kDr;
+constexpr int kBq = 64, kBk = 64, kThreads = 256;
+constexpr int kKw = kBk / 2;  // keys of a step per warp: warps w and w + 4 share rows, each takes half the keys
+// Row strides in bf16: 400 and 272 bytes (100 and 68 words, both 4 mod 32): the 8 rows of an ldmatrix land on
+// distinct banks, and rows stay 16-byte aligned for cp.async.
+constexpr int kLdK = kQk + 8, kLdV = kDv + 8;
+// The split rows in global memory (bf16 units): an expanded row (key s, head h) at (s nh + h) kRow holds nope hi,
+// nope lo, value hi, value lo (128 each); a rope row holds hi, lo (64 each).
+constexpr int kRow = 2 * (kDn + kDv);
+
+struct Stage {
+  bf16 k[2][kBk][kLdK];  // [hi, lo][key][nope dims, then rope dims]
+  bf16 v[2][kBk][kLdV];  // [hi, lo][key][value dim]
 };
+struct FlashSmem {
+  bf16 q[2][kBq][kLdK];  // [hi, lo][query][dim]
+  Stage st[2];
+};
+static_assert(sizeof(FlashSmem) <= 227 * 1024, "one block an SM");
 
 __device__ __forceinline__ void split_bf16(float x, uint16_t& hi, uint16_t& lo) {
   const __nv_bfloat16 h = __float2bfloat16_rn(x);
@@ -39,10 +65,8 @@ __device__ __forceinline__ void split_bf16(float x, uint16_t& hi, uint16_t& lo) 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo_index, uint16_t hi_index) {
   return static_cast<uint32_t>(lo_index) | (static_cast<uint32_t>(hi_index) << 16);
 }
-__device__ __forceinline__ uint32_t word(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
-// Four consecutive floats into the hi / lo rows at column d.
-__device__ __forceinline__ void store_split4(const float4 v, uint16_t* hi, uint16_t* lo) {
+// Four consecutive floats as bf16 halves at hi[0..3] and lo[0..3].
+__device__ __forceinline__ void store_split4(const float4 v, void* hi, void* lo) {
   uint16_t h[4], l[4];
   split_bf16(v.x, h[0], l[0]);
   split_bf16(v.y, h[1], l[1]);
@@ -52,26 +76,95 @@ __device__ __forceinline__ void store_split4(const float4 v, uint16_t* hi, uint1
   *reinterpret_cast<uint2*>(lo) = make_uint2(pack2(l[0], l[1]), pack2(l[2], l[3]));
 }
 
-// One m16n8k16 step on hi / lo halves: lo.hi + hi.lo + hi.hi (the small terms first).
-__device__ __forceinline__ void mma3(float (&acc)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
-                                     uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-  mma_bf16::mma16816(acc, al[0], al[1], al[2], al[3], bh0, bh1);
-  mma_bf16::mma16816(acc, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-  mma_bf16::mma16816(acc, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+// The split pass: one warp a row. Rows 0 .. S nh - 1 are the expanded rows (256 floats), then S rope rows (64
+// floats). Every lane reads its floats before any lane writes (__syncwarp): the row is rewritten in place.
+__global__ void __launch_bounds__(256) split_rows_kernel(float* __restrict__ kv, float* __restrict__ kr, int64_t kr_stride,
+                                                         int64_t kv_rows, int64_t rope_rows) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < kv_rows + rope_rows; r += warps) {
+    if (r < kv_rows) {
+      float* row = kv + r * (kDn + kDv);
+      const float4 a = reinterpret_cast<const float4*>(row)[lane], b = reinterpret_cast<const float4*>(row + kDn)[lane];
+      __syncwarp();
+      bf16* o = reinterpret_cast<bf16*>(row);
+      store_split4(a, o + 4 * lane, o + kDn + 4 * lane);
+      store_split4(b, o + 2 * kDn + 4 * lane, o + 2 * kDn + kDv + 4 * lane);
+    } else {
+      float* row = kr + (r - kv_rows) * kr_stride;
+      const float4 a = lane < kDr / 4 ? reinterpret_cast<const float4*>(row)[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+      __syncwarp();
+      bf16* o = reinterpret_cast<bf16*>(row);
+      if (lane < kDr / 4) store_split4(a, o + 4 * lane, o + kDr + 4 * lane);
+    }
+  }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    mla_prefill_flash_kernel(const float* __restrict__ q, const float* __restrict__ kv, const float* __restrict__ kr,
-                             int64_t kr_stride, int nh, int64_t offset, int64_t n, int64_t past, float scale,
+// One m16n8k16 step on hi / lo halves: lo.hi + hi.lo + hi.hi (the small terms first).
+__device__ __forceinline__ void mma3(float (&acc)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], const uint32_t (&b)[4]) {
+  mma_bf16::mma16816(acc, al[0], al[1], al[2], al[3], b[0], b[1]);
+  mma_bf16::mma16816(acc, ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+  mma_bf16::mma16816(acc, ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+}
+
+// Starts the copies of keys j0 .. j0 + 63 into a stage (rows at or past S zero-filled).
+__device__ __forceinline__ void load_stage(Stage& b, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
+                                           int64_t kr_ld, int nh, int h, int64_t j0, int64_t S, int tid) {
+  constexpr int kKc = (kQk / 8) * 2, kVc = (kDv / 8) * 2;  // 16-byte chunks of a key row: 48 K, 32 V
+  for (int i = tid; i < kBk * kKc; i += kThreads) {
+    const int r = i / kKc, c = i % kKc, x = c / (kQk / 8), cc = c % (kQk / 8);
+    const int64_t s = j0 + r;
+    const bool ok = s < S;
+    const bf16* src = !ok ? kv
+                      : cc < kDn / 8 ? kv + (s * nh + h) * kRow + x * kDn + 8 * cc
+                                     : kr + s * kr_ld + x * kDr + 8 * (cc - kDn / 8);
+    cp_async16(&b.k[x][r][8 * cc], src, ok);
+  }
+  for (int i = tid; i < kBk * kVc; i += kThreads) {
+    const int r = i / kVc, c = i % kVc, x = c / (kDv / 8), cc = c % (kDv / 8);
+    const int64_t s = j0 + r;
+    const bool ok = s < S;
+    cp_async16(&b.v[x][r][8 * cc], ok ? kv + (s * nh + h) * kRow + 2 * kDn + x * kDv + 8 * cc : kv, ok);
+  }
+}
+
+// The warp's 16 x 32 scores of one step: Q (rows rw ..) against the stage's keys kb .. kb + 31.
+__device__ __forceinline__ void step_scores(const FlashSmem& sm, const Stage& b, int rw, int kb, int lane, float (&sc)[kKw / 8][4]) {
+#pragma unroll
+  for (int j = 0; j < kKw / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[j][e] = 0.f;
+  const int mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < kQk / 16; ++kk) {
+    uint32_t ah[4], al[4];
+    ldsm_x4(ah, &sm.q[0][rw + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
+    ldsm_x4(al, &sm.q[1][rw + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
+#pragma unroll
+    for (int j = 0; j < kKw / 8; ++j) {
+      uint32_t bf[4];  // hi cols 16kk.., hi cols 16kk+8.., lo .., lo ..
+      ldsm_x4(bf, &b.k[mi >> 1][kb + 8 * j + (lane & 7)][16 * kk + 8 * (mi & 1)]);
+      mma3(sc[j], ah, al, bf);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_prefill_flash_kernel(const float* __restrict__ q, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
+                             int64_t kr_ld, int nh, int64_t offset, int64_t n, int64_t past, float scale,
                              float* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   FlashSmem& sm = *reinterpret_cast<FlashSmem*>(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
   const int h = blockIdx.y;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBq;  // the longest blocks first
-  const int64_t S = past + n, kvw = kDn + kDv;
+  const int64_t S = past + n;
+  const int64_t qlast = (q0 + kBq < n ? q0 + kBq : n) - 1;
+  const int64_t steps = (past + qlast) / kBk + 1;
 
-  // The block's queries (rows past n are zeros: finite scores, never stored).
+  load_stage(sm.st[0], kv, kr, kr_ld, nh, h, 0, S, tid);
+  cp_async_commit();
+  // The block's queries, split while the first tile is in flight (rows past n are zeros: finite scores, never stored).
   for (int i = tid; i < kBq * kQk / 4; i += kThreads) {
     const int r = i / (kQk / 4), d = 4 * (i % (kQk / 4));
     const int64_t t = q0 + r;
@@ -82,80 +175,54 @@ __global__ void __launch_bounds__(kThreads)
   const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp2f below
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[kDv / 8][4] = {};
-  const int rw = 16 * warp;  // the warp's first row in the block
-  const int64_t qlast = (q0 + kBq < n ? q0 + kBq : n) - 1;
-  const int64_t steps = (past + qlast) / kBk + 1;
+  const int rw = 16 * (warp % 4), kb = kKw * (warp / 4);  // the warp's first row in the block, first key in a step
+  const int mi = lane >> 3;
   for (int64_t st = 0; st < steps; ++st) {
     const int64_t j0 = st * kBk;
-    __syncthreads();  // the previous step's tiles are read (and, at st = 0, the queries are written)
-    for (int i = tid; i < kBk * kQk / 4; i += kThreads) {
-      const int r = i / (kQk / 4), d = 4 * (i % (kQk / 4));
-      const int64_t s = j0 + r;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (s < S)
-        v = d < kDn ? *reinterpret_cast<const float4*>(kv + (s * nh + h) * kvw + d)
-                    : *reinterpret_cast<const float4*>(kr + s * kr_stride + (d - kDn));
-      store_split4(v, &sm.k[0][r][d], &sm.k[1][r][d]);
+    if (st + 1 < steps) {
+      load_stage(sm.st[(st + 1) & 1], kv, kr, kr_ld, nh, h, j0 + kBk, S, tid);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    // values transposed; consecutive threads take consecutive keys (2-byte stores side by side in one row)
-    for (int i = tid; i < kBk * kDv / 4; i += kThreads) {
-      const int r = i % kBk, d = 4 * (i / kBk);
-      const int64_t s = j0 + r;
-      const float4 v = s < S ? *reinterpret_cast<const float4*>(kv + (s * nh + h) * kvw + kDn + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) split_bf16(e[k], sm.vt[0][d + k][r], sm.vt[1][d + k][r]);
-    }
-    __syncthreads();
+    __syncthreads();  // this step's tile (and, at step 0, the queries) visible to every warp
+    const Stage& b = sm.st[st & 1];
 
-    // scores of the warp's 16 rows x 64 keys
-    float sc[kBk / 8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kQk / 16; ++kk) {
-      const int col = 16 * kk + 2 * c;
-      uint32_t ah[4], al[4];
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        uint32_t* a = x ? al : ah;
-        a[0] = word(&sm.q[x][rw + g][col]);
-        a[1] = word(&sm.q[x][rw + g + 8][col]);
-        a[2] = word(&sm.q[x][rw + g][col + 8]);
-        a[3] = word(&sm.q[x][rw + g + 8][col + 8]);
-      }
-#pragma unroll
-      for (int j = 0; j < kBk / 8; ++j) {
-        const int key = 8 * j + g;
-        mma3(sc[j], ah, al, word(&sm.k[0][key][col]), word(&sm.k[0][key][col + 8]), word(&sm.k[1][key][col]),
-             word(&sm.k[1][key][col + 8]));
-      }
-    }
+    float sc[kKw / 8][4];
+    step_scores(sm, b, rw, kb, lane, sc);
 
-    // causal mask, online softmax (rows g and g + 8 of the warp; a row's 64 scores lie in its lane quad)
+    // causal mask (only where the warp's last key passes its first row), online softmax (rows g and g + 8 of the
+    // warp; a row's 32 scores lie in its lane quad)
+    const int64_t qpos0 = past + q0 + rw, k0 = j0 + kb;
+    const bool diagonal = k0 + kKw - 1 > qpos0;
+    const int rel = diagonal ? static_cast<int>(k0 - qpos0) : 0;  // key - qpos = rel + (key in warp) - (row in warp)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < kBk / 8; ++j)
+    for (int j = 0; j < kKw / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t key = j0 + 8 * j + 2 * c + (e & 1), qpos = past + q0 + rw + g + (e >> 1) * 8;
-        const float s = key > qpos ? -INFINITY : sc[j][e] * sl2;
+        const bool masked = diagonal && rel + 8 * j + 2 * c + (e & 1) > g + (e >> 1) * 8;
+        const float s = masked ? -INFINITY : sc[j][e] * sl2;
         sc[j][e] = s;
         mx[e >> 1] = fmaxf(mx[e >> 1], s);
       }
-    float alpha[2];
+    float alpha[2], mref[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
       mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
-      const float mn = fmaxf(m[x], mx[x]);  // finite: key 0 .. qpos of every row is in step 0
-      alpha[x] = exp2f(m[x] - mn);          // m = -inf before the first step: 0
+      const float mn = fmaxf(m[x], mx[x]);  // -inf while every key this warp has seen is masked (its second half)
+      mref[x] = mn == -INFINITY ? 0.f : mn;  // then p = exp2(-inf) = 0 and alpha = 0 (o, l still 0), never NaN
+      alpha[x] = exp2f(m[x] - mref[x]);
       m[x] = mn;
       l[x] *= alpha[x];
     }
 #pragma unroll
-    for (int j = 0; j < kBk / 8; ++j)
+    for (int j = 0; j < kKw / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        sc[j][e] = exp2f(sc[j][e] - m[e >> 1]);
+        sc[j][e] = exp2f(sc[j][e] - mref[e >> 1]);
         l[e >> 1] += sc[j][e];
       }
 #pragma unroll
@@ -163,9 +230,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[jd][e] *= alpha[e >> 1];
 
-    // O += P V over the step's 64 keys
+    // O += P V over the warp's 32 keys
 #pragma unroll
-    for (int kk = 0; kk < kBk / 16; ++kk) {
+    for (int kk = 0; kk < kKw / 16; ++kk) {
       uint32_t ph[4], pl[4];
 #pragma unroll
       for (int f = 0; f < 4; ++f) {  // a0: tile 2kk rows g; a1: 2kk rows g+8; a2: 2kk+1 rows g; a3: 2kk+1 rows g+8
@@ -176,31 +243,52 @@ __global__ void __launch_bounds__(kThreads)
         ph[f] = pack2(h0, h1);
         pl[f] = pack2(l0, l1);
       }
-      const int key = 16 * kk + 2 * c;
 #pragma unroll
       for (int jd = 0; jd < kDv / 8; ++jd) {
-        const int d = 8 * jd + g;
-        mma3(o[jd], ph, pl, word(&sm.vt[0][d][key]), word(&sm.vt[0][d][key + 8]), word(&sm.vt[1][d][key]),
-             word(&sm.vt[1][d][key + 8]));
+        uint32_t bf[4];  // hi keys 16kk.., hi keys 16kk+8.., lo .., lo ..
+        ldsm_x4_t(bf, &b.v[mi >> 1][kb + 16 * kk + 8 * (mi & 1) + (lane & 7)][8 * jd]);
+        mma3(o[jd], ph, pl, bf);
       }
     }
+    __syncthreads();  // every warp is done with this stage before the next step's copy overwrites it
   }
 
-  // normalise and store the warp's rows
+  // the two key halves of each row merged: warps 4..7 leave (m, l, o) in the (now idle) stage memory, warps 0..3
+  // combine, normalise and store
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
     l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
   }
+  float* mrg = reinterpret_cast<float*>(&sm.st[0]) + ((warp % 4) * 32 + lane) * (kDv / 2 + 4);
+  if (warp >= 4) {
+#pragma unroll
+    for (int jd = 0; jd < kDv / 8; ++jd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mrg[4 * jd + e] = o[jd][e];
+    mrg[kDv / 2] = m[0], mrg[kDv / 2 + 1] = m[1], mrg[kDv / 2 + 2] = l[0], mrg[kDv / 2 + 3] = l[1];
+  }
+  __syncthreads();
+  if (warp >= 4) return;
+  float fa[2], fb[2], inv[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const float mb = mrg[kDv / 2 + x], mm = fmaxf(m[x], mb);  // finite: half 0 always sees key 0
+    fa[x] = exp2f(m[x] - mm);
+    fb[x] = exp2f(mb - mm);
+    inv[x] = 1.0f / (l[x] * fa[x] + mrg[kDv / 2 + 2 + x] * fb[x]);
+  }
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int64_t t = q0 + rw + g + 8 * x;
     if (t >= n) continue;
-    const float inv = 1.0f / l[x];
     float* row = out + ((offset + t) * nh + h) * kDv;
 #pragma unroll
-    for (int jd = 0; jd < kDv / 8; ++jd)
-      *reinterpret_cast<float2*>(row + 8 * jd + 2 * c) = make_float2(o[jd][2 * x] * inv, o[jd][2 * x + 1] * inv);
+    for (int jd = 0; jd < kDv / 8; ++jd) {
+      const float v0 = (o[jd][2 * x] * fa[x] + mrg[4 * jd + 2 * x] * fb[x]) * inv[x];
+      const float v1 = (o[jd][2 * x + 1] * fa[x] + mrg[4 * jd + 2 * x + 1] * fb[x]) * inv[x];
+      *reinterpret_cast<float2*>(row + 8 * jd + 2 * c) = make_float2(v0, v1);
+    }
   }
 }
 
@@ -208,19 +296,24 @@ __global__ void __launch_bounds__(kThreads)
 
 bool mla_prefill_flash_supports(int dn, int dr, int dv) { return dn == kDn && dr == kDr && dv == kDv; }
 
-cudaError_t mla_prefill_flash(const float* q, const float* kv, const float* kr, int64_t kr_stride, int nh, int dn, int dr,
-                              int dv, int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream) {
+cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_stride, int nh, int dn, int dr, int dv,
+                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream) {
   if (!mla_prefill_flash_supports(dn, dr, dv) || nh <= 0 || nh > 65535 || n < 0 || past < 0 || offset < 0 ||
-      kr_stride % 4 != 0)
+      kr_stride % 4 != 0 || kr_stride < kDr)
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  const int64_t blocks = (n + kBq - 1) / kBq;
+  const int64_t blocks = (n + kBq - 1) / kBq, S = past + n;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t rows = S * nh + S;
+  const unsigned split_blocks = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 4096));
+  split_rows_kernel<<<split_blocks, 256, 0, stream>>>(kv, kr, kr_stride, S * nh, S);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
   const int bytes = static_cast<int>(sizeof(FlashSmem));
-  const cudaError_t e = cudaFuncSetAttribute(mla_prefill_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  e = cudaFuncSetAttribute(mla_prefill_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return e;
   mla_prefill_flash_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nh)), kThreads, bytes, stream>>>(
-      q, kv, kr, kr_stride, nh, offset, n, past, scale, out);
+      q, reinterpret_cast<const bf16*>(kv), reinterpret_cast<const bf16*>(kr), 2 * kr_stride, nh, offset, n, past, scale, out);
   return cudaGetLastError();
 }
 

@@ -8,8 +8,8 @@
 // tensor-core products (mma.sync m16n8k16) on hi + lo bf16 halves of every operand (lo.hi + hi.lo + hi.hi: ~16
 // mantissa bits, as the projections' bf16x2 GEMMs), an online softmax in fp32, P V on the same halves.
 //
-// Status (session 40): written without a GPU; opt-in (K3_MLA_PREFILL=flash) until a device run has checked it
-// against the fp32 form (CudaModelDummy.MlaPrefillFlashMatchesFp32) and timed it.
+// Session 40 wrote it splitting each tile while staging it (1.5x slower than the SGEMM form, call s41-1); session
+// 41's form splits the operands once in place and streams the tiles with cp.async (mla_prefill_flash.cu).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -23,10 +23,12 @@ namespace k3::cuda {
 //   kv  [S][nh][dn + dv] fp32, S = past + n: each key's expanded nope key, then its value
 //   kr  [S] rows of `kr_stride` floats: the shared rope key of each position at kr + s * kr_stride (dr floats)
 //   out [rows][nh][dv] fp32
+// kv's rows and kr's dr floats per row are OVERWRITTEN (each row rewritten in place as its bf16 hi / lo halves): the
+// caller passes scratch copies (the backend's expanded K / V and gathered latents); nothing else in kr's rows is touched.
 // `scale` multiplies the scores before the softmax. Supported: dn = 128, dr = 64, dv = 128 (K3 and Kimi-Linear);
 // returns cudaErrorInvalidValue for other shapes (the caller keeps its SGEMM form).
 bool mla_prefill_flash_supports(int dn, int dr, int dv);
-cudaError_t mla_prefill_flash(const float* q, const float* kv, const float* kr, int64_t kr_stride, int nh, int dn, int dr,
-                              int dv, int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream);
+cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_stride, int nh, int dn, int dr, int dv,
+                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream);
 
 }  // namespace k3::cuda
