@@ -110,23 +110,23 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
     return v;
   };
-  // The depth context, built once (untimed) and copied for each run.
+  // The depth context, built once (untimed) and copied for each run. At depth 0 there is nothing to copy: each
+  // run takes fresh caches, so the states are held once, not twice (the whole Kimi-Linear-48B at batch 256 on an
+  // H200 ran out of memory holding 2 x 256 x 45 MB of KDA state beside its 98 GB of weights, call s41-5).
   std::vector<std::unique_ptr<SequenceCache>> base;
   std::vector<float> logits;
-  for (int64_t b = 0; b < t.batch; ++b) {
+  for (int64_t b = 0; t.depth > 0 && b < t.batch; ++b) {
     base.push_back(m.new_cache());
-    if (t.depth > 0) {
-      // In chunks, as a server prefills a long prompt: one forward of the whole depth sizes the step's
-      // activations and MoE workspace for every token at once (56 GB of MoE workspace for 128k tokens at
-      // K3's dimensions on the H200, session 15), where a chunk's are enough. Only the last chunk's logits.
-      const auto ctx = rand_tokens(t.depth);
-      ForwardOptions fo;
-      fo.path = AttnPath::Prefill;
-      for (int64_t p = 0; p < t.depth; p += kDepthChunk) {
-        const int64_t n = std::min(kDepthChunk, t.depth - p);
-        m.forward(std::span<const int32_t>(ctx).subspan(static_cast<size_t>(p), static_cast<size_t>(n)), *base.back(),
-                  logits, fo);
-      }
+    // In chunks, as a server prefills a long prompt: one forward of the whole depth sizes the step's
+    // activations and MoE workspace for every token at once (56 GB of MoE workspace for 128k tokens at
+    // K3's dimensions on the H200, session 15), where a chunk's are enough. Only the last chunk's logits.
+    const auto ctx = rand_tokens(t.depth);
+    ForwardOptions fo;
+    fo.path = AttnPath::Prefill;
+    for (int64_t p = 0; p < t.depth; p += kDepthChunk) {
+      const int64_t n = std::min(kDepthChunk, t.depth - p);
+      m.forward(std::span<const int32_t>(ctx).subspan(static_cast<size_t>(p), static_cast<size_t>(n)), *base.back(),
+                logits, fo);
     }
   }
   std::vector<std::vector<int32_t>> inputs;
@@ -144,7 +144,7 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     if (fresh_tokens && rep > (warmup ? -1 : 0))
       for (auto& in : inputs) in = rand_tokens(static_cast<int64_t>(in.size()));
     std::vector<std::unique_ptr<SequenceCache>> st;
-    for (const auto& b : base) st.push_back(b->clone());
+    for (int64_t b = 0; b < t.batch; ++b) st.push_back(t.depth > 0 ? base[static_cast<size_t>(b)]->clone() : m.new_cache());
     std::vector<BatchItem> items(static_cast<size_t>(t.batch));
     const auto t0 = std::chrono::steady_clock::now();
     if (t.prefill) {
