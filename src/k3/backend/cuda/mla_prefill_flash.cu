@@ -57,23 +57,22 @@ struct FlashSmem {
 };
 static_assert(sizeof(FlashSmem) <= 227 * 1024, "one block an SM");
 
-__device__ __forceinline__ void split_bf16(float x, uint16_t& hi, uint16_t& lo) {
-  const __nv_bfloat16 h = __float2bfloat16_rn(x);
-  hi = __bfloat16_as_ushort(h);
-  lo = __bfloat16_as_ushort(__float2bfloat16_rn(x - __bfloat162float(h)));
-}
-__device__ __forceinline__ uint32_t pack2(uint16_t lo_index, uint16_t hi_index) {
-  return static_cast<uint32_t>(lo_index) | (static_cast<uint32_t>(hi_index) << 16);
+// Two floats as bf16 hi / lo halves, packed (x in the lower half): hi = bf16(x), lo = bf16(x - hi), two per
+// conversion instruction.
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 // Four consecutive floats as bf16 halves at hi[0..3] and lo[0..3].
 __device__ __forceinline__ void store_split4(const float4 v, void* hi, void* lo) {
-  uint16_t h[4], l[4];
-  split_bf16(v.x, h[0], l[0]);
-  split_bf16(v.y, h[1], l[1]);
-  split_bf16(v.z, h[2], l[2]);
-  split_bf16(v.w, h[3], l[3]);
-  *reinterpret_cast<uint2*>(hi) = make_uint2(pack2(h[0], h[1]), pack2(h[2], h[3]));
-  *reinterpret_cast<uint2*>(lo) = make_uint2(pack2(l[0], l[1]), pack2(l[2], l[3]));
+  uint32_t h[2], l[2];
+  split_pair(v.x, v.y, h[0], l[0]);
+  split_pair(v.z, v.w, h[1], l[1]);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(h[0], h[1]);
+  *reinterpret_cast<uint2*>(lo) = make_uint2(l[0], l[1]);
 }
 
 // The split pass: one warp a row. Rows 0 .. S nh - 1 are the expanded rows (256 floats), then S rope rows (64
@@ -225,10 +224,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         sc[j][e] = exp2f(sc[j][e] - mref[e >> 1]);
         l[e >> 1] += sc[j][e];
       }
+    // exp2f(0) is exactly 1: where no row of the warp found a larger score, O stays as it is (most steps past the
+    // first few: the running max settles)
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int jd = 0; jd < kDv / 8; ++jd)
+      for (int jd = 0; jd < kDv / 8; ++jd)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[jd][e] *= alpha[e >> 1];
+        for (int e = 0; e < 4; ++e) o[jd][e] *= alpha[e >> 1];
+    }
 
     // O += P V over the warp's 32 keys
 #pragma unroll
@@ -237,11 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int f = 0; f < 4; ++f) {  // a0: tile 2kk rows g; a1: 2kk rows g+8; a2: 2kk+1 rows g; a3: 2kk+1 rows g+8
         const float* p = sc[2 * kk + (f >> 1)] + 2 * (f & 1);
-        uint16_t h0, l0, h1, l1;
-        split_bf16(p[0], h0, l0);
-        split_bf16(p[1], h1, l1);
-        ph[f] = pack2(h0, h1);
-        pl[f] = pack2(l0, l1);
+        split_pair(p[0], p[1], ph[f], pl[f]);
       }
 #pragma unroll
       for (int jd = 0; jd < kDv / 8; ++jd) {
