@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 41 call 7: long prefill with the fused MLA kernel -- pp32768 of the 4-layer Kimi-Linear-dims and K3-dims
+# Session 41 call 7 (call 9 with WHOLE=1): the fused MLA prefill's tests; long prefill with the fused MLA kernel -- pp32768 of the 4-layer Kimi-Linear-dims and K3-dims
 # dummies, fused vs the SGEMM form, alternating (at 32k tokens the attention's quadratic work dominates a pass), and
 # a profile of each; then (WHOLE=1, an H200: 98 GB) the whole dummy Kimi-Linear-48B decode b1 / b64 / b256 against
 # the roofline (--mem-bw 4175) and profiles of its pp4096 and b256 decode. Carry: .gpuwork/k3bins.tar.xz.
@@ -8,7 +8,9 @@ ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }
 O=$OUT; P=${PFX:-s41-7}; GW=$ROOT/.gpuwork; mkdir -p /tmp/k3b
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 tar -xJf $GW/k3bins.tar.xz -C /tmp/k3b; export LD_LIBRARY_PATH=/tmp/k3b:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-B=/tmp/k3b/k3; ulimit -c 0; export K3_SHARED_DIR=/nonexistent
+B=/tmp/k3b/k3; T=/tmp/k3b/k3_cuda_tests; ulimit -c 0; export K3_SHARED_DIR=/nonexistent
+timeout 150 $T --gtest_filter='CudaMlaPrefillFlash.*:CudaModelDummy.MlaPrefillFlash*' > $O/$P-tests.log 2>&1
+echo "flash tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |Failure|flash vs" $O/$P-tests.log | head -6; xz -9 $O/$P-tests.log
 if [ "${WHOLE:-0}" = 1 ]; then
   timeout 200 $B bench offline --device cuda --load-format dummy --preset kimi-linear-48b-a3b -p 0 -n 64 -b 1,64,256 -r 2 --mem-bw 4175 > $O/$P-kl-tg.txt 2>&1
   echo "kl tg rc=$? $(el)"; grep -E "^\| |error" $O/$P-kl-tg.txt | head -6

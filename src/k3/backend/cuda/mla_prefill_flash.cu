@@ -22,6 +22,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
@@ -148,6 +149,96 @@ __device__ __forceinline__ void step_scores(const FlashSmem& sm, const Stage& b,
   }
 }
 
+// The causal offset of a warp's step: key - qpos = rel + (key in warp) - (row in warp); INT_MIN when no key of the
+// step passes the warp's first row (nothing to mask).
+__device__ __forceinline__ int diagonal_rel(int64_t qpos0, int64_t k0) {
+  return k0 + kKw - 1 > qpos0 ? static_cast<int>(k0 - qpos0) : INT_MIN;
+}
+
+// One step of the online softmax over the warp's 16 x 32 scores (rows g and g + 8; a row's 32 scores lie in its lane
+// quad): causal mask where rel says so, running max m and sum l updated, O rescaled, sc replaced by p.
+__device__ __forceinline__ void online_softmax_step(float (&sc)[kKw / 8][4], float (&m)[2], float (&l)[2],
+                                                    float (&o)[kDv / 8][4], int rel, float sl2, int g, int c) {
+  const bool diagonal = rel != INT_MIN;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < kKw / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const bool masked = diagonal && rel + 8 * j + 2 * c + (e & 1) > g + (e >> 1) * 8;
+      const float s = masked ? -INFINITY : sc[j][e] * sl2;
+      sc[j][e] = s;
+      mx[e >> 1] = fmaxf(mx[e >> 1], s);
+    }
+  float alpha[2], mref[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
+    mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
+    const float mn = fmaxf(m[x], mx[x]);  // -inf while every key this warp has seen is masked (its second half)
+    mref[x] = mn == -INFINITY ? 0.f : mn;  // then p = exp2(-inf) = 0 and alpha = 0 (o, l still 0), never NaN
+    alpha[x] = exp2f(m[x] - mref[x]);
+    m[x] = mn;
+    l[x] *= alpha[x];
+  }
+#pragma unroll
+  for (int j = 0; j < kKw / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sc[j][e] = exp2f(sc[j][e] - mref[e >> 1]);
+      l[e >> 1] += sc[j][e];
+    }
+  // exp2f(0) is exactly 1: where no row of the warp found a larger score, O stays as it is (most steps past the
+  // first few: the running max settles)
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int jd = 0; jd < kDv / 8; ++jd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[jd][e] *= alpha[e >> 1];
+  }
+}
+
+// The two key halves of each row merged: warps 4..7 leave (m, l, o) in `mrg` (the idle stage memory), warps 0..3
+// combine, normalise and store rows q0 + rw + g (+ 8) below n.
+__device__ __forceinline__ void merge_halves_and_store(float (&o)[kDv / 8][4], float (&m)[2], float (&l)[2], float* mrg,
+                                                       int warp, int g, int c, int64_t q0, int rw, int64_t n,
+                                                       float* __restrict__ out_rows, int64_t row_stride) {
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
+    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
+  }
+  if (warp >= 4) {
+#pragma unroll
+    for (int jd = 0; jd < kDv / 8; ++jd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mrg[4 * jd + e] = o[jd][e];
+    mrg[kDv / 2] = m[0], mrg[kDv / 2 + 1] = m[1], mrg[kDv / 2 + 2] = l[0], mrg[kDv / 2 + 3] = l[1];
+  }
+  __syncthreads();
+  if (warp >= 4) return;
+  float fa[2], fb[2], inv[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const float mb = mrg[kDv / 2 + x], mm = fmaxf(m[x], mb);  // finite: half 0 always sees key 0
+    fa[x] = exp2f(m[x] - mm);
+    fb[x] = exp2f(mb - mm);
+    inv[x] = 1.0f / (l[x] * fa[x] + mrg[kDv / 2 + 2 + x] * fb[x]);
+  }
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int64_t t = q0 + rw + g + 8 * x;
+    if (t >= n) continue;
+    float* row = out_rows + t * row_stride;
+#pragma unroll
+    for (int jd = 0; jd < kDv / 8; ++jd) {
+      const float v0 = (o[jd][2 * x] * fa[x] + mrg[4 * jd + 2 * x] * fb[x]) * inv[x];
+      const float v1 = (o[jd][2 * x + 1] * fa[x] + mrg[4 * jd + 2 * x + 1] * fb[x]) * inv[x];
+      *reinterpret_cast<float2*>(row + 8 * jd + 2 * c) = make_float2(v0, v1);
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     mla_prefill_flash_kernel(const float* __restrict__ q, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
                              int64_t kr_ld, int nh, int64_t offset, int64_t n, int64_t past, float scale,
@@ -191,47 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sc[kKw / 8][4];
     step_scores(sm, b, rw, kb, lane, sc);
 
-    // causal mask (only where the warp's last key passes its first row), online softmax (rows g and g + 8 of the
-    // warp; a row's 32 scores lie in its lane quad)
-    const int64_t qpos0 = past + q0 + rw, k0 = j0 + kb;
-    const bool diagonal = k0 + kKw - 1 > qpos0;
-    const int rel = diagonal ? static_cast<int>(k0 - qpos0) : 0;  // key - qpos = rel + (key in warp) - (row in warp)
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kKw / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool masked = diagonal && rel + 8 * j + 2 * c + (e & 1) > g + (e >> 1) * 8;
-        const float s = masked ? -INFINITY : sc[j][e] * sl2;
-        sc[j][e] = s;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s);
-      }
-    float alpha[2], mref[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 1));
-      mx[x] = fmaxf(mx[x], __shfl_xor_sync(0xffffffffu, mx[x], 2));
-      const float mn = fmaxf(m[x], mx[x]);  // -inf while every key this warp has seen is masked (its second half)
-      mref[x] = mn == -INFINITY ? 0.f : mn;  // then p = exp2(-inf) = 0 and alpha = 0 (o, l still 0), never NaN
-      alpha[x] = exp2f(m[x] - mref[x]);
-      m[x] = mn;
-      l[x] *= alpha[x];
-    }
-#pragma unroll
-    for (int j = 0; j < kKw / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[j][e] = exp2f(sc[j][e] - mref[e >> 1]);
-        l[e >> 1] += sc[j][e];
-      }
-    // exp2f(0) is exactly 1: where no row of the warp found a larger score, O stays as it is (most steps past the
-    // first few: the running max settles)
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int jd = 0; jd < kDv / 8; ++jd)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[jd][e] *= alpha[e >> 1];
-    }
+    online_softmax_step(sc, m, l, o, diagonal_rel(past + q0 + rw, j0 + kb), sl2, g, c);
 
     // O += P V over the warp's 32 keys
 #pragma unroll
@@ -252,43 +303,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // every warp is done with this stage before the next step's copy overwrites it
   }
 
-  // the two key halves of each row merged: warps 4..7 leave (m, l, o) in the (now idle) stage memory, warps 0..3
-  // combine, normalise and store
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 1);
-    l[x] += __shfl_xor_sync(0xffffffffu, l[x], 2);
-  }
   float* mrg = reinterpret_cast<float*>(&sm.st[0]) + ((warp % 4) * 32 + lane) * (kDv / 2 + 4);
-  if (warp >= 4) {
-#pragma unroll
-    for (int jd = 0; jd < kDv / 8; ++jd)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mrg[4 * jd + e] = o[jd][e];
-    mrg[kDv / 2] = m[0], mrg[kDv / 2 + 1] = m[1], mrg[kDv / 2 + 2] = l[0], mrg[kDv / 2 + 3] = l[1];
-  }
-  __syncthreads();
-  if (warp >= 4) return;
-  float fa[2], fb[2], inv[2];
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const float mb = mrg[kDv / 2 + x], mm = fmaxf(m[x], mb);  // finite: half 0 always sees key 0
-    fa[x] = exp2f(m[x] - mm);
-    fb[x] = exp2f(mb - mm);
-    inv[x] = 1.0f / (l[x] * fa[x] + mrg[kDv / 2 + 2 + x] * fb[x]);
-  }
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const int64_t t = q0 + rw + g + 8 * x;
-    if (t >= n) continue;
-    float* row = out + ((offset + t) * nh + h) * kDv;
-#pragma unroll
-    for (int jd = 0; jd < kDv / 8; ++jd) {
-      const float v0 = (o[jd][2 * x] * fa[x] + mrg[4 * jd + 2 * x] * fb[x]) * inv[x];
-      const float v1 = (o[jd][2 * x + 1] * fa[x] + mrg[4 * jd + 2 * x + 1] * fb[x]) * inv[x];
-      *reinterpret_cast<float2*>(row + 8 * jd + 2 * c) = make_float2(v0, v1);
-    }
-  }
+  merge_halves_and_store(o, m, l, mrg, warp, g, c, q0, rw, n, out + (offset * nh + h) * kDv, int64_t{nh} * kDv);
 }
 
 }  // namespace
