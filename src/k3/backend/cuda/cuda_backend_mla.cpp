@@ -108,9 +108,9 @@ bool mha_flash_wanted() {
 // tensor-core products, ~16 mantissa bits) where it supports the shape, else per query chunk the scores (two batched
 // SGEMMs: the nope part + the shared rope-slot part), a causal softmax, and P.V. That fallback is fp32 throughout
 // (the CPU reference uses the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows
-// [offset, offset + n) of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first past + t0 + tq keys, so
-// its scores, softmax and P.V stop there (causal trimming: half the work of a prefill from position 0; the
-// scores are laid out [nh][tq][keys seen]).
+// [offset, offset + n) of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first
+// past + t0 + tq keys, so its scores, softmax and P.V stop there (causal trimming: half the work of a prefill from
+// position 0; the scores are laid out [nh][tq][keys seen]).
 void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, const MlaPaging& pg, int seq,
                                   int64_t offset, int64_t n, int64_t past, const float* q, float scale, float* out) {
   const int nh = static_cast<int>(d.heads), dn = static_cast<int>(d.nope), dr = static_cast<int>(d.rope),
