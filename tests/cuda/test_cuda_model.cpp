@@ -510,9 +510,9 @@ TEST(CudaModelDummy, KdaOnlyModelPrefillThenDecodeMatchesPrefill) {
   }
 }
 
-// The fused MLA prefill (the default; mla_prefill_flash.h) against the SGEMM form (K3_MLA_PREFILL=fp32) on the Kimi-Linear-dims
-// MLA layer (32 heads, kv rank 512), 700 tokens: one prefill, and 300 tokens on top of 400 cached (past > 0). All
-// layers dense: no routed layer whose near-tied expert choice a last-bit difference could flip.
+// The fused MLA prefill (the default; mla_prefill_flash.h) against the SGEMM form (K3_MLA_PREFILL=fp32) on the
+// Kimi-Linear-dims MLA layer (32 heads, kv rank 512), 700 tokens: one prefill, and 300 tokens on top of 400 cached
+// (past > 0). All layers dense: no routed layer whose near-tied expert choice a last-bit difference could flip.
 TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   auto cfg = k3::plan::load_preset("kimi-linear-48b-a3b");

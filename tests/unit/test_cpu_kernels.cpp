@@ -396,12 +396,13 @@ TEST_P(CpuKernelsTier, MatmulTwoStageEqualsStagedMatmuls) {
   }
 }
 
-// The one-token MXFP4 rows convert the scales of 8 pairs at once in the vector (avx512bf16 tier:
-// half_e8m0_x16, in place of a table per pair): their bits must be the table's for every E8M0 byte, the
-// denormal 0 and 1, the largest 254 and NaN's 255 included. Rows of 16 / 33 / 48 groups (one and two 8-pair
-// blocks, a lone last group) in both layouts, every scale byte cycling through the edge values and random
-// ones (row 6 only 0 / 1, whose result is then denormal scale products alone; row 7 only 253 / 254): each one-token
-// row against the same token's row of a 3-token product (the tile, table scales), by bytes.
+// The one-token MXFP4 rows (avx512bf16 tier: mxfp4_one_token_rows, operands swapped on vpdpbusd, rows in groups of
+// up to 4) must give the token tile's bits for every E8M0 scale byte, the denormal 0 and 1, the largest 254 and
+// NaN's 255 included (written for session 40's in-vector scale conversion, since reverted; kept for any rewrite of
+// the one-token scale path). Rows of 16 / 33 / 48 groups (one and two 8-pair blocks, a lone last group) in both
+// layouts, every scale byte cycling through the edge values and random ones (row 6 only 0 / 1, whose result is then
+// denormal scale products alone; row 7 only 253 / 254): each one-token row against the same token's row of a
+// 3-token product (the tile, table scales), by bytes.
 TEST_P(CpuKernelsTier, Mxfp4OneTokenEdgeScalesEqualTheTile) {
   std::mt19937 rng(71);
   const uint8_t edge[] = {0, 1, 2, 3, 126, 127, 128, 200, 253, 254};
