@@ -175,10 +175,11 @@ TEST(CudaLinear, UnalignedPointers) {
 }
 
 // The fused residual add + norm equals add_inplace then rmsnorm bit for bit (the graph's add_rmsnorm), and the
-// CPU's add + rmsnorm within float tolerance; rows at a stride wider than dim keep their tail untouched.
+// CPU's add + rmsnorm within float tolerance; rows at a stride wider than dim keep their tail untouched. Widths take
+// the register-held kernels (1, 2 and 4 float4 a thread) and, at 1001 (stride 1009), the looped ones.
 TEST(CudaDense, AddRmsnormEqualsAddThenRmsnorm) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (const int H : {96, 2304, 7168}) {
+  for (const int H : {96, 2304, 7168, 1001, 12288}) {  // 1001: the looped kernels; 12288: 4 float4 a thread
     const int n = 5, stride = H + 8;
     const auto y0 = randn(static_cast<size_t>(n * stride), 11, 1.5f), x = randn(static_cast<size_t>(n * stride), 12, 0.7f),
                w = randn(static_cast<size_t>(H), 13);

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
@@ -30,21 +31,43 @@ constexpr int kWarps = 8;          // warps per block, both kernels
 constexpr int kDownRows = 4;       // output rows per block of the down kernel
 constexpr int kMaxPairK = 32;      // K bound (MoeWorkspace checks K <= 32)
 
-// One lane's share of bf16 row `row` (of `cols` columns) dotted with x; the caller sums the warp.
-__device__ __forceinline__ float lane_dot_bf16(const void* __restrict__ data, int64_t row, int cols,
-                                               const float* __restrict__ x, int lane) {
-  const uint16_t* wr = static_cast<const uint16_t*>(data) + row * cols;
-  float acc = 0.f;
-#pragma unroll 4
-  for (int c = lane * 8; c < cols; c += 256) {  // 8 bf16 (16 bytes) per lane and step
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(wr + c));
-    const float2 w0 = bf16x2_to_float2(v.x), w1 = bf16x2_to_float2(v.y), w2 = bf16x2_to_float2(v.z),
-                 w3 = bf16x2_to_float2(v.w);
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + c)), b = __ldg(reinterpret_cast<const float4*>(x + c + 4));
-    acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc); acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
-    acc = fmaf(w2.x, b.x, acc); acc = fmaf(w2.y, b.y, acc); acc = fmaf(w3.x, b.z, acc); acc = fmaf(w3.y, b.w, acc);
+// A lane's shares of two bf16 rows' dots (`cols` columns, lane l takes columns 8l, 8l + 256, ...: 16 bytes a step)
+// with their activations xa and xb (the same pointer for gate / up). Each batch of kB steps issues all of its loads,
+// weights and activations, before the first multiply (bf16_dot.cuh: call s42-1 found one to two loads in flight);
+// addresses are clamped into the row so that the loads are unconditional. Each row's fmaf chain runs in column
+// order, the bits of the one-row loop this replaced. A row with valid false is not multiplied (its acc stays).
+template <int kB>
+__device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra, const float* __restrict__ xa, bool va,
+                                                const uint16_t* __restrict__ rb, const float* __restrict__ xb, bool vb,
+                                                int cols, int lane, float& acc_a, float& acc_b) {
+  const bool same_x = xa == xb;
+  for (int base = 0; base < cols; base += 256 * kB) {  // warp-uniform batches
+    const int c0 = base + lane * 8;
+    uint4 wa[kB], wb[kB];
+    float4 a0[kB], a1[kB], b0[kB], b1[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+      wa[j] = ld_weights16(ra + cc);
+      wb[j] = ld_weights16(rb + cc);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+      a0[j] = ld_acts16(xa + cc);
+      a1[j] = ld_acts16(xa + cc + 4);
+      if (!same_x) {
+        b0[j] = ld_acts16(xb + cc);
+        b1[j] = ld_acts16(xb + cc + 4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      if (c0 + 256 * j >= cols) continue;
+      if (va) acc_a = fma8_bf16(wa[j], a0[j], a1[j], acc_a);
+      if (vb) acc_b = same_x ? fma8_bf16(wb[j], a0[j], a1[j], acc_b) : fma8_bf16(wb[j], b0[j], b1[j], acc_b);
+    }
   }
-  return acc;
 }
 
 // bf16 rows: a warp per row (16 bytes of weights against 32 of activations per lane and step).
@@ -79,8 +102,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   const float* xt = x + static_cast<int64_t>(p / K) * w.X;
   const int64_t row = static_cast<int64_t>(e) * w.I + i;
-  const float g = warp_sum(lane_dot_bf16(w.gate, row, w.X, xt, lane));
-  const float u = warp_sum(lane_dot_bf16(w.up, row, w.X, xt, lane));
+  float acc[2] = {0.f, 0.f};
+  lane_dots2_bf16<5>(static_cast<const uint16_t*>(w.gate) + row * w.X, xt, true,
+                     static_cast<const uint16_t*>(w.up) + row * w.X, xt, true, w.X, lane, acc[0], acc[1]);
+  const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0) hp[i] = moe_dev::glu(g, u, act, beta, lbeta);
 }
 
@@ -95,12 +120,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int r0 = blockIdx.x * kDownRows;
   if (threadIdx.x < K) s_e[threadIdx.x] = topk_idx[static_cast<int64_t>(t) * K + threadIdx.x];
   __syncthreads();
-  for (int item = warp; item < kDownRows * K; item += kWarps) {
-    const int rr = item / K, k = item % K, r = r0 + rr, e = s_e[k];
-    if (r >= w.X || e < 0 || e >= w.E) continue;
-    const float* hp = h + (static_cast<int64_t>(t) * K + k) * w.I;
-    const float d = warp_sum(lane_dot_bf16(w.down, static_cast<int64_t>(e) * w.X + r, w.I, hp, lane));
-    if (lane == 0) s_d[rr][k] = d;
+  for (int item0 = warp; item0 < kDownRows * K; item0 += 2 * kWarps) {  // two (row, k) items a warp at a time
+    const uint16_t* rows[2];
+    const float* xs[2];
+    bool valid[2];
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int item = item0 + j * kWarps, rr = item / K, k = item % K, r = r0 + rr;
+      const int e = item < kDownRows * K ? s_e[k] : -1;
+      valid[j] = item < kDownRows * K && r < w.X && e >= 0 && e < w.E;
+      // An invalid item reads (and does not use) the first row and pair: addresses that exist.
+      rows[j] = static_cast<const uint16_t*>(w.down) + (valid[j] ? (static_cast<int64_t>(e) * w.X + r) * w.I : 0);
+      xs[j] = h + (valid[j] ? (static_cast<int64_t>(t) * K + k) * w.I : 0);
+    }
+    lane_dots2_bf16<4>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int item = item0 + j * kWarps;
+      const float d = warp_sum(acc[j]);
+      if (lane == 0 && valid[j]) s_d[item / K][item % K] = d;
+    }
   }
   __syncthreads();
   combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out);
