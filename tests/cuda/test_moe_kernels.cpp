@@ -567,6 +567,62 @@ TEST(CudaMoe, RouteTiesToLowerId) {
     }
 }
 
+// The warp routing kernels (E <= 256 and E <= 1024) against the rule on the host: higher biased score first, then
+// the lower id; a NaN score after every number. Logits on a coarse grid (many exact ties, distinct levels far apart
+// against an ulp of expf), biases in 1/64 steps, +-inf logits, a row of NaNs among numbers and an all-NaN row:
+// the picks exactly, the weights within 1e-6.
+TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(77);
+  for (const int E : {40, 256, 896, 1000}) {
+    for (const int K : {1, 6, 16, 32}) {
+      if (K > E) continue;
+      const int n = 9;
+      std::vector<float> logits(static_cast<size_t>(n) * E), bias(E);
+      for (auto& v : logits) v = 0.25f * static_cast<float>(static_cast<int>(rng.normal() * 6.0f));
+      for (auto& v : bias) v = static_cast<float>(static_cast<int>(rng.normal() * 4.0f)) / 64.0f;
+      logits[1 * E + 3] = INFINITY;
+      logits[1 * E + E - 1] = INFINITY;  // ties with expert 3 at sigmoid 1 (bias decides)
+      logits[2 * E + 0] = -INFINITY;
+      for (int e = 0; e < E; e += 3) logits[3 * E + e] = NAN;  // NaNs among numbers
+      for (int e = 0; e < E; ++e) logits[4 * E + e] = NAN;     // all NaN
+      DevBuf dl(logits.size() * 4), db(bias.size() * 4), di(n * K * 4), dw(n * K * 4);
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "bias");
+      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), nullptr),
+         "route");
+      std::vector<int> ids(n * K);
+      std::vector<float> w(n * K);
+      ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      ck(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost), "w");
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> sig(E), biased(E);
+        for (int e = 0; e < E; ++e) {
+          sig[e] = 1.0f / (1.0f + std::exp(-logits[static_cast<size_t>(t) * E + e]));
+          biased[e] = sig[e] + bias[e];
+        }
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          if (std::isnan(biased[a]) || std::isnan(biased[b])) return !std::isnan(biased[a]) && std::isnan(biased[b]);
+          return biased[a] > biased[b];
+        });
+        double denom = 0;
+        for (int k = 0; k < K; ++k) denom += std::isnan(sig[order[k]]) ? 0.0 : sig[order[k]];
+        std::set<int> seen;
+        for (int k = 0; k < K; ++k) {
+          const int got = ids[t * K + k];
+          ASSERT_TRUE(got >= 0 && got < E) << "E=" << E << " K=" << K << " t=" << t;
+          EXPECT_TRUE(seen.insert(got).second) << "repeated id " << got << " E=" << E << " K=" << K << " t=" << t;
+          if (t == 4) continue;  // all NaN: any valid, distinct ids
+          EXPECT_EQ(got, order[k]) << "E=" << E << " K=" << K << " t=" << t << " rank " << k;
+          if (t != 3) EXPECT_NEAR(w[t * K + k], sig[order[k]] / denom * 2.5, 1e-6 * 2.5) << "E=" << E << " K=" << K << " t=" << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMoe, EdgeCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Moe& m = cached_moe(tiny_shapes()[1]);
