@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 42 call 2: the batch-1 decode kernels -- the bf16 GEMV rewrite (gemv_bf16.cu: rows split over warps, all
+# Session 42 call 2: the batch-1 decode kernels -- the warp routing on redux.sync, the bf16 GEMV rewrite (gemv_bf16.cu: rows split over warps, all
 # loads of a batch in flight, PDL), the MoE GEMV kernels' loads hoisted, the register-held norms. The whole CUDA
 # suite; then old binary (k3old, HEAD before the change) vs new, alternating, and new with K3_GEMV_V1=1 (the first
 # GEMV kernel: isolates it), whole dummy Kimi-Linear-48B decode b1 (an H200; on an H100 its first 12 layers), b256
