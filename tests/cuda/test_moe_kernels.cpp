@@ -623,6 +623,83 @@ TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
   }
 }
 
+// The shared expert fused into the GEMV path's kernels (moe_experts_with_shared): out = the routed experts (the
+// unfused GEMV path, checked against the CPU above) + the shared GLU MLP computed on the host, within 1e-5 of the
+// largest output; every element written (NaN-poisoned out); an invalid id in a slot adds nothing; SiLU and SiTU;
+// moe_shared_fusable refuses a batch past the GEMV path, a shape that differs, MXFP4 experts.
+TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using k3::cuda::GluAct;
+  for (const Shape& s : {tiny_shapes()[3], tiny_shapes()[6], kKimiLinear}) {
+    Moe& m = cached_moe(s);
+    const int E = s.E, K = s.K, X = s.X, I = s.I, max_tokens = 8;
+    k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
+    Rng rng(900 + E);
+    std::vector<uint16_t> sg(static_cast<size_t>(I) * X), su(sg.size()), sd(static_cast<size_t>(X) * I);
+    for (auto* v : {&sg, &su, &sd})
+      for (auto& b : *v) b = k3::f32_to_bf16(0.02f * rng.normal());
+    DevBuf dsg(sg.size() * 2), dsu(su.size() * 2), dsd(sd.size() * 2);
+    ck(cudaMemcpy(dsg.p, sg.data(), sg.size() * 2, cudaMemcpyHostToDevice), "sg");
+    ck(cudaMemcpy(dsu.p, su.data(), su.size() * 2, cudaMemcpyHostToDevice), "su");
+    ck(cudaMemcpy(dsd.p, sd.data(), sd.size() * 2, cudaMemcpyHostToDevice), "sd");
+    const k3::WeightMatrix hg{k3::WeightFormat::BF16, sg.data(), nullptr, I, X}, hu{k3::WeightFormat::BF16, su.data(), nullptr, I, X},
+        hd{k3::WeightFormat::BF16, sd.data(), nullptr, X, I};
+    for (const int n : {1, 2, 4}) {
+      const bool fusable = k3::cuda::moe_shared_fusable(m.bank, I, X, X, I, n, ws);
+      EXPECT_EQ(fusable, static_cast<int64_t>(n) * K * 8 <= E) << s.name << " n=" << n;  // the GEMV path's rule
+      if (!fusable) continue;
+      for (const GluAct act : {GluAct::SiLU, GluAct::SiTU}) {
+        if (act == GluAct::SiTU && n != 1) continue;
+        std::vector<float> x(static_cast<size_t>(n) * X);
+        for (auto& v : x) v = m.x_std * rng.normal();
+        std::vector<int> ids(static_cast<size_t>(n) * K);
+        std::vector<float> w(ids.size());
+        for (int t = 0; t < n; ++t)
+          for (int k = 0; k < K; ++k) {
+            ids[t * K + k] = (t * 7 + k * 5) % E;  // distinct within a token (K <= E / 8, steps of 5 mod E)
+            w[t * K + k] = 0.1f + 0.05f * k;
+          }
+        ids[K - 1] = -1;  // an invalid slot on token 0: adds nothing
+        DevBuf dx(x.size() * 4), di(ids.size() * 4), dw(w.size() * 4), dref(x.size() * 4), dout(x.size() * 4);
+        ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+        ck(cudaMemcpy(di.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
+        ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "w");
+        ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");
+        ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), act, 4.f, 25.f,
+                                 dref.as<float>(), ws, nullptr, k3::cuda::MoePrecision::Bf16x2, k3::cuda::MoePath::Gemv),
+           "routed");
+        ck(k3::cuda::moe_experts_with_shared(m.bank, dsg.p, dsu.p, dsd.p, n, K, dx.as<float>(), di.as<int32_t>(),
+                                             dw.as<float>(), act, 4.f, 25.f, dout.as<float>(), ws, nullptr),
+           "fused");
+        std::vector<float> routed(x.size()), got(x.size());
+        ck(cudaMemcpy(routed.data(), dref.p, routed.size() * 4, cudaMemcpyDeviceToHost), "routed");
+        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "got");
+        std::vector<float> ref(x.size()), gg(I), uu(I), sh(X);
+        for (int t = 0; t < n; ++t) {
+          k3::cpu::matmul(hg, x.data() + t * X, 1, gg.data());
+          k3::cpu::matmul(hu, x.data() + t * X, 1, uu.data());
+          if (act == GluAct::SiLU) k3::cpu::silu_glu(gg.data(), uu.data(), I, gg.data());
+          else k3::cpu::situ_glu(gg.data(), uu.data(), I, 4.f, 25.f, gg.data());
+          k3::cpu::matmul(hd, gg.data(), 1, sh.data());
+          for (int r = 0; r < X; ++r) ref[t * X + r] = routed[t * X + r] + sh[r];
+        }
+        double maxref = 0, maxdiff = 0, maxsh = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+          maxsh = std::max(maxsh, std::fabs(static_cast<double>(ref[i] - routed[i])));
+          maxdiff = std::max(maxdiff, std::isfinite(got[i]) ? std::fabs(static_cast<double>(got[i]) - ref[i]) : INFINITY);
+        }
+        EXPECT_GT(maxsh, 1e-3 * maxref) << s.name << ": the shared expert must matter for the check to mean anything";
+        EXPECT_LT(maxdiff / maxref, 1e-5) << s.name << " n=" << n << (act == GluAct::SiLU ? " silu" : " situ");
+      }
+    }
+    EXPECT_FALSE(k3::cuda::moe_shared_fusable(m.bank, I + 8, X, X, I + 8, 1, ws)) << s.name;  // shapes differ
+  }
+  Moe& mx = cached_moe(tiny_shapes()[1]);  // MXFP4 experts: not this path
+  k3::cuda::MoeWorkspace ws(8, mx.sh.K, mx.sh.E, mx.sh.I, mx.sh.X);
+  EXPECT_FALSE(k3::cuda::moe_shared_fusable(mx.bank, mx.sh.I, mx.sh.X, mx.sh.X, mx.sh.I, 1, ws));
+}
+
 TEST(CudaMoe, EdgeCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Moe& m = cached_moe(tiny_shapes()[1]);

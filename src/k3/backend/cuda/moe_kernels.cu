@@ -611,6 +611,34 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   dec_part_floats_ = static_cast<int64_t>(dec_pairs_) * std::max(2 * I, X);
 }
 
+bool moe_shared_fusable(const ExpertBank& w, int64_t gate_rows, int64_t gate_cols, int64_t down_rows, int64_t down_cols,
+                        int n, const MoeWorkspace& ws) {
+  const int K = ws.K_;  // the layer's top-k
+  static const bool enabled = [] {
+    const char* v = std::getenv("K3_MOE_SHARED_FUSED");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && w.format == WeightFormat::BF16 && !w.empty() && n >= 1 && n <= ws.max_tokens_ &&
+         K > 0 && w.E == ws.E_ && w.I == ws.I_ && w.X == ws.X_ && gate_rows == w.I && gate_cols == w.X && down_rows == w.X &&
+         down_cols == w.I && static_cast<int64_t>(n) * (K + 1) <= static_cast<int64_t>(ws.max_tokens_) * K &&
+         moe_experts_auto_path(n, K, w.E, w.format) == MoePath::Gemv;
+}
+
+cudaError_t moe_experts_with_shared(const ExpertBank& w, const void* shared_gate, const void* shared_up,
+                                    const void* shared_down, int n, int K, const float* x, const int32_t* topk_idx,
+                                    const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                                    MoeWorkspace& ws, cudaStream_t stream) {
+  if (K != ws.K_ || !moe_shared_fusable(w, w.I, w.X, w.X, w.I, n, ws)) return cudaErrorInvalidValue;
+  if (!x || !topk_idx || !topk_w || !out || !aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) ||
+      !aligned16(w.down) || !aligned16(shared_gate) || !aligned16(shared_up) || !aligned16(shared_down))
+    return cudaErrorInvalidValue;
+  if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  const SharedGluBf16 sh{static_cast<const uint16_t*>(shared_gate), static_cast<const uint16_t*>(shared_up),
+                         static_cast<const uint16_t*>(shared_down)};
+  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out,
+                                 stream);
+}
+
 MoeWorkspace::~MoeWorkspace() {
   if (base_) cudaFree(base_);
 }
