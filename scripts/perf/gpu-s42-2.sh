@@ -1,8 +1,8 @@
 #!/bin/bash
 # Session 42 call 2: the batch-1 decode kernels -- the warp routing on redux.sync, the bf16 GEMV rewrite (gemv_bf16.cu: rows split over warps, all
-# loads of a batch in flight, PDL), the MoE GEMV kernels' loads hoisted, the register-held norms. The whole CUDA
-# suite; then old binary (k3old, HEAD before the change) vs new, alternating, and new with K3_GEMV_V1=1 (the first
-# GEMV kernel: isolates it), whole dummy Kimi-Linear-48B decode b1 (an H200; on an H100 its first 12 layers), b256
+# loads of a batch in flight, PDL), the MoE GEMV kernels' loads hoisted, the register-held norms, the shared expert
+# fused into the MoE GEMV kernels. The whole CUDA suite; then old binary (k3old, the code at s42-1) vs new,
+# alternating, new with K3_GEMV_V1=1 (the first GEMV kernel) and with K3_MOE_SHARED_FUSED=0 (isolate those two), whole dummy Kimi-Linear-48B decode b1 (an H200; on an H100 its first 12 layers), b256
 # once each; an ncu step split of the new code at batch 1. Carry: .gpuwork/k3bins.tar.xz (k3, k3old, k3_cuda_tests).
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 570 - $(date +%s) + T0 )); }
@@ -15,8 +15,8 @@ LAY=""; [ "$MEM" -lt 100000 ] && LAY="--num-layers 12"
 KL="--device cuda --load-format dummy --preset kimi-linear-48b-a3b $LAY"; echo "model: kimi-linear-48b-a3b $LAY"
 timeout 240 $T > $O/$P-suite.log 2>&1
 echo "suite rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |tests ran" $O/$P-suite.log | head -12; xz -9 $O/$P-suite.log
-for r in 1 2; do for v in old new v1; do
-  case $v in old) BIN=$BO; E="";; new) BIN=$B; E="";; v1) BIN=$B; E="K3_GEMV_V1=1";; esac
+for r in 1 2; do for v in old new v1 nofuse; do
+  case $v in old) BIN=$BO; E="";; new) BIN=$B; E="";; v1) BIN=$B; E="K3_GEMV_V1=1";; nofuse) BIN=$B; E="K3_MOE_SHARED_FUSED=0";; esac
   env $E timeout 100 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw 4175 > /tmp/tg.txt 2>&1
   echo "$v r$r rc=$? $(grep -E '^\| .*tg64 .*[0-9] \|$|error' /tmp/tg.txt) $(el)"
 done; done | tee $O/$P-ab-b1.txt
