@@ -137,8 +137,13 @@ TEST(CudaGemvBf16, RefusesWhatItCannotRun) {
   EXPECT_EQ(gemv_bf16_group(W, rows, Y, 0, 8, x.p, 1, nullptr), cudaErrorInvalidValue);
   rows[0] = 0;
   EXPECT_EQ(gemv_bf16_group(W, rows, Y, 1, 8, x.p, 1, nullptr), cudaErrorInvalidValue);
-  EXPECT_FALSE(k3::cuda::gemv_bf16_applies(12, x.p));
-  EXPECT_FALSE(k3::cuda::gemv_bf16_applies(8, x.p + 1));
+  const uint16_t* W1[1] = {w.p + 1};  // weights off 16 bytes: refused (the caller falls back to linear.cu's kernel)
+  EXPECT_EQ(gemv_bf16_group(W1, rows + 1, Y, 1, 8, x.p, 1, nullptr), cudaErrorInvalidValue);
+  const void* const* wv = reinterpret_cast<const void* const*>(W);
+  EXPECT_TRUE(k3::cuda::gemv_bf16_applies(8, x.p, wv, 1));
+  EXPECT_FALSE(k3::cuda::gemv_bf16_applies(12, x.p, wv, 1));
+  EXPECT_FALSE(k3::cuda::gemv_bf16_applies(8, x.p + 1, wv, 1));
+  EXPECT_FALSE(k3::cuda::gemv_bf16_applies(8, x.p, reinterpret_cast<const void* const*>(W1), 1));
 }
 
 }  // namespace

@@ -132,8 +132,11 @@ int gemv_bf16_split(int64_t rows, int64_t cols) {
   return split;
 }
 
-bool gemv_bf16_applies(int64_t cols, const float* x) {
-  return !v1_requested() && cols > 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+bool gemv_bf16_applies(int64_t cols, const float* x, const void* const* W, int count) {
+  if (v1_requested() || cols <= 0 || cols % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  for (int m = 0; m < count; ++m)
+    if (reinterpret_cast<uintptr_t>(W[m]) % 16 != 0) return false;
+  return true;
 }
 
 cudaError_t gemv_bf16_group(const uint16_t* const* W, const int64_t* rows, float* const* y, int count, int64_t cols,
@@ -144,7 +147,8 @@ cudaError_t gemv_bf16_group(const uint16_t* const* W, const int64_t* rows, float
   Bf16GemvArgs a{};
   int64_t blocks = 0;
   for (int m = 0; m < count; ++m) {
-    if (W[m] == nullptr || y[m] == nullptr || rows[m] <= 0) return cudaErrorInvalidValue;
+    if (W[m] == nullptr || y[m] == nullptr || rows[m] <= 0 || reinterpret_cast<uintptr_t>(W[m]) % 16 != 0)
+      return cudaErrorInvalidValue;
     a.W[m] = W[m];
     a.y[m] = y[m];
     a.rows[m] = rows[m];

@@ -23,13 +23,13 @@ namespace k3::cuda {
 // Warps per row (1, 2, 4 or 8) for a bf16 matrix of `rows` x `cols`.
 int gemv_bf16_split(int64_t rows, int64_t cols);
 
-// y[m] [n][rows[m]] = x [n][cols] . W[m]^T for m < count (1..8), n in 1..8, cols % 8 == 0, x 16-byte aligned.
-// cudaErrorInvalidValue otherwise.
+// y[m] [n][rows[m]] = x [n][cols] . W[m]^T for m < count (1..8), n in 1..8, cols % 8 == 0, x and every W[m] 16-byte
+// aligned. cudaErrorInvalidValue otherwise.
 cudaError_t gemv_bf16_group(const uint16_t* const* W, const int64_t* rows, float* const* y, int count, int64_t cols,
                             const float* x, int n, cudaStream_t s);
 
 // Whether gemv_bf16_group takes this shape and x (the caller falls back to linear.cu's kernel otherwise), and
 // whether K3_GEMV_V1=1 asked for the first kernel (the A/B switch).
-bool gemv_bf16_applies(int64_t cols, const float* x);
+bool gemv_bf16_applies(int64_t cols, const float* x, const void* const* W, int count);
 
 }  // namespace k3::cuda

@@ -135,15 +135,14 @@ template <typename WT>
 cudaError_t launch_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
                               cudaStream_t s) {
   if constexpr (sizeof(WT) == 2) {  // bf16: gemv_bf16.cu unless K3_GEMV_V1=1 or the shape needs this kernel
-    if (gemv_bf16_applies(W[0]->cols, x)) {
-      const uint16_t* ws[kLinearGroupMax];
-      int64_t rows[kLinearGroupMax];
-      for (int m = 0; m < count; ++m) {
-        ws[m] = static_cast<const uint16_t*>(W[m]->data);
-        rows[m] = W[m]->rows;
-      }
-      return gemv_bf16_group(ws, rows, y, count, W[0]->cols, x, n, s);
+    const uint16_t* ws[kLinearGroupMax];
+    int64_t rows[kLinearGroupMax];
+    for (int m = 0; m < count; ++m) {
+      ws[m] = static_cast<const uint16_t*>(W[m]->data);
+      rows[m] = W[m]->rows;
     }
+    if (gemv_bf16_applies(W[0]->cols, x, reinterpret_cast<const void* const*>(ws), count))
+      return gemv_bf16_group(ws, rows, y, count, W[0]->cols, x, n, s);
   }
   GemvGroup<WT> g{};
   for (int m = 0; m < count; ++m) {
