@@ -2,7 +2,8 @@
 // `k3_tests --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_QuantMatmul'`
 // (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx2int8,avx512,avx512bf16 the tiers, default every tier
 // this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all; K3_BENCH_ROWS the rows, default 4096:
-// 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM).
+// 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM; K3_BENCH_COPIES rotates the one-token
+// product over copies: small matrices read from DRAM, as in a decode step).
 // A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
 // GB/s of weight bytes) and 64 tokens (the register-blocked gemm: GFLOP/s), best of 5.
 #include <gtest/gtest.h>
@@ -67,7 +68,17 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
         bytes = k3test::random_blocks(f, rows * cols / k3::weight_layout(f).block_elems, rng, 10, 16);
       }
       const k3::WeightMatrix W{f, bytes.data(), nullptr, rows, cols};
-      const double t1 = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
+      // K3_BENCH_COPIES=c: the one-token product rotates over c copies of the matrix (c x its bytes past the L3:
+      // a decode step's small matrices, each read from DRAM once), timed as the mean over 4c calls.
+      const char* copies_env = std::getenv("K3_BENCH_COPIES");
+      const int copies = copies_env ? std::max(1, std::atoi(copies_env)) : 1;
+      std::vector<std::vector<uint8_t>> extra(static_cast<size_t>(copies - 1), bytes);
+      std::vector<k3::WeightMatrix> Ws{W};
+      for (const auto& e : extra) Ws.push_back(k3::WeightMatrix{f, e.data(), nullptr, rows, cols});
+      const double t1 = copies == 1 ? best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); })
+                                    : best_ms(1, [&] {
+                                        for (int r = 0; r < 4 * copies; ++r) k3::cpu::matmul(Ws[r % copies], x.data(), 1, y.data());
+                                      }) / (4 * copies);
       const double t64 = best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 64, y.data()); });
       const double flop = 2.0 * rows * cols;
       std::printf("%-10s %-7s n=1: %7.3f ms %6.1f GB/s %6.1f GFLOP/s | n=64: %8.3f ms %6.1f GFLOP/s\n", k3::cpu::isa_name(isa),
