@@ -3,7 +3,9 @@
 # loads of a batch in flight, PDL), the MoE GEMV kernels' loads hoisted, the register-held norms, the shared expert
 # fused into the MoE GEMV kernels. The whole CUDA suite; then old binary (k3old, the code at s42-1) vs new,
 # alternating, new with K3_GEMV_V1=1 (the first GEMV kernel) and with K3_MOE_SHARED_FUSED=0 (isolate those two), whole dummy Kimi-Linear-48B decode b1 (an H200; on an H100 its first 12 layers), b256
-# once each; an ncu step split of the new code at batch 1. Carry: .gpuwork/k3bins.tar.xz (k3, k3old, k3_cuda_tests).
+# once each; an ncu step split of the new code at batch 1. Carry: .gpuwork/k3bins.tar.xz (k3, k3old, k3_cuda_tests),
+# packed by `scripts/gpu-pack-ab 3dad5ee` (k3old: session 41's CUDA code) from a tree with the session-42 CUDA work
+# (branch s42-gpu, or main after reverting the commit that took it out; docs/perf/cuda.md "Session 42").
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 570 - $(date +%s) + T0 )); }
 O=$OUT; P=${PFX:-s42-2}; GW=$ROOT/.gpuwork; mkdir -p /tmp/k3b
