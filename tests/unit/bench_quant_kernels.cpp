@@ -71,7 +71,7 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
       // K3_BENCH_COPIES=c: the one-token product rotates over c copies of the matrix (c x its bytes past the L3:
       // a decode step's small matrices, each read from DRAM once), timed as the mean over 4c calls.
       const char* copies_env = std::getenv("K3_BENCH_COPIES");
-      const int copies = copies_env ? std::max(1, std::atoi(copies_env)) : 1;
+      const int copies = copies_env ? static_cast<int>(std::clamp(std::strtol(copies_env, nullptr, 10), 1L, 4096L)) : 1;
       std::vector<std::vector<uint8_t>> extra(static_cast<size_t>(copies - 1), bytes);
       std::vector<k3::WeightMatrix> Ws{W};
       for (const auto& e : extra) Ws.push_back(k3::WeightMatrix{f, e.data(), nullptr, rows, cols});
