@@ -415,6 +415,34 @@ __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a)
   }
 }
 
+// IQ3_XXS, one unit, as unit_iq2xxs: a sub-block's 8 grid bytes index 4-value rows (two rows make one 8-value group
+// and meet one of its 4 sign codes, in the u32 after the block's quants), sub-scale d (0.5 + aux >> 28) / 2.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a) {
+  const float d = qsimd::f16_at(b);
+  const uint32_t* G = quant::kIq3xxsGrid;
+  const uint64_t* M = kIq2SignMasks.m;
+  auto rows = [G](const uint8_t* q, int j) {
+    return static_cast<long long>(G[q[2 * j]] | static_cast<uint64_t>(G[q[2 * j + 1]]) << 32);
+  };
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const uint8_t* qa = b + 2 + 16 * c;  // sub-block 2c; 2c + 1 at qa + 8
+    const uint8_t* qb = qa + 8;
+    uint32_t aa, ab;
+    std::memcpy(&aa, b + 66 + 8 * c, 4);
+    std::memcpy(&ab, b + 70 + 8 * c, 4);
+    const __m512i mag = _mm512_setr_epi64(rows(qa, 0), rows(qa, 1), rows(qa, 2), rows(qa, 3), rows(qb, 0), rows(qb, 1),
+                                          rows(qb, 2), rows(qb, 3));
+    const __m512i m = _mm512_setr_epi64(static_cast<long long>(M[aa & 127]), static_cast<long long>(M[(aa >> 7) & 127]),
+                                        static_cast<long long>(M[(aa >> 14) & 127]), static_cast<long long>(M[(aa >> 21) & 127]),
+                                        static_cast<long long>(M[ab & 127]), static_cast<long long>(M[(ab >> 7) & 127]),
+                                        static_cast<long long>(M[(ab >> 14) & 127]), static_cast<long long>(M[(ab >> 21) & 127]));
+    const float da = d * (0.5f + static_cast<float>(aa >> 28)) * 0.5f, db = d * (0.5f + static_cast<float>(ab >> 28)) * 0.5f;
+    a.chunk(c, _mm512_sub_epi8(_mm512_xor_si512(mag, m), m), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
+  }
+}
+
 // Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
 // hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
 // unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
@@ -458,6 +486,8 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_iq4xs(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ2_XXS) {
     unit_iq2xxs(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::IQ3_XXS) {
+    unit_iq3xxs(row + u * BB, a);
   } else if constexpr (is_pair_format(F)) {
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
