@@ -243,8 +243,28 @@ K3_QDECODE __m256i apply_signs(__m256i mag, uint32_t s4) {
   const __m256i m = sign_mask(s4);
   return _mm256_sub_epi8(_mm256_xor_si256(mag, m), m);
 }
-K3_QDECODE uint32_t signs4(const uint8_t* t, uint32_t i0, uint32_t i1, uint32_t i2, uint32_t i3) {
-  return t[i0] | (uint32_t(t[i1]) << 8) | (uint32_t(t[i2]) << 16) | (uint32_t(t[i3]) << 24);
+// The 128 7-bit sign codes of IQ2_XXS / IQ2_XS / IQ3_XXS as byte masks (0xFF per negated weight of 8): ggml's
+// ksigns_iq2xs[i] (quant::kIq2Signs) is i with bit 7 set when i has an odd number of bits, so the masks are computed
+// at compile time. One 64-bit load per 8 weights instead of a sign byte and sign_mask's arithmetic (session 42).
+struct Iq2SignMasks {
+  uint64_t m[128];
+  constexpr Iq2SignMasks() : m() {
+    for (int i = 0; i < 128; ++i) {
+      const int s = i | ((__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
+      uint64_t v = 0;
+      for (int j = 0; j < 8; ++j)
+        if (s >> j & 1) v |= uint64_t{0xFF} << (8 * j);
+      m[i] = v;
+    }
+  }
+};
+inline constexpr Iq2SignMasks kIq2SignMasks{};
+// mag negated where the masks of the four 8-weight groups' codes say so.
+K3_QDECODE __m256i apply_codes(__m256i mag, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
+  const uint64_t* M = kIq2SignMasks.m;
+  const __m256i m = _mm256_setr_epi64x(static_cast<long long>(M[c0]), static_cast<long long>(M[c1]),
+                                       static_cast<long long>(M[c2]), static_cast<long long>(M[c3]));
+  return _mm256_sub_epi8(_mm256_xor_si256(mag, m), m);
 }
 K3_QDECODE __m256i grid8x4(uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3) {
   return _mm256_setr_epi64x(static_cast<long long>(g0), static_cast<long long>(g1), static_cast<long long>(g2),
@@ -258,10 +278,8 @@ K3_QDECODE void decode_iq2_xxs(const uint8_t* b, Sink& out) {
     const uint8_t* g = b + 2 + 8 * ib;
     const uint32_t aux = quant::u32_at(g + 4);
     const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.25f;
-    const uint8_t* t = quant::kIq2Signs;
-    const uint32_t s4 = signs4(t, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
     const __m256i mag = grid8x4(quant::kIq2xxsGrid[g[0]], quant::kIq2xxsGrid[g[1]], quant::kIq2xxsGrid[g[2]], quant::kIq2xxsGrid[g[3]]);
-    put32<false>(out, 32 * ib, apply_signs(mag, s4), db, 0, db, 0);
+    put32<false>(out, 32 * ib, apply_codes(mag, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127), db, 0, db, 0);
   }
 }
 
@@ -273,10 +291,9 @@ K3_QDECODE void decode_iq2_xs(const uint8_t* b, Sink& out) {
     const float db0 = d * (0.5f + static_cast<float>(sc & 0xF)) * 0.25f, db1 = d * (0.5f + static_cast<float>(sc >> 4)) * 0.25f;
     unsigned q[4];
     for (int l = 0; l < 4; ++l) q[l] = quant::u16_at(b + 2 + 2 * (4 * ib + l));
-    const uint32_t s4 = signs4(quant::kIq2Signs, q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9);
     const __m256i mag = grid8x4(quant::kIq2xsGrid[q[0] & 511], quant::kIq2xsGrid[q[1] & 511], quant::kIq2xsGrid[q[2] & 511],
                                 quant::kIq2xsGrid[q[3] & 511]);
-    put32<false>(out, 32 * ib, apply_signs(mag, s4), db0, 0, db1, 0);
+    put32<false>(out, 32 * ib, apply_codes(mag, q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9), db0, 0, db1, 0);
   }
 }
 
@@ -300,12 +317,11 @@ K3_QDECODE void decode_iq3_xxs(const uint8_t* b, Sink& out) {
     const uint8_t* q = b + 2 + 8 * ib;
     const uint32_t aux = quant::u32_at(b + 66 + 4 * ib);
     const float db = d * (0.5f + static_cast<float>(aux >> 28)) * 0.5f;
-    const uint32_t s4 = signs4(quant::kIq2Signs, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127);
     const uint32_t* G = quant::kIq3xxsGrid;
     const __m256i mag = _mm256_setr_epi32(static_cast<int>(G[q[0]]), static_cast<int>(G[q[1]]), static_cast<int>(G[q[2]]),
                                           static_cast<int>(G[q[3]]), static_cast<int>(G[q[4]]), static_cast<int>(G[q[5]]),
                                           static_cast<int>(G[q[6]]), static_cast<int>(G[q[7]]));
-    put32<false>(out, 32 * ib, apply_signs(mag, s4), db, 0, db, 0);
+    put32<false>(out, 32 * ib, apply_codes(mag, aux & 127, (aux >> 7) & 127, (aux >> 14) & 127, (aux >> 21) & 127), db, 0, db, 0);
   }
 }
 

@@ -369,22 +369,6 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
-// IQ2_XXS's 128 sign codes as byte masks (0xFF where the weight is negated): ggml's ksigns_iq2xs[i] is i with bit 7
-// set when i has an odd number of bits (an even count of negated weights per 8), so the table is computed here.
-struct Iq2SignMasks {
-  uint64_t m[128];
-  constexpr Iq2SignMasks() : m() {
-    for (int i = 0; i < 128; ++i) {
-      const int s = i | ((__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
-      uint64_t v = 0;
-      for (int j = 0; j < 8; ++j)
-        if (s >> j & 1) v |= uint64_t{0xFF} << (8 * j);
-      m[i] = v;
-    }
-  }
-};
-inline constexpr Iq2SignMasks kIq2SignMasks{};
-
 // IQ2_XXS, one unit: each 64-value chunk (sub-blocks 2c, 2c + 1) built in vector registers from its 8 grid rows and 8
 // sign masks, 64-bit loads each, instead of the decoder's per-32 sign bytes, sign-mask arithmetic and its Sink's
 // half-chunk hand-over (~110 instructions per 64 values there; kl-1b with IQ2_XXS experts spent 48% of a 2-thread
@@ -395,7 +379,7 @@ template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a) {
   const float d = qsimd::f16_at(b);
   const uint64_t* G = quant::kIq2xxsGrid;
-  const uint64_t* M = kIq2SignMasks.m;
+  const uint64_t* M = qsimd::kIq2SignMasks.m;
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const uint8_t* g = b + 2 + 16 * c;  // sub-block 2c: grid bytes g[0..3], aux at g + 4; 2c + 1: g[8..11], g + 12
@@ -421,7 +405,7 @@ template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a) {
   const float d = qsimd::f16_at(b);
   const uint32_t* G = quant::kIq3xxsGrid;
-  const uint64_t* M = kIq2SignMasks.m;
+  const uint64_t* M = qsimd::kIq2SignMasks.m;
   auto rows = [G](const uint8_t* q, int j) {
     return static_cast<long long>(G[q[2 * j]] | static_cast<uint64_t>(G[q[2 * j + 1]]) << 32);
   };
