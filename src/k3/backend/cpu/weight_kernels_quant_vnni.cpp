@@ -369,12 +369,13 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
-// IQ2_XXS, one unit: each 64-value chunk (sub-blocks 2c, 2c + 1) built in vector registers from its 8 grid rows and 8
-// sign masks, 64-bit loads each, instead of the decoder's per-32 sign bytes, sign-mask arithmetic and its Sink's
-// half-chunk hand-over (~110 instructions per 64 values there; kl-1b with IQ2_XXS experts spent 48% of a 2-thread
-// decode token in them). The same int8 weights and lane scales go to the same chunk() calls in the same order as
-// the Q8Sink path: the same bits. One thread, 512 x 4096 in L2: 2.8 -> 3.4 GB/s (session 42; tried and slower: the
-// rows fetched by two 8-lane gathers, 1.9 GB/s on Zen 4; one 256 KiB table of signed rows per (grid, sign), 3.0).
+// IQ2_XXS, one unit: each 64-value chunk (sub-blocks 2c, 2c + 1) built in one 512-bit register from its 8 grid rows and
+// 8 sign masks (qsimd::kIq2SignMasks), 64-bit loads each, instead of the decoder's two 32-value halves and the Sink's
+// hand-over between them (before session 42, with per-32 sign bytes turned into masks by arithmetic: ~110
+// instructions per 64 values; kl-1b with IQ2_XXS experts spent 48% of a 2-thread decode token there). The same int8
+// weights and lane scales go to the same chunk() calls in the same order as the Q8Sink path: the same bits. One
+// thread, 512 x 4096 in L2: 2.8 -> 3.4 GB/s (tried and slower: the rows fetched by two 8-lane gathers, 1.9 GB/s on
+// Zen 4; one 256 KiB table of signed rows per (grid, sign), 3.0).
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a) {
   const float d = qsimd::f16_at(b);
