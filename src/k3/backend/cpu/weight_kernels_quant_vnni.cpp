@@ -369,6 +369,17 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
+// 64 magnitudes (8 groups of 8) negated where the 7-bit sign codes say: groups 0-3 by the codes in bits 0-27 of aa,
+// 4-7 by those of ab (IQ2_XXS / IQ3_XXS: 4 codes and a 4-bit scale per 32-bit word).
+__attribute__((always_inline)) inline __m512i signed_by_codes(__m512i mag, uint32_t aa, uint32_t ab) {
+  const uint64_t* M = qsimd::kIq2SignMasks.m;
+  const __m512i m = _mm512_setr_epi64(static_cast<long long>(M[aa & 127]), static_cast<long long>(M[(aa >> 7) & 127]),
+                                      static_cast<long long>(M[(aa >> 14) & 127]), static_cast<long long>(M[(aa >> 21) & 127]),
+                                      static_cast<long long>(M[ab & 127]), static_cast<long long>(M[(ab >> 7) & 127]),
+                                      static_cast<long long>(M[(ab >> 14) & 127]), static_cast<long long>(M[(ab >> 21) & 127]));
+  return _mm512_sub_epi8(_mm512_xor_si512(mag, m), m);
+}
+
 // IQ2_XXS, one unit: each 64-value chunk (sub-blocks 2c, 2c + 1) built in one 512-bit register from its 8 grid rows and
 // 8 sign masks (qsimd::kIq2SignMasks), 64-bit loads each, instead of the decoder's two 32-value halves and the Sink's
 // hand-over between them (before session 42, with per-32 sign bytes turned into masks by arithmetic: ~110
@@ -380,7 +391,6 @@ template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a) {
   const float d = qsimd::f16_at(b);
   const uint64_t* G = quant::kIq2xxsGrid;
-  const uint64_t* M = qsimd::kIq2SignMasks.m;
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const uint8_t* g = b + 2 + 16 * c;  // sub-block 2c: grid bytes g[0..3], aux at g + 4; 2c + 1: g[8..11], g + 12
@@ -391,12 +401,8 @@ __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a)
                                           static_cast<long long>(G[g[2]]), static_cast<long long>(G[g[3]]),
                                           static_cast<long long>(G[g[8]]), static_cast<long long>(G[g[9]]),
                                           static_cast<long long>(G[g[10]]), static_cast<long long>(G[g[11]]));
-    const __m512i m = _mm512_setr_epi64(static_cast<long long>(M[aa & 127]), static_cast<long long>(M[(aa >> 7) & 127]),
-                                        static_cast<long long>(M[(aa >> 14) & 127]), static_cast<long long>(M[(aa >> 21) & 127]),
-                                        static_cast<long long>(M[ab & 127]), static_cast<long long>(M[(ab >> 7) & 127]),
-                                        static_cast<long long>(M[(ab >> 14) & 127]), static_cast<long long>(M[(ab >> 21) & 127]));
     const float da = d * (0.5f + static_cast<float>(aa >> 28)) * 0.25f, db = d * (0.5f + static_cast<float>(ab >> 28)) * 0.25f;
-    a.chunk(c, _mm512_sub_epi8(_mm512_xor_si512(mag, m), m), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
+    a.chunk(c, signed_by_codes(mag, aa, ab), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
   }
 }
 
@@ -406,7 +412,6 @@ template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a) {
   const float d = qsimd::f16_at(b);
   const uint32_t* G = quant::kIq3xxsGrid;
-  const uint64_t* M = qsimd::kIq2SignMasks.m;
   auto rows = [G](const uint8_t* q, int j) {
     return static_cast<long long>(G[q[2 * j]] | static_cast<uint64_t>(G[q[2 * j + 1]]) << 32);
   };
@@ -419,12 +424,8 @@ __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a)
     std::memcpy(&ab, b + 70 + 8 * c, 4);
     const __m512i mag = _mm512_setr_epi64(rows(qa, 0), rows(qa, 1), rows(qa, 2), rows(qa, 3), rows(qb, 0), rows(qb, 1),
                                           rows(qb, 2), rows(qb, 3));
-    const __m512i m = _mm512_setr_epi64(static_cast<long long>(M[aa & 127]), static_cast<long long>(M[(aa >> 7) & 127]),
-                                        static_cast<long long>(M[(aa >> 14) & 127]), static_cast<long long>(M[(aa >> 21) & 127]),
-                                        static_cast<long long>(M[ab & 127]), static_cast<long long>(M[(ab >> 7) & 127]),
-                                        static_cast<long long>(M[(ab >> 14) & 127]), static_cast<long long>(M[(ab >> 21) & 127]));
     const float da = d * (0.5f + static_cast<float>(aa >> 28)) * 0.5f, db = d * (0.5f + static_cast<float>(ab >> 28)) * 0.5f;
-    a.chunk(c, _mm512_sub_epi8(_mm512_xor_si512(mag, m), m), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
+    a.chunk(c, signed_by_codes(mag, aa, ab), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
   }
 }
 
