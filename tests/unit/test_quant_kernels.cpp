@@ -28,6 +28,7 @@
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/format_dispatch.h"
 #include "k3/core/weight.h"
+#include "k3/quant/gguf_quant.h"
 #include "kernel_test_util.h"
 #include "quant_test_ref.h"
 
@@ -156,6 +157,24 @@ void check_quant_matmul(const QuantWeight& t, int64_t n, std::mt19937& rng, k3te
       ASSERT_EQ(y1[static_cast<size_t>(r)], y[static_cast<size_t>(i * R + r)])
           << k3::weight_format_name(t.W.format) << " token " << i << " of " << n << " row " << r;
       ASSERT_EQ(k3::cpu::row_dot(t.W, r, x.data() + i * C), y1[static_cast<size_t>(r)]);
+    }
+  }
+}
+
+// The tier's row decoder (dequant_row: its SIMD decoders, quant_decode_simd.h) gives the scalar decoder's values bit for
+// bit, every block format. Among others this pins the i-quants' sign byte-masks, which the SIMD decoders compute from
+// ggml's parity rule instead of reading quant::kIq2Signs.
+TEST_P(QuantKernelsTier, DequantRowEqualsScalarDecoder) {
+  std::mt19937 rng(17);
+  for (WeightFormat f : k3test::kGgufFormats) {
+    const int64_t rows = 3, cols = 2 * k3::weight_layout(f).block_elems * 4;
+    const QuantWeight q = make_quant_weight(f, rows, cols, rng);
+    std::vector<float> got(static_cast<size_t>(cols)), want(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      k3::cpu::dequant_row(q.W, r, got.data());
+      k3::quant::dequantize_row(f, q.W.row_data(r), cols, want.data());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << k3::weight_format_name(f) << " row " << r;
     }
   }
 }
