@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -81,6 +82,82 @@ constexpr bool has_min(WeightFormat f) {
 // Formats whose quants are unsigned (vpdpbusd's u8 operand against plain int8 activations: no offset to
 // cancel); the others' are signed and meet q + 128.
 constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
+
+// The tables of the IQ2_XXS / IQ3_XXS units (unit_iq2xxs, below): built outside the tier's target region, at
+// start, on every CPU.
+struct IqCodeTables {
+  alignas(64) uint16_t iq2[256];     // IQ2_XXS row -> value i's level index in bits [2 i, 2 i + 2)
+  alignas(64) uint16_t iq3[256];     // IQ3_XXS row (4 values) -> value i's level index in bits [3 i, 3 i + 3)
+  alignas(64) int8_t iq2_level[64];  // a byte's low 2 bits -> that level's value (vpermb reads the low 6 bits)
+  alignas(64) int8_t iq3_level[64];  // low 3 bits -> value
+  alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte (bit 7 set when the code's bit count is odd)
+};
+
+// Row r of a grid of `bytes`-value rows as level indices (`bits` each) into the sorted distinct values, which
+// `levels` receives. The grids are fixed tables: more distinct values than the bits hold cannot happen, and is
+// checked (abort) once at start rather than assumed.
+template <class Row>
+void code_grid(const Row* grid, int bytes, int bits, uint16_t* codes, int8_t* level_of) {
+  uint8_t lv[8];
+  int nl = 0;
+  for (int r = 0; r < 256; ++r)
+    for (int i = 0; i < bytes; ++i) {
+      const uint8_t v = static_cast<uint8_t>(grid[r] >> (8 * i));
+      if (std::find(lv, lv + nl, v) != lv + nl) continue;
+      if (nl == (1 << bits)) {
+        std::fprintf(stderr, "k3: an i-quant grid has more than %d levels\n", 1 << bits);
+        std::abort();
+      }
+      lv[nl++] = v;
+    }
+  std::sort(lv, lv + nl);
+  for (int r = 0; r < 256; ++r) {
+    uint16_t c = 0;
+    for (int i = 0; i < bytes; ++i)
+      c |= static_cast<uint16_t>((std::find(lv, lv + nl, static_cast<uint8_t>(grid[r] >> (8 * i))) - lv) << (bits * i));
+    codes[r] = c;
+  }
+  for (int e = 0; e < 64; ++e) level_of[e] = static_cast<int8_t>(lv[std::min(e % (1 << bits), nl - 1)]);
+}
+
+IqCodeTables make_iq_code_tables() {
+  IqCodeTables t{};
+  code_grid(quant::kIq2xxsGrid, 8, 2, t.iq2, t.iq2_level);
+  code_grid(quant::kIq3xxsGrid, 4, 3, t.iq3, t.iq3_level);
+  for (int i = 0; i < 128; ++i) t.sign[i] = static_cast<uint8_t>(i | (__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
+  return t;
+}
+const IqCodeTables g_iq_codes = make_iq_code_tables();
+
+// Byte-shuffle controls built at compile time (vpermb / vpermw / vpmultishiftqb operands).
+struct IqControls {
+  alignas(64) uint8_t iq2_rows[64];   // IQ2_XXS: word k <- byte 8 (k / 4) + k % 4 (the 32 grid bytes among the aux words)
+  alignas(64) uint16_t iq2_pick[4][32];  // chunk c: qword j's low word <- row word 8 c + j
+  alignas(64) uint16_t iq3_pick[2][32];  // half h of 32 rows: qword j's words 0, 1 <- row words 16 h + 2 j, + 1
+  alignas(64) uint8_t shift2[64];      // byte i of a qword <- bits [2 i, ...)
+  alignas(64) uint8_t shift3[64];      // byte i <- bits [3 i, ...) (i < 4), [16 + 3 (i - 4), ...) (i >= 4)
+  alignas(64) uint8_t sign_spread[4][64];  // chunk c: byte 8 j + i <- sign byte j of sub-blocks 2c (j < 4), 2c + 1
+  alignas(64) uint8_t bit_of[64];      // byte 8 j + i: 1 << i
+  alignas(64) uint8_t aux_codes[64];   // qword: bytes 0..3 <- bits [32 + 7 k, ...) (IQ2_XXS's aux word in the high half)
+  alignas(64) uint8_t aux_codes_lo[64];  // the same from bits [7 k, ...) (IQ3_XXS's aux words, zero-extended)
+  constexpr IqControls() : iq2_rows(), iq2_pick(), iq3_pick(), shift2(), shift3(), sign_spread(), bit_of(), aux_codes(), aux_codes_lo() {
+    for (int k = 0; k < 32; ++k) iq2_rows[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
+    for (int c = 0; c < 4; ++c)
+      for (int w = 0; w < 32; ++w) iq2_pick[c][w] = static_cast<uint16_t>(8 * c + w / 4);
+    for (int h = 0; h < 2; ++h)
+      for (int w = 0; w < 32; ++w) iq3_pick[h][w] = static_cast<uint16_t>(16 * h + 2 * (w / 4) + (w % 4 == 1 ? 1 : 0));
+    for (int b = 0; b < 64; ++b) {
+      const int i = b % 8, j = b / 8;
+      shift2[b] = static_cast<uint8_t>(2 * i);
+      shift3[b] = static_cast<uint8_t>(i < 4 ? 3 * i : 16 + 3 * (i - 4));
+      bit_of[b] = static_cast<uint8_t>(1 << i);
+      for (int c = 0; c < 4; ++c) sign_spread[c][b] = static_cast<uint8_t>(8 * (2 * c + j / 4) + j % 4);
+      aux_codes[b] = static_cast<uint8_t>(32 + 7 * (i % 4));
+      aux_codes_lo[b] = static_cast<uint8_t>(7 * (i % 4));
+    }
+  }
+};
+inline constexpr IqControls kIqCtl{};
 
 }  // namespace
 
@@ -369,63 +446,81 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
-// 64 magnitudes (8 groups of 8) negated where the 7-bit sign codes say: groups 0-3 by the codes in bits 0-27 of aa,
-// 4-7 by those of ab (IQ2_XXS / IQ3_XXS: 4 codes and a 4-bit scale per 32-bit word).
-__attribute__((always_inline)) inline __m512i signed_by_codes(__m512i mag, uint32_t aa, uint32_t ab) {
-  const uint64_t* M = qsimd::kIq2SignMasks.m;
-  const __m512i m = _mm512_setr_epi64(static_cast<long long>(M[aa & 127]), static_cast<long long>(M[(aa >> 7) & 127]),
-                                      static_cast<long long>(M[(aa >> 14) & 127]), static_cast<long long>(M[(aa >> 21) & 127]),
-                                      static_cast<long long>(M[ab & 127]), static_cast<long long>(M[(ab >> 7) & 127]),
-                                      static_cast<long long>(M[(ab >> 14) & 127]), static_cast<long long>(M[(ab >> 21) & 127]));
-  return _mm512_sub_epi8(_mm512_xor_si512(mag, m), m);
+// ---- the codebook i-quants IQ2_XXS / IQ3_XXS, decoded in registers ----
+//
+// Every byte of ggml's IQ2_XXS grid is one of 3 levels and every byte of IQ3_XXS's one of 8, so a grid row is a
+// 16-bit word of level codes (8 x 2 bits; 4 x 3 bits) and the 256 rows are 512 bytes: 8 zmm registers. A unit
+// looks up 32 rows at once (lookup32: 4 vpermt2w and 3 blends) instead of 32 scalar loads and inserts, and spreads
+// each 8-value group's codes over its 8 bytes with one vpmultishiftqb and one vpermb (code -> level). The 7-bit
+// sign codes go through one vpermi2b (their 128 sign bytes, ggml's parity rule) and become a byte mask per chunk
+// (vptestmb); the 4-bit sub-scales are converted in one vector. The same int8 weights and lane scales go to the
+// same chunk() calls in the same order as the decoders' path: the same bits (session 43; session 42's units took
+// ~45 instructions and 16 scalar table loads per 64 values, 3.4 GB/s a thread for IQ2_XXS).
+
+inline __m512i load64(const void* p) { return _mm512_load_si512(p); }
+
+// The 32 code words of the rows idx (32 words, each 0..255) of a 256-row code table.
+__attribute__((always_inline)) inline __m512i lookup32(const uint16_t* table, __m512i idx) {
+  const __m512i r0 = _mm512_permutex2var_epi16(load64(table), idx, load64(table + 32));
+  const __m512i r1 = _mm512_permutex2var_epi16(load64(table + 64), idx, load64(table + 96));
+  const __m512i r2 = _mm512_permutex2var_epi16(load64(table + 128), idx, load64(table + 160));
+  const __m512i r3 = _mm512_permutex2var_epi16(load64(table + 192), idx, load64(table + 224));
+  const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64)), b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
 }
 
-// IQ2_XXS, one unit: each 64-value chunk (sub-blocks 2c, 2c + 1) built in one 512-bit register from its 8 grid rows and
-// 8 sign masks (qsimd::kIq2SignMasks), 64-bit loads each, instead of the decoder's two 32-value halves and the Sink's
-// hand-over between them (before session 42, with per-32 sign bytes turned into masks by arithmetic: ~110
-// instructions per 64 values; kl-1b with IQ2_XXS experts spent 48% of a 2-thread decode token there). The same int8
-// weights and lane scales go to the same chunk() calls in the same order as the Q8Sink path: the same bits. One
-// thread, 512 x 4096 in L2: 2.8 -> 3.4 GB/s (tried and slower: the rows fetched by two 8-lane gathers, 1.9 GB/s on
-// Zen 4; one 256 KiB table of signed rows per (grid, sign), 3.0).
+// The sign bytes of 8 sub-blocks: qword ib's bits [shift, shift + 28) hold sub-block ib's 4 sign codes
+// (`ctl`: kIqCtl.aux_codes or aux_codes_lo); qword ib's bytes 0..3 get the 4 groups' sign bytes.
+__attribute__((always_inline)) inline __m512i sign_bytes(__m512i aux, const uint8_t* ctl) {
+  return _mm512_permutex2var_epi8(load64(g_iq_codes.sign), _mm512_multishift_epi64_epi8(load64(ctl), aux), load64(g_iq_codes.sign + 64));
+}
+
+// Chunk c (sub-blocks 2c, 2c + 1): 64 levels (`mag`) negated where the sign bytes say, then into the accumulators
+// with the two sub-blocks' scales (lanes 0-7, 8-15).
+template <class Acc>
+__attribute__((always_inline)) inline void signed_chunk(Acc& a, int c, __m512i mag, __m512i signs, __m256 scales) {
+  const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(kIqCtl.sign_spread[c]), signs), load64(kIqCtl.bit_of));
+  a.chunk(c, _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag), lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
+}
+
+// The 8 sub-scales d (0.5 + s) k of the 4-bit s in bits [shift, shift + 4) of qword ib.
+__attribute__((always_inline)) inline __m256 sub_scales(__m512i aux, int shift, float d, float k) {
+  const __m256 s = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(_mm512_srli_epi64(aux, shift)));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), s)), _mm256_set1_ps(k));
+}
+
+// IQ2_XXS, one block: 2 bytes d, then per sub-block ib of 32 values 4 grid bytes (8-value rows) and an aux word
+// (4 x 7-bit sign codes, 4-bit scale in bits 28-31); value = d (0.5 + s) / 4 x level x sign.
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a) {
-  const float d = qsimd::f16_at(b);
-  const uint64_t* G = quant::kIq2xxsGrid;
+  const __m512i v = _mm512_loadu_si512(b + 2);  // qword ib: grid bytes (low half), aux word (high half)
+  const __m512i codes = lookup32(g_iq_codes.iq2, _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, load64(kIqCtl.iq2_rows), v));
+  const __m512i signs = sign_bytes(v, kIqCtl.aux_codes);
+  const __m256 scales = sub_scales(v, 60, qsimd::f16_at(b), 0.25f);
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
-    const uint8_t* g = b + 2 + 16 * c;  // sub-block 2c: grid bytes g[0..3], aux at g + 4; 2c + 1: g[8..11], g + 12
-    uint32_t aa, ab;
-    std::memcpy(&aa, g + 4, 4);
-    std::memcpy(&ab, g + 12, 4);
-    const __m512i mag = _mm512_setr_epi64(static_cast<long long>(G[g[0]]), static_cast<long long>(G[g[1]]),
-                                          static_cast<long long>(G[g[2]]), static_cast<long long>(G[g[3]]),
-                                          static_cast<long long>(G[g[8]]), static_cast<long long>(G[g[9]]),
-                                          static_cast<long long>(G[g[10]]), static_cast<long long>(G[g[11]]));
-    const float da = d * (0.5f + static_cast<float>(aa >> 28)) * 0.25f, db = d * (0.5f + static_cast<float>(ab >> 28)) * 0.25f;
-    a.chunk(c, signed_by_codes(mag, aa, ab), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
+    const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
+    const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(g_iq_codes.iq2_level));
+    signed_chunk(a, c, mag, signs, scales);
   }
 }
 
-// IQ3_XXS, one unit, as unit_iq2xxs: a sub-block's 8 grid bytes index 4-value rows (two rows make one 8-value group
-// and meet one of its 4 sign codes, in the u32 after the block's quants), sub-scale d (0.5 + aux >> 28) / 2.
+// IQ3_XXS, one block: 2 bytes d, 64 grid bytes (4-value rows; sub-block ib's 8 at 8 ib), then 8 aux words as
+// IQ2_XXS's (value = d (0.5 + s) / 2 x level x sign).
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a) {
-  const float d = qsimd::f16_at(b);
-  const uint32_t* G = quant::kIq3xxsGrid;
-  auto rows = [G](const uint8_t* q, int j) {
-    return static_cast<long long>(G[q[2 * j]] | static_cast<uint64_t>(G[q[2 * j + 1]]) << 32);
-  };
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const uint8_t* qa = b + 2 + 16 * c;  // sub-block 2c; 2c + 1 at qa + 8
-    const uint8_t* qb = qa + 8;
-    uint32_t aa, ab;
-    std::memcpy(&aa, b + 66 + 8 * c, 4);
-    std::memcpy(&ab, b + 70 + 8 * c, 4);
-    const __m512i mag = _mm512_setr_epi64(rows(qa, 0), rows(qa, 1), rows(qa, 2), rows(qa, 3), rows(qb, 0), rows(qb, 1),
-                                          rows(qb, 2), rows(qb, 3));
-    const float da = d * (0.5f + static_cast<float>(aa >> 28)) * 0.5f, db = d * (0.5f + static_cast<float>(ab >> 28)) * 0.5f;
-    a.chunk(c, signed_by_codes(mag, aa, ab), lanes_of(_mm512_castps128_ps512(_mm_setr_ps(da, da, db, db)), 0, 4));
+  const __m512i aux = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)));
+  const __m512i signs = sign_bytes(aux, kIqCtl.aux_codes_lo);
+  const __m256 scales = sub_scales(aux, 28, qsimd::f16_at(b), 0.5f);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows of chunks 2h, 2h + 1
+    const __m512i codes = lookup32(g_iq_codes.iq3, _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 + 32 * h))));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq3_pick[k]), codes);
+      const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(g_iq_codes.iq3_level));
+      signed_chunk(a, 2 * h + k, mag, signs, scales);
+    }
   }
 }
 
