@@ -83,13 +83,15 @@ constexpr bool has_min(WeightFormat f) {
 // cancel); the others' are signed and meet q + 128.
 constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
 
-// The tables of the IQ2_XXS / IQ3_XXS units (unit_iq2xxs, below): built outside the tier's target region, at
+// The tables of the IQ2_XXS / IQ2_XS / IQ3_XXS units (unit_iq2xxs, below): built outside the tier's target region, at
 // start, on every CPU.
 struct IqCodeTables {
   alignas(64) uint16_t iq2[256];     // IQ2_XXS row -> value i's level index in bits [2 i, 2 i + 2)
   alignas(64) uint16_t iq3[256];     // IQ3_XXS row (4 values) -> value i's level index in bits [3 i, 3 i + 3)
+  alignas(64) uint16_t iq2xs[512];   // IQ2_XS row -> as iq2
   alignas(64) int8_t iq2_level[64];  // a byte's low 2 bits -> that level's value (vpermb reads the low 6 bits)
   alignas(64) int8_t iq3_level[64];  // low 3 bits -> value
+  alignas(64) int8_t iq2xs_level[64];
   alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte (bit 7 set when the code's bit count is odd)
 };
 
@@ -97,10 +99,10 @@ struct IqCodeTables {
 // `levels` receives. The grids are fixed tables: more distinct values than the bits hold cannot happen, and is
 // checked (abort) once at start rather than assumed.
 template <class Row>
-void code_grid(const Row* grid, int bytes, int bits, uint16_t* codes, int8_t* level_of) {
+void code_grid(const Row* grid, int rows, int bytes, int bits, uint16_t* codes, int8_t* level_of) {
   uint8_t lv[8];
   int nl = 0;
-  for (int r = 0; r < 256; ++r)
+  for (int r = 0; r < rows; ++r)
     for (int i = 0; i < bytes; ++i) {
       const uint8_t v = static_cast<uint8_t>(grid[r] >> (8 * i));
       if (std::find(lv, lv + nl, v) != lv + nl) continue;
@@ -111,7 +113,7 @@ void code_grid(const Row* grid, int bytes, int bits, uint16_t* codes, int8_t* le
       lv[nl++] = v;
     }
   std::sort(lv, lv + nl);
-  for (int r = 0; r < 256; ++r) {
+  for (int r = 0; r < rows; ++r) {
     uint16_t c = 0;
     for (int i = 0; i < bytes; ++i)
       c |= static_cast<uint16_t>((std::find(lv, lv + nl, static_cast<uint8_t>(grid[r] >> (8 * i))) - lv) << (bits * i));
@@ -122,8 +124,9 @@ void code_grid(const Row* grid, int bytes, int bits, uint16_t* codes, int8_t* le
 
 IqCodeTables make_iq_code_tables() {
   IqCodeTables t{};
-  code_grid(quant::kIq2xxsGrid, 8, 2, t.iq2, t.iq2_level);
-  code_grid(quant::kIq3xxsGrid, 4, 3, t.iq3, t.iq3_level);
+  code_grid(quant::kIq2xxsGrid, 256, 8, 2, t.iq2, t.iq2_level);
+  code_grid(quant::kIq3xxsGrid, 256, 4, 3, t.iq3, t.iq3_level);
+  code_grid(quant::kIq2xsGrid, 512, 8, 2, t.iq2xs, t.iq2xs_level);
   for (int i = 0; i < 128; ++i) t.sign[i] = static_cast<uint8_t>(i | (__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
   return t;
 }
@@ -137,10 +140,11 @@ struct IqControls {
   alignas(64) uint8_t shift2[64];      // byte i of a qword <- bits [2 i, ...)
   alignas(64) uint8_t shift3[64];      // byte i <- bits [3 i, ...) (i < 4), [16 + 3 (i - 4), ...) (i >= 4)
   alignas(64) uint8_t sign_spread[4][64];  // chunk c: byte 8 j + i <- sign byte j of sub-blocks 2c (j < 4), 2c + 1
+  alignas(64) uint8_t sign_spread_w[4][64];  // the same from sign bytes one per word (IQ2_XS: group k's at byte 2 k)
   alignas(64) uint8_t bit_of[64];      // byte 8 j + i: 1 << i
   alignas(64) uint8_t aux_codes[64];   // qword: bytes 0..3 <- bits [32 + 7 k, ...) (IQ2_XXS's aux word in the high half)
   alignas(64) uint8_t aux_codes_lo[64];  // the same from bits [7 k, ...) (IQ3_XXS's aux words, zero-extended)
-  constexpr IqControls() : iq2_rows(), iq2_pick(), iq3_pick(), shift2(), shift3(), sign_spread(), bit_of(), aux_codes(), aux_codes_lo() {
+  constexpr IqControls() : iq2_rows(), iq2_pick(), iq3_pick(), shift2(), shift3(), sign_spread(), sign_spread_w(), bit_of(), aux_codes(), aux_codes_lo() {
     for (int k = 0; k < 32; ++k) iq2_rows[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
     for (int c = 0; c < 4; ++c)
       for (int w = 0; w < 32; ++w) iq2_pick[c][w] = static_cast<uint16_t>(8 * c + w / 4);
@@ -152,6 +156,7 @@ struct IqControls {
       shift3[b] = static_cast<uint8_t>(i < 4 ? 3 * i : 16 + 3 * (i - 4));
       bit_of[b] = static_cast<uint8_t>(1 << i);
       for (int c = 0; c < 4; ++c) sign_spread[c][b] = static_cast<uint8_t>(8 * (2 * c + j / 4) + j % 4);
+      for (int c = 0; c < 4; ++c) sign_spread_w[c][b] = static_cast<uint8_t>(2 * (8 * c + j));
       aux_codes[b] = static_cast<uint8_t>(32 + 7 * (i % 4));
       aux_codes_lo[b] = static_cast<uint8_t>(7 * (i % 4));
     }
@@ -469,6 +474,12 @@ __attribute__((always_inline)) inline __m512i lookup32(const uint16_t* table, __
   return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
 }
 
+// The same for a 512-row table (idx 0..511): 8 vpermt2w, 7 blends.
+__attribute__((always_inline)) inline __m512i lookup32_of512(const uint16_t* table, __m512i idx) {
+  const __m512i lo = lookup32(table, idx), hi = lookup32(table + 256, idx);  // rows idx % 256 of each half
+  return _mm512_mask_blend_epi16(_mm512_test_epi16_mask(idx, _mm512_set1_epi16(256)), lo, hi);
+}
+
 // The sign bytes of 8 sub-blocks: qword ib's bits [shift, shift + 28) hold sub-block ib's 4 sign codes
 // (`ctl`: kIqCtl.aux_codes or aux_codes_lo); qword ib's bytes 0..3 get the 4 groups' sign bytes.
 __attribute__((always_inline)) inline __m512i sign_bytes(__m512i aux, const uint8_t* ctl) {
@@ -502,6 +513,26 @@ __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a)
     const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
     const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(g_iq_codes.iq2_level));
     signed_chunk(a, c, mag, signs, scales);
+  }
+}
+
+// IQ2_XS, one block: 2 bytes d, 32 u16 (an 8-value group's grid row in bits 0-8, its 7-bit sign code in 9-15), then
+// 8 scale bytes (4 bits per 16 values, low nibble first); value = d (0.5 + s) / 4 x level x sign.
+template <class Acc>
+__attribute__((always_inline)) inline void unit_iq2xs(const uint8_t* b, Acc& a) {
+  const __m512i q = _mm512_loadu_si512(b + 2);
+  const __m512i codes = lookup32_of512(g_iq_codes.iq2xs, _mm512_and_si512(q, _mm512_set1_epi16(511)));
+  const __m512i signs = _mm512_permutex2var_epi8(load64(g_iq_codes.sign), _mm512_srli_epi16(q, 9), load64(g_iq_codes.sign + 64));
+  const __m128i sb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 66));
+  const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(sb, _mm_set1_epi8(0x0F)), _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0F)));
+  const __m512 s = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib));
+  const __m512 dl = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(qsimd::f16_at(b)), _mm512_add_ps(_mm512_set1_ps(0.5f), s)), _mm512_set1_ps(0.25f));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
+    const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(g_iq_codes.iq2xs_level));
+    const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(kIqCtl.sign_spread_w[c]), signs), load64(kIqCtl.bit_of));
+    a.chunk(c, _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag), lanes_of(dl, 4 * c, 4));
   }
 }
 
@@ -569,6 +600,8 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_iq2xxs(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ3_XXS) {
     unit_iq3xxs(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::IQ2_XS) {
+    unit_iq2xs(row + u * BB, a);
   } else if constexpr (is_pair_format(F)) {
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
