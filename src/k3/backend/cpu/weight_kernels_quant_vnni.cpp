@@ -83,15 +83,17 @@ constexpr bool has_min(WeightFormat f) {
 // cancel); the others' are signed and meet q + 128.
 constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
 
-// The tables of the IQ2_XXS / IQ2_XS / IQ3_XXS units (unit_iq2xxs, below): built outside the tier's target region, at
+// The tables of the IQ2_XXS / IQ2_XS / IQ3_XXS / IQ3_S units (unit_iq2xxs, below): built outside the tier's target region, at
 // start, on every CPU.
 struct IqCodeTables {
   alignas(64) uint16_t iq2[256];     // IQ2_XXS row -> value i's level index in bits [2 i, 2 i + 2)
   alignas(64) uint16_t iq3[256];     // IQ3_XXS row (4 values) -> value i's level index in bits [3 i, 3 i + 3)
   alignas(64) uint16_t iq2xs[512];   // IQ2_XS row -> as iq2
+  alignas(64) uint16_t iq3s[512];    // IQ3_S row -> as iq3
   alignas(64) int8_t iq2_level[64];  // a byte's low 2 bits -> that level's value (vpermb reads the low 6 bits)
   alignas(64) int8_t iq3_level[64];  // low 3 bits -> value
   alignas(64) int8_t iq2xs_level[64];
+  alignas(64) int8_t iq3s_level[64];
   alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte (bit 7 set when the code's bit count is odd)
 };
 
@@ -127,6 +129,7 @@ IqCodeTables make_iq_code_tables() {
   code_grid(quant::kIq2xxsGrid, 256, 8, 2, t.iq2, t.iq2_level);
   code_grid(quant::kIq3xxsGrid, 256, 4, 3, t.iq3, t.iq3_level);
   code_grid(quant::kIq2xsGrid, 512, 8, 2, t.iq2xs, t.iq2xs_level);
+  code_grid(quant::kIq3sGrid, 512, 4, 3, t.iq3s, t.iq3s_level);
   for (int i = 0; i < 128; ++i) t.sign[i] = static_cast<uint8_t>(i | (__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
   return t;
 }
@@ -555,6 +558,35 @@ __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a)
   }
 }
 
+// IQ3_S, one block: 2 bytes d, 64 grid bytes (4-value rows, as IQ3_XXS's), 8 bytes of the rows' 9th index bits
+// (bit k of byte ib: row 8 ib + k), 32 sign bytes (one per 8 values, bit i negating value i: chunk c's 8 are its
+// 64-bit mask as they stand), 4 bytes of 4-bit sub-scales (value = d (1 + 2 s) x level x sign).
+template <class Acc>
+__attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
+  uint32_t sc;
+  std::memcpy(&sc, b + 106, 4);
+  const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sc)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                     _mm256_set1_epi32(15));
+  const __m256 scales = _mm256_mul_ps(_mm256_set1_ps(qsimd::f16_at(b)),
+                                      _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(1))));
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // rows 32 h .. 32 h + 31: chunks 2h, 2h + 1
+    uint32_t hi;
+    std::memcpy(&hi, b + 66 + 4 * h, 4);
+    const __m512i lo = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 + 32 * h)));
+    const __m512i codes = lookup32_of512(g_iq_codes.iq3s, _mm512_mask_add_epi16(lo, static_cast<__mmask32>(hi), lo, _mm512_set1_epi16(256)));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+      const int c = 2 * h + k;
+      const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq3_pick[k]), codes);
+      const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(g_iq_codes.iq3s_level));
+      uint64_t neg;
+      std::memcpy(&neg, b + 74 + 8 * c, 8);
+      a.chunk(c, _mm512_mask_sub_epi8(mag, _cvtu64_mask64(neg), _mm512_setzero_si512(), mag), lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
+    }
+  }
+}
+
 // Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
 // hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
 // unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
@@ -602,6 +634,8 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_iq3xxs(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ2_XS) {
     unit_iq2xs(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::IQ3_S) {
+    unit_iq3s(row + u * BB, a);
   } else if constexpr (is_pair_format(F)) {
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
