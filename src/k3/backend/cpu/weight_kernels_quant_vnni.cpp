@@ -587,6 +587,17 @@ __attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
   }
 }
 
+// Q8_0, a pair of blocks (34 bytes each: f16 d, 32 int8 quants): the quants are the chunk as they stand, lanes 0-7
+// scaled by the first d, 8-15 by the second -- what the Q8Sink path hands the same chunk() call (same bits) without
+// its half-chunk hand-over and 4-float scale build (one thread in L2: see docs/perf/cpu.md, session 43).
+template <class Acc>
+__attribute__((always_inline)) inline void unit_q8_0_pair(const uint8_t* b, Acc& a) {
+  const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(qsimd::load32(b + 2)), qsimd::load32(b + 36), 1);
+  const __m128i dd = _mm_insert_epi16(_mm_cvtsi32_si128(b[0] | b[1] << 8), b[34] | b[35] << 8, 1);
+  const __m512 d2 = _mm512_castps128_ps512(_mm_cvtph_ps(dd));
+  a.chunk(0, w, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d2));
+}
+
 // Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
 // hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
 // unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
@@ -636,6 +647,14 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_iq2xs(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ3_S) {
     unit_iq3s(row + u * BB, a);
+  } else if constexpr (F == WeightFormat::Q8_0) {
+    if (2 * u + 1 < blocks) {
+      unit_q8_0_pair(row + 2 * u * BB, a);
+    } else {  // the row's last block has no partner: the Sink path below pads it
+      Q8Sink<Acc> s(a);
+      qsimd::decode_into<F>(row + 2 * u * BB, s);
+      s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
+    }
   } else if constexpr (is_pair_format(F)) {
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
