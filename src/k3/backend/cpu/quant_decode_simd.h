@@ -373,7 +373,8 @@ template <class Sink>
 K3_QDECODE void decode_iq1_m(const uint8_t* b, Sink& out) {
   unsigned sc[4];
   for (int i = 0; i < 4; ++i) sc[i] = quant::u16_at(b + 48 + 2 * i);
-  const float d = quant::f16_bits_to_float((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000));
+  // F16C, as f16_at (exact, subnormals included; the scalar f16_bits_to_float took ldexp per block)
+  const float d = _cvtsh_ss(static_cast<unsigned short>((sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000)));
   for (int ib = 0; ib < 8; ++ib) {
     const float dl0 = d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1) * 0.125f;
     const float dl1 = d * static_cast<float>(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1) * 0.125f;
