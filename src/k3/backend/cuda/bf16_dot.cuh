@@ -10,16 +10,13 @@
 
 #include <cstdint>
 
+#include "k3/backend/cuda/mma_bf16.cuh"
+
 namespace k3::cuda {
 
-// Weights: read once, not kept in L1 (the activations, shared by the block's warps, are).
-__device__ __forceinline__ uint4 ld_weights16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+// Weights: read once, not kept in L1 (the activations, shared by the block's warps, are): the skinny kernels'
+// streaming load (volatile asm, as this header needs).
+__device__ __forceinline__ uint4 ld_weights16(const void* p) { return mma_bf16::load_stream(static_cast<const uint4*>(p)); }
 
 // Activations (read-only during the kernel), through L1.
 __device__ __forceinline__ float4 ld_acts16(const float* p) {

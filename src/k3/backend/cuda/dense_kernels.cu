@@ -107,6 +107,18 @@ __global__ void add_rmsnorm_kernel(float* y, const float* __restrict__ x, const 
 // Kimi-Linear-48B step. For dim % 4 == 0, 16-byte aligned rows, dim <= 4 * 1024 * V. The sum of squares runs per
 // float4 (x, y, z, w) and then over the block: other bits than the looped kernels', the same in both of these
 // (AddRmsnormEqualsAddThenRmsnorm).
+// The register-held row v (V float4 a thread) times inv and the weight w (none: 1) into orow.
+template <int V>
+__device__ __forceinline__ void store_normed(float4* orow, const float4 (&v)[V], float inv, const float* __restrict__ w, int q) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int j = threadIdx.x + i * blockDim.x;
+    if (j >= q) continue;
+    const float4 g = w ? reinterpret_cast<const float4*>(w)[j] : make_float4(1.f, 1.f, 1.f, 1.f);
+    orow[j] = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z, v[i].w * inv * g.w);
+  }
+}
+
 template <int V>
 __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
   pdl::launch_dependents();
@@ -121,14 +133,7 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, 
     v[i] = j < q ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
     ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
   }
-  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j >= q) continue;
-    const float4 g = w ? reinterpret_cast<const float4*>(w)[j] : make_float4(1.f, 1.f, 1.f, 1.f);
-    orow[j] = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z, v[i].w * inv * g.w);
-  }
+  store_normed<V>(orow, v, rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps), w, q);
 }
 
 template <int V>
@@ -153,14 +158,7 @@ __global__ void add_rmsnorm_vec_kernel(float* y, const float* __restrict__ x, co
     }
     ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
   }
-  const float inv = rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    if (j >= q) continue;
-    const float4 g = w ? reinterpret_cast<const float4*>(w)[j] : make_float4(1.f, 1.f, 1.f, 1.f);
-    orow[j] = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z, v[i].w * inv * g.w);
-  }
+  store_normed<V>(orow, v, rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps), w, q);
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
