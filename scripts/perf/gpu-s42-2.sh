@@ -7,7 +7,7 @@
 # packed by `scripts/gpu-pack-ab 3dad5ee` (k3old: session 41's CUDA code) from a tree with the session-42 CUDA work
 # (branch s42-gpu, or main after reverting the commit that took it out; docs/perf/cuda.md "Session 42").
 set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 570 - $(date +%s) + T0 )); }
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( ${BUDGET:-570} - $(date +%s) + T0 )); }
 O=$OUT; P=${PFX:-s42-2}; GW=$ROOT/.gpuwork; mkdir -p /tmp/k3b
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
