@@ -454,11 +454,12 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
   a.template unit<false>(w, wsc, _mm512_setzero_ps());
 }
 
-// ---- the codebook i-quants IQ2_XXS / IQ3_XXS, decoded in registers ----
+// ---- the codebook i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, decoded in registers ----
 //
-// Every byte of ggml's IQ2_XXS grid is one of 3 levels and every byte of IQ3_XXS's one of 8, so a grid row is a
-// 16-bit word of level codes (8 x 2 bits; 4 x 3 bits) and the 256 rows are 512 bytes: 8 zmm registers. A unit
-// looks up 32 rows at once (lookup32: 4 vpermt2w and 3 blends) instead of 32 scalar loads and inserts, and spreads
+// Every byte of ggml's IQ2_XXS / IQ2_XS grids is one of 3 levels and every byte of IQ3_XXS's / IQ3_S's one of 8, so a
+// grid row is a 16-bit word of level codes (8 x 2 bits; 4 x 3 bits) and 256 rows are 512 bytes: 8 zmm registers (512
+// rows: 16). A unit looks up 32 rows at once (lookup32: 4 vpermt2w and 3 blends; 512 rows: 8 and 7) instead of 32
+// scalar loads and inserts, and spreads
 // each 8-value group's codes over its 8 bytes with one vpmultishiftqb and one vpermb (code -> level). The 7-bit
 // sign codes go through one vpermi2b (their 128 sign bytes, ggml's parity rule) and become a byte mask per chunk
 // (vptestmb); the 4-bit sub-scales are converted in one vector. The same int8 weights and lane scales go to the
