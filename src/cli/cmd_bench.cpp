@@ -423,7 +423,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     DeviceOptions dev;
     std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
     int reps = 5;
-    int64_t seed = 0;
+    int64_t seed = 0, ubatch = 0;
     double mem_bw = 0;
     bool drop_page_cache = false, fresh_tokens = false, no_warmup = false, host_logits = false;
     std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
@@ -437,6 +437,10 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
   off->add_option("-n,--n-gen", f->tg, "generation lengths (tg N)")->delimiter(',')->capture_default_str();
   off->add_option("-d,--n-depth", f->depth, "tokens already in the cache")->delimiter(',')->capture_default_str();
   off->add_option("-b,--batch", f->batch, "sequences per batched forward")->delimiter(',')->capture_default_str();
+  off->add_option("--ubatch-size", f->ubatch,
+                  "pp tests: at most this many tokens of each prompt per forward (llama-bench's -ub; 0: the whole prompt at once)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   off->add_option("-r,--repetitions", f->reps, "timed repetitions (after one warm-up)")->capture_default_str();
   off->add_option("--seed", f->seed, "token seed")->capture_default_str();
   off->add_option("-o,--json", f->json_out, "write the results as JSON");
@@ -493,6 +497,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
       std::fprintf(stderr, "k3 bench offline: loaded in %.1f s; %s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
                    expert_cache_report(std::nullopt, disk0, 0).c_str());
       auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
+      for (auto& t : tests) t.ubatch = f->ubatch;
       std::vector<k3::bench::OfflineResult> rs;
       json arr = json::array();
       std::string name = fs::path(dir).lexically_normal().filename().string();

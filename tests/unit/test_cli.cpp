@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "k3/core/npy.h"
@@ -349,6 +350,33 @@ TEST(Cli, BenchOfflineRecordsThreads) {
   auto j = nlohmann::json::parse(read(t.str() + "/b.json"));
   EXPECT_EQ(j["threads"], 1);
   EXPECT_NE(j["placement"].get<std::string>().find("1 compute threads (-t)"), std::string::npos);
+}
+
+// `k3 bench offline --ubatch-size N` (llama-bench's -ub): a pp test prefills each prompt in forwards of at most N
+// tokens and says so in the JSON; a negative N is a usage error (status 2) before any model loads.
+TEST(Cli, BenchOfflineUbatchSize) {
+  k3test::TempDir t;
+  const std::string m = " bench offline -m " + k3test::source_path("tests/data/tiny-k3");
+  auto r = sh(k3bin() + m + " -p 20 -n 0 --ubatch-size 8 -r 1 -t 1 -o " + t.str() + "/u.json 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto j = nlohmann::json::parse(read(t.str() + "/u.json"));
+  ASSERT_EQ(j["results"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["results"][0]["n_prompt"], 20);
+  EXPECT_EQ(j["results"][0]["n_ubatch"], 8);
+  EXPECT_GT(j["results"][0]["avg_ts"].get<double>(), 0.0);
+  // The forwards themselves: the CPU profile counts one embed per forward -- 3 chunks (8 + 8 + 4) for the warm-up
+  // and the timed run, against 1 + 1 without the option.
+  auto embeds = [&](const std::string& opt) {
+    auto p = sh("K3_CPU_PROFILE=1 " + k3bin() + m + " -p 20 -n 0 -r 1 -t 1" + opt + " 2>&1");
+    EXPECT_EQ(p.status, 0) << p.out;
+    std::smatch g;
+    return std::regex_search(p.out, g, std::regex(R"(\n  embed +[0-9.]+ +[0-9.]+% +([0-9]+) )")) ? std::stoi(g[1]) : -1;
+  };
+  EXPECT_EQ(embeds(" --ubatch-size 8"), 6);
+  EXPECT_EQ(embeds(""), 2);
+  auto bad = sh(k3bin() + m + " -p 20 -n 0 --ubatch-size -3 -r 1 2>&1");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("ubatch"), std::string::npos) << bad.out;
 }
 
 // `k3 convert` writes a GGUF that `k3 logits` / `k3 run` read as they read the HF dir: the same logits file,

@@ -23,7 +23,8 @@ nlohmann::json OfflineResult::to_json() const {
   const double toks = static_cast<double>(test.n * test.batch);
   for (double s : seconds) tps.push_back(s > 0 ? toks / s : 0);
   nlohmann::json j = {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
-          {"n_depth", test.depth}, {"n_batch", test.batch},                 {"reps", seconds.size()},
+          {"n_depth", test.depth}, {"n_batch", test.batch}, {"n_ubatch", test.prefill && test.ubatch > 0 ? test.ubatch : test.n},
+          {"reps", seconds.size()},
           {"mask_seconds", mask_seconds}, {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
           {"stddev_ts", tps_std},  {"avg_s", mean(seconds)}};
   if (step_bytes > 0) {
@@ -150,8 +151,13 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     if (t.prefill) {
       ForwardOptions fo;
       fo.path = AttnPath::Prefill;
-      for (int64_t b = 0; b < t.batch; ++b) items[b] = {inputs[b], st[b].get(), true};
-      m.forward_batch(items, logits, fo);
+      const int64_t step = t.ubatch > 0 ? t.ubatch : t.n;
+      for (int64_t p = 0; p < t.n; p += step) {  // only the last chunk's logits, as a server's prefill
+        const int64_t n = std::min(step, t.n - p);
+        for (int64_t b = 0; b < t.batch; ++b)
+          items[b] = {std::span<const int32_t>(inputs[b]).subspan(static_cast<size_t>(p), static_cast<size_t>(n)), st[b].get(), p + n == t.n};
+        m.forward_batch(items, logits, fo);
+      }
     } else {
       ForwardOptions fo;
       fo.path = AttnPath::Decode;

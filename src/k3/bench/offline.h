@@ -26,6 +26,10 @@ struct OfflineTest {
   std::string name;  // "pp512", "tg128"
   bool prefill = true;
   int64_t n = 0, depth = 0, batch = 1;
+  // pp tests: each sequence's prompt goes through in forwards of at most `ubatch` tokens (llama-bench's -ub,
+  // a server's prefill chunks: the step's activations and MoE workspace sized for a chunk, not the prompt);
+  // 0: the whole prompt in one forward.
+  int64_t ubatch = 0;
 };
 
 // What the timed repetitions read: the process's storage reads and major faults (/proc/self/io,
