@@ -83,8 +83,8 @@ constexpr bool has_min(WeightFormat f) {
 // cancel); the others' are signed and meet q + 128.
 constexpr bool unsigned_quants(WeightFormat f) { return has_min(f); }
 
-// The tables of the IQ2_XXS / IQ2_XS / IQ3_XXS / IQ3_S units (unit_iq2xxs, below): built outside the tier's target region, at
-// start, on every CPU.
+// The tables of the IQ2_XXS / IQ2_XS / IQ3_XXS / IQ3_S units (unit_iq2xxs and after, below): built at start, outside
+// the tier's target region, so on every CPU.
 struct IqCodeTables {
   alignas(64) uint16_t iq2[256];     // IQ2_XXS row -> value i's level index in bits [2 i, 2 i + 2)
   alignas(64) uint16_t iq3[256];     // IQ3_XXS row (4 values) -> value i's level index in bits [3 i, 3 i + 3)
@@ -92,13 +92,13 @@ struct IqCodeTables {
   alignas(64) uint16_t iq3s[512];    // IQ3_S row -> as iq3
   alignas(64) int8_t iq2_level[64];  // a byte's low 2 bits -> that level's value (vpermb reads the low 6 bits)
   alignas(64) int8_t iq3_level[64];  // low 3 bits -> value
-  alignas(64) int8_t iq2xs_level[64];
-  alignas(64) int8_t iq3s_level[64];
+  alignas(64) int8_t iq2xs_level[64];  // as iq2_level (the same 3 values)
+  alignas(64) int8_t iq3s_level[64];   // as iq3_level (IQ3_S's own 8 values)
   alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte (bit 7 set when the code's bit count is odd)
 };
 
-// Row r of a grid of `bytes`-value rows as level indices (`bits` each) into the sorted distinct values, which
-// `levels` receives. The grids are fixed tables: more distinct values than the bits hold cannot happen, and is
+// Each of the `rows` rows of a grid (`bytes` values a row) as level indices (`bits` each) into the grid's sorted
+// distinct values, which `level_of` receives (index e -> value of e's low `bits`). The grids are fixed tables: more distinct values than the bits hold cannot happen, and is
 // checked (abort) once at start rather than assumed.
 template <class Row>
 void code_grid(const Row* grid, int rows, int bytes, int bits, uint16_t* codes, int8_t* level_of) {
@@ -139,7 +139,7 @@ const IqCodeTables g_iq_codes = make_iq_code_tables();
 struct IqControls {
   alignas(64) uint8_t iq2_rows[64];   // IQ2_XXS: word k <- byte 8 (k / 4) + k % 4 (the 32 grid bytes among the aux words)
   alignas(64) uint16_t iq2_pick[4][32];  // chunk c: qword j's low word <- row word 8 c + j
-  alignas(64) uint16_t iq3_pick[2][32];  // half h of 32 rows: qword j's words 0, 1 <- row words 16 h + 2 j, + 1
+  alignas(64) uint16_t iq3_pick[2][32];  // chunk k of a 32-row half: qword j's words 0, 1 <- row words 16 k + 2 j, + 1
   alignas(64) uint8_t shift2[64];      // byte i of a qword <- bits [2 i, ...)
   alignas(64) uint8_t shift3[64];      // byte i <- bits [3 i, ...) (i < 4), [16 + 3 (i - 4), ...) (i >= 4)
   alignas(64) uint8_t sign_spread[4][64];  // chunk c: byte 8 j + i <- sign byte j of sub-blocks 2c (j < 4), 2c + 1
@@ -151,8 +151,8 @@ struct IqControls {
     for (int k = 0; k < 32; ++k) iq2_rows[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
     for (int c = 0; c < 4; ++c)
       for (int w = 0; w < 32; ++w) iq2_pick[c][w] = static_cast<uint16_t>(8 * c + w / 4);
-    for (int h = 0; h < 2; ++h)
-      for (int w = 0; w < 32; ++w) iq3_pick[h][w] = static_cast<uint16_t>(16 * h + 2 * (w / 4) + (w % 4 == 1 ? 1 : 0));
+    for (int k = 0; k < 2; ++k)
+      for (int w = 0; w < 32; ++w) iq3_pick[k][w] = static_cast<uint16_t>(16 * k + 2 * (w / 4) + (w % 4 == 1 ? 1 : 0));
     for (int b = 0; b < 64; ++b) {
       const int i = b % 8, j = b / 8;
       shift2[b] = static_cast<uint8_t>(2 * i);
@@ -459,9 +459,8 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
 // Every byte of ggml's IQ2_XXS / IQ2_XS grids is one of 3 levels and every byte of IQ3_XXS's / IQ3_S's one of 8, so a
 // grid row is a 16-bit word of level codes (8 x 2 bits; 4 x 3 bits) and 256 rows are 512 bytes: 8 zmm registers (512
 // rows: 16). A unit looks up 32 rows at once (lookup32: 4 vpermt2w and 3 blends; 512 rows: 8 and 7) instead of 32
-// scalar loads and inserts, and spreads
-// each 8-value group's codes over its 8 bytes with one vpmultishiftqb and one vpermb (code -> level). The 7-bit
-// sign codes go through one vpermi2b (their 128 sign bytes, ggml's parity rule) and become a byte mask per chunk
+// scalar loads and inserts, and spreads each 8-value group's codes over its 8 bytes with one vpmultishiftqb and one
+// vpermb (code -> level). The 7-bit sign codes go through one vpermi2b (their 128 sign bytes, ggml's parity rule) and become a byte mask per chunk
 // (vptestmb); the 4-bit sub-scales are converted in one vector. The same int8 weights and lane scales go to the
 // same chunk() calls in the same order as the decoders' path: the same bits (session 43; session 42's units took
 // ~45 instructions and 16 scalar table loads per 64 values, 3.4 GB/s a thread for IQ2_XXS).
