@@ -23,7 +23,7 @@ nlohmann::json OfflineResult::to_json() const {
   const double toks = static_cast<double>(test.n * test.batch);
   for (double s : seconds) tps.push_back(s > 0 ? toks / s : 0);
   nlohmann::json j = {{"test", test.name},     {"n_prompt", test.prefill ? test.n : 0}, {"n_gen", test.prefill ? 0 : test.n},
-          {"n_depth", test.depth}, {"n_batch", test.batch}, {"n_ubatch", test.prefill && test.ubatch > 0 ? test.ubatch : test.n},
+          {"n_depth", test.depth}, {"n_batch", test.batch}, {"n_ubatch", !test.prefill ? int64_t{1} : test.ubatch > 0 ? std::min(test.ubatch, test.n) : test.n},
           {"reps", seconds.size()},
           {"mask_seconds", mask_seconds}, {"samples_s", seconds},  {"samples_ts", tps},                     {"avg_ts", tps_mean},
           {"stddev_ts", tps_std},  {"avg_s", mean(seconds)}};

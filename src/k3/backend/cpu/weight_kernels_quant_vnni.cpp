@@ -94,7 +94,7 @@ struct IqCodeTables {
   alignas(64) int8_t iq3_level[64];  // low 3 bits -> value
   alignas(64) int8_t iq2xs_level[64];  // as iq2_level (the same 3 values)
   alignas(64) int8_t iq3s_level[64];   // as iq3_level (IQ3_S's own 8 values)
-  alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte (bit 7 set when the code's bit count is odd)
+  alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte: quant::kIq2Signs, 64-byte aligned for vpermi2b
 };
 
 // Each of the `rows` rows of a grid (`bytes` values a row) as level indices (`bits` each) into the grid's sorted
@@ -130,7 +130,7 @@ IqCodeTables make_iq_code_tables() {
   code_grid(quant::kIq3xxsGrid, 256, 4, 3, t.iq3, t.iq3_level);
   code_grid(quant::kIq2xsGrid, 512, 8, 2, t.iq2xs, t.iq2xs_level);
   code_grid(quant::kIq3sGrid, 512, 4, 3, t.iq3s, t.iq3s_level);
-  for (int i = 0; i < 128; ++i) t.sign[i] = static_cast<uint8_t>(i | (__builtin_popcount(static_cast<unsigned>(i)) & 1) << 7);
+  std::copy(quant::kIq2Signs, quant::kIq2Signs + 128, t.sign);
   return t;
 }
 const IqCodeTables g_iq_codes = make_iq_code_tables();
@@ -647,15 +647,9 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
     unit_iq2xs(row + u * BB, a);
   } else if constexpr (F == WeightFormat::IQ3_S) {
     unit_iq3s(row + u * BB, a);
-  } else if constexpr (F == WeightFormat::Q8_0) {
-    if (2 * u + 1 < blocks) {
-      unit_q8_0_pair(row + 2 * u * BB, a);
-    } else {  // the row's last block has no partner: the Sink path below pads it
-      Q8Sink<Acc> s(a);
-      qsimd::decode_into<F>(row + 2 * u * BB, s);
-      s.template put32q<false>(32, _mm256_setzero_si256(), 0.f, 0.f, 0.f, 0.f);
-    }
   } else if constexpr (is_pair_format(F)) {
+    if constexpr (F == WeightFormat::Q8_0)
+      if (2 * u + 1 < blocks) return unit_q8_0_pair(row + 2 * u * BB, a);  // a whole pair; a lone last block below
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
     if (2 * u + 1 < blocks) {
