@@ -175,10 +175,11 @@ TEST(CudaLinear, UnalignedPointers) {
 }
 
 // The fused residual add + norm equals add_inplace then rmsnorm bit for bit (the graph's add_rmsnorm), and the
-// CPU's add + rmsnorm within float tolerance; rows at a stride wider than dim keep their tail untouched.
+// CPU's add + rmsnorm within float tolerance; rows at a stride wider than dim keep their tail untouched. Widths take
+// the register-held kernels (1, 2 and 4 float4 a thread) and, at 1001 (stride 1009), the looped ones.
 TEST(CudaDense, AddRmsnormEqualsAddThenRmsnorm) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (const int H : {96, 2304, 7168}) {
+  for (const int H : {96, 2304, 7168, 1001, 12288}) {  // 1001: the looped kernels; 12288: 4 float4 a thread
     const int n = 5, stride = H + 8;
     const auto y0 = randn(static_cast<size_t>(n * stride), 11, 1.5f), x = randn(static_cast<size_t>(n * stride), 12, 0.7f),
                w = randn(static_cast<size_t>(H), 13);
@@ -319,9 +320,13 @@ TEST(CudaMla, SmallBatchAbsorbAndUpProjectionMatchHost) {
     K3_CUDA_CHECK(k3::cuda::mla_absorb_q(dq.get<float>(), dk.get<float>(), N, nh, dn, dr, dv, kr, dql.get<float>(), nullptr));
     K3_CUDA_CHECK(k3::cuda::mla_up_v(dol.get<float>(), dk.get<float>(), N, nh, dn, dv, kr, dout.get<float>(), nullptr));
     auto got_ql = download(dql, ql_ref.size());
-    for (int t = 0; t < N; ++t)  // only the first kr values of each head are the kernel's
+    for (int t = 0; t < N; ++t)  // the rope part: copied bit for bit beside the absorbed values
       for (int h = 0; h < nh; ++h)
-        for (int j = kr; j < cd; ++j) got_ql[static_cast<size_t>((t * nh + h) * cd + j)] = 0.f;
+        for (int j = kr; j < cd; ++j) {
+          const size_t at = static_cast<size_t>((t * nh + h) * cd + j);
+          ASSERT_EQ(got_ql[at], q[static_cast<size_t>((t * nh + h) * (dn + dr) + dn + j - kr)]) << "rope slot N=" << N;
+          got_ql[at] = 0.f;
+        }
     const double e1 = rel_err(got_ql, ql_ref), e2 = rel_err(download(dout, o_ref.size()), o_ref);
     std::printf("[ mla ] small-batch absorb N=%d rel %.2e, up-projection rel %.2e\n", N, e1, e2);
     EXPECT_LT(e1, 1e-5);

@@ -567,6 +567,139 @@ TEST(CudaMoe, RouteTiesToLowerId) {
     }
 }
 
+// The warp routing kernels (E <= 256 and E <= 1024) against the rule on the host: higher biased score first, then
+// the lower id; a NaN score after every number. Logits on a coarse grid (many exact ties, distinct levels far apart
+// against an ulp of expf), biases in 1/64 steps, +-inf logits, a row of NaNs among numbers and an all-NaN row:
+// the picks exactly, the weights within 1e-6.
+TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(77);
+  for (const int E : {40, 256, 896, 1000}) {
+    for (const int K : {1, 6, 16, 32}) {
+      if (K > E) continue;
+      const int n = 9;
+      std::vector<float> logits(static_cast<size_t>(n) * E), bias(E);
+      for (auto& v : logits) v = 0.25f * static_cast<float>(static_cast<int>(rng.normal() * 6.0f));
+      for (auto& v : bias) v = static_cast<float>(static_cast<int>(rng.normal() * 4.0f)) / 64.0f;
+      logits[1 * E + 3] = INFINITY;
+      logits[1 * E + E - 1] = INFINITY;  // ties with expert 3 at sigmoid 1 (bias decides)
+      logits[2 * E + 0] = -INFINITY;
+      for (int e = 0; e < E; e += 3) logits[3 * E + e] = NAN;  // NaNs among numbers
+      for (int e = 0; e < E; ++e) logits[4 * E + e] = NAN;     // all NaN
+      DevBuf dl(logits.size() * 4), db(bias.size() * 4), di(n * K * 4), dw(n * K * 4);
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "bias");
+      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), nullptr),
+         "route");
+      std::vector<int> ids(n * K);
+      std::vector<float> w(n * K);
+      ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      ck(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost), "w");
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> sig(E), biased(E);
+        for (int e = 0; e < E; ++e) {
+          sig[e] = 1.0f / (1.0f + std::exp(-logits[static_cast<size_t>(t) * E + e]));
+          biased[e] = sig[e] + bias[e];
+        }
+        std::vector<int> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+          if (std::isnan(biased[a]) || std::isnan(biased[b])) return !std::isnan(biased[a]) && std::isnan(biased[b]);
+          return biased[a] > biased[b];
+        });
+        double denom = 0;
+        for (int k = 0; k < K; ++k) denom += std::isnan(sig[order[k]]) ? 0.0 : sig[order[k]];
+        std::set<int> seen;
+        for (int k = 0; k < K; ++k) {
+          const int got = ids[t * K + k];
+          ASSERT_TRUE(got >= 0 && got < E) << "E=" << E << " K=" << K << " t=" << t;
+          EXPECT_TRUE(seen.insert(got).second) << "repeated id " << got << " E=" << E << " K=" << K << " t=" << t;
+          if (t == 4) continue;  // all NaN: any valid, distinct ids
+          EXPECT_EQ(got, order[k]) << "E=" << E << " K=" << K << " t=" << t << " rank " << k;
+          if (t != 3) EXPECT_NEAR(w[t * K + k], sig[order[k]] / denom * 2.5, 1e-6 * 2.5) << "E=" << E << " K=" << K << " t=" << t;
+        }
+      }
+    }
+  }
+}
+
+// The shared expert fused into the GEMV path's kernels (moe_experts_with_shared): out = the routed experts (the
+// unfused GEMV path, checked against the CPU above) + the shared GLU MLP computed on the host, within 1e-5 of the
+// largest output; every element written (NaN-poisoned out); an invalid id in a slot adds nothing; SiLU and SiTU;
+// moe_shared_fusable refuses a batch past the GEMV path, a shape that differs, MXFP4 experts.
+TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using k3::cuda::GluAct;
+  for (const Shape& s : {tiny_shapes()[3], tiny_shapes()[6], kKimiLinear}) {
+    Moe& m = cached_moe(s);
+    const int E = s.E, K = s.K, X = s.X, I = s.I, max_tokens = 8;
+    k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
+    Rng rng(900 + E);
+    std::vector<uint16_t> sg(static_cast<size_t>(I) * X), su(sg.size()), sd(static_cast<size_t>(X) * I);
+    for (auto* v : {&sg, &su, &sd})
+      for (auto& b : *v) b = k3::f32_to_bf16(0.02f * rng.normal());
+    DevBuf dsg(sg.size() * 2), dsu(su.size() * 2), dsd(sd.size() * 2);
+    ck(cudaMemcpy(dsg.p, sg.data(), sg.size() * 2, cudaMemcpyHostToDevice), "sg");
+    ck(cudaMemcpy(dsu.p, su.data(), su.size() * 2, cudaMemcpyHostToDevice), "su");
+    ck(cudaMemcpy(dsd.p, sd.data(), sd.size() * 2, cudaMemcpyHostToDevice), "sd");
+    const k3::WeightMatrix hg{k3::WeightFormat::BF16, sg.data(), nullptr, I, X}, hu{k3::WeightFormat::BF16, su.data(), nullptr, I, X},
+        hd{k3::WeightFormat::BF16, sd.data(), nullptr, X, I};
+    for (const int n : {1, 2, 4}) {
+      const bool fusable = k3::cuda::moe_shared_fusable(m.bank, I, X, X, I, n, ws);
+      EXPECT_EQ(fusable, static_cast<int64_t>(n) * K * 8 <= E) << s.name << " n=" << n;  // the GEMV path's rule
+      if (!fusable) continue;
+      for (const GluAct act : {GluAct::SiLU, GluAct::SiTU}) {
+        if (act == GluAct::SiTU && n != 1) continue;
+        std::vector<float> x(static_cast<size_t>(n) * X);
+        for (auto& v : x) v = m.x_std * rng.normal();
+        std::vector<int> ids(static_cast<size_t>(n) * K);
+        std::vector<float> w(ids.size());
+        for (int t = 0; t < n; ++t)
+          for (int k = 0; k < K; ++k) {
+            ids[t * K + k] = (t * 7 + k * 5) % E;  // distinct within a token (K <= E / 8, steps of 5 mod E)
+            w[t * K + k] = 0.1f + 0.05f * k;
+          }
+        ids[K - 1] = -1;  // an invalid slot on token 0: adds nothing
+        DevBuf dx(x.size() * 4), di(ids.size() * 4), dw(w.size() * 4), dref(x.size() * 4), dout(x.size() * 4);
+        ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+        ck(cudaMemcpy(di.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
+        ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "w");
+        ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");
+        ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), act, 4.f, 25.f,
+                                 dref.as<float>(), ws, nullptr, k3::cuda::MoePrecision::Bf16x2, k3::cuda::MoePath::Gemv),
+           "routed");
+        ck(k3::cuda::moe_experts_with_shared(m.bank, dsg.p, dsu.p, dsd.p, n, K, dx.as<float>(), di.as<int32_t>(),
+                                             dw.as<float>(), act, 4.f, 25.f, dout.as<float>(), ws, nullptr),
+           "fused");
+        std::vector<float> routed(x.size()), got(x.size());
+        ck(cudaMemcpy(routed.data(), dref.p, routed.size() * 4, cudaMemcpyDeviceToHost), "routed");
+        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "got");
+        std::vector<float> ref(x.size()), gg(I), uu(I), sh(X);
+        for (int t = 0; t < n; ++t) {
+          k3::cpu::matmul(hg, x.data() + t * X, 1, gg.data());
+          k3::cpu::matmul(hu, x.data() + t * X, 1, uu.data());
+          if (act == GluAct::SiLU) k3::cpu::silu_glu(gg.data(), uu.data(), I, gg.data());
+          else k3::cpu::situ_glu(gg.data(), uu.data(), I, 4.f, 25.f, gg.data());
+          k3::cpu::matmul(hd, gg.data(), 1, sh.data());
+          for (int r = 0; r < X; ++r) ref[t * X + r] = routed[t * X + r] + sh[r];
+        }
+        double maxref = 0, maxdiff = 0, maxsh = 0;
+        for (size_t i = 0; i < ref.size(); ++i) {
+          maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+          maxsh = std::max(maxsh, std::fabs(static_cast<double>(ref[i] - routed[i])));
+          maxdiff = std::max(maxdiff, std::isfinite(got[i]) ? std::fabs(static_cast<double>(got[i]) - ref[i]) : INFINITY);
+        }
+        EXPECT_GT(maxsh, 1e-3 * maxref) << s.name << ": the shared expert must matter for the check to mean anything";
+        EXPECT_LT(maxdiff / maxref, 1e-5) << s.name << " n=" << n << (act == GluAct::SiLU ? " silu" : " situ");
+      }
+    }
+    EXPECT_FALSE(k3::cuda::moe_shared_fusable(m.bank, I + 8, X, X, I + 8, 1, ws)) << s.name;  // shapes differ
+  }
+  Moe& mx = cached_moe(tiny_shapes()[1]);  // MXFP4 experts: not this path
+  k3::cuda::MoeWorkspace ws(8, mx.sh.K, mx.sh.E, mx.sh.I, mx.sh.X);
+  EXPECT_FALSE(k3::cuda::moe_shared_fusable(mx.bank, mx.sh.I, mx.sh.X, mx.sh.X, mx.sh.I, 1, ws));
+}
+
 TEST(CudaMoe, EdgeCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Moe& m = cached_moe(tiny_shapes()[1]);

@@ -132,6 +132,9 @@ class CudaBackend final : public graph::Backend {
                          const graph::GluParams& p, graph::Tensor out) override;
   void moe_experts_wait() override;
   bool moe_experts_overlap() const override { return true; }
+  bool moe_fuses_shared(const MoeWeights& w, int64_t n) const override;
+  void moe_experts_with_shared(const MoeWeights& w, graph::Tensor x, graph::Tensor idx, graph::Tensor wts,
+                               const graph::GluParams& p, graph::Tensor out) override;
   // Tensor / expert parallel over the communicator (NcclComm: device buffers, this backend's stream;
   // cuda_backend_dist.cpp).
   void embed_rows(const WeightMatrix& table, int64_t first, graph::Tensor out) override;

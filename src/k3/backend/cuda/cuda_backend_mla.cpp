@@ -25,7 +25,7 @@ void CudaBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, Ten
   const int qk = dn + dr, cd = kr + dr;
   prof_.begin("mla attn", stream_);
   // q_lat[t][h][0:kr] = W_UK_h^T q_nope[t][h]
-  if (N <= kMlaSmallBatch) {
+  if (N <= kMlaSmallBatch) {  // the rope part too
     K3_CUDA_CHECK(cuda::mla_absorb_q(q.f(), w.kv_b.data(), N, nh, dn, dr, dv, kr, ql.f(), stream_));
   } else {
     const float one = 1.f, zero = 0.f;
@@ -33,8 +33,8 @@ void CudaBackend::mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, Ten
                                            static_cast<long long>(dn + dv) * kr, q.f(), nh * qk, qk, &zero, ql.f(), nh * cd, cd,
                                            nh),
                  "q absorption");
+    K3_CUDA_CHECK(mla_copy_qpe(q.f(), N, nh, dn, dr, kr, ql.f(), stream_));
   }
-  K3_CUDA_CHECK(mla_copy_qpe(q.f(), N, nh, dn, dr, kr, ql.f(), stream_));
   prof_.end(stream_);
 }
 

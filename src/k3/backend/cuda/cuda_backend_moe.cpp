@@ -3,6 +3,8 @@
 #include "k3/backend/cuda/cuda_backend.h"
 #include "k3/core/error.h"
 
+#include <limits>
+
 namespace k3::cuda {
 
 using graph::Tensor;
@@ -26,6 +28,27 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
   K3_CUDA_CHECK(cuda::moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                   p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
                                   gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
+  prof_.end(stream_);
+}
+
+// The shared expert as one more pair of the routed experts' batch-1 GEMV kernels (moe_kernels.h): bf16 shared
+// matrices of the experts' shape, every weight on this device (not --cpu-moe), the GEMV path for n tokens.
+bool CudaBackend::moe_fuses_shared(const MoeWeights& w, int64_t n) const {
+  const GluMlp& s = w.shared;
+  if (w.stacked.empty() || !moe_ws_ || n > std::numeric_limits<int>::max()) return false;
+  for (const WeightMatrix* m : {&s.gate, &s.up, &s.down})
+    if (m->empty() || m->format != WeightFormat::BF16 || m->device == kHostDevice) return false;
+  if (s.up.rows != s.gate.rows || s.up.cols != s.gate.cols) return false;
+  return moe_shared_fusable(w.stacked, s.gate.rows, s.gate.cols, s.down.rows, s.down.cols, static_cast<int>(n), *moe_ws_);
+}
+
+void CudaBackend::moe_experts_with_shared(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const graph::GluParams& p,
+                                          Tensor out) {
+  prof_.begin("moe experts", stream_);
+  K3_CUDA_CHECK(cuda::moe_experts_with_shared(w.stacked, w.shared.gate.data, w.shared.up.data, w.shared.down.data,
+                                              static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(),
+                                              wts.f(), p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta,
+                                              out.f(), *moe_ws_, stream_));
   prof_.end(stream_);
 }
 

@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(kMergeDims) attend_merge_kernel(const MlaPagin
   o_lat[(static_cast<int64_t>(t) * nh + h) * kr + j] = o * inv;
 }
 
-// q absorption for up to 8 tokens per block. Block (head, 32 output columns, token group): 8 row groups
+// q absorption for up to 8 tokens per block, and the copy of q's rope part beside it (blocks of column group 0; at
+// batch 1 a launch of its own cost ~5.7 us a layer, ncu call s42-1). Block (head, 32 output columns, token group): 8 row groups
 // of 32 threads each sum dn/8 rows (coalesced 128-byte loads of kv_b), then reduce through shared memory;
 // enough blocks to keep many loads in flight (a block per head alone was latency-bound).
 constexpr int kAbsorbTok = 8;
@@ -197,6 +198,11 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__
   __shared__ float red[8][kAbsorbTok][32];
   const int h = blockIdx.x, j0 = blockIdx.y * 32, t0 = blockIdx.z * kAbsorbTok;
   const int nt = min(kAbsorbTok, N - t0);
+  if (blockIdx.y == 0)  // the rope part, copied as it is (q_lat[t][h][kr:]): what copy_qpe_kernel did in its own launch
+    for (int i = threadIdx.x; i < nt * dr; i += blockDim.x) {
+      const int64_t th = static_cast<int64_t>(t0 + i / dr) * nh + h;
+      ql[th * (kr + dr) + kr + i % dr] = q[th * (dn + dr) + dn + i % dr];
+    }
   for (int i = threadIdx.x; i < nt * dn; i += blockDim.x)
     qsm[i] = q[(static_cast<int64_t>(t0 + i / dn) * nh + h) * (dn + dr) + i % dn];
   __syncthreads();

@@ -59,6 +59,7 @@ cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q
 
 // Absorption for decode-sized batches (the model uses batched SGEMMs beyond kMlaSmallBatch tokens):
 //   q_lat[t][h][0:kr] = sum_i q[t][h][i] * kv_b[h*(dn+dv) + i][:]      (i < dn; q [N][nh][dn+dr])
+//   q_lat[t][h][kr:]  = q[t][h][dn:]  (mla_absorb_q only: the rope part, which mla_copy_qpe copies beside the SGEMMs)
 //   o[t][h][i]        = sum_j kv_b[h*(dn+dv) + dn + i][j] * o_lat[t][h][j]   (o [N][nh][dv])
 constexpr int kMlaSmallBatch = 64;
 cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int dn, int dr, int dv, int kr, float* q_lat,

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
@@ -30,29 +31,52 @@ constexpr int kWarps = 8;          // warps per block, both kernels
 constexpr int kDownRows = 4;       // output rows per block of the down kernel
 constexpr int kMaxPairK = 32;      // K bound (MoeWorkspace checks K <= 32)
 
-// One lane's share of bf16 row `row` (of `cols` columns) dotted with x; the caller sums the warp.
-__device__ __forceinline__ float lane_dot_bf16(const void* __restrict__ data, int64_t row, int cols,
-                                               const float* __restrict__ x, int lane) {
-  const uint16_t* wr = static_cast<const uint16_t*>(data) + row * cols;
-  float acc = 0.f;
-#pragma unroll 4
-  for (int c = lane * 8; c < cols; c += 256) {  // 8 bf16 (16 bytes) per lane and step
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(wr + c));
-    const float2 w0 = bf16x2_to_float2(v.x), w1 = bf16x2_to_float2(v.y), w2 = bf16x2_to_float2(v.z),
-                 w3 = bf16x2_to_float2(v.w);
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + c)), b = __ldg(reinterpret_cast<const float4*>(x + c + 4));
-    acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc); acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
-    acc = fmaf(w2.x, b.x, acc); acc = fmaf(w2.y, b.y, acc); acc = fmaf(w3.x, b.z, acc); acc = fmaf(w3.y, b.w, acc);
+// A lane's shares of two bf16 rows' dots (`cols` columns, lane l takes columns 8l, 8l + 256, ...: 16 bytes a step)
+// with their activations xa and xb (the same pointer for gate / up). Each batch of kB steps issues all of its loads,
+// weights and activations, before the first multiply (bf16_dot.cuh: call s42-1 found one to two loads in flight);
+// addresses are clamped into the row so that the loads are unconditional. Each row's fmaf chain runs in column
+// order, the bits of the one-row loop this replaced. A row with valid false is not multiplied (its acc stays).
+template <int kB>
+__device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra, const float* __restrict__ xa, bool va,
+                                                const uint16_t* __restrict__ rb, const float* __restrict__ xb, bool vb,
+                                                int cols, int lane, float& acc_a, float& acc_b) {
+  const bool same_x = xa == xb;
+  for (int base = 0; base < cols; base += 256 * kB) {  // warp-uniform batches
+    const int c0 = base + lane * 8;
+    uint4 wa[kB], wb[kB];
+    float4 a0[kB], a1[kB], b0[kB], b1[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+      wa[j] = ld_weights16(ra + cc);
+      wb[j] = ld_weights16(rb + cc);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+      a0[j] = ld_acts16(xa + cc);
+      a1[j] = ld_acts16(xa + cc + 4);
+      if (!same_x) {
+        b0[j] = ld_acts16(xb + cc);
+        b1[j] = ld_acts16(xb + cc + 4);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      if (c0 + 256 * j >= cols) continue;
+      if (va) acc_a = fma8_bf16(wa[j], a0[j], a1[j], acc_a);
+      if (vb) acc_b = same_x ? fma8_bf16(wb[j], a0[j], a1[j], acc_b) : fma8_bf16(wb[j], b0[j], b1[j], acc_b);
+    }
   }
-  return acc;
 }
 
 // bf16 rows: a warp per row (16 bytes of weights against 32 of activations per lane and step).
 // Threads 0..rows-1 of the block: out[t][r0 + thread] = sum over k in rank order of w_k * d[thread][k] (fmaf
 // from 0, as moe_combine), pairs with an invalid id skipped.
-__device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int rows, const float (*d)[kMaxPairK],
+// With `shared`, d[thread][K] is the shared expert's row, added last (the graph's `out += shared`).
+__device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int rows, const float (*d)[kMaxPairK + 1],
                                              const int* e_of, const float* __restrict__ topk_w, int t, int r0,
-                                             float* __restrict__ out) {
+                                             float* __restrict__ out, bool shared = false) {
   if (threadIdx.x >= static_cast<unsigned>(rows) || r0 + static_cast<int>(threadIdx.x) >= w.X) return;
   float acc = 0.f;
   for (int k = 0; k < K; ++k) {
@@ -60,50 +84,80 @@ __device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int row
     if (e < 0 || e >= w.E) continue;
     acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], d[threadIdx.x][k], acc);
   }
+  if (shared) acc += d[threadIdx.x][K];
   out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = acc;
 }
 
-// grid (ceil(I / kWarps), P): warp -> row i of pair blockIdx.y. h [P][I].
+// grid (ceil(I / kWarps), P [+ n]): warp -> row i of pair blockIdx.y; pairs from `routed` on (when sh.gate is set)
+// are token (p - routed)'s shared expert. h [P (+ n)][I].
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
-                        GluAct act, float beta, float lbeta, float* __restrict__ h) {
+                        GluAct act, float beta, float lbeta, float* __restrict__ h, SharedGluBf16 sh, int routed) {
   pdl::launch_dependents();
   const int lane = threadIdx.x & 31, p = blockIdx.y;
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (i >= w.I) return;
-  const int e = topk_idx[p];
+  const bool shared = p >= routed;
+  const int e = shared ? 0 : topk_idx[p];
   float* hp = h + static_cast<int64_t>(p) * w.I;
   if (e < 0 || e >= w.E) {  // nothing routed here: the down kernel skips the pair, h stays defined anyway
     if (lane == 0) hp[i] = 0.f;
     return;
   }
-  const float* xt = x + static_cast<int64_t>(p / K) * w.X;
-  const int64_t row = static_cast<int64_t>(e) * w.I + i;
-  const float g = warp_sum(lane_dot_bf16(w.gate, row, w.X, xt, lane));
-  const float u = warp_sum(lane_dot_bf16(w.up, row, w.X, xt, lane));
+  const float* xt = x + static_cast<int64_t>(shared ? p - routed : p / K) * w.X;
+  const int64_t row = shared ? i : static_cast<int64_t>(e) * w.I + i;
+  const uint16_t* gate = shared ? sh.gate : static_cast<const uint16_t*>(w.gate);
+  const uint16_t* up = shared ? sh.up : static_cast<const uint16_t*>(w.up);
+  float acc[2] = {0.f, 0.f};
+  lane_dots2_bf16<5>(gate + row * w.X, xt, true, up + row * w.X, xt, true, w.X, lane, acc[0], acc[1]);
+  const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0) hp[i] = moe_dev::glu(g, u, act, beta, lbeta);
 }
 
-// grid (ceil(X / kDownRows), n): the block's warps take the (row, k) dots; out [n][X] overwritten.
+// grid (ceil(X / kDownRows), n): the block's warps take the (row, k) dots -- k = K the shared expert when sh.down is
+// set (its h rows after the routed pairs') -- then sum them; out [n][X] overwritten.
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
-                     const float* __restrict__ topk_w, float* __restrict__ out) {
+                     const float* __restrict__ topk_w, float* __restrict__ out, SharedGluBf16 sh, int routed) {
   pdl::launch_dependents();
-  __shared__ float s_d[kDownRows][kMaxPairK];
-  __shared__ int s_e[kMaxPairK];
+  __shared__ float s_d[kDownRows][kMaxPairK + 1];
+  __shared__ int s_e[kMaxPairK + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
   const int r0 = blockIdx.x * kDownRows;
+  const bool has_shared = sh.down != nullptr;
+  const int KI = K + (has_shared ? 1 : 0);  // items a row: the routed pairs, then the shared expert
   if (threadIdx.x < K) s_e[threadIdx.x] = topk_idx[static_cast<int64_t>(t) * K + threadIdx.x];
+  if (threadIdx.x == K) s_e[K] = 0;  // the shared expert: always valid
   __syncthreads();
-  for (int item = warp; item < kDownRows * K; item += kWarps) {
-    const int rr = item / K, k = item % K, r = r0 + rr, e = s_e[k];
-    if (r >= w.X || e < 0 || e >= w.E) continue;
-    const float* hp = h + (static_cast<int64_t>(t) * K + k) * w.I;
-    const float d = warp_sum(lane_dot_bf16(w.down, static_cast<int64_t>(e) * w.X + r, w.I, hp, lane));
-    if (lane == 0) s_d[rr][k] = d;
+  for (int item0 = warp; item0 < kDownRows * KI; item0 += 2 * kWarps) {  // two (row, k) items a warp at a time
+    const uint16_t* rows[2];
+    const float* xs[2];
+    bool valid[2];
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int item = item0 + j * kWarps, rr = item / KI, k = item % KI, r = r0 + rr;
+      const int e = item < kDownRows * KI ? s_e[k] : -1;
+      valid[j] = item < kDownRows * KI && r < w.X && e >= 0 && e < w.E;
+      // An invalid item reads (and does not use) the first row and pair: addresses that exist.
+      if (k == K) {  // the shared expert (has_shared)
+        rows[j] = sh.down + (valid[j] ? static_cast<int64_t>(r) * w.I : 0);
+        xs[j] = h + (static_cast<int64_t>(routed) + t) * w.I;
+      } else {
+        rows[j] = static_cast<const uint16_t*>(w.down) + (valid[j] ? (static_cast<int64_t>(e) * w.X + r) * w.I : 0);
+        xs[j] = h + (valid[j] ? (static_cast<int64_t>(t) * K + k) * w.I : 0);
+      }
+    }
+    lane_dots2_bf16<4>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int item = item0 + j * kWarps;
+      const float d = warp_sum(acc[j]);
+      if (lane == 0 && valid[j]) s_d[item / KI][item % KI] = d;
+    }
   }
   __syncthreads();
-  combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out);
+  combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out, has_shared);
 }
 
 // MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
@@ -167,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_mx_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                         const float* __restrict__ topk_w, float* __restrict__ out) {
   pdl::launch_dependents();
-  __shared__ float s_d[8][kMaxPairK];
+  __shared__ float s_d[8][kMaxPairK + 1];
   __shared__ int s_e[kMaxPairK];
   const int lane = threadIdx.x & 31, q = lane & 3, rl = lane >> 2, t = blockIdx.y;
   const int r0 = blockIdx.x * 8, r = r0 + rl;
@@ -198,13 +252,15 @@ cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const i
 }
 
 cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
-                   GluAct act, float beta, float lbeta, float* h, float* out, cudaStream_t stream) {
-  const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(n * K));
-  gemv_gate_up_kernel<<<g1, kWarps * 32, 0, stream>>>(w, K, x, topk_idx, act, beta, lbeta, h);
+                        GluAct act, float beta, float lbeta, float* h, float* out, const SharedGluBf16& sh,
+                        cudaStream_t stream) {
+  const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
+  const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
+  gemv_gate_up_kernel<<<g1, kWarps * 32, 0, stream>>>(w, K, x, topk_idx, act, beta, lbeta, h, sh, routed);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
-  gemv_down_kernel<<<g2, kWarps * 32, 0, stream>>>(w, K, h, topk_idx, topk_w, out);
+  gemv_down_kernel<<<g2, kWarps * 32, 0, stream>>>(w, K, h, topk_idx, topk_w, out, sh, routed);
   return cudaGetLastError();
 }
 
@@ -225,7 +281,15 @@ cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const f
                              cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0) return cudaErrorInvalidValue;
   return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, stream)
-            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, stream);
+            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, SharedGluBf16{}, stream);
+}
+
+cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
+                                    const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
+                                    float* h, float* out, cudaStream_t stream) {
+  if (K <= 0 || K > kMaxPairK || n <= 0 || !sh.gate || !sh.up || !sh.down || w.format != WeightFormat::BF16)
+    return cudaErrorInvalidValue;
+  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, sh, stream);
 }
 
 }  // namespace k3::cuda

@@ -15,6 +15,21 @@ namespace k3::cuda {
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
                              const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* out,
                              cudaStream_t stream);
+// A shared expert of the same shape as the routed ones (gate / up [I][X], down [X][I], bf16 on the device).
+struct SharedGluBf16 {
+  const uint16_t* gate = nullptr;
+  const uint16_t* up = nullptr;
+  const uint16_t* down = nullptr;
+};
+// moe_gemv_experts (bf16 experts) plus the shared expert in the same two launches: its gate / up as one more pair
+// per token (h rows n * K .. n * K + n - 1: h holds (n * K + n) x I floats), its down as one more item of the down
+// kernel, added after the routed sum: out[t] = routed(t) + shared(t), what the graph's separate MLP and add give up
+// to the order of the shared dots' sums. At batch 1 this saves the shared MLP's four launches (call s42-1: gate/up
+// GEMV, GLU, down GEMV and add, ~15 us a layer for ~14 MB). cudaErrorInvalidValue for MXFP4 experts or a missing
+// matrix.
+cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
+                                    const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
+                                    float* h, float* out, cudaStream_t stream);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
 bool moe_gemv_enabled();
 // K3_MOE_GEMV: 0 off, 1 (default) bf16 experts only, 2 MXFP4 experts too (measurement).

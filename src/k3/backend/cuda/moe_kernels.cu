@@ -161,10 +161,21 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-// The same routing with one warp per token, for E <= 32 J: lane l holds experts l, l + 32, ... in registers,
-// and each of the K rounds is a warp argmax (no shared memory, no block barriers). At batch 1 the block kernel
-// above took ~10 us per layer on an H200 (K barriers in a row, ncu, session 13). Same rule (`better`), so the
-// same picks and weights for every input without NaN scores (with NaNs the ids stay valid and distinct).
+// The same routing with one warp per token, for E <= 32 J: lane l holds experts l, l + 32, ... in registers, and
+// each of the K rounds is a warp argmax on two redux.sync instructions. The first form (session 13: `better` in a
+// scan and a five-step shuffle tree, K rounds of branches) took 9-10 us per layer at batch 1 (ncu, call s42-1, H200),
+// more than the router's GEMV. Here a score becomes an order-preserving 32-bit key (route_key), a lane's best free
+// (key, lowest id) is a branch-free max over its J slots, and the warp takes the largest key (__reduce_max_sync),
+// then the lowest id holding it (__reduce_min_sync): higher score, then lower id -- `better`'s order, so the same
+// picks and weights as the block kernel for every input without NaN scores. A NaN score keys below -inf (it is
+// picked only when nothing else is left; the ids stay valid and distinct).
+__device__ __forceinline__ uint32_t route_key(float v) {
+  if (v != v) return 0u;  // NaN: below every number
+  uint32_t u = __float_as_uint(v);
+  if (u == 0x80000000u) u = 0u;  // -0 == +0
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 template <int J>
 __global__ void __launch_bounds__(128)
     route_warp_kernel(int n, int E, int K, const float* __restrict__ logits, const float* __restrict__ bias,
@@ -174,37 +185,32 @@ __global__ void __launch_bounds__(128)
   const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
   if (t >= n) return;
   const float* lt = logits + static_cast<int64_t>(t) * E;
-  float sig[J], biased[J];
+  float sig[J];
+  uint32_t key[J];
   uint32_t taken = 0;
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int e = lane + 32 * j;
     const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the block kernel and the CPU
     sig[j] = s;
-    biased[j] = e < E && bias ? s + bias[e] : s;
+    key[j] = route_key(e < E && bias ? s + bias[e] : s);
     if (e >= E) taken |= 1u << j;  // padding never wins
   }
   float denom = 0.f, picked_sig = 0.f;
   int my_pick = -1;  // lane k keeps the rank-k pick
   for (int k = 0; k < K; ++k) {
-    float bv = 0.f;
-    int bi = -1;
+    // The lane's best free slot: (key, then the lower slot) as one 64-bit value; 0 when none is free.
+    uint64_t best = 0;
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-      if (!(taken >> j & 1u) && better(biased[j], lane + 32 * j, bv, bi)) {
-        bv = biased[j];
-        bi = lane + 32 * j;
-      }
-    warp_best(bv, bi);
-    if (bi < 0) {  // every free score NaN: the lowest free id, as the block kernel
-      int lowest = 1 << 30;
-#pragma unroll
-      for (int j = 0; j < J; ++j)
-        if (!(taken >> j & 1u)) lowest = min(lowest, lane + 32 * j);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) lowest = min(lowest, __shfl_xor_sync(0xffffffffu, lowest, o));
-      bi = lowest;
+    for (int j = 0; j < J; ++j) {
+      const uint64_t c = (taken >> j & 1u) ? 0ull : (static_cast<uint64_t>(key[j]) << 32 | static_cast<uint32_t>(J - j));
+      best = c > best ? c : best;
     }
+    const uint32_t bkey = static_cast<uint32_t>(best >> 32);
+    const int bslot = J - static_cast<int>(best & 0xffffffffu);  // J when none is free
+    const uint32_t top = __reduce_max_sync(0xffffffffu, bkey);
+    const uint32_t mine = best != 0 && bkey == top ? static_cast<uint32_t>(lane + 32 * bslot) : 0xffffffffu;
+    const int bi = static_cast<int>(__reduce_min_sync(0xffffffffu, mine));  // some lane has a free slot: K <= E
     // The owner marks it taken and shares its sigmoid.
     float s_owner = 0.f;
 #pragma unroll
@@ -603,6 +609,34 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   p += align256(2 * static_cast<size_t>(dec_pairs_) * I * 2);
   dec_part_ = reinterpret_cast<float*>(p);
   dec_part_floats_ = static_cast<int64_t>(dec_pairs_) * std::max(2 * I, X);
+}
+
+bool moe_shared_fusable(const ExpertBank& w, int64_t gate_rows, int64_t gate_cols, int64_t down_rows, int64_t down_cols,
+                        int n, const MoeWorkspace& ws) {
+  const int K = ws.K_;  // the layer's top-k
+  static const bool enabled = [] {
+    const char* v = std::getenv("K3_MOE_SHARED_FUSED");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && w.format == WeightFormat::BF16 && !w.empty() && n >= 1 && n <= ws.max_tokens_ &&
+         K > 0 && w.E == ws.E_ && w.I == ws.I_ && w.X == ws.X_ && gate_rows == w.I && gate_cols == w.X && down_rows == w.X &&
+         down_cols == w.I && static_cast<int64_t>(n) * (K + 1) <= static_cast<int64_t>(ws.max_tokens_) * K &&
+         moe_experts_auto_path(n, K, w.E, w.format) == MoePath::Gemv;
+}
+
+cudaError_t moe_experts_with_shared(const ExpertBank& w, const void* shared_gate, const void* shared_up,
+                                    const void* shared_down, int n, int K, const float* x, const int32_t* topk_idx,
+                                    const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                                    MoeWorkspace& ws, cudaStream_t stream) {
+  if (K != ws.K_ || !moe_shared_fusable(w, w.I, w.X, w.X, w.I, n, ws)) return cudaErrorInvalidValue;
+  if (!x || !topk_idx || !topk_w || !out || !aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) ||
+      !aligned16(w.down) || !aligned16(shared_gate) || !aligned16(shared_up) || !aligned16(shared_down))
+    return cudaErrorInvalidValue;
+  if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  const SharedGluBf16 sh{static_cast<const uint16_t*>(shared_gate), static_cast<const uint16_t*>(shared_up),
+                         static_cast<const uint16_t*>(shared_down)};
+  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out,
+                                 stream);
 }
 
 MoeWorkspace::~MoeWorkspace() {

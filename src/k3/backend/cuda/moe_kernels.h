@@ -74,6 +74,10 @@ class MoeWorkspace {
  private:
   friend cudaError_t moe_experts(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
                                  float, float, float*, MoeWorkspace&, cudaStream_t, MoePrecision, MoePath);
+  friend cudaError_t moe_experts_with_shared(const ExpertBank&, const void*, const void*, const void*, int, int,
+                                             const float*, const int32_t*, const float*, GluAct, float, float, float*,
+                                             MoeWorkspace&, cudaStream_t);
+  friend bool moe_shared_fusable(const ExpertBank&, int64_t, int64_t, int64_t, int64_t, int, const MoeWorkspace&);
   int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
   size_t bytes_ = 0;
   void* base_ = nullptr;  // one allocation, carved into the buffers below
@@ -102,5 +106,17 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
                         const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                         MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision = MoePrecision::Bf16x2,
                         MoePath path = MoePath::Auto);
+
+// The routed experts and one shared expert of their shape in the GEMV path's two launches (moe_gemv.h
+// moe_gemv_experts_shared): out[t] = moe_experts(...)[t] + shared(x[t]). Only where moe_shared_fusable says so:
+// bf16 experts on the device, Auto's GEMV path for n tokens, the shared gate / up [I][X] and down [X][I] bf16, the
+// workspace's hidden rows enough for n x (K + 1) pairs, K3_MOE_SHARED_FUSED not 0 (the A/B switch);
+// cudaErrorInvalidValue otherwise.
+bool moe_shared_fusable(const ExpertBank& w, int64_t gate_rows, int64_t gate_cols, int64_t down_rows, int64_t down_cols,
+                        int n, const MoeWorkspace& ws);
+cudaError_t moe_experts_with_shared(const ExpertBank& w, const void* shared_gate, const void* shared_up,
+                                    const void* shared_down, int n, int K, const float* x, const int32_t* topk_idx,
+                                    const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                                    MoeWorkspace& ws, cudaStream_t stream);
 
 }  // namespace k3::cuda

@@ -48,6 +48,9 @@ void Backend::mla_absorbed(int64_t layer, const MlaWeights& w, const MlaDims& d,
 
 // No defaults for the collectives: where the tensors live decides how they move (host buffers through
 // MPI, device buffers through NCCL on the backend's stream), so each backend that runs sharded says so.
+void Backend::moe_experts_with_shared(const MoeWeights&, Tensor, Tensor, Tensor, const GluParams&, Tensor) {
+  throw Error("this backend does not fuse the shared experts into the routed ones (moe_experts_with_shared)");
+}
 void Backend::all_reduce_sum(Tensor) { throw Error("this backend does not run tensor parallel (all_reduce_sum)"); }
 void Backend::embed_rows(const WeightMatrix&, int64_t, Tensor) {
   throw Error("this backend does not run tensor parallel (embed_rows)");

@@ -188,6 +188,17 @@ class Backend {
     moe_experts(w, x, idx, wts, p, out);
     linear_batch(beside);
   }
+  // The routed experts and the layer's shared experts in one op, out = routed + shared, where this backend has a
+  // form that pays for N tokens (CUDA: its batch-1 GEMV kernels take the shared expert as one more pair, saving the
+  // shared MLP's own launches). The MoE block asks moe_fuses_shared first (no latent space, not sharded); the default
+  // says no and moe_experts_with_shared throws.
+  virtual bool moe_fuses_shared(const MoeWeights& w, int64_t n) const {
+    (void)w;
+    (void)n;
+    return false;
+  }
+  virtual void moe_experts_with_shared(const MoeWeights& w, Tensor x, Tensor idx, Tensor wts, const GluParams& p,
+                                       Tensor out);
   // True when the routed experts run beside the graph's next ops (start / wait above): the MoE block then
   // leaves the shared experts between start and wait. False (the default: experts done in start), the block
   // computes the router and the shared experts' gate / up in ONE linear_group (they read the same x), which at

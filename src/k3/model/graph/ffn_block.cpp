@@ -38,6 +38,12 @@ void moe_block(const Ctx& g, const MoeWeights& w, Tensor x, Tensor out) {
   // the same x, so one linear_group computes them (at 16 CPU threads the router alone is ~30 us of hand-over
   // for ~2 us of bytes); the shared GLU and down follow the routed experts.
   const bool has_shared = !w.shared.gate.empty();
+  if (has_shared && w.latent_down.empty() && !g.sharded() && b.moe_fuses_shared(w, N)) {
+    b.linear(w.router, x, logits);
+    b.moe_route(logits, w.correction_bias.data(), RouteParams{K, c.moe_renormalize, c.routed_scaling_factor}, idx, wts);
+    b.moe_experts_with_shared(w, x, idx, wts, glu_params(c), out);  // out = routed + shared
+    return;
+  }
   const bool shared_grouped = has_shared && !g.sharded() && !b.moe_experts_overlap();
   Tensor sh_gate, sh_up;
   Tensor ex = x;  // expert inputs: x itself, or K3's latent z (down-projected from x: in the group too)
