@@ -3,7 +3,8 @@
 // (K3_NUM_THREADS sets the threads; K3_BENCH_TIERS=avx2,avx2int8,avx512,avx512bf16 the tiers, default every tier
 // this CPU has; K3_BENCH_FORMATS=Q4_K,Q6_K the formats, default all; K3_BENCH_ROWS the rows, default 4096:
 // 16384 puts a Q4_K matrix (37 MB) beyond a 32 MB L3, so that n=1 reads DRAM; K3_BENCH_COPIES rotates the one-token
-// product over copies: small matrices read from DRAM, as in a decode step).
+// product over copies: small matrices read from DRAM, as in a decode step; K3_BENCH_DECODE_LAYOUT=1 gives Q4_K matrices
+// their 16-row copy, backend/cpu/decode_layout.h, which the avx512bf16 tier's one-token product then reads).
 // A 4096 x 4096 matrix of random valid blocks: one token (matrix-vector, reading the weights from DRAM:
 // GB/s of weight bytes) and 64 tokens (the register-blocked gemm: GFLOP/s), best of 5.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/decode_layout.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/weight.h"
@@ -75,7 +77,15 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
       std::vector<std::vector<uint8_t>> extra(static_cast<size_t>(copies - 1), bytes);
       std::vector<k3::WeightMatrix> Ws{W};
       for (const auto& e : extra) Ws.push_back(k3::WeightMatrix{f, e.data(), nullptr, rows, cols});
-      const double t1 = copies == 1 ? best_ms(5, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); })
+      const char* layout_env = std::getenv("K3_BENCH_DECODE_LAYOUT");
+      std::vector<std::vector<uint8_t>> layouts;
+      if (layout_env && layout_env[0] == '1' && f == k3::WeightFormat::Q4_K)
+        for (auto& m : Ws) {
+          layouts.emplace_back(static_cast<size_t>(k3::cpu::decode_layout_bytes(m)));
+          k3::cpu::make_decode_layout(m, layouts.back().data());
+          m.tiled = layouts.back().data();
+        }
+      const double t1 = copies == 1 ? best_ms(5, [&] { k3::cpu::matmul(Ws[0], x.data(), 1, y.data()); })
                                     : best_ms(1, [&] {
                                         for (int r = 0; r < 4 * copies; ++r) k3::cpu::matmul(Ws[r % copies], x.data(), 1, y.data());
                                       }) / (4 * copies);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/decode_layout.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/format_dispatch.h"
@@ -331,6 +332,59 @@ TEST(QuantKernelsVnniK, PerBlockPathEqualsAvx2Int8BitForBit) {
         EXPECT_NE(y512, yx) << k3::weight_format_name(f) << ": the avx512bf16 tier ran the exact kernels";
       }
     }
+}
+
+// Q4_K's 16-row decode layout (backend/cpu/decode_layout.h), which the avx512bf16 tier's one-token product reads when a
+// matrix has it, gives the stored rows' bits: whole matrices and row ranges that start and end inside a group (the
+// rows outside whole groups read stored), several blocks, an outlier activation (a coarse block scale) and an all-zero
+// block (d = 0). It must read the copy: one quant changed in the copy changes that row's output and no other.
+TEST(QuantKernelsVnniK, Q4KDecodeLayoutEqualsStoredRowsBitForBit) {
+  const auto& cpu = k3::cpu::cpu_state();
+  if (const std::string m = k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  struct TierReset {
+    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  } reset;
+  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+  const k3::cpu::RowKernels& k = k3::cpu::row_kernels(WeightFormat::Q4_K);
+  ASSERT_NE(k.rows, nullptr);
+  std::mt19937 rng(44);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 256}, {37, 2304}, {64, 4096}, {48, 768}}) {
+    auto t = make_quant_weight(WeightFormat::Q4_K, rows, cols, rng);
+    const int64_t bytes = k3::cpu::decode_layout_bytes(t.W);
+    ASSERT_EQ(bytes, rows / 16 * cols / 256 * k3::cpu::kQ4KGroupBlockBytes);
+    std::vector<uint8_t> copy(static_cast<size_t>(bytes));  // the kernel's loads need no alignment
+    k3::cpu::make_decode_layout(t.W, copy.data());
+    k3::WeightMatrix tiled = t.W;
+    tiled.tiled = copy.data();
+    auto x = activations(static_cast<size_t>(cols), rng);
+    x[static_cast<size_t>(rng() % x.size())] = 4000.f;
+    if (cols >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.f);
+    std::vector<uint8_t> act(static_cast<size_t>(k.act_bytes(cols, 1)));
+    k.prepare(x.data(), 1, cols, act.data());
+    for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, {3, rows - 5}, {16, rows}, {0, 15}}) {
+      if (r1 <= r0) continue;
+      std::vector<float> ys(static_cast<size_t>(r1 - r0), NAN), yt(ys.size(), NAN);
+      k.rows(t.W, r0, r1, act.data(), 1, ys.data(), 1);
+      k.rows(tiled, r0, r1, act.data(), 1, yt.data(), 1);
+      EXPECT_EQ(0, std::memcmp(ys.data(), yt.data(), ys.size() * sizeof(float))) << rows << " x " << cols << " rows [" << r0
+                                                                                 << ", " << r1 << ")";
+      for (size_t i = 0; i < ys.size(); ++i) ASSERT_TRUE(std::isfinite(ys[i]));
+    }
+    // Every quant bit of row 2 in group 0, block 0, sub-block 1, part 0 (bytes 4 x 2 + [0, 4)) flipped: only row 2 changes.
+    // (Plain activations: with the outlier most of its block's quantise to 0.)
+    const auto xp = activations(static_cast<size_t>(cols), rng);
+    k.prepare(xp.data(), 1, cols, act.data());
+    std::vector<float> before(static_cast<size_t>(rows)), after(before.size());
+    k.rows(tiled, 0, rows, act.data(), 1, before.data(), 1);
+    for (int e = 0; e < 4; ++e) copy[static_cast<size_t>(320 + 256 * 1 + 4 * 2 + e)] ^= 0xFF;
+    k.rows(tiled, 0, rows, act.data(), 1, after.data(), 1);
+    for (int64_t r = 0; r < rows; ++r)
+      if (r == 2)
+        EXPECT_NE(before[static_cast<size_t>(r)], after[static_cast<size_t>(r)]) << "the kernel did not read the copy";
+      else
+        EXPECT_EQ(before[static_cast<size_t>(r)], after[static_cast<size_t>(r)]) << "row " << r;
+  }
 }
 
 TEST(QuantKernelsAvx2Int8, ExactOnRepresentableActivationsAndDiffersFromExactTier) {

@@ -16,6 +16,7 @@ WeightMatrix row_slice(const WeightMatrix& m, Range rows) {
   s.data = m.row_data(rows.first);
   if (m.scales) s.scales = m.row_scales(rows.first);
   s.rows = rows.count;
+  s.tiled = nullptr;  // a second copy in a backend's layout covers the whole matrix, not the slice
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/cpu_backend.h"
+#include "k3/backend/cpu/decode_layout.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 #include "k3/model/model_files.h"
@@ -59,6 +60,7 @@ class Model final : public ModelRunner {
   CacheSpec spec_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
+  cpu::DecodeLayouts decode_layouts_;  // second copies of w_'s dense Q4_K matrices for the one-token products
   std::unique_ptr<ExpertResidency> residency_;  // null without MoE layers or when turned off
   // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).
   mutable std::mutex mu_;

@@ -193,25 +193,30 @@ ModelWeights bind_weights(const ModelConfig& c, const Checkpoint& ckpt, const Pl
   return mw;
 }
 
-void for_each_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn) {
-  auto glu = [&](const GluMlp& g) {
+namespace {
+// The matrices of w (const or not), the routed experts' only when `routed`. A head tied to the token table is
+// visited once in the full walk (the bytes it counts), as a matrix of its own in the dense one (its own second copy).
+template <class Weights, class Fn>
+void walk_matrices(Weights& w, bool routed, Fn&& fn) {
+  auto glu = [&](auto& g) {
     fn(g.gate);
     fn(g.up);
     fn(g.down);
   };
   fn(w.embed);
-  if (w.lm_head.data != w.embed.data) fn(w.lm_head);
-  for (const LayerWeights& L : w.layers) {
+  if (w.lm_head.data != w.embed.data || !routed) fn(w.lm_head);
+  for (auto& L : w.layers) {
     if (L.is_kda) {
-      for (const WeightMatrix* m : {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.f_a, &L.kda.f_b, &L.kda.b, &L.kda.g, &L.kda.g_a,
-                                    &L.kda.g_b, &L.kda.o})
+      for (auto* m : {&L.kda.q, &L.kda.k, &L.kda.v, &L.kda.f_a, &L.kda.f_b, &L.kda.b, &L.kda.g, &L.kda.g_a, &L.kda.g_b,
+                      &L.kda.o})
         fn(*m);
     } else {
-      for (const WeightMatrix* m : {&L.mla.q_a, &L.mla.q_b, &L.mla.q, &L.mla.kv_a, &L.mla.o, &L.mla.g}) fn(*m);
+      for (auto* m : {&L.mla.q_a, &L.mla.q_b, &L.mla.q, &L.mla.kv_a, &L.mla.o, &L.mla.g}) fn(*m);
     }
     if (L.is_moe) {
       fn(L.moe.router);
-      for (const GluMlp& e : L.moe.experts) glu(e);
+      if (routed)
+        for (auto& e : L.moe.experts) glu(e);
       glu(L.moe.shared);
       fn(L.moe.latent_down);
       fn(L.moe.latent_up);
@@ -220,6 +225,11 @@ void for_each_matrix(const ModelWeights& w, const std::function<void(const Weigh
     }
   }
 }
+}  // namespace
+
+void for_each_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn) { walk_matrices(w, true, fn); }
+
+void for_each_dense_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn) { walk_matrices(w, false, fn); }
 
 int64_t matrix_bytes_on(const ModelWeights& w, int device) {
   int64_t b = 0;

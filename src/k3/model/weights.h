@@ -88,6 +88,9 @@ struct ModelWeights {
 
 // Calls fn(matrix) for every matrix of the model (embeddings, head, projections, experts).
 void for_each_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn);
+// Every matrix but the routed experts' (the token table and the head included), mutable: for a backend's second
+// copies in its own layout (backend/cpu/decode_layout.h).
+void for_each_dense_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn);
 // Bytes of the matrices whose home is `device` (kHostDevice: the host).
 int64_t matrix_bytes_on(const ModelWeights& w, int device);
 

@@ -15,4 +15,25 @@ constexpr int kquant_group_src(int c, int k) {
   return kNibblePairs ? 128 * (c / 2) + 32 * (c % 2) + 64 * (k / 2) + 16 * (k % 2) : 64 * c + 16 * k;
 }
 
+// Q4_K's 16-row decode layout (decode_layout.h) meets the activations a quad (4 stored values) at a time. Quad s (0..63)
+// of a block in the kNibblePairs order holds values kquant_quad_first(s) + [0, 4), all of one sub-block (32 values).
+constexpr int kquant_quad_first(int s) { return kquant_group_src<true>(s / 16, s / 4 % 4) + 4 * (s % 4); }
+// kquant_sub_block_quad(j, k): the k-th (0..7, in stored order) quad of sub-block j (0..7).
+constexpr int kquant_sub_block_quad(int j, int k) {
+  for (int s = 0; s < 64; ++s)
+    if (kquant_quad_first(s) / 32 == j && k-- == 0) return s;
+  return -1;
+}
+// The same as a table, for kernels (constant indices in unrolled loops).
+struct KquantSubBlockQuads {
+  int q[8][8];
+};
+constexpr KquantSubBlockQuads make_kquant_sub_block_quads() {
+  KquantSubBlockQuads t{};
+  for (int j = 0; j < 8; ++j)
+    for (int k = 0; k < 8; ++k) t.q[j][k] = kquant_sub_block_quad(j, k);
+  return t;
+}
+inline constexpr KquantSubBlockQuads kKquantSubBlockQuads = make_kquant_sub_block_quads();
+
 }  // namespace k3::cpu

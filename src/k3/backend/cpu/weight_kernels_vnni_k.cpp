@@ -10,9 +10,11 @@
 // round-half-even(x 127 / max|x|), saturated to int8; the per-16 sums of q), only stored in the order the 512-bit loads
 // want (Q4_K / Q5_K: a 64-byte load of quants holds the low nibbles of two 32-byte chunks, so the activations of chunk
 // pairs are interleaved likewise; Q6_K: natural order). Each 512-bit int32 lane i < 8 plus lane i + 8 holds exactly the
-// integer sum of avx2int8's lane i (the same products, grouped otherwise: integer sums are exact), folded to 8 lanes per
-// block before the same fp32 tail (one fma per block of the products at dw dx, one of the mins at dmin dx; avx2's hsum).
-// So a K-quant GGUF gives the same logits on an AVX2 and an AVX-512 machine. Integer ranges as in avx2int8 (a maddubs
+// integer sum of avx2int8's lane i (the same products, grouped otherwise: integer sums are exact). Q4_K / Q5_K: a
+// block's products and mins are then two exact integers and meet one fp32 accumulator per row and token in two fused
+// steps (k45_block_tail, as avx2int8 and Q4_K's 16-row kernel do; session 44); Q6_K: folded to 8 lanes per block before
+// avx2int8's fp32 tail (one fma per block at dw dx; its hsum). So a K-quant GGUF gives the same logits on an AVX2 and an
+// AVX-512 machine, and from Q4_K's decode layout (decode_layout.h) as from its stored rows. Integer ranges as in avx2int8 (a maddubs
 // pair <= 2 x 63 x 127 = 16002, no saturation; lanes < 2^25).
 //
 // Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each (row, token) pair
@@ -31,6 +33,7 @@
 #include <utility>
 
 #include "k3/backend/cpu/act_convert_path.h"
+#include "k3/backend/cpu/decode_layout.h"
 #include "k3/backend/cpu/kquant_act_order.h"
 #include "k3/backend/cpu/weight_kernels_avx512bf16.h"
 #include "k3/backend/cpu/weight_kernels_quant.h"
@@ -43,7 +46,9 @@ namespace {
 constexpr int64_t kQK = 256;
 // One converted block (avx2int8's layout): q int8[256] (in the format's load order), the q sums per 16 values in natural
 // order (int16[16]), d (fp32), padded to 320 bytes.
-constexpr int64_t kSumsAt = 256, kDAt = 288, kBlockBytes = 320;
+// Then (for Q4_K's 16-row kernel) the sums of sub-block pairs (2p, 2p + 1) as int16 pairs, one int32 each (|sum| <= 32 x
+// 127), p = 0..3.
+constexpr int64_t kSumsAt = 256, kDAt = 288, kPairsAt = 292, kBlockBytes = 320;
 constexpr int64_t block_stride(int64_t cols) { return cols / kQK * kBlockBytes; }
 constexpr int kT = 8;  // tokens per tile: 8 int32 block sums + 8 accumulators + 4 scale vectors + weights in 32 zmm
 
@@ -82,6 +87,12 @@ void q8k_block(const float* v, uint8_t* o) {
     }
   std::memcpy(o + kSumsAt, sums, sizeof sums);
   std::memcpy(o + kDAt, &d, sizeof d);
+  uint32_t pairs[4];
+  for (int p = 0; p < 4; ++p) {
+    const int lo = sums[4 * p] + sums[4 * p + 1], hi = sums[4 * p + 2] + sums[4 * p + 3];
+    pairs[p] = (static_cast<uint32_t>(lo) & 0xFFFFu) | static_cast<uint32_t>(hi) << 16;
+  }
+  std::memcpy(o + kPairsAt, pairs, sizeof pairs);
 }
 
 template <bool kNibblePairs>
@@ -111,6 +122,15 @@ inline __m512i halves16(int a, int b) {
 
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 
+// A Q4_K / Q5_K row's block for one token: acc + (dw dx) isum - (dmin dx) msum, as two fused steps on one fp32
+// accumulator, where isum and msum are the block's exact integer sums (avx2int8's q4k_tile and Q4_K's 16-row kernel
+// below: the same bits).
+__attribute__((always_inline)) inline float k45_block_tail(float acc, float a, int32_t isum, float m, int32_t msum) {
+  __m128 v = _mm_fmadd_ss(_mm_set_ss(a), _mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(acc));
+  v = _mm_fnmadd_ss(_mm_set_ss(m), _mm_cvtsi32_ss(_mm_setzero_ps(), msum), v);
+  return _mm_cvtss_f32(v);
+}
+
 // One token's software prefetch: pf requests the weights `ahead` bytes past each block (null: none).
 struct Stream {
   PrefetchCursor<1>* pf = nullptr;
@@ -126,8 +146,8 @@ template <int T, bool kFive>
 __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq, float* y,
                                                     int64_t ldy, Stream st) {
   constexpr int64_t kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
-  __m256 acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  float acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = 0.f;
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -164,11 +184,11 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
       std::memcpy(&dx, xb + kDAt, sizeof dx);
       const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
       const __m256i mq = _mm256_madd_epi16(sums, mins16);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(fold(sumi[t])), acc[t]);
-      acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
+      acc[t] = k45_block_tail(acc[t], dw * dx, _mm512_reduce_add_epi32(sumi[t]), dmin * dx,
+                              _mm512_reduce_add_epi32(_mm512_zextsi256_si512(mq)));
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
+  for (int t = 0; t < T; ++t) y[t * ldy] = acc[t];
 }
 
 // One Q6_K row x T tokens. Half h (128 values), part j: the low (j = 0) or high (j = 1) nibbles of ql bytes [64 h, + 64)
@@ -224,6 +244,59 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
 }
 
+// Q4_K's 16-row decode layout (decode_layout.h), one token: rows 16 g .. 16 g + 15 of one group, lane r = row r. Per
+// sub-block j the 16 rows' 32 quants are four 64-byte loads (8 quads each: low and high nibbles), each quad multiplied
+// by its 4 activations broadcast (vpdpbusd: unsigned quants, signed activations, exact int32); the sum times the 16
+// rows' sub-scales (one byte load, vpmulld); the mins by 4 vpdpwssd of the rows' min pairs and the activations'
+// sub-block pair sums (kPairsAt). Integer sums exact (|isum| <= 63 x 15 x 127 x 256 < 2^25), then k45_block_tail's two
+// fused steps in the lanes: the stored rows' bits.
+__attribute__((always_inline)) inline __m512i act_quad(const uint8_t* xb, int s) {
+  int32_t v;
+  std::memcpy(&v, xb + 4 * s, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+__attribute__((always_inline)) inline void q4k_group_one_token(const uint8_t* g, int64_t blocks, const uint8_t* xq, float* y,
+                                                               Stream st) {
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* gb = g + b * kQ4KGroupBlockBytes;
+    const uint8_t* xb = xq + b * kBlockBytes;
+    st.at(gb + kQ4KGroupBlockBytes);
+    __m512i tot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int h = 0; h < 4; ++h) {
+        const __m512i q = _mm512_loadu_si512(gb + 320 + 256 * j + 64 * h);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, nib), act_quad(xb, kKquantSubBlockQuads.q[j][2 * h]));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), nib),
+                                 act_quad(xb, kKquantSubBlockQuads.q[j][2 * h + 1]));
+      }
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j)));
+      tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+    }
+    __m512i ms = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      int32_t pair;
+      std::memcpy(&pair, xb + kPairsAt + 4 * p, sizeof pair);
+      const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 192 + 32 * p)));
+      ms = _mm512_dpwssd_epi32(ms, mins, _mm512_set1_epi32(pair));
+    }
+    float dx;
+    std::memcpy(&dx, xb + kDAt, sizeof dx);
+    const __m512 dxv = _mm512_set1_ps(dx);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(tot), acc);
+    acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dxv), _mm512_cvtepi32_ps(ms), acc);
+  }
+  _mm512_storeu_ps(y, acc);
+}
+
 template <WeightFormat F, int T>
 __attribute__((always_inline)) inline void k_row(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq, float* y,
                                                  int64_t ldy, Stream st) {
@@ -247,6 +320,24 @@ void k_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* x
 
 // One token over rows [r0, r1): the rows' one stream prefetched through one cursor, `ahead` bytes past each block.
 template <WeightFormat F>
+void k_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ahead);
+
+// One token over rows [r0, r1) of a Q4_K matrix with its 16-row copy: the whole groups from the copy (one cursor), the
+// rows before and after them from the stored rows.
+void q4k_decode_layout_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ahead) {
+  const int64_t g0 = (r0 + kQ4KGroupRows - 1) / kQ4KGroupRows, g1 = r1 / kQ4KGroupRows, blocks = W.cols / kQK;
+  if (g0 >= g1) return k_one_token_rows<WeightFormat::Q4_K>(W, r0, r1, xq, y, ahead);
+  const int64_t a = g0 * kQ4KGroupRows, e = g1 * kQ4KGroupRows;
+  for (int64_t r = r0; r < a; ++r) k_row<WeightFormat::Q4_K, 1>(W.row_data(r), blocks, xq, 0, y + (r - r0), 1, Stream{});
+  const auto* base = static_cast<const uint8_t*>(W.tiled);
+  PrefetchCursor<1> pf{reinterpret_cast<uintptr_t>(base + g0 * blocks * kQ4KGroupBlockBytes) & ~uintptr_t{63}};
+  for (int64_t g = g0; g < g1; ++g)
+    q4k_group_one_token(base + g * blocks * kQ4KGroupBlockBytes, blocks, xq, y + (g * kQ4KGroupRows - r0),
+                        Stream{ahead > 0 ? &pf : nullptr, ahead});
+  for (int64_t r = e; r < r1; ++r) k_row<WeightFormat::Q4_K, 1>(W.row_data(r), blocks, xq, 0, y + (r - r0), 1, Stream{});
+}
+
+template <WeightFormat F>
 void k_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, float* y, int64_t ahead) {
   const int64_t row_bytes = row_data_bytes(F, W.cols), blocks = W.cols / kQK;
   const uint8_t* data = W.row_data(r0);
@@ -267,7 +358,12 @@ template <WeightFormat F>
 void k_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, int64_t n, float* y, int64_t ldy) {
   static constexpr auto tiles = k_tiles<F>(std::make_index_sequence<kT>());
   const int64_t ldq = block_stride(W.cols), row_bytes = row_data_bytes(F, W.cols);
-  if (n == 1) return k_one_token_rows<F>(W, r0, r1, xq, y, avx512bf16_quant_prefetch_bytes());
+  if (n == 1) {
+    if constexpr (F == WeightFormat::Q4_K)
+      if (W.tiled != nullptr && W.device == kHostDevice)
+        return q4k_decode_layout_rows(W, r0, r1, xq, y, avx512bf16_quant_prefetch_bytes());
+    return k_one_token_rows<F>(W, r0, r1, xq, y, avx512bf16_quant_prefetch_bytes());
+  }
   const int64_t block = std::max<int64_t>(1, (128 << 10) / std::max<int64_t>(1, row_bytes));
   if (g_tile_prefetch)
     for (int64_t r = r0; r < std::min(r1, r0 + block); ++r) prefetch_lines<1>(W.row_data(r), row_bytes);

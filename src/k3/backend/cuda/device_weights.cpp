@@ -107,6 +107,7 @@ class Uploader {
   // matrix) also gets the tile-major copy its decode GEMV reads (quant_mma.h, Tiled), beside the stored blocks that
   // prefill and the other forms keep reading.
   WeightMatrix with_tiled(WeightMatrix d) {
+    d.tiled = nullptr;  // never a host copy's (the CPU's decode layout) on a device matrix
     if (!quant_mma_tiled_wanted(d)) return d;
     void* t = a_.alloc(static_cast<size_t>(quant_mma_tiled_bytes(d)));
     K3_CUDA_CHECK(quant_mma_make_tiled(d, t, nullptr));

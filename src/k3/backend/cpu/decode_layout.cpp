@@ -1,0 +1,99 @@
+#include "k3/backend/cpu/decode_layout.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/kquant_act_order.h"
+#include "k3/model/weights.h"
+#include "k3/quant/block_decode.h"
+
+namespace k3::cpu {
+namespace {
+
+constexpr int64_t kQK = 256, kStoredBlock = 144;
+
+bool layout_turned_off() {
+  static const bool off = [] {
+    const char* e = std::getenv("K3_CPU_DECODE_LAYOUT");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  return off;
+}
+
+// A stored Q4_K block's 256 quants in natural order: value 64 c + i is the low nibble of byte 32 c + i (i < 32), the
+// high nibble of byte 32 c + i - 32 (i >= 32).
+void natural_quants(const uint8_t* qs, uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 32; ++i) {
+      q[64 * c + i] = qs[32 * c + i] & 15;
+      q[64 * c + 32 + i] = qs[32 * c + i] >> 4;
+    }
+}
+
+// Group g (rows 16 g .. 16 g + 15), block b of W into out (kQ4KGroupBlockBytes).
+void group_block(const WeightMatrix& W, int64_t g, int64_t b, uint8_t* out) {
+  std::memset(out, 0, static_cast<size_t>(kQ4KGroupBlockBytes));
+  for (int r = 0; r < kQ4KGroupRows; ++r) {
+    const uint8_t* blk = W.row_data(g * kQ4KGroupRows + r) + b * kStoredBlock;
+    std::memcpy(out + 2 * r, blk, 2);
+    std::memcpy(out + 32 + 2 * r, blk + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc = 0, m = 0;
+      quant::k4_scale_min(j, blk + 4, &sc, &m);
+      out[64 + 16 * j + r] = static_cast<uint8_t>(sc);
+      out[192 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(m);
+    }
+    uint8_t q[kQK];
+    natural_quants(blk + 16, q);
+    for (int j = 0; j < 8; ++j)
+      for (int h = 0; h < 4; ++h)
+        for (int e = 0; e < 4; ++e) {
+          const int lo = kquant_quad_first(kquant_sub_block_quad(j, 2 * h)) + e;
+          const int hi = kquant_quad_first(kquant_sub_block_quad(j, 2 * h + 1)) + e;
+          out[320 + 256 * j + 64 * h + 4 * r + e] = static_cast<uint8_t>(q[lo] | q[hi] << 4);
+        }
+  }
+}
+
+}  // namespace
+
+bool decode_layout_wanted(const WeightMatrix& W) {
+  const CpuIsa isa = active_cpu_isa();
+  return W.format == WeightFormat::Q4_K && W.device == kHostDevice && W.data != nullptr && W.rows >= kQ4KGroupRows &&
+         W.cols % kQK == 0 && (isa == CpuIsa::Avx512Bf16 || isa == CpuIsa::Amx) && !layout_turned_off();
+}
+
+int64_t decode_layout_bytes(const WeightMatrix& W) {
+  return W.rows / kQ4KGroupRows * (W.cols / kQK) * kQ4KGroupBlockBytes;
+}
+
+void make_decode_layout(const WeightMatrix& W, uint8_t* out) {
+  const int64_t blocks = W.cols / kQK;
+  for (int64_t g = 0; g < W.rows / kQ4KGroupRows; ++g)
+    for (int64_t b = 0; b < blocks; ++b) group_block(W, g, b, out + (g * blocks + b) * kQ4KGroupBlockBytes);
+}
+
+DecodeLayouts add_decode_layouts(ModelWeights& w) {
+  DecodeLayouts d;
+  for_each_dense_matrix(w, [&](WeightMatrix& W) {
+    if (&W != &w.embed && decode_layout_wanted(W)) d.bytes += decode_layout_bytes(W);
+  });
+  if (d.bytes == 0) return d;
+  void* raw = std::aligned_alloc(64, static_cast<size_t>(d.bytes));
+  if (raw == nullptr) throw std::bad_alloc();
+  d.buf = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
+  int64_t at = 0;
+  for_each_dense_matrix(w, [&](WeightMatrix& W) {
+    if (&W == &w.embed || !decode_layout_wanted(W)) return;
+    make_decode_layout(W, d.buf.get() + at);
+    W.tiled = d.buf.get() + at;
+    at += decode_layout_bytes(W);
+    ++d.matrices;
+  });
+  return d;
+}
+
+}  // namespace k3::cpu

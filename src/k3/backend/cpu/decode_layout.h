@@ -1,0 +1,50 @@
+// The CPU's decode layout of a Q4_K matrix: a second copy of its blocks, made once at load (Model::load), that the
+// avx512bf16 / amx tiers' one-token product reads instead of the stored rows (WeightMatrix::tiled). Why: a stored
+// Q4_K row costs that product ~45 vector instructions per 256 weights (the 6-bit scales unpacked, the sub-scales
+// spread over lanes, the per-row fp32 tail), ~21 cycles a block on a 2-core Zen 4, so one core decoded it at ~20-24
+// GB/s -- below the 31.7 GB/s one core reads (docs/perf/cpu.md, session 42). With 16 rows interleaved, a vector lane
+// is a row: one 64-byte load holds 8 quants of each of 16 rows, the activations' 4-value quads are broadcast, the
+// sub-scales and the d / dmin of 16 rows are one load each: ~12 instructions per row and block (session 44).
+// The copy is 2.8% larger than the rows (the 6-bit scales stored as bytes). Prefill (several tokens) keeps reading
+// the stored rows: the two forms give the same bits (weight_kernels_vnni_k.cpp: a row's block sum is one exact
+// integer, then one fp32 accumulator per row and token, in both).
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "k3/core/weight.h"
+
+namespace k3 {
+struct ModelWeights;
+}
+
+namespace k3::cpu {
+
+// One group of 16 rows x one block of 256 columns, 2368 bytes (16 x 144 stored + 64), 64-byte aligned:
+//   [0, 32)       d of rows 0..15 (f16, as stored)       [32, 64)   dmin of rows 0..15
+//   [64, 192)     6-bit sub-scale j of row r at 64 + 16 j + r
+//   [192, 320)    6-bit sub-min 2p + e of row r at 192 + 32 p + 2 r + e (a row's pair of mins is one int16 pair)
+//   [320, 2368)   quants: sub-block j (32 values), part h (0..3) at 320 + 256 j + 64 h; byte 4 r + e holds in its low
+//                 nibble element e of quad kquant_sub_block_quad(j, 2 h) (kquant_act_order.h) of row r, in its high
+//                 nibble element e of quad kquant_sub_block_quad(j, 2 h + 1)
+// Groups follow each other, each its blocks in order: group g, block b at (g * cols / 256 + b) * 2368. Rows past the
+// last whole group are not in the copy (the kernel reads them stored).
+inline constexpr int64_t kQ4KGroupRows = 16, kQ4KGroupBlockBytes = 2368;
+
+// Whether W gets the copy: Q4_K on the host with at least 16 rows, the tier chosen at start-up has the kernel
+// (avx512bf16, amx), and K3_CPU_DECODE_LAYOUT is not 0 (the A/B switch; same bits either way).
+bool decode_layout_wanted(const WeightMatrix& W);
+int64_t decode_layout_bytes(const WeightMatrix& W);
+// Writes W's copy at out (decode_layout_bytes(W) bytes, 64-byte aligned).
+void make_decode_layout(const WeightMatrix& W, uint8_t* out);
+
+// The copies of a model's dense matrices (attention, KDA, shared experts, dense FFNs, the head; not the routed
+// experts, whose residency the expert cache manages), in one allocation that owns them.
+struct DecodeLayouts {
+  std::shared_ptr<uint8_t> buf;
+  int64_t bytes = 0, matrices = 0;
+};
+// Builds the copy of every wanted dense matrix of w and points its `tiled` at it.
+DecodeLayouts add_decode_layouts(ModelWeights& w);
+
+}  // namespace k3::cpu
