@@ -1,4 +1,4 @@
-// Pieces of the bf16 decode GEMVs (gemv_bf16.cu, moe_gemv.cu): 16-byte loads kept where the code puts them, and
+// Pieces of the bf16 MoE decode GEMVs (moe_gemv.cu): 16-byte loads kept where the code puts them, and
 // the 8-column fmaf step.
 //
 // Why volatile loads: a GEMV lane issues a batch of loads and then multiplies. With plain loads whose use sits in a

@@ -12,9 +12,9 @@
 // cublasLtMatmulAlgoGetHeuristic and cached with its layouts; every matmul gets the runner's fixed
 // workspace, so nothing allocates during run() (CUDA graph capture).
 //
-// GEMV path, bf16 weights: gemv_bf16.cu (rows split over warps, loads in flight, PDL). The kernel below takes fp32
-// weights, widths that are not a multiple of 8, and bf16 under K3_GEMV_V1=1 (the A/B switch): one warp per output
-// row, 8 warps per block. Lane l reads 8 consecutive weights (one
+// GEMV path (bf16 and fp32 weights): one warp per output row, 8 warps per block. (Session 42 wrote a second bf16
+// GEMV -- rows split over warps, a lane's loads all in flight, PDL; measured in session 44 it lost at every size but
+// the 256-row router: the 755 MB head 349 vs 245 us, 58 MB 33 vs 24 us, batch 1 -10%; removed, docs/perf/cuda.md.) Lane l reads 8 consecutive weights (one
 // 16-byte load for bf16, two for fp32) at columns 8l, 8l + 256, ... and applies them to all NT tokens,
 // so W is streamed once for the whole group of tokens; x is read through L1 (it is small and shared by
 // all warps of the SM). fp32 accumulation, warp-shuffle reduction. cols % 8 != 0 falls back to a
@@ -27,7 +27,6 @@
 #include <utility>
 
 #include "k3/backend/cuda/dense_kernels.h"
-#include "k3/backend/cuda/gemv_bf16.h"
 #include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_tables.h"
@@ -134,16 +133,6 @@ cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, 
 template <typename WT>
 cudaError_t launch_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
                               cudaStream_t s) {
-  if constexpr (sizeof(WT) == 2) {  // bf16: gemv_bf16.cu unless K3_GEMV_V1=1 or the shape needs this kernel
-    const uint16_t* ws[kLinearGroupMax];
-    int64_t rows[kLinearGroupMax];
-    for (int m = 0; m < count; ++m) {
-      ws[m] = static_cast<const uint16_t*>(W[m]->data);
-      rows[m] = W[m]->rows;
-    }
-    if (gemv_bf16_applies(W[0]->cols, x, reinterpret_cast<const void* const*>(ws), count))
-      return gemv_bf16_group(ws, rows, y, count, W[0]->cols, x, n, s);
-  }
   GemvGroup<WT> g{};
   for (int m = 0; m < count; ++m) {
     g.W[m] = static_cast<const WT*>(W[m]->data);
