@@ -44,7 +44,7 @@ void group_block(const WeightMatrix& W, int64_t g, int64_t b, uint8_t* out) {
       int sc = 0, m = 0;
       quant::k4_scale_min(j, blk + 4, &sc, &m);
       out[64 + 16 * j + r] = static_cast<uint8_t>(sc);
-      out[192 + 32 * (j / 2) + 2 * r + j % 2] = static_cast<uint8_t>(m);
+      out[192 + 16 * j + r] = static_cast<uint8_t>(m);
     }
     uint8_t q[kQK];
     natural_quants(blk + 16, q);

@@ -4,10 +4,10 @@
 // spread over lanes, the per-row fp32 tail), ~21 cycles a block on a 2-core Zen 4, so one core decoded it at ~20-24
 // GB/s -- below the 31.7 GB/s one core reads (docs/perf/cpu.md, session 42). With 16 rows interleaved, a vector lane
 // is a row: one 64-byte load holds 8 quants of each of 16 rows, the activations' 4-value quads are broadcast, the
-// sub-scales and the d / dmin of 16 rows are one load each: ~12 instructions per row and block (session 44).
+// sub-scales and the d / dmin of 16 rows are one load each: ~22 instructions per row and block (session 44).
 // The copy is 2.8% larger than the rows (the 6-bit scales stored as bytes). Prefill (several tokens) keeps reading
-// the stored rows: the two forms give the same bits (weight_kernels_vnni_k.cpp: a row's block sum is one exact
-// integer, then one fp32 accumulator per row and token, in both).
+// the stored rows; the two give the same bits (weight_kernels_vnni_k.cpp: the 16-row kernel forms each row's 8
+// integer lanes and fp32 accumulators of the stored-row kernel).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,7 +23,7 @@ namespace k3::cpu {
 // One group of 16 rows x one block of 256 columns, 2368 bytes (16 x 144 stored + 64), 64-byte aligned:
 //   [0, 32)       d of rows 0..15 (f16, as stored)       [32, 64)   dmin of rows 0..15
 //   [64, 192)     6-bit sub-scale j of row r at 64 + 16 j + r
-//   [192, 320)    6-bit sub-min 2p + e of row r at 192 + 32 p + 2 r + e (a row's pair of mins is one int16 pair)
+//   [192, 320)    6-bit sub-min j of row r at 192 + 16 j + r
 //   [320, 2368)   quants: sub-block j (32 values), part h (0..3) at 320 + 256 j + 64 h; byte 4 r + e holds in its low
 //                 nibble element e of quad kquant_sub_block_quad(j, 2 h) (kquant_act_order.h) of row r, in its high
 //                 nibble element e of quad kquant_sub_block_quad(j, 2 h + 1)

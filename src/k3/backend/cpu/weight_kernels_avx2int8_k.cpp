@@ -2,9 +2,8 @@
 // vec_dot_q4_K_q8_K uses): the activations of each 256-value block as 256 int8 q = round(x / d) with ONE
 // fp32 scale d = max|x| / 127 per block, and the sums of q per 16 values. A Q4_K block's 4-bit quants are
 // unsigned, so `maddubs(w, q)` multiplies them as they are, the 6-bit sub-scales multiply the int16 pair sums
-// in integers (`madd`), and the whole block stays in int32 lanes: Q4_K / Q5_K sum them to the block's two exact
-// integers, then two scalar fmas on one fp32 accumulator per block and token (products, then mins; Q6_K: one
-// conversion and fma of 8 lanes), instead of the quad path's convert, multiply and fma per 32 values (the quads keep a scale
+// in integers (`madd`), and the whole block stays in int32 lanes: two int -> float conversions and two fmas
+// per block and token (products, then mins), instead of the quad path's convert, multiply and fma per 32 values (the quads keep a scale
 // per 4 values: more accurate, ~2.5x the instructions; docs/perf/cpu.md "Session 15"). The sub-mins meet
 // the per-16 q sums in one `madd` per block (8 lanes, one per sub-block): value = d sc q - dmin m, so
 //   y = sum_b [ d_w d_x sum_j sc_j sum_{i in j} w_i q_i  -  dmin_w d_x sum_j m_j sum_{i in j} q_i ].
@@ -105,25 +104,16 @@ inline __m128i k4_scales_mins(const uint8_t* s) {
 // One Q4_K row x T tokens. Per 64 weights (one 32-byte load: sub-blocks 2p and 2p + 1) every token's int32
 // lanes take its products, so the registers hold two weight vectors and T block sums at a time. The sub-mins
 // meet the activations' per-16 sums in one madd per block and token (8 lanes: m_j x the sum over sub-block
-// j), in the same accumulator as the products at their own scale. The fp32 tail is the avx512bf16 tier's, and its
-// Q4_K 16-row kernel's (decode_layout.h): one accumulator per row and token, so all give the same bits.
+// j), in the same accumulator as the products at their own scale.
 //
 // Q5_K (kFive) is the same block with a fifth bit per weight: 176 bytes {d, dmin, scales[12], qh[32], qs[128]}, the
 // bit of value 64p + l at bit 2p of qh[l], of 64p + 32 + l at bit 2p + 1; the quants are 0..31, so a maddubs pair
 // <= 2 x 31 x 127 = 7874, times sc <= 63 and paired <= 992k, 4 per lane: < 2^22, as exact as Q4_K's.
-// The sum of 8 int32 lanes (exact: the callers' lanes stay far below 2^28).
-__attribute__((always_inline)) inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
-
 template <int T, bool kFive = false>
 __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq,
                                                     float* y, int64_t ldy) {
-  float acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   // Each min twice (one per 16-value half of its sub-block), as int16 lanes for madd with the per-16 sums.
   const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
@@ -166,14 +156,11 @@ __attribute__((always_inline)) inline void q4k_tile(const uint8_t* row, int64_t 
       // |m_j x sum over sub-block j| <= 63 x 32 x 127: exact in int32 and in fp32.
       const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
       const __m256i mq = _mm256_madd_epi16(sums, mins16);
-      // The block's two exact integer sums, then one fp32 accumulator: the avx512bf16 tier's per-block kernels and its
-      // Q4_K 16-row kernel (decode_layout.h) do the same, bit for bit (session 44; until then 8 fp32 lanes and hsum).
-      __m128 v = _mm_fmadd_ss(_mm_set_ss(dw * dx), _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_i32(sumi[t])), _mm_set_ss(acc[t]));
-      v = _mm_fnmadd_ss(_mm_set_ss(dmin * dx), _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_i32(mq)), v);
-      acc[t] = _mm_cvtss_f32(v);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = acc[t];
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);
 }
 
 // One Q6_K row x T tokens: per half (128 values) the 6-bit quants (0..63, stored value q - 32) assembled from

@@ -10,11 +10,10 @@
 // round-half-even(x 127 / max|x|), saturated to int8; the per-16 sums of q), only stored in the order the 512-bit loads
 // want (Q4_K / Q5_K: a 64-byte load of quants holds the low nibbles of two 32-byte chunks, so the activations of chunk
 // pairs are interleaved likewise; Q6_K: natural order). Each 512-bit int32 lane i < 8 plus lane i + 8 holds exactly the
-// integer sum of avx2int8's lane i (the same products, grouped otherwise: integer sums are exact). Q4_K / Q5_K: a
-// block's products and mins are then two exact integers and meet one fp32 accumulator per row and token in two fused
-// steps (k45_block_tail, as avx2int8 and Q4_K's 16-row kernel do; session 44); Q6_K: folded to 8 lanes per block before
-// avx2int8's fp32 tail (one fma per block at dw dx; its hsum). So a K-quant GGUF gives the same logits on an AVX2 and an
-// AVX-512 machine, and from Q4_K's decode layout (decode_layout.h) as from its stored rows. Integer ranges as in avx2int8 (a maddubs
+// integer sum of avx2int8's lane i (the same products, grouped otherwise: integer sums are exact), folded to 8 lanes per
+// block before the same fp32 tail (one fma per block of the products at dw dx, one of the mins at dmin dx; avx2's hsum).
+// So a K-quant GGUF gives the same logits on an AVX2 and an AVX-512 machine. Q4_K's 16-row decode layout
+// (decode_layout.h; session 44) has its own one-token kernel below, which forms the same 8 lanes per row: the same bits. Integer ranges as in avx2int8 (a maddubs
 // pair <= 2 x 63 x 127 = 16002, no saturation; lanes < 2^25).
 //
 // Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each (row, token) pair
@@ -46,9 +45,8 @@ namespace {
 constexpr int64_t kQK = 256;
 // One converted block (avx2int8's layout): q int8[256] (in the format's load order), the q sums per 16 values in natural
 // order (int16[16]), d (fp32), padded to 320 bytes.
-// Then (for Q4_K's 16-row kernel) the sums of sub-block pairs (2p, 2p + 1) as int16 pairs, one int32 each (|sum| <= 32 x
-// 127), p = 0..3.
-constexpr int64_t kSumsAt = 256, kDAt = 288, kPairsAt = 292, kBlockBytes = 320;
+// Then (for Q4_K's 16-row kernel) the q sums per sub-block (32 values) as int16[8] (|sum| <= 32 x 127).
+constexpr int64_t kSumsAt = 256, kDAt = 288, kSubSumsAt = 292, kBlockBytes = 320;
 constexpr int64_t block_stride(int64_t cols) { return cols / kQK * kBlockBytes; }
 constexpr int kT = 8;  // tokens per tile: 8 int32 block sums + 8 accumulators + 4 scale vectors + weights in 32 zmm
 
@@ -87,12 +85,9 @@ void q8k_block(const float* v, uint8_t* o) {
     }
   std::memcpy(o + kSumsAt, sums, sizeof sums);
   std::memcpy(o + kDAt, &d, sizeof d);
-  uint32_t pairs[4];
-  for (int p = 0; p < 4; ++p) {
-    const int lo = sums[4 * p] + sums[4 * p + 1], hi = sums[4 * p + 2] + sums[4 * p + 3];
-    pairs[p] = (static_cast<uint32_t>(lo) & 0xFFFFu) | static_cast<uint32_t>(hi) << 16;
-  }
-  std::memcpy(o + kPairsAt, pairs, sizeof pairs);
+  int16_t sub[8];
+  for (int j = 0; j < 8; ++j) sub[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
+  std::memcpy(o + kSubSumsAt, sub, sizeof sub);
 }
 
 template <bool kNibblePairs>
@@ -122,24 +117,6 @@ inline __m512i halves16(int a, int b) {
 
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 
-// Four tokens' block sums from their hadd(fold(products), mins) vectors h[i] (lanes [p01 p23 m01 m23 | p45 p67 m45 m67]):
-// out = [P0 M0 P1 M1 P2 M2 P3 M3], each the sum of all 8 lanes of its kind (exact integers; a transposed tree, ~1.5
-// instructions a token instead of two horizontal reductions of ~6 each).
-__attribute__((always_inline)) inline void block_sums4(const __m256i* h, int32_t* out) {
-  const __m256i a = _mm256_hadd_epi32(h[0], h[1]), b = _mm256_hadd_epi32(h[2], h[3]);
-  const __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), r);
-}
-
-// A Q4_K / Q5_K row's block for one token: acc + (dw dx) isum - (dmin dx) msum, as two fused steps on one fp32
-// accumulator, where isum and msum are the block's exact integer sums (avx2int8's q4k_tile and Q4_K's 16-row kernel
-// below: the same bits).
-__attribute__((always_inline)) inline float k45_block_tail(float acc, float a, int32_t isum, float m, int32_t msum) {
-  __m128 v = _mm_fmadd_ss(_mm_set_ss(a), _mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(acc));
-  v = _mm_fnmadd_ss(_mm_set_ss(m), _mm_cvtsi32_ss(_mm_setzero_ps(), msum), v);
-  return _mm_cvtss_f32(v);
-}
-
 // One token's software prefetch: pf requests the weights `ahead` bytes past each block (null: none).
 struct Stream {
   PrefetchCursor<1>* pf = nullptr;
@@ -155,8 +132,8 @@ template <int T, bool kFive>
 __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t blocks, const uint8_t* xq, int64_t ldq, float* y,
                                                     int64_t ldy, Stream st) {
   constexpr int64_t kBytes = kFive ? 176 : 144, kQs = kFive ? 48 : 16;
-  float acc[T];
-  for (int t = 0; t < T; ++t) acc[t] = 0.f;
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(0x0F);
   const __m128i dup_mins = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (int64_t b = 0; b < blocks; ++b) {
@@ -187,32 +164,17 @@ __attribute__((always_inline)) inline void k45_tile(const uint8_t* row, int64_t 
         sumi[t] = _mm512_dpwssd_epi32(sumi[t], _mm512_maddubs_epi16(hi, _mm512_loadu_si512(xb + 64)), s_hi);
       }
     }
-    constexpr int kT4 = (T + 3) / 4 * 4;
-    __m256i h[kT4];  // per token: [products, mins] lane pairs (block_sum_pairs)
-    for (int t = 0; t < kT4; ++t) {
-      if (t >= T) {
-        h[t] = _mm256_setzero_si256();
-        continue;
-      }
-      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * ldq + b * kBlockBytes + kSumsAt));
-      h[t] = _mm256_hadd_epi32(fold(sumi[t]), _mm256_madd_epi16(sums, mins16));
-    }
-    int32_t bs[2 * kT4];  // token t's block sums: products bs[2 t], mins bs[2 t + 1] (exact integers)
-    if constexpr (T == 1) {  // one token (the one-token rows): the same sums without the transposed tree
-      __m128i v = _mm_add_epi32(_mm256_castsi256_si128(h[0]), _mm256_extracti128_si256(h[0], 1));
-      v = _mm_hadd_epi32(v, v);
-      bs[0] = _mm_cvtsi128_si32(v);
-      bs[1] = _mm_extract_epi32(v, 1);
-    } else {
-      for (int t = 0; t < kT4; t += 4) block_sums4(h + t, bs + 2 * t);
-    }
     for (int t = 0; t < T; ++t) {
+      const uint8_t* xb = xq + t * ldq + b * kBlockBytes;
       float dx;
-      std::memcpy(&dx, xq + t * ldq + b * kBlockBytes + kDAt, sizeof dx);
-      acc[t] = k45_block_tail(acc[t], dw * dx, bs[2 * t], dmin * dx, bs[2 * t + 1]);
+      std::memcpy(&dx, xb + kDAt, sizeof dx);
+      const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + kSumsAt));
+      const __m256i mq = _mm256_madd_epi16(sums, mins16);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(fold(sumi[t])), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(mq), acc[t]);
     }
   }
-  for (int t = 0; t < T; ++t) y[t * ldy] = acc[t];
+  for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
 }
 
 // One Q6_K row x T tokens. Half h (128 values), part j: the low (j = 0) or high (j = 1) nibbles of ql bytes [64 h, + 64)
@@ -268,12 +230,15 @@ __attribute__((always_inline)) inline void k6_tile(const uint8_t* row, int64_t b
   for (int t = 0; t < T; ++t) y[t * ldy] = simd::hsum(acc[t]);  // avx2int8's reduction: the same bits
 }
 
-// Q4_K's 16-row decode layout (decode_layout.h), one token: rows 16 g .. 16 g + 15 of one group, lane r = row r. Per
-// sub-block j the 16 rows' 32 quants are four 64-byte loads (8 quads each: low and high nibbles), each quad multiplied
-// by its 4 activations broadcast (vpdpbusd: unsigned quants, signed activations, exact int32); the sum times the 16
-// rows' sub-scales (one byte load, vpmulld); the mins by 4 vpdpwssd of the rows' min pairs and the activations'
-// sub-block pair sums (kPairsAt). Integer sums exact (|isum| <= 63 x 15 x 127 x 256 < 2^25), then k45_block_tail's two
-// fused steps in the lanes: the stored rows' bits.
+// Q4_K's 16-row decode layout (decode_layout.h), one token: rows 16 g .. 16 g + 15 of one group, lane r = row r. It
+// forms, per row, the stored-row kernel's 8 lanes (k45_tile<1>): lane i = sum over the sub-blocks j of sc_j x the
+// products of values 4 i .. 4 i + 3 of sub-block j, and the mins lane i = m_i x the q sum of sub-block i; so 8 int32
+// vectors P[i] (16 rows each), 8 fp32 accumulators, the same two fmas per block and lane, and at the end avx2's hsum
+// order over the 8: the stored rows' bits. Per sub-block the 16 rows' 32 quants are four 64-byte loads (low and high
+// nibbles: quads 2 h and 2 h + 1), each quad multiplied by its 4 activations broadcast (vpmaddubsw: unsigned quants,
+// signed activations, pair sums <= 2 x 15 x 127, exact) and by the rows' sub-scales into P (vpdpwssd). ~18 instructions
+// per row and block against the stored rows' ~45. (vpdpbusd then vpmulld per quad: 30.7 GB/s a thread in L2, this
+// form: see docs/perf/cpu.md session 44.)
 __attribute__((always_inline)) inline __m512i act_quad(const uint8_t* xb, int s) {
   int32_t v;
   std::memcpy(&v, xb + 4 * s, sizeof v);
@@ -282,43 +247,51 @@ __attribute__((always_inline)) inline __m512i act_quad(const uint8_t* xb, int s)
 
 __attribute__((always_inline)) inline void q4k_group_one_token(const uint8_t* g, int64_t blocks, const uint8_t* xq, float* y,
                                                                Stream st) {
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i dup_words = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4, 4, 3,
+                                             3, 2, 2, 1, 1, 0, 0);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* gb = g + b * kQ4KGroupBlockBytes;
     const uint8_t* xb = xq + b * kBlockBytes;
     st.at(gb + kQ4KGroupBlockBytes);
-    __m512i tot = _mm512_setzero_si512();
+    __m512i P[8];
+    for (int i = 0; i < 8; ++i) P[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      // the rows' sub-scales as int16 pairs (sc, sc): a quad's two maddubs pair sums times sc in one vpdpwssd
+      const __m512i sc = _mm512_permutexvar_epi16(
+          dup_words, _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j)))));
 #pragma GCC unroll 4
       for (int h = 0; h < 4; ++h) {
         const __m512i q = _mm512_loadu_si512(gb + 320 + 256 * j + 64 * h);
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, nib), act_quad(xb, kKquantSubBlockQuads.q[j][2 * h]));
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), nib),
-                                 act_quad(xb, kKquantSubBlockQuads.q[j][2 * h + 1]));
+        const __m512i lo = _mm512_maddubs_epi16(_mm512_and_si512(q, nib), act_quad(xb, kKquantSubBlockQuads.q[j][2 * h]));
+        const __m512i hi = _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q, 4), nib),
+                                                act_quad(xb, kKquantSubBlockQuads.q[j][2 * h + 1]));
+        P[2 * h] = _mm512_dpwssd_epi32(P[2 * h], lo, sc);
+        P[2 * h + 1] = _mm512_dpwssd_epi32(P[2 * h + 1], hi, sc);
       }
-      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j)));
-      tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
-    }
-    __m512i ms = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) {
-      int32_t pair;
-      std::memcpy(&pair, xb + kPairsAt + 4 * p, sizeof pair);
-      const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 192 + 32 * p)));
-      ms = _mm512_dpwssd_epi32(ms, mins, _mm512_set1_epi32(pair));
     }
     float dx;
     std::memcpy(&dx, xb + kDAt, sizeof dx);
+    int16_t sub[8];
+    std::memcpy(sub, xb + kSubSumsAt, sizeof sub);
     const __m512 dxv = _mm512_set1_ps(dx);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
-    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, dxv), _mm512_cvtepi32_ps(tot), acc);
-    acc = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dxv), _mm512_cvtepi32_ps(ms), acc);
+    const __m512 a = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb))), dxv);
+    const __m512 m = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32))), dxv);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512i mins = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 192 + 16 * i)));
+      const __m512i M = _mm512_madd_epi16(mins, _mm512_set1_epi32(static_cast<uint16_t>(sub[i])));  // m x sum + 0 x 0
+      acc[i] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(P[i]), acc[i]);
+      acc[i] = _mm512_fnmadd_ps(m, _mm512_cvtepi32_ps(M), acc[i]);
+    }
   }
-  _mm512_storeu_ps(y, acc);
+  // simd::hsum's order per row: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+  const __m512 e = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+  const __m512 o = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+  _mm512_storeu_ps(y, _mm512_add_ps(e, o));
 }
 
 template <WeightFormat F, int T>
