@@ -51,8 +51,8 @@ void group_block(const WeightMatrix& W, int64_t g, int64_t b, uint8_t* out) {
     for (int j = 0; j < 8; ++j)
       for (int h = 0; h < 4; ++h)
         for (int e = 0; e < 4; ++e) {
-          const int lo = kquant_quad_first(kquant_sub_block_quad(j, 2 * h)) + e;
-          const int hi = kquant_quad_first(kquant_sub_block_quad(j, 2 * h + 1)) + e;
+          const int lo = kquant_quad_first(kKquantSubBlockQuads.q[j][2 * h]) + e;
+          const int hi = kquant_quad_first(kKquantSubBlockQuads.q[j][2 * h + 1]) + e;
           out[320 + 256 * j + 64 * h + 4 * r + e] = static_cast<uint8_t>(q[lo] | q[hi] << 4);
         }
   }
