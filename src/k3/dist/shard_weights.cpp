@@ -47,6 +47,7 @@ WeightMatrix copy_columns(const WeightMatrix& m, Range c, ShardedWeights& out, c
   const int64_t b0 = c.first / L.block_elems, nb = c.count / L.block_elems;
   WeightMatrix s = m;
   s.cols = c.count;
+  s.tiled = nullptr;  // as row_slice
   s.data = copy_blocks(out, static_cast<const uint8_t*>(m.data), m.rows, row_data_bytes(m.format, m.cols),
                        b0 * L.block_bytes, nb * L.block_bytes);
   if (m.scales)
