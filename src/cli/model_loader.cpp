@@ -353,9 +353,13 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
     if (dummy) {  // random weights in host memory: no file, so no expert residency to manage
       k3::ExpertResidencyOptions none;
       none.enabled = false;
-      return k3::Model::load(k3::dummy_model_files(dummy_config(dir, d)), kv, ssm, none);
+      auto m = k3::Model::load(k3::dummy_model_files(dummy_config(dir, d)), kv, ssm, none);
+      m->add_decode_layouts();
+      return m;
     }
-    return k3::Model::load(dir, kv, ssm, expert_residency_options(d));
+    auto m = k3::Model::load(dir, kv, ssm, expert_residency_options(d));
+    m->add_decode_layouts();
+    return m;
   }
   if (is_cuda_device(d.device)) {
     const int ordinal = parse_cuda_ordinal(d.device);

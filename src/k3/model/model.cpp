@@ -22,10 +22,14 @@ std::unique_ptr<Model> Model::load(ModelFiles files, CacheDType kv, CacheDType s
   m->spec_ = make_cache_spec(m->cfg_, kv, ssm);
   m->ckpt_ = std::move(files.checkpoint);
   m->w_ = bind_weights(m->cfg_, *m->ckpt_);
-  m->decode_layouts_ = cpu::add_decode_layouts(m->w_);
   m->residency_ = make_expert_residency(m->w_, *m->ckpt_, experts);
   m->backend_.set_expert_residency(m->residency_.get());
   return m;
+}
+
+void Model::add_decode_layouts() {
+  std::lock_guard lk(mu_);
+  if (decode_layouts_.bytes == 0) decode_layouts_ = cpu::add_decode_layouts(w_);
 }
 
 std::optional<ExpertCacheStats> Model::expert_cache_stats() const {

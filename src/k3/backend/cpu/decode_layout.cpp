@@ -7,6 +7,7 @@
 
 #include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/kquant_act_order.h"
+#include "k3/core/thread_pool.h"
 #include "k3/model/weights.h"
 #include "k3/quant/block_decode.h"
 
@@ -33,9 +34,8 @@ void natural_quants(const uint8_t* qs, uint8_t* q) {
     }
 }
 
-// Group g (rows 16 g .. 16 g + 15), block b of W into out (kQ4KGroupBlockBytes).
+// Group g (rows 16 g .. 16 g + 15), block b of W into out (kQ4KGroupBlockBytes: every byte written).
 void group_block(const WeightMatrix& W, int64_t g, int64_t b, uint8_t* out) {
-  std::memset(out, 0, static_cast<size_t>(kQ4KGroupBlockBytes));
   for (int r = 0; r < kQ4KGroupRows; ++r) {
     const uint8_t* blk = W.row_data(g * kQ4KGroupRows + r) + b * kStoredBlock;
     std::memcpy(out + 2 * r, blk, 2);
@@ -72,8 +72,10 @@ int64_t decode_layout_bytes(const WeightMatrix& W) {
 
 void make_decode_layout(const WeightMatrix& W, uint8_t* out) {
   const int64_t blocks = W.cols / kQK;
-  for (int64_t g = 0; g < W.rows / kQ4KGroupRows; ++g)
-    for (int64_t b = 0; b < blocks; ++b) group_block(W, g, b, out + (g * blocks + b) * kQ4KGroupBlockBytes);
+  ThreadPool::global().parallel_for(W.rows / kQ4KGroupRows, 0, [&](int64_t g0, int64_t g1, int) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < blocks; ++b) group_block(W, g, b, out + (g * blocks + b) * kQ4KGroupBlockBytes);
+  });
 }
 
 DecodeLayouts add_decode_layouts(ModelWeights& w) {

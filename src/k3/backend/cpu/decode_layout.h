@@ -1,4 +1,5 @@
-// The CPU's decode layout of a Q4_K matrix: a second copy of its blocks, made once at load (Model::load), that the
+// The CPU's decode layout of a Q4_K matrix: a second copy of its blocks, made once when a CPU runner is loaded to decode
+// (Model::add_decode_layouts, called by the CLI's model loader for run / serve / bench / perplexity), that the
 // avx512bf16 / amx tiers' one-token product reads instead of the stored rows (WeightMatrix::tiled). Why: a stored
 // Q4_K row costs that product ~45 vector instructions per 256 weights (the 6-bit scales unpacked, the sub-scales
 // spread over lanes, the per-row fp32 tail), ~21 cycles a block on a 2-core Zen 4, so one core decoded it at ~20-24

@@ -13,8 +13,8 @@
 // integer sum of avx2int8's lane i (the same products, grouped otherwise: integer sums are exact), folded to 8 lanes per
 // block before the same fp32 tail (one fma per block of the products at dw dx, one of the mins at dmin dx; avx2's hsum).
 // So a K-quant GGUF gives the same logits on an AVX2 and an AVX-512 machine. Q4_K's 16-row decode layout
-// (decode_layout.h; session 44) has its own one-token kernel below, which forms the same 8 lanes per row: the same bits. Integer ranges as in avx2int8 (a maddubs
-// pair <= 2 x 63 x 127 = 16002, no saturation; lanes < 2^25).
+// (decode_layout.h; session 44) has its own one-token kernel below, which forms the same 8 lanes per row: the same
+// bits. Integer ranges as in avx2int8 (a maddubs pair <= 2 x 63 x 127 = 16002, no saturation; lanes < 2^25).
 //
 // Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each (row, token) pair
 // runs the same operations in the same order in every tile size (T = 1 is the dot).
@@ -85,9 +85,11 @@ void q8k_block(const float* v, uint8_t* o) {
     }
   std::memcpy(o + kSumsAt, sums, sizeof sums);
   std::memcpy(o + kDAt, &d, sizeof d);
-  int16_t sub[8];
-  for (int j = 0; j < 8; ++j) sub[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
-  std::memcpy(o + kSubSumsAt, sub, sizeof sub);
+  if constexpr (kNibblePairs) {  // Q4_K / Q5_K's layout: what Q4_K's 16-row kernel reads
+    int16_t sub[8];
+    for (int j = 0; j < 8; ++j) sub[j] = static_cast<int16_t>(sums[2 * j] + sums[2 * j + 1]);
+    std::memcpy(o + kSubSumsAt, sub, sizeof sub);
+  }
 }
 
 template <bool kNibblePairs>

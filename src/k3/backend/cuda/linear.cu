@@ -14,7 +14,8 @@
 //
 // GEMV path (bf16 and fp32 weights): one warp per output row, 8 warps per block. (Session 42 wrote a second bf16
 // GEMV -- rows split over warps, a lane's loads all in flight, PDL; measured in session 44 it lost at every size but
-// the 256-row router: the 755 MB head 349 vs 245 us, 58 MB 33 vs 24 us, batch 1 -10%; removed, docs/perf/cuda.md.) Lane l reads 8 consecutive weights (one
+// the 256-row router: the 755 MB head 349 vs 245 us, 58 MB 33 vs 24 us, batch 1 -10%; removed, docs/perf/cuda.md.)
+// Lane l reads 8 consecutive weights (one
 // 16-byte load for bf16, two for fp32) at columns 8l, 8l + 256, ... and applies them to all NT tokens,
 // so W is streamed once for the whole group of tokens; x is read through L1 (it is small and shared by
 // all warps of the SM). fp32 accumulation, warp-shuffle reduction. cols % 8 != 0 falls back to a
