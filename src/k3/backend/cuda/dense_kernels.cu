@@ -119,20 +119,40 @@ __device__ __forceinline__ void store_normed(float4* orow, const float4 (&v)[V],
   }
 }
 
+// Row blockIdx.x held in v (V float4 a thread): x's row, or y + x (then stored back to y) when y is given; returns
+// the thread's sum of squares (per float4: x, y, z, w).
 template <int V>
-__global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
-  pdl::launch_dependents();
-  const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * stride);
-  float4* orow = reinterpret_cast<float4*>(out + static_cast<int64_t>(blockIdx.x) * stride);
-  const int q = dim / 4;
-  float4 v[V];
+__device__ __forceinline__ float load_row(float4 (&v)[V], float* y, const float* x, int stride, int q) {
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * stride;
+  const float4* xr = reinterpret_cast<const float4*>(x + off);
+  float4* yr = y ? reinterpret_cast<float4*>(y + off) : nullptr;
   float ss = 0;
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int j = threadIdx.x + i * blockDim.x;
-    v[i] = j < q ? xr[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (j < q) {
+      const float4 b = xr[j];
+      if (yr) {
+        const float4 a = yr[j];
+        v[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        yr[j] = v[i];
+      } else {
+        v[i] = b;
+      }
+    }
     ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
   }
+  return ss;
+}
+
+template <int V>
+__global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
+  pdl::launch_dependents();
+  const int q = dim / 4;
+  float4 v[V];
+  const float ss = load_row<V>(v, nullptr, x, stride, q);
+  float4* orow = reinterpret_cast<float4*>(out + static_cast<int64_t>(blockIdx.x) * stride);
   store_normed<V>(orow, v, rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps), w, q);
 }
 
@@ -140,24 +160,10 @@ template <int V>
 __global__ void add_rmsnorm_vec_kernel(float* y, const float* __restrict__ x, const float* __restrict__ w, int dim,
                                        int stride, float eps, float* out) {
   pdl::launch_dependents();
-  const int64_t off = static_cast<int64_t>(blockIdx.x) * stride;
-  float4* yr = reinterpret_cast<float4*>(y + off);
-  const float4* xr = reinterpret_cast<const float4*>(x + off);
-  float4* orow = reinterpret_cast<float4*>(out + off);
   const int q = dim / 4;
   float4 v[V];
-  float ss = 0;
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int j = threadIdx.x + i * blockDim.x;
-    v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (j < q) {
-      const float4 a = yr[j], b = xr[j];
-      v[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      yr[j] = v[i];
-    }
-    ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
-  }
+  const float ss = load_row<V>(v, y, x, stride, q);
+  float4* orow = reinterpret_cast<float4*>(out + static_cast<int64_t>(blockIdx.x) * stride);
   store_normed<V>(orow, v, rsqrtf(block_sum(ss) / static_cast<float>(dim) + eps), w, q);
 }
 
