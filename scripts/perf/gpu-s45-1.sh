@@ -1,0 +1,59 @@
+#!/bin/bash
+# Session 45 call 1. GPU (issue 18): session 44's planned call 4 (scripts/perf/gpu-s44-3.sh: the whole CUDA suite on main
+# -- the session-42 rework without its bf16 GEMV, plus the vector-RMSNorm load dedup -- then k3old (session 41's CUDA
+# code, scripts/gpu-pack-ab 3dad5ee) vs k3, alternating, Kimi-Linear-48B dummy decode b1 x3, b8 / b64 / b256 x2, and an
+# ncu step split at b1). CPU (issue 15), on the host's cores after the GPU part: kl-1b (random weights of the template
+# of /work/gate/kl-1b) quantised by k3 to Q4_K_M, the SAME file in k3 (Q4_K decode copies on / off) and llama.cpp
+# 0c1e570 (CPU build, in the background during the GPU suite), decode tg128 at 16 threads, three alternating rounds,
+# against `k3 bench memory -t 16` taken in each round and the file's bytes per token (scripts/peer/gguf_token_bytes.py).
+# Carry: .gpuwork/k3bins.tar.xz .gpuwork/kl.tpl.json.xz .gpuwork/llama-cpu-slim.tar.xz
+set -u
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
+GW=$ROOT/.gpuwork; D=/tmp/k3b
+mkdir -p $D; tar -xJf $GW/k3bins.tar.xz -C $D; export LD_LIBRARY_PATH=$D:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export K3_SHARED_DIR=/nonexistent; nvidia-smi --query-gpu=name --format=csv,noheader; ulimit -c 0
+lscpu | grep -E 'Model name|^CPU\(s\)'
+# --- CPU preparation in the background (llama.cpp's llama-bench; the checkpoint and k3's Q4_K_M of it)
+( mkdir -p /tmp/ll && tar -xJf $GW/llama-cpu-slim.tar.xz -C /tmp/ll && cd /tmp/ll/llama.cpp &&
+  cmake -S . -B b -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
+  nice cmake --build b -j10 --target llama-bench > /tmp/llama-build.log 2>&1; echo "llama build rc=$?" >> /tmp/llama-build.log ) &
+LB=$!
+( xz -dc $GW/kl.tpl.json.xz > /tmp/kl.tpl.json && nice python3 scripts/random_checkpoint.py write /tmp/kl.tpl.json /tmp/kl > /tmp/ckpt.log 2>&1 &&
+  nice $D/k3 quantize /tmp/kl /dev/shm/kl-q4km.gguf Q4_K_M -t 4 > /tmp/q.log 2>&1; echo "kl-q4km rc=$?" >> /tmp/q.log ) &
+QB=$!
+# --- GPU
+MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1); LAY=""; BW=4175; [ "$MEM" -lt 100000 ] && LAY="--num-layers 12" && BW=3350
+KL="--device cuda --load-format dummy --preset kimi-linear-48b-a3b $LAY"
+timeout 200 $D/k3_cuda_tests > $OUT/suite.log 2>&1; echo "suite rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) " $OUT/suite.log | head; xz -9 $OUT/suite.log
+wait $LB $QB; tail -1 /tmp/llama-build.log; tail -2 /tmp/q.log; echo "cpu prep done $(el)"
+for r in 1 2 3; do for v in old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
+  timeout 60 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+done; done | tee $OUT/ab-b1.txt
+for b in 8 64 256; do for v in old new old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
+  timeout 60 $BIN bench offline $KL -p 0 -n 32 -b $b -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b$b rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+done; done | tee $OUT/ab-b8-256.txt
+echo "gpu ab done $(el)"
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+for n in 2 4; do [ $(left) -gt 250 ] || break
+  timeout 90 $NCU --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum --cache-control none \
+    --log-file /tmp/ncu-n$n.csv $D/k3 bench offline $KL --enforce-eager -p 0 -n $n -b 1 -r 1 --mem-bw -1 > /tmp/ncu.out 2>&1
+  echo "ncu n=$n rc=$? $(el)"
+done
+python3 scripts/perf/ncu_step_diff.py /tmp/ncu-n2.csv /tmp/ncu-n4.csv 4 > $OUT/ncu-b1-step.txt 2>&1; head -8 $OUT/ncu-b1-step.txt | cut -c1-150
+# --- CPU, 16 threads, the same GGUF in both engines
+Q=/dev/shm/kl-q4km.gguf
+python3 scripts/peer/gguf_token_bytes.py $Q | tee $OUT/cpu-t16.txt
+LBIN=/tmp/ll/llama.cpp/b/bin
+for r in 1 2 3; do [ $(left) -gt 60 ] || break
+  { echo "round $r: load $(cut -d' ' -f1-3 /proc/loadavg) $(el)"
+    $D/k3 bench memory -t 16 2>&1 | tail -1
+    for lay in 1 0; do
+      K3_CPU_DECODE_LAYOUT=$lay timeout 40 $D/k3 bench offline -m $Q --no-mmap -p 0 -n 128 -r 2 -t 16 > /tmp/e2e.txt 2>&1
+      echo "k3 layout=$lay: $(grep -E '^\| kl-q4km' /tmp/e2e.txt | cut -d'|' -f3,6 | tr '\n' ' ')"
+    done
+    [ -x $LBIN/llama-bench ] && timeout 40 $LBIN/llama-bench -m $Q -mmp 0 -p 0 -n 128 -t 16 -r 2 -o md > /tmp/ll.txt 2>&1
+    echo "llama: $(grep -E 'tg128' /tmp/ll.txt | awk -F'|' '{print $(NF-1)}')"; } 2>&1 | tee -a $OUT/cpu-t16.txt
+done
+[ $(left) -gt 30 ] && K3_CPU_PROFILE=1 K3_CPU_PROFILE_SKIP=8 timeout 25 $D/k3 bench offline -m $Q --no-mmap -p 0 -n 64 -r 1 -t 16 > $OUT/cpu-prof-t16.txt 2>&1
+echo "done $(el)"
