@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -507,10 +508,19 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
       double bw = f->mem_bw;
       const bool any_tg = std::any_of(tests.begin(), tests.end(), [](const auto& t) { return !t.prefill; });
       // The roofline's bytes per step come from the config (plan::decode_step_bytes: the checkpoint's BF16 /
-      // MXFP4 formats); a GGUF's block formats read other bytes: no roofline there rather than a wrong one.
+      // MXFP4 formats); a GGUF's block formats read other bytes: on the CPU they are counted from the bound
+      // weights, elsewhere (the device copies are the backend's) no roofline rather than a wrong one.
+      std::optional<k3::plan::LoadedWeightBytes> loaded;
       if (any_tg && k3::is_gguf_path(dir) && bw >= 0) {
-        bw = -1;
-        std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF (its bytes per token are not the config's)\n");
+        if (const auto* cpu = dynamic_cast<const k3::Model*>(model.get())) {
+          loaded = k3::bench::loaded_weight_bytes(cpu->weights());
+          std::fprintf(stderr, "k3 bench offline: decode roofline from the GGUF's weights as loaded: %.4f GB a token "
+                               "(non-routed) + %.4f GB an expert (all MoE layers)\n", loaded->non_routed / 1e9,
+                       loaded->per_expert / 1e9);
+        } else {
+          bw = -1;
+          std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF off the CPU (its bytes per token are not the config's)\n");
+        }
       }
       // The CPU's dummy matrices are views of shared pools (model/dummy_checkpoint.h): fewer distinct bytes than
       // the config's, so a roofline would flatter it.
@@ -541,7 +551,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
                      (long long)t.batch, k3::ThreadPool::global().size());
         rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
                                                  !f->no_warmup, f->grammar.empty() ? nullptr : &sampling, f->host_logits));
-        k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw);
+        k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), bw, loaded ? &*loaded : nullptr);
         if (sampling.grammar && !t.prefill) {
           double total = 0;
           for (double s : rs.back().seconds) total += s;

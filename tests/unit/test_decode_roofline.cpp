@@ -8,9 +8,15 @@
 #include "k3/bench/memory_bandwidth.h"
 #include "k3/bench/offline.h"
 #include "k3/core/error.h"
+#include "k3/io/gguf.h"
+#include "k3/io/gguf_writer.h"
+#include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/gguf_export.h"
+#include "k3/model/model.h"
 #include "k3/plan/plan.h"
 #include "k3/runtime/cache_spec.h"
+#include "test_util.h"
 
 namespace {
 
@@ -73,6 +79,45 @@ TEST(DecodeRoofline, OfflineRowsCarryBytesAndShareOfBandwidth) {
   EXPECT_NE(table.find(pct), std::string::npos) << table;
   // No bandwidth: the llama-bench table unchanged.
   EXPECT_EQ(k3::bench::offline_table({pp}, "tiny").find("GB/s"), std::string::npos);
+}
+
+// The roofline of a model as loaded (what `k3 bench offline` uses for a GGUF on the CPU): the bound matrices'
+// own bytes, checked against the config's count on the HF dir and against the file's own tensor table on a GGUF
+// whose dense matrices are Q8_0 blocks.
+TEST(DecodeRoofline, LoadedWeightBytesAreTheBoundFormats) {
+  const std::string dir = k3test::source_path("models/k3-tiny");
+  const k3::ModelConfig c = tiny_config();
+  const auto w = k3::plan::weight_bytes(c);
+  const auto hf = k3::Model::load(dir);
+  const k3::plan::LoadedWeightBytes lb = k3::bench::loaded_weight_bytes(hf->weights());
+  EXPECT_DOUBLE_EQ(lb.per_expert, 11 * 19584.0);  // MXFP4 experts as shipped: the config's count
+  // The rest: the config's bytes less the vectors (norms, conv taps, biases), which loaded_weight_bytes leaves out.
+  const double cfg_non_routed = w.non_expert() - w.embedding;
+  EXPECT_LT(lb.non_routed, cfg_non_routed);
+  EXPECT_GT(lb.non_routed, 0.97 * cfg_non_routed) << lb.non_routed << " vs " << cfg_non_routed;
+
+  k3test::TempDir t;
+  const std::string path = t.str() + "/q8.gguf";
+  const k3::Checkpoint ck(dir);  // the writer keeps views into it until write()
+  k3::GgufWriter gw;
+  k3::add_model_to_gguf(gw, c, ck, "k3-tiny",
+                        {k3::parse_tensor_type_rule("attn|ffn_(gate|up|down)\\.|output=q8_0")});
+  gw.write(path);
+  const auto gg = k3::Model::load(path);
+  const k3::plan::LoadedWeightBytes lq = k3::bench::loaded_weight_bytes(gg->weights());
+  // The file's tensor table: every matrix (2+ dims) a token reads; the routed experts' stacks over E.
+  const k3::GgufFile f(path);
+  double non_routed = 0, experts = 0;
+  bool head = false;
+  for (const k3::GgufTensor& x : f.gguf().tensors) {
+    head |= x.name == "output.weight";
+    if (x.dims.size() < 2 || x.dims[1] == 1 || x.name == "token_embd.weight") continue;
+    (x.name.find("_exps.") != std::string::npos ? experts : non_routed) += static_cast<double>(x.bytes);
+  }
+  if (!head) non_routed += static_cast<double>(f.gguf().find("token_embd.weight")->bytes);  // a tied head
+  EXPECT_DOUBLE_EQ(lq.per_expert, experts / static_cast<double>(c.num_experts));
+  EXPECT_DOUBLE_EQ(lq.non_routed, non_routed);
+  EXPECT_LT(lq.non_routed, 0.75 * lb.non_routed);  // Q8_0 (34 B a 32) in place of bf16 (64 B a 32) for most
 }
 
 TEST(MemoryBandwidth, MeasuresAPositiveRateAndRejectsBadSizes) {

@@ -12,6 +12,7 @@
 #include "k3/core/error.h"
 #include "k3/core/thread_pool.h"
 #include "k3/grammar/token_matcher.h"
+#include "k3/model/weights.h"
 #include "k3/plan/plan.h"
 #include "k3/sampling/token_sampling.h"
 #include "k3/runtime/model_runner.h"
@@ -39,12 +40,38 @@ nlohmann::json OfflineResult::to_json() const {
   return j;
 }
 
-void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s) {
+void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s,
+                         const plan::LoadedWeightBytes* loaded) {
   if (r.test.prefill || bandwidth_gb_s <= 0 || r.seconds.empty()) return;
   const double context = static_cast<double>(r.test.depth) + (static_cast<double>(r.test.n) + 1) / 2;
-  r.step_bytes = plan::decode_step_bytes(c, spec, r.test.batch, context).total();
+  r.step_bytes = plan::decode_step_bytes(c, spec, r.test.batch, context, -1, loaded).total();
   r.read_gb_s = r.step_bytes * static_cast<double>(r.test.n) / mean(r.seconds) / 1e9;
   r.bandwidth_gb_s = bandwidth_gb_s;
+}
+
+plan::LoadedWeightBytes loaded_weight_bytes(const ModelWeights& w) {
+  double all = 0, routed_per_expert = 0;
+  for_each_matrix(w, [&](const WeightMatrix& m) { all += static_cast<double>(m.bytes()); });
+  double routed = 0;
+  for (const LayerWeights& L : w.layers) {
+    if (!L.is_kda) {  // kv_b is not among the walked matrices: the form the absorbed decode reads
+      const MlaWeights& a = L.mla;
+      all += static_cast<double>(!a.k_b_blocks.empty() ? a.k_b_blocks.bytes() + a.v_b_blocks.bytes()
+                                 : !a.kv_b_stored.empty() ? a.kv_b_stored.bytes()
+                                                          : a.kv_b_f32.bytes());
+    }
+    if (!L.is_moe || L.moe.experts.empty()) continue;
+    double layer = 0;
+    for (const GluMlp& e : L.moe.experts) layer += static_cast<double>(e.gate.bytes() + e.up.bytes() + e.down.bytes());
+    routed += layer;
+    routed_per_expert += layer / static_cast<double>(L.moe.experts.size());
+  }
+  // for_each_matrix visits a head tied to the token table once (as the table): that one is read whole.
+  const bool tied = w.lm_head.data == w.embed.data;
+  plan::LoadedWeightBytes b;
+  b.non_routed = all - routed - (tied ? 0.0 : static_cast<double>(w.embed.bytes()));
+  b.per_expert = routed_per_expert;
+  return b;
 }
 
 std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std::vector<int64_t>& tg,

@@ -10,10 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "k3/plan/plan.h"
+
 namespace k3 {
 class ModelRunner;
 struct ModelConfig;
 struct CacheSpec;
+struct ModelWeights;
 }
 
 namespace k3::grammar {
@@ -82,7 +85,15 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
 // Fills r's roofline fields for a tg test (pp tests are left alone): step_bytes from
 // plan::decode_step_bytes at the mean context of the run (depth + (n + 1) / 2 rows per MLA layer) with the
 // expected distinct experts of r.test.batch uniform picks; bandwidth_gb_s: measured read bandwidth (> 0).
-void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s);
+// `loaded`: the weight bytes as loaded (loaded_weight_bytes), else the config's.
+void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s,
+                         const plan::LoadedWeightBytes* loaded = nullptr);
+
+// The weight bytes a decode token reads from `w` as bound (each matrix in its own format: a GGUF's blocks): every
+// matrix but the token table (one row a token; a head tied to it is read whole) and the routed experts, the MLA
+// layers' kv_b in the form the absorbed decode reads (a GGUF's quantised halves, else the stored kv_b), and one
+// expert of each MoE layer (the layer's mean). Vectors (norms, biases, conv taps) are not counted: < 0.1%.
+plan::LoadedWeightBytes loaded_weight_bytes(const ModelWeights& w);
 
 // llama-bench's markdown table (plus GB/step, GB/s and % of the bandwidth where a roofline was added).
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);

@@ -236,16 +236,16 @@ double expected_distinct_experts(double E, double K, double tokens) {
 }
 
 DecodeStepBytes decode_step_bytes(const ModelConfig& c, const CacheSpec& spec, int64_t batch, double context,
-                                  double distinct_experts) {
+                                  double distinct_experts, const LoadedWeightBytes* loaded) {
   const WeightBreakdown w = weight_bytes(c);
   const double B = (double)batch;
   DecodeStepBytes d;
-  d.non_routed = w.non_expert() - w.embedding;
+  d.non_routed = loaded ? loaded->non_routed : w.non_expert() - w.embedding;
   if (c.num_experts > 0 && c.top_k > 0) {
     d.distinct_experts =
         distinct_experts >= 0 ? distinct_experts : expected_distinct_experts((double)c.num_experts, (double)c.top_k, B);
     const double per_expert_layer = 3 * (double)c.expert_in_dim() * (double)c.moe_intermediate_size * expert_bytes_per_param(c);
-    d.routed = d.distinct_experts * (double)num_moe_layers(c) * per_expert_layer;
+    d.routed = d.distinct_experts * (loaded ? loaded->per_expert : (double)num_moe_layers(c) * per_expert_layer);
   }
   const double seq_state = (double)(spec.kda_layers * (spec.kda_state_bytes() + 3 * spec.kda_conv_floats * 4));
   d.kda_state = B * 2.0 * seq_state;

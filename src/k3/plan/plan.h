@@ -149,10 +149,17 @@ struct DecodeStepBytes {
 // Distinct experts per layer that `tokens` top-K picks over E experts touch, picks uniform and
 // independent: E (1 - (1 - K/E)^tokens); exactly K for one token.
 double expected_distinct_experts(double E, double K, double tokens);
+// The weight bytes of a step as loaded, where they are not what the config implies (a GGUF's block formats):
+// the non-routed matrices one token reads (the token table excluded) and one expert's matrices summed over the
+// MoE layers (bench::loaded_weight_bytes counts them from a model's bound weights).
+struct LoadedWeightBytes {
+  double non_routed = 0, per_expert = 0;
+};
 // A step of `batch` sequences with `context` cached tokens each (the cache dtypes from `spec`);
-// `distinct_experts` < 0: expected_distinct_experts(E, K, batch).
+// `distinct_experts` < 0: expected_distinct_experts(E, K, batch). `loaded`: its weight bytes replace the
+// config's (the KDA state and MLA rows stay the cache spec's).
 DecodeStepBytes decode_step_bytes(const ModelConfig& c, const CacheSpec& spec, int64_t batch, double context,
-                                  double distinct_experts = -1);
+                                  double distinct_experts = -1, const LoadedWeightBytes* loaded = nullptr);
 
 Plan make_plan(const PlanInput& in);
 
