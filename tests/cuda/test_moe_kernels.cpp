@@ -11,12 +11,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "k3/backend/cpu/ops.h"
@@ -627,6 +629,63 @@ TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
 // unfused GEMV path, checked against the CPU above) + the shared GLU MLP computed on the host, within 1e-5 of the
 // largest output; every element written (NaN-poisoned out); an invalid id in a slot adds nothing; SiLU and SiTU;
 // moe_shared_fusable refuses a batch past the GEMV path, a shape that differs, MXFP4 experts.
+// Timing (prints only): the router's top-K at decode sizes (Kimi-Linear E = 256, K = 8; K3 E = 896, K = 16), 200
+// launches captured in one CUDA graph (the decode step's form: launch latency mostly hidden) and, for scale, the same
+// graph of a 4-byte cudaMemsetAsync node. Call s44-2's ncu step split had the one-token route at 9.1 us a layer
+// (Kimi-Linear), the cost of a 5 MB GEMV; this says what the kernel itself takes.
+TEST(CudaMoe, RouteTiming) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Rng rng(5);
+  cudaStream_t s;
+  ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  auto graph_us = [&](const std::function<void()>& body) {  // us per captured launch, best of 3 replays
+    constexpr int kLaunches = 200;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int i = 0; i < kLaunches; ++i) body();
+    ck(cudaStreamEndCapture(s, &g), "end capture");
+    ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    cudaEvent_t a, b;
+    ck(cudaEventCreate(&a), "event");
+    ck(cudaEventCreate(&b), "event");
+    float best = 1e30f;
+    for (int r = 0; r < 4; ++r) {  // the first replay warms up
+      ck(cudaEventRecord(a, s), "record");
+      ck(cudaGraphLaunch(ge, s), "launch");
+      ck(cudaEventRecord(b, s), "record");
+      ck(cudaEventSynchronize(b), "sync");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+      if (r > 0) best = std::min(best, ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return 1e3 * best / kLaunches;
+  };
+  DevBuf one(4);
+  const double memset_us = graph_us([&] { ck(cudaMemsetAsync(one.p, 0, 4, s), "memset"); });
+  std::printf("[ timing ] graph of 4-byte memsets: %.2f us a node\n", memset_us);
+  for (const auto& [E, K] : {std::pair{256, 8}, std::pair{896, 16}}) {
+    for (const int n : {1, 8, 64}) {
+      std::vector<float> logits(static_cast<size_t>(n) * E), bias(E);
+      for (auto& v : logits) v = rng.normal();
+      for (auto& v : bias) v = 0.01f * rng.normal();
+      DevBuf dl(logits.size() * 4), db(bias.size() * 4), di(static_cast<size_t>(n) * K * 4), dw(static_cast<size_t>(n) * K * 4);
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "bias");
+      const double us = graph_us([&] {
+        ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), s),
+           "route");
+      });
+      std::printf("[ timing ] moe_route E=%d K=%d n=%d: %.2f us a launch in a graph\n", E, K, n, us);
+    }
+  }
+  ck(cudaStreamDestroy(s), "stream");
+}
+
 TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using k3::cuda::GluAct;

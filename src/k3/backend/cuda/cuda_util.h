@@ -19,6 +19,17 @@ inline void check(cudaError_t e, const char* what) {
 }
 #define K3_CUDA_CHECK(call) ::k3::cuda::check((call), #call)
 
+// The current device's SM count, read once (132 if it cannot be read: an H100 / H200): for launch-shape rules.
+inline int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0
+               ? v
+               : 132;
+  }();
+  return n;
+}
+
 // One cudaMalloc'd region; moves, never copies.
 class DeviceBuffer {
  public:

@@ -27,6 +27,7 @@
 #include <string>
 #include <utility>
 
+#include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear_skinny.h"
 #include "k3/backend/cuda/quant_kernels.h"
@@ -51,10 +52,14 @@ struct GemvGroup {
   int count;
 };
 
-template <int NT, typename WT>
+// PRE: launched with pdl::launch (pdl.cuh's contract), each warp requests its row into L2 before it waits for the
+// kernel that wrote x, so that the row's first DRAM round trip overlaps that kernel's tail (the GGUF GEMVs' prologue
+// since session 32; here from session 45). One token, where the whole grid is resident at once (launch_gemv): the
+// prologue costs registers (32 -> 42 at one bf16 token: 8 -> 6 blocks an SM), and a later wave starts after the wait
+// anyway. K3_PDL=0: the plain kernel everywhere, the A/B.
+template <int NT, typename WT, bool PRE>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const GemvGroup<WT> grp, int64_t cols, const float* __restrict__ x) {
-  pdl::launch_dependents();
   const int lane = threadIdx.x & 31;
   int m = 0;  // this block's matrix (block-uniform)
   while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
@@ -62,8 +67,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* __restrict__ y = grp.y[m];
   const int64_t rows = grp.rows[m];
   const int64_t row = (static_cast<int64_t>(blockIdx.x) - grp.first_block[m]) * kWarps + (threadIdx.x >> 5);
-  if (row >= rows) return;
   const WT* wr = W + row * cols;
+  if constexpr (PRE) {
+    if (row < rows) pdl::prefetch_l2(wr, cols * static_cast<int64_t>(sizeof(WT)), lane, 32);  // weights only
+    pdl::begin();
+  } else {
+    pdl::launch_dependents();
+  }
+  if (row >= rows) return;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
@@ -117,15 +128,26 @@ cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, 
     blocks += (grp.rows[m] + kWarps - 1) / kWarps;
   }
   const unsigned grid = static_cast<unsigned>(blocks);
+  // One token, and a grid resident at once (the KDA / MLA / shared-expert projections at batch 1): the prefetch
+  // before the wait. Taller matrices (the head) and several tokens: the plain kernel (8 blocks an SM at one token).
+  if (n == 1 && pdl::enabled()) {
+    static const int64_t resident = [] {
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_kernel<1, WT, true>, kWarps * 32, 0) != cudaSuccess)
+        per_sm = 1;
+      return static_cast<int64_t>(per_sm) * device_sm_count();
+    }();
+    if (blocks <= resident) return pdl::launch(gemv_kernel<1, WT, true>, grid, kWarps * 32, 0, s, grp, cols, x);
+  }
   switch (n) {
-    case 1: gemv_kernel<1, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 2: gemv_kernel<2, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 3: gemv_kernel<3, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 4: gemv_kernel<4, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 5: gemv_kernel<5, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 6: gemv_kernel<6, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 7: gemv_kernel<7, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 8: gemv_kernel<8, WT><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 1: gemv_kernel<1, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 2: gemv_kernel<2, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 3: gemv_kernel<3, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 4: gemv_kernel<4, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 5: gemv_kernel<5, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 6: gemv_kernel<6, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 7: gemv_kernel<7, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 8: gemv_kernel<8, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -39,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
@@ -604,15 +605,7 @@ cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_st
 
 namespace {
 
-int num_sms() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 132;
-    return v;
-  }();
-  return n;
-}
+int num_sms() { return device_sm_count(); }
 
 // Blocks per SM the K split aims for (K3_MOE_DEC_BLOCKS_PER_SM overrides: a tuning knob for the timing runs).
 int target_blocks_per_sm() {

@@ -28,6 +28,7 @@
 // result does not depend on timing. Rows block (quant_mma_rows.cuh, larger batches): 8 warps on 128 rows, x staged
 // in shared memory; k slices summed in slice order. Rows past the end are read (clamped to the last row), never written.
 // Tokens past n read token n - 1's activations; their columns of the MMA are discarded.
+#include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/quant_mma.h"
 
 #include <algorithm>
@@ -139,10 +140,7 @@ cudaError_t launch_rows_nt(const qmma::Job& j, int slices, float* partials, cuda
 // The Rows form's k slices: enough 128-row blocks for two waves of the GPU's SMs, at least 4 units per slice, no more
 // than the scratch holds.
 int64_t rows_slices_wanted(int64_t rows, int64_t units) {
-  static const int sms = [] {
-    int dev = 0, v = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0 ? v : 132;
-  }();
+  const int sms = device_sm_count();
   const int64_t blocks = (rows + qmma::kRowsPerBlock - 1) / qmma::kRowsPerBlock;
   return std::clamp<int64_t>(std::min<int64_t>((2 * sms + blocks - 1) / blocks, units / 4), 1, 64);
 }
