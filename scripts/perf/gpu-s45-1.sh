@@ -27,8 +27,8 @@ MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -
 KL="--device cuda --load-format dummy --preset kimi-linear-48b-a3b $LAY"
 timeout 200 $D/k3_cuda_tests > $OUT/suite.log 2>&1; echo "suite rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) " $OUT/suite.log | head; xz -9 $OUT/suite.log
 wait $LB $QB; tail -1 /tmp/llama-build.log; tail -2 /tmp/q.log; echo "cpu prep done $(el)"
-for r in 1 2 3; do for v in old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
-  timeout 60 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+for r in 1 2 3; do for v in old new nopdl; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old; P=1; [ $v = nopdl ] && P=0
+  K3_PDL=$P timeout 60 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/ab-b1.txt
 for b in 8 64 256; do for v in old new old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
   timeout 60 $BIN bench offline $KL -p 0 -n 32 -b $b -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b$b rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
@@ -41,6 +41,11 @@ for n in 2 4; do [ $(left) -gt 250 ] || break
   echo "ncu n=$n rc=$? $(el)"
 done
 python3 scripts/perf/ncu_step_diff.py /tmp/ncu-n2.csv /tmp/ncu-n4.csv 4 > $OUT/ncu-b1-step.txt 2>&1; head -8 $OUT/ncu-b1-step.txt | cut -c1-150
+# why the route (9.1 us a layer), the MoE down (1.76 TB/s) and gate/up kernels take what they take: one launch each
+[ $(left) -gt 200 ] && timeout 90 $NCU --clock-control none --cache-control none -k regex:"route_warp|gemv_down_kernel|gemv_gate_up_kernel" \
+  --launch-skip 6 --launch-count 3 --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+  --section MemoryWorkloadAnalysis $D/k3 bench offline $KL --enforce-eager -p 0 -n 2 -b 1 -r 1 --mem-bw -1 > $OUT/ncu-moe-detail.txt 2>&1
+echo "ncu detail rc=$? $(el)"; grep -E "route_warp|gemv_down|gemv_gate_up|Duration|Memory Throughput|Achieved Occupancy|Stall" $OUT/ncu-moe-detail.txt | head -30 | cut -c1-140
 # --- CPU, 16 threads, the same GGUF in both engines
 Q=/dev/shm/kl-q4km.gguf
 python3 scripts/peer/gguf_token_bytes.py $Q | tee $OUT/cpu-t16.txt
