@@ -30,7 +30,7 @@ wait $LB $QB; tail -1 /tmp/llama-build.log; tail -2 /tmp/q.log; echo "cpu prep d
 for r in 1 2 3; do for v in old new nopdl; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old; P=1; [ $v = nopdl ] && P=0
   K3_PDL=$P timeout 60 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/ab-b1.txt
-for b in 8 64 256; do for v in old new old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
+for b in 8 64 256; do for v in old new; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old
   timeout 60 $BIN bench offline $KL -p 0 -n 32 -b $b -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b$b rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/ab-b8-256.txt
 echo "gpu ab done $(el)"
