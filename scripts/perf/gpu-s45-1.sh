@@ -6,7 +6,8 @@
 # of /work/gate/kl-1b) quantised by k3 to Q4_K_M, the SAME file in k3 (Q4_K decode copies on / off) and llama.cpp
 # 0c1e570 (CPU build, in the background during the GPU suite), decode tg128 at 16 threads, three alternating rounds,
 # against `k3 bench memory -t 16` taken in each round and the file's bytes per token (scripts/peer/gguf_token_bytes.py).
-# Carry: .gpuwork/k3bins.tar.xz .gpuwork/kl.tpl.json.xz .gpuwork/llama-cpu-slim.tar.xz
+# Carry: .gpuwork/k3bins.tar.xz (scripts/gpu-pack-ab 3dad5ee) .gpuwork/kl.tpl.json.xz (scripts/random_checkpoint.py template
+# /work/gate/kl-1b, xz) .gpuwork/llama-cpu-slim.tar.xz (scripts/peer/pack-llama-slim)
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
 GW=$ROOT/.gpuwork; D=/tmp/k3b
