@@ -347,6 +347,11 @@ TEST(Cli, BenchOfflineRecordsThreads) {
               t.str() + "/b.json 2>&1");
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find(", 1 threads ..."), std::string::npos) << r.out;
+  // The memory rate it measured itself: read before the tests and again after the one tg test (its roofline takes
+  // the mean of the two).
+  size_t reads = 0;
+  for (size_t p = r.out.find("memory read bandwidth"); p != std::string::npos; p = r.out.find("memory read bandwidth", p + 1)) ++reads;
+  EXPECT_EQ(reads, 2u) << r.out;
   auto j = nlohmann::json::parse(read(t.str() + "/b.json"));
   EXPECT_EQ(j["threads"], 1);
   EXPECT_NE(j["placement"].get<std::string>().find("1 compute threads (-t)"), std::string::npos);
