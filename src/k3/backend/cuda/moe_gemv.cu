@@ -36,14 +36,11 @@ constexpr int kMaxPairK = 32;      // K bound (MoeWorkspace checks K <= 32)
 // weights and activations, before the first multiply (bf16_dot.cuh: call s42-1 found one to two loads in flight);
 // addresses are clamped into the row so that the loads are unconditional. Each row's fmaf chain runs in column
 // order, the bits of the one-row loop this replaced. A row with valid false is not multiplied (its acc stays).
-// kSameX (gate / up: both rows meet one x) is a template parameter: as a run-time test (xa == xb) the compiler kept
-// both forms' registers, and the down kernel, whose two rows meet two pairs' h, took 127 registers (2 blocks an SM, its
-// 576 blocks 2.2 waves at batch 1 on Kimi-Linear); with it 70 (3 blocks an SM). Session 45.
-template <int kB, bool kSameX>
+template <int kB>
 __device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra, const float* __restrict__ xa, bool va,
                                                 const uint16_t* __restrict__ rb, const float* __restrict__ xb, bool vb,
                                                 int cols, int lane, float& acc_a, float& acc_b) {
-  constexpr bool same_x = kSameX;
+  const bool same_x = xa == xb;
   for (int base = 0; base < cols; base += 256 * kB) {  // warp-uniform batches
     const int c0 = base + lane * 8;
     uint4 wa[kB], wb[kB];
@@ -112,7 +109,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const uint16_t* gate = shared ? sh.gate : static_cast<const uint16_t*>(w.gate);
   const uint16_t* up = shared ? sh.up : static_cast<const uint16_t*>(w.up);
   float acc[2] = {0.f, 0.f};
-  lane_dots2_bf16<5, true>(gate + row * w.X, xt, true, up + row * w.X, xt, true, w.X, lane, acc[0], acc[1]);
+  lane_dots2_bf16<5>(gate + row * w.X, xt, true, up + row * w.X, xt, true, w.X, lane, acc[0], acc[1]);
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0) hp[i] = moe_dev::glu(g, u, act, beta, lbeta);
 }
@@ -151,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         xs[j] = h + (valid[j] ? (static_cast<int64_t>(t) * K + k) * w.I : 0);
       }
     }
-    lane_dots2_bf16<4, false>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
+    lane_dots2_bf16<4>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int item = item0 + j * kWarps;
