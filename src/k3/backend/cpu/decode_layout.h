@@ -1,5 +1,6 @@
-// The CPU's decode layout of a Q4_K matrix: a second copy of its blocks, made once when a CPU runner is loaded to decode
-// (Model::add_decode_layouts, called by the CLI's model loader for run / serve / bench / perplexity), that the
+// The CPU's decode layout of a Q4_K matrix (opt-in, K3_CPU_DECODE_LAYOUT=1): a second copy of its blocks, made once when a
+// CPU runner is loaded to decode (Model::add_decode_layouts, called by the CLI's model loader for run / serve / bench /
+// perplexity), that the
 // avx512bf16 / amx tiers' one-token product reads instead of the stored rows (WeightMatrix::tiled). Why: a stored
 // Q4_K row costs that product ~45 vector instructions per 256 weights (the 6-bit scales unpacked, the sub-scales
 // spread over lanes, the per-row fp32 tail), ~21 cycles a block on a 2-core Zen 4, so one core decoded it at ~20-24
@@ -33,7 +34,8 @@ namespace k3::cpu {
 inline constexpr int64_t kQ4KGroupRows = 16, kQ4KGroupBlockBytes = 2368;
 
 // Whether W gets the copy: Q4_K on the host with at least 16 rows, the tier chosen at start-up has the kernel
-// (avx512bf16, amx), and K3_CPU_DECODE_LAYOUT is not 0 (the A/B switch; same bits either way).
+// (avx512bf16, amx), and K3_CPU_DECODE_LAYOUT=1 (opt-in since session 45: no end-to-end gain measured at 2 or 16
+// threads; same bits either way).
 bool decode_layout_wanted(const WeightMatrix& W);
 int64_t decode_layout_bytes(const WeightMatrix& W);
 // Writes W's copy at out (decode_layout_bytes(W) bytes, 64-byte aligned).
