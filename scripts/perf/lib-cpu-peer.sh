@@ -43,3 +43,22 @@ peer_llama_tg() {
   timeout 40 "$LBIN/llama-bench" -m "/tmp/$1.gguf" -p 0 -n 128 -t 16 -r 2 -o md > /tmp/ll.txt 2>&1
   echo "llama $1 r$2: $(grep -E 'tg128' /tmp/ll.txt | awk -F'|' '{print $(NF-1)}') $(el)"
 }
+
+# From session 45 (scripts/perf/gpu-s45-*.sh): llama-bench built in the background from the carried slim source
+# ($GW/llama-cpu-slim.tar.xz, scripts/peer/pack-llama-slim); sets LB (its pid) and LBIN.
+peer_llama_slim_bg() {
+  ( mkdir -p /tmp/ll && tar -xJf "$GW/llama-cpu-slim.tar.xz" -C /tmp/ll && cd /tmp/ll/llama.cpp &&
+    cmake -S . -B b -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/llama-cfg.log 2>&1 &&
+    nice cmake --build b -j10 --target llama-bench > /tmp/llama-build.log 2>&1; echo "llama build rc=$?" >> /tmp/llama-build.log ) &
+  LB=$!
+  LBIN=/tmp/ll/llama.cpp/b/bin
+}
+
+# kl-1b's template ($GW/kl.tpl.json.xz) written as /tmp/kl and k3's Q4_K_M of it (/dev/shm/kl-q4km.gguf, by $D/k3), in
+# the background; sets QB (its pid).
+peer_kl_q4km_bg() {
+  ( xz -dc "$GW/kl.tpl.json.xz" > /tmp/kl.tpl.json && nice python3 scripts/random_checkpoint.py write /tmp/kl.tpl.json /tmp/kl > /tmp/ckpt.log 2>&1 &&
+    nice "$D/k3" quantize /tmp/kl /dev/shm/kl-q4km.gguf Q4_K_M -t 4 > /tmp/q.log 2>&1; echo "kl-q4km rc=$?" >> /tmp/q.log ) &
+  QB=$!
+}
