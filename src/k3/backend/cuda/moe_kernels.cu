@@ -161,16 +161,19 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-// The same routing with one warp per token, for E <= 32 J: lane l holds experts l, l + 32, ... in registers, and
-// each of the K rounds is a warp argmax on two redux.sync instructions. The first form (session 13: `better` in a
-// scan and a five-step shuffle tree, K rounds of branches) took 9-10 us per layer at batch 1 (ncu, call s42-1, H200),
-// more than the router's GEMV. Here a score becomes an order-preserving 32-bit key (route_key), a lane's best free
-// (key, lowest id) is a branch-free max over its J slots, and the warp takes the largest key (__reduce_max_sync),
-// then the lowest id holding it (__reduce_min_sync): higher score, then lower id -- `better`'s order, so the same
-// picks and weights as the block kernel for every input without NaN scores. A NaN score keys below -inf (it is
-// picked only when nothing else is left; the ids stay valid and distinct).
+// The same routing with one warp per token, for E <= 32 J: lane l holds experts l, l + 32, ... as order-preserving
+// 32-bit keys in registers (route_key), and each of the K rounds is a warp argmax on two redux.sync instructions:
+// the largest key (__reduce_max_sync), then the lowest id holding it (__reduce_min_sync) -- higher score, then lower
+// id: `better`'s order, so the same picks and weights as the block kernel for every input without NaN scores. A
+// NaN score keys as 1, below every number and above a taken or padding slot (0): picked only when nothing else is
+// left; the ids stay valid and distinct.
+// Session 45: a lane's best slot is a tree over its J keys (the left, lower slot on ties) instead of a linear scan of
+// 64-bit (key, slot) values, a taken slot's key is zeroed instead of a mask tested per slot, and the picks' sigmoids
+// are recomputed from their logits at the end (the same expression) instead of being carried through the rounds.
+// CudaMoe.RouteTiming (graph of 200 launches, s45-1, H100): the scan form took 5.3 us a launch for E 256 / K 8 and
+// 18.0 us for E 896 / K 16 -- one warp's serial chain (ncu: 7.9 cycles per issued instruction).
 __device__ __forceinline__ uint32_t route_key(float v) {
-  if (v != v) return 0u;  // NaN: below every number
+  if (v != v) return 1u;  // NaN: below every number (their keys are >= 0x007fffff), above "none"
   uint32_t u = __float_as_uint(v);
   if (u == 0x80000000u) u = 0u;  // -0 == +0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -185,50 +188,44 @@ __global__ void __launch_bounds__(128)
   const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
   if (t >= n) return;
   const float* lt = logits + static_cast<int64_t>(t) * E;
-  float sig[J];
   uint32_t key[J];
-  uint32_t taken = 0;
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     const int e = lane + 32 * j;
     const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the block kernel and the CPU
-    sig[j] = s;
-    key[j] = route_key(e < E && bias ? s + bias[e] : s);
-    if (e >= E) taken |= 1u << j;  // padding never wins
+    key[j] = e < E ? route_key(bias ? s + bias[e] : s) : 0u;    // padding: never picked
   }
-  float denom = 0.f, picked_sig = 0.f;
-  int my_pick = -1;  // lane k keeps the rank-k pick
+  int my_pick = 0;  // lane k keeps the rank-k pick
   for (int k = 0; k < K; ++k) {
-    // The lane's best free slot: (key, then the lower slot) as one 64-bit value; 0 when none is free.
-    uint64_t best = 0;
+    uint32_t v[J];
+    int slot[J];
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-      const uint64_t c = (taken >> j & 1u) ? 0ull : (static_cast<uint64_t>(key[j]) << 32 | static_cast<uint32_t>(J - j));
-      best = c > best ? c : best;
+      v[j] = key[j];
+      slot[j] = j;
     }
-    const uint32_t bkey = static_cast<uint32_t>(best >> 32);
-    const int bslot = J - static_cast<int>(best & 0xffffffffu);  // J when none is free
-    const uint32_t top = __reduce_max_sync(0xffffffffu, bkey);
-    const uint32_t mine = best != 0 && bkey == top ? static_cast<uint32_t>(lane + 32 * bslot) : 0xffffffffu;
-    const int bi = static_cast<int>(__reduce_min_sync(0xffffffffu, mine));  // some lane has a free slot: K <= E
-    // The owner marks it taken and shares its sigmoid.
-    float s_owner = 0.f;
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-      if (lane + 32 * j == bi) {
-        taken |= 1u << j;
-        s_owner = sig[j];
-      }
-    const float s = __shfl_sync(0xffffffffu, s_owner, bi & 31);
-    denom += s;
-    if (lane == k) {
-      my_pick = bi;
-      picked_sig = s;
-    }
+    for (int st = 1; st < J; st *= 2)
+#pragma unroll
+      for (int j = 0; j + st < J; j += 2 * st)
+        if (v[j + st] > v[j]) {  // strict: the lower slot keeps a tie
+          v[j] = v[j + st];
+          slot[j] = slot[j + st];
+        }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, v[0]);  // > 0: K <= E free slots exist
+    const uint32_t mine = v[0] == top ? static_cast<uint32_t>(lane + 32 * slot[0]) : 0xffffffffu;
+    const int bi = static_cast<int>(__reduce_min_sync(0xffffffffu, mine));
+    const int kill = lane == (bi & 31) ? bi >> 5 : J;  // the owner zeroes the picked slot's key
+#pragma unroll
+    for (int j = 0; j < J; ++j) key[j] = j == kill ? 0u : key[j];
+    if (lane == k) my_pick = bi;
   }
+  const float s = lane < K ? 1.0f / (1.0f + expf(-lt[my_pick])) : 0.f;  // the pick's sigmoid, as computed above
+  float denom = 0.f;
+  for (int k = 0; k < K; ++k) denom += __shfl_sync(0xffffffffu, s, k);  // in rank order, as the rounds summed it
   if (lane < K) {
     topk_idx[static_cast<int64_t>(t) * K + lane] = my_pick;
-    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? picked_sig / (denom + 1e-20f) : picked_sig) * scale;
+    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
   }
 }
 
@@ -558,6 +555,8 @@ cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bia
   const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4);
   if (E <= 32 * 8) {
     route_warp_kernel<8><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+  } else if (E <= 32 * 28) {  // K3's 896 experts: no padding slots to scan
+    route_warp_kernel<28><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
   } else if (E <= 32 * 32) {
     route_warp_kernel<32><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
   } else {
