@@ -50,27 +50,22 @@ void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec
 }
 
 plan::LoadedWeightBytes loaded_weight_bytes(const ModelWeights& w) {
-  double all = 0, routed_per_expert = 0;
-  for_each_matrix(w, [&](const WeightMatrix& m) { all += static_cast<double>(m.bytes()); });
-  double routed = 0;
+  plan::LoadedWeightBytes b;
+  // Every matrix but the routed experts', the head as its own matrix even when tied; less the token table.
+  for_each_dense_matrix(w, [&](const WeightMatrix& m) { b.non_routed += static_cast<double>(m.bytes()); });
+  b.non_routed -= static_cast<double>(w.embed.bytes());
   for (const LayerWeights& L : w.layers) {
     if (!L.is_kda) {  // kv_b is not among the walked matrices: the form the absorbed decode reads
       const MlaWeights& a = L.mla;
-      all += static_cast<double>(!a.k_b_blocks.empty() ? a.k_b_blocks.bytes() + a.v_b_blocks.bytes()
-                                 : !a.kv_b_stored.empty() ? a.kv_b_stored.bytes()
-                                                          : a.kv_b_f32.bytes());
+      b.non_routed += static_cast<double>(!a.k_b_blocks.empty() ? a.k_b_blocks.bytes() + a.v_b_blocks.bytes()
+                                          : !a.kv_b_stored.empty() ? a.kv_b_stored.bytes()
+                                                                   : a.kv_b_f32.bytes());
     }
     if (!L.is_moe || L.moe.experts.empty()) continue;
     double layer = 0;
     for (const GluMlp& e : L.moe.experts) layer += static_cast<double>(e.gate.bytes() + e.up.bytes() + e.down.bytes());
-    routed += layer;
-    routed_per_expert += layer / static_cast<double>(L.moe.experts.size());
+    b.per_expert += layer / static_cast<double>(L.moe.experts.size());
   }
-  // for_each_matrix visits a head tied to the token table once (as the table): that one is read whole.
-  const bool tied = w.lm_head.data == w.embed.data;
-  plan::LoadedWeightBytes b;
-  b.non_routed = all - routed - (tied ? 0.0 : static_cast<double>(w.embed.bytes()));
-  b.per_expert = routed_per_expert;
   return b;
 }
 

@@ -231,6 +231,10 @@ void for_each_matrix(const ModelWeights& w, const std::function<void(const Weigh
 
 void for_each_dense_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn) { walk_matrices(w, false, fn); }
 
+void for_each_dense_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn) {
+  walk_matrices(w, false, fn);
+}
+
 int64_t matrix_bytes_on(const ModelWeights& w, int device) {
   int64_t b = 0;
   for_each_matrix(w, [&](const WeightMatrix& m) {

@@ -91,6 +91,8 @@ void for_each_matrix(const ModelWeights& w, const std::function<void(const Weigh
 // Every matrix but the routed experts' (the token table and the head included), mutable: for a backend's second
 // copies in its own layout (backend/cpu/decode_layout.h).
 void for_each_dense_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn);
+// The same walk, read-only (a head tied to the token table visited as a matrix of its own here too).
+void for_each_dense_matrix(const ModelWeights& w, const std::function<void(const WeightMatrix&)>& fn);
 // Bytes of the matrices whose home is `device` (kHostDevice: the host).
 int64_t matrix_bytes_on(const ModelWeights& w, int device);
 
