@@ -526,7 +526,8 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
       // the config's, so a roofline would flatter it.
       if (any_tg && f->dev.load_format == "dummy" && f->dev.device == "cpu" && bw >= 0) {
         bw = -1;
-        std::fprintf(stderr, "k3 bench offline: no decode roofline for --load-format dummy on the CPU (its matrices share bytes)\n");
+        std::fprintf(stderr, "k3 bench offline: no decode roofline for --load-format dummy on the CPU (its matrices share bytes; a GGUF written by "
+                             "`k3 quantize --load-format dummy` has its own bytes and gets one)\n");
       }
       // Measured here (not given): read again after each tg test, whose roofline takes the mean of the figures before
       // and after it -- a shared host's memory rate moves by the minute (docs/perf/cpu.md session 45: 28-51 GB/s in

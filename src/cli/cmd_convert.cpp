@@ -17,6 +17,7 @@
 #include "k3/io/gguf.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
+#include "k3/model/dummy_checkpoint.h"
 #include "k3/model/gguf_export.h"
 #include "k3/model/imatrix.h"
 #include "k3/model/model_files.h"
@@ -32,7 +33,26 @@ struct ConvertOpts {
   std::vector<std::string> tensor_types;
   bool no_vocab = false;
   ComputeOptions compute;  // -t: threads that quantise rows
+  // --load-format dummy: random weights at MODEL's config.json shapes (model/dummy_checkpoint.h), cut to
+  // --num-layers: a benchmark GGUF of a real model's dimensions that neither k3 nor llama.cpp could get otherwise.
+  std::string load_format = "auto";
+  int64_t num_layers = 0;
 };
+
+// MODEL's tensors: the files (HF directory or GGUF), or with --load-format dummy random ones from its config.json.
+k3::ModelFiles open_convert_input(const ConvertOpts& o) {
+  if (o.load_format != "dummy") {
+    if (o.num_layers > 0) throw k3::Error("--num-layers applies to --load-format dummy only");
+    return k3::open_model_files(o.model);
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(o.model, ec))
+    throw k3::Error("--load-format dummy: '" + o.model + "' must be a directory with a config.json");
+  DeviceOptions d;
+  d.num_layers = o.num_layers;
+  return k3::dummy_model_files(dummy_config(o.model, d));
+}
 
 // Bytes and tensors per GGUF type of what was written, the way llama-quantize reports its result.
 void print_size_table(const k3::GgufWriter& w) {
@@ -85,7 +105,7 @@ int run_convert(const ConvertOpts& o) {
   namespace fs = std::filesystem;
   apply_compute_options(o.compute);
   // An HF directory or a GGUF (seen under its HF names: model/gguf_model.h), as llama-quantize takes a GGUF.
-  k3::ModelFiles files = k3::open_model_files(o.model);
+  k3::ModelFiles files = open_convert_input(o);
   const k3::ModelConfig& cfg = files.config;
   const k3::Checkpoint& ck = *files.checkpoint;
   k3::GgufWriter w;
@@ -93,6 +113,7 @@ int run_convert(const ConvertOpts& o) {
   std::string name = !files.name.empty() ? files.name
                      : files.gguf        ? fs::path(o.model).stem().string()
                                          : fs::path(o.model).lexically_normal().filename().string();
+  if (o.load_format == "dummy") name += "-dummy";
   std::vector<k3::TensorTypeRule> rules;
   for (const std::string& r : o.tensor_types) rules.push_back(k3::parse_tensor_type_rule(r));
   if (!o.preset.empty())
@@ -137,6 +158,13 @@ void add_common(CLI::App* cmd, ConvertOpts& o) {
       ->allow_extra_args(false)  // one rule per flag, brackets and commas included
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);  // repeated like llama-quantize's
   cmd->add_option("--imatrix", o.imatrix, "importance matrix (k3 imatrix / llama-imatrix GGUF) weighting the quantisers");
+  cmd->add_option("--load-format", o.load_format,
+                  "auto (MODEL's tensors) or dummy (random weights drawn from MODEL's config.json: a GGUF of a real "
+                  "model's shapes for benchmarks, as vLLM's --load-format dummy; model/dummy_checkpoint.h)")
+      ->check(CLI::IsMember({"auto", "dummy"}))
+      ->capture_default_str();
+  cmd->add_option("--num-layers", o.num_layers, "with --load-format dummy: keep only the first N layers")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_flag("--no-vocab", o.no_vocab, "write no tokenizer metadata (k3 then needs --tokenizer; llama.cpp cannot load it)");
   add_compute_options(cmd, o.compute);
 }

@@ -123,6 +123,18 @@ k3::text::Tokenizer load_tokenizer(const std::string& model_path, const DeviceOp
   return k3::text::tokenizer_from_gguf(f.gguf(), model_path);
 }
 
+k3::ModelConfig dummy_config(const std::string& dir, const DeviceOptions& d) {
+  k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
+  if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {
+    cfg.num_layers = d.num_layers;
+    cfg.is_kda.resize(static_cast<size_t>(d.num_layers));
+    // An Attention Residuals block longer than the cut model is one block of all its layers (boundaries are the
+    // layers l % size == 0): the same model, and a config that validates (a GGUF written from it is read again).
+    cfg.attn_res_block_size = std::min(cfg.attn_res_block_size, cfg.num_layers);
+  }
+  return cfg;
+}
+
 namespace {
 
 // --expert-placement "3,0,2,1": the numbers (make_shard_plan checks that they are a permutation).
@@ -235,16 +247,6 @@ k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceO
   return k3::cuda::cuda_rank_device(ro);
 }
 #endif
-
-// --load-format dummy's config: the --preset, else DIR's config.json; cut to --num-layers.
-k3::ModelConfig dummy_config(const std::string& dir, const DeviceOptions& d) {
-  k3::ModelConfig cfg = d.preset.empty() ? k3::load_model_config(dir) : k3::plan::load_preset(d.preset);
-  if (d.num_layers > 0 && d.num_layers < cfg.num_layers) {
-    cfg.num_layers = d.num_layers;
-    cfg.is_kda.resize(static_cast<size_t>(d.num_layers));
-  }
-  return cfg;
-}
 
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/compute_options.h"
+#include "k3/model/config.h"
 #include "k3/runtime/model_runner.h"
 #include "k3/text/tokenizer.h"
 
@@ -44,6 +45,10 @@ struct DeviceOptions {
 };
 
 void add_device_options(CLI::App* cmd, DeviceOptions& d);
+
+// --load-format dummy's config: d.preset's, else DIR's config.json; cut to d.num_layers (k3 bench / run / serve,
+// and k3 convert / quantize writing a GGUF of random weights at a real model's shapes).
+k3::ModelConfig dummy_config(const std::string& dir, const DeviceOptions& d);
 
 // The tokenizer of the model at `model_path`: --tokenizer DIR if given, else the HF directory itself, else
 // (a GGUF file) the directory holding it when that has a tiktoken.model, else the GGUF's own tokenizer.ggml.*

@@ -433,6 +433,36 @@ TEST(Cli, ConvertToGgufAndRunIt) {
   EXPECT_NE(c.out.find("k3: error: '" + bare + "' has no tokenizer"), std::string::npos) << c.out;
 }
 
+// `k3 quantize --load-format dummy`: random weights at the config's shapes, cut by --num-layers (a benchmark GGUF of a
+// model too big to have here). The file loads with the cut layer count, runs, is the same bytes twice (seeded) and
+// not the checkpoint's own weights; --num-layers without dummy, and dummy without a config directory, are errors.
+TEST(Cli, QuantizeDummyWeights) {
+  k3test::TempDir t;
+  const std::string hf = k3test::source_path("models/k3-tiny");
+  const std::string a = (t.path / "a.gguf").string(), b = (t.path / "b.gguf").string(), real = (t.path / "r.gguf").string();
+  const std::string q = k3bin() + " quantize --load-format dummy --num-layers 2 " + hf + " ";
+  ASSERT_EQ(sh(q + a + " Q4_K_M 2>/dev/null").status, 0);
+  ASSERT_EQ(sh(q + b + " Q4_K_M 2>/dev/null").status, 0);
+  ASSERT_EQ(sh(k3bin() + " quantize " + hf + " " + real + " Q4_K_M 2>/dev/null").status, 0);
+  EXPECT_EQ(read(a), read(b));
+  const Result info = sh(k3bin() + " info -m " + a + " 2>&1");
+  EXPECT_EQ(info.status, 0) << info.out;
+  EXPECT_TRUE(std::regex_search(info.out, std::regex("layers +2 \\("))) << info.out;
+  const Result full = sh(k3bin() + " info -m " + real + " 2>&1");
+  EXPECT_FALSE(std::regex_search(full.out, std::regex("layers +2 \\("))) << full.out;
+  const std::string toks = " --tokens 1,2,3,300 --out ";
+  ASSERT_EQ(sh(k3bin() + " logits -m " + a + toks + (t.path / "a.npy").string() + " 2>/dev/null").status, 0);
+  const Result r = sh(k3bin() + " run -m " + a + " -p hi -n 3 --temp 0 2>/dev/null");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_FALSE(r.out.empty());
+  const Result no_dummy = sh(k3bin() + " quantize --num-layers 2 " + hf + " " + (t.path / "x.gguf").string() + " Q4_K_M 2>&1");
+  EXPECT_EQ(no_dummy.status, 1);
+  EXPECT_NE(no_dummy.out.find("--num-layers applies to --load-format dummy only"), std::string::npos) << no_dummy.out;
+  const Result not_dir = sh(k3bin() + " quantize --load-format dummy " + a + " " + (t.path / "y.gguf").string() + " Q4_K_M 2>&1");
+  EXPECT_EQ(not_dir.status, 1);
+  EXPECT_NE(not_dir.out.find("must be a directory with a config.json"), std::string::npos) << not_dir.out;
+}
+
 // The codebook i-quants through the CLI: a low-bit expert preset plus an i-quant rule writes a GGUF that runs,
 // the size table lists the type, and without --imatrix a warning names the types that want one. --tensor-type
 // repeats like llama-quantize's (it was refused as "At Most 1" until session 19).
