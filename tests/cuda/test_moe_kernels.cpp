@@ -552,33 +552,40 @@ TEST(CudaMoe, DecodeVariantsBitwise) {
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int n = 5, E = 40, K = 6;
-  std::vector<float> logits(n * E, 0.3f);
-  DevBuf dl(logits.size() * 4), di(n * K * 4), dw(n * K * 4);
-  ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
-  ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), nullptr, true, 1.0f, di.as<int32_t>(), dw.as<float>(), nullptr),
-     "route");
-  std::vector<int> ids(n * K);
-  std::vector<float> w(n * K);
-  ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
-  ck(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost), "w");
-  for (int t = 0; t < n; ++t)
-    for (int k = 0; k < K; ++k) {
-      EXPECT_EQ(ids[t * K + k], k);
-      EXPECT_NEAR(w[t * K + k], 1.0f / K, 1e-6f);
+  using k3::cuda::RouteForm;
+  const int n = 5, K = 6;
+  for (const int E : {40, 896})
+    for (const RouteForm form : {RouteForm::Warp, RouteForm::Block, RouteForm::Scan}) {
+      std::vector<float> logits(static_cast<size_t>(n) * E, 0.3f);
+      DevBuf dl(logits.size() * 4), di(n * K * 4), dw(n * K * 4);
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), nullptr, true, 1.0f, di.as<int32_t>(), dw.as<float>(), nullptr, form),
+         "route");
+      std::vector<int> ids(n * K);
+      std::vector<float> w(n * K);
+      ck(cudaMemcpy(ids.data(), di.p, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      ck(cudaMemcpy(w.data(), dw.p, w.size() * 4, cudaMemcpyDeviceToHost), "w");
+      for (int t = 0; t < n; ++t)
+        for (int k = 0; k < K; ++k) {
+          EXPECT_EQ(ids[t * K + k], k) << "E=" << E << " form " << static_cast<int>(form);
+          EXPECT_NEAR(w[t * K + k], 1.0f / K, 1e-6f);
+        }
     }
 }
 
-// The warp routing kernels (E <= 256 and E <= 1024) against the rule on the host: higher biased score first, then
+// The warp and block routing kernels (E <= 256 and E <= 1024, one and four warps a token) against the rule on the host: higher biased score first, then
 // the lower id; a NaN score after every number. Logits on a coarse grid (many exact ties, distinct levels far apart
 // against an ulp of expf), biases in 1/64 steps, +-inf logits, a row of NaNs among numbers and an all-NaN row:
 // the picks exactly, the weights within 1e-6.
 TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Rng rng(77);
+  using k3::cuda::RouteForm;
+  for (const RouteForm form : {RouteForm::Warp, RouteForm::Block})
   for (const int E : {40, 256, 896, 1000}) {
+    Rng rng(77 + E);
     for (const int K : {1, 6, 16, 32}) {
       if (K > E) continue;
+      SCOPED_TRACE(form == RouteForm::Warp ? "warp form" : "block form");
       const int n = 9;
       std::vector<float> logits(static_cast<size_t>(n) * E), bias(E);
       for (auto& v : logits) v = 0.25f * static_cast<float>(static_cast<int>(rng.normal() * 6.0f));
@@ -591,7 +598,8 @@ TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
       DevBuf dl(logits.size() * 4), db(bias.size() * 4), di(n * K * 4), dw(n * K * 4);
       ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
       ck(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "bias");
-      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), nullptr),
+      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), nullptr,
+                             form),
          "route");
       std::vector<int> ids(n * K);
       std::vector<float> w(n * K);
@@ -676,11 +684,16 @@ TEST(CudaMoe, RouteTiming) {
       DevBuf dl(logits.size() * 4), db(bias.size() * 4), di(static_cast<size_t>(n) * K * 4), dw(static_cast<size_t>(n) * K * 4);
       ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
       ck(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "bias");
-      const double us = graph_us([&] {
-        ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), s),
-           "route");
-      });
-      std::printf("[ timing ] moe_route E=%d K=%d n=%d: %.2f us a launch in a graph\n", E, K, n, us);
+      using k3::cuda::RouteForm;
+      for (const auto& [form, name] : {std::pair{RouteForm::Auto, "rule"}, std::pair{RouteForm::Warp, "warp"},
+                                       std::pair{RouteForm::Block, "block"}, std::pair{RouteForm::Scan, "scan"}}) {
+        const double us = graph_us([&] {
+          ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dw.as<float>(), s,
+                                 form),
+             "route");
+        });
+        std::printf("[ timing ] moe_route E=%d K=%d n=%d %-5s: %.2f us a launch in a graph\n", E, K, n, name, us);
+      }
     }
   }
   ck(cudaStreamDestroy(s), "stream");

@@ -229,6 +229,71 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// The same routing with four warps a token (E <= 128 J): thread i holds experts i, i + 128, ... as route keys, and each
+// of the K rounds is the warp kernel's argmax lifted to the block -- a tree over the thread's J keys, the warp's largest
+// key (redux), the block's through shared memory, the lowest id holding it (redux, shared memory). Same keys, same
+// order (higher key, then lower id), so the same picks and weights as route_warp_kernel for every input. Why: the warp
+// form's round is a serial chain over 28 keys a lane for K3's 896 experts (18.0 -> 15.3 us a launch, session 45, for
+// 16 rounds); here a thread holds 7 and a round costs two barriers. The round's two shared slots alternate between
+// even and odd rounds: a slot is written again two rounds later, after every thread has passed the barriers that
+// follow its last read, so two barriers a round suffice.
+template <int J>
+__global__ void __launch_bounds__(128)
+    route_block_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
+                       float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  pdl::launch_dependents();
+  __shared__ uint32_t s_top[2][4], s_id[2][4];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = blockIdx.x;
+  const float* lt = logits + static_cast<int64_t>(t) * E;
+  uint32_t key[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = tid + 128 * j;
+    const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the other forms and the CPU
+    key[j] = e < E ? route_key(bias ? s + bias[e] : s) : 0u;    // padding: never picked
+  }
+  int my_pick = 0;  // thread k (k < K <= 32: warp 0) keeps the rank-k pick
+  for (int k = 0; k < K; ++k) {
+    uint32_t v[J];
+    int slot[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      v[j] = key[j];
+      slot[j] = j;
+    }
+#pragma unroll
+    for (int st = 1; st < J; st *= 2)
+#pragma unroll
+      for (int j = 0; j + st < J; j += 2 * st)
+        if (v[j + st] > v[j]) {  // strict: the lower slot (lower id) keeps a tie
+          v[j] = v[j + st];
+          slot[j] = slot[j + st];
+        }
+    const int b = k & 1;
+    const uint32_t wtop = __reduce_max_sync(0xffffffffu, v[0]);
+    if (lane == 0) s_top[b][warp] = wtop;
+    __syncthreads();
+    const uint32_t top = max(max(s_top[b][0], s_top[b][1]), max(s_top[b][2], s_top[b][3]));  // > 0: K <= E
+    const uint32_t mine = v[0] == top ? static_cast<uint32_t>(tid + 128 * slot[0]) : 0xffffffffu;
+    const uint32_t wid = __reduce_min_sync(0xffffffffu, mine);
+    if (lane == 0) s_id[b][warp] = wid;
+    __syncthreads();
+    const int bi = static_cast<int>(min(min(s_id[b][0], s_id[b][1]), min(s_id[b][2], s_id[b][3])));
+    const int kill = tid == (bi & 127) ? bi >> 7 : J;  // the owner zeroes the picked slot's key
+#pragma unroll
+    for (int j = 0; j < J; ++j) key[j] = j == kill ? 0u : key[j];
+    if (tid == k) my_pick = bi;
+  }
+  if (warp != 0) return;
+  const float s = lane < K ? 1.0f / (1.0f + expf(-lt[my_pick])) : 0.f;  // the pick's sigmoid, as computed above
+  float denom = 0.f;
+  for (int k = 0; k < K; ++k) denom += __shfl_sync(0xffffffffu, s, k);  // in rank order, as the other forms
+  if (lane < K) {
+    topk_idx[static_cast<int64_t>(t) * K + lane] = my_pick;
+    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------- plan
 
 // One block. Pairs with an expert id outside [0, E) are dropped (slot_of = -1: they add nothing).
@@ -548,20 +613,33 @@ bool moe_experts_use_tc(int n, int K, int E, WeightFormat format) {
 }
 
 cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
-                      int32_t* topk_idx, float* topk_w, cudaStream_t stream) {
+                      int32_t* topk_idx, float* topk_w, cudaStream_t stream, RouteForm form) {
   if (n < 0 || E <= 0 || E > kMaxE || K <= 0 || K > kMaxK || K > E) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!logits || !topk_idx || !topk_w) return cudaErrorInvalidValue;  // bias may be null: no bias
-  const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4);
-  if (E <= 32 * 8) {
-    route_warp_kernel<8><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
-  } else if (E <= 32 * 28) {  // K3's 896 experts: no padding slots to scan
-    route_warp_kernel<28><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
-  } else if (E <= 32 * 32) {
-    route_warp_kernel<32><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+  if (E > 32 * 32) form = RouteForm::Scan;
+  // The rule: one warp a token up to 256 experts, four above (K3's 896: the warp form's 28 keys a lane are its
+  // serial chain); call s46-1 measures both forms at both shapes (CudaMoe.RouteTiming).
+  if (form == RouteForm::Auto) form = E <= 32 * 8 ? RouteForm::Warp : RouteForm::Block;
+  const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4), blocks = static_cast<unsigned>(n);
+  if (form == RouteForm::Warp) {
+    if (E <= 32 * 8) {
+      route_warp_kernel<8><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    } else if (E <= 32 * 28) {  // K3's 896 experts: no padding slots to scan
+      route_warp_kernel<28><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    } else {
+      route_warp_kernel<32><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    }
+  } else if (form == RouteForm::Block) {
+    if (E <= 128 * 2) {
+      route_block_kernel<2><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    } else if (E <= 128 * 7) {  // K3's 896 experts: no padding slots
+      route_block_kernel<7><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    } else {
+      route_block_kernel<8><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    }
   } else {
-    route_kernel<<<static_cast<unsigned>(n), kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale,
-                                                                          topk_idx, topk_w);
+    route_kernel<<<blocks, kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
   }
   return cudaGetLastError();
 }
