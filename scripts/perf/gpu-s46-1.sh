@@ -27,6 +27,7 @@ for r in 1 2; do [ $(left) -gt 150 ] || break
     echo "k3 done $(el)"
     timeout 60 $LBIN/llama-bench -m $G -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -vE "^\s*$" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a $OUT/cpu-t16.txt
 done
+[ $(left) -gt 150 ] && { K3_CPU_PROFILE=1 K3_CPU_PROFILE_SKIP=2 timeout 80 $D/k3 bench offline -m $G --no-mmap -p 0 -n 32 -r 1 -t 16 > $OUT/cpu-prof-t16.txt 2>&1; echo "prof rc=$? $(el)"; }
 [ $(left) -gt 70 ] && timeout $(( $(left) - 20 )) $D/k3 bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2 > $OUT/gpu-k3-kl48.txt 2>&1
 echo "gpu rc=$? $(el)"; grep -E "^\|" $OUT/gpu-k3-kl48.txt | head -8
 echo "done $(el)"
