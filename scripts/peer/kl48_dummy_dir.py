@@ -15,6 +15,9 @@ out, tok = sys.argv[1], sys.argv[2]
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 with open(os.path.join(root, "resources", "presets", "kimi-linear-48b-a3b.json")) as f:
     cfg = json.load(f)
+# The preset states no trained context; llama.cpp does not load a GGUF without <arch>.context_length. Kimi-Linear's
+# is 1M tokens (its model card; vLLM's recipe serves it with --max-model-len 1048576).
+cfg.setdefault("model_max_length", 1048576)
 if "--bf16-experts" not in sys.argv[3:]:
     cfg["quantization_config"] = QUANT_CONFIG
 os.makedirs(out, exist_ok=True)

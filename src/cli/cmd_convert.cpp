@@ -108,6 +108,10 @@ int run_convert(const ConvertOpts& o) {
   k3::ModelFiles files = open_convert_input(o);
   const k3::ModelConfig& cfg = files.config;
   const k3::Checkpoint& ck = *files.checkpoint;
+  if (cfg.max_position_embeddings <= 0)
+    std::fprintf(stderr,
+                 "k3: warning: the config states no trained context (max_position_embeddings / model_max_length): the GGUF "
+                 "gets no context_length, without which llama.cpp does not load it\n");
   k3::GgufWriter w;
   // A GGUF input keeps its general.name; else the directory's (or file's) name.
   std::string name = !files.name.empty() ? files.name

@@ -74,6 +74,22 @@ TEST(Config, KimiLinearPublished) {
   EXPECT_NEAR(s.kda_state_bytes_f32 / 1e6, 42.0, 0.5);
 }
 
+// The trained context: max_position_embeddings, else model_max_length (the next key llama.cpp's converter reads; k3's
+// GGUF export writes it as <arch>.context_length, without which llama.cpp does not load the file), else 0.
+TEST(Config, TrainedContextFromEitherKey) {
+  auto j = kl_json();
+  j.erase("max_position_embeddings");
+  j.erase("model_max_length");
+  EXPECT_EQ(k3::parse_model_config(j.dump(), "kl.json").max_position_embeddings, 0);
+  j["model_max_length"] = 1048576;
+  EXPECT_EQ(k3::parse_model_config(j.dump(), "kl.json").max_position_embeddings, 1048576);
+  j["max_position_embeddings"] = 4096;  // the first key wins
+  EXPECT_EQ(k3::parse_model_config(j.dump(), "kl.json").max_position_embeddings, 4096);
+  j.erase("max_position_embeddings");
+  j["model_max_length"] = -1;
+  EXPECT_NE(parse_error(j).find("model_max_length: must be >= 0"), std::string::npos) << parse_error(j);
+}
+
 TEST(Config, ErrorsNameTheField) {
   auto j = kl_json();
   j.erase("hidden_size");

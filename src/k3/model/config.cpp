@@ -220,8 +220,11 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   c.bos_token_id = f.opt<int64_t>("bos_token_id", -1);
   c.eos_token_id = f.opt<int64_t>("eos_token_id", -1);
   c.pad_token_id = f.opt<int64_t>("pad_token_id", -1);
-  c.max_position_embeddings = f.opt<int64_t>("max_position_embeddings", 0);
-  if (c.max_position_embeddings < 0) throw Error(f.where("max_position_embeddings") + ": must be >= 0");
+  // The trained context: max_position_embeddings, else model_max_length (the next key llama.cpp's converter looks
+  // for; a GGUF without <arch>.context_length does not load in llama.cpp).
+  const char* ctx_key = f.has("max_position_embeddings") || !f.has("model_max_length") ? "max_position_embeddings" : "model_max_length";
+  c.max_position_embeddings = f.opt<int64_t>(ctx_key, 0);
+  if (c.max_position_embeddings < 0) throw Error(f.where(ctx_key) + ": must be >= 0");
 
   // Shape constraints the kernels rely on.
   if (c.expert_quant_format) {
@@ -236,7 +239,7 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
 const std::set<std::string>& ignored_keys() {
   static const std::set<std::string> k = {
       "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype", "use_cache", "vision_config",
-      "max_position_embeddings", "use_grouped_topk", "num_nextn_predict_layers", "initializer_range",
+      "max_position_embeddings", "model_max_length", "use_grouped_topk", "num_nextn_predict_layers", "initializer_range",
       "rope_theta", "rope_scaling", "attention_dropout", "attention_bias", "num_key_value_heads", "head_dim",
       "media_placeholder_token_id", "ignore_index", "pretraining_tp", "tie_word_embeddings",
       // quantization_config (compressed-tensors)

@@ -618,9 +618,17 @@ cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bia
   if (n == 0) return cudaSuccess;
   if (!logits || !topk_idx || !topk_w) return cudaErrorInvalidValue;  // bias may be null: no bias
   if (E > 32 * 32) form = RouteForm::Scan;
-  // The rule: one warp a token up to 256 experts, four above (K3's 896: the warp form's 28 keys a lane are its
-  // serial chain); call s46-1 measures both forms at both shapes (CudaMoe.RouteTiming).
-  if (form == RouteForm::Auto) form = E <= 32 * 8 ? RouteForm::Warp : RouteForm::Block;
+  // The rule: four warps a token wherever they fit. CudaMoe.RouteTiming, call s46-1 (H100, a graph of 200 launches,
+  // n = 1 / 8 / 64): Kimi-Linear E 256 K 8 warp 4.92-5.03 us, block 2.96-3.14; K3 E 896 K 16 warp 14.85-15.35,
+  // block 6.74-7.15; the scan kernel 8.3-8.5 / 19.0-19.8.
+  // K3_ROUTE_FORM=warp|scan: the model's routing in that form instead (before / after in one binary).
+  static const RouteForm env_form = [] {
+    const char* v = std::getenv("K3_ROUTE_FORM");
+    if (v && std::strcmp(v, "warp") == 0) return RouteForm::Warp;
+    if (v && std::strcmp(v, "scan") == 0) return RouteForm::Scan;
+    return RouteForm::Block;
+  }();
+  if (form == RouteForm::Auto) form = env_form;
   const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4), blocks = static_cast<unsigned>(n);
   if (form == RouteForm::Warp) {
     if (E <= 32 * 8) {

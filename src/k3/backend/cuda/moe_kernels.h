@@ -57,7 +57,7 @@ bool moe_experts_use_tc(int n, int K, int E, WeightFormat format = WeightFormat:
 // Routing for n tokens: s = sigmoid(logits); the K experts with the highest s + bias (ties to the lower
 // expert id); weight = (renormalize ? s / (sum of the K chosen s + 1e-20) : s) * scale.
 // logits [n][E]; bias [E]; topk_idx [n][K] int32 (in rank order); topk_w [n][K]. K <= 32, E <= 4096.
-// `form` (tests and timings): Auto is the rule; Warp = one warp a token (E <= 1024), Block = four warps a token (E <= 1024),
+// `form` (tests and timings): Auto is the rule (Block); Warp = one warp a token (E <= 1024), Block = four warps a token (E <= 1024),
 // Scan = the 256-thread scan kernel (any E); a form that cannot take E falls back to the rule.
 enum class RouteForm { Auto, Warp, Block, Scan };
 cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bias, bool renormalize, float scale,
