@@ -1,0 +1,44 @@
+#!/bin/bash
+# Session 46 call 2 (issues 15 and 18), on one 26.5 GB GGUF at Kimi-Linear-48B's true dimensions (all 27 layers, k3's
+# Q4_K_M with MXFP4 routed experts; written on the host by `k3 quantize --load-format dummy`, now with the
+# kimi-linear.context_length llama.cpp needs): the host's 16-thread decode, k3 against llama.cpp 0c1e570 (CPU build from
+# the slim source), two alternating rounds; the GPU decode at batch 1-16, k3 `bench offline` against llama.cpp's CUDA
+# `llama-batched-bench -fa 1` (prebuilt on the dev box for sm_90, static: scripts/perf/lib-gguf-slice.sh's recipe), two
+# alternating rounds; k3's batch-1 step by op category (K3_CUDA_PROFILE=1, eager). While the GGUF is written: the route
+# kernel's block form against the warp form end to end (K3_ROUTE_FORM=warp), Kimi-Linear-48B dummy b1, three rounds.
+# Carry: .gpuwork/k3bins.tar.xz .gpuwork/llama-cpu-slim.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-bins.tar.xz
+set -u
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
+GW=$ROOT/.gpuwork; D=/tmp/k3b
+exec > >(tee $OUT/stdout.txt) 2>&1
+. scripts/perf/lib-k3-bins.sh
+k3bins_unpack
+. scripts/perf/lib-cpu-peer.sh
+peer_llama_slim_bg
+LC=/tmp/llc; mkdir -p $LC && tar -xJf $GW/llama-cuda-bins.tar.xz -C $LC; echo "llama cuda bins rc=$? $(ls $LC)"
+G=/dev/shm/kl48-q4km.gguf
+( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
+  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 6 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
+QB=$!
+kl_dummy_args
+for r in 1 2 3; do for F in block warp; do
+  E=""; [ $F = warp ] && E=warp
+  K3_ROUTE_FORM=$E timeout 60 $D/k3 bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "route=$F b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+done; done | tee $OUT/route-ab-b1.txt
+wait $LB $QB; tail -1 /tmp/llama-build.log; tail -3 /tmp/q48.log; echo "cpu prep done $(el)"
+for r in 1 2; do [ $(left) -gt 300 ] || break
+  { echo "round $r $(el)"
+    timeout 90 $D/k3 bench offline -m $G --no-mmap -p 0 -n 64 -r 2 -t 16 2>&1 | grep -E "memory read|moved|^\| kl48"
+    echo "k3 done $(el)"
+    timeout 90 $LBIN/llama-bench -m $G -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -E "^\||error" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a $OUT/cpu-t16.txt
+done
+for r in 1 2; do [ $(left) -gt 120 ] || break
+  { echo "round $r $(el)"
+    timeout 80 $D/k3 bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2 2>&1 | grep -E "^\| kl48"
+    echo "k3 done $(el)"
+    timeout 100 $LC/llama-batched-bench -m $G -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 512 -ntg 32 -npl 1,2,4,8,16 2>&1 | grep -E "^\||error" | tail -6
+    echo "llama done $(el)"; } 2>&1 | tee -a $OUT/gpu-kl48.txt
+done
+[ $(left) -gt 45 ] && K3_CUDA_PROFILE=1 timeout $(( $(left) - 10 )) $D/k3 bench offline -m $G --device cuda --enforce-eager -p 0 -n 16 -b 1 -r 1 > $OUT/gpu-prof-b1.txt 2>&1
+echo "prof rc=$? $(el)"
+echo "done $(el)"
