@@ -2,11 +2,11 @@
 # Session 46 call 2 (issues 15 and 18), on one 26.5 GB GGUF at Kimi-Linear-48B's true dimensions (all 27 layers, k3's
 # Q4_K_M with MXFP4 routed experts; written on the host by `k3 quantize --load-format dummy`, now with the
 # kimi-linear.context_length llama.cpp needs): the host's 16-thread decode, k3 against llama.cpp 0c1e570 (CPU build from
-# the slim source), two alternating rounds; the GPU decode at batch 1-16, k3 `bench offline` against llama.cpp's CUDA
-# `llama-batched-bench -fa 1` (prebuilt on the dev box for sm_90, static: scripts/perf/lib-gguf-slice.sh's recipe), two
-# alternating rounds; k3's batch-1 step by op category (K3_CUDA_PROFILE=1, eager). While the GGUF is written: the route
+# the slim source), two alternating rounds; k3's GPU batch-1 step by op category (K3_CUDA_PROFILE=1, eager), and an ncu
+# step split of it (the decode's kernels at 18% of the H100's bandwidth in s46-1). While the GGUF is written: the route
 # kernel's block form against the warp form end to end (K3_ROUTE_FORM=warp), Kimi-Linear-48B dummy b1, three rounds.
-# Carry: .gpuwork/k3bins.tar.xz .gpuwork/llama-cpu-slim.tar.xz .gpuwork/tiktoken.model.xz .gpuwork/llama-cuda-bins.tar.xz
+# (llama.cpp's CUDA build is call s46-3's: its dev-box prebuild was not done.)
+# Carry: .gpuwork/k3bins.tar.xz .gpuwork/llama-cpu-slim.tar.xz .gpuwork/tiktoken.model.xz
 set -u
 ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
 GW=$ROOT/.gpuwork; D=/tmp/k3b
@@ -15,7 +15,6 @@ exec > >(tee $OUT/stdout.txt) 2>&1
 k3bins_unpack
 . scripts/perf/lib-cpu-peer.sh
 peer_llama_slim_bg
-LC=/tmp/llc; mkdir -p $LC && tar -xJf $GW/llama-cuda-bins.tar.xz -C $LC; echo "llama cuda bins rc=$? $(ls $LC)"
 G=/dev/shm/kl48-q4km.gguf
 ( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
   nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 6 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
@@ -32,13 +31,13 @@ for r in 1 2; do [ $(left) -gt 300 ] || break
     echo "k3 done $(el)"
     timeout 90 $LBIN/llama-bench -m $G -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -E "^\||error" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a $OUT/cpu-t16.txt
 done
-for r in 1 2; do [ $(left) -gt 120 ] || break
-  { echo "round $r $(el)"
-    timeout 80 $D/k3 bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2 2>&1 | grep -E "^\| kl48"
-    echo "k3 done $(el)"
-    timeout 100 $LC/llama-batched-bench -m $G -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 512 -ntg 32 -npl 1,2,4,8,16 2>&1 | grep -E "^\||error" | tail -6
-    echo "llama done $(el)"; } 2>&1 | tee -a $OUT/gpu-kl48.txt
+[ $(left) -gt 60 ] && K3_CUDA_PROFILE=1 timeout 60 $D/k3 bench offline -m $G --device cuda --enforce-eager -p 0 -n 16 -b 1 -r 1 > $OUT/gpu-prof-b1.txt 2>&1
+echo "prof rc=$? $(el)"; grep -vE "^\s*$" $OUT/gpu-prof-b1.txt | tail -30
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+for n in 2 4; do [ $(left) -gt 100 ] || break
+  timeout $(( $(left) - 40 )) $NCU --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum --cache-control none \
+    --log-file /tmp/ncu-n$n.csv $D/k3 bench offline -m $G --device cuda --enforce-eager -p 0 -n $n -b 1 -r 1 > /tmp/ncu.out 2>&1
+  echo "ncu n=$n rc=$? $(el)"
 done
-[ $(left) -gt 45 ] && K3_CUDA_PROFILE=1 timeout $(( $(left) - 10 )) $D/k3 bench offline -m $G --device cuda --enforce-eager -p 0 -n 16 -b 1 -r 1 > $OUT/gpu-prof-b1.txt 2>&1
-echo "prof rc=$? $(el)"
+python3 scripts/perf/ncu_step_diff.py /tmp/ncu-n2.csv /tmp/ncu-n4.csv 2 > $OUT/ncu-b1-step.txt 2>&1; head -30 $OUT/ncu-b1-step.txt | cut -c1-160
 echo "done $(el)"
