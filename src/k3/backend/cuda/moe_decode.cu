@@ -534,6 +534,9 @@ __global__ void __launch_bounds__(256)
   for (int idx = threadIdx.x; idx < cnt * I8; idx += blockDim.x) {
     const int slot = start + idx / I8, c8 = idx % I8;
     float gs[8] = {}, us[8] = {};
+    // Unrolled: the splits' loads go out together (a 1-token layer has up to 18 splits, one dependent load round each
+    // when rolled: 5.5 us a launch under ncu, s46-2); the adds stay in split order.
+#pragma unroll 6
     for (int s = 0; s < splits; ++s) {  // fixed order
       const float4* p = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + c8 * 8);
       const float4* q = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + I + c8 * 8);
@@ -555,27 +558,31 @@ __global__ void __launch_bounds__(256)
 }
 
 // out[t] = sum over k in rank order of w[t][k] * (sum over splits of y[split][slot]).
+// A block takes kCombCols float4 columns of one token: its 8 warps sum the splits of the slots k = warp, warp + 8, ...
+// (the loads of all K slots in flight at once, unrolled over splits), then warp 0 adds them in rank order. Session 13's
+// form (a thread per column walking K x splits loads in turn) took 7.9 us a launch at one token (ncu, s46-2: 26 a
+// Kimi-Linear step); the sums are the same expressions in the same order: the same bits.
+constexpr int kCombCols = 32;
 __global__ void __launch_bounds__(256)
     dec_combine_kernel(int X, int K, const float* __restrict__ part, int64_t split_stride, int splits,
                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
   pdl::launch_dependents();
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
-  const int t = blockIdx.x;
+  __shared__ float4 s_v[32][kCombCols];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < K) {
     s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
     s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
   }
   __syncthreads();
-  const int X4 = X >> 2;
-  float4* o = reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X);
-  // Columns over blockIdx.y too: one block per token left a 1-token combine at ~11 us (ncu, session 13).
-  for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < X4; c += gridDim.y * blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < K; ++k) {
+  const int X4 = X >> 2, c = blockIdx.y * kCombCols + lane;
+  if (c < X4)
+    for (int k = warp; k < K; k += 8) {
       const int s = s_slot[k];
       if (s < 0) continue;
       float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
       for (int sp = 0; sp < splits; ++sp) {
         const float4 y = __ldg(reinterpret_cast<const float4*>(part + sp * split_stride + static_cast<int64_t>(s) * X) + c);
         v.x += y.x;
@@ -583,14 +590,21 @@ __global__ void __launch_bounds__(256)
         v.z += y.z;
         v.w += y.w;
       }
-      const float w = s_w[k];
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
+      s_v[k][lane] = v;
     }
-    o[c] = acc;
+  __syncthreads();
+  if (warp != 0 || c >= X4) return;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k = 0; k < K; ++k) {
+    if (s_slot[k] < 0) continue;
+    const float4 v = s_v[k][lane];
+    const float w = s_w[k];
+    acc.x = fmaf(w, v.x, acc.x);
+    acc.y = fmaf(w, v.y, acc.y);
+    acc.z = fmaf(w, v.z, acc.z);
+    acc.w = fmaf(w, v.w, acc.w);
   }
+  reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X)[c] = acc;
 }
 
 }  // namespace
@@ -598,7 +612,7 @@ __global__ void __launch_bounds__(256)
 cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
                         const float* topk_w, float* out, cudaStream_t stream) {
   if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((X / 4 + 255) / 256));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((X / 4 + kCombCols - 1) / kCombCols));
   dec_combine_kernel<<<grid, 256, 0, stream>>>(X, K, part, split_stride, splits, slot_of, topk_w, out);
   return cudaGetLastError();
 }
