@@ -933,10 +933,13 @@ __device__ __forceinline__ void cluster_done() {
   if constexpr (Z > 1) cooperative_groups::this_cluster().sync();
 }
 
+// pdl-launched (session 46): the sequence table, the conv taps and tails and the state column are loaded before the wait
+// -- none is written by the kernel before it (the projections): the table is the step's upload, the taps weights, the
+// tails and the state this kernel's own writes of an earlier step (complete: pdl.cuh's transitivity) -- so the ~2 MB a
+// layer of state reads overlap the projections' tail instead of starting after it.
 template <int D, int W, class StateT>
 __global__ void __launch_bounds__(D)
     kda_decode_fused_kernel(const KdaSeq* __restrict__ seqs, int H, const KdaFusedIn in, float* __restrict__ o) {
-  pdl::launch_dependents();
   constexpr int SPLIT = kSplit<D>;
   __shared__ float2 red[D / 32];
   __shared__ __align__(16) float ks[D], qs[D], es[D], vs[D];
@@ -948,6 +951,7 @@ __global__ void __launch_bounds__(D)
   r.load_conv(in, sq, h * D + tid);
   StateT* S = reinterpret_cast<StateT*>(sq.S) + static_cast<size_t>(h) * D * D;
   load_column<D, SPLIT>(r.s, S, dv, p);
+  pdl::begin();
   fused_token<D, W, StateT>(in, H, h, static_cast<size_t>(sq.offset), r, red, ks, qs, es, vs, slot, o);
   store_column<D, SPLIT>(r.s, S, dv, p);
   r.store_conv(sq, h * D + tid);
@@ -1071,13 +1075,15 @@ cudaError_t launch_fused(const KdaSeq* seqs, const KdaSnapSeq* vseqs, const KdaS
   cfg.gridDim = dim3(static_cast<unsigned>(n_seqs), static_cast<unsigned>(H), Z);
   cfg.blockDim = dim3(D);
   cfg.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1;
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = Z;  // the blocks of one (seq, head)
-  cfg.attrs = cluster;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = Z;  // the blocks of one (seq, head)
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the decode kernel's state loads before its wait
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = !vseqs && pdl::enabled() ? 2 : 1;
   if (vseqs) return cudaLaunchKernelEx(&cfg, kda_verify_fused_kernel<D, W, StateT>, vseqs, snaps, H, in, o);
   return cudaLaunchKernelEx(&cfg, kda_decode_fused_kernel<D, W, StateT>, seqs, H, in, o);
 }

@@ -10,8 +10,9 @@
 // kernel's tail.
 //
 // The contract of a kernel launched with pdl::launch:
-//   1. before pdl::wait() it reads only memory no kernel of the stream writes (the checkpoint's weights: uploaded
-//      by copies before the first step, never by a kernel), and writes nothing;
+//   1. before pdl::wait() it reads only memory the kernel just before it does not write -- the checkpoint's weights
+//      (uploaded by copies before the first step, never by a kernel), or state only earlier kernels wrote (complete
+//      when this one starts: the transitivity below; the KDA decode kernel's state, session 46) -- and writes nothing;
 //   2. it calls pdl::wait() before any other global memory access, on every path (a block that returns before
 //      waiting must have read nothing else and written nothing);
 //   3. it calls pdl::launch_dependents() after pdl::wait() (pdl::begin() does both): its own successor may then
