@@ -1,0 +1,30 @@
+#!/bin/bash
+# Session 46 call 5 (issue 18): the whole CUDA suite with the KDA decode kernel pdl-launched (its state loaded before
+# the wait), then k3 (pdl KDA) against k3old (the commit before; scripts/gpu-pack-ab) alternating at batch 1: the
+# Kimi-Linear-48B dummy (12 layers on an H100) three rounds, batch 8 / 64 one round; the 26.5 GB Kimi-Linear-48B-dims
+# GGUF (written on the host while the suite runs) batch 1 two rounds, K3_PDL=0 once. Carry: .gpuwork/k3bins.tar.xz
+# .gpuwork/tiktoken.model.xz
+set -u
+ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( ${BUDGET:-420} - $(date +%s) + T0 )); }
+GW=$ROOT/.gpuwork; D=/tmp/k3b
+exec > >(tee $OUT/stdout.txt) 2>&1
+. scripts/perf/lib-k3-bins.sh
+k3bins_unpack
+G=/dev/shm/kl48-q4km.gguf
+( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
+  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 12 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
+QB=$!
+cuda_suite
+kl_dummy_args
+for r in 1 2 3; do [ $(left) -gt 60 ] || break; for b in k3 k3old; do
+  timeout 40 $D/$b bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$b b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+done; done | tee $OUT/ab-kl-dummy.txt
+wait $QB; tail -1 /tmp/q48.log
+for r in 1 2; do [ $(left) -gt 40 ] || break; for b in k3 k3old; do
+  timeout 40 $D/$b bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1 -r 2 > /tmp/k.txt 2>&1; echo "$b gguf b1 r$r rc=$? $(grep -E '^\| kl48' /tmp/k.txt)"
+done; done | tee $OUT/ab-gguf.txt
+[ $(left) -gt 30 ] && { K3_PDL=0 timeout 30 $D/k3 bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1 -r 2 > /tmp/k.txt 2>&1; echo "k3 K3_PDL=0 gguf b1 rc=$? $(grep -E '^\| kl48' /tmp/k.txt)" | tee -a $OUT/ab-gguf.txt; }
+for b in 8 64; do [ $(left) -gt 25 ] || break; for v in k3 k3old; do
+  timeout 25 $D/$v bench offline $KL -p 0 -n 32 -b $b -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b$b rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
+done; done | tee -a $OUT/ab-kl-dummy.txt
+echo "done $(el)"
