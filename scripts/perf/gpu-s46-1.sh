@@ -6,27 +6,14 @@
 # host's 16-thread decode by k3 and by llama.cpp 0c1e570 (CPU build) on that one file, alternating, with the memory
 # rate read around each k3 test; then k3 on the GPU on the same file (batch 1-16, the same-GGUF table's batches).
 # Carry: .gpuwork/k3bins.tar.xz (scripts/gpu-pack-bins) .gpuwork/llama-cpu-slim.tar.xz .gpuwork/tiktoken.model.xz
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-exec > >(tee $OUT/stdout.txt) 2>&1
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 . scripts/perf/lib-cpu-peer.sh
 peer_llama_slim_bg
-G=/dev/shm/kl48-q4km.gguf
-( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
-  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 6 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
-QB=$!
+kl48_gguf_bg 6
 cuda_suite
 xz -dc $OUT/suite.log.xz | grep -E "timing \] (moe_route|graph of)" | tee $OUT/route-timing.txt
 wait $LB $QB; tail -1 /tmp/llama-build.log; tail -12 /tmp/q48.log; df -h /dev/shm | tail -1; echo "cpu prep done $(el)"
-for r in 1 2; do [ $(left) -gt 150 ] || break
-  { echo "round $r $(el)"
-    timeout 90 $D/k3 bench offline -m $G --no-mmap -p 0 -n 64 -r 2 -t 16 2>&1 | grep -E "memory read|moved|^\| kl48|GB/step"
-    echo "k3 done $(el)"
-    timeout 60 $LBIN/llama-bench -m $G -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -vE "^\s*$" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a $OUT/cpu-t16.txt
-done
+peer_gguf_rounds_t16 $G 150
 [ $(left) -gt 150 ] && { K3_CPU_PROFILE=1 K3_CPU_PROFILE_SKIP=2 timeout 80 $D/k3 bench offline -m $G --no-mmap -p 0 -n 32 -r 1 -t 16 > $OUT/cpu-prof-t16.txt 2>&1; echo "prof rc=$? $(el)"; }
 [ $(left) -gt 70 ] && timeout $(( $(left) - 20 )) $D/k3 bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2 > $OUT/gpu-k3-kl48.txt 2>&1
 echo "gpu rc=$? $(el)"; grep -E "^\|" $OUT/gpu-k3-kl48.txt | head -8

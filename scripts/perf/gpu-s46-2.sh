@@ -7,30 +7,17 @@
 # kernel's block form against the warp form end to end (K3_ROUTE_FORM=warp), Kimi-Linear-48B dummy b1, three rounds.
 # (llama.cpp's CUDA build is call s46-3's: its dev-box prebuild was not done.)
 # Carry: .gpuwork/k3bins.tar.xz .gpuwork/llama-cpu-slim.tar.xz .gpuwork/tiktoken.model.xz
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-exec > >(tee $OUT/stdout.txt) 2>&1
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 . scripts/perf/lib-cpu-peer.sh
 peer_llama_slim_bg
-G=/dev/shm/kl48-q4km.gguf
-( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
-  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 6 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
-QB=$!
+kl48_gguf_bg 6
 kl_dummy_args
 for r in 1 2 3; do for F in block warp; do
   E=""; [ $F = warp ] && E=warp
   K3_ROUTE_FORM=$E timeout 60 $D/k3 bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "route=$F b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/route-ab-b1.txt
 wait $LB $QB; tail -1 /tmp/llama-build.log; tail -3 /tmp/q48.log; echo "cpu prep done $(el)"
-for r in 1 2; do [ $(left) -gt 300 ] || break
-  { echo "round $r $(el)"
-    timeout 90 $D/k3 bench offline -m $G --no-mmap -p 0 -n 64 -r 2 -t 16 2>&1 | grep -E "memory read|moved|^\| kl48"
-    echo "k3 done $(el)"
-    timeout 90 $LBIN/llama-bench -m $G -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -E "^\||error" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a $OUT/cpu-t16.txt
-done
+peer_gguf_rounds_t16 $G 300
 [ $(left) -gt 60 ] && K3_CUDA_PROFILE=1 timeout 60 $D/k3 bench offline -m $G --device cuda --enforce-eager -p 0 -n 16 -b 1 -r 1 > $OUT/gpu-prof-b1.txt 2>&1
 echo "prof rc=$? $(el)"; grep -vE "^\s*$" $OUT/gpu-prof-b1.txt | tail -30
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -6,17 +6,9 @@
 # .gpuwork/llama-cuda-bins.tar.xz, 41 MB -- the call moves models/k3-tiny, tests/data, docs/perf and the drafter files
 # out of the carried tree to fit the 64 MiB cap, so only the synthetic-shape CudaMoe tests run). Carry:
 # .gpuwork/k3bins.tar.xz (gpu-pack-ab) .gpuwork/llama-cuda-bins.tar.xz .gpuwork/tiktoken.model.xz
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-exec > >(tee $OUT/stdout.txt) 2>&1
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 LC=/tmp/llc; mkdir -p $LC && tar -xJf $GW/llama-cuda-bins.tar.xz -C $LC; echo "llama cuda rc=$? $(el)"
-G=/dev/shm/kl48-q4km.gguf
-( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
-  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 12 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
-QB=$!
+kl48_gguf_bg 12
 timeout 150 $D/k3_cuda_tests --gtest_filter='CudaMoe.*' > $OUT/moe-tests.log 2>&1
 echo "moe tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|floats differ" $OUT/moe-tests.log | head -12
 wait $QB; tail -1 /tmp/q48.log

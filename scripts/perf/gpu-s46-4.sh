@@ -2,12 +2,7 @@
 # Session 46 call 4 (issue 18): the whole CUDA suite on main's final code (the MoE decode's new combine / GLU finish ran
 # only the CudaMoe tests in s46-3), then the Kimi-Linear-48B dummy at batch 1 / 8 / 64 / 256 for the targets table (an
 # H100: its first 12 layers). Carry: .gpuwork/k3bins.tar.xz (gpu-pack-ab 9af1078: k3 = main)
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-exec > >(tee $OUT/stdout.txt) 2>&1
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 cuda_suite
 kl_dummy_args
 for b in 1 8 64 256; do [ $(left) -gt 40 ] || break

@@ -3,17 +3,9 @@
 # the wait), then k3 (pdl KDA) against k3old (the commit before; scripts/gpu-pack-ab) alternating at batch 1: the
 # Kimi-Linear-48B dummy (12 layers on an H100) three rounds, batch 8 / 64 one round; the 26.5 GB Kimi-Linear-48B-dims
 # GGUF (written on the host while the suite runs) batch 1 two rounds, K3_PDL=0 once. Carry: .gpuwork/k3bins.tar.xz
-# .gpuwork/tiktoken.model.xz
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( ${BUDGET:-420} - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-exec > >(tee $OUT/stdout.txt) 2>&1
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
-G=/dev/shm/kl48-q4km.gguf
-( xz -dc $GW/tiktoken.model.xz > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
-  nice $D/k3 quantize --load-format dummy /tmp/kl48 $G Q4_K_M -t 12 > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
-QB=$!
+# .gpuwork/tiktoken.model.xz. Ran as `BUDGET=400 bash scripts/perf/gpu-s46-5.sh` (the device time the session had left).
+. scripts/perf/lib-call.sh
+kl48_gguf_bg 12
 cuda_suite
 kl_dummy_args
 for r in 1 2 3; do [ $(left) -gt 60 ] || break; for b in k3 k3old; do

@@ -62,3 +62,16 @@ peer_kl_q4km_bg() {
     nice "$D/k3" quantize /tmp/kl /dev/shm/kl-q4km.gguf Q4_K_M -t 4 > /tmp/q.log 2>&1; echo "kl-q4km rc=$?" >> /tmp/q.log ) &
   QB=$!
 }
+
+# From session 46 (scripts/perf/gpu-s46-{1,2}.sh): peer_gguf_rounds_t16 GGUF MIN_LEFT -- two alternating rounds of k3
+# (`bench offline --no-mmap -p 0 -n 64 -r 2 -t 16`, the memory rate read around it) and llama-bench ($LBIN, the same
+# file, 16 threads) into $OUT/cpu-t16.txt; a round starts only with more than MIN_LEFT seconds left (`left`).
+peer_gguf_rounds_t16() {
+  local g=$1 min=$2 r
+  for r in 1 2; do [ "$(left)" -gt "$min" ] || break
+    { echo "round $r $(el)"
+      timeout 90 "$D/k3" bench offline -m "$g" --no-mmap -p 0 -n 64 -r 2 -t 16 2>&1 | grep -E "memory read|moved|^\| |GB/step"
+      echo "k3 done $(el)"
+      timeout 90 "$LBIN/llama-bench" -m "$g" -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -E "^\||error" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a "$OUT/cpu-t16.txt"
+  done
+}

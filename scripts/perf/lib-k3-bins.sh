@@ -22,3 +22,12 @@ cuda_suite() {
   grep -E "^\[  (FAILED|PASSED) " "$OUT/suite.log" | head
   xz -9 "$OUT/suite.log"
 }
+# kl48_gguf_bg THREADS: in the background, a GGUF at Kimi-Linear-48B's true dimensions (k3's Q4_K_M, MXFP4 routed
+# experts; scripts/peer/kl48_dummy_dir.py) written by `k3 quantize --load-format dummy` as G=/dev/shm/kl48-q4km.gguf
+# (26.5 GB, ~70-95 s); sets QB (its pid; /tmp/q48.log ends with its status). Needs $GW/tiktoken.model.xz.
+kl48_gguf_bg() {
+  G=/dev/shm/kl48-q4km.gguf
+  ( xz -dc "$GW/tiktoken.model.xz" > /tmp/tiktoken.model && python3 scripts/peer/kl48_dummy_dir.py /tmp/kl48 /tmp/tiktoken.model &&
+    nice "$D/k3" quantize --load-format dummy /tmp/kl48 "$G" Q4_K_M -t "$1" > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
+  QB=$!
+}

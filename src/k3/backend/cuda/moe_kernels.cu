@@ -179,6 +179,56 @@ __device__ __forceinline__ uint32_t route_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The warp and block forms' shared steps. A thread's J keys: experts first, first + STRIDE, ... (padding: 0, never picked).
+template <int J, int STRIDE>
+__device__ __forceinline__ void route_keys(uint32_t (&key)[J], int first, int E, const float* lt, const float* bias) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = first + STRIDE * j;
+    const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the scan kernel and the CPU
+    key[j] = e < E ? route_key(bias ? s + bias[e] : s) : 0u;
+  }
+}
+// The thread's largest key and its slot: a tree over the J keys, the lower slot (lower id) keeping a tie.
+template <int J>
+__device__ __forceinline__ uint32_t best_key(const uint32_t (&key)[J], int& best_slot) {
+  uint32_t v[J];
+  int slot[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    v[j] = key[j];
+    slot[j] = j;
+  }
+#pragma unroll
+  for (int st = 1; st < J; st *= 2)
+#pragma unroll
+    for (int j = 0; j + st < J; j += 2 * st)
+      if (v[j + st] > v[j]) {  // strict: the lower slot keeps a tie
+        v[j] = v[j + st];
+        slot[j] = slot[j + st];
+      }
+  best_slot = slot[0];
+  return v[0];
+}
+// The picked slot's key zeroed by its owner (kill == J elsewhere: nothing changes).
+template <int J>
+__device__ __forceinline__ void zero_key(uint32_t (&key)[J], int kill) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) key[j] = j == kill ? 0u : key[j];
+}
+// One warp writes token t's K picks (lane k holds the rank-k pick): each pick's sigmoid recomputed from its logit (the
+// same expression as route_keys), the denominator summed in rank order.
+__device__ __forceinline__ void write_picks(int lane, int K, int pick, const float* lt, bool renormalize, float scale,
+                                            int64_t t, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
+  const float s = lane < K ? 1.0f / (1.0f + expf(-lt[pick])) : 0.f;
+  float denom = 0.f;
+  for (int k = 0; k < K; ++k) denom += __shfl_sync(0xffffffffu, s, k);
+  if (lane < K) {
+    topk_idx[t * K + lane] = pick;
+    topk_w[t * K + lane] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
+  }
+}
+
 template <int J>
 __global__ void __launch_bounds__(128)
     route_warp_kernel(int n, int E, int K, const float* __restrict__ logits, const float* __restrict__ bias,
@@ -189,44 +239,18 @@ __global__ void __launch_bounds__(128)
   if (t >= n) return;
   const float* lt = logits + static_cast<int64_t>(t) * E;
   uint32_t key[J];
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const int e = lane + 32 * j;
-    const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the block kernel and the CPU
-    key[j] = e < E ? route_key(bias ? s + bias[e] : s) : 0u;    // padding: never picked
-  }
+  route_keys<J, 32>(key, lane, E, lt, bias);
   int my_pick = 0;  // lane k keeps the rank-k pick
   for (int k = 0; k < K; ++k) {
-    uint32_t v[J];
-    int slot[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      v[j] = key[j];
-      slot[j] = j;
-    }
-#pragma unroll
-    for (int st = 1; st < J; st *= 2)
-#pragma unroll
-      for (int j = 0; j + st < J; j += 2 * st)
-        if (v[j + st] > v[j]) {  // strict: the lower slot keeps a tie
-          v[j] = v[j + st];
-          slot[j] = slot[j + st];
-        }
-    const uint32_t top = __reduce_max_sync(0xffffffffu, v[0]);  // > 0: K <= E free slots exist
-    const uint32_t mine = v[0] == top ? static_cast<uint32_t>(lane + 32 * slot[0]) : 0xffffffffu;
+    int slot0;
+    const uint32_t v0 = best_key<J>(key, slot0);
+    const uint32_t top = __reduce_max_sync(0xffffffffu, v0);  // > 0: K <= E free slots exist
+    const uint32_t mine = v0 == top ? static_cast<uint32_t>(lane + 32 * slot0) : 0xffffffffu;
     const int bi = static_cast<int>(__reduce_min_sync(0xffffffffu, mine));
-    const int kill = lane == (bi & 31) ? bi >> 5 : J;  // the owner zeroes the picked slot's key
-#pragma unroll
-    for (int j = 0; j < J; ++j) key[j] = j == kill ? 0u : key[j];
+    zero_key<J>(key, lane == (bi & 31) ? bi >> 5 : J);  // the owner zeroes the picked slot's key
     if (lane == k) my_pick = bi;
   }
-  const float s = lane < K ? 1.0f / (1.0f + expf(-lt[my_pick])) : 0.f;  // the pick's sigmoid, as computed above
-  float denom = 0.f;
-  for (int k = 0; k < K; ++k) denom += __shfl_sync(0xffffffffu, s, k);  // in rank order, as the rounds summed it
-  if (lane < K) {
-    topk_idx[static_cast<int64_t>(t) * K + lane] = my_pick;
-    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
-  }
+  write_picks(lane, K, my_pick, lt, renormalize, scale, t, topk_idx, topk_w);
 }
 
 // The same routing with four warps a token (E <= 128 J): thread i holds experts i, i + 128, ... as route keys, and each
@@ -246,52 +270,26 @@ __global__ void __launch_bounds__(128)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = blockIdx.x;
   const float* lt = logits + static_cast<int64_t>(t) * E;
   uint32_t key[J];
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    const int e = tid + 128 * j;
-    const float s = e < E ? 1.0f / (1.0f + expf(-lt[e])) : 0.f;  // expf as the other forms and the CPU
-    key[j] = e < E ? route_key(bias ? s + bias[e] : s) : 0u;    // padding: never picked
-  }
+  route_keys<J, 128>(key, tid, E, lt, bias);
   int my_pick = 0;  // thread k (k < K <= 32: warp 0) keeps the rank-k pick
   for (int k = 0; k < K; ++k) {
-    uint32_t v[J];
-    int slot[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      v[j] = key[j];
-      slot[j] = j;
-    }
-#pragma unroll
-    for (int st = 1; st < J; st *= 2)
-#pragma unroll
-      for (int j = 0; j + st < J; j += 2 * st)
-        if (v[j + st] > v[j]) {  // strict: the lower slot (lower id) keeps a tie
-          v[j] = v[j + st];
-          slot[j] = slot[j + st];
-        }
+    int slot0;
+    const uint32_t v0 = best_key<J>(key, slot0);
     const int b = k & 1;
-    const uint32_t wtop = __reduce_max_sync(0xffffffffu, v[0]);
+    const uint32_t wtop = __reduce_max_sync(0xffffffffu, v0);
     if (lane == 0) s_top[b][warp] = wtop;
     __syncthreads();
     const uint32_t top = max(max(s_top[b][0], s_top[b][1]), max(s_top[b][2], s_top[b][3]));  // > 0: K <= E
-    const uint32_t mine = v[0] == top ? static_cast<uint32_t>(tid + 128 * slot[0]) : 0xffffffffu;
+    const uint32_t mine = v0 == top ? static_cast<uint32_t>(tid + 128 * slot0) : 0xffffffffu;
     const uint32_t wid = __reduce_min_sync(0xffffffffu, mine);
     if (lane == 0) s_id[b][warp] = wid;
     __syncthreads();
     const int bi = static_cast<int>(min(min(s_id[b][0], s_id[b][1]), min(s_id[b][2], s_id[b][3])));
-    const int kill = tid == (bi & 127) ? bi >> 7 : J;  // the owner zeroes the picked slot's key
-#pragma unroll
-    for (int j = 0; j < J; ++j) key[j] = j == kill ? 0u : key[j];
+    zero_key<J>(key, tid == (bi & 127) ? bi >> 7 : J);  // the owner zeroes the picked slot's key
     if (tid == k) my_pick = bi;
   }
   if (warp != 0) return;
-  const float s = lane < K ? 1.0f / (1.0f + expf(-lt[my_pick])) : 0.f;  // the pick's sigmoid, as computed above
-  float denom = 0.f;
-  for (int k = 0; k < K; ++k) denom += __shfl_sync(0xffffffffu, s, k);  // in rank order, as the other forms
-  if (lane < K) {
-    topk_idx[static_cast<int64_t>(t) * K + lane] = my_pick;
-    topk_w[static_cast<int64_t>(t) * K + lane] = (renormalize ? s / (denom + 1e-20f) : s) * scale;
-  }
+  write_picks(lane, K, my_pick, lt, renormalize, scale, t, topk_idx, topk_w);
 }
 
 // ------------------------------------------------------------------------------------------------- plan
