@@ -74,8 +74,9 @@ TEST(Config, KimiLinearPublished) {
   EXPECT_NEAR(s.kda_state_bytes_f32 / 1e6, 42.0, 0.5);
 }
 
-// The trained context: max_position_embeddings, else model_max_length (the next key llama.cpp's converter reads; k3's
-// GGUF export writes it as <arch>.context_length, without which llama.cpp does not load the file), else 0.
+// The trained context: max_position_embeddings, else model_max_length when a plain size (the next key llama.cpp's
+// converter reads; k3's GGUF export writes it as <arch>.context_length, without which llama.cpp does not load the
+// file; HF's 1e30 "no limit" and other sentinels are ignored), else 0.
 TEST(Config, TrainedContextFromEitherKey) {
   auto j = kl_json();
   j.erase("max_position_embeddings");
@@ -86,8 +87,13 @@ TEST(Config, TrainedContextFromEitherKey) {
   j["max_position_embeddings"] = 4096;  // the first key wins
   EXPECT_EQ(k3::parse_model_config(j.dump(), "kl.json").max_position_embeddings, 4096);
   j.erase("max_position_embeddings");
-  j["model_max_length"] = -1;
-  EXPECT_NE(parse_error(j).find("model_max_length: must be >= 0"), std::string::npos) << parse_error(j);
+  for (const nlohmann::json& sentinel : {nlohmann::json(-1), nlohmann::json(1e30), nlohmann::json(uint64_t{1} << 40),
+                                         nlohmann::json("4096")}) {  // no statement: ignored, not an error
+    j["model_max_length"] = sentinel;
+    EXPECT_EQ(k3::parse_model_config(j.dump(), "kl.json").max_position_embeddings, 0) << sentinel.dump();
+  }
+  j["max_position_embeddings"] = -1;  // the first key keeps its check
+  EXPECT_NE(parse_error(j).find("max_position_embeddings: must be >= 0"), std::string::npos) << parse_error(j);
 }
 
 TEST(Config, ErrorsNameTheField) {

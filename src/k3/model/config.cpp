@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "k3/core/error.h"
@@ -67,6 +68,16 @@ class Fields {
   template <typename T>
   T arch_req(bool required, const char* key, T dflt) const {
     return required ? req<T>(key) : opt<T>(key, dflt);
+  }
+  // The key's value when it is an integer in [lo, hi], else nullopt: for hints that may hold a sentinel (HF writes
+  // model_max_length = int(1e30) for "no limit", which JSON readers see as a float).
+  std::optional<int64_t> int_in(const char* key, int64_t lo, int64_t hi) const {
+    if (!has(key) || !j_.at(key).is_number_integer()) return std::nullopt;
+    const json& v = j_.at(key);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) return std::nullopt;
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) return std::nullopt;
+    return x;
   }
   static constexpr int64_t kMaxDim = 1 << 20;
   const json& obj(const char* key) const {
@@ -220,11 +231,13 @@ void parse_text_config(const json& t, const std::string& source, const std::stri
   c.bos_token_id = f.opt<int64_t>("bos_token_id", -1);
   c.eos_token_id = f.opt<int64_t>("eos_token_id", -1);
   c.pad_token_id = f.opt<int64_t>("pad_token_id", -1);
-  // The trained context: max_position_embeddings, else model_max_length (the next key llama.cpp's converter looks
-  // for; a GGUF without <arch>.context_length does not load in llama.cpp).
-  const char* ctx_key = f.has("max_position_embeddings") || !f.has("model_max_length") ? "max_position_embeddings" : "model_max_length";
-  c.max_position_embeddings = f.opt<int64_t>(ctx_key, 0);
-  if (c.max_position_embeddings < 0) throw Error(f.where(ctx_key) + ": must be >= 0");
+  c.max_position_embeddings = f.opt<int64_t>("max_position_embeddings", 0);
+  if (c.max_position_embeddings < 0) throw Error(f.where("max_position_embeddings") + ": must be >= 0");
+  // Else model_max_length, the next key llama.cpp's converter looks for (a GGUF without <arch>.context_length does not
+  // load in llama.cpp), when it is a plain context size (1 .. 2^32 - 1, the GGUF key's range); anything else (HF's 1e30
+  // sentinel, a negative) is no statement.
+  if (!f.has("max_position_embeddings"))
+    c.max_position_embeddings = f.int_in("model_max_length", 1, int64_t{0xffffffff}).value_or(0);
 
   // Shape constraints the kernels rely on.
   if (c.expert_quant_format) {

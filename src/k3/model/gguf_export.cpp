@@ -104,7 +104,8 @@ void add_metadata(GgufWriter& w, const ModelConfig& c, const std::string& name, 
   w.set_string("general.type", "model");
   w.set_string("general.name", name);
   w.set_u32(A + "block_count", static_cast<uint32_t>(c.num_layers));
-  if (c.max_position_embeddings > 0) w.set_u32(A + "context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  if (c.max_position_embeddings > 0 && c.max_position_embeddings <= int64_t{0xffffffff})  // a u32 key: never a wrapped value
+    w.set_u32(A + "context_length", static_cast<uint32_t>(c.max_position_embeddings));
   w.set_u32(A + "embedding_length", static_cast<uint32_t>(c.hidden_size));
   w.set_u32(A + "feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
   w.set_u32(A + "attention.head_count", static_cast<uint32_t>(c.mla_heads));
