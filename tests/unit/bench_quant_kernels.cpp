@@ -42,7 +42,11 @@ double best_ms(int reps, F&& f) {
 
 TEST(KernelBench, DISABLED_QuantMatmul) {
   const char* rows_env = std::getenv("K3_BENCH_ROWS");
-  const int64_t rows = rows_env ? std::max<int64_t>(256, std::atoll(rows_env)) : 4096, cols = 4096;
+  // K3_BENCH_COLS: the row width (a multiple of 32; 4096 unless set; formats whose block does not divide it are left
+  // out): e.g. 128 for the short rows of Kimi-Linear's low-rank KDA ups (4096 x 128, Q5_0 in a Q4_K_M GGUF).
+  const char* cols_env = std::getenv("K3_BENCH_COLS");
+  const int64_t rows = rows_env ? std::max<int64_t>(256, std::atoll(rows_env)) : 4096,
+                cols = cols_env ? std::max<int64_t>(32, std::atoll(cols_env) / 32 * 32) : 4096;
   std::mt19937 rng(3);
   std::vector<float> x(static_cast<size_t>(64 * cols));
   std::uniform_real_distribution<float> u(-1, 1);
@@ -62,6 +66,7 @@ TEST(KernelBench, DISABLED_QuantMatmul) {
     k3::cpu::force_cpu_isa_for_testing(isa);
     for (k3::WeightFormat f : formats) {
       if (formats_env && !listed(formats_env, k3::weight_format_name(f))) continue;
+      if (f != k3::WeightFormat::BF16 && cols % k3::weight_layout(f).block_elems != 0) continue;
       std::vector<uint8_t> bytes;
       if (f == k3::WeightFormat::BF16) {
         bytes.resize(static_cast<size_t>(rows * cols * 2));
