@@ -334,6 +334,48 @@ TEST(QuantKernelsVnniK, PerBlockPathEqualsAvx2Int8BitForBit) {
     }
 }
 
+// The avx512bf16 tier's Q5_0 product (llama-quantize's fallback for rows not whole 256-blocks; its blocks through the
+// exact decoder into the Q8 sink) against its Q8_0 pair unit on a Q8_0 matrix holding the same quants (q - 16, the
+// fifth bits included) and the same d: bit for bit, at one and several tokens, even and odd block counts. A fifth bit
+// read from the wrong position, or a d from the wrong block, fails it (checked in session 46 with a dedicated Q5_0
+// pair unit whose bits were shifted by one; that unit measured no faster and was not kept).
+TEST(QuantKernelsVnni, Q5_0PairEqualsQ8_0OfTheSameQuantsBitForBit) {
+  if (const std::string m = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  struct TierReset {
+    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  } reset;
+  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+  std::mt19937 rng(46);
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{33, 128}, {9, 96}, {17, 4096}}) {
+    const int64_t blocks = rows * cols / 32;
+    std::vector<uint8_t> q5(static_cast<size_t>(blocks * 22)), q8(static_cast<size_t>(blocks * 34));
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* p5 = &q5[static_cast<size_t>(b * 22)];
+      uint8_t* p8 = &q8[static_cast<size_t>(b * 34)];
+      const uint16_t d = static_cast<uint16_t>(0x2000 + rng() % 0x800);  // fp16 d in [2^-7, 2^-6)
+      std::memcpy(p5, &d, 2);
+      std::memcpy(p8, &d, 2);
+      for (int i = 2; i < 22; ++i) p5[i] = static_cast<uint8_t>(rng());
+      uint32_t qh;
+      std::memcpy(&qh, p5 + 2, 4);
+      for (int i = 0; i < 32; ++i) {  // ggml's Q5_0: value i = (nibble i | bit i of qh << 4) - 16, low nibbles first
+        const int nib = i < 16 ? (p5[6 + i] & 15) : (p5[6 + i - 16] >> 4);
+        p8[2 + i] = static_cast<uint8_t>(static_cast<int8_t>((nib | ((qh >> i) & 1) << 4) - 16));
+      }
+    }
+    const k3::WeightMatrix W5{WeightFormat::Q5_0, q5.data(), nullptr, rows, cols}, W8{WeightFormat::Q8_0, q8.data(), nullptr, rows, cols};
+    for (int64_t n : {1, 3, 9}) {
+      auto x = activations(static_cast<size_t>(n * cols), rng);
+      std::vector<float> y5(static_cast<size_t>(n * rows), NAN), y8(y5.size(), NAN);
+      k3::cpu::matmul(W5, x.data(), n, y5.data());
+      k3::cpu::matmul(W8, x.data(), n, y8.data());
+      EXPECT_EQ(0, std::memcmp(y5.data(), y8.data(), y5.size() * sizeof(float))) << rows << " x " << cols << " n " << n;
+      EXPECT_TRUE(std::isfinite(y5[0]));
+    }
+  }
+}
+
 // Q4_K's 16-row decode layout (backend/cpu/decode_layout.h), which the avx512bf16 tier's one-token product reads when a
 // matrix has it, gives the stored rows' bits: whole matrices and row ranges that start and end inside a group (the
 // rows outside whole groups read stored), several blocks, an outlier activation (a coarse block scale) and an all-zero
