@@ -8,20 +8,11 @@
 # against `k3 bench memory -t 16` taken in each round and the file's bytes per token (scripts/peer/gguf_token_bytes.py).
 # Carry: .gpuwork/k3bins.tar.xz (scripts/gpu-pack-ab 3dad5ee) .gpuwork/kl.tpl.json.xz (scripts/random_checkpoint.py template
 # /work/gate/kl-1b, xz) .gpuwork/llama-cpu-slim.tar.xz (scripts/peer/pack-llama-slim)
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 lscpu | grep -E 'Model name|^CPU\(s\)'
 # --- CPU preparation in the background (llama.cpp's llama-bench; the checkpoint and k3's Q4_K_M of it)
 . scripts/perf/lib-cpu-peer.sh
-peer_llama_slim_bg
-peer_kl_q4km_bg
-# --- GPU
-kl_dummy_args
-cuda_suite
-wait $LB $QB; tail -1 /tmp/llama-build.log; tail -2 /tmp/q.log; echo "cpu prep done $(el)"
+peer_kl1b_prep_during_suite  # the CPU preparation in the background while the whole CUDA suite runs
 for r in 1 2 3; do for v in old new nopdl; do BIN=$D/k3; [ $v = old ] && BIN=$D/k3old; P=1; [ $v = nopdl ] && P=0
   K3_PDL=$P timeout 60 $BIN bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "$v b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/ab-b1.txt

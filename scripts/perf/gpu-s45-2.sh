@@ -4,17 +4,9 @@
 # then issue 15 on the host's cores: llama.cpp 0c1e570 (CPU build, in the background during the suite) on k3's Q4_K_M
 # of kl-1b's template at 16 threads, beside k3, stderr kept (s45-1's llama-bench lines came back empty).
 # Carry: .gpuwork/k3bins.tar.xz (scripts/gpu-pack-bins) .gpuwork/kl.tpl.json.xz .gpuwork/llama-cpu-slim.tar.xz
-set -u
-ROOT=$PWD; T0=$(date +%s); el() { echo "+$(( $(date +%s) - T0 )) s"; }; left() { echo $(( 585 - $(date +%s) + T0 )); }
-GW=$ROOT/.gpuwork; D=/tmp/k3b
-. scripts/perf/lib-k3-bins.sh
-k3bins_unpack
+. scripts/perf/lib-call.sh
 . scripts/perf/lib-cpu-peer.sh
-peer_llama_slim_bg
-peer_kl_q4km_bg
-kl_dummy_args
-cuda_suite
-wait $LB $QB; tail -1 /tmp/llama-build.log; tail -1 /tmp/q.log; echo "cpu prep done $(el)"
+peer_kl1b_prep_during_suite
 for r in 1 2 3; do for P in 1 0; do
   K3_PDL=$P timeout 60 $D/k3 bench offline $KL -p 0 -n 64 -b 1 -r 2 --mem-bw $BW > /tmp/tg.txt 2>&1; echo "pdl=$P b1 r$r rc=$? $(grep -E '^\| kimi' /tmp/tg.txt | head -1)"
 done; done | tee $OUT/ab-b1.txt

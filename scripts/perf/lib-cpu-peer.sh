@@ -75,3 +75,13 @@ peer_gguf_rounds_t16() {
       timeout 90 "$LBIN/llama-bench" -m "$g" -p 0 -n 64 -t 16 -r 2 -o md 2>&1 | grep -E "^\||error" | tail -3; echo "llama done $(el)"; } 2>&1 | tee -a "$OUT/cpu-t16.txt"
   done
 }
+
+# From session 45 (scripts/perf/gpu-s45-{1,2}.sh): llama.cpp's CPU build and kl-1b's Q4_K_M in the background while the
+# whole CUDA suite runs (lib-k3-bins.sh's kl_dummy_args and cuda_suite), then both waited for; LBIN, KL and BW set.
+peer_kl1b_prep_during_suite() {
+  peer_llama_slim_bg
+  peer_kl_q4km_bg
+  kl_dummy_args
+  cuda_suite
+  wait "$LB" "$QB"; tail -1 /tmp/llama-build.log; tail -2 /tmp/q.log; echo "cpu prep done $(el)"
+}
