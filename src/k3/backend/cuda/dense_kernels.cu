@@ -50,7 +50,7 @@ unsigned grid1d(int64_t count, int threads) { return static_cast<unsigned>((coun
 
 __global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
                              float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t t = blockIdx.x;
   const uint16_t* row = table + static_cast<int64_t>(tokens[t]) * H;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = bf16_to_f32(row[i]);
@@ -59,14 +59,14 @@ __global__ void embed_kernel(const uint16_t* __restrict__ table, int64_t H, cons
 // A vocabulary shard's embedding: rows [first, first + count) of the vocabulary; other tokens get zeros.
 __global__ void embed_shard_kernel(const uint16_t* __restrict__ table, int64_t H, const int32_t* __restrict__ tokens,
                                    int64_t first, int64_t count, int64_t stride, float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t t = blockIdx.x, row = static_cast<int64_t>(tokens[t]) - first;
   const bool mine = row >= 0 && row < count;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * stride + i] = mine ? bf16_to_f32(table[row * H + i]) : 0.f;
 }
 
 __global__ void map_ids_kernel(int32_t* ids, int64_t n, const int32_t* __restrict__ table, int64_t table_n) {
-  pdl::launch_dependents();
+  pdl::begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = ids[i];
     ids[i] = (e >= 0 && e < table_n) ? table[e] : -1;
@@ -74,7 +74,7 @@ __global__ void map_ids_kernel(int32_t* ids, int64_t n, const int32_t* __restric
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
   float ss = 0;
@@ -88,7 +88,7 @@ __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, int 
 // bits equal the two-kernel sequence. Each thread re-reads only the y elements it wrote itself.
 __global__ void add_rmsnorm_kernel(float* y, const float* __restrict__ x, const float* __restrict__ w, int dim, int stride,
                                    float eps, float* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   float* yr = y + static_cast<int64_t>(blockIdx.x) * stride;
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * stride;
   float* orow = out + static_cast<int64_t>(blockIdx.x) * stride;
@@ -148,7 +148,7 @@ __device__ __forceinline__ float load_row(float4 (&v)[V], float* y, const float*
 
 template <int V>
 __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, int dim, int stride, float eps, float* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int q = dim / 4;
   float4 v[V];
   const float ss = load_row<V>(v, nullptr, x, stride, q);
@@ -159,7 +159,7 @@ __global__ void rmsnorm_vec_kernel(const float* x, const float* __restrict__ w, 
 template <int V>
 __global__ void add_rmsnorm_vec_kernel(float* y, const float* __restrict__ x, const float* __restrict__ w, int dim,
                                        int stride, float eps, float* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int q = dim / 4;
   float4 v[V];
   const float ss = load_row<V>(v, y, x, stride, q);
@@ -168,17 +168,17 @@ __global__ void add_rmsnorm_vec_kernel(float* y, const float* __restrict__ x, co
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
 __global__ void sigmoid_mul_kernel(float* y, const float* g, int64_t n) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] *= sigmoid(g[i]);
 }
 __global__ void glu_kernel(float* gate, const float* up, int64_t n, bool situ, float beta, float lbeta) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = gate[i], u = up[i];
@@ -188,7 +188,7 @@ __global__ void glu_kernel(float* gate, const float* up, int64_t n, bool situ, f
     gate[i] = g * sigmoid(g) * u;
 }
 __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
@@ -197,7 +197,7 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, uint16_t* out) {
 }
 
 __global__ void to_bf16_split_kernel(const float* x, int64_t n, uint16_t* hi, uint16_t* lo) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
@@ -243,7 +243,7 @@ __device__ void attn_res_weights(const ResSources src, int m, const float* __res
 // One block per row; m <= 32 sources (K3: 93 layers / block 12 -> at most 9 blocks + the partial sum).
 __global__ void attn_res_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                 float eps, float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
   attn_res_weights(src, m, w, H, eps, t, p);
@@ -257,7 +257,7 @@ __global__ void attn_res_kernel(const ResSources src, int m, const float* __rest
 // attn_res_kernel followed by RMSNorm of the mixed row (kept in shared memory).
 __global__ void attn_res_norm_kernel(const ResSources src, int m, const float* __restrict__ w, int H,
                                      float eps, const float* __restrict__ norm_w, float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float row[];  // [H]
   __shared__ float p[32];
   const int64_t t = blockIdx.x;
@@ -274,14 +274,14 @@ __global__ void attn_res_norm_kernel(const ResSources src, int m, const float* _
 }
 
 __global__ void gather_kernel(const float* x, const int32_t* rows, int H, float* out) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t r = blockIdx.x;
   const float* src = x + static_cast<int64_t>(rows[r]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[r * H + i] = src[i];
 }
 
 __global__ void copy_segments_kernel(const CopySeg* segs) {
-  pdl::launch_dependents();
+  pdl::begin();
   const CopySeg c = segs[blockIdx.x];
   const bool wide = ((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | c.bytes) & 15) == 0;
   if (wide) {
@@ -304,7 +304,7 @@ __device__ __forceinline__ float unit(uint64_t seed, int64_t i) {
   return static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
 }
 __global__ void fill_bf16_kernel(uint16_t* p, int64_t n, float scale, uint64_t seed) {
-  pdl::launch_dependents();
+  pdl::begin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const __nv_bfloat16 b = __float2bfloat16_rn((2.0f * unit(seed, i) - 1.0f) * scale);
@@ -312,13 +312,13 @@ __global__ void fill_bf16_kernel(uint16_t* p, int64_t n, float scale, uint64_t s
   }
 }
 __global__ void fill_f32_kernel(float* p, int64_t n, float lo, float hi, uint64_t seed) {
-  pdl::launch_dependents();
+  pdl::begin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     p[i] = lo + (hi - lo) * unit(seed, i);
 }
 __global__ void fill_bytes_kernel(uint8_t* p, int64_t n, uint32_t lo, uint32_t span, uint64_t seed) {
-  pdl::launch_dependents();
+  pdl::begin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     p[i] = static_cast<uint8_t>(lo + mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) % span);
@@ -330,7 +330,7 @@ unsigned fill_grid(int64_t n) { return static_cast<unsigned>(n / 256 + 1 < 65536
 
 cudaError_t embed_rows(const uint16_t* table, int64_t H, const int32_t* tokens, int n, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  embed_kernel<<<n, 256, 0, s>>>(table, H, tokens, out);
+  (void)pdl::launch(embed_kernel, n, 256, 0, s, table, H, tokens, out);
   return cudaGetLastError();
 }
 
@@ -338,13 +338,13 @@ cudaError_t embed_rows_shard(const uint16_t* table, int64_t H, const int32_t* to
                              int64_t stride, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (stride < H) return cudaErrorInvalidValue;
-  embed_shard_kernel<<<n, 256, 0, s>>>(table, H, tokens, first, count, stride, out);
+  (void)pdl::launch(embed_shard_kernel, n, 256, 0, s, table, H, tokens, first, count, stride, out);
   return cudaGetLastError();
 }
 
 cudaError_t map_ids(int32_t* ids, int64_t n, const int32_t* table, int64_t table_n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  map_ids_kernel<<<fill_grid(n), 256, 0, s>>>(ids, n, table, table_n);
+  (void)pdl::launch(map_ids_kernel, fill_grid(n), 256, 0, s, ids, n, table, table_n);
   return cudaGetLastError();
 }
 
@@ -352,10 +352,10 @@ cudaError_t rmsnorm(const float* x, const float* w, int n, int dim, int stride, 
   if (n <= 0) return cudaSuccess;
   if (dim <= 0 || stride < dim) return cudaErrorInvalidValue;
   const int v = vec_norm_per_thread(dim, stride, {x, w, out});
-  if (v == 0) rmsnorm_kernel<<<n, row_threads(dim), 0, s>>>(x, w, dim, stride, eps, out);
-  else if (v == 1) rmsnorm_vec_kernel<1><<<n, vec_norm_threads(dim, 1), 0, s>>>(x, w, dim, stride, eps, out);
-  else if (v == 2) rmsnorm_vec_kernel<2><<<n, vec_norm_threads(dim, 2), 0, s>>>(x, w, dim, stride, eps, out);
-  else rmsnorm_vec_kernel<4><<<n, vec_norm_threads(dim, 4), 0, s>>>(x, w, dim, stride, eps, out);
+  if (v == 0) (void)pdl::launch(rmsnorm_kernel, n, row_threads(dim), 0, s, x, w, dim, stride, eps, out);
+  else if (v == 1) (void)pdl::launch(rmsnorm_vec_kernel<1>, n, vec_norm_threads(dim, 1), 0, s, x, w, dim, stride, eps, out);
+  else if (v == 2) (void)pdl::launch(rmsnorm_vec_kernel<2>, n, vec_norm_threads(dim, 2), 0, s, x, w, dim, stride, eps, out);
+  else (void)pdl::launch(rmsnorm_vec_kernel<4>, n, vec_norm_threads(dim, 4), 0, s, x, w, dim, stride, eps, out);
   return cudaGetLastError();
 }
 
@@ -364,36 +364,36 @@ cudaError_t add_rmsnorm(float* y, const float* x, const float* w, int n, int dim
   if (n <= 0) return cudaSuccess;
   if (dim <= 0 || stride < dim) return cudaErrorInvalidValue;
   const int v = vec_norm_per_thread(dim, stride, {y, x, w, out});
-  if (v == 0) add_rmsnorm_kernel<<<n, row_threads(dim), 0, s>>>(y, x, w, dim, stride, eps, out);
-  else if (v == 1) add_rmsnorm_vec_kernel<1><<<n, vec_norm_threads(dim, 1), 0, s>>>(y, x, w, dim, stride, eps, out);
-  else if (v == 2) add_rmsnorm_vec_kernel<2><<<n, vec_norm_threads(dim, 2), 0, s>>>(y, x, w, dim, stride, eps, out);
-  else add_rmsnorm_vec_kernel<4><<<n, vec_norm_threads(dim, 4), 0, s>>>(y, x, w, dim, stride, eps, out);
+  if (v == 0) (void)pdl::launch(add_rmsnorm_kernel, n, row_threads(dim), 0, s, y, x, w, dim, stride, eps, out);
+  else if (v == 1) (void)pdl::launch(add_rmsnorm_vec_kernel<1>, n, vec_norm_threads(dim, 1), 0, s, y, x, w, dim, stride, eps, out);
+  else if (v == 2) (void)pdl::launch(add_rmsnorm_vec_kernel<2>, n, vec_norm_threads(dim, 2), 0, s, y, x, w, dim, stride, eps, out);
+  else (void)pdl::launch(add_rmsnorm_vec_kernel<4>, n, vec_norm_threads(dim, 4), 0, s, y, x, w, dim, stride, eps, out);
   return cudaGetLastError();
 }
 
 cudaError_t add_inplace(float* y, const float* x, int64_t n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  add_kernel<<<grid1d(n, 256), 256, 0, s>>>(y, x, n);
+  (void)pdl::launch(add_kernel, grid1d(n, 256), 256, 0, s, y, x, n);
   return cudaGetLastError();
 }
 cudaError_t sigmoid_mul(float* y, const float* g, int64_t n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  sigmoid_mul_kernel<<<grid1d(n, 256), 256, 0, s>>>(y, g, n);
+  (void)pdl::launch(sigmoid_mul_kernel, grid1d(n, 256), 256, 0, s, y, g, n);
   return cudaGetLastError();
 }
 cudaError_t glu(float* gate, const float* up, int64_t n, bool situ, float beta, float lbeta, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  glu_kernel<<<grid1d(n, 256), 256, 0, s>>>(gate, up, n, situ, beta, lbeta);
+  (void)pdl::launch(glu_kernel, grid1d(n, 256), 256, 0, s, gate, up, n, situ, beta, lbeta);
   return cudaGetLastError();
 }
 cudaError_t to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  to_bf16_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, out);
+  (void)pdl::launch(to_bf16_kernel, grid1d(n, 256), 256, 0, s, x, n, out);
   return cudaGetLastError();
 }
 cudaError_t to_bf16_split(const float* x, int64_t n, uint16_t* hi, uint16_t* lo, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  to_bf16_split_kernel<<<grid1d(n, 256), 256, 0, s>>>(x, n, hi, lo);
+  (void)pdl::launch(to_bf16_split_kernel, grid1d(n, 256), 256, 0, s, x, n, hi, lo);
   return cudaGetLastError();
 }
 cudaError_t attn_res_mix(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w, int n,
@@ -401,7 +401,7 @@ cudaError_t attn_res_mix(const float* blocks, int64_t block_stride, int nb, cons
                          cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (nb < 0 || nb > 31) return cudaErrorInvalidValue;
-  attn_res_kernel<<<n, row_threads(H), 0, s>>>(ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps, out);
+  (void)pdl::launch(attn_res_kernel, n, row_threads(H), 0, s, ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps, out);
   return cudaGetLastError();
 }
 cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int nb, const float* partial, const float* w,
@@ -409,35 +409,35 @@ cudaError_t attn_res_mix_rmsnorm(const float* blocks, int64_t block_stride, int 
                                  const float* norm_w, float* out, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (nb < 0 || nb > 31 || H > 12288) return cudaErrorInvalidValue;
-  attn_res_norm_kernel<<<n, row_threads(H), static_cast<size_t>(H) * sizeof(float), s>>>(ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps,
+  (void)pdl::launch(attn_res_norm_kernel, n, row_threads(H), static_cast<size_t>(H) * sizeof(float), s, ResSources{blocks, block_stride, partial, nb}, nb + 1, w, H, eps,
                                                                                       norm_w, out);
   return cudaGetLastError();
 }
 cudaError_t copy_segments(const CopySeg* segs, int n, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  copy_segments_kernel<<<n, 256, 0, s>>>(segs);
+  (void)pdl::launch(copy_segments_kernel, n, 256, 0, s, segs);
   return cudaGetLastError();
 }
 
 cudaError_t gather_rows(const float* x, const int32_t* rows, int R, int H, float* out, cudaStream_t s) {
   if (R <= 0) return cudaSuccess;
-  gather_kernel<<<R, 256, 0, s>>>(x, rows, H, out);
+  (void)pdl::launch(gather_kernel, R, 256, 0, s, x, rows, H, out);
   return cudaGetLastError();
 }
 cudaError_t fill_uniform_bf16(uint16_t* p, int64_t n, float scale, uint64_t seed, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  fill_bf16_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, scale, seed);
+  (void)pdl::launch(fill_bf16_kernel, fill_grid(n), 256, 0, s, p, n, scale, seed);
   return cudaGetLastError();
 }
 cudaError_t fill_uniform_f32(float* p, int64_t n, float lo, float hi, uint64_t seed, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
-  fill_f32_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, lo, hi, seed);
+  (void)pdl::launch(fill_f32_kernel, fill_grid(n), 256, 0, s, p, n, lo, hi, seed);
   return cudaGetLastError();
 }
 cudaError_t fill_random_bytes(uint8_t* p, int64_t n, uint8_t lo, uint8_t hi, uint64_t seed, cudaStream_t s) {
   if (n <= 0) return cudaSuccess;
   if (hi < lo) return cudaErrorInvalidValue;
-  fill_bytes_kernel<<<fill_grid(n), 256, 0, s>>>(p, n, lo, static_cast<uint32_t>(hi - lo) + 1u, seed);
+  (void)pdl::launch(fill_bytes_kernel, fill_grid(n), 256, 0, s, p, n, lo, static_cast<uint32_t>(hi - lo) + 1u, seed);
   return cudaGetLastError();
 }
 

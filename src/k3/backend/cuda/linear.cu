@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (row < rows) pdl::prefetch_l2(wr, cols * static_cast<int64_t>(sizeof(WT)), lane, 32);  // weights only
     pdl::begin();
   } else {
-    pdl::launch_dependents();
+    pdl::begin();
   }
   if (row >= rows) return;
   float acc[NT];
@@ -140,14 +140,14 @@ cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, 
     if (blocks <= resident) return pdl::launch(gemv_kernel<1, WT, true>, grid, kWarps * 32, 0, s, grp, cols, x);
   }
   switch (n) {
-    case 1: gemv_kernel<1, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 2: gemv_kernel<2, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 3: gemv_kernel<3, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 4: gemv_kernel<4, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 5: gemv_kernel<5, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 6: gemv_kernel<6, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 7: gemv_kernel<7, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
-    case 8: gemv_kernel<8, WT, false><<<grid, kWarps * 32, 0, s>>>(grp, cols, x); break;
+    case 1: (void)pdl::launch(gemv_kernel<1, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 2: (void)pdl::launch(gemv_kernel<2, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 3: (void)pdl::launch(gemv_kernel<3, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 4: (void)pdl::launch(gemv_kernel<4, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 5: (void)pdl::launch(gemv_kernel<5, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 6: (void)pdl::launch(gemv_kernel<6, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 7: (void)pdl::launch(gemv_kernel<7, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
+    case 8: (void)pdl::launch(gemv_kernel<8, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -168,7 +168,7 @@ cudaError_t launch_gemv_group(const DeviceLinear* const* W, float* const* y, int
 
 // y[i] = d[i] + d[count + i]: the hi and lo products of the merged bf16x2 GEMM.
 __global__ void add_halves_kernel(const float* __restrict__ d, int64_t count, float* __restrict__ y) {
-  pdl::launch_dependents();
+  pdl::begin();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] = d[i] + d[count + i];
@@ -177,7 +177,7 @@ __global__ void add_halves_kernel(const float* __restrict__ d, int64_t count, fl
 cudaError_t add_halves(const float* d, int64_t count, float* y, cudaStream_t s) {
   if (count <= 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((count + 255) / 256, 132 * 16);
-  add_halves_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(d, count, y);
+  (void)pdl::launch(add_halves_kernel, static_cast<unsigned>(blocks), 256, 0, s, d, count, y);
   return cudaGetLastError();
 }
 

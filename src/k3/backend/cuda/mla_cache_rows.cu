@@ -4,6 +4,7 @@
 
 #include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/mla_paging.cuh"
+#include "k3/backend/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -22,6 +23,7 @@ __device__ float block_max(float v) {
 
 template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(MlaPaging pg, const float* __restrict__ lat) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   const int t = blockIdx.x, kr = pg.kr, dr = pg.dr, dc = kr + dr;
   const float* x = lat + static_cast<int64_t>(t) * dc;
   uint8_t* row = mla_seq_rows(pg, pg.tok_seq[t]).row(pg.tok_pos[t]);
@@ -47,6 +49,7 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(MlaPaging pg, cons
 // exact).
 template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads) gather_kernel(MlaPaging pg, int seq, float* __restrict__ out) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   const int s = blockIdx.x, kr = pg.kr, dr = pg.dr, dc = kr + dr;
   const uint8_t* row = mla_seq_rows(pg, seq).row(s);
   const float scale = mla_row_ckv_scale<DT>(row, kr, dr);
@@ -72,9 +75,9 @@ cudaError_t mla_write_rows(const MlaPaging& pg, int N, const float* lat, cudaStr
   if (!mla_paging_shape_ok(pg) || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   switch (pg.dtype) {
-    case CacheDType::F32: write_rows_kernel<CacheDType::F32><<<N, kThreads, 0, s>>>(pg, lat); break;
-    case CacheDType::BF16: write_rows_kernel<CacheDType::BF16><<<N, kThreads, 0, s>>>(pg, lat); break;
-    case CacheDType::FP8_E4M3: write_rows_kernel<CacheDType::FP8_E4M3><<<N, kThreads, 0, s>>>(pg, lat); break;
+    case CacheDType::F32: (void)pdl::launch(write_rows_kernel<CacheDType::F32>, N, kThreads, 0, s, pg, lat); break;
+    case CacheDType::BF16: (void)pdl::launch(write_rows_kernel<CacheDType::BF16>, N, kThreads, 0, s, pg, lat); break;
+    case CacheDType::FP8_E4M3: (void)pdl::launch(write_rows_kernel<CacheDType::FP8_E4M3>, N, kThreads, 0, s, pg, lat); break;
   }
   return cudaGetLastError();
 }
@@ -83,9 +86,9 @@ cudaError_t mla_gather_latents(const MlaPaging& pg, int seq, int S, float* out, 
   if (!mla_paging_shape_ok(pg) || S < 0 || seq < 0) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
   switch (pg.dtype) {
-    case CacheDType::F32: gather_kernel<CacheDType::F32><<<S, kThreads, 0, s>>>(pg, seq, out); break;
-    case CacheDType::BF16: gather_kernel<CacheDType::BF16><<<S, kThreads, 0, s>>>(pg, seq, out); break;
-    case CacheDType::FP8_E4M3: gather_kernel<CacheDType::FP8_E4M3><<<S, kThreads, 0, s>>>(pg, seq, out); break;
+    case CacheDType::F32: (void)pdl::launch(gather_kernel<CacheDType::F32>, S, kThreads, 0, s, pg, seq, out); break;
+    case CacheDType::BF16: (void)pdl::launch(gather_kernel<CacheDType::BF16>, S, kThreads, 0, s, pg, seq, out); break;
+    case CacheDType::FP8_E4M3: (void)pdl::launch(gather_kernel<CacheDType::FP8_E4M3>, S, kThreads, 0, s, pg, seq, out); break;
   }
   return cudaGetLastError();
 }

@@ -81,7 +81,7 @@ template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_tc_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                      float* __restrict__ o_lat, float* __restrict__ ws) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ __align__(16) unsigned char smem[];
   using Loader = RowLoader<DT>;
   auto* kv = reinterpret_cast<__nv_bfloat16*>(smem + 2 * Loader::kStageBytes);        // [kKeys][kRowPad]
@@ -302,7 +302,7 @@ void launch(const MlaPaging& pg, int N, int nh, int ns, const float* q_lat, floa
             cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
-  attend_tc_kernel<DT><<<grid, kThreads, smem_bytes<DT>(), s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
+  (void)pdl::launch(attend_tc_kernel<DT>, grid, kThreads, smem_bytes<DT>(), s, pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
 }
 
 }  // namespace

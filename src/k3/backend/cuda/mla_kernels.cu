@@ -26,7 +26,7 @@ namespace {
 constexpr int kMaxKrPerLane = 16;  // kr <= 512
 
 __global__ void copy_qpe_kernel(const float* __restrict__ q, int nh, int dn, int dr, int kr, float* __restrict__ ql) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int t = blockIdx.x;
   for (int i = threadIdx.x; i < nh * dr; i += blockDim.x) {
     const int h = i / dr, j = i % dr;
@@ -61,7 +61,7 @@ template <CacheDType DT>
 __global__ void __launch_bounds__(kHeadsPerBlock * 32)
     attend_split_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale, int nsplit,
                         float* __restrict__ o_lat, float* __restrict__ ws) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float sm[];
   const int kr = pg.kr, dr = pg.dr, cd = kr + dr;
   float* qs = sm;                              // [8][cd]
@@ -157,7 +157,7 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
 __global__ void __launch_bounds__(kMergeDims) attend_merge_kernel(const MlaPaging pg, int nh, int kr, int nsplit,
                                                                    int min_keys, int gran, const float* __restrict__ ws,
                                                                    float* __restrict__ o_lat) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float wt[];  // [nsplit] split weights
   __shared__ float red[kMergeDims / 32];
   const int ti = blockIdx.x / nh, h = blockIdx.x % nh;
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kMergeDims) attend_merge_kernel(const MlaPagin
 constexpr int kAbsorbTok = 8;
 __global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__ q, const float* __restrict__ kvb, int N,
                                                        int nh, int dn, int dr, int dv, int kr, float* __restrict__ ql) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float qsm[];  // [kAbsorbTok][dn]
   __shared__ float red[8][kAbsorbTok][32];
   const int h = blockIdx.x, j0 = blockIdx.y * 32, t0 = blockIdx.z * kAbsorbTok;
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(256) absorb_q_kernel(const float* __restrict__
 // v up-projection for up to 8 tokens per block: warp per output value, lanes over kr.
 __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restrict__ kvb, int N, int nh, int dn, int dv,
                             int kr, float* __restrict__ o) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float osm[];  // [kAbsorbTok][kr]
   const int h = blockIdx.x, t0 = blockIdx.z * kAbsorbTok;
   const int nt = min(kAbsorbTok, N - t0);
@@ -262,7 +262,7 @@ __global__ void up_v_kernel(const float* __restrict__ ol, const float* __restric
 
 // One block per (head, query) row.
 __global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S, int first_pos) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ float red[32];
   float* row = scores + static_cast<int64_t>(blockIdx.x) * S;
   const int t = blockIdx.x % Tq;
@@ -295,13 +295,13 @@ __global__ void causal_softmax_kernel(float* __restrict__ scores, int Tq, int S,
 
 cudaError_t mla_causal_softmax(float* scores, int nh, int Tq, int S, int first_pos, cudaStream_t s) {
   if (nh <= 0 || Tq <= 0 || S <= 0) return cudaSuccess;
-  causal_softmax_kernel<<<static_cast<unsigned>(nh) * Tq, 256, 0, s>>>(scores, Tq, S, first_pos);
+  (void)pdl::launch(causal_softmax_kernel, static_cast<unsigned>(nh) * Tq, 256, 0, s, scores, Tq, S, first_pos);
   return cudaGetLastError();
 }
 
 cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, float* q_lat, cudaStream_t s) {
   if (N <= 0 || dr == 0) return cudaSuccess;
-  copy_qpe_kernel<<<N, 128, 0, s>>>(q, nh, dn, dr, kr, q_lat);
+  (void)pdl::launch(copy_qpe_kernel, N, 128, 0, s, q, nh, dn, dr, kr, q_lat);
   return cudaGetLastError();
 }
 
@@ -309,7 +309,7 @@ namespace mla_detail {
 cudaError_t merge_splits(const MlaPaging& pg, int N, int nh, int kr, int ns, int min_keys, int gran, const float* ws,
                          float* o_lat, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(N) * nh, static_cast<unsigned>((kr + kMergeDims - 1) / kMergeDims));
-  attend_merge_kernel<<<grid, kMergeDims, sizeof(float) * ns, s>>>(pg, nh, kr, ns, min_keys, gran, ws, o_lat);
+  (void)pdl::launch(attend_merge_kernel, grid, kMergeDims, sizeof(float) * ns, s, pg, nh, kr, ns, min_keys, gran, ws, o_lat);
   return cudaGetLastError();
 }
 }  // namespace mla_detail
@@ -392,13 +392,13 @@ cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q
   const unsigned threads = kHeadsPerBlock * 32;
   switch (pg.dtype) {
     case CacheDType::F32:
-      attend_split_kernel<CacheDType::F32><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      (void)pdl::launch(attend_split_kernel<CacheDType::F32>, grid, threads, smem, s, pg, nh, q_lat, scale, ns, o_lat, ws);
       break;
     case CacheDType::BF16:
-      attend_split_kernel<CacheDType::BF16><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      (void)pdl::launch(attend_split_kernel<CacheDType::BF16>, grid, threads, smem, s, pg, nh, q_lat, scale, ns, o_lat, ws);
       break;
     case CacheDType::FP8_E4M3:
-      attend_split_kernel<CacheDType::FP8_E4M3><<<grid, threads, smem, s>>>(pg, nh, q_lat, scale, ns, o_lat, ws);
+      (void)pdl::launch(attend_split_kernel<CacheDType::FP8_E4M3>, grid, threads, smem, s, pg, nh, q_lat, scale, ns, o_lat, ws);
       break;
   }
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kr, ns, 1, 1, ws, o_lat, s);
@@ -410,7 +410,7 @@ cudaError_t mla_absorb_q(const float* q, const float* kv_b, int N, int nh, int d
   if (N <= 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(kAbsorbTok) * dn * sizeof(float);
   if (smem + sizeof(float) * 8 * kAbsorbTok * 32 > 48 * 1024) return cudaErrorInvalidValue;
-  absorb_q_kernel<<<dim3(nh, (kr + 31) / 32, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(q, kv_b, N, nh, dn, dr, dv,
+  (void)pdl::launch(absorb_q_kernel, dim3(nh, (kr + 31) / 32, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s, q, kv_b, N, nh, dn, dr, dv,
                                                                                                  kr, q_lat);
   return cudaGetLastError();
 }
@@ -419,7 +419,7 @@ cudaError_t mla_up_v(const float* o_lat, const float* kv_b, int N, int nh, int d
   if (N <= 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(kAbsorbTok) * kr * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
-  up_v_kernel<<<dim3(nh, (dv + 7) / 8, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s>>>(o_lat, kv_b, N, nh, dn, dv, kr, o);
+  (void)pdl::launch(up_v_kernel, dim3(nh, (dv + 7) / 8, (N + kAbsorbTok - 1) / kAbsorbTok), 256, smem, s, o_lat, kv_b, N, nh, dn, dv, kr, o);
   return cudaGetLastError();
 }
 

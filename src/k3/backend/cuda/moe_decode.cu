@@ -109,7 +109,7 @@ __device__ __forceinline__ void pack8(const float (&v)[8], uint4& hi, uint4& lo)
 template <bool PERM>
 __global__ void __launch_bounds__(256) act_prep_kernel(const float* __restrict__ x, int64_t groups,
                                                        uint16_t* __restrict__ hi, uint16_t* __restrict__ lo) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= groups) return;
   const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * i), b = __ldg(reinterpret_cast<const float4*>(x) + 2 * i + 1);
@@ -253,7 +253,7 @@ __device__ __forceinline__ void store_partials(const KArgs& a, const float (&acc
 // GLU2: gate and up rows (out = part of gate at [0, rows), of up at [rows, 2 rows)); else one matrix.
 template <bool MX, int NT, int NS, bool GLU2>
 __global__ void __launch_bounds__(kThreads, NT == 1 ? 2 : 1) dec_kernel(const KArgs a) {
-  pdl::launch_dependents();
+  pdl::begin();
   constexpr int U = MX ? 32 : 8;   // columns per lane unit: one 16-byte weight load
   constexpr int CH = 4 * U;        // columns per chunk
   constexpr int WPU = U / 8;       // 16-byte activation words per unit
@@ -436,7 +436,7 @@ struct WeightRing {
 // rows per block; S ring stages (ring_smem_bytes<S>() of dynamic shared memory), MINB blocks per SM.
 template <int NT, int NS, bool GLU2, int S, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) dec_ring_kernel(const KArgs a) {
-  pdl::launch_dependents();
+  pdl::begin();
   constexpr int MT = kRingMT, U = 32, CH = 4 * U, TOK = 8 * NT;
   constexpr int SEGC = kSmemBytes / (CH * TOK * 2 * NS);  // as dec_kernel (the segments do not change sums)
   static_assert(SEGC >= 1, "segment");
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(256)
     glu_finish_kernel(const float* __restrict__ part, int64_t split_stride, int splits, int I,
                       const int4* __restrict__ tiles, const int32_t* __restrict__ num_tiles, GluAct act, float beta,
                       float lbeta, uint16_t* __restrict__ hb_hi, uint16_t* __restrict__ hb_lo) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int tile = blockIdx.x;
   if (tile >= *num_tiles) return;
   const int4 td = tiles[tile];
@@ -566,7 +566,7 @@ constexpr int kCombCols = 32;
 __global__ void __launch_bounds__(256)
     dec_combine_kernel(int X, int K, const float* __restrict__ part, int64_t split_stride, int splits,
                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
   __shared__ float4 s_v[32][kCombCols];
@@ -613,7 +613,7 @@ cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_st
                         const float* topk_w, float* out, cudaStream_t stream) {
   if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((X / 4 + kCombCols - 1) / kCombCols));
-  dec_combine_kernel<<<grid, 256, 0, stream>>>(X, K, part, split_stride, splits, slot_of, topk_w, out);
+  (void)pdl::launch(dec_combine_kernel, grid, 256, 0, stream, X, K, part, split_stride, splits, slot_of, topk_w, out);
   return cudaGetLastError();
 }
 
@@ -660,7 +660,7 @@ cudaError_t launch_ring(const KArgs& a, int tiles_bound, int splits, cudaStream_
   }();
   if (attr != cudaSuccess) return attr;
   const dim3 grid(tiles_bound, (a.rows + rpb - 1) / rpb, splits);
-  dec_ring_kernel<NT, NS, GLU2, S, MINB><<<grid, kThreads, smem, stream>>>(a);
+  (void)pdl::launch(dec_ring_kernel<NT, NS, GLU2, S, MINB>, grid, kThreads, smem, stream, a);
   return cudaGetLastError();
 }
 
@@ -673,7 +673,7 @@ cudaError_t launch_matrix(const KArgs& a, int tiles_bound, int splits, DecVarian
     if (v == DecVariant::Ring4) return launch_ring<NT, NS, GLU2, 1, 4>(a, tiles_bound, splits, stream);
   }
   constexpr int rpb = GLU2 ? kGuRowsPerBlock : kDnRowsPerBlock;
-  dec_kernel<MX, NT, NS, GLU2><<<dim3(tiles_bound, (a.rows + rpb - 1) / rpb, splits), kThreads, 0, stream>>>(a);
+  (void)pdl::launch(dec_kernel<MX, NT, NS, GLU2>, dim3(tiles_bound, (a.rows + rpb - 1) / rpb, splits), kThreads, 0, stream, a);
   return cudaGetLastError();
 }
 
@@ -690,7 +690,7 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   uint16_t* hlo = s.hb + static_cast<int64_t>(s.max_pairs) * I;
   {
     const int64_t groups = static_cast<int64_t>(n) * X / 8;
-    act_prep_kernel<MX><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(x, groups, xhi, xlo);
+    (void)pdl::launch(act_prep_kernel<MX>, static_cast<unsigned>((groups + 255) / 256), 256, 0, stream, x, groups, xhi, xlo);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -716,7 +716,7 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   const int sp_gu = choose_splits(est_tiles, rb_gu, a.nch, a.split_stride, s.part_floats, a.cps);
   cudaError_t e = launch_matrix<MX, NT, NS, true>(a, tiles_bound, sp_gu, v, stream);
   if (e != cudaSuccess) return e;
-  glu_finish_kernel<MX><<<tiles_bound, 256, 0, stream>>>(s.part, a.split_stride, sp_gu, I, tiles, num_tiles, act, beta,
+  (void)pdl::launch(glu_finish_kernel<MX>, tiles_bound, 256, 0, stream, s.part, a.split_stride, sp_gu, I, tiles, num_tiles, act, beta,
                                                         lbeta, hhi, hlo);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;

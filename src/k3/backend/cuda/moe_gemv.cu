@@ -93,7 +93,7 @@ __device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int row
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
                         GluAct act, float beta, float lbeta, float* __restrict__ h, SharedGluBf16 sh, int routed) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int lane = threadIdx.x & 31, p = blockIdx.y;
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
   if (i >= w.I) return;
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                      const float* __restrict__ topk_w, float* __restrict__ out, SharedGluBf16 sh, int routed) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ float s_d[kDownRows][kMaxPairK + 1];
   __shared__ int s_e[kMaxPairK + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y;
@@ -194,7 +194,7 @@ __device__ __forceinline__ float quad_dot_mx(const uint8_t* __restrict__ wr, con
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_mx_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
                            GluAct act, float beta, float lbeta, float* __restrict__ h) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int lane = threadIdx.x & 31, q = lane & 3, p = blockIdx.y;
   const int i = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 + (lane >> 2);
   if ((blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 >= w.I) return;  // whole warp past the rows
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_mx_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                         const float* __restrict__ topk_w, float* __restrict__ out) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ float s_d[8][kMaxPairK + 1];
   __shared__ int s_e[kMaxPairK];
   const int lane = threadIdx.x & 31, q = lane & 3, rl = lane >> 2, t = blockIdx.y;
@@ -243,11 +243,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                       GluAct act, float beta, float lbeta, float* h, float* out, cudaStream_t stream) {
   const dim3 g1(static_cast<unsigned>((w.I + 8 * kWarps - 1) / (8 * kWarps)), static_cast<unsigned>(n * K));
-  gemv_gate_up_mx_kernel<<<g1, kWarps * 32, 0, stream>>>(w, K, x, topk_idx, act, beta, lbeta, h);
+  (void)pdl::launch(gemv_gate_up_mx_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 g2(static_cast<unsigned>((w.X + 7) / 8), static_cast<unsigned>(n));
-  gemv_down_mx_kernel<<<g2, kWarps * 32, 0, stream>>>(w, K, h, topk_idx, topk_w, out);
+  (void)pdl::launch(gemv_down_mx_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out);
   return cudaGetLastError();
 }
 
@@ -256,11 +256,11 @@ cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const
                         cudaStream_t stream) {
   const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
   const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
-  gemv_gate_up_kernel<<<g1, kWarps * 32, 0, stream>>>(w, K, x, topk_idx, act, beta, lbeta, h, sh, routed);
+  (void)pdl::launch(gemv_gate_up_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h, sh, routed);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
-  gemv_down_kernel<<<g2, kWarps * 32, 0, stream>>>(w, K, h, topk_idx, topk_w, out, sh, routed);
+  (void)pdl::launch(gemv_down_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
   return cudaGetLastError();
 }
 

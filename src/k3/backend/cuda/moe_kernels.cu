@@ -102,7 +102,7 @@ constexpr size_t tile_smem() {
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
                  float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ float s_sig[kMaxE];
   __shared__ float s_biased[kMaxE];
   __shared__ unsigned char s_taken[kMaxE];
@@ -233,7 +233,7 @@ template <int J>
 __global__ void __launch_bounds__(128)
     route_warp_kernel(int n, int E, int K, const float* __restrict__ logits, const float* __restrict__ bias,
                       bool renormalize, float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * 4 + (threadIdx.x >> 5);
   if (t >= n) return;
@@ -265,7 +265,7 @@ template <int J>
 __global__ void __launch_bounds__(128)
     route_block_kernel(int E, int K, const float* __restrict__ logits, const float* __restrict__ bias, bool renormalize,
                        float scale, int32_t* __restrict__ topk_idx, float* __restrict__ topk_w) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ uint32_t s_top[2][4], s_id[2][4];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, t = blockIdx.x;
   const float* lt = logits + static_cast<int64_t>(t) * E;
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(128)
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int tok, int32_t* __restrict__ sorted,
                 int32_t* __restrict__ slot_of, int4* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
-  pdl::launch_dependents();
+  pdl::begin();
   __shared__ int cnt[kMaxE];  // counts, then per-expert scatter cursors
   __shared__ int warp_p[32], warp_t[32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -426,7 +426,7 @@ __device__ __forceinline__ void fma_tokens_scaled(float (&acc)[NR][TOK], const f
 // NMAT 2: out = glu(gate . in, up . in); NMAT 1: out = w0 . in. R rows per warp of each matrix.
 template <bool MX, int NMAT, int R, int TOK, bool GATHER>
 __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_kernel(const TileArgs a) {
-  pdl::launch_dependents();
+  pdl::begin();
   constexpr int CG = chunk_groups<TOK>();
   constexpr int NR = NMAT * R;
   extern __shared__ float4 xs4[];  // [TOK][CG][kGroupF4]
@@ -542,12 +542,12 @@ cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const fl
                          float* y, cudaStream_t stream) {
   TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kGateUpRowsPerBlock - 1) / kGateUpRowsPerBlock));
-  expert_tile_kernel<MX, 2, kGateUpR, TOK, true><<<g1, kTileThreads, tile_smem<TOK>(), stream>>>(a);
+  (void)pdl::launch(expert_tile_kernel<MX, 2, kGateUpR, TOK, true>, g1, kTileThreads, tile_smem<TOK>(), stream, a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   to_down_args(a, w, hidden, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kDownRowsPerBlock - 1) / kDownRowsPerBlock));
-  expert_tile_kernel<MX, 1, kDownR, TOK, false><<<g2, kTileThreads, tile_smem<TOK>(), stream>>>(a);
+  (void)pdl::launch(expert_tile_kernel<MX, 1, kDownR, TOK, false>, g2, kTileThreads, tile_smem<TOK>(), stream, a);
   return cudaGetLastError();
 }
 
@@ -558,12 +558,12 @@ cudaError_t launch_tc(const ExpertBank& w, int n_tiles_bound, int K, const float
   TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
   constexpr int gu_rows = kTcBRows / 2, down_rows = kTcBRows;
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + gu_rows - 1) / gu_rows));
-  expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 2, true, SPLIT><<<g1, kTcThreads, 0, stream>>>(a);
+  (void)pdl::launch(expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 2, true, SPLIT>, g1, kTcThreads, 0, stream, a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   to_down_args(a, w, hidden, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + down_rows - 1) / down_rows));
-  expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 1, false, SPLIT><<<g2, kTcThreads, 0, stream>>>(a);
+  (void)pdl::launch(expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 1, false, SPLIT>, g2, kTcThreads, 0, stream, a);
   return cudaGetLastError();
 }
 
@@ -630,22 +630,22 @@ cudaError_t moe_route(int n, int E, int K, const float* logits, const float* bia
   const unsigned warp_blocks = static_cast<unsigned>((n + 3) / 4), blocks = static_cast<unsigned>(n);
   if (form == RouteForm::Warp) {
     if (E <= 32 * 8) {
-      route_warp_kernel<8><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_warp_kernel<8>, warp_blocks, 128, 0, stream, n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     } else if (E <= 32 * 28) {  // K3's 896 experts: no padding slots to scan
-      route_warp_kernel<28><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_warp_kernel<28>, warp_blocks, 128, 0, stream, n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     } else {
-      route_warp_kernel<32><<<warp_blocks, 128, 0, stream>>>(n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_warp_kernel<32>, warp_blocks, 128, 0, stream, n, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     }
   } else if (form == RouteForm::Block) {
     if (E <= 128 * 2) {
-      route_block_kernel<2><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_block_kernel<2>, blocks, 128, 0, stream, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     } else if (E <= 128 * 7) {  // K3's 896 experts: no padding slots
-      route_block_kernel<7><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_block_kernel<7>, blocks, 128, 0, stream, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     } else {
-      route_block_kernel<8><<<blocks, 128, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+      (void)pdl::launch(route_block_kernel<8>, blocks, 128, 0, stream, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
     }
   } else {
-    route_kernel<<<blocks, kRouteThreads, 0, stream>>>(E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
+    (void)pdl::launch(route_kernel, blocks, kRouteThreads, 0, stream, E, K, logits, bias, renormalize, scale, topk_idx, topk_w);
   }
   return cudaGetLastError();
 }
@@ -809,7 +809,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(topk_idx, P, w.E, tok, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+  (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, tok, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);

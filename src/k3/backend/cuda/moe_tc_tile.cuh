@@ -12,6 +12,7 @@
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/quant_decode_bf16.cuh"
 #include "k3/backend/cuda/quant_tables.h"
+#include "k3/backend/cuda/pdl.cuh"
 
 namespace k3::cuda {
 
@@ -321,6 +322,7 @@ __device__ __forceinline__ void tc_store_out(const TileArgs& a, const float (&ac
 // 0-7 n 0-7 k 0, 8-15 n 0-7 k 8, 16-23 n 8-15 k 0, 24-31 n 8-15 k 8 -> (b0, b1) of n8 tile 0, then tile 1.
 template <WeightFormat F, int NMAT, bool GATHER, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads, 2) expert_tc_kernel(const TileArgs a) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   constexpr bool MX = F == WeightFormat::MXFP4, Q = is_gguf_block(F), PACKED = MX || Q;
   constexpr int NS = SPLIT ? 2 : 1;
   __shared__ __align__(16) uint16_t sA[2][NS][kTcM][kTcLd];  // activations (hi, lo) bf16, [pair][k]

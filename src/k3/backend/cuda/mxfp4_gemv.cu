@@ -50,7 +50,7 @@ template <typename XT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     mxfp4_gemv_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scales, int64_t rows,
                       int64_t cols, const XT* __restrict__ x, float* __restrict__ y) {
-  pdl::launch_dependents();
+  pdl::begin();
   extern __shared__ float xs[];  // cols + cols/32 floats: element i at i + i/32
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) xs[i + (i >> 5)] = load_x(x, i);
   __syncthreads();
@@ -102,7 +102,7 @@ template <typename XT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t rows, int64_t cols, const XT* __restrict__ x,
                      float* __restrict__ y) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp) * kRowsPerWarp;
   if (row0 >= rows) return;
@@ -153,7 +153,7 @@ cudaError_t launch_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t r
     if (e != cudaSuccess) return e;
   }
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  mxfp4_gemv_kernel<XT><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, stream>>>(packed, scales, rows,
+  (void)pdl::launch(mxfp4_gemv_kernel<XT>, static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, stream, packed, scales, rows,
                                                                                               cols, x, y);
   return cudaGetLastError();
 }
@@ -163,7 +163,7 @@ cudaError_t launch_bf16(const uint16_t* W, int64_t rows, int64_t cols, const XT*
   if (rows <= 0 || cols <= 0 || cols % 8 != 0 || (reinterpret_cast<uintptr_t>(W) & 15u) != 0)
     return cudaErrorInvalidValue;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  bf16_gemv_kernel<XT><<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(W, rows, cols, x, y);
+  (void)pdl::launch(bf16_gemv_kernel<XT>, static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream, W, rows, cols, x, y);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,7 @@
 
 #include "k3/backend/cuda/quant_decode.cuh"
 #include "k3/backend/cuda/quant_kernels.h"
+#include "k3/backend/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -37,6 +38,7 @@ __device__ __forceinline__ void store8(uint16_t* o, const float (&w)[8], uint16_
 template <WeightFormat F, typename Out>
 __global__ void dequant_rows_kernel(const uint8_t* __restrict__ W, int64_t cols, int64_t row0, const int32_t* __restrict__ ids,
                                     int64_t count, Out* __restrict__ out, Out* __restrict__ lo, int64_t ld, IqTables T) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   constexpr int E = weight_layout(F).block_elems, B = weight_layout(F).block_bytes, kGroups = E / 8;
   const int64_t per_row = cols / 8, row_bytes = cols / E * B, total = count * per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -61,7 +63,7 @@ cudaError_t launch_dequant(const WeightMatrix& W, int64_t row0, const int32_t* i
   const int64_t total = count * (W.cols / 8);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 132 * 32));
   return with_gguf_format(W.format, [&](auto f) {
-    dequant_rows_kernel<decltype(f)::value, Out><<<blocks, 256, 0, s>>>(static_cast<const uint8_t*>(W.data), W.cols, row0, ids,
+    (void)pdl::launch(dequant_rows_kernel<decltype(f)::value, Out>, blocks, 256, 0, s, static_cast<const uint8_t*>(W.data), W.cols, row0, ids,
                                                                        count, out, lo, ld, T);
     return cudaGetLastError();
   });

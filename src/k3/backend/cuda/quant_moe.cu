@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gate_up_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int E, int I, int X, int K, int64_t pairs,
                    const float* __restrict__ x, const int32_t* __restrict__ idx, GluAct act, float beta, float lbeta,
                    float* __restrict__ hidden, IqTables T) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (wid >= pairs * I) return;
   const int64_t p = wid / I;
@@ -73,7 +73,7 @@ template <WeightFormat F>
 __global__ void __launch_bounds__(kWarps * 32)
     down_kernel(const uint8_t* __restrict__ down, int E, int I, int X, int K, int64_t n, const int32_t* __restrict__ idx,
                 const float* __restrict__ wts, const float* __restrict__ hidden, float* __restrict__ out, IqTables T) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (wid >= n * X) return;
   const int64_t t = wid / X;
@@ -142,7 +142,7 @@ cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x
   const int64_t pairs = static_cast<int64_t>(n) * K;
   const cudaError_t e = with_gguf_format(w.format, [&](auto f) {
     constexpr WeightFormat F = decltype(f)::value;
-    gate_up_kernel<F><<<warp_blocks(pairs * I), kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(w.gate), static_cast<const uint8_t*>(w.up),
+    (void)pdl::launch(gate_up_kernel<F>, warp_blocks(pairs * I), kWarps * 32, 0, s, static_cast<const uint8_t*>(w.gate), static_cast<const uint8_t*>(w.up),
                                                                      E, I, X, K, pairs, x, topk_idx, act, situ_beta,
                                                                      situ_linear_beta, hidden, T);
     return cudaGetLastError();
@@ -150,7 +150,7 @@ cudaError_t quant_moe_experts(const ExpertStack& w, int n, int K, const float* x
   if (e != cudaSuccess) return e;
   return with_gguf_format(df, [&](auto f) {
     constexpr WeightFormat F = decltype(f)::value;
-    down_kernel<F><<<warp_blocks(static_cast<int64_t>(n) * X), kWarps * 32, 0, s>>>(static_cast<const uint8_t*>(w.down), E, I, X, K,
+    (void)pdl::launch(down_kernel<F>, warp_blocks(static_cast<int64_t>(n) * X), kWarps * 32, 0, s, static_cast<const uint8_t*>(w.down), E, I, X, K,
                                                                                      n, topk_idx, topk_w, hidden, out, T);
     return cudaGetLastError();
   });

@@ -35,7 +35,7 @@ constexpr int kRowsPerBlock = kWarps * 4;  // 4 row groups of 8 lanes per warp
 // slot-ordered copy of the activations: xs[slot_of[p]] = x[p / K] for every pair p with a valid expert.
 __global__ void __launch_bounds__(256) gather_kernel(const float* __restrict__ x, int K, int X4, int64_t P,
                                                      const int32_t* __restrict__ slot_of, float* __restrict__ xs) {
-  pdl::launch_dependents();
+  pdl::begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= P * X4) return;
   const int64_t p = i / X4;
@@ -124,7 +124,7 @@ __device__ __forceinline__ void tile_rows(const GroupArgs& a, int e, int s0, int
 // gate+up kernels needed up to 1.1 KB of spills at 2 blocks per SM (128 registers), with 8 ~250 registers.
 template <WeightFormat F, int S>
 __global__ void __launch_bounds__(kWarps * 32, 2) grouped_kernel(const GroupArgs a) {
-  pdl::launch_dependents();
+  pdl::begin();
   if (static_cast<int>(blockIdx.y) >= *a.num_tiles) return;
   const int4 td = a.tiles[blockIdx.y];
   const int lane = threadIdx.x & 31;
@@ -139,7 +139,7 @@ cudaError_t launch_grouped(WeightFormat f, const GroupArgs& a, int tiles_bound, 
   return with_gguf_format(f, [&](auto fc) {
     constexpr WeightFormat F = decltype(fc)::value;
     if constexpr (qpart::has_part(F)) {
-      grouped_kernel<F, S><<<grid, kWarps * 32, 0, s>>>(a);
+      (void)pdl::launch(grouped_kernel<F, S>, grid, kWarps * 32, 0, s, a);
       return cudaGetLastError();
     } else {
       return cudaErrorInvalidValue;
@@ -176,7 +176,7 @@ cudaError_t quant_moe_grouped(const ExpertStack& w, int n, int K, const float* x
   if (!quant_moe_grouped_supported(w) || n < 0 || K <= 0 || tiles_bound < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t P = static_cast<int64_t>(n) * K, X4 = w.X / 4;
-  gather_kernel<<<static_cast<unsigned>((P * X4 + 255) / 256), 256, 0, s>>>(x, K, static_cast<int>(X4), P, slot_of, xs);
+  (void)pdl::launch(gather_kernel, static_cast<unsigned>((P * X4 + 255) / 256), 256, 0, s, x, K, static_cast<int>(X4), P, slot_of, xs);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || tiles_bound == 0) return e;
   GroupArgs a;

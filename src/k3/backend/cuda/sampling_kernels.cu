@@ -25,6 +25,7 @@
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include "k3/backend/cuda/pdl.cuh"
 
 namespace k3::cuda {
 namespace {
@@ -311,6 +312,7 @@ __device__ uint32_t radix_select(Shared& sh, const float* l, int64_t V, bool vec
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(float* logits, int64_t V, const DeviceRowSampling* __restrict__ rows,
                        const int32_t* __restrict__ ids, DeviceSampleResult* __restrict__ out) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   __shared__ Shared sh;
   const int tid = threadIdx.x;
   const DeviceRowSampling P = rows[blockIdx.x];
@@ -534,6 +536,7 @@ __global__ void __launch_bounds__(kThreads)
     constrain_rows_kernel(float* logits, int64_t V, const DeviceRowConstraint* __restrict__ rows,
                           const int32_t* __restrict__ bias_ids, const float* __restrict__ bias_values,
                           const uint32_t* __restrict__ mask) {
+  pdl::begin();  // pdl-launched (pdl.cuh): nothing read before the predecessor completes
   const DeviceRowConstraint P = rows[blockIdx.x];
   float* l = logits + static_cast<int64_t>(blockIdx.x) * V;
   for (int j = threadIdx.x; j < P.bias_n; j += kThreads) {
@@ -556,7 +559,7 @@ cudaError_t constrain_rows(float* logits, int64_t V, const DeviceRowConstraint* 
                            const float* bias_values, const uint32_t* mask, int R, cudaStream_t stream) {
   if (R <= 0) return cudaSuccess;
   if (V <= 0 || V > INT_MAX) return cudaErrorInvalidValue;
-  constrain_rows_kernel<<<R, kThreads, 0, stream>>>(logits, V, rows, bias_ids, bias_values, mask);
+  (void)pdl::launch(constrain_rows_kernel, R, kThreads, 0, stream, logits, V, rows, bias_ids, bias_values, mask);
   return cudaGetLastError();
 }
 
@@ -564,7 +567,7 @@ cudaError_t sample_rows(float* logits, int64_t V, const DeviceRowSampling* rows,
                         DeviceSampleResult* out, cudaStream_t stream) {
   if (R <= 0) return cudaSuccess;
   if (V <= 0 || V > INT_MAX) return cudaErrorInvalidValue;
-  sample_rows_kernel<<<R, kThreads, 0, stream>>>(logits, V, rows, ids, out);
+  (void)pdl::launch(sample_rows_kernel, R, kThreads, 0, stream, logits, V, rows, ids, out);
   return cudaGetLastError();
 }
 
