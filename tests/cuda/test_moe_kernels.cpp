@@ -27,7 +27,6 @@
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/core/dtype.h"
 #include "k3/core/error.h"
-#include "k3/backend/cuda/moe_gemv.h"
 #include "k3/core/weight.h"
 #include "k3/model/config.h"
 #include "cpu_graph_ref.h"
@@ -698,80 +697,6 @@ TEST(CudaMoe, RouteTiming) {
     }
   }
   ck(cudaStreamDestroy(s), "stream");
-}
-
-// The bf16 GEMV path's two down kernels (moe_gemv.cu: the items form, gemv_down_kernel, and the stream form of session
-// 47) give the same bits -- the same dots in the same order and the same rank-order combine -- with and without the
-// shared expert, at 1 and 3 tokens, an invalid id in the first token, and I = 256 / 512 / 1024 (X = 104, 136, 2304);
-// the stream form refuses a shape it cannot take (I = 48). The items form is checked against the CPU by the path
-// tests above, so this carries that check over to the stream form.
-TEST(CudaMoe, GemvDownStreamFormGivesTheItemsFormsBits) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  using k3::cuda::MoeDownForm;
-  const Shape shapes[] = {{64, 8, 104, 256, false, "bf-i256"}, {32, 6, 136, 512, false, "bf-i512"}, kKimiLinear};
-  for (const Shape& s : shapes) {
-    Moe& m = cached_moe(s);
-    const int E = s.E, K = s.K, X = s.X, I = s.I;
-    Rng rng(77 + I);
-    std::vector<uint16_t> sg(static_cast<size_t>(I) * X), su(sg.size()), sd(static_cast<size_t>(X) * I);
-    for (auto* v : {&sg, &su, &sd})
-      for (auto& b : *v) b = k3::f32_to_bf16(0.02f * rng.normal());
-    DevBuf dsg(sg.size() * 2), dsu(su.size() * 2), dsd(sd.size() * 2);
-    ck(cudaMemcpy(dsg.p, sg.data(), sg.size() * 2, cudaMemcpyHostToDevice), "sg");
-    ck(cudaMemcpy(dsu.p, su.data(), su.size() * 2, cudaMemcpyHostToDevice), "su");
-    ck(cudaMemcpy(dsd.p, sd.data(), sd.size() * 2, cudaMemcpyHostToDevice), "sd");
-    const k3::cuda::SharedGluBf16 sh{dsg.as<uint16_t>(), dsu.as<uint16_t>(), dsd.as<uint16_t>()};
-    for (const int n : {1, 3})
-      for (const bool shared : {false, true}) {
-        std::vector<float> x(static_cast<size_t>(n) * X);
-        for (auto& v : x) v = m.x_std * rng.normal();
-        std::vector<int> ids(static_cast<size_t>(n) * K);
-        std::vector<float> w(ids.size());
-        for (int t = 0; t < n; ++t)
-          for (int k = 0; k < K; ++k) {
-            ids[t * K + k] = (t * 11 + k * 5) % E;
-            w[t * K + k] = 0.05f + 0.1f * rng.uniform();
-          }
-        ids[1] = -1;  // token 0: an invalid slot adds nothing
-        DevBuf dx(x.size() * 4), di(ids.size() * 4), dw(w.size() * 4), dh(static_cast<size_t>(n) * (K + 1) * I * 4);
-        ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
-        ck(cudaMemcpy(di.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
-        ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "w");
-        std::vector<float> got[2];
-        for (int f = 0; f < 2; ++f) {
-          const MoeDownForm form = f == 0 ? MoeDownForm::Items : MoeDownForm::Stream;
-          DevBuf dout(x.size() * 4);
-          ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");
-          const cudaError_t e =
-              shared ? k3::cuda::moe_gemv_experts_shared(m.bank, sh, n, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(),
-                                                         GluAct::SiLU, 0.f, 0.f, dh.as<float>(), dout.as<float>(), nullptr, form)
-                     : k3::cuda::moe_gemv_experts(m.bank, false, n, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(),
-                                                  GluAct::SiLU, 0.f, 0.f, dh.as<float>(), dout.as<float>(), nullptr, form);
-          ck(e, "moe_gemv_experts");
-          ck(cudaDeviceSynchronize(), "sync");
-          got[f].resize(x.size());
-          ck(cudaMemcpy(got[f].data(), dout.p, x.size() * 4, cudaMemcpyDeviceToHost), "out");
-        }
-        size_t differ = 0;
-        double maxabs = 0;
-        for (size_t i = 0; i < x.size(); ++i) {
-          differ += std::memcmp(&got[0][i], &got[1][i], 4) != 0;
-          maxabs = std::max(maxabs, std::fabs(static_cast<double>(got[0][i])));
-        }
-        EXPECT_EQ(differ, 0u) << s.name << " n=" << n << " shared=" << shared;
-        EXPECT_GT(maxabs, 0.0) << s.name << ": the products are not all zero";
-        EXPECT_TRUE(std::isfinite(maxabs)) << s.name << ": every output written";
-      }
-  }
-  const Shape narrow = tiny_shapes()[0];  // I = 48: no stream form
-  Moe& m = cached_moe(narrow);
-  DevBuf dx(narrow.X * 4), di(narrow.K * 4), dw(narrow.K * 4), dh((narrow.K + 1) * narrow.I * 4), dout(narrow.X * 4);
-  ck(cudaMemset(di.p, 0, narrow.K * 4), "ids");
-  EXPECT_EQ(k3::cuda::moe_gemv_experts(m.bank, false, 1, narrow.K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(),
-                                       GluAct::SiLU, 0.f, 0.f, dh.as<float>(), dout.as<float>(), nullptr,
-                                       MoeDownForm::Stream),
-            cudaErrorInvalidValue);
-  (void)cudaGetLastError();
 }
 
 TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "k3/backend/cpu/cpu_backend.h"
@@ -157,14 +156,6 @@ void CpuBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& dm, 
 
 namespace {
 std::atomic<uint64_t> g_fused_kda_mix_calls{0};
-// K3_KDA_STATE_PREFETCH=0: kda_mix does not request a head's state before its convs (A/B, session 47).
-const bool g_kda_state_prefetch = [] {
-  const char* e = std::getenv("K3_KDA_STATE_PREFETCH");
-  return e == nullptr || e[0] != '0';
-}();
-void prefetch_l2(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-}
 }  // namespace
 uint64_t CpuBackend::fused_kda_mix_calls() { return g_fused_kda_mix_calls.load(std::memory_order_relaxed); }
 
@@ -194,10 +185,6 @@ void CpuBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDim
     const int h = static_cast<int>(i % Hk), n = static_cast<int>(s.n), c0 = h * Di, c1 = c0 + Di;
     const int64_t off = s.offset * C;
     KdaStateView st = s.cache->kda_state(layer);
-    if (g_kda_state_prefetch) {  // the head's state requested into L2 now, used after the convs, norms and gates below
-      const int64_t bytes = D * D * cache_dtype_bytes(s.cache->spec().kda_state_dtype);
-      prefetch_l2(static_cast<const uint8_t*>(st.S) + h * bytes, bytes);
-    }
     short_conv_silu_channels(n, Ci, Wc, pq.f() + off, w.q_conv.data(), st.conv_q, q.f() + off, c0, c1);
     short_conv_silu_channels(n, Ci, Wc, pk.f() + off, w.k_conv.data(), st.conv_k, k.f() + off, c0, c1);
     short_conv_silu_channels(n, Ci, Wc, pv.f() + off, w.v_conv.data(), st.conv_v, v.f() + off, c0, c1);

@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <vector>
 
-#include "k3/backend/cpu/prefetch_cursor.h"
 #include "k3/backend/cpu/weight_kernels.h"
 
 namespace k3::cpu {
@@ -123,13 +121,6 @@ void dot8_rows8(const float* w, int64_t n, const float* x, float* out) {
   _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
-constexpr int64_t kAheadPieces = 2;
-// K3_MLA_PREFETCH=0: dot_stored_rows does not request its rows ahead (A/B, session 47).
-const bool g_mla_prefetch = [] {
-  const char* e = std::getenv("K3_MLA_PREFETCH");
-  return e == nullptr || e[0] != '0';
-}();
-
 // out[t][i] = dot8 of row r0 + i of W with x[t], for i < rows and t < n tokens; the rows decoded kPieceFloats values
 // (16 KB, in L1) at a time, each piece once for all the tokens.
 void dot_stored_rows(const WeightMatrix& W, int64_t r0, int64_t rows, int64_t n, const float* const* x, float* const* out) {
@@ -137,15 +128,8 @@ void dot_stored_rows(const WeightMatrix& W, int64_t r0, int64_t rows, int64_t n,
   const int64_t cols = W.cols, per = std::max<int64_t>(1, kPieceFloats / cols);
   thread_local std::vector<float> buf;
   buf.resize(static_cast<size_t>(per * cols));
-  // The rows are one contiguous run (scales inline: GGUF blocks, or no scales): requested kAheadPieces pieces ahead of
-  // the decode, as the one-token products do (prefetch_cursor.h). At decode these rows come from DRAM, one head's run
-  // of kv_b a thread (docs/perf/cpu.md, session 47).
-  const int64_t row_bytes = row_data_bytes(W.format, cols);
-  const uintptr_t run = reinterpret_cast<uintptr_t>(W.row_data(r0));
-  PrefetchCursor<0> ahead{run & ~uintptr_t{63}};
   for (int64_t i = 0; i < rows; i += per) {
     const int64_t m = std::min(per, rows - i);
-    if (g_mla_prefetch) ahead.upto(run + static_cast<uintptr_t>(std::min(rows, i + (kAheadPieces + 1) * per) * row_bytes));
     decode_rows(W, r0 + i, m, buf.data());
     for (int64_t t = 0; t < n; ++t) {
       int64_t k = 0;

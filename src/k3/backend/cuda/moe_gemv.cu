@@ -17,7 +17,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
@@ -161,86 +160,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out, has_shared);
 }
 
-// The down + combine of bf16 experts as a stream of (row, k) items (session 47; the rule where its shared copy of h
-// fits, below). gemv_down_kernel ran at 1.46 TB/s at Kimi-Linear's shape (ncu, call s45-1: 28.8 us for 42.5 MB, half of
-// the gate/up kernel's rate), and the shape explains most of it: a block's 4 rows x 9 items take 3 rounds of 2 items a
-// warp of which the last holds 4 items for 8 warps (0.75), and its 576 blocks at 2 an SM are 2.18 waves (0.73 of the
-// 3 waves' time): 0.75 x 0.73 = 55%. Its activations (fp32 h, twice the weights' bytes) also came through L1 beside
-// the weights, so the registers held both (127) and 2 blocks fit an SM.
-// Here a block takes kStreamRows = 8 rows, 8 KI items, KI a warp (warp w: items w, w + 8, ...), in batches of 3 whose
-// 3 J 16-byte loads a lane go out together (the first batch before the block copies h); the token's KI h rows sit in
-// shared memory, in two planes so that a warp's 16-byte reads are conflict-free (plane 0: columns 8m .. 8m + 3 at m,
-// plane 1: 8m + 4 .. 8m + 7), and the registers hold weights only: 3 blocks an SM, Kimi-Linear's 2304 rows at one token
-// 288 blocks, all resident at once. Each item's dot is lane_dots2_bf16's (lane l: columns 8l + 256j in order,
-// fma8_bf16, warp_sum) and the combine is combine_rows: the same bits as gemv_down_kernel.
-constexpr int kStreamRows = 8, kStreamBatch = 3;
-constexpr int64_t kStreamSmemMax = 48 << 10;  // the h copy without an opt-in
-
-template <int J>
-__device__ __forceinline__ void stream_batch_load(const ExpertBank& w, int K, int KI, const int* s_e, const SharedGluBf16& sh,
-                                                  int r0, int b0, int lane, uint4 (&wv)[kStreamBatch][J],
-                                                  bool (&valid)[kStreamBatch]) {
-  constexpr int I = 256 * J;
-  const int items = kStreamRows * KI;
-#pragma unroll
-  for (int m = 0; m < kStreamBatch; ++m) {
-    const int item = b0 + m * kWarps, k = item % KI, r = r0 + item / KI;
-    const int e = item < items ? s_e[k] : -1;
-    valid[m] = item < items && r < w.X && e >= 0 && e < w.E;
-    // An invalid item reads (and does not use) the first row of the bank: an address that exists.
-    const uint16_t* row = k == K ? sh.down + (valid[m] ? static_cast<int64_t>(r) * I : 0)
-                                 : static_cast<const uint16_t*>(w.down) + (valid[m] ? (static_cast<int64_t>(e) * w.X + r) * I : 0);
-#pragma unroll
-    for (int j = 0; j < J; ++j) wv[m][j] = ld_weights16(row + 8 * lane + 256 * j);
-  }
-}
-
-// grid (ceil(X / kStreamRows), n), kWarps * 32 threads, KI * I * 4 bytes of dynamic shared memory.
-template <int J>
-__global__ void __launch_bounds__(kWarps * 32, 3)
-    gemv_down_stream_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
-                            const float* __restrict__ topk_w, float* __restrict__ out, SharedGluBf16 sh, int routed) {
-  pdl::begin();
-  constexpr int I = 256 * J, kPlane = I / 8;  // float4s a plane of one h row
-  extern __shared__ float4 s_h[];             // [KI][2][kPlane]
-  __shared__ float s_d[kStreamRows][kMaxPairK + 1];
-  __shared__ int s_e[kMaxPairK + 1];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = blockIdx.y, r0 = blockIdx.x * kStreamRows;
-  const bool has_shared = sh.down != nullptr;
-  const int KI = K + (has_shared ? 1 : 0), items = kStreamRows * KI;
-  if (threadIdx.x < K) s_e[threadIdx.x] = topk_idx[static_cast<int64_t>(t) * K + threadIdx.x];
-  if (threadIdx.x == K) s_e[K] = 0;  // the shared expert: always valid
-  __syncthreads();
-  uint4 wv[kStreamBatch][J];
-  bool valid[kStreamBatch];
-  stream_batch_load<J>(w, K, KI, s_e, sh, r0, warp, lane, wv, valid);  // in flight during the copy of h
-  for (int q = threadIdx.x; q < KI * (I / 4); q += kWarps * 32) {
-    const int k = q / (I / 4), c4 = q % (I / 4);
-    const int64_t hrow = k < K ? static_cast<int64_t>(t) * K + k : static_cast<int64_t>(routed) + t;
-    s_h[(2 * k + (c4 & 1)) * kPlane + (c4 >> 1)] = __ldg(reinterpret_cast<const float4*>(h + hrow * I) + c4);
-  }
-  __syncthreads();
-  for (int b0 = warp;;) {  // warp-uniform
-#pragma unroll
-    for (int m = 0; m < kStreamBatch; ++m) {
-      const int item = b0 + m * kWarps, k = item % KI;
-      float acc = 0.f;
-      if (valid[m]) {
-        const float4* p0 = s_h + 2 * k * kPlane + lane;
-#pragma unroll
-        for (int j = 0; j < J; ++j) acc = fma8_bf16(wv[m][j], p0[32 * j], p0[kPlane + 32 * j], acc);
-      }
-      const float d = warp_sum(acc);
-      if (lane == 0 && valid[m]) s_d[item / KI][k] = d;
-    }
-    b0 += kStreamBatch * kWarps;
-    if (b0 >= items) break;
-    stream_batch_load<J>(w, K, KI, s_e, sh, r0, b0, lane, wv, valid);
-  }
-  __syncthreads();
-  combine_rows(w, K, kStreamRows, s_d, s_e, topk_w, t, r0, out, has_shared);
-}
-
 // MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
 // weights) and the 32 activations of that group; the warp's 8 rows read the SAME 4 activation chunks per step
 // (one L1 broadcast each), so activations cost 512 bytes of L1 per 512 bytes of weights. (A warp per row read
@@ -332,34 +251,14 @@ cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const i
   return cudaGetLastError();
 }
 
-// K3_MOE_DOWN=items: gemv_down_kernel wherever Auto would take the stream form (A/B); read once.
-MoeDownForm down_form_env() {
-  static const MoeDownForm f = [] {
-    const char* v = std::getenv("K3_MOE_DOWN");
-    return v && std::strcmp(v, "items") == 0 ? MoeDownForm::Items : MoeDownForm::Auto;
-  }();
-  return f;
-}
-
 cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
                         GluAct act, float beta, float lbeta, float* h, float* out, const SharedGluBf16& sh,
-                        cudaStream_t stream, MoeDownForm form) {
-  if (form == MoeDownForm::Auto) form = down_form_env();
+                        cudaStream_t stream) {
   const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
   const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
   (void)pdl::launch(gemv_gate_up_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h, sh, routed);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const int KI = K + (sh.down ? 1 : 0), J = w.I / 256;
-  const int64_t smem = static_cast<int64_t>(KI) * w.I * 4;
-  const bool stream_ok = w.I % 256 == 0 && (J == 1 || J == 2 || J == 4) && smem <= kStreamSmemMax;
-  if (form != MoeDownForm::Items && stream_ok) {
-    const dim3 g(static_cast<unsigned>((w.X + kStreamRows - 1) / kStreamRows), static_cast<unsigned>(n));
-    auto* kernel = J == 4 ? gemv_down_stream_kernel<4> : J == 2 ? gemv_down_stream_kernel<2> : gemv_down_stream_kernel<1>;
-    (void)pdl::launch(kernel, g, kWarps * 32, static_cast<size_t>(smem), stream, w, K, h, topk_idx, topk_w, out, sh, routed);
-    return cudaGetLastError();
-  }
-  if (form == MoeDownForm::Stream) return cudaErrorInvalidValue;  // forced where it cannot run (tests)
   const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
   (void)pdl::launch(gemv_down_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
   return cudaGetLastError();
@@ -379,18 +278,18 @@ int moe_gemv_mode() {
 
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
                              const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* out,
-                             cudaStream_t stream, MoeDownForm form) {
+                             cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0) return cudaErrorInvalidValue;
   return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, stream)
-            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, SharedGluBf16{}, stream, form);
+            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, SharedGluBf16{}, stream);
 }
 
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
-                                    float* h, float* out, cudaStream_t stream, MoeDownForm form) {
+                                    float* h, float* out, cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0 || !sh.gate || !sh.up || !sh.down || w.format != WeightFormat::BF16)
     return cudaErrorInvalidValue;
-  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, sh, stream, form);
+  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, sh, stream);
 }
 
 }  // namespace k3::cuda

@@ -9,17 +9,12 @@
 
 namespace k3::cuda {
 
-// The bf16 down kernel (moe_gemv.cu): Auto = the stream form where its shared copy of h fits (I = 256, 512 or 1024 and
-// (K + shared) I 4 bytes <= 48 KB), else the items form; K3_MOE_DOWN=items turns Auto into Items. A forced form
-// that cannot run returns cudaErrorInvalidValue. Both give the same bits.
-enum class MoeDownForm { Auto, Items, Stream };
-
 // out[t] = sum over k in rank order of topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k];
 // pairs with an id outside [0, E) add nothing. h: scratch [n * K][I] floats. mx: MXFP4 experts, else bf16
 // (moe_experts checked formats, alignment and shapes). out [n][X] overwritten. Two launches.
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
                              const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* out,
-                             cudaStream_t stream, MoeDownForm form = MoeDownForm::Auto);
+                             cudaStream_t stream);
 // A shared expert of the same shape as the routed ones (gate / up [I][X], down [X][I], bf16 on the device).
 struct SharedGluBf16 {
   const uint16_t* gate = nullptr;
@@ -34,7 +29,7 @@ struct SharedGluBf16 {
 // matrix.
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
-                                    float* h, float* out, cudaStream_t stream, MoeDownForm form = MoeDownForm::Auto);
+                                    float* h, float* out, cudaStream_t stream);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
 bool moe_gemv_enabled();
 // K3_MOE_GEMV: 0 off, 1 (default) bf16 experts only, 2 MXFP4 experts too (measurement).
