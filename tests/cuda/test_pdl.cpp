@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "aux_kernels.h"
 #include "quant_test_blocks.h"
 #include "k3/backend/cuda/linear.h"
+#include "k3/core/dtype.h"
 
 namespace {
 
@@ -259,3 +261,121 @@ TEST(CudaPdl, TimingChainOfOneTokenProjections) {
 }
 
 }  // namespace
+
+namespace {
+
+// Random bf16 weights, N(0, 0.05) rounded (never all zero).
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  const std::vector<float> v = randn(n, seed, 0.05f);
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = k3::f32_to_bf16(v[i]);
+  return b;
+}
+
+k3::WeightMatrix device_bf16(const uint16_t* p, int64_t rows, int64_t cols) {
+  k3::WeightMatrix W{WeightFormat::BF16, p, nullptr, rows, cols, k3::kHostDevice};
+  W.device = 0;
+  return W;
+}
+
+}  // namespace
+
+// The one-token bf16 GEMV's batched form (linear.cu gemv1_batch_kernel, session 47's trial) gives the loop form's bits at
+// every batch cap, on widths that are whole 256-column chunks (2304, 4096, 7168), a part of one (128, 200) and not a
+// multiple of a batch (2304 at caps 2, 4: 9 chunks), rows not a multiple of a block's 8; the loop form is held to
+// float64 by the linear tests. Also pdl-launched after a late writer of x: the batched form waits too.
+TEST(CudaPdl, Gemv1BatchFormGivesTheLoopFormsBits) {
+  SKIP_WITHOUT_GPU();
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  using k3::cuda::Gemv1Form;
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 2304}, {256, 4096}, {100, 128}, {29, 7168}, {13, 200}, {9, 8}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::vector<uint16_t> wb = random_bf16(static_cast<size_t>(rows * cols), 11 + cols);
+    Dev<uint16_t> w(wb);
+    const k3::WeightMatrix W = device_bf16(w.p, rows, cols);
+    Dev<float> x(randn(static_cast<size_t>(cols), 5 + rows, 1.f)), y0(static_cast<size_t>(rows)), y1(static_cast<size_t>(rows));
+    ck(k3::cuda::linear_gemv1_form(W, x.p, y0.p, st, Gemv1Form::Loop), "loop");
+    const std::vector<float> want = (ck(cudaStreamSynchronize(st), "sync"), y0.get());
+    double maxabs = 0;
+    for (float v : want) maxabs = std::max(maxabs, static_cast<double>(std::fabs(v)));
+    EXPECT_GT(maxabs, 0.0) << cols;
+    for (int cap = 1; cap <= 9; ++cap) {
+      ck(cudaMemset(y1.p, 0xff, static_cast<size_t>(rows) * 4), "poison");
+      ck(k3::cuda::linear_gemv1_form(W, x.p, y1.p, st, Gemv1Form::Batch, cap), "batch");
+      ck(cudaStreamSynchronize(st), "sync");
+      const std::vector<float> got = y1.get();
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << rows << " x " << cols << " cap " << cap;
+    }
+    // After a kernel that writes x late: the batched form reads the new x.
+    Dev<float> x_old(randn(static_cast<size_t>(cols), 99, 1.f)), x_new(x.get());
+    ck(cudaMemcpy(x.p, x_old.p, static_cast<size_t>(cols) * 4, cudaMemcpyDeviceToDevice), "D2D");
+    ck(late_copy(x.p, x_new.p, cols, 200000, st), "late_copy");
+    ck(k3::cuda::linear_gemv1_form(W, x.p, y1.p, st, Gemv1Form::Batch), "batch after late writer");
+    ck(cudaStreamSynchronize(st), "sync");
+    const std::vector<float> late = y1.get();
+    EXPECT_EQ(std::memcmp(late.data(), want.data(), want.size() * 4), 0) << rows << " x " << cols << " after a late writer";
+  }
+  EXPECT_EQ(k3::cuda::linear_gemv1_form(device_bf16(nullptr, 8, 12), nullptr, nullptr, st, Gemv1Form::Batch), cudaErrorInvalidValue);
+  cudaStreamDestroy(st);
+}
+
+// Not a correctness test (filtered out with -*Timing*): us and GB/s per one-token bf16 projection in a graph of distinct
+// matrices (Kimi-Linear-48B's shapes), the loop form against the batched form at caps 3, 5 and 9, and a plain read.
+TEST(CudaPdl, TimingChainOfOneTokenBf16Projections) {
+  SKIP_WITHOUT_GPU();
+  using k3::cuda::Gemv1Form;
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  const std::pair<int64_t, int64_t> shapes[] = {{4096, 2304}, {2304, 4096}, {6144, 2304}, {576, 2304}, {4096, 128}};
+  for (const auto& [rows, cols] : shapes) {
+    const size_t bytes = static_cast<size_t>(rows * cols) * 2;
+    const int count = static_cast<int>(std::max<size_t>(24, (size_t{256} << 20) / bytes));
+    const std::vector<uint16_t> wb = random_bf16(static_cast<size_t>(rows * cols), 3);
+    Dev<uint16_t> all(wb.size() * count);
+    for (int i = 0; i < count; ++i) ck(cudaMemcpy(all.p + wb.size() * i, wb.data(), bytes, cudaMemcpyHostToDevice), "H2D");
+    Dev<float> x(randn(static_cast<size_t>(cols), 7, 1.f)), y(static_cast<size_t>(rows) * count);
+    Dev<uint32_t> sink(4096);
+    auto time_graph = [&](const std::function<void()>& chain) {
+      chain();
+      ck(cudaStreamSynchronize(st), "sync");
+      const CapturedGraph graph(st, chain);
+      for (int r = 0; r < 3; ++r) graph.launch();
+      cudaEvent_t a, b;
+      ck(cudaEventCreate(&a), "event");
+      ck(cudaEventCreate(&b), "event");
+      const int reps = 20;
+      ck(cudaEventRecord(a, st), "record");
+      for (int r = 0; r < reps; ++r) graph.launch();
+      ck(cudaEventRecord(b, st), "record");
+      ck(cudaEventSynchronize(b), "sync");
+      float ms = 0;
+      ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      return 1000.0 * ms / (reps * count);
+    };
+    struct Arm { const char* name; Gemv1Form form; int cap; };
+    for (const Arm& arm : {Arm{"loop", Gemv1Form::Loop, 0}, Arm{"batch3", Gemv1Form::Batch, 3}, Arm{"batch5", Gemv1Form::Batch, 5},
+                           Arm{"batch9", Gemv1Form::Batch, 9}, Arm{"read", Gemv1Form::Auto, -1}}) {
+      double us = 0;
+      if (arm.cap < 0) {
+        const int blocks = static_cast<int>(std::min<int64_t>(4096, (rows + 7) / 8));
+        us = time_graph([&] {
+          for (int i = 0; i < count; ++i)
+            ck(read_bytes(reinterpret_cast<const uint8_t*>(all.p) + i * bytes, static_cast<int64_t>(bytes), blocks, sink.p, st), "read");
+        });
+      } else {
+        us = time_graph([&] {
+          for (int i = 0; i < count; ++i)
+            ck(k3::cuda::linear_gemv1_form(device_bf16(all.p + static_cast<size_t>(rows * cols) * i, rows, cols), x.p,
+                                           y.p + static_cast<size_t>(rows) * i, st, arm.form, arm.cap),
+               arm.name);
+        });
+      }
+      std::printf("bf16 %6lld x %5lld %-6s x%d: %7.2f us per projection, %6.0f GB/s\n", static_cast<long long>(rows),
+                  static_cast<long long>(cols), arm.name, count, us, bytes / us / 1e3);
+    }
+  }
+  cudaStreamDestroy(st);
+}

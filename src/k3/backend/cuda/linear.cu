@@ -24,9 +24,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/dense_kernels.h"
 #include "k3/backend/cuda/linear_skinny.h"
@@ -120,6 +122,71 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// One bf16 token, a grid resident at once (launch_gemv's PRE case), K3_GEMV1=batch (session 47, on trial):
+// gemv_kernel's prologue, then a lane's chunks of the row (8 weights, 16 bytes) loaded kB at a time, a batch's weights
+// and then its activations all issued before its first multiply (lane_dots2_bf16's pattern: ptxas keeps the loads in
+// program order, and with each chunk's x loaded beside its multiplies it sank the weight loads there: 30-38 registers
+// for 16 chunks, one or two in flight), addresses clamped into the row. Why: the plain loop's ncu figure (call s45-1:
+// 42 launches a step at 7.6 us for 7.2 MB, 953 GB/s) reads as a chain of dependent trips -- a 2304-wide row is 9
+// chunks a lane. The cost: registers (kB 9: 123, 2 blocks an SM against the loop's 6). Same chunks, same fmaf order,
+// same shuffles: gemv_kernel's bits.
+template <int kB>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv1_batch_kernel(const GemvGroup<uint16_t> grp, int64_t cols, const float* __restrict__ x) {
+  const int lane = threadIdx.x & 31;
+  int m = 0;  // this block's matrix (block-uniform)
+  while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
+  const int64_t rows = grp.rows[m];
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) - grp.first_block[m]) * kWarps + (threadIdx.x >> 5);
+  const uint16_t* wr = grp.W[m] + row * cols;
+  if (row < rows) pdl::prefetch_l2(wr, cols * 2, lane, 32);  // weights only
+  pdl::begin();
+  if (row >= rows) return;
+  float acc = 0.f;
+  for (int64_t base = 0; base < cols; base += 256 * kB) {  // warp-uniform
+    uint4 w[kB];
+    float4 xa[kB], xb[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int64_t c = base + lane * 8 + 256 * j, cc = c < cols ? c : cols - 8;
+      w[j] = ld_weights16(wr + cc);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int64_t c = base + lane * 8 + 256 * j, cc = c < cols ? c : cols - 8;
+      xa[j] = ld_acts16(x + cc);
+      xb[j] = ld_acts16(x + cc + 4);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j)
+      if (base + lane * 8 + 256 * j < cols) acc = fma8_bf16(w[j], xa[j], xb[j], acc);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) grp.y[m][row] = acc;
+}
+
+// K3_GEMV1=batch[:N]: the PRE case takes gemv1_batch_kernel (A/B while on trial), N its batch cap; read once.
+int gemv1_batch() {
+  static const int cap = [] {
+    const char* e = std::getenv("K3_GEMV1");
+    if (e == nullptr || std::strncmp(e, "batch", 5) != 0) return 0;
+    return e[5] == ':' ? std::clamp(std::atoi(e + 6), 1, 9) : 9;
+  }();
+  return cap;
+}
+
+// gemv1_batch_kernel<kB> for bf16 rows of C = ceil(cols / 256) chunks a lane: ceil(C / cap) batches, kB the smallest
+// instance that covers one (cap 9: ~123 registers, 2 blocks an SM).
+cudaError_t launch_gemv1_batch(const GemvGroup<uint16_t>& grp, int64_t cols, const float* x, unsigned grid, int cap,
+                               cudaStream_t s) {
+  const int64_t C = (cols + 255) / 256, nb = (C + cap - 1) / cap, per = (C + nb - 1) / nb;
+  if (per <= 2) return pdl::launch(gemv1_batch_kernel<2>, grid, kWarps * 32, 0, s, grp, cols, x);
+  if (per <= 3) return pdl::launch(gemv1_batch_kernel<3>, grid, kWarps * 32, 0, s, grp, cols, x);
+  if (per <= 5) return pdl::launch(gemv1_batch_kernel<5>, grid, kWarps * 32, 0, s, grp, cols, x);
+  if (per <= 8) return pdl::launch(gemv1_batch_kernel<8>, grid, kWarps * 32, 0, s, grp, cols, x);
+  return pdl::launch(gemv1_batch_kernel<9>, grid, kWarps * 32, 0, s, grp, cols, x);
+}
+
 template <typename WT>
 cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, cudaStream_t s) {
   int64_t blocks = 0;
@@ -137,7 +204,11 @@ cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, 
         per_sm = 1;
       return static_cast<int64_t>(per_sm) * device_sm_count();
     }();
-    if (blocks <= resident) return pdl::launch(gemv_kernel<1, WT, true>, grid, kWarps * 32, 0, s, grp, cols, x);
+    if (blocks <= resident) {
+      if constexpr (sizeof(WT) == 2)
+        if (gemv1_batch() > 0 && (cols & 7) == 0 && cols >= 8) return launch_gemv1_batch(grp, cols, x, grid, gemv1_batch(), s);
+      return pdl::launch(gemv_kernel<1, WT, true>, grid, kWarps * 32, 0, s, grp, cols, x);
+    }
   }
   switch (n) {
     case 1: (void)pdl::launch(gemv_kernel<1, WT, false>, grid, kWarps * 32, 0, s, grp, cols, x); break;
@@ -193,6 +264,19 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
     case WeightFormat::F32: return launch_gemv_group<float>(Ws, ys, 1, x, n, s);
     default: return is_gguf_block(W.format) ? quant_gemv(W, x, n, y, s) : cudaErrorInvalidValue;
   }
+}
+
+cudaError_t linear_gemv1_form(const DeviceLinear& W, const float* x, float* y, cudaStream_t s, Gemv1Form form, int batch) {
+  if (form == Gemv1Form::Auto) return linear_gemv(W, x, 1, y, s);
+  if (W.format != WeightFormat::BF16 || W.cols % 8 != 0 || W.rows <= 0 || batch < 0 || batch > 9) return cudaErrorInvalidValue;
+  GemvGroup<uint16_t> g{};
+  g.W[0] = static_cast<const uint16_t*>(W.data);
+  g.y[0] = y;
+  g.rows[0] = W.rows;
+  g.count = 1;
+  const unsigned grid = static_cast<unsigned>((W.rows + kWarps - 1) / kWarps);
+  if (form == Gemv1Form::Batch) return launch_gemv1_batch(g, W.cols, x, grid, batch == 0 ? 9 : batch, s);
+  return pdl::launch(gemv_kernel<1, uint16_t, true>, grid, kWarps * 32, 0, s, g, W.cols, x);
 }
 
 cudaError_t linear_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
