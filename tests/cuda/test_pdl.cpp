@@ -280,7 +280,7 @@ k3::WeightMatrix device_bf16(const uint16_t* p, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-// The one-token bf16 GEMV's batched form (linear.cu gemv1_batch_kernel, session 47's trial) gives the loop form's bits at
+// The one-token bf16 GEMV's batched form (linear.cu gemv1_batch_kernel, the one-token rule since session 47) gives the loop form's bits at
 // every batch cap, on widths that are whole 256-column chunks (2304, 4096, 7168), a part of one (128, 200) and not a
 // multiple of a batch (2304 at caps 2, 4: 9 chunks), rows not a multiple of a block's 8; the loop form is held to
 // float64 by the linear tests. Also pdl-launched after a late writer of x: the batched form waits too.

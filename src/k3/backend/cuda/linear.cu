@@ -20,6 +20,8 @@
 // so W is streamed once for the whole group of tokens; x is read through L1 (it is small and shared by
 // all warps of the SM). fp32 accumulation, warp-shuffle reduction. cols % 8 != 0 falls back to a
 // scalar loop over columns.
+// One bf16 token on a grid resident at once (the KDA / MLA projections at batch 1): gemv1_batch_kernel, the same rows
+// per warp with a lane's chunks loaded together (session 47: the projection chain 13-33% faster at 576-6144 x 2304-4096).
 #include "k3/backend/cuda/linear.h"
 
 #include <algorithm>
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// One bf16 token, a grid resident at once (launch_gemv's PRE case), K3_GEMV1=batch (session 47, on trial):
+// One bf16 token, a grid resident at once (launch_gemv's PRE case; the rule since call s47-3, gemv1_batch below):
 // gemv_kernel's prologue, then a lane's chunks of the row (8 weights, 16 bytes) loaded kB at a time, a batch's weights
 // and then its activations all issued before its first multiply (lane_dots2_bf16's pattern: ptxas keeps the loads in
 // program order, and with each chunk's x loaded beside its multiplies it sank the weight loads there: 30-38 registers
@@ -165,12 +167,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (lane == 0) grp.y[m][row] = acc;
 }
 
-// K3_GEMV1=batch[:N]: the PRE case takes gemv1_batch_kernel (A/B while on trial), N its batch cap; read once.
+// The PRE case's bf16 form: gemv1_batch_kernel with this batch cap (9), or 0 = gemv_kernel (K3_GEMV1=loop, A/B;
+// K3_GEMV1=batch:N another cap). Rows narrower than one 256-column chunk keep the loop (call s47-3: 4096 x 128 1.69 us
+// looped, 1.83 batched). Read once.
 int gemv1_batch() {
   static const int cap = [] {
     const char* e = std::getenv("K3_GEMV1");
-    if (e == nullptr || std::strncmp(e, "batch", 5) != 0) return 0;
-    return e[5] == ':' ? std::clamp(std::atoi(e + 6), 1, 9) : 9;
+    if (e != nullptr && std::strcmp(e, "loop") == 0) return 0;
+    if (e != nullptr && std::strncmp(e, "batch:", 6) == 0) return std::clamp(std::atoi(e + 6), 1, 9);
+    return 9;
   }();
   return cap;
 }
@@ -206,7 +211,7 @@ cudaError_t launch_gemv(GemvGroup<WT> grp, int64_t cols, const float* x, int n, 
     }();
     if (blocks <= resident) {
       if constexpr (sizeof(WT) == 2)
-        if (gemv1_batch() > 0 && (cols & 7) == 0 && cols >= 8) return launch_gemv1_batch(grp, cols, x, grid, gemv1_batch(), s);
+        if (gemv1_batch() > 0 && (cols & 7) == 0 && cols >= 256) return launch_gemv1_batch(grp, cols, x, grid, gemv1_batch(), s);
       return pdl::launch(gemv_kernel<1, WT, true>, grid, kWarps * 32, 0, s, grp, cols, x);
     }
   }

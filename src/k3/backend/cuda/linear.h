@@ -138,7 +138,7 @@ cudaError_t linear_gemv(const DeviceLinear& W, const float* x, int n, float* y, 
 // bit-equal to linear_gemv's for W[m] alone.
 cudaError_t linear_gemv_group(const DeviceLinear* const* W, float* const* y, int count, const float* x, int n,
                               cudaStream_t s);
-// One bf16 token through a given form of the one-token kernel (tests and timings; session 47's trial): Loop = the
+// One bf16 token through a given form of the one-token kernel (tests and timings; session 47): Loop = the
 // per-chunk loop (gemv_kernel), Batch = a lane's chunks loaded up to `batch` (1..9; 0: the rule's) at a time
 // (gemv1_batch_kernel); both with the weight prefetch before the wait, both the same bits. Auto = linear_gemv.
 enum class Gemv1Form { Auto, Loop, Batch };
