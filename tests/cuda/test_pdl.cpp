@@ -19,6 +19,7 @@
 #include "aux_kernels.h"
 #include "quant_test_blocks.h"
 #include "k3/backend/cuda/linear.h"
+#include "k3/backend/cuda/quant_kernels.h"
 #include "k3/core/dtype.h"
 
 namespace {
@@ -233,9 +234,19 @@ TEST(CudaPdl, TimingChainOfOneTokenProjections) {
       cudaEventDestroy(b);
       return 1000.0 * ms / (reps * count);
     };
-    for (const char* path : {"gemv", "mma", "read"}) {
+    for (const char* path : {"gemv", "q8", "mma", "read"}) {
       double us = 0;
-      if (std::strcmp(path, "read") == 0) {
+      if (std::strcmp(path, "q8") == 0) {  // int8 activations (quant_gemv_q8.cu), where it runs
+        if (!k3::cuda::quant_gemv_q8_supported(c.f, c.cols)) continue;
+        us = time_graph([&] {
+          for (int i = 0; i < count; ++i) {
+            k3::WeightMatrix W = host_matrix(c.f, wb, c.rows, c.cols);
+            W.data = all.p + i * wb.size();
+            W.device = 0;
+            ck(k3::cuda::quant_gemv(W, x.p, 1, y.p + static_cast<size_t>(c.rows) * i, st, k3::cuda::QuantGemvKernel::Q8), "q8");
+          }
+        });
+      } else if (std::strcmp(path, "read") == 0) {
         const int blocks = static_cast<int>(std::min<int64_t>(4096, (c.rows + 7) / 8));
         us = time_graph([&] {
           for (int i = 0; i < count; ++i) ck(read_bytes(all.p + i * wb.size(), static_cast<int64_t>(wb.size() / 16 * 16), blocks, sink.p, st), "read");

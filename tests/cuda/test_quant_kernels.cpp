@@ -20,13 +20,17 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "quant_test_blocks.h"
+#include "k3/backend/cpu/cpu_features.h"
+#include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/ops.h"
+#include "k3/backend/cpu/weight_kernels.h"
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_mma.h"
@@ -268,6 +272,64 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
 }
 
 // Bad inputs come back as cudaErrorInvalidValue, never a launch over the wrong bytes.
+// quant_gemv_q8 (int8 activations) gives the CPU int8 tiers' bits: avx2int8's K path, which the avx512bf16 and amx tiers
+// match bit for bit (the test runs it forced to avx2int8). Q4_K and Q5_K, widths of 1, 9, 16, 28 and 64 blocks (past
+// one batch of kRounds rounds: 4096), 37 rows (not a whole block of 8), x with a zero block, through quant_gemv forced
+// to Q8 and through the grouped launch (two matrices); a non-finite x value makes every output NaN, as on the CPU.
+TEST(CudaQuantKernels, Q8GemvGivesTheCpuInt8TiersBits) {
+  SKIP_WITHOUT_GPU();
+  const auto& cpu = k3::cpu::cpu_state();
+  if (!k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false).empty())
+    GTEST_SKIP() << "this host cannot run the avx2int8 tier (the reference)";
+  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
+  for (const WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q5_K})
+    for (const int64_t cols : {256, 2304, 4096, 7168, 16384}) {
+      const int64_t rows = 37;
+      const auto wb = k3quanttest::random_blocks(f, rows, cols, static_cast<uint32_t>(cols + 3), 4, 10);
+      const k3::WeightMatrix Wh = k3quanttest::host_matrix(f, wb, rows, cols);
+      std::mt19937 g(static_cast<uint32_t>(cols));
+      std::normal_distribution<float> nd(0.f, 2.f);
+      std::vector<float> x(static_cast<size_t>(cols));
+      for (auto& v : x) v = nd(g);
+      if (cols >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.f);  // a block of zeros: d = 0
+      std::vector<float> want(static_cast<size_t>(rows));
+      k3::cpu::matmul(Wh, x.data(), 1, want.data());
+      Dev<uint8_t> dw(wb), dw2(wb);
+      Dev<float> dx(x), dy(static_cast<size_t>(rows)), dy2(static_cast<size_t>(rows));
+      k3::WeightMatrix W = Wh, W2 = Wh;
+      W.data = dw.p, W.device = 0, W2.data = dw2.p, W2.device = 0;
+      ck(k3::cuda::quant_gemv(W, dx.p, 1, dy.p, nullptr, k3::cuda::QuantGemvKernel::Q8), "q8");
+      ck(cudaDeviceSynchronize(), "sync");
+      const std::vector<float> got = dy.get();
+      int differ = 0;
+      for (int64_t r = 0; r < rows; ++r) differ += std::memcmp(&got[r], &want[r], 4) != 0;
+      EXPECT_EQ(differ, 0) << k3::weight_format_name(f) << " cols " << cols << ": row 0 " << got[0] << " vs " << want[0];
+      const k3::WeightMatrix* Ws[2] = {&W, &W2};
+      float* ys[2] = {dy.p, dy2.p};
+      ck(k3::cuda::quant_gemv_q8(Ws, ys, 2, dx.p, nullptr), "q8 group");
+      ck(cudaDeviceSynchronize(), "sync");
+      EXPECT_EQ(std::memcmp(dy.get().data(), want.data(), want.size() * 4), 0) << "group, matrix 0";
+      EXPECT_EQ(std::memcmp(dy2.get().data(), want.data(), want.size() * 4), 0) << "group, matrix 1";
+      if (cols == 2304) {
+        x[1000] = std::numeric_limits<float>::infinity();
+        Dev<float> dxi(x);
+        k3::cpu::matmul(Wh, x.data(), 1, want.data());
+        ck(k3::cuda::quant_gemv(W, dxi.p, 1, dy.p, nullptr, k3::cuda::QuantGemvKernel::Q8), "q8 inf");
+        ck(cudaDeviceSynchronize(), "sync");
+        const std::vector<float> gi = dy.get();
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_TRUE(std::isnan(gi[r])) << r << ": " << gi[r];
+          EXPECT_TRUE(std::isnan(want[r])) << r << ": the CPU gave " << want[r];
+        }
+      }
+    }
+  k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+  const k3::WeightMatrix* none[1] = {nullptr};
+  EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q6_K, 2304));
+  EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q4_K, 2304 + 32));
+  EXPECT_EQ(k3::cuda::quant_gemv_q8(none, nullptr, 0, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
 TEST(CudaQuantKernels, RejectsWhatItCannotRun) {
   SKIP_WITHOUT_GPU();
   Dev<uint8_t> blk(34 * 4);

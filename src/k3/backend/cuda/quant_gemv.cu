@@ -260,7 +260,7 @@ const GemvOverride& gemv_override() {
   static const GemvOverride o = [] {
     GemvOverride r;
     const char* e = std::getenv("K3_QUANT_GEMV");
-    if (e == nullptr || e[0] == 0) return r;
+    if (e == nullptr || e[0] == 0 || std::strcmp(e, "q8") == 0) return r;  // q8: q8_enabled(), the rule elsewhere
     r.set = true;
     if (std::strncmp(e, "v3", 2) == 0)
       r.v3_max = e[2] == ':' ? std::atoi(e + 3) : 8;
@@ -271,6 +271,23 @@ const GemvOverride& gemv_override() {
     return r;
   }();
   return o;
+}
+
+// K3_QUANT_GEMV=q8: one token of Q4_K / Q5_K on int8 activations (quant_gemv_q8.cu, the CPU int8 tiers' numbers)
+// instead of v3's exact fp32 products -- session 47's A/B, not the rule yet.
+bool q8_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("K3_QUANT_GEMV");
+    return e != nullptr && std::strcmp(e, "q8") == 0;
+  }();
+  return on;
+}
+
+// Whether one token of W takes quant_gemv_q8: forced, or by K3_QUANT_GEMV=q8, where it can run.
+bool takes_q8(const WeightMatrix& W, const float* x, int n, QuantGemvKernel kernel) {
+  if (n != 1 || (kernel != QuantGemvKernel::Q8 && !(kernel == QuantGemvKernel::Auto && q8_enabled()))) return false;
+  return quant_gemv_q8_supported(W.format, W.cols) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(W.data) % 16 == 0;
 }
 
 bool xs_enabled() {
@@ -407,6 +424,7 @@ bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* 
 
 cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n, cudaStream_t s) {
   if (!quant_gemv_groupable(W, count, x, n)) return cudaErrorInvalidValue;
+  if (takes_q8(*W[0], x, n, QuantGemvKernel::Auto)) return quant_gemv_q8(W, y, count, x, s);
   V3Group g{};
   for (int m = 0; m < count; ++m) {
     g.W[m] = static_cast<const uint8_t*>(W[m]->data);
@@ -430,6 +448,12 @@ cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, c
     return cudaErrorInvalidValue;
   if (n == 0 || W.rows == 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(W.data) % 2 != 0 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return cudaErrorInvalidValue;
+  if (takes_q8(W, x, n, kernel)) {
+    const WeightMatrix* Ws[1] = {&W};
+    float* ys[1] = {y};
+    return quant_gemv_q8(Ws, ys, 1, x, s);
+  }
+  if (kernel == QuantGemvKernel::Q8) kernel = QuantGemvKernel::Auto;  // forced where it cannot run: the rule
   const IqTables T = iq_tables();
   return with_gguf_format(W.format, [&](auto f) {
     return with_tokens(n, [&](auto nt) { return launch<decltype(f)::value, decltype(nt)::value>(W, x, y, s, T, kernel); });

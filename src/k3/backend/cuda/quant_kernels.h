@@ -19,8 +19,9 @@ namespace k3::cuda {
 // Which of quant_gemv.cu's kernels runs (tests and A/B timing; Auto = the measured rule). A forced kernel that
 // cannot run (a format without a part decoder, x not 16-byte aligned, blocks off their alignment) falls back to V1.
 // V1Rows: v1 with 4 rows per warp (the activations loaded once for 4 rows; v1's bits), every format, at 8 tokens
-// (other token counts run V1).
-enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V1Rows = 4 };
+// (other token counts run V1). Q8: one token of Q4_K / Q5_K through quant_gemv_q8 (int8 activations; below), the
+// rule's kernel where it cannot run.
+enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V1Rows = 4, Q8 = 5 };
 // Whether f has the wide-load part decoders v2 and v3 run (quant_part.cuh).
 bool quant_gemv_has_parts(WeightFormat f);
 cudaError_t quant_gemv(const WeightMatrix& W, const float* x, int n, float* y, cudaStream_t s,
@@ -36,6 +37,14 @@ constexpr int kQuantGemvGroupMax = 8;
 bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* x, int n);
 // cudaErrorInvalidValue where !quant_gemv_groupable.
 cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n, cudaStream_t s);
+
+// One token through count (1..kQuantGemvGroupMax) Q4_K or Q5_K matrices of one width that share x, on int8 activations
+// (quant_gemv_q8.cu): llama.cpp's Q8_K rounding of x, the CPU int8 tiers' numbers bit for bit (avx2int8, and the
+// avx512bf16 / amx tiers' per-block K path), not the exact fp32 products of quant_gemv. Widths: whole 256-blocks up to
+// kQ8MaxCols; x and the blocks 16-byte aligned. cudaErrorInvalidValue otherwise.
+constexpr int64_t kQ8MaxCols = 16384;
+bool quant_gemv_q8_supported(WeightFormat f, int64_t cols);
+cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int count, const float* x, cudaStream_t s);
 
 // out[i][0..cols) (rows ld floats apart) = row (ids ? ids[i] : row0 + i) of W, i < count.
 cudaError_t quant_dequant_rows(const WeightMatrix& W, int64_t row0, const int32_t* ids, int64_t count, float* out, int64_t ld,
