@@ -22,6 +22,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -273,18 +274,20 @@ TEST(CudaQuantKernels, GemvTimingAtK3Width) {
 
 // Bad inputs come back as cudaErrorInvalidValue, never a launch over the wrong bytes.
 // quant_gemv_q8 (int8 activations) gives the CPU int8 tiers' bits: avx2int8's K path, which the avx512bf16 and amx tiers
-// match bit for bit (the test runs it forced to avx2int8). Q4_K and Q5_K, widths of 1, 9, 16, 28 and 64 blocks (past
-// one batch of kRounds rounds: 4096), 37 rows (not a whole block of 8), x with a zero block, through quant_gemv forced
-// to Q8 and through the grouped launch (two matrices); a non-finite x value makes every output NaN, as on the CPU.
+// match bit for bit (the test runs it forced to avx2int8). Q4_K, Q5_K and Q6_K (its blocks at a 2-byte offset: 210-byte
+// blocks are only 2-aligned), widths of 1, 9, 16, 28 and 128 blocks (past one batch of kRounds rounds: 4096), 37 rows
+// (not a whole block of 8), x with a zero block; through quant_gemv forced to Q8, through the one-token rule
+// (force_quant_gemv_q8_for_testing) and through the grouped launch (two matrices); a non-finite x value makes every
+// output NaN, as on the CPU.
 TEST(CudaQuantKernels, Q8GemvGivesTheCpuInt8TiersBits) {
   SKIP_WITHOUT_GPU();
   const auto& cpu = k3::cpu::cpu_state();
   if (!k3::cpu::isa_missing_features(cpu.features, k3::cpu::CpuIsa::Avx2Int8, false).empty())
     GTEST_SKIP() << "this host cannot run the avx2int8 tier (the reference)";
   k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
-  for (const WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q5_K})
-    for (const int64_t cols : {256, 2304, 4096, 7168, 16384}) {
-      const int64_t rows = 37;
+  for (const WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K})
+    for (const int64_t cols : {256, 2304, 4096, 7168, 32768}) {
+      const int64_t rows = 37, off = f == WeightFormat::Q6_K ? 2 : 0;
       const auto wb = k3quanttest::random_blocks(f, rows, cols, static_cast<uint32_t>(cols + 3), 4, 10);
       const k3::WeightMatrix Wh = k3quanttest::host_matrix(f, wb, rows, cols);
       std::mt19937 g(static_cast<uint32_t>(cols));
@@ -294,22 +297,31 @@ TEST(CudaQuantKernels, Q8GemvGivesTheCpuInt8TiersBits) {
       if (cols >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.f);  // a block of zeros: d = 0
       std::vector<float> want(static_cast<size_t>(rows));
       k3::cpu::matmul(Wh, x.data(), 1, want.data());
-      Dev<uint8_t> dw(wb), dw2(wb);
+      std::vector<uint8_t> padded(off, 0);
+      padded.insert(padded.end(), wb.begin(), wb.end());
+      Dev<uint8_t> dw(padded), dw2(padded);
       Dev<float> dx(x), dy(static_cast<size_t>(rows)), dy2(static_cast<size_t>(rows));
       k3::WeightMatrix W = Wh, W2 = Wh;
-      W.data = dw.p, W.device = 0, W2.data = dw2.p, W2.device = 0;
+      W.data = dw.p + off, W.device = 0, W2.data = dw2.p + off, W2.device = 0;
+      const std::string what = std::string(k3::weight_format_name(f)) + " cols " + std::to_string(cols);
       ck(k3::cuda::quant_gemv(W, dx.p, 1, dy.p, nullptr, k3::cuda::QuantGemvKernel::Q8), "q8");
       ck(cudaDeviceSynchronize(), "sync");
       const std::vector<float> got = dy.get();
       int differ = 0;
       for (int64_t r = 0; r < rows; ++r) differ += std::memcmp(&got[r], &want[r], 4) != 0;
-      EXPECT_EQ(differ, 0) << k3::weight_format_name(f) << " cols " << cols << ": row 0 " << got[0] << " vs " << want[0];
+      EXPECT_EQ(differ, 0) << what << ": row 0 " << got[0] << " vs " << want[0];
+      k3::cuda::force_quant_gemv_q8_for_testing(true);
+      ck(cudaMemset(dy.p, 0xff, rows * 4), "poison");
+      ck(k3::cuda::quant_gemv(W, dx.p, 1, dy.p, nullptr), "q8 by the rule");
+      ck(cudaDeviceSynchronize(), "sync");
+      EXPECT_EQ(std::memcmp(dy.get().data(), want.data(), want.size() * 4), 0) << what << ", by the rule";
+      k3::cuda::force_quant_gemv_q8_for_testing(std::nullopt);
       const k3::WeightMatrix* Ws[2] = {&W, &W2};
       float* ys[2] = {dy.p, dy2.p};
       ck(k3::cuda::quant_gemv_q8(Ws, ys, 2, dx.p, nullptr), "q8 group");
       ck(cudaDeviceSynchronize(), "sync");
-      EXPECT_EQ(std::memcmp(dy.get().data(), want.data(), want.size() * 4), 0) << "group, matrix 0";
-      EXPECT_EQ(std::memcmp(dy2.get().data(), want.data(), want.size() * 4), 0) << "group, matrix 1";
+      EXPECT_EQ(std::memcmp(dy.get().data(), want.data(), want.size() * 4), 0) << what << ", group, matrix 0";
+      EXPECT_EQ(std::memcmp(dy2.get().data(), want.data(), want.size() * 4), 0) << what << ", group, matrix 1";
       if (cols == 2304) {
         x[1000] = std::numeric_limits<float>::infinity();
         Dev<float> dxi(x);
@@ -318,15 +330,16 @@ TEST(CudaQuantKernels, Q8GemvGivesTheCpuInt8TiersBits) {
         ck(cudaDeviceSynchronize(), "sync");
         const std::vector<float> gi = dy.get();
         for (int64_t r = 0; r < rows; ++r) {
-          EXPECT_TRUE(std::isnan(gi[r])) << r << ": " << gi[r];
-          EXPECT_TRUE(std::isnan(want[r])) << r << ": the CPU gave " << want[r];
+          EXPECT_TRUE(std::isnan(gi[r])) << what << " row " << r << ": " << gi[r];
+          EXPECT_TRUE(std::isnan(want[r])) << what << " row " << r << ": the CPU gave " << want[r];
         }
       }
     }
   k3::cpu::force_cpu_isa_for_testing(std::nullopt);
   const k3::WeightMatrix* none[1] = {nullptr};
-  EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q6_K, 2304));
+  EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q8_0, 2304));
   EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q4_K, 2304 + 32));
+  EXPECT_FALSE(k3::cuda::quant_gemv_q8_supported(WeightFormat::Q4_K, k3::cuda::kQ8MaxCols + 256));
   EXPECT_EQ(k3::cuda::quant_gemv_q8(none, nullptr, 0, nullptr, nullptr), cudaErrorInvalidValue);
 }
 

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 namespace k3::cuda {
@@ -260,7 +261,8 @@ const GemvOverride& gemv_override() {
   static const GemvOverride o = [] {
     GemvOverride r;
     const char* e = std::getenv("K3_QUANT_GEMV");
-    if (e == nullptr || e[0] == 0 || std::strcmp(e, "q8") == 0) return r;  // q8: q8_enabled(), the rule elsewhere
+    // q8: the rule (q8_rule); exact: the exact kernels by their rule
+    if (e == nullptr || e[0] == 0 || std::strcmp(e, "q8") == 0 || std::strcmp(e, "exact") == 0) return r;
     r.set = true;
     if (std::strncmp(e, "v3", 2) == 0)
       r.v3_max = e[2] == ':' ? std::atoi(e + 3) : 8;
@@ -273,21 +275,25 @@ const GemvOverride& gemv_override() {
   return o;
 }
 
-// K3_QUANT_GEMV=q8: one token of Q4_K / Q5_K on int8 activations (quant_gemv_q8.cu, the CPU int8 tiers' numbers)
-// instead of v3's exact fp32 products -- session 47's A/B, not the rule yet.
-bool q8_enabled() {
+// One token of Q4_K / Q5_K / Q6_K takes quant_gemv_q8 (int8 activations: the CPU's default tiers' numbers, bit for
+// bit) by the rule since session 47 (call s47-5: the kl48 GGUF at batch 1 +12.9% with Q4_K / Q5_K alone); any
+// K3_QUANT_GEMV form (exact, v1, v3, N) keeps the exact fp32 kernels. Read once; tests force it either way.
+std::optional<bool> g_q8_forced;
+bool q8_rule() {
+  if (g_q8_forced) return *g_q8_forced;
   static const bool on = [] {
     const char* e = std::getenv("K3_QUANT_GEMV");
-    return e != nullptr && std::strcmp(e, "q8") == 0;
+    return e == nullptr || e[0] == 0 || std::strcmp(e, "q8") == 0;
   }();
   return on;
 }
 
-// Whether one token of W takes quant_gemv_q8: forced, or by K3_QUANT_GEMV=q8, where it can run.
+// Whether one token of W takes quant_gemv_q8: forced (kernel Q8), or by the rule, where it can run.
 bool takes_q8(const WeightMatrix& W, const float* x, int n, QuantGemvKernel kernel) {
-  if (n != 1 || (kernel != QuantGemvKernel::Q8 && !(kernel == QuantGemvKernel::Auto && q8_enabled()))) return false;
+  if (n != 1 || (kernel != QuantGemvKernel::Q8 && !(kernel == QuantGemvKernel::Auto && q8_rule()))) return false;
+  const uintptr_t align = W.format == WeightFormat::Q6_K ? 2 : 16;
   return quant_gemv_q8_supported(W.format, W.cols) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(W.data) % 16 == 0;
+         reinterpret_cast<uintptr_t>(W.data) % align == 0;
 }
 
 bool xs_enabled() {
@@ -400,6 +406,8 @@ cudaError_t with_tokens(int n, const Fn& fn) {
 }  // namespace
 
 bool quant_gemv_has_parts(WeightFormat f) { return qpart::has_part(f); }
+
+void force_quant_gemv_q8_for_testing(std::optional<bool> on) { g_q8_forced = on; }
 
 bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* x, int n) {
   if (count < 1 || count > kQuantGemvGroupMax || n < 1 || n > 8 || reinterpret_cast<uintptr_t>(x) % 4 != 0) return false;

@@ -38,9 +38,9 @@ namespace {
 
 constexpr int kWarps = 8, kQK = 256, kRounds = 4;
 // Shared memory per 256-value block of activations: q[256] int8 in a stride of kQStride bytes (the 4 lane groups of a
-// warp read 4 blocks' same offsets: 288 = 72 words puts them 8 banks apart), the 8 sub-block sums of q (int32: the
-// CPU's two per-16 sums of a sub-block, added, as its madd does), d.
-constexpr int kQStride = 288, kQ8Bytes = kQStride + 8 * 4 + 4;
+// warp read 4 blocks' same offsets: 288 = 72 words puts them 8 banks apart), the 16 per-16 sums of q (int32, the CPU's
+// int16 sums), d.
+constexpr int kQStride = 288, kQ8Bytes = kQStride + 16 * 4 + 4;
 
 struct Q8Group {
   const uint8_t* W[kQuantGemvGroupMax];
@@ -78,108 +78,165 @@ __device__ void quantise_block(const float* __restrict__ x, int k, int lane, int
     w[i / 4] |= static_cast<uint32_t>(qi & 0xff) << (8 * (i % 4));
   }
   *reinterpret_cast<uint2*>(q + k * kQStride + 8 * lane) = make_uint2(w[0], w[1]);
-  s += __shfl_xor_sync(0xffffffffu, s, 1);
-  s += __shfl_xor_sync(0xffffffffu, s, 2);  // lanes 4j .. 4j + 3: values 32 j .. 32 j + 31 (sub-block j)
-  if ((lane & 3) == 0) sums[k * 8 + lane / 4] = s;
+  s += __shfl_xor_sync(0xffffffffu, s, 1);  // lanes 2j, 2j + 1: values 16 j .. 16 j + 15
+  if ((lane & 1) == 0) sums[k * 16 + lane / 2] = s;
   if (lane == 0) d[k] = dk;
 }
 
-// One block's raw bytes for AVX lane L: the header (d, dmin, 12 scale bytes) and the lane's quant words.
-template <bool kFive>
-struct BlockRaw {
-  uint4 h;
-  uint32_t qs[4];
-  uint32_t qh;  // Q5_K: qh bytes 4L..4L+3
+// Byte j (0..3) of v as an int; the same as a signed byte.
+__device__ __forceinline__ int byte_of(uint32_t v, int j) { return static_cast<int>((v >> (8 * j)) & 0xff); }
+__device__ __forceinline__ int sbyte_of(uint32_t v, int j) { return static_cast<int>(static_cast<int8_t>((v >> (8 * j)) & 0xff)); }
+
+// 4 bytes at p (2-byte aligned: Q6_K's 210-byte blocks) from the aligned words around them; never past p + 4 when p is
+// 4-aligned (a block's last bytes may end its row).
+__device__ __forceinline__ uint32_t ld32u(const uint8_t* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+  const unsigned sh = 8u * static_cast<unsigned>(a & 3);
+  const uint32_t lo = __ldg(w), hi = __ldg(sh ? w + 1 : w);
+  return __funnelshift_r(lo, hi, sh);
+}
+
+// The per-block terms of AVX lane L: acc = fma(A, S, acc), then (kMin) acc = fma(-M, Q, acc).
+struct Terms {
+  float A = 0.f, S = 0.f, M = 0.f, Q = 0.f;
 };
 
+// Q4_K / Q5_K (kFive): 144 / 176-byte blocks {d, dmin, scales[12], (qh[32],) qs[128]}, 16-byte aligned.
 template <bool kFive>
-__device__ __forceinline__ BlockRaw<kFive> load_block(const uint8_t* __restrict__ wb, int L) {
-  constexpr int kQs = kFive ? 48 : 16;
-  BlockRaw<kFive> r;
-  r.h = __ldg(reinterpret_cast<const uint4*>(wb));
+struct BlockK45 {
+  static constexpr int kBytes = kFive ? 176 : 144;
+  static constexpr bool kMin = true;
+  struct Raw {
+    uint4 h;
+    uint32_t qs[4];
+    uint32_t qh;  // Q5_K: qh bytes 4L..4L+3
+  };
+  __device__ static Raw load(const uint8_t* __restrict__ wb, int L) {
+    constexpr int kQs = kFive ? 48 : 16;
+    Raw r;
+    r.h = __ldg(reinterpret_cast<const uint4*>(wb));
 #pragma unroll
-  for (int p = 0; p < 4; ++p) r.qs[p] = __ldg(reinterpret_cast<const uint32_t*>(wb + kQs + 32 * p + 4 * L));
-  r.qh = kFive ? __ldg(reinterpret_cast<const uint32_t*>(wb + 16 + 4 * L)) : 0u;
-  return r;
-}
-
-// Byte j (0..3) of v as an int.
-__device__ __forceinline__ int byte_of(uint32_t v, int j) { return static_cast<int>((v >> (8 * j)) & 0xff); }
-
-// Lane L's integer sums of one block (the CPU kernel's int32 lanes): the products and the min term.
-template <bool kFive>
-__device__ __forceinline__ void block_sums(const BlockRaw<kFive>& r, const int8_t* q, const int* sums, int L, int& sumi,
-                                           int& mq) {
-  // The 6-bit scales and mins as the CPU's k4_scales_mins: sc 0..3 | 4..7 and m 0..3 | 4..7 as byte lanes.
-  const uint32_t u0 = r.h.y, u1 = r.h.z, u2 = r.h.w;
-  const uint32_t sc_lo = u0 & 0x3f3f3f3fu, sc_hi = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
-  const uint32_t m_lo = u1 & 0x3f3f3f3fu, m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
-  sumi = 0;
-#pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    uint32_t lo = r.qs[p] & 0x0f0f0f0fu, hi = (r.qs[p] >> 4) & 0x0f0f0f0fu;
-    if constexpr (kFive) {
-      lo |= ((r.qh >> (2 * p)) & 0x01010101u) << 4;
-      hi |= ((r.qh >> (2 * p + 1)) & 0x01010101u) << 4;
-    }
-    const int q0 = *reinterpret_cast<const int*>(q + 64 * p + 4 * L);
-    const int q1 = *reinterpret_cast<const int*>(q + 64 * p + 32 + 4 * L);
-    const uint32_t sc = p < 2 ? sc_lo : sc_hi;
-    sumi += byte_of(sc, (2 * p) & 3) * __dp4a(static_cast<int>(lo), q0, 0) +
-            byte_of(sc, (2 * p + 1) & 3) * __dp4a(static_cast<int>(hi), q1, 0);
+    for (int p = 0; p < 4; ++p) r.qs[p] = __ldg(reinterpret_cast<const uint32_t*>(wb + kQs + 32 * p + 4 * L));
+    r.qh = kFive ? __ldg(reinterpret_cast<const uint32_t*>(wb + 16 + 4 * L)) : 0u;
+    return r;
   }
-  mq = byte_of(L < 4 ? m_lo : m_hi, L & 3) * sums[L];
-}
+  // The CPU kernel's int32 lane L: chunk p's low nibbles (values 64p + 4L..) times scale 2p, its high nibbles (64p + 32
+  // + 4L..) times scale 2p + 1; the min lane: m[L] times the q sum of sub-block L.
+  __device__ static Terms terms(const Raw& r, const int8_t* q, const int* sums, float dx, int L) {
+    const uint32_t u0 = r.h.y, u1 = r.h.z, u2 = r.h.w;  // the 6-bit scales and mins as the CPU's k4_scales_mins
+    const uint32_t sc_lo = u0 & 0x3f3f3f3fu, sc_hi = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const uint32_t m_lo = u1 & 0x3f3f3f3fu, m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    int sumi = 0;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      uint32_t lo = r.qs[p] & 0x0f0f0f0fu, hi = (r.qs[p] >> 4) & 0x0f0f0f0fu;
+      if constexpr (kFive) {  // bits 2p and 2p + 1 of each qh byte, as the CPU's 16-bit shifts give them
+        lo |= ((r.qh >> (2 * p)) & 0x01010101u) << 4;
+        hi |= ((r.qh >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+      const int q0 = *reinterpret_cast<const int*>(q + 64 * p + 4 * L);
+      const int q1 = *reinterpret_cast<const int*>(q + 64 * p + 32 + 4 * L);
+      const uint32_t sc = p < 2 ? sc_lo : sc_hi;
+      sumi += byte_of(sc, (2 * p) & 3) * __dp4a(static_cast<int>(lo), q0, 0) +
+              byte_of(sc, (2 * p + 1) & 3) * __dp4a(static_cast<int>(hi), q1, 0);
+    }
+    const int mq = byte_of(L < 4 ? m_lo : m_hi, L & 3) * (sums[2 * L] + sums[2 * L + 1]);  // the CPU's madd of the pair
+    Terms t;
+    t.A = __fmul_rn(f16_of(r.h.x & 0xffffu), dx), t.S = __int2float_rn(sumi);
+    t.M = __fmul_rn(f16_of(r.h.x >> 16), dx), t.Q = __int2float_rn(mq);
+    return t;
+  }
+};
 
-template <bool kFive>
+// Q6_K: 210-byte blocks {ql[128], qh[64], scales[16] (int8), d}, 2-byte aligned.
+struct BlockQ6K {
+  static constexpr int kBytes = 210;
+  static constexpr bool kMin = false;
+  struct Raw {
+    uint32_t ql[4];  // ql bytes 64h + 4L.. and 64h + 32 + 4L.., h = 0, 1
+    uint32_t qh[2];  // qh bytes 32h + 4L..
+    uint32_t sc[4];  // the 16 scales
+    uint32_t d;      // f16 in the low half
+  };
+  __device__ static Raw load(const uint8_t* __restrict__ wb, int L) {
+    Raw r;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      r.ql[2 * h] = ld32u(wb + 64 * h + 4 * L);
+      r.ql[2 * h + 1] = ld32u(wb + 64 * h + 32 + 4 * L);
+      r.qh[h] = ld32u(wb + 128 + 32 * h + 4 * L);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.sc[j] = ld32u(wb + 192 + 4 * j);
+    r.d = __ldg(reinterpret_cast<const uint16_t*>(wb + 208));
+    return r;
+  }
+  // The CPU's q6k_tile lane L: for half h and k = 0..3 the 6-bit quants of values 128h + 32k + 4L.. (low nibbles of ql
+  // byte 64h (+ 32 for odd k) + 4L.., high nibbles for k >= 2, qh's bits 2k..2k+1) times scale 8h + 2k (+ 1 for L >= 4);
+  // minus 32 times the scaled q sums (scales 2L, 2L + 1 with the per-16 sums 2L, 2L + 1).
+  __device__ static Terms terms(const Raw& r, const int8_t* q, const int* sums, float dx, int L) {
+    int sumi = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t src = r.ql[2 * h + (k & 1)];
+        const uint32_t w = ((k >= 2 ? src >> 4 : src) & 0x0f0f0f0fu) | (((r.qh[h] >> (2 * k)) & 0x03030303u) << 4);
+        // scale g = 8h + 2k (+ 1): byte g & 3 of word g >> 2 = 2h + k / 2 (a constant index: no local memory)
+        const int scale = sbyte_of(r.sc[2 * h + k / 2], ((2 * k) & 3) + (L >= 4 ? 1 : 0));
+        sumi += scale * __dp4a(static_cast<int>(w), *reinterpret_cast<const int*>(q + 128 * h + 32 * k + 4 * L), 0);
+      }
+    const uint32_t scw = L < 2 ? r.sc[0] : L < 4 ? r.sc[1] : L < 6 ? r.sc[2] : r.sc[3];  // scales 2L, 2L + 1
+    const int off = sums[2 * L] * sbyte_of(scw, 2 * (L & 1)) + sums[2 * L + 1] * sbyte_of(scw, 2 * (L & 1) + 1);
+    Terms t;
+    t.A = __fmul_rn(f16_of(r.d), dx), t.S = __int2float_rn(sumi - off * 32);
+    return t;
+  }
+};
+
+template <class B>
 __global__ void __launch_bounds__(kWarps * 32)
     quant_gemv_q8_kernel(const __grid_constant__ Q8Group grp, int64_t cols, const float* __restrict__ x) {
-  constexpr int kBlockBytes = kFive ? 176 : 144;
   extern __shared__ __align__(16) uint8_t smem[];
   const int nb = static_cast<int>(cols / kQK);
   int8_t* sq = reinterpret_cast<int8_t*>(smem);
   int* ssum = reinterpret_cast<int*>(smem + nb * kQStride);
-  float* sd = reinterpret_cast<float*>(smem + nb * kQStride + nb * 32);
+  float* sd = reinterpret_cast<float*>(smem + nb * kQStride + nb * 64);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, L = lane & 7, g = lane >> 3;
   int m = 0;  // this block's matrix (block-uniform)
   while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
   const int row = (static_cast<int>(blockIdx.x) - static_cast<int>(grp.first_block[m])) * kWarps + warp;
   const bool in_range = row < grp.rows[m];
-  const uint8_t* __restrict__ wr = grp.W[m] + static_cast<int64_t>(in_range ? row : 0) * nb * kBlockBytes;
-  if (in_range) pdl::prefetch_l2(wr, static_cast<int64_t>(nb) * kBlockBytes, lane, 32);  // weights only (pdl.cuh)
+  const uint8_t* __restrict__ wr = grp.W[m] + static_cast<int64_t>(in_range ? row : 0) * nb * B::kBytes;
+  if (in_range) pdl::prefetch_l2(wr, static_cast<int64_t>(nb) * B::kBytes, lane, 32);  // weights only (pdl.cuh)
   pdl::begin();
   for (int k = warp; k < nb; k += kWarps) quantise_block(x, k, lane, sq, ssum, sd);
   __syncthreads();
   if (!in_range) return;  // the whole warp (after the block's barrier)
   float acc = 0.f;        // AVX lane L's accumulator (the same in the 4 lane groups)
   for (int b0 = 0; b0 < nb; b0 += 4 * kRounds) {  // warp-uniform
-    BlockRaw<kFive> raw[kRounds];
+    typename B::Raw raw[kRounds];
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
       const int b = b0 + 4 * r + g;
-      raw[r] = load_block<kFive>(wr + static_cast<int64_t>(b < nb ? b : nb - 1) * kBlockBytes, L);  // past the row: read, unused
+      raw[r] = B::load(wr + static_cast<int64_t>(b < nb ? b : nb - 1) * B::kBytes, L);  // past the row: read, unused
     }
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
       const int base = b0 + 4 * r;
       if (base >= nb) break;  // warp-uniform
       const int b = base + g;
-      float sf = 0.f, qf = 0.f, A = 0.f, Mn = 0.f;
-      if (b < nb) {
-        int sumi, mq;
-        block_sums<kFive>(raw[r], sq + b * kQStride, ssum + b * 8, L, sumi, mq);
-        const float dx = sd[b];
-        sf = __int2float_rn(sumi), qf = __int2float_rn(mq);
-        A = __fmul_rn(f16_of(raw[r].h.x & 0xffffu), dx), Mn = __fmul_rn(f16_of(raw[r].h.x >> 16), dx);
-      }
+      const Terms t = b < nb ? B::terms(raw[r], sq + b * kQStride, ssum + b * 16, sd[b], L) : Terms{};
 #pragma unroll
       for (int gg = 0; gg < 4; ++gg) {  // the round's blocks into the accumulator in block order
         const int src = 8 * gg + L;
-        const float As = __shfl_sync(0xffffffffu, A, src), Ss = __shfl_sync(0xffffffffu, sf, src);
-        const float Ms = __shfl_sync(0xffffffffu, Mn, src), Qs = __shfl_sync(0xffffffffu, qf, src);
+        const float As = __shfl_sync(0xffffffffu, t.A, src), Ss = __shfl_sync(0xffffffffu, t.S, src);
+        float Ms = 0.f, Qs = 0.f;
+        if constexpr (B::kMin) Ms = __shfl_sync(0xffffffffu, t.M, src), Qs = __shfl_sync(0xffffffffu, t.Q, src);
         if (base + gg < nb) {
           acc = fmaf(As, Ss, acc);
-          acc = fmaf(-Ms, Qs, acc);
+          if constexpr (B::kMin) acc = fmaf(-Ms, Qs, acc);
         }
       }
     }
@@ -194,7 +251,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }  // namespace
 
 bool quant_gemv_q8_supported(WeightFormat f, int64_t cols) {
-  return (f == WeightFormat::Q4_K || f == WeightFormat::Q5_K) && cols > 0 && cols % kQK == 0 && cols <= kQ8MaxCols;
+  return (f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q6_K) && cols > 0 && cols % kQK == 0 &&
+         cols <= kQ8MaxCols;
 }
 
 cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int count, const float* x, cudaStream_t s) {
@@ -205,7 +263,8 @@ cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int cou
   Q8Group g{};
   int64_t blocks = 0;
   for (int m = 0; m < count; ++m) {
-    if (W[m]->format != f || W[m]->cols != cols || W[m]->rows < 0 || reinterpret_cast<uintptr_t>(W[m]->data) % 16 != 0)
+    const uintptr_t align = f == WeightFormat::Q6_K ? 2 : 16;
+    if (W[m]->format != f || W[m]->cols != cols || W[m]->rows < 0 || reinterpret_cast<uintptr_t>(W[m]->data) % align != 0)
       return cudaErrorInvalidValue;
     g.W[m] = static_cast<const uint8_t*>(W[m]->data);
     g.y[m] = y[m];
@@ -217,8 +276,9 @@ cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int cou
   if (blocks == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(cols / kQK) * kQ8Bytes;
   const unsigned grid = static_cast<unsigned>(blocks);
-  return f == WeightFormat::Q4_K ? pdl::launch(quant_gemv_q8_kernel<false>, grid, kWarps * 32, smem, s, g, cols, x)
-                                 : pdl::launch(quant_gemv_q8_kernel<true>, grid, kWarps * 32, smem, s, g, cols, x);
+  if (f == WeightFormat::Q4_K) return pdl::launch(quant_gemv_q8_kernel<BlockK45<false>>, grid, kWarps * 32, smem, s, g, cols, x);
+  if (f == WeightFormat::Q5_K) return pdl::launch(quant_gemv_q8_kernel<BlockK45<true>>, grid, kWarps * 32, smem, s, g, cols, x);
+  return pdl::launch(quant_gemv_q8_kernel<BlockQ6K>, grid, kWarps * 32, smem, s, g, cols, x);
 }
 
 }  // namespace k3::cuda

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "k3/core/weight.h"
 
@@ -19,8 +20,8 @@ namespace k3::cuda {
 // Which of quant_gemv.cu's kernels runs (tests and A/B timing; Auto = the measured rule). A forced kernel that
 // cannot run (a format without a part decoder, x not 16-byte aligned, blocks off their alignment) falls back to V1.
 // V1Rows: v1 with 4 rows per warp (the activations loaded once for 4 rows; v1's bits), every format, at 8 tokens
-// (other token counts run V1). Q8: one token of Q4_K / Q5_K through quant_gemv_q8 (int8 activations; below), the
-// rule's kernel where it cannot run.
+// (other token counts run V1). Q8: one token of Q4_K / Q5_K / Q6_K through quant_gemv_q8 (int8 activations; below),
+// the exact rule's kernel where it cannot run.
 enum class QuantGemvKernel : int { Auto = 0, V1 = 1, V2 = 2, V3 = 3, V1Rows = 4, Q8 = 5 };
 // Whether f has the wide-load part decoders v2 and v3 run (quant_part.cuh).
 bool quant_gemv_has_parts(WeightFormat f);
@@ -38,12 +39,16 @@ bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* 
 // cudaErrorInvalidValue where !quant_gemv_groupable.
 cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n, cudaStream_t s);
 
-// One token through count (1..kQuantGemvGroupMax) Q4_K or Q5_K matrices of one width that share x, on int8 activations
-// (quant_gemv_q8.cu): llama.cpp's Q8_K rounding of x, the CPU int8 tiers' numbers bit for bit (avx2int8, and the
-// avx512bf16 / amx tiers' per-block K path), not the exact fp32 products of quant_gemv. Widths: whole 256-blocks up to
-// kQ8MaxCols; x and the blocks 16-byte aligned. cudaErrorInvalidValue otherwise.
-constexpr int64_t kQ8MaxCols = 16384;
+// One token through count (1..kQuantGemvGroupMax) Q4_K, Q5_K or Q6_K matrices of one width that share x, on int8
+// activations (quant_gemv_q8.cu): llama.cpp's Q8_K rounding of x, the CPU int8 tiers' numbers bit for bit (avx2int8, and
+// the avx512bf16 / amx tiers' per-block K path), not the exact fp32 products of the other kernels. Widths: whole
+// 256-blocks up to kQ8MaxCols; x 16-byte aligned, the blocks at 16 bytes (Q6_K: 2). cudaErrorInvalidValue otherwise.
+// quant_gemv and quant_gemv_group take it for one token where it runs (the rule since session 47); K3_QUANT_GEMV=exact
+// (or any other K3_QUANT_GEMV form) keeps the exact kernels.
+constexpr int64_t kQ8MaxCols = 32768;
 bool quant_gemv_q8_supported(WeightFormat f, int64_t cols);
+// Tests: q8 on or off for one token regardless of the rule (nullopt: the rule again).
+void force_quant_gemv_q8_for_testing(std::optional<bool> on);
 cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int count, const float* x, cudaStream_t s);
 
 // out[i][0..cols) (rows ld floats apart) = row (ids ? ids[i] : row0 + i) of W, i < count.
