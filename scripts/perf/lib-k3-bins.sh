@@ -31,3 +31,27 @@ kl48_gguf_bg() {
     nice "$D/k3" quantize --load-format dummy /tmp/kl48 "$G" Q4_K_M -t "$1" > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
   QB=$!
 }
+# bench_arm LABEL BINARY ENV ARGS...: one `$D/BINARY bench offline ARGS` (40 s at most) under ENV (VAR=VALUE words, or
+# ""), printed as "LABEL rc=N <the model's table row>" -- the arms of the alternating A/B loops from session 46 on.
+bench_arm() {
+  local label=$1 bin=$2 envs=$3
+  shift 3
+  env $envs timeout 40 "$D/$bin" bench offline "$@" > /tmp/arm.txt 2>&1
+  echo "$label rc=$? $(grep -E '^\| (kimi|kl48)' /tmp/arm.txt | head -1)"
+}
+# ab_rounds ROUNDS MIN_LEFT WHAT "LABEL BINARY [ENV...]" "LABEL BINARY [ENV...]" ARGS...: ROUNDS alternating rounds of
+# the two arms' `bench offline ARGS` (labelled "LABEL WHAT rN"), each round only with more than MIN_LEFT seconds left.
+ab_rounds() {
+  local rounds=$1 min=$2 what=$3 r
+  local -a a=($4) b=($5)
+  shift 5
+  for r in $(seq "$rounds"); do
+    [ "$(left)" -gt "$min" ] || break
+    bench_arm "${a[0]} $what r$r" "${a[1]}" "${a[*]:2}" "$@"
+    bench_arm "${b[0]} $what r$r" "${b[1]}" "${b[*]:2}" "$@"
+  done
+}
+# env_ab ROUNDS MIN_LEFT WHAT A ENV_A B ENV_B ARGS...: k3 under two environments ("" for none).
+env_ab() { ab_rounds "$1" "$2" "$3" "$4 k3 $5" "$6 k3 $7" "${@:8}"; }
+# bin_ab ROUNDS MIN_LEFT WHAT ARGS...: k3 against k3old (scripts/gpu-pack-ab).
+bin_ab() { ab_rounds "$1" "$2" "$3" "k3 k3" "k3old k3old" "${@:4}"; }

@@ -48,6 +48,28 @@ struct CapturedGraph {
   void launch() const { ck(cudaGraphLaunch(ge, st), "graph launch"); }
 };
 
+// us per projection of `chain` (count projections) replayed as a CUDA graph: run once eagerly (sizes any scratch
+// outside the capture), captured, 3 warm replays, then the mean of 20.
+double us_per_launch_of_graph(cudaStream_t st, const std::function<void()>& chain, int count) {
+  chain();
+  ck(cudaStreamSynchronize(st), "sync");
+  const CapturedGraph graph(st, chain);
+  for (int r = 0; r < 3; ++r) graph.launch();
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  const int reps = 20;
+  ck(cudaEventRecord(a, st), "record");
+  for (int r = 0; r < reps; ++r) graph.launch();
+  ck(cudaEventRecord(b, st), "record");
+  ck(cudaEventSynchronize(b), "sync");
+  float ms = 0;
+  ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return 1000.0 * ms / (reps * count);
+}
+
 struct Case {
   WeightFormat f;
   int64_t rows, cols;
@@ -215,25 +237,7 @@ TEST(CudaPdl, TimingChainOfOneTokenProjections) {
     for (int i = 0; i < count; ++i) ck(cudaMemcpy(all.p + i * wb.size(), wb.data(), wb.size(), cudaMemcpyHostToDevice), "H2D");
     Dev<float> x(randn(static_cast<size_t>(c.cols), 7, 1.f)), y(static_cast<size_t>(c.rows) * count);
     Dev<uint32_t> sink(4096);
-    auto time_graph = [&](const std::function<void()>& chain) {
-      chain();  // sizes any scratch outside the capture
-      ck(cudaStreamSynchronize(st), "sync");
-      const CapturedGraph graph(st, chain);
-      for (int r = 0; r < 3; ++r) graph.launch();
-      cudaEvent_t a, b;
-      ck(cudaEventCreate(&a), "event");
-      ck(cudaEventCreate(&b), "event");
-      const int reps = 20;
-      ck(cudaEventRecord(a, st), "record");
-      for (int r = 0; r < reps; ++r) graph.launch();
-      ck(cudaEventRecord(b, st), "record");
-      ck(cudaEventSynchronize(b), "sync");
-      float ms = 0;
-      ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-      return 1000.0 * ms / (reps * count);
-    };
+    auto time_graph = [&](const std::function<void()>& chain) { return us_per_launch_of_graph(st, chain, count); };
     for (const char* path : {"gemv", "q8", "mma", "read"}) {
       double us = 0;
       if (std::strcmp(path, "q8") == 0) {  // int8 activations (quant_gemv_q8.cu), where it runs
@@ -347,25 +351,7 @@ TEST(CudaPdl, TimingChainOfOneTokenBf16Projections) {
     for (int i = 0; i < count; ++i) ck(cudaMemcpy(all.p + wb.size() * i, wb.data(), bytes, cudaMemcpyHostToDevice), "H2D");
     Dev<float> x(randn(static_cast<size_t>(cols), 7, 1.f)), y(static_cast<size_t>(rows) * count);
     Dev<uint32_t> sink(4096);
-    auto time_graph = [&](const std::function<void()>& chain) {
-      chain();
-      ck(cudaStreamSynchronize(st), "sync");
-      const CapturedGraph graph(st, chain);
-      for (int r = 0; r < 3; ++r) graph.launch();
-      cudaEvent_t a, b;
-      ck(cudaEventCreate(&a), "event");
-      ck(cudaEventCreate(&b), "event");
-      const int reps = 20;
-      ck(cudaEventRecord(a, st), "record");
-      for (int r = 0; r < reps; ++r) graph.launch();
-      ck(cudaEventRecord(b, st), "record");
-      ck(cudaEventSynchronize(b), "sync");
-      float ms = 0;
-      ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-      return 1000.0 * ms / (reps * count);
-    };
+    auto time_graph = [&](const std::function<void()>& chain) { return us_per_launch_of_graph(st, chain, count); };
     struct Arm { const char* name; Gemv1Form form; int cap; };
     for (const Arm& arm : {Arm{"loop", Gemv1Form::Loop, 0}, Arm{"batch3", Gemv1Form::Batch, 3}, Arm{"batch5", Gemv1Form::Batch, 5},
                            Arm{"batch9", Gemv1Form::Batch, 9}, Arm{"read", Gemv1Form::Auto, -1}}) {
