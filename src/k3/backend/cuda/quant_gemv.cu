@@ -432,7 +432,9 @@ bool quant_gemv_groupable(const WeightMatrix* const* W, int count, const float* 
 
 cudaError_t quant_gemv_group(const WeightMatrix* const* W, float* const* y, int count, const float* x, int n, cudaStream_t s) {
   if (!quant_gemv_groupable(W, count, x, n)) return cudaErrorInvalidValue;
-  if (takes_q8(*W[0], x, n, QuantGemvKernel::Auto)) return quant_gemv_q8(W, y, count, x, s);
+  bool q8 = true;  // every matrix where the q8 kernel runs (the group shares format and width; the alignment is each's)
+  for (int m = 0; m < count; ++m) q8 = q8 && takes_q8(*W[m], x, n, QuantGemvKernel::Auto);
+  if (q8) return quant_gemv_q8(W, y, count, x, s);
   V3Group g{};
   for (int m = 0; m < count; ++m) {
     g.W[m] = static_cast<const uint8_t*>(W[m]->data);

@@ -1,5 +1,6 @@
-// quant_gemv_q8 (quant_kernels.h): the one-token Q4_K / Q5_K GEMV on int8 activations -- the CPU int8 tiers' numbers
-// (weight_kernels_avx2int8_k.cpp, and weight_kernels_vnni_k.cpp bit for bit), on the GPU.
+// quant_gemv_q8 (quant_kernels.h): the one-token Q4_K / Q5_K / Q6_K GEMV on int8 activations -- the CPU int8 tiers'
+// numbers (weight_kernels_avx2int8_k.cpp, and weight_kernels_vnni_k.cpp bit for bit), on the GPU; the one-token rule
+// since session 47 (call s47-6: the Kimi-Linear-48B-dims Q4_K_M GGUF at batch 1 +12.9%, docs/perf/cuda.md).
 //
 // Why: the fp32 block GEMV (quant_gemv.cu v3) decodes every weight to its exact fp32 value, ~10 instructions a weight
 // (a PRMT, an fma and a subtraction to decode, an fma to multiply, the nibble masks, the scales), and so runs at about
@@ -9,7 +10,7 @@
 // CUDA backend does the same with q8_1 and dp4a. Here one dp4a multiplies 4 weights, ~2 instructions a weight.
 //
 // The numbers are the CPU's, bit for bit, because the integer parts are exact in any order and the float parts follow
-// the AVX2 lanes: in the CPU kernel, int32 lane L (0..7) of a block's sum holds, for each 32-byte chunk p (0..3) of
+// the AVX2 lanes (Q6_K's: BlockQ6K below): in the CPU's Q4_K kernel, int32 lane L (0..7) of a block's sum holds, for each 32-byte chunk p (0..3) of
 // quants, sc[2p] x (the products of quant bytes 4L..4L+3 of the chunk's low nibbles with activation bytes 64p + 4L..)
 // + sc[2p + 1] x (the high nibbles' with bytes 64p + 32 + 4L..) -- one dp4a each here -- and its min lane L holds m[L]
 // x (the sum of the activations of sub-block L); then per block, in block order, acc_L = fma(dw dx, float(sum_L),
@@ -23,6 +24,8 @@
 // g + 4, ... (4 at a time), lane L its AVX lane; a round's 4 blocks are folded into the 8 accumulators in block order by
 // shuffles. A row's quants and headers for up to kRounds rounds (16 blocks: 4096 columns) are loaded before the first
 // multiply. Q5_K: the fifth bits (qh) of the lane's bytes as on the CPU (bit 2p of qh byte l for the low nibble).
+// Measured (call s47-6, the projection chain): Q4_K 4096 x 2304 5.12 us (exact v3 7.44, a read of its bytes 3.61);
+// what is left over the read is mostly the block's quantisation of x before its first product.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
