@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "k3/backend/cpu/prefetch_cursor.h"
 #include "k3/backend/cpu/weight_kernels.h"
 
 namespace k3::cpu {
@@ -32,26 +33,34 @@ inline float load1(const uint16_t* p) {
 // apart -- the same chains, so the same bits; from DRAM on one core 300-314 -> 235-251 us per 16 heads' key rows
 // (scripts/perf/mla_absorb_speed.cpp 64, docs/perf/cpu.md session 33).
 // Rows kAheadRows ahead requested into L1 as each row starts (K3_MLA_PREFETCH=0: not, A/B): at decode kv_b comes from
-// DRAM, one head's run a thread, and one core's hardware prefetcher kept too few lines in flight (session 47).
+// DRAM, one head's run a thread, and one core's hardware prefetcher kept too few lines in flight (session 47). A head's
+// rows are one contiguous run, so one prefetch_cursor.h cursor walks it.
 constexpr int64_t kAheadRows = 4;  // 4 KB of bf16 rows: 2 and 4 measured alike on one core, 8 and 16 slower
 const bool g_mla_prefetch = [] {
   const char* e = std::getenv("K3_MLA_PREFETCH");
   return e == nullptr || e[0] != '0';
 }();
+// Requests the run's rows up to row `upto` (exclusive, clamped to `rows`) of `n` values each.
 template <typename T>
-inline void prefetch_row(const T* r, int64_t n) {
-  const char* p = reinterpret_cast<const char*>(r);
-  for (int64_t o = 0; o < n * static_cast<int64_t>(sizeof(T)); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-}
+struct RowsAhead {
+  PrefetchCursor<0> cur;
+  uintptr_t base;
+  int64_t row_bytes, rows;
+  RowsAhead(const T* w, int64_t n, int64_t rows_)
+      : cur{reinterpret_cast<uintptr_t>(w) & ~uintptr_t{63}}, base(reinterpret_cast<uintptr_t>(w)),
+        row_bytes(n * static_cast<int64_t>(sizeof(T))), rows(rows_) {}
+  void through(int64_t upto) {
+    if (g_mla_prefetch) cur.upto(base + static_cast<uintptr_t>(std::min(upto, rows) * row_bytes));
+  }
+};
 
 template <typename T>
 void combine_rows(const T* w, int64_t rows, int64_t kr, const float* q, float* dst) {
   std::fill(dst, dst + kr, 0.f);
   const int64_t k8 = kr & ~int64_t{7};
-  if (g_mla_prefetch)
-    for (int64_t d = 0; d < std::min(rows, kAheadRows); ++d) prefetch_row(w + d * kr, kr);
+  RowsAhead<T> ahead(w, kr, rows);
   for (int64_t d = 0; d < rows; ++d) {
-    if (g_mla_prefetch && d + kAheadRows < rows) prefetch_row(w + (d + kAheadRows) * kr, kr);
+    ahead.through(d + 1 + kAheadRows);
     const __m256 qd = _mm256_set1_ps(q[d]);
     const T* r = w + d * kr;
     int64_t j = 0;
@@ -97,10 +106,9 @@ void up_v(const T* kvb, const KvB& k, int64_t h, const float* o_lat, float* o) {
   const T* rows = kvb + (h * (k.nope + k.value) + k.nope) * k.rank;
   // One row at a time: four at once (four FMA chains) took 16 heads from 75-77 to 57-59 us from cache but from 244-265
   // to 300-303 us from DRAM on one core (scripts/perf/mla_absorb_speed.cpp, session 33); at decode kv_b is in DRAM.
-  if (g_mla_prefetch)
-    for (int64_t d = 0; d < std::min(k.value, kAheadRows); ++d) prefetch_row(rows + d * k.rank, k.rank);
+  RowsAhead<T> ahead(rows, k.rank, k.value);
   for (int64_t d = 0; d < k.value; ++d) {
-    if (g_mla_prefetch && d + kAheadRows < k.value) prefetch_row(rows + (d + kAheadRows) * k.rank, k.rank);
+    ahead.through(d + 1 + kAheadRows);
     o[d] = dot_row(rows + d * k.rank, o_lat, k.rank);
   }
 }
