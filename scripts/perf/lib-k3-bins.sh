@@ -31,12 +31,12 @@ kl48_gguf_bg() {
     nice "$D/k3" quantize --load-format dummy /tmp/kl48 "$G" Q4_K_M -t "$1" > /tmp/q48.log 2>&1; echo "kl48 rc=$? $(el)" >> /tmp/q48.log ) &
   QB=$!
 }
-# bench_arm LABEL BINARY ENV ARGS...: one `$D/BINARY bench offline ARGS` (40 s at most) under ENV (VAR=VALUE words, or
+# bench_arm LABEL BINARY ENV ARGS...: one `$D/BINARY bench offline ARGS` (ARM_TIMEOUT, default 40 s, at most) under ENV (VAR=VALUE words, or
 # ""), printed as "LABEL rc=N <the model's table row>" -- the arms of the alternating A/B loops from session 46 on.
 bench_arm() {
   local label=$1 bin=$2 envs=$3
   shift 3
-  env $envs timeout 40 "$D/$bin" bench offline "$@" > /tmp/arm.txt 2>&1
+  env $envs timeout "${ARM_TIMEOUT:-40}" "$D/$bin" bench offline "$@" > /tmp/arm.txt 2>&1
   echo "$label rc=$? $(grep -E '^\| (kimi|kl48)' /tmp/arm.txt | head -1)"
 }
 # ab_rounds ROUNDS MIN_LEFT WHAT "LABEL BINARY [ENV...]" "LABEL BINARY [ENV...]" ARGS...: ROUNDS alternating rounds of

@@ -27,6 +27,7 @@
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/core/dtype.h"
 #include "k3/core/error.h"
+#include "k3/backend/cuda/moe_gemv.h"
 #include "k3/core/weight.h"
 #include "k3/model/config.h"
 #include "cpu_graph_ref.h"
@@ -770,6 +771,67 @@ TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {
   Moe& mx = cached_moe(tiny_shapes()[1]);  // MXFP4 experts: not this path
   k3::cuda::MoeWorkspace ws(8, mx.sh.K, mx.sh.E, mx.sh.I, mx.sh.X);
   EXPECT_FALSE(k3::cuda::moe_shared_fusable(mx.bank, mx.sh.I, mx.sh.X, mx.sh.X, mx.sh.I, 1, ws));
+}
+
+// The bf16 GEMV path's h stored permuted (moe_gemv.cu h_perm: the down kernel's activation loads contiguous) gives
+// the column-order form's bits: the same values meet the same weights in the same order. I = 1024 (Kimi-Linear),
+// 768 and 1280 (the last batch of 4 chunks partly past the row: the clamped addresses), with and without the fused
+// shared expert (its h rows permuted too), n = 1, 2, 4.
+TEST(CudaMoe, GemvHPermGivesColumnOrdersBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Reset {
+    ~Reset() { k3::cuda::force_moe_h_perm_for_testing(std::nullopt); }
+  } reset;
+  const Shape shapes[] = {kKimiLinear, {32, 4, 256, 768, false, "bf-768"}, {24, 3, 160, 1280, false, "bf-1280"}};
+  for (const Shape& s : shapes) {
+    Moe& m = cached_moe(s);
+    Rng rng(77 + s.I);
+    std::vector<uint16_t> sw(static_cast<size_t>(s.I) * s.X * 3);
+    for (auto& b : sw) b = k3::f32_to_bf16(0.02f * rng.normal());
+    DevBuf dsw(sw.size() * 2);
+    ck(cudaMemcpy(dsw.p, sw.data(), sw.size() * 2, cudaMemcpyHostToDevice), "shared");
+    const uint16_t* sg = dsw.as<uint16_t>();
+    const size_t mat = static_cast<size_t>(s.I) * s.X;
+    k3::cuda::MoeWorkspace ws(8, s.K, s.E, s.I, s.X);  // room for the shared expert's pairs (moe_shared_fusable)
+    for (const int n : {1, 2, 4}) {
+      ExpertCall call(m, n, 800 + n);
+      for (const bool shared : {false, true}) {
+        auto run = [&](bool perm) {
+          k3::cuda::force_moe_h_perm_for_testing(perm);
+          const size_t count = static_cast<size_t>(n) * s.X;
+          ck(cudaMemset(call.dout.p, 0xff, count * 4), "poison out");
+          if (shared)
+            ck(k3::cuda::moe_experts_with_shared(m.bank, sg, sg + mat, sg + 2 * mat, n, s.K, call.dx.as<float>(),
+                                                 call.di.as<int32_t>(), call.dwt.as<float>(), GluAct::SiLU, 4.f, 25.f,
+                                                 call.dout.as<float>(), ws, nullptr),
+               "fused");
+          else
+            ck(k3::cuda::moe_experts(m.bank, n, s.K, call.dx.as<float>(), call.di.as<int32_t>(), call.dwt.as<float>(),
+                                     GluAct::SiLU, 4.f, 25.f, call.dout.as<float>(), ws, nullptr,
+                                     MoePrecision::Bf16x2, MoePath::Gemv),
+               "routed");
+          ck(cudaDeviceSynchronize(), "sync");
+          std::vector<float> out(count);
+          ck(cudaMemcpy(out.data(), call.dout.p, count * 4, cudaMemcpyDeviceToHost), "out");
+          return out;
+        };
+        if (shared && !k3::cuda::moe_shared_fusable(m.bank, s.I, s.X, s.X, s.I, n, ws)) continue;
+        const std::vector<float> ref = run(false), got = run(true);
+        const size_t nans = std::count_if(ref.begin(), ref.end(), [](float v) { return std::isnan(v); });
+        size_t diff = 0;
+        double maxabs = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          diff += std::memcmp(&got[i], &ref[i], 4) != 0;
+          maxabs = std::max(maxabs, std::fabs(static_cast<double>(ref[i])));
+        }
+        EXPECT_EQ(nans, 0u) << s.name << " n=" << n;
+        EXPECT_GT(maxabs, 1e-6) << s.name << ": outputs must not be zeros";
+        EXPECT_EQ(diff, 0u) << s.name << " n=" << n << (shared ? " +shared" : "") << ": floats differ";
+        std::printf("[ moe ] h perm %-12s n=%d %-7s: %zu of %zu floats differ\n", s.name, n, shared ? "+shared" : "",
+                    diff, got.size());
+      }
+    }
+  }
 }
 
 TEST(CudaMoe, EdgeCases) {

@@ -26,6 +26,9 @@
 #include "cuda_test_util.h"
 #include "k3/backend/cuda/cuda_model.h"
 #include "k3/backend/cuda/expert_streamer.h"
+#include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/weight_kernels.h"
+#include "k3/backend/cuda/quant_kernels.h"
 #include "k3/backend/cuda/quant_mma.h"
 #include "k3/backend/cuda/quant_tables.h"
 #include "k3/io/gguf_writer.h"
@@ -66,17 +69,26 @@ int64_t argmax_flips(const std::vector<float>& got, const std::vector<float>& re
 // models/k3-tiny written as a GGUF by `k3 quantize`'s PRESET; "+experts": the routed experts requantised to Q8_0
 // too (k3-tiny's expert widths 128 / 96 are not whole 256-blocks, so the -E3 / -E2 presets would keep them MXFP4,
 // written as ggml's MXFP4 blocks): quant_moe.h's path.
-void write_tiny_gguf(const std::string& preset, const std::string& path) {
+void write_tiny_gguf_with(const std::vector<k3::TensorTypeRule>& rules, const std::string& path) {
   const std::string dir = k3test::source_path("models/k3-tiny");
   const k3::ModelConfig c = k3::load_model_config(dir);
   const k3::Checkpoint ck(dir);
   k3::GgufWriter w;
-  std::vector<k3::TensorTypeRule> rules;
-  if (preset.find("+experts") != std::string::npos) rules.push_back(k3::parse_tensor_type_rule("_exps=q8_0"));
-  for (const auto& r : k3::quantize_preset(preset.substr(0, preset.find('+')))) rules.push_back(r);
   const auto st = k3::add_model_to_gguf(w, c, ck, "k3-tiny", rules);
   ASSERT_GT(st.quantised, 0);
   w.write(path);
+}
+void write_tiny_gguf(const std::string& preset, const std::string& path) {
+  std::vector<k3::TensorTypeRule> rules;
+  if (preset.find("+experts") != std::string::npos) rules.push_back(k3::parse_tensor_type_rule("_exps=q8_0"));
+  for (const auto& r : k3::quantize_preset(preset.substr(0, preset.find('+')))) rules.push_back(r);
+  write_tiny_gguf_with(rules, path);
+}
+// models/k3-tiny as a GGUF under `k3 quantize --tensor-type` rules (first match wins).
+void write_tiny_gguf_rules(const std::vector<std::string>& specs, const std::string& path) {
+  std::vector<k3::TensorTypeRule> rules;
+  for (const std::string& s : specs) rules.push_back(k3::parse_tensor_type_rule(s));
+  write_tiny_gguf_with(rules, path);
 }
 
 class CudaQuantModel : public ::testing::TestWithParam<std::string> {};
@@ -244,6 +256,74 @@ TEST(CudaQuantModelTiled, EveryKQuantMatrixTiledMatchesCpuAndTheStoredBlocks) {
   EXPECT_LE(flips, 1);
   EXPECT_GT(rel_plain, 0.0) << "the tiled model gave the stored blocks' bits: no copy was read";
   EXPECT_LT(rel_plain, 1e-4);
+}
+
+// The one-token rule's int8 activations (quant_gemv_q8.cu) at model level: k3-tiny written with every matrix Q4_K
+// where its width is whole 256-blocks, else Q5_0 (Q4_K's llama-quantize fallback), the routed experts Q5_0 too -- so
+// that on the CPU's avx2int8 tier the K-quant products are the only ones on int8 activations (its MXFP4 and Q8_0
+// kernels round them as well; Q5_0 stays exact there) -- decoded 16 steps on the GPU with the q8 kernel and with the
+// exact kernels (two models: each captures its decode graph with its own kernels), and on the CPU in avx2int8 and in
+// the exact tier. The kernel test holds each Q4_K product to the int8 tiers' bits; here the whole model must follow:
+// the q8 GPU within the e2e bar of the int8 CPU (1e-3 of the logits' range, at most one near-tie flipped) and
+// closer to it than to the exact CPU, the exact GPU the other way round.
+TEST(CudaQuantModelQ8, OneTokenRuleTracksTheCpuInt8Tier) {
+  SKIP_WITHOUT_GPU();
+  try {
+    k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no avx2int8 tier here: " << e.what();
+  }
+  k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+  struct Reset {
+    ~Reset() {
+      k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+      k3::cuda::force_quant_gemv_q8_for_testing(std::nullopt);
+    }
+  } reset;
+  k3test::TempDir t;
+  const std::string path = t.str() + "/k3-tiny-q4k-q50.gguf";
+  ASSERT_NO_FATAL_FAILURE(write_tiny_gguf_rules({"_exps=q5_0", ".*=q4_k"}, path));
+  auto cpu = k3::Model::load(path);
+  int64_t q4k = 0;
+  k3::for_each_matrix(cpu->weights(), [&](const k3::WeightMatrix& m) { q4k += m.format == k3::WeightFormat::Q4_K; });
+  ASSERT_GT(q4k, 0);
+  const int64_t V = cpu->config().vocab_size;
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 16; ++i) toks.push_back((i * 211 + 9) % static_cast<int32_t>(V));
+  k3::ForwardOptions fo;
+  fo.all_logits = true;
+  fo.path = k3::AttnPath::Decode;
+  const auto decode = [&](auto& model) {  // token-by-token logits
+    std::vector<float> all, one;
+    auto c = model.new_cache();
+    for (size_t i = 0; i < toks.size(); ++i) {
+      model.forward(std::span<const int32_t>(toks.data() + i, 1), *c, one, fo);
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    return all;
+  };
+  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
+  const std::vector<float> cpu_int8 = decode(*cpu);
+  k3::cpu::force_cpu_isa_for_testing(std::nullopt);
+  const std::vector<float> cpu_exact = decode(*cpu);
+  std::vector<float> gpu_q8, gpu_exact;
+  for (const bool q8 : {true, false}) {
+    k3::cuda::force_quant_gemv_q8_for_testing(q8);
+    auto gpu = k3::cuda::CudaModel::load(path);
+    (q8 ? gpu_q8 : gpu_exact) = decode(*gpu);
+  }
+  bool f[4] = {true, true, true, true};
+  const double q8_int8 = max_rel(gpu_q8, cpu_int8, f[0]), exact_int8 = max_rel(gpu_exact, cpu_int8, f[1]);
+  const double q8_exact = max_rel(gpu_q8, cpu_exact, f[2]), exact_exact = max_rel(gpu_exact, cpu_exact, f[3]);
+  const int64_t flips = argmax_flips(gpu_q8, cpu_int8, V);
+  std::printf("[ q8 e2e ] k3-tiny Q4_K+Q5_0 (%lld Q4_K matrices) decode 16: GPU q8 vs CPU avx2int8 rel %.2e (%lld "
+              "flips), vs CPU exact %.2e; GPU exact vs CPU avx2int8 %.2e, vs CPU exact %.2e\n",
+              static_cast<long long>(q4k), q8_int8, static_cast<long long>(flips), q8_exact, exact_int8, exact_exact);
+  EXPECT_TRUE(f[0] && f[1] && f[2] && f[3]);
+  EXPECT_LT(q8_int8, 1e-3);
+  EXPECT_LE(flips, 1);
+  EXPECT_LT(q8_int8, q8_exact) << "the q8 GPU is no closer to the CPU's int8 tier than to its exact tier";
+  EXPECT_LT(exact_exact, exact_int8) << "the exact GPU is no closer to the exact CPU (did the tiers differ?)";
 }
 
 }  // namespace

@@ -15,8 +15,10 @@
 // warp each; MXFP4 rows a quad of lanes (so that a warp's rows share their activation loads, below).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
@@ -31,12 +33,30 @@ constexpr int kWarps = 8;          // warps per block, both kernels
 constexpr int kDownRows = 4;       // output rows per block of the down kernel
 constexpr int kMaxPairK = 32;      // K bound (MoeWorkspace checks K <= 32)
 
+// Where the bf16 gate/up kernel stores h[i] when the down kernel reads it permuted (I % 256 == 0; lane_dots2_bf16's
+// kPermX): within each 256-value chunk, value 8l + r (r < 4) at 4l + r, value 8l + 4 + r at 128 + 4l + r.
+__device__ __forceinline__ int h_perm(int i) { return (i & ~255) | ((i & 4) << 5) | (((i >> 3) & 31) << 2) | (i & 3); }
+
+// K3_MOE_HPERM=0 keeps h in column order (the A/B arm of call s48-1); force_moe_h_perm_for_testing overrides.
+std::atomic<int> g_h_perm_forced{-1};
+bool h_perm_enabled() {
+  static const bool env_on = [] {
+    const char* v = std::getenv("K3_MOE_HPERM");
+    return !(v && v[0] == '0');
+  }();
+  const int f = g_h_perm_forced.load(std::memory_order_relaxed);
+  return f < 0 ? env_on : f == 1;
+}
+
 // A lane's shares of two bf16 rows' dots (`cols` columns, lane l takes columns 8l, 8l + 256, ...: 16 bytes a step)
 // with their activations xa and xb (the same pointer for gate / up). Each batch of kB steps issues all of its loads,
 // weights and activations, before the first multiply (bf16_dot.cuh: call s42-1 found one to two loads in flight);
 // addresses are clamped into the row so that the loads are unconditional. Each row's fmaf chain runs in column
 // order, the bits of the one-row loop this replaced. A row with valid false is not multiplied (its acc stays).
-template <int kB>
+// kPermX: the activations are stored in h_perm's order (cols % 256 == 0), so that a lane's 8 values are two float4
+// that the warp reads as two contiguous 512-byte runs (in column order a lane's two float4 sit 32 bytes apart and
+// each load instruction touches twice the sectors it uses: 40% of the down kernel's sectors, ncu s47-3).
+template <int kB, bool kPermX = false>
 __device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra, const float* __restrict__ xa, bool va,
                                                 const uint16_t* __restrict__ rb, const float* __restrict__ xb, bool vb,
                                                 int cols, int lane, float& acc_a, float& acc_b) {
@@ -54,11 +74,14 @@ __device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra,
 #pragma unroll
     for (int j = 0; j < kB; ++j) {
       const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
-      a0[j] = ld_acts16(xa + cc);
-      a1[j] = ld_acts16(xa + cc + 4);
+      // kPermX: chunk base + 256 j's values 8l..8l+3 stored at 4l, 8l+4..8l+7 at 128 + 4l (h_perm)
+      const int cb = base + 256 * j < cols ? base + 256 * j : cols - 256;
+      const int o0 = kPermX ? cb + 4 * lane : cc, o1 = kPermX ? cb + 128 + 4 * lane : cc + 4;
+      a0[j] = ld_acts16(xa + o0);
+      a1[j] = ld_acts16(xa + o1);
       if (!same_x) {
-        b0[j] = ld_acts16(xb + cc);
-        b1[j] = ld_acts16(xb + cc + 4);
+        b0[j] = ld_acts16(xb + o0);
+        b1[j] = ld_acts16(xb + o1);
       }
     }
 #pragma unroll
@@ -92,7 +115,8 @@ __device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int row
 // are token (p - routed)'s shared expert. h [P (+ n)][I].
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
-                        GluAct act, float beta, float lbeta, float* __restrict__ h, SharedGluBf16 sh, int routed) {
+                        GluAct act, float beta, float lbeta, float* __restrict__ h, SharedGluBf16 sh, int routed,
+                        bool perm) {
   pdl::begin();
   const int lane = threadIdx.x & 31, p = blockIdx.y;
   const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
@@ -100,8 +124,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bool shared = p >= routed;
   const int e = shared ? 0 : topk_idx[p];
   float* hp = h + static_cast<int64_t>(p) * w.I;
+  const int hi = perm ? h_perm(i) : i;
   if (e < 0 || e >= w.E) {  // nothing routed here: the down kernel skips the pair, h stays defined anyway
-    if (lane == 0) hp[i] = 0.f;
+    if (lane == 0) hp[hi] = 0.f;
     return;
   }
   const float* xt = x + static_cast<int64_t>(shared ? p - routed : p / K) * w.X;
@@ -111,11 +136,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[2] = {0.f, 0.f};
   lane_dots2_bf16<5>(gate + row * w.X, xt, true, up + row * w.X, xt, true, w.X, lane, acc[0], acc[1]);
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-  if (lane == 0) hp[i] = moe_dev::glu(g, u, act, beta, lbeta);
+  if (lane == 0) hp[hi] = moe_dev::glu(g, u, act, beta, lbeta);
 }
 
 // grid (ceil(X / kDownRows), n): the block's warps take the (row, k) dots -- k = K the shared expert when sh.down is
-// set (its h rows after the routed pairs') -- then sum them; out [n][X] overwritten.
+// set (its h rows after the routed pairs') -- then sum them; out [n][X] overwritten. kPerm: h in h_perm's order.
+template <bool kPerm>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                      const float* __restrict__ topk_w, float* __restrict__ out, SharedGluBf16 sh, int routed) {
@@ -148,7 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         xs[j] = h + (valid[j] ? (static_cast<int64_t>(t) * K + k) * w.I : 0);
       }
     }
-    lane_dots2_bf16<4>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
+    lane_dots2_bf16<4, kPerm>(rows[0], xs[0], valid[0], rows[1], xs[1], valid[1], w.I, lane, acc[0], acc[1]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int item = item0 + j * kWarps;
@@ -256,15 +282,24 @@ cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const
                         cudaStream_t stream) {
   const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
   const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
-  (void)pdl::launch(gemv_gate_up_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h, sh, routed);
+  const bool perm = w.I % 256 == 0 && h_perm_enabled();
+  (void)pdl::launch(gemv_gate_up_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h, sh, routed,
+                    perm);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
-  (void)pdl::launch(gemv_down_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
+  if (perm)
+    (void)pdl::launch(gemv_down_kernel<true>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
+  else
+    (void)pdl::launch(gemv_down_kernel<false>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
   return cudaGetLastError();
 }
 
 }  // namespace
+
+void force_moe_h_perm_for_testing(std::optional<bool> on) {
+  g_h_perm_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
+}
 
 bool moe_gemv_enabled() { return moe_gemv_mode() != 0; }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "k3/backend/cuda/moe_kernels.h"
 
@@ -30,6 +31,10 @@ struct SharedGluBf16 {
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
                                     float* h, float* out, cudaStream_t stream);
+// The bf16 path stores h permuted within 256-value chunks where I % 256 == 0 so that the down kernel's activation
+// loads are contiguous (moe_gemv.cu h_perm; the same bits). K3_MOE_HPERM=0 keeps column order; tests force either
+// form (nullopt: back to the environment's).
+void force_moe_h_perm_for_testing(std::optional<bool> on);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
 bool moe_gemv_enabled();
 // K3_MOE_GEMV: 0 off, 1 (default) bf16 experts only, 2 MXFP4 experts too (measurement).

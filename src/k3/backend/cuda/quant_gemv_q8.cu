@@ -31,6 +31,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "k3/backend/cuda/pdl.cuh"
 #include "k3/backend/cuda/quant_kernels.h"
@@ -110,6 +111,9 @@ template <bool kFive>
 struct BlockK45 {
   static constexpr int kBytes = kFive ? 176 : 144;
   static constexpr bool kMin = true;
+  // Held to 64 registers with the early loads (69 / 74 without the bound): 4 blocks an SM, so that 4096 rows (512
+  // blocks) stay one wave on 132 SMs -- at 3 they took 1.3 waves, 5.15 -> 5.49 us in call s48-1's chain.
+  static constexpr int kEarlyMinBlocks = 4;
   struct Raw {
     uint4 h;
     uint32_t qs[4];
@@ -156,6 +160,7 @@ struct BlockK45 {
 struct BlockQ6K {
   static constexpr int kBytes = 210;
   static constexpr bool kMin = false;
+  static constexpr int kEarlyMinBlocks = 0;  // 78 registers either way (64 would spill)
   struct Raw {
     uint32_t ql[4];  // ql bytes 64h + 4L.. and 64h + 32 + 4L.., h = 0, 1
     uint32_t qh[2];  // qh bytes 32h + 4L..
@@ -198,8 +203,23 @@ struct BlockQ6K {
   }
 };
 
+// A row's quants and headers for blocks b0 + 4 r + g (r < kRounds) of lane group g; past the row: the last block,
+// read and unused.
 template <class B>
-__global__ void __launch_bounds__(kWarps * 32)
+__device__ __forceinline__ void load_round_set(typename B::Raw (&raw)[kRounds], const uint8_t* __restrict__ wr, int b0,
+                                               int nb, int g, int L) {
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int b = b0 + 4 * r + g;
+    raw[r] = B::load(wr + static_cast<int64_t>(b < nb ? b : nb - 1) * B::kBytes, L);
+  }
+}
+
+// kEarly: the row's first kRounds x 4 blocks are loaded into registers before the wait for x and before the block
+// quantises x, so that the weights' DRAM trip overlaps the previous kernel's tail and x's quantisation (the weights
+// do not depend on the previous kernel). Without it they are loaded after the quantisation's barrier.
+template <class B, bool kEarly>
+__global__ void __launch_bounds__(kWarps * 32, kEarly ? B::kEarlyMinBlocks : 0)
     quant_gemv_q8_kernel(const __grid_constant__ Q8Group grp, int64_t cols, const float* __restrict__ x) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int nb = static_cast<int>(cols / kQK);
@@ -212,19 +232,21 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int row = (static_cast<int>(blockIdx.x) - static_cast<int>(grp.first_block[m])) * kWarps + warp;
   const bool in_range = row < grp.rows[m];
   const uint8_t* __restrict__ wr = grp.W[m] + static_cast<int64_t>(in_range ? row : 0) * nb * B::kBytes;
-  if (in_range) pdl::prefetch_l2(wr, static_cast<int64_t>(nb) * B::kBytes, lane, 32);  // weights only (pdl.cuh)
+  typename B::Raw raw[kRounds];
+  if (kEarly) {
+    load_round_set<B>(raw, wr, 0, nb, g, L);  // an out-of-range warp reads row 0's blocks, unused
+    if (in_range && nb > 4 * kRounds)         // the rest of the row (pdl.cuh)
+      pdl::prefetch_l2(wr + 4 * kRounds * B::kBytes, static_cast<int64_t>(nb - 4 * kRounds) * B::kBytes, lane, 32);
+  } else if (in_range) {
+    pdl::prefetch_l2(wr, static_cast<int64_t>(nb) * B::kBytes, lane, 32);  // weights only (pdl.cuh)
+  }
   pdl::begin();
   for (int k = warp; k < nb; k += kWarps) quantise_block(x, k, lane, sq, ssum, sd);
   __syncthreads();
   if (!in_range) return;  // the whole warp (after the block's barrier)
   float acc = 0.f;        // AVX lane L's accumulator (the same in the 4 lane groups)
   for (int b0 = 0; b0 < nb; b0 += 4 * kRounds) {  // warp-uniform
-    typename B::Raw raw[kRounds];
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      const int b = b0 + 4 * r + g;
-      raw[r] = B::load(wr + static_cast<int64_t>(b < nb ? b : nb - 1) * B::kBytes, L);  // past the row: read, unused
-    }
+    if (!kEarly || b0 > 0) load_round_set<B>(raw, wr, b0, nb, g, L);
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
       const int base = b0 + 4 * r;
@@ -249,6 +271,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   const float u = t + __shfl_down_sync(0xffffffffu, t, 2);      // lanes 0, 1: t_L + t_{L+2}
   const float v = u + __shfl_down_sync(0xffffffffu, u, 1);      // lane 0: u_0 + u_1
   if (lane == 0) grp.y[m][row] = v;
+}
+
+template <bool kEarly>
+cudaError_t launch_format(WeightFormat f, unsigned grid, size_t smem, cudaStream_t s, const Q8Group& g, int64_t cols,
+                          const float* x) {
+  if (f == WeightFormat::Q4_K)
+    return pdl::launch(quant_gemv_q8_kernel<BlockK45<false>, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
+  if (f == WeightFormat::Q5_K)
+    return pdl::launch(quant_gemv_q8_kernel<BlockK45<true>, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
+  return pdl::launch(quant_gemv_q8_kernel<BlockQ6K, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
+}
+
+// K3_Q8_EARLY=0: the weights loaded after x's quantisation (session 47's form; the A/B arm of call s48-1).
+bool q8_early_loads() {
+  static const bool on = [] {
+    const char* v = std::getenv("K3_Q8_EARLY");
+    return !(v && v[0] == '0');
+  }();
+  return on;
 }
 
 }  // namespace
@@ -279,9 +320,8 @@ cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int cou
   if (blocks == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(cols / kQK) * kQ8Bytes;
   const unsigned grid = static_cast<unsigned>(blocks);
-  if (f == WeightFormat::Q4_K) return pdl::launch(quant_gemv_q8_kernel<BlockK45<false>>, grid, kWarps * 32, smem, s, g, cols, x);
-  if (f == WeightFormat::Q5_K) return pdl::launch(quant_gemv_q8_kernel<BlockK45<true>>, grid, kWarps * 32, smem, s, g, cols, x);
-  return pdl::launch(quant_gemv_q8_kernel<BlockQ6K>, grid, kWarps * 32, smem, s, g, cols, x);
+  if (q8_early_loads()) return launch_format<true>(f, grid, smem, s, g, cols, x);
+  return launch_format<false>(f, grid, smem, s, g, cols, x);
 }
 
 }  // namespace k3::cuda
