@@ -773,16 +773,30 @@ TEST(CudaMoe, SharedExpertFusedIntoGemvPath) {
   EXPECT_FALSE(k3::cuda::moe_shared_fusable(mx.bank, mx.sh.I, mx.sh.X, mx.sh.X, mx.sh.I, 1, ws));
 }
 
-// The bf16 GEMV path's h stored permuted (moe_gemv.cu h_perm: the down kernel's activation loads contiguous) gives
-// the column-order form's bits: the same values meet the same weights in the same order. I = 1024 (Kimi-Linear),
-// 768 and 1280 (the last batch of 4 chunks partly past the row: the clamped addresses), with and without the fused
-// shared expert (its h rows permuted too), n = 1, 2, 4.
-TEST(CudaMoe, GemvHPermGivesColumnOrdersBits) {
+// The bf16 GEMV path's forms give the same bits: h stored permuted (moe_gemv.cu h_perm: the down kernel's activation
+// loads contiguous) or in column order, and the down kernel as (row, k) items or as a warp per 4 rows of one pair's
+// expert with a separate combine: the same values meet the same weights in the same order, the same rank-order
+// combine. I = 1024 (Kimi-Linear), 768 and 1280 (the last batch of chunks partly past the row: the clamped addresses), 200 (not whole 256-chunks: column
+// order only); with and without the fused shared expert (its h rows permuted too), n = 1, 2, 4. (bf16 X is a multiple
+// of 8, so a 4-row warp never passes X.)
+TEST(CudaMoe, GemvDownFormsGiveTheSameBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using k3::cuda::MoeDownForm;
   struct Reset {
-    ~Reset() { k3::cuda::force_moe_h_perm_for_testing(std::nullopt); }
+    ~Reset() {
+      k3::cuda::force_moe_h_perm_for_testing(std::nullopt);
+      k3::cuda::force_moe_down_form_for_testing(std::nullopt);
+    }
   } reset;
-  const Shape shapes[] = {kKimiLinear, {32, 4, 256, 768, false, "bf-768"}, {24, 3, 160, 1280, false, "bf-1280"}};
+  const Shape shapes[] = {kKimiLinear, {32, 4, 256, 768, false, "bf-768"}, {24, 3, 160, 1280, false, "bf-1280"},
+                          {64, 8, 512, 200, false, "bf-200"}};
+  struct Form {
+    MoeDownForm down;
+    bool perm;
+    const char* name;
+  };
+  const Form forms[] = {{MoeDownForm::Items, true, "items+perm"}, {MoeDownForm::Pairs, true, "pairs+perm"},
+                        {MoeDownForm::Pairs, false, "pairs"}};
   for (const Shape& s : shapes) {
     Moe& m = cached_moe(s);
     Rng rng(77 + s.I);
@@ -796,7 +810,9 @@ TEST(CudaMoe, GemvHPermGivesColumnOrdersBits) {
     for (const int n : {1, 2, 4}) {
       ExpertCall call(m, n, 800 + n);
       for (const bool shared : {false, true}) {
-        auto run = [&](bool perm) {
+        if (shared && !k3::cuda::moe_shared_fusable(m.bank, s.I, s.X, s.X, s.I, n, ws)) continue;
+        auto run = [&](MoeDownForm down, bool perm) {
+          k3::cuda::force_moe_down_form_for_testing(down);
           k3::cuda::force_moe_h_perm_for_testing(perm);
           const size_t count = static_cast<size_t>(n) * s.X;
           ck(cudaMemset(call.dout.p, 0xff, count * 4), "poison out");
@@ -815,20 +831,20 @@ TEST(CudaMoe, GemvHPermGivesColumnOrdersBits) {
           ck(cudaMemcpy(out.data(), call.dout.p, count * 4, cudaMemcpyDeviceToHost), "out");
           return out;
         };
-        if (shared && !k3::cuda::moe_shared_fusable(m.bank, s.I, s.X, s.X, s.I, n, ws)) continue;
-        const std::vector<float> ref = run(false), got = run(true);
+        const std::vector<float> ref = run(MoeDownForm::Items, false);
         const size_t nans = std::count_if(ref.begin(), ref.end(), [](float v) { return std::isnan(v); });
-        size_t diff = 0;
         double maxabs = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          diff += std::memcmp(&got[i], &ref[i], 4) != 0;
-          maxabs = std::max(maxabs, std::fabs(static_cast<double>(ref[i])));
-        }
-        EXPECT_EQ(nans, 0u) << s.name << " n=" << n;
+        for (float v : ref) maxabs = std::max(maxabs, std::fabs(static_cast<double>(v)));
+        EXPECT_EQ(nans, 0u) << s.name << " n=" << n;  // NaN == NaN bitwise would hide a missed write
         EXPECT_GT(maxabs, 1e-6) << s.name << ": outputs must not be zeros";
-        EXPECT_EQ(diff, 0u) << s.name << " n=" << n << (shared ? " +shared" : "") << ": floats differ";
-        std::printf("[ moe ] h perm %-12s n=%d %-7s: %zu of %zu floats differ\n", s.name, n, shared ? "+shared" : "",
-                    diff, got.size());
+        for (const Form& f : forms) {
+          const std::vector<float> got = run(f.down, f.perm);
+          size_t diff = 0;
+          for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &ref[i], 4) != 0;
+          EXPECT_EQ(diff, 0u) << s.name << " n=" << n << (shared ? " +shared " : " ") << f.name << ": floats differ";
+          std::printf("[ moe ] down %-10s vs items: %-9s n=%d %-7s %zu of %zu floats differ\n", f.name, s.name, n,
+                      shared ? "+shared" : "", diff, got.size());
+        }
       }
     }
   }

@@ -1,4 +1,4 @@
-// The MoE experts as two GEMV kernels, for decode batches of a few (token, expert) pairs (MoePath::Gemv).
+// The MoE experts as GEMV kernels, for decode batches of a few (token, expert) pairs (MoePath::Gemv).
 //
 // Why: at batch 1 the tile paths spend ~4 launches per layer (plan, gate/up tiles, down tiles, combine) and
 // reach ~2 TB/s on the experts' bytes (ncu, docs/perf/cuda.md "Session 13"): the tiles sort pairs by
@@ -7,9 +7,11 @@
 // (linear.cu), no sorting and no K-split partials:
 //   1. gate/up: one warp per (pair, row i): the gate and up rows' dots with the pair's token, the GLU in the
 //      warp, h[p][i] written (p = t * K + k, the pair's own index);
-//   2. down + combine: a block per (token, 4 output rows); its warps take the (row, k) dots, the block sums
-//      them in rank order k = 0..K-1 (out = sum_k w_k * d_k, fmaf from 0, the combine of moe_decode.cu), so
-//      the result does not depend on the schedule. An invalid expert id (outside [0, E)) adds nothing.
+//   2. down + combine: the rows' dots of each pair, summed per token in rank order k = 0..K-1 (out = sum_k w_k *
+//      d_k, fmaf from 0, the combine of moe_decode.cu), so that the result does not depend on the schedule. bf16:
+//      a warp per 4 rows of one pair (blocks pair-major) then a combine launch (the pairs form, by default), or a
+//      block per (token, 4 output rows) whose warps take the (row, k) dots and sum them (the items form). An
+//      invalid expert id (outside [0, E)) adds nothing.
 // fp32 activations and accumulation; bf16 weights widened exactly, MXFP4 decoded exactly (E2M1 x 2^-14 in
 // fp16, the group's dot scaled once by 2^(s-127) x 2^14). The CPU reference: cpu moe_layer. bf16 rows take a
 // warp each; MXFP4 rows a quad of lanes (so that a warp's rows share their activation loads, below).
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "k3/backend/cuda/bf16_dot.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
@@ -46,6 +49,19 @@ bool h_perm_enabled() {
   }();
   const int f = g_h_perm_forced.load(std::memory_order_relaxed);
   return f < 0 ? env_on : f == 1;
+}
+
+// The bf16 down kernel's form (MoeDownForm): K3_MOE_DOWN=items, else pairs; force_moe_down_form_for_testing
+// overrides.
+std::atomic<int> g_down_forced{-1};
+MoeDownForm down_form() {
+  static const MoeDownForm env_form = [] {
+    const char* v = std::getenv("K3_MOE_DOWN");
+    const std::string s = v ? v : "";
+    return s == "items" ? MoeDownForm::Items : MoeDownForm::Pairs;
+  }();
+  const int f = g_down_forced.load(std::memory_order_relaxed);
+  return f < 0 ? env_form : static_cast<MoeDownForm>(f);
 }
 
 // A lane's shares of two bf16 rows' dots (`cols` columns, lane l takes columns 8l, 8l + 256, ...: 16 bytes a step)
@@ -186,6 +202,92 @@ __global__ void __launch_bounds__(kWarps * 32)
   combine_rows(w, K, kDownRows, s_d, s_e, topk_w, t, r0, out, has_shared);
 }
 
+// A lane's shares of kR bf16 rows' dots with ONE activation row x (lane_dots2_bf16's columns, batches, clamping and
+// kPermX): each batch issues the kR rows' weights, then x, before the first multiply; each row's fmaf chain in column
+// order -- the bits lane_dots2_bf16 gives that row.
+template <int kR, int kB, bool kPermX>
+__device__ __forceinline__ void lane_dots_rows_bf16(const uint16_t* const (&rows)[kR], const float* __restrict__ x,
+                                                    int cols, int lane, float (&acc)[kR]) {
+  for (int base = 0; base < cols; base += 256 * kB) {  // warp-uniform batches
+    const int c0 = base + lane * 8;
+    uint4 wv[kR][kB];
+    float4 a0[kB], a1[kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+#pragma unroll
+      for (int i = 0; i < kR; ++i) wv[i][j] = ld_weights16(rows[i] + cc);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int c = c0 + 256 * j, cc = c < cols ? c : cols - 8;
+      const int cb = base + 256 * j < cols ? base + 256 * j : cols - 256;
+      a0[j] = ld_acts16(x + (kPermX ? cb + 4 * lane : cc));
+      a1[j] = ld_acts16(x + (kPermX ? cb + 128 + 4 * lane : cc + 4));
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      if (c0 + 256 * j >= cols) continue;
+#pragma unroll
+      for (int i = 0; i < kR; ++i) acc[i] = fma8_bf16(wv[i][j], a0[j], a1[j], acc[i]);
+    }
+  }
+}
+
+// The down kernel's pairs form (the default; MoeDownForm): grid (ceil(X / (kWarps kR)), pairs), block (bx, p) takes
+// kR rows a warp of pair p's expert (the shared expert for p >= routed) against h row p and writes the dots to d
+// [pairs][X]; down_combine_kernel sums them. Consecutive blocks read consecutive rows of ONE expert, the gate/up
+// kernel's order. Why: the items form (every block reading 4 rows of each of the K + 1 experts) streamed at 48-50% of
+// DRAM whatever its shape -- 2 rows a warp in 3 dependent rounds (s45-1), a stream of items with h in shared memory
+// (s47-2, 50-52%), a warp per k over 4 rows (s48-2, 54%) -- while the pair-major gate/up kernel reaches 75%. This form:
+// 20.6 us at 64.5% against the items form's 26.6-27.1 at 49-50% (ncu, batch 1, Kimi-Linear), plus the combine
+// launch; end to end +3% at batch 1 (call s48-3). Same dots and warp sums as the items form, the combine is
+// combine_rows' steps: the same bits (CudaMoe.GemvDownFormsGiveTheSameBits).
+template <int kR, int kB, bool kPerm>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_down_pairs_kernel(const ExpertBank w, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
+                           float* __restrict__ d, SharedGluBf16 sh, int routed) {
+  pdl::begin();
+  const int lane = threadIdx.x & 31, p = blockIdx.y;
+  const int r0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kR;
+  if (r0 >= w.X) return;
+  const bool shared = p >= routed;
+  const int e = shared ? 0 : topk_idx[p];
+  if (e < 0 || e >= w.E) return;  // the combine skips the pair
+  const uint16_t* base = shared ? sh.down : static_cast<const uint16_t*>(w.down) + static_cast<int64_t>(e) * w.X * w.I;
+  const uint16_t* rows[kR];
+  float acc[kR];
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    rows[i] = base + static_cast<int64_t>(r0 + i < w.X ? r0 + i : w.X - 1) * w.I;  // past X: read, unused
+    acc[i] = 0.f;
+  }
+  lane_dots_rows_bf16<kR, kB, kPerm>(rows, h + static_cast<int64_t>(p) * w.I, w.I, lane, acc);
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0 && r0 + i < w.X) d[static_cast<int64_t>(p) * w.X + r0 + i] = v;
+  }
+}
+
+// grid (ceil(X / 256), n): out[t][r] = sum over k in rank order of w_k d[tK + k][r] (fmaf from 0, invalid ids skipped),
+// + d[routed + t][r] with the shared expert: combine_rows' steps.
+__global__ void __launch_bounds__(256)
+    down_combine_kernel(const ExpertBank w, int K, const float* __restrict__ d, const int32_t* __restrict__ topk_idx,
+                        const float* __restrict__ topk_w, float* __restrict__ out, bool shared, int routed) {
+  pdl::begin();
+  const int t = blockIdx.y, r = blockIdx.x * 256 + threadIdx.x;
+  if (r >= w.X) return;
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const int e = topk_idx[static_cast<int64_t>(t) * K + k];
+    if (e < 0 || e >= w.E) continue;
+    acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], d[(static_cast<int64_t>(t) * K + k) * w.X + r], acc);
+  }
+  if (shared) acc += d[(static_cast<int64_t>(routed) + t) * w.X + r];
+  out[static_cast<int64_t>(t) * w.X + r] = acc;
+}
+
 // MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
 // weights) and the 32 activations of that group; the warp's 8 rows read the SAME 4 activation chunks per step
 // (one L1 broadcast each), so activations cost 512 bytes of L1 per 512 bytes of weights. (A warp per row read
@@ -278,7 +380,7 @@ cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const i
 }
 
 cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
-                        GluAct act, float beta, float lbeta, float* h, float* out, const SharedGluBf16& sh,
+                        GluAct act, float beta, float lbeta, float* h, float* d, float* out, const SharedGluBf16& sh,
                         cudaStream_t stream) {
   const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
   const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
@@ -287,15 +389,31 @@ cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const
                     perm);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
-  if (perm)
-    (void)pdl::launch(gemv_down_kernel<true>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
-  else
-    (void)pdl::launch(gemv_down_kernel<false>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
+  const MoeDownForm form = down_form();
+  if (form == MoeDownForm::Items) {
+    const dim3 g2(static_cast<unsigned>((w.X + kDownRows - 1) / kDownRows), static_cast<unsigned>(n));
+    if (perm)
+      (void)pdl::launch(gemv_down_kernel<true>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
+    else
+      (void)pdl::launch(gemv_down_kernel<false>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out, sh, routed);
+    return cudaGetLastError();
+  }
+  constexpr int kR = 4, rows_per_block = kWarps * kR;  // the pairs form: 4 rows a warp, 4 chunks a batch
+  const dim3 g2(static_cast<unsigned>((w.X + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(pairs));
+  const auto kernel = perm ? gemv_down_pairs_kernel<kR, 4, true> : gemv_down_pairs_kernel<kR, 4, false>;
+  (void)pdl::launch(kernel, g2, kWarps * 32, 0, stream, w, h, topk_idx, d, sh, routed);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 g3(static_cast<unsigned>((w.X + 255) / 256), static_cast<unsigned>(n));
+  (void)pdl::launch(down_combine_kernel, g3, 256, 0, stream, w, K, d, topk_idx, topk_w, out, sh.down != nullptr, routed);
   return cudaGetLastError();
 }
 
 }  // namespace
+
+void force_moe_down_form_for_testing(std::optional<MoeDownForm> form) {
+  g_down_forced.store(form ? static_cast<int>(*form) : -1, std::memory_order_relaxed);
+}
 
 void force_moe_h_perm_for_testing(std::optional<bool> on) {
   g_h_perm_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
@@ -312,19 +430,19 @@ int moe_gemv_mode() {
 }
 
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
-                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* out,
+                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d, float* out,
                              cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0) return cudaErrorInvalidValue;
   return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, stream)
-            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, SharedGluBf16{}, stream);
+            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, SharedGluBf16{}, stream);
 }
 
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
-                                    float* h, float* out, cudaStream_t stream) {
+                                    float* h, float* d, float* out, cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0 || !sh.gate || !sh.up || !sh.down || w.format != WeightFormat::BF16)
     return cudaErrorInvalidValue;
-  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, sh, stream);
+  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, sh, stream);
 }
 
 }  // namespace k3::cuda

@@ -718,7 +718,7 @@ cudaError_t moe_experts_with_shared(const ExpertBank& w, const void* shared_gate
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   const SharedGluBf16 sh{static_cast<const uint16_t*>(shared_gate), static_cast<const uint16_t*>(shared_up),
                          static_cast<const uint16_t*>(shared_down)};
-  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out,
+  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_, out,
                                  stream);
 }
 
@@ -782,7 +782,8 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   const int P = n * K;
   MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
-    return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
+    return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_, out,
+                            stream);
   // The session-8 bf16 rule assumes the skinny kernels; shapes they do not take (I or X not a multiple of
   // 32) keep the session-4 rule: SIMT up to 2 pairs per expert.
   if (path == MoePath::Auto && chosen == MoePath::TcDecode && !mx && !moe_skinny_supported(w, 8) &&
