@@ -850,6 +850,38 @@ TEST(CudaMoe, GemvDownFormsGiveTheSameBits) {
   }
 }
 
+// The MXFP4 GEMV path's down kernel as (8 rows, every k) blocks or pair-major quads with a combine launch
+// (moe_gemv.cu gemv_down_mx_pairs_kernel): the same bits. k3-tiny's and K3's shapes (I = 96: a quad lane's last batch
+// partly past the row), n = 1, 2, 3.
+TEST(CudaMoe, GemvMxDownFormsGiveTheSameBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using k3::cuda::MoeDownForm;
+  struct Reset {
+    ~Reset() { k3::cuda::force_moe_down_form_for_testing(std::nullopt); }
+  } reset;
+  for (const Shape& s : {tiny_shapes()[4], tiny_shapes()[5], kK3Qat}) {
+    Moe& m = cached_moe(s);
+    for (const int n : {1, 2, 3}) {
+      ExpertCall call(m, n, 900 + n);
+      k3::cuda::force_moe_down_form_for_testing(MoeDownForm::Items);
+      const std::vector<float> ref = call.run(MoePrecision::Bf16x2, MoePath::Gemv);
+      k3::cuda::force_moe_down_form_for_testing(MoeDownForm::Pairs);
+      const std::vector<float> got = call.run(MoePrecision::Bf16x2, MoePath::Gemv);
+      const size_t nans = std::count_if(ref.begin(), ref.end(), [](float v) { return std::isnan(v); });
+      double maxabs = 0;
+      size_t diff = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        maxabs = std::max(maxabs, std::fabs(static_cast<double>(ref[i])));
+        diff += std::memcmp(&got[i], &ref[i], 4) != 0;
+      }
+      EXPECT_EQ(nans, 0u) << s.name << " n=" << n;
+      EXPECT_GT(maxabs, 1e-6) << s.name << ": outputs must not be zeros";
+      EXPECT_EQ(diff, 0u) << s.name << " n=" << n << ": floats differ";
+      std::printf("[ moe ] mx down pairs vs items: %-10s n=%d %zu of %zu floats differ\n", s.name, n, diff, got.size());
+    }
+  }
+}
+
 TEST(CudaMoe, EdgeCases) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   Moe& m = cached_moe(tiny_shapes()[1]);

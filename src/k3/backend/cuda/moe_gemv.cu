@@ -307,15 +307,48 @@ __device__ __forceinline__ float mx_group_dot(uint4 v, const float* __restrict__
   return s;
 }
 
-// The 4-lane dot of one MXFP4 row (lane q of the row's quad takes groups q, q + 4, ...), summed over the quad.
+// The 4-lane dots of kR MXFP4 rows against one x (lane q of a row's quad takes groups q, q + 4, ...), each summed
+// over the quad. Each batch of kB groups issues all the rows' weight and scale loads before the first multiply (the
+// loop this replaced, `#pragma unroll 2`, had ~2 groups a lane in flight: 14% of DRAM at batch 1, ncu s48-5); the
+// groups of a row still go into its fmaf chain in order q, q + 4, ...: the same bits.
+template <int kR, int kB>
+__device__ __forceinline__ void quad_dots_mx(const uint8_t* const (&wr)[kR], const uint8_t* const (&sr)[kR], int groups,
+                                             const float* __restrict__ x, int q, float (&acc)[kR]) {
+  for (int g0 = q; g0 < groups; g0 += 4 * kB) {  // the quad's lanes may differ by one batch at the end: no shuffles here
+    uint4 wv[kR][kB];
+    uint32_t sc[kR][kB];
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int g = g0 + 4 * j < groups ? g0 + 4 * j : q;  // past the row: group q again, read and unused
+#pragma unroll
+      for (int i = 0; i < kR; ++i) {
+        wv[i][j] = __ldg(reinterpret_cast<const uint4*>(wr[i]) + g);
+        sc[i][j] = sr[i][g];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int g = g0 + 4 * j;
+      if (g >= groups) break;
+#pragma unroll
+      for (int i = 0; i < kR; ++i) acc[i] = fmaf(mx_group_dot(wv[i][j], x + g * 32), e8m0_scale_x2p14(sc[i][j]), acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kR; ++i) {
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 1);
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2);
+  }
+}
+
+// The 4-lane dot of one MXFP4 row, summed over the quad.
 __device__ __forceinline__ float quad_dot_mx(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ sr, int groups,
                                              const float* __restrict__ x, int q) {
-  float acc = 0.f;
-#pragma unroll 2
-  for (int g = q; g < groups; g += 4)
-    acc = fmaf(mx_group_dot(__ldg(reinterpret_cast<const uint4*>(wr) + g), x + g * 32), e8m0_scale_x2p14(sr[g]), acc);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-  return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+  const uint8_t* const w1[1] = {wr};
+  const uint8_t* const s1[1] = {sr};
+  float acc[1] = {0.f};
+  quad_dots_mx<1, 6>(w1, s1, groups, x, q, acc);
+  return acc[0];
 }
 
 // grid (ceil(I / (8 kWarps)), P): lane quad -> row i of pair blockIdx.y.
@@ -336,11 +369,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = static_cast<int64_t>(e) * w.I + (row_ok ? i : w.I - 1);
   const int groups = w.X / 32;
   const float* xt = x + static_cast<int64_t>(p / K) * w.X;
-  const float g = quad_dot_mx(static_cast<const uint8_t*>(w.gate) + row * (w.X / 2), w.gate_scales + row * groups,
-                              groups, xt, q);
-  const float u = quad_dot_mx(static_cast<const uint8_t*>(w.up) + row * (w.X / 2), w.up_scales + row * groups, groups,
-                              xt, q);
-  if (q == 0 && row_ok) hp[i] = moe_dev::glu(g, u, act, beta, lbeta);
+  const uint8_t* const rows[2] = {static_cast<const uint8_t*>(w.gate) + row * (w.X / 2),
+                                  static_cast<const uint8_t*>(w.up) + row * (w.X / 2)};
+  const uint8_t* const scales[2] = {w.gate_scales + row * groups, w.up_scales + row * groups};
+  float gu[2] = {0.f, 0.f};  // gate and up, their loads in flight together
+  quad_dots_mx<2, 4>(rows, scales, groups, xt, q, gu);
+  if (q == 0 && row_ok) hp[i] = moe_dev::glu(gu[0], gu[1], act, beta, lbeta);
 }
 
 // grid (ceil(X / 8), n): warp k' takes k = k', k' + kWarps, ... for the block's 8 rows (quads), then the
@@ -368,14 +402,42 @@ __global__ void __launch_bounds__(kWarps * 32)
   combine_rows(w, K, 8, s_d, s_e, topk_w, t, r0, out);
 }
 
+// The MXFP4 down kernel's pairs form (as the bf16 one's): grid (ceil(X / (8 kWarps)), n K), a lane quad per row of
+// pair p's expert against h row p, the dots to d [n K][X] for down_combine_kernel. Same dots, same combine: the bits of
+// gemv_down_mx_kernel.
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_down_mx_pairs_kernel(const ExpertBank w, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
+                              float* __restrict__ d) {
+  pdl::begin();
+  const int lane = threadIdx.x & 31, q = lane & 3, p = blockIdx.y;
+  const int r0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8, r = r0 + (lane >> 2);
+  if (r0 >= w.X) return;  // whole warp past the rows
+  const int e = topk_idx[p];
+  if (e < 0 || e >= w.E) return;  // the combine skips the pair
+  const int groups = w.I / 32;
+  const int64_t row = static_cast<int64_t>(e) * w.X + (r < w.X ? r : w.X - 1);
+  const float v = quad_dot_mx(static_cast<const uint8_t*>(w.down) + row * (w.I / 2), w.down_scales + row * groups,
+                              groups, h + static_cast<int64_t>(p) * w.I, q);
+  if (q == 0 && r < w.X) d[static_cast<int64_t>(p) * w.X + r] = v;
+}
+
 cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
-                      GluAct act, float beta, float lbeta, float* h, float* out, cudaStream_t stream) {
+                      GluAct act, float beta, float lbeta, float* h, float* d, float* out, cudaStream_t stream) {
   const dim3 g1(static_cast<unsigned>((w.I + 8 * kWarps - 1) / (8 * kWarps)), static_cast<unsigned>(n * K));
   (void)pdl::launch(gemv_gate_up_mx_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const dim3 g2(static_cast<unsigned>((w.X + 7) / 8), static_cast<unsigned>(n));
-  (void)pdl::launch(gemv_down_mx_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out);
+  if (down_form() == MoeDownForm::Items) {
+    const dim3 g2(static_cast<unsigned>((w.X + 7) / 8), static_cast<unsigned>(n));
+    (void)pdl::launch(gemv_down_mx_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out);
+    return cudaGetLastError();
+  }
+  const dim3 g2(static_cast<unsigned>((w.X + 8 * kWarps - 1) / (8 * kWarps)), static_cast<unsigned>(n * K));
+  (void)pdl::launch(gemv_down_mx_pairs_kernel, g2, kWarps * 32, 0, stream, w, h, topk_idx, d);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const dim3 g3(static_cast<unsigned>((w.X + 255) / 256), static_cast<unsigned>(n));
+  (void)pdl::launch(down_combine_kernel, g3, 256, 0, stream, w, K, d, topk_idx, topk_w, out, false, n * K);
   return cudaGetLastError();
 }
 
@@ -433,7 +495,7 @@ cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const f
                              const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d, float* out,
                              cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0) return cudaErrorInvalidValue;
-  return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, out, stream)
+  return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, stream)
             : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, SharedGluBf16{}, stream);
 }
 

@@ -38,8 +38,8 @@ cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh
 void force_moe_h_perm_for_testing(std::optional<bool> on);
 // The bf16 down kernel's forms (moe_gemv.cu): Items, 4 rows a block as (row, k) items 2 a warp (session 41; 48-50% of
 // DRAM, ncu s48-2); Pairs, a warp per 4 rows of one pair's expert, blocks pair-major, then a combine launch (session 48;
-// 64%, ncu s48-3; the default). The same bits. K3_MOE_DOWN=items for the old form; tests force one (nullopt: back to
-// the environment's).
+// 64%, ncu s48-3; the default). The MXFP4 down kernel the same way (its quads). The same bits. K3_MOE_DOWN=items for
+// the old forms; tests force one (nullopt: back to the environment's).
 enum class MoeDownForm { Items, Pairs };
 void force_moe_down_form_for_testing(std::optional<MoeDownForm> form);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
