@@ -287,7 +287,8 @@ TEST(CudaQuantKernels, Q8GemvGivesTheCpuInt8TiersBits) {
   k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx2Int8);
   for (const WeightFormat f : {WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K})
     for (const int64_t cols : {256, 2304, 4096, 7168, 32768}) {
-      const int64_t rows = 37, off = f == WeightFormat::Q6_K ? 2 : 0;
+      // 2085 rows (>= 2048: Q4_K / Q5_K on 16-warp blocks, the last one partly past the rows) at two widths
+      const int64_t rows = cols == 2304 || cols == 4096 ? 2085 : 37, off = f == WeightFormat::Q6_K ? 2 : 0;
       const auto wb = k3quanttest::random_blocks(f, rows, cols, static_cast<uint32_t>(cols + 3), 4, 10);
       const k3::WeightMatrix Wh = k3quanttest::host_matrix(f, wb, rows, cols);
       std::mt19937 g(static_cast<uint32_t>(cols));

@@ -40,7 +40,7 @@
 namespace k3::cuda {
 namespace {
 
-constexpr int kWarps = 8, kQK = 256, kRounds = 4;
+constexpr int kQK = 256, kRounds = 4;
 // Shared memory per 256-value block of activations: q[256] int8 in a stride of kQStride bytes (the 4 lane groups of a
 // warp read 4 blocks' same offsets: 288 = 72 words puts them 8 banks apart), the 16 per-16 sums of q (int32, the CPU's
 // int16 sums), d.
@@ -218,8 +218,10 @@ __device__ __forceinline__ void load_round_set(typename B::Raw (&raw)[kRounds], 
 // kEarly: the row's first kRounds x 4 blocks are loaded into registers before the wait for x and before the block
 // quantises x, so that the weights' DRAM trip overlaps the previous kernel's tail and x's quantisation (the weights
 // do not depend on the previous kernel). Without it they are loaded after the quantisation's barrier.
-template <class B, bool kEarly>
-__global__ void __launch_bounds__(kWarps * 32, kEarly ? B::kEarlyMinBlocks : 0)
+// kW warps a block, a row a warp: 8, or 16 for Q4_K / Q5_K groups of >= 2048 rows (x quantised once for 16 rows;
+// call s48-7).
+template <class B, bool kEarly, int kW>
+__global__ void __launch_bounds__(kW * 32, kEarly ? B::kEarlyMinBlocks * 8 / kW : 0)
     quant_gemv_q8_kernel(const __grid_constant__ Q8Group grp, int64_t cols, const float* __restrict__ x) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int nb = static_cast<int>(cols / kQK);
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32, kEarly ? B::kEarlyMinBlocks : 0)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, L = lane & 7, g = lane >> 3;
   int m = 0;  // this block's matrix (block-uniform)
   while (m + 1 < grp.count && static_cast<int64_t>(blockIdx.x) >= grp.first_block[m + 1]) ++m;
-  const int row = (static_cast<int>(blockIdx.x) - static_cast<int>(grp.first_block[m])) * kWarps + warp;
+  const int row = (static_cast<int>(blockIdx.x) - static_cast<int>(grp.first_block[m])) * kW + warp;
   const bool in_range = row < grp.rows[m];
   const uint8_t* __restrict__ wr = grp.W[m] + static_cast<int64_t>(in_range ? row : 0) * nb * B::kBytes;
   typename B::Raw raw[kRounds];
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(kWarps * 32, kEarly ? B::kEarlyMinBlocks : 0)
     pdl::prefetch_l2(wr, static_cast<int64_t>(nb) * B::kBytes, lane, 32);  // weights only (pdl.cuh)
   }
   pdl::begin();
-  for (int k = warp; k < nb; k += kWarps) quantise_block(x, k, lane, sq, ssum, sd);
+  for (int k = warp; k < nb; k += kW) quantise_block(x, k, lane, sq, ssum, sd);
   __syncthreads();
   if (!in_range) return;  // the whole warp (after the block's barrier)
   float acc = 0.f;        // AVX lane L's accumulator (the same in the 4 lane groups)
@@ -273,14 +275,23 @@ __global__ void __launch_bounds__(kWarps * 32, kEarly ? B::kEarlyMinBlocks : 0)
   if (lane == 0) grp.y[m][row] = v;
 }
 
-template <bool kEarly>
+template <bool kEarly, int kW>
 cudaError_t launch_format(WeightFormat f, unsigned grid, size_t smem, cudaStream_t s, const Q8Group& g, int64_t cols,
                           const float* x) {
   if (f == WeightFormat::Q4_K)
-    return pdl::launch(quant_gemv_q8_kernel<BlockK45<false>, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
+    return pdl::launch(quant_gemv_q8_kernel<BlockK45<false>, kEarly, kW>, grid, kW * 32, smem, s, g, cols, x);
   if (f == WeightFormat::Q5_K)
-    return pdl::launch(quant_gemv_q8_kernel<BlockK45<true>, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
-  return pdl::launch(quant_gemv_q8_kernel<BlockQ6K, kEarly>, grid, kWarps * 32, smem, s, g, cols, x);
+    return pdl::launch(quant_gemv_q8_kernel<BlockK45<true>, kEarly, kW>, grid, kW * 32, smem, s, g, cols, x);
+  return pdl::launch(quant_gemv_q8_kernel<BlockQ6K, kEarly, kW>, grid, kW * 32, smem, s, g, cols, x);
+}
+
+// K3_Q8_WARPS=8: 8 warps a block at every size (the A/B arm of call s48-7).
+bool q8_wide_blocks() {
+  static const bool on = [] {
+    const char* v = std::getenv("K3_Q8_WARPS");
+    return !(v && v[0] == '8');
+  }();
+  return on;
 }
 
 // K3_Q8_EARLY=0: the weights loaded after x's quantisation (session 47's form; the A/B arm of call s48-1).
@@ -304,6 +315,11 @@ cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int cou
   const WeightFormat f = W[0]->format;
   const int64_t cols = W[0]->cols;
   if (!quant_gemv_q8_supported(f, cols) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return cudaErrorInvalidValue;
+  int64_t total_rows = 0;
+  for (int m = 0; m < count; ++m) total_rows += W[m]->rows > 0 ? W[m]->rows : 0;
+  // 16 warps a block where that still gives >= 128 blocks (one x quantisation per 16 rows); the early form of Q4_K /
+  // Q5_K only (Q6_K's 16-warp kernel takes 90 registers: one block an SM).
+  const int warps = q8_early_loads() && q8_wide_blocks() && f != WeightFormat::Q6_K && total_rows >= 2048 ? 16 : 8;
   Q8Group g{};
   int64_t blocks = 0;
   for (int m = 0; m < count; ++m) {
@@ -314,14 +330,14 @@ cudaError_t quant_gemv_q8(const WeightMatrix* const* W, float* const* y, int cou
     g.y[m] = y[m];
     g.rows[m] = W[m]->rows;
     g.first_block[m] = blocks;
-    blocks += (W[m]->rows + kWarps - 1) / kWarps;
+    blocks += (W[m]->rows + warps - 1) / warps;
   }
   g.count = count;
   if (blocks == 0) return cudaSuccess;
   const size_t smem = static_cast<size_t>(cols / kQK) * kQ8Bytes;
   const unsigned grid = static_cast<unsigned>(blocks);
-  if (q8_early_loads()) return launch_format<true>(f, grid, smem, s, g, cols, x);
-  return launch_format<false>(f, grid, smem, s, g, cols, x);
+  if (!q8_early_loads()) return launch_format<false, 8>(f, grid, smem, s, g, cols, x);
+  return warps == 16 ? launch_format<true, 16>(f, grid, smem, s, g, cols, x) : launch_format<true, 8>(f, grid, smem, s, g, cols, x);
 }
 
 }  // namespace k3::cuda
