@@ -1,5 +1,6 @@
 // KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
 #include "k3/backend/cpu/kda.h"
+#include "k3/backend/cpu/kda_token.h"
 #include "k3/backend/cpu/vec_math.h"
 
 #include "k3/core/error.h"
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -288,38 +290,34 @@ void finish_chunk(ChunkWs& ws, int t0, int L, int H, int h, int D, float* S, flo
 
 }  // namespace
 
-void kda_recurrent_head(int T, int H, int D, int h, const float* q, const float* k, const float* v, const float* g,
-                        const float* beta, float* S, float* out, float* scratch) {
+namespace {
+
+// One head's tokens: the decay exp(g) of each, then the kernel's step (kda_token.h; the same bits whichever runs) on
+// the state as stored. scratch: 3 D floats, + D * D for a bf16 state (the Reference kernel's fp32 copy).
+template <class St>
+void head_tokens(int T, int H, int D, int h, const float* q, const float* k, const float* v, const float* g,
+                 const float* beta, St* S, float* out, float* scratch) {
   float* u = scratch;
   float* dg = scratch + D;
   float* ones = scratch + 2 * D;
   std::fill_n(ones, D, 1.0f);
+  const KdaTokenKernel kernel = kda_token_kernel(D);
   for (int t = 0; t < T; ++t) {
     const std::size_t off = (static_cast<std::size_t>(t) * H + h) * D;
-    const float* qt = q + off;
-    const float* kt = k + off;
-    const float* vt = v + off;
-    const float* gt = g + off;
+    mul_exp_diff(D, ones, g + off, nullptr, dg);  // exp(g), 8 lanes at a time
     const float b = beta[static_cast<std::size_t>(t) * H + h];
-    float* ot = out + off;
-    mul_exp_diff(D, ones, gt, nullptr, dg);  // exp(g), 8 lanes at a time
-    // pass 1: S' = diag(exp g) S;  u = S'^T k
-    std::fill_n(u, D, 0.f);
-    for (int dk = 0; dk < D; ++dk) {
-      float* Sr = S + static_cast<std::size_t>(dk) * D;
-      scale(D, dg[dk], Sr);
-      axpy(D, kt[dk], Sr, u);
-    }
-    // delta = beta (v - u)
-    for (int d = 0; d < D; ++d) u[d] = b * (vt[d] - u[d]);
-    // pass 2: S = S' + k delta^T;  o = S^T q
-    std::fill_n(ot, D, 0.f);
-    for (int dk = 0; dk < D; ++dk) {
-      float* Sr = S + static_cast<std::size_t>(dk) * D;
-      axpy(D, kt[dk], u, Sr);
-      axpy(D, qt[dk], Sr, ot);
-    }
+    if constexpr (std::is_same_v<St, float>)
+      kda_token_step(kernel, D, q + off, k + off, v + off, dg, b, S, out + off, u);
+    else
+      kda_token_step_bf16(kernel, D, q + off, k + off, v + off, dg, b, S, out + off, u, scratch + 3 * D);
   }
+}
+
+}  // namespace
+
+void kda_recurrent_head(int T, int H, int D, int h, const float* q, const float* k, const float* v, const float* g,
+                        const float* beta, float* S, float* out, float* scratch) {
+  head_tokens(T, H, D, h, q, k, v, g, beta, S, out, scratch);
 }
 
 void kda_recurrent(int T, int H, int D, const float* q, const float* k, const float* v, const float* g,
@@ -391,16 +389,9 @@ void kda_recurrent_head_typed(int T, int H, int D, int h, const float* q, const 
   }
   if (state_dtype != CacheDType::BF16)
     throw Error(std::string("KDA state: cache dtype ") + cache_dtype_name(state_dtype) + " is not supported (float32, bfloat16)");
-  // As kda_recurrent_typed: widened, one token, rounded back, per token (elementwise: the same bits per head).
-  uint16_t* stored = static_cast<uint16_t*>(state) + h * DD;
-  float* s = scratch + 3 * D;
-  for (int t = 0; t < T; ++t) {
-    for (std::size_t i = 0; i < DD; ++i) s[i] = bf16_to_f32(stored[i]);
-    const std::size_t C = static_cast<std::size_t>(H) * D;
-    kda_recurrent_head(1, H, D, h, q + t * C, k + t * C, v + t * C, g + t * C, beta + static_cast<std::size_t>(t) * H, s,
-                       out + t * C, scratch);
-    for (std::size_t i = 0; i < DD; ++i) stored[i] = f32_to_bf16(s[i]);
-  }
+  // As kda_recurrent_typed: each token on the state widened, then rounded back (kda_token_step_bf16: the same bits
+  // as widening the head, the fp32 step and rounding it, which this did before).
+  head_tokens(T, H, D, h, q, k, v, g, beta, static_cast<uint16_t*>(state) + h * DD, out, scratch);
 }
 
 void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const float* k, const float* v,
@@ -410,12 +401,78 @@ void kda_chunked_typed(int T, int H, int D, int chunk, const float* q, const flo
 }
 
 namespace {
+// One token of a width-4 conv (every KDA model's), 8 channels at a time without gathers: the group's taps [8][4]
+// and tails [8][3] are read as whole vectors and transposed in registers (Zen 4 gathers ~1 element a cycle: with
+// the gathers, the three convs were ~30% of a head's kda_mix work). Lane l of the transposed vectors holds channel
+// kConvLane[l] (what the 4 x 4 transposes of unpack + shuffle give); each lane runs its channel's chain
+// acc = fma(w[c][j], in[j], acc), j ascending from +0, then the same vector SiLU: the gathers' bits.
+constexpr int kConvLane[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+// Lanes whose tail float 3 kConvLane[l] + j (of the group's 24) lies in tail vector `part` (0, 1, 2).
+constexpr int conv_tail_mask(int j, int part) {
+  int m = 0;
+  for (int l = 0; l < 8; ++l) m |= ((3 * kConvLane[l] + j) / 8 == part) << l;
+  return m;
+}
+
+// Tail tap j (0..2) of the group's channels, in lane order: float 3 kConvLane[l] + j of t0 | t1 | t2.
+template <int j>
+inline __m256 conv_tail_tap(__m256 t0, __m256 t1, __m256 t2) {
+  auto pos = [](int l) { return (3 * kConvLane[l] + j) % 8; };
+  const __m256i p = _mm256_setr_epi32(pos(0), pos(1), pos(2), pos(3), pos(4), pos(5), pos(6), pos(7));
+  const __m256 r = _mm256_blend_ps(_mm256_permutevar8x32_ps(t0, p), _mm256_permutevar8x32_ps(t1, p), conv_tail_mask(j, 1));
+  return _mm256_blend_ps(r, _mm256_permutevar8x32_ps(t2, p), conv_tail_mask(j, 2));
+}
+
+// The group's taps w[8][4] as 4 vectors (tap j of every channel), in lane order.
+inline void conv_taps4(const float* w, __m256 tap[4]) {
+  const __m256 r0 = _mm256_loadu_ps(w), r1 = _mm256_loadu_ps(w + 8), r2 = _mm256_loadu_ps(w + 16), r3 = _mm256_loadu_ps(w + 24);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  tap[0] = _mm256_shuffle_ps(t0, t2, 0x44);
+  tap[1] = _mm256_shuffle_ps(t0, t2, 0xEE);
+  tap[2] = _mm256_shuffle_ps(t1, t3, 0x44);
+  tap[3] = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
+
+// The group's new tails (old tail[1], old tail[2], x) per channel: the 24 old floats one to the left, x at every
+// third place. All three loads come before the stores, and none reads past the group's 24 floats.
+inline void conv_store_tails4(float* st, __m256 x) {
+  const __m256 n0 = _mm256_loadu_ps(st + 1), n1 = _mm256_loadu_ps(st + 9);
+  const __m256 n2 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(st + 16), _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 7));
+  _mm256_storeu_ps(st, _mm256_blend_ps(n0, _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(0, 0, 0, 0, 0, 1, 0, 0)), 0x24));
+  _mm256_storeu_ps(st + 8, _mm256_blend_ps(n1, _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(2, 0, 0, 3, 0, 0, 4, 0)), 0x49));
+  _mm256_storeu_ps(st + 16, _mm256_blend_ps(n2, _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(0, 5, 0, 0, 6, 0, 0, 7)), 0x92));
+}
+
+// Channels [c_begin, c_end) of one token, W = 4, in whole groups of 8; returns the first channel not done.
+int conv4_silu_one_token(const float* x, const float* w, float* cstate, float* y, int c_begin, int c_end) {
+  const __m256i to_lanes = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), to_channels = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int c0 = c_begin;
+  for (; c0 + 8 <= c_end; c0 += 8) {
+    float* st = cstate + static_cast<std::size_t>(c0) * 3;
+    __m256 tap[4];
+    conv_taps4(w + static_cast<std::size_t>(c0) * 4, tap);
+    const __m256 t0 = _mm256_loadu_ps(st), t1 = _mm256_loadu_ps(st + 8), t2 = _mm256_loadu_ps(st + 16);
+    const __m256 xc = _mm256_loadu_ps(x + c0);
+    __m256 acc = _mm256_fmadd_ps(tap[0], conv_tail_tap<0>(t0, t1, t2), _mm256_setzero_ps());
+    acc = _mm256_fmadd_ps(tap[1], conv_tail_tap<1>(t0, t1, t2), acc);
+    acc = _mm256_fmadd_ps(tap[2], conv_tail_tap<2>(t0, t1, t2), acc);
+    acc = _mm256_fmadd_ps(tap[3], _mm256_permutevar8x32_ps(xc, to_lanes), acc);
+    acc = _mm256_permutevar8x32_ps(acc, to_channels);
+    _mm256_storeu_ps(y + c0, _mm256_mul_ps(acc, sigmoid8(acc)));
+    conv_store_tails4(st, xc);
+  }
+  return c0;
+}
+
 // A few tokens (decode, draft verification): straight from the weights' and the state's [C][W] / [C][P]
 // layouts (gathers) instead of transposing both per call as the token-major path below does: that transpose
 // is ~6 C scalar moves and two allocations for 4 C multiply-adds. Same fma chain per channel and the same
 // vector SiLU per 8 channels: the same bits (KdaConv.ShortConvSiluMatchesReferenceAndStreams).
 void short_conv_silu_few(int T, int C, int W, const float* x, const float* w, float* cstate, float* y, int c_begin,
                          int c_end) {
+  if (T == 1 && W == 4) c_begin = conv4_silu_one_token(x, w, cstate, y, c_begin, c_end);  // the rest: below
   const int P = W - 1;
   for (int t = 0; t < T; ++t) {
     float* yt = y + static_cast<std::size_t>(t) * C;
