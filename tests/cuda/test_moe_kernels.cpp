@@ -786,21 +786,17 @@ TEST(CudaMoe, GemvDownFormsGiveTheSameBits) {
     ~Reset() {
       k3::cuda::force_moe_h_perm_for_testing(std::nullopt);
       k3::cuda::force_moe_down_form_for_testing(std::nullopt);
-      k3::cuda::force_moe_combine_folded_for_testing(std::nullopt);
     }
   } reset;
   const Shape shapes[] = {kKimiLinear, {32, 4, 256, 768, false, "bf-768"}, {24, 3, 160, 1280, false, "bf-1280"},
                           {64, 8, 512, 200, false, "bf-200"}};
   struct Form {
     MoeDownForm down;
-    bool perm, fold;
+    bool perm;
     const char* name;
   };
-  // (the folded combine's counters must come back to zero after every launch: each form runs 9-12 times on one ws)
-  const Form forms[] = {{MoeDownForm::Items, true, false, "items+perm"},
-                        {MoeDownForm::Pairs, true, false, "pairs+perm"},
-                        {MoeDownForm::Pairs, true, true, "pairs+perm+fold"},
-                        {MoeDownForm::Pairs, false, true, "pairs+fold"}};
+  const Form forms[] = {{MoeDownForm::Items, true, "items+perm"}, {MoeDownForm::Pairs, true, "pairs+perm"},
+                        {MoeDownForm::Pairs, false, "pairs"}};
   for (const Shape& s : shapes) {
     Moe& m = cached_moe(s);
     Rng rng(77 + s.I);
@@ -815,10 +811,9 @@ TEST(CudaMoe, GemvDownFormsGiveTheSameBits) {
       ExpertCall call(m, n, 800 + n);
       for (const bool shared : {false, true}) {
         if (shared && !k3::cuda::moe_shared_fusable(m.bank, s.I, s.X, s.X, s.I, n, ws)) continue;
-        auto run = [&](MoeDownForm down, bool perm, bool fold) {
+        auto run = [&](MoeDownForm down, bool perm) {
           k3::cuda::force_moe_down_form_for_testing(down);
           k3::cuda::force_moe_h_perm_for_testing(perm);
-          k3::cuda::force_moe_combine_folded_for_testing(fold);
           const size_t count = static_cast<size_t>(n) * s.X;
           ck(cudaMemset(call.dout.p, 0xff, count * 4), "poison out");
           if (shared)
@@ -836,18 +831,18 @@ TEST(CudaMoe, GemvDownFormsGiveTheSameBits) {
           ck(cudaMemcpy(out.data(), call.dout.p, count * 4, cudaMemcpyDeviceToHost), "out");
           return out;
         };
-        const std::vector<float> ref = run(MoeDownForm::Items, false, false);
+        const std::vector<float> ref = run(MoeDownForm::Items, false);
         const size_t nans = std::count_if(ref.begin(), ref.end(), [](float v) { return std::isnan(v); });
         double maxabs = 0;
         for (float v : ref) maxabs = std::max(maxabs, std::fabs(static_cast<double>(v)));
         EXPECT_EQ(nans, 0u) << s.name << " n=" << n;  // NaN == NaN bitwise would hide a missed write
         EXPECT_GT(maxabs, 1e-6) << s.name << ": outputs must not be zeros";
         for (const Form& f : forms) {
-          const std::vector<float> got = run(f.down, f.perm, f.fold);
+          const std::vector<float> got = run(f.down, f.perm);
           size_t diff = 0;
           for (size_t i = 0; i < got.size(); ++i) diff += std::memcmp(&got[i], &ref[i], 4) != 0;
           EXPECT_EQ(diff, 0u) << s.name << " n=" << n << (shared ? " +shared " : " ") << f.name << ": floats differ";
-          std::printf("[ moe ] down %-15s vs items: %-9s n=%d %-7s %zu of %zu floats differ\n", f.name, s.name, n,
+          std::printf("[ moe ] down %-10s vs items: %-9s n=%d %-7s %zu of %zu floats differ\n", f.name, s.name, n,
                       shared ? "+shared" : "", diff, got.size());
         }
       }

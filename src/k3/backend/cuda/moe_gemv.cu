@@ -51,17 +51,6 @@ bool h_perm_enabled() {
   return f < 0 ? env_on : f == 1;
 }
 
-// K3_MOE_COMBINE=launch: the pairs form's combine as its own launch (the A/B arm of call s48-7); tests force either.
-std::atomic<int> g_fold_forced{-1};
-bool combine_folded() {
-  static const bool env_on = [] {
-    const char* v = std::getenv("K3_MOE_COMBINE");
-    return !(v && std::string(v) == "launch");
-  }();
-  const int f = g_fold_forced.load(std::memory_order_relaxed);
-  return f < 0 ? env_on : f == 1;
-}
-
 // The bf16 down kernel's form (MoeDownForm): K3_MOE_DOWN=items, else pairs; force_moe_down_form_for_testing
 // overrides.
 std::atomic<int> g_down_forced{-1};
@@ -253,68 +242,34 @@ __device__ __forceinline__ void lane_dots_rows_bf16(const uint16_t* const (&rows
 // (s47-2, 50-52%), a warp per k over 4 rows (s48-2, 54%) -- while the pair-major gate/up kernel reaches 75%. This form:
 // 20.6 us at 64.5% against the items form's 26.6-27.1 at 49-50% (ncu, batch 1, Kimi-Linear), plus the combine
 // launch; end to end +3% at batch 1 (call s48-3). Same dots and warp sums as the items form, the combine is
-// combine_rows' steps: the same bits (CudaMoe.GemvDownFormsGiveTheSameBits).
-// The token's sum over its pairs' dots for rows r0 .. r0 + rows - 1 (threads 0..rows-1): down_combine_kernel's steps,
-// d read through L2 (other blocks wrote it).
-__device__ __forceinline__ void combine_from_d(const ExpertBank& w, int K, const float* d, const int32_t* topk_idx,
-                                               const float* topk_w, float* out, bool shared, int routed, int t, int r0,
-                                               int rows) {
-  const int r = r0 + static_cast<int>(threadIdx.x);
-  if (static_cast<int>(threadIdx.x) >= rows || r >= w.X) return;
-  float acc = 0.f;
-  for (int k = 0; k < K; ++k) {
-    const int e = topk_idx[static_cast<int64_t>(t) * K + k];
-    if (e < 0 || e >= w.E) continue;
-    acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], __ldcg(d + (static_cast<int64_t>(t) * K + k) * w.X + r), acc);
-  }
-  if (shared) acc += __ldcg(d + (static_cast<int64_t>(routed) + t) * w.X + r);
-  out[static_cast<int64_t>(t) * w.X + r] = acc;
-}
-
-// With `count` (a zeroed int per (token, row block), MoeWorkspace), the combine is folded in: each block counts itself
-// in after its dots are written (fence, then atomicAdd), and the token's last block of this row block sums the K (+1)
-// pairs' dots in rank order and resets the count for the next launch -- the same sums as the combine launch, one
-// launch fewer a MoE layer. Without it (K3_MOE_COMBINE=launch) down_combine_kernel follows.
+// combine_rows' steps: the same bits (CudaMoe.GemvDownFormsGiveTheSameBits). Folding the combine into this kernel
+// (each block counted in by a fence and an atomic, the token's last block of a row block summing) lost: -1.2% at batch
+// 1 against the launch (call s48-7), so the combine stays a launch.
 template <int kR, int kB, bool kPerm>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_down_pairs_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
-                           const float* __restrict__ topk_w, float* d, float* __restrict__ out, int32_t* count,
-                           SharedGluBf16 sh, int routed) {
+    gemv_down_pairs_kernel(const ExpertBank w, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
+                           float* __restrict__ d, SharedGluBf16 sh, int routed) {
   pdl::begin();
-  __shared__ bool s_last;
   const int lane = threadIdx.x & 31, p = blockIdx.y;
   const int r0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kR;
+  if (r0 >= w.X) return;
   const bool shared = p >= routed;
   const int e = shared ? 0 : topk_idx[p];
-  if (r0 < w.X && e >= 0 && e < w.E) {  // else: no dots (the combine skips an invalid pair)
-    const uint16_t* base = shared ? sh.down : static_cast<const uint16_t*>(w.down) + static_cast<int64_t>(e) * w.X * w.I;
-    const uint16_t* rows[kR];
-    float acc[kR];
+  if (e < 0 || e >= w.E) return;  // the combine skips the pair
+  const uint16_t* base = shared ? sh.down : static_cast<const uint16_t*>(w.down) + static_cast<int64_t>(e) * w.X * w.I;
+  const uint16_t* rows[kR];
+  float acc[kR];
 #pragma unroll
-    for (int i = 0; i < kR; ++i) {
-      rows[i] = base + static_cast<int64_t>(r0 + i < w.X ? r0 + i : w.X - 1) * w.I;  // past X: read, unused
-      acc[i] = 0.f;
-    }
-    lane_dots_rows_bf16<kR, kB, kPerm>(rows, h + static_cast<int64_t>(p) * w.I, w.I, lane, acc);
+  for (int i = 0; i < kR; ++i) {
+    rows[i] = base + static_cast<int64_t>(r0 + i < w.X ? r0 + i : w.X - 1) * w.I;  // past X: read, unused
+    acc[i] = 0.f;
+  }
+  lane_dots_rows_bf16<kR, kB, kPerm>(rows, h + static_cast<int64_t>(p) * w.I, w.I, lane, acc);
 #pragma unroll
-    for (int i = 0; i < kR; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == 0 && r0 + i < w.X) d[static_cast<int64_t>(p) * w.X + r0 + i] = v;
-    }
+  for (int i = 0; i < kR; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0 && r0 + i < w.X) d[static_cast<int64_t>(p) * w.X + r0 + i] = v;
   }
-  if (count == nullptr) return;
-  const int t = shared ? p - routed : p / K;
-  __syncthreads();  // the block's dots written
-  if (threadIdx.x == 0) {
-    __threadfence();  // ... and visible to the block that combines them
-    int32_t* c = count + static_cast<int64_t>(t) * gridDim.x + blockIdx.x;
-    s_last = atomicAdd(c, 1) == K + (sh.down ? 1 : 0) - 1;
-    if (s_last) *c = 0;  // every block of the group has counted: the next launch starts from 0
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  combine_from_d(w, K, d, topk_idx, topk_w, out, sh.down != nullptr, routed, t, blockIdx.x * kWarps * kR, kWarps * kR);
 }
 
 // grid (ceil(X / 256), n): out[t][r] = sum over k in rank order of w_k d[tK + k][r] (fmaf from 0, invalid ids skipped),
@@ -489,8 +444,8 @@ cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const i
 }
 
 cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
-                        GluAct act, float beta, float lbeta, float* h, float* d, int32_t* count, float* out,
-                        const SharedGluBf16& sh, cudaStream_t stream) {
+                        GluAct act, float beta, float lbeta, float* h, float* d, float* out, const SharedGluBf16& sh,
+                        cudaStream_t stream) {
   const int routed = n * K, pairs = routed + (sh.gate ? n : 0);
   const dim3 g1(static_cast<unsigned>((w.I + kWarps - 1) / kWarps), static_cast<unsigned>(pairs));
   const bool perm = w.I % 256 == 0 && h_perm_enabled();
@@ -510,20 +465,15 @@ cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const
   constexpr int kR = 4, rows_per_block = kWarps * kR;  // the pairs form: 4 rows a warp, 4 chunks a batch
   const dim3 g2(static_cast<unsigned>((w.X + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(pairs));
   const auto kernel = perm ? gemv_down_pairs_kernel<kR, 4, true> : gemv_down_pairs_kernel<kR, 4, false>;
-  int32_t* fold = combine_folded() ? count : nullptr;
-  (void)pdl::launch(kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, d, out, fold, sh, routed);
+  (void)pdl::launch(kernel, g2, kWarps * 32, 0, stream, w, h, topk_idx, d, sh, routed);
   e = cudaGetLastError();
-  if (e != cudaSuccess || fold) return e;
+  if (e != cudaSuccess) return e;
   const dim3 g3(static_cast<unsigned>((w.X + 255) / 256), static_cast<unsigned>(n));
   (void)pdl::launch(down_combine_kernel, g3, 256, 0, stream, w, K, d, topk_idx, topk_w, out, sh.down != nullptr, routed);
   return cudaGetLastError();
 }
 
 }  // namespace
-
-void force_moe_combine_folded_for_testing(std::optional<bool> on) {
-  g_fold_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
-}
 
 void force_moe_down_form_for_testing(std::optional<MoeDownForm> form) {
   g_down_forced.store(form ? static_cast<int>(*form) : -1, std::memory_order_relaxed);
@@ -544,19 +494,19 @@ int moe_gemv_mode() {
 }
 
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
-                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d,
-                             int32_t* count, float* out, cudaStream_t stream) {
+                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d, float* out,
+                             cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0) return cudaErrorInvalidValue;
   return mx ? launch_mx(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, stream)
-            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, count, out, SharedGluBf16{}, stream);
+            : launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, SharedGluBf16{}, stream);
 }
 
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
-                                    float* h, float* d, int32_t* count, float* out, cudaStream_t stream) {
+                                    float* h, float* d, float* out, cudaStream_t stream) {
   if (K <= 0 || K > kMaxPairK || n <= 0 || !sh.gate || !sh.up || !sh.down || w.format != WeightFormat::BF16)
     return cudaErrorInvalidValue;
-  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, count, out, sh, stream);
+  return launch_bf16(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, sh, stream);
 }
 
 }  // namespace k3::cuda

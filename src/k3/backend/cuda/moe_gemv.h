@@ -11,13 +11,12 @@
 namespace k3::cuda {
 
 // out[t] = sum over k in rank order of topk_w[t][k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_idx[t][k];
-// pairs with an id outside [0, E) add nothing. h: scratch [n * K][I] floats; d: scratch [n * K][X] floats (the down
-// kernels' pairs forms); count: [n][ceil(X / 32)] ints, zero between calls (the bf16 pairs form's folded combine; it
-// leaves them zero). mx: MXFP4 experts, else bf16 (moe_experts checked formats, alignment and shapes). out [n][X]
-// overwritten. Two launches (three where the combine is not folded).
+// pairs with an id outside [0, E) add nothing. h: scratch [n * K][I] floats; d: scratch [n * K][X] floats (the bf16
+// down kernel's pairs forms). mx: MXFP4 experts, else bf16 (moe_experts checked formats, alignment and shapes). out
+// [n][X] overwritten. Two launches (three with a pairs form).
 cudaError_t moe_gemv_experts(const ExpertBank& w, bool mx, int n, int K, const float* x, const int32_t* topk_idx,
-                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d,
-                             int32_t* count, float* out, cudaStream_t stream);
+                             const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d, float* out,
+                             cudaStream_t stream);
 // A shared expert of the same shape as the routed ones (gate / up [I][X], down [X][I], bf16 on the device).
 struct SharedGluBf16 {
   const uint16_t* gate = nullptr;
@@ -32,7 +31,7 @@ struct SharedGluBf16 {
 // matrix.
 cudaError_t moe_gemv_experts_shared(const ExpertBank& w, const SharedGluBf16& sh, int n, int K, const float* x,
                                     const int32_t* topk_idx, const float* topk_w, GluAct act, float beta, float lbeta,
-                                    float* h, float* d, int32_t* count, float* out, cudaStream_t stream);
+                                    float* h, float* d, float* out, cudaStream_t stream);
 // The bf16 path stores h permuted within 256-value chunks where I % 256 == 0 so that the down kernel's activation
 // loads are contiguous (moe_gemv.cu h_perm; the same bits). K3_MOE_HPERM=0 keeps column order; tests force either
 // form (nullopt: back to the environment's).
@@ -43,9 +42,6 @@ void force_moe_h_perm_for_testing(std::optional<bool> on);
 // the old forms; tests force one (nullopt: back to the environment's).
 enum class MoeDownForm { Items, Pairs };
 void force_moe_down_form_for_testing(std::optional<MoeDownForm> form);
-// The bf16 pairs form's combine folded into its down kernel (the last block of a token's row block sums; the default)
-// or a launch of its own (K3_MOE_COMBINE=launch). The same bits. Tests force either (nullopt: the environment's).
-void force_moe_combine_folded_for_testing(std::optional<bool> on);
 // false when K3_MOE_GEMV=0 is set in the environment: Auto then keeps the session-8 rule (A/B in one binary).
 bool moe_gemv_enabled();
 // K3_MOE_GEMV: 0 off, 1 (default) bf16 experts only, 2 MXFP4 experts too (measurement).

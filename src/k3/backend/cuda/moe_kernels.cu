@@ -667,8 +667,7 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   const size_t b_hidden = align256(static_cast<size_t>(P) * I * sizeof(float));
   const size_t b_y = align256(static_cast<size_t>(P) * X * sizeof(float));
   const size_t b_dec = align256(decode_scratch_bytes(max_tokens, K, E, I, X, dec_pairs_, dec_tokens_));
-  const size_t b_count = align256(static_cast<size_t>(max_tokens) * ((X + 31) / 32) * sizeof(int32_t));
-  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y + b_dec + b_count;
+  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y + b_dec;
   cudaError_t e = cudaMalloc(&base_, bytes_);
   if (e != cudaSuccess) {
     base_ = nullptr;
@@ -693,13 +692,6 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   p += align256(2 * static_cast<size_t>(dec_pairs_) * I * 2);
   dec_part_ = reinterpret_cast<float*>(p);
   dec_part_floats_ = static_cast<int64_t>(dec_pairs_) * std::max(2 * I, X);
-  down_count_ = reinterpret_cast<int32_t*>(static_cast<char*>(base_) + bytes_ - b_count);
-  e = cudaMemset(down_count_, 0, b_count);
-  if (e != cudaSuccess) {
-    cudaFree(base_);
-    base_ = nullptr;
-    throw Error(std::string("MoeWorkspace: cudaMemset failed: ") + cudaGetErrorString(e));
-  }
 }
 
 bool moe_shared_fusable(const ExpertBank& w, int64_t gate_rows, int64_t gate_cols, int64_t down_rows, int64_t down_cols,
@@ -726,8 +718,8 @@ cudaError_t moe_experts_with_shared(const ExpertBank& w, const void* shared_gate
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
   const SharedGluBf16 sh{static_cast<const uint16_t*>(shared_gate), static_cast<const uint16_t*>(shared_up),
                          static_cast<const uint16_t*>(shared_down)};
-  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_,
-                                 ws.down_count_, out, stream);
+  return moe_gemv_experts_shared(w, sh, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_, out,
+                                 stream);
 }
 
 MoeWorkspace::~MoeWorkspace() {
@@ -790,8 +782,8 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   const int P = n * K;
   MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
-    return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_,
-                            ws.down_count_, out, stream);
+    return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_, out,
+                            stream);
   // The session-8 bf16 rule assumes the skinny kernels; shapes they do not take (I or X not a multiple of
   // 32) keep the session-4 rule: SIMT up to 2 pairs per expert.
   if (path == MoePath::Auto && chosen == MoePath::TcDecode && !mx && !moe_skinny_supported(w, 8) &&

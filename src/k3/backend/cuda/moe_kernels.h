@@ -97,7 +97,6 @@ class MoeWorkspace {
   int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 2 (GGUF grouped), 4, 8, 16 or 64 pairs
   float* hidden_ = nullptr;       // [P][I] act(gate) * up, by slot
   float* y_ = nullptr;            // [P][X] expert outputs, by slot
-  int32_t* down_count_ = nullptr;  // [max_tokens][ceil(X / 32)] zero (the GEMV path's folded combine resets them)
   int max_tiles_ = 0;
 };
 
