@@ -1,6 +1,7 @@
 // KDA recurrence cores (model-spec 3.2). See kda.h for layouts and docs/kernels-cpu.md for notes.
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/kda_token.h"
+#include "k3/backend/cpu/kda_vec.h"
 #include "k3/backend/cpu/vec_math.h"
 
 #include "k3/core/error.h"
@@ -24,15 +25,8 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Small vector helpers (contiguous, n arbitrary). The compiler vectorises the simd loops.
 
-inline void axpy(int n, float a, const float* __restrict x, float* __restrict y) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-inline void scale(int n, float a, float* __restrict y) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] *= a;
-}
+using kda_vec::axpy;
+using kda_vec::scale;
 
 #ifdef K3_KDA_AVX2
 inline float hsum8(__m256 v) {

@@ -6,6 +6,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "k3/backend/cpu/kda_token.h"
+#include "k3/backend/cpu/kda_vec.h"
 
 #include <immintrin.h>
 
@@ -23,15 +24,8 @@ namespace {
 
 // ---- Reference: the loops kda_recurrent_head always ran (the compiler fuses y += a * x into one fma) ----
 
-inline void axpy(int n, float a, const float* __restrict x, float* __restrict y) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-inline void scale(int n, float a, float* __restrict y) {
-#pragma omp simd
-  for (int i = 0; i < n; ++i) y[i] *= a;
-}
+using kda_vec::axpy;
+using kda_vec::scale;
 
 void step_reference(int D, const float* q, const float* k, const float* v, const float* dg, float beta, float* S,
                     float* o, float* u) {
