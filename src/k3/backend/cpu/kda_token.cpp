@@ -209,19 +209,13 @@ namespace {
 std::atomic<int> g_forced{-1};  // a KdaTokenKernel forced by a test, or -1
 
 bool cpu_has_avx512() {
-  static const bool has = [] {
-    const CpuFeatures& f = cpu_state().features;
-    return f.os_avx512 && f.avx512f;
-  }();
-  return has;
+  const CpuFeatures& f = cpu_state().features;
+  return f.os_avx512 && f.avx512f;
 }
 
-bool tier_is_avx512() {
-  static const bool is = [] {
-    const CpuIsa isa = active_cpu_isa();
-    return isa == CpuIsa::Avx512 || isa == CpuIsa::Avx512Bf16 || isa == CpuIsa::Amx;
-  }();
-  return is;
+bool tier_is_avx512() {  // the tier chosen at start-up (K3_CPU_ISA or the CPU's best)
+  const CpuIsa isa = active_cpu_isa();
+  return isa == CpuIsa::Avx512 || isa == CpuIsa::Avx512Bf16 || isa == CpuIsa::Amx;
 }
 
 }  // namespace

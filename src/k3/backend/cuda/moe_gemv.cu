@@ -113,18 +113,27 @@ __device__ __forceinline__ void lane_dots2_bf16(const uint16_t* __restrict__ ra,
 // Threads 0..rows-1 of the block: out[t][r0 + thread] = sum over k in rank order of w_k * d[thread][k] (fmaf
 // from 0, as moe_combine), pairs with an invalid id skipped.
 // With `shared`, d[thread][K] is the shared expert's row, added last (the graph's `out += shared`).
+// The token's output for one row: sum over k in rank order of w_k * d(k) (fmaf from 0, pairs with an invalid expert id
+// skipped), + d(K) with the shared expert. Every form's combine runs this, so that they give the same bits.
+template <class ExpertOf, class DotOf>
+__device__ __forceinline__ float rank_order_sum(const ExpertBank& w, int K, ExpertOf e_of, const float* __restrict__ wt,
+                                                DotOf d_of, bool shared) {
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const int e = e_of(k);
+    if (e < 0 || e >= w.E) continue;
+    acc = fmaf(wt[k], d_of(k), acc);
+  }
+  return shared ? acc + d_of(K) : acc;
+}
+
 __device__ __forceinline__ void combine_rows(const ExpertBank& w, int K, int rows, const float (*d)[kMaxPairK + 1],
                                              const int* e_of, const float* __restrict__ topk_w, int t, int r0,
                                              float* __restrict__ out, bool shared = false) {
   if (threadIdx.x >= static_cast<unsigned>(rows) || r0 + static_cast<int>(threadIdx.x) >= w.X) return;
-  float acc = 0.f;
-  for (int k = 0; k < K; ++k) {
-    const int e = e_of[k];
-    if (e < 0 || e >= w.E) continue;
-    acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], d[threadIdx.x][k], acc);
-  }
-  if (shared) acc += d[threadIdx.x][K];
-  out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = acc;
+  const float* drow = d[threadIdx.x];
+  out[static_cast<int64_t>(t) * w.X + r0 + threadIdx.x] = rank_order_sum(
+      w, K, [&](int k) { return e_of[k]; }, topk_w + static_cast<int64_t>(t) * K, [&](int k) { return drow[k]; }, shared);
 }
 
 // grid (ceil(I / kWarps), P [+ n]): warp -> row i of pair blockIdx.y; pairs from `routed` on (when sh.gate is set)
@@ -280,14 +289,10 @@ __global__ void __launch_bounds__(256)
   pdl::begin();
   const int t = blockIdx.y, r = blockIdx.x * 256 + threadIdx.x;
   if (r >= w.X) return;
-  float acc = 0.f;
-  for (int k = 0; k < K; ++k) {
-    const int e = topk_idx[static_cast<int64_t>(t) * K + k];
-    if (e < 0 || e >= w.E) continue;
-    acc = fmaf(topk_w[static_cast<int64_t>(t) * K + k], d[(static_cast<int64_t>(t) * K + k) * w.X + r], acc);
-  }
-  if (shared) acc += d[(static_cast<int64_t>(routed) + t) * w.X + r];
-  out[static_cast<int64_t>(t) * w.X + r] = acc;
+  const int64_t p0 = static_cast<int64_t>(t) * K;  // the token's first pair
+  out[static_cast<int64_t>(t) * w.X + r] = rank_order_sum(
+      w, K, [&](int k) { return topk_idx[p0 + k]; }, topk_w + p0,
+      [&](int k) { return d[(k < K ? p0 + k : static_cast<int64_t>(routed) + t) * w.X + r]; }, shared);
 }
 
 // MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
