@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -546,6 +547,43 @@ TEST(CudaMoe, DecodeVariantsBitwise) {
               << s.name << " n=" << n << " " << pn << " " << variant_name(v) << ": " << diff << " floats differ";
         }
       }
+    }
+  }
+}
+
+// The folded launches (moe_decode.h moe_dec_fold_enabled: x converted while the gate/up kernel stages it, the GLU
+// applied while the down kernel stages h) give the separate launches' bits exactly: the same conversion, the same
+// split sums in the same order, the same GLU. bf16 (SiLU, I = 200 and 48: partial last chunks) and MXFP4 (SiTU: the
+// GLU's betas reach the down kernel) shapes, QAT-scaled K3, both precisions, the register and ring kernels, n = 1 / 8
+// / 64 (8-pair tiles) and 128 (16-pair tiles at K3's E). A fold that staged from the wrong split, slot or column, or
+// dropped a beta, moves bits.
+TEST(CudaMoe, DecodeFoldGivesTheSameBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  VariantGuard guard;
+  struct FoldGuard {
+    ~FoldGuard() { k3::cuda::force_moe_dec_fold_for_testing(std::nullopt); }
+  } fold_guard;
+  for (const Shape& s : {tiny_shapes()[0], tiny_shapes()[2], tiny_shapes()[6], kK3Qat}) {
+    Moe& m = cached_moe(s);
+    for (int n : {1, 8, 64, 128}) {
+      ExpertCall call(m, n, 900 + n);
+      for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16})
+        for (DecVariant v : {DecVariant::Reg, DecVariant::Ring}) {
+          if (v == DecVariant::Ring && !s.mx) continue;  // bf16 experts always take the register kernel
+          k3::cuda::moe_decode_set_variant(v);
+          k3::cuda::force_moe_dec_fold_for_testing(false);
+          const std::vector<float> ref = call.run(prec, MoePath::TcDecode);
+          k3::cuda::force_moe_dec_fold_for_testing(true);
+          const std::vector<float> out = call.run(prec, MoePath::TcDecode);
+          const size_t nans = std::count_if(ref.begin(), ref.end(), [](float x) { return std::isnan(x); });
+          EXPECT_EQ(nans, 0u) << s.name << " n=" << n;
+          size_t diff = 0;
+          for (size_t i = 0; i < out.size(); ++i) diff += std::memcmp(&out[i], &ref[i], 4) != 0;
+          const char* pn = prec == MoePrecision::Bf16 ? "bf16" : "bf16x2";
+          std::printf("[ moe ] %-12s n=%4d %-6s %-5s folded vs launches: %zu of %zu floats differ\n", s.name, n, pn,
+                      variant_name(v), diff, out.size());
+          EXPECT_EQ(diff, 0u) << s.name << " n=" << n << " " << pn << " " << variant_name(v);
+        }
     }
   }
 }

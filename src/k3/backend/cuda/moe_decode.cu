@@ -29,7 +29,9 @@
 // 64 down rows. K is split across blocks when the batch touches few experts (n = 1: 16 experts would give
 // 192 blocks), into partial sums summed in a fixed order by the next kernel: results do not depend on the
 // schedule. Weights for chunk c+1 are loaded into registers while chunk c computes.
-// Launches: act_prep, gate/up, glu_finish (sum splits, GLU, bf16 hi/lo), down, combine (sum splits, rank order).
+// Launches: act_prep, gate/up, glu_finish (sum splits, GLU, bf16 hi/lo), down, combine (sum splits, rank order);
+// folded (moe_dec_fold_enabled, the default since session 49): gate/up (converting x while staging it), down (summing
+// the splits and applying the GLU while staging h), combine -- two launches fewer a MoE layer.
 #include "k3/backend/cuda/moe_decode.h"
 
 #include <cuda_bf16.h>
@@ -51,6 +53,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMT = 4;                 // m16 tiles per warp
 constexpr int kSmemBytes = 32768;      // staged activations per block
+constexpr int kFoldGluMaxPairs = 32;   // the GLU folded into the down kernel's staging up to this many pairs
 constexpr int kGuRowsPerBlock = kWarps * 32;  // I rows (each of gate and up) per gate/up block
 constexpr int kDnRowsPerBlock = kWarps * 64;  // X rows per down block
 
@@ -105,6 +108,27 @@ __device__ __forceinline__ void pack8(const float (&v)[8], uint4& hi, uint4& lo)
   lo = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+// h[k] = glu(sum over splits of gate[c + k], the same of up[c + k]) for slot `slot`, k < 8: the splits' partials
+// [split][slot][2 I] (gate | up) summed in split order. Unrolled: the splits' loads go out together (a 1-token layer has
+// up to 18 splits, one dependent load round each when rolled: 5.5 us a launch under ncu, s46-2); the adds stay in
+// split order. glu_finish_kernel and the down kernels' folded staging both run this (the same bits).
+__device__ __forceinline__ void glu8_of_partials(const float* __restrict__ part, int64_t split_stride, int splits, int I,
+                                                 int slot, int c, GluAct act, float beta, float lbeta, float (&h)[8]) {
+  float gs[8] = {}, us[8] = {};
+#pragma unroll 6
+  for (int s = 0; s < splits; ++s) {  // fixed order
+    const float4* p = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + c);
+    const float4* q = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + I + c);
+    const float4 g0 = p[0], g1 = p[1], u0 = q[0], u1 = q[1];
+    gs[0] += g0.x; gs[1] += g0.y; gs[2] += g0.z; gs[3] += g0.w;
+    gs[4] += g1.x; gs[5] += g1.y; gs[6] += g1.z; gs[7] += g1.w;
+    us[0] += u0.x; us[1] += u0.y; us[2] += u0.z; us[3] += u0.w;
+    us[4] += u1.x; us[5] += u1.y; us[6] += u1.z; us[7] += u1.w;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) h[k] = glu(gs[k], us[k], act, beta, lbeta);
+}
+
 // x [n][X] fp32 -> hi, lo [n][X] bf16 (8-column groups permuted for MXFP4 weights).
 template <bool PERM>
 __global__ void __launch_bounds__(256) act_prep_kernel(const float* __restrict__ x, int64_t groups,
@@ -136,6 +160,14 @@ struct KArgs {
   int64_t split_stride = 0;
   int ldo = 0;
   int nch = 0, cps = 0;          // chunks of the K range, chunks per split
+  // The folded staging (moe_dec_fold_enabled): the activations are made while staging, from one of these, instead of
+  // read from act_hi / act_lo -- act_prep_kernel's and glu_finish_kernel's steps in the same order (the same bits).
+  const float* act_f32 = nullptr;  // gate/up: x [tokens][cols] fp32
+  const float* gu_part = nullptr;  // down: the gate/up partials [gu_splits][slot][2 cols] (gate | up)
+  int64_t gu_split_stride = 0;
+  int gu_splits = 0;
+  GluAct act = GluAct::SiLU;
+  float beta = 0.f, lbeta = 0.f;
 };
 
 // One MXFP4 chunk of a warp: 4 words x MT m16 tiles (kMT in dec_kernel, kRingMT in dec_ring_kernel); sact
@@ -204,8 +236,19 @@ __device__ __forceinline__ void stage_acts(const KArgs& a, uint4 (&sact)[NS][SEG
     uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
     if (sr >= 0 && col < a.cols) {
       const int64_t off = static_cast<int64_t>(sr) * a.cols + col;
-      vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
-      if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
+      if (a.act_f32) {  // act_prep_kernel's conversion of x, here (block-uniform branches)
+        const float4* xp = reinterpret_cast<const float4*>(a.act_f32 + off);
+        const float4 u = __ldg(xp), w = __ldg(xp + 1);
+        const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+        pack8<U == 32>(v, vh, vl);
+      } else if (a.gu_part) {  // glu_finish_kernel's sum, GLU and conversion, here
+        float h[8];
+        glu8_of_partials(a.gu_part, a.gu_split_stride, a.gu_splits, a.cols, sr, col, a.act, a.beta, a.lbeta, h);
+        pack8<U == 32>(h, vh, vl);
+      } else {
+        vh = __ldg(reinterpret_cast<const uint4*>(a.act_hi + off));
+        if constexpr (NS == 2) vl = __ldg(reinterpret_cast<const uint4*>(a.act_lo + off));
+      }
     }
     sact[0][idx] = vh;
     if constexpr (NS == 2) sact[NS - 1][idx] = vl;
@@ -533,22 +576,8 @@ __global__ void __launch_bounds__(256)
   const int start = td.y, cnt = td.z, I8 = I >> 3;
   for (int idx = threadIdx.x; idx < cnt * I8; idx += blockDim.x) {
     const int slot = start + idx / I8, c8 = idx % I8;
-    float gs[8] = {}, us[8] = {};
-    // Unrolled: the splits' loads go out together (a 1-token layer has up to 18 splits, one dependent load round each
-    // when rolled: 5.5 us a launch under ncu, s46-2); the adds stay in split order.
-#pragma unroll 6
-    for (int s = 0; s < splits; ++s) {  // fixed order
-      const float4* p = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + c8 * 8);
-      const float4* q = reinterpret_cast<const float4*>(part + s * split_stride + static_cast<int64_t>(slot) * 2 * I + I + c8 * 8);
-      const float4 g0 = p[0], g1 = p[1], u0 = q[0], u1 = q[1];
-      gs[0] += g0.x; gs[1] += g0.y; gs[2] += g0.z; gs[3] += g0.w;
-      gs[4] += g1.x; gs[5] += g1.y; gs[6] += g1.z; gs[7] += g1.w;
-      us[0] += u0.x; us[1] += u0.y; us[2] += u0.z; us[3] += u0.w;
-      us[4] += u1.x; us[5] += u1.y; us[6] += u1.z; us[7] += u1.w;
-    }
     float h[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) h[k] = glu(gs[k], us[k], act, beta, lbeta);
+    glu8_of_partials(part, split_stride, splits, I, slot, c8 * 8, act, beta, lbeta, h);
     uint4 hi, lo;
     pack8<PERM>(h, hi, lo);
     const int64_t o = (static_cast<int64_t>(slot) * I) / 8 + c8;
@@ -688,7 +717,8 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   uint16_t* xlo = s.xb + static_cast<int64_t>(s.max_tokens) * X;
   uint16_t* hhi = s.hb;
   uint16_t* hlo = s.hb + static_cast<int64_t>(s.max_pairs) * I;
-  {
+  const bool fold = moe_dec_fold_enabled();
+  if (!fold) {
     const int64_t groups = static_cast<int64_t>(n) * X / 8;
     (void)pdl::launch(act_prep_kernel<MX>, static_cast<unsigned>((groups + 255) / 256), 256, 0, stream, x, groups, xhi, xlo);
     cudaError_t e = cudaGetLastError();
@@ -711,16 +741,15 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   a.ldo = 2 * I;
   a.split_stride = static_cast<int64_t>(P) * a.ldo;
   a.nch = (X + CH - 1) / CH;
+  a.act_f32 = fold ? x : nullptr;
   // K splits from dec_kernel's row blocks whichever kernel runs: the split decides the sums' order.
   const int rb_gu = (I + kGuRowsPerBlock - 1) / kGuRowsPerBlock;
   const int sp_gu = choose_splits(est_tiles, rb_gu, a.nch, a.split_stride, s.part_floats, a.cps);
   cudaError_t e = launch_matrix<MX, NT, NS, true>(a, tiles_bound, sp_gu, v, stream);
   if (e != cudaSuccess) return e;
-  (void)pdl::launch(glu_finish_kernel<MX>, tiles_bound, 256, 0, stream, s.part, a.split_stride, sp_gu, I, tiles, num_tiles, act, beta,
-                                                        lbeta, hhi, hlo);
-  e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  const int64_t gu_stride = a.split_stride, gu_floats = sp_gu * gu_stride;
 
+  a.act_f32 = nullptr;
   a.w0 = w.down;
   a.s0 = w.down_scales;
   a.w1 = nullptr;
@@ -734,9 +763,28 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   a.nch = (I + CH - 1) / CH;
   const int rb_dn = (X + kDnRowsPerBlock - 1) / kDnRowsPerBlock;
   const int sp_dn = choose_splits(est_tiles, rb_dn, a.nch, a.split_stride, s.part_floats, a.cps);
+  // Folded: the down kernel stages h from the gate/up partials, so its own partials go after them (when both fit; the
+  // split above is the unfolded one's either way: the same sums). Only for a few pairs: every row block of the down
+  // kernel redoes the GLU of its K range (X / 256 row blocks: 9 for Kimi-Linear, 14 for K3), reading every gate/up
+  // split, where the launch does it once -- at 2 tokens the recomputation is ~1 us of the GPU's issue, at 64 several.
+  const bool fold_glu = fold && P <= kFoldGluMaxPairs && gu_floats + sp_dn * a.split_stride <= s.part_floats;
+  if (fold_glu) {
+    a.part = s.part + gu_floats;
+    a.gu_part = s.part;
+    a.gu_split_stride = gu_stride;
+    a.gu_splits = sp_gu;
+    a.act = act;
+    a.beta = beta;
+    a.lbeta = lbeta;
+  } else {
+    (void)pdl::launch(glu_finish_kernel<MX>, tiles_bound, 256, 0, stream, s.part, gu_stride, sp_gu, I, tiles, num_tiles, act,
+                      beta, lbeta, hhi, hlo);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   e = launch_matrix<MX, NT, NS, false>(a, tiles_bound, sp_dn, v, stream);
   if (e != cudaSuccess) return e;
-  return moe_combine(n, X, K, s.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
+  return moe_combine(n, X, K, a.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
 }
 
 }  // namespace
@@ -757,6 +805,23 @@ std::atomic<int>& variant_slot() {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<int> g_fold_forced{-1};
+}  // namespace
+
+bool moe_dec_fold_enabled() {
+  static const bool env_on = [] {
+    const char* v = std::getenv("K3_MOE_DEC_FOLD");
+    return !(v && v[0] == '0');
+  }();
+  const int f = g_fold_forced.load(std::memory_order_relaxed);
+  return f < 0 ? env_on : f == 1;
+}
+
+void force_moe_dec_fold_for_testing(std::optional<bool> on) {
+  g_fold_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
+}
 
 DecVariant moe_decode_variant() { return static_cast<DecVariant>(variant_slot().load(std::memory_order_relaxed)); }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "k3/backend/cuda/moe_kernels.h"
 
@@ -32,6 +33,14 @@ enum class DecVariant : int { Reg = 0, Ring = 1, Ring4 = 2 };
 DecVariant moe_decode_variant();
 // Overrides the environment for the whole process from the next launch on (tests, A/B timing in one binary).
 void moe_decode_set_variant(DecVariant v);
+
+// The folded launches (session 49; the default): the gate/up kernel converts x to its bf16 halves while staging it
+// (no act_prep launch) and the down kernel sums the gate/up partials and applies the GLU while staging h (no
+// glu_finish launch, up to 32 pairs -- each down row block redoes its K range's GLU; its partials then sit after the
+// gate/up ones, when both fit the scratch, else the GLU launch stays). The same steps in the same order: the same bits (CudaMoe.DecodeFoldGivesTheSameBits). K3_MOE_DEC_FOLD=0
+// keeps the separate launches; tests force either (nullopt: back to the environment's).
+bool moe_dec_fold_enabled();
+void force_moe_dec_fold_for_testing(std::optional<bool> on);
 
 // Runs the experts of n tokens after plan_kernel cut tiles of `tok` (8 or 16) pairs. out [n][X] overwritten.
 // mx: w holds MXFP4 experts (else bf16), as moe_experts decided from w.format.
