@@ -53,7 +53,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMT = 4;                 // m16 tiles per warp
 constexpr int kSmemBytes = 32768;      // staged activations per block
-constexpr int kFoldGluMaxPairs = 32;   // the GLU folded into the down kernel's staging up to this many pairs
+constexpr int64_t kFoldGluMax = 131072;  // the GLU folded into the down kernel's staging up to this many evaluations
 constexpr int kGuRowsPerBlock = kWarps * 32;  // I rows (each of gate and up) per gate/up block
 constexpr int kDnRowsPerBlock = kWarps * 64;  // X rows per down block
 
@@ -764,10 +764,12 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   const int rb_dn = (X + kDnRowsPerBlock - 1) / kDnRowsPerBlock;
   const int sp_dn = choose_splits(est_tiles, rb_dn, a.nch, a.split_stride, s.part_floats, a.cps);
   // Folded: the down kernel stages h from the gate/up partials, so its own partials go after them (when both fit; the
-  // split above is the unfolded one's either way: the same sums). Only for a few pairs: every row block of the down
-  // kernel redoes the GLU of its K range (X / 256 row blocks: 9 for Kimi-Linear, 14 for K3), reading every gate/up
-  // split, where the launch does it once -- at 2 tokens the recomputation is ~1 us of the GPU's issue, at 64 several.
-  const bool fold_glu = fold && P <= kFoldGluMaxPairs && gu_floats + sp_dn * a.split_stride <= s.part_floats;
+  // split above is the unfolded one's either way: the same sums). Only while the GLUs are few: every row block of the
+  // down kernel redoes the GLU of its K range, reading every gate/up split, where the launch does each once. Call
+  // s49-2 (H100, batch 1): Kimi-Linear's 8 pairs (8 x 1024 x 9 row blocks = 74k GLUs) +0.8% end to end on the kl48
+  // GGUF; K3's 16 pairs (16 x 3072 x 14 = 688k SiTU GLUs) -0.6% on its 3-layer dummy.
+  const int64_t glus = static_cast<int64_t>(P) * I * ((X + kRingDnRowsPerBlock - 1) / kRingDnRowsPerBlock);
+  const bool fold_glu = fold && glus <= kFoldGluMax && gu_floats + sp_dn * a.split_stride <= s.part_floats;
   if (fold_glu) {
     a.part = s.part + gu_floats;
     a.gu_part = s.part;

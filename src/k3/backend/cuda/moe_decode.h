@@ -36,8 +36,9 @@ void moe_decode_set_variant(DecVariant v);
 
 // The folded launches (session 49; the default): the gate/up kernel converts x to its bf16 halves while staging it
 // (no act_prep launch) and the down kernel sums the gate/up partials and applies the GLU while staging h (no
-// glu_finish launch, up to 32 pairs -- each down row block redoes its K range's GLU; its partials then sit after the
-// gate/up ones, when both fit the scratch, else the GLU launch stays). The same steps in the same order: the same bits (CudaMoe.DecodeFoldGivesTheSameBits). K3_MOE_DEC_FOLD=0
+// glu_finish launch while pairs x I x the down kernel's row blocks <= 131072 -- each down row block redoes its K
+// range's GLU: Kimi-Linear at one token, not K3; its partials then sit after the gate/up ones, when both fit the
+// scratch, else the GLU launch stays). The same steps in the same order: the same bits (CudaMoe.DecodeFoldGivesTheSameBits). K3_MOE_DEC_FOLD=0
 // keeps the separate launches; tests force either (nullopt: back to the environment's).
 bool moe_dec_fold_enabled();
 void force_moe_dec_fold_for_testing(std::optional<bool> on);
