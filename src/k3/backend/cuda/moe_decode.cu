@@ -223,14 +223,24 @@ __device__ __forceinline__ void mx_chunk(float (&acc)[MT][NT][4], const uint4 (&
 
 // Stages chunks [seg0, seg1) of the block's activations (hi; lo when NS == 2) in sact, in the layout the chunk
 // code reads: [chunk][unit word][token][tq] uint4s, zeros for padded tokens and columns. U: columns per lane unit
-// (32 for MXFP4, 8 for bf16 weights).
+// (32 for MXFP4, 8 for bf16 weights). The items are handed out token-slowest, so that at a few tokens the block's
+// first threads take the real ones side by side: in the layout's own order only one thread in 8 had a real item at one
+// token, 4 in a row of them with the GLU folded in -- each a round of split loads from L2 (the down kernel's top stall,
+// 40% of its samples in call s49-4).
 template <int U, int NT, int NS, int SEG4>
 __device__ __forceinline__ void stage_acts(const KArgs& a, uint4 (&sact)[NS][SEG4], const int* src_row, int seg0,
                                            int seg1) {
   constexpr int CH = 4 * U, WPU = U / 8, TOK = 8 * NT;
-  const int n4 = (seg1 - seg0) * WPU * TOK * 4;
-  for (int idx = threadIdx.x; idx < n4; idx += kThreads) {
-    const int tq_ = idx & 3, j = (idx >> 2) % TOK, rest = (idx >> 2) / TOK, wd = rest % WPU, lc = rest / WPU;
+  static_assert(SEG4 <= 4096, "the float division below needs fewer than 2^12 items");
+  const int per_tok = (seg1 - seg0) * WPU * 4;  // items of one token: (chunk, unit word, tq)
+  const int n4 = per_tok * TOK;
+  // it / per_tok in floats: exact, since (it + 1/2) / per_tok is at least 1 / (2 per_tok) >= 2^-13 from an integer and
+  // the product's error is below 2^-19 (it < 2^12); an integer division took registers the ring kernels spilled.
+  const float inv = 1.f / static_cast<float>(per_tok);
+  for (int it = threadIdx.x; it < n4; it += kThreads) {
+    const int j = static_cast<int>((static_cast<float>(it) + 0.5f) * inv), r = it - j * per_tok;
+    const int tq_ = r & 3, wd = (r >> 2) % WPU, lc = (r >> 2) / WPU;
+    const int idx = ((lc * WPU + wd) * TOK + j) * 4 + tq_;  // the layout's index
     const int col = (seg0 + lc) * CH + tq_ * U + wd * 8;
     const int sr = src_row[j];
     uint4 vh = make_uint4(0u, 0u, 0u, 0u), vl = vh;
