@@ -224,9 +224,10 @@ __device__ __forceinline__ void mx_chunk(float (&acc)[MT][NT][4], const uint4 (&
 // Stages chunks [seg0, seg1) of the block's activations (hi; lo when NS == 2) in sact, in the layout the chunk
 // code reads: [chunk][unit word][token][tq] uint4s, zeros for padded tokens and columns. U: columns per lane unit
 // (32 for MXFP4, 8 for bf16 weights). The items are handed out token-slowest, so that at a few tokens the block's
-// first threads take the real ones side by side: in the layout's own order only one thread in 8 had a real item at one
-// token, 4 in a row of them with the GLU folded in -- each a round of split loads from L2 (the down kernel's top stall,
-// 40% of its samples in call s49-4).
+// first threads take the real ones side by side: in the layout's own order only one thread in 8 had real items, several
+// in a row of them where the block's K range is long (K3's gate/up at one token: 4 rounds of x loads on 32 threads,
+// now 1 on 128). Where the range is 2 chunks (the kl48 GGUF's down kernel, whose folded GLU stalls on its 9 splits'
+// loads: 40% of its samples in call s49-4) both orders give one item a thread (call s49-5: 18.0 us either way).
 template <int U, int NT, int NS, int SEG4>
 __device__ __forceinline__ void stage_acts(const KArgs& a, uint4 (&sact)[NS][SEG4], const int* src_row, int seg0,
                                            int seg1) {
