@@ -14,7 +14,7 @@
 //      invalid expert id (outside [0, E)) adds nothing.
 // fp32 activations and accumulation; bf16 weights widened exactly, MXFP4 decoded exactly (E2M1 x 2^-14 in
 // fp16, the group's dot scaled once by 2^(s-127) x 2^14). The CPU reference: cpu moe_layer. bf16 rows take a
-// warp each; MXFP4 rows 8 lanes (4 with K3_MOE_MX_LANES=4; a warp's rows share their activation loads, below).
+// warp each; MXFP4 rows a quad of lanes (so that a warp's rows share their activation loads, below).
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -295,10 +295,10 @@ __global__ void __launch_bounds__(256)
       [&](int k) { return d[(k < K ? p0 + k : static_cast<int64_t>(routed) + t) * w.X + r]; }, shared);
 }
 
-// MXFP4 rows: kL lanes per row (4 or 8), 32 / kL rows per warp. A lane takes every kL-th E8M0 group of its row (16
-// bytes of weights) and the 32 activations of that group; the warp's rows read the SAME kL activation chunks per step
-// (one L1 broadcast each), so activations cost 512 (kL = 4) or 1024 (kL = 8) bytes of L1 per 512 bytes of weights. (A
-// warp per row read 128 bytes of activations per 16-byte weight load: L1-bound at ~9% of HBM, session 13.)
+// MXFP4 rows: 4 lanes per row, 8 rows per warp. A lane takes every 4th E8M0 group of its row (16 bytes of
+// weights) and the 32 activations of that group; the warp's 8 rows read the SAME 4 activation chunks per step
+// (one L1 broadcast each), so activations cost 512 bytes of L1 per 512 bytes of weights. (A warp per row read
+// 128 bytes of activations per 16-byte weight load: L1-bound at ~9% of HBM, session 13.)
 __device__ __forceinline__ float mx_group_dot(uint4 v, const float* __restrict__ xg) {
   const uint32_t u[4] = {v.x, v.y, v.z, v.w};
   const float4* x4 = reinterpret_cast<const float4*>(xg);
@@ -314,22 +314,19 @@ __device__ __forceinline__ float mx_group_dot(uint4 v, const float* __restrict__
   return s;
 }
 
-// The kL-lane dots of kR MXFP4 rows against one x (lane q of a row's kL lanes takes groups q, q + kL, ...), each
-// summed over the row's lanes. Each batch of kB groups issues all the rows' weight and scale loads before the first
-// multiply (the loop this replaced, `#pragma unroll 2`, had ~2 groups a lane in flight: 14% of DRAM at batch 1, ncu
-// s48-5); the groups of a row still go into its fmaf chain in order q, q + kL, ...: the same bits for a given kL.
-// kL = 8 (session 49; MoeGemvMxLanes): twice the warps of kL = 4 for the same rows -- 4 lanes a row left one block of
-// 8 warps an SM at Kimi-Linear's one token (12% achieved occupancy, s48-6).
-template <int kR, int kB, int kL>
-__device__ __forceinline__ void lane_dots_mx(const uint8_t* const (&wr)[kR], const uint8_t* const (&sr)[kR], int groups,
+// The 4-lane dots of kR MXFP4 rows against one x (lane q of a row's quad takes groups q, q + 4, ...), each summed
+// over the quad. Each batch of kB groups issues all the rows' weight and scale loads before the first multiply (the
+// loop this replaced, `#pragma unroll 2`, had ~2 groups a lane in flight: 14% of DRAM at batch 1, ncu s48-5); the
+// groups of a row still go into its fmaf chain in order q, q + 4, ...: the same bits.
+template <int kR, int kB>
+__device__ __forceinline__ void quad_dots_mx(const uint8_t* const (&wr)[kR], const uint8_t* const (&sr)[kR], int groups,
                                              const float* __restrict__ x, int q, float (&acc)[kR]) {
-  static_assert(kL == 4 || kL == 8, "lanes a row");
-  for (int g0 = q; g0 < groups; g0 += kL * kB) {  // a row's lanes may differ by one batch at the end: no shuffles here
+  for (int g0 = q; g0 < groups; g0 += 4 * kB) {  // the quad's lanes may differ by one batch at the end: no shuffles here
     uint4 wv[kR][kB];
     uint32_t sc[kR][kB];
 #pragma unroll
     for (int j = 0; j < kB; ++j) {
-      const int g = g0 + kL * j < groups ? g0 + kL * j : q;  // past the row: group q again, read and unused
+      const int g = g0 + 4 * j < groups ? g0 + 4 * j : q;  // past the row: group q again, read and unused
 #pragma unroll
       for (int i = 0; i < kR; ++i) {
         wv[i][j] = __ldg(reinterpret_cast<const uint4*>(wr[i]) + g);
@@ -338,39 +335,37 @@ __device__ __forceinline__ void lane_dots_mx(const uint8_t* const (&wr)[kR], con
     }
 #pragma unroll
     for (int j = 0; j < kB; ++j) {
-      const int g = g0 + kL * j;
+      const int g = g0 + 4 * j;
       if (g >= groups) break;
 #pragma unroll
       for (int i = 0; i < kR; ++i) acc[i] = fmaf(mx_group_dot(wv[i][j], x + g * 32), e8m0_scale_x2p14(sc[i][j]), acc[i]);
     }
   }
 #pragma unroll
-  for (int i = 0; i < kR; ++i)
-#pragma unroll
-    for (int o = 1; o < kL; o <<= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+  for (int i = 0; i < kR; ++i) {
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 1);
+    acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2);
+  }
 }
 
-// The kL-lane dot of one MXFP4 row, summed over its lanes.
-template <int kL>
-__device__ __forceinline__ float lane_dot_mx(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ sr, int groups,
+// The 4-lane dot of one MXFP4 row, summed over the quad.
+__device__ __forceinline__ float quad_dot_mx(const uint8_t* __restrict__ wr, const uint8_t* __restrict__ sr, int groups,
                                              const float* __restrict__ x, int q) {
   const uint8_t* const w1[1] = {wr};
   const uint8_t* const s1[1] = {sr};
   float acc[1] = {0.f};
-  lane_dots_mx<1, 6, kL>(w1, s1, groups, x, q, acc);
+  quad_dots_mx<1, 6>(w1, s1, groups, x, q, acc);
   return acc[0];
 }
 
-// grid (ceil(I / (32 / kL * kWarps)), P): kL lanes -> row i of pair blockIdx.y.
-template <int kL>
+// grid (ceil(I / (8 kWarps)), P): lane quad -> row i of pair blockIdx.y.
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_gate_up_mx_kernel(const ExpertBank w, int K, const float* __restrict__ x, const int32_t* __restrict__ topk_idx,
                            GluAct act, float beta, float lbeta, float* __restrict__ h) {
   pdl::begin();
-  constexpr int kRows = 32 / kL;  // rows a warp
-  const int lane = threadIdx.x & 31, q = lane % kL, p = blockIdx.y;
-  const int i = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows + lane / kL;
-  if ((blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows >= w.I) return;  // whole warp past the rows
+  const int lane = threadIdx.x & 31, q = lane & 3, p = blockIdx.y;
+  const int i = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 + (lane >> 2);
+  if ((blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8 >= w.I) return;  // whole warp past the rows
   const bool row_ok = i < w.I;
   const int e = topk_idx[p];  // block-uniform
   float* hp = h + static_cast<int64_t>(p) * w.I;
@@ -385,93 +380,72 @@ __global__ void __launch_bounds__(kWarps * 32)
                                   static_cast<const uint8_t*>(w.up) + row * (w.X / 2)};
   const uint8_t* const scales[2] = {w.gate_scales + row * groups, w.up_scales + row * groups};
   float gu[2] = {0.f, 0.f};  // gate and up, their loads in flight together
-  lane_dots_mx<2, 4, kL>(rows, scales, groups, xt, q, gu);
+  quad_dots_mx<2, 4>(rows, scales, groups, xt, q, gu);
   if (q == 0 && row_ok) hp[i] = moe_dev::glu(gu[0], gu[1], act, beta, lbeta);
 }
 
-// grid (ceil(X / 8), n): warp k' takes k = k', k' + kWarps, ... for the block's 8 rows (32 / kL a pass), then the
+// grid (ceil(X / 8), n): warp k' takes k = k', k' + kWarps, ... for the block's 8 rows (quads), then the
 // block sums each row's K dots in rank order.
-template <int kL>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_mx_kernel(const ExpertBank w, int K, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                         const float* __restrict__ topk_w, float* __restrict__ out) {
   pdl::begin();
-  constexpr int kRows = 32 / kL;
   __shared__ float s_d[8][kMaxPairK + 1];
   __shared__ int s_e[kMaxPairK];
-  const int lane = threadIdx.x & 31, q = lane % kL, t = blockIdx.y;
-  const int r0 = blockIdx.x * 8;
+  const int lane = threadIdx.x & 31, q = lane & 3, rl = lane >> 2, t = blockIdx.y;
+  const int r0 = blockIdx.x * 8, r = r0 + rl;
   if (threadIdx.x < K) s_e[threadIdx.x] = topk_idx[static_cast<int64_t>(t) * K + threadIdx.x];
   __syncthreads();
   const int groups = w.I / 32;
   for (int k = threadIdx.x >> 5; k < K; k += kWarps) {
     const int e = s_e[k];
     if (e < 0 || e >= w.E) continue;  // warp-uniform
-    for (int rp = 0; rp < 8; rp += kRows) {
-      const int rl = rp + lane / kL, r = r0 + rl;
-      const int64_t row = static_cast<int64_t>(e) * w.X + (r < w.X ? r : w.X - 1);
-      const float d = lane_dot_mx<kL>(static_cast<const uint8_t*>(w.down) + row * (w.I / 2), w.down_scales + row * groups,
-                                      groups, h + (static_cast<int64_t>(t) * K + k) * w.I, q);
-      if (q == 0) s_d[rl][k] = d;
-    }
+    const int64_t row = static_cast<int64_t>(e) * w.X + (r < w.X ? r : w.X - 1);
+    const float d = quad_dot_mx(static_cast<const uint8_t*>(w.down) + row * (w.I / 2), w.down_scales + row * groups,
+                                groups, h + (static_cast<int64_t>(t) * K + k) * w.I, q);
+    if (q == 0) s_d[rl][k] = d;
   }
   __syncthreads();
   combine_rows(w, K, 8, s_d, s_e, topk_w, t, r0, out);
 }
 
-// The MXFP4 down kernel's pairs form (as the bf16 one's): grid (ceil(X / (32 / kL * kWarps)), n K), kL lanes per row of
+// The MXFP4 down kernel's pairs form (as the bf16 one's): grid (ceil(X / (8 kWarps)), n K), a lane quad per row of
 // pair p's expert against h row p, the dots to d [n K][X] for down_combine_kernel. Same dots, same combine: the bits of
-// gemv_down_mx_kernel<kL>.
-template <int kL>
+// gemv_down_mx_kernel.
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_down_mx_pairs_kernel(const ExpertBank w, const float* __restrict__ h, const int32_t* __restrict__ topk_idx,
                               float* __restrict__ d) {
   pdl::begin();
-  constexpr int kRows = 32 / kL;
-  const int lane = threadIdx.x & 31, q = lane % kL, p = blockIdx.y;
-  const int r0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows, r = r0 + lane / kL;
+  const int lane = threadIdx.x & 31, q = lane & 3, p = blockIdx.y;
+  const int r0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * 8, r = r0 + (lane >> 2);
   if (r0 >= w.X) return;  // whole warp past the rows
   const int e = topk_idx[p];
   if (e < 0 || e >= w.E) return;  // the combine skips the pair
   const int groups = w.I / 32;
   const int64_t row = static_cast<int64_t>(e) * w.X + (r < w.X ? r : w.X - 1);
-  const float v = lane_dot_mx<kL>(static_cast<const uint8_t*>(w.down) + row * (w.I / 2), w.down_scales + row * groups,
-                                  groups, h + static_cast<int64_t>(p) * w.I, q);
+  const float v = quad_dot_mx(static_cast<const uint8_t*>(w.down) + row * (w.I / 2), w.down_scales + row * groups,
+                              groups, h + static_cast<int64_t>(p) * w.I, q);
   if (q == 0 && r < w.X) d[static_cast<int64_t>(p) * w.X + r] = v;
 }
 
-template <int kL>
-cudaError_t launch_mx_lanes(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
-                            const float* topk_w, GluAct act, float beta, float lbeta, float* h, float* d, float* out,
-                            cudaStream_t stream) {
-  constexpr int kRowsPerBlock = 32 / kL * kWarps;
-  const dim3 g1(static_cast<unsigned>((w.I + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n * K));
-  (void)pdl::launch(gemv_gate_up_mx_kernel<kL>, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h);
+cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
+                      GluAct act, float beta, float lbeta, float* h, float* d, float* out, cudaStream_t stream) {
+  const dim3 g1(static_cast<unsigned>((w.I + 8 * kWarps - 1) / (8 * kWarps)), static_cast<unsigned>(n * K));
+  (void)pdl::launch(gemv_gate_up_mx_kernel, g1, kWarps * 32, 0, stream, w, K, x, topk_idx, act, beta, lbeta, h);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (down_form() == MoeDownForm::Items) {
     const dim3 g2(static_cast<unsigned>((w.X + 7) / 8), static_cast<unsigned>(n));
-    (void)pdl::launch(gemv_down_mx_kernel<kL>, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out);
+    (void)pdl::launch(gemv_down_mx_kernel, g2, kWarps * 32, 0, stream, w, K, h, topk_idx, topk_w, out);
     return cudaGetLastError();
   }
-  const dim3 g2(static_cast<unsigned>((w.X + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(n * K));
-  (void)pdl::launch(gemv_down_mx_pairs_kernel<kL>, g2, kWarps * 32, 0, stream, w, h, topk_idx, d);
+  const dim3 g2(static_cast<unsigned>((w.X + 8 * kWarps - 1) / (8 * kWarps)), static_cast<unsigned>(n * K));
+  (void)pdl::launch(gemv_down_mx_pairs_kernel, g2, kWarps * 32, 0, stream, w, h, topk_idx, d);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 g3(static_cast<unsigned>((w.X + 255) / 256), static_cast<unsigned>(n));
   (void)pdl::launch(down_combine_kernel, g3, 256, 0, stream, w, K, d, topk_idx, topk_w, out, false, n * K);
   return cudaGetLastError();
-}
-
-// K3_MOE_MX_LANES=4: the MXFP4 GEMV kernels on 4 lanes a row (session 48's form; the A/B arm of call s49-6), else 8.
-cudaError_t launch_mx(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
-                      GluAct act, float beta, float lbeta, float* h, float* d, float* out, cudaStream_t stream) {
-  static const bool four = [] {
-    const char* v = std::getenv("K3_MOE_MX_LANES");
-    return v && v[0] == '4';
-  }();
-  return four ? launch_mx_lanes<4>(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, stream)
-              : launch_mx_lanes<8>(w, n, K, x, topk_idx, topk_w, act, beta, lbeta, h, d, out, stream);
 }
 
 cudaError_t launch_bf16(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx, const float* topk_w,
