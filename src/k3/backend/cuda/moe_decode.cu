@@ -42,6 +42,7 @@
 #include <cstring>
 
 #include "k3/backend/cuda/cuda_util.h"
+#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
@@ -820,21 +821,12 @@ std::atomic<int>& variant_slot() {
 }  // namespace
 
 namespace {
-std::atomic<int> g_fold_forced{-1};
+EnvFlag g_fold{"K3_MOE_DEC_FOLD"};
 }  // namespace
 
-bool moe_dec_fold_enabled() {
-  static const bool env_on = [] {
-    const char* v = std::getenv("K3_MOE_DEC_FOLD");
-    return !(v && v[0] == '0');
-  }();
-  const int f = g_fold_forced.load(std::memory_order_relaxed);
-  return f < 0 ? env_on : f == 1;
-}
+bool moe_dec_fold_enabled() { return g_fold.on(); }
 
-void force_moe_dec_fold_for_testing(std::optional<bool> on) {
-  g_fold_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
-}
+void force_moe_dec_fold_for_testing(std::optional<bool> on) { g_fold.force(on); }
 
 DecVariant moe_decode_variant() { return static_cast<DecVariant>(variant_slot().load(std::memory_order_relaxed)); }
 

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "k3/backend/cuda/bf16_dot.cuh"
+#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
@@ -41,15 +42,8 @@ constexpr int kMaxPairK = 32;      // K bound (MoeWorkspace checks K <= 32)
 __device__ __forceinline__ int h_perm(int i) { return (i & ~255) | ((i & 4) << 5) | (((i >> 3) & 31) << 2) | (i & 3); }
 
 // K3_MOE_HPERM=0 keeps h in column order (the A/B arm of call s48-1); force_moe_h_perm_for_testing overrides.
-std::atomic<int> g_h_perm_forced{-1};
-bool h_perm_enabled() {
-  static const bool env_on = [] {
-    const char* v = std::getenv("K3_MOE_HPERM");
-    return !(v && v[0] == '0');
-  }();
-  const int f = g_h_perm_forced.load(std::memory_order_relaxed);
-  return f < 0 ? env_on : f == 1;
-}
+EnvFlag g_h_perm{"K3_MOE_HPERM"};
+bool h_perm_enabled() { return g_h_perm.on(); }
 
 // The bf16 down kernel's form (MoeDownForm): K3_MOE_DOWN=items, else pairs; force_moe_down_form_for_testing
 // overrides.
@@ -484,9 +478,7 @@ void force_moe_down_form_for_testing(std::optional<MoeDownForm> form) {
   g_down_forced.store(form ? static_cast<int>(*form) : -1, std::memory_order_relaxed);
 }
 
-void force_moe_h_perm_for_testing(std::optional<bool> on) {
-  g_h_perm_forced.store(on ? (*on ? 1 : 0) : -1, std::memory_order_relaxed);
-}
+void force_moe_h_perm_for_testing(std::optional<bool> on) { g_h_perm.force(on); }
 
 bool moe_gemv_enabled() { return moe_gemv_mode() != 0; }
 
