@@ -30,6 +30,7 @@
 #include "k3/core/format_dispatch.h"
 #include "k3/core/weight.h"
 #include "k3/quant/gguf_quant.h"
+#include "k3/quant/iq_tables.h"
 #include "kernel_test_util.h"
 #include "quant_test_ref.h"
 
@@ -334,11 +335,11 @@ TEST(QuantKernelsVnniK, PerBlockPathEqualsAvx2Int8BitForBit) {
     }
 }
 
-// The avx512bf16 tier's Q5_0 product (llama-quantize's fallback for rows not whole 256-blocks; its blocks through the
-// exact decoder into the Q8 sink) against its Q8_0 pair unit on a Q8_0 matrix holding the same quants (q - 16, the
-// fifth bits included) and the same d: bit for bit, at one and several tokens, even and odd block counts. A fifth bit
-// read from the wrong position, or a d from the wrong block, fails it (checked in session 46 with a dedicated Q5_0
-// pair unit whose bits were shifted by one; that unit measured no faster and was not kept).
+// The avx512bf16 tier's Q5_0 product (llama-quantize's fallback for rows not whole 256-blocks; its pairs of blocks
+// through unit_nibble_pair since session 49, a lone last block through the exact decoder into the Q8 sink) against its
+// Q8_0 pair unit on a Q8_0 matrix holding the same quants (q - 16, the fifth bits included) and the same d: bit for
+// bit, at one and several tokens, even and odd block counts. A fifth bit read from the wrong position, or a d from the
+// wrong block, fails it (checked in session 46 with a dedicated Q5_0 pair unit whose bits were shifted by one).
 TEST(QuantKernelsVnni, Q5_0PairEqualsQ8_0OfTheSameQuantsBitForBit) {
   if (const std::string m = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
@@ -372,6 +373,93 @@ TEST(QuantKernelsVnni, Q5_0PairEqualsQ8_0OfTheSameQuantsBitForBit) {
       k3::cpu::matmul(W8, x.data(), n, y8.data());
       EXPECT_EQ(0, std::memcmp(y5.data(), y8.data(), y5.size() * sizeof(float))) << rows << " x " << cols << " n " << n;
       EXPECT_TRUE(std::isfinite(y5[0]));
+    }
+  }
+}
+
+// The avx512bf16 tier's one-token product of the pair formats (Q8_0, Q5_0, Q4_0, IQ4_NL; weight_kernels_quant_vnni.cpp's
+// pair_one_token_rows since session 49: the +128 offset on the weights against a per-token correction, rows of up to 4
+// blocks unrolled, 64-byte loads but for a matrix's last row, sums 16 rows at a time; Q8_0 past 4 blocks keeps Q8Acc,
+// its sums 16 at a time too) against the path it replaced at one token, which the several-token tiles still run: a
+// Q8_0 matrix holding the same quants and d (its pair unit, the activation-offset correction of Q8Acc, one
+// _mm512_reduce_add_ps per row), token 0 of two. Bit for bit, on random
+// non-zero weights and activations, over 1 to 6 blocks (the unrolled widths, 128 columns among them: the KDA gates'
+// f_b / g_b) and 35 (the general loop, a lone last block), row counts that end mid 16-row group, and a 4096 x 128 pair
+// through matmul_batch (linear_batch's decode path, over the pool's threads).
+TEST(QuantKernelsVnni, PairFormatsOneTokenEqualQ8_0TilesBitForBit) {
+  if (const std::string m = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+    GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
+  struct TierReset {
+    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  } reset;
+  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+  std::mt19937 rng(49);
+  // Blocks of format f and a Q8_0 copy of their quants and d: rows x cols.
+  auto make = [&](WeightFormat f, int64_t rows, int64_t cols, std::vector<uint8_t>& fb, std::vector<uint8_t>& q8) {
+    const int64_t blocks = rows * cols / 32, bb = k3::weight_layout(f).block_bytes;
+    fb.assign(static_cast<size_t>(blocks * bb), 0);
+    q8.assign(static_cast<size_t>(blocks * 34), 0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* pf = &fb[static_cast<size_t>(b * bb)];
+      uint8_t* p8 = &q8[static_cast<size_t>(b * 34)];
+      const uint16_t d = static_cast<uint16_t>(0x2000 + rng() % 0x1000);  // fp16 d in [2^-7, 2^-5)
+      std::memcpy(pf, &d, 2);
+      std::memcpy(p8, &d, 2);
+      for (int64_t i = 2; i < bb; ++i) pf[i] = static_cast<uint8_t>(rng());
+      for (int i = 0; i < 32; ++i) {
+        int q = 0;
+        if (f == WeightFormat::Q8_0) {
+          q = static_cast<int8_t>(pf[2 + i]);
+        } else {
+          const uint8_t* qs = pf + (f == WeightFormat::Q5_0 ? 6 : 2);
+          const int nib = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+          if (f == WeightFormat::Q5_0) {
+            uint32_t qh;
+            std::memcpy(&qh, pf + 2, 4);
+            q = (nib | ((qh >> i) & 1) << 4) - 16;
+          } else {
+            q = f == WeightFormat::Q4_0 ? nib - 8 : k3::quant::kIq4nlValues[nib];
+          }
+        }
+        p8[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+    }
+  };
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q5_0, WeightFormat::Q4_0, WeightFormat::IQ4_NL})
+    for (int64_t blocks : {1, 2, 3, 4, 5, 6, 35})
+      for (int64_t rows : {1, 17, 40}) {
+        const int64_t cols = 32 * blocks;
+        std::vector<uint8_t> fb, q8;
+        make(f, rows, cols, fb, q8);
+        const k3::WeightMatrix W{f, fb.data(), nullptr, rows, cols}, W8{WeightFormat::Q8_0, q8.data(), nullptr, rows, cols};
+        const auto x = activations(static_cast<size_t>(2 * cols), rng);  // +-2^[-6, 3): never 0
+        std::vector<float> y(static_cast<size_t>(rows), NAN), y8(static_cast<size_t>(2 * rows), NAN);
+        k3::cpu::matmul(W, x.data(), 1, y.data());
+        k3::cpu::matmul(W8, x.data(), 2, y8.data());
+        ASSERT_EQ(0, std::memcmp(y.data(), y8.data(), y.size() * sizeof(float)))
+            << k3::weight_format_name(f) << " " << rows << " x " << cols;
+        ASSERT_TRUE(std::isfinite(y[0]));
+      }
+  for (WeightFormat f : {WeightFormat::Q5_0, WeightFormat::IQ4_NL}) {
+    constexpr int64_t rows = 4096, cols = 128;
+    std::vector<uint8_t> fb[2], q8[2];
+    std::vector<float> x[2], y[2], y8[2];
+    std::vector<k3::cpu::MatmulJob> jobs;
+    std::vector<k3::WeightMatrix> Ws;
+    Ws.reserve(2);
+    for (int j = 0; j < 2; ++j) {
+      make(f, rows, cols, fb[j], q8[j]);
+      Ws.push_back(k3::WeightMatrix{f, fb[j].data(), nullptr, rows, cols});
+      x[j] = activations(static_cast<size_t>(2 * cols), rng);
+      y[j].assign(rows, NAN);
+      y8[j].assign(2 * rows, NAN);
+      jobs.push_back({&Ws[static_cast<size_t>(j)], x[j].data(), 1, y[j].data()});
+    }
+    k3::cpu::matmul_batch(jobs);
+    for (int j = 0; j < 2; ++j) {
+      const k3::WeightMatrix W8{WeightFormat::Q8_0, q8[j].data(), nullptr, rows, cols};
+      k3::cpu::matmul(W8, x[j].data(), 2, y8[j].data());
+      EXPECT_EQ(0, std::memcmp(y[j].data(), y8[j].data(), y[j].size() * sizeof(float))) << k3::weight_format_name(f) << " job " << j;
     }
   }
 }

@@ -21,7 +21,12 @@
 //   i-quants: one fma of f by the lane sub-scales per chunk. One reduction per (row, token) at the end.
 // - Weight quants: Q4_K, Q5_K, Q2_K's are unsigned (0..31) and go in vpdpbusd's u8 operand against plain
 //   int8 activations; the other formats' are signed and meet q + 128 bytes, the offset cancelled by
-//   starting the int32 sum at -128 x (sum of each lane's 4 quants), computed once per row and tile.
+//   starting the int32 sum at -128 x (sum of each lane's 4 quants), computed once per row and tile. One token of
+//   the pair formats (pair_one_token_rows, BiasedAcc1; Q8_0 at rows of up to 4 blocks) moves the offset to the
+//   weights instead: w + 128 against q, the sum started at -128 x each quad's sum of q, computed once per call --
+//   the same int32.
+// - One token: the rows' 16-lane accumulators are summed 16 rows at a time (reduce_tree512.h: the tree and bits
+//   of _mm512_reduce_add_ps).
 //
 // Batch invariance (weight_kernels.h): a token is converted by the same code whatever n is, and each
 // (row, token) pair runs the same operations in the same order in every tile size (T = 1 is the dot);
@@ -39,6 +44,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "k3/backend/cpu/act_convert_path.h"
 #include "k3/backend/cpu/kquant_act_order.h"
@@ -167,6 +173,40 @@ struct IqControls {
 };
 inline constexpr IqControls kIqCtl{};
 
+// The pair units of Q5_0 / Q4_0 / IQ4_NL (unit_nibble_pair): a pair of blocks (bb bytes each, the quants at qs in
+// each) loaded as one vector z; the controls move and shift its bytes into a chunk's 64 values in natural order.
+struct NibblePairControls {
+  alignas(64) uint8_t quants[64];  // byte 16 L + j <- quant byte j of block L / 2 (lanes 0, 1: the first block)
+  alignas(64) uint8_t shift[64];   // vpmultishiftqb: lanes 0, 2 keep the low nibbles, lanes 1, 3 take the high ones
+  alignas(64) uint8_t fifth[64];   // Q5_0: byte p <- byte (p % 32) / 8 of its block's fifth bits (bit p % 8 is p's)
+  alignas(64) int8_t q4_0[64], q5_0[64];  // vpermb tables (index: the low 6 bits): nibble i & 15 -> i - 8, i - 16
+  alignas(64) uint8_t q4_0b[64], q5_0b[64];  // the same + 128 (BiasedAcc1)
+  alignas(32) uint16_t d[16];                // vpermw: lanes 0-7 <- the first block's f16 d (word 0), 8-15 the second's
+  constexpr NibblePairControls(int bb, int qs) : quants(), shift(), fifth(), q4_0(), q5_0(), q4_0b(), q5_0b(), d() {
+    for (int p = 0; p < 64; ++p) {
+      const int block = p / 32, lane = p / 16;
+      quants[p] = static_cast<uint8_t>(block * bb + qs + p % 16);
+      shift[p] = static_cast<uint8_t>(8 * (p % 8) + (lane % 2 ? 4 : 0));
+      fifth[p] = static_cast<uint8_t>(block * bb + 2 + p % 32 / 8);
+      q4_0[p] = static_cast<int8_t>(p % 16 - 8);
+      q5_0[p] = static_cast<int8_t>(p % 16 - 16);
+      q4_0b[p] = static_cast<uint8_t>(p % 16 - 8 + 128);
+      q5_0b[p] = static_cast<uint8_t>(p % 16 - 16 + 128);
+    }
+    for (int k = 0; k < 16; ++k) d[k] = static_cast<uint16_t>(k < 8 ? 0 : bb / 2);
+  }
+};
+inline constexpr NibblePairControls kQ5_0Pair{22, 6}, kQ4Pair{18, 2};  // Q4_0 and IQ4_NL share their layout
+
+// The one-token pair rows' copy of their token (pair_one_token_rows), per thread, 64-byte aligned, grown to the widest
+// row. Here, outside the tier's target region: a std::vector instantiated inside it would be AVX-512 code that the
+// linker may pick for every file's copy.
+uint8_t* biased_token_scratch(int64_t bytes) {
+  thread_local std::vector<uint8_t> buf;
+  if (buf.size() < static_cast<size_t>(bytes) + 64) buf.resize(static_cast<size_t>(bytes) + 64);
+  return buf.data() + (-reinterpret_cast<uintptr_t>(buf.data()) & 63);
+}
+
 }  // namespace
 
 }  // namespace k3::cpu
@@ -177,6 +217,7 @@ K3_AVX512BF16_BEGIN
 // in this file only.
 #include "k3/backend/cpu/q8_quads_simd.h"
 #include "k3/backend/cpu/quant_decode_simd.h"
+#include "k3/backend/cpu/reduce_tree512.h"
 
 namespace k3::cpu {
 
@@ -277,6 +318,41 @@ struct Q8Acc {
     }
   }
 };
+
+// One token of a pair format (pair_one_token_rows) with the +128 offset moved from the activations to the weights:
+// the token's chunks hold q (int8), the quads' d and -128 x each quad's sum of q (int32; kBiasedChunkBytes a chunk),
+// and vpdpbusd(-128 sum q, w + 128, q) = sum w q is the int32 that Q8Acc gets from vpdpbusd(-128 sum w, q + 128, w)
+// -- without Q8Acc's per-row correction (a vpdpbusd and a subtraction in every chunk's dependency chain). Then the
+// same int -> float, times d, fma by the lane scales: the same bits. chunk() takes signed quants (the Q8Sink
+// decoders, Q8_0's pair unit), chunk_biased() quants + 128 (unit_nibble_pair's tables hold the offset).
+// kLoad64: unit_nibble_pair may load 64 bytes at the pair (past it: the rows after it in the same matrix).
+constexpr int64_t kBiasedChunkBytes = 192;
+template <bool kWhole64>
+struct BiasedAcc1 {
+  static constexpr bool kBiased = true, kLoad64 = kWhole64;
+  __m512 acc[1];
+  const uint8_t* xq;
+
+  __attribute__((always_inline)) void chunk_biased(__m512i wb, __m512 wsc) {
+    const __m512i dp = _mm512_dpbusd_epi32(_mm512_load_si512(xq + 128), wb, _mm512_load_si512(xq));
+    acc[0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_load_ps(reinterpret_cast<const float*>(xq + 64))), wsc, acc[0]);
+  }
+  __attribute__((always_inline)) void chunk(int, __m512i w, __m512 wsc) {
+    chunk_biased(_mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), wsc);
+  }
+};
+
+// The token of the pair formats' layout (pair_tokens: q + 128, d per 64 values) into BiasedAcc1's, nu chunks.
+void bias_token(const uint8_t* xq, int64_t nu, uint8_t* out) {
+  for (int64_t u = 0; u < nu; ++u) {
+    const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(xq + u * kChunkBytes), _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+    uint8_t* o = out + u * kBiasedChunkBytes;
+    _mm512_store_si512(o, q);
+    _mm512_store_si512(o + 64, _mm512_loadu_si512(xq + u * kChunkBytes + 64));
+    _mm512_store_si512(o + 128, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+  }
+}
 
 // Lane scales of a chunk from per-group scales: group g's scale in lanes [16 / k x g, ...) (k groups).
 inline __m512 lanes_of(__m512 scales, int first, int per_lane_group) {
@@ -598,6 +674,46 @@ __attribute__((always_inline)) inline void unit_q8_0_pair(const uint8_t* b, Acc&
   a.chunk(0, w, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d2));
 }
 
+// Q5_0 / Q4_0 / IQ4_NL, a pair of blocks (f16 d, Q5_0's 32 fifth bits, 16 bytes of nibbles: values 0-15 low, 16-31
+// high), in one 512-bit pass: one load of both blocks (masked: no read past the pair, unless Acc::kLoad64), one
+// vpermb for the quant bytes of each 16 values, one vpmultishiftqb for their nibbles, one vpermb through the format's
+// table (q - 8, q - 16, the IQ4_NL levels; + 128 for BiasedAcc1), Q5_0's fifth bits as a byte mask (vpermb, vptestmb)
+// adding 16, both d by one vpermw. The exact decoders hand the same int8 quants and the same d per 8 lanes to the
+// same chunk() arithmetic (same bits); through them (Q8Sink: per block nibbles, fifth bits by shuffle and compare, the
+// half-chunk hand-over and a 4-float scale build) a pair took ~40 instructions, and the 128-wide rows of these
+// formats (the KDA gates' f_b / g_b) ran at ~8 GB/s a thread.
+template <WeightFormat F, class Acc>
+__attribute__((always_inline)) inline void unit_nibble_pair(const uint8_t* b, Acc& a) {
+  constexpr bool kFive = F == WeightFormat::Q5_0, kBiased = requires { Acc::kBiased; };
+  constexpr const NibblePairControls& ctl = kFive ? kQ5_0Pair : kQ4Pair;
+  constexpr int64_t BB = weight_layout(F).block_bytes;
+  __m512i z;
+  if constexpr (requires { requires Acc::kLoad64; })
+    z = _mm512_loadu_si512(b);  // ~4% faster at 128 wide than the masked load
+  else
+    z = _mm512_maskz_loadu_epi8(_cvtu64_mask64((uint64_t{1} << (2 * BB)) - 1), b);
+  const __m512i nib = _mm512_multishift_epi64_epi8(load64(ctl.shift), _mm512_permutexvar_epi8(load64(ctl.quants), z));
+  __m512i table;
+  if constexpr (F == WeightFormat::IQ4_NL) {
+    table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kIq4nlValues)));
+    if constexpr (kBiased) table = _mm512_xor_si512(table, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (kBiased) {
+    table = load64(kFive ? ctl.q5_0b : ctl.q4_0b);
+  } else {
+    table = load64(kFive ? ctl.q5_0 : ctl.q4_0);
+  }
+  __m512i w = _mm512_permutexvar_epi8(nib, table);  // the table repeats every 16 bytes: only the nibble counts
+  if constexpr (kFive) {
+    const __mmask64 bit = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(ctl.fifth), z), load64(kIqCtl.bit_of));
+    w = _mm512_mask_add_epi8(w, bit, w, _mm512_set1_epi8(16));
+  }
+  const __m256i d16 = _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ctl.d)), _mm512_castsi512_si256(z));
+  if constexpr (kBiased)
+    a.chunk_biased(w, _mm512_cvtph_ps(d16));
+  else
+    a.chunk(0, w, _mm512_cvtph_ps(d16));
+}
+
 // Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
 // hands 32 int8 quants with the sub-scales of each 16 (no sub-mins: the formats with mins have their own
 // unit decoders above); two such halves make a chunk, which goes into the accumulators at once (one fma per
@@ -650,6 +766,8 @@ __attribute__((always_inline)) inline void unit(const uint8_t* row, int64_t u, i
   } else if constexpr (is_pair_format(F)) {
     if constexpr (F == WeightFormat::Q8_0)
       if (2 * u + 1 < blocks) return unit_q8_0_pair(row + 2 * u * BB, a);  // a whole pair; a lone last block below
+    if constexpr (F == WeightFormat::Q5_0 || F == WeightFormat::Q4_0 || F == WeightFormat::IQ4_NL)
+      if (2 * u + 1 < blocks) return unit_nibble_pair<F>(row + 2 * u * BB, a);
     Q8Sink<Acc> s(a);
     qsimd::decode_into<F>(row + 2 * u * BB, s);
     if (2 * u + 1 < blocks) {
@@ -733,13 +851,77 @@ void q8_tile_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks,
 }
 
 // One token over rows [r0, r1): q8_tile<F, 1> per row, the rows' one stream prefetched through one cursor (it
-// starts at the block's first line: the first g_quant_prefetch bytes are requested at once).
+// starts at the block's first line: the first g_quant_prefetch bytes are requested at once). The rows' accumulators
+// are parked 16 at a time and summed together (tree512::reduce16: ~3 instructions an output, the bits of
+// _mm512_reduce_add_ps): a lone reduction is ~9 dependent shuffles and adds, and on a short row -- the KDA gates'
+// f_b / g_b, 128 columns of Q5_0, two units -- it was most of the row's time (one token 11 GB/s at 2 threads while
+// the long rows stream at ~30).
 template <WeightFormat F, int kHint>
 void q8_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks, const uint8_t* xq, float* y, UnitSpan us) {
   const int64_t row_bytes = row_data_bytes(F, W.cols);
   const uint8_t* data = W.row_data(r0);
   PrefetchCursor<kHint> pf{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
-  for (int64_t r = 0; r < r1 - r0; ++r) q8_tile<F, 1, kHint>(data + r * row_bytes, blocks, xq, y + r, 1, us, &pf);
+  __m512 fin[16];
+  us.last = false;  // q8_tile parks each row's accumulator in fin instead of reducing it
+  for (int64_t g0 = 0; g0 < r1 - r0; g0 += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));
+    for (int i = 0; i < nr; ++i) {
+      us.state = fin + i;
+      q8_tile<F, 1, kHint>(data + (g0 + i) * row_bytes, blocks, xq, nullptr, 1, us, &pf);
+    }
+    tree512::reduce_store<1>(fin, nr, y + g0, 1);
+  }
+}
+
+// One row of a pair format x the biased token (BiasedAcc1). NB > 0: a row of NB blocks, its units unrolled (and the
+// lone last block of an odd NB known at compile time) and its lines requested once per row; a short row's loop and
+// per-unit prefetch checks cost ~15% of its time at 128 columns (two units). NB = 0: nu units, prefetched unit by
+// unit as q8_tile does.
+template <WeightFormat F, int NB, bool kLoad64, int kHint>
+__attribute__((always_inline)) inline __m512 pair_row(const uint8_t* row, int64_t row_bytes, int64_t nu, int64_t blocks,
+                                                      const uint8_t* biased, PrefetchCursor<kHint>& pf) {
+  BiasedAcc1<kLoad64> a{{_mm512_setzero_ps()}, biased};
+  if constexpr (NB > 0) {
+    if constexpr (kHint >= 0) pf.upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(row_bytes + g_quant_prefetch));
+#pragma GCC unroll 4
+    for (int u = 0; u < (NB + 1) / 2; ++u, a.xq += kBiasedChunkBytes) unit<F>(row, u, NB, a);
+  } else {
+    for (int64_t u = 0; u < nu; ++u, a.xq += kBiasedChunkBytes) {
+      if constexpr (kHint >= 0) pf.upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>((u + 1) * unit_weight_bytes(F) + g_quant_prefetch));
+      unit<F>(row, u, blocks, a);
+    }
+  }
+  return a.acc[0];
+}
+
+// One token of a pair format (Q8_0, Q5_0, Q4_0, IQ4_NL) over rows [r0, r1): pair_row per row on the token rewritten
+// once per call (bias_token), the rows' one stream prefetched through one cursor, their sums 16 at a time as
+// q8_one_token_rows. The 64-byte loads of a pair (44 or 36 bytes) read up to 28 bytes past it, which is inside the
+// matrix but for the last row of the matrix: that row loads masked.
+template <WeightFormat F, int NB, int kHint>
+void pair_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks, const uint8_t* biased, float* y) {
+  const int64_t row_bytes = row_data_bytes(F, W.cols), nu = units(F, W.cols);
+  const uint8_t* data = W.row_data(r0);
+  PrefetchCursor<kHint> pf{reinterpret_cast<uintptr_t>(data) & ~uintptr_t{63}};
+  __m512 fin[16];
+  for (int64_t g0 = 0; g0 < r1 - r0; g0 += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, r1 - r0 - g0));
+    const int last = r0 + g0 + nr == W.rows ? nr - 1 : nr;  // the rows before the matrix's last one
+    for (int i = 0; i < last; ++i) fin[i] = pair_row<F, NB, true, kHint>(data + (g0 + i) * row_bytes, row_bytes, nu, blocks, biased, pf);
+    if (last < nr) fin[last] = pair_row<F, NB, false, kHint>(data + (g0 + last) * row_bytes, row_bytes, nu, blocks, biased, pf);
+    tree512::reduce_store<1>(fin, nr, y + g0, 1);
+  }
+}
+
+template <WeightFormat F, int kHint>
+void pair_one_token_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks, const uint8_t* biased, float* y) {
+  switch (blocks) {  // rows of up to 128 values unrolled (the KDA gates' f_b / g_b, MLA's k_b)
+    case 1: return pair_one_token_rows<F, 1, kHint>(W, r0, r1, blocks, biased, y);
+    case 2: return pair_one_token_rows<F, 2, kHint>(W, r0, r1, blocks, biased, y);
+    case 3: return pair_one_token_rows<F, 3, kHint>(W, r0, r1, blocks, biased, y);
+    case 4: return pair_one_token_rows<F, 4, kHint>(W, r0, r1, blocks, biased, y);
+    default: return pair_one_token_rows<F, 0, kHint>(W, r0, r1, blocks, biased, y);
+  }
 }
 
 template <WeightFormat F, size_t... T>
@@ -760,9 +942,22 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
   constexpr int64_t UB = unit_bytes(F);
   constexpr int64_t kUnitWeightBytes = unit_weight_bytes(F);
   const int64_t cols = W.cols, nu = units(F, cols), ldq = nu * UB, blocks = cols / weight_layout(F).block_elems;
+  // Q8_0's pair decodes in two loads: over its long rows BiasedAcc1's third load a chunk cost more than the correction
+  // it saves (4096 wide, one thread: 4% slower than Q8Acc), so Q8_0 takes it for its unrolled short rows only.
+  if constexpr (is_pair_format(F))
+    if (n == 1 && (F != WeightFormat::Q8_0 || blocks <= 4)) {
+      uint8_t* biased = biased_token_scratch(nu * kBiasedChunkBytes);
+      bias_token(xq, nu, biased);
+      if (g_quant_prefetch == 0) return pair_one_token_rows_of<F, -1>(W, r0, r1, blocks, biased, y);
+      switch (g_quant_prefetch_hint) {
+        case 0: return pair_one_token_rows_of<F, 0>(W, r0, r1, blocks, biased, y);
+        case 2: return pair_one_token_rows_of<F, 2>(W, r0, r1, blocks, biased, y);
+        default: return pair_one_token_rows_of<F, 1>(W, r0, r1, blocks, biased, y);
+      }
+    }
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
     const UnitSpan us{0, nu, true, true, nullptr};
-    if (g_quant_prefetch == 0) return tiles[0](W, r0, r1, blocks, xq, y, ldy, us);
+    if (g_quant_prefetch == 0) return q8_one_token_rows<F, -1>(W, r0, r1, blocks, xq, y, us);  // no cursor
     switch (g_quant_prefetch_hint) {
       case 0: return q8_one_token_rows<F, 0>(W, r0, r1, blocks, xq, y, us);
       case 2: return q8_one_token_rows<F, 2>(W, r0, r1, blocks, xq, y, us);
