@@ -37,6 +37,20 @@
 namespace {
 
 using k3::WeightFormat;
+
+// What this CPU lacks for the avx512bf16 tier ("" when it can run it).
+std::string avx512bf16_missing() {
+  return k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false);
+}
+
+// The process's tier forced for a test's scope, back to the start-up choice after it.
+struct ForcedTier {
+  explicit ForcedTier(k3::cpu::CpuIsa isa) { k3::cpu::force_cpu_isa_for_testing(isa); }
+  ~ForcedTier() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
+  ForcedTier(const ForcedTier&) = delete;
+  ForcedTier& operator=(const ForcedTier&) = delete;
+};
+
 constexpr double kU = 1.0 / (1 << 24);
 
 class QuantKernelsTier : public k3test::CpuTierTest {};
@@ -341,12 +355,9 @@ TEST(QuantKernelsVnniK, PerBlockPathEqualsAvx2Int8BitForBit) {
 // bit, at one and several tokens, even and odd block counts. A fifth bit read from the wrong position, or a d from the
 // wrong block, fails it (checked in session 46 with a dedicated Q5_0 pair unit whose bits were shifted by one).
 TEST(QuantKernelsVnni, Q5_0PairEqualsQ8_0OfTheSameQuantsBitForBit) {
-  if (const std::string m = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+  if (const std::string m = avx512bf16_missing(); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
-  struct TierReset {
-    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
-  } reset;
-  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+  const ForcedTier tier(k3::cpu::CpuIsa::Avx512Bf16);
   std::mt19937 rng(46);
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{33, 128}, {9, 96}, {17, 4096}}) {
     const int64_t blocks = rows * cols / 32;
@@ -387,12 +398,9 @@ TEST(QuantKernelsVnni, Q5_0PairEqualsQ8_0OfTheSameQuantsBitForBit) {
 // f_b / g_b) and 35 (the general loop, a lone last block), row counts that end mid 16-row group, and a 4096 x 128 pair
 // through matmul_batch (linear_batch's decode path, over the pool's threads).
 TEST(QuantKernelsVnni, PairFormatsOneTokenEqualQ8_0TilesBitForBit) {
-  if (const std::string m = k3::cpu::isa_missing_features(k3::cpu::cpu_state().features, k3::cpu::CpuIsa::Avx512Bf16, false); !m.empty())
+  if (const std::string m = avx512bf16_missing(); !m.empty())
     GTEST_SKIP() << "this CPU cannot run the avx512bf16 tier (missing: " << m << ")";
-  struct TierReset {
-    ~TierReset() { k3::cpu::force_cpu_isa_for_testing(std::nullopt); }
-  } reset;
-  k3::cpu::force_cpu_isa_for_testing(k3::cpu::CpuIsa::Avx512Bf16);
+  const ForcedTier tier(k3::cpu::CpuIsa::Avx512Bf16);
   std::mt19937 rng(49);
   // Blocks of format f and a Q8_0 copy of their quants and d: rows x cols.
   auto make = [&](WeightFormat f, int64_t rows, int64_t cols, std::vector<uint8_t>& fb, std::vector<uint8_t>& q8) {
