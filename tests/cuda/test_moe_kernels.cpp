@@ -556,13 +556,18 @@ TEST(CudaMoe, DecodeVariantsBitwise) {
 // split sums in the same order, the same GLU. bf16 (SiLU, I = 200 and 48: partial last chunks) and MXFP4 (SiTU: the
 // GLU's betas reach the down kernel) shapes, QAT-scaled K3, both precisions, the register and ring kernels, n = 1 / 8
 // / 64 (8-pair tiles) and 128 (16-pair tiles at K3's E). A fold that staged from the wrong split, slot or column, or
-// dropped a beta, moves bits.
+// dropped a beta, moves bits. Both sides of the GLU rule are run: the tiny shapes' small batches fold the GLU, K3's and
+// the larger batches keep its launch (checked, so that a rule that never folded could not pass as "the same bits").
 TEST(CudaMoe, DecodeFoldGivesTheSameBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   VariantGuard guard;
   struct FoldGuard {
     ~FoldGuard() { k3::cuda::force_moe_dec_fold_for_testing(std::nullopt); }
   } fold_guard;
+  k3::cuda::force_moe_dec_fold_for_testing(true);
+  EXPECT_TRUE(k3::cuda::moe_dec_folds_glu(tiny_shapes()[0].K, tiny_shapes()[0].I, tiny_shapes()[0].X));
+  EXPECT_FALSE(k3::cuda::moe_dec_folds_glu(kK3Qat.K, kK3Qat.I, kK3Qat.X));  // 688k GLUs at one token
+  EXPECT_FALSE(k3::cuda::moe_dec_folds_glu(128 * tiny_shapes()[6].K, tiny_shapes()[6].I, tiny_shapes()[6].X));
   for (const Shape& s : {tiny_shapes()[0], tiny_shapes()[2], tiny_shapes()[6], kK3Qat}) {
     Moe& m = cached_moe(s);
     for (int n : {1, 8, 64, 128}) {
@@ -665,7 +670,9 @@ TEST(CudaMoe, RouteWarpPicksFollowTheRule) {
           EXPECT_TRUE(seen.insert(got).second) << "repeated id " << got << " E=" << E << " K=" << K << " t=" << t;
           if (t == 4) continue;  // all NaN: any valid, distinct ids
           EXPECT_EQ(got, order[k]) << "E=" << E << " K=" << K << " t=" << t << " rank " << k;
-          if (t != 3) EXPECT_NEAR(w[t * K + k], sig[order[k]] / denom * 2.5, 1e-6 * 2.5) << "E=" << E << " K=" << K << " t=" << t;
+          if (t != 3) {
+            EXPECT_NEAR(w[t * K + k], sig[order[k]] / denom * 2.5, 1e-6 * 2.5) << "E=" << E << " K=" << K << " t=" << t;
+          }
         }
       }
     }

@@ -780,8 +780,7 @@ cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const 
   // down kernel redoes the GLU of its K range, reading every gate/up split, where the launch does each once. Call
   // s49-2 (H100, batch 1): Kimi-Linear's 8 pairs (8 x 1024 x 9 row blocks = 74k GLUs) +0.8% end to end on the kl48
   // GGUF; K3's 16 pairs (16 x 3072 x 14 = 688k SiTU GLUs) -0.6% on its 3-layer dummy.
-  const int64_t glus = static_cast<int64_t>(P) * I * ((X + kRingDnRowsPerBlock - 1) / kRingDnRowsPerBlock);
-  const bool fold_glu = fold && glus <= kFoldGluMax && gu_floats + sp_dn * a.split_stride <= s.part_floats;
+  const bool fold_glu = moe_dec_folds_glu(P, I, X) && gu_floats + sp_dn * a.split_stride <= s.part_floats;
   if (fold_glu) {
     a.part = s.part + gu_floats;
     a.gu_part = s.part;
@@ -825,6 +824,11 @@ EnvFlag g_fold{"K3_MOE_DEC_FOLD"};
 }  // namespace
 
 bool moe_dec_fold_enabled() { return g_fold.on(); }
+
+bool moe_dec_folds_glu(int pairs, int I, int X) {
+  const int64_t glus = static_cast<int64_t>(pairs) * I * ((X + kRingDnRowsPerBlock - 1) / kRingDnRowsPerBlock);
+  return moe_dec_fold_enabled() && glus <= kFoldGluMax;
+}
 
 void force_moe_dec_fold_for_testing(std::optional<bool> on) { g_fold.force(on); }
 

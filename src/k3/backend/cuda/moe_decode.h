@@ -34,13 +34,17 @@ DecVariant moe_decode_variant();
 // Overrides the environment for the whole process from the next launch on (tests, A/B timing in one binary).
 void moe_decode_set_variant(DecVariant v);
 
-// The folded launches (session 49; the default): the gate/up kernel converts x to its bf16 halves while staging it
-// (no act_prep launch) and the down kernel sums the gate/up partials and applies the GLU while staging h (no
-// glu_finish launch while pairs x I x the down kernel's row blocks <= 131072 -- each down row block redoes its K
-// range's GLU: Kimi-Linear at one token, not K3; its partials then sit after the gate/up ones, when both fit the
-// scratch, else the GLU launch stays). The same steps in the same order: the same bits (CudaMoe.DecodeFoldGivesTheSameBits). K3_MOE_DEC_FOLD=0
-// keeps the separate launches; tests force either (nullopt: back to the environment's).
+// The folded launches (session 49; the default): the gate/up kernel converts x to its bf16 halves while staging it (no
+// act_prep launch), and the down kernel sums the gate/up partials and applies the GLU while staging h (no glu_finish
+// launch) where moe_dec_folds_glu says so and the scratch holds both kernels' partials (the down kernel's then sit
+// after the gate/up ones; else the GLU launch stays). The same steps in the same order: the same bits
+// (CudaMoe.DecodeFoldGivesTheSameBits). K3_MOE_DEC_FOLD=0 keeps the separate launches; tests force either (nullopt:
+// back to the environment's).
 bool moe_dec_fold_enabled();
+// Whether the fold covers the GLU for `pairs` (token, expert) pairs of experts I wide into X: while pairs x I x the
+// down kernel's row blocks <= 131072 GLU evaluations -- each down row block redoes its K range's GLU (Kimi-Linear at
+// one token, not K3). The row blocks counted are the ring kernel's (the MXFP4 rule); dec_kernel has half as many.
+bool moe_dec_folds_glu(int pairs, int I, int X);
 void force_moe_dec_fold_for_testing(std::optional<bool> on);
 
 // Runs the experts of n tokens after plan_kernel cut tiles of `tok` (8 or 16) pairs. out [n][X] overwritten.
