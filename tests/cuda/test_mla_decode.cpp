@@ -135,6 +135,14 @@ double check_run(const Batch& b, F attend) {
   return md / std::max(mr, 1e-30);
 }
 
+// Picks the wgmma kernel for the scope: "1" the first (K3_MLA_WG=1), anything else the default (seesaw).
+struct WgVersion {
+  explicit WgVersion(const char* v) {
+    if (std::strcmp(v, "1") == 0) setenv("K3_MLA_WG", "1", 1);
+  }
+  ~WgVersion() { unsetenv("K3_MLA_WG"); }
+};
+
 // Forces the SIMT path of mla_attend_latent for the scope (K3_MLA_DECODE is read per call).
 struct ForceSimt {
   ForceSimt() { setenv("K3_MLA_DECODE", "simt", 1); }
@@ -204,8 +212,10 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::F32));
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::FP8_E4M3));
   uint64_t seed = 900;
+  for (const char* version : {"seesaw", "1"})  // the default kernel and the first one (K3_MLA_WG=1)
   for (const int nh : {16, 32, 64, 96, 128})
     for (const float qscale : {0.2f, 2.0f}) {
+      WgVersion pick(version);
       Batch b;
       make_batch(b, cache, nh, seqs, /*subset=*/true, qscale, seed += 11);
       DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, nh, kKr)) * 4);
@@ -220,9 +230,9 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
       b.index.clear();
       b.pg.tok_index = nullptr;
       const double e_all = check_run(b, wg(ws.get<float>())), e_all1 = check_run(b, wg(nullptr));
-      std::printf("[ mla ] decode wgmma bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
+      std::printf("[ mla ] decode wgmma-%s bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
                   "/ %.2e (no split)\n",
-                  nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
+                  version, nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
       const double tol = qscale > 1.f ? 2.5e-2 : 1e-2;
       EXPECT_LT(e_sub, tol) << "nh " << nh;
       EXPECT_LT(e_all, tol) << "nh " << nh;
@@ -257,12 +267,15 @@ TEST(CudaMlaDecode, WgmmaLargeBatchShortContexts) {
   Batch b;
   make_batch(b, cache, 96, seqs, false, 1.0f, 78);
   DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 96, kKr)) * 4);
-  const double e = check_run(b, [&](int n, float* out) {
-    return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
-  });
-  std::printf("[ mla ] decode wgmma bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", b.N, e,
-              k3::cuda::mla_wg::splits(b.N, 96));
-  EXPECT_LT(e, 1e-2);
+  for (const char* version : {"seesaw", "1"}) {
+    WgVersion pick(version);
+    const double e = check_run(b, [&](int n, float* out) {
+      return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+    });
+    std::printf("[ mla ] decode wgmma-%s bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", version,
+                b.N, e, k3::cuda::mla_wg::splits(b.N, 96));
+    EXPECT_LT(e, 1e-2) << version;
+  }
 }
 
 // The tensor-core path must also be right at batch sizes where the split rule picks few or no splits,
@@ -400,6 +413,11 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
         const double us_simt = simt ? time_path("simt") : 0.0, us_tc = time_path("tc");
         const bool wg = k3::cuda::mla_wg::supports(kKr, kDr, dt);
         const double us_wg = wg ? time_path("wgmma") : 0.0;
+        double us_wg1 = 0.0;  // the first wgmma kernel (K3_MLA_WG=1)
+        if (wg) {
+          WgVersion first("1");
+          us_wg1 = time_path("wgmma");
+        }
         const double flop = 2.0 * B * L * nh * (kCd + kKr);
         std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us | tc %8.1f us %6.0f GB/s "
                     "%5.1f TFLOP/s (%4.1f%%, splits %d)",
@@ -409,6 +427,8 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
           std::printf(" | wgmma %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
                       us_wg, rows_bytes / us_wg / 1e3, flop / us_wg / 1e6, rows_bytes / us_wg / 1e3 / 48.0,
                       k3::cuda::mla_wg::splits(B, nh), us_tc / us_wg);
+        if (wg)
+          std::printf(" | wgmma-1 %8.1f us (%4.1f%%) seesaw %.2fx", us_wg1, rows_bytes / us_wg1 / 1e3 / 48.0, us_wg1 / us_wg);
         std::printf("\n");
       }
 }
