@@ -210,17 +210,15 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
     m = mA;
     scale_o(o, cA);
     pv_regs(o, pa, c.kv0, 0);
+    pv_done_release(o, c.empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
     if (has1) {
       bar_sync(kBarP1);  // warpgroup 1's P1, mB, exp2(mA - mB), row sums of P1
       const Rows2 cB{x_scale[64 + c.row0], x_scale[64 + c.row0 + 8]};
       m = Rows2{x_max[64 + c.row0], x_max[64 + c.row0 + 8]};
       l = Rows2{l.a * cB.a + x_sum[64 + c.row0], l.b * cB.b + x_sum[64 + c.row0 + 8]};
-      pv_done_release(o, c.empty0);
       scale_o(o, cB);
       pv_smem(o, c.kv1, 0);
       pv_done_release(o, c.empty1);
-    } else {
-      pv_done_release(o, c.empty0);
     }
   }
 }
@@ -259,6 +257,8 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
       wgmma::fence_proxy_async();  // P1's generic stores -> warpgroup 0's wgmma
       bar_arrive(kBarP1);
     }
+    // (P0 V0 is not issued before the softmax of S1: any non-wgmma access to a wgmma's registers while another
+    // is in flight makes ptxas serialise every wgmma of the kernel, C7514 / C7515.)
     scale_o(o, cA);
     pv_smem(o, c.kv0, 1);
     pv_done_release(o, c.empty0);
