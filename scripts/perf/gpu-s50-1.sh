@@ -29,6 +29,11 @@ if [ $MRC -eq 0 ]; then
   done
   K3_MLA_TIMING_DTYPE=bfloat16 timeout $(( $(left) - 130 )) $D/k3_cuda_tests --gtest_filter='CudaMlaDecodeTiming.*' > $OUT/mla-timing.log 2>&1
   echo "timing rc=$? $(el)"; grep timing $OUT/mla-timing.log | sed 's/^\[ timing \] mla decode //' | cut -c1-400
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  [ $(left) -gt 200 ] && K3_MLA_TIMING_DTYPE=bfloat16 K3_MLA_TIMING_ONLY=96,8192,64 timeout 80 $NCU --kernel-name regex:"attend_seesaw|attend_wg" \
+      --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+      $D/k3_cuda_tests --gtest_filter='CudaMlaDecodeTiming.*' > $OUT/ncu-seesaw.txt 2>&1; echo "== ncu rc=$? $(el)"
+  grep -E "attend_|Duration|DRAM Throughput|Compute \(SM\)|Stall|Warp Cycles Per Issued|L2 Hit" $OUT/ncu-seesaw.txt | cut -c1-110 | head -30
   K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers 4 --kv-cache-dtype bf16 -p 0 -n 16 -d 8192 -r 1"
   ARM_TIMEOUT=60 env_ab 1 70 "k3x4 d8k b64" seesaw "" first "K3_MLA_WG=1" $K3A -b 64 | tee $OUT/ab-k3.txt
   ARM_TIMEOUT=50 env_ab 1 60 "k3x4 d8k b8" seesaw "" first "K3_MLA_WG=1" $K3A -b 8 | tee -a $OUT/ab-k3.txt
