@@ -135,11 +135,9 @@ double check_run(const Batch& b, F attend) {
   return md / std::max(mr, 1e-30);
 }
 
-// Picks the wgmma kernel for the scope: "1" the first (K3_MLA_WG=1), anything else the default (seesaw).
+// Picks the wgmma kernel for the scope (K3_MLA_WG: "1" the first kernel, "2" the seesaw one).
 struct WgVersion {
-  explicit WgVersion(const char* v) {
-    if (std::strcmp(v, "1") == 0) setenv("K3_MLA_WG", "1", 1);
-  }
+  explicit WgVersion(const char* v) { setenv("K3_MLA_WG", v, 1); }
   ~WgVersion() { unsetenv("K3_MLA_WG"); }
 };
 
@@ -212,7 +210,7 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::F32));
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::FP8_E4M3));
   uint64_t seed = 900;
-  for (const char* version : {"seesaw", "1"})  // the default kernel and the first one (K3_MLA_WG=1)
+  for (const char* version : {"2", "1"})  // the seesaw kernel and the first one (K3_MLA_WG)
   for (const int nh : {16, 32, 64, 96, 128})
     for (const float qscale : {0.2f, 2.0f}) {
       WgVersion pick(version);
@@ -267,7 +265,7 @@ TEST(CudaMlaDecode, WgmmaLargeBatchShortContexts) {
   Batch b;
   make_batch(b, cache, 96, seqs, false, 1.0f, 78);
   DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 96, kKr)) * 4);
-  for (const char* version : {"seesaw", "1"}) {
+  for (const char* version : {"2", "1"}) {
     WgVersion pick(version);
     const double e = check_run(b, [&](int n, float* out) {
       return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
@@ -412,9 +410,12 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
         const bool simt = std::getenv("K3_MLA_TIMING_SIMT") || static_cast<double>(B) * L * nh <= 64.0 * 8192 * 32;
         const double us_simt = simt ? time_path("simt") : 0.0, us_tc = time_path("tc");
         const bool wg = k3::cuda::mla_wg::supports(kKr, kDr, dt);
-        const double us_wg = wg ? time_path("wgmma") : 0.0;
-        double us_wg1 = 0.0;  // the first wgmma kernel (K3_MLA_WG=1)
+        double us_wg = 0.0, us_wg1 = 0.0;  // the seesaw and the first wgmma kernel (K3_MLA_WG=2 / 1)
         if (wg) {
+          {
+            WgVersion seesaw("2");
+            us_wg = time_path("wgmma");
+          }
           WgVersion first("1");
           us_wg1 = time_path("wgmma");
         }
@@ -424,7 +425,7 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
                     dtype_name(dt), nh, L, B, us_simt, us_tc, rows_bytes / us_tc / 1e3, flop / us_tc / 1e6,
                     rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh, dt));
         if (wg)
-          std::printf(" | wgmma %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
+          std::printf(" | wgmma-2 %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
                       us_wg, rows_bytes / us_wg / 1e3, flop / us_wg / 1e6, rows_bytes / us_wg / 1e3 / 48.0,
                       k3::cuda::mla_wg::splits(B, nh), us_tc / us_wg);
         if (wg)

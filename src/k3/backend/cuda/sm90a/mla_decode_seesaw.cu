@@ -1,6 +1,6 @@
 // Absorbed MLA decode on wgmma with the two MMA warpgroups working on alternate key tiles ("seesaw", the
 // schedule FlashMLA describes; learnt from its write-up, not copied) and a producer warpgroup that keeps
-// both K/V stages loading. The default kernel of mla_wg::attend (K3_MLA_WG=1 keeps the first one).
+// both K/V stages loading. Run by mla_wg::attend under K3_MLA_WG=2 (kDefaultKernel in mla_decode_wgmma.cu).
 //
 // Why: the first kernel (mla_decode_wgmma.cu) ran its phases in series -- the tile's load wait, S by
 // warpgroup 0 while warpgroup 1 waited, the softmax with the tensor cores idle, P V, a barrier, and only

@@ -37,6 +37,9 @@ using namespace detail;
 constexpr int kThreads = 256;
 constexpr int kChunksPerThread = 64 * kChunks / kThreads;  // 18
 constexpr size_t kSmemBytes = 1024 /* alignment slack */ + 3 * kTileBytes + kBlockBytes /* P */ + 3 * 64 * sizeof(float);
+// The kernel attend() runs unless K3_MLA_WG says otherwise: this file's (1) until the seesaw kernel (2) has been
+// measured on a GPU (written in session 50, whose device calls were all refused).
+constexpr int kDefaultKernel = 1;
 
 // Keys base .. base + 63 (rows past `end` become zeros: masked scores, zero values) into the stage at
 // `dst`, as stored (bf16): thread t copies chunks t + 256 u, coalesced along each 1152-byte row. Lane l
@@ -283,9 +286,11 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
   const float scale_log2 = scale * 1.44269504089f;
-  // K3_MLA_WG=1: the first kernel (serial phases, one warpgroup computing S) for A/B timing; read per call.
+  // K3_MLA_WG=1: this file's kernel (serial phases, one warpgroup computing S), 2: the seesaw kernel; unset:
+  // kDefaultKernel. Read per call (A/B timing and tests in one process).
   const char* v = std::getenv("K3_MLA_WG");
-  if (v && std::strcmp(v, "1") == 0) {
+  const int which = v && std::strcmp(v, "1") == 0 ? 1 : v && std::strcmp(v, "2") == 0 ? 2 : kDefaultKernel;
+  if (which == 1) {
     attend_wg_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale_log2, ns, o_lat, ws);
   } else {
     const cudaError_t e = detail::attend_seesaw(pg, N, nh, q_lat, scale_log2, ns, o_lat, ws, s);
