@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/sm90a/mla_wg_common.cuh"
@@ -74,14 +75,19 @@ __device__ __forceinline__ void issue_half(uint32_t dst, const MlaSeqRows& rows_
   }
 }
 
+__device__ __forceinline__ void prefetch_l2_row(const void* row) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "n"(kCd * 2) : "memory");
+}
+
 // S [64 x 64] = Q K^T of the tile at `kv`, issued and committed (not waited for).
+template <int kProbe>
 __device__ __forceinline__ void issue_qk(float (&s)[32], uint32_t sQ, uint32_t kv) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
   wgmma::fence_regs(s);
   wgmma::fence();
 #pragma unroll
-  for (int st = 0; st < kSteps; ++st) {
+  for (int st = 0; st < (kProbe == 2 ? 0 : kSteps); ++st) {
     const uint32_t off = (st >> 2) * kBlockBytes + (st & 3) * 32;  // k16 step inside a 128-byte swizzle row
     wgmma::mma_m64n64k16_ss(s, wgmma::make_desc(sQ + off, 16, kSbo), wgmma::make_desc(kv + off, 16, kSbo), st > 0);
   }
@@ -148,21 +154,23 @@ __device__ __forceinline__ void scale_o(float (&o)[128], Rows2 c) {
 }
 
 // O += P V over the warpgroup's 256 dims of the stage at `kv`: P from registers or from the stage's rope block.
+template <int kProbe>
 __device__ __forceinline__ void pv_regs(float (&o)[128], const uint32_t (&pa)[kPvSteps][4], uint32_t kv, int wg) {
   const uint32_t v_half = kv + wg * 4 * kBlockBytes;
   wgmma::fence_regs(o);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < kPvSteps; ++kk)
+  for (int kk = 0; kk < (kProbe == 2 ? 0 : kPvSteps); ++kk)
     wgmma::mma_m64n256k16_rs_tb(o, pa[kk], wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo));
   wgmma::commit();
 }
+template <int kProbe>
 __device__ __forceinline__ void pv_smem(float (&o)[128], uint32_t kv, int wg) {
   const uint32_t v_half = kv + wg * 4 * kBlockBytes;
   wgmma::fence_regs(o);
   wgmma::fence();
 #pragma unroll
-  for (int kk = 0; kk < kPvSteps; ++kk)
+  for (int kk = 0; kk < (kProbe == 2 ? 0 : kPvSteps); ++kk)
     wgmma::mma_m64n256k16_ss_tb(o, wgmma::make_desc(kv + kRope + kk * 32, 16, kSbo),
                                 wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo), 1);
   wgmma::commit();
@@ -183,6 +191,7 @@ struct Ctx {
 };
 
 // Warpgroup 0: even tiles' S and softmax, O for dims 0..255, the row sums. Returns the final (m, l).
+template <int kProbe>
 __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows2& m, Rows2& l) {
   float* x_max = c.x;
   float* x_scale = c.x + 128;
@@ -191,7 +200,7 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
     const bool has1 = 2 * i + 1 < c.n_tiles;
     mbar_wait(c.full0, i & 1);
     float s[32];
-    issue_qk(s, c.sQ, c.kv0);
+    issue_qk<kProbe>(s, c.sQ, c.kv0);
     wgmma::wait<0>();
     wgmma::fence_regs(s);
     uint32_t pa[kPvSteps][4];
@@ -209,7 +218,7 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
     l = Rows2{l.a * cA.a + ps.a, l.b * cA.b + ps.b};
     m = mA;
     scale_o(o, cA);
-    pv_regs(o, pa, c.kv0, 0);
+    pv_regs<kProbe>(o, pa, c.kv0, 0);
     pv_done_release(o, c.empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
     if (has1) {
       bar_sync(kBarP1);  // warpgroup 1's P1, mB, exp2(mA - mB), row sums of P1
@@ -217,13 +226,14 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
       m = Rows2{x_max[64 + c.row0], x_max[64 + c.row0 + 8]};
       l = Rows2{l.a * cB.a + x_sum[64 + c.row0], l.b * cB.b + x_sum[64 + c.row0 + 8]};
       scale_o(o, cB);
-      pv_smem(o, c.kv1, 0);
+      pv_smem<kProbe>(o, c.kv1, 0);
       pv_done_release(o, c.empty1);
     }
   }
 }
 
 // Warpgroup 1: odd tiles' S and softmax, O for dims 256..511.
+template <int kProbe>
 __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
   const float* x_max = c.x;
   float* x_scale = c.x + 128;
@@ -234,7 +244,7 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     float s[32];
     if (has1) {
       mbar_wait(c.full1, i & 1);
-      issue_qk(s, c.sQ, c.kv1);  // runs while warpgroup 0 finishes its tile
+      issue_qk<kProbe>(s, c.sQ, c.kv1);  // runs while warpgroup 0 finishes its tile
     }
     bar_sync(kBarP0);
     const Rows2 mA{x_max[c.row0], x_max[c.row0 + 8]}, cA{x_scale[c.row0], x_scale[c.row0 + 8]};
@@ -260,19 +270,22 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     // (P0 V0 is not issued before the softmax of S1: any non-wgmma access to a wgmma's registers while another
     // is in flight makes ptxas serialise every wgmma of the kernel, C7514 / C7515.)
     scale_o(o, cA);
-    pv_smem(o, c.kv0, 1);
+    pv_smem<kProbe>(o, c.kv0, 1);
     pv_done_release(o, c.empty0);
     if (has1) {
       scale_o(o, cB);
-      pv_regs(o, pa, c.kv1, 1);
+      pv_regs<kProbe>(o, pa, c.kv1, 1);
       pv_done_release(o, c.empty1);
     }
   }
 }
 
+// kProbe (K3_MLA_SEESAW_PROBE, measurement only, wrong results): 0 the kernel, 1 no copies (the stages as they are),
+// 2 no MMAs (S = 0): the compute-only and the load-only time of the same schedule.
+template <int kProbe>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_seesaw_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
-                         float* __restrict__ o_lat, float* __restrict__ ws) {
+                         float* __restrict__ o_lat, float* __restrict__ ws, int l2_ahead) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base_addr = (raw + 1023u) & ~1023u;  // swizzle atoms start 1024-byte aligned
@@ -310,9 +323,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t dst = st ? c.kv1 : c.kv0, full = st ? c.full1 : c.full0, empty = st ? c.empty1 : c.empty0;
     for (int tile = st, u = 0; tile < c.n_tiles; tile += 2, ++u) {
       if (u > 0) mbar_wait(empty, (u - 1) & 1);
-      issue_half(dst, rows_of, k0 + kKeys * tile, k1, half);
-      cp_async_commit();
-      cp_async_wait<0>();
+      if (kProbe != 1) {
+        issue_half(dst, rows_of, k0 + kKeys * tile, k1, half);
+        cp_async_commit();
+        // The rows of this warp's next l2_ahead tiles asked into L2 while this one lands and the stage is used:
+        // the copies after the stage frees then wait for L2, not DRAM.
+        for (int a = 1; a <= l2_ahead; ++a) {
+          const int key = k0 + kKeys * (tile + 2 * a) + 32 * half + lane;
+          if (key < k1) prefetch_l2_row(rows_of.row(key));
+        }
+        cp_async_wait<0>();
+      }
       wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma
       __syncwarp();
       if (lane == 0) mbar_arrive(full);
@@ -332,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* s_l = x + 7 * 64;
   if (wg == 0) {
     Rows2 m{-INFINITY, -INFINITY}, l{0.f, 0.f};
-    consume_even(c, o, m, l);
+    consume_even<kProbe>(c, o, m, l);
     if (c.gc == 0) {
       s_m[c.row0] = m.a;
       s_m[c.row0 + 8] = m.b;
@@ -340,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_l[c.row0 + 8] = l.b;
     }
   } else {
-    consume_odd(c, o);
+    consume_odd<kProbe>(c, o);
   }
   bar_sync(kBarConsumers);  // the final m and l
 
@@ -369,17 +390,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+template <int kProbe>
+cudaError_t launch(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale_log2, int ns, float* o_lat,
+                   float* ws, cudaStream_t s) {
+  static const cudaError_t attr = cudaFuncSetAttribute(attend_seesaw_kernel<kProbe>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
+                  static_cast<unsigned>(ns));
+  // K3_MLA_SEESAW_L2AHEAD=N: each producer warp asks the rows of its next N tiles into L2 (0: none).
+  const char* e = std::getenv("K3_MLA_SEESAW_L2AHEAD");
+  attend_seesaw_kernel<kProbe><<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale_log2, ns, o_lat, ws,
+                                                                  e ? std::atoi(e) : 0);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t attend_seesaw(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale_log2, int ns,
                           float* o_lat, float* ws, cudaStream_t s) {
-  static const cudaError_t attr = cudaFuncSetAttribute(attend_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kSmemBytes));
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
-                  static_cast<unsigned>(ns));
-  attend_seesaw_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale_log2, ns, o_lat, ws);
-  return cudaGetLastError();
+  const char* e = std::getenv("K3_MLA_SEESAW_PROBE");
+  const int probe = e ? std::atoi(e) : 0;
+  if (probe == 1) return launch<1>(pg, N, nh, q_lat, scale_log2, ns, o_lat, ws, s);
+  if (probe == 2) return launch<2>(pg, N, nh, q_lat, scale_log2, ns, o_lat, ws, s);
+  return launch<0>(pg, N, nh, q_lat, scale_log2, ns, o_lat, ws, s);
 }
 
 }  // namespace k3::cuda::mla_wg::detail
