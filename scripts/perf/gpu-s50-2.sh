@@ -4,7 +4,7 @@
 # (K3_MLA_SEESAW_L2AHEAD), at nh 96 / 8k / b64 and b256 and nh 32 / 8k / b64; the L2-ahead form against the CPU; then
 # issue 15 on the host's 16 threads: the one-token MXFP4 rows' prefetch into L1 (the new default) against L2
 # (K3_MXFP4_PREFETCH=t1, the old), the kl48 GGUF, alternating. Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz.
-BUDGET=500
+BUDGET=430
 . scripts/perf/lib-call.sh
 kl48_gguf_bg 8
 for shape in 96,8192,64 32,8192,64 96,8192,256; do
@@ -24,6 +24,6 @@ K3_MLA_WG=2 timeout 50 $CS --tool racecheck --racecheck-report hazard $D/k3_cuda
 echo "racecheck rc=$? $(el)"; grep -B2 -A8 -m3 "Race reported\|Error: Race\|hazard" /tmp/race.txt | cut -c1-220 | head -40; head -c 200000 /tmp/race.txt | xz -9 > $OUT/racecheck.txt.xz
 wait $QB; tail -1 /tmp/q48.log
 CA="-m $G --no-mmap -p 0 -n 32 -r 1 -t 16"
-ARM_TIMEOUT=60 env_ab 3 60 "cpu t16" t0 "" t1 "K3_MXFP4_PREFETCH=t1" $CA | tee $OUT/cpu-t16-ab.txt
+ARM_TIMEOUT=60 env_ab 2 60 "cpu t16" t0 "" t1 "K3_MXFP4_PREFETCH=t1" $CA | tee $OUT/cpu-t16-ab.txt
 [ $(left) -gt 40 ] && K3_CPU_PROFILE=1 timeout 40 $D/k3 bench offline $CA > /tmp/prof.txt 2>&1; grep -E "moe_experts|Q6_K|% of BW|kl48" /tmp/prof.txt | head -6 | tee $OUT/cpu-prof-t16.txt
 echo "done $(el)"
