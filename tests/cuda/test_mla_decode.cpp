@@ -135,12 +135,6 @@ double check_run(const Batch& b, F attend) {
   return md / std::max(mr, 1e-30);
 }
 
-// Picks the wgmma kernel for the scope (K3_MLA_WG: "1" the first kernel, "2" the seesaw one).
-struct WgVersion {
-  explicit WgVersion(const char* v) { setenv("K3_MLA_WG", v, 1); }
-  ~WgVersion() { unsetenv("K3_MLA_WG"); }
-};
-
 // Forces the SIMT path of mla_attend_latent for the scope (K3_MLA_DECODE is read per call).
 struct ForceSimt {
   ForceSimt() { setenv("K3_MLA_DECODE", "simt", 1); }
@@ -210,10 +204,8 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::F32));
   EXPECT_FALSE(k3::cuda::mla_wg::supports(kKr, kDr, CacheDType::FP8_E4M3));
   uint64_t seed = 900;
-  for (const char* version : {"2", "1"})  // the seesaw kernel and the first one (K3_MLA_WG)
   for (const int nh : {16, 32, 64, 96, 128})
     for (const float qscale : {0.2f, 2.0f}) {
-      WgVersion pick(version);
       Batch b;
       make_batch(b, cache, nh, seqs, /*subset=*/true, qscale, seed += 11);
       DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, nh, kKr)) * 4);
@@ -228,24 +220,23 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
       b.index.clear();
       b.pg.tok_index = nullptr;
       const double e_all = check_run(b, wg(ws.get<float>())), e_all1 = check_run(b, wg(nullptr));
-      std::printf("[ mla ] decode wgmma-%s bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
+      std::printf("[ mla ] decode wgmma bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
                   "/ %.2e (no split)\n",
-                  version, nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
+                  nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
       const double tol = qscale > 1.f ? 2.5e-2 : 1e-2;
       EXPECT_LT(e_sub, tol) << "nh " << nh;
       EXPECT_LT(e_all, tol) << "nh " << nh;
       EXPECT_LT(e_all1, tol) << "nh " << nh;
     }
-  // The default path takes it for BF16 rows where the measured rule says so, never for other dtypes.
+  // The default path takes it for BF16 rows where the measured rule says so (>= 32 heads), never for other dtypes.
   using k3::cuda::MlaDecodeKernel;
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16, 16384), MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16, 32768), MlaDecodeKernel::Wgmma);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 32, kKr, kDr, CacheDType::BF16, 131072), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16, 131072), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 16, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::F32, 131072), MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(256, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::F32), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::FP8_E4M3), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 8, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Simt);
@@ -265,15 +256,12 @@ TEST(CudaMlaDecode, WgmmaLargeBatchShortContexts) {
   Batch b;
   make_batch(b, cache, 96, seqs, false, 1.0f, 78);
   DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 96, kKr)) * 4);
-  for (const char* version : {"2", "1"}) {
-    WgVersion pick(version);
-    const double e = check_run(b, [&](int n, float* out) {
-      return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
-    });
-    std::printf("[ mla ] decode wgmma-%s bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", version,
-                b.N, e, k3::cuda::mla_wg::splits(b.N, 96));
-    EXPECT_LT(e, 1e-2) << version;
-  }
+  const double e = check_run(b, [&](int n, float* out) {
+    return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+  });
+  std::printf("[ mla ] decode wgmma bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", b.N, e,
+              k3::cuda::mla_wg::splits(b.N, 96));
+  EXPECT_LT(e, 1e-2);
 }
 
 // The tensor-core path must also be right at batch sizes where the split rule picks few or no splits,
@@ -410,26 +398,16 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
         const bool simt = std::getenv("K3_MLA_TIMING_SIMT") || static_cast<double>(B) * L * nh <= 64.0 * 8192 * 32;
         const double us_simt = simt ? time_path("simt") : 0.0, us_tc = time_path("tc");
         const bool wg = k3::cuda::mla_wg::supports(kKr, kDr, dt);
-        double us_wg = 0.0, us_wg1 = 0.0;  // the seesaw and the first wgmma kernel (K3_MLA_WG=2 / 1)
-        if (wg) {
-          {
-            WgVersion seesaw("2");
-            us_wg = time_path("wgmma");
-          }
-          WgVersion first("1");
-          us_wg1 = time_path("wgmma");
-        }
+        const double us_wg = wg ? time_path("wgmma") : 0.0;
         const double flop = 2.0 * B * L * nh * (kCd + kKr);
         std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us | tc %8.1f us %6.0f GB/s "
                     "%5.1f TFLOP/s (%4.1f%%, splits %d)",
                     dtype_name(dt), nh, L, B, us_simt, us_tc, rows_bytes / us_tc / 1e3, flop / us_tc / 1e6,
                     rows_bytes / us_tc / 1e3 / 48.0, k3::cuda::mla_tc::splits(B, nh, dt));
         if (wg)
-          std::printf(" | wgmma-2 %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
+          std::printf(" | wgmma %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
                       us_wg, rows_bytes / us_wg / 1e3, flop / us_wg / 1e6, rows_bytes / us_wg / 1e3 / 48.0,
                       k3::cuda::mla_wg::splits(B, nh), us_tc / us_wg);
-        if (wg)
-          std::printf(" | wgmma-1 %8.1f us (%4.1f%%) seesaw %.2fx", us_wg1, rows_bytes / us_wg1 / 1e3 / 48.0, us_wg1 / us_wg);
         std::printf("\n");
       }
 }

@@ -59,20 +59,19 @@ const bool g_one_token_swapped = read_one_token_swapped();
 inline bool one_token_swapped() { return g_one_token_swapped; }
 
 // The one-token MXFP4 rows' software prefetch (mxfp4_one_token_rows): K3_MXFP4_PREFETCH=t0 | t1 | t2 | off (the
-// cache level the lines ahead are asked into) and K3_MXFP4_PREFETCH_BYTES=N (how far ahead of the rows being read,
-// 512..65536, default 4096; session 30: a distance in bytes, not in rows -- 8 rows were 8.7 KB of a 2048-wide expert's
-// gate / up but 1.6 KB of its 384-wide down). Same bits. Default t0, into L1 (session 50): on Zen 4 the lines asked
-// into L2 (t1, the default of sessions 30-50) still reached the kernel as L1 misses its 4 row streams did not hide --
-// 8 of 128 Kimi-Linear-48B-sized GGUF experts from DRAM, 2 threads, 23-25 -> 29-32 GB/s; the Xeon of session 30 had
-// t0 / t1 / t2 within +-3% for these rows. K3_MXFP4_PREFETCH=t1 is the old default.
+// cache level the lines ahead are asked into; t1, into L2: the default since session 30) and
+// K3_MXFP4_PREFETCH_BYTES=N (how far ahead of the rows being read, 512..65536, default 4096; session 30: a distance in
+// bytes, not in rows -- 8 rows were 8.7 KB of a 2048-wide expert's gate / up but 1.6 KB of its 384-wide down). Same bits.
+// Session 50: t0 (into L1) read the experts 24 -> 30 GB/s at 2 threads on a Zen 4 box, but halved the whole step on the
+// 16-thread Xeon host (kl48 GGUF 44.1 -> 22.1 tok/s, docs/perf/cpu.md): t1 stays the default.
 struct OneTokenPrefetch {
-  int hint = 0;
+  int hint = 1;
   int64_t bytes = 4096;
 };
 OneTokenPrefetch read_one_token_prefetch() {
   OneTokenPrefetch p;
   if (const char* e = std::getenv("K3_MXFP4_PREFETCH")) {
-    if (std::strcmp(e, "t1") == 0) p.hint = 1;
+    if (std::strcmp(e, "t0") == 0) p.hint = 0;
     if (std::strcmp(e, "t2") == 0) p.hint = 2;
     if (std::strcmp(e, "off") == 0) p.hint = 3;
   }

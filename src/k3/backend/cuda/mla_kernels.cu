@@ -341,13 +341,13 @@ MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtyp
 }
 
 bool mla_wgmma_preferred(int N, int nh, int64_t max_keys) {
-  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, sessions 9 and 15):
-  // at 96 heads 1.2-1.9x from 8 tokens on; for one token 0.78-0.96x up to 8k keys (its 64-head blocks waste
-  // a third of the MMAs and each short split pays the 72 KB Q load) but 1.12x at 32k and 1.43x at 128k once
-  // the split merge stopped dominating (session 15); at 32 heads (half of each block empty) within +-5%
-  // below 64 tokens, 1.07-1.09x from 64 tokens at >= 8k keys.
-  if (nh >= 64) return N >= 4 || max_keys >= 32768;
-  return nh >= 32 && N >= 64;  // below 32 heads (3/4 of a block empty): not measured
+  // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, session 50, the seesaw
+  // wgmma kernel): at 96 heads 0.98x at one token and 1k keys, 1.09x at 8k, 1.28x at 32k, 1.62x at 128k, 1.39-2.53x
+  // from 8 tokens; at 32 heads 0.98-1.22x (0.98-0.99x in two of 14 shapes). Below 32 heads (3/4 of a 64-head
+  // block empty): not measured.
+  (void)N;
+  (void)max_keys;
+  return nh >= 32;
 }
 
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr) {

@@ -24,10 +24,9 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // stored (no up-conversion pass; FP8 c_kv = code * the row's scale, k_pe bf16), the same values as
 // cpu::mla_attention_latent_rows_typed. q_lat [N][nh][kr+dr], o_lat [N][nh][kr]. kr <= 512.
 // Three kernels behind one entry point:
-//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 64 heads from 4 tokens
-//    or from 32k keys, 32..63 heads from 64 tokens):
-//    blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored, S = QK^T and O = PV as
-//    warpgroup MMAs with fp32 accumulation and softmax;
+//  - wgmma (sm_90a, sm90a/mla_decode_wgmma.cu) for BF16 rows, kr = 512, dr = 64 where mla_wgmma_preferred (>= 32
+//    heads): blocks of 64 heads (FlashMLA's shape), rows copied to shared memory as stored by a producer
+//    warpgroup, S = QK^T and O = PV as warpgroup MMAs on alternate tiles with fp32 accumulation and softmax;
 //  - tensor cores (mma.sync, mla_decode_tc.cu) for kr = 512, dr = 64 and nh >= kMlaTensorCoreMinHeads, any
 //    dtype: blocks of 32 heads, rows converted to bf16 in shared memory (relative error ~3e-3 against fp32
 //    for both tensor-core kernels; tests/cuda/test_mla_decode.cpp);
@@ -43,8 +42,8 @@ constexpr int kMlaTensorCoreMinHeads = 16;
 enum class MlaDecodeKernel { Simt, MmaSync, Wgmma };
 // The kernel mla_attend_latent runs for N tokens of nh heads over rows of `dtype` (K3_MLA_DECODE included).
 MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype, int64_t max_keys = 0);
-// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (N, nh and the length
-// class only, so a captured graph keeps its kernel).
+// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (graph-stable: since session 50
+// it looks at nh only; N and the length class stay in the signature for rules that need them).
 bool mla_wgmma_preferred(int N, int nh, int64_t max_keys = 0);
 // Whether F32 rows take a tensor-core kernel (the mma.sync one).
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);

@@ -1,6 +1,6 @@
-// Shared pieces of the two wgmma MLA decode kernels (mla_decode_wgmma.cu, mla_decode_seesaw.cu): the
-// 128-byte swizzled K-major tile layout, the copy / store helpers, Q's conversion to bf16, and the
-// seesaw kernel's launcher. Included by .cu files of this folder only (sm_90a).
+// The wgmma MLA decode kernel's tile layout and small helpers (mla_decode_wgmma.cu): the 128-byte swizzled K-major
+// layout (9 column blocks of 64 bf16 values; row r of a block at 128 r, its 16-byte chunk c at (c ^ (r & 7)) * 16),
+// the copy / store helpers, Q's conversion to bf16. Included by .cu files of this folder only (sm_90a).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -63,9 +63,5 @@ __device__ __forceinline__ void load_q(uint32_t dst, const float* __restrict__ q
     st_shared16(dst + swz(r, c), v);
   }
 }
-
-// The seesaw kernel (mla_decode_seesaw.cu): the same contract as the first kernel's launch.
-cudaError_t attend_seesaw(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale_log2, int ns,
-                          float* o_lat, float* ws, cudaStream_t s);
 
 }  // namespace k3::cuda::mla_wg::detail
