@@ -26,7 +26,11 @@
 // Both warpgroups do the same MMA work (one S of 576, two P V halves of 256), and one's S runs while the
 // other's softmax runs. The exchange goes through named barriers (1: WG0 -> WG1, 2: WG1 -> WG0); each
 // consumer warp releases a stage (mbarrier, 8 arrivals) after its last MMA on it. WG0 keeps the row sum l.
-// Same operand rounding as the first kernel (bf16 Q, rows as stored, bf16 P): same tolerances.
+// Operands rounded as the mma.sync kernel rounds them (bf16 Q, rows as stored, bf16 P): the same tolerances.
+// Key splits (flash-decoding) and their merge as in the other kernels (mla_detail::split_chunk / merge_splits,
+// granularity 64 keys). nh that is not a multiple of 64: the last block's missing heads are zero rows of Q, never
+// written. Where it stands (session 50): at 96 heads two head blocks each pull every row from L2 into their own SM,
+// and those loads alone take ~75% of the kernel's time; one L2 read for both (a 2-CTA cluster, TMA multicast) is next.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -40,7 +44,6 @@ namespace k3::cuda::mla_wg {
 namespace {
 
 using namespace detail;
-
 
 constexpr int kThreads = 384;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;  // 2 x 128 x 232 + 128 x 40 <= 65536
