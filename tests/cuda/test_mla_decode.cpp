@@ -232,11 +232,10 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
   using k3::cuda::MlaDecodeKernel;
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::BF16, 131072), MlaDecodeKernel::Wgmma);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 32, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(8, 16, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::MmaSync);
-  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::F32, 131072), MlaDecodeKernel::MmaSync);
+  EXPECT_EQ(k3::cuda::mla_attend_kernel(1, 96, kKr, kDr, CacheDType::F32), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::F32), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::FP8_E4M3), MlaDecodeKernel::MmaSync);
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 8, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Simt);

@@ -74,13 +74,12 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
   std::vector<int32_t> page_start(static_cast<size_t>(S)), page_tokens(static_cast<size_t>(S));
   std::vector<int64_t> layer_stride(static_cast<size_t>(S));
   std::vector<MlaPageTable> tables;
-  int64_t stride = 4, max_page = 1;
+  int64_t stride = 4;
   const bool has_mla = cfg_.num_mla_layers() > 0;
   for (const graph::StepSeq& s : plan.seqs) {
     tables.push_back(s.cache->mla_pages());
     const int64_t B = tables.back().page_tokens;
     if (!has_mla) continue;
-    max_page = std::max(max_page, B);
     while (stride < (s.past + s.n + B - 1) / B) stride *= 2;
   }
   std::vector<uint8_t*> ptrs(static_cast<size_t>(S * stride), nullptr);
@@ -102,7 +101,6 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
   sd_.page_start = st_.put(page_start);
   sd_.page_tokens = st_.put(page_tokens);
   page_stride_ = stride;
-  mla_keys_class_ = stride * max_page;  // >= the longest sequence; changes only with the stride (a graph key)
   // Tokens of decode-form sequences (absorbed MLA); prefill-form sequences take the MHA form.
   std::vector<int32_t> dec_tokens;
   for (const graph::StepSeq& s : plan.seqs)

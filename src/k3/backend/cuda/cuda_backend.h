@@ -245,7 +245,6 @@ class CudaBackend final : public graph::Backend {
   const dist::ShardPlan* expert_map_of_ = nullptr;
   size_t staging_bytes_ = 0;
   int64_t n_seqs_ = 0, page_stride_ = 0, n_tokens_ = 0, n_logits_ = 0;
-  int64_t mla_keys_class_ = 0;  // page stride x the largest page size: the MLA kernel's length class (stage_mla)
   std::vector<int64_t> graph_key_;  // graph_key(), set by prepare (its capacity reused step to step)
 };
 

@@ -43,7 +43,7 @@ void CudaBackend::mla_attend_latent(int64_t layer, const graph::MlaDims& d, Tens
   MlaPaging pg = paging(layer);
   pg.tok_index = sd_.n_dec_tokens == ql.rows ? nullptr : staged<const int32_t>(sd_.dec_tokens);
   K3_CUDA_CHECK(cuda::mla_attend_latent(pg, sd_.n_dec_tokens, static_cast<int>(d.heads), ql.f(), scale, ol.f(),
-                                        mla_ws_.get<float>(), stream_, mla_keys_class_));
+                                        mla_ws_.get<float>(), stream_));
   prof_.end(stream_);
 }
 

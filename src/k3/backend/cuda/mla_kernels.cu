@@ -327,7 +327,7 @@ Forced forced_kernel() {
 }
 }  // namespace
 
-MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype, int64_t max_keys) {
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype) {
   const bool tc_ok = mla_tc::supports(kr, dr), wg_ok = mla_wg::supports(kr, dr, dtype);
   switch (forced_kernel()) {
     case Forced::Simt: return MlaDecodeKernel::Simt;
@@ -335,18 +335,16 @@ MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtyp
     case Forced::Wgmma: return wg_ok ? MlaDecodeKernel::Wgmma : tc_ok ? MlaDecodeKernel::MmaSync : MlaDecodeKernel::Simt;
     default: break;
   }
-  if (wg_ok && mla_wgmma_preferred(N, nh, max_keys)) return MlaDecodeKernel::Wgmma;
+  if (wg_ok && mla_wgmma_preferred(nh)) return MlaDecodeKernel::Wgmma;
   if (tc_ok && nh >= kMlaTensorCoreMinHeads) return MlaDecodeKernel::MmaSync;
   return MlaDecodeKernel::Simt;
 }
 
-bool mla_wgmma_preferred(int N, int nh, int64_t max_keys) {
+bool mla_wgmma_preferred(int nh) {
   // Measured on the H200 against the mma.sync kernel over BF16 rows (docs/perf/cuda.md, session 50, the seesaw
   // wgmma kernel): at 96 heads 0.98x at one token and 1k keys, 1.09x at 8k, 1.28x at 32k, 1.62x at 128k, 1.39-2.53x
   // from 8 tokens; at 32 heads 0.98-1.22x (0.98-0.99x in two of 14 shapes). Below 32 heads (3/4 of a 64-head
   // block empty): not measured.
-  (void)N;
-  (void)max_keys;
   return nh >= 32;
 }
 
@@ -375,11 +373,11 @@ size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr) {
 }
 
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
-                              float* ws, cudaStream_t s, int64_t max_keys) {
+                              float* ws, cudaStream_t s) {
   const int kr = pg.kr, dr = pg.dr;
   if (!mla_paging_shape_ok(pg) || kr > 32 * kMaxKrPerLane || nh <= 0 || N < 0) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
-  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype, max_keys)) {
+  switch (mla_attend_kernel(N, nh, kr, dr, pg.dtype)) {
     case MlaDecodeKernel::Wgmma: return mla_wg::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::MmaSync: return mla_tc::attend(pg, N, nh, q_lat, scale, o_lat, ws, s);
     case MlaDecodeKernel::Simt: break;

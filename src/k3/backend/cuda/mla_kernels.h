@@ -35,16 +35,15 @@ cudaError_t mla_copy_qpe(const float* q, int N, int nh, int dn, int dr, int kr, 
 // split the keys of a token over several blocks (flash-decoding, so that batch-1 decode fills the GPU) and
 // merge the partial results through `ws` (mla_attend_workspace_floats(N, nh, kr) floats; null: no split).
 // Split counts depend on N, nh and the cache dtype only, never on the context length, so a captured CUDA
-// graph stays valid as sequences grow. `max_keys` (0: unknown) is a class of the longest sequence's length
-// that a captured graph is keyed by (the backend passes page stride x page size, a power-of-two bound): the
-// kernel choice may depend on it, the split counts may not.
+// graph stays valid as sequences grow; the kernel choice depends on N, nh and the dtype only (session 50: the
+// wgmma kernel no longer needs a length class to pick it).
 constexpr int kMlaTensorCoreMinHeads = 16;
 enum class MlaDecodeKernel { Simt, MmaSync, Wgmma };
 // The kernel mla_attend_latent runs for N tokens of nh heads over rows of `dtype` (K3_MLA_DECODE included).
-MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype, int64_t max_keys = 0);
-// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows (graph-stable: since session 50
-// it looks at nh only; N and the length class stay in the signature for rules that need them).
-bool mla_wgmma_preferred(int N, int nh, int64_t max_keys = 0);
+MlaDecodeKernel mla_attend_kernel(int N, int nh, int kr, int dr, CacheDType dtype);
+// The measured dispatch rule between the wgmma and mma.sync kernels for BF16 rows: since session 50 the head
+// count alone (the wgmma kernel is at least level with the mma.sync one at every measured batch and length).
+bool mla_wgmma_preferred(int nh);
 // Whether F32 rows take a tensor-core kernel (the mma.sync one).
 bool mla_attend_uses_tensor_cores(int nh, int kr, int dr);
 int mla_attend_splits(int N, int nh);  // the SIMT kernel's
@@ -54,7 +53,7 @@ size_t mla_attend_workspace_floats(int N, int nh, int kr);
 // The largest workspace any N' in 1..max_n needs (what a model sizes once).
 size_t mla_attend_workspace_floats_max(int max_n, int nh, int kr);
 cudaError_t mla_attend_latent(const MlaPaging& pg, int N, int nh, const float* q_lat, float scale, float* o_lat,
-                              float* ws, cudaStream_t s, int64_t max_keys = 0);
+                              float* ws, cudaStream_t s);
 
 // Absorption for decode-sized batches (the model uses batched SGEMMs beyond kMlaSmallBatch tokens):
 //   q_lat[t][h][0:kr] = sum_i q[t][h][i] * kv_b[h*(dn+dv) + i][:]      (i < dn; q [N][nh][dn+dr])

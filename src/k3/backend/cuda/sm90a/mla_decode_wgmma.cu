@@ -49,7 +49,8 @@ constexpr int kThreads = 384;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;  // 2 x 128 x 232 + 128 x 40 <= 65536
 constexpr int kBarP0 = 1, kBarP1 = 2, kBarConsumers = 3;  // named barriers (0 is __syncthreads)
 constexpr uint32_t kRope = 8 * kBlockBytes;              // a stage's rope column block: P after S
-// Exchange floats: max[2][64], scale[2][64], sum[2][64] (index 0: WG0's tile, 1: WG1's), final m, l.
+// Exchange floats: max[2][64], scale[2][64], sum[2][64] (index 0: WG0's tile, 1: WG1's; sum[0] unused: WG0 keeps
+// the row sums), then the final m and l.
 constexpr int kXFloats = 8 * 64;
 constexpr size_t kSmemBytes = 1024 + 3 * kTileBytes + kXFloats * sizeof(float) + 4 * sizeof(uint64_t);
 
@@ -235,10 +236,9 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
 
 // Warpgroup 1: odd tiles' S and softmax, O for dims 256..511.
 __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
-  const float* x_max = c.x;
+  float* x_max = c.x;
   float* x_scale = c.x + 128;
   float* x_sum = c.x + 256;
-  float* x_maxw = c.x;
   for (int i = 0; 2 * i < c.n_tiles; ++i) {
     const bool has1 = 2 * i + 1 < c.n_tiles;
     float s[32];
@@ -257,8 +257,8 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
       const Rows2 mB = softmax_tile(s, c.k0 + 128 * i + 64, c.k1, c.scale_log2, mA, pa, c.kv1 + kRope, c.row0, c.gc, ps);
       cB = Rows2{exp2f(mA.a - mB.a), exp2f(mA.b - mB.b)};
       if (c.gc == 0) {
-        x_maxw[64 + c.row0] = mB.a;
-        x_maxw[64 + c.row0 + 8] = mB.b;
+        x_max[64 + c.row0] = mB.a;
+        x_max[64 + c.row0 + 8] = mB.b;
         x_scale[64 + c.row0] = cB.a;
         x_scale[64 + c.row0 + 8] = cB.b;
         x_sum[64 + c.row0] = ps.a;
