@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <optional>
 
 #include "k3/backend/cuda/mla_paging.h"
 
@@ -17,11 +16,6 @@ constexpr int kMinSplitKeys = 128;
 
 // kr 512, dr 64, BF16 rows (the only dtype whose rows go to shared memory as they are stored).
 bool supports(int kr, int dr, CacheDType dtype);
-// 65..128 heads: the two head blocks of a token run as a 2-CTA cluster that reads each row from L2 once (the pair
-// form, mla_decode_wgmma.cu); the same bits as two separate blocks. K3_MLA_PAIR=0 keeps them separate; tests force
-// either (nullopt: back to the environment's).
-bool uses_pair(int nh);
-void force_pair_for_testing(std::optional<bool> on);
 // Key splits for N tokens of nh heads (one resident block per SM): depends on N and nh only.
 int splits(int N, int nh);
 size_t workspace_floats(int N, int nh, int kr);

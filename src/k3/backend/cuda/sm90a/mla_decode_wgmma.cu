@@ -29,14 +29,14 @@
 // Operands rounded as the mma.sync kernel rounds them (bf16 Q, rows as stored, bf16 P): the same tolerances.
 // Key splits (flash-decoding) and their merge as in the other kernels (mla_detail::split_chunk / merge_splits,
 // granularity 64 keys). nh that is not a multiple of 64: the last block's missing heads are zero rows of Q, never
-// written. Where it stands (session 50): at 96 heads two head blocks each pull every row from L2 into their own SM,
-// and those loads alone take ~75% of the kernel's time; one L2 read for both (a 2-CTA cluster, TMA multicast) is next.
+// written. Where it stands (sessions 50-51): at 96 heads / batch 64 a block streams all 8192 keys of its token through
+// two 72 KB stages, and those loads alone take ~75% of the kernel's time; they are bound by the stages' round trips,
+// not by L2 bytes -- a 2-CTA cluster that read each row from L2 once for both head blocks (session 51's pair form)
+// gained 1-3% at batch 64-256 and lost 6-12% at batch 1-8, and was removed (docs/perf/cuda.md, session 51).
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <optional>
 
-#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_decode_wgmma.h"
 #include "k3/backend/cuda/sm90a/mla_wg_common.cuh"
@@ -68,54 +68,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// The pair (2-CTA cluster) form's remote side: the peer CTA's address of one of ours, an arrival on the peer's
-// barrier, a wait that acquires at cluster scope (the peer's consumers released a stage this CTA writes into), the
-// own copies' arrival with the bytes the peer's bulk copies will add, a bulk copy of our smem into the peer's.
-__device__ __forceinline__ uint32_t peer_addr(uint32_t a, uint32_t peer) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(peer));
-  return r;
-}
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAITC:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra WAITC;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_to_peer(uint32_t peer_dst, uint32_t src, uint32_t bytes, uint32_t peer_bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(peer_dst),
-               "r"(src), "r"(bytes), "r"(peer_bar)
-               : "memory");
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 
-// Keys base + first .. + kRowsW - 1 of a tile into `dst` (rows first .. of the tile) by one warp (rows past `end`:
-// zeros), coalesced along each 1152-byte row; lane l < kRowsW resolves the row of key base + first + l, the copies
-// fetch it by shuffle.
-template <int kRowsW>
-__device__ __forceinline__ void issue_rows(uint32_t dst, const MlaSeqRows& rows_of, int base, int end, int first) {
-  const int lane = threadIdx.x & 31, key = base + first + lane;
-  const unsigned long long rp =
-      lane < kRowsW && key < end ? reinterpret_cast<unsigned long long>(rows_of.row(key)) : 0ull;
+// Keys base + 32 half .. + 31 of a tile into `dst` by one warp (rows past `end`: zeros), coalesced along
+// each 1152-byte row; lane l resolves the row of key base + 32 half + l, the copies fetch it by shuffle.
+__device__ __forceinline__ void issue_half(uint32_t dst, const MlaSeqRows& rows_of, int base, int end, int half) {
+  const int lane = threadIdx.x & 31, key = base + 32 * half + lane;
+  const unsigned long long rp = key < end ? reinterpret_cast<unsigned long long>(rows_of.row(key)) : 0ull;
 #pragma unroll 8
-  for (int u = 0; u < kRowsW * kChunks / 32; ++u) {
+  for (int u = 0; u < kChunks; ++u) {
     const int j = lane + 32 * u, r = j / kChunks, c = j % kChunks;
     const auto* src = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, rp, r));
     if (src)
-      cp_async16(dst + swz(first + r, c), src + 16 * c);
+      cp_async16(dst + swz(32 * half + r, c), src + 16 * c);
     else
-      st_shared16(dst + swz(first + r, c), make_uint4(0, 0, 0, 0));
+      st_shared16(dst + swz(32 * half + r, c), make_uint4(0, 0, 0, 0));
   }
 }
 
@@ -212,21 +180,16 @@ __device__ __forceinline__ void pv_smem(float (&o)[128], uint32_t kv, int wg) {
                                 wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo), 1);
   wgmma::commit();
 }
-// Waits for the warpgroup's MMAs, then the warp releases the stage (its MMAs on it are done) -- in the pair form
-// also to the peer, whose producer writes half of each of our tiles (peer_bar: the peer's barrier, or 0).
-__device__ __forceinline__ void pv_done_release(float (&o)[128], uint32_t empty_bar, uint32_t peer_bar) {
+// Waits for the warpgroup's MMAs, then the warp releases the stage (its MMAs on it are done).
+__device__ __forceinline__ void pv_done_release(float (&o)[128], uint32_t empty_bar) {
   wgmma::wait<0>();
   wgmma::fence_regs(o);
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) {
-    mbar_arrive(empty_bar);
-    if (peer_bar) mbar_arrive_remote(peer_bar);
-  }
+  if ((threadIdx.x & 31) == 0) mbar_arrive(empty_bar);
 }
 
 struct Ctx {
   uint32_t sQ, kv0, kv1, full0, full1, empty0, empty1;
-  uint32_t peer_empty0, peer_empty1;  // the pair form's peer barriers (shared::cluster addresses), else 0
   float* x;  // exchange floats
   int k0, k1, n_tiles, row0, gc;
   float scale_log2;
@@ -260,7 +223,7 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
     m = mA;
     scale_o(o, cA);
     pv_regs(o, pa, c.kv0, 0);
-    pv_done_release(o, c.empty0, c.peer_empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
+    pv_done_release(o, c.empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
     if (has1) {
       bar_sync(kBarP1);  // warpgroup 1's P1, mB, exp2(mA - mB), row sums of P1
       const Rows2 cB{x_scale[64 + c.row0], x_scale[64 + c.row0 + 8]};
@@ -268,7 +231,7 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
       l = Rows2{l.a * cB.a + x_sum[64 + c.row0], l.b * cB.b + x_sum[64 + c.row0 + 8]};
       scale_o(o, cB);
       pv_smem(o, c.kv1, 0);
-      pv_done_release(o, c.empty1, c.peer_empty1);
+      pv_done_release(o, c.empty1);
     }
   }
 }
@@ -310,60 +273,15 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     // is in flight makes ptxas serialise every wgmma of the kernel, C7514 / C7515.)
     scale_o(o, cA);
     pv_smem(o, c.kv0, 1);
-    pv_done_release(o, c.empty0, c.peer_empty0);
+    pv_done_release(o, c.empty0);
     if (has1) {
       scale_o(o, cB);
       pv_regs(o, pa, c.kv1, 1);
-      pv_done_release(o, c.empty1, c.peer_empty1);
+      pv_done_release(o, c.empty1);
     }
   }
 }
 
-// The producer warp (warp - 8 of the producer warpgroup): stage st = (warp - 8) / 2, half (warp - 8) % 2 of each of
-// the stage's tiles, copied, waited for, then the stage signalled full (2 arrivals).
-__device__ __forceinline__ void produce(const Ctx& c, const MlaSeqRows& rows_of, int warp) {
-  const int st = (warp - 8) >> 1, half = (warp - 8) & 1, lane = threadIdx.x & 31;
-  const uint32_t dst = st ? c.kv1 : c.kv0, full = st ? c.full1 : c.full0, empty = st ? c.empty1 : c.empty0;
-  for (int tile = st, u = 0; tile < c.n_tiles; tile += 2, ++u) {
-    if (u > 0) mbar_wait(empty, (u - 1) & 1);
-    issue_rows<32>(dst, rows_of, c.k0 + kKeys * tile, c.k1, 32 * half);
-    cp_async_commit();
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma
-    __syncwarp();
-    if (lane == 0) mbar_arrive(full);
-  }
-}
-
-// The pair form (two CTAs of a cluster: the two head blocks of one token and key split, rank r = head block r): each
-// CTA's producer copies only keys 32 r .. 32 r + 31 of every tile from global memory (a warp 16 of them), then sends
-// them to the peer's same stage with bulk shared-to-shared copies -- so each row leaves L2 once for both head blocks
-// (session 50: at 96 heads the two blocks' separate reads of every row bound the kernel). In each of the 9 column
-// blocks of a stage, 16 rows are 2048 contiguous bytes. A stage's full barrier completes on the own warps' 2 arrivals
-// (each posting the 18432 bytes its peer counterpart sends) and those bytes; its empty barrier takes 16 arrivals, the
-// own and the peer's consumer warps, since a stage is written by both CTAs.
-__device__ __forceinline__ void produce_pair(const Ctx& c, const MlaSeqRows& rows_of, int warp, uint32_t rank) {
-  const int st = (warp - 8) >> 1, first = 32 * static_cast<int>(rank) + 16 * ((warp - 8) & 1);
-  const int lane = threadIdx.x & 31;
-  const uint32_t dst = st ? c.kv1 : c.kv0, full = st ? c.full1 : c.full0, empty = st ? c.empty1 : c.empty0;
-  const uint32_t peer = rank ^ 1u, peer_full = peer_addr(full, peer);
-  constexpr uint32_t kSeg = 16 * 128;  // 16 rows of one column block
-  const uint32_t seg = dst + static_cast<uint32_t>(min(lane, kColBlocks - 1)) * kBlockBytes + static_cast<uint32_t>(first) * 128;
-  const uint32_t peer_seg = peer_addr(seg, peer);
-  for (int tile = st, u = 0; tile < c.n_tiles; tile += 2, ++u) {
-    if (u > 0) mbar_wait_cluster(empty, (u - 1) & 1);
-    issue_rows<16>(dst, rows_of, c.k0 + kKeys * tile, c.k1, first);
-    cp_async_commit();
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma and the bulk copies' reads
-    __syncwarp();
-    if (lane < kColBlocks) bulk_to_peer(peer_seg, seg, kSeg, peer_full);
-    if (lane == 0) mbar_arrive_expect_tx(full, kColBlocks * kSeg);
-  }
-}
-
-// One block (kPair: one CTA of a head-block pair, launched as a 2-CTA cluster along x).
-template <bool kPair>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_seesaw_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                          float* __restrict__ o_lat, float* __restrict__ ws) {
@@ -378,37 +296,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int seq = pg.tok_seq[t], len = pg.tok_pos[t] + 1;
   const int chunk = mla_detail::split_chunk(len, ns, kMinSplitKeys, kKeys);
   const int k0 = sp * chunk;
-  if (k0 >= len) return;  // an unused split (both CTAs of a pair alike): the merge does not read it
+  if (k0 >= len) return;  // an unused split: the merge does not read it
   const int k1 = min(len, k0 + chunk);
   const int h0 = blockIdx.x * kHeadsPerBlock;
-  const uint32_t rank = blockIdx.x & 1u;  // the pair form's cluster rank
   // Warp-uniform by construction (a shuffle from lane 0): ptxas must see the warpgroup branches as uniform.
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0), lane = static_cast<int>(threadIdx.x & 31);
   const int row0 = ((static_cast<int>(threadIdx.x) & 127) >> 5) * 16 + (lane >> 2);  // accumulator rows row0, row0 + 8
   const Ctx c{base_addr, base_addr + kTileBytes, base_addr + 2 * kTileBytes,
               bars,      bars + 8,               bars + 16,
-              bars + 24, kPair ? peer_addr(bars + 16, rank ^ 1u) : 0u,
-              kPair ? peer_addr(bars + 24, rank ^ 1u) : 0u, x,
-              k0,        k1,                     (k1 - k0 + kKeys - 1) / kKeys,
-              row0,      lane & 3,               scale_log2};
+              bars + 24, x,                      k0,
+              k1,        (k1 - k0 + kKeys - 1) / kKeys, row0,
+              lane & 3,  scale_log2};
   if (threadIdx.x == 0) {
     mbar_init(c.full0, 2);
     mbar_init(c.full1, 2);
-    mbar_init(c.empty0, kPair ? 16 : 8);
-    mbar_init(c.empty1, kPair ? 16 : 8);
-    if (kPair) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init(c.empty0, 8);
+    mbar_init(c.empty1, 8);
   }
   __syncthreads();
-  if (kPair) cluster_sync();  // the peer's barriers exist before any remote arrival or copy
 
-  if (warp >= 8) {
+  if (warp >= 8) {  // the producer warpgroup: stage (warp - 8) / 2, half (warp - 8) % 2 of each of its tiles
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    const int st = (warp - 8) >> 1, half = (warp - 8) & 1;
     const MlaSeqRows rows_of = mla_seq_rows(pg, seq);
-    if (kPair) {
-      produce_pair(c, rows_of, warp, rank);
-      cluster_sync();  // stay until the peer is done with our barriers and shared memory
-    } else {
-      produce(c, rows_of, warp);
+    const uint32_t dst = st ? c.kv1 : c.kv0, full = st ? c.full1 : c.full0, empty = st ? c.empty1 : c.empty0;
+    for (int tile = st, u = 0; tile < c.n_tiles; tile += 2, ++u) {
+      if (u > 0) mbar_wait(empty, (u - 1) & 1);
+      issue_half(dst, rows_of, k0 + kKeys * tile, k1, half);
+      cp_async_commit();
+      cp_async_wait<0>();
+      wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma
+      __syncwarp();
+      if (lane == 0) mbar_arrive(full);
     }
     return;
   }
@@ -460,7 +379,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<float2*>(w + 2 + dim0 + 8 * n) = make_float2(o[4 * n + 2 * half], o[4 * n + 2 * half + 1]);
     }
   }
-  if (kPair) cluster_sync();  // the peer may still arrive on our barriers (its last releases)
 }
 
 struct Device {
@@ -468,48 +386,24 @@ struct Device {
   cudaError_t err = cudaSuccess;
 };
 
-// The SM count and the kernels' shared-memory limit, once per process.
+// The SM count and the kernel's shared-memory limit, once per process.
 const Device& device() {
   static const Device d = [] {
     Device r;
     int dev = 0;
     r.err = cudaGetDevice(&dev);
     if (r.err == cudaSuccess) r.err = cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
-    for (auto* k : {attend_seesaw_kernel<false>, attend_seesaw_kernel<true>})
-      if (r.err == cudaSuccess)
-        r.err = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+    if (r.err == cudaSuccess)
+      r.err = cudaFuncSetAttribute(attend_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(kSmemBytes));
     return r;
   }();
   return d;
 }
 
-// K3_MLA_PAIR=0 keeps two separate head blocks at 65..128 heads (the A/B arm of the timing calls).
-EnvFlag g_pair{"K3_MLA_PAIR"};
-
-cudaError_t launch(const dim3& grid, bool pair, cudaStream_t s, const MlaPaging& pg, int nh, const float* q_lat,
-                   float scale_log2, int ns, float* o_lat, float* ws) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pair ? 1 : 0;
-  return pair ? cudaLaunchKernelEx(&cfg, attend_seesaw_kernel<true>, pg, nh, q_lat, scale_log2, ns, o_lat, ws)
-              : cudaLaunchKernelEx(&cfg, attend_seesaw_kernel<false>, pg, nh, q_lat, scale_log2, ns, o_lat, ws);
-}
-
 }  // namespace
 
 bool supports(int kr, int dr, CacheDType dtype) { return kr == kKr && kr + dr == kCd && dtype == CacheDType::BF16; }
-
-bool uses_pair(int nh) { return (nh + kHeadsPerBlock - 1) / kHeadsPerBlock == 2 && g_pair.on(); }
-void force_pair_for_testing(std::optional<bool> on) { g_pair.force(on); }
 
 int splits(int N, int nh) {
   const int64_t per = static_cast<int64_t>(N) * ((nh + kHeadsPerBlock - 1) / kHeadsPerBlock);
@@ -528,8 +422,7 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
   const int ns = ws ? splits(N, nh) : 1;
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
-  const cudaError_t e = launch(grid, uses_pair(nh), s, pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
-  if (e != cudaSuccess) return e;
+  attend_seesaw_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kKr, ns, kMinSplitKeys, kKeys, ws, o_lat, s);
   return cudaGetLastError();
 }
