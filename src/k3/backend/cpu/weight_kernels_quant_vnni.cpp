@@ -81,6 +81,10 @@ constexpr int64_t unit_bytes(WeightFormat f) { return is_pair_format(f) ? kChunk
 // The weight bytes of one unit (a pair of 32-element blocks, or one 256-element block).
 constexpr int64_t unit_weight_bytes(WeightFormat f) { return weight_layout(f).block_bytes * (is_pair_format(f) ? 2 : 1); }
 constexpr int64_t units(WeightFormat f, int64_t cols) { return (cols + unit_elems(f) - 1) / unit_elems(f); }
+// The codebook i-quants whose units take BiasedAcc1 for one token (unit_iq2xxs and after).
+constexpr bool is_biased_iq(WeightFormat f) {
+  return f == WeightFormat::IQ2_XXS || f == WeightFormat::IQ3_XXS || f == WeightFormat::IQ2_XS || f == WeightFormat::IQ3_S;
+}
 // Formats whose values carry a sub-min (value = dl q - ml).
 constexpr bool has_min(WeightFormat f) {
   return f == WeightFormat::Q4_K || f == WeightFormat::Q5_K || f == WeightFormat::Q2_K;
@@ -101,7 +105,25 @@ struct IqCodeTables {
   alignas(64) int8_t iq2xs_level[64];  // as iq2_level (the same 3 values)
   alignas(64) int8_t iq3s_level[64];   // as iq3_level (IQ3_S's own 8 values)
   alignas(64) uint8_t sign[128];     // 7-bit sign code -> sign byte: quant::kIq2Signs, 64-byte aligned for vpermi2b
+  // The signed levels of IQ2_XXS / IQ3_XXS (iq_signed_chunk): index bits [0, kBits) a level code, bit kBits the sign
+  // (1: negated); vpermb reads the low 6 bits, so the table repeats every 2^(kBits + 1) entries. _b: the same + 128
+  // (mod 256), the weights of BiasedAcc1 (w + 128 against q).
+  alignas(64) int8_t iq2_signed[64], iq2_signed_b[64];
+  alignas(64) int8_t iq3_signed[64], iq3_signed_b[64];
+  // The levels + 128 of IQ2_XS / IQ3_S (their chunks negate by 0 - x, which maps 128 + l to 128 - l mod 256 too).
+  alignas(64) int8_t iq2xs_level_b[64], iq3s_level_b[64];
+  // iq2 split into its words' low and high bytes (unit2_iq2xxs: 64 rows a vpermi2b, against 32 a vpermt2w).
+  alignas(64) uint8_t iq2_lo[256], iq2_hi[256];
+  alignas(64) uint8_t iq3_lo[256], iq3_hi[256];  // iq3 the same way (unit_iq3xxs: a block's 64 rows at once)
 };
+
+// levels (index: a code in the low `bits`, the sign in bit `bits`) -> value (+ 128 when biased), repeated to 64 entries.
+void signed_levels(const int8_t* level_of, int bits, bool biased, int8_t* out) {
+  for (int e = 0; e < 64; ++e) {
+    const int v = (e >> bits & 1 ? -1 : 1) * level_of[e % (1 << bits)] + (biased ? 128 : 0);
+    out[e] = static_cast<int8_t>(static_cast<uint8_t>(v));
+  }
+}
 
 // Each of the `rows` rows of a grid (`bytes` values a row) as level indices (`bits` each) into the grid's sorted
 // distinct values, which `level_of` receives (index e -> value of e's low `bits`). The grids are fixed tables: more distinct values than the bits hold cannot happen, and is
@@ -137,24 +159,72 @@ IqCodeTables make_iq_code_tables() {
   code_grid(quant::kIq2xsGrid, 512, 8, 2, t.iq2xs, t.iq2xs_level);
   code_grid(quant::kIq3sGrid, 512, 4, 3, t.iq3s, t.iq3s_level);
   std::copy(quant::kIq2Signs, quant::kIq2Signs + 128, t.sign);
+  for (int r = 0; r < 256; ++r) {
+    t.iq2_lo[r] = static_cast<uint8_t>(t.iq2[r]), t.iq2_hi[r] = static_cast<uint8_t>(t.iq2[r] >> 8);
+    t.iq3_lo[r] = static_cast<uint8_t>(t.iq3[r]), t.iq3_hi[r] = static_cast<uint8_t>(t.iq3[r] >> 8);
+  }
+  signed_levels(t.iq2_level, 2, false, t.iq2_signed);
+  signed_levels(t.iq2_level, 2, true, t.iq2_signed_b);
+  signed_levels(t.iq3_level, 3, false, t.iq3_signed);
+  signed_levels(t.iq3_level, 3, true, t.iq3_signed_b);
+  for (int e = 0; e < 64; ++e) {
+    t.iq2xs_level_b[e] = static_cast<int8_t>(static_cast<uint8_t>(t.iq2xs_level[e] + 128));
+    t.iq3s_level_b[e] = static_cast<int8_t>(static_cast<uint8_t>(t.iq3s_level[e] + 128));
+  }
   return t;
 }
 const IqCodeTables g_iq_codes = make_iq_code_tables();
 
 // Byte-shuffle controls built at compile time (vpermb / vpermw / vpmultishiftqb operands).
 struct IqControls {
-  alignas(64) uint8_t iq2_rows[64];   // IQ2_XXS: word k <- byte 8 (k / 4) + k % 4 (the 32 grid bytes among the aux words)
   alignas(64) uint16_t iq2_pick[4][32];  // chunk c: qword j's low word <- row word 8 c + j
   alignas(64) uint16_t iq3_pick[2][32];  // chunk k of a 32-row half: qword j's words 0, 1 <- row words 16 k + 2 j, + 1
   alignas(64) uint8_t shift2[64];      // byte i of a qword <- bits [2 i, ...)
   alignas(64) uint8_t shift3[64];      // byte i <- bits [3 i, ...) (i < 4), [16 + 3 (i - 4), ...) (i >= 4)
-  alignas(64) uint8_t sign_spread[4][64];  // chunk c: byte 8 j + i <- sign byte j of sub-blocks 2c (j < 4), 2c + 1
   alignas(64) uint8_t sign_spread_w[4][64];  // the same from sign bytes one per word (IQ2_XS: group k's at byte 2 k)
   alignas(64) uint8_t bit_of[64];      // byte 8 j + i: 1 << i
   alignas(64) uint8_t aux_codes[64];   // qword: bytes 0..3 <- bits [32 + 7 k, ...) (IQ2_XXS's aux word in the high half)
-  alignas(64) uint8_t aux_codes_lo[64];  // the same from bits [7 k, ...) (IQ3_XXS's aux words, zero-extended)
-  constexpr IqControls() : iq2_rows(), iq2_pick(), iq3_pick(), shift2(), shift3(), sign_spread(), sign_spread_w(), bit_of(), aux_codes(), aux_codes_lo() {
-    for (int k = 0; k < 32; ++k) iq2_rows[2 * k] = static_cast<uint8_t>(8 * (k / 4) + k % 4);
+  // IQ2_XXS / IQ3_XXS (iq_signed_chunk, session 51): a chunk's 8 groups of 8 values are its qwords j = 0..7, so the
+  // rows are looked up with group j of every chunk in qword j, and one vpmultishiftqb per chunk spreads its codes (one
+  // more its sign bits) -- no vpermw per chunk.
+  alignas(64) uint8_t iq2_rows_t[64];    // IQ2_XXS: word 4 j + c <- grid byte of group 8 c + j (byte 8 (2c + j/4) + j%4)
+  alignas(64) uint8_t code_shift2[4][64];  // chunk c: byte 8 j + i <- bits [16 c + 2 i, ...) of qword j
+  alignas(64) uint8_t code_shift3[2][64];  // chunk k of a half: byte i <- bits [32 k + 3 i, ...), [32 k + 16 + 3 (i-4), ...)
+  alignas(64) uint8_t sign_shift2[4][64];  // chunk c: byte 8 j + i <- bit i of byte c of qword j at bit 2
+  alignas(64) uint8_t sign_shift3[4][64];  // the same at bit 3
+  alignas(64) uint8_t sign_t2[64];       // IQ2_XXS: byte 8 j + c <- sign byte of group 8 c + j (byte 8 (2c + j/4) + j%4)
+  alignas(64) uint8_t sign_t3[64];       // IQ3_XXS: byte 8 j + c <- byte 8 c + j
+  alignas(64) uint8_t aux3_codes[64];    // qword c: byte j <- bits [7 j, ...) (j < 4), [32 + 7 (j - 4), ...)
+  // unit2_iq2xxs: byte 16 m + 8 h + t <- grid byte of group (8 c + j) of block h (j = 2 m + t / 4, c = t % 4), so that
+  // vpunpcklbw / vpunpckhbw of the looked-up low and high bytes give each block's codes in iq2_rows_t's word order.
+  alignas(64) uint8_t iq2_rows_2[64];
+  // unit_iq3xxs: byte 16 m + 8 h + t <- grid byte 32 h + 16 k + 2 j + e of the block's 64, so that half h's codes
+  // have word w = 8 m + t = 4 j + 2 k + e <- row 2 j + e of the half's chunk k (code_shift3's order).
+  alignas(64) uint8_t iq3_rows_2[64];
+  constexpr IqControls()
+      : iq2_pick(), iq3_pick(), shift2(), shift3(), sign_spread_w(), bit_of(), aux_codes(), iq2_rows_t(), code_shift2(),
+        code_shift3(), sign_shift2(), sign_shift3(), sign_t2(), sign_t3(), aux3_codes(), iq2_rows_2(), iq3_rows_2() {
+    for (int w = 0; w < 32; ++w) {
+      const int j = w / 4, c = w % 4;
+      iq2_rows_t[2 * w] = static_cast<uint8_t>(8 * (2 * c + j / 4) + j % 4);
+    }
+    for (int b = 0; b < 64; ++b) {
+      const int i = b % 8, j = b / 8;
+      for (int c = 0; c < 4; ++c) {
+        code_shift2[c][b] = static_cast<uint8_t>(16 * c + 2 * i);
+        sign_shift2[c][b] = static_cast<uint8_t>((8 * c + i - 2 + 64) % 64);
+        sign_shift3[c][b] = static_cast<uint8_t>((8 * c + i - 3 + 64) % 64);
+      }
+      for (int k = 0; k < 2; ++k) code_shift3[k][b] = static_cast<uint8_t>(32 * k + (i < 4 ? 3 * i : 16 + 3 * (i - 4)));
+      const int c = i % 4;  // bytes 4..7 of a qword repeat 0..3 (unread)
+      sign_t2[b] = static_cast<uint8_t>(8 * (2 * c + j / 4) + j % 4);
+      sign_t3[b] = static_cast<uint8_t>(8 * c + j);
+      aux3_codes[b] = static_cast<uint8_t>(i < 4 ? 7 * i : 32 + 7 * (i - 4));
+      const int m = b / 16, h = b / 8 % 2, t = b % 8, jj = 2 * m + t / 4, cc = t % 4;
+      iq2_rows_2[b] = static_cast<uint8_t>(64 * h + 8 * (2 * cc + jj / 4) + jj % 4);
+      const int w = 8 * m + t;
+      iq3_rows_2[b] = static_cast<uint8_t>(32 * h + 16 * (w % 4 / 2) + 2 * (w / 4) + w % 2);
+    }
     for (int c = 0; c < 4; ++c)
       for (int w = 0; w < 32; ++w) iq2_pick[c][w] = static_cast<uint16_t>(8 * c + w / 4);
     for (int k = 0; k < 2; ++k)
@@ -164,10 +234,8 @@ struct IqControls {
       shift2[b] = static_cast<uint8_t>(2 * i);
       shift3[b] = static_cast<uint8_t>(i < 4 ? 3 * i : 16 + 3 * (i - 4));
       bit_of[b] = static_cast<uint8_t>(1 << i);
-      for (int c = 0; c < 4; ++c) sign_spread[c][b] = static_cast<uint8_t>(8 * (2 * c + j / 4) + j % 4);
       for (int c = 0; c < 4; ++c) sign_spread_w[c][b] = static_cast<uint8_t>(2 * (8 * c + j));
       aux_codes[b] = static_cast<uint8_t>(32 + 7 * (i % 4));
-      aux_codes_lo[b] = static_cast<uint8_t>(7 * (i % 4));
     }
   }
 };
@@ -333,25 +401,30 @@ struct BiasedAcc1 {
   __m512 acc[1];
   const uint8_t* xq;
 
-  __attribute__((always_inline)) void chunk_biased(__m512i wb, __m512 wsc) {
-    const __m512i dp = _mm512_dpbusd_epi32(_mm512_load_si512(xq + 128), wb, _mm512_load_si512(xq));
-    acc[0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_load_ps(reinterpret_cast<const float*>(xq + 64))), wsc, acc[0]);
+  // Chunk c of the unit at xq (a pair unit has one; the 256-units of the codebook i-quants four).
+  __attribute__((always_inline)) void chunk_biased(int c, __m512i wb, __m512 wsc) {
+    const uint8_t* q = xq + c * kBiasedChunkBytes;
+    const __m512i dp = _mm512_dpbusd_epi32(_mm512_load_si512(q + 128), wb, _mm512_load_si512(q));
+    acc[0] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dp), _mm512_load_ps(reinterpret_cast<const float*>(q + 64))), wsc, acc[0]);
   }
-  __attribute__((always_inline)) void chunk(int, __m512i w, __m512 wsc) {
-    chunk_biased(_mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), wsc);
+  __attribute__((always_inline)) void chunk(int c, __m512i w, __m512 wsc) {
+    chunk_biased(c, _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80))), wsc);
   }
 };
 
-// The token of the pair formats' layout (pair_tokens: q + 128, d per 64 values) into BiasedAcc1's, nu chunks.
-void bias_token(const uint8_t* xq, int64_t nu, uint8_t* out) {
-  for (int64_t u = 0; u < nu; ++u) {
-    const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(xq + u * kChunkBytes), _mm512_set1_epi8(static_cast<char>(0x80)));
-    const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
-    uint8_t* o = out + u * kBiasedChunkBytes;
-    _mm512_store_si512(o, q);
-    _mm512_store_si512(o + 64, _mm512_loadu_si512(xq + u * kChunkBytes + 64));
-    _mm512_store_si512(o + 128, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
-  }
+// The token's chunks (q + 128, then the quads' d: the pair formats' layout, pair_tokens, or the 256-units', q8k_tokens,
+// whose 16 sums after every 4 chunks BiasedAcc1 does not read) into BiasedAcc1's; nu units of `per_unit` chunks each.
+void bias_token(const uint8_t* xq, int64_t nu, uint8_t* out, int per_unit = 1, int64_t unit_stride = kChunkBytes) {
+  for (int64_t u = 0; u < nu; ++u)
+    for (int c = 0; c < per_unit; ++c) {
+      const uint8_t* x = xq + u * unit_stride + c * kChunkBytes;
+      const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(x), _mm512_set1_epi8(static_cast<char>(0x80)));
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+      uint8_t* o = out + (u * per_unit + c) * kBiasedChunkBytes;
+      _mm512_store_si512(o, q);
+      _mm512_store_si512(o + 64, _mm512_loadu_si512(x + 64));
+      _mm512_store_si512(o + 128, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+    }
 }
 
 // Lane scales of a chunk from per-group scales: group g's scale in lanes [16 / k x g, ...) (k groups).
@@ -540,6 +613,11 @@ __attribute__((always_inline)) inline void unit_iq4xs(const uint8_t* b, Acc& a) 
 // (vptestmb); the 4-bit sub-scales are converted in one vector. The same int8 weights and lane scales go to the
 // same chunk() calls in the same order as the decoders' path: the same bits (session 43; session 42's units took
 // ~45 instructions and 16 scalar table loads per 64 values, 3.4 GB/s a thread for IQ2_XXS).
+// Session 51 (one token 1.45-1.6x a thread, same bits): IQ2_XXS / IQ3_XXS look their rows up in chunk-interleaved order
+// (no vpermw per chunk) and fold the sign into the level vpermb's index (iq_signed_chunk); one token takes BiasedAcc1
+// (no per-chunk correction: all four formats); IQ3_XXS's 64 rows and two IQ2_XXS blocks' come from byte tables at once
+// (lookup64). Tried and dropped (docs/perf/cpu.md, session 51): masks from memory (kmovq), scales by broadcast loads,
+// two rows interleaved, vpshufbitqmb or a GFNI bit transpose for the signs (+4%: not worth a new CPU requirement).
 
 inline __m512i load64(const void* p) { return _mm512_load_si512(p); }
 
@@ -553,6 +631,17 @@ __attribute__((always_inline)) inline __m512i lookup32(const uint16_t* table, __
   return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
 }
 
+// The code words of the 64 rows idx (bytes) of a 256-row code table split into its low and high bytes (lo, hi): 4
+// vpermi2b, 2 blends, 2 unpacks. Out: the words of rows idx[16 m + t] (w0) and idx[16 m + 8 + t] (w1) at word 8 m + t.
+__attribute__((always_inline)) inline void lookup64(const uint8_t* lo, const uint8_t* hi, __m512i idx, __m512i& w0, __m512i& w1) {
+  const __mmask64 high = _mm512_movepi8_mask(idx);  // rows 128..255
+  const __m512i l = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(load64(lo), idx, load64(lo + 64)),
+                                           _mm512_permutex2var_epi8(load64(lo + 128), idx, load64(lo + 192)));
+  const __m512i h = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(load64(hi), idx, load64(hi + 64)),
+                                           _mm512_permutex2var_epi8(load64(hi + 128), idx, load64(hi + 192)));
+  w0 = _mm512_unpacklo_epi8(l, h), w1 = _mm512_unpackhi_epi8(l, h);
+}
+
 // The same for a 512-row table (idx 0..511): 8 vpermt2w, 7 blends.
 __attribute__((always_inline)) inline __m512i lookup32_of512(const uint16_t* table, __m512i idx) {
   const __m512i lo = lookup32(table, idx), hi = lookup32(table + 256, idx);  // rows idx % 256 of each half
@@ -560,45 +649,86 @@ __attribute__((always_inline)) inline __m512i lookup32_of512(const uint16_t* tab
 }
 
 // The sign bytes of 8 sub-blocks: qword ib's bits [shift, shift + 28) hold sub-block ib's 4 sign codes
-// (`ctl`: kIqCtl.aux_codes or aux_codes_lo); qword ib's bytes 0..3 get the 4 groups' sign bytes.
+// (`ctl`: kIqCtl.aux_codes); qword ib's bytes 0..3 get the 4 groups' sign bytes.
 __attribute__((always_inline)) inline __m512i sign_bytes(__m512i aux, const uint8_t* ctl) {
   return _mm512_permutex2var_epi8(load64(g_iq_codes.sign), _mm512_multishift_epi64_epi8(load64(ctl), aux), load64(g_iq_codes.sign + 64));
 }
 
-// Chunk c (sub-blocks 2c, 2c + 1): 64 levels (`mag`) negated where the sign bytes say, then into the accumulators
-// with the two sub-blocks' scales (lanes 0-7, 8-15).
-template <class Acc>
-__attribute__((always_inline)) inline void signed_chunk(Acc& a, int c, __m512i mag, __m512i signs, __m256 scales) {
-  const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(kIqCtl.sign_spread[c]), signs), load64(kIqCtl.bit_of));
-  a.chunk(c, _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag), lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
-}
-
-// The 8 sub-scales d (0.5 + s) k of the 4-bit s in bits [shift, shift + 4) of qword ib.
-__attribute__((always_inline)) inline __m256 sub_scales(__m512i aux, int shift, float d, float k) {
-  const __m256 s = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(_mm512_srli_epi64(aux, shift)));
-  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(_mm256_set1_ps(0.5f), s)), _mm256_set1_ps(k));
+// Chunk c of IQ2_XXS / IQ3_XXS (kBits: 2, 3) into accumulator chunk ac: qword j of `codes` holds the level codes of
+// the chunk's group j where code_ctl's vpmultishiftqb picks them (no vpermw per chunk), qword j of `signs` its sign byte
+// at byte c. The sign bit goes to bit kBits of each byte's index (a second vpmultishiftqb, a vpternlogd select), and one
+// vpermb through the signed levels makes the weights -- 4 instructions where the level vpermb, the sign-byte vpermb,
+// vptestmb and the masked negation took 5 (and the vpermw 6). Biased accumulators (one token) get the levels + 128.
+template <int kBits, class Acc>
+__attribute__((always_inline)) inline void iq_signed_chunk(Acc& a, int ac, int c, __m512i codes, const uint8_t* code_ctl, __m512i signs,
+                                                          __m512 scales, int step, int lane0 = 0) {
+  constexpr bool kBiased = requires { Acc::kBiased; };
+  const int8_t* table = kBits == 2 ? (kBiased ? g_iq_codes.iq2_signed_b : g_iq_codes.iq2_signed)
+                                   : (kBiased ? g_iq_codes.iq3_signed_b : g_iq_codes.iq3_signed);
+  const __m512i code = _mm512_multishift_epi64_epi8(load64(code_ctl), codes);
+  const __m512i sign = _mm512_multishift_epi64_epi8(load64(kBits == 2 ? kIqCtl.sign_shift2[c] : kIqCtl.sign_shift3[c]), signs);
+  const __m512i idx = _mm512_ternarylogic_epi32(code, sign, _mm512_set1_epi8(1 << kBits), 0xD8);  // c ? sign : code
+  const __m512i w = _mm512_permutexvar_epi8(idx, load64(table));
+  // sub-block ib's scale in lane lane0 + step x ib of `scales`; lanes 0-7 of the chunk take sub-block 2c's, 8-15 2c + 1's
+  const __m512 wsc = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(lane0 + 2 * c * step), _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, step, step, step, step, step, step, step, step)), scales);
+  if constexpr (kBiased)
+    a.chunk_biased(ac, w, wsc);
+  else
+    a.chunk(ac, w, wsc);
 }
 
 // IQ2_XXS, one block: 2 bytes d, then per sub-block ib of 32 values 4 grid bytes (8-value rows) and an aux word
-// (4 x 7-bit sign codes, 4-bit scale in bits 28-31); value = d (0.5 + s) / 4 x level x sign.
+// (4 x 7-bit sign codes, 4-bit scale in bits 28-31); value = d (0.5 + s) / 4 x level x sign. The 32 rows are looked up
+// in chunk-interleaved order (word 4 j + c: group j of chunk c; `codes`) and the sign bytes transposed likewise (byte
+// 8 j + c). kC0: the block's first chunk in the accumulators' unit (4: the second block of unit2_iq2xxs); sub-block
+// ib's scale in lane kLane0 + 2 ib of `scales`.
+template <int kC0, int kLane0, class Acc>
+__attribute__((always_inline)) inline void iq2xxs_chunks(__m512i v, __m512i codes, __m512 scales, Acc& a) {
+  const __m512i signs = _mm512_permutexvar_epi8(load64(kIqCtl.sign_t2), sign_bytes(v, kIqCtl.aux_codes));
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) iq_signed_chunk<2>(a, kC0 + c, c, codes, kIqCtl.code_shift2[c], signs, scales, 2, kLane0);
+}
+
+// The sub-scales d (0.5 + s) / 4 of the 4-bit s in each dword (unit_iq2xxs: the aux words' top bits shifted down
+// their qwords, in lane 2 ib: no vpmovqd to narrow them).
+__attribute__((always_inline)) inline __m512 iq2xxs_scales(__m512i s4, __m512 d) {
+  const __m512 s = _mm512_cvtepi32_ps(s4);
+  return _mm512_mul_ps(_mm512_mul_ps(d, _mm512_add_ps(_mm512_set1_ps(0.5f), s)), _mm512_set1_ps(0.25f));
+}
+
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xxs(const uint8_t* b, Acc& a) {
   const __m512i v = _mm512_loadu_si512(b + 2);  // qword ib: grid bytes (low half), aux word (high half)
-  const __m512i codes = lookup32(g_iq_codes.iq2, _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, load64(kIqCtl.iq2_rows), v));
-  const __m512i signs = sign_bytes(v, kIqCtl.aux_codes);
-  const __m256 scales = sub_scales(v, 60, qsimd::f16_at(b), 0.25f);
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
-    const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(g_iq_codes.iq2_level));
-    signed_chunk(a, c, mag, signs, scales);
-  }
+  iq2xxs_chunks<0, 0>(v, lookup32(g_iq_codes.iq2, _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, load64(kIqCtl.iq2_rows_t), v)),
+                      iq2xxs_scales(_mm512_srli_epi64(v, 60), _mm512_set1_ps(qsimd::f16_at(b))), a);
+}
+
+// Two consecutive IQ2_XXS blocks of a row (one token: BiasedAcc1, whose chunks 4..7 are the second block's): their 64
+// rows looked up at once in byte tables -- 4 vpermi2b, 2 blends and 2 unpacks for both, where lookup32 takes 4
+// vpermt2w, 3 blends and 2 tests (and 4 register copies) per block. The same codes, so the same chunks as unit_iq2xxs.
+template <class Acc>
+__attribute__((always_inline)) inline void unit2_iq2xxs(const uint8_t* b, Acc& a) {
+  constexpr int64_t BB = weight_layout(WeightFormat::IQ2_XXS).block_bytes;
+  const __m512i v0 = _mm512_loadu_si512(b + 2), v1 = _mm512_loadu_si512(b + BB + 2);
+  __m512i c0, c1;
+  lookup64(g_iq_codes.iq2_lo, g_iq_codes.iq2_hi, _mm512_permutex2var_epi8(v0, load64(kIqCtl.iq2_rows_2), v1), c0, c1);
+  // Both blocks' scales in one vector: the first's in the even lanes, the second's (its aux words moved up 32 bits) in
+  // the odd ones, against d0, d1 alternating (the same products lane by lane).
+  uint16_t d0, d1;
+  std::memcpy(&d0, b, 2);
+  std::memcpy(&d1, b + BB, 2);
+  const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi32(static_cast<int>(d0 | uint32_t{d1} << 16)));
+  const __m512i both = _mm512_ternarylogic_epi64(_mm512_srli_epi64(v0, 60), _mm512_srli_epi64(v1, 28), _mm512_set1_epi64(int64_t{15} << 32), 0xF8);
+  const __m512 scales = iq2xxs_scales(both, d);
+  iq2xxs_chunks<0, 0>(v0, c0, scales, a);
+  iq2xxs_chunks<4, 1>(v1, c1, scales, a);
 }
 
 // IQ2_XS, one block: 2 bytes d, 32 u16 (an 8-value group's grid row in bits 0-8, its 7-bit sign code in 9-15), then
 // 8 scale bytes (4 bits per 16 values, low nibble first); value = d (0.5 + s) / 4 x level x sign.
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xs(const uint8_t* b, Acc& a) {
+  constexpr bool kBiased = requires { Acc::kBiased; };  // one token: the levels + 128 (BiasedAcc1)
   const __m512i q = _mm512_loadu_si512(b + 2);
   const __m512i codes = lookup32_of512(g_iq_codes.iq2xs, _mm512_and_si512(q, _mm512_set1_epi16(511)));
   const __m512i signs = _mm512_permutex2var_epi8(load64(g_iq_codes.sign), _mm512_srli_epi16(q, 9), load64(g_iq_codes.sign + 64));
@@ -609,28 +739,34 @@ __attribute__((always_inline)) inline void unit_iq2xs(const uint8_t* b, Acc& a) 
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
-    const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(g_iq_codes.iq2xs_level));
+    const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(kBiased ? g_iq_codes.iq2xs_level_b : g_iq_codes.iq2xs_level));
     const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(kIqCtl.sign_spread_w[c]), signs), load64(kIqCtl.bit_of));
-    a.chunk(c, _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag), lanes_of(dl, 4 * c, 4));
+    const __m512i w = _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag);  // biased: 0 - (128 + l) = 128 - l
+    if constexpr (kBiased)
+      a.chunk_biased(c, w, lanes_of(dl, 4 * c, 4));
+    else
+      a.chunk(c, w, lanes_of(dl, 4 * c, 4));
   }
 }
 
 // IQ3_XXS, one block: 2 bytes d, 64 grid bytes (4-value rows; sub-block ib's 8 at 8 ib), then 8 aux words as
-// IQ2_XXS's (value = d (0.5 + s) / 2 x level x sign).
+// IQ2_XXS's (value = d (0.5 + s) / 2 x level x sign). The aux words as they lie: qword c holds chunk c's two, so one
+// vpmultishiftqb makes its 8 sign codes (byte 8 c + j), transposed after the sign lookup to byte 8 j + c; each half's
+// 32 rows are looked up chunk-interleaved (word 4 j + 2 k + e: row 2 j + e of chunk k of the half).
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a) {
-  const __m512i aux = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66)));
-  const __m512i signs = sign_bytes(aux, kIqCtl.aux_codes_lo);
-  const __m256 scales = sub_scales(aux, 28, qsimd::f16_at(b), 0.5f);
+  const __m256i aux = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 66));
+  const __m512i sidx = _mm512_multishift_epi64_epi8(load64(kIqCtl.aux3_codes), _mm512_castsi256_si512(aux));
+  const __m512i signs = _mm512_permutexvar_epi8(load64(kIqCtl.sign_t3), _mm512_permutex2var_epi8(load64(g_iq_codes.sign), sidx, load64(g_iq_codes.sign + 64)));
+  const __m256 s = _mm256_cvtepi32_ps(_mm256_srli_epi32(aux, 28));
+  const __m256 scales = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(qsimd::f16_at(b)), _mm256_add_ps(_mm256_set1_ps(0.5f), s)), _mm256_set1_ps(0.5f));
+  __m512i codes2[2];  // half h: the rows of chunks 2h, 2h + 1
+  lookup64(g_iq_codes.iq3_lo, g_iq_codes.iq3_hi, _mm512_permutexvar_epi8(load64(kIqCtl.iq3_rows_2), _mm512_loadu_si512(b + 2)), codes2[0], codes2[1]);
 #pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {  // rows of chunks 2h, 2h + 1
-    const __m512i codes = lookup32(g_iq_codes.iq3, _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2 + 32 * h))));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i codes = codes2[h];
 #pragma GCC unroll 2
-    for (int k = 0; k < 2; ++k) {
-      const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq3_pick[k]), codes);
-      const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(g_iq_codes.iq3_level));
-      signed_chunk(a, 2 * h + k, mag, signs, scales);
-    }
+    for (int k = 0; k < 2; ++k) iq_signed_chunk<3>(a, 2 * h + k, 2 * h + k, codes, kIqCtl.code_shift3[k], signs, _mm512_castps256_ps512(scales), 1);
   }
 }
 
@@ -639,6 +775,7 @@ __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a)
 // 64-bit mask as they stand), 4 bytes of 4-bit sub-scales (value = d (1 + 2 s) x level x sign).
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
+  constexpr bool kBiased = requires { Acc::kBiased; };  // one token: the levels + 128 (BiasedAcc1)
   uint32_t sc;
   std::memcpy(&sc, b + 106, 4);
   const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sc)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
@@ -655,10 +792,14 @@ __attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
     for (int k = 0; k < 2; ++k) {
       const int c = 2 * h + k;
       const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq3_pick[k]), codes);
-      const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(g_iq_codes.iq3s_level));
+      const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(kBiased ? g_iq_codes.iq3s_level_b : g_iq_codes.iq3s_level));
       uint64_t neg;
       std::memcpy(&neg, b + 74 + 8 * c, 8);
-      a.chunk(c, _mm512_mask_sub_epi8(mag, _cvtu64_mask64(neg), _mm512_setzero_si512(), mag), lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
+      const __m512i w = _mm512_mask_sub_epi8(mag, _cvtu64_mask64(neg), _mm512_setzero_si512(), mag);
+      if constexpr (kBiased)
+        a.chunk_biased(c, w, lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
+      else
+        a.chunk(c, w, lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
     }
   }
 }
@@ -709,7 +850,7 @@ __attribute__((always_inline)) inline void unit_nibble_pair(const uint8_t* b, Ac
   }
   const __m256i d16 = _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ctl.d)), _mm512_castsi512_si256(z));
   if constexpr (kBiased)
-    a.chunk_biased(w, _mm512_cvtph_ps(d16));
+    a.chunk_biased(0, w, _mm512_cvtph_ps(d16));
   else
     a.chunk(0, w, _mm512_cvtph_ps(d16));
 }
@@ -881,12 +1022,20 @@ template <WeightFormat F, int NB, bool kLoad64, int kHint>
 __attribute__((always_inline)) inline __m512 pair_row(const uint8_t* row, int64_t row_bytes, int64_t nu, int64_t blocks,
                                                       const uint8_t* biased, PrefetchCursor<kHint>& pf) {
   BiasedAcc1<kLoad64> a{{_mm512_setzero_ps()}, biased};
+  constexpr int64_t kUnitBytes = unit_elems(F) / 64 * kBiasedChunkBytes;  // a pair: one chunk; a 256-unit: four
   if constexpr (NB > 0) {
+    static_assert(is_pair_format(F), "the unrolled short rows are the pair formats'");
     if constexpr (kHint >= 0) pf.upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(row_bytes + g_quant_prefetch));
 #pragma GCC unroll 4
     for (int u = 0; u < (NB + 1) / 2; ++u, a.xq += kBiasedChunkBytes) unit<F>(row, u, NB, a);
   } else {
-    for (int64_t u = 0; u < nu; ++u, a.xq += kBiasedChunkBytes) {
+    int64_t u = 0;
+    if constexpr (F == WeightFormat::IQ2_XXS)  // two blocks at a time (unit2_iq2xxs), an odd last one below
+      for (; u + 1 < nu; u += 2, a.xq += 2 * kUnitBytes) {
+        if constexpr (kHint >= 0) pf.upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>((u + 2) * unit_weight_bytes(F) + g_quant_prefetch));
+        unit2_iq2xxs(row + u * unit_weight_bytes(F), a);
+      }
+    for (; u < nu; ++u, a.xq += kUnitBytes) {
       if constexpr (kHint >= 0) pf.upto(reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>((u + 1) * unit_weight_bytes(F) + g_quant_prefetch));
       unit<F>(row, u, blocks, a);
     }
@@ -894,9 +1043,9 @@ __attribute__((always_inline)) inline __m512 pair_row(const uint8_t* row, int64_
   return a.acc[0];
 }
 
-// One token of a pair format (Q8_0, Q5_0, Q4_0, IQ4_NL) over rows [r0, r1): pair_row per row on the token rewritten
-// once per call (bias_token), the rows' one stream prefetched through one cursor, their sums 16 at a time as
-// q8_one_token_rows. The 64-byte loads of a pair (44 or 36 bytes) read up to 28 bytes past it, which is inside the
+// One token of a pair format (Q8_0, Q5_0, Q4_0, IQ4_NL; and, NB = 0, of IQ2_XXS / IQ3_XXS: is_biased_iq) over rows
+// [r0, r1): pair_row per row on the token rewritten once per call (bias_token), the rows' one stream prefetched
+// through one cursor, their sums 16 at a time as q8_one_token_rows. The 64-byte loads of a pair (44 or 36 bytes) read up to 28 bytes past it, which is inside the
 // matrix but for the last row of the matrix: that row loads masked.
 template <WeightFormat F, int NB, int kHint>
 void pair_one_token_rows(const WeightMatrix& W, int64_t r0, int64_t r1, int64_t blocks, const uint8_t* biased, float* y) {
@@ -953,6 +1102,19 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
         case 0: return pair_one_token_rows_of<F, 0>(W, r0, r1, blocks, biased, y);
         case 2: return pair_one_token_rows_of<F, 2>(W, r0, r1, blocks, biased, y);
         default: return pair_one_token_rows_of<F, 1>(W, r0, r1, blocks, biased, y);
+      }
+    }
+  // The codebook i-quants' units make their weights through tables (the signed levels, or + 128): one token takes the
+  // biased layout as the pair formats do, which saves each chunk Q8Acc's correction (a vpdpbusd and a subtraction).
+  if constexpr (is_biased_iq(F))
+    if (n == 1) {
+      uint8_t* biased = biased_token_scratch(nu * 4 * kBiasedChunkBytes);
+      bias_token(xq, nu, biased, 4, UB);
+      if (g_quant_prefetch == 0) return pair_one_token_rows<F, 0, -1>(W, r0, r1, blocks, biased, y);
+      switch (g_quant_prefetch_hint) {
+        case 0: return pair_one_token_rows<F, 0, 0>(W, r0, r1, blocks, biased, y);
+        case 2: return pair_one_token_rows<F, 0, 2>(W, r0, r1, blocks, biased, y);
+        default: return pair_one_token_rows<F, 0, 1>(W, r0, r1, blocks, biased, y);
       }
     }
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
