@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1073,6 +1074,18 @@ void pair_one_token_rows_of(const WeightMatrix& W, int64_t r0, int64_t r1, int64
   }
 }
 
+// run(std::integral_constant<int, kHint>{}) with the one-token rows' prefetch as a compile-time hint: -1 none
+// (K3_QUANT_PREFETCH=0: no cursor), else the hint K3_QUANT_PREFETCH_HINT picked (0, 1 or 2).
+template <class Run>
+void with_prefetch_hint(Run&& run) {
+  if (g_quant_prefetch == 0) return run(std::integral_constant<int, -1>{});
+  switch (g_quant_prefetch_hint) {
+    case 0: return run(std::integral_constant<int, 0>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    default: return run(std::integral_constant<int, 1>{});
+  }
+}
+
 template <WeightFormat F, size_t... T>
 constexpr auto q8_tiles(std::index_sequence<T...>) {
   using Tile = void (*)(const WeightMatrix&, int64_t, int64_t, int64_t, const uint8_t*, float*, int64_t, UnitSpan);
@@ -1097,12 +1110,7 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
     if (n == 1 && (F != WeightFormat::Q8_0 || blocks <= 4)) {
       uint8_t* biased = biased_token_scratch(nu * kBiasedChunkBytes);
       bias_token(xq, nu, biased);
-      if (g_quant_prefetch == 0) return pair_one_token_rows_of<F, -1>(W, r0, r1, blocks, biased, y);
-      switch (g_quant_prefetch_hint) {
-        case 0: return pair_one_token_rows_of<F, 0>(W, r0, r1, blocks, biased, y);
-        case 2: return pair_one_token_rows_of<F, 2>(W, r0, r1, blocks, biased, y);
-        default: return pair_one_token_rows_of<F, 1>(W, r0, r1, blocks, biased, y);
-      }
+      return with_prefetch_hint([&](auto hint) { pair_one_token_rows_of<F, hint()>(W, r0, r1, blocks, biased, y); });
     }
   // The codebook i-quants' units make their weights through tables (the signed levels, or + 128): one token takes the
   // biased layout as the pair formats do, which saves each chunk Q8Acc's correction (a vpdpbusd and a subtraction).
@@ -1110,21 +1118,11 @@ void q8_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* xq, i
     if (n == 1) {
       uint8_t* biased = biased_token_scratch(nu * 4 * kBiasedChunkBytes);
       bias_token(xq, nu, biased, 4, UB);
-      if (g_quant_prefetch == 0) return pair_one_token_rows<F, 0, -1>(W, r0, r1, blocks, biased, y);
-      switch (g_quant_prefetch_hint) {
-        case 0: return pair_one_token_rows<F, 0, 0>(W, r0, r1, blocks, biased, y);
-        case 2: return pair_one_token_rows<F, 0, 2>(W, r0, r1, blocks, biased, y);
-        default: return pair_one_token_rows<F, 0, 1>(W, r0, r1, blocks, biased, y);
-      }
+      return with_prefetch_hint([&](auto hint) { pair_one_token_rows<F, 0, hint()>(W, r0, r1, blocks, biased, y); });
     }
   if (n == 1) {  // one token (decode): its converted row is the packed layout, nothing to block or copy
     const UnitSpan us{0, nu, true, true, nullptr};
-    if (g_quant_prefetch == 0) return q8_one_token_rows<F, -1>(W, r0, r1, blocks, xq, y, us);  // no cursor
-    switch (g_quant_prefetch_hint) {
-      case 0: return q8_one_token_rows<F, 0>(W, r0, r1, blocks, xq, y, us);
-      case 2: return q8_one_token_rows<F, 2>(W, r0, r1, blocks, xq, y, us);
-      default: return q8_one_token_rows<F, 1>(W, r0, r1, blocks, xq, y, us);
-    }
+    return with_prefetch_hint([&](auto hint) { q8_one_token_rows<F, hint()>(W, r0, r1, blocks, xq, y, us); });
   }
   constexpr int64_t kBlockUnits = std::max<int64_t>(1, kTileActBytes / (kQ8T * UB));
   const int64_t block = std::clamp<int64_t>((256 << 10) / std::max<int64_t>(1, row_data_bytes(F, cols)), 1, kQ8StateRows);
