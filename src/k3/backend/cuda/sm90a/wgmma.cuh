@@ -15,11 +15,6 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo, 
          (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32) | (uint64_t{1} << 62);
 }
 
-// The same with swizzle mode 2 = 64B (rows of 64 bytes; atoms of 8 rows, 512-byte aligned).
-__device__ __forceinline__ uint64_t make_desc_sw64(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return (make_desc(smem_addr, lbo, sbo) & ~(uint64_t{3} << 62)) | (uint64_t{2} << 62);
-}
-
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int pending>
