@@ -43,7 +43,6 @@
 
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/env_flag.h"
-#include "k3/backend/cuda/moe_decode_fp8.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
@@ -719,65 +718,11 @@ cudaError_t launch_matrix(const KArgs& a, int tiles_bound, int splits, DecVarian
   return cudaGetLastError();
 }
 
-// DecVariant::Fp8 (moe_decode_fp8.h): x's terms, gate/up, the GLU's terms, down, combine. The K splits are the other
-// variants' (dec_kernel's row blocks); the terms go where the bf16 halves would (4 bytes a value either way).
-template <int NT>
-cudaError_t launch_dec_f8(const ExpertBank& w, int n, int K, const float* x, const int32_t* sorted, const int32_t* slot_of,
-                          const int4* tiles, const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act,
-                          float beta, float lbeta, float* out, const DecodeScratch& s, cudaStream_t stream) {
-  const int P = n * K, I = w.I, X = w.X;
-  const int est_tiles = std::min(P, w.E);
-  uint2* xt = reinterpret_cast<uint2*>(s.xb);
-  uint2* ht = reinterpret_cast<uint2*>(s.hb);
-  cudaError_t e = f8dec::prep_rows(x, n, X, xt, s.xs, stream);
-  if (e != cudaSuccess) return e;
-  f8dec::Args a;
-  a.w0 = static_cast<const uint8_t*>(w.gate);
-  a.s0 = w.gate_scales;
-  a.w1 = static_cast<const uint8_t*>(w.up);
-  a.s1 = w.up_scales;
-  a.rows = I;
-  a.cols = X;
-  a.terms = xt;
-  a.scale = s.xs;
-  a.sorted = sorted;
-  a.K = K;
-  a.tiles = tiles;
-  a.num_tiles = num_tiles;
-  a.part = s.part;
-  a.ldo = 2 * I;
-  a.split_stride = static_cast<int64_t>(P) * a.ldo;
-  a.nch = X / 128;
-  const int sp_gu = choose_splits(est_tiles, (I + kGuRowsPerBlock - 1) / kGuRowsPerBlock, a.nch, a.split_stride,
-                                  s.part_floats, a.cps);
-  if ((e = f8dec::matrix(a, true, NT, tiles_bound, sp_gu, stream)) != cudaSuccess) return e;
-  if ((e = f8dec::prep_glu(s.part, a.split_stride, sp_gu, P, I, act, beta, lbeta, ht, s.hs, stream)) != cudaSuccess) return e;
-  a.w0 = static_cast<const uint8_t*>(w.down);
-  a.s0 = w.down_scales;
-  a.w1 = nullptr;
-  a.s1 = nullptr;
-  a.rows = X;
-  a.cols = I;
-  a.terms = ht;
-  a.scale = s.hs;
-  a.ldo = X;
-  a.split_stride = static_cast<int64_t>(P) * X;
-  a.nch = I / 128;
-  const int sp_dn = choose_splits(est_tiles, (X + kDnRowsPerBlock - 1) / kDnRowsPerBlock, a.nch, a.split_stride,
-                                  s.part_floats, a.cps);
-  if ((e = f8dec::matrix(a, false, NT, tiles_bound, sp_dn, stream)) != cudaSuccess) return e;
-  return moe_combine(n, X, K, a.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
-}
-
 template <bool MX, int NT, int NS>
 cudaError_t launch_dec(const ExpertBank& w, int n, int K, const float* x, const int32_t* sorted, const int32_t* slot_of,
                        const int4* tiles, const int32_t* num_tiles, int tiles_bound, const float* topk_w, GluAct act,
                        float beta, float lbeta, float* out, DecVariant v, const DecodeScratch& s, cudaStream_t stream) {
   constexpr int CH = MX ? 128 : 32;
-  if (MX && v == DecVariant::Fp8 && w.X % 128 == 0 && w.I % 128 == 0 && s.xs && s.hs)
-    return launch_dec_f8<NT>(w, n, K, x, sorted, slot_of, tiles, num_tiles, tiles_bound, topk_w, act, beta, lbeta, out, s,
-                             stream);
-  if (v == DecVariant::Fp8) v = DecVariant::Ring;  // widths the FP8 form does not take
   const int P = n * K, I = w.I, X = w.X;
   const int est_tiles = std::min(P, w.E);
   uint16_t* xhi = s.xb;
@@ -866,7 +811,6 @@ std::atomic<int>& variant_slot() {
     const DecVariant v = !s                           ? DecVariant::Ring
                          : std::strcmp(s, "reg") == 0   ? DecVariant::Reg
                          : std::strcmp(s, "ring4") == 0 ? DecVariant::Ring4
-                         : std::strcmp(s, "fp8") == 0   ? DecVariant::Fp8
                                                         : DecVariant::Ring;
     return static_cast<int>(v);
   }()};
@@ -899,8 +843,7 @@ size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max
   const size_t xb = 2 * static_cast<size_t>(dec_tokens) * X * 2;
   const size_t hb = 2 * static_cast<size_t>(max_pairs) * I * 2;
   const size_t part = static_cast<size_t>(max_pairs) * std::max(2 * I, X) * 4;
-  const size_t scales = (static_cast<size_t>(dec_tokens) + max_pairs) * 4 + 512;  // Fp8: xs, hs
-  return xb + 256 + hb + 256 + scales + part + 256;
+  return xb + 256 + hb + 256 + part + 256;
 }
 
 cudaError_t moe_decode_experts(const ExpertBank& w, bool mx, int n, int K, int tok, const float* x, const int32_t* sorted,

@@ -19,21 +19,17 @@ struct DecodeScratch {
   uint16_t* hb = nullptr;     // [2][max_pairs][I] bf16 GLU outputs by slot (hi, lo), same permutation
   float* part = nullptr;      // split-K partial sums: [splits][P][2I] (gate | up), then [splits][P][X] (down)
   int64_t part_floats = 0;
-  float* xs = nullptr;        // DecVariant::Fp8: the tokens' activation scales [max_tokens] (xb holds their terms)
-  float* hs = nullptr;        // and the slots' [max_pairs] (hb holds their terms)
 };
 
 // Bytes DecodeScratch needs for a workspace of max_tokens tokens (0 when the decode path is off).
 size_t decode_scratch_bytes(int max_tokens, int K, int E, int I, int X, int& max_pairs, int& dec_tokens);
 
-// Which MXFP4 kernel moe_decode_experts runs (bf16 experts always take the register one). Reg: dec_kernel, the next
-// chunk's weights double-buffered in registers (128 registers at 8 pairs per tile: 2 blocks per SM). Ring / Ring4:
-// dec_ring_kernel, half the rows per warp and the next chunks' weights in a shared-memory cp.async ring: 2 chunks
-// ahead in 3 blocks per SM, or 1 ahead in 4. These three give the same bits. Fp8 (session 52, opt-in): the ring's
-// weights on mma.sync m16n8k32 e4m3 with the activations as E4M3 terms (moe_decode_fp8.h) -- other bits, the bf16x2
-// class of error; layers whose widths are not multiples of 128 take Ring. The default comes from
-// K3_MOE_DEC_VARIANT=reg|ring|ring4|fp8 in the environment, read once (Ring when unset or unknown).
-enum class DecVariant : int { Reg = 0, Ring = 1, Ring4 = 2, Fp8 = 3 };
+// Which MXFP4 kernel moe_decode_experts runs (bf16 experts always take the register one); all give the same
+// bits. Reg: dec_kernel, the next chunk's weights double-buffered in registers (128 registers at 8 pairs per
+// tile: 2 blocks per SM). Ring / Ring4: dec_ring_kernel, half the rows per warp and the next chunks' weights in
+// a shared-memory cp.async ring: 2 chunks ahead in 3 blocks per SM, or 1 ahead in 4. The default comes from
+// K3_MOE_DEC_VARIANT=reg|ring|ring4 in the environment, read once (Ring when unset or unknown).
+enum class DecVariant : int { Reg = 0, Ring = 1, Ring4 = 2 };
 DecVariant moe_decode_variant();
 // Overrides the environment for the whole process from the next launch on (tests, A/B timing in one binary).
 void moe_decode_set_variant(DecVariant v);

@@ -690,10 +690,6 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   p += align256(2 * static_cast<size_t>(dec_tokens_) * X * 2);
   dec_hb_ = reinterpret_cast<uint16_t*>(p);
   p += align256(2 * static_cast<size_t>(dec_pairs_) * I * 2);
-  dec_xs_ = reinterpret_cast<float*>(p);
-  p += align256(static_cast<size_t>(dec_tokens_) * 4);
-  dec_hs_ = reinterpret_cast<float*>(p);
-  p += align256(static_cast<size_t>(dec_pairs_) * 4);
   dec_part_ = reinterpret_cast<float*>(p);
   dec_part_floats_ = static_cast<int64_t>(dec_pairs_) * std::max(2 * I, X);
 }
@@ -833,8 +829,6 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     ds.hb = ws.dec_hb_;
     ds.part = ws.dec_part_;
     ds.part_floats = ws.dec_part_floats_;
-    ds.xs = ws.dec_xs_;
-    ds.hs = ws.dec_hs_;
     if (skinny && moe_skinny_supported(w, tok))
       return moe_skinny_experts(w, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
                                 situ_beta, situ_linear_beta, split, out, ds, stream);

@@ -91,8 +91,6 @@ class MoeWorkspace {
   uint16_t* dec_xb_ = nullptr;
   uint16_t* dec_hb_ = nullptr;
   float* dec_part_ = nullptr;
-  float* dec_xs_ = nullptr;  // DecVariant::Fp8 activation scales (tokens, slots)
-  float* dec_hs_ = nullptr;
   int64_t dec_part_floats_ = 0;
   int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
   int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
