@@ -10,9 +10,15 @@
 #     alternating rounds (s46-3's form; that call ran on an H100).
 # Each bench carries the bench's roofline column (--mem-bw: 4175 GB/s on an H200, the measured copy rate; 3350 on an
 # 80 GB card). Carry: .gpuwork/k3bins.tar.xz .gpuwork/llama-cuda-bins.tar.xz .gpuwork/tiktoken.model.xz (with
-# models/k3-tiny, tests/data, docs/perf and the drafter files moved out of the tree for the 64 MiB cap).
+# models/k3-tiny's weights, tests/data, docs/perf and the drafter files moved out of the tree for the 64 MiB cap).
 BUDGET=560
 . scripts/perf/lib-call.sh
+# 0. Does racecheck follow mbarrier phases? (scripts/perf/probes/racecheck_mbarrier.cu, built on the dev box: carried as
+#    .gpuwork/racecheck_mbarrier; mode 0 mbarrier-ordered rounds, mode 1 the same with __syncthreads)
+for m in 0 1; do
+  timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool racecheck $GW/racecheck_mbarrier $m > /tmp/rc.txt 2>&1
+  echo "racecheck probe mode $m rc=$? $(grep -E 'mode|RACECHECK SUMMARY' /tmp/rc.txt | tr '\n' ' ')"
+done | tee $OUT/racecheck-probe.txt
 kl_dummy_args
 NL=4; [ "$BW" = 3350 ] && NL=3
 K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW"
