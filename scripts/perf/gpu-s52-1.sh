@@ -19,6 +19,9 @@ for m in 0 1; do
   timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool racecheck $GW/racecheck_mbarrier $m > /tmp/rc.txt 2>&1
   echo "racecheck probe mode $m rc=$? $(grep -E 'mode|RACECHECK SUMMARY' /tmp/rc.txt | tr '\n' ' ')"
 done | tee $OUT/racecheck-probe.txt
+# 0b. The MLA kernel's copy path, loads only (scripts/perf/probes/mla_copy_paths.cu, carried as .gpuwork/mla_copy_paths):
+#     4 warps of cp.async (the kernel's) against one thread's TMA tensor copies, B 64 x 8192 keys and B 8 x 32768.
+{ timeout 60 $GW/mla_copy_paths 64 8192; timeout 60 $GW/mla_copy_paths 8 32768; } 2>&1 | tee $OUT/mla-copy-paths.txt
 kl_dummy_args
 NL=4; [ "$BW" = 3350 ] && NL=3
 K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW"
