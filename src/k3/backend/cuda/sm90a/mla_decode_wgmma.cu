@@ -33,9 +33,11 @@
 // two 72 KB stages, and those loads alone take ~75% of the kernel's time -- not bound by L2 bytes (a 2-CTA cluster that
 // read each row from L2 once for both head blocks, session 51's pair form: 1-3% at batch 64-256, -6..-12% at 1-8,
 // removed), nor by the stage count (32-key tiles in four stages, session 52: 0.93-1.07x, removed), nor by HBM (an H100
-// takes the same time as an H200): under ncu the consumers wait ~45% of their time for full stages and the producers
-// half of theirs for free ones, so the warps' cp.async path (~20-29 GB/s an SM) is the bound; next is TMA
-// (docs/perf/cuda.md, sessions 51-52).
+// takes the same time as an H200), nor by the copies themselves (its rows alone stream in 220 us of its 432 at nh 96 /
+// b64 / 8k, a loads-only probe): under ncu the consumers compute ~55% of the time and wait for full stages the rest --
+// loads and compute in series, since both stages are held by the pair being computed (docs/perf/cuda.md, session 52).
+// compute-sanitizer racecheck flags the producer's copies against the consumers' P stores; those are ordered by the
+// empty mbarrier, which racecheck does not follow (a probe: scripts/perf/probes/racecheck_mbarrier.cu).
 #include <cuda_bf16.h>
 
 #include <cmath>
