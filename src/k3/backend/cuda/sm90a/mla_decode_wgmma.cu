@@ -30,7 +30,8 @@
 // Key splits (flash-decoding) and their merge as in the other kernels (mla_detail::split_chunk / merge_splits,
 // granularity 64 keys). nh that is not a multiple of 64: the last block's missing heads are zero rows of Q, never
 // written. Where it stands (sessions 50-51): at 96 heads / batch 64 a block streams all 8192 keys of its token through
-// two 72 KB stages, and those loads alone take ~75% of the kernel's time -- not bound by L2 bytes (a 2-CTA cluster that
+// two 72 KB stages (session 50: the kernel with its MMAs removed took ~75% of its time; a bare copy stream of the same
+// rows, session 52, ~51%) -- not bound by L2 bytes (a 2-CTA cluster that
 // read each row from L2 once for both head blocks, session 51's pair form: 1-3% at batch 64-256, -6..-12% at 1-8,
 // removed), nor by the stage count (32-key tiles in four stages, session 52: 0.93-1.07x, removed), nor by HBM (an H100
 // takes the same time as an H200), nor by the copies themselves (its rows alone stream in 220 us of its 432 at nh 96 /
