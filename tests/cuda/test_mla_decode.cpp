@@ -194,16 +194,8 @@ TEST(CudaMlaDecode, TensorCoreAndSimtMatchCpu) {
 // part of one empty (16, 32, 96) or need two (96, 128); flat and peaked softmax; the whole batch and a
 // scrambled tok_index subset; split-key workspace or none. The same bars as the mma.sync kernel (same
 // operand rounding: bf16 q, rows as stored, bf16 P).
-// K3_MLA_WG_FINE for the scope: the wgmma kernel's two-stage form (0) or its per-column-block barriers (1).
-struct WgForm {
-  explicit WgForm(int fine) { setenv("K3_MLA_WG_FINE", fine ? "1" : "0", 1); }
-  ~WgForm() { unsetenv("K3_MLA_WG_FINE"); }
-};
-
 TEST(CudaMlaDecode, WgmmaMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (const int fine : {0, 1}) {
-  const WgForm scoped(fine);
   const std::vector<Seq> seqs = {{9000, 16}, {1, 16}, {33, 64}, {4100, 256}, {64, 5}, {129, 1}, {1000, 64}, {65, 16}, {2, 7}};
   const float scale = 1.0f / std::sqrt(192.0f);
   MlaPagedCache cache(CacheDType::BF16, kKr, kDr, kLayers, seqs);
@@ -228,15 +220,14 @@ TEST(CudaMlaDecode, WgmmaMatchesCpu) {
       b.index.clear();
       b.pg.tok_index = nullptr;
       const double e_all = check_run(b, wg(ws.get<float>())), e_all1 = check_run(b, wg(nullptr));
-      std::printf("[ mla ] decode wgmma bfloat16 fine %d nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, "
-                  "split x%d) / %.2e (no split)\n",
-                  fine, nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
+      std::printf("[ mla ] decode wgmma bfloat16 nh=%3d q*%.1f: rel %.2e (tok_index subset of %zu) / %.2e (all %d, split x%d) "
+                  "/ %.2e (no split)\n",
+                  nh, qscale, e_sub, index.size(), e_all, b.N, k3::cuda::mla_wg::splits(b.N, nh), e_all1);
       const double tol = qscale > 1.f ? 2.5e-2 : 1e-2;
-      EXPECT_LT(e_sub, tol) << "nh " << nh << " fine " << fine;
-      EXPECT_LT(e_all, tol) << "nh " << nh << " fine " << fine;
-      EXPECT_LT(e_all1, tol) << "nh " << nh << " fine " << fine;
+      EXPECT_LT(e_sub, tol) << "nh " << nh;
+      EXPECT_LT(e_all, tol) << "nh " << nh;
+      EXPECT_LT(e_all1, tol) << "nh " << nh;
     }
-  }
   // The default path takes it for BF16 rows where the measured rule says so (>= 32 heads), never for other dtypes.
   using k3::cuda::MlaDecodeKernel;
   EXPECT_EQ(k3::cuda::mla_attend_kernel(64, 96, kKr, kDr, CacheDType::BF16), MlaDecodeKernel::Wgmma);
@@ -264,51 +255,12 @@ TEST(CudaMlaDecode, WgmmaLargeBatchShortContexts) {
   Batch b;
   make_batch(b, cache, 96, seqs, false, 1.0f, 78);
   DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, 96, kKr)) * 4);
-  for (const int fine : {0, 1}) {
-    const WgForm scoped(fine);
-    const double e = check_run(b, [&](int n, float* out) {
-      return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
-    });
-    std::printf("[ mla ] decode wgmma bfloat16 fine %d nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", fine,
-                b.N, e, k3::cuda::mla_wg::splits(b.N, 96));
-    EXPECT_LT(e, 1e-2) << "fine " << fine;
-  }
-}
-
-// The wgmma kernel's two forms (per-column-block barriers or not) do the same arithmetic, but the fine form sums an odd
-// tile's S over the column blocks in another order (s_block), so the outputs agree to rounding, not bits: much tighter
-// than either one's bar against the CPU.
-TEST(CudaMlaDecode, WgmmaFormsAgree) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::vector<Seq> seqs = {{8200, 16}, {31, 16}, {32, 64}, {33, 64}, {4097, 256}, {96, 5}, {1, 1}};
-  const float scale = 1.0f / std::sqrt(192.0f);
-  MlaPagedCache cache(CacheDType::BF16, kKr, kDr, kLayers, seqs);
-  cache.fill_layer_random(kLayer, 515);
-  for (const int nh : {32, 96}) {
-    Batch b;
-    make_batch(b, cache, nh, seqs, /*subset=*/false, 1.0f, 616 + nh);
-    DeviceBuffer ws(std::max<size_t>(1, k3::cuda::mla_attend_workspace_floats(b.N, nh, kKr)) * 4);
-    const size_t n_out = static_cast<size_t>(b.N) * nh * kKr;
-    DeviceBuffer o_two(n_out * 4), o_fine(n_out * 4);
-    for (const int fine : {0, 1}) {
-      const WgForm scoped(fine);
-      K3_CUDA_CHECK(k3::cuda::mla_wg::attend(b.pg, b.N, nh, b.dq.get<float>(), scale, (fine ? o_fine : o_two).get<float>(),
-                                             ws.get<float>(), nullptr));
-    }
-    K3_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> a(n_out), c(n_out);
-    K3_CUDA_CHECK(cudaMemcpy(a.data(), o_two.get(), n_out * 4, cudaMemcpyDeviceToHost));
-    K3_CUDA_CHECK(cudaMemcpy(c.data(), o_fine.get(), n_out * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n_out; ++i) {
-      ASSERT_TRUE(std::isfinite(c[i])) << i;
-      num = std::max(num, static_cast<double>(std::fabs(a[i] - c[i])));
-      den = std::max(den, static_cast<double>(std::fabs(a[i])));
-    }
-    std::printf("[ mla ] decode wgmma fine vs two-stage form nh=%d: max |diff| / max |o| %.2e\n", nh, num / den);
-    EXPECT_GT(den, 0.0);
-    EXPECT_LT(num / den, 4e-3) << "nh " << nh;
-  }
+  const double e = check_run(b, [&](int n, float* out) {
+    return k3::cuda::mla_wg::attend(b.pg, n, 96, b.dq.get<float>(), scale, out, ws.get<float>(), nullptr);
+  });
+  std::printf("[ mla ] decode wgmma bfloat16 nh=96 tokens %d (contexts 1..200): rel %.2e (split x%d)\n", b.N, e,
+              k3::cuda::mla_wg::splits(b.N, 96));
+  EXPECT_LT(e, 1e-2);
 }
 
 // The tensor-core path must also be right at batch sizes where the split rule picks few or no splits,
@@ -446,12 +398,6 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
         const double us_simt = simt ? time_path("simt") : 0.0, us_tc = time_path("tc");
         const bool wg = k3::cuda::mla_wg::supports(kKr, kDr, dt);
         const double us_wg = wg ? time_path("wgmma") : 0.0;
-        double us_wg32 = 0.0;
-        if (wg) {
-          setenv("K3_MLA_WG_FINE", "1", 1);
-          us_wg32 = time_path("wgmma");
-          unsetenv("K3_MLA_WG_FINE");
-        }
         const double flop = 2.0 * B * L * nh * (kCd + kKr);
         std::printf("[ timing ] mla decode %-8s nh=%2d L=%5d batch %3d: simt %9.1f us | tc %8.1f us %6.0f GB/s "
                     "%5.1f TFLOP/s (%4.1f%%, splits %d)",
@@ -461,8 +407,6 @@ TEST(CudaMlaDecodeTiming, TensorCoresVsSimt) {
           std::printf(" | wgmma %8.1f us %6.0f GB/s %5.1f TFLOP/s (%4.1f%% of 4.8 TB/s, splits %d) %.2fx tc",
                       us_wg, rows_bytes / us_wg / 1e3, flop / us_wg / 1e6, rows_bytes / us_wg / 1e3 / 48.0,
                       k3::cuda::mla_wg::splits(B, nh), us_tc / us_wg);
-        if (wg)
-          std::printf(" | wgmma fine %8.1f us (%4.1f%%) %.3fx", us_wg32, rows_bytes / us_wg32 / 1e3 / 48.0, us_wg / us_wg32);
         std::printf("\n");
       }
 }

@@ -42,8 +42,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_decode_wgmma.h"
@@ -62,9 +60,7 @@ constexpr uint32_t kRope = 8 * kBlockBytes;              // a stage's rope colum
 // Exchange floats: max[2][64], scale[2][64], sum[2][64] (index 0: WG0's tile, 1: WG1's; sum[0] unused: WG0 keeps
 // the row sums), then the final m and l.
 constexpr int kXFloats = 8 * 64;
-// mbarriers: full0, full1, empty0, empty1; then (the fine form) full[2][9], empty[2][9].
-constexpr int kFineBars = 36;
-constexpr size_t kSmemBytes = 1024 + 3 * kTileBytes + kXFloats * sizeof(float) + (4 + kFineBars) * sizeof(uint64_t);
+constexpr size_t kSmemBytes = 1024 + 3 * kTileBytes + kXFloats * sizeof(float) + 4 * sizeof(uint64_t);
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -97,29 +93,16 @@ __device__ __forceinline__ void issue_half(uint32_t dst, const MlaSeqRows& rows_
   }
 }
 
-// The fine form's column-block order of S for a stage (K3_MLA_WG_FINE, session 52): stage 0's blocks 0-3 are released
-// first (after warpgroup 0's P V_L), stage 1's blocks 4-7 (after warpgroup 1's P V_R), so each stage's S starts with the
-// blocks that are refilled first.
-__device__ __forceinline__ int s_block(int stage, int j) { return stage == 0 ? j : (j < 5 ? j + 4 : j - 5); }
-
-// S [64 x 64] = Q K^T of the tile at `kv`, issued and committed (not waited for). FINE: column block by column block in
-// s_block's order, each once its own full mbarrier `fb0 + 8 b` completes phase `parity`.
-template <bool FINE>
-__device__ __forceinline__ void issue_qk(float (&s)[32], uint32_t sQ, uint32_t kv, int stage = 0, uint32_t fb0 = 0,
-                                         uint32_t parity = 0) {
+// S [64 x 64] = Q K^T of the tile at `kv`, issued and committed (not waited for).
+__device__ __forceinline__ void issue_qk(float (&s)[32], uint32_t sQ, uint32_t kv) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) s[i] = 0.f;
   wgmma::fence_regs(s);
   wgmma::fence();
 #pragma unroll
-  for (int j = 0; j < kColBlocks; ++j) {
-    const int b = FINE ? s_block(stage, j) : j;
-    if constexpr (FINE) mbar_wait(fb0 + 8 * b, parity);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint32_t off = b * kBlockBytes + q * 32;  // k16 step inside a 128-byte swizzle row
-      wgmma::mma_m64n64k16_ss(s, wgmma::make_desc(sQ + off, 16, kSbo), wgmma::make_desc(kv + off, 16, kSbo), j + q > 0);
-    }
+  for (int st = 0; st < kSteps; ++st) {
+    const uint32_t off = (st >> 2) * kBlockBytes + (st & 3) * 32;  // k16 step inside a 128-byte swizzle row
+    wgmma::mma_m64n64k16_ss(s, wgmma::make_desc(sQ + off, 16, kSbo), wgmma::make_desc(kv + off, 16, kSbo), st > 0);
   }
   wgmma::commit();
 }
@@ -216,38 +199,20 @@ struct Ctx {
   float* x;  // exchange floats
   int k0, k1, n_tiles, row0, gc;
   float scale_log2;
-  uint32_t fine;  // the fine form's mbarriers: full[stage][block] at fine + 8 (9 stage + block), empty 18 on
-  __device__ __forceinline__ uint32_t fullb(int stage, int b) const { return fine + 8 * (9 * stage + b); }
-  __device__ __forceinline__ uint32_t emptyb(int stage, int b) const { return fine + 8 * (18 + 9 * stage + b); }
 };
 
-// The fine form: this warp is done with column blocks [b0, b1) of `stage` (its last read or write of them is complete).
-__device__ __forceinline__ void release_blocks(const Ctx& c, int stage, int b0, int b1) {
-  __syncwarp();
-  if ((threadIdx.x & 31) == 0)
-    for (int b = b0; b < b1; ++b) mbar_arrive(c.emptyb(stage, b));
-}
-__device__ __forceinline__ void pv_done(float (&o)[128]) {
-  wgmma::wait<0>();
-  wgmma::fence_regs(o);
-}
-
 // Warpgroup 0: even tiles' S and softmax, O for dims 0..255, the row sums. Returns the final (m, l).
-// FINE: releases stage 0's blocks 4-7 after S, 8 after P, 0-3 after P V_L; stage 1's 4-7 at once, 0-3 and 8 after
-// P1 V1_L.
-template <bool FINE>
 __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows2& m, Rows2& l) {
   float* x_max = c.x;
   float* x_scale = c.x + 128;
   float* x_sum = c.x + 256;
   for (int i = 0; 2 * i < c.n_tiles; ++i) {
     const bool has1 = 2 * i + 1 < c.n_tiles;
-    if constexpr (!FINE) mbar_wait(c.full0, i & 1);
+    mbar_wait(c.full0, i & 1);
     float s[32];
-    issue_qk<FINE>(s, c.sQ, c.kv0, 0, c.fullb(0, 0), i & 1);
+    issue_qk(s, c.sQ, c.kv0);
     wgmma::wait<0>();
     wgmma::fence_regs(s);
-    if constexpr (FINE) release_blocks(c, 0, 4, 8);
     uint32_t pa[kPvSteps][4];
     Rows2 ps;
     const Rows2 mA = softmax_tile(s, c.k0 + 128 * i, c.k1, c.scale_log2, m, pa, c.kv0 + kRope, c.row0, c.gc, ps);
@@ -260,39 +225,24 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
     }
     wgmma::fence_proxy_async();  // P's generic stores -> warpgroup 1's wgmma
     bar_arrive(kBarP0);
-    if constexpr (FINE) release_blocks(c, 0, 8, 9);
     l = Rows2{l.a * cA.a + ps.a, l.b * cA.b + ps.b};
     m = mA;
     scale_o(o, cA);
     pv_regs(o, pa, c.kv0, 0);
-    if constexpr (FINE) {
-      pv_done(o);
-      release_blocks(c, 0, 0, 4);
-    } else {
-      pv_done_release(o, c.empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
-    }
+    pv_done_release(o, c.empty0);  // stage 0 reloads as soon as warpgroup 1 is done with it too
     if (has1) {
-      if constexpr (FINE) release_blocks(c, 1, 4, 8);  // V1_R: warpgroup 1's
       bar_sync(kBarP1);  // warpgroup 1's P1, mB, exp2(mA - mB), row sums of P1
       const Rows2 cB{x_scale[64 + c.row0], x_scale[64 + c.row0 + 8]};
       m = Rows2{x_max[64 + c.row0], x_max[64 + c.row0 + 8]};
       l = Rows2{l.a * cB.a + x_sum[64 + c.row0], l.b * cB.b + x_sum[64 + c.row0 + 8]};
       scale_o(o, cB);
       pv_smem(o, c.kv1, 0);
-      if constexpr (FINE) {
-        pv_done(o);
-        release_blocks(c, 1, 0, 4);
-        release_blocks(c, 1, 8, 9);
-      } else {
-        pv_done_release(o, c.empty1);
-      }
+      pv_done_release(o, c.empty1);
     }
   }
 }
 
-// Warpgroup 1: odd tiles' S and softmax, O for dims 256..511. FINE: releases stage 1's blocks 0-3 after S, 8 after P,
-// 4-7 after P1 V1_R; stage 0's 0-3 at once, 4-8 after P0 V0_R.
-template <bool FINE>
+// Warpgroup 1: odd tiles' S and softmax, O for dims 256..511.
 __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
   float* x_max = c.x;
   float* x_scale = c.x + 128;
@@ -301,8 +251,8 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     const bool has1 = 2 * i + 1 < c.n_tiles;
     float s[32];
     if (has1) {
-      if constexpr (!FINE) mbar_wait(c.full1, i & 1);
-      issue_qk<FINE>(s, c.sQ, c.kv1, 1, c.fullb(1, 0), i & 1);  // runs while warpgroup 0 finishes its tile
+      mbar_wait(c.full1, i & 1);
+      issue_qk(s, c.sQ, c.kv1);  // runs while warpgroup 0 finishes its tile
     }
     bar_sync(kBarP0);
     const Rows2 mA{x_max[c.row0], x_max[c.row0 + 8]}, cA{x_scale[c.row0], x_scale[c.row0 + 8]};
@@ -311,7 +261,6 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     if (has1) {
       wgmma::wait<0>();
       wgmma::fence_regs(s);
-      if constexpr (FINE) release_blocks(c, 1, 0, 4);
       Rows2 ps;
       const Rows2 mB = softmax_tile(s, c.k0 + 128 * i + 64, c.k1, c.scale_log2, mA, pa, c.kv1 + kRope, c.row0, c.gc, ps);
       cB = Rows2{exp2f(mA.a - mB.a), exp2f(mA.b - mB.b)};
@@ -325,100 +274,20 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
       }
       wgmma::fence_proxy_async();  // P1's generic stores -> warpgroup 0's wgmma
       bar_arrive(kBarP1);
-      if constexpr (FINE) release_blocks(c, 1, 8, 9);
     }
-    if constexpr (FINE) release_blocks(c, 0, 0, 4);  // V0_L: warpgroup 0's
     // (P0 V0 is not issued before the softmax of S1: any non-wgmma access to a wgmma's registers while another
     // is in flight makes ptxas serialise every wgmma of the kernel, C7514 / C7515.)
     scale_o(o, cA);
     pv_smem(o, c.kv0, 1);
-    if constexpr (FINE) {
-      pv_done(o);
-      release_blocks(c, 0, 4, 9);
-    } else {
-      pv_done_release(o, c.empty0);
-    }
+    pv_done_release(o, c.empty0);
     if (has1) {
       scale_o(o, cB);
       pv_regs(o, pa, c.kv1, 1);
-      if constexpr (FINE) {
-        pv_done(o);
-        release_blocks(c, 1, 4, 8);
-      } else {
-        pv_done_release(o, c.empty1);
-      }
+      pv_done_release(o, c.empty1);
     }
   }
 }
 
-// The fine form's producer: warp p (0..3) copies column blocks p, p + 4 (and 8 for p = 0) of every tile, in the order
-// the stage's S reads them, each once all 8 consumer warps released that block of the stage's previous tile, and
-// signals each block's full mbarrier when its copies have landed. Up to kFineDepth blocks of a warp are in flight (one
-// cp.async group each; the oldest is signalled when a newer one is issued past the depth); before the warp blocks on an
-// empty mbarrier that is not complete yet it signals everything it has copied (a consumer may be waiting for it).
-constexpr int kFineDepth = 3;
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(ok)
-               : "r"(bar), "r"(parity)
-               : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void produce_fine(const Ctx& c, const MlaSeqRows& rows_of, int p, int lane) {
-  uint32_t pending[kFineDepth + 1] = {};  // full mbarriers of the issued, unsignalled blocks, oldest first
-  int np = 0;
-  auto signal_oldest = [&]() {
-    wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma
-    __syncwarp();
-    if (lane == 0) mbar_arrive(pending[0]);
-#pragma unroll
-    for (int k = 0; k < kFineDepth; ++k) pending[k] = pending[k + 1];
-    --np;
-  };
-  auto flush = [&]() {
-    cp_async_wait<0>();
-    while (np > 0) signal_oldest();
-  };
-  for (int tile = 0; tile < c.n_tiles; ++tile) {
-    const int stage = tile & 1, use = tile >> 1;
-    const uint32_t kv = stage ? c.kv1 : c.kv0;
-    const int base = c.k0 + kKeys * tile;
-    const unsigned long long rp0 = base + lane < c.k1 ? reinterpret_cast<unsigned long long>(rows_of.row(base + lane)) : 0ull;
-    const unsigned long long rp1 =
-        base + 32 + lane < c.k1 ? reinterpret_cast<unsigned long long>(rows_of.row(base + 32 + lane)) : 0ull;
-    for (int j = 0; j < kColBlocks; ++j) {
-      const int b = s_block(stage, j);
-      if ((b & 3) != p || (b == 8 && p != 0)) continue;
-      if (use > 0) {
-        const uint32_t e = c.emptyb(stage, b), par = (use - 1) & 1;
-        if (!__shfl_sync(0xffffffffu, static_cast<int>(mbar_test(e, par)), 0)) {  // warp-uniform
-          flush();
-          mbar_wait(e, par);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {  // 64 rows x 8 chunks of 16 bytes: row (lane + 32 i) / 8, chunk lane % 8
-        const int r = (lane + 32 * i) >> 3, ch = lane & 7;
-        const auto* src = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, i < 8 ? rp0 : rp1, r & 31));
-        const uint32_t dst = kv + b * kBlockBytes + r * 128 + ((ch ^ (r & 7)) << 4);
-        if (src)
-          cp_async16(dst, src + 16 * (8 * b + ch));
-        else
-          st_shared16(dst, make_uint4(0, 0, 0, 0));
-      }
-      cp_async_commit();
-      pending[np++] = c.fullb(stage, b);
-      if (np > kFineDepth - 1) {  // keep kFineDepth - 1 groups in flight behind the oldest
-        cp_async_wait<kFineDepth - 1>();
-        signal_oldest();
-      }
-    }
-  }
-  flush();
-}
-
-template <bool FINE>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_seesaw_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
                          float* __restrict__ o_lat, float* __restrict__ ws) {
@@ -443,25 +312,15 @@ __global__ void __launch_bounds__(kThreads, 1)
               bars,      bars + 8,               bars + 16,
               bars + 24, x,                      k0,
               k1,        (k1 - k0 + kKeys - 1) / kKeys, row0,
-              lane & 3,  scale_log2,             bars + 32};
+              lane & 3,  scale_log2};
   if (threadIdx.x == 0) {
     mbar_init(c.full0, 2);
     mbar_init(c.full1, 2);
     mbar_init(c.empty0, 8);
     mbar_init(c.empty1, 8);
-    if constexpr (FINE)
-      for (int k = 0; k < 18; ++k) {
-        mbar_init(c.fine + 8 * k, 1);
-        mbar_init(c.fine + 8 * (18 + k), 8);
-      }
   }
   __syncthreads();
 
-  if (FINE && warp >= 8) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    produce_fine(c, mla_seq_rows(pg, seq), warp - 8, lane);
-    return;
-  }
   if (warp >= 8) {  // the producer warpgroup: stage (warp - 8) / 2, half (warp - 8) % 2 of each of its tiles
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     const int st = (warp - 8) >> 1, half = (warp - 8) & 1;
@@ -491,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* s_l = x + 7 * 64;
   if (wg == 0) {
     Rows2 m{-INFINITY, -INFINITY}, l{0.f, 0.f};
-    consume_even<FINE>(c, o, m, l);
+    consume_even(c, o, m, l);
     if (c.gc == 0) {
       s_m[c.row0] = m.a;
       s_m[c.row0 + 8] = m.b;
@@ -499,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_l[c.row0 + 8] = l.b;
     }
   } else {
-    consume_odd<FINE>(c, o);
+    consume_odd(c, o);
   }
   bar_sync(kBarConsumers);  // the final m and l
 
@@ -541,20 +400,11 @@ const Device& device() {
     r.err = cudaGetDevice(&dev);
     if (r.err == cudaSuccess) r.err = cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
     if (r.err == cudaSuccess)
-      r.err = cudaFuncSetAttribute(attend_seesaw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(kSmemBytes));
-    if (r.err == cudaSuccess)
-      r.err = cudaFuncSetAttribute(attend_seesaw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      r.err = cudaFuncSetAttribute(attend_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(kSmemBytes));
     return r;
   }();
   return d;
-}
-
-// K3_MLA_WG_FINE=1 (read per call, like K3_MLA_DECODE: the tests and the timing switch it): per column block barriers.
-bool fine_form() {
-  const char* e = std::getenv("K3_MLA_WG_FINE");
-  return e && std::strcmp(e, "1") == 0;
 }
 
 }  // namespace
@@ -578,10 +428,7 @@ cudaError_t attend(const MlaPaging& pg, int N, int nh, const float* q_lat, float
   const int ns = ws ? splits(N, nh) : 1;
   const dim3 grid(static_cast<unsigned>((nh + kHeadsPerBlock - 1) / kHeadsPerBlock), static_cast<unsigned>(N),
                   static_cast<unsigned>(ns));
-  if (fine_form())
-    attend_seesaw_kernel<true><<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
-  else
-    attend_seesaw_kernel<false><<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
+  attend_seesaw_kernel<<<grid, kThreads, kSmemBytes, s>>>(pg, nh, q_lat, scale * 1.44269504089f, ns, o_lat, ws);
   if (ns > 1) return mla_detail::merge_splits(pg, N, nh, kKr, ns, kMinSplitKeys, kKeys, ws, o_lat, s);
   return cudaGetLastError();
 }
