@@ -33,7 +33,8 @@
 // two 72 KB stages (session 50: the kernel with its MMAs removed took ~75% of its time; a bare copy stream of the same
 // rows, session 52, ~51%) -- not bound by L2 bytes (a 2-CTA cluster that
 // read each row from L2 once for both head blocks, session 51's pair form: 1-3% at batch 64-256, -6..-12% at 1-8,
-// removed), nor by the stage count (32-key tiles in four stages, session 52: 0.93-1.07x, removed), nor by HBM (an H100
+// removed), nor by the stage count (32-key tiles in four stages, session 52: 0.93-1.07x; per-column-block barriers with
+// early refills by the producer warps, 0.63-0.74x; both removed), nor by HBM (an H100
 // takes the same time as an H200), nor by the copies themselves (its rows alone stream in 220 us of its 432 at nh 96 /
 // b64 / 8k, a loads-only probe): under ncu the consumers compute ~55% of the time and wait for full stages the rest --
 // loads and compute in series, since both stages are held by the pair being computed (docs/perf/cuda.md, session 52).
