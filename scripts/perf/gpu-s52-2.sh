@@ -20,11 +20,5 @@ echo "timing rc=$? $(el)"; grep "timing" $OUT/mla-timing.log | head -40
 kl_dummy_args
 NL=4; [ "$BW" = 3350 ] && NL=3
 K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW --kv-cache-dtype bf16 -p 0 -n 32 -d 8192 -b 1,64 -r 2"
-for r in 1 2; do
-  for tile in 64 32; do
-    [ $(left) -gt 120 ] || break 2
-    K3_MLA_WG_TILE=$tile timeout 110 $D/k3 bench offline $K3A > /tmp/k3.txt 2>&1
-    echo "tile $tile r$r rc=$? $(el)"; grep -E '^\| kimi|rror' /tmp/k3.txt | head -3
-  done
-done | tee $OUT/k3-slice-ab.txt
+env_rows_ab K3_MLA_WG_TILE "64 32" 120 110 $K3A
 echo "done $(el)"

@@ -12,11 +12,5 @@ echo "timing rc=$? $(el)"; grep -E "dec-bf16x2|  auto|  dec " $OUT/moe-timing.lo
 kl_dummy_args
 NL=4; [ "$BW" = 3350 ] && NL=3
 K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW -p 0 -n 32 -d 512 -b 1,8,64 -r 2"
-for r in 1 2; do
-  for v in ring fp8; do
-    [ $(left) -gt 60 ] || break 2
-    K3_MOE_DEC_VARIANT=$v timeout 90 $D/k3 bench offline $K3A > /tmp/k3.txt 2>&1
-    echo "$v r$r rc=$? $(el)"; grep -E '^\| kimi|rror' /tmp/k3.txt | head -4
-  done
-done | tee $OUT/k3-slice-ab.txt
+env_rows_ab K3_MOE_DEC_VARIANT "ring fp8" 60 90 $K3A
 echo "done $(el)"

@@ -4,13 +4,5 @@
 # form, the BF16 kernel timing (both forms per shape, one process). Carry: .gpuwork/k3bins.tar.xz.
 BUDGET=300
 . scripts/perf/lib-call.sh
-timeout 120 $D/k3_cuda_tests --gtest_filter='CudaMlaDecode.*' > $OUT/mla-tests.log 2>&1
-echo "mla tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|fine vs|fine 1 nh= 96" $OUT/mla-tests.log | head -20
-CS=/usr/local/cuda/bin/compute-sanitizer
-for tool in memcheck synccheck; do
-  K3_MLA_WG_FINE=1 timeout 100 $CS --tool $tool $D/k3_cuda_tests --gtest_filter='CudaMlaDecode.WgmmaLargeBatchShortContexts' > /tmp/cs.log 2>&1
-  echo "$tool rc=$? $(el) $(grep -E 'ERROR SUMMARY|PASSED|FAILED' /tmp/cs.log | tr '\n' ' ')"
-done | tee $OUT/sanitizers.txt
-K3_MLA_TIMING_DTYPE=bfloat16 timeout 200 $D/k3_cuda_tests --gtest_filter='CudaMlaDecodeTiming.*' > $OUT/mla-timing.log 2>&1
-echo "timing rc=$? $(el)"; grep "timing" $OUT/mla-timing.log | sed -e 's/simt .*| wgmma  /| wgmma  /' | head -30
+mla_decode_checks K3_MLA_WG_FINE=1
 echo "done $(el)"

@@ -55,3 +55,45 @@ ab_rounds() {
 env_ab() { ab_rounds "$1" "$2" "$3" "$4 k3 $5" "$6 k3 $7" "${@:8}"; }
 # bin_ab ROUNDS MIN_LEFT WHAT ARGS...: k3 against k3old (scripts/gpu-pack-ab).
 bin_ab() { ab_rounds "$1" "$2" "$3" "k3 k3" "k3old k3old" "${@:4}"; }
+# kl48_vs_llama_cuda: issue 15's GPU peer figure (s46-3's form, session 52's calls) -- llama.cpp 0c1e570's CUDA binaries
+# from $GW/llama-cuda-bins.tar.xz, the kl48 GGUF (kl48_gguf_bg 16), then two alternating rounds (each with more than 60 s
+# left) of k3 `bench offline` and `llama-batched-bench -fa 1` on it at batch 1-16, depth 512, into $OUT/gpu-kl48.txt.
+kl48_vs_llama_cuda() {
+  local LC=/tmp/llc r
+  mkdir -p $LC && tar -xJf "$GW/llama-cuda-bins.tar.xz" -C $LC; echo "llama cuda rc=$? $(el)"
+  kl48_gguf_bg 16
+  wait $QB; tail -1 /tmp/q48.log
+  local K3G="bench offline -m $G --device cuda --kv-cache-dtype bf16 -p 0 -n 32 -d 512 -b 1,2,4,8,16 -r 2"
+  for r in 1 2; do [ "$(left)" -gt 60 ] || break
+    timeout 80 "$D/k3" $K3G > /tmp/k.txt 2>&1; echo "k3 r$r rc=$? $(el)"; grep -E "^\| kl48" /tmp/k.txt
+    timeout 100 $LC/llama-batched-bench -m $G -ngl 99 -fa 1 -c 16384 -b 2048 -ub 512 -npp 512 -ntg 32 -npl 1,2,4,8,16 > /tmp/l.txt 2>&1
+    echo "llama r$r rc=$? $(el)"; grep -E "^\||error|failed" /tmp/l.txt | tail -8
+  done 2>&1 | tee "$OUT/gpu-kl48.txt"
+}
+# mla_decode_checks ENV...: `CudaMlaDecode.*` into $OUT/mla-tests.log, memcheck and synccheck of the large-batch wgmma
+# test under ENV (VAR=VALUE words: the form under test), the BF16 kernel timing into $OUT/mla-timing.log (session 52).
+mla_decode_checks() {
+  local tool CS=/usr/local/cuda/bin/compute-sanitizer
+  timeout 120 "$D/k3_cuda_tests" --gtest_filter='CudaMlaDecode.*' > "$OUT/mla-tests.log" 2>&1
+  echo "mla tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|fine vs|fine 1 nh= 96" "$OUT/mla-tests.log" | head -20
+  for tool in memcheck synccheck; do
+    env "$@" timeout 100 $CS --tool $tool "$D/k3_cuda_tests" --gtest_filter='CudaMlaDecode.WgmmaLargeBatchShortContexts' > /tmp/cs.log 2>&1
+    echo "$tool rc=$? $(el) $(grep -E 'ERROR SUMMARY|PASSED|FAILED' /tmp/cs.log | tr '\n' ' ')"
+  done | tee "$OUT/sanitizers.txt"
+  K3_MLA_TIMING_DTYPE=bfloat16 timeout 200 "$D/k3_cuda_tests" --gtest_filter='CudaMlaDecodeTiming.*' > "$OUT/mla-timing.log" 2>&1
+  echo "timing rc=$? $(el)"; grep "timing" "$OUT/mla-timing.log" | sed -e 's/simt .*| wgmma  /| wgmma  /' | head -30
+}
+# env_rows_ab VAR "VALUE VALUE" MIN_LEFT TIMEOUT ARGS...: two alternating rounds of `k3 bench offline ARGS` with VAR set
+# to each value in turn (each run only with more than MIN_LEFT seconds left, at most TIMEOUT s), every table row printed
+# ("VALUE rN rc=..." then the rows) into $OUT/k3-slice-ab.txt -- bench_arm's loop for several batch sizes (session 52).
+env_rows_ab() {
+  local var=$1 values=$2 min=$3 tmo=$4 r v
+  shift 4
+  for r in 1 2; do
+    for v in $values; do
+      [ "$(left)" -gt "$min" ] || break 2
+      env "$var=$v" timeout "$tmo" "$D/k3" bench offline "$@" > /tmp/k3.txt 2>&1
+      echo "$v r$r rc=$? $(el)"; grep -E '^\| kimi|rror' /tmp/k3.txt | head -4
+    done
+  done | tee "$OUT/k3-slice-ab.txt"
+}
