@@ -12,6 +12,7 @@
 
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/mla_attention.h"
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/bench/memory_bandwidth.h"
 #include "k3/core/thread_pool.h"
@@ -155,6 +156,33 @@ TEST(KernelBench, DISABLED_Matmul) {
     const double gflop = 2e-9 * static_cast<double>(s.rows * s.cols * s.n);
     std::printf("matmul %-28s n=%3lld: batched %8.3f ms (%6.1f GFLOP/s)  one token at a time %8.3f ms (%6.1f GFLOP/s)\n",
                 s.what, static_cast<long long>(s.n), tb, gflop / tb * 1e3, t1, gflop / t1 * 1e3);
+  }
+}
+
+// The 16-row MXFP4 repack (backend/cpu/mxfp4_rowblocks.h, session 52) against the tier's one-token product on the same
+// matrix, one thread each, in L2 and far beyond the caches: `K3_CPU_ISA=avx512bf16 K3_NUM_THREADS=1 k3_tests
+// --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_Mxfp4RowBlocks'` (GB/s of stored bytes).
+TEST(KernelBench, DISABLED_Mxfp4RowBlocks) {
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI / VNNI";
+  std::mt19937 rng(5);
+  for (const int64_t rows : {int64_t{256}, int64_t{32768}}) {
+    const int64_t cols = 2304;
+    std::vector<uint8_t> bytes, scales;
+    const k3::WeightMatrix W = random_weights(k3::WeightFormat::MXFP4, rows, cols, rng, bytes, scales);
+    const k3::cpu::Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(W);
+    const auto x = rnd(static_cast<size_t>(cols), -1, 1, 6);
+    std::vector<float> y(static_cast<size_t>(rows));
+    const int reps = rows <= 256 ? 400 : 10;
+    const double t_tier = best_ms(reps, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
+    k3::cpu::Mxfp4GroupActs acts;
+    const double t_rb = best_ms(reps, [&] {  // the activations' quantisation included, as in the tier's product
+      k3::cpu::mxfp4_rowblocks_quantise(x.data(), cols, acts);
+      k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, rows / 16, y.data());
+    });
+    const double gb = static_cast<double>(W.bytes()) * 1e-9;
+    std::printf("mxfp4 one token %lldx%lld (%s): tier %7.3f ms %6.1f GB/s  rowblocks %7.3f ms %6.1f GB/s  (%.2fx)\n",
+                static_cast<long long>(rows), static_cast<long long>(cols), rows <= 256 ? "in L2" : "DRAM", t_tier,
+                gb / t_tier * 1e3, t_rb, gb / t_rb * 1e3, t_tier / t_rb);
   }
 }
 
