@@ -136,78 +136,35 @@ Rb16 repack(const Matrix& m) {
     }
   return o;
 }
-struct BlockActs {
-  std::vector<int8_t> q;    // [cols]
-  std::vector<float> d;     // [groups]: the scale
-  std::vector<int32_t> c;   // [groups]: 12 x sum of q
+// x as int8 with one scale per `run` values (32: rb16's numerics; 4: today's): q, the scales d and 12 x sum(q) a run.
+struct RunActs {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> c;
 };
-BlockActs block_acts(const std::vector<float>& x) {
-  const int groups = static_cast<int>(x.size()) / kG;
-  BlockActs a{std::vector<int8_t>(x.size()), std::vector<float>(groups), std::vector<int32_t>(groups)};
-  for (int g = 0; g < groups; ++g) {
+RunActs run_acts(const std::vector<float>& x, int run) {
+  const size_t runs = x.size() / static_cast<size_t>(run);
+  RunActs a{std::vector<int8_t>(x.size()), std::vector<float>(runs), std::vector<int32_t>(runs)};
+  for (size_t k = 0; k < runs; ++k) {
     float mx = 0;
-    for (int k = 0; k < kG; ++k) mx = std::max(mx, std::fabs(x[static_cast<size_t>(g) * kG + k]));
-    a.d[g] = mx / 127.f;
-    int32_t s = 0;
-    for (int k = 0; k < kG; ++k) {
-      const int8_t v = static_cast<int8_t>(std::lround(a.d[g] > 0 ? x[static_cast<size_t>(g) * kG + k] / a.d[g] : 0));
-      a.q[static_cast<size_t>(g) * kG + k] = v;
-      s += v;
-    }
-    a.c[g] = 12 * s;
-  }
-  return a;
-}
-void rb16_rows(const Rb16& m, const BlockActs& a, int blk0, int blk1, float* y) {
-  const int groups = m.cols / kG;
-  const __m512i ctrl = ctrl_lohi(), lut = plus12_lut();
-  for (int blk = blk0; blk < blk1; ++blk) {
-    __m512 acc = _mm512_setzero_ps();
-    const uint8_t* qb = m.q.data() + static_cast<size_t>(blk) * groups * 256;
-    const uint8_t* sb = m.s.data() + static_cast<size_t>(blk) * groups * 16;
-    for (int g = 0; g < groups; ++g, qb += 256, sb += 16) {
-      __m512i di = _mm512_set1_epi32(-a.c[g]);
-      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + static_cast<size_t>(g) * kG);
-#pragma GCC unroll 8
-      for (int qd = 0; qd < 8; ++qd) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 32 * qd));
-        const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(b)), lut);
-        di = _mm512_dpbusd_epi32(di, w, _mm512_set1_epi32(xq[qd]));
-      }
-      // 2^(s - 127) as float bits (s in 1..254), times 0.5 (the doubled E2M1) and the group's activation scale
-      const __m512 sw = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))), 23));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(di), _mm512_mul_ps(sw, _mm512_set1_ps(0.5f * a.d[g])), acc);
-    }
-    _mm512_storeu_ps(y + 16 * blk, acc);
-  }
-}
-
-// rb16q: the same repacked weights with today's activation numerics (one scale per 4 values, here per quad of a group
-// = the 4 columns one vpdpbusd step takes): each quad's int32 row sums converted and scaled on their own -- the
-// accuracy of today's form, 3 more vector ops a quad.
-struct QuadScaleActs {
-  std::vector<int8_t> q;   // [cols]
-  std::vector<float> d;    // [cols / 4]
-  std::vector<int32_t> c;  // [cols / 4]: 12 x sum of the quad's q
-};
-QuadScaleActs quad_scale_acts(const std::vector<float>& x) {
-  const int quads = static_cast<int>(x.size()) / 4;
-  QuadScaleActs a{std::vector<int8_t>(x.size()), std::vector<float>(quads), std::vector<int32_t>(quads)};
-  for (int k = 0; k < quads; ++k) {
-    float mx = 0;
-    for (int j = 0; j < 4; ++j) mx = std::max(mx, std::fabs(x[4 * k + j]));
+    for (int j = 0; j < run; ++j) mx = std::max(mx, std::fabs(x[k * run + j]));
     a.d[k] = mx / 127.f;
     int32_t s = 0;
-    for (int j = 0; j < 4; ++j) {
-      const int8_t v = static_cast<int8_t>(std::lround(a.d[k] > 0 ? x[4 * k + j] / a.d[k] : 0));
-      a.q[4 * k + j] = v;
+    for (int j = 0; j < run; ++j) {
+      const int8_t v = static_cast<int8_t>(std::lround(a.d[k] > 0 ? x[k * run + j] / a.d[k] : 0));
+      a.q[k * run + j] = v;
       s += v;
     }
     a.c[k] = 12 * s;
   }
   return a;
 }
-void rb16q_rows(const Rb16& m, const QuadScaleActs& a, int blk0, int blk1, float* y) {
+// rb16 (PER_QUAD false): one activation scale per 32 values, the group's int32 dot over its 8 quads, one cvt a group.
+// rb16q (PER_QUAD true): today's activation numerics (one scale per 4 values = per quad of a group, the 4 columns one
+// vpdpbusd step takes): each quad's int32 row sums converted and scaled on their own -- the accuracy of today's form,
+// 3 more vector ops a quad.
+template <bool PER_QUAD>
+void rb16_rows(const Rb16& m, const RunActs& a, int blk0, int blk1, float* y) {
   const int groups = m.cols / kG;
   const __m512i ctrl = ctrl_lohi(), lut = plus12_lut();
   for (int blk = blk0; blk < blk1; ++blk) {
@@ -215,17 +172,26 @@ void rb16q_rows(const Rb16& m, const QuadScaleActs& a, int blk0, int blk1, float
     const uint8_t* qb = m.q.data() + static_cast<size_t>(blk) * groups * 256;
     const uint8_t* sb = m.s.data() + static_cast<size_t>(blk) * groups * 16;
     for (int g = 0; g < groups; ++g, qb += 256, sb += 16) {
-      const __m512 sw = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))), 23));
+      // 2^(s - 127) as float bits (s in 1..254), times 0.5 (the doubled E2M1)
+      const __m512 sw = _mm512_mul_ps(
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))), 23)),
+          _mm512_set1_ps(0.5f));
       const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + static_cast<size_t>(g) * kG);
+      __m512i di = _mm512_set1_epi32(PER_QUAD ? 0 : -a.c[g]);
       __m512 gacc = _mm512_setzero_ps();
 #pragma GCC unroll 8
       for (int qd = 0; qd < 8; ++qd) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 32 * qd));
         const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(b)), lut);
-        const __m512i di = _mm512_dpbusd_epi32(_mm512_set1_epi32(-a.c[8 * g + qd]), w, _mm512_set1_epi32(xq[qd]));
-        gacc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(di), _mm512_set1_ps(a.d[8 * g + qd]), gacc);
+        if constexpr (PER_QUAD) {
+          const __m512i d4 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-a.c[8 * g + qd]), w, _mm512_set1_epi32(xq[qd]));
+          gacc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d4), _mm512_set1_ps(a.d[8 * g + qd]), gacc);
+        } else {
+          di = _mm512_dpbusd_epi32(di, w, _mm512_set1_epi32(xq[qd]));
+        }
       }
-      acc = _mm512_fmadd_ps(gacc, _mm512_mul_ps(sw, _mm512_set1_ps(0.5f)), acc);
+      acc = PER_QUAD ? _mm512_fmadd_ps(gacc, sw, acc)
+                     : _mm512_fmadd_ps(_mm512_cvtepi32_ps(di), _mm512_mul_ps(sw, _mm512_set1_ps(a.d[g])), acc);
     }
     _mm512_storeu_ps(y + 16 * blk, acc);
   }
@@ -262,8 +228,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(cols);
   for (auto& v : x) v = nd(g);
   const QuadActs qa = quad_acts(x);
-  const BlockActs ba = block_acts(x);
-  const QuadScaleActs qsa = quad_scale_acts(x);
+  const RunActs ba = run_acts(x, kG), qsa = run_acts(x, 4);
   for (const int rows : {256, 32768}) {  // 0.3 MB (in L2) and 38 MB (past the L3 slice)
     const Matrix m = random_matrix(rows, cols, 11 + rows);
     const Rb16 rm = repack(m);
@@ -291,14 +256,14 @@ int main(int argc, char** argv) {
       run([&](int t) {
         const int blocks = rows / 16, per = blocks / threads;
         const int b0 = t * per, b1 = t + 1 == threads ? blocks : b0 + per;
-        for (int k = 0; k < (rows <= 256 ? 50 : 1); ++k) rb16_rows(rm, ba, b0, b1, yb.data());
+        for (int k = 0; k < (rows <= 256 ? 50 : 1); ++k) rb16_rows<false>(rm, ba, b0, b1, yb.data());
       });
     };
     auto rbq = [&] {
       run([&](int t) {
         const int blocks = rows / 16, per = blocks / threads;
         const int b0 = t * per, b1 = t + 1 == threads ? blocks : b0 + per;
-        for (int k = 0; k < (rows <= 256 ? 50 : 1); ++k) rb16q_rows(rm, qsa, b0, b1, ybq.data());
+        for (int k = 0; k < (rows <= 256 ? 50 : 1); ++k) rb16_rows<true>(rm, qsa, b0, b1, ybq.data());
       });
     };
     const double bytes = static_cast<double>(rows) * (cols / 2 + cols / kG) * (rows <= 256 ? 50 : 1);
