@@ -84,8 +84,8 @@ void mxfp4_rowblocks_quantise(const float* x, int64_t cols, Mxfp4GroupActs& a) {
     const float inv = finite && mx > 0.f ? 127.f / mx : 0.f;
     int32_t sum = 0;
     int8_t* q = a.q.data() + g * kG;
-    for (int64_t k = 0; k < kG; ++k) {
-      q[k] = static_cast<int8_t>(std::clamp(std::nearbyint(v[k] * inv), -127.f, 127.f));
+    for (int64_t k = 0; k < kG; ++k) {  // a non-finite group's q are 0 (never a NaN converted to an integer)
+      q[k] = finite ? static_cast<int8_t>(std::clamp(std::nearbyint(v[k] * inv), -127.f, 127.f)) : int8_t{0};
       sum += q[k];
     }
     a.d[static_cast<size_t>(g)] = finite ? mx / 127.f : std::nanf("");
