@@ -413,6 +413,18 @@ struct BiasedAcc1 {
   }
 };
 
+// Whether Acc takes the weights + 128 (BiasedAcc1: one token), and chunk c's weights into it either way: `wb` are the
+// signed weights, or the weights + 128 (mod 256) where the accumulator is biased -- the unit's tables chose which.
+template <class Acc>
+constexpr bool kBiasedAcc = requires { Acc::kBiased; };
+template <class Acc>
+__attribute__((always_inline)) inline void add_chunk(Acc& a, int c, __m512i wb, __m512 wsc) {
+  if constexpr (kBiasedAcc<Acc>)
+    a.chunk_biased(c, wb, wsc);
+  else
+    a.chunk(c, wb, wsc);
+}
+
 // The token's chunks (q + 128, then the quads' d: the pair formats' layout, pair_tokens, or the 256-units', q8k_tokens,
 // whose 16 sums after every 4 chunks BiasedAcc1 does not read) into BiasedAcc1's; nu units of `per_unit` chunks each.
 void bias_token(const uint8_t* xq, int64_t nu, uint8_t* out, int per_unit = 1, int64_t unit_stride = kChunkBytes) {
@@ -663,7 +675,7 @@ __attribute__((always_inline)) inline __m512i sign_bytes(__m512i aux, const uint
 template <int kBits, class Acc>
 __attribute__((always_inline)) inline void iq_signed_chunk(Acc& a, int ac, int c, __m512i codes, const uint8_t* code_ctl, __m512i signs,
                                                           __m512 scales, int step, int lane0 = 0) {
-  constexpr bool kBiased = requires { Acc::kBiased; };
+  constexpr bool kBiased = kBiasedAcc<Acc>;
   const int8_t* table = kBits == 2 ? (kBiased ? g_iq_codes.iq2_signed_b : g_iq_codes.iq2_signed)
                                    : (kBiased ? g_iq_codes.iq3_signed_b : g_iq_codes.iq3_signed);
   const __m512i code = _mm512_multishift_epi64_epi8(load64(code_ctl), codes);
@@ -672,10 +684,7 @@ __attribute__((always_inline)) inline void iq_signed_chunk(Acc& a, int ac, int c
   const __m512i w = _mm512_permutexvar_epi8(idx, load64(table));
   // sub-block ib's scale in lane lane0 + step x ib of `scales`; lanes 0-7 of the chunk take sub-block 2c's, 8-15 2c + 1's
   const __m512 wsc = _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_set1_epi32(lane0 + 2 * c * step), _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, step, step, step, step, step, step, step, step)), scales);
-  if constexpr (kBiased)
-    a.chunk_biased(ac, w, wsc);
-  else
-    a.chunk(ac, w, wsc);
+  add_chunk(a, ac, w, wsc);
 }
 
 // IQ2_XXS, one block: 2 bytes d, then per sub-block ib of 32 values 4 grid bytes (8-value rows) and an aux word
@@ -729,7 +738,7 @@ __attribute__((always_inline)) inline void unit2_iq2xxs(const uint8_t* b, Acc& a
 // 8 scale bytes (4 bits per 16 values, low nibble first); value = d (0.5 + s) / 4 x level x sign.
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq2xs(const uint8_t* b, Acc& a) {
-  constexpr bool kBiased = requires { Acc::kBiased; };  // one token: the levels + 128 (BiasedAcc1)
+  constexpr bool kBiased = kBiasedAcc<Acc>;  // one token: the levels + 128 (BiasedAcc1)
   const __m512i q = _mm512_loadu_si512(b + 2);
   const __m512i codes = lookup32_of512(g_iq_codes.iq2xs, _mm512_and_si512(q, _mm512_set1_epi16(511)));
   const __m512i signs = _mm512_permutex2var_epi8(load64(g_iq_codes.sign), _mm512_srli_epi16(q, 9), load64(g_iq_codes.sign + 64));
@@ -742,11 +751,8 @@ __attribute__((always_inline)) inline void unit_iq2xs(const uint8_t* b, Acc& a) 
     const __m512i rows = _mm512_permutexvar_epi16(load64(kIqCtl.iq2_pick[c]), codes);
     const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift2), rows), load64(kBiased ? g_iq_codes.iq2xs_level_b : g_iq_codes.iq2xs_level));
     const __mmask64 neg = _mm512_test_epi8_mask(_mm512_permutexvar_epi8(load64(kIqCtl.sign_spread_w[c]), signs), load64(kIqCtl.bit_of));
-    const __m512i w = _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag);  // biased: 0 - (128 + l) = 128 - l
-    if constexpr (kBiased)
-      a.chunk_biased(c, w, lanes_of(dl, 4 * c, 4));
-    else
-      a.chunk(c, w, lanes_of(dl, 4 * c, 4));
+    // biased: 0 - (128 + l) = 128 - l
+    add_chunk(a, c, _mm512_mask_sub_epi8(mag, neg, _mm512_setzero_si512(), mag), lanes_of(dl, 4 * c, 4));
   }
 }
 
@@ -776,7 +782,7 @@ __attribute__((always_inline)) inline void unit_iq3xxs(const uint8_t* b, Acc& a)
 // 64-bit mask as they stand), 4 bytes of 4-bit sub-scales (value = d (1 + 2 s) x level x sign).
 template <class Acc>
 __attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
-  constexpr bool kBiased = requires { Acc::kBiased; };  // one token: the levels + 128 (BiasedAcc1)
+  constexpr bool kBiased = kBiasedAcc<Acc>;  // one token: the levels + 128 (BiasedAcc1)
   uint32_t sc;
   std::memcpy(&sc, b + 106, 4);
   const __m256i s = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sc)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
@@ -796,11 +802,8 @@ __attribute__((always_inline)) inline void unit_iq3s(const uint8_t* b, Acc& a) {
       const __m512i mag = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(load64(kIqCtl.shift3), rows), load64(kBiased ? g_iq_codes.iq3s_level_b : g_iq_codes.iq3s_level));
       uint64_t neg;
       std::memcpy(&neg, b + 74 + 8 * c, 8);
-      const __m512i w = _mm512_mask_sub_epi8(mag, _cvtu64_mask64(neg), _mm512_setzero_si512(), mag);
-      if constexpr (kBiased)
-        a.chunk_biased(c, w, lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
-      else
-        a.chunk(c, w, lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
+      add_chunk(a, c, _mm512_mask_sub_epi8(mag, _cvtu64_mask64(neg), _mm512_setzero_si512(), mag),
+                lanes_of(_mm512_castps256_ps512(scales), 2 * c, 8));
     }
   }
 }
@@ -826,7 +829,7 @@ __attribute__((always_inline)) inline void unit_q8_0_pair(const uint8_t* b, Acc&
 // formats (the KDA gates' f_b / g_b) ran at ~8 GB/s a thread.
 template <WeightFormat F, class Acc>
 __attribute__((always_inline)) inline void unit_nibble_pair(const uint8_t* b, Acc& a) {
-  constexpr bool kFive = F == WeightFormat::Q5_0, kBiased = requires { Acc::kBiased; };
+  constexpr bool kFive = F == WeightFormat::Q5_0, kBiased = kBiasedAcc<Acc>;
   constexpr const NibblePairControls& ctl = kFive ? kQ5_0Pair : kQ4Pair;
   constexpr int64_t BB = weight_layout(F).block_bytes;
   __m512i z;
@@ -850,10 +853,7 @@ __attribute__((always_inline)) inline void unit_nibble_pair(const uint8_t* b, Ac
     w = _mm512_mask_add_epi8(w, bit, w, _mm512_set1_epi8(16));
   }
   const __m256i d16 = _mm256_permutexvar_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(ctl.d)), _mm512_castsi512_si256(z));
-  if constexpr (kBiased)
-    a.chunk_biased(0, w, _mm512_cvtph_ps(d16));
-  else
-    a.chunk(0, w, _mm512_cvtph_ps(d16));
+  add_chunk(a, 0, w, _mm512_cvtph_ps(d16));
 }
 
 // Every other format (Q8_0, the codebook i-quants): its exact decoder (quant_decode_simd.h) as the Sink; it
