@@ -122,11 +122,9 @@ __attribute__((always_inline)) inline __m512 half_scales(const uint8_t* s16) {
 
 void rowblocks_kernel(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
   const int64_t groups = m.cols / kG;
-  // vpmultishiftqb picks each output byte's nibble (low half of the register: low nibbles, high half: high ones),
-  // vpermb maps the code to code + 12 (unsigned: vpdpbusd's first operand; the start value cancels the 12s).
-  const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL,
-                                        0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL);
-  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  // the tier's decode: a quad's 32 bytes to 64 nibbles (simd512::nibble_halves_ctrl), each code to code + 12 (unsigned:
+  // vpdpbusd's first operand; the start value cancels the 12s)
+  const __m512i ctrl = simd512::nibble_halves_ctrl(), lut = _mm512_broadcast_i32x4(simd512::e2m1x2_plus12_table());
   for (int64_t b = b0; b < b1; ++b) {
     __m512 acc = _mm512_setzero_ps();
     const uint8_t* qb = m.quads.data() + b * groups * 256;

@@ -331,21 +331,14 @@ void q8_tokens(const float* x, int64_t n, int64_t cols, uint8_t* out) {
 // One pair of groups of a row: w = the 64 weights doubled (int8, -12..12) in q8_tokens' byte order;
 // corr = -128 x (sum of each int32 lane's 4 weights), which cancels the +128 of the activation bytes;
 // wsc = 0.5 x 2^(e8m0 - 127) per lane's group. `two`: g1 exists (else only g0's 16 bytes are read).
-// The weights + 12 as unsigned bytes (0..24), for the one-token kernel that puts the activations on vpdpbusd's
-// signed side (mxfp4_one_token_rows): same table order as e2m1x2_table.
-inline __m128i e2m1x2_plus12_table() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
-
 // With kUnsigned: w = the weights + 12 (unsigned) and no corr (the caller's activation-side correction).
 template <bool kUnsigned = false>
 inline void decode_pair(const uint8_t* packed, const uint8_t* scales, bool two, __m512i& w, __m512i& corr,
                         __m512& wsc) {
   const __m256i b = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed))
                         : _mm256_maskz_loadu_epi8(0xFFFFu, packed);
-  // Both halves hold the 32 bytes; byte i of each qword is taken from bit 8i (low half: its low nibble in
-  // bits 0-3) or 8i + 4 (high half: its high nibble); vpermb reads bits 0-5, so the table repeats 4 times.
-  const __m512i ctrl = _mm512_set_epi64(0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL,
-                                        0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL);
-  w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(b)),
+  // Both halves hold the 32 bytes: the low half takes their low nibbles, the high half their high ones.
+  w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(nibble_halves_ctrl(), _mm512_broadcast_i64x4(b)),
                               _mm512_broadcast_i32x4(kUnsigned ? e2m1x2_plus12_table() : e2m1x2_table()));
   if constexpr (!kUnsigned)
     corr = _mm512_sub_epi32(_mm512_setzero_si512(),

@@ -101,6 +101,16 @@ inline float finish_dot(__m512 a0, __m512 a1, const Wt* w, const float* x, int64
 
 // E2M1 values doubled, as int8, indexed by nibble (as weight_simd.h).
 inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+// The same + 12 (0..24, unsigned): vpdpbusd's unsigned operand, the activations on its signed side (the avx512bf16
+// tier's one-token MXFP4 rows, mxfp4_rowblocks).
+inline __m128i e2m1x2_plus12_table() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
+// vpmultishiftqb control for 32 packed bytes broadcast to both halves of a register: byte i of each qword of the low
+// half <- the low nibble of byte i of the same qword, of the high half <- its high nibble (vpermb then maps each
+// nibble through a 16-entry table, which it reads mod 64: broadcast the table to all four 128-bit lanes).
+inline __m512i nibble_halves_ctrl() {
+  return _mm512_set_epi64(0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL, 0x3C342C241C140C04LL,
+                          0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL, 0x3830282018100800LL);
+}
 
 // One MXFP4 group (16 bytes = 32 weights, in order) as 2 vectors of 16 floats, doubled, unscaled.
 inline void decode_mxfp4_group(const uint8_t* p, __m512 out[2]) {
