@@ -113,7 +113,7 @@ TEST(Mxfp4RowBlocks, BothLayoutsRepackAlike) {
 }
 
 TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI / VNNI";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {256, 2304}}) {
     const HfMxfp4 m = random_hf(rows, cols, 7 + rows);
     const Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(m.view());
@@ -148,7 +148,7 @@ TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
 }
 
 TEST(Mxfp4RowBlocks, RowBlockRangeWritesOnlyItsRows) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI / VNNI";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   const HfMxfp4 m = random_hf(64, 64, 21);
   const Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(m.view());
   const std::vector<float> x = random_x(64, 22);
@@ -172,7 +172,7 @@ TEST(Mxfp4RowBlocks, RowBlockRangeWritesOnlyItsRows) {
 }
 
 TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX-512 VBMI / VNNI";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   HfMxfp4 m = random_hf(32, 64, 31);
   m.scales[static_cast<size_t>(5 * 2 + 1)] = 255;  // row 5, group 1: NaN
   m.scales[static_cast<size_t>(6 * 2)] = 0;        // row 6: the smallest scales (denormal 2^-128 x codes) stay finite

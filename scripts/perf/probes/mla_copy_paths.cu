@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   cudaMemset(rows, 0x3c, bytes);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q) != cudaSuccess || !fn) return 2;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess || !fn) return 2;
   CUtensorMap tmap{};
   const cuuint64_t dims[2] = {576, static_cast<cuuint64_t>(B) * L};
   const cuuint64_t strides[1] = {kRowBytes};

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "k3/backend/cpu/cpu_features.h"
+#include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/weight_simd512.h"
 #include "k3/core/error.h"
 
@@ -93,11 +94,8 @@ void mxfp4_rowblocks_quantise(const float* x, int64_t cols, Mxfp4GroupActs& a) {
   }
 }
 
-bool mxfp4_rowblocks_cpu_ok() {
-  static const bool ok = [] {
-    const CpuFeatures f = detect_cpu_features();
-    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni && f.avx512_vbmi;
-  }();
+bool mxfp4_rowblocks_cpu_ok() {  // the avx512bf16 tier's features: the target its region is compiled for
+  static const bool ok = isa_missing_features(detect_cpu_features(), CpuIsa::Avx512Bf16, false).empty();
   return ok;
 }
 
@@ -151,7 +149,7 @@ void rowblocks_kernel(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t 
 K3_AVX512BF16_END
 
 void mxfp4_rowblocks_one_token(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
-  if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_one_token: this CPU lacks AVX-512 VBMI / VNNI");
+  if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_one_token: this CPU lacks the avx512bf16 tier's features");
   if (b0 < 0 || b1 > m.rows / 16 || b0 > b1) throw Error("mxfp4_rowblocks_one_token: row blocks out of range");
   if (static_cast<int64_t>(a.q.size()) != m.cols) throw Error("mxfp4_rowblocks_one_token: activations of another width");
   rowblocks_kernel(m, a, b0, b1, y);

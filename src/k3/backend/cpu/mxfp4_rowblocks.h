@@ -31,7 +31,7 @@ struct Mxfp4RowBlocks {
 bool mxfp4_rowblocks_supported(const WeightMatrix& W);
 // The repacked copy of W (same bytes: 4.25 bits a weight). Throws on an unsupported W.
 Mxfp4RowBlocks mxfp4_rowblocks(const WeightMatrix& W);
-// Whether this CPU runs mxfp4_rowblocks_one_token (AVX-512 BW + VBMI + VNNI: the avx512bf16 tier's ISA).
+// Whether this CPU runs mxfp4_rowblocks_one_token: it has the avx512bf16 tier's features (cpu_isa.h).
 bool mxfp4_rowblocks_cpu_ok();
 
 // One token's activations as the product reads them (made once, shared by every matrix that reads x).
