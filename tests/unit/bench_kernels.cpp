@@ -169,15 +169,18 @@ TEST(KernelBench, DISABLED_Mxfp4RowBlocks) {
     const int64_t cols = 2304;
     std::vector<uint8_t> bytes, scales;
     const k3::WeightMatrix W = random_weights(k3::WeightFormat::MXFP4, rows, cols, rng, bytes, scales);
-    const k3::cpu::Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(W);
+    std::vector<uint8_t> copy(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_bytes(W)));
+    k3::cpu::mxfp4_rowblocks_write(W, copy.data());
+    k3::WeightMatrix Wc = W;
+    Wc.tiled = copy.data();
     const auto x = rnd(static_cast<size_t>(cols), -1, 1, 6);
     std::vector<float> y(static_cast<size_t>(rows));
     const int reps = rows <= 256 ? 400 : 10;
     const double t_tier = best_ms(reps, [&] { k3::cpu::matmul(W, x.data(), 1, y.data()); });
-    k3::cpu::Mxfp4GroupActs acts;
+    std::vector<uint8_t> act(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_act_bytes(cols)));
     const double t_rb = best_ms(reps, [&] {  // the activations' quantisation included, as in the tier's product
-      k3::cpu::mxfp4_rowblocks_quantise(x.data(), cols, acts);
-      k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, rows / 16, y.data());
+      k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, cols, act.data());
+      k3::cpu::mxfp4_rowblocks_rows(Wc, 0, rows, act.data(), 1, y.data(), rows);
     });
     const double gb = static_cast<double>(W.bytes()) * 1e-9;
     std::printf("mxfp4 one token %lldx%lld (%s): tier %7.3f ms %6.1f GB/s  rowblocks %7.3f ms %6.1f GB/s  (%.2fx)\n",
@@ -235,26 +238,35 @@ TEST(KernelBench, DISABLED_MoeDecodeLayer) {
   constexpr int64_t X = 2048, I = 384;
   std::mt19937 rng(11);
   struct Ex {
-    std::vector<uint8_t> b[3], s[3];
-    k3::WeightMatrix W[3];
+    std::vector<uint8_t> b[3], s[3], copy[3];
+    k3::WeightMatrix W[3], Wc[3];  // Wc: W with its decode copy (mxfp4_rowblocks.h), as add_expert_decode_layouts makes
   };
   std::vector<Ex> ex(E);
+  const bool copies = k3::cpu::mxfp4_rowblocks_cpu_ok();
   for (Ex& e : ex)
-    for (int m = 0; m < 3; ++m)
+    for (int m = 0; m < 3; ++m) {
       e.W[m] = m < 2 ? random_weights(k3::WeightFormat::MXFP4, I, X, rng, e.b[m], e.s[m])
                      : random_weights(k3::WeightFormat::MXFP4, X, I, rng, e.b[m], e.s[m]);
+      e.Wc[m] = e.W[m];
+      if (!copies) continue;
+      e.copy[m].resize(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_bytes(e.W[m])));
+      k3::cpu::mxfp4_rowblocks_write(e.W[m], e.copy[m].data());
+      e.Wc[m].tiled = e.copy[m].data();
+    }
   const int64_t expert_bytes = ex[0].W[0].bytes() + ex[0].W[1].bytes() + ex[0].W[2].bytes();
   const auto x = rnd(X, -1, 1, 3);
   std::vector<float> g(K * I), u(K * I), y(K * X);
-  for (int two_stage = 1; two_stage >= 0; --two_stage) {
+  // 2: one fork-join reading the decode copies (where this CPU has their product); 1: one fork-join; 0: two
+  for (int two_stage = copies ? 2 : 1; two_stage >= 0; --two_stage) {
     int call = 0;
     const double ms = best_ms(200, [&] {
       std::vector<k3::cpu::MatmulJob> gu, dn;
       for (int k = 0; k < K; ++k) {
         const Ex& e = ex[static_cast<size_t>((call * K + k) % E)];
-        gu.push_back({&e.W[0], x.data(), 1, g.data() + k * I});
-        gu.push_back({&e.W[1], x.data(), 1, u.data() + k * I});
-        dn.push_back({&e.W[2], g.data() + k * I, 1, y.data() + k * X});
+        const k3::WeightMatrix* W = two_stage == 2 ? e.Wc : e.W;
+        gu.push_back({&W[0], x.data(), 1, g.data() + k * I});
+        gu.push_back({&W[1], x.data(), 1, u.data() + k * I});
+        dn.push_back({&W[2], g.data() + k * I, 1, y.data() + k * X});
       }
       ++call;
       auto glu = [&](int k) {
@@ -274,7 +286,7 @@ TEST(KernelBench, DISABLED_MoeDecodeLayer) {
     const double gb = static_cast<double>(K * expert_bytes) / (ms * 1e6);
     std::printf("moe decode layer (%d of %d MXFP4 experts %lldx%lld, %.1f MB) %s: %.1f us, %.1f GB/s = %.0f%% of the read rate\n",
                 K, E, static_cast<long long>(I), static_cast<long long>(X), K * expert_bytes / 1e6,
-                two_stage ? "one fork-join (matmul_two_stage)" : "two fork-joins (matmul_batch)", ms * 1e3, gb,
+                two_stage == 2 ? "decode copies, one fork-join" : two_stage ? "one fork-join (matmul_two_stage)" : "two fork-joins (matmul_batch)", ms * 1e3, gb,
                 100.0 * gb / bw.best_gb_s);
   }
 }

@@ -1,8 +1,8 @@
 // The 16-row MXFP4 repack and its one-token product (backend/cpu/mxfp4_rowblocks.h) against float64: with the
 // activations quantised the way the header states (re-derived here: one scale per 32 values, round to nearest), the
-// result must equal the float64 sum to fp32 rounding; against the unquantised x, within the quantisation's bound. Both
-// MXFP4 layouts (HF and ggml's blocks) give the same repack; row-block ranges write only their rows; a NaN in x or an
-// E8M0 255 gives NaN; bad shapes throw.
+// result must equal the float64 sum to fp32 rounding; against the unquantised x, within the quantisation's bound; the
+// converted activations hold exactly those q and scales. Both MXFP4 layouts (HF and ggml's blocks) give the same
+// repack; row ranges write only their rows; a NaN in x or an E8M0 255 gives NaN; bad shapes, ranges and jobs throw.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +17,6 @@ namespace {
 
 using k3::WeightFormat;
 using k3::WeightMatrix;
-using k3::cpu::Mxfp4RowBlocks;
 
 const double kE2M1[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
 
@@ -71,20 +70,49 @@ std::vector<float> random_x(int64_t n, uint64_t seed) {
 }
 
 // The header's quantisation, re-derived: m = max |x| a group, q = nearest-even of x x (127 / m), d = m / 127.
-void quantise(const std::vector<float>& x, std::vector<double>& xq, std::vector<double>& bound_d) {
+void quantise(const std::vector<float>& x, std::vector<double>& xq, std::vector<double>& bound_d,
+              std::vector<int>* qi = nullptr, std::vector<float>* df = nullptr) {
   const size_t groups = x.size() / 32;
   xq.assign(x.size(), 0.0);
   bound_d.assign(groups, 0.0);
+  if (qi) qi->assign(x.size(), 0);
+  if (df) df->assign(groups, 0.f);
   for (size_t g = 0; g < groups; ++g) {
     float mx = 0.f;
     for (int k = 0; k < 32; ++k) mx = std::max(mx, std::fabs(x[g * 32 + k]));
     const float d = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
     bound_d[g] = d;
-    for (int k = 0; k < 32; ++k) xq[g * 32 + k] = static_cast<double>(std::nearbyint(x[g * 32 + k] * inv)) * d;
+    if (df) (*df)[g] = d;
+    for (int k = 0; k < 32; ++k) {
+      const float q = std::nearbyint(x[g * 32 + k] * inv);
+      xq[g * 32 + k] = static_cast<double>(q) * d;
+      if (qi) (*qi)[g * 32 + k] = static_cast<int>(q);
+    }
   }
 }
 
 bool cpu_ok() { return k3::cpu::mxfp4_rowblocks_cpu_ok(); }
+
+// W's copy, and W with `tiled` pointing at it (what add_expert_decode_layouts makes).
+struct Copied {
+  std::vector<uint8_t> bytes;
+  WeightMatrix W;
+};
+Copied copy_of(const WeightMatrix& W) {
+  Copied c{std::vector<uint8_t>(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_bytes(W))), W};
+  k3::cpu::mxfp4_rowblocks_write(W, c.bytes.data());
+  c.W.tiled = c.bytes.data();
+  return c;
+}
+
+// One token's product of rows [r0, r1) through the copy (the converted activations made here).
+std::vector<float> product(const Copied& c, const std::vector<float>& x, int64_t r0, int64_t r1) {
+  std::vector<uint8_t> act(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_act_bytes(c.W.cols)));
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, c.W.cols, act.data());
+  std::vector<float> y(static_cast<size_t>(r1 - r0), std::nanf(""));
+  k3::cpu::mxfp4_rowblocks_rows(c.W, r0, r1, act.data(), 1, y.data(), c.W.rows);
+  return y;
+}
 
 TEST(Mxfp4RowBlocks, BothLayoutsRepackAlike) {
   const HfMxfp4 m = random_hf(48, 96, 1);
@@ -96,34 +124,58 @@ TEST(Mxfp4RowBlocks, BothLayoutsRepackAlike) {
   wg.cols = m.cols;
   ASSERT_TRUE(k3::cpu::mxfp4_rowblocks_supported(m.view()));
   ASSERT_TRUE(k3::cpu::mxfp4_rowblocks_supported(wg));
-  const Mxfp4RowBlocks a = k3::cpu::mxfp4_rowblocks(m.view()), b = k3::cpu::mxfp4_rowblocks(wg);
-  EXPECT_EQ(a.quads, b.quads);
-  EXPECT_EQ(a.scales, b.scales);
-  EXPECT_EQ(a.quads.size() + a.scales.size(), m.packed.size() + m.scales.size());  // the same bytes
-  // The layout the header states: quad q of group g of block b, byte s = rows s / 4 and s / 4 + 8 of column s % 4.
+  const Copied a = copy_of(m.view()), b = copy_of(wg);
+  EXPECT_EQ(a.bytes, b.bytes);
+  EXPECT_EQ(static_cast<int64_t>(a.bytes.size()), m.view().bytes());  // the same bytes
+  // The layout the header states: group g of block b at (b x 3 + g) x 272; quad q's byte s = rows s / 4 and s / 4 + 8
+  // of column s % 4; then the 16 rows' scales.
   for (int64_t blk = 0; blk < 3; ++blk)
-    for (int64_t g = 0; g < 3; ++g)
+    for (int64_t g = 0; g < 3; ++g) {
+      const uint8_t* grp = a.bytes.data() + (blk * 3 + g) * 272;
       for (int q = 0; q < 8; ++q)
         for (int s = 0; s < 32; ++s) {
           const int64_t r = 16 * blk + s / 4, c = 32 * g + 4 * q + s % 4;
-          const uint8_t byte = a.quads[static_cast<size_t>(((blk * 3 + g) * 8 + q) * 32 + s)];
-          ASSERT_EQ(byte & 15, m.code(r, c)) << blk << " " << g << " " << q << " " << s;
-          ASSERT_EQ(byte >> 4, m.code(r + 8, c)) << blk << " " << g << " " << q << " " << s;
+          ASSERT_EQ(grp[32 * q + s] & 15, m.code(r, c)) << blk << " " << g << " " << q << " " << s;
+          ASSERT_EQ(grp[32 * q + s] >> 4, m.code(r + 8, c)) << blk << " " << g << " " << q << " " << s;
         }
+      for (int r = 0; r < 16; ++r) ASSERT_EQ(grp[256 + r], m.scale(16 * blk + r, 32 * g)) << blk << " " << g << " " << r;
+    }
+}
+
+TEST(Mxfp4RowBlocks, ActivationsAreTheStatedQuantisation) {
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  const int64_t cols = 2304;
+  const std::vector<float> x = random_x(cols, 9);
+  std::vector<double> xq, bd;
+  std::vector<int> qi;
+  std::vector<float> df;
+  quantise(x, xq, bd, &qi, &df);
+  std::vector<uint8_t> act(static_cast<size_t>(2 * k3::cpu::mxfp4_rowblocks_act_bytes(cols)));
+  std::vector<float> two(x);
+  two.insert(two.end(), x.rbegin(), x.rend());  // a second token: the first reversed
+  k3::cpu::mxfp4_rowblocks_prepare(two.data(), 2, cols, act.data());
+  const k3::cpu::Mxfp4GroupActs a = k3::cpu::mxfp4_rowblocks_acts(act.data(), cols);
+  for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(a.q[c], qi[static_cast<size_t>(c)]) << c;
+  for (int64_t g = 0; g < cols / 32; ++g) {
+    ASSERT_EQ(std::memcmp(&a.d[g], &df[static_cast<size_t>(g)], 4), 0) << g;
+    int sum = 0;
+    for (int k = 0; k < 32; ++k) sum += qi[static_cast<size_t>(g * 32 + k)];
+    ASSERT_EQ(a.start[g], -12 * sum) << g;
+  }
+  const k3::cpu::Mxfp4GroupActs b =
+      k3::cpu::mxfp4_rowblocks_acts(act.data() + k3::cpu::mxfp4_rowblocks_act_bytes(cols), cols);
+  for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(b.q[c], qi[static_cast<size_t>(cols - 1 - c)]) << c;  // the same groups in reverse
 }
 
 TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
   if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {256, 2304}}) {
     const HfMxfp4 m = random_hf(rows, cols, 7 + rows);
-    const Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(m.view());
+    const Copied cp = copy_of(m.view());
     const std::vector<float> x = random_x(cols, 3 + cols);
     std::vector<double> xq, d;
     quantise(x, xq, d);
-    std::vector<float> y(static_cast<size_t>(rows), std::nanf(""));
-    k3::cpu::Mxfp4GroupActs acts;
-    k3::cpu::mxfp4_rowblocks_quantise(x.data(), cols, acts);
-    k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, rows / 16, y.data());
+    const std::vector<float> y = product(cp, x, 0, rows);
     double worst_q = 0, worst_x = 0;
     for (int64_t r = 0; r < rows; ++r) {
       double sq = 0, sx = 0, mag = 0, qbound = 0;
@@ -147,28 +199,28 @@ TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
   }
 }
 
-TEST(Mxfp4RowBlocks, RowBlockRangeWritesOnlyItsRows) {
+TEST(Mxfp4RowBlocks, RowRangeWritesOnlyItsRows) {
   if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   const HfMxfp4 m = random_hf(64, 64, 21);
-  const Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(m.view());
+  const Copied cp = copy_of(m.view());
   const std::vector<float> x = random_x(64, 22);
-  k3::cpu::Mxfp4GroupActs acts;
-  k3::cpu::mxfp4_rowblocks_quantise(x.data(), 64, acts);
+  std::vector<uint8_t> act(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_act_bytes(64)));
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, 64, act.data());
   std::vector<float> all(64), part(64, -7.f);
-  k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, 4, all.data());
-  k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 1, 3, part.data());
+  k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 64, act.data(), 1, all.data(), 64);
+  k3::cpu::mxfp4_rowblocks_rows(cp.W, 16, 48, act.data(), 1, part.data() + 16, 64);  // y indexed by r - r0
   for (int r = 0; r < 64; ++r) {
     if (r >= 16 && r < 48)
       EXPECT_EQ(std::memcmp(&part[static_cast<size_t>(r)], &all[static_cast<size_t>(r)], 4), 0) << r;  // the same bits
     else
       EXPECT_EQ(part[static_cast<size_t>(r)], -7.f) << r;
   }
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, 5, part.data()), k3::Error);
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 3, 2, part.data()), k3::Error);
-  k3::cpu::Mxfp4GroupActs narrow;
-  k3::cpu::mxfp4_rowblocks_quantise(x.data(), 32, narrow);
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_one_token(rb, narrow, 0, 1, part.data()), k3::Error);
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_quantise(x.data(), 40, narrow), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 80, act.data(), 1, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 32, 16, act.data(), 1, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 8, 32, act.data(), 1, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 16, act.data(), 2, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(m.view(), 0, 16, act.data(), 1, part.data(), 64), k3::Error);  // no copy
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, 40, act.data()), k3::Error);
 }
 
 TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
@@ -177,36 +229,40 @@ TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
   m.scales[static_cast<size_t>(5 * 2 + 1)] = 255;  // row 5, group 1: NaN
   m.scales[static_cast<size_t>(6 * 2)] = 0;        // row 6: the smallest scales (denormal 2^-128 x codes) stay finite
   m.scales[static_cast<size_t>(7 * 2)] = 1;
-  const Mxfp4RowBlocks rb = k3::cpu::mxfp4_rowblocks(m.view());
-  std::vector<float> x = random_x(64, 32), y(32);
-  k3::cpu::Mxfp4GroupActs acts;
-  auto run = [&] {
-    k3::cpu::mxfp4_rowblocks_quantise(x.data(), 64, acts);
-    k3::cpu::mxfp4_rowblocks_one_token(rb, acts, 0, 2, y.data());
-  };
-  run();
+  const Copied cp = copy_of(m.view());
+  std::vector<float> x = random_x(64, 32), y;
+  y = product(cp, x, 0, 32);
   for (int r = 0; r < 32; ++r) EXPECT_EQ(std::isnan(y[static_cast<size_t>(r)]), r == 5) << r;
   x[40] = std::nanf("");
-  run();
+  y = product(cp, x, 0, 32);
   for (int r = 0; r < 32; ++r) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(r)])) << r;
   x[40] = INFINITY;
-  run();
+  y = product(cp, x, 0, 32);
   for (int r = 0; r < 32; ++r) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(r)])) << r;
 }
 
-TEST(Mxfp4RowBlocks, RefusesShapesItCannotRepack) {
+TEST(Mxfp4RowBlocks, RefusesShapesAndJobsItCannotServe) {
   const HfMxfp4 m = random_hf(48, 96, 41);
+  std::vector<uint8_t> out(static_cast<size_t>(m.view().bytes()));
   WeightMatrix w = m.view();
   w.rows = 40;  // not a multiple of 16
   EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_supported(w));
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks(w), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_write(w, out.data()), k3::Error);
   w = m.view();
   w.cols = 80;  // not a multiple of 32
   EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_supported(w));
   w = m.view();
   w.format = WeightFormat::BF16;
   EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_supported(w));
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks(w), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_write(w, out.data()), k3::Error);
+  // A job reads the copy only at one token, with the copy present, on the host.
+  const Copied cp = copy_of(m.view());
+  EXPECT_EQ(k3::cpu::mxfp4_rowblocks_job(cp.W, 1), cpu_ok());
+  EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(cp.W, 2));
+  EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(m.view(), 1));
+  WeightMatrix dev = cp.W;
+  dev.device = 0;
+  EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(dev, 1));
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ std::unique_ptr<Model> Model::load(ModelFiles files, CacheDType kv, CacheDType s
 void Model::add_decode_layouts() {
   std::lock_guard lk(mu_);
   if (decode_layouts_.bytes == 0) decode_layouts_ = cpu::add_decode_layouts(w_);
+  if (expert_layouts_.bytes == 0) expert_layouts_ = cpu::add_expert_decode_layouts(w_);
 }
 
 std::optional<ExpertCacheStats> Model::expert_cache_stats() const {

@@ -2,11 +2,15 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "k3/backend/cpu/cpu_isa.h"
 #include "k3/backend/cpu/kquant_act_order.h"
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/weights.h"
 #include "k3/quant/block_decode.h"
@@ -81,15 +85,76 @@ void make_decode_layout(const WeightMatrix& W, uint8_t* out) {
   });
 }
 
+namespace {
+
+std::shared_ptr<uint8_t> aligned_buffer(int64_t bytes) {
+  void* raw = std::aligned_alloc(64, static_cast<size_t>((bytes + 63) / 64 * 64));
+  if (raw == nullptr) throw std::bad_alloc();
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
+}
+
+int64_t memory_available() {
+  std::ifstream mi("/proc/meminfo");
+  std::string key, rest;
+  int64_t kb = 0;
+  while (mi >> key >> kb) {
+    std::getline(mi, rest);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
+// -1: K3_CPU_MXFP4_ROWBLOCKS unset (the memory decides), 0 / 1: as set.
+int expert_copies_forced() {
+  const char* e = std::getenv("K3_CPU_MXFP4_ROWBLOCKS");
+  if (e == nullptr || *e == '\0') return -1;
+  return std::string(e) == "0" ? 0 : 1;
+}
+
+void for_each_expert_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn) {
+  for (LayerWeights& l : w.layers)
+    if (l.is_moe)
+      for (GluMlp& e : l.moe.experts)
+        for (WeightMatrix* m : {&e.gate, &e.up, &e.down}) fn(*m);
+}
+
+}  // namespace
+
+DecodeLayouts add_expert_decode_layouts(ModelWeights& w) {
+  DecodeLayouts d;
+  const CpuIsa isa = active_cpu_isa();
+  const int forced = expert_copies_forced();
+  if (forced == 0 || !(isa == CpuIsa::Avx512Bf16 || isa == CpuIsa::Amx) || !mxfp4_rowblocks_cpu_ok()) return d;
+  std::vector<WeightMatrix*> todo;
+  for_each_expert_matrix(w, [&](WeightMatrix& W) {
+    if (W.device == kHostDevice && W.tiled == nullptr && mxfp4_rowblocks_supported(W)) {
+      todo.push_back(&W);
+      d.bytes += mxfp4_rowblocks_bytes(W);
+    }
+  });
+  if (d.bytes == 0) return d;
+  if (forced < 0) {
+    const int64_t avail = memory_available();
+    if (avail < 0 || d.bytes > avail / 4) return DecodeLayouts{};
+  }
+  d.buf = aligned_buffer(d.bytes);
+  std::vector<int64_t> at(todo.size() + 1, 0);
+  for (size_t i = 0; i < todo.size(); ++i) at[i + 1] = at[i] + mxfp4_rowblocks_bytes(*todo[i]);
+  ThreadPool::global().parallel_for(static_cast<int64_t>(todo.size()), 1, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) mxfp4_rowblocks_write(*todo[static_cast<size_t>(i)], d.buf.get() + at[static_cast<size_t>(i)]);
+  });
+  for (size_t i = 0; i < todo.size(); ++i) todo[i]->tiled = d.buf.get() + at[i];
+  d.matrices = static_cast<int64_t>(todo.size());
+  return d;
+}
+
 DecodeLayouts add_decode_layouts(ModelWeights& w) {
   DecodeLayouts d;
   for_each_dense_matrix(w, [&](WeightMatrix& W) {
     if (&W != &w.embed && decode_layout_wanted(W)) d.bytes += decode_layout_bytes(W);
   });
   if (d.bytes == 0) return d;
-  void* raw = std::aligned_alloc(64, static_cast<size_t>(d.bytes));
-  if (raw == nullptr) throw std::bad_alloc();
-  d.buf = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
+  d.buf = aligned_buffer(d.bytes);
   int64_t at = 0;
   for_each_dense_matrix(w, [&](WeightMatrix& W) {
     if (&W == &w.embed || !decode_layout_wanted(W)) return;

@@ -5,7 +5,10 @@
 // int8 quads) gets each job's tokens converted once, and its row blocks run on them; driven through dot / gemm
 // it would convert them again for every row (a third of its decode time). Jobs with the same input and the same
 // conversion (an expert's gate and up) share one converted copy. A token's conversion is the same code whatever
-// range or thread converts it and a row's result does not depend on its block, so every output has matmul's bits.
+// range or thread converts it and a row's result does not depend on its block, so every output has matmul's bits --
+// except a one-token job whose MXFP4 matrix has the CPU's decode copy (mxfp4_rowblocks.h: routed experts, made by
+// add_expert_decode_layouts): it reads the copy, with that product's conversion (one int8 scale per 32 values, not the
+// tier's per 4) and its bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/core/thread_pool.h"
@@ -43,11 +47,28 @@ struct Conversion {
   int group;       // matmul_two_stage: the group whose second-stage input this is (-1: first stage)
 };
 
+using RowsFn = void (*)(const WeightMatrix&, int64_t, int64_t, const uint8_t*, int64_t, float*, int64_t);
+
 struct ConvPlan {
   std::vector<Conversion> convs;
   std::vector<size_t> conv_of;  // per job (first stage, then second): its conversion, SIZE_MAX if none
+  std::vector<RowsFn> rows_of;  // per job: the rows over its conversion
   size_t total = 0;             // scratch bytes
 };
+
+// How a job's tokens are converted and its rows run on them: the decode copy's product for a one-token job whose matrix
+// has one, else the tier's (prepare null: the tier converts per row itself).
+struct JobKernels {
+  void (*prepare)(const float*, int64_t, int64_t, uint8_t*);
+  int64_t stride;  // bytes per converted token
+  RowsFn rows;
+};
+JobKernels job_kernels(const MatmulJob& j) {
+  if (mxfp4_rowblocks_job(*j.W, j.n))
+    return {mxfp4_rowblocks_prepare, mxfp4_rowblocks_act_bytes(j.W->cols), mxfp4_rowblocks_rows};
+  const RowKernels& k = row_kernels(j.W->format);
+  return {k.prepare, k.prepare ? k.act_bytes(j.W->cols, 1) : 0, k.rows};
+}
 
 // Appends the conversions of `jobs` (sharing one where input, size and conversion agree, among those added
 // by this call only) and each job's index into plan.conv_of.
@@ -55,7 +76,7 @@ void plan_conversions(std::span<const MatmulJob> jobs, std::span<const int> grou
   const size_t first = plan.convs.size();
   for (size_t i = 0; i < jobs.size(); ++i) {
     const MatmulJob& j = jobs[i];
-    const RowKernels& k = row_kernels(j.W->format);
+    const JobKernels k = job_kernels(j);
     size_t c = SIZE_MAX;
     if (k.prepare && j.n > 0) {
       const int64_t cols = j.W->cols;
@@ -63,13 +84,13 @@ void plan_conversions(std::span<const MatmulJob> jobs, std::span<const int> grou
         if (plan.convs[d].x == j.x && plan.convs[d].n == j.n && plan.convs[d].cols == cols && plan.convs[d].prepare == k.prepare)
           c = d;
       if (c == SIZE_MAX) {
-        const int64_t stride = k.act_bytes(cols, 1);
         c = plan.convs.size();
-        plan.convs.push_back({j.x, j.n, cols, k.prepare, stride, plan.total, groups.empty() ? -1 : groups[i]});
-        plan.total += static_cast<size_t>(stride * j.n + 63) / 64 * 64;
+        plan.convs.push_back({j.x, j.n, cols, k.prepare, k.stride, plan.total, groups.empty() ? -1 : groups[i]});
+        plan.total += static_cast<size_t>(k.stride * j.n + 63) / 64 * 64;
       }
     }
     plan.conv_of.push_back(c);
+    plan.rows_of.push_back(k.rows);
   }
 }
 
@@ -114,18 +135,19 @@ void cut_blocks(std::span<const MatmulJob> jobs, size_t job_base, int64_t target
     const MatmulJob& j = jobs[i];
     if (j.n <= 0 || j.W->rows <= 0) continue;
     const int64_t row_bytes = std::max<int64_t>(j.W->bytes() / j.W->rows * j.n, 1);
-    const int64_t rows_per = std::clamp<int64_t>(target / row_bytes, 16, j.W->rows);
+    int64_t rows_per = std::clamp<int64_t>(target / row_bytes, 16, j.W->rows);
+    if (mxfp4_rowblocks_job(*j.W, j.n)) rows_per = (rows_per + 15) / 16 * 16;  // whole 16-row blocks of the copy
     for (int64_t r = 0; r < j.W->rows; r += rows_per) out.push_back({&j, job_base + i, r, std::min(j.W->rows, r + rows_per)});
   }
 }
 
 void run_block(const Block& bl, const ConvPlan& plan, const uint8_t* base) {
   const MatmulJob& j = *bl.job;
-  const RowKernels& k = row_kernels(j.W->format);
   const size_t c = plan.conv_of[bl.job_index];
   if (c != SIZE_MAX)
-    k.rows(*j.W, bl.r0, bl.r1, base + plan.convs[c].offset, j.n, j.y + bl.r0, j.W->rows);
-  else if (j.n == 1)
+    return plan.rows_of[bl.job_index](*j.W, bl.r0, bl.r1, base + plan.convs[c].offset, j.n, j.y + bl.r0, j.W->rows);
+  const RowKernels& k = row_kernels(j.W->format);
+  if (j.n == 1)
     for (int64_t r = bl.r0; r < bl.r1; ++r) j.y[r] = k.dot(*j.W, r, j.x);
   else
     k.gemm(*j.W, bl.r0, bl.r1, j.x, j.n, j.y);

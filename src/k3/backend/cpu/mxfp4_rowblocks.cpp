@@ -1,6 +1,6 @@
 // The 16-row MXFP4 repack and its one-token product (mxfp4_rowblocks.h). Only the functions between
-// K3_AVX512BF16_BEGIN/END are compiled for AVX-512 + VBMI + VNNI; the repack and the activation quantisation are plain
-// code (an AVX2-only CPU never runs EVEX code: the caller checks mxfp4_rowblocks_cpu_ok()).
+// K3_AVX512BF16_BEGIN/END (the activations' quantisation and the product) are compiled for AVX-512 + VBMI + VNNI;
+// the repack is plain code (an AVX2-only CPU never runs EVEX code: the entry points check mxfp4_rowblocks_cpu_ok()).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 intrinsic headers (as the tier's files)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "k3/backend/cpu/cpu_features.h"
@@ -45,59 +46,62 @@ struct Mxfp4Reader {
 }  // namespace
 
 bool mxfp4_rowblocks_supported(const WeightMatrix& W) {
-  return (W.format == WeightFormat::MXFP4 || W.format == WeightFormat::MXFP4_GGML) && W.rows > 0 && W.rows % 16 == 0 &&
-         W.cols > 0 && W.cols % kG == 0 && W.data != nullptr && (W.format != WeightFormat::MXFP4 || W.scales != nullptr);
+  return (W.format == WeightFormat::MXFP4 || W.format == WeightFormat::MXFP4_GGML) && W.rows > 0 &&
+         W.rows % kMxfp4RowBlockRows == 0 && W.cols > 0 && W.cols % kG == 0 && W.data != nullptr &&
+         (W.format != WeightFormat::MXFP4 || W.scales != nullptr);
 }
 
-Mxfp4RowBlocks mxfp4_rowblocks(const WeightMatrix& W) {
+int64_t mxfp4_rowblocks_bytes(const WeightMatrix& W) {
+  return W.rows / kMxfp4RowBlockRows * (W.cols / kG) * kMxfp4RowBlockGroupBytes;
+}
+
+void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out) {
   if (!mxfp4_rowblocks_supported(W))
     throw Error("mxfp4_rowblocks: needs an MXFP4 matrix with rows a multiple of 16 and columns a multiple of 32 (got " +
                 std::to_string(W.rows) + " x " + std::to_string(W.cols) + ")");
-  const int64_t groups = W.cols / kG, blocks = W.rows / 16;
-  Mxfp4RowBlocks m{W.rows, W.cols, std::vector<uint8_t>(static_cast<size_t>(blocks * groups * 256)),
-                   std::vector<uint8_t>(static_cast<size_t>(blocks * groups * 16))};
+  const int64_t groups = W.cols / kG, blocks = W.rows / kMxfp4RowBlockRows;
   const Mxfp4Reader rd{W};
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t g = 0; g < groups; ++g) {
-      uint8_t* dst = m.quads.data() + (b * groups + g) * 256;
+      uint8_t* dst = out + (b * groups + g) * kMxfp4RowBlockGroupBytes;
       for (int qd = 0; qd < 8; ++qd)
         for (int s = 0; s < 32; ++s) {
           const int64_t r = 16 * b + s / 4, c = g * kG + 4 * qd + s % 4;
           dst[32 * qd + s] = static_cast<uint8_t>(rd.code(r, c) | (rd.code(r + 8, c) << 4));
         }
-      for (int r = 0; r < 16; ++r) m.scales[static_cast<size_t>((b * groups + g) * 16 + r)] = rd.scale(16 * b + r, g);
+      for (int r = 0; r < 16; ++r) dst[256 + r] = rd.scale(16 * b + r, g);
     }
-  return m;
 }
 
-void mxfp4_rowblocks_quantise(const float* x, int64_t cols, Mxfp4GroupActs& a) {
-  if (cols % kG != 0) throw Error("mxfp4_rowblocks_quantise: columns must be a multiple of 32");
-  const int64_t groups = cols / kG;
-  a.q.resize(static_cast<size_t>(cols));
-  a.d.resize(static_cast<size_t>(groups));
-  a.start.resize(static_cast<size_t>(groups));
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* v = x + g * kG;
-    float mx = 0.f;
-    for (int64_t k = 0; k < kG; ++k) mx = std::max(mx, std::fabs(v[k]));  // NaN: std::max keeps mx, caught below
-    bool finite = std::isfinite(mx);
-    for (int64_t k = 0; k < kG; ++k) finite = finite && !std::isnan(v[k]);
-    const float inv = finite && mx > 0.f ? 127.f / mx : 0.f;
-    int32_t sum = 0;
-    int8_t* q = a.q.data() + g * kG;
-    for (int64_t k = 0; k < kG; ++k) {  // a non-finite group's q are 0 (never a NaN converted to an integer)
-      q[k] = finite ? static_cast<int8_t>(std::clamp(std::nearbyint(v[k] * inv), -127.f, 127.f)) : int8_t{0};
-      sum += q[k];
-    }
-    a.d[static_cast<size_t>(g)] = finite ? mx / 127.f : std::nanf("");
-    a.start[static_cast<size_t>(g)] = -12 * sum;
-  }
+int64_t mxfp4_rowblocks_act_bytes(int64_t cols) { return (cols + cols / kG * 8 + 63) / 64 * 64; }
+
+Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols) {
+  return {reinterpret_cast<const int8_t*>(act), reinterpret_cast<const float*>(act + cols),
+          reinterpret_cast<const int32_t*>(act + cols + cols / kG * 4)};
 }
 
 bool mxfp4_rowblocks_cpu_ok() {  // the avx512bf16 tier's features: the target its region is compiled for
   static const bool ok = isa_missing_features(detect_cpu_features(), CpuIsa::Avx512Bf16, false).empty();
   return ok;
 }
+
+bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n) {
+  return n == 1 && W.tiled != nullptr && W.device == kHostDevice &&
+         (W.format == WeightFormat::MXFP4 || W.format == WeightFormat::MXFP4_GGML) && mxfp4_rowblocks_cpu_ok();
+}
+
+namespace {
+// K3_MXFP4_RB_PREFETCH=N: the product requests the lines N bytes ahead of its stream (0: none; default 2048). The A/B
+// knob of the measurement (docs/perf/cpu.md, session 53).
+int64_t prefetch_ahead() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("K3_MXFP4_RB_PREFETCH");
+    const long long n = e ? std::atoll(e) : 2048;
+    return n >= 0 && n <= (1 << 20) ? static_cast<int64_t>(n) / 64 * 64 : int64_t{2048};
+  }();
+  return v;
+}
+}  // namespace
 
 K3_AVX512BF16_BEGIN
 namespace {
@@ -118,41 +122,86 @@ __attribute__((always_inline)) inline __m512 half_scales(const uint8_t* s16) {
   return v;
 }
 
-void rowblocks_kernel(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
-  const int64_t groups = m.cols / kG;
+// One group of 32 values: q (nearest-even of x x 127 / max |x|, as the scalar form the header states: vcvtps2dq rounds
+// to nearest-even), its scale and start; a group with a NaN or an infinity gets q = 0, d = NaN.
+void quantise_token(const float* x, int64_t cols, uint8_t* out) {
+  const int64_t groups = cols / kG;
+  int8_t* q = reinterpret_cast<int8_t*>(out);
+  float* d = reinterpret_cast<float*>(out + cols);
+  int32_t* start = reinterpret_cast<int32_t*>(out + cols + groups * 4);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 v0 = _mm512_loadu_ps(x + g * kG), v1 = _mm512_loadu_ps(x + g * kG + 16);
+    // QNaN, +inf, -inf, SNaN
+    if (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kG), _mm256_setzero_si256());
+      d[g] = __builtin_nanf("");  // (no standard-header inline instantiated with EVEX code)
+      start[g] = 0;
+      continue;
+    }
+    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 127.f / mx : 0.f);
+    const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), lo), hi);
+    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kG), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kG + 16), _mm512_cvtepi32_epi8(q1));
+    d[g] = mx / 127.f;
+    start[g] = -12 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  }
+}
+
+void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
+  const int64_t groups = cols / kG, ahead = prefetch_ahead();
   // the tier's decode: a quad's 32 bytes to 64 nibbles (simd512::nibble_halves_ctrl), each code to code + 12 (unsigned:
   // vpdpbusd's first operand; the start value cancels the 12s)
   const __m512i ctrl = simd512::nibble_halves_ctrl(), lut = _mm512_broadcast_i32x4(simd512::e2m1x2_plus12_table());
+  const uint8_t* blk = copy + b0 * groups * kMxfp4RowBlockGroupBytes;
   for (int64_t b = b0; b < b1; ++b) {
     __m512 acc = _mm512_setzero_ps();
-    const uint8_t* qb = m.quads.data() + b * groups * 256;
-    const uint8_t* sb = m.scales.data() + b * groups * 16;
-    for (int64_t g = 0; g < groups; ++g, qb += 256, sb += 16) {
-      __m512i dot = _mm512_set1_epi32(a.start[static_cast<size_t>(g)]);
-      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q.data() + g * kG);
+    for (int64_t g = 0; g < groups; ++g, blk += kMxfp4RowBlockGroupBytes) {
+      if (ahead > 0)  // the group's 272 bytes touch at most 6 lines; ask for the lines `ahead` bytes on
+        for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + 64 * l), _MM_HINT_T0);
+      // two chains of four vpdpbusd (the group's eight in one chain would be ~40 cycles of latency)
+      __m512i dot0 = _mm512_set1_epi32(a.start[g]), dot1 = _mm512_setzero_si512();
+      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q + g * kG);
 #pragma GCC unroll 8
       for (int qd = 0; qd < 8; ++qd) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + 32 * qd));
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * qd));
         const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(packed)), lut);
         int32_t quad;
         __builtin_memcpy(&quad, xq + qd, 4);
-        dot = _mm512_dpbusd_epi32(dot, w, _mm512_set1_epi32(quad));
+        if (qd % 2 == 0)
+          dot0 = _mm512_dpbusd_epi32(dot0, w, _mm512_set1_epi32(quad));
+        else
+          dot1 = _mm512_dpbusd_epi32(dot1, w, _mm512_set1_epi32(quad));
       }
-      const __m512 sc = _mm512_mul_ps(half_scales(sb), _mm512_set1_ps(a.d[static_cast<size_t>(g)]));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc);
+      const __m512 sc = _mm512_mul_ps(half_scales(blk + 256), _mm512_set1_ps(a.d[g]));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)), sc, acc);
     }
-    _mm512_storeu_ps(y + 16 * b, acc);
+    _mm512_storeu_ps(y + 16 * (b - b0), acc);
   }
 }
 
 }  // namespace
 K3_AVX512BF16_END
 
-void mxfp4_rowblocks_one_token(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
-  if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_one_token: this CPU lacks the avx512bf16 tier's features");
-  if (b0 < 0 || b1 > m.rows / 16 || b0 > b1) throw Error("mxfp4_rowblocks_one_token: row blocks out of range");
-  if (static_cast<int64_t>(a.q.size()) != m.cols) throw Error("mxfp4_rowblocks_one_token: activations of another width");
-  rowblocks_kernel(m, a, b0, b1, y);
+void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  if (cols <= 0 || cols % kG != 0) throw Error("mxfp4_rowblocks_prepare: columns must be a positive multiple of 32");
+  if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_prepare: this CPU lacks the avx512bf16 tier's features");
+  const int64_t stride = mxfp4_rowblocks_act_bytes(cols);
+  for (int64_t t = 0; t < n; ++t) quantise_token(x + t * cols, cols, out + t * stride);
+}
+
+void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
+                          int64_t ldy) {
+  (void)ldy;  // one token: its row of y only
+  if (!mxfp4_rowblocks_job(W, n)) throw Error("mxfp4_rowblocks_rows: needs one token, a host MXFP4 matrix with its copy, and the avx512bf16 tier's CPU features");
+  if (r0 < 0 || r1 > W.rows || r0 > r1 || r0 % kMxfp4RowBlockRows != 0 || r1 % kMxfp4RowBlockRows != 0)
+    throw Error("mxfp4_rowblocks_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
+                ") are not whole 16-row blocks of " + std::to_string(W.rows));
+  if (W.cols % kG != 0) throw Error("mxfp4_rowblocks_rows: columns must be a multiple of 32");
+  rowblocks_kernel(static_cast<const uint8_t*>(W.tiled), W.cols, mxfp4_rowblocks_acts(act, W.cols),
+                   r0 / kMxfp4RowBlockRows, r1 / kMxfp4RowBlockRows, y);
 }
 
 }  // namespace k3::cpu

@@ -1,5 +1,6 @@
-// MXFP4 matrices repacked for one-token products 16 rows at a time (session 52; not yet wired into the model -- the
-// first, tested step of docs/perf/cpu.md "Session 52: a probe for the one-token MXFP4 product").
+// MXFP4 matrices repacked for one-token products 16 rows at a time: the CPU's decode copy of MXFP4 routed experts
+// (made by add_expert_decode_layouts, decode_layout.h; read by matmul_batch / matmul_two_stage for one-token jobs whose
+// matrix has it, WeightMatrix::tiled).
 //
 // Why: the avx512bf16 tier's one-token MXFP4 rows (weight_kernels_avx512bf16.cpp, mxfp4_one_token_rows) spend ~11
 // vector instructions per row and pair of 32-groups, one of them the vpdpbusd: issue-bound at ~18 GB/s a core. Here a
@@ -7,43 +8,54 @@
 // in its low nibble and row s / 4 + 8 in its high one, column s % 4), so the tier's decode (vpmultishiftqb + vpermb)
 // turns one quad into 16 rows x 4 unsigned weights and ONE vpdpbusd adds them against the quad's 4 activation bytes
 // (broadcast) into the 16 rows' int32 lanes: ~30 instructions per 16 rows x 32 columns against ~88 (the probe: 1.86x
-// a core in L2).
+// a core in L2; docs/perf/cpu.md, session 52).
+//
+// Layout of the copy (mxfp4_rowblocks_bytes(W) = W.bytes(): the same 4.25 bits a weight), one stream: row block b
+// (rows 16 b .. 16 b + 15), group g (columns 32 g .. 32 g + 31) at (b x cols / 32 + g) x 272 bytes:
+//   [0, 256)    quads 0..7 (columns 4 q .. 4 q + 3), 32 bytes each as above
+//   [256, 272)  the 16 rows' E8M0 scales of the group
 //
 // Numerics: x quantised to int8 with one scale per 32 values (m = max |x| of the group, q = nearest-even of
-// x x (127 / m), |q| <= 127, d = m / 127: llama.cpp's q8_0 class, not the tier's one scale per 4 values), the int32 dot
-// of each row's group exact, then fp32: acc += float(dot) x (0.5 x 2^(e8m0 - 127) x d). A group holding a NaN or an
-// infinity gives NaN.
+// x x (127 / m), |q| <= 127, d = m / 127: llama.cpp's q8_0 class, not the tier's one scale per 4 values -- so a
+// token's expert outputs are not the stored rows' bits, within the tier's error class), the int32 dot of each row's
+// group exact, then fp32: acc += float(dot) x (0.5 x 2^(e8m0 - 127) x d). A group holding a NaN or an infinity gives
+// NaN.
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "k3/core/weight.h"
 
 namespace k3::cpu {
 
-struct Mxfp4RowBlocks {
-  int64_t rows = 0, cols = 0;
-  std::vector<uint8_t> quads;   // [rows / 16][cols / 32][8 quads][32 bytes]
-  std::vector<uint8_t> scales;  // [rows / 16][cols / 32][16 rows]: the rows' E8M0 scales of the group
-};
+inline constexpr int64_t kMxfp4RowBlockRows = 16, kMxfp4RowBlockGroupBytes = 272;
 
 // Whether W can be repacked: MXFP4 or MXFP4_GGML, rows a multiple of 16, cols a multiple of 32.
 bool mxfp4_rowblocks_supported(const WeightMatrix& W);
-// The repacked copy of W (same bytes: 4.25 bits a weight). Throws on an unsupported W.
-Mxfp4RowBlocks mxfp4_rowblocks(const WeightMatrix& W);
-// Whether this CPU runs mxfp4_rowblocks_one_token: it has the avx512bf16 tier's features (cpu_isa.h).
+int64_t mxfp4_rowblocks_bytes(const WeightMatrix& W);
+// W's copy into out (mxfp4_rowblocks_bytes(W) bytes, every byte written). Throws on an unsupported W.
+void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out);
+// Whether this CPU runs the product: it has the avx512bf16 tier's features (cpu_isa.h).
 bool mxfp4_rowblocks_cpu_ok();
 
-// One token's activations as the product reads them (made once, shared by every matrix that reads x).
+// One token's activations as the product reads them, `mxfp4_rowblocks_act_bytes(cols)` bytes (64-byte multiple):
+// q [cols] int8, then d [cols / 32] fp32 (the group's scale; NaN for a group holding a NaN or an infinity, whose q
+// are 0), then start [cols / 32] int32 (-12 x sum(q): the start of the group's int32 dot, weights going in + 12).
+int64_t mxfp4_rowblocks_act_bytes(int64_t cols);
+// n tokens of x [n][cols] (cols % 32 == 0) converted into out (n x act_bytes). Requires mxfp4_rowblocks_cpu_ok().
+void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out);
 struct Mxfp4GroupActs {
-  std::vector<int8_t> q;        // [cols]
-  std::vector<float> d;         // [cols / 32]: the scale (NaN for a group holding a NaN or an infinity: its q are 0)
-  std::vector<int32_t> start;   // [cols / 32]: -12 x sum(q), the start of each group's int32 dot (weights go in + 12)
+  const int8_t* q;
+  const float* d;
+  const int32_t* start;
 };
-// x [cols] (cols % 32 == 0) quantised as above.
-void mxfp4_rowblocks_quantise(const float* x, int64_t cols, Mxfp4GroupActs& out);
-// y[r] = W[r] . x for the rows of row blocks [b0, b1) (rows 16 b0 .. 16 b1 - 1), y indexed by row; a.q has m.cols
-// values. Requires mxfp4_rowblocks_cpu_ok().
-void mxfp4_rowblocks_one_token(const Mxfp4RowBlocks& m, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y);
+Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols);
+
+// Whether a product of W over n tokens reads the copy: W.tiled holds it (MXFP4 on the host), n == 1, and the CPU runs
+// it.
+bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n);
+// Rows [r0, r1) of W (multiples of 16) from its copy W.tiled against one converted token: y[r - r0] (RowKernels::rows'
+// contract, n == 1). Throws k3::Error on a range, width or token count it cannot serve.
+void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
+                          int64_t ldy);
 
 }  // namespace k3::cpu
