@@ -31,7 +31,7 @@ namespace {
 
 struct PerplexityOpts {
   std::string model, file, json_out, kl_base, kl_base_format = "k3";
-  bool kl_compare = false, parse_special = false;
+  bool kl_compare = false, parse_special = false, decode = false;
   DeviceOptions dev;
   int64_t ctx = 512, chunks = -1;
 };
@@ -174,6 +174,24 @@ std::vector<Window> plan_windows(const PerplexityOpts& o, int64_t V, int32_t bos
   return windows;
 }
 
+// The logits of a window's positions ([run.size()][V] rows; those from win.first on filled): one forward over the whole
+// window (prefill), or with `decode` one forward a token from win.first on, as generation runs them -- the one-token
+// kernels, whose quality is what a user's decode gets (e.g. the CPU's MXFP4 expert copies, mxfp4_rowblocks.h).
+void run_window(const k3::ModelRunner& model, const Window& win, bool decode, k3::SequenceCache& st,
+                const k3::ForwardOptions& fo, std::vector<float>& logits) {
+  if (!decode) return model.forward(win.run, st, logits, fo);
+  const int64_t n = static_cast<int64_t>(win.run.size());
+  k3::ForwardOptions last = fo;
+  last.all_logits = false;
+  std::vector<float> row;
+  if (win.first > 0) model.forward(std::span<const int32_t>(win.run.data(), static_cast<size_t>(win.first)), st, row, last);
+  for (int64_t i = win.first; i + 1 < n; ++i) {  // the last token predicts nothing scored
+    model.forward(std::span<const int32_t>(win.run.data() + i, 1), st, row, last);
+    if (logits.size() < static_cast<size_t>(n) * row.size()) logits.resize(static_cast<size_t>(n) * row.size());
+    std::copy(row.begin(), row.end(), logits.begin() + i * static_cast<int64_t>(row.size()));
+  }
+}
+
 int run_perplexity(const PerplexityOpts& o) {
   if (o.kl_compare && o.kl_base.empty()) throw k3::Error("--kl-divergence needs --kl-divergence-base FILE (the base's log-probs)");
   if (o.file.empty() && !o.kl_compare) throw k3::Error("-f/--file is required (the text to score)");
@@ -191,7 +209,7 @@ int run_perplexity(const PerplexityOpts& o) {
   KlMode kl;
   int64_t ctx = o.ctx;
   const std::vector<Window> windows = plan_windows(o, V, static_cast<int32_t>(bos), tok, kl, ctx);
-  std::fprintf(stderr, "perplexity: %zu windows of %lld%s%s\n", windows.size(), (long long)ctx,
+  std::fprintf(stderr, "perplexity: %zu windows of %lld%s%s%s\n", windows.size(), (long long)ctx, o.decode ? ", one token a forward" : "",
                windows.front().first > 0 ? " (llama-perplexity's rule: second half scored)" : "",
                kl.writes() ? " (saving the base log-probs)" : kl.reads() ? " (KL divergence against the base)" : "");
   double nll = 0;
@@ -203,7 +221,7 @@ int run_perplexity(const PerplexityOpts& o) {
   for (size_t w = 0; w < windows.size(); ++w) {
     const Window& win = windows[w];
     auto st = model->new_cache();
-    model->forward(win.run, *st, logits, fo);
+    run_window(*model, win, o.decode, *st, fo, logits);
     for (int64_t i = win.first; i + 1 < static_cast<int64_t>(win.run.size()); ++i) {
       const int32_t next = win.run[static_cast<size_t>(i + 1)];
       k3::eval::log_softmax(logits.data() + i * V, V, logp.data());
@@ -244,6 +262,9 @@ void add_perplexity(CLI::App& app, Registry& reg) {
   cmd->add_option("--chunks", o->chunks, "score at most this many windows (default: all)");
   add_parse_special_flag(cmd, o->parse_special);
   cmd->add_option("--json", o->json_out, "also write the result as JSON to this path");
+  cmd->add_flag("--decode", o->decode,
+                "score each window one token a forward, as generation runs it (the decode kernels), instead of one "
+                "forward a window (prefill)");
   cmd->add_option("--kl-divergence-base", o->kl_base,
                   "file of the base's log-probs: written by this run, or read with --kl-divergence");
   cmd->add_flag("--kl-divergence", o->kl_compare, "compare with the base file: PPL ratio, KLD mean/median/tails, same top-1, RMS dp");

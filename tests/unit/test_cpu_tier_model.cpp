@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "golden_util.h"
 #include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/backend/cpu/weight_kernels.h"
 #include "k3/model/model.h"
 #include "test_util.h"
@@ -104,6 +106,41 @@ TEST(CpuTierModel, TrainedModelAvx2Int8CloseToExact) {
     EXPECT_LT(c.mean_kl, 5e-3);
     EXPECT_GE(c.top1, 0.95);  // 114 of 120 tokens: measured 119 (prefill) and 118 (decode)
   }
+}
+
+// The MXFP4 experts' decode copies (mxfp4_rowblocks.h: one int8 scale per 32 activations, llama.cpp's q8_0 class, where
+// the tier keeps one per 4) in the decode form, the rest of the model in the exact tier, against the exact tier alone:
+// what the copies cost on their own, on the same 120 tokens as above. Bounds from the measured values (printed) with
+// margin; a broken product (a quad's activations dropped, a wrong row order) is far outside them.
+TEST(CpuTierModel, TrainedModelExpertDecodeCopiesCloseToExact) {
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  std::vector<float> logits[2];
+  int64_t V = 0;
+  std::vector<int32_t> tokens(120);
+  for (int copies = 0; copies < 2; ++copies) {
+    setenv("K3_CPU_MXFP4_ROWBLOCKS", copies ? "1" : "0", 1);
+    auto model = k3::Model::load(k3test::source_path("models/k3-tiny"));
+    model->add_decode_layouts();
+    unsetenv("K3_CPU_MXFP4_ROWBLOCKS");
+    V = model->config().vocab_size;
+    for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<int32_t>((t * 37 + 5) % (V - 300));
+    int with_copy = 0, experts = 0;
+    for (const auto& l : model->weights().layers)
+      for (const auto& e : l.moe.experts) {
+        ++experts;
+        with_copy += e.gate.tiled != nullptr && e.up.tiled != nullptr && e.down.tiled != nullptr;
+      }
+    ASSERT_GT(experts, 0);
+    ASSERT_EQ(with_copy, copies ? experts : 0);
+    logits[copies] = k3test::decode_all_logits(*model, tokens).logits;
+  }
+  const Cmp c = compare(logits[0], logits[1], V);
+  std::printf("[ expert decode copies vs exact ] k3-tiny decode: rel %.2e  mean KL %.2e  top-1 %.1f%%\n", c.rel, c.mean_kl,
+              100 * c.top1);
+  EXPECT_GT(c.rel, 0) << "the copies were not read (bit-identical to the exact tier)";
+  EXPECT_LT(c.rel, 0.4);
+  EXPECT_LT(c.mean_kl, 3e-2);
+  EXPECT_GE(c.top1, 0.9);
 }
 
 }  // namespace

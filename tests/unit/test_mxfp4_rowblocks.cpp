@@ -1,5 +1,5 @@
 // The 16-row MXFP4 repack and its one-token product (backend/cpu/mxfp4_rowblocks.h) against float64: with the
-// activations quantised the way the header states (re-derived here: one scale per 32 values, round to nearest), the
+// activations quantised the way the header states (re-derived here: one scale per block of values, round to nearest), the
 // result must equal the float64 sum to fp32 rounding; against the unquantised x, within the quantisation's bound; the
 // converted activations hold exactly those q and scales. Both MXFP4 layouts (HF and ggml's blocks) give the same
 // repack; row ranges write only their rows; a NaN in x or an E8M0 255 gives NaN; bad shapes, ranges and jobs throw.
@@ -69,24 +69,26 @@ std::vector<float> random_x(int64_t n, uint64_t seed) {
   return x;
 }
 
-// The header's quantisation, re-derived: m = max |x| a group, q = nearest-even of x x (127 / m), d = m / 127.
+// The header's quantisation, re-derived, with blocks of B = mxfp4_rowblocks_act_block() values (32 unless
+// K3_MXFP4_RB_ACT_BLOCK says otherwise): m = max |x| a block, q = nearest-even of x x (127 / m), d = m / 127.
+int act_block() { return k3::cpu::mxfp4_rowblocks_act_block(); }
 void quantise(const std::vector<float>& x, std::vector<double>& xq, std::vector<double>& bound_d,
               std::vector<int>* qi = nullptr, std::vector<float>* df = nullptr) {
-  const size_t groups = x.size() / 32;
+  const size_t B = static_cast<size_t>(act_block()), blocks = x.size() / B;
   xq.assign(x.size(), 0.0);
-  bound_d.assign(groups, 0.0);
+  bound_d.assign(blocks, 0.0);
   if (qi) qi->assign(x.size(), 0);
-  if (df) df->assign(groups, 0.f);
-  for (size_t g = 0; g < groups; ++g) {
+  if (df) df->assign(blocks, 0.f);
+  for (size_t g = 0; g < blocks; ++g) {
     float mx = 0.f;
-    for (int k = 0; k < 32; ++k) mx = std::max(mx, std::fabs(x[g * 32 + k]));
+    for (size_t k = 0; k < B; ++k) mx = std::max(mx, std::fabs(x[g * B + k]));
     const float d = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
     bound_d[g] = d;
     if (df) (*df)[g] = d;
-    for (int k = 0; k < 32; ++k) {
-      const float q = std::nearbyint(x[g * 32 + k] * inv);
-      xq[g * 32 + k] = static_cast<double>(q) * d;
-      if (qi) (*qi)[g * 32 + k] = static_cast<int>(q);
+    for (size_t k = 0; k < B; ++k) {
+      const float q = std::nearbyint(x[g * B + k] * inv);
+      xq[g * B + k] = static_cast<double>(q) * d;
+      if (qi) (*qi)[g * B + k] = static_cast<int>(q);
     }
   }
 }
@@ -156,10 +158,11 @@ TEST(Mxfp4RowBlocks, ActivationsAreTheStatedQuantisation) {
   k3::cpu::mxfp4_rowblocks_prepare(two.data(), 2, cols, act.data());
   const k3::cpu::Mxfp4GroupActs a = k3::cpu::mxfp4_rowblocks_acts(act.data(), cols);
   for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(a.q[c], qi[static_cast<size_t>(c)]) << c;
-  for (int64_t g = 0; g < cols / 32; ++g) {
+  ASSERT_EQ(a.block, act_block());
+  for (int64_t g = 0; g < cols / act_block(); ++g) {
     ASSERT_EQ(std::memcmp(&a.d[g], &df[static_cast<size_t>(g)], 4), 0) << g;
     int sum = 0;
-    for (int k = 0; k < 32; ++k) sum += qi[static_cast<size_t>(g * 32 + k)];
+    for (int k = 0; k < act_block(); ++k) sum += qi[static_cast<size_t>(g * act_block() + k)];
     ASSERT_EQ(a.start[g], -12 * sum) << g;
   }
   const k3::cpu::Mxfp4GroupActs b =
@@ -184,7 +187,7 @@ TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
         sq += w * xq[static_cast<size_t>(c)];
         sx += w * x[static_cast<size_t>(c)];
         mag += std::fabs(w * xq[static_cast<size_t>(c)]);
-        qbound += std::fabs(w) * d[static_cast<size_t>(c / 32)] / 2;  // |x - xq| <= d / 2
+        qbound += std::fabs(w) * d[static_cast<size_t>(c / act_block())] / 2;  // |x - xq| <= d / 2
       }
       ASSERT_TRUE(std::isfinite(y[static_cast<size_t>(r)])) << r;
       // Against the quantised x: the int32 dots are exact, so only fp32 rounding of the per-group products and the sum.
@@ -194,8 +197,8 @@ TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
       worst_q = std::max(worst_q, eq / (mag + 1e-30));
       worst_x = std::max(worst_x, std::fabs(y[static_cast<size_t>(r)] - sx) / (qbound + 1e-30));
     }
-    std::printf("[ mxfp4 rb16 ] %lldx%lld: vs quantised x %.2e of sum |w x|, vs x %.2f of the quantisation bound\n",
-                static_cast<long long>(rows), static_cast<long long>(cols), worst_q, worst_x);
+    std::printf("[ mxfp4 rb16, blocks of %d ] %lldx%lld: vs quantised x %.2e of sum |w x|, vs x %.2f of the quantisation bound\n",
+                act_block(), static_cast<long long>(rows), static_cast<long long>(cols), worst_q, worst_x);
   }
 }
 

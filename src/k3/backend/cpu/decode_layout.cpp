@@ -124,7 +124,8 @@ DecodeLayouts add_expert_decode_layouts(ModelWeights& w) {
   DecodeLayouts d;
   const CpuIsa isa = active_cpu_isa();
   const int forced = expert_copies_forced();
-  if (forced == 0 || !(isa == CpuIsa::Avx512Bf16 || isa == CpuIsa::Amx) || !mxfp4_rowblocks_cpu_ok()) return d;
+  // forced on: whatever the tier (the tests' exact one too), where the CPU runs the product
+  if (forced == 0 || !mxfp4_rowblocks_cpu_ok() || (forced < 0 && isa != CpuIsa::Avx512Bf16 && isa != CpuIsa::Amx)) return d;
   std::vector<WeightMatrix*> todo;
   for_each_expert_matrix(w, [&](WeightMatrix& W) {
     if (W.device == kHostDevice && W.tiled == nullptr && mxfp4_rowblocks_supported(W)) {

@@ -73,11 +73,23 @@ void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out) {
     }
 }
 
-int64_t mxfp4_rowblocks_act_bytes(int64_t cols) { return (cols + cols / kG * 8 + 63) / 64 * 64; }
+int mxfp4_rowblocks_act_block() {
+  static const int v = [] {
+    const char* e = std::getenv("K3_MXFP4_RB_ACT_BLOCK");
+    const int n = e ? std::atoi(e) : 32;
+    return n == 4 || n == 8 || n == 16 || n == 32 ? n : 32;
+  }();
+  return v;
+}
+
+int64_t mxfp4_rowblocks_act_bytes(int64_t cols) {
+  return (cols + cols / mxfp4_rowblocks_act_block() * 8 + 63) / 64 * 64;
+}
 
 Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols) {
+  const int64_t blocks = cols / mxfp4_rowblocks_act_block();
   return {reinterpret_cast<const int8_t*>(act), reinterpret_cast<const float*>(act + cols),
-          reinterpret_cast<const int32_t*>(act + cols + cols / kG * 4)};
+          reinterpret_cast<const int32_t*>(act + cols + blocks * 4), mxfp4_rowblocks_act_block()};
 }
 
 bool mxfp4_rowblocks_cpu_ok() {  // the avx512bf16 tier's features: the target its region is compiled for
@@ -122,63 +134,116 @@ __attribute__((always_inline)) inline __m512 half_scales(const uint8_t* s16) {
   return v;
 }
 
-// One group of 32 values: q (nearest-even of x x 127 / max |x|, as the scalar form the header states: vcvtps2dq rounds
-// to nearest-even), its scale and start; a group with a NaN or an infinity gets q = 0, d = NaN.
+// Every lane of m (|x|, 16 lanes) gets the max of its aligned segment of S lanes (S = 4, 8, 16).
+template <int S>
+__attribute__((always_inline)) inline __m512 segment_max(__m512 m) {
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0xB1));  // pairs
+  m = _mm512_max_ps(m, _mm512_permute_ps(m, 0x4E));  // fours
+  if constexpr (S >= 8) m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0xB1));  // eights: 128-bit lanes swapped pairwise
+  if constexpr (S >= 16) m = _mm512_max_ps(m, _mm512_shuffle_f32x4(m, m, 0x4E));
+  return m;
+}
+template <int S>
+__attribute__((always_inline)) inline __m512i segment_sum(__m512i v) {
+  v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(0xB1)));
+  v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(0x4E)));
+  if constexpr (S >= 8) v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, 0xB1));
+  if constexpr (S >= 16) v = _mm512_add_epi32(v, _mm512_shuffle_i32x4(v, v, 0x4E));
+  return v;
+}
+
+// One activation block of S values the scalar way (a block holding a NaN or an infinity: q = 0, d = NaN, start 0).
+void quantise_block_scalar(const float* x, int S, int8_t* q, float* d, int32_t* start) {
+  float mx = 0.f;
+  bool finite = true;
+  for (int k = 0; k < S; ++k) {
+    finite = finite && __builtin_isfinite(x[k]);
+    mx = __builtin_fmaxf(mx, __builtin_fabsf(x[k]));
+  }
+  const float inv = finite && mx > 0.f ? 127.f / mx : 0.f;
+  int32_t sum = 0;
+  for (int k = 0; k < S; ++k) {
+    const float r = finite ? __builtin_nearbyintf(x[k] * inv) : 0.f;
+    q[k] = static_cast<int8_t>(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    sum += q[k];
+  }
+  *d = finite ? mx / 127.f : __builtin_nanf("");  // (builtins: no standard-header inline instantiated with EVEX code)
+  *start = -12 * sum;
+}
+
+// One token: per block of S values q = nearest-even of x x 127 / max |x| (vcvtps2dq rounds to nearest-even, the
+// division is IEEE's: the scalar form's bits), d = max / 127, start = -12 x sum(q).
+template <int S>
 void quantise_token(const float* x, int64_t cols, uint8_t* out) {
-  const int64_t groups = cols / kG;
   int8_t* q = reinterpret_cast<int8_t*>(out);
   float* d = reinterpret_cast<float*>(out + cols);
-  int32_t* start = reinterpret_cast<int32_t*>(out + cols + groups * 4);
+  int32_t* start = reinterpret_cast<int32_t*>(out + cols + cols / S * 4);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m512 v0 = _mm512_loadu_ps(x + g * kG), v1 = _mm512_loadu_ps(x + g * kG + 16);
-    // QNaN, +inf, -inf, SNaN
-    if (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kG), _mm256_setzero_si256());
-      d[g] = __builtin_nanf("");  // (no standard-header inline instantiated with EVEX code)
-      start[g] = 0;
+  const __m512 c127 = _mm512_set1_ps(127.f);
+  constexpr int W = S == 32 ? 32 : 16;  // values a step
+  constexpr __mmask16 firsts = S == 4 ? 0x1111 : S == 8 ? 0x0101 : 0x0001;
+  for (int64_t c = 0; c < cols; c += W) {
+    const __m512 v0 = _mm512_loadu_ps(x + c), v1 = S == 32 ? _mm512_loadu_ps(x + c + 16) : _mm512_setzero_ps();
+    if (_mm512_fpclass_ps_mask(v0, 0x99) | _mm512_fpclass_ps_mask(v1, 0x99)) {  // QNaN, +-inf, SNaN: rare
+      for (int k = 0; k < W; k += S) quantise_block_scalar(x + c + k, S, q + c + k, d + (c + k) / S, start + (c + k) / S);
       continue;
     }
-    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 127.f / mx : 0.f);
+    __m512 m = _mm512_abs_ps(v0);
+    if constexpr (S == 32) m = _mm512_max_ps(m, _mm512_abs_ps(v1));
+    m = segment_max<S == 32 ? 16 : S>(m);
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ), c127, m);
     const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), lo), hi);
-    const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)), lo), hi);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kG), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kG + 16), _mm512_cvtepi32_epi8(q1));
-    d[g] = mx / 127.f;
-    start[g] = -12 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), _mm512_cvtepi32_epi8(q0));
+    __m512i sum = q0;
+    if constexpr (S == 32) {
+      const __m512i q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv)), lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c + 16), _mm512_cvtepi32_epi8(q1));
+      sum = _mm512_add_epi32(sum, q1);
+    }
+    sum = _mm512_mullo_epi32(segment_sum<S == 32 ? 16 : S>(sum), _mm512_set1_epi32(-12));
+    _mm512_mask_compressstoreu_ps(d + c / S, firsts, _mm512_div_ps(m, c127));
+    _mm512_mask_compressstoreu_epi32(start + c / S, firsts, sum);
   }
 }
 
+// Rows of blocks [b0, b1) with activation blocks of S values: per group, 32 / S int32 dots (each the quads of its
+// block, two chains where it has several), each scaled by the 16 rows' E8M0 x the block's d.
+template <int S>
 void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
+  constexpr int kSubs = 32 / S, kQuads = S / 4;
   const int64_t groups = cols / kG, ahead = prefetch_ahead();
   // the tier's decode: a quad's 32 bytes to 64 nibbles (simd512::nibble_halves_ctrl), each code to code + 12 (unsigned:
   // vpdpbusd's first operand; the start value cancels the 12s)
   const __m512i ctrl = simd512::nibble_halves_ctrl(), lut = _mm512_broadcast_i32x4(simd512::e2m1x2_plus12_table());
   const uint8_t* blk = copy + b0 * groups * kMxfp4RowBlockGroupBytes;
   for (int64_t b = b0; b < b1; ++b) {
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t g = 0; g < groups; ++g, blk += kMxfp4RowBlockGroupBytes) {
       if (ahead > 0)  // the group's 272 bytes touch at most 6 lines; ask for the lines `ahead` bytes on
         for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + 64 * l), _MM_HINT_T0);
-      // two chains of four vpdpbusd (the group's eight in one chain would be ~40 cycles of latency)
-      __m512i dot0 = _mm512_set1_epi32(a.start[g]), dot1 = _mm512_setzero_si512();
+      const __m512 rows_sc = half_scales(blk + 256);
       const int32_t* xq = reinterpret_cast<const int32_t*>(a.q + g * kG);
 #pragma GCC unroll 8
-      for (int qd = 0; qd < 8; ++qd) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * qd));
-        const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(packed)), lut);
-        int32_t quad;
-        __builtin_memcpy(&quad, xq + qd, 4);
-        if (qd % 2 == 0)
-          dot0 = _mm512_dpbusd_epi32(dot0, w, _mm512_set1_epi32(quad));
-        else
-          dot1 = _mm512_dpbusd_epi32(dot1, w, _mm512_set1_epi32(quad));
+      for (int sb = 0; sb < kSubs; ++sb) {
+        // two chains where a block has several quads (eight in one chain would be ~40 cycles of latency)
+        __m512i dot0 = _mm512_set1_epi32(a.start[g * kSubs + sb]), dot1 = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int k = 0; k < kQuads; ++k) {
+          const int qd = sb * kQuads + k;
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * qd));
+          const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(packed)), lut);
+          int32_t quad;
+          __builtin_memcpy(&quad, xq + qd, 4);
+          if (k % 2 == 0)
+            dot0 = _mm512_dpbusd_epi32(dot0, w, _mm512_set1_epi32(quad));
+          else
+            dot1 = _mm512_dpbusd_epi32(dot1, w, _mm512_set1_epi32(quad));
+        }
+        const __m512i dot = kQuads > 1 ? _mm512_add_epi32(dot0, dot1) : dot0;
+        acc[sb % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(rows_sc, _mm512_set1_ps(a.d[g * kSubs + sb])), acc[sb % 2]);
       }
-      const __m512 sc = _mm512_mul_ps(half_scales(blk + 256), _mm512_set1_ps(a.d[g]));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dot0, dot1)), sc, acc);
     }
-    _mm512_storeu_ps(y + 16 * (b - b0), acc);
+    _mm512_storeu_ps(y + 16 * (b - b0), _mm512_add_ps(acc[0], acc[1]));
   }
 }
 
@@ -189,7 +254,11 @@ void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* o
   if (cols <= 0 || cols % kG != 0) throw Error("mxfp4_rowblocks_prepare: columns must be a positive multiple of 32");
   if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_prepare: this CPU lacks the avx512bf16 tier's features");
   const int64_t stride = mxfp4_rowblocks_act_bytes(cols);
-  for (int64_t t = 0; t < n; ++t) quantise_token(x + t * cols, cols, out + t * stride);
+  auto* const quantise = mxfp4_rowblocks_act_block() == 32   ? quantise_token<32>
+                         : mxfp4_rowblocks_act_block() == 16 ? quantise_token<16>
+                         : mxfp4_rowblocks_act_block() == 8  ? quantise_token<8>
+                                                             : quantise_token<4>;
+  for (int64_t t = 0; t < n; ++t) quantise(x + t * cols, cols, out + t * stride);
 }
 
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
@@ -200,8 +269,12 @@ void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
     throw Error("mxfp4_rowblocks_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
                 ") are not whole 16-row blocks of " + std::to_string(W.rows));
   if (W.cols % kG != 0) throw Error("mxfp4_rowblocks_rows: columns must be a multiple of 32");
-  rowblocks_kernel(static_cast<const uint8_t*>(W.tiled), W.cols, mxfp4_rowblocks_acts(act, W.cols),
-                   r0 / kMxfp4RowBlockRows, r1 / kMxfp4RowBlockRows, y);
+  auto* const kernel = mxfp4_rowblocks_act_block() == 32   ? rowblocks_kernel<32>
+                       : mxfp4_rowblocks_act_block() == 16 ? rowblocks_kernel<16>
+                       : mxfp4_rowblocks_act_block() == 8  ? rowblocks_kernel<8>
+                                                           : rowblocks_kernel<4>;
+  kernel(static_cast<const uint8_t*>(W.tiled), W.cols, mxfp4_rowblocks_acts(act, W.cols), r0 / kMxfp4RowBlockRows,
+         r1 / kMxfp4RowBlockRows, y);
 }
 
 }  // namespace k3::cpu

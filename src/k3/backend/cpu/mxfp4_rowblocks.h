@@ -37,9 +37,13 @@ void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out);
 // Whether this CPU runs the product: it has the avx512bf16 tier's features (cpu_isa.h).
 bool mxfp4_rowblocks_cpu_ok();
 
-// One token's activations as the product reads them, `mxfp4_rowblocks_act_bytes(cols)` bytes (64-byte multiple):
-// q [cols] int8, then d [cols / 32] fp32 (the group's scale; NaN for a group holding a NaN or an infinity, whose q
-// are 0), then start [cols / 32] int32 (-12 x sum(q): the start of the group's int32 dot, weights going in + 12).
+// One token's activations as the product reads them, `mxfp4_rowblocks_act_bytes(cols)` bytes (64-byte multiple), with
+// one int8 scale per block of B = mxfp4_rowblocks_act_block() values: q [cols] int8, then d [cols / B] fp32 (the
+// block's scale; NaN for a block holding a NaN or an infinity, whose q are 0), then start [cols / B] int32
+// (-12 x sum(q): the start of the block's int32 dot, weights going in + 12).
+// B: 32 by default (llama.cpp's q8_0 class), K3_MXFP4_RB_ACT_BLOCK=16 | 8 | 4 (4: the tier's class) for the
+// measurement of what each costs (docs/perf/cpu.md, session 53).
+int mxfp4_rowblocks_act_block();
 int64_t mxfp4_rowblocks_act_bytes(int64_t cols);
 // n tokens of x [n][cols] (cols % 32 == 0) converted into out (n x act_bytes). Requires mxfp4_rowblocks_cpu_ok().
 void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out);
@@ -47,6 +51,7 @@ struct Mxfp4GroupActs {
   const int8_t* q;
   const float* d;
   const int32_t* start;
+  int block;  // values per scale
 };
 Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols);
 
