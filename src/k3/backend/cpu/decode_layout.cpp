@@ -136,7 +136,7 @@ DecodeLayouts add_expert_decode_layouts(ModelWeights& w) {
   if (d.bytes == 0) return d;
   if (forced < 0) {
     const int64_t avail = memory_available();
-    if (avail < 0 || d.bytes > avail / 4) return DecodeLayouts{};
+    if (avail < 0 || d.bytes > avail / 2) return DecodeLayouts{};
   }
   d.buf = aligned_buffer(d.bytes);
   std::vector<int64_t> at(todo.size() + 1, 0);

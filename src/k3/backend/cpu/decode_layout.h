@@ -53,8 +53,9 @@ DecodeLayouts add_decode_layouts(ModelWeights& w);
 // The routed experts' decode copies: every MXFP4 expert matrix on the host repacked in 16-row blocks
 // (mxfp4_rowblocks.h; the same bytes again, in one allocation), its `tiled` pointing at its copy, which one-token
 // products then read (matmul_batch). Made when the tier chosen at start-up is avx512bf16 or amx and the copies take at
-// most a quarter of the memory available now (a model bigger than that keeps reading its stored experts, as one bigger
-// than RAM must: the copy would push the stored bytes out of the page cache that prefill reads). K3_CPU_MXFP4_ROWBLOCKS=0
+// most half the memory available now (the expert residency's automatic budget; a model bigger than that keeps reading
+// its stored experts, as one bigger than RAM must: the copy would push the stored bytes out of the page cache that
+// prefill reads). K3_CPU_MXFP4_ROWBLOCKS=0
 // turns them off, =1 makes them whatever the memory and the tier say (on a CPU that runs the product). Why: the stored rows' one-token product is issue-bound at
 // ~18 GB/s a core; the copy's, ~2x that (docs/perf/cpu.md, sessions 52-53).
 DecodeLayouts add_expert_decode_layouts(ModelWeights& w);
