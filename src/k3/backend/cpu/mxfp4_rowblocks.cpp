@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "k3/backend/cpu/cpu_features.h"
@@ -25,23 +26,25 @@ namespace {
 
 constexpr int64_t kG = 32;  // an MXFP4 group
 
-// The E2M1 code of element c of row r and the E8M0 scale of its group, in either MXFP4 layout.
-struct Mxfp4Reader {
-  const WeightMatrix& W;
-  int code(int64_t r, int64_t c) const {
-    const uint8_t* row = W.row_data(r);
-    if (W.format == WeightFormat::MXFP4) {
-      const uint8_t b = row[c / 2];
-      return c % 2 ? b >> 4 : b & 15;
+// Row r's group g as 32 E2M1 codes in column order (one per byte) and its E8M0 scale, from either MXFP4 layout.
+void group_codes(const WeightMatrix& W, int64_t r, int64_t g, uint8_t codes[kG], uint8_t& scale) {
+  const uint8_t* row = W.row_data(r);
+  if (W.format == WeightFormat::MXFP4) {  // element c: byte c / 2, low nibble for even c
+    const uint8_t* p = row + g * (kG / 2);
+    for (int j = 0; j < 16; ++j) {
+      codes[2 * j] = p[j] & 15;
+      codes[2 * j + 1] = p[j] >> 4;
     }
-    const uint8_t* blk = row + (c / kG) * 17;  // {e8m0, qs[16]}: element j low nibble of qs[j], j + 16 its high one
-    const int64_t j = c % kG;
-    return j < 16 ? blk[1 + j] & 15 : blk[1 + j - 16] >> 4;
+    scale = W.row_scales(r)[g];
+  } else {  // {e8m0, qs[16]}: element j low nibble of qs[j], j + 16 its high one
+    const uint8_t* blk = row + g * 17;
+    for (int j = 0; j < 16; ++j) {
+      codes[j] = blk[1 + j] & 15;
+      codes[j + 16] = blk[1 + j] >> 4;
+    }
+    scale = blk[0];
   }
-  uint8_t scale(int64_t r, int64_t g) const {
-    return W.format == WeightFormat::MXFP4 ? W.row_scales(r)[g] : W.row_data(r)[g * 17];
-  }
-};
+}
 
 }  // namespace
 
@@ -60,16 +63,21 @@ void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out) {
     throw Error("mxfp4_rowblocks: needs an MXFP4 matrix with rows a multiple of 16 and columns a multiple of 32 (got " +
                 std::to_string(W.rows) + " x " + std::to_string(W.cols) + ")");
   const int64_t groups = W.cols / kG, blocks = W.rows / kMxfp4RowBlockRows;
-  const Mxfp4Reader rd{W};
+  uint8_t codes[16][kG];
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t g = 0; g < groups; ++g) {
       uint8_t* dst = out + (b * groups + g) * kMxfp4RowBlockGroupBytes;
+      for (int r = 0; r < 16; ++r) group_codes(W, 16 * b + r, g, codes[r], dst[256 + r]);
+      // byte s of quad qd: rows s / 4 (low nibble) and s / 4 + 8 of column 4 qd + s % 4 -- as 32-bit words, quad qd's
+      // word r is row r's codes 4 qd .. 4 qd + 3 (one per byte) or'd with row r + 8's shifted up a nibble
       for (int qd = 0; qd < 8; ++qd)
-        for (int s = 0; s < 32; ++s) {
-          const int64_t r = 16 * b + s / 4, c = g * kG + 4 * qd + s % 4;
-          dst[32 * qd + s] = static_cast<uint8_t>(rd.code(r, c) | (rd.code(r + 8, c) << 4));
+        for (int r = 0; r < 8; ++r) {
+          uint32_t lo, hi;
+          std::memcpy(&lo, codes[r] + 4 * qd, 4);
+          std::memcpy(&hi, codes[r + 8] + 4 * qd, 4);
+          const uint32_t w = lo | hi << 4;
+          std::memcpy(dst + 32 * qd + 4 * r, &w, 4);
         }
-      for (int r = 0; r < 16; ++r) dst[256 + r] = rd.scale(16 * b + r, g);
     }
 }
 
