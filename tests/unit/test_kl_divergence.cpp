@@ -198,6 +198,19 @@ TEST(KlDivergence, PerplexityCliWritesAndComparesBases) {
   ASSERT_EQ(st, 0) << out;
   EXPECT_NE(out.find("kld_mean 0\n"), std::string::npos) << out;
   EXPECT_NE(out.find("same_top1 1.0000"), std::string::npos) << out;
+  // --decode: the same windows one token a forward (the recurrent / one-token kernels, not the chunked prefill) --
+  // close to the prefill's base, not equal to it (the two forms sum in other orders).
+  std::tie(st, out) = sh(k3 + " perplexity --decode --kl-divergence-base " + base + " --kl-divergence");
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_NE(out.find("one token a forward"), std::string::npos) << out;
+  auto stat = [&out](const std::string& key) {
+    const size_t at = out.find("\n" + key + " ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + key.size() + 2));
+  };
+  EXPECT_GT(stat("kld_mean"), 0) << out;
+  EXPECT_LT(stat("kld_mean"), 1e-3) << out;
+  EXPECT_GT(stat("ppl_ratio"), 0.99) << out;
+  EXPECT_LT(stat("ppl_ratio"), 1.01) << out;
   std::tie(st, out) = sh(k3 + " perplexity --kl-divergence-base " + base + " --kl-divergence -f " + t.str() + "/b.kld");
   EXPECT_EQ(st, 1) << out;  // a different "text": its tokens are not the base's
   EXPECT_NE(out.find("does not tokenise"), std::string::npos) << out;
