@@ -14,20 +14,7 @@
 BUDGET=400
 . scripts/perf/lib-call.sh
 # (the two probes first planned here ran alone as s52-6)
-kl_dummy_args
-NL=4; [ "$BW" = 3350 ] && NL=3
-K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW"
-{
-  timeout 90 $D/k3 bench offline $K3A -p 0 -n 32 -d 512 -b 1,8,64,256 -r 2 > /tmp/k3.txt 2>&1
-  echo "k3 ${NL}L d512 rc=$? $(el)"; grep -E '^\| kimi' /tmp/k3.txt
-  for ct in "--kv-cache-dtype bf16"; do
-    [ $(left) -gt 300 ] || break
-    timeout 120 $D/k3 bench offline $K3A $ct -p 0 -n 32 -d 8192 -b 1,64 -r 2 > /tmp/k3.txt 2>&1
-    echo "k3 ${NL}L d8192 ${ct:-fp32 cache} rc=$? $(el)"; grep -E '^\| kimi|rror|out of memory' /tmp/k3.txt | head -4
-  done
-} | tee $OUT/k3-slice.txt
-timeout 90 $D/k3 bench offline $KL --mem-bw $BW -p 0 -n 32 -d 512 -b 1,64,256 -r 2 > /tmp/kl.txt 2>&1
-echo "kl rc=$? $(el)"; grep -E '^\| kimi' /tmp/kl.txt | tee $OUT/kl.txt
+decode_targets
 [ $(left) -gt 170 ] || { echo "no time for the GGUF $(el)"; exit 0; }
 kl48_vs_llama_cuda
 echo "done $(el)"

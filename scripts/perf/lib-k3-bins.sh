@@ -97,3 +97,24 @@ env_rows_ab() {
     done
   done | tee "$OUT/k3-slice-ab.txt"
 }
+# decode_targets: issue 18's end-to-end decode targets (session 52's call 1, run again in session 53): the K3-dims dummy
+# (4 layers with its first MLA layer on a card of 100+ GB, else 3) at batch 1 / 8 / 64 / 256, depth 512, and batch 1 / 64
+# at depth 8192 with the BF16 cache, into $OUT/k3-slice.txt; the Kimi-Linear-48B dummy (kl_dummy_args) at batch 1 / 64 /
+# 256 into $OUT/kl.txt; each with the bench's roofline column at $BW.
+decode_targets() {
+  kl_dummy_args
+  local NL=4 K3A ct
+  [ "$BW" = 3350 ] && NL=3
+  K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers $NL --mem-bw $BW"
+  {
+    timeout 90 $D/k3 bench offline $K3A -p 0 -n 32 -d 512 -b 1,8,64,256 -r 2 > /tmp/k3.txt 2>&1
+    echo "k3 ${NL}L d512 rc=$? $(el)"; grep -E '^\| kimi' /tmp/k3.txt
+    for ct in "--kv-cache-dtype bf16"; do
+      [ $(left) -gt 300 ] || break
+      timeout 120 $D/k3 bench offline $K3A $ct -p 0 -n 32 -d 8192 -b 1,64 -r 2 > /tmp/k3.txt 2>&1
+      echo "k3 ${NL}L d8192 ${ct:-fp32 cache} rc=$? $(el)"; grep -E '^\| kimi|rror|out of memory' /tmp/k3.txt | head -4
+    done
+  } | tee $OUT/k3-slice.txt
+  timeout 90 $D/k3 bench offline $KL --mem-bw $BW -p 0 -n 32 -d 512 -b 1,64,256 -r 2 > /tmp/kl.txt 2>&1
+  echo "kl rc=$? $(el)"; grep -E '^\| kimi' /tmp/kl.txt | tee $OUT/kl.txt
+}
