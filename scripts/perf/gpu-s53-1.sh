@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 53 call 1 (issues 18 and 15; measurement only, the code of session 52's end, 7522f34): on an H200 if one
+# Session 53 call 1 (issues 18 and 15; measurement only: the GPU kernels of session 52's end, 7522f34): on an H200 if one
 # comes (the issue's card; sessions 44-52 ran on H100s)
 #  1. issue 18's K3-slice target with its MLA layer: the K3-dims dummy, 4 layers (K3's first MLA layer is its
 #     fourth; 3 on an 80 GB card), batch 1 / 8 / 64 / 256 at depth 512, and batch 1 / 64 at depth 8192 with the
