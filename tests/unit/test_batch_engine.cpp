@@ -5,8 +5,11 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/core/error.h"
 #include "k3/engine/batch_engine.h"
 #include "k3/model/model.h"
@@ -58,12 +61,13 @@ const char* kTexts[] = {"It is a truth universally acknowledged", "def fibonacci
 
 }  // namespace
 
-TEST(BatchEngine, AloneEqualsBatchedWith31Others) {
+// A target request alone, then among 31 others of varied lengths and sampling settings: the same tokens.
+static void expect_alone_equals_batched(const k3::Model& model) {
   // Alone.
   std::vector<int32_t> target = encode("It is a truth universally acknowledged, that a single man");
   std::vector<int32_t> alone;
   {
-    BatchEngine eng(*env().model, *env().tok, options(false));
+    BatchEngine eng(model, *env().tok, options(false));
     Collector c;
     eng.submit(make_request("t", target, 40), c.cb());
     c.wait(1);
@@ -71,7 +75,7 @@ TEST(BatchEngine, AloneEqualsBatchedWith31Others) {
   }
   ASSERT_EQ(alone.size(), 40u);
   // With 31 others of varied lengths and sampling settings, submitted around it.
-  BatchEngine eng(*env().model, *env().tok, options(true));
+  BatchEngine eng(model, *env().tok, options(true));
   Collector c;
   std::mt19937 rng(3);
   for (int i = 0; i < 31; ++i) {
@@ -87,6 +91,34 @@ TEST(BatchEngine, AloneEqualsBatchedWith31Others) {
   EXPECT_EQ(cs.pages_used, 0);
   EXPECT_EQ(cs.slots_used, 0);
   EXPECT_EQ(eng.stats().running, 0);
+}
+
+TEST(BatchEngine, AloneEqualsBatchedWith31Others) { expect_alone_equals_batched(*env().model); }
+
+// The same with the CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h; forced: the tests' exact tier would
+// not make them), which every expert product then reads, one token or many.
+TEST(BatchEngine, AloneEqualsBatchedWithExpertCopies) {
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  setenv("K3_CPU_MXFP4_ROWBLOCKS", "1", 1);
+  auto model = k3::Model::load(k3test::source_path("models/k3-tiny"));
+  model->add_decode_layouts();
+  unsetenv("K3_CPU_MXFP4_ROWBLOCKS");
+  ASSERT_NE(model->weights().layers.back().moe.experts.at(0).gate.tiled, nullptr);
+  expect_alone_equals_batched(*model);
+  // And the logits' bits: sequence A's decode steps alone and beside sequence B (their tokens share experts, so the
+  // expert products run on two tokens at once).
+  const int64_t V = model->config().vocab_size;
+  auto a_alone = model->new_cache(), a_beside = model->new_cache(), b = model->new_cache();
+  std::vector<float> alone_logits, pair_logits;
+  for (int32_t t = 0; t < 12; ++t) {
+    const int32_t ta = 100 + 37 * t, tb = 4000 - 53 * t;
+    model->forward_batch({{std::span<const int32_t>(&ta, 1), a_alone.get()}}, alone_logits, {});
+    model->forward_batch({{std::span<const int32_t>(&ta, 1), a_beside.get()}, {std::span<const int32_t>(&tb, 1), b.get()}},
+                         pair_logits, {});
+    ASSERT_EQ(alone_logits.size(), static_cast<size_t>(V));
+    ASSERT_EQ(pair_logits.size(), static_cast<size_t>(2 * V));
+    ASSERT_EQ(std::memcmp(alone_logits.data(), pair_logits.data(), static_cast<size_t>(V) * 4), 0) << "step " << t;
+  }
 }
 
 TEST(BatchEngine, PrefixCachingOnAndOffGiveIdenticalOutputs) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "k3/backend/cpu/mxfp4_rowblocks.h"
+#include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
 
 namespace {
@@ -221,9 +222,42 @@ TEST(Mxfp4RowBlocks, RowRangeWritesOnlyItsRows) {
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 80, act.data(), 1, part.data(), 64), k3::Error);
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 32, 16, act.data(), 1, part.data(), 64), k3::Error);
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 8, 32, act.data(), 1, part.data(), 64), k3::Error);
-  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 16, act.data(), 2, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 16, act.data(), 0, part.data(), 64), k3::Error);
+  EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(cp.W, 0, 32, act.data(), 2, part.data(), 16), k3::Error);  // stride < rows
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_rows(m.view(), 0, 16, act.data(), 1, part.data(), 64), k3::Error);  // no copy
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, 40, act.data()), k3::Error);
+}
+
+// Batch invariance (docs/engine.md): 19 tokens in one call (tiles of 8, 8, 3) give each token the bits it gets alone,
+// for a row range and through matmul_batch (one job of 19 tokens against 19 one-token jobs).
+TEST(Mxfp4RowBlocks, TokensInABatchHaveTheirBitsAlone) {
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  const int64_t rows = 48, cols = 160, n = 19;
+  const HfMxfp4 m = random_hf(rows, cols, 51);
+  const Copied cp = copy_of(m.view());
+  const std::vector<float> x = random_x(n * cols, 52);
+  const int64_t stride = k3::cpu::mxfp4_rowblocks_act_bytes(cols);
+  std::vector<uint8_t> act(static_cast<size_t>(n * stride));
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), n, cols, act.data());
+  const int64_t ldy = 40;  // rows 16..47 of each token, a stride longer than them
+  std::vector<float> batched(static_cast<size_t>(n * ldy), -7.f);
+  k3::cpu::mxfp4_rowblocks_rows(cp.W, 16, 48, act.data(), n, batched.data(), ldy);
+  std::vector<k3::cpu::MatmulJob> alone_jobs;
+  std::vector<float> via_batch(static_cast<size_t>(n * rows)), via_alone(static_cast<size_t>(n * rows));
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<float> one(x.begin() + t * cols, x.begin() + (t + 1) * cols);
+    const std::vector<float> y = product(cp, one, 16, 48);
+    for (int64_t r = 0; r < 32; ++r)
+      ASSERT_EQ(std::memcmp(&batched[static_cast<size_t>(t * ldy + r)], &y[static_cast<size_t>(r)], 4), 0) << t << " " << r;
+    for (int64_t r = 32; r < ldy; ++r) ASSERT_EQ(batched[static_cast<size_t>(t * ldy + r)], -7.f) << t << " " << r;
+    alone_jobs.push_back({&cp.W, x.data() + t * cols, 1, via_alone.data() + t * rows});
+  }
+  const k3::cpu::MatmulJob together{&cp.W, x.data(), n, via_batch.data()};
+  k3::cpu::matmul_batch({&together, 1});
+  k3::cpu::matmul_batch(alone_jobs);
+  EXPECT_EQ(std::memcmp(via_batch.data(), via_alone.data(), via_batch.size() * 4), 0);
+  for (int64_t t = 0; t < n; ++t)  // and they are the copy's products (not the stored rows' tier)
+    EXPECT_EQ(std::memcmp(&via_batch[static_cast<size_t>(t * rows + 16)], &batched[static_cast<size_t>(t * ldy)], 32 * 4), 0) << t;
 }
 
 TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
@@ -258,10 +292,11 @@ TEST(Mxfp4RowBlocks, RefusesShapesAndJobsItCannotServe) {
   w.format = WeightFormat::BF16;
   EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_supported(w));
   EXPECT_THROW(k3::cpu::mxfp4_rowblocks_write(w, out.data()), k3::Error);
-  // A job reads the copy only at one token, with the copy present, on the host.
+  // A job reads the copy at any token count, with the copy present, on the host.
   const Copied cp = copy_of(m.view());
   EXPECT_EQ(k3::cpu::mxfp4_rowblocks_job(cp.W, 1), cpu_ok());
-  EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(cp.W, 2));
+  EXPECT_EQ(k3::cpu::mxfp4_rowblocks_job(cp.W, 40), cpu_ok());
+  EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(cp.W, 0));
   EXPECT_FALSE(k3::cpu::mxfp4_rowblocks_job(m.view(), 1));
   WeightMatrix dev = cp.W;
   dev.device = 0;

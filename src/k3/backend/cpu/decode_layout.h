@@ -51,8 +51,8 @@ struct DecodeLayouts {
 DecodeLayouts add_decode_layouts(ModelWeights& w);
 
 // The routed experts' decode copies: every MXFP4 expert matrix on the host repacked in 16-row blocks
-// (mxfp4_rowblocks.h; the same bytes again, in one allocation), its `tiled` pointing at its copy, which one-token
-// products then read (matmul_batch). Made when the tier chosen at start-up is avx512bf16 or amx and the copies take at
+// (mxfp4_rowblocks.h; the same bytes again, in one allocation), its `tiled` pointing at its copy, which the experts'
+// products then read at every token count (matmul_batch; a token's result the same alone or batched). Made when the tier chosen at start-up is avx512bf16 or amx and the copies take at
 // most half the memory available now (the expert residency's automatic budget; a model bigger than that keeps reading
 // its stored experts, as one bigger than RAM must: the copy would push the stored bytes out of the page cache that
 // prefill reads). K3_CPU_MXFP4_ROWBLOCKS=0

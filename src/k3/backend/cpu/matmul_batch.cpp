@@ -6,9 +6,9 @@
 // it would convert them again for every row (a third of its decode time). Jobs with the same input and the same
 // conversion (an expert's gate and up) share one converted copy. A token's conversion is the same code whatever
 // range or thread converts it and a row's result does not depend on its block, so every output has matmul's bits --
-// except a one-token job whose MXFP4 matrix has the CPU's decode copy (mxfp4_rowblocks.h: routed experts, made by
+// except a job whose MXFP4 matrix has the CPU's copy (mxfp4_rowblocks.h: routed experts, made by
 // add_expert_decode_layouts): it reads the copy, with that product's conversion (one int8 scale per 32 values, not the
-// tier's per 4) and its bits.
+// tier's per 4) and its bits -- the same for a token whatever the job's token count.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -56,8 +56,8 @@ struct ConvPlan {
   size_t total = 0;             // scratch bytes
 };
 
-// How a job's tokens are converted and its rows run on them: the decode copy's product for a one-token job whose matrix
-// has one, else the tier's (prepare null: the tier converts per row itself).
+// How a job's tokens are converted and its rows run on them: the copy's product for a job whose matrix has one, else
+// the tier's (prepare null: the tier converts per row itself).
 struct JobKernels {
   void (*prepare)(const float*, int64_t, int64_t, uint8_t*);
   int64_t stride;  // bytes per converted token

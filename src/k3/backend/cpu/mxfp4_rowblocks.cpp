@@ -10,10 +10,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "k3/backend/cpu/cpu_features.h"
 #include "k3/backend/cpu/cpu_isa.h"
@@ -106,7 +108,7 @@ bool mxfp4_rowblocks_cpu_ok() {  // the avx512bf16 tier's features: the target i
 }
 
 bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n) {
-  return n == 1 && W.tiled != nullptr && W.device == kHostDevice &&
+  return n >= 1 && W.tiled != nullptr && W.device == kHostDevice &&
          (W.format == WeightFormat::MXFP4 || W.format == WeightFormat::MXFP4_GGML) && mxfp4_rowblocks_cpu_ok();
 }
 
@@ -214,10 +216,13 @@ void quantise_token(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
-// Rows of blocks [b0, b1) with activation blocks of S values: per group, 32 / S int32 dots (each the quads of its
-// block, two chains where it has several), each scaled by the 16 rows' E8M0 x the block's d.
-template <int S>
-void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs& a, int64_t b0, int64_t b1, float* y) {
+// Rows of blocks [b0, b1) against T tokens (a[t], y[t]: token t's activations and outputs, y[t][16 (b - b0) + r]), with
+// activation blocks of S values: per group, 32 / S int32 dots a token (each over the quads of its block), each scaled by
+// the 16 rows' E8M0 x the block's d into one of two fp32 accumulators. Each quad is decoded once for the T tokens; a
+// token's arithmetic is the same whatever T (the int32 dots are exact, the fp32 steps the same in the same order), so a
+// token's outputs have the same bits alone or in a batch (docs/engine.md: the CPU engine is batch-invariant).
+template <int S, int T>
+void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs* a, int64_t b0, int64_t b1, float* const* y) {
   constexpr int kSubs = 32 / S, kQuads = S / 4;
   const int64_t groups = cols / kG, ahead = prefetch_ahead();
   // the tier's decode: a quad's 32 bytes to 64 nibbles (simd512::nibble_halves_ctrl), each code to code + 12 (unsigned:
@@ -225,33 +230,70 @@ void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs& a
   const __m512i ctrl = simd512::nibble_halves_ctrl(), lut = _mm512_broadcast_i32x4(simd512::e2m1x2_plus12_table());
   const uint8_t* blk = copy + b0 * groups * kMxfp4RowBlockGroupBytes;
   for (int64_t b = b0; b < b1; ++b) {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[T][2];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g, blk += kMxfp4RowBlockGroupBytes) {
       if (ahead > 0)  // the group's 272 bytes touch at most 6 lines; ask for the lines `ahead` bytes on
         for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char*>(blk + ahead + 64 * l), _MM_HINT_T0);
       const __m512 rows_sc = half_scales(blk + 256);
-      const int32_t* xq = reinterpret_cast<const int32_t*>(a.q + g * kG);
 #pragma GCC unroll 8
       for (int sb = 0; sb < kSubs; ++sb) {
-        // two chains where a block has several quads (eight in one chain would be ~40 cycles of latency)
-        __m512i dot0 = _mm512_set1_epi32(a.start[g * kSubs + sb]), dot1 = _mm512_setzero_si512();
+        // a token's block: two chains where it has several quads (eight in one chain: ~40 cycles of latency at T = 1)
+        __m512i dot0[T], dot1[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          dot0[t] = _mm512_set1_epi32(a[t].start[g * kSubs + sb]);
+          dot1[t] = _mm512_setzero_si512();
+        }
 #pragma GCC unroll 8
         for (int k = 0; k < kQuads; ++k) {
           const int qd = sb * kQuads + k;
           const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 * qd));
           const __m512i w = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(packed)), lut);
-          int32_t quad;
-          __builtin_memcpy(&quad, xq + qd, 4);
-          if (k % 2 == 0)
-            dot0 = _mm512_dpbusd_epi32(dot0, w, _mm512_set1_epi32(quad));
-          else
-            dot1 = _mm512_dpbusd_epi32(dot1, w, _mm512_set1_epi32(quad));
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) {
+            int32_t quad;
+            __builtin_memcpy(&quad, a[t].q + g * kG + 4 * qd, 4);
+            if (k % 2 == 0)
+              dot0[t] = _mm512_dpbusd_epi32(dot0[t], w, _mm512_set1_epi32(quad));
+            else
+              dot1[t] = _mm512_dpbusd_epi32(dot1[t], w, _mm512_set1_epi32(quad));
+          }
         }
-        const __m512i dot = kQuads > 1 ? _mm512_add_epi32(dot0, dot1) : dot0;
-        acc[sb % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(rows_sc, _mm512_set1_ps(a.d[g * kSubs + sb])), acc[sb % 2]);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const __m512i dot = kQuads > 1 ? _mm512_add_epi32(dot0[t], dot1[t]) : dot0[t];
+          acc[t][sb % 2] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(rows_sc, _mm512_set1_ps(a[t].d[g * kSubs + sb])),
+                                           acc[t][sb % 2]);
+        }
       }
     }
-    _mm512_storeu_ps(y + 16 * (b - b0), _mm512_add_ps(acc[0], acc[1]));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(y[t] + 16 * (b - b0), _mm512_add_ps(acc[t][0], acc[t][1]));
+  }
+}
+
+// Tokens in tiles of up to kTileTokens (the registers: 3 a token + 5), each tile over the row blocks.
+constexpr int kTileTokens = 8;
+template <int S, size_t... T>
+constexpr auto token_tiles(std::index_sequence<T...>) {
+  using Kernel = void (*)(const uint8_t*, int64_t, const Mxfp4GroupActs*, int64_t, int64_t, float* const*);
+  return std::array<Kernel, sizeof...(T)>{rowblocks_kernel<S, static_cast<int>(T) + 1>...};
+}
+template <int S>
+void rows_tokens(const uint8_t* copy, int64_t cols, const uint8_t* act, int64_t stride, int64_t n, int64_t b0, int64_t b1,
+                 float* y, int64_t ldy) {
+  static constexpr auto tiles = token_tiles<S>(std::make_index_sequence<kTileTokens>());
+  Mxfp4GroupActs a[kTileTokens];
+  float* yt[kTileTokens];
+  for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
+    const int m = static_cast<int>(std::min<int64_t>(kTileTokens, n - t0));
+    for (int t = 0; t < m; ++t) {
+      a[t] = mxfp4_rowblocks_acts(act + (t0 + t) * stride, cols);
+      yt[t] = y + (t0 + t) * ldy;
+    }
+    tiles[static_cast<size_t>(m - 1)](copy, cols, a, b0, b1, yt);
   }
 }
 
@@ -271,18 +313,18 @@ void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* o
 
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
                           int64_t ldy) {
-  (void)ldy;  // one token: its row of y only
-  if (!mxfp4_rowblocks_job(W, n)) throw Error("mxfp4_rowblocks_rows: needs one token, a host MXFP4 matrix with its copy, and the avx512bf16 tier's CPU features");
+  if (!mxfp4_rowblocks_job(W, n)) throw Error("mxfp4_rowblocks_rows: needs tokens, a host MXFP4 matrix with its copy, and the avx512bf16 tier's CPU features");
   if (r0 < 0 || r1 > W.rows || r0 > r1 || r0 % kMxfp4RowBlockRows != 0 || r1 % kMxfp4RowBlockRows != 0)
     throw Error("mxfp4_rowblocks_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
                 ") are not whole 16-row blocks of " + std::to_string(W.rows));
   if (W.cols % kG != 0) throw Error("mxfp4_rowblocks_rows: columns must be a multiple of 32");
-  auto* const kernel = mxfp4_rowblocks_act_block() == 32   ? rowblocks_kernel<32>
-                       : mxfp4_rowblocks_act_block() == 16 ? rowblocks_kernel<16>
-                       : mxfp4_rowblocks_act_block() == 8  ? rowblocks_kernel<8>
-                                                           : rowblocks_kernel<4>;
-  kernel(static_cast<const uint8_t*>(W.tiled), W.cols, mxfp4_rowblocks_acts(act, W.cols), r0 / kMxfp4RowBlockRows,
-         r1 / kMxfp4RowBlockRows, y);
+  if (n > 1 && ldy < r1 - r0) throw Error("mxfp4_rowblocks_rows: the outputs' stride is shorter than the rows");
+  auto* const rows = mxfp4_rowblocks_act_block() == 32   ? rows_tokens<32>
+                     : mxfp4_rowblocks_act_block() == 16 ? rows_tokens<16>
+                     : mxfp4_rowblocks_act_block() == 8  ? rows_tokens<8>
+                                                         : rows_tokens<4>;
+  rows(static_cast<const uint8_t*>(W.tiled), W.cols, act, mxfp4_rowblocks_act_bytes(W.cols), n, r0 / kMxfp4RowBlockRows,
+       r1 / kMxfp4RowBlockRows, y, ldy);
 }
 
 }  // namespace k3::cpu

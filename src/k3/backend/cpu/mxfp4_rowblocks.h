@@ -1,6 +1,6 @@
-// MXFP4 matrices repacked for one-token products 16 rows at a time: the CPU's decode copy of MXFP4 routed experts
-// (made by add_expert_decode_layouts, decode_layout.h; read by matmul_batch / matmul_two_stage for one-token jobs whose
-// matrix has it, WeightMatrix::tiled).
+// MXFP4 matrices repacked for products 16 rows at a time: the CPU's copy of MXFP4 routed experts (made by
+// add_expert_decode_layouts, decode_layout.h; read by matmul_batch / matmul_two_stage for every job whose matrix has it,
+// WeightMatrix::tiled: decode and prefill alike, so that a token's result does not depend on its batch).
 //
 // Why: the avx512bf16 tier's one-token MXFP4 rows (weight_kernels_avx512bf16.cpp, mxfp4_one_token_rows) spend ~11
 // vector instructions per row and pair of 32-groups, one of them the vpdpbusd: issue-bound at ~18 GB/s a core. Here a
@@ -55,11 +55,12 @@ struct Mxfp4GroupActs {
 };
 Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols);
 
-// Whether a product of W over n tokens reads the copy: W.tiled holds it (MXFP4 on the host), n == 1, and the CPU runs
+// Whether a product of W over n tokens reads the copy: W.tiled holds it (MXFP4 on the host), n >= 1, and the CPU runs
 // it.
 bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n);
-// Rows [r0, r1) of W (multiples of 16) from its copy W.tiled against one converted token: y[r - r0] (RowKernels::rows'
-// contract, n == 1). Throws k3::Error on a range, width or token count it cannot serve.
+// Rows [r0, r1) of W (multiples of 16) from its copy W.tiled against n converted tokens (act: n x act_bytes):
+// y[t * ldy + r - r0] (RowKernels::rows' contract). Tokens go 8 at a time over each row block, a token's outputs the
+// same bits whatever n (the CPU engine's batch invariance). Throws k3::Error on a range, width or stride it cannot serve.
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
                           int64_t ldy);
 
