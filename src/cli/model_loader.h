@@ -33,6 +33,7 @@ struct DeviceOptions {
   std::string expert_prefetch = "threads";     // --expert-prefetch none|madvise|threads
   bool no_expert_residency = false;            // --no-expert-residency: no counting, prefetch or pinning
   bool no_mmap = false;                        // --no-mmap: model files read into memory (k3::FileLoad::Read)
+  bool no_repack = false;                      // --no-repack: no CPU copies of the MXFP4 experts (Model::add_decode_layouts)
   std::string tokenizer;                       // --tokenizer DIR: tiktoken.model + tokenizer_config.json (a GGUF's)
   int tensor_parallel_size = 1;                // --tensor-parallel-size / --tp N: ranks of `mpirun -np N` (vLLM's flag)
   bool enable_expert_parallel = false;         // --enable-expert-parallel: routed experts whole, a block per rank

@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 
+#include "k3/backend/cpu/mxfp4_rowblocks.h"
 #include "k3/core/npy.h"
 #include "golden_util.h"
 #include "test_util.h"
@@ -382,6 +383,21 @@ TEST(Cli, BenchOfflineUbatchSize) {
   auto bad = sh(k3bin() + m + " -p 20 -n 0 --ubatch-size -3 -r 1 2>&1");
   EXPECT_EQ(bad.status, 2) << bad.out;
   EXPECT_NE(bad.out.find("ubatch"), std::string::npos) << bad.out;
+}
+
+// The CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h): made by the avx512bf16 tier's loaders and said so
+// on stderr, not with --no-repack (llama.cpp's flag), nor on the exact tier; all three run.
+TEST(Cli, ExpertCopiesAndNoRepack) {
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  const std::string run = " run -p 'It is a truth universally' -n 12 --temp 0 2>&1";
+  const Result copies = sh("K3_CPU_ISA=avx512bf16 " + k3bin() + run), none = sh("K3_CPU_ISA=avx512bf16 " + k3bin() + run + " --no-repack"),
+               exact = sh("K3_CPU_ISA=exact " + k3bin() + run);
+  ASSERT_EQ(copies.status, 0) << copies.out;
+  ASSERT_EQ(none.status, 0) << none.out;
+  ASSERT_EQ(exact.status, 0) << exact.out;
+  EXPECT_NE(copies.out.find("MXFP4 routed experts repacked"), std::string::npos) << copies.out;
+  EXPECT_EQ(none.out.find("repacked"), std::string::npos) << none.out;
+  EXPECT_EQ(exact.out.find("repacked"), std::string::npos) << exact.out;
 }
 
 // `k3 convert` writes a GGUF that `k3 logits` / `k3 run` read as they read the HF dir: the same logits file,

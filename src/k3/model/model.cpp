@@ -27,10 +27,10 @@ std::unique_ptr<Model> Model::load(ModelFiles files, CacheDType kv, CacheDType s
   return m;
 }
 
-void Model::add_decode_layouts() {
+void Model::add_decode_layouts(bool experts) {
   std::lock_guard lk(mu_);
   if (decode_layouts_.bytes == 0) decode_layouts_ = cpu::add_decode_layouts(w_);
-  if (expert_layouts_.bytes == 0) expert_layouts_ = cpu::add_expert_decode_layouts(w_);
+  if (experts && expert_layouts_.bytes == 0) expert_layouts_ = cpu::add_expert_decode_layouts(w_);
 }
 
 std::optional<ExpertCacheStats> Model::expert_cache_stats() const {

@@ -45,8 +45,11 @@ class Model final : public ModelRunner {
   // Second copies of the dense Q4_K matrices in the CPU's decode layout (backend/cpu/decode_layout.h: +2.8% of their
   // bytes, the same bits, a cheaper one-token product; opt-in) and of the MXFP4 routed experts (mxfp4_rowblocks.h: the
   // same bytes again where memory allows, a product ~2x as fast a core, llama.cpp's activation class); once, before the
-  // forwards that decode. Not at load: `k3 info`, imatrix and prune load models they never decode.
-  void add_decode_layouts();
+  // forwards that decode. Not at load: `k3 info`, imatrix and prune load models they never decode. `experts` false: the
+  // dense copies only (--no-repack).
+  void add_decode_layouts(bool experts = true);
+  // Bytes of the MXFP4 experts' copies add_decode_layouts made (0: none).
+  int64_t expert_copy_bytes() const { return expert_layouts_.bytes; }
   // Observes the activations of later forwards (null: stop); see cpu::ActivationObserver.
   void set_activation_observer(cpu::ActivationObserver* o) {
     std::lock_guard lk(mu_);
