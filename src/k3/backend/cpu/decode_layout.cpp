@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <new>
 #include <string>
@@ -14,6 +13,7 @@
 #include "k3/core/thread_pool.h"
 #include "k3/model/weights.h"
 #include "k3/quant/block_decode.h"
+#include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
 namespace {
@@ -93,17 +93,6 @@ std::shared_ptr<uint8_t> aligned_buffer(int64_t bytes) {
   return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
 }
 
-int64_t memory_available() {
-  std::ifstream mi("/proc/meminfo");
-  std::string key, rest;
-  int64_t kb = 0;
-  while (mi >> key >> kb) {
-    std::getline(mi, rest);
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return -1;
-}
-
 // -1: K3_CPU_MXFP4_ROWBLOCKS unset (the memory decides), 0 / 1: as set.
 int expert_copies_forced() {
   const char* e = std::getenv("K3_CPU_MXFP4_ROWBLOCKS");
@@ -134,10 +123,8 @@ DecodeLayouts add_expert_decode_layouts(ModelWeights& w) {
     }
   });
   if (d.bytes == 0) return d;
-  if (forced < 0) {
-    const int64_t avail = memory_available();
-    if (avail < 0 || d.bytes > avail / 2) return DecodeLayouts{};
-  }
+  // half the memory available now: the expert residency's automatic budget, from the same reading
+  if (forced < 0 && d.bytes > ExpertResidency::auto_budget(0)) return DecodeLayouts{};
   d.buf = aligned_buffer(d.bytes);
   std::vector<int64_t> at(todo.size() + 1, 0);
   for (size_t i = 0; i < todo.size(); ++i) at[i + 1] = at[i] + mxfp4_rowblocks_bytes(*todo[i]);
