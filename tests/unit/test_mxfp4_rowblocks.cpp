@@ -83,7 +83,7 @@ void quantise(const std::vector<float>& x, std::vector<double>& xq, std::vector<
   for (size_t g = 0; g < blocks; ++g) {
     float mx = 0.f;
     for (size_t k = 0; k < B; ++k) mx = std::max(mx, std::fabs(x[g * B + k]));
-    const float d = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
+    const float d = mx / 127.f, inv = mx >= 0x1p-120f ? 127.f / mx : 0.f;  // a tinier block: q = 0
     bound_d[g] = d;
     if (df) (*df)[g] = d;
     for (size_t k = 0; k < B; ++k) {
@@ -169,6 +169,29 @@ TEST(Mxfp4RowBlocks, ActivationsAreTheStatedQuantisation) {
   const k3::cpu::Mxfp4GroupActs b =
       k3::cpu::mxfp4_rowblocks_acts(act.data() + k3::cpu::mxfp4_rowblocks_act_bytes(cols), cols);
   for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(b.q[c], qi[static_cast<size_t>(cols - 1 - c)]) << c;  // the same groups in reverse
+}
+
+// Extreme magnitudes: denormal and tiny blocks (127 / max overflows: q = 0, not -127 everywhere as vcvtps2dq of
+// infinity and NaN gave), blocks at FLT_MAX, one huge value beside small ones -- the stated quantisation exactly.
+TEST(Mxfp4RowBlocks, ActivationsAtExtremeMagnitudes) {
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  const int64_t cols = 256;
+  std::vector<float> x = random_x(cols, 61);
+  for (int64_t c = 0; c < 32; ++c) x[static_cast<size_t>(c)] *= 1e-40f;   // denormals
+  for (int64_t c = 32; c < 64; ++c) x[static_cast<size_t>(c)] = static_cast<float>(c - 48) * 1e-38f;  // max < 2^-120
+  for (int64_t c = 64; c < 96; ++c) x[static_cast<size_t>(c)] = c % 2 ? 3.4e38f : -3.4e38f;
+  x[100] = 1e30f;                                                          // beside values ~1
+  std::vector<double> xq, bd;
+  std::vector<int> qi;
+  std::vector<float> df;
+  quantise(x, xq, bd, &qi, &df);
+  std::vector<uint8_t> act(static_cast<size_t>(k3::cpu::mxfp4_rowblocks_act_bytes(cols)));
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), 1, cols, act.data());
+  const k3::cpu::Mxfp4GroupActs a = k3::cpu::mxfp4_rowblocks_acts(act.data(), cols);
+  for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(a.q[c], qi[static_cast<size_t>(c)]) << c;
+  for (int64_t c = 0; c < 64; ++c) ASSERT_EQ(a.q[c], 0) << c;
+  for (int64_t c = 64; c < 96; ++c) ASSERT_EQ(a.q[c], c % 2 ? 127 : -127) << c;
+  for (int64_t g = 0; g < cols / act_block(); ++g) ASSERT_TRUE(std::isfinite(a.d[g])) << g;
 }
 
 TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {

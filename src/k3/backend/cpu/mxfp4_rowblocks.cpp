@@ -1,4 +1,4 @@
-// The 16-row MXFP4 repack and its one-token product (mxfp4_rowblocks.h). Only the functions between
+// The 16-row MXFP4 repack and its product over tiles of tokens (mxfp4_rowblocks.h). Only the functions between
 // K3_AVX512BF16_BEGIN/END (the activations' quantisation and the product) are compiled for AVX-512 + VBMI + VNNI;
 // the repack is plain code (an AVX2-only CPU never runs EVEX code: the entry points check mxfp4_rowblocks_cpu_ok()).
 #if !defined(__clang__)
@@ -27,6 +27,9 @@ namespace k3::cpu {
 namespace {
 
 constexpr int64_t kG = 32;  // an MXFP4 group
+// The smallest block maximum that is scaled: below it 127 / max overflows to infinity (max < 127 / FLT_MAX ~ 2^-121),
+// so such a block quantises to q = 0 (it was all -127 for a denormal block: vcvtps2dq of inf and NaN is INT_MIN).
+constexpr float kMinScaledMax = 0x1p-120f;
 
 // Row r's group g as 32 E2M1 codes in column order (one per byte) and its E8M0 scale, from either MXFP4 layout.
 void group_codes(const WeightMatrix& W, int64_t r, int64_t g, uint8_t codes[kG], uint8_t& scale) {
@@ -170,7 +173,7 @@ void quantise_block_scalar(const float* x, int S, int8_t* q, float* d, int32_t* 
     finite = finite && __builtin_isfinite(x[k]);
     mx = __builtin_fmaxf(mx, __builtin_fabsf(x[k]));
   }
-  const float inv = finite && mx > 0.f ? 127.f / mx : 0.f;
+  const float inv = finite && mx >= kMinScaledMax ? 127.f / mx : 0.f;
   int32_t sum = 0;
   for (int k = 0; k < S; ++k) {
     const float r = finite ? __builtin_nearbyintf(x[k] * inv) : 0.f;
@@ -201,7 +204,7 @@ void quantise_token(const float* x, int64_t cols, uint8_t* out) {
     __m512 m = _mm512_abs_ps(v0);
     if constexpr (S == 32) m = _mm512_max_ps(m, _mm512_abs_ps(v1));
     m = segment_max<S == 32 ? 16 : S>(m);
-    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ), c127, m);
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(kMinScaledMax), _CMP_GE_OQ), c127, m);
     const __m512i q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), lo), hi);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), _mm512_cvtepi32_epi8(q0));
     __m512i sum = q0;
@@ -300,15 +303,34 @@ void rows_tokens(const uint8_t* copy, int64_t cols, const uint8_t* act, int64_t 
 }  // namespace
 K3_AVX512BF16_END
 
+namespace {
+// The forms of the activation block chosen at start-up (K3_MXFP4_RB_ACT_BLOCK), picked once.
+struct BlockForms {
+  void (*quantise)(const float*, int64_t, uint8_t*);
+  void (*rows)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+};
+template <int S>
+constexpr BlockForms forms_of() {
+  return {quantise_token<S>, rows_tokens<S>};
+}
+const BlockForms& block_forms() {
+  static const BlockForms f = [] {
+    switch (mxfp4_rowblocks_act_block()) {
+      case 4: return forms_of<4>();
+      case 8: return forms_of<8>();
+      case 16: return forms_of<16>();
+      default: return forms_of<32>();
+    }
+  }();
+  return f;
+}
+}  // namespace
+
 void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
   if (cols <= 0 || cols % kG != 0) throw Error("mxfp4_rowblocks_prepare: columns must be a positive multiple of 32");
   if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_prepare: this CPU lacks the avx512bf16 tier's features");
   const int64_t stride = mxfp4_rowblocks_act_bytes(cols);
-  auto* const quantise = mxfp4_rowblocks_act_block() == 32   ? quantise_token<32>
-                         : mxfp4_rowblocks_act_block() == 16 ? quantise_token<16>
-                         : mxfp4_rowblocks_act_block() == 8  ? quantise_token<8>
-                                                             : quantise_token<4>;
-  for (int64_t t = 0; t < n; ++t) quantise(x + t * cols, cols, out + t * stride);
+  for (int64_t t = 0; t < n; ++t) block_forms().quantise(x + t * cols, cols, out + t * stride);
 }
 
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
@@ -319,12 +341,8 @@ void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const u
                 ") are not whole 16-row blocks of " + std::to_string(W.rows));
   if (W.cols % kG != 0) throw Error("mxfp4_rowblocks_rows: columns must be a multiple of 32");
   if (n > 1 && ldy < r1 - r0) throw Error("mxfp4_rowblocks_rows: the outputs' stride is shorter than the rows");
-  auto* const rows = mxfp4_rowblocks_act_block() == 32   ? rows_tokens<32>
-                     : mxfp4_rowblocks_act_block() == 16 ? rows_tokens<16>
-                     : mxfp4_rowblocks_act_block() == 8  ? rows_tokens<8>
-                                                         : rows_tokens<4>;
-  rows(static_cast<const uint8_t*>(W.tiled), W.cols, act, mxfp4_rowblocks_act_bytes(W.cols), n, r0 / kMxfp4RowBlockRows,
-       r1 / kMxfp4RowBlockRows, y, ldy);
+  block_forms().rows(static_cast<const uint8_t*>(W.tiled), W.cols, act, mxfp4_rowblocks_act_bytes(W.cols), n,
+                     r0 / kMxfp4RowBlockRows, r1 / kMxfp4RowBlockRows, y, ldy);
 }
 
 }  // namespace k3::cpu

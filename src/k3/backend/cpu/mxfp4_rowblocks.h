@@ -15,11 +15,11 @@
 //   [0, 256)    quads 0..7 (columns 4 q .. 4 q + 3), 32 bytes each as above
 //   [256, 272)  the 16 rows' E8M0 scales of the group
 //
-// Numerics: x quantised to int8 with one scale per 32 values (m = max |x| of the group, q = nearest-even of
-// x x (127 / m), |q| <= 127, d = m / 127: llama.cpp's q8_0 class, not the tier's one scale per 4 values -- so a
-// token's expert outputs are not the stored rows' bits, within the tier's error class), the int32 dot of each row's
-// group exact, then fp32: acc += float(dot) x (0.5 x 2^(e8m0 - 127) x d). A group holding a NaN or an infinity gives
-// NaN.
+// Numerics: x quantised to int8 with one scale per 32 values by default (m = max |x| of the block, q = nearest-even
+// of x x (127 / m), |q| <= 127, d = m / 127: llama.cpp's q8_0 class, not the tier's one scale per 4 values -- so a
+// token's expert outputs are not the stored rows' bits, within the tier's error class; a block with m < 2^-120, where
+// 127 / m would overflow, gets q = 0), the int32 dot of each row's block exact, then fp32: acc += float(dot) x
+// (0.5 x 2^(e8m0 - 127) x d). A block holding a NaN or an infinity gives NaN.
 #pragma once
 #include <cstdint>
 
