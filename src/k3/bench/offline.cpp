@@ -88,6 +88,62 @@ std::vector<OfflineTest> offline_tests(const std::vector<int64_t>& pp, const std
 namespace {
 constexpr int64_t kDepthChunk = 8192;  // tokens per forward when the depth context is built
 
+// One sequence's cache after its depth context, untimed. In chunks, as a server prefills a long prompt: one forward
+// of the whole depth sizes the step's activations and MoE workspace for every token at once (56 GB of MoE workspace
+// for 128k tokens at K3's dimensions on the H200, session 15), where a chunk's are enough.
+std::unique_ptr<SequenceCache> build_depth(const ModelRunner& m, const std::vector<int32_t>& ctx) {
+  auto c = m.new_cache();
+  std::vector<float> logits;
+  ForwardOptions fo;
+  fo.path = AttnPath::Prefill;
+  const int64_t depth = static_cast<int64_t>(ctx.size());
+  for (int64_t p = 0; p < depth; p += kDepthChunk) {
+    const int64_t n = std::min(kDepthChunk, depth - p);
+    m.forward(std::span<const int32_t>(ctx).subspan(static_cast<size_t>(p), static_cast<size_t>(n)), *c, logits, fo);
+  }
+  return c;
+}
+
+// The caches each run of a test starts from. At depth 0, fresh ones. At depth > 0 the contexts are built once and
+// each run takes copies while a second set fits beside the first; where it does not, each run rebuilds them
+// (untimed, as llama-bench does every run): the whole Kimi-Linear-48B at batch 256 and depth 512 on an H200 holds
+// 98 GB of weights and 256 x 45 MB of KDA state per set (call s53-1 failed holding two sets).
+class DepthCaches {
+ public:
+  DepthCaches(const ModelRunner& m, const OfflineTest& t, std::vector<std::vector<int32_t>> ctxs)
+      : m_(m), batch_(t.batch), ctxs_(std::move(ctxs)) {
+    if (ctxs_.empty()) return;
+    for (const auto& c : ctxs_) base_.push_back(build_depth(m_, c));
+    const CacheSpec& s = m_.cache_spec();
+    const int64_t set = batch_ * (s.slot_bytes() + s.bytes_per_token() * (t.depth + t.n));
+    rebuild_ = m_.memory_available() < set + set / 8 + (int64_t{1} << 30);  // an eighth + 1 GiB for pages, workspace
+    if (rebuild_)
+      std::fprintf(stderr, "k3 bench: batch %lld at depth %lld: a second set of its caches (%.1f GB) does not fit "
+                   "beside the first; each run rebuilds them (untimed)\n", (long long)batch_, (long long)t.depth, set / 1e9);
+  }
+  std::vector<std::unique_ptr<SequenceCache>> for_run() {
+    std::vector<std::unique_ptr<SequenceCache>> st;
+    if (ctxs_.empty()) {
+      for (int64_t b = 0; b < batch_; ++b) st.push_back(m_.new_cache());
+    } else if (!rebuild_) {
+      for (const auto& c : base_) st.push_back(c->clone());
+    } else if (!base_.empty()) {
+      st = std::move(base_);  // the first run takes the contexts built for the check
+      base_.clear();
+    } else {
+      for (const auto& c : ctxs_) st.push_back(build_depth(m_, c));
+    }
+    return st;
+  }
+
+ private:
+  const ModelRunner& m_;
+  int64_t batch_;
+  std::vector<std::vector<int32_t>> ctxs_;
+  std::vector<std::unique_ptr<SequenceCache>> base_;
+  bool rebuild_ = false;
+};
+
 // One sequence's host sampling state of a --grammar tg test.
 struct HostSampler {
   std::unique_ptr<grammar::TokenMatcher> matcher;
@@ -133,25 +189,10 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
     return v;
   };
-  // The depth context, built once (untimed) and copied for each run. At depth 0 there is nothing to copy: each
-  // run takes fresh caches, so the states are held once, not twice (the whole Kimi-Linear-48B at batch 256 on an
-  // H200 ran out of memory holding 2 x 256 x 45 MB of KDA state beside its 98 GB of weights, call s41-5).
-  std::vector<std::unique_ptr<SequenceCache>> base;
+  std::vector<std::vector<int32_t>> ctxs;  // each sequence's depth context, the same tokens for every run
+  for (int64_t b = 0; t.depth > 0 && b < t.batch; ++b) ctxs.push_back(rand_tokens(t.depth));
+  DepthCaches depth(m, t, std::move(ctxs));
   std::vector<float> logits;
-  for (int64_t b = 0; t.depth > 0 && b < t.batch; ++b) {
-    base.push_back(m.new_cache());
-    // In chunks, as a server prefills a long prompt: one forward of the whole depth sizes the step's
-    // activations and MoE workspace for every token at once (56 GB of MoE workspace for 128k tokens at
-    // K3's dimensions on the H200, session 15), where a chunk's are enough. Only the last chunk's logits.
-    const auto ctx = rand_tokens(t.depth);
-    ForwardOptions fo;
-    fo.path = AttnPath::Prefill;
-    for (int64_t p = 0; p < t.depth; p += kDepthChunk) {
-      const int64_t n = std::min(kDepthChunk, t.depth - p);
-      m.forward(std::span<const int32_t>(ctx).subspan(static_cast<size_t>(p), static_cast<size_t>(n)), *base.back(),
-                logits, fo);
-    }
-  }
   std::vector<std::vector<int32_t>> inputs;
   for (int64_t b = 0; b < t.batch; ++b) inputs.push_back(rand_tokens(t.prefill ? t.n : t.n));
   OfflineResult r;
@@ -166,8 +207,7 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
     }
     if (fresh_tokens && rep > (warmup ? -1 : 0))
       for (auto& in : inputs) in = rand_tokens(static_cast<int64_t>(in.size()));
-    std::vector<std::unique_ptr<SequenceCache>> st;
-    for (int64_t b = 0; b < t.batch; ++b) st.push_back(t.depth > 0 ? base[static_cast<size_t>(b)]->clone() : m.new_cache());
+    std::vector<std::unique_ptr<SequenceCache>> st = depth.for_run();
     std::vector<BatchItem> items(static_cast<size_t>(t.batch));
     const auto t0 = std::chrono::steady_clock::now();
     if (t.prefill) {
