@@ -600,20 +600,33 @@ static void add_bench_memory(CLI::App* bench, Registry& reg) {
   struct MemOpts {
     int64_t mib = 1024;
     int passes = 10;
+    std::vector<int64_t> job_kib;  // empty: the whole buffer in one job a pass
     ComputeOptions compute;
   };
   auto mo = std::make_shared<MemOpts>();
   auto* mem = bench->add_subcommand("memory", "DRAM read bandwidth of the compute threads (the decode roofline's denominator)");
   mem->add_option("--size-mib", mo->mib, "buffer to read, MiB (64..65536)")->capture_default_str();
   mem->add_option("--passes", mo->passes, "timed full reads (after one warm-up)")->capture_default_str();
+  mem->add_option("--job-kib", mo->job_kib,
+                  "also read the buffer as back-to-back parallel jobs of this many KiB (a list: one line each; a decode "
+                  "product's size, e.g. 5184 for a 2304x4096 Q4_K matrix): the rate through the pool's fork and join")
+      ->delimiter(',');
   add_compute_options(mem, mo->compute);
   mem->callback([&reg, mo] {
     reg.action = [mo] {
       if (mo->mib < 64 || mo->mib > 65536) throw k3::Error("--size-mib: expected 64..65536, got " + std::to_string(mo->mib));
       apply_compute_options(mo->compute);
+      for (int64_t k : mo->job_kib)
+        if (k < 4 || k > mo->mib * 1024) throw k3::Error("--job-kib: expected 4 .. the buffer's KiB, got " + std::to_string(k));
       const k3::bench::BandwidthResult r = k3::bench::measure_read_bandwidth(static_cast<size_t>(mo->mib) << 20, mo->passes);
       std::printf("memory read bandwidth: best %.1f GB/s, median %.1f GB/s (%d passes over %zu MiB, %d threads)\n",
                   r.best_gb_s, r.median_gb_s, r.passes, r.bytes >> 20, r.threads);
+      for (int64_t k : mo->job_kib) {
+        const auto j = k3::bench::measure_read_bandwidth(static_cast<size_t>(mo->mib) << 20, mo->passes, static_cast<size_t>(k) << 10);
+        const double us = static_cast<double>(j.job_bytes) / (j.median_gb_s * 1e3);
+        std::printf("  in jobs of %6lld KiB: best %.1f GB/s, median %.1f GB/s (%.0f%% of the whole-buffer median; %.1f us a job)\n",
+                    (long long)k, j.best_gb_s, j.median_gb_s, 100.0 * j.median_gb_s / r.median_gb_s, us);
+      }
       return 0;
     };
   });

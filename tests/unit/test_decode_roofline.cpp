@@ -130,4 +130,14 @@ TEST(MemoryBandwidth, MeasuresAPositiveRateAndRejectsBadSizes) {
   EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{64} << 20, 0), k3::Error);
 }
 
+// --job-kib: the buffer read as back-to-back jobs (a decode product's size); bad sizes refused.
+TEST(MemoryBandwidth, ReadsInJobsOfAGivenSize) {
+  const auto j = k3::bench::measure_read_bandwidth(size_t{64} << 20, 2, (size_t{1} << 20) + 100);
+  EXPECT_GT(j.median_gb_s, 0.1);
+  EXPECT_EQ(j.job_bytes, size_t{1} << 20);  // whole 4 KiB pages
+  EXPECT_EQ(k3::bench::measure_read_bandwidth(size_t{64} << 20, 1).job_bytes, 0u);
+  EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{64} << 20, 1, 4095), k3::Error);
+  EXPECT_THROW(k3::bench::measure_read_bandwidth(size_t{64} << 20, 1, (size_t{64} << 20) + 4096), k3::Error);
+}
+
 }  // namespace
