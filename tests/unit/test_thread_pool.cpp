@@ -146,3 +146,26 @@ TEST(ThreadPool, SpinTimeIsClampedAndZeroSpinStaysCorrect) {
   k3::ThreadPool::set_spin_time(saved);
   EXPECT_EQ(wrong, 0);
 }
+
+namespace {
+// Both sleeping paths at once, thousands of times (spin time 0): workers asleep when a job opens (the publish
+// must wake them) and the caller asleep while a slow worker finishes (the finish must wake it). A lost wake-up
+// hangs here; every index still runs once.
+TEST(ThreadPool, SleepingWorkersAndSleepingCallerAreAlwaysWoken) {
+  const auto saved = k3::ThreadPool::spin_time();
+  k3::ThreadPool::set_spin_time(std::chrono::microseconds(0));
+  k3::ThreadPool pool(4);
+  int wrong = 0;
+  for (int j = 0; j < 2000; ++j) {
+    std::vector<std::atomic<int>> hits(9);
+    pool.parallel_for(9, 1, [&](int64_t b, int64_t e, int t) {
+      if (t != 0 && j % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20 + j % 50));
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+    });
+    for (auto& h : hits) wrong += h.load() != 1;
+    if (j % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  k3::ThreadPool::set_spin_time(saved);
+  EXPECT_EQ(wrong, 0);
+}
+}  // namespace

@@ -83,15 +83,43 @@ struct ThreadPool::Impl {
   // joined it (the job stays alive until they have left).
   const std::function<void(int64_t, int64_t, int)>* fn = nullptr;
   int64_t n = 0, grain = 1;
-  std::atomic<int64_t> next{0};
+  alignas(64) std::atomic<int64_t> next{0};
   std::exception_ptr error;
   std::mutex error_mu;
 
-  std::atomic<uint64_t> state{0};  // generation << 32 | closed bit | workers joined
-  std::atomic<int> left{0};        // joined workers that have finished their chunks
+  // Each on its own cache line: all workers CAS `state` as a job opens, take chunks from `next`, and count
+  // themselves out on `left` at once.
+  alignas(64) std::atomic<uint64_t> state{0};  // generation << 32 | closed bit | workers joined
+  alignas(64) std::atomic<int> left{0};        // joined workers that have finished their chunks
+  alignas(64) std::atomic<bool> caller_asleep{false};  // the caller waits on cv_done (spun past the spin time)
+  std::atomic<int> asleep{0};                          // workers waiting on cv_work
   std::mutex mu;
   std::condition_variable cv_work, cv_done;
   bool stop = false;
+
+  // K3_POOL_ALWAYS_NOTIFY=1: the pre-session-54 form (every job's publish and every worker's finish take the
+  // mutex and signal), kept for the A/B of call s54-2; to be removed with its result.
+  const bool always_notify = [] {
+    const char* e = std::getenv("K3_POOL_ALWAYS_NOTIFY");
+    return e != nullptr && std::string(e) == "1";
+  }();
+
+  // Opens a job of generation gen: sleeping workers (if any) are woken under mu; spinning ones see it at once.
+  void publish(uint32_t gen) {
+    if (always_notify) {
+      { std::lock_guard lk(mu);  // orders the publish with a worker's check before it sleeps
+        state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release); }
+      cv_work.notify_all();
+      return;
+    }
+    state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_seq_cst);
+    // A worker counts itself asleep under mu before its predicate's seq_cst load of `state`: either it sees
+    // the new generation or this load sees it asleep; mu then orders the wake-up after its wait began.
+    if (asleep.load(std::memory_order_seq_cst) > 0) {
+      { std::lock_guard lk(mu); }
+      cv_work.notify_all();
+    }
+  }
 
   void run_chunks(int thread) {
     t_in_task = true;
@@ -125,15 +153,22 @@ struct ThreadPool::Impl {
       // Spin for a new job (back-to-back kernels), then sleep.
       if (!spin_until(fresh)) {
         std::unique_lock lk(mu);
-        cv_work.wait(lk, [&] { return stop || fresh(); });
+        asleep.fetch_add(1, std::memory_order_seq_cst);  // before the predicate's load: see publish()
+        cv_work.wait(lk, [&] { return stop || gen_of(state.load(std::memory_order_seq_cst)) != seen; });
+        asleep.fetch_sub(1, std::memory_order_relaxed);
         if (stop) return;
       }
       seen = gen_of(state.load(std::memory_order_acquire));
       if (!join(seen)) continue;
       run_chunks(thread);
-      left.fetch_add(1, std::memory_order_acq_rel);
-      { std::lock_guard lk(mu); }  // a caller between its check and its wait holds mu: no lost wake-up
-      cv_done.notify_one();
+      left.fetch_add(1, std::memory_order_seq_cst);
+      // Only a sleeping caller needs the mutex and a wake-up: it sets caller_asleep under mu before its
+      // predicate's seq_cst load of `left`, so either it sees this count or this load sees the flag. Taking
+      // mu every job made the workers of a 16-thread pool queue on it between back-to-back kernels.
+      if (always_notify || caller_asleep.load(std::memory_order_seq_cst)) {
+        { std::lock_guard lk(mu); }  // a caller between its check and its wait holds mu: no lost wake-up
+        cv_done.notify_one();
+      }
     }
   }
 };
@@ -219,20 +254,17 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   m.next.store(0, std::memory_order_relaxed);
   m.error = nullptr;
   m.left.store(0, std::memory_order_relaxed);
-  {
-    std::lock_guard lk(m.mu);  // orders the publish with a worker's check before it sleeps
-    const uint32_t gen = Impl::gen_of(m.state.load(std::memory_order_relaxed)) + 1;
-    m.state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
-  }
-  m.cv_work.notify_all();
+  m.publish(Impl::gen_of(m.state.load(std::memory_order_relaxed)) + 1);
   m.run_chunks(0);
   // Every chunk is taken: close the job to latecomers, then wait for the workers inside it.
   const uint64_t closed = m.state.fetch_or(Impl::kClosed, std::memory_order_acq_rel);
   const int joined = static_cast<int>(closed & Impl::kJoinedMask);
-  auto all_left = [&] { return m.left.load(std::memory_order_acquire) == joined; };
+  auto all_left = [&] { return m.left.load(std::memory_order_seq_cst) == joined; };
   if (!spin_until(all_left)) {
     std::unique_lock lk(m.mu);
+    m.caller_asleep.store(true, std::memory_order_seq_cst);  // before the predicate's load (see worker())
     m.cv_done.wait(lk, all_left);
+    m.caller_asleep.store(false, std::memory_order_relaxed);
   }
   m.fn = nullptr;
   if (m.error) std::rethrow_exception(m.error);
