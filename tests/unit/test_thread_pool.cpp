@@ -169,3 +169,36 @@ TEST(ThreadPool, SleepingWorkersAndSleepingCallerAreAlwaysWoken) {
   EXPECT_EQ(wrong, 0);
 }
 }  // namespace
+
+namespace {
+// The chunks are the documented ones whatever the claim order or thread count: chunk c = [c x grain,
+// min(n, (c + 1) x grain)), each exactly once; with InOrder a chunk may wait on every lower one having started
+// (matmul_two_stage's pattern) and the job still completes.
+TEST(ThreadPool, ChunksAreFixedRangesUnderBothClaimOrders) {
+  for (auto claim : {k3::ThreadPool::Claim::Spread, k3::ThreadPool::Claim::InOrder})
+    for (int threads : {2, 3, 5}) {
+      k3::ThreadPool pool(threads);
+      for (int64_t n : {7, 64, 1001})
+        for (int64_t grain : {1, 3, 16}) {
+          const int64_t chunks = (n + grain - 1) / grain;
+          std::vector<std::atomic<int>> seen(static_cast<size_t>(chunks));
+          std::atomic<int> bad{0};
+          pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int t) {
+            if (b % grain != 0 || e != std::min(n, b + grain) || t < 0 || t >= threads) bad++;
+            else seen[static_cast<size_t>(b / grain)]++;
+          }, claim);
+          EXPECT_EQ(bad.load(), 0);
+          for (auto& s : seen) EXPECT_EQ(s.load(), 1) << "n " << n << " grain " << grain << " threads " << threads;
+        }
+    }
+  k3::ThreadPool pool(4);
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<std::atomic<int>> started(200);
+    pool.parallel_for(200, 1, [&](int64_t b, int64_t, int) {
+      while (b > 0 && started[static_cast<size_t>(b - 1)].load() == 0) std::this_thread::yield();
+      started[static_cast<size_t>(b)] = 1;
+    }, k3::ThreadPool::Claim::InOrder);
+    for (auto& s : started) EXPECT_EQ(s.load(), 1);
+  }
+}
+}  // namespace

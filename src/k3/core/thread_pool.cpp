@@ -66,7 +66,7 @@ GlobalConfig& global_config() {
 }  // namespace
 
 // A job's life: the caller publishes it (a new generation in `state`, open, no one joined), workers that
-// see it in time JOIN it (a CAS adding one to the joined count, only while it is open and current), all
+// see it in time JOIN it (an atomic add to the joined count, which counts only while it is open), all
 // take chunks, and when the caller runs out of chunks it CLOSES the job and waits only for the workers
 // that joined. A worker that wakes late (asleep on the condition variable, or descheduled on a busy
 // machine) finds the job closed and goes back to waiting: the caller never waits for a thread that does
@@ -83,12 +83,27 @@ struct ThreadPool::Impl {
   // joined it (the job stays alive until they have left).
   const std::function<void(int64_t, int64_t, int)>* fn = nullptr;
   int64_t n = 0, grain = 1;
-  alignas(64) std::atomic<int64_t> next{0};
+  bool in_order = false;  // Claim::InOrder: every chunk from slots[0], in increasing order
+  // The job's chunks (of `grain` indices), split into one contiguous run per thread: thread t claims from
+  // slots[t] (an atomic add on a line no one else touches while it has chunks), then takes what is left of
+  // the others' runs. One shared counter made every claim a contended atomic: with 16 threads a job of 128
+  // blocks spent ~9 us handing them out (k3 bench memory --job-kib, s54-2), about what it took to read them.
+  struct alignas(64) Slot {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  std::unique_ptr<Slot[]> slots;
+  std::atomic<bool> failed{false};  // a chunk threw: stop handing out chunks
+  // K3_POOL_CLAIM=inorder: every job from one counter (the pre-session-54 hand-out), the A/B knob of call s54-3.
+  const bool force_in_order = [] {
+    const char* e = std::getenv("K3_POOL_CLAIM");
+    return e != nullptr && std::string(e) == "inorder";
+  }();
   std::exception_ptr error;
   std::mutex error_mu;
 
-  // Each on its own cache line: all workers CAS `state` as a job opens, take chunks from `next`, and count
-  // themselves out on `left` at once.
+  // Each on its own cache line: all workers add themselves to `state` as a job opens and count themselves out
+  // on `left` at once.
   alignas(64) std::atomic<uint64_t> state{0};  // generation << 32 | closed bit | workers joined
   alignas(64) std::atomic<int> left{0};        // joined workers that have finished their chunks
   alignas(64) std::atomic<bool> caller_asleep{false};  // the caller waits on cv_done (spun past the spin time)
@@ -97,21 +112,8 @@ struct ThreadPool::Impl {
   std::condition_variable cv_work, cv_done;
   bool stop = false;
 
-  // K3_POOL_ALWAYS_NOTIFY=1: the pre-session-54 form (every job's publish and every worker's finish take the
-  // mutex and signal), kept for the A/B of call s54-2; to be removed with its result.
-  const bool always_notify = [] {
-    const char* e = std::getenv("K3_POOL_ALWAYS_NOTIFY");
-    return e != nullptr && std::string(e) == "1";
-  }();
-
   // Opens a job of generation gen: sleeping workers (if any) are woken under mu; spinning ones see it at once.
   void publish(uint32_t gen) {
-    if (always_notify) {
-      { std::lock_guard lk(mu);  // orders the publish with a worker's check before it sleeps
-        state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release); }
-      cv_work.notify_all();
-      return;
-    }
     state.store(static_cast<uint64_t>(gen) << 32, std::memory_order_seq_cst);
     // A worker counts itself asleep under mu before its predicate's seq_cst load of `state`: either it sees
     // the new generation or this load sees it asleep; mu then orders the wake-up after its wait began.
@@ -121,29 +123,50 @@ struct ThreadPool::Impl {
     }
   }
 
+  // Splits the job's chunks into the threads' runs (the caller, before it publishes the job).
+  void plan(int64_t chunks) {
+    const int runs = in_order ? 1 : size;
+    for (int t = 0; t < size; ++t) {
+      Slot& sl = slots[static_cast<size_t>(t)];
+      const int64_t b = t < runs ? chunks * t / runs : chunks, e = t < runs ? chunks * (t + 1) / runs : chunks;
+      sl.next.store(b, std::memory_order_relaxed);
+      sl.end = e;
+    }
+  }
+
+  void run_chunk(int64_t c, int thread) {
+    const int64_t b = c * grain, e = std::min(n, b + grain);
+    try {
+      (*fn)(b, e, thread);
+    } catch (...) {
+      std::lock_guard lk(error_mu);
+      if (!error) error = std::current_exception();
+      failed.store(true, std::memory_order_relaxed);
+    }
+  }
+
+  // Own run first, then the others' in turn (the thread's neighbours first); returns once every chunk is claimed.
   void run_chunks(int thread) {
     t_in_task = true;
-    for (;;) {
-      const int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
-      if (b >= n) break;
-      const int64_t e = std::min(n, b + grain);
-      try {
-        (*fn)(b, e, thread);
-      } catch (...) {
-        std::lock_guard lk(error_mu);
-        if (!error) error = std::current_exception();
-        next.store(n, std::memory_order_relaxed);  // stop handing out chunks
+    const int runs = in_order ? 1 : size;
+    for (int k = 0; k < runs; ++k) {
+      Slot& sl = slots[static_cast<size_t>((thread + k) % runs)];
+      while (!failed.load(std::memory_order_relaxed)) {
+        const int64_t c = sl.next.fetch_add(1, std::memory_order_relaxed);
+        if (c >= sl.end) break;
+        run_chunk(c, thread);
       }
     }
     t_in_task = false;
   }
 
-  // Joins job `gen` if it is still open; false when it closed or a newer one replaced it.
-  bool join(uint32_t gen) {
-    uint64_t s = state.load(std::memory_order_acquire);
-    while (gen_of(s) == gen && !(s & kClosed))
-      if (state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
-    return false;
+  // Joins the current job if it is still open (one atomic add: a CAS loop retried by 15 workers at once costs
+  // microseconds a job); returns its generation in *gen either way. An add on a closed job is harmless: the
+  // caller read the joined count when it closed it, and the next job's publish overwrites the word.
+  bool join(uint32_t* gen) {
+    const uint64_t s = state.fetch_add(1, std::memory_order_acq_rel);
+    *gen = gen_of(s);
+    return !(s & kClosed);
   }
 
   void worker(int thread) {
@@ -158,14 +181,13 @@ struct ThreadPool::Impl {
         asleep.fetch_sub(1, std::memory_order_relaxed);
         if (stop) return;
       }
-      seen = gen_of(state.load(std::memory_order_acquire));
-      if (!join(seen)) continue;
+      if (!join(&seen)) continue;  // closed: wait for the next one
       run_chunks(thread);
       left.fetch_add(1, std::memory_order_seq_cst);
       // Only a sleeping caller needs the mutex and a wake-up: it sets caller_asleep under mu before its
       // predicate's seq_cst load of `left`, so either it sees this count or this load sees the flag. Taking
       // mu every job made the workers of a 16-thread pool queue on it between back-to-back kernels.
-      if (always_notify || caller_asleep.load(std::memory_order_seq_cst)) {
+      if (caller_asleep.load(std::memory_order_seq_cst)) {
         { std::lock_guard lk(mu); }  // a caller between its check and its wait holds mu: no lost wake-up
         cv_done.notify_one();
       }
@@ -175,6 +197,7 @@ struct ThreadPool::Impl {
 
 ThreadPool::ThreadPool(int threads, std::vector<std::vector<int>> pin) : impl_(std::make_unique<Impl>()) {
   impl_->size = std::max(1, threads);
+  impl_->slots = std::make_unique<Impl::Slot[]>(static_cast<size_t>(impl_->size));
   for (int t = 1; t < impl_->size; ++t) {
     std::vector<int> cpus = t < static_cast<int>(pin.size()) ? pin[t] : std::vector<int>{};
     impl_->workers.emplace_back([this, t, cpus = std::move(cpus)] {
@@ -236,7 +259,7 @@ void ThreadPool::set_spin_time(std::chrono::microseconds t) {
 
 std::chrono::microseconds ThreadPool::spin_time() { return std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed)); }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn, Claim claim) {
   if (n <= 0) return;
   if (n == 1) {
     fn(0, 1, 0);
@@ -251,7 +274,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   m.fn = &fn;
   m.n = n;
   m.grain = grain > 0 ? grain : std::max<int64_t>(1, n / (4 * static_cast<int64_t>(m.size)));
-  m.next.store(0, std::memory_order_relaxed);
+  m.in_order = claim == Claim::InOrder || m.force_in_order;
+  m.plan((n + m.grain - 1) / m.grain);
+  m.failed.store(false, std::memory_order_relaxed);
   m.error = nullptr;
   m.left.store(0, std::memory_order_relaxed);
   m.publish(Impl::gen_of(m.state.load(std::memory_order_relaxed)) + 1);

@@ -46,9 +46,18 @@ class ThreadPool {
   static void set_spin_time(std::chrono::microseconds t);
   static std::chrono::microseconds spin_time();
 
-  // fn(begin, end, thread) over [0, n) in chunks of about `grain` indices (0: n / (4 x size)), thread in
-  // [0, size()) (for per-thread scratch). Returns when every chunk is done; rethrows the first exception.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn);
+  // How chunks are handed out. Spread: each thread starts on its own contiguous run of them and then takes
+  // what is left of the others' (no shared counter while it has its own). InOrder: from one counter, in
+  // increasing index order -- for a job whose later chunks wait on earlier ones (matmul_two_stage: a chunk
+  // only waits on chunks some running thread has already claimed, so it cannot deadlock).
+  enum class Claim { Spread, InOrder };
+
+  // fn(begin, end, thread) over [0, n) in chunks of `grain` indices (0: about n / (4 x size)), chunk c being
+  // [c x grain, min(n, (c + 1) x grain)) whatever the thread count or claim order, thread in [0, size()) (for
+  // per-thread scratch). Returns when every chunk is done; rethrows the first exception (chunks not yet
+  // started are then skipped).
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn,
+                    Claim claim = Claim::Spread);
 
  private:
   struct Impl;

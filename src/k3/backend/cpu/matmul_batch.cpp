@@ -242,8 +242,8 @@ void matmul_two_stage(std::span<const MatmulJob> first, std::span<const int> fir
       }
     }
   };
-  if (total_bytes > 32768 * 2)
-    ThreadPool::global().parallel_for(static_cast<int64_t>(blocks.size()), 1, run);
+  if (total_bytes > 32768 * 2)  // in order: a second-stage block waits only on first-stage blocks already claimed
+    ThreadPool::global().parallel_for(static_cast<int64_t>(blocks.size()), 1, run, ThreadPool::Claim::InOrder);
   else
     run(0, static_cast<int64_t>(blocks.size()), 0);
 }
