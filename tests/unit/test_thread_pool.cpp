@@ -192,6 +192,19 @@ TEST(ThreadPool, ChunksAreFixedRangesUnderBothClaimOrders) {
         }
     }
   k3::ThreadPool pool(4);
+  // Two stages spread: every chunk of [0, 100) is claimed before any later one, so a second-stage chunk may wait
+  // for the whole first stage to finish; each chunk still once.
+  for (int rep = 0; rep < 50; ++rep) {
+    std::atomic<int> first_done{0};
+    std::vector<std::atomic<int>> hits(300);
+    pool.parallel_for(300, 1, [&](int64_t b, int64_t, int) {
+      if (b >= 100)
+        while (first_done.load() < 100) std::this_thread::yield();
+      hits[static_cast<size_t>(b)]++;
+      if (b < 100) first_done++;
+    }, k3::ThreadPool::Claim::Spread, 100);
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  }
   for (int rep = 0; rep < 50; ++rep) {
     std::vector<std::atomic<int>> started(200);
     pool.parallel_for(200, 1, [&](int64_t b, int64_t, int) {

@@ -84,6 +84,7 @@ struct ThreadPool::Impl {
   const std::function<void(int64_t, int64_t, int)>* fn = nullptr;
   int64_t n = 0, grain = 1;
   bool in_order = false;  // Claim::InOrder: every chunk from slots[0], in increasing order
+  int stages = 1;         // 2: the chunks below the split are all claimed before any above it
   // The job's chunks (of `grain` indices), split into one contiguous run per thread: thread t claims from
   // slots[t] (an atomic add on a line no one else touches while it has chunks), then takes what is left of
   // the others' runs. One shared counter made every claim a contended atomic: with 16 threads a job of 128
@@ -123,14 +124,19 @@ struct ThreadPool::Impl {
     }
   }
 
-  // Splits the job's chunks into the threads' runs (the caller, before it publishes the job).
-  void plan(int64_t chunks) {
+  // Splits the job's chunks into the threads' runs (the caller, before it publishes the job): one run a thread
+  // per stage -- chunks [0, split) and [split, chunks) with a split, else one stage -- or, in order, one run.
+  void plan(int64_t chunks, int64_t split) {
+    stages = in_order || split <= 0 || split >= chunks ? 1 : 2;
     const int runs = in_order ? 1 : size;
-    for (int t = 0; t < size; ++t) {
-      Slot& sl = slots[static_cast<size_t>(t)];
-      const int64_t b = t < runs ? chunks * t / runs : chunks, e = t < runs ? chunks * (t + 1) / runs : chunks;
-      sl.next.store(b, std::memory_order_relaxed);
-      sl.end = e;
+    for (int st = 0; st < 2; ++st) {
+      const int64_t lo = st == 0 ? 0 : stages == 2 ? split : chunks, hi = st == 0 && stages == 2 ? split : chunks;
+      for (int t = 0; t < size; ++t) {
+        Slot& sl = slots[static_cast<size_t>(st * size + t)];
+        const int64_t len = hi - lo;
+        sl.next.store(t < runs ? lo + len * t / runs : hi, std::memory_order_relaxed);
+        sl.end = t < runs ? lo + len * (t + 1) / runs : hi;
+      }
     }
   }
 
@@ -145,12 +151,13 @@ struct ThreadPool::Impl {
     }
   }
 
-  // Own run first, then the others' in turn (the thread's neighbours first); returns once every chunk is claimed.
+  // Stage by stage: own run first, then the others' in turn (the thread's neighbours first); a thread reaches the
+  // second stage only once every first-stage chunk is claimed. Returns once every chunk is claimed.
   void run_chunks(int thread) {
     t_in_task = true;
     const int runs = in_order ? 1 : size;
-    for (int k = 0; k < runs; ++k) {
-      Slot& sl = slots[static_cast<size_t>((thread + k) % runs)];
+    for (int k = 0; k < stages * runs; ++k) {
+      Slot& sl = slots[static_cast<size_t>(k / runs * size + (thread + k) % runs)];
       while (!failed.load(std::memory_order_relaxed)) {
         const int64_t c = sl.next.fetch_add(1, std::memory_order_relaxed);
         if (c >= sl.end) break;
@@ -197,7 +204,7 @@ struct ThreadPool::Impl {
 
 ThreadPool::ThreadPool(int threads, std::vector<std::vector<int>> pin) : impl_(std::make_unique<Impl>()) {
   impl_->size = std::max(1, threads);
-  impl_->slots = std::make_unique<Impl::Slot[]>(static_cast<size_t>(impl_->size));
+  impl_->slots = std::make_unique<Impl::Slot[]>(2 * static_cast<size_t>(impl_->size));
   for (int t = 1; t < impl_->size; ++t) {
     std::vector<int> cpus = t < static_cast<int>(pin.size()) ? pin[t] : std::vector<int>{};
     impl_->workers.emplace_back([this, t, cpus = std::move(cpus)] {
@@ -259,7 +266,8 @@ void ThreadPool::set_spin_time(std::chrono::microseconds t) {
 
 std::chrono::microseconds ThreadPool::spin_time() { return std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed)); }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn, Claim claim) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn, Claim claim,
+                              int64_t first_stage) {
   if (n <= 0) return;
   if (n == 1) {
     fn(0, 1, 0);
@@ -275,7 +283,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   m.n = n;
   m.grain = grain > 0 ? grain : std::max<int64_t>(1, n / (4 * static_cast<int64_t>(m.size)));
   m.in_order = claim == Claim::InOrder || m.force_in_order;
-  m.plan((n + m.grain - 1) / m.grain);
+  m.plan((n + m.grain - 1) / m.grain, first_stage > 0 ? (first_stage + m.grain - 1) / m.grain : 0);
   m.failed.store(false, std::memory_order_relaxed);
   m.error = nullptr;
   m.left.store(0, std::memory_order_relaxed);

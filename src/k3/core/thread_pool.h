@@ -55,9 +55,11 @@ class ThreadPool {
   // fn(begin, end, thread) over [0, n) in chunks of `grain` indices (0: about n / (4 x size)), chunk c being
   // [c x grain, min(n, (c + 1) x grain)) whatever the thread count or claim order, thread in [0, size()) (for
   // per-thread scratch). Returns when every chunk is done; rethrows the first exception (chunks not yet
-  // started are then skipped).
+  // started are then skipped). `first_stage` > 0 (Spread): the chunks holding indices [0, first_stage) are all
+  // claimed before any later one -- two dependent stages in one job, each spread (matmul_two_stage: a second-stage
+  // chunk waits only on first-stage chunks running threads hold, as in order).
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& fn,
-                    Claim claim = Claim::Spread);
+                    Claim claim = Claim::Spread, int64_t first_stage = 0);
 
  private:
   struct Impl;

@@ -187,8 +187,8 @@ void matmul_batch(std::span<const MatmulJob> jobs) {
     run(0, static_cast<int64_t>(blocks.size()), 0);
 }
 
-// One fork-join for two dependent stages. The blocks of both stages are handed out in order (the pool's chunks
-// are claimed in increasing index order), first stage first. The thread finishing a group's last first-stage
+// One fork-join for two dependent stages. Every first-stage block is handed out before any second-stage one
+// (the pool's first_stage split; each thread streams its own run of blocks within a stage). The thread finishing a group's last first-stage
 // block runs between(g) and converts that group's second-stage inputs, then marks the group ready; a
 // second-stage block spins until its group is ready. No deadlock: when a thread holds a second-stage block,
 // every first-stage block has been claimed by a running thread, and first-stage blocks never wait.
@@ -242,8 +242,9 @@ void matmul_two_stage(std::span<const MatmulJob> first, std::span<const int> fir
       }
     }
   };
-  if (total_bytes > 32768 * 2)  // in order: a second-stage block waits only on first-stage blocks already claimed
-    ThreadPool::global().parallel_for(static_cast<int64_t>(blocks.size()), 1, run, ThreadPool::Claim::InOrder);
+  if (total_bytes > 32768 * 2)  // every first-stage block claimed before any second-stage one: no deadlock
+    ThreadPool::global().parallel_for(static_cast<int64_t>(blocks.size()), 1, run, ThreadPool::Claim::Spread,
+                                      static_cast<int64_t>(n_first));
   else
     run(0, static_cast<int64_t>(blocks.size()), 0);
 }
