@@ -1,6 +1,7 @@
 #!/bin/bash
 # Session 54 call 3 (issue 15, the CPU of a device host, 16 threads): the pool's chunk hand-out -- each thread's own
-# contiguous run first (Claim::Spread, new default) against one shared counter (K3_POOL_CLAIM=inorder, the old hand-out):
+# contiguous run first (Claim::Spread, new default; the MoE layer two spread stages) against one shared counter
+# (K3_POOL_CLAIM=inorder, the old hand-out):
 # (1) `k3 bench memory --job-kib` two alternating rounds; (2) the kl48 Q4_K_M GGUF decode, three alternating rounds;
 # (3) one profiled run of each. Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz
 BUDGET=570
