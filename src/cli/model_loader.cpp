@@ -320,7 +320,12 @@ ComputeOptions hybrid_compute_options(const DeviceOptions& d, const k3::Placemen
 
 // One line when the CPU repacked the MXFP4 experts (llama.cpp says so of its repacked buffers too): what it costs.
 void report_expert_copies(const k3::Model& m) {
-  if (m.expert_copy_bytes() > 0)
+  if (m.expert_copy_bytes() == 0) return;
+  if (m.expert_released_bytes() > 0)  // the copies replace the stored experts' pages (decode_layout.h)
+    std::fprintf(stderr, "k3: MXFP4 routed experts repacked for the CPU's products: %.2f GB, the stored experts' %.2f GB "
+                 "of pages released (--no-repack keeps them as stored)\n",
+                 static_cast<double>(m.expert_copy_bytes()) / 1e9, static_cast<double>(m.expert_released_bytes()) / 1e9);
+  else  // stored bytes nothing releases (random weights in memory)
     std::fprintf(stderr, "k3: MXFP4 routed experts repacked for the CPU's products: %.2f GB more RAM (--no-repack: none)\n",
                  static_cast<double>(m.expert_copy_bytes()) / 1e9);
 }

@@ -386,7 +386,8 @@ TEST(Cli, BenchOfflineUbatchSize) {
 }
 
 // The CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h): made by the avx512bf16 tier's loaders and said so
-// on stderr, not with --no-repack (llama.cpp's flag), nor on the exact tier; all three run.
+// on stderr, with the stored experts' pages they release, not with --no-repack (llama.cpp's flag), nor on the exact
+// tier; all three run.
 TEST(Cli, ExpertCopiesAndNoRepack) {
   if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
   const std::string run = " run -p 'It is a truth universally' -n 12 --temp 0 2>&1";
@@ -396,6 +397,8 @@ TEST(Cli, ExpertCopiesAndNoRepack) {
   ASSERT_EQ(none.status, 0) << none.out;
   ASSERT_EQ(exact.status, 0) << exact.out;
   EXPECT_NE(copies.out.find("MXFP4 routed experts repacked"), std::string::npos) << copies.out;
+  EXPECT_NE(copies.out.find("the stored experts' "), std::string::npos) << copies.out;  // their pages released
+  EXPECT_NE(copies.out.find(" of pages released"), std::string::npos) << copies.out;
   EXPECT_EQ(none.out.find("repacked"), std::string::npos) << none.out;
   EXPECT_EQ(exact.out.find("repacked"), std::string::npos) << exact.out;
 }

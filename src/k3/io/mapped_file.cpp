@@ -23,6 +23,23 @@ std::atomic<FileLoad> g_file_load{FileLoad::Mmap};
 
 constexpr size_t kHuge = size_t{2} << 20;
 
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// len bytes of fd from off into p; false on an error or a short file.
+bool pread_all(int fd, uint8_t* p, size_t len, off_t off) {
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t r = ::pread(fd, p + got, len - got, off + static_cast<off_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
 // The file's bytes into a fresh anonymous region (2 MB aligned inside it, MADV_HUGEPAGE asked), made read-only
 // afterwards. Returns the region (base, len) and the data pointer; throws with the file's name on any failure.
 const uint8_t* read_whole(int fd, const std::string& path, size_t size, void** base, size_t* len) {
@@ -71,7 +88,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     ::close(fd);
     return;
   }
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    mtime_ = st.st_mtim;
+  }
   if (file_load() == FileLoad::Read) {
+    read_ = true;
     try {
       data_ = read_whole(fd, path, size_, &base_, &map_len_);
     } catch (...) {
@@ -91,6 +115,55 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   map_len_ = size_;
   data_ = static_cast<const uint8_t*>(p);
   ::close(fd);
+}
+
+bool MappedFile::contains(const uint8_t* p, size_t n) const {
+  const auto a = reinterpret_cast<uintptr_t>(p), d = reinterpret_cast<uintptr_t>(data_);
+  return data_ != nullptr && a >= d && a - d <= size_ && n <= size_ - (a - d);
+}
+
+size_t MappedFile::release(const uint8_t* p, size_t n) const {
+  if (n == 0) return 0;
+  if (!contains(p, n)) throw Error("release: bytes outside the view of '" + path_ + "'");
+  const size_t page = page_size();
+  const auto a = reinterpret_cast<uintptr_t>(p), end = a + n;
+  const uintptr_t lo = (a + page - 1) / page * page;
+  // The file's last page holds only the file's bytes (and zeros past its end): both views have it to themselves.
+  const uintptr_t hi = (end == reinterpret_cast<uintptr_t>(data_) + size_ ? end + page - 1 : end) / page * page;
+  if (lo >= hi) return 0;
+  if (!read_) return ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) == 0 ? hi - lo : 0;
+  return release_read_copy(reinterpret_cast<uint8_t*>(lo), hi - lo);
+}
+
+// [lo, lo + len) (whole pages of the anonymous copy; file offset lo - data_, page-aligned as data_ is 2 MB aligned)
+// becomes a read-only private mapping of the same bytes of the file, where the file is still the one read.
+size_t MappedFile::release_read_copy(uint8_t* lo, size_t len) const {
+  int fd = -1;
+  try {
+    fd = open_regular_file(path_, "file");
+  } catch (const Error&) {
+    return 0;  // gone or replaced by something else: keep the copy
+  }
+  struct stat st {};
+  const bool same = ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_ &&
+                    static_cast<size_t>(st.st_size) == size_ && st.st_mtim.tv_sec == mtime_.tv_sec &&
+                    st.st_mtim.tv_nsec == mtime_.tv_nsec;
+  const auto off = static_cast<off_t>(lo - data_);
+  size_t released = 0;
+  if (same && ::mmap(lo, len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, off) != MAP_FAILED) {
+    released = len;
+  } else if (same) {
+    // A failed MAP_FIXED may have unmapped the range already (older kernels did): put the bytes back.
+    void* q = ::mmap(lo, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (q == MAP_FAILED || !pread_all(fd, lo, std::min(len, size_ - static_cast<size_t>(off)), off)) {
+      const int e = errno;
+      ::close(fd);
+      throw Error("release: cannot restore bytes of '" + path_ + "' after a failed remap: " + std::strerror(e));
+    }
+    ::mprotect(lo, len, PROT_READ);
+  }
+  ::close(fd);
+  return released;
 }
 
 MappedFile::~MappedFile() {

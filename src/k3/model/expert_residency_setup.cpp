@@ -6,10 +6,16 @@ namespace k3 {
 
 namespace {
 
-// The byte ranges expert `e` reads: its three matrices' data and scales.
+// Whether the CPU reads m's stored bytes: not a routed expert with the CPU's copy (`tiled`, made by
+// add_expert_decode_layouts, backend/cpu/decode_layout.h), which every product of it reads instead and whose stored
+// pages were released.
+bool reads_stored(const WeightMatrix& m) { return m.tiled == nullptr; }
+
+// The stored byte ranges expert `e` reads: its three matrices' data and scales, the copied ones left out.
 std::vector<ByteSpan> expert_spans(const GluMlp& e) {
   std::vector<ByteSpan> s;
   for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) {
+    if (!reads_stored(*m)) continue;
     const int64_t data = m->rows * row_data_bytes(m->format, m->cols);
     const int64_t scales = m->rows * row_scale_bytes(m->format, m->cols);
     s.push_back({static_cast<const uint8_t*>(m->data), static_cast<size_t>(data)});
@@ -31,7 +37,7 @@ std::unique_ptr<ExpertResidency> make_expert_residency(const ModelWeights& w, co
   for (const LayerWeights& L : w.layers)
     for (const GluMlp& e : L.moe.experts)
       if (on_host(e))
-        for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) expert_bytes += m->bytes();
+        for (const WeightMatrix* m : {&e.gate, &e.up, &e.down}) expert_bytes += reads_stored(*m) ? m->bytes() : 0;
   if (expert_bytes == 0) return nullptr;
   for_each_matrix(w, [&](const WeightMatrix& m) {
     if (m.device != kHostDevice) device_bytes += m.bytes();
@@ -49,8 +55,12 @@ std::unique_ptr<ExpertResidency> make_expert_residency(const ModelWeights& w, co
   for (const LayerWeights& L : w.layers) {
     if (L.moe.experts.empty() || !on_host(L.moe.experts[0])) continue;
     std::vector<std::vector<ByteSpan>> experts;
-    for (const GluMlp& e : L.moe.experts) experts.push_back(expert_spans(e));
-    r->add_layer(L.moe.experts[0].gate.data, experts);
+    bool any = false;
+    for (const GluMlp& e : L.moe.experts) {
+      experts.push_back(expert_spans(e));
+      any = any || !experts.back().empty();
+    }
+    if (any) r->add_layer(L.moe.experts[0].gate.data, experts);  // a layer read wholly from copies: not managed
   }
   return r;
 }

@@ -10,9 +10,11 @@
 
 namespace k3 {
 
-// Null when `opt` turns it off or no routed expert lives on the host. Layers whose experts live on a device are
-// not registered. The automatic hot-set budget pins nothing when the host-resident part of the checkpoint
-// fits in half the available memory: the page cache keeps all of it anyway.
+// Null when `opt` turns it off or no routed expert's stored bytes are read on the host. Layers whose experts live on
+// a device, or are read wholly from the CPU's copies (WeightMatrix::tiled, backend/cpu/decode_layout.h: their stored
+// pages released), are not registered; a copied matrix's bytes are not counted as an expert's. The automatic hot-set
+// budget pins nothing when the host-resident part of the checkpoint fits in half the available memory: the page cache
+// keeps all of it anyway.
 std::unique_ptr<ExpertResidency> make_expert_residency(const ModelWeights& w, const Checkpoint& ck,
                                                        ExpertResidencyOptions opt);
 

@@ -44,12 +44,15 @@ class Model final : public ModelRunner {
   const ModelWeights& weights() const { return w_; }
   // Second copies of the dense Q4_K matrices in the CPU's decode layout (backend/cpu/decode_layout.h: +2.8% of their
   // bytes, the same bits, a cheaper one-token product; opt-in) and of the MXFP4 routed experts (mxfp4_rowblocks.h: the
-  // same bytes again where memory allows, a product ~2x as fast a core, llama.cpp's activation class); once, before the
-  // forwards that decode. Not at load: `k3 info`, imatrix and prune load models they never decode. `experts` false: the
-  // dense copies only (--no-repack).
-  void add_decode_layouts(bool experts = true);
-  // Bytes of the MXFP4 experts' copies add_decode_layouts made (0: none).
+  // same bytes, a product ~2x as fast a core, llama.cpp's activation class: the stored experts' pages released as each
+  // layer's copies are written, and the expert residency rebuilt over the stored bytes still read -- none when every
+  // expert has its copy); once, before the forwards that decode. Not at load: `k3 info`, imatrix and prune load models
+  // they never decode. `experts` false: the dense copies only (--no-repack). `release_stored` false: the stored experts'
+  // pages stay (the tests' reference: releasing them must change no result).
+  void add_decode_layouts(bool experts = true, bool release_stored = true);
+  // Bytes of the MXFP4 experts' copies add_decode_layouts made (0: none), and of the stored experts' pages it gave back.
   int64_t expert_copy_bytes() const { return expert_layouts_.bytes; }
+  int64_t expert_released_bytes() const { return expert_layouts_.released; }
   // Observes the activations of later forwards (null: stop); see cpu::ActivationObserver.
   void set_activation_observer(cpu::ActivationObserver* o) {
     std::lock_guard lk(mu_);
@@ -71,6 +74,7 @@ class Model final : public ModelRunner {
   cpu::DecodeLayouts decode_layouts_;  // second copies of w_'s dense Q4_K matrices for the one-token products
   cpu::DecodeLayouts expert_layouts_;  // and of its MXFP4 routed experts
   std::unique_ptr<ExpertResidency> residency_;  // null without MoE layers or when turned off
+  ExpertResidencyOptions residency_opt_;        // what it was made with (add_decode_layouts remakes it)
   // The graph's ops run on the CPU backend; its scratch is reused across steps (one step at a time).
   mutable std::mutex mu_;
   mutable cpu::CpuBackend backend_;

@@ -1,5 +1,6 @@
 #include "k3/backend/cpu/decode_layout.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -100,39 +101,108 @@ int expert_copies_forced() {
   return std::string(e) == "0" ? 0 : 1;
 }
 
-void for_each_expert_matrix(ModelWeights& w, const std::function<void(WeightMatrix&)>& fn) {
-  for (LayerWeights& l : w.layers)
-    if (l.is_moe)
-      for (GluMlp& e : l.moe.experts)
-        for (WeightMatrix* m : {&e.gate, &e.up, &e.down}) fn(*m);
+// One MoE layer's matrices that get copies, and the copies' bytes.
+struct LayerCopies {
+  std::vector<WeightMatrix*> todo;
+  int64_t bytes = 0;
+};
+
+std::vector<LayerCopies> plan_expert_copies(ModelWeights& w) {
+  std::vector<LayerCopies> out;
+  for (LayerWeights& l : w.layers) {
+    if (!l.is_moe) continue;
+    LayerCopies c;
+    for (GluMlp& e : l.moe.experts)
+      for (WeightMatrix* m : {&e.gate, &e.up, &e.down})
+        if (m->device == kHostDevice && m->tiled == nullptr && mxfp4_rowblocks_supported(*m)) {
+          c.todo.push_back(m);
+          c.bytes += mxfp4_rowblocks_bytes(*m);
+        }
+    if (!c.todo.empty()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// The stored byte ranges of W (its data, and its scales where apart).
+std::vector<ByteSpan> stored_spans(const WeightMatrix& W) {
+  std::vector<ByteSpan> s{{static_cast<const uint8_t*>(W.data), static_cast<size_t>(W.rows * row_data_bytes(W.format, W.cols))}};
+  if (W.scales != nullptr) s.push_back({W.scales, static_cast<size_t>(W.rows * row_scale_bytes(W.format, W.cols))});
+  return s;
+}
+
+// The memory the copies need beyond what is in use now, at their peak (the memory rule of decode_layout.h): a copy
+// whose stored bytes are read into memory costs only while its layer is being written (that layer's stored bytes are
+// released right after); any other copy costs its full size.
+int64_t copies_peak_need(const std::vector<LayerCopies>& layers, const StoredExperts& stored) {
+  int64_t full = 0, largest_layer = 0;
+  for (const LayerCopies& l : layers) {
+    int64_t transient = 0;
+    for (const WeightMatrix* m : l.todo) {
+      bool in_memory = static_cast<bool>(stored.held);
+      for (const ByteSpan& s : stored_spans(*m)) in_memory = in_memory && stored.held(s) == StoredExperts::Held::InMemory;
+      (in_memory ? transient : full) += mxfp4_rowblocks_bytes(*m);
+    }
+    largest_layer = std::max(largest_layer, transient);
+  }
+  return full + largest_layer;
+}
+
+// Sorted, overlapping or touching ranges joined (one release per run of neighbouring tensors: the pages between
+// two tensors are whole only in the joined range).
+std::vector<ByteSpan> joined(std::vector<ByteSpan> s) {
+  std::sort(s.begin(), s.end(), [](const ByteSpan& a, const ByteSpan& b) { return std::less<>()(a.data, b.data); });
+  std::vector<ByteSpan> out;
+  for (const ByteSpan& x : s) {
+    const auto b = reinterpret_cast<uintptr_t>(x.data);
+    if (!out.empty()) {
+      const auto ob = reinterpret_cast<uintptr_t>(out.back().data);
+      if (b <= ob + out.back().size) {
+        out.back().size = std::max(ob + out.back().size, b + x.size) - ob;
+        continue;
+      }
+    }
+    out.push_back(x);
+  }
+  return out;
+}
+
+// Writes one layer's copies at out (in parallel over its matrices), points each matrix at its copy, then gives back
+// the layer's stored bytes (nothing reads them any more). Returns the bytes released.
+int64_t write_layer(const LayerCopies& l, uint8_t* out, const StoredExperts& stored) {
+  std::vector<int64_t> at(l.todo.size() + 1, 0);
+  for (size_t i = 0; i < l.todo.size(); ++i) at[i + 1] = at[i] + mxfp4_rowblocks_bytes(*l.todo[i]);
+  ThreadPool::global().parallel_for(static_cast<int64_t>(l.todo.size()), 1, [&](int64_t i0, int64_t i1, int) {
+    for (auto i = static_cast<size_t>(i0); i < static_cast<size_t>(i1); ++i) mxfp4_rowblocks_write(*l.todo[i], out + at[i]);
+  });
+  std::vector<ByteSpan> spans;
+  for (size_t i = 0; i < l.todo.size(); ++i) {
+    l.todo[i]->tiled = out + at[i];
+    for (const ByteSpan& s : stored_spans(*l.todo[i])) spans.push_back(s);
+  }
+  return stored.release ? stored.release(joined(std::move(spans))) : 0;
 }
 
 }  // namespace
 
-DecodeLayouts add_expert_decode_layouts(ModelWeights& w) {
+DecodeLayouts add_expert_decode_layouts(ModelWeights& w, const StoredExperts& stored) {
   DecodeLayouts d;
   const CpuIsa isa = active_cpu_isa();
   const int forced = expert_copies_forced();
   // forced on: whatever the tier (the tests' exact one too), where the CPU runs the product
   if (forced == 0 || !mxfp4_rowblocks_cpu_ok() || (forced < 0 && isa != CpuIsa::Avx512Bf16 && isa != CpuIsa::Amx)) return d;
-  std::vector<WeightMatrix*> todo;
-  for_each_expert_matrix(w, [&](WeightMatrix& W) {
-    if (W.device == kHostDevice && W.tiled == nullptr && mxfp4_rowblocks_supported(W)) {
-      todo.push_back(&W);
-      d.bytes += mxfp4_rowblocks_bytes(W);
-    }
-  });
+  const std::vector<LayerCopies> layers = plan_expert_copies(w);
+  for (const LayerCopies& l : layers) d.bytes += l.bytes;
   if (d.bytes == 0) return d;
   // half the memory available now: the expert residency's automatic budget, from the same reading
-  if (forced < 0 && d.bytes > ExpertResidency::auto_budget(0)) return DecodeLayouts{};
+  if (forced < 0 && copies_peak_need(layers, stored) > ExpertResidency::auto_budget(0)) return DecodeLayouts{};
+  // One allocation, its pages taken as each layer's copies are written (large: mapped lazily by the allocator).
   d.buf = aligned_buffer(d.bytes);
-  std::vector<int64_t> at(todo.size() + 1, 0);
-  for (size_t i = 0; i < todo.size(); ++i) at[i + 1] = at[i] + mxfp4_rowblocks_bytes(*todo[i]);
-  ThreadPool::global().parallel_for(static_cast<int64_t>(todo.size()), 1, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) mxfp4_rowblocks_write(*todo[static_cast<size_t>(i)], d.buf.get() + at[static_cast<size_t>(i)]);
-  });
-  for (size_t i = 0; i < todo.size(); ++i) todo[i]->tiled = d.buf.get() + at[i];
-  d.matrices = static_cast<int64_t>(todo.size());
+  int64_t at = 0;
+  for (const LayerCopies& l : layers) {
+    d.released += write_layer(l, d.buf.get() + at, stored);
+    at += l.bytes;
+    d.matrices += static_cast<int64_t>(l.todo.size());
+  }
   return d;
 }
 

@@ -12,9 +12,12 @@
 // integer lanes and fp32 accumulators of the stored-row kernel).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 
 #include "k3/core/weight.h"
+#include "k3/runtime/expert_residency.h"  // ByteSpan
 
 namespace k3 {
 struct ModelWeights;
@@ -46,18 +49,40 @@ void make_decode_layout(const WeightMatrix& W, uint8_t* out);
 struct DecodeLayouts {
   std::shared_ptr<uint8_t> buf;
   int64_t bytes = 0, matrices = 0;
+  int64_t released = 0;  // bytes of the stored matrices' pages given back (StoredExperts::release)
 };
 // Builds the copy of every wanted dense matrix of w and points its `tiled` at it.
 DecodeLayouts add_decode_layouts(ModelWeights& w);
 
+// The stored bytes the experts' copies replace, as their owner sees them (Model::add_decode_layouts: the checkpoint's
+// file views, found by address; io/mapped_file.h). Empty functions: the stored bytes stay as they are.
+struct StoredExperts {
+  // How the memory of stored bytes is held: Kept (nothing gives it back), Mapped (pages of a file mapping: released,
+  // they leave the process but stay in the page cache, which the kernel counts as available already), InMemory (the
+  // file read into anonymous memory, --no-mmap: what a release gives back is what the copy took).
+  enum class Held { Kept, Mapped, InMemory };
+  std::function<Held(const ByteSpan&)> held;
+  // Gives back the memory of these stored ranges (sorted, disjoint), which nothing reads any more; their bytes stay
+  // readable and unchanged. Returns the bytes released.
+  std::function<int64_t(std::span<const ByteSpan>)> release;
+};
+
 // The routed experts' decode copies: every MXFP4 expert matrix on the host repacked in 16-row blocks
 // (mxfp4_rowblocks.h; the same bytes again, in one allocation), its `tiled` pointing at its copy, which the experts'
-// products then read at every token count (matmul_batch; a token's result the same alone or batched). Made when the tier chosen at start-up is avx512bf16 or amx and the copies take at
-// most half the memory available now (the expert residency's automatic budget; a model bigger than that keeps reading
-// its stored experts, as one bigger than RAM must: the copy would push the stored bytes out of the page cache that
-// prefill reads). K3_CPU_MXFP4_ROWBLOCKS=0
-// turns them off, =1 makes them whatever the memory and the tier say (on a CPU that runs the product). Why: the stored rows' one-token product is issue-bound at
-// ~18 GB/s a core; the copy's, ~2x that (docs/perf/cpu.md, sessions 52-53).
-DecodeLayouts add_expert_decode_layouts(ModelWeights& w);
+// products then read at every token count (matmul_batch; a token's result the same alone or batched), never its stored
+// bytes again. So the copies REPLACE the stored experts: written a layer at a time, each layer's stored data and scales
+// released (`stored.release`) as soon as its copies are written -- the process holds one layer twice at most, never
+// the experts twice (Kimi-Linear-48B Q4_K_M at 16 threads held 27.96 GB + 25 GB of copies before; docs/perf/cpu.md).
+// Made when the tier chosen at start-up is avx512bf16 or amx and the memory the copies need beyond what they give back,
+// at their peak, fits in half the memory available now (the expert residency's automatic budget, the same reading):
+//  - stored bytes read into memory (--no-mmap): one layer's copies, the largest (built before that layer's release);
+//  - stored bytes mapped from the file: all the copies -- they are anonymous memory that must stay, the page cache
+//    they free was counted as available already (a model whose experts are bigger than that keeps reading its stored
+//    experts from the mapping, as one bigger than RAM must);
+//  - stored bytes nothing releases (`stored` empty, or not in a file view): all the copies.
+// K3_CPU_MXFP4_ROWBLOCKS=0 turns them off, =1 makes them whatever the memory and the tier say (on a CPU that runs the
+// product). Why the copies: the stored rows' one-token product is issue-bound at ~18 GB/s a core; the copy's, ~2x that
+// (docs/perf/cpu.md, sessions 52-53).
+DecodeLayouts add_expert_decode_layouts(ModelWeights& w, const StoredExperts& stored = {});
 
 }  // namespace k3::cpu
