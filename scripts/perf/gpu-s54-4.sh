@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 54 call 4: s54-1 and s54-3 in one call (device time is short: most starts are refused). On a card of 100+ GB
+# Session 54 call 4: s54-1 and the pool A/B planned as s54-3 (never ran alone) in one call (device time is short: most starts are refused). On a card of 100+ GB
 # (an H200) first the whole dummy Kimi-Linear-48B (s54-1, trimmed: depth 0 b1 / 64 / 256; depth 512 b256 -- s53-1's
 # failing case, now with the per-run rebuild; one profiled b1 step), device memory sampled beside each; then on the host
 # CPU the pool's hand-out A/B (s54-3, trimmed to two decode rounds). Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz

@@ -89,13 +89,11 @@ std::vector<bool> touched_pages(const k3::MappedFile& f) {
   return k3test::pages_present(f.data(), (f.size() + k3test::page_size() - 1) / k3test::page_size());
 }
 
-// An interior unaligned range: its whole pages leave the process (pagemap, and the smaps Rss of the mappings over
-// them), its partial end pages and the rest stay, and every byte still reads as the file's -- in both modes. The
-// read mode's released range becomes a mapping of the file itself.
-TEST(MappedFile, ReleaseGivesBackWholePagesAndKeepsTheBytes) {
+// A file of n random bytes, then fn(view, bytes) with the file mapped and with it read into memory (each traced).
+template <class F>
+void for_each_view(size_t n, unsigned seed, F&& fn) {
   k3test::TempDir t;
-  const size_t pg = k3test::page_size(), n = 9 * pg + 1234;
-  const std::vector<uint8_t> bytes = random_bytes(n, 5);
+  const std::vector<uint8_t> bytes = random_bytes(n, seed);
   const std::string path = (t.path / "f").string();
   write_file(path, bytes);
   for (k3::FileLoad m : {k3::FileLoad::Mmap, k3::FileLoad::Read}) {
@@ -103,6 +101,16 @@ TEST(MappedFile, ReleaseGivesBackWholePagesAndKeepsTheBytes) {
     ModeScope scope(m);
     const k3::MappedFile f(path);
     ASSERT_EQ(f.in_memory(), m == k3::FileLoad::Read);
+    fn(f, bytes);
+  }
+}
+
+// An interior unaligned range: its whole pages leave the process (pagemap, and the smaps Rss of the mappings over
+// them), its partial end pages and the rest stay, and every byte still reads as the file's -- in both modes. The
+// read mode's released range becomes a mapping of the file itself.
+TEST(MappedFile, ReleaseGivesBackWholePagesAndKeepsTheBytes) {
+  const size_t pg = k3test::page_size(), n = 9 * pg + 1234;
+  for_each_view(n, 5, [&](const k3::MappedFile& f, const std::vector<uint8_t>& bytes) {
     for (bool b : touched_pages(f)) ASSERT_TRUE(b) << "a touched page is not present: the check below would prove nothing";
     const uintptr_t base = reinterpret_cast<uintptr_t>(f.data());
     const auto rss_before = k3test::vmas_overlapping(base, base + n);
@@ -121,22 +129,15 @@ TEST(MappedFile, ReleaseGivesBackWholePagesAndKeepsTheBytes) {
     }
     EXPECT_EQ(before_kb - after_kb, static_cast<int64_t>(4 * pg / 1024)) << "smaps Rss of the view's mappings";
     EXPECT_EQ(std::memcmp(f.data(), bytes.data(), n), 0);
-  }
+  });
 }
 
 // n = 0 (any pointer), a range inside one page, a range smaller than a page across a page boundary, a part of the
 // last page: nothing released. A range holding all of the file's last, partial page releases it. Outside the view:
 // throws.
 TEST(MappedFile, ReleaseEdgeCases) {
-  k3test::TempDir t;
   const size_t pg = k3test::page_size(), n = 4 * pg + 700;
-  const std::vector<uint8_t> bytes = random_bytes(n, 7);
-  const std::string path = (t.path / "f").string();
-  write_file(path, bytes);
-  for (k3::FileLoad m : {k3::FileLoad::Mmap, k3::FileLoad::Read}) {
-    SCOPED_TRACE(mode_name(m));
-    ModeScope scope(m);
-    const k3::MappedFile f(path);
+  for_each_view(n, 7, [&](const k3::MappedFile& f, const std::vector<uint8_t>& bytes) {
     touched_pages(f);
     EXPECT_EQ(f.release(nullptr, 0), 0u);
     EXPECT_EQ(f.release(f.data() + n, 0), 0u);
@@ -152,7 +153,7 @@ TEST(MappedFile, ReleaseEdgeCases) {
     EXPECT_EQ(std::memcmp(f.data(), bytes.data(), n), 0);
     EXPECT_THROW(f.release(f.data() + n - 5, 10), k3::Error);
     EXPECT_THROW(f.release(f.data() - 1, 2), k3::Error);
-  }
+  });
 }
 
 // Read into memory, the copy is the only right bytes once the file changed or went: then nothing is released.
