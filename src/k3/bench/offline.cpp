@@ -107,7 +107,8 @@ std::unique_ptr<SequenceCache> build_depth(const ModelRunner& m, const std::vect
 // The caches each run of a test starts from. At depth 0, fresh ones. At depth > 0 the contexts are built once and
 // each run takes copies while a second set fits beside the first; where it does not, each run rebuilds them
 // (untimed, as llama-bench does every run): the whole Kimi-Linear-48B at batch 256 and depth 512 on an H200 holds
-// 98 GB of weights and 256 x 45 MB of KDA state per set (call s53-1 failed holding two sets).
+// 98 GB of weights and 256 x 45 MB of KDA state per set (call s53-1 failed holding two sets). "Fits" reads the
+// runner's memory_available(): free device memory on a GPU, the machine's RAM on the CPU (where runs take copies).
 class DepthCaches {
  public:
   DepthCaches(const ModelRunner& m, const OfflineTest& t, std::vector<std::vector<int32_t>> ctxs)

@@ -87,8 +87,10 @@ struct ThreadPool::Impl {
   int stages = 1;         // 2: the chunks below the split are all claimed before any above it
   // The job's chunks (of `grain` indices), split into one contiguous run per thread: thread t claims from
   // slots[t] (an atomic add on a line no one else touches while it has chunks), then takes what is left of
-  // the others' runs. One shared counter made every claim a contended atomic: with 16 threads a job of 128
-  // blocks spent ~9 us handing them out (k3 bench memory --job-kib, s54-2), about what it took to read them.
+  // the others' runs. With one shared counter every claim was a contended atomic and consecutive chunks went to
+  // different threads (no thread streamed two blocks in a row): a job cost ~9-11 us at 16 threads (k3 bench memory
+  // --job-kib, s54-2; how much of that the counter was is not measured apart) and the runs made kl-1b's decode
+  // 4-20% faster at 2 threads (docs/perf/cpu.md, session 54).
   struct alignas(64) Slot {
     std::atomic<int64_t> next{0};
     int64_t end = 0;
@@ -129,15 +131,14 @@ struct ThreadPool::Impl {
   void plan(int64_t chunks, int64_t split) {
     stages = in_order || split <= 0 || split >= chunks ? 1 : 2;
     const int runs = in_order ? 1 : size;
-    for (int st = 0; st < 2; ++st) {
-      const int64_t lo = st == 0 ? 0 : stages == 2 ? split : chunks, hi = st == 0 && stages == 2 ? split : chunks;
+    const int64_t bounds[3] = {0, stages == 2 ? split : chunks, chunks};  // stage st: [bounds[st], bounds[st + 1])
+    for (int st = 0; st < 2; ++st)
       for (int t = 0; t < size; ++t) {
+        const int64_t lo = bounds[st], len = bounds[st + 1] - lo;
         Slot& sl = slots[static_cast<size_t>(st * size + t)];
-        const int64_t len = hi - lo;
-        sl.next.store(t < runs ? lo + len * t / runs : hi, std::memory_order_relaxed);
-        sl.end = t < runs ? lo + len * (t + 1) / runs : hi;
+        sl.next.store(t < runs ? lo + len * t / runs : lo + len, std::memory_order_relaxed);
+        sl.end = t < runs ? lo + len * (t + 1) / runs : lo + len;
       }
-    }
   }
 
   void run_chunk(int64_t c, int thread) {
