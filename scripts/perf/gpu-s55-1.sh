@@ -1,10 +1,15 @@
 #!/bin/bash
-# Session 54 call 4: s54-1 and the pool A/B planned as s54-3 (never ran alone) in one call (device time is short: most starts are refused). On a card of 100+ GB
+# Session 55 call 1 (session 54's unrun s54-4, with the W4A8 prototype in front): scripts/perf/w4a8_bench.cu (carried
+# built: .gpuwork/w4a8_bench) -- its correctness check, then its K3-shape timing at n = 1 / 8 / 64 (~1 min). Then
+# s54-1 and the pool A/B planned as s54-3 (never ran alone) in one call (device time is short: most starts are refused). On a card of 100+ GB
 # (an H200) first the whole dummy Kimi-Linear-48B (s54-1, trimmed: depth 0 b1 / 64 / 256; depth 512 b256 -- s53-1's
 # failing case, now with the per-run rebuild; one profiled b1 step), device memory sampled beside each; then on the host
 # CPU the pool's hand-out A/B (s54-3, trimmed to two decode rounds). Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz
+# .gpuwork/w4a8_bench
 BUDGET=585
 . scripts/perf/lib-call.sh
+timeout 60 $GW/w4a8_bench check > $OUT/w4a8-check.txt 2>&1; echo "w4a8 check rc=$? $(el)"; cat $OUT/w4a8-check.txt
+for n in 1 8 64; do timeout 40 $GW/w4a8_bench time $n 10; echo "w4a8 time n=$n rc=$? $(el)"; done 2>&1 | tee $OUT/w4a8-time.txt
 kl_dummy_args
 smi() { nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 200 > "$OUT/smi-$1.csv" & SMI=$!; }
 peak() { kill $SMI 2>/dev/null; wait $SMI 2>/dev/null; awk -F', ' '{v=$2+0; if (v>m) m=v} END {print "peak device memory " m " MiB"}' "$OUT/smi-$1.csv"; }
