@@ -87,13 +87,81 @@ __device__ __forceinline__ uint32_t word_of(const uint4& q, int k) {
   return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
 }
 
-// E8M0 byte -> 2^(s - 127 + 6) (the 2^6 undoes the e4m3 placement), s in [1, 248].
-__device__ __forceinline__ float e8m0_x64(uint32_t s) { return __int_as_float(static_cast<int>((s + 6u) << 23)); }
+
+// One 128-input chunk of a lane's two rows (A: row g, B: row g + 8; SA / SB: their 4 groups' E8M0 scales): 4 wgmmas,
+// each group's product scaled into acc. sX: per (group, token) the activation's exponent term (see the staging).
+template <int ALAYOUT, int ASCALE>
+__device__ __forceinline__ void chunk_step(const uint32_t (&fr)[4][4], uint32_t SA, uint32_t SB, int gbase,
+                                           uint64_t desc0, const uint32_t* sX, int t, float (&acc)[4]) {
+  float d[4][4];
+  // Every A register final before the fence (the caller's settle): else ptxas interleaves the dequantisation with the
+  // wgmmas and injects a warpgroup.arrive before each one.
+  wg_fence();
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    mma_m64n8k32_e4m3(d[q], fr[q][0], fr[q][1], fr[q][2], fr[q][3], desc0 + static_cast<uint64_t>((gbase + q) * 16));
+  wg_commit();
+  wg_wait<0>();
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
+    // The scale bytes in place (one PRMT each), then 2^(ws + xe - 121) as float bits by one IMAD: ws << 23 plus the
+    // activation's term (xe - 121) << 23 staged per (group, token) -- an exponent add, not a decode and a multiply.
+    const uint32_t s0 = __byte_perm(SA, 0, 0x4440 | q), s1 = __byte_perm(SB, 0, 0x4440 | q);
+    if (ASCALE == 0) {
+      const uint2 xv = *reinterpret_cast<const uint2*>(sX + (gbase + q) * 8 + 2 * t);
+      acc[0] = fmaf(d[q][0], __uint_as_float(s0 * (1u << 23) + xv.x), acc[0]);
+      acc[1] = fmaf(d[q][1], __uint_as_float(s0 * (1u << 23) + xv.y), acc[1]);
+      acc[2] = fmaf(d[q][2], __uint_as_float(s1 * (1u << 23) + xv.x), acc[2]);
+      acc[3] = fmaf(d[q][3], __uint_as_float(s1 * (1u << 23) + xv.y), acc[3]);
+    } else {
+      const float w0 = __uint_as_float(s0 * (1u << 23) + (6u << 23)), w1 = __uint_as_float(s1 * (1u << 23) + (6u << 23));
+      acc[0] = fmaf(d[q][0], w0, acc[0]);
+      acc[1] = fmaf(d[q][1], w0, acc[1]);
+      acc[2] = fmaf(d[q][2], w1, acc[2]);
+      acc[3] = fmaf(d[q][3], w1, acc[3]);
+    }
+  }
+}
+
+// Loads ordered against the asm barriers (volatile): the ring's next chunk goes out after this chunk's registers are
+// consumed, into the same registers (a hoisted load needs fresh ones and a copy back at the loop's end).
+__device__ __forceinline__ uint4 ld_nc_v4(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ void settle(const uint32_t (&fr)[4][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    asm volatile("" ::"r"(fr[q][0]), "r"(fr[q][1]), "r"(fr[q][2]), "r"(fr[q][3]) : "memory");
+}
+
+template <int ALAYOUT>
+__device__ __forceinline__ void dequant_chunk(const uint4& A, const uint4& B, uint32_t (&fr)[4][4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t l0, h0, l1, h1;
+    e2m1x8_to_e4m3(word_of(A, q), l0, h0);
+    e2m1x8_to_e4m3(word_of(B, q), l1, h1);
+    if (ALAYOUT == 0) {
+      fr[q][0] = l0; fr[q][1] = l1; fr[q][2] = h0; fr[q][3] = h1;
+    } else {
+      fr[q][0] = l0; fr[q][1] = h0; fr[q][2] = l1; fr[q][3] = h1;
+    }
+  }
+}
 
 // Grid (R / (64 WG), tiles, splits); block = WG warpgroups, each 64 rows over the split's chunks, PF chunks of weights
-// in flight a thread (a register ring). ALAYOUT 1 swaps the assumed A-register order (registers 1 and 2) -- a
-// deliberate error the check must catch. ASCALE 1 times the form whose activations have one scale per token
-// (applied after the sum, not here: timing only): the group's product times the weight scale alone.
+// in flight a thread (a register ring, refilled once a chunk is dequantised). ALAYOUT 1 swaps the assumed A-register
+// order (registers 1 and 2) -- a deliberate error the check must catch. ASCALE 1 times the form whose activations have
+// one scale per token (applied after the sum, not here: timing only): the group's product times the weight scale alone.
 template <int WG, int PF, int ALAYOUT, int ASCALE, int MINB>
 __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -103,7 +171,7 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   if (c0 >= c1) return;
   const int G = (c1 - c0) * 4;  // groups staged
   uint8_t* sB = smem;            // [G][2 core matrices][8 tokens][16 bytes]
-  float* sX = reinterpret_cast<float*>(smem + G * 256);  // [G][8]
+  uint32_t* sX = reinterpret_cast<uint32_t*>(smem + G * 256);  // [G][8]: (xe - 121) << 23, xe the scale's exponent
   // Stage the tile's activations of this K range in the A registers' k order.
   for (int u = threadIdx.x; u < G * 32; u += blockDim.x) {
     const int q = u >> 5, n = (u >> 2) & 7, m = u & 3;
@@ -112,8 +180,10 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
     *reinterpret_cast<uint32_t*>(sB + q * 256 + n * 16 + m * 4) = __byte_perm(v.x, v.y, 0x6420);
     *reinterpret_cast<uint32_t*>(sB + q * 256 + 128 + n * 16 + m * 4) = __byte_perm(v.x, v.y, 0x7531);
   }
-  for (int u = threadIdx.x; u < G * 8; u += blockDim.x)
-    sX[u] = a.xs[(static_cast<size_t>(tile) * kTok + (u & 7)) * (a.K / 32) + c0 * 4 + (u >> 3)];
+  for (int u = threadIdx.x; u < G * 8; u += blockDim.x) {
+    const float xs = a.xs[(static_cast<size_t>(tile) * kTok + (u & 7)) * (a.K / 32) + c0 * 4 + (u >> 3)];
+    sX[u] = ((__float_as_uint(xs) >> 23) - 121u) << 23;  // 2^(ws - 127) 2^6 (the e4m3 placement) 2^(xe - 127)
+  }
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
@@ -125,7 +195,9 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   const uint4* wp1 = wp0 + 8 * row_bytes / 16;
   const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(a.ws + (static_cast<size_t>(e) * a.R + r0) * srow_bytes) + c0;
   const uint32_t* sp1 = sp0 + 8 * srow_bytes / 4;
-  const uint32_t sB_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sB));
+  // Group j's B operand: 256 bytes on from group 0's (the descriptor's address field counts 16-byte units; shared
+  // memory ends below 2^18 bytes, so the add never carries out of it).
+  const uint64_t desc0 = desc_noswizzle(static_cast<uint32_t>(__cvta_generic_to_shared(sB)), 128, 128);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 ra[PF], rb[PF];
@@ -138,60 +210,33 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
       sa[p] = __ldg(sp0 + p);
       sb[p] = __ldg(sp1 + p);
     }
-  for (int c = c0; c < c1; c += PF) {
+  int c = c0;
+  for (; c + PF <= c1; c += PF) {  // whole rounds of the ring: static slots, no copies
 #pragma unroll
     for (int p = 0; p < PF; ++p) {
-      if (c + p >= c1) break;  // the same for every thread of the block
-      const uint4 A = ra[p], B = rb[p];
-      const uint32_t SA = sa[p], SB = sb[p];
-      const int nx = c + p + PF;
-      if (nx < c1) {
-        ra[p] = __ldg(wp0 + (nx - c0) * 4);
-        rb[p] = __ldg(wp1 + (nx - c0) * 4);
-        sa[p] = __ldg(sp0 + (nx - c0));
-        sb[p] = __ldg(sp1 + (nx - c0));
-      }
       uint32_t fr[4][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t l0, h0, l1, h1;
-        e2m1x8_to_e4m3(word_of(A, q), l0, h0);
-        e2m1x8_to_e4m3(word_of(B, q), l1, h1);
-        if (ALAYOUT == 0) {
-          fr[q][0] = l0; fr[q][1] = l1; fr[q][2] = h0; fr[q][3] = h1;
-        } else {
-          fr[q][0] = l0; fr[q][1] = h0; fr[q][2] = l1; fr[q][3] = h1;
-        }
+      dequant_chunk<ALAYOUT>(ra[p], rb[p], fr);
+      settle(fr);
+      const int nx = c + p + PF;
+      if (nx < c1) {  // the slot's next weights, issued before this chunk's products
+        ra[p] = ld_nc_v4(wp0 + (nx - c0) * 4);
+        rb[p] = ld_nc_v4(wp1 + (nx - c0) * 4);
       }
-      float d[4][4];
-      wg_fence();
-      const int gbase = (c - c0 + p) * 4;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        mma_m64n8k32_e4m3(d[q], fr[q][0], fr[q][1], fr[q][2], fr[q][3],
-                          desc_noswizzle(sB_addr + (gbase + q) * 256, 128, 128));
-      wg_commit();
-      wg_wait<0>();
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
-        const float w0 = e8m0_x64((SA >> (8 * q)) & 0xFFu), w1 = e8m0_x64((SB >> (8 * q)) & 0xFFu);
-        if (ASCALE == 0) {
-          const float2 xv = *reinterpret_cast<const float2*>(sX + (gbase + q) * 8 + 2 * t);
-          acc[0] = fmaf(d[q][0], w0 * xv.x, acc[0]);
-          acc[1] = fmaf(d[q][1], w0 * xv.y, acc[1]);
-          acc[2] = fmaf(d[q][2], w1 * xv.x, acc[2]);
-          acc[3] = fmaf(d[q][3], w1 * xv.y, acc[3]);
-        } else {
-          acc[0] = fmaf(d[q][0], w0, acc[0]);
-          acc[1] = fmaf(d[q][1], w0, acc[1]);
-          acc[2] = fmaf(d[q][2], w1, acc[2]);
-          acc[3] = fmaf(d[q][3], w1, acc[3]);
-        }
+      chunk_step<ALAYOUT, ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
+      if (nx < c1) {  // its scales once these are used
+        sa[p] = ld_nc_u32(sp0 + (nx - c0));
+        sb[p] = ld_nc_u32(sp1 + (nx - c0));
       }
     }
   }
+#pragma unroll
+  for (int p = 0; p < PF; ++p)  // the last partial round (the same for every thread of the block)
+    if (c + p < c1) {
+      uint32_t fr[4][4];
+      dequant_chunk<ALAYOUT>(ra[p], rb[p], fr);
+      settle(fr);
+      chunk_step<ALAYOUT, ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
+    }
   float* o = a.out + ((static_cast<size_t>(split) * gridDim.y + tile) * kTok) * a.R;
   o[(2 * t) * a.R + r0] = acc[0];
   o[(2 * t + 1) * a.R + r0] = acc[1];
