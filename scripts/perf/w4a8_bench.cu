@@ -172,6 +172,30 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   const int G = (c1 - c0) * 4;  // groups staged
   uint8_t* sB = smem;            // [G][2 core matrices][8 tokens][16 bytes]
   uint32_t* sX = reinterpret_cast<uint32_t*>(smem + G * 256);  // [G][8]: (xe - 121) << 23, xe the scale's exponent
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int r0 = blockIdx.x * (64 * WG) + wg * 64 + warp * 16 + g;
+  const int e = a.tile_expert[tile];
+  const size_t row_bytes = a.K / 2, srow_bytes = a.K / 32;
+  const uint4* wp0 = reinterpret_cast<const uint4*>(a.w + (static_cast<size_t>(e) * a.R + r0) * row_bytes) + c0 * 4 + t;
+  const uint4* wp1 = wp0 + 8 * row_bytes / 16;
+  const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(a.ws + (static_cast<size_t>(e) * a.R + r0) * srow_bytes) + c0;
+  const uint32_t* sp1 = sp0 + 8 * srow_bytes / 4;
+  // Group j's B operand: 256 bytes on from group 0's (the descriptor's address field counts 16-byte units; shared
+  // memory ends below 2^18 bytes, so the add never carries out of it).
+  const uint64_t desc0 = desc_noswizzle(static_cast<uint32_t>(__cvta_generic_to_shared(sB)), 128, 128);
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // The ring's first chunks go out before the activations are staged (they do not depend on them).
+  uint4 ra[PF], rb[PF];
+  uint32_t sa[PF], sb[PF];
+#pragma unroll
+  for (int p = 0; p < PF; ++p)
+    if (c0 + p < c1) {
+      ra[p] = ld_nc_v4(wp0 + p * 4);
+      rb[p] = ld_nc_v4(wp1 + p * 4);
+      sa[p] = ld_nc_u32(sp0 + p);
+      sb[p] = ld_nc_u32(sp1 + p);
+    }
   // Stage the tile's activations of this K range in the A registers' k order.
   for (int u = threadIdx.x; u < G * 32; u += blockDim.x) {
     const int q = u >> 5, n = (u >> 2) & 7, m = u & 3;
@@ -187,29 +211,6 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
 
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int r0 = blockIdx.x * (64 * WG) + wg * 64 + warp * 16 + g;
-  const int e = a.tile_expert[tile];
-  const size_t row_bytes = a.K / 2, srow_bytes = a.K / 32;
-  const uint4* wp0 = reinterpret_cast<const uint4*>(a.w + (static_cast<size_t>(e) * a.R + r0) * row_bytes) + c0 * 4 + t;
-  const uint4* wp1 = wp0 + 8 * row_bytes / 16;
-  const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(a.ws + (static_cast<size_t>(e) * a.R + r0) * srow_bytes) + c0;
-  const uint32_t* sp1 = sp0 + 8 * srow_bytes / 4;
-  // Group j's B operand: 256 bytes on from group 0's (the descriptor's address field counts 16-byte units; shared
-  // memory ends below 2^18 bytes, so the add never carries out of it).
-  const uint64_t desc0 = desc_noswizzle(static_cast<uint32_t>(__cvta_generic_to_shared(sB)), 128, 128);
-
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  uint4 ra[PF], rb[PF];
-  uint32_t sa[PF], sb[PF];
-#pragma unroll
-  for (int p = 0; p < PF; ++p)
-    if (c0 + p < c1) {
-      ra[p] = __ldg(wp0 + p * 4);
-      rb[p] = __ldg(wp1 + p * 4);
-      sa[p] = __ldg(sp0 + p);
-      sb[p] = __ldg(sp1 + p);
-    }
   int c = c0;
   for (; c + PF <= c1; c += PF) {  // whole rounds of the ring: static slots, no copies
 #pragma unroll
