@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
 #include "k3/core/mxfp8.h"
 
@@ -183,6 +184,39 @@ TEST(Mxfp8, NanAndInfBlocksAsDocumented) {
   EXPECT_EQ(fq[2 * B + 11], 0x1.cp127f);  // 1.8125 * 2^127: the tie between codes 1.75 and 1.875 goes to the even 1.75
   EXPECT_EQ(k3::mxfp8_block_scale(x.data() + 3 * B, B), 0);
   for (int i = 0; i < B; ++i) EXPECT_TRUE(std::isnan(fq[static_cast<size_t>(3 * B + i)]));
+}
+
+// fake_quant_mxfp8 rounds in float without forming the codes (mxfp8.cpp): it must equal the codes dequantised for
+// every value. Blocks led by 256 (scale 2^0, so the quotient is the value) over every 61st float in [0, 512) of
+// both signs, E4M3 subnormals, ties and saturation included, and blocks of float subnormals and huge values.
+TEST(Mxfp8, FakeQuantEqualsCodesDequantised) {
+  std::vector<float> x;
+  const uint32_t end = bits(512.f);
+  for (uint32_t u = 0; u < end; u += 61) {
+    if (x.size() % B == 0) x.push_back(x.size() % (2 * B) == 0 ? 256.f : -256.f);
+    float v;
+    std::memcpy(&v, &u, 4);
+    x.push_back((u / 61) % 2 ? -v : v);
+  }
+  for (uint32_t u = 1; u < bits(0x1p-100f); u += 4099) {  // blocks whose amax is tiny: clamped scales
+    float v;
+    std::memcpy(&v, &u, 4);
+    x.push_back(v);
+  }
+  x.resize((x.size() + B - 1) / B * B, 0.f);
+  std::vector<uint8_t> codes(x.size()), scales(x.size() / B);
+  k3::quantize_mxfp8(x.data(), static_cast<int64_t>(x.size()), codes.data(), scales.data());
+  std::vector<float> fq(x);
+  k3::fake_quant_mxfp8(fq.data(), static_cast<int64_t>(fq.size()));
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size() && bad < 10; ++i) {
+    const float want = k3::fp8_e4m3_to_f32(codes[i]) * std::ldexp(1.0f, int(scales[i / B]) - 127);
+    if (bits(fq[i]) != bits(want)) {
+      ADD_FAILURE() << "x " << x[i] << ": fake_quant " << fq[i] << ", codes dequantised " << want;
+      ++bad;
+    }
+  }
+  EXPECT_GT(x.size(), 10000000u);
 }
 
 TEST(Mxfp8, ScaleBytesOfKnownBlocks) {

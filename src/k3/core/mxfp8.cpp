@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "k3/core/cache_dtype.h"
@@ -28,13 +29,30 @@ float scale_value(uint8_t s) { return std::ldexp(1.0f, static_cast<int>(s) - 127
 // finite block (e = s - 127), and an infinite x stays inf, which saturates to +-448 as it should.
 uint8_t code_of(float x, float inv_scale) { return f32_to_fp8_e4m3(x * inv_scale); }
 
+// The E4M3 value nearest v, as a float: fp8_e4m3_to_f32(f32_to_fp8_e4m3(v)) without the codes, ~5x faster (no
+// data-dependent branch; the tests hold the two equal bit for bit). The grid step in v's binade [2^E, 2^(E+1)) is
+// 2^(E-3) (3 mantissa bits), and 2^-9 below 2^-6 (the subnormals); the float adder itself rounds to a multiple of
+// 2^k, to nearest even: (a + 2^(k+23)) has ulp 2^k, since a < 2^(k+4). A value rounding up to the next binade lands
+// on its first grid point, as the code would. From 464 up (448 + half its step) it saturates; NaN stays NaN.
+float e4m3_nearest(float v) {
+  const float a = std::fabs(v);
+  if (!(a < 464.f)) return std::isnan(v) ? v : std::copysign(kFp8E4M3Max, v);
+  uint32_t bits;
+  std::memcpy(&bits, &a, 4);
+  const int k = std::max(static_cast<int>(bits >> 23) - 127, -6) - 3;  // a float subnormal counts as 2^-127
+  const uint32_t c_bits = static_cast<uint32_t>(k + 23 + 127) << 23;
+  float c;
+  std::memcpy(&c, &c_bits, 4);
+  return std::copysign((a + c) - c, v);
+}
+
 // One block (n <= 32 values) in place. The dequantised value code * 2^(s-127) is exact in float: an E4M3 value has
 // at most 4 significant bits and its lowest is >= 2^-9, so with s >= 0 every bit is >= 2^-136, above float's
 // smallest subnormal 2^-149. Only s = 254 (a block holding inf) can overflow: to inf, as documented in mxfp8.h.
 void fake_quant_block(float* x, int n) {
   const uint8_t s = mxfp8_block_scale(x, n);
   const float inv = inverse_scale(s), scale = scale_value(s);
-  for (int i = 0; i < n; ++i) x[i] = fp8_e4m3_to_f32(code_of(x[i], inv)) * scale;
+  for (int i = 0; i < n; ++i) x[i] = e4m3_nearest(x[i] * inv) * scale;  // the product as in code_of
 }
 
 }  // namespace
