@@ -7,6 +7,7 @@
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
+#include "k3/core/mxfp8.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
@@ -58,6 +59,12 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
   cmd->add_option("--mamba-ssm-cache-dtype", d.mamba_ssm_cache_dtype,
                   "KDA recurrent state: auto (float32), float32, bfloat16 (rounded after every token; once per chunk in "
                   "the chunked prefill form)")
+      ->capture_default_str();
+  cmd->add_option("--moe-activation-dtype", d.moe_activation_dtype,
+                  "cpu: the routed experts' activations: float32, or mxfp8 (each token's expert input and GLU output "
+                  "rounded to MXFP8, E4M3 in blocks of 32 with a power-of-two scale: the numerics K3 was trained with; "
+                  "docs/quantization.md)")
+      ->check(CLI::IsMember({"float32", "mxfp8"}))
       ->capture_default_str();
   cmd->add_option("--override-tensor", d.override_tensor,
                   "PATTERN=DEVICE: matrices whose checkpoint name matches the PCRE2 pattern live on DEVICE (CPU, CUDA0); "
@@ -255,7 +262,8 @@ k3::dist::RankDeviceFactory gpu_rank(k3::dist::Communicator& comm, const DeviceO
 
 // --tensor-parallel-size N under mpirun: this rank's shard. Ranks other than 0 never return.
 std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const DeviceOptions& d, k3::CacheDType kv,
-                                              k3::CacheDType ssm, const k3::Placement& placement) {
+                                              k3::CacheDType ssm, k3::MoeActivationDType moe_act,
+                                              const k3::Placement& placement) {
   const bool gpu = is_cuda_device(d.device);
   if (d.device != "cpu" && !gpu) throw k3::Error("--device '" + d.device + "': expected cpu, cuda or cuda:N");
 #ifndef K3_HAVE_CUDA
@@ -283,6 +291,7 @@ std::unique_ptr<k3::ModelRunner> load_sharded(const std::string& dir, const Devi
   opt.placement.expert_order = parse_expert_placement(d.expert_placement);
   opt.kv = kv;
   opt.ssm = ssm;
+  opt.moe_activation = moe_act;
   if (d.load_format == "dummy") opt.dummy = dummy_config(dir, d);  // every rank draws the same random model
 #ifdef K3_HAVE_CUDA
   if (gpu) opt.device = gpu_rank(*comm, d, kv, ssm, opt.weights_device);
@@ -355,13 +364,18 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   const bool dummy = d.load_format == "dummy";
   const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
+  const k3::MoeActivationDType moe_act = k3::parse_moe_activation_dtype(d.moe_activation_dtype);
+  // The GPU's routed-expert kernels (and a hybrid run's host experts, which it drives) do not round to MXFP8 yet.
+  if (moe_act != k3::MoeActivationDType::F32 && is_cuda_device(d.device))
+    throw k3::Error(std::string("--moe-activation-dtype ") + k3::moe_activation_dtype_name(moe_act) +
+                    " is not supported on --device cuda yet");
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   rendezvous_options(d);  // --nnodes & co. checked before anything starts
   if (!d.enable_expert_parallel && (d.ep_all_to_all || !d.expert_placement.empty()))
     throw k3::Error("--ep-all-to-all and --expert-placement apply with --enable-expert-parallel");
   parse_expert_placement(d.expert_placement);  // a malformed list fails before any worker starts
-  if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, *placement);
+  if (d.tensor_parallel_size > 1) return load_sharded(dir, d, kv, ssm, moe_act, *placement);
   // N copies of one whole model (N servers on one port, N interleaved outputs) is never what was meant.
   if (const int world = k3::dist::launcher_world_size(); world > 1)
     throw k3::Error("started by mpirun as one of " + std::to_string(world) +
@@ -373,11 +387,13 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
       k3::ExpertResidencyOptions none;
       none.enabled = false;
       auto m = k3::Model::load(k3::dummy_model_files(dummy_config(dir, d)), kv, ssm, none);
+      m->set_moe_activation_dtype(moe_act);
       m->add_decode_layouts(!d.no_repack);
       report_expert_copies(*m);
       return m;
     }
     auto m = k3::Model::load(dir, kv, ssm, expert_residency_options(d));
+    m->set_moe_activation_dtype(moe_act);
     m->add_decode_layouts(!d.no_repack);
     report_expert_copies(*m);
     return m;

@@ -23,6 +23,7 @@ struct DeviceOptions {
   bool enforce_eager = false;         // cuda: no CUDA graphs
   std::string kv_cache_dtype = "auto";         // MLA latent rows: auto|float32|bf16|fp8 (vLLM's flag)
   std::string mamba_ssm_cache_dtype = "auto";  // KDA state: auto|float32|bfloat16 (vLLM's flag)
+  std::string moe_activation_dtype = "float32";  // routed experts' activations: float32|mxfp8 (cpu; core/mxfp8.h)
   std::vector<std::string> override_tensor;    // -ot PATTERN=DEVICE (llama.cpp's flag)
   bool cpu_moe = false;                        // --cpu-moe: routed experts on the CPU
   int n_cpu_moe = 0;                           // --n-cpu-moe N: the routed experts of the first N layers

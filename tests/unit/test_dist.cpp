@@ -308,11 +308,12 @@ TEST(CpuBackendDist, EmbedRowsTakesOwnedTokensAndZeroesTheRest) {
 
 // Two ranks as two threads: TP2 and TP2+EP2 logits of tiny-k3 against the one-process model, through
 // prefill, decode, a batched step and a cloned cache.
-void run_two_ranks(bool expert_parallel) {
+void run_two_ranks(bool expert_parallel, k3::MoeActivationDType act = k3::MoeActivationDType::F32) {
   const std::string dir = k3test::source_path("tests/data/tiny-k3");
   auto group = std::make_shared<k3test::ThreadGroup>(2);
   k3::dist::TpLoadOptions opt;
   opt.expert_parallel = expert_parallel;
+  opt.moe_activation = act;
   opt.print_plan = false;
   std::thread worker([&] {
     auto m = k3::dist::TpModel::load(dir, std::make_unique<k3test::ThreadComm>(group, 1), opt);
@@ -323,6 +324,7 @@ void run_two_ranks(bool expert_parallel) {
     auto tp = k3::dist::TpModel::load(dir, std::make_unique<k3test::ThreadComm>(group, 0), opt);
     EXPECT_EQ(tp->cache_spec().kda_heads, 1);  // each rank keeps its heads' state
     auto ref = k3::Model::load(dir);
+    ref->set_moe_activation_dtype(act);
     const int64_t V = ref->config().vocab_size;
     auto a = tp->new_cache(), r = ref->new_cache();
     std::vector<int32_t> toks{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
@@ -349,6 +351,40 @@ void run_two_ranks(bool expert_parallel) {
 
 TEST(TensorParallel, TwoThreadRanksMatchOneProcessTinyK3) { run_two_ranks(false); }
 TEST(TensorParallel, TwoThreadRanksExpertParallelMatchOneProcessTinyK3) { run_two_ranks(true); }
+// --moe-activation-dtype mxfp8 on CPU ranks: each rank rounds whole MXFP8 blocks of its expert columns (tiny-k3's 64
+// split 32 + 32), so TP2 and EP2 match the one-process mxfp8 model as float32 activations do.
+TEST(TensorParallel, TwoThreadRanksMxfp8MatchOneProcessTinyK3) {
+  run_two_ranks(false, k3::MoeActivationDType::MXFP8);
+  run_two_ranks(true, k3::MoeActivationDType::MXFP8);
+}
+
+// A rank whose expert columns do not start on a block of 32 would round other blocks than the whole model does:
+// tiny-kimi-linear's 48 columns over 3 ranks are 16 + 16 + 16, refused by ranks 0 and 1 (rank 2's end the row), so
+// every rank fails the load.
+TEST(TensorParallel, Mxfp8RefusesExpertColumnsOffTheBlocks) {
+  const std::string dir = k3test::source_path("tests/data/tiny-kimi-linear");
+  auto group = std::make_shared<k3test::ThreadGroup>(3);
+  k3::dist::TpLoadOptions opt;
+  opt.moe_activation = k3::MoeActivationDType::MXFP8;
+  opt.print_plan = false;
+  std::string errors[3];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        k3::dist::TpModel::load(dir, std::make_unique<k3test::ThreadComm>(group, r), opt);
+      } catch (const k3::Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_NE(errors[0].find("columns 0..16 do not fall on the blocks of 32"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("columns 16..32 do not fall on the blocks of 32"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[2].find("another rank failed"), std::string::npos) << errors[2];
+  opt.expert_parallel = true;  // whole experts per rank: fine (one rank through the collective path here)
+  opt.collectives_at_one_rank = true;
+  EXPECT_NO_THROW(k3::dist::TpModel::load(dir, k3::dist::make_local_comm(), opt));
+}
 
 }  // namespace
 
@@ -359,10 +395,14 @@ TEST(TensorParallel, TwoThreadRanksExpertParallelMatchOneProcessTinyK3) { run_tw
 TEST(TensorParallel, OneRankThroughTheCollectivePathIsBitIdentical) {
   const std::string dir = k3test::source_path("tests/data/tiny-k3");
   auto ref = k3::Model::load(dir);
-  for (bool ep : {false, true}) {
+  for (int run = 0; run < 4; ++run) {  // TP / EP, float32 / mxfp8 expert activations
+    const bool ep = run % 2 == 1;
+    const auto act = run < 2 ? k3::MoeActivationDType::F32 : k3::MoeActivationDType::MXFP8;
+    ref->set_moe_activation_dtype(act);
     k3::dist::TpLoadOptions opt;
     opt.print_plan = false;
     opt.expert_parallel = ep;
+    opt.moe_activation = act;
     opt.collectives_at_one_rank = true;
     auto tp = k3::dist::TpModel::load(dir, k3::dist::make_local_comm(), opt);
     ASSERT_TRUE(tp->shard_plan().runs_collectives());
@@ -373,13 +413,13 @@ TEST(TensorParallel, OneRankThroughTheCollectivePathIsBitIdentical) {
     all.all_logits = true;
     tp->forward(toks, *a, la, all);
     ref->forward(toks, *r, lr, all);
-    EXPECT_EQ(la, lr) << "ep " << ep;
+    EXPECT_EQ(la, lr) << "ep " << ep << " " << k3::moe_activation_dtype_name(act);
     for (int step = 0; step < 3; ++step) {
       const auto last = lr.end() - ref->config().vocab_size;  // the last row's greedy token
       const std::vector<int32_t> t{static_cast<int32_t>(std::max_element(last, lr.end()) - last)};
       tp->forward(t, *a, la);
       ref->forward(t, *r, lr);
-      EXPECT_EQ(la, lr) << "ep " << ep << " step " << step;
+      EXPECT_EQ(la, lr) << "ep " << ep << " " << k3::moe_activation_dtype_name(act) << " step " << step;
     }
   }
 }

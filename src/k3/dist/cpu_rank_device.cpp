@@ -17,6 +17,7 @@ class CpuRankDevice final : public RankDevice {
   CpuRankDevice(const RankShard& s, int ranks_on_host)
       : cfg_(s.config), w_(s.weights), plan_(s.plan), ranks_on_host_(ranks_on_host) {
     backend_.set_communicator(&s.comm);
+    backend_.set_moe_activation_dtype(s.moe_activation);
   }
   std::string name() const override { return "cpu"; }
   bool reads_host_weights() const override { return true; }

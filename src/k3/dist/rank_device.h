@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "k3/core/mxfp8.h"
 #include "k3/dist/communicator.h"
 #include "k3/dist/shard_plan.h"
 #include "k3/model/config.h"
@@ -28,6 +29,7 @@ struct RankShard {
   const ShardPlan& plan;
   const CacheSpec& spec;       // one rank's cache spec (the same on every rank)
   Communicator& comm;          // outlives the device
+  MoeActivationDType moe_activation = MoeActivationDType::F32;  // --moe-activation-dtype (the CPU rank's)
 };
 
 class RankDevice {

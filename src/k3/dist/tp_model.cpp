@@ -83,6 +83,22 @@ bool all_ok(Communicator& comm, bool ok) {
   return true;
 }
 
+// --moe-activation-dtype mxfp8 on a sharded model: CPU ranks only (the GPU's routed experts do not implement it
+// yet), and each rank's slice of an expert's intermediate must start on an MXFP8 block of 32 and hold whole
+// blocks (or end the row), so that the GLU output rows it rounds are the unsharded model's blocks (the expert
+// input rows are whole on every rank).
+void check_moe_activation(const TpLoadOptions& opt, const ModelConfig& cfg, const ShardPlan& plan) {
+  if (opt.moe_activation == MoeActivationDType::F32) return;
+  const std::string what = std::string("--moe-activation-dtype ") + moe_activation_dtype_name(opt.moe_activation);
+  if (opt.device) throw Error(what + " is not supported on --device cuda yet");
+  const Range r = plan.expert_inter;
+  if (cfg.num_experts > 0 && (r.first % kMxBlock != 0 || (r.count % kMxBlock != 0 && r.end() != cfg.moe_intermediate_size)))
+    throw Error(what + ": this rank's routed-expert columns " + std::to_string(r.first) + ".." + std::to_string(r.end()) +
+                " do not fall on the blocks of " + std::to_string(kMxBlock) + " (moe_intermediate_size " +
+                std::to_string(cfg.moe_intermediate_size) + " over --tensor-parallel-size " + std::to_string(plan.size) +
+                "); use --enable-expert-parallel or fewer ranks");
+}
+
 }  // namespace
 
 std::unique_ptr<TpModel> TpModel::load(const std::string& dir, std::unique_ptr<Communicator> comm,
@@ -114,7 +130,8 @@ void TpModel::load_shard(const std::string& dir, const TpLoadOptions& opt) {
   full_ = bind_weights(cfg_, *ckpt_, nullptr, opt.weights_device);
   shard_ = shard_weights(full_, cfg_, plan_);
   copied_bytes_ = shard_.copied_bytes;
-  const RankShard rs{local_cfg_, shard_.w, plan_, spec_, *comm_};
+  check_moe_activation(opt, cfg_, plan_);
+  const RankShard rs{local_cfg_, shard_.w, plan_, spec_, *comm_, opt.moe_activation};
   device_ = opt.device ? opt.device(rs) : make_cpu_rank_device(rs, comm_->size());
   if (!device_->reads_host_weights()) {  // the device holds its copy: the mapping and the slices can go
     shard_ = {};

@@ -25,6 +25,8 @@ struct TpLoadOptions {
   bool expert_parallel = false;  // --enable-expert-parallel: routed experts whole, a block per rank
   ExpertPlacement placement;     // EP: which experts each rank holds (a permutation), all-to-all dispatch
   CacheDType kv = CacheDType::F32, ssm = CacheDType::F32;
+  // --moe-activation-dtype (CPU ranks only: with `device` set, anything but F32 is an error).
+  MoeActivationDType moe_activation = MoeActivationDType::F32;
   bool print_plan = true;        // one line per rank on stderr: what it owns
   bool collectives_at_one_rank = false;  // ShardPlan::collectives_at_one_rank (a check of the collective path)
   // Where this rank runs (called once, on every rank, with its shard); empty: the CPU, the host's RAM

@@ -10,6 +10,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/decode_layout.h"
+#include "k3/core/mxfp8.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 #include "k3/model/model_files.h"
@@ -57,6 +58,11 @@ class Model final : public ModelRunner {
   void set_activation_observer(cpu::ActivationObserver* o) {
     std::lock_guard lk(mu_);
     backend_.set_activation_observer(o);
+  }
+  // --moe-activation-dtype: the routed experts' activation precision in later forwards (CpuBackend's; default F32).
+  void set_moe_activation_dtype(MoeActivationDType t) {
+    std::lock_guard lk(mu_);
+    backend_.set_moe_activation_dtype(t);
   }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 

@@ -8,6 +8,7 @@
 
 #include "k3/backend/cpu/cpu_profile.h"
 #include "k3/backend/cpu/host_arena.h"
+#include "k3/core/mxfp8.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/graph/backend.h"
 
@@ -49,6 +50,11 @@ class CpuBackend final : public graph::Backend {
   void set_expert_residency(ExpertResidency* r) { residency_ = r; }
   // Observes activations (null: none, the default; costs nothing then).
   void set_activation_observer(ActivationObserver* o) { observer_ = o; }
+  // --moe-activation-dtype: with MXFP8 the routed experts read fake-quantised activations (core/mxfp8.h): each
+  // token's input row before gate / up and each GLU output row before down, along the row in blocks of 32.
+  // Nothing else changes (shared experts, dense MLPs, attention). Default F32.
+  void set_moe_activation_dtype(MoeActivationDType t) { moe_act_ = t; }
+  MoeActivationDType moe_activation_dtype() const { return moe_act_; }
 
   void begin_step(const graph::StepPlan& plan) override;
   graph::Tensor scratch(int64_t rows, int64_t cols, graph::ElemType type) override;
@@ -125,6 +131,7 @@ class CpuBackend final : public graph::Backend {
   HostArena arena_;
   ExpertResidency* residency_ = nullptr;
   ActivationObserver* observer_ = nullptr;
+  MoeActivationDType moe_act_ = MoeActivationDType::F32;
   CpuOpProfile prof_;  // K3_CPU_PROFILE=1: wall time per op, printed when the backend is destroyed
 };
 

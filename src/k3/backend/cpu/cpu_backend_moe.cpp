@@ -11,6 +11,7 @@
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
+#include "k3/core/mxfp8.h"
 #include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
@@ -131,6 +132,21 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
   // Every active expert's gate and up, the GLUs, then every down, with the rows of all experts shared out: one
   // fork-join per layer at decode sizes (matmul_two_stage), two above (3 per expert, 24, before session 7).
   const size_t A = active.size();
+  const size_t mark = arena_.mark();
+  // The gathers and the sum below run in parallel at prefill sizes (serial they were ~3-5% of a kl-1b pp512's
+  // wall time with 2 threads); they copy / add the same values in the same order on any thread.
+  const bool big = n * K * X > 65536;
+  // --moe-activation-dtype mxfp8: the experts read a fake-quantised copy of x (x itself may be the shared experts'
+  // input too), one row per token, so a token's row is the same whether it comes alone or in a prefill batch.
+  const bool mxfp8 = moe_act_ == MoeActivationDType::MXFP8;
+  if (mxfp8) {
+    float* xq = static_cast<float*>(arena_.take(static_cast<size_t>(n * X) * sizeof(float)));
+    parallel_for(n, big, [&](int64_t t) {
+      std::copy(x.row(t), x.row(t) + X, xq + t * X);
+      fake_quant_mxfp8_row(xq + t * X, X);
+    });
+    x = Tensor::f32(xq, n, X);
+  }
   // Each active expert's gathered inputs, gate, up and output rows, from the step's arena: fresh vectors
   // here cost a zero-fill and page faults per call (pp512 on kl-1b: ~75 MB per layer, 5-10% of prefill in
   // the kernel's page-fault path); a warm arena is mapped already. Released before returning.
@@ -145,7 +161,6 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
     const int64_t m = static_cast<int64_t>(by_expert[static_cast<size_t>(active[ai])].size());
     total += m * (2 * X + 2 * w.experts[static_cast<size_t>(active[ai])].gate.rows);
   }
-  const size_t mark = arena_.mark();
   float* next = static_cast<float*>(arena_.take(static_cast<size_t>(total) * sizeof(float)));
   std::vector<size_t> slot_of(static_cast<size_t>(E), A);  // expert id -> its slot in `active`
   std::vector<MatmulJob> gate_up, down;
@@ -165,9 +180,6 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
     gate_up.push_back({&ex.up, sl.in, m, sl.u});
     down.push_back({&ex.down, sl.g, m, sl.y});
   }
-  // The gathers and the sum below run in parallel at prefill sizes (serial they were ~3-5% of a kl-1b pp512's
-  // wall time with 2 threads); they copy / add the same values in the same order on any thread.
-  const bool big = n * K * X > 65536;
   parallel_for(static_cast<int64_t>(A), big, [&](int64_t ai) {
     const auto& toks = by_expert[static_cast<size_t>(active[static_cast<size_t>(ai)])];
     if (toks.size() == 1) return;  // read in place (Slot::in)
@@ -183,6 +195,8 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
       situ_glu(sl.g, sl.u, cnt, gp.beta, gp.linear_beta, sl.g);
     else
       silu_glu(sl.g, sl.u, cnt, sl.g);
+    if (mxfp8)  // down reads h rounded like the input: each (token, expert) row of I values on its own
+      for (int64_t r = 0; r < sl.m; ++r) fake_quant_mxfp8_row(sl.g + r * sl.I, sl.I);
   };
   if (n <= kTwoStageMaxTokens && !observer_ && two_stage_enabled()) {
     // Decode-sized: gate/up, each expert's GLU (by the thread that finishes its gate/up) and the downs in ONE
