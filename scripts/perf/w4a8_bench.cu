@@ -137,6 +137,24 @@ __device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
   asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
   return r;
 }
+// A lane's 4 words of one row's chunk c (word q: part t of group q). LAYOUT 0 / 1: the permuted storage, one 16-byte
+// load; 2: the weights as stored (row-major nibbles), 4 loads of 4 bytes (the 4 lanes of a row side by side in each):
+// no load-time repack, so every other MXFP4 kernel keeps reading the same bytes.
+template <int LAYOUT>
+__device__ __forceinline__ uint4 load_w(const uint8_t* row, int c, int t) {
+  if constexpr (LAYOUT == 2) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + c * 16 + t;
+    uint4 r;
+    r.x = ld_nc_u32(p);
+    r.y = ld_nc_u32(p + 4);
+    r.z = ld_nc_u32(p + 8);
+    r.w = ld_nc_u32(p + 12);
+    return r;
+  } else {
+    return ld_nc_v4(reinterpret_cast<const uint4*>(row) + c * 4 + t);
+  }
+}
+
 __device__ __forceinline__ void settle(const uint32_t (&fr)[4][4]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q)
@@ -150,7 +168,7 @@ __device__ __forceinline__ void dequant_chunk(const uint4& A, const uint4& B, ui
     uint32_t l0, h0, l1, h1;
     e2m1x8_to_e4m3(word_of(A, q), l0, h0);
     e2m1x8_to_e4m3(word_of(B, q), l1, h1);
-    if (ALAYOUT == 0) {
+    if (ALAYOUT != 1) {
       fr[q][0] = l0; fr[q][1] = l1; fr[q][2] = h0; fr[q][3] = h1;
     } else {
       fr[q][0] = l0; fr[q][1] = h0; fr[q][2] = l1; fr[q][3] = h1;
@@ -160,7 +178,7 @@ __device__ __forceinline__ void dequant_chunk(const uint4& A, const uint4& B, ui
 
 // Grid (R / (64 WG), tiles, splits); block = WG warpgroups, each 64 rows over the split's chunks, PF chunks of weights
 // in flight a thread (a register ring, refilled once a chunk is dequantised). ALAYOUT 1 swaps the assumed A-register
-// order (registers 1 and 2) -- a deliberate error the check must catch. ASCALE 1 times the form whose activations have
+// order (registers 1 and 2) -- a deliberate error the check must catch; 2 reads the weights as stored (load_w). ASCALE 1 times the form whose activations have
 // one scale per token (applied after the sum, not here: timing only): the group's product times the weight scale alone.
 template <int WG, int PF, int ALAYOUT, int ASCALE, int MINB>
 __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
@@ -176,8 +194,8 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   const int r0 = blockIdx.x * (64 * WG) + wg * 64 + warp * 16 + g;
   const int e = a.tile_expert[tile];
   const size_t row_bytes = a.K / 2, srow_bytes = a.K / 32;
-  const uint4* wp0 = reinterpret_cast<const uint4*>(a.w + (static_cast<size_t>(e) * a.R + r0) * row_bytes) + c0 * 4 + t;
-  const uint4* wp1 = wp0 + 8 * row_bytes / 16;
+  const uint8_t* row0 = a.w + (static_cast<size_t>(e) * a.R + r0) * row_bytes;
+  const uint8_t* row1 = row0 + 8 * row_bytes;
   const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(a.ws + (static_cast<size_t>(e) * a.R + r0) * srow_bytes) + c0;
   const uint32_t* sp1 = sp0 + 8 * srow_bytes / 4;
   // Group j's B operand: 256 bytes on from group 0's (the descriptor's address field counts 16-byte units; shared
@@ -191,8 +209,8 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (c0 + p < c1) {
-      ra[p] = ld_nc_v4(wp0 + p * 4);
-      rb[p] = ld_nc_v4(wp1 + p * 4);
+      ra[p] = load_w<ALAYOUT>(row0, c0 + p, t);
+      rb[p] = load_w<ALAYOUT>(row1, c0 + p, t);
       sa[p] = ld_nc_u32(sp0 + p);
       sb[p] = ld_nc_u32(sp1 + p);
     }
@@ -220,8 +238,8 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
       settle(fr);
       const int nx = c + p + PF;
       if (nx < c1) {  // the slot's next weights, issued before this chunk's products
-        ra[p] = ld_nc_v4(wp0 + (nx - c0) * 4);
-        rb[p] = ld_nc_v4(wp1 + (nx - c0) * 4);
+        ra[p] = load_w<ALAYOUT>(row0, nx, t);
+        rb[p] = load_w<ALAYOUT>(row1, nx, t);
       }
       chunk_step<ALAYOUT, ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
       if (nx < c1) {  // its scales once these are used
@@ -313,9 +331,12 @@ const Config kConfigs[] = {
     {"wg2 pf2 mx", launch<2, 2, 0, 0, 1>},     {"wg2 pf2 tok", launch<2, 2, 0, 1, 1>},
     {"wg2 pf4 mx min2", launch<2, 4, 0, 0, 2>}, {"wg2 pf4 tok min2", launch<2, 4, 0, 1, 2>},
     {"wg1 pf2 mx", launch<1, 2, 0, 0, 1>},     {"wg1 pf4 mx min4", launch<1, 4, 0, 0, 4>},
-    {"wg2 pf8 mx", launch<2, 8, 0, 0, 1>},
+    {"wg2 pf8 mx", launch<2, 8, 0, 0, 1>},       {"wg2 pf2 mx stored", launch<2, 2, 2, 0, 1>},
+    {"wg2 pf4 mx stored min2", launch<2, 4, 2, 0, 2>},
 };
-LaunchFn checked_form(int al) { return al ? launch<2, 2, 1, 0, 1> : launch<2, 2, 0, 0, 1>; }
+LaunchFn checked_form(int al) {
+  return al == 1 ? launch<2, 2, 1, 0, 1> : al == 2 ? launch<2, 2, 2, 0, 1> : launch<2, 2, 0, 0, 1>;
+}
 
 // ---- check ----------------------------------------------------------------------------------------------------
 bool check_shape(int R, int K, int splits, int al, std::mt19937& rng) {
@@ -328,8 +349,9 @@ bool check_shape(int R, int K, int splits, int al, std::mt19937& rng) {
   for (int e = 0; e < E; ++e)
     for (int r = 0; r < R; ++r)
       for (int k = 0; k < K; ++k) {
-        int sh;
-        const size_t at = stored_byte(r, k, K, sh) + static_cast<size_t>(e) * R * K / 2;
+        int sh = (k & 1) * 4;
+        const size_t at = (al == 2 ? static_cast<size_t>(r) * (K / 2) + k / 2 : stored_byte(r, k, K, sh)) +
+                          static_cast<size_t>(e) * R * K / 2;
         w_h[at] |= static_cast<uint8_t>(nib[(static_cast<size_t>(e) * R + r) * K + k] << sh);
       }
   std::vector<uint8_t> x_h(static_cast<size_t>(tiles) * kTok * K);
@@ -472,6 +494,7 @@ int main(int argc, char** argv) {
   bool ok = true;
   for (int splits : {1, 3}) ok &= check_shape(6144, 3584, splits, 0, rng);
   ok &= check_shape(3584, 3072, 2, 0, rng);
+  ok &= check_shape(6144, 3584, 2, 2, rng);  // the weights as stored (4-byte loads)
   const bool wrong_passes = check_shape(3584, 3072, 1, 1, rng);
   std::printf("the assumed A order %s; the swapped order %s\n", ok ? "PASSES" : "FAILS",
               wrong_passes ? "passes too (the check cannot see the order!)" : "fails (as it must)");
