@@ -16,7 +16,9 @@
 // word (8 nibbles = inputs 8t..8t+7 of the group) gives the even inputs to k 4t+i and the odd ones to k 16+4t+i; the
 // activations are staged in shared memory in that order (two 8 x 16-byte core matrices per group, no swizzle).
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/perf/w4a8_bench.cu -o w4a8_bench
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Isrc scripts/perf/w4a8_bench.cu -o w4a8_bench
+// (the building blocks are the engine's: src/k3/backend/cuda/sm90a/w4a8_mma.cuh; this file keeps the layout and scale
+// variants it compares)
 //   w4a8_bench check            correctness against a double-precision reference (both K3 shapes, K splits 1-3,
 //                                both A-register orders: the one the kernel assumes must pass, the other fail)
 //   w4a8_bench time N [REPS]    K3's expert shapes (896 experts, top-16, gate|up 6144 x 3584, down 3584 x 3072) for N
@@ -32,6 +34,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "k3/backend/cuda/sm90a/w4a8_mma.cuh"
 
 namespace {
 
@@ -54,68 +58,27 @@ struct Args {
   float* out;  // [splits][tiles][8][R]
 };
 
-__device__ __forceinline__ uint64_t desc_noswizzle(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((smem_addr & 0x3ffffu) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3fffu) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3fffu) << 32);
-}
+using namespace k3::cuda::w4a8;  // desc_noswizzle, fence / commit, e2m1x8_to_e4m3, word_of, ld_nc_*, settle
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// D[64 x 8] = A[64 x 32] B[32 x 8] (scale-d = 0: the group's product alone), A e4m3 from registers, B e4m3 K-major.
-__device__ __forceinline__ void mma_m64n8k32_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                  uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(0));
-}
-
-// One stored word (E2M1 nibbles 0..7, low nibble first) -> e4m3 bytes of nibbles 0,2,4,6 (lo) and 1,3,5,7 (hi), each
-// value times 2^-6: sign to bit 7, e1 e0 m to bits 4..2.
-__device__ __forceinline__ void e2m1x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  lo = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-  hi = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int k) {
-  return k == 0 ? q.x : k == 1 ? q.y : k == 2 ? q.z : q.w;
-}
-
-
-// One 128-input chunk of a lane's two rows (A: row g, B: row g + 8; SA / SB: their 4 groups' E8M0 scales): 4 wgmmas,
-// each group's product scaled into acc. sX: per (group, token) the activation's exponent term (see the staging).
-template <int ALAYOUT, int ASCALE>
+// One 128-input chunk of a lane's two rows (A: row g, B: row g + 8; SA / SB: their 4 groups' E8M0 scales). ASCALE 0:
+// the engine's chunk_products (MXFP8: scale products as exponent adds); 1: the weight scale alone.
+template <int ASCALE>
 __device__ __forceinline__ void chunk_step(const uint32_t (&fr)[4][4], uint32_t SA, uint32_t SB, int gbase,
                                            uint64_t desc0, const uint32_t* sX, int t, float (&acc)[4]) {
-  float d[4][4];
-  // Every A register final before the fence (the caller's settle): else ptxas interleaves the dequantisation with the
-  // wgmmas and injects a warpgroup.arrive before each one.
-  wg_fence();
+  if constexpr (ASCALE == 0) {
+    chunk_products(fr, SA, SB, desc0 + static_cast<uint64_t>(gbase * 16), sX + gbase * 8, t, acc);
+  } else {
+    float d[4][4];
+    fence();
 #pragma unroll
-  for (int q = 0; q < 4; ++q)
-    mma_m64n8k32_e4m3(d[q], fr[q][0], fr[q][1], fr[q][2], fr[q][3], desc0 + static_cast<uint64_t>((gbase + q) * 16));
-  wg_commit();
-  wg_wait<0>();
+    for (int q = 0; q < 4; ++q) mma_group(d[q], fr[q], desc0 + static_cast<uint64_t>((gbase + q) * 16));
+    commit();
+    wait_all();
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < 4; ++q) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
-    // The scale bytes in place (one PRMT each), then 2^(ws + xe - 121) as float bits by one IMAD: ws << 23 plus the
-    // activation's term (xe - 121) << 23 staged per (group, token) -- an exponent add, not a decode and a multiply.
-    const uint32_t s0 = __byte_perm(SA, 0, 0x4440 | q), s1 = __byte_perm(SB, 0, 0x4440 | q);
-    if (ASCALE == 0) {
-      const uint2 xv = *reinterpret_cast<const uint2*>(sX + (gbase + q) * 8 + 2 * t);
-      acc[0] = fmaf(d[q][0], __uint_as_float(s0 * (1u << 23) + xv.x), acc[0]);
-      acc[1] = fmaf(d[q][1], __uint_as_float(s0 * (1u << 23) + xv.y), acc[1]);
-      acc[2] = fmaf(d[q][2], __uint_as_float(s1 * (1u << 23) + xv.x), acc[2]);
-      acc[3] = fmaf(d[q][3], __uint_as_float(s1 * (1u << 23) + xv.y), acc[3]);
-    } else {
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
+      const uint32_t s0 = __byte_perm(SA, 0, 0x4440 | q), s1 = __byte_perm(SB, 0, 0x4440 | q);
       const float w0 = __uint_as_float(s0 * (1u << 23) + (6u << 23)), w1 = __uint_as_float(s1 * (1u << 23) + (6u << 23));
       acc[0] = fmaf(d[q][0], w0, acc[0]);
       acc[1] = fmaf(d[q][1], w0, acc[1]);
@@ -125,55 +88,25 @@ __device__ __forceinline__ void chunk_step(const uint32_t (&fr)[4][4], uint32_t 
   }
 }
 
-// Loads ordered against the asm barriers (volatile): the ring's next chunk goes out after this chunk's registers are
-// consumed, into the same registers (a hoisted load needs fresh ones and a copy back at the loop's end).
-__device__ __forceinline__ uint4 ld_nc_v4(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint32_t ld_nc_u32(const uint32_t* p) {
-  uint32_t r;
-  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
-  return r;
-}
 // A lane's 4 words of one row's chunk c (word q: part t of group q). LAYOUT 0 / 1: the permuted storage, one 16-byte
-// load; 2: the weights as stored (row-major nibbles), 4 loads of 4 bytes (the 4 lanes of a row side by side in each):
-// no load-time repack, so every other MXFP4 kernel keeps reading the same bytes.
+// load; 2: the weights as stored (the engine's load_chunk_words: 4 loads of 4 bytes, no load-time repack).
 template <int LAYOUT>
 __device__ __forceinline__ uint4 load_w(const uint8_t* row, int c, int t) {
-  if constexpr (LAYOUT == 2) {
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + c * 16 + t;
-    uint4 r;
-    r.x = ld_nc_u32(p);
-    r.y = ld_nc_u32(p + 4);
-    r.z = ld_nc_u32(p + 8);
-    r.w = ld_nc_u32(p + 12);
-    return r;
-  } else {
-    return ld_nc_v4(reinterpret_cast<const uint4*>(row) + c * 4 + t);
-  }
+  if constexpr (LAYOUT == 2) return load_chunk_words(row, c, t);
+  return ld_nc_v4(reinterpret_cast<const uint4*>(row) + c * 4 + t);
 }
 
-__device__ __forceinline__ void settle(const uint32_t (&fr)[4][4]) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    asm volatile("" ::"r"(fr[q][0]), "r"(fr[q][1]), "r"(fr[q][2]), "r"(fr[q][3]) : "memory");
-}
-
+// ALAYOUT 1: registers 1 and 2 swapped (the deliberate error).
 template <int ALAYOUT>
-__device__ __forceinline__ void dequant_chunk(const uint4& A, const uint4& B, uint32_t (&fr)[4][4]) {
+__device__ __forceinline__ void dequant_chunk_v(const uint4& A, const uint4& B, uint32_t (&fr)[4][4]) {
+  dequant_chunk(A, B, fr);
+  if constexpr (ALAYOUT == 1)
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    uint32_t l0, h0, l1, h1;
-    e2m1x8_to_e4m3(word_of(A, q), l0, h0);
-    e2m1x8_to_e4m3(word_of(B, q), l1, h1);
-    if (ALAYOUT != 1) {
-      fr[q][0] = l0; fr[q][1] = l1; fr[q][2] = h0; fr[q][3] = h1;
-    } else {
-      fr[q][0] = l0; fr[q][1] = h0; fr[q][2] = l1; fr[q][3] = h1;
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t r1 = fr[q][1];
+      fr[q][1] = fr[q][2];
+      fr[q][2] = r1;
     }
-  }
 }
 
 // Grid (R / (64 WG), tiles, splits); block = WG warpgroups, each 64 rows over the split's chunks, PF chunks of weights
@@ -234,14 +167,14 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
 #pragma unroll
     for (int p = 0; p < PF; ++p) {
       uint32_t fr[4][4];
-      dequant_chunk<ALAYOUT>(ra[p], rb[p], fr);
+      dequant_chunk_v<ALAYOUT>(ra[p], rb[p], fr);
       settle(fr);
       const int nx = c + p + PF;
       if (nx < c1) {  // the slot's next weights, issued before this chunk's products
         ra[p] = load_w<ALAYOUT>(row0, nx, t);
         rb[p] = load_w<ALAYOUT>(row1, nx, t);
       }
-      chunk_step<ALAYOUT, ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
+      chunk_step<ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
       if (nx < c1) {  // its scales once these are used
         sa[p] = ld_nc_u32(sp0 + (nx - c0));
         sb[p] = ld_nc_u32(sp1 + (nx - c0));
@@ -252,9 +185,9 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   for (int p = 0; p < PF; ++p)  // the last partial round (the same for every thread of the block)
     if (c + p < c1) {
       uint32_t fr[4][4];
-      dequant_chunk<ALAYOUT>(ra[p], rb[p], fr);
+      dequant_chunk_v<ALAYOUT>(ra[p], rb[p], fr);
       settle(fr);
-      chunk_step<ALAYOUT, ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
+      chunk_step<ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
     }
   float* o = a.out + ((static_cast<size_t>(split) * gridDim.y + tile) * kTok) * a.R;
   o[(2 * t) * a.R + r0] = acc[0];
