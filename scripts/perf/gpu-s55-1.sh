@@ -4,12 +4,16 @@
 # s54-1 and the pool A/B planned as s54-3 (never ran alone) in one call (device time is short: most starts are refused). On a card of 100+ GB
 # (an H200) first the whole dummy Kimi-Linear-48B (s54-1, trimmed: depth 0 b1 / 64 / 256; depth 512 b256 -- s53-1's
 # failing case, now with the per-run rebuild; one profiled b1 step), device memory sampled beside each; then on the host
-# CPU the pool's hand-out A/B (s54-3, trimmed to two decode rounds). Carry: .gpuwork/k3bins.tar.xz .gpuwork/tiktoken.model.xz
-# .gpuwork/w4a8_bench
-BUDGET=585
+# CPU the pool's hand-out A/B (s54-3, trimmed to two decode rounds). Carry: .gpuwork/k3bins.tar.xz (k3, and
+# k3_cuda_tests for the W4A8 tests) .gpuwork/tiktoken.model.xz .gpuwork/w4a8_bench
+BUDGET=${BUDGET:-585}
 . scripts/perf/lib-call.sh
 timeout 60 $GW/w4a8_bench check > $OUT/w4a8-check.txt 2>&1; echo "w4a8 check rc=$? $(el)"; cat $OUT/w4a8-check.txt
 for n in 1 8 64; do timeout 40 $GW/w4a8_bench time $n 10; echo "w4a8 time n=$n rc=$? $(el)"; done 2>&1 | tee $OUT/w4a8-time.txt
+if [ -x $D/k3_cuda_tests ]; then  # the W4A8 path's and the device MXFP8 quantiser's tests (when the pack has the test binary)
+  timeout 150 $D/k3_cuda_tests --gtest_filter='CudaMxfp8.*:CudaMoe.W4a8MatchesCpuMxfp8' > $OUT/w4a8-tests.log 2>&1
+  echo "w4a8 tests rc=$? $(el)"; grep -E "^\[ (w4a8|mxfp8) \]|FAILED|PASSED|Failure|error" $OUT/w4a8-tests.log | head -30
+fi
 kl_dummy_args
 smi() { nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 200 > "$OUT/smi-$1.csv" & SMI=$!; }
 peak() { kill $SMI 2>/dev/null; wait $SMI 2>/dev/null; awk -F', ' '{v=$2+0; if (v>m) m=v} END {print "peak device memory " m " MiB"}' "$OUT/smi-$1.csv"; }

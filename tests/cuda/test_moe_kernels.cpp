@@ -24,6 +24,7 @@
 
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/moe_decode.h"
+#include "k3/backend/cuda/moe_decode_w4a8.h"
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/core/dtype.h"
@@ -465,6 +466,73 @@ TEST(CudaMoe, K3Shape) {
 TEST(CudaMoe, K3ShapeQatScales) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   run_checks(kK3Qat, {1, 8}, GluAct::SiTU, true, 2.5f);
+}
+
+// --moe-activation-dtype mxfp8 (MoePrecision::Mxfp8: the W4A8 kernels on FP8 wgmma, moe_decode_w4a8.h) against the
+// CPU backend with the same option: x and each GLU output rounded to MXFP8 by the same rule (core/mxfp8.h), products
+// in fp32 on the CPU, exact e4m3 x e2m1 products summed 32 at a time by the tensor core on the GPU. x's codes agree bit
+// for bit; an h value within a rounding error of an E4M3 midpoint may take the neighbouring code on one side (a 1/16
+// relative step of one of I inputs: ~1e-3 of max |cpu| each), hence 5e-3. The same output against the float32 CPU reference
+// differs by far more: the check can tell the numerics apart.
+TEST(CudaMoe, W4a8MatchesCpuMxfp8) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!device_is_cc90()) GTEST_SKIP() << "FP8 wgmma needs a compute-capability-9.0 device";
+  const Shape shapes[] = {{64, 8, 256, 128, true, "w4a8-small", true}, {128, 16, 1024, 512, true, "k3-like-qat", true},
+                          kK3Qat};
+  for (const Shape& s : shapes) {
+    Moe& m = cached_moe(s);
+    ASSERT_TRUE(k3::cuda::moe_w4a8_supported(m.bank)) << s.name;
+    for (int n : {1, 3, 8, 33}) {
+      const int E = s.E, K = s.K, X = s.X;
+      const k3::ModelConfig c = m.config(GluAct::SiTU, true, 2.5f);
+      Rng rng(4000 + n);
+      std::vector<float> x(static_cast<size_t>(n) * X);
+      for (auto& v : x) v = m.x_std * rng.normal();
+      std::vector<float> logits(static_cast<size_t>(n) * E), ref8(x.size()), ref32(x.size()), out(x.size());
+      k3::cpu::matmul(m.w.router, x.data(), n, logits.data());
+      k3test::cpu_moe_layer(c, m.w, x.data(), n, ref8.data(), k3::MoeActivationDType::MXFP8);
+      k3test::cpu_moe_layer(c, m.w, x.data(), n, ref32.data());
+      std::vector<int> rid;
+      std::vector<float> rw, biased;
+      cpu_route(m, c, logits, n, rid, rw, biased);
+      DevBuf dx(x.size() * 4), dl(logits.size() * 4), db(E * 4), di(static_cast<size_t>(n) * K * 4),
+          dwt(static_cast<size_t>(n) * K * 4), dout(x.size() * 4);
+      ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+      k3::cuda::MoeWorkspace ws(n, K, E, s.I, X);
+      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dwt.as<float>(), nullptr),
+         "route");
+      ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison");
+      ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), GluAct::SiTU, c.situ_beta,
+                               c.situ_linear_beta, dout.as<float>(), ws, nullptr, MoePrecision::Mxfp8),
+         "moe_experts mxfp8");
+      ck(cudaDeviceSynchronize(), "sync");
+      ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+      std::vector<int> gid(static_cast<size_t>(n) * K);
+      ck(cudaMemcpy(gid.data(), di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      double max8 = 0, d8 = 0, d32 = 0;
+      int compared = 0;
+      bool finite = true;
+      for (int t = 0; t < n; ++t) {
+        if (!std::equal(gid.begin() + t * K, gid.begin() + (t + 1) * K, rid.begin() + t * K)) continue;  // a near-tie
+        ++compared;
+        for (int d = 0; d < X; ++d) {
+          const size_t i = static_cast<size_t>(t) * X + d;
+          finite = finite && std::isfinite(out[i]);
+          max8 = std::max(max8, std::fabs(static_cast<double>(ref8[i])));
+          d8 = std::max(d8, std::fabs(static_cast<double>(out[i]) - ref8[i]));
+          d32 = std::max(d32, std::fabs(static_cast<double>(out[i]) - ref32[i]));
+        }
+      }
+      std::printf("[ w4a8 ] %-12s n=%3d tokens compared %d: vs cpu mxfp8 %.2e, vs cpu float32 %.2e (of max |cpu| %.3g)\n",
+                  s.name, n, compared, d8 / max8, d32 / max8, max8);
+      EXPECT_TRUE(finite) << s.name << " n=" << n;
+      EXPECT_GT(compared, 0) << s.name << " n=" << n;
+      EXPECT_LT(d8 / max8, 5e-3) << s.name << " n=" << n;
+      EXPECT_GT(d32, 4 * d8) << s.name << " n=" << n << ": the output is not told apart from float32 activations";
+    }
+  }
 }
 
 // Restores the process's decode kernel variant when a test that switches it ends (a failed ASSERT included).

@@ -23,9 +23,12 @@ inline void cpu_attn_res_mix(const std::vector<const float*>& sources, const k3:
 }
 
 // The MoE FFN (routing, routed experts, latent projections, shared experts) for n tokens x [n][H].
-inline void cpu_moe_layer(const k3::ModelConfig& c, const k3::MoeWeights& w, const float* x, int64_t n, float* out) {
+// `act`: the routed experts' activation precision (--moe-activation-dtype).
+inline void cpu_moe_layer(const k3::ModelConfig& c, const k3::MoeWeights& w, const float* x, int64_t n, float* out,
+                          k3::MoeActivationDType act = k3::MoeActivationDType::F32) {
   k3::graph::StepPlan plan;
   k3::cpu::CpuBackend be;
+  be.set_moe_activation_dtype(act);
   be.begin_step(plan);
   std::vector<float> xin(x, x + n * c.hidden_size);
   k3::graph::moe_block(k3::graph::Ctx{be, c, plan}, w, k3::graph::Tensor::f32(xin.data(), n, c.hidden_size),

@@ -16,18 +16,16 @@ namespace k3::cuda {
 // Whether moe_w4a8_experts runs `w` here: MXFP4 experts, I and X multiples of 128, a compute-capability-9.0 device.
 bool moe_w4a8_supported(const ExpertBank& w);
 
-// Device scratch moe_w4a8_experts needs for up to max_pairs (token, expert) pairs of max_tokens tokens.
+// Device scratch of moe_w4a8_experts (moe_experts carves it from its workspace's buffers).
 struct W4a8Scratch {
-  uint8_t* x8 = nullptr;  // [max_tokens][X] e4m3 codes of the tokens' rows
-  uint8_t* xs = nullptr;  // [max_tokens][X / 32] their E8M0 scales
-  uint8_t* h8 = nullptr;  // [max_pairs][I] codes of the GLU outputs by slot
-  uint8_t* hs = nullptr;  // [max_pairs][I / 32]
-  float* part = nullptr;  // split-K partials: [splits][P][2 I] (gate | up), then [splits][P][X] (down)
+  uint8_t* x8 = nullptr;  // [n][X] e4m3 codes of the tokens' rows
+  uint8_t* xs = nullptr;  // [n][X / 32] their E8M0 scales
+  uint8_t* h8 = nullptr;  // [P][I] codes of the GLU outputs by slot
+  uint8_t* hs = nullptr;  // [P][I / 32]
+  float* part = nullptr;  // split-K partials: [splits][P][2 I] (gate | up), then [splits][P][X] (down) over them
   int64_t part_floats = 0;
   int max_tokens = 0, max_pairs = 0;
 };
-size_t moe_w4a8_scratch_bytes(int max_tokens, int max_pairs, int I, int X, int64_t part_floats);
-W4a8Scratch moe_w4a8_scratch_carve(void* base, int max_tokens, int max_pairs, int I, int X, int64_t part_floats);
 
 // out [n][X] = sum over each token's K experts in rank order of topk_w * down(glu(gate x8, up x8) as MXFP8), the tiles
 // plan_kernel cut with 8 pairs each (tok 8; else cudaErrorInvalidValue). Launches: x -> MXFP8, gate|up (partials), the

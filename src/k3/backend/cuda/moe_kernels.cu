@@ -55,6 +55,7 @@
 #include <string>
 
 #include "k3/backend/cuda/moe_decode.h"
+#include "k3/backend/cuda/moe_decode_w4a8.h"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
@@ -726,6 +727,36 @@ MoeWorkspace::~MoeWorkspace() {
   if (base_) cudaFree(base_);
 }
 
+// MoePrecision::Mxfp8 (moe_decode_w4a8.h): the plan in 8-pair tiles, then the W4A8 launches. Its scratch is carved
+// from buffers the other paths use (no extra device memory): x's codes in the expert-output rows y_, h's in the hidden
+// rows, both partial sums in the decode path's partial buffer (the down partials overwrite the gate/up ones, which the
+// GLU launch has read by then).
+cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
+                              const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                              MoeWorkspace& ws, cudaStream_t stream, MoePath path) {
+  const int P = n * K;
+  if ((path != MoePath::Auto && path != MoePath::TcDecode) || !moe_w4a8_supported(w) || P > ws.dec_pairs_ ||
+      n > ws.dec_tokens_ || !w.gate_scales || !w.up_scales || !w.down_scales)
+    return cudaErrorInvalidValue;
+  const int64_t bound = tile_bound(P, w.E, 8);
+  if (bound > ws.max_tiles_) return cudaErrorInvalidValue;
+  auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
+  (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, 8, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  W4a8Scratch s;
+  s.max_tokens = ws.dec_tokens_;
+  s.max_pairs = ws.dec_pairs_;
+  s.x8 = reinterpret_cast<uint8_t*>(ws.y_);                                     // n X bytes of 4 P X
+  s.xs = s.x8 + align256(static_cast<size_t>(n) * w.X);                          // n X / 32
+  s.h8 = reinterpret_cast<uint8_t*>(ws.hidden_);                                 // P I bytes of 4 P I
+  s.hs = s.h8 + align256(static_cast<size_t>(P) * w.I);                          // P I / 32
+  s.part = ws.dec_part_;
+  s.part_floats = ws.dec_part_floats_;
+  return moe_w4a8_experts(w, n, K, 8, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, static_cast<int>(bound), topk_w,
+                          act, situ_beta, situ_linear_beta, out, s, stream);
+}
+
 cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
                         const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                         MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path) {
@@ -767,6 +798,8 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
     return cudaErrorInvalidValue;
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  if (precision == MoePrecision::Mxfp8) return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta,
+                                                                  situ_linear_beta, out, ws, stream, path);
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
       path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs)

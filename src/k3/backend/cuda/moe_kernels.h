@@ -30,7 +30,10 @@ enum class GluAct : int { SiLU = 0, SiTU = 1 };
 // MXFP4 dequantised to bf16 exactly). Bf16x2: activations split x = hi + lo (both bf16), two MMAs
 // accumulated in fp32 (~1e-5 relative, matches the fp32 CPU reference); Bf16: x rounded to bf16 (~1e-3
 // relative, about half the tensor-core work). The SIMT path is fp32 throughout and ignores this.
-enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1 };
+// Mxfp8: --moe-activation-dtype mxfp8 (core/mxfp8.h): x and each GLU output rounded to MXFP8, MXFP4 experts on the FP8
+// tensor cores (moe_decode_w4a8.h); decode-sized batches only for now (n K <= the decode scratch's pairs), MXFP4
+// experts with I, X multiples of 128 on a compute-capability-9.0 device, else cudaErrorInvalidValue.
+enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1, Mxfp8 = 2 };
 
 // Which expert kernels moe_experts runs. Auto: the 64-pair tensor-core tiles when moe_experts_use_tc(n, K, E),
 // else the decode tensor-core kernels (moe_decode.cu; the SIMT tiles when K3_MOE_DECODE=simt is set in the
@@ -81,6 +84,8 @@ class MoeWorkspace {
                                              const float*, const int32_t*, const float*, GluAct, float, float, float*,
                                              MoeWorkspace&, cudaStream_t);
   friend bool moe_shared_fusable(const ExpertBank&, int64_t, int64_t, int64_t, int64_t, int, const MoeWorkspace&);
+  friend cudaError_t moe_experts_mxfp8(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
+                                       float, float, float*, MoeWorkspace&, cudaStream_t, MoePath);
   int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
   size_t bytes_ = 0;
   void* base_ = nullptr;  // one allocation, carved into the buffers below

@@ -5,7 +5,7 @@
 // tile's activations (<= 8 rows of MXFP8 codes) are staged once per block in the A fragments' k order; rows past the
 // tile's count are zeros. Gate and up are one launch (row blocks [0, I) of gate, then [I, 2 I) of up), each writing its
 // partial sums [split][slot][2 I]; the GLU launch sums the splits in order, applies the GLU and rounds h to MXFP8 by
-// slot; the down launch writes [split][slot][X]; moe_combine adds the splits and the ranks in order.
+// slot; the down launch writes [split][slot][X] over them; moe_combine adds the splits and the ranks in order.
 #include "k3/backend/cuda/moe_decode_w4a8.h"
 
 #include <algorithm>
@@ -224,32 +224,6 @@ bool moe_w4a8_supported(const ExpertBank& w) {
   return w.format == WeightFormat::MXFP4 && w.I % 128 == 0 && w.X % 128 == 0 && moe_wg::supports(w);
 }
 
-size_t moe_w4a8_scratch_bytes(int max_tokens, int max_pairs, int I, int X, int64_t part_floats) {
-  const auto pad = [](size_t b) { return (b + 255) / 256 * 256; };
-  return pad(static_cast<size_t>(max_tokens) * X) + pad(static_cast<size_t>(max_tokens) * X / 32) +
-         pad(static_cast<size_t>(max_pairs) * I) + pad(static_cast<size_t>(max_pairs) * I / 32) +
-         pad(static_cast<size_t>(part_floats) * 4);
-}
-
-W4a8Scratch moe_w4a8_scratch_carve(void* base, int max_tokens, int max_pairs, int I, int X, int64_t part_floats) {
-  const auto pad = [](size_t b) { return (b + 255) / 256 * 256; };
-  auto* p = static_cast<uint8_t*>(base);
-  W4a8Scratch s;
-  s.max_tokens = max_tokens;
-  s.max_pairs = max_pairs;
-  s.x8 = p;
-  p += pad(static_cast<size_t>(max_tokens) * X);
-  s.xs = p;
-  p += pad(static_cast<size_t>(max_tokens) * X / 32);
-  s.h8 = p;
-  p += pad(static_cast<size_t>(max_pairs) * I);
-  s.hs = p;
-  p += pad(static_cast<size_t>(max_pairs) * I / 32);
-  s.part = reinterpret_cast<float*>(p);
-  s.part_floats = part_floats;
-  return s;
-}
-
 cudaError_t moe_w4a8_experts(const ExpertBank& w, int n, int K, int tok, const float* x, const int32_t* sorted,
                              const int32_t* slot_of, const int4* tiles, const int32_t* num_tiles, int tiles_bound,
                              const float* topk_w, GluAct act, float beta, float lbeta, float* out, const W4a8Scratch& s,
@@ -276,10 +250,10 @@ cudaError_t moe_w4a8_experts(const ExpertBank& w, int n, int K, int tok, const f
   a.ldo = 2 * I;
   a.split_stride = static_cast<int64_t>(P) * a.ldo;
   const int rb_gu = 2 * I / kRowsPerBlock;
+  if (a.split_stride > s.part_floats || static_cast<int64_t>(P) * X > s.part_floats) return cudaErrorInvalidValue;
   const int sp_gu = w4a8_splits(est_tiles, rb_gu, X / 128, a.split_stride, s.part_floats, a.cps);
   e = launch_experts<true>(a, tiles_bound, rb_gu, sp_gu, stream);
   if (e != cudaSuccess) return e;
-  const int64_t gu_floats = sp_gu * a.split_stride;
   (void)pdl::launch(w4a8_glu_kernel, tiles_bound, 256, 0, stream, static_cast<const float*>(s.part), a.split_stride,
                     sp_gu, I, tiles, num_tiles, act, beta, lbeta, s.h8, s.hs);
   e = cudaGetLastError();
@@ -293,12 +267,11 @@ cudaError_t moe_w4a8_experts(const ExpertBank& w, int n, int K, int tok, const f
   a.cols = I;
   a.a8 = s.h8;
   a.as = s.hs;
-  a.part = s.part + gu_floats;
+  a.part = s.part;  // over the gate/up partials: the GLU launch has read them when the down kernel writes (after its wait)
   a.ldo = X;
   a.split_stride = static_cast<int64_t>(P) * X;
   const int rb_dn = X / kRowsPerBlock;
-  const int sp_dn = w4a8_splits(est_tiles, rb_dn, I / 128, a.split_stride, s.part_floats - gu_floats, a.cps);
-  if (sp_dn * a.split_stride > s.part_floats - gu_floats) return cudaErrorInvalidValue;  // the scratch is too small
+  const int sp_dn = w4a8_splits(est_tiles, rb_dn, I / 128, a.split_stride, s.part_floats, a.cps);
   e = launch_experts<false>(a, tiles_bound, rb_dn, sp_dn, stream);
   if (e != cudaSuccess) return e;
   return moe_combine(n, X, K, a.part, a.split_stride, sp_dn, slot_of, topk_w, out, stream);
