@@ -69,15 +69,9 @@ __device__ __forceinline__ void chunk_step(const uint32_t (&fr)[4][4], uint32_t 
     chunk_products(fr, SA, SB, desc0 + static_cast<uint64_t>(gbase * 16), sX + gbase * 8, t, acc);
   } else {
     float d[4][4];
-    fence();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) mma_group(d[q], fr[q], desc0 + static_cast<uint64_t>((gbase + q) * 16));
-    commit();
-    wait_all();
+    group_products(fr, desc0 + static_cast<uint64_t>(gbase * 16), d);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
       const uint32_t s0 = __byte_perm(SA, 0, 0x4440 | q), s1 = __byte_perm(SB, 0, 0x4440 | q);
       const float w0 = __uint_as_float(s0 * (1u << 23) + (6u << 23)), w1 = __uint_as_float(s1 * (1u << 23) + (6u << 23));
       acc[0] = fmaf(d[q][0], w0, acc[0]);

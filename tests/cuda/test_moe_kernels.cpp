@@ -304,6 +304,22 @@ void cpu_route(const Moe& m, const k3::ModelConfig& c, const std::vector<float>&
   }
 }
 
+// A batch on the device: x, the router logits and bias uploaded, moe_route run (ids / weights), out allocated.
+struct DeviceBatch {
+  DevBuf dx, dl, db, di, dwt, dout;
+  DeviceBatch(const Moe& m, const std::vector<float>& x, const std::vector<float>& logits, int n, bool renorm, float scale)
+      : dx(x.size() * 4), dl(logits.size() * 4), db(m.sh.E * 4), di(static_cast<size_t>(n) * m.sh.K * 4),
+        dwt(static_cast<size_t>(n) * m.sh.K * 4), dout(x.size() * 4) {
+    const int E = m.sh.E, K = m.sh.K;
+    ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
+    ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
+    ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+    ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), renorm, scale, di.as<int32_t>(), dwt.as<float>(), nullptr),
+       "moe_route");
+    ck(cudaDeviceSynchronize(), "sync route");
+  }
+};
+
 struct CheckResult {
   double rel = 0;  // max|gpu - cpu| / max|cpu| over tokens routed identically
   int tie_flips = 0;
@@ -327,16 +343,9 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
   std::vector<float> rw, biased;
   cpu_route(m, c, logits, n, rid, rw, biased);
 
-  DevBuf dx(x.size() * 4), dl(logits.size() * 4), db(E * 4), di(static_cast<size_t>(n) * K * 4),
-      dwt(static_cast<size_t>(n) * K * 4), dout(x.size() * 4);
-  ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
-  ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
-  ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+  DeviceBatch b(m, x, logits, n, renorm, scale);
+  DevBuf &dx = b.dx, &di = b.di, &dwt = b.dwt, &dout = b.dout;
   k3::cuda::MoeWorkspace ws(n, K, E, m.sh.I, X);
-  ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), renorm, scale, di.as<int32_t>(), dwt.as<float>(),
-                         nullptr),
-     "moe_route");
-  ck(cudaDeviceSynchronize(), "sync route");
   std::vector<int> gid(static_cast<size_t>(n) * K);
   std::vector<float> gw(gid.size()), out(x.size());
   ck(cudaMemcpy(gid.data(), di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
@@ -495,22 +504,16 @@ TEST(CudaMoe, W4a8MatchesCpuMxfp8) {
       std::vector<int> rid;
       std::vector<float> rw, biased;
       cpu_route(m, c, logits, n, rid, rw, biased);
-      DevBuf dx(x.size() * 4), dl(logits.size() * 4), db(E * 4), di(static_cast<size_t>(n) * K * 4),
-          dwt(static_cast<size_t>(n) * K * 4), dout(x.size() * 4);
-      ck(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice), "x");
-      ck(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), "logits");
-      ck(cudaMemcpy(db.p, m.bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
+      DeviceBatch b(m, x, logits, n, true, 2.5f);
       k3::cuda::MoeWorkspace ws(n, K, E, s.I, X);
-      ck(k3::cuda::moe_route(n, E, K, dl.as<float>(), db.as<float>(), true, 2.5f, di.as<int32_t>(), dwt.as<float>(), nullptr),
-         "route");
-      ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison");
-      ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), GluAct::SiTU, c.situ_beta,
-                               c.situ_linear_beta, dout.as<float>(), ws, nullptr, MoePrecision::Mxfp8),
+      ck(cudaMemset(b.dout.p, 0xff, x.size() * 4), "poison");
+      ck(k3::cuda::moe_experts(m.bank, n, K, b.dx.as<float>(), b.di.as<int32_t>(), b.dwt.as<float>(), GluAct::SiTU,
+                               c.situ_beta, c.situ_linear_beta, b.dout.as<float>(), ws, nullptr, MoePrecision::Mxfp8),
          "moe_experts mxfp8");
       ck(cudaDeviceSynchronize(), "sync");
-      ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
+      ck(cudaMemcpy(out.data(), b.dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
       std::vector<int> gid(static_cast<size_t>(n) * K);
-      ck(cudaMemcpy(gid.data(), di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
+      ck(cudaMemcpy(gid.data(), b.di.p, gid.size() * 4, cudaMemcpyDeviceToHost), "ids");
       double max8 = 0, d8 = 0, d32 = 0;
       int compared = 0;
       bool finite = true;

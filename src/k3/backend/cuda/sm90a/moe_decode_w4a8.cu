@@ -232,44 +232,39 @@ cudaError_t moe_w4a8_experts(const ExpertBank& w, int n, int K, int tok, const f
   if (tok != kTok || !moe_w4a8_supported(w) || n > s.max_tokens || P > s.max_pairs) return cudaErrorInvalidValue;
   cudaError_t e = quantize_mxfp8_rows(x, n, X, s.x8, s.xs, stream);
   if (e != cudaSuccess) return e;
+  if (static_cast<int64_t>(P) * 2 * I > s.part_floats || static_cast<int64_t>(P) * X > s.part_floats) return cudaErrorInvalidValue;
   const int est_tiles = std::min(P, w.E);
-  W8Args a;
-  a.w0 = static_cast<const uint8_t*>(w.gate);
-  a.s0 = w.gate_scales;
-  a.w1 = static_cast<const uint8_t*>(w.up);
-  a.s1 = w.up_scales;
-  a.rows = I;
-  a.cols = X;
-  a.a8 = s.x8;
-  a.as = s.xs;
-  a.sorted = sorted;
-  a.K = K;
-  a.tiles = tiles;
-  a.num_tiles = num_tiles;
-  a.part = s.part;
-  a.ldo = 2 * I;
-  a.split_stride = static_cast<int64_t>(P) * a.ldo;
+  // One matrix pair's launch: weights (w1 for GLU2's up rows), the activation codes it stages, its partial row length.
+  const auto args = [&](const void* w0, const uint8_t* s0, const void* w1, const uint8_t* s1, int rows, int cols,
+                        const uint8_t* a8, const uint8_t* as, int ldo) {
+    W8Args a;
+    a.w0 = static_cast<const uint8_t*>(w0);
+    a.s0 = s0;
+    a.w1 = static_cast<const uint8_t*>(w1);
+    a.s1 = s1;
+    a.rows = rows;
+    a.cols = cols;
+    a.a8 = a8;
+    a.as = as;
+    a.sorted = sorted;
+    a.K = K;
+    a.tiles = tiles;
+    a.num_tiles = num_tiles;
+    a.part = s.part;  // the down partials over the gate/up ones: the GLU launch has read them when down writes (after its wait)
+    a.ldo = ldo;
+    a.split_stride = static_cast<int64_t>(P) * ldo;
+    return a;
+  };
+  W8Args gu = args(w.gate, w.gate_scales, w.up, w.up_scales, I, X, s.x8, s.xs, 2 * I);
   const int rb_gu = 2 * I / kRowsPerBlock;
-  if (a.split_stride > s.part_floats || static_cast<int64_t>(P) * X > s.part_floats) return cudaErrorInvalidValue;
-  const int sp_gu = w4a8_splits(est_tiles, rb_gu, X / 128, a.split_stride, s.part_floats, a.cps);
-  e = launch_experts<true>(a, tiles_bound, rb_gu, sp_gu, stream);
+  const int sp_gu = w4a8_splits(est_tiles, rb_gu, X / 128, gu.split_stride, s.part_floats, gu.cps);
+  e = launch_experts<true>(gu, tiles_bound, rb_gu, sp_gu, stream);
   if (e != cudaSuccess) return e;
-  (void)pdl::launch(w4a8_glu_kernel, tiles_bound, 256, 0, stream, static_cast<const float*>(s.part), a.split_stride,
+  (void)pdl::launch(w4a8_glu_kernel, tiles_bound, 256, 0, stream, static_cast<const float*>(s.part), gu.split_stride,
                     sp_gu, I, tiles, num_tiles, act, beta, lbeta, s.h8, s.hs);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-
-  a.w0 = static_cast<const uint8_t*>(w.down);
-  a.s0 = w.down_scales;
-  a.w1 = nullptr;
-  a.s1 = nullptr;
-  a.rows = X;
-  a.cols = I;
-  a.a8 = s.h8;
-  a.as = s.hs;
-  a.part = s.part;  // over the gate/up partials: the GLU launch has read them when the down kernel writes (after its wait)
-  a.ldo = X;
-  a.split_stride = static_cast<int64_t>(P) * X;
+  W8Args a = args(w.down, w.down_scales, nullptr, nullptr, X, I, s.h8, s.hs, X);
   const int rb_dn = X / kRowsPerBlock;
   const int sp_dn = w4a8_splits(est_tiles, rb_dn, I / 128, a.split_stride, s.part_floats, a.cps);
   e = launch_experts<false>(a, tiles_bound, rb_dn, sp_dn, stream);

@@ -105,18 +105,25 @@ __device__ __forceinline__ uint32_t act_exp_term(uint32_t xs) { return (xs - 121
 
 // One chunk's 4 groups: the wgmmas (fr must be settled), then each group's product scaled into acc. SA / SB: the two
 // rows' 4 scale bytes; sx: the chunk's first group's exponent terms [group][8 tokens].
-__device__ __forceinline__ void chunk_products(const uint32_t (&fr)[4][4], uint32_t SA, uint32_t SB, uint64_t desc,
-                                               const uint32_t* sx, int t, float (&acc)[4]) {
-  float d[4][4];
+// The 4 groups' products of a chunk (fr settled), each in its own accumulator d[q], complete on return.
+__device__ __forceinline__ void group_products(const uint32_t (&fr)[4][4], uint64_t desc, float (&d)[4][4]) {
   fence();
 #pragma unroll
   for (int q = 0; q < 4; ++q) mma_group(d[q], fr[q], desc + static_cast<uint64_t>(q * 16));  // +256 bytes a group
   commit();
   wait_all();
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 0; q < 4; ++q)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(d[q][i])::"memory");
+}
+
+__device__ __forceinline__ void chunk_products(const uint32_t (&fr)[4][4], uint32_t SA, uint32_t SB, uint64_t desc,
+                                               const uint32_t* sx, int t, float (&acc)[4]) {
+  float d[4][4];
+  group_products(fr, desc, d);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
     const uint32_t s0 = __byte_perm(SA, 0, 0x4440 | q), s1 = __byte_perm(SB, 0, 0x4440 | q);
     const uint2 xv = *reinterpret_cast<const uint2*>(sx + q * 8 + 2 * t);
     acc[0] = fmaf(d[q][0], __uint_as_float(s0 * (1u << 23) + xv.x), acc[0]);
