@@ -480,9 +480,11 @@ TEST(CudaMoe, K3ShapeQatScales) {
 // --moe-activation-dtype mxfp8 (MoePrecision::Mxfp8: the W4A8 kernels on FP8 wgmma, moe_decode_w4a8.h) against the
 // CPU backend with the same option: x and each GLU output rounded to MXFP8 by the same rule (core/mxfp8.h), products
 // in fp32 on the CPU, exact e4m3 x e2m1 products summed 32 at a time by the tensor core on the GPU. x's codes agree bit
-// for bit; an h value within a rounding error of an E4M3 midpoint may take the neighbouring code on one side (a 1/16
-// relative step of one of I inputs: ~1e-3 of max |cpu| each), hence 5e-3. The same output against the float32 CPU reference
-// differs by far more: the check can tell the numerics apart.
+// for bit; the tensor core sums each group's 32 exact products at reduced precision (~1e-4 of the sum: w4a8_bench's
+// check, call s55-1), and an h value that lands within that of an E4M3 midpoint takes the neighbouring code (a 1/16
+// relative step of one of I inputs). Call s55-1 (H100): 1e-4 .. 6.8e-3 of max |cpu| over these shapes and sizes, hence
+// 1.5e-2; against the float32 CPU reference the same outputs differ by 4.5e-2 .. 8e-2 -- at least 4x more is required,
+// so the check still tells the numerics apart.
 TEST(CudaMoe, W4a8MatchesCpuMxfp8) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   if (!device_is_cc90()) GTEST_SKIP() << "FP8 wgmma needs a compute-capability-9.0 device";
@@ -532,7 +534,7 @@ TEST(CudaMoe, W4a8MatchesCpuMxfp8) {
                   s.name, n, compared, d8 / max8, d32 / max8, max8);
       EXPECT_TRUE(finite) << s.name << " n=" << n;
       EXPECT_GT(compared, 0) << s.name << " n=" << n;
-      EXPECT_LT(d8 / max8, 5e-3) << s.name << " n=" << n;
+      EXPECT_LT(d8 / max8, 1.5e-2) << s.name << " n=" << n;
       EXPECT_GT(d32, 4 * d8) << s.name << " n=" << n << ": the output is not told apart from float32 activations";
     }
   }

@@ -97,11 +97,18 @@ struct ThreadPool::Impl {
   };
   std::unique_ptr<Slot[]> slots;
   std::atomic<bool> failed{false};  // a chunk threw: stop handing out chunks
-  // K3_POOL_CLAIM=inorder: every job from one counter (the pre-session-54 hand-out), the A/B knob of call s54-3.
-  const bool force_in_order = [] {
+  // Whether a Spread job is handed out in order after all: measured, the per-thread runs win at 2 threads (dev box,
+  // kl-1b decode +4-20%, session 54) and lose at 16 (the H100 host's Xeon, call s55-1: kl48 decode 49.8 / 51.3 / 52.0
+  // vs 50.2 / 53.5 / 58.7 tok/s in order, 1.5-2 us more a short job); the boundary between is not measured: spread up
+  // to 4 threads. K3_POOL_CLAIM=inorder | spread forces either (the A/B knob).
+  static constexpr int kSpreadMaxThreads = 4;
+  bool force_in_order = false;  // set once the size is (the constructor)
+  static bool spread_loses(int threads) {
     const char* e = std::getenv("K3_POOL_CLAIM");
-    return e != nullptr && std::string(e) == "inorder";
-  }();
+    if (e != nullptr && std::string(e) == "inorder") return true;
+    if (e != nullptr && std::string(e) == "spread") return false;
+    return threads > kSpreadMaxThreads;
+  }
   std::exception_ptr error;
   std::mutex error_mu;
 
@@ -205,6 +212,7 @@ struct ThreadPool::Impl {
 
 ThreadPool::ThreadPool(int threads, std::vector<std::vector<int>> pin) : impl_(std::make_unique<Impl>()) {
   impl_->size = std::max(1, threads);
+  impl_->force_in_order = Impl::spread_loses(impl_->size);
   impl_->slots = std::make_unique<Impl::Slot[]>(2 * static_cast<size_t>(impl_->size));
   for (int t = 1; t < impl_->size; ++t) {
     std::vector<int> cpus = t < static_cast<int>(pin.size()) ? pin[t] : std::vector<int>{};
