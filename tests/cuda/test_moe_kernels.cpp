@@ -1189,6 +1189,15 @@ TEST(CudaMoe, Timing) {
                       s.name, n, used.size(), pc.name, label, us, gbps, gbps / 48.0, tflops, us_route);
         }
       }
+      // The W4A8 path (MoePrecision::Mxfp8, MXFP8 activations) beside them, at decode sizes.
+      if (s.mx && n <= 256 && k3::cuda::moe_w4a8_supported(m.bank)) {
+        double us = 0, us_route = 0;
+        time_path(PathCfg{MoePath::Auto, MoePrecision::Mxfp8, 0, "w4a8"}, us, us_route);
+        const double gbps = m.expert_bytes() * static_cast<double>(used.size()) / (us * 1e-6) / 1e9;
+        std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
+                    "4.8 TB/s)  moe_route %7.1f us\n",
+                    s.name, n, used.size(), "w4a8", "mxfp8", us, gbps, gbps / 48.0, us_route);
+      }
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
