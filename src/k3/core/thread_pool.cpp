@@ -99,7 +99,7 @@ struct ThreadPool::Impl {
   std::atomic<bool> failed{false};  // a chunk threw: stop handing out chunks
   // Whether a Spread job is handed out in order after all: measured, the per-thread runs win at 2 threads (dev box,
   // kl-1b decode +4-20%, session 54) and lose at 16 (the H100 host's Xeon, call s55-1: kl48 decode 49.8 / 51.3 / 52.0
-  // vs 50.2 / 53.5 / 58.7 tok/s in order, 1.5-2 us more a short job); the boundary between is not measured: spread up
+  // vs 50.2 / 53.5 / 58.7 tok/s in order; 1.2-3.2 us more a 64-256 KiB job); the boundary between is not measured: spread up
   // to 4 threads. K3_POOL_CLAIM=inorder | spread forces either (the A/B knob).
   static constexpr int kSpreadMaxThreads = 4;
   bool force_in_order = false;  // set once the size is (the constructor)
