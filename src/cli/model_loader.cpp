@@ -61,7 +61,7 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
                   "the chunked prefill form)")
       ->capture_default_str();
   cmd->add_option("--moe-activation-dtype", d.moe_activation_dtype,
-                  "cpu: the routed experts' activations: float32, or mxfp8 (each token's expert input and GLU output "
+                  "the routed experts' activations: float32, or mxfp8 (each token's expert input and GLU output "
                   "rounded to MXFP8, E4M3 in blocks of 32 with a power-of-two scale: the numerics K3 was trained with; "
                   "docs/quantization.md)")
       ->check(CLI::IsMember({"float32", "mxfp8"}))
@@ -239,6 +239,7 @@ k3::cuda::CudaLoadOptions cuda_load_options(const DeviceOptions& d, k3::CacheDTy
   lo.enforce_eager = d.enforce_eager;
   lo.kv_cache_dtype = kv;
   lo.ssm_cache_dtype = ssm;
+  lo.moe_activation = k3::parse_moe_activation_dtype(d.moe_activation_dtype);
   return lo;
 }
 
@@ -365,10 +366,6 @@ std::unique_ptr<k3::ModelRunner> load_model(const std::string& dir, const Device
   const k3::CacheDType kv = k3::parse_kv_cache_dtype(d.kv_cache_dtype);
   const k3::CacheDType ssm = k3::parse_mamba_ssm_cache_dtype(d.mamba_ssm_cache_dtype);
   const k3::MoeActivationDType moe_act = k3::parse_moe_activation_dtype(d.moe_activation_dtype);
-  // The GPU's routed-expert kernels (and a hybrid run's host experts, which it drives) do not round to MXFP8 yet.
-  if (moe_act != k3::MoeActivationDType::F32 && is_cuda_device(d.device))
-    throw k3::Error(std::string("--moe-activation-dtype ") + k3::moe_activation_dtype_name(moe_act) +
-                    " is not supported on --device cuda yet");
   if (!dummy && (!d.preset.empty() || d.num_layers > 0))
     throw k3::Error("--preset and --num-layers apply to --load-format dummy only");
   rendezvous_options(d);  // --nnodes & co. checked before anything starts

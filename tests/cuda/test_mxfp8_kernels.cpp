@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -74,6 +75,39 @@ TEST(CudaMxfp8, QuantizeMatchesHost) {
   EXPECT_GT(sat, 0);
   std::printf("[ mxfp8 ] %zu blocks, %zu codes: %d / %d differ (scales / codes); scale bytes < 20: %d, > 230: %d, codes at 448: %d\n",
               scales.size(), codes.size(), bad_scales, bad_codes, low, high, sat);
+}
+
+// fake_quant_mxfp8_rows (MoePrecision::Mxfp8's tile form) against the host's fake_quant_mxfp8_row, bit for bit (NaN
+// where the host has NaN), on rows of whole blocks and rows with a short last block (48 = 32 + 16, 200 = 6 * 32 + 8:
+// the BF16 banks' widths), out of place and in place. The values as above, the special blocks included.
+TEST(CudaMxfp8, FakeQuantRowsMatchHost) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  for (const int cols : {128, 48, 200}) {
+    const int rows = 40;
+    std::vector<float> x = test_values((rows * cols + 31) / 32, 77 + cols);
+    x.resize(static_cast<size_t>(rows) * cols);
+    std::vector<float> ref = x;
+    for (int r = 0; r < rows; ++r) k3::fake_quant_mxfp8_row(ref.data() + static_cast<size_t>(r) * cols, cols);
+    for (const bool in_place : {false, true}) {
+      Dev<float> dx(x), dout(x.size());
+      dout.poison();
+      float* out = in_place ? dx.p : dout.p;
+      ck(k3::cuda::fake_quant_mxfp8_rows(dx.p, out, rows, cols, nullptr), "fake quant");
+      ck(cudaDeviceSynchronize(), "sync");
+      const std::vector<float> got = in_place ? dx.get() : dout.get();
+      int bad = 0, changed = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool same = std::isnan(ref[i]) ? std::isnan(got[i]) : std::memcmp(&got[i], &ref[i], 4) == 0;
+        bad += !same;
+        changed += !(ref[i] == x[i]) && !std::isnan(x[i]);
+      }
+      EXPECT_EQ(bad, 0) << "cols " << cols << (in_place ? " in place" : "");
+      EXPECT_GT(changed, static_cast<int>(got.size() / 4)) << "the rounding changed too few values to be tested";
+      std::printf("[ mxfp8 ] fake quant %d x %d%s: %d of %zu differ from the host (%d values rounded)\n", rows, cols,
+                  in_place ? " in place" : "", bad, got.size(), changed);
+    }
+  }
+  EXPECT_EQ(k3::cuda::fake_quant_mxfp8_rows(nullptr, nullptr, 2, 48, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(CudaMxfp8, RejectsPartialBlocks) {

@@ -29,7 +29,7 @@ struct RankShard {
   const ShardPlan& plan;
   const CacheSpec& spec;       // one rank's cache spec (the same on every rank)
   Communicator& comm;          // outlives the device
-  MoeActivationDType moe_activation = MoeActivationDType::F32;  // --moe-activation-dtype (the CPU rank's)
+  MoeActivationDType moe_activation = MoeActivationDType::F32;  // --moe-activation-dtype
 };
 
 class RankDevice {

@@ -83,14 +83,12 @@ bool all_ok(Communicator& comm, bool ok) {
   return true;
 }
 
-// --moe-activation-dtype mxfp8 on a sharded model: CPU ranks only (the GPU's routed experts do not implement it
-// yet), and each rank's slice of an expert's intermediate must start on an MXFP8 block of 32 and hold whole
+// --moe-activation-dtype mxfp8 on a sharded model (CPU or GPU ranks): each rank's slice of an expert's intermediate must start on an MXFP8 block of 32 and hold whole
 // blocks (or end the row), so that the GLU output rows it rounds are the unsharded model's blocks (the expert
 // input rows are whole on every rank).
 void check_moe_activation(const TpLoadOptions& opt, const ModelConfig& cfg, const ShardPlan& plan) {
   if (opt.moe_activation == MoeActivationDType::F32) return;
   const std::string what = std::string("--moe-activation-dtype ") + moe_activation_dtype_name(opt.moe_activation);
-  if (opt.device) throw Error(what + " is not supported on --device cuda yet");
   const Range r = plan.expert_inter;
   if (cfg.num_experts > 0 && (r.first % kMxBlock != 0 || (r.count % kMxBlock != 0 && r.end() != cfg.moe_intermediate_size)))
     throw Error(what + ": this rank's routed-expert columns " + std::to_string(r.first) + ".." + std::to_string(r.end()) +

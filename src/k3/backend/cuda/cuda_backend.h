@@ -23,6 +23,7 @@
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/mla_kernels.h"
 #include "k3/backend/cuda/moe_kernels.h"
+#include "k3/core/mxfp8.h"
 #include "k3/model/config.h"
 #include "k3/model/graph/backend.h"
 #include "k3/runtime/cache_spec.h"
@@ -57,6 +58,14 @@ class CudaBackend final : public graph::Backend {
   // The residency manager of the host-placed routed experts (model/expert_residency_setup.h; null: none): the
   // host expert jobs report their routing to it, as the CPU model's MoE op does. Outlives the backend.
   void set_host_expert_residency(ExpertResidency* r) { host_residency_ = r; }
+  // --moe-activation-dtype: the routed experts' activations (moe_kernels.h MoePrecision::Mxfp8 for MXFP8, on the device
+  // and on the host CPU backend of --cpu-moe experts alike). Before the first step.
+  void set_moe_activation_dtype(MoeActivationDType t) { moe_act_ = t; }
+  // The routed experts' kernels' precision: Mxfp8 under --moe-activation-dtype mxfp8, else the GEMMs' (bf16 / bf16x2).
+  cuda::MoePrecision moe_precision() const {
+    if (moe_act_ == MoeActivationDType::MXFP8) return MoePrecision::Mxfp8;
+    return gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2;
+  }
   // What a captured decode graph is valid for: (sequences, page-table stride) at this generation.
   // What a captured decode graph depends on beyond the staged tables: the batch, the page stride, and the
   // step's shape when sequences have several rows (speculative verification: rows and snapshots per sequence).
@@ -200,6 +209,7 @@ class CudaBackend final : public graph::Backend {
   cudaStream_t stream_;
   std::unique_ptr<LinearRunner> lin_;
   bool gemm_bf16_;
+  MoeActivationDType moe_act_ = MoeActivationDType::F32;
   // KDA prefill on tensor cores (kda_chunked_tc): only when the model runs with plain bf16 GEMMs (the user
   // already accepted bf16 rounding; the default bf16x2 keeps the exact fp32 kda_chunked), the gate is bounded
   // with lower_bound >= -5.5 (the kernel's range precondition) and D = 128.

@@ -70,6 +70,7 @@ void CudaBackend::host_moe_finish() {
   if (!host_cpu_) {
     auto cpu = std::make_unique<cpu::CpuBackend>();
     cpu->set_expert_residency(host_residency_);
+    cpu->set_moe_activation_dtype(moe_act_);
     host_cpu_ = std::move(cpu);
   }
   Tensor ho = m.out;
@@ -120,7 +121,7 @@ bool CudaBackend::stream_host_experts(const MoeWeights& w, Tensor x, Tensor idx,
   prof_.add_host("stream: stage", std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   K3_CUDA_CHECK(cuda::moe_experts(bank, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                   p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
-                                  gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
+                                  moe_precision()));
   prof_.end(stream_);
   return true;
 }

@@ -27,7 +27,7 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
   // GGUF block experts too: moe_experts picks their kernels (quant_moe.h quant_moe_choice)
   K3_CUDA_CHECK(cuda::moe_experts(w.stacked, static_cast<int>(x.rows), static_cast<int>(idx.cols), x.f(), idx.i(), wts.f(),
                                   p.situ ? GluAct::SiTU : GluAct::SiLU, p.beta, p.linear_beta, out.f(), *moe_ws_, stream_,
-                                  gemm_bf16_ ? MoePrecision::Bf16 : MoePrecision::Bf16x2));
+                                  moe_precision()));
   prof_.end(stream_);
 }
 
@@ -35,7 +35,8 @@ void CudaBackend::moe_experts(const MoeWeights& w, Tensor x, Tensor idx, Tensor 
 // matrices of the experts' shape, every weight on this device (not --cpu-moe), the GEMV path for n tokens.
 bool CudaBackend::moe_fuses_shared(const MoeWeights& w, int64_t n) const {
   const GluMlp& s = w.shared;
-  if (w.stacked.empty() || !moe_ws_ || n > std::numeric_limits<int>::max()) return false;
+  // (Not under --moe-activation-dtype mxfp8: the fused GEMVs read x as it is.)
+  if (w.stacked.empty() || !moe_ws_ || n > std::numeric_limits<int>::max() || moe_act_ != MoeActivationDType::F32) return false;
   for (const WeightMatrix* m : {&s.gate, &s.up, &s.down})
     if (m->empty() || m->format != WeightFormat::BF16 || m->device == kHostDevice) return false;
   if (s.up.rows != s.gate.rows || s.up.cols != s.gate.cols) return false;

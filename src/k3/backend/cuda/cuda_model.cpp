@@ -160,6 +160,7 @@ std::unique_ptr<CudaModel> CudaModel::load(const std::string& dir, const CudaLoa
   impl->cfg = std::move(files.config);
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->backend->set_moe_activation_dtype(opt.moe_activation);
   impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   std::unique_ptr<Checkpoint> ckpt = std::move(files.checkpoint);
@@ -201,6 +202,7 @@ std::unique_ptr<CudaModel> CudaModel::load_dummy(const ModelConfig& cfg, const C
   impl->cfg = cfg;
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->backend->set_moe_activation_dtype(opt.moe_activation);
   impl->attach_communicator(opt);
   impl->use_graphs = !opt.enforce_eager;
   if (opt.placement && !opt.placement->empty())
@@ -217,6 +219,7 @@ std::unique_ptr<CudaModel> CudaModel::load_shard(const ModelConfig& shard_cfg, c
   impl->cfg = shard_cfg;
   impl->spec = make_cache_spec(impl->cfg, opt.kv_cache_dtype, opt.ssm_cache_dtype);
   impl->init(opt.device, opt.gemm_bf16);
+  impl->backend->set_moe_activation_dtype(opt.moe_activation);
   impl->attach_communicator(opt, &plan);
   impl->use_graphs = !opt.enforce_eager;
   upload_weights(shard_weights, opt.device, impl->w);

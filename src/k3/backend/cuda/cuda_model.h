@@ -11,6 +11,7 @@
 #include <string>
 
 #include "k3/dist/communicator.h"
+#include "k3/core/mxfp8.h"
 #include "k3/dist/shard_plan.h"
 #include "k3/model/config.h"
 #include "k3/model/graph/step.h"
@@ -28,6 +29,7 @@ struct CudaLoadOptions {
   bool enforce_eager = false;    // no CUDA graphs for decode steps
   CacheDType kv_cache_dtype = CacheDType::F32;   // MLA latent rows (--kv-cache-dtype)
   CacheDType ssm_cache_dtype = CacheDType::F32;  // KDA state (--mamba-ssm-cache-dtype)
+  MoeActivationDType moe_activation = MoeActivationDType::F32;  // routed experts' activations (--moe-activation-dtype)
   std::shared_ptr<const Placement> placement;    // -ot / --cpu-moe: weights kept on the host (null: none)
   ExpertResidencyOptions experts;                // residency of host-placed routed experts (as the CPU model's)
   // Set: called once with the model's stream (a cudaStream_t) for a communicator on it (NcclComm, or MPI

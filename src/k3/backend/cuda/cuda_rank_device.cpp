@@ -20,6 +20,7 @@ class CudaRankDevice final : public dist::RankDevice {
  public:
   CudaRankDevice(const dist::RankShard& s, const CudaRankOptions& o) : share_(o.ranks_on_device) {
     CudaLoadOptions lo = o.load;
+    lo.moe_activation = s.moe_activation;
     const bool shared = o.group_shares_a_gpu || o.ranks_on_device > 1;
     const bool nccl = o.collectives == CudaRankOptions::Collectives::Nccl ||
                       (o.collectives == CudaRankOptions::Collectives::Auto && !shared);

@@ -61,6 +61,7 @@
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/mxfp8_quant.h"
 #include "k3/backend/cuda/quant_moe.h"
 #include "k3/backend/cuda/warp_argmax.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
@@ -538,31 +539,29 @@ __global__ void __launch_bounds__(kTileThreads, min_blocks<TOK>()) expert_tile_k
 
 // ------------------------------------------------------------------------------------------------- host
 template <bool MX, int TOK>
-cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
-                         float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
-                         float* y, cudaStream_t stream) {
-  TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
+cudaError_t launch_tiles(const ExpertBank& w, int n_tiles_bound, TileArgs a, float* y, cudaStream_t stream) {
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kGateUpRowsPerBlock - 1) / kGateUpRowsPerBlock));
   (void)pdl::launch(expert_tile_kernel<MX, 2, kGateUpR, TOK, true>, g1, kTileThreads, tile_smem<TOK>(), stream, a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  to_down_args(a, w, hidden, y);
+  e = round_hidden_mxfp8(a, stream);
+  if (e != cudaSuccess) return e;
+  to_down_args(a, w, a.out, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kDownRowsPerBlock - 1) / kDownRowsPerBlock));
   (void)pdl::launch(expert_tile_kernel<MX, 1, kDownR, TOK, false>, g2, kTileThreads, tile_smem<TOK>(), stream, a);
   return cudaGetLastError();
 }
 
 template <bool MX, bool SPLIT>
-cudaError_t launch_tc(const ExpertBank& w, int n_tiles_bound, int K, const float* x, GluAct act, float beta,
-                      float lbeta, const int32_t* sorted, const int4* tiles, const int32_t* num_tiles, float* hidden,
-                      float* y, cudaStream_t stream) {
-  TileArgs a = gate_up_args(w, K, x, act, beta, lbeta, sorted, tiles, num_tiles, hidden);
+cudaError_t launch_tc(const ExpertBank& w, int n_tiles_bound, TileArgs a, float* y, cudaStream_t stream) {
   constexpr int gu_rows = kTcBRows / 2, down_rows = kTcBRows;
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + gu_rows - 1) / gu_rows));
   (void)pdl::launch(expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 2, true, SPLIT>, g1, kTcThreads, 0, stream, a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  to_down_args(a, w, hidden, y);
+  e = round_hidden_mxfp8(a, stream);
+  if (e != cudaSuccess) return e;
+  to_down_args(a, w, a.out, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + down_rows - 1) / down_rows));
   (void)pdl::launch(expert_tc_kernel<MX ? WeightFormat::MXFP4 : WeightFormat::BF16, 1, false, SPLIT>, g2, kTcThreads, 0, stream, a);
   return cudaGetLastError();
@@ -727,39 +726,74 @@ MoeWorkspace::~MoeWorkspace() {
   if (base_) cudaFree(base_);
 }
 
-// MoePrecision::Mxfp8 (moe_decode_w4a8.h): the plan in 8-pair tiles, then the W4A8 launches. Its scratch is carved
-// from buffers the other paths use (no extra device memory): x's codes in the expert-output rows y_, h's in the hidden
-// rows, both partial sums in the decode path's partial buffer (the down partials overwrite the gate/up ones, which the
-// GLU launch has read by then).
+cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
+                             const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                             MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path, bool round_hidden);
+
+// MoePrecision::Mxfp8, two forms with the CPU backend's numerics (core/mxfp8.h: x and each GLU output row rounded to
+// MXFP8). Decode (Auto where moe_w4a8_supported, the batch fits the decode scratch and the bf16 rule would decode,
+// or TcDecode): the W4A8 kernels (moe_decode_w4a8.h), the plan in 8-pair tiles; their scratch is carved from buffers
+// the other paths use (no extra device memory): x's codes in the expert-output rows y_, h's in the hidden rows, both
+// partial sums in the decode path's partial buffer (the down partials overwrite the gate/up ones, which the GLU
+// launch has read by then).
+// Otherwise (prefill sizes, BF16 / GGUF experts, other devices; Auto, TensorCore or Wgmma) the tile form: x rounded to
+// MXFP8 values into the decode partial buffer, the bf16 tensor-core tiles on them (an MXFP8 value is a bf16 value:
+// products exact, sums in fp32) with the GLU outputs rounded between gate+up and down; tokens in chunks that fit
+// that buffer (>= 8192 tokens a chunk: only a longer prefill re-reads the experts).
 cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
                               const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                               MoeWorkspace& ws, cudaStream_t stream, MoePath path) {
   const int P = n * K;
-  if ((path != MoePath::Auto && path != MoePath::TcDecode) || !moe_w4a8_supported(w) || P > ws.dec_pairs_ ||
-      n > ws.dec_tokens_ || !w.gate_scales || !w.up_scales || !w.down_scales)
-    return cudaErrorInvalidValue;
-  const int64_t bound = tile_bound(P, w.E, 8);
-  if (bound > ws.max_tiles_) return cudaErrorInvalidValue;
-  auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
-  (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, 8, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  W4a8Scratch s;
-  s.max_tokens = ws.dec_tokens_;
-  s.max_pairs = ws.dec_pairs_;
-  s.x8 = reinterpret_cast<uint8_t*>(ws.y_);                                     // n X bytes of 4 P X
-  s.xs = s.x8 + align256(static_cast<size_t>(n) * w.X);                          // n X / 32
-  s.h8 = reinterpret_cast<uint8_t*>(ws.hidden_);                                 // P I bytes of 4 P I
-  s.hs = s.h8 + align256(static_cast<size_t>(P) * w.I);                          // P I / 32
-  s.part = ws.dec_part_;
-  s.part_floats = ws.dec_part_floats_;
-  return moe_w4a8_experts(w, n, K, 8, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, static_cast<int>(bound), topk_w,
-                          act, situ_beta, situ_linear_beta, out, s, stream);
+  const bool w4a8 = moe_w4a8_supported(w) && P <= ws.dec_pairs_ && n <= ws.dec_tokens_;
+  // Auto: the W4A8 kernels where the bf16 rule would take its decode kernels (up to 8 pairs an expert).
+  if (path == MoePath::TcDecode || (path == MoePath::Auto && w4a8 && !moe_experts_use_tc(n, K, w.E, w.format))) {
+    if (!w4a8 || !w.gate_scales || !w.up_scales || !w.down_scales) return cudaErrorInvalidValue;
+    const int64_t bound = tile_bound(P, w.E, 8);
+    if (bound > ws.max_tiles_) return cudaErrorInvalidValue;
+    auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
+    (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, 8, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    W4a8Scratch s;
+    s.max_tokens = ws.dec_tokens_;
+    s.max_pairs = ws.dec_pairs_;
+    s.x8 = reinterpret_cast<uint8_t*>(ws.y_);                                     // n X bytes of 4 P X
+    s.xs = s.x8 + align256(static_cast<size_t>(n) * w.X);                          // n X / 32
+    s.h8 = reinterpret_cast<uint8_t*>(ws.hidden_);                                 // P I bytes of 4 P I
+    s.hs = s.h8 + align256(static_cast<size_t>(P) * w.I);                          // P I / 32
+    s.part = ws.dec_part_;
+    s.part_floats = ws.dec_part_floats_;
+    return moe_w4a8_experts(w, n, K, 8, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, static_cast<int>(bound), topk_w,
+                            act, situ_beta, situ_linear_beta, out, s, stream);
+  }
+  if (path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma) return cudaErrorInvalidValue;
+  const int chunk = static_cast<int>(std::min<int64_t>(n, ws.dec_part_floats_ / w.X));
+  if (chunk < 1) return cudaErrorInvalidValue;
+  float* xq = ws.dec_part_;
+  for (int t0 = 0; t0 < n; t0 += chunk) {
+    const int c = std::min(chunk, n - t0);
+    cudaError_t e = fake_quant_mxfp8_rows(x + static_cast<int64_t>(t0) * w.X, xq, c, w.X, stream);
+    if (e == cudaSuccess)
+      e = moe_experts_body(w, c, K, xq, topk_idx + static_cast<int64_t>(t0) * K, topk_w + static_cast<int64_t>(t0) * K,
+                           act, situ_beta, situ_linear_beta, out + static_cast<int64_t>(t0) * w.X, ws, stream,
+                           MoePrecision::Bf16, path, true);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
                         const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                         MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path) {
+  return moe_experts_body(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, out, ws, stream, precision, path,
+                          false);
+}
+
+// moe_experts; round_hidden (MoePrecision::Mxfp8's tile form, from moe_experts_mxfp8 with x already rounded): the
+// tensor-core tiles at any n, the GLU outputs rounded to MXFP8 between gate+up and down (TileArgs::mxfp8_hidden_rows).
+cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
+                             const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
+                             MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path, bool round_hidden) {
   if (n < 0 || n > ws.max_tokens_) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (K != ws.K_ || w.E != ws.E_ || w.I != ws.I_ || w.X != ws.X_) return cudaErrorInvalidValue;
@@ -774,6 +808,16 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     default:
       if (!gguf) return cudaErrorInvalidValue;
   }
+  if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
+    return cudaErrorInvalidValue;
+  if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  if (precision == MoePrecision::Mxfp8) {
+    if (round_hidden) return cudaErrorInvalidValue;  // the tile form runs its tiles at Bf16
+    return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, out, ws, stream, path);
+  }
+  // The tile form: the tensor-core tiles whatever n is (Auto keeps its wgmma / mma.sync choice).
+  if (round_hidden && path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma) return cudaErrorInvalidValue;
+  if (round_hidden && gguf) path = MoePath::TensorCore;
   bool gguf_mma = false;  // GGUF decode tiles on the tensor cores (quant_moe_mma) rather than the fp32 grouped kernels
   if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped or mma (TcDecode), tensor-core tiles (TensorCore)
     const WeightFormat df = expert_down_format(w);
@@ -795,11 +839,6 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   }
   if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
     return cudaErrorInvalidValue;
-  if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
-    return cudaErrorInvalidValue;
-  if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
-  if (precision == MoePrecision::Mxfp8) return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta,
-                                                                  situ_linear_beta, out, ws, stream, path);
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
       path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs)
@@ -813,7 +852,7 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
   if (path == MoePath::WgmmaRs && !wg_rs) return cudaErrorInvalidValue;
   if (forced_wg) path = MoePath::TensorCore;
   const int P = n * K;
-  MoePath chosen = path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
+  MoePath chosen = round_hidden ? MoePath::TensorCore : path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
   if (chosen == MoePath::Gemv)  // pairs in place: no plan, no tiles; h in the tiled path's hidden buffer
     return moe_gemv_experts(w, mx, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, ws.y_, out,
                             stream);
@@ -868,33 +907,20 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
     return moe_decode_experts(w, mx, n, K, tok, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act,
                               situ_beta, situ_linear_beta, split, out, ds, stream);
   }
-  if (tc && gguf) {
-    e = launch_tc_gguf(w, nb, gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_),
-                       ws.y_, stream);
-  } else if (tc && wg) {
-    e = moe_wg::launch(w, nb, gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_),
-                       split, wg_rs, ws.y_, stream);
-  } else if (tc) {
-    if (mx)
-      e = split ? launch_tc<true, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_,
-                                        ws.hidden_, ws.y_, stream)
-                : launch_tc<true, false>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                         ws.num_tiles_, ws.hidden_, ws.y_, stream);
-    else
-      e = split ? launch_tc<false, true>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                         ws.num_tiles_, ws.hidden_, ws.y_, stream)
-                : launch_tc<false, false>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                          ws.num_tiles_, ws.hidden_, ws.y_, stream);
-  } else if (mx)
-    e = tok == 4 ? launch_tiles<true, 4>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                         ws.num_tiles_, ws.hidden_, ws.y_, stream)
-                 : launch_tiles<true, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                          ws.num_tiles_, ws.hidden_, ws.y_, stream);
+  TileArgs gu = gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_);
+  if (round_hidden) gu.mxfp8_hidden_rows = P;
+  if (tc && gguf)
+    e = launch_tc_gguf(w, nb, gu, ws.y_, stream);
+  else if (tc && wg)
+    e = moe_wg::launch(w, nb, gu, split, wg_rs, ws.y_, stream);
+  else if (tc && mx)
+    e = split ? launch_tc<true, true>(w, nb, gu, ws.y_, stream) : launch_tc<true, false>(w, nb, gu, ws.y_, stream);
+  else if (tc)
+    e = split ? launch_tc<false, true>(w, nb, gu, ws.y_, stream) : launch_tc<false, false>(w, nb, gu, ws.y_, stream);
+  else if (mx)
+    e = tok == 4 ? launch_tiles<true, 4>(w, nb, gu, ws.y_, stream) : launch_tiles<true, 8>(w, nb, gu, ws.y_, stream);
   else
-    e = tok == 4 ? launch_tiles<false, 4>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                          ws.num_tiles_, ws.hidden_, ws.y_, stream)
-                 : launch_tiles<false, 8>(w, nb, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles,
-                                           ws.num_tiles_, ws.hidden_, ws.y_, stream);
+    e = tok == 4 ? launch_tiles<false, 4>(w, nb, gu, ws.y_, stream) : launch_tiles<false, 8>(w, nb, gu, ws.y_, stream);
   if (e != cudaSuccess) return e;
   return moe_combine(n, w.X, K, ws.y_, 0, 1, ws.slot_of_, topk_w, out, stream);
 }

@@ -30,9 +30,11 @@ enum class GluAct : int { SiLU = 0, SiTU = 1 };
 // MXFP4 dequantised to bf16 exactly). Bf16x2: activations split x = hi + lo (both bf16), two MMAs
 // accumulated in fp32 (~1e-5 relative, matches the fp32 CPU reference); Bf16: x rounded to bf16 (~1e-3
 // relative, about half the tensor-core work). The SIMT path is fp32 throughout and ignores this.
-// Mxfp8: --moe-activation-dtype mxfp8 (core/mxfp8.h): x and each GLU output rounded to MXFP8, MXFP4 experts on the FP8
-// tensor cores (moe_decode_w4a8.h); decode-sized batches only for now (n K <= the decode scratch's pairs), MXFP4
-// experts with I, X multiples of 128 on a compute-capability-9.0 device, else cudaErrorInvalidValue.
+// Mxfp8: --moe-activation-dtype mxfp8 (core/mxfp8.h): x and each GLU output rounded to MXFP8 along the row, as the CPU
+// backend does. Decode batches of MXFP4 experts that moe_w4a8_supported takes (I, X multiples of 128, a
+// compute-capability-9.0 device; n K within the decode scratch, at most 8 pairs an expert) run on the FP8 tensor cores (moe_decode_w4a8.h: Auto
+// or TcDecode); everything else (Auto, TensorCore or Wgmma: any n, MXFP4 / BF16 / GGUF experts) on the bf16 tensor-core
+// tiles fed exact MXFP8 values (moe_kernels.cu moe_experts_mxfp8). Other paths: cudaErrorInvalidValue.
 enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1, Mxfp8 = 2 };
 
 // Which expert kernels moe_experts runs. Auto: the 64-pair tensor-core tiles when moe_experts_use_tc(n, K, E),
@@ -86,6 +88,8 @@ class MoeWorkspace {
   friend bool moe_shared_fusable(const ExpertBank&, int64_t, int64_t, int64_t, int64_t, int, const MoeWorkspace&);
   friend cudaError_t moe_experts_mxfp8(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
                                        float, float, float*, MoeWorkspace&, cudaStream_t, MoePath);
+  friend cudaError_t moe_experts_body(const ExpertBank&, int, int, const float*, const int32_t*, const float*, GluAct,
+                                      float, float, float*, MoeWorkspace&, cudaStream_t, MoePrecision, MoePath, bool);
   int max_tokens_ = 0, K_ = 0, E_ = 0, I_ = 0, X_ = 0;
   size_t bytes_ = 0;
   void* base_ = nullptr;  // one allocation, carved into the buffers below

@@ -10,6 +10,7 @@
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
+#include "k3/backend/cuda/mxfp8_quant.h"
 #include "k3/backend/cuda/quant_decode_bf16.cuh"
 #include "k3/backend/cuda/quant_tables.h"
 #include "k3/backend/cuda/pdl.cuh"
@@ -36,7 +37,18 @@ struct TileArgs {
   int64_t row_bytes = 0;  // GGUF block experts: row_data_bytes(format, cols)
   int64_t mat_bytes = 0;  // GGUF block experts: bytes of one whole stack (w0's; w1's the same), E * rows * row_bytes
   IqTables T{};           // GGUF i-quant codebooks (quant_tables.h)
+  // Host side only (the kernels ignore it): MoePrecision::Mxfp8's tile form. When > 0, the launchers round this many
+  // rows of the gate+up launch's GLU outputs (out, [rows][I] by slot) to MXFP8 in place before down reads them.
+  int64_t mxfp8_hidden_rows = 0;
 };
+
+// Between a launcher's gate+up and down launches (MoePrecision::Mxfp8's tile form; nothing when
+// gate_up.mxfp8_hidden_rows is 0): the GLU outputs rounded to MXFP8 along each (token, expert) row, as the CPU backend
+// rounds them. A plain launch after gate+up: the down launch after it waits for it (stream order, or its PDL wait).
+inline cudaError_t round_hidden_mxfp8(const TileArgs& gate_up, cudaStream_t stream) {
+  if (gate_up.mxfp8_hidden_rows <= 0) return cudaSuccess;
+  return fake_quant_mxfp8_rows(gate_up.out, gate_up.out, gate_up.mxfp8_hidden_rows, gate_up.rows, stream);
+}
 
 // The gate+up launch's arguments, and the same turned into the down launch's (both paths share them).
 inline TileArgs gate_up_args(const ExpertBank& w, int K, const float* x, GluAct act, float beta, float lbeta,

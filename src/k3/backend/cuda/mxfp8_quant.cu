@@ -1,6 +1,7 @@
 // quantize_mxfp8_rows (mxfp8_quant.h).
 #include "k3/backend/cuda/mxfp8_quant.h"
 
+#include "k3/backend/cuda/cache_dtype.cuh"
 #include "k3/backend/cuda/mxfp8_quant.cuh"
 
 namespace k3::cuda {
@@ -21,7 +22,35 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_rows_kernel(const float*
   if (lane == 0) scales[b] = static_cast<uint8_t>(s);
 }
 
+// One warp per 32-value block of a row (the row's last block may be short: its missing lanes read as 0, which
+// changes neither the amax nor any code). The dequantised value code * 2^(s-127) is exact in float (mxfp8.cpp's
+// fake_quant_block says why); s = 254 (a block holding inf) overflows to inf as the host does.
+__global__ void __launch_bounds__(kWarps * 32) fake_quant_rows_kernel(const float* x, float* out, int64_t rows,
+                                                                      int64_t cols, int64_t row_blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (b >= rows * row_blocks) return;  // whole warps
+  const int lane = threadIdx.x & 31;
+  const int64_t r = b / row_blocks, c = (b - r * row_blocks) * 32 + lane;
+  const bool in = c < cols;
+  const float v = in ? x[r * cols + c] : 0.f;
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // fmaxf drops NaN
+  const uint32_t s = mxfp8::scale_byte(amax);
+  const float q = fp8_e4m3_to_f32_dev(mxfp8::code(v, mxfp8::inverse_scale(s))) * ldexpf(1.0f, static_cast<int>(s) - 127);
+  if (in) out[r * cols + c] = q;
+}
+
 }  // namespace
+
+cudaError_t fake_quant_mxfp8_rows(const float* x, float* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols < 1 || !x || !out) return cudaErrorInvalidValue;
+  const int64_t row_blocks = (cols + 31) / 32, warps = rows * row_blocks;
+  if (warps == 0) return cudaSuccess;
+  const int64_t grid = (warps + kWarps - 1) / kWarps;
+  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
+  fake_quant_rows_kernel<<<static_cast<unsigned>(grid), kWarps * 32, 0, stream>>>(x, out, rows, cols, row_blocks);
+  return cudaGetLastError();
+}
 
 cudaError_t quantize_mxfp8_rows(const float* x, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales,
                                 cudaStream_t stream) {

@@ -41,6 +41,8 @@ cudaError_t launch_tc_gguf(const ExpertBank& w, int n_tiles_bound, TileArgs a, f
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + gu_rows - 1) / gu_rows));
   cudaError_t e = with_gguf_format(w.format, [&](auto f) { return launch_one<decltype(f)::value, 2, true>(g1, a, stream); });
   if (e != cudaSuccess) return e;
+  e = round_hidden_mxfp8(a, stream);
+  if (e != cudaSuccess) return e;
   float* hidden = a.out;
   to_down_args(a, w, hidden, y);
   a.row_bytes = row_data_bytes(df, w.I);

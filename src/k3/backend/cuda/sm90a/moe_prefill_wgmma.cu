@@ -427,6 +427,8 @@ cudaError_t launch_pair(const ExpertBank& w, int n_tiles_bound, TileArgs a, floa
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   cudaError_t e = launch_one<MX, 2, true, SPLIT, RS>(a, g1, stream);
   if (e != cudaSuccess) return e;
+  e = round_hidden_mxfp8(a, stream);
+  if (e != cudaSuccess) return e;
   to_down_args(a, w, a.out, y);
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
   return launch_one<MX, 1, false, SPLIT, RS>(a, g2, stream);

@@ -1,0 +1,48 @@
+#!/bin/bash
+# Session 56 call 1: --moe-activation-dtype mxfp8 on the GPU end to end, the W4A8 kernels' same-call A/B and profile.
+# 1. the CUDA suite without the timings (the MoE launchers were refactored for the MXFP8 tile form): among them
+#    CudaMxfp8.* (the device fake quantiser bit for bit), CudaMoe.W4a8MatchesCpuMxfp8 (1.5e-2), CudaMoe.Mxfp8Tiles*,
+#    CudaModelE2E.Mxfp8MatchesCpuMxfp8 (three checkpoints, prefill and decode);
+# 2. CudaMoe.Timing, K3 QAT bank, n = 1 / 8 / 64: the engine's w4a8 row against "auto dec" in one process;
+# 3. k3-tiny perplexity on the GPU, float32 vs mxfp8 activations (the CPU's figures: docs/quantization.md), and
+#    the 4-layer dummy K3 slice, decode b1 / 8 / 64 and pp2048, float32 vs mxfp8 alternating;
+# 4. ncu (full set) of the prototype's n = 8 gate|up and down launches (what holds it at ~62% of HBM);
+# 5. on a 100+ GB card only: the whole dummy Kimi-Linear-48B, depth 0 b1 / 64 / 256 (never run since s53).
+# Carry: .gpuwork/k3bins.tar.xz .gpuwork/w4a8_bench .gpuwork/persuasion-60k.txt
+BUDGET=${BUDGET:-585}
+. scripts/perf/lib-call.sh
+timeout 230 $D/k3_cuda_tests --gtest_filter='-CudaMoe.Timing:CudaQuantMoe.Timing*' > $OUT/suite.log 2>&1
+echo "suite rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" $OUT/suite.log | head -60
+xz -9 $OUT/suite.log
+K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 100 $D/k3_cuda_tests --gtest_filter='CudaMoe.Timing' > $OUT/moe-timing.log 2>&1
+echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" $OUT/moe-timing.log | head -40
+for a in float32 mxfp8; do
+  timeout 60 $D/k3 perplexity -m models/k3-tiny --device cuda --ctx 512 -f $GW/persuasion-60k.txt --moe-activation-dtype $a > $OUT/ppl-$a.txt 2>&1
+  echo "ppl $a rc=$? $(el) $(grep -iE 'ppl|perplexity' $OUT/ppl-$a.txt | tail -2 | tr '\n' ' ')"
+done
+timeout 30 $D/k3 run -m models/k3-tiny --device cuda --moe-activation-dtype mxfp8 -p "It is a truth universally" -n 24 2>&1 | tail -3
+kl_dummy_args
+K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers 4 --mem-bw $BW"
+for r in 1 2; do for a in float32 mxfp8; do [ "$(left)" -gt 300 ] || break
+  timeout 60 $D/k3 bench offline $K3A --moe-activation-dtype $a -p 0 -n 32 -b 1,8,64 -r 2 > /tmp/b.txt 2>&1
+  echo "k3s4 decode $a r$r rc=$? $(el)"; grep -E "^\| kimi|rror" /tmp/b.txt
+  timeout 40 $D/k3 bench offline $K3A --moe-activation-dtype $a -p 2048 -n 0 -b 1 -r 2 > /tmp/b.txt 2>&1
+  echo "k3s4 pp2048 $a r$r rc=$? $(el)"; grep -E "^\| kimi|rror" /tmp/b.txt
+done; done 2>&1 | tee $OUT/k3s4-act.txt
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+timeout 120 $NCU --set full --import-source no -k regex:w4a8_kernel -c 2 -o $OUT/w4a8-n8 $GW/w4a8_bench time 8 1 > $OUT/ncu-run.txt 2>&1
+echo "ncu rc=$? $(el)"; tail -3 $OUT/ncu-run.txt
+if [ -f $OUT/w4a8-n8.ncu-rep ]; then
+  $NCU -i $OUT/w4a8-n8.ncu-rep --page details > $OUT/ncu-details.txt 2>&1
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc A|Registers Per|Achieved Occupancy|Theoretical Occ|L2 Hit|Eligible|Active Warps|No Eligible" $OUT/ncu-details.txt | head -40
+  $NCU -i $OUT/w4a8-n8.ncu-rep --page source --print-source sass --csv > $OUT/ncu-sass.csv 2>&1; echo "sass page rc=$? $(wc -l < $OUT/ncu-sass.csv) lines"
+  $NCU -i $OUT/w4a8-n8.ncu-rep --page raw --csv > $OUT/ncu-raw.csv 2>&1
+  xz -9 $OUT/ncu-sass.csv $OUT/ncu-raw.csv
+fi
+smi() { nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 200 > "$OUT/smi-$1.csv" & SMI=$!; }
+peak() { kill $SMI 2>/dev/null; wait $SMI 2>/dev/null; awk -F', ' '{v=$2+0; if (v>m) m=v} END {print "peak device memory " m " MiB"}' "$OUT/smi-$1.csv"; }
+if [ "$BW" = 4175 ] && [ "$(left)" -gt 170 ]; then
+  smi d0; timeout $(( $(left) - 10 )) $D/k3 bench offline $KL --mem-bw $BW -p 0 -n 32 -d 0 -b 1,64,256 -r 2 > $OUT/kl-d0.txt 2>&1
+  echo "kl d0 rc=$? $(el)"; peak d0; grep -E "^\| kimi|rror|memory" $OUT/kl-d0.txt | head -8
+fi
+echo "done $(el)"
