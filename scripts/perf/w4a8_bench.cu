@@ -105,7 +105,8 @@ __device__ __forceinline__ void dequant_chunk_v(const uint4& A, const uint4& B, 
 
 // Grid (R / (64 WG), tiles, splits); block = WG warpgroups, each 64 rows over the split's chunks, PF chunks of weights
 // in flight a thread (a register ring, refilled once a chunk is dequantised). ALAYOUT 1 swaps the assumed A-register
-// order (registers 1 and 2) -- a deliberate error the check must catch; 2 reads the weights as stored (load_w). ASCALE 1 times the form whose activations have
+// order (registers 1 and 2) -- a deliberate error the check must catch; 2 reads the weights as stored (load_w); 3 the
+// tiled layout (a load-time repack: each warp's chunk one contiguous 1 KB, its scales 64 bytes). ASCALE 1 times the form whose activations have
 // one scale per token (applied after the sum, not here: timing only): the group's product times the weight scale alone.
 template <int WG, int PF, int ALAYOUT, int ASCALE, int MINB>
 __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
@@ -125,6 +126,30 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
   const uint8_t* row1 = row0 + 8 * row_bytes;
   const uint32_t* sp0 = reinterpret_cast<const uint32_t*>(a.ws + (static_cast<size_t>(e) * a.R + r0) * srow_bytes) + c0;
   const uint32_t* sp1 = sp0 + 8 * srow_bytes / 4;
+  // ALAYOUT 3 (tiled): the warp's 16 rows x 128 inputs of a chunk as one 1 KB tile (row g's 16 bytes at lane * 16, row
+  // g + 8's at 512 + lane * 16: each load one contiguous 512 bytes a warp), its scales a 64-byte tile (row g's 4 bytes
+  // at 4 g, row g + 8's at 32 + 4 g); the tiles of a warp's rows follow each other chunk by chunk.
+  const size_t wtile = (static_cast<size_t>(e) * (a.R / 16) + (r0 - g) / 16) * nchunks;
+  const uint8_t* tw = a.w + wtile * 1024 + lane * 16;
+  const uint8_t* ts = a.ws + wtile * 64 + g * 4;
+  auto load_a = [&](int cc, uint4& A, uint4& B) {
+    if constexpr (ALAYOUT == 3) {
+      A = ld_nc_v4(reinterpret_cast<const uint4*>(tw + static_cast<size_t>(cc) * 1024));
+      B = ld_nc_v4(reinterpret_cast<const uint4*>(tw + static_cast<size_t>(cc) * 1024 + 512));
+    } else {
+      A = load_w<ALAYOUT>(row0, cc, t);
+      B = load_w<ALAYOUT>(row1, cc, t);
+    }
+  };
+  auto load_s = [&](int cc, uint32_t& A, uint32_t& B) {
+    if constexpr (ALAYOUT == 3) {
+      A = ld_nc_u32(reinterpret_cast<const uint32_t*>(ts + static_cast<size_t>(cc) * 64));
+      B = ld_nc_u32(reinterpret_cast<const uint32_t*>(ts + static_cast<size_t>(cc) * 64 + 32));
+    } else {
+      A = ld_nc_u32(sp0 + (cc - c0));
+      B = ld_nc_u32(sp1 + (cc - c0));
+    }
+  };
   // Group j's B operand: 256 bytes on from group 0's (the descriptor's address field counts 16-byte units; shared
   // memory ends below 2^18 bytes, so the add never carries out of it).
   const uint64_t desc0 = desc_noswizzle(static_cast<uint32_t>(__cvta_generic_to_shared(sB)), 128, 128);
@@ -136,10 +161,8 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
 #pragma unroll
   for (int p = 0; p < PF; ++p)
     if (c0 + p < c1) {
-      ra[p] = load_w<ALAYOUT>(row0, c0 + p, t);
-      rb[p] = load_w<ALAYOUT>(row1, c0 + p, t);
-      sa[p] = ld_nc_u32(sp0 + p);
-      sb[p] = ld_nc_u32(sp1 + p);
+      load_a(c0 + p, ra[p], rb[p]);
+      load_s(c0 + p, sa[p], sb[p]);
     }
   // Stage the tile's activations of this K range in the A registers' k order.
   for (int u = threadIdx.x; u < G * 32; u += blockDim.x) {
@@ -164,15 +187,9 @@ __global__ void __launch_bounds__(WG * 128, MINB) w4a8_kernel(Args a) {
       dequant_chunk_v<ALAYOUT>(ra[p], rb[p], fr);
       settle(fr);
       const int nx = c + p + PF;
-      if (nx < c1) {  // the slot's next weights, issued before this chunk's products
-        ra[p] = load_w<ALAYOUT>(row0, nx, t);
-        rb[p] = load_w<ALAYOUT>(row1, nx, t);
-      }
+      if (nx < c1) load_a(nx, ra[p], rb[p]);  // the slot's next weights, issued before this chunk's products
       chunk_step<ASCALE>(fr, sa[p], sb[p], (c - c0 + p) * 4, desc0, sX, t, acc);
-      if (nx < c1) {  // its scales once these are used
-        sa[p] = ld_nc_u32(sp0 + (nx - c0));
-        sb[p] = ld_nc_u32(sp1 + (nx - c0));
-      }
+      if (nx < c1) load_s(nx, sa[p], sb[p]);  // its scales once these are used
     }
   }
 #pragma unroll
@@ -223,6 +240,20 @@ size_t stored_byte(int r, int k, int K, int& shift) {
   return static_cast<size_t>(r) * (K / 2) + c * 64 + t * 16 + q * 4 + j / 2;
 }
 
+// The same for the tiled layout (ALAYOUT 3) of an [E][R][K/2] stack: warp tile (e, r / 16, chunk) of 1 KB, row g = r % 8
+// of it in the first half (r % 16 < 8) or the second, lane 4 g + t at 16 bytes a lane, word q, byte j / 2.
+size_t tiled_byte(int e, int r, int k, int R, int K, int& shift) {
+  const int c = k / 128, q = (k % 128) / 32, t = (k % 32) / 8, j = k % 8, g = r % 8, hi = (r % 16) / 8;
+  shift = (j & 1) * 4;
+  const size_t tile = (static_cast<size_t>(e) * (R / 16) + r / 16) * (K / 128) + c;
+  return tile * 1024 + hi * 512 + (g * 4 + t) * 16 + q * 4 + j / 2;
+}
+// Scale byte of row r, group q (of K / 32) in the tiled layout: 64 bytes a warp tile, row g's 4 at 4 g (+ 32 for r % 16 >= 8).
+size_t tiled_scale(int e, int r, int q, int R, int K) {
+  const size_t tile = (static_cast<size_t>(e) * (R / 16) + r / 16) * (K / 128) + q / 4;
+  return tile * 64 + ((r % 16) / 8) * 32 + (r % 8) * 4 + q % 4;
+}
+
 struct Bank {
   int E, R, K;
   uint8_t *w = nullptr, *ws = nullptr;
@@ -259,10 +290,11 @@ const Config kConfigs[] = {
     {"wg2 pf4 mx min2", launch<2, 4, 0, 0, 2>}, {"wg2 pf4 tok min2", launch<2, 4, 0, 1, 2>},
     {"wg1 pf2 mx", launch<1, 2, 0, 0, 1>},     {"wg1 pf4 mx min4", launch<1, 4, 0, 0, 4>},
     {"wg2 pf8 mx", launch<2, 8, 0, 0, 1>},       {"wg2 pf2 mx stored", launch<2, 2, 2, 0, 1>},
-    {"wg2 pf4 mx stored min2", launch<2, 4, 2, 0, 2>},
+    {"wg2 pf4 mx stored min2", launch<2, 4, 2, 0, 2>}, {"wg2 pf2 mx tiled", launch<2, 2, 3, 0, 1>},
+    {"wg2 pf4 mx tiled min2", launch<2, 4, 3, 0, 2>},  {"wg1 pf4 mx tiled min4", launch<1, 4, 3, 0, 4>},
 };
 LaunchFn checked_form(int al) {
-  return al == 1 ? launch<2, 2, 1, 0, 1> : al == 2 ? launch<2, 2, 2, 0, 1> : launch<2, 2, 0, 0, 1>;
+  return al == 1 ? launch<2, 2, 1, 0, 1> : al == 2 ? launch<2, 2, 2, 0, 1> : al == 3 ? launch<2, 4, 3, 0, 2> : launch<2, 2, 0, 0, 1>;
 }
 
 // ---- check ----------------------------------------------------------------------------------------------------
@@ -277,10 +309,18 @@ bool check_shape(int R, int K, int splits, int al, std::mt19937& rng) {
     for (int r = 0; r < R; ++r)
       for (int k = 0; k < K; ++k) {
         int sh = (k & 1) * 4;
-        const size_t at = (al == 2 ? static_cast<size_t>(r) * (K / 2) + k / 2 : stored_byte(r, k, K, sh)) +
-                          static_cast<size_t>(e) * R * K / 2;
+        const size_t at = al == 3 ? tiled_byte(e, r, k, R, K, sh)
+                                  : (al == 2 ? static_cast<size_t>(r) * (K / 2) + k / 2 : stored_byte(r, k, K, sh)) +
+                                        static_cast<size_t>(e) * R * K / 2;
         w_h[at] |= static_cast<uint8_t>(nib[(static_cast<size_t>(e) * R + r) * K + k] << sh);
       }
+  if (al == 3) {  // the scales tiled as the kernel's ALAYOUT 3 reads them
+    std::vector<uint8_t> t(ws_h.size());
+    for (int e = 0; e < E; ++e)
+      for (int r = 0; r < R; ++r)
+        for (int q = 0; q < K / 32; ++q) t[tiled_scale(e, r, q, R, K)] = ws_h[(static_cast<size_t>(e) * R + r) * (K / 32) + q];
+    ws_h.swap(t);
+  }
   std::vector<uint8_t> x_h(static_cast<size_t>(tiles) * kTok * K);
   std::vector<float> xs_h(static_cast<size_t>(tiles) * kTok * K / 32);
   for (auto& v : x_h) v = random_e4m3(rng);
@@ -422,6 +462,8 @@ int main(int argc, char** argv) {
   for (int splits : {1, 3}) ok &= check_shape(6144, 3584, splits, 0, rng);
   ok &= check_shape(3584, 3072, 2, 0, rng);
   ok &= check_shape(6144, 3584, 2, 2, rng);  // the weights as stored (4-byte loads)
+  ok &= check_shape(6144, 3584, 1, 3, rng);  // the tiled layout
+  ok &= check_shape(3584, 3072, 3, 3, rng);
   const bool wrong_passes = check_shape(3584, 3072, 1, 1, rng);
   std::printf("the assumed A order %s; the swapped order %s\n", ok ? "PASSES" : "FAILS",
               wrong_passes ? "passes too (the check cannot see the order!)" : "fails (as it must)");
