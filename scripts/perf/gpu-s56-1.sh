@@ -56,4 +56,9 @@ if [ "$BW" = 4175 ] && [ "$(left)" -gt 170 ]; then
   smi d0; timeout $(( $(left) - 10 )) $D/k3 bench offline $KL --mem-bw $BW -p 0 -n 32 -d 0 -b 1,64,256 -r 2 > $OUT/kl-d0.txt 2>&1
   echo "kl d0 rc=$? $(el)"; peak d0; grep -E "^\| kimi|rror|memory" $OUT/kl-d0.txt | head -8
 fi
+if [ "$(left)" -gt 90 ]; then  # the new kernels under compute-sanitizer (the fake quantiser, the tile form's launches)
+  timeout $(( $(left) - 15 )) /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 9 $D/k3_cuda_tests \
+    --gtest_filter='CudaMxfp8.*:CudaMoe.Mxfp8TilesMatchCpuMxfp8' > $OUT/memcheck.log 2>&1
+  echo "memcheck rc=$? $(el)"; grep -E "ERROR SUMMARY|PASSED|FAILED" $OUT/memcheck.log | head -5
+fi
 echo "done $(el)"
