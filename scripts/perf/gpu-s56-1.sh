@@ -34,7 +34,7 @@ for r in 1 2; do for a in float32 mxfp8; do [ "$(left)" -gt $(( r == 1 ? 150 : 3
   echo "k3s4 pp2048 $a r$r rc=$? $(el)"; grep -E "^\| kimi|rror" /tmp/b.txt
 done; done 2>&1 | tee $OUT/k3s4-act.txt
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-timeout 120 $NCU --set full --import-source no -k regex:w4a8_kernel -c 2 -o $OUT/w4a8-n8 $GW/w4a8_bench time 8 1 > $OUT/ncu-run.txt 2>&1
+[ "$(left)" -gt 100 ] && timeout $(( $(left) > 130 ? 120 : $(left) - 10 )) $NCU --set full --import-source no -k regex:w4a8_kernel -c 2 -o $OUT/w4a8-n8 $GW/w4a8_bench time 8 1 > $OUT/ncu-run.txt 2>&1
 echo "ncu rc=$? $(el)"; tail -3 $OUT/ncu-run.txt
 if [ -f $OUT/w4a8-n8.ncu-rep ]; then
   $NCU -i $OUT/w4a8-n8.ncu-rep --page details > $OUT/ncu-details.txt 2>&1
@@ -44,7 +44,7 @@ if [ -f $OUT/w4a8-n8.ncu-rep ]; then
   xz -9 $OUT/ncu-sass.csv $OUT/ncu-raw.csv
 fi
 # the tiled layout's gate|up launch (config 10 of w4a8_bench: 9 forms x 3 splits x 2 stages launched before it)
-timeout 90 $NCU --set full --import-source no -k regex:w4a8_kernel --launch-skip 54 -c 1 -o $OUT/w4a8-n8-tiled $GW/w4a8_bench time 8 1 > $OUT/ncu-run-tiled.txt 2>&1
+[ "$(left)" -gt 80 ] && timeout $(( $(left) - 10 )) $NCU --set full --import-source no -k regex:w4a8_kernel --launch-skip 54 -c 1 -o $OUT/w4a8-n8-tiled $GW/w4a8_bench time 8 1 > $OUT/ncu-run-tiled.txt 2>&1
 echo "ncu tiled rc=$? $(el)"
 if [ -f $OUT/w4a8-n8-tiled.ncu-rep ]; then
   $NCU -i $OUT/w4a8-n8-tiled.ncu-rep --page details > $OUT/ncu-details-tiled.txt 2>&1
