@@ -1,0 +1,14 @@
+#!/bin/bash
+# Session 56 call 3: the least that says whether the GPU form of --moe-activation-dtype mxfp8 is right and what the
+# W4A8 path gains (~2 minutes of device time were left): the new tests, the timing row, the prototype's n = 8 forms.
+BUDGET=${BUDGET:-110}
+. scripts/perf/lib-call.sh
+F='CudaMxfp8.*:CudaMoe.W4a8MatchesCpuMxfp8:CudaMoe.Mxfp8TilesMatchCpuMxfp8:CudaModelE2E.Mxfp8MatchesCpuMxfp8:CudaMoe.TinyShapes'
+timeout 60 $D/k3_cuda_tests --gtest_filter="$F" > $OUT/tests.log 2>&1
+echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" $OUT/tests.log | head -50
+xz -9 $OUT/tests.log
+[ "$(left)" -gt 35 ] && K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 30 $D/k3_cuda_tests --gtest_filter='CudaMoe.Timing' > $OUT/moe-timing.log 2>&1
+echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" $OUT/moe-timing.log | head -30
+[ "$(left)" -gt 15 ] && timeout $(( $(left) - 5 )) $GW/w4a8_bench time 8 3 > $OUT/w4a8-time.txt 2>&1
+echo "w4a8 time rc=$? $(el)"; grep -E "^n=|splits=1:" $OUT/w4a8-time.txt
+echo "done $(el)"
