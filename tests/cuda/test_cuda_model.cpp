@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -56,6 +57,23 @@ Cmp compare(const std::vector<float>& got, const std::vector<float>& ref, int64_
   c.rel = md / std::max(mr, 1e-30);
   c.argmax = rows ? static_cast<double>(same) / static_cast<double>(rows) : 1.0;
   return c;
+}
+
+// The median over rows of max |a - b| / max |b| within the row.
+double median_row_rel(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+  const int64_t rows = static_cast<int64_t>(ref.size()) / V;
+  std::vector<double> r(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    double md = 0, mr = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const size_t k = static_cast<size_t>(i * V + v);
+      md = std::max(md, std::fabs(static_cast<double>(got[k]) - ref[k]));
+      mr = std::max(mr, std::fabs(static_cast<double>(ref[k])));
+    }
+    r[static_cast<size_t>(i)] = md / std::max(mr, 1e-30);
+  }
+  std::nth_element(r.begin(), r.begin() + rows / 2, r.end());
+  return rows ? r[static_cast<size_t>(rows / 2)] : 0.0;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
@@ -334,9 +352,11 @@ TEST_P(CudaModelE2E, DecodeMatchesCpu) {
 // --moe-activation-dtype mxfp8 on the GPU (moe_kernels.h MoePrecision::Mxfp8: these checkpoints' experts take the tile
 // form, I not a multiple of 128) against the CPU with the same option, prefill (200 tokens) and token-by-token
 // decode (24). Both round x and h by one rule, but an h value at an E4M3 midpoint after a ~1e-6 difference upstream
-// takes the neighbouring code and the runs part a little from there (CpuMoeExperts / MoeMxfp8Model say how much on
-// the CPU alone). The check: the GPU's logits are at least 2x closer to the CPU's MXFP8 ones than to its float32 ones
-// (the option is applied, on every MoE layer), and the argmax agrees on >= 90% of the rows.
+// takes the neighbouring code and that row (and, through the caches, later ones) parts from there: on the CPU alone
+// prefill and decode part at k3-tiny's token 44 of 232 to rel 0.1 (MoeMxfp8Model), while MXFP8 against float32
+// activations moves every row (k3-tiny rel 0.21). So the check is on the median row: the GPU's per-row difference
+// to the CPU's MXFP8 logits at least 4x below its difference to the CPU's float32 ones (the option is applied, on
+// every MoE layer), and the argmax agrees with the CPU's MXFP8 run on >= 90% of the rows.
 TEST_P(CudaModelE2E, Mxfp8MatchesCpuMxfp8) {
   const std::string dir = k3test::source_path(GetParam());
   k3::cuda::CudaLoadOptions lo;
@@ -366,10 +386,12 @@ TEST_P(CudaModelE2E, Mxfp8MatchesCpuMxfp8) {
       got.insert(got.end(), lg.begin(), lg.end());
     }
     const Cmp c = compare(got, r8, V), f = compare(got, r32, V);
-    std::printf("[ e2e ] %-28s mxfp8 %s: vs cpu mxfp8 rel %.2e argmax %.4f; vs cpu float32 rel %.2e argmax %.4f\n",
-                GetParam().c_str(), prefill ? "prefill" : "decode ", c.rel, c.argmax, f.rel, f.argmax);
+    const double m8 = median_row_rel(got, r8, V), m32 = median_row_rel(got, r32, V);
+    std::printf("[ e2e ] %-28s mxfp8 %s: vs cpu mxfp8 rel %.2e (median row %.2e) argmax %.4f; vs cpu float32 rel %.2e "
+                "(median row %.2e) argmax %.4f\n", GetParam().c_str(), prefill ? "prefill" : "decode ", c.rel, m8, c.argmax,
+                f.rel, m32, f.argmax);
     EXPECT_TRUE(c.finite);
-    EXPECT_LT(2 * c.rel, f.rel) << (prefill ? "prefill" : "decode");
+    EXPECT_LT(4 * m8, m32) << (prefill ? "prefill" : "decode");
     EXPECT_GE(c.argmax, 0.9) << (prefill ? "prefill" : "decode");
   }
 }
