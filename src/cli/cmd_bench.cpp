@@ -497,6 +497,10 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
       auto model = load_model(dir, f->dev);
       std::fprintf(stderr, "k3 bench offline: loaded in %.1f s; %s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
                    expert_cache_report(std::nullopt, disk0, 0).c_str());
+      // The numerics the rows below ran with (the table has no column for them; logs of A/B arms need them).
+      std::fprintf(stderr, "k3 bench offline: %s, kv-cache-dtype %s, mamba-ssm-cache-dtype %s, moe-activation-dtype %s%s\n",
+                   model->device_name().c_str(), f->dev.kv_cache_dtype.c_str(), f->dev.mamba_ssm_cache_dtype.c_str(),
+                   f->dev.moe_activation_dtype.c_str(), f->dev.device == "cpu" ? "" : (", gemm-precision " + f->dev.gemm).c_str());
       auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
       for (auto& t : tests) t.ubatch = f->ubatch;
       std::vector<k3::bench::OfflineResult> rs;
