@@ -15,11 +15,7 @@ BUDGET=${BUDGET:-585}
 # (SUITE=all: every test; default: the suites the refactored MoE launchers and the new form touch)
 F='CudaMxfp8.*:CudaMoe.*:CudaQuantMoe.*:CudaModelE2E.*:CudaQuantModel.*:-CudaMoe.Timing:CudaQuantMoe.Timing*'
 [ "${SUITE:-}" = all ] && F='-CudaMoe.Timing:CudaQuantMoe.Timing*'
-timeout 230 $D/k3_cuda_tests --gtest_filter="$F" > $OUT/suite.log 2>&1
-echo "suite rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" $OUT/suite.log | head -60
-xz -9 $OUT/suite.log
-K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 100 $D/k3_cuda_tests --gtest_filter='CudaMoe.Timing' > $OUT/moe-timing.log 2>&1
-echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" $OUT/moe-timing.log | head -40
+moe_tests_and_timing 230 "$F"
 timeout 60 $GW/w4a8_bench check > $OUT/w4a8-check.txt 2>&1; echo "w4a8 check rc=$? $(el)"; grep -E "tiled|alayout=3|order" $OUT/w4a8-check.txt
 for n in 1 8 64; do timeout 40 $GW/w4a8_bench time $n 10; echo "w4a8 time n=$n rc=$? $(el)"; done > $OUT/w4a8-time.txt 2>&1
 grep -E "^n=|splits=1:|rc=" $OUT/w4a8-time.txt

@@ -7,11 +7,7 @@ BUDGET=${BUDGET:-240}
 . scripts/perf/lib-call.sh
 F='CudaMxfp8.*:CudaMoe.W4a8MatchesCpuMxfp8:CudaMoe.Mxfp8TilesMatchCpuMxfp8:CudaModelE2E.Mxfp8MatchesCpuMxfp8:CudaModelE2E.PrefillMatchesCpu'
 F="$F:CudaMoe.TinyShapes:CudaMoe.KimiLinearShape:CudaQuantMoe.TensorCoreTilesMatchAFloat64MoeForEveryFormat"
-timeout 120 $D/k3_cuda_tests --gtest_filter="$F" > $OUT/tests.log 2>&1
-echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" $OUT/tests.log | head -60
-xz -9 $OUT/tests.log
-K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 60 $D/k3_cuda_tests --gtest_filter='CudaMoe.Timing' > $OUT/moe-timing.log 2>&1
-echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" $OUT/moe-timing.log | head -30
+moe_tests_and_timing 120 "$F"
 timeout 40 $GW/w4a8_bench check > $OUT/w4a8-check.txt 2>&1; echo "w4a8 check rc=$? $(el)"; grep -E "alayout=3|order" $OUT/w4a8-check.txt
 for n in 8 64 1; do [ "$(left)" -gt 90 ] || break; timeout 30 $GW/w4a8_bench time $n 6; echo "w4a8 time n=$n rc=$? $(el)"; done > $OUT/w4a8-time.txt 2>&1
 grep -E "^n=|splits=1:|rc=" $OUT/w4a8-time.txt

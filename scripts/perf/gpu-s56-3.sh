@@ -4,11 +4,7 @@
 BUDGET=${BUDGET:-110}
 . scripts/perf/lib-call.sh
 F='CudaMxfp8.*:CudaMoe.W4a8MatchesCpuMxfp8:CudaMoe.Mxfp8TilesMatchCpuMxfp8:CudaModelE2E.Mxfp8MatchesCpuMxfp8:CudaMoe.TinyShapes'
-timeout 60 $D/k3_cuda_tests --gtest_filter="$F" > $OUT/tests.log 2>&1
-echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" $OUT/tests.log | head -50
-xz -9 $OUT/tests.log
-[ "$(left)" -gt 35 ] && K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 30 $D/k3_cuda_tests --gtest_filter='CudaMoe.Timing' > $OUT/moe-timing.log 2>&1
-echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" $OUT/moe-timing.log | head -30
+moe_tests_and_timing 60 "$F"
 [ "$(left)" -gt 15 ] && timeout $(( $(left) - 5 )) $GW/w4a8_bench time 8 3 > $OUT/w4a8-time.txt 2>&1
 echo "w4a8 time rc=$? $(el)"; grep -E "^n=|splits=1:" $OUT/w4a8-time.txt
 echo "done $(el)"

@@ -118,3 +118,15 @@ decode_targets() {
   timeout 90 $D/k3 bench offline $KL --mem-bw $BW -p 0 -n 32 -d 512 -b 1,64,256 -r 2 > /tmp/kl.txt 2>&1
   echo "kl rc=$? $(el)"; grep -E '^\| kimi' /tmp/kl.txt | tee $OUT/kl.txt
 }
+# moe_tests_and_timing SECONDS FILTER: `k3_cuda_tests --gtest_filter=FILTER` (SECONDS at most) into $OUT/tests.log.xz with
+# its verdict and the MXFP8 / W4A8 lines, then CudaMoe.Timing on the K3 QAT bank at n = 1 / 8 / 64 (session 56's calls:
+# the w4a8 row beside the decode kernels) into $OUT/moe-timing.log.
+moe_tests_and_timing() {
+  timeout "$1" "$D/k3_cuda_tests" --gtest_filter="$2" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? $(el)"
+  grep -E "^\[  (FAILED|PASSED) |^\[ (w4a8|mxfp8|mxfp8 tiles) \]|mxfp8 (prefill|decode)|Failure" "$OUT/tests.log" | head -60
+  xz -9 "$OUT/tests.log"
+  [ "$(left)" -gt 35 ] || return 0
+  K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 60 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > "$OUT/moe-timing.log" 2>&1
+  echo "moe timing rc=$? $(el)"; grep -vE "^\s*$|^\[ RUN|^\[----|^\[====|^Note|^Running" "$OUT/moe-timing.log" | head -30
+}
