@@ -1,4 +1,4 @@
-// quantize_mxfp8_rows (mxfp8_quant.h).
+// quantize_mxfp8_rows and fake_quant_mxfp8_rows (mxfp8_quant.h).
 #include "k3/backend/cuda/mxfp8_quant.h"
 
 #include "k3/backend/cuda/cache_dtype.cuh"
