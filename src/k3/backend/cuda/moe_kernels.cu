@@ -747,7 +747,7 @@ cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x,
   const bool w4a8 = moe_w4a8_supported(w) && P <= ws.dec_pairs_ && n <= ws.dec_tokens_;
   // Auto: the W4A8 kernels where the bf16 rule would take its decode kernels (up to 8 pairs an expert).
   if (path == MoePath::TcDecode || (path == MoePath::Auto && w4a8 && !moe_experts_use_tc(n, K, w.E, w.format))) {
-    if (!w4a8 || !w.gate_scales || !w.up_scales || !w.down_scales) return cudaErrorInvalidValue;
+    if (!w4a8) return cudaErrorInvalidValue;  // (an MXFP4 bank's scales: checked by moe_experts_body)
     const int64_t bound = tile_bound(P, w.E, 8);
     if (bound > ws.max_tiles_) return cudaErrorInvalidValue;
     auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
@@ -811,6 +811,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   if (!aligned16(x) || !aligned16(out) || !aligned16(w.gate) || !aligned16(w.up) || !aligned16(w.down))
     return cudaErrorInvalidValue;
   if (act == GluAct::SiTU && (situ_beta == 0.f || situ_linear_beta == 0.f)) return cudaErrorInvalidValue;
+  if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
+    return cudaErrorInvalidValue;
   if (precision == MoePrecision::Mxfp8) {
     if (round_hidden) return cudaErrorInvalidValue;  // the tile form runs its tiles at Bf16
     return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, out, ws, stream, path);
@@ -837,8 +839,6 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
     if (path == MoePath::Gemv)
       return quant_moe_experts(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
   }
-  if (mx && (!w.gate_scales || !w.up_scales || !w.down_scales || w.I % 32 != 0 || w.X % 32 != 0))
-    return cudaErrorInvalidValue;
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
       path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs)
