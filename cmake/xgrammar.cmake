@@ -3,10 +3,6 @@
 # -Werror and -flto=auto to the global flags, which a newer compiler or our non-LTO link would trip over).
 # The tarball is fetched by scripts/setup-deps into K3_DEPS_DIR (default: <source>/.deps, git-ignored);
 # the build itself never touches the network.
-set(K3_DEPS_DIR "$ENV{K3_DEPS_DIR}" CACHE PATH "where scripts/setup-deps puts downloaded sources")
-if(NOT K3_DEPS_DIR)
-  set(K3_DEPS_DIR "${CMAKE_SOURCE_DIR}/.deps")
-endif()
 set(_xg_tar "${K3_DEPS_DIR}/xgrammar-${K3_XGRAMMAR_VERSION}.tar.gz")
 if(NOT EXISTS "${_xg_tar}")
   message(FATAL_ERROR "K3_GRAMMAR: ${_xg_tar} is missing. Run scripts/setup-deps (it downloads xgrammar "

@@ -25,6 +25,7 @@
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/moe_decode.h"
 #include "k3/backend/cuda/moe_decode_w4a8.h"
+#include "k3/backend/cuda/moe_grouped_gemm.h"
 #include "k3/backend/cuda/moe_kernels.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/core/dtype.h"
@@ -49,6 +50,7 @@ struct PathCfg {
   MoePrecision prec;
   double tol;
   const char* name;
+  int cutlass_tile = 128;  // MoePath::Cutlass: rows of its output tiles (moe_cutlass::set_tile_m)
 };
 const PathCfg kPaths[] = {
     {MoePath::Simt, MoePrecision::Bf16x2, 1e-4, "simt"},
@@ -64,6 +66,10 @@ const PathCfg kPaths[] = {
     // Their register-A form (MXFP4 banks only; skipped on BF16 ones).
     {MoePath::WgmmaRs, MoePrecision::Bf16x2, 1e-4, "wgrs-bf16x2"},
     {MoePath::WgmmaRs, MoePrecision::Bf16, 2e-2, "wgrs-bf16"},
+    // CUTLASS's grouped GEMMs (BF16 banks with I <= X, sm_90a; skipped on MXFP4 banks): the tiles' numerics.
+    {MoePath::Cutlass, MoePrecision::Bf16x2, 1e-4, "cutlass-bf16x2"},
+    {MoePath::Cutlass, MoePrecision::Bf16, 2e-2, "cutlass-bf16"},
+    {MoePath::Cutlass, MoePrecision::Bf16x2, 1e-4, "cutlass64-bf16x2", 64},
 };
 constexpr size_t kAutoPath = 5;  // index of Auto in kPaths
 
@@ -328,6 +334,16 @@ struct CheckResult {
   bool not_bank = false;  // skipped for the bank, on any device (WgmmaRs on BF16 experts)
 };
 
+// Whether a forced path does not run on this bank here (its checks then skipped): the wgmma tiles and CUTLASS's grouped
+// GEMMs exist for compute-capability-9.0 devices only; not_bank: the bank is not one the path takes at all (the
+// register-A form: MXFP4 only; CUTLASS's: BF16 with I <= X).
+bool path_skipped(const PathCfg& pc, const Moe& m, bool& not_bank) {
+  not_bank = (pc.path == MoePath::WgmmaRs && !m.sh.mx) || (pc.path == MoePath::Cutlass && (m.sh.mx || m.sh.I > m.sh.X));
+  if (not_bank) return true;
+  if ((pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && !k3::cuda::moe_wg::supports(m.bank)) return true;
+  return pc.path == MoePath::Cutlass && !k3::cuda::moe_cutlass::supports(m.bank);
+}
+
 // One CPU reference, then moe_experts once per entry of kPaths (results in that order).
 std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, float scale, uint64_t seed) {
   const int E = m.sh.E, K = m.sh.K, X = m.sh.X;
@@ -353,9 +369,8 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
 
   std::vector<CheckResult> results;
   for (const PathCfg& pc : kPaths) {
-    const bool wg_path = pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs;
-    const bool not_bank = pc.path == MoePath::WgmmaRs && !m.sh.mx;
-    if (not_bank || (wg_path && !k3::cuda::moe_wg::supports(m.bank))) {
+    bool not_bank = false;
+    if (path_skipped(pc, m, not_bank)) {
       CheckResult r;
       r.skipped = true;
       r.not_bank = not_bank;
@@ -363,9 +378,11 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
       continue;
     }
     ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");  // NaN: a missed write shows
+    k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);
     ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
                              c.situ_linear_beta, dout.as<float>(), ws, nullptr, pc.prec, pc.path),
        "moe_experts");
+    k3::cuda::moe_cutlass::set_tile_m(128);
     ck(cudaDeviceSynchronize(), "sync");
     ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
 
@@ -1056,35 +1073,18 @@ TEST(CudaMoe, GemvMxDownFormsGiveTheSameBits) {
   }
 }
 
-TEST(CudaMoe, EdgeCases) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Moe& m = cached_moe(tiny_shapes()[1]);
+// Invalid expert ids are dropped, not read out of bounds, on every path that runs on m's bank: token 0 routes everything
+// to one expert (one tile with K pairs of the same expert), token 1 has only invalid ids (output exactly 0), token 2
+// mixes valid and invalid ids.
+void check_invalid_ids(Moe& m) {
   const int E = m.sh.E, K = m.sh.K, X = m.sh.X, I = m.sh.I;
-  const int max_tokens = 4;
-  k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
-  DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4), dl(8 * E * 4);
-  auto experts = [&](int n, int k, const PathCfg& pc = kPaths[kAutoPath]) {
+  const int n = 3;
+  k3::cuda::MoeWorkspace ws(4, K, E, I, X);
+  DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4);
+  auto experts = [&](int n, int k, const PathCfg& pc) {
     return k3::cuda::moe_experts(m.bank, n, k, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
                                  25.f, dout.as<float>(), ws, nullptr, pc.prec, pc.path);
   };
-  // No tokens: nothing to do, success.
-  EXPECT_EQ(experts(0, K), cudaSuccess);
-  EXPECT_EQ(k3::cuda::moe_route(0, E, K, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
-            cudaSuccess);
-  // More tokens than the workspace holds, or a different K: rejected.
-  EXPECT_EQ(experts(max_tokens + 1, K), cudaErrorInvalidValue);
-  EXPECT_EQ(experts(2, K + 1), cudaErrorInvalidValue);
-  EXPECT_EQ(k3::cuda::moe_route(1, E, E + 1, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
-            cudaErrorInvalidValue);
-  // Bad workspace shapes throw.
-  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 33, 64, 64, 64), k3::Error);
-  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 2, 8, 64, 60), k3::Error);
-  EXPECT_THROW(k3::cuda::MoeWorkspace(0, 2, 8, 64, 64), k3::Error);
-
-  // Invalid expert ids are dropped, not read out of bounds: token 0 routes everything to one expert
-  // (one tile with K pairs of the same expert), token 1 has only invalid ids (output exactly 0),
-  // token 2 mixes valid and invalid ids.
-  const int n = 3;
   std::vector<float> x(static_cast<size_t>(n) * X);
   Rng rng(5);
   for (auto& v : x) v = m.x_std * rng.normal();
@@ -1112,8 +1112,13 @@ TEST(CudaMoe, EdgeCases) {
   expert_out(3, x.data(), y0);
   expert_out(5, x.data() + 2 * X, y2);
   for (const PathCfg& pc : kPaths) {
+    bool not_bank = false;
+    if (path_skipped(pc, m, not_bank)) continue;  // not this bank's or device's (CudaMoe.EdgeCases runs two banks)
     ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison out");  // NaN: every element must be written
-    ASSERT_EQ(experts(n, K, pc), cudaSuccess) << pc.name;
+    k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);
+    const cudaError_t ran = experts(n, K, pc);
+    k3::cuda::moe_cutlass::set_tile_m(128);
+    ASSERT_EQ(ran, cudaSuccess) << pc.name;
     ck(cudaDeviceSynchronize(), "sync");
     std::vector<float> out(static_cast<size_t>(n) * X);
     ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
@@ -1125,16 +1130,47 @@ TEST(CudaMoe, EdgeCases) {
       EXPECT_EQ(out[X + d], 0.0f) << pc.name << " " << d;
       EXPECT_FALSE(std::isnan(out[d]) || std::isnan(out[2 * X + d])) << pc.name << " " << d;
     }
-    std::printf("[ moe ] invalid-id edge case %-9s max_rel %.2e\n", pc.name, maxdiff / maxref);
+    std::printf("[ moe ] invalid-id edge case %-10s %-14s max_rel %.2e\n", m.sh.name, pc.name, maxdiff / maxref);
     EXPECT_LT(maxdiff / maxref, pc.tol) << pc.name;
   }
+}
+
+TEST(CudaMoe, EdgeCases) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Moe& m = cached_moe(tiny_shapes()[1]);
+  const int E = m.sh.E, K = m.sh.K, X = m.sh.X, I = m.sh.I;
+  const int max_tokens = 4;
+  k3::cuda::MoeWorkspace ws(max_tokens, K, E, I, X);
+  DevBuf dx(8 * X * 4), di(8 * K * 4), dw(8 * K * 4), dout(8 * X * 4), dl(8 * E * 4);
+  auto experts = [&](int n, int k, const PathCfg& pc = kPaths[kAutoPath]) {
+    return k3::cuda::moe_experts(m.bank, n, k, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
+                                 25.f, dout.as<float>(), ws, nullptr, pc.prec, pc.path);
+  };
+  // No tokens: nothing to do, success.
+  EXPECT_EQ(experts(0, K), cudaSuccess);
+  EXPECT_EQ(k3::cuda::moe_route(0, E, K, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
+            cudaSuccess);
+  // More tokens than the workspace holds, or a different K: rejected.
+  EXPECT_EQ(experts(max_tokens + 1, K), cudaErrorInvalidValue);
+  EXPECT_EQ(experts(2, K + 1), cudaErrorInvalidValue);
+  EXPECT_EQ(k3::cuda::moe_route(1, E, E + 1, dl.as<float>(), nullptr, true, 1.f, di.as<int32_t>(), dw.as<float>(), nullptr),
+            cudaErrorInvalidValue);
+  // Bad workspace shapes throw.
+  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 33, 64, 64, 64), k3::Error);
+  EXPECT_THROW(k3::cuda::MoeWorkspace(4, 2, 8, 64, 60), k3::Error);
+  EXPECT_THROW(k3::cuda::MoeWorkspace(0, 2, 8, 64, 64), k3::Error);
+
+  check_invalid_ids(m);
+  check_invalid_ids(cached_moe(tiny_shapes()[3]));  // a BF16 bank (tiny-bf-160): where CUTLASS's grouped GEMMs run
   // Bad precision / path values are rejected.
   EXPECT_EQ(k3::cuda::moe_experts(m.bank, 1, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
                                   25.f, dout.as<float>(), ws, nullptr, static_cast<MoePrecision>(7)),
             cudaErrorInvalidValue);
   EXPECT_EQ(k3::cuda::moe_experts(m.bank, 1, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
-                                  25.f, dout.as<float>(), ws, nullptr, MoePrecision::Bf16x2, static_cast<MoePath>(7)),
+                                  25.f, dout.as<float>(), ws, nullptr, MoePrecision::Bf16x2, static_cast<MoePath>(8)),
             cudaErrorInvalidValue);
+  // CUTLASS's grouped GEMMs take BF16 banks only: forced on this MXFP4 one, refused.
+  EXPECT_EQ(experts(2, K, PathCfg{MoePath::Cutlass, MoePrecision::Bf16x2, 0, "cutlass"}), cudaErrorInvalidValue);
 }
 
 // Timing (prints only): decode batches and a 2048-token prefill on the real shapes, Auto and (n >= 64) each
@@ -1227,19 +1263,27 @@ TEST(CudaMoe, Timing) {
       for (const PathCfg& pc : kPaths) {
         if ((pc.path == MoePath::TensorCore || pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && n < 64) continue;
         if ((pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && !wg_ok) continue;
+        if (pc.path == MoePath::Cutlass && (n < 64 || pc.cutlass_tile != 128 || !k3::cuda::moe_cutlass::supports(m.bank)))
+          continue;  // (both tile shapes timed below under the 128 entries)
         if (pc.path == MoePath::WgmmaRs && !s.mx) continue;
         if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
         if (pc.path == MoePath::Gemv && n > 16) continue;
         const bool variants = pc.path == MoePath::TcDecode && s.mx;  // reg, ring, ring4; else the process's one
+        const bool tiles = pc.path == MoePath::Cutlass;                // CUTLASS's 128- and 64-row tiles
         for (DecVariant v : {DecVariant::Reg, DecVariant::Ring, DecVariant::Ring4}) {
-          if (!variants && v != DecVariant::Reg) continue;
+          if (!variants && !(tiles && v != DecVariant::Ring4) && v != DecVariant::Reg) continue;
           k3::cuda::moe_decode_set_variant(variants ? v : guard.saved);
+          if (tiles) k3::cuda::moe_cutlass::set_tile_m(v == DecVariant::Reg ? 128 : 64);
           double us = 0, us_route = 0;
           time_path(pc, us, us_route);
           const double bytes = m.expert_bytes() * static_cast<double>(used.size());
           const double gbps = bytes / (us * 1e-6) / 1e9;
           const double tflops = 2.0 * 3.0 * n * K * static_cast<double>(s.I) * X / (us * 1e-6) / 1e12;
-          const char* label = pc.path == MoePath::Auto ? auto_is : variants && v != DecVariant::Reg ? variant_name(v) : "";
+          const char* label = pc.path == MoePath::Auto              ? auto_is
+                              : variants && v != DecVariant::Reg      ? variant_name(v)
+                              : tiles                                 ? (v == DecVariant::Reg ? "t128" : "t64")
+                                                                      : "";
+          if (tiles) k3::cuda::moe_cutlass::set_tile_m(128);
           std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
                       "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
                       s.name, n, used.size(), pc.name, label, us, gbps, gbps / 48.0, tflops, us_route);

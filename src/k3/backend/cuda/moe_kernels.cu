@@ -58,6 +58,7 @@
 #include "k3/backend/cuda/moe_decode_w4a8.h"
 #include "k3/backend/cuda/moe_gemv.h"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/moe_grouped_gemm.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
@@ -299,7 +300,8 @@ __global__ void __launch_bounds__(128)
 // One block. Pairs with an expert id outside [0, E) are dropped (slot_of = -1: they add nothing).
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int tok, int32_t* __restrict__ sorted,
-                int32_t* __restrict__ slot_of, int4* __restrict__ tiles, int32_t* __restrict__ num_tiles) {
+                int32_t* __restrict__ slot_of, int4* __restrict__ tiles, int32_t* __restrict__ num_tiles,
+                int32_t* __restrict__ expert_off) {
   pdl::begin();
   __shared__ int cnt[kMaxE];  // counts, then per-expert scatter cursors
   __shared__ int warp_p[32], warp_t[32];
@@ -352,10 +354,14 @@ __global__ void __launch_bounds__(kPlanThreads)
   for (int e = e0; e < e1; ++e) {
     const int c = cnt[e];
     cnt[e] = off_p;
+    if (expert_off) expert_off[e] = off_p;
     for (int j = 0; j < c; j += tok) tiles[off_t++] = make_int4(e, off_p + j, min(tok, c - j), 0);
     off_p += c;
   }
-  if (tid == kPlanThreads - 1) *num_tiles = off_t;  // the last thread ends at the total
+  if (tid == kPlanThreads - 1) {  // the last thread ends at the totals
+    *num_tiles = off_t;
+    if (expert_off) expert_off[E] = off_p;
+  }
   __syncthreads();
   for (int p = tid; p < P; p += kPlanThreads) {
     const int e = topk_idx[p];
@@ -664,10 +670,11 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   const size_t b_sorted = align256(static_cast<size_t>(P) * sizeof(int32_t));
   const size_t b_slot = b_sorted;
   const size_t b_tiles = align256(static_cast<size_t>(max_tiles_) * sizeof(int4));
+  const size_t b_off = align256(static_cast<size_t>(E + 1) * sizeof(int32_t));
   const size_t b_hidden = align256(static_cast<size_t>(P) * I * sizeof(float));
   const size_t b_y = align256(static_cast<size_t>(P) * X * sizeof(float));
   const size_t b_dec = align256(decode_scratch_bytes(max_tokens, K, E, I, X, dec_pairs_, dec_tokens_));
-  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_hidden + b_y + b_dec;
+  bytes_ = b_nt + b_sorted + b_slot + b_tiles + b_off + b_hidden + b_y + b_dec;
   cudaError_t e = cudaMalloc(&base_, bytes_);
   if (e != cudaSuccess) {
     base_ = nullptr;
@@ -682,6 +689,8 @@ MoeWorkspace::MoeWorkspace(int max_tokens, int K, int E, int I, int X)
   p += b_slot;
   tiles_ = reinterpret_cast<int32_t*>(p);
   p += b_tiles;
+  expert_off_ = reinterpret_cast<int32_t*>(p);
+  p += b_off;
   hidden_ = reinterpret_cast<float*>(p);
   p += b_hidden;
   y_ = reinterpret_cast<float*>(p);
@@ -751,7 +760,8 @@ cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x,
     const int64_t bound = tile_bound(P, w.E, 8);
     if (bound > ws.max_tiles_) return cudaErrorInvalidValue;
     auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
-    (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, 8, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+    (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, 8, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_,
+                      static_cast<int32_t*>(nullptr));
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     W4a8Scratch s;
@@ -841,8 +851,15 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   }
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
-      path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs)
+      path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs && path != MoePath::Cutlass)
     return cudaErrorInvalidValue;
+  // CUTLASS's grouped GEMMs (BF16 banks, sm_90a): forced, or Auto's tensor-core choice with K3_MOE_CUTLASS=1.
+  const bool want_cutlass = !round_hidden && (path == MoePath::Cutlass ||
+                                               (path == MoePath::Auto && moe_cutlass::enabled_by_env() &&
+                                                moe_experts_auto_path(n, K, w.E, w.format) == MoePath::TensorCore));
+  const bool cutlass_path = want_cutlass && moe_cutlass::supports(w);
+  if (path == MoePath::Cutlass && !cutlass_path) return cudaErrorInvalidValue;
+  if (cutlass_path) path = MoePath::TensorCore;  // the plan's 64-pair tiles (only its slots and offsets are read)
   // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks); their
   // register-A form forced, or Auto's with K3_MOE_WGMMA=rs (MXFP4 only).
   const bool forced_wg = path == MoePath::Wgmma || path == MoePath::WgmmaRs;
@@ -882,11 +899,30 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const int64_t bound = tile_bound(P, w.E, tok);
   if (bound > ws.max_tiles_) return cudaErrorInvalidValue;  // cannot happen for n <= max_tokens
   auto* tiles = reinterpret_cast<int4*>(ws.tiles_);
-  (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, tok, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_);
+  (void)pdl::launch(plan_kernel, 1, kPlanThreads, 0, stream, topk_idx, P, w.E, tok, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_,
+                    cutlass_path ? ws.expert_off_ : nullptr);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);
   const bool split = precision == MoePrecision::Bf16x2;
+  if (cutlass_path) {
+    moe_cutlass::Args ca;
+    ca.w = &w;
+    ca.n = n;
+    ca.K = K;
+    ca.x = x;
+    ca.sorted = ws.sorted_;
+    ca.expert_off = ws.expert_off_;
+    ca.act = act;
+    ca.beta = situ_beta;
+    ca.lbeta = situ_linear_beta;
+    ca.split = split;
+    ca.hidden = ws.hidden_;
+    ca.y = ws.y_;
+    e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream);
+    if (e != cudaSuccess) return e;
+    return moe_combine(n, w.X, K, ws.y_, 0, 1, ws.slot_of_, topk_w, out, stream);
+  }
   if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer
     return quant_moe_mma(w, n, K, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act, situ_beta, situ_linear_beta,
                          split, ws.dec_xb_, ws.dec_hb_, ws.dec_part_, ws.hidden_, ws.y_, out, stream);

@@ -6,10 +6,19 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "k3/core/weight.h"
 
 namespace k3::cuda {
+
+namespace moe_cutlass {  // moe_grouped_gemm.h: the CUTLASS path's scratch, held by a MoeWorkspace
+class Scratch;
+struct ScratchDeleter {
+  void operator()(Scratch* s) const;
+};
+using ScratchPtr = std::unique_ptr<Scratch, ScratchDeleter>;
+}  // namespace moe_cutlass
 
 // All E routed experts of one layer, stacked (core/weight.h ExpertStack):
 //   bf16:  gate, up [E][I][X]; down [E][X][I]   (uint16_t bf16 bits)
@@ -46,7 +55,9 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1, Mxfp8 = 2 };
 // compute-capability-9.0 device, else cudaErrorInvalidValue); Auto's TensorCore choice runs them unless
 // K3_MOE_WGMMA=0 (moe_prefill_wgmma.h).
 // WgmmaRs: the same tiles with the weights decoded straight into the register A operand (MXFP4 experts only).
-enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5, WgmmaRs = 6 };
+// Cutlass: CUTLASS's grouped GEMMs (moe_grouped_gemm.h; BF16 experts, I <= X, a compute-capability-9.0 device, else
+// cudaErrorInvalidValue); Auto's TensorCore choice for such banks runs them with K3_MOE_CUTLASS=1.
+enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5, WgmmaRs = 6, Cutlass = 7 };
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV
 // path while n * K * 8 <= E (K3_MOE_GEMV=0 in the environment turns that off); the 64-pair tensor-core tiles above 8
@@ -104,6 +115,8 @@ class MoeWorkspace {
   int32_t* sorted_ = nullptr;     // [P] pair ids grouped by expert (slot -> pair)
   int32_t* slot_of_ = nullptr;    // [P] where each pair landed (pair -> slot), -1 for an invalid expert id
   int32_t* tiles_ = nullptr;      // [max tiles][4] (expert, first slot, pair count, 0); tiles of 2 (GGUF grouped), 4, 8, 16 or 64 pairs
+  int32_t* expert_off_ = nullptr; // [E + 1] first slot of each expert, [E] the valid pairs (the CUTLASS path's groups)
+  moe_cutlass::ScratchPtr cutlass_;  // made on the CUTLASS path's first use
   float* hidden_ = nullptr;       // [P][I] act(gate) * up, by slot
   float* y_ = nullptr;            // [P][X] expert outputs, by slot
   int max_tiles_ = 0;

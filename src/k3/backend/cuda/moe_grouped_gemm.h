@@ -1,0 +1,58 @@
+// The routed experts at prefill sizes as CUTLASS grouped GEMMs (sm_90a: TMA loads, warp-specialised wgmma, a
+// persistent scheduler over every expert's tiles; sm90a/moe_grouped_gemm.cu says how), for BF16 expert banks.
+//
+// Why: the hand-written wgmma tiles (moe_prefill_wgmma.h) ran the Kimi-Linear-48B MoE layer of a 4096-token prefill
+// at ~108 TFLOP/s useful (4.31 ms a layer, call s41-3, H200), 11% of the bf16 peak; they stage every operand through
+// registers and issue one 64-pair tile per block. A grouped GEMM with TMA operands and a producer warp is what the
+// Hopper libraries reach 50-70% of peak with at ~128 rows a group (vLLM's and SGLang's MoE prefill on Hopper).
+//
+// Contract: the plan's slots (moe_kernels.cu plan_kernel: pairs grouped by expert, expert e's rows
+// [expert_off[e], expert_off[e + 1])). Stages, all on `stream`:
+//   x rows gathered by slot into bf16 (hi, and lo = bf16(x - hi) with `split`: MoePrecision::Bf16x2);
+//   gate and up as one grouped launch of 2 E GEMMs (a second, accumulating one for the lo halves), fp32 out;
+//   GLU in fp32, h rounded to bf16 (hi, lo);
+//   down, E GEMMs, fp32 out into y [slot][X] -- the caller combines (moe_combine), as after the tiles.
+// Numerics: the tiles' (bf16 products, fp32 sums); only the summation order differs.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include "k3/backend/cuda/moe_kernels.h"
+
+namespace k3::cuda::moe_cutlass {
+
+// Scratch / ScratchPtr (moe_kernels.h: a MoeWorkspace holds one): device buffers (the bf16 activations) and the
+// CUTLASS kernels' bound arguments (their device arrays of problem shapes, pointers and strides, filled by a kernel
+// per launch from the plan), made on first use for the workspace's largest batch.
+
+// Whether this path runs here: a compute-capability-9.0 device (sm_90a code only), BF16 experts, X and I multiples of
+// 8 (16-byte TMA rows), I <= X (the up outputs and the GLU's bf16 rows reuse buffers sized by X).
+bool supports(const ExpertBank& w);
+
+// Whether Auto's tensor-core choice takes it for BF16 banks: K3_MOE_CUTLASS=1 (off until measured against the wgmma
+// tiles; MoePath::Cutlass forces it).
+bool enabled_by_env();
+
+// Rows of an output tile: 128, or 64 (K3_MOE_CUTLASS_TILE=64 at start-up, or set_tile_m: timings compare both; a
+// workspace's scratch is remade with the new shape on its next use).
+int tile_m();
+void set_tile_m(int m);  // 64, else 128
+
+struct Args {
+  const ExpertBank* w = nullptr;
+  int n = 0, K = 0;                      // tokens, experts a token
+  const float* x = nullptr;              // [n][X]
+  const int32_t* sorted = nullptr;       // [P] slot -> pair (t * K + k)
+  const int32_t* expert_off = nullptr;   // [E + 1] first slot of each expert; [E] = the valid pairs
+  GluAct act = GluAct::SiLU;
+  float beta = 0.f, lbeta = 0.f;         // SiTU's
+  bool split = true;                     // Bf16x2: hi + lo halves of x and h (two products each)
+  float* hidden = nullptr;               // [P][I] fp32 scratch (gate's outputs)
+  float* y = nullptr;                    // [P][X] fp32: up's outputs as [P][I], then down's by slot
+};
+
+// The stages above. max_pairs: the workspace's P bound (the scratch is sized by it once). cudaErrorInvalidValue where
+// !supports(*a.w) or a pointer is missing; cudaErrorMemoryAllocation if the scratch cannot be made.
+cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream);
+
+}  // namespace k3::cuda::moe_cutlass

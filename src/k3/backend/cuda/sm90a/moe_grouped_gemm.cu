@@ -1,0 +1,385 @@
+// Routed experts at prefill sizes on CUTLASS's sm_90a grouped GEMM: moe_grouped_gemm.h.
+//
+// The kernel: CUTLASS 4.2's pointer-array grouped GEMM (KernelPtrArrayTmaWarpSpecializedPingpong): a producer warp
+// loads each 128 x 64 operand tile with TMA (its tensor maps rewritten in the kernel when the group changes), two
+// consumer warpgroups take turns on 128 x 128 output tiles (one's wgmmas under the other's epilogue), and a
+// persistent scheduler walks every group's tiles. The problem shapes and pointers are device arrays written by a
+// small kernel from the plan's expert offsets, so no count comes back to the host and the launch's arguments never
+// change: each CUTLASS object is initialised once (its tensor-map templates and workspace) and only launched after.
+// Operands: A = the gathered activations [rows][k] (bf16, row-major), B = an expert's matrix [N][k] as stored (bf16,
+// row-major: the "column-major B" of a TN GEMM), D = fp32 [rows][N] row-major; the lo halves' pass accumulates
+// (C = D, beta 1).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/moe_grouped_gemm.h"
+
+namespace k3::cuda::moe_cutlass {
+namespace {
+
+using namespace cute;
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) a group
+using ElementAB = cutlass::bfloat16_t;
+using ElementCD = float;
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutCD = cutlass::layout::RowMajor;
+constexpr int kAlignAB = 8;  // elements of 16 bytes: TMA's row alignment
+constexpr int kAlignCD = 4;
+using ClusterShape = Shape<_1, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+
+// One tile shape's kernel. TILE_M: rows (pairs) of an output tile -- 128 (the default) or 64 (K3_MOE_CUTLASS_TILE=64):
+// an expert's rows are ~128 +- 11 at a Kimi-Linear 4096-token prefill, so 128-row tiles leave a near-empty second
+// tile on about half the experts, 64-row ones pad less at a lower operand reuse. Which wins is measured
+// (CudaMoe.Timing).
+template <int TILE_M>
+struct Kernel {
+  using TileShape = Shape<Int<TILE_M>, _128, _64>;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementCD, LayoutCD*, kAlignCD, ElementCD,
+      LayoutCD*, kAlignCD, EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<ElementCD, float>>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*, kAlignAB,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+};
+using Gemm128 = Kernel<128>::Gemm;
+using Gemm64 = Kernel<64>::Gemm;
+using StrideA = typename Gemm128::GemmKernel::InternalStrideA;
+using StrideB = typename Gemm128::GemmKernel::InternalStrideB;
+using StrideC = typename Gemm128::GemmKernel::InternalStrideC;
+using StrideD = typename Gemm128::GemmKernel::InternalStrideD;
+using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+static_assert(std::is_same_v<StrideA, typename Gemm64::GemmKernel::InternalStrideA> &&
+                  std::is_same_v<StrideC, typename Gemm64::GemmKernel::InternalStrideC>,
+              "both tile shapes read the same arrays");
+// Row-major rows of unit stride along k (A, B) or N (C, D); the batch mode unused: only mode 0 is set at run time.
+static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: row-major rows of k");
+static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: an expert's [N][k] as stored");
+static_assert(std::is_same_v<StrideC, Stride<int64_t, _1, _0>> && std::is_same_v<StrideD, StrideC>, "C, D: row-major");
+
+// The device arrays of one grouped launch (up to `groups` GEMMs) and its two CUTLASS objects: beta 0 (D = A B) and
+// beta 1 (D += A B, the lo halves' pass), both bound to the same arrays, of the tile shape chosen at start-up.
+struct Grouped {
+  int groups = 0;
+  int tile_m = 128;
+  void* mem = nullptr;  // one allocation: the arrays, then both objects' workspaces
+  Shape3* shapes = nullptr;
+  const ElementAB** a = nullptr;
+  const ElementAB** b = nullptr;
+  ElementCD** d = nullptr;
+  StrideA* sa = nullptr;
+  StrideB* sb = nullptr;
+  StrideC* sc = nullptr;
+  StrideD* sd = nullptr;
+  Gemm128 set128, add128;
+  Gemm64 set64, add64;
+};
+
+size_t round256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
+
+// Arguments for g's GEMMs (the arrays' contents are written per launch by fill_groups).
+template <class Gemm>
+typename Gemm::Arguments arguments(Grouped& g, bool accumulate, int sm_count, int device) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = sm_count;
+  typename Gemm::Arguments args;
+  decltype(args.epilogue.thread) fusion;
+  fusion.alpha = 1.0f;
+  fusion.beta = accumulate ? 1.0f : 0.0f;
+  fusion.alpha_ptr = nullptr;
+  fusion.beta_ptr = nullptr;
+  fusion.alpha_ptr_array = nullptr;
+  fusion.beta_ptr_array = nullptr;
+  fusion.dAlpha = {_0{}, _0{}, 0};
+  fusion.dBeta = {_0{}, _0{}, 0};
+  args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                  {g.groups, g.shapes, nullptr},
+                                  {g.a, g.sa, g.b, g.sb},
+                                  {fusion, accumulate ? const_cast<const ElementCD**>(g.d) : nullptr, g.sc, g.d, g.sd},
+                                  hw};
+  return args;
+}
+
+template <class Gemm>
+cudaError_t init_gemm(Gemm& gemm, Grouped& g, bool accumulate, void* workspace, int sm_count, int device) {
+  typename Gemm::Arguments args = arguments<Gemm>(g, accumulate, sm_count, device);
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+  if (gemm.initialize(args, workspace) != cutlass::Status::kSuccess) return cudaErrorInvalidConfiguration;
+  return cudaSuccess;
+}
+
+// Allocates g's arrays for `groups` GEMMs of width N over k (row-major strides, the same for every group) and
+// initialises both objects of the tile shape tile_m. cudaError on failure.
+cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int tile_m, int device, int sm_count) {
+  g.groups = groups;
+  g.tile_m = tile_m;
+  const size_t G = static_cast<size_t>(groups);
+  const size_t b_shapes = round256(G * sizeof(Shape3)), b_ptr = round256(G * sizeof(void*));
+  const size_t b_sa = round256(G * sizeof(StrideA)), b_sb = round256(G * sizeof(StrideB));
+  const size_t b_sc = round256(G * sizeof(StrideC)), b_sd = round256(G * sizeof(StrideD));
+  // workspace sizes: independent of the arrays' contents
+  const size_t b_ws = round256(std::max(Gemm128::get_workspace_size(arguments<Gemm128>(g, false, sm_count, device)),
+                                        Gemm64::get_workspace_size(arguments<Gemm64>(g, false, sm_count, device))));
+  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 2 * b_ws;
+  cudaError_t e = cudaMalloc(&g.mem, bytes);
+  if (e != cudaSuccess) {
+    g.mem = nullptr;
+    return e;
+  }
+  char* p = static_cast<char*>(g.mem);
+  g.shapes = reinterpret_cast<Shape3*>(p);
+  p += b_shapes;
+  g.a = reinterpret_cast<const ElementAB**>(p);
+  p += b_ptr;
+  g.b = reinterpret_cast<const ElementAB**>(p);
+  p += b_ptr;
+  g.d = reinterpret_cast<ElementCD**>(p);
+  p += b_ptr;
+  g.sa = reinterpret_cast<StrideA*>(p);
+  p += b_sa;
+  g.sb = reinterpret_cast<StrideB*>(p);
+  p += b_sb;
+  g.sc = reinterpret_cast<StrideC*>(p);
+  p += b_sc;
+  g.sd = reinterpret_cast<StrideD*>(p);
+  p += b_sd;
+  void* ws_set = p;
+  void* ws_add = p + b_ws;
+  // Row-major strides: only the row length matters (M = 1 stands in; the batch mode is unused).
+  {
+    std::unique_ptr<StrideA[]> sa(new StrideA[G]);
+    std::unique_ptr<StrideB[]> sb(new StrideB[G]);
+    std::unique_ptr<StrideC[]> sc(new StrideC[G]);
+    for (size_t i = 0; i < G; ++i) {
+      sa[i] = StrideA{};
+      sb[i] = StrideB{};
+      sc[i] = StrideC{};
+      get<0>(sa[i]) = k;  // A [rows][k], B [N][k], C / D [rows][N]: the leading stride is the row length
+      get<0>(sb[i]) = k;
+      get<0>(sc[i]) = N;
+    }
+    e = cudaMemcpy(g.sa, sa.get(), G * sizeof(StrideA), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(g.sb, sb.get(), G * sizeof(StrideB), cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(g.sc, sc.get(), G * sizeof(StrideC), cudaMemcpyHostToDevice);
+    static_assert(sizeof(StrideC) == sizeof(StrideD), "C and D strides alike");
+    if (e == cudaSuccess) e = cudaMemcpy(g.sd, sc.get(), G * sizeof(StrideD), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+  }
+  if (g.tile_m == 64) {
+    if ((e = init_gemm(g.set64, g, false, ws_set, sm_count, device)) != cudaSuccess) return e;
+    return init_gemm(g.add64, g, true, ws_add, sm_count, device);
+  }
+  if ((e = init_gemm(g.set128, g, false, ws_set, sm_count, device)) != cudaSuccess) return e;
+  return init_gemm(g.add128, g, true, ws_add, sm_count, device);
+}
+
+// Group i < E: expert i with (a, w0, d0); group E + i (two matrices): expert i with (a, w1, d1). Rows of expert e:
+// [off[e], off[e + 1]); w_m + e N k its matrix; outputs row-major, N a row.
+__global__ void fill_groups(int E, int N, int k, const int32_t* __restrict__ off, const uint16_t* a, const uint16_t* w0,
+                            float* d0, const uint16_t* w1, float* d1, Shape3* shapes, const ElementAB** pa,
+                            const ElementAB** pb, ElementCD** pd) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  const int groups = w1 ? 2 * E : E;
+  if (g >= groups) return;
+  const int e = g < E ? g : g - E;
+  const int64_t r0 = off[e];
+  const int m = off[e + 1] - off[e];
+  shapes[g] = make_shape(m, N, k);
+  pa[g] = reinterpret_cast<const ElementAB*>(a + r0 * k);
+  pb[g] = reinterpret_cast<const ElementAB*>((g < E ? w0 : w1) + static_cast<int64_t>(e) * N * k);
+  pd[g] = (g < E ? d0 : d1) + r0 * N;
+}
+
+__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(v);
+  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
+// Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and lo[s]); rows of X, X % 8 == 0.
+__global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off, const int32_t* __restrict__ sorted,
+                            const float* __restrict__ x, __nv_bfloat16* hi, __nv_bfloat16* lo) {
+  const int s = blockIdx.x;
+  if (s >= off[E]) return;
+  const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(sorted[s] / K) * X);
+  __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(hi + static_cast<int64_t>(s) * X);
+  __nv_bfloat162* l2 = lo ? reinterpret_cast<__nv_bfloat162*>(lo + static_cast<int64_t>(s) * X) : nullptr;
+  for (int i = threadIdx.x; i < X / 4; i += blockDim.x) {
+    const float4 v = __ldg(src + i);
+    __nv_bfloat16 a, b, c, d, la, lb, lc, ld;
+    split_bf16(v.x, a, la);
+    split_bf16(v.y, b, lb);
+    split_bf16(v.z, c, lc);
+    split_bf16(v.w, d, ld);
+    h2[2 * i] = __halves2bfloat162(a, b);
+    h2[2 * i + 1] = __halves2bfloat162(c, d);
+    if (l2) {
+      l2[2 * i] = __halves2bfloat162(la, lb);
+      l2[2 * i + 1] = __halves2bfloat162(lc, ld);
+    }
+  }
+}
+
+// h = glu(gate, up) for slot s < off[E], column j < I, rounded to bf16 (hi, lo).
+__global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const float* __restrict__ gate,
+                         const float* __restrict__ up, GluAct act, float beta, float lbeta, __nv_bfloat16* hi,
+                         __nv_bfloat16* lo) {
+  const int s = blockIdx.x;
+  if (s >= off[E]) return;
+  const int64_t base = static_cast<int64_t>(s) * I;
+  for (int j = threadIdx.x; j < I; j += blockDim.x) {
+    const float h = moe_dev::glu(gate[base + j], up[base + j], act, beta, lbeta);
+    __nv_bfloat16 a, b;
+    split_bf16(h, a, b);
+    hi[base + j] = a;
+    if (lo) lo[base + j] = b;
+  }
+}
+
+int device_cc_major_minor(int& device) {
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return -1;
+  return major * 10 + minor;
+}
+
+}  // namespace
+
+class Scratch {
+ public:
+  int max_pairs = 0, E = 0, I = 0, X = 0, device = -1;
+  __nv_bfloat16* act = nullptr;  // [2][max_pairs][X]: x's hi / lo rows, then h's hi / lo rows ([P][I] each)
+  Grouped gate_up, down;
+  ~Scratch() {
+    cudaFree(act);
+    cudaFree(gate_up.mem);
+    cudaFree(down.mem);
+  }
+};
+
+void ScratchDeleter::operator()(Scratch* s) const { delete s; }
+
+bool supports(const ExpertBank& w) {
+  int device = 0;
+  return device_cc_major_minor(device) == 90 && w.format == WeightFormat::BF16 && w.X % 8 == 0 && w.I % 8 == 0 &&
+         w.I <= w.X && w.E > 0;
+}
+
+namespace {
+std::atomic<int> g_tile_m{[] {
+  const char* v = std::getenv("K3_MOE_CUTLASS_TILE");
+  return v != nullptr && std::strcmp(v, "64") == 0 ? 64 : 128;
+}()};
+}  // namespace
+
+int tile_m() { return g_tile_m.load(std::memory_order_relaxed); }
+void set_tile_m(int m) { g_tile_m.store(m == 64 ? 64 : 128, std::memory_order_relaxed); }
+
+bool enabled_by_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("K3_MOE_CUTLASS");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+namespace {
+// The scratch for this workspace's shape, made on first use (or remade if the bank's shape or device changed).
+cudaError_t ensure_scratch(const ExpertBank& w, int max_pairs, ScratchPtr& s) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
+  if (s && s->max_pairs == max_pairs && s->E == w.E && s->I == w.I && s->X == w.X && s->device == device &&
+      s->gate_up.tile_m == tile_m())
+    return cudaSuccess;
+  s.reset();
+  std::unique_ptr<Scratch> fresh(new (std::nothrow) Scratch);
+  if (!fresh) return cudaErrorMemoryAllocation;
+  fresh->max_pairs = max_pairs;
+  fresh->E = w.E;
+  fresh->I = w.I;
+  fresh->X = w.X;
+  fresh->device = device;
+  int sms = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  e = cudaMalloc(&fresh->act, 2 * static_cast<size_t>(max_pairs) * w.X * sizeof(__nv_bfloat16));
+  if (e != cudaSuccess) {
+    fresh->act = nullptr;
+    return e;
+  }
+  e = make_grouped(fresh->gate_up, 2 * w.E, w.I, w.X, tile_m(), device, sms);
+  if (e == cudaSuccess) e = make_grouped(fresh->down, w.E, w.X, w.I, tile_m(), device, sms);
+  if (e != cudaSuccess) return e;
+  s.reset(fresh.release());
+  return cudaSuccess;
+}
+
+cudaError_t launch(Grouped& g, bool accumulate, cudaStream_t stream) {
+  const cutlass::Status st = g.tile_m == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
+                                            : (accumulate ? g.add128 : g.set128).run(stream);
+  if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
+  return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream) {
+  if (!a.w || !a.x || !a.sorted || !a.expert_off || !a.hidden || !a.y) return cudaErrorInvalidValue;
+  const ExpertBank& w = *a.w;
+  if (!supports(w) || a.n <= 0 || a.K <= 0 || static_cast<int64_t>(a.n) * a.K > max_pairs) return cudaErrorInvalidValue;
+  cudaError_t e = ensure_scratch(w, max_pairs, scratch);
+  if (e != cudaSuccess) return e;
+  Scratch& s = *scratch;
+  const int E = w.E, I = w.I, X = w.X, P = a.n * a.K;
+  __nv_bfloat16* hi = s.act;
+  __nv_bfloat16* lo = a.split ? s.act + static_cast<size_t>(max_pairs) * X : nullptr;
+  const auto* gate = static_cast<const uint16_t*>(w.gate);
+  const auto* up = static_cast<const uint16_t*>(w.up);
+  const auto* down = static_cast<const uint16_t*>(w.down);
+  float* up_out = a.y;  // [P][I] until down overwrites it as [P][X] (I <= X)
+  gather_rows<<<P, 128, 0, stream>>>(a.K, X, E, a.expert_off, a.sorted, a.x, hi, lo);
+  const int fill_blocks_gu = (2 * E + 127) / 128, fill_blocks_dn = (E + 127) / 128;
+  const int halves = a.split ? 2 : 1;
+  for (int h = 0; h < halves; ++h) {  // gate and up: E + E groups, the lo pass accumulating
+    fill_groups<<<fill_blocks_gu, 128, 0, stream>>>(E, I, X, a.expert_off, reinterpret_cast<const uint16_t*>(h ? lo : hi),
+                                                     gate, a.hidden, up, up_out, s.gate_up.shapes, s.gate_up.a,
+                                                     s.gate_up.b, s.gate_up.d);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = launch(s.gate_up, h == 1, stream)) != cudaSuccess) return e;
+  }
+  // h's rows replace x's (x is no longer read): [P][I] in each half's [max_pairs][X] region.
+  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, a.act, a.beta, a.lbeta, hi, lo);
+  for (int h = 0; h < halves; ++h) {
+    fill_groups<<<fill_blocks_dn, 128, 0, stream>>>(E, X, I, a.expert_off, reinterpret_cast<const uint16_t*>(h ? lo : hi),
+                                                     down, a.y, nullptr, nullptr, s.down.shapes, s.down.a, s.down.b,
+                                                     s.down.d);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = launch(s.down, h == 1, stream)) != cudaSuccess) return e;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace k3::cuda::moe_cutlass
