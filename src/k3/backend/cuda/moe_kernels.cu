@@ -905,22 +905,9 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   if (e != cudaSuccess) return e;
   const int nb = static_cast<int>(bound);
   const bool split = precision == MoePrecision::Bf16x2;
-  if (cutlass_path) {
-    moe_cutlass::Args ca;
-    ca.w = &w;
-    ca.n = n;
-    ca.K = K;
-    ca.x = x;
-    ca.sorted = ws.sorted_;
-    ca.expert_off = ws.expert_off_;
-    ca.act = act;
-    ca.beta = situ_beta;
-    ca.lbeta = situ_linear_beta;
-    ca.split = split;
-    ca.hidden = ws.hidden_;
-    ca.y = ws.y_;
-    e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream);
-    if (e != cudaSuccess) return e;
+  if (cutlass_path) {  // by slot into y, then the tiles' combine
+    const moe_cutlass::Args ca{&w, n, K, x, ws.sorted_, ws.expert_off_, act, situ_beta, situ_linear_beta, split, ws.hidden_, ws.y_};
+    if ((e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream)) != cudaSuccess) return e;
     return moe_combine(n, w.X, K, ws.y_, 0, 1, ws.slot_of_, topk_w, out, stream);
   }
   if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer
