@@ -314,13 +314,11 @@ bool check_shape(int R, int K, int splits, int al, std::mt19937& rng) {
                                         static_cast<size_t>(e) * R * K / 2;
         w_h[at] |= static_cast<uint8_t>(nib[(static_cast<size_t>(e) * R + r) * K + k] << sh);
       }
-  if (al == 3) {  // the scales tiled as the kernel's ALAYOUT 3 reads them
-    std::vector<uint8_t> t(ws_h.size());
+  std::vector<uint8_t> ws_dev = ws_h;  // what the kernel reads; the reference below keeps ws_h's row-major order
+  if (al == 3)  // the scales tiled as the kernel's ALAYOUT 3 reads them
     for (int e = 0; e < E; ++e)
       for (int r = 0; r < R; ++r)
-        for (int q = 0; q < K / 32; ++q) t[tiled_scale(e, r, q, R, K)] = ws_h[(static_cast<size_t>(e) * R + r) * (K / 32) + q];
-    ws_h.swap(t);
-  }
+        for (int q = 0; q < K / 32; ++q) ws_dev[tiled_scale(e, r, q, R, K)] = ws_h[(static_cast<size_t>(e) * R + r) * (K / 32) + q];
   std::vector<uint8_t> x_h(static_cast<size_t>(tiles) * kTok * K);
   std::vector<float> xs_h(static_cast<size_t>(tiles) * kTok * K / 32);
   for (auto& v : x_h) v = random_e4m3(rng);
@@ -335,7 +333,7 @@ bool check_shape(int R, int K, int splits, int al, std::mt19937& rng) {
   ck(cudaMalloc(&tex_raw, sizeof(tex_h)), "m");
   ck(cudaMalloc(&out_d, static_cast<size_t>(splits) * tiles * kTok * R * 4), "m");
   ck(cudaMemcpy(b.w, w_h.data(), w_h.size(), cudaMemcpyHostToDevice), "c");
-  ck(cudaMemcpy(b.ws, ws_h.data(), ws_h.size(), cudaMemcpyHostToDevice), "c");
+  ck(cudaMemcpy(b.ws, ws_dev.data(), ws_dev.size(), cudaMemcpyHostToDevice), "c");
   ck(cudaMemcpy(x_d, x_h.data(), x_h.size(), cudaMemcpyHostToDevice), "c");
   ck(cudaMemcpy(xs_d, xs_h.data(), xs_h.size() * 4, cudaMemcpyHostToDevice), "c");
   ck(cudaMemcpy(tex_raw, tex_h, sizeof(tex_h), cudaMemcpyHostToDevice), "c");

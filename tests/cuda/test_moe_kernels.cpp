@@ -50,7 +50,7 @@ struct PathCfg {
   MoePrecision prec;
   double tol;
   const char* name;
-  int cutlass_tile = 128;  // MoePath::Cutlass: rows of its output tiles (moe_cutlass::set_tile_m)
+  int cutlass_tile = 128;  // MoePath::Cutlass: rows of its output tiles, forced (moe_cutlass::set_tile_m)
 };
 const PathCfg kPaths[] = {
     {MoePath::Simt, MoePrecision::Bf16x2, 1e-4, "simt"},
@@ -378,11 +378,11 @@ std::vector<CheckResult> check_layer(Moe& m, int n, GluAct act, bool renorm, flo
       continue;
     }
     ck(cudaMemset(dout.p, 0xff, x.size() * 4), "poison out");  // NaN: a missed write shows
-    k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);
+    if (pc.path == MoePath::Cutlass) k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);  // Auto: the rule
     ck(k3::cuda::moe_experts(m.bank, n, K, dx.as<float>(), di.as<int32_t>(), dwt.as<float>(), act, c.situ_beta,
                              c.situ_linear_beta, dout.as<float>(), ws, nullptr, pc.prec, pc.path),
        "moe_experts");
-    k3::cuda::moe_cutlass::set_tile_m(128);
+    k3::cuda::moe_cutlass::set_tile_m(0);
     ck(cudaDeviceSynchronize(), "sync");
     ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "out");
 
@@ -1115,9 +1115,9 @@ void check_invalid_ids(Moe& m) {
     bool not_bank = false;
     if (path_skipped(pc, m, not_bank)) continue;  // not this bank's or device's (CudaMoe.EdgeCases runs two banks)
     ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison out");  // NaN: every element must be written
-    k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);
+    if (pc.path == MoePath::Cutlass) k3::cuda::moe_cutlass::set_tile_m(pc.cutlass_tile);  // Auto: the rule
     const cudaError_t ran = experts(n, K, pc);
-    k3::cuda::moe_cutlass::set_tile_m(128);
+    k3::cuda::moe_cutlass::set_tile_m(0);
     ASSERT_EQ(ran, cudaSuccess) << pc.name;
     ck(cudaDeviceSynchronize(), "sync");
     std::vector<float> out(static_cast<size_t>(n) * X);
@@ -1283,7 +1283,7 @@ TEST(CudaMoe, Timing) {
                               : variants && v != DecVariant::Reg      ? variant_name(v)
                               : tiles                                 ? (v == DecVariant::Reg ? "t128" : "t64")
                                                                       : "";
-          if (tiles) k3::cuda::moe_cutlass::set_tile_m(128);
+          if (tiles) k3::cuda::moe_cutlass::set_tile_m(0);
           std::printf("[ timing ] %-11s n=%5d  experts used %4zu  %-9s%-6s moe_experts %10.1f us  %7.1f GB/s (%5.1f%% of "
                       "4.8 TB/s)  %6.2f TFLOP/s  moe_route %7.1f us\n",
                       s.name, n, used.size(), pc.name, label, us, gbps, gbps / 48.0, tflops, us_route);

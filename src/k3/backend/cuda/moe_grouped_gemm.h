@@ -12,7 +12,8 @@
 //   gate and up as one grouped launch of 2 E GEMMs (a second, accumulating one for the lo halves), fp32 out;
 //   GLU in fp32, h rounded to bf16 (hi, lo);
 //   down, E GEMMs, fp32 out into y [slot][X] -- the caller combines (moe_combine), as after the tiles.
-// Numerics: the tiles' (bf16 products, fp32 sums); only the summation order differs.
+// Numerics: the tiles' (bf16 products, fp32 sums); only the summation order differs. Measured (call s57-1, H200,
+// docs/perf/cuda.md "Session 57"): the Kimi-Linear bank's 4096-token layer 1.87 ms at bf16 (248 TFLOP/s useful).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -29,14 +30,16 @@ namespace k3::cuda::moe_cutlass {
 // 8 (16-byte TMA rows), I <= X (the up outputs and the GLU's bf16 rows reuse buffers sized by X).
 bool supports(const ExpertBank& w);
 
-// Whether Auto's tensor-core choice takes it for BF16 banks: K3_MOE_CUTLASS=1 (off until measured against the wgmma
-// tiles; MoePath::Cutlass forces it).
+// Whether Auto's tensor-core choice takes it for BF16 banks: yes unless K3_MOE_CUTLASS=0 (call s57-1, H200, Kimi-Linear
+// bank: n = 4096 3.45 vs 4.43 ms at bf16x2, 1.87 vs 4.29 at bf16 against the wgmma tiles; n = 2048 2.46 vs 2.79 / 1.29
+// vs 2.70; the Kimi-Linear-dims slice's pp4096 +10-13% / +38%). MoePath::Cutlass forces it.
 bool enabled_by_env();
 
-// Rows of an output tile: 128, or 64 (K3_MOE_CUTLASS_TILE=64 at start-up, or set_tile_m: timings compare both; a
-// workspace's scratch is remade with the new shape on its next use).
-int tile_m();
-void set_tile_m(int m);  // 64, else 128
+// Rows of the output tiles for `pairs` (token, expert) pairs over E experts: 64 up to 96 pairs an expert, else 128
+// (s57-1: 64 faster by 5% at 64 pairs an expert and 17% at 8, slower by 4-5% at 128); K3_MOE_CUTLASS_TILE=64|128 at
+// start-up, or set_tile_m(64 | 128), forces one (set_tile_m(0): the rule again; tests and timings).
+int tile_m(int pairs, int E);
+void set_tile_m(int m);
 
 struct Args {
   const ExpertBank* w = nullptr;

@@ -853,7 +853,7 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
       path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs && path != MoePath::Cutlass)
     return cudaErrorInvalidValue;
-  // CUTLASS's grouped GEMMs (BF16 banks, sm_90a): forced, or Auto's tensor-core choice with K3_MOE_CUTLASS=1.
+  // CUTLASS's grouped GEMMs (BF16 banks, sm_90a): forced, or Auto's tensor-core choice unless K3_MOE_CUTLASS=0.
   const bool want_cutlass = !round_hidden && (path == MoePath::Cutlass ||
                                                (path == MoePath::Auto && moe_cutlass::enabled_by_env() &&
                                                 moe_experts_auto_path(n, K, w.E, w.format) == MoePath::TensorCore));

@@ -56,7 +56,7 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1, Mxfp8 = 2 };
 // K3_MOE_WGMMA=0 (moe_prefill_wgmma.h).
 // WgmmaRs: the same tiles with the weights decoded straight into the register A operand (MXFP4 experts only).
 // Cutlass: CUTLASS's grouped GEMMs (moe_grouped_gemm.h; BF16 experts, I <= X, a compute-capability-9.0 device, else
-// cudaErrorInvalidValue); Auto's TensorCore choice for such banks runs them with K3_MOE_CUTLASS=1.
+// cudaErrorInvalidValue); Auto's TensorCore choice for such banks runs them (since session 57; K3_MOE_CUTLASS=0: the tiles).
 enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5, WgmmaRs = 6, Cutlass = 7 };
 
 // Auto's rule (measured on an H200, docs/perf/cuda.md "Session 4" and "Session 13"): for bf16 experts the GEMV

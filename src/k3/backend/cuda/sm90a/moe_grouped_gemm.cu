@@ -45,10 +45,8 @@ using ClusterShape = Shape<_1, _1, _1>;
 using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
-// One tile shape's kernel. TILE_M: rows (pairs) of an output tile -- 128 (the default) or 64 (K3_MOE_CUTLASS_TILE=64):
-// an expert's rows are ~128 +- 11 at a Kimi-Linear 4096-token prefill, so 128-row tiles leave a near-empty second
-// tile on about half the experts, 64-row ones pad less at a lower operand reuse. Which wins is measured
-// (CudaMoe.Timing).
+// One tile shape's kernel. TILE_M: rows (pairs) of an output tile, 128 or 64 (moe_grouped_gemm.h tile_m: the rule
+// measured in call s57-1 -- 64 up to 96 pairs an expert, where the 128-row tiles are mostly padding).
 template <int TILE_M>
 struct Kernel {
   using TileShape = Shape<Int<TILE_M>, _128, _64>;
@@ -79,12 +77,11 @@ static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: row-major ro
 static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: an expert's [N][k] as stored");
 static_assert(std::is_same_v<StrideC, Stride<int64_t, _1, _0>> && std::is_same_v<StrideD, StrideC>, "C, D: row-major");
 
-// The device arrays of one grouped launch (up to `groups` GEMMs) and its two CUTLASS objects: beta 0 (D = A B) and
-// beta 1 (D += A B, the lo halves' pass), both bound to the same arrays, of the tile shape chosen at start-up.
+// The device arrays of one grouped launch (up to `groups` GEMMs) and its CUTLASS objects, all bound to the same arrays:
+// for each tile shape, beta 0 (D = A B) and beta 1 (D += A B, the lo halves' pass).
 struct Grouped {
   int groups = 0;
-  int tile_m = 128;
-  void* mem = nullptr;  // one allocation: the arrays, then both objects' workspaces
+  void* mem = nullptr;  // one allocation: the arrays, then the four objects' workspaces
   Shape3* shapes = nullptr;
   const ElementAB** a = nullptr;
   const ElementAB** b = nullptr;
@@ -132,10 +129,9 @@ cudaError_t init_gemm(Gemm& gemm, Grouped& g, bool accumulate, void* workspace, 
 }
 
 // Allocates g's arrays for `groups` GEMMs of width N over k (row-major strides, the same for every group) and
-// initialises both objects of the tile shape tile_m. cudaError on failure.
-cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int tile_m, int device, int sm_count) {
+// initialises its four objects. cudaError on failure.
+cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int sm_count) {
   g.groups = groups;
-  g.tile_m = tile_m;
   const size_t G = static_cast<size_t>(groups);
   const size_t b_shapes = round256(G * sizeof(Shape3)), b_ptr = round256(G * sizeof(void*));
   const size_t b_sa = round256(G * sizeof(StrideA)), b_sb = round256(G * sizeof(StrideB));
@@ -143,7 +139,7 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int tile_m, int d
   // workspace sizes: independent of the arrays' contents
   const size_t b_ws = round256(std::max(Gemm128::get_workspace_size(arguments<Gemm128>(g, false, sm_count, device)),
                                         Gemm64::get_workspace_size(arguments<Gemm64>(g, false, sm_count, device))));
-  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 2 * b_ws;
+  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 4 * b_ws;
   cudaError_t e = cudaMalloc(&g.mem, bytes);
   if (e != cudaSuccess) {
     g.mem = nullptr;
@@ -166,8 +162,7 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int tile_m, int d
   p += b_sc;
   g.sd = reinterpret_cast<StrideD*>(p);
   p += b_sd;
-  void* ws_set = p;
-  void* ws_add = p + b_ws;
+  void* ws[4] = {p, p + b_ws, p + 2 * b_ws, p + 3 * b_ws};
   // Row-major strides: only the row length matters (M = 1 stands in; the batch mode is unused).
   {
     std::unique_ptr<StrideA[]> sa(new StrideA[G]);
@@ -188,12 +183,10 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int tile_m, int d
     if (e == cudaSuccess) e = cudaMemcpy(g.sd, sc.get(), G * sizeof(StrideD), cudaMemcpyHostToDevice);
     if (e != cudaSuccess) return e;
   }
-  if (g.tile_m == 64) {
-    if ((e = init_gemm(g.set64, g, false, ws_set, sm_count, device)) != cudaSuccess) return e;
-    return init_gemm(g.add64, g, true, ws_add, sm_count, device);
-  }
-  if ((e = init_gemm(g.set128, g, false, ws_set, sm_count, device)) != cudaSuccess) return e;
-  return init_gemm(g.add128, g, true, ws_add, sm_count, device);
+  if ((e = init_gemm(g.set128, g, false, ws[0], sm_count, device)) != cudaSuccess) return e;
+  if ((e = init_gemm(g.add128, g, true, ws[1], sm_count, device)) != cudaSuccess) return e;
+  if ((e = init_gemm(g.set64, g, false, ws[2], sm_count, device)) != cudaSuccess) return e;
+  return init_gemm(g.add64, g, true, ws[3], sm_count, device);
 }
 
 // Group i < E: expert i with (a, w0, d0); group E + i (two matrices): expert i with (a, w1, d1). Rows of expert e:
@@ -290,19 +283,24 @@ bool supports(const ExpertBank& w) {
 }
 
 namespace {
+int tile_arg(int m) { return m == 64 || m == 128 ? m : 0; }
 std::atomic<int> g_tile_m{[] {
   const char* v = std::getenv("K3_MOE_CUTLASS_TILE");
-  return v != nullptr && std::strcmp(v, "64") == 0 ? 64 : 128;
+  return v != nullptr ? tile_arg(std::atoi(v)) : 0;
 }()};
 }  // namespace
 
-int tile_m() { return g_tile_m.load(std::memory_order_relaxed); }
-void set_tile_m(int m) { g_tile_m.store(m == 64 ? 64 : 128, std::memory_order_relaxed); }
+int tile_m(int pairs, int E) {
+  const int forced = g_tile_m.load(std::memory_order_relaxed);
+  if (forced != 0) return forced;
+  return static_cast<int64_t>(pairs) <= 96 * static_cast<int64_t>(E) ? 64 : 128;
+}
+void set_tile_m(int m) { g_tile_m.store(tile_arg(m), std::memory_order_relaxed); }
 
 bool enabled_by_env() {
   static const bool on = [] {
     const char* v = std::getenv("K3_MOE_CUTLASS");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return on;
 }
@@ -312,8 +310,7 @@ namespace {
 cudaError_t ensure_scratch(const ExpertBank& w, int max_pairs, ScratchPtr& s) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return cudaErrorInvalidDevice;
-  if (s && s->max_pairs == max_pairs && s->E == w.E && s->I == w.I && s->X == w.X && s->device == device &&
-      s->gate_up.tile_m == tile_m())
+  if (s && s->max_pairs == max_pairs && s->E == w.E && s->I == w.I && s->X == w.X && s->device == device)
     return cudaSuccess;
   s.reset();
   std::unique_ptr<Scratch> fresh(new (std::nothrow) Scratch);
@@ -331,16 +328,16 @@ cudaError_t ensure_scratch(const ExpertBank& w, int max_pairs, ScratchPtr& s) {
     fresh->act = nullptr;
     return e;
   }
-  e = make_grouped(fresh->gate_up, 2 * w.E, w.I, w.X, tile_m(), device, sms);
-  if (e == cudaSuccess) e = make_grouped(fresh->down, w.E, w.X, w.I, tile_m(), device, sms);
+  e = make_grouped(fresh->gate_up, 2 * w.E, w.I, w.X, device, sms);
+  if (e == cudaSuccess) e = make_grouped(fresh->down, w.E, w.X, w.I, device, sms);
   if (e != cudaSuccess) return e;
   s.reset(fresh.release());
   return cudaSuccess;
 }
 
-cudaError_t launch(Grouped& g, bool accumulate, cudaStream_t stream) {
-  const cutlass::Status st = g.tile_m == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
-                                            : (accumulate ? g.add128 : g.set128).run(stream);
+cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream) {
+  const cutlass::Status st = tile == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
+                                        : (accumulate ? g.add128 : g.set128).run(stream);
   if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   return cudaGetLastError();
 }
@@ -363,12 +360,13 @@ cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t 
   gather_rows<<<P, 128, 0, stream>>>(a.K, X, E, a.expert_off, a.sorted, a.x, hi, lo);
   const int fill_blocks_gu = (2 * E + 127) / 128, fill_blocks_dn = (E + 127) / 128;
   const int halves = a.split ? 2 : 1;
+  const int tile = tile_m(P, E);
   for (int h = 0; h < halves; ++h) {  // gate and up: E + E groups, the lo pass accumulating
     fill_groups<<<fill_blocks_gu, 128, 0, stream>>>(E, I, X, a.expert_off, reinterpret_cast<const uint16_t*>(h ? lo : hi),
                                                      gate, a.hidden, up, up_out, s.gate_up.shapes, s.gate_up.a,
                                                      s.gate_up.b, s.gate_up.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = launch(s.gate_up, h == 1, stream)) != cudaSuccess) return e;
+    if ((e = launch(s.gate_up, tile, h == 1, stream)) != cudaSuccess) return e;
   }
   // h's rows replace x's (x is no longer read): [P][I] in each half's [max_pairs][X] region.
   glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, a.act, a.beta, a.lbeta, hi, lo);
@@ -377,7 +375,7 @@ cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t 
                                                      down, a.y, nullptr, nullptr, s.down.shapes, s.down.a, s.down.b,
                                                      s.down.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = launch(s.down, h == 1, stream)) != cudaSuccess) return e;
+    if ((e = launch(s.down, tile, h == 1, stream)) != cudaSuccess) return e;
   }
   return cudaGetLastError();
 }
