@@ -54,6 +54,10 @@ struct Args {
   float* y = nullptr;                    // [P][X] fp32: up's outputs as [P][I], then down's by slot
 };
 
+// Whether run() can go ahead on `stream`: its scratch exists, or the stream is not being captured into a CUDA graph
+// (making the scratch allocates device memory, which a capture does not allow; the caller then takes the tiles).
+bool can_run_on(const ScratchPtr& scratch, cudaStream_t stream);
+
 // The stages above. max_pairs: the workspace's P bound (the scratch is sized by it once). cudaErrorInvalidValue where
 // !supports(*a.w) or a pointer is missing; cudaErrorMemoryAllocation if the scratch cannot be made.
 cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream);

@@ -857,7 +857,7 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const bool want_cutlass = !round_hidden && (path == MoePath::Cutlass ||
                                                (path == MoePath::Auto && moe_cutlass::enabled_by_env() &&
                                                 moe_experts_auto_path(n, K, w.E, w.format) == MoePath::TensorCore));
-  const bool cutlass_path = want_cutlass && moe_cutlass::supports(w);
+  const bool cutlass_path = want_cutlass && moe_cutlass::supports(w) && moe_cutlass::can_run_on(ws.cutlass_, stream);
   if (path == MoePath::Cutlass && !cutlass_path) return cudaErrorInvalidValue;
   if (cutlass_path) path = MoePath::TensorCore;  // the plan's 64-pair tiles (only its slots and offsets are read)
   // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks); their

@@ -343,6 +343,12 @@ cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream) {
 }
 }  // namespace
 
+bool can_run_on(const ScratchPtr& scratch, cudaStream_t stream) {
+  if (scratch) return true;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &st) == cudaSuccess && st == cudaStreamCaptureStatusNone;
+}
+
 cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream) {
   if (!a.w || !a.x || !a.sorted || !a.expert_off || !a.hidden || !a.y) return cudaErrorInvalidValue;
   const ExpertBank& w = *a.w;
