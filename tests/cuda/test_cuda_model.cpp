@@ -60,7 +60,8 @@ Cmp compare(const std::vector<float>& got, const std::vector<float>& ref, int64_
 }
 
 // The median over rows of max |a - b| / max |b| within the row.
-double median_row_rel(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+// Each row's max |got - ref| / max |ref|, in row order.
+std::vector<double> row_rels(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
   const int64_t rows = static_cast<int64_t>(ref.size()) / V;
   std::vector<double> r(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) {
@@ -72,8 +73,22 @@ double median_row_rel(const std::vector<float>& got, const std::vector<float>& r
     }
     r[static_cast<size_t>(i)] = md / std::max(mr, 1e-30);
   }
+  return r;
+}
+
+double median_row_rel(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
+  std::vector<double> r = row_rels(got, ref, V);
+  const size_t rows = r.size();
   std::nth_element(r.begin(), r.begin() + rows / 2, r.end());
-  return rows ? r[static_cast<size_t>(rows / 2)] : 0.0;
+  return rows ? r[rows / 2] : 0.0;
+}
+
+// How many rows from the first agree to `tol` (row_rels) before the first that does not.
+int64_t leading_rows_within(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, double tol) {
+  const std::vector<double> r = row_rels(got, ref, V);
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(r.size()) && r[static_cast<size_t>(n)] < tol) ++n;
+  return n;
 }
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
@@ -354,9 +369,14 @@ TEST_P(CudaModelE2E, DecodeMatchesCpu) {
 // decode (24). Both round x and h by one rule, but an h value at an E4M3 midpoint after a ~1e-6 difference upstream
 // takes the neighbouring code and that row (and, through the caches, later ones) parts from there: on the CPU alone
 // prefill and decode part at k3-tiny's token 44 of 232 to rel 0.1 (MoeMxfp8Model), while MXFP8 against float32
-// activations moves every row (k3-tiny rel 0.21). So the check is on the median row: the GPU's per-row difference
-// to the CPU's MXFP8 logits at least 4x below its difference to the CPU's float32 ones (the option is applied, on
-// every MoE layer), and the argmax agrees with the CPU's MXFP8 run on >= 90% of the rows.
+// activations moves every row (k3-tiny rel 0.21). Decode (24 tokens): the median row's difference to the CPU's MXFP8
+// logits at least 4x below its difference to the CPU's float32 ones (measured, call s57-4: 2.8e-7 .. 7.6e-7 against
+// 2.9e-2 .. 3.0e-1). Prefill (200 tokens): once a midpoint has parted the two, the caches carry it to every later row
+// (s57-4: median rows 2.6e-2 .. 2.9e-2 against CPU MXFP8, 3.6e-2 .. 3.0e-1 against float32 -- k3-tiny, trained
+// under MXFP8-like noise, moves little), so: the first row agrees to 1e-3 (a prefill that skipped the rounding parts
+// there; a midpoint in the first token's ~1-in-24 chance, k3-tiny's decode), the median row nearer the CPU's MXFP8 than
+// its float32 logits,
+// and the argmax agrees with the CPU's MXFP8 run on >= 90% of the rows (both paths).
 TEST_P(CudaModelE2E, Mxfp8MatchesCpuMxfp8) {
   const std::string dir = k3test::source_path(GetParam());
   k3::cuda::CudaLoadOptions lo;
@@ -387,11 +407,17 @@ TEST_P(CudaModelE2E, Mxfp8MatchesCpuMxfp8) {
     }
     const Cmp c = compare(got, r8, V), f = compare(got, r32, V);
     const double m8 = median_row_rel(got, r8, V), m32 = median_row_rel(got, r32, V);
-    std::printf("[ e2e ] %-28s mxfp8 %s: vs cpu mxfp8 rel %.2e (median row %.2e) argmax %.4f; vs cpu float32 rel %.2e "
-                "(median row %.2e) argmax %.4f\n", GetParam().c_str(), prefill ? "prefill" : "decode ", c.rel, m8, c.argmax,
-                f.rel, m32, f.argmax);
+    const int64_t lead = leading_rows_within(got, r8, V, 1e-3);
+    std::printf("[ e2e ] %-28s mxfp8 %s: vs cpu mxfp8 rel %.2e (median row %.2e, leading rows within 1e-3: %lld) argmax "
+                "%.4f; vs cpu float32 rel %.2e (median row %.2e) argmax %.4f\n", GetParam().c_str(),
+                prefill ? "prefill" : "decode ", c.rel, m8, static_cast<long long>(lead), c.argmax, f.rel, m32, f.argmax);
     EXPECT_TRUE(c.finite);
-    EXPECT_LT(4 * m8, m32) << (prefill ? "prefill" : "decode");
+    if (prefill) {
+      EXPECT_GE(lead, 1);
+      EXPECT_LT(m8, m32);
+    } else {
+      EXPECT_LT(4 * m8, m32);
+    }
     EXPECT_GE(c.argmax, 0.9) << (prefill ? "prefill" : "decode");
   }
 }
