@@ -1,8 +1,8 @@
 // Routed experts at prefill sizes on CUTLASS's sm_90a grouped GEMM: moe_grouped_gemm.h.
 //
 // The kernel: CUTLASS 4.2's pointer-array grouped GEMM (KernelPtrArrayTmaWarpSpecializedPingpong): a producer warp
-// loads each 128 x 64 operand tile with TMA (its tensor maps rewritten in the kernel when the group changes), two
-// consumer warpgroups take turns on 128 x 128 output tiles (one's wgmmas under the other's epilogue), and a
+// loads each operand tile (64 columns of k) with TMA (its tensor maps rewritten in the kernel when the group changes),
+// two consumer warpgroups take turns on 128- or 64-row x 128 output tiles (one's wgmmas under the other's epilogue), and a
 // persistent scheduler walks every group's tiles. The problem shapes and pointers are device arrays written by a
 // small kernel from the plan's expert offsets, so no count comes back to the host and the launch's arguments never
 // change: each CUTLASS object is initialised once (its tensor-map templates and workspace) and only launched after.
