@@ -27,6 +27,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/moe_grouped_gemm.h"
+#include "k3/backend/cuda/moe_prefill_wgmma.h"
+#include "k3/backend/cuda/moe_tc_tile.cuh"
 
 namespace k3::cuda::moe_cutlass {
 namespace {
@@ -206,58 +208,39 @@ __global__ void fill_groups(int E, int N, int k, const int32_t* __restrict__ off
   pd[g] = (g < E ? d0 : d1) + r0 * N;
 }
 
-__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16& hi, __nv_bfloat16& lo) {
-  hi = __float2bfloat16_rn(v);
-  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
-}
-
-// Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and lo[s]); rows of X, X % 8 == 0.
+// Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and its residual into lo[s]: the tiles'
+// split, moe_tc_tile.cuh bf16x2_rn); rows of X, X % 8 == 0.
 __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off, const int32_t* __restrict__ sorted,
                             const float* __restrict__ x, __nv_bfloat16* hi, __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
   const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(sorted[s] / K) * X);
-  __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(hi + static_cast<int64_t>(s) * X);
-  __nv_bfloat162* l2 = lo ? reinterpret_cast<__nv_bfloat162*>(lo + static_cast<int64_t>(s) * X) : nullptr;
+  uint2* h4 = reinterpret_cast<uint2*>(hi + static_cast<int64_t>(s) * X);
+  uint2* l4 = lo ? reinterpret_cast<uint2*>(lo + static_cast<int64_t>(s) * X) : nullptr;
   for (int i = threadIdx.x; i < X / 4; i += blockDim.x) {
     const float4 v = __ldg(src + i);
-    __nv_bfloat16 a, b, c, d, la, lb, lc, ld;
-    split_bf16(v.x, a, la);
-    split_bf16(v.y, b, lb);
-    split_bf16(v.z, c, lc);
-    split_bf16(v.w, d, ld);
-    h2[2 * i] = __halves2bfloat162(a, b);
-    h2[2 * i + 1] = __halves2bfloat162(c, d);
-    if (l2) {
-      l2[2 * i] = __halves2bfloat162(la, lb);
-      l2[2 * i + 1] = __halves2bfloat162(lc, ld);
-    }
+    float r0, r1, r2, r3;
+    h4[i] = make_uint2(bf16x2_rn(v.x, v.y, r0, r1), bf16x2_rn(v.z, v.w, r2, r3));
+    if (l4) l4[i] = make_uint2(bf16x2_rn(r0, r1), bf16x2_rn(r2, r3));
   }
 }
 
-// h = glu(gate, up) for slot s < off[E], column j < I, rounded to bf16 (hi, lo).
+// h = glu(gate, up) for slot s < off[E], column pairs j < I (I % 8 == 0), rounded to bf16 (hi, and lo as gather_rows).
 __global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const float* __restrict__ gate,
                          const float* __restrict__ up, GluAct act, float beta, float lbeta, __nv_bfloat16* hi,
                          __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
   const int64_t base = static_cast<int64_t>(s) * I;
-  for (int j = threadIdx.x; j < I; j += blockDim.x) {
-    const float h = moe_dev::glu(gate[base + j], up[base + j], act, beta, lbeta);
-    __nv_bfloat16 a, b;
-    split_bf16(h, a, b);
-    hi[base + j] = a;
-    if (lo) lo[base + j] = b;
+  uint32_t* h2 = reinterpret_cast<uint32_t*>(hi + base);
+  uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + base) : nullptr;
+  for (int j = threadIdx.x; j < I / 2; j += blockDim.x) {
+    const int64_t k = base + 2 * j;
+    const float a = moe_dev::glu(gate[k], up[k], act, beta, lbeta), b = moe_dev::glu(gate[k + 1], up[k + 1], act, beta, lbeta);
+    float ra, rb;
+    h2[j] = bf16x2_rn(a, b, ra, rb);
+    if (l2) l2[j] = bf16x2_rn(ra, rb);
   }
-}
-
-int device_cc_major_minor(int& device) {
-  if (cudaGetDevice(&device) != cudaSuccess) return -1;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return -1;
-  return major * 10 + minor;
 }
 
 }  // namespace
@@ -276,17 +259,15 @@ class Scratch {
 
 void ScratchDeleter::operator()(Scratch* s) const { delete s; }
 
-bool supports(const ExpertBank& w) {
-  int device = 0;
-  return device_cc_major_minor(device) == 90 && w.format == WeightFormat::BF16 && w.X % 8 == 0 && w.I % 8 == 0 &&
-         w.I <= w.X && w.E > 0;
+bool supports(const ExpertBank& w) {  // moe_wg::supports: a compute-capability-9.0 device, BF16 widths of 8
+  return w.format == WeightFormat::BF16 && w.I <= w.X && w.E > 0 && moe_wg::supports(w);
 }
 
 namespace {
 int tile_arg(int m) { return m == 64 || m == 128 ? m : 0; }
-std::atomic<int> g_tile_m{[] {
+std::atomic<int> g_tile_m{[] {  // "64" or "128" exactly, anything else the rule (no numeric parse of the environment)
   const char* v = std::getenv("K3_MOE_CUTLASS_TILE");
-  return v != nullptr ? tile_arg(std::atoi(v)) : 0;
+  return v == nullptr ? 0 : std::strcmp(v, "64") == 0 ? 64 : std::strcmp(v, "128") == 0 ? 128 : 0;
 }()};
 }  // namespace
 
