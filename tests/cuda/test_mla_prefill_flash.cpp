@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -51,6 +53,17 @@ void reference(const std::vector<float>& q, const std::vector<float>& kv, const 
         for (int d = 0; d < kDv; ++d) out[static_cast<size_t>((t * nh + h) * kDv + d)] += p[static_cast<size_t>(s)] / sum * vr[d];
       }
     }
+}
+
+// Each float rounded to the nearest bf16 (ties to even), kept as a float: the bf16 form's operands.
+std::vector<float> round_bf16(std::vector<float> x) {
+  for (float& f : x) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    std::memcpy(&f, &u, 4);
+  }
+  return x;
 }
 
 TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
@@ -99,6 +112,57 @@ TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
       EXPECT_LT(rel, qscale < 1.f ? 1e-4 : 5e-4) << "nh " << k.nh << " n " << k.n << " past " << k.past;
       EXPECT_TRUE(poison_kept) << "a row outside [offset, offset + n) was written";
       EXPECT_TRUE(latents_kept) << "the split pass wrote outside the rope slots";
+    }
+}
+
+// The bf16 form (bf16_products, --gemm-precision bf16): against the same float64 reference on the operands rounded
+// to bf16 as the kernel rounds them, so what is left is P's rounding to bf16 (2^-9 a weight, averaging out over the
+// keys: ~2e-3 of the output's range) and fp32 accumulation -- bar 1e-2, where an indexing bug gives O(1). Its
+// output must also differ from the hi / lo form's on the same inputs (else the form did not switch).
+TEST(CudaMlaPrefillFlash, Bf16ProductsMatchRoundedReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int nh;
+    int64_t offset, n, past;
+  };
+  uint64_t seed = 1900;
+  for (const Case k : {Case{1, 0, 64, 0}, Case{3, 5, 70, 0}, Case{3, 2, 130, 37}, Case{3, 1, 1, 100}, Case{1, 0, 700, 2500}})
+    for (const float qscale : {0.2f, 2.0f}) {
+      const int64_t S = k.past + k.n, rows = k.offset + k.n + 3;
+      const auto q = randn(static_cast<size_t>(rows * k.nh * kQk), ++seed, qscale);
+      const auto kv = randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f);
+      const auto lat = randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
+      auto run = [&](bool bf16) {
+        std::vector<float> poison(static_cast<size_t>(rows * k.nh * kDv), 12345.f);
+        Dev<float> dq(q), dkv(kv), dlat(lat), dout(poison);
+        EXPECT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
+                                              k.past, scale, dout.p, nullptr, bf16),
+                  cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return dout.get();
+      };
+      const auto got = run(true), x2 = run(false);
+      std::vector<double> ref;
+      reference(round_bf16(q), round_bf16(kv), round_bf16(lat), k.nh, k.offset, k.n, k.past, scale, ref);
+      double md = 0, mr = 0, dx = 0;
+      for (int64_t i = 0; i < k.n * k.nh * kDv; ++i) {
+        const size_t at = static_cast<size_t>(k.offset * k.nh * kDv + i);
+        md = std::max(md, std::fabs(got[at] - ref[static_cast<size_t>(i)]));
+        mr = std::max(mr, std::fabs(ref[static_cast<size_t>(i)]));
+        dx = std::max(dx, static_cast<double>(std::fabs(got[at] - x2[at])));
+      }
+      bool poison_kept = true;
+      for (int64_t i = 0; i < rows * k.nh * kDv; ++i) {
+        const bool written = i >= k.offset * k.nh * kDv && i < (k.offset + k.n) * k.nh * kDv;
+        if (!written && got[static_cast<size_t>(i)] != 12345.f) poison_kept = false;
+      }
+      const double rel = md / std::max(mr, 1e-30);
+      std::printf("[ mla ] flash prefill bf16 nh %d n %4lld past %4lld q x %.1f: rel %.2e (vs hi/lo form %.2e)\n", k.nh,
+                  static_cast<long long>(k.n), static_cast<long long>(k.past), qscale, rel, dx / std::max(mr, 1e-30));
+      EXPECT_LT(rel, 1e-2) << "nh " << k.nh << " n " << k.n << " past " << k.past;
+      EXPECT_GT(dx, 0.0) << "the bf16 form gave the hi / lo form's bits: it did not run";
+      EXPECT_TRUE(poison_kept) << "a row outside [offset, offset + n) was written";
     }
 }
 

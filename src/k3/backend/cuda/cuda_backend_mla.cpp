@@ -96,16 +96,22 @@ void sgemm_batched(cublasHandle_t h, bool tf32, cublasOperation_t ta, cublasOper
 // The fused kernel (mla_prefill_flash.h) for the attention after the expansion, by default: 2.0x the SGEMM form's
 // MLA time at Kimi-Linear dims and 2.5x at K3 dims, pp4096 +11% / +6% (call s41-3, H200), rel 4.5e-6 against it.
 // K3_MLA_PREFILL=fp32 keeps the SGEMM form (A/B runs; a test switches it per prefill, so it is read each time).
+// Under --gemm-precision bf16 the kernel's products are plain bf16 (session 58).
 bool mha_flash_wanted() {
   const char* e = std::getenv("K3_MLA_PREFILL");
   return e == nullptr || std::strcmp(e, "fp32") != 0;
+}
+// K3_MLA_PREFILL=x2 keeps the hi / lo products under --gemm-precision bf16 too (the A/B of the bf16 form).
+bool mha_flash_x2_forced() {
+  const char* e = std::getenv("K3_MLA_PREFILL");
+  return e != nullptr && std::strcmp(e, "x2") == 0;
 }
 
 }  // namespace
 
 // One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
 // are expanded from the latents (one SGEMM), then the fused attention kernel (mla_prefill_flash.h: hi / lo bf16
-// tensor-core products, ~16 mantissa bits) where it supports the shape, else per query chunk the scores (two batched
+// tensor-core products, ~16 mantissa bits; plain bf16 products under --gemm-precision bf16) where it supports the shape, else per query chunk the scores (two batched
 // SGEMMs: the nope part + the shared rope-slot part), a causal softmax, and P.V. That fallback is fp32 throughout
 // (the CPU reference uses the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows
 // [offset, offset + n) of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first
@@ -135,7 +141,8 @@ void CudaBackend::mla_prefill_mha(const MlaWeights& w, const graph::MlaDims& d, 
   sgemm_batched(hb, tf32, CUBLAS_OP_T, CUBLAS_OP_N, Rw, static_cast<int>(S), kr, &one, w.kv_b.data(), kr, 0, Lc, cd, 0, &zero, KV, Rw,
                 0, 1, "MLA k/v expansion");
   if (flash) {
-    K3_CUDA_CHECK(mla_prefill_flash(q, KV, Lc + kr, cd, nh, dn, dr, dv, offset, n, past, scale, out, stream_));
+    K3_CUDA_CHECK(mla_prefill_flash(q, KV, Lc + kr, cd, nh, dn, dr, dv, offset, n, past, scale, out, stream_,
+                                    gemm_bf16_ && !mha_flash_x2_forced()));
     return;
   }
   for (int64_t t0 = 0; t0 < n; t0 += Tq) {

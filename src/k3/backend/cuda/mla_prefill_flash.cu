@@ -48,15 +48,23 @@ constexpr int kLdK = kQk + 8, kLdV = kDv + 8;
 // nope lo, value hi, value lo (128 each); a rope row holds hi, lo (64 each).
 constexpr int kRow = 2 * (kDn + kDv);
 
+// X: the halves the products run on -- 2 = hi and lo (~16 mantissa bits, the bf16x2 precision), 1 = hi only (plain
+// bf16 operands, --gemm-precision bf16: one product instead of three, half the copies and shared memory).
+template <int X>
 struct Stage {
-  bf16 k[2][kBk][kLdK];  // [hi, lo][key][nope dims, then rope dims]
-  bf16 v[2][kBk][kLdV];  // [hi, lo][key][value dim]
+  bf16 k[X][kBk][kLdK];  // [hi, lo][key][nope dims, then rope dims]
+  bf16 v[X][kBk][kLdV];  // [hi, lo][key][value dim]
 };
+template <int X>
 struct FlashSmem {
-  bf16 q[2][kBq][kLdK];  // [hi, lo][query][dim]
-  Stage st[2];
+  bf16 q[X][kBq][kLdK];  // [hi, lo][query][dim]
+  Stage<X> st[2];
 };
-static_assert(sizeof(FlashSmem) <= 227 * 1024, "one block an SM");
+static_assert(sizeof(FlashSmem<2>) <= 227 * 1024, "one block an SM");
+static_assert(2 * sizeof(FlashSmem<1>) <= 228 * 1024 - 2 * 1024, "two blocks an SM (1 KB reserved per block)");
+// Blocks an SM the registers must allow: X = 1 fits two in shared memory.
+template <int X>
+constexpr int kMinBlocks = X == 1 ? 2 : 1;
 
 // Two floats as bf16 hi / lo halves, packed (x in the lower half): hi = bf16(x), lo = bf16(x - hi), two per
 // conversion instruction.
@@ -74,6 +82,12 @@ __device__ __forceinline__ void store_split4(const float4 v, void* hi, void* lo)
   split_pair(v.z, v.w, h[1], l[1]);
   *reinterpret_cast<uint2*>(hi) = make_uint2(h[0], h[1]);
   *reinterpret_cast<uint2*>(lo) = make_uint2(l[0], l[1]);
+}
+
+// Four consecutive floats as bf16 (round to nearest even) at hi[0..3].
+__device__ __forceinline__ void store_hi4(const float4 v, void* hi) {
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  *reinterpret_cast<uint2*>(hi) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
 }
 
 // The split pass: one warp a row. Rows 0 .. S nh - 1 are the expanded rows (256 floats), then S rope rows (64
@@ -107,10 +121,11 @@ __device__ __forceinline__ void mma3(float (&acc)[4], const uint32_t (&ah)[4], c
   mma_bf16::mma16816(acc, ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
 }
 
-// Starts the copies of keys j0 .. j0 + 63 into a stage (rows at or past S zero-filled).
-__device__ __forceinline__ void load_stage(Stage& b, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
+// Starts the copies of keys j0 .. j0 + 63 into a stage (rows at or past S zero-filled); X = 1 copies the hi halves only.
+template <int X>
+__device__ __forceinline__ void load_stage(Stage<X>& b, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
                                            int64_t kr_ld, int nh, int h, int64_t j0, int64_t S, int tid) {
-  constexpr int kKc = (kQk / 8) * 2, kVc = (kDv / 8) * 2;  // 16-byte chunks of a key row: 48 K, 32 V
+  constexpr int kKc = (kQk / 8) * X, kVc = (kDv / 8) * X;  // 16-byte chunks of a key row: 48 K, 32 V (X = 2)
   for (int i = tid; i < kBk * kKc; i += kThreads) {
     const int r = i / kKc, c = i % kKc, x = c / (kQk / 8), cc = c % (kQk / 8);
     const int64_t s = j0 + r;
@@ -129,7 +144,9 @@ __device__ __forceinline__ void load_stage(Stage& b, const bf16* __restrict__ kv
 }
 
 // The warp's 16 x 32 scores of one step: Q (rows rw ..) against the stage's keys kb .. kb + 31.
-__device__ __forceinline__ void step_scores(const FlashSmem& sm, const Stage& b, int rw, int kb, int lane, float (&sc)[kKw / 8][4]) {
+template <int X>
+__device__ __forceinline__ void step_scores(const FlashSmem<X>& sm, const Stage<X>& b, int rw, int kb, int lane,
+                                            float (&sc)[kKw / 8][4]) {
 #pragma unroll
   for (int j = 0; j < kKw / 8; ++j)
 #pragma unroll
@@ -137,14 +154,63 @@ __device__ __forceinline__ void step_scores(const FlashSmem& sm, const Stage& b,
   const int mi = lane >> 3;
 #pragma unroll
   for (int kk = 0; kk < kQk / 16; ++kk) {
-    uint32_t ah[4], al[4];
+    uint32_t ah[4];
     ldsm_x4(ah, &sm.q[0][rw + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
-    ldsm_x4(al, &sm.q[1][rw + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
+    if constexpr (X == 2) {
+      uint32_t al[4];
+      ldsm_x4(al, &sm.q[1][rw + (lane & 15)][16 * kk + 8 * (lane >> 4)]);
 #pragma unroll
-    for (int j = 0; j < kKw / 8; ++j) {
-      uint32_t bf[4];  // hi cols 16kk.., hi cols 16kk+8.., lo .., lo ..
-      ldsm_x4(bf, &b.k[mi >> 1][kb + 8 * j + (lane & 7)][16 * kk + 8 * (mi & 1)]);
-      mma3(sc[j], ah, al, bf);
+      for (int j = 0; j < kKw / 8; ++j) {
+        uint32_t bf[4];  // hi cols 16kk.., hi cols 16kk+8.., lo .., lo ..
+        ldsm_x4(bf, &b.k[mi >> 1][kb + 8 * j + (lane & 7)][16 * kk + 8 * (mi & 1)]);
+        mma3(sc[j], ah, al, bf);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kKw / 8; j += 2) {
+        uint32_t bf[4];  // keys 8j.. cols 16kk.., keys 8j.. cols 16kk+8.., keys 8(j+1).. cols 16kk.., cols 16kk+8..
+        ldsm_x4(bf, &b.k[0][kb + 8 * (j + (mi >> 1)) + (lane & 7)][16 * kk + 8 * (mi & 1)]);
+        mma_bf16::mma16816(sc[j], ah[0], ah[1], ah[2], ah[3], bf[0], bf[1]);
+        mma_bf16::mma16816(sc[j + 1], ah[0], ah[1], ah[2], ah[3], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+// O += P V over the warp's 32 keys of a step: P's C fragments re-used as A fragments (two adjacent n8 tiles are one
+// k16 step), as hi / lo halves (X = 2) or rounded to bf16 (X = 1); the value fragments through ldmatrix.trans.
+template <int X>
+__device__ __forceinline__ void step_pv(const Stage<X>& b, int kb, int lane, const float (&sc)[kKw / 8][4],
+                                        float (&o)[kDv / 8][4]) {
+  const int mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < kKw / 16; ++kk) {
+    uint32_t ph[4], pl[4];
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {  // a0: tile 2kk rows g; a1: 2kk rows g+8; a2: 2kk+1 rows g; a3: 2kk+1 rows g+8
+      const float* p = sc[2 * kk + (f >> 1)] + 2 * (f & 1);
+      if constexpr (X == 2) {
+        split_pair(p[0], p[1], ph[f], pl[f]);
+      } else {
+        const __nv_bfloat162 hb = __floats2bfloat162_rn(p[0], p[1]);
+        ph[f] = *reinterpret_cast<const uint32_t*>(&hb);
+      }
+    }
+    if constexpr (X == 2) {
+#pragma unroll
+      for (int jd = 0; jd < kDv / 8; ++jd) {
+        uint32_t bf[4];  // hi keys 16kk.., hi keys 16kk+8.., lo .., lo ..
+        ldsm_x4_t(bf, &b.v[mi >> 1][kb + 16 * kk + 8 * (mi & 1) + (lane & 7)][8 * jd]);
+        mma3(o[jd], ph, pl, bf);
+      }
+    } else {
+#pragma unroll
+      for (int jd = 0; jd < kDv / 8; jd += 2) {
+        uint32_t bf[4];  // keys 16kk.. cols 8jd.., keys 16kk+8.. cols 8jd.., then the same for cols 8(jd+1)..
+        ldsm_x4_t(bf, &b.v[0][kb + 16 * kk + 8 * (mi & 1) + (lane & 7)][8 * (jd + (mi >> 1))]);
+        mma_bf16::mma16816(o[jd], ph[0], ph[1], ph[2], ph[3], bf[0], bf[1]);
+        mma_bf16::mma16816(o[jd + 1], ph[0], ph[1], ph[2], ph[3], bf[2], bf[3]);
+      }
     }
   }
 }
@@ -239,12 +305,13 @@ __device__ __forceinline__ void merge_halves_and_store(float (&o)[kDv / 8][4], f
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+template <int X>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<X>)
     mla_prefill_flash_kernel(const float* __restrict__ q, const bf16* __restrict__ kv, const bf16* __restrict__ kr,
                              int64_t kr_ld, int nh, int64_t offset, int64_t n, int64_t past, float scale,
                              float* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  FlashSmem& sm = *reinterpret_cast<FlashSmem*>(smem_raw);
+  FlashSmem<X>& sm = *reinterpret_cast<FlashSmem<X>*>(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
   const int h = blockIdx.y;
   const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBq;  // the longest blocks first
@@ -259,14 +326,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = i / (kQk / 4), d = 4 * (i % (kQk / 4));
     const int64_t t = q0 + r;
     const float4 v = t < n ? *reinterpret_cast<const float4*>(q + ((offset + t) * nh + h) * kQk + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-    store_split4(v, &sm.q[0][r][d], &sm.q[1][r][d]);
+    if constexpr (X == 2) store_split4(v, &sm.q[0][r][d], &sm.q[X - 1][r][d]);
+    else store_hi4(v, &sm.q[0][r][d]);
   }
 
   const float sl2 = scale * 1.4426950408889634f;  // scores in log2 units: exp2f below
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[kDv / 8][4] = {};
   const int rw = 16 * (warp % 4), kb = kKw * (warp / 4);  // the warp's first row in the block, first key in a step
-  const int mi = lane >> 3;
   for (int64_t st = 0; st < steps; ++st) {
     const int64_t j0 = st * kBk;
     if (st + 1 < steps) {
@@ -277,32 +344,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async_wait<0>();
     }
     __syncthreads();  // this step's tile (and, at step 0, the queries) visible to every warp
-    const Stage& b = sm.st[st & 1];
+    const Stage<X>& b = sm.st[st & 1];
 
     float sc[kKw / 8][4];
     step_scores(sm, b, rw, kb, lane, sc);
 
     online_softmax_step(sc, m, l, o, diagonal_rel(past + q0 + rw, j0 + kb), sl2, g, c);
 
-    // O += P V over the warp's 32 keys
-#pragma unroll
-    for (int kk = 0; kk < kKw / 16; ++kk) {
-      uint32_t ph[4], pl[4];
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {  // a0: tile 2kk rows g; a1: 2kk rows g+8; a2: 2kk+1 rows g; a3: 2kk+1 rows g+8
-        const float* p = sc[2 * kk + (f >> 1)] + 2 * (f & 1);
-        split_pair(p[0], p[1], ph[f], pl[f]);
-      }
-#pragma unroll
-      for (int jd = 0; jd < kDv / 8; ++jd) {
-        uint32_t bf[4];  // hi keys 16kk.., hi keys 16kk+8.., lo .., lo ..
-        ldsm_x4_t(bf, &b.v[mi >> 1][kb + 16 * kk + 8 * (mi & 1) + (lane & 7)][8 * jd]);
-        mma3(o[jd], ph, pl, bf);
-      }
-    }
+    step_pv(b, kb, lane, sc, o);
     __syncthreads();  // every warp is done with this stage before the next step's copy overwrites it
   }
 
+  static_assert(sizeof(float) * 4 * 32 * (kDv / 2 + 4) <= sizeof(Stage<X>), "the merge fits the idle stage");
   float* mrg = reinterpret_cast<float*>(&sm.st[0]) + ((warp % 4) * 32 + lane) * (kDv / 2 + 4);
   merge_halves_and_store(o, m, l, mrg, warp, g, c, q0, rw, n, out + (offset * nh + h) * kDv, int64_t{nh} * kDv);
 }
@@ -312,7 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool mla_prefill_flash_supports(int dn, int dr, int dv) { return dn == kDn && dr == kDr && dv == kDv; }
 
 cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_stride, int nh, int dn, int dr, int dv,
-                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream) {
+                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream,
+                              bool bf16_products) {
   if (!mla_prefill_flash_supports(dn, dr, dv) || nh <= 0 || nh > 65535 || n < 0 || past < 0 || offset < 0 ||
       kr_stride % 4 != 0 || kr_stride < kDr)
     return cudaErrorInvalidValue;
@@ -324,12 +378,16 @@ cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_s
   split_rows_kernel<<<split_blocks, 256, 0, stream>>>(kv, kr, kr_stride, S * nh, S);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  const int bytes = static_cast<int>(sizeof(FlashSmem));
-  e = cudaFuncSetAttribute(mla_prefill_flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e != cudaSuccess) return e;
-  mla_prefill_flash_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nh)), kThreads, bytes, stream>>>(
-      q, reinterpret_cast<const bf16*>(kv), reinterpret_cast<const bf16*>(kr), 2 * kr_stride, nh, offset, n, past, scale, out);
-  return cudaGetLastError();
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nh));
+  auto launch = [&](auto kernel, int bytes) {
+    cudaError_t r = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (r != cudaSuccess) return r;
+    kernel<<<grid, kThreads, bytes, stream>>>(q, reinterpret_cast<const bf16*>(kv), reinterpret_cast<const bf16*>(kr),
+                                              2 * kr_stride, nh, offset, n, past, scale, out);
+    return cudaGetLastError();
+  };
+  return bf16_products ? launch(mla_prefill_flash_kernel<1>, static_cast<int>(sizeof(FlashSmem<1>)))
+                       : launch(mla_prefill_flash_kernel<2>, static_cast<int>(sizeof(FlashSmem<2>)));
 }
 
 }  // namespace k3::cuda

@@ -27,8 +27,12 @@ namespace k3::cuda {
 // caller passes scratch copies (the backend's expanded K / V and gathered latents); nothing else in kr's rows is touched.
 // `scale` multiplies the scores before the softmax. Supported: dn = 128, dr = 64, dv = 128 (K3 and Kimi-Linear);
 // returns cudaErrorInvalidValue for other shapes (the caller keeps its SGEMM form).
+// bf16_products: the products on the hi halves alone -- bf16 operands (q, k, v and P rounded to nearest), fp32
+// accumulation and softmax, as flash attention runs in bf16 -- for --gemm-precision bf16 (one product a k16 step
+// instead of three, half the shared memory: two blocks an SM); false: the hi / lo form above.
 bool mla_prefill_flash_supports(int dn, int dr, int dv);
 cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_stride, int nh, int dn, int dr, int dv,
-                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream);
+                              int64_t offset, int64_t n, int64_t past, float scale, float* out, cudaStream_t stream,
+                              bool bf16_products = false);
 
 }  // namespace k3::cuda
