@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -372,6 +373,80 @@ TEST(CudaKda, ConvL2NormMatchesCpu) {
           EXPECT_LT(ev, 1e-5);
           EXPECT_LT(es, 1e-6);  // copies of inputs: exact
         }
+}
+
+// Round to nearest even as bf16 bits (the host side of cache_dtype.cuh's f32_to_bf16_bits, finite values).
+uint16_t bf16_rn(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The bf16 forms the tensor-core prefill takes (kda_conv_l2norm_bf16; kda_gates' g_bf16 copy): exactly the fp32
+// kernels' outputs rounded to nearest even, element for element, and the conv state updated the same.
+TEST(CudaKda, Bf16OutputsAreTheFp32OnesRounded) {
+  SKIP_WITHOUT_GPU();
+  const int D = 128, H = 3, W = 4, P = W - 1, C = H * D;
+  const std::vector<int> lens{130, 1, 17};
+  const Batch b = make_batch(H, D, lens);
+  const int N = b.N;
+  const size_t NC = static_cast<size_t>(N) * C, ns = lens.size(), SC = static_cast<size_t>(C) * P;
+  Rng r(4242);
+  Vec x[3], w[3], st[3];
+  for (int m = 0; m < 3; ++m) {
+    x[m] = r.normals(NC);
+    w[m] = r.normals(static_cast<size_t>(C) * W, 0.5f);
+    st[m] = r.normals(ns * SC);
+  }
+  auto run = [&](bool bf16, std::vector<Vec>& out32, std::vector<std::vector<uint16_t>>& out16, Vec& states) {
+    Dev<float> dx0(x[0]), dx1(x[1]), dx2(x[2]), dw0(w[0]), dw1(w[1]), dw2(w[2]), ds0(st[0]), ds1(st[1]), ds2(st[2]);
+    Dev<float> q(NC), k(NC), v(NC);
+    Dev<uint16_t> q16(NC), k16(NC), v16(NC);
+    std::vector<KdaSeq> seqs(ns);
+    for (size_t i = 0; i < ns; ++i)
+      seqs[i] = KdaSeq{nullptr, ds0.p + i * SC, ds1.p + i * SC, ds2.p + i * SC, b.offs[i], lens[i]};
+    Dev<KdaSeq> dseqs(seqs);
+    const int n = static_cast<int>(ns);
+    ck(bf16 ? k3::cuda::kda_conv_l2norm_bf16(dseqs.p, n, N, H, D, W, dx0.p, dx1.p, dx2.p, dw0.p, dw1.p, dw2.p, q16.p, k16.p,
+                                             v16.p, nullptr)
+            : k3::cuda::kda_conv_l2norm(dseqs.p, n, N, H, D, W, dx0.p, dx1.p, dx2.p, dw0.p, dw1.p, dw2.p, q.p, k.p, v.p,
+                                        nullptr),
+       "conv");
+    ck(cudaDeviceSynchronize(), "sync");
+    out32 = {q.get(), k.get(), v.get()};
+    out16 = {q16.get(), k16.get(), v16.get()};
+    states = ds0.get();
+    const Vec s1 = ds1.get(), s2 = ds2.get();
+    states.insert(states.end(), s1.begin(), s1.end());
+    states.insert(states.end(), s2.begin(), s2.end());
+  };
+  std::vector<Vec> f32, unused32;
+  std::vector<std::vector<uint16_t>> unused16, b16;
+  Vec st32, st16;
+  run(false, f32, unused16, st32);
+  run(true, unused32, b16, st16);
+  size_t differ = 0;
+  for (int m = 0; m < 3; ++m)
+    for (size_t i = 0; i < NC; ++i) differ += b16[m][i] != bf16_rn(f32[m][i]);
+  EXPECT_EQ(differ, 0u) << "bf16 conv outputs that are not the fp32 ones rounded";
+  EXPECT_EQ(st16, st32) << "the conv states differ between the two forms";
+
+  Vec g = r.normals(NC, 3.f), beta = r.normals(static_cast<size_t>(N) * H, 3.f);
+  const Vec dt_bias = r.normals(C, 1.f);
+  Vec A_log(H);
+  for (auto& a : A_log) a = r.uni(-1.f, 1.5f);
+  Dev<float> dg(g), db(beta), ddt(dt_bias), dA(A_log);
+  Dev<uint16_t> dg16(NC);
+  ck(k3::cuda::kda_gates(N, H, D, dg.p, ddt.p, dA.p, true, -5.f, db.p, nullptr, dg16.p), "gates");
+  ck(cudaDeviceSynchronize(), "sync");
+  const Vec g32 = dg.get();
+  const auto g16 = dg16.get();
+  size_t gdiffer = 0;
+  for (size_t i = 0; i < NC; ++i) gdiffer += g16[i] != bf16_rn(g32[i]);
+  EXPECT_EQ(gdiffer, 0u) << "bf16 decays that are not the fp32 ones rounded";
+  host_gates(N, H, D, g, dt_bias, A_log, true, -5.f, beta);
+  EXPECT_LT(rel_err(g32, g), 1e-5);  // and the fp32 decays are still right with the copy asked for
+  std::printf("[ kda ] bf16 forms: conv %zu of %zu differ, gates %zu differ\n", differ, 3 * NC, gdiffer);
 }
 
 TEST(CudaKda, GatesMatchHostLoop) {

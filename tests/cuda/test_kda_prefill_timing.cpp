@@ -98,10 +98,18 @@ void time_shape(Timer& tm, int ns, int T, int H) {
   const float conv = tm.ms([&] {
     return k3::cuda::kda_conv_l2norm(seqs.p, ns, N, H, D, W, xq.p, xk.p, xv.p, wq.p, wk.p, wv.p, qo.p, ko.p, vo.p, nullptr);
   }, reps);
+  const float conv16 = tm.ms([&] {
+    return k3::cuda::kda_conv_l2norm_bf16(seqs.p, ns, N, H, D, W, xq.p, xk.p, xv.p, wq.p, wk.p, wv.p, q16.p, k16.p,
+                                          v16.p, nullptr);
+  }, reps);
   // The gates run in place: on a copy each time would time the copy, so they run on graw again and again (the
   // arithmetic per element is the same whatever the values).
   const float gates = tm.ms([&] {
     return k3::cuda::kda_gates(N, H, D, graw.p, dt.p, A_log.p, true, -5.f, braw.p, nullptr);
+  }, reps);
+  Dev<uint16_t> gcopy(NC);
+  const float gates16 = tm.ms([&] {
+    return k3::cuda::kda_gates(N, H, D, graw.p, dt.p, A_log.p, true, -5.f, braw.p, nullptr, gcopy.p);
   }, reps);
   const float f32 = tm.ms([&] {
     return k3::cuda::kda_chunked(seqs.p, ns, N, H, D, 32, q.p, k.p, v.p, g.p, beta.p, o.p, ws.p, wsf, nullptr);
@@ -119,10 +127,11 @@ void time_shape(Timer& tm, int ns, int T, int H) {
   }, reps);
   const Vec out = o.get();
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
-  std::printf("[ timing ] kda prefill %d x %5d tokens, H=%2d: conv+l2 %.3f | gates %.3f | chunked32 f32 %.3f | tc f32-in %.3f"
-              " | tc bf16-in %.3f | out gate %.3f ms; layer f32 %.3f, tc f32-in %.3f, tc bf16-in %.3f ms\n",
-              ns, T, H, conv, gates, f32, tc32, tc16, outg, conv + gates + f32 + outg, conv + gates + tc32 + outg,
-              conv + gates + tc16 + outg);
+  std::printf("[ timing ] kda prefill %d x %5d tokens, H=%2d: conv+l2 %.3f (bf16 out %.3f) | gates %.3f (+bf16 copy %.3f)"
+              " | chunked32 f32 %.3f | tc f32-in %.3f | tc bf16-in %.3f | out gate %.3f ms; layer f32 %.3f, tc f32-in %.3f,"
+              " bf16 planes %.3f ms\n",
+              ns, T, H, conv, conv16, gates, gates16, f32, tc32, tc16, outg, conv + gates + f32 + outg,
+              conv + gates + tc32 + outg, conv16 + gates16 + tc16 + outg);
 }
 
 TEST(CudaKdaPrefill, TimingPieces) {

@@ -125,6 +125,13 @@ class CudaBackend final : public graph::Backend {
                graph::Tensor pq, graph::Tensor pk, graph::Tensor pv, graph::Tensor graw, graph::Tensor braw,
                graph::Tensor gate_proj, graph::Tensor o) override;
 
+  // kda_mix's prefill under --gemm-precision bf16 (cuda_backend_kda.cpp): q / k / v / g handed to the tensor-core
+  // chunk kernels as bf16 planes.
+  bool kda_bf16_prefill_ok() const;
+  void kda_prefill_bf16(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate,
+                        float eps, graph::Tensor pq, graph::Tensor pk, graph::Tensor pv, graph::Tensor graw,
+                        graph::Tensor braw, graph::Tensor gate_proj, graph::Tensor o);
+
   void mla_write_latents(int64_t layer, const graph::MlaDims& d, graph::Tensor lat) override;
   void mla_absorb_q(const MlaWeights& w, const graph::MlaDims& d, graph::Tensor q, graph::Tensor ql) override;
   void mla_attend_latent(int64_t layer, const graph::MlaDims& d, graph::Tensor ql, float scale,

@@ -150,6 +150,41 @@ void CudaBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& d, 
                                       w.o_norm.data(), eps, gate.f(), stream_));
 }
 
+// The prefill under --gemm-precision bf16, when every sequence of the step takes the chunk kernels (no decode-form
+// sequence needing fp32 q / k / v / g, no verification rounds): the conv writes q, k, v as bf16 bits and the gates
+// a bf16 copy of the decays, so kda_chunked_tc reads half the bytes and takes its bf16-input kernels (the persistent
+// intra kernel, the fused one where sequences x heads are many). q, k, v are the bits the chunk kernels made of fp32
+// inputs before; the decays are now rounded to bf16 before their cumulative sums (FLA's chunk_kda takes bf16 too).
+// K3_KDA_PREFILL_IN=f32 keeps the fp32 planes (the A/B).
+bool CudaBackend::kda_bf16_prefill_ok() const {
+  static const bool f32_forced = [] {
+    const char* e = std::getenv("K3_KDA_PREFILL_IN");
+    return e != nullptr && std::string(e) == "f32";
+  }();
+  return kda_tc_ && !f32_forced && sd_.n_chk > 0 && sd_.n_rec == 0 && sd_.kda_rounds.empty();
+}
+
+void CudaBackend::kda_prefill_bf16(int64_t layer, const KdaWeights& w, const graph::KdaDims& d,
+                                   const graph::KdaGate& gate, float eps, Tensor pq, Tensor pk, Tensor pv, Tensor graw,
+                                   Tensor braw, Tensor gate_proj, Tensor o) {
+  graph::ScratchScope scope(*this);
+  const int64_t N = pq.rows, C = d.channels();
+  const int H = static_cast<int>(d.heads), D = static_cast<int>(d.head_dim);
+  // scratch counts 4-byte elements: [N][C / 2] of them hold [N][C] bf16 (C = H x 128 is even)
+  auto plane = [&] { return static_cast<uint16_t*>(scratch(N, (C + 1) / 2, graph::ElemType::F32).data); };
+  uint16_t *q = plane(), *k = plane(), *v = plane(), *g = plane();
+  const size_t li = static_cast<size_t>(layer);
+  K3_CUDA_CHECK(cuda::kda_conv_l2norm_bf16(staged<const KdaSeq>(sd_.kda_all[li]), static_cast<int>(n_seqs_),
+                                           static_cast<int>(N), H, D, static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(),
+                                           w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), q, k, v, stream_));
+  K3_CUDA_CHECK(cuda::kda_gates(static_cast<int>(N), H, D, graw.f(), w.dt_bias.data(), w.A_log.data(), gate.bounded,
+                                gate.lower_bound, braw.f(), stream_, g));
+  K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(N), H, D,
+                                     sd_.kda_chunk == 64 ? 64 : 32, KdaInType::BF16, q, k, v, g, braw.f(), o.f(), nullptr,
+                                     KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+  kda_output_gate(w, d, eps, o, gate_proj);
+}
+
 void CudaBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate,
                           float eps, Tensor pq, Tensor pk, Tensor pv, Tensor graw, Tensor braw, Tensor gate_proj,
                           Tensor o) {
@@ -169,6 +204,8 @@ void CudaBackend::kda_mix(int64_t layer, const KdaWeights& w, const graph::KdaDi
                                    staged<const KdaSeq>(sd_.kda_snaps[li]), static_cast<int>(d.heads),
                                    static_cast<int>(d.head_dim), static_cast<int>(d.conv), in, o.f(),
                                    spec_.kda_state_dtype, stream_));
+  } else if (kda_bf16_prefill_ok()) {
+    kda_prefill_bf16(layer, w, d, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
   } else {
     Backend::kda_mix(layer, w, d, gate, eps, pq, pk, pv, graw, braw, gate_proj, o);
   }

@@ -729,13 +729,18 @@ inline size_t chunk_ws_layout(size_t N, int n_seqs, int H, int D, int L, char* p
 // ---------------------------------------------------------------------------------------------------
 // kda_conv_l2norm: grid (token tiles, H, n_seqs), D threads; thread = channel h*D + tid.
 
-template <int D, int W>
+// Out: float, or uint16_t for bf16 bits rounded to nearest even (the tensor-core prefill's inputs: the same bits
+// kda_chunked_tc makes of fp32 inputs, at half the bytes written and read).
+__device__ __forceinline__ void store_as(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_as(uint16_t* p, float x) { *p = f32_to_bf16_bits(x); }
+
+template <int D, int W, class Out>
 __global__ void __launch_bounds__(D)
     kda_conv_l2norm_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                            const float* __restrict__ xk, const float* __restrict__ xv,
                            const float* __restrict__ wq, const float* __restrict__ wk,
-                           const float* __restrict__ wv, float* __restrict__ q, float* __restrict__ k,
-                           float* __restrict__ v) {
+                           const float* __restrict__ wv, Out* __restrict__ q, Out* __restrict__ k,
+                           Out* __restrict__ v) {
   pdl::launch_dependents();
   constexpr int P = W - 1;
   constexpr int PS = P > 0 ? P : 1;
@@ -770,9 +775,9 @@ __global__ void __launch_bounds__(D)
     const float yv = conv_silu_at<W>(xv, C, c, sq.offset, t, w_v, s_v);
     const float2 ss = block_sum2<D>(yq * yq, yk * yk, red);
     const size_t at = static_cast<size_t>(sq.offset + t) * C + c;
-    q[at] = yq * (qscale / sqrtf(ss.x + 1e-6f));
-    k[at] = yk * (1.0f / sqrtf(ss.y + 1e-6f));
-    v[at] = yv;
+    store_as(q + at, yq * (qscale / sqrtf(ss.x + 1e-6f)));
+    store_as(k + at, yk * (1.0f / sqrtf(ss.y + 1e-6f)));
+    store_as(v + at, yv);
   }
   if (blockIdx.x == 0) {
     // New state = the last P inputs of [old state, x] (old values are in registers).
@@ -795,7 +800,7 @@ __global__ void __launch_bounds__(D)
 
 __global__ void kda_gates_kernel(long long NC, long long NH, int H, int D, float* __restrict__ g,
                                  const float* __restrict__ dt_bias, const float* __restrict__ A_log, bool bounded,
-                                 float lower_bound, float* __restrict__ beta) {
+                                 float lower_bound, float* __restrict__ beta, uint16_t* __restrict__ g_bf16) {
   pdl::launch_dependents();
   const long long C = static_cast<long long>(H) * D;
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < NC + NH;
@@ -803,7 +808,9 @@ __global__ void kda_gates_kernel(long long NC, long long NH, int H, int D, float
     if (i < NC) {
       const int c = static_cast<int>(i % C);
       const float a = expf(A_log[c / D]);
-      g[i] = gate_value(g[i] + dt_bias[c], a, bounded, lower_bound);
+      const float x = gate_value(g[i] + dt_bias[c], a, bounded, lower_bound);
+      g[i] = x;
+      if (g_bf16) g_bf16[i] = f32_to_bf16_bits(x);
     } else {
       beta[i - NC] = sigmoid(beta[i - NC]);
     }
@@ -1036,25 +1043,40 @@ cudaError_t launch_chunked_parallel(const KdaSeq* seqs, int n_seqs, int N, int H
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-template <int D, int W>
+template <int D, int W, class Out>
 cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const float* xq, const float* xk,
-                        const float* xv, const float* wq, const float* wk, const float* wv, float* q, float* k,
-                        float* v, cudaStream_t stream) {
+                        const float* xv, const float* wq, const float* wk, const float* wv, Out* q, Out* k,
+                        Out* v, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((N + kConvTile - 1) / kConvTile);
-  kda_conv_l2norm_kernel<D, W><<<dim3(tiles, H, n_seqs), D, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  kda_conv_l2norm_kernel<D, W, Out><<<dim3(tiles, H, n_seqs), D, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, class Out>
 cudaError_t launch_conv_d(int W, const KdaSeq* seqs, int n_seqs, int N, int H, const float* xq, const float* xk,
-                          const float* xv, const float* wq, const float* wk, const float* wv, float* q, float* k,
-                          float* v, cudaStream_t stream) {
+                          const float* xv, const float* wq, const float* wk, const float* wv, Out* q, Out* k,
+                          Out* v, cudaStream_t stream) {
   switch (W) {
     case 1: return launch_conv<D, 1>(seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
     case 2: return launch_conv<D, 2>(seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
     case 3: return launch_conv<D, 3>(seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
     case 4: return launch_conv<D, 4>(seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
     default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class Out>
+cudaError_t conv_l2norm_typed(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
+                              const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                              Out* q, Out* k, Out* v, cudaStream_t stream) {
+  static_assert(kConvTile >= kMaxConvW - 1, "tile 0 must hold every token that reads the old conv state");
+  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || n_seqs > 65535 || N < 0 || W < 1 || W > kMaxConvW)
+    return cudaErrorInvalidValue;
+  if (n_seqs == 0 || N == 0) return cudaSuccess;
+  switch (D) {
+    case 32: return launch_conv_d<32>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
+    case 64: return launch_conv_d<64>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
+    default: return launch_conv_d<128>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
   }
 }
 
@@ -1125,19 +1147,17 @@ cudaError_t launch_fused_any(int D, int W, const KdaSeq* seqs, const KdaSnapSeq*
 cudaError_t kda_conv_l2norm(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
                             const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
                             float* q, float* k, float* v, cudaStream_t stream) {
-  static_assert(kConvTile >= kMaxConvW - 1, "tile 0 must hold every token that reads the old conv state");
-  if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || n_seqs > 65535 || N < 0 || W < 1 || W > kMaxConvW)
-    return cudaErrorInvalidValue;
-  if (n_seqs == 0 || N == 0) return cudaSuccess;
-  switch (D) {
-    case 32: return launch_conv_d<32>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
-    case 64: return launch_conv_d<64>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
-    default: return launch_conv_d<128>(W, seqs, n_seqs, N, H, xq, xk, xv, wq, wk, wv, q, k, v, stream);
-  }
+  return conv_l2norm_typed(seqs, n_seqs, N, H, D, W, xq, xk, xv, wq, wk, wv, q, k, v, stream);
+}
+
+cudaError_t kda_conv_l2norm_bf16(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
+                                 const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                                 uint16_t* q, uint16_t* k, uint16_t* v, cudaStream_t stream) {
+  return conv_l2norm_typed(seqs, n_seqs, N, H, D, W, xq, xk, xv, wq, wk, wv, q, k, v, stream);
 }
 
 cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
-                      float lower_bound, float* beta, cudaStream_t stream) {
+                      float lower_bound, float* beta, cudaStream_t stream, uint16_t* g_bf16) {
   if (N < 0 || H <= 0 || D <= 0) return cudaErrorInvalidValue;
   const long long NC = static_cast<long long>(N) * H * D, NH = static_cast<long long>(N) * H;
   if (NC == 0) return cudaSuccess;
@@ -1145,7 +1165,7 @@ cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const
   const int threads = 256;
   const long long blocks = (total + threads - 1) / threads;
   kda_gates_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
-      NC, NH, H, D, g, dt_bias, A_log, bounded, lower_bound, beta);
+      NC, NH, H, D, g, dt_bias, A_log, bounded, lower_bound, beta, g_bf16);
   return cudaGetLastError();
 }
 

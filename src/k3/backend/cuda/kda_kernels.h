@@ -30,13 +30,17 @@ struct KdaSeq {
 cudaError_t kda_conv_l2norm(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
                             const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
                             float* q, float* k, float* v, cudaStream_t stream);
+// The same with q, k, v written as bf16 bits (round to nearest even): kda_chunked_tc's KdaInType::BF16 inputs.
+cudaError_t kda_conv_l2norm_bf16(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
+                                 const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
+                                 uint16_t* q, uint16_t* k, uint16_t* v, cudaStream_t stream);
 
 // Gates, in place. g: [N][C] f_b_proj output -> per-channel log decay:
 //   z = g + dt_bias[c];  bounded: lower_bound * sigmoid(exp(A_log[h]) * z);  else -exp(A_log[h]) * softplus(z)
 //   (softplus(z) = z for z > 20, else log1p(exp(z)))
-// beta: [N][H] b_proj output -> sigmoid(beta).
+// beta: [N][H] b_proj output -> sigmoid(beta). g_bf16 (optional, [N][C]): also receives each decay as bf16 bits.
 cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
-                      float lower_bound, float* beta, cudaStream_t stream);
+                      float lower_bound, float* beta, cudaStream_t stream, uint16_t* g_bf16 = nullptr);
 
 // The gated delta rule, token by token over each sequence's rows (cpu::kda_recurrent semantics):
 //   S = diag(exp(g_t)) S;  u = beta_t (v_t - S^T k_t);  S += k_t u^T;  o_t = S^T q_t
