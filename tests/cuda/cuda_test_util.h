@@ -55,6 +55,18 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
   return v;
 }
 
+// n values in [lo, hi) from a linear congruential generator: cheap for the timing tests' 10^8-element inputs (a
+// Mersenne twister over them would dominate the run time).
+inline std::vector<float> lcg_fill(size_t n, float lo, float hi, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = lo + (hi - lo) * static_cast<float>(s >> 8) * (1.0f / 16777216.0f);
+  }
+  return v;
+}
+
 // max |got - ref| / max |ref| (at least 1e-30); infinity for a size mismatch or any non-finite output.
 inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
   if (got.size() != ref.size()) return INFINITY;

@@ -640,16 +640,7 @@ TEST(CudaKda, Timing) {
     ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
     return ms / reps;
   };
-  // Cheap deterministic fill (the Mersenne twister over 10^8 values would dominate the test's run time).
-  auto fill = [](size_t n, float lo, float hi, uint32_t seed) {
-    Vec v(n);
-    uint32_t s = seed * 2654435761u + 1;
-    for (auto& x : v) {
-      s = s * 1664525u + 1013904223u;
-      x = lo + (hi - lo) * static_cast<float>(s >> 8) * (1.0f / 16777216.0f);
-    }
-    return v;
-  };
+  const auto fill = k3cudatest::lcg_fill;
 
   // Prefill: 1 x 4096 and 8 x 512 tokens.
   for (int ns : {1, 8}) {

@@ -27,17 +27,6 @@ using k3cudatest::ck;
 using k3cudatest::Dev;
 using Vec = std::vector<float>;
 
-// Cheap deterministic fill in [lo, hi) (a Mersenne twister over 10^8 values would dominate the run time).
-Vec fill(size_t n, float lo, float hi, uint32_t seed) {
-  Vec v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = lo + (hi - lo) * static_cast<float>(s >> 8) * (1.0f / 16777216.0f);
-  }
-  return v;
-}
-
 std::vector<uint16_t> bf16_bits(const Vec& x) {
   std::vector<uint16_t> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -47,31 +36,14 @@ std::vector<uint16_t> bf16_bits(const Vec& x) {
   return r;
 }
 
-struct Timer {
-  cudaEvent_t e0{}, e1{};
-  Timer() {
-    ck(cudaEventCreate(&e0), "event");
-    ck(cudaEventCreate(&e1), "event");
-  }
-  ~Timer() {
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-  }
-  template <class F>
-  float ms(F&& fn, int reps) {  // mean of reps after one warm-up
-    ck(fn(), "warm-up");
-    ck(cudaDeviceSynchronize(), "sync");
-    ck(cudaEventRecord(e0, nullptr), "record");
-    for (int i = 0; i < reps; ++i) ck(fn(), "timed");
-    ck(cudaEventRecord(e1, nullptr), "record");
-    ck(cudaEventSynchronize(e1), "sync");
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-    return t / static_cast<float>(reps);
-  }
-};
+// Milliseconds a call of fn (returning a cudaError_t) after one warm-up, the mean of reps.
+template <class F>
+float ms_per_call(F&& fn, int reps) {
+  return static_cast<float>(k3cudatest::event_us(1, reps, [&](int) { ck(fn(), "launch"); }) / 1000.0);
+}
 
-void time_shape(Timer& tm, int ns, int T, int H) {
+void time_shape(int ns, int T, int H) {
+  const auto fill = k3cudatest::lcg_fill;
   constexpr int D = 128, W = 4, P = W - 1;
   const int C = H * D, N = ns * T;
   const size_t NC = static_cast<size_t>(N) * C, SS = static_cast<size_t>(H) * D * D, SC = static_cast<size_t>(C) * P;
@@ -95,34 +67,34 @@ void time_shape(Timer& tm, int ns, int T, int H) {
   Dev<char> ws(std::max(wsf, wst));
   const int reps = 5;
 
-  const float conv = tm.ms([&] {
+  const float conv = ms_per_call([&] {
     return k3::cuda::kda_conv_l2norm(seqs.p, ns, N, H, D, W, xq.p, xk.p, xv.p, wq.p, wk.p, wv.p, qo.p, ko.p, vo.p, nullptr);
   }, reps);
-  const float conv16 = tm.ms([&] {
+  const float conv16 = ms_per_call([&] {
     return k3::cuda::kda_conv_l2norm_bf16(seqs.p, ns, N, H, D, W, xq.p, xk.p, xv.p, wq.p, wk.p, wv.p, q16.p, k16.p,
                                           v16.p, nullptr);
   }, reps);
   // The gates run in place: on a copy each time would time the copy, so they run on graw again and again (the
   // arithmetic per element is the same whatever the values).
-  const float gates = tm.ms([&] {
+  const float gates = ms_per_call([&] {
     return k3::cuda::kda_gates(N, H, D, graw.p, dt.p, A_log.p, true, -5.f, braw.p, nullptr);
   }, reps);
   Dev<uint16_t> gcopy(NC);
-  const float gates16 = tm.ms([&] {
+  const float gates16 = ms_per_call([&] {
     return k3::cuda::kda_gates(N, H, D, graw.p, dt.p, A_log.p, true, -5.f, braw.p, nullptr, gcopy.p);
   }, reps);
-  const float f32 = tm.ms([&] {
+  const float f32 = ms_per_call([&] {
     return k3::cuda::kda_chunked(seqs.p, ns, N, H, D, 32, q.p, k.p, v.p, g.p, beta.p, o.p, ws.p, wsf, nullptr);
   }, reps);
-  const float tc32 = tm.ms([&] {
+  const float tc32 = ms_per_call([&] {
     return k3::cuda::kda_chunked_tc(seqs.p, ns, N, H, D, 32, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr,
                                     k3::cuda::KdaTcTuning{}, ws.p, wst, nullptr);
   }, reps);
-  const float tc16 = tm.ms([&] {
+  const float tc16 = ms_per_call([&] {
     return k3::cuda::kda_chunked_tc(seqs.p, ns, N, H, D, 32, KdaInType::BF16, q16.p, k16.p, v16.p, g16.p, beta.p, o.p,
                                     nullptr, k3::cuda::KdaTcTuning{}, ws.p, wst, nullptr);
   }, reps);
-  const float outg = tm.ms([&] {
+  const float outg = ms_per_call([&] {
     return k3::cuda::kda_output_gate(N, H, D, o.p, nw.p, 1e-5f, gate.p, nullptr);
   }, reps);
   const Vec out = o.get();
@@ -136,11 +108,10 @@ void time_shape(Timer& tm, int ns, int T, int H) {
 
 TEST(CudaKdaPrefill, TimingPieces) {
   SKIP_WITHOUT_GPU();
-  Timer tm;
-  time_shape(tm, 1, 4096, 32);
-  time_shape(tm, 8, 512, 32);
-  time_shape(tm, 1, 4096, 96);
-  time_shape(tm, 1, 8192, 96);
+  time_shape(1, 4096, 32);
+  time_shape(8, 512, 32);
+  time_shape(1, 4096, 96);
+  time_shape(1, 8192, 96);
 }
 
 }  // namespace

@@ -66,47 +66,71 @@ std::vector<float> round_bf16(std::vector<float> x) {
   return x;
 }
 
+struct Case {
+  int nh;
+  int64_t offset, n, past;
+};
+
+// One case's random operands (3 rows after the written ones, whose output must stay poison).
+struct Operands {
+  int64_t S = 0, rows = 0;
+  std::vector<float> q, kv, lat;
+  Operands(const Case& k, uint64_t& seed, float qscale)
+      : S(k.past + k.n), rows(k.offset + k.n + 3),
+        q(randn(static_cast<size_t>(rows * k.nh * kQk), ++seed, qscale)),
+        kv(randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f)),
+        lat(randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f)) {}
+};
+
+constexpr float kPoison = 12345.f;
+
+// The kernel on copies of the operands; the whole output buffer back, and whether the latents before the rope
+// slots (which the split pass rewrites in place) came back unchanged.
+std::vector<float> run_flash(const Case& k, const Operands& x, float scale, bool bf16, bool* latents_kept) {
+  std::vector<float> poison(static_cast<size_t>(x.rows * k.nh * kDv), kPoison);
+  Dev<float> dq(x.q), dkv(x.kv), dlat(x.lat), dout(poison);
+  EXPECT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
+                                        k.past, scale, dout.p, nullptr, bf16),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto lat_after = dlat.get();
+  *latents_kept = true;
+  for (int64_t s = 0; s < x.S; ++s)
+    for (int i = 0; i < kKrOff; ++i)
+      if (lat_after[static_cast<size_t>(s * kKrStride + i)] != x.lat[static_cast<size_t>(s * kKrStride + i)]) *latents_kept = false;
+  return dout.get();
+}
+
+// max |got - ref| / max |ref| over the written rows, and whether every other row kept the poison.
+double written_rel(const Case& k, const Operands& x, const std::vector<float>& got, const std::vector<double>& ref,
+                   bool* poison_kept) {
+  double md = 0, mr = 0;
+  for (int64_t i = 0; i < k.n * k.nh * kDv; ++i) {
+    const double g = got[static_cast<size_t>(k.offset * k.nh * kDv + i)], r = ref[static_cast<size_t>(i)];
+    md = std::max(md, std::fabs(g - r));
+    mr = std::max(mr, std::fabs(r));
+  }
+  *poison_kept = true;
+  for (int64_t i = 0; i < x.rows * k.nh * kDv; ++i) {
+    const bool written = i >= k.offset * k.nh * kDv && i < (k.offset + k.n) * k.nh * kDv;
+    if (!written && got[static_cast<size_t>(i)] != kPoison) *poison_kept = false;
+  }
+  return md / std::max(mr, 1e-30);
+}
+
 TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    int nh;
-    int64_t offset, n, past;
-  };
   uint64_t seed = 900;
   for (const Case k : {Case{1, 0, 64, 0}, Case{3, 0, 1, 0}, Case{3, 5, 70, 0}, Case{3, 2, 130, 37}, Case{1, 0, 200, 64},
                        Case{3, 1, 1, 100}, Case{1, 0, 700, 2500}})  // the last: ~50 key steps, the running max settled
     for (const float qscale : {0.2f, 2.0f}) {
-      const int64_t S = k.past + k.n, rows = k.offset + k.n + 3;  // 3 rows after the written ones stay poison
-      const auto q = randn(static_cast<size_t>(rows * k.nh * kQk), ++seed, qscale);
-      const auto kv = randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f);
-      const auto lat = randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f);
-      std::vector<float> poison(static_cast<size_t>(rows * k.nh * kDv), 12345.f);
-      Dev<float> dq(q), dkv(kv), dlat(lat), dout(poison);
+      const Operands x(k, seed, qscale);
       const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
-      ASSERT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
-                                            k.past, scale, dout.p, nullptr),
-                cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto got = dout.get();
-      const auto lat_after = dlat.get();  // the rope slots are rewritten in place; the latents before them are not
-      bool latents_kept = true;
-      for (int64_t s = 0; s < S; ++s)
-        for (int i = 0; i < kKrOff; ++i)
-          if (lat_after[static_cast<size_t>(s * kKrStride + i)] != lat[static_cast<size_t>(s * kKrStride + i)]) latents_kept = false;
+      bool latents_kept = false, poison_kept = false;
+      const auto got = run_flash(k, x, scale, false, &latents_kept);
       std::vector<double> ref;
-      reference(q, kv, lat, k.nh, k.offset, k.n, k.past, scale, ref);
-      double md = 0, mr = 0;
-      for (int64_t i = 0; i < k.n * k.nh * kDv; ++i) {
-        const double g = got[static_cast<size_t>(k.offset * k.nh * kDv + i)], r = ref[static_cast<size_t>(i)];
-        md = std::max(md, std::fabs(g - r));
-        mr = std::max(mr, std::fabs(r));
-      }
-      bool poison_kept = true;
-      for (int64_t i = 0; i < rows * k.nh * kDv; ++i) {
-        const bool written = i >= k.offset * k.nh * kDv && i < (k.offset + k.n) * k.nh * kDv;
-        if (!written && got[static_cast<size_t>(i)] != 12345.f) poison_kept = false;
-      }
-      const double rel = md / std::max(mr, 1e-30);
+      reference(x.q, x.kv, x.lat, k.nh, k.offset, k.n, k.past, scale, ref);
+      const double rel = written_rel(k, x, got, ref, &poison_kept);
       std::printf("[ mla ] flash prefill nh %d n %4lld past %3lld q x %.1f: rel %.2e\n", k.nh, static_cast<long long>(k.n),
                   static_cast<long long>(k.past), qscale, rel);
       EXPECT_LT(rel, qscale < 1.f ? 1e-4 : 5e-4) << "nh " << k.nh << " n " << k.n << " past " << k.past;
@@ -121,48 +145,28 @@ TEST(CudaMlaPrefillFlash, MatchesFloat64Reference) {
 // output must also differ from the hi / lo form's on the same inputs (else the form did not switch).
 TEST(CudaMlaPrefillFlash, Bf16ProductsMatchRoundedReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    int nh;
-    int64_t offset, n, past;
-  };
   uint64_t seed = 1900;
   for (const Case k : {Case{1, 0, 64, 0}, Case{3, 5, 70, 0}, Case{3, 2, 130, 37}, Case{3, 1, 1, 100}, Case{1, 0, 700, 2500}})
     for (const float qscale : {0.2f, 2.0f}) {
-      const int64_t S = k.past + k.n, rows = k.offset + k.n + 3;
-      const auto q = randn(static_cast<size_t>(rows * k.nh * kQk), ++seed, qscale);
-      const auto kv = randn(static_cast<size_t>(S * k.nh * (kDn + kDv)), ++seed, 1.f);
-      const auto lat = randn(static_cast<size_t>(S * kKrStride), ++seed, 1.f);
+      const Operands x(k, seed, qscale);
       const float scale = 1.0f / std::sqrt(static_cast<float>(kQk));
-      auto run = [&](bool bf16) {
-        std::vector<float> poison(static_cast<size_t>(rows * k.nh * kDv), 12345.f);
-        Dev<float> dq(q), dkv(kv), dlat(lat), dout(poison);
-        EXPECT_EQ(k3::cuda::mla_prefill_flash(dq.p, dkv.p, dlat.p + kKrOff, kKrStride, k.nh, kDn, kDr, kDv, k.offset, k.n,
-                                              k.past, scale, dout.p, nullptr, bf16),
-                  cudaSuccess);
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        return dout.get();
-      };
-      const auto got = run(true), x2 = run(false);
+      bool latents_kept = false, poison_kept = false, unused = false;
+      const auto got = run_flash(k, x, scale, true, &latents_kept), x2 = run_flash(k, x, scale, false, &unused);
       std::vector<double> ref;
-      reference(round_bf16(q), round_bf16(kv), round_bf16(lat), k.nh, k.offset, k.n, k.past, scale, ref);
-      double md = 0, mr = 0, dx = 0;
+      reference(round_bf16(x.q), round_bf16(x.kv), round_bf16(x.lat), k.nh, k.offset, k.n, k.past, scale, ref);
+      const double rel = written_rel(k, x, got, ref, &poison_kept);
+      double dx = 0, mr = 0;
       for (int64_t i = 0; i < k.n * k.nh * kDv; ++i) {
         const size_t at = static_cast<size_t>(k.offset * k.nh * kDv + i);
-        md = std::max(md, std::fabs(got[at] - ref[static_cast<size_t>(i)]));
-        mr = std::max(mr, std::fabs(ref[static_cast<size_t>(i)]));
         dx = std::max(dx, static_cast<double>(std::fabs(got[at] - x2[at])));
+        mr = std::max(mr, std::fabs(ref[static_cast<size_t>(i)]));
       }
-      bool poison_kept = true;
-      for (int64_t i = 0; i < rows * k.nh * kDv; ++i) {
-        const bool written = i >= k.offset * k.nh * kDv && i < (k.offset + k.n) * k.nh * kDv;
-        if (!written && got[static_cast<size_t>(i)] != 12345.f) poison_kept = false;
-      }
-      const double rel = md / std::max(mr, 1e-30);
       std::printf("[ mla ] flash prefill bf16 nh %d n %4lld past %4lld q x %.1f: rel %.2e (vs hi/lo form %.2e)\n", k.nh,
                   static_cast<long long>(k.n), static_cast<long long>(k.past), qscale, rel, dx / std::max(mr, 1e-30));
       EXPECT_LT(rel, 1e-2) << "nh " << k.nh << " n " << k.n << " past " << k.past;
       EXPECT_GT(dx, 0.0) << "the bf16 form gave the hi / lo form's bits: it did not run";
       EXPECT_TRUE(poison_kept) << "a row outside [offset, offset + n) was written";
+      EXPECT_TRUE(latents_kept) << "the split pass wrote outside the rope slots";
     }
 }
 
