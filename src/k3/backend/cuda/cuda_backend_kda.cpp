@@ -102,6 +102,7 @@ void CudaBackend::run_copies(size_t staged_segs, int n) {
 
 void CudaBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const graph::KdaDims& d, Tensor pq, Tensor pk,
                                   Tensor pv, Tensor q, Tensor k, Tensor v) {
+  const ProfRegion region(prof_, "kda/conv", stream_);
   auto conv = [&](const KdaSeq* seqs, int n) {
     K3_CUDA_CHECK(cuda::kda_conv_l2norm(seqs, n, static_cast<int>(pq.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim),
                                         static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(), w.q_conv.data(), w.k_conv.data(),
@@ -116,12 +117,14 @@ void CudaBackend::kda_conv_l2norm(int64_t layer, const KdaWeights& w, const grap
 
 void CudaBackend::kda_gates(const KdaWeights& w, const graph::KdaDims& d, const graph::KdaGate& gate, Tensor g,
                             Tensor beta) {
+  const ProfRegion region(prof_, "kda/gates", stream_);
   K3_CUDA_CHECK(cuda::kda_gates(static_cast<int>(g.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim), g.f(),
                                 w.dt_bias.data(), w.A_log.data(), gate.bounded, gate.lower_bound, beta.f(), stream_));
 }
 
 void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor q, Tensor k, Tensor v, Tensor g,
                                  Tensor beta, Tensor o) {
+  const ProfRegion region(prof_, "kda/chunk", stream_);
   const size_t li = static_cast<size_t>(layer);
   const int Hk = static_cast<int>(d.heads), D = static_cast<int>(d.head_dim);
   if (!sd_.kda_rounds.empty()) {  // speculative verification: the decode-form pieces round by round
@@ -146,8 +149,10 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
 }
 
 void CudaBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& d, float eps, Tensor o, Tensor gate) {
+  prof_.begin("kda/out gate", stream_);
   K3_CUDA_CHECK(cuda::kda_output_gate(static_cast<int>(o.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim), o.f(),
                                       w.o_norm.data(), eps, gate.f(), stream_));
+  prof_.end(stream_);
 }
 
 // The prefill under --gemm-precision bf16, when every sequence of the step takes the chunk kernels (no decode-form
@@ -174,14 +179,20 @@ void CudaBackend::kda_prefill_bf16(int64_t layer, const KdaWeights& w, const gra
   auto plane = [&] { return static_cast<uint16_t*>(scratch(N, (C + 1) / 2, graph::ElemType::F32).data); };
   uint16_t *q = plane(), *k = plane(), *v = plane(), *g = plane();
   const size_t li = static_cast<size_t>(layer);
+  prof_.begin("kda/conv", stream_);
   K3_CUDA_CHECK(cuda::kda_conv_l2norm_bf16(staged<const KdaSeq>(sd_.kda_all[li]), static_cast<int>(n_seqs_),
                                            static_cast<int>(N), H, D, static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(),
                                            w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), q, k, v, stream_));
+  prof_.end(stream_);
+  prof_.begin("kda/gates", stream_);
   K3_CUDA_CHECK(cuda::kda_gates(static_cast<int>(N), H, D, graw.f(), w.dt_bias.data(), w.A_log.data(), gate.bounded,
                                 gate.lower_bound, braw.f(), stream_, g));
+  prof_.end(stream_);
+  prof_.begin("kda/chunk", stream_);
   K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(N), H, D,
                                      sd_.kda_chunk == 64 ? 64 : 32, KdaInType::BF16, q, k, v, g, braw.f(), o.f(), nullptr,
                                      KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+  prof_.end(stream_);
   kda_output_gate(w, d, eps, o, gate_proj);
 }
 

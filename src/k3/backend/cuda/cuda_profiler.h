@@ -64,8 +64,11 @@ class Profiler {
   }
   void print() const {
     if (!on_ || totals_.empty()) return;
+    // A category with a '/' is a part of an enclosing region ("kda/conv" inside "kda core"): left out of the total,
+    // its share given of the whole as the others' are.
     double all = 0;
-    for (auto& [k, v] : totals_) all += v.first;
+    for (auto& [k, v] : totals_)
+      if (k.find('/') == std::string::npos) all += v.first;
     std::fprintf(stderr, "k3 cuda profile (eager path; GPU time per region):\n");
     for (auto& [k, v] : totals_)
       std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  %8lld calls\n", k.c_str(), v.first, 100.0 * v.first / all,
@@ -97,6 +100,19 @@ class Profiler {
   std::vector<Region> open_, done_;
   std::vector<cudaEvent_t> pool_, free_;
   std::map<std::string, std::pair<double, int64_t>> totals_, host_totals_;
+};
+
+// A region for the length of a scope (functions with several returns).
+class ProfRegion {
+ public:
+  ProfRegion(Profiler& p, const char* cat, cudaStream_t s) : p_(p), s_(s) { p_.begin(cat, s_); }
+  ~ProfRegion() { p_.end(s_); }
+  ProfRegion(const ProfRegion&) = delete;
+  ProfRegion& operator=(const ProfRegion&) = delete;
+
+ private:
+  Profiler& p_;
+  cudaStream_t s_;
 };
 
 }  // namespace k3::cuda
