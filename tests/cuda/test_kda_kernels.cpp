@@ -451,10 +451,11 @@ TEST(CudaKda, Bf16OutputsAreTheFp32OnesRounded) {
 
 TEST(CudaKda, GatesMatchHostLoop) {
   SKIP_WITHOUT_GPU();
+  // N = 70001 x 1 x 32: more rows than the kernel's 65535 blocks (its row loop)
   for (int D : {32, 128})
     for (int H : {1, 3})
       for (bool bounded : {true, false}) {
-        const int N = 37, C = H * D;
+        const int N = D == 32 && H == 1 && bounded ? 70001 : 37, C = H * D;
         Rng r(500 + D + H + bounded);
         Vec g = r.normals(static_cast<size_t>(N) * C, 3.f), beta = r.normals(static_cast<size_t>(N) * H, 3.f);
         for (size_t i = 0; i < g.size(); i += 97) g[i] = 25.f;  // softplus' linear branch
@@ -466,7 +467,7 @@ TEST(CudaKda, GatesMatchHostLoop) {
         ck(cudaDeviceSynchronize(), "sync");
         host_gates(N, H, D, g, dt_bias, A_log, bounded, -5.f, beta);
         const double eg = rel_err(dg.get(), g), eb = rel_err(db.get(), beta);
-        std::printf("[ kda ] gates D=%3d H=%d bounded=%d  g %.2e  beta %.2e\n", D, H, bounded, eg, eb);
+        std::printf("[ kda ] gates N=%5d D=%3d H=%d bounded=%d  g %.2e  beta %.2e\n", N, D, H, bounded, eg, eb);
         EXPECT_LT(eg, 1e-5);
         EXPECT_LT(eb, 1e-5);
       }
@@ -592,6 +593,7 @@ TEST(CudaKda, FusedDecodeEqualsUnfusedChain) {
 
 TEST(CudaKda, RejectsBadShapes) {
   using namespace k3::cuda;
+  EXPECT_EQ(kda_gates(1, 1, 6, nullptr, nullptr, nullptr, true, -5.f, nullptr, nullptr), cudaErrorInvalidValue);  // D % 4
   EXPECT_EQ(kda_recurrent(nullptr, 1, 1, 48, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(kda_chunked(nullptr, 1, 16, 1, 64, 48, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0,

@@ -35,11 +35,10 @@
 //   For 1 x 4096 tokens, H = 32, D = 128 that is 2048 intra blocks and 128 state blocks of 64 chunks.
 //   (The first, serial one-block-per-(seq, head) kernel and the overload without a workspace are gone: the
 //   model always passes a workspace and 16-byte-aligned rows.)
-// - kda_conv_l2norm: block of D threads per (tile of 16 tokens, head, seq); each thread one channel.
-//   The conv of token t reads its W inputs directly (x rows, or the old conv state for t < W-1), so
-//   token tiles run in parallel; only tile 0 touches the state (it alone reads it, as 16 >= W-1),
-//   writing the new state after it has read the old one into registers. The per-head L2 norm is a
-//   block reduction per token.
+// - kda_conv_l2norm: a warp per (tile of 32 tokens, head, seq), D / 32 channels a lane, the last W - 1 inputs
+//   in registers as it walks the tile (token tiles run in parallel: a tile's first W - 1 inputs are read again);
+//   only tile 0 touches the state (it alone reads it, as 32 >= W-1), writing the new state after it has read the
+//   old one into registers. The per-head L2 norm is a warp sum per token.
 // - kda_decode_fused: a thread-block cluster of D/32 blocks of D threads per (seq, head); block z owns value
 //   columns [32 z, 32 z + 32) of the state (16 KB) and thread d is channel d for the conv, norms and gates
 //   (every block computes them for all D channels: the k.s and q.s dot products need the whole of q and k).
@@ -65,7 +64,6 @@
 namespace k3::cuda {
 namespace {
 
-constexpr int kConvTile = 16;  // tokens per conv block; must be >= W-1 (see above)
 constexpr int kMaxConvW = 4;   // the models use 4
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -727,110 +725,204 @@ inline size_t chunk_ws_layout(size_t N, int n_seqs, int H, int D, int L, char* p
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_conv_l2norm: grid (token tiles, H, n_seqs), D threads; thread = channel h*D + tid.
+// The prefill's elementwise kernels: a warp per (row or token tile, head), V = D / 32 consecutive channels a lane
+// (one float4 at D = 128), the per-head sums by shuffles. Session 58 measured the block-per-(row, head) forms they
+// replace at 1.2-1.9 TB/s (1 x 4096 tokens x 96 heads: conv 0.585 ms, gates 0.262, output gate 0.475): blocks of
+// 128 threads with two block reductions a token, a 64-bit modulo per decay.
 
-// Out: float, or uint16_t for bf16 bits rounded to nearest even (the tensor-core prefill's inputs: the same bits
+// V consecutive floats (16-byte, 8-byte or 4-byte aligned as V is 4, 2, 1).
+template <int V>
+__device__ __forceinline__ void load_v(const float* __restrict__ p, float (&x)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+  } else if constexpr (V == 2) {
+    const float2 t = *reinterpret_cast<const float2*>(p);
+    x[0] = t.x, x[1] = t.y;
+  } else {
+    x[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, const float (&x)[V]) {
+  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  else if constexpr (V == 2) *reinterpret_cast<float2*>(p) = make_float2(x[0], x[1]);
+  else *p = x[0];
+}
+// The conv's Out = uint16_t: bf16 bits rounded to nearest even (the tensor-core prefill's inputs: the same bits
 // kda_chunked_tc makes of fp32 inputs, at half the bytes written and read).
-__device__ __forceinline__ void store_as(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store_as(uint16_t* p, float x) { *p = f32_to_bf16_bits(x); }
+template <int V>
+__device__ __forceinline__ void store_v(uint16_t* p, const float (&x)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(f32_to_bf16_bits(x[0]) | (static_cast<uint32_t>(f32_to_bf16_bits(x[1])) << 16),
+                                              f32_to_bf16_bits(x[2]) | (static_cast<uint32_t>(f32_to_bf16_bits(x[3])) << 16));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = f32_to_bf16_bits(x[i]);
+  }
+}
 
+constexpr int kConvWarpTile = 32;  // tokens a warp walks (>= W - 1: only tile 0 reads the old conv state)
+constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output-gate kernels
+
+// kda_conv_l2norm: grid (token tiles, ceil(H / 4), n_seqs), 4 warps; warp = head blockIdx.y * 4 + warp, lane = channels
+// [lane V, lane V + V) of it. The warp walks its tile's tokens with the last W - 1 inputs of each channel in registers
+// (one read of every input row, W - 1 more at the tile's start); the L2 norms are warp sums. Tile 0 alone reads the
+// old conv state and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers
+// and x, which nothing in this call writes.
 template <int D, int W, class Out>
-__global__ void __launch_bounds__(D)
+__global__ void __launch_bounds__(32 * kEwWarps)
     kda_conv_l2norm_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                            const float* __restrict__ xk, const float* __restrict__ xv,
                            const float* __restrict__ wq, const float* __restrict__ wk,
                            const float* __restrict__ wv, Out* __restrict__ q, Out* __restrict__ k,
                            Out* __restrict__ v) {
   pdl::launch_dependents();
-  constexpr int P = W - 1;
-  constexpr int PS = P > 0 ? P : 1;
-  __shared__ float2 red[D / 32];
+  constexpr int P = W - 1, PS = P > 0 ? P : 1, V = D / 32;
   const KdaSeq sq = seqs[blockIdx.z];
-  const int t_begin = blockIdx.x * kConvTile;
-  if (t_begin >= sq.n) return;  // uniform over the block
-  const int t_end = min(sq.n, t_begin + kConvTile);
-  const int h = blockIdx.y, C = H * D, c = h * D + threadIdx.x;
-
-  float w_q[W], w_k[W], w_v[W];
+  const int h = blockIdx.y * kEwWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t_begin = blockIdx.x * kConvWarpTile;
+  if (h >= H || t_begin >= sq.n) return;  // no block-wide barrier below
+  const int t_end = min(sq.n, t_begin + kConvWarpTile);
+  const int C = H * D, c0 = h * D + lane * V;
+  const float* x[3] = {xq, xk, xv};
+  const float* wt[3] = {wq, wk, wv};
+  float* cs[3] = {sq.conv_q, sq.conv_k, sq.conv_v};
+  float w[3][V][W], win[3][V][PS];  // taps; the last P inputs, oldest first
 #pragma unroll
-  for (int j = 0; j < W; ++j) {
-    w_q[j] = wq[static_cast<size_t>(c) * W + j];
-    w_k[j] = wk[static_cast<size_t>(c) * W + j];
-    w_v[j] = wv[static_cast<size_t>(c) * W + j];
+  for (int m = 0; m < 3; ++m)
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+#pragma unroll
+      for (int j = 0; j < W; ++j) w[m][e][j] = wt[m][static_cast<size_t>(c0 + e) * W + j];
+#pragma unroll
+  for (int j = 0; j < P; ++j) {  // inputs t_begin - P + j: the old state where that is before the sequence
+    const int tau = t_begin - P + j;
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      float r[V];
+      if (tau < 0) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) r[e] = cs[m][static_cast<size_t>(c0 + e) * P + P + tau];
+      } else {
+        load_v<V>(x[m] + static_cast<size_t>(sq.offset + tau) * C + c0, r);
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) win[m][e][j < P ? j : 0] = r[e];
+    }
   }
-  // Old conv state: only tile 0 reads it (kConvTile >= P), and only tile 0 rewrites it below.
-  float s_q[PS] = {}, s_k[PS] = {}, s_v[PS] = {};
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0) {  // the new state: inputs n - P .. n - 1 of [old state, x] (old values are in win)
 #pragma unroll
     for (int j = 0; j < P; ++j) {
-      s_q[j] = sq.conv_q[static_cast<size_t>(c) * P + j];
-      s_k[j] = sq.conv_k[static_cast<size_t>(c) * P + j];
-      s_v[j] = sq.conv_v[static_cast<size_t>(c) * P + j];
+      const int tau = sq.n - P + j;
+#pragma unroll
+      for (int m = 0; m < 3; ++m) {
+        float r[V];
+        if (tau < 0) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) r[e] = pick(win[m][e], P + tau);
+        } else {
+          load_v<V>(x[m] + static_cast<size_t>(sq.offset + tau) * C + c0, r);
+        }
+#pragma unroll
+        for (int e = 0; e < V; ++e) cs[m][static_cast<size_t>(c0 + e) * P + j] = r[e];
+      }
     }
   }
   const float qscale = 1.0f / sqrtf(static_cast<float>(D));
   for (int t = t_begin; t < t_end; ++t) {
-    const float yq = conv_silu_at<W>(xq, C, c, sq.offset, t, w_q, s_q);
-    const float yk = conv_silu_at<W>(xk, C, c, sq.offset, t, w_k, s_k);
-    const float yv = conv_silu_at<W>(xv, C, c, sq.offset, t, w_v, s_v);
-    const float2 ss = block_sum2<D>(yq * yq, yk * yk, red);
-    const size_t at = static_cast<size_t>(sq.offset + t) * C + c;
-    store_as(q + at, yq * (qscale / sqrtf(ss.x + 1e-6f)));
-    store_as(k + at, yk * (1.0f / sqrtf(ss.y + 1e-6f)));
-    store_as(v + at, yv);
-  }
-  if (blockIdx.x == 0) {
-    // New state = the last P inputs of [old state, x] (old values are in registers).
+    const size_t at = static_cast<size_t>(sq.offset + t) * C + c0;
+    float y[3][V];
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int tau = sq.n - P + j;
-      const size_t at = static_cast<size_t>(sq.offset + tau) * C + c;
-      const size_t sa = static_cast<size_t>(c) * P + j;
-      if constexpr (P > 0) {
-        sq.conv_q[sa] = tau < 0 ? pick(s_q, P + tau) : xq[at];
-        sq.conv_k[sa] = tau < 0 ? pick(s_k, P + tau) : xk[at];
-        sq.conv_v[sa] = tau < 0 ? pick(s_v, P + tau) : xv[at];
+    for (int m = 0; m < 3; ++m) {
+      float in[V];
+      load_v<V>(x[m] + at, in);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float acc = 0.f;  // taps in cpu::short_conv_silu's order: oldest input first
+#pragma unroll
+        for (int j = 0; j < P; ++j) acc += w[m][e][j] * win[m][e][j];
+        acc += w[m][e][P] * in[e];
+        y[m][e] = silu(acc);
+#pragma unroll
+        for (int j = 0; j + 1 < P; ++j) win[m][e][j] = win[m][e][j + 1];
+        if constexpr (P > 0) win[m][e][P - 1] = in[e];
       }
     }
+    float sq_q = 0.f, sq_k = 0.f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      sq_q += y[0][e] * y[0][e];
+      sq_k += y[1][e] * y[1][e];
+    }
+    sq_q = warp_sum(sq_q);
+    sq_k = warp_sum(sq_k);
+    const float iq = qscale / sqrtf(sq_q + 1e-6f), ik = 1.0f / sqrtf(sq_k + 1e-6f);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      y[0][e] *= iq;
+      y[1][e] *= ik;
+    }
+    store_v<V>(q + at, y[0]);
+    store_v<V>(k + at, y[1]);
+    store_v<V>(v + at, y[2]);
   }
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_gates: elementwise over N*C decays, then N*H betas (one grid-stride loop over both).
+// kda_gates: a block per row (grid-stride over rows), a thread per 4 consecutive decays (C is a multiple of 32), then
+// the row's H betas.
 
-__global__ void kda_gates_kernel(long long NC, long long NH, int H, int D, float* __restrict__ g,
-                                 const float* __restrict__ dt_bias, const float* __restrict__ A_log, bool bounded,
-                                 float lower_bound, float* __restrict__ beta, uint16_t* __restrict__ g_bf16) {
+__global__ void kda_gates_kernel(int N, int H, int D, float* __restrict__ g, const float* __restrict__ dt_bias,
+                                 const float* __restrict__ A_log, bool bounded, float lower_bound,
+                                 float* __restrict__ beta, uint16_t* __restrict__ g_bf16) {
   pdl::launch_dependents();
-  const long long C = static_cast<long long>(H) * D;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < NC + NH;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    if (i < NC) {
-      const int c = static_cast<int>(i % C);
-      const float a = expf(A_log[c / D]);
-      const float x = gate_value(g[i] + dt_bias[c], a, bounded, lower_bound);
-      g[i] = x;
-      if (g_bf16) g_bf16[i] = f32_to_bf16_bits(x);
-    } else {
-      beta[i - NC] = sigmoid(beta[i - NC]);
+  const int C = H * D;
+  for (int r = blockIdx.x; r < N; r += gridDim.x) {
+    float* gr = g + static_cast<size_t>(r) * C;
+    for (int c = 4 * threadIdx.x; c < C; c += 4 * blockDim.x) {
+      float x[4], b[4];
+      load_v<4>(gr + c, x);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) b[e] = dt_bias[c + e];  // a weight slice: no alignment promised
+      const float a = expf(A_log[c / D]);  // D is a multiple of 4: the 4 decays share a head
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = gate_value(x[e] + b[e], a, bounded, lower_bound);
+      store_v<4>(gr + c, x);
+      if (g_bf16) store_v<4>(g_bf16 + static_cast<size_t>(r) * C + c, x);
+    }
+    for (int hh = threadIdx.x; hh < H; hh += blockDim.x) {
+      float* bp = beta + static_cast<size_t>(r) * H + hh;
+      *bp = sigmoid(*bp);
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------------
-// kda_output_gate: block of D threads per (row, head).
+// kda_output_gate: a warp per (row, head), 4 of them a block.
 
 template <int D>
-__global__ void __launch_bounds__(D)
-    kda_output_gate_kernel(int H, float* __restrict__ o, const float* __restrict__ norm_w, float eps,
+__global__ void __launch_bounds__(32 * kEwWarps)
+    kda_output_gate_kernel(long long items, float* __restrict__ o, const float* __restrict__ norm_w, float eps,
                            const float* __restrict__ gate) {
   pdl::launch_dependents();
-  __shared__ float2 red[D / 32];
-  const size_t at = static_cast<size_t>(blockIdx.x) * D + threadIdx.x;  // blockIdx.x = row * H + head
-  const float x = o[at];
-  const float ss = block_sum2<D>(x * x, 0.f, red).x;
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  o[at] = x * inv * norm_w[threadIdx.x] * sigmoid(gate[at]);
+  constexpr int V = D / 32;
+  const long long item = static_cast<long long>(blockIdx.x) * kEwWarps + threadIdx.x / 32;  // row * H + head
+  if (item >= items) return;
+  const int lane = threadIdx.x % 32;
+  const size_t at = static_cast<size_t>(item) * D + lane * V;
+  float x[V], gt[V], nw[V];
+  load_v<V>(o + at, x);
+  load_v<V>(gate + at, gt);
+#pragma unroll
+  for (int e = 0; e < V; ++e) nw[e] = norm_w[lane * V + e];  // a weight: no alignment promised
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) ss += x[e] * x[e];
+  const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + eps);
+#pragma unroll
+  for (int e = 0; e < V; ++e) x[e] = x[e] * inv * nw[e] * sigmoid(gt[e]);
+  store_v<V>(o + at, x);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -1047,8 +1139,10 @@ template <int D, int W, class Out>
 cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const float* xq, const float* xk,
                         const float* xv, const float* wq, const float* wk, const float* wv, Out* q, Out* k,
                         Out* v, cudaStream_t stream) {
-  const unsigned tiles = static_cast<unsigned>((N + kConvTile - 1) / kConvTile);
-  kda_conv_l2norm_kernel<D, W, Out><<<dim3(tiles, H, n_seqs), D, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  const unsigned tiles = static_cast<unsigned>((N + kConvWarpTile - 1) / kConvWarpTile);
+  const unsigned head_groups = static_cast<unsigned>((H + kEwWarps - 1) / kEwWarps);
+  kda_conv_l2norm_kernel<D, W, Out><<<dim3(tiles, head_groups, n_seqs), 32 * kEwWarps, 0, stream>>>(
+      seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
   return cudaGetLastError();
 }
 
@@ -1069,7 +1163,7 @@ template <class Out>
 cudaError_t conv_l2norm_typed(const KdaSeq* seqs, int n_seqs, int N, int H, int D, int W, const float* xq,
                               const float* xk, const float* xv, const float* wq, const float* wk, const float* wv,
                               Out* q, Out* k, Out* v, cudaStream_t stream) {
-  static_assert(kConvTile >= kMaxConvW - 1, "tile 0 must hold every token that reads the old conv state");
+  static_assert(kConvWarpTile >= kMaxConvW - 1, "tile 0 must hold every token that reads the old conv state");
   if (!supported_d(D) || H <= 0 || H > 65535 || n_seqs < 0 || n_seqs > 65535 || N < 0 || W < 1 || W > kMaxConvW)
     return cudaErrorInvalidValue;
   if (n_seqs == 0 || N == 0) return cudaSuccess;
@@ -1083,8 +1177,9 @@ cudaError_t conv_l2norm_typed(const KdaSeq* seqs, int n_seqs, int N, int H, int 
 template <int D>
 cudaError_t launch_output_gate(int N, int H, float* o, const float* norm_w, float eps, const float* gate,
                                cudaStream_t stream) {
-  kda_output_gate_kernel<D><<<static_cast<unsigned>(static_cast<long long>(N) * H), D, 0, stream>>>(H, o, norm_w,
-                                                                                                     eps, gate);
+  const long long items = static_cast<long long>(N) * H, blocks = (items + kEwWarps - 1) / kEwWarps;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+  kda_output_gate_kernel<D><<<static_cast<unsigned>(blocks), 32 * kEwWarps, 0, stream>>>(items, o, norm_w, eps, gate);
   return cudaGetLastError();
 }
 
@@ -1158,14 +1253,12 @@ cudaError_t kda_conv_l2norm_bf16(const KdaSeq* seqs, int n_seqs, int N, int H, i
 
 cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
                       float lower_bound, float* beta, cudaStream_t stream, uint16_t* g_bf16) {
-  if (N < 0 || H <= 0 || D <= 0) return cudaErrorInvalidValue;
-  const long long NC = static_cast<long long>(N) * H * D, NH = static_cast<long long>(N) * H;
-  if (NC == 0) return cudaSuccess;
-  const long long total = NC + NH;
-  const int threads = 256;
-  const long long blocks = (total + threads - 1) / threads;
-  kda_gates_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
-      NC, NH, H, D, g, dt_bias, A_log, bounded, lower_bound, beta, g_bf16);
+  if (N < 0 || H <= 0 || D <= 0 || D % 4 != 0) return cudaErrorInvalidValue;
+  if (N == 0) return cudaSuccess;
+  const int C = H * D;
+  const int threads = std::min(256, std::max(32, (C / 4 + 31) / 32 * 32));
+  kda_gates_kernel<<<static_cast<unsigned>(std::min(N, 65535)), threads, 0, stream>>>(N, H, D, g, dt_bias, A_log, bounded,
+                                                                                       lower_bound, beta, g_bf16);
   return cudaGetLastError();
 }
 

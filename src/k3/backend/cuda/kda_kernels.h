@@ -39,6 +39,7 @@ cudaError_t kda_conv_l2norm_bf16(const KdaSeq* seqs, int n_seqs, int N, int H, i
 //   z = g + dt_bias[c];  bounded: lower_bound * sigmoid(exp(A_log[h]) * z);  else -exp(A_log[h]) * softplus(z)
 //   (softplus(z) = z for z > 20, else log1p(exp(z)))
 // beta: [N][H] b_proj output -> sigmoid(beta). g_bf16 (optional, [N][C]): also receives each decay as bf16 bits.
+// D a multiple of 4; g (and g_bf16) 16-byte (8-byte) aligned rows.
 cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
                       float lower_bound, float* beta, cudaStream_t stream, uint16_t* g_bf16 = nullptr);
 
