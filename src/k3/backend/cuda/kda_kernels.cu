@@ -35,9 +35,9 @@
 //   For 1 x 4096 tokens, H = 32, D = 128 that is 2048 intra blocks and 128 state blocks of 64 chunks.
 //   (The first, serial one-block-per-(seq, head) kernel and the overload without a workspace are gone: the
 //   model always passes a workspace and 16-byte-aligned rows.)
-// - kda_conv_l2norm: a warp per (tile of 32 tokens, head, seq), D / 32 channels a lane, the last W - 1 inputs
+// - kda_conv_l2norm: a warp per (tile of 16 tokens, head, seq), D / 32 channels a lane, the last W - 1 inputs
 //   in registers as it walks the tile (token tiles run in parallel: a tile's first W - 1 inputs are read again);
-//   only tile 0 touches the state (it alone reads it, as 32 >= W-1), writing the new state after it has read the
+//   only tile 0 touches the state (it alone reads it, as 16 >= W-1), writing the new state after it has read the
 //   old one into registers. The per-head L2 norm is a warp sum per token.
 // - kda_decode_fused: a thread-block cluster of D/32 blocks of D threads per (seq, head); block z owns value
 //   columns [32 z, 32 z + 32) of the state (16 KB) and thread d is channel d for the conv, norms and gates
@@ -762,7 +762,7 @@ __device__ __forceinline__ void store_v(uint16_t* p, const float (&x)[V]) {
   }
 }
 
-constexpr int kConvWarpTile = 32;  // tokens a warp walks (>= W - 1: only tile 0 reads the old conv state)
+constexpr int kConvWarpTile = 16;  // tokens a warp walks (>= W - 1: only tile 0 reads the old conv state)
 constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output-gate kernels
 
 // kda_conv_l2norm: grid (token tiles, ceil(H / 4), n_seqs), 4 warps; warp = head blockIdx.y * 4 + warp, lane = channels
@@ -830,13 +830,20 @@ __global__ void __launch_bounds__(32 * kEwWarps)
     }
   }
   const float qscale = 1.0f / sqrtf(static_cast<float>(D));
+  float cur[3][V];  // token t's inputs; token t + 1's are loaded before t is computed (two rows in flight a warp)
+#pragma unroll
+  for (int m = 0; m < 3; ++m) load_v<V>(x[m] + static_cast<size_t>(sq.offset + t_begin) * C + c0, cur[m]);
   for (int t = t_begin; t < t_end; ++t) {
     const size_t at = static_cast<size_t>(sq.offset + t) * C + c0;
+    float nxt[3][V];
+    if (t + 1 < t_end) {
+#pragma unroll
+      for (int m = 0; m < 3; ++m) load_v<V>(x[m] + at + C, nxt[m]);
+    }
     float y[3][V];
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
-      float in[V];
-      load_v<V>(x[m] + at, in);
+      const float (&in)[V] = cur[m];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         float acc = 0.f;  // taps in cpu::short_conv_silu's order: oldest input first
@@ -866,6 +873,10 @@ __global__ void __launch_bounds__(32 * kEwWarps)
     store_v<V>(q + at, y[0]);
     store_v<V>(k + at, y[1]);
     store_v<V>(v + at, y[2]);
+#pragma unroll
+    for (int m = 0; m < 3; ++m)
+#pragma unroll
+      for (int e = 0; e < V; ++e) cur[m][e] = nxt[m][e];
   }
 }
 
