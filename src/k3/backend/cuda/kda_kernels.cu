@@ -59,6 +59,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 namespace k3::cuda {
@@ -770,8 +771,8 @@ constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output
 // (one read of every input row, W - 1 more at the tile's start); the L2 norms are warp sums. Tile 0 alone reads the
 // old conv state and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers
 // and x, which nothing in this call writes.
-template <int D, int W, class Out>
-__global__ void __launch_bounds__(32 * kEwWarps)
+template <int D, int W, class Out, int MINB>
+__global__ void __launch_bounds__(32 * kEwWarps, MINB)
     kda_conv_l2norm_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                            const float* __restrict__ xk, const float* __restrict__ xv,
                            const float* __restrict__ wq, const float* __restrict__ wk,
@@ -1152,8 +1153,15 @@ cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const floa
                         Out* v, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((N + kConvWarpTile - 1) / kConvWarpTile);
   const unsigned head_groups = static_cast<unsigned>((H + kEwWarps - 1) / kEwWarps);
-  kda_conv_l2norm_kernel<D, W, Out><<<dim3(tiles, head_groups, n_seqs), 32 * kEwWarps, 0, stream>>>(
-      seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  static const bool capped = [] {  // K3_KDA_CONV_MINB=4: registers capped for 4 blocks an SM (session 58's A/B)
+    const char* e = std::getenv("K3_KDA_CONV_MINB");
+    return e != nullptr && e[0] == '4' && e[1] == '\0';
+  }();
+  const dim3 grid(tiles, head_groups, n_seqs);
+  if (capped)
+    kda_conv_l2norm_kernel<D, W, Out, 4><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  else
+    kda_conv_l2norm_kernel<D, W, Out, 1><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
   return cudaGetLastError();
 }
 
