@@ -60,6 +60,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 namespace k3::cuda {
@@ -766,13 +767,15 @@ __device__ __forceinline__ void store_v(uint16_t* p, const float (&x)[V]) {
 constexpr int kConvWarpTile = 16;  // tokens a warp walks (>= W - 1: only tile 0 reads the old conv state)
 constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output-gate kernels
 
-// kda_conv_l2norm: grid (token tiles, ceil(H / 4), n_seqs), 4 warps; warp = head blockIdx.y * 4 + warp, lane = channels
-// [lane V, lane V + V) of it. The warp walks its tile's tokens with the last W - 1 inputs of each channel in registers
-// (one read of every input row, W - 1 more at the tile's start); the L2 norms are warp sums. Tile 0 alone reads the
-// old conv state and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers
-// and x, which nothing in this call writes.
-template <int D, int W, class Out, int MINB>
-__global__ void __launch_bounds__(32 * kEwWarps, MINB)
+// kda_conv_l2norm: grid (token tiles, ceil(H * 3 / M / 4), n_seqs), 4 warps; a warp takes M of the three tensors
+// (q, k, v) of one head -- M = 3: all of them, item = head; M = 1: item = 3 head + tensor (a third of the registers:
+// more warps an SM) -- lane = channels [lane V, lane V + V). The warp walks its tile's tokens with the last W - 1
+// inputs of each channel in registers (one read of every input row, W - 1 more at the tile's start; the next token's
+// row loaded before the current one is computed); the L2 norms are warp sums. Tile 0 alone reads the old conv state
+// and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers and x, which
+// nothing in this call writes.
+template <int D, int W, class Out, int M>
+__global__ void __launch_bounds__(32 * kEwWarps)
     kda_conv_l2norm_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                            const float* __restrict__ xk, const float* __restrict__ xv,
                            const float* __restrict__ wq, const float* __restrict__ wk,
@@ -781,17 +784,28 @@ __global__ void __launch_bounds__(32 * kEwWarps, MINB)
   pdl::launch_dependents();
   constexpr int P = W - 1, PS = P > 0 ? P : 1, V = D / 32;
   const KdaSeq sq = seqs[blockIdx.z];
-  const int h = blockIdx.y * kEwWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int item = blockIdx.y * kEwWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = M == 3 ? item : item / 3, m0 = M == 3 ? 0 : item % 3;  // the warp's tensors: m0 .. m0 + M - 1
   const int t_begin = blockIdx.x * kConvWarpTile;
   if (h >= H || t_begin >= sq.n) return;  // no block-wide barrier below
   const int t_end = min(sq.n, t_begin + kConvWarpTile);
   const int C = H * D, c0 = h * D + lane * V;
-  const float* x[3] = {xq, xk, xv};
-  const float* wt[3] = {wq, wk, wv};
-  float* cs[3] = {sq.conv_q, sq.conv_k, sq.conv_v};
-  float w[3][V][W], win[3][V][PS];  // taps; the last P inputs, oldest first
+  // the tensors' pointers picked by selects (an array indexed by the run-time m0 would live in local memory)
+  auto sel = [](int i, auto a, auto b, auto c) { return i == 0 ? a : i == 1 ? b : c; };
+  const float* x[M];
+  const float* wt[M];
+  float* cs[M];
+  Out* out[M];
 #pragma unroll
-  for (int m = 0; m < 3; ++m)
+  for (int m = 0; m < M; ++m) {
+    x[m] = sel(m0 + m, xq, xk, xv);
+    wt[m] = sel(m0 + m, wq, wk, wv);
+    cs[m] = sel(m0 + m, sq.conv_q, sq.conv_k, sq.conv_v);
+    out[m] = sel(m0 + m, q, k, v);
+  }
+  float w[M][V][W], win[M][V][PS];  // taps; the last P inputs, oldest first
+#pragma unroll
+  for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int e = 0; e < V; ++e)
 #pragma unroll
@@ -800,7 +814,7 @@ __global__ void __launch_bounds__(32 * kEwWarps, MINB)
   for (int j = 0; j < P; ++j) {  // inputs t_begin - P + j: the old state where that is before the sequence
     const int tau = t_begin - P + j;
 #pragma unroll
-    for (int m = 0; m < 3; ++m) {
+    for (int m = 0; m < M; ++m) {
       float r[V];
       if (tau < 0) {
 #pragma unroll
@@ -817,7 +831,7 @@ __global__ void __launch_bounds__(32 * kEwWarps, MINB)
     for (int j = 0; j < P; ++j) {
       const int tau = sq.n - P + j;
 #pragma unroll
-      for (int m = 0; m < 3; ++m) {
+      for (int m = 0; m < M; ++m) {
         float r[V];
         if (tau < 0) {
 #pragma unroll
@@ -831,51 +845,41 @@ __global__ void __launch_bounds__(32 * kEwWarps, MINB)
     }
   }
   const float qscale = 1.0f / sqrtf(static_cast<float>(D));
-  float cur[3][V];  // token t's inputs; token t + 1's are loaded before t is computed (two rows in flight a warp)
+  float cur[M][V];  // token t's inputs; token t + 1's are loaded before t is computed (two rows in flight a warp)
 #pragma unroll
-  for (int m = 0; m < 3; ++m) load_v<V>(x[m] + static_cast<size_t>(sq.offset + t_begin) * C + c0, cur[m]);
+  for (int m = 0; m < M; ++m) load_v<V>(x[m] + static_cast<size_t>(sq.offset + t_begin) * C + c0, cur[m]);
   for (int t = t_begin; t < t_end; ++t) {
     const size_t at = static_cast<size_t>(sq.offset + t) * C + c0;
-    float nxt[3][V];
+    float nxt[M][V];
     if (t + 1 < t_end) {
 #pragma unroll
-      for (int m = 0; m < 3; ++m) load_v<V>(x[m] + at + C, nxt[m]);
+      for (int m = 0; m < M; ++m) load_v<V>(x[m] + at + C, nxt[m]);
     }
-    float y[3][V];
 #pragma unroll
-    for (int m = 0; m < 3; ++m) {
-      const float (&in)[V] = cur[m];
+    for (int m = 0; m < M; ++m) {
+      float y[V], ss = 0.f;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         float acc = 0.f;  // taps in cpu::short_conv_silu's order: oldest input first
 #pragma unroll
         for (int j = 0; j < P; ++j) acc += w[m][e][j] * win[m][e][j];
-        acc += w[m][e][P] * in[e];
-        y[m][e] = silu(acc);
+        acc += w[m][e][P] * cur[m][e];
+        y[e] = silu(acc);
+        ss += y[e] * y[e];
 #pragma unroll
         for (int j = 0; j + 1 < P; ++j) win[m][e][j] = win[m][e][j + 1];
-        if constexpr (P > 0) win[m][e][P - 1] = in[e];
+        if constexpr (P > 0) win[m][e][P - 1] = cur[m][e];
       }
-    }
-    float sq_q = 0.f, sq_k = 0.f;
+      const int tensor = m0 + m;  // q: scaled L2 norm, k: L2 norm, v: as is
+      if (tensor < 2) {
+        const float inv = (tensor == 0 ? qscale : 1.0f) / sqrtf(warp_sum(ss) + 1e-6f);
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      sq_q += y[0][e] * y[0][e];
-      sq_k += y[1][e] * y[1][e];
+        for (int e = 0; e < V; ++e) y[e] *= inv;
+      }
+      store_v<V>(out[m] + at, y);
     }
-    sq_q = warp_sum(sq_q);
-    sq_k = warp_sum(sq_k);
-    const float iq = qscale / sqrtf(sq_q + 1e-6f), ik = 1.0f / sqrtf(sq_k + 1e-6f);
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      y[0][e] *= iq;
-      y[1][e] *= ik;
-    }
-    store_v<V>(q + at, y[0]);
-    store_v<V>(k + at, y[1]);
-    store_v<V>(v + at, y[2]);
-#pragma unroll
-    for (int m = 0; m < 3; ++m)
+    for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int e = 0; e < V; ++e) cur[m][e] = nxt[m][e];
   }
@@ -1153,15 +1157,17 @@ cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const floa
                         Out* v, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((N + kConvWarpTile - 1) / kConvWarpTile);
   const unsigned head_groups = static_cast<unsigned>((H + kEwWarps - 1) / kEwWarps);
-  static const bool capped = [] {  // K3_KDA_CONV_MINB=4: registers capped for 4 blocks an SM (session 58's A/B)
-    const char* e = std::getenv("K3_KDA_CONV_MINB");
-    return e != nullptr && e[0] == '4' && e[1] == '\0';
+  static const bool fused = [] {  // K3_KDA_CONV_FORM=qkv: a warp per head for all three tensors (session 58's A/B)
+    const char* e = std::getenv("K3_KDA_CONV_FORM");
+    return e != nullptr && std::string_view(e) == "qkv";
   }();
-  const dim3 grid(tiles, head_groups, n_seqs);
-  if (capped)
-    kda_conv_l2norm_kernel<D, W, Out, 4><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
-  else
+  if (fused) {
+    const dim3 grid(tiles, head_groups, n_seqs);
+    kda_conv_l2norm_kernel<D, W, Out, 3><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  } else {
+    const dim3 grid(tiles, static_cast<unsigned>((3 * H + kEwWarps - 1) / kEwWarps), n_seqs);
     kda_conv_l2norm_kernel<D, W, Out, 1><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  }
   return cudaGetLastError();
 }
 
