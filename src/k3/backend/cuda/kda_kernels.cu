@@ -60,7 +60,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 namespace k3::cuda {
@@ -768,8 +767,8 @@ constexpr int kConvWarpTile = 16;  // tokens a warp walks (>= W - 1: only tile 0
 constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output-gate kernels
 
 // kda_conv_l2norm: grid (token tiles, ceil(H * 3 / M / 4), n_seqs), 4 warps; a warp takes M of the three tensors
-// (q, k, v) of one head -- M = 3: all of them, item = head; M = 1: item = 3 head + tensor (a third of the registers:
-// more warps an SM) -- lane = channels [lane V, lane V + V). The warp walks its tile's tokens with the last W - 1
+// (q, k, v) of one head -- M = 1 (launched): item = 3 head + tensor, ~60 registers; M = 3 (item = head, ~130
+// registers, 3 blocks an SM) measured 4-11% slower in call s58-4 -- lane = channels [lane V, lane V + V). The warp walks its tile's tokens with the last W - 1
 // inputs of each channel in registers (one read of every input row, W - 1 more at the tile's start; the next token's
 // row loaded before the current one is computed); the L2 norms are warp sums. Tile 0 alone reads the old conv state
 // and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers and x, which
@@ -1156,18 +1155,8 @@ cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const floa
                         const float* xv, const float* wq, const float* wk, const float* wv, Out* q, Out* k,
                         Out* v, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((N + kConvWarpTile - 1) / kConvWarpTile);
-  const unsigned head_groups = static_cast<unsigned>((H + kEwWarps - 1) / kEwWarps);
-  static const bool fused = [] {  // K3_KDA_CONV_FORM=qkv: a warp per head for all three tensors (session 58's A/B)
-    const char* e = std::getenv("K3_KDA_CONV_FORM");
-    return e != nullptr && std::string_view(e) == "qkv";
-  }();
-  if (fused) {
-    const dim3 grid(tiles, head_groups, n_seqs);
-    kda_conv_l2norm_kernel<D, W, Out, 3><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
-  } else {
-    const dim3 grid(tiles, static_cast<unsigned>((3 * H + kEwWarps - 1) / kEwWarps), n_seqs);
-    kda_conv_l2norm_kernel<D, W, Out, 1><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
-  }
+  const dim3 grid(tiles, static_cast<unsigned>((3 * H + kEwWarps - 1) / kEwWarps), n_seqs);
+  kda_conv_l2norm_kernel<D, W, Out, 1><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
   return cudaGetLastError();
 }
 
