@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "k3/backend/cuda/linear.h"
+#include "k3/core/dtype.h"
 
 namespace k3cudatest {
 
@@ -65,6 +66,13 @@ inline std::vector<float> lcg_fill(size_t n, float lo, float hi, uint32_t seed) 
     x = lo + (hi - lo) * static_cast<float>(s >> 8) * (1.0f / 16777216.0f);
   }
   return v;
+}
+
+// Each value as bf16 bits, rounded to nearest even (k3::f32_to_bf16, the kernels' rounding).
+inline std::vector<uint16_t> bf16_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = k3::f32_to_bf16(x[i]);
+  return r;
 }
 
 // max |got - ref| / max |ref| (at least 1e-30); infinity for a size mismatch or any non-finite output.

@@ -9,7 +9,6 @@
 
 #include "cuda_test_util.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -114,15 +113,6 @@ void cpu_ref(const Problem& p, Vec& out, Vec& S, int chunk, Vec* chunk_states) {
   }
 }
 
-std::vector<uint16_t> to_bf16(const Vec& x) {
-  std::vector<uint16_t> r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-    r[i] = *reinterpret_cast<const uint16_t*>(&b);
-  }
-  return r;
-}
-
 struct TcRun {
   int chunk = 64, value_tile = 0, buffers = 0;
   KdaInType in = KdaInType::F32;
@@ -150,7 +140,7 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
   ws.poison();
   float* csp = r.want_chunk_states ? cs.p : nullptr;
   if (r.in == KdaInType::BF16) {
-    Dev<uint16_t> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), g(to_bf16(p.g));
+    Dev<uint16_t> q(k3cudatest::bf16_bits(p.q)), k(k3cudatest::bf16_bits(p.k)), v(k3cudatest::bf16_bits(p.v)), g(k3cudatest::bf16_bits(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
                                 k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap, r.fused},
                                 ws.p, wsb,

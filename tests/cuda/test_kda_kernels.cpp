@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -22,6 +21,7 @@
 #include "k3/backend/cpu/kda.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/backend/cuda/kda_kernels.h"
+#include "k3/core/dtype.h"
 
 namespace {
 
@@ -375,13 +375,6 @@ TEST(CudaKda, ConvL2NormMatchesCpu) {
         }
 }
 
-// Round to nearest even as bf16 bits (the host side of cache_dtype.cuh's f32_to_bf16_bits, finite values).
-uint16_t bf16_rn(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // The bf16 forms the tensor-core prefill takes (kda_conv_l2norm_bf16; kda_gates' g_bf16 copy): exactly the fp32
 // kernels' outputs rounded to nearest even, element for element, and the conv state updated the same.
 TEST(CudaKda, Bf16OutputsAreTheFp32OnesRounded) {
@@ -427,7 +420,7 @@ TEST(CudaKda, Bf16OutputsAreTheFp32OnesRounded) {
   run(true, unused32, b16, st16);
   size_t differ = 0;
   for (int m = 0; m < 3; ++m)
-    for (size_t i = 0; i < NC; ++i) differ += b16[m][i] != bf16_rn(f32[m][i]);
+    for (size_t i = 0; i < NC; ++i) differ += b16[m][i] != k3::f32_to_bf16(f32[m][i]);
   EXPECT_EQ(differ, 0u) << "bf16 conv outputs that are not the fp32 ones rounded";
   EXPECT_EQ(st16, st32) << "the conv states differ between the two forms";
 
@@ -442,7 +435,7 @@ TEST(CudaKda, Bf16OutputsAreTheFp32OnesRounded) {
   const Vec g32 = dg.get();
   const auto g16 = dg16.get();
   size_t gdiffer = 0;
-  for (size_t i = 0; i < NC; ++i) gdiffer += g16[i] != bf16_rn(g32[i]);
+  for (size_t i = 0; i < NC; ++i) gdiffer += g16[i] != k3::f32_to_bf16(g32[i]);
   EXPECT_EQ(gdiffer, 0u) << "bf16 decays that are not the fp32 ones rounded";
   host_gates(N, H, D, g, dt_bias, A_log, true, -5.f, beta);
   EXPECT_LT(rel_err(g32, g), 1e-5);  // and the fp32 decays are still right with the copy asked for

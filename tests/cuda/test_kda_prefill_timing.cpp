@@ -7,7 +7,6 @@
 
 #include "cuda_test_util.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -24,17 +23,9 @@ namespace {
 using k3::cuda::KdaInType;
 using k3::cuda::KdaSeq;
 using k3cudatest::ck;
+using k3cudatest::bf16_bits;
 using k3cudatest::Dev;
 using Vec = std::vector<float>;
-
-std::vector<uint16_t> bf16_bits(const Vec& x) {
-  std::vector<uint16_t> r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-    r[i] = *reinterpret_cast<const uint16_t*>(&b);
-  }
-  return r;
-}
 
 // Milliseconds a call of fn (returning a cudaError_t) after one warm-up, the mean of reps.
 template <class F>

@@ -12,11 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "cuda_test_util.h"
 #include "k3/backend/cuda/mla_prefill_flash.h"
+#include "k3/core/dtype.h"
 
 namespace {
 
@@ -57,12 +57,7 @@ void reference(const std::vector<float>& q, const std::vector<float>& kv, const 
 
 // Each float rounded to the nearest bf16 (ties to even), kept as a float: the bf16 form's operands.
 std::vector<float> round_bf16(std::vector<float> x) {
-  for (float& f : x) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    std::memcpy(&f, &u, 4);
-  }
+  for (float& f : x) f = k3::bf16_to_f32(k3::f32_to_bf16(f));
   return x;
 }
 
