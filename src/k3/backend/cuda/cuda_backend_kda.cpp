@@ -149,10 +149,9 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
 }
 
 void CudaBackend::kda_output_gate(const KdaWeights& w, const graph::KdaDims& d, float eps, Tensor o, Tensor gate) {
-  prof_.begin("kda/out gate", stream_);
+  const ProfRegion region(prof_, "kda/out gate", stream_);
   K3_CUDA_CHECK(cuda::kda_output_gate(static_cast<int>(o.rows), static_cast<int>(d.heads), static_cast<int>(d.head_dim), o.f(),
                                       w.o_norm.data(), eps, gate.f(), stream_));
-  prof_.end(stream_);
 }
 
 // The prefill under --gemm-precision bf16, when every sequence of the step takes the chunk kernels (no decode-form
@@ -179,20 +178,23 @@ void CudaBackend::kda_prefill_bf16(int64_t layer, const KdaWeights& w, const gra
   auto plane = [&] { return static_cast<uint16_t*>(scratch(N, (C + 1) / 2, graph::ElemType::F32).data); };
   uint16_t *q = plane(), *k = plane(), *v = plane(), *g = plane();
   const size_t li = static_cast<size_t>(layer);
-  prof_.begin("kda/conv", stream_);
-  K3_CUDA_CHECK(cuda::kda_conv_l2norm_bf16(staged<const KdaSeq>(sd_.kda_all[li]), static_cast<int>(n_seqs_),
-                                           static_cast<int>(N), H, D, static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(),
-                                           w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), q, k, v, stream_));
-  prof_.end(stream_);
-  prof_.begin("kda/gates", stream_);
-  K3_CUDA_CHECK(cuda::kda_gates(static_cast<int>(N), H, D, graw.f(), w.dt_bias.data(), w.A_log.data(), gate.bounded,
-                                gate.lower_bound, braw.f(), stream_, g));
-  prof_.end(stream_);
-  prof_.begin("kda/chunk", stream_);
-  K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(N), H, D,
-                                     sd_.kda_chunk == 64 ? 64 : 32, KdaInType::BF16, q, k, v, g, braw.f(), o.f(), nullptr,
-                                     KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
-  prof_.end(stream_);
+  {
+    const ProfRegion region(prof_, "kda/conv", stream_);
+    K3_CUDA_CHECK(cuda::kda_conv_l2norm_bf16(staged<const KdaSeq>(sd_.kda_all[li]), static_cast<int>(n_seqs_),
+                                             static_cast<int>(N), H, D, static_cast<int>(d.conv), pq.f(), pk.f(), pv.f(),
+                                             w.q_conv.data(), w.k_conv.data(), w.v_conv.data(), q, k, v, stream_));
+  }
+  {
+    const ProfRegion region(prof_, "kda/gates", stream_);
+    K3_CUDA_CHECK(cuda::kda_gates(static_cast<int>(N), H, D, graw.f(), w.dt_bias.data(), w.A_log.data(), gate.bounded,
+                                  gate.lower_bound, braw.f(), stream_, g));
+  }
+  {
+    const ProfRegion region(prof_, "kda/chunk", stream_);
+    K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(N), H, D,
+                                       sd_.kda_chunk == 64 ? 64 : 32, KdaInType::BF16, q, k, v, g, braw.f(), o.f(),
+                                       nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+  }
   kda_output_gate(w, d, eps, o, gate_proj);
 }
 

@@ -111,8 +111,9 @@ bool mha_flash_x2_forced() {
 
 // One sequence's n new tokens at positions past .. past+n-1: k_nope / v for all S = past + n cached tokens
 // are expanded from the latents (one SGEMM), then the fused attention kernel (mla_prefill_flash.h: hi / lo bf16
-// tensor-core products, ~16 mantissa bits; plain bf16 products under --gemm-precision bf16) where it supports the shape, else per query chunk the scores (two batched
-// SGEMMs: the nope part + the shared rope-slot part), a causal softmax, and P.V. That fallback is fp32 throughout
+// tensor-core products, ~16 mantissa bits; plain bf16 products under --gemm-precision bf16) where it supports the
+// shape, else per query chunk the scores (two batched SGEMMs: the nope part + the shared rope-slot part), a causal
+// softmax, and P.V. That fallback is fp32 throughout
 // (the CPU reference uses the same form for prefill; TF32 tensor cores under --gemm-precision bf16). Writes rows
 // [offset, offset + n) of out. A chunk of queries ending at position past + t0 + tq - 1 sees only the first
 // past + t0 + tq keys, so its scores, softmax and P.V stop there (causal trimming: half the work of a prefill from
