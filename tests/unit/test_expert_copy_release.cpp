@@ -37,8 +37,16 @@ std::unique_ptr<k3::Model> load_tiny(k3::FileLoad mode, bool copies, bool releas
   return m;
 }
 
-// Present and all whole pages inside the stored experts' bytes (data and scales), each layer's joined.
-std::pair<size_t, size_t> stored_expert_pages(const k3::Model& m) {
+// Linux maps the page-cache pages around a faulting address too ("fault-around": the aligned 64 KB window, the
+// default fault_around_bytes): a read of a non-expert tensor whose page was reclaimed under memory pressure (CI runs
+// the tests side by side) can map released expert pages that share its window, without anything reading them. The
+// released checks count only the pages of 64 KB blocks that lie wholly inside the experts' bytes, which only a read of
+// expert bytes can bring back.
+constexpr uintptr_t kFaultAround = 64 * 1024;
+
+// Present and all whole pages inside the stored experts' bytes (data and scales), each layer's joined; window > 0:
+// only those in window-aligned blocks wholly inside.
+std::pair<size_t, size_t> stored_expert_pages(const k3::Model& m, uintptr_t window = 0) {
   size_t present = 0, total = 0;
   for (const auto& l : m.weights().layers) {
     std::vector<std::pair<uintptr_t, uintptr_t>> r;
@@ -59,7 +67,12 @@ std::pair<size_t, size_t> stored_expert_pages(const k3::Model& m) {
       else
         j.push_back(x);
     const size_t pg = k3test::page_size();
-    for (const auto& [a, b] : j) {
+    for (auto [a, b] : j) {
+      if (window > 0) {
+        a = (a + window - 1) / window * window;
+        b = b / window * window;
+        if (b <= a) continue;
+      }
       const auto* p = reinterpret_cast<const void*>(a);
       present += k3test::whole_pages_present(p, b - a);
       total += ((b / pg) > ((a + pg - 1) / pg)) ? b / pg - (a + pg - 1) / pg : 0;
@@ -81,10 +94,13 @@ TEST(ExpertCopyRelease, SameLogitsAndTheStoredPagesGoBack) {
     EXPECT_EQ(kept->expert_released_bytes(), 0);
     const auto [kept_in, total] = stored_expert_pages(*kept);
     const auto [released_in, total2] = stored_expert_pages(*released);
+    const auto [released_inner, inner] = stored_expert_pages(*released, kFaultAround);
     ASSERT_GT(total, 100u) << "k3-tiny's experts: ~6.9 MB";
+    ASSERT_GT(inner, total / 2) << "most expert pages lie in whole 64 KB blocks";
     ASSERT_EQ(total2, total);
     EXPECT_EQ(kept_in, total) << "the kept stored experts were read for their copies";
-    EXPECT_EQ(released_in, 0u) << "stored expert pages still in the process after the release";
+    EXPECT_EQ(released_inner, 0u) << "stored expert pages still in the process after the release";
+    EXPECT_LE(released_in, total - inner) << "released pages back beyond the fault-around windows at the edges";
     // Every whole page released, none outside (the file's last page at most: release's one exception).
     const auto pg = static_cast<int64_t>(k3test::page_size());
     EXPECT_GE(released->expert_released_bytes(), static_cast<int64_t>(total) * pg);
@@ -95,7 +111,7 @@ TEST(ExpertCopyRelease, SameLogitsAndTheStoredPagesGoBack) {
     for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = static_cast<int32_t>((t * 37 + 5) % (V - 300));
     EXPECT_EQ(k3test::prefill_all_logits(*kept, tokens), k3test::prefill_all_logits(*released, tokens));
     EXPECT_EQ(k3test::decode_all_logits(*kept, tokens).logits, k3test::decode_all_logits(*released, tokens).logits);
-    EXPECT_EQ(stored_expert_pages(*released).first, 0u) << "a forward read the stored experts back in";
+    EXPECT_EQ(stored_expert_pages(*released, kFaultAround).first, 0u) << "a forward read the stored experts back in";
   }
 }
 
