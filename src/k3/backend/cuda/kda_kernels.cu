@@ -58,8 +58,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 namespace k3::cuda {
@@ -766,14 +766,14 @@ __device__ __forceinline__ void store_v(uint16_t* p, const float (&x)[V]) {
 constexpr int kConvWarpTile = 16;  // tokens a warp walks (>= W - 1: only tile 0 reads the old conv state)
 constexpr int kEwWarps = 4;        // warps (heads) a block of the conv / output-gate kernels
 
-// kda_conv_l2norm: grid (token tiles, ceil(H * 3 / M / 4), n_seqs), 4 warps; a warp takes M of the three tensors
-// (q, k, v) of one head -- M = 1 (launched): item = 3 head + tensor, ~60 registers; M = 3 (item = head, ~130
-// registers, 3 blocks an SM) measured 4-11% slower in call s58-4 -- lane = channels [lane V, lane V + V). The warp walks its tile's tokens with the last W - 1
-// inputs of each channel in registers (one read of every input row, W - 1 more at the tile's start; the next token's
-// row loaded before the current one is computed); the L2 norms are warp sums. Tile 0 alone reads the old conv state
-// and writes the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers and x, which
-// nothing in this call writes.
-template <int D, int W, class Out, int M>
+// kda_conv_l2norm: grid (token tiles, ceil(3 H / 4), n_seqs), 4 warps; warp item = 3 head + tensor (q, k or v) of
+// that head, lane = channels [lane V, lane V + V): ~60 registers (a warp per head for all three, ~130 registers and 3
+// blocks an SM, measured 3-11% slower in call s58-4). The warp walks its tile's tokens with the last W - 1 inputs of
+// each channel in registers (one read of every input row, W - 1 more at the tile's start; the next token's row loaded
+// before the current one is computed); the L2 norm is a warp sum. Tile 0 alone reads the old conv state and writes
+// the new one (the last W - 1 inputs of [old state, x]) -- written first, from registers and x, which nothing in this
+// call writes.
+template <int D, int W, class Out>
 __global__ void __launch_bounds__(32 * kEwWarps)
     kda_conv_l2norm_kernel(const KdaSeq* __restrict__ seqs, int H, const float* __restrict__ xq,
                            const float* __restrict__ xk, const float* __restrict__ xv,
@@ -784,103 +784,78 @@ __global__ void __launch_bounds__(32 * kEwWarps)
   constexpr int P = W - 1, PS = P > 0 ? P : 1, V = D / 32;
   const KdaSeq sq = seqs[blockIdx.z];
   const int item = blockIdx.y * kEwWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h = M == 3 ? item : item / 3, m0 = M == 3 ? 0 : item % 3;  // the warp's tensors: m0 .. m0 + M - 1
+  const int h = item / 3, tensor = item % 3;  // tensor 0: q (scaled L2 norm), 1: k (L2 norm), 2: v (as is)
   const int t_begin = blockIdx.x * kConvWarpTile;
   if (h >= H || t_begin >= sq.n) return;  // no block-wide barrier below
   const int t_end = min(sq.n, t_begin + kConvWarpTile);
   const int C = H * D, c0 = h * D + lane * V;
-  // the tensors' pointers picked by selects (an array indexed by the run-time m0 would live in local memory)
-  auto sel = [](int i, auto a, auto b, auto c) { return i == 0 ? a : i == 1 ? b : c; };
-  const float* x[M];
-  const float* wt[M];
-  float* cs[M];
-  Out* out[M];
+  // the tensor's pointers by selects (an array indexed by the run-time tensor would live in local memory)
+  auto sel = [tensor](auto a, auto b, auto c) { return tensor == 0 ? a : tensor == 1 ? b : c; };
+  const float* x = sel(xq, xk, xv);
+  const float* wt = sel(wq, wk, wv);
+  float* cs = sel(sq.conv_q, sq.conv_k, sq.conv_v);
+  Out* out = sel(q, k, v);
+  float w[V][W], win[V][PS];  // taps; the last P inputs, oldest first
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    x[m] = sel(m0 + m, xq, xk, xv);
-    wt[m] = sel(m0 + m, wq, wk, wv);
-    cs[m] = sel(m0 + m, sq.conv_q, sq.conv_k, sq.conv_v);
-    out[m] = sel(m0 + m, q, k, v);
-  }
-  float w[M][V][W], win[M][V][PS];  // taps; the last P inputs, oldest first
+  for (int e = 0; e < V; ++e)
 #pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int e = 0; e < V; ++e)
-#pragma unroll
-      for (int j = 0; j < W; ++j) w[m][e][j] = wt[m][static_cast<size_t>(c0 + e) * W + j];
+    for (int j = 0; j < W; ++j) w[e][j] = wt[static_cast<size_t>(c0 + e) * W + j];
 #pragma unroll
   for (int j = 0; j < P; ++j) {  // inputs t_begin - P + j: the old state where that is before the sequence
     const int tau = t_begin - P + j;
+    float r[V];
+    if (tau < 0) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float r[V];
-      if (tau < 0) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) r[e] = cs[m][static_cast<size_t>(c0 + e) * P + P + tau];
-      } else {
-        load_v<V>(x[m] + static_cast<size_t>(sq.offset + tau) * C + c0, r);
-      }
-#pragma unroll
-      for (int e = 0; e < V; ++e) win[m][e][j < P ? j : 0] = r[e];
+      for (int e = 0; e < V; ++e) r[e] = cs[static_cast<size_t>(c0 + e) * P + P + tau];
+    } else {
+      load_v<V>(x + static_cast<size_t>(sq.offset + tau) * C + c0, r);
     }
+#pragma unroll
+    for (int e = 0; e < V; ++e) win[e][j < P ? j : 0] = r[e];
   }
   if (blockIdx.x == 0) {  // the new state: inputs n - P .. n - 1 of [old state, x] (old values are in win)
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const int tau = sq.n - P + j;
+      float r[V];
+      if (tau < 0) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float r[V];
-        if (tau < 0) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) r[e] = pick(win[m][e], P + tau);
-        } else {
-          load_v<V>(x[m] + static_cast<size_t>(sq.offset + tau) * C + c0, r);
-        }
-#pragma unroll
-        for (int e = 0; e < V; ++e) cs[m][static_cast<size_t>(c0 + e) * P + j] = r[e];
+        for (int e = 0; e < V; ++e) r[e] = pick(win[e], P + tau);
+      } else {
+        load_v<V>(x + static_cast<size_t>(sq.offset + tau) * C + c0, r);
       }
+#pragma unroll
+      for (int e = 0; e < V; ++e) cs[static_cast<size_t>(c0 + e) * P + j] = r[e];
     }
   }
-  const float qscale = 1.0f / sqrtf(static_cast<float>(D));
-  float cur[M][V];  // token t's inputs; token t + 1's are loaded before t is computed (two rows in flight a warp)
-#pragma unroll
-  for (int m = 0; m < M; ++m) load_v<V>(x[m] + static_cast<size_t>(sq.offset + t_begin) * C + c0, cur[m]);
+  const float scale = tensor == 0 ? 1.0f / sqrtf(static_cast<float>(D)) : 1.0f;
+  float cur[V];  // token t's inputs; token t + 1's are loaded before t is computed (two rows in flight a warp)
+  load_v<V>(x + static_cast<size_t>(sq.offset + t_begin) * C + c0, cur);
   for (int t = t_begin; t < t_end; ++t) {
     const size_t at = static_cast<size_t>(sq.offset + t) * C + c0;
-    float nxt[M][V];
-    if (t + 1 < t_end) {
+    float nxt[V];
+    if (t + 1 < t_end) load_v<V>(x + at + C, nxt);
+    float y[V], ss = 0.f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) load_v<V>(x[m] + at + C, nxt[m]);
+    for (int e = 0; e < V; ++e) {
+      float acc = 0.f;  // taps in cpu::short_conv_silu's order: oldest input first
+#pragma unroll
+      for (int j = 0; j < P; ++j) acc += w[e][j] * win[e][j];
+      acc += w[e][P] * cur[e];
+      y[e] = silu(acc);
+      ss += y[e] * y[e];
+#pragma unroll
+      for (int j = 0; j + 1 < P; ++j) win[e][j] = win[e][j + 1];
+      if constexpr (P > 0) win[e][P - 1] = cur[e];
     }
+    if (tensor < 2) {  // warp-uniform: the whole warp is one tensor
+      const float inv = scale / sqrtf(warp_sum(ss) + 1e-6f);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float y[V], ss = 0.f;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        float acc = 0.f;  // taps in cpu::short_conv_silu's order: oldest input first
-#pragma unroll
-        for (int j = 0; j < P; ++j) acc += w[m][e][j] * win[m][e][j];
-        acc += w[m][e][P] * cur[m][e];
-        y[e] = silu(acc);
-        ss += y[e] * y[e];
-#pragma unroll
-        for (int j = 0; j + 1 < P; ++j) win[m][e][j] = win[m][e][j + 1];
-        if constexpr (P > 0) win[m][e][P - 1] = cur[m][e];
-      }
-      const int tensor = m0 + m;  // q: scaled L2 norm, k: L2 norm, v: as is
-      if (tensor < 2) {
-        const float inv = (tensor == 0 ? qscale : 1.0f) / sqrtf(warp_sum(ss) + 1e-6f);
-#pragma unroll
-        for (int e = 0; e < V; ++e) y[e] *= inv;
-      }
-      store_v<V>(out[m] + at, y);
+      for (int e = 0; e < V; ++e) y[e] *= inv;
     }
+    store_v<V>(out + at, y);
 #pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int e = 0; e < V; ++e) cur[m][e] = nxt[m][e];
+    for (int e = 0; e < V; ++e) cur[e] = nxt[e];
   }
 }
 
@@ -1156,7 +1131,7 @@ cudaError_t launch_conv(const KdaSeq* seqs, int n_seqs, int N, int H, const floa
                         Out* v, cudaStream_t stream) {
   const unsigned tiles = static_cast<unsigned>((N + kConvWarpTile - 1) / kConvWarpTile);
   const dim3 grid(tiles, static_cast<unsigned>((3 * H + kEwWarps - 1) / kEwWarps), n_seqs);
-  kda_conv_l2norm_kernel<D, W, Out, 1><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
+  kda_conv_l2norm_kernel<D, W, Out><<<grid, 32 * kEwWarps, 0, stream>>>(seqs, H, xq, xk, xv, wq, wk, wv, q, k, v);
   return cudaGetLastError();
 }
 
@@ -1267,7 +1242,7 @@ cudaError_t kda_conv_l2norm_bf16(const KdaSeq* seqs, int n_seqs, int N, int H, i
 
 cudaError_t kda_gates(int N, int H, int D, float* g, const float* dt_bias, const float* A_log, bool bounded,
                       float lower_bound, float* beta, cudaStream_t stream, uint16_t* g_bf16) {
-  if (N < 0 || H <= 0 || D <= 0 || D % 4 != 0) return cudaErrorInvalidValue;
+  if (N < 0 || H <= 0 || D <= 0 || D % 4 != 0 || static_cast<long long>(H) * D > INT_MAX) return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
   const int C = H * D;
   const int threads = std::min(256, std::max(32, (C / 4 + 31) / 32 * 32));

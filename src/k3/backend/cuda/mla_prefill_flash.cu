@@ -92,8 +92,13 @@ __device__ __forceinline__ void store_hi4(const float4 v, void* hi) {
 
 // The split pass: one warp a row. Rows 0 .. S nh - 1 are the expanded rows (256 floats), then S rope rows (64
 // floats). Every lane reads its floats before any lane writes (__syncwarp): the row is rewritten in place.
+// hi_only (the bf16 form): the lo halves, which that form never reads, are not written.
 __global__ void __launch_bounds__(256) split_rows_kernel(float* __restrict__ kv, float* __restrict__ kr, int64_t kr_stride,
-                                                         int64_t kv_rows, int64_t rope_rows) {
+                                                         int64_t kv_rows, int64_t rope_rows, bool hi_only) {
+  auto store = [hi_only](const float4 x, bf16* hi, bf16* lo) {
+    if (hi_only) store_hi4(x, hi);
+    else store_split4(x, hi, lo);
+  };
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < kv_rows + rope_rows; r += warps) {
@@ -102,14 +107,14 @@ __global__ void __launch_bounds__(256) split_rows_kernel(float* __restrict__ kv,
       const float4 a = reinterpret_cast<const float4*>(row)[lane], b = reinterpret_cast<const float4*>(row + kDn)[lane];
       __syncwarp();
       bf16* o = reinterpret_cast<bf16*>(row);
-      store_split4(a, o + 4 * lane, o + kDn + 4 * lane);
-      store_split4(b, o + 2 * kDn + 4 * lane, o + 2 * kDn + kDv + 4 * lane);
+      store(a, o + 4 * lane, o + kDn + 4 * lane);
+      store(b, o + 2 * kDn + 4 * lane, o + 2 * kDn + kDv + 4 * lane);
     } else {
       float* row = kr + (r - kv_rows) * kr_stride;
       const float4 a = lane < kDr / 4 ? reinterpret_cast<const float4*>(row)[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
       __syncwarp();
       bf16* o = reinterpret_cast<bf16*>(row);
-      if (lane < kDr / 4) store_split4(a, o + 4 * lane, o + kDr + 4 * lane);
+      if (lane < kDr / 4) store(a, o + 4 * lane, o + kDr + 4 * lane);
     }
   }
 }
@@ -326,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<X>)
     const int r = i / (kQk / 4), d = 4 * (i % (kQk / 4));
     const int64_t t = q0 + r;
     const float4 v = t < n ? *reinterpret_cast<const float4*>(q + ((offset + t) * nh + h) * kQk + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-    if constexpr (X == 2) store_split4(v, &sm.q[0][r][d], &sm.q[X - 1][r][d]);
+    if constexpr (X == 2) store_split4(v, &sm.q[0][r][d], &sm.q[1][r][d]);
     else store_hi4(v, &sm.q[0][r][d]);
   }
 
@@ -375,7 +380,7 @@ cudaError_t mla_prefill_flash(const float* q, float* kv, float* kr, int64_t kr_s
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   const int64_t rows = S * nh + S;
   const unsigned split_blocks = static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, 4096));
-  split_rows_kernel<<<split_blocks, 256, 0, stream>>>(kv, kr, kr_stride, S * nh, S);
+  split_rows_kernel<<<split_blocks, 256, 0, stream>>>(kv, kr, kr_stride, S * nh, S, bf16_products);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nh));
