@@ -647,16 +647,22 @@ TEST(CudaModelDummy, MlaPrefillFlashMatchesFp32) {
   }
 }
 
-// --gemm-precision bf16 with a bounded gate at D = 128 routes the KDA prefill to kda_chunked_tc
-// (cuda_backend.cpp): workspace sizing, chunk choice and the launch in a real step run, the logits stay finite,
-// and they track the exact path (bf16x2 GEMMs, fp32 KDA) as bf16 GEMMs do (random dummy weights: only a broken
-// path drops the argmax agreement to ~1/V).
-TEST(CudaModelDummy, Bf16GemmBoundedGateTakesTensorCoreKda) {
+// --gemm-precision bf16 at D = 128 routes the KDA prefill to kda_chunked_tc (cuda_backend.cpp): with a bounded gate
+// the factored kernels, with the dummy's unbounded one (log decays down to ~-8 a token: past the factored form's
+// range over a 16-row sub-chunk) the exact-diagonal form (KdaDecays::Any). Workspace sizing, chunk choice and the
+// launch in a real step run, the logits stay finite, and they track the exact path (bf16x2 GEMMs, fp32 KDA) as bf16
+// GEMMs do (random dummy weights: only a broken path drops the argmax agreement to ~1/V).
+class Bf16GemmTensorCoreKda : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(CudaModelDummy, Bf16GemmTensorCoreKda, ::testing::Values(true, false),
+                         [](const auto& i) { return i.param ? std::string("BoundedGate") : std::string("UnboundedGate"); });
+
+TEST_P(Bf16GemmTensorCoreKda, TakesTensorCoreKdaAndTracksExact) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   auto cfg = k3::plan::load_preset("kimi-linear-48b-a3b");
   cfg.num_layers = 4;
   cfg.is_kda.resize(4);
-  cfg.gate_lower_bound = -5.0f;
+  if (GetParam()) cfg.gate_lower_bound = -5.0f;
+  else cfg.gate_lower_bound.reset();
   k3::cuda::CudaLoadOptions lo;
   lo.gemm_bf16 = true;
   auto fast = k3::cuda::CudaModel::load_dummy(cfg, lo);
@@ -674,8 +680,8 @@ TEST(CudaModelDummy, Bf16GemmBoundedGateTakesTensorCoreKda) {
   EXPECT_GT(tc1, tc0);                                 // the bf16 model's prefill took the tensor-core kernel
   EXPECT_EQ(k3::cuda::kda_chunked_tc_calls(), tc1);   // the exact (bf16x2) one did not
   const Cmp c = compare(lf, le, cfg.vocab_size);
-  std::printf("[ e2e ] dummy kimi-linear, bounded gate, gemm bf16 (tensor-core KDA) vs exact: rel %.2e argmax %.4f\n",
-              c.rel, c.argmax);
+  std::printf("[ e2e ] dummy kimi-linear, %s gate, gemm bf16 (tensor-core KDA) vs exact: rel %.2e argmax %.4f\n",
+              GetParam() ? "bounded" : "unbounded", c.rel, c.argmax);
   EXPECT_TRUE(c.finite);
   EXPECT_GE(c.argmax, 0.5);
 }

@@ -61,7 +61,9 @@ void l2norm_rows(Vec& x, size_t rows, float scale) {
   }
 }
 
-Problem make_problem(int H, const std::vector<int>& lens, uint32_t seed) {
+// steep: decays of an unbounded gate (Kimi-Linear's) -- a third of them below the bounded kernels' -5.5, down to -60
+// a token, so a 16-row sub-chunk spans far more than the exp range (88) in those channels; the rest slow to medium.
+Problem make_problem(int H, const std::vector<int>& lens, uint32_t seed, bool steep = false) {
   Problem p;
   p.H = H;
   p.lens = lens;
@@ -87,6 +89,7 @@ Problem make_problem(int H, const std::vector<int>& lens, uint32_t seed) {
   for (auto& x : p.g) {  // the bounded gate's range (-5, 0): slow, medium, strong decays and the bound itself
     const float r = ud(rng);
     x = r < 0.2f ? -1e-3f * ud(rng) : r < 0.3f ? -5.0f : r < 0.45f ? -3.f - 2.f * ud(rng) : -2.f * ud(rng);
+    if (steep && r >= 0.65f) x = r < 0.85f ? -6.f - 14.f * ud(rng) : -20.f - 40.f * ud(rng);
   }
   p.beta.resize(static_cast<size_t>(p.N) * H);
   for (auto& x : p.beta) x = 0.05f + 0.9f * ud(rng);
@@ -121,6 +124,7 @@ struct TcRun {
   int state = 0;  // KdaTcTuning::state (0: the default)
   int overlap = 0;  // KdaTcTuning::overlap (0: the environment's K3_KDA_TC_OVERLAP, 1 off, 2 on)
   int fused = 0;    // KdaTcTuning::fused (0: the environment's K3_KDA_TC_FUSED, 1 off, 2 / 3 on with 2 / 3 buffers)
+  k3::cuda::KdaDecays decays = k3::cuda::KdaDecays::Bounded;
 };
 
 // One kda_chunked_tc call over the whole batch; out, final states and (if asked) the chunk states.
@@ -143,16 +147,14 @@ void gpu_tc(const Problem& p, const TcRun& r, Vec& out, Vec& S, Vec* chunk_state
     Dev<uint16_t> q(k3cudatest::bf16_bits(p.q)), k(k3cudatest::bf16_bits(p.k)), v(k3cudatest::bf16_bits(p.v)), g(k3cudatest::bf16_bits(p.g));
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
                                 k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap, r.fused},
-                                ws.p, wsb,
-                                nullptr),
+                                ws.p, wsb, nullptr, r.decays),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   } else {
     Dev<float> q(p.q), k(p.k), v(p.v), g(p.g);
     ck(k3::cuda::kda_chunked_tc(ds.p, ns, p.N, p.H, kD, r.chunk, r.in, q.p, k.p, v.p, g.p, beta.p, o.p, csp,
                                 k3::cuda::KdaTcTuning{r.value_tile, r.buffers, r.intra, r.state, r.overlap, r.fused},
-                                ws.p, wsb,
-                                nullptr),
+                                ws.p, wsb, nullptr, r.decays),
        "launch");
     ck(cudaDeviceSynchronize(), "sync");
   }
@@ -448,6 +450,60 @@ TEST(CudaKdaTc, PrefillThenDecodeMatchesRecurrence) {
   }
 }
 
+// KdaDecays::Any (the exact diagonal blocks) on an unbounded gate's decays, down to -60 a token: outputs, final and
+// per-chunk states against the fp32 recurrence within kTol, fp32 and bf16 inputs, every state kernel, lengths around
+// the chunk, empty sequences, many chunks. The same inputs through the factored kernels (KdaDecays::Bounded, whose
+// precondition they break) must miss the recurrence by far more -- the case this path exists for, and proof that
+// the inputs reach it -- and on in-range decays the two forms agree to the bf16 class (both ~1e-3 .. 1e-2 from the
+// recurrence; an indexing slip in either is of order 1).
+TEST(CudaKdaTc, AnyDecayMatchesRecurrence) {
+  SKIP_WITHOUT_GPU();
+  using k3::cuda::KdaDecays;
+  const std::vector<std::vector<int>> batches = {{1}, {16, 17, 15}, {31, 32, 33}, {1000}, {257, 0, 64, 65, 1, 129, 511}};
+  uint32_t seed = 2900;
+  for (const auto& lens : batches) {
+    const Problem p = make_problem(lens.size() > 3 ? 2 : 3, lens, ++seed, /*steep=*/true);
+    Vec ro, rS, rC;
+    cpu_ref(p, ro, rS, 32, &rC);
+    for (KdaInType in : {KdaInType::F32, KdaInType::BF16})
+      for (int state : {0, 1, 2, 3}) {
+        TcRun r{32, 0, 0, in, true};
+        r.state = state;
+        r.decays = KdaDecays::Any;
+        Vec go, gS, gC;
+        gpu_tc(p, r, go, gS, &gC);
+        const double eo = rel_err(go, ro), es = rel_err(gS, rS), ec = rel_err(gC, rC);
+        std::printf("[ kda-tc ] any-decay %s-in state%d H=%d lens=%-26s out %.2e  state %.2e  chunk states %.2e\n",
+                    in == KdaInType::BF16 ? "bf16" : "fp32", state, p.H, lens_str(lens).c_str(), eo, es, ec);
+        EXPECT_LT(eo, kTol) << "state " << state << " lens " << lens_str(lens);
+        EXPECT_LT(es, kTol) << "state " << state << " lens " << lens_str(lens);
+        EXPECT_LT(ec, kTol) << "state " << state << " lens " << lens_str(lens);
+      }
+    if (*std::max_element(lens.begin(), lens.end()) >= 16) {  // a full sub-chunk: the factored form overflows
+      Vec go, gS;
+      gpu_tc(p, TcRun{32, 0, 0, KdaInType::F32, false}, go, gS, nullptr);
+      const double eo = rel_err(go, ro);
+      std::printf("[ kda-tc ] factored (bounded) kernels on the steep decays: out %.2e\n", eo);
+      EXPECT_FALSE(eo < 10 * kTol) << "the factored form matched steep decays: the test inputs are not steep";
+    }
+  }
+  for (const auto& lens : batches) {  // in range: the exact and factored forms agree
+    const Problem p = make_problem(3, lens, ++seed);
+    for (KdaInType in : {KdaInType::F32, KdaInType::BF16}) {
+      TcRun r{32, 0, 0, in, false};
+      Vec fo, fS, xo, xS;
+      gpu_tc(p, r, fo, fS, nullptr);
+      r.decays = KdaDecays::Any;
+      gpu_tc(p, r, xo, xS, nullptr);
+      const double eo = rel_err(xo, fo), es = rel_err(xS, fS);
+      std::printf("[ kda-tc ] any-decay vs factored, in range, %s-in lens=%-26s out %.2e  state %.2e\n",
+                  in == KdaInType::BF16 ? "bf16" : "fp32", lens_str(lens).c_str(), eo, es);
+      EXPECT_LT(eo, kTol);
+      EXPECT_LT(es, kTol);
+    }
+  }
+}
+
 TEST(CudaKdaTc, RejectsBadShapes) {
   SKIP_WITHOUT_GPU();
   using k3::cuda::kda_chunked_tc;
@@ -485,6 +541,9 @@ TEST(CudaKdaTc, RejectsBadShapes) {
   EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 32, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
                            k3::cuda::KdaTcTuning{0, 0, 0, 0, 0, 6}, ws.p, wsb, nullptr),
             cudaErrorInvalidValue);  // fused 6 (0..5 exist)
+  EXPECT_EQ(kda_chunked_tc(ds.p, 1, 64, 1, kD, 64, KdaInType::F32, x, x, x, x, beta.p, x, nullptr,
+                           k3::cuda::KdaTcTuning{}, ws.p, wsb, nullptr, k3::cuda::KdaDecays::Any),
+            cudaErrorInvalidValue);  // any decay: chunk 32 only
 }
 
 // The fused kernel's variants that round differently from the two-kernel path (KdaTcTuning::fused 4: every

@@ -1,7 +1,7 @@
 // Where a KDA layer's prefill time goes, piece by piece, as CudaBackend::kda_mix runs it (Backend::kda_mix: the
 // conv + L2 norm, the gates, the chunked recurrence, the gated output norm), at the Kimi-Linear (32 heads) and K3
 // (96 heads) widths: the fp32 chunked kernels (the bf16x2 default), kda_chunked_tc on fp32 inputs (the bf16 GEMM
-// mode today) and on bf16 inputs (what the fused kernel needs). Prints only (a timing, not a check: the kernels'
+// mode today) and on bf16 inputs (what the fused kernel needs), and its any-decay form (Kimi-Linear's unbounded gate). Prints only (a timing, not a check: the kernels'
 // correctness is CudaKda.* and CudaKdaTc.*); the outputs are checked finite so a failed launch cannot pass quietly.
 #include <gtest/gtest.h>
 
@@ -85,6 +85,15 @@ void time_shape(int ns, int T, int H) {
     return k3::cuda::kda_chunked_tc(seqs.p, ns, N, H, D, 32, KdaInType::BF16, q16.p, k16.p, v16.p, g16.p, beta.p, o.p,
                                     nullptr, k3::cuda::KdaTcTuning{}, ws.p, wst, nullptr);
   }, reps);
+  // KdaDecays::Any (an unbounded gate: the exact diagonal blocks; data-independent work, so in-range decays time it)
+  const float any32 = ms_per_call([&] {
+    return k3::cuda::kda_chunked_tc(seqs.p, ns, N, H, D, 32, KdaInType::F32, q.p, k.p, v.p, g.p, beta.p, o.p, nullptr,
+                                    k3::cuda::KdaTcTuning{}, ws.p, wst, nullptr, k3::cuda::KdaDecays::Any);
+  }, reps);
+  const float any16 = ms_per_call([&] {
+    return k3::cuda::kda_chunked_tc(seqs.p, ns, N, H, D, 32, KdaInType::BF16, q16.p, k16.p, v16.p, g16.p, beta.p, o.p,
+                                    nullptr, k3::cuda::KdaTcTuning{}, ws.p, wst, nullptr, k3::cuda::KdaDecays::Any);
+  }, reps);
   const float outg = ms_per_call([&] {
     return k3::cuda::kda_output_gate(N, H, D, o.p, nw.p, 1e-5f, gate.p, nullptr);
   }, reps);
@@ -92,9 +101,9 @@ void time_shape(int ns, int T, int H) {
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
   std::printf("[ timing ] kda prefill %d x %5d tokens, H=%2d: conv+l2 %.3f (bf16 out %.3f) | gates %.3f (+bf16 copy %.3f)"
               " | chunked32 f32 %.3f | tc f32-in %.3f | tc bf16-in %.3f | out gate %.3f ms; layer f32 %.3f, tc f32-in %.3f,"
-              " bf16 planes %.3f ms\n",
+              " bf16 planes %.3f ms; any-decay tc f32-in %.3f, bf16-in %.3f ms (layer on bf16 planes %.3f)\n",
               ns, T, H, conv, conv16, gates, gates16, f32, tc32, tc16, outg, conv + gates + f32 + outg,
-              conv + gates + tc32 + outg, conv16 + gates16 + tc16 + outg);
+              conv + gates + tc32 + outg, conv16 + gates16 + tc16 + outg, any32, any16, conv16 + gates16 + any16 + outg);
 }
 
 TEST(CudaKdaPrefill, TimingPieces) {

@@ -41,7 +41,8 @@ CudaBackend::CudaBackend(const ModelConfig& c, const CacheSpec& spec, cudaStream
       spec_(spec),
       stream_(stream),
       gemm_bf16_(gemm_bf16),
-      kda_tc_(gemm_bf16 && c.gate_lower_bound && *c.gate_lower_bound >= -5.5f && c.kda_head_dim == 128),
+      kda_tc_(gemm_bf16 && c.kda_head_dim == 128),
+      kda_tc_any_decay_(!(c.gate_lower_bound && *c.gate_lower_bound >= -5.5f)),
       prof_(prof) {
   lin_ = std::make_unique<LinearRunner>(stream, gemm_bf16 ? GemmPrecision::Bf16 : GemmPrecision::Bf16x2);
   const char* overlap = std::getenv("K3_HYBRID_OVERLAP");
@@ -114,6 +115,7 @@ void CudaBackend::stage_mla(const graph::StepPlan& plan) {
 void CudaBackend::stage_kda(const graph::StepPlan& plan) {
   const int64_t n_kda = cfg_.num_kda_layers();
   sd_.kda_chunk = plan.kda_chunk > 0 ? plan.kda_chunk : kda_tc_ ? kDefaultKdaTcChunk : kDefaultKdaChunk;
+  sd_.kda_tc = kda_tc_ && (!kda_tc_any_decay_ || sd_.kda_chunk == 32);
   // (No bf16-state chunked kernel yet: a bf16 state takes the recurrence for prefill too.)
   const bool chunk_ok = (sd_.kda_chunk == 16 || sd_.kda_chunk == 32 || sd_.kda_chunk == 64) &&
                         spec_.kda_state_dtype == CacheDType::F32;
@@ -151,8 +153,8 @@ void CudaBackend::size_workspaces(int64_t N, int64_t R, int64_t T) {
       size_t kb = 0;
       const int H = static_cast<int>(c.kda_heads), D = static_cast<int>(c.kda_head_dim);
       for (int ch : {16, 32, 64})
-        kb = std::max(kb, kda_tc_ ? kda_chunked_tc_workspace_bytes(n, n, H, D, ch == 64 ? 64 : 32)
-                                  : kda_chunked_workspace_bytes(n, n, H, D, ch));
+        kb = std::max({kb, kda_chunked_workspace_bytes(n, n, H, D, ch),
+                       kda_tc_ ? kda_chunked_tc_workspace_bytes(n, n, H, D, ch == 64 ? 64 : 32) : size_t{0}});
       kda_ws_ = DeviceBuffer();
       kda_ws_ = DeviceBuffer(kb);
     }

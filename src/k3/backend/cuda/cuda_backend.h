@@ -174,6 +174,7 @@ class CudaBackend final : public graph::Backend {
            layer_stride = 0, pages = 0;  // pages: one pointer per page, every layer
     std::vector<size_t> kda_all, kda_rec, kda_chk;  // per KDA layer: KdaSeq arrays
     int n_rec = 0, n_chk = 0, n_dec_tokens = 0, kda_chunk = 0;
+    bool kda_tc = false;  // the step's chunked sequences take kda_chunked_tc (kda_tc_ and a chunk it runs)
     // Speculative verification (StepSeq::n_snapshots): per KDA layer, the rounds the conv and the
     // recurrence run in (cuda_backend_kda.cpp); empty when no sequence of the step saves a state.
     std::vector<std::vector<KdaRound>> kda_rounds;
@@ -218,9 +219,11 @@ class CudaBackend final : public graph::Backend {
   bool gemm_bf16_;
   MoeActivationDType moe_act_ = MoeActivationDType::F32;
   // KDA prefill on tensor cores (kda_chunked_tc): only when the model runs with plain bf16 GEMMs (the user
-  // already accepted bf16 rounding; the default bf16x2 keeps the exact fp32 kda_chunked), the gate is bounded
-  // with lower_bound >= -5.5 (the kernel's range precondition) and D = 128.
+  // already accepted bf16 rounding; the default bf16x2 keeps the exact fp32 kda_chunked) and D = 128. A gate
+  // bounded with lower_bound >= -5.5 (K3) takes the factored kernels at chunk 32 or 64; any other (Kimi-Linear's
+  // unbounded gate) the exact-diagonal form (KdaDecays::Any), chunk 32 only -- other chunks take kda_chunked.
   bool kda_tc_;
+  bool kda_tc_any_decay_;
   Profiler& prof_;
   const graph::StepPlan* plan_ = nullptr;
 

@@ -138,10 +138,11 @@ void CudaBackend::kda_recurrence(int64_t layer, const graph::KdaDims& d, Tensor 
     K3_CUDA_CHECK(cuda::kda_recurrent_typed(staged<const KdaSeq>(sd_.kda_rec[li]), sd_.n_rec, Hk, D, q.f(), k.f(), v.f(),
                                             g.f(), beta.f(), o.f(), spec_.kda_state_dtype, stream_));
   }
-  if (sd_.n_chk > 0 && kda_tc_)  // bf16 GEMM mode: tensor cores (chunk 32 or 64)
+  if (sd_.n_chk > 0 && sd_.kda_tc)  // bf16 GEMM mode: tensor cores (chunk 32 or 64)
     K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
                                        sd_.kda_chunk == 64 ? 64 : 32, KdaInType::F32, q.f(), k.f(), v.f(), g.f(), beta.f(),
-                                       o.f(), nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+                                       o.f(), nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_,
+                                       kda_tc_any_decay_ ? KdaDecays::Any : KdaDecays::Bounded));
   else if (sd_.n_chk > 0)
     K3_CUDA_CHECK(cuda::kda_chunked(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(q.rows), Hk, D,
                                     sd_.kda_chunk, q.f(), k.f(), v.f(), g.f(), beta.f(), o.f(), kda_ws_.get(),
@@ -165,7 +166,7 @@ bool CudaBackend::kda_bf16_prefill_ok() const {
     const char* e = std::getenv("K3_KDA_PREFILL_IN");
     return e != nullptr && std::string(e) == "f32";
   }();
-  return kda_tc_ && !f32_forced && sd_.n_chk > 0 && sd_.n_rec == 0 && sd_.kda_rounds.empty();
+  return sd_.kda_tc && !f32_forced && sd_.n_chk > 0 && sd_.n_rec == 0 && sd_.kda_rounds.empty();
 }
 
 void CudaBackend::kda_prefill_bf16(int64_t layer, const KdaWeights& w, const graph::KdaDims& d,
@@ -193,7 +194,8 @@ void CudaBackend::kda_prefill_bf16(int64_t layer, const KdaWeights& w, const gra
     const ProfRegion region(prof_, "kda/chunk", stream_);
     K3_CUDA_CHECK(cuda::kda_chunked_tc(staged<const KdaSeq>(sd_.kda_chk[li]), sd_.n_chk, static_cast<int>(N), H, D,
                                        sd_.kda_chunk == 64 ? 64 : 32, KdaInType::BF16, q, k, v, g, braw.f(), o.f(),
-                                       nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_));
+                                       nullptr, KdaTcTuning{}, kda_ws_.get(), kda_ws_.bytes(), stream_,
+                                       kda_tc_any_decay_ ? KdaDecays::Any : KdaDecays::Bounded));
   }
   kda_output_gate(w, d, eps, o, gate_proj);
 }

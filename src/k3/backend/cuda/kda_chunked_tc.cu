@@ -384,11 +384,11 @@ __device__ __forceinline__ void intra2_load(const T* __restrict__ q, const T* __
 
 // intra2_elementwise_to (kda_tc_intra2.cuh) with Q exp(G) and exp(G_last - G) k going to the workspace (rows < Lc),
 // every exponential __expf.
-template <bool CS = false>
+template <bool CS = false, bool kExact = false>
 __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, int Lc,
                                                    char* sp, bf16* __restrict__ gQ, bf16* __restrict__ gK,
                                                    size_t at0, int C) {
-  intra2_elementwise_to<ExpFast, ExpFast>(t, rf, r0, d, sp, reinterpret_cast<bf16*>(sp + Intra2Cfg::off_ke),
+  intra2_elementwise_to<ExpFast, ExpFast, kExact>(t, rf, r0, d, sp, reinterpret_cast<bf16*>(sp + Intra2Cfg::off_ke),
                                           reinterpret_cast<bf16*>(sp + Intra2Cfg::off_v), [=](int i, uint2 qg, uint2 kd) {
                                             if (i < Lc) {
                                               const size_t at = at0 + static_cast<size_t>(i) * C;
@@ -399,11 +399,11 @@ __device__ __forceinline__ void intra2_elementwise(const Intra2Tile& t, const In
 }
 
 // intra2_products_to (kda_tc_intra2.cuh) with A_qk's rows < Lc going to the workspace plane [N][H][L].
-template <bool CS = false>
+template <bool CS = false, bool kExact = false>
 __device__ __forceinline__ void intra2_products(const char* sp, float* Ak, bf16* __restrict__ Ap, size_t row0,
                                                 int Lc, int H, int h, int tid = threadIdx.x) {
   constexpr int L = Intra2Cfg::L;
-  intra2_products_to(sp, Ak, [&](int i, int j, float x0, float x1, bool zero_block) {
+  intra2_products_to<kExact>(sp, Ak, [&](int i, int j, float x0, float x1, bool zero_block) {
     if (i < Lc) {
       bf16* arow = Ap + ((row0 + i) * H + h) * L;
       st_out<CS>(arow + j, pack2(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f));
@@ -424,7 +424,9 @@ __device__ __forceinline__ void intra2_apply(const char* sp, const bf16* Ts, con
 
 // MINB: blocks per SM the registers must allow (3: 80 registers, no spills, the default; 4: 64 registers,
 // ~200 bytes of spills, one more block of latency hiding: an A/B variant, KdaTcTuning::intra = 3).
-template <class T, int MINB>
+// kExact (KdaDecays::Any): the diagonal blocks summed exactly (kda_tc_intra2.cuh, IntraExactCfg): shared memory
+// IntraExactCfg::bytes (70 KB, still 3 blocks per SM), one more barrier.
+template <class T, int MINB, bool kExact = false>
 __global__ void __launch_bounds__(Intra2Cfg::NT, MINB)
     kda_tc_intra2_kernel(const KdaSeq* __restrict__ seqs, int n_seqs, const int* __restrict__ base, int H,
                          const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -454,12 +456,16 @@ __global__ void __launch_bounds__(Intra2Cfg::NT, MINB)
   intra2_load<T>(q, k, v, g, at0, r0, Lc, C, t);
   intra2_scan(t.G, lane);
   const Intra2Refs rf = intra2_refs(t.G, cg);
-  intra2_elementwise(t, rf, r0, d, Lc, sp, ws.Q, ws.K, at0, C);
+  intra2_elementwise<false, kExact>(t, rf, r0, d, Lc, sp, ws.Q, ws.K, at0, C);
   if (seg == 7)
     *reinterpret_cast<float4*>(ws.eL + (static_cast<size_t>(b) * H + h) * kD + d) =
         make_float4(__expf(rf.gl[0]), __expf(rf.gl[1]), __expf(rf.gl[2]), __expf(rf.gl[3]));
   __syncthreads();  // operands and beta complete
-  intra2_products(sp, Ak, ws.A, row0, Lc, H, h);
+  if constexpr (kExact) {
+    intra2_exact_diag(sp, Ak, tid);
+    __syncthreads();  // the exact diagonal blocks in Ak and the A_qk plane
+  }
+  intra2_products<false, kExact>(sp, Ak, ws.A, row0, Lc, H, h);
   __syncthreads();  // Ak complete; Ql, Kl free for the inverse's scratch
   intra2_diag_inverse(Ak, Mi);
   __syncthreads();
@@ -956,15 +962,15 @@ cudaError_t launch_intra(const KdaSeq* seqs, int n_seqs, int N, int H, const T* 
   return cudaGetLastError();
 }
 
-template <class T, int MINB>
+template <class T, int MINB, bool kExact = false>
 cudaError_t launch_intra2(const KdaSeq* seqs, int n_seqs, int N, int H, const T* q, const T* k, const T* v,
                           const T* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
-  constexpr size_t smem = Intra2Cfg::bytes;
+  constexpr size_t smem = kExact ? IntraExactCfg::bytes : Intra2Cfg::bytes;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      kda_tc_intra2_kernel<T, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      kda_tc_intra2_kernel<T, MINB, kExact>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(N / Intra2Cfg::L + n_seqs), static_cast<unsigned>(H));
-  kda_tc_intra2_kernel<T, MINB>
+  kda_tc_intra2_kernel<T, MINB, kExact>
       <<<grid, Intra2Cfg::NT, smem, stream>>>(seqs, n_seqs, ws.base, H, q, k, v, g, beta, ws);
   return cudaGetLastError();
 }
@@ -1028,11 +1034,13 @@ cudaError_t launch_intra3(const KdaSeq* seqs, int n_seqs, int N, int H, const bf
 // intra: 1 = v1, 2 = v2, 3 = v2 at 4 blocks per SM, 4 = v3 (persistent, register prefetch), 5 = v3 with
 // streaming stores. v2 and v3 exist for chunk 32 only (chunk 64 always takes v1); v3 for bf16 inputs only (fp32
 // inputs take v2: see kda_tc_intra3_kernel).
+// intra = 0: the any-decay kernel (v2 with the exact diagonal blocks; chunk 32).
 template <int L, class T>
 cudaError_t launch_intra_any(int intra, const KdaSeq* seqs, int n_seqs, int N, int H, const void* q, const void* k,
                              const void* v, const void* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
   const T *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k), *tv = static_cast<const T*>(v),
           *tg = static_cast<const T*>(g);
+  if (L == 32 && intra == 0) return launch_intra2<T, 3, true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && intra == 2) return launch_intra2<T, 3>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && intra == 3) return launch_intra2<T, 4>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && (intra == 4 || intra == 5)) {
@@ -1253,7 +1261,9 @@ unsigned long long kda_chunked_tc_calls() { return g_tc_calls.load(); }
 cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
                            KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
                            const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
-                           size_t workspace_bytes, cudaStream_t stream) {
+                           size_t workspace_bytes, cudaStream_t stream, KdaDecays decays) {
+  const bool any_decay = decays == KdaDecays::Any;
+  if (any_decay && chunk != 32) return cudaErrorInvalidValue;
   if (D != kD || (chunk != 32 && chunk != 64) || H <= 0 || n_seqs < 0 || n_total_tokens < 0 ||
       (tuning.value_tile != 0 && tuning.value_tile != 32 && tuning.value_tile != 64 &&
        !(tuning.value_tile == 128 && chunk == 32)) ||
@@ -1275,7 +1285,8 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // two measured 1-10% slower everywhere (fewer resident blocks).
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
-  const int intra = tuning.intra != 0 ? tuning.intra : intra_default();
+  // Any decay: the exact-diagonal intra kernel (v2's form; intra 0 to launch_intra_any), whatever was asked.
+  const int intra = any_decay ? 0 : tuning.intra != 0 ? tuning.intra : intra_default();
   // A caller that sets v1's value tile or buffers asks for v1 (the tests of its tiles, the bench rows).
   const bool v1_knobs = tuning.value_tile != 0 || tuning.buffers != 0;
   const int state = tuning.state != 0 ? tuning.state
@@ -1285,7 +1296,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // The overlapped launch where it exists (chunk 32, bf16 inputs, intra v3 / v3cs, state v2); anywhere else,
   // fp32 inputs included (their intra kernel is v2, not persistent), the request falls back to the sequential
   // launch, whose outputs are the same bits.
-  const bool overlap = (tuning.overlap == 2 || (tuning.overlap == 0 && overlap_env())) && chunk == 32 &&
+  const bool overlap = !any_decay && (tuning.overlap == 2 || (tuning.overlap == 0 && overlap_env())) && chunk == 32 &&
                        in_type == KdaInType::BF16 && (intra == 4 || intra == 5) && (state == 2 || state == 3);
   // The fused kernel where it exists (chunk 32, bf16 inputs); elsewhere the request runs the two-kernel path. A
   // caller that picks a two-kernel knob (intra, state, overlap, v1's tiles) asks for the two kernels (the tests
@@ -1295,7 +1306,7 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
                     : fused_env() != 0   ? fused_env()
                     : two_kernel_knobs   ? 1
                                          : fused_rule(n_seqs, H);
-  if (fused >= 2 && chunk == 32 && in_type == KdaInType::BF16) {
+  if (fused >= 2 && chunk == 32 && in_type == KdaInType::BF16 && !any_decay) {
     g_tc_calls.fetch_add(1);
     return kda_tc_fused_launch(fused, seqs, n_seqs, H, q, k, v, g, beta, o, chunk_states, stream);
   }

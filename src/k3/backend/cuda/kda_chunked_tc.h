@@ -5,10 +5,13 @@
 // so results match the fp32 path to bf16 accuracy (~1e-2 relative), not to fp32 rounding. The fp32
 // recurrent state itself is carried in registers across chunks and stored in fp32.
 //
-// Preconditions beyond kda_chunked's: D = 128; chunk 32 or 64; every per-token log decay g >= -5.5 (the
-// bounded gate with lower_bound >= -5.5): the intra-chunk products factor exp(G_i - G_j) per 16-token
-// sub-chunk around its first row, which needs exp(15 * 5.5) to stay in float range. Decays below that are
-// clamped (finite but wrong results), so callers with an unbounded gate take kda_chunked.
+// Preconditions beyond kda_chunked's: D = 128; chunk 32 or 64; with KdaDecays::Bounded (the default) every per-token
+// log decay g >= -5.5 (the bounded gate with lower_bound >= -5.5): the intra-chunk products factor exp(G_i - G_j) per
+// 16-token sub-chunk around its first row, which needs exp(15 * 5.5) to stay in float range; decays below that are
+// clamped (finite but wrong results). KdaDecays::Any (an unbounded gate: Kimi-Linear's) sums the two diagonal
+// 16 x 16 blocks of each chunk's products exactly in fp32 instead (kda_tc_intra2.cuh, IntraExactCfg) and is right
+// for any g <= 0; chunk 32 only, always the two-kernel path with the v2-form intra kernel (the tuning's intra,
+// overlap and fused knobs do not apply).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -19,6 +22,7 @@
 namespace k3::cuda {
 
 enum class KdaInType { F32, BF16 };  // element type of q, k, v, g (beta is always fp32)
+enum class KdaDecays { Bounded, Any };  // per-token log decays >= -5.5 (the bounded gate), or any <= 0
 
 // Workspace for kda_chunked_tc (16-byte aligned): about (4 C + H chunk) bf16 per row plus D floats and one
 // 32-bit flag per (chunk, head).
@@ -85,7 +89,7 @@ struct KdaTcTuning {
 cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, int H, int D, int chunk,
                            KdaInType in_type, const void* q, const void* k, const void* v, const void* g,
                            const float* beta, float* o, float* chunk_states, KdaTcTuning tuning, void* workspace,
-                           size_t workspace_bytes, cudaStream_t stream);
+                           size_t workspace_bytes, cudaStream_t stream, KdaDecays decays = KdaDecays::Bounded);
 
 // Calls of kda_chunked_tc in this process that launched kernels (tests: which prefill path a model took).
 unsigned long long kda_chunked_tc_calls();

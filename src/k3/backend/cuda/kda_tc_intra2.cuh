@@ -200,12 +200,28 @@ struct ExpFast {
   __device__ __forceinline__ float operator()(float x) const { return __expf(x); }
 };
 
+// Any-decay variant (kExact; KdaDecays::Any): the diagonal 16 x 16 blocks of A_kk and A_qk are not factored around the
+// sub-chunk's first row (the right factor exp(G_ref - G_j) overflows once a channel decays by more than ~88 over 15
+// rows, which an unbounded gate allows) but summed exactly, q_i k_j exp(G_i - G_j) per channel (intra2_exact_diag, after
+// elementwise). Every other operand is a product of factors <= 1 for any decay (off-diagonal blocks factor around row
+// 16 from both sides; exp(G), exp(G_last - G) <= 1), so they stay as they are. The exact sums read G (fp32) from the
+// extension region and the raw bf16 q / k rows from the slots the factored diagonal products would have used: q rows
+// [0, 16) in Ql rows [0, 16), q rows [16, 32) in Kl rows [0, 16), k rows [0, 16) in Kr rows [0, 16), k rows [16, 32) in
+// Kr rows [32, 48). Ql / Kl rows [16, 32) and Kr rows [16, 32) (the off-diagonal block's operands) are as before.
+struct IntraExactCfg {
+  static constexpr int LDG = kD + 4, LDE = 17;  // rows 16 bytes apart modulo the banks (conflict-free float4 reads)
+  static constexpr size_t off_g = Intra2Cfg::bytes;  // G fp32 [32][LDG]
+  static constexpr size_t off_eq = off_g + static_cast<size_t>(Intra2Cfg::L) * LDG * sizeof(float);
+  static constexpr size_t bytes = off_eq + static_cast<size_t>(Intra2Cfg::L) * LDE * sizeof(float);  // + A_qk diag
+  static_assert(off_g % 16 == 0 && off_eq % 16 == 0, "float4 alignment");
+};
+
 // The elementwise operands of the thread's 4 rows: v to Vb and exp(G) k to KE (rows of LDB), the sub-chunk operands
 // Ql, Kl, Kr to shared memory, and Q exp(G) / exp(G_last - G) k handed to out(i, qg, kd) for row i -- the two-kernel
 // path's workspace rows, the fused kernel's ring rows. ExpGD forms exp(G) and exp(G_last - G), ExpRef the sub-chunk
 // exponentials. exp(G_ref - G_j) > 1 only inside row j's own sub-chunk (at most exp(15 * 5.5)); the clamp at 88 keeps
-// it finite for gates below the precondition.
-template <class ExpGD, class ExpRef, class Out>
+// it finite for gates below the precondition. kExact: the any-decay layout above (IntraExactCfg).
+template <class ExpGD, class ExpRef, bool kExact = false, class Out>
 __device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const Intra2Refs& rf, int r0, int d, char* sp,
                                                       bf16* KE, bf16* Vb, Out&& out) {
   using Cfg = Intra2Cfg;
@@ -232,17 +248,104 @@ __device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const
     }
     const int o = i * Cfg::LDB + d;
     st8(KE + o, scale4(t.k[u], eG));
-    st8(Ql + o, scale4(t.q[u], eA));
-    st8(Kl + o, scale4(t.k[u], eA));
-    st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
-    if (first) {  // reference row 0: exp(G_0 - G_j) <= 1
-      float e0[4];
+    if constexpr (kExact) {
+      const uint2 qraw = make_uint2(t.q[u][0], t.q[u][1]), kraw = make_uint2(t.k[u][0], t.k[u][1]);
+      *reinterpret_cast<float4*>(sp + IntraExactCfg::off_g + (static_cast<size_t>(i) * IntraExactCfg::LDG + d) * 4) =
+          make_float4(t.G[u][0], t.G[u][1], t.G[u][2], t.G[u][3]);
+      if (first) {
+        st8(Ql + o, qraw);
+        st8(Kr + o, kraw);
+        st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));  // exp(G_16 - G_j) <= 1 for j < 16
+      } else {
+        st8(Ql + o, scale4(t.q[u], eA));
+        st8(Kl + o, scale4(t.k[u], eA));
+        st8(Kl + o - 16 * Cfg::LDB, qraw);
+        st8(Kr + 16 * Cfg::LDB + o, kraw);
+      }
+    } else {
+      st8(Ql + o, scale4(t.q[u], eA));
+      st8(Kl + o, scale4(t.k[u], eA));
+      st8(Kr + 16 * Cfg::LDB + o, scale4(t.k[u], e16));
+      if (first) {  // reference row 0: exp(G_0 - G_j) <= 1
+        float e0[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) e0[c] = exp_ref(rf.g0[c] - t.G[u][c]);
-      st8(Kr + o, scale4(t.k[u], e0));
+        for (int c = 0; c < 4; ++c) e0[c] = exp_ref(rf.g0[c] - t.G[u][c]);
+        st8(Kr + o, scale4(t.k[u], e0));
+      }
     }
     out(i, scale4(t.q[u], eG), scale4(t.k[u], eD));
   }
+}
+
+// The exact diagonal blocks (kExact; after a barrier that follows intra2_elementwise_to<..., true>): thread t < 240 takes
+// the strictly lower pair (i, j) number t % 120 of sub-chunk t / 120 and sums over the 128 channels
+//   A_qk[i][j] = sum q_i k_j exp(G_i - G_j),   A_kk[i][j] = beta_i sum k_i k_j exp(G_i - G_j)
+// (fp32, the raw bf16 q / k, G from the extension region: exp of a difference <= 0, never out of range); A_kk goes to
+// Ak (only its strictly lower part is read), A_qk to the extension's [32][LDE] plane, read by intra2_products_to<true>.
+// Threads 240..255: the diagonal A_qk[i][i] = q_i . k_i of rows t - 240 and t - 224 (no exponential).
+__device__ __forceinline__ void intra2_exact_diag(const char* sp, float* Ak, int tid) {
+  using Cfg = Intra2Cfg;
+  using X = IntraExactCfg;
+  constexpr int LDB = Cfg::LDB;
+  const bf16* Ql = reinterpret_cast<const bf16*>(sp + Cfg::off_ql);
+  const bf16* Kl = reinterpret_cast<const bf16*>(sp + Cfg::off_kl);
+  const bf16* Kr = reinterpret_cast<const bf16*>(sp + Cfg::off_kr);
+  const float* Gs = reinterpret_cast<const float*>(sp + X::off_g);
+  float* Eq = reinterpret_cast<float*>(const_cast<char*>(sp) + X::off_eq);
+  auto qraw = [&](int s, int i) { return (s ? Kl : Ql) + i * LDB; };  // row i of sub-chunk s
+  auto kraw = [&](int s, int i) { return Kr + (32 * s + i) * LDB; };
+  if (tid >= 240) {
+    const int u = tid - 240;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const bf16 *q = qraw(s, u), *k = kraw(s, u);
+      float a0 = 0.f, a1 = 0.f;
+#pragma unroll 4
+      for (int c = 0; c < kD; c += 8) {
+        const uint4 q8 = *reinterpret_cast<const uint4*>(q + c), k8 = *reinterpret_cast<const uint4*>(k + c);
+        const uint32_t qw[4] = {q8.x, q8.y, q8.z, q8.w}, kw[4] = {k8.x, k8.y, k8.z, k8.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const float2 a = unpack2(qw[w]), b = unpack2(kw[w]);
+          a0 = fmaf(a.x, b.x, a0);
+          a1 = fmaf(a.y, b.y, a1);
+        }
+      }
+      Eq[(16 * s + u) * X::LDE + u] = a0 + a1;
+    }
+    return;
+  }
+  const int s = tid >= 120 ? 1 : 0, p = tid - 120 * s;
+  int i = static_cast<int>((1.f + sqrtf(1.f + 8.f * static_cast<float>(p))) * 0.5f);  // i (i - 1) / 2 <= p < i (i + 1) / 2
+  i -= i * (i - 1) / 2 > p ? 1 : 0;
+  i += (i + 1) * i / 2 <= p ? 1 : 0;
+  const int j = p - i * (i - 1) / 2, I = 16 * s + i, J = 16 * s + j;
+  const bf16 *qi = qraw(s, i), *ki = kraw(s, i), *kj = kraw(s, j);
+  const float *gi = Gs + I * X::LDG, *gj = Gs + J * X::LDG;
+  float aq0 = 0.f, aq1 = 0.f, ak0 = 0.f, ak1 = 0.f;
+#pragma unroll 1
+  for (int c = 0; c < kD; c += 8) {
+    const uint4 q8 = *reinterpret_cast<const uint4*>(qi + c), ki8 = *reinterpret_cast<const uint4*>(ki + c),
+                kj8 = *reinterpret_cast<const uint4*>(kj + c);
+    const float4 gi0 = *reinterpret_cast<const float4*>(gi + c), gi1 = *reinterpret_cast<const float4*>(gi + c + 4);
+    const float4 gj0 = *reinterpret_cast<const float4*>(gj + c), gj1 = *reinterpret_cast<const float4*>(gj + c + 4);
+    const uint32_t qw[4] = {q8.x, q8.y, q8.z, q8.w}, kiw[4] = {ki8.x, ki8.y, ki8.z, ki8.w},
+                   kjw[4] = {kj8.x, kj8.y, kj8.z, kj8.w};
+    const float dg[8] = {gi0.x - gj0.x, gi0.y - gj0.y, gi0.z - gj0.z, gi0.w - gj0.w,
+                         gi1.x - gj1.x, gi1.y - gj1.y, gi1.z - gj1.z, gi1.w - gj1.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = unpack2(qw[w]), b = unpack2(kiw[w]), e = unpack2(kjw[w]);
+      const float t0 = e.x * __expf(dg[2 * w]), t1 = e.y * __expf(dg[2 * w + 1]);
+      aq0 = fmaf(a.x, t0, aq0);
+      aq1 = fmaf(a.y, t1, aq1);
+      ak0 = fmaf(b.x, t0, ak0);
+      ak1 = fmaf(b.y, t1, ak1);
+    }
+  }
+  const float* bs = reinterpret_cast<const float*>(sp + Cfg::off_bs);
+  Ak[I * Cfg::LDK + J] = bs[I] * (ak0 + ak1);
+  Eq[I * X::LDE + j] = aq0 + aq1;
 }
 
 // A_kk (times beta_i, strictly lower, fp32 to Ak) and A_qk (lower with the diagonal, bf16, zeros above): the
@@ -251,7 +354,9 @@ __device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const
 // the diagonal). Warp w: kind w / 4 (0: A_kk from Kl, 1: A_qk from Ql); job w % 4 = the 16 x 16 tile (row tile,
 // key tile) (0, 0), (1, 0), (1, 1); job 3 idles. Key tile jt of row tile rt reads Kr rows 16 rt + 16 jt (the
 // reference of rt).
-template <class StoreAqk>
+// kExact: the diagonal blocks (jobs 0, 2) come from intra2_exact_diag (A_kk already in Ak; A_qk from the extension's
+// plane, through the same stores), only job 1 runs on tensor cores.
+template <bool kExact = false, class StoreAqk>
 __device__ __forceinline__ void intra2_products_to(const char* sp, float* Ak, StoreAqk&& store_aqk, int tid) {
   using Cfg = Intra2Cfg;
   constexpr int LDB = Cfg::LDB;
@@ -259,6 +364,20 @@ __device__ __forceinline__ void intra2_products_to(const char* sp, float* Ak, St
   const int kind = w >> 2, job = w & 3;
   if (job == 3) return;
   const int rt = job == 0 ? 0 : 1, jt = job == 2 ? 1 : 0;
+  if constexpr (kExact) {
+    if (job != 1) {
+      if (kind == 0) return;
+      const float* Eq = reinterpret_cast<const float*>(sp + IntraExactCfg::off_eq);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * rt + gq + 8 * half, jl = 8 * n + 2 * tq;  // jl: column within the diagonal block
+          store_aqk(i, 16 * jt + jl, Eq[i * IntraExactCfg::LDE + jl], Eq[i * IntraExactCfg::LDE + jl + 1], job == 0);
+        }
+      return;
+    }
+  }
   const bf16* A = reinterpret_cast<const bf16*>(sp + (kind ? Cfg::off_ql : Cfg::off_kl)) + 16 * rt * LDB;
   const bf16* B = reinterpret_cast<const bf16*>(sp + Cfg::off_kr) + (16 * rt + 16 * jt) * LDB;
   float acc[2][4];
