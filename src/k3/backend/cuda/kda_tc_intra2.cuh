@@ -203,17 +203,19 @@ struct ExpFast {
 // Any-decay variant (kExact; KdaDecays::Any): the diagonal 16 x 16 blocks of A_kk and A_qk are not factored around the
 // sub-chunk's first row (the right factor exp(G_ref - G_j) overflows once a channel decays by more than ~88 over 15
 // rows, which an unbounded gate allows) but summed exactly, q_i k_j exp(G_i - G_j) per channel (intra2_exact_diag, after
-// elementwise). Every other operand is a product of factors <= 1 for any decay (off-diagonal blocks factor around row
-// 16 from both sides; exp(G), exp(G_last - G) <= 1), so they stay as they are. The exact sums read G (fp32) from the
-// extension region and the raw bf16 q / k rows from the slots the factored diagonal products would have used: q rows
-// [0, 16) in Ql rows [0, 16), q rows [16, 32) in Kl rows [0, 16), k rows [0, 16) in Kr rows [0, 16), k rows [16, 32) in
-// Kr rows [32, 48). Ql / Kl rows [16, 32) and Kr rows [16, 32) (the off-diagonal block's operands) are as before.
+// elementwise), with exp(G_i - G_j) formed as the running product of the per-row factors exp(g_t) = exp(G_t - G_t-1)
+// <= 1 from t = i down to j + 1 (never out of range; an underflow to 0 is the true value's size). Every other operand
+// is a product of factors <= 1 for any decay (off-diagonal blocks factor around row 16 from both sides; exp(G),
+// exp(G_last - G) <= 1), so they stay as they are. The exact sums read exp(g) (fp32) from the extension region and the
+// raw bf16 q / k rows from the slots the factored diagonal products would have used: q rows [0, 16) in Ql rows [0, 16),
+// q rows [16, 32) in Kl rows [0, 16), k rows [0, 16) in Kr rows [0, 16), k rows [16, 32) in Kr rows [32, 48). Ql / Kl
+// rows [16, 32) and Kr rows [16, 32) (the off-diagonal block's operands) are as before.
 struct IntraExactCfg {
-  static constexpr int LDG = kD + 4, LDE = 17;  // rows 16 bytes apart modulo the banks (conflict-free float4 reads)
-  static constexpr size_t off_g = Intra2Cfg::bytes;  // G fp32 [32][LDG]
-  static constexpr size_t off_eq = off_g + static_cast<size_t>(Intra2Cfg::L) * LDG * sizeof(float);
+  static constexpr int LDA = kD + 4, LDE = 17;  // rows 16 bytes apart modulo the banks (the elementwise float4 stores)
+  static constexpr size_t off_a = Intra2Cfg::bytes;  // exp(g) fp32 [32][LDA]
+  static constexpr size_t off_eq = off_a + static_cast<size_t>(Intra2Cfg::L) * LDA * sizeof(float);
   static constexpr size_t bytes = off_eq + static_cast<size_t>(Intra2Cfg::L) * LDE * sizeof(float);  // + A_qk diag
-  static_assert(off_g % 16 == 0 && off_eq % 16 == 0, "float4 alignment");
+  static_assert(off_a % 16 == 0 && off_eq % 16 == 0, "float4 alignment");
 };
 
 // The elementwise operands of the thread's 4 rows: v to Vb and exp(G) k to KE (rows of LDB), the sub-chunk operands
@@ -250,8 +252,15 @@ __device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const
     st8(KE + o, scale4(t.k[u], eG));
     if constexpr (kExact) {
       const uint2 qraw = make_uint2(t.q[u][0], t.q[u][1]), kraw = make_uint2(t.k[u][0], t.k[u][1]);
-      *reinterpret_cast<float4*>(sp + IntraExactCfg::off_g + (static_cast<size_t>(i) * IntraExactCfg::LDG + d) * 4) =
-          make_float4(t.G[u][0], t.G[u][1], t.G[u][2], t.G[u][3]);
+      float a[4];  // exp(g_i) = exp(G_i - G_i-1); row i - 1 of u = 0 is lane - 4's last row (none before row 0)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float up = __shfl_up_sync(0xffffffffu, t.G[3][c], 4);
+        const float prev = u > 0 ? t.G[u > 0 ? u - 1 : 0][c] : (r0 > 0 ? up : 0.f);
+        a[c] = exp_ref(t.G[u][c] - prev);
+      }
+      *reinterpret_cast<float4*>(sp + IntraExactCfg::off_a + (static_cast<size_t>(i) * IntraExactCfg::LDA + d) * 4) =
+          make_float4(a[0], a[1], a[2], a[3]);
       if (first) {
         st8(Ql + o, qraw);
         st8(Kr + o, kraw);
@@ -277,75 +286,79 @@ __device__ __forceinline__ void intra2_elementwise_to(const Intra2Tile& t, const
   }
 }
 
-// The exact diagonal blocks (kExact; after a barrier that follows intra2_elementwise_to<..., true>): thread t < 240 takes
-// the strictly lower pair (i, j) number t % 120 of sub-chunk t / 120 and sums over the 128 channels
-//   A_qk[i][j] = sum q_i k_j exp(G_i - G_j),   A_kk[i][j] = beta_i sum k_i k_j exp(G_i - G_j)
-// (fp32, the raw bf16 q / k, G from the extension region: exp of a difference <= 0, never out of range); A_kk goes to
-// Ak (only its strictly lower part is read), A_qk to the extension's [32][LDE] plane, read by intra2_products_to<true>.
-// Threads 240..255: the diagonal A_qk[i][i] = q_i . k_i of rows t - 240 and t - 224 (no exponential).
+// Sum of each x[k] over the warp's 32 lanes, scattered: lane l returns the total of x[l] (a halving exchange per step:
+// 16 + 8 + 4 + 2 + 1 shuffles instead of 32 x 5 for 32 separate reductions).
+template <int kHalf>
+__device__ __forceinline__ void reduce_scatter_step(float (&x)[32], int lane) {
+  const bool hi = (lane & kHalf) != 0;
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const float keep = hi ? x[k + kHalf] : x[k], send = hi ? x[k] : x[k + kHalf];
+    x[k] = keep + __shfl_xor_sync(0xffffffffu, send, kHalf);
+  }
+}
+__device__ __forceinline__ float warp_reduce_scatter32(float (&x)[32], int lane) {
+  reduce_scatter_step<16>(x, lane);
+  reduce_scatter_step<8>(x, lane);
+  reduce_scatter_step<4>(x, lane);
+  reduce_scatter_step<2>(x, lane);
+  reduce_scatter_step<1>(x, lane);
+  return x[0];
+}
+
+// The exact diagonal blocks (kExact; after a barrier that follows intra2_elementwise_to<..., true>): warp w takes rows
+// w, 15 - w (sub-chunk 0) and 16 + w, 31 - w (sub-chunk 1) -- 30 pairs a warp --, lane l channels [4 l, 4 l + 4). For
+// row i it walks j = i - 1 down to the sub-chunk's first row with e = exp(G_i - G_j) per channel as the running product
+// of exp(g_j+1), accumulating the lane's parts of
+//   A_qk[i][j] = sum q_i k_j exp(G_i - G_j),   A_kk[i][j] = sum k_i k_j exp(G_i - G_j)
+// (and A_qk[i][i] = q_i . k_i), then one reduce-scatter over the lanes: lane jo < 16 stores A_qk[i][jo] (jo <= i) to
+// the extension's plane (read by intra2_products_to<true>), lane 16 + jo beta_i A_kk[i][jo] (jo < i) to Ak (only its
+// strictly lower part is read). fp32 throughout, from the raw bf16 q / k.
 __device__ __forceinline__ void intra2_exact_diag(const char* sp, float* Ak, int tid) {
   using Cfg = Intra2Cfg;
   using X = IntraExactCfg;
   constexpr int LDB = Cfg::LDB;
+  const int w = tid / 32, lane = tid % 32, c0 = 4 * lane;
   const bf16* Ql = reinterpret_cast<const bf16*>(sp + Cfg::off_ql);
   const bf16* Kl = reinterpret_cast<const bf16*>(sp + Cfg::off_kl);
   const bf16* Kr = reinterpret_cast<const bf16*>(sp + Cfg::off_kr);
-  const float* Gs = reinterpret_cast<const float*>(sp + X::off_g);
-  float* Eq = reinterpret_cast<float*>(const_cast<char*>(sp) + X::off_eq);
-  auto qraw = [&](int s, int i) { return (s ? Kl : Ql) + i * LDB; };  // row i of sub-chunk s
-  auto kraw = [&](int s, int i) { return Kr + (32 * s + i) * LDB; };
-  if (tid >= 240) {
-    const int u = tid - 240;
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const bf16 *q = qraw(s, u), *k = kraw(s, u);
-      float a0 = 0.f, a1 = 0.f;
-#pragma unroll 4
-      for (int c = 0; c < kD; c += 8) {
-        const uint4 q8 = *reinterpret_cast<const uint4*>(q + c), k8 = *reinterpret_cast<const uint4*>(k + c);
-        const uint32_t qw[4] = {q8.x, q8.y, q8.z, q8.w}, kw[4] = {k8.x, k8.y, k8.z, k8.w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const float2 a = unpack2(qw[w]), b = unpack2(kw[w]);
-          a0 = fmaf(a.x, b.x, a0);
-          a1 = fmaf(a.y, b.y, a1);
-        }
-      }
-      Eq[(16 * s + u) * X::LDE + u] = a0 + a1;
-    }
-    return;
-  }
-  const int s = tid >= 120 ? 1 : 0, p = tid - 120 * s;
-  int i = static_cast<int>((1.f + sqrtf(1.f + 8.f * static_cast<float>(p))) * 0.5f);  // i (i - 1) / 2 <= p < i (i + 1) / 2
-  i -= i * (i - 1) / 2 > p ? 1 : 0;
-  i += (i + 1) * i / 2 <= p ? 1 : 0;
-  const int j = p - i * (i - 1) / 2, I = 16 * s + i, J = 16 * s + j;
-  const bf16 *qi = qraw(s, i), *ki = kraw(s, i), *kj = kraw(s, j);
-  const float *gi = Gs + I * X::LDG, *gj = Gs + J * X::LDG;
-  float aq0 = 0.f, aq1 = 0.f, ak0 = 0.f, ak1 = 0.f;
-#pragma unroll 1
-  for (int c = 0; c < kD; c += 8) {
-    const uint4 q8 = *reinterpret_cast<const uint4*>(qi + c), ki8 = *reinterpret_cast<const uint4*>(ki + c),
-                kj8 = *reinterpret_cast<const uint4*>(kj + c);
-    const float4 gi0 = *reinterpret_cast<const float4*>(gi + c), gi1 = *reinterpret_cast<const float4*>(gi + c + 4);
-    const float4 gj0 = *reinterpret_cast<const float4*>(gj + c), gj1 = *reinterpret_cast<const float4*>(gj + c + 4);
-    const uint32_t qw[4] = {q8.x, q8.y, q8.z, q8.w}, kiw[4] = {ki8.x, ki8.y, ki8.z, ki8.w},
-                   kjw[4] = {kj8.x, kj8.y, kj8.z, kj8.w};
-    const float dg[8] = {gi0.x - gj0.x, gi0.y - gj0.y, gi0.z - gj0.z, gi0.w - gj0.w,
-                         gi1.x - gj1.x, gi1.y - gj1.y, gi1.z - gj1.z, gi1.w - gj1.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const float2 a = unpack2(qw[w]), b = unpack2(kiw[w]), e = unpack2(kjw[w]);
-      const float t0 = e.x * __expf(dg[2 * w]), t1 = e.y * __expf(dg[2 * w + 1]);
-      aq0 = fmaf(a.x, t0, aq0);
-      aq1 = fmaf(a.y, t1, aq1);
-      ak0 = fmaf(b.x, t0, ak0);
-      ak1 = fmaf(b.y, t1, ak1);
-    }
-  }
+  const float* Ae = reinterpret_cast<const float*>(sp + X::off_a);
   const float* bs = reinterpret_cast<const float*>(sp + Cfg::off_bs);
-  Ak[I * Cfg::LDK + J] = bs[I] * (ak0 + ak1);
-  Eq[I * X::LDE + j] = aq0 + aq1;
+  float* Eq = reinterpret_cast<float*>(const_cast<char*>(sp) + X::off_eq);
+  auto ld4 = [](const bf16* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = unpack2(u.x), b = unpack2(u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+  };
+#pragma unroll 1
+  for (int rr = 0; rr < 4; ++rr) {
+    const int s = rr >> 1, io = (rr & 1) ? 15 - w : w, I = 16 * s + io;  // io: row within the sub-chunk
+    const float4 q = ld4((s ? Kl + io * LDB : Ql + I * LDB) + c0), k = ld4(Kr + (32 * s + io) * LDB + c0);
+    float x[32];  // x[jo]: A_qk[i][16 s + jo], x[16 + jo]: A_kk[i][16 s + jo], this lane's channels
+    float4 e = make_float4(1.f, 1.f, 1.f, 1.f);
+#pragma unroll
+    for (int jo = 15; jo >= 0; --jo) {
+      x[jo] = 0.f;
+      x[16 + jo] = 0.f;
+      if (jo == io) {
+        x[jo] = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+      } else if (jo < io) {
+        const float4 a = *reinterpret_cast<const float4*>(Ae + (16 * s + jo + 1) * X::LDA + c0);
+        e = make_float4(e.x * a.x, e.y * a.y, e.z * a.z, e.w * a.w);
+        const float4 kj = ld4(Kr + (32 * s + jo) * LDB + c0);
+        const float4 t = make_float4(kj.x * e.x, kj.y * e.y, kj.z * e.z, kj.w * e.w);
+        x[jo] = q.x * t.x + q.y * t.y + q.z * t.z + q.w * t.w;
+        x[16 + jo] = k.x * t.x + k.y * t.y + k.z * t.z + k.w * t.w;
+      }
+    }
+    const float r = warp_reduce_scatter32(x, lane);
+    const int jo = lane & 15;
+    if (lane < 16) {
+      if (jo <= io) Eq[I * X::LDE + jo] = r;
+    } else if (jo < io) {
+      Ak[I * Cfg::LDK + 16 * s + jo] = bs[I] * r;
+    }
+  }
 }
 
 // A_kk (times beta_i, strictly lower, fp32 to Ak) and A_qk (lower with the diagonal, bf16, zeros above): the
