@@ -15,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -1171,6 +1172,56 @@ TEST(CudaMoe, EdgeCases) {
             cudaErrorInvalidValue);
   // CUTLASS's grouped GEMMs take BF16 banks only: forced on this MXFP4 one, refused.
   EXPECT_EQ(experts(2, K, PathCfg{MoePath::Cutlass, MoePrecision::Bf16x2, 0, "cutlass"}), cudaErrorInvalidValue);
+}
+
+// moe_combine's two kernels (a block per token and 128 columns for decode sizes; a block per token with 8 slots' loads
+// in flight from kCombineRowsMinTokens tokens, splits = 1) against the host's expression: each slot's partials summed
+// in split order from 0, then w * v added in rank order by fma, dropped slots (< 0) skipped -- bit for bit, at
+// several n on both sides of the switch, K = 8 (Kimi-Linear), 16 and 3 (a partial group of 8), X not a multiple of
+// 512 columns, random slots (some dropped) and weights.
+TEST(CudaMoe, CombineKernelsBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> ud(-1.f, 1.f);
+  const int X = 2304 + 36;
+  for (const int K : {8, 16, 3})
+    for (const int splits : {1, 2})
+      for (const int n : {1, 7, k3::cuda::kCombineRowsMinTokens - 1, k3::cuda::kCombineRowsMinTokens, 1500}) {
+        const int P = n * K;
+        std::vector<float> y(static_cast<size_t>(splits) * P * X), w(static_cast<size_t>(P));
+        std::vector<int32_t> slot(static_cast<size_t>(P));
+        for (auto& v : y) v = ud(rng);
+        for (auto& v : w) v = ud(rng);
+        std::vector<int32_t> perm(static_cast<size_t>(P));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int p = 0; p < P; ++p) slot[static_cast<size_t>(p)] = (perm[static_cast<size_t>(p)] % 13 == 5) ? -1 : perm[static_cast<size_t>(p)];
+        DevBuf dy(y.size() * 4), dw(w.size() * 4), ds(slot.size() * 4), dout(static_cast<size_t>(n) * X * 4);
+        ck(cudaMemcpy(dy.p, y.data(), y.size() * 4, cudaMemcpyHostToDevice), "h2d");
+        ck(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice), "h2d");
+        ck(cudaMemcpy(ds.p, slot.data(), slot.size() * 4, cudaMemcpyHostToDevice), "h2d");
+        ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison");
+        ASSERT_EQ(k3::cuda::moe_combine(n, X, K, dy.as<float>(), static_cast<int64_t>(P) * X, splits, ds.as<int32_t>(),
+                                        dw.as<float>(), dout.as<float>(), nullptr),
+                  cudaSuccess);
+        std::vector<float> got(static_cast<size_t>(n) * X);
+        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "d2h");
+        size_t bad = 0;
+        for (int t = 0; t < n; ++t)
+          for (int c = 0; c < X; ++c) {
+            float acc = 0.f;
+            for (int k = 0; k < K; ++k) {
+              const int sl = slot[static_cast<size_t>(t) * K + k];
+              if (sl < 0) continue;
+              float v = 0.f;
+              for (int sp = 0; sp < splits; ++sp) v += y[(static_cast<size_t>(sp) * P + sl) * X + c];
+              acc = std::fma(w[static_cast<size_t>(t) * K + k], v, acc);
+            }
+            const float g = got[static_cast<size_t>(t) * X + c];
+            if (std::memcmp(&g, &acc, 4) != 0) ++bad;
+          }
+        EXPECT_EQ(bad, 0u) << "n " << n << " K " << K << " splits " << splits;
+      }
 }
 
 // Timing (prints only): decode batches and a 2048-token prefill on the real shapes, Auto and (n >= 64) each
