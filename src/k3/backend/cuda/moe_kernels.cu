@@ -297,12 +297,6 @@ __global__ void __launch_bounds__(128)
 
 // ------------------------------------------------------------------------------------------------- plan
 
-// Pair p's expert id, or -1 (no expert) past the last pair.
-constexpr int kPlanUnroll = 8;
-__device__ __forceinline__ int plan_id(const int32_t* __restrict__ topk_idx, int p, int P) {
-  return p < P ? __ldg(topk_idx + p) : -1;
-}
-
 // One block. Pairs with an expert id outside [0, E) are dropped (slot_of = -1: they add nothing).
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ topk_idx, int P, int E, int tok, int32_t* __restrict__ sorted,
@@ -314,15 +308,9 @@ __global__ void __launch_bounds__(kPlanThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int e = tid; e < E; e += kPlanThreads) cnt[e] = 0;
   __syncthreads();
-  // Both passes over the pairs load kPlanUnroll ids a thread before their atomics: one id at a time made each pass a
-  // chain of dependent global round trips (52 us a launch at 32 768 pairs, ncu call s59-2; the other work is ~4 us).
-  for (int p0 = tid; p0 < P; p0 += kPlanThreads * kPlanUnroll) {
-    int ids[kPlanUnroll];
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) ids[u] = plan_id(topk_idx, p0 + u * kPlanThreads, P);
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u)
-      if (static_cast<unsigned>(ids[u]) < static_cast<unsigned>(E)) atomicAdd(&cnt[ids[u]], 1);
+  for (int p = tid; p < P; p += kPlanThreads) {
+    const int e = topk_idx[p];
+    if (static_cast<unsigned>(e) < static_cast<unsigned>(E)) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
   // Each thread owns a contiguous run of experts; block-wide exclusive scan of (pairs, tiles).
@@ -375,21 +363,14 @@ __global__ void __launch_bounds__(kPlanThreads)
     if (expert_off) expert_off[E] = off_p;
   }
   __syncthreads();
-  for (int p0 = tid; p0 < P; p0 += kPlanThreads * kPlanUnroll) {
-    int ids[kPlanUnroll];
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) ids[u] = plan_id(topk_idx, p0 + u * kPlanThreads, P);
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) {
-      const int p = p0 + u * kPlanThreads;
-      if (p >= P) break;
-      if (static_cast<unsigned>(ids[u]) < static_cast<unsigned>(E)) {
-        const int s = atomicAdd(&cnt[ids[u]], 1);
-        sorted[s] = p;
-        slot_of[p] = s;
-      } else {
-        slot_of[p] = -1;
-      }
+  for (int p = tid; p < P; p += kPlanThreads) {
+    const int e = topk_idx[p];
+    if (static_cast<unsigned>(e) < static_cast<unsigned>(E)) {
+      const int s = atomicAdd(&cnt[e], 1);
+      sorted[s] = p;
+      slot_of[p] = s;
+    } else {
+      slot_of[p] = -1;
     }
   }
 }
