@@ -64,12 +64,14 @@ Mat make_mat(int64_t rows, int64_t cols, k3::WeightFormat f, uint64_t seed) {
 }
 
 // Runs the group through run_group and each matrix through run(); every output must be bit-equal, nothing
-// written past n tokens (NaN-poisoned tails), and within 2e-5 of cpu::matmul.
-void check_group(const std::vector<Mat>& mats, int n, const char* what) {
+// written past n tokens (NaN-poisoned tails), and within tol of cpu::matmul (2e-5: bf16x2 GEMMs; plain bf16 rounds x,
+// ~3e-3).
+void check_group(const std::vector<Mat>& mats, int n, const char* what,
+                 k3::cuda::GemmPrecision prec = k3::cuda::GemmPrecision::Bf16x2, double tol = 2e-5) {
   const int64_t cols = mats[0].dev.cols;
   auto x = randn(static_cast<size_t>(n * cols) + 4, 100 + n);
   Dev<float> dx(x);
-  k3::cuda::LinearRunner lin(nullptr);
+  k3::cuda::LinearRunner lin(nullptr, prec);
   std::vector<std::unique_ptr<Dev<float>>> yg, y1;
   std::vector<const k3::WeightMatrix*> W;
   std::vector<float*> Y;
@@ -96,7 +98,7 @@ void check_group(const std::vector<Mat>& mats, int n, const char* what) {
     }
     std::vector<float> ref(valid);
     k3::cpu::matmul(mats[i].host, x.data(), n, ref.data());
-    EXPECT_LT(rel_err(std::vector<float>(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(valid)), ref), 2e-5)
+    EXPECT_LT(rel_err(std::vector<float>(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(valid)), ref), tol)
         << what << " matrix " << i << " n=" << n;
   }
 }
@@ -124,6 +126,26 @@ TEST(CudaLinearGroup, EqualsOneByOne) {
   mixed.push_back(make_mat(64, 96, F::BF16, 50));
   mixed.push_back(make_mat(64, 96, F::F32, 51));
   for (int n : {1, 4, 20}) check_group(mixed, n, "bf16 + fp32");
+}
+
+// Prefill-sized groups (cuBLASLt GEMMs: run_group converts x once for all of them): bit-equal to run() one by one
+// in both precisions, past the bf16x2 merged-halves bound (256 tokens) and below it (there run_group takes run()),
+// including a matrix of another width in the group (one by one again).
+TEST(CudaLinearGroup, PrefillSizesEqualOneByOne) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using F = k3::WeightFormat;
+  using P = k3::cuda::GemmPrecision;
+  std::vector<Mat> six;
+  const int64_t rows[] = {512, 1000, 64, 300, 2048, 40};
+  for (int i = 0; i < 6; ++i) six.push_back(make_mat(rows[i], 320, F::BF16, 60 + i));
+  for (int n : {33, 300, 700}) {
+    check_group(six, n, "bf16x2 six prefill", P::Bf16x2, 2e-5);
+    check_group(six, n, "bf16 six prefill", P::Bf16, 1e-2);
+  }
+  std::vector<Mat> widths;
+  widths.push_back(make_mat(128, 320, F::BF16, 70));
+  widths.push_back(make_mat(128, 256, F::BF16, 71));
+  check_group(widths, 300, "bf16 two widths prefill", P::Bf16, 1e-2);
 }
 
 // The kernels refuse groups they cannot run: too many matrices, widths that differ, mixed formats.

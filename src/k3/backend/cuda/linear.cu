@@ -476,6 +476,21 @@ void LinearRunner::run_group(const DeviceLinear* const* W, float* const* y, int 
     if (skinny_ && linear_skinny_supported(w, n)) return Path::Skinny;
     return n <= kGemvMaxTokens ? Path::Gemv : Path::Other;
   };
+  // Prefill-sized batches of BF16 matrices of one width: x converted once for the group, then each matrix's GEMM --
+  // run()'s conversion and GEMMs, the same bits; run() per matrix converted x again each time (a KDA layer's six
+  // projections: five extra 4096 x 2304 conversions at pp4096).
+  bool lt_all = grouped_ && count >= 2;
+  for (int m = 0; lt_all && m < count; ++m) lt_all = takes_lt_bf16(*W[m], n) && W[m]->cols == W[0]->cols;
+  if (lt_all) {
+    const int64_t k = W[0]->cols;
+    const auto [hi, lo] = bf16_halves(x, n * k, false);
+    if (precision_ == GemmPrecision::Bf16x2)
+      K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
+    else
+      K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
+    for (int m = 0; m < count; ++m) lt_bf16(*W[m], hi, lo, n, y[m]);
+    return;
+  }
   bool same = grouped_ && count >= 2 && count <= kLinearGroupMax;
   const Path path = same ? path_of(*W[0]) : Path::Other;
   for (int m = 1; same && m < count; ++m)
@@ -541,19 +556,29 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
   else
     K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
-  if (merged) {
-    const size_t need = static_cast<size_t>(2 * n * m) * sizeof(float);
-    if (ys_.bytes() < need) {
-      K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still write the old buffer
-      ys_ = DeviceBuffer(need);
-      ++generation_;
-    }
-    lt_matmul(WeightFormat::BF16, m, 2 * n, k, W.data, hi, 0.0f, ys_.get<float>());
-    K3_CUDA_CHECK(add_halves(ys_.get<float>(), n * m, y, stream_));
-    return;
+  if (!merged) return lt_bf16(W, hi, lo, n, y);
+  const size_t need = static_cast<size_t>(2 * n * m) * sizeof(float);
+  if (ys_.bytes() < need) {
+    K3_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a queued GEMM may still write the old buffer
+    ys_ = DeviceBuffer(need);
+    ++generation_;
   }
+  lt_matmul(WeightFormat::BF16, m, 2 * n, k, W.data, hi, 0.0f, ys_.get<float>());
+  K3_CUDA_CHECK(add_halves(ys_.get<float>(), n * m, y, stream_));
+}
+
+bool LinearRunner::takes_lt_bf16(const DeviceLinear& W, int64_t n) const {
+  if (W.format != WeightFormat::BF16 || n <= kGemvMaxTokens || W.rows <= 0 || W.cols <= 0) return false;
+  if (skinny_ && linear_skinny_supported(W, n)) return false;
+  const bool split = precision_ == GemmPrecision::Bf16x2;
+  return !(split && merged_ && n <= kMergedMaxTokens && 2 * n * W.rows <= kMergedMaxFloats);  // run()'s `merged`
+}
+
+void LinearRunner::lt_bf16(const DeviceLinear& W, const uint16_t* hi, const uint16_t* lo, int64_t n, float* y) {
+  const int64_t m = W.rows, k = W.cols;
   lt_matmul(WeightFormat::BF16, m, n, k, W.data, hi, 0.0f, y);
-  if (split) lt_matmul(WeightFormat::BF16, m, n, k, W.data, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
+  if (precision_ == GemmPrecision::Bf16x2)
+    lt_matmul(WeightFormat::BF16, m, n, k, W.data, lo, 1.0f, y);  // D += W . lo (C == D, beta = 1)
 }
 
 }  // namespace k3::cuda

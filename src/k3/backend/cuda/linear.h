@@ -89,6 +89,11 @@ class LinearRunner {
   const LtPlan& lt_plan(WeightFormat type, int64_t m, int64_t n, int64_t k, bool accumulate, const void* a, const void* b,
                         const void* c);
   void lt_matmul(WeightFormat type, int64_t m, int64_t n, int64_t k, const void* a, const void* b, float beta, float* y);
+  // run()'s path for a BF16 matrix past the skinny / GEMV sizes when x's halves are not merged: true where run() would
+  // convert x and call lt_bf16 (so that run_group can convert x once for several such matrices).
+  bool takes_lt_bf16(const DeviceLinear& W, int64_t n) const;
+  // y = W . x^T from x's bf16 halves (lo only under Bf16x2: D += W . lo).
+  void lt_bf16(const DeviceLinear& W, const uint16_t* hi, const uint16_t* lo, int64_t n, float* y);
   void release() noexcept;
   // run() for a GGUF block format (quant_linear.cpp).
   void run_blocks(const DeviceLinear& W, const float* x, int64_t n, float* y);
