@@ -740,6 +740,48 @@ TEST(CudaMoe, DecodeFoldGivesTheSameBits) {
   }
 }
 
+// CUTLASS's Bf16x2 forms (moe_grouped_gemm.h): one launch over both halves' GEMMs (each expert's adjacent), the halves'
+// products summed by the GLU and the combine, against two launches with the lo one accumulating in its epilogue --
+// the same fp32 sums, so the same bits. BF16 banks (tiny-kl, tiny-bf-160, kl-like: I = 200 edge tiles; kimi-linear's
+// true widths), n around the combine's kernel switch and both tile heights. The one-launch form must differ from the
+// bf16 result (it did run split). (On devices without sm_90a the path is refused: skipped.)
+TEST(CudaMoe, CutlassSplitFormsGiveTheSameBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Reset {
+    ~Reset() {
+      k3::cuda::moe_cutlass::set_split_two_launches(false);
+      k3::cuda::moe_cutlass::set_tile_m(0);
+    }
+  } reset;
+  for (const Shape& s : {tiny_shapes()[0], tiny_shapes()[3], tiny_shapes()[6], kKimiLinear}) {
+    Moe& m = cached_moe(s);
+    if (!k3::cuda::moe_cutlass::supports(m.bank)) GTEST_SKIP() << "CUTLASS grouped GEMMs need sm_90a";
+    for (int n : {64, 600}) {
+      if (s.X > 1024 && n > 64) continue;  // kimi-linear's widths: one size (the CPU side is not involved, but time)
+      ExpertCall call(m, n, 1300 + n);
+      for (int tile : {64, 128}) {
+        k3::cuda::moe_cutlass::set_tile_m(tile);
+        k3::cuda::moe_cutlass::set_split_two_launches(true);
+        const std::vector<float> two = call.run(MoePrecision::Bf16x2, MoePath::Cutlass);
+        k3::cuda::moe_cutlass::set_split_two_launches(false);
+        const std::vector<float> one = call.run(MoePrecision::Bf16x2, MoePath::Cutlass);
+        const std::vector<float> plain = call.run(MoePrecision::Bf16, MoePath::Cutlass);
+        size_t diff = 0, nans = 0, vs_plain = 0;
+        for (size_t i = 0; i < one.size(); ++i) {
+          diff += std::memcmp(&one[i], &two[i], 4) != 0;
+          nans += std::isnan(one[i]) ? 1 : 0;
+          vs_plain += std::memcmp(&one[i], &plain[i], 4) != 0;
+        }
+        std::printf("[ moe ] %-12s n=%4d tile %3d cutlass bf16x2 one launch vs two: %zu of %zu floats differ (vs bf16: %zu)\n",
+                    s.name, n, tile, diff, one.size(), vs_plain);
+        EXPECT_EQ(nans, 0u) << s.name << " n=" << n;
+        EXPECT_EQ(diff, 0u) << s.name << " n=" << n << " tile " << tile;
+        EXPECT_GT(vs_plain, 0u) << s.name << " n=" << n << ": the split form gave the bf16 bits";
+      }
+    }
+  }
+}
+
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -1175,7 +1217,7 @@ TEST(CudaMoe, EdgeCases) {
 }
 
 // moe_combine's two kernels (a block per token and 128 columns for decode sizes; a block per token with 8 slots' loads
-// in flight from kCombineRowsMinTokens tokens, splits = 1) against the host's expression: each slot's partials summed
+// in flight from kCombineRowsMinTokens tokens) against the host's expression: each slot's partials summed
 // in split order from 0, then w * v added in rank order by fma, dropped slots (< 0) skipped -- bit for bit, at
 // several n on both sides of the switch, K = 8 (Kimi-Linear), 16 and 3 (a partial group of 8), X not a multiple of
 // 512 columns, random slots (some dropped) and weights.

@@ -648,15 +648,16 @@ __global__ void __launch_bounds__(256)
   reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X)[c] = acc;
 }
 
-// The same combine for prefill-sized batches with one split (the tensor-core tiles' and CUTLASS's y): a block per token
-// walking its row four columns a thread at a time, the loads of 8 slots in flight before their sums. The decode form
-// above (one 16-byte load a thread, 73 728 blocks of 8 warps at 4096 tokens x 2304 columns) moved 55% of the DRAM
-// bandwidth there (ncu, call s59-2: 185 us a Kimi-Linear MoE layer at pp4096). Each slot's value is 0 + y as there,
-// added in rank order by the same fmaf: the same bits.
+// The same combine for prefill-sized batches (the tensor-core tiles' and CUTLASS's partials): a block per token walking
+// its row four columns a thread at a time, the loads of 8 slots (all their splits) in flight before their sums. The
+// decode form above (one 16-byte load a thread, 73 728 blocks of 8 warps at 4096 tokens x 2304 columns) moved 55% of
+// the DRAM bandwidth there (ncu, call s59-2: 185 us a Kimi-Linear MoE layer at pp4096; 113 us and 88% with this
+// kernel, s59-3). Each slot's value is 0 + its splits in order as there, added in rank order by the same fmaf: the
+// same bits.
 constexpr int kCombRowThreads = 128;
 __global__ void __launch_bounds__(kCombRowThreads)
-    combine_rows_kernel(int X, int K, const float* __restrict__ y, const int32_t* __restrict__ slot_of,
-                        const float* __restrict__ topk_w, float* __restrict__ out) {
+    combine_rows_kernel(int X, int K, const float* __restrict__ y, int64_t split_stride, int splits,
+                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
   pdl::begin();
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
@@ -672,19 +673,31 @@ __global__ void __launch_bounds__(kCombRowThreads)
     for (int k0 = 0; k0 < K; k0 += 8) {
       float4 v[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int s = k0 + j < K ? s_slot[k0 + j] : -1;
-        v[j] = s >= 0 ? __ldg(reinterpret_cast<const float4*>(y + static_cast<int64_t>(s) * X) + c)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < 8; ++j) v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int sp = 0; sp < splits; ++sp) {
+        float4 yv[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int s = k0 + j < K ? s_slot[k0 + j] : -1;
+          yv[j] = s >= 0 ? __ldg(reinterpret_cast<const float4*>(y + sp * split_stride + static_cast<int64_t>(s) * X) + c)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[j].x += yv[j].x;
+          v[j].y += yv[j].y;
+          v[j].z += yv[j].z;
+          v[j].w += yv[j].w;
+        }
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         if (k0 + j >= K || s_slot[k0 + j] < 0) continue;
         const float w = s_w[k0 + j];
-        acc.x = fmaf(w, 0.f + v[j].x, acc.x);
-        acc.y = fmaf(w, 0.f + v[j].y, acc.y);
-        acc.z = fmaf(w, 0.f + v[j].z, acc.z);
-        acc.w = fmaf(w, 0.f + v[j].w, acc.w);
+        acc.x = fmaf(w, v[j].x, acc.x);
+        acc.y = fmaf(w, v[j].y, acc.y);
+        acc.z = fmaf(w, v[j].z, acc.z);
+        acc.w = fmaf(w, v[j].w, acc.w);
       }
     }
     reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X)[c] = acc;
@@ -696,8 +709,9 @@ __global__ void __launch_bounds__(kCombRowThreads)
 cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
                         const float* topk_w, float* out, cudaStream_t stream) {
   if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
-  if (splits == 1 && n >= kCombineRowsMinTokens) {
-    (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, slot_of, topk_w, out);
+  if (n >= kCombineRowsMinTokens) {
+    (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, split_stride, splits, slot_of,
+                      topk_w, out);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((X / 4 + kCombCols - 1) / kCombCols));

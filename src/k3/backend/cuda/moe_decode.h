@@ -68,8 +68,8 @@ cudaError_t moe_skinny_experts(const ExpertBank& w, int n, int K, int tok, const
 // out[t] = sum over k in rank order of topk_w[t][k] * (sum over `splits` partials of y[slot_of[t][k]]), each
 // partial [P][X] at part + split * split_stride; slot < 0 skipped. The one combine of both MoE paths (the
 // tiled path passes splits = 1). X % 4 == 0, K <= 32. Two kernels, the same bits: a block per (token, 128 columns)
-// for decode-sized n, a block per token with 8 slots' loads in flight a thread for splits = 1 and n >=
-// kCombineRowsMinTokens (prefill: 1.5-2x the bandwidth there).
+// for decode-sized n, a block per token with 8 slots' loads in flight a thread from kCombineRowsMinTokens tokens
+// (prefill: 1.6x the bandwidth there).
 constexpr int kCombineRowsMinTokens = 512;
 cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
                         const float* topk_w, float* out, cudaStream_t stream);

@@ -907,8 +907,9 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const bool split = precision == MoePrecision::Bf16x2;
   if (cutlass_path) {  // by slot into y, then the tiles' combine
     const moe_cutlass::Args ca{&w, n, K, x, ws.sorted_, ws.expert_off_, act, situ_beta, situ_linear_beta, split, ws.hidden_, ws.y_};
-    if ((e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream)) != cudaSuccess) return e;
-    return moe_combine(n, w.X, K, ws.y_, 0, 1, ws.slot_of_, topk_w, out, stream);
+    moe_cutlass::Output co;
+    if ((e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream, &co)) != cudaSuccess) return e;
+    return moe_combine(n, w.X, K, co.part, co.split_stride, co.splits, ws.slot_of_, topk_w, out, stream);
   }
   if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer
     return quant_moe_mma(w, n, K, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, nb, topk_w, act, situ_beta, situ_linear_beta,

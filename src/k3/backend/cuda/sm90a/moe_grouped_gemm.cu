@@ -191,21 +191,25 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   return init_gemm(g.add64, g, true, ws[3], sm_count, device);
 }
 
-// Group i < E: expert i with (a, w0, d0); group E + i (two matrices): expert i with (a, w1, d1). Rows of expert e:
-// [off[e], off[e + 1]); w_m + e N k its matrix; outputs row-major, N a row.
-__global__ void fill_groups(int E, int N, int k, const int32_t* __restrict__ off, const uint16_t* a, const uint16_t* w0,
-                            float* d0, const uint16_t* w1, float* d1, Shape3* shapes, const ElementAB** pa,
-                            const ElementAB** pb, ElementCD** pd) {
+// The groups of one launch: expert e, activation half h (a_hi, or a_lo when halves = 2) and matrix m (w0 -> d0, or
+// w1 -> d1 when there are two) is group g = (e halves + h) mats + m -- one expert's GEMMs adjacent, so that the
+// persistent scheduler's tiles in flight together read each expert matrix from DRAM once (the lo half's and the other
+// matrix's tiles then hit L2). Rows of expert e: [off[e], off[e + 1]); w_m + e N k its matrix; outputs row-major, N a
+// row, half h's at d_m + h d_half.
+__global__ void fill_groups(int E, int N, int k, int halves, const int32_t* __restrict__ off, const uint16_t* a_hi,
+                            const uint16_t* a_lo, const uint16_t* w0, float* d0, const uint16_t* w1, float* d1,
+                            int64_t d_half, Shape3* shapes, const ElementAB** pa, const ElementAB** pb,
+                            ElementCD** pd) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
-  const int groups = w1 ? 2 * E : E;
-  if (g >= groups) return;
-  const int e = g < E ? g : g - E;
+  const int mats = w1 ? 2 : 1;
+  if (g >= E * halves * mats) return;
+  const int m = g % mats, h = (g / mats) % halves, e = g / (mats * halves);
   const int64_t r0 = off[e];
-  const int m = off[e + 1] - off[e];
-  shapes[g] = make_shape(m, N, k);
-  pa[g] = reinterpret_cast<const ElementAB*>(a + r0 * k);
-  pb[g] = reinterpret_cast<const ElementAB*>((g < E ? w0 : w1) + static_cast<int64_t>(e) * N * k);
-  pd[g] = (g < E ? d0 : d1) + r0 * N;
+  const int rows = off[e + 1] - off[e];
+  shapes[g] = make_shape(rows, N, k);
+  pa[g] = reinterpret_cast<const ElementAB*>((h ? a_lo : a_hi) + r0 * k);
+  pb[g] = reinterpret_cast<const ElementAB*>((m ? w1 : w0) + static_cast<int64_t>(e) * N * k);
+  pd[g] = (m ? d1 : d0) + h * d_half + r0 * N;
 }
 
 // Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and its residual into lo[s]: the tiles'
@@ -226,17 +230,21 @@ __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off
 }
 
 // h = glu(gate, up) for slot s < off[E], column pairs j < I (I % 8 == 0), rounded to bf16 (hi, and lo as gather_rows).
+// lo_off > 0 (the one-launch Bf16x2 form): gate and up are the sums of the hi and lo halves' products, the lo ones
+// lo_off floats after the hi ones -- the fp32 sum the two-launch form's accumulating epilogue formed, the same bits.
 __global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const float* __restrict__ gate,
-                         const float* __restrict__ up, GluAct act, float beta, float lbeta, __nv_bfloat16* hi,
-                         __nv_bfloat16* lo) {
+                         const float* __restrict__ up, int64_t lo_off, GluAct act, float beta, float lbeta,
+                         __nv_bfloat16* hi, __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
   const int64_t base = static_cast<int64_t>(s) * I;
   uint32_t* h2 = reinterpret_cast<uint32_t*>(hi + base);
   uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + base) : nullptr;
+  auto at = [&](const float* p, int64_t k) { return lo_off > 0 ? p[k] + p[k + lo_off] : p[k]; };
   for (int j = threadIdx.x; j < I / 2; j += blockDim.x) {
     const int64_t k = base + 2 * j;
-    const float a = moe_dev::glu(gate[k], up[k], act, beta, lbeta), b = moe_dev::glu(gate[k + 1], up[k + 1], act, beta, lbeta);
+    const float a = moe_dev::glu(at(gate, k), at(up, k), act, beta, lbeta),
+                b = moe_dev::glu(at(gate, k + 1), at(up, k + 1), act, beta, lbeta);
     float ra, rb;
     h2[j] = bf16x2_rn(a, b, ra, rb);
     if (l2) l2[j] = bf16x2_rn(ra, rb);
@@ -249,11 +257,18 @@ class Scratch {
  public:
   int max_pairs = 0, E = 0, I = 0, X = 0, device = -1;
   __nv_bfloat16* act = nullptr;  // [2][max_pairs][X]: x's hi / lo rows, then h's hi / lo rows ([P][I] each)
-  Grouped gate_up, down;
+  Grouped gate_up, down;  // one launch for one half (Bf16; Bf16x2's two-launch form): 2 E and E groups
+  // Bf16x2's one-launch form: both halves' groups (4 E, 2 E) and their fp32 outputs, made on first use: gate hi / lo,
+  // up hi / lo as [max_pairs][I] each (the lo one max_pairs I after the hi one), then down hi / lo as [max_pairs][X].
+  Grouped gate_up2, down2;
+  float* d2 = nullptr;
   ~Scratch() {
     cudaFree(act);
     cudaFree(gate_up.mem);
     cudaFree(down.mem);
+    cudaFree(gate_up2.mem);
+    cudaFree(down2.mem);
+    cudaFree(d2);
   }
 };
 
@@ -277,6 +292,14 @@ int tile_m(int pairs, int E) {
   return static_cast<int64_t>(pairs) <= 96 * static_cast<int64_t>(E) ? 64 : 128;
 }
 void set_tile_m(int m) { g_tile_m.store(tile_arg(m), std::memory_order_relaxed); }
+
+namespace {
+std::atomic<bool> g_two_launch{[] {  // K3_MOE_CUTLASS_X2=two: Bf16x2's two-launch form (A/B)
+  const char* v = std::getenv("K3_MOE_CUTLASS_X2");
+  return v != nullptr && std::strcmp(v, "two") == 0;
+}()};
+}  // namespace
+void set_split_two_launches(bool two) { g_two_launch.store(two, std::memory_order_relaxed); }
 
 bool enabled_by_env() {
   static const bool on = [] {
@@ -316,6 +339,25 @@ cudaError_t ensure_scratch(const ExpertBank& w, int max_pairs, ScratchPtr& s) {
   return cudaSuccess;
 }
 
+// The one-launch Bf16x2 form's groups and outputs (max(4 I, 2 X) max_pairs floats), on first use.
+cudaError_t ensure_split(Scratch& s) {
+  if (s.d2) return cudaSuccess;
+  int sms = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.device);
+  if (e != cudaSuccess) return e;
+  const size_t floats = static_cast<size_t>(s.max_pairs) * std::max(4 * s.I, 2 * s.X);
+  float* d2 = nullptr;
+  if ((e = cudaMalloc(&d2, floats * sizeof(float))) != cudaSuccess) return e;
+  e = make_grouped(s.gate_up2, 4 * s.E, s.I, s.X, s.device, sms);
+  if (e == cudaSuccess) e = make_grouped(s.down2, 2 * s.E, s.X, s.I, s.device, sms);
+  if (e != cudaSuccess) {
+    cudaFree(d2);
+    return e;
+  }
+  s.d2 = d2;
+  return cudaSuccess;
+}
+
 cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream) {
   const cutlass::Status st = tile == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
                                         : (accumulate ? g.add128 : g.set128).run(stream);
@@ -330,40 +372,61 @@ bool can_run_on(const ScratchPtr& scratch, cudaStream_t stream) {
   return cudaStreamIsCapturing(stream, &st) == cudaSuccess && st == cudaStreamCaptureStatusNone;
 }
 
-cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream) {
-  if (!a.w || !a.x || !a.sorted || !a.expert_off || !a.hidden || !a.y) return cudaErrorInvalidValue;
+cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t stream, Output* out) {
+  if (!a.w || !a.x || !a.sorted || !a.expert_off || !a.hidden || !a.y || !out) return cudaErrorInvalidValue;
   const ExpertBank& w = *a.w;
   if (!supports(w) || a.n <= 0 || a.K <= 0 || static_cast<int64_t>(a.n) * a.K > max_pairs) return cudaErrorInvalidValue;
   cudaError_t e = ensure_scratch(w, max_pairs, scratch);
   if (e != cudaSuccess) return e;
   Scratch& s = *scratch;
+  // (Its buffers are made on first use: under a CUDA graph capture, which allows no allocation, the two-launch form.)
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  const bool can_make = s.d2 || (cudaStreamIsCapturing(stream, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone);
+  const bool one_launch = a.split && !g_two_launch.load(std::memory_order_relaxed) && can_make;
+  if (one_launch && (e = ensure_split(s)) != cudaSuccess) return e;
   const int E = w.E, I = w.I, X = w.X, P = a.n * a.K;
   __nv_bfloat16* hi = s.act;
   __nv_bfloat16* lo = a.split ? s.act + static_cast<size_t>(max_pairs) * X : nullptr;
   const auto* gate = static_cast<const uint16_t*>(w.gate);
   const auto* up = static_cast<const uint16_t*>(w.up);
   const auto* down = static_cast<const uint16_t*>(w.down);
-  float* up_out = a.y;  // [P][I] until down overwrites it as [P][X] (I <= X)
   gather_rows<<<P, 128, 0, stream>>>(a.K, X, E, a.expert_off, a.sorted, a.x, hi, lo);
-  const int fill_blocks_gu = (2 * E + 127) / 128, fill_blocks_dn = (E + 127) / 128;
-  const int halves = a.split ? 2 : 1;
   const int tile = tile_m(P, E);
+  const auto* h16 = reinterpret_cast<const uint16_t*>(hi);
+  const auto* l16 = reinterpret_cast<const uint16_t*>(lo);
+  if (one_launch) {  // both halves' GEMMs in one launch each, an expert's adjacent: its matrices read once
+    const int64_t gi = static_cast<int64_t>(max_pairs) * I, dx = static_cast<int64_t>(max_pairs) * X;
+    float *g_out = s.d2, *u_out = s.d2 + 2 * gi;
+    fill_groups<<<(4 * E + 127) / 128, 128, 0, stream>>>(E, I, X, 2, a.expert_off, h16, l16, gate, g_out, up, u_out, gi,
+                                                          s.gate_up2.shapes, s.gate_up2.a, s.gate_up2.b, s.gate_up2.d);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = launch(s.gate_up2, tile, false, stream)) != cudaSuccess) return e;
+    glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, g_out, u_out, gi, a.act, a.beta, a.lbeta, hi, lo);
+    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, X, I, 2, a.expert_off, h16, l16, down, s.d2, nullptr,
+                                                          nullptr, dx, s.down2.shapes, s.down2.a, s.down2.b, s.down2.d);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if ((e = launch(s.down2, tile, false, stream)) != cudaSuccess) return e;
+    *out = Output{s.d2, dx, 2};  // the caller's combine adds the halves: the epilogue's fp32 sum, the same bits
+    return cudaGetLastError();
+  }
+  float* up_out = a.y;  // [P][I] until down overwrites it as [P][X] (I <= X)
+  const int halves = a.split ? 2 : 1;
   for (int h = 0; h < halves; ++h) {  // gate and up: E + E groups, the lo pass accumulating
-    fill_groups<<<fill_blocks_gu, 128, 0, stream>>>(E, I, X, a.expert_off, reinterpret_cast<const uint16_t*>(h ? lo : hi),
-                                                     gate, a.hidden, up, up_out, s.gate_up.shapes, s.gate_up.a,
-                                                     s.gate_up.b, s.gate_up.d);
+    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, I, X, 1, a.expert_off, h ? l16 : h16, nullptr, gate,
+                                                          a.hidden, up, up_out, 0, s.gate_up.shapes, s.gate_up.a,
+                                                          s.gate_up.b, s.gate_up.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.gate_up, tile, h == 1, stream)) != cudaSuccess) return e;
   }
   // h's rows replace x's (x is no longer read): [P][I] in each half's [max_pairs][X] region.
-  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, a.act, a.beta, a.lbeta, hi, lo);
+  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, 0, a.act, a.beta, a.lbeta, hi, lo);
   for (int h = 0; h < halves; ++h) {
-    fill_groups<<<fill_blocks_dn, 128, 0, stream>>>(E, X, I, a.expert_off, reinterpret_cast<const uint16_t*>(h ? lo : hi),
-                                                     down, a.y, nullptr, nullptr, s.down.shapes, s.down.a, s.down.b,
-                                                     s.down.d);
+    fill_groups<<<(E + 127) / 128, 128, 0, stream>>>(E, X, I, 1, a.expert_off, h ? l16 : h16, nullptr, down, a.y,
+                                                      nullptr, nullptr, 0, s.down.shapes, s.down.a, s.down.b, s.down.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.down, tile, h == 1, stream)) != cudaSuccess) return e;
   }
+  *out = Output{a.y, 0, 1};
   return cudaGetLastError();
 }
 
