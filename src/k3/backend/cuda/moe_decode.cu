@@ -654,18 +654,37 @@ __global__ void __launch_bounds__(256)
 // the DRAM bandwidth there (ncu, call s59-2: 185 us a Kimi-Linear MoE layer at pp4096; 113 us and 88% with this
 // kernel, s59-3). Each slot's value is 0 + its splits in order as there, added in rank order by the same fmaf: the
 // same bits.
+// off != nullptr (moe_combine_merged): two partials a slot at the merged rows s + off[e], s + off[e + 1] (s_row holds
+// the first row, s_step the floats to the second), split_stride and splits unused.
 constexpr int kCombRowThreads = 128;
 __global__ void __launch_bounds__(kCombRowThreads)
     combine_rows_kernel(int X, int K, const float* __restrict__ y, int64_t split_stride, int splits,
-                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out) {
+                        const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out,
+                        const int32_t* __restrict__ off, int E) {
   pdl::begin();
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
+  __shared__ int64_t s_row[32], s_step[32];
   const int t = blockIdx.x;
   if (threadIdx.x < K) {
-    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
+    const int s = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
+    s_slot[threadIdx.x] = s;
     s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
+    int64_t row = s, step = split_stride;
+    if (off && s >= 0) {
+      int lo = 0, hi = E - 1;  // the expert of slot s: the last e with off[e] <= s
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (off[mid] <= s) lo = mid;
+        else hi = mid - 1;
+      }
+      row = s + off[lo];
+      step = static_cast<int64_t>(off[lo + 1] - off[lo]) * X;
+    }
+    s_row[threadIdx.x] = row;
+    s_step[threadIdx.x] = step;
   }
+  if (off) splits = 2;
   __syncthreads();
   const int X4 = X >> 2;
   for (int c = threadIdx.x; c < X4; c += kCombRowThreads) {
@@ -679,7 +698,7 @@ __global__ void __launch_bounds__(kCombRowThreads)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int s = k0 + j < K ? s_slot[k0 + j] : -1;
-          yv[j] = s >= 0 ? __ldg(reinterpret_cast<const float4*>(y + sp * split_stride + static_cast<int64_t>(s) * X) + c)
+          yv[j] = s >= 0 ? __ldg(reinterpret_cast<const float4*>(y + s_row[k0 + j] * X + sp * s_step[k0 + j]) + c)
                          : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
@@ -711,11 +730,20 @@ cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_st
   if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
   if (n >= kCombineRowsMinTokens) {
     (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, split_stride, splits, slot_of,
-                      topk_w, out);
+                      topk_w, out, static_cast<const int32_t*>(nullptr), 0);
     return cudaGetLastError();
   }
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((X / 4 + kCombCols - 1) / kCombCols));
   (void)pdl::launch(dec_combine_kernel, grid, 256, 0, stream, X, K, part, split_stride, splits, slot_of, topk_w, out);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_combine_merged(int n, int X, int K, int E, const float* part, const int32_t* off, const int32_t* slot_of,
+                               const float* topk_w, float* out, cudaStream_t stream) {
+  if (K > 32 || X % 4 != 0 || !off || E <= 0) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, int64_t{0}, 2, slot_of, topk_w, out,
+                    off, E);
   return cudaGetLastError();
 }
 

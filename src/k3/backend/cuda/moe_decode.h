@@ -73,5 +73,10 @@ cudaError_t moe_skinny_experts(const ExpertBank& w, int n, int K, int tok, const
 constexpr int kCombineRowsMinTokens = 512;
 cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_stride, int splits, const int32_t* slot_of,
                         const float* topk_w, float* out, cudaStream_t stream);
+// The same for CUTLASS's merged Bf16x2 rows (moe_grouped_gemm.h): slot s of expert e (off[e] <= s < off[e + 1]) has its
+// two partials at rows s + off[e] and s + off[e + 1] of `part` ([2 P][X]); summed as moe_combine's two splits (the same
+// bits). off: the plan's [E + 1] expert offsets.
+cudaError_t moe_combine_merged(int n, int X, int K, int E, const float* part, const int32_t* off, const int32_t* slot_of,
+                               const float* topk_w, float* out, cudaStream_t stream);
 
 }  // namespace k3::cuda

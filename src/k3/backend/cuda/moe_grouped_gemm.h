@@ -9,11 +9,12 @@
 // Contract: the plan's slots (moe_kernels.cu plan_kernel: pairs grouped by expert, expert e's rows
 // [expert_off[e], expert_off[e + 1])). Stages, all on `stream`:
 //   x rows gathered by slot into bf16 (hi, and lo = bf16(x - hi) with `split`: MoePrecision::Bf16x2);
-//   gate and up as one grouped launch of 2 E GEMMs, fp32 out -- with `split`, 4 E GEMMs (both halves; each expert's
-//   GEMMs adjacent in the launch, so its matrices come from DRAM once: the two-launch form, a second accumulating
-//   launch for the lo halves, read every expert matrix twice, K3_MOE_CUTLASS_X2=two keeps it for A/B);
+//   gate and up as one grouped launch of 2 E GEMMs, fp32 out -- with `split`, each expert's hi and lo rows merged into
+//   one group of 2 m rows (256-row tiles past 80 pairs an expert), so that a weight tile is loaded once for both
+//   halves (the two-launch form, a second accumulating launch for the lo halves, read every expert matrix twice;
+//   K3_MOE_CUTLASS_X2=two keeps it for A/B);
 //   GLU in fp32 (of the halves' sum), h rounded to bf16 (hi, lo);
-//   down, E GEMMs (2 E with `split`), fp32 out by slot -- the caller combines (moe_combine over Output's halves).
+//   down, E GEMMs, fp32 out by slot (merged rows with `split`) -- the caller combines (Output says how).
 // Numerics: the tiles' (bf16 products, fp32 sums); only the summation order differs. Measured (call s57-1, H200,
 // docs/perf/cuda.md "Session 57"): the Kimi-Linear bank's 4096-token layer 1.87 ms at bf16 (248 TFLOP/s useful).
 #pragma once
@@ -60,13 +61,19 @@ struct Args {
 // (making the scratch allocates device memory, which a capture does not allow; the caller then takes the tiles).
 bool can_run_on(const ScratchPtr& scratch, cudaStream_t stream);
 
-// Where run() left down's products for moe_combine: `splits` partials [P][X] by slot, `split_stride` floats apart
-// (a.y, 0, 1; the one-launch Bf16x2 form: its own scratch, hi and lo halves).
+// Where run() left down's products: `splits` partials [P][X] by slot, `split_stride` floats apart, for moe_combine (a.y,
+// 0, 1); or, with merged_off (Bf16x2's one-launch form: its own scratch), each slot's hi and lo rows at the merged rows
+// of the plan's expert offsets, for moe_combine_merged.
 struct Output {
   const float* part = nullptr;
   int64_t split_stride = 0;
   int splits = 1;
+  const int32_t* merged_off = nullptr;
 };
+
+// The merged groups' tile rows for `pairs` pairs over E experts: 256 when they average more than 160 rows, else
+// tile_m's rule for their 2 x pairs rows.
+int tile_m_merged(int pairs, int E);
 
 // The stages above. max_pairs: the workspace's P bound (the scratch is sized by it once; the one-launch Bf16x2 form
 // adds max(4 I, 2 X) max_pairs floats on first use). cudaErrorInvalidValue where !supports(*a.w) or a pointer is

@@ -909,6 +909,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
     const moe_cutlass::Args ca{&w, n, K, x, ws.sorted_, ws.expert_off_, act, situ_beta, situ_linear_beta, split, ws.hidden_, ws.y_};
     moe_cutlass::Output co;
     if ((e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream, &co)) != cudaSuccess) return e;
+    if (co.merged_off)
+      return moe_combine_merged(n, w.X, K, w.E, co.part, co.merged_off, ws.slot_of_, topk_w, out, stream);
     return moe_combine(n, w.X, K, co.part, co.split_stride, co.splits, ws.slot_of_, topk_w, out, stream);
   }
   if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer

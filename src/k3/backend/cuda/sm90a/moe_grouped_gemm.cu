@@ -44,13 +44,16 @@ using LayoutCD = cutlass::layout::RowMajor;
 constexpr int kAlignAB = 8;  // elements of 16 bytes: TMA's row alignment
 constexpr int kAlignCD = 4;
 using ClusterShape = Shape<_1, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 
 // One tile shape's kernel. TILE_M: rows (pairs) of an output tile, 128 or 64 (moe_grouped_gemm.h tile_m: the rule
-// measured in call s57-1 -- 64 up to 96 pairs an expert, where the 128-row tiles are mostly padding).
-template <int TILE_M>
+// measured in call s57-1 -- 64 up to 96 pairs an expert, where the 128-row tiles are mostly padding), pingpong; or 256
+// with both consumer warpgroups on one tile (cooperative): Bf16x2's merged groups (an expert's hi and lo rows, ~2 x 128
+// at pp4096 on Kimi-Linear) in one tile, so each weight tile is loaded once for both halves.
+template <int TILE_M, class KS = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+          class ES = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>
 struct Kernel {
+  using KernelSchedule = KS;
+  using EpilogueSchedule = ES;
   using TileShape = Shape<Int<TILE_M>, _128, _64>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -66,14 +69,18 @@ struct Kernel {
 };
 using Gemm128 = Kernel<128>::Gemm;
 using Gemm64 = Kernel<64>::Gemm;
+using Gemm256 = Kernel<256, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::Gemm;
 using StrideA = typename Gemm128::GemmKernel::InternalStrideA;
 using StrideB = typename Gemm128::GemmKernel::InternalStrideB;
 using StrideC = typename Gemm128::GemmKernel::InternalStrideC;
 using StrideD = typename Gemm128::GemmKernel::InternalStrideD;
 using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 static_assert(std::is_same_v<StrideA, typename Gemm64::GemmKernel::InternalStrideA> &&
-                  std::is_same_v<StrideC, typename Gemm64::GemmKernel::InternalStrideC>,
-              "both tile shapes read the same arrays");
+                  std::is_same_v<StrideC, typename Gemm64::GemmKernel::InternalStrideC> &&
+                  std::is_same_v<StrideA, typename Gemm256::GemmKernel::InternalStrideA> &&
+                  std::is_same_v<StrideC, typename Gemm256::GemmKernel::InternalStrideC>,
+              "every tile shape reads the same arrays");
 // Row-major rows of unit stride along k (A, B) or N (C, D); the batch mode unused: only mode 0 is set at run time.
 static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: row-major rows of k");
 static_assert(std::is_same_v<StrideB, Stride<int64_t, _1, _0>>, "B: an expert's [N][k] as stored");
@@ -94,6 +101,7 @@ struct Grouped {
   StrideD* sd = nullptr;
   Gemm128 set128, add128;
   Gemm64 set64, add64;
+  Gemm256 set256;  // made only for merged groups (make_grouped's tall)
 };
 
 size_t round256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
@@ -132,16 +140,17 @@ cudaError_t init_gemm(Gemm& gemm, Grouped& g, bool accumulate, void* workspace, 
 
 // Allocates g's arrays for `groups` GEMMs of width N over k (row-major strides, the same for every group) and
 // initialises its four objects. cudaError on failure.
-cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int sm_count) {
+cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int sm_count, bool tall = false) {
   g.groups = groups;
   const size_t G = static_cast<size_t>(groups);
   const size_t b_shapes = round256(G * sizeof(Shape3)), b_ptr = round256(G * sizeof(void*));
   const size_t b_sa = round256(G * sizeof(StrideA)), b_sb = round256(G * sizeof(StrideB));
   const size_t b_sc = round256(G * sizeof(StrideC)), b_sd = round256(G * sizeof(StrideD));
   // workspace sizes: independent of the arrays' contents
-  const size_t b_ws = round256(std::max(Gemm128::get_workspace_size(arguments<Gemm128>(g, false, sm_count, device)),
-                                        Gemm64::get_workspace_size(arguments<Gemm64>(g, false, sm_count, device))));
-  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 4 * b_ws;
+  const size_t b_ws = round256(std::max({Gemm128::get_workspace_size(arguments<Gemm128>(g, false, sm_count, device)),
+                                         Gemm64::get_workspace_size(arguments<Gemm64>(g, false, sm_count, device)),
+                                         Gemm256::get_workspace_size(arguments<Gemm256>(g, false, sm_count, device))}));
+  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 5 * b_ws;
   cudaError_t e = cudaMalloc(&g.mem, bytes);
   if (e != cudaSuccess) {
     g.mem = nullptr;
@@ -164,7 +173,7 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   p += b_sc;
   g.sd = reinterpret_cast<StrideD*>(p);
   p += b_sd;
-  void* ws[4] = {p, p + b_ws, p + 2 * b_ws, p + 3 * b_ws};
+  void* ws[5] = {p, p + b_ws, p + 2 * b_ws, p + 3 * b_ws, p + 4 * b_ws};
   // Row-major strides: only the row length matters (M = 1 stands in; the batch mode is unused).
   {
     std::unique_ptr<StrideA[]> sa(new StrideA[G]);
@@ -188,39 +197,58 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   if ((e = init_gemm(g.set128, g, false, ws[0], sm_count, device)) != cudaSuccess) return e;
   if ((e = init_gemm(g.add128, g, true, ws[1], sm_count, device)) != cudaSuccess) return e;
   if ((e = init_gemm(g.set64, g, false, ws[2], sm_count, device)) != cudaSuccess) return e;
-  return init_gemm(g.add64, g, true, ws[3], sm_count, device);
+  if ((e = init_gemm(g.add64, g, true, ws[3], sm_count, device)) != cudaSuccess) return e;
+  return tall ? init_gemm(g.set256, g, false, ws[4], sm_count, device) : cudaSuccess;
 }
 
-// The groups of one launch: expert e, activation half h (a_hi, or a_lo when halves = 2) and matrix m (w0 -> d0, or
-// w1 -> d1 when there are two) is group g = (e halves + h) mats + m -- one expert's GEMMs adjacent, so that the
-// persistent scheduler's tiles in flight together read each expert matrix from DRAM once (the lo half's and the other
-// matrix's tiles then hit L2). Rows of expert e: [off[e], off[e + 1]); w_m + e N k its matrix; outputs row-major, N a
-// row, half h's at d_m + h d_half.
-__global__ void fill_groups(int E, int N, int k, int halves, const int32_t* __restrict__ off, const uint16_t* a_hi,
-                            const uint16_t* a_lo, const uint16_t* w0, float* d0, const uint16_t* w1, float* d1,
-                            int64_t d_half, Shape3* shapes, const ElementAB** pa, const ElementAB** pb,
-                            ElementCD** pd) {
+// The groups of one launch: expert e and matrix m (w0 -> d0, or w1 -> d1 when there are two) is group g = e mats + m.
+// Rows of expert e: [off[e], off[e + 1]) -- with `merged` (Bf16x2's one-launch form) [2 off[e], 2 off[e + 1]): its
+// hi rows then its lo rows (merged_row); w_m + e N k its matrix; outputs row-major, N a row.
+__global__ void fill_groups(int E, int N, int k, bool merged, const int32_t* __restrict__ off, const uint16_t* a,
+                            const uint16_t* w0, float* d0, const uint16_t* w1, float* d1, Shape3* shapes,
+                            const ElementAB** pa, const ElementAB** pb, ElementCD** pd) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   const int mats = w1 ? 2 : 1;
-  if (g >= E * halves * mats) return;
-  const int m = g % mats, h = (g / mats) % halves, e = g / (mats * halves);
-  const int64_t r0 = off[e];
-  const int rows = off[e + 1] - off[e];
+  if (g >= E * mats) return;
+  const int m = g % mats, e = g / mats, mul = merged ? 2 : 1;
+  const int64_t r0 = static_cast<int64_t>(mul) * off[e];
+  const int rows = mul * (off[e + 1] - off[e]);
   shapes[g] = make_shape(rows, N, k);
-  pa[g] = reinterpret_cast<const ElementAB*>((h ? a_lo : a_hi) + r0 * k);
+  pa[g] = reinterpret_cast<const ElementAB*>(a + r0 * k);
   pb[g] = reinterpret_cast<const ElementAB*>((m ? w1 : w0) + static_cast<int64_t>(e) * N * k);
-  pd[g] = (m ? d1 : d0) + h * d_half + r0 * N;
+  pd[g] = (m ? d1 : d0) + r0 * N;
+}
+
+// Bf16x2's merged rows: slot s of expert e (off[e] <= s < off[e + 1]) has its hi half at row s + off[e] and its lo
+// half at s + off[e + 1] -- expert e's 2 m rows contiguous, hi then lo, so that one 256-row tile holds both halves of
+// up to 128 pairs and loads each weight tile once for them.
+__device__ __forceinline__ int expert_of_slot(const int32_t* __restrict__ off, int E, int s) {
+  int lo = 0, hi = E - 1;  // the last e with off[e] <= s (s < off[E]: experts without rows are skipped past)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(off + mid) <= s) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 // Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and its residual into lo[s]: the tiles'
 // split, moe_tc_tile.cuh bf16x2_rn); rows of X, X % 8 == 0.
+// merged: hi and lo both in `hi`, at the merged rows (lo unused).
 __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off, const int32_t* __restrict__ sorted,
-                            const float* __restrict__ x, __nv_bfloat16* hi, __nv_bfloat16* lo) {
+                            const float* __restrict__ x, __nv_bfloat16* hi, __nv_bfloat16* lo, bool merged) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
   const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(sorted[s] / K) * X);
-  uint2* h4 = reinterpret_cast<uint2*>(hi + static_cast<int64_t>(s) * X);
-  uint2* l4 = lo ? reinterpret_cast<uint2*>(lo + static_cast<int64_t>(s) * X) : nullptr;
+  int64_t rh = s, rl = s;
+  if (merged) {
+    const int e = expert_of_slot(off, E, s);
+    rh = s + off[e];
+    rl = s + off[e + 1];
+    lo = hi;
+  }
+  uint2* h4 = reinterpret_cast<uint2*>(hi + rh * X);
+  uint2* l4 = lo ? reinterpret_cast<uint2*>(lo + rl * X) : nullptr;
   for (int i = threadIdx.x; i < X / 4; i += blockDim.x) {
     const float4 v = __ldg(src + i);
     float r0, r1, r2, r3;
@@ -230,17 +258,24 @@ __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off
 }
 
 // h = glu(gate, up) for slot s < off[E], column pairs j < I (I % 8 == 0), rounded to bf16 (hi, and lo as gather_rows).
-// lo_off > 0 (the one-launch Bf16x2 form): gate and up are the sums of the hi and lo halves' products, the lo ones
-// lo_off floats after the hi ones -- the fp32 sum the two-launch form's accumulating epilogue formed, the same bits.
+// merged (Bf16x2's one-launch form): gate and up are the sums of the hi and lo rows' products -- the fp32 sum the
+// two-launch form's accumulating epilogue formed, the same bits --, and h's halves go to the merged rows of `hi`.
 __global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const float* __restrict__ gate,
-                         const float* __restrict__ up, int64_t lo_off, GluAct act, float beta, float lbeta,
+                         const float* __restrict__ up, bool merged, GluAct act, float beta, float lbeta,
                          __nv_bfloat16* hi, __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
-  const int64_t base = static_cast<int64_t>(s) * I;
+  int64_t rh = s, rl = s;
+  if (merged) {
+    const int e = expert_of_slot(off, E, s);
+    rh = s + off[e];
+    rl = s + off[e + 1];
+    lo = hi;
+  }
+  const int64_t base = rh * I, lo_off = (rl - rh) * I;
   uint32_t* h2 = reinterpret_cast<uint32_t*>(hi + base);
-  uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + base) : nullptr;
-  auto at = [&](const float* p, int64_t k) { return lo_off > 0 ? p[k] + p[k + lo_off] : p[k]; };
+  uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + rl * I) : nullptr;
+  auto at = [&](const float* p, int64_t k) { return merged ? p[k] + p[k + lo_off] : p[k]; };
   for (int j = threadIdx.x; j < I / 2; j += blockDim.x) {
     const int64_t k = base + 2 * j;
     const float a = moe_dev::glu(at(gate, k), at(up, k), act, beta, lbeta),
@@ -258,8 +293,8 @@ class Scratch {
   int max_pairs = 0, E = 0, I = 0, X = 0, device = -1;
   __nv_bfloat16* act = nullptr;  // [2][max_pairs][X]: x's hi / lo rows, then h's hi / lo rows ([P][I] each)
   Grouped gate_up, down;  // one launch for one half (Bf16; Bf16x2's two-launch form): 2 E and E groups
-  // Bf16x2's one-launch form: both halves' groups (4 E, 2 E) and their fp32 outputs, made on first use: gate hi / lo,
-  // up hi / lo as [max_pairs][I] each (the lo one max_pairs I after the hi one), then down hi / lo as [max_pairs][X].
+  // Bf16x2's one-launch form: the merged groups (2 E, E; 256-row tiles) and their fp32 outputs, made on first use:
+  // gate and up as [2 max_pairs][I] each (merged rows), then down's as [2 max_pairs][X].
   Grouped gate_up2, down2;
   float* d2 = nullptr;
   ~Scratch() {
@@ -290,6 +325,11 @@ int tile_m(int pairs, int E) {
   const int forced = g_tile_m.load(std::memory_order_relaxed);
   if (forced != 0) return forced;
   return static_cast<int64_t>(pairs) <= 96 * static_cast<int64_t>(E) ? 64 : 128;
+}
+
+int tile_m_merged(int pairs, int E) {  // rows a merged group: 2 pairs / E on average
+  const int64_t rows2 = 2 * static_cast<int64_t>(pairs);
+  return rows2 > 160 * static_cast<int64_t>(E) ? 256 : tile_m(2 * pairs, E);
 }
 void set_tile_m(int m) { g_tile_m.store(tile_arg(m), std::memory_order_relaxed); }
 
@@ -348,8 +388,8 @@ cudaError_t ensure_split(Scratch& s) {
   const size_t floats = static_cast<size_t>(s.max_pairs) * std::max(4 * s.I, 2 * s.X);
   float* d2 = nullptr;
   if ((e = cudaMalloc(&d2, floats * sizeof(float))) != cudaSuccess) return e;
-  e = make_grouped(s.gate_up2, 4 * s.E, s.I, s.X, s.device, sms);
-  if (e == cudaSuccess) e = make_grouped(s.down2, 2 * s.E, s.X, s.I, s.device, sms);
+  e = make_grouped(s.gate_up2, 2 * s.E, s.I, s.X, s.device, sms, true);
+  if (e == cudaSuccess) e = make_grouped(s.down2, s.E, s.X, s.I, s.device, sms, true);
   if (e != cudaSuccess) {
     cudaFree(d2);
     return e;
@@ -359,8 +399,9 @@ cudaError_t ensure_split(Scratch& s) {
 }
 
 cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream) {
-  const cutlass::Status st = tile == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
-                                        : (accumulate ? g.add128 : g.set128).run(stream);
+  const cutlass::Status st = tile == 256  ? g.set256.run(stream)
+                             : tile == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
+                                          : (accumulate ? g.add128 : g.set128).run(stream);
   if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   return cudaGetLastError();
 }
@@ -390,43 +431,43 @@ cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t 
   const auto* gate = static_cast<const uint16_t*>(w.gate);
   const auto* up = static_cast<const uint16_t*>(w.up);
   const auto* down = static_cast<const uint16_t*>(w.down);
-  gather_rows<<<P, 128, 0, stream>>>(a.K, X, E, a.expert_off, a.sorted, a.x, hi, lo);
-  const int tile = tile_m(P, E);
+  gather_rows<<<P, 128, 0, stream>>>(a.K, X, E, a.expert_off, a.sorted, a.x, hi, lo, one_launch);
   const auto* h16 = reinterpret_cast<const uint16_t*>(hi);
   const auto* l16 = reinterpret_cast<const uint16_t*>(lo);
-  if (one_launch) {  // both halves' GEMMs in one launch each, an expert's adjacent: its matrices read once
-    const int64_t gi = static_cast<int64_t>(max_pairs) * I, dx = static_cast<int64_t>(max_pairs) * X;
-    float *g_out = s.d2, *u_out = s.d2 + 2 * gi;
-    fill_groups<<<(4 * E + 127) / 128, 128, 0, stream>>>(E, I, X, 2, a.expert_off, h16, l16, gate, g_out, up, u_out, gi,
+  if (one_launch) {  // an expert's hi and lo rows in one group: each weight tile loaded once for both
+    const int tile = tile_m_merged(P, E);
+    float *g_out = s.d2, *u_out = s.d2 + 2 * static_cast<int64_t>(max_pairs) * I;
+    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, I, X, true, a.expert_off, h16, gate, g_out, up, u_out,
                                                           s.gate_up2.shapes, s.gate_up2.a, s.gate_up2.b, s.gate_up2.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.gate_up2, tile, false, stream)) != cudaSuccess) return e;
-    glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, g_out, u_out, gi, a.act, a.beta, a.lbeta, hi, lo);
-    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, X, I, 2, a.expert_off, h16, l16, down, s.d2, nullptr,
-                                                          nullptr, dx, s.down2.shapes, s.down2.a, s.down2.b, s.down2.d);
+    glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, g_out, u_out, true, a.act, a.beta, a.lbeta, hi, lo);
+    fill_groups<<<(E + 127) / 128, 128, 0, stream>>>(E, X, I, true, a.expert_off, h16, down, s.d2, nullptr, nullptr,
+                                                      s.down2.shapes, s.down2.a, s.down2.b, s.down2.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.down2, tile, false, stream)) != cudaSuccess) return e;
-    *out = Output{s.d2, dx, 2};  // the caller's combine adds the halves: the epilogue's fp32 sum, the same bits
+    *out = Output{s.d2, 0, 2, a.expert_off};  // the combine adds each slot's merged rows: the epilogue's fp32 sum
     return cudaGetLastError();
   }
+  const int tile = tile_m(P, E);
   float* up_out = a.y;  // [P][I] until down overwrites it as [P][X] (I <= X)
   const int halves = a.split ? 2 : 1;
   for (int h = 0; h < halves; ++h) {  // gate and up: E + E groups, the lo pass accumulating
-    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, I, X, 1, a.expert_off, h ? l16 : h16, nullptr, gate,
-                                                          a.hidden, up, up_out, 0, s.gate_up.shapes, s.gate_up.a,
-                                                          s.gate_up.b, s.gate_up.d);
+    fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, I, X, false, a.expert_off, h ? l16 : h16, gate, a.hidden,
+                                                          up, up_out, s.gate_up.shapes, s.gate_up.a, s.gate_up.b,
+                                                          s.gate_up.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.gate_up, tile, h == 1, stream)) != cudaSuccess) return e;
   }
   // h's rows replace x's (x is no longer read): [P][I] in each half's [max_pairs][X] region.
-  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, 0, a.act, a.beta, a.lbeta, hi, lo);
+  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, false, a.act, a.beta, a.lbeta, hi, lo);
   for (int h = 0; h < halves; ++h) {
-    fill_groups<<<(E + 127) / 128, 128, 0, stream>>>(E, X, I, 1, a.expert_off, h ? l16 : h16, nullptr, down, a.y,
-                                                      nullptr, nullptr, 0, s.down.shapes, s.down.a, s.down.b, s.down.d);
+    fill_groups<<<(E + 127) / 128, 128, 0, stream>>>(E, X, I, false, a.expert_off, h ? l16 : h16, down, a.y, nullptr,
+                                                      nullptr, s.down.shapes, s.down.a, s.down.b, s.down.d);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = launch(s.down, tile, h == 1, stream)) != cudaSuccess) return e;
   }
-  *out = Output{a.y, 0, 1};
+  *out = Output{a.y, 0, 1, nullptr};
   return cudaGetLastError();
 }
 
