@@ -1220,7 +1220,7 @@ TEST(CudaMoe, EdgeCases) {
 // in flight from kCombineRowsMinTokens tokens) against the host's expression: each slot's partials summed
 // in split order from 0, then w * v added in rank order by fma, dropped slots (< 0) skipped -- bit for bit, at
 // several n on both sides of the switch, K = 8 (Kimi-Linear), 16 and 3 (a partial group of 8), X not a multiple of
-// 512 columns, random slots (some dropped) and weights.
+// 512 columns, random slots (some dropped) and weights; moe_combine_bf16 (bf16 partials widened) the same way.
 TEST(CudaMoe, CombineKernelsBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(77);
@@ -1263,6 +1263,31 @@ TEST(CudaMoe, CombineKernelsBitwise) {
             if (std::memcmp(&g, &acc, 4) != 0) ++bad;
           }
         EXPECT_EQ(bad, 0u) << "n " << n << " K " << K << " splits " << splits;
+        if (splits != 1) continue;
+        // moe_combine_bf16: the same partials rounded to bf16 bits, widened exactly, the same sums.
+        std::vector<uint16_t> yb(static_cast<size_t>(P) * X);
+        for (size_t i = 0; i < yb.size(); ++i) yb[i] = k3::f32_to_bf16(y[i]);
+        DevBuf dyb(yb.size() * 2);
+        ck(cudaMemcpy(dyb.p, yb.data(), yb.size() * 2, cudaMemcpyHostToDevice), "h2d");
+        ck(cudaMemset(dout.p, 0xff, static_cast<size_t>(n) * X * 4), "poison");
+        ASSERT_EQ(k3::cuda::moe_combine_bf16(n, X, K, dyb.as<uint16_t>(), ds.as<int32_t>(), dw.as<float>(), dout.as<float>(),
+                                             nullptr),
+                  cudaSuccess);
+        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "d2h");
+        bad = 0;
+        for (int t = 0; t < n; ++t)
+          for (int c = 0; c < X; ++c) {
+            float acc = 0.f;
+            for (int k = 0; k < K; ++k) {
+              const int sl = slot[static_cast<size_t>(t) * K + k];
+              if (sl < 0) continue;
+              const float v = 0.f + k3::bf16_to_f32(yb[static_cast<size_t>(sl) * X + c]);
+              acc = std::fma(w[static_cast<size_t>(t) * K + k], v, acc);
+            }
+            const float g = got[static_cast<size_t>(t) * X + c];
+            if (std::memcmp(&g, &acc, 4) != 0) ++bad;
+          }
+        EXPECT_EQ(bad, 0u) << "bf16 partials: n " << n << " K " << K;
       }
 }
 

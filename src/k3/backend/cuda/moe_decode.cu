@@ -656,9 +656,17 @@ __global__ void __launch_bounds__(256)
 // same bits.
 // off != nullptr (moe_combine_merged): two partials a slot at the merged rows s + off[e], s + off[e + 1] (s_row holds
 // the first row, s_step the floats to the second), split_stride and splits unused.
+// T: float partials, or uint16_t (bf16 bits: moe_combine_bf16), widened exactly.
+__device__ __forceinline__ float4 load_part4(const float* p, int c) { return __ldg(reinterpret_cast<const float4*>(p) + c); }
+__device__ __forceinline__ float4 load_part4(const uint16_t* p, int c) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p) + c);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
 constexpr int kCombRowThreads = 128;
+template <class T>
 __global__ void __launch_bounds__(kCombRowThreads)
-    combine_rows_kernel(int X, int K, const float* __restrict__ y, int64_t split_stride, int splits,
+    combine_rows_kernel(int X, int K, const T* __restrict__ y, int64_t split_stride, int splits,
                         const int32_t* __restrict__ slot_of, const float* __restrict__ topk_w, float* __restrict__ out,
                         const int32_t* __restrict__ off, int E) {
   pdl::begin();
@@ -698,8 +706,7 @@ __global__ void __launch_bounds__(kCombRowThreads)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int s = k0 + j < K ? s_slot[k0 + j] : -1;
-          yv[j] = s >= 0 ? __ldg(reinterpret_cast<const float4*>(y + s_row[k0 + j] * X + sp * s_step[k0 + j]) + c)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
+          yv[j] = s >= 0 ? load_part4(y + s_row[k0 + j] * X + sp * s_step[k0 + j], c) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
@@ -729,7 +736,7 @@ cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_st
                         const float* topk_w, float* out, cudaStream_t stream) {
   if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
   if (n >= kCombineRowsMinTokens) {
-    (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, split_stride, splits, slot_of,
+    (void)pdl::launch(combine_rows_kernel<float>, n, kCombRowThreads, 0, stream, X, K, part, split_stride, splits, slot_of,
                       topk_w, out, static_cast<const int32_t*>(nullptr), 0);
     return cudaGetLastError();
   }
@@ -742,8 +749,17 @@ cudaError_t moe_combine_merged(int n, int X, int K, int E, const float* part, co
                                const float* topk_w, float* out, cudaStream_t stream) {
   if (K > 32 || X % 4 != 0 || !off || E <= 0) return cudaErrorInvalidValue;
   if (n <= 0) return cudaSuccess;
-  (void)pdl::launch(combine_rows_kernel, n, kCombRowThreads, 0, stream, X, K, part, int64_t{0}, 2, slot_of, topk_w, out,
-                    off, E);
+  (void)pdl::launch(combine_rows_kernel<float>, n, kCombRowThreads, 0, stream, X, K, part, int64_t{0}, 2, slot_of, topk_w,
+                    out, off, E);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_combine_bf16(int n, int X, int K, const uint16_t* part, const int32_t* slot_of, const float* topk_w,
+                             float* out, cudaStream_t stream) {
+  if (K > 32 || X % 4 != 0) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaSuccess;
+  (void)pdl::launch(combine_rows_kernel<uint16_t>, n, kCombRowThreads, 0, stream, X, K, part, int64_t{0}, 1, slot_of,
+                    topk_w, out, static_cast<const int32_t*>(nullptr), 0);
   return cudaGetLastError();
 }
 

@@ -14,7 +14,8 @@
 //   halves (the two-launch form, a second accumulating launch for the lo halves, read every expert matrix twice;
 //   K3_MOE_CUTLASS_X2=two keeps it for A/B);
 //   GLU in fp32 (of the halves' sum), h rounded to bf16 (hi, lo);
-//   down, E GEMMs, fp32 out by slot (merged rows with `split`) -- the caller combines (Output says how).
+//   down, E GEMMs, fp32 out by slot (merged rows with `split`; bf16 out at Bf16 precision) -- the caller combines
+//   (Output says how).
 // Numerics: the tiles' (bf16 products, fp32 sums); only the summation order differs. Measured (call s57-1, H200,
 // docs/perf/cuda.md "Session 57"): the Kimi-Linear bank's 4096-token layer 1.87 ms at bf16 (248 TFLOP/s useful).
 #pragma once
@@ -64,11 +65,13 @@ bool can_run_on(const ScratchPtr& scratch, cudaStream_t stream);
 // Where run() left down's products: `splits` partials [P][X] by slot, `split_stride` floats apart, for moe_combine (a.y,
 // 0, 1); or, with merged_off (Bf16x2's one-launch form: its own scratch), each slot's hi and lo rows at the merged rows
 // of the plan's expert offsets, for moe_combine_merged.
+// bf16: part holds bf16 rows (the Bf16 precision's outputs: moe_combine_bf16).
 struct Output {
   const float* part = nullptr;
   int64_t split_stride = 0;
   int splits = 1;
   const int32_t* merged_off = nullptr;
+  bool bf16 = false;
 };
 
 // The merged groups' tile rows for `pairs` pairs over E experts: 256 when they average more than 160 rows, else
@@ -83,5 +86,9 @@ cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t 
 // Bf16x2's two-launch form (true) or the one-launch form (false, the default unless K3_MOE_CUTLASS_X2=two): tests and
 // timings. The outputs are the same bits.
 void set_split_two_launches(bool two);
+
+// At Bf16 precision the GEMMs write bf16 (true, the default unless K3_MOE_CUTLASS_BF16_OUT=0) or fp32 (A/B, tests):
+// outputs rounded to bf16 once more (within the precision's tolerance), half the output bytes.
+void set_bf16_outputs(bool on);
 
 }  // namespace k3::cuda::moe_cutlass

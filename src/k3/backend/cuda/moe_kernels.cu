@@ -911,6 +911,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
     if ((e = moe_cutlass::run(ca, ws.max_tokens_ * ws.K_, ws.cutlass_, stream, &co)) != cudaSuccess) return e;
     if (co.merged_off)
       return moe_combine_merged(n, w.X, K, w.E, co.part, co.merged_off, ws.slot_of_, topk_w, out, stream);
+    if (co.bf16)
+      return moe_combine_bf16(n, w.X, K, reinterpret_cast<const uint16_t*>(co.part), ws.slot_of_, topk_w, out, stream);
     return moe_combine(n, w.X, K, co.part, co.split_stride, co.splits, ws.slot_of_, topk_w, out, stream);
   }
   if (gguf_mma)  // the decode scratch: x's and hidden's bf16 halves, the 32-column sums in the partial-sum buffer

@@ -49,16 +49,18 @@ using ClusterShape = Shape<_1, _1, _1>;
 // measured in call s57-1 -- 64 up to 96 pairs an expert, where the 128-row tiles are mostly padding), pingpong; or 256
 // with both consumer warpgroups on one tile (cooperative): Bf16x2's merged groups (an expert's hi and lo rows, ~2 x 128
 // at pp4096 on Kimi-Linear) in one tile, so each weight tile is loaded once for both halves.
+// OUT: the output element, fp32 or (Bf16 precision's set kernels, OutBf16) bf16 rounded in the epilogue.
 template <int TILE_M, class KS = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-          class ES = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>
+          class ES = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong, class OUT = ElementCD>
 struct Kernel {
   using KernelSchedule = KS;
   using EpilogueSchedule = ES;
   using TileShape = Shape<Int<TILE_M>, _128, _64>;
+  static constexpr int kAlignOut = 16 / static_cast<int>(sizeof(OUT));
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementCD, LayoutCD*, kAlignCD, ElementCD,
-      LayoutCD*, kAlignCD, EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<ElementCD, float>>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, OUT, LayoutCD*, kAlignOut, OUT, LayoutCD*,
+      kAlignOut, EpilogueSchedule, cutlass::epilogue::fusion::LinearCombination<OUT, float>>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*, kAlignAB,
       float, TileShape, ClusterShape,
@@ -71,6 +73,11 @@ using Gemm128 = Kernel<128>::Gemm;
 using Gemm64 = Kernel<64>::Gemm;
 using Gemm256 = Kernel<256, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
                        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::Gemm;
+using OutBf16 = cutlass::bfloat16_t;
+using Gemm128h = Kernel<128, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                        cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong, OutBf16>::Gemm;
+using Gemm64h = Kernel<64, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                       cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong, OutBf16>::Gemm;
 using StrideA = typename Gemm128::GemmKernel::InternalStrideA;
 using StrideB = typename Gemm128::GemmKernel::InternalStrideB;
 using StrideC = typename Gemm128::GemmKernel::InternalStrideC;
@@ -79,7 +86,9 @@ using Shape3 = typename ProblemShape::UnderlyingProblemShape;
 static_assert(std::is_same_v<StrideA, typename Gemm64::GemmKernel::InternalStrideA> &&
                   std::is_same_v<StrideC, typename Gemm64::GemmKernel::InternalStrideC> &&
                   std::is_same_v<StrideA, typename Gemm256::GemmKernel::InternalStrideA> &&
-                  std::is_same_v<StrideC, typename Gemm256::GemmKernel::InternalStrideC>,
+                  std::is_same_v<StrideC, typename Gemm256::GemmKernel::InternalStrideC> &&
+                  std::is_same_v<StrideC, typename Gemm128h::GemmKernel::InternalStrideC> &&
+                  std::is_same_v<StrideD, typename Gemm64h::GemmKernel::InternalStrideD>,
               "every tile shape reads the same arrays");
 // Row-major rows of unit stride along k (A, B) or N (C, D); the batch mode unused: only mode 0 is set at run time.
 static_assert(std::is_same_v<StrideA, Stride<int64_t, _1, _0>>, "A: row-major rows of k");
@@ -102,6 +111,8 @@ struct Grouped {
   Gemm128 set128, add128;
   Gemm64 set64, add64;
   Gemm256 set256;  // made only for merged groups (make_grouped's tall)
+  Gemm128h set128h;  // bf16 outputs (Bf16 precision): made for the others
+  Gemm64h set64h;
 };
 
 size_t round256(size_t b) { return (b + 255) & ~static_cast<size_t>(255); }
@@ -122,10 +133,13 @@ typename Gemm::Arguments arguments(Grouped& g, bool accumulate, int sm_count, in
   fusion.beta_ptr_array = nullptr;
   fusion.dAlpha = {_0{}, _0{}, 0};
   fusion.dBeta = {_0{}, _0{}, 0};
+  // The output pointer array holds fp32 or bf16 addresses (fill_groups' out_bytes); each object reads it as its type.
+  using Out = typename Gemm::GemmKernel::CollectiveEpilogue::ElementD;
+  Out** d = reinterpret_cast<Out**>(g.d);
   args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                   {g.groups, g.shapes, nullptr},
                                   {g.a, g.sa, g.b, g.sb},
-                                  {fusion, accumulate ? const_cast<const ElementCD**>(g.d) : nullptr, g.sc, g.d, g.sd},
+                                  {fusion, accumulate ? const_cast<const Out**>(d) : nullptr, g.sc, d, g.sd},
                                   hw};
   return args;
 }
@@ -149,8 +163,10 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   // workspace sizes: independent of the arrays' contents
   const size_t b_ws = round256(std::max({Gemm128::get_workspace_size(arguments<Gemm128>(g, false, sm_count, device)),
                                          Gemm64::get_workspace_size(arguments<Gemm64>(g, false, sm_count, device)),
-                                         Gemm256::get_workspace_size(arguments<Gemm256>(g, false, sm_count, device))}));
-  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 5 * b_ws;
+                                         Gemm256::get_workspace_size(arguments<Gemm256>(g, false, sm_count, device)),
+                                         Gemm128h::get_workspace_size(arguments<Gemm128h>(g, false, sm_count, device)),
+                                         Gemm64h::get_workspace_size(arguments<Gemm64h>(g, false, sm_count, device))}));
+  const size_t bytes = b_shapes + 3 * b_ptr + b_sa + b_sb + b_sc + b_sd + 7 * b_ws;
   cudaError_t e = cudaMalloc(&g.mem, bytes);
   if (e != cudaSuccess) {
     g.mem = nullptr;
@@ -173,7 +189,7 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   p += b_sc;
   g.sd = reinterpret_cast<StrideD*>(p);
   p += b_sd;
-  void* ws[5] = {p, p + b_ws, p + 2 * b_ws, p + 3 * b_ws, p + 4 * b_ws};
+  void* ws[7] = {p, p + b_ws, p + 2 * b_ws, p + 3 * b_ws, p + 4 * b_ws, p + 5 * b_ws, p + 6 * b_ws};
   // Row-major strides: only the row length matters (M = 1 stands in; the batch mode is unused).
   {
     std::unique_ptr<StrideA[]> sa(new StrideA[G]);
@@ -198,15 +214,18 @@ cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int s
   if ((e = init_gemm(g.add128, g, true, ws[1], sm_count, device)) != cudaSuccess) return e;
   if ((e = init_gemm(g.set64, g, false, ws[2], sm_count, device)) != cudaSuccess) return e;
   if ((e = init_gemm(g.add64, g, true, ws[3], sm_count, device)) != cudaSuccess) return e;
-  return tall ? init_gemm(g.set256, g, false, ws[4], sm_count, device) : cudaSuccess;
+  if (tall) return init_gemm(g.set256, g, false, ws[4], sm_count, device);
+  if ((e = init_gemm(g.set128h, g, false, ws[5], sm_count, device)) != cudaSuccess) return e;
+  return init_gemm(g.set64h, g, false, ws[6], sm_count, device);
 }
 
 // The groups of one launch: expert e and matrix m (w0 -> d0, or w1 -> d1 when there are two) is group g = e mats + m.
 // Rows of expert e: [off[e], off[e + 1]) -- with `merged` (Bf16x2's one-launch form) [2 off[e], 2 off[e + 1]): its
 // hi rows then its lo rows (merged_row); w_m + e N k its matrix; outputs row-major, N a row.
+// out_bytes: 4 (fp32 outputs) or 2 (bf16: the Bf16 precision's outputs) -- d0 / d1 then hold bf16 rows.
 __global__ void fill_groups(int E, int N, int k, bool merged, const int32_t* __restrict__ off, const uint16_t* a,
                             const uint16_t* w0, float* d0, const uint16_t* w1, float* d1, Shape3* shapes,
-                            const ElementAB** pa, const ElementAB** pb, ElementCD** pd) {
+                            const ElementAB** pa, const ElementAB** pb, ElementCD** pd, int out_bytes = 4) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   const int mats = w1 ? 2 : 1;
   if (g >= E * mats) return;
@@ -216,7 +235,7 @@ __global__ void fill_groups(int E, int N, int k, bool merged, const int32_t* __r
   shapes[g] = make_shape(rows, N, k);
   pa[g] = reinterpret_cast<const ElementAB*>(a + r0 * k);
   pb[g] = reinterpret_cast<const ElementAB*>((m ? w1 : w0) + static_cast<int64_t>(e) * N * k);
-  pd[g] = (m ? d1 : d0) + r0 * N;
+  pd[g] = reinterpret_cast<float*>(reinterpret_cast<char*>(m ? d1 : d0) + r0 * N * out_bytes);
 }
 
 // Bf16x2's merged rows: slot s of expert e (off[e] <= s < off[e + 1]) has its hi half at row s + off[e] and its lo
@@ -260,8 +279,12 @@ __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off
 // h = glu(gate, up) for slot s < off[E], column pairs j < I (I % 8 == 0), rounded to bf16 (hi, and lo as gather_rows).
 // merged (Bf16x2's one-launch form): gate and up are the sums of the hi and lo rows' products -- the fp32 sum the
 // two-launch form's accumulating epilogue formed, the same bits --, and h's halves go to the merged rows of `hi`.
-__global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const float* __restrict__ gate,
-                         const float* __restrict__ up, bool merged, GluAct act, float beta, float lbeta,
+// T: the gate / up outputs' type (float; bf16 from the Bf16 precision's bf16-output GEMMs).
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+__global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const T* __restrict__ gate,
+                         const T* __restrict__ up, bool merged, GluAct act, float beta, float lbeta,
                          __nv_bfloat16* hi, __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
@@ -275,7 +298,7 @@ __global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const fl
   const int64_t base = rh * I, lo_off = (rl - rh) * I;
   uint32_t* h2 = reinterpret_cast<uint32_t*>(hi + base);
   uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + rl * I) : nullptr;
-  auto at = [&](const float* p, int64_t k) { return merged ? p[k] + p[k + lo_off] : p[k]; };
+  auto at = [&](const T* p, int64_t k) { return merged ? as_float(p[k]) + as_float(p[k + lo_off]) : as_float(p[k]); };
   for (int j = threadIdx.x; j < I / 2; j += blockDim.x) {
     const int64_t k = base + 2 * j;
     const float a = moe_dev::glu(at(gate, k), at(up, k), act, beta, lbeta),
@@ -341,6 +364,14 @@ std::atomic<bool> g_two_launch{[] {  // K3_MOE_CUTLASS_X2=two: Bf16x2's two-laun
 }  // namespace
 void set_split_two_launches(bool two) { g_two_launch.store(two, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<bool> g_bf16_out{[] {  // K3_MOE_CUTLASS_BF16_OUT=0: fp32 outputs at Bf16 precision too (A/B)
+  const char* v = std::getenv("K3_MOE_CUTLASS_BF16_OUT");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}()};
+}  // namespace
+void set_bf16_outputs(bool on) { g_bf16_out.store(on, std::memory_order_relaxed); }
+
 bool enabled_by_env() {
   static const bool on = [] {
     const char* v = std::getenv("K3_MOE_CUTLASS");
@@ -398,10 +429,13 @@ cudaError_t ensure_split(Scratch& s) {
   return cudaSuccess;
 }
 
-cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream) {
-  const cutlass::Status st = tile == 256  ? g.set256.run(stream)
-                             : tile == 64 ? (accumulate ? g.add64 : g.set64).run(stream)
-                                          : (accumulate ? g.add128 : g.set128).run(stream);
+// bf16_out: the bf16-output objects (beta 0 only).
+cudaError_t launch(Grouped& g, int tile, bool accumulate, cudaStream_t stream, bool bf16_out = false) {
+  const cutlass::Status st = tile == 256              ? g.set256.run(stream)
+                             : bf16_out && tile == 64 ? g.set64h.run(stream)
+                             : bf16_out               ? g.set128h.run(stream)
+                             : tile == 64             ? (accumulate ? g.add64 : g.set64).run(stream)
+                                                      : (accumulate ? g.add128 : g.set128).run(stream);
   if (st != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
   return cudaGetLastError();
 }
@@ -450,24 +484,32 @@ cudaError_t run(const Args& a, int max_pairs, ScratchPtr& scratch, cudaStream_t 
     return cudaGetLastError();
   }
   const int tile = tile_m(P, E);
+  // Bf16 precision: the GEMMs write bf16 (rounded in the epilogue, as the h and x operands already are; the GLU and
+  // the combine read half the bytes). Bf16x2's two-launch form accumulates its lo pass: fp32.
+  const bool bf16_out = !a.split && g_bf16_out.load(std::memory_order_relaxed);
+  const int ob = bf16_out ? 2 : 4;
   float* up_out = a.y;  // [P][I] until down overwrites it as [P][X] (I <= X)
   const int halves = a.split ? 2 : 1;
   for (int h = 0; h < halves; ++h) {  // gate and up: E + E groups, the lo pass accumulating
     fill_groups<<<(2 * E + 127) / 128, 128, 0, stream>>>(E, I, X, false, a.expert_off, h ? l16 : h16, gate, a.hidden,
                                                           up, up_out, s.gate_up.shapes, s.gate_up.a, s.gate_up.b,
-                                                          s.gate_up.d);
+                                                          s.gate_up.d, ob);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = launch(s.gate_up, tile, h == 1, stream)) != cudaSuccess) return e;
+    if ((e = launch(s.gate_up, tile, h == 1, stream, bf16_out)) != cudaSuccess) return e;
   }
   // h's rows replace x's (x is no longer read): [P][I] in each half's [max_pairs][X] region.
-  glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, false, a.act, a.beta, a.lbeta, hi, lo);
+  if (bf16_out)
+    glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, reinterpret_cast<const __nv_bfloat16*>(a.hidden),
+                                    reinterpret_cast<const __nv_bfloat16*>(up_out), false, a.act, a.beta, a.lbeta, hi, lo);
+  else
+    glu_rows<<<P, 128, 0, stream>>>(E, I, a.expert_off, a.hidden, up_out, false, a.act, a.beta, a.lbeta, hi, lo);
   for (int h = 0; h < halves; ++h) {
     fill_groups<<<(E + 127) / 128, 128, 0, stream>>>(E, X, I, false, a.expert_off, h ? l16 : h16, down, a.y, nullptr,
-                                                      nullptr, s.down.shapes, s.down.a, s.down.b, s.down.d);
+                                                      nullptr, s.down.shapes, s.down.a, s.down.b, s.down.d, ob);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = launch(s.down, tile, h == 1, stream)) != cudaSuccess) return e;
+    if ((e = launch(s.down, tile, h == 1, stream, bf16_out)) != cudaSuccess) return e;
   }
-  *out = Output{a.y, 0, 1, nullptr};
+  *out = Output{a.y, 0, 1, nullptr, bf16_out};
   return cudaGetLastError();
 }
 
