@@ -78,7 +78,7 @@ cudaError_t moe_combine(int n, int X, int K, const float* part, int64_t split_st
 // bits). off: the plan's [E + 1] expert offsets.
 cudaError_t moe_combine_merged(int n, int X, int K, int E, const float* part, const int32_t* off, const int32_t* slot_of,
                                const float* topk_w, float* out, cudaStream_t stream);
-// One split of bf16 partials (bf16 bits [P][X]), each widened to fp32 and summed as moe_combine's.
+// One split of bf16 partials (bf16 bits [P][X], X % 8 == 0), each widened to fp32 and summed as moe_combine's.
 cudaError_t moe_combine_bf16(int n, int X, int K, const uint16_t* part, const int32_t* slot_of, const float* topk_w,
                              float* out, cudaStream_t stream);
 
