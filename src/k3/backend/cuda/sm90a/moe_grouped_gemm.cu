@@ -41,8 +41,7 @@ using ElementCD = float;
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutCD = cutlass::layout::RowMajor;
-constexpr int kAlignAB = 8;  // elements of 16 bytes: TMA's row alignment
-constexpr int kAlignCD = 4;
+constexpr int kAlignAB = 8;  // elements of 16 bytes: TMA's row alignment (the outputs': Kernel::kAlignOut)
 using ClusterShape = Shape<_1, _1, _1>;
 
 // One tile shape's kernel. TILE_M: rows (pairs) of an output tile, 128 or 64 (moe_grouped_gemm.h tile_m: the rule
@@ -153,7 +152,8 @@ cudaError_t init_gemm(Gemm& gemm, Grouped& g, bool accumulate, void* workspace, 
 }
 
 // Allocates g's arrays for `groups` GEMMs of width N over k (row-major strides, the same for every group) and
-// initialises its four objects. cudaError on failure.
+// initialises its objects: the fp32 set / add pairs at 128 and 64 rows, then the 256-row set for merged groups (tall)
+// or the bf16-output sets (the others). cudaError on failure.
 cudaError_t make_grouped(Grouped& g, int groups, int N, int k, int device, int sm_count, bool tall = false) {
   g.groups = groups;
   const size_t G = static_cast<size_t>(groups);
