@@ -1247,22 +1247,29 @@ TEST(CudaMoe, CombineKernelsBitwise) {
                                         dw.as<float>(), dout.as<float>(), nullptr),
                   cudaSuccess);
         std::vector<float> got(static_cast<size_t>(n) * X);
-        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "d2h");
-        size_t bad = 0;
-        for (int t = 0; t < n; ++t)
-          for (int c = 0; c < X; ++c) {
-            float acc = 0.f;
-            for (int k = 0; k < K; ++k) {
-              const int sl = slot[static_cast<size_t>(t) * K + k];
-              if (sl < 0) continue;
-              float v = 0.f;
-              for (int sp = 0; sp < splits; ++sp) v += y[(static_cast<size_t>(sp) * P + sl) * X + c];
-              acc = std::fma(w[static_cast<size_t>(t) * K + k], v, acc);
+        // Outputs that differ from the host's expression: slot values value(slot, column) added in rank order by fma.
+        auto mismatches = [&](auto&& value) {
+          ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "d2h");
+          size_t bad = 0;
+          for (int t = 0; t < n; ++t)
+            for (int c = 0; c < X; ++c) {
+              float acc = 0.f;
+              for (int k = 0; k < K; ++k) {
+                const int sl = slot[static_cast<size_t>(t) * K + k];
+                if (sl >= 0) acc = std::fma(w[static_cast<size_t>(t) * K + k], value(sl, c), acc);
+              }
+              const float g = got[static_cast<size_t>(t) * X + c];
+              if (std::memcmp(&g, &acc, 4) != 0) ++bad;
             }
-            const float g = got[static_cast<size_t>(t) * X + c];
-            if (std::memcmp(&g, &acc, 4) != 0) ++bad;
-          }
-        EXPECT_EQ(bad, 0u) << "n " << n << " K " << K << " splits " << splits;
+          return bad;
+        };
+        EXPECT_EQ(mismatches([&](int sl, int c) {
+                    float v = 0.f;
+                    for (int sp = 0; sp < splits; ++sp) v += y[(static_cast<size_t>(sp) * P + sl) * X + c];
+                    return v;
+                  }),
+                  0u)
+            << "n " << n << " K " << K << " splits " << splits;
         if (splits != 1) continue;
         // moe_combine_bf16: the same partials rounded to bf16 bits, widened exactly, the same sums.
         std::vector<uint16_t> yb(static_cast<size_t>(P) * X);
@@ -1273,21 +1280,8 @@ TEST(CudaMoe, CombineKernelsBitwise) {
         ASSERT_EQ(k3::cuda::moe_combine_bf16(n, X, K, dyb.as<uint16_t>(), ds.as<int32_t>(), dw.as<float>(), dout.as<float>(),
                                              nullptr),
                   cudaSuccess);
-        ck(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost), "d2h");
-        bad = 0;
-        for (int t = 0; t < n; ++t)
-          for (int c = 0; c < X; ++c) {
-            float acc = 0.f;
-            for (int k = 0; k < K; ++k) {
-              const int sl = slot[static_cast<size_t>(t) * K + k];
-              if (sl < 0) continue;
-              const float v = 0.f + k3::bf16_to_f32(yb[static_cast<size_t>(sl) * X + c]);
-              acc = std::fma(w[static_cast<size_t>(t) * K + k], v, acc);
-            }
-            const float g = got[static_cast<size_t>(t) * X + c];
-            if (std::memcmp(&g, &acc, 4) != 0) ++bad;
-          }
-        EXPECT_EQ(bad, 0u) << "bf16 partials: n " << n << " K " << K;
+        EXPECT_EQ(mismatches([&](int sl, int c) { return 0.f + k3::bf16_to_f32(yb[static_cast<size_t>(sl) * X + c]); }), 0u)
+            << "bf16 partials: n " << n << " K " << K;
       }
 }
 

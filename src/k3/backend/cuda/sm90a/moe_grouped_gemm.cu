@@ -250,6 +250,15 @@ __device__ __forceinline__ int expert_of_slot(const int32_t* __restrict__ off, i
   }
   return lo;
 }
+// Slot s's rows: s itself (both halves' buffers), or its merged hi and lo rows.
+struct SlotRows {
+  int64_t hi, lo;
+};
+__device__ __forceinline__ SlotRows slot_rows(const int32_t* __restrict__ off, int E, int s, bool merged) {
+  if (!merged) return {s, s};
+  const int e = expert_of_slot(off, E, s);
+  return {s + off[e], s + off[e + 1]};
+}
 
 // Slot s < off[E]: x's row of its token (sorted[s] / K) as bf16 into hi[s] (and its residual into lo[s]: the tiles'
 // split, moe_tc_tile.cuh bf16x2_rn); rows of X, X % 8 == 0.
@@ -259,15 +268,10 @@ __global__ void gather_rows(int K, int X, int E, const int32_t* __restrict__ off
   const int s = blockIdx.x;
   if (s >= off[E]) return;
   const float4* src = reinterpret_cast<const float4*>(x + static_cast<int64_t>(sorted[s] / K) * X);
-  int64_t rh = s, rl = s;
-  if (merged) {
-    const int e = expert_of_slot(off, E, s);
-    rh = s + off[e];
-    rl = s + off[e + 1];
-    lo = hi;
-  }
-  uint2* h4 = reinterpret_cast<uint2*>(hi + rh * X);
-  uint2* l4 = lo ? reinterpret_cast<uint2*>(lo + rl * X) : nullptr;
+  const SlotRows r = slot_rows(off, E, s, merged);
+  if (merged) lo = hi;
+  uint2* h4 = reinterpret_cast<uint2*>(hi + r.hi * X);
+  uint2* l4 = lo ? reinterpret_cast<uint2*>(lo + r.lo * X) : nullptr;
   for (int i = threadIdx.x; i < X / 4; i += blockDim.x) {
     const float4 v = __ldg(src + i);
     float r0, r1, r2, r3;
@@ -288,16 +292,11 @@ __global__ void glu_rows(int E, int I, const int32_t* __restrict__ off, const T*
                          __nv_bfloat16* hi, __nv_bfloat16* lo) {
   const int s = blockIdx.x;
   if (s >= off[E]) return;
-  int64_t rh = s, rl = s;
-  if (merged) {
-    const int e = expert_of_slot(off, E, s);
-    rh = s + off[e];
-    rl = s + off[e + 1];
-    lo = hi;
-  }
-  const int64_t base = rh * I, lo_off = (rl - rh) * I;
+  const SlotRows r = slot_rows(off, E, s, merged);
+  if (merged) lo = hi;
+  const int64_t base = r.hi * I, lo_off = (r.lo - r.hi) * I;
   uint32_t* h2 = reinterpret_cast<uint32_t*>(hi + base);
-  uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + rl * I) : nullptr;
+  uint32_t* l2 = lo ? reinterpret_cast<uint32_t*>(lo + r.lo * I) : nullptr;
   auto at = [&](const T* p, int64_t k) { return merged ? as_float(p[k]) + as_float(p[k + lo_off]) : as_float(p[k]); };
   for (int j = threadIdx.x; j < I / 2; j += blockDim.x) {
     const int64_t k = base + 2 * j;
