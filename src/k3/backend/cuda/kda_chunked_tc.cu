@@ -1034,13 +1034,15 @@ cudaError_t launch_intra3(const KdaSeq* seqs, int n_seqs, int N, int H, const bf
 // intra: 1 = v1, 2 = v2, 3 = v2 at 4 blocks per SM, 4 = v3 (persistent, register prefetch), 5 = v3 with
 // streaming stores. v2 and v3 exist for chunk 32 only (chunk 64 always takes v1); v3 for bf16 inputs only (fp32
 // inputs take v2: see kda_tc_intra3_kernel).
-// intra = 0: the any-decay kernel (v2 with the exact diagonal blocks; chunk 32).
+// kIntraExactDiag: the any-decay kernel (v2 with the exact diagonal blocks; chunk 32) -- internal, never a tuning value
+// (KdaTcTuning::intra < 0 is rejected, 0 there means the default).
+constexpr int kIntraExactDiag = -1;
 template <int L, class T>
 cudaError_t launch_intra_any(int intra, const KdaSeq* seqs, int n_seqs, int N, int H, const void* q, const void* k,
                              const void* v, const void* g, const float* beta, const TcWs& ws, cudaStream_t stream) {
   const T *tq = static_cast<const T*>(q), *tk = static_cast<const T*>(k), *tv = static_cast<const T*>(v),
           *tg = static_cast<const T*>(g);
-  if (L == 32 && intra == 0) return launch_intra2<T, 3, true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
+  if (L == 32 && intra == kIntraExactDiag) return launch_intra2<T, 3, true>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && intra == 2) return launch_intra2<T, 3>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && intra == 3) return launch_intra2<T, 4>(seqs, n_seqs, N, H, tq, tk, tv, tg, beta, ws, stream);
   if (L == 32 && (intra == 4 || intra == 5)) {
@@ -1285,8 +1287,8 @@ cudaError_t kda_chunked_tc(const KdaSeq* seqs, int n_seqs, int n_total_tokens, i
   // two measured 1-10% slower everywhere (fewer resident blocks).
   const int bv = tuning.value_tile != 0 ? tuning.value_tile : (n_seqs * H * (kD / 64) >= 264 ? 64 : 32);
   const int nbuf = tuning.buffers != 0 ? tuning.buffers : 1;
-  // Any decay: the exact-diagonal intra kernel (v2's form; intra 0 to launch_intra_any), whatever was asked.
-  const int intra = any_decay ? 0 : tuning.intra != 0 ? tuning.intra : intra_default();
+  // Any decay: the exact-diagonal intra kernel (v2's form), whatever was asked.
+  const int intra = any_decay ? kIntraExactDiag : tuning.intra != 0 ? tuning.intra : intra_default();
   // A caller that sets v1's value tile or buffers asks for v1 (the tests of its tiles, the bench rows).
   const bool v1_knobs = tuning.value_tile != 0 || tuning.buffers != 0;
   const int state = tuning.state != 0 ? tuning.state

@@ -484,10 +484,7 @@ void LinearRunner::run_group(const DeviceLinear* const* W, float* const* y, int 
   if (lt_all) {
     const int64_t k = W[0]->cols;
     const auto [hi, lo] = bf16_halves(x, n * k, false);
-    if (precision_ == GemmPrecision::Bf16x2)
-      K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
-    else
-      K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
+    convert_x(x, n * k, hi, lo);
     for (int m = 0; m < count; ++m) lt_bf16(*W[m], hi, lo, n, y[m]);
     return;
   }
@@ -546,16 +543,12 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
     lt_matmul(WeightFormat::F32, m, n, k, W.data, x, 0.0f, y);
     return;
   }
-  const bool split = precision_ == GemmPrecision::Bf16x2;
   // Decode-sized batches in bf16x2: one GEMM over the 2n columns [hi | lo] (x's halves stored back to
   // back) reads W once instead of twice; the two products are added after (the same fp32 sum the
   // accumulating second GEMM formed). Bounded so that the [2n][m] scratch stays small.
-  const bool merged = split && merged_ && n <= kMergedMaxTokens && 2 * n * m <= kMergedMaxFloats;
+  const bool merged = merges_halves(W, n);
   const auto [hi, lo] = bf16_halves(x, n * k, merged);
-  if (split)
-    K3_CUDA_CHECK(to_bf16_split(x, n * k, hi, lo, stream_));
-  else
-    K3_CUDA_CHECK(to_bf16(x, n * k, hi, stream_));
+  convert_x(x, n * k, hi, lo);
   if (!merged) return lt_bf16(W, hi, lo, n, y);
   const size_t need = static_cast<size_t>(2 * n * m) * sizeof(float);
   if (ys_.bytes() < need) {
@@ -570,8 +563,18 @@ void LinearRunner::run(const DeviceLinear& W, const float* x, int64_t n, float* 
 bool LinearRunner::takes_lt_bf16(const DeviceLinear& W, int64_t n) const {
   if (W.format != WeightFormat::BF16 || n <= kGemvMaxTokens || W.rows <= 0 || W.cols <= 0) return false;
   if (skinny_ && linear_skinny_supported(W, n)) return false;
-  const bool split = precision_ == GemmPrecision::Bf16x2;
-  return !(split && merged_ && n <= kMergedMaxTokens && 2 * n * W.rows <= kMergedMaxFloats);  // run()'s `merged`
+  return !merges_halves(W, n);
+}
+
+void LinearRunner::convert_x(const float* x, int64_t count, uint16_t* hi, uint16_t* lo) {
+  if (precision_ == GemmPrecision::Bf16x2)
+    K3_CUDA_CHECK(to_bf16_split(x, count, hi, lo, stream_));
+  else
+    K3_CUDA_CHECK(to_bf16(x, count, hi, stream_));
+}
+
+bool LinearRunner::merges_halves(const DeviceLinear& W, int64_t n) const {
+  return precision_ == GemmPrecision::Bf16x2 && merged_ && n <= kMergedMaxTokens && 2 * n * W.rows <= kMergedMaxFloats;
 }
 
 void LinearRunner::lt_bf16(const DeviceLinear& W, const uint16_t* hi, const uint16_t* lo, int64_t n, float* y) {

@@ -92,6 +92,10 @@ class LinearRunner {
   // run()'s path for a BF16 matrix past the skinny / GEMV sizes when x's halves are not merged: true where run() would
   // convert x and call lt_bf16 (so that run_group can convert x once for several such matrices).
   bool takes_lt_bf16(const DeviceLinear& W, int64_t n) const;
+  // Bf16x2 batches that run ONE GEMM over x's halves side by side ([hi | lo], kMergedMaxTokens): run()'s choice.
+  bool merges_halves(const DeviceLinear& W, int64_t n) const;
+  // x as the precision's bf16 operands: hi and lo (Bf16x2) or hi rounded (Bf16).
+  void convert_x(const float* x, int64_t count, uint16_t* hi, uint16_t* lo);
   // y = W . x^T from x's bf16 halves (lo only under Bf16x2: D += W . lo).
   void lt_bf16(const DeviceLinear& W, const uint16_t* hi, const uint16_t* lo, int64_t n, float* y);
   void release() noexcept;

@@ -44,6 +44,7 @@
 #include "k3/backend/cuda/cuda_util.h"
 #include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/moe_slots.cuh"
 #include "k3/backend/cuda/mxfp4_decode.cuh"
 #include "k3/backend/cuda/pdl.cuh"  // each kernel first lets a pdl-launched successor begin (its weight prefetch)
 
@@ -648,6 +649,15 @@ __global__ void __launch_bounds__(256)
   reinterpret_cast<float4*>(out + static_cast<int64_t>(t) * X)[c] = acc;
 }
 
+// Token t's K slots and weights into shared memory (threads < K; the caller's barrier publishes them).
+__device__ __forceinline__ void stage_slots(int t, int K, const int32_t* __restrict__ slot_of,
+                                            const float* __restrict__ topk_w, int* s_slot, float* s_w) {
+  if (threadIdx.x < K) {
+    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
+    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
+  }
+}
+
 // The same combine for prefill-sized batches (the tensor-core tiles' and CUTLASS's partials): a block per token walking
 // its row four columns a thread at a time, the loads of 8 slots (all their splits) in flight before their sums. The
 // decode form above (one 16-byte load a thread, 73 728 blocks of 8 warps at 4096 tokens x 2304 columns) moved 55% of
@@ -655,7 +665,7 @@ __global__ void __launch_bounds__(256)
 // kernel, s59-3). Each slot's value is 0 + its splits in order as there, added in rank order by the same fmaf: the
 // same bits.
 // off != nullptr (moe_combine_merged): two partials a slot at the merged rows s + off[e], s + off[e + 1] (s_row holds
-// the first row, s_step the floats to the second), split_stride and splits unused.
+// the first row, s_step the floats to the second; splits = 2 from the caller), split_stride unused.
 constexpr int kCombRowThreads = 128;
 __global__ void __launch_bounds__(kCombRowThreads)
     combine_rows_kernel(int X, int K, const float* __restrict__ y, int64_t split_stride, int splits,
@@ -666,25 +676,18 @@ __global__ void __launch_bounds__(kCombRowThreads)
   __shared__ float s_w[32];
   __shared__ int64_t s_row[32], s_step[32];
   const int t = blockIdx.x;
+  stage_slots(t, K, slot_of, topk_w, s_slot, s_w);
   if (threadIdx.x < K) {
-    const int s = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
-    s_slot[threadIdx.x] = s;
-    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
+    const int s = s_slot[threadIdx.x];
     int64_t row = s, step = split_stride;
     if (off && s >= 0) {
-      int lo = 0, hi = E - 1;  // the expert of slot s: the last e with off[e] <= s
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (off[mid] <= s) lo = mid;
-        else hi = mid - 1;
-      }
-      row = s + off[lo];
-      step = static_cast<int64_t>(off[lo + 1] - off[lo]) * X;
+      const int e = moe_dev::expert_of_slot(off, E, s);
+      row = s + off[e];
+      step = static_cast<int64_t>(off[e + 1] - off[e]) * X;
     }
     s_row[threadIdx.x] = row;
     s_step[threadIdx.x] = step;
   }
-  if (off) splits = 2;
   __syncthreads();
   const int X4 = X >> 2;
   for (int c = threadIdx.x; c < X4; c += kCombRowThreads) {
@@ -733,10 +736,7 @@ __global__ void __launch_bounds__(kCombRowThreads)
   __shared__ int s_slot[32];
   __shared__ float s_w[32];
   const int t = blockIdx.x;
-  if (threadIdx.x < K) {
-    s_slot[threadIdx.x] = slot_of[static_cast<int64_t>(t) * K + threadIdx.x];
-    s_w[threadIdx.x] = topk_w[static_cast<int64_t>(t) * K + threadIdx.x];
-  }
+  stage_slots(t, K, slot_of, topk_w, s_slot, s_w);
   __syncthreads();
   const int X8 = X >> 3;
   for (int c = threadIdx.x; c < X8; c += kCombRowThreads) {

@@ -26,6 +26,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "k3/backend/cuda/moe_glu.cuh"
+#include "k3/backend/cuda/moe_slots.cuh"
 #include "k3/backend/cuda/moe_grouped_gemm.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
@@ -241,22 +242,13 @@ __global__ void fill_groups(int E, int N, int k, bool merged, const int32_t* __r
 // Bf16x2's merged rows: slot s of expert e (off[e] <= s < off[e + 1]) has its hi half at row s + off[e] and its lo
 // half at s + off[e + 1] -- expert e's 2 m rows contiguous, hi then lo, so that one 256-row tile holds both halves of
 // up to 128 pairs and loads each weight tile once for them.
-__device__ __forceinline__ int expert_of_slot(const int32_t* __restrict__ off, int E, int s) {
-  int lo = 0, hi = E - 1;  // the last e with off[e] <= s (s < off[E]: experts without rows are skipped past)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (__ldg(off + mid) <= s) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
 // Slot s's rows: s itself (both halves' buffers), or its merged hi and lo rows.
 struct SlotRows {
   int64_t hi, lo;
 };
 __device__ __forceinline__ SlotRows slot_rows(const int32_t* __restrict__ off, int E, int s, bool merged) {
   if (!merged) return {s, s};
-  const int e = expert_of_slot(off, E, s);
+  const int e = moe_dev::expert_of_slot(off, E, s);
   return {s + off[e], s + off[e + 1]};
 }
 
