@@ -67,6 +67,9 @@ const PathCfg kPaths[] = {
     // Their register-A form (MXFP4 banks only; skipped on BF16 ones).
     {MoePath::WgmmaRs, MoePrecision::Bf16x2, 1e-4, "wgrs-bf16x2"},
     {MoePath::WgmmaRs, MoePrecision::Bf16, 2e-2, "wgrs-bf16"},
+    // The ring form (MXFP4 banks with X and I multiples of 64; skipped on others).
+    {MoePath::WgmmaRing, MoePrecision::Bf16x2, 1e-4, "wgring-bf16x2"},
+    {MoePath::WgmmaRing, MoePrecision::Bf16, 2e-2, "wgring-bf16"},
     // CUTLASS's grouped GEMMs (BF16 banks with I <= X, sm_90a; skipped on MXFP4 banks): the tiles' numerics.
     {MoePath::Cutlass, MoePrecision::Bf16x2, 1e-4, "cutlass-bf16x2"},
     {MoePath::Cutlass, MoePrecision::Bf16, 2e-2, "cutlass-bf16"},
@@ -337,11 +340,13 @@ struct CheckResult {
 
 // Whether a forced path does not run on this bank here (its checks then skipped): the wgmma tiles and CUTLASS's grouped
 // GEMMs exist for compute-capability-9.0 devices only; not_bank: the bank is not one the path takes at all (the
-// register-A form: MXFP4 only; CUTLASS's: BF16 with I <= X).
+// register-A form: MXFP4 only; its ring form: MXFP4 with X, I multiples of 64; CUTLASS's: BF16 with I <= X).
 bool path_skipped(const PathCfg& pc, const Moe& m, bool& not_bank) {
-  not_bank = (pc.path == MoePath::WgmmaRs && !m.sh.mx) || (pc.path == MoePath::Cutlass && (m.sh.mx || m.sh.I > m.sh.X));
+  not_bank = (pc.path == MoePath::WgmmaRs && !m.sh.mx) || (pc.path == MoePath::Cutlass && (m.sh.mx || m.sh.I > m.sh.X)) ||
+             (pc.path == MoePath::WgmmaRing && (!m.sh.mx || m.sh.X % 64 != 0 || m.sh.I % 64 != 0));
   if (not_bank) return true;
   if ((pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && !k3::cuda::moe_wg::supports(m.bank)) return true;
+  if (pc.path == MoePath::WgmmaRing && !k3::cuda::moe_wg::ring_supports(m.bank)) return true;
   return pc.path == MoePath::Cutlass && !k3::cuda::moe_cutlass::supports(m.bank);
 }
 
@@ -782,6 +787,40 @@ TEST(CudaMoe, CutlassSplitFormsGiveTheSameBits) {
   }
 }
 
+// The ring form (sm90a/moe_prefill_ring.cu) against the shared-memory wgmma form at prefill sizes, where full 64-pair
+// tiles, every stage of the ring and the remainder tiles all run (the CPU reference is too slow there; both forms are
+// checked against it at small n in run_checks): k3-like at n = 1024 (128 pairs an expert: two full tiles each), K3's
+// QAT bank at n = 4096 (~73 pairs an expert: tiles of 64 and ~9). The two sum a chunk's products in different k orders,
+// so they agree to rounding, not bitwise: at bf16x2 both carry the activations to ~2^-17; at bf16 a GLU output on
+// either side of a bf16 rounding boundary moves the down products by up to 2^-8 of one term.
+TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& [s, n] : {std::pair<Shape, int>{tiny_shapes()[5], 1024}, std::pair<Shape, int>{kK3Qat, 4096}}) {
+    Moe& m = cached_moe(s);
+    if (!k3::cuda::moe_wg::ring_supports(m.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
+    ExpertCall call(m, n, 1500 + n);
+    for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
+      const std::vector<float> ref = call.run(prec, MoePath::Wgmma);
+      const std::vector<float> out = call.run(prec, MoePath::WgmmaRing);
+      double maxref = 0, maxdiff = 0;
+      size_t nans = 0, diff = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        nans += std::isnan(out[i]) || std::isnan(ref[i]) ? 1 : 0;
+        maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+        maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(out[i]) - ref[i]));
+        diff += out[i] != ref[i] ? 1 : 0;
+      }
+      const double rel = maxdiff / maxref, tol = prec == MoePrecision::Bf16x2 ? 1e-5 : 2e-3;
+      const char* pn = prec == MoePrecision::Bf16 ? "bf16" : "bf16x2";
+      std::printf("[ moe ] %-12s n=%4d %-6s ring vs shared-memory wgmma: max rel %.2e (%zu of %zu floats differ)\n", s.name,
+                  n, pn, rel, diff, out.size());
+      EXPECT_EQ(nans, 0u) << s.name << " n=" << n << " " << pn;
+      EXPECT_GT(maxref, 0.0) << s.name;
+      EXPECT_LT(rel, tol) << s.name << " n=" << n << " " << pn;
+    }
+  }
+}
+
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
@@ -1210,7 +1249,7 @@ TEST(CudaMoe, EdgeCases) {
                                   25.f, dout.as<float>(), ws, nullptr, static_cast<MoePrecision>(7)),
             cudaErrorInvalidValue);
   EXPECT_EQ(k3::cuda::moe_experts(m.bank, 1, K, dx.as<float>(), di.as<int32_t>(), dw.as<float>(), GluAct::SiLU, 4.f,
-                                  25.f, dout.as<float>(), ws, nullptr, MoePrecision::Bf16x2, static_cast<MoePath>(8)),
+                                  25.f, dout.as<float>(), ws, nullptr, MoePrecision::Bf16x2, static_cast<MoePath>(9)),
             cudaErrorInvalidValue);
   // CUTLASS's grouped GEMMs take BF16 banks only: forced on this MXFP4 one, refused.
   EXPECT_EQ(experts(2, K, PathCfg{MoePath::Cutlass, MoePrecision::Bf16x2, 0, "cutlass"}), cudaErrorInvalidValue);
@@ -1373,11 +1412,13 @@ TEST(CudaMoe, Timing) {
       // Auto at every n; each forced path where it is a candidate: SIMT and the decode tensor-core kernels
       // up to n = 256, the 64-pair tensor-core tiles from n = 64.
       for (const PathCfg& pc : kPaths) {
-        if ((pc.path == MoePath::TensorCore || pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && n < 64) continue;
-        if ((pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs) && !wg_ok) continue;
+        const bool wg_form = pc.path == MoePath::Wgmma || pc.path == MoePath::WgmmaRs || pc.path == MoePath::WgmmaRing;
+        if ((pc.path == MoePath::TensorCore || wg_form) && n < 64) continue;
+        if (wg_form && !wg_ok) continue;
+        if (pc.path == MoePath::WgmmaRing && !k3::cuda::moe_wg::ring_supports(m.bank)) continue;
         if (pc.path == MoePath::Cutlass && (n < 64 || pc.cutlass_tile != 128 || !k3::cuda::moe_cutlass::supports(m.bank)))
           continue;  // (both tile shapes timed below under the 128 entries)
-        if (pc.path == MoePath::WgmmaRs && !s.mx) continue;
+        if ((pc.path == MoePath::WgmmaRs || pc.path == MoePath::WgmmaRing) && !s.mx) continue;
         if ((pc.path == MoePath::Simt || pc.path == MoePath::TcDecode) && n > 256) continue;
         if (pc.path == MoePath::Gemv && n > 16) continue;
         const bool variants = pc.path == MoePath::TcDecode && s.mx;  // reg, ring, ring4; else the process's one

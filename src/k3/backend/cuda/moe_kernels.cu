@@ -851,7 +851,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   }
   if (precision != MoePrecision::Bf16x2 && precision != MoePrecision::Bf16) return cudaErrorInvalidValue;
   if (path != MoePath::Auto && path != MoePath::Simt && path != MoePath::TensorCore && path != MoePath::TcDecode &&
-      path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs && path != MoePath::Cutlass)
+      path != MoePath::Gemv && path != MoePath::Wgmma && path != MoePath::WgmmaRs && path != MoePath::Cutlass &&
+      path != MoePath::WgmmaRing)
     return cudaErrorInvalidValue;
   // CUTLASS's grouped GEMMs (BF16 banks, sm_90a): forced, or Auto's tensor-core choice unless K3_MOE_CUTLASS=0.
   const bool want_cutlass = !round_hidden && (path == MoePath::Cutlass ||
@@ -862,11 +863,14 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   if (cutlass_path) path = MoePath::TensorCore;  // the plan's 64-pair tiles (only its slots and offsets are read)
   // The warpgroup-MMA tiles: forced, or Auto's tensor-core choice unless K3_MOE_WGMMA=0 (not for GGUF blocks); their
   // register-A form forced, or Auto's with K3_MOE_WGMMA=rs (MXFP4 only).
-  const bool forced_wg = path == MoePath::Wgmma || path == MoePath::WgmmaRs;
+  const bool forced_wg = path == MoePath::Wgmma || path == MoePath::WgmmaRs || path == MoePath::WgmmaRing;
   const bool wg = !gguf && moe_wg::supports(w) && (forced_wg || (path == MoePath::Auto && moe_wg::enabled_by_env()));
   const bool wg_rs = wg && mx && (path == MoePath::WgmmaRs || (path == MoePath::Auto && moe_wg::register_a_by_env()));
+  const bool wg_ring = wg && mx && !round_hidden && moe_wg::ring_supports(w) &&
+                       (path == MoePath::WgmmaRing || (path == MoePath::Auto && moe_wg::ring_by_env()));
   if (forced_wg && !wg) return cudaErrorInvalidValue;
   if (path == MoePath::WgmmaRs && !wg_rs) return cudaErrorInvalidValue;
+  if (path == MoePath::WgmmaRing && !wg_ring) return cudaErrorInvalidValue;
   if (forced_wg) path = MoePath::TensorCore;
   const int P = n * K;
   MoePath chosen = round_hidden ? MoePath::TensorCore : path == MoePath::Auto ? moe_experts_auto_path(n, K, w.E, w.format) : path;
@@ -936,9 +940,12 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
                               situ_beta, situ_linear_beta, split, out, ds, stream);
   }
   TileArgs gu = gate_up_args(w, K, x, act, situ_beta, situ_linear_beta, ws.sorted_, tiles, ws.num_tiles_, ws.hidden_);
+  const int64_t P_cap = static_cast<int64_t>(ws.max_tokens_) * ws.K_;  // hidden_'s rows
   if (round_hidden) gu.mxfp8_hidden_rows = P;
   if (tc && gguf)
     e = launch_tc_gguf(w, nb, gu, ws.y_, stream);
+  else if (tc && wg_ring)
+    e = moe_wg::launch_ring(w, n, nb, gu, P_cap, split, ws.y_, stream);
   else if (tc && wg)
     e = moe_wg::launch(w, nb, gu, split, wg_rs, ws.y_, stream);
   else if (tc && mx)

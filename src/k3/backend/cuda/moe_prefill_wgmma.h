@@ -6,6 +6,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "k3/backend/cuda/moe_kernels.h"
 
 namespace k3::cuda {
@@ -25,10 +27,22 @@ bool supports(const ExpertBank& w);
 cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_up, bool split, bool register_a,
                    float* y, cudaStream_t stream);
 
+// The ring form (sm90a/moe_prefill_ring.cu; MXFP4 only): register-A wgmma fed by a cp.async ring of the stored
+// MXFP4 bytes and bf16 activation planes in the permuted k order. Needs supports(w), X and I multiples of 64, the
+// stacks 16-byte aligned and their scales 2-byte aligned.
+bool ring_supports(const ExpertBank& w);
+// gate+up then down as launch() does, for n tokens (gate_up.in = x [n][X]). Scratch: x's bf16 planes in y (down's
+// output, written after gate+up has read them), the hidden planes in gate_up.out ([max_pairs][I] floats). Not for
+// MoePrecision::Mxfp8's tile form (gate_up.mxfp8_hidden_rows > 0): cudaErrorInvalidValue, as where !ring_supports(w).
+cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
+                        bool split, float* y, cudaStream_t stream);
+
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call
 // s38-1 on an H200: faster at every timed size, K3 QAT bank n = 4096 50.1 -> 40.6 ms; MoePath::Wgmma forces them).
 bool enabled_by_env();
 // Whether Auto's wgmma tiles take the register-A form for MXFP4 experts: K3_MOE_WGMMA=rs (MoePath::WgmmaRs forces it).
 bool register_a_by_env();
+// Whether Auto's wgmma tiles take the ring form for MXFP4 experts: K3_MOE_WGMMA=ring (MoePath::WgmmaRing forces it).
+bool ring_by_env();
 
 }  // namespace k3::cuda::moe_wg

@@ -26,19 +26,13 @@
 
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
+#include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
 
 namespace k3::cuda::moe_wg {
 namespace {
 
-constexpr int kThreads = 256;  // 2 warpgroups
-constexpr int kPairs = 64;     // the plan's tensor-core tile (kTcM)
-constexpr int kRows = 256;     // weight rows staged per block
-constexpr int kKc = 64;        // columns per chunk: 128 bytes of bf16, one swizzle row
-constexpr int kWBytes = kRows * 128;
-constexpr int kXBytes = kPairs * 128;
-constexpr uint32_t kSbo = 1024;  // 8 rows x 128 bytes
-static_assert(kPairs == kTcM, "one plan tile per block");
+using namespace detail;
 
 template <bool SPLIT>
 constexpr int stage_bytes() {
@@ -50,79 +44,7 @@ constexpr int smem_bytes() {  // RS's body: bf16 activations x 2 stages + one fp
   return 1024 /* alignment slack */ + 2 * stage_bytes<SPLIT>();  // RS launches hold both bodies (tile())
 }
 
-__device__ __forceinline__ uint32_t swz(int row, int chunk) { return row * 128 + (((chunk & 7) ^ (row & 7)) << 4); }
-__device__ __forceinline__ void st_shared16(uint32_t dst, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-// cp.async of 16 bytes, zero-filled when !valid (src is then only a valid address, not read).
-__device__ __forceinline__ void cp_async16_or_zero(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void st_shared4(uint32_t dst, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
-}
-
-template <int NN>
-__device__ __forceinline__ void mma_rs(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (NN == 16)
-    wgmma::mma_m64n16k16_rs(d, a, db);
-  else if constexpr (NN == 32)
-    wgmma::mma_m64n32k16_rs(d, a, db);
-  else if constexpr (NN == 48)
-    wgmma::mma_m64n48k16_rs(d, a, db);
-  else
-    wgmma::mma_m64n64k16_rs(d, a, db);
-}
-
-template <int NN>
-__device__ __forceinline__ void mma(float (&d)[NN / 2], uint64_t da, uint64_t db) {
-  if constexpr (NN == 16)
-    wgmma::mma_m64n16k16_ss(d, da, db, 1);
-  else if constexpr (NN == 32)
-    wgmma::mma_m64n32k16_ss(d, da, db, 1);
-  else if constexpr (NN == 48)
-    wgmma::mma_m64n48k16_ss(d, da, db, 1);
-  else
-    wgmma::mma_m64n64k16_ss(d, da, db, 1);
-}
-
-template <int N>
-__device__ __forceinline__ void zero_acc(float (&acc)[2][N]) {
-#pragma unroll
-  for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[mm][i] = 0.f;
-}
-
 extern __shared__ __align__(1024) uint8_t moe_wg_smem[];
-
-// The block's outputs from the accumulators (warp q of warpgroup wg, lane l: element 4 j + e = weight row
-// 16 q + l / 4 + 8 (e >> 1), pair 8 j + 2 (l % 4) + (e & 1)): NMAT 2 the GLU of gate and up, NMAT 1 the rows.
-template <int NMAT, int NN>
-__device__ __forceinline__ void store_out(const TileArgs& a, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
-  const int rows = a.rows;
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-#pragma unroll
-  for (int j = 0; j < NN / 8; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int pair = 8 * j + c2 + (q & 1), row = 16 * wq + g + 8 * (q >> 1);
-      if (pair >= cnt) continue;
-      float* orow = a.out + static_cast<int64_t>(start + pair) * rows;
-      if constexpr (NMAT == 2) {
-        const int n = n0 + 64 * wg + row;
-        if (n < rows) orow[n] = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
-      } else {
-#pragma unroll
-        for (int mm = 0; mm < 2; ++mm) {
-          const int n = n0 + 128 * wg + 64 * mm + row;
-          if (n < rows) orow[n] = acc[mm][4 * j + q];
-        }
-      }
-    }
-}
 
 // One tile's block, NN pairs' columns of the products issued (cnt <= NN).
 template <bool MX, int NMAT, bool GATHER, bool SPLIT, int NN>
@@ -313,14 +235,10 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
   uint32_t af[2][4][4];  // [mm][k-step][register]: register h = row h's slots 2c, 2c+1; 2 + h its slots 2c+8, 2c+9
   auto decode = [&]() {
 #pragma unroll
-    for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sc = e8m0_scale_x2p14((rs >> (8 * (2 * mm + h))) & 0xffu);
-        const uint4 lo = e2m1x8_to_bf16(rw[mm][h].x, sc), hi = e2m1x8_to_bf16(rw[mm][h].y, sc);
-        af[mm][0][h] = lo.x, af[mm][0][2 + h] = lo.y, af[mm][1][h] = lo.z, af[mm][1][2 + h] = lo.w;
-        af[mm][2][h] = hi.x, af[mm][2][2 + h] = hi.y, af[mm][3][h] = hi.z, af[mm][3][2 + h] = hi.w;
-      }
+    for (int mm = 0; mm < 2; ++mm) {
+      const uint32_t sb[2] = {(rs >> (16 * mm)) & 0xffu, (rs >> (16 * mm + 8)) & 0xffu};
+      decode_a_frags(af[mm], rw[mm], sb);
+    }
   };
   auto store_x = [&](int buf) {  // this thread's copies (its own cp.async group done) -> bf16 (hi, lo), permuted
     cp_async_wait<0>();

@@ -1,0 +1,289 @@
+// Routed MXFP4 experts' prefill tiles, register-A wgmma fed by a cp.async ring (moe_prefill_wgmma.h, launch_ring).
+//
+// Why: K3's MXFP4 experts are compute-bound at prefill (4096 tokens: ~73 pairs an expert) and the two earlier
+// wgmma forms reach 107-140 TFLOP/s useful of ~990: the shared-memory form stores every decoded weight as bf16 and
+// reads it back (call s39-1: the L1 / shared pipe 76-82% busy, the tensor pipe 21%), and the register-A form loads
+// the weights from global memory one chunk ahead into registers (s39-2 .. s39-4: bound by load latency and spills).
+// Here the stored MXFP4 bytes (a quarter of bf16's) and the activations go to shared memory by cp.async kStages - 1
+// chunks ahead, in a ring; each thread reads its A fragments' 8 bytes a row from there, decodes them in registers
+// (decode_a_frags) and issues the register-A wgmmas; nothing is staged through registers, so the depth costs no
+// registers. The activations are bf16 already, in the permuted k order decode_a_frags needs (ring_pos): x by a small
+// kernel before gate+up (hi and lo planes with split), the hidden rows by gate+up's epilogue, so a chunk of a pair
+// is 128 bytes copied as stored. Block = (tile of <= 64 pairs, 128 gate+up output columns or 256 down rows), two
+// warpgroups, two blocks an SM (kStages x 25 KB of shared memory each with split). The plan, tiles and outputs are
+// the other forms' (down writes y [P][X] fp32 by slot, the caller combines).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "k3/backend/cuda/moe_prefill_wgmma.h"
+#include "k3/backend/cuda/moe_tc_tile.cuh"
+#include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
+#include "k3/backend/cuda/sm90a/wgmma.cuh"
+
+namespace k3::cuda::moe_wg {
+namespace {
+
+using namespace detail;
+
+constexpr int kStages = 4;
+constexpr int kWRowBytes = kKc / 2;  // one row's MXFP4 bytes of a chunk
+template <bool SPLIT>
+constexpr int ring_stage_bytes() {  // X planes first (1024-aligned for the swizzle), then weights, then scales
+  return ((SPLIT ? 2 : 1) * kXBytes + kRows * kWRowBytes + kRows * 2 + 1023) / 1024 * 1024;
+}
+template <bool SPLIT>
+constexpr int ring_smem_bytes() {
+  return 1024 /* alignment slack */ + kStages * ring_stage_bytes<SPLIT>();
+}
+static_assert(2 * ring_smem_bytes<true>() <= 227 * 1024, "two blocks an SM");
+
+struct RingArgs {
+  TileArgs t;                     // weights, shape, plan, GLU, and (down) the fp32 output by slot
+  const uint16_t* in = nullptr;   // bf16 activation planes, permuted (ring_pos): gate+up x [n][X], down hidden [P][I]
+  int64_t in_plane = 0;           // elements from the hi plane to the lo plane
+  uint16_t* hidden = nullptr;     // gate+up: its GLU outputs as such planes [P][I]
+  int64_t hidden_plane = 0;
+};
+
+__device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void st_shared_u16(uint32_t dst, uint32_t v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(static_cast<unsigned short>(v)) : "memory");
+}
+__device__ __forceinline__ uint2 ld_shared8(uint32_t src) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(src));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_shared_u8(uint32_t src) {
+  uint32_t v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(src));
+  return v;
+}
+
+extern __shared__ __align__(1024) uint8_t moe_ring_smem[];
+
+// gate+up's outputs: the GLU of the two accumulators, as bf16 (hi; lo with SPLIT) at the permuted positions of the
+// hidden planes the down launch reads (the same values and rounding the other forms stage from fp32).
+template <bool SPLIT, int NN>
+__device__ __forceinline__ void store_hidden(const RingArgs& r, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
+  const TileArgs& a = r.t;
+  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+  for (int j = 0; j < NN / 8; ++j)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
+      if (pair >= cnt || n >= a.rows) continue;
+      const float v = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      const int64_t idx = static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63);
+      r.hidden[idx] = __bfloat16_as_ushort(hi);
+      if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+    }
+}
+
+// One tile's block. Thread t copies weight row t (NMAT 2: gate rows n0 .. + 127, then the same up rows; NMAT 1: rows
+// n0 .. + 255) and pair t / 4's 16-byte groups 2 (t % 4), + 1 of each plane; its scale bytes go through a register
+// one iteration later (2-byte loads: no cp.async that small). Consumer rows as the register-A form's.
+template <int NMAT, bool GATHER, bool SPLIT, int NN>
+__device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
+  constexpr int NS = SPLIT ? 2 : 1;
+  const TileArgs& a = r.t;
+  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int rows = a.rows, cols = a.cols;
+  const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
+  auto sX = [&](int s, int h) { return base + s * ring_stage_bytes<SPLIT>() + h * kXBytes; };
+  auto sW = [&](int s) { return base + s * ring_stage_bytes<SPLIT>() + NS * kXBytes; };
+  auto sS = [&](int s) { return sW(s) + kRows * kWRowBytes; };
+
+  const int m = NMAT == 2 ? tid / 128 : 0;
+  const int gr = n0 + (NMAT == 2 ? tid % 128 : tid);
+  const bool wvalid = gr < rows;
+  const int64_t grow = static_cast<int64_t>(e) * rows + (wvalid ? gr : 0);
+  const uint8_t* wsrc = static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * (cols / 2);
+  const uint8_t* ssrc = (m ? a.s1 : a.s0) + grow * (cols / 32);
+  const int p = tid >> 2, xq = tid & 3;
+  const bool xvalid = p < cnt;
+  const uint16_t* xsrc = r.in + 16 * xq;
+  if (xvalid) xsrc += static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols;
+
+  auto issue = [&](int kc) {  // chunk kc's copies into its stage (zero-filled past rows / cnt)
+    const int s = kc % kStages, k0 = kc * kKc;
+#pragma unroll
+    for (int h = 0; h < NS; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) cp_async16_or_zero(sX(s, h) + swz(p, 2 * xq + i), xsrc + h * r.in_plane + k0 + 8 * i, xvalid);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) cp_async16_or_zero(sW(s) + tid * kWRowBytes + 16 * i, wsrc + k0 / 2 + 16 * i, wvalid);
+  };
+  // The chunk's two E8M0 bytes of row t; 127 (2^0) for rows past the matrix, whose weights are zero-filled.
+  auto scales = [&](int kc) { return wvalid ? ldg_u16(ssrc + 2 * kc) : 0x7f7fu; };
+
+  float acc[2][NN / 2];
+  zero_acc(acc);
+  uint32_t af[2][4][4];
+  auto fence_af = [&]() {  // A registers stay unchanged until the wgmmas reading them have completed
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+      for (int st = 0; st < 4; ++st)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(af[mm][st][q])::"memory");
+  };
+
+  const int nk = cols / kKc;
+#pragma unroll
+  for (int kc = 0; kc < kStages - 1; ++kc) {
+    if (kc < nk) {
+      issue(kc);
+      st_shared_u16(sS(kc) + 2 * tid, scales(kc));
+    }
+    cp_async_commit();
+  }
+  uint32_t sc_next = 0;  // chunk kc + kStages - 2's scale bytes, loaded an iteration ago
+  for (int kc = 0; kc < nk; ++kc) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of chunk kc
+    wgmma::fence_proxy_async();
+    __syncthreads();  // everyone's copies of chunk kc; everyone's wgmmas of chunk kc - 1 completed
+    if (kc > 0 && kc + kStages - 2 < nk) st_shared_u16(sS((kc + kStages - 2) % kStages) + 2 * tid, sc_next);
+    if (kc + kStages - 1 < nk) {  // into the stage chunk kc - 1 used
+      issue(kc + kStages - 1);
+      sc_next = scales(kc + kStages - 1);
+    }
+    cp_async_commit();
+    const int s = kc % kStages;
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      uint2 w[2];
+      uint32_t sb[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = (NMAT == 2 ? 128 * mm + 64 * wg : 128 * wg + 64 * mm) + 16 * wq + g + 8 * h;
+        w[h] = ld_shared8(sW(s) + row * kWRowBytes + 8 * c);
+        sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
+      }
+      decode_a_frags(af[mm], w, sb);
+    }
+    wgmma::fence_regs(acc[0]);
+    wgmma::fence_regs(acc[1]);
+    fence_af();
+    wgmma::fence();
+#pragma unroll
+    for (int st = 0; st < kKc / 16; ++st)
+#pragma unroll
+      for (int mm = 0; mm < 2; ++mm)
+#pragma unroll
+        for (int h = 0; h < NS; ++h) mma_rs<NN>(acc[mm], af[mm][st], wgmma::make_desc(sX(s, h) + st * 32, 16, kSbo));
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc[0]);
+    wgmma::fence_regs(acc[1]);
+    fence_af();
+  }
+  cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
+  if constexpr (NMAT == 2)
+    store_hidden<SPLIT, NN>(r, acc, n0, start, cnt);
+  else
+    store_out<1, NN>(a, acc, n0, start, cnt);
+}
+
+template <int NMAT, bool GATHER, bool SPLIT>
+__global__ void __launch_bounds__(kThreads, 2) expert_ring_kernel(const RingArgs r) {
+  if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;  // whole block: grid sized from an upper bound
+  const int4 td = r.t.tiles[blockIdx.x];
+  if (td.z <= 16)
+    ring_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
+  else if (td.z <= 32)
+    ring_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
+  else if (td.z <= 48)
+    ring_body<NMAT, GATHER, SPLIT, 48>(r, td.x, td.y, td.z);
+  else
+    ring_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
+}
+
+// x [n][X] fp32 -> bf16 planes (hi; lo with SPLIT) [n][X], each 64-column chunk in the permuted order: thread =
+// one 8-position group (16 bytes) of one plane row.
+template <bool SPLIT>
+__global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, uint16_t* __restrict__ out, int64_t plane) {
+  const int64_t gi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (gi >= groups) return;
+  const float* src = x + (gi >> 3) * kKc;  // the chunk (rows are whole chunks: X % 64 == 0)
+  const int pos0 = static_cast<int>(gi & 7) * 8;
+  uint32_t hi[4], lo[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float r0, r1;
+    hi[i] = bf16x2_rn(src[ring_col(pos0 + 2 * i)], src[ring_col(pos0 + 2 * i + 1)], r0, r1);
+    lo[i] = bf16x2_rn(r0, r1);
+  }
+  reinterpret_cast<uint4*>(out)[gi] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  if constexpr (SPLIT) reinterpret_cast<uint4*>(out + plane)[gi] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+template <int NMAT, bool GATHER, bool SPLIT>
+cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
+  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT>;
+  constexpr int smem = ring_smem_bytes<SPLIT>();
+  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  k<<<grid, kThreads, smem, stream>>>(r);
+  return cudaGetLastError();
+}
+
+template <bool SPLIT>
+cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
+                             float* y, cudaStream_t stream) {
+  // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
+  auto* xp = reinterpret_cast<uint16_t*>(y);
+  const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
+  ring_planes_kernel<SPLIT><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
+  auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
+  const int64_t hplane = max_pairs * w.I;
+  RingArgs gu{gate_up, xp, xplane, hp, hplane};
+  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
+  if ((e = launch_ring_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
+  TileArgs d = gate_up;
+  to_down_args(d, w, gate_up.out, y);
+  RingArgs dn{d, hp, hplane, nullptr, 0};
+  const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
+  return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
+}
+
+bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+}  // namespace
+
+bool ring_supports(const ExpertBank& w) {
+  return supports(w) && w.format == WeightFormat::MXFP4 && w.X % kKc == 0 && w.I % kKc == 0 && aligned(w.gate, 16) &&
+         aligned(w.up, 16) && aligned(w.down, 16) && aligned(w.gate_scales, 2) && aligned(w.up_scales, 2) &&
+         aligned(w.down_scales, 2);
+}
+
+cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
+                        bool split, float* y, cudaStream_t stream) {
+  if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0 || gate_up.mxfp8_hidden_rows > 0) return cudaErrorInvalidValue;
+  return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+               : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+}
+
+bool ring_by_env() {
+  static const bool v = [] {
+    const char* s = std::getenv("K3_MOE_WGMMA");
+    return s != nullptr && std::strcmp(s, "ring") == 0;
+  }();
+  return v;
+}
+
+}  // namespace k3::cuda::moe_wg
