@@ -867,7 +867,7 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const bool wg = !gguf && moe_wg::supports(w) && (forced_wg || (path == MoePath::Auto && moe_wg::enabled_by_env()));
   const bool wg_rs = wg && mx && (path == MoePath::WgmmaRs || (path == MoePath::Auto && moe_wg::register_a_by_env()));
   const bool wg_ring = wg && mx && !round_hidden && moe_wg::ring_supports(w) &&
-                       (path == MoePath::WgmmaRing || (path == MoePath::Auto && moe_wg::ring_by_env()));
+                       (path == MoePath::WgmmaRing || (path == MoePath::Auto && moe_wg::ring_by_default()));
   if (forced_wg && !wg) return cudaErrorInvalidValue;
   if (path == MoePath::WgmmaRs && !wg_rs) return cudaErrorInvalidValue;
   if (path == MoePath::WgmmaRing && !wg_ring) return cudaErrorInvalidValue;
@@ -894,7 +894,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const bool skinny = dec && !mx && moe_skinny_enabled();
   // GGUF decode: 8-pair tiles for the tensor-core kernels (quant_moe_mma), 2 for the fp32 grouped ones.
   gguf_mma = gguf_mma && dec;
-  const int tok = tc                ? kTcM
+  const int tok = tc && wg_ring     ? moe_wg::ring_tile_pairs()
+                  : tc              ? kTcM
                   : gguf_mma        ? kQuantMoeMmaTilePairs
                   : dec && gguf     ? quant_moe_grouped_tile_pairs()
                   : dec             ? (P <= (skinny ? 4 : 2) * w.E ? 8 : 16)

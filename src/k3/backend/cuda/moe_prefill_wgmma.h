@@ -37,12 +37,18 @@ bool ring_supports(const ExpertBank& w);
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream);
 
+// The pairs of the plan's tiles launch_ring takes (64; 128 with K3_MOE_RING_V2=1, session 60's second form).
+int ring_tile_pairs();
+
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call
 // s38-1 on an H200: faster at every timed size, K3 QAT bank n = 4096 50.1 -> 40.6 ms; MoePath::Wgmma forces them).
 bool enabled_by_env();
 // Whether Auto's wgmma tiles take the register-A form for MXFP4 experts: K3_MOE_WGMMA=rs (MoePath::WgmmaRs forces it).
 bool register_a_by_env();
-// Whether Auto's wgmma tiles take the ring form for MXFP4 experts: K3_MOE_WGMMA=ring (MoePath::WgmmaRing forces it).
-bool ring_by_env();
+// Whether Auto's wgmma tiles take the ring form for MXFP4 experts that ring_supports: yes unless K3_MOE_WGMMA is
+// "smem" (the shared-memory form), "rs" (the register-A form) or "0" (the mma.sync tiles); session 60, call s60-1 on
+// an H100: K3's QAT bank 1.35-1.63x the shared-memory form at n = 256..4096, the K3-dims pp4096 +19-30%.
+// MoePath::WgmmaRing forces it.
+bool ring_by_default();
 
 }  // namespace k3::cuda::moe_wg

@@ -73,6 +73,7 @@ extern __shared__ __align__(1024) uint8_t moe_ring_smem[];
 // hidden planes the down launch reads (the same values and rounding the other forms stage from fp32).
 template <bool SPLIT, int NN>
 __device__ __forceinline__ void store_hidden(const RingArgs& r, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
+  // (v1's 2-warpgroup blocks: warpgroup wg's gate and up rows n0 + 64 wg ..; ring_pos's order)
   const TileArgs& a = r.t;
   const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, c2 = (lane & 3) * 2;
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_ring_kernel(const RingArgs
 
 // x [n][X] fp32 -> bf16 planes (hi; lo with SPLIT) [n][X], each 64-column chunk in the permuted order: thread =
 // one 8-position group (16 bytes) of one plane row.
-template <bool SPLIT>
+template <bool SPLIT, bool V2>
 __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, uint16_t* __restrict__ out, int64_t plane) {
   const int64_t gi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (gi >= groups) return;
@@ -222,7 +223,9 @@ __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r0, r1;
-    hi[i] = bf16x2_rn(src[ring_col(pos0 + 2 * i)], src[ring_col(pos0 + 2 * i + 1)], r0, r1);
+    const int c0 = V2 ? ring2_col(pos0 + 2 * i) : ring_col(pos0 + 2 * i);
+    const int c1 = V2 ? ring2_col(pos0 + 2 * i + 1) : ring_col(pos0 + 2 * i + 1);
+    hi[i] = bf16x2_rn(src[c0], src[c1], r0, r1);
     lo[i] = bf16x2_rn(r0, r1);
   }
   reinterpret_cast<uint4*>(out)[gi] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
@@ -245,7 +248,7 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
   auto* xp = reinterpret_cast<uint16_t*>(y);
   const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
-  ring_planes_kernel<SPLIT><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
+  ring_planes_kernel<SPLIT, false><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
@@ -261,6 +264,240 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
 
+// ---------------------------------------------------------------------------------------------------------- v2
+// Four warpgroups, one m64 A tile each (gate/up: warpgroups 0, 1 gate rows n0 .. + 127, 2, 3 the same up rows; down:
+// rows n0 + 64 wg ..), plan tiles of up to 128 pairs (K3 at 4096 tokens: ~73 pairs an expert in one tile, where 64-pair
+// tiles decoded each expert's weights twice, once for a ~9-pair remainder), a warpgroup's next chunk decoded into a
+// second fragment set while its wgmmas on the current one run, and decode_a_frags2's bit-field decode.
+constexpr int kThreads2 = 512;
+constexpr int kPairs2 = 128;
+constexpr int kX2Bytes = kPairs2 * 128;
+template <bool SPLIT>
+constexpr int stage2_bytes() {
+  return ((SPLIT ? 2 : 1) * kX2Bytes + kRows * kWRowBytes + kRows * 2 + 1023) / 1024 * 1024;
+}
+template <bool SPLIT>
+constexpr int smem2_bytes() {
+  return 1024 + kStages * stage2_bytes<SPLIT>();
+}
+static_assert(smem2_bytes<true>() <= 227 * 1024, "one block an SM");
+static_assert(2 * 128 * 64 * 4 <= kStages * stage2_bytes<false>(), "the up accumulators fit the ring for the GLU");
+
+template <int NN>
+__device__ __forceinline__ void mma_rs2(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (NN == 96)
+    wgmma::mma_m64n96k16_rs(d, a, db);
+  else if constexpr (NN == 128)
+    wgmma::mma_m64n128k16_rs(d, a, db);
+  else
+    mma_rs<NN>(d, a, db);
+}
+
+// Accumulator element 4 j + q of warp wq, lane (g, c): weight row 16 wq + g + 8 (q >> 1), pair 8 j + 2 c + (q & 1).
+// gate+up: warpgroups 2, 3 hand their up sums to 0, 1 through shared memory ([wg - 2][element][thread], conflict-free),
+// which write the GLU as bf16 planes at ring2_pos; down: each warpgroup its rows into y by slot.
+template <int NMAT, bool SPLIT, int NN>
+__device__ __forceinline__ void store2(const RingArgs& r, float (&acc)[NN / 2], uint32_t base, int n0, int start, int cnt) {
+  const TileArgs& a = r.t;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, wq = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  if constexpr (NMAT == 2) {
+    float* xch = reinterpret_cast<float*>(moe_ring_smem + (base - static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem))));
+    if (wg >= 2)
+#pragma unroll
+      for (int i = 0; i < NN / 2; ++i) xch[((wg - 2) * (NN / 2) + i) * 128 + t] = acc[i];
+    __syncthreads();
+    if (wg >= 2) return;
+#pragma unroll
+    for (int j = 0; j < NN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
+        if (pair >= cnt || n >= a.rows) continue;
+        const float up = xch[(wg * (NN / 2) + 4 * j + q) * 128 + t];
+        const float v = moe_dev::glu(acc[4 * j + q], up, a.act, a.beta, a.lbeta);
+        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+        const int64_t idx = static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring2_pos(n & 63);
+        r.hidden[idx] = __bfloat16_as_ushort(hi);
+        if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+      }
+  } else {
+#pragma unroll
+    for (int j = 0; j < NN / 8; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
+        if (pair < cnt && n < a.rows) a.out[static_cast<int64_t>(start + pair) * a.rows + n] = acc[4 * j + q];
+      }
+  }
+}
+
+template <int NMAT, bool GATHER, bool SPLIT, int NN>
+__device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, int cnt) {
+  constexpr int NS = SPLIT ? 2 : 1, S = kStages;
+  const TileArgs& a = r.t;
+  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int rows = a.rows, cols = a.cols;
+  const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
+  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
+  auto sX = [&](int s, int h) { return base + s * stage2_bytes<SPLIT>() + h * kX2Bytes; };
+  auto sW = [&](int s) { return base + s * stage2_bytes<SPLIT>() + NS * kX2Bytes; };
+  auto sS = [&](int s) { return sW(s) + kRows * kWRowBytes; };
+
+  // Copies: weight row tid / 2's half tid % 2; scale bytes of row tid (tid < 256); pair tid / 4's groups 2 (tid % 4), + 1.
+  auto wrow = [&](int rr, bool& ok) {  // smem row rr -> the matrix's row offset (gate/up: rows 128.. are up's)
+    const int gr = n0 + (NMAT == 2 ? rr % 128 : rr);
+    ok = gr < rows;
+    return static_cast<int64_t>(e) * rows + (ok ? gr : 0);
+  };
+  bool wvalid, svalid;
+  const int crow = tid >> 1;
+  const uint8_t* wsrc = static_cast<const uint8_t*>(NMAT == 2 && crow >= 128 ? a.w1 : a.w0) + wrow(crow, wvalid) * (cols / 2) + 16 * (tid & 1);
+  const int srow = tid & 255;
+  const uint8_t* ssrc = (NMAT == 2 && srow >= 128 ? a.s1 : a.s0) + wrow(srow, svalid) * (cols / 32);
+  svalid = svalid && tid < 256;
+  const int p = tid >> 2, xq = tid & 3;
+  const bool xvalid = p < cnt;
+  const uint16_t* xsrc = r.in + 16 * xq;
+  if (xvalid) xsrc += static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols;
+
+  auto issue = [&](int kc) {
+    const int s = kc % S, k0 = kc * kKc;
+    if (p < NN) {  // pairs past the tile's width are never read
+#pragma unroll
+      for (int h = 0; h < NS; ++h)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) cp_async16_or_zero(sX(s, h) + swz(p, 2 * xq + i), xsrc + h * r.in_plane + k0 + 8 * i, xvalid);
+    }
+    cp_async16_or_zero(sW(s) + crow * kWRowBytes + 16 * (tid & 1), wsrc + k0 / 2, wvalid);
+  };
+  auto scales = [&](int kc) { return svalid ? ldg_u16(ssrc + 2 * kc) : 0x7f7fu; };
+  auto decode = [&](int kc, uint32_t (&af)[4][4]) {
+    const int s = kc % S;
+    uint2 w[2];
+    uint32_t sb[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * wg + 16 * wq + g + 8 * h;
+      w[h] = ld_shared8(sW(s) + row * kWRowBytes + 8 * c);
+      sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
+    }
+    decode_a_frags2(af, w, sb);
+  };
+  auto keep = [&](uint32_t (&af)[4][4]) {  // held (unchanged, allocated) until the wgmmas reading them completed
+#pragma unroll
+    for (int st = 0; st < 4; ++st)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(af[st][q])::"memory");
+  };
+
+  float acc[NN / 2];
+#pragma unroll
+  for (int i = 0; i < NN / 2; ++i) acc[i] = 0.f;
+  uint32_t af0[4][4], af1[4][4];
+  const int nk = cols / kKc;
+#pragma unroll
+  for (int kc = 0; kc < S - 1; ++kc) {
+    if (kc < nk) {
+      issue(kc);
+      if (tid < 256) st_shared_u16(sS(kc) + 2 * tid, scales(kc));
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<S - 2>();
+  wgmma::fence_proxy_async();
+  __syncthreads();
+  decode(0, af0);
+  uint32_t sc_next = 0;
+  // Iteration kc: chunk kc + 1 landed (its decode under chunk kc's wgmmas); the stage chunk kc - 1 used refilled.
+  auto step = [&](int kc, uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
+    cp_async_wait<S - 3>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (kc > 0 && kc + S - 2 < nk && tid < 256) st_shared_u16(sS((kc + S - 2) % S) + 2 * tid, sc_next);
+    if (kc + S - 1 < nk) {
+      issue(kc + S - 1);
+      sc_next = scales(kc + S - 1);
+    }
+    cp_async_commit();
+    wgmma::fence_regs(acc);
+    keep(cur);
+    wgmma::fence();
+#pragma unroll
+    for (int st = 0; st < kKc / 16; ++st)
+#pragma unroll
+      for (int h = 0; h < NS; ++h) mma_rs2<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
+    wgmma::commit();
+    if (kc + 1 < nk) decode(kc + 1, nxt);
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+    keep(cur);
+    keep(nxt);
+  };
+  for (int kc = 0; kc < nk; kc += 2) {
+    step(kc, af0, af1);
+    if (kc + 1 < nk) step(kc + 1, af1, af0);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring's memory is the GLU's exchange buffer next
+  store2<NMAT, SPLIT, NN>(r, acc, base, n0, start, cnt);
+}
+
+template <int NMAT, bool GATHER, bool SPLIT>
+__global__ void __launch_bounds__(kThreads2, 1) expert_ring2_kernel(const RingArgs r) {
+  if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;
+  const int4 td = r.t.tiles[blockIdx.x];
+  if (td.z <= 16)
+    ring2_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
+  else if (td.z <= 32)
+    ring2_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
+  else if (td.z <= 64)
+    ring2_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
+  else if (td.z <= 96)
+    ring2_body<NMAT, GATHER, SPLIT, 96>(r, td.x, td.y, td.z);
+  else
+    ring2_body<NMAT, GATHER, SPLIT, 128>(r, td.x, td.y, td.z);
+}
+
+template <int NMAT, bool GATHER, bool SPLIT>
+cudaError_t launch_ring2_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
+  auto* k = &expert_ring2_kernel<NMAT, GATHER, SPLIT>;
+  constexpr int smem = smem2_bytes<SPLIT>();
+  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  k<<<grid, kThreads2, smem, stream>>>(r);
+  return cudaGetLastError();
+}
+
+template <bool SPLIT>
+cudaError_t launch_ring2_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
+                              float* y, cudaStream_t stream) {
+  auto* xp = reinterpret_cast<uint16_t*>(y);  // as launch_ring_pair
+  const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
+  ring_planes_kernel<SPLIT, true><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
+  const int64_t hplane = max_pairs * w.I;
+  RingArgs gu{gate_up, xp, xplane, hp, hplane};
+  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
+  if ((e = launch_ring2_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
+  TileArgs d = gate_up;
+  to_down_args(d, w, gate_up.out, y);
+  RingArgs dn{d, hp, hplane, nullptr, 0};
+  const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
+  return launch_ring2_one<1, false, SPLIT>(dn, g2, stream);
+}
+
+// v1 unless K3_MOE_RING_V2=1 (v2 not yet run on a device when this was written).
+bool ring_v1_by_env() {
+  static const bool v = [] {
+    const char* s = std::getenv("K3_MOE_RING_V2");
+    return s == nullptr || std::strcmp(s, "1") != 0;
+  }();
+  return v;
+}
+
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
@@ -274,14 +511,19 @@ bool ring_supports(const ExpertBank& w) {
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream) {
   if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0 || gate_up.mxfp8_hidden_rows > 0) return cudaErrorInvalidValue;
-  return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-               : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  if (ring_v1_by_env())
+    return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+                 : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  return split ? launch_ring2_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+               : launch_ring2_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
 }
 
-bool ring_by_env() {
+int ring_tile_pairs() { return ring_v1_by_env() ? kPairs : kPairs2; }
+
+bool ring_by_default() {
   static const bool v = [] {
     const char* s = std::getenv("K3_MOE_WGMMA");
-    return s != nullptr && std::strcmp(s, "ring") == 0;
+    return s == nullptr || (std::strcmp(s, "smem") != 0 && std::strcmp(s, "rs") != 0 && std::strcmp(s, "0") != 0);
   }();
   return v;
 }

@@ -88,6 +88,52 @@ __host__ __device__ constexpr int ring_col(int pos) {
   return 16 * ((pos & 7) >> 1) + 4 * (pos >> 4) + (pos & 1) + ((pos >> 3) & 1) * 2;
 }
 
+// The ring form's cheaper decode (moe_prefill_ring.cu): E2M1 nibbles placed straight into bf16 bit fields -- sign
+// to bit 15 / 31, the 3 exponent-mantissa bits to bits 6..8 / 22..24 -- give the value times 2^-126 (e = 0, m = 1 is
+// the bf16 subnormal 2^-127), then one bf16x2 multiply by 2^(s-1) (s <= 128) or two (2^127, then 2^(s-128)) applies
+// the E8M0 scale: exact (a power of two times a 2-bit significand). The nibbles a shift brings to bits 12..15 and
+// 28..31 pair up: (3, 7), (2, 6), (1, 5), (0, 4) of each 8-column word, so the k order differs from decode_a_frags':
+// k-step s = 2 word + k / 2, register h (slots 2c, 2c+1) for even k, 2 + h (2c+8, 2c+9) for odd, with the shift 4 k.
+__device__ __forceinline__ uint32_t e2m1_pair_x2m126(uint32_t v) { return (v & 0x80008000u) | ((v & 0x70007000u) >> 6); }
+__device__ __forceinline__ uint32_t bf16_pow2_pair(uint32_t biased_exp) { return (biased_exp << 7) * 0x00010001u; }
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ void decode_a_frags2(uint32_t (&af)[4][4], const uint2 (&w)[2], const uint32_t (&sb)[2]) {
+  uint32_t f1[2], f2[2];
+  bool wide = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = sb[h];
+    f1[h] = s == 255u ? 0x7fc07fc0u : bf16_pow2_pair(s <= 128u ? s + 126u : 254u);  // NaN scale: NaN weights
+    f2[h] = bf16_pow2_pair(s <= 128u || s == 255u ? 127u : s - 1u);
+    wide = wide || (s > 128u && s != 255u);
+  }
+  wide = __any_sync(0xffffffffu, wide);  // warp-uniform: the second multiply only where some scale needs it
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const uint32_t v = q ? w[h].y : w[h].x;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        uint32_t r = bf16x2_mul(e2m1_pair_x2m126(v << (4 * k)), f1[h]);
+        if (wide) r = bf16x2_mul(r, f2[h]);
+        af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h] = r;
+      }
+    }
+}
+// decode_a_frags2's k order: where column col (0..63) of a chunk sits, and which column sits at position pos.
+__host__ __device__ constexpr int ring2_pos(int col) {
+  return 16 * (2 * ((col >> 3) & 1) + ((3 - (col & 3)) >> 1)) + 2 * (col >> 4) + ((col >> 2) & 1) + 8 * ((3 - (col & 3)) & 1);
+}
+__host__ __device__ constexpr int ring2_col(int pos) {
+  return 16 * ((pos & 7) >> 1) + 8 * (pos >> 5) +
+         ((pos & 1) ? 7 - (2 * ((pos >> 4) & 1) + ((pos >> 3) & 1)) : 3 - (2 * ((pos >> 4) & 1) + ((pos >> 3) & 1)));
+}
+
 // The block's outputs from the accumulators (warp q of warpgroup wg, lane l: element 4 j + e = weight row
 // 16 q + l / 4 + 8 (e >> 1), pair 8 j + 2 (l % 4) + (e & 1)): NMAT 2 the GLU of gate and up, NMAT 1 the rows.
 template <int NMAT, int NN>
