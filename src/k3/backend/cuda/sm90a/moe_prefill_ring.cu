@@ -232,38 +232,6 @@ __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, 
   if constexpr (SPLIT) reinterpret_cast<uint4*>(out + plane)[gi] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
 }
 
-template <int NMAT, bool GATHER, bool SPLIT>
-cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
-  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT>;
-  constexpr int smem = ring_smem_bytes<SPLIT>();
-  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return attr;
-  k<<<grid, kThreads, smem, stream>>>(r);
-  return cudaGetLastError();
-}
-
-template <bool SPLIT>
-cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
-                             float* y, cudaStream_t stream) {
-  // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
-  auto* xp = reinterpret_cast<uint16_t*>(y);
-  const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
-  ring_planes_kernel<SPLIT, false><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
-  auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
-  const int64_t hplane = max_pairs * w.I;
-  RingArgs gu{gate_up, xp, xplane, hp, hplane};
-  const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  if ((e = launch_ring_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
-  TileArgs d = gate_up;
-  to_down_args(d, w, gate_up.out, y);
-  RingArgs dn{d, hp, hplane, nullptr, 0};
-  const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
-  return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
-}
-
 // ---------------------------------------------------------------------------------------------------------- v2
 // Four warpgroups, one m64 A tile each (gate/up: warpgroups 0, 1 gate rows n0 .. + 127, 2, 3 the same up rows; down:
 // rows n0 + 64 wg ..), plan tiles of up to 128 pairs (K3 at 4096 tokens: ~73 pairs an expert in one tile, where 64-pair
@@ -459,37 +427,40 @@ __global__ void __launch_bounds__(kThreads2, 1) expert_ring2_kernel(const RingAr
     ring2_body<NMAT, GATHER, SPLIT, 128>(r, td.x, td.y, td.z);
 }
 
-template <int NMAT, bool GATHER, bool SPLIT>
-cudaError_t launch_ring2_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
-  auto* k = &expert_ring2_kernel<NMAT, GATHER, SPLIT>;
-  constexpr int smem = smem2_bytes<SPLIT>();
+// ------------------------------------------------------------------------------------------------ launchers
+template <bool V2, int NMAT, bool GATHER, bool SPLIT>
+cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
+  auto* k = V2 ? &expert_ring2_kernel<NMAT, GATHER, SPLIT> : &expert_ring_kernel<NMAT, GATHER, SPLIT>;
+  constexpr int smem = V2 ? smem2_bytes<SPLIT>() : ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
-  k<<<grid, kThreads2, smem, stream>>>(r);
+  k<<<grid, V2 ? kThreads2 : kThreads, smem, stream>>>(r);
   return cudaGetLastError();
 }
 
-template <bool SPLIT>
-cudaError_t launch_ring2_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
-                              float* y, cudaStream_t stream) {
-  auto* xp = reinterpret_cast<uint16_t*>(y);  // as launch_ring_pair
+template <bool V2, bool SPLIT>
+cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
+                             float* y, cudaStream_t stream) {
+  // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
+  auto* xp = reinterpret_cast<uint16_t*>(y);
   const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
-  ring_planes_kernel<SPLIT, true><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
+  ring_planes_kernel<SPLIT, V2><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
   RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  if ((e = launch_ring2_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
+  if ((e = launch_ring_one<V2, 2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
   RingArgs dn{d, hp, hplane, nullptr, 0};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
-  return launch_ring2_one<1, false, SPLIT>(dn, g2, stream);
+  return launch_ring_one<V2, 1, false, SPLIT>(dn, g2, stream);
 }
 
-// v1 unless K3_MOE_RING_V2=1 (v2 not yet run on a device when this was written).
+// v1 unless K3_MOE_RING_V2=1 (v1 is what the whole suite ran with in s60-3; v2 only CudaMoe.*).
 bool ring_v1_by_env() {
   static const bool v = [] {
     const char* s = std::getenv("K3_MOE_RING_V2");
@@ -512,10 +483,10 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
                         bool split, float* y, cudaStream_t stream) {
   if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0 || gate_up.mxfp8_hidden_rows > 0) return cudaErrorInvalidValue;
   if (ring_v1_by_env())
-    return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-                 : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
-  return split ? launch_ring2_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-               : launch_ring2_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+    return split ? launch_ring_pair<false, true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+                 : launch_ring_pair<false, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  return split ? launch_ring_pair<true, true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+               : launch_ring_pair<true, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
 }
 
 int ring_tile_pairs() { return ring_v1_by_env() ? kPairs : kPairs2; }
