@@ -821,6 +821,36 @@ TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
   }
 }
 
+// The same comparison on small shapes, cheap enough for compute-sanitizer's racecheck / synccheck (the ring's stages are
+// refilled while other warps may still read them; the path table's runs take too long under the tools): tiny-k3 at
+// n = 257 (64 pairs an expert: full tiles; X = 128, I = 64: the ring shorter than its depth) and k3-like at n = 130
+// (16 chunks of X, 8 of I: every stage refilled).
+TEST(CudaMoe, RingMatchesSharedFormSmall) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& [s, n] : {std::pair<Shape, int>{tiny_shapes()[1], 257}, std::pair<Shape, int>{tiny_shapes()[5], 130}}) {
+    Moe& m = cached_moe(s);
+    if (!k3::cuda::moe_wg::ring_supports(m.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
+    ExpertCall call(m, n, 1700 + n);
+    for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
+      const std::vector<float> ref = call.run(prec, MoePath::Wgmma);
+      const std::vector<float> out = call.run(prec, MoePath::WgmmaRing);
+      double maxref = 0, maxdiff = 0;
+      size_t nans = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        nans += std::isnan(out[i]) || std::isnan(ref[i]) ? 1 : 0;
+        maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
+        maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(out[i]) - ref[i]));
+      }
+      const double rel = maxdiff / maxref, tol = prec == MoePrecision::Bf16x2 ? 1e-5 : 2e-3;
+      std::printf("[ moe ] %-12s n=%4d %-6s ring vs shared-memory wgmma (small): max rel %.2e\n", s.name, n,
+                  prec == MoePrecision::Bf16 ? "bf16" : "bf16x2", rel);
+      EXPECT_EQ(nans, 0u) << s.name;
+      EXPECT_GT(maxref, 0.0) << s.name;
+      EXPECT_LT(rel, tol) << s.name << " n=" << n;
+    }
+  }
+}
+
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
