@@ -253,7 +253,9 @@ static_assert(2 * 128 * 64 * 4 <= kStages * stage2_bytes<false>(), "the up accum
 
 template <int NN>
 __device__ __forceinline__ void mma_rs2(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (NN == 96)
+  if constexpr (NN == 80)
+    wgmma::mma_m64n80k16_rs(d, a, db);
+  else if constexpr (NN == 96)
     wgmma::mma_m64n96k16_rs(d, a, db);
   else if constexpr (NN == 128)
     wgmma::mma_m64n128k16_rs(d, a, db);
@@ -421,6 +423,8 @@ __global__ void __launch_bounds__(kThreads2, 1) expert_ring2_kernel(const RingAr
     ring2_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
   else if (td.z <= 64)
     ring2_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
+  else if (td.z <= 80)  // K3 at 4096 tokens: ~73 pairs an expert
+    ring2_body<NMAT, GATHER, SPLIT, 80>(r, td.x, td.y, td.z);
   else if (td.z <= 96)
     ring2_body<NMAT, GATHER, SPLIT, 96>(r, td.x, td.y, td.z);
   else
