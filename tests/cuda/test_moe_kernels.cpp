@@ -787,18 +787,15 @@ TEST(CudaMoe, CutlassSplitFormsGiveTheSameBits) {
   }
 }
 
-// The ring form (sm90a/moe_prefill_ring.cu) against the shared-memory wgmma form at prefill sizes, where full 64-pair
-// tiles, every stage of the ring and the remainder tiles all run (the CPU reference is too slow there; both forms are
-// checked against it at small n in run_checks): k3-like at n = 1024 (128 pairs an expert: two full tiles each), K3's
-// QAT bank at n = 4096 (~73 pairs an expert: tiles of 64 and ~9). The two sum a chunk's products in different k orders,
-// so they agree to rounding, not bitwise: at bf16x2 both carry the activations to ~2^-17; at bf16 a GLU output on
-// either side of a bf16 rounding boundary moves the down products by up to 2^-8 of one term.
-TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& [s, n] : {std::pair<Shape, int>{tiny_shapes()[5], 1024}, std::pair<Shape, int>{kK3Qat, 4096}}) {
+// The ring form (sm90a/moe_prefill_ring.cu) against the shared-memory wgmma form on the same call, at both precisions.
+// The two sum a chunk's products in different k orders, so they agree to rounding, not bitwise: at bf16x2 both carry
+// the activations to ~2^-17; at bf16 a GLU output on either side of a bf16 rounding boundary moves the down products by
+// up to 2^-8 of one term. (The CPU reference checks both forms at small n in run_checks.)
+void expect_ring_matches_shared_form(const std::vector<std::pair<Shape, int>>& cases, uint64_t seed, const char* what) {
+  for (const auto& [s, n] : cases) {
     Moe& m = cached_moe(s);
     if (!k3::cuda::moe_wg::ring_supports(m.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
-    ExpertCall call(m, n, 1500 + n);
+    ExpertCall call(m, n, seed + n);
     for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
       const std::vector<float> ref = call.run(prec, MoePath::Wgmma);
       const std::vector<float> out = call.run(prec, MoePath::WgmmaRing);
@@ -812,8 +809,8 @@ TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
       }
       const double rel = maxdiff / maxref, tol = prec == MoePrecision::Bf16x2 ? 1e-5 : 2e-3;
       const char* pn = prec == MoePrecision::Bf16 ? "bf16" : "bf16x2";
-      std::printf("[ moe ] %-12s n=%4d %-6s ring vs shared-memory wgmma: max rel %.2e (%zu of %zu floats differ)\n", s.name,
-                  n, pn, rel, diff, out.size());
+      std::printf("[ moe ] %-12s n=%4d %-6s ring vs shared-memory wgmma%s: max rel %.2e (%zu of %zu floats differ)\n",
+                  s.name, n, pn, what, rel, diff, out.size());
       EXPECT_EQ(nans, 0u) << s.name << " n=" << n << " " << pn;
       EXPECT_GT(maxref, 0.0) << s.name;
       EXPECT_LT(rel, tol) << s.name << " n=" << n << " " << pn;
@@ -821,34 +818,20 @@ TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
   }
 }
 
-// The same comparison on small shapes, cheap enough for compute-sanitizer's racecheck / synccheck (the ring's stages are
-// refilled while other warps may still read them; the path table's runs take too long under the tools): tiny-k3 at
-// n = 257 (64 pairs an expert: full tiles; X = 128, I = 64: the ring shorter than its depth) and k3-like at n = 130
-// (16 chunks of X, 8 of I: every stage refilled).
+// At prefill sizes, where full tiles, every stage of the ring and the remainder tiles all run (the CPU reference is too
+// slow there): k3-like at n = 1024 (128 pairs an expert), K3's QAT bank at n = 4096 (~73 pairs an expert).
+TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  expect_ring_matches_shared_form({{tiny_shapes()[5], 1024}, {kK3Qat, 4096}}, 1500, "");
+}
+
+// On small shapes, cheap enough for compute-sanitizer's racecheck / synccheck (the ring's stages are refilled while
+// other warps may still read them; the path table's runs take too long under the tools): tiny-k3 at n = 257 (64 pairs
+// an expert: full tiles; X = 128, I = 64: the ring shorter than its depth) and k3-like at n = 130 (16 chunks of X, 8 of
+// I: every stage refilled).
 TEST(CudaMoe, RingMatchesSharedFormSmall) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& [s, n] : {std::pair<Shape, int>{tiny_shapes()[1], 257}, std::pair<Shape, int>{tiny_shapes()[5], 130}}) {
-    Moe& m = cached_moe(s);
-    if (!k3::cuda::moe_wg::ring_supports(m.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
-    ExpertCall call(m, n, 1700 + n);
-    for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
-      const std::vector<float> ref = call.run(prec, MoePath::Wgmma);
-      const std::vector<float> out = call.run(prec, MoePath::WgmmaRing);
-      double maxref = 0, maxdiff = 0;
-      size_t nans = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        nans += std::isnan(out[i]) || std::isnan(ref[i]) ? 1 : 0;
-        maxref = std::max(maxref, std::fabs(static_cast<double>(ref[i])));
-        maxdiff = std::max(maxdiff, std::fabs(static_cast<double>(out[i]) - ref[i]));
-      }
-      const double rel = maxdiff / maxref, tol = prec == MoePrecision::Bf16x2 ? 1e-5 : 2e-3;
-      std::printf("[ moe ] %-12s n=%4d %-6s ring vs shared-memory wgmma (small): max rel %.2e\n", s.name, n,
-                  prec == MoePrecision::Bf16 ? "bf16" : "bf16x2", rel);
-      EXPECT_EQ(nans, 0u) << s.name;
-      EXPECT_GT(maxref, 0.0) << s.name;
-      EXPECT_LT(rel, tol) << s.name << " n=" << n;
-    }
-  }
+  expect_ring_matches_shared_form({{tiny_shapes()[1], 257}, {tiny_shapes()[5], 130}}, 1700, " (small)");
 }
 
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
