@@ -384,6 +384,7 @@ void add_serve(CLI::App& app, Registry& reg) {
       for (const auto& r : reps) models.push_back(r.model.get());
       o->so.health_problem = [models] { return model_failure(models); };
       k3::serve::Server server(o->so, *engine, ctx, metrics);
+      server.catch_signals();  // before the first request can be answered
       server.start();
       ModelFailureWatch failure_watch(models);
       const double ready_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

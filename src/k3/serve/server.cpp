@@ -268,11 +268,16 @@ void Server::start() {
 uint16_t Server::port() const { return impl_->bound_port; }
 int64_t Server::max_connections() const { return impl_->max_connections; }
 
+void Server::catch_signals() {
+  if (!impl_->signals) impl_->signals.emplace(impl_->ioc, SIGINT, SIGTERM);
+}
+
 void Server::run_until_signal() {
   std::mutex mu;
   std::condition_variable cv;
   bool got = false;
-  net::signal_set signals(impl_->ioc, SIGINT, SIGTERM);
+  catch_signals();
+  net::signal_set& signals = *impl_->signals;
   std::function<void(beast::error_code, int)> on_signal = [&](beast::error_code ec, int sig) {
     if (ec) return;
     std::lock_guard lk(mu);

@@ -60,11 +60,17 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // Takes over SIGINT and SIGTERM from now on (queued until run_until_signal waits for them). Call it before start():
+  // a signal sent as soon as the server answers -- an orchestrator stopping a replica it just saw healthy -- must be
+  // a graceful shutdown, not the default action's kill (the e2e test that stops a server right after two requests
+  // died of SIGTERM once on a loaded machine, session 60).
+  void catch_signals();
   // Binds, listens and starts the I/O threads. Throws k3::Error (e.g. address in use).
   void start();
   uint16_t port() const;
   int64_t max_connections() const;  // as resolved by start()
-  // Blocks until SIGINT or SIGTERM, then runs shutdown(). A second signal exits at once (status 1).
+  // Blocks until SIGINT or SIGTERM (catching them from here if catch_signals() was not called), then runs
+  // shutdown(). A second signal exits at once (status 1).
   void run_until_signal();
   // Graceful: stop accepting, answer new requests 503, let in-flight requests finish within the
   // grace period, then abort the rest (their streams end with a final chunk, finish_reason

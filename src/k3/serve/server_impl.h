@@ -88,6 +88,7 @@ struct Server::Impl {
   net::io_context ioc;
   net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
   std::optional<tcp::acceptor> acceptor;
+  std::optional<net::signal_set> signals;  // SIGINT / SIGTERM, from catch_signals() on
   net::steady_timer accept_timer{accept_strand};
   int reserve_fd = -1;  // kept open to be closed when descriptors run out (see on_fd_exhausted)
   int64_t max_connections = 0;
