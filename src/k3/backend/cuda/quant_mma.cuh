@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "k3/backend/cuda/mma_bf16.cuh"
+#include "k3/backend/cuda/smem_ptx.cuh"
 #include "k3/backend/cuda/moe_glu.cuh"
 #include "k3/backend/cuda/pdl.cuh"
 #include "k3/backend/cuda/quant_mma.h"
@@ -67,21 +68,9 @@ __device__ __forceinline__ void cp_wait() {
 }
 
 // Shared-memory loads by 32-bit shared address (quant_mma_staged.cuh's staged weights).
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint2 lds64(uint32_t a) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-  return v;
-}
-__device__ __forceinline__ uint4 lds128(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-  return v;
-}
+using ptx::lds128;
+using ptx::lds32;
+using ptx::lds64;
 // 4 bytes at a 2-byte aligned shared address (ld32_2a's funnel shift).
 __device__ __forceinline__ uint32_t lds32_2a(uint32_t a) {
   const uint32_t lo = lds32(a & ~3u), hi = lds32((a & ~3u) + 2 * (a & 2u));  // the next word when a is 2 mod 4

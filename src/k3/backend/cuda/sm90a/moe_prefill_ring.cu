@@ -20,6 +20,7 @@
 
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
+#include "k3/backend/cuda/smem_ptx.cuh"
 #include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
 
@@ -56,11 +57,6 @@ __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
 __device__ __forceinline__ void st_shared_u16(uint32_t dst, uint32_t v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(static_cast<unsigned short>(v)) : "memory");
 }
-__device__ __forceinline__ uint2 ld_shared8(uint32_t src) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(src));
-  return v;
-}
 __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t src) {
   uint32_t v;
   asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(src));
@@ -69,8 +65,17 @@ __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t src) {
 
 extern __shared__ __align__(1024) uint8_t moe_ring_smem[];
 
-// gate+up's outputs: the GLU of the two accumulators, as bf16 (hi; lo with SPLIT) at the permuted positions of the
-// hidden planes the down launch reads (the same values and rounding the other forms stage from fp32).
+// One GLU output into the hidden planes at element idx: bf16 hi, and with SPLIT the bf16 of what it leaves (the same
+// values and rounding the other forms stage from fp32).
+template <bool SPLIT>
+__device__ __forceinline__ void put_hidden(const RingArgs& r, int64_t idx, float v) {
+  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+  r.hidden[idx] = __bfloat16_as_ushort(hi);
+  if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+}
+
+// gate+up's outputs: the GLU of the two accumulators at the permuted positions of the hidden planes the down launch
+// reads.
 template <bool SPLIT, int NN>
 __device__ __forceinline__ void store_hidden(const RingArgs& r, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
   // (v1's 2-warpgroup blocks: warpgroup wg's gate and up rows n0 + 64 wg ..; ring_pos's order)
@@ -84,10 +89,7 @@ __device__ __forceinline__ void store_hidden(const RingArgs& r, const float (&ac
       const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
       if (pair >= cnt || n >= a.rows) continue;
       const float v = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
-      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-      const int64_t idx = static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63);
-      r.hidden[idx] = __bfloat16_as_ushort(hi);
-      if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+      put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63), v);
     }
 }
 
@@ -132,13 +134,9 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   float acc[2][NN / 2];
   zero_acc(acc);
   uint32_t af[2][4][4];
-  auto fence_af = [&]() {  // A registers stay unchanged until the wgmmas reading them have completed
-#pragma unroll
-    for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-      for (int st = 0; st < 4; ++st)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(af[mm][st][q])::"memory");
+  auto fence_af = [&]() {
+    keep_frags(af[0]);
+    keep_frags(af[1]);
   };
 
   const int nk = cols / kKc;
@@ -169,7 +167,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = (NMAT == 2 ? 128 * mm + 64 * wg : 128 * wg + 64 * mm) + 16 * wq + g + 8 * h;
-        w[h] = ld_shared8(sW(s) + row * kWRowBytes + 8 * c);
+        w[h] = ptx::lds64(sW(s) + row * kWRowBytes + 8 * c);
         sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
       }
       decode_a_frags(af[mm], w, sb);
@@ -286,10 +284,7 @@ __device__ __forceinline__ void store2(const RingArgs& r, float (&acc)[NN / 2], 
         if (pair >= cnt || n >= a.rows) continue;
         const float up = xch[(wg * (NN / 2) + 4 * j + q) * 128 + t];
         const float v = moe_dev::glu(acc[4 * j + q], up, a.act, a.beta, a.lbeta);
-        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-        const int64_t idx = static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring2_pos(n & 63);
-        r.hidden[idx] = __bfloat16_as_ushort(hi);
-        if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
+        put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring2_pos(n & 63), v);
       }
   } else {
 #pragma unroll
@@ -349,16 +344,10 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 64 * wg + 16 * wq + g + 8 * h;
-      w[h] = ld_shared8(sW(s) + row * kWRowBytes + 8 * c);
+      w[h] = ptx::lds64(sW(s) + row * kWRowBytes + 8 * c);
       sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
     }
     decode_a_frags2(af, w, sb);
-  };
-  auto keep = [&](uint32_t (&af)[4][4]) {  // held (unchanged, allocated) until the wgmmas reading them completed
-#pragma unroll
-    for (int st = 0; st < 4; ++st)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(af[st][q])::"memory");
   };
 
   float acc[NN / 2];
@@ -391,7 +380,7 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
     }
     cp_async_commit();
     wgmma::fence_regs(acc);
-    keep(cur);
+    keep_frags(cur);
     wgmma::fence();
 #pragma unroll
     for (int st = 0; st < kKc / 16; ++st)
@@ -401,8 +390,8 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
     if (kc + 1 < nk) decode(kc + 1, nxt);
     wgmma::wait<0>();
     wgmma::fence_regs(acc);
-    keep(cur);
-    keep(nxt);
+    keep_frags(cur);
+    keep_frags(nxt);
   };
   for (int kc = 0; kc < nk; kc += 2) {
     step(kc, af0, af1);

@@ -256,13 +256,9 @@ __device__ __forceinline__ void tile_body_rs(const TileArgs& a, int e, int start
       }
     }
   };
-  auto fence_af = [&]() {  // A registers stay allocated (unchanged) until the wgmmas reading them have completed
-#pragma unroll
-    for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-      for (int st = 0; st < 4; ++st)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(af[mm][st][r])::"memory");
+  auto fence_af = [&]() {
+    keep_frags(af[0]);
+    keep_frags(af[1]);
   };
 
   float acc[2][NN / 2];

@@ -65,6 +65,15 @@ __device__ __forceinline__ void zero_acc(float (&acc)[2][N]) {
     for (int i = 0; i < N; ++i) acc[mm][i] = 0.f;
 }
 
+// Register-A fragments stay allocated and unchanged until the wgmmas reading them have completed: the asm reads
+// them as written after the wait, so the compiler cannot reuse their registers for the next chunk's decode.
+__device__ __forceinline__ void keep_frags(uint32_t (&af)[4][4]) {
+#pragma unroll
+  for (int st = 0; st < 4; ++st)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(af[st][q])::"memory");
+}
+
 // Register-A fragments of one m64 A tile for a 64-column chunk, from the two rows a thread holds (row h: 8 bytes of
 // MXFP4 = its 16 columns 16 c .. + 15, and that group's E8M0 scale byte): the k order inside the chunk is permuted so
 // that lane c of a quad holds, at k-step s, slots {2c, 2c+1} = columns 16c + 4s + {0, 1} and slots {2c+8, 2c+9} =
