@@ -425,7 +425,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
     int reps = 5;
     int64_t seed = 0, ubatch = 0;
-    double mem_bw = 0;
+    double mem_bw = 0, peak_tflops = 0;
     bool drop_page_cache = false, fresh_tokens = false, no_warmup = false, host_logits = false;
     std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
     std::string grammar;      // --grammar: tg with host sampling, none | json_object
@@ -448,6 +448,12 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
   off->add_option("--mem-bw", f->mem_bw,
                   "memory read bandwidth in GB/s for the tg roofline columns (0: measure it as `k3 bench memory` does, "
                   "CPU device only; -1: no roofline)")
+      ->capture_default_str();
+  off->add_option("--peak-tflops", f->peak_tflops,
+                  "the device's dense bf16 tensor rate in TFLOP/s for the pp roofline columns (GFLOP/token, TFLOP/s, % of "
+                  "peak; the FLOPs are `k3 plan`'s); 0: no columns")
+      ->check(finite_number())
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   off->add_flag("--fresh-tokens", f->fresh_tokens,
                 "new random tokens for every repetition (the warm-up does not preload the experts the timed runs use)");
@@ -571,6 +577,7 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
           bw = after;
         }
         k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), test_bw, loaded ? &*loaded : nullptr);
+        k3::bench::add_prefill_roofline(rs.back(), model->config(), f->peak_tflops);
         if (sampling.grammar && !t.prefill) {
           double total = 0;
           for (double s : rs.back().seconds) total += s;

@@ -1,5 +1,6 @@
-// The decode roofline of `k3 bench offline` (plan::decode_step_bytes, bench::add_decode_roofline) and the
-// read-bandwidth measurement of `k3 bench memory`.
+// The decode roofline of `k3 bench offline` (plan::decode_step_bytes, bench::add_decode_roofline), its prefill
+// roofline (plan::prefill_flops_per_token, bench::add_prefill_roofline) and the read-bandwidth measurement of
+// `k3 bench memory`.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "k3/model/config.h"
 #include "k3/model/gguf_export.h"
 #include "k3/model/model.h"
+#include "k3/model/weights.h"
 #include "k3/plan/plan.h"
 #include "k3/runtime/cache_spec.h"
 #include "test_util.h"
@@ -79,6 +81,65 @@ TEST(DecodeRoofline, OfflineRowsCarryBytesAndShareOfBandwidth) {
   EXPECT_NE(table.find(pct), std::string::npos) << table;
   // No bandwidth: the llama-bench table unchanged.
   EXPECT_EQ(k3::bench::offline_table({pp}, "tiny").find("GB/s"), std::string::npos);
+}
+
+// A prompt token's FLOPs against the matrices k3-tiny binds: 2 x every weight a token multiplies (the dense walk
+// without the token table and the head, the MLA layers' kv_b, which the walk leaves out, the top-k routed
+// experts of each MoE layer) plus the attention's at the mean position. Vectors (norms, gates' biases, conv
+// taps) are counted by neither side; the config's parameter count includes them, hence the 1% margin.
+TEST(PrefillRoofline, FlopsPerTokenFromTheBoundMatrices) {
+  const auto m = k3::Model::load(k3test::source_path("models/k3-tiny"));
+  const k3::ModelConfig& c = m->config();
+  const k3::ModelWeights& w = m->weights();
+  double params = 0;
+  k3::for_each_dense_matrix(w, [&](const k3::WeightMatrix& x) {
+    if (&x != &w.embed && &x != &w.lm_head) params += static_cast<double>(x.rows * x.cols);
+  });
+  for (const k3::LayerWeights& L : w.layers) {
+    if (!L.is_kda) params += static_cast<double>(L.mla.kv_b_f32.rows * L.mla.kv_b_f32.cols);
+    if (!L.is_moe) continue;
+    double experts = 0;
+    for (const k3::GluMlp& e : L.moe.experts)
+      for (const k3::WeightMatrix* x : {&e.gate, &e.up, &e.down}) experts += static_cast<double>(x->rows * x->cols);
+    params += experts / static_cast<double>(L.moe.experts.size()) * static_cast<double>(c.top_k);
+  }
+  ASSERT_GT(params, 0);
+  for (double pos : {0.0, 100.0, 4096.0}) {
+    const double want = 2 * params + k3::plan::attention_flops(c, pos, true);
+    EXPECT_NEAR(k3::plan::prefill_flops_per_token(c, pos), want, 0.01 * want) << pos;
+  }
+  // Later positions cost more (the MLA layers' attention grows with the position).
+  EXPECT_GT(k3::plan::prefill_flops_per_token(c, 4096), k3::plan::prefill_flops_per_token(c, 0));
+}
+
+TEST(PrefillRoofline, OfflineRowsCarryTflopsAndShareOfPeak) {
+  const k3::ModelConfig c = tiny_config();
+  k3::bench::OfflineResult pp;
+  pp.test = {"pp64", true, 64, 32, 2};
+  pp.seconds = {0.5, 1.5};
+  pp.tps_mean = 128;  // 2 x 64 tokens a second
+  k3::bench::add_prefill_roofline(pp, c, 0.5);
+  const double fpt = k3::plan::prefill_flops_per_token(c, 32 + 32);  // depth 32 + 64 / 2
+  EXPECT_DOUBLE_EQ(pp.flops_per_token, fpt);
+  EXPECT_DOUBLE_EQ(pp.tflop_s, fpt * 128 / 1e12);
+  EXPECT_DOUBLE_EQ(pp.to_json().at("of_peak").get<double>(), pp.tflop_s / 0.5);
+  k3::bench::OfflineResult tg;
+  tg.test = {"tg16", false, 16, 0, 1};
+  tg.seconds = {1};
+  tg.tps_mean = 16;
+  k3::bench::add_prefill_roofline(tg, c, 0.5);
+  EXPECT_EQ(tg.flops_per_token, 0);  // decode is bandwidth-bound: no compute roofline
+  EXPECT_FALSE(tg.to_json().contains("tflop_s"));
+  k3::bench::OfflineResult none = pp;
+  none.flops_per_token = 0;
+  k3::bench::add_prefill_roofline(none, c, 0);  // no peak given: no columns
+  EXPECT_EQ(none.flops_per_token, 0);
+  const std::string table = k3::bench::offline_table({pp, tg}, "tiny");
+  EXPECT_NE(table.find("% of peak"), std::string::npos) << table;
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f%%", 100 * pp.tflop_s / 0.5);
+  EXPECT_NE(table.find(pct), std::string::npos) << table;
+  EXPECT_EQ(k3::bench::offline_table({tg}, "tiny").find("TFLOP/s"), std::string::npos);
 }
 
 // The roofline of a model as loaded (what `k3 bench offline` uses for a GGUF on the CPU): the bound matrices'

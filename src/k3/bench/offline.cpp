@@ -34,6 +34,12 @@ nlohmann::json OfflineResult::to_json() const {
     j["bandwidth_gb_s"] = bandwidth_gb_s;
     j["of_bandwidth"] = read_gb_s / bandwidth_gb_s;
   }
+  if (flops_per_token > 0) {
+    j["flops_per_token"] = flops_per_token;
+    j["tflop_s"] = tflop_s;
+    j["peak_tflops"] = peak_tflops;
+    j["of_peak"] = tflop_s / peak_tflops;
+  }
   if (io.have_disk) j["disk"] = {{"read_bytes", io.read_bytes}, {"gbps", io.disk_gbps()}, {"major_faults", io.major_faults}};
   if (io.have_experts)
     j["expert_cache"] = {{"lookups", io.expert_lookups}, {"hits", io.expert_hits}, {"missing_bytes", io.expert_missing_bytes}};
@@ -47,6 +53,13 @@ void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec
   r.step_bytes = plan::decode_step_bytes(c, spec, r.test.batch, context, -1, loaded).total();
   r.read_gb_s = r.step_bytes * static_cast<double>(r.test.n) / mean(r.seconds) / 1e9;
   r.bandwidth_gb_s = bandwidth_gb_s;
+}
+
+void add_prefill_roofline(OfflineResult& r, const ModelConfig& c, double peak_tflops) {
+  if (!r.test.prefill || !(peak_tflops > 0) || r.seconds.empty()) return;
+  r.flops_per_token = plan::prefill_flops_per_token(c, static_cast<double>(r.test.depth) + static_cast<double>(r.test.n) / 2);
+  r.tflop_s = r.flops_per_token * r.tps_mean / 1e12;
+  r.peak_tflops = peak_tflops;
 }
 
 plan::LoadedWeightBytes loaded_weight_bytes(const ModelWeights& w) {
@@ -292,19 +305,30 @@ std::string offline_io_table(const std::vector<OfflineResult>& rs) {
 }
 
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name) {
-  const bool roofline = std::any_of(rs.begin(), rs.end(), [](const OfflineResult& r) { return r.step_bytes > 0; });
-  std::string o = roofline ? "| model | test | depth | batch | t/s | GB/step | GB/s | % of BW |\n"
-                             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-                           : "| model | test | depth | batch | t/s |\n| --- | --- | ---: | ---: | ---: |\n";
+  const bool bytes = std::any_of(rs.begin(), rs.end(), [](const OfflineResult& r) { return r.step_bytes > 0; });
+  const bool flops = std::any_of(rs.begin(), rs.end(), [](const OfflineResult& r) { return r.flops_per_token > 0; });
+  std::string o = "| model | test | depth | batch | t/s |";
+  std::string rule = "| --- | --- | ---: | ---: | ---: |";
+  if (bytes) o += " GB/step | GB/s | % of BW |", rule += " ---: | ---: | ---: |";
+  if (flops) o += " GFLOP/token | TFLOP/s | % of peak |", rule += " ---: | ---: | ---: |";
+  o += "\n" + rule + "\n";
   char buf[640];
   for (const auto& r : rs) {
     std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f ± %.2f |", model_name.c_str(), r.test.name.c_str(),
                   (long long)r.test.depth, (long long)r.test.batch, r.tps_mean, r.tps_std);
     o += buf;
-    if (roofline) {
+    if (bytes) {
       if (r.step_bytes > 0)
         std::snprintf(buf, sizeof buf, " %.3f | %.1f | %.0f%% |", r.step_bytes / 1e9, r.read_gb_s,
                       100 * r.read_gb_s / r.bandwidth_gb_s);
+      else
+        std::snprintf(buf, sizeof buf, " | | |");
+      o += buf;
+    }
+    if (flops) {
+      if (r.flops_per_token > 0)
+        std::snprintf(buf, sizeof buf, " %.4g | %.4g | %.1f%% |", r.flops_per_token / 1e9, r.tflop_s,
+                      100 * r.tflop_s / r.peak_tflops);
       else
         std::snprintf(buf, sizeof buf, " | | |");
       o += buf;

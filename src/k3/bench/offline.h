@@ -52,6 +52,9 @@ struct OfflineResult {
   // tg tests with a known memory bandwidth (add_decode_roofline): the bytes one step must read, the rate
   // the measured steps read them at (step_bytes x steps / s), and that rate over `bandwidth_gb_s`.
   double step_bytes = 0, read_gb_s = 0, bandwidth_gb_s = 0;
+  // pp tests with a known peak rate (add_prefill_roofline): the FLOPs of one prompt token, the rate the timed runs
+  // reached (flops_per_token x tok/s) and `peak_tflops`, the device's dense bf16 tensor rate.
+  double flops_per_token = 0, tflop_s = 0, peak_tflops = 0;
   OfflineIo io;
   // --grammar tests: wall seconds of the timed repetitions spent filling grammar masks (the matchers'
   // work; applying the mask is part of sampling).
@@ -89,13 +92,19 @@ OfflineResult run_offline_test(const ModelRunner& m, const OfflineTest& t, int r
 void add_decode_roofline(OfflineResult& r, const ModelConfig& c, const CacheSpec& spec, double bandwidth_gb_s,
                          const plan::LoadedWeightBytes* loaded = nullptr);
 
+// Fills r's compute-roofline fields for a pp test (tg tests are left alone): flops_per_token from
+// plan::prefill_flops_per_token at the prompt's mean position (depth + n / 2), tflop_s at r's mean tok/s, against
+// `peak_tflops` (> 0: the dense bf16 tensor-core rate the user gives, e.g. ~989 for an H100 / H200 SXM).
+void add_prefill_roofline(OfflineResult& r, const ModelConfig& c, double peak_tflops);
+
 // The weight bytes a decode token reads from `w` as bound (each matrix in its own format: a GGUF's blocks): every
 // matrix but the token table (one row a token; a head tied to it is read whole) and the routed experts, the MLA
 // layers' kv_b in the form the absorbed decode reads (a GGUF's quantised halves, else the stored kv_b), and one
 // expert of each MoE layer (the layer's mean). Vectors (norms, biases, conv taps) are not counted: < 0.1%.
 plan::LoadedWeightBytes loaded_weight_bytes(const ModelWeights& w);
 
-// llama-bench's markdown table (plus GB/step, GB/s and % of the bandwidth where a roofline was added).
+// llama-bench's markdown table (plus GB/step, GB/s and % of the bandwidth where a decode roofline was added, and
+// TFLOP/s and % of peak where a prefill one was).
 std::string offline_table(const std::vector<OfflineResult>& rs, const std::string& model_name);
 // The I/O table of the same tests: expert hit ratio, bytes read from storage, disk GB/s, major faults.
 std::string offline_io_table(const std::vector<OfflineResult>& rs);

@@ -267,6 +267,12 @@ TokenCosts token_costs(const ModelConfig& c, int64_t context) {
   return t;
 }
 
+double prefill_flops_per_token(const ModelConfig& c, double mean_position) {
+  const TokenCosts t = token_costs(c, 0);
+  return t.other_flops_prefill + attention_flops(c, mean_position, true) +
+         (double)c.top_k * t.expert_flops * (double)num_moe_layers(c);
+}
+
 // ---------------------------------------------------------------- the plan
 
 Plan make_plan(const PlanInput& in) {
@@ -399,7 +405,7 @@ Plan make_plan(const PlanInput& in) {
 
   // Prefill: compute bound over all GPUs; the LM head runs for the last token only.
   const double other_flops_prefill = tc.other_flops_prefill + tc.attn_prefill;
-  p.prefill_flops_per_token = expert_flops_per_token + other_flops_prefill;
+  p.prefill_flops_per_token = prefill_flops_per_token(c, (double)in.context / 2);  // the same sum
   p.prefill_tok_s_aggregate = in.count / (expert_flops_per_token / expert_rate + other_flops_prefill / bf16_rate);
 
   // Cost.

@@ -129,6 +129,10 @@ struct TokenCosts {
   double expert_in = 0;            // expert input width (the latent dim on K3)
 };
 TokenCosts token_costs(const ModelConfig& c, int64_t context);
+// FLOPs of one prompt token whose attention spans `mean_position` earlier tokens (materialised MLA, chunked KDA),
+// its top-k routed experts included and the LM head not (a prompt runs it for its last token only): the
+// numerator of the prefill roofline (`k3 bench offline --peak-tflops`, the plan's prefill bound).
+double prefill_flops_per_token(const ModelConfig& c, double mean_position);
 
 // Activation workspace of one prefill chunk of `chunk` tokens on one of `tp` GPUs.
 double workspace_bytes(const ModelConfig& c, int64_t chunk, int tp);
