@@ -14,7 +14,7 @@ for v in 0 1; do
   K3_MOE_RING_V2=$v K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=256,2048,4096 timeout 100 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > "$OUT/timing-v2-$v.log" 2>&1
   echo "timing v2=$v rc=$? $(el)"; grep -E "timing.*(wg-|wgring)" "$OUT/timing-v2-$v.log"
 done
-K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers 4 -p 4096 -n 0 -b 1 -r 2"
+K3A="--device cuda --load-format dummy --preset kimi-k3 --num-layers 4 -p 4096 -n 0 -b 1 -r 2 --peak-tflops 989"
 for r in 1 2; do for prec in bf16x2 bf16; do
   [ "$(left)" -gt 120 ] || break 2
   bench_arm "smem $prec r$r" k3 "K3_MOE_WGMMA=smem" $K3A --gemm-precision $prec
