@@ -317,21 +317,15 @@ std::string offline_table(const std::vector<OfflineResult>& rs, const std::strin
     std::snprintf(buf, sizeof buf, "| %s | %s | %lld | %lld | %.2f ± %.2f |", model_name.c_str(), r.test.name.c_str(),
                   (long long)r.test.depth, (long long)r.test.batch, r.tps_mean, r.tps_std);
     o += buf;
+    // A roofline's three cells, empty where the row has none (pp rows under a decode roofline and the reverse).
+    auto cells = [&](bool have, const char* text) { o += have ? text : " | | |"; };
     if (bytes) {
-      if (r.step_bytes > 0)
-        std::snprintf(buf, sizeof buf, " %.3f | %.1f | %.0f%% |", r.step_bytes / 1e9, r.read_gb_s,
-                      100 * r.read_gb_s / r.bandwidth_gb_s);
-      else
-        std::snprintf(buf, sizeof buf, " | | |");
-      o += buf;
+      std::snprintf(buf, sizeof buf, " %.3f | %.1f | %.0f%% |", r.step_bytes / 1e9, r.read_gb_s, 100 * r.read_gb_s / std::max(r.bandwidth_gb_s, 1e-300));
+      cells(r.step_bytes > 0, buf);
     }
     if (flops) {
-      if (r.flops_per_token > 0)
-        std::snprintf(buf, sizeof buf, " %.4g | %.4g | %.1f%% |", r.flops_per_token / 1e9, r.tflop_s,
-                      100 * r.tflop_s / r.peak_tflops);
-      else
-        std::snprintf(buf, sizeof buf, " | | |");
-      o += buf;
+      std::snprintf(buf, sizeof buf, " %.4g | %.4g | %.1f%% |", r.flops_per_token / 1e9, r.tflop_s, 100 * r.tflop_s / std::max(r.peak_tflops, 1e-300));
+      cells(r.flops_per_token > 0, buf);
     }
     o += "\n";
   }
