@@ -23,6 +23,7 @@ for r in 1 2; do for prec in bf16x2 bf16; do
 done; done 2>&1 | tee "$OUT/ab.txt"
 [ "$(left)" -gt 60 ] && K3_MOE_RING_V2=1 K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=4096 timeout $(( $(left) - 10 )) ncu --kernel-name regex:expert_ring2 --launch-count 2 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
   "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > "$OUT/ncu-ring2.txt" 2>&1
-echo "ncu rc=$? $(el)"; grep -E "expert_ring2|Duration|Issue Slots|Eligible Warps|ALU|Tensor" "$OUT/ncu-ring2.txt" | head -20
+echo "ncu rc=$? $(el)"; grep -E "expert_ring2|Duration|Issue Slots|Eligible Warps|ALU|Tensor|stalled" "$OUT/ncu-ring2.txt" | head -60
 echo "done $(el)"
