@@ -37,7 +37,7 @@ bool ring_supports(const ExpertBank& w);
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream);
 
-// The pairs of the plan's tiles launch_ring takes (64; 128 with K3_MOE_RING_V2=1, session 60's second form).
+// The pairs of the plan's tiles launch_ring takes (128: K3's ~73-pair experts at 4096 tokens in one tile).
 int ring_tile_pairs();
 
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call

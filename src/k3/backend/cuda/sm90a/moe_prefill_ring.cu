@@ -6,12 +6,17 @@
 // the weights from global memory one chunk ahead into registers (s39-2 .. s39-4: bound by load latency and spills).
 // Here the stored MXFP4 bytes (a quarter of bf16's) and the activations go to shared memory by cp.async kStages - 1
 // chunks ahead, in a ring; each thread reads its A fragments' 8 bytes a row from there, decodes them in registers
-// (decode_a_frags) and issues the register-A wgmmas; nothing is staged through registers, so the depth costs no
-// registers. The activations are bf16 already, in the permuted k order decode_a_frags needs (ring_pos): x by a small
-// kernel before gate+up (hi and lo planes with split), the hidden rows by gate+up's epilogue, so a chunk of a pair
-// is 128 bytes copied as stored. Block = (tile of <= 64 pairs, 128 gate+up output columns or 256 down rows), two
-// warpgroups, two blocks an SM (kStages x 25 KB of shared memory each with split). The plan, tiles and outputs are
-// the other forms' (down writes y [P][X] fp32 by slot, the caller combines).
+// (decode_a_frags_bits: E2M1 bit fields placed as bf16, one bf16x2 multiply by the scale) and issues the register-A
+// wgmmas; nothing is staged through registers, so the depth costs no registers. The activations are bf16 already, in
+// the permuted k order the decode produces (ring_pos): x by a small kernel before gate+up (hi and lo planes with
+// split), the hidden rows by gate+up's epilogue, so a chunk of a pair is 128 bytes copied as stored.
+// Block = (plan tile of <= 128 pairs, 128 gate+up output columns or 256 down rows), four warpgroups with one m64 A
+// tile each (gate+up: 0, 1 gate, 2, 3 the same up rows, the up sums handed over through shared memory for the GLU),
+// one block an SM; a warpgroup decodes its next chunk into a second fragment set while its wgmmas on the current one
+// run. K3 at 4096 tokens has ~73 pairs an expert: one tile (an n80 MMA), so each weight is decoded once. Measured
+// against session 60's first form (two warpgroups of two m64 tiles, 64-pair tiles, two blocks an SM): docs/perf/cuda.md
+// sessions 60-61. The plan, tiles and outputs are the other forms' (down writes y [P][X] fp32 by slot, the caller
+// combines).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -31,16 +36,6 @@ using namespace detail;
 
 constexpr int kStages = 4;
 constexpr int kWRowBytes = kKc / 2;  // one row's MXFP4 bytes of a chunk
-template <bool SPLIT>
-constexpr int ring_stage_bytes() {  // X planes first (1024-aligned for the swizzle), then weights, then scales
-  return ((SPLIT ? 2 : 1) * kXBytes + kRows * kWRowBytes + kRows * 2 + 1023) / 1024 * 1024;
-}
-template <bool SPLIT>
-constexpr int ring_smem_bytes() {
-  return 1024 /* alignment slack */ + kStages * ring_stage_bytes<SPLIT>();
-}
-static_assert(2 * ring_smem_bytes<true>() <= 227 * 1024, "two blocks an SM");
-
 struct RingArgs {
   TileArgs t;                     // weights, shape, plan, GLU, and (down) the fp32 output by slot
   const uint16_t* in = nullptr;   // bf16 activation planes, permuted (ring_pos): gate+up x [n][X], down hidden [P][I]
@@ -74,144 +69,9 @@ __device__ __forceinline__ void put_hidden(const RingArgs& r, int64_t idx, float
   if constexpr (SPLIT) r.hidden[r.hidden_plane + idx] = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(hi)));
 }
 
-// gate+up's outputs: the GLU of the two accumulators at the permuted positions of the hidden planes the down launch
-// reads.
-template <bool SPLIT, int NN>
-__device__ __forceinline__ void store_hidden(const RingArgs& r, const float (&acc)[2][NN / 2], int n0, int start, int cnt) {
-  // (v1's 2-warpgroup blocks: warpgroup wg's gate and up rows n0 + 64 wg ..; ring_pos's order)
-  const TileArgs& a = r.t;
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
-#pragma unroll
-  for (int j = 0; j < NN / 8; ++j)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
-      if (pair >= cnt || n >= a.rows) continue;
-      const float v = moe_dev::glu(acc[0][4 * j + q], acc[1][4 * j + q], a.act, a.beta, a.lbeta);
-      put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63), v);
-    }
-}
-
-// One tile's block. Thread t copies weight row t (NMAT 2: gate rows n0 .. + 127, then the same up rows; NMAT 1: rows
-// n0 .. + 255) and pair t / 4's 16-byte groups 2 (t % 4), + 1 of each plane; its scale bytes go through a register
-// one iteration later (2-byte loads: no cp.async that small). Consumer rows as the register-A form's.
-template <int NMAT, bool GATHER, bool SPLIT, int NN>
-__device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
-  constexpr int NS = SPLIT ? 2 : 1;
-  const TileArgs& a = r.t;
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int rows = a.rows, cols = a.cols;
-  const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
-  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
-  auto sX = [&](int s, int h) { return base + s * ring_stage_bytes<SPLIT>() + h * kXBytes; };
-  auto sW = [&](int s) { return base + s * ring_stage_bytes<SPLIT>() + NS * kXBytes; };
-  auto sS = [&](int s) { return sW(s) + kRows * kWRowBytes; };
-
-  const int m = NMAT == 2 ? tid / 128 : 0;
-  const int gr = n0 + (NMAT == 2 ? tid % 128 : tid);
-  const bool wvalid = gr < rows;
-  const int64_t grow = static_cast<int64_t>(e) * rows + (wvalid ? gr : 0);
-  const uint8_t* wsrc = static_cast<const uint8_t*>(m ? a.w1 : a.w0) + grow * (cols / 2);
-  const uint8_t* ssrc = (m ? a.s1 : a.s0) + grow * (cols / 32);
-  const int p = tid >> 2, xq = tid & 3;
-  const bool xvalid = p < cnt;
-  const uint16_t* xsrc = r.in + 16 * xq;
-  if (xvalid) xsrc += static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols;
-
-  auto issue = [&](int kc) {  // chunk kc's copies into its stage (zero-filled past rows / cnt)
-    const int s = kc % kStages, k0 = kc * kKc;
-#pragma unroll
-    for (int h = 0; h < NS; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) cp_async16_or_zero(sX(s, h) + swz(p, 2 * xq + i), xsrc + h * r.in_plane + k0 + 8 * i, xvalid);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) cp_async16_or_zero(sW(s) + tid * kWRowBytes + 16 * i, wsrc + k0 / 2 + 16 * i, wvalid);
-  };
-  // The chunk's two E8M0 bytes of row t; 127 (2^0) for rows past the matrix, whose weights are zero-filled.
-  auto scales = [&](int kc) { return wvalid ? ldg_u16(ssrc + 2 * kc) : 0x7f7fu; };
-
-  float acc[2][NN / 2];
-  zero_acc(acc);
-  uint32_t af[2][4][4];
-  auto fence_af = [&]() {
-    keep_frags(af[0]);
-    keep_frags(af[1]);
-  };
-
-  const int nk = cols / kKc;
-#pragma unroll
-  for (int kc = 0; kc < kStages - 1; ++kc) {
-    if (kc < nk) {
-      issue(kc);
-      st_shared_u16(sS(kc) + 2 * tid, scales(kc));
-    }
-    cp_async_commit();
-  }
-  uint32_t sc_next = 0;  // chunk kc + kStages - 2's scale bytes, loaded an iteration ago
-  for (int kc = 0; kc < nk; ++kc) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of chunk kc
-    wgmma::fence_proxy_async();
-    __syncthreads();  // everyone's copies of chunk kc; everyone's wgmmas of chunk kc - 1 completed
-    if (kc > 0 && kc + kStages - 2 < nk) st_shared_u16(sS((kc + kStages - 2) % kStages) + 2 * tid, sc_next);
-    if (kc + kStages - 1 < nk) {  // into the stage chunk kc - 1 used
-      issue(kc + kStages - 1);
-      sc_next = scales(kc + kStages - 1);
-    }
-    cp_async_commit();
-    const int s = kc % kStages;
-#pragma unroll
-    for (int mm = 0; mm < 2; ++mm) {
-      uint2 w[2];
-      uint32_t sb[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = (NMAT == 2 ? 128 * mm + 64 * wg : 128 * wg + 64 * mm) + 16 * wq + g + 8 * h;
-        w[h] = ptx::lds64(sW(s) + row * kWRowBytes + 8 * c);
-        sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
-      }
-      decode_a_frags(af[mm], w, sb);
-    }
-    wgmma::fence_regs(acc[0]);
-    wgmma::fence_regs(acc[1]);
-    fence_af();
-    wgmma::fence();
-#pragma unroll
-    for (int st = 0; st < kKc / 16; ++st)
-#pragma unroll
-      for (int mm = 0; mm < 2; ++mm)
-#pragma unroll
-        for (int h = 0; h < NS; ++h) mma_rs<NN>(acc[mm], af[mm][st], wgmma::make_desc(sX(s, h) + st * 32, 16, kSbo));
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(acc[0]);
-    wgmma::fence_regs(acc[1]);
-    fence_af();
-  }
-  cp_async_wait<0>();  // no copy outlives the block (the last groups are empty)
-  if constexpr (NMAT == 2)
-    store_hidden<SPLIT, NN>(r, acc, n0, start, cnt);
-  else
-    store_out<1, NN>(a, acc, n0, start, cnt);
-}
-
-template <int NMAT, bool GATHER, bool SPLIT>
-__global__ void __launch_bounds__(kThreads, 2) expert_ring_kernel(const RingArgs r) {
-  if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;  // whole block: grid sized from an upper bound
-  const int4 td = r.t.tiles[blockIdx.x];
-  if (td.z <= 16)
-    ring_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
-  else if (td.z <= 32)
-    ring_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
-  else if (td.z <= 48)
-    ring_body<NMAT, GATHER, SPLIT, 48>(r, td.x, td.y, td.z);
-  else
-    ring_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
-}
-
 // x [n][X] fp32 -> bf16 planes (hi; lo with SPLIT) [n][X], each 64-column chunk in the permuted order: thread =
 // one 8-position group (16 bytes) of one plane row.
-template <bool SPLIT, bool V2>
+template <bool SPLIT>
 __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, uint16_t* __restrict__ out, int64_t plane) {
   const int64_t gi = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (gi >= groups) return;
@@ -221,36 +81,29 @@ __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, 
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float r0, r1;
-    const int c0 = V2 ? ring2_col(pos0 + 2 * i) : ring_col(pos0 + 2 * i);
-    const int c1 = V2 ? ring2_col(pos0 + 2 * i + 1) : ring_col(pos0 + 2 * i + 1);
-    hi[i] = bf16x2_rn(src[c0], src[c1], r0, r1);
+    hi[i] = bf16x2_rn(src[ring_col(pos0 + 2 * i)], src[ring_col(pos0 + 2 * i + 1)], r0, r1);
     lo[i] = bf16x2_rn(r0, r1);
   }
   reinterpret_cast<uint4*>(out)[gi] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
   if constexpr (SPLIT) reinterpret_cast<uint4*>(out + plane)[gi] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
 }
 
-// ---------------------------------------------------------------------------------------------------------- v2
-// Four warpgroups, one m64 A tile each (gate/up: warpgroups 0, 1 gate rows n0 .. + 127, 2, 3 the same up rows; down:
-// rows n0 + 64 wg ..), plan tiles of up to 128 pairs (K3 at 4096 tokens: ~73 pairs an expert in one tile, where 64-pair
-// tiles decoded each expert's weights twice, once for a ~9-pair remainder), a warpgroup's next chunk decoded into a
-// second fragment set while its wgmmas on the current one run, and decode_a_frags2's bit-field decode.
-constexpr int kThreads2 = 512;
-constexpr int kPairs2 = 128;
-constexpr int kX2Bytes = kPairs2 * 128;
+constexpr int kRingThreads = 512;
+constexpr int kRingPairs = 128;
+constexpr int kRingXBytes = kRingPairs * 128;
 template <bool SPLIT>
-constexpr int stage2_bytes() {
-  return ((SPLIT ? 2 : 1) * kX2Bytes + kRows * kWRowBytes + kRows * 2 + 1023) / 1024 * 1024;
+constexpr int ring_stage_bytes() {
+  return ((SPLIT ? 2 : 1) * kRingXBytes + kRows * kWRowBytes + kRows * 2 + 1023) / 1024 * 1024;
 }
 template <bool SPLIT>
-constexpr int smem2_bytes() {
-  return 1024 + kStages * stage2_bytes<SPLIT>();
+constexpr int ring_smem_bytes() {
+  return 1024 + kStages * ring_stage_bytes<SPLIT>();
 }
-static_assert(smem2_bytes<true>() <= 227 * 1024, "one block an SM");
-static_assert(2 * 128 * 64 * 4 <= kStages * stage2_bytes<false>(), "the up accumulators fit the ring for the GLU");
+static_assert(ring_smem_bytes<true>() <= 227 * 1024, "one block an SM");
+static_assert(2 * 128 * 64 * 4 <= kStages * ring_stage_bytes<false>(), "the up accumulators fit the ring for the GLU");
 
 template <int NN>
-__device__ __forceinline__ void mma_rs2(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
+__device__ __forceinline__ void mma_rs_wide(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (NN == 80)
     wgmma::mma_m64n80k16_rs(d, a, db);
   else if constexpr (NN == 96)
@@ -263,9 +116,9 @@ __device__ __forceinline__ void mma_rs2(float (&d)[NN / 2], const uint32_t (&a)[
 
 // Accumulator element 4 j + q of warp wq, lane (g, c): weight row 16 wq + g + 8 (q >> 1), pair 8 j + 2 c + (q & 1).
 // gate+up: warpgroups 2, 3 hand their up sums to 0, 1 through shared memory ([wg - 2][element][thread], conflict-free),
-// which write the GLU as bf16 planes at ring2_pos; down: each warpgroup its rows into y by slot.
+// which write the GLU as bf16 planes at ring_pos; down: each warpgroup its rows into y by slot.
 template <int NMAT, bool SPLIT, int NN>
-__device__ __forceinline__ void store2(const RingArgs& r, float (&acc)[NN / 2], uint32_t base, int n0, int start, int cnt) {
+__device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 2], uint32_t base, int n0, int start, int cnt) {
   const TileArgs& a = r.t;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, wq = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, c2 = (lane & 3) * 2;
@@ -284,7 +137,7 @@ __device__ __forceinline__ void store2(const RingArgs& r, float (&acc)[NN / 2], 
         if (pair >= cnt || n >= a.rows) continue;
         const float up = xch[(wg * (NN / 2) + 4 * j + q) * 128 + t];
         const float v = moe_dev::glu(acc[4 * j + q], up, a.act, a.beta, a.lbeta);
-        put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring2_pos(n & 63), v);
+        put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63), v);
       }
   } else {
 #pragma unroll
@@ -298,15 +151,15 @@ __device__ __forceinline__ void store2(const RingArgs& r, float (&acc)[NN / 2], 
 }
 
 template <int NMAT, bool GATHER, bool SPLIT, int NN>
-__device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, int cnt) {
+__device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
   constexpr int NS = SPLIT ? 2 : 1, S = kStages;
   const TileArgs& a = r.t;
   const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int rows = a.rows, cols = a.cols;
   const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
-  auto sX = [&](int s, int h) { return base + s * stage2_bytes<SPLIT>() + h * kX2Bytes; };
-  auto sW = [&](int s) { return base + s * stage2_bytes<SPLIT>() + NS * kX2Bytes; };
+  auto sX = [&](int s, int h) { return base + s * ring_stage_bytes<SPLIT>() + h * kRingXBytes; };
+  auto sW = [&](int s) { return base + s * ring_stage_bytes<SPLIT>() + NS * kRingXBytes; };
   auto sS = [&](int s) { return sW(s) + kRows * kWRowBytes; };
 
   // Copies: weight row tid / 2's half tid % 2; scale bytes of row tid (tid < 256); pair tid / 4's groups 2 (tid % 4), + 1.
@@ -347,7 +200,7 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
       w[h] = ptx::lds64(sW(s) + row * kWRowBytes + 8 * c);
       sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
     }
-    decode_a_frags2(af, w, sb);
+    decode_a_frags_bits(af, w, sb);
   };
 
   float acc[NN / 2];
@@ -385,7 +238,7 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
 #pragma unroll
     for (int st = 0; st < kKc / 16; ++st)
 #pragma unroll
-      for (int h = 0; h < NS; ++h) mma_rs2<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
+      for (int h = 0; h < NS; ++h) mma_rs_wide<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
     wgmma::commit();
     if (kc + 1 < nk) decode(kc + 1, nxt);
     wgmma::wait<0>();
@@ -399,45 +252,45 @@ __device__ __forceinline__ void ring2_body(const RingArgs& r, int e, int start, 
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring's memory is the GLU's exchange buffer next
-  store2<NMAT, SPLIT, NN>(r, acc, base, n0, start, cnt);
+  store_tile<NMAT, SPLIT, NN>(r, acc, base, n0, start, cnt);
 }
 
 template <int NMAT, bool GATHER, bool SPLIT>
-__global__ void __launch_bounds__(kThreads2, 1) expert_ring2_kernel(const RingArgs r) {
+__global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
   if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;
   const int4 td = r.t.tiles[blockIdx.x];
   if (td.z <= 16)
-    ring2_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
   else if (td.z <= 32)
-    ring2_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
   else if (td.z <= 64)
-    ring2_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
   else if (td.z <= 80)  // K3 at 4096 tokens: ~73 pairs an expert
-    ring2_body<NMAT, GATHER, SPLIT, 80>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 80>(r, td.x, td.y, td.z);
   else if (td.z <= 96)
-    ring2_body<NMAT, GATHER, SPLIT, 96>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 96>(r, td.x, td.y, td.z);
   else
-    ring2_body<NMAT, GATHER, SPLIT, 128>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 128>(r, td.x, td.y, td.z);
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-template <bool V2, int NMAT, bool GATHER, bool SPLIT>
+template <int NMAT, bool GATHER, bool SPLIT>
 cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
-  auto* k = V2 ? &expert_ring2_kernel<NMAT, GATHER, SPLIT> : &expert_ring_kernel<NMAT, GATHER, SPLIT>;
-  constexpr int smem = V2 ? smem2_bytes<SPLIT>() : ring_smem_bytes<SPLIT>();
+  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT>;
+  constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
-  k<<<grid, V2 ? kThreads2 : kThreads, smem, stream>>>(r);
+  k<<<grid, kRingThreads, smem, stream>>>(r);
   return cudaGetLastError();
 }
 
-template <bool V2, bool SPLIT>
+template <bool SPLIT>
 cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                              float* y, cudaStream_t stream) {
   // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
   auto* xp = reinterpret_cast<uint16_t*>(y);
   const int64_t xplane = static_cast<int64_t>(n) * w.X, groups = xplane / 8;
-  ring_planes_kernel<SPLIT, V2><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
+  ring_planes_kernel<SPLIT><<<static_cast<unsigned>((groups + 255) / 256), 256, 0, stream>>>(gate_up.in, groups, xp, xplane);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
@@ -445,21 +298,12 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   const int64_t hplane = max_pairs * w.I;
   RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  if ((e = launch_ring_one<V2, 2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
+  if ((e = launch_ring_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
   RingArgs dn{d, hp, hplane, nullptr, 0};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
-  return launch_ring_one<V2, 1, false, SPLIT>(dn, g2, stream);
-}
-
-// v1 unless K3_MOE_RING_V2=1 (v1 is what the whole suite ran with in s60-3; v2 only CudaMoe.*).
-bool ring_v1_by_env() {
-  static const bool v = [] {
-    const char* s = std::getenv("K3_MOE_RING_V2");
-    return s == nullptr || std::strcmp(s, "1") != 0;
-  }();
-  return v;
+  return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
 
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
@@ -475,14 +319,11 @@ bool ring_supports(const ExpertBank& w) {
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream) {
   if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0 || gate_up.mxfp8_hidden_rows > 0) return cudaErrorInvalidValue;
-  if (ring_v1_by_env())
-    return split ? launch_ring_pair<false, true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-                 : launch_ring_pair<false, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
-  return split ? launch_ring_pair<true, true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-               : launch_ring_pair<true, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+               : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
 }
 
-int ring_tile_pairs() { return ring_v1_by_env() ? kPairs : kPairs2; }
+int ring_tile_pairs() { return kRingPairs; }
 
 bool ring_by_default() {
   static const bool v = [] {

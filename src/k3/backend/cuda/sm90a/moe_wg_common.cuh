@@ -78,7 +78,7 @@ __device__ __forceinline__ void keep_frags(uint32_t (&af)[4][4]) {
 // MXFP4 = its 16 columns 16 c .. + 15, and that group's E8M0 scale byte): the k order inside the chunk is permuted so
 // that lane c of a quad holds, at k-step s, slots {2c, 2c+1} = columns 16c + 4s + {0, 1} and slots {2c+8, 2c+9} =
 // columns 16c + 4s + {2, 3}; register h of k-step s is row h's slots 2c, 2c+1, register 2 + h its slots 2c+8, 2c+9.
-// The activations (B) must be staged in the same order (ring_pos below).
+// The activations (B) must be staged in the same order (the register-A form's store_x).
 __device__ __forceinline__ void decode_a_frags(uint32_t (&af)[4][4], const uint2 (&w)[2], const uint32_t (&sb)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -87,14 +87,6 @@ __device__ __forceinline__ void decode_a_frags(uint32_t (&af)[4][4], const uint2
     af[0][h] = lo.x, af[0][2 + h] = lo.y, af[1][h] = lo.z, af[1][2 + h] = lo.w;
     af[2][h] = hi.x, af[2][2 + h] = hi.y, af[3][h] = hi.z, af[3][2 + h] = hi.w;
   }
-}
-
-// Where column col (0..63) of a chunk sits in that permuted order, and which column sits at position pos.
-__host__ __device__ constexpr int ring_pos(int col) {
-  return 16 * ((col >> 2) & 3) + 2 * (col >> 4) + (col & 1) + ((col >> 1) & 1) * 8;
-}
-__host__ __device__ constexpr int ring_col(int pos) {
-  return 16 * ((pos & 7) >> 1) + 4 * (pos >> 4) + (pos & 1) + ((pos >> 3) & 1) * 2;
 }
 
 // The ring form's cheaper decode (moe_prefill_ring.cu): E2M1 nibbles placed straight into bf16 bit fields -- sign
@@ -110,7 +102,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-__device__ __forceinline__ void decode_a_frags2(uint32_t (&af)[4][4], const uint2 (&w)[2], const uint32_t (&sb)[2]) {
+__device__ __forceinline__ void decode_a_frags_bits(uint32_t (&af)[4][4], const uint2 (&w)[2], const uint32_t (&sb)[2]) {
   uint32_t f1[2], f2[2];
   bool wide = false;
 #pragma unroll
@@ -134,11 +126,11 @@ __device__ __forceinline__ void decode_a_frags2(uint32_t (&af)[4][4], const uint
       }
     }
 }
-// decode_a_frags2's k order: where column col (0..63) of a chunk sits, and which column sits at position pos.
-__host__ __device__ constexpr int ring2_pos(int col) {
+// decode_a_frags_bits's k order (the ring form's activation planes): where column col (0..63) of a chunk sits, and which column sits at position pos.
+__host__ __device__ constexpr int ring_pos(int col) {
   return 16 * (2 * ((col >> 3) & 1) + ((3 - (col & 3)) >> 1)) + 2 * (col >> 4) + ((col >> 2) & 1) + 8 * ((3 - (col & 3)) & 1);
 }
-__host__ __device__ constexpr int ring2_col(int pos) {
+__host__ __device__ constexpr int ring_col(int pos) {
   return 16 * ((pos & 7) >> 1) + 8 * (pos >> 5) +
          ((pos & 1) ? 7 - (2 * ((pos >> 4) & 1) + ((pos >> 3) & 1)) : 3 - (2 * ((pos >> 4) & 1) + ((pos >> 3) & 1)));
 }
