@@ -115,31 +115,40 @@ __device__ __forceinline__ void mma_rs_wide(float (&d)[NN / 2], const uint32_t (
 }
 
 // Accumulator element 4 j + q of warp wq, lane (g, c): weight row 16 wq + g + 8 (q >> 1), pair 8 j + 2 c + (q & 1).
-// gate+up: warpgroups 2, 3 hand their up sums to 0, 1 through shared memory ([wg - 2][element][thread], conflict-free),
-// which write the GLU as bf16 planes at ring_pos; down: each warpgroup its rows into y by slot.
+// gate+up: the GLU of gate warpgroup h's and up warpgroup 2 + h's sums, written as bf16 planes at ring_pos; down: each
+// warpgroup its rows into y by slot.
 template <int NMAT, bool SPLIT, int NN>
 __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 2], uint32_t base, int n0, int start, int cnt) {
   const TileArgs& a = r.t;
-  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127, wq = (tid >> 5) & 3, lane = tid & 31;
-  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  const int tid = threadIdx.x, wg = tid >> 7;
   if constexpr (NMAT == 2) {
+    // The GLU in two passes of 64 rows (gate warpgroup h, up warpgroup 2 + h): both write their sums to the ring's
+    // memory ([element][thread]: conflict-free), then all 512 threads form those rows' GLU in a loop -- one copy of
+    // the GLU's code (tanh, exp, divisions) instead of one per accumulator and tile width: the unrolled form made this
+    // kernel's machine code 6x the down kernel's and its warps stall on instruction fetch (call s61-3).
     float* xch = reinterpret_cast<float*>(moe_ring_smem + (base - static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem))));
-    if (wg >= 2)
+    constexpr int E = NN / 2 * 128;  // one warpgroup's sums
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {
+      if (wg == h || wg == 2 + h) {
+        float* dst = xch + (wg >= 2 ? E : 0);
 #pragma unroll
-      for (int i = 0; i < NN / 2; ++i) xch[((wg - 2) * (NN / 2) + i) * 128 + t] = acc[i];
-    __syncthreads();
-    if (wg >= 2) return;
-#pragma unroll
-    for (int j = 0; j < NN / 8; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int pair = 8 * j + c2 + (q & 1), n = n0 + 64 * wg + 16 * wq + g + 8 * (q >> 1);
-        if (pair >= cnt || n >= a.rows) continue;
-        const float up = xch[(wg * (NN / 2) + 4 * j + q) * 128 + t];
-        const float v = moe_dev::glu(acc[4 * j + q], up, a.act, a.beta, a.lbeta);
-        put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63), v);
+        for (int i = 0; i < NN / 2; ++i) dst[i * 128 + (tid & 127)] = acc[i];
       }
+      __syncthreads();
+#pragma unroll 1
+      for (int l = tid; l < E; l += kRingThreads) {  // element l: accumulator i of thread tt of those warpgroups
+        const int i = l >> 7, tt = l & 127, ln = tt & 31;
+        const int pair = 8 * (i >> 2) + (ln & 3) * 2 + (i & 1);
+        const int n = n0 + 64 * h + 16 * (tt >> 5) + (ln >> 2) + 8 * ((i >> 1) & 1);
+        if (pair < cnt && n < a.rows)
+          put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63),
+                            moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta));
+      }
+      __syncthreads();  // the next pass's sums overwrite these
+    }
   } else {
+    const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c2 = (lane & 3) * 2;
 #pragma unroll
     for (int j = 0; j < NN / 8; ++j)
 #pragma unroll
