@@ -605,12 +605,15 @@ TEST(CudaMoe, Mxfp8TilesMatchCpuMxfp8) {
       qat{128, 16, 1024, 512, true, "k3-like-qat", true}, bf{64, 8, 512, 200, false, "kl-like"};
   const Case cases[] = {{bf_kl, 5, MoePath::Auto},       {bf_kl, 257, MoePath::Auto},  {mx_k3, 8, MoePath::Auto},
                         {mx_k3, 257, MoePath::Auto},     {qat, 8, MoePath::TensorCore}, {qat, 257, MoePath::Auto},
-                        {bf, 64, MoePath::Auto},         {mx_k3, 10000, MoePath::Auto}};
+                        {bf, 64, MoePath::Auto},         {mx_k3, 10000, MoePath::Auto},
+                        // the ring form rounding the GLU outputs in its epilogue (session 61), named
+                        {mx_k3, 257, MoePath::WgmmaRing}, {qat, 257, MoePath::WgmmaRing}, {qat, 2000, MoePath::WgmmaRing}};
   for (const Case& k : cases) {
     Moe& m = cached_moe(k.s);
     const Mxfp8Case r = mxfp8_case(m, k.n, k.path, 5000 + k.n);
+    const char* path = k.path == MoePath::Auto ? "auto" : k.path == MoePath::WgmmaRing ? "ring" : "tc  ";
     std::printf("[ mxfp8 tiles ] %-12s n=%5d %s: compared %d, vs cpu mxfp8 %.2e (%.1f%% of tokens < 1e-4), vs cpu float32 "
-                "%.2e\n", k.s.name, k.n, k.path == MoePath::Auto ? "auto" : "tc  ", r.compared, r.rel8, 100 * r.exact, r.rel32);
+                "%.2e\n", k.s.name, k.n, path, r.compared, r.rel8, 100 * r.exact, r.rel32);
     EXPECT_TRUE(r.finite) << k.s.name << " n=" << k.n;
     EXPECT_GT(r.compared, 0) << k.s.name << " n=" << k.n;
     EXPECT_LT(r.rel8, 1.5e-2) << k.s.name << " n=" << k.n;

@@ -776,7 +776,8 @@ cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x,
     return moe_w4a8_experts(w, n, K, 8, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, static_cast<int>(bound), topk_w,
                             act, situ_beta, situ_linear_beta, out, s, stream);
   }
-  if (path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma) return cudaErrorInvalidValue;
+  if (path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma && path != MoePath::WgmmaRing)
+    return cudaErrorInvalidValue;
   const int chunk = static_cast<int>(std::min<int64_t>(n, ws.dec_part_floats_ / w.X));
   if (chunk < 1) return cudaErrorInvalidValue;
   float* xq = ws.dec_part_;
@@ -828,7 +829,8 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
     return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, out, ws, stream, path);
   }
   // The tile form: the tensor-core tiles whatever n is (Auto keeps its wgmma / mma.sync choice).
-  if (round_hidden && path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma) return cudaErrorInvalidValue;
+  if (round_hidden && path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma && path != MoePath::WgmmaRing)
+    return cudaErrorInvalidValue;
   if (round_hidden && gguf) path = MoePath::TensorCore;
   bool gguf_mma = false;  // GGUF decode tiles on the tensor cores (quant_moe_mma) rather than the fp32 grouped kernels
   if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped or mma (TcDecode), tensor-core tiles (TensorCore)
@@ -866,7 +868,7 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   const bool forced_wg = path == MoePath::Wgmma || path == MoePath::WgmmaRs || path == MoePath::WgmmaRing;
   const bool wg = !gguf && moe_wg::supports(w) && (forced_wg || (path == MoePath::Auto && moe_wg::enabled_by_env()));
   const bool wg_rs = wg && mx && (path == MoePath::WgmmaRs || (path == MoePath::Auto && moe_wg::register_a_by_env()));
-  const bool wg_ring = wg && mx && !round_hidden && moe_wg::ring_supports(w) &&
+  const bool wg_ring = wg && mx && moe_wg::ring_supports(w) &&
                        (path == MoePath::WgmmaRing || (path == MoePath::Auto && moe_wg::ring_by_default()));
   if (forced_wg && !wg) return cudaErrorInvalidValue;
   if (path == MoePath::WgmmaRs && !wg_rs) return cudaErrorInvalidValue;

@@ -32,8 +32,10 @@ cudaError_t launch(const ExpertBank& w, int n_tiles_bound, const TileArgs& gate_
 // stacks 16-byte aligned and their scales 2-byte aligned.
 bool ring_supports(const ExpertBank& w);
 // gate+up then down as launch() does, for n tokens (gate_up.in = x [n][X]). Scratch: x's bf16 planes in y (down's
-// output, written after gate+up has read them), the hidden planes in gate_up.out ([max_pairs][I] floats). Not for
-// MoePrecision::Mxfp8's tile form (gate_up.mxfp8_hidden_rows > 0): cudaErrorInvalidValue, as where !ring_supports(w).
+// output, written after gate+up has read them), the hidden planes in gate_up.out ([max_pairs][I] floats). With
+// MoePrecision::Mxfp8's tile form (gate_up.mxfp8_hidden_rows > 0) the GLU outputs are rounded to MXFP8 in gate+up's
+// epilogue (no round_hidden_mxfp8 pass: the hidden rows are bf16 planes here). cudaErrorInvalidValue where
+// !ring_supports(w).
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream);
 

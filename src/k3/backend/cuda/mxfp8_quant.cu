@@ -22,9 +22,8 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_rows_kernel(const float*
   if (lane == 0) scales[b] = static_cast<uint8_t>(s);
 }
 
-// One warp per 32-value block of a row (the row's last block may be short: its missing lanes read as 0, which
-// changes neither the amax nor any code). The dequantised value code * 2^(s-127) is exact in float (mxfp8.cpp's
-// fake_quant_block says why); s = 254 (a block holding inf) overflows to inf as the host does.
+// One warp per 32-value block of a row (the row's last block may be short: mxfp8::fake_quant_warp). The dequantised
+// value is exact in float (mxfp8.cpp's fake_quant_block says why).
 __global__ void __launch_bounds__(kWarps * 32) fake_quant_rows_kernel(const float* x, float* out, int64_t rows,
                                                                       int64_t cols, int64_t row_blocks) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -32,11 +31,7 @@ __global__ void __launch_bounds__(kWarps * 32) fake_quant_rows_kernel(const floa
   const int lane = threadIdx.x & 31;
   const int64_t r = b / row_blocks, c = (b - r * row_blocks) * 32 + lane;
   const bool in = c < cols;
-  const float v = in ? x[r * cols + c] : 0.f;
-  float amax = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // fmaxf drops NaN
-  const uint32_t s = mxfp8::scale_byte(amax);
-  const float q = fp8_e4m3_to_f32_dev(mxfp8::code(v, mxfp8::inverse_scale(s))) * ldexpf(1.0f, static_cast<int>(s) - 127);
+  const float q = mxfp8::fake_quant_warp(in ? x[r * cols + c] : 0.f);
   if (in) out[r * cols + c] = q;
 }
 

@@ -25,6 +25,7 @@
 
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
+#include "k3/backend/cuda/mxfp8_quant.cuh"
 #include "k3/backend/cuda/smem_ptx.cuh"
 #include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
@@ -115,9 +116,35 @@ __device__ __forceinline__ void mma_rs_wide(float (&d)[NN / 2], const uint32_t (
 }
 
 // Accumulator element 4 j + q of warp wq, lane (g, c): weight row 16 wq + g + 8 (q >> 1), pair 8 j + 2 c + (q & 1).
+// MoePrecision::Mxfp8's tile form (TileArgs::mxfp8_hidden_rows): the GLU of one 64-row half rounded to MXFP8 along each
+// pair's hidden row, as round_hidden_mxfp8 does for the other forms. xch holds the half's gate sums [0, E) and up sums
+// [E, 2E) in the [element][thread] order of store_tile; the GLU goes in place, then a warp takes one (pair, 32-row
+// block) -- the rows rows0 + 32 b .., a block of the CPU's rounding since rows0 is a multiple of 64 -- with lane =
+// row, so the block's amax is a warp reduction. The rounded values are bf16-exact (4 significant bits) unless a
+// block's largest |value| is below 2^-116 (bits of values under ~1e-35 may go), so the hi plane holds them as they are.
+template <bool SPLIT, int NN>
+__device__ __forceinline__ void glu_mxfp8(const RingArgs& r, float* xch, int rows0, int start, int cnt) {
+  const TileArgs& a = r.t;
+  constexpr int E = NN / 2 * 128;
+  const int tid = threadIdx.x, lane = tid & 31;
+#pragma unroll 1
+  for (int l = tid; l < E; l += kRingThreads) xch[l] = moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta);
+  __syncthreads();
+#pragma unroll 1
+  for (int wb = tid >> 5; wb < 2 * NN; wb += kRingThreads / 32) {  // warp-uniform: whole warps take a block
+    const int p = wb >> 1, rr = 32 * (wb & 1) + lane;  // pair, row in the half
+    // store_tile's element of (p, rr): accumulator i = 4 (p / 8) + 2 ((rr / 8) % 2) + p % 2 of thread
+    // tt = 32 (rr / 16) + 4 (rr % 8) + (p % 8) / 2
+    const int i = 4 * (p >> 3) + 2 * ((rr >> 3) & 1) + (p & 1), tt = 32 * (rr >> 4) + 4 * (rr & 7) + ((p & 7) >> 1);
+    const float q = mxfp8::fake_quant_warp(xch[i * 128 + tt]);
+    const int n = rows0 + rr;
+    if (p < cnt && n < a.rows) put_hidden<SPLIT>(r, static_cast<int64_t>(start + p) * a.rows + (n & ~63) + ring_pos(n & 63), q);
+  }
+}
+
 // gate+up: the GLU of gate warpgroup h's and up warpgroup 2 + h's sums, written as bf16 planes at ring_pos; down: each
 // warpgroup its rows into y by slot.
-template <int NMAT, bool SPLIT, int NN>
+template <int NMAT, bool SPLIT, int NN, bool MX8>
 __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 2], uint32_t base, int n0, int start, int cnt) {
   const TileArgs& a = r.t;
   const int tid = threadIdx.x, wg = tid >> 7;
@@ -136,14 +163,18 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
         for (int i = 0; i < NN / 2; ++i) dst[i * 128 + (tid & 127)] = acc[i];
       }
       __syncthreads();
+      if constexpr (MX8) {
+        glu_mxfp8<SPLIT, NN>(r, xch, n0 + 64 * h, start, cnt);
+      } else {
 #pragma unroll 1
-      for (int l = tid; l < E; l += kRingThreads) {  // element l: accumulator i of thread tt of those warpgroups
-        const int i = l >> 7, tt = l & 127, ln = tt & 31;
-        const int pair = 8 * (i >> 2) + (ln & 3) * 2 + (i & 1);
-        const int n = n0 + 64 * h + 16 * (tt >> 5) + (ln >> 2) + 8 * ((i >> 1) & 1);
-        if (pair < cnt && n < a.rows)
-          put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63),
-                            moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta));
+        for (int l = tid; l < E; l += kRingThreads) {  // element l: accumulator i of thread tt of those warpgroups
+          const int i = l >> 7, tt = l & 127, ln = tt & 31;
+          const int pair = 8 * (i >> 2) + (ln & 3) * 2 + (i & 1);
+          const int n = n0 + 64 * h + 16 * (tt >> 5) + (ln >> 2) + 8 * ((i >> 1) & 1);
+          if (pair < cnt && n < a.rows)
+            put_hidden<SPLIT>(r, static_cast<int64_t>(start + pair) * a.rows + (n & ~63) + ring_pos(n & 63),
+                              moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta));
+        }
       }
       __syncthreads();  // the next pass's sums overwrite these
     }
@@ -159,7 +190,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
   }
 }
 
-template <int NMAT, bool GATHER, bool SPLIT, int NN>
+template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8>
 __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
   constexpr int NS = SPLIT ? 2 : 1, S = kStages;
   const TileArgs& a = r.t;
@@ -261,31 +292,31 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring's memory is the GLU's exchange buffer next
-  store_tile<NMAT, SPLIT, NN>(r, acc, base, n0, start, cnt);
+  store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
 }
 
-template <int NMAT, bool GATHER, bool SPLIT>
+template <int NMAT, bool GATHER, bool SPLIT, bool MX8>
 __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
   if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;
   const int4 td = r.t.tiles[blockIdx.x];
   if (td.z <= 16)
-    ring_body<NMAT, GATHER, SPLIT, 16>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, td.z);
   else if (td.z <= 32)
-    ring_body<NMAT, GATHER, SPLIT, 32>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, td.z);
   else if (td.z <= 64)
-    ring_body<NMAT, GATHER, SPLIT, 64>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, td.z);
   else if (td.z <= 80)  // K3 at 4096 tokens: ~73 pairs an expert
-    ring_body<NMAT, GATHER, SPLIT, 80>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, td.z);
   else if (td.z <= 96)
-    ring_body<NMAT, GATHER, SPLIT, 96>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, td.z);
   else
-    ring_body<NMAT, GATHER, SPLIT, 128>(r, td.x, td.y, td.z);
+    ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, td.z);
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-template <int NMAT, bool GATHER, bool SPLIT>
+template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
 cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
-  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT>;
+  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8>;
   constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
@@ -293,7 +324,7 @@ cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <bool SPLIT>
+template <bool SPLIT, bool MX8>
 cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                              float* y, cudaStream_t stream) {
   // x's planes in y (>= n * X floats: y holds P >= n rows of X; down overwrites it after gate+up has read them).
@@ -307,7 +338,7 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   const int64_t hplane = max_pairs * w.I;
   RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  if ((e = launch_ring_one<2, true, SPLIT>(gu, g1, stream)) != cudaSuccess) return e;
+  if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
   RingArgs dn{d, hp, hplane, nullptr, 0};
@@ -327,9 +358,11 @@ bool ring_supports(const ExpertBank& w) {
 
 cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const TileArgs& gate_up, int64_t max_pairs,
                         bool split, float* y, cudaStream_t stream) {
-  if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0 || gate_up.mxfp8_hidden_rows > 0) return cudaErrorInvalidValue;
-  return split ? launch_ring_pair<true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
-               : launch_ring_pair<false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  if (!ring_supports(w) || n_tiles_bound <= 0 || n <= 0) return cudaErrorInvalidValue;
+  if (gate_up.mxfp8_hidden_rows > 0)  // the tile form's products run at Bf16: no split
+    return split ? cudaErrorInvalidValue : launch_ring_pair<false, true>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
+  return split ? launch_ring_pair<true, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream)
+               : launch_ring_pair<false, false>(w, n, n_tiles_bound, gate_up, max_pairs, y, stream);
 }
 
 int ring_tile_pairs() { return kRingPairs; }
