@@ -821,8 +821,9 @@ void expect_ring_matches_shared_form(const std::vector<std::pair<Shape, int>>& c
   }
 }
 
-// At prefill sizes, where full tiles, every stage of the ring and the remainder tiles all run (the CPU reference is too
-// slow there): k3-like at n = 1024 (128 pairs an expert), K3's QAT bank at n = 4096 (~73 pairs an expert).
+// At prefill sizes, where the widest tiles and every stage of the ring run (the CPU reference is too slow there):
+// k3-like at n = 1024 (128 pairs an expert: full 128-pair tiles), K3's QAT bank at n = 4096 (~73 pairs an expert:
+// mostly the n80 and n96 tiles).
 TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   expect_ring_matches_shared_form({{tiny_shapes()[5], 1024}, {kK3Qat, 4096}}, 1500, "");
@@ -830,7 +831,7 @@ TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
 
 // On small shapes, cheap enough for compute-sanitizer's racecheck / synccheck (the ring's stages are refilled while
 // other warps may still read them; the path table's runs take too long under the tools): tiny-k3 at n = 257 (64 pairs
-// an expert: full tiles; X = 128, I = 64: the ring shorter than its depth) and k3-like at n = 130 (16 chunks of X, 8 of
+// an expert: n64 tiles; X = 128, I = 64: the ring shorter than its depth) and k3-like at n = 130 (16 chunks of X, 8 of
 // I: every stage refilled).
 TEST(CudaMoe, RingMatchesSharedFormSmall) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

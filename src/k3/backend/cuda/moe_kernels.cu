@@ -739,6 +739,11 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
                              const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                              MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path, bool round_hidden);
 
+// The paths MoePrecision::Mxfp8's tile form can take (its tiles run at Bf16 with the GLU outputs rounded to MXFP8).
+static bool tile_form_path(MoePath p) {
+  return p == MoePath::Auto || p == MoePath::TensorCore || p == MoePath::Wgmma || p == MoePath::WgmmaRing;
+}
+
 // MoePrecision::Mxfp8, two forms with the CPU backend's numerics (core/mxfp8.h: x and each GLU output row rounded to
 // MXFP8). Decode (Auto where moe_w4a8_supported, the batch fits the decode scratch and the bf16 rule would decode,
 // or TcDecode): the W4A8 kernels (moe_decode_w4a8.h), the plan in 8-pair tiles; their scratch is carved from buffers
@@ -776,8 +781,7 @@ cudaError_t moe_experts_mxfp8(const ExpertBank& w, int n, int K, const float* x,
     return moe_w4a8_experts(w, n, K, 8, x, ws.sorted_, ws.slot_of_, tiles, ws.num_tiles_, static_cast<int>(bound), topk_w,
                             act, situ_beta, situ_linear_beta, out, s, stream);
   }
-  if (path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma && path != MoePath::WgmmaRing)
-    return cudaErrorInvalidValue;
+  if (!tile_form_path(path)) return cudaErrorInvalidValue;
   const int chunk = static_cast<int>(std::min<int64_t>(n, ws.dec_part_floats_ / w.X));
   if (chunk < 1) return cudaErrorInvalidValue;
   float* xq = ws.dec_part_;
@@ -829,8 +833,7 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
     return moe_experts_mxfp8(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, out, ws, stream, path);
   }
   // The tile form: the tensor-core tiles whatever n is (Auto keeps its wgmma / mma.sync choice).
-  if (round_hidden && path != MoePath::Auto && path != MoePath::TensorCore && path != MoePath::Wgmma && path != MoePath::WgmmaRing)
-    return cudaErrorInvalidValue;
+  if (round_hidden && !tile_form_path(path)) return cudaErrorInvalidValue;
   if (round_hidden && gguf) path = MoePath::TensorCore;
   bool gguf_mma = false;  // GGUF decode tiles on the tensor cores (quant_moe_mma) rather than the fp32 grouped kernels
   if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped or mma (TcDecode), tensor-core tiles (TensorCore)

@@ -56,7 +56,8 @@ enum class MoePrecision : int { Bf16x2 = 0, Bf16 = 1, Mxfp8 = 2 };
 // K3_MOE_WGMMA=0 (moe_prefill_wgmma.h).
 // WgmmaRs: the same tiles with the weights decoded straight into the register A operand (MXFP4 experts only).
 // WgmmaRing: the register-A tiles fed by a cp.async ring of MXFP4 bytes and bf16 activation planes (MXFP4 experts,
-// moe_wg::ring_supports; not MoePrecision::Mxfp8's tile form); Auto's TensorCore choice for such banks unless K3_MOE_WGMMA is smem, rs or 0.
+// moe_wg::ring_supports; with MoePrecision::Mxfp8's tile form it rounds the GLU outputs itself); Auto's TensorCore choice
+// for such banks unless K3_MOE_WGMMA is smem, rs or 0.
 // Cutlass: CUTLASS's grouped GEMMs (moe_grouped_gemm.h; BF16 experts, I <= X, a compute-capability-9.0 device, else
 // cudaErrorInvalidValue); Auto's TensorCore choice for such banks runs them (since session 57; K3_MOE_CUTLASS=0: the tiles).
 enum class MoePath : int { Auto = 0, Simt = 1, TensorCore = 2, TcDecode = 3, Gemv = 4, Wgmma = 5, WgmmaRs = 6, Cutlass = 7,

@@ -103,18 +103,6 @@ constexpr int ring_smem_bytes() {
 static_assert(ring_smem_bytes<true>() <= 227 * 1024, "one block an SM");
 static_assert(2 * 128 * 64 * 4 <= kStages * ring_stage_bytes<false>(), "the up accumulators fit the ring for the GLU");
 
-template <int NN>
-__device__ __forceinline__ void mma_rs_wide(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (NN == 80)
-    wgmma::mma_m64n80k16_rs(d, a, db);
-  else if constexpr (NN == 96)
-    wgmma::mma_m64n96k16_rs(d, a, db);
-  else if constexpr (NN == 128)
-    wgmma::mma_m64n128k16_rs(d, a, db);
-  else
-    mma_rs<NN>(d, a, db);
-}
-
 // Accumulator element 4 j + q of warp wq, lane (g, c): weight row 16 wq + g + 8 (q >> 1), pair 8 j + 2 c + (q & 1).
 // MoePrecision::Mxfp8's tile form (TileArgs::mxfp8_hidden_rows): the GLU of one 64-row half rounded to MXFP8 along each
 // pair's hidden row, as round_hidden_mxfp8 does for the other forms. xch holds the half's gate sums [0, E) and up sums
@@ -278,7 +266,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
 #pragma unroll
     for (int st = 0; st < kKc / 16; ++st)
 #pragma unroll
-      for (int h = 0; h < NS; ++h) mma_rs_wide<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
+      for (int h = 0; h < NS; ++h) mma_rs<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
     wgmma::commit();
     if (kc + 1 < nk) decode(kc + 1, nxt);
     wgmma::wait<0>();
