@@ -35,7 +35,8 @@ namespace {
 
 using namespace detail;
 
-constexpr int kStages = 4;
+// Five stages: chunk kc + 1 decoded while chunk kc's and kc - 1's wgmmas may run, chunk kc + 2 landing, kc + 3 issued.
+constexpr int kStages = 5;
 constexpr int kWRowBytes = kKc / 2;  // one row's MXFP4 bytes of a chunk
 struct RingArgs {
   TileArgs t;                     // weights, shape, plan, GLU, and (down) the fp32 output by slot
@@ -57,6 +58,15 @@ __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t src) {
   uint32_t v;
   asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(src));
   return v;
+}
+
+// The activation tiles' wgmma descriptors (128-byte swizzle rows, wgmma::make_desc with lbo 16, sbo kSbo): the low
+// word is the start address / 16 plus lbo's field, so a tile's descriptor is its stage's plus its byte offset / 16 --
+// one add a wgmma instead of make_desc's masks and shifts (six uniform instructions each, 48 of a bf16x2 step's ~250).
+// The ring lies below 256 KB of shared memory, so the 14-bit address field never carries.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr) { return static_cast<uint32_t>(wgmma::make_desc(smem_addr, 16, kSbo)); }
+__device__ __forceinline__ uint64_t ring_desc(uint32_t lo) {
+  return (wgmma::make_desc(0, 16, kSbo) & 0xffffffff00000000ull) | lo;
 }
 
 extern __shared__ __align__(1024) uint8_t moe_ring_smem[];
@@ -236,40 +246,47 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   for (int i = 0; i < NN / 2; ++i) acc[i] = 0.f;
   uint32_t af0[4][4], af1[4][4];
   const int nk = cols / kKc;
+  // Chunks 0 .. S - 3 in flight before the loop (step kc issues chunk kc + S - 2).
 #pragma unroll
-  for (int kc = 0; kc < S - 1; ++kc) {
+  for (int kc = 0; kc < S - 2; ++kc) {
     if (kc < nk) {
       issue(kc);
       if (tid < 256) st_shared_u16(sS(kc) + 2 * tid, scales(kc));
     }
     cp_async_commit();
   }
-  cp_async_wait<S - 2>();
+  cp_async_wait<S - 3>();
   wgmma::fence_proxy_async();
   __syncthreads();
   decode(0, af0);
   uint32_t sc_next = 0;
-  // Iteration kc: chunk kc + 1 landed (its decode under chunk kc's wgmmas); the stage chunk kc - 1 used refilled.
+  // Step kc: chunk kc + 1 landed (decoded under chunk kc's wgmmas). Chunk kc - 1's wgmmas are waited for only after
+  // chunk kc's are issued, so the tensor pipe still has work while the block meets at the barrier and issues its
+  // copies (waiting for all of them before the barrier left it idle there: call s61-5's ncu, 46% of the tensor peak).
+  // So the stage refilled is the one chunk kc - 2 used (all its readers done: each warpgroup waited for its wgmmas in
+  // step kc - 1 before this barrier), and chunk kc - 1's fragments are overwritten only after its wait.
   auto step = [&](int kc, uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
-    cp_async_wait<S - 3>();
+    cp_async_wait<S - 4>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (kc > 0 && kc + S - 2 < nk && tid < 256) st_shared_u16(sS((kc + S - 2) % S) + 2 * tid, sc_next);
-    if (kc + S - 1 < nk) {
-      issue(kc + S - 1);
-      sc_next = scales(kc + S - 1);
+    if (kc > 0 && kc + S - 3 < nk && tid < 256) st_shared_u16(sS((kc + S - 3) % S) + 2 * tid, sc_next);
+    if (kc + S - 2 < nk) {
+      issue(kc + S - 2);
+      sc_next = scales(kc + S - 2);
     }
     cp_async_commit();
     wgmma::fence_regs(acc);
     keep_frags(cur);
     wgmma::fence();
+    const uint32_t d0 = desc_lo(sX(kc % S, 0));
 #pragma unroll
     for (int st = 0; st < kKc / 16; ++st)
 #pragma unroll
-      for (int h = 0; h < NS; ++h) mma_rs<NN>(acc, cur[st], wgmma::make_desc(sX(kc % S, h) + st * 32, 16, kSbo));
+      for (int h = 0; h < NS; ++h) mma_rs<NN>(acc, cur[st], ring_desc(d0 + (h * kRingXBytes + st * 32) / 16));
     wgmma::commit();
+    wgmma::wait<1>();  // chunk kc - 1's wgmmas: nxt held its fragments
+    keep_frags(nxt);
     if (kc + 1 < nk) decode(kc + 1, nxt);
-    wgmma::wait<0>();
     wgmma::fence_regs(acc);
     keep_frags(cur);
     keep_frags(nxt);
@@ -278,6 +295,8 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
     step(kc, af0, af1);
     if (kc + 1 < nk) step(kc + 1, af1, af0);
   }
+  wgmma::wait<0>();
+  wgmma::fence_regs(acc);
   cp_async_wait<0>();
   __syncthreads();  // the ring's memory is the GLU's exchange buffer next
   store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
