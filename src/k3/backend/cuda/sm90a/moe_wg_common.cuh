@@ -120,19 +120,27 @@ __device__ __forceinline__ void decode_a_frags_bits(uint32_t (&af)[4][4], const 
     f2[h] = bf16_pow2_pair(s <= 128u || s == 255u ? 127u : s - 1u);
     wide = wide || (s > 128u && s != 255u);
   }
-  wide = __any_sync(0xffffffffu, wide);  // warp-uniform: the second multiply only where some scale needs it
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const uint32_t v = q ? w[h].y : w[h].x;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint32_t r = bf16x2_mul(e2m1_pair_x2m126(v << (4 * k)), f1[h]);
-        if (wide) r = bf16x2_mul(r, f2[h]);
-        af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h] = r;
-      }
+      for (int k = 0; k < 4; ++k) af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h] = bf16x2_mul(e2m1_pair_x2m126(v << (4 * k)), f1[h]);
     }
+  // The second multiply only where some scale of the warp needs it (> 2^1: rare in trained weights), as a warp-uniform
+  // branch: predicated, its 16 multiplies took issue slots in every step (the ring is issue-bound at bf16).
+  if (__any_sync(0xffffffffu, wide)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          uint32_t& r = af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h];
+          r = bf16x2_mul(r, f2[h]);
+        }
+  }
 }
 // decode_a_frags_bits's k order (the ring form's activation planes): where column col (0..63) of a chunk sits, and which column sits at position pos.
 __host__ __device__ constexpr int ring_pos(int col) {
