@@ -196,9 +196,6 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   const int rows = a.rows, cols = a.cols;
   const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
-  auto sX = [&](int s, int h) { return base + s * ring_stage_bytes<SPLIT>() + h * kRingXBytes; };
-  auto sW = [&](int s) { return base + s * ring_stage_bytes<SPLIT>() + NS * kRingXBytes; };
-  auto sS = [&](int s) { return sW(s) + kRows * kWRowBytes; };
 
   // Copies: weight row tid / 2's half tid % 2; scale bytes of row tid (tid < 256); pair tid / 4's groups 2 (tid % 4), + 1.
   auto wrow = [&](int rr, bool& ok) {  // smem row rr -> the matrix's row offset (gate/up: rows 128.. are up's)
@@ -217,26 +214,41 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   const uint16_t* xsrc = r.in + 16 * xq;
   if (xvalid) xsrc += static_cast<int64_t>(GATHER ? a.sorted[start + p] / a.K : start + p) * cols;
 
-  auto issue = [&](int kc) {
-    const int s = kc % S, k0 = kc * kKc;
+  // The copy cursor (why: the copies' addresses rebuilt from kc every step -- a chunk's stage kc % 5, 64-bit offsets --
+  // took ~40 of a step's ~210 instructions, and the ring is issue-bound at bf16): the next chunk issued goes to stage
+  // address `cs`, from sources advanced by one chunk at each issue; `sc_stage` is the stage whose scales are stored next.
+  constexpr uint32_t SB = ring_stage_bytes<SPLIT>();
+  const uint32_t ring_end = base + S * SB;
+  auto next_stage = [&](uint32_t sa) { return sa + SB == ring_end ? base : sa + SB; };
+  const uint32_t xo0 = swz(p, 2 * xq), xo1 = swz(p, 2 * xq + 1), wo = NS * kRingXBytes + crow * kWRowBytes + 16 * (tid & 1);
+  const uint32_t so = NS * kRingXBytes + kRows * kWRowBytes + 2 * tid;
+  const uint16_t* xp = xsrc;
+  const uint8_t* wp = wsrc;
+  const uint8_t* sp = ssrc;
+  uint32_t cs = base, sc_stage = base;
+  auto issue_next = [&]() {  // returns the chunk's scale bytes (row tid; tid < 256)
     if (p < NN) {  // pairs past the tile's width are never read
 #pragma unroll
-      for (int h = 0; h < NS; ++h)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async16_or_zero(sX(s, h) + swz(p, 2 * xq + i), xsrc + h * r.in_plane + k0 + 8 * i, xvalid);
+      for (int h = 0; h < NS; ++h) {
+        cp_async16_or_zero(cs + h * kRingXBytes + xo0, xp + h * r.in_plane, xvalid);
+        cp_async16_or_zero(cs + h * kRingXBytes + xo1, xp + h * r.in_plane + 8, xvalid);
+      }
     }
-    cp_async16_or_zero(sW(s) + crow * kWRowBytes + 16 * (tid & 1), wsrc + k0 / 2, wvalid);
+    cp_async16_or_zero(cs + wo, wp, wvalid);
+    const uint32_t sc = svalid ? ldg_u16(sp) : 0x7f7fu;
+    xp += kKc, wp += kKc / 2, sp += 2;
+    sc_stage = cs;
+    cs = next_stage(cs);
+    return sc;
   };
-  auto scales = [&](int kc) { return svalid ? ldg_u16(ssrc + 2 * kc) : 0x7f7fu; };
-  auto decode = [&](int kc, uint32_t (&af)[4][4]) {
-    const int s = kc % S;
+  auto decode = [&](uint32_t stage, uint32_t (&af)[4][4]) {
     uint2 w[2];
     uint32_t sb[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = 64 * wg + 16 * wq + g + 8 * h;
-      w[h] = ptx::lds64(sW(s) + row * kWRowBytes + 8 * c);
-      sb[h] = ld_shared_u8(sS(s) + 2 * row + (c >> 1));
+      w[h] = ptx::lds64(stage + NS * kRingXBytes + row * kWRowBytes + 8 * c);
+      sb[h] = ld_shared_u8(stage + NS * kRingXBytes + kRows * kWRowBytes + 2 * row + (c >> 1));
     }
     decode_a_frags_bits(af, w, sb);
   };
@@ -250,15 +262,16 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
 #pragma unroll
   for (int kc = 0; kc < S - 2; ++kc) {
     if (kc < nk) {
-      issue(kc);
-      if (tid < 256) st_shared_u16(sS(kc) + 2 * tid, scales(kc));
+      const uint32_t sc = issue_next();
+      if (tid < 256) st_shared_u16(sc_stage + so, sc);
     }
     cp_async_commit();
   }
   cp_async_wait<S - 3>();
   wgmma::fence_proxy_async();
   __syncthreads();
-  decode(0, af0);
+  uint32_t ms = base;  // chunk kc's stage
+  decode(ms, af0);
   uint32_t sc_next = 0;
   // Step kc: chunk kc + 1 landed (decoded under chunk kc's wgmmas). Chunk kc - 1's wgmmas are waited for only after
   // chunk kc's are issued, so the tensor pipe still has work while the block meets at the barrier and issues its
@@ -269,16 +282,13 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
     cp_async_wait<S - 4>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    if (kc > 0 && kc + S - 3 < nk && tid < 256) st_shared_u16(sS((kc + S - 3) % S) + 2 * tid, sc_next);
-    if (kc + S - 2 < nk) {
-      issue(kc + S - 2);
-      sc_next = scales(kc + S - 2);
-    }
+    if (kc > 0 && kc + S - 3 < nk && tid < 256) st_shared_u16(sc_stage + so, sc_next);
+    if (kc + S - 2 < nk) sc_next = issue_next();
     cp_async_commit();
     wgmma::fence_regs(acc);
     keep_frags(cur);
     wgmma::fence();
-    const uint32_t d0 = desc_lo(sX(kc % S, 0));
+    const uint32_t d0 = desc_lo(ms);
 #pragma unroll
     for (int st = 0; st < kKc / 16; ++st)
 #pragma unroll
@@ -286,7 +296,8 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
     wgmma::commit();
     wgmma::wait<1>();  // chunk kc - 1's wgmmas: nxt held its fragments
     keep_frags(nxt);
-    if (kc + 1 < nk) decode(kc + 1, nxt);
+    ms = next_stage(ms);
+    if (kc + 1 < nk) decode(ms, nxt);
     wgmma::fence_regs(acc);
     keep_frags(cur);
     keep_frags(nxt);
