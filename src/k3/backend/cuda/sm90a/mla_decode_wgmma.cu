@@ -103,7 +103,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], uint32_t sQ, uint32_t k
 #pragma unroll
   for (int st = 0; st < kSteps; ++st) {
     const uint32_t off = (st >> 2) * kBlockBytes + (st & 3) * 32;  // k16 step inside a 128-byte swizzle row
-    wgmma::mma_m64n64k16_ss(s, wgmma::make_desc(sQ + off, 16, kSbo), wgmma::make_desc(kv + off, 16, kSbo), st > 0);
+    wgmma::mma_ss<64>(s, wgmma::make_desc(sQ + off, 16, kSbo), wgmma::make_desc(kv + off, 16, kSbo), st > 0);
   }
   wgmma::commit();
 }
@@ -174,7 +174,7 @@ __device__ __forceinline__ void pv_regs(float (&o)[128], const uint32_t (&pa)[kP
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk)
-    wgmma::mma_m64n256k16_rs_tb(o, pa[kk], wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo));
+    wgmma::mma_rs<256, wgmma::gmma::Major::MN>(o, pa[kk], wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo));
   wgmma::commit();
 }
 __device__ __forceinline__ void pv_smem(float (&o)[128], uint32_t kv, int wg) {
@@ -183,7 +183,7 @@ __device__ __forceinline__ void pv_smem(float (&o)[128], uint32_t kv, int wg) {
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < kPvSteps; ++kk)
-    wgmma::mma_m64n256k16_ss_tb(o, wgmma::make_desc(kv + kRope + kk * 32, 16, kSbo),
+    wgmma::mma_ss<256, wgmma::gmma::Major::MN>(o, wgmma::make_desc(kv + kRope + kk * 32, 16, kSbo),
                                 wgmma::make_desc(v_half + kk * 2 * kSbo, kVLbo, kSbo), 1);
   wgmma::commit();
 }

@@ -33,36 +33,17 @@ __device__ __forceinline__ void st_shared4(uint32_t dst, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
 }
 
-// One register-A m64nNNk16 MMA (the ring form's tiles also take 80, 96 and 128 pairs).
+// One m64nNNk16 MMA into the tile's accumulators: register A (the ring form's tiles also take 80, 96 and 128 pairs) or
+// shared-memory A (<= 64).
 template <int NN>
 __device__ __forceinline__ void mma_rs(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
   static_assert(NN == 16 || NN == 32 || NN == 48 || NN == 64 || NN == 80 || NN == 96 || NN == 128, "no such tile width");
-  if constexpr (NN == 16)
-    wgmma::mma_m64n16k16_rs(d, a, db);
-  else if constexpr (NN == 32)
-    wgmma::mma_m64n32k16_rs(d, a, db);
-  else if constexpr (NN == 48)
-    wgmma::mma_m64n48k16_rs(d, a, db);
-  else if constexpr (NN == 64)
-    wgmma::mma_m64n64k16_rs(d, a, db);
-  else if constexpr (NN == 80)
-    wgmma::mma_m64n80k16_rs(d, a, db);
-  else if constexpr (NN == 96)
-    wgmma::mma_m64n96k16_rs(d, a, db);
-  else
-    wgmma::mma_m64n128k16_rs(d, a, db);
+  wgmma::mma_rs<NN>(d, a, db);
 }
-
 template <int NN>
 __device__ __forceinline__ void mma(float (&d)[NN / 2], uint64_t da, uint64_t db) {
-  if constexpr (NN == 16)
-    wgmma::mma_m64n16k16_ss(d, da, db, 1);
-  else if constexpr (NN == 32)
-    wgmma::mma_m64n32k16_ss(d, da, db, 1);
-  else if constexpr (NN == 48)
-    wgmma::mma_m64n48k16_ss(d, da, db, 1);
-  else
-    wgmma::mma_m64n64k16_ss(d, da, db, 1);
+  static_assert(NN == 16 || NN == 32 || NN == 48 || NN == 64, "no such tile width");
+  wgmma::mma_ss<NN>(d, da, db, 1);
 }
 
 template <int N>
