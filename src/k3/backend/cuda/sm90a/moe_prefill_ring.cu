@@ -44,6 +44,13 @@ struct RingArgs {
   int64_t in_plane = 0;           // elements from the hi plane to the lo plane
   uint16_t* hidden = nullptr;     // gate+up: its GLU outputs as such planes [P][I]
   int64_t hidden_plane = 0;
+  // Grid order: 0 = blockIdx.x the plan tile, blockIdx.y the column (gate+up) / row (down) block; 1 = the transpose, so
+  // that a tile's column blocks run side by side and read its activation rows from the L2 (K3_RING_GRID=col; call
+  // s62-2's ncu had DRAM at 50% in this tensor-bound kernel: x's rows fetched again by each of a tile's 24 blocks).
+  int col_major = 0;
+  // Tile widths (the MMA's N) in steps of 8 pairs above 64 instead of 16 / 32 (K3_RING_WIDTHS=8): K3 at 4096 tokens has
+  // 60-90 pairs an expert, whose padding is ~9% of the tensor pipe's work at the coarse steps, ~5% at 8.
+  int fine_widths = 0;
 };
 
 __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
@@ -194,7 +201,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   const TileArgs& a = r.t;
   const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int rows = a.rows, cols = a.cols;
-  const int n0 = blockIdx.y * (NMAT == 2 ? kRows / 2 : kRows);
+  const int n0 = (r.col_major ? blockIdx.x : blockIdx.y) * (NMAT == 2 ? kRows / 2 : kRows);
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
 
   // Copies: weight row tid / 2's half tid % 2; scale bytes of row tid (tid < 256); pair tid / 4's groups 2 (tid % 4), + 1.
@@ -315,25 +322,57 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
 
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8>
 __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
-  if (static_cast<int>(blockIdx.x) >= *r.t.num_tiles) return;
-  const int4 td = r.t.tiles[blockIdx.x];
-  if (td.z <= 16)
-    ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, td.z);
-  else if (td.z <= 32)
-    ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, td.z);
-  else if (td.z <= 64)
-    ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, td.z);
-  else if (td.z <= 80)  // K3 at 4096 tokens: ~73 pairs an expert
-    ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, td.z);
-  else if (td.z <= 96)
-    ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, td.z);
-  else
-    ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, td.z);
+  const int tile = static_cast<int>(r.col_major ? blockIdx.y : blockIdx.x);
+  if (tile >= *r.t.num_tiles) return;
+  const int4 td = r.t.tiles[tile];
+  const int z = td.z;
+  if (r.fine_widths) {  // steps of 8 pairs above 64 (K3_RING_WIDTHS=8; not yet measured)
+    if (z <= 48) {
+      if (z <= 16) ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
+      else if (z <= 32) ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
+      else ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
+    } else if (z <= 64) ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
+    else if (z <= 72) ring_body<NMAT, GATHER, SPLIT, 72, MX8>(r, td.x, td.y, z);
+    else if (z <= 80) ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
+    else if (z <= 88) ring_body<NMAT, GATHER, SPLIT, 88, MX8>(r, td.x, td.y, z);
+    else if (z <= 96) ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
+    else if (z <= 104) ring_body<NMAT, GATHER, SPLIT, 104, MX8>(r, td.x, td.y, z);
+    else if (z <= 112) ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
+    else if (z <= 120) ring_body<NMAT, GATHER, SPLIT, 120, MX8>(r, td.x, td.y, z);
+    else ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
+    return;
+  }
+  if (z <= 16) ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
+  else if (z <= 32) ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
+  else if (z <= 64) ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
+  else if (z <= 80) ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);  // K3 at 4096 tokens: ~73 pairs an expert
+  else if (z <= 96) ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
+  else ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
+// The grid order (RingArgs::col_major): K3_RING_GRID=col puts a tile's column blocks side by side (not yet measured).
+int ring_grid_col_major() {
+  static const int v = [] {
+    const char* s = std::getenv("K3_RING_GRID");
+    return s != nullptr && std::strcmp(s, "col") == 0 ? 1 : 0;
+  }();
+  return v;
+}
+
+int ring_fine_widths() {
+  static const int v = [] {
+    const char* s = std::getenv("K3_RING_WIDTHS");
+    return s != nullptr && std::strcmp(s, "8") == 0 ? 1 : 0;
+  }();
+  return v;
+}
+
+// grid: (tiles, blocks of the tile); RingArgs::col_major launches its transpose.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
-cudaError_t launch_ring_one(const RingArgs& r, dim3 grid, cudaStream_t stream) {
+cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
+  r.col_major = r.col_major && grid.x <= 65535u;  // the tiles on gridDim.y (at most 65535)
+  if (r.col_major) grid = dim3(grid.y, grid.x);
   auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8>;
   constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -354,12 +393,12 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
-  RingArgs gu{gate_up, xp, xplane, hp, hplane};
+  RingArgs gu{gate_up, xp, xplane, hp, hplane, ring_grid_col_major(), ring_fine_widths()};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
-  RingArgs dn{d, hp, hplane, nullptr, 0};
+  RingArgs dn{d, hp, hplane, nullptr, 0, ring_grid_col_major(), ring_fine_widths()};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
   return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
