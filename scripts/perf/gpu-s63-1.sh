@@ -1,17 +1,15 @@
 #!/bin/bash
 # Ready for session 63's first call (written in session 62, not yet run). Pack: scripts/gpu-pack-bins at 13a2f99 or later
 # (session 62's ring with its two opt-in variants). One binary, env A/B:
-# 1. CudaMoe.Ring* + the MXFP8 ring test under each variant (K3_RING_GRID=col, K3_RING_WIDTHS=8, both) -- their first
-# run; synccheck of the small ring test under both; 2. timing of the K3 QAT bank at n = 2048 / 4096 per variant;
+# 1. CudaMoe.Ring* (RingVariantsMatchSharedForm runs K3_RING_GRID=col, K3_RING_WIDTHS=8 and both) + the MXFP8 ring
+# test -- the variants' first run; synccheck of the small ring test under both; 2. timing of the K3 QAT bank at n = 2048 / 4096 per variant;
 # 3. the K3-dims 4-layer pp4096 at bf16 and bf16x2, base / col / widths / both alternating, two rounds; 4. ncu DRAM and
 # stall reasons of gate+up under col; 5. the whole suite if time is left. Carry: .gpuwork
 BUDGET=${BUDGET:-560}
 . scripts/perf/lib-call.sh
 CS=/usr/local/cuda/bin/compute-sanitizer
-for v in "K3_RING_GRID=col" "K3_RING_WIDTHS=8" "K3_RING_GRID=col K3_RING_WIDTHS=8"; do
-  env $v timeout 60 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Ring*:CudaMoe.Mxfp8TilesMatchCpuMxfp8' > /tmp/t.log 2>&1
-  echo "[$v] tests rc=$? $(el) $(grep -E '^\[  (FAILED|PASSED) ' /tmp/t.log | tr '\n' ' ')"; grep -E "ring vs shared|FAILED  \]" /tmp/t.log | head -8
-done 2>&1 | tee "$OUT/variant-tests.txt"
+timeout 90 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Ring*:CudaMoe.Mxfp8TilesMatchCpuMxfp8' > "$OUT/ring-tests.log" 2>&1
+echo "ring tests (RingVariantsMatchSharedForm: every variant) rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|ring vs shared" "$OUT/ring-tests.log" | head -24
 env K3_RING_GRID=col K3_RING_WIDTHS=8 timeout 60 $CS --tool synccheck "$D/k3_cuda_tests" --gtest_filter='CudaMoe.RingMatchesSharedFormSmall' > /tmp/cs.log 2>&1
 echo "synccheck col+widths rc=$? $(el) $(grep -E 'ERROR SUMMARY|PASSED|FAILED' /tmp/cs.log | tr '\n' ' ')" | tee "$OUT/sanitizers.txt"
 for v in "" "K3_RING_GRID=col" "K3_RING_WIDTHS=8" "K3_RING_GRID=col K3_RING_WIDTHS=8"; do

@@ -325,47 +325,33 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const Ring
   const int tile = static_cast<int>(r.col_major ? blockIdx.y : blockIdx.x);
   if (tile >= *r.t.num_tiles) return;
   const int4 td = r.t.tiles[tile];
+  // The tile's width (the MMA's N): the pairs rounded up to 16, 32, 64, 80, 96 or 128 (K3 at 4096 tokens: ~73 pairs
+  // an expert, n80), or with fine_widths to a multiple of 16 up to 64 and of 8 above.
   const int z = td.z;
-  if (r.fine_widths) {  // steps of 8 pairs above 64 (K3_RING_WIDTHS=8; not yet measured)
-    if (z <= 48) {
-      if (z <= 16) ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
-      else if (z <= 32) ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
-      else ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
-    } else if (z <= 64) ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
-    else if (z <= 72) ring_body<NMAT, GATHER, SPLIT, 72, MX8>(r, td.x, td.y, z);
-    else if (z <= 80) ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
-    else if (z <= 88) ring_body<NMAT, GATHER, SPLIT, 88, MX8>(r, td.x, td.y, z);
-    else if (z <= 96) ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
-    else if (z <= 104) ring_body<NMAT, GATHER, SPLIT, 104, MX8>(r, td.x, td.y, z);
-    else if (z <= 112) ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
-    else if (z <= 120) ring_body<NMAT, GATHER, SPLIT, 120, MX8>(r, td.x, td.y, z);
-    else ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
-    return;
+  const int nn = r.fine_widths ? (z <= 64 ? (z + 15) / 16 * 16 : (z + 7) / 8 * 8)
+                               : (z <= 32 ? (z + 15) / 16 * 16 : z <= 64 ? 64 : z <= 96 ? (z + 15) / 16 * 16 : 128);
+  switch (nn) {
+    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
+    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
+    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
+    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
+    case 72: return ring_body<NMAT, GATHER, SPLIT, 72, MX8>(r, td.x, td.y, z);
+    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
+    case 88: return ring_body<NMAT, GATHER, SPLIT, 88, MX8>(r, td.x, td.y, z);
+    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
+    case 104: return ring_body<NMAT, GATHER, SPLIT, 104, MX8>(r, td.x, td.y, z);
+    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
+    case 120: return ring_body<NMAT, GATHER, SPLIT, 120, MX8>(r, td.x, td.y, z);
+    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
   }
-  if (z <= 16) ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
-  else if (z <= 32) ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
-  else if (z <= 64) ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
-  else if (z <= 80) ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);  // K3 at 4096 tokens: ~73 pairs an expert
-  else if (z <= 96) ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
-  else ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-// The grid order (RingArgs::col_major): K3_RING_GRID=col puts a tile's column blocks side by side (not yet measured).
-int ring_grid_col_major() {
-  static const int v = [] {
-    const char* s = std::getenv("K3_RING_GRID");
-    return s != nullptr && std::strcmp(s, "col") == 0 ? 1 : 0;
-  }();
-  return v;
-}
-
-int ring_fine_widths() {
-  static const int v = [] {
-    const char* s = std::getenv("K3_RING_WIDTHS");
-    return s != nullptr && std::strcmp(s, "8") == 0 ? 1 : 0;
-  }();
-  return v;
+// The opt-in variants (RingArgs::col_major: K3_RING_GRID=col; fine_widths: K3_RING_WIDTHS=8), read at each launch (a
+// getenv next to two kernel launches costs nothing) so that one test process can run every variant.
+bool env_is(const char* name, const char* value) {
+  const char* s = std::getenv(name);
+  return s != nullptr && std::strcmp(s, value) == 0;
 }
 
 // grid: (tiles, blocks of the tile); RingArgs::col_major launches its transpose.
@@ -393,12 +379,13 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
-  RingArgs gu{gate_up, xp, xplane, hp, hplane, ring_grid_col_major(), ring_fine_widths()};
+  const int col = env_is("K3_RING_GRID", "col"), fine = env_is("K3_RING_WIDTHS", "8");
+  RingArgs gu{gate_up, xp, xplane, hp, hplane, col, fine};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
-  RingArgs dn{d, hp, hplane, nullptr, 0, ring_grid_col_major(), ring_fine_widths()};
+  RingArgs dn{d, hp, hplane, nullptr, 0, col, fine};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
   return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
