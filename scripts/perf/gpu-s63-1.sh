@@ -1,5 +1,5 @@
 #!/bin/bash
-# Ready for session 63's first call (written in session 62, not yet run). Pack: scripts/gpu-pack-bins at 13a2f99 or later
+# Ready for session 63's first call (written in session 62, not yet run). Pack: scripts/gpu-pack-bins at 047bf9d or later
 # (session 62's ring with its two opt-in variants). One binary, env A/B:
 # 1. CudaMoe.Ring* (RingVariantsMatchSharedForm runs K3_RING_GRID=col, K3_RING_WIDTHS=8 and both) + the MXFP8 ring
 # test -- the variants' first run; synccheck of the small ring test under both; 2. timing of the K3 QAT bank at n = 2048 / 4096 per variant;
