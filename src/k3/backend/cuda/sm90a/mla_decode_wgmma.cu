@@ -46,6 +46,7 @@
 
 #include "k3/backend/cuda/mla_decode_tc.h"
 #include "k3/backend/cuda/mla_decode_wgmma.h"
+#include "k3/backend/cuda/sm90a/mbarrier.cuh"
 #include "k3/backend/cuda/sm90a/mla_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
 
@@ -63,18 +64,6 @@ constexpr uint32_t kRope = 8 * kBlockBytes;              // a stage's rope colum
 constexpr int kXFloats = 8 * 64;
 constexpr size_t kSmemBytes = 1024 + 3 * kTileBytes + kXFloats * sizeof(float) + 4 * sizeof(uint64_t);
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 
@@ -192,7 +181,7 @@ __device__ __forceinline__ void pv_done_release(float (&o)[128], uint32_t empty_
   wgmma::wait<0>();
   wgmma::fence_regs(o);
   __syncwarp();
-  if ((threadIdx.x & 31) == 0) mbar_arrive(empty_bar);
+  if ((threadIdx.x & 31) == 0) mbar::arrive(empty_bar);
 }
 
 struct Ctx {
@@ -209,7 +198,7 @@ __device__ __forceinline__ void consume_even(const Ctx& c, float (&o)[128], Rows
   float* x_sum = c.x + 256;
   for (int i = 0; 2 * i < c.n_tiles; ++i) {
     const bool has1 = 2 * i + 1 < c.n_tiles;
-    mbar_wait(c.full0, i & 1);
+    mbar::wait(c.full0, i & 1);
     float s[32];
     issue_qk(s, c.sQ, c.kv0);
     wgmma::wait<0>();
@@ -252,7 +241,7 @@ __device__ __forceinline__ void consume_odd(const Ctx& c, float (&o)[128]) {
     const bool has1 = 2 * i + 1 < c.n_tiles;
     float s[32];
     if (has1) {
-      mbar_wait(c.full1, i & 1);
+      mbar::wait(c.full1, i & 1);
       issue_qk(s, c.sQ, c.kv1);  // runs while warpgroup 0 finishes its tile
     }
     bar_sync(kBarP0);
@@ -315,10 +304,10 @@ __global__ void __launch_bounds__(kThreads, 1)
               k1,        (k1 - k0 + kKeys - 1) / kKeys, row0,
               lane & 3,  scale_log2};
   if (threadIdx.x == 0) {
-    mbar_init(c.full0, 2);
-    mbar_init(c.full1, 2);
-    mbar_init(c.empty0, 8);
-    mbar_init(c.empty1, 8);
+    mbar::init(c.full0, 2);
+    mbar::init(c.full1, 2);
+    mbar::init(c.empty0, 8);
+    mbar::init(c.empty1, 8);
   }
   __syncthreads();
 
@@ -328,13 +317,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const MlaSeqRows rows_of = mla_seq_rows(pg, seq);
     const uint32_t dst = st ? c.kv1 : c.kv0, full = st ? c.full1 : c.full0, empty = st ? c.empty1 : c.empty0;
     for (int tile = st, u = 0; tile < c.n_tiles; tile += 2, ++u) {
-      if (u > 0) mbar_wait(empty, (u - 1) & 1);
+      if (u > 0) mbar::wait(empty, (u - 1) & 1);
       issue_half(dst, rows_of, k0 + kKeys * tile, k1, half);
       cp_async_commit();
       cp_async_wait<0>();
       wgmma::fence_proxy_async();  // this warp's copies -> the consumers' wgmma
       __syncwarp();
-      if (lane == 0) mbar_arrive(full);
+      if (lane == 0) mbar::arrive(full);
     }
     return;
   }
