@@ -838,26 +838,6 @@ TEST(CudaMoe, RingMatchesSharedFormSmall) {
   expect_ring_matches_shared_form({{tiny_shapes()[1], 257}, {tiny_shapes()[5], 130}}, 1700, " (small)");
 }
 
-// The ring's opt-in variants (moe_prefill_ring.cu, read at each launch): the transposed grid (K3_RING_GRID=col), tile
-// widths in steps of 8 pairs above 64 (K3_RING_WIDTHS=8; K3's QAT bank at n = 4096 has ~73 pairs an expert: the n72 ..
-// n88 tiles) and the warp-specialised body (K3_RING_WS=1: a producer warpgroup and mbarriers; it needs X, I multiples
-// of 128, which both banks here have), alone and together, against the shared-memory form as the default ring is.
-TEST(CudaMoe, RingVariantsMatchSharedForm) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Variant { const char* grid; const char* widths; const char* ws; const char* what; };
-  for (const Variant& v : {Variant{"col", nullptr, nullptr, " (col grid)"}, Variant{nullptr, "8", nullptr, " (widths 8)"},
-                           Variant{"col", "8", nullptr, " (col grid, widths 8)"}, Variant{nullptr, nullptr, "1", " (ws)"},
-                           Variant{"col", "8", "1", " (ws, col grid, widths 8)"}}) {
-    v.grid ? setenv("K3_RING_GRID", v.grid, 1) : unsetenv("K3_RING_GRID");
-    v.widths ? setenv("K3_RING_WIDTHS", v.widths, 1) : unsetenv("K3_RING_WIDTHS");
-    v.ws ? setenv("K3_RING_WS", v.ws, 1) : unsetenv("K3_RING_WS");
-    expect_ring_matches_shared_form({{tiny_shapes()[5], 130}, {kK3Qat, 4096}}, 1900, v.what);
-  }
-  unsetenv("K3_RING_GRID");
-  unsetenv("K3_RING_WIDTHS");
-  unsetenv("K3_RING_WS");
-}
-
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

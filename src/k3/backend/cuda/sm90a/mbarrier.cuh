@@ -1,6 +1,7 @@
 // Shared-memory mbarriers (PTX ISA "mbarrier") for the warp-specialised Hopper kernels in this folder: a producer
 // signals a stage full, its consumers signal it empty, each side waiting on the other's phase parity. Used by the
-// MLA decode kernel (mla_decode_wgmma.cu) and the ring form's warp-specialised body (moe_prefill_ring.cu).
+// MLA decode kernel (mla_decode_wgmma.cu); session 63's warp-specialised ring body used them too (measured slower in
+// s63-1 and removed: docs/perf/cuda.md "Session 63").
 #pragma once
 #include <cstdint>
 

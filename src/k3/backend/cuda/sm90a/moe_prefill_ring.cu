@@ -27,7 +27,6 @@
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp8_quant.cuh"
 #include "k3/backend/cuda/smem_ptx.cuh"
-#include "k3/backend/cuda/sm90a/mbarrier.cuh"
 #include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
 
@@ -45,16 +44,11 @@ struct RingArgs {
   int64_t in_plane = 0;           // elements from the hi plane to the lo plane
   uint16_t* hidden = nullptr;     // gate+up: its GLU outputs as such planes [P][I]
   int64_t hidden_plane = 0;
-  // Grid order: 0 = blockIdx.x the plan tile, blockIdx.y the column (gate+up) / row (down) block; 1 = the transpose, so
-  // that a tile's column blocks run side by side and read its activation rows from the L2 (K3_RING_GRID=col; call
-  // s62-2's ncu had DRAM at 50% in this tensor-bound kernel: x's rows fetched again by each of a tile's 24 blocks).
-  int col_major = 0;
-  // Tile widths (the MMA's N) in steps of 8 pairs above 64 instead of 16 / 32 (K3_RING_WIDTHS=8): K3 at 4096 tokens has
-  // 60-90 pairs an expert, whose padding is ~9% of the tensor pipe's work at the coarse steps, ~5% at 8.
-  int fine_widths = 0;
-  // The warp-specialised body (K3_RING_WS=1, ring_body_ws): a producer warp fills the ring and mbarriers pace it, so
-  // the 16 MMA warps never meet at a block barrier (call s62-2's ncu: the barrier is the ring's bound at bf16x2).
-  int ws = 0;
+  // Grid order: 1 (launch_ring_one's choice) = blockIdx.x the column (gate+up) / row (down) block, blockIdx.y the plan
+  // tile, so that a tile's blocks run side by side and read its activation rows from the L2: call s62-2's ncu had DRAM
+  // at 50% in this tensor-bound kernel, x's rows fetched again by each of a tile's 24 blocks; in s63-1 21% and the
+  // experts -8% (bf16x2) / -10% (bf16) at K3's 4096 tokens. 0 = the transpose, for more than 65535 tiles (gridDim.y).
+  int col_major = 1;
 };
 
 __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
@@ -64,11 +58,6 @@ __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
 }
 __device__ __forceinline__ void st_shared_u16(uint32_t dst, uint32_t v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(static_cast<unsigned short>(v)) : "memory");
-}
-__device__ __forceinline__ int ld_shared_s32(uint32_t src) {
-  int v;
-  asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(src));
-  return v;
 }
 __device__ __forceinline__ uint32_t ld_shared_u8(uint32_t src) {
   uint32_t v;
@@ -86,10 +75,6 @@ __device__ __forceinline__ uint64_t ring_desc(uint32_t lo) {
 }
 
 extern __shared__ __align__(1024) uint8_t moe_ring_smem[];
-
-constexpr int kRingThreads = 512;  // the MMA warps (four warpgroups); ring_body_ws adds a producer warp
-// The MMA warps' barrier (named barrier 1 of 512 threads): the epilogue's exchanges, without the producer warp.
-__device__ __forceinline__ void mma_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kRingThreads) : "memory"); }
 
 // One GLU output into the hidden planes at element idx: bf16 hi, and with SPLIT the bf16 of what it leaves (the same
 // values and rounding the other forms stage from fp32).
@@ -119,6 +104,7 @@ __global__ void ring_planes_kernel(const float* __restrict__ x, int64_t groups, 
   if constexpr (SPLIT) reinterpret_cast<uint4*>(out + plane)[gi] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
 }
 
+constexpr int kRingThreads = 512;
 constexpr int kRingPairs = 128;
 constexpr int kRingXBytes = kRingPairs * 128;
 template <bool SPLIT>
@@ -146,7 +132,7 @@ __device__ __forceinline__ void glu_mxfp8(const RingArgs& r, float* xch, int row
   const int tid = threadIdx.x, lane = tid & 31;
 #pragma unroll 1
   for (int l = tid; l < E; l += kRingThreads) xch[l] = moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta);
-  mma_warps_sync();
+  __syncthreads();
 #pragma unroll 1
   for (int wb = tid >> 5; wb < 2 * NN; wb += kRingThreads / 32) {  // warp-uniform: whole warps take a block
     const int p = wb >> 1, rr = 32 * (wb & 1) + lane;  // pair, row in the half
@@ -179,7 +165,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
 #pragma unroll
         for (int i = 0; i < NN / 2; ++i) dst[i * 128 + (tid & 127)] = acc[i];
       }
-      mma_warps_sync();
+      __syncthreads();
       if constexpr (MX8) {
         glu_mxfp8<SPLIT, NN>(r, xch, n0 + 64 * h, start, cnt);
       } else {
@@ -193,7 +179,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
                               moe_dev::glu(xch[l], xch[E + l], a.act, a.beta, a.lbeta));
         }
       }
-      mma_warps_sync();  // the next pass's sums overwrite these
+      __syncthreads();  // the next pass's sums overwrite these
     }
   } else {
     const int wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c2 = (lane & 3) * 2;
@@ -332,243 +318,39 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
 }
 
-// ------------------------------------------------------------------------------------- the warp-specialised body
-// K3_RING_WS=1 (opt-in until measured). Why: in ring_body every thread copies and computes, so the 16 MMA warps meet at
-// a block barrier every chunk (call s62-2's ncu of gate+up at bf16x2: barrier the largest stall, the tensor pipe busy
-// 54% of the time, the issue slots 45%). Here a fifth warpgroup fills the ring and mbarriers pace it: stage i's `full`
-// barrier completes when chunk kc's bytes have landed there (one arrival a producer warp), its `empty` barrier
-// when all 16 MMA warps are done with it (one arrival a warp, after the wait for its wgmmas on the chunk), so a warp
-// waits only for the data it reads next and the producer only for a free stage.
-// The producer waits for a chunk's copies kWsLag chunks after issuing them, then fences them to the async proxy (the
-// MMA warps' wgmmas read them) before the arrival -- the MLA decode kernel's pattern, which racecheck cannot follow
-// through the mbarriers (mla_decode_wgmma.cu) but synccheck does. Scales: four bytes a row (chunks 2 m and 2 m + 1) by
-// one 4-byte copy each chunk, so the body needs cols % 128 == 0 and 4-byte aligned scale rows (ring_ws_supports).
-constexpr int kWsThreads = kRingThreads + 128;  // + the producer warpgroup
-constexpr int kWsLag = 2;  // chunks in flight a producer lane before it waits for the oldest
-// Registers (setmaxnreg): an SM sub-partition holds one warp of each warpgroup, and the block starts with 96 a thread
-// (65536 / 640 rounded down to 8), so 4 x 104 + 64 is all a sub-partition's warps can have (setmaxnreg.inc waits for
-// registers the producer's dec frees). 104 spill a few in the n128 body's decode (16-24 bytes), none below.
-constexpr int kWsMmaRegs = 104, kWsProducerRegs = 64;
-static_assert(4 * kWsMmaRegs + kWsProducerRegs <= 5 * (65536 / kWsThreads / 8 * 8), "the producer's registers fund the MMA warps'");
-template <bool SPLIT>
-constexpr int ws_stage_bytes() {
-  return ((SPLIT ? 2 : 1) * kRingXBytes + kRows * kWRowBytes + kRows * 4 + 1023) / 1024 * 1024;
-}
-template <bool SPLIT>
-constexpr int ws_smem_bytes() {  // + the full and empty barriers, the tile's source rows
-  return 1024 + kStages * ws_stage_bytes<SPLIT>() + 2 * kStages * 8 + kRingPairs * 4;
-}
-static_assert(ws_smem_bytes<true>() <= 227 * 1024, "one block an SM");
-
-__device__ __forceinline__ void cp_async4_or_zero(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-
-// The producer warpgroup: chunk j into stage j % kStages once the MMA warps have freed it (chunk j - kStages's empty
-// phase). Warp pw (0..3), lane l copies: the 16-byte piece l % 8 of the tile's pairs l / 8 + 4 (pw + 4 i) (each plane;
-// their source rows from `rowtab`); the 16-byte half l % 2 of weight rows l / 2 + 16 (pw + 4 i); the 4 scale bytes of
-// rows l + 32 (pw + 4 i). Rows past the matrix and pairs past the tile are zero-filled. Everything is recomputed each
-// chunk from the lane: the warpgroup runs on 64 registers.
-template <int NMAT, bool SPLIT, int NN>
-__device__ __forceinline__ void ws_produce(const RingArgs& r, int e, int cnt, int n0, uint32_t base, uint32_t bars, uint32_t rowtab) {
-  constexpr int NS = SPLIT ? 2 : 1, S = kStages, NP = NN / 4;
-  constexpr uint32_t SB = ws_stage_bytes<SPLIT>();
-  const TileArgs& a = r.t;
-  const int lane = threadIdx.x & 31, pw = (threadIdx.x >> 5) & 3, rows = a.rows, cols = a.cols, nk = cols / kKc;
-  const int64_t wexp = static_cast<int64_t>(e) * rows;  // expert e's first row
-  const uint32_t full0 = bars, empty0 = bars + 8 * S;
-  auto arrive_full = [&](int j) {  // chunk j's copies (this lane's) landed: to the async proxy, then one arrival a warp
-    wgmma::fence_proxy_async();
-    __syncwarp();
-    if (lane == 0) mbar::arrive(full0 + 8 * (j % S));
-  };
-#pragma unroll 1
-  for (int j = 0; j < nk; ++j) {
-    const int si = j % S;
-    if (j >= S) mbar::wait(empty0 + 8 * si, (j / S - 1) & 1);
-    const uint32_t st = base + si * SB;
-#pragma unroll
-    for (int i = 0; i < (NP + 3) / 4; ++i) {
-      const int ip = pw + 4 * i, p = (lane >> 3) + 4 * ip;
-      if (ip < NP) {
-        const bool ok = p < cnt;
-        const uint16_t* src = r.in + static_cast<int64_t>(ok ? ld_shared_s32(rowtab + 4 * p) : 0) * cols + j * kKc + 8 * (lane & 7);
-#pragma unroll
-        for (int h = 0; h < NS; ++h) cp_async16_or_zero(st + h * kRingXBytes + swz(p, lane & 7), src + h * r.in_plane, ok);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // smem row rr: gate+up's rows 128.. are up's
-      const int rr = (lane >> 1) + 16 * (pw + 4 * i), gr = n0 + (NMAT == 2 ? rr & 127 : rr);
-      const uint8_t* m = static_cast<const uint8_t*>(NMAT == 2 && rr >= 128 ? a.w1 : a.w0);
-      cp_async16_or_zero(st + NS * kRingXBytes + rr * kWRowBytes + 16 * (lane & 1),
-                         m + (wexp + (gr < rows ? gr : 0)) * (cols / 2) + 16 * (lane & 1) + j * (kKc / 2), gr < rows);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int rr = lane + 32 * (pw + 4 * i), gr = n0 + (NMAT == 2 ? rr & 127 : rr);
-      const uint8_t* m = NMAT == 2 && rr >= 128 ? a.s1 : a.s0;
-      cp_async4_or_zero(st + NS * kRingXBytes + kRows * kWRowBytes + 4 * rr,
-                        m + (wexp + (gr < rows ? gr : 0)) * (cols / 32) + 2 * (j & ~1), gr < rows);
-    }
-    cp_async_commit();
-    if (j >= kWsLag) {
-      cp_async_wait<kWsLag>();
-      arrive_full(j - kWsLag);
-    }
-  }
-  cp_async_wait<0>();
-#pragma unroll 1
-  for (int j = nk > kWsLag ? nk - kWsLag : 0; j < nk; ++j) arrive_full(j);
-}
-
-// The MMA warps of the warp-specialised body. One fragment set (the producer warpgroup leaves each MMA warp 104
-// registers; two sets, as ring_body keeps, spilled even at 120): chunk kc's wgmmas issued, chunk kc + 1's bytes read from its stage as
-// they run, then the wait for them (their stage released) and chunk kc + 1's decode. A warpgroup's tensor work pauses
-// for that decode, but with no block barrier the four warpgroups drift apart and the other three keep the pipe fed.
-template <int NMAT, bool SPLIT, int NN, bool MX8>
-__device__ __forceinline__ void ws_consume(const RingArgs& r, int start, int cnt, int n0, uint32_t base, uint32_t bars) {
-  constexpr int NS = SPLIT ? 2 : 1, S = kStages;
-  constexpr uint32_t SB = ws_stage_bytes<SPLIT>();
-  const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int nk = r.t.cols / kKc;
-  const uint32_t full0 = bars, empty0 = bars + 8 * S;
-  const uint32_t wrow0 = NS * kRingXBytes + (64 * wg + 16 * wq + g) * kWRowBytes + 8 * c;
-  const uint32_t srow0 = NS * kRingXBytes + kRows * kWRowBytes + 4 * (64 * wg + 16 * wq + g) + (c >> 1);
-  uint2 w[2];
-  uint32_t sb[2];
-  auto load = [&](uint32_t stage, int kc) {  // this thread's two rows' bytes and scales of chunk kc
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      w[h] = ptx::lds64(stage + wrow0 + 8 * h * kWRowBytes);
-      sb[h] = ld_shared_u8(stage + srow0 + 32 * h + 2 * (kc & 1));
-    }
-  };
-  float acc[NN / 2];
-#pragma unroll
-  for (int i = 0; i < NN / 2; ++i) acc[i] = 0.f;
-  uint32_t af[4][4];
-  mbar::wait(full0, 0);
-  load(base, 0);
-  decode_a_frags_bits(af, w, sb);
-  int si = 0;  // chunk kc's stage
-#pragma unroll 1
-  for (int kc = 0; kc < nk; ++kc) {
-    wgmma::fence_regs(acc);
-    wgmma::fence();
-    const uint32_t d0 = desc_lo(base + si * SB);
-#pragma unroll
-    for (int st = 0; st < kKc / 16; ++st)
-#pragma unroll
-      for (int h = 0; h < NS; ++h) mma_rs<NN>(acc, af[st], ring_desc(d0 + (h * kRingXBytes + st * 32) / 16));
-    wgmma::commit();
-    const int sn = si + 1 == S ? 0 : si + 1;
-    if (kc + 1 < nk) {
-      mbar::wait(full0 + 8 * sn, ((kc + 1) / S) & 1);
-      load(base + sn * SB, kc + 1);
-    }
-    wgmma::wait<0>();
-    wgmma::fence_regs(acc);
-    keep_frags(af);  // read by the wgmmas until here: not reused before the wait
-    __syncwarp();
-    if (lane == 0) mbar::arrive(empty0 + 8 * si);  // chunk kc's stage: its decode and wgmmas done
-    __syncwarp();
-    if (kc + 1 < nk) decode_a_frags_bits(af, w, sb);
-    si = sn;
-  }
-  mma_warps_sync();  // every MMA warp done with the ring: its memory is the GLU's exchange buffer next
-  store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
-}
-
-template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8>
-__device__ __forceinline__ void ring_body_ws(const RingArgs& r, int e, int start, int cnt) {
-  const int n0 = (r.col_major ? blockIdx.x : blockIdx.y) * (NMAT == 2 ? kRows / 2 : kRows);
-  const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(moe_ring_smem)) + 1023u) & ~1023u;
-  const uint32_t bars = base + kStages * ws_stage_bytes<SPLIT>(), rowtab = bars + 2 * kStages * 8;
-  if (threadIdx.x < kStages) {
-    mbar::init(bars + 8 * threadIdx.x, 4);                              // full: one arrival a producer warp
-    mbar::init(bars + 8 * (kStages + threadIdx.x), kRingThreads / 32);  // empty: one arrival an MMA warp
-  }
-  if (threadIdx.x < static_cast<unsigned>(min(cnt, NN))) {  // the tile's activation rows (x by token, hidden by slot)
-    const int p = threadIdx.x;
-    st_shared4(rowtab + 4 * p, static_cast<uint32_t>(GATHER ? r.t.sorted[start + p] / r.t.K : start + p));
-  }
-  __syncthreads();
-  // Warp-uniform by construction (a shuffle from lane 0): ptxas must see the roles' branches as uniform.
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
-  if (warp >= kRingThreads / 32) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs));
-    ws_produce<NMAT, SPLIT, NN>(r, e, cnt, n0, base, bars, rowtab);
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsMmaRegs));
-    ws_consume<NMAT, SPLIT, NN, MX8>(r, start, cnt, n0, base, bars);
-  }
-}
-
-// One body of a tile width: the barrier-paced ring (ring_body) or the warp-specialised one (ring_body_ws).
-template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8, bool WS>
-__device__ __forceinline__ void body(const RingArgs& r, int e, int start, int cnt) {
-  if constexpr (WS)
-    ring_body_ws<NMAT, GATHER, SPLIT, NN, MX8>(r, e, start, cnt);
-  else
-    ring_body<NMAT, GATHER, SPLIT, NN, MX8>(r, e, start, cnt);
-}
-
-template <int NMAT, bool GATHER, bool SPLIT, bool MX8, bool WS>
-__global__ void __launch_bounds__(WS ? kWsThreads : kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
+template <int NMAT, bool GATHER, bool SPLIT, bool MX8>
+__global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
   const int tile = static_cast<int>(r.col_major ? blockIdx.y : blockIdx.x);
   if (tile >= *r.t.num_tiles) return;
   const int4 td = r.t.tiles[tile];
-  // The tile's width (the MMA's N): the pairs rounded up to 16, 32, 64, 80, 96 or 128 (K3 at 4096 tokens: ~73 pairs
-  // an expert, n80), or with fine_widths to a multiple of 16 up to 64 and of 8 above.
+  // The tile's width (the MMA's N): the pairs rounded up to a multiple of 16 (K3 at 4096 tokens: ~73 pairs an expert,
+  // n80; at 2048, ~36: n48, which s63-1 measured at -5% on the experts against the n64 this took before; steps of 8
+  // above 64 gained nothing at 4096 and were dropped).
   const int z = td.z;
-  const int nn = r.fine_widths ? (z <= 64 ? (z + 15) / 16 * 16 : (z + 7) / 8 * 8)
-                               : (z <= 32 ? (z + 15) / 16 * 16 : z <= 64 ? 64 : z <= 96 ? (z + 15) / 16 * 16 : 128);
-  switch (nn) {
-    case 16: return body<NMAT, GATHER, SPLIT, 16, MX8, WS>(r, td.x, td.y, z);
-    case 32: return body<NMAT, GATHER, SPLIT, 32, MX8, WS>(r, td.x, td.y, z);
-    case 48: return body<NMAT, GATHER, SPLIT, 48, MX8, WS>(r, td.x, td.y, z);
-    case 64: return body<NMAT, GATHER, SPLIT, 64, MX8, WS>(r, td.x, td.y, z);
-    case 72: return body<NMAT, GATHER, SPLIT, 72, MX8, WS>(r, td.x, td.y, z);
-    case 80: return body<NMAT, GATHER, SPLIT, 80, MX8, WS>(r, td.x, td.y, z);
-    case 88: return body<NMAT, GATHER, SPLIT, 88, MX8, WS>(r, td.x, td.y, z);
-    case 96: return body<NMAT, GATHER, SPLIT, 96, MX8, WS>(r, td.x, td.y, z);
-    case 104: return body<NMAT, GATHER, SPLIT, 104, MX8, WS>(r, td.x, td.y, z);
-    case 112: return body<NMAT, GATHER, SPLIT, 112, MX8, WS>(r, td.x, td.y, z);
-    case 120: return body<NMAT, GATHER, SPLIT, 120, MX8, WS>(r, td.x, td.y, z);
-    default: return body<NMAT, GATHER, SPLIT, 128, MX8, WS>(r, td.x, td.y, z);
+  switch ((z + 15) / 16 * 16) {
+    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
+    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
+    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
+    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
+    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
+    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
+    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
+    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
   }
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
-// ring_body_ws's 4-byte scale copies (two chunks' bytes a row, at 2 (kc & ~1)): every scale row 4-byte aligned.
-bool ring_ws_supports(const ExpertBank& w) {
-  return w.X % 128 == 0 && w.I % 128 == 0 && aligned(w.gate_scales, 4) && aligned(w.up_scales, 4) && aligned(w.down_scales, 4);
-}
-// The opt-in variants (RingArgs::col_major: K3_RING_GRID=col; fine_widths: K3_RING_WIDTHS=8), read at each launch (a
-// getenv next to two kernel launches costs nothing) so that one test process can run every variant.
-bool env_is(const char* name, const char* value) {
-  const char* s = std::getenv(name);
-  return s != nullptr && std::strcmp(s, value) == 0;
-}
-
-// grid: (tiles, blocks of the tile); RingArgs::col_major launches its transpose.
-template <int NMAT, bool GATHER, bool SPLIT, bool MX8, bool WS>
-cudaError_t launch_ring_kernel(const RingArgs& r, dim3 grid, cudaStream_t stream) {
-  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, WS>;
-  constexpr int smem = WS ? ws_smem_bytes<SPLIT>() : ring_smem_bytes<SPLIT>();
-  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return attr;
-  k<<<grid, WS ? kWsThreads : kRingThreads, smem, stream>>>(r);
-  return cudaGetLastError();
-}
+// grid: (tiles, blocks of the tile), launched transposed (RingArgs::col_major) unless the tiles exceed gridDim.y.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
 cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
   r.col_major = r.col_major && grid.x <= 65535u;  // the tiles on gridDim.y (at most 65535)
   if (r.col_major) grid = dim3(grid.y, grid.x);
-  return r.ws ? launch_ring_kernel<NMAT, GATHER, SPLIT, MX8, true>(r, grid, stream)
-              : launch_ring_kernel<NMAT, GATHER, SPLIT, MX8, false>(r, grid, stream);
+  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8>;
+  constexpr int smem = ring_smem_bytes<SPLIT>();
+  const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  k<<<grid, kRingThreads, smem, stream>>>(r);
+  return cudaGetLastError();
 }
 
 template <bool SPLIT, bool MX8>
@@ -583,17 +365,17 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
-  const int col = env_is("K3_RING_GRID", "col"), fine = env_is("K3_RING_WIDTHS", "8");
-  const int ws = env_is("K3_RING_WS", "1") && ring_ws_supports(w);
-  RingArgs gu{gate_up, xp, xplane, hp, hplane, col, fine, ws};
+  RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
-  RingArgs dn{d, hp, hplane, nullptr, 0, col, fine, ws};
+  RingArgs dn{d, hp, hplane, nullptr, 0};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
   return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
+
+bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 }  // namespace
 

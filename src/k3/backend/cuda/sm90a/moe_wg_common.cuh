@@ -33,11 +33,11 @@ __device__ __forceinline__ void st_shared4(uint32_t dst, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
 }
 
-// One m64nNNk16 MMA into the tile's accumulators: register A (the ring form's tiles take 16 .. 128 pairs, in steps of 8 above 64) or
+// One m64nNNk16 MMA into the tile's accumulators: register A (the ring form's tiles take 16 .. 128 pairs in steps of 16) or
 // shared-memory A (<= 64).
 template <int NN>
 __device__ __forceinline__ void mma_rs(float (&d)[NN / 2], const uint32_t (&a)[4], uint64_t db) {
-  static_assert(NN % 16 == 0 ? NN <= 128 : (NN > 64 && NN < 128 && NN % 8 == 0), "no such tile width");
+  static_assert(NN % 16 == 0 && NN <= 128, "no such tile width");
   wgmma::mma_rs<NN>(d, a, db);
 }
 template <int NN>

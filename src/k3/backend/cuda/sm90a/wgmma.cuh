@@ -37,7 +37,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[n]) {
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // The MMAs: CuTe's wgmma atoms (bf16 x bf16 -> fp32, A K-major), their operands spread from our register arrays.
-// Widths by N: shared-memory A (ss) 16, 32, 48, 64, 256; register A (rs) 16 .. 128 (steps of 8 above 64), 256.
+// Widths by N: shared-memory A (ss) 16, 32, 48, 64, 256; register A (rs) 16 .. 128 in steps of 16, 256.
 namespace gmma = cute::SM90::GMMA;
 template <int N, gmma::Major MB> struct Atoms;
 #define K3_WGMMA_ATOMS(N)                                                               \
@@ -49,13 +49,9 @@ K3_WGMMA_ATOMS(16)
 K3_WGMMA_ATOMS(32)
 K3_WGMMA_ATOMS(48)
 K3_WGMMA_ATOMS(64)
-K3_WGMMA_ATOMS(72)
 K3_WGMMA_ATOMS(80)
-K3_WGMMA_ATOMS(88)
 K3_WGMMA_ATOMS(96)
-K3_WGMMA_ATOMS(104)
 K3_WGMMA_ATOMS(112)
-K3_WGMMA_ATOMS(120)
 K3_WGMMA_ATOMS(128)
 K3_WGMMA_ATOMS(256)
 #undef K3_WGMMA_ATOMS
