@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 63's first call. Pack: scripts/gpu-pack-bins at the commit that adds K3_RING_WS (session 62's ring with its two
-# opt-in variants, plus session 63's warp-specialised body). One binary, env A/B:
+# Session 63's first call (ran as s63-1). Pack: scripts/gpu-pack-bins at bedda08 (session 62's ring with its two opt-in
+# variants, plus session 63's warp-specialised body; the env switches it sets are gone since bed7f19). One binary, env A/B:
 # 1. CudaMoe.Ring* (RingVariantsMatchSharedForm runs K3_RING_GRID=col, K3_RING_WIDTHS=8, both, K3_RING_WS=1 and all
 #    three) + the MXFP8 ring test, then that test again under K3_RING_WS=1 -- the variants' first run; synccheck of the
 #    small ring test under col+widths and under ws; 2. timing of the K3 QAT bank at n = 2048 / 4096 per variant;
