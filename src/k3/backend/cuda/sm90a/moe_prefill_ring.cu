@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp8_quant.cuh"
@@ -50,7 +51,7 @@ struct RingArgs {
   // at 50% in this tensor-bound kernel, x's rows fetched again by each of a tile's 24 blocks; in s63-1 21% and the
   // experts -8% (bf16x2) / -10% (bf16) at K3's 4096 tokens. 0 = the transpose, for more than 65535 tiles (gridDim.y).
   int col_major = 1;
-  // Opt-in (K3_RING_SYNC=mbar, session 63, not yet measured): the stages paced by full / empty mbarriers instead of the
+  // Opt-in (K3_RING_BARRIER=0, session 63, not yet measured): the stages paced by full / empty mbarriers instead of the
   // block barrier at each step (ring_body's MB form), so that a warp waits only for the chunk it decodes next and for
   // the stage it refills; s63-1's ncu of the col grid still had the barrier as a leading stall (1.09 cycles an issue).
   int mbar_sync = 0;
@@ -199,7 +200,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
 }
 
 // How ring_body's steps are paced. MB = false (the default): the block barrier at each step, each thread having waited
-// for its own copies first. MB = true (K3_RING_SYNC=mbar, RingArgs::mbar_sync): per-stage mbarriers after the ring --
+// for its own copies first. MB = true (K3_RING_BARRIER=0, RingArgs::mbar_sync): per-stage mbarriers after the ring --
 // `full` completes when all 512 threads' copies into the stage have landed (cp.async's own arrival) and their scale
 // stores are done (2 x 512 arrivals), `empty` when all 16 warps have waited for their wgmmas on it (one arrival a warp).
 template <bool MB, int S>
@@ -292,6 +293,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   constexpr uint32_t SB = ring_stage_bytes<SPLIT>();
   const uint32_t ring_end = base + S * SB;
   auto next_stage = [&](uint32_t sa) { return sa + SB == ring_end ? base : sa + SB; };
+  auto prev_stage = [&](uint32_t sa) { return sa == base ? ring_end - SB : sa - SB; };
   const uint32_t xo0 = swz(p, 2 * xq), xo1 = swz(p, 2 * xq + 1), wo = NS * kRingXBytes + crow * kWRowBytes + 16 * (tid & 1);
   const uint32_t so = NS * kRingXBytes + kRows * kWRowBytes + 2 * tid;
   const uint16_t* xp = xsrc;
@@ -376,7 +378,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
     wgmma::commit();
     wgmma::wait<1>();  // chunk kc - 1's wgmmas: nxt held its fragments
     keep_frags(nxt);
-    sync.released(kc, ms == base ? ring_end - SB : ms - SB);
+    sync.released(kc, prev_stage(ms));
     ms = next_stage(ms);
     if (kc + 1 < nk) {
       sync.before_decode(kc + 1, ms);
@@ -419,6 +421,9 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const Ring
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
+// The block barrier at each step (default) or the MB form (K3_RING_BARRIER=0; tests force either).
+EnvFlag g_block_barrier{"K3_RING_BARRIER"};
+
 // grid: (tiles, blocks of the tile), launched transposed (RingArgs::col_major) unless the tiles exceed gridDim.y.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
 cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
@@ -444,8 +449,7 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
-  const char* sync = std::getenv("K3_RING_SYNC");  // read at each launch: one test process runs both forms
-  const int mb = sync != nullptr && std::strcmp(sync, "mbar") == 0;
+  const int mb = !g_block_barrier.on();
   RingArgs gu{gate_up, xp, xplane, hp, hplane, 1, mb};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
@@ -476,6 +480,8 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 }
 
 int ring_tile_pairs() { return kRingPairs; }
+
+void force_ring_block_barrier_for_testing(std::optional<bool> on) { g_block_barrier.force(on); }
 
 bool ring_by_default() {
   static const bool v = [] {
