@@ -416,21 +416,166 @@ std::string plot_python() {
 // Set by main through the registry's argv (CLI11 does not keep the raw line); filled in add_bench.
 static std::string g_cmdline;
 
+namespace {
+// `k3 bench offline`'s options (flags below, in add_bench_offline).
+struct OfflineOptions {
+  std::string model, json_out;
+  DeviceOptions dev;
+  std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
+  int reps = 5;
+  int64_t seed = 0, ubatch = 0;
+  double mem_bw = 0, peak_tflops = 0;
+  bool drop_page_cache = false, fresh_tokens = false, no_warmup = false, host_logits = false;
+  std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
+  std::string grammar;      // --grammar: tg with host sampling, none | json_object
+};
+}  // namespace
+
+// --speculative-config: decode tok/s with speculation off / on through the engine, greedy, -n tokens per request,
+// -b requests at once, best of -r alternating repetitions.
+static int run_offline_speculative(const OfflineOptions& f, const std::string& dir, const k3::engine::SpeculativeConfig& spec) {
+  auto model = load_model(dir, f.dev);
+  auto tok = load_tokenizer(dir, f.dev);
+  check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
+  const auto draft = load_draft_model(spec, f.dev);
+  const auto drafter = load_block_drafter(spec, dir, f.dev, *model);
+  SpecBenchOptions so;
+  so.spec = spec;
+  so.draft = draft.get();
+  so.block_drafter = drafter.get();
+  so.batches = f.batch;
+  so.n_gen = f.tg.empty() ? 128 : std::max<int64_t>(f.tg[0], 2);
+  so.reps = std::max(f.reps, 1);
+  std::printf("speculative decoding %s, %s, %lld tokens per request, best of %d, %d threads\n\n",
+              k3::engine::describe(spec).c_str(), fs::path(dir).lexically_normal().filename().c_str(),
+              (long long)so.n_gen, so.reps, k3::ThreadPool::global().size());
+  const json rows = run_spec_bench(*model, tok, so);
+  if (!f.json_out.empty())
+    write_json(f.json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
+                             {"speculative_config", k3::engine::describe(spec)}, {"device", model->device_name()},
+                             {"threads", k3::ThreadPool::global().size()}, {"results", rows}});
+  return 0;
+}
+
+// The tg roofline's bandwidth: as given, or -1 (no roofline) where the config's bytes per token are not what the loaded
+// weights read; `loaded` gets the GGUF's bytes as bound on the CPU.
+static double decode_roofline_bandwidth(const OfflineOptions& f, const std::string& dir, const k3::ModelRunner& model, bool any_tg,
+                                        std::optional<k3::plan::LoadedWeightBytes>& loaded) {
+  double bw = f.mem_bw;
+  // The roofline's bytes per step come from the config (plan::decode_step_bytes: the checkpoint's BF16 /
+  // MXFP4 formats); a GGUF's block formats read other bytes: on the CPU they are counted from the bound
+  // weights, elsewhere (the device copies are the backend's) no roofline rather than a wrong one.
+  if (any_tg && k3::is_gguf_path(dir) && bw >= 0) {
+    if (const auto* cpu = dynamic_cast<const k3::Model*>(&model)) {
+      loaded = k3::bench::loaded_weight_bytes(cpu->weights());
+      std::fprintf(stderr, "k3 bench offline: decode roofline from the GGUF's weights as loaded: %.4f GB a token "
+                           "(non-routed) + %.4f GB an expert (all MoE layers)\n", loaded->non_routed / 1e9,
+                   loaded->per_expert / 1e9);
+    } else {
+      bw = -1;
+      std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF off the CPU (its bytes per token are not the config's)\n");
+    }
+  }
+  // The CPU's dummy matrices are views of shared pools (model/dummy_checkpoint.h): fewer distinct bytes than
+  // the config's, so a roofline would flatter it.
+  if (any_tg && f.dev.load_format == "dummy" && f.dev.device == "cpu" && bw >= 0) {
+    bw = -1;
+    std::fprintf(stderr, "k3 bench offline: no decode roofline for --load-format dummy on the CPU (its matrices share bytes; a GGUF written by "
+                         "`k3 quantize --load-format dummy` has its own bytes and gets one)\n");
+  }
+  return bw;
+}
+
+// pp / tg tests (llama-bench style), a table and the JSON.
+static int run_offline(const OfflineOptions& f, const std::string& dir) {
+  if (f.drop_page_cache) drop_checkpoint_pages(dir);
+  const k3::DiskCounters disk0 = k3::read_disk_counters();
+  const auto t_load = std::chrono::steady_clock::now();
+  auto model = load_model(dir, f.dev);
+  std::fprintf(stderr, "k3 bench offline: loaded in %.1f s; %s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
+               expert_cache_report(std::nullopt, disk0, 0).c_str());
+  // The numerics the rows below ran with (the table has no column for them; logs of A/B arms need them).
+  std::fprintf(stderr, "k3 bench offline: %s, kv-cache-dtype %s, mamba-ssm-cache-dtype %s, moe-activation-dtype %s%s\n",
+               model->device_name().c_str(), f.dev.kv_cache_dtype.c_str(), f.dev.mamba_ssm_cache_dtype.c_str(),
+               f.dev.moe_activation_dtype.c_str(), f.dev.device == "cpu" ? "" : (", gemm-precision " + f.dev.gemm).c_str());
+  auto tests = k3::bench::offline_tests(f.pp, f.tg, f.depth, f.batch);
+  for (auto& t : tests) t.ubatch = f.ubatch;
+  std::vector<k3::bench::OfflineResult> rs;
+  json arr = json::array();
+  std::string name = fs::path(dir).lexically_normal().filename().string();
+  if (f.dev.load_format == "dummy")
+    name = (f.dev.preset.empty() ? name : f.dev.preset) +
+           (f.dev.num_layers > 0 ? " " + std::to_string(f.dev.num_layers) + "L" : "") + " (dummy)";
+  const bool any_tg = std::any_of(tests.begin(), tests.end(), [](const auto& t) { return !t.prefill; });
+  std::optional<k3::plan::LoadedWeightBytes> loaded;
+  double bw = decode_roofline_bandwidth(f, dir, *model, any_tg, loaded);
+  // Measured here (not given): read again after each tg test, whose roofline takes the mean of the figures before
+  // and after it -- a shared host's memory rate moves by the minute (docs/perf/cpu.md session 45: 28-51 GB/s in
+  // four back-to-back rounds on the dev VM, the decode itself within 10%).
+  const bool measured_bw = bw == 0 && any_tg && f.dev.device == "cpu";
+  auto read_bw = [] {
+    // 1 GiB, median: with 512 MiB and the best pass the figure sometimes read 64-78 GB/s on a box whose
+    // 2 GiB reads give 45 (a cache of the host's, or another tenant's lull), which made `% of BW` look low.
+    const k3::bench::BandwidthResult m = k3::bench::measure_read_bandwidth(size_t{1024} << 20, 5);
+    std::fprintf(stderr, "k3 bench offline: memory read bandwidth %.1f GB/s (median of %d passes over %zu MiB, %d threads)\n",
+                 m.median_gb_s, m.passes, m.bytes >> 20, m.threads);
+    return m.median_gb_s;
+  };
+  if (measured_bw) bw = read_bw();
+  k3::bench::OfflineSampling sampling;
+  std::unique_ptr<k3::grammar::GrammarEngine> grammar;
+  if (f.grammar == "json_object") {
+    auto tok = load_tokenizer(dir, f.dev);
+    grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, model->config().vocab_size);
+    k3::grammar::GrammarSpec gs;
+    gs.kind = k3::grammar::GrammarSpec::Kind::JsonObject;
+    if (tok.eos_id() >= 0) gs.stop_ids.push_back(tok.eos_id());
+    sampling.grammar = grammar->compile(gs);
+  }
+  for (auto& t : tests) {
+    std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
+                 (long long)t.batch, k3::ThreadPool::global().size());
+    rs.push_back(k3::bench::run_offline_test(*model, t, f.reps, static_cast<uint64_t>(f.seed), f.fresh_tokens,
+                                             !f.no_warmup, f.grammar.empty() ? nullptr : &sampling, f.host_logits));
+    double test_bw = bw;
+    if (measured_bw && !t.prefill) {
+      const double after = read_bw();
+      test_bw = (bw + after) / 2;
+      if (std::abs(after - bw) > 0.2 * test_bw)
+        std::fprintf(stderr, "k3 bench offline: %s: the memory rate moved during the test (%.1f -> %.1f GB/s); %% of BW uses %.1f\n",
+                     t.name.c_str(), bw, after, test_bw);
+      bw = after;
+    }
+    k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), test_bw, loaded ? &*loaded : nullptr);
+    k3::bench::add_prefill_roofline(rs.back(), model->config(), f.peak_tflops);
+    if (sampling.grammar && !t.prefill) {
+      double total = 0;
+      for (double s : rs.back().seconds) total += s;
+      std::fprintf(stderr, "k3 bench offline: %s: filling grammar masks took %.1f ms of %.1f ms (%.2f%%)\n",
+                   t.name.c_str(), rs.back().mask_seconds * 1e3, total * 1e3,
+                   total > 0 ? 100.0 * rs.back().mask_seconds / total : 0.0);
+    }
+    json j = rs.back().to_json();
+    j["model"] = f.dev.load_format == "dummy" ? name : dir;  // dummy weights: the preset, not a directory
+    arr.push_back(j);
+  }
+  std::printf("%s", k3::bench::offline_table(rs, name).c_str());
+  if (!rs.empty() && (rs[0].io.have_disk || rs[0].io.have_experts))  // the timed repetitions' reads
+    std::printf("\n%s", k3::bench::offline_io_table(rs).c_str());
+  std::printf("\n%s", expert_cache_report(model->expert_cache_stats(), disk0, 0).c_str());  // since load
+  if (!f.json_out.empty()) write_json(f.json_out, {{"date", now_string()}, {"model", f.dev.load_format == "dummy" ? name : dir}, {"command", g_cmdline},
+                                                     {"method", f.host_logits || !f.grammar.empty()
+                                                                   ? "ModelRunner::forward_batch (logits to the host), one cache per sequence"
+                                                                   : "pp: ModelRunner::forward_batch; tg: forward_sample (greedy picks on the runner), one cache per sequence"}, {"device", model->device_name()},
+                                                     {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
+                                                     {"results", arr}});
+  return 0;
+}
+
 // `k3 bench offline`: llama-bench-style pp/tg throughput of the forward pass (no HTTP, no scheduler).
 static void add_bench_offline(CLI::App* bench, Registry& reg) {
   // ---- offline
-  struct OffOpts {
-    std::string model, json_out;
-    DeviceOptions dev;
-    std::vector<int64_t> pp{512}, tg{128}, depth{0}, batch{1};
-    int reps = 5;
-    int64_t seed = 0, ubatch = 0;
-    double mem_bw = 0, peak_tflops = 0;
-    bool drop_page_cache = false, fresh_tokens = false, no_warmup = false, host_logits = false;
-    std::string speculative;  // --speculative-config: the speculative decode test instead of pp/tg
-    std::string grammar;      // --grammar: tg with host sampling, none | json_object
-  };
-  auto f = std::make_shared<OffOpts>();
+  auto f = std::make_shared<OfflineOptions>();
   auto* off = bench->add_subcommand("offline", "Engine throughput without HTTP (llama-bench style pp/tg tok/s)");
   off->add_option("-m,--model", f->model, "HF checkpoint directory or GGUF file (default: the built-in model)");
   add_device_options(off, f->dev);
@@ -472,137 +617,9 @@ static void add_bench_offline(CLI::App* bench, Registry& reg) {
     reg.action = [f] {
       const auto spec = k3::engine::parse_speculative_config(f->speculative);  // before the model loads
       const std::string dir = resolve_model_dir(f->model);
-      if (spec) {
-        // Decode tok/s with speculation off / on through the engine, greedy, -n tokens per request,
-        // -b requests at once, best of -r alternating repetitions.
-        auto model = load_model(dir, f->dev);
-        auto tok = load_tokenizer(dir, f->dev);
-        check_tokenizer_fits(tok.n_vocab(), model->config().vocab_size);
-        const auto draft = load_draft_model(spec, f->dev);
-        const auto drafter = load_block_drafter(spec, dir, f->dev, *model);
-        SpecBenchOptions so;
-        so.spec = *spec;
-        so.draft = draft.get();
-        so.block_drafter = drafter.get();
-        so.batches = f->batch;
-        so.n_gen = f->tg.empty() ? 128 : std::max<int64_t>(f->tg[0], 2);
-        so.reps = std::max(f->reps, 1);
-        std::printf("speculative decoding %s, %s, %lld tokens per request, best of %d, %d threads\n\n",
-                    k3::engine::describe(*spec).c_str(), fs::path(dir).lexically_normal().filename().c_str(),
-                    (long long)so.n_gen, so.reps, k3::ThreadPool::global().size());
-        const json rows = run_spec_bench(*model, tok, so);
-        if (!f->json_out.empty())
-          write_json(f->json_out, {{"date", now_string()}, {"model", dir}, {"command", g_cmdline},
-                                   {"speculative_config", k3::engine::describe(*spec)}, {"device", model->device_name()},
-                                   {"threads", k3::ThreadPool::global().size()}, {"results", rows}});
-        return 0;
-      }
-      if (f->drop_page_cache) drop_checkpoint_pages(dir);
-      const k3::DiskCounters disk0 = k3::read_disk_counters();
-      const auto t_load = std::chrono::steady_clock::now();
-      auto model = load_model(dir, f->dev);
-      std::fprintf(stderr, "k3 bench offline: loaded in %.1f s; %s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count(),
-                   expert_cache_report(std::nullopt, disk0, 0).c_str());
-      // The numerics the rows below ran with (the table has no column for them; logs of A/B arms need them).
-      std::fprintf(stderr, "k3 bench offline: %s, kv-cache-dtype %s, mamba-ssm-cache-dtype %s, moe-activation-dtype %s%s\n",
-                   model->device_name().c_str(), f->dev.kv_cache_dtype.c_str(), f->dev.mamba_ssm_cache_dtype.c_str(),
-                   f->dev.moe_activation_dtype.c_str(), f->dev.device == "cpu" ? "" : (", gemm-precision " + f->dev.gemm).c_str());
-      auto tests = k3::bench::offline_tests(f->pp, f->tg, f->depth, f->batch);
-      for (auto& t : tests) t.ubatch = f->ubatch;
-      std::vector<k3::bench::OfflineResult> rs;
-      json arr = json::array();
-      std::string name = fs::path(dir).lexically_normal().filename().string();
-      if (f->dev.load_format == "dummy")
-        name = (f->dev.preset.empty() ? name : f->dev.preset) +
-               (f->dev.num_layers > 0 ? " " + std::to_string(f->dev.num_layers) + "L" : "") + " (dummy)";
-      double bw = f->mem_bw;
-      const bool any_tg = std::any_of(tests.begin(), tests.end(), [](const auto& t) { return !t.prefill; });
-      // The roofline's bytes per step come from the config (plan::decode_step_bytes: the checkpoint's BF16 /
-      // MXFP4 formats); a GGUF's block formats read other bytes: on the CPU they are counted from the bound
-      // weights, elsewhere (the device copies are the backend's) no roofline rather than a wrong one.
-      std::optional<k3::plan::LoadedWeightBytes> loaded;
-      if (any_tg && k3::is_gguf_path(dir) && bw >= 0) {
-        if (const auto* cpu = dynamic_cast<const k3::Model*>(model.get())) {
-          loaded = k3::bench::loaded_weight_bytes(cpu->weights());
-          std::fprintf(stderr, "k3 bench offline: decode roofline from the GGUF's weights as loaded: %.4f GB a token "
-                               "(non-routed) + %.4f GB an expert (all MoE layers)\n", loaded->non_routed / 1e9,
-                       loaded->per_expert / 1e9);
-        } else {
-          bw = -1;
-          std::fprintf(stderr, "k3 bench offline: no decode roofline for a GGUF off the CPU (its bytes per token are not the config's)\n");
-        }
-      }
-      // The CPU's dummy matrices are views of shared pools (model/dummy_checkpoint.h): fewer distinct bytes than
-      // the config's, so a roofline would flatter it.
-      if (any_tg && f->dev.load_format == "dummy" && f->dev.device == "cpu" && bw >= 0) {
-        bw = -1;
-        std::fprintf(stderr, "k3 bench offline: no decode roofline for --load-format dummy on the CPU (its matrices share bytes; a GGUF written by "
-                             "`k3 quantize --load-format dummy` has its own bytes and gets one)\n");
-      }
-      // Measured here (not given): read again after each tg test, whose roofline takes the mean of the figures before
-      // and after it -- a shared host's memory rate moves by the minute (docs/perf/cpu.md session 45: 28-51 GB/s in
-      // four back-to-back rounds on the dev VM, the decode itself within 10%).
-      const bool measured_bw = bw == 0 && any_tg && f->dev.device == "cpu";
-      auto read_bw = [] {
-        // 1 GiB, median: with 512 MiB and the best pass the figure sometimes read 64-78 GB/s on a box whose
-        // 2 GiB reads give 45 (a cache of the host's, or another tenant's lull), which made `% of BW` look low.
-        const k3::bench::BandwidthResult m = k3::bench::measure_read_bandwidth(size_t{1024} << 20, 5);
-        std::fprintf(stderr, "k3 bench offline: memory read bandwidth %.1f GB/s (median of %d passes over %zu MiB, %d threads)\n",
-                     m.median_gb_s, m.passes, m.bytes >> 20, m.threads);
-        return m.median_gb_s;
-      };
-      if (measured_bw) bw = read_bw();
-      k3::bench::OfflineSampling sampling;
-      std::unique_ptr<k3::grammar::GrammarEngine> grammar;
-      if (f->grammar == "json_object") {
-        auto tok = load_tokenizer(dir, f->dev);
-        grammar = std::make_unique<k3::grammar::GrammarEngine>(tok, model->config().vocab_size);
-        k3::grammar::GrammarSpec gs;
-        gs.kind = k3::grammar::GrammarSpec::Kind::JsonObject;
-        if (tok.eos_id() >= 0) gs.stop_ids.push_back(tok.eos_id());
-        sampling.grammar = grammar->compile(gs);
-      }
-      for (auto& t : tests) {
-        std::fprintf(stderr, "k3 bench offline: %s depth %lld batch %lld, %d threads ...\n", t.name.c_str(), (long long)t.depth,
-                     (long long)t.batch, k3::ThreadPool::global().size());
-        rs.push_back(k3::bench::run_offline_test(*model, t, f->reps, static_cast<uint64_t>(f->seed), f->fresh_tokens,
-                                                 !f->no_warmup, f->grammar.empty() ? nullptr : &sampling, f->host_logits));
-        double test_bw = bw;
-        if (measured_bw && !t.prefill) {
-          const double after = read_bw();
-          test_bw = (bw + after) / 2;
-          if (std::abs(after - bw) > 0.2 * test_bw)
-            std::fprintf(stderr, "k3 bench offline: %s: the memory rate moved during the test (%.1f -> %.1f GB/s); %% of BW uses %.1f\n",
-                         t.name.c_str(), bw, after, test_bw);
-          bw = after;
-        }
-        k3::bench::add_decode_roofline(rs.back(), model->config(), model->cache_spec(), test_bw, loaded ? &*loaded : nullptr);
-        k3::bench::add_prefill_roofline(rs.back(), model->config(), f->peak_tflops);
-        if (sampling.grammar && !t.prefill) {
-          double total = 0;
-          for (double s : rs.back().seconds) total += s;
-          std::fprintf(stderr, "k3 bench offline: %s: filling grammar masks took %.1f ms of %.1f ms (%.2f%%)\n",
-                       t.name.c_str(), rs.back().mask_seconds * 1e3, total * 1e3,
-                       total > 0 ? 100.0 * rs.back().mask_seconds / total : 0.0);
-        }
-        json j = rs.back().to_json();
-        j["model"] = f->dev.load_format == "dummy" ? name : dir;  // dummy weights: the preset, not a directory
-        arr.push_back(j);
-      }
-      std::printf("%s", k3::bench::offline_table(rs, name).c_str());
-      if (!rs.empty() && (rs[0].io.have_disk || rs[0].io.have_experts))  // the timed repetitions' reads
-        std::printf("\n%s", k3::bench::offline_io_table(rs).c_str());
-      std::printf("\n%s", expert_cache_report(model->expert_cache_stats(), disk0, 0).c_str());  // since load
-      if (!f->json_out.empty()) write_json(f->json_out, {{"date", now_string()}, {"model", f->dev.load_format == "dummy" ? name : dir}, {"command", g_cmdline},
-                                                         {"method", f->host_logits || !f->grammar.empty()
-                                                                       ? "ModelRunner::forward_batch (logits to the host), one cache per sequence"
-                                                                       : "pp: ModelRunner::forward_batch; tg: forward_sample (greedy picks on the runner), one cache per sequence"}, {"device", model->device_name()},
-                                                         {"threads", k3::ThreadPool::global().size()}, {"placement", compute_threads_summary()},
-                                                         {"results", arr}});
-      return 0;
+      return spec ? run_offline_speculative(*f, dir, *spec) : run_offline(*f, dir);
     };
   });
-
 }
 
 // `k3 bench memory`: the compute threads' DRAM read bandwidth (the decode roofline's denominator).

@@ -275,6 +275,47 @@ double prefill_flops_per_token(const ModelConfig& c, double mean_position) {
 
 // ---------------------------------------------------------------- the plan
 
+// Why the weights, workspace and one sequence of --context tokens do not fit a GPU ("" when they do).
+static std::string why_it_does_not_fit(const Plan& p, double seq_state, double memory_gb) {
+  char buf[512];
+  auto gb = [](double b) { return b / 1e9; };
+  if (p.free_for_cache_per_gpu < 0) {
+    std::snprintf(buf, sizeof buf, "weights %.1f GB/GPU + workspace %.1f GB > %.1f GB usable (%.0f GB x %.2f)",
+                  gb(p.weight_bytes_per_gpu), gb(p.workspace_bytes), gb(p.usable_bytes), memory_gb, p.in.mem_util);
+    return buf;
+  }
+  if (p.bytes_per_seq_per_gpu > p.free_for_cache_per_gpu) {
+    std::snprintf(buf, sizeof buf,
+                  "one sequence of %lld tokens needs %.2f GB/GPU (KV %.2f GB + state %.2f GB) but only %.2f GB/GPU is "
+                  "left after weights and workspace",
+                  (long long)p.in.context, gb(p.bytes_per_seq_per_gpu), gb((double)p.in.context * p.kv_bytes_per_token),
+                  gb(seq_state / p.tp), gb(p.free_for_cache_per_gpu));
+    return buf;
+  }
+  return "";
+}
+
+// Price per GPU-hour (given or the hardware table's), the throughput it is divided by, $ per million tokens.
+static void add_cost(Plan& p) {
+  const PlanInput& in = p.in;
+  if (in.price_per_gpu_hour) {
+    p.price_per_gpu_hour = in.price_per_gpu_hour;
+    p.price_origin = "--price-per-gpu-hour";
+  } else if (in.hw.price_usd_per_hour) {
+    p.price_per_gpu_hour = in.hw.price_usd_per_hour;
+    p.price_origin = "hardware table default (illustrative, not a quote)";
+  }
+  if (in.measured_tokens_per_s) {
+    p.cost_throughput_tok_s = *in.measured_tokens_per_s;
+    p.cost_throughput_origin = "measured (" + in.measured_source + ")";
+  } else if (p.decode_tok_s_aggregate > 0) {
+    p.cost_throughput_tok_s = p.decode_tok_s_aggregate;
+    p.cost_throughput_origin = "decode upper bound at batch " + std::to_string(p.batch);
+  }
+  if (p.price_per_gpu_hour && p.cost_throughput_tok_s > 0)
+    p.usd_per_million_output_tokens = usd_per_million_tokens(*p.price_per_gpu_hour, in.count, p.cost_throughput_tok_s);
+}
+
 Plan make_plan(const PlanInput& in) {
   const ModelConfig& c = in.config;
   const Hardware& hw = in.hw;
@@ -326,20 +367,7 @@ Plan make_plan(const PlanInput& in) {
   p.free_for_cache_per_gpu = p.usable_bytes - p.weight_bytes_per_gpu - p.workspace_bytes;
   p.bytes_per_seq_per_gpu = (double)in.context * p.kv_bytes_per_token + seq_state / p.tp;
 
-  char buf[512];
-  auto gb = [](double b) { return b / 1e9; };
-  if (p.free_for_cache_per_gpu < 0) {
-    std::snprintf(buf, sizeof buf, "weights %.1f GB/GPU + workspace %.1f GB > %.1f GB usable (%.0f GB x %.2f)",
-                  gb(p.weight_bytes_per_gpu), gb(p.workspace_bytes), gb(p.usable_bytes), hw.memory_gb, in.mem_util);
-    p.why_not = buf;
-  } else if (p.bytes_per_seq_per_gpu > p.free_for_cache_per_gpu) {
-    std::snprintf(buf, sizeof buf,
-                  "one sequence of %lld tokens needs %.2f GB/GPU (KV %.2f GB + state %.2f GB) but only %.2f GB/GPU is "
-                  "left after weights and workspace",
-                  (long long)in.context, gb(p.bytes_per_seq_per_gpu), gb((double)in.context * p.kv_bytes_per_token),
-                  gb(seq_state / p.tp), gb(p.free_for_cache_per_gpu));
-    p.why_not = buf;
-  }
+  p.why_not = why_it_does_not_fit(p, seq_state, hw.memory_gb);
   p.fits = p.why_not.empty();
 
   // Capacity.
@@ -408,23 +436,7 @@ Plan make_plan(const PlanInput& in) {
   p.prefill_flops_per_token = prefill_flops_per_token(c, (double)in.context / 2);  // the same sum
   p.prefill_tok_s_aggregate = in.count / (expert_flops_per_token / expert_rate + other_flops_prefill / bf16_rate);
 
-  // Cost.
-  if (in.price_per_gpu_hour) {
-    p.price_per_gpu_hour = in.price_per_gpu_hour;
-    p.price_origin = "--price-per-gpu-hour";
-  } else if (hw.price_usd_per_hour) {
-    p.price_per_gpu_hour = hw.price_usd_per_hour;
-    p.price_origin = "hardware table default (illustrative, not a quote)";
-  }
-  if (in.measured_tokens_per_s) {
-    p.cost_throughput_tok_s = *in.measured_tokens_per_s;
-    p.cost_throughput_origin = "measured (" + in.measured_source + ")";
-  } else if (p.decode_tok_s_aggregate > 0) {
-    p.cost_throughput_tok_s = p.decode_tok_s_aggregate;
-    p.cost_throughput_origin = "decode upper bound at batch " + std::to_string(p.batch);
-  }
-  if (p.price_per_gpu_hour && p.cost_throughput_tok_s > 0)
-    p.usd_per_million_output_tokens = usd_per_million_tokens(*p.price_per_gpu_hour, in.count, p.cost_throughput_tok_s);
+  add_cost(p);
   return p;
 }
 
