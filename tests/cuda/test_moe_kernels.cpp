@@ -838,16 +838,6 @@ TEST(CudaMoe, RingMatchesSharedFormSmall) {
   expect_ring_matches_shared_form({{tiny_shapes()[1], 257}, {tiny_shapes()[5], 130}}, 1700, " (small)");
 }
 
-// The ring's opt-in mbarrier-paced form (K3_RING_BARRIER=0; moe_prefill_ring.cu's MB form, forced here): the
-// same products in the same order as the default form, so the same figures against the shared-memory form -- on
-// tiny-k3 (a ring shorter than its depth), k3-like at n = 130 (every stage refilled) and K3's bank at n = 4096.
-TEST(CudaMoe, RingMbarFormMatchesSharedForm) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  k3::cuda::moe_wg::force_ring_block_barrier_for_testing(false);
-  expect_ring_matches_shared_form({{tiny_shapes()[1], 257}, {tiny_shapes()[5], 130}, {kK3Qat, 4096}}, 1900, " (mbar)");
-  k3::cuda::moe_wg::force_ring_block_barrier_for_testing(std::nullopt);
-}
-
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.
 TEST(CudaMoe, RouteTiesToLowerId) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

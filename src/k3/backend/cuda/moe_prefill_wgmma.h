@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <optional>
 
 #include "k3/backend/cuda/moe_kernels.h"
 
@@ -42,9 +41,6 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 
 // The pairs of the plan's tiles launch_ring takes (128: K3's ~73-pair experts at 4096 tokens in one tile).
 int ring_tile_pairs();
-// The ring's pacing: the block barrier at each step unless K3_RING_BARRIER=0 (per-stage mbarriers, opt-in since session
-// 63); true / false force it, nullopt returns to the environment's.
-void force_ring_block_barrier_for_testing(std::optional<bool> on);
 
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call
 // s38-1 on an H200: faster at every timed size, K3 QAT bank n = 4096 50.1 -> 40.6 ms; MoePath::Wgmma forces them).

@@ -23,12 +23,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp8_quant.cuh"
 #include "k3/backend/cuda/smem_ptx.cuh"
-#include "k3/backend/cuda/sm90a/mbarrier.cuh"
 #include "k3/backend/cuda/sm90a/moe_wg_common.cuh"
 #include "k3/backend/cuda/sm90a/wgmma.cuh"
 
@@ -51,10 +49,6 @@ struct RingArgs {
   // at 50% in this tensor-bound kernel, x's rows fetched again by each of a tile's 24 blocks; in s63-1 21% and the
   // experts -8% (bf16x2) / -10% (bf16) at K3's 4096 tokens. 0 = the transpose, for more than 65535 tiles (gridDim.y).
   int col_major = 1;
-  // Opt-in (K3_RING_BARRIER=0, session 63, not yet measured): the stages paced by full / empty mbarriers instead of the
-  // block barrier at each step (ring_body's MB form), so that a warp waits only for the chunk it decodes next and for
-  // the stage it refills; s63-1's ncu of the col grid still had the barrier as a leading stall (1.09 cycles an issue).
-  int mbar_sync = 0;
 };
 
 __device__ __forceinline__ uint32_t ldg_u16(const uint8_t* p) {
@@ -119,7 +113,7 @@ constexpr int ring_stage_bytes() {
 }
 template <bool SPLIT>
 constexpr int ring_smem_bytes() {
-  return 1024 + kStages * ring_stage_bytes<SPLIT>() + 2 * kStages * 8;  // + the MB form's full and empty mbarriers
+  return 1024 + kStages * ring_stage_bytes<SPLIT>();
 }
 static_assert(ring_smem_bytes<true>() <= 227 * 1024, "one block an SM");
 static_assert(2 * 128 * 64 * 4 <= kStages * ring_stage_bytes<false>(), "the up accumulators fit the ring for the GLU");
@@ -199,69 +193,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
   }
 }
 
-// How ring_body's steps are paced. MB = false (the default): the block barrier at each step, each thread having waited
-// for its own copies first. MB = true (K3_RING_BARRIER=0, RingArgs::mbar_sync): per-stage mbarriers after the ring --
-// `full` completes when all 512 threads' copies into the stage have landed (cp.async's own arrival) and their scale
-// stores are done (2 x 512 arrivals), `empty` when all 16 warps have waited for their wgmmas on it (one arrival a warp).
-template <bool MB, int S>
-struct StageSync {
-  uint32_t base, stage_bytes, full0, empty0;
-  __device__ __forceinline__ uint32_t full(uint32_t stage) const { return full0 + 8 * ((stage - base) / stage_bytes); }
-  __device__ __forceinline__ uint32_t empty(uint32_t stage) const { return empty0 + 8 * ((stage - base) / stage_bytes); }
-  __device__ __forceinline__ void init() const {
-    if constexpr (MB) {
-      if (threadIdx.x < S) {
-        mbar::init(full0 + 8 * threadIdx.x, 2 * kRingThreads);
-        mbar::init(empty0 + 8 * threadIdx.x, kRingThreads / 32);
-      }
-      __syncthreads();
-    }
-  }
-  __device__ __forceinline__ void copies_issued(uint32_t stage) const {
-    if constexpr (MB) asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full(stage)) : "memory");
-  }
-  __device__ __forceinline__ void scales_stored(uint32_t stage) const {
-    if constexpr (MB) mbar::arrive(full(stage));
-  }
-  __device__ __forceinline__ void first_chunk_landed() const {
-    if constexpr (MB) {
-      mbar::wait(full0, 0);
-      wgmma::fence_proxy_async();
-    } else {
-      cp_async_wait<S - 3>();
-      wgmma::fence_proxy_async();
-      __syncthreads();
-    }
-  }
-  // Step kc's start, before `refill` (chunk kc - 2's stage) takes chunk kc + S - 2 (and, without MB, chunk kc + 1's
-  // copies visible to every thread).
-  __device__ __forceinline__ void step_start(int kc, int nk, uint32_t refill) const {
-    if constexpr (MB) {
-      if (kc >= 2 && kc + S - 2 < nk) mbar::wait(empty(refill), ((kc - 2) / S) & 1);
-    } else {
-      cp_async_wait<S - 4>();
-      wgmma::fence_proxy_async();
-      __syncthreads();
-    }
-  }
-  // After the wait for chunk kc - 1's wgmmas: its stage `prev` is free.
-  __device__ __forceinline__ void released(int kc, uint32_t prev) const {
-    if constexpr (MB) {
-      __syncwarp();
-      if (kc > 0 && (threadIdx.x & 31) == 0) mbar::arrive(empty(prev));
-      __syncwarp();
-    }
-  }
-  // Before chunk j's decode from `stage` (MB: the other threads' copies, which its wgmmas read next step, too).
-  __device__ __forceinline__ void before_decode(int j, uint32_t stage) const {
-    if constexpr (MB) {
-      mbar::wait(full(stage), (j / S) & 1);
-      wgmma::fence_proxy_async();
-    }
-  }
-};
-
-template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8, bool MB>
+template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8>
 __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
   constexpr int NS = SPLIT ? 2 : 1, S = kStages;
   const TileArgs& a = r.t;
@@ -293,7 +225,6 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   constexpr uint32_t SB = ring_stage_bytes<SPLIT>();
   const uint32_t ring_end = base + S * SB;
   auto next_stage = [&](uint32_t sa) { return sa + SB == ring_end ? base : sa + SB; };
-  auto prev_stage = [&](uint32_t sa) { return sa == base ? ring_end - SB : sa - SB; };
   const uint32_t xo0 = swz(p, 2 * xq), xo1 = swz(p, 2 * xq + 1), wo = NS * kRingXBytes + crow * kWRowBytes + 16 * (tid & 1);
   const uint32_t so = NS * kRingXBytes + kRows * kWRowBytes + 2 * tid;
   const uint16_t* xp = xsrc;
@@ -332,20 +263,18 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   for (int i = 0; i < NN / 2; ++i) acc[i] = 0.f;
   uint32_t af0[4][4], af1[4][4];
   const int nk = cols / kKc;
-  const StageSync<MB, S> sync{base, SB, ring_end, ring_end + 8 * S};
-  sync.init();
   // Chunks 0 .. S - 3 in flight before the loop (step kc issues chunk kc + S - 2).
 #pragma unroll
   for (int kc = 0; kc < S - 2; ++kc) {
     if (kc < nk) {
       const uint32_t sc = issue_next();
-      sync.copies_issued(sc_stage);
       if (tid < 256) st_shared_u16(sc_stage + so, sc);
-      sync.scales_stored(sc_stage);
     }
     cp_async_commit();
   }
-  sync.first_chunk_landed();
+  cp_async_wait<S - 3>();
+  wgmma::fence_proxy_async();
+  __syncthreads();
   uint32_t ms = base;  // chunk kc's stage
   decode(ms, af0);
   uint32_t sc_next = 0;
@@ -354,18 +283,12 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   // copies (waiting for all of them before the barrier left it idle there: call s61-5's ncu, 46% of the tensor peak).
   // So the stage refilled is the one chunk kc - 2 used (all its readers done: each warpgroup waited for its wgmmas in
   // step kc - 1 before this barrier), and chunk kc - 1's fragments are overwritten only after its wait.
-  // With MB the stage refilled at step kc is free once every warp has released it (step kc - 1), chunk kc + 1 is
-  // decoded once its stage is full, and no barrier joins the warps.
   auto step = [&](int kc, uint32_t (&cur)[4][4], uint32_t (&nxt)[4][4]) {
-    sync.step_start(kc, nk, cs);
-    if (kc > 0 && kc + S - 3 < nk) {
-      if (tid < 256) st_shared_u16(sc_stage + so, sc_next);
-      sync.scales_stored(sc_stage);
-    }
-    if (kc + S - 2 < nk) {
-      sc_next = issue_next();
-      sync.copies_issued(sc_stage);
-    }
+    cp_async_wait<S - 4>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (kc > 0 && kc + S - 3 < nk && tid < 256) st_shared_u16(sc_stage + so, sc_next);
+    if (kc + S - 2 < nk) sc_next = issue_next();
     cp_async_commit();
     wgmma::fence_regs(acc);
     keep_frags(cur);
@@ -378,12 +301,8 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
     wgmma::commit();
     wgmma::wait<1>();  // chunk kc - 1's wgmmas: nxt held its fragments
     keep_frags(nxt);
-    sync.released(kc, prev_stage(ms));
     ms = next_stage(ms);
-    if (kc + 1 < nk) {
-      sync.before_decode(kc + 1, ms);
-      decode(ms, nxt);
-    }
+    if (kc + 1 < nk) decode(ms, nxt);
     wgmma::fence_regs(acc);
     keep_frags(cur);
     keep_frags(nxt);
@@ -399,7 +318,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
 }
 
-template <int NMAT, bool GATHER, bool SPLIT, bool MX8, bool MB>
+template <int NMAT, bool GATHER, bool SPLIT, bool MX8>
 __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
   const int tile = static_cast<int>(r.col_major ? blockIdx.y : blockIdx.x);
   if (tile >= *r.t.num_tiles) return;
@@ -409,27 +328,24 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const Ring
   // above 64 gained nothing at 4096 and were dropped).
   const int z = td.z;
   switch ((z + 15) / 16 * 16) {
-    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8, MB>(r, td.x, td.y, z);
-    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8, MB>(r, td.x, td.y, z);
-    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8, MB>(r, td.x, td.y, z);
-    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8, MB>(r, td.x, td.y, z);
-    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8, MB>(r, td.x, td.y, z);
-    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8, MB>(r, td.x, td.y, z);
-    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8, MB>(r, td.x, td.y, z);
-    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8, MB>(r, td.x, td.y, z);
+    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
+    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
+    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
+    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
+    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
+    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
+    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
+    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
   }
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-// The block barrier at each step (default) or the MB form (K3_RING_BARRIER=0; tests force either).
-EnvFlag g_block_barrier{"K3_RING_BARRIER"};
-
 // grid: (tiles, blocks of the tile), launched transposed (RingArgs::col_major) unless the tiles exceed gridDim.y.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
 cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
   r.col_major = r.col_major && grid.x <= 65535u;  // the tiles on gridDim.y (at most 65535)
   if (r.col_major) grid = dim3(grid.y, grid.x);
-  auto* k = r.mbar_sync ? &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, true> : &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, false>;
+  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8>;
   constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
@@ -449,13 +365,12 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
-  const int mb = !g_block_barrier.on();
-  RingArgs gu{gate_up, xp, xplane, hp, hplane, 1, mb};
+  RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
   if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
-  RingArgs dn{d, hp, hplane, nullptr, 0, 1, mb};
+  RingArgs dn{d, hp, hplane, nullptr, 0};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
   return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
 }
@@ -480,8 +395,6 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 }
 
 int ring_tile_pairs() { return kRingPairs; }
-
-void force_ring_block_barrier_for_testing(std::optional<bool> on) { g_block_barrier.force(on); }
 
 bool ring_by_default() {
   static const bool v = [] {
