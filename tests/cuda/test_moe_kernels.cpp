@@ -251,6 +251,11 @@ struct Moe {
     bank.gate_scales = sptr[0];
     bank.up_scales = sptr[1];
     bank.down_scales = sptr[2];
+    if (s.mx) {  // as the loader counts it (ExpertStack::max_scale): 121 with qat_scales (the ring's narrow decode), else 129
+      uint8_t mx = 0;
+      for (int m = 0; m < 3; ++m) mx = std::max(mx, *std::max_element(sc[m].begin(), sc[m].end()));
+      bank.max_scale = mx;
+    }
   }
 
   // Bytes of one expert's three matrices (what a call streams per expert used).
@@ -836,6 +841,38 @@ TEST(CudaMoe, RingMatchesSharedFormAtPrefillSizes) {
 TEST(CudaMoe, RingMatchesSharedFormSmall) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   expect_ring_matches_shared_form({{tiny_shapes()[1], 257}, {tiny_shapes()[5], 130}}, 1700, " (small)");
+}
+
+// The ring's narrow-scale decode (banks whose scales are all <= 2^1, as trained weights have; session 64) against its
+// general decode on the same QAT-scale banks: the same products in the same order, so the same bits. Also that the
+// banks are narrow as counted (else this would compare the general decode with itself) and that a bank with a scale
+// of 2^2 is not.
+TEST(CudaMoe, RingNarrowScalesMatchGeneralBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  EXPECT_GT(cached_moe(tiny_shapes()[5]).bank.max_scale, 128) << "k3-like's scales reach 2^2";
+  const Shape k3_like_qat{128, 16, 1024, 512, true, "k3-like-qat", true};
+  for (const auto& [s, n] : std::vector<std::pair<Shape, int>>{{k3_like_qat, 130}, {k3_like_qat, 1024}, {kK3Qat, 4096}}) {
+    Moe& m = cached_moe(s);
+    if (!k3::cuda::moe_wg::ring_supports(m.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
+    ASSERT_LE(m.bank.max_scale, 128) << s.name;
+    ExpertCall call(m, n, 1900 + n);
+    for (MoePrecision prec : {MoePrecision::Bf16x2, MoePrecision::Bf16}) {
+      const std::vector<float> narrow = call.run(prec, MoePath::WgmmaRing);
+      k3::cuda::moe_wg::force_ring_narrow_scales_for_testing(false);
+      const std::vector<float> general = call.run(prec, MoePath::WgmmaRing);
+      k3::cuda::moe_wg::force_ring_narrow_scales_for_testing(std::nullopt);
+      size_t diff = 0, nonzero = 0;
+      for (size_t i = 0; i < narrow.size(); ++i) {
+        diff += std::memcmp(&narrow[i], &general[i], 4) != 0;
+        nonzero += narrow[i] != 0.f && !std::isnan(narrow[i]);
+      }
+      const char* pn = prec == MoePrecision::Bf16 ? "bf16" : "bf16x2";
+      std::printf("[ moe ] %-12s n=%4d %-6s ring narrow-scale decode vs general: %zu of %zu floats differ (%zu non-zero)\n",
+                  s.name, n, pn, diff, narrow.size(), nonzero);
+      EXPECT_EQ(diff, 0u) << s.name << " n=" << n << " " << pn;
+      EXPECT_GT(nonzero, narrow.size() / 2) << s.name << " n=" << n << " " << pn;
+    }
+  }
 }
 
 // Equal logits and no bias: every score ties, so the picks must be experts 0..K-1 in order.

@@ -76,6 +76,10 @@ struct ExpertStack {
   const void* down = nullptr;
   const uint8_t* down_scales = nullptr;
   int E = 0, I = 0, X = 0;
+  // MXFP4 stacks: the largest E8M0 scale byte of the three, where the loader counted it (255: not counted, or a NaN
+  // scale). At most 128 (every block scale <= 2^1, as trained weights have) the ring prefill decodes with one
+  // multiply and no NaN or overflow test (moe_prefill_ring.cu).
+  uint8_t max_scale = 255;
   bool empty() const { return gate == nullptr; }
 };
 

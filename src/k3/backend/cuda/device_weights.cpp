@@ -158,6 +158,7 @@ class Uploader {
     }
     b.format = packed ? dev_f : WeightFormat::BF16;
     b.down_format = gguf ? fd : b.format;
+    uint8_t max_scale = 0;  // over the MXFP4 scale bytes of the three stacks (ExpertStack::max_scale)
     auto stack = [&](auto get, WeightFormat sf, const void*& data, const uint8_t*& scales) {
       const WeightFormat sdev = ggml ? WeightFormat::MXFP4 : sf;  // this stack's format, and on the device
       const WeightMatrix& m0 = get(e0);
@@ -179,7 +180,10 @@ class Uploader {
             ms = hs.data();
           }
           K3_CUDA_CHECK(cudaMemcpy(p + e * db, md, db, cudaMemcpyHostToDevice));
-          if (sb > 0) K3_CUDA_CHECK(cudaMemcpy(s + e * sb, ms, sb, cudaMemcpyHostToDevice));
+          if (sb > 0) {
+            K3_CUDA_CHECK(cudaMemcpy(s + e * sb, ms, sb, cudaMemcpyHostToDevice));
+            if (sdev == WeightFormat::MXFP4) max_scale = std::max(max_scale, *std::max_element(ms, ms + sb));
+          }
         }
         data = p;
         scales = gguf ? nullptr : s;
@@ -208,6 +212,7 @@ class Uploader {
     stack([](const GluMlp& g) -> const WeightMatrix& { return g.gate; }, f, b.gate, b.gate_scales);
     stack([](const GluMlp& g) -> const WeightMatrix& { return g.up; }, f, b.up, b.up_scales);
     stack([](const GluMlp& g) -> const WeightMatrix& { return g.down; }, fd, b.down, b.down_scales);
+    if (b.format == WeightFormat::MXFP4) b.max_scale = max_scale;
     return b;
   }
 
@@ -251,7 +256,8 @@ class Generator {
   }
   const void* bf16(int64_t n, int64_t cols) { return lin(n / cols, cols).data; }
   // MXFP4 [count][cols]: random nibbles; E8M0 scales chosen so that weights have std ~ 1/sqrt(cols).
-  void mxfp4(int64_t count, int64_t cols, const void*& data, const uint8_t*& scales) {
+  // Returns the largest scale byte it can have written (ExpertStack::max_scale).
+  uint8_t mxfp4(int64_t count, int64_t cols, const void*& data, const uint8_t*& scales) {
     uint8_t* p = static_cast<uint8_t*>(a_.alloc(static_cast<size_t>(count / 2)));
     uint8_t* s = static_cast<uint8_t*>(a_.alloc(static_cast<size_t>(count / 32)));
     K3_CUDA_CHECK(fill_random_bytes(p, count / 2, 0, 255, ++seed_, nullptr));
@@ -260,6 +266,7 @@ class Generator {
     K3_CUDA_CHECK(fill_random_bytes(s, count / 32, static_cast<uint8_t>(127 + e - 1), static_cast<uint8_t>(127 + e), ++seed_, nullptr));
     data = p;
     scales = s;
+    return static_cast<uint8_t>(127 + e);
   }
   GluMlp glu(int64_t H, int64_t I) { return {lin(I, H), lin(I, H), lin(H, I)}; }
 
@@ -421,9 +428,8 @@ void dummy_weights(const ModelConfig& c, uint64_t seed, int device, DeviceWeight
       b.X = static_cast<int>(X);
       b.format = c.expert_quant_format.value_or(WeightFormat::BF16);
       if (b.format == WeightFormat::MXFP4) {
-        g.mxfp4(E * I * X, X, b.gate, b.gate_scales);
-        g.mxfp4(E * I * X, X, b.up, b.up_scales);
-        g.mxfp4(E * X * I, I, b.down, b.down_scales);
+        b.max_scale = std::max({g.mxfp4(E * I * X, X, b.gate, b.gate_scales), g.mxfp4(E * I * X, X, b.up, b.up_scales),
+                                g.mxfp4(E * X * I, I, b.down, b.down_scales)});
       } else if (b.format == WeightFormat::BF16) {
         b.gate = g.bf16(E * I * X, X);
         b.up = g.bf16(E * I * X, X);

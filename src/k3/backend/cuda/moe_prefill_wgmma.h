@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "k3/backend/cuda/moe_kernels.h"
 
@@ -41,6 +42,9 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 
 // The pairs of the plan's tiles launch_ring takes (128: K3's ~73-pair experts at 4096 tokens in one tile).
 int ring_tile_pairs();
+// The ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1: TileArgs::narrow_scales) unless
+// K3_RING_NARROW=0; false forces the general decode on such banks too, nullopt returns to the environment's.
+void force_ring_narrow_scales_for_testing(std::optional<bool> on);
 
 // Whether Auto's tensor-core path takes these kernels: yes unless K3_MOE_WGMMA=0 (the mma.sync tiles then; call
 // s38-1 on an H200: faster at every timed size, K3 QAT bank n = 4096 50.1 -> 40.6 ms; MoePath::Wgmma forces them).

@@ -40,6 +40,9 @@ struct TileArgs {
   // Host side only (the kernels ignore it): MoePrecision::Mxfp8's tile form. When > 0, the launchers round this many
   // rows of the gate+up launch's GLU outputs (out, [rows][I] by slot) to MXFP8 in place before down reads them.
   int64_t mxfp8_hidden_rows = 0;
+  // Host side only: every MXFP4 scale of the bank is <= 2^1 (ExpertStack::max_scale <= 128), so the ring form may take
+  // its narrow-scale decode (one multiply, no NaN / overflow tests).
+  bool narrow_scales = false;
 };
 
 // Between a launcher's gate+up and down launches (MoePrecision::Mxfp8's tile form; nothing when
@@ -58,6 +61,7 @@ inline TileArgs gate_up_args(const ExpertBank& w, int K, const float* x, GluAct 
   a.s0 = w.gate_scales;
   a.w1 = w.up;
   a.s1 = w.up_scales;
+  a.narrow_scales = w.format == WeightFormat::MXFP4 && w.max_scale <= 128;
   a.rows = w.I;
   a.cols = w.X;
   a.in = x;

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "k3/backend/cuda/env_flag.h"
 #include "k3/backend/cuda/moe_prefill_wgmma.h"
 #include "k3/backend/cuda/moe_tc_tile.cuh"
 #include "k3/backend/cuda/mxfp8_quant.cuh"
@@ -193,7 +194,7 @@ __device__ __forceinline__ void store_tile(const RingArgs& r, float (&acc)[NN / 
   }
 }
 
-template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8>
+template <int NMAT, bool GATHER, bool SPLIT, int NN, bool MX8, bool NARROW>
 __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, int cnt) {
   constexpr int NS = SPLIT ? 2 : 1, S = kStages;
   const TileArgs& a = r.t;
@@ -255,7 +256,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
       w[h] = ptx::lds64(stage + NS * kRingXBytes + row * kWRowBytes + 8 * c);
       sb[h] = ld_shared_u8(stage + NS * kRingXBytes + kRows * kWRowBytes + 2 * row + (c >> 1));
     }
-    decode_a_frags_bits(af, w, sb);
+    decode_a_frags_bits<NARROW>(af, w, sb);
   };
 
   float acc[NN / 2];
@@ -318,7 +319,7 @@ __device__ __forceinline__ void ring_body(const RingArgs& r, int e, int start, i
   store_tile<NMAT, SPLIT, NN, MX8>(r, acc, base, n0, start, cnt);
 }
 
-template <int NMAT, bool GATHER, bool SPLIT, bool MX8>
+template <int NMAT, bool GATHER, bool SPLIT, bool MX8, bool NARROW>
 __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const RingArgs r) {
   const int tile = static_cast<int>(r.col_major ? blockIdx.y : blockIdx.x);
   if (tile >= *r.t.num_tiles) return;
@@ -328,24 +329,29 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const Ring
   // above 64 gained nothing at 4096 and were dropped).
   const int z = td.z;
   switch ((z + 15) / 16 * 16) {
-    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8>(r, td.x, td.y, z);
-    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8>(r, td.x, td.y, z);
-    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8>(r, td.x, td.y, z);
-    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8>(r, td.x, td.y, z);
-    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8>(r, td.x, td.y, z);
-    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8>(r, td.x, td.y, z);
-    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8>(r, td.x, td.y, z);
-    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8>(r, td.x, td.y, z);
+    case 16: return ring_body<NMAT, GATHER, SPLIT, 16, MX8, NARROW>(r, td.x, td.y, z);
+    case 32: return ring_body<NMAT, GATHER, SPLIT, 32, MX8, NARROW>(r, td.x, td.y, z);
+    case 48: return ring_body<NMAT, GATHER, SPLIT, 48, MX8, NARROW>(r, td.x, td.y, z);
+    case 64: return ring_body<NMAT, GATHER, SPLIT, 64, MX8, NARROW>(r, td.x, td.y, z);
+    case 80: return ring_body<NMAT, GATHER, SPLIT, 80, MX8, NARROW>(r, td.x, td.y, z);
+    case 96: return ring_body<NMAT, GATHER, SPLIT, 96, MX8, NARROW>(r, td.x, td.y, z);
+    case 112: return ring_body<NMAT, GATHER, SPLIT, 112, MX8, NARROW>(r, td.x, td.y, z);
+    default: return ring_body<NMAT, GATHER, SPLIT, 128, MX8, NARROW>(r, td.x, td.y, z);
   }
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
+// The narrow-scale decode where the bank allows it (TileArgs::narrow_scales); K3_RING_NARROW=0 keeps the general one
+// (the A/B of session 64; tests force either).
+EnvFlag g_narrow{"K3_RING_NARROW"};
+
 // grid: (tiles, blocks of the tile), launched transposed (RingArgs::col_major) unless the tiles exceed gridDim.y.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
 cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
   r.col_major = r.col_major && grid.x <= 65535u;  // the tiles on gridDim.y (at most 65535)
   if (r.col_major) grid = dim3(grid.y, grid.x);
-  auto* k = &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8>;
+  auto* k = r.t.narrow_scales && g_narrow.on() ? &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, true>
+                                               : &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, false>;
   constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
@@ -395,6 +401,8 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 }
 
 int ring_tile_pairs() { return kRingPairs; }
+
+void force_ring_narrow_scales_for_testing(std::optional<bool> on) { g_narrow.force(on); }
 
 bool ring_by_default() {
   static const bool v = [] {

@@ -91,15 +91,24 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
+// NARROW: every scale of the bank is <= 128 (2^1; TileArgs::narrow_scales), so one multiply by 2^(s-1) is exact and
+// neither the NaN scale (255) nor the second multiply can occur: of a chunk's ~110 decode instructions a thread, the
+// scale handling's ~22 (tests, selects, the vote) go -- s64-1's per-instruction samples had them among the busiest
+// ALU-pipe instructions of gate+up (math-pipe throttle), in a kernel whose step is issue-bound.
+template <bool NARROW = false>
 __device__ __forceinline__ void decode_a_frags_bits(uint32_t (&af)[4][4], const uint2 (&w)[2], const uint32_t (&sb)[2]) {
-  uint32_t f1[2], f2[2];
+  uint32_t f1[2], f2[2] = {0u, 0u};
   bool wide = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t s = sb[h];
-    f1[h] = s == 255u ? 0x7fc07fc0u : bf16_pow2_pair(s <= 128u ? s + 126u : 254u);  // NaN scale: NaN weights
-    f2[h] = bf16_pow2_pair(s <= 128u || s == 255u ? 127u : s - 1u);
-    wide = wide || (s > 128u && s != 255u);
+    if constexpr (NARROW) {
+      f1[h] = bf16_pow2_pair(s + 126u);
+    } else {
+      f1[h] = s == 255u ? 0x7fc07fc0u : bf16_pow2_pair(s <= 128u ? s + 126u : 254u);  // NaN scale: NaN weights
+      f2[h] = bf16_pow2_pair(s <= 128u || s == 255u ? 127u : s - 1u);
+      wide = wide || (s > 128u && s != 255u);
+    }
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -111,16 +120,18 @@ __device__ __forceinline__ void decode_a_frags_bits(uint32_t (&af)[4][4], const 
     }
   // The second multiply only where some scale of the warp needs it (> 2^1: rare in trained weights), as a warp-uniform
   // branch: predicated, its 16 multiplies took issue slots in every step (the ring is issue-bound at bf16).
-  if (__any_sync(0xffffffffu, wide)) {
+  if constexpr (!NARROW) {
+    if (__any_sync(0xffffffffu, wide)) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int q = 0; q < 2; ++q)
+        for (int q = 0; q < 2; ++q)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint32_t& r = af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h];
-          r = bf16x2_mul(r, f2[h]);
-        }
+          for (int k = 0; k < 4; ++k) {
+            uint32_t& r = af[2 * q + (k >> 1)][(k & 1) ? 2 + h : h];
+            r = bf16x2_mul(r, f2[h]);
+          }
+    }
   }
 }
 // decode_a_frags_bits's k order (the ring form's activation planes): where column col (0..63) of a chunk sits, and which column sits at position pos.
