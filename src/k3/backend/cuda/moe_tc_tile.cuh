@@ -34,15 +34,16 @@ struct TileArgs {
   float* out = nullptr;  // [P][rows] by slot
   GluAct act = GluAct::SiLU;
   float beta = 1.f, lbeta = 1.f;
+  // Host side only: every MXFP4 scale of the bank is <= 2^1 (ExpertStack::max_scale <= 128), so the ring form may take
+  // its narrow-scale decode (one multiply, no NaN / overflow tests). Here, in the padding before row_bytes, so that the
+  // kernels' parameter block keeps its size and offsets.
+  bool narrow_scales = false;
   int64_t row_bytes = 0;  // GGUF block experts: row_data_bytes(format, cols)
   int64_t mat_bytes = 0;  // GGUF block experts: bytes of one whole stack (w0's; w1's the same), E * rows * row_bytes
   IqTables T{};           // GGUF i-quant codebooks (quant_tables.h)
   // Host side only (the kernels ignore it): MoePrecision::Mxfp8's tile form. When > 0, the launchers round this many
   // rows of the gate+up launch's GLU outputs (out, [rows][I] by slot) to MXFP8 in place before down reads them.
   int64_t mxfp8_hidden_rows = 0;
-  // Host side only: every MXFP4 scale of the bank is <= 2^1 (ExpertStack::max_scale <= 128), so the ring form may take
-  // its narrow-scale decode (one multiply, no NaN / overflow tests).
-  bool narrow_scales = false;
 };
 
 // Between a launcher's gate+up and down launches (MoePrecision::Mxfp8's tile form; nothing when
