@@ -2,16 +2,17 @@
 # Session 64's second call: the ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1 -- trained and QAT
 # weights, the dummy K3 -- decode with one multiply and no NaN / overflow tests; K3_RING_NARROW=0 keeps the general one).
 # 1. the ring / MXFP8 / model tests (RingNarrowScalesMatchGeneralBitwise: its first run); 2. timing of the K3 QAT bank
-# at n = 2048 / 4096, narrow and general; 3. the K3-dims 4-layer pp4096 / pp2048 at bf16 and bf16x2, alternating arms;
+# at n = 2048 / 4096, narrow and general, with the bank's skewed routing and balanced (K3_MOE_TIMING_BIAS=0); 3. the K3-dims 4-layer pp4096 / pp2048 at bf16 and bf16x2, alternating arms;
 # 4. ncu of gate+up (instructions, issue, stalls) in both forms; 5. on an H200 the whole Kimi-Linear-48B pp4096;
 # 6. the suite if time is left. Pack: scripts/gpu-pack-bins at the session's ring commit. Carry: .gpuwork
 BUDGET=${BUDGET:-450}
 . scripts/perf/lib-call.sh
 timeout 150 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Ring*:CudaMoe.Mxfp8TilesMatchCpuMxfp8:*CudaModelE2E.*:CudaModelDummy.*' > "$OUT/tests.log" 2>&1
 echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|narrow-scale|ring vs shared" "$OUT/tests.log" | head -30
-for v in "" "K3_RING_NARROW=0"; do
+# The last arm: balanced routing (no correction bias; K3_MOE_TIMING_BIAS=0), what a trained router's loads look like.
+for v in "" "K3_RING_NARROW=0" "K3_MOE_TIMING_BIAS=0" "K3_MOE_TIMING_BIAS=0 K3_RING_NARROW=0"; do
   env $v K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=2048,4096 timeout 50 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > /tmp/tm.log 2>&1
-  echo "[$v] timing rc=$? $(el)"; grep -E "timing.*wgring" /tmp/tm.log
+  echo "[$v] timing rc=$? $(el)"; grep -E "timing.*(wgring|routing)" /tmp/tm.log
 done 2>&1 | tee "$OUT/timing.txt"
 for p in 4096 2048; do for prec in bf16 bf16x2; do
   [ "$(left)" -gt 200 ] || break 2
