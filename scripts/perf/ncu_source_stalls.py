@@ -13,6 +13,7 @@ import collections
 import csv
 import io
 import lzma
+import re
 import sys
 
 
@@ -46,6 +47,9 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=20, help="hottest instructions listed (default 20)")
     ap.add_argument("--regions", default="", help="NAME:LO-HI,... address ranges (low hex digits) to total")
+    ap.add_argument("--bodies", action="store_true",
+                    help="samples and HGMMAs by tile body: each instruction goes to the body of the nearest HGMMA shape "
+                         "(64xN) at or after its address less 0x800 (the ring's bodies are laid out one after another)")
     a = ap.parse_args()
     head, rows = read_rows(a.csv)
     col = {n: i for i, n in enumerate(head)}
@@ -77,6 +81,26 @@ def main():
         lead = sorted(((num(r[col[n]]), n[6:]) for n in reasons), reverse=True)[:2]
         why = ", ".join(f"{w} {v:.0f}" for v, w in lead if v > 0)
         print(f"  {r[0][-5:]} {samples(r):8.0f} {executed(r):11.0f}  {r[col['Source']].strip()[:64]:64s} {why}")
+    if a.bodies:
+        spans = collections.defaultdict(list)
+        for r in rows:
+            m = re.search(r"HGMMA\.64x(\d+)x", r[col["Source"]])
+            if m:
+                spans["n" + m.group(1)].append(int(r[0], 16))
+        starts = sorted((min(v), k) for k, v in spans.items())
+        body_s, body_h = collections.Counter(), collections.Counter()
+        for r in rows:
+            x, lab = int(r[0], 16), "before"
+            for lo, k in starts:
+                if x >= lo - 0x800:
+                    lab = k
+            body_s[lab] += samples(r)
+            if opcode(r[col["Source"]]) == "HGMMA":
+                body_h[lab] += executed(r)
+        h_total = sum(body_h.values()) or 1
+        print("\nby tile body (samples, share; HGMMAs executed, share -- every tile issues the same number):")
+        for k, v in body_s.most_common():
+            print(f"  {k:8s} {v:10.0f} {100 * v / total:5.1f}% {body_h[k]:12.0f} {100 * body_h[k] / h_total:5.1f}%")
     if a.regions:
         print("\nby region (samples, share, instructions, warp instructions executed):")
         for spec in a.regions.split(","):
