@@ -1405,9 +1405,9 @@ TEST(CudaMoe, Timing) {
         di(static_cast<size_t>(max_n) * K * 4), dwt(static_cast<size_t>(max_n) * K * 4),
         dout(static_cast<size_t>(max_n) * X * 4);
     // K3_MOE_TIMING_BIAS=0: no correction bias. The bank's +-0.05 on sigmoid scores near the top-16 cut (slope ~0.04
-    // there) moves an expert's logit by up to ~1.25, ~0.85 sd of the N(0, 1.5) logits: at 4096 tokens 767 of K3's 896 experts
-    // get pairs, many past 128 (session 64). A trained router's bias balances the loads instead; zero bias with i.i.d.
-    // logits is the balanced case (~73 +- 9 pairs an expert at 4096 tokens).
+    // there) moves an expert's logit by up to ~1.25, ~0.85 sd of the N(0, 1.5) logits: at 4096 tokens 767 of K3's 896
+    // experts get pairs, many past 128 (session 64). A trained router's bias aims at balanced loads instead; zero bias
+    // with i.i.d. logits is the balanced case (~73 +- 9 pairs an expert at 4096 tokens).
     const char* bias_env = std::getenv("K3_MOE_TIMING_BIAS");
     const std::vector<float> bias = bias_env && bias_env[0] == '0' ? std::vector<float>(E, 0.f) : m.bias;
     ck(cudaMemcpy(db.p, bias.data(), E * 4, cudaMemcpyHostToDevice), "bias");
