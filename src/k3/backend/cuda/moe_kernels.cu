@@ -806,6 +806,27 @@ cudaError_t moe_experts(const ExpertBank& w, int n, int K, const float* x, const
 
 // moe_experts; round_hidden (MoePrecision::Mxfp8's tile form, from moe_experts_mxfp8 with x already rounded): the
 // tensor-core tiles at any n, the GLU outputs rounded to MXFP8 between gate+up and down (TileArgs::mxfp8_hidden_rows).
+// GGUF block experts' path (quant_moe.h): per pair (MoePath::Gemv), grouped or mma (TcDecode), or the tensor-core tiles
+// (TensorCore). Auto becomes quant_moe_choice's pick; a forced TcDecode is checked against what the bank and the decode
+// scratch allow (fits: the n K pairs fit the workspace's decode scratch). gguf_mma: the decode tiles on the tensor cores
+// (quant_moe_mma) rather than the fp32 grouped kernels.
+static cudaError_t gguf_moe_path(const ExpertBank& w, int n, int K, bool fits, MoePath& path, bool& gguf_mma) {
+  const WeightFormat df = expert_down_format(w);
+  if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 || path == MoePath::Simt)
+    return cudaErrorInvalidValue;
+  if (path == MoePath::Auto) {  // quant_moe_choice's Grouped / Mma have checked quant_moe_{grouped,mma}_supported
+    const QuantMoeKernels k = quant_moe_choice(w, n, K);
+    gguf_mma = k == QuantMoeKernels::Mma && fits;
+    path = k == QuantMoeKernels::PerPair                                ? MoePath::Gemv
+           : k == QuantMoeKernels::Grouped || k == QuantMoeKernels::Mma ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
+                                                                        : MoePath::TensorCore;
+  } else if (path == MoePath::TcDecode) {  // forced: the tensor-core decode tiles only when asked for (tests, A/B)
+    gguf_mma = quant_moe_mma_mode() == 1 && quant_moe_mma_supported(w);
+    if (!fits || (!gguf_mma && !quant_moe_grouped_supported(w))) return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, const int32_t* topk_idx,
                              const float* topk_w, GluAct act, float situ_beta, float situ_linear_beta, float* out,
                              MoeWorkspace& ws, cudaStream_t stream, MoePrecision precision, MoePath path, bool round_hidden) {
@@ -836,21 +857,9 @@ cudaError_t moe_experts_body(const ExpertBank& w, int n, int K, const float* x, 
   if (round_hidden && !tile_form_path(path)) return cudaErrorInvalidValue;
   if (round_hidden && gguf) path = MoePath::TensorCore;
   bool gguf_mma = false;  // GGUF decode tiles on the tensor cores (quant_moe_mma) rather than the fp32 grouped kernels
-  if (gguf) {  // quant_moe.h: per-pair (MoePath::Gemv), grouped or mma (TcDecode), tensor-core tiles (TensorCore)
-    const WeightFormat df = expert_down_format(w);
-    if (w.X % weight_layout(w.format).block_elems != 0 || w.I % weight_layout(df).block_elems != 0 || path == MoePath::Simt)
-      return cudaErrorInvalidValue;
-    const bool fits = static_cast<int64_t>(n) * K <= ws.dec_pairs_;
-    if (path == MoePath::Auto) {  // quant_moe_choice's Grouped / Mma have checked quant_moe_{grouped,mma}_supported
-      const QuantMoeKernels k = quant_moe_choice(w, n, K);
-      gguf_mma = k == QuantMoeKernels::Mma && fits;
-      path = k == QuantMoeKernels::PerPair                                ? MoePath::Gemv
-             : k == QuantMoeKernels::Grouped || k == QuantMoeKernels::Mma ? (fits ? MoePath::TcDecode : MoePath::TensorCore)
-                                                                          : MoePath::TensorCore;
-    } else if (path == MoePath::TcDecode) {  // forced: the tensor-core decode tiles only when asked for (tests, A/B)
-      gguf_mma = quant_moe_mma_mode() == 1 && quant_moe_mma_supported(w);
-      if (!fits || (!gguf_mma && !quant_moe_grouped_supported(w))) return cudaErrorInvalidValue;
-    }
+  if (gguf) {
+    const cudaError_t e = gguf_moe_path(w, n, K, static_cast<int64_t>(n) * K <= ws.dec_pairs_, path, gguf_mma);
+    if (e != cudaSuccess) return e;
     if (path == MoePath::Gemv)
       return quant_moe_experts(w, n, K, x, topk_idx, topk_w, act, situ_beta, situ_linear_beta, ws.hidden_, out, stream);
   }
