@@ -77,6 +77,49 @@ __device__ __forceinline__ void load_q(const float* q0, const float* q1, int qq,
   }
 }
 
+// This warp's quarter of the scores of its 16 heads against the tile's 32 keys (B = K^T from the bf16 tile by
+// non-transposed ldmatrix at `k_addr`; step s + 1's fragments load while step s multiplies).
+__device__ __forceinline__ void quarter_scores(uint32_t k_addr, const uint32_t (&qa)[kSteps][4], float (&sc)[4][4]) {
+#pragma unroll
+  for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+  uint32_t kb[2][2][4];  // [step & 1][key half][fragment]
+#pragma unroll
+  for (int p = 0; p < 2; ++p) ldsm_x4(k_addr + p * 16 * kRowPad * 2, kb[0][p][0], kb[0][p][1], kb[0][p][2], kb[0][p][3]);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (s + 1 < kSteps)
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        uint32_t(&b)[4] = kb[(s + 1) & 1][p];
+        ldsm_x4(k_addr + (p * 16 * kRowPad + (s + 1) * 16) * 2, b[0], b[1], b[2], b[3]);
+      }
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      mma_bf16(sc[2 * p], qa[s], kb[s & 1][p][0], kb[s & 1][p][1]);
+      mma_bf16(sc[2 * p + 1], qa[s], kb[s & 1][p][2], kb[s & 1][p][3]);
+    }
+  }
+}
+
+// O += P V over this warp's value dims (B = V from the bf16 tile by transposed ldmatrix at `v_addr`; each x4 load one
+// ahead of its MMAs).
+__device__ __forceinline__ void accumulate_pv(uint32_t v_addr, const uint32_t (&pa)[2][4], float (&o)[kVTiles][4]) {
+  constexpr int kLoads = 2 * kVTiles / 2;  // (kk, j) pairs: 16 x4 loads
+  uint32_t vb[2][4];
+  ldsm_x4_t(v_addr, vb[0][0], vb[0][1], vb[0][2], vb[0][3]);
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    if (i + 1 < kLoads) {
+      const int kk = (i + 1) / (kVTiles / 2), j = (i + 1) % (kVTiles / 2);
+      uint32_t(&b)[4] = vb[(i + 1) & 1];
+      ldsm_x4_t(v_addr + (kk * 16 * kRowPad + j * 16) * 2, b[0], b[1], b[2], b[3]);
+    }
+    const int kk = i / (kVTiles / 2), j = i % (kVTiles / 2);
+    mma_bf16(o[2 * j], pa[kk], vb[i & 1][0], vb[i & 1][1]);
+    mma_bf16(o[2 * j + 1], pa[kk], vb[i & 1][2], vb[i & 1][3]);
+  }
+}
+
 template <CacheDType DT>
 __global__ void __launch_bounds__(kThreads, 1)
     attend_tc_kernel(MlaPaging pg, int nh, const float* __restrict__ q_lat, float scale_log2, int ns,
@@ -135,28 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t tile = kv_addr;
     // Partial scores of this quarter: 16 heads x 32 keys.
     float sc[4][4];
-#pragma unroll
-    for (int n = 0; n < 4; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-    {
-      uint32_t kb[2][2][4];  // [step & 1][key half][fragment]: step s + 1 loads while step s multiplies
-#pragma unroll
-      for (int p = 0; p < 2; ++p)
-        ldsm_x4(tile + s_off + p * 16 * kRowPad * 2, kb[0][p][0], kb[0][p][1], kb[0][p][2], kb[0][p][3]);
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        if (s + 1 < kSteps)
-#pragma unroll
-          for (int p = 0; p < 2; ++p) {
-            uint32_t(&b)[4] = kb[(s + 1) & 1][p];
-            ldsm_x4(tile + s_off + (p * 16 * kRowPad + (s + 1) * 16) * 2, b[0], b[1], b[2], b[3]);
-          }
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          mma_bf16(sc[2 * p], qa[s], kb[s & 1][p][0], kb[s & 1][p][1]);
-          mma_bf16(sc[2 * p + 1], qa[s], kb[s & 1][p][2], kb[s & 1][p][3]);
-        }
-      }
-    }
+    quarter_scores(tile + s_off, qa, sc);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       *reinterpret_cast<float2*>(s_mine + 8 * n) = make_float2(sc[n][0], sc[n][1]);
@@ -215,22 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       o[n][2] *= c1;
       o[n][3] *= c1;
     }
-    {
-      constexpr int kLoads = 2 * kVTiles / 2;  // (kk, j) pairs: 16 x4 loads, each one ahead of its MMAs
-      uint32_t vb[2][4];
-      ldsm_x4_t(tile + v_off, vb[0][0], vb[0][1], vb[0][2], vb[0][3]);
-#pragma unroll
-      for (int i = 0; i < kLoads; ++i) {
-        if (i + 1 < kLoads) {
-          const int kk = (i + 1) / (kVTiles / 2), j = (i + 1) % (kVTiles / 2);
-          uint32_t(&b)[4] = vb[(i + 1) & 1];
-          ldsm_x4_t(tile + v_off + (kk * 16 * kRowPad + j * 16) * 2, b[0], b[1], b[2], b[3]);
-        }
-        const int kk = i / (kVTiles / 2), j = i % (kVTiles / 2);
-        mma_bf16(o[2 * j], pa[kk], vb[i & 1][0], vb[i & 1][1]);
-        mma_bf16(o[2 * j + 1], pa[kk], vb[i & 1][2], vb[i & 1][3]);
-      }
-    }
+    accumulate_pv(tile + v_off, pa, o);
     __syncthreads();  // the bf16 tile and the partial scores are free again
   }
 
