@@ -29,5 +29,11 @@ done
 kl_dummy_args
 [ "$BW" = 4175 ] && [ "$(left)" -gt 130 ] && ARM_TIMEOUT=$(( $(left) - 20 )) bench_arm "kl48 bf16" k3 "" $KL -p 4096 -n 0 -b 1 -r 2 \
   --peak-tflops 989 --gemm-precision bf16 2>&1 | tee "$OUT/kl-peak.txt"
-[ "$(left)" -gt 110 ] && cuda_suite
+# The suite (it covers the session's two host / device refactors: moe_experts_body's GGUF path choice, the mma.sync MLA
+# decode kernel's helpers); with less time, their tests alone.
+if [ "$(left)" -gt 110 ]; then cuda_suite
+elif [ "$(left)" -gt 30 ]; then
+  timeout $(( $(left) - 10 )) "$D/k3_cuda_tests" --gtest_filter='CudaQuantMoe.*:CudaMlaDecode.*' > "$OUT/refactor-tests.log" 2>&1
+  echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$OUT/refactor-tests.log" | head
+fi
 echo "done $(el)"
