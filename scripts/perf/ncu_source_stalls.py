@@ -18,13 +18,19 @@ import sys
 
 
 def read_rows(path):
-    raw = lzma.open(path, "rt") if path.endswith(".xz") else open(path)
-    lines = raw.read().splitlines()
+    try:
+        with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as raw:
+            lines = raw.read().splitlines()
+    except (OSError, UnicodeDecodeError, lzma.LZMAError) as e:
+        sys.exit(f"{path}: not a readable ncu CSV ({e})")
     start = next((i for i, l in enumerate(lines) if l.startswith('"Address"')), None)
     if start is None:
         sys.exit(f"{path}: no ncu source table (a header starting with \"Address\")")
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
-    return rows[0], rows[1:]
+    body = [r for r in rows[1:] if len(r) == len(rows[0])]
+    if len(body) < len(rows) - 1:
+        print(f"{path}: {len(rows) - 1 - len(body)} rows of another width skipped", file=sys.stderr)
+    return rows[0], body
 
 
 def num(s):
@@ -104,9 +110,13 @@ def main():
     if a.regions:
         print("\nby region (samples, share, instructions, warp instructions executed):")
         for spec in a.regions.split(","):
-            name, rng = spec.split(":")
-            lo, hi = (int(x, 16) for x in rng.split("-"))
-            width = 16 ** max(len(rng.split("-")[0]), len(rng.split("-")[1]))
+            try:
+                name, rng = spec.split(":")
+                los, his = rng.split("-")
+                lo, hi = int(los, 16), int(his, 16)
+            except ValueError:
+                sys.exit(f"--regions: '{spec}' is not NAME:LO-HI with hex LO, HI (e.g. copies:f0ce0-f0f10)")
+            width = 16 ** max(len(los), len(his))
             sel = [r for r in rows if lo <= int(r[0], 16) % width < hi]
             s = sum(samples(r) for r in sel)
             print(f"  {name:12s} {s:10.0f} {100 * s / total:5.1f}% {len(sel):6d} {sum(executed(r) for r in sel):14.0f}")

@@ -845,11 +845,27 @@ TEST(CudaMoe, RingMatchesSharedFormSmall) {
 
 // The ring's narrow-scale decode (banks whose scales are all <= 2^1, as trained weights have; session 64) against its
 // general decode on the same QAT-scale banks: the same products in the same order, so the same bits. Also that the
-// banks are narrow as counted (else this would compare the general decode with itself) and that a bank with a scale
-// of 2^2 is not.
+// banks are narrow as counted, that a bank with a scale of 2^2 is not, and -- so that the bitwise check cannot pass by
+// comparing the general decode with itself -- that the narrow decode does run: on that wide bank, with its count
+// overstated as narrow, it must give other bits (its one multiply overflows past 2^1).
 TEST(CudaMoe, RingNarrowScalesMatchGeneralBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  EXPECT_GT(cached_moe(tiny_shapes()[5]).bank.max_scale, 128) << "k3-like's scales reach 2^2";
+  {
+    Moe& wide = cached_moe(tiny_shapes()[5]);
+    EXPECT_GT(wide.bank.max_scale, 128) << "k3-like's scales reach 2^2";
+    if (!k3::cuda::moe_wg::ring_supports(wide.bank)) GTEST_SKIP() << "the ring form needs sm_90a";
+    ExpertCall call(wide, 130, 1890);
+    const std::vector<float> honest = call.run(MoePrecision::Bf16x2, MoePath::WgmmaRing);
+    const uint8_t counted = wide.bank.max_scale;
+    wide.bank.max_scale = 128;  // a lie: the narrow decode on scales up to 2^2
+    const std::vector<float> lied = call.run(MoePrecision::Bf16x2, MoePath::WgmmaRing);
+    wide.bank.max_scale = counted;
+    size_t diff = 0;
+    for (size_t i = 0; i < honest.size(); ++i) diff += std::memcmp(&honest[i], &lied[i], 4) != 0;
+    std::printf("[ moe ] %-12s n= 130 ring narrow decode forced on a 2^2-scale bank: %zu of %zu floats differ\n",
+                wide.sh.name, diff, honest.size());
+    EXPECT_GT(diff, 0u) << "the narrow decode did not run (or gave the general decode's bits past 2^1)";
+  }
   const Shape k3_like_qat{128, 16, 1024, 512, true, "k3-like-qat", true};
   for (const auto& [s, n] : std::vector<std::pair<Shape, int>>{{k3_like_qat, 130}, {k3_like_qat, 1024}, {kK3Qat, 4096}}) {
     Moe& m = cached_moe(s);

@@ -42,7 +42,7 @@ cudaError_t launch_ring(const ExpertBank& w, int n, int n_tiles_bound, const Til
 
 // The pairs of the plan's tiles launch_ring takes (128: K3's ~73-pair experts at 4096 tokens in one tile).
 int ring_tile_pairs();
-// The ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1: TileArgs::narrow_scales) unless
+// The ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1: ExpertStack::max_scale <= 128) unless
 // K3_RING_NARROW=0; false forces the general decode on such banks too, nullopt returns to the environment's.
 void force_ring_narrow_scales_for_testing(std::optional<bool> on);
 

@@ -34,10 +34,6 @@ struct TileArgs {
   float* out = nullptr;  // [P][rows] by slot
   GluAct act = GluAct::SiLU;
   float beta = 1.f, lbeta = 1.f;
-  // Host side only: every MXFP4 scale of the bank is <= 2^1 (ExpertStack::max_scale <= 128), so the ring form may take
-  // its narrow-scale decode (one multiply, no NaN / overflow tests). Here, in the padding before row_bytes, so that the
-  // kernels' parameter block keeps its size and offsets.
-  bool narrow_scales = false;
   int64_t row_bytes = 0;  // GGUF block experts: row_data_bytes(format, cols)
   int64_t mat_bytes = 0;  // GGUF block experts: bytes of one whole stack (w0's; w1's the same), E * rows * row_bytes
   IqTables T{};           // GGUF i-quant codebooks (quant_tables.h)
@@ -62,7 +58,6 @@ inline TileArgs gate_up_args(const ExpertBank& w, int K, const float* x, GluAct 
   a.s0 = w.gate_scales;
   a.w1 = w.up;
   a.s1 = w.up_scales;
-  a.narrow_scales = w.format == WeightFormat::MXFP4 && w.max_scale <= 128;
   a.rows = w.I;
   a.cols = w.X;
   a.in = x;

@@ -341,17 +341,16 @@ __global__ void __launch_bounds__(kRingThreads, 1) expert_ring_kernel(const Ring
 }
 
 // ------------------------------------------------------------------------------------------------ launchers
-// The narrow-scale decode where the bank allows it (TileArgs::narrow_scales); K3_RING_NARROW=0 keeps the general one
-// (the A/B of session 64; tests force either).
+// The narrow-scale decode where the bank allows it (every scale <= 2^1: ExpertStack::max_scale <= 128);
+// K3_RING_NARROW=0 keeps the general one (the A/B of session 64; tests force either).
 EnvFlag g_narrow{"K3_RING_NARROW"};
 
 // grid: (tiles, blocks of the tile), launched transposed (RingArgs::col_major) unless the tiles exceed gridDim.y.
 template <int NMAT, bool GATHER, bool SPLIT, bool MX8 = false>
-cudaError_t launch_ring_one(RingArgs r, dim3 grid, cudaStream_t stream) {
+cudaError_t launch_ring_one(RingArgs r, dim3 grid, bool narrow, cudaStream_t stream) {
   r.col_major = r.col_major && grid.x <= 65535u;  // the tiles on gridDim.y (at most 65535)
   if (r.col_major) grid = dim3(grid.y, grid.x);
-  auto* k = r.t.narrow_scales && g_narrow.on() ? &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, true>
-                                               : &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, false>;
+  auto* k = narrow ? &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, true> : &expert_ring_kernel<NMAT, GATHER, SPLIT, MX8, false>;
   constexpr int smem = ring_smem_bytes<SPLIT>();
   const cudaError_t attr = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
@@ -371,14 +370,15 @@ cudaError_t launch_ring_pair(const ExpertBank& w, int n, int n_tiles_bound, cons
   // The hidden planes in gate+up's fp32 buffer (max_pairs x I floats: two bf16 planes of max_pairs x I).
   auto* hp = reinterpret_cast<uint16_t*>(gate_up.out);
   const int64_t hplane = max_pairs * w.I;
+  const bool narrow = w.max_scale <= 128 && g_narrow.on();
   RingArgs gu{gate_up, xp, xplane, hp, hplane};
   const dim3 g1(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.I + kRows / 2 - 1) / (kRows / 2)));
-  if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, stream)) != cudaSuccess) return e;
+  if ((e = launch_ring_one<2, true, SPLIT, MX8>(gu, g1, narrow, stream)) != cudaSuccess) return e;
   TileArgs d = gate_up;
   to_down_args(d, w, gate_up.out, y);
   RingArgs dn{d, hp, hplane, nullptr, 0};
   const dim3 g2(static_cast<unsigned>(n_tiles_bound), static_cast<unsigned>((w.X + kRows - 1) / kRows));
-  return launch_ring_one<1, false, SPLIT>(dn, g2, stream);
+  return launch_ring_one<1, false, SPLIT>(dn, g2, narrow, stream);
 }
 
 bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }

@@ -91,7 +91,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
-// NARROW: every scale of the bank is <= 128 (2^1; TileArgs::narrow_scales), so one multiply by 2^(s-1) is exact and
+// NARROW: every scale of the bank is <= 128 (2^1; ExpertStack::max_scale), so one multiply by 2^(s-1) is exact and
 // neither the NaN scale (255) nor the second multiply can occur: of a chunk's ~110 decode instructions a thread, the
 // scale handling's ~22 (tests, selects, the vote) go -- s64-1's per-instruction samples had them among the busiest
 // ALU-pipe instructions of gate+up (math-pipe throttle), in a kernel whose step is issue-bound.
