@@ -387,7 +387,7 @@ void launch_down(const Problem& P, const Device& d, const HostRouting& h, cudaSt
 }
 
 // The three stages (the tiles of each pair count as their own launch).
-template <int GPL1, int GPL2, int MINB>
+template <int GPL1, int GPL2, int MINB, int MINBX = MINB>  // MINBX: blocks an SM for tiles of 2-4 pairs
 void run_layer(const Problem& P, const Device& d, const HostRouting& h, cudaStream_t st, bool quant, bool gu, bool dn) {
   if (quant) {
     const int64_t blocks = static_cast<int64_t>(P.N) * P.K / 32;
@@ -395,15 +395,15 @@ void run_layer(const Problem& P, const Device& d, const HostRouting& h, cudaStre
   }
   if (gu) {
     launch_gateup<GPL1, 1, MINB>(P, d, h, st);
-    launch_gateup<GPL1, 2, MINB>(P, d, h, st);
-    launch_gateup<GPL1, 3, MINB>(P, d, h, st);
-    launch_gateup<GPL1, 4, MINB>(P, d, h, st);
+    launch_gateup<GPL1, 2, MINBX>(P, d, h, st);
+    launch_gateup<GPL1, 3, MINBX>(P, d, h, st);
+    launch_gateup<GPL1, 4, MINBX>(P, d, h, st);
   }
   if (dn) {
     launch_down<GPL2, 1, MINB>(P, d, h, st);
-    launch_down<GPL2, 2, MINB>(P, d, h, st);
-    launch_down<GPL2, 3, MINB>(P, d, h, st);
-    launch_down<GPL2, 4, MINB>(P, d, h, st);
+    launch_down<GPL2, 2, MINBX>(P, d, h, st);
+    launch_down<GPL2, 3, MINBX>(P, d, h, st);
+    launch_down<GPL2, 4, MINBX>(P, d, h, st);
     const int64_t n = static_cast<int64_t>(P.N) * P.K;
     combine_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, st>>>(d.y, d.p, P.N, P.K, d.out);
   }
@@ -559,7 +559,7 @@ int check() {
   return ok ? 0 : 1;
 }
 
-template <int MINB>
+template <int MINB, int MINBX = MINB>
 void time_variant(const Problem& P, const Device& d, const HostRouting& h, int reps) {
   const double expert_bytes = 3.0 * P.I * P.K * (0.5 + 1.0 / 32);
   const double gu_bytes = h.distinct * expert_bytes * 2 / 3, dn_bytes = h.distinct * expert_bytes / 3;
@@ -567,9 +567,9 @@ void time_variant(const Problem& P, const Device& d, const HostRouting& h, int r
   ck(cudaEventCreate(&e0), "ev");
   ck(cudaEventCreate(&e1), "ev");
   auto timed = [&](bool q, bool g, bool dn) {
-    run_layer<14, 12, MINB>(P, d, h, nullptr, true, true, true);  // warm, and the later stages' inputs
+    run_layer<14, 12, MINB, MINBX>(P, d, h, nullptr, true, true, true);  // warm, and the later stages' inputs
     ck(cudaEventRecord(e0), "rec");
-    for (int r = 0; r < reps; ++r) run_layer<14, 12, MINB>(P, d, h, nullptr, q, g, dn);
+    for (int r = 0; r < reps; ++r) run_layer<14, 12, MINB, MINBX>(P, d, h, nullptr, q, g, dn);
     ck(cudaEventRecord(e1), "rec");
     ck(cudaEventSynchronize(e1), "sync");
     float ms = 0;
@@ -581,9 +581,9 @@ void time_variant(const Problem& P, const Device& d, const HostRouting& h, int r
   ck(cudaGetLastError(), "time");
   int tiles_by[kMaxT + 1] = {};
   for (int c : h.count) ++tiles_by[c];
-  std::printf("time n=%d minb=%d: %d experts (most pairs %d; tiles 1:%d 2:%d 3:%d 4:%d); quant %.1f us; gate|up+glu "
+  std::printf("time n=%d minb=%d/%d: %d experts (most pairs %d; tiles 1:%d 2:%d 3:%d 4:%d); quant %.1f us; gate|up+glu "
               "%.1f us = %.0f GB/s; down+combine %.1f us = %.0f GB/s; layer %.1f us = %.0f GB/s of %.1f MB\n",
-              P.N, MINB, h.distinct, h.max_pairs, tiles_by[1], tiles_by[2], tiles_by[3], tiles_by[4], tq, tg,
+              P.N, MINB, MINBX, h.distinct, h.max_pairs, tiles_by[1], tiles_by[2], tiles_by[3], tiles_by[4], tq, tg,
               gu_bytes / tg / 1e3, td, dn_bytes / td / 1e3, tall, (gu_bytes + dn_bytes) / tall / 1e3,
               (gu_bytes + dn_bytes) / 1e6);
 }
@@ -600,6 +600,7 @@ int time_run(int N, int reps) {
   time_variant<1>(P, d, h, reps);
   time_variant<2>(P, d, h, reps);
   time_variant<3>(P, d, h, reps);
+  time_variant<2, 1>(P, d, h, reps);
   return 0;
 }
 
