@@ -7,6 +7,11 @@
 # 6. the suite if time is left. Pack: scripts/gpu-pack-bins at the session's ring commit. Carry: .gpuwork
 BUDGET=${BUDGET:-530}
 . scripts/perf/lib-call.sh
+timeout 150 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Ring*:CudaMoe.Mxfp8TilesMatchCpuMxfp8:*CudaModelE2E.*:CudaModelDummy.*' > "$OUT/tests.log" 2>&1
+echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|narrow-scale|ring vs shared" "$OUT/tests.log" | head -30
+# The session-64 refactors' tests (moe_experts_body's GGUF path choice, the mma.sync MLA decode kernel's helpers).
+timeout 90 "$D/k3_cuda_tests" --gtest_filter='CudaQuantMoe.*:CudaMlaDecode.*' > "$OUT/refactor-tests.log" 2>&1
+echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$OUT/refactor-tests.log" | head
 # Session 65 first: the MXFP4 x q8 dp4a decode prototype (scripts/perf/mxfp4_q8_bench.cu; carry .gpuwork/mxfp4_q8_bench)
 # -- its check, then K3's expert shapes at n = 1 / 8 / 64, and the engine's decode rows at the same n in this process
 # order (CudaMoe.Timing, K3 QAT bank).
@@ -14,8 +19,6 @@ timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 c
 for n in 1 8 64; do timeout 60 "$GW/mxfp4_q8_bench" time $n 20; echo "q8 time $n rc=$? $(el)"; done 2>&1 | tee "$OUT/q8-time.txt"
 K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 90 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > "$OUT/moe-timing-dec.log" 2>&1
 echo "engine decode timing rc=$? $(el)"; grep -E "timing" "$OUT/moe-timing-dec.log" | grep -E "auto|w4a8|dec" | cut -c1-170 | head -30
-timeout 150 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Ring*:CudaMoe.Mxfp8TilesMatchCpuMxfp8:*CudaModelE2E.*:CudaModelDummy.*' > "$OUT/tests.log" 2>&1
-echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|narrow-scale|ring vs shared" "$OUT/tests.log" | head -30
 # The last arm: balanced routing (no correction bias; K3_MOE_TIMING_BIAS=0), what a trained router's loads look like.
 for v in "" "K3_RING_NARROW=0" "K3_MOE_TIMING_BIAS=0" "K3_MOE_TIMING_BIAS=0 K3_RING_NARROW=0"; do
   env $v K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=2048,4096 timeout 50 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > /tmp/tm.log 2>&1
@@ -36,11 +39,5 @@ done
 kl_dummy_args
 [ "$BW" = 4175 ] && [ "$(left)" -gt 130 ] && ARM_TIMEOUT=$(( $(left) - 20 )) bench_arm "kl48 bf16" k3 "" $KL -p 4096 -n 0 -b 1 -r 2 \
   --peak-tflops 989 --gemm-precision bf16 2>&1 | tee "$OUT/kl-peak.txt"
-# The suite (it covers the session's two host / device refactors: moe_experts_body's GGUF path choice, the mma.sync MLA
-# decode kernel's helpers); with less time, their tests alone.
-if [ "$(left)" -gt 110 ]; then cuda_suite
-elif [ "$(left)" -gt 30 ]; then
-  timeout $(( $(left) - 10 )) "$D/k3_cuda_tests" --gtest_filter='CudaQuantMoe.*:CudaMlaDecode.*' > "$OUT/refactor-tests.log" 2>&1
-  echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$OUT/refactor-tests.log" | head
-fi
+if [ "$(left)" -gt 110 ]; then cuda_suite; fi
 echo "done $(el)"
