@@ -15,7 +15,7 @@ echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$
 # Session 65 first: the MXFP4 x q8 dp4a decode prototype (scripts/perf/mxfp4_q8_bench.cu; carry .gpuwork/mxfp4_q8_bench)
 # -- its check, then K3's expert shapes at n = 1 / 8 / 64, and the engine's decode rows at the same n in this process
 # order (CudaMoe.Timing, K3 QAT bank).
-timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
+"$GW/mxfp4_q8_bench" selftest; timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
 for n in 1 8 64; do timeout 60 "$GW/mxfp4_q8_bench" time $n 20; echo "q8 time $n rc=$? $(el)"; done 2>&1 | tee "$OUT/q8-time.txt"
 K3_MOE_TIMING_SHAPES=qat K3_MOE_TIMING_N=1,8,64 timeout 90 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.Timing' > "$OUT/moe-timing-dec.log" 2>&1
 echo "engine decode timing rc=$? $(el)"; grep -E "timing" "$OUT/moe-timing-dec.log" | grep -E "auto|w4a8|dec" | cut -c1-170 | head -30

@@ -4,7 +4,7 @@
 # n = 1 / 8 / 64) and the engine's decode rows at the same n. Carry: .gpuwork (k3bins.tar.xz, mxfp4_q8_bench)
 BUDGET=${BUDGET:-230}
 . scripts/perf/lib-call.sh
-timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
+"$GW/mxfp4_q8_bench" selftest; timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
 for n in 1 8 64; do timeout 40 "$GW/mxfp4_q8_bench" time $n 20; echo "q8 time $n rc=$? $(el)"; done 2>&1 | tee "$OUT/q8-time.txt"
 timeout 70 "$D/k3_cuda_tests" --gtest_filter='CudaMoe.RingNarrow*:CudaMoe.RingMatchesSharedForm*' > "$OUT/tests.log" 2>&1
 echo "narrow tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|narrow|ring vs shared" "$OUT/tests.log" | head -20

@@ -16,6 +16,7 @@
 //   - scales as "narrow" E8M0 (2 <= e <= 254: one shift, the 0.5 of the table folded in), as trained banks are.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/perf/mxfp4_q8_bench.cu -o mxfp4_q8_bench
+//   mxfp4_q8_bench selftest       the decode arithmetic on the host (prmt / dp4a as the PTX ISA defines them)
 //   mxfp4_q8_bench check          small banks against a double-precision host reference of the same numerics (rel of max
 //                                 ~1e-6 expected; a wrong nibble table or token order fails by ~1), and against the
 //                                 unquantised products (the q8 class: ~1e-2)
@@ -47,10 +48,32 @@ constexpr int kMaxT = 4;  // pairs (tokens) a tile: an expert with more is cut i
 
 // PTX prmt in its generic mode: selector nibble bits 2..0 pick a byte of {b, a}, bit 3 set replicates that byte's
 // sign bit instead -- 0x00 for the magnitude table below, whose bytes are all < 0x80.
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+__host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
+#else  // the PTX ISA's definition, for the host self-test
+  const uint64_t src = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = (sel >> (4 * i)) & 15u;
+    uint32_t byte = static_cast<uint32_t>(src >> (8 * (c & 7u))) & 0xffu;
+    if (c & 8u) byte = (byte & 0x80u) ? 0xffu : 0u;
+    d |= byte << (8 * i);
+  }
+  return d;
+#endif
+}
+
+__host__ __device__ __forceinline__ int dp4a(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(a, b, c);
+#else
+  for (int i = 0; i < 4; ++i)
+    c += static_cast<int>(static_cast<int8_t>(a >> (8 * i))) * static_cast<int>(static_cast<int8_t>(b >> (8 * i)));
+  return c;
+#endif
 }
 
 // The int32 dot of one 32-input group (16 bytes of weights: byte j = element 2j low nibble, 2j + 1 high) with 32 int8
@@ -58,7 +81,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // codes at a time: with the codes as the selector, a positive code gives its magnitude and a negative one 0 (the sign
 // bit is prmt's replicate bit); with the sign bits flipped, the other way round. So a word of 8 codes is 4 lookups
 // and 4 dp4a into a positive and a negative sum, no select: ~11 integer instructions a 4-byte word.
-__device__ __forceinline__ int group_dot(const uint4& w, const int4& x0, const int4& x1, uint32_t kLo) {
+__host__ __device__ __forceinline__ int group_dot(const uint4& w, const int4& x0, const int4& x1, uint32_t kLo) {
   constexpr uint32_t kHi = 0x0C080604u, kSign = 0x88888888u;
   int p = 0, n = 0;
   const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
@@ -66,10 +89,10 @@ __device__ __forceinline__ int group_dot(const uint4& w, const int4& x0, const i
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const uint32_t c = wd[i], f = c ^ kSign;
-    p = __dp4a(static_cast<int>(prmt(kLo, kHi, c)), xs[2 * i], p);              // elements 0..3 of the word
-    n = __dp4a(static_cast<int>(prmt(kLo, kHi, f)), xs[2 * i], n);
-    p = __dp4a(static_cast<int>(prmt(kLo, kHi, c >> 16)), xs[2 * i + 1], p);    // elements 4..7
-    n = __dp4a(static_cast<int>(prmt(kLo, kHi, f >> 16)), xs[2 * i + 1], n);
+    p = dp4a(static_cast<int>(prmt(kLo, kHi, c)), xs[2 * i], p);              // elements 0..3 of the word
+    n = dp4a(static_cast<int>(prmt(kLo, kHi, f)), xs[2 * i], n);
+    p = dp4a(static_cast<int>(prmt(kLo, kHi, c >> 16)), xs[2 * i + 1], p);    // elements 4..7
+    n = dp4a(static_cast<int>(prmt(kLo, kHi, f >> 16)), xs[2 * i + 1], n);
   }
   return p - n;
 }
@@ -470,6 +493,36 @@ void row_ref(const uint8_t* w, const uint8_t* s, int K, const std::vector<int8_t
   }
 }
 
+// Host self-test of the decode arithmetic (prmt and dp4a as the PTX ISA defines them): group_dot against the E2M1
+// table on random words and activations, every code in every position -- no GPU needed.
+int selftest() {
+  std::mt19937 rng(17);
+  int64_t bad = 0, n = 0;
+  for (int it = 0; it < 200000; ++it) {
+    uint32_t wv[4];
+    int8_t xv[32];
+    for (auto& v : wv) v = static_cast<uint32_t>(rng());
+    for (auto& v : xv) v = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+    if (it < 16)
+      for (auto& v : wv) v = 0x11111111u * static_cast<uint32_t>(it);  // each code in all 8 nibbles
+    int64_t ref = 0;
+    for (int i = 0; i < 32; ++i) {
+      const uint8_t b = static_cast<uint8_t>(wv[i / 8] >> (8 * ((i % 8) / 2)));
+      const int code = (i & 1) ? (b >> 4) : (b & 15);
+      ref += std::llround(2 * kE2m1[code]) * xv[i];
+    }
+    int xw[8];
+    std::memcpy(xw, xv, 32);
+    const uint4 w{wv[0], wv[1], wv[2], wv[3]};
+    const int4 x0{xw[0], xw[1], xw[2], xw[3]}, x1{xw[4], xw[5], xw[6], xw[7]};
+    bad += group_dot(w, x0, x1, 0x03020100u) != ref;
+    ++n;
+  }
+  std::printf("selftest: %lld of %lld group dots differ from the E2M1 table's\n", static_cast<long long>(bad),
+              static_cast<long long>(n));
+  return bad ? 1 : 0;
+}
+
 int check() {
   const Problem P{24, 512, 1024, 12};  // 12 tokens x 16 of 24 experts: tiles of 1..4 pairs; GPL 4 / 2
   std::mt19937 rng(7);
@@ -607,6 +660,7 @@ int time_run(int N, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "selftest") return selftest();
   if (argc >= 2 && std::string(argv[1]) == "check") return check();
   if (argc >= 3 && std::string(argv[1]) == "time")
     return time_run(std::atoi(argv[2]), argc >= 4 ? std::atoi(argv[3]) : 20);
