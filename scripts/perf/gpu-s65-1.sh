@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 65 call 1 (session 64 second call, not run then, with the q8 prototype in front): the ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1 -- trained and QAT
+# Session 65 call 1 (session 64's gpu-s64-2.sh, never run, renamed, with the q8 prototype after its tests): the ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1 -- trained and QAT
 # weights, the dummy K3 -- decode with one multiply and no NaN / overflow tests; K3_RING_NARROW=0 keeps the general one).
 # 1. the ring / MXFP8 / model tests (RingNarrowScalesMatchGeneralBitwise: its first run); 2. timing of the K3 QAT bank
 # at n = 2048 / 4096, narrow and general, with the bank's skewed routing and balanced (K3_MOE_TIMING_BIAS=0); 3. the K3-dims 4-layer pp4096 / pp2048 at bf16 and bf16x2, alternating arms;
