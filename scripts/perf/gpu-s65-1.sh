@@ -12,7 +12,7 @@ echo "tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]|narrow-scale
 # The session-64 refactors' tests (moe_experts_body's GGUF path choice, the mma.sync MLA decode kernel's helpers).
 timeout 90 "$D/k3_cuda_tests" --gtest_filter='CudaQuantMoe.*:CudaMlaDecode.*' > "$OUT/refactor-tests.log" 2>&1
 echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$OUT/refactor-tests.log" | head
-# Session 65 first: the MXFP4 x q8 dp4a decode prototype (scripts/perf/mxfp4_q8_bench.cu; carry .gpuwork/mxfp4_q8_bench)
+# Session 65: the MXFP4 x q8 dp4a decode prototype (scripts/perf/mxfp4_q8_bench.cu; carry .gpuwork/mxfp4_q8_bench)
 # -- its check, then K3's expert shapes at n = 1 / 8 / 64, and the engine's decode rows at the same n in this process
 # order (CudaMoe.Timing, K3 QAT bank).
 "$GW/mxfp4_q8_bench" selftest; timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
