@@ -17,7 +17,7 @@ echo "refactor tests rc=$? $(el)"; grep -E "^\[  (FAILED|PASSED) |FAILED  \]" "$
 # order (CudaMoe.Timing, K3 QAT bank).
 "$GW/mxfp4_q8_bench" selftest; timeout 60 "$GW/mxfp4_q8_bench" check 2>&1 | tee "$OUT/q8-check.txt"; echo "q8 check rc=$? $(el)"
 for n in 1 8 64; do timeout 60 "$GW/mxfp4_q8_bench" time $n 20; echo "q8 time $n rc=$? $(el)"; done 2>&1 | tee "$OUT/q8-time.txt"
-# Where the prototype's gate|up time goes at n = 8 (its first launch: one pair a tile, 2 blocks an SM).
+# Where the prototype's gate|up time goes at n = 8 (its first launch: tiles of one pair, the minb=1 variant).
 [ "$(left)" -gt 200 ] && timeout 60 ncu --kernel-name regex:gateup_q8 --launch-count 1 --section SpeedOfLight \
   --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy "$GW/mxfp4_q8_bench" time 8 1 > "$OUT/q8-ncu.txt" 2>&1
 echo "q8 ncu rc=$? $(el)"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots|Warp Cycles Per Issued" "$OUT/q8-ncu.txt" | head -10
