@@ -7,12 +7,13 @@
 // dot of a row's block exact; acc += float(dot) (0.5 2^(e8m0 - 127) d)), llama.cpp's CUDA MXFP4 path likewise (q8_1).
 // Here:
 //   - the weights as stored (byte j of a 16-byte group: element 2j low nibble, 2j + 1 high), no load-time repack;
-//   - an E2M1 word (8 nibbles) to two int8x4 words of 2x its values by three __byte_perm a half against a 16-byte table
-//     (two lookups of the low 3 bits, one choosing by the sign bit): ~9 integer instructions and 2 dp4a per 4 bytes,
-//     against ~16 for the bf16 placement and its scale multiply;
+//   - a word of 8 E2M1 codes: 4 prmt lookups of a magnitude table (2x the values: 0 1 2 3 4 6 8 12) -- with the codes
+//     as the selector a negative code gives 0 (prmt's sign-replicate bit), with the sign bits flipped the other way
+//     round -- and 4 dp4a into a positive and a negative sum: ~11 integer instructions a 4-byte word, no select
+//     (group_dot below; llama.cpp's 16-entry form takes 6 prmt and their masks a word);
 //   - gate | up and the GLU fused, the hidden rows quantised to q8 in the same block (a block = 32 hidden rows), so down
-//     reads int8 hidden rows; a warp 4 rows, 8 lanes a row (128 contiguous bytes a row a load), every group of a lane's
-//     row loaded before its products (14 x 16 bytes a lane in flight at K3's gate / up);
+//     reads int8 hidden rows; a warp 4 rows, 8 lanes a row (128 contiguous bytes a row a load), two chunks of a lane's
+//     groups in flight (gate's before x is staged, each up chunk as soon as its registers are free);
 //   - scales as "narrow" E8M0 (2 <= e <= 254: one shift, the 0.5 of the table folded in), as trained banks are.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/perf/mxfp4_q8_bench.cu -o mxfp4_q8_bench
@@ -21,7 +22,8 @@
 //                                 ~1e-6 expected; a wrong nibble table or token order fails by ~1), and against the
 //                                 unquantised products (the q8 class: ~1e-2)
 //   mxfp4_q8_bench time N [REPS]  K3's expert shapes (896 experts, top-16, gate|up 6144 x 3584, down 3584 x 3072) for N
-//                                 tokens routed at random: us per stage and GB/s of the touched experts' bytes
+//                                 tokens routed at random: us per stage and GB/s of the touched experts' bytes, for launch
+//                                 bounds of 1, 2 and 3 blocks an SM and a mixed one (one-pair tiles at 2, the rest at 1)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
