@@ -664,8 +664,15 @@ int time_run(int N, int reps) {
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "selftest") return selftest();
   if (argc >= 2 && std::string(argv[1]) == "check") return check();
-  if (argc >= 3 && std::string(argv[1]) == "time")
-    return time_run(std::atoi(argv[2]), argc >= 4 ? std::atoi(argv[3]) : 20);
+  if (argc >= 3 && std::string(argv[1]) == "time") {
+    const int n = std::atoi(argv[2]), reps = argc >= 4 ? std::atoi(argv[3]) : 20;
+    if (n < 1 || n > 4096 || reps < 1 || reps > 10000) {
+      std::fprintf(stderr, "time: N in 1..4096 and REPS in 1..10000 (got %s%s%s)\n", argv[2], argc >= 4 ? " " : "",
+                   argc >= 4 ? argv[3] : "");
+      return 2;
+    }
+    return time_run(n, reps);
+  }
   std::fprintf(stderr, "usage: %s check | time N [REPS]\n", argv[0]);
   return 2;
 }
