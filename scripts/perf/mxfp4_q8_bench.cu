@@ -673,6 +673,6 @@ int main(int argc, char** argv) {
     }
     return time_run(n, reps);
   }
-  std::fprintf(stderr, "usage: %s check | time N [REPS]\n", argv[0]);
+  std::fprintf(stderr, "usage: %s selftest | check | time N [REPS]\n", argv[0]);
   return 2;
 }
