@@ -197,6 +197,18 @@ __device__ __forceinline__ void stage_rows(const int8_t* q, const float* d, cons
   }
 }
 
+// A kernel's start: a lane's first two chunks of its row (w, s) go out, then the tile's T q8 rows are staged; the
+// block waits for them.
+template <int C, int T>
+__device__ __forceinline__ void load_and_stage(Chunk<C>& A, Chunk<C>& B, const uint8_t* w, const uint8_t* s, int l8,
+                                               const int8_t* q, const float* d, const int* rows, int K, int8_t* sq,
+                                               float* sd) {
+  A.load(w, s, l8, 0);
+  B.load(w, s, l8, C);
+  stage_rows<T>(q, d, rows, K, sq, sd);
+  __syncthreads();
+}
+
 struct GateUpArgs {
   const uint8_t* w;   // [E][2I][K / 2]: gate rows 0..I-1, up rows I..2I-1
   const uint8_t* ws;  // [E][2I][K / 32]
@@ -234,10 +246,7 @@ __global__ void __launch_bounds__(256, MINB) gateup_q8_kernel(GateUpArgs a) {
   constexpr int C = GPL / 2;
   const uint32_t lo = table_lo();
   Chunk<C> A, B;
-  A.load(wg, sg, l8, 0);
-  B.load(wg, sg, l8, C);
-  stage_rows<T>(a.xq, a.xd, toks, a.K, sq, sd);
-  __syncthreads();
+  load_and_stage<C, T>(A, B, wg, sg, l8, a.xq, a.xd, toks, a.K, sq, sd);
   float g[T], u[T];
   for (int t = 0; t < T; ++t) g[t] = u[t] = 0.f;
   accumulate<C, T>(A, 0, l8, sq, sd, a.K, g, lo);
@@ -292,10 +301,7 @@ __global__ void __launch_bounds__(256, MINB) down_q8_kernel(DownArgs a) {
   constexpr int C = GPL / 2;
   const uint32_t lo = table_lo();
   Chunk<C> A, B;
-  A.load(w, s, l8, 0);
-  B.load(w, s, l8, C);
-  stage_rows<T>(a.hq, a.hd, pairs, a.I, sq, sd);
-  __syncthreads();
+  load_and_stage<C, T>(A, B, w, s, l8, a.hq, a.hd, pairs, a.I, sq, sd);
   float acc[T];
   for (int t = 0; t < T; ++t) acc[t] = 0.f;
   accumulate<C, T>(A, 0, l8, sq, sd, a.I, acc, lo);
