@@ -118,19 +118,24 @@ struct Tiles {
   const int* pair_of;  // [pairs], by expert: the pair ids (pair = token * kTopK + j)
 };
 
-// x [N][K] fp32 -> q [N][K] int8 + d [N][K / 32]: one warp a block of 32 (lane = input), the CPU tier's rule.
-__global__ void quant_q8_kernel(const float* x, int64_t blocks, int8_t* q, float* d) {
-  const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+// One warp's block of 32 values (lane = value) to q8, the CPU tier's rule: m = max |v|, q = nearest-even(v (127 / m)),
+// d = m / 127; a block with m < 2^-120 (or a NaN) gets q = 0, d = 0. Lane i writes q[i], lane 0 d.
+__device__ __forceinline__ void quant_q8_warp(float v, int8_t* q, float* d) {
   const int lane = threadIdx.x & 31;
-  if (b >= blocks) return;
-  const float v = x[b * 32 + lane];
   float m = fabsf(v);
 #pragma unroll
   for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   const bool tiny = !(m >= 0x1p-120f);
   const float inv = tiny ? 0.f : __fdiv_rn(127.f, m);
-  q[b * 32 + lane] = static_cast<int8_t>(tiny ? 0 : __float2int_rn(__fmul_rn(v, inv)));
-  if (lane == 0) d[b] = tiny ? 0.f : __fdiv_rn(m, 127.f);
+  q[lane] = static_cast<int8_t>(tiny ? 0 : __float2int_rn(__fmul_rn(v, inv)));
+  if (lane == 0) *d = tiny ? 0.f : __fdiv_rn(m, 127.f);
+}
+
+// x [N][K] fp32 -> q [N][K] int8 + d [N][K / 32]: one warp a block of 32.
+__global__ void quant_q8_kernel(const float* x, int64_t blocks, int8_t* q, float* d) {
+  const int64_t b = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (b >= blocks) return;  // whole warps: blockDim is a multiple of 32
+  quant_q8_warp(x[b * 32 + (threadIdx.x & 31)], q + b * 32, d + b);
 }
 
 __device__ __forceinline__ float glu(float g, float u) { return g / (1.f + __expf(-g)) * u; }
@@ -260,17 +265,9 @@ __global__ void __launch_bounds__(256, MINB) gateup_q8_kernel(GateUpArgs a) {
   if (l8 == 0)
     for (int t = 0; t < T; ++t) sh[t * 32 + warp * 4 + (lane >> 3)] = glu(g[t], u[t]);
   __syncthreads();
-  if (warp < T) {  // warp t quantises token t's 32 hidden values
-    const float v = sh[warp * 32 + lane];
-    float m = fabsf(v);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const bool tiny = !(m >= 0x1p-120f);
-    const float inv = tiny ? 0.f : __fdiv_rn(127.f, m);
-    a.hq[static_cast<int64_t>(pairs[warp]) * a.I + blockIdx.x * 32 + lane] =
-        static_cast<int8_t>(tiny ? 0 : __float2int_rn(__fmul_rn(v, inv)));
-    if (lane == 0) a.hd[static_cast<int64_t>(pairs[warp]) * (a.I / 32) + blockIdx.x] = tiny ? 0.f : __fdiv_rn(m, 127.f);
-  }
+  if (warp < T)  // warp t quantises token t's 32 hidden values
+    quant_q8_warp(sh[warp * 32 + lane], a.hq + static_cast<int64_t>(pairs[warp]) * a.I + blockIdx.x * 32,
+                  a.hd + static_cast<int64_t>(pairs[warp]) * (a.I / 32) + blockIdx.x);
 }
 
 struct DownArgs {
