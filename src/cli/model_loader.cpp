@@ -7,7 +7,7 @@
 
 #include "k3/core/cache_dtype.h"
 #include "k3/core/error.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/config.h"
 #include "k3/model/gguf_model.h"
@@ -62,9 +62,10 @@ void add_device_options(CLI::App* cmd, DeviceOptions& d) {
       ->capture_default_str();
   cmd->add_option("--moe-activation-dtype", d.moe_activation_dtype,
                   "the routed experts' activations: float32, or mxfp8 (each token's expert input and GLU output "
-                  "rounded to MXFP8, E4M3 in blocks of 32 with a power-of-two scale: the numerics K3 was trained with; "
+                  "rounded to MXFP8, E4M3 in blocks of 32 with a power-of-two scale: the numerics K3 was trained with), "
+                  "or q8 (int8 in blocks of 32 with a float scale, llama.cpp's q8 class; the CPU backend only; "
                   "docs/quantization.md)")
-      ->check(CLI::IsMember({"float32", "mxfp8"}))
+      ->check(CLI::IsMember({"float32", "mxfp8", "q8"}))
       ->capture_default_str();
   cmd->add_option("--override-tensor", d.override_tensor,
                   "PATTERN=DEVICE: matrices whose checkpoint name matches the PCRE2 pattern live on DEVICE (CPU, CUDA0); "

@@ -262,7 +262,7 @@ TEST(Cli, DeviceOptionErrors) {
       << r.out;
 }
 
-// --moe-activation-dtype on every verb that runs a model: mxfp8 changes the CPU's logits, an unknown value is a
+// --moe-activation-dtype on every verb that runs a model: mxfp8 and q8 change the CPU's logits, an unknown value is a
 // usage error naming the flag (the CUDA backend's form: tests/cuda, CudaModelMxfp8.*).
 TEST(Cli, MoeActivationDtypeFlag) {
   k3test::TempDir t;
@@ -273,11 +273,17 @@ TEST(Cli, MoeActivationDtypeFlag) {
   const auto f = k3::read_npy_f32((t.path / "f.npy").string()), m = k3::read_npy_f32((t.path / "m.npy").string());
   EXPECT_EQ(f.shape, m.shape);
   EXPECT_NE(f.data, m.data) << "mxfp8 changed nothing";
+  r = sh(logits + " --moe-activation-dtype q8 --out " + (t.path / "q.npy").string() + " 2>&1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto q = k3::read_npy_f32((t.path / "q.npy").string());
+  EXPECT_EQ(f.shape, q.shape);
+  EXPECT_NE(f.data, q.data) << "q8 changed nothing";
+  EXPECT_NE(m.data, q.data) << "q8 is mxfp8";
   for (const char* verb : {"logits --tokens 1", "run -p x -n 1", "perplexity --file /dev/null", "bench offline -p 8 -n 0 -r 1",
                            "serve", "chat"}) {
     r = sh(k3bin() + " " + verb + " -m " + k3test::source_path("tests/data/tiny-k3") + " --moe-activation-dtype fp8 2>&1");
     EXPECT_EQ(r.status, 2) << verb;
-    EXPECT_NE(r.out.find("--moe-activation-dtype: fp8 not in {float32,mxfp8}"), std::string::npos) << verb << ": " << r.out;
+    EXPECT_NE(r.out.find("--moe-activation-dtype: fp8 not in {float32,mxfp8,q8}"), std::string::npos) << verb << ": " << r.out;
   }
 }
 

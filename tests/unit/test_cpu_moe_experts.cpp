@@ -12,7 +12,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 
 namespace {
 
@@ -40,10 +40,11 @@ Experts make_experts(int64_t E, int64_t X, int64_t I, std::mt19937& rng) {
 }
 
 // out[t] = sum over t's picks in expert-id order of p * down(silu(gate x_t) * up x_t), one token at a time; with
-// `mxfp8`, x_t and the GLU output h are rounded to MXFP8 first (core/mxfp8.h, each row on its own), as
-// --moe-activation-dtype mxfp8 asks.
+// `act` MXFP8 or Q8, x_t and the GLU output h are rounded first (core/moe_activation.h, each row on its own), as
+// --moe-activation-dtype asks.
 std::vector<float> reference(const k3::MoeWeights& w, const std::vector<float>& x, const std::vector<int32_t>& idx,
-                             const std::vector<float>& wts, int64_t n, int64_t K, int64_t X, bool mxfp8 = false) {
+                             const std::vector<float>& wts, int64_t n, int64_t K, int64_t X,
+                             k3::MoeActivationDType act = k3::MoeActivationDType::F32) {
   std::vector<float> out(static_cast<size_t>(n * X), 0.f);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t e = 0; e < static_cast<int64_t>(w.experts.size()); ++e)
@@ -52,11 +53,11 @@ std::vector<float> reference(const k3::MoeWeights& w, const std::vector<float>& 
         const k3::GluMlp& m = w.experts[static_cast<size_t>(e)];
         std::vector<float> g(static_cast<size_t>(m.gate.rows)), up(g.size()), y(static_cast<size_t>(X));
         std::vector<float> xt(x.begin() + t * X, x.begin() + (t + 1) * X);
-        if (mxfp8) k3::fake_quant_mxfp8_row(xt.data(), X);
+        k3::fake_quant_moe_row(act, xt.data(), X);
         k3::cpu::matmul(m.gate, xt.data(), 1, g.data());
         k3::cpu::matmul(m.up, xt.data(), 1, up.data());
         k3::cpu::silu_glu(g.data(), up.data(), m.gate.rows, g.data());
-        if (mxfp8) k3::fake_quant_mxfp8_row(g.data(), m.gate.rows);
+        k3::fake_quant_moe_row(act, g.data(), m.gate.rows);
         k3::cpu::matmul(m.down, g.data(), 1, y.data());
         const float p = wts[static_cast<size_t>(t * K + j)];
         for (int64_t d = 0; d < X; ++d) out[static_cast<size_t>(t * X + d)] += p * y[static_cast<size_t>(d)];
@@ -99,16 +100,17 @@ TEST(CpuMoeExperts, ArenaHandedBackAndOutputIsPerTokenReference) {
   }
 }
 
-// --moe-activation-dtype mxfp8: every expert reads its token's row rounded to MXFP8 and down reads the rounded GLU
+// --moe-activation-dtype mxfp8 and q8: every expert reads its token's row rounded and down reads the rounded GLU
 // output, bit for bit the per-token reference, at decode sizes (one fork-join, matmul_two_stage) and prefill sizes
 // (two), so a token's result does not depend on the path. Widths 80 and 72 end in a short block (16, 8 values). The
 // caller's x (the shared experts read it too) is left alone, and a product run beside the experts is not rounded.
-TEST(CpuMoeExperts, Mxfp8RoundsEachInputAndGluOutputRowLikeThePerTokenReference) {
+TEST(CpuMoeExperts, ActivationDtypeRoundsEachInputAndGluOutputRowLikeThePerTokenReference) {
   const int64_t E = 6, X = 80, I = 72, K = 2;
   std::mt19937 rng(11);
   const Experts ex = make_experts(E, X, I, rng);
   const Experts beside_w = make_experts(1, X, X, rng);  // its gate matrix [X][X] is the beside product
   const k3::graph::GluParams silu{false, 0.f, 0.f};
+  for (const auto act : {k3::MoeActivationDType::MXFP8, k3::MoeActivationDType::Q8})
   for (int64_t n : {1, 9, 40}) {
     std::vector<float> x(static_cast<size_t>(n * X)), wts(static_cast<size_t>(n * K)), bx(static_cast<size_t>(n * X));
     std::vector<int32_t> idx(static_cast<size_t>(n * K));
@@ -121,13 +123,14 @@ TEST(CpuMoeExperts, Mxfp8RoundsEachInputAndGluOutputRowLikeThePerTokenReference)
       wts[static_cast<size_t>(t * K)] = 0.3f + 0.01f * static_cast<float>(t);
       wts[static_cast<size_t>(t * K + 1)] = 0.6f;
     }
-    const std::vector<float> want = reference(ex.w, x, idx, wts, n, K, X, true);
-    const std::vector<float> plain = reference(ex.w, x, idx, wts, n, K, X, false);
+    const std::vector<float> want = reference(ex.w, x, idx, wts, n, K, X, act);
+    const std::vector<float> plain = reference(ex.w, x, idx, wts, n, K, X);
     std::vector<float> want_beside(static_cast<size_t>(n * X));
     k3::cpu::matmul(beside_w.w.experts[0].gate, bx.data(), n, want_beside.data());
 
     k3::cpu::CpuBackend be;
-    be.set_moe_activation_dtype(k3::MoeActivationDType::MXFP8);
+    be.set_moe_activation_dtype(act);
+    SCOPED_TRACE(k3::moe_activation_dtype_name(act));
     k3::graph::StepPlan plan;
     be.begin_step(plan);
     std::vector<float> xin(x), out(static_cast<size_t>(n * X), -1.f), by(static_cast<size_t>(n * X), -1.f);

@@ -262,16 +262,4 @@ TEST(Mxfp8, PartialBlocksAreErrors) {
   EXPECT_EQ(x[0], 1.f);
 }
 
-TEST(Mxfp8, ActivationDtypeFlagValues) {
-  EXPECT_EQ(k3::parse_moe_activation_dtype("float32"), k3::MoeActivationDType::F32);
-  EXPECT_EQ(k3::parse_moe_activation_dtype("mxfp8"), k3::MoeActivationDType::MXFP8);
-  EXPECT_STREQ(k3::moe_activation_dtype_name(k3::MoeActivationDType::MXFP8), "mxfp8");
-  try {
-    k3::parse_moe_activation_dtype("fp8\n");
-    ADD_FAILURE() << "no error";
-  } catch (const k3::Error& e) {
-    EXPECT_EQ(std::string(e.what()), "--moe-activation-dtype: unknown value 'fp8?' (accepted: float32, mxfp8)");
-  }
-}
-
 }  // namespace

@@ -94,13 +94,4 @@ void fake_quant_mxfp8_row(float* x, int64_t n) {
   if (whole < n) fake_quant_block(x + whole, static_cast<int>(n - whole));
 }
 
-MoeActivationDType parse_moe_activation_dtype(std::string_view value) {
-  if (value == "float32") return MoeActivationDType::F32;
-  if (value == "mxfp8") return MoeActivationDType::MXFP8;
-  std::string shown(value.substr(0, 64));
-  for (char& c : shown)
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) c = '?';
-  throw Error("--moe-activation-dtype: unknown value '" + shown + "' (accepted: float32, mxfp8)");
-}
-
 }  // namespace k3

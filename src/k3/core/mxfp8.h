@@ -1,7 +1,7 @@
 // MXFP8 (OCP Microscaling Formats v1.0, "MXFP8 E4M3"): blocks of 32 values sharing one E8M0 scale byte s
 // (the power of two 2^(s-127)); each value an FP8 E4M3 code (cache_dtype.h's e4m3fn: max 448, NaN 0x7F).
 // K3 was trained quantisation-aware with MXFP8 activations into its MXFP4 experts (model-spec section 4);
-// `--moe-activation-dtype mxfp8` rounds the routed experts' inputs to it (docs/quantization.md). These host
+// `--moe-activation-dtype mxfp8` (moe_activation.h) rounds the routed experts' inputs to it (docs/quantization.md). These host
 // functions define the numerics: the CPU backend's fake quantisation and the CUDA kernels that multiply
 // MXFP4 weights by MXFP8 activations must give the same scale bytes and codes.
 //
@@ -19,7 +19,6 @@
 //   NaN: code 0x7F, dequantised NaN; it does not enter amax, so the rest of its block is unaffected.
 #pragma once
 #include <cstdint>
-#include <string_view>
 
 namespace k3 {
 
@@ -40,16 +39,5 @@ void fake_quant_mxfp8(float* x, int64_t n);
 // of n % 32 values scaled by its own amax, which is the same as padding it with zeros to 32 (zeros change neither
 // the amax nor the other codes). What the CPU backend applies to each expert input row.
 void fake_quant_mxfp8_row(float* x, int64_t n);
-
-// `--moe-activation-dtype`: the precision of the routed experts' activations (the input row of gate / up and the
-// GLU output that down reads). F32: as computed (the default). MXFP8: fake-quantised to MXFP8 along the row.
-enum class MoeActivationDType : uint8_t { F32, MXFP8 };
-
-// "float32" / "mxfp8".
-constexpr const char* moe_activation_dtype_name(MoeActivationDType t) {
-  return t == MoeActivationDType::MXFP8 ? "mxfp8" : "float32";
-}
-// "float32" or "mxfp8"; anything else throws k3::Error naming the flag and the accepted values.
-MoeActivationDType parse_moe_activation_dtype(std::string_view value);
 
 }  // namespace k3

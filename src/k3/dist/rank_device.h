@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/dist/communicator.h"
 #include "k3/dist/shard_plan.h"
 #include "k3/model/config.h"

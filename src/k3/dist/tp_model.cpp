@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "k3/core/error.h"
+#include "k3/core/mxfp8.h"
 #include "k3/dist/memory_sequence.h"
 #include "k3/dist/peer_watch.h"
 #include "k3/dist/step_wire.h"
@@ -83,7 +84,7 @@ bool all_ok(Communicator& comm, bool ok) {
   return true;
 }
 
-// --moe-activation-dtype mxfp8 on a sharded model (CPU or GPU ranks): each rank's slice of an expert's intermediate must start on an MXFP8 block of 32 and hold whole
+// --moe-activation-dtype mxfp8 / q8 on a sharded model (CPU or GPU ranks): each rank's slice of an expert's intermediate must start on a block of 32 and hold whole
 // blocks (or end the row), so that the GLU output rows it rounds are the unsharded model's blocks (the expert
 // input rows are whole on every rank).
 void check_moe_activation(const TpLoadOptions& opt, const ModelConfig& cfg, const ShardPlan& plan) {

@@ -10,7 +10,7 @@
 
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/decode_layout.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/io/safetensors.h"
 #include "k3/model/config.h"
 #include "k3/model/model_files.h"

@@ -8,7 +8,7 @@
 
 #include "k3/backend/cpu/cpu_profile.h"
 #include "k3/backend/cpu/host_arena.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/core/thread_pool.h"
 #include "k3/model/graph/backend.h"
 
@@ -50,8 +50,8 @@ class CpuBackend final : public graph::Backend {
   void set_expert_residency(ExpertResidency* r) { residency_ = r; }
   // Observes activations (null: none, the default; costs nothing then).
   void set_activation_observer(ActivationObserver* o) { observer_ = o; }
-  // --moe-activation-dtype: with MXFP8 the routed experts read fake-quantised activations (core/mxfp8.h): each
-  // token's input row before gate / up and each GLU output row before down, along the row in blocks of 32.
+  // --moe-activation-dtype: with MXFP8 or Q8 the routed experts read fake-quantised activations (core/moe_activation.h):
+  // each token's input row before gate / up and each GLU output row before down, along the row in blocks of 32.
   // Nothing else changes (shared experts, dense MLPs, attention). Default F32.
   void set_moe_activation_dtype(MoeActivationDType t) { moe_act_ = t; }
   MoeActivationDType moe_activation_dtype() const { return moe_act_; }

@@ -11,7 +11,7 @@
 #include "k3/backend/cpu/cpu_backend.h"
 #include "k3/backend/cpu/ops.h"
 #include "k3/core/error.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/runtime/expert_residency.h"
 
 namespace k3::cpu {
@@ -136,14 +136,14 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
   // The gathers and the sum below run in parallel at prefill sizes (serial they were ~3-5% of a kl-1b pp512's
   // wall time with 2 threads); they copy / add the same values in the same order on any thread.
   const bool big = n * K * X > 65536;
-  // --moe-activation-dtype mxfp8: the experts read a fake-quantised copy of x (x itself may be the shared experts'
+  // --moe-activation-dtype mxfp8 / q8: the experts read a fake-quantised copy of x (x itself may be the shared experts'
   // input too), one row per token, so a token's row is the same whether it comes alone or in a prefill batch.
-  const bool mxfp8 = moe_act_ == MoeActivationDType::MXFP8;
-  if (mxfp8) {
+  const bool act_q = moe_act_ != MoeActivationDType::F32;
+  if (act_q) {
     float* xq = static_cast<float*>(arena_.take(static_cast<size_t>(n * X) * sizeof(float)));
     parallel_for(n, big, [&](int64_t t) {
       std::copy(x.row(t), x.row(t) + X, xq + t * X);
-      fake_quant_mxfp8_row(xq + t * X, X);
+      fake_quant_moe_row(moe_act_, xq + t * X, X);
     });
     x = Tensor::f32(xq, n, X);
   }
@@ -195,8 +195,8 @@ void CpuBackend::moe_experts_beside(const MoeWeights& w, Tensor x, Tensor idx, T
       situ_glu(sl.g, sl.u, cnt, gp.beta, gp.linear_beta, sl.g);
     else
       silu_glu(sl.g, sl.u, cnt, sl.g);
-    if (mxfp8)  // down reads h rounded like the input: each (token, expert) row of I values on its own
-      for (int64_t r = 0; r < sl.m; ++r) fake_quant_mxfp8_row(sl.g + r * sl.I, sl.I);
+    if (act_q)  // down reads h rounded like the input: each (token, expert) row of I values on its own
+      for (int64_t r = 0; r < sl.m; ++r) fake_quant_moe_row(moe_act_, sl.g + r * sl.I, sl.I);
   };
   if (n <= kTwoStageMaxTokens && !observer_ && two_stage_enabled()) {
     // Decode-sized: gate/up, each expert's GLU (by the thread that finishes its gate/up) and the downs in ONE

@@ -23,7 +23,7 @@
 #include "k3/backend/cuda/linear.h"
 #include "k3/backend/cuda/mla_kernels.h"
 #include "k3/backend/cuda/moe_kernels.h"
-#include "k3/core/mxfp8.h"
+#include "k3/core/moe_activation.h"
 #include "k3/model/config.h"
 #include "k3/model/graph/backend.h"
 #include "k3/runtime/cache_spec.h"
@@ -59,8 +59,9 @@ class CudaBackend final : public graph::Backend {
   // host expert jobs report their routing to it, as the CPU model's MoE op does. Outlives the backend.
   void set_host_expert_residency(ExpertResidency* r) { host_residency_ = r; }
   // --moe-activation-dtype: the routed experts' activations (moe_kernels.h MoePrecision::Mxfp8 for MXFP8, on the device
-  // and on the host CPU backend of --cpu-moe experts alike). Before the first step.
-  void set_moe_activation_dtype(MoeActivationDType t) { moe_act_ = t; }
+  // and on the host CPU backend of --cpu-moe experts alike). Before the first step. Q8 has no device kernels yet:
+  // k3::Error.
+  void set_moe_activation_dtype(MoeActivationDType t);
   // The routed experts' kernels' precision: Mxfp8 under --moe-activation-dtype mxfp8, else the GEMMs' (bf16 / bf16x2).
   cuda::MoePrecision moe_precision() const {
     if (moe_act_ == MoeActivationDType::MXFP8) return MoePrecision::Mxfp8;

@@ -9,6 +9,13 @@ namespace k3::cuda {
 
 using graph::Tensor;
 
+void CudaBackend::set_moe_activation_dtype(MoeActivationDType t) {
+  if (t == MoeActivationDType::Q8)
+    throw Error("--moe-activation-dtype q8: the CUDA backend has no q8 expert kernels yet (the CPU backend runs it; "
+                "float32 or mxfp8 on the GPU)");
+  moe_act_ = t;
+}
+
 void CudaBackend::moe_route(Tensor logits, const float* bias, const graph::RouteParams& p, Tensor idx, Tensor wts) {
   prof_.begin("moe route", stream_);
   K3_CUDA_CHECK(cuda::moe_route(static_cast<int>(logits.rows), static_cast<int>(logits.cols), static_cast<int>(p.top_k),
