@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 66 call 1: session 65's gpu-s65-1.sh (never run: every start refused) with the MXFP4 x q8 prototype and the
+# Session 66 call 1: session 65's gpu-s65-1.sh (never run: every start refused; removed, this is its body) with the MXFP4 x q8 prototype and the
 # engine's decode rows first (they decide what comes next), then session 64's narrow-decode tests, timing and A/B.
 # Session 65 call 1 (session 64's gpu-s64-2.sh, never run, renamed, with the q8 prototype after its tests): the ring's narrow-scale decode (banks whose MXFP4 scales are all <= 2^1 -- trained and QAT
 # weights, the dummy K3 -- decode with one multiply and no NaN / overflow tests; K3_RING_NARROW=0 keeps the general one).
