@@ -163,7 +163,7 @@ TEST(KernelBench, DISABLED_Matmul) {
 // matrix, one thread each, in L2 and far beyond the caches: `K3_CPU_ISA=avx512bf16 K3_NUM_THREADS=1 k3_tests
 // --gtest_also_run_disabled_tests --gtest_filter='KernelBench.DISABLED_Mxfp4RowBlocks'` (GB/s of stored bytes).
 TEST(KernelBench, DISABLED_Mxfp4RowBlocks) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   std::mt19937 rng(5);
   for (const int64_t rows : {int64_t{256}, int64_t{32768}}) {
     const int64_t cols = 2304;

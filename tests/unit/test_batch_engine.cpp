@@ -98,7 +98,7 @@ TEST(BatchEngine, AloneEqualsBatchedWith31Others) { expect_alone_equals_batched(
 // The same with the CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h; forced: the tests' exact tier would
 // not make them), which every expert product then reads, one token or many.
 TEST(BatchEngine, AloneEqualsBatchedWithExpertCopies) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   setenv("K3_CPU_MXFP4_ROWBLOCKS", "1", 1);
   auto model = k3::Model::load(k3test::source_path("models/k3-tiny"));
   model->add_decode_layouts();

@@ -410,22 +410,27 @@ TEST(Cli, BenchOfflineUbatchSize) {
   EXPECT_NE(bad.out.find("ubatch"), std::string::npos) << bad.out;
 }
 
-// The CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h): made by the avx512bf16 tier's loaders and said so
-// on stderr, with the stored experts' pages they release, not with --no-repack (llama.cpp's flag), nor on the exact
-// tier; all three run.
+// The CPU's copies of the MXFP4 routed experts (mxfp4_rowblocks.h): made by the int8 tiers' loaders (avx512bf16 and
+// avx2int8, each where the CPU has it) and said so on stderr, with the stored experts' pages they release, not with
+// --no-repack (llama.cpp's flag), nor on the exact tier; all run.
 TEST(Cli, ExpertCopiesAndNoRepack) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   const std::string run = " run -p 'It is a truth universally' -n 12 --temp 0 2>&1";
-  const Result copies = sh("K3_CPU_ISA=avx512bf16 " + k3bin() + run), none = sh("K3_CPU_ISA=avx512bf16 " + k3bin() + run + " --no-repack"),
-               exact = sh("K3_CPU_ISA=exact " + k3bin() + run);
-  ASSERT_EQ(copies.status, 0) << copies.out;
-  ASSERT_EQ(none.status, 0) << none.out;
+  const Result exact = sh("K3_CPU_ISA=exact " + k3bin() + run);
   ASSERT_EQ(exact.status, 0) << exact.out;
-  EXPECT_NE(copies.out.find("MXFP4 routed experts repacked"), std::string::npos) << copies.out;
-  EXPECT_NE(copies.out.find("the stored experts' "), std::string::npos) << copies.out;  // their pages released
-  EXPECT_NE(copies.out.find(" of pages released"), std::string::npos) << copies.out;
-  EXPECT_EQ(none.out.find("repacked"), std::string::npos) << none.out;
   EXPECT_EQ(exact.out.find("repacked"), std::string::npos) << exact.out;
+  std::vector<std::string> tiers = {"avx2int8"};
+  if (k3::cpu::mxfp4_rowblocks_form_ok(k3::cpu::Mxfp4RowBlocksForm::Avx512Bf16)) tiers.push_back("avx512bf16");
+  for (const std::string& tier : tiers) {
+    const Result copies = sh("K3_CPU_ISA=" + tier + " " + k3bin() + run),
+                 none = sh("K3_CPU_ISA=" + tier + " " + k3bin() + run + " --no-repack");
+    ASSERT_EQ(copies.status, 0) << tier << ": " << copies.out;
+    ASSERT_EQ(none.status, 0) << tier << ": " << none.out;
+    EXPECT_NE(copies.out.find("MXFP4 routed experts repacked"), std::string::npos) << tier << ": " << copies.out;
+    EXPECT_NE(copies.out.find("the stored experts' "), std::string::npos) << tier << ": " << copies.out;  // released
+    EXPECT_NE(copies.out.find(" of pages released"), std::string::npos) << tier << ": " << copies.out;
+    EXPECT_EQ(none.out.find("repacked"), std::string::npos) << tier << ": " << none.out;
+  }
 }
 
 // `k3 convert` writes a GGUF that `k3 logits` / `k3 run` read as they read the HF dir: the same logits file,

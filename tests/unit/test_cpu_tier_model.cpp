@@ -113,7 +113,7 @@ TEST(CpuTierModel, TrainedModelAvx2Int8CloseToExact) {
 // what the copies cost on their own, on the same 120 tokens as above. Bounds from the measured values (printed) with
 // margin; a broken product (a quad's activations dropped, a wrong row order) is far outside them.
 TEST(CpuTierModel, TrainedModelExpertDecodeCopiesCloseToExact) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   std::vector<float> logits[2];
   int64_t V = 0;
   std::vector<int32_t> tokens(120);

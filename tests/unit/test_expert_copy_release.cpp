@@ -106,7 +106,7 @@ size_t protect_stored_experts(const k3::Model& m) {
 // are out of the process after the load and no forward reads them; kept, they are all in (the copies read every one of
 // them). Both file modes.
 TEST(ExpertCopyRelease, SameLogitsAndTheStoredPagesGoBack) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child runs the forwards: a fresh process, its own thread pool
   for (k3::FileLoad mode : {k3::FileLoad::Mmap, k3::FileLoad::Read}) {
     SCOPED_TRACE(mode == k3::FileLoad::Read ? "read" : "mmap");
@@ -152,7 +152,7 @@ TEST(ExpertCopyRelease, SameLogitsAndTheStoredPagesGoBack) {
 // The expert residency (Model::load's default: on) manages the stored experts; once every expert is read from its
 // copy it is gone (no stats: no file-backed experts), released or not; without copies it stays.
 TEST(ExpertCopyRelease, ResidencyLetsGoOfCopiedExperts) {
-  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!k3::cpu::mxfp4_rowblocks_cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   EXPECT_FALSE(load_tiny(k3::FileLoad::Mmap, true, true)->expert_cache_stats().has_value());
   EXPECT_FALSE(load_tiny(k3::FileLoad::Mmap, true, false)->expert_cache_stats().has_value());
   auto none = load_tiny(k3::FileLoad::Mmap, false, true);

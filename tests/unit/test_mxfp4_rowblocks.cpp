@@ -146,7 +146,7 @@ TEST(Mxfp4RowBlocks, BothLayoutsRepackAlike) {
 }
 
 TEST(Mxfp4RowBlocks, ActivationsAreTheStatedQuantisation) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   const int64_t cols = 2304;
   const std::vector<float> x = random_x(cols, 9);
   std::vector<double> xq, bd;
@@ -174,7 +174,7 @@ TEST(Mxfp4RowBlocks, ActivationsAreTheStatedQuantisation) {
 // Extreme magnitudes: denormal and tiny blocks (127 / max overflows: q = 0, not -127 everywhere as vcvtps2dq of
 // infinity and NaN gave), blocks at FLT_MAX, one huge value beside small ones -- the stated quantisation exactly.
 TEST(Mxfp4RowBlocks, ActivationsAtExtremeMagnitudes) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   const int64_t cols = 256;
   std::vector<float> x = random_x(cols, 61);
   for (int64_t c = 0; c < 32; ++c) x[static_cast<size_t>(c)] *= 1e-40f;   // denormals
@@ -195,7 +195,7 @@ TEST(Mxfp4RowBlocks, ActivationsAtExtremeMagnitudes) {
 }
 
 TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 32}, {48, 96}, {256, 2304}}) {
     const HfMxfp4 m = random_hf(rows, cols, 7 + rows);
     const Copied cp = copy_of(m.view());
@@ -227,7 +227,7 @@ TEST(Mxfp4RowBlocks, OneTokenMatchesFloat64) {
 }
 
 TEST(Mxfp4RowBlocks, RowRangeWritesOnlyItsRows) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   const HfMxfp4 m = random_hf(64, 64, 21);
   const Copied cp = copy_of(m.view());
   const std::vector<float> x = random_x(64, 22);
@@ -254,7 +254,7 @@ TEST(Mxfp4RowBlocks, RowRangeWritesOnlyItsRows) {
 // Batch invariance (docs/engine.md): 19 tokens in one call (tiles of 8, 8, 3) give each token the bits it gets alone,
 // for a row range and through matmul_batch (one job of 19 tokens against 19 one-token jobs).
 TEST(Mxfp4RowBlocks, TokensInABatchHaveTheirBitsAlone) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   const int64_t rows = 48, cols = 160, n = 19;
   const HfMxfp4 m = random_hf(rows, cols, 51);
   const Copied cp = copy_of(m.view());
@@ -284,7 +284,7 @@ TEST(Mxfp4RowBlocks, TokensInABatchHaveTheirBitsAlone) {
 }
 
 TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
-  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks the avx512bf16 tier's features";
+  if (!cpu_ok()) GTEST_SKIP() << "this CPU lacks AVX2 + FMA";
   HfMxfp4 m = random_hf(32, 64, 31);
   m.scales[static_cast<size_t>(5 * 2 + 1)] = 255;  // row 5, group 1: NaN
   m.scales[static_cast<size_t>(6 * 2)] = 0;        // row 6: the smallest scales (denormal 2^-128 x codes) stay finite
@@ -299,6 +299,49 @@ TEST(Mxfp4RowBlocks, NonFiniteInputsGiveNan) {
   x[40] = INFINITY;
   y = product(cp, x, 0, 32);
   for (int r = 0; r < 32; ++r) EXPECT_TRUE(std::isnan(y[static_cast<size_t>(r)])) << r;
+}
+
+// The two instruction-set forms (mxfp4_rowblocks_forms.h) give the same activation bytes and the same output bits: tokens
+// 1..5 (the AVX2 form's tiles of 2 and the avx512bf16 form's of 8), row ranges, scales at every E8M0 extreme (0, 1: the
+// denormals; 255: NaN), activations with zero, tiny, outlier and non-finite blocks. Where the CPU has only one form, that
+// form is checked against float64 by the tests above.
+TEST(Mxfp4RowBlocks, FormsAgreeBitForBit) {
+  using k3::cpu::Mxfp4RowBlocksForm;
+  if (!k3::cpu::mxfp4_rowblocks_form_ok(Mxfp4RowBlocksForm::Avx512Bf16)) GTEST_SKIP() << "this CPU has one form only";
+  const int64_t rows = 64, cols = 320, n = 5;
+  HfMxfp4 m = random_hf(rows, cols, 61, 100, 50);
+  m.scales[3] = 0;
+  m.scales[17] = 1;
+  m.scales[40] = 255;
+  m.scales[41] = 254;
+  const Copied cp = copy_of(m.view());
+  std::vector<float> x = random_x(n * cols, 62);
+  for (int k = 0; k < 32; ++k) {
+    x[static_cast<size_t>(32 + k)] = 0.f;                                   // token 0, block 1: zeros
+    x[static_cast<size_t>(cols + 64 + k)] = 1e-38f * static_cast<float>(k);  // token 1, block 2: below 2^-120
+  }
+  x[static_cast<size_t>(2 * cols + 100)] = 3e38f;          // token 2: a huge value
+  x[static_cast<size_t>(3 * cols + 7)] = std::nanf("");    // token 3: NaN
+  x[static_cast<size_t>(4 * cols + 300)] = -INFINITY;      // token 4: -inf
+  const int64_t stride = k3::cpu::mxfp4_rowblocks_act_bytes(cols);
+  std::vector<uint8_t> a2(static_cast<size_t>(n * stride), 0), a5(a2);
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), n, cols, a2.data(), Mxfp4RowBlocksForm::Avx2);
+  k3::cpu::mxfp4_rowblocks_prepare(x.data(), n, cols, a5.data(), Mxfp4RowBlocksForm::Avx512Bf16);
+  for (int64_t t = 0; t < n; ++t)  // the bytes each form writes (the stride's padding is neither's)
+    EXPECT_EQ(std::memcmp(a2.data() + t * stride, a5.data() + t * stride, static_cast<size_t>(cols + cols / 32 * 8)), 0) << t;
+  for (int64_t tokens = 1; tokens <= n; ++tokens)
+    for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{0, rows}, {16, 48}}) {
+      std::vector<float> y2(static_cast<size_t>(tokens * rows), -1.f), y5(y2);
+      k3::cpu::mxfp4_rowblocks_rows(cp.W, r0, r1, a5.data(), tokens, y2.data(), rows, Mxfp4RowBlocksForm::Avx2);
+      k3::cpu::mxfp4_rowblocks_rows(cp.W, r0, r1, a5.data(), tokens, y5.data(), rows, Mxfp4RowBlocksForm::Avx512Bf16);
+      EXPECT_EQ(std::memcmp(y2.data(), y5.data(), y2.size() * 4), 0) << tokens << " tokens, rows " << r0 << ".." << r1;
+      bool finite = false, nan = false;
+      for (float v : y5) (std::isnan(v) ? nan : finite) = true;
+      EXPECT_TRUE(finite);
+      if (r0 == 0 || tokens >= 4) {
+        EXPECT_TRUE(nan) << "row 4's NaN scale, token 3's NaN input";
+      }
+    }
 }
 
 TEST(Mxfp4RowBlocks, RefusesShapesAndJobsItCannotServe) {

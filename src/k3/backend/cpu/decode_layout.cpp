@@ -189,7 +189,9 @@ DecodeLayouts add_expert_decode_layouts(ModelWeights& w, const StoredExperts& st
   const CpuIsa isa = active_cpu_isa();
   const int forced = expert_copies_forced();
   // forced on: whatever the tier (the tests' exact one too), where the CPU runs the product
-  if (forced == 0 || !mxfp4_rowblocks_cpu_ok() || (forced < 0 && isa != CpuIsa::Avx512Bf16 && isa != CpuIsa::Amx)) return d;
+  if (forced == 0 || !mxfp4_rowblocks_cpu_ok() ||
+      (forced < 0 && isa != CpuIsa::Avx512Bf16 && isa != CpuIsa::Amx && isa != CpuIsa::Avx2Int8))
+    return d;
   const std::vector<LayerCopies> layers = plan_expert_copies(w);
   for (const LayerCopies& l : layers) d.bytes += l.bytes;
   if (d.bytes == 0) return d;

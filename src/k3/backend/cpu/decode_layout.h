@@ -73,7 +73,7 @@ struct StoredExperts {
 // bytes again. So the copies REPLACE the stored experts: written a layer at a time, each layer's stored data and scales
 // released (`stored.release`) as soon as its copies are written -- the process holds one layer twice at most, never
 // the experts twice (Kimi-Linear-48B Q4_K_M at 16 threads held 27.96 GB + 25 GB of copies before; docs/perf/cpu.md).
-// Made when the tier chosen at start-up is avx512bf16 or amx and the memory the copies need beyond what they give back,
+// Made when the tier chosen at start-up is avx512bf16, amx or avx2int8 (the AVX2 form, session 66) and the memory the copies need beyond what they give back,
 // at their peak, fits in half the memory available now (the expert residency's automatic budget, the same reading):
 //  - stored bytes read into memory (--no-mmap): one layer's copies, the largest (built before that layer's release);
 //  - stored bytes mapped from the file: all the copies -- they are anonymous memory that must stay, the page cache

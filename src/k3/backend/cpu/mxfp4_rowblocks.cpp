@@ -1,6 +1,7 @@
 // The 16-row MXFP4 repack and its product over tiles of tokens (mxfp4_rowblocks.h). Only the functions between
-// K3_AVX512BF16_BEGIN/END (the activations' quantisation and the product) are compiled for AVX-512 + VBMI + VNNI;
-// the repack is plain code (an AVX2-only CPU never runs EVEX code: the entry points check mxfp4_rowblocks_cpu_ok()).
+// K3_AVX512BF16_BEGIN/END (the avx512bf16 form of the activations' quantisation and the product) are compiled for
+// AVX-512 + VBMI + VNNI; the repack is plain code, the AVX2 form is mxfp4_rowblocks_avx2.cpp (mxfp4_rowblocks_forms.h),
+// and an AVX2-only CPU never runs EVEX code (the form is picked from the CPU's features).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's AVX-512 intrinsic headers (as the tier's files)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -19,6 +20,7 @@
 
 #include "k3/backend/cpu/cpu_features.h"
 #include "k3/backend/cpu/cpu_isa.h"
+#include "k3/backend/cpu/mxfp4_rowblocks_forms.h"
 #include "k3/backend/cpu/weight_simd512.h"
 #include "k3/core/error.h"
 
@@ -105,9 +107,19 @@ Mxfp4GroupActs mxfp4_rowblocks_acts(const uint8_t* act, int64_t cols) {
           reinterpret_cast<const int32_t*>(act + cols + blocks * 4), mxfp4_rowblocks_act_block()};
 }
 
-bool mxfp4_rowblocks_cpu_ok() {  // the avx512bf16 tier's features: the target its region is compiled for
-  static const bool ok = isa_missing_features(detect_cpu_features(), CpuIsa::Avx512Bf16, false).empty();
-  return ok;
+bool mxfp4_rowblocks_form_ok(Mxfp4RowBlocksForm f) {  // the features of the tier whose instructions the form uses
+  static const bool avx2 = isa_missing_features(detect_cpu_features(), CpuIsa::Avx2Int8, false).empty();
+  static const bool avx512 = isa_missing_features(detect_cpu_features(), CpuIsa::Avx512Bf16, false).empty();
+  return f == Mxfp4RowBlocksForm::Avx512Bf16 ? avx512 : avx2;
+}
+
+bool mxfp4_rowblocks_cpu_ok() { return mxfp4_rowblocks_form_ok(Mxfp4RowBlocksForm::Avx2); }
+
+Mxfp4RowBlocksForm mxfp4_rowblocks_form() {
+  const CpuIsa isa = active_cpu_isa();
+  const bool avx2_tier = isa == CpuIsa::Avx2 || isa == CpuIsa::Avx2Int8;  // K3_CPU_ISA asked for AVX2 code
+  return mxfp4_rowblocks_form_ok(Mxfp4RowBlocksForm::Avx512Bf16) && !avx2_tier ? Mxfp4RowBlocksForm::Avx512Bf16
+                                                                                : Mxfp4RowBlocksForm::Avx2;
 }
 
 bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n) {
@@ -115,7 +127,7 @@ bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n) {
          (W.format == WeightFormat::MXFP4 || W.format == WeightFormat::MXFP4_GGML) && mxfp4_rowblocks_cpu_ok();
 }
 
-namespace {
+namespace rowblocks_detail {
 // K3_MXFP4_RB_PREFETCH=N: the product requests the lines N bytes ahead of its stream (0: none; default 2048). The A/B
 // knob of the measurement (docs/perf/cpu.md, session 53).
 int64_t prefetch_ahead() {
@@ -126,7 +138,28 @@ int64_t prefetch_ahead() {
   }();
   return v;
 }
-}  // namespace
+
+// One activation block of S values the scalar way (a block holding a NaN or an infinity: q = 0, d = NaN, start 0).
+void quantise_block_scalar(const float* x, int S, int8_t* q, float* d, int32_t* start) {
+  float mx = 0.f;
+  bool finite = true;
+  for (int k = 0; k < S; ++k) {
+    finite = finite && __builtin_isfinite(x[k]);
+    mx = __builtin_fmaxf(mx, __builtin_fabsf(x[k]));
+  }
+  const float inv = finite && mx >= kMinScaledMax ? 127.f / mx : 0.f;
+  int32_t sum = 0;
+  for (int k = 0; k < S; ++k) {
+    const float r = finite ? __builtin_nearbyintf(x[k] * inv) : 0.f;
+    q[k] = static_cast<int8_t>(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    sum += q[k];
+  }
+  *d = finite ? mx / 127.f : __builtin_nanf("");  // (builtins: no standard-header inline instantiated with EVEX code)
+  *start = -12 * sum;
+}
+}  // namespace rowblocks_detail
+using rowblocks_detail::prefetch_ahead;
+using rowblocks_detail::quantise_block_scalar;
 
 K3_AVX512BF16_BEGIN
 namespace {
@@ -165,24 +198,6 @@ __attribute__((always_inline)) inline __m512i segment_sum(__m512i v) {
   return v;
 }
 
-// One activation block of S values the scalar way (a block holding a NaN or an infinity: q = 0, d = NaN, start 0).
-void quantise_block_scalar(const float* x, int S, int8_t* q, float* d, int32_t* start) {
-  float mx = 0.f;
-  bool finite = true;
-  for (int k = 0; k < S; ++k) {
-    finite = finite && __builtin_isfinite(x[k]);
-    mx = __builtin_fmaxf(mx, __builtin_fabsf(x[k]));
-  }
-  const float inv = finite && mx >= kMinScaledMax ? 127.f / mx : 0.f;
-  int32_t sum = 0;
-  for (int k = 0; k < S; ++k) {
-    const float r = finite ? __builtin_nearbyintf(x[k] * inv) : 0.f;
-    q[k] = static_cast<int8_t>(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
-    sum += q[k];
-  }
-  *d = finite ? mx / 127.f : __builtin_nanf("");  // (builtins: no standard-header inline instantiated with EVEX code)
-  *start = -12 * sum;
-}
 
 // One token: per block of S values q = nearest-even of x x 127 / max |x| (vcvtps2dq rounds to nearest-even, the
 // division is IEEE's: the scalar form's bits), d = max / 127, start = -12 x sum(q).
@@ -304,45 +319,64 @@ void rows_tokens(const uint8_t* copy, int64_t cols, const uint8_t* act, int64_t 
 K3_AVX512BF16_END
 
 namespace {
-// The forms of the activation block chosen at start-up (K3_MXFP4_RB_ACT_BLOCK), picked once.
+// The instruction-set forms (mxfp4_rowblocks_forms.h) for the activation block chosen at start-up (K3_MXFP4_RB_ACT_BLOCK).
 struct BlockForms {
-  void (*quantise)(const float*, int64_t, uint8_t*);
-  void (*rows)(const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
+  void (*quantise)(const float*, int64_t, int64_t, int, int64_t, uint8_t*);
+  void (*rows)(int, const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, float*, int64_t);
 };
 template <int S>
-constexpr BlockForms forms_of() {
-  return {quantise_token<S>, rows_tokens<S>};
+void avx512_quantise_as(const float* x, int64_t n, int64_t cols, int, int64_t stride, uint8_t* out) {
+  for (int64_t t = 0; t < n; ++t) quantise_token<S>(x + t * cols, cols, out + t * stride);
 }
-const BlockForms& block_forms() {
-  static const BlockForms f = [] {
+template <int S>
+void avx512_rows_as(int, const uint8_t* copy, int64_t cols, const uint8_t* act, int64_t stride, int64_t n, int64_t b0,
+                    int64_t b1, float* y, int64_t ldy) {
+  rows_tokens<S>(copy, cols, act, stride, n, b0, b1, y, ldy);
+}
+template <int S>
+constexpr BlockForms avx512_forms() {
+  return {avx512_quantise_as<S>, avx512_rows_as<S>};
+}
+const BlockForms& block_forms(Mxfp4RowBlocksForm f) {
+  static const BlockForms avx2{rowblocks_detail::avx2_quantise, rowblocks_detail::avx2_rows};
+  static const BlockForms avx512 = [] {
     switch (mxfp4_rowblocks_act_block()) {
-      case 4: return forms_of<4>();
-      case 8: return forms_of<8>();
-      case 16: return forms_of<16>();
-      default: return forms_of<32>();
+      case 4: return avx512_forms<4>();
+      case 8: return avx512_forms<8>();
+      case 16: return avx512_forms<16>();
+      default: return avx512_forms<32>();
     }
   }();
-  return f;
+  return f == Mxfp4RowBlocksForm::Avx512Bf16 ? avx512 : avx2;
 }
 }  // namespace
 
 void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out) {
+  mxfp4_rowblocks_prepare(x, n, cols, out, mxfp4_rowblocks_form());
+}
+
+void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out, Mxfp4RowBlocksForm f) {
   if (cols <= 0 || cols % kG != 0) throw Error("mxfp4_rowblocks_prepare: columns must be a positive multiple of 32");
-  if (!mxfp4_rowblocks_cpu_ok()) throw Error("mxfp4_rowblocks_prepare: this CPU lacks the avx512bf16 tier's features");
-  const int64_t stride = mxfp4_rowblocks_act_bytes(cols);
-  for (int64_t t = 0; t < n; ++t) block_forms().quantise(x + t * cols, cols, out + t * stride);
+  if (!mxfp4_rowblocks_form_ok(f)) throw Error("mxfp4_rowblocks_prepare: this CPU lacks the form's features");
+  block_forms(f).quantise(x, n, cols, mxfp4_rowblocks_act_block(), mxfp4_rowblocks_act_bytes(cols), out);
 }
 
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
                           int64_t ldy) {
-  if (!mxfp4_rowblocks_job(W, n)) throw Error("mxfp4_rowblocks_rows: needs tokens, a host MXFP4 matrix with its copy, and the avx512bf16 tier's CPU features");
+  mxfp4_rowblocks_rows(W, r0, r1, act, n, y, ldy, mxfp4_rowblocks_form());
+}
+
+void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
+                          int64_t ldy, Mxfp4RowBlocksForm f) {
+  if (!mxfp4_rowblocks_job(W, n) || !mxfp4_rowblocks_form_ok(f))
+    throw Error("mxfp4_rowblocks_rows: needs tokens, a host MXFP4 matrix with its copy, and the form's CPU features");
   if (r0 < 0 || r1 > W.rows || r0 > r1 || r0 % kMxfp4RowBlockRows != 0 || r1 % kMxfp4RowBlockRows != 0)
     throw Error("mxfp4_rowblocks_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) +
                 ") are not whole 16-row blocks of " + std::to_string(W.rows));
   if (W.cols % kG != 0) throw Error("mxfp4_rowblocks_rows: columns must be a multiple of 32");
   if (n > 1 && ldy < r1 - r0) throw Error("mxfp4_rowblocks_rows: the outputs' stride is shorter than the rows");
-  block_forms().rows(static_cast<const uint8_t*>(W.tiled), W.cols, act, mxfp4_rowblocks_act_bytes(W.cols), n,
-                     r0 / kMxfp4RowBlockRows, r1 / kMxfp4RowBlockRows, y, ldy);
+  block_forms(f).rows(mxfp4_rowblocks_act_block(), static_cast<const uint8_t*>(W.tiled), W.cols, act,
+                      mxfp4_rowblocks_act_bytes(W.cols), n, r0 / kMxfp4RowBlockRows, r1 / kMxfp4RowBlockRows, y, ldy);
 }
 
 }  // namespace k3::cpu

@@ -8,7 +8,8 @@
 // in its low nibble and row s / 4 + 8 in its high one, column s % 4), so the tier's decode (vpmultishiftqb + vpermb)
 // turns one quad into 16 rows x 4 unsigned weights and ONE vpdpbusd adds them against the quad's 4 activation bytes
 // (broadcast) into the 16 rows' int32 lanes: ~30 instructions per 16 rows x 32 columns against ~88 (the probe: 1.86x
-// a core in L2; docs/perf/cpu.md, session 52).
+// a core in L2; docs/perf/cpu.md, session 52). AVX2-only CPUs run the same copy in the AVX2 form (vpshufb, vpmaddubsw,
+// vpmaddwd on 8 rows at a time; mxfp4_rowblocks_forms.h), the same bits: ~2x the avx2int8 tier's rows (session 66).
 //
 // Layout of the copy (mxfp4_rowblocks_bytes(W) = W.bytes(): the same 4.25 bits a weight), one stream: row block b
 // (rows 16 b .. 16 b + 15), group g (columns 32 g .. 32 g + 31) at (b x cols / 32 + g) x 272 bytes:
@@ -34,7 +35,14 @@ bool mxfp4_rowblocks_supported(const WeightMatrix& W);
 int64_t mxfp4_rowblocks_bytes(const WeightMatrix& W);
 // W's copy into out (mxfp4_rowblocks_bytes(W) bytes, every byte written). Throws on an unsupported W.
 void mxfp4_rowblocks_write(const WeightMatrix& W, uint8_t* out);
-// Whether this CPU runs the product: it has the avx512bf16 tier's features (cpu_isa.h).
+// The product's two instruction-set forms (mxfp4_rowblocks_forms.h), the same bits: Avx512Bf16 (vpdpbusd on 16 rows at
+// once) and Avx2 (vpmaddubsw + vpmaddwd on 8; for AVX2-only CPUs, where the avx2int8 tier's one-row products are
+// compute-bound). Whether this CPU has a form's features; which one prepare / rows run: Avx512Bf16 where the CPU has it
+// unless the active tier is an AVX2 one (K3_CPU_ISA=avx2 / avx2int8), else Avx2.
+enum class Mxfp4RowBlocksForm { Avx2, Avx512Bf16 };
+bool mxfp4_rowblocks_form_ok(Mxfp4RowBlocksForm f);
+Mxfp4RowBlocksForm mxfp4_rowblocks_form();
+// Whether this CPU runs the product at all: the Avx2 form's features (AVX2, FMA, F16C: the avx2int8 tier's, cpu_isa.h).
 bool mxfp4_rowblocks_cpu_ok();
 
 // One token's activations as the product reads them, `mxfp4_rowblocks_act_bytes(cols)` bytes (64-byte multiple), with
@@ -47,6 +55,7 @@ int mxfp4_rowblocks_act_block();
 int64_t mxfp4_rowblocks_act_bytes(int64_t cols);
 // n tokens of x [n][cols] (cols % 32 == 0) converted into out (n x act_bytes). Requires mxfp4_rowblocks_cpu_ok().
 void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out);
+void mxfp4_rowblocks_prepare(const float* x, int64_t n, int64_t cols, uint8_t* out, Mxfp4RowBlocksForm f);  // (tests)
 struct Mxfp4GroupActs {
   const int8_t* q;
   const float* d;
@@ -63,5 +72,7 @@ bool mxfp4_rowblocks_job(const WeightMatrix& W, int64_t n);
 // same bits whatever n (the CPU engine's batch invariance). Throws k3::Error on a range, width or stride it cannot serve.
 void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
                           int64_t ldy);
+void mxfp4_rowblocks_rows(const WeightMatrix& W, int64_t r0, int64_t r1, const uint8_t* act, int64_t n, float* y,
+                          int64_t ldy, Mxfp4RowBlocksForm f);  // (tests: a form; throws where the CPU lacks it)
 
 }  // namespace k3::cpu

@@ -52,6 +52,9 @@ inline __m256 load_f16x8(const uint16_t* p) {
 // E2M1 values doubled, as int8, indexed by nibble: pshufb maps 16 nibbles at once. A function, not a
 // global, so that it folds into a constant load (no dynamic initialisation in every includer).
 inline __m128i e2m1x2_table() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+// The same + 12 (0..24, unsigned): the unsigned operand of vpdpbusd / vpmaddubsw, the activations on the signed side and
+// -12 x their sum added once (the MXFP4 row-block product's two forms, mxfp4_rowblocks_forms.h).
+inline __m128i e2m1x2_plus12_table() { return _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0); }
 
 // Decodes one MXFP4 group (16 packed bytes = 32 weights, in order) into 4 vectors of 8 floats,
 // without the scale and doubled (the caller multiplies by 0.5 * 2^(s-127)).
