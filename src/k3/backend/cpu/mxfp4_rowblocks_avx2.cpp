@@ -131,8 +131,10 @@ void rows_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs* a, int
   }
 }
 
-// Tokens in tiles of up to kTileTokens (16 ymm registers: 4 accumulators and 2-4 dots a token beside the decode's 5).
-constexpr int kTileTokens = 2;
+// Tokens in tiles of up to kTileTokens: 4 measured best at prefill (pp256 on 2 threads, session 66: tiles of 2 / 4 / 8
+// 82 / 94 / 88 tok/s, means of 2-4 runs; some accumulators leave the 16 ymm registers at 4, yet the weights are decoded
+// half as often as at 2). One token (decode) is the T = 1 kernel whatever this is.
+constexpr int kTileTokens = 4;
 template <int S, size_t... T>
 constexpr auto token_tiles(std::index_sequence<T...>) {
   using Kernel = void (*)(const uint8_t*, int64_t, const Mxfp4GroupActs*, int64_t, int64_t, float* const*);
