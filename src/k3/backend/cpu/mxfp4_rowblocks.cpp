@@ -296,23 +296,13 @@ void rowblocks_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs* a
 constexpr int kTileTokens = 8;
 template <int S, size_t... T>
 constexpr auto token_tiles(std::index_sequence<T...>) {
-  using Kernel = void (*)(const uint8_t*, int64_t, const Mxfp4GroupActs*, int64_t, int64_t, float* const*);
-  return std::array<Kernel, sizeof...(T)>{rowblocks_kernel<S, static_cast<int>(T) + 1>...};
+  return std::array<rowblocks_detail::RowBlocksKernel, sizeof...(T)>{rowblocks_kernel<S, static_cast<int>(T) + 1>...};
 }
 template <int S>
 void rows_tokens(const uint8_t* copy, int64_t cols, const uint8_t* act, int64_t stride, int64_t n, int64_t b0, int64_t b1,
                  float* y, int64_t ldy) {
   static constexpr auto tiles = token_tiles<S>(std::make_index_sequence<kTileTokens>());
-  Mxfp4GroupActs a[kTileTokens];
-  float* yt[kTileTokens];
-  for (int64_t t0 = 0; t0 < n; t0 += kTileTokens) {
-    const int m = static_cast<int>(std::min<int64_t>(kTileTokens, n - t0));
-    for (int t = 0; t < m; ++t) {
-      a[t] = mxfp4_rowblocks_acts(act + (t0 + t) * stride, cols);
-      yt[t] = y + (t0 + t) * ldy;
-    }
-    tiles[static_cast<size_t>(m - 1)](copy, cols, a, b0, b1, yt);
-  }
+  rowblocks_detail::run_token_tiles(tiles, copy, cols, act, stride, n, b0, b1, y, ldy);
 }
 
 }  // namespace
