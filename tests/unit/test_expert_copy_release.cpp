@@ -61,8 +61,9 @@ std::vector<std::pair<uintptr_t, uintptr_t>> stored_expert_ranges(const k3::Mode
         }
       }
     std::sort(r.begin(), r.end());
+    const size_t first = all.size();  // joined within the layer only: layers need not lie in address order
     for (const auto& x : r)
-      if (!all.empty() && x.first <= all.back().second)
+      if (all.size() > first && x.first <= all.back().second)
         all.back().second = std::max(all.back().second, x.second);
       else
         all.push_back(x);
