@@ -23,15 +23,17 @@
 #include "k3/backend/cpu/mxfp4_rowblocks_forms.h"
 #include "k3/backend/cpu/weight_simd512.h"
 #include "k3/core/error.h"
+#include "k3/core/q8_blocks.h"
 
 namespace k3::cpu {
 
 namespace {
 
 constexpr int64_t kG = 32;  // an MXFP4 group
-// The smallest block maximum that is scaled: below it 127 / max overflows to infinity (max < 127 / FLT_MAX ~ 2^-121),
-// so such a block quantises to q = 0 (it was all -127 for a denormal block: vcvtps2dq of inf and NaN is INT_MIN).
-constexpr float kMinScaledMax = 0x1p-120f;
+// The smallest block maximum that is scaled (core/q8_blocks.h): below it 127 / max overflows to infinity (max < 127 /
+// FLT_MAX ~ 2^-121), so such a block quantises to q = 0 (it was all -127 for a denormal block: vcvtps2dq of inf and NaN
+// is INT_MIN).
+constexpr float kMinScaledMax = kQ8MinScaledMax;
 
 // Row r's group g as 32 E2M1 codes in column order (one per byte) and its E8M0 scale, from either MXFP4 layout.
 void group_codes(const WeightMatrix& W, int64_t r, int64_t g, uint8_t codes[kG], uint8_t& scale) {
@@ -139,22 +141,12 @@ int64_t prefetch_ahead() {
   return v;
 }
 
-// One activation block of S values the scalar way (a block holding a NaN or an infinity: q = 0, d = NaN, start 0).
+// One activation block of S values the scalar way: core/q8_blocks.h's rule (a block holding a NaN or an infinity:
+// q = 0, d = NaN), and start = -12 x sum(q).
 void quantise_block_scalar(const float* x, int S, int8_t* q, float* d, int32_t* start) {
-  float mx = 0.f;
-  bool finite = true;
-  for (int k = 0; k < S; ++k) {
-    finite = finite && __builtin_isfinite(x[k]);
-    mx = __builtin_fmaxf(mx, __builtin_fabsf(x[k]));
-  }
-  const float inv = finite && mx >= kMinScaledMax ? 127.f / mx : 0.f;
+  *d = quantise_q8_block(x, S, q);
   int32_t sum = 0;
-  for (int k = 0; k < S; ++k) {
-    const float r = finite ? __builtin_nearbyintf(x[k] * inv) : 0.f;
-    q[k] = static_cast<int8_t>(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
-    sum += q[k];
-  }
-  *d = finite ? mx / 127.f : __builtin_nanf("");  // (builtins: no standard-header inline instantiated with EVEX code)
+  for (int k = 0; k < S; ++k) sum += q[k];
   *start = -12 * sum;
 }
 }  // namespace rowblocks_detail

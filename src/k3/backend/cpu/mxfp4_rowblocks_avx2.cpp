@@ -20,6 +20,7 @@
 #include "k3/backend/cpu/mxfp4_rowblocks_forms.h"
 #include "k3/backend/cpu/weight_simd.h"     // e2m1x2_plus12_table
 #include "k3/backend/cpu/weight_simd512.h"  // kHalfE8m0 (a plain table)
+#include "k3/core/q8_blocks.h"
 
 namespace k3::cpu::rowblocks_detail {
 
@@ -60,7 +61,7 @@ void quantise32(const float* x, int8_t* q, float* d, int32_t* start) {
   m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
   m = _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
   const __m256 c127 = _mm256_set1_ps(127.f);
-  const __m256 inv = _mm256_and_ps(_mm256_div_ps(c127, m), _mm256_cmp_ps(m, _mm256_set1_ps(0x1p-120f), _CMP_GE_OQ));
+  const __m256 inv = _mm256_and_ps(_mm256_div_ps(c127, m), _mm256_cmp_ps(m, _mm256_set1_ps(kQ8MinScaledMax), _CMP_GE_OQ));
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
   __m256i qi[4], sum = _mm256_setzero_si256();
   for (int k = 0; k < 4; ++k) {
@@ -131,8 +132,8 @@ void rows_kernel(const uint8_t* copy, int64_t cols, const Mxfp4GroupActs* a, int
   }
 }
 
-// Tokens in tiles of up to kTileTokens: 4 measured best at prefill (pp256 on 2 threads, session 66: tiles of 2 / 4 / 8
-// 82 / 94 / 88 tok/s, means of 2-4 runs; some accumulators leave the 16 ymm registers at 4, yet the weights are decoded
+// Tokens in tiles of up to kTileTokens: 4 measured best at prefill (pp256 on 2 threads, session 66, docs/perf/cpu.md:
+// tiles of 2 / 4 / 8 82 / 94 / 88 tok/s, means of 2-4 runs; some accumulators leave the 16 ymm registers at 4, yet the weights are decoded
 // half as often as at 2). One token (decode) is the T = 1 kernel whatever this is.
 constexpr int kTileTokens = 4;
 template <int S, size_t... T>
